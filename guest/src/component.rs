@@ -1,0 +1,246 @@
+//! The export shell: implements the generated `Guest` traits, converts between WIT types and
+//! the plain types in [`crate::types`], and forwards to the logic modules.
+
+use crate::{engine, policy, prompt, strip, tokens, types};
+
+#[allow(missing_docs)]
+mod bindings {
+    wit_bindgen::generate!({ world: "engine", path: "../wit" });
+}
+
+use bindings::abridge::engine::{clock, llm, log, store, types as wit};
+use bindings::exports::abridge::engine::{summarizer, text};
+
+struct Component;
+
+/// The WIT imports, seen through the engine's [`engine::Host`] trait.
+struct Imports;
+
+fn role_in(r: wit::Role) -> types::Role {
+    match r {
+        wit::Role::System => types::Role::System,
+        wit::Role::User => types::Role::User,
+        wit::Role::Assistant => types::Role::Assistant,
+        wit::Role::Tool => types::Role::Tool,
+    }
+}
+
+fn role_out(r: types::Role) -> wit::Role {
+    match r {
+        types::Role::System => wit::Role::System,
+        types::Role::User => wit::Role::User,
+        types::Role::Assistant => wit::Role::Assistant,
+        types::Role::Tool => wit::Role::Tool,
+    }
+}
+
+fn err_in(e: wit::Error) -> types::Error {
+    use types::Error as E;
+    match e {
+        wit::Error::Unreachable(m) => E::Unreachable(m),
+        wit::Error::ModelNotFound(m) => E::ModelNotFound(m),
+        wit::Error::Timeout(m) => E::Timeout(m),
+        wit::Error::ContextOverflow(m) => E::ContextOverflow(m),
+        wit::Error::Server(m) => E::Server(m),
+        wit::Error::RejectedOutput(m) => E::RejectedOutput(m),
+        wit::Error::Storage(m) => E::Storage(m),
+        wit::Error::InvalidInput(m) => E::InvalidInput(m),
+    }
+}
+
+fn err_out(e: types::Error) -> wit::Error {
+    use types::Error as E;
+    match e {
+        E::Unreachable(m) => wit::Error::Unreachable(m),
+        E::ModelNotFound(m) => wit::Error::ModelNotFound(m),
+        E::Timeout(m) => wit::Error::Timeout(m),
+        E::ContextOverflow(m) => wit::Error::ContextOverflow(m),
+        E::Server(m) => wit::Error::Server(m),
+        E::RejectedOutput(m) => wit::Error::RejectedOutput(m),
+        E::Storage(m) => wit::Error::Storage(m),
+        E::InvalidInput(m) => wit::Error::InvalidInput(m),
+    }
+}
+
+fn row_in(r: store::SummaryRow) -> types::SummaryRow {
+    types::SummaryRow {
+        id: r.id,
+        first_episode: r.first_episode,
+        last_episode: r.last_episode,
+        content: r.content,
+        tokens: r.tokens,
+        prompt_tokens: r.prompt_tokens,
+        output_tokens: r.output_tokens,
+        model: r.model,
+        created_ms: r.created_ms,
+        updated_ms: r.updated_ms,
+    }
+}
+
+fn row_out(r: types::SummaryRow) -> store::SummaryRow {
+    store::SummaryRow {
+        id: r.id,
+        first_episode: r.first_episode,
+        last_episode: r.last_episode,
+        content: r.content,
+        tokens: r.tokens,
+        prompt_tokens: r.prompt_tokens,
+        output_tokens: r.output_tokens,
+        model: r.model,
+        created_ms: r.created_ms,
+        updated_ms: r.updated_ms,
+    }
+}
+
+fn msg_out(m: types::Message) -> wit::Message {
+    wit::Message { role: role_out(m.role), content: m.content }
+}
+
+fn cfg_in(c: summarizer::Config) -> policy::Config {
+    policy::Config {
+        engine: match c.engine {
+            summarizer::Engine::Llm => policy::Engine::Llm,
+            summarizer::Engine::Extractive => policy::Engine::Extractive,
+        },
+        rendering: match c.rendering {
+            summarizer::Rendering::Chat => policy::Rendering::Chat,
+            summarizer::Rendering::Chatml => policy::Rendering::Chatml,
+        },
+        model: c.model,
+        context_length: c.context_length,
+        max_output_tokens: c.max_output_tokens,
+        temperature: c.temperature,
+        threshold_tokens: c.threshold_tokens,
+        min_episodes_since: c.min_episodes_since,
+        max_summary_tokens: c.max_summary_tokens,
+    }
+}
+
+fn outcome_out(o: engine::Outcome) -> summarizer::Outcome {
+    summarizer::Outcome {
+        triggered: o.triggered,
+        passes: o.passes,
+        written: o.written.into_iter().map(row_out).collect(),
+        unsummarized: o.unsummarized,
+    }
+}
+
+impl engine::Host for Imports {
+    fn stats(&mut self, session: &str) -> Result<types::Stats, types::Error> {
+        let s = store::stats(session).map_err(err_in)?;
+        Ok(types::Stats { episodes: s.episodes, total_tokens: s.total_tokens, last_episode: s.last_episode })
+    }
+
+    fn episodes_after(&mut self, session: &str, after: u64, limit: u32) -> Result<Vec<types::Episode>, types::Error> {
+        let eps = store::episodes_after(session, after, limit).map_err(err_in)?;
+        Ok(eps
+            .into_iter()
+            .map(|e| types::Episode { id: e.id, role: role_in(e.role), content: e.content, tokens: e.tokens })
+            .collect())
+    }
+
+    fn latest_summary(&mut self, session: &str) -> Result<Option<types::SummaryRow>, types::Error> {
+        Ok(store::latest_summary(session).map_err(err_in)?.map(row_in))
+    }
+
+    fn write_summary(&mut self, session: &str, w: types::SummaryWrite) -> Result<types::SummaryRow, types::Error> {
+        let w = store::SummaryWrite {
+            replaces: w.replaces,
+            first_episode: w.first_episode,
+            last_episode: w.last_episode,
+            content: w.content,
+            tokens: w.tokens,
+            prompt_tokens: w.prompt_tokens,
+            output_tokens: w.output_tokens,
+            model: w.model,
+            now_ms: w.now_ms,
+        };
+        store::write_summary(session, &w).map(row_in).map_err(err_in)
+    }
+
+    fn generate(&mut self, req: types::Request) -> Result<types::Response, types::Error> {
+        let prompt = match req.prompt {
+            types::Prompt::Chat(ms) => llm::Prompt::Chat(ms.into_iter().map(msg_out).collect()),
+            types::Prompt::Raw(s) => llm::Prompt::Raw(s),
+        };
+        let r = llm::generate(&llm::Request {
+            model: req.model,
+            prompt,
+            temperature: req.temperature,
+            max_output_tokens: req.max_output_tokens,
+            context_length: req.context_length,
+            stop: req.stop,
+        })
+        .map_err(err_in)?;
+        Ok(types::Response {
+            text: r.text,
+            finish: match r.finish_reason {
+                llm::FinishReason::Stop => types::Finish::Stop,
+                llm::FinishReason::Length => types::Finish::Length,
+                llm::FinishReason::Other => types::Finish::Other,
+            },
+            prompt_tokens: r.prompt_tokens,
+            output_tokens: r.output_tokens,
+        })
+    }
+
+    fn now_ms(&mut self) -> u64 {
+        clock::now_ms()
+    }
+
+    fn log(&mut self, level: types::Level, msg: &str) {
+        let level = match level {
+            types::Level::Debug => log::Level::Debug,
+            types::Level::Info => log::Level::Info,
+            types::Level::Warn => log::Level::Warn,
+        };
+        log::write(level, msg);
+    }
+}
+
+impl summarizer::Guest for Component {
+    fn append(session: String, episodes: Vec<store::NewEpisode>) -> Result<u32, wit::Error> {
+        if session.trim().is_empty() {
+            return Err(wit::Error::InvalidInput("the session id is empty; pass a session id".into()));
+        }
+        let episodes: Vec<store::NewEpisode> = episodes
+            .into_iter()
+            .map(|mut e| {
+                e.tokens = tokens::estimate_tokens(&e.content);
+                e
+            })
+            .collect();
+        store::append_episodes(&session, &episodes)
+    }
+
+    fn after_episode_written(session: String, cfg: summarizer::Config) -> Result<summarizer::Outcome, wit::Error> {
+        engine::after_episode_written(&mut Imports, &session, &cfg_in(cfg)).map(outcome_out).map_err(err_out)
+    }
+
+    fn summarize_now(session: String, cfg: summarizer::Config) -> Result<summarizer::Outcome, wit::Error> {
+        engine::summarize_now(&mut Imports, &session, &cfg_in(cfg)).map(outcome_out).map_err(err_out)
+    }
+
+    fn chain(session: String) -> Result<Vec<store::SummaryRow>, wit::Error> {
+        store::summaries(&session)
+    }
+}
+
+impl text::Guest for Component {
+    fn estimate_tokens(text: String) -> u32 {
+        tokens::estimate_tokens(&text)
+    }
+
+    fn build_prompt(conversation: Vec<wit::Message>, previous_summary: Option<String>) -> text::BuiltPrompt {
+        let conv: Vec<types::Message> =
+            conversation.into_iter().map(|m| types::Message { role: role_in(m.role), content: m.content }).collect();
+        let b = prompt::build(&conv, previous_summary.as_deref());
+        text::BuiltPrompt { messages: b.messages.into_iter().map(msg_out).collect(), chatml: b.chatml }
+    }
+
+    fn strip_template_tokens(text: String) -> String {
+        strip::strip_template_tokens(&text)
+    }
+}
+
+bindings::export!(Component with_types_in self::bindings);

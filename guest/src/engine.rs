@@ -1,0 +1,293 @@
+//! The rolling session summarizer: trigger, strategy, passes until caught up.
+//!
+//! Everything outside the guest is reached through [`Host`], which `lib.rs` implements with
+//! the WIT imports and the tests implement in memory.
+
+use crate::policy::{self, Config, Engine, Rendering, Strategy};
+use crate::types::{
+    Episode, Error, Level, Message, Prompt, Request, Response, Stats, SummaryRow,
+    SummaryWrite,
+};
+use crate::{chunk, extractive, prompt, quality, strip};
+
+/// Episodes fetched from the store per read.
+const PAGE: u32 = 256;
+
+/// The world outside the guest.
+pub trait Host {
+    /// Session figures.
+    fn stats(&mut self, session: &str) -> Result<Stats, Error>;
+    /// Episodes after `after`, ascending, at most `limit`.
+    fn episodes_after(&mut self, session: &str, after: u64, limit: u32)
+    -> Result<Vec<Episode>, Error>;
+    /// Newest summary row.
+    fn latest_summary(&mut self, session: &str) -> Result<Option<SummaryRow>, Error>;
+    /// Write a summary row atomically.
+    fn write_summary(&mut self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error>;
+    /// One model call.
+    fn generate(&mut self, req: Request) -> Result<Response, Error>;
+    /// Wall-clock ms.
+    fn now_ms(&mut self) -> u64;
+    /// A log line.
+    fn log(&mut self, level: Level, msg: &str);
+}
+
+/// What a call did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// Whether the trigger fired.
+    pub triggered: bool,
+    /// Passes that wrote a row.
+    pub passes: u32,
+    /// Rows written, in order.
+    pub written: Vec<SummaryRow>,
+    /// Episodes not yet covered.
+    pub unsummarized: u64,
+}
+
+/// Summary text and what producing it cost.
+struct Generated {
+    text: String,
+    prompt_tokens: u32,
+    output_tokens: u32,
+}
+
+fn validate(session: &str, cfg: &Config) -> Result<(), Error> {
+    if session.trim().is_empty() {
+        return Err(Error::InvalidInput("the session id is empty; pass a session id".into()));
+    }
+    if cfg.engine == Engine::Llm && cfg.model.trim().is_empty() {
+        return Err(Error::InvalidInput("no model name configured; pass --model".into()));
+    }
+    if cfg.max_output_tokens == 0 {
+        return Err(Error::InvalidInput("max-output-tokens must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// After an episode write: summarize until caught up if the trigger holds.
+pub fn after_episode_written(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
+    validate(session, cfg)?;
+    let stats = h.stats(session)?;
+    let latest = h.latest_summary(session)?;
+    if !policy::should_trigger(&stats, latest.as_ref(), cfg) {
+        return Ok(Outcome { unsummarized: policy::unsummarized(&stats, latest.as_ref()), ..Outcome::default() });
+    }
+    catch_up(h, session, cfg)
+}
+
+/// Summarize now, ignoring the trigger, until every episode is covered.
+pub fn summarize_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
+    validate(session, cfg)?;
+    catch_up(h, session, cfg)
+}
+
+fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
+    let start = h.stats(session)?;
+    let mut out = Outcome::default();
+    while let Some(row) = pass(h, session, cfg)? {
+        out.triggered = true;
+        out.passes += 1;
+        out.written.push(row);
+        // Each pass covers at least one episode, so this bound is never reached by a correct
+        // store; it turns a misbehaving one into an error instead of a loop.
+        if u64::from(out.passes) > start.episodes + 1 {
+            return Err(Error::Storage("the store did not record summary coverage; stopping".into()));
+        }
+    }
+    let stats = h.stats(session)?;
+    let latest = h.latest_summary(session)?;
+    out.unsummarized = policy::unsummarized(&stats, latest.as_ref());
+    Ok(out)
+}
+
+/// One summary pass over the oldest unsummarized episodes that fit the budget. `None` when
+/// the session is caught up.
+fn pass(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Option<SummaryRow>, Error> {
+    let latest = h.latest_summary(session)?;
+    let covered = latest.as_ref().map_or(0, |r| r.last_episode);
+    let strategy = policy::strategy(latest.as_ref(), cfg);
+    let previous = match &strategy {
+        Strategy::Update(r) => Some(r.content.clone()),
+        _ => None,
+    };
+    let budget = policy::input_budget(cfg, prompt::fixed_tokens(previous.as_deref()))
+        .map_err(Error::InvalidInput)?;
+
+    let mut selected: Vec<Episode> = Vec::new();
+    let mut used = 0u32;
+    let mut after = covered;
+    'fill: loop {
+        let page = h.episodes_after(session, after, PAGE)?;
+        if page.is_empty() {
+            break;
+        }
+        for ep in page {
+            let cost = ep.tokens.saturating_add(3);
+            if used.saturating_add(cost) > budget {
+                break 'fill;
+            }
+            used += cost;
+            after = ep.id;
+            selected.push(ep);
+        }
+    }
+    if selected.is_empty() {
+        return match h.episodes_after(session, covered, 1)?.into_iter().next() {
+            None => Ok(None),
+            Some(big) => oversized(h, session, cfg, &strategy, previous, big).map(Some),
+        };
+    }
+
+    let first = selected[0].id;
+    let last = selected[selected.len() - 1].id;
+    h.log(
+        Level::Info,
+        &format!(
+            "session {session}: {} episodes {first}-{last} (~{used} tokens) as {}",
+            selected.len(),
+            describe(&strategy)
+        ),
+    );
+    let conversation: Vec<Message> = selected.into_iter().map(|e| Message::new(e.role, e.content)).collect();
+    let generated = generate(h, cfg, &conversation, previous.as_deref())?;
+    write(h, session, cfg, &strategy, covered, last, generated).map(Some)
+}
+
+/// One episode larger than a whole prompt: fold its pieces into the summary one after the
+/// other, so nothing is dropped, and record it as covered once all pieces are in.
+fn oversized(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    strategy: &Strategy,
+    previous: Option<String>,
+    ep: Episode,
+) -> Result<SummaryRow, Error> {
+    // Later pieces carry the running summary (at most one output long) as the previous one.
+    let fixed = prompt::fixed_tokens(previous.as_deref())
+        .max(prompt::fixed_tokens(Some("")) + cfg.max_output_tokens);
+    const MARKER: u32 = 16; // "(part i of n of one long message)"
+    let budget = policy::input_budget(cfg, fixed)
+        .map_err(Error::InvalidInput)?
+        .saturating_sub(3 + MARKER)
+        .max(1);
+    let pieces = chunk::split_to_fit(&ep.content, budget);
+    h.log(
+        Level::Info,
+        &format!(
+            "session {session}: episode {} (~{} tokens) exceeds one prompt; folding it in {} parts",
+            ep.id,
+            ep.tokens,
+            pieces.len()
+        ),
+    );
+    let mut current = previous;
+    let mut spent = Generated { text: String::new(), prompt_tokens: 0, output_tokens: 0 };
+    let n = pieces.len();
+    for (i, piece) in pieces.iter().enumerate() {
+        let content = format!("(part {} of {n} of one long message)\n{piece}", i + 1);
+        let g = generate(h, cfg, &[Message::new(ep.role, content)], current.as_deref())?;
+        spent.prompt_tokens = spent.prompt_tokens.saturating_add(g.prompt_tokens);
+        spent.output_tokens = spent.output_tokens.saturating_add(g.output_tokens);
+        current = Some(g.text);
+    }
+    spent.text = current.unwrap_or_default();
+    let covered = ep.id - 1;
+    write(h, session, cfg, strategy, covered, ep.id, spent)
+}
+
+fn describe(s: &Strategy) -> String {
+    match s {
+        Strategy::Fresh => "a fresh summary".into(),
+        Strategy::Update(r) => format!("an update of summary {}", r.id),
+        Strategy::NewRow => "a new summary row".into(),
+    }
+}
+
+fn write(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    strategy: &Strategy,
+    covered: u64,
+    last: u64,
+    g: Generated,
+) -> Result<SummaryRow, Error> {
+    let (replaces, first) = match strategy {
+        Strategy::Update(r) => (Some(r.id), r.first_episode),
+        _ => (None, covered + 1),
+    };
+    let model = match cfg.engine {
+        Engine::Llm => cfg.model.clone(),
+        Engine::Extractive => "extractive".to_string(),
+    };
+    let now_ms = h.now_ms();
+    h.write_summary(
+        session,
+        SummaryWrite {
+            replaces,
+            first_episode: first,
+            last_episode: last,
+            tokens: crate::tokens::estimate_tokens(&g.text),
+            content: g.text,
+            prompt_tokens: g.prompt_tokens,
+            output_tokens: g.output_tokens,
+            model,
+            now_ms,
+        },
+    )
+}
+
+/// Produce summary text for `conversation` (folding into `previous` if given).
+fn generate(h: &mut impl Host, cfg: &Config, conversation: &[Message], previous: Option<&str>) -> Result<Generated, Error> {
+    match cfg.engine {
+        Engine::Extractive => {
+            let text = extractive::summarize(conversation, previous, cfg.max_output_tokens);
+            if text.is_empty() {
+                return Err(Error::RejectedOutput("the episodes contain no text to select from".into()));
+            }
+            Ok(Generated { text, prompt_tokens: 0, output_tokens: 0 })
+        }
+        Engine::Llm => {
+            let built = prompt::build(conversation, previous);
+            let (prompt, stop) = match cfg.rendering {
+                Rendering::Chat => (Prompt::Chat(built.messages), Vec::new()),
+                Rendering::Chatml => (
+                    Prompt::Raw(built.chatml),
+                    prompt::CHATML_STOP.iter().map(|s| s.to_string()).collect(),
+                ),
+            };
+            let resp = h.generate(Request {
+                model: cfg.model.clone(),
+                prompt,
+                temperature: cfg.temperature,
+                max_output_tokens: cfg.max_output_tokens,
+                context_length: cfg.context_length,
+                stop,
+            })?;
+            if let Some(p) = resp.prompt_tokens {
+                if p >= cfg.context_length.saturating_sub(cfg.max_output_tokens) {
+                    h.log(
+                        Level::Warn,
+                        &format!(
+                            "the model counted {p} prompt tokens against a context of {}: the \
+                             server may have truncated the prompt",
+                            cfg.context_length
+                        ),
+                    );
+                }
+            }
+            let cleaned = strip::strip_template_tokens(&resp.text);
+            quality::check(&cleaned, resp.finish, cfg.max_output_tokens).map_err(|why| {
+                h.log(Level::Warn, &format!("summary rejected: {why}"));
+                Error::RejectedOutput(why)
+            })?;
+            Ok(Generated {
+                text: cleaned,
+                prompt_tokens: resp.prompt_tokens.unwrap_or(0),
+                output_tokens: resp.output_tokens.unwrap_or(0),
+            })
+        }
+    }
+}

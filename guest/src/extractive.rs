@@ -1,0 +1,223 @@
+//! The extractive engine: an honest summary that needs no model.
+//!
+//! It selects the most representative sentences of the conversation (word-frequency scoring
+//! with a redundancy check) and lists them verbatim, in conversation order, each tagged with
+//! its speaker. It never invents text. When it updates an earlier extractive summary, the
+//! earlier lines compete with the new sentences on equal terms.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::tokens::estimate_tokens;
+use crate::types::{Message, Role};
+
+/// Most sentences in a summary.
+pub const MAX_SENTENCES: usize = 5;
+
+/// Words too common to say what a conversation is about.
+const STOPWORDS: &[&str] = &[
+    "about", "above", "after", "again", "all", "also", "and", "any", "are", "because", "been",
+    "before", "being", "between", "both", "but", "can", "could", "did", "does", "doing", "down",
+    "each", "few", "for", "from", "further", "had", "has", "have", "having", "her", "here",
+    "hers", "him", "his", "how", "into", "its", "just", "let", "like", "more", "most", "much",
+    "must", "not", "now", "off", "once", "only", "other", "our", "ours", "out", "over", "own",
+    "same", "she", "should", "some", "such", "than", "that", "the", "their", "them", "then",
+    "there", "these", "they", "this", "those", "through", "too", "under", "until", "very",
+    "was", "way", "were", "what", "when", "where", "which", "while", "who", "whom", "why",
+    "will", "with", "would", "yes", "yet", "you", "your", "yours", "okay", "well", "really",
+    "know", "think", "want", "get", "got", "going", "one", "see", "thing", "things", "sure",
+    "thanks", "thank", "please", "hello", "hey", "right", "good", "great", "lot", "may",
+];
+
+#[derive(Debug)]
+struct Candidate {
+    /// Rendered line without the leading "- ".
+    line: String,
+    /// Content words.
+    words: BTreeSet<String>,
+    /// Word count of the sentence.
+    len: usize,
+    /// Order in the conversation (earlier summary lines come first).
+    position: usize,
+    /// Score multiplier.
+    boost: f64,
+}
+
+fn content_words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric() && c != '\'')
+        .map(|w| w.trim_matches('\'').to_lowercase())
+        .filter(|w| w.chars().count() >= 3 && !STOPWORDS.contains(&w.as_str()))
+        .collect()
+}
+
+/// Split text into sentences (at `.`, `!`, `?` followed by whitespace, and at line breaks).
+pub fn sentences(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut cur = String::new();
+        let chars: Vec<char> = line.chars().collect();
+        for (i, &c) in chars.iter().enumerate() {
+            cur.push(c);
+            let ends = matches!(c, '.' | '!' | '?')
+                && chars.get(i + 1).is_none_or(|n| n.is_whitespace());
+            if ends {
+                push_sentence(&mut out, &cur);
+                cur.clear();
+            }
+        }
+        push_sentence(&mut out, &cur);
+    }
+    out
+}
+
+fn push_sentence(out: &mut Vec<String>, s: &str) {
+    let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let s = s.trim_start_matches(['-', '*', '#', '>', ' ']).trim();
+    if s.chars().any(char::is_alphanumeric) {
+        out.push(s.to_string());
+    }
+}
+
+/// Prose rather than code, markup or harness noise.
+fn is_prose(s: &str) -> bool {
+    if s.starts_with('<') || s.starts_with('{') || s.starts_with('[') || s.contains("```") {
+        return false;
+    }
+    let total = s.chars().count().max(1);
+    let wordish = s.chars().filter(|c| c.is_alphabetic() || *c == ' ').count();
+    wordish * 10 >= total * 8
+}
+
+/// Summarize `conversation` (optionally folding in an earlier extractive summary) in at most
+/// `max_tokens` estimated tokens. Returns an empty string when there is nothing to select.
+pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u32) -> String {
+    let mut cands = Vec::new();
+    let mut position = 0;
+    if let Some(prev) = previous {
+        for line in prev.lines() {
+            let line = line.trim().trim_start_matches("- ").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let words = content_words(line);
+            let len = line.split_whitespace().count();
+            cands.push(Candidate { line: line.to_string(), words: words.into_iter().collect(), len, position, boost: 1.2 });
+            position += 1;
+        }
+    }
+    for strict in [true, false] {
+        let before = cands.len();
+        let mut first_user = true;
+        let mut pos = position;
+        for m in conversation {
+            if matches!(m.role, Role::System | Role::Tool) {
+                continue;
+            }
+            for s in sentences(&m.content) {
+                pos += 1;
+                let len = s.split_whitespace().count();
+                if strict && (!(4..=50).contains(&len) || !is_prose(&s)) {
+                    continue;
+                }
+                let boost = if m.role == Role::User && first_user { 1.5 } else { 1.0 };
+                if m.role == Role::User {
+                    first_user = false;
+                }
+                let words = content_words(&s);
+                cands.push(Candidate { line: format!("{}: {}", m.role.label(), s), words: words.into_iter().collect(), len, position: pos, boost });
+            }
+        }
+        if cands.len() > before {
+            break;
+        }
+    }
+    select(cands, max_tokens)
+}
+
+fn select(cands: Vec<Candidate>, max_tokens: u32) -> String {
+    let mut tf: BTreeMap<&str, u32> = BTreeMap::new();
+    for c in &cands {
+        for w in &c.words {
+            *tf.entry(w.as_str()).or_insert(0) += 1;
+        }
+    }
+    let score = |c: &Candidate| {
+        let sum: u32 = c.words.iter().map(|w| tf[w.as_str()]).sum();
+        c.boost * f64::from(sum) / (c.len.max(1) as f64).sqrt()
+    };
+    let mut order: Vec<(f64, usize)> = cands.iter().enumerate().map(|(i, c)| (score(c), i)).collect();
+    // Highest score first; ties go to the earlier sentence, so output is deterministic.
+    order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut chosen: Vec<usize> = Vec::new();
+    let mut tokens = 0u32;
+    for (_, i) in order {
+        if chosen.len() >= MAX_SENTENCES {
+            break;
+        }
+        let c = &cands[i];
+        let redundant = chosen.iter().any(|&j| {
+            let o = &cands[j];
+            let inter = c.words.intersection(&o.words).count();
+            let union = c.words.union(&o.words).count();
+            union > 0 && inter * 2 > union
+        });
+        let cost = estimate_tokens(&c.line) + 2;
+        if redundant || tokens + cost > max_tokens {
+            continue;
+        }
+        tokens += cost;
+        chosen.push(i);
+    }
+    chosen.sort_by_key(|&i| cands[i].position);
+    chosen.iter().map(|&i| format!("- {}", cands[i].line)).collect::<Vec<_>>().join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conv() -> Vec<Message> {
+        vec![
+            Message::new(Role::User, "I need to migrate our Postgres database to version 16 this weekend. What should I check first?"),
+            Message::new(Role::Assistant, "Check extension compatibility first. Then run pg_upgrade in check mode against a copy of the Postgres database. Hi!"),
+            Message::new(Role::User, "The extensions are PostGIS and pg_trgm. Both are installed on the old database."),
+            Message::new(Role::Assistant, "PostGIS needs the matching package for version 16 before pg_upgrade runs. The pg_trgm extension ships with Postgres itself."),
+            Message::new(Role::Tool, "exit code 0"),
+        ]
+    }
+
+    #[test]
+    fn selects_verbatim_sentences_in_order() {
+        let s = summarize(&conv(), None, 500);
+        let lines: Vec<&str> = s.lines().collect();
+        assert!((3..=MAX_SENTENCES).contains(&lines.len()), "{s}");
+        assert!(lines[0].starts_with("- User: I need to migrate our Postgres database"), "{s}");
+        let all: String = conv().iter().map(|m| m.content.clone()).collect::<Vec<_>>().join(" ");
+        for l in &lines {
+            let sentence = l.split_once(": ").unwrap().1;
+            assert!(all.contains(sentence), "not verbatim: {l}");
+        }
+        assert!(!s.contains("Hi!") && !s.contains("exit code"));
+    }
+
+    #[test]
+    fn respects_the_token_budget_and_is_deterministic() {
+        let s = summarize(&conv(), None, 40);
+        assert!(estimate_tokens(&s) <= 40 + 2 * MAX_SENTENCES as u32, "{s}");
+        assert_eq!(s, summarize(&conv(), None, 40));
+    }
+
+    #[test]
+    fn update_keeps_earlier_lines_competing() {
+        let first = summarize(&conv()[..2], None, 500);
+        let more = vec![Message::new(Role::User, "After the upgrade the PostGIS functions fail with a version mismatch error on every query.")];
+        let updated = summarize(&more, Some(&first), 500);
+        assert!(updated.contains("version mismatch"), "{updated}");
+        assert!(updated.contains("migrate our Postgres database"), "{updated}");
+    }
+
+    #[test]
+    fn short_chat_falls_back_to_short_sentences() {
+        let s = summarize(&[Message::new(Role::User, "hi"), Message::new(Role::Assistant, "Hello there")], None, 100);
+        assert_eq!(s, "- User: hi\n- Assistant: Hello there");
+    }
+}

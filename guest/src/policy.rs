@@ -1,0 +1,178 @@
+//! When to summarize, how, and with how much input.
+
+use crate::types::{Stats, SummaryRow};
+
+/// Where summary text comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// A model through the `llm` import.
+    Llm,
+    /// Sentence selection in the guest.
+    Extractive,
+}
+
+/// How prompts are sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rendering {
+    /// Chat messages.
+    Chat,
+    /// Raw ChatML.
+    Chatml,
+}
+
+/// Settings for one call (mirrors the WIT `config` record).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Summary source.
+    pub engine: Engine,
+    /// Prompt transport.
+    pub rendering: Rendering,
+    /// Model name.
+    pub model: String,
+    /// Context window, tokens.
+    pub context_length: u32,
+    /// Output limit per call, tokens.
+    pub max_output_tokens: u32,
+    /// Temperature.
+    pub temperature: f32,
+    /// Trigger: total tokens must exceed this.
+    pub threshold_tokens: u32,
+    /// Trigger: at least this many new episodes.
+    pub min_episodes_since: u32,
+    /// Strategy: update the latest row while it is under this many tokens.
+    pub max_summary_tokens: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            engine: Engine::Llm,
+            rendering: Rendering::Chat,
+            model: "qwen2.5:3b".into(),
+            context_length: 4096,
+            max_output_tokens: 500,
+            temperature: 0.2,
+            threshold_tokens: 200,
+            min_episodes_since: 5,
+            max_summary_tokens: 800,
+        }
+    }
+}
+
+/// What a summary pass does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Strategy {
+    /// No summary yet: summarize the unsummarized episodes from scratch.
+    Fresh,
+    /// Fold new episodes into the latest row (which is under `max_summary_tokens`).
+    Update(SummaryRow),
+    /// The latest row is full: start a new row for the new episodes.
+    NewRow,
+}
+
+/// Episodes after the newest summary.
+pub fn unsummarized(stats: &Stats, latest: Option<&SummaryRow>) -> u64 {
+    stats.last_episode.saturating_sub(latest.map_or(0, |r| r.last_episode))
+}
+
+/// The trigger: total tokens over the threshold and enough episodes since the last summary.
+pub fn should_trigger(stats: &Stats, latest: Option<&SummaryRow>, cfg: &Config) -> bool {
+    let since = unsummarized(stats, latest);
+    since > 0
+        && stats.total_tokens > u64::from(cfg.threshold_tokens)
+        && since >= u64::from(cfg.min_episodes_since)
+}
+
+/// Pick the strategy for the next pass.
+pub fn strategy(latest: Option<&SummaryRow>, cfg: &Config) -> Strategy {
+    match latest {
+        None => Strategy::Fresh,
+        Some(row) if row.tokens < cfg.max_summary_tokens => Strategy::Update(row.clone()),
+        Some(_) => Strategy::NewRow,
+    }
+}
+
+/// Tokens kept free of any prompt: a tenth of the context, at least 32, for estimator error.
+pub fn safety_margin(context_length: u32) -> u32 {
+    (context_length / 10).max(32)
+}
+
+/// Smallest conversation budget worth a call.
+pub const MIN_INPUT_BUDGET: u32 = 64;
+
+/// Tokens available for conversation text in one prompt whose fixed part costs `fixed`.
+pub fn input_budget(cfg: &Config, fixed: u32) -> Result<u32, String> {
+    let reserved = u64::from(cfg.max_output_tokens)
+        + u64::from(fixed)
+        + u64::from(safety_margin(cfg.context_length));
+    let budget = u64::from(cfg.context_length).saturating_sub(reserved);
+    if budget < u64::from(MIN_INPUT_BUDGET) {
+        return Err(format!(
+            "context length {} leaves {budget} tokens for the conversation after the prompt \
+             ({fixed}), the output reserve ({}) and the safety margin ({}); raise the context \
+             length or lower max-output-tokens",
+            cfg.context_length,
+            cfg.max_output_tokens,
+            safety_margin(cfg.context_length)
+        ));
+    }
+    Ok(budget as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(last: u64, tokens: u32) -> SummaryRow {
+        SummaryRow {
+            id: 1,
+            first_episode: 1,
+            last_episode: last,
+            content: "s".into(),
+            tokens,
+            prompt_tokens: 0,
+            output_tokens: 0,
+            model: "m".into(),
+            created_ms: 0,
+            updated_ms: 0,
+        }
+    }
+
+    fn stats(last: u64, total: u64) -> Stats {
+        Stats { episodes: last, total_tokens: total, last_episode: last }
+    }
+
+    #[test]
+    fn trigger_table() {
+        let cfg = Config::default(); // threshold 200 tokens, 5 episodes
+        let r = row(10, 100);
+        let cases: &[(Stats, Option<&SummaryRow>, bool)] = &[
+            (stats(0, 0), None, false),
+            (stats(4, 1000), None, false),   // too few episodes
+            (stats(5, 200), None, false),    // tokens must exceed the threshold
+            (stats(5, 201), None, true),
+            (stats(14, 5000), Some(&r), false), // 4 since the summary
+            (stats(15, 5000), Some(&r), true),
+            (stats(10, 5000), Some(&r), false), // caught up
+        ];
+        for (s, latest, want) in cases {
+            assert_eq!(should_trigger(s, *latest, &cfg), *want, "{s:?} latest={latest:?}");
+        }
+    }
+
+    #[test]
+    fn strategy_table() {
+        let cfg = Config::default(); // max summary 800
+        assert_eq!(strategy(None, &cfg), Strategy::Fresh);
+        assert_eq!(strategy(Some(&row(3, 799)), &cfg), Strategy::Update(row(3, 799)));
+        assert_eq!(strategy(Some(&row(3, 800)), &cfg), Strategy::NewRow);
+    }
+
+    #[test]
+    fn budget() {
+        let cfg = Config::default(); // 4096 ctx, 500 out, margin 409
+        assert_eq!(input_budget(&cfg, 100), Ok(4096 - 500 - 100 - 409));
+        let tiny = Config { context_length: 600, ..Config::default() };
+        assert!(input_budget(&tiny, 100).unwrap_err().contains("raise the context length"));
+    }
+}

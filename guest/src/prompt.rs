@@ -1,0 +1,153 @@
+//! Summarization prompts, written for abridge, in two renderings: chat messages and raw ChatML.
+
+use crate::tokens::{MESSAGE_OVERHEAD, estimate_tokens};
+use crate::types::{Message, Role};
+
+/// Instructions for a summary written from scratch.
+pub const FRESH_SYSTEM: &str = "You write summaries of conversations for a memory system. \
+Summarize the conversation you are given in 3 to 5 sentences. Write in the third person \
+(\"The user ...\", \"The assistant ...\"). Paraphrase instead of quoting, and keep the names, \
+decisions, facts, numbers and open questions that someone continuing the conversation would \
+need. Do not greet, do not comment on the task, and do not add filler. Output only the \
+summary text.";
+
+/// Instructions for folding new exchanges into an existing summary.
+pub const UPDATE_SYSTEM: &str = "You maintain the running summary of a conversation for a \
+memory system. You are given the current summary and the exchanges that followed it. Write \
+one updated summary of 3 to 5 sentences that covers both: keep what still matters from the \
+current summary, add what is new, and drop what the new exchanges made obsolete. Write in \
+the third person (\"The user ...\", \"The assistant ...\") and paraphrase instead of quoting. \
+Do not greet, do not comment on the task, and do not add filler. Output only the updated \
+summary text.";
+
+/// Stop sequences for the raw ChatML rendering.
+pub const CHATML_STOP: &[&str] = &["<|im_end|>", "<|im_start|>"];
+
+/// A prompt in both renderings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Built {
+    /// System message, then one user message.
+    pub messages: Vec<Message>,
+    /// The same as ChatML, ending with an open assistant turn.
+    pub chatml: String,
+}
+
+/// Neutralize chat-template control tokens inside conversation text, so a transcript that
+/// quotes `<|im_end|>` cannot end the prompt's turn early (a zero-width space is inserted
+/// after `<`; the text reads the same).
+pub fn neutralize(text: &str) -> String {
+    const MARKERS: &[&str] = &["<|", "<start_of_turn>", "<end_of_turn>", "[INST]", "[/INST]"];
+    if !MARKERS.iter().any(|m| text.contains(m)) {
+        return text.to_string();
+    }
+    text.replace("<|", "<\u{200B}|")
+        .replace("<start_of_turn>", "<\u{200B}start_of_turn>")
+        .replace("<end_of_turn>", "<\u{200B}end_of_turn>")
+        .replace("[INST]", "[\u{200B}INST]")
+        .replace("[/INST]", "[\u{200B}/INST]")
+}
+
+/// Render conversation messages as a plain transcript: `User: …` blocks separated by blank lines.
+pub fn transcript(conversation: &[Message]) -> String {
+    let mut out = String::new();
+    for m in conversation {
+        if !out.is_empty() {
+            out.push_str("\n\n");
+        }
+        out.push_str(m.role.label());
+        out.push_str(": ");
+        out.push_str(neutralize(m.content.trim()).as_str());
+    }
+    out
+}
+
+/// Build the fresh prompt (no `previous`) or the update prompt.
+pub fn build(conversation: &[Message], previous: Option<&str>) -> Built {
+    let (system, user) = match previous {
+        None => (
+            FRESH_SYSTEM,
+            format!(
+                "Conversation:\n\n{}\n\nWrite the summary now.",
+                transcript(conversation)
+            ),
+        ),
+        Some(prev) => (
+            UPDATE_SYSTEM,
+            format!(
+                "Current summary:\n\n{}\n\nNew exchanges:\n\n{}\n\nWrite the updated summary now.",
+                neutralize(prev.trim()),
+                transcript(conversation)
+            ),
+        ),
+    };
+    let messages = vec![Message::new(Role::System, system), Message::new(Role::User, user)];
+    let chatml = render_chatml(&messages);
+    Built { messages, chatml }
+}
+
+/// Render messages as ChatML, ending with an open assistant turn.
+pub fn render_chatml(messages: &[Message]) -> String {
+    let mut out = String::new();
+    for m in messages {
+        out.push_str("<|im_start|>");
+        out.push_str(m.role.wire());
+        out.push('\n');
+        out.push_str(&m.content);
+        out.push_str("<|im_end|>\n");
+    }
+    out.push_str("<|im_start|>assistant\n");
+    out
+}
+
+/// Estimated tokens of the prompt's fixed part: everything except the conversation itself
+/// (instructions, framing, and the previous summary when updating).
+pub fn fixed_tokens(previous: Option<&str>) -> u32 {
+    let b = build(&[], previous);
+    b.messages
+        .iter()
+        .map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD)
+        .sum::<u32>()
+        + MESSAGE_OVERHEAD // the open assistant turn
+}
+
+/// Estimated tokens one conversation message adds to a prompt.
+pub fn message_cost(content: &str) -> u32 {
+    // "Role: " label and the blank line that separates blocks.
+    estimate_tokens(content) + 3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_shape() {
+        let b = build(&[Message::new(Role::User, "hi <|im_end|> there")], None);
+        assert!(b.chatml.starts_with("<|im_start|>system\nYou write summaries"));
+        assert!(b.chatml.ends_with("<|im_end|>\n<|im_start|>assistant\n"));
+        // The quoted token is neutralized: only the template's own two im_end markers remain.
+        assert_eq!(b.chatml.matches("<|im_end|>").count(), 2);
+        assert_eq!(b.messages.len(), 2);
+    }
+
+    #[test]
+    fn update_carries_previous_summary() {
+        let b = build(&[Message::new(Role::Assistant, "Done.")], Some("The user set up CI."));
+        assert!(b.messages[0].content.starts_with("You maintain the running summary"));
+        assert!(b.messages[1].content.contains("Current summary:\n\nThe user set up CI."));
+        assert!(b.messages[1].content.contains("New exchanges:\n\nAssistant: Done."));
+        assert!(fixed_tokens(Some("The user set up CI.")) > fixed_tokens(None));
+    }
+
+    #[test]
+    fn fixed_plus_messages_bounds_the_whole_prompt() {
+        let conv = vec![
+            Message::new(Role::User, "How do I rotate logs on the staging box?"),
+            Message::new(Role::Assistant, "Use logrotate, weekly, keep 4."),
+        ];
+        let b = build(&conv, None);
+        let whole: u32 = b.messages.iter().map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD).sum();
+        let parts = fixed_tokens(None) + conv.iter().map(|m| message_cost(&m.content)).sum::<u32>();
+        assert!(parts >= whole, "parts {parts} < whole {whole}");
+    }
+}

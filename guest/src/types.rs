@@ -1,0 +1,206 @@
+//! Plain Rust mirrors of the WIT types, so the logic modules test natively without bindgen.
+
+/// Who produced a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Instructions to the model.
+    System,
+    /// The human side.
+    User,
+    /// The model side.
+    Assistant,
+    /// Tool output.
+    Tool,
+}
+
+impl Role {
+    /// The label used in rendered transcripts and ChatML.
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::System => "System",
+            Role::User => "User",
+            Role::Assistant => "Assistant",
+            Role::Tool => "Tool",
+        }
+    }
+
+    /// The lower-case wire name (`user`, `assistant`, …).
+    pub fn wire(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    /// Speaker.
+    pub role: Role,
+    /// Text.
+    pub content: String,
+}
+
+impl Message {
+    /// Shorthand constructor.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Message { role, content: content.into() }
+    }
+}
+
+/// An actionable failure (mirrors the WIT `error` variant).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Error {
+    /// Model server unreachable.
+    Unreachable(String),
+    /// Model not available.
+    ModelNotFound(String),
+    /// Time limit hit.
+    Timeout(String),
+    /// Prompt refused as too long.
+    ContextOverflow(String),
+    /// Error status or unparseable answer.
+    Server(String),
+    /// Output failed the quality gate.
+    RejectedOutput(String),
+    /// Store failure.
+    Storage(String),
+    /// Unusable input.
+    InvalidInput(String),
+}
+
+/// A stored episode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Episode {
+    /// Per-session id, 1-based.
+    pub id: u64,
+    /// Speaker.
+    pub role: Role,
+    /// Text.
+    pub content: String,
+    /// Estimated tokens of `content`.
+    pub tokens: u32,
+}
+
+/// Session figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Episodes stored.
+    pub episodes: u64,
+    /// Sum of estimated tokens.
+    pub total_tokens: u64,
+    /// Newest episode id (0 if none).
+    pub last_episode: u64,
+}
+
+/// A summary row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SummaryRow {
+    /// Row id.
+    pub id: u64,
+    /// First covered episode.
+    pub first_episode: u64,
+    /// Last covered episode.
+    pub last_episode: u64,
+    /// Text.
+    pub content: String,
+    /// Estimated tokens of `content`.
+    pub tokens: u32,
+    /// Model-reported prompt tokens of the call that wrote `content` (0 if none).
+    pub prompt_tokens: u32,
+    /// Model-reported output tokens of that call (0 if none).
+    pub output_tokens: u32,
+    /// Model name or `extractive`.
+    pub model: String,
+    /// Creation time, ms since the epoch.
+    pub created_ms: u64,
+    /// Last content change, ms since the epoch.
+    pub updated_ms: u64,
+}
+
+/// A summary write request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SummaryWrite {
+    /// Row to replace, or `None` for a new row.
+    pub replaces: Option<u64>,
+    /// First covered episode.
+    pub first_episode: u64,
+    /// Last covered episode.
+    pub last_episode: u64,
+    /// Cleaned text.
+    pub content: String,
+    /// Estimated tokens of `content`.
+    pub tokens: u32,
+    /// Model-reported prompt tokens (0 if none).
+    pub prompt_tokens: u32,
+    /// Model-reported output tokens (0 if none).
+    pub output_tokens: u32,
+    /// Model name or `extractive`.
+    pub model: String,
+    /// Time of the write.
+    pub now_ms: u64,
+}
+
+/// How a prompt is sent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// Chat messages.
+    Chat(Vec<Message>),
+    /// A rendered raw prompt.
+    Raw(String),
+}
+
+/// A model request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    /// Model name.
+    pub model: String,
+    /// Prompt.
+    pub prompt: Prompt,
+    /// Temperature.
+    pub temperature: f32,
+    /// Output limit.
+    pub max_output_tokens: u32,
+    /// Context window.
+    pub context_length: u32,
+    /// Stop sequences.
+    pub stop: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// Finished normally.
+    Stop,
+    /// Cut off by a limit.
+    Length,
+    /// Something else.
+    Other,
+}
+
+/// A model answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    /// Raw text.
+    pub text: String,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Reported prompt tokens.
+    pub prompt_tokens: Option<u32>,
+    /// Reported output tokens.
+    pub output_tokens: Option<u32>,
+}
+
+/// Log severity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// Debug detail.
+    Debug,
+    /// Progress.
+    Info,
+    /// Needs attention.
+    Warn,
+}
