@@ -291,3 +291,7 @@ fn generate(h: &mut impl Host, cfg: &Config, conversation: &[Message], previous:
         }
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -1,1 +1,21 @@
-//! x
+//! abridge's native host: runs the sandboxed summarization engine (a WebAssembly component)
+//! with wasmtime and supplies what it imports — a language model over HTTP, a SQLite store,
+//! the clock and logging.
+//!
+//! Embed it with [`Abridge::builder`]; every outside dependency is a trait
+//! ([`LlmBackend`], [`Store`], [`Clock`]) you may implement yourself.
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod bindings;
+pub mod clock;
+mod imports;
+pub mod runtime;
+pub mod store;
+pub mod transcript;
+pub mod types;
+
+pub use backend::{LlmBackend, NoModel, Ollama, OpenAi};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use runtime::{Abridge, AbridgeBuilder, BuiltPrompt, CallError, ComponentSource, Runtime};
+pub use store::{SqliteStore, Store};

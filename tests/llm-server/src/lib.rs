@@ -1,1 +1,439 @@
+//! A deterministic, Ollama-compatible LLM server for abridge's tests.
+//!
+//! It speaks the parts of the Ollama API abridge uses (`/api/chat`, `/api/generate`,
+//! `/api/tags`, `/api/version`, `/`), and OpenAI's `/v1/chat/completions` and `/v1/models`,
+//! on a free loopback port. Replies are computed from the prompt, so the same prompt always
+//! gets the same summary. It records every request and can inject delays and faults.
+//!
+//! Like Ollama it counts prompt tokens itself (its own rule: one token per started four
+//! characters of each whitespace-separated word), honours `num_ctx` and `num_predict`, and
+//! either refuses a prompt over the context (`truncate: false`, HTTP 400) or truncates it
+//! silently and reports `prompt_eval_count = num_ctx`.
+//!
+//! Control endpoints (for tests in other languages): `POST /_control/faults` with a JSON
+//! array of [`Fault`]s, `POST /_control/delay` with `{"ms": N}`, `GET /_control/requests`,
+//! `POST /_control/reset`.
+#![deny(missing_docs)]
 
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// A fault applied to one generation request (chat, generate or completions), in order.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fault {
+    /// Answer with this HTTP status and an Ollama-style `{"error": message}` body.
+    Status {
+        /// HTTP status code.
+        code: u16,
+        /// Error message.
+        message: String,
+    },
+    /// Answer 200 with a body that is not JSON.
+    Garbage,
+    /// Close the connection without answering.
+    Disconnect,
+    /// Wait this long before answering normally.
+    Delay {
+        /// Milliseconds.
+        ms: u64,
+    },
+    /// Answer normally but with this text as the model's output.
+    Reply {
+        /// The text.
+        text: String,
+        /// `done_reason` / `finish_reason`; default `stop`.
+        #[serde(default)]
+        done_reason: Option<String>,
+    },
+}
+
+/// One request as received.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LoggedRequest {
+    /// HTTP method.
+    pub method: String,
+    /// Request path.
+    pub path: String,
+    /// Parsed JSON body (`null` when empty or not JSON).
+    pub body: Value,
+    /// Milliseconds since the server started, when the request arrived.
+    pub at_ms: u64,
+}
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Models the server has "pulled".
+    pub models: Vec<String>,
+    /// Delay before every generation answer.
+    pub delay: Duration,
+    /// Context length when a request sends no `num_ctx` (Ollama's default before v0.6.7).
+    pub default_num_ctx: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            models: vec!["qwen2.5:3b".into(), "llama3.2:1b".into()],
+            delay: Duration::ZERO,
+            default_num_ctx: 2048,
+        }
+    }
+}
+
+struct State {
+    opts: Options,
+    faults: VecDeque<Fault>,
+    log: Vec<LoggedRequest>,
+    started: std::time::Instant,
+}
+
+/// A running test server; it stops when dropped.
+pub struct TestServer {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Start with default options on a free loopback port.
+    pub fn start() -> TestServer {
+        Self::start_with(Options::default())
+    }
+
+    /// Start with the given options on a free loopback port.
+    pub fn start_with(opts: Options) -> TestServer {
+        Self::bind("127.0.0.1:0", opts).expect("binding a loopback port")
+    }
+
+    /// Start on a given loopback address (port 0 for a free one).
+    pub fn bind(addr: &str, opts: Options) -> std::io::Result<TestServer> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() {
+            return Err(std::io::Error::other("the test server only listens on loopback"));
+        }
+        let state = Arc::new(Mutex::new(State {
+            opts,
+            faults: VecDeque::new(),
+            log: Vec::new(),
+            started: std::time::Instant::now(),
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, sp) = (state.clone(), stop.clone());
+        let thread = thread::spawn(move || {
+            for conn in listener.incoming() {
+                if sp.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let st = st.clone();
+                thread::spawn(move || {
+                    let _ = handle(conn, &st);
+                });
+            }
+        });
+        Ok(TestServer { addr, state, stop, thread: Some(thread) })
+    }
+
+    /// Base URL, e.g. `http://127.0.0.1:43121`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Queue faults for the next generation requests, one each.
+    pub fn push_faults(&self, faults: impl IntoIterator<Item = Fault>) {
+        self.state.lock().unwrap().faults.extend(faults);
+    }
+
+    /// Set the delay before every generation answer.
+    pub fn set_delay(&self, delay: Duration) {
+        self.state.lock().unwrap().opts.delay = delay;
+    }
+
+    /// All requests so far.
+    pub fn requests(&self) -> Vec<LoggedRequest> {
+        self.state.lock().unwrap().log.clone()
+    }
+
+    /// Generation requests so far (chat, generate, completions).
+    pub fn generations(&self) -> Vec<LoggedRequest> {
+        self.requests().into_iter().filter(|r| is_generation(&r.path)).collect()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn is_generation(path: &str) -> bool {
+    matches!(path, "/api/chat" | "/api/generate" | "/v1/chat/completions")
+}
+
+/// Tokens as this server's "model" counts them: a started four characters of each word.
+pub fn count_tokens(text: &str) -> u32 {
+    text.split_whitespace().map(|w| (w.chars().count() as u32).div_ceil(4)).sum()
+}
+
+struct HttpRequest {
+    method: String,
+    path: String,
+    body: Vec<u8>,
+}
+
+fn read_request(conn: &TcpStream) -> std::io::Result<Option<HttpRequest>> {
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let path = parts.next().unwrap_or("/").to_string();
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body)?;
+    Ok(Some(HttpRequest { method, path, body }))
+}
+
+fn respond(mut conn: &TcpStream, status: u16, content_type: &str, body: &str) -> std::io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Status",
+    };
+    write!(
+        conn,
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    conn.flush()
+}
+
+fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let Some(req) = read_request(&conn)? else { return Ok(()) };
+    let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+    let (fault, delay, models, default_ctx) = {
+        let mut st = state.lock().unwrap();
+        let at_ms = st.started.elapsed().as_millis() as u64;
+        st.log.push(LoggedRequest { method: req.method.clone(), path: req.path.clone(), body: body.clone(), at_ms });
+        let fault = if is_generation(&req.path) { st.faults.pop_front() } else { None };
+        (fault, st.opts.delay, st.opts.models.clone(), st.opts.default_num_ctx)
+    };
+    let json = |status, v: Value| respond(&conn, status, "application/json", &v.to_string());
+    match (req.method.as_str(), req.path.as_str()) {
+        ("GET", "/") => return respond(&conn, 200, "text/plain", "Ollama is running"),
+        ("GET", "/api/version") => return json(200, json!({"version": "0.12.0-abridge-test"})),
+        ("GET", "/api/tags") => {
+            let list: Vec<Value> = models.iter().map(|m| json!({"name": m, "model": m, "size": 1, "digest": "0"})).collect();
+            return json(200, json!({"models": list}));
+        }
+        ("GET", "/v1/models") => {
+            let list: Vec<Value> = models.iter().map(|m| json!({"id": m, "object": "model", "owned_by": "abridge-test"})).collect();
+            return json(200, json!({"object": "list", "data": list}));
+        }
+        ("GET", "/_control/requests") => {
+            return json(200, serde_json::to_value(state.lock().unwrap().log.clone()).unwrap());
+        }
+        ("POST", "/_control/faults") => {
+            return match serde_json::from_value::<Vec<Fault>>(body) {
+                Ok(f) => {
+                    state.lock().unwrap().faults.extend(f);
+                    json(200, json!({"ok": true}))
+                }
+                Err(e) => json(400, json!({"error": e.to_string()})),
+            };
+        }
+        ("POST", "/_control/delay") => {
+            let ms = body.get("ms").and_then(Value::as_u64).unwrap_or(0);
+            state.lock().unwrap().opts.delay = Duration::from_millis(ms);
+            return json(200, json!({"ok": true}));
+        }
+        ("POST", "/_control/reset") => {
+            let mut st = state.lock().unwrap();
+            st.faults.clear();
+            st.log.clear();
+            return json(200, json!({"ok": true}));
+        }
+        ("POST", p) if is_generation(p) => {}
+        _ => return json(404, json!({"error": format!("no route {} {}", req.method, req.path)})),
+    }
+
+    let openai = req.path.starts_with("/v1/");
+    let err = |status: u16, msg: &str| {
+        let v = if openai {
+            json!({"error": {"message": msg, "type": if status == 404 { "not_found_error" } else { "invalid_request_error" }, "param": null, "code": null}})
+        } else {
+            json!({"error": msg})
+        };
+        respond(&conn, status, "application/json", &v.to_string())
+    };
+    if body.is_null() {
+        return err(400, "missing request body");
+    }
+    thread::sleep(delay);
+    let mut reply_override = None;
+    match fault {
+        Some(Fault::Status { code, message }) => return err(code, &message),
+        Some(Fault::Garbage) => return respond(&conn, 200, "application/json", "<html>not json"),
+        Some(Fault::Disconnect) => return conn.shutdown(Shutdown::Both),
+        Some(Fault::Delay { ms }) => thread::sleep(Duration::from_millis(ms)),
+        Some(Fault::Reply { text, done_reason }) => reply_override = Some((text, done_reason.unwrap_or_else(|| "stop".into()))),
+        None => {}
+    }
+
+    let model = body.get("model").and_then(Value::as_str).unwrap_or("").to_string();
+    if !models.iter().any(|m| *m == model || *m == format!("{model}:latest")) {
+        return err(404, &format!("model '{model}' not found"));
+    }
+    let opts = body.get("options").cloned().unwrap_or(Value::Null);
+    let (num_ctx, num_predict) = if openai {
+        (default_ctx, body.get("max_tokens").and_then(Value::as_u64).map(|n| n as u32))
+    } else {
+        (
+            opts.get("num_ctx").and_then(Value::as_u64).map_or(default_ctx, |n| n as u32),
+            opts.get("num_predict").and_then(Value::as_i64).filter(|n| *n >= 0).map(|n| n as u32),
+        )
+    };
+    let prompt = prompt_text(&req.path, &body);
+    let prompt_tokens = count_tokens(&prompt);
+    let truncate = body.get("truncate").and_then(Value::as_bool).unwrap_or(true);
+    if prompt_tokens > num_ctx && (!truncate || openai) {
+        return err(
+            400,
+            &format!("the prompt is longer than the context length currently available to the model ({prompt_tokens} > {num_ctx})"),
+        );
+    }
+    let (mut text, mut reason) = reply_override.unwrap_or_else(|| (summarize(&prompt), "stop".to_string()));
+    if let Some(limit) = num_predict {
+        if count_tokens(&text) > limit {
+            text = text.split_whitespace().take(limit as usize).collect::<Vec<_>>().join(" ");
+            reason = "length".into();
+        }
+    }
+    let eval_count = count_tokens(&text);
+    let prompt_eval_count = prompt_tokens.min(num_ctx);
+    let v = match req.path.as_str() {
+        "/api/chat" => json!({
+            "model": model, "created_at": "2026-01-01T00:00:00Z",
+            "message": {"role": "assistant", "content": text},
+            "done": true, "done_reason": reason,
+            "total_duration": 1000, "prompt_eval_count": prompt_eval_count, "eval_count": eval_count,
+        }),
+        "/api/generate" => json!({
+            "model": model, "created_at": "2026-01-01T00:00:00Z", "response": text,
+            "done": true, "done_reason": reason,
+            "total_duration": 1000, "prompt_eval_count": prompt_eval_count, "eval_count": eval_count,
+        }),
+        _ => json!({
+            "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
+            "system_fingerprint": "fp_ollama",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
+            "usage": {"prompt_tokens": prompt_eval_count, "completion_tokens": eval_count, "total_tokens": prompt_eval_count + eval_count},
+        }),
+    };
+    json(200, v)
+}
+
+/// The prompt as one text (chat messages joined by newlines).
+fn prompt_text(path: &str, body: &Value) -> String {
+    if path == "/api/generate" {
+        return body.get("prompt").and_then(Value::as_str).unwrap_or("").to_string();
+    }
+    body.get("messages")
+        .and_then(Value::as_array)
+        .map(|ms| {
+            ms.iter()
+                .filter_map(|m| m.get("content").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// The deterministic "model": a short third-person summary built from the transcript lines
+/// (`User: …`, `Assistant: …`) found in the prompt.
+pub fn summarize(prompt: &str) -> String {
+    let lines: Vec<&str> = prompt
+        .lines()
+        .filter(|l| ["User: ", "Assistant: ", "Tool: ", "System: "].iter().any(|p| l.starts_with(p)))
+        .collect();
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for l in &lines {
+        let text = l.split_once(": ").map_or(*l, |(_, t)| t);
+        for w in text.split(|c: char| !c.is_alphanumeric()) {
+            let w = w.to_lowercase();
+            if w.chars().count() >= 5 {
+                *counts.entry(w).or_default() += 1;
+            }
+        }
+    }
+    let mut top: Vec<(String, usize)> = counts.into_iter().collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let topics: Vec<String> = top.into_iter().take(3).map(|(w, _)| w).collect();
+    let topics = match topics.len() {
+        0 => "a few short messages".to_string(),
+        1 => topics[0].clone(),
+        _ => format!("{} and {}", topics[..topics.len() - 1].join(", "), topics[topics.len() - 1]),
+    };
+    let mut out = format!("The user and the assistant discussed {topics} over {} messages.", lines.len());
+    if let Some(last) = lines.last() {
+        let (who, text) = last.split_once(": ").unwrap_or(("User", last));
+        let words: Vec<&str> = text.split_whitespace().take(8).collect();
+        out.push_str(&format!(" The conversation ends with the {} saying \"{}\".", who.to_lowercase(), words.join(" ")));
+    }
+    if prompt.contains("Current summary:") {
+        out.push_str(" This continues an earlier summary.");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_is_deterministic_and_names_topics() {
+        let p = "Conversation:\n\nUser: The database migration failed twice.\n\nAssistant: Retry the database migration after the backup.";
+        assert_eq!(summarize(p), summarize(p));
+        assert!(summarize(p).starts_with("The user and the assistant discussed database, migration and"));
+    }
+}

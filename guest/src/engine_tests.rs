@@ -1,0 +1,256 @@
+//! Engine tests against an in-memory host that enforces the store's chain rules.
+
+use super::*;
+use crate::tokens::estimate_tokens;
+use crate::types::{Finish, Role};
+
+#[derive(Default)]
+struct Fake {
+    episodes: Vec<Episode>,
+    rows: Vec<SummaryRow>,
+    /// Scripted replies; when empty, a reply naming the episode ids it saw.
+    replies: Vec<Result<Response, Error>>,
+    requests: Vec<Request>,
+    now: u64,
+}
+
+impl Fake {
+    fn with_episodes(n: usize, words: usize) -> Self {
+        let mut f = Fake::default();
+        for i in 0..n {
+            f.push(if i % 2 == 0 { Role::User } else { Role::Assistant }, &format!("ep{} {}", i + 1, "word ".repeat(words)));
+        }
+        f
+    }
+
+    fn push(&mut self, role: Role, content: &str) {
+        let id = self.episodes.len() as u64 + 1;
+        self.episodes.push(Episode { id, role, content: content.into(), tokens: estimate_tokens(content) });
+    }
+
+    fn prompt_text(req: &Request) -> String {
+        match &req.prompt {
+            Prompt::Chat(ms) => ms.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n"),
+            Prompt::Raw(s) => s.clone(),
+        }
+    }
+
+    /// Every episode covered exactly once, in order, by contiguous rows.
+    fn assert_chain(&self) {
+        let mut next = 1;
+        for r in &self.rows {
+            assert_eq!(r.first_episode, next, "rows {:?}", self.rows);
+            assert!(r.last_episode >= r.first_episode);
+            next = r.last_episode + 1;
+        }
+    }
+}
+
+impl Host for Fake {
+    fn stats(&mut self, _: &str) -> Result<Stats, Error> {
+        Ok(Stats {
+            episodes: self.episodes.len() as u64,
+            total_tokens: self.episodes.iter().map(|e| u64::from(e.tokens)).sum(),
+            last_episode: self.episodes.len() as u64,
+        })
+    }
+    fn episodes_after(&mut self, _: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
+        Ok(self.episodes.iter().filter(|e| e.id > after).take(limit as usize).cloned().collect())
+    }
+    fn latest_summary(&mut self, _: &str) -> Result<Option<SummaryRow>, Error> {
+        Ok(self.rows.last().cloned())
+    }
+    fn write_summary(&mut self, _: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+        let prev_last = self.rows.last().map_or(0, |r| r.last_episode);
+        let row = SummaryRow {
+            id: 0,
+            first_episode: w.first_episode,
+            last_episode: w.last_episode,
+            content: w.content,
+            tokens: w.tokens,
+            prompt_tokens: w.prompt_tokens,
+            output_tokens: w.output_tokens,
+            model: w.model,
+            created_ms: w.now_ms,
+            updated_ms: w.now_ms,
+        };
+        match w.replaces {
+            None => {
+                assert_eq!(w.first_episode, prev_last + 1, "new row must follow the chain");
+                let row = SummaryRow { id: self.rows.len() as u64 + 1, ..row };
+                self.rows.push(row.clone());
+                Ok(row)
+            }
+            Some(id) => {
+                let last = self.rows.last_mut().expect("update needs a row");
+                assert_eq!(last.id, id, "only the latest row may be updated");
+                assert_eq!(last.first_episode, w.first_episode);
+                assert!(w.last_episode > last.last_episode);
+                *last = SummaryRow { id, created_ms: last.created_ms, ..row };
+                Ok(last.clone())
+            }
+        }
+    }
+    fn generate(&mut self, req: Request) -> Result<Response, Error> {
+        let text = Self::prompt_text(&req);
+        self.requests.push(req);
+        if !self.replies.is_empty() {
+            return self.replies.remove(0);
+        }
+        let ids: Vec<&str> = text.split_whitespace().filter(|w| w.starts_with("ep")).collect();
+        Ok(Response {
+            text: format!("The user and the assistant covered {}.<|im_end|>", ids.join(" ")),
+            finish: Finish::Stop,
+            prompt_tokens: Some(estimate_tokens(&text)),
+            output_tokens: Some(12),
+        })
+    }
+    fn now_ms(&mut self) -> u64 {
+        self.now += 1;
+        self.now
+    }
+    fn log(&mut self, _: Level, _: &str) {}
+}
+
+fn cfg() -> Config {
+    Config::default()
+}
+
+#[test]
+fn below_threshold_nothing_happens() {
+    let mut f = Fake::with_episodes(4, 100);
+    let out = after_episode_written(&mut f, "s", &cfg()).unwrap();
+    assert!(!out.triggered);
+    assert_eq!(out.unsummarized, 4);
+    assert!(f.requests.is_empty() && f.rows.is_empty());
+}
+
+#[test]
+fn fresh_then_update_then_new_row() {
+    let mut f = Fake::with_episodes(5, 60);
+    let out = after_episode_written(&mut f, "s", &cfg()).unwrap();
+    assert!(out.triggered);
+    assert_eq!((f.rows.len(), f.rows[0].first_episode, f.rows[0].last_episode), (1, 1, 5));
+    assert_eq!(f.rows[0].content, "The user and the assistant covered ep1 ep2 ep3 ep4 ep5.");
+    assert!(Fake::prompt_text(&f.requests[0]).starts_with("You write summaries"));
+
+    // Four more: below min-episodes-since, no call.
+    for _ in 0..4 {
+        f.push(Role::User, "ep-more more text");
+    }
+    assert!(!after_episode_written(&mut f, "s", &cfg()).unwrap().triggered);
+    assert_eq!(f.requests.len(), 1);
+
+    // The fifth triggers an update of row 1, carrying the previous summary.
+    f.push(Role::Assistant, "ep10 done");
+    let out = after_episode_written(&mut f, "s", &cfg()).unwrap();
+    assert_eq!(out.passes, 1);
+    assert_eq!((f.rows.len(), f.rows[0].last_episode), (1, 10));
+    let p = Fake::prompt_text(&f.requests[1]);
+    assert!(p.starts_with("You maintain the running summary") && p.contains("covered ep1 ep2"), "{p}");
+    assert!(!p.contains("ep1 word"), "old episodes are not re-sent");
+
+    // A summary at max-summary-tokens starts a new row.
+    let small = Config { max_summary_tokens: 5, ..cfg() };
+    for i in 0..5 {
+        f.push(Role::User, &format!("ep{} later", 11 + i));
+    }
+    after_episode_written(&mut f, "s", &small).unwrap();
+    assert_eq!(f.rows.len(), 2);
+    assert_eq!((f.rows[1].first_episode, f.rows[1].last_episode), (11, 15));
+    assert!(Fake::prompt_text(&f.requests[2]).starts_with("You write summaries"));
+    f.assert_chain();
+}
+
+#[test]
+fn episodes_that_do_not_fit_take_further_passes() {
+    // 60 episodes of ~100 tokens against a 1024-token context: several passes, none dropped.
+    let mut f = Fake::with_episodes(60, 100);
+    let c = Config { context_length: 1024, max_output_tokens: 200, max_summary_tokens: 10, ..cfg() };
+    let out = summarize_now(&mut f, "s", &c).unwrap();
+    assert!(out.passes > 5, "passes {}", out.passes);
+    assert_eq!(out.unsummarized, 0);
+    f.assert_chain();
+    assert_eq!(f.rows.last().unwrap().last_episode, 60);
+    for r in &f.requests {
+        let tokens = estimate_tokens(&Fake::prompt_text(r)) + 8;
+        assert!(tokens + c.max_output_tokens <= c.context_length, "prompt {tokens} too big");
+    }
+    // Every episode was sent exactly once.
+    let all: String = f.requests.iter().map(Fake::prompt_text).collect();
+    for i in 1..=60 {
+        assert_eq!(all.matches(&format!("ep{i} word")).count(), 1, "episode {i}");
+    }
+}
+
+#[test]
+fn an_oversized_episode_is_folded_in_parts() {
+    let mut f = Fake::default();
+    f.push(Role::User, "short opener here");
+    let big = (0..400).map(|i| format!("Sentence number {i} talks about the rollout plan.")).collect::<Vec<_>>().join(" ");
+    f.push(Role::Assistant, &big);
+    f.push(Role::User, "ep3 thanks");
+    let c = Config { context_length: 1024, max_output_tokens: 200, ..cfg() };
+    summarize_now(&mut f, "s", &c).unwrap();
+    f.assert_chain();
+    assert_eq!(f.rows.last().unwrap().last_episode, 3);
+    let parts: Vec<String> = f.requests.iter().map(Fake::prompt_text).filter(|p| p.contains("of one long message")).collect();
+    assert!(parts.len() >= 3, "{} parts", parts.len());
+    for i in [0, 199, 399] {
+        assert!(parts.iter().any(|p| p.contains(&format!("Sentence number {i} talks"))), "sentence {i} lost");
+    }
+}
+
+#[test]
+fn rejected_output_writes_nothing_and_keeps_the_summary() {
+    let mut f = Fake::with_episodes(5, 60);
+    summarize_now(&mut f, "s", &cfg()).unwrap();
+    let before = f.rows.clone();
+    for _ in 0..5 {
+        f.push(Role::User, "more words to fold in");
+    }
+    for (text, finish) in [("<|im_end|>", Finish::Stop), ("The user asked about", Finish::Length)] {
+        f.replies.push(Ok(Response { text: text.into(), finish, prompt_tokens: None, output_tokens: None }));
+        let err = summarize_now(&mut f, "s", &cfg()).unwrap_err();
+        assert!(matches!(err, Error::RejectedOutput(_)), "{err:?}");
+        assert_eq!(f.rows, before);
+    }
+    f.replies.push(Err(Error::Unreachable("http://127.0.0.1:1".into())));
+    assert!(matches!(summarize_now(&mut f, "s", &cfg()), Err(Error::Unreachable(_))));
+    assert_eq!(f.rows, before);
+}
+
+#[test]
+fn chatml_rendering_sends_a_raw_prompt_with_stops() {
+    let mut f = Fake::with_episodes(5, 60);
+    let c = Config { rendering: Rendering::Chatml, ..cfg() };
+    summarize_now(&mut f, "s", &c).unwrap();
+    match &f.requests[0].prompt {
+        Prompt::Raw(p) => assert!(p.starts_with("<|im_start|>system\n") && p.ends_with("<|im_start|>assistant\n")),
+        other => panic!("expected a raw prompt, got {other:?}"),
+    }
+    assert_eq!(f.requests[0].stop, vec!["<|im_end|>", "<|im_start|>"]);
+    assert_eq!((f.requests[0].context_length, f.requests[0].max_output_tokens), (4096, 500));
+}
+
+#[test]
+fn extractive_engine_needs_no_model() {
+    let mut f = Fake::default();
+    f.push(Role::User, "Our nightly backup job to the S3 bucket failed three nights in a row.");
+    f.push(Role::Assistant, "The credentials on the backup host expired last Monday. Rotate the access key and rerun the job.");
+    let c = Config { engine: Engine::Extractive, ..cfg() };
+    let out = summarize_now(&mut f, "s", &c).unwrap();
+    assert!(f.requests.is_empty());
+    assert_eq!(out.written[0].model, "extractive");
+    assert!(out.written[0].content.starts_with("- User: Our nightly backup job"), "{}", out.written[0].content);
+}
+
+#[test]
+fn invalid_config_is_an_actionable_error() {
+    let mut f = Fake::with_episodes(5, 60);
+    let err = summarize_now(&mut f, "", &cfg()).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(m) if m.contains("session")));
+    let tiny = Config { context_length: 300, ..cfg() };
+    let err = summarize_now(&mut f, "s", &tiny).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(m) if m.contains("raise the context length")));
+}

@@ -1,0 +1,148 @@
+//! The Ollama native API (`/api/chat`, `/api/generate` with `raw: true`).
+//!
+//! Every request sends `num_ctx` and `truncate: false`, so an over-long prompt is refused
+//! rather than silently cut (see ../shared/docs/ollama-api.md §6).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::{LlmBackend, transport_error};
+use crate::types::{Error, FinishReason, Prompt, Request, Response};
+
+/// An Ollama server.
+pub struct Ollama {
+    http: reqwest::Client,
+    base: String,
+}
+
+const HINT: &str = "start it with 'ollama serve', set EXTRACTION_URL/--url, or pass --backend extractive";
+
+impl Ollama {
+    /// A client for the server at `base` (e.g. `http://localhost:11434`); each generation may
+    /// take up to `timeout`.
+    pub fn new(base: &str, timeout: Duration) -> Result<Self, Error> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(5))
+            .no_proxy() // a local server; never route it through a proxy
+            .build()
+            .map_err(|e| Error::InvalidInput(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Ollama { http, base: base.trim_end_matches('/').to_string() })
+    }
+
+    /// The server's base URL.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// Check the server answers (`GET /api/version`, 2 s limit); returns its version.
+    pub async fn probe(&self) -> Result<String, Error> {
+        let url = format!("{}/api/version", self.base);
+        let resp = self
+            .http
+            .get(&url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
+        let v: Value = resp.json().await.map_err(|_| {
+            Error::Server(format!("{} answered /api/version with something that is not Ollama's JSON; check EXTRACTION_URL/--url", self.base))
+        })?;
+        Ok(v.get("version").and_then(Value::as_str).unwrap_or("unknown").to_string())
+    }
+
+    /// Whether `model` is pulled (`GET /api/tags`; `name` and `name:latest` both match).
+    pub async fn has_model(&self, model: &str) -> Result<bool, Error> {
+        let url = format!("{}/api/tags", self.base);
+        let resp = self.http.get(&url).send().await.map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
+        let v: Value = resp
+            .json()
+            .await
+            .map_err(|_| Error::Server(format!("{} answered /api/tags with something that is not JSON", self.base)))?;
+        let want_latest = format!("{model}:latest");
+        Ok(v.get("models").and_then(Value::as_array).is_some_and(|ms| {
+            ms.iter().filter_map(|m| m.get("name").and_then(Value::as_str)).any(|n| n == model || n == want_latest)
+        }))
+    }
+}
+
+/// The error for a model that is not pulled.
+pub(crate) fn not_pulled(model: &str) -> Error {
+    Error::ModelNotFound(format!(
+        "model '{model}' is not available on the Ollama server — run 'ollama pull {model}', pick another with --model/EXTRACTION_MODEL, or pass --backend extractive"
+    ))
+}
+
+#[async_trait]
+impl LlmBackend for Ollama {
+    async fn generate(&self, req: Request) -> Result<Response, Error> {
+        let mut options = json!({
+            "num_ctx": req.context_length,
+            "num_predict": req.max_output_tokens,
+            "temperature": req.temperature,
+        });
+        if !req.stop.is_empty() {
+            options["stop"] = json!(req.stop);
+        }
+        let (path, body) = match &req.prompt {
+            Prompt::Chat(ms) => {
+                let messages: Vec<Value> =
+                    ms.iter().map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect();
+                ("/api/chat", json!({"model": req.model, "messages": messages, "stream": false, "truncate": false, "options": options}))
+            }
+            Prompt::Raw(p) => (
+                "/api/generate",
+                json!({"model": req.model, "prompt": p, "raw": true, "stream": false, "truncate": false, "options": options}),
+            ),
+        };
+        let url = format!("{}{path}", self.base);
+        let resp = self.http.post(&url).json(&body).send().await.map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
+        let v: Option<Value> = serde_json::from_str(&text).ok();
+        let err_msg = v.as_ref().and_then(|v| v.get("error")).and_then(Value::as_str).map(str::to_string);
+        if !status.is_success() {
+            let msg = err_msg.unwrap_or_else(|| snippet(&text));
+            return Err(match status.as_u16() {
+                404 => not_pulled(&req.model),
+                400 if msg.contains("context length") => Error::ContextOverflow(msg),
+                code => Error::Server(format!("HTTP {code} from {url}: {msg}")),
+            });
+        }
+        let v = v.ok_or_else(|| {
+            Error::Server(format!("{url} answered with something that is not JSON ({}); is it really an Ollama server?", snippet(&text)))
+        })?;
+        if let Some(msg) = err_msg {
+            return Err(Error::Server(format!("{url}: {msg}")));
+        }
+        let content = v
+            .pointer("/message/content")
+            .or_else(|| v.get("response"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::Server(format!("{url} answered without a message; is it really an Ollama server?")))?;
+        let finish = match v.get("done_reason").and_then(Value::as_str) {
+            Some("stop") | None => FinishReason::Stop,
+            Some("length") => FinishReason::Length,
+            Some(_) => FinishReason::Other,
+        };
+        let count = |k: &str| v.get(k).and_then(Value::as_u64).map(|n| n.min(u32::MAX as u64) as u32);
+        Ok(Response {
+            text: content.to_string(),
+            finish_reason: finish,
+            prompt_tokens: count("prompt_eval_count"),
+            output_tokens: count("eval_count"),
+        })
+    }
+
+    fn name(&self) -> &str {
+        "ollama"
+    }
+}
+
+/// The start of a response body, for error messages.
+pub(crate) fn snippet(text: &str) -> String {
+    let t: String = text.chars().take(120).collect();
+    if t.len() < text.len() { format!("{t}…") } else { t }
+}

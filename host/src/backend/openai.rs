@@ -1,0 +1,102 @@
+//! OpenAI-compatible servers (`/v1/chat/completions`): vLLM, llama.cpp, LM Studio, Ollama's
+//! `/v1`, hosted APIs reached over plain HTTP or a local TLS proxy.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::ollama::snippet;
+use super::{LlmBackend, transport_error};
+use crate::types::{Error, FinishReason, Prompt, Request, Response};
+
+/// An OpenAI-compatible server.
+pub struct OpenAi {
+    http: reqwest::Client,
+    base: String,
+    key: Option<String>,
+}
+
+const HINT: &str = "check OPENAI_BASE_URL, or pass --backend ollama|extractive";
+
+impl OpenAi {
+    /// A client for `base` (ending in `/v1`), with an optional API key sent as a bearer token.
+    pub fn new(base: &str, key: Option<String>, timeout: Duration) -> Result<Self, Error> {
+        if base.starts_with("https://") {
+            return Err(Error::InvalidInput(format!(
+                "{base} uses https, which this build does not speak; use a plain-http endpoint or a local TLS-terminating proxy"
+            )));
+        }
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| Error::InvalidInput(format!("cannot build an HTTP client: {e}")))?;
+        Ok(OpenAi { http, base: base.trim_end_matches('/').to_string(), key })
+    }
+}
+
+#[async_trait]
+impl LlmBackend for OpenAi {
+    async fn generate(&self, req: Request) -> Result<Response, Error> {
+        let messages: Vec<Value> = match &req.prompt {
+            Prompt::Chat(ms) => ms.iter().map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect(),
+            Prompt::Raw(_) => {
+                return Err(Error::InvalidInput(
+                    "raw ChatML prompts need the Ollama backend; use --rendering chat with --backend openai".into(),
+                ));
+            }
+        };
+        let mut body = json!({
+            "model": req.model,
+            "messages": messages,
+            "temperature": req.temperature,
+            "max_tokens": req.max_output_tokens,
+            "stream": false,
+        });
+        if !req.stop.is_empty() {
+            body["stop"] = json!(req.stop);
+        }
+        let url = format!("{}/chat/completions", self.base);
+        let mut call = self.http.post(&url).json(&body);
+        if let Some(k) = &self.key {
+            call = call.bearer_auth(k);
+        }
+        let resp = call.send().await.map_err(|e| transport_error("the OpenAI-compatible server", &self.base, e, HINT))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| transport_error("the OpenAI-compatible server", &self.base, e, HINT))?;
+        let v: Option<Value> = serde_json::from_str(&text).ok();
+        if !status.is_success() {
+            let msg = v
+                .as_ref()
+                .and_then(|v| v.pointer("/error/message").or_else(|| v.get("error")))
+                .and_then(Value::as_str)
+                .map_or_else(|| snippet(&text), str::to_string);
+            return Err(match status.as_u16() {
+                401 | 403 => Error::Server(format!("{url} refused the credentials ({msg}); set OPENAI_API_KEY")),
+                404 => Error::ModelNotFound(format!("model '{}' is not available at {} ({msg}); pick another with --model", req.model, self.base)),
+                400 if msg.contains("context") => Error::ContextOverflow(msg),
+                code => Error::Server(format!("HTTP {code} from {url}: {msg}")),
+            });
+        }
+        let v = v.ok_or_else(|| Error::Server(format!("{url} answered with something that is not JSON ({})", snippet(&text))))?;
+        let choice = v.pointer("/choices/0").ok_or_else(|| Error::Server(format!("{url} answered without choices")))?;
+        let content = choice.pointer("/message/content").and_then(Value::as_str).unwrap_or("");
+        let finish = match choice.get("finish_reason").and_then(Value::as_str) {
+            Some("stop") | None => FinishReason::Stop,
+            Some("length") => FinishReason::Length,
+            Some(_) => FinishReason::Other,
+        };
+        let count = |p: &str| v.pointer(p).and_then(Value::as_u64).map(|n| n.min(u32::MAX as u64) as u32);
+        Ok(Response {
+            text: content.to_string(),
+            finish_reason: finish,
+            prompt_tokens: count("/usage/prompt_tokens"),
+            output_tokens: count("/usage/completion_tokens"),
+        })
+    }
+
+    fn name(&self) -> &str {
+        "openai"
+    }
+}

@@ -1,0 +1,26 @@
+//! `abridge:engine/llm`: one request, or a batch run as a sliding window of bounded
+//! concurrency (a new request starts as soon as one finishes).
+
+use std::sync::Arc;
+
+use super::HostState;
+use crate::bindings::abridge::engine::llm::Host;
+use crate::types::{Error, Request, Response};
+
+impl Host for HostState {
+    async fn generate(&mut self, req: Request) -> Result<Response, Error> {
+        self.llm.generate(req).await
+    }
+
+    async fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>> {
+        let permits = Arc::new(tokio::sync::Semaphore::new(self.batch_concurrency.max(1)));
+        let calls = reqs.into_iter().map(|r| {
+            let (llm, permits) = (self.llm.clone(), permits.clone());
+            async move {
+                let _permit = permits.acquire().await.expect("the semaphore is never closed");
+                llm.generate(r).await
+            }
+        });
+        futures::future::join_all(calls).await
+    }
+}

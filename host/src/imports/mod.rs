@@ -1,0 +1,41 @@
+//! The host side of the guest's imports: one module per WIT interface, each an
+//! `impl <interface>::Host for HostState` that forwards to the embedder's traits.
+
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::backend::LlmBackend;
+use crate::clock::Clock;
+use crate::store::Store;
+use crate::types::Level;
+
+mod clock;
+mod llm;
+mod log;
+mod store;
+
+/// Receives the guest's log lines.
+pub type LogSink = Arc<dyn Fn(Level, &str) + Send + Sync>;
+
+/// Per-instance host state: what the guest's imports reach, and an empty WASI context (the
+/// guest is granted no files, network, environment, clocks or randomness).
+pub struct HostState {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) llm: Arc<dyn LlmBackend>,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) log: LogSink,
+    pub(crate) batch_concurrency: usize,
+    pub(crate) limits: wasmtime::StoreLimits,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl crate::bindings::abridge::engine::types::Host for HostState {}

@@ -1,0 +1,31 @@
+//! `abridge:engine/store`: forwards to the embedder's [`crate::store::Store`].
+
+use super::HostState;
+use crate::bindings::abridge::engine::store::Host;
+use crate::types::{Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite};
+
+impl Host for HostState {
+    async fn append_episodes(&mut self, session: String, episodes: Vec<NewEpisode>) -> Result<u32, Error> {
+        self.store.append_episodes(&session, episodes).await
+    }
+
+    async fn stats(&mut self, session: String) -> Result<SessionStats, Error> {
+        self.store.stats(&session).await
+    }
+
+    async fn episodes_after(&mut self, session: String, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
+        self.store.episodes_after(&session, after, limit).await
+    }
+
+    async fn latest_summary(&mut self, session: String) -> Result<Option<SummaryRow>, Error> {
+        self.store.latest_summary(&session).await
+    }
+
+    async fn summaries(&mut self, session: String) -> Result<Vec<SummaryRow>, Error> {
+        self.store.summaries(&session).await
+    }
+
+    async fn write_summary(&mut self, session: String, write: SummaryWrite) -> Result<SummaryRow, Error> {
+        self.store.write_summary(&session, write).await
+    }
+}

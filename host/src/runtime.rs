@@ -1,0 +1,367 @@
+//! Loading the guest component (with an on-disk cache of the compiled code) and calling it:
+//! a fresh, isolated instance per call.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine as WasmEngine, Store as WasmStore, StoreLimitsBuilder};
+use wasmtime_wasi::WasiCtx;
+
+use crate::backend::{LlmBackend, NoModel};
+use crate::bindings::{Engine as Guest, EnginePre};
+use crate::clock::{Clock, SystemClock};
+use crate::imports::{HostState, LogSink};
+use crate::store::Store;
+use crate::types::{Config, Error, Level, Message, NewEpisode, Outcome, SummaryRow, describe};
+
+/// The guest component built by `host/build.rs` and embedded in this crate.
+pub static EMBEDDED_COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/abridge_guest.wasm"));
+
+/// The wasmtime version compiled in (part of the cache key).
+pub const WASMTIME_VERSION: &str = "48.0.8";
+
+/// Where the guest's bytes come from.
+#[derive(Clone, Debug)]
+pub enum ComponentSource {
+    /// The component embedded at build time.
+    Embedded,
+    /// A `.wasm` component file.
+    File(PathBuf),
+}
+
+/// How the component was made ready.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadReport {
+    /// Whether the compiled code came from the disk cache.
+    pub from_cache: bool,
+    /// Time to get a ready `Component`, in milliseconds.
+    pub millis: f64,
+}
+
+/// A compiled, linked guest, shared by every call.
+pub struct Runtime {
+    engine: WasmEngine,
+    pre: EnginePre<HostState>,
+    component: Component,
+    report: LoadReport,
+}
+
+/// The default cache directory: `$ABRIDGE_CACHE_DIR`, else `$XDG_CACHE_HOME/abridge`, else
+/// `~/.cache/abridge`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("ABRIDGE_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("abridge"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("abridge"))
+}
+
+impl Runtime {
+    /// Compile (or load from `cache_dir`) the component and link it.
+    pub fn load(source: &ComponentSource, cache_dir: Option<&Path>) -> Result<Runtime> {
+        let bytes: std::borrow::Cow<'static, [u8]> = match source {
+            ComponentSource::Embedded => EMBEDDED_COMPONENT.into(),
+            ComponentSource::File(p) => std::fs::read(p)
+                .with_context(|| format!("reading the component {}", p.display()))?
+                .into(),
+        };
+        let engine = WasmEngine::new(&wasmtime::Config::new())?;
+        let started = Instant::now();
+        let (component, from_cache) = compile_cached(&engine, &bytes, cache_dir)?;
+        let report = LoadReport { from_cache, millis: started.elapsed().as_secs_f64() * 1e3 };
+        let mut linker: Linker<HostState> = Linker::new(&engine);
+        // The std guest imports wasi:cli and wasi:io; they are linked, but the WasiCtx grants
+        // nothing (no args, env, stdio, files, sockets, clocks or randomness).
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        Guest::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        let pre = EnginePre::new(linker.instantiate_pre(&component)?)?;
+        Ok(Runtime { engine, pre, component, report })
+    }
+
+    /// How loading went.
+    pub fn report(&self) -> LoadReport {
+        self.report
+    }
+
+    /// The compiled component (to inspect its imports, for instance).
+    pub fn component(&self) -> &Component {
+        &self.component
+    }
+
+    /// The wasmtime engine.
+    pub fn engine(&self) -> &WasmEngine {
+        &self.engine
+    }
+
+    /// Names of the component's imports (`wasi:io/streams@0.2.6`, `abridge:engine/llm@0.1.0`, …).
+    pub fn import_names(&self) -> Vec<String> {
+        self.component.component_type().imports(&self.engine).map(|(name, _)| name.to_string()).collect()
+    }
+}
+
+/// Compile `bytes`, or deserialize the compiled code cached under a key of wasmtime version,
+/// engine configuration and component hash.
+fn compile_cached(engine: &WasmEngine, bytes: &[u8], cache_dir: Option<&Path>) -> Result<(Component, bool)> {
+    let Some(dir) = cache_dir else {
+        return Ok((Component::new(engine, bytes)?, false));
+    };
+    let mut compat = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut compat);
+    let digest = Sha256::digest(bytes);
+    let key = format!(
+        "abridge-guest-{WASMTIME_VERSION}-{:016x}-{}.cwasm",
+        compat.finish(),
+        digest.iter().take(12).map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    let path = dir.join(key);
+    if path.exists() {
+        // SAFETY: the file was written by this function from our own compilation, under a
+        // key that includes the wasmtime version and engine configuration; wasmtime also
+        // validates its header and refuses incompatible artifacts.
+        match unsafe { Component::deserialize_file(engine, &path) } {
+            Ok(c) => return Ok((c, true)),
+            Err(_) => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    let component = Component::new(engine, bytes)?;
+    // The cache is an optimisation: failing to write it is not an error.
+    if std::fs::create_dir_all(dir).is_ok() {
+        if let Ok(data) = component.serialize() {
+            let tmp = dir.join(format!(".{}.{}.tmp", path.file_name().unwrap().to_string_lossy(), std::process::id()));
+            if std::fs::write(&tmp, data).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+    }
+    Ok((component, false))
+}
+
+/// What can go wrong calling the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The engine reported an actionable error (see [`Error`]).
+    #[error("{}", describe(.0))]
+    Engine(Error),
+    /// The guest trapped or could not be instantiated (a bug, or a sandbox limit).
+    #[error("the engine failed: {0:#}")]
+    Host(anyhow::Error),
+}
+
+impl From<anyhow::Error> for CallError {
+    fn from(e: anyhow::Error) -> Self {
+        CallError::Host(e)
+    }
+}
+
+impl From<wasmtime::Error> for CallError {
+    fn from(e: wasmtime::Error) -> Self {
+        CallError::Host(anyhow::Error::from(e))
+    }
+}
+
+/// A prompt in both renderings (see the WIT `text.built-prompt`).
+pub use crate::bindings::exports::abridge::engine::text::BuiltPrompt;
+
+/// The engine, ready to call: a shared compiled guest plus the embedder's LLM, store, clock
+/// and log sink. Each call runs in a fresh instance, so a trap in one call cannot affect
+/// another.
+pub struct Abridge {
+    runtime: Arc<Runtime>,
+    llm: Arc<dyn LlmBackend>,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    log: LogSink,
+    batch_concurrency: usize,
+    memory_limit: usize,
+}
+
+/// Builds an [`Abridge`].
+pub struct AbridgeBuilder {
+    source: ComponentSource,
+    runtime: Option<Arc<Runtime>>,
+    cache_dir: Option<PathBuf>,
+    llm: Arc<dyn LlmBackend>,
+    store: Option<Arc<dyn Store>>,
+    clock: Arc<dyn Clock>,
+    log: LogSink,
+    batch_concurrency: usize,
+    memory_limit: usize,
+}
+
+impl Abridge {
+    /// Start building: embedded component, default cache dir, no model (extractive only),
+    /// system clock, log lines dropped, batch concurrency 6, 256 MiB guest memory cap.
+    pub fn builder() -> AbridgeBuilder {
+        AbridgeBuilder {
+            source: ComponentSource::Embedded,
+            runtime: None,
+            cache_dir: default_cache_dir(),
+            llm: Arc::new(NoModel),
+            store: None,
+            clock: Arc::new(SystemClock),
+            log: Arc::new(|_, _| {}),
+            batch_concurrency: 6,
+            memory_limit: 256 << 20,
+        }
+    }
+
+    /// The loaded runtime (shareable with other `Abridge` values).
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The LLM backend.
+    pub fn llm(&self) -> &Arc<dyn LlmBackend> {
+        &self.llm
+    }
+
+    async fn instance(&self) -> Result<(WasmStore<HostState>, Guest), CallError> {
+        let state = HostState {
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            llm: self.llm.clone(),
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            log: self.log.clone(),
+            batch_concurrency: self.batch_concurrency,
+            limits: StoreLimitsBuilder::new().memory_size(self.memory_limit).instances(4).build(),
+        };
+        let mut store = WasmStore::new(&self.runtime.engine, state);
+        store.limiter(|s| &mut s.limits);
+        let guest = self.runtime.pre.instantiate_async(&mut store).await?;
+        Ok((store, guest))
+    }
+
+    /// Append episodes (the guest fills in token estimates); returns how many were new.
+    pub async fn append(&self, session: &str, episodes: &[NewEpisode]) -> Result<u32, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_summarizer().call_append(&mut store, session, episodes).await?.map_err(CallError::Engine)
+    }
+
+    /// Run the trigger after an episode write; summarize until caught up if it holds.
+    pub async fn after_episode_written(&self, session: &str, cfg: &Config) -> Result<Outcome, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_summarizer()
+            .call_after_episode_written(&mut store, session, cfg)
+            .await?
+            .map_err(CallError::Engine)
+    }
+
+    /// Summarize now, ignoring the trigger, until every episode is covered.
+    pub async fn summarize_now(&self, session: &str, cfg: &Config) -> Result<Outcome, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_summarizer().call_summarize_now(&mut store, session, cfg).await?.map_err(CallError::Engine)
+    }
+
+    /// The session's summary chain, oldest first.
+    pub async fn chain(&self, session: &str) -> Result<Vec<SummaryRow>, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_summarizer().call_chain(&mut store, session).await?.map_err(CallError::Engine)
+    }
+
+    /// The guest's token estimate for `text`.
+    pub async fn estimate_tokens(&self, text: &str) -> Result<u32, CallError> {
+        let (mut store, g) = self.instance().await?;
+        Ok(g.abridge_engine_text().call_estimate_tokens(&mut store, text).await?)
+    }
+
+    /// The guest's summarization prompt for `conversation` (an update prompt with `previous`).
+    pub async fn build_prompt(&self, conversation: &[Message], previous: Option<&str>) -> Result<BuiltPrompt, CallError> {
+        let (mut store, g) = self.instance().await?;
+        Ok(g.abridge_engine_text().call_build_prompt(&mut store, conversation, previous).await?)
+    }
+
+    /// The guest's cleaning of raw model output.
+    pub async fn strip_template_tokens(&self, text: &str) -> Result<String, CallError> {
+        let (mut store, g) = self.instance().await?;
+        Ok(g.abridge_engine_text().call_strip_template_tokens(&mut store, text).await?)
+    }
+}
+
+impl AbridgeBuilder {
+    /// Use this component instead of the embedded one.
+    pub fn component(mut self, source: ComponentSource) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// Reuse an already loaded runtime (skips loading entirely).
+    pub fn runtime(mut self, runtime: Arc<Runtime>) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// Where compiled code is cached (`None`: compile every time).
+    pub fn cache_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.cache_dir = dir;
+        self
+    }
+
+    /// The language model.
+    pub fn llm(mut self, llm: Arc<dyn LlmBackend>) -> Self {
+        self.llm = llm;
+        self
+    }
+
+    /// The store (required).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Where the guest's log lines go.
+    pub fn log(mut self, sink: impl Fn(Level, &str) + Send + Sync + 'static) -> Self {
+        self.log = Arc::new(sink);
+        self
+    }
+
+    /// Most model requests of one batch in flight at once (default 6).
+    pub fn batch_concurrency(mut self, n: usize) -> Self {
+        self.batch_concurrency = n.max(1);
+        self
+    }
+
+    /// Cap on the guest's linear memory in bytes (default 256 MiB).
+    pub fn memory_limit(mut self, bytes: usize) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+
+    /// Load the component (unless a runtime was given) and finish.
+    pub fn build(self) -> Result<Abridge> {
+        let store = self.store.context("Abridge needs a store: call .store(...)")?;
+        let runtime = match self.runtime {
+            Some(r) => r,
+            None => Arc::new(Runtime::load(&self.source, self.cache_dir.as_deref())?),
+        };
+        Ok(Abridge {
+            runtime,
+            llm: self.llm,
+            store,
+            clock: self.clock,
+            log: self.log,
+            batch_concurrency: self.batch_concurrency,
+            memory_limit: self.memory_limit,
+        })
+    }
+}

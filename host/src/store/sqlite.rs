@@ -1,0 +1,291 @@
+//! The SQLite store: one file, WAL journal, versioned schema migrations.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use super::Store;
+use crate::types::{Episode, Error, NewEpisode, Role, SessionStats, SummaryRow, SummaryWrite};
+
+/// Schema migrations; `PRAGMA user_version` records how many have run.
+const MIGRATIONS: &[&str] = &[
+    // 1: sessions, episodes, summary chain.
+    "CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        episodes INTEGER NOT NULL DEFAULT 0,
+        total_tokens INTEGER NOT NULL DEFAULT 0,
+        changed_seq INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE episodes (
+        session TEXT NOT NULL REFERENCES sessions(id),
+        id INTEGER NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('system','user','assistant','tool')),
+        content TEXT NOT NULL,
+        timestamp_ms INTEGER,
+        source_key TEXT NOT NULL,
+        tokens INTEGER NOT NULL,
+        PRIMARY KEY (session, id)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX episodes_source ON episodes(session, source_key);
+    CREATE TABLE summaries (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session TEXT NOT NULL REFERENCES sessions(id),
+        first_episode INTEGER NOT NULL,
+        last_episode INTEGER NOT NULL,
+        content TEXT NOT NULL,
+        tokens INTEGER NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        model TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL,
+        CHECK (last_episode >= first_episode)
+    );
+    CREATE INDEX summaries_session ON summaries(session, last_episode);",
+];
+
+/// A SQLite-backed [`Store`].
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+}
+
+fn db_err(e: rusqlite::Error) -> Error {
+    Error::Storage(e.to_string())
+}
+
+fn role_str(r: Role) -> &'static str {
+    r.as_str()
+}
+
+fn role_from(s: &str) -> Role {
+    Role::parse(s).unwrap_or(Role::User)
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) the database file at `path` and bring its schema up to date.
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Storage(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path).map_err(|e| {
+            Error::Storage(format!("cannot open the database {}: {e}; check the path (--db/ABRIDGE_DB) and its permissions", path.display()))
+        })?;
+        Self::init(conn, &path.display().to_string())
+    }
+
+    /// An in-memory database (for tests and benchmarks).
+    pub fn in_memory() -> Result<Self, Error> {
+        Self::init(Connection::open_in_memory().map_err(db_err)?, ":memory:")
+    }
+
+    fn init(mut conn: Connection, name: &str) -> Result<Self, Error> {
+        let fail = |e: rusqlite::Error| {
+            Error::Storage(format!("{name} is not a usable abridge database ({e}); point --db/ABRIDGE_DB at another file"))
+        };
+        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(fail)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(fail)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(fail)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(fail)?;
+        let version = conn.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0)).map_err(fail)? as usize;
+        if version > MIGRATIONS.len() {
+            return Err(Error::Storage(format!(
+                "{name} was written by a newer abridge (schema {version}, this build knows {}); upgrade abridge",
+                MIGRATIONS.len()
+            )));
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+            let tx = conn.transaction().map_err(fail)?;
+            tx.execute_batch(sql).map_err(fail)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(fail)?;
+            tx.commit().map_err(fail)?;
+        }
+        Ok(SqliteStore { conn: Mutex::new(conn) })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, Error>) -> Result<T, Error> {
+        let mut conn = self.conn.lock().expect("the store's lock is poisoned by an earlier panic");
+        f(&mut conn)
+    }
+}
+
+const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms";
+
+fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
+    Ok(SummaryRow {
+        id: r.get::<_, i64>(0)? as u64,
+        first_episode: r.get::<_, i64>(1)? as u64,
+        last_episode: r.get::<_, i64>(2)? as u64,
+        content: r.get(3)?,
+        tokens: r.get(4)?,
+        prompt_tokens: r.get(5)?,
+        output_tokens: r.get(6)?,
+        model: r.get(7)?,
+        created_ms: r.get::<_, i64>(8)? as u64,
+        updated_ms: r.get::<_, i64>(9)? as u64,
+    })
+}
+
+fn latest(conn: &Connection, session: &str) -> rusqlite::Result<Option<SummaryRow>> {
+    conn.query_row(
+        &format!("SELECT {ROW_COLS} FROM summaries WHERE session = ?1 ORDER BY last_episode DESC, id DESC LIMIT 1"),
+        [session],
+        row_from,
+    )
+    .optional()
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn append_episodes(&self, session: &str, episodes: Vec<NewEpisode>) -> Result<u32, Error> {
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
+            tx.execute("INSERT OR IGNORE INTO sessions (id) VALUES (?1)", [session]).map_err(db_err)?;
+            let (mut next, seq): (i64, i64) = tx
+                .query_row("SELECT episodes + 1, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) FROM sessions WHERE id = ?1", [session], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .map_err(db_err)?;
+            let mut added = 0u32;
+            let mut tokens = 0i64;
+            {
+                let mut ins = tx
+                    .prepare_cached(
+                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    )
+                    .map_err(db_err)?;
+                for e in &episodes {
+                    let n = ins
+                        .execute(params![session, next, role_str(e.role), e.content, e.timestamp_ms, e.source_key, e.tokens])
+                        .map_err(db_err)?;
+                    if n == 1 {
+                        next += 1;
+                        added += 1;
+                        tokens += i64::from(e.tokens);
+                    }
+                }
+            }
+            if added > 0 {
+                tx.execute(
+                    "UPDATE sessions SET episodes = episodes + ?2, total_tokens = total_tokens + ?3, changed_seq = ?4 WHERE id = ?1",
+                    params![session, added, tokens, seq],
+                )
+                .map_err(db_err)?;
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(added)
+        })
+    }
+
+    async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
+        self.with(|conn| {
+            let s = conn
+                .query_row("SELECT episodes, total_tokens FROM sessions WHERE id = ?1", [session], |r| {
+                    Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
+                })
+                .optional()
+                .map_err(db_err)?;
+            let (episodes, total_tokens) = s.unwrap_or((0, 0));
+            Ok(SessionStats { episodes, total_tokens, last_episode: episodes })
+        })
+    }
+
+    async fn episodes_after(&self, session: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
+        self.with(|conn| {
+            let mut st = conn
+                .prepare_cached(
+                    "SELECT id, role, content, timestamp_ms, tokens FROM episodes
+                     WHERE session = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+                )
+                .map_err(db_err)?;
+            let rows = st
+                .query_map(params![session, after as i64, limit], |r| {
+                    Ok(Episode {
+                        id: r.get::<_, i64>(0)? as u64,
+                        role: role_from(&r.get::<_, String>(1)?),
+                        content: r.get(2)?,
+                        timestamp_ms: r.get(3)?,
+                        tokens: r.get(4)?,
+                    })
+                })
+                .map_err(db_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+
+    async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
+        self.with(|conn| latest(conn, session).map_err(db_err))
+    }
+
+    async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.with(|conn| {
+            let mut st = conn
+                .prepare_cached(&format!("SELECT {ROW_COLS} FROM summaries WHERE session = ?1 ORDER BY first_episode"))
+                .map_err(db_err)?;
+            let rows = st.query_map([session], row_from).map_err(db_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+
+    async fn write_summary(&self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
+            let episodes: u64 = tx
+                .query_row("SELECT episodes FROM sessions WHERE id = ?1", [session], |r| r.get::<_, i64>(0))
+                .optional()
+                .map_err(db_err)?
+                .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))? as u64;
+            let prev = latest(&tx, session).map_err(db_err)?;
+            let conflict = |why: String| Error::Storage(format!("summary chain rule broken for session '{session}': {why}"));
+            if w.last_episode > episodes || w.last_episode < w.first_episode {
+                return Err(conflict(format!("coverage {}-{} is outside episodes 1-{episodes}", w.first_episode, w.last_episode)));
+            }
+            let id = match (w.replaces, &prev) {
+                (None, _) => {
+                    let expect = prev.as_ref().map_or(1, |p| p.last_episode + 1);
+                    if w.first_episode != expect {
+                        return Err(conflict(format!("a new row must start at episode {expect}, not {}", w.first_episode)));
+                    }
+                    tx.execute(
+                        "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+                        params![session, w.first_episode as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64],
+                    )
+                    .map_err(db_err)?;
+                    tx.last_insert_rowid()
+                }
+                (Some(id), Some(p)) if p.id == id => {
+                    if w.first_episode != p.first_episode || w.last_episode <= p.last_episode {
+                        return Err(conflict(format!(
+                            "an update of row {id} must keep its first episode {} and extend past {}",
+                            p.first_episode, p.last_episode
+                        )));
+                    }
+                    tx.execute(
+                        "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8 WHERE id = ?1",
+                        params![id as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64],
+                    )
+                    .map_err(db_err)?;
+                    id as i64
+                }
+                (Some(id), _) => return Err(conflict(format!("row {id} is not the session's latest row"))),
+            };
+            let row = tx
+                .query_row(&format!("SELECT {ROW_COLS} FROM summaries WHERE id = ?1"), [id], row_from)
+                .map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(row)
+        })
+    }
+
+    async fn sessions(&self) -> Result<Vec<String>, Error> {
+        self.with(|conn| {
+            let mut st = conn.prepare("SELECT id FROM sessions ORDER BY changed_seq DESC, id").map_err(db_err)?;
+            let rows = st.query_map([], |r| r.get(0)).map_err(db_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+}

@@ -1,0 +1,66 @@
+//! The WIT types, re-exported under stable names for embedders.
+
+pub use crate::bindings::abridge::engine::llm::{FinishReason, Prompt, Request, Response};
+pub use crate::bindings::abridge::engine::log::Level;
+pub use crate::bindings::abridge::engine::store::{
+    Episode, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+};
+pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
+pub use crate::bindings::exports::abridge::engine::summarizer::{Config, Engine, Outcome, Rendering};
+
+impl Role {
+    /// Lower-case wire name, as chat APIs spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+
+    /// Parse a chat API role name (`developer` counts as `system`, `function` as `tool`).
+    pub fn parse(s: &str) -> Option<Role> {
+        Some(match s {
+            "system" | "developer" => Role::System,
+            "user" | "human" => Role::User,
+            "assistant" | "model" | "ai" => Role::Assistant,
+            "tool" | "function" => Role::Tool,
+            _ => return None,
+        })
+    }
+}
+
+impl Default for Config {
+    /// The documented defaults: LLM engine, chat rendering, `qwen2.5:3b`, 4096-token context,
+    /// 500 output tokens, temperature 0.2, trigger at 200 tokens and 5 episodes, update a
+    /// summary until it reaches 800 tokens.
+    fn default() -> Self {
+        Config {
+            engine: Engine::Llm,
+            rendering: Rendering::Chat,
+            model: "qwen2.5:3b".into(),
+            context_length: 4096,
+            max_output_tokens: 500,
+            temperature: 0.2,
+            threshold_tokens: 200,
+            min_episodes_since: 5,
+            max_summary_tokens: 800,
+        }
+    }
+}
+
+/// A one-line description of an engine error, including how to fix it where the payload
+/// says so.
+pub fn describe(e: &Error) -> String {
+    match e {
+        Error::Unreachable(m) => m.clone(),
+        Error::ModelNotFound(m) => m.clone(),
+        Error::Timeout(m) => format!("timed out: {m}"),
+        Error::ContextOverflow(m) => format!("the prompt did not fit the model's context: {m}"),
+        Error::Server(m) => format!("the model server failed: {m}"),
+        Error::RejectedOutput(m) => format!("the summary was rejected and nothing was written: {m}"),
+        Error::Storage(m) => format!("storage error: {m}"),
+        Error::InvalidInput(m) => m.clone(),
+    }
+}

@@ -1,0 +1,42 @@
+//! `abridge-test-llm`: run the deterministic test LLM server from the command line.
+//!
+//! ```text
+//! abridge-test-llm [--port N] [--delay-ms N] [--models a,b]
+//! ```
+//! Prints `listening on http://127.0.0.1:PORT` and serves until killed. Loopback only.
+
+use std::time::Duration;
+
+use abridge_test_llm::{Options, TestServer};
+
+fn main() {
+    let mut opts = Options::default();
+    let mut port = 0u16;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| fail(&format!("{a} needs a value")));
+        match a.as_str() {
+            "--port" => port = value().parse().unwrap_or_else(|_| fail("--port takes a number")),
+            "--delay-ms" => {
+                opts.delay = Duration::from_millis(value().parse().unwrap_or_else(|_| fail("--delay-ms takes a number")))
+            }
+            "--models" => opts.models = value().split(',').map(str::to_string).collect(),
+            "-h" | "--help" => {
+                println!("usage: abridge-test-llm [--port N] [--delay-ms N] [--models a,b]");
+                return;
+            }
+            other => fail(&format!("unknown argument {other}; see --help")),
+        }
+    }
+    let server = TestServer::bind(&format!("127.0.0.1:{port}"), opts)
+        .unwrap_or_else(|e| fail(&format!("cannot listen on 127.0.0.1:{port}: {e}")));
+    println!("listening on {}", server.url());
+    loop {
+        std::thread::park();
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("abridge-test-llm: {msg}");
+    std::process::exit(2);
+}
