@@ -40,6 +40,8 @@ struct Candidate {
     position: usize,
     /// Score multiplier.
     boost: f64,
+    /// Always selected: the opening request of a fresh summary usually names the topic.
+    pinned: bool,
 }
 
 fn content_words(text: &str) -> Vec<String> {
@@ -72,6 +74,8 @@ pub fn sentences(text: &str) -> Vec<String> {
 fn push_sentence(out: &mut Vec<String>, s: &str) {
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
     let s = s.trim_start_matches(['-', '*', '#', '>', ' ']).trim();
+    // A quote opened in an earlier sentence or closed in a later one is noise here.
+    let s = if s.matches('"').count() % 2 == 1 { s.trim_matches('"').trim() } else { s };
     if s.chars().any(char::is_alphanumeric) {
         out.push(s.to_string());
     }
@@ -79,7 +83,9 @@ fn push_sentence(out: &mut Vec<String>, s: &str) {
 
 /// Prose rather than code, markup or harness noise.
 fn is_prose(s: &str) -> bool {
-    if s.starts_with('<') || s.starts_with('{') || s.starts_with('[') || s.contains("```") {
+    let code_like = ["<", "{", "[", "//", "$ ", "#!"].iter().any(|p| s.starts_with(p)) || s.contains("```");
+    // A lead-in ("Here's how:") introduces content it does not carry.
+    if code_like || s.ends_with(':') {
         return false;
     }
     let total = s.chars().count().max(1);
@@ -100,7 +106,7 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
             }
             let words = content_words(line);
             let len = line.split_whitespace().count();
-            cands.push(Candidate { line: line.to_string(), words: words.into_iter().collect(), len, position, boost: 1.2 });
+            cands.push(Candidate { line: line.to_string(), words: words.into_iter().collect(), len, position, boost: 1.2, pinned: false });
             position += 1;
         }
     }
@@ -118,12 +124,12 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
                 if strict && (!(4..=50).contains(&len) || !is_prose(&s)) {
                     continue;
                 }
-                let boost = if m.role == Role::User && first_user { 1.5 } else { 1.0 };
+                let pinned = m.role == Role::User && first_user && previous.is_none();
                 if m.role == Role::User {
                     first_user = false;
                 }
                 let words = content_words(&s);
-                cands.push(Candidate { line: format!("{}: {}", m.role.label(), s), words: words.into_iter().collect(), len, position: pos, boost });
+                cands.push(Candidate { line: format!("{}: {}", m.role.label(), s), words: words.into_iter().collect(), len, position: pos, boost: 1.0, pinned });
             }
         }
         if cands.len() > before {
@@ -144,21 +150,22 @@ fn select(cands: Vec<Candidate>, max_tokens: u32) -> String {
         let sum: u32 = c.words.iter().map(|w| tf[w.as_str()]).sum();
         c.boost * f64::from(sum) / (c.len.max(1) as f64).sqrt()
     };
-    let mut order: Vec<(f64, usize)> = cands.iter().enumerate().map(|(i, c)| (score(c), i)).collect();
-    // Highest score first; ties go to the earlier sentence, so output is deterministic.
-    order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut order: Vec<(bool, f64, usize)> = cands.iter().enumerate().map(|(i, c)| (c.pinned, score(c), i)).collect();
+    // Pinned first, then highest score; ties go to the earlier sentence (deterministic).
+    order.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)));
     let mut chosen: Vec<usize> = Vec::new();
     let mut tokens = 0u32;
-    for (_, i) in order {
+    for (_, _, i) in order {
         if chosen.len() >= MAX_SENTENCES {
             break;
         }
         let c = &cands[i];
         let redundant = chosen.iter().any(|&j| {
             let o = &cands[j];
+            // Overlap coefficient: a sentence mostly contained in a chosen one adds nothing.
             let inter = c.words.intersection(&o.words).count();
-            let union = c.words.union(&o.words).count();
-            union > 0 && inter * 2 > union
+            let smaller = c.words.len().min(o.words.len());
+            smaller > 0 && inter * 10 > smaller * 6
         });
         let cost = estimate_tokens(&c.line) + 2;
         if redundant || tokens + cost > max_tokens {

@@ -121,11 +121,12 @@ fn compile_cached(engine: &WasmEngine, bytes: &[u8], cache_dir: Option<&Path>) -
         digest.iter().take(12).map(|b| format!("{b:02x}")).collect::<String>()
     );
     let path = dir.join(key);
-    if path.exists() {
+    // Read, not mmap: another process may replace or truncate the file while we run.
+    if let Ok(data) = std::fs::read(&path) {
         // SAFETY: the file was written by this function from our own compilation, under a
         // key that includes the wasmtime version and engine configuration; wasmtime also
         // validates its header and refuses incompatible artifacts.
-        match unsafe { Component::deserialize_file(engine, &path) } {
+        match unsafe { Component::deserialize(engine, &data) } {
             Ok(c) => return Ok((c, true)),
             Err(_) => {
                 let _ = std::fs::remove_file(&path);

@@ -1,1 +1,9 @@
+//! End-to-end tests: the real `abridge` binary against the project's own Ollama-compatible
+//! test server on a free loopback port, with a real SQLite file.
 
+mod bad_input;
+mod engine_api;
+mod harness;
+mod ingest;
+mod real_data;
+mod summarize;

@@ -1,0 +1,317 @@
+//! The commands.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use clap::Args;
+use serde_json::json;
+
+use abridge::backend::{LlmBackend, NoModel, Ollama, OpenAi};
+use abridge::transcript::{self, Format, Options};
+use abridge::types::{Config, Engine, Error, Level, NewEpisode, Rendering, SummaryRow, describe};
+use abridge::{Abridge, SqliteStore, Store};
+
+use super::settings::BackendChoice;
+use super::{Exit, Failure, Settings};
+
+#[derive(Args, Debug)]
+pub struct SummarizeArgs {
+    /// Transcript file
+    file: PathBuf,
+    /// Input format
+    #[arg(long, default_value = "auto", value_parser = ["auto", "jsonl", "openai", "claude-code", "chatgpt"])]
+    format: String,
+    /// Session id [default: the transcript's own id, else the file name]
+    #[arg(long)]
+    session: Option<String>,
+    /// Print JSON instead of the summary text
+    #[arg(long)]
+    json: bool,
+    /// Skip malformed lines (with a warning) instead of refusing the file
+    #[arg(long)]
+    skip_invalid: bool,
+    /// Keep tool calls and tool results as episodes
+    #[arg(long)]
+    include_tools: bool,
+    /// Refuse files larger than this many bytes
+    #[arg(long, default_value_t = transcript::DEFAULT_MAX_BYTES)]
+    max_bytes: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct IngestArgs {
+    /// Session to append to
+    #[arg(long)]
+    session: String,
+    /// JSON-lines file, or - for standard input
+    #[arg(default_value = "-")]
+    file: PathBuf,
+    /// Keep tool lines as episodes
+    #[arg(long)]
+    include_tools: bool,
+    /// Print one JSON object per written summary on stdout
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SummariesArgs {
+    /// Session id
+    session: String,
+    /// Print JSON
+    #[arg(long)]
+    json: bool,
+}
+
+fn note(s: &Settings, msg: &str) {
+    if !s.quiet {
+        eprintln!("abridge: {msg}");
+    }
+}
+
+fn open_store(s: &Settings) -> Result<Arc<dyn Store>, Failure> {
+    let store = SqliteStore::open(&s.db).map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+    Ok(Arc::new(store))
+}
+
+/// The chosen backend: its client, the engine it implies, and names for output.
+struct Backend {
+    llm: Arc<dyn LlmBackend>,
+    engine: Engine,
+    name: &'static str,
+}
+
+fn model_failure(e: Error) -> Failure {
+    let exit = if matches!(e, Error::InvalidInput(_)) { Exit::Input } else { Exit::Model };
+    Failure::new(exit, anyhow!(describe(&e)))
+}
+
+async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
+    let ollama = || Ollama::new(&s.url, s.timeout).map_err(model_failure);
+    let checked = |o: Ollama| async move {
+        o.probe().await.map_err(model_failure)?;
+        if !o.has_model(&s.config.model).await.map_err(model_failure)? {
+            return Err(model_failure(Error::ModelNotFound(format!(
+                "model '{}' is not available on the Ollama server at {} — run 'ollama pull {}', pick another with --model/EXTRACTION_MODEL, or pass --backend extractive",
+                s.config.model, s.url, s.config.model
+            ))));
+        }
+        Ok(Backend { llm: Arc::new(o), engine: Engine::Llm, name: "ollama" })
+    };
+    match s.backend {
+        BackendChoice::Extractive => Ok(Backend { llm: Arc::new(NoModel), engine: Engine::Extractive, name: "extractive" }),
+        BackendChoice::Ollama => checked(ollama()?).await,
+        BackendChoice::Openai => {
+            let o = OpenAi::new(&s.openai_base_url, s.openai_api_key.clone(), s.timeout).map_err(model_failure)?;
+            Ok(Backend { llm: Arc::new(o), engine: Engine::Llm, name: "openai" })
+        }
+        BackendChoice::Auto => {
+            let o = ollama()?;
+            match o.probe().await {
+                Ok(_) => checked(o).await,
+                Err(Error::Unreachable(_)) | Err(Error::Timeout(_)) => {
+                    note(
+                        s,
+                        &format!(
+                            "Ollama at {} is not reachable, so the extractive summarizer (sentence selection, no model) is used — start Ollama with 'ollama serve', or pass --backend ollama to require it",
+                            s.url
+                        ),
+                    );
+                    Ok(Backend { llm: Arc::new(NoModel), engine: Engine::Extractive, name: "extractive" })
+                }
+                Err(e) => Err(model_failure(e)),
+            }
+        }
+    }
+}
+
+fn engine_config(s: &Settings, b: &Backend) -> Config {
+    let mut c = s.config.clone();
+    c.engine = b.engine;
+    if b.name == "openai" {
+        c.rendering = Rendering::Chat;
+    }
+    c
+}
+
+fn build(s: &Settings, store: Arc<dyn Store>, llm: Arc<dyn LlmBackend>) -> Result<Abridge, Failure> {
+    let (verbose, quiet) = (s.verbose, s.quiet);
+    Abridge::builder()
+        .store(store)
+        .llm(llm)
+        .log(move |level, msg| {
+            let show = match level {
+                Level::Warn => !quiet,
+                Level::Info => verbose >= 1,
+                Level::Debug => verbose >= 2,
+            };
+            if show {
+                eprintln!("abridge: {msg}");
+            }
+        })
+        .build()
+        .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))
+}
+
+fn row_json(r: &SummaryRow) -> serde_json::Value {
+    json!({
+        "id": r.id,
+        "first_episode": r.first_episode,
+        "last_episode": r.last_episode,
+        "tokens": r.tokens,
+        "content": r.content,
+        "model": r.model,
+        "prompt_tokens": r.prompt_tokens,
+        "output_tokens": r.output_tokens,
+    })
+}
+
+fn file_stem(p: &Path) -> String {
+    p.file_stem().map_or_else(|| "stdin".to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
+    let format = Format::parse(&a.format).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
+    let opts = Options { include_tools: a.include_tools, skip_invalid: a.skip_invalid };
+    let parsed = transcript::read_file(&a.file, format, opts, a.max_bytes)?;
+    for w in &parsed.warnings {
+        note(s, w);
+    }
+    let many = parsed.conversations.len() > 1;
+    if many && a.session.is_some() {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!(
+                "{} holds {} conversations, which are imported as one session each; drop --session",
+                a.file.display(),
+                parsed.conversations.len()
+            ),
+        ));
+    }
+    let store = open_store(s)?;
+    let backend = choose_backend(s).await?;
+    let cfg = engine_config(s, &backend);
+    let engine = build(s, store.clone(), backend.llm.clone())?;
+    let model = if backend.engine == Engine::Extractive { "extractive".to_string() } else { cfg.model.clone() };
+    for conv in parsed.conversations {
+        let session = a.session.clone().or(conv.id.clone()).unwrap_or_else(|| file_stem(&a.file));
+        let total = conv.episodes.len();
+        let added = engine.append(&session, &conv.episodes).await?;
+        note(s, &format!("session {session}: {total} episodes read ({}), {added} new", parsed.format));
+        let outcome = engine.summarize_now(&session, &cfg).await.map_err(|e| {
+            let f = Failure::from(e);
+            let kept = anyhow!("the {added} new episodes are stored; earlier summaries are unchanged; rerun to retry");
+            Failure::new(f.exit, f.error.context(kept.to_string()))
+        });
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(f) => return Err(Failure::new(f.exit, anyhow!("{:#}", f.error))),
+        };
+        if outcome.passes > 0 {
+            note(s, &format!("session {session}: {} summary pass(es) with {}", outcome.passes, backend.name));
+        }
+        let chain = engine.chain(&session).await?;
+        let stats = store.stats(&session).await.map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+        let mut out = std::io::stdout().lock();
+        let write = |out: &mut std::io::StdoutLock, text: String| {
+            writeln!(out, "{text}").map_err(|e| Failure::new(Exit::Internal, anyhow!("writing output: {e}")))
+        };
+        if a.json {
+            let v = json!({
+                "session": session,
+                "backend": backend.name,
+                "model": model,
+                "episodes": stats.episodes,
+                "new_episodes": added,
+                "summaries": chain.iter().map(row_json).collect::<Vec<_>>(),
+            });
+            write(&mut out, v.to_string())?;
+        } else {
+            if many {
+                let title = conv.title.as_deref().map(|t| format!(" ({t})")).unwrap_or_default();
+                write(&mut out, format!("== {session}{title} =="))?;
+            }
+            match chain.last() {
+                Some(r) => write(&mut out, r.content.clone())?,
+                None => write(&mut out, "(no summary yet)".into())?,
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
+    let store = open_store(s)?;
+    let backend = choose_backend(s).await?;
+    let cfg = engine_config(s, &backend);
+    let engine = build(s, store, backend.llm.clone())?;
+    let name = a.file.display().to_string();
+    let reader: Box<dyn BufRead> = if name == "-" {
+        Box::new(std::io::BufReader::new(std::io::stdin()))
+    } else {
+        let f = std::fs::File::open(&a.file).map_err(|e| Failure::new(Exit::Input, anyhow!("cannot read {name}: {e} — check the path")))?;
+        Box::new(std::io::BufReader::new(f))
+    };
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let (mut appended, mut passes) = (0u64, 0u32);
+    let mut lines = reader.split(b'\n');
+    let mut n = 0usize;
+    while let Some(line) = lines.next() {
+        n += 1;
+        let bytes = line.map_err(|e| Failure::new(Exit::Input, anyhow!("reading {name}: {e}")))?;
+        let text = std::str::from_utf8(&bytes).map_err(|e| {
+            Failure::new(Exit::Input, anyhow!("{name}:{n}: invalid UTF-8 at byte {} of the line — send UTF-8 text; the {appended} earlier episodes are stored", e.valid_up_to()))
+        })?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+            Failure::new(Exit::Input, anyhow!("{name}:{n}: not valid JSON ({e}) — each line must be {{\"role\", \"content\"}}; the {appended} earlier episodes are stored"))
+        })?;
+        let Some(mut ep) = transcript::jsonl_episode(&name, n, &v, a.include_tools)? else { continue };
+        if !ep.source_key.starts_with("id:") {
+            // Without an id every line is a new message, even if its text repeats.
+            ep.source_key = format!("ingest:{started}:{n}");
+        }
+        let added = engine.append(&a.session, std::slice::from_ref(&ep as &NewEpisode)).await?;
+        appended += u64::from(added);
+        let outcome = engine.after_episode_written(&a.session, &cfg).await?;
+        passes += outcome.passes;
+        for r in &outcome.written {
+            note(s, &format!("session {}: summary {} now covers episodes {}-{}", a.session, r.id, r.first_episode, r.last_episode));
+            if a.json {
+                println!("{}", row_json(r));
+            }
+        }
+    }
+    note(s, &format!("session {}: {appended} episodes appended, {passes} summary pass(es)", a.session));
+    Ok(())
+}
+
+pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
+    let store = open_store(s)?;
+    let rows = store.summaries(&a.session).await.map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+    let stats = store.stats(&a.session).await.map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+    if stats.episodes == 0 {
+        let known = store.sessions().await.unwrap_or_default();
+        let hint = if known.is_empty() { "the database has no sessions yet".to_string() } else { format!("known sessions: {}", known.iter().take(10).cloned().collect::<Vec<_>>().join(", ")) };
+        return Err(Failure::new(Exit::Input, anyhow!("no session '{}' in {} ({hint})", a.session, s.db.display())));
+    }
+    if a.json {
+        let v = json!({
+            "session": a.session,
+            "episodes": stats.episodes,
+            "summaries": rows.iter().map(row_json).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    let covered = rows.last().map_or(0, |r| r.last_episode);
+    println!("session {}: {} episodes, {} summary rows, {} unsummarized", a.session, stats.episodes, rows.len(), stats.episodes - covered);
+    for r in &rows {
+        println!("\n#{} episodes {}-{} ({} tokens, {})\n{}", r.id, r.first_episode, r.last_episode, r.tokens, r.model, r.content);
+    }
+    Ok(())
+}

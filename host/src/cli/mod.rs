@@ -1,0 +1,109 @@
+//! Command-line interface: parsing, backend selection, commands, exit codes.
+
+mod bench;
+mod commands;
+mod settings;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub use settings::{Common, Settings};
+
+/// Exit statuses (documented in the README).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Something unexpected (a bug, a guest trap).
+    Internal = 1,
+    /// Bad input or usage: the file, a flag, the configuration.
+    Input = 2,
+    /// The model or its server failed.
+    Model = 3,
+    /// The database failed.
+    Storage = 4,
+}
+
+/// An error with the exit status it maps to. Its message says what happened and how to fix it.
+#[derive(Debug)]
+pub struct Failure {
+    pub exit: Exit,
+    pub error: anyhow::Error,
+}
+
+impl Failure {
+    pub fn new(exit: Exit, error: impl Into<anyhow::Error>) -> Self {
+        Failure { exit, error: error.into() }
+    }
+}
+
+impl From<abridge::CallError> for Failure {
+    fn from(e: abridge::CallError) -> Self {
+        use abridge::types::Error as E;
+        let exit = match &e {
+            abridge::CallError::Engine(E::InvalidInput(_)) => Exit::Input,
+            abridge::CallError::Engine(E::Storage(_)) => Exit::Storage,
+            abridge::CallError::Engine(_) => Exit::Model,
+            abridge::CallError::Host(_) => Exit::Internal,
+        };
+        Failure::new(exit, e)
+    }
+}
+
+impl From<abridge::transcript::TranscriptError> for Failure {
+    fn from(e: abridge::transcript::TranscriptError) -> Self {
+        Failure::new(Exit::Input, e)
+    }
+}
+
+/// abridge keeps accurate, bounded summaries of conversation history, local-first against Ollama.
+#[derive(Parser, Debug)]
+#[command(name = "abridge", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Import a transcript into a session (idempotent), bring its summaries up to date and
+    /// print the latest summary.
+    Summarize(commands::SummarizeArgs),
+    /// Append episodes (JSON lines {"role","content","timestamp"?,"id"?}) from FILE or stdin,
+    /// running the summary trigger after each one, as a chat app would.
+    Ingest(commands::IngestArgs),
+    /// Print a session's summary chain with the episode range each row covers.
+    Summaries(commands::SummariesArgs),
+    /// Measure start-up, per-call, summary-pass and import costs (use a release build).
+    Bench(bench::BenchArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("abridge: cannot start the async runtime: {e}");
+            return ExitCode::from(Exit::Internal as u8);
+        }
+    };
+    let result = rt.block_on(run(cli));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("abridge: {:#}", f.error);
+            ExitCode::from(f.exit as u8)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let settings = Settings::resolve(&cli.common, &settings::ProcessEnv).map_err(|e| Failure::new(Exit::Input, e))?;
+    match cli.cmd {
+        Cmd::Summarize(a) => commands::summarize(&settings, a).await,
+        Cmd::Ingest(a) => commands::ingest(&settings, a).await,
+        Cmd::Summaries(a) => commands::summaries(&settings, a).await,
+        Cmd::Bench(a) => bench::run(a).await,
+    }
+}

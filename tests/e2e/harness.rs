@@ -1,0 +1,149 @@
+//! Running the binary in isolation: a clean environment, its own HOME and database, and the
+//! compiled-component cache shared by every test of this run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+pub use abridge_test_llm::{Fault, TestServer};
+use serde_json::Value;
+
+/// One isolated working area.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub vars: Vec<(String, String)>,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        Env { dir: tempfile::tempdir().expect("temp dir"), vars: Vec::new() }
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("abridge.db")
+    }
+
+    pub fn with(mut self, k: &str, v: &str) -> Env {
+        self.vars.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_abridge"));
+        c.env_clear()
+            .env("HOME", self.dir.path())
+            .env("ABRIDGE_CACHE_DIR", cache_dir())
+            .env("ABRIDGE_DB", self.db())
+            .current_dir(self.dir.path())
+            .args(args)
+            .stdin(Stdio::null());
+        for (k, v) in &self.vars {
+            c.env(k, v);
+        }
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Run {
+        Run::from(self.command(args).output().expect("running abridge"))
+    }
+
+    pub fn run_stdin(&self, args: &[&str], input: &[u8]) -> Run {
+        use std::io::Write;
+        let mut child = self.command(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        Run::from(child.wait_with_output().unwrap())
+    }
+
+    /// The stored chain as JSON (`summaries SESSION --json`), or `None` for an unknown session.
+    pub fn chain(&self, session: &str) -> Option<Value> {
+        let r = self.run(&["summaries", session, "--json"]);
+        r.ok().then(|| r.json())
+    }
+
+    pub fn write(&self, name: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+}
+
+/// The compiled component is cached once per test run, for every process.
+fn cache_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("abridge-component-cache")
+}
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Run {
+        Run {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl Run {
+    pub fn ok(&self) -> bool {
+        self.code == 0
+    }
+
+    #[track_caller]
+    pub fn assert_ok(&self) -> &Run {
+        assert_eq!(self.code, 0, "expected success\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr);
+        self
+    }
+
+    #[track_caller]
+    pub fn assert_fails(&self, code: i32, stderr_has: &[&str]) -> &Run {
+        assert_eq!(self.code, code, "expected exit {code}\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr);
+        for s in stderr_has {
+            assert!(self.stderr.contains(s), "stderr lacks {s:?}\n--- stderr\n{}", self.stderr);
+        }
+        self
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
+    }
+}
+
+/// A fixture shipped with the project.
+pub fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name).display().to_string()
+}
+
+/// A real transcript from ../shared/data/transcripts, or `None` (and a note) when absent.
+pub fn shared(rel: &str) -> Option<String> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/transcripts").join(rel);
+    if p.exists() {
+        Some(p.display().to_string())
+    } else {
+        eprintln!("SKIPPED: {} not found (real-data test; CI provides ../shared)", p.display());
+        None
+    }
+}
+
+/// A loopback port with nothing listening.
+pub fn closed_port_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    format!("http://127.0.0.1:{port}")
+}
+
+/// Check the chain covers episodes 1..=n exactly once, in order.
+#[track_caller]
+pub fn assert_covers(chain: &Value, n: u64) {
+    let mut next = 1;
+    for r in chain["summaries"].as_array().expect("summaries array") {
+        assert_eq!(r["first_episode"].as_u64(), Some(next), "chain {chain:#}");
+        next = r["last_episode"].as_u64().unwrap() + 1;
+        assert!(!r["content"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(next, n + 1, "chain stops at {} of {n}: {chain:#}", next - 1);
+}

@@ -1,0 +1,51 @@
+//! Real transcripts from ../shared/data/transcripts (skipped, with a note, when absent).
+
+use crate::harness::*;
+
+#[test]
+fn real_transcripts_summarize_with_no_model_and_through_the_test_server() {
+    let files = [
+        "claude_code/obra-episodic-memory/tiny-conversation.jsonl",
+        "claude_code/obra-episodic-memory/short-conversation.jsonl",
+        "claude_code/simonw-claude-code-transcripts/sample_session.jsonl",
+        "chatgpt_export/mitkury-chatgpt-export-parser/example-conversation.json",
+        "openai_messages/derived_from_obra_tiny.json",
+    ];
+    let server = TestServer::start();
+    for rel in files {
+        let Some(path) = shared(rel) else { return };
+        let env = Env::new().with("EXTRACTION_URL", &closed_port_url());
+        let r = env.run(&["summarize", &path, "--json"]);
+        r.assert_ok();
+        let v = r.json();
+        assert_eq!(v["backend"], "extractive", "{rel}");
+        let n = v["episodes"].as_u64().unwrap();
+        assert!(n >= 2, "{rel}: {n} episodes");
+        assert_covers(&v, n);
+
+        let env = Env::new().with("EXTRACTION_URL", &server.url());
+        let r = env.run(&["summarize", &path, "--json"]);
+        r.assert_ok();
+        assert_eq!(r.json()["backend"], "ollama", "{rel}");
+        assert_covers(&r.json(), n);
+    }
+}
+
+#[test]
+fn a_large_real_session_is_covered_completely_within_the_context() {
+    let Some(path) = shared("claude_code/obra-episodic-memory/large-conversation.jsonl") else { return };
+    let server = TestServer::start();
+    let env = Env::new().with("EXTRACTION_URL", &server.url()).with("ABRIDGE_BACKEND", "ollama");
+    let r = env.run(&["summarize", &path, "--json", "--context-length", "2048", "--max-output-tokens", "300"]);
+    r.assert_ok();
+    let v = r.json();
+    let n = v["episodes"].as_u64().unwrap();
+    assert!(n > 50, "{n} episodes");
+    assert_covers(&v, n);
+    let gens = server.generations();
+    for g in &gens {
+        assert_eq!(g.body["options"]["num_ctx"], 2048);
+        assert_eq!(g.body["truncate"], false);
+    }
+    assert!(gens.len() > 3, "{} calls", gens.len());
+}
