@@ -7,9 +7,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest.parent().expect("host/ sits in the workspace root").to_path_buf();
-    for p in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.lock", "rust-toolchain.toml"] {
+    let manifest =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest
+        .parent()
+        .expect("host/ sits in the workspace root")
+        .to_path_buf();
+    for p in [
+        "guest/src",
+        "guest/Cargo.toml",
+        "wit",
+        "Cargo.lock",
+        "rust-toolchain.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=ABRIDGE_GUEST_WASM");
@@ -29,7 +39,15 @@ fn main() {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root)
-        .args(["build", "-p", "abridge-guest", "--target", "wasm32-wasip2", "--profile", "guest-release"])
+        .args([
+            "build",
+            "-p",
+            "abridge-guest",
+            "--target",
+            "wasm32-wasip2",
+            "--profile",
+            "guest-release",
+        ])
         .arg("--target-dir")
         .arg(&target_dir);
     // Settings meant for the host build (clippy's wrapper, host RUSTFLAGS, coverage
@@ -45,7 +63,9 @@ fn main() {
     ] {
         cmd.env_remove(var);
     }
-    let status = cmd.status().unwrap_or_else(|e| panic!("could not run cargo to build the guest: {e}"));
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("could not run cargo to build the guest: {e}"));
     if !status.success() {
         panic!(
             "building the guest component failed (see the errors above). If the target is \
@@ -53,9 +73,13 @@ fn main() {
              asks rustup to do this by itself)."
         );
     }
-    copy(&target_dir.join("wasm32-wasip2/guest-release/abridge_guest.wasm"), &dest);
+    copy(
+        &target_dir.join("wasm32-wasip2/guest-release/abridge_guest.wasm"),
+        &dest,
+    );
 }
 
 fn copy(from: &Path, to: &Path) {
-    std::fs::copy(from, to).unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), to.display()));
+    std::fs::copy(from, to)
+        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), to.display()));
 }

@@ -101,9 +101,17 @@ mod tests {
 
     fn check(text: &str, max: u32) -> Vec<&str> {
         let pieces = split_to_fit(text, max);
-        assert_eq!(pieces.concat(), text, "pieces must concatenate to the input");
+        assert_eq!(
+            pieces.concat(),
+            text,
+            "pieces must concatenate to the input"
+        );
         for p in &pieces {
-            assert!(estimate_tokens(p) <= max, "piece over budget: {} > {max}: {p:?}", estimate_tokens(p));
+            assert!(
+                estimate_tokens(p) <= max,
+                "piece over budget: {} > {max}: {p:?}",
+                estimate_tokens(p)
+            );
         }
         pieces
     }

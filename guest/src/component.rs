@@ -93,7 +93,10 @@ fn row_out(r: types::SummaryRow) -> store::SummaryRow {
 }
 
 fn msg_out(m: types::Message) -> wit::Message {
-    wit::Message { role: role_out(m.role), content: m.content }
+    wit::Message {
+        role: role_out(m.role),
+        content: m.content,
+    }
 }
 
 fn cfg_in(c: summarizer::Config) -> policy::Config {
@@ -128,14 +131,28 @@ fn outcome_out(o: engine::Outcome) -> summarizer::Outcome {
 impl engine::Host for Imports {
     fn stats(&mut self, session: &str) -> Result<types::Stats, types::Error> {
         let s = store::stats(session).map_err(err_in)?;
-        Ok(types::Stats { episodes: s.episodes, total_tokens: s.total_tokens, last_episode: s.last_episode })
+        Ok(types::Stats {
+            episodes: s.episodes,
+            total_tokens: s.total_tokens,
+            last_episode: s.last_episode,
+        })
     }
 
-    fn episodes_after(&mut self, session: &str, after: u64, limit: u32) -> Result<Vec<types::Episode>, types::Error> {
+    fn episodes_after(
+        &mut self,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<types::Episode>, types::Error> {
         let eps = store::episodes_after(session, after, limit).map_err(err_in)?;
         Ok(eps
             .into_iter()
-            .map(|e| types::Episode { id: e.id, role: role_in(e.role), content: e.content, tokens: e.tokens })
+            .map(|e| types::Episode {
+                id: e.id,
+                role: role_in(e.role),
+                content: e.content,
+                tokens: e.tokens,
+            })
             .collect())
     }
 
@@ -143,7 +160,11 @@ impl engine::Host for Imports {
         Ok(store::latest_summary(session).map_err(err_in)?.map(row_in))
     }
 
-    fn write_summary(&mut self, session: &str, w: types::SummaryWrite) -> Result<types::SummaryRow, types::Error> {
+    fn write_summary(
+        &mut self,
+        session: &str,
+        w: types::SummaryWrite,
+    ) -> Result<types::SummaryRow, types::Error> {
         let w = store::SummaryWrite {
             replaces: w.replaces,
             first_episode: w.first_episode,
@@ -155,7 +176,9 @@ impl engine::Host for Imports {
             model: w.model,
             now_ms: w.now_ms,
         };
-        store::write_summary(session, &w).map(row_in).map_err(err_in)
+        store::write_summary(session, &w)
+            .map(row_in)
+            .map_err(err_in)
     }
 
     fn generate(&mut self, req: types::Request) -> Result<types::Response, types::Error> {
@@ -201,7 +224,9 @@ impl engine::Host for Imports {
 impl summarizer::Guest for Component {
     fn append(session: String, episodes: Vec<store::NewEpisode>) -> Result<u32, wit::Error> {
         if session.trim().is_empty() {
-            return Err(wit::Error::InvalidInput("the session id is empty; pass a session id".into()));
+            return Err(wit::Error::InvalidInput(
+                "the session id is empty; pass a session id".into(),
+            ));
         }
         let episodes: Vec<store::NewEpisode> = episodes
             .into_iter()
@@ -213,12 +238,22 @@ impl summarizer::Guest for Component {
         store::append_episodes(&session, &episodes)
     }
 
-    fn after_episode_written(session: String, cfg: summarizer::Config) -> Result<summarizer::Outcome, wit::Error> {
-        engine::after_episode_written(&mut Imports, &session, &cfg_in(cfg)).map(outcome_out).map_err(err_out)
+    fn after_episode_written(
+        session: String,
+        cfg: summarizer::Config,
+    ) -> Result<summarizer::Outcome, wit::Error> {
+        engine::after_episode_written(&mut Imports, &session, &cfg_in(cfg))
+            .map(outcome_out)
+            .map_err(err_out)
     }
 
-    fn summarize_now(session: String, cfg: summarizer::Config) -> Result<summarizer::Outcome, wit::Error> {
-        engine::summarize_now(&mut Imports, &session, &cfg_in(cfg)).map(outcome_out).map_err(err_out)
+    fn summarize_now(
+        session: String,
+        cfg: summarizer::Config,
+    ) -> Result<summarizer::Outcome, wit::Error> {
+        engine::summarize_now(&mut Imports, &session, &cfg_in(cfg))
+            .map(outcome_out)
+            .map_err(err_out)
     }
 
     fn chain(session: String) -> Result<Vec<store::SummaryRow>, wit::Error> {
@@ -231,11 +266,22 @@ impl text::Guest for Component {
         tokens::estimate_tokens(&text)
     }
 
-    fn build_prompt(conversation: Vec<wit::Message>, previous_summary: Option<String>) -> text::BuiltPrompt {
-        let conv: Vec<types::Message> =
-            conversation.into_iter().map(|m| types::Message { role: role_in(m.role), content: m.content }).collect();
+    fn build_prompt(
+        conversation: Vec<wit::Message>,
+        previous_summary: Option<String>,
+    ) -> text::BuiltPrompt {
+        let conv: Vec<types::Message> = conversation
+            .into_iter()
+            .map(|m| types::Message {
+                role: role_in(m.role),
+                content: m.content,
+            })
+            .collect();
         let b = prompt::build(&conv, previous_summary.as_deref());
-        text::BuiltPrompt { messages: b.messages.into_iter().map(msg_out).collect(), chatml: b.chatml }
+        text::BuiltPrompt {
+            messages: b.messages.into_iter().map(msg_out).collect(),
+            chatml: b.chatml,
+        }
     }
 
     fn strip_template_tokens(text: String) -> String {

@@ -5,8 +5,7 @@
 
 use crate::policy::{self, Config, Engine, Rendering, Strategy};
 use crate::types::{
-    Episode, Error, Level, Message, Prompt, Request, Response, Stats, SummaryRow,
-    SummaryWrite,
+    Episode, Error, Level, Message, Prompt, Request, Response, Stats, SummaryRow, SummaryWrite,
 };
 use crate::{chunk, extractive, prompt, quality, strip};
 
@@ -18,8 +17,12 @@ pub trait Host {
     /// Session figures.
     fn stats(&mut self, session: &str) -> Result<Stats, Error>;
     /// Episodes after `after`, ascending, at most `limit`.
-    fn episodes_after(&mut self, session: &str, after: u64, limit: u32)
-    -> Result<Vec<Episode>, Error>;
+    fn episodes_after(
+        &mut self,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Episode>, Error>;
     /// Newest summary row.
     fn latest_summary(&mut self, session: &str) -> Result<Option<SummaryRow>, Error>;
     /// Write a summary row atomically.
@@ -54,24 +57,37 @@ struct Generated {
 
 fn validate(session: &str, cfg: &Config) -> Result<(), Error> {
     if session.trim().is_empty() {
-        return Err(Error::InvalidInput("the session id is empty; pass a session id".into()));
+        return Err(Error::InvalidInput(
+            "the session id is empty; pass a session id".into(),
+        ));
     }
     if cfg.engine == Engine::Llm && cfg.model.trim().is_empty() {
-        return Err(Error::InvalidInput("no model name configured; pass --model".into()));
+        return Err(Error::InvalidInput(
+            "no model name configured; pass --model".into(),
+        ));
     }
     if cfg.max_output_tokens == 0 {
-        return Err(Error::InvalidInput("max-output-tokens must be at least 1".into()));
+        return Err(Error::InvalidInput(
+            "max-output-tokens must be at least 1".into(),
+        ));
     }
     Ok(())
 }
 
 /// After an episode write: summarize until caught up if the trigger holds.
-pub fn after_episode_written(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
+pub fn after_episode_written(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+) -> Result<Outcome, Error> {
     validate(session, cfg)?;
     let stats = h.stats(session)?;
     let latest = h.latest_summary(session)?;
     if !policy::should_trigger(&stats, latest.as_ref(), cfg) {
-        return Ok(Outcome { unsummarized: policy::unsummarized(&stats, latest.as_ref()), ..Outcome::default() });
+        return Ok(Outcome {
+            unsummarized: policy::unsummarized(&stats, latest.as_ref()),
+            ..Outcome::default()
+        });
     }
     catch_up(h, session, cfg)
 }
@@ -92,7 +108,9 @@ fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, E
         // Each pass covers at least one episode, so this bound is never reached by a correct
         // store; it turns a misbehaving one into an error instead of a loop.
         if u64::from(out.passes) > start.episodes + 1 {
-            return Err(Error::Storage("the store did not record summary coverage; stopping".into()));
+            return Err(Error::Storage(
+                "the store did not record summary coverage; stopping".into(),
+            ));
         }
     }
     let stats = h.stats(session)?;
@@ -149,7 +167,10 @@ fn pass(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Option<Summary
             describe(&strategy)
         ),
     );
-    let conversation: Vec<Message> = selected.into_iter().map(|e| Message::new(e.role, e.content)).collect();
+    let conversation: Vec<Message> = selected
+        .into_iter()
+        .map(|e| Message::new(e.role, e.content))
+        .collect();
     let generated = generate(h, cfg, &conversation, previous.as_deref())?;
     write(h, session, cfg, &strategy, covered, last, generated).map(Some)
 }
@@ -183,11 +204,20 @@ fn oversized(
         ),
     );
     let mut current = previous;
-    let mut spent = Generated { text: String::new(), prompt_tokens: 0, output_tokens: 0 };
+    let mut spent = Generated {
+        text: String::new(),
+        prompt_tokens: 0,
+        output_tokens: 0,
+    };
     let n = pieces.len();
     for (i, piece) in pieces.iter().enumerate() {
         let content = format!("(part {} of {n} of one long message)\n{piece}", i + 1);
-        let g = generate(h, cfg, &[Message::new(ep.role, content)], current.as_deref())?;
+        let g = generate(
+            h,
+            cfg,
+            &[Message::new(ep.role, content)],
+            current.as_deref(),
+        )?;
         spent.prompt_tokens = spent.prompt_tokens.saturating_add(g.prompt_tokens);
         spent.output_tokens = spent.output_tokens.saturating_add(g.output_tokens);
         current = Some(g.text);
@@ -240,14 +270,25 @@ fn write(
 }
 
 /// Produce summary text for `conversation` (folding into `previous` if given).
-fn generate(h: &mut impl Host, cfg: &Config, conversation: &[Message], previous: Option<&str>) -> Result<Generated, Error> {
+fn generate(
+    h: &mut impl Host,
+    cfg: &Config,
+    conversation: &[Message],
+    previous: Option<&str>,
+) -> Result<Generated, Error> {
     match cfg.engine {
         Engine::Extractive => {
             let text = extractive::summarize(conversation, previous, cfg.max_output_tokens);
             if text.is_empty() {
-                return Err(Error::RejectedOutput("the episodes contain no text to select from".into()));
+                return Err(Error::RejectedOutput(
+                    "the episodes contain no text to select from".into(),
+                ));
             }
-            Ok(Generated { text, prompt_tokens: 0, output_tokens: 0 })
+            Ok(Generated {
+                text,
+                prompt_tokens: 0,
+                output_tokens: 0,
+            })
         }
         Engine::Llm => {
             let built = prompt::build(conversation, previous);
@@ -266,17 +307,17 @@ fn generate(h: &mut impl Host, cfg: &Config, conversation: &[Message], previous:
                 context_length: cfg.context_length,
                 stop,
             })?;
-            if let Some(p) = resp.prompt_tokens {
-                if p >= cfg.context_length.saturating_sub(cfg.max_output_tokens) {
-                    h.log(
-                        Level::Warn,
-                        &format!(
-                            "the model counted {p} prompt tokens against a context of {}: the \
-                             server may have truncated the prompt",
-                            cfg.context_length
-                        ),
-                    );
-                }
+            if let Some(p) = resp.prompt_tokens
+                && p >= cfg.context_length.saturating_sub(cfg.max_output_tokens)
+            {
+                h.log(
+                    Level::Warn,
+                    &format!(
+                        "the model counted {p} prompt tokens against a context of {}: the \
+                         server may have truncated the prompt",
+                        cfg.context_length
+                    ),
+                );
             }
             let cleaned = strip::strip_template_tokens(&resp.text);
             quality::check(&cleaned, resp.finish, cfg.max_output_tokens).map_err(|why| {

@@ -18,19 +18,35 @@ impl Fake {
     fn with_episodes(n: usize, words: usize) -> Self {
         let mut f = Fake::default();
         for i in 0..n {
-            f.push(if i % 2 == 0 { Role::User } else { Role::Assistant }, &format!("ep{} {}", i + 1, "word ".repeat(words)));
+            f.push(
+                if i % 2 == 0 {
+                    Role::User
+                } else {
+                    Role::Assistant
+                },
+                &format!("ep{} {}", i + 1, "word ".repeat(words)),
+            );
         }
         f
     }
 
     fn push(&mut self, role: Role, content: &str) {
         let id = self.episodes.len() as u64 + 1;
-        self.episodes.push(Episode { id, role, content: content.into(), tokens: estimate_tokens(content) });
+        self.episodes.push(Episode {
+            id,
+            role,
+            content: content.into(),
+            tokens: estimate_tokens(content),
+        });
     }
 
     fn prompt_text(req: &Request) -> String {
         match &req.prompt {
-            Prompt::Chat(ms) => ms.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n"),
+            Prompt::Chat(ms) => ms
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
             Prompt::Raw(s) => s.clone(),
         }
     }
@@ -55,7 +71,13 @@ impl Host for Fake {
         })
     }
     fn episodes_after(&mut self, _: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
-        Ok(self.episodes.iter().filter(|e| e.id > after).take(limit as usize).cloned().collect())
+        Ok(self
+            .episodes
+            .iter()
+            .filter(|e| e.id > after)
+            .take(limit as usize)
+            .cloned()
+            .collect())
     }
     fn latest_summary(&mut self, _: &str) -> Result<Option<SummaryRow>, Error> {
         Ok(self.rows.last().cloned())
@@ -76,8 +98,15 @@ impl Host for Fake {
         };
         match w.replaces {
             None => {
-                assert_eq!(w.first_episode, prev_last + 1, "new row must follow the chain");
-                let row = SummaryRow { id: self.rows.len() as u64 + 1, ..row };
+                assert_eq!(
+                    w.first_episode,
+                    prev_last + 1,
+                    "new row must follow the chain"
+                );
+                let row = SummaryRow {
+                    id: self.rows.len() as u64 + 1,
+                    ..row
+                };
                 self.rows.push(row.clone());
                 Ok(row)
             }
@@ -86,7 +115,11 @@ impl Host for Fake {
                 assert_eq!(last.id, id, "only the latest row may be updated");
                 assert_eq!(last.first_episode, w.first_episode);
                 assert!(w.last_episode > last.last_episode);
-                *last = SummaryRow { id, created_ms: last.created_ms, ..row };
+                *last = SummaryRow {
+                    id,
+                    created_ms: last.created_ms,
+                    ..row
+                };
                 Ok(last.clone())
             }
         }
@@ -97,9 +130,15 @@ impl Host for Fake {
         if !self.replies.is_empty() {
             return self.replies.remove(0);
         }
-        let ids: Vec<&str> = text.split_whitespace().filter(|w| w.starts_with("ep")).collect();
+        let ids: Vec<&str> = text
+            .split_whitespace()
+            .filter(|w| w.starts_with("ep"))
+            .collect();
         Ok(Response {
-            text: format!("The user and the assistant covered {}.<|im_end|>", ids.join(" ")),
+            text: format!(
+                "The user and the assistant covered {}.<|im_end|>",
+                ids.join(" ")
+            ),
             finish: Finish::Stop,
             prompt_tokens: Some(estimate_tokens(&text)),
             output_tokens: Some(12),
@@ -130,15 +169,29 @@ fn fresh_then_update_then_new_row() {
     let mut f = Fake::with_episodes(5, 60);
     let out = after_episode_written(&mut f, "s", &cfg()).unwrap();
     assert!(out.triggered);
-    assert_eq!((f.rows.len(), f.rows[0].first_episode, f.rows[0].last_episode), (1, 1, 5));
-    assert_eq!(f.rows[0].content, "The user and the assistant covered ep1 ep2 ep3 ep4 ep5.");
+    assert_eq!(
+        (
+            f.rows.len(),
+            f.rows[0].first_episode,
+            f.rows[0].last_episode
+        ),
+        (1, 1, 5)
+    );
+    assert_eq!(
+        f.rows[0].content,
+        "The user and the assistant covered ep1 ep2 ep3 ep4 ep5."
+    );
     assert!(Fake::prompt_text(&f.requests[0]).starts_with("You write summaries"));
 
     // Four more: below min-episodes-since, no call.
     for _ in 0..4 {
         f.push(Role::User, "ep-more more text");
     }
-    assert!(!after_episode_written(&mut f, "s", &cfg()).unwrap().triggered);
+    assert!(
+        !after_episode_written(&mut f, "s", &cfg())
+            .unwrap()
+            .triggered
+    );
     assert_eq!(f.requests.len(), 1);
 
     // The fifth triggers an update of row 1, carrying the previous summary.
@@ -147,11 +200,17 @@ fn fresh_then_update_then_new_row() {
     assert_eq!(out.passes, 1);
     assert_eq!((f.rows.len(), f.rows[0].last_episode), (1, 10));
     let p = Fake::prompt_text(&f.requests[1]);
-    assert!(p.starts_with("You maintain the running summary") && p.contains("covered ep1 ep2"), "{p}");
+    assert!(
+        p.starts_with("You maintain the running summary") && p.contains("covered ep1 ep2"),
+        "{p}"
+    );
     assert!(!p.contains("ep1 word"), "old episodes are not re-sent");
 
     // A summary at max-summary-tokens starts a new row.
-    let small = Config { max_summary_tokens: 5, ..cfg() };
+    let small = Config {
+        max_summary_tokens: 5,
+        ..cfg()
+    };
     for i in 0..5 {
         f.push(Role::User, &format!("ep{} later", 11 + i));
     }
@@ -166,7 +225,12 @@ fn fresh_then_update_then_new_row() {
 fn episodes_that_do_not_fit_take_further_passes() {
     // 60 episodes of ~100 tokens against a 1024-token context: several passes, none dropped.
     let mut f = Fake::with_episodes(60, 100);
-    let c = Config { context_length: 1024, max_output_tokens: 200, max_summary_tokens: 10, ..cfg() };
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        max_summary_tokens: 10,
+        ..cfg()
+    };
     let out = summarize_now(&mut f, "s", &c).unwrap();
     assert!(out.passes > 5, "passes {}", out.passes);
     assert_eq!(out.unsummarized, 0);
@@ -174,12 +238,19 @@ fn episodes_that_do_not_fit_take_further_passes() {
     assert_eq!(f.rows.last().unwrap().last_episode, 60);
     for r in &f.requests {
         let tokens = estimate_tokens(&Fake::prompt_text(r)) + 8;
-        assert!(tokens + c.max_output_tokens <= c.context_length, "prompt {tokens} too big");
+        assert!(
+            tokens + c.max_output_tokens <= c.context_length,
+            "prompt {tokens} too big"
+        );
     }
     // Every episode was sent exactly once.
     let all: String = f.requests.iter().map(Fake::prompt_text).collect();
     for i in 1..=60 {
-        assert_eq!(all.matches(&format!("ep{i} word")).count(), 1, "episode {i}");
+        assert_eq!(
+            all.matches(&format!("ep{i} word")).count(),
+            1,
+            "episode {i}"
+        );
     }
 }
 
@@ -187,17 +258,34 @@ fn episodes_that_do_not_fit_take_further_passes() {
 fn an_oversized_episode_is_folded_in_parts() {
     let mut f = Fake::default();
     f.push(Role::User, "short opener here");
-    let big = (0..400).map(|i| format!("Sentence number {i} talks about the rollout plan.")).collect::<Vec<_>>().join(" ");
+    let big = (0..400)
+        .map(|i| format!("Sentence number {i} talks about the rollout plan."))
+        .collect::<Vec<_>>()
+        .join(" ");
     f.push(Role::Assistant, &big);
     f.push(Role::User, "ep3 thanks");
-    let c = Config { context_length: 1024, max_output_tokens: 200, ..cfg() };
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
     summarize_now(&mut f, "s", &c).unwrap();
     f.assert_chain();
     assert_eq!(f.rows.last().unwrap().last_episode, 3);
-    let parts: Vec<String> = f.requests.iter().map(Fake::prompt_text).filter(|p| p.contains("of one long message")).collect();
+    let parts: Vec<String> = f
+        .requests
+        .iter()
+        .map(Fake::prompt_text)
+        .filter(|p| p.contains("of one long message"))
+        .collect();
     assert!(parts.len() >= 3, "{} parts", parts.len());
     for i in [0, 199, 399] {
-        assert!(parts.iter().any(|p| p.contains(&format!("Sentence number {i} talks"))), "sentence {i} lost");
+        assert!(
+            parts
+                .iter()
+                .any(|p| p.contains(&format!("Sentence number {i} talks"))),
+            "sentence {i} lost"
+        );
     }
 }
 
@@ -209,40 +297,75 @@ fn rejected_output_writes_nothing_and_keeps_the_summary() {
     for _ in 0..5 {
         f.push(Role::User, "more words to fold in");
     }
-    for (text, finish) in [("<|im_end|>", Finish::Stop), ("The user asked about", Finish::Length)] {
-        f.replies.push(Ok(Response { text: text.into(), finish, prompt_tokens: None, output_tokens: None }));
+    for (text, finish) in [
+        ("<|im_end|>", Finish::Stop),
+        ("The user asked about", Finish::Length),
+    ] {
+        f.replies.push(Ok(Response {
+            text: text.into(),
+            finish,
+            prompt_tokens: None,
+            output_tokens: None,
+        }));
         let err = summarize_now(&mut f, "s", &cfg()).unwrap_err();
         assert!(matches!(err, Error::RejectedOutput(_)), "{err:?}");
         assert_eq!(f.rows, before);
     }
-    f.replies.push(Err(Error::Unreachable("http://127.0.0.1:1".into())));
-    assert!(matches!(summarize_now(&mut f, "s", &cfg()), Err(Error::Unreachable(_))));
+    f.replies
+        .push(Err(Error::Unreachable("http://127.0.0.1:1".into())));
+    assert!(matches!(
+        summarize_now(&mut f, "s", &cfg()),
+        Err(Error::Unreachable(_))
+    ));
     assert_eq!(f.rows, before);
 }
 
 #[test]
 fn chatml_rendering_sends_a_raw_prompt_with_stops() {
     let mut f = Fake::with_episodes(5, 60);
-    let c = Config { rendering: Rendering::Chatml, ..cfg() };
+    let c = Config {
+        rendering: Rendering::Chatml,
+        ..cfg()
+    };
     summarize_now(&mut f, "s", &c).unwrap();
     match &f.requests[0].prompt {
-        Prompt::Raw(p) => assert!(p.starts_with("<|im_start|>system\n") && p.ends_with("<|im_start|>assistant\n")),
+        Prompt::Raw(p) => {
+            assert!(p.starts_with("<|im_start|>system\n") && p.ends_with("<|im_start|>assistant\n"))
+        }
         other => panic!("expected a raw prompt, got {other:?}"),
     }
     assert_eq!(f.requests[0].stop, vec!["<|im_end|>", "<|im_start|>"]);
-    assert_eq!((f.requests[0].context_length, f.requests[0].max_output_tokens), (4096, 500));
+    assert_eq!(
+        (
+            f.requests[0].context_length,
+            f.requests[0].max_output_tokens
+        ),
+        (4096, 500)
+    );
 }
 
 #[test]
 fn extractive_engine_needs_no_model() {
     let mut f = Fake::default();
-    f.push(Role::User, "Our nightly backup job to the S3 bucket failed three nights in a row.");
+    f.push(
+        Role::User,
+        "Our nightly backup job to the S3 bucket failed three nights in a row.",
+    );
     f.push(Role::Assistant, "The credentials on the backup host expired last Monday. Rotate the access key and rerun the job.");
-    let c = Config { engine: Engine::Extractive, ..cfg() };
+    let c = Config {
+        engine: Engine::Extractive,
+        ..cfg()
+    };
     let out = summarize_now(&mut f, "s", &c).unwrap();
     assert!(f.requests.is_empty());
     assert_eq!(out.written[0].model, "extractive");
-    assert!(out.written[0].content.starts_with("- User: Our nightly backup job"), "{}", out.written[0].content);
+    assert!(
+        out.written[0]
+            .content
+            .starts_with("- User: Our nightly backup job"),
+        "{}",
+        out.written[0].content
+    );
 }
 
 #[test]
@@ -250,7 +373,10 @@ fn invalid_config_is_an_actionable_error() {
     let mut f = Fake::with_episodes(5, 60);
     let err = summarize_now(&mut f, "", &cfg()).unwrap_err();
     assert!(matches!(err, Error::InvalidInput(m) if m.contains("session")));
-    let tiny = Config { context_length: 300, ..cfg() };
+    let tiny = Config {
+        context_length: 300,
+        ..cfg()
+    };
     let err = summarize_now(&mut f, "s", &tiny).unwrap_err();
     assert!(matches!(err, Error::InvalidInput(m) if m.contains("raise the context length")));
 }

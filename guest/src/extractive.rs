@@ -17,15 +17,15 @@ pub const MAX_SENTENCES: usize = 5;
 const STOPWORDS: &[&str] = &[
     "about", "above", "after", "again", "all", "also", "and", "any", "are", "because", "been",
     "before", "being", "between", "both", "but", "can", "could", "did", "does", "doing", "down",
-    "each", "few", "for", "from", "further", "had", "has", "have", "having", "her", "here",
-    "hers", "him", "his", "how", "into", "its", "just", "let", "like", "more", "most", "much",
-    "must", "not", "now", "off", "once", "only", "other", "our", "ours", "out", "over", "own",
-    "same", "she", "should", "some", "such", "than", "that", "the", "their", "them", "then",
-    "there", "these", "they", "this", "those", "through", "too", "under", "until", "very",
-    "was", "way", "were", "what", "when", "where", "which", "while", "who", "whom", "why",
-    "will", "with", "would", "yes", "yet", "you", "your", "yours", "okay", "well", "really",
-    "know", "think", "want", "get", "got", "going", "one", "see", "thing", "things", "sure",
-    "thanks", "thank", "please", "hello", "hey", "right", "good", "great", "lot", "may",
+    "each", "few", "for", "from", "further", "had", "has", "have", "having", "her", "here", "hers",
+    "him", "his", "how", "into", "its", "just", "let", "like", "more", "most", "much", "must",
+    "not", "now", "off", "once", "only", "other", "our", "ours", "out", "over", "own", "same",
+    "she", "should", "some", "such", "than", "that", "the", "their", "them", "then", "there",
+    "these", "they", "this", "those", "through", "too", "under", "until", "very", "was", "way",
+    "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will", "with",
+    "would", "yes", "yet", "you", "your", "yours", "okay", "well", "really", "know", "think",
+    "want", "get", "got", "going", "one", "see", "thing", "things", "sure", "thanks", "thank",
+    "please", "hello", "hey", "right", "good", "great", "lot", "may",
 ];
 
 #[derive(Debug)]
@@ -59,8 +59,8 @@ pub fn sentences(text: &str) -> Vec<String> {
         let chars: Vec<char> = line.chars().collect();
         for (i, &c) in chars.iter().enumerate() {
             cur.push(c);
-            let ends = matches!(c, '.' | '!' | '?')
-                && chars.get(i + 1).is_none_or(|n| n.is_whitespace());
+            let ends =
+                matches!(c, '.' | '!' | '?') && chars.get(i + 1).is_none_or(|n| n.is_whitespace());
             if ends {
                 push_sentence(&mut out, &cur);
                 cur.clear();
@@ -75,7 +75,11 @@ fn push_sentence(out: &mut Vec<String>, s: &str) {
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
     let s = s.trim_start_matches(['-', '*', '#', '>', ' ']).trim();
     // A quote opened in an earlier sentence or closed in a later one is noise here.
-    let s = if s.matches('"').count() % 2 == 1 { s.trim_matches('"').trim() } else { s };
+    let s = if s.matches('"').count() % 2 == 1 {
+        s.trim_matches('"').trim()
+    } else {
+        s
+    };
     if s.chars().any(char::is_alphanumeric) {
         out.push(s.to_string());
     }
@@ -83,7 +87,10 @@ fn push_sentence(out: &mut Vec<String>, s: &str) {
 
 /// Prose rather than code, markup or harness noise.
 fn is_prose(s: &str) -> bool {
-    let code_like = ["<", "{", "[", "//", "$ ", "#!"].iter().any(|p| s.starts_with(p)) || s.contains("```");
+    let code_like = ["<", "{", "[", "//", "$ ", "#!"]
+        .iter()
+        .any(|p| s.starts_with(p))
+        || s.contains("```");
     // A lead-in ("Here's how:") introduces content it does not carry.
     if code_like || s.ends_with(':') {
         return false;
@@ -106,7 +113,14 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
             }
             let words = content_words(line);
             let len = line.split_whitespace().count();
-            cands.push(Candidate { line: line.to_string(), words: words.into_iter().collect(), len, position, boost: 1.2, pinned: false });
+            cands.push(Candidate {
+                line: line.to_string(),
+                words: words.into_iter().collect(),
+                len,
+                position,
+                boost: 1.2,
+                pinned: false,
+            });
             position += 1;
         }
     }
@@ -129,7 +143,14 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
                     first_user = false;
                 }
                 let words = content_words(&s);
-                cands.push(Candidate { line: format!("{}: {}", m.role.label(), s), words: words.into_iter().collect(), len, position: pos, boost: 1.0, pinned });
+                cands.push(Candidate {
+                    line: format!("{}: {}", m.role.label(), s),
+                    words: words.into_iter().collect(),
+                    len,
+                    position: pos,
+                    boost: 1.0,
+                    pinned,
+                });
             }
         }
         if cands.len() > before {
@@ -150,7 +171,11 @@ fn select(cands: Vec<Candidate>, max_tokens: u32) -> String {
         let sum: u32 = c.words.iter().map(|w| tf[w.as_str()]).sum();
         c.boost * f64::from(sum) / (c.len.max(1) as f64).sqrt()
     };
-    let mut order: Vec<(bool, f64, usize)> = cands.iter().enumerate().map(|(i, c)| (c.pinned, score(c), i)).collect();
+    let mut order: Vec<(bool, f64, usize)> = cands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.pinned, score(c), i))
+        .collect();
     // Pinned first, then highest score; ties go to the earlier sentence (deterministic).
     order.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)));
     let mut chosen: Vec<usize> = Vec::new();
@@ -175,7 +200,11 @@ fn select(cands: Vec<Candidate>, max_tokens: u32) -> String {
         chosen.push(i);
     }
     chosen.sort_by_key(|&i| cands[i].position);
-    chosen.iter().map(|&i| format!("- {}", cands[i].line)).collect::<Vec<_>>().join("\n")
+    chosen
+        .iter()
+        .map(|&i| format!("- {}", cands[i].line))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
@@ -184,10 +213,22 @@ mod tests {
 
     fn conv() -> Vec<Message> {
         vec![
-            Message::new(Role::User, "I need to migrate our Postgres database to version 16 this weekend. What should I check first?"),
-            Message::new(Role::Assistant, "Check extension compatibility first. Then run pg_upgrade in check mode against a copy of the Postgres database. Hi!"),
-            Message::new(Role::User, "The extensions are PostGIS and pg_trgm. Both are installed on the old database."),
-            Message::new(Role::Assistant, "PostGIS needs the matching package for version 16 before pg_upgrade runs. The pg_trgm extension ships with Postgres itself."),
+            Message::new(
+                Role::User,
+                "I need to migrate our Postgres database to version 16 this weekend. What should I check first?",
+            ),
+            Message::new(
+                Role::Assistant,
+                "Check extension compatibility first. Then run pg_upgrade in check mode against a copy of the Postgres database. Hi!",
+            ),
+            Message::new(
+                Role::User,
+                "The extensions are PostGIS and pg_trgm. Both are installed on the old database.",
+            ),
+            Message::new(
+                Role::Assistant,
+                "PostGIS needs the matching package for version 16 before pg_upgrade runs. The pg_trgm extension ships with Postgres itself.",
+            ),
             Message::new(Role::Tool, "exit code 0"),
         ]
     }
@@ -197,8 +238,15 @@ mod tests {
         let s = summarize(&conv(), None, 500);
         let lines: Vec<&str> = s.lines().collect();
         assert!((3..=MAX_SENTENCES).contains(&lines.len()), "{s}");
-        assert!(lines[0].starts_with("- User: I need to migrate our Postgres database"), "{s}");
-        let all: String = conv().iter().map(|m| m.content.clone()).collect::<Vec<_>>().join(" ");
+        assert!(
+            lines[0].starts_with("- User: I need to migrate our Postgres database"),
+            "{s}"
+        );
+        let all: String = conv()
+            .iter()
+            .map(|m| m.content.clone())
+            .collect::<Vec<_>>()
+            .join(" ");
         for l in &lines {
             let sentence = l.split_once(": ").unwrap().1;
             assert!(all.contains(sentence), "not verbatim: {l}");
@@ -216,15 +264,28 @@ mod tests {
     #[test]
     fn update_keeps_earlier_lines_competing() {
         let first = summarize(&conv()[..2], None, 500);
-        let more = vec![Message::new(Role::User, "After the upgrade the PostGIS functions fail with a version mismatch error on every query.")];
+        let more = vec![Message::new(
+            Role::User,
+            "After the upgrade the PostGIS functions fail with a version mismatch error on every query.",
+        )];
         let updated = summarize(&more, Some(&first), 500);
         assert!(updated.contains("version mismatch"), "{updated}");
-        assert!(updated.contains("migrate our Postgres database"), "{updated}");
+        assert!(
+            updated.contains("migrate our Postgres database"),
+            "{updated}"
+        );
     }
 
     #[test]
     fn short_chat_falls_back_to_short_sentences() {
-        let s = summarize(&[Message::new(Role::User, "hi"), Message::new(Role::Assistant, "Hello there")], None, 100);
+        let s = summarize(
+            &[
+                Message::new(Role::User, "hi"),
+                Message::new(Role::Assistant, "Hello there"),
+            ],
+            None,
+            100,
+        );
         assert_eq!(s, "- User: hi\n- Assistant: Hello there");
     }
 }

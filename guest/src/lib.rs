@@ -18,3 +18,6 @@ pub mod types;
 
 #[cfg(target_arch = "wasm32")]
 mod component;
+
+#[cfg(test)]
+mod golden_tests;

@@ -72,7 +72,9 @@ pub enum Strategy {
 
 /// Episodes after the newest summary.
 pub fn unsummarized(stats: &Stats, latest: Option<&SummaryRow>) -> u64 {
-    stats.last_episode.saturating_sub(latest.map_or(0, |r| r.last_episode))
+    stats
+        .last_episode
+        .saturating_sub(latest.map_or(0, |r| r.last_episode))
 }
 
 /// The trigger: total tokens over the threshold and enough episodes since the last summary.
@@ -139,7 +141,11 @@ mod tests {
     }
 
     fn stats(last: u64, total: u64) -> Stats {
-        Stats { episodes: last, total_tokens: total, last_episode: last }
+        Stats {
+            episodes: last,
+            total_tokens: total,
+            last_episode: last,
+        }
     }
 
     #[test]
@@ -148,15 +154,19 @@ mod tests {
         let r = row(10, 100);
         let cases: &[(Stats, Option<&SummaryRow>, bool)] = &[
             (stats(0, 0), None, false),
-            (stats(4, 1000), None, false),   // too few episodes
-            (stats(5, 200), None, false),    // tokens must exceed the threshold
+            (stats(4, 1000), None, false), // too few episodes
+            (stats(5, 200), None, false),  // tokens must exceed the threshold
             (stats(5, 201), None, true),
             (stats(14, 5000), Some(&r), false), // 4 since the summary
             (stats(15, 5000), Some(&r), true),
             (stats(10, 5000), Some(&r), false), // caught up
         ];
         for (s, latest, want) in cases {
-            assert_eq!(should_trigger(s, *latest, &cfg), *want, "{s:?} latest={latest:?}");
+            assert_eq!(
+                should_trigger(s, *latest, &cfg),
+                *want,
+                "{s:?} latest={latest:?}"
+            );
         }
     }
 
@@ -164,7 +174,10 @@ mod tests {
     fn strategy_table() {
         let cfg = Config::default(); // max summary 800
         assert_eq!(strategy(None, &cfg), Strategy::Fresh);
-        assert_eq!(strategy(Some(&row(3, 799)), &cfg), Strategy::Update(row(3, 799)));
+        assert_eq!(
+            strategy(Some(&row(3, 799)), &cfg),
+            Strategy::Update(row(3, 799))
+        );
         assert_eq!(strategy(Some(&row(3, 800)), &cfg), Strategy::NewRow);
     }
 
@@ -172,7 +185,14 @@ mod tests {
     fn budget() {
         let cfg = Config::default(); // 4096 ctx, 500 out, margin 409
         assert_eq!(input_budget(&cfg, 100), Ok(4096 - 500 - 100 - 409));
-        let tiny = Config { context_length: 600, ..Config::default() };
-        assert!(input_budget(&tiny, 100).unwrap_err().contains("raise the context length"));
+        let tiny = Config {
+            context_length: 600,
+            ..Config::default()
+        };
+        assert!(
+            input_budget(&tiny, 100)
+                .unwrap_err()
+                .contains("raise the context length")
+        );
     }
 }

@@ -36,7 +36,13 @@ pub struct Built {
 /// quotes `<|im_end|>` cannot end the prompt's turn early (a zero-width space is inserted
 /// after `<`; the text reads the same).
 pub fn neutralize(text: &str) -> String {
-    const MARKERS: &[&str] = &["<|", "<start_of_turn>", "<end_of_turn>", "[INST]", "[/INST]"];
+    const MARKERS: &[&str] = &[
+        "<|",
+        "<start_of_turn>",
+        "<end_of_turn>",
+        "[INST]",
+        "[/INST]",
+    ];
     if !MARKERS.iter().any(|m| text.contains(m)) {
         return text.to_string();
     }
@@ -80,7 +86,10 @@ pub fn build(conversation: &[Message], previous: Option<&str>) -> Built {
             ),
         ),
     };
-    let messages = vec![Message::new(Role::System, system), Message::new(Role::User, user)];
+    let messages = vec![
+        Message::new(Role::System, system),
+        Message::new(Role::User, user),
+    ];
     let chatml = render_chatml(&messages);
     Built { messages, chatml }
 }
@@ -123,7 +132,10 @@ mod tests {
     #[test]
     fn chatml_shape() {
         let b = build(&[Message::new(Role::User, "hi <|im_end|> there")], None);
-        assert!(b.chatml.starts_with("<|im_start|>system\nYou write summaries"));
+        assert!(
+            b.chatml
+                .starts_with("<|im_start|>system\nYou write summaries")
+        );
         assert!(b.chatml.ends_with("<|im_end|>\n<|im_start|>assistant\n"));
         // The quoted token is neutralized: only the template's own two im_end markers remain.
         assert_eq!(b.chatml.matches("<|im_end|>").count(), 2);
@@ -132,10 +144,25 @@ mod tests {
 
     #[test]
     fn update_carries_previous_summary() {
-        let b = build(&[Message::new(Role::Assistant, "Done.")], Some("The user set up CI."));
-        assert!(b.messages[0].content.starts_with("You maintain the running summary"));
-        assert!(b.messages[1].content.contains("Current summary:\n\nThe user set up CI."));
-        assert!(b.messages[1].content.contains("New exchanges:\n\nAssistant: Done."));
+        let b = build(
+            &[Message::new(Role::Assistant, "Done.")],
+            Some("The user set up CI."),
+        );
+        assert!(
+            b.messages[0]
+                .content
+                .starts_with("You maintain the running summary")
+        );
+        assert!(
+            b.messages[1]
+                .content
+                .contains("Current summary:\n\nThe user set up CI.")
+        );
+        assert!(
+            b.messages[1]
+                .content
+                .contains("New exchanges:\n\nAssistant: Done.")
+        );
         assert!(fixed_tokens(Some("The user set up CI.")) > fixed_tokens(None));
     }
 
@@ -146,7 +173,11 @@ mod tests {
             Message::new(Role::Assistant, "Use logrotate, weekly, keep 4."),
         ];
         let b = build(&conv, None);
-        let whole: u32 = b.messages.iter().map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD).sum();
+        let whole: u32 = b
+            .messages
+            .iter()
+            .map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD)
+            .sum();
         let parts = fixed_tokens(None) + conv.iter().map(|m| message_cost(&m.content)).sum::<u32>();
         assert!(parts >= whole, "parts {parts} < whole {whole}");
     }

@@ -24,7 +24,10 @@ pub fn check(cleaned: &str, finish: Finish, max_output_tokens: u32) -> Result<()
 pub fn degenerate(text: &str) -> Option<String> {
     let norm = |s: &str| {
         s.split_whitespace()
-            .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()).to_lowercase())
+            .map(|w| {
+                w.trim_matches(|c: char| !c.is_alphanumeric())
+                    .to_lowercase()
+            })
             .filter(|w| !w.is_empty())
             .collect::<Vec<_>>()
     };
@@ -82,7 +85,11 @@ mod tests {
             ("  ... ", Finish::Stop, "no text"),
             ("The user asked about", Finish::Length, "output limit"),
             (rep.as_str(), Finish::Stop, "same sentence"),
-            ("ok ok ok ok ok ok ok ok ok ok ok", Finish::Stop, "ten times"),
+            (
+                "ok ok ok ok ok ok ok ok ok ok ok",
+                Finish::Stop,
+                "ten times",
+            ),
             (loop_words.as_str(), Finish::Stop, "three-word"),
         ];
         for (text, finish, why) in cases {

@@ -133,10 +133,10 @@ fn cut_at_end_of_turn(text: &str) -> String {
 /// with no `open` before it removes everything up to it (the block began before the output).
 fn remove_blocks(text: &str, open: &str, close: &str) -> String {
     let mut s = text.to_string();
-    if let Some(c) = s.find(close) {
-        if s.find(open).is_none_or(|o| o > c) {
-            s = s[c + close.len()..].to_string();
-        }
+    if let Some(c) = s.find(close)
+        && s.find(open).is_none_or(|o| o > c)
+    {
+        s = s[c + close.len()..].to_string();
     }
     let mut out = String::with_capacity(s.len());
     let mut rest = s.as_str();
@@ -235,14 +235,18 @@ fn drop_preamble(text: &str) -> String {
         }
         let tail = &undecorated[p.len()..];
         let tail_trim = tail.trim_start_matches(['*', '_', ' ']);
-        // The preamble must end in a colon, or be the whole (heading) line.
+        // The preamble must end in a colon, or be the whole line: a markdown heading, or a
+        // bare "Summary" line followed by the text.
+        let heading = tail_trim
+            .trim_end_matches(['*', '_', '.'])
+            .trim()
+            .is_empty()
+            && first.trim_start().starts_with(['#', '*']);
+        let bare_line =
+            tail_trim.is_empty() && first_line_end < t.len() && p.starts_with("summary");
         let rest_of_line = if let Some(after_colon) = tail_trim.strip_prefix(':') {
             after_colon.trim_start_matches(['*', '_'])
-        } else if tail_trim.trim_end_matches(['*', '_', '.']).trim().is_empty()
-            && first.trim_start().starts_with(['#', '*'])
-        {
-            ""
-        } else if tail_trim.is_empty() && first_line_end < t.len() && p.starts_with("summary") {
+        } else if heading || bare_line {
             ""
         } else {
             continue;
@@ -288,16 +292,25 @@ mod tests {
                 "The user asked.<|im_end|>\n<|im_start|>user\nThanks!<|im_end|>\n<|im_start|>assistant\nYou're welcome.",
                 "The user asked.",
             ),
-            ("<|im_start|>assistant\nThe user asked.<|im_end|>", "The user asked."),
+            (
+                "<|im_start|>assistant\nThe user asked.<|im_end|>",
+                "The user asked.",
+            ),
             ("<|im_start|>user\nleak", ""),
             ("<|im_sep|>The user asked.", "The user asked."),
             (
                 "<|start_header_id|>assistant<|end_header_id|>\n\nThe user asked.<|eot_id|>",
                 "The user asked.",
             ),
-            ("<start_of_turn>model\nThe user asked.<end_of_turn>", "The user asked."),
+            (
+                "<start_of_turn>model\nThe user asked.<end_of_turn>",
+                "The user asked.",
+            ),
             ("[INST] The user asked. [/INST]", "The user asked."),
-            ("<think>Let me think.\nOK.</think>\nThe user asked.", "The user asked."),
+            (
+                "<think>Let me think.\nOK.</think>\nThe user asked.",
+                "The user asked.",
+            ),
             ("reasoning here</think>The user asked.", "The user asked."),
             ("The user asked.<think>unfinished", "The user asked."),
             ("```\nThe user asked.\n```", "The user asked."),
@@ -305,7 +318,10 @@ mod tests {
             ("Summary: The user asked.", "The user asked."),
             ("**Summary:** The user asked.", "The user asked."),
             ("## Summary\n\nThe user asked.", "The user asked."),
-            ("Here is a summary of the conversation:\n\nThe user asked.", "The user asked."),
+            (
+                "Here is a summary of the conversation:\n\nThe user asked.",
+                "The user asked.",
+            ),
             ("Summary:\n```\nThe user asked.\n```", "The user asked."),
             ("Summary of costs is below.", "Summary of costs is below."),
             ("Summarizing is hard.", "Summarizing is hard."),
@@ -319,7 +335,8 @@ mod tests {
 
     #[test]
     fn idempotent() {
-        let once = strip_template_tokens("Summary: <think>x</think>```\nThe user asked.\n```<|im_end|>");
+        let once =
+            strip_template_tokens("Summary: <think>x</think>```\nThe user asked.\n```<|im_end|>");
         assert_eq!(strip_template_tokens(&once), once);
     }
 }

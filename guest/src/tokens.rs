@@ -33,7 +33,7 @@ pub fn estimate_tokens(text: &str) -> u32 {
         }
         // Continuation bytes of a multi-byte character (10xxxxxx) are not counted, so each
         // non-ASCII character counts once, via its lead byte.
-        if b < 0x80 || b >= 0xC0 {
+        if !(0x80..0xC0).contains(&b) {
             total += 1;
         }
     }
@@ -84,6 +84,9 @@ mod tests {
     fn additive_over_whitespace_splits() {
         let a = "first part of a text, ";
         let b = "second part.";
-        assert_eq!(estimate_tokens(&format!("{a}{b}")), estimate_tokens(a) + estimate_tokens(b));
+        assert_eq!(
+            estimate_tokens(&format!("{a}{b}")),
+            estimate_tokens(a) + estimate_tokens(b)
+        );
     }
 }

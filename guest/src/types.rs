@@ -47,7 +47,10 @@ pub struct Message {
 impl Message {
     /// Shorthand constructor.
     pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Message { role, content: content.into() }
+        Message {
+            role,
+            content: content.into(),
+        }
     }
 }
 

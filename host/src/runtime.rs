@@ -20,7 +20,8 @@ use crate::store::Store;
 use crate::types::{Config, Error, Level, Message, NewEpisode, Outcome, SummaryRow, describe};
 
 /// The guest component built by `host/build.rs` and embedded in this crate.
-pub static EMBEDDED_COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/abridge_guest.wasm"));
+pub static EMBEDDED_COMPONENT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/abridge_guest.wasm"));
 
 /// The wasmtime version compiled in (part of the cache key).
 pub const WASMTIME_VERSION: &str = "48.0.8";
@@ -75,14 +76,22 @@ impl Runtime {
         let engine = WasmEngine::new(&wasmtime::Config::new())?;
         let started = Instant::now();
         let (component, from_cache) = compile_cached(&engine, &bytes, cache_dir)?;
-        let report = LoadReport { from_cache, millis: started.elapsed().as_secs_f64() * 1e3 };
+        let report = LoadReport {
+            from_cache,
+            millis: started.elapsed().as_secs_f64() * 1e3,
+        };
         let mut linker: Linker<HostState> = Linker::new(&engine);
         // The std guest imports wasi:cli and wasi:io; they are linked, but the WasiCtx grants
         // nothing (no args, env, stdio, files, sockets, clocks or randomness).
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         Guest::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         let pre = EnginePre::new(linker.instantiate_pre(&component)?)?;
-        Ok(Runtime { engine, pre, component, report })
+        Ok(Runtime {
+            engine,
+            pre,
+            component,
+            report,
+        })
     }
 
     /// How loading went.
@@ -102,13 +111,21 @@ impl Runtime {
 
     /// Names of the component's imports (`wasi:io/streams@0.2.6`, `abridge:engine/llm@0.1.0`, …).
     pub fn import_names(&self) -> Vec<String> {
-        self.component.component_type().imports(&self.engine).map(|(name, _)| name.to_string()).collect()
+        self.component
+            .component_type()
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .collect()
     }
 }
 
 /// Compile `bytes`, or deserialize the compiled code cached under a key of wasmtime version,
 /// engine configuration and component hash.
-fn compile_cached(engine: &WasmEngine, bytes: &[u8], cache_dir: Option<&Path>) -> Result<(Component, bool)> {
+fn compile_cached(
+    engine: &WasmEngine,
+    bytes: &[u8],
+    cache_dir: Option<&Path>,
+) -> Result<(Component, bool)> {
     let Some(dir) = cache_dir else {
         return Ok((Component::new(engine, bytes)?, false));
     };
@@ -118,7 +135,11 @@ fn compile_cached(engine: &WasmEngine, bytes: &[u8], cache_dir: Option<&Path>) -
     let key = format!(
         "abridge-guest-{WASMTIME_VERSION}-{:016x}-{}.cwasm",
         compat.finish(),
-        digest.iter().take(12).map(|b| format!("{b:02x}")).collect::<String>()
+        digest
+            .iter()
+            .take(12)
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
     );
     let path = dir.join(key);
     // Read, not mmap: another process may replace or truncate the file while we run.
@@ -135,12 +156,17 @@ fn compile_cached(engine: &WasmEngine, bytes: &[u8], cache_dir: Option<&Path>) -
     }
     let component = Component::new(engine, bytes)?;
     // The cache is an optimisation: failing to write it is not an error.
-    if std::fs::create_dir_all(dir).is_ok() {
-        if let Ok(data) = component.serialize() {
-            let tmp = dir.join(format!(".{}.{}.tmp", path.file_name().unwrap().to_string_lossy(), std::process::id()));
-            if std::fs::write(&tmp, data).is_ok() {
-                let _ = std::fs::rename(&tmp, &path);
-            }
+    if std::fs::create_dir_all(dir).is_ok()
+        && let Ok(data) = component.serialize()
+    {
+        // Write then rename, so a reader never sees a half-written file.
+        let tmp = dir.join(format!(
+            ".{}.{}.tmp",
+            path.file_name().unwrap().to_string_lossy(),
+            std::process::id()
+        ));
+        if std::fs::write(&tmp, data).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
         }
     }
     Ok((component, false))
@@ -239,7 +265,10 @@ impl Abridge {
             clock: self.clock.clone(),
             log: self.log.clone(),
             batch_concurrency: self.batch_concurrency,
-            limits: StoreLimitsBuilder::new().memory_size(self.memory_limit).instances(4).build(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(self.memory_limit)
+                .instances(4)
+                .build(),
         };
         let mut store = WasmStore::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -250,11 +279,18 @@ impl Abridge {
     /// Append episodes (the guest fills in token estimates); returns how many were new.
     pub async fn append(&self, session: &str, episodes: &[NewEpisode]) -> Result<u32, CallError> {
         let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer().call_append(&mut store, session, episodes).await?.map_err(CallError::Engine)
+        g.abridge_engine_summarizer()
+            .call_append(&mut store, session, episodes)
+            .await?
+            .map_err(CallError::Engine)
     }
 
     /// Run the trigger after an episode write; summarize until caught up if it holds.
-    pub async fn after_episode_written(&self, session: &str, cfg: &Config) -> Result<Outcome, CallError> {
+    pub async fn after_episode_written(
+        &self,
+        session: &str,
+        cfg: &Config,
+    ) -> Result<Outcome, CallError> {
         let (mut store, g) = self.instance().await?;
         g.abridge_engine_summarizer()
             .call_after_episode_written(&mut store, session, cfg)
@@ -265,31 +301,47 @@ impl Abridge {
     /// Summarize now, ignoring the trigger, until every episode is covered.
     pub async fn summarize_now(&self, session: &str, cfg: &Config) -> Result<Outcome, CallError> {
         let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer().call_summarize_now(&mut store, session, cfg).await?.map_err(CallError::Engine)
+        g.abridge_engine_summarizer()
+            .call_summarize_now(&mut store, session, cfg)
+            .await?
+            .map_err(CallError::Engine)
     }
 
     /// The session's summary chain, oldest first.
     pub async fn chain(&self, session: &str) -> Result<Vec<SummaryRow>, CallError> {
         let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer().call_chain(&mut store, session).await?.map_err(CallError::Engine)
+        g.abridge_engine_summarizer()
+            .call_chain(&mut store, session)
+            .await?
+            .map_err(CallError::Engine)
     }
 
     /// The guest's token estimate for `text`.
     pub async fn estimate_tokens(&self, text: &str) -> Result<u32, CallError> {
         let (mut store, g) = self.instance().await?;
-        Ok(g.abridge_engine_text().call_estimate_tokens(&mut store, text).await?)
+        Ok(g.abridge_engine_text()
+            .call_estimate_tokens(&mut store, text)
+            .await?)
     }
 
     /// The guest's summarization prompt for `conversation` (an update prompt with `previous`).
-    pub async fn build_prompt(&self, conversation: &[Message], previous: Option<&str>) -> Result<BuiltPrompt, CallError> {
+    pub async fn build_prompt(
+        &self,
+        conversation: &[Message],
+        previous: Option<&str>,
+    ) -> Result<BuiltPrompt, CallError> {
         let (mut store, g) = self.instance().await?;
-        Ok(g.abridge_engine_text().call_build_prompt(&mut store, conversation, previous).await?)
+        Ok(g.abridge_engine_text()
+            .call_build_prompt(&mut store, conversation, previous)
+            .await?)
     }
 
     /// The guest's cleaning of raw model output.
     pub async fn strip_template_tokens(&self, text: &str) -> Result<String, CallError> {
         let (mut store, g) = self.instance().await?;
-        Ok(g.abridge_engine_text().call_strip_template_tokens(&mut store, text).await?)
+        Ok(g.abridge_engine_text()
+            .call_strip_template_tokens(&mut store, text)
+            .await?)
     }
 }
 
@@ -350,7 +402,9 @@ impl AbridgeBuilder {
 
     /// Load the component (unless a runtime was given) and finish.
     pub fn build(self) -> Result<Abridge> {
-        let store = self.store.context("Abridge needs a store: call .store(...)")?;
+        let store = self
+            .store
+            .context("Abridge needs a store: call .store(...)")?;
         let runtime = match self.runtime {
             Some(r) => r,
             None => Arc::new(Runtime::load(&self.source, self.cache_dir.as_deref())?),

@@ -36,7 +36,11 @@ impl Format {
             "openai" => Format::OpenAi,
             "claude-code" => Format::ClaudeCode,
             "chatgpt" => Format::ChatGpt,
-            other => return Err(format!("unknown format '{other}'; use auto, jsonl, openai, claude-code or chatgpt")),
+            other => {
+                return Err(format!(
+                    "unknown format '{other}'; use auto, jsonl, openai, claude-code or chatgpt"
+                ));
+            }
         }))
     }
 }
@@ -97,7 +101,9 @@ pub enum TranscriptError {
         source: std::io::Error,
     },
     /// The file is over the size limit.
-    #[error("{path} is {size} bytes, over the {limit}-byte limit — raise it with --max-bytes, or split the file")]
+    #[error(
+        "{path} is {size} bytes, over the {limit}-byte limit — raise it with --max-bytes, or split the file"
+    )]
     TooLarge {
         /// File.
         path: String,
@@ -107,7 +113,9 @@ pub enum TranscriptError {
         limit: u64,
     },
     /// The file is not UTF-8.
-    #[error("{path}:{line}: invalid UTF-8 at byte {offset} — re-encode the file as UTF-8 (for example: iconv -f latin1 -t utf-8)")]
+    #[error(
+        "{path}:{line}: invalid UTF-8 at byte {offset} — re-encode the file as UTF-8 (for example: iconv -f latin1 -t utf-8)"
+    )]
     Utf8 {
         /// File.
         path: String,
@@ -127,13 +135,17 @@ pub enum TranscriptError {
         message: String,
     },
     /// The format could not be recognised.
-    #[error("cannot tell the format of {path} — pass --format jsonl|openai|claude-code|chatgpt (see README: Formats)")]
+    #[error(
+        "cannot tell the format of {path} — pass --format jsonl|openai|claude-code|chatgpt (see README: Formats)"
+    )]
     UnknownFormat {
         /// File.
         path: String,
     },
     /// No messages were found.
-    #[error("{path} holds no messages (read as {format}) — check that it is the right file, or pass --format")]
+    #[error(
+        "{path} holds no messages (read as {format}) — check that it is the right file, or pass --format"
+    )]
     Empty {
         /// File.
         path: String,
@@ -146,9 +158,17 @@ pub enum TranscriptError {
 pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
 
 /// Read and parse a file (`-` reads standard input).
-pub fn read_file(path: &Path, format: Option<Format>, opts: Options, max_bytes: u64) -> Result<Parsed, TranscriptError> {
+pub fn read_file(
+    path: &Path,
+    format: Option<Format>,
+    opts: Options,
+    max_bytes: u64,
+) -> Result<Parsed, TranscriptError> {
     let name = path.display().to_string();
-    let io = |source| TranscriptError::Io { path: name.clone(), source };
+    let io = |source| TranscriptError::Io {
+        path: name.clone(),
+        source,
+    };
     let bytes = if name == "-" {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut buf).map_err(io)?;
@@ -156,42 +176,79 @@ pub fn read_file(path: &Path, format: Option<Format>, opts: Options, max_bytes: 
     } else {
         let meta = std::fs::metadata(path).map_err(io)?;
         if meta.is_dir() {
-            return Err(TranscriptError::Io { path: name, source: std::io::Error::other("it is a directory, not a transcript file") });
+            return Err(TranscriptError::Io {
+                path: name,
+                source: std::io::Error::other("it is a directory, not a transcript file"),
+            });
         }
         if meta.len() > max_bytes {
-            return Err(TranscriptError::TooLarge { path: name, size: meta.len(), limit: max_bytes });
+            return Err(TranscriptError::TooLarge {
+                path: name,
+                size: meta.len(),
+                limit: max_bytes,
+            });
         }
         std::fs::read(path).map_err(io)?
     };
     if bytes.len() as u64 > max_bytes {
-        return Err(TranscriptError::TooLarge { path: name, size: bytes.len() as u64, limit: max_bytes });
+        return Err(TranscriptError::TooLarge {
+            path: name,
+            size: bytes.len() as u64,
+            limit: max_bytes,
+        });
     }
     parse_bytes(&name, &bytes, format, opts)
 }
 
 /// Parse bytes named `name` (used in messages).
-pub fn parse_bytes(name: &str, bytes: &[u8], format: Option<Format>, opts: Options) -> Result<Parsed, TranscriptError> {
+pub fn parse_bytes(
+    name: &str,
+    bytes: &[u8],
+    format: Option<Format>,
+    opts: Options,
+) -> Result<Parsed, TranscriptError> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
         let offset = e.valid_up_to();
-        TranscriptError::Utf8 { path: name.to_string(), line: bytes[..offset].iter().filter(|&&b| b == b'\n').count() + 1, offset }
+        TranscriptError::Utf8 {
+            path: name.to_string(),
+            line: bytes[..offset].iter().filter(|&&b| b == b'\n').count() + 1,
+            offset,
+        }
     })?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let format = match format {
         Some(f) => f,
-        None => detect(text).ok_or_else(|| TranscriptError::UnknownFormat { path: name.to_string() })?,
+        None => detect(text).ok_or_else(|| TranscriptError::UnknownFormat {
+            path: name.to_string(),
+        })?,
     };
-    let mut p = Parser { name, opts, warnings: Vec::new() };
+    let mut p = Parser {
+        name,
+        opts,
+        warnings: Vec::new(),
+    };
     let conversations = match format {
         Format::Jsonl => vec![p.jsonl(text)?],
         Format::OpenAi => vec![p.openai(text)?],
         Format::ClaudeCode => vec![p.claude_code(text)?],
         Format::ChatGpt => p.chatgpt(text)?,
     };
-    let conversations: Vec<Conversation> = conversations.into_iter().filter(|c| !c.episodes.is_empty()).collect();
+    let conversations: Vec<Conversation> = conversations
+        .into_iter()
+        .filter(|c| !c.episodes.is_empty())
+        .collect();
     if conversations.is_empty() {
-        return Err(TranscriptError::Empty { path: name.to_string(), format });
+        return Err(TranscriptError::Empty {
+            path: name.to_string(),
+            format,
+        });
     }
-    Ok(Parsed { format, conversations, warnings: p.warnings, bytes: bytes.len() as u64 })
+    Ok(Parsed {
+        format,
+        conversations,
+        warnings: p.warnings,
+        bytes: bytes.len() as u64,
+    })
 }
 
 /// Guess the format from the content.
@@ -209,7 +266,9 @@ pub fn detect(text: &str) -> Option<Format> {
                     None
                 }
             }
-            Value::Object(o) if o.contains_key("mapping") || o.contains_key("conversations") => Some(Format::ChatGpt),
+            Value::Object(o) if o.contains_key("mapping") || o.contains_key("conversations") => {
+                Some(Format::ChatGpt)
+            }
             Value::Object(o) if o.contains_key("messages") => Some(Format::OpenAi),
             Value::Object(_) => line_format(&v),
             _ => None,
@@ -223,7 +282,9 @@ pub fn detect(text: &str) -> Option<Format> {
 }
 
 fn line_format(v: &Value) -> Option<Format> {
-    if v.get("type").is_some() && (v.get("sessionId").is_some() || v.get("uuid").is_some() || v.get("leafUuid").is_some()) {
+    if v.get("type").is_some()
+        && (v.get("sessionId").is_some() || v.get("uuid").is_some() || v.get("leafUuid").is_some())
+    {
         Some(Format::ClaudeCode)
     } else if v.get("role").is_some() {
         Some(Format::Jsonl)
@@ -239,7 +300,13 @@ pub fn position_key(index: usize, role: Role, content: &str) -> String {
     h.update([0]);
     h.update(content);
     let d = h.finalize();
-    format!("{index}:{}", d.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>())
+    format!(
+        "{index}:{}",
+        d.iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
 }
 
 /// Parse an RFC 3339 / ISO 8601 UTC time (`2025-09-19T17:34:29.181Z`, offsets allowed) to ms.
@@ -247,12 +314,29 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
     let b = s.trim().as_bytes();
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
         let part = b.get(r)?;
-        if part.iter().all(u8::is_ascii_digit) { std::str::from_utf8(part).ok()?.parse().ok() } else { None }
+        if part.iter().all(u8::is_ascii_digit) {
+            std::str::from_utf8(part).ok()?.parse().ok()
+        } else {
+            None
+        }
     };
-    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
-    let (y, mo, d, h, mi, sec) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    let (y, mo, d, h, mi, sec) = (
+        num(0..4)?,
+        num(5..7)?,
+        num(8..10)?,
+        num(11..13)?,
+        num(14..16)?,
+        num(17..19)?,
+    );
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
         return None;
     }
@@ -272,7 +356,11 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
         None | Some(b'Z') | Some(b'z') => 0,
         Some(&sign @ (b'+' | b'-')) => {
             let oh = num(i + 1..i + 3)?;
-            let om = if b.get(i + 3) == Some(&b':') { num(i + 4..i + 6)? } else { num(i + 3..i + 5)? };
+            let om = if b.get(i + 3) == Some(&b':') {
+                num(i + 4..i + 6)?
+            } else {
+                num(i + 3..i + 5)?
+            };
             let m = oh * 60 + om;
             if sign == b'+' { m } else { -m }
         }
@@ -295,7 +383,11 @@ fn timestamp_value(v: Option<&Value>) -> Option<i64> {
         Value::Number(n) => {
             let f = n.as_f64()?;
             // Values past 1e11 are milliseconds (1e11 seconds is the year 5138).
-            Some(if f.abs() >= 1e11 { f as i64 } else { (f * 1000.0) as i64 })
+            Some(if f.abs() >= 1e11 {
+                f as i64
+            } else {
+                (f * 1000.0) as i64
+            })
         }
         _ => None,
     }
@@ -309,7 +401,11 @@ fn content_text(v: Option<&Value>) -> String {
             .iter()
             .filter_map(|p| match p {
                 Value::String(s) => Some(s.as_str()),
-                Value::Object(_) if p.get("type").and_then(Value::as_str).is_none_or(|t| t == "text" || t == "input_text" || t == "output_text") => {
+                Value::Object(_)
+                    if p.get("type")
+                        .and_then(Value::as_str)
+                        .is_none_or(|t| t == "text" || t == "input_text" || t == "output_text") =>
+                {
                     p.get("text").and_then(Value::as_str)
                 }
                 _ => None,
@@ -346,13 +442,32 @@ fn strip_harness(text: &str) -> String {
 
 /// One JSON-lines episode `{"role", "content", "timestamp"?, "id"?}` read from line `n` of
 /// `name`. `None` for lines with no text (or tool lines when tools are excluded).
-pub fn jsonl_episode(name: &str, n: usize, v: &Value, include_tools: bool) -> Result<Option<NewEpisode>, TranscriptError> {
-    let malformed = |message: String| TranscriptError::Malformed { path: name.to_string(), line: n, message };
-    let Some(role_s) = v.get("role").and_then(Value::as_str) else {
-        let hint = if line_format(v) == Some(Format::ClaudeCode) { " (this looks like a Claude Code file: pass --format claude-code)" } else { "" };
-        return Err(malformed(format!("expected {{\"role\", \"content\"}} but found no \"role\"{hint}")));
+pub fn jsonl_episode(
+    name: &str,
+    n: usize,
+    v: &Value,
+    include_tools: bool,
+) -> Result<Option<NewEpisode>, TranscriptError> {
+    let malformed = |message: String| TranscriptError::Malformed {
+        path: name.to_string(),
+        line: n,
+        message,
     };
-    let role = Role::parse(role_s).ok_or_else(|| malformed(format!("unknown role '{role_s}'; use system, user, assistant or tool")))?;
+    let Some(role_s) = v.get("role").and_then(Value::as_str) else {
+        let hint = if line_format(v) == Some(Format::ClaudeCode) {
+            " (this looks like a Claude Code file: pass --format claude-code)"
+        } else {
+            ""
+        };
+        return Err(malformed(format!(
+            "expected {{\"role\", \"content\"}} but found no \"role\"{hint}"
+        )));
+    };
+    let role = Role::parse(role_s).ok_or_else(|| {
+        malformed(format!(
+            "unknown role '{role_s}'; use system, user, assistant or tool"
+        ))
+    })?;
     if role == Role::Tool && !include_tools {
         return Ok(None);
     }
@@ -365,7 +480,13 @@ pub fn jsonl_episode(name: &str, n: usize, v: &Value, include_tools: bool) -> Re
         Some(Value::Number(x)) => format!("id:{x}"),
         _ => position_key(n, role, &content),
     };
-    Ok(Some(NewEpisode { role, content, timestamp_ms: timestamp_value(v.get("timestamp")), source_key, tokens: 0 }))
+    Ok(Some(NewEpisode {
+        role,
+        content,
+        timestamp_ms: timestamp_value(v.get("timestamp")),
+        source_key,
+        tokens: 0,
+    }))
 }
 
 struct Parser<'a> {
@@ -376,12 +497,20 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     fn malformed(&self, line: usize, message: impl Into<String>) -> TranscriptError {
-        TranscriptError::Malformed { path: self.name.to_string(), line, message: message.into() }
+        TranscriptError::Malformed {
+            path: self.name.to_string(),
+            line,
+            message: message.into(),
+        }
     }
 
     /// Parse JSON lines, handing each object to `f`. Blank lines are skipped; a partial last
     /// line is skipped with a warning; other bad lines are errors unless `skip_invalid`.
-    fn lines(&mut self, text: &str, mut f: impl FnMut(&mut Self, usize, Value) -> Result<(), TranscriptError>) -> Result<(), TranscriptError> {
+    fn lines(
+        &mut self,
+        text: &str,
+        mut f: impl FnMut(&mut Self, usize, Value) -> Result<(), TranscriptError>,
+    ) -> Result<(), TranscriptError> {
         let ends_with_newline = text.ends_with('\n');
         let all: Vec<&str> = text.lines().collect();
         let last_non_blank = all.iter().rposition(|l| !l.trim().is_empty());
@@ -395,16 +524,24 @@ impl Parser<'_> {
                 Ok(_) => {
                     let m = "expected a JSON object on this line";
                     if self.opts.skip_invalid {
-                        self.warnings.push(format!("{}:{n}: {m}; skipped", self.name));
+                        self.warnings
+                            .push(format!("{}:{n}: {m}; skipped", self.name));
                     } else {
-                        return Err(self.malformed(n, format!("{m} — fix the line, or pass --skip-invalid to skip bad lines")));
+                        return Err(self.malformed(
+                            n,
+                            format!("{m} — fix the line, or pass --skip-invalid to skip bad lines"),
+                        ));
                     }
                 }
                 Err(e) => {
                     if Some(i) == last_non_blank && !ends_with_newline {
-                        self.warnings.push(format!("{}:{n}: partial last line (still being written?) skipped", self.name));
+                        self.warnings.push(format!(
+                            "{}:{n}: partial last line (still being written?) skipped",
+                            self.name
+                        ));
                     } else if self.opts.skip_invalid {
-                        self.warnings.push(format!("{}:{n}: not valid JSON ({e}); skipped", self.name));
+                        self.warnings
+                            .push(format!("{}:{n}: not valid JSON ({e}); skipped", self.name));
                     } else {
                         return Err(self.malformed(n, format!("not valid JSON ({e}) — fix the line, or pass --skip-invalid to skip bad lines")));
                     }
@@ -421,19 +558,28 @@ impl Parser<'_> {
             episodes.extend(jsonl_episode(p.name, n, &v, include_tools)?);
             Ok(())
         })?;
-        Ok(Conversation { id: None, title: None, episodes })
+        Ok(Conversation {
+            id: None,
+            title: None,
+            episodes,
+        })
     }
 
     fn openai(&mut self, text: &str) -> Result<Conversation, TranscriptError> {
         let v: Value = serde_json::from_str(text.trim()).map_err(|e| {
-            self.malformed(e.line(), format!("not valid JSON ({e}) — an OpenAI messages file is one JSON array"))
+            self.malformed(
+                e.line(),
+                format!("not valid JSON ({e}) — an OpenAI messages file is one JSON array"),
+            )
         })?;
         let msgs = match &v {
             Value::Array(a) => a,
             Value::Object(o) => o.get("messages").and_then(Value::as_array).ok_or_else(|| {
                 self.malformed(1, "expected a messages array or {\"messages\": [...]}")
             })?,
-            _ => return Err(self.malformed(1, "expected a messages array or {\"messages\": [...]}")),
+            _ => {
+                return Err(self.malformed(1, "expected a messages array or {\"messages\": [...]}"));
+            }
         };
         let mut episodes = Vec::new();
         for (i, m) in msgs.iter().enumerate() {
@@ -447,8 +593,14 @@ impl Parser<'_> {
             if self.opts.include_tools {
                 if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
                     for c in calls {
-                        let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or("tool");
-                        let args = c.pointer("/function/arguments").map(|a| a.as_str().map_or_else(|| a.to_string(), str::to_string)).unwrap_or_default();
+                        let name = c
+                            .pointer("/function/name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("tool");
+                        let args = c
+                            .pointer("/function/arguments")
+                            .map(|a| a.as_str().map_or_else(|| a.to_string(), str::to_string))
+                            .unwrap_or_default();
                         content.push_str(&format!("\n[tool call {name}: {args}]"));
                     }
                 }
@@ -460,13 +612,27 @@ impl Parser<'_> {
                 continue;
             }
             let source_key = position_key(i, role, &content);
-            episodes.push(NewEpisode { role, content, timestamp_ms: None, source_key, tokens: 0 });
+            episodes.push(NewEpisode {
+                role,
+                content,
+                timestamp_ms: None,
+                source_key,
+                tokens: 0,
+            });
         }
-        Ok(Conversation { id: None, title: None, episodes })
+        Ok(Conversation {
+            id: None,
+            title: None,
+            episodes,
+        })
     }
 
     fn claude_code(&mut self, text: &str) -> Result<Conversation, TranscriptError> {
-        let mut conv = Conversation { id: None, title: None, episodes: Vec::new() };
+        let mut conv = Conversation {
+            id: None,
+            title: None,
+            episodes: Vec::new(),
+        };
         // The message id of the assistant turn being merged, if the last episode is one.
         let mut open_turn: Option<String> = None;
         let include_tools = self.opts.include_tools;
@@ -485,13 +651,26 @@ impl Parser<'_> {
             if flag("isMeta") || flag("isSidechain") || flag("isCompactSummary") {
                 return Ok(());
             }
-            let Some(msg) = v.get("message") else { return Ok(()) };
+            let Some(msg) = v.get("message") else {
+                return Ok(());
+            };
             if conv.id.is_none() {
-                conv.id = v.get("sessionId").and_then(Value::as_str).map(str::to_string);
+                conv.id = v
+                    .get("sessionId")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
             }
-            let uuid = v.get("uuid").and_then(Value::as_str).unwrap_or("").to_string();
+            let uuid = v
+                .get("uuid")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             let ts = timestamp_value(v.get("timestamp"));
-            let role = if msg.get("role").and_then(Value::as_str) == Some("assistant") { Role::Assistant } else { Role::User };
+            let role = if msg.get("role").and_then(Value::as_str) == Some("assistant") {
+                Role::Assistant
+            } else {
+                Role::User
+            };
             let mut texts = Vec::new();
             let mut tool_results = Vec::new();
             match msg.get("content") {
@@ -499,10 +678,12 @@ impl Parser<'_> {
                 Some(Value::Array(blocks)) => {
                     for b in blocks {
                         match b.get("type").and_then(Value::as_str) {
-                            Some("text") => texts.extend(b.get("text").and_then(Value::as_str).map(str::to_string)),
+                            Some("text") => texts
+                                .extend(b.get("text").and_then(Value::as_str).map(str::to_string)),
                             Some("tool_use") if include_tools => {
                                 let name = b.get("name").and_then(Value::as_str).unwrap_or("tool");
-                                let input = b.get("input").map(Value::to_string).unwrap_or_default();
+                                let input =
+                                    b.get("input").map(Value::to_string).unwrap_or_default();
                                 texts.push(format!("[tool call {name}: {input}]"));
                             }
                             Some("tool_result") if include_tools => {
@@ -517,26 +698,52 @@ impl Parser<'_> {
                 }
                 _ => {}
             }
-            let text = if role == Role::User { strip_harness(&texts.join("\n")) } else { texts.join("\n").trim().to_string() };
+            let text = if role == Role::User {
+                strip_harness(&texts.join("\n"))
+            } else {
+                texts.join("\n").trim().to_string()
+            };
             for (k, r) in tool_results.into_iter().enumerate() {
                 open_turn = None;
-                conv.episodes.push(NewEpisode { role: Role::Tool, content: r, timestamp_ms: ts, source_key: format!("{uuid}#tool{k}"), tokens: 0 });
+                conv.episodes.push(NewEpisode {
+                    role: Role::Tool,
+                    content: r,
+                    timestamp_ms: ts,
+                    source_key: format!("{uuid}#tool{k}"),
+                    tokens: 0,
+                });
             }
             if text.is_empty() {
                 return Ok(());
             }
             let msg_id = msg.get("id").and_then(Value::as_str).map(str::to_string);
             // One API response arrives as several assistant lines sharing a message id.
-            if role == Role::Assistant && msg_id.is_some() && open_turn == msg_id {
-                if let Some(last) = conv.episodes.last_mut() {
-                    last.content.push('\n');
-                    last.content.push_str(&text);
-                    return Ok(());
-                }
+            if role == Role::Assistant
+                && msg_id.is_some()
+                && open_turn == msg_id
+                && let Some(last) = conv.episodes.last_mut()
+            {
+                last.content.push('\n');
+                last.content.push_str(&text);
+                return Ok(());
             }
-            open_turn = if role == Role::Assistant { msg_id } else { None };
-            let source_key = if uuid.is_empty() { position_key(conv.episodes.len(), role, &text) } else { uuid };
-            conv.episodes.push(NewEpisode { role, content: text, timestamp_ms: ts, source_key, tokens: 0 });
+            open_turn = if role == Role::Assistant {
+                msg_id
+            } else {
+                None
+            };
+            let source_key = if uuid.is_empty() {
+                position_key(conv.episodes.len(), role, &text)
+            } else {
+                uuid
+            };
+            conv.episodes.push(NewEpisode {
+                role,
+                content: text,
+                timestamp_ms: ts,
+                source_key,
+                tokens: 0,
+            });
             Ok(())
         })?;
         Ok(conv)
@@ -548,9 +755,10 @@ impl Parser<'_> {
         })?;
         let convs: Vec<&Value> = match &v {
             Value::Array(a) => a.iter().collect(),
-            Value::Object(o) if o.contains_key("conversations") => {
-                o["conversations"].as_array().map(|a| a.iter().collect()).unwrap_or_default()
-            }
+            Value::Object(o) if o.contains_key("conversations") => o["conversations"]
+                .as_array()
+                .map(|a| a.iter().collect())
+                .unwrap_or_default(),
             Value::Object(_) => vec![&v],
             _ => Vec::new(),
         };
@@ -559,15 +767,29 @@ impl Parser<'_> {
             let Some(mapping) = c.get("mapping").and_then(Value::as_object) else {
                 return Err(self.malformed(1, format!("conversation {ci} has no \"mapping\"; is this a ChatGPT conversations.json?")));
             };
-            let id = c.get("conversation_id").or_else(|| c.get("id")).and_then(Value::as_str).map(str::to_string);
+            let id = c
+                .get("conversation_id")
+                .or_else(|| c.get("id"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
             let title = c.get("title").and_then(Value::as_str).map(str::to_string);
             // The active branch: from current_node up to the root, reversed.
-            let mut leaf = c.get("current_node").and_then(Value::as_str).map(str::to_string);
+            let mut leaf = c
+                .get("current_node")
+                .and_then(Value::as_str)
+                .map(str::to_string);
             if leaf.as_ref().is_none_or(|l| !mapping.contains_key(l)) {
                 // No current node: follow the last child from the root.
-                let mut node = mapping.iter().find(|(_, n)| n.get("parent").is_none_or(Value::is_null)).map(|(k, _)| k.clone());
+                let mut node = mapping
+                    .iter()
+                    .find(|(_, n)| n.get("parent").is_none_or(Value::is_null))
+                    .map(|(k, _)| k.clone());
                 while let Some(k) = node.clone() {
-                    let next = mapping[&k].get("children").and_then(Value::as_array).and_then(|ch| ch.last()).and_then(Value::as_str);
+                    let next = mapping[&k]
+                        .get("children")
+                        .and_then(Value::as_array)
+                        .and_then(|ch| ch.last())
+                        .and_then(Value::as_str);
                     match next {
                         Some(n) if mapping.contains_key(n) => node = Some(n.to_string()),
                         _ => break,
@@ -579,19 +801,34 @@ impl Parser<'_> {
             let mut cur = leaf;
             while let Some(k) = cur {
                 if path.len() > mapping.len() {
-                    return Err(self.malformed(1, format!("conversation {ci} has a cycle in its parent links")));
+                    return Err(self.malformed(
+                        1,
+                        format!("conversation {ci} has a cycle in its parent links"),
+                    ));
                 }
                 let Some(node) = mapping.get(&k) else { break };
                 path.push(node);
-                cur = node.get("parent").and_then(Value::as_str).map(str::to_string);
+                cur = node
+                    .get("parent")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
             }
             path.reverse();
             let mut episodes = Vec::new();
             for node in path {
-                let Some(m) = node.get("message").filter(|m| !m.is_null()) else { continue };
-                let role_s = m.pointer("/author/role").and_then(Value::as_str).unwrap_or("");
+                let Some(m) = node.get("message").filter(|m| !m.is_null()) else {
+                    continue;
+                };
+                let role_s = m
+                    .pointer("/author/role")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
                 let meta = m.get("metadata");
-                let meta_flag = |k: &str| meta.and_then(|x| x.get(k)).and_then(Value::as_bool).unwrap_or(false);
+                let meta_flag = |k: &str| {
+                    meta.and_then(|x| x.get(k))
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false)
+                };
                 if meta_flag("is_visually_hidden_from_conversation") {
                     continue;
                 }
@@ -602,10 +839,18 @@ impl Parser<'_> {
                     "tool" if self.opts.include_tools => Role::Tool,
                     _ => continue,
                 };
-                if role == Role::Assistant && m.get("recipient").and_then(Value::as_str).is_some_and(|r| r != "all") && !self.opts.include_tools {
+                if role == Role::Assistant
+                    && m.get("recipient")
+                        .and_then(Value::as_str)
+                        .is_some_and(|r| r != "all")
+                    && !self.opts.include_tools
+                {
                     continue;
                 }
-                let ctype = m.pointer("/content/content_type").and_then(Value::as_str).unwrap_or("text");
+                let ctype = m
+                    .pointer("/content/content_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("text");
                 if !matches!(ctype, "text" | "multimodal_text") {
                     continue;
                 }
@@ -613,10 +858,23 @@ impl Parser<'_> {
                 if content.is_empty() {
                     continue;
                 }
-                let key = m.get("id").and_then(Value::as_str).map_or_else(|| position_key(episodes.len(), role, &content), str::to_string);
-                episodes.push(NewEpisode { role, content, timestamp_ms: timestamp_value(m.get("create_time")), source_key: key, tokens: 0 });
+                let key = m.get("id").and_then(Value::as_str).map_or_else(
+                    || position_key(episodes.len(), role, &content),
+                    str::to_string,
+                );
+                episodes.push(NewEpisode {
+                    role,
+                    content,
+                    timestamp_ms: timestamp_value(m.get("create_time")),
+                    source_key: key,
+                    tokens: 0,
+                });
             }
-            out.push(Conversation { id, title, episodes });
+            out.push(Conversation {
+                id,
+                title,
+                episodes,
+            });
         }
         Ok(out)
     }
@@ -633,12 +891,27 @@ mod tests {
     #[test]
     fn timestamps() {
         assert_eq!(parse_timestamp("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(parse_timestamp("2025-09-19T17:34:29.181Z"), Some(1_758_303_269_181));
-        assert_eq!(parse_timestamp("2025-09-19T19:34:29.181+02:00"), Some(1_758_303_269_181));
-        assert_eq!(parse_timestamp("2000-02-29T12:00:00"), Some(951_825_600_000));
+        assert_eq!(
+            parse_timestamp("2025-09-19T17:34:29.181Z"),
+            Some(1_758_303_269_181)
+        );
+        assert_eq!(
+            parse_timestamp("2025-09-19T19:34:29.181+02:00"),
+            Some(1_758_303_269_181)
+        );
+        assert_eq!(
+            parse_timestamp("2000-02-29T12:00:00"),
+            Some(951_825_600_000)
+        );
         assert_eq!(parse_timestamp("yesterday"), None);
-        assert_eq!(timestamp_value(Some(&serde_json::json!(1_700_000_000.5))), Some(1_700_000_000_500));
-        assert_eq!(timestamp_value(Some(&serde_json::json!(1_700_000_000_500i64))), Some(1_700_000_000_500));
+        assert_eq!(
+            timestamp_value(Some(&serde_json::json!(1_700_000_000.5))),
+            Some(1_700_000_000_500)
+        );
+        assert_eq!(
+            timestamp_value(Some(&serde_json::json!(1_700_000_000_500i64))),
+            Some(1_700_000_000_500)
+        );
     }
 
     #[test]
@@ -647,27 +920,65 @@ mod tests {
         let p = parse(ok, None).unwrap();
         assert_eq!(p.format, Format::Jsonl);
         assert_eq!(p.conversations[0].episodes.len(), 2);
-        assert_eq!(p.conversations[0].episodes[1].timestamp_ms, Some(1_735_689_600_000));
+        assert_eq!(
+            p.conversations[0].episodes[1].timestamp_ms,
+            Some(1_735_689_600_000)
+        );
 
         let bad = "{\"role\":\"user\",\"content\":\"hi\"}\n{oops\n{\"role\":\"user\",\"content\":\"x\"}\n";
         let e = parse(bad, Some(Format::Jsonl)).unwrap_err().to_string();
-        assert!(e.starts_with("t:2: not valid JSON") && e.contains("--skip-invalid"), "{e}");
-        let skipped = parse_bytes("t", bad.as_bytes(), None, Options { skip_invalid: true, ..Options::default() }).unwrap();
-        assert_eq!((skipped.conversations[0].episodes.len(), skipped.warnings.len()), (2, 1));
+        assert!(
+            e.starts_with("t:2: not valid JSON") && e.contains("--skip-invalid"),
+            "{e}"
+        );
+        let skipped = parse_bytes(
+            "t",
+            bad.as_bytes(),
+            None,
+            Options {
+                skip_invalid: true,
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                skipped.conversations[0].episodes.len(),
+                skipped.warnings.len()
+            ),
+            (2, 1)
+        );
 
         // A partial last line (no newline) is tolerated.
         let partial = "{\"role\":\"user\",\"content\":\"hi\"}\n{\"role\":\"assis";
         let p = parse(partial, Some(Format::Jsonl)).unwrap();
-        assert_eq!((p.conversations[0].episodes.len(), p.warnings.len()), (1, 1));
+        assert_eq!(
+            (p.conversations[0].episodes.len(), p.warnings.len()),
+            (1, 1)
+        );
     }
 
     #[test]
     fn refusals() {
-        assert!(matches!(parse("hello world", None), Err(TranscriptError::UnknownFormat { .. })));
-        assert!(matches!(parse("[]", Some(Format::OpenAi)), Err(TranscriptError::Empty { .. })));
-        let e = parse_bytes("f.jsonl", b"{\"role\":\"user\",\"content\":\"a\"}\n{\"role\":\"user\",\"content\":\"\xff\"}\n", None, Options::default()).unwrap_err();
+        assert!(matches!(
+            parse("hello world", None),
+            Err(TranscriptError::UnknownFormat { .. })
+        ));
+        assert!(matches!(
+            parse("[]", Some(Format::OpenAi)),
+            Err(TranscriptError::Empty { .. })
+        ));
+        let e = parse_bytes(
+            "f.jsonl",
+            b"{\"role\":\"user\",\"content\":\"a\"}\n{\"role\":\"user\",\"content\":\"\xff\"}\n",
+            None,
+            Options::default(),
+        )
+        .unwrap_err();
         assert!(e.to_string().starts_with("f.jsonl:2: invalid UTF-8"), "{e}");
-        let e = parse("{\"role\":\"wizard\",\"content\":\"a\"}\n", None).unwrap_err().to_string();
+        let e = parse("{\"role\":\"wizard\",\"content\":\"a\"}\n", None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown role 'wizard'"), "{e}");
     }
 
@@ -695,13 +1006,40 @@ mod tests {
         let p = parse(&(lines.join("\n") + "\n"), None).unwrap();
         assert_eq!(p.format, Format::ClaudeCode);
         let c = &p.conversations[0];
-        assert_eq!((c.id.as_deref(), c.title.as_deref()), (Some("S"), Some("Fix CI")));
-        let got: Vec<(Role, &str)> = c.episodes.iter().map(|e| (e.role, e.content.as_str())).collect();
-        assert_eq!(got, vec![(Role::User, "Why does CI fail?"), (Role::Assistant, "Let me look."), (Role::Assistant, "The lockfile is stale.")]);
+        assert_eq!(
+            (c.id.as_deref(), c.title.as_deref()),
+            (Some("S"), Some("Fix CI"))
+        );
+        let got: Vec<(Role, &str)> = c
+            .episodes
+            .iter()
+            .map(|e| (e.role, e.content.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Role::User, "Why does CI fail?"),
+                (Role::Assistant, "Let me look."),
+                (Role::Assistant, "The lockfile is stale.")
+            ]
+        );
 
-        let with_tools = parse_bytes("t", (lines.join("\n") + "\n").as_bytes(), None, Options { include_tools: true, ..Options::default() }).unwrap();
+        let with_tools = parse_bytes(
+            "t",
+            (lines.join("\n") + "\n").as_bytes(),
+            None,
+            Options {
+                include_tools: true,
+                ..Options::default()
+            },
+        )
+        .unwrap();
         let c = &with_tools.conversations[0];
-        assert!(c.episodes[1].content.contains("[tool call Bash: {\"command\":\"ls\"}]"));
+        assert!(
+            c.episodes[1]
+                .content
+                .contains("[tool call Bash: {\"command\":\"ls\"}]")
+        );
         assert_eq!(c.episodes[2].role, Role::Tool);
     }
 

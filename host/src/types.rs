@@ -6,7 +6,9 @@ pub use crate::bindings::abridge::engine::store::{
     Episode, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
-pub use crate::bindings::exports::abridge::engine::summarizer::{Config, Engine, Outcome, Rendering};
+pub use crate::bindings::exports::abridge::engine::summarizer::{
+    Config, Engine, Outcome, Rendering,
+};
 
 impl Role {
     /// Lower-case wire name, as chat APIs spell it.
@@ -59,7 +61,9 @@ pub fn describe(e: &Error) -> String {
         Error::Timeout(m) => format!("timed out: {m}"),
         Error::ContextOverflow(m) => format!("the prompt did not fit the model's context: {m}"),
         Error::Server(m) => format!("the model server failed: {m}"),
-        Error::RejectedOutput(m) => format!("the summary was rejected and nothing was written: {m}"),
+        Error::RejectedOutput(m) => {
+            format!("the summary was rejected and nothing was written: {m}")
+        }
         Error::Storage(m) => format!("storage error: {m}"),
         Error::InvalidInput(m) => m.clone(),
     }

@@ -9,13 +9,29 @@ use abridge::{Abridge, ComponentSource, Runtime, SqliteStore};
 fn the_guest_imports_nothing_but_its_contract_and_std_wasi_plumbing() {
     let rt = Runtime::load(&ComponentSource::Embedded, None).unwrap();
     let names = rt.import_names();
-    assert!(names.iter().any(|n| n.starts_with("abridge:engine/llm@0.1.0")), "{names:?}");
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("abridge:engine/llm@0.1.0")),
+        "{names:?}"
+    );
     for n in &names {
-        let allowed = n.starts_with("abridge:engine/") || n.starts_with("wasi:cli/") || n.starts_with("wasi:io/");
+        let allowed = n.starts_with("abridge:engine/")
+            || n.starts_with("wasi:cli/")
+            || n.starts_with("wasi:io/");
         assert!(allowed, "forbidden import {n} (all: {names:?})");
     }
-    for forbidden in ["wasi:clocks", "wasi:random", "wasi:filesystem", "wasi:sockets", "wasi:http"] {
-        assert!(!names.iter().any(|n| n.starts_with(forbidden)), "{forbidden} imported");
+    for forbidden in [
+        "wasi:clocks",
+        "wasi:random",
+        "wasi:filesystem",
+        "wasi:sockets",
+        "wasi:http",
+    ] {
+        assert!(
+            !names.iter().any(|n| n.starts_with(forbidden)),
+            "{forbidden} imported"
+        );
     }
 }
 
@@ -24,10 +40,16 @@ fn compiled_code_is_cached_on_disk() {
     let dir = tempfile::tempdir().unwrap();
     let first = Runtime::load(&ComponentSource::Embedded, Some(dir.path())).unwrap();
     assert!(!first.report().from_cache);
-    let cached: Vec<_> = std::fs::read_dir(dir.path()).unwrap().filter_map(Result::ok).collect();
+    let cached: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .collect();
     assert_eq!(cached.len(), 1);
     let name = cached[0].file_name().to_string_lossy().into_owned();
-    assert!(name.starts_with("abridge-guest-48.0.8-") && name.ends_with(".cwasm"), "{name}");
+    assert!(
+        name.starts_with("abridge-guest-48.0.8-") && name.ends_with(".cwasm"),
+        "{name}"
+    );
     let second = Runtime::load(&ComponentSource::Embedded, Some(dir.path())).unwrap();
     assert!(second.report().from_cache);
     // A corrupt cache file is replaced, not trusted.
@@ -38,11 +60,21 @@ fn compiled_code_is_cached_on_disk() {
 
 #[tokio::test]
 async fn pure_text_exports() {
-    let engine = Abridge::builder().store(Arc::new(SqliteStore::in_memory().unwrap())).cache_dir(None).build().unwrap();
+    let engine = Abridge::builder()
+        .store(Arc::new(SqliteStore::in_memory().unwrap()))
+        .cache_dir(None)
+        .build()
+        .unwrap();
     assert_eq!(engine.estimate_tokens("Hello, world!").await.unwrap(), 6);
-    let cleaned = engine.strip_template_tokens("<think>hm</think>Summary: The user left.<|im_end|>").await.unwrap();
+    let cleaned = engine
+        .strip_template_tokens("<think>hm</think>Summary: The user left.<|im_end|>")
+        .await
+        .unwrap();
     assert_eq!(cleaned, "The user left.");
-    let conv = [abridge::types::Message { role: Role::User, content: "hi".into() }];
+    let conv = [abridge::types::Message {
+        role: Role::User,
+        content: "hi".into(),
+    }];
     let p = engine.build_prompt(&conv, None).await.unwrap();
     assert_eq!(p.messages.len(), 2);
     assert!(p.chatml.ends_with("<|im_start|>assistant\n"));

@@ -15,7 +15,10 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Env {
-        Env { dir: tempfile::tempdir().expect("temp dir"), vars: Vec::new() }
+        Env {
+            dir: tempfile::tempdir().expect("temp dir"),
+            vars: Vec::new(),
+        }
     }
 
     pub fn db(&self) -> PathBuf {
@@ -48,7 +51,13 @@ impl Env {
 
     pub fn run_stdin(&self, args: &[&str], input: &[u8]) -> Run {
         use std::io::Write;
-        let mut child = self.command(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
         child.stdin.take().unwrap().write_all(input).unwrap();
         Run::from(child.wait_with_output().unwrap())
     }
@@ -94,36 +103,58 @@ impl Run {
 
     #[track_caller]
     pub fn assert_ok(&self) -> &Run {
-        assert_eq!(self.code, 0, "expected success\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code, 0,
+            "expected success\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout, self.stderr
+        );
         self
     }
 
     #[track_caller]
     pub fn assert_fails(&self, code: i32, stderr_has: &[&str]) -> &Run {
-        assert_eq!(self.code, code, "expected exit {code}\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code, code,
+            "expected exit {code}\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout, self.stderr
+        );
         for s in stderr_has {
-            assert!(self.stderr.contains(s), "stderr lacks {s:?}\n--- stderr\n{}", self.stderr);
+            assert!(
+                self.stderr.contains(s),
+                "stderr lacks {s:?}\n--- stderr\n{}",
+                self.stderr
+            );
         }
         self
     }
 
     pub fn json(&self) -> Value {
-        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
+        serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
     }
 }
 
 /// A fixture shipped with the project.
 pub fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name).display().to_string()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+        .display()
+        .to_string()
 }
 
 /// A real transcript from ../shared/data/transcripts, or `None` (and a note) when absent.
 pub fn shared(rel: &str) -> Option<String> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/transcripts").join(rel);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/data/transcripts")
+        .join(rel);
     if p.exists() {
         Some(p.display().to_string())
     } else {
-        eprintln!("SKIPPED: {} not found (real-data test; CI provides ../shared)", p.display());
+        eprintln!(
+            "SKIPPED: {} not found (real-data test; CI provides ../shared)",
+            p.display()
+        );
         None
     }
 }

@@ -9,34 +9,59 @@ fn line(role: &str, text: &str) -> String {
 #[test]
 fn the_trigger_fires_on_threshold_and_episode_count_then_updates() {
     let server = TestServer::start();
-    let env = Env::new().with("EXTRACTION_URL", &server.url()).with("ABRIDGE_BACKEND", "ollama");
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
     let long = "The deployment pipeline builds the container image, runs the unit and integration tests, scans the image for known vulnerabilities, signs it, and pushes it to the staging registry, where it waits for a manual promotion to production.";
     // Four long episodes: over the 200-token threshold but under 5 episodes: no summary.
     let mut input = String::new();
     for i in 0..4 {
-        input.push_str(&line(if i % 2 == 0 { "user" } else { "assistant" }, &format!("{long} Step {i}.")));
+        input.push_str(&line(
+            if i % 2 == 0 { "user" } else { "assistant" },
+            &format!("{long} Step {i}."),
+        ));
     }
-    env.run_stdin(&["ingest", "--session", "s1"], input.as_bytes()).assert_ok();
+    env.run_stdin(&["ingest", "--session", "s1"], input.as_bytes())
+        .assert_ok();
     assert!(server.generations().is_empty());
-    assert_eq!(env.chain("s1").unwrap()["summaries"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        env.chain("s1").unwrap()["summaries"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
 
     // The fifth fires the trigger: a fresh summary of episodes 1-5.
-    let r = env.run_stdin(&["ingest", "--session", "s1", "--json"], line("user", "And the rollback plan?").as_bytes());
+    let r = env.run_stdin(
+        &["ingest", "--session", "s1", "--json"],
+        line("user", "And the rollback plan?").as_bytes(),
+    );
     r.assert_ok();
     assert_eq!(server.generations().len(), 1);
     let row: serde_json::Value = serde_json::from_str(r.stdout.lines().next().unwrap()).unwrap();
-    assert_eq!((row["first_episode"].as_u64(), row["last_episode"].as_u64()), (Some(1), Some(5)));
+    assert_eq!(
+        (row["first_episode"].as_u64(), row["last_episode"].as_u64()),
+        (Some(1), Some(5))
+    );
 
     // Five more: an update of the same row, carrying the previous summary.
     let mut more = String::new();
     for i in 0..5 {
-        more.push_str(&line("assistant", &format!("Rollback step {i}: redeploy the previous image tag.")));
+        more.push_str(&line(
+            "assistant",
+            &format!("Rollback step {i}: redeploy the previous image tag."),
+        ));
     }
-    env.run_stdin(&["ingest", "--session", "s1"], more.as_bytes()).assert_ok();
+    env.run_stdin(&["ingest", "--session", "s1"], more.as_bytes())
+        .assert_ok();
     let gens = server.generations();
     assert_eq!(gens.len(), 2);
     let prompt = gens[1].body["messages"][1]["content"].as_str().unwrap();
-    assert!(prompt.starts_with("Current summary:") && prompt.contains("Rollback step 4"), "{prompt}");
+    assert!(
+        prompt.starts_with("Current summary:") && prompt.contains("Rollback step 4"),
+        "{prompt}"
+    );
     assert!(!prompt.contains("Step 0."), "old episodes are not re-sent");
     let chain = env.chain("s1").unwrap();
     assert_covers(&chain, 10);
@@ -44,24 +69,45 @@ fn the_trigger_fires_on_threshold_and_episode_count_then_updates() {
 
     let text = env.run(&["summaries", "s1"]);
     text.assert_ok();
-    assert!(text.stdout.starts_with("session s1: 10 episodes, 1 summary rows, 0 unsummarized"), "{}", text.stdout);
+    assert!(
+        text.stdout
+            .starts_with("session s1: 10 episodes, 1 summary rows, 0 unsummarized"),
+        "{}",
+        text.stdout
+    );
     assert!(text.stdout.contains("episodes 1-10"));
 }
 
 #[test]
 fn environment_thresholds_are_used() {
-    let env = Env::new().with("ABRIDGE_BACKEND", "extractive").with("SUMMARY_MIN_EPISODES", "2").with("SUMMARY_THRESHOLD_TOKENS", "5");
-    let input = line("user", "Please book the conference room for Thursday afternoon.") + &line("assistant", "The conference room is booked for Thursday at two.");
-    env.run_stdin(&["ingest", "--session", "s2"], input.as_bytes()).assert_ok();
+    let env = Env::new()
+        .with("ABRIDGE_BACKEND", "extractive")
+        .with("SUMMARY_MIN_EPISODES", "2")
+        .with("SUMMARY_THRESHOLD_TOKENS", "5");
+    let input = line(
+        "user",
+        "Please book the conference room for Thursday afternoon.",
+    ) + &line(
+        "assistant",
+        "The conference room is booked for Thursday at two.",
+    );
+    env.run_stdin(&["ingest", "--session", "s2"], input.as_bytes())
+        .assert_ok();
     assert_covers(&env.chain("s2").unwrap(), 2);
 }
 
 #[test]
 fn a_bad_line_stops_ingest_but_keeps_what_came_before() {
     let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
-    let input = line("user", "first") + &line("assistant", "second") + "{not json\n" + &line("user", "never read");
+    let input = line("user", "first")
+        + &line("assistant", "second")
+        + "{not json\n"
+        + &line("user", "never read");
     let r = env.run_stdin(&["ingest", "--session", "s3"], input.as_bytes());
-    r.assert_fails(2, &["-:3: not valid JSON", "the 2 earlier episodes are stored"]);
+    r.assert_fails(
+        2,
+        &["-:3: not valid JSON", "the 2 earlier episodes are stored"],
+    );
     assert_eq!(env.chain("s3").unwrap()["episodes"], 2);
 }
 
@@ -69,5 +115,6 @@ fn a_bad_line_stops_ingest_but_keeps_what_came_before() {
 fn summaries_of_an_unknown_session_names_the_known_ones() {
     let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
     env.run(&["summarize", &fixture("chat.jsonl")]).assert_ok();
-    env.run(&["summaries", "nope"]).assert_fails(2, &["no session 'nope'", "known sessions: chat"]);
+    env.run(&["summaries", "nope"])
+        .assert_fails(2, &["no session 'nope'", "known sessions: chat"]);
 }

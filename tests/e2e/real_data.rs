@@ -33,10 +33,22 @@ fn real_transcripts_summarize_with_no_model_and_through_the_test_server() {
 
 #[test]
 fn a_large_real_session_is_covered_completely_within_the_context() {
-    let Some(path) = shared("claude_code/obra-episodic-memory/large-conversation.jsonl") else { return };
+    let Some(path) = shared("claude_code/obra-episodic-memory/large-conversation.jsonl") else {
+        return;
+    };
     let server = TestServer::start();
-    let env = Env::new().with("EXTRACTION_URL", &server.url()).with("ABRIDGE_BACKEND", "ollama");
-    let r = env.run(&["summarize", &path, "--json", "--context-length", "2048", "--max-output-tokens", "300"]);
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    let r = env.run(&[
+        "summarize",
+        &path,
+        "--json",
+        "--context-length",
+        "2048",
+        "--max-output-tokens",
+        "300",
+    ]);
     r.assert_ok();
     let v = r.json();
     let n = v["episodes"].as_u64().unwrap();

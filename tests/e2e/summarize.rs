@@ -9,8 +9,18 @@ fn without_ollama_it_announces_and_uses_the_extractive_summarizer() {
     let env = Env::new().with("EXTRACTION_URL", &closed_port_url());
     let r = env.run(&["summarize", &fixture("chat.jsonl")]);
     r.assert_ok();
-    assert!(r.stderr.contains("is not reachable, so the extractive summarizer"), "{}", r.stderr);
-    assert!(r.stdout.starts_with("- User: We need to move the orders database"), "{}", r.stdout);
+    assert!(
+        r.stderr
+            .contains("is not reachable, so the extractive summarizer"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stdout
+            .starts_with("- User: We need to move the orders database"),
+        "{}",
+        r.stdout
+    );
     let chain = env.chain("chat").unwrap();
     assert_covers(&chain, 12);
     assert_eq!(chain["summaries"][0]["model"], "extractive");
@@ -20,17 +30,35 @@ fn without_ollama_it_announces_and_uses_the_extractive_summarizer() {
 fn through_ollama_chat_with_the_documented_request() {
     let server = TestServer::start();
     let env = Env::new().with("EXTRACTION_URL", &server.url());
-    let r = env.run(&["summarize", &fixture("chat.jsonl"), "--backend", "ollama", "--json"]);
+    let r = env.run(&[
+        "summarize",
+        &fixture("chat.jsonl"),
+        "--backend",
+        "ollama",
+        "--json",
+    ]);
     r.assert_ok();
     let v = r.json();
-    assert_eq!((v["session"].as_str(), v["backend"].as_str(), v["model"].as_str()), (Some("chat"), Some("ollama"), Some("qwen2.5:3b")));
+    assert_eq!(
+        (
+            v["session"].as_str(),
+            v["backend"].as_str(),
+            v["model"].as_str()
+        ),
+        (Some("chat"), Some("ollama"), Some("qwen2.5:3b"))
+    );
     assert_eq!(v["episodes"], 12);
     let rows = v["summaries"].as_array().unwrap();
     assert_eq!(rows.len(), 1);
     for key in ["id", "first_episode", "last_episode", "tokens", "content"] {
         assert!(rows[0].get(key).is_some(), "row lacks {key}: {v:#}");
     }
-    assert!(rows[0]["content"].as_str().unwrap().starts_with("The user and the assistant discussed"));
+    assert!(
+        rows[0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("The user and the assistant discussed")
+    );
     assert!(rows[0]["prompt_tokens"].as_u64().unwrap() > 100);
 
     let gens = server.generations();
@@ -44,20 +72,30 @@ fn through_ollama_chat_with_the_documented_request() {
     assert!((b["options"]["temperature"].as_f64().unwrap() - 0.2).abs() < 1e-6);
     assert_eq!(b["messages"][0]["role"], "system");
     let user = b["messages"][1]["content"].as_str().unwrap();
-    assert!(user.contains("User: We need to move the orders database") && user.contains("Assistant: Rebuild them"), "{user}");
+    assert!(
+        user.contains("User: We need to move the orders database")
+            && user.contains("Assistant: Rebuild them"),
+        "{user}"
+    );
 }
 
 #[test]
 fn importing_twice_adds_nothing_and_calls_no_model() {
     let server = TestServer::start();
-    let env = Env::new().with("EXTRACTION_URL", &server.url()).with("ABRIDGE_BACKEND", "ollama");
-    env.run(&["summarize", &fixture("claude-code.jsonl")]).assert_ok();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    env.run(&["summarize", &fixture("claude-code.jsonl")])
+        .assert_ok();
     let before = env.chain("0a1b2c3d-0000-4000-8000-000000000001").unwrap();
     let r = env.run(&["summarize", &fixture("claude-code.jsonl"), "--json"]);
     r.assert_ok();
     assert_eq!(r.json()["new_episodes"], 0);
     assert_eq!(server.generations().len(), 1, "no second model call");
-    assert_eq!(env.chain("0a1b2c3d-0000-4000-8000-000000000001").unwrap(), before);
+    assert_eq!(
+        env.chain("0a1b2c3d-0000-4000-8000-000000000001").unwrap(),
+        before
+    );
 }
 
 #[test]
@@ -68,27 +106,55 @@ fn raw_chatml_goes_to_api_generate_and_leaked_tokens_are_stripped() {
         done_reason: None,
     }]);
     let env = Env::new().with("EXTRACTION_URL", &server.url());
-    let r = env.run(&["summarize", &fixture("chat.jsonl"), "--backend", "ollama", "--rendering", "chatml"]);
+    let r = env.run(&[
+        "summarize",
+        &fixture("chat.jsonl"),
+        "--backend",
+        "ollama",
+        "--rendering",
+        "chatml",
+    ]);
     r.assert_ok();
-    assert_eq!(r.stdout.trim(), "The user upgraded Postgres to 16 with pg_upgrade.");
+    assert_eq!(
+        r.stdout.trim(),
+        "The user upgraded Postgres to 16 with pg_upgrade."
+    );
     let g = &server.generations()[0];
     assert_eq!(g.path, "/api/generate");
     assert_eq!(g.body["raw"], true);
     let prompt = g.body["prompt"].as_str().unwrap();
-    assert!(prompt.starts_with("<|im_start|>system\n") && prompt.ends_with("<|im_start|>assistant\n"));
-    assert_eq!(g.body["options"]["stop"], serde_json::json!(["<|im_end|>", "<|im_start|>"]));
+    assert!(
+        prompt.starts_with("<|im_start|>system\n") && prompt.ends_with("<|im_start|>assistant\n")
+    );
+    assert_eq!(
+        g.body["options"]["stop"],
+        serde_json::json!(["<|im_end|>", "<|im_start|>"])
+    );
 }
 
 #[test]
 fn openai_compatible_backend() {
     let server = TestServer::start();
-    let env = Env::new().with("OPENAI_BASE_URL", &format!("{}/v1", server.url())).with("OPENAI_API_KEY", "sk-test");
-    let r = env.run(&["summarize", &fixture("openai.json"), "--backend", "openai", "--model", "llama3.2:1b", "--json"]);
+    let env = Env::new()
+        .with("OPENAI_BASE_URL", &format!("{}/v1", server.url()))
+        .with("OPENAI_API_KEY", "sk-test");
+    let r = env.run(&[
+        "summarize",
+        &fixture("openai.json"),
+        "--backend",
+        "openai",
+        "--model",
+        "llama3.2:1b",
+        "--json",
+    ]);
     r.assert_ok();
     assert_eq!(r.json()["backend"], "openai");
     let g = &server.generations()[0];
     assert_eq!(g.path, "/v1/chat/completions");
-    assert_eq!((g.body["model"].as_str(), g.body["max_tokens"].as_u64()), (Some("llama3.2:1b"), Some(500)));
+    assert_eq!(
+        (g.body["model"].as_str(), g.body["max_tokens"].as_u64()),
+        (Some("llama3.2:1b"), Some(500))
+    );
 }
 
 #[test]
@@ -96,7 +162,11 @@ fn every_format_imports_the_right_episodes() {
     let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
     let cases = [
         ("chat.jsonl", "chat", 12),
-        ("claude-code.jsonl", "0a1b2c3d-0000-4000-8000-000000000001", 7),
+        (
+            "claude-code.jsonl",
+            "0a1b2c3d-0000-4000-8000-000000000001",
+            7,
+        ),
         ("openai.json", "openai", 7),
         ("chatgpt.json", "chatgpt-fixture-1", 3),
     ];
@@ -104,7 +174,11 @@ fn every_format_imports_the_right_episodes() {
         let r = env.run(&["summarize", &fixture(file), "--json"]);
         r.assert_ok();
         let v = r.json();
-        assert_eq!((v["session"].as_str(), v["episodes"].as_u64()), (Some(session), Some(episodes)), "{file}");
+        assert_eq!(
+            (v["session"].as_str(), v["episodes"].as_u64()),
+            (Some(session), Some(episodes)),
+            "{file}"
+        );
         assert_covers(&env.chain(session).unwrap(), episodes);
     }
     // The regenerated-away ChatGPT branch is not part of the conversation.
@@ -115,9 +189,21 @@ fn every_format_imports_the_right_episodes() {
 #[test]
 fn small_context_takes_several_passes_and_covers_every_episode_once() {
     let server = TestServer::start();
-    let env = Env::new().with("EXTRACTION_URL", &server.url()).with("ABRIDGE_BACKEND", "ollama");
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
     // A 520-token context leaves room for a few episodes per pass.
-    let r = env.run(&["summarize", &fixture("chat.jsonl"), "--context-length", "520", "--max-output-tokens", "120", "--max-summary-tokens", "30", "--json"]);
+    let r = env.run(&[
+        "summarize",
+        &fixture("chat.jsonl"),
+        "--context-length",
+        "520",
+        "--max-output-tokens",
+        "120",
+        "--max-summary-tokens",
+        "30",
+        "--json",
+    ]);
     r.assert_ok();
     let v = r.json();
     assert_covers(&v, 12);
@@ -135,11 +221,21 @@ fn small_context_takes_several_passes_and_covers_every_episode_once() {
 fn a_killed_run_leaves_episodes_and_no_partial_summary() {
     let server = TestServer::start();
     server.push_faults([Fault::Delay { ms: 20_000 }]);
-    let env = Env::new().with("EXTRACTION_URL", &server.url()).with("ABRIDGE_BACKEND", "ollama");
-    let mut child = env.command(&["summarize", &fixture("chat.jsonl")]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    let mut child = env
+        .command(&["summarize", &fixture("chat.jsonl")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while server.generations().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the model was never called");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the model was never called"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     child.kill().unwrap();
@@ -155,10 +251,18 @@ fn a_killed_run_leaves_episodes_and_no_partial_summary() {
 #[test]
 fn configuration_file_and_environment_are_honoured() {
     let server = TestServer::start();
-    let env = Env::new().with("EXTRACTION_URL", &server.url()).with("EXTRACTION_MODEL", "llama3.2:1b");
-    env.write("abridge.toml", "backend = \"ollama\"\nmodel = \"from-file\"\ncontext_length = 3000\n");
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("EXTRACTION_MODEL", "llama3.2:1b");
+    env.write(
+        "abridge.toml",
+        "backend = \"ollama\"\nmodel = \"from-file\"\ncontext_length = 3000\n",
+    );
     env.run(&["summarize", &fixture("chat.jsonl")]).assert_ok();
     let g = &server.generations()[0];
     assert_eq!(g.body["model"], "llama3.2:1b", "environment beats the file");
-    assert_eq!(g.body["options"]["num_ctx"], 3000, "the file beats the default");
+    assert_eq!(
+        g.body["options"]["num_ctx"], 3000,
+        "the file beats the default"
+    );
 }

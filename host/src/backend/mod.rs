@@ -41,9 +41,14 @@ impl LlmBackend for NoModel {
 /// Map a reqwest transport failure to an engine error that says how to fix it.
 pub(crate) fn transport_error(server: &str, url: &str, e: reqwest::Error, hint: &str) -> Error {
     if e.is_timeout() {
-        Error::Timeout(format!("{server} at {url} did not answer in time; raise --timeout-secs or check the server's load"))
+        Error::Timeout(format!(
+            "{server} at {url} did not answer in time; raise --timeout-secs or check the server's load"
+        ))
     } else if e.is_connect() {
-        Error::Unreachable(format!("{server} at {url} is not reachable ({}) — {hint}", root_cause(&e)))
+        Error::Unreachable(format!(
+            "{server} at {url} is not reachable ({}) — {hint}",
+            root_cause(&e)
+        ))
     } else {
         Error::Server(format!("{server} at {url}: {}", root_cause(&e)))
     }

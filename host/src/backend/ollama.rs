@@ -17,7 +17,8 @@ pub struct Ollama {
     base: String,
 }
 
-const HINT: &str = "start it with 'ollama serve', set EXTRACTION_URL/--url, or pass --backend extractive";
+const HINT: &str =
+    "start it with 'ollama serve', set EXTRACTION_URL/--url, or pass --backend extractive";
 
 impl Ollama {
     /// A client for the server at `base` (e.g. `http://localhost:11434`); each generation may
@@ -29,7 +30,10 @@ impl Ollama {
             .no_proxy() // a local server; never route it through a proxy
             .build()
             .map_err(|e| Error::InvalidInput(format!("cannot build an HTTP client: {e}")))?;
-        Ok(Ollama { http, base: base.trim_end_matches('/').to_string() })
+        Ok(Ollama {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+        })
     }
 
     /// The server's base URL.
@@ -50,20 +54,32 @@ impl Ollama {
         let v: Value = resp.json().await.map_err(|_| {
             Error::Server(format!("{} answered /api/version with something that is not Ollama's JSON; check EXTRACTION_URL/--url", self.base))
         })?;
-        Ok(v.get("version").and_then(Value::as_str).unwrap_or("unknown").to_string())
+        Ok(v.get("version")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string())
     }
 
     /// Whether `model` is pulled (`GET /api/tags`; `name` and `name:latest` both match).
     pub async fn has_model(&self, model: &str) -> Result<bool, Error> {
         let url = format!("{}/api/tags", self.base);
-        let resp = self.http.get(&url).send().await.map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
-        let v: Value = resp
-            .json()
+        let resp = self
+            .http
+            .get(&url)
+            .send()
             .await
-            .map_err(|_| Error::Server(format!("{} answered /api/tags with something that is not JSON", self.base)))?;
+            .map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
+        let v: Value = resp.json().await.map_err(|_| {
+            Error::Server(format!(
+                "{} answered /api/tags with something that is not JSON",
+                self.base
+            ))
+        })?;
         let want_latest = format!("{model}:latest");
         Ok(v.get("models").and_then(Value::as_array).is_some_and(|ms| {
-            ms.iter().filter_map(|m| m.get("name").and_then(Value::as_str)).any(|n| n == model || n == want_latest)
+            ms.iter()
+                .filter_map(|m| m.get("name").and_then(Value::as_str))
+                .any(|n| n == model || n == want_latest)
         }))
     }
 }
@@ -88,9 +104,14 @@ impl LlmBackend for Ollama {
         }
         let (path, body) = match &req.prompt {
             Prompt::Chat(ms) => {
-                let messages: Vec<Value> =
-                    ms.iter().map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect();
-                ("/api/chat", json!({"model": req.model, "messages": messages, "stream": false, "truncate": false, "options": options}))
+                let messages: Vec<Value> = ms
+                    .iter()
+                    .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
+                    .collect();
+                (
+                    "/api/chat",
+                    json!({"model": req.model, "messages": messages, "stream": false, "truncate": false, "options": options}),
+                )
             }
             Prompt::Raw(p) => (
                 "/api/generate",
@@ -98,11 +119,24 @@ impl LlmBackend for Ollama {
             ),
         };
         let url = format!("{}{path}", self.base);
-        let resp = self.http.post(&url).json(&body).send().await.map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
+        let resp = self
+            .http
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
         let v: Option<Value> = serde_json::from_str(&text).ok();
-        let err_msg = v.as_ref().and_then(|v| v.get("error")).and_then(Value::as_str).map(str::to_string);
+        let err_msg = v
+            .as_ref()
+            .and_then(|v| v.get("error"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
         if !status.is_success() {
             let msg = err_msg.unwrap_or_else(|| snippet(&text));
             return Err(match status.as_u16() {
@@ -121,13 +155,21 @@ impl LlmBackend for Ollama {
             .pointer("/message/content")
             .or_else(|| v.get("response"))
             .and_then(Value::as_str)
-            .ok_or_else(|| Error::Server(format!("{url} answered without a message; is it really an Ollama server?")))?;
+            .ok_or_else(|| {
+                Error::Server(format!(
+                    "{url} answered without a message; is it really an Ollama server?"
+                ))
+            })?;
         let finish = match v.get("done_reason").and_then(Value::as_str) {
             Some("stop") | None => FinishReason::Stop,
             Some("length") => FinishReason::Length,
             Some(_) => FinishReason::Other,
         };
-        let count = |k: &str| v.get(k).and_then(Value::as_u64).map(|n| n.min(u32::MAX as u64) as u32);
+        let count = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_u64)
+                .map(|n| n.min(u32::MAX as u64) as u32)
+        };
         Ok(Response {
             text: content.to_string(),
             finish_reason: finish,
@@ -144,5 +186,9 @@ impl LlmBackend for Ollama {
 /// The start of a response body, for error messages.
 pub(crate) fn snippet(text: &str) -> String {
     let t: String = text.chars().take(120).collect();
-    if t.len() < text.len() { format!("{t}…") } else { t }
+    if t.len() < text.len() {
+        format!("{t}…")
+    } else {
+        t
+    }
 }

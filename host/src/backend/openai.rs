@@ -32,7 +32,11 @@ impl OpenAi {
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| Error::InvalidInput(format!("cannot build an HTTP client: {e}")))?;
-        Ok(OpenAi { http, base: base.trim_end_matches('/').to_string(), key })
+        Ok(OpenAi {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            key,
+        })
     }
 }
 
@@ -40,7 +44,10 @@ impl OpenAi {
 impl LlmBackend for OpenAi {
     async fn generate(&self, req: Request) -> Result<Response, Error> {
         let messages: Vec<Value> = match &req.prompt {
-            Prompt::Chat(ms) => ms.iter().map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect(),
+            Prompt::Chat(ms) => ms
+                .iter()
+                .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
+                .collect(),
             Prompt::Raw(_) => {
                 return Err(Error::InvalidInput(
                     "raw ChatML prompts need the Ollama backend; use --rendering chat with --backend openai".into(),
@@ -62,9 +69,15 @@ impl LlmBackend for OpenAi {
         if let Some(k) = &self.key {
             call = call.bearer_auth(k);
         }
-        let resp = call.send().await.map_err(|e| transport_error("the OpenAI-compatible server", &self.base, e, HINT))?;
+        let resp = call
+            .send()
+            .await
+            .map_err(|e| transport_error("the OpenAI-compatible server", &self.base, e, HINT))?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| transport_error("the OpenAI-compatible server", &self.base, e, HINT))?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| transport_error("the OpenAI-compatible server", &self.base, e, HINT))?;
         let v: Option<Value> = serde_json::from_str(&text).ok();
         if !status.is_success() {
             let msg = v
@@ -73,21 +86,40 @@ impl LlmBackend for OpenAi {
                 .and_then(Value::as_str)
                 .map_or_else(|| snippet(&text), str::to_string);
             return Err(match status.as_u16() {
-                401 | 403 => Error::Server(format!("{url} refused the credentials ({msg}); set OPENAI_API_KEY")),
-                404 => Error::ModelNotFound(format!("model '{}' is not available at {} ({msg}); pick another with --model", req.model, self.base)),
+                401 | 403 => Error::Server(format!(
+                    "{url} refused the credentials ({msg}); set OPENAI_API_KEY"
+                )),
+                404 => Error::ModelNotFound(format!(
+                    "model '{}' is not available at {} ({msg}); pick another with --model",
+                    req.model, self.base
+                )),
                 400 if msg.contains("context") => Error::ContextOverflow(msg),
                 code => Error::Server(format!("HTTP {code} from {url}: {msg}")),
             });
         }
-        let v = v.ok_or_else(|| Error::Server(format!("{url} answered with something that is not JSON ({})", snippet(&text))))?;
-        let choice = v.pointer("/choices/0").ok_or_else(|| Error::Server(format!("{url} answered without choices")))?;
-        let content = choice.pointer("/message/content").and_then(Value::as_str).unwrap_or("");
+        let v = v.ok_or_else(|| {
+            Error::Server(format!(
+                "{url} answered with something that is not JSON ({})",
+                snippet(&text)
+            ))
+        })?;
+        let choice = v
+            .pointer("/choices/0")
+            .ok_or_else(|| Error::Server(format!("{url} answered without choices")))?;
+        let content = choice
+            .pointer("/message/content")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let finish = match choice.get("finish_reason").and_then(Value::as_str) {
             Some("stop") | None => FinishReason::Stop,
             Some("length") => FinishReason::Length,
             Some(_) => FinishReason::Other,
         };
-        let count = |p: &str| v.pointer(p).and_then(Value::as_u64).map(|n| n.min(u32::MAX as u64) as u32);
+        let count = |p: &str| {
+            v.pointer(p)
+                .and_then(Value::as_u64)
+                .map(|n| n.min(u32::MAX as u64) as u32)
+        };
         Ok(Response {
             text: content.to_string(),
             finish_reason: finish,

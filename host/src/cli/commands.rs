@@ -72,7 +72,8 @@ fn note(s: &Settings, msg: &str) {
 }
 
 fn open_store(s: &Settings) -> Result<Arc<dyn Store>, Failure> {
-    let store = SqliteStore::open(&s.db).map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+    let store =
+        SqliteStore::open(&s.db).map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
     Ok(Arc::new(store))
 }
 
@@ -84,7 +85,11 @@ struct Backend {
 }
 
 fn model_failure(e: Error) -> Failure {
-    let exit = if matches!(e, Error::InvalidInput(_)) { Exit::Input } else { Exit::Model };
+    let exit = if matches!(e, Error::InvalidInput(_)) {
+        Exit::Input
+    } else {
+        Exit::Model
+    };
     Failure::new(exit, anyhow!(describe(&e)))
 }
 
@@ -98,14 +103,27 @@ async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
                 s.config.model, s.url, s.config.model
             ))));
         }
-        Ok(Backend { llm: Arc::new(o), engine: Engine::Llm, name: "ollama" })
+        Ok(Backend {
+            llm: Arc::new(o),
+            engine: Engine::Llm,
+            name: "ollama",
+        })
     };
     match s.backend {
-        BackendChoice::Extractive => Ok(Backend { llm: Arc::new(NoModel), engine: Engine::Extractive, name: "extractive" }),
+        BackendChoice::Extractive => Ok(Backend {
+            llm: Arc::new(NoModel),
+            engine: Engine::Extractive,
+            name: "extractive",
+        }),
         BackendChoice::Ollama => checked(ollama()?).await,
         BackendChoice::Openai => {
-            let o = OpenAi::new(&s.openai_base_url, s.openai_api_key.clone(), s.timeout).map_err(model_failure)?;
-            Ok(Backend { llm: Arc::new(o), engine: Engine::Llm, name: "openai" })
+            let o = OpenAi::new(&s.openai_base_url, s.openai_api_key.clone(), s.timeout)
+                .map_err(model_failure)?;
+            Ok(Backend {
+                llm: Arc::new(o),
+                engine: Engine::Llm,
+                name: "openai",
+            })
         }
         BackendChoice::Auto => {
             let o = ollama()?;
@@ -119,7 +137,11 @@ async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
                             s.url
                         ),
                     );
-                    Ok(Backend { llm: Arc::new(NoModel), engine: Engine::Extractive, name: "extractive" })
+                    Ok(Backend {
+                        llm: Arc::new(NoModel),
+                        engine: Engine::Extractive,
+                        name: "extractive",
+                    })
                 }
                 Err(e) => Err(model_failure(e)),
             }
@@ -136,7 +158,11 @@ fn engine_config(s: &Settings, b: &Backend) -> Config {
     c
 }
 
-fn build(s: &Settings, store: Arc<dyn Store>, llm: Arc<dyn LlmBackend>) -> Result<Abridge, Failure> {
+fn build(
+    s: &Settings,
+    store: Arc<dyn Store>,
+    llm: Arc<dyn LlmBackend>,
+) -> Result<Abridge, Failure> {
     let (verbose, quiet) = (s.verbose, s.quiet);
     Abridge::builder()
         .store(store)
@@ -169,12 +195,16 @@ fn row_json(r: &SummaryRow) -> serde_json::Value {
 }
 
 fn file_stem(p: &Path) -> String {
-    p.file_stem().map_or_else(|| "stdin".to_string(), |s| s.to_string_lossy().into_owned())
+    p.file_stem()
+        .map_or_else(|| "stdin".to_string(), |s| s.to_string_lossy().into_owned())
 }
 
 pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let format = Format::parse(&a.format).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
-    let opts = Options { include_tools: a.include_tools, skip_invalid: a.skip_invalid };
+    let opts = Options {
+        include_tools: a.include_tools,
+        skip_invalid: a.skip_invalid,
+    };
     let parsed = transcript::read_file(&a.file, format, opts, a.max_bytes)?;
     for w in &parsed.warnings {
         note(s, w);
@@ -194,12 +224,26 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let backend = choose_backend(s).await?;
     let cfg = engine_config(s, &backend);
     let engine = build(s, store.clone(), backend.llm.clone())?;
-    let model = if backend.engine == Engine::Extractive { "extractive".to_string() } else { cfg.model.clone() };
+    let model = if backend.engine == Engine::Extractive {
+        "extractive".to_string()
+    } else {
+        cfg.model.clone()
+    };
     for conv in parsed.conversations {
-        let session = a.session.clone().or(conv.id.clone()).unwrap_or_else(|| file_stem(&a.file));
+        let session = a
+            .session
+            .clone()
+            .or(conv.id.clone())
+            .unwrap_or_else(|| file_stem(&a.file));
         let total = conv.episodes.len();
         let added = engine.append(&session, &conv.episodes).await?;
-        note(s, &format!("session {session}: {total} episodes read ({}), {added} new", parsed.format));
+        note(
+            s,
+            &format!(
+                "session {session}: {total} episodes read ({}), {added} new",
+                parsed.format
+            ),
+        );
         let outcome = engine.summarize_now(&session, &cfg).await.map_err(|e| {
             let f = Failure::from(e);
             let kept = anyhow!("the {added} new episodes are stored; earlier summaries are unchanged; rerun to retry");
@@ -210,13 +254,23 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             Err(f) => return Err(Failure::new(f.exit, anyhow!("{:#}", f.error))),
         };
         if outcome.passes > 0 {
-            note(s, &format!("session {session}: {} summary pass(es) with {}", outcome.passes, backend.name));
+            note(
+                s,
+                &format!(
+                    "session {session}: {} summary pass(es) with {}",
+                    outcome.passes, backend.name
+                ),
+            );
         }
         let chain = engine.chain(&session).await?;
-        let stats = store.stats(&session).await.map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+        let stats = store
+            .stats(&session)
+            .await
+            .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
         let mut out = std::io::stdout().lock();
         let write = |out: &mut std::io::StdoutLock, text: String| {
-            writeln!(out, "{text}").map_err(|e| Failure::new(Exit::Internal, anyhow!("writing output: {e}")))
+            writeln!(out, "{text}")
+                .map_err(|e| Failure::new(Exit::Internal, anyhow!("writing output: {e}")))
         };
         if a.json {
             let v = json!({
@@ -230,7 +284,11 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             write(&mut out, v.to_string())?;
         } else {
             if many {
-                let title = conv.title.as_deref().map(|t| format!(" ({t})")).unwrap_or_default();
+                let title = conv
+                    .title
+                    .as_deref()
+                    .map(|t| format!(" ({t})"))
+                    .unwrap_or_default();
                 write(&mut out, format!("== {session}{title} =="))?;
             }
             match chain.last() {
@@ -251,14 +309,20 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
     let reader: Box<dyn BufRead> = if name == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
     } else {
-        let f = std::fs::File::open(&a.file).map_err(|e| Failure::new(Exit::Input, anyhow!("cannot read {name}: {e} — check the path")))?;
+        let f = std::fs::File::open(&a.file).map_err(|e| {
+            Failure::new(
+                Exit::Input,
+                anyhow!("cannot read {name}: {e} — check the path"),
+            )
+        })?;
         Box::new(std::io::BufReader::new(f))
     };
-    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let (mut appended, mut passes) = (0u64, 0u32);
-    let mut lines = reader.split(b'\n');
     let mut n = 0usize;
-    while let Some(line) = lines.next() {
+    for line in reader.split(b'\n') {
         n += 1;
         let bytes = line.map_err(|e| Failure::new(Exit::Input, anyhow!("reading {name}: {e}")))?;
         let text = std::str::from_utf8(&bytes).map_err(|e| {
@@ -270,34 +334,71 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
         let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
             Failure::new(Exit::Input, anyhow!("{name}:{n}: not valid JSON ({e}) — each line must be {{\"role\", \"content\"}}; the {appended} earlier episodes are stored"))
         })?;
-        let Some(mut ep) = transcript::jsonl_episode(&name, n, &v, a.include_tools)? else { continue };
+        let Some(mut ep) = transcript::jsonl_episode(&name, n, &v, a.include_tools)? else {
+            continue;
+        };
         if !ep.source_key.starts_with("id:") {
             // Without an id every line is a new message, even if its text repeats.
             ep.source_key = format!("ingest:{started}:{n}");
         }
-        let added = engine.append(&a.session, std::slice::from_ref(&ep as &NewEpisode)).await?;
+        let added = engine
+            .append(&a.session, std::slice::from_ref(&ep as &NewEpisode))
+            .await?;
         appended += u64::from(added);
         let outcome = engine.after_episode_written(&a.session, &cfg).await?;
         passes += outcome.passes;
         for r in &outcome.written {
-            note(s, &format!("session {}: summary {} now covers episodes {}-{}", a.session, r.id, r.first_episode, r.last_episode));
+            note(
+                s,
+                &format!(
+                    "session {}: summary {} now covers episodes {}-{}",
+                    a.session, r.id, r.first_episode, r.last_episode
+                ),
+            );
             if a.json {
                 println!("{}", row_json(r));
             }
         }
     }
-    note(s, &format!("session {}: {appended} episodes appended, {passes} summary pass(es)", a.session));
+    note(
+        s,
+        &format!(
+            "session {}: {appended} episodes appended, {passes} summary pass(es)",
+            a.session
+        ),
+    );
     Ok(())
 }
 
 pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
     let store = open_store(s)?;
-    let rows = store.summaries(&a.session).await.map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
-    let stats = store.stats(&a.session).await.map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+    let rows = store
+        .summaries(&a.session)
+        .await
+        .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+    let stats = store
+        .stats(&a.session)
+        .await
+        .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
     if stats.episodes == 0 {
         let known = store.sessions().await.unwrap_or_default();
-        let hint = if known.is_empty() { "the database has no sessions yet".to_string() } else { format!("known sessions: {}", known.iter().take(10).cloned().collect::<Vec<_>>().join(", ")) };
-        return Err(Failure::new(Exit::Input, anyhow!("no session '{}' in {} ({hint})", a.session, s.db.display())));
+        let hint = if known.is_empty() {
+            "the database has no sessions yet".to_string()
+        } else {
+            format!(
+                "known sessions: {}",
+                known
+                    .iter()
+                    .take(10)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!("no session '{}' in {} ({hint})", a.session, s.db.display()),
+        ));
     }
     if a.json {
         let v = json!({
@@ -309,9 +410,18 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let covered = rows.last().map_or(0, |r| r.last_episode);
-    println!("session {}: {} episodes, {} summary rows, {} unsummarized", a.session, stats.episodes, rows.len(), stats.episodes - covered);
+    println!(
+        "session {}: {} episodes, {} summary rows, {} unsummarized",
+        a.session,
+        stats.episodes,
+        rows.len(),
+        stats.episodes - covered
+    );
     for r in &rows {
-        println!("\n#{} episodes {}-{} ({} tokens, {})\n{}", r.id, r.first_episode, r.last_episode, r.tokens, r.model, r.content);
+        println!(
+            "\n#{} episodes {}-{} ({} tokens, {})\n{}",
+            r.id, r.first_episode, r.last_episode, r.tokens, r.model, r.content
+        );
     }
     Ok(())
 }

@@ -32,7 +32,10 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(exit: Exit, error: impl Into<anyhow::Error>) -> Self {
-        Failure { exit, error: error.into() }
+        Failure {
+            exit,
+            error: error.into(),
+        }
     }
 }
 
@@ -81,7 +84,10 @@ enum Cmd {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("abridge: cannot start the async runtime: {e}");
@@ -99,7 +105,8 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let settings = Settings::resolve(&cli.common, &settings::ProcessEnv).map_err(|e| Failure::new(Exit::Input, e))?;
+    let settings = Settings::resolve(&cli.common, &settings::ProcessEnv)
+        .map_err(|e| Failure::new(Exit::Input, e))?;
     match cli.cmd {
         Cmd::Summarize(a) => commands::summarize(&settings, a).await,
         Cmd::Ingest(a) => commands::ingest(&settings, a).await,

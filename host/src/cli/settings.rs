@@ -138,7 +138,11 @@ impl Env for ProcessEnv {
 fn env_parse<T: std::str::FromStr>(env: &dyn Env, key: &str) -> Result<Option<T>> {
     match env.get(key) {
         None => Ok(None),
-        Some(v) => v.trim().parse().map(Some).map_err(|_| anyhow::anyhow!("{key}={v:?} is not a valid value; fix or unset it")),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| anyhow::anyhow!("{key}={v:?} is not a valid value; fix or unset it")),
     }
 }
 
@@ -146,8 +150,15 @@ fn env_enum<T: ValueEnum>(env: &dyn Env, key: &str) -> Result<Option<T>> {
     match env.get(key) {
         None => Ok(None),
         Some(v) => T::from_str(v.trim(), true).map(Some).map_err(|_| {
-            let names: Vec<String> = T::value_variants().iter().filter_map(|x| x.to_possible_value()).map(|p| p.get_name().to_string()).collect();
-            anyhow::anyhow!("{key}={v:?} is not one of {}; fix or unset it", names.join(", "))
+            let names: Vec<String> = T::value_variants()
+                .iter()
+                .filter_map(|x| x.to_possible_value())
+                .map(|p| p.get_name().to_string())
+                .collect();
+            anyhow::anyhow!(
+                "{key}={v:?} is not one of {}; fix or unset it",
+                names.join(", ")
+            )
         }),
     }
 }
@@ -156,20 +167,32 @@ fn default_db(env: &dyn Env) -> PathBuf {
     let base = env
         .get("XDG_DATA_HOME")
         .map(PathBuf::from)
-        .or_else(|| env.get("HOME").map(|h| PathBuf::from(h).join(".local").join("share")))
+        .or_else(|| {
+            env.get("HOME")
+                .map(|h| PathBuf::from(h).join(".local").join("share"))
+        })
         .unwrap_or_else(|| PathBuf::from("."));
     base.join("abridge").join("abridge.db")
 }
 
 fn load_file(common: &Common, env: &dyn Env) -> Result<FileConfig> {
-    let explicit = common.config.clone().or_else(|| env.get("ABRIDGE_CONFIG").map(PathBuf::from));
+    let explicit = common
+        .config
+        .clone()
+        .or_else(|| env.get("ABRIDGE_CONFIG").map(PathBuf::from));
     let path = match &explicit {
         Some(p) => p.clone(),
         None if Path::new("abridge.toml").exists() => PathBuf::from("abridge.toml"),
         None => return Ok(FileConfig::default()),
     };
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading the configuration file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("{} is not a valid abridge.toml (see README: Configure)", path.display()))
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the configuration file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a valid abridge.toml (see README: Configure)",
+            path.display()
+        )
+    })
 }
 
 impl Settings {
@@ -182,37 +205,102 @@ impl Settings {
                 $flag.or($env).or($file).unwrap_or($default)
             };
         }
-        let url: String = pick!(common.url.clone(), env.get("EXTRACTION_URL"), file.url, "http://localhost:11434".to_string());
+        let url: String = pick!(
+            common.url.clone(),
+            env.get("EXTRACTION_URL"),
+            file.url,
+            "http://localhost:11434".to_string()
+        );
         let url = url.trim_end_matches('/').to_string();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             bail!("the Ollama URL {url:?} must start with http:// (set --url or EXTRACTION_URL)");
         }
-        let openai_base_url = pick!(common.openai_base_url.clone(), env.get("OPENAI_BASE_URL"), file.openai_base_url, format!("{url}/v1"));
-        let rendering = pick!(common.rendering, env_enum(env, "ABRIDGE_RENDERING")?, file.rendering, RenderingChoice::Chat);
+        let openai_base_url = pick!(
+            common.openai_base_url.clone(),
+            env.get("OPENAI_BASE_URL"),
+            file.openai_base_url,
+            format!("{url}/v1")
+        );
+        let rendering = pick!(
+            common.rendering,
+            env_enum(env, "ABRIDGE_RENDERING")?,
+            file.rendering,
+            RenderingChoice::Chat
+        );
         let config = Config {
             engine: Engine::Llm,
             rendering: match rendering {
                 RenderingChoice::Chat => Rendering::Chat,
                 RenderingChoice::Chatml => Rendering::Chatml,
             },
-            model: pick!(common.model.clone(), env.get("EXTRACTION_MODEL"), file.model, d.model),
-            context_length: pick!(common.context_length, env_parse(env, "ABRIDGE_CONTEXT_LENGTH")?, file.context_length, d.context_length),
-            max_output_tokens: pick!(common.max_output_tokens, env_parse(env, "ABRIDGE_MAX_OUTPUT_TOKENS")?, file.max_output_tokens, d.max_output_tokens),
-            temperature: pick!(common.temperature, env_parse(env, "ABRIDGE_TEMPERATURE")?, file.temperature, d.temperature),
-            threshold_tokens: pick!(common.threshold_tokens, env_parse(env, "SUMMARY_THRESHOLD_TOKENS")?, file.threshold_tokens, d.threshold_tokens),
-            min_episodes_since: pick!(common.min_episodes, env_parse(env, "SUMMARY_MIN_EPISODES")?, file.min_episodes, d.min_episodes_since),
-            max_summary_tokens: pick!(common.max_summary_tokens, env_parse(env, "SUMMARY_MAX_TOKENS")?, file.max_summary_tokens, d.max_summary_tokens),
+            model: pick!(
+                common.model.clone(),
+                env.get("EXTRACTION_MODEL"),
+                file.model,
+                d.model
+            ),
+            context_length: pick!(
+                common.context_length,
+                env_parse(env, "ABRIDGE_CONTEXT_LENGTH")?,
+                file.context_length,
+                d.context_length
+            ),
+            max_output_tokens: pick!(
+                common.max_output_tokens,
+                env_parse(env, "ABRIDGE_MAX_OUTPUT_TOKENS")?,
+                file.max_output_tokens,
+                d.max_output_tokens
+            ),
+            temperature: pick!(
+                common.temperature,
+                env_parse(env, "ABRIDGE_TEMPERATURE")?,
+                file.temperature,
+                d.temperature
+            ),
+            threshold_tokens: pick!(
+                common.threshold_tokens,
+                env_parse(env, "SUMMARY_THRESHOLD_TOKENS")?,
+                file.threshold_tokens,
+                d.threshold_tokens
+            ),
+            min_episodes_since: pick!(
+                common.min_episodes,
+                env_parse(env, "SUMMARY_MIN_EPISODES")?,
+                file.min_episodes,
+                d.min_episodes_since
+            ),
+            max_summary_tokens: pick!(
+                common.max_summary_tokens,
+                env_parse(env, "SUMMARY_MAX_TOKENS")?,
+                file.max_summary_tokens,
+                d.max_summary_tokens
+            ),
         };
         if !(0.0..=2.0).contains(&config.temperature) {
             bail!("temperature {} is outside 0.0-2.0", config.temperature);
         }
         Ok(Settings {
-            db: pick!(common.db.clone(), env.get("ABRIDGE_DB").map(PathBuf::from), file.db, default_db(env)),
-            backend: pick!(common.backend, env_enum(env, "ABRIDGE_BACKEND")?, file.backend, BackendChoice::Auto),
+            db: pick!(
+                common.db.clone(),
+                env.get("ABRIDGE_DB").map(PathBuf::from),
+                file.db,
+                default_db(env)
+            ),
+            backend: pick!(
+                common.backend,
+                env_enum(env, "ABRIDGE_BACKEND")?,
+                file.backend,
+                BackendChoice::Auto
+            ),
             url,
             openai_base_url: openai_base_url.trim_end_matches('/').to_string(),
             openai_api_key: env.get("OPENAI_API_KEY").or(file.openai_api_key),
-            timeout: Duration::from_secs(pick!(common.timeout_secs, env_parse(env, "ABRIDGE_TIMEOUT_SECS")?, file.timeout_secs, 300)),
+            timeout: Duration::from_secs(pick!(
+                common.timeout_secs,
+                env_parse(env, "ABRIDGE_TIMEOUT_SECS")?,
+                file.timeout_secs,
+                300
+            )),
             config,
             verbose: common.verbose,
             quiet: common.quiet,
@@ -238,31 +326,52 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("abridge.toml");
         std::fs::write(&file, "model = \"from-file\"\nthreshold_tokens = 111\nmin_episodes = 9\nbackend = \"extractive\"\n").unwrap();
-        let env = MapEnv(BTreeMap::from([("EXTRACTION_MODEL", "from-env"), ("SUMMARY_THRESHOLD_TOKENS", "222"), ("HOME", "/home/u")]));
-        let common = Common { config: Some(file), model: Some("from-flag".into()), ..Common::default() };
+        let env = MapEnv(BTreeMap::from([
+            ("EXTRACTION_MODEL", "from-env"),
+            ("SUMMARY_THRESHOLD_TOKENS", "222"),
+            ("HOME", "/home/u"),
+        ]));
+        let common = Common {
+            config: Some(file),
+            model: Some("from-flag".into()),
+            ..Common::default()
+        };
         let s = Settings::resolve(&common, &env).unwrap();
         assert_eq!(s.config.model, "from-flag");
         assert_eq!(s.config.threshold_tokens, 222);
         assert_eq!(s.config.min_episodes_since, 9);
         assert_eq!(s.config.max_summary_tokens, 800);
         assert_eq!(s.backend, BackendChoice::Extractive);
-        assert_eq!(s.db, PathBuf::from("/home/u/.local/share/abridge/abridge.db"));
+        assert_eq!(
+            s.db,
+            PathBuf::from("/home/u/.local/share/abridge/abridge.db")
+        );
         assert_eq!(s.openai_base_url, "http://localhost:11434/v1");
     }
 
     #[test]
     fn bad_values_say_what_to_fix() {
         let env = MapEnv(BTreeMap::from([("SUMMARY_MIN_EPISODES", "lots")]));
-        let e = Settings::resolve(&Common::default(), &env).unwrap_err().to_string();
+        let e = Settings::resolve(&Common::default(), &env)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("SUMMARY_MIN_EPISODES=\"lots\""), "{e}");
         let env = MapEnv(BTreeMap::from([("ABRIDGE_BACKEND", "gpt")]));
-        let e = Settings::resolve(&Common::default(), &env).unwrap_err().to_string();
+        let e = Settings::resolve(&Common::default(), &env)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("auto, ollama, openai, extractive"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("a.toml");
         std::fs::write(&file, "modle = \"x\"\n").unwrap();
-        let common = Common { config: Some(file), ..Common::default() };
-        let e = format!("{:#}", Settings::resolve(&common, &MapEnv(BTreeMap::new())).unwrap_err());
+        let common = Common {
+            config: Some(file),
+            ..Common::default()
+        };
+        let e = format!(
+            "{:#}",
+            Settings::resolve(&common, &MapEnv(BTreeMap::new())).unwrap_err()
+        );
         assert!(e.contains("unknown field `modle`"), "{e}");
     }
 }

@@ -17,7 +17,10 @@ impl Host for HostState {
         let calls = reqs.into_iter().map(|r| {
             let (llm, permits) = (self.llm.clone(), permits.clone());
             async move {
-                let _permit = permits.acquire().await.expect("the semaphore is never closed");
+                let _permit = permits
+                    .acquire()
+                    .await
+                    .expect("the semaphore is never closed");
                 llm.generate(r).await
             }
         });

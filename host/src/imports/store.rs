@@ -5,7 +5,11 @@ use crate::bindings::abridge::engine::store::Host;
 use crate::types::{Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite};
 
 impl Host for HostState {
-    async fn append_episodes(&mut self, session: String, episodes: Vec<NewEpisode>) -> Result<u32, Error> {
+    async fn append_episodes(
+        &mut self,
+        session: String,
+        episodes: Vec<NewEpisode>,
+    ) -> Result<u32, Error> {
         self.store.append_episodes(&session, episodes).await
     }
 
@@ -13,7 +17,12 @@ impl Host for HostState {
         self.store.stats(&session).await
     }
 
-    async fn episodes_after(&mut self, session: String, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
+    async fn episodes_after(
+        &mut self,
+        session: String,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Episode>, Error> {
         self.store.episodes_after(&session, after, limit).await
     }
 
@@ -25,7 +34,11 @@ impl Host for HostState {
         self.store.summaries(&session).await
     }
 
-    async fn write_summary(&mut self, session: String, write: SummaryWrite) -> Result<SummaryRow, Error> {
+    async fn write_summary(
+        &mut self,
+        session: String,
+        write: SummaryWrite,
+    ) -> Result<SummaryRow, Error> {
         self.store.write_summary(&session, write).await
     }
 }

@@ -14,11 +14,17 @@ pub use sqlite::SqliteStore;
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Append episodes (skipping source keys already present); returns how many were new.
-    async fn append_episodes(&self, session: &str, episodes: Vec<NewEpisode>) -> Result<u32, Error>;
+    async fn append_episodes(&self, session: &str, episodes: Vec<NewEpisode>)
+    -> Result<u32, Error>;
     /// Session figures (zero for an unknown session).
     async fn stats(&self, session: &str) -> Result<SessionStats, Error>;
     /// Episodes with `id > after`, ascending, at most `limit`.
-    async fn episodes_after(&self, session: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error>;
+    async fn episodes_after(
+        &self,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Episode>, Error>;
     /// The newest summary row.
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error>;
     /// All summary rows, oldest first.

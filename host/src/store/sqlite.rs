@@ -83,13 +83,21 @@ impl SqliteStore {
 
     fn init(mut conn: Connection, name: &str) -> Result<Self, Error> {
         let fail = |e: rusqlite::Error| {
-            Error::Storage(format!("{name} is not a usable abridge database ({e}); point --db/ABRIDGE_DB at another file"))
+            Error::Storage(format!(
+                "{name} is not a usable abridge database ({e}); point --db/ABRIDGE_DB at another file"
+            ))
         };
-        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(fail)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(fail)?;
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(fail)?;
-        conn.pragma_update(None, "foreign_keys", "ON").map_err(fail)?;
-        let version = conn.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0)).map_err(fail)? as usize;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(fail)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(fail)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(fail)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(fail)?;
+        let version = conn
+            .pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
+            .map_err(fail)? as usize;
         if version > MIGRATIONS.len() {
             return Err(Error::Storage(format!(
                 "{name} was written by a newer abridge (schema {version}, this build knows {}); upgrade abridge",
@@ -99,14 +107,20 @@ impl SqliteStore {
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
             let tx = conn.transaction().map_err(fail)?;
             tx.execute_batch(sql).map_err(fail)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(fail)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(fail)?;
             tx.commit().map_err(fail)?;
         }
-        Ok(SqliteStore { conn: Mutex::new(conn) })
+        Ok(SqliteStore {
+            conn: Mutex::new(conn),
+        })
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, Error>) -> Result<T, Error> {
-        let mut conn = self.conn.lock().expect("the store's lock is poisoned by an earlier panic");
+        let mut conn = self
+            .conn
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic");
         f(&mut conn)
     }
 }
@@ -139,7 +153,11 @@ fn latest(conn: &Connection, session: &str) -> rusqlite::Result<Option<SummaryRo
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn append_episodes(&self, session: &str, episodes: Vec<NewEpisode>) -> Result<u32, Error> {
+    async fn append_episodes(
+        &self,
+        session: &str,
+        episodes: Vec<NewEpisode>,
+    ) -> Result<u32, Error> {
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
             tx.execute("INSERT OR IGNORE INTO sessions (id) VALUES (?1)", [session]).map_err(db_err)?;
@@ -183,17 +201,28 @@ impl Store for SqliteStore {
     async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
         self.with(|conn| {
             let s = conn
-                .query_row("SELECT episodes, total_tokens FROM sessions WHERE id = ?1", [session], |r| {
-                    Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
-                })
+                .query_row(
+                    "SELECT episodes, total_tokens FROM sessions WHERE id = ?1",
+                    [session],
+                    |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+                )
                 .optional()
                 .map_err(db_err)?;
             let (episodes, total_tokens) = s.unwrap_or((0, 0));
-            Ok(SessionStats { episodes, total_tokens, last_episode: episodes })
+            Ok(SessionStats {
+                episodes,
+                total_tokens,
+                last_episode: episodes,
+            })
         })
     }
 
-    async fn episodes_after(&self, session: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
+    async fn episodes_after(
+        &self,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Episode>, Error> {
         self.with(|conn| {
             let mut st = conn
                 .prepare_cached(
@@ -223,7 +252,9 @@ impl Store for SqliteStore {
     async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
         self.with(|conn| {
             let mut st = conn
-                .prepare_cached(&format!("SELECT {ROW_COLS} FROM summaries WHERE session = ?1 ORDER BY first_episode"))
+                .prepare_cached(&format!(
+                    "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 ORDER BY first_episode"
+                ))
                 .map_err(db_err)?;
             let rows = st.query_map([session], row_from).map_err(db_err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
@@ -283,7 +314,9 @@ impl Store for SqliteStore {
 
     async fn sessions(&self) -> Result<Vec<String>, Error> {
         self.with(|conn| {
-            let mut st = conn.prepare("SELECT id FROM sessions ORDER BY changed_seq DESC, id").map_err(db_err)?;
+            let mut st = conn
+                .prepare("SELECT id FROM sessions ORDER BY changed_seq DESC, id")
+                .map_err(db_err)?;
             let rows = st.query_map([], |r| r.get(0)).map_err(db_err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
         })

@@ -121,7 +121,9 @@ impl TestServer {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         if !addr.ip().is_loopback() {
-            return Err(std::io::Error::other("the test server only listens on loopback"));
+            return Err(std::io::Error::other(
+                "the test server only listens on loopback",
+            ));
         }
         let state = Arc::new(Mutex::new(State {
             opts,
@@ -143,7 +145,12 @@ impl TestServer {
                 });
             }
         });
-        Ok(TestServer { addr, state, stop, thread: Some(thread) })
+        Ok(TestServer {
+            addr,
+            state,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Base URL, e.g. `http://127.0.0.1:43121`.
@@ -173,7 +180,10 @@ impl TestServer {
 
     /// Generation requests so far (chat, generate, completions).
     pub fn generations(&self) -> Vec<LoggedRequest> {
-        self.requests().into_iter().filter(|r| is_generation(&r.path)).collect()
+        self.requests()
+            .into_iter()
+            .filter(|r| is_generation(&r.path))
+            .collect()
     }
 }
 
@@ -194,7 +204,9 @@ fn is_generation(path: &str) -> bool {
 
 /// Tokens as this server's "model" counts them: a started four characters of each word.
 pub fn count_tokens(text: &str) -> u32 {
-    text.split_whitespace().map(|w| (w.chars().count() as u32).div_ceil(4)).sum()
+    text.split_whitespace()
+        .map(|w| (w.chars().count() as u32).div_ceil(4))
+        .sum()
 }
 
 struct HttpRequest {
@@ -218,10 +230,10 @@ fn read_request(conn: &TcpStream) -> std::io::Result<Option<HttpRequest>> {
         if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
             break;
         }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap_or(0);
-            }
+        if let Some((k, v)) = h.split_once(':')
+            && k.trim().eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().unwrap_or(0);
         }
     }
     let mut body = vec![0; len];
@@ -229,7 +241,12 @@ fn read_request(conn: &TcpStream) -> std::io::Result<Option<HttpRequest>> {
     Ok(Some(HttpRequest { method, path, body }))
 }
 
-fn respond(mut conn: &TcpStream, status: u16, content_type: &str, body: &str) -> std::io::Result<()> {
+fn respond(
+    mut conn: &TcpStream,
+    status: u16,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -249,29 +266,54 @@ fn respond(mut conn: &TcpStream, status: u16, content_type: &str, body: &str) ->
 
 fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let Some(req) = read_request(&conn)? else { return Ok(()) };
+    let Some(req) = read_request(&conn)? else {
+        return Ok(());
+    };
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     let (fault, delay, models, default_ctx) = {
         let mut st = state.lock().unwrap();
         let at_ms = st.started.elapsed().as_millis() as u64;
-        st.log.push(LoggedRequest { method: req.method.clone(), path: req.path.clone(), body: body.clone(), at_ms });
-        let fault = if is_generation(&req.path) { st.faults.pop_front() } else { None };
-        (fault, st.opts.delay, st.opts.models.clone(), st.opts.default_num_ctx)
+        st.log.push(LoggedRequest {
+            method: req.method.clone(),
+            path: req.path.clone(),
+            body: body.clone(),
+            at_ms,
+        });
+        let fault = if is_generation(&req.path) {
+            st.faults.pop_front()
+        } else {
+            None
+        };
+        (
+            fault,
+            st.opts.delay,
+            st.opts.models.clone(),
+            st.opts.default_num_ctx,
+        )
     };
     let json = |status, v: Value| respond(&conn, status, "application/json", &v.to_string());
     match (req.method.as_str(), req.path.as_str()) {
         ("GET", "/") => return respond(&conn, 200, "text/plain", "Ollama is running"),
         ("GET", "/api/version") => return json(200, json!({"version": "0.12.0-abridge-test"})),
         ("GET", "/api/tags") => {
-            let list: Vec<Value> = models.iter().map(|m| json!({"name": m, "model": m, "size": 1, "digest": "0"})).collect();
+            let list: Vec<Value> = models
+                .iter()
+                .map(|m| json!({"name": m, "model": m, "size": 1, "digest": "0"}))
+                .collect();
             return json(200, json!({"models": list}));
         }
         ("GET", "/v1/models") => {
-            let list: Vec<Value> = models.iter().map(|m| json!({"id": m, "object": "model", "owned_by": "abridge-test"})).collect();
+            let list: Vec<Value> = models
+                .iter()
+                .map(|m| json!({"id": m, "object": "model", "owned_by": "abridge-test"}))
+                .collect();
             return json(200, json!({"object": "list", "data": list}));
         }
         ("GET", "/_control/requests") => {
-            return json(200, serde_json::to_value(state.lock().unwrap().log.clone()).unwrap());
+            return json(
+                200,
+                serde_json::to_value(state.lock().unwrap().log.clone()).unwrap(),
+            );
         }
         ("POST", "/_control/faults") => {
             return match serde_json::from_value::<Vec<Fault>>(body) {
@@ -294,7 +336,12 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             return json(200, json!({"ok": true}));
         }
         ("POST", p) if is_generation(p) => {}
-        _ => return json(404, json!({"error": format!("no route {} {}", req.method, req.path)})),
+        _ => {
+            return json(
+                404,
+                json!({"error": format!("no route {} {}", req.method, req.path)}),
+            );
+        }
     }
 
     let openai = req.path.starts_with("/v1/");
@@ -316,38 +363,67 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         Some(Fault::Garbage) => return respond(&conn, 200, "application/json", "<html>not json"),
         Some(Fault::Disconnect) => return conn.shutdown(Shutdown::Both),
         Some(Fault::Delay { ms }) => thread::sleep(Duration::from_millis(ms)),
-        Some(Fault::Reply { text, done_reason }) => reply_override = Some((text, done_reason.unwrap_or_else(|| "stop".into()))),
+        Some(Fault::Reply { text, done_reason }) => {
+            reply_override = Some((text, done_reason.unwrap_or_else(|| "stop".into())))
+        }
         None => {}
     }
 
-    let model = body.get("model").and_then(Value::as_str).unwrap_or("").to_string();
-    if !models.iter().any(|m| *m == model || *m == format!("{model}:latest")) {
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if !models
+        .iter()
+        .any(|m| *m == model || *m == format!("{model}:latest"))
+    {
         return err(404, &format!("model '{model}' not found"));
     }
     let opts = body.get("options").cloned().unwrap_or(Value::Null);
     let (num_ctx, num_predict) = if openai {
-        (default_ctx, body.get("max_tokens").and_then(Value::as_u64).map(|n| n as u32))
+        (
+            default_ctx,
+            body.get("max_tokens")
+                .and_then(Value::as_u64)
+                .map(|n| n as u32),
+        )
     } else {
         (
-            opts.get("num_ctx").and_then(Value::as_u64).map_or(default_ctx, |n| n as u32),
-            opts.get("num_predict").and_then(Value::as_i64).filter(|n| *n >= 0).map(|n| n as u32),
+            opts.get("num_ctx")
+                .and_then(Value::as_u64)
+                .map_or(default_ctx, |n| n as u32),
+            opts.get("num_predict")
+                .and_then(Value::as_i64)
+                .filter(|n| *n >= 0)
+                .map(|n| n as u32),
         )
     };
     let prompt = prompt_text(&req.path, &body);
     let prompt_tokens = count_tokens(&prompt);
-    let truncate = body.get("truncate").and_then(Value::as_bool).unwrap_or(true);
+    let truncate = body
+        .get("truncate")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
     if prompt_tokens > num_ctx && (!truncate || openai) {
         return err(
             400,
-            &format!("the prompt is longer than the context length currently available to the model ({prompt_tokens} > {num_ctx})"),
+            &format!(
+                "the prompt is longer than the context length currently available to the model ({prompt_tokens} > {num_ctx})"
+            ),
         );
     }
-    let (mut text, mut reason) = reply_override.unwrap_or_else(|| (summarize(&prompt), "stop".to_string()));
-    if let Some(limit) = num_predict {
-        if count_tokens(&text) > limit {
-            text = text.split_whitespace().take(limit as usize).collect::<Vec<_>>().join(" ");
-            reason = "length".into();
-        }
+    let (mut text, mut reason) =
+        reply_override.unwrap_or_else(|| (summarize(&prompt), "stop".to_string()));
+    if let Some(limit) = num_predict
+        && count_tokens(&text) > limit
+    {
+        text = text
+            .split_whitespace()
+            .take(limit as usize)
+            .collect::<Vec<_>>()
+            .join(" ");
+        reason = "length".into();
     }
     let eval_count = count_tokens(&text);
     let prompt_eval_count = prompt_tokens.min(num_ctx);
@@ -376,7 +452,11 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
 /// The prompt as one text (chat messages joined by newlines).
 fn prompt_text(path: &str, body: &Value) -> String {
     if path == "/api/generate" {
-        return body.get("prompt").and_then(Value::as_str).unwrap_or("").to_string();
+        return body
+            .get("prompt")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
     }
     body.get("messages")
         .and_then(Value::as_array)
@@ -394,7 +474,11 @@ fn prompt_text(path: &str, body: &Value) -> String {
 pub fn summarize(prompt: &str) -> String {
     let lines: Vec<&str> = prompt
         .lines()
-        .filter(|l| ["User: ", "Assistant: ", "Tool: ", "System: "].iter().any(|p| l.starts_with(p)))
+        .filter(|l| {
+            ["User: ", "Assistant: ", "Tool: ", "System: "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
         .collect();
     let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
     for l in &lines {
@@ -412,13 +496,24 @@ pub fn summarize(prompt: &str) -> String {
     let topics = match topics.len() {
         0 => "a few short messages".to_string(),
         1 => topics[0].clone(),
-        _ => format!("{} and {}", topics[..topics.len() - 1].join(", "), topics[topics.len() - 1]),
+        _ => format!(
+            "{} and {}",
+            topics[..topics.len() - 1].join(", "),
+            topics[topics.len() - 1]
+        ),
     };
-    let mut out = format!("The user and the assistant discussed {topics} over {} messages.", lines.len());
+    let mut out = format!(
+        "The user and the assistant discussed {topics} over {} messages.",
+        lines.len()
+    );
     if let Some(last) = lines.last() {
         let (who, text) = last.split_once(": ").unwrap_or(("User", last));
         let words: Vec<&str> = text.split_whitespace().take(8).collect();
-        out.push_str(&format!(" The conversation ends with the {} saying \"{}\".", who.to_lowercase(), words.join(" ")));
+        out.push_str(&format!(
+            " The conversation ends with the {} saying \"{}\".",
+            who.to_lowercase(),
+            words.join(" ")
+        ));
     }
     if prompt.contains("Current summary:") {
         out.push_str(" This continues an earlier summary.");
@@ -434,6 +529,9 @@ mod tests {
     fn summary_is_deterministic_and_names_topics() {
         let p = "Conversation:\n\nUser: The database migration failed twice.\n\nAssistant: Retry the database migration after the backup.";
         assert_eq!(summarize(p), summarize(p));
-        assert!(summarize(p).starts_with("The user and the assistant discussed database, migration and"));
+        assert!(
+            summarize(p)
+                .starts_with("The user and the assistant discussed database, migration and")
+        );
     }
 }

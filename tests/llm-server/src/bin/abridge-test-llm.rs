@@ -14,11 +14,22 @@ fn main() {
     let mut port = 0u16;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut value = || args.next().unwrap_or_else(|| fail(&format!("{a} needs a value")));
+        let mut value = || {
+            args.next()
+                .unwrap_or_else(|| fail(&format!("{a} needs a value")))
+        };
         match a.as_str() {
-            "--port" => port = value().parse().unwrap_or_else(|_| fail("--port takes a number")),
+            "--port" => {
+                port = value()
+                    .parse()
+                    .unwrap_or_else(|_| fail("--port takes a number"))
+            }
             "--delay-ms" => {
-                opts.delay = Duration::from_millis(value().parse().unwrap_or_else(|_| fail("--delay-ms takes a number")))
+                opts.delay = Duration::from_millis(
+                    value()
+                        .parse()
+                        .unwrap_or_else(|_| fail("--delay-ms takes a number")),
+                )
             }
             "--models" => opts.models = value().split(',').map(str::to_string).collect(),
             "-h" | "--help" => {
