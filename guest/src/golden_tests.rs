@@ -9,7 +9,9 @@ use crate::types::{Message, Role};
 use crate::{prompt, strip};
 
 fn golden_dir(kind: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden").join(kind)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/golden")
+        .join(kind)
 }
 
 fn cases(kind: &str) -> Vec<PathBuf> {
@@ -30,7 +32,10 @@ fn check(path: &Path, got: &str) -> Option<String> {
         return None;
     }
     let want = std::fs::read_to_string(path).unwrap_or_else(|_| {
-        panic!("{} is missing; run ABRIDGE_BLESS=1 cargo test -p abridge-guest golden", path.display())
+        panic!(
+            "{} is missing; run ABRIDGE_BLESS=1 cargo test -p abridge-guest golden",
+            path.display()
+        )
     });
     (want != got).then(|| format!("{}\n--- expected\n{want}\n--- got\n{got}", path.display()))
 }
@@ -49,20 +54,35 @@ fn role(s: &str) -> Role {
 fn golden_prompts() {
     let mut failures = Vec::new();
     for dir in cases("prompts") {
-        let input: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap()).unwrap();
+        let input: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap())
+                .unwrap();
         let conv: Vec<Message> = input["conversation"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| Message::new(role(m["role"].as_str().unwrap()), m["content"].as_str().unwrap()))
+            .map(|m| {
+                Message::new(
+                    role(m["role"].as_str().unwrap()),
+                    m["content"].as_str().unwrap(),
+                )
+            })
             .collect();
         let built = prompt::build(&conv, input["previous_summary"].as_str());
-        let messages: Vec<Value> = built.messages.iter().map(|m| json!({"role": m.role.wire(), "content": m.content})).collect();
+        let messages: Vec<Value> = built
+            .messages
+            .iter()
+            .map(|m| json!({"role": m.role.wire(), "content": m.content}))
+            .collect();
         let messages = serde_json::to_string_pretty(&messages).unwrap() + "\n";
         failures.extend(check(&dir.join("messages.json"), &messages));
         failures.extend(check(&dir.join("chatml.txt"), &built.chatml));
     }
-    assert!(failures.is_empty(), "golden prompt mismatches:\n{}", failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "golden prompt mismatches:\n{}",
+        failures.join("\n\n")
+    );
 }
 
 #[test]
@@ -70,7 +90,14 @@ fn golden_strip() {
     let mut failures = Vec::new();
     for dir in cases("strip") {
         let input = std::fs::read_to_string(dir.join("input.txt")).unwrap();
-        failures.extend(check(&dir.join("expected.txt"), &strip::strip_template_tokens(&input)));
+        failures.extend(check(
+            &dir.join("expected.txt"),
+            &strip::strip_template_tokens(&input),
+        ));
     }
-    assert!(failures.is_empty(), "golden strip mismatches:\n{}", failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "golden strip mismatches:\n{}",
+        failures.join("\n\n")
+    );
 }
