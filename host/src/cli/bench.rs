@@ -25,6 +25,10 @@ pub struct BenchArgs {
     /// Repetitions for the per-call and summary-pass figures
     #[arg(long, default_value_t = 2_000)]
     calls: usize,
+    /// Also score the extractive summarizer on this DialogSum JSONL file (ROUGE F1 against
+    /// the human summaries, with a lead-3 baseline), e.g. ../shared/data/dialogsum_test.jsonl
+    #[arg(long, value_name = "PATH")]
+    dialogsum: Option<std::path::PathBuf>,
 }
 
 /// A model that answers at once, so only engine work is measured.

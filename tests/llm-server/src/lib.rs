@@ -427,6 +427,18 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     }
     let eval_count = count_tokens(&text);
     let prompt_eval_count = prompt_tokens.min(num_ctx);
+    let streaming = !openai && body.get("stream").and_then(Value::as_bool).unwrap_or(true);
+    if streaming {
+        return stream_ndjson(
+            &conn,
+            &req.path,
+            &model,
+            &text,
+            &reason,
+            prompt_eval_count,
+            eval_count,
+        );
+    }
     let v = match req.path.as_str() {
         "/api/chat" => json!({
             "model": model, "created_at": "2026-01-01T00:00:00Z",
@@ -447,6 +459,46 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         }),
     };
     json(200, v)
+}
+
+/// Ollama's streaming answer: one NDJSON line per word, then a final line with the metrics.
+fn stream_ndjson(
+    mut conn: &TcpStream,
+    path: &str,
+    model: &str,
+    text: &str,
+    reason: &str,
+    prompt_eval_count: u32,
+    eval_count: u32,
+) -> std::io::Result<()> {
+    let chat = path == "/api/chat";
+    let piece = |delta: &str, done: bool| {
+        let mut v = if chat {
+            json!({"model": model, "created_at": "2026-01-01T00:00:00Z", "message": {"role": "assistant", "content": delta}, "done": done})
+        } else {
+            json!({"model": model, "created_at": "2026-01-01T00:00:00Z", "response": delta, "done": done})
+        };
+        if done {
+            v["done_reason"] = json!(reason);
+            v["prompt_eval_count"] = json!(prompt_eval_count);
+            v["eval_count"] = json!(eval_count);
+        }
+        v.to_string() + "\n"
+    };
+    let mut body = String::new();
+    for (i, w) in text.split(' ').enumerate() {
+        body.push_str(&piece(
+            &if i == 0 {
+                w.to_string()
+            } else {
+                format!(" {w}")
+            },
+            false,
+        ));
+    }
+    body.push_str(&piece("", true));
+    respond(conn, 200, "application/x-ndjson", &body)?;
+    conn.flush()
 }
 
 /// The prompt as one text (chat messages joined by newlines).
@@ -524,6 +576,112 @@ pub fn summarize(prompt: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// POST `body` to `path` with a plain socket; returns (status, parsed body).
+    fn post(server: &TestServer, path: &str, body: &Value) -> (u16, Value) {
+        let mut conn = TcpStream::connect(server.addr()).unwrap();
+        let body = body.to_string();
+        write!(conn, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut raw = String::new();
+        conn.read_to_string(&mut raw).unwrap();
+        let status = raw.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let payload = raw.split_once("\r\n\r\n").unwrap().1;
+        (status, serde_json::from_str(payload).unwrap_or(Value::Null))
+    }
+
+    #[test]
+    fn context_behaviour_matches_ollama() {
+        let server = TestServer::start();
+        let long = "word ".repeat(300);
+        let chat = |truncate: Option<bool>| {
+            let mut b = json!({"model": "qwen2.5:3b", "stream": false, "options": {"num_ctx": 100},
+                               "messages": [{"role": "user", "content": long}]});
+            if let Some(t) = truncate {
+                b["truncate"] = json!(t);
+            }
+            b
+        };
+        let (status, body) = post(&server, "/api/chat", &chat(Some(false)));
+        assert_eq!(status, 400);
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("longer than the context length")
+        );
+        // With truncation on (Ollama's default) the prompt is cut silently.
+        let (status, body) = post(&server, "/api/chat", &chat(None));
+        assert_eq!(status, 200);
+        assert_eq!(body["prompt_eval_count"], 100);
+        // num_predict cuts the reply and reports done_reason "length".
+        let (_, body) = post(
+            &server,
+            "/api/generate",
+            &json!({"model": "qwen2.5:3b", "stream": false, "prompt": "User: hello there", "options": {"num_predict": 3}}),
+        );
+        assert_eq!(body["done_reason"], "length");
+        assert_eq!(body["eval_count"], 3);
+        // Unknown models are 404, as when a model is not pulled.
+        let (status, _) = post(
+            &server,
+            "/api/chat",
+            &json!({"model": "nope", "messages": []}),
+        );
+        assert_eq!(status, 404);
+        // Without "stream": false the answer streams as NDJSON, like Ollama's.
+        let mut conn = TcpStream::connect(server.addr()).unwrap();
+        let b = json!({"model": "qwen2.5:3b", "prompt": "User: hello there"}).to_string();
+        write!(
+            conn,
+            "POST /api/generate HTTP/1.1\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )
+        .unwrap();
+        let mut raw = String::new();
+        conn.read_to_string(&mut raw).unwrap();
+        let lines: Vec<Value> = raw
+            .split_once("\r\n\r\n")
+            .unwrap()
+            .1
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(lines.len() > 2);
+        let text: String = lines
+            .iter()
+            .map(|l| l["response"].as_str().unwrap())
+            .collect();
+        assert!(text.starts_with("The user and the assistant"));
+        assert_eq!(lines.last().unwrap()["done"], true);
+        assert_eq!(server.generations().len(), 5);
+    }
+
+    #[test]
+    fn faults_apply_in_order() {
+        let server = TestServer::start();
+        server.push_faults([
+            Fault::Status {
+                code: 503,
+                message: "busy".into(),
+            },
+            Fault::Reply {
+                text: "scripted".into(),
+                done_reason: None,
+            },
+        ]);
+        let req = json!({"model": "qwen2.5:3b", "stream": false, "messages": [{"role": "user", "content": "User: hi"}]});
+        assert_eq!(post(&server, "/api/chat", &req).0, 503);
+        assert_eq!(
+            post(&server, "/api/chat", &req).1["message"]["content"],
+            "scripted"
+        );
+        assert!(
+            post(&server, "/api/chat", &req).1["message"]["content"]
+                .as_str()
+                .unwrap()
+                .starts_with("The user and the assistant")
+        );
+    }
 
     #[test]
     fn summary_is_deterministic_and_names_topics() {
