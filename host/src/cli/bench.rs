@@ -295,5 +295,181 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
         "import            {added} episodes in {secs:.2} s = {rate:9.0} episodes/s | target >= 50,000/s: {}",
         verdict(rate >= 50_000.0)
     );
+
+    if let Some(path) = &a.dialogsum {
+        dialogsum(engine.runtime().clone(), path).await?;
+    }
+    Ok(())
+}
+/// Lower-case word tokens for ROUGE.
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// ROUGE-N F1 (multiset n-gram overlap).
+fn rouge_n(cand: &[String], refr: &[String], n: usize) -> f64 {
+    use std::collections::BTreeMap;
+    let grams = |w: &[String]| {
+        let mut m: BTreeMap<Vec<String>, usize> = BTreeMap::new();
+        for g in w.windows(n) {
+            *m.entry(g.to_vec()).or_default() += 1;
+        }
+        m
+    };
+    let (c, r) = (grams(cand), grams(refr));
+    let overlap: usize = c
+        .iter()
+        .map(|(g, k)| (*k).min(*r.get(g).unwrap_or(&0)))
+        .sum();
+    f1(overlap, c.values().sum(), r.values().sum())
+}
+
+/// ROUGE-L F1 (longest common subsequence).
+fn rouge_l(cand: &[String], refr: &[String]) -> f64 {
+    let mut prev = vec![0usize; refr.len() + 1];
+    for c in cand {
+        let mut cur = vec![0usize; refr.len() + 1];
+        for (j, r) in refr.iter().enumerate() {
+            cur[j + 1] = if c == r {
+                prev[j] + 1
+            } else {
+                cur[j].max(prev[j + 1])
+            };
+        }
+        prev = cur;
+    }
+    f1(prev[refr.len()], cand.len(), refr.len())
+}
+
+fn f1(overlap: usize, cand: usize, refr: usize) -> f64 {
+    if overlap == 0 || cand == 0 || refr == 0 {
+        return 0.0;
+    }
+    let (p, r) = (overlap as f64 / cand as f64, overlap as f64 / refr as f64);
+    2.0 * p * r / (p + r)
+}
+
+/// ROUGE-1, ROUGE-2 and ROUGE-L F1 of `cand`, each the best over the references.
+fn rouge(cand: &[String], refs: &[Vec<String>]) -> [f64; 3] {
+    let best = |f: &dyn Fn(&[String]) -> f64| refs.iter().map(|r| f(r)).fold(0.0, f64::max);
+    [
+        best(&|r| rouge_n(cand, r, 1)),
+        best(&|r| rouge_n(cand, r, 2)),
+        best(&|r| rouge_l(cand, r)),
+    ]
+}
+
+/// Score the extractive engine on DialogSum: ROUGE-1/2/L F1 against each dialogue's human
+/// summaries (best of the references), next to the lead-3 baseline (the first three turns).
+async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::new(Exit::Input, anyhow!("reading {}: {e}", path.display())))?;
+    let store = Arc::new(SqliteStore::in_memory().map_err(fail)?);
+    let engine = Abridge::builder()
+        .runtime(runtime)
+        .store(store)
+        .build()
+        .map_err(fail)?;
+    let cfg = Config {
+        engine: Engine::Extractive,
+        ..Config::default()
+    };
+    let (mut ours, mut lead, mut n, mut out_words) = ([0.0f64; 3], [0.0f64; 3], 0usize, 0usize);
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| Failure::new(Exit::Input, anyhow!("{}:{}: {e}", path.display(), i + 1)))?;
+        let mut refs: Vec<Vec<String>> = v["summaries"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str()).map(words).collect())
+            .unwrap_or_default();
+        refs.extend(v["summary"].as_str().map(words));
+        if refs.is_empty() {
+            continue;
+        }
+        // "#Person1#: …" lines; Person2 plays the assistant.
+        let turns: Vec<(Role, String)> = v["dialogue"]
+            .as_str()
+            .unwrap_or("")
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .map(|(who, said)| {
+                (
+                    if who.contains("Person2") {
+                        Role::Assistant
+                    } else {
+                        Role::User
+                    },
+                    said.trim().to_string(),
+                )
+            })
+            .collect();
+        let episodes: Vec<NewEpisode> = turns
+            .iter()
+            .enumerate()
+            .map(|(k, (role, said))| NewEpisode {
+                role: *role,
+                content: said.clone(),
+                timestamp_ms: None,
+                source_key: k.to_string(),
+                tokens: 0,
+            })
+            .collect();
+        let session = format!("dialogsum-{i}");
+        engine.append(&session, &episodes).await.map_err(fail)?;
+        let out = engine.summarize_now(&session, &cfg).await.map_err(fail)?;
+        let summary = out
+            .written
+            .last()
+            .map(|r| r.content.clone())
+            .unwrap_or_default();
+        // Score the selected sentences without their "- User: " markers.
+        let plain: Vec<&str> = summary
+            .lines()
+            .map(|l| l.split_once(": ").map_or(l, |(_, t)| t))
+            .collect();
+        let plain = words(&plain.join(" "));
+        let lead3 = words(
+            &turns
+                .iter()
+                .take(3)
+                .map(|(_, t)| t.as_str())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        for (acc, got) in [
+            (&mut ours, rouge(&plain, &refs)),
+            (&mut lead, rouge(&lead3, &refs)),
+        ] {
+            for k in 0..3 {
+                acc[k] += got[k];
+            }
+        }
+        out_words += plain.len();
+        n += 1;
+    }
+    if n == 0 {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!("{} holds no dialogues with summaries", path.display()),
+        ));
+    }
+    let pct = |x: f64| 100.0 * x / n as f64;
+    println!(
+        "dialogsum         {n} dialogues, ROUGE F1 R-1/R-2/R-L: extractive {:.1}/{:.1}/{:.1} ({} words avg) | lead-3 baseline {:.1}/{:.1}/{:.1}",
+        pct(ours[0]),
+        pct(ours[1]),
+        pct(ours[2]),
+        out_words / n,
+        pct(lead[0]),
+        pct(lead[1]),
+        pct(lead[2])
+    );
     Ok(())
 }
