@@ -10,7 +10,6 @@ use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine as WasmEngine, Store as WasmStore, StoreLimitsBuilder};
-use wasmtime_wasi::WasiCtx;
 
 use crate::backend::{LlmBackend, NoModel};
 use crate::bindings::{Engine as Guest, EnginePre};
@@ -73,7 +72,10 @@ impl Runtime {
                 .with_context(|| format!("reading the component {}", p.display()))?
                 .into(),
         };
-        let engine = WasmEngine::new(&wasmtime::Config::new())?;
+        let mut config = wasmtime::Config::new();
+        // Fuel bounds the guest's CPU per call (see sandbox.rs).
+        config.consume_fuel(true);
+        let engine = WasmEngine::new(&config)?;
         let started = Instant::now();
         let (component, from_cache) = compile_cached(&engine, &bytes, cache_dir)?;
         let report = LoadReport {
@@ -81,9 +83,8 @@ impl Runtime {
             millis: started.elapsed().as_secs_f64() * 1e3,
         };
         let mut linker: Linker<HostState> = Linker::new(&engine);
-        // The std guest imports wasi:cli and wasi:io; they are linked, but the WasiCtx grants
-        // nothing (no args, env, stdio, files, sockets, clocks or randomness).
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        // Only wasi:io and wasi:cli, over a context that grants nothing (sandbox.rs).
+        crate::sandbox::add_wasi_to_linker(&mut linker)?;
         Guest::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         let pre = EnginePre::new(linker.instantiate_pre(&component)?)?;
         Ok(Runtime {
@@ -209,6 +210,7 @@ pub struct Abridge {
     log: LogSink,
     batch_concurrency: usize,
     memory_limit: usize,
+    fuel: u64,
 }
 
 /// Builds an [`Abridge`].
@@ -222,6 +224,7 @@ pub struct AbridgeBuilder {
     log: LogSink,
     batch_concurrency: usize,
     memory_limit: usize,
+    fuel: u64,
 }
 
 impl Abridge {
@@ -237,7 +240,8 @@ impl Abridge {
             clock: Arc::new(SystemClock),
             log: Arc::new(|_, _| {}),
             batch_concurrency: 6,
-            memory_limit: 256 << 20,
+            memory_limit: crate::sandbox::DEFAULT_MEMORY_LIMIT,
+            fuel: crate::sandbox::DEFAULT_FUEL,
         }
     }
 
@@ -258,7 +262,7 @@ impl Abridge {
 
     async fn instance(&self) -> Result<(WasmStore<HostState>, Guest), CallError> {
         let state = HostState {
-            wasi: WasiCtx::builder().build(),
+            wasi: crate::sandbox::empty_ctx(),
             table: ResourceTable::new(),
             llm: self.llm.clone(),
             store: self.store.clone(),
@@ -267,13 +271,44 @@ impl Abridge {
             batch_concurrency: self.batch_concurrency,
             limits: StoreLimitsBuilder::new()
                 .memory_size(self.memory_limit)
-                .instances(4)
+                .instances(8)
+                .trap_on_grow_failure(true)
                 .build(),
         };
         let mut store = WasmStore::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limits);
-        let guest = self.runtime.pre.instantiate_async(&mut store).await?;
+        store.set_fuel(self.fuel).map_err(|e| self.trap(e))?;
+        let guest = self
+            .runtime
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|e| self.trap(e))?;
         Ok((store, guest))
+    }
+
+    /// Turn a trap into an error that names the limit it hit, if any.
+    fn trap(&self, e: wasmtime::Error) -> CallError {
+        let e = anyhow::Error::from(e);
+        if matches!(
+            e.downcast_ref::<wasmtime::Trap>(),
+            Some(wasmtime::Trap::OutOfFuel)
+        ) {
+            return CallError::Host(e.context(format!(
+                "the engine used up its CPU budget of {} fuel units in one call; raise it with AbridgeBuilder::fuel",
+                self.fuel
+            )));
+        }
+        // StoreLimits with trap_on_grow_failure says "forcing trap when growing memory".
+        if format!("{e:#}").contains("growing memory") {
+            return CallError::Host(e.context(format!(
+                "the engine needed more than its {} MiB memory limit in one call; raise it with AbridgeBuilder::memory_limit",
+                self.memory_limit >> 20
+            )));
+        }
+        CallError::Host(e.context(
+            "the engine trapped (a bug in the guest); the store is unchanged by this call",
+        ))
     }
 
     /// Append episodes (the guest fills in token estimates); returns how many were new.
@@ -281,7 +316,8 @@ impl Abridge {
         let (mut store, g) = self.instance().await?;
         g.abridge_engine_summarizer()
             .call_append(&mut store, session, episodes)
-            .await?
+            .await
+            .map_err(|e| self.trap(e))?
             .map_err(CallError::Engine)
     }
 
@@ -294,7 +330,8 @@ impl Abridge {
         let (mut store, g) = self.instance().await?;
         g.abridge_engine_summarizer()
             .call_after_episode_written(&mut store, session, cfg)
-            .await?
+            .await
+            .map_err(|e| self.trap(e))?
             .map_err(CallError::Engine)
     }
 
@@ -303,7 +340,8 @@ impl Abridge {
         let (mut store, g) = self.instance().await?;
         g.abridge_engine_summarizer()
             .call_summarize_now(&mut store, session, cfg)
-            .await?
+            .await
+            .map_err(|e| self.trap(e))?
             .map_err(CallError::Engine)
     }
 
@@ -312,16 +350,18 @@ impl Abridge {
         let (mut store, g) = self.instance().await?;
         g.abridge_engine_summarizer()
             .call_chain(&mut store, session)
-            .await?
+            .await
+            .map_err(|e| self.trap(e))?
             .map_err(CallError::Engine)
     }
 
     /// The guest's token estimate for `text`.
     pub async fn estimate_tokens(&self, text: &str) -> Result<u32, CallError> {
         let (mut store, g) = self.instance().await?;
-        Ok(g.abridge_engine_text()
+        g.abridge_engine_text()
             .call_estimate_tokens(&mut store, text)
-            .await?)
+            .await
+            .map_err(|e| self.trap(e))
     }
 
     /// The guest's summarization prompt for `conversation` (an update prompt with `previous`).
@@ -331,17 +371,19 @@ impl Abridge {
         previous: Option<&str>,
     ) -> Result<BuiltPrompt, CallError> {
         let (mut store, g) = self.instance().await?;
-        Ok(g.abridge_engine_text()
+        g.abridge_engine_text()
             .call_build_prompt(&mut store, conversation, previous)
-            .await?)
+            .await
+            .map_err(|e| self.trap(e))
     }
 
     /// The guest's cleaning of raw model output.
     pub async fn strip_template_tokens(&self, text: &str) -> Result<String, CallError> {
         let (mut store, g) = self.instance().await?;
-        Ok(g.abridge_engine_text()
+        g.abridge_engine_text()
             .call_strip_template_tokens(&mut store, text)
-            .await?)
+            .await
+            .map_err(|e| self.trap(e))
     }
 }
 
@@ -400,6 +442,13 @@ impl AbridgeBuilder {
         self
     }
 
+    /// Fuel per call, about one unit per guest instruction (default
+    /// [`crate::sandbox::DEFAULT_FUEL`]). A call that runs out ends with an error.
+    pub fn fuel(mut self, units: u64) -> Self {
+        self.fuel = units;
+        self
+    }
+
     /// Load the component (unless a runtime was given) and finish.
     pub fn build(self) -> Result<Abridge> {
         let store = self
@@ -417,6 +466,7 @@ impl AbridgeBuilder {
             log: self.log,
             batch_concurrency: self.batch_concurrency,
             memory_limit: self.memory_limit,
+            fuel: self.fuel,
         })
     }
 }

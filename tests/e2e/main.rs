@@ -6,4 +6,5 @@ mod engine_api;
 mod harness;
 mod ingest;
 mod real_data;
+mod sandbox;
 mod summarize;

@@ -41,4 +41,10 @@ impl WasiView for HostState {
     }
 }
 
+impl wasmtime_wasi_io::IoView for HostState {
+    fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
+}
+
 impl crate::bindings::abridge::engine::types::Host for HostState {}

@@ -4,9 +4,58 @@ use async_trait::async_trait;
 
 use crate::types::{Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite};
 
+mod memory;
 mod sqlite;
 
+pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
+
+/// The chain rule every store enforces before writing: rows of a session cover episodes
+/// `1..=n` exactly once, in order. `episodes` is the session's episode count and `prev` its
+/// latest row.
+pub fn check_chain(
+    session: &str,
+    episodes: u64,
+    prev: Option<&SummaryRow>,
+    w: &SummaryWrite,
+) -> Result<(), Error> {
+    let conflict = |why: String| {
+        Error::Storage(format!(
+            "summary chain rule broken for session '{session}': {why}"
+        ))
+    };
+    if w.last_episode > episodes || w.last_episode < w.first_episode || w.first_episode == 0 {
+        return Err(conflict(format!(
+            "coverage {}-{} is outside episodes 1-{episodes}",
+            w.first_episode, w.last_episode
+        )));
+    }
+    match (w.replaces, prev) {
+        (None, _) => {
+            let expect = prev.map_or(1, |p| p.last_episode + 1);
+            if w.first_episode != expect {
+                return Err(conflict(format!(
+                    "a new row must start at episode {expect}, not {}",
+                    w.first_episode
+                )));
+            }
+        }
+        (Some(id), Some(p)) if p.id == id => {
+            if w.first_episode != p.first_episode || w.last_episode <= p.last_episode {
+                return Err(conflict(format!(
+                    "an update of row {id} must keep its first episode {} and extend past {}",
+                    p.first_episode, p.last_episode
+                )));
+            }
+        }
+        (Some(id), _) => {
+            return Err(conflict(format!(
+                "row {id} is not the session's latest row"
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// What the engine stores. Implementations must write each call atomically and enforce the
 /// chain rule of [`SummaryWrite`]: rows of a session cover every episode exactly once, in

@@ -270,16 +270,9 @@ impl Store for SqliteStore {
                 .map_err(db_err)?
                 .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))? as u64;
             let prev = latest(&tx, session).map_err(db_err)?;
-            let conflict = |why: String| Error::Storage(format!("summary chain rule broken for session '{session}': {why}"));
-            if w.last_episode > episodes || w.last_episode < w.first_episode {
-                return Err(conflict(format!("coverage {}-{} is outside episodes 1-{episodes}", w.first_episode, w.last_episode)));
-            }
+            super::check_chain(session, episodes, prev.as_ref(), &w)?;
             let id = match (w.replaces, &prev) {
                 (None, _) => {
-                    let expect = prev.as_ref().map_or(1, |p| p.last_episode + 1);
-                    if w.first_episode != expect {
-                        return Err(conflict(format!("a new row must start at episode {expect}, not {}", w.first_episode)));
-                    }
                     tx.execute(
                         "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
@@ -288,13 +281,7 @@ impl Store for SqliteStore {
                     .map_err(db_err)?;
                     tx.last_insert_rowid()
                 }
-                (Some(id), Some(p)) if p.id == id => {
-                    if w.first_episode != p.first_episode || w.last_episode <= p.last_episode {
-                        return Err(conflict(format!(
-                            "an update of row {id} must keep its first episode {} and extend past {}",
-                            p.first_episode, p.last_episode
-                        )));
-                    }
+                (Some(id), _) => {
                     tx.execute(
                         "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8 WHERE id = ?1",
                         params![id as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64],
@@ -302,7 +289,6 @@ impl Store for SqliteStore {
                     .map_err(db_err)?;
                     id as i64
                 }
-                (Some(id), _) => return Err(conflict(format!("row {id} is not the session's latest row"))),
             };
             let row = tx
                 .query_row(&format!("SELECT {ROW_COLS} FROM summaries WHERE id = ?1"), [id], row_from)

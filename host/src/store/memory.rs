@@ -1,0 +1,171 @@
+//! An in-memory [`Store`]: for tests, benchmarks and embedders that keep state elsewhere.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::{Store, check_chain};
+use crate::types::{Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite};
+
+#[derive(Default)]
+struct Session {
+    episodes: Vec<Episode>,
+    keys: std::collections::BTreeSet<String>,
+    total_tokens: u64,
+    rows: Vec<SummaryRow>,
+    changed: u64,
+}
+
+/// A [`Store`] that keeps everything in memory, with the same rules as [`super::SqliteStore`].
+#[derive(Default)]
+pub struct MemoryStore {
+    inner: Mutex<(BTreeMap<String, Session>, u64, u64)>, // sessions, next row id, change counter
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<String, Session>, &mut u64, &mut u64) -> T,
+    ) -> T {
+        let mut g = self
+            .inner
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic");
+        let (sessions, next_id, counter) = &mut *g;
+        f(sessions, next_id, counter)
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn append_episodes(
+        &self,
+        session: &str,
+        episodes: Vec<NewEpisode>,
+    ) -> Result<u32, Error> {
+        Ok(self.with(|sessions, _, counter| {
+            let s = sessions.entry(session.to_string()).or_default();
+            let mut added = 0;
+            for e in episodes {
+                if !s.keys.insert(e.source_key) {
+                    continue;
+                }
+                let id = s.episodes.len() as u64 + 1;
+                s.total_tokens += u64::from(e.tokens);
+                s.episodes.push(Episode {
+                    id,
+                    role: e.role,
+                    content: e.content,
+                    timestamp_ms: e.timestamp_ms,
+                    tokens: e.tokens,
+                });
+                added += 1;
+            }
+            if added > 0 {
+                *counter += 1;
+                s.changed = *counter;
+            }
+            added
+        }))
+    }
+
+    async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
+        Ok(self.with(|sessions, _, _| match sessions.get(session) {
+            Some(s) => SessionStats {
+                episodes: s.episodes.len() as u64,
+                total_tokens: s.total_tokens,
+                last_episode: s.episodes.len() as u64,
+            },
+            None => SessionStats {
+                episodes: 0,
+                total_tokens: 0,
+                last_episode: 0,
+            },
+        }))
+    }
+
+    async fn episodes_after(
+        &self,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Episode>, Error> {
+        Ok(self.with(|sessions, _, _| {
+            sessions.get(session).map_or_else(Vec::new, |s| {
+                s.episodes
+                    .iter()
+                    .skip(after as usize)
+                    .take(limit as usize)
+                    .cloned()
+                    .collect()
+            })
+        }))
+    }
+
+    async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
+        Ok(self.with(|sessions, _, _| sessions.get(session).and_then(|s| s.rows.last().cloned())))
+    }
+
+    async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        Ok(self.with(|sessions, _, _| {
+            sessions
+                .get(session)
+                .map_or_else(Vec::new, |s| s.rows.clone())
+        }))
+    }
+
+    async fn write_summary(&self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+        self.with(|sessions, next_id, _| {
+            let s = sessions.get_mut(session).ok_or_else(|| {
+                Error::InvalidInput(format!("no session '{session}' in the store"))
+            })?;
+            check_chain(session, s.episodes.len() as u64, s.rows.last(), &w)?;
+            let row = SummaryRow {
+                id: 0,
+                first_episode: w.first_episode,
+                last_episode: w.last_episode,
+                content: w.content,
+                tokens: w.tokens,
+                prompt_tokens: w.prompt_tokens,
+                output_tokens: w.output_tokens,
+                model: w.model,
+                created_ms: w.now_ms,
+                updated_ms: w.now_ms,
+            };
+            match w.replaces {
+                Some(id) => {
+                    let last = s.rows.last_mut().expect("check_chain saw a latest row");
+                    *last = SummaryRow {
+                        id,
+                        created_ms: last.created_ms,
+                        ..row
+                    };
+                    Ok(last.clone())
+                }
+                None => {
+                    *next_id += 1;
+                    let row = SummaryRow {
+                        id: *next_id,
+                        ..row
+                    };
+                    s.rows.push(row.clone());
+                    Ok(row)
+                }
+            }
+        })
+    }
+
+    async fn sessions(&self) -> Result<Vec<String>, Error> {
+        Ok(self.with(|sessions, _, _| {
+            let mut v: Vec<(&String, u64)> = sessions.iter().map(|(k, s)| (k, s.changed)).collect();
+            v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+            v.into_iter().map(|(k, _)| k.clone()).collect()
+        }))
+    }
+}
