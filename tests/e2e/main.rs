@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod engine_api;
+mod golden_chains;
 mod harness;
 mod ingest;
 mod real_data;

@@ -1,0 +1,33 @@
+// Build the JS package: compile the guest with cargo (sharing the host build's target
+// directory) and transpile it with jco in JSPI async mode into dist/guest/.
+import { execFileSync } from 'node:child_process';
+import { existsSync, rmSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { dirname, join } from 'node:path';
+
+const js = dirname(dirname(fileURLToPath(import.meta.url)));
+const root = dirname(js);
+const targetDir = join(root, 'target', 'guest');
+const wasm = join(targetDir, 'wasm32-wasip2', 'guest-release', 'abridge_guest.wasm');
+
+execFileSync('cargo', ['build', '-q', '-p', 'abridge-guest', '--target', 'wasm32-wasip2', '--profile', 'guest-release', '--target-dir', targetDir], {
+  cwd: root,
+  stdio: 'inherit',
+});
+if (!existsSync(wasm)) throw new Error(`cargo did not produce ${wasm}`);
+
+const P = 'abridge:engine';
+const out = join(js, 'dist', 'guest');
+rmSync(out, { recursive: true, force: true });
+execFileSync(
+  process.execPath,
+  [
+    join(js, 'node_modules', '@bytecodealliance', 'jco', 'dist', 'jco.js'),
+    'transpile', wasm, '-o', out, '--name', 'abridge', '--instantiation', 'async', '--quiet',
+    '--async-mode', 'jspi',
+    '--async-imports', `${P}/llm@0.1.0#generate`, `${P}/llm@0.1.0#generate-batch`,
+    '--async-exports', `${P}/summarizer@0.1.0#after-episode-written`, `${P}/summarizer@0.1.0#summarize-now`,
+  ],
+  { cwd: js, stdio: 'inherit' },
+);
+console.log(`built ${out}`);

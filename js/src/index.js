@@ -1,0 +1,222 @@
+// @abridge/engine: the abridge guest component in JavaScript (jco, JSPI), with hosts for
+// the model (Ollama, OpenAI-compatible), the store (memory, node:sqlite), clock and logging.
+// Each call runs in a fresh instance of the component, as in the Rust host.
+import { readFile } from 'node:fs/promises';
+
+import { instantiate } from '../dist/guest/abridge.js';
+import { AbridgeError, describe, toGuest } from './errors.js';
+import { noModel, ollama, openai, slidingWindow } from './llm.js';
+import { MemoryStore, SqliteStore, checkChain } from './stores.js';
+import { wasiImports } from './wasi.js';
+
+export { AbridgeError, MemoryStore, SqliteStore, checkChain, describe, noModel, ollama, openai };
+
+/** The documented defaults (the same as the Rust host's `Config::default()`). */
+export const defaultConfig = Object.freeze({
+  engine: 'llm',
+  rendering: 'chat',
+  model: 'qwen2.5:3b',
+  contextLength: 4096,
+  maxOutputTokens: 500,
+  temperature: 0.2,
+  thresholdTokens: 200,
+  minEpisodesSince: 5,
+  maxSummaryTokens: 800,
+});
+
+let compiled;
+
+/** The component's core modules, compiled once per process. */
+function coreModules() {
+  compiled ??= (async () => {
+    const dir = new URL('../dist/guest/', import.meta.url);
+    const names = ['abridge.core.wasm', 'abridge.core2.wasm', 'abridge.core3.wasm'];
+    const modules = new Map();
+    for (const name of names) {
+      let bytes;
+      try {
+        bytes = await readFile(new URL(name, dir));
+      } catch (e) {
+        throw new Error(`@abridge/engine is not built (${e.message}); run 'npm run build' in js/`);
+      }
+      modules.set(name, await WebAssembly.compile(bytes));
+    }
+    return modules;
+  })();
+  return compiled;
+}
+
+const big = (n) => (n === undefined || n === null ? undefined : BigInt(n));
+const num = (b) => (b === undefined || b === null ? undefined : Number(b));
+
+const rowToJs = (r) => ({
+  id: num(r.id),
+  firstEpisode: num(r.firstEpisode),
+  lastEpisode: num(r.lastEpisode),
+  content: r.content,
+  tokens: r.tokens,
+  promptTokens: r.promptTokens,
+  outputTokens: r.outputTokens,
+  model: r.model,
+  createdMs: num(r.createdMs),
+  updatedMs: num(r.updatedMs),
+});
+
+const rowToWit = (r) => ({
+  ...r,
+  id: big(r.id),
+  firstEpisode: big(r.firstEpisode),
+  lastEpisode: big(r.lastEpisode),
+  createdMs: big(r.createdMs),
+  updatedMs: big(r.updatedMs),
+});
+
+const outcomeToJs = (o) => ({ triggered: o.triggered, passes: o.passes, written: o.written.map(rowToJs), unsummarized: num(o.unsummarized) });
+
+/** Store calls: engine errors go to the guest as WIT errors, anything else is a storage error. */
+function storeCall(f) {
+  try {
+    return f();
+  } catch (e) {
+    throw toGuest(e instanceof AbridgeError ? e : new AbridgeError('storage', e?.message ?? String(e)));
+  }
+}
+
+/** Run an export call; turn WIT errors into AbridgeError and traps into a described Error. */
+async function exportCall(f) {
+  try {
+    return await f();
+  } catch (e) {
+    const p = e?.payload;
+    if (p && typeof p.tag === 'string') throw new AbridgeError(p.tag, p.val);
+    if (e instanceof WebAssembly.RuntimeError) {
+      throw new Error(`the engine trapped (a bug in the guest); the store is unchanged by this call: ${e.message}`, { cause: e });
+    }
+    throw e;
+  }
+}
+
+/** The engine: the same API as the Rust `Abridge`, with plain numbers and Promises. */
+export class Engine {
+  #llm;
+  #store;
+  #clock;
+  #log;
+  #batch;
+  #modules;
+
+  constructor({ llm, store, clock, log, batchConcurrency, modules }) {
+    this.#llm = llm;
+    this.#store = store;
+    this.#clock = clock;
+    this.#log = log;
+    this.#batch = batchConcurrency;
+    this.#modules = modules;
+  }
+
+  /** The backend's name (`ollama`, `openai`, `none`). */
+  get llmName() {
+    return this.#llm.name;
+  }
+
+  /** The store. */
+  get store() {
+    return this.#store;
+  }
+
+  #imports() {
+    const llm = this.#llm;
+    const store = this.#store;
+    const epToJs = (e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, tokens: e.tokens });
+    const statsToWit = (s) => ({ episodes: big(s.episodes), totalTokens: big(s.totalTokens), lastEpisode: big(s.lastEpisode) });
+    const writeToJs = (w) => ({ ...w, replaces: num(w.replaces), firstEpisode: num(w.firstEpisode), lastEpisode: num(w.lastEpisode), nowMs: num(w.nowMs) });
+    return {
+      'abridge:engine/types': {},
+      'abridge:engine/clock': { nowMs: () => BigInt(Math.floor(this.#clock())) },
+      'abridge:engine/log': { write: (level, message) => this.#log(level, message) },
+      'abridge:engine/llm': {
+        generate: async (req) => {
+          try {
+            return await llm.generate(req);
+          } catch (e) {
+            throw toGuest(e);
+          }
+        },
+        generateBatch: (reqs) => slidingWindow(reqs, this.#batch, (r) => llm.generate(r)),
+      },
+      'abridge:engine/store': {
+        appendEpisodes: (s, eps) => storeCall(() => store.appendEpisodes(s, eps.map(epToJs))),
+        stats: (s) => statsToWit(storeCall(() => store.stats(s))),
+        episodesAfter: (s, after, limit) =>
+          storeCall(() => store.episodesAfter(s, num(after), limit)).map((e) => ({ ...e, id: big(e.id), timestampMs: big(e.timestampMs) })),
+        latestSummary: (s) => {
+          const r = storeCall(() => store.latestSummary(s));
+          return r ? rowToWit(r) : undefined;
+        },
+        summaries: (s) => storeCall(() => store.summaries(s)).map(rowToWit),
+        writeSummary: (s, w) => rowToWit(storeCall(() => store.writeSummary(s, writeToJs(w)))),
+      },
+      ...wasiImports,
+    };
+  }
+
+  async #guest() {
+    return instantiate((name) => this.#modules.get(name), this.#imports());
+  }
+
+  /**
+   * Append episodes `{role, content, timestampMs?, sourceKey}`; the guest estimates their
+   * tokens. Returns how many were new (known source keys are skipped).
+   */
+  async append(session, episodes) {
+    const eps = episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0 }));
+    const g = await this.#guest();
+    return exportCall(() => g.summarizer.append(session, eps));
+  }
+
+  /** Run the trigger after an episode write; summarize until caught up if it holds. */
+  async afterEpisodeWritten(session, config = {}) {
+    const g = await this.#guest();
+    return outcomeToJs(await exportCall(() => g.summarizer.afterEpisodeWritten(session, { ...defaultConfig, ...config })));
+  }
+
+  /** Summarize now, ignoring the trigger, until every episode is covered. */
+  async summarizeNow(session, config = {}) {
+    const g = await this.#guest();
+    return outcomeToJs(await exportCall(() => g.summarizer.summarizeNow(session, { ...defaultConfig, ...config })));
+  }
+
+  /** The summary chain, oldest first. */
+  async chain(session) {
+    const g = await this.#guest();
+    return (await exportCall(() => g.summarizer.chain(session))).map(rowToJs);
+  }
+
+  /** The guest's token estimate. */
+  async estimateTokens(text) {
+    const g = await this.#guest();
+    return exportCall(() => g.text.estimateTokens(text));
+  }
+
+  /** The summarization prompt in both renderings: `{messages, chatml}`. */
+  async buildPrompt(conversation, previousSummary) {
+    const g = await this.#guest();
+    return exportCall(() => g.text.buildPrompt(conversation, previousSummary ?? undefined));
+  }
+
+  /** Clean raw model output. */
+  async stripTemplateTokens(text) {
+    const g = await this.#guest();
+    return exportCall(() => g.text.stripTemplateTokens(text));
+  }
+}
+
+/**
+ * Create an engine. `store` is required (`new MemoryStore()` or `await SqliteStore.open(path)`);
+ * `llm` defaults to no model (extractive engine only).
+ */
+export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, batchConcurrency = 6 } = {}) {
+  if (!store) throw new TypeError('createEngine needs a store: new MemoryStore() or await SqliteStore.open(path)');
+  const modules = await coreModules();
+  return new Engine({ llm, store, clock, log, batchConcurrency, modules });
+}

@@ -1,0 +1,282 @@
+// Stores for the JavaScript host. Both enforce the same rules as the Rust stores: episode ids
+// are 1-based per session, source keys make appends idempotent, and summary rows cover every
+// episode exactly once, in order. Store methods are synchronous (node:sqlite is), and take
+// and return plain numbers.
+import { AbridgeError } from './errors.js';
+
+/** The chain rule, checked before every summary write. */
+export function checkChain(session, episodes, prev, w) {
+  const conflict = (why) => new AbridgeError('storage', `summary chain rule broken for session '${session}': ${why}`);
+  if (w.lastEpisode > episodes || w.lastEpisode < w.firstEpisode || w.firstEpisode === 0) {
+    throw conflict(`coverage ${w.firstEpisode}-${w.lastEpisode} is outside episodes 1-${episodes}`);
+  }
+  if (w.replaces === undefined) {
+    const expect = prev ? prev.lastEpisode + 1 : 1;
+    if (w.firstEpisode !== expect) throw conflict(`a new row must start at episode ${expect}, not ${w.firstEpisode}`);
+  } else if (prev && prev.id === w.replaces) {
+    if (w.firstEpisode !== prev.firstEpisode || w.lastEpisode <= prev.lastEpisode) {
+      throw conflict(`an update of row ${w.replaces} must keep its first episode ${prev.firstEpisode} and extend past ${prev.lastEpisode}`);
+    }
+  } else {
+    throw conflict(`row ${w.replaces} is not the session's latest row`);
+  }
+}
+
+function rowFrom(w, id, createdMs) {
+  return {
+    id,
+    firstEpisode: w.firstEpisode,
+    lastEpisode: w.lastEpisode,
+    content: w.content,
+    tokens: w.tokens,
+    promptTokens: w.promptTokens,
+    outputTokens: w.outputTokens,
+    model: w.model,
+    createdMs,
+    updatedMs: w.nowMs,
+  };
+}
+
+/** Everything in memory. */
+export class MemoryStore {
+  #sessions = new Map();
+  #nextRow = 0;
+  #changes = 0;
+
+  #get(session, create = false) {
+    let s = this.#sessions.get(session);
+    if (!s && create) {
+      s = { episodes: [], keys: new Set(), totalTokens: 0, rows: [], changed: 0 };
+      this.#sessions.set(session, s);
+    }
+    return s;
+  }
+
+  appendEpisodes(session, episodes) {
+    const s = this.#get(session, true);
+    let added = 0;
+    for (const e of episodes) {
+      if (s.keys.has(e.sourceKey)) continue;
+      s.keys.add(e.sourceKey);
+      s.episodes.push({ id: s.episodes.length + 1, role: e.role, content: e.content, timestampMs: e.timestampMs, tokens: e.tokens });
+      s.totalTokens += e.tokens;
+      added++;
+    }
+    if (added) s.changed = ++this.#changes;
+    return added;
+  }
+
+  stats(session) {
+    const s = this.#get(session);
+    const n = s ? s.episodes.length : 0;
+    return { episodes: n, totalTokens: s ? s.totalTokens : 0, lastEpisode: n };
+  }
+
+  episodesAfter(session, after, limit) {
+    const s = this.#get(session);
+    return s ? s.episodes.slice(after, after + limit).map((e) => ({ ...e })) : [];
+  }
+
+  latestSummary(session) {
+    const rows = this.#get(session)?.rows ?? [];
+    return rows.length ? { ...rows[rows.length - 1] } : undefined;
+  }
+
+  summaries(session) {
+    return (this.#get(session)?.rows ?? []).map((r) => ({ ...r }));
+  }
+
+  writeSummary(session, w) {
+    const s = this.#get(session);
+    if (!s) throw new AbridgeError('invalid-input', `no session '${session}' in the store`);
+    const prev = s.rows[s.rows.length - 1];
+    checkChain(session, s.episodes.length, prev, w);
+    if (w.replaces !== undefined) {
+      s.rows[s.rows.length - 1] = rowFrom(w, prev.id, prev.createdMs);
+    } else {
+      s.rows.push(rowFrom(w, ++this.#nextRow, w.nowMs));
+    }
+    return { ...s.rows[s.rows.length - 1] };
+  }
+
+  sessions() {
+    return [...this.#sessions.entries()].sort((a, b) => b[1].changed - a[1].changed || (a[0] < b[0] ? -1 : 1)).map(([k]) => k);
+  }
+}
+
+/** The schema shared with the Rust host's SQLite store (host/src/store/sqlite.rs). */
+const MIGRATIONS = [
+  `CREATE TABLE sessions (
+      id TEXT PRIMARY KEY,
+      episodes INTEGER NOT NULL DEFAULT 0,
+      total_tokens INTEGER NOT NULL DEFAULT 0,
+      changed_seq INTEGER NOT NULL DEFAULT 0
+  );
+  CREATE TABLE episodes (
+      session TEXT NOT NULL REFERENCES sessions(id),
+      id INTEGER NOT NULL,
+      role TEXT NOT NULL CHECK (role IN ('system','user','assistant','tool')),
+      content TEXT NOT NULL,
+      timestamp_ms INTEGER,
+      source_key TEXT NOT NULL,
+      tokens INTEGER NOT NULL,
+      PRIMARY KEY (session, id)
+  ) WITHOUT ROWID;
+  CREATE UNIQUE INDEX episodes_source ON episodes(session, source_key);
+  CREATE TABLE summaries (
+      id INTEGER PRIMARY KEY AUTOINCREMENT,
+      session TEXT NOT NULL REFERENCES sessions(id),
+      first_episode INTEGER NOT NULL,
+      last_episode INTEGER NOT NULL,
+      content TEXT NOT NULL,
+      tokens INTEGER NOT NULL,
+      prompt_tokens INTEGER NOT NULL,
+      output_tokens INTEGER NOT NULL,
+      model TEXT NOT NULL,
+      created_ms INTEGER NOT NULL,
+      updated_ms INTEGER NOT NULL,
+      CHECK (last_episode >= first_episode)
+  );
+  CREATE INDEX summaries_session ON summaries(session, last_episode);`,
+];
+
+const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs';
+
+/** A SQLite file through Node's built-in node:sqlite (no native addon). */
+export class SqliteStore {
+  #db;
+  #st;
+
+  /** Open (creating if needed) `path`; `:memory:` for a private in-memory database. */
+  static async open(path) {
+    const { DatabaseSync } = await import('node:sqlite');
+    return new SqliteStore(new DatabaseSync(path), path);
+  }
+
+  constructor(db, name = 'database') {
+    this.#db = db;
+    try {
+      db.exec('PRAGMA busy_timeout = 10000');
+      db.exec('PRAGMA journal_mode = WAL');
+      db.exec('PRAGMA synchronous = NORMAL');
+      db.exec('PRAGMA foreign_keys = ON');
+      const version = db.prepare('PRAGMA user_version').get().user_version;
+      if (version > MIGRATIONS.length) {
+        throw new Error(`schema ${version} is newer than this build knows (${MIGRATIONS.length}); upgrade abridge`);
+      }
+      for (let i = version; i < MIGRATIONS.length; i++) {
+        this.#tx(() => {
+          db.exec(MIGRATIONS[i]);
+          db.exec(`PRAGMA user_version = ${i + 1}`);
+        });
+      }
+    } catch (e) {
+      throw new AbridgeError('storage', `${name} is not a usable abridge database (${e.message}); use another file`);
+    }
+    const p = (sql) => db.prepare(sql);
+    this.#st = {
+      ensure: p('INSERT OR IGNORE INTO sessions (id) VALUES (?)'),
+      next: p('SELECT episodes + 1 AS next, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) AS seq FROM sessions WHERE id = ?'),
+      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens) VALUES (?, ?, ?, ?, ?, ?, ?)'),
+      bump: p('UPDATE sessions SET episodes = episodes + ?, total_tokens = total_tokens + ?, changed_seq = ? WHERE id = ?'),
+      stats: p('SELECT episodes, total_tokens AS totalTokens FROM sessions WHERE id = ?'),
+      after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
+      latest: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY last_episode DESC, id DESC LIMIT 1`),
+      all: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY first_episode`),
+      row: p(`SELECT ${ROW_COLS} FROM summaries WHERE id = ?`),
+      add: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms)
+              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+      update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ? WHERE id = ?'),
+      sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
+    };
+  }
+
+  #tx(f) {
+    this.#db.exec('BEGIN IMMEDIATE');
+    try {
+      const r = f();
+      this.#db.exec('COMMIT');
+      return r;
+    } catch (e) {
+      this.#db.exec('ROLLBACK');
+      throw e;
+    }
+  }
+
+  #wrap(f) {
+    try {
+      return f();
+    } catch (e) {
+      if (e instanceof AbridgeError) throw e;
+      throw new AbridgeError('storage', e.message);
+    }
+  }
+
+  appendEpisodes(session, episodes) {
+    return this.#wrap(() => this.#tx(() => {
+      const s = this.#st;
+      s.ensure.run(session);
+      let { next, seq } = s.next.get(session);
+      let added = 0;
+      let tokens = 0;
+      for (const e of episodes) {
+        const r = s.insert.run(session, next, e.role, e.content, e.timestampMs ?? null, e.sourceKey, e.tokens);
+        if (r.changes === 1) {
+          next++;
+          added++;
+          tokens += e.tokens;
+        }
+      }
+      if (added) s.bump.run(added, tokens, seq, session);
+      return added;
+    }));
+  }
+
+  stats(session) {
+    return this.#wrap(() => {
+      const r = this.#st.stats.get(session);
+      return r ? { episodes: r.episodes, totalTokens: r.totalTokens, lastEpisode: r.episodes } : { episodes: 0, totalTokens: 0, lastEpisode: 0 };
+    });
+  }
+
+  episodesAfter(session, after, limit) {
+    return this.#wrap(() => this.#st.after.all(session, after, limit).map((e) => ({ ...e, timestampMs: e.timestampMs ?? undefined })));
+  }
+
+  latestSummary(session) {
+    return this.#wrap(() => {
+      const r = this.#st.latest.get(session);
+      return r ? { ...r } : undefined;
+    });
+  }
+
+  summaries(session) {
+    return this.#wrap(() => this.#st.all.all(session).map((r) => ({ ...r })));
+  }
+
+  writeSummary(session, w) {
+    return this.#wrap(() => this.#tx(() => {
+      const s = this.#st;
+      const stats = s.stats.get(session);
+      if (!stats) throw new AbridgeError('invalid-input', `no session '${session}' in the store`);
+      const prev = s.latest.get(session);
+      checkChain(session, stats.episodes, prev, w);
+      let id;
+      if (w.replaces === undefined) {
+        id = Number(s.add.run(session, w.firstEpisode, w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, w.nowMs).lastInsertRowid);
+      } else {
+        id = w.replaces;
+        s.update.run(w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, id);
+      }
+      return { ...s.row.get(id) };
+    }));
+  }
+
+  sessions() {
+    return this.#wrap(() => this.#st.sessions.all().map((r) => r.id));
+  }
+
+  close() {
+    this.#db.close();
+  }
+}

@@ -1,0 +1,119 @@
+//! Golden summary chains (tests/golden/chains): conversation and settings in; the exact
+//! chain and the model requests out, against the deterministic test server. The JS host runs
+//! the same cases (js/test/golden.test.js). `ABRIDGE_BLESS=1` rewrites `expected.json`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use abridge::types::{Config, Engine, NewEpisode, Rendering, Role, SummaryRow};
+use abridge::{Abridge, Clock, MemoryStore, Ollama};
+use serde_json::{Value, json};
+
+use crate::harness::TestServer;
+
+/// Starts at 2026-01-01T00:00:00Z and moves one second per reading.
+pub struct TickingClock(AtomicU64);
+
+impl Clock for TickingClock {
+    fn now_ms(&self) -> u64 {
+        self.0.fetch_add(1000, Ordering::SeqCst)
+    }
+}
+
+fn config(v: &Value) -> Config {
+    let d = Config::default();
+    let u = |k: &str, dflt: u32| v.get(k).and_then(Value::as_u64).map_or(dflt, |n| n as u32);
+    Config {
+        engine: if v.get("engine").and_then(Value::as_str) == Some("extractive") { Engine::Extractive } else { Engine::Llm },
+        rendering: if v.get("rendering").and_then(Value::as_str) == Some("chatml") { Rendering::Chatml } else { Rendering::Chat },
+        model: v.get("model").and_then(Value::as_str).unwrap_or(&d.model).to_string(),
+        context_length: u("context_length", d.context_length),
+        max_output_tokens: u("max_output_tokens", d.max_output_tokens),
+        temperature: v.get("temperature").and_then(Value::as_f64).map_or(d.temperature, |t| t as f32),
+        threshold_tokens: u("threshold_tokens", d.threshold_tokens),
+        min_episodes_since: u("min_episodes_since", d.min_episodes_since),
+        max_summary_tokens: u("max_summary_tokens", d.max_summary_tokens),
+    }
+}
+
+fn row_json(r: &SummaryRow) -> Value {
+    json!({
+        "id": r.id, "first_episode": r.first_episode, "last_episode": r.last_episode,
+        "content": r.content, "tokens": r.tokens, "prompt_tokens": r.prompt_tokens,
+        "output_tokens": r.output_tokens, "model": r.model, "created_ms": r.created_ms, "updated_ms": r.updated_ms,
+    })
+}
+
+async fn run_case(dir: &Path) -> Value {
+    let input: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap()).unwrap();
+    let server = TestServer::start();
+    let engine = Abridge::builder()
+        .store(Arc::new(MemoryStore::new()))
+        .llm(Arc::new(Ollama::new(&server.url(), Duration::from_secs(30)).unwrap()))
+        .clock(Arc::new(TickingClock(AtomicU64::new(1_767_225_600_000))))
+        .cache_dir(Some(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("abridge-component-cache")))
+        .build()
+        .unwrap();
+    let cfg = config(&input["config"]);
+    let session = "golden";
+    let episodes: Vec<NewEpisode> = input["episodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, e)| NewEpisode {
+            role: Role::parse(e["role"].as_str().unwrap()).unwrap(),
+            content: e["content"].as_str().unwrap().to_string(),
+            timestamp_ms: None,
+            source_key: i.to_string(),
+            tokens: 0,
+        })
+        .collect();
+    match input["mode"].as_str() {
+        Some("ingest") => {
+            for e in &episodes {
+                engine.append(session, std::slice::from_ref(e)).await.unwrap();
+                engine.after_episode_written(session, &cfg).await.unwrap();
+            }
+        }
+        _ => {
+            engine.append(session, &episodes).await.unwrap();
+            engine.summarize_now(session, &cfg).await.unwrap();
+        }
+    }
+    let chain: Vec<Value> = engine.chain(session).await.unwrap().iter().map(row_json).collect();
+    let requests: Vec<Value> = server.generations().into_iter().map(|r| json!({"path": r.path, "body": r.body})).collect();
+    json!({"chain": chain, "requests": requests})
+}
+
+#[tokio::test]
+async fn golden_chains_match() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/chains");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    dirs.sort();
+    assert!(dirs.len() >= 4);
+    let mut failures = Vec::new();
+    for dir in dirs {
+        let got = run_case(&dir).await;
+        let path = dir.join("expected.json");
+        if std::env::var_os("ABRIDGE_BLESS").is_some() {
+            std::fs::write(&path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
+            continue;
+        }
+        let want: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|_| {
+            panic!("{} is missing; run ABRIDGE_BLESS=1 cargo test --workspace golden", path.display())
+        }))
+        .unwrap();
+        if want != got {
+            failures.push(format!(
+                "{}\n--- expected\n{}\n--- got\n{}",
+                dir.display(),
+                serde_json::to_string_pretty(&want).unwrap(),
+                serde_json::to_string_pretty(&got).unwrap()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "golden chain mismatches:\n{}", failures.join("\n\n"));
+}
