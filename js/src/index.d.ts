@@ -1,0 +1,148 @@
+// Public API of @abridge/engine. Plain numbers instead of WIT u64 BigInts, Promises for
+// every call, and AbridgeError instead of `{tag, val}` results. The raw generated bindings
+// are in dist/guest/abridge.d.ts.
+
+export type Role = 'system' | 'user' | 'assistant' | 'tool';
+export type ErrorKind =
+  | 'unreachable' | 'model-not-found' | 'timeout' | 'context-overflow'
+  | 'server' | 'rejected-output' | 'storage' | 'invalid-input';
+
+/** An actionable engine error; `message` says what happened and how to fix it. */
+export class AbridgeError extends Error {
+  constructor(kind: ErrorKind, message: string);
+  readonly kind: ErrorKind;
+  /** The payload without the kind's prefix. */
+  readonly detail: string;
+}
+
+export interface Message { role: Role; content: string }
+
+/** An episode to append. `sourceKey` makes appends idempotent (a known key is skipped). */
+export interface NewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string | number }
+
+export interface StoredNewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string; tokens: number }
+export interface Episode { id: number; role: Role; content: string; timestampMs?: number; tokens: number }
+export interface SessionStats { episodes: number; totalTokens: number; lastEpisode: number }
+
+export interface SummaryRow {
+  id: number;
+  /** First episode covered (inclusive). */
+  firstEpisode: number;
+  /** Last episode covered (inclusive). */
+  lastEpisode: number;
+  content: string;
+  tokens: number;
+  promptTokens: number;
+  outputTokens: number;
+  model: string;
+  createdMs: number;
+  updatedMs: number;
+}
+
+export interface SummaryWrite {
+  replaces?: number;
+  firstEpisode: number;
+  lastEpisode: number;
+  content: string;
+  tokens: number;
+  promptTokens: number;
+  outputTokens: number;
+  model: string;
+  nowMs: number;
+}
+
+/** Engine settings; every field defaults to `defaultConfig`. */
+export interface Config {
+  engine: 'llm' | 'extractive';
+  rendering: 'chat' | 'chatml';
+  model: string;
+  contextLength: number;
+  maxOutputTokens: number;
+  temperature: number;
+  thresholdTokens: number;
+  minEpisodesSince: number;
+  maxSummaryTokens: number;
+}
+export const defaultConfig: Readonly<Config>;
+
+export interface Outcome { triggered: boolean; passes: number; written: SummaryRow[]; unsummarized: number }
+
+/** A model request as the guest builds it. */
+export interface LlmRequest {
+  model: string;
+  prompt: { tag: 'chat'; val: Message[] } | { tag: 'raw'; val: string };
+  temperature: number;
+  maxOutputTokens: number;
+  contextLength: number;
+  stop: string[];
+}
+export interface LlmResponse { text: string; finishReason: 'stop' | 'length' | 'other'; promptTokens?: number; outputTokens?: number }
+
+/** A model backend: reject with AbridgeError for failures the engine should report. */
+export interface LlmBackend { name: string; generate(req: LlmRequest): Promise<LlmResponse> }
+
+/** A store; methods are synchronous. Throw AbridgeError('storage', …) on failure. */
+export interface Store {
+  appendEpisodes(session: string, episodes: StoredNewEpisode[]): number;
+  stats(session: string): SessionStats;
+  episodesAfter(session: string, after: number, limit: number): Episode[];
+  latestSummary(session: string): SummaryRow | undefined;
+  summaries(session: string): SummaryRow[];
+  writeSummary(session: string, write: SummaryWrite): SummaryRow;
+  sessions(): string[];
+}
+
+export function ollama(options?: { url?: string; timeoutMs?: number }): LlmBackend;
+export function openai(options: { baseUrl: string; apiKey?: string; timeoutMs?: number }): LlmBackend;
+export const noModel: LlmBackend;
+
+export class MemoryStore implements Store {
+  constructor();
+  appendEpisodes(session: string, episodes: StoredNewEpisode[]): number;
+  stats(session: string): SessionStats;
+  episodesAfter(session: string, after: number, limit: number): Episode[];
+  latestSummary(session: string): SummaryRow | undefined;
+  summaries(session: string): SummaryRow[];
+  writeSummary(session: string, write: SummaryWrite): SummaryRow;
+  sessions(): string[];
+}
+
+/** SQLite through node:sqlite, with the Rust host's schema (the two can share a file). */
+export class SqliteStore implements Store {
+  static open(path: string): Promise<SqliteStore>;
+  appendEpisodes(session: string, episodes: StoredNewEpisode[]): number;
+  stats(session: string): SessionStats;
+  episodesAfter(session: string, after: number, limit: number): Episode[];
+  latestSummary(session: string): SummaryRow | undefined;
+  summaries(session: string): SummaryRow[];
+  writeSummary(session: string, write: SummaryWrite): SummaryRow;
+  sessions(): string[];
+  close(): void;
+}
+
+export function checkChain(session: string, episodes: number, prev: SummaryRow | undefined, write: SummaryWrite): void;
+export function describe(kind: ErrorKind, message: string): string;
+
+export interface EngineOptions {
+  store: Store;
+  llm?: LlmBackend;
+  /** Milliseconds since the epoch; default Date.now. */
+  clock?: () => number;
+  log?: (level: 'debug' | 'info' | 'warn', message: string) => void;
+  /** Most batch requests in flight at once; default 6. */
+  batchConcurrency?: number;
+}
+
+export class Engine {
+  readonly llmName: string;
+  readonly store: Store;
+  append(session: string, episodes: NewEpisode[]): Promise<number>;
+  afterEpisodeWritten(session: string, config?: Partial<Config>): Promise<Outcome>;
+  summarizeNow(session: string, config?: Partial<Config>): Promise<Outcome>;
+  chain(session: string): Promise<SummaryRow[]>;
+  estimateTokens(text: string): Promise<number>;
+  buildPrompt(conversation: Message[], previousSummary?: string): Promise<{ messages: Message[]; chatml: string }>;
+  stripTemplateTokens(text: string): Promise<string>;
+}
+
+export function createEngine(options: EngineOptions): Promise<Engine>;

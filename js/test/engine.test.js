@@ -1,0 +1,129 @@
+// Behaviour of the JS host: trigger and strategy through the model, stores, errors, sandbox.
+import assert from 'node:assert/strict';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, test } from 'node:test';
+
+import { AbridgeError, MemoryStore, SqliteStore, createEngine, ollama, openai } from '../src/index.js';
+import { wasiImports } from '../src/wasi.js';
+import { assertCovers, closedPortUrl, startServer } from './helpers.js';
+
+let server;
+before(async () => {
+  server = await startServer();
+});
+after(() => server.close());
+
+const turn = (i, text) => ({ role: i % 2 ? 'assistant' : 'user', content: text, sourceKey: `k${i}` });
+const long = 'The deployment pipeline builds the container image, runs the unit and integration tests, scans the image for known vulnerabilities, signs it, and pushes it to the staging registry, where it waits for a manual promotion to production.';
+
+test('the trigger waits for enough episodes, then summarizes and updates through Ollama', async () => {
+  await server.reset();
+  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url }) });
+  for (let i = 0; i < 4; i++) {
+    await engine.append('s', [turn(i, `${long} Step ${i}.`)]);
+    const out = await engine.afterEpisodeWritten('s');
+    assert.equal(out.triggered, false);
+  }
+  assert.equal((await server.generations()).length, 0);
+  await engine.append('s', [turn(4, 'And the rollback plan?')]);
+  const out = await engine.afterEpisodeWritten('s');
+  assert.equal(out.passes, 1);
+  assert.deepEqual([out.written[0].firstEpisode, out.written[0].lastEpisode], [1, 5]);
+  const gen = (await server.generations())[0];
+  assert.equal(gen.path, '/api/chat');
+  assert.equal(gen.body.truncate, false);
+  assert.equal(gen.body.options.num_ctx, 4096);
+  for (let i = 5; i < 10; i++) await engine.append('s', [turn(i, `Rollback step ${i}: redeploy the previous tag.`)]);
+  await engine.afterEpisodeWritten('s');
+  const chain = await engine.chain('s');
+  assert.equal(chain.length, 1);
+  assertCovers(assert, chain, 10);
+  assert.match(chain[0].content, /continues an earlier summary/);
+});
+
+test('appends are idempotent by source key, in both stores', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
+  for (const store of [new MemoryStore(), await SqliteStore.open(join(dir, 'a.db'))]) {
+    const engine = await createEngine({ store });
+    const eps = [turn(0, 'first message here'), turn(1, 'second message here')];
+    assert.equal(await engine.append('s', eps), 2);
+    assert.equal(await engine.append('s', eps), 0);
+    assert.deepEqual(store.stats('s').episodes, 2);
+  }
+});
+
+test('node:sqlite data survives a new engine and the chain rule is enforced', async () => {
+  const path = join(mkdtempSync(join(tmpdir(), 'abridge-js-')), 'chain.db');
+  let store = await SqliteStore.open(path);
+  let engine = await createEngine({ store });
+  await engine.append('s', Array.from({ length: 6 }, (_, i) => turn(i, `${long} (${i})`)));
+  await engine.summarizeNow('s', { engine: 'extractive' });
+  store.close();
+  store = await SqliteStore.open(path);
+  engine = await createEngine({ store });
+  const chain = await engine.chain('s');
+  assertCovers(assert, chain, 6);
+  assert.throws(
+    () => store.writeSummary('s', { firstEpisode: 3, lastEpisode: 6, content: 'x', tokens: 1, promptTokens: 0, outputTokens: 0, model: 'm', nowMs: 0 }),
+    (e) => e instanceof AbridgeError && e.kind === 'storage' && /must start at episode 7/.test(e.message),
+  );
+});
+
+test('model failures are AbridgeErrors and leave the chain unchanged', async () => {
+  await server.reset();
+  const store = new MemoryStore();
+  const engine = await createEngine({ store, llm: ollama({ url: server.url }) });
+  await engine.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
+  await engine.summarizeNow('s');
+  const before = await engine.chain('s');
+  await engine.append('s', [turn(6, 'one more question about the registry')]);
+  const cases = [
+    [{ kind: 'status', code: 500, message: 'CUDA error' }, 'server', /HTTP 500/],
+    [{ kind: 'garbage' }, 'server', /not JSON/],
+    [{ kind: 'reply', text: '<|im_end|>' }, 'rejected-output', /no text/],
+    [{ kind: 'reply', text: 'The user asked about', done_reason: 'length' }, 'rejected-output', /output limit/],
+  ];
+  for (const [fault, kind, re] of cases) {
+    await server.faults([fault]);
+    await assert.rejects(engine.summarizeNow('s'), (e) => e instanceof AbridgeError && e.kind === kind && re.test(e.message));
+    assert.deepEqual(await engine.chain('s'), before);
+  }
+  const down = await createEngine({ store, llm: ollama({ url: await closedPortUrl() }) });
+  await assert.rejects(down.summarizeNow('s'), (e) => e.kind === 'unreachable' && /ollama serve/.test(e.message));
+  const missing = await createEngine({ store, llm: ollama({ url: server.url }) });
+  await assert.rejects(missing.summarizeNow('s', { model: 'mistral:7b' }), (e) => e.kind === 'model-not-found' && /ollama pull mistral:7b/.test(e.message));
+  const out = await engine.summarizeNow('s');
+  assert.equal(out.unsummarized, 0);
+});
+
+test('raw ChatML through /api/generate and the OpenAI-compatible backend', async () => {
+  await server.reset();
+  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url }) });
+  await engine.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
+  await engine.summarizeNow('s', { rendering: 'chatml' });
+  const gen = (await server.generations())[0];
+  assert.equal(gen.path, '/api/generate');
+  assert.equal(gen.body.raw, true);
+  assert.deepEqual(gen.body.options.stop, ['<|im_end|>', '<|im_start|>']);
+
+  const oa = await createEngine({ store: new MemoryStore(), llm: openai({ baseUrl: `${server.url}/v1`, apiKey: 'sk-test' }) });
+  await oa.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
+  const out = await oa.summarizeNow('s', { model: 'llama3.2:1b' });
+  assert.equal(out.written[0].model, 'llama3.2:1b');
+  assert.equal((await server.generations()).at(-1).path, '/v1/chat/completions');
+});
+
+test('the guest sees no environment, arguments or working directory, and cannot exit', () => {
+  process.env.ABRIDGE_SANDBOX_CANARY = 'leaked';
+  const env = wasiImports['wasi:cli/environment'];
+  assert.deepEqual(env.getEnvironment(), []);
+  assert.deepEqual(env.getArguments(), []);
+  assert.equal(env.initialCwd(), undefined);
+  assert.throws(() => wasiImports['wasi:cli/exit'].exit({ tag: 'ok' }), /tried to exit/);
+});
+
+test('createEngine without a store is refused with a hint', async () => {
+  await assert.rejects(createEngine({}), /needs a store/);
+});
