@@ -311,6 +311,12 @@ impl Abridge {
         ))
     }
 
+    /// Create a fresh instance and drop it, without calling the guest: what every call pays
+    /// before its work starts (for benchmarks).
+    pub async fn instantiate_only(&self) -> Result<(), CallError> {
+        self.instance().await.map(drop)
+    }
+
     /// Append episodes (the guest fills in token estimates); returns how many were new.
     pub async fn append(&self, session: &str, episodes: &[NewEpisode]) -> Result<u32, CallError> {
         let (mut store, g) = self.instance().await?;

@@ -143,6 +143,8 @@ export class Engine {
   estimateTokens(text: string): Promise<number>;
   buildPrompt(conversation: Message[], previousSummary?: string): Promise<{ messages: Message[]; chatml: string }>;
   stripTemplateTokens(text: string): Promise<string>;
+  /** Create a fresh instance without calling it (for benchmarks). */
+  instantiateOnly(): Promise<void>;
 }
 
 export function createEngine(options: EngineOptions): Promise<Engine>;

@@ -164,6 +164,11 @@ export class Engine {
     return instantiate((name) => this.#modules.get(name), this.#imports());
   }
 
+  /** Create a fresh instance without calling it: what every call pays first (for benchmarks). */
+  async instantiateOnly() {
+    await this.#guest();
+  }
+
   /**
    * Append episodes `{role, content, timestampMs?, sourceKey}`; the guest estimates their
    * tokens. Returns how many were new (known source keys are skipped).

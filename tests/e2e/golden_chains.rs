@@ -26,12 +26,27 @@ fn config(v: &Value) -> Config {
     let d = Config::default();
     let u = |k: &str, dflt: u32| v.get(k).and_then(Value::as_u64).map_or(dflt, |n| n as u32);
     Config {
-        engine: if v.get("engine").and_then(Value::as_str) == Some("extractive") { Engine::Extractive } else { Engine::Llm },
-        rendering: if v.get("rendering").and_then(Value::as_str) == Some("chatml") { Rendering::Chatml } else { Rendering::Chat },
-        model: v.get("model").and_then(Value::as_str).unwrap_or(&d.model).to_string(),
+        engine: if v.get("engine").and_then(Value::as_str) == Some("extractive") {
+            Engine::Extractive
+        } else {
+            Engine::Llm
+        },
+        rendering: if v.get("rendering").and_then(Value::as_str) == Some("chatml") {
+            Rendering::Chatml
+        } else {
+            Rendering::Chat
+        },
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or(&d.model)
+            .to_string(),
         context_length: u("context_length", d.context_length),
         max_output_tokens: u("max_output_tokens", d.max_output_tokens),
-        temperature: v.get("temperature").and_then(Value::as_f64).map_or(d.temperature, |t| t as f32),
+        temperature: v
+            .get("temperature")
+            .and_then(Value::as_f64)
+            .map_or(d.temperature, |t| t as f32),
         threshold_tokens: u("threshold_tokens", d.threshold_tokens),
         min_episodes_since: u("min_episodes_since", d.min_episodes_since),
         max_summary_tokens: u("max_summary_tokens", d.max_summary_tokens),
@@ -47,13 +62,18 @@ fn row_json(r: &SummaryRow) -> Value {
 }
 
 async fn run_case(dir: &Path) -> Value {
-    let input: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap()).unwrap();
+    let input: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap()).unwrap();
     let server = TestServer::start();
     let engine = Abridge::builder()
         .store(Arc::new(MemoryStore::new()))
-        .llm(Arc::new(Ollama::new(&server.url(), Duration::from_secs(30)).unwrap()))
+        .llm(Arc::new(
+            Ollama::new(&server.url(), Duration::from_secs(30)).unwrap(),
+        ))
         .clock(Arc::new(TickingClock(AtomicU64::new(1_767_225_600_000))))
-        .cache_dir(Some(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("abridge-component-cache")))
+        .cache_dir(Some(
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("abridge-component-cache"),
+        ))
         .build()
         .unwrap();
     let cfg = config(&input["config"]);
@@ -74,7 +94,10 @@ async fn run_case(dir: &Path) -> Value {
     match input["mode"].as_str() {
         Some("ingest") => {
             for e in &episodes {
-                engine.append(session, std::slice::from_ref(e)).await.unwrap();
+                engine
+                    .append(session, std::slice::from_ref(e))
+                    .await
+                    .unwrap();
                 engine.after_episode_written(session, &cfg).await.unwrap();
             }
         }
@@ -83,15 +106,29 @@ async fn run_case(dir: &Path) -> Value {
             engine.summarize_now(session, &cfg).await.unwrap();
         }
     }
-    let chain: Vec<Value> = engine.chain(session).await.unwrap().iter().map(row_json).collect();
-    let requests: Vec<Value> = server.generations().into_iter().map(|r| json!({"path": r.path, "body": r.body})).collect();
+    let chain: Vec<Value> = engine
+        .chain(session)
+        .await
+        .unwrap()
+        .iter()
+        .map(row_json)
+        .collect();
+    let requests: Vec<Value> = server
+        .generations()
+        .into_iter()
+        .map(|r| json!({"path": r.path, "body": r.body}))
+        .collect();
     json!({"chain": chain, "requests": requests})
 }
 
 #[tokio::test]
 async fn golden_chains_match() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/chains");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
     dirs.sort();
     assert!(dirs.len() >= 4);
     let mut failures = Vec::new();
@@ -102,10 +139,14 @@ async fn golden_chains_match() {
             std::fs::write(&path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
             continue;
         }
-        let want: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|_| {
-            panic!("{} is missing; run ABRIDGE_BLESS=1 cargo test --workspace golden", path.display())
-        }))
-        .unwrap();
+        let want: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|_| {
+                panic!(
+                    "{} is missing; run ABRIDGE_BLESS=1 cargo test --workspace golden",
+                    path.display()
+                )
+            }))
+            .unwrap();
         if want != got {
             failures.push(format!(
                 "{}\n--- expected\n{}\n--- got\n{}",
@@ -115,5 +156,9 @@ async fn golden_chains_match() {
             ));
         }
     }
-    assert!(failures.is_empty(), "golden chain mismatches:\n{}", failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "golden chain mismatches:\n{}",
+        failures.join("\n\n")
+    );
 }

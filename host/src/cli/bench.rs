@@ -29,6 +29,13 @@ pub struct BenchArgs {
     /// the human summaries, with a lead-3 baseline), e.g. ../shared/data/dialogsum_test.jsonl
     #[arg(long, value_name = "PATH")]
     dialogsum: Option<std::path::PathBuf>,
+    /// Also compare with the JavaScript host (needs Node >= 24 as `node` or $ABRIDGE_NODE,
+    /// and `npm run build` done in this folder)
+    #[arg(long, value_name = "JS_DIR", num_args = 0..=1, default_missing_value = "js")]
+    js: Option<std::path::PathBuf>,
+    /// Model delay for the summarize-session comparison, in milliseconds
+    #[arg(long, default_value_t = 50)]
+    delay_ms: u64,
 }
 
 /// A model that answers at once, so only engine work is measured.
@@ -299,6 +306,167 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
     if let Some(path) = &a.dialogsum {
         dialogsum(engine.runtime().clone(), path).await?;
     }
+    if let Some(dir) = &a.js {
+        js_comparison(engine.runtime().clone(), dir, a.delay_ms).await?;
+    }
+    Ok(())
+}
+
+/// The same measurements through wasmtime and through Node (js/scripts/bench.mjs), against
+/// one test server with a fixed model delay.
+async fn js_comparison(
+    runtime: Arc<Runtime>,
+    js_dir: &std::path::Path,
+    delay_ms: u64,
+) -> Result<(), Failure> {
+    use abridge_test_llm::{Options, TestServer};
+    let node = std::env::var("ABRIDGE_NODE").unwrap_or_else(|_| "node".into());
+    let version = std::process::Command::new(&node).arg("--version").output();
+    let major = version.as_ref().ok().and_then(|o| {
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .trim_start_matches('v')
+            .split('.')
+            .next()?
+            .parse::<u32>()
+            .ok()
+    });
+    if major.is_none_or(|m| m < 24) {
+        println!(
+            "js host           SKIPPED: Node >= 24 not found as '{node}' (set ABRIDGE_NODE; .ci/run installs one)"
+        );
+        return Ok(());
+    }
+    let server = TestServer::start_with(Options {
+        delay: Duration::from_millis(delay_ms),
+        ..Options::default()
+    });
+    let (episodes, runs) = (40usize, 3usize);
+
+    // wasmtime: the same steps as the JS script.
+    let store = Arc::new(SqliteStore::in_memory().map_err(fail)?);
+    let llm = Arc::new(abridge::Ollama::new(&server.url(), Duration::from_secs(60)).map_err(fail)?);
+    let engine = Abridge::builder()
+        .runtime(runtime)
+        .store(store)
+        .llm(llm)
+        .build()
+        .map_err(fail)?;
+    const N: u32 = 300;
+    for _ in 0..20 {
+        engine.instantiate_only().await.map_err(fail)?;
+    }
+    let t = Instant::now();
+    for _ in 0..N {
+        engine.instantiate_only().await.map_err(fail)?;
+    }
+    let inst_ms = t.elapsed().as_secs_f64() * 1e3 / f64::from(N);
+    let big = "word ".repeat(50 * 1024 / 5);
+    let t = Instant::now();
+    for _ in 0..N {
+        engine.estimate_tokens(&big).await.map_err(fail)?;
+    }
+    let call_us = t.elapsed().as_secs_f64() * 1e6 / f64::from(N);
+    const WORDS: &[&str] = &[
+        "database",
+        "upgrade",
+        "window",
+        "replica",
+        "backup",
+        "migration",
+        "latency",
+        "index",
+        "query",
+        "rollout",
+    ];
+    let sentence = |i: usize, n: usize| {
+        let mut s = (0..n)
+            .map(|k| WORDS[(i * 7 + k * 3) % WORDS.len()])
+            .collect::<Vec<_>>()
+            .join(" ");
+        s.push('.');
+        s
+    };
+    let cfg = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..Config::default()
+    };
+    let mut times = Vec::new();
+    let mut passes = 0;
+    for r in 0..runs {
+        let session = format!("bench-{r}");
+        let eps: Vec<NewEpisode> = (0..episodes)
+            .map(|i| NewEpisode {
+                role: if i % 2 == 1 {
+                    Role::Assistant
+                } else {
+                    Role::User
+                },
+                content: sentence(i, 60),
+                timestamp_ms: None,
+                source_key: i.to_string(),
+                tokens: 0,
+            })
+            .collect();
+        engine.append(&session, &eps).await.map_err(fail)?;
+        let t = Instant::now();
+        passes = engine
+            .summarize_now(&session, &cfg)
+            .await
+            .map_err(fail)?
+            .passes;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let rust_ms = median(times);
+
+    // Node: same server, same scenario.
+    let script = js_dir.join("scripts/bench.mjs");
+    let out = tokio::process::Command::new(&node)
+        .arg(&script)
+        .args([
+            "--url",
+            &server.url(),
+            "--episodes",
+            &episodes.to_string(),
+            "--runs",
+            &runs.to_string(),
+        ])
+        .output()
+        .await
+        .map_err(|e| fail(format!("running {} {}: {e}", node, script.display())))?;
+    if !out.status.success() {
+        return Err(fail(format!(
+            "the JS benchmark failed (did you run 'npm ci && npm run build' in {}?):\n{}",
+            js_dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(out.stdout.trim_ascii())
+        .map_err(|e| fail(format!("the JS benchmark printed no JSON: {e}")))?;
+    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let (js_inst, js_call, js_ms) = (f("instantiate_ms"), f("call50k_us"), f("summarize_ms"));
+    if v["passes"].as_u64() != Some(u64::from(passes)) {
+        return Err(fail(format!(
+            "the hosts disagree on the number of passes: wasmtime {passes}, node {}",
+            v["passes"]
+        )));
+    }
+    let node_version = v["node"].as_str().unwrap_or("?");
+    println!(
+        "js host (node {node_version})  instantiate only: wasmtime {:.3} ms | node {js_inst:.3} ms | ratio {:.1}x",
+        inst_ms,
+        js_inst / inst_ms
+    );
+    println!(
+        "                  fresh instance + 50 KiB string call: wasmtime {call_us:.1} µs | node {js_call:.1} µs | ratio {:.1}x",
+        js_call / call_us
+    );
+    let ratio = js_ms / rust_ms;
+    println!(
+        "                  summarize session ({episodes} episodes, {passes} passes, {delay_ms} ms model delay): wasmtime {rust_ms:.1} ms | node {js_ms:.1} ms | ratio {ratio:.3} | target <= 1.10: {}",
+        verdict(ratio <= 1.10)
+    );
     Ok(())
 }
 /// Lower-case word tokens for ROUGE.
