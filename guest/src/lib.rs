@@ -9,6 +9,7 @@
 pub mod chunk;
 pub mod engine;
 pub mod extractive;
+pub mod plan;
 pub mod policy;
 pub mod prompt;
 pub mod quality;

@@ -192,7 +192,15 @@ fn server_errors_garbage_and_rejected_output_write_nothing() {
         ),
     ];
     for (fault, expect) in cases {
-        server.push_faults([fault.clone()]);
+        // Transient faults are retried (3 attempts by default), so they must persist.
+        let transient = matches!(
+            fault,
+            Fault::Status { code: 500, .. } | Fault::Garbage | Fault::Disconnect
+        );
+        server.push_faults(std::iter::repeat_n(
+            fault.clone(),
+            if transient { 3 } else { 1 },
+        ));
         let before = env.chain("chat").unwrap();
         let r = env.run(&args);
         r.assert_fails(3, expect);
@@ -237,4 +245,47 @@ fn invalid_configuration_is_reported_before_anything_runs() {
     r.assert_fails(2, &["must start with http://"]);
     let chain: Value = env.chain("chat").unwrap();
     assert_covers(&chain, 12);
+}
+
+#[test]
+fn transient_faults_are_retried_with_backoff() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    server.push_faults([
+        Fault::Status {
+            code: 503,
+            message: "server busy".into(),
+        },
+        Fault::Disconnect,
+    ]);
+    env.run(&["summarize", &fixture("chat.jsonl")]).assert_ok();
+    let gens = server.generations();
+    assert_eq!(gens.len(), 3, "two failed attempts, then success");
+    assert!(
+        gens[1].at_ms >= gens[0].at_ms + 2 && gens[2].at_ms >= gens[1].at_ms + 5,
+        "backoff between attempts"
+    );
+    assert_covers(&env.chain("chat").unwrap(), 12);
+    // A missing model is not retried.
+    let r = env.run(&[
+        "summarize",
+        &fixture("chat.jsonl"),
+        "--session",
+        "other",
+        "--model",
+        "llama3.2:1b",
+        "--retries",
+        "5",
+    ]);
+    r.assert_ok();
+    server.push_faults([Fault::Status {
+        code: 404,
+        message: "model 'x' not found".into(),
+    }]);
+    let before = server.generations().len();
+    env.run(&["summarize", &fixture("openai.json"), "--retries", "5"])
+        .assert_fails(3, &["ollama pull"]);
+    assert_eq!(server.generations().len(), before + 1);
 }

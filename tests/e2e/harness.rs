@@ -36,6 +36,8 @@ impl Env {
             .env("HOME", self.dir.path())
             .env("ABRIDGE_CACHE_DIR", cache_dir())
             .env("ABRIDGE_DB", self.db())
+            // Keep retry backoff short in tests; the policy itself is unit-tested.
+            .env("ABRIDGE_RETRY_BASE_MS", "5")
             .current_dir(self.dir.path())
             .args(args)
             .stdin(Stdio::null());

@@ -6,9 +6,11 @@ use crate::types::{Error, Request, Response};
 
 mod ollama;
 mod openai;
+mod retry;
 
 pub use ollama::Ollama;
 pub use openai::OpenAi;
+pub use retry::{Attempt, RetryPolicy};
 
 /// A language model the engine can call. Implement it to plug in another server or a
 /// scripted model in tests.
@@ -36,6 +38,11 @@ impl LlmBackend for NoModel {
     fn name(&self) -> &str {
         "none"
     }
+}
+
+/// A transport failure as an attempt: all of them may pass, so all are retried.
+pub(crate) fn transport_attempt(server: &str, url: &str, e: reqwest::Error, hint: &str) -> Attempt {
+    Attempt::Retry(transport_error(server, url, e, hint))
 }
 
 /// Map a reqwest transport failure to an engine error that says how to fix it.

@@ -8,13 +8,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use super::{LlmBackend, transport_error};
+use super::{Attempt, LlmBackend, RetryPolicy, transport_attempt, transport_error};
 use crate::types::{Error, FinishReason, Prompt, Request, Response};
 
 /// An Ollama server.
 pub struct Ollama {
     http: reqwest::Client,
     base: String,
+    retry: RetryPolicy,
 }
 
 const HINT: &str =
@@ -33,7 +34,14 @@ impl Ollama {
         Ok(Ollama {
             http,
             base: base.trim_end_matches('/').to_string(),
+            retry: RetryPolicy::default(),
         })
+    }
+
+    /// Retry transient failures with this policy (default: 3 attempts, 500 ms doubling).
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
     }
 
     /// The server's base URL.
@@ -91,6 +99,75 @@ pub(crate) fn not_pulled(model: &str) -> Error {
     ))
 }
 
+impl Ollama {
+    /// One attempt at a request, classified for the retry policy.
+    async fn attempt(&self, req: &Request, path: &str, body: &Value) -> Attempt {
+        let url = format!("{}{path}", self.base);
+        let resp = match self.http.post(&url).json(body).send().await {
+            Ok(r) => r,
+            Err(e) => return transport_attempt("Ollama", &self.base, e, HINT),
+        };
+        let status = resp.status();
+        let text = match resp.text().await {
+            Ok(t) => t,
+            Err(e) => return transport_attempt("Ollama", &self.base, e, HINT),
+        };
+        let v: Option<Value> = serde_json::from_str(&text).ok();
+        let err_msg = v
+            .as_ref()
+            .and_then(|v| v.get("error"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if !status.is_success() {
+            let msg = err_msg.unwrap_or_else(|| snippet(&text));
+            return match status.as_u16() {
+                404 => Attempt::Done(Err(not_pulled(&req.model))),
+                400 if msg.contains("context length") => {
+                    Attempt::Done(Err(Error::ContextOverflow(msg)))
+                }
+                code @ (429 | 500..=599) => {
+                    Attempt::Retry(Error::Server(format!("HTTP {code} from {url}: {msg}")))
+                }
+                code => Attempt::Done(Err(Error::Server(format!("HTTP {code} from {url}: {msg}")))),
+            };
+        }
+        let Some(v) = v else {
+            return Attempt::Retry(Error::Server(format!(
+                "{url} answered with something that is not JSON ({}); is it really an Ollama server?",
+                snippet(&text)
+            )));
+        };
+        if let Some(msg) = err_msg {
+            return Attempt::Retry(Error::Server(format!("{url}: {msg}")));
+        }
+        let Some(content) = v
+            .pointer("/message/content")
+            .or_else(|| v.get("response"))
+            .and_then(Value::as_str)
+        else {
+            return Attempt::Retry(Error::Server(format!(
+                "{url} answered without a message; is it really an Ollama server?"
+            )));
+        };
+        let finish = match v.get("done_reason").and_then(Value::as_str) {
+            Some("stop") | None => FinishReason::Stop,
+            Some("length") => FinishReason::Length,
+            Some(_) => FinishReason::Other,
+        };
+        let count = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_u64)
+                .map(|n| n.min(u32::MAX as u64) as u32)
+        };
+        Attempt::Done(Ok(Response {
+            text: content.to_string(),
+            finish_reason: finish,
+            prompt_tokens: count("prompt_eval_count"),
+            output_tokens: count("eval_count"),
+        }))
+    }
+}
+
 #[async_trait]
 impl LlmBackend for Ollama {
     async fn generate(&self, req: Request) -> Result<Response, Error> {
@@ -118,64 +195,7 @@ impl LlmBackend for Ollama {
                 json!({"model": req.model, "prompt": p, "raw": true, "stream": false, "truncate": false, "options": options}),
             ),
         };
-        let url = format!("{}{path}", self.base);
-        let resp = self
-            .http
-            .post(&url)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
-        let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
-        let v: Option<Value> = serde_json::from_str(&text).ok();
-        let err_msg = v
-            .as_ref()
-            .and_then(|v| v.get("error"))
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        if !status.is_success() {
-            let msg = err_msg.unwrap_or_else(|| snippet(&text));
-            return Err(match status.as_u16() {
-                404 => not_pulled(&req.model),
-                400 if msg.contains("context length") => Error::ContextOverflow(msg),
-                code => Error::Server(format!("HTTP {code} from {url}: {msg}")),
-            });
-        }
-        let v = v.ok_or_else(|| {
-            Error::Server(format!("{url} answered with something that is not JSON ({}); is it really an Ollama server?", snippet(&text)))
-        })?;
-        if let Some(msg) = err_msg {
-            return Err(Error::Server(format!("{url}: {msg}")));
-        }
-        let content = v
-            .pointer("/message/content")
-            .or_else(|| v.get("response"))
-            .and_then(Value::as_str)
-            .ok_or_else(|| {
-                Error::Server(format!(
-                    "{url} answered without a message; is it really an Ollama server?"
-                ))
-            })?;
-        let finish = match v.get("done_reason").and_then(Value::as_str) {
-            Some("stop") | None => FinishReason::Stop,
-            Some("length") => FinishReason::Length,
-            Some(_) => FinishReason::Other,
-        };
-        let count = |k: &str| {
-            v.get(k)
-                .and_then(Value::as_u64)
-                .map(|n| n.min(u32::MAX as u64) as u32)
-        };
-        Ok(Response {
-            text: content.to_string(),
-            finish_reason: finish,
-            prompt_tokens: count("prompt_eval_count"),
-            output_tokens: count("eval_count"),
-        })
+        self.retry.run(|| self.attempt(&req, path, &body)).await
     }
 
     fn name(&self) -> &str {

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::ollama::snippet;
-use super::{LlmBackend, transport_error};
+use super::{Attempt, LlmBackend, RetryPolicy, transport_attempt};
 use crate::types::{Error, FinishReason, Prompt, Request, Response};
 
 /// An OpenAI-compatible server.
@@ -15,6 +15,7 @@ pub struct OpenAi {
     http: reqwest::Client,
     base: String,
     key: Option<String>,
+    retry: RetryPolicy,
 }
 
 const HINT: &str = "check OPENAI_BASE_URL, or pass --backend ollama|extractive";
@@ -36,7 +37,85 @@ impl OpenAi {
             http,
             base: base.trim_end_matches('/').to_string(),
             key,
+            retry: RetryPolicy::default(),
         })
+    }
+
+    /// Retry transient failures with this policy (default: 3 attempts, 500 ms doubling).
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// One attempt at a request, classified for the retry policy.
+    async fn attempt(&self, req: &Request, body: &Value) -> Attempt {
+        const SERVER: &str = "the OpenAI-compatible server";
+        let url = format!("{}/chat/completions", self.base);
+        let mut call = self.http.post(&url).json(body);
+        if let Some(k) = &self.key {
+            call = call.bearer_auth(k);
+        }
+        let resp = match call.send().await {
+            Ok(r) => r,
+            Err(e) => return transport_attempt(SERVER, &self.base, e, HINT),
+        };
+        let status = resp.status();
+        let text = match resp.text().await {
+            Ok(t) => t,
+            Err(e) => return transport_attempt(SERVER, &self.base, e, HINT),
+        };
+        let v: Option<Value> = serde_json::from_str(&text).ok();
+        if !status.is_success() {
+            let msg = v
+                .as_ref()
+                .and_then(|v| v.pointer("/error/message").or_else(|| v.get("error")))
+                .and_then(Value::as_str)
+                .map_or_else(|| snippet(&text), str::to_string);
+            let fail = |e| Attempt::Done(Err(e));
+            return match status.as_u16() {
+                401 | 403 => fail(Error::Server(format!(
+                    "{url} refused the credentials ({msg}); set OPENAI_API_KEY"
+                ))),
+                404 => fail(Error::ModelNotFound(format!(
+                    "model '{}' is not available at {} ({msg}); pick another with --model",
+                    req.model, self.base
+                ))),
+                400 if msg.contains("context") => fail(Error::ContextOverflow(msg)),
+                code @ (429 | 500..=599) => {
+                    Attempt::Retry(Error::Server(format!("HTTP {code} from {url}: {msg}")))
+                }
+                code => fail(Error::Server(format!("HTTP {code} from {url}: {msg}"))),
+            };
+        }
+        let Some(v) = v else {
+            return Attempt::Retry(Error::Server(format!(
+                "{url} answered with something that is not JSON ({})",
+                snippet(&text)
+            )));
+        };
+        let Some(choice) = v.pointer("/choices/0") else {
+            return Attempt::Retry(Error::Server(format!("{url} answered without choices")));
+        };
+        let content = choice
+            .pointer("/message/content")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let finish = match choice.get("finish_reason").and_then(Value::as_str) {
+            Some("stop") | None => FinishReason::Stop,
+            Some("length") => FinishReason::Length,
+            Some(_) => FinishReason::Other,
+        };
+        let count = |p: &str| {
+            v.pointer(p)
+                .and_then(Value::as_u64)
+                .map(|n| n.min(u32::MAX as u64) as u32)
+        };
+        Attempt::Done(Ok(Response {
+            text: content.to_string(),
+            finish_reason: finish,
+            prompt_tokens: count("/usage/prompt_tokens"),
+            output_tokens: count("/usage/completion_tokens"),
+        }))
     }
 }
 
@@ -64,68 +143,7 @@ impl LlmBackend for OpenAi {
         if !req.stop.is_empty() {
             body["stop"] = json!(req.stop);
         }
-        let url = format!("{}/chat/completions", self.base);
-        let mut call = self.http.post(&url).json(&body);
-        if let Some(k) = &self.key {
-            call = call.bearer_auth(k);
-        }
-        let resp = call
-            .send()
-            .await
-            .map_err(|e| transport_error("the OpenAI-compatible server", &self.base, e, HINT))?;
-        let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| transport_error("the OpenAI-compatible server", &self.base, e, HINT))?;
-        let v: Option<Value> = serde_json::from_str(&text).ok();
-        if !status.is_success() {
-            let msg = v
-                .as_ref()
-                .and_then(|v| v.pointer("/error/message").or_else(|| v.get("error")))
-                .and_then(Value::as_str)
-                .map_or_else(|| snippet(&text), str::to_string);
-            return Err(match status.as_u16() {
-                401 | 403 => Error::Server(format!(
-                    "{url} refused the credentials ({msg}); set OPENAI_API_KEY"
-                )),
-                404 => Error::ModelNotFound(format!(
-                    "model '{}' is not available at {} ({msg}); pick another with --model",
-                    req.model, self.base
-                )),
-                400 if msg.contains("context") => Error::ContextOverflow(msg),
-                code => Error::Server(format!("HTTP {code} from {url}: {msg}")),
-            });
-        }
-        let v = v.ok_or_else(|| {
-            Error::Server(format!(
-                "{url} answered with something that is not JSON ({})",
-                snippet(&text)
-            ))
-        })?;
-        let choice = v
-            .pointer("/choices/0")
-            .ok_or_else(|| Error::Server(format!("{url} answered without choices")))?;
-        let content = choice
-            .pointer("/message/content")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let finish = match choice.get("finish_reason").and_then(Value::as_str) {
-            Some("stop") | None => FinishReason::Stop,
-            Some("length") => FinishReason::Length,
-            Some(_) => FinishReason::Other,
-        };
-        let count = |p: &str| {
-            v.pointer(p)
-                .and_then(Value::as_u64)
-                .map(|n| n.min(u32::MAX as u64) as u32)
-        };
-        Ok(Response {
-            text: content.to_string(),
-            finish_reason: finish,
-            prompt_tokens: count("/usage/prompt_tokens"),
-            output_tokens: count("/usage/completion_tokens"),
-        })
+        self.retry.run(|| self.attempt(&req, &body)).await
     }
 
     fn name(&self) -> &str {

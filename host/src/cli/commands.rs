@@ -94,7 +94,11 @@ fn model_failure(e: Error) -> Failure {
 }
 
 async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
-    let ollama = || Ollama::new(&s.url, s.timeout).map_err(model_failure);
+    let ollama = || {
+        Ollama::new(&s.url, s.timeout)
+            .map(|o| o.with_retry(s.retry))
+            .map_err(model_failure)
+    };
     let checked = |o: Ollama| async move {
         o.probe().await.map_err(model_failure)?;
         if !o.has_model(&s.config.model).await.map_err(model_failure)? {

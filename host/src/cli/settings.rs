@@ -78,6 +78,10 @@ pub struct Common {
     /// Time limit per model call in seconds [env: ABRIDGE_TIMEOUT_SECS] [default: 300]
     #[arg(long, global = true)]
     pub timeout_secs: Option<u64>,
+    /// Attempts per model request; timeouts, connection errors, 429/5xx and unparseable answers
+    /// are retried with exponential backoff and jitter [env: ABRIDGE_RETRIES] [default: 3]
+    #[arg(long, global = true)]
+    pub retries: Option<u32>,
     /// More log output (-v: progress, -vv: debug)
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -104,6 +108,8 @@ pub struct FileConfig {
     max_summary_tokens: Option<u32>,
     min_episodes: Option<u32>,
     timeout_secs: Option<u64>,
+    retries: Option<u32>,
+    retry_base_ms: Option<u64>,
 }
 
 /// Resolved settings.
@@ -115,6 +121,7 @@ pub struct Settings {
     pub openai_base_url: String,
     pub openai_api_key: Option<String>,
     pub timeout: Duration,
+    pub retry: abridge::backend::RetryPolicy,
     /// Engine settings (engine and rendering are finalised when the backend is chosen).
     pub config: Config,
     pub verbose: u8,
@@ -301,6 +308,22 @@ impl Settings {
                 file.timeout_secs,
                 300
             )),
+            retry: abridge::backend::RetryPolicy {
+                attempts: pick!(
+                    common.retries,
+                    env_parse(env, "ABRIDGE_RETRIES")?,
+                    file.retries,
+                    3
+                )
+                .max(1),
+                base: Duration::from_millis(pick!(
+                    None,
+                    env_parse(env, "ABRIDGE_RETRY_BASE_MS")?,
+                    file.retry_base_ms,
+                    500
+                )),
+                ..abridge::backend::RetryPolicy::default()
+            },
             config,
             verbose: common.verbose,
             quiet: common.quiet,
