@@ -437,7 +437,7 @@ async fn js_comparison(
         .map_err(|e| fail(format!("running {} {}: {e}", node, script.display())))?;
     if !out.status.success() {
         return Err(fail(format!(
-            "the JS benchmark failed (did you run 'npm ci && npm run build' in {}?):\n{}",
+            "the JS benchmark failed (did you run 'npm install && npm run build' in {}?):\n{}",
             js_dir.display(),
             String::from_utf8_lossy(&out.stderr)
         )));
