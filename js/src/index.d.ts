@@ -92,8 +92,11 @@ export interface Store {
   sessions(): string[];
 }
 
-export function ollama(options?: { url?: string; timeoutMs?: number }): LlmBackend;
-export function openai(options: { baseUrl: string; apiKey?: string; timeoutMs?: number }): LlmBackend;
+/** Retries of transient failures (timeouts, connection errors, 429/5xx, unparseable answers). */
+export interface RetryPolicy { attempts: number; baseMs: number; maxMs: number }
+export const defaultRetry: Readonly<RetryPolicy>;
+export function ollama(options?: { url?: string; timeoutMs?: number; retry?: RetryPolicy }): LlmBackend;
+export function openai(options: { baseUrl: string; apiKey?: string; timeoutMs?: number; retry?: RetryPolicy }): LlmBackend;
 export const noModel: LlmBackend;
 
 export class MemoryStore implements Store {

@@ -5,11 +5,11 @@ import { readFile } from 'node:fs/promises';
 
 import { instantiate } from '../dist/guest/abridge.js';
 import { AbridgeError, describe, toGuest } from './errors.js';
-import { noModel, ollama, openai, slidingWindow } from './llm.js';
+import { defaultRetry, noModel, ollama, openai, slidingWindow } from './llm.js';
 import { MemoryStore, SqliteStore, checkChain } from './stores.js';
 import { wasiImports } from './wasi.js';
 
-export { AbridgeError, MemoryStore, SqliteStore, checkChain, describe, noModel, ollama, openai };
+export { AbridgeError, MemoryStore, SqliteStore, checkChain, defaultRetry, describe, noModel, ollama, openai };
 
 /** The documented defaults (the same as the Rust host's `Config::default()`). */
 export const defaultConfig = Object.freeze({

@@ -19,12 +19,17 @@ async function post(server, base, url, body, { timeoutMs, headers = {}, hint }) 
     });
   } catch (e) {
     if (e.name === 'TimeoutError') {
-      throw new AbridgeError('timeout', `${server} at ${base} did not answer in time; raise timeoutMs or check the server's load`);
+      throw new Transient(new AbridgeError('timeout', `${server} at ${base} did not answer in time; raise timeoutMs or check the server's load`));
     }
     const cause = e.cause?.code ?? e.cause?.message ?? e.message;
-    throw new AbridgeError('unreachable', `${server} at ${base} is not reachable (${cause}) — ${hint}`);
+    throw new Transient(new AbridgeError('unreachable', `${server} at ${base} is not reachable (${cause}) — ${hint}`));
   }
-  const text = await resp.text();
+  let text;
+  try {
+    text = await resp.text();
+  } catch (e) {
+    throw new Transient(new AbridgeError('server', `${server} at ${base}: ${e.message}`));
+  }
   let json;
   try {
     json = JSON.parse(text);
@@ -32,6 +37,38 @@ async function post(server, base, url, body, { timeoutMs, headers = {}, hint }) 
     json = undefined;
   }
   return { status: resp.status, text, json };
+}
+
+/** Retry policy: the Rust host's defaults (3 attempts, 500 ms doubling, capped at 10 s). */
+export const defaultRetry = Object.freeze({ attempts: 3, baseMs: 500, maxMs: 10_000 });
+
+/** A failure that may pass by itself: retried. */
+class Transient {
+  constructor(error) {
+    this.error = error;
+  }
+}
+
+/** Delay after failed attempt n (1-based): base·2^(n-1), capped, with equal jitter. */
+export function retryDelay(policy, n) {
+  const exp = Math.min(policy.baseMs * 2 ** (n - 1), policy.maxMs);
+  return exp / 2 + Math.random() * (exp / 2);
+}
+
+async function withRetry(policy, attempt) {
+  const attempts = Math.max(1, policy.attempts);
+  for (let n = 1; ; n++) {
+    try {
+      return await attempt();
+    } catch (e) {
+      if (!(e instanceof Transient)) throw e;
+      if (n >= attempts) {
+        const err = e.error;
+        throw attempts > 1 && ['unreachable', 'timeout', 'server'].includes(err.kind) ? new AbridgeError(err.kind, `${err.detail} (after ${attempts} attempts)`) : err;
+      }
+      await new Promise((r) => setTimeout(r, retryDelay(policy, n)));
+    }
+  }
 }
 
 function finish(reason) {
@@ -59,80 +96,86 @@ export async function slidingWindow(reqs, limit, generate) {
 }
 
 /** Ollama's native API. */
-export function ollama({ url = 'http://localhost:11434', timeoutMs = 300_000 } = {}) {
+export function ollama({ url = 'http://localhost:11434', timeoutMs = 300_000, retry = defaultRetry } = {}) {
   const base = url.replace(/\/+$/, '');
   return {
     name: 'ollama',
-    async generate(req) {
-      const options = { num_ctx: req.contextLength, num_predict: req.maxOutputTokens, temperature: req.temperature };
-      if (req.stop.length) options.stop = req.stop;
-      const [path, body] = req.prompt.tag === 'chat'
-        ? ['/api/chat', { model: req.model, messages: req.prompt.val.map((m) => ({ role: m.role, content: m.content })), stream: false, truncate: false, options }]
-        : ['/api/generate', { model: req.model, prompt: req.prompt.val, raw: true, stream: false, truncate: false, options }];
-      const target = `${base}${path}`;
-      const r = await post('Ollama', base, target, body, { timeoutMs, hint: OLLAMA_HINT });
-      const errMsg = typeof r.json?.error === 'string' ? r.json.error : undefined;
-      if (r.status < 200 || r.status >= 300) {
-        const msg = errMsg ?? snippet(r.text);
-        if (r.status === 404) {
-          throw new AbridgeError('model-not-found', `model '${req.model}' is not available on the Ollama server — run 'ollama pull ${req.model}', pick another model, or use the extractive engine`);
-        }
-        if (r.status === 400 && msg.includes('context length')) throw new AbridgeError('context-overflow', msg);
-        throw new AbridgeError('server', `HTTP ${r.status} from ${target}: ${msg}`);
-      }
-      if (r.json === undefined) {
-        throw new AbridgeError('server', `${target} answered with something that is not JSON (${snippet(r.text)}); is it really an Ollama server?`);
-      }
-      if (errMsg !== undefined) throw new AbridgeError('server', `${target}: ${errMsg}`);
-      const text = r.json.message?.content ?? r.json.response;
-      if (typeof text !== 'string') throw new AbridgeError('server', `${target} answered without a message; is it really an Ollama server?`);
-      return {
-        text,
-        finishReason: finish(r.json.done_reason),
-        promptTokens: r.json.prompt_eval_count ?? undefined,
-        outputTokens: r.json.eval_count ?? undefined,
-      };
-    },
+    generate: (req) => withRetry(retry, () => ollamaAttempt(base, timeoutMs, req)),
+  };
+}
+
+async function ollamaAttempt(base, timeoutMs, req) {
+  const options = { num_ctx: req.contextLength, num_predict: req.maxOutputTokens, temperature: req.temperature };
+  if (req.stop.length) options.stop = req.stop;
+  const [path, body] = req.prompt.tag === 'chat'
+    ? ['/api/chat', { model: req.model, messages: req.prompt.val.map((m) => ({ role: m.role, content: m.content })), stream: false, truncate: false, options }]
+    : ['/api/generate', { model: req.model, prompt: req.prompt.val, raw: true, stream: false, truncate: false, options }];
+  const target = `${base}${path}`;
+  const r = await post('Ollama', base, target, body, { timeoutMs, hint: OLLAMA_HINT });
+  const errMsg = typeof r.json?.error === 'string' ? r.json.error : undefined;
+  if (r.status < 200 || r.status >= 300) {
+    const msg = errMsg ?? snippet(r.text);
+    if (r.status === 404) {
+      throw new AbridgeError('model-not-found', `model '${req.model}' is not available on the Ollama server — run 'ollama pull ${req.model}', pick another model, or use the extractive engine`);
+    }
+    if (r.status === 400 && msg.includes('context length')) throw new AbridgeError('context-overflow', msg);
+    const err = new AbridgeError('server', `HTTP ${r.status} from ${target}: ${msg}`);
+    throw r.status === 429 || r.status >= 500 ? new Transient(err) : err;
+  }
+  if (r.json === undefined) {
+    throw new Transient(new AbridgeError('server', `${target} answered with something that is not JSON (${snippet(r.text)}); is it really an Ollama server?`));
+  }
+  if (errMsg !== undefined) throw new Transient(new AbridgeError('server', `${target}: ${errMsg}`));
+  const text = r.json.message?.content ?? r.json.response;
+  if (typeof text !== 'string') throw new Transient(new AbridgeError('server', `${target} answered without a message; is it really an Ollama server?`));
+  return {
+    text,
+    finishReason: finish(r.json.done_reason),
+    promptTokens: r.json.prompt_eval_count ?? undefined,
+    outputTokens: r.json.eval_count ?? undefined,
   };
 }
 
 /** An OpenAI-compatible server (`baseUrl` ends in /v1). */
-export function openai({ baseUrl, apiKey, timeoutMs = 300_000 }) {
+export function openai({ baseUrl, apiKey, timeoutMs = 300_000, retry = defaultRetry }) {
   const base = baseUrl.replace(/\/+$/, '');
-  const hint = 'check baseUrl, or use the ollama backend or the extractive engine';
   return {
     name: 'openai',
-    async generate(req) {
-      if (req.prompt.tag !== 'chat') {
-        throw new AbridgeError('invalid-input', "raw ChatML prompts need the Ollama backend; use rendering 'chat' with openai");
-      }
-      const body = {
-        model: req.model,
-        messages: req.prompt.val.map((m) => ({ role: m.role, content: m.content })),
-        temperature: req.temperature,
-        max_tokens: req.maxOutputTokens,
-        stream: false,
-      };
-      if (req.stop.length) body.stop = req.stop;
-      const target = `${base}/chat/completions`;
-      const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
-      const r = await post('the OpenAI-compatible server', base, target, body, { timeoutMs, headers, hint });
-      if (r.status < 200 || r.status >= 300) {
-        const msg = r.json?.error?.message ?? (typeof r.json?.error === 'string' ? r.json.error : snippet(r.text));
-        if (r.status === 401 || r.status === 403) throw new AbridgeError('server', `${target} refused the credentials (${msg}); set apiKey`);
-        if (r.status === 404) throw new AbridgeError('model-not-found', `model '${req.model}' is not available at ${base} (${msg}); pick another model`);
-        if (r.status === 400 && msg.includes('context')) throw new AbridgeError('context-overflow', msg);
-        throw new AbridgeError('server', `HTTP ${r.status} from ${target}: ${msg}`);
-      }
-      const choice = r.json?.choices?.[0];
-      if (!choice) throw new AbridgeError('server', `${target} answered without choices`);
-      return {
-        text: choice.message?.content ?? '',
-        finishReason: finish(choice.finish_reason),
-        promptTokens: r.json.usage?.prompt_tokens ?? undefined,
-        outputTokens: r.json.usage?.completion_tokens ?? undefined,
-      };
-    },
+    generate: (req) => withRetry(retry, () => openaiAttempt(base, apiKey, timeoutMs, req)),
+  };
+}
+
+async function openaiAttempt(base, apiKey, timeoutMs, req) {
+  const hint = 'check baseUrl, or use the ollama backend or the extractive engine';
+  if (req.prompt.tag !== 'chat') {
+    throw new AbridgeError('invalid-input', "raw ChatML prompts need the Ollama backend; use rendering 'chat' with openai");
+  }
+  const body = {
+    model: req.model,
+    messages: req.prompt.val.map((m) => ({ role: m.role, content: m.content })),
+    temperature: req.temperature,
+    max_tokens: req.maxOutputTokens,
+    stream: false,
+  };
+  if (req.stop.length) body.stop = req.stop;
+  const target = `${base}/chat/completions`;
+  const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
+  const r = await post('the OpenAI-compatible server', base, target, body, { timeoutMs, headers, hint });
+  if (r.status < 200 || r.status >= 300) {
+    const msg = r.json?.error?.message ?? (typeof r.json?.error === 'string' ? r.json.error : snippet(r.text));
+    if (r.status === 401 || r.status === 403) throw new AbridgeError('server', `${target} refused the credentials (${msg}); set apiKey`);
+    if (r.status === 404) throw new AbridgeError('model-not-found', `model '${req.model}' is not available at ${base} (${msg}); pick another model`);
+    if (r.status === 400 && msg.includes('context')) throw new AbridgeError('context-overflow', msg);
+    const err = new AbridgeError('server', `HTTP ${r.status} from ${target}: ${msg}`);
+    throw r.status === 429 || r.status >= 500 ? new Transient(err) : err;
+  }
+  const choice = r.json?.choices?.[0];
+  if (!choice) throw new Transient(new AbridgeError('server', `${target} answered without choices`));
+  return {
+    text: choice.message?.content ?? '',
+    finishReason: finish(choice.finish_reason),
+    promptTokens: r.json.usage?.prompt_tokens ?? undefined,
+    outputTokens: r.json.usage?.completion_tokens ?? undefined,
   };
 }
 

@@ -15,12 +15,14 @@ before(async () => {
 });
 after(() => server.close());
 
+// Short backoff in tests; the policy's shape is the same as in production.
+const fast = { attempts: 3, baseMs: 5, maxMs: 20 };
 const turn = (i, text) => ({ role: i % 2 ? 'assistant' : 'user', content: text, sourceKey: `k${i}` });
 const long = 'The deployment pipeline builds the container image, runs the unit and integration tests, scans the image for known vulnerabilities, signs it, and pushes it to the staging registry, where it waits for a manual promotion to production.';
 
 test('the trigger waits for enough episodes, then summarizes and updates through Ollama', async () => {
   await server.reset();
-  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url }) });
+  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url, retry: fast }) });
   for (let i = 0; i < 4; i++) {
     await engine.append('s', [turn(i, `${long} Step ${i}.`)]);
     const out = await engine.afterEpisodeWritten('s');
@@ -74,25 +76,26 @@ test('node:sqlite data survives a new engine and the chain rule is enforced', as
 test('model failures are AbridgeErrors and leave the chain unchanged', async () => {
   await server.reset();
   const store = new MemoryStore();
-  const engine = await createEngine({ store, llm: ollama({ url: server.url }) });
+  const engine = await createEngine({ store, llm: ollama({ url: server.url, retry: fast }) });
   await engine.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
   await engine.summarizeNow('s');
   const before = await engine.chain('s');
   await engine.append('s', [turn(6, 'one more question about the registry')]);
   const cases = [
-    [{ kind: 'status', code: 500, message: 'CUDA error' }, 'server', /HTTP 500/],
+    [{ kind: 'status', code: 500, message: 'CUDA error' }, 'server', /HTTP 500.*after 3 attempts/],
     [{ kind: 'garbage' }, 'server', /not JSON/],
     [{ kind: 'reply', text: '<|im_end|>' }, 'rejected-output', /no text/],
     [{ kind: 'reply', text: 'The user asked about', done_reason: 'length' }, 'rejected-output', /output limit/],
   ];
   for (const [fault, kind, re] of cases) {
-    await server.faults([fault]);
+    // Transient faults are retried (3 attempts), so they must persist to fail the call.
+    await server.faults(fault.kind === 'reply' ? [fault] : [fault, fault, fault]);
     await assert.rejects(engine.summarizeNow('s'), (e) => e instanceof AbridgeError && e.kind === kind && re.test(e.message));
     assert.deepEqual(await engine.chain('s'), before);
   }
-  const down = await createEngine({ store, llm: ollama({ url: await closedPortUrl() }) });
+  const down = await createEngine({ store, llm: ollama({ url: await closedPortUrl(), retry: fast }) });
   await assert.rejects(down.summarizeNow('s'), (e) => e.kind === 'unreachable' && /ollama serve/.test(e.message));
-  const missing = await createEngine({ store, llm: ollama({ url: server.url }) });
+  const missing = await createEngine({ store, llm: ollama({ url: server.url, retry: fast }) });
   await assert.rejects(missing.summarizeNow('s', { model: 'mistral:7b' }), (e) => e.kind === 'model-not-found' && /ollama pull mistral:7b/.test(e.message));
   const out = await engine.summarizeNow('s');
   assert.equal(out.unsummarized, 0);
@@ -100,7 +103,7 @@ test('model failures are AbridgeErrors and leave the chain unchanged', async () 
 
 test('raw ChatML through /api/generate and the OpenAI-compatible backend', async () => {
   await server.reset();
-  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url }) });
+  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url, retry: fast }) });
   await engine.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
   await engine.summarizeNow('s', { rendering: 'chatml' });
   const gen = (await server.generations())[0];
@@ -126,4 +129,20 @@ test('the guest sees no environment, arguments or working directory, and cannot 
 
 test('createEngine without a store is refused with a hint', async () => {
   await assert.rejects(createEngine({}), /needs a store/);
+});
+
+test('transient faults are retried with backoff; a missing model is not', async () => {
+  await server.reset();
+  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url, retry: fast }) });
+  await engine.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
+  await server.faults([{ kind: 'status', code: 503, message: 'busy' }, { kind: 'disconnect' }]);
+  const out = await engine.summarizeNow('s');
+  assert.equal(out.passes, 1);
+  const gens = await server.generations();
+  assert.equal(gens.length, 3);
+  assert.ok(gens[2].at_ms > gens[0].at_ms, 'attempts are spaced');
+  await server.faults([{ kind: 'status', code: 404, message: "model 'x' not found" }]);
+  await engine.append('s', [turn(7, 'one more')]);
+  await assert.rejects(engine.summarizeNow('s'), (e) => e.kind === 'model-not-found');
+  assert.equal((await server.generations()).length, 4);
 });
