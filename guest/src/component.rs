@@ -128,6 +128,34 @@ fn outcome_out(o: engine::Outcome) -> summarizer::Outcome {
     }
 }
 
+fn request_out(req: types::Request) -> llm::Request {
+    let prompt = match req.prompt {
+        types::Prompt::Chat(ms) => llm::Prompt::Chat(ms.into_iter().map(msg_out).collect()),
+        types::Prompt::Raw(s) => llm::Prompt::Raw(s),
+    };
+    llm::Request {
+        model: req.model,
+        prompt,
+        temperature: req.temperature,
+        max_output_tokens: req.max_output_tokens,
+        context_length: req.context_length,
+        stop: req.stop,
+    }
+}
+
+fn response_in(r: llm::Response) -> types::Response {
+    types::Response {
+        text: r.text,
+        finish: match r.finish_reason {
+            llm::FinishReason::Stop => types::Finish::Stop,
+            llm::FinishReason::Length => types::Finish::Length,
+            llm::FinishReason::Other => types::Finish::Other,
+        },
+        prompt_tokens: r.prompt_tokens,
+        output_tokens: r.output_tokens,
+    }
+}
+
 impl engine::Host for Imports {
     fn stats(&mut self, session: &str) -> Result<types::Stats, types::Error> {
         let s = store::stats(session).map_err(err_in)?;
@@ -182,29 +210,20 @@ impl engine::Host for Imports {
     }
 
     fn generate(&mut self, req: types::Request) -> Result<types::Response, types::Error> {
-        let prompt = match req.prompt {
-            types::Prompt::Chat(ms) => llm::Prompt::Chat(ms.into_iter().map(msg_out).collect()),
-            types::Prompt::Raw(s) => llm::Prompt::Raw(s),
-        };
-        let r = llm::generate(&llm::Request {
-            model: req.model,
-            prompt,
-            temperature: req.temperature,
-            max_output_tokens: req.max_output_tokens,
-            context_length: req.context_length,
-            stop: req.stop,
-        })
-        .map_err(err_in)?;
-        Ok(types::Response {
-            text: r.text,
-            finish: match r.finish_reason {
-                llm::FinishReason::Stop => types::Finish::Stop,
-                llm::FinishReason::Length => types::Finish::Length,
-                llm::FinishReason::Other => types::Finish::Other,
-            },
-            prompt_tokens: r.prompt_tokens,
-            output_tokens: r.output_tokens,
-        })
+        llm::generate(&request_out(req))
+            .map(response_in)
+            .map_err(err_in)
+    }
+
+    fn generate_batch(
+        &mut self,
+        reqs: Vec<types::Request>,
+    ) -> Vec<Result<types::Response, types::Error>> {
+        let reqs: Vec<llm::Request> = reqs.into_iter().map(request_out).collect();
+        llm::generate_batch(&reqs)
+            .into_iter()
+            .map(|r| r.map(response_in).map_err(err_in))
+            .collect()
     }
 
     fn now_ms(&mut self) -> u64 {

@@ -4,13 +4,18 @@
 //! the WIT imports and the tests implement in memory.
 
 use crate::policy::{self, Config, Engine, Rendering, Strategy};
+use crate::prompt::Partial;
+use crate::tokens::estimate_tokens;
 use crate::types::{
     Episode, Error, Level, Message, Prompt, Request, Response, Stats, SummaryRow, SummaryWrite,
 };
-use crate::{chunk, extractive, prompt, quality, strip};
+use crate::{chunk, extractive, plan, prompt, quality, strip};
 
 /// Episodes fetched from the store per read.
 const PAGE: u32 = 256;
+
+/// Map requests handed to the host per batch call (progress is logged between batches).
+const BATCH: usize = 32;
 
 /// The world outside the guest.
 pub trait Host {
@@ -29,6 +34,8 @@ pub trait Host {
     fn write_summary(&mut self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error>;
     /// One model call.
     fn generate(&mut self, req: Request) -> Result<Response, Error>;
+    /// Several model calls, run concurrently by the host; answers in request order.
+    fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>>;
     /// Wall-clock ms.
     fn now_ms(&mut self) -> u64;
     /// A log line.
@@ -101,6 +108,11 @@ pub fn summarize_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<O
 fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
     let start = h.stats(session)?;
     let mut out = Outcome::default();
+    if let Some(row) = map_reduce_if_long(h, session, cfg, &start)? {
+        out.triggered = true;
+        out.passes += 1;
+        out.written.push(row);
+    }
     while let Some(row) = pass(h, session, cfg)? {
         out.triggered = true;
         out.passes += 1;
@@ -291,46 +303,194 @@ fn generate(
             })
         }
         Engine::Llm => {
-            let built = prompt::build(conversation, previous);
-            let (prompt, stop) = match cfg.rendering {
-                Rendering::Chat => (Prompt::Chat(built.messages), Vec::new()),
-                Rendering::Chatml => (
-                    Prompt::Raw(built.chatml),
-                    prompt::CHATML_STOP.iter().map(|s| s.to_string()).collect(),
-                ),
-            };
-            let resp = h.generate(Request {
-                model: cfg.model.clone(),
-                prompt,
-                temperature: cfg.temperature,
-                max_output_tokens: cfg.max_output_tokens,
-                context_length: cfg.context_length,
-                stop,
-            })?;
-            if let Some(p) = resp.prompt_tokens
-                && p >= cfg.context_length.saturating_sub(cfg.max_output_tokens)
-            {
-                h.log(
-                    Level::Warn,
-                    &format!(
-                        "the model counted {p} prompt tokens against a context of {}: the \
-                         server may have truncated the prompt",
-                        cfg.context_length
-                    ),
-                );
-            }
-            let cleaned = strip::strip_template_tokens(&resp.text);
-            quality::check(&cleaned, resp.finish, cfg.max_output_tokens).map_err(|why| {
-                h.log(Level::Warn, &format!("summary rejected: {why}"));
-                Error::RejectedOutput(why)
-            })?;
-            Ok(Generated {
-                text: cleaned,
-                prompt_tokens: resp.prompt_tokens.unwrap_or(0),
-                output_tokens: resp.output_tokens.unwrap_or(0),
-            })
+            let resp = h.generate(request(cfg, prompt::build(conversation, previous)))?;
+            accept(h, cfg, resp)
         }
     }
+}
+
+/// The model request for a built prompt, in the configured rendering.
+fn request(cfg: &Config, built: prompt::Built) -> Request {
+    let (prompt, stop) = match cfg.rendering {
+        Rendering::Chat => (Prompt::Chat(built.messages), Vec::new()),
+        Rendering::Chatml => (
+            Prompt::Raw(built.chatml),
+            prompt::CHATML_STOP.iter().map(|s| s.to_string()).collect(),
+        ),
+    };
+    Request {
+        model: cfg.model.clone(),
+        prompt,
+        temperature: cfg.temperature,
+        max_output_tokens: cfg.max_output_tokens,
+        context_length: cfg.context_length,
+        stop,
+    }
+}
+
+/// Clean a model answer and pass it through the quality gate.
+fn accept(h: &mut impl Host, cfg: &Config, resp: Response) -> Result<Generated, Error> {
+    if let Some(p) = resp.prompt_tokens
+        && p >= cfg.context_length.saturating_sub(cfg.max_output_tokens)
+    {
+        h.log(
+            Level::Warn,
+            &format!(
+                "the model counted {p} prompt tokens against a context of {}: the server may have truncated the prompt",
+                cfg.context_length
+            ),
+        );
+    }
+    let cleaned = strip::strip_template_tokens(&resp.text);
+    quality::check(&cleaned, resp.finish, cfg.max_output_tokens).map_err(|why| {
+        h.log(Level::Warn, &format!("summary rejected: {why}"));
+        Error::RejectedOutput(why)
+    })?;
+    Ok(Generated {
+        text: cleaned,
+        prompt_tokens: resp.prompt_tokens.unwrap_or(0),
+        output_tokens: resp.output_tokens.unwrap_or(0),
+    })
+}
+
+/// Run requests through the host's batch import, `BATCH` at a time; every answer must pass.
+fn run_batch(
+    h: &mut impl Host,
+    cfg: &Config,
+    reqs: Vec<Request>,
+    what: &str,
+    spent: &mut (u32, u32),
+) -> Result<Vec<String>, Error> {
+    let total = reqs.len();
+    let mut texts = Vec::with_capacity(total);
+    let mut reqs = reqs.into_iter().peekable();
+    while reqs.peek().is_some() {
+        let batch: Vec<Request> = reqs.by_ref().take(BATCH).collect();
+        for resp in h.generate_batch(batch) {
+            let g = accept(h, cfg, resp?)?;
+            spent.0 = spent.0.saturating_add(g.prompt_tokens);
+            spent.1 = spent.1.saturating_add(g.output_tokens);
+            texts.push(g.text);
+        }
+        h.log(
+            Level::Info,
+            &format!("{what}: {}/{total} done", texts.len()),
+        );
+    }
+    Ok(texts)
+}
+
+/// A session with no summary yet whose backlog exceeds one prompt is summarized by
+/// map-reduce: token-budgeted chunks summarized concurrently, then merged in order, level by
+/// level, into one summary row covering every episode. `None` when the single-call path fits.
+fn map_reduce_if_long(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    stats: &Stats,
+) -> Result<Option<SummaryRow>, Error> {
+    if cfg.engine != Engine::Llm || stats.episodes == 0 || h.latest_summary(session)?.is_some() {
+        return Ok(None);
+    }
+    let budget =
+        policy::input_budget(cfg, prompt::fixed_tokens(None)).map_err(Error::InvalidInput)?;
+    let backlog = stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes;
+    if backlog <= u64::from(budget) {
+        return Ok(None);
+    }
+    let mut eps: Vec<Episode> = Vec::new();
+    loop {
+        let page = h.episodes_after(session, eps.last().map_or(0, |e| e.id), PAGE)?;
+        if page.is_empty() {
+            break;
+        }
+        eps.extend(page);
+    }
+    let at = |id: u64| &eps[(id - 1) as usize];
+    let chunks = plan::plan_chunks(eps.iter().map(|e| (e.id, e.tokens)), budget, |id| {
+        at(id).content.clone()
+    });
+    h.log(
+        Level::Info,
+        &format!("session {session}: {} episodes (~{backlog} tokens) exceed one prompt; map-reduce over {} chunks", eps.len(), chunks.len()),
+    );
+    let mut parts_of: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+    let mut reqs = Vec::with_capacity(chunks.len());
+    for c in &chunks {
+        let conversation: Vec<Message> = match c.part {
+            None => (c.first..=c.last)
+                .map(|id| Message::new(at(id).role, at(id).content.clone()))
+                .collect(),
+            Some((i, n)) => {
+                let e = at(c.first);
+                let parts = parts_of.entry(e.id).or_insert_with(|| {
+                    plan::split_parts(&e.content, budget)
+                        .into_iter()
+                        .map(str::to_string)
+                        .collect()
+                });
+                vec![Message::new(
+                    e.role,
+                    format!(
+                        "(part {i} of {n} of one long message)\n{}",
+                        parts[(i - 1) as usize]
+                    ),
+                )]
+            }
+        };
+        reqs.push(request(cfg, prompt::build(&conversation, None)));
+    }
+    let mut spent = (0u32, 0u32);
+    let texts = run_batch(h, cfg, reqs, &format!("session {session}: map"), &mut spent)?;
+    let mut partials: Vec<Partial> = chunks
+        .iter()
+        .zip(texts)
+        .map(|(c, text)| Partial {
+            first: c.first,
+            last: c.last,
+            text,
+        })
+        .collect();
+    // Consecutive parts of one split episode cover the same episode; labels stay accurate.
+    let reduce_budget =
+        policy::input_budget(cfg, prompt::reduce_fixed_tokens()).map_err(Error::InvalidInput)?;
+    let mut level = 0;
+    while partials.len() > 1 {
+        level += 1;
+        let sizes: Vec<u32> = partials.iter().map(|p| estimate_tokens(&p.text)).collect();
+        let groups = plan::plan_groups(&sizes, reduce_budget).ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "a {}-token context cannot merge two partial summaries of up to {} tokens; raise the context length or lower max-output-tokens",
+                cfg.context_length, cfg.max_output_tokens
+            ))
+        })?;
+        let reqs = groups
+            .iter()
+            .map(|g| request(cfg, prompt::build_reduce(&partials[g.clone()])))
+            .collect();
+        let texts = run_batch(
+            h,
+            cfg,
+            reqs,
+            &format!("session {session}: reduce level {level}"),
+            &mut spent,
+        )?;
+        partials = groups
+            .iter()
+            .zip(texts)
+            .map(|(g, text)| Partial {
+                first: partials[g.start].first,
+                last: partials[g.end - 1].last,
+                text,
+            })
+            .collect();
+    }
+    let g = Generated {
+        text: partials.remove(0).text,
+        prompt_tokens: spent.0,
+        output_tokens: spent.1,
+    };
+    write(h, session, cfg, &Strategy::Fresh, 0, eps.len() as u64, g).map(Some)
 }
 
 #[cfg(test)]

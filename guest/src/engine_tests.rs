@@ -12,6 +12,7 @@ struct Fake {
     replies: Vec<Result<Response, Error>>,
     requests: Vec<Request>,
     now: u64,
+    batches: u32,
 }
 
 impl Fake {
@@ -144,6 +145,10 @@ impl Host for Fake {
             output_tokens: Some(12),
         })
     }
+    fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>> {
+        self.batches += 1;
+        reqs.into_iter().map(|r| self.generate(r)).collect()
+    }
     fn now_ms(&mut self) -> u64 {
         self.now += 1;
         self.now
@@ -222,9 +227,77 @@ fn fresh_then_update_then_new_row() {
 }
 
 #[test]
-fn episodes_that_do_not_fit_take_further_passes() {
-    // 60 episodes of ~100 tokens against a 1024-token context: several passes, none dropped.
+fn a_long_session_is_map_reduced_into_one_row() {
+    // 60 episodes of ~100 tokens against a 1024-token context: chunks, then reduce levels.
     let mut f = Fake::with_episodes(60, 100);
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let out = summarize_now(&mut f, "s", &c).unwrap();
+    assert_eq!((out.passes, out.unsummarized), (1, 0));
+    f.assert_chain();
+    assert_eq!(
+        (
+            f.rows.len(),
+            f.rows[0].first_episode,
+            f.rows[0].last_episode
+        ),
+        (1, 1, 60)
+    );
+    assert!(f.batches >= 2, "map and reduce go through the batch import");
+    for r in &f.requests {
+        let tokens = estimate_tokens(&Fake::prompt_text(r)) + 8;
+        assert!(
+            tokens + c.max_output_tokens <= c.context_length,
+            "prompt {tokens} too big"
+        );
+    }
+    let maps: Vec<String> = f
+        .requests
+        .iter()
+        .map(Fake::prompt_text)
+        .filter(|p| p.starts_with("You write summaries"))
+        .collect();
+    let reduces: Vec<String> = f
+        .requests
+        .iter()
+        .map(Fake::prompt_text)
+        .filter(|p| p.starts_with("You merge partial summaries"))
+        .collect();
+    assert!(
+        maps.len() >= 6 && !reduces.is_empty(),
+        "{} maps, {} reduces",
+        maps.len(),
+        reduces.len()
+    );
+    // Every episode went into exactly one map prompt; reduce prompts carry episode labels.
+    let all: String = maps.concat();
+    for i in 1..=60 {
+        assert_eq!(
+            all.matches(&format!("ep{i} word")).count(),
+            1,
+            "episode {i}"
+        );
+    }
+    assert!(reduces[0].contains("Episodes 1-"), "{}", reduces[0]);
+    assert_eq!(
+        f.rows[0].prompt_tokens,
+        f.requests
+            .iter()
+            .map(|r| estimate_tokens(&Fake::prompt_text(r)))
+            .sum::<u32>()
+    );
+}
+
+#[test]
+fn a_backlog_behind_an_existing_summary_takes_rolling_passes() {
+    let mut f = Fake::with_episodes(5, 60);
+    summarize_now(&mut f, "s", &cfg()).unwrap();
+    for i in 6..=60 {
+        f.push(Role::User, &format!("ep{i} {}", "word ".repeat(100)));
+    }
     let c = Config {
         context_length: 1024,
         max_output_tokens: 200,
@@ -233,25 +306,25 @@ fn episodes_that_do_not_fit_take_further_passes() {
     };
     let out = summarize_now(&mut f, "s", &c).unwrap();
     assert!(out.passes > 5, "passes {}", out.passes);
-    assert_eq!(out.unsummarized, 0);
+    assert_eq!(f.batches, 0);
     f.assert_chain();
     assert_eq!(f.rows.last().unwrap().last_episode, 60);
-    for r in &f.requests {
-        let tokens = estimate_tokens(&Fake::prompt_text(r)) + 8;
-        assert!(
-            tokens + c.max_output_tokens <= c.context_length,
-            "prompt {tokens} too big"
-        );
-    }
-    // Every episode was sent exactly once.
-    let all: String = f.requests.iter().map(Fake::prompt_text).collect();
-    for i in 1..=60 {
-        assert_eq!(
-            all.matches(&format!("ep{i} word")).count(),
-            1,
-            "episode {i}"
-        );
-    }
+}
+
+#[test]
+fn a_failed_map_chunk_writes_nothing() {
+    let mut f = Fake::with_episodes(60, 100);
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    f.replies = vec![Err(Error::Server("HTTP 503 (after 3 attempts)".into()))];
+    assert!(matches!(
+        summarize_now(&mut f, "s", &c),
+        Err(Error::Server(_))
+    ));
+    assert!(f.rows.is_empty());
 }
 
 #[test]

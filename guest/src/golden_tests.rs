@@ -57,6 +57,28 @@ fn golden_prompts() {
         let input: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap())
                 .unwrap();
+        if let Some(parts) = input["partials"].as_array() {
+            let partials: Vec<prompt::Partial> = parts
+                .iter()
+                .map(|p| prompt::Partial {
+                    first: p["first"].as_u64().unwrap(),
+                    last: p["last"].as_u64().unwrap(),
+                    text: p["text"].as_str().unwrap().to_string(),
+                })
+                .collect();
+            let built = prompt::build_reduce(&partials);
+            let messages: Vec<Value> = built
+                .messages
+                .iter()
+                .map(|m| json!({"role": m.role.wire(), "content": m.content}))
+                .collect();
+            failures.extend(check(
+                &dir.join("messages.json"),
+                &(serde_json::to_string_pretty(&messages).unwrap() + "\n"),
+            ));
+            failures.extend(check(&dir.join("chatml.txt"), &built.chatml));
+            continue;
+        }
         let conv: Vec<Message> = input["conversation"]
             .as_array()
             .unwrap()

@@ -20,6 +20,61 @@ the third person (\"The user ...\", \"The assistant ...\") and paraphrase instea
 Do not greet, do not comment on the task, and do not add filler. Output only the updated \
 summary text.";
 
+/// Instructions for merging partial summaries of consecutive parts of one conversation.
+pub const REDUCE_SYSTEM: &str = "You merge partial summaries of consecutive parts of one \
+conversation into a single summary for a memory system. The partial summaries are given in \
+order, each labelled with the episodes it covers. Write one summary of 3 to 5 sentences that \
+covers all of them in order: keep the names, decisions, facts, numbers and open questions that \
+still matter, and drop repetition. Write in the third person (\"The user ...\", \"The \
+assistant ...\") and paraphrase instead of quoting. Do not greet, do not comment on the task, \
+and do not add filler. Output only the summary text.";
+
+/// One partial summary for a reduce prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partial {
+    /// First episode covered.
+    pub first: u64,
+    /// Last episode covered.
+    pub last: u64,
+    /// The partial summary.
+    pub text: String,
+}
+
+/// Build the prompt that merges `partials` (in order) into one summary.
+pub fn build_reduce(partials: &[Partial]) -> Built {
+    let mut body = String::from("Partial summaries, in order:");
+    for p in partials {
+        let range = if p.first == p.last {
+            format!("Episode {}", p.first)
+        } else {
+            format!("Episodes {}-{}", p.first, p.last)
+        };
+        body.push_str(&format!("\n\n{range}:\n{}", neutralize(p.text.trim())));
+    }
+    body.push_str("\n\nWrite the merged summary now.");
+    let messages = vec![
+        Message::new(Role::System, REDUCE_SYSTEM),
+        Message::new(Role::User, body),
+    ];
+    let chatml = render_chatml(&messages);
+    Built { messages, chatml }
+}
+
+/// Estimated tokens of a reduce prompt's fixed part.
+pub fn reduce_fixed_tokens() -> u32 {
+    let b = build_reduce(&[]);
+    b.messages
+        .iter()
+        .map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD)
+        .sum::<u32>()
+        + MESSAGE_OVERHEAD
+}
+
+/// Estimated tokens one partial adds to a reduce prompt (its text plus the label).
+pub fn partial_cost(text: &str) -> u32 {
+    estimate_tokens(text) + crate::plan::LABEL_COST
+}
+
 /// Stop sequences for the raw ChatML rendering.
 pub const CHATML_STOP: &[&str] = &["<|im_end|>", "<|im_start|>"];
 

@@ -9,11 +9,16 @@ export const ROOT = dirname(dirname(dirname(fileURLToPath(import.meta.url))));
 export const GOLDEN = join(ROOT, 'tests', 'golden');
 export const SHARED = join(dirname(ROOT), 'shared', 'data', 'transcripts');
 
+let built = false;
+
 function serverBinary() {
   const bin = join(ROOT, 'target', 'debug', 'abridge-test-llm');
-  if (!existsSync(bin)) {
+  // cargo is a no-op when the binary is current; a stale one would give other replies.
+  if (!built) {
     execFileSync('cargo', ['build', '-q', '-p', 'abridge-test-llm'], { cwd: ROOT, stdio: 'inherit' });
+    built = true;
   }
+  if (!existsSync(bin)) throw new Error(`cargo did not build ${bin}`);
   return bin;
 }
 

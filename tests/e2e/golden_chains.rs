@@ -113,11 +113,13 @@ async fn run_case(dir: &Path) -> Value {
         .iter()
         .map(row_json)
         .collect();
-    let requests: Vec<Value> = server
+    // Batches reach the server concurrently, so requests are compared in a canonical order.
+    let mut requests: Vec<Value> = server
         .generations()
         .into_iter()
         .map(|r| json!({"path": r.path, "body": r.body}))
         .collect();
+    requests.sort_by_key(|r| r.to_string());
     json!({"chain": chain, "requests": requests})
 }
 

@@ -187,7 +187,7 @@ fn every_format_imports_the_right_episodes() {
 }
 
 #[test]
-fn small_context_takes_several_passes_and_covers_every_episode_once() {
+fn a_session_over_one_prompt_is_map_reduced_with_every_episode_sent_once() {
     let server = TestServer::start();
     let env = Env::new()
         .with("EXTRACTION_URL", &server.url())
@@ -207,11 +207,34 @@ fn small_context_takes_several_passes_and_covers_every_episode_once() {
     r.assert_ok();
     let v = r.json();
     assert_covers(&v, 12);
+    assert_eq!(
+        v["summaries"].as_array().unwrap().len(),
+        1,
+        "one row covers the whole session"
+    );
     let gens = server.generations();
-    assert!(gens.len() >= 3, "{} calls", gens.len());
+    let system = |g: &abridge_test_llm::LoggedRequest| {
+        g.body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let maps: Vec<_> = gens
+        .iter()
+        .filter(|g| system(g).starts_with("You write summaries"))
+        .collect();
+    let reduces = gens
+        .iter()
+        .filter(|g| system(g).starts_with("You merge partial summaries"))
+        .count();
+    assert!(
+        maps.len() >= 3 && reduces >= 1,
+        "{} maps, {reduces} reduces",
+        maps.len()
+    );
     // The server refuses prompts over num_ctx (truncate: false), so success proves fit;
-    // each episode's text was sent exactly once.
-    let all: String = gens.iter().map(|g| g.body.to_string()).collect();
+    // each episode's text went into exactly one map prompt.
+    let all: String = maps.iter().map(|g| g.body.to_string()).collect();
     for needle in ["800 GB", "reg* data types", "pg_basebackup"] {
         assert_eq!(all.matches(needle).count(), 1, "{needle}");
     }

@@ -524,6 +524,9 @@ fn prompt_text(path: &str, body: &Value) -> String {
 /// The deterministic "model": a short third-person summary built from the transcript lines
 /// (`User: …`, `Assistant: …`) found in the prompt.
 pub fn summarize(prompt: &str) -> String {
+    if prompt.contains("Partial summaries, in order:") {
+        return merge(prompt);
+    }
     let lines: Vec<&str> = prompt
         .lines()
         .filter(|l| {
@@ -532,30 +535,9 @@ pub fn summarize(prompt: &str) -> String {
                 .any(|p| l.starts_with(p))
         })
         .collect();
-    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
-    for l in &lines {
-        let text = l.split_once(": ").map_or(*l, |(_, t)| t);
-        for w in text.split(|c: char| !c.is_alphanumeric()) {
-            let w = w.to_lowercase();
-            if w.chars().count() >= 5 {
-                *counts.entry(w).or_default() += 1;
-            }
-        }
-    }
-    let mut top: Vec<(String, usize)> = counts.into_iter().collect();
-    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let topics: Vec<String> = top.into_iter().take(3).map(|(w, _)| w).collect();
-    let topics = match topics.len() {
-        0 => "a few short messages".to_string(),
-        1 => topics[0].clone(),
-        _ => format!(
-            "{} and {}",
-            topics[..topics.len() - 1].join(", "),
-            topics[topics.len() - 1]
-        ),
-    };
     let mut out = format!(
-        "The user and the assistant discussed {topics} over {} messages.",
+        "The user and the assistant discussed {} over {} messages.",
+        topics(&lines),
         lines.len()
     );
     if let Some(last) = lines.last() {
@@ -571,6 +553,68 @@ pub fn summarize(prompt: &str) -> String {
         out.push_str(" This continues an earlier summary.");
     }
     out
+}
+
+/// The three most frequent words of five letters or more in `lines` (after any "Role: ").
+fn topics(lines: &[&str]) -> String {
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for l in lines {
+        let text = l.split_once(": ").map_or(*l, |(_, t)| t);
+        for w in text.split(|c: char| !c.is_alphanumeric()) {
+            let w = w.to_lowercase();
+            if w.chars().count() >= 5 {
+                *counts.entry(w).or_default() += 1;
+            }
+        }
+    }
+    let mut top: Vec<(String, usize)> = counts.into_iter().collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let topics: Vec<String> = top.into_iter().take(3).map(|(w, _)| w).collect();
+    match topics.len() {
+        0 => "a few short messages".to_string(),
+        1 => topics[0].clone(),
+        _ => format!(
+            "{} and {}",
+            topics[..topics.len() - 1].join(", "),
+            topics[topics.len() - 1]
+        ),
+    }
+}
+
+/// A reduce prompt: labelled partial summaries ("Episodes 1-40:" then the text) merged.
+fn merge(prompt: &str) -> String {
+    let mut labels = Vec::new();
+    let mut texts = Vec::new();
+    let mut lines = prompt.lines().peekable();
+    while let Some(l) = lines.next() {
+        let t = l.trim();
+        if (t.starts_with("Episodes ") || t.starts_with("Episode ")) && t.ends_with(':') {
+            labels.push(
+                t.trim_end_matches(':')
+                    .trim_start_matches("Episodes ")
+                    .trim_start_matches("Episode ")
+                    .to_string(),
+            );
+            if let Some(text) = lines.next() {
+                texts.push(text);
+            }
+        }
+    }
+    let first = labels
+        .first()
+        .and_then(|l| l.split('-').next())
+        .unwrap_or("?")
+        .to_string();
+    let last = labels
+        .last()
+        .and_then(|l| l.rsplit('-').next())
+        .unwrap_or("?")
+        .to_string();
+    format!(
+        "Across episodes {first}-{last}, in {} parts, the user and the assistant discussed {}.",
+        labels.len(),
+        topics(&texts)
+    )
 }
 
 #[cfg(test)]
@@ -680,6 +724,15 @@ mod tests {
                 .as_str()
                 .unwrap()
                 .starts_with("The user and the assistant")
+        );
+    }
+
+    #[test]
+    fn reduce_prompts_are_merged_by_label() {
+        let p = "Partial summaries, in order:\n\nEpisodes 1-40:\nThe database upgrade was planned.\n\nEpisode 41:\nThe database check failed.\n\nWrite the merged summary now.";
+        assert_eq!(
+            summarize(p),
+            "Across episodes 1-41, in 2 parts, the user and the assistant discussed database, check and failed."
         );
     }
 
