@@ -74,6 +74,7 @@ fn row_in(r: store::SummaryRow) -> types::SummaryRow {
         model: r.model,
         created_ms: r.created_ms,
         updated_ms: r.updated_ms,
+        skipped: r.skipped.into_iter().map(|x| (x.first, x.last)).collect(),
     }
 }
 
@@ -89,6 +90,11 @@ fn row_out(r: types::SummaryRow) -> store::SummaryRow {
         model: r.model,
         created_ms: r.created_ms,
         updated_ms: r.updated_ms,
+        skipped: r
+            .skipped
+            .into_iter()
+            .map(|(first, last)| store::EpisodeRange { first, last })
+            .collect(),
     }
 }
 
@@ -116,6 +122,7 @@ fn cfg_in(c: summarizer::Config) -> policy::Config {
         threshold_tokens: c.threshold_tokens,
         min_episodes_since: c.min_episodes_since,
         max_summary_tokens: c.max_summary_tokens,
+        max_skipped_percent: c.max_skipped_percent,
     }
 }
 
@@ -203,6 +210,11 @@ impl engine::Host for Imports {
             output_tokens: w.output_tokens,
             model: w.model,
             now_ms: w.now_ms,
+            skipped: w
+                .skipped
+                .into_iter()
+                .map(|(first, last)| store::EpisodeRange { first, last })
+                .collect(),
         };
         store::write_summary(session, &w)
             .map(row_in)

@@ -60,6 +60,8 @@ struct Generated {
     text: String,
     prompt_tokens: u32,
     output_tokens: u32,
+    /// Episode ranges the text does not reflect.
+    skipped: Vec<(u64, u64)>,
 }
 
 fn validate(session: &str, cfg: &Config) -> Result<(), Error> {
@@ -220,6 +222,7 @@ fn oversized(
         text: String::new(),
         prompt_tokens: 0,
         output_tokens: 0,
+        skipped: Vec::new(),
     };
     let n = pieces.len();
     for (i, piece) in pieces.iter().enumerate() {
@@ -277,6 +280,7 @@ fn write(
             output_tokens: g.output_tokens,
             model,
             now_ms,
+            skipped: g.skipped,
         },
     )
 }
@@ -300,6 +304,7 @@ fn generate(
                 text,
                 prompt_tokens: 0,
                 output_tokens: 0,
+                skipped: Vec::new(),
             })
         }
         Engine::Llm => {
@@ -350,34 +355,74 @@ fn accept(h: &mut impl Host, cfg: &Config, resp: Response) -> Result<Generated, 
         text: cleaned,
         prompt_tokens: resp.prompt_tokens.unwrap_or(0),
         output_tokens: resp.output_tokens.unwrap_or(0),
+        skipped: Vec::new(),
     })
 }
 
-/// Run requests through the host's batch import, `BATCH` at a time; every answer must pass.
+/// Run requests through the host's batch import, `BATCH` at a time, and check each answer.
 fn run_batch(
     h: &mut impl Host,
     cfg: &Config,
     reqs: Vec<Request>,
     what: &str,
     spent: &mut (u32, u32),
-) -> Result<Vec<String>, Error> {
+) -> Vec<Result<String, Error>> {
     let total = reqs.len();
-    let mut texts = Vec::with_capacity(total);
+    let mut out = Vec::with_capacity(total);
     let mut reqs = reqs.into_iter().peekable();
     while reqs.peek().is_some() {
         let batch: Vec<Request> = reqs.by_ref().take(BATCH).collect();
         for resp in h.generate_batch(batch) {
-            let g = accept(h, cfg, resp?)?;
-            spent.0 = spent.0.saturating_add(g.prompt_tokens);
-            spent.1 = spent.1.saturating_add(g.output_tokens);
-            texts.push(g.text);
+            out.push(resp.and_then(|r| accept(h, cfg, r)).map(|g| {
+                spent.0 = spent.0.saturating_add(g.prompt_tokens);
+                spent.1 = spent.1.saturating_add(g.output_tokens);
+                g.text
+            }));
         }
-        h.log(
-            Level::Info,
-            &format!("{what}: {}/{total} done", texts.len()),
-        );
+        h.log(Level::Info, &format!("{what}: {}/{total} done", out.len()));
     }
-    Ok(texts)
+    out
+}
+
+/// The message inside an error.
+fn error_text(e: &Error) -> &str {
+    match e {
+        Error::Unreachable(m)
+        | Error::ModelNotFound(m)
+        | Error::Timeout(m)
+        | Error::ContextOverflow(m)
+        | Error::Server(m)
+        | Error::RejectedOutput(m)
+        | Error::Storage(m)
+        | Error::InvalidInput(m) => m,
+    }
+}
+
+/// The same kind of error with another message.
+fn with_message(e: Error, m: String) -> Error {
+    match e {
+        Error::Unreachable(_) => Error::Unreachable(m),
+        Error::ModelNotFound(_) => Error::ModelNotFound(m),
+        Error::Timeout(_) => Error::Timeout(m),
+        Error::ContextOverflow(_) => Error::ContextOverflow(m),
+        Error::Server(_) => Error::Server(m),
+        Error::RejectedOutput(_) => Error::RejectedOutput(m),
+        Error::Storage(_) => Error::Storage(m),
+        Error::InvalidInput(_) => Error::InvalidInput(m),
+    }
+}
+
+/// Merge overlapping or adjacent ranges.
+fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (a, b) in ranges {
+        match out.last_mut() {
+            Some(last) if a <= last.1 + 1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
 }
 
 /// A session with no summary yet whose backlog exceeds one prompt is summarized by
@@ -441,16 +486,47 @@ fn map_reduce_if_long(
         reqs.push(request(cfg, prompt::build(&conversation, None)));
     }
     let mut spent = (0u32, 0u32);
-    let texts = run_batch(h, cfg, reqs, &format!("session {session}: map"), &mut spent)?;
-    let mut partials: Vec<Partial> = chunks
-        .iter()
-        .zip(texts)
-        .map(|(c, text)| Partial {
-            first: c.first,
-            last: c.last,
-            text,
-        })
-        .collect();
+    let results = run_batch(h, cfg, reqs, &format!("session {session}: map"), &mut spent);
+    // A chunk that still fails after the host's retries is skipped and recorded, unless too
+    // many fail: then the call fails rather than writing a thin summary.
+    let mut partials: Vec<Partial> = Vec::new();
+    let mut skipped = Vec::new();
+    let mut last_error = None;
+    for (c, r) in chunks.iter().zip(results) {
+        match r {
+            Ok(text) => partials.push(Partial {
+                first: c.first,
+                last: c.last,
+                text,
+            }),
+            Err(e) => {
+                h.log(
+                    Level::Warn,
+                    &format!(
+                        "session {session}: skipping episodes {}-{}: {}",
+                        c.first,
+                        c.last,
+                        error_text(&e)
+                    ),
+                );
+                skipped.push((c.first, c.last));
+                last_error = Some(e);
+            }
+        }
+    }
+    if let Some(e) = last_error {
+        let limit = u64::from(cfg.max_skipped_percent.min(100)) * chunks.len() as u64;
+        if skipped.len() as u64 * 100 > limit || partials.is_empty() {
+            let why = format!(
+                "{} of {} chunks failed, over the {}% limit (max-skipped-percent); nothing was written. Last error: {}",
+                skipped.len(),
+                chunks.len(),
+                cfg.max_skipped_percent,
+                error_text(&e)
+            );
+            return Err(with_message(e, why));
+        }
+    }
     // Consecutive parts of one split episode cover the same episode; labels stay accurate.
     let reduce_budget =
         policy::input_budget(cfg, prompt::reduce_fixed_tokens()).map_err(Error::InvalidInput)?;
@@ -468,13 +544,16 @@ fn map_reduce_if_long(
             .iter()
             .map(|g| request(cfg, prompt::build_reduce(&partials[g.clone()])))
             .collect();
+        // A failed merge cannot be skipped without losing several chunks: the call fails.
         let texts = run_batch(
             h,
             cfg,
             reqs,
             &format!("session {session}: reduce level {level}"),
             &mut spent,
-        )?;
+        )
+        .into_iter()
+        .collect::<Result<Vec<String>, Error>>()?;
         partials = groups
             .iter()
             .zip(texts)
@@ -489,6 +568,7 @@ fn map_reduce_if_long(
         text: partials.remove(0).text,
         prompt_tokens: spent.0,
         output_tokens: spent.1,
+        skipped: merge_ranges(skipped),
     };
     write(h, session, cfg, &Strategy::Fresh, 0, eps.len() as u64, g).map(Some)
 }

@@ -96,6 +96,7 @@ impl Host for Fake {
             model: w.model,
             created_ms: w.now_ms,
             updated_ms: w.now_ms,
+            skipped: w.skipped,
         };
         match w.replaces {
             None => {
@@ -312,7 +313,7 @@ fn a_backlog_behind_an_existing_summary_takes_rolling_passes() {
 }
 
 #[test]
-fn a_failed_map_chunk_writes_nothing() {
+fn a_failed_map_chunk_is_skipped_and_recorded() {
     let mut f = Fake::with_episodes(60, 100);
     let c = Config {
         context_length: 1024,
@@ -320,11 +321,55 @@ fn a_failed_map_chunk_writes_nothing() {
         ..cfg()
     };
     f.replies = vec![Err(Error::Server("HTTP 503 (after 3 attempts)".into()))];
-    assert!(matches!(
-        summarize_now(&mut f, "s", &c),
-        Err(Error::Server(_))
-    ));
+    summarize_now(&mut f, "s", &c).unwrap();
+    f.assert_chain();
+    let row = &f.rows[0];
+    assert_eq!((row.first_episode, row.last_episode), (1, 60));
+    assert_eq!(row.skipped.len(), 1);
+    assert_eq!(
+        row.skipped[0].0, 1,
+        "the first chunk failed: {:?}",
+        row.skipped
+    );
+    let reduce = f
+        .requests
+        .iter()
+        .map(Fake::prompt_text)
+        .find(|p| p.starts_with("You merge"))
+        .unwrap();
+    assert!(
+        !reduce.contains("Episodes 1-"),
+        "the skipped chunk has no partial: {reduce}"
+    );
+}
+
+#[test]
+fn too_many_failed_chunks_fail_the_call_and_write_nothing() {
+    let mut f = Fake::with_episodes(60, 100);
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    f.replies = (0..100)
+        .map(|_| Err(Error::Server("HTTP 503 (after 3 attempts)".into())))
+        .collect();
+    let err = summarize_now(&mut f, "s", &c).unwrap_err();
+    assert!(
+        matches!(&err, Error::Server(m) if m.contains("over the 50% limit") && m.contains("HTTP 503")),
+        "{err:?}"
+    );
     assert!(f.rows.is_empty());
+    let strict = Config {
+        max_skipped_percent: 0,
+        ..c
+    };
+    let mut f = Fake::with_episodes(60, 100);
+    f.replies = vec![Err(Error::Server("HTTP 503".into()))];
+    assert!(
+        summarize_now(&mut f, "s", &strict).is_err(),
+        "0% tolerates no failure"
+    );
 }
 
 #[test]

@@ -41,6 +41,8 @@ pub struct Config {
     pub min_episodes_since: u32,
     /// Strategy: update the latest row while it is under this many tokens.
     pub max_summary_tokens: u32,
+    /// Map-reduce: most chunks (percent) that may be skipped before the call fails.
+    pub max_skipped_percent: u32,
 }
 
 impl Default for Config {
@@ -55,6 +57,7 @@ impl Default for Config {
             threshold_tokens: 200,
             min_episodes_since: 5,
             max_summary_tokens: 800,
+            max_skipped_percent: 50,
         }
     }
 }
@@ -137,6 +140,7 @@ mod tests {
             model: "m".into(),
             created_ms: 0,
             updated_ms: 0,
+            skipped: vec![],
         }
     }
 

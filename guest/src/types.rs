@@ -122,6 +122,8 @@ pub struct SummaryRow {
     pub created_ms: u64,
     /// Last content change, ms since the epoch.
     pub updated_ms: u64,
+    /// Episode ranges the content does not reflect (failed map chunks).
+    pub skipped: Vec<(u64, u64)>,
 }
 
 /// A summary write request.
@@ -145,6 +147,8 @@ pub struct SummaryWrite {
     pub model: String,
     /// Time of the write.
     pub now_ms: u64,
+    /// Episode ranges the content does not reflect.
+    pub skipped: Vec<(u64, u64)>,
 }
 
 /// How a prompt is sent.

@@ -3,7 +3,7 @@
 pub use crate::bindings::abridge::engine::llm::{FinishReason, Prompt, Request, Response};
 pub use crate::bindings::abridge::engine::log::Level;
 pub use crate::bindings::abridge::engine::store::{
-    Episode, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    Episode, EpisodeRange, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
 pub use crate::bindings::exports::abridge::engine::summarizer::{
@@ -36,7 +36,7 @@ impl Role {
 impl Default for Config {
     /// The documented defaults: LLM engine, chat rendering, `qwen2.5:3b`, 4096-token context,
     /// 500 output tokens, temperature 0.2, trigger at 200 tokens and 5 episodes, update a
-    /// summary until it reaches 800 tokens.
+    /// summary until it reaches 800 tokens, fail a map-reduce when over 50 % of its chunks fail.
     fn default() -> Self {
         Config {
             engine: Engine::Llm,
@@ -48,6 +48,7 @@ impl Default for Config {
             threshold_tokens: 200,
             min_episodes_since: 5,
             max_summary_tokens: 800,
+            max_skipped_percent: 50,
         }
     }
 }

@@ -37,6 +37,8 @@ export interface SummaryRow {
   model: string;
   createdMs: number;
   updatedMs: number;
+  /** Episode ranges [first, last] the content does not reflect (failed map chunks). */
+  skipped: Array<[number, number]>;
 }
 
 export interface SummaryWrite {
@@ -49,6 +51,7 @@ export interface SummaryWrite {
   outputTokens: number;
   model: string;
   nowMs: number;
+  skipped: Array<[number, number]>;
 }
 
 /** Engine settings; every field defaults to `defaultConfig`. */
@@ -62,6 +65,8 @@ export interface Config {
   thresholdTokens: number;
   minEpisodesSince: number;
   maxSummaryTokens: number;
+  /** Map-reduce fails instead of summarizing when more than this % of chunks fail (default 50). */
+  maxSkippedPercent: number;
 }
 export const defaultConfig: Readonly<Config>;
 

@@ -22,6 +22,7 @@ export const defaultConfig = Object.freeze({
   thresholdTokens: 200,
   minEpisodesSince: 5,
   maxSummaryTokens: 800,
+  maxSkippedPercent: 50,
 });
 
 let compiled;
@@ -60,6 +61,7 @@ const rowToJs = (r) => ({
   model: r.model,
   createdMs: num(r.createdMs),
   updatedMs: num(r.updatedMs),
+  skipped: r.skipped.map((x) => [num(x.first), num(x.last)]),
 });
 
 const rowToWit = (r) => ({
@@ -69,6 +71,7 @@ const rowToWit = (r) => ({
   lastEpisode: big(r.lastEpisode),
   createdMs: big(r.createdMs),
   updatedMs: big(r.updatedMs),
+  skipped: (r.skipped ?? []).map(([first, last]) => ({ first: big(first), last: big(last) })),
 });
 
 const outcomeToJs = (o) => ({ triggered: o.triggered, passes: o.passes, written: o.written.map(rowToJs), unsummarized: num(o.unsummarized) });
@@ -129,7 +132,14 @@ export class Engine {
     const store = this.#store;
     const epToJs = (e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, tokens: e.tokens });
     const statsToWit = (s) => ({ episodes: big(s.episodes), totalTokens: big(s.totalTokens), lastEpisode: big(s.lastEpisode) });
-    const writeToJs = (w) => ({ ...w, replaces: num(w.replaces), firstEpisode: num(w.firstEpisode), lastEpisode: num(w.lastEpisode), nowMs: num(w.nowMs) });
+    const writeToJs = (w) => ({
+      ...w,
+      replaces: num(w.replaces),
+      firstEpisode: num(w.firstEpisode),
+      lastEpisode: num(w.lastEpisode),
+      nowMs: num(w.nowMs),
+      skipped: w.skipped.map((x) => [num(x.first), num(x.last)]),
+    });
     return {
       'abridge:engine/types': {},
       'abridge:engine/clock': { nowMs: () => BigInt(Math.floor(this.#clock())) },

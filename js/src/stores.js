@@ -34,6 +34,7 @@ function rowFrom(w, id, createdMs) {
     model: w.model,
     createdMs,
     updatedMs: w.nowMs,
+    skipped: w.skipped ?? [],
   };
 }
 
@@ -138,9 +139,13 @@ const MIGRATIONS = [
       CHECK (last_episode >= first_episode)
   );
   CREATE INDEX summaries_session ON summaries(session, last_episode);`,
+  // 2: episode ranges a summary does not reflect (failed map chunks), as JSON [[a, b], ...].
+  `ALTER TABLE summaries ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]';`,
 ];
 
-const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs';
+const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped';
+
+const rowOut = (r) => (r ? { ...r, skipped: JSON.parse(r.skipped) } : undefined);
 
 /** A SQLite file through Node's built-in node:sqlite (no native addon). */
 export class SqliteStore {
@@ -184,9 +189,9 @@ export class SqliteStore {
       latest: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY last_episode DESC, id DESC LIMIT 1`),
       all: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY first_episode`),
       row: p(`SELECT ${ROW_COLS} FROM summaries WHERE id = ?`),
-      add: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms)
-              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-      update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ? WHERE id = ?'),
+      add: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped)
+              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+      update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ? WHERE id = ?'),
       sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
     };
   }
@@ -245,13 +250,12 @@ export class SqliteStore {
 
   latestSummary(session) {
     return this.#wrap(() => {
-      const r = this.#st.latest.get(session);
-      return r ? { ...r } : undefined;
+      return rowOut(this.#st.latest.get(session));
     });
   }
 
   summaries(session) {
-    return this.#wrap(() => this.#st.all.all(session).map((r) => ({ ...r })));
+    return this.#wrap(() => this.#st.all.all(session).map(rowOut));
   }
 
   writeSummary(session, w) {
@@ -259,16 +263,16 @@ export class SqliteStore {
       const s = this.#st;
       const stats = s.stats.get(session);
       if (!stats) throw new AbridgeError('invalid-input', `no session '${session}' in the store`);
-      const prev = s.latest.get(session);
+      const prev = rowOut(s.latest.get(session));
       checkChain(session, stats.episodes, prev, w);
       let id;
       if (w.replaces === undefined) {
-        id = Number(s.add.run(session, w.firstEpisode, w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, w.nowMs).lastInsertRowid);
+        id = Number(s.add.run(session, w.firstEpisode, w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, w.nowMs, JSON.stringify(w.skipped ?? [])).lastInsertRowid);
       } else {
         id = w.replaces;
-        s.update.run(w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, id);
+        s.update.run(w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, JSON.stringify(w.skipped ?? []), id);
       }
-      return { ...s.row.get(id) };
+      return rowOut(s.row.get(id));
     }));
   }
 

@@ -146,3 +146,22 @@ test('transient faults are retried with backoff; a missing model is not', async 
   await assert.rejects(engine.summarizeNow('s'), (e) => e.kind === 'model-not-found');
   assert.equal((await server.generations()).length, 4);
 });
+
+test('a failed map chunk is skipped and recorded; too many fail the call', async () => {
+  const { readFileSync } = await import('node:fs');
+  const { ROOT } = await import('./helpers.js');
+  const chat = readFileSync(join(ROOT, 'tests', 'fixtures', 'chat.jsonl'), 'utf8').trim().split('\n').map((l, i) => ({ ...JSON.parse(l), sourceKey: String(i) }));
+  const once = { attempts: 1, baseMs: 1, maxMs: 1 };
+  const small = { contextLength: 520, maxOutputTokens: 120 };
+  await server.reset();
+  const store = new MemoryStore();
+  const engine = await createEngine({ store, llm: ollama({ url: server.url, retry: once }) });
+  await engine.append('s', chat.map(({ role, content, sourceKey }) => ({ role, content, sourceKey })));
+  await server.faults([{ kind: 'status', code: 500, message: 'boom' }, { kind: 'status', code: 500, message: 'boom' }]);
+  await assert.rejects(engine.summarizeNow('s', small), (e) => e.kind === 'server' && /2 of 3 chunks failed, over the 50% limit/.test(e.message));
+  assert.deepEqual(await engine.chain('s'), []);
+  await server.faults([{ kind: 'status', code: 500, message: 'boom' }]);
+  const out = await engine.summarizeNow('s', small);
+  assert.deepEqual([out.written[0].firstEpisode, out.written[0].lastEpisode], [1, 12]);
+  assert.equal(out.written[0].skipped.length, 1);
+});

@@ -44,6 +44,7 @@ const camel = (k) => k.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
 const snakeRow = (r) => ({
   id: r.id, first_episode: r.firstEpisode, last_episode: r.lastEpisode, content: r.content, tokens: r.tokens,
   prompt_tokens: r.promptTokens, output_tokens: r.outputTokens, model: r.model, created_ms: r.createdMs, updated_ms: r.updatedMs,
+  skipped: r.skipped,
 });
 
 test('golden chains: the same summary chain and model requests as the Rust host', async () => {

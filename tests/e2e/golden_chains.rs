@@ -50,6 +50,7 @@ fn config(v: &Value) -> Config {
         threshold_tokens: u("threshold_tokens", d.threshold_tokens),
         min_episodes_since: u("min_episodes_since", d.min_episodes_since),
         max_summary_tokens: u("max_summary_tokens", d.max_summary_tokens),
+        max_skipped_percent: u("max_skipped_percent", d.max_skipped_percent),
     }
 }
 
@@ -58,6 +59,7 @@ fn row_json(r: &SummaryRow) -> Value {
         "id": r.id, "first_episode": r.first_episode, "last_episode": r.last_episode,
         "content": r.content, "tokens": r.tokens, "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens, "model": r.model, "created_ms": r.created_ms, "updated_ms": r.updated_ms,
+        "skipped": r.skipped.iter().map(|x| [x.first, x.last]).collect::<Vec<_>>(),
     })
 }
 

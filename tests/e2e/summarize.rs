@@ -289,3 +289,69 @@ fn configuration_file_and_environment_are_honoured() {
         "the file beats the default"
     );
 }
+
+#[test]
+fn a_failed_chunk_is_skipped_and_recorded_but_too_many_fail_the_run() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    let small = [
+        "--context-length",
+        "520",
+        "--max-output-tokens",
+        "120",
+        "--retries",
+        "1",
+    ];
+    // Two of three chunks fail: over the 50 % limit, nothing is written.
+    server.push_faults([
+        Fault::Status {
+            code: 500,
+            message: "boom".into(),
+        },
+        Fault::Status {
+            code: 500,
+            message: "boom".into(),
+        },
+    ]);
+    let file = fixture("chat.jsonl");
+    let args: Vec<&str> = ["summarize", file.as_str(), "--json"]
+        .into_iter()
+        .chain(small)
+        .collect();
+    env.run(&args)
+        .assert_fails(3, &["2 of 3 chunks failed, over the 50% limit", "HTTP 500"]);
+    assert_eq!(
+        env.chain("chat").unwrap()["summaries"],
+        Value::Array(vec![])
+    );
+    // One of three fails: the summary is written and says which episodes it could not cover.
+    server.push_faults([Fault::Status {
+        code: 500,
+        message: "boom".into(),
+    }]);
+    let r = env.run(&args);
+    r.assert_ok();
+    let v = r.json();
+    assert_covers(&v, 12);
+    let skipped = v["summaries"][0]["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 1, "{v:#}");
+    assert!(
+        r.stderr.contains("skipping episodes"),
+        "the skip is announced: {}",
+        r.stderr
+    );
+    // --max-skipped-percent 0 tolerates no failure.
+    server.push_faults([Fault::Status {
+        code: 500,
+        message: "boom".into(),
+    }]);
+    let strict: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--session", "strict", "--max-skipped-percent", "0"])
+        .collect();
+    env.run(&strict)
+        .assert_fails(3, &["1 of 3 chunks failed, over the 0% limit"]);
+}

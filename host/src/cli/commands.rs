@@ -195,6 +195,7 @@ fn row_json(r: &SummaryRow) -> serde_json::Value {
         "model": r.model,
         "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens,
+        "skipped": r.skipped.iter().map(|x| [x.first, x.last]).collect::<Vec<_>>(),
     })
 }
 

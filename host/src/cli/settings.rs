@@ -75,6 +75,10 @@ pub struct Common {
     /// Trigger: episodes needed since the last summary [env: SUMMARY_MIN_EPISODES] [default: 5]
     #[arg(long, global = true)]
     pub min_episodes: Option<u32>,
+    /// Map-reduce: fail instead of summarizing when more than this percentage of chunks fail
+    /// [env: ABRIDGE_MAX_SKIPPED_PERCENT] [default: 50]
+    #[arg(long, global = true)]
+    pub max_skipped_percent: Option<u32>,
     /// Time limit per model call in seconds [env: ABRIDGE_TIMEOUT_SECS] [default: 300]
     #[arg(long, global = true)]
     pub timeout_secs: Option<u64>,
@@ -107,6 +111,7 @@ pub struct FileConfig {
     threshold_tokens: Option<u32>,
     max_summary_tokens: Option<u32>,
     min_episodes: Option<u32>,
+    max_skipped_percent: Option<u32>,
     timeout_secs: Option<u64>,
     retries: Option<u32>,
     retry_base_ms: Option<u64>,
@@ -281,6 +286,12 @@ impl Settings {
                 env_parse(env, "SUMMARY_MAX_TOKENS")?,
                 file.max_summary_tokens,
                 d.max_summary_tokens
+            ),
+            max_skipped_percent: pick!(
+                common.max_skipped_percent,
+                env_parse(env, "ABRIDGE_MAX_SKIPPED_PERCENT")?,
+                file.max_skipped_percent,
+                d.max_skipped_percent
             ),
         };
         if !(0.0..=2.0).contains(&config.temperature) {

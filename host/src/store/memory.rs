@@ -137,6 +137,7 @@ impl Store for MemoryStore {
                 model: w.model,
                 created_ms: w.now_ms,
                 updated_ms: w.now_ms,
+                skipped: w.skipped,
             };
             match w.replaces {
                 Some(id) => {

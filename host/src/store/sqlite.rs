@@ -7,7 +7,9 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Store;
-use crate::types::{Episode, Error, NewEpisode, Role, SessionStats, SummaryRow, SummaryWrite};
+use crate::types::{
+    Episode, EpisodeRange, Error, NewEpisode, Role, SessionStats, SummaryRow, SummaryWrite,
+};
 
 /// Schema migrations; `PRAGMA user_version` records how many have run.
 const MIGRATIONS: &[&str] = &[
@@ -44,6 +46,8 @@ const MIGRATIONS: &[&str] = &[
         CHECK (last_episode >= first_episode)
     );
     CREATE INDEX summaries_session ON summaries(session, last_episode);",
+    // 2: episode ranges a summary does not reflect (failed map chunks), as JSON [[a, b], ...].
+    "ALTER TABLE summaries ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]';",
 ];
 
 /// A SQLite-backed [`Store`].
@@ -125,7 +129,20 @@ impl SqliteStore {
     }
 }
 
-const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms";
+const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped";
+
+fn skipped_to_json(ranges: &[EpisodeRange]) -> String {
+    serde_json::to_string(&ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>())
+        .expect("ranges serialize")
+}
+
+fn skipped_from_json(text: &str) -> Vec<EpisodeRange> {
+    serde_json::from_str::<Vec<[u64; 2]>>(text)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|[first, last]| EpisodeRange { first, last })
+        .collect()
+}
 
 fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
     Ok(SummaryRow {
@@ -139,6 +156,7 @@ fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
         model: r.get(7)?,
         created_ms: r.get::<_, i64>(8)? as u64,
         updated_ms: r.get::<_, i64>(9)? as u64,
+        skipped: skipped_from_json(&r.get::<_, String>(10)?),
     })
 }
 
@@ -274,17 +292,17 @@ impl Store for SqliteStore {
             let id = match (w.replaces, &prev) {
                 (None, _) => {
                     tx.execute(
-                        "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
-                        params![session, w.first_episode as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64],
+                        "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)",
+                        params![session, w.first_episode as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, skipped_to_json(&w.skipped)],
                     )
                     .map_err(db_err)?;
                     tx.last_insert_rowid()
                 }
                 (Some(id), _) => {
                     tx.execute(
-                        "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8 WHERE id = ?1",
-                        params![id as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64],
+                        "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8, skipped = ?9 WHERE id = ?1",
+                        params![id as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, skipped_to_json(&w.skipped)],
                     )
                     .map_err(db_err)?;
                     id as i64
