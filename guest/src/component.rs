@@ -287,6 +287,28 @@ impl summarizer::Guest for Component {
             .map_err(err_out)
     }
 
+    fn plan(
+        session: String,
+        cfg: summarizer::Config,
+    ) -> Result<summarizer::PlanReport, wit::Error> {
+        let p = engine::plan_report(&mut Imports, &session, &cfg_in(cfg)).map_err(err_out)?;
+        Ok(summarizer::PlanReport {
+            path: match p.path {
+                engine::PlanPath::Nothing => summarizer::Path::Nothing,
+                engine::PlanPath::Single => summarizer::Path::Single,
+                engine::PlanPath::Rolling => summarizer::Path::Rolling,
+                engine::PlanPath::MapReduce => summarizer::Path::MapReduce,
+            },
+            episodes: p.episodes,
+            backlog_tokens: p.backlog_tokens,
+            chunks: p.chunks,
+            levels: p.levels,
+            calls: p.calls,
+            input_tokens: p.input_tokens,
+            output_tokens: p.output_tokens,
+        })
+    }
+
     fn chain(session: String) -> Result<Vec<store::SummaryRow>, wit::Error> {
         store::summaries(&session)
     }

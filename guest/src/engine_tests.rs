@@ -498,3 +498,39 @@ fn invalid_config_is_an_actionable_error() {
     let err = summarize_now(&mut f, "s", &tiny).unwrap_err();
     assert!(matches!(err, Error::InvalidInput(m) if m.contains("raise the context length")));
 }
+
+#[test]
+fn plans_match_what_execution_does() {
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let mut f = Fake::with_episodes(60, 100);
+    let plan = plan_report(&mut f, "s", &c).unwrap();
+    assert!(
+        f.requests.is_empty() && f.rows.is_empty(),
+        "planning calls nothing and writes nothing"
+    );
+    assert_eq!(plan.path, PlanPath::MapReduce);
+    summarize_now(&mut f, "s", &c).unwrap();
+    let reduces = f
+        .requests
+        .iter()
+        .filter(|r| Fake::prompt_text(r).starts_with("You merge"))
+        .count();
+    // Map chunks are exact; reduce levels assume 160-token partials (these are shorter), so
+    // they bound the real reduce calls from above here.
+    assert_eq!(plan.chunks as usize, f.requests.len() - reduces, "{plan:?}");
+    assert!(plan.levels.iter().sum::<u32>() as usize >= reduces && reduces >= 1);
+    assert!(plan.calls as usize >= f.requests.len());
+    assert_eq!(
+        plan_report(&mut f, "s", &c).unwrap().path,
+        PlanPath::Nothing
+    );
+
+    let mut small = Fake::with_episodes(5, 20);
+    let p = plan_report(&mut small, "s", &cfg()).unwrap();
+    assert_eq!((p.path, p.calls, p.episodes), (PlanPath::Single, 1, 5));
+    assert!(p.input_tokens > p.backlog_tokens);
+}

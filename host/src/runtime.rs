@@ -16,7 +16,9 @@ use crate::bindings::{Engine as Guest, EnginePre};
 use crate::clock::{Clock, SystemClock};
 use crate::imports::{HostState, LogSink};
 use crate::store::Store;
-use crate::types::{Config, Error, Level, Message, NewEpisode, Outcome, SummaryRow, describe};
+use crate::types::{
+    Config, Error, Level, Message, NewEpisode, Outcome, PlanReport, SummaryRow, describe,
+};
 
 /// The guest component built by `host/build.rs` and embedded in this crate.
 pub static EMBEDDED_COMPONENT: &[u8] =
@@ -346,6 +348,16 @@ impl Abridge {
         let (mut store, g) = self.instance().await?;
         g.abridge_engine_summarizer()
             .call_summarize_now(&mut store, session, cfg)
+            .await
+            .map_err(|e| self.trap(e))?
+            .map_err(CallError::Engine)
+    }
+
+    /// What `summarize_now` would do, without calling the model or writing anything.
+    pub async fn plan(&self, session: &str, cfg: &Config) -> Result<PlanReport, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_summarizer()
+            .call_plan(&mut store, session, cfg)
             .await
             .map_err(|e| self.trap(e))?
             .map_err(CallError::Engine)

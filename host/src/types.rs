@@ -7,7 +7,7 @@ pub use crate::bindings::abridge::engine::store::{
 };
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
 pub use crate::bindings::exports::abridge::engine::summarizer::{
-    Config, Engine, Outcome, Rendering,
+    Config, Engine, Outcome, Path as PlanPath, PlanReport, Rendering,
 };
 
 impl Role {

@@ -70,6 +70,19 @@ export interface Config {
 }
 export const defaultConfig: Readonly<Config>;
 
+export interface PlanReport {
+  path: 'nothing' | 'single' | 'rolling' | 'map-reduce';
+  episodes: number;
+  backlogTokens: number;
+  /** Map chunks (exact), or passes. */
+  chunks: number;
+  /** Reduce calls per level (an upper bound). */
+  levels: number[];
+  calls: number;
+  inputTokens: number;
+  outputTokens: number;
+}
+
 export interface Outcome { triggered: boolean; passes: number; written: SummaryRow[]; unsummarized: number }
 
 /** A model request as the guest builds it. */
@@ -147,7 +160,9 @@ export class Engine {
   append(session: string, episodes: NewEpisode[]): Promise<number>;
   afterEpisodeWritten(session: string, config?: Partial<Config>): Promise<Outcome>;
   summarizeNow(session: string, config?: Partial<Config>): Promise<Outcome>;
-  chain(session: string): Promise<SummaryRow[]>;
+    chain(session: string): Promise<SummaryRow[]>;
+  /** What summarizeNow would do, without calling the model or writing. */
+  plan(session: string, config?: Partial<Config>): Promise<PlanReport>;
   estimateTokens(text: string): Promise<number>;
   buildPrompt(conversation: Message[], previousSummary?: string): Promise<{ messages: Message[]; chatml: string }>;
   stripTemplateTokens(text: string): Promise<string>;

@@ -201,6 +201,13 @@ export class Engine {
     return outcomeToJs(await exportCall(() => g.summarizer.summarizeNow(session, { ...defaultConfig, ...config })));
   }
 
+    /** What summarizeNow would do, without calling the model or writing (see the WIT plan-report). */
+  async plan(session, config = {}) {
+    const g = await this.#guest();
+    const p = await exportCall(() => g.summarizer.plan(session, { ...defaultConfig, ...config }));
+    return { ...p, episodes: num(p.episodes), backlogTokens: num(p.backlogTokens), inputTokens: num(p.inputTokens), outputTokens: num(p.outputTokens) };
+  }
+
   /** The summary chain, oldest first. */
   async chain(session) {
     const g = await this.#guest();

@@ -355,3 +355,78 @@ fn a_failed_chunk_is_skipped_and_recorded_but_too_many_fail_the_run() {
     env.run(&strict)
         .assert_fails(3, &["1 of 3 chunks failed, over the 0% limit"]);
 }
+
+#[test]
+fn dry_run_plans_without_calling_a_model_or_storing() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    let small = ["--context-length", "520", "--max-output-tokens", "120"];
+    let file = fixture("chat.jsonl");
+    let args: Vec<&str> = [
+        "summarize",
+        file.as_str(),
+        "--json",
+        "--dry-run",
+        "--price-in",
+        "1",
+        "--price-out",
+        "2",
+    ]
+    .into_iter()
+    .chain(small)
+    .collect();
+    let r = env.run(&args);
+    r.assert_ok();
+    let plan = r.json();
+    assert_eq!(
+        (
+            plan["path"].as_str(),
+            plan["episodes"].as_u64(),
+            plan["dry_run"].as_bool()
+        ),
+        (Some("map-reduce"), Some(12), Some(true))
+    );
+    assert!(
+        server.requests().is_empty(),
+        "no request at all, not even a probe"
+    );
+    assert!(!env.db().exists(), "nothing stored");
+    let cost = plan["input_tokens"].as_f64().unwrap() / 1e6
+        + 2.0 * plan["output_tokens"].as_f64().unwrap() / 1e6;
+    assert!((plan["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-12);
+    // The real run makes exactly the planned map calls; reduce levels are an estimate.
+    let run: Vec<&str> = ["summarize", file.as_str()]
+        .into_iter()
+        .chain(small)
+        .collect();
+    env.run(&run).assert_ok();
+    let gens = server.generations();
+    let reduces = gens
+        .iter()
+        .filter(|g| {
+            g.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("You merge")
+        })
+        .count();
+    assert_eq!(
+        (gens.len() - reduces) as u64,
+        plan["chunks"].as_u64().unwrap()
+    );
+    assert!(reduces >= 1 && !plan["levels"].as_array().unwrap().is_empty());
+    // Text output names the path and the cost.
+    let text: Vec<&str> = ["summarize", file.as_str(), "--dry-run"]
+        .into_iter()
+        .chain(small)
+        .collect();
+    let t = env.run(&text);
+    t.assert_ok();
+    assert!(
+        t.stdout.contains("path map-reduce") && t.stdout.contains("cost: $"),
+        "{}",
+        t.stdout
+    );
+}

@@ -38,6 +38,26 @@ pub struct SummarizeArgs {
     /// Refuse files larger than this many bytes
     #[arg(long, default_value_t = transcript::DEFAULT_MAX_BYTES)]
     max_bytes: u64,
+    /// Print the plan (path, chunks, reduce levels, calls, tokens, cost) for summarizing the
+    /// file from scratch, without calling a model or touching the database
+    #[arg(long)]
+    dry_run: bool,
+    /// Price of a million input tokens, for --dry-run's cost estimate
+    #[arg(
+        long,
+        env = "ABRIDGE_PRICE_IN",
+        default_value_t = 0.0,
+        value_name = "USD"
+    )]
+    price_in: f64,
+    /// Price of a million output tokens, for --dry-run's cost estimate
+    #[arg(
+        long,
+        env = "ABRIDGE_PRICE_OUT",
+        default_value_t = 0.0,
+        value_name = "USD"
+    )]
+    price_out: f64,
 }
 
 #[derive(Args, Debug)]
@@ -225,6 +245,9 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             ),
         ));
     }
+    if a.dry_run {
+        return dry_run(s, &a, parsed.conversations).await;
+    }
     let store = open_store(s)?;
     let backend = choose_backend(s).await?;
     let cfg = engine_config(s, &backend);
@@ -300,6 +323,71 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                 Some(r) => write(&mut out, r.content.clone())?,
                 None => write(&mut out, "(no summary yet)".into())?,
             }
+        }
+    }
+    Ok(())
+}
+
+/// The plan for summarizing each conversation from scratch: an in-memory store, no model.
+async fn dry_run(
+    s: &Settings,
+    a: &SummarizeArgs,
+    conversations: Vec<transcript::Conversation>,
+) -> Result<(), Failure> {
+    let engine = build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))?;
+    let mut cfg = s.config.clone();
+    cfg.engine = if s.backend == BackendChoice::Extractive {
+        Engine::Extractive
+    } else {
+        Engine::Llm
+    };
+    for conv in conversations {
+        let session = a
+            .session
+            .clone()
+            .or(conv.id.clone())
+            .unwrap_or_else(|| file_stem(&a.file));
+        engine.append(&session, &conv.episodes).await?;
+        let p = engine.plan(&session, &cfg).await?;
+        let path = match p.path {
+            abridge::types::PlanPath::Nothing => "nothing",
+            abridge::types::PlanPath::Single => "single",
+            abridge::types::PlanPath::Rolling => "rolling",
+            abridge::types::PlanPath::MapReduce => "map-reduce",
+        };
+        let cost =
+            p.input_tokens as f64 / 1e6 * a.price_in + p.output_tokens as f64 / 1e6 * a.price_out;
+        if a.json {
+            let v = json!({
+                "session": session, "dry_run": true, "model": cfg.model, "context_length": cfg.context_length,
+                "path": path, "episodes": p.episodes, "backlog_tokens": p.backlog_tokens, "chunks": p.chunks,
+                "levels": p.levels, "calls": p.calls, "input_tokens": p.input_tokens, "output_tokens": p.output_tokens,
+                "cost_usd": cost,
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "dry run for session {session} (from scratch; no model is called and nothing is stored)"
+            );
+            println!(
+                "  {} episodes, ~{} tokens; model {} with a {}-token context",
+                p.episodes, p.backlog_tokens, cfg.model, cfg.context_length
+            );
+            match p.path {
+                abridge::types::PlanPath::MapReduce => println!(
+                    "  path map-reduce: {} chunks, then about {:?} reduce calls per level, about {} calls",
+                    p.chunks, p.levels, p.calls
+                ),
+                _ => println!("  path {path}: {} call(s)", p.calls),
+            }
+            println!(
+                "  tokens: ~{} in, at most {} out",
+                p.input_tokens, p.output_tokens
+            );
+            println!(
+                "  cost: ${cost:.4} at ${}/M in and ${}/M out (set --price-in/--price-out)",
+                a.price_in, a.price_out
+            );
         }
     }
     Ok(())
