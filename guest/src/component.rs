@@ -238,6 +238,21 @@ impl engine::Host for Imports {
             .collect()
     }
 
+    fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, types::Error> {
+        Ok(store::calibration(model)
+            .map_err(err_in)?
+            .map(|c| (c.estimated, c.reported)))
+    }
+
+    fn record_calibration(
+        &mut self,
+        model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), types::Error> {
+        store::record_calibration(model, estimated, reported).map_err(err_in)
+    }
+
     fn now_ms(&mut self) -> u64 {
         clock::now_ms()
     }

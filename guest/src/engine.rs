@@ -36,6 +36,15 @@ pub trait Host {
     fn generate(&mut self, req: Request) -> Result<Response, Error>;
     /// Several model calls, run concurrently by the host; answers in request order.
     fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>>;
+    /// Calibration totals `(estimated, reported)` for a model.
+    fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, Error>;
+    /// Add one measured prompt to a model's calibration totals.
+    fn record_calibration(
+        &mut self,
+        model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error>;
     /// Wall-clock ms.
     fn now_ms(&mut self) -> u64;
     /// A log line.
@@ -107,15 +116,41 @@ pub fn summarize_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<O
     catch_up(h, session, cfg)
 }
 
+/// How often one call re-plans after the model refused a prompt as longer than its context
+/// (each refusal recalibrates the estimator first).
+const MAX_OVERFLOW_REPLANS: u32 = 3;
+
 fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
     let start = h.stats(session)?;
     let mut out = Outcome::default();
-    if let Some(row) = map_reduce_if_long(h, session, cfg, &start)? {
-        out.triggered = true;
-        out.passes += 1;
-        out.written.push(row);
-    }
-    while let Some(row) = pass(h, session, cfg)? {
+    let mut overflows = 0;
+    let mut long_path_done = false;
+    loop {
+        let step = if long_path_done {
+            pass(h, session, cfg)
+        } else {
+            map_reduce_if_long(h, session, cfg, &start)
+        };
+        let row = match step {
+            Err(Error::ContextOverflow(m)) if overflows < MAX_OVERFLOW_REPLANS => {
+                overflows += 1;
+                h.log(
+                    Level::Warn,
+                    &format!(
+                        "session {session}: re-planning with the recalibrated estimator ({m})"
+                    ),
+                );
+                continue;
+            }
+            Err(e) => return Err(e),
+            Ok(None) if !long_path_done => {
+                long_path_done = true;
+                continue;
+            }
+            Ok(None) => break,
+            Ok(Some(row)) => row,
+        };
+        long_path_done = true;
         out.triggered = true;
         out.passes += 1;
         out.written.push(row);
@@ -136,6 +171,7 @@ fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, E
 /// One summary pass over the oldest unsummarized episodes that fit the budget. `None` when
 /// the session is caught up.
 fn pass(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Option<SummaryRow>, Error> {
+    let f = calibration_factor(h, cfg)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
     let strategy = policy::strategy(latest.as_ref(), cfg);
@@ -143,7 +179,7 @@ fn pass(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Option<Summary
         Strategy::Update(r) => Some(r.content.clone()),
         _ => None,
     };
-    let budget = policy::input_budget(cfg, prompt::fixed_tokens(previous.as_deref()))
+    let budget = policy::input_budget_f(cfg, f, prompt::fixed_tokens(previous.as_deref()))
         .map_err(Error::InvalidInput)?;
 
     let mut selected: Vec<Episode> = Vec::new();
@@ -199,11 +235,12 @@ fn oversized(
     previous: Option<String>,
     ep: Episode,
 ) -> Result<SummaryRow, Error> {
+    let f = calibration_factor(h, cfg)?;
     // Later pieces carry the running summary (at most one output long) as the previous one.
     let fixed = prompt::fixed_tokens(previous.as_deref())
         .max(prompt::fixed_tokens(Some("")) + cfg.max_output_tokens);
     const MARKER: u32 = 16; // "(part i of n of one long message)"
-    let budget = policy::input_budget(cfg, fixed)
+    let budget = policy::input_budget_f(cfg, f, fixed)
         .map_err(Error::InvalidInput)?
         .saturating_sub(3 + MARKER)
         .max(1);
@@ -329,6 +366,7 @@ fn expected_partial(cfg: &Config) -> u32 {
 
 /// Plan `summarize_now` without calling the model or writing anything.
 pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<PlanReport, Error> {
+    let f = calibration_factor(h, cfg)?;
     validate(session, cfg)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
@@ -360,13 +398,13 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
         return Ok(report);
     }
     let fixed = prompt::fixed_tokens(latest.as_ref().map(|r| r.content.as_str()));
-    let budget = policy::input_budget(cfg, fixed).map_err(Error::InvalidInput)?;
+    let budget = policy::input_budget_f(cfg, f, fixed).map_err(Error::InvalidInput)?;
     if latest.is_none() && llm && backlog > u64::from(budget) {
         let first = eps[0].id;
         let chunks = plan::plan_chunks(eps.iter().map(|e| (e.id, e.tokens)), budget, |id| {
             eps[(id - first) as usize].content.clone()
         });
-        let reduce_budget = policy::input_budget(cfg, prompt::reduce_fixed_tokens())
+        let reduce_budget = policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens())
             .map_err(Error::InvalidInput)?;
         // Estimate with the expected partial size; in a tight context, with smaller ones
         // (execution groups the real partials by their real size).
@@ -442,9 +480,61 @@ fn generate(
             })
         }
         Engine::Llm => {
-            let resp = h.generate(request(cfg, prompt::build(conversation, previous)))?;
-            accept(h, cfg, resp)
+            let req = request(cfg, prompt::build(conversation, previous));
+            let estimated = prompt_estimate(&req);
+            let resp = h.generate(req);
+            calibrate(h, cfg, estimated, &resp)?;
+            accept(h, cfg, resp?)
         }
+    }
+}
+
+/// The model's calibration factor (1.0 for the extractive engine).
+fn calibration_factor(h: &mut impl Host, cfg: &Config) -> Result<f64, Error> {
+    if cfg.engine != Engine::Llm {
+        return Ok(1.0);
+    }
+    Ok(policy::factor(h.calibration(&cfg.model)?))
+}
+
+/// Our estimate of a request's prompt, counted the way budgets count it.
+fn prompt_estimate(req: &Request) -> u32 {
+    match &req.prompt {
+        Prompt::Chat(ms) => {
+            ms.iter()
+                .map(|m| estimate_tokens(&m.content) + crate::tokens::MESSAGE_OVERHEAD)
+                .sum::<u32>()
+                + crate::tokens::MESSAGE_OVERHEAD
+        }
+        Prompt::Raw(s) => estimate_tokens(s),
+    }
+}
+
+/// Learn from a model's answer: a reported prompt count calibrates the estimator; a refusal
+/// as over-long records that the model counts at least a quarter more than the context.
+fn calibrate(
+    h: &mut impl Host,
+    cfg: &Config,
+    estimated: u32,
+    resp: &Result<Response, Error>,
+) -> Result<(), Error> {
+    match resp {
+        Ok(r) => match r.prompt_tokens {
+            // A count at the context's size may be a silent truncation: not a measurement.
+            Some(p) if p > 0 && p < cfg.context_length => {
+                h.record_calibration(&cfg.model, estimated, p)
+            }
+            _ => Ok(()),
+        },
+        Err(Error::ContextOverflow(_)) => {
+            let over = cfg
+                .context_length
+                .saturating_add(cfg.context_length / 4)
+                .max(estimated.saturating_add(estimated / 4));
+            h.log(Level::Warn, &format!("the model refused a prompt we estimated at {estimated} tokens as longer than its {}-token context; recalibrating", cfg.context_length));
+            h.record_calibration(&cfg.model, estimated, over)
+        }
+        Err(_) => Ok(()),
     }
 }
 
@@ -506,7 +596,12 @@ fn run_batch(
     let mut reqs = reqs.into_iter().peekable();
     while reqs.peek().is_some() {
         let batch: Vec<Request> = reqs.by_ref().take(BATCH).collect();
-        for resp in h.generate_batch(batch) {
+        let estimates: Vec<u32> = batch.iter().map(prompt_estimate).collect();
+        for (resp, estimated) in h.generate_batch(batch).into_iter().zip(estimates) {
+            if let Err(e) = calibrate(h, cfg, estimated, &resp) {
+                out.push(Err(e));
+                continue;
+            }
             out.push(resp.and_then(|r| accept(h, cfg, r)).map(|g| {
                 spent.0 = spent.0.saturating_add(g.prompt_tokens);
                 spent.1 = spent.1.saturating_add(g.output_tokens);
@@ -514,6 +609,19 @@ fn run_batch(
             }));
         }
         h.log(Level::Info, &format!("{what}: {}/{total} done", out.len()));
+    }
+    out
+}
+
+/// Merge overlapping or adjacent ranges.
+fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (a, b) in ranges {
+        match out.last_mut() {
+            Some(last) if a <= last.1 + 1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
     }
     out
 }
@@ -546,19 +654,6 @@ fn with_message(e: Error, m: String) -> Error {
     }
 }
 
-/// Merge overlapping or adjacent ranges.
-fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    ranges.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for (a, b) in ranges {
-        match out.last_mut() {
-            Some(last) if a <= last.1 + 1 => last.1 = last.1.max(b),
-            _ => out.push((a, b)),
-        }
-    }
-    out
-}
-
 /// A session with no summary yet whose backlog exceeds one prompt is summarized by
 /// map-reduce: token-budgeted chunks summarized concurrently, then merged in order, level by
 /// level, into one summary row covering every episode. `None` when the single-call path fits.
@@ -568,11 +663,12 @@ fn map_reduce_if_long(
     cfg: &Config,
     stats: &Stats,
 ) -> Result<Option<SummaryRow>, Error> {
+    let f = calibration_factor(h, cfg)?;
     if cfg.engine != Engine::Llm || stats.episodes == 0 || h.latest_summary(session)?.is_some() {
         return Ok(None);
     }
     let budget =
-        policy::input_budget(cfg, prompt::fixed_tokens(None)).map_err(Error::InvalidInput)?;
+        policy::input_budget_f(cfg, f, prompt::fixed_tokens(None)).map_err(Error::InvalidInput)?;
     let backlog = stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes;
     if backlog <= u64::from(budget) {
         return Ok(None);
@@ -626,6 +722,14 @@ fn map_reduce_if_long(
     let mut partials: Vec<Partial> = Vec::new();
     let mut skipped = Vec::new();
     let mut last_error = None;
+    // A chunk the model refused as over-long is not skipped: the estimator was recalibrated
+    // and the whole session is re-planned with smaller chunks.
+    if let Some(Err(e)) = results
+        .iter()
+        .find(|r| matches!(r, Err(Error::ContextOverflow(_))))
+    {
+        return Err(e.clone());
+    }
     for (c, r) in chunks.iter().zip(results) {
         match r {
             Ok(text) => partials.push(Partial {
@@ -662,8 +766,8 @@ fn map_reduce_if_long(
         }
     }
     // Consecutive parts of one split episode cover the same episode; labels stay accurate.
-    let reduce_budget =
-        policy::input_budget(cfg, prompt::reduce_fixed_tokens()).map_err(Error::InvalidInput)?;
+    let reduce_budget = policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens())
+        .map_err(Error::InvalidInput)?;
     let mut level = 0;
     while partials.len() > 1 {
         level += 1;

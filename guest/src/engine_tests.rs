@@ -13,6 +13,11 @@ struct Fake {
     requests: Vec<Request>,
     now: u64,
     batches: u32,
+    calibration: Option<(u64, u64)>,
+    /// Simulate a model that counts this many times our estimate and refuses prompts over
+    /// the context, as Ollama does with `truncate: false`.
+    count_ratio: Option<f64>,
+    refused: u32,
 }
 
 impl Fake {
@@ -128,6 +133,22 @@ impl Host for Fake {
     }
     fn generate(&mut self, req: Request) -> Result<Response, Error> {
         let text = Self::prompt_text(&req);
+        if let Some(ratio) = self.count_ratio {
+            let counted = (f64::from(estimate_tokens(&text)) * ratio) as u32;
+            if counted > req.context_length {
+                self.refused += 1;
+                return Err(Error::ContextOverflow(format!(
+                    "the prompt is longer than the context length ({counted})"
+                )));
+            }
+            self.requests.push(req);
+            return Ok(Response {
+                text: "The user and the assistant covered part of the plan.".into(),
+                finish: Finish::Stop,
+                prompt_tokens: Some(counted),
+                output_tokens: Some(10),
+            });
+        }
         self.requests.push(req);
         if !self.replies.is_empty() {
             return self.replies.remove(0);
@@ -149,6 +170,19 @@ impl Host for Fake {
     fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>> {
         self.batches += 1;
         reqs.into_iter().map(|r| self.generate(r)).collect()
+    }
+    fn calibration(&mut self, _model: &str) -> Result<Option<(u64, u64)>, Error> {
+        Ok(self.calibration)
+    }
+    fn record_calibration(
+        &mut self,
+        _model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error> {
+        let (e, r) = self.calibration.unwrap_or((0, 0));
+        self.calibration = Some((e + u64::from(estimated), r + u64::from(reported)));
+        Ok(())
     }
     fn now_ms(&mut self) -> u64 {
         self.now += 1;
@@ -533,4 +567,41 @@ fn plans_match_what_execution_does() {
     let p = plan_report(&mut small, "s", &cfg()).unwrap();
     assert_eq!((p.path, p.calls, p.episodes), (PlanPath::Single, 1, 5));
     assert!(p.input_tokens > p.backlog_tokens);
+}
+
+#[test]
+fn a_model_that_counts_more_than_we_estimate_is_calibrated_and_never_overflowed() {
+    // The model counts 2x our estimate: uncalibrated chunks overflow its context; the
+    // refusal recalibrates, the session is re-planned, and every accepted prompt fits.
+    let mut f = Fake::with_episodes(60, 100);
+    f.count_ratio = Some(2.0);
+    let c = Config {
+        context_length: 2048,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let out = summarize_now(&mut f, "s", &c).unwrap();
+    assert_eq!(out.passes, 1);
+    f.assert_chain();
+    assert!(f.refused >= 1, "the first plan overflowed");
+    for r in &f.requests {
+        assert!(
+            f64::from(estimate_tokens(&Fake::prompt_text(r))) * 2.0 <= f64::from(c.context_length)
+        );
+    }
+    let (e, r) = f.calibration.unwrap();
+    assert!(
+        policy::factor(Some((e, r))) > 1.5,
+        "calibrated: {e} estimated, {r} reported"
+    );
+    // A second session planned with the stored calibration is not refused at all.
+    let refused = f.refused;
+    let mut g = Fake::with_episodes(60, 100);
+    g.count_ratio = Some(2.0);
+    g.calibration = f.calibration;
+    summarize_now(&mut g, "t", &c).unwrap();
+    assert_eq!(
+        g.refused, 0,
+        "no refusal once calibrated (the first session had {refused})"
+    );
 }

@@ -105,17 +105,39 @@ pub fn safety_margin(context_length: u32) -> u32 {
 /// Smallest conversation budget worth a call.
 pub const MIN_INPUT_BUDGET: u32 = 64;
 
-/// Tokens available for conversation text in one prompt whose fixed part costs `fixed`.
-pub fn input_budget(cfg: &Config, fixed: u32) -> Result<u32, String> {
-    let reserved = u64::from(cfg.max_output_tokens)
-        + u64::from(fixed)
-        + u64::from(safety_margin(cfg.context_length));
-    let budget = u64::from(cfg.context_length).saturating_sub(reserved);
+/// Estimated tokens needed before a model's calibration is trusted.
+pub const MIN_CALIBRATION_TOKENS: u64 = 500;
+
+/// The calibration factor: the model's counts over our estimates, from running totals
+/// `(estimated, reported)`, once at least [`MIN_CALIBRATION_TOKENS`] were measured; clamped to
+/// 0.5–4. 1.0 without enough data.
+pub fn factor(totals: Option<(u64, u64)>) -> f64 {
+    match totals {
+        Some((est, rep)) if est >= MIN_CALIBRATION_TOKENS => {
+            (rep as f64 / est as f64).clamp(0.5, 4.0)
+        }
+        _ => 1.0,
+    }
+}
+
+/// [`input_budget`] with the factor first (reads better at call sites).
+pub fn input_budget_f(cfg: &Config, factor: f64, fixed: u32) -> Result<u32, String> {
+    input_budget(cfg, fixed, factor)
+}
+
+/// Tokens (in the estimator's units) available for conversation text in one prompt whose
+/// fixed part costs `fixed`, for a model that counts `factor` times our estimates.
+pub fn input_budget(cfg: &Config, fixed: u32, factor: f64) -> Result<u32, String> {
+    let available = u64::from(cfg.context_length).saturating_sub(
+        u64::from(cfg.max_output_tokens) + u64::from(safety_margin(cfg.context_length)),
+    );
+    let budget = ((available as f64 / factor.max(0.01)) as u64).saturating_sub(u64::from(fixed));
     if budget < u64::from(MIN_INPUT_BUDGET) {
         return Err(format!(
             "context length {} leaves {budget} tokens for the conversation after the prompt \
-             ({fixed}), the output reserve ({}) and the safety margin ({}); raise the context \
-             length or lower max-output-tokens",
+             ({fixed}), the output reserve ({}) and the safety margin ({}), with the model \
+             counting {factor:.2}x our estimates; raise the context length or lower \
+             max-output-tokens",
             cfg.context_length,
             cfg.max_output_tokens,
             safety_margin(cfg.context_length)
@@ -188,13 +210,21 @@ mod tests {
     #[test]
     fn budget() {
         let cfg = Config::default(); // 4096 ctx, 500 out, margin 409
-        assert_eq!(input_budget(&cfg, 100), Ok(4096 - 500 - 100 - 409));
+        assert_eq!(input_budget(&cfg, 100, 1.0), Ok(4096 - 500 - 100 - 409));
+        assert_eq!(
+            input_budget(&cfg, 100, 2.0),
+            Ok((4096 - 500 - 409) / 2 - 100)
+        );
+        assert_eq!(factor(None), 1.0);
+        assert_eq!(factor(Some((100, 300))), 1.0, "too little data");
+        assert_eq!(factor(Some((1000, 1500))), 1.5);
+        assert_eq!(factor(Some((1000, 9000))), 4.0, "clamped");
         let tiny = Config {
             context_length: 600,
             ..Config::default()
         };
         assert!(
-            input_budget(&tiny, 100)
+            input_budget(&tiny, 100, 1.0)
                 .unwrap_err()
                 .contains("raise the context length")
         );

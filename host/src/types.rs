@@ -3,7 +3,8 @@
 pub use crate::bindings::abridge::engine::llm::{FinishReason, Prompt, Request, Response};
 pub use crate::bindings::abridge::engine::log::Level;
 pub use crate::bindings::abridge::engine::store::{
-    Episode, EpisodeRange, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    CalibrationTotals as Calibration, Episode, EpisodeRange, NewEpisode, SessionStats, SummaryRow,
+    SummaryWrite,
 };
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
 pub use crate::bindings::exports::abridge::engine::summarizer::{

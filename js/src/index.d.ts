@@ -106,8 +106,11 @@ export interface Store {
   episodesAfter(session: string, after: number, limit: number): Episode[];
   latestSummary(session: string): SummaryRow | undefined;
   summaries(session: string): SummaryRow[];
-  writeSummary(session: string, write: SummaryWrite): SummaryRow;
+    writeSummary(session: string, write: SummaryWrite): SummaryRow;
   sessions(): string[];
+  /** Calibration totals of the token estimator for a model. */
+  calibration(model: string): { estimated: number; reported: number } | undefined;
+  recordCalibration(model: string, estimated: number, reported: number): void;
 }
 
 /** Retries of transient failures (timeouts, connection errors, 429/5xx, unparseable answers). */
@@ -126,6 +129,8 @@ export class MemoryStore implements Store {
   summaries(session: string): SummaryRow[];
   writeSummary(session: string, write: SummaryWrite): SummaryRow;
   sessions(): string[];
+  calibration(model: string): { estimated: number; reported: number } | undefined;
+  recordCalibration(model: string, estimated: number, reported: number): void;
 }
 
 /** SQLite through node:sqlite, with the Rust host's schema (the two can share a file). */
@@ -138,6 +143,8 @@ export class SqliteStore implements Store {
   summaries(session: string): SummaryRow[];
   writeSummary(session: string, write: SummaryWrite): SummaryRow;
   sessions(): string[];
+  calibration(model: string): { estimated: number; reported: number } | undefined;
+  recordCalibration(model: string, estimated: number, reported: number): void;
   close(): void;
 }
 

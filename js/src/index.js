@@ -164,7 +164,12 @@ export class Engine {
           return r ? rowToWit(r) : undefined;
         },
         summaries: (s) => storeCall(() => store.summaries(s)).map(rowToWit),
-        writeSummary: (s, w) => rowToWit(storeCall(() => store.writeSummary(s, writeToJs(w)))),
+                writeSummary: (s, w) => rowToWit(storeCall(() => store.writeSummary(s, writeToJs(w)))),
+        calibration: (model) => {
+          const c = storeCall(() => store.calibration(model));
+          return c ? { estimated: big(c.estimated), reported: big(c.reported) } : undefined;
+        },
+        recordCalibration: (model, estimated, reported) => storeCall(() => store.recordCalibration(model, estimated, reported)),
       },
       ...wasiImports,
     };

@@ -40,7 +40,8 @@ function rowFrom(w, id, createdMs) {
 
 /** Everything in memory. */
 export class MemoryStore {
-  #sessions = new Map();
+    #sessions = new Map();
+  #calibration = new Map();
   #nextRow = 0;
   #changes = 0;
 
@@ -100,6 +101,16 @@ export class MemoryStore {
     return { ...s.rows[s.rows.length - 1] };
   }
 
+    calibration(model) {
+    const c = this.#calibration.get(model);
+    return c ? { ...c } : undefined;
+  }
+
+  recordCalibration(model, estimated, reported) {
+    const c = this.#calibration.get(model) ?? { estimated: 0, reported: 0 };
+    this.#calibration.set(model, { estimated: c.estimated + estimated, reported: c.reported + reported });
+  }
+
   sessions() {
     return [...this.#sessions.entries()].sort((a, b) => b[1].changed - a[1].changed || (a[0] < b[0] ? -1 : 1)).map(([k]) => k);
   }
@@ -140,7 +151,9 @@ const MIGRATIONS = [
   );
   CREATE INDEX summaries_session ON summaries(session, last_episode);`,
   // 2: episode ranges a summary does not reflect (failed map chunks), as JSON [[a, b], ...].
-  `ALTER TABLE summaries ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]';`,
+    `ALTER TABLE summaries ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]';`,
+  // 3: per-model calibration of the token estimator (running totals).
+  `CREATE TABLE calibration (model TEXT PRIMARY KEY, estimated INTEGER NOT NULL, reported INTEGER NOT NULL);`,
 ];
 
 const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped';
@@ -192,7 +205,10 @@ export class SqliteStore {
       add: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped)
               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
       update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ? WHERE id = ?'),
-      sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
+            sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
+      calibration: p('SELECT estimated, reported FROM calibration WHERE model = ?'),
+      calibrate: p(`INSERT INTO calibration (model, estimated, reported) VALUES (?, ?, ?)
+                    ON CONFLICT(model) DO UPDATE SET estimated = estimated + excluded.estimated, reported = reported + excluded.reported`),
     };
   }
 
@@ -276,8 +292,19 @@ export class SqliteStore {
     }));
   }
 
-  sessions() {
+    sessions() {
     return this.#wrap(() => this.#st.sessions.all().map((r) => r.id));
+  }
+
+  calibration(model) {
+    return this.#wrap(() => {
+      const r = this.#st.calibration.get(model);
+      return r ? { estimated: r.estimated, reported: r.reported } : undefined;
+    });
+  }
+
+  recordCalibration(model, estimated, reported) {
+    this.#wrap(() => this.#st.calibrate.run(model, estimated, reported));
   }
 
   close() {

@@ -192,15 +192,14 @@ fn server_errors_garbage_and_rejected_output_write_nothing() {
         ),
     ];
     for (fault, expect) in cases {
-        // Transient faults are retried (3 attempts by default), so they must persist.
-        let transient = matches!(
-            fault,
-            Fault::Status { code: 500, .. } | Fault::Garbage | Fault::Disconnect
-        );
-        server.push_faults(std::iter::repeat_n(
-            fault.clone(),
-            if transient { 3 } else { 1 },
-        ));
+        // Transient faults are retried (3 attempts); a prompt refused as over-long is re-planned
+        // after recalibrating (3 re-plans), so both must persist to fail the command.
+        let copies = match fault {
+            Fault::Status { code: 500, .. } | Fault::Garbage | Fault::Disconnect => 3,
+            Fault::Status { code: 400, .. } => 4,
+            _ => 1,
+        };
+        server.push_faults(std::iter::repeat_n(fault.clone(), copies));
         let before = env.chain("chat").unwrap();
         let r = env.run(&args);
         r.assert_fails(3, expect);

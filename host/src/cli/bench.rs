@@ -102,6 +102,12 @@ impl Store for TimedStore {
     async fn sessions(&self) -> Result<Vec<String>, Error> {
         timed!(self, self.inner.sessions())
     }
+    async fn calibration(&self, m: &str) -> Result<Option<abridge::types::Calibration>, Error> {
+        timed!(self, self.inner.calibration(m))
+    }
+    async fn record_calibration(&self, m: &str, e: u32, r: u32) -> Result<(), Error> {
+        timed!(self, self.inner.record_calibration(m, e, r))
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -2,7 +2,9 @@
 
 use super::HostState;
 use crate::bindings::abridge::engine::store::Host;
-use crate::types::{Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite};
+use crate::types::{
+    Calibration, Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+};
 
 impl Host for HostState {
     async fn append_episodes(
@@ -32,6 +34,21 @@ impl Host for HostState {
 
     async fn summaries(&mut self, session: String) -> Result<Vec<SummaryRow>, Error> {
         self.store.summaries(&session).await
+    }
+
+    async fn calibration(&mut self, model: String) -> Result<Option<Calibration>, Error> {
+        self.store.calibration(&model).await
+    }
+
+    async fn record_calibration(
+        &mut self,
+        model: String,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error> {
+        self.store
+            .record_calibration(&model, estimated, reported)
+            .await
     }
 
     async fn write_summary(

@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{Store, check_chain};
-use crate::types::{Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite};
+use crate::types::{
+    Calibration, Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+};
 
 #[derive(Default)]
 struct Session {
@@ -21,6 +23,7 @@ struct Session {
 #[derive(Default)]
 pub struct MemoryStore {
     inner: Mutex<(BTreeMap<String, Session>, u64, u64)>, // sessions, next row id, change counter
+    calibration: Mutex<BTreeMap<String, (u64, u64)>>,
 }
 
 impl MemoryStore {
@@ -160,6 +163,33 @@ impl Store for MemoryStore {
                 }
             }
         })
+    }
+
+    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error> {
+        let c = self
+            .calibration
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic");
+        Ok(c.get(model).map(|&(estimated, reported)| Calibration {
+            estimated,
+            reported,
+        }))
+    }
+
+    async fn record_calibration(
+        &self,
+        model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error> {
+        let mut c = self
+            .calibration
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic");
+        let e = c.entry(model.to_string()).or_insert((0, 0));
+        e.0 += u64::from(estimated);
+        e.1 += u64::from(reported);
+        Ok(())
     }
 
     async fn sessions(&self) -> Result<Vec<String>, Error> {

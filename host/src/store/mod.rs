@@ -2,7 +2,9 @@
 
 use async_trait::async_trait;
 
-use crate::types::{Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite};
+use crate::types::{
+    Calibration, Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+};
 
 mod memory;
 mod sqlite;
@@ -82,4 +84,13 @@ pub trait Store: Send + Sync {
     async fn write_summary(&self, session: &str, write: SummaryWrite) -> Result<SummaryRow, Error>;
     /// Known sessions, most recently changed first.
     async fn sessions(&self) -> Result<Vec<String>, Error>;
+    /// Calibration totals for a model (see the WIT `store.calibration`).
+    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error>;
+    /// Add one measured prompt to a model's calibration totals.
+    async fn record_calibration(
+        &self,
+        model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error>;
 }

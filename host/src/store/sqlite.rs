@@ -8,7 +8,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Store;
 use crate::types::{
-    Episode, EpisodeRange, Error, NewEpisode, Role, SessionStats, SummaryRow, SummaryWrite,
+    Calibration, Episode, EpisodeRange, Error, NewEpisode, Role, SessionStats, SummaryRow,
+    SummaryWrite,
 };
 
 /// Schema migrations; `PRAGMA user_version` records how many have run.
@@ -48,6 +49,12 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX summaries_session ON summaries(session, last_episode);",
     // 2: episode ranges a summary does not reflect (failed map chunks), as JSON [[a, b], ...].
     "ALTER TABLE summaries ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]';",
+    // 3: per-model calibration of the token estimator (running totals).
+    "CREATE TABLE calibration (
+        model TEXT PRIMARY KEY,
+        estimated INTEGER NOT NULL,
+        reported INTEGER NOT NULL
+    );",
 ];
 
 /// A SQLite-backed [`Store`].
@@ -313,6 +320,40 @@ impl Store for SqliteStore {
                 .map_err(db_err)?;
             tx.commit().map_err(db_err)?;
             Ok(row)
+        })
+    }
+
+    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error> {
+        self.with(|conn| {
+            conn.query_row(
+                "SELECT estimated, reported FROM calibration WHERE model = ?1",
+                [model],
+                |r| {
+                    Ok(Calibration {
+                        estimated: r.get::<_, i64>(0)? as u64,
+                        reported: r.get::<_, i64>(1)? as u64,
+                    })
+                },
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn record_calibration(
+        &self,
+        model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error> {
+        self.with(|conn| {
+            conn.execute(
+                "INSERT INTO calibration (model, estimated, reported) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(model) DO UPDATE SET estimated = estimated + excluded.estimated, reported = reported + excluded.reported",
+                params![model, estimated, reported],
+            )
+            .map(drop)
+            .map_err(db_err)
         })
     }
 

@@ -78,6 +78,9 @@ pub struct Options {
     pub delay: Duration,
     /// Context length when a request sends no `num_ctx` (Ollama's default before v0.6.7).
     pub default_num_ctx: u32,
+    /// Multiplies the server's prompt token counts: a model whose tokenizer counts more (or
+    /// fewer) tokens than the client estimates. 1.0 by default.
+    pub token_ratio: f64,
 }
 
 impl Default for Options {
@@ -86,6 +89,7 @@ impl Default for Options {
             models: vec!["qwen2.5:3b".into(), "llama3.2:1b".into()],
             delay: Duration::ZERO,
             default_num_ctx: 2048,
+            token_ratio: 1.0,
         }
     }
 }
@@ -270,7 +274,7 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         return Ok(());
     };
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
-    let (fault, delay, models, default_ctx) = {
+    let (fault, delay, models, default_ctx, token_ratio) = {
         let mut st = state.lock().unwrap();
         let at_ms = st.started.elapsed().as_millis() as u64;
         st.log.push(LoggedRequest {
@@ -289,6 +293,7 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             st.opts.delay,
             st.opts.models.clone(),
             st.opts.default_num_ctx,
+            st.opts.token_ratio,
         )
     };
     let json = |status, v: Value| respond(&conn, status, "application/json", &v.to_string());
@@ -400,7 +405,7 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         )
     };
     let prompt = prompt_text(&req.path, &body);
-    let prompt_tokens = count_tokens(&prompt);
+    let prompt_tokens = (f64::from(count_tokens(&prompt)) * token_ratio).ceil() as u32;
     let truncate = body
         .get("truncate")
         .and_then(Value::as_bool)

@@ -1,7 +1,7 @@
 //! `abridge-test-llm`: run the deterministic test LLM server from the command line.
 //!
 //! ```text
-//! abridge-test-llm [--port N] [--delay-ms N] [--models a,b]
+//! abridge-test-llm [--port N] [--delay-ms N] [--models a,b] [--token-ratio R]
 //! ```
 //! Prints `listening on http://127.0.0.1:PORT` and serves until killed. Loopback only.
 
@@ -32,8 +32,15 @@ fn main() {
                 )
             }
             "--models" => opts.models = value().split(',').map(str::to_string).collect(),
+            "--token-ratio" => {
+                opts.token_ratio = value()
+                    .parse()
+                    .unwrap_or_else(|_| fail("--token-ratio takes a number"))
+            }
             "-h" | "--help" => {
-                println!("usage: abridge-test-llm [--port N] [--delay-ms N] [--models a,b]");
+                println!(
+                    "usage: abridge-test-llm [--port N] [--delay-ms N] [--models a,b] [--token-ratio R]"
+                );
                 return;
             }
             other => fail(&format!("unknown argument {other}; see --help")),
