@@ -238,6 +238,14 @@ impl engine::Host for Imports {
             .collect()
     }
 
+    fn partial(&mut self, key: &str) -> Result<Option<String>, types::Error> {
+        store::partial(key).map_err(err_in)
+    }
+
+    fn put_partial(&mut self, key: &str, text: &str) -> Result<(), types::Error> {
+        store::put_partial(key, text).map_err(err_in)
+    }
+
     fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, types::Error> {
         Ok(store::calibration(model)
             .map_err(err_in)?

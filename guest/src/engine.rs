@@ -36,6 +36,10 @@ pub trait Host {
     fn generate(&mut self, req: Request) -> Result<Response, Error>;
     /// Several model calls, run concurrently by the host; answers in request order.
     fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>>;
+    /// A cached partial summary by request key.
+    fn partial(&mut self, key: &str) -> Result<Option<String>, Error>;
+    /// Cache an accepted partial summary.
+    fn put_partial(&mut self, key: &str, text: &str) -> Result<(), Error>;
     /// Calibration totals `(estimated, reported)` for a model.
     fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, Error>;
     /// Add one measured prompt to a model's calibration totals.
@@ -626,6 +630,81 @@ fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
+/// A stable key for a request: 128 bits of two FNV-1a hashes over everything that shapes the
+/// answer (model, prompt, temperature, limits, stop sequences), in hex. The same in every host.
+pub fn request_key(req: &Request) -> String {
+    fn feed(h: &mut [u64; 2], bytes: &[u8]) {
+        for &b in bytes.iter().chain(&[0xFF]) {
+            for (i, x) in h.iter_mut().enumerate() {
+                *x ^= u64::from(b) ^ ((i as u64) << 8);
+                *x = x.wrapping_mul(0x0000_0100_0000_01B3);
+            }
+        }
+    }
+    let mut h = [0xcbf2_9ce4_8422_2325u64, 0x8422_2325_cbf2_9ce4u64];
+    feed(&mut h, req.model.as_bytes());
+    match &req.prompt {
+        Prompt::Chat(ms) => {
+            for m in ms {
+                feed(&mut h, m.role.wire().as_bytes());
+                feed(&mut h, m.content.as_bytes());
+            }
+        }
+        Prompt::Raw(s) => feed(&mut h, s.as_bytes()),
+    }
+    feed(&mut h, &req.temperature.to_bits().to_le_bytes());
+    feed(&mut h, &req.max_output_tokens.to_le_bytes());
+    feed(&mut h, &req.context_length.to_le_bytes());
+    for s in &req.stop {
+        feed(&mut h, s.as_bytes());
+    }
+    format!("{:016x}{:016x}", h[0], h[1])
+}
+
+/// Answers for `reqs`: cached partial summaries where present; the rest go to the model, and
+/// the answers that pass the quality gate are cached, so a retried or resumed map-reduce asks
+/// only for what is missing.
+fn cached_batch(
+    h: &mut impl Host,
+    cfg: &Config,
+    reqs: Vec<Request>,
+    what: &str,
+    spent: &mut (u32, u32),
+) -> Result<Vec<Result<String, Error>>, Error> {
+    let keys: Vec<String> = reqs.iter().map(request_key).collect();
+    let mut out: Vec<Option<Result<String, Error>>> = vec![None; reqs.len()];
+    let (mut todo, mut todo_at) = (Vec::new(), Vec::new());
+    for (i, req) in reqs.into_iter().enumerate() {
+        match h.partial(&keys[i])? {
+            Some(text) => out[i] = Some(Ok(text)),
+            None => {
+                todo.push(req);
+                todo_at.push(i);
+            }
+        }
+    }
+    let reused = out.len() - todo.len();
+    if reused > 0 {
+        h.log(
+            Level::Info,
+            &format!("{what}: reusing {reused} cached partial summaries"),
+        );
+    }
+    for (i, r) in todo_at
+        .into_iter()
+        .zip(run_batch(h, cfg, todo, what, spent))
+    {
+        if let Ok(text) = &r {
+            h.put_partial(&keys[i], text)?;
+        }
+        out[i] = Some(r);
+    }
+    Ok(out
+        .into_iter()
+        .map(|r| r.expect("every request has an answer"))
+        .collect())
+}
+
 /// The message inside an error.
 fn error_text(e: &Error) -> &str {
     match e {
@@ -716,7 +795,7 @@ fn map_reduce_if_long(
         reqs.push(request(cfg, prompt::build(&conversation, None)));
     }
     let mut spent = (0u32, 0u32);
-    let results = run_batch(h, cfg, reqs, &format!("session {session}: map"), &mut spent);
+    let results = cached_batch(h, cfg, reqs, &format!("session {session}: map"), &mut spent)?;
     // A chunk that still fails after the host's retries is skipped and recorded, unless too
     // many fail: then the call fails rather than writing a thin summary.
     let mut partials: Vec<Partial> = Vec::new();
@@ -783,13 +862,13 @@ fn map_reduce_if_long(
             .map(|g| request(cfg, prompt::build_reduce(&partials[g.clone()])))
             .collect();
         // A failed merge cannot be skipped without losing several chunks: the call fails.
-        let texts = run_batch(
+        let texts = cached_batch(
             h,
             cfg,
             reqs,
             &format!("session {session}: reduce level {level}"),
             &mut spent,
-        )
+        )?
         .into_iter()
         .collect::<Result<Vec<String>, Error>>()?;
         partials = groups

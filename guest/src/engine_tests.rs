@@ -18,6 +18,7 @@ struct Fake {
     /// the context, as Ollama does with `truncate: false`.
     count_ratio: Option<f64>,
     refused: u32,
+    partials: std::collections::BTreeMap<String, String>,
 }
 
 impl Fake {
@@ -182,6 +183,13 @@ impl Host for Fake {
     ) -> Result<(), Error> {
         let (e, r) = self.calibration.unwrap_or((0, 0));
         self.calibration = Some((e + u64::from(estimated), r + u64::from(reported)));
+        Ok(())
+    }
+    fn partial(&mut self, key: &str) -> Result<Option<String>, Error> {
+        Ok(self.partials.get(key).cloned())
+    }
+    fn put_partial(&mut self, key: &str, text: &str) -> Result<(), Error> {
+        self.partials.insert(key.to_string(), text.to_string());
         Ok(())
     }
     fn now_ms(&mut self) -> u64 {
@@ -604,4 +612,36 @@ fn a_model_that_counts_more_than_we_estimate_is_calibrated_and_never_overflowed(
         g.refused, 0,
         "no refusal once calibrated (the first session had {refused})"
     );
+}
+
+#[test]
+fn a_failed_map_reduce_resumes_with_only_the_missing_chunks() {
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let mut f = Fake::with_episodes(60, 100);
+    // Most chunks fail: the call fails and writes nothing, but the good partials are cached.
+    f.replies = (0..8)
+        .map(|_| Err(Error::Server("HTTP 503 (after 3 attempts)".into())))
+        .collect();
+    assert!(summarize_now(&mut f, "s", &c).is_err());
+    assert!(f.rows.is_empty());
+    let first_maps = f.requests.len();
+    let cached = f.partials.len();
+    assert!(cached >= 1, "successful chunks were cached");
+    // The rerun asks only for the chunks that failed (then reduces).
+    let before = f.requests.len();
+    summarize_now(&mut f, "s", &c).unwrap();
+    let maps_again = f.requests[before..]
+        .iter()
+        .filter(|r| Fake::prompt_text(r).starts_with("You write summaries"))
+        .count();
+    assert_eq!(
+        maps_again, 8,
+        "only the 8 failed chunks are asked again ({first_maps} maps first, {cached} cached)"
+    );
+    f.assert_chain();
+    assert_eq!(f.rows[0].last_episode, 60);
 }

@@ -111,6 +111,9 @@ export interface Store {
   /** Calibration totals of the token estimator for a model. */
   calibration(model: string): { estimated: number; reported: number } | undefined;
   recordCalibration(model: string, estimated: number, reported: number): void;
+  /** Accepted partial summaries of map-reduce, by request key. */
+  partial(key: string): string | undefined;
+  putPartial(key: string, text: string): void;
 }
 
 /** Retries of transient failures (timeouts, connection errors, 429/5xx, unparseable answers). */
@@ -131,6 +134,9 @@ export class MemoryStore implements Store {
   sessions(): string[];
   calibration(model: string): { estimated: number; reported: number } | undefined;
   recordCalibration(model: string, estimated: number, reported: number): void;
+  /** Accepted partial summaries of map-reduce, by request key. */
+  partial(key: string): string | undefined;
+  putPartial(key: string, text: string): void;
 }
 
 /** SQLite through node:sqlite, with the Rust host's schema (the two can share a file). */
@@ -145,6 +151,9 @@ export class SqliteStore implements Store {
   sessions(): string[];
   calibration(model: string): { estimated: number; reported: number } | undefined;
   recordCalibration(model: string, estimated: number, reported: number): void;
+  /** Accepted partial summaries of map-reduce, by request key. */
+  partial(key: string): string | undefined;
+  putPartial(key: string, text: string): void;
   close(): void;
 }
 

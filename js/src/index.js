@@ -165,6 +165,8 @@ export class Engine {
         },
         summaries: (s) => storeCall(() => store.summaries(s)).map(rowToWit),
                 writeSummary: (s, w) => rowToWit(storeCall(() => store.writeSummary(s, writeToJs(w)))),
+        partial: (key) => storeCall(() => store.partial(key)) ?? undefined,
+        putPartial: (key, text) => storeCall(() => store.putPartial(key, text)),
         calibration: (model) => {
           const c = storeCall(() => store.calibration(model));
           return c ? { estimated: big(c.estimated), reported: big(c.reported) } : undefined;

@@ -42,6 +42,7 @@ function rowFrom(w, id, createdMs) {
 export class MemoryStore {
     #sessions = new Map();
   #calibration = new Map();
+  #partials = new Map();
   #nextRow = 0;
   #changes = 0;
 
@@ -101,7 +102,15 @@ export class MemoryStore {
     return { ...s.rows[s.rows.length - 1] };
   }
 
-    calibration(model) {
+    partial(key) {
+    return this.#partials.get(key);
+  }
+
+  putPartial(key, text) {
+    this.#partials.set(key, text);
+  }
+
+  calibration(model) {
     const c = this.#calibration.get(model);
     return c ? { ...c } : undefined;
   }
@@ -154,6 +163,8 @@ const MIGRATIONS = [
     `ALTER TABLE summaries ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]';`,
   // 3: per-model calibration of the token estimator (running totals).
   `CREATE TABLE calibration (model TEXT PRIMARY KEY, estimated INTEGER NOT NULL, reported INTEGER NOT NULL);`,
+  // 4: accepted partial summaries of map-reduce, by request key.
+  `CREATE TABLE partials (key TEXT PRIMARY KEY, text TEXT NOT NULL);`,
 ];
 
 const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped';
@@ -207,6 +218,8 @@ export class SqliteStore {
       update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ? WHERE id = ?'),
             sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
       calibration: p('SELECT estimated, reported FROM calibration WHERE model = ?'),
+      partial: p('SELECT text FROM partials WHERE key = ?'),
+      putPartial: p('INSERT OR REPLACE INTO partials (key, text) VALUES (?, ?)'),
       calibrate: p(`INSERT INTO calibration (model, estimated, reported) VALUES (?, ?, ?)
                     ON CONFLICT(model) DO UPDATE SET estimated = estimated + excluded.estimated, reported = reported + excluded.reported`),
     };
@@ -294,6 +307,14 @@ export class SqliteStore {
 
     sessions() {
     return this.#wrap(() => this.#st.sessions.all().map((r) => r.id));
+  }
+
+  partial(key) {
+    return this.#wrap(() => this.#st.partial.get(key)?.text);
+  }
+
+  putPartial(key, text) {
+    this.#wrap(() => this.#st.putPartial.run(key, text));
   }
 
   calibration(model) {

@@ -331,8 +331,20 @@ fn a_failed_chunk_is_skipped_and_recorded_but_too_many_fail_the_run() {
         code: 500,
         message: "boom".into(),
     }]);
+    let asked = server.generations().len();
     let r = env.run(&args);
     r.assert_ok();
+    // The chunk that succeeded in the failed run is cached: only the other two are asked again.
+    let maps_again = server.generations()[asked..]
+        .iter()
+        .filter(|g| {
+            g.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("You write summaries")
+        })
+        .count();
+    assert_eq!(maps_again, 2, "the cached chunk is not asked again");
     let v = r.json();
     assert_covers(&v, 12);
     let skipped = v["summaries"][0]["skipped"].as_array().unwrap();

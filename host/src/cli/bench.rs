@@ -102,6 +102,12 @@ impl Store for TimedStore {
     async fn sessions(&self) -> Result<Vec<String>, Error> {
         timed!(self, self.inner.sessions())
     }
+    async fn partial(&self, k: &str) -> Result<Option<String>, Error> {
+        timed!(self, self.inner.partial(k))
+    }
+    async fn put_partial(&self, k: &str, t: &str) -> Result<(), Error> {
+        timed!(self, self.inner.put_partial(k, t))
+    }
     async fn calibration(&self, m: &str) -> Result<Option<abridge::types::Calibration>, Error> {
         timed!(self, self.inner.calibration(m))
     }

@@ -36,6 +36,14 @@ impl Host for HostState {
         self.store.summaries(&session).await
     }
 
+    async fn partial(&mut self, key: String) -> Result<Option<String>, Error> {
+        self.store.partial(&key).await
+    }
+
+    async fn put_partial(&mut self, key: String, text: String) -> Result<(), Error> {
+        self.store.put_partial(&key, &text).await
+    }
+
     async fn calibration(&mut self, model: String) -> Result<Option<Calibration>, Error> {
         self.store.calibration(&model).await
     }

@@ -24,6 +24,7 @@ struct Session {
 pub struct MemoryStore {
     inner: Mutex<(BTreeMap<String, Session>, u64, u64)>, // sessions, next row id, change counter
     calibration: Mutex<BTreeMap<String, (u64, u64)>>,
+    partials: Mutex<BTreeMap<String, String>>,
 }
 
 impl MemoryStore {
@@ -163,6 +164,23 @@ impl Store for MemoryStore {
                 }
             }
         })
+    }
+
+    async fn partial(&self, key: &str) -> Result<Option<String>, Error> {
+        Ok(self
+            .partials
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic")
+            .get(key)
+            .cloned())
+    }
+
+    async fn put_partial(&self, key: &str, text: &str) -> Result<(), Error> {
+        self.partials
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic")
+            .insert(key.to_string(), text.to_string());
+        Ok(())
     }
 
     async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error> {

@@ -84,6 +84,10 @@ pub trait Store: Send + Sync {
     async fn write_summary(&self, session: &str, write: SummaryWrite) -> Result<SummaryRow, Error>;
     /// Known sessions, most recently changed first.
     async fn sessions(&self) -> Result<Vec<String>, Error>;
+    /// A cached partial summary by key (see the WIT `store.partial`).
+    async fn partial(&self, key: &str) -> Result<Option<String>, Error>;
+    /// Cache a partial summary.
+    async fn put_partial(&self, key: &str, text: &str) -> Result<(), Error>;
     /// Calibration totals for a model (see the WIT `store.calibration`).
     async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error>;
     /// Add one measured prompt to a model's calibration totals.

@@ -55,6 +55,8 @@ const MIGRATIONS: &[&str] = &[
         estimated INTEGER NOT NULL,
         reported INTEGER NOT NULL
     );",
+    // 4: accepted partial summaries of map-reduce, by request key (resume and retry reuse them).
+    "CREATE TABLE partials (key TEXT PRIMARY KEY, text TEXT NOT NULL);",
 ];
 
 /// A SQLite-backed [`Store`].
@@ -320,6 +322,27 @@ impl Store for SqliteStore {
                 .map_err(db_err)?;
             tx.commit().map_err(db_err)?;
             Ok(row)
+        })
+    }
+
+    async fn partial(&self, key: &str) -> Result<Option<String>, Error> {
+        self.with(|conn| {
+            conn.query_row("SELECT text FROM partials WHERE key = ?1", [key], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn put_partial(&self, key: &str, text: &str) -> Result<(), Error> {
+        self.with(|conn| {
+            conn.execute(
+                "INSERT OR REPLACE INTO partials (key, text) VALUES (?1, ?2)",
+                params![key, text],
+            )
+            .map(drop)
+            .map_err(db_err)
         })
     }
 
