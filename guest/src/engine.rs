@@ -14,8 +14,11 @@ use crate::{chunk, extractive, plan, prompt, quality, strip};
 /// Episodes fetched from the store per read.
 const PAGE: u32 = 256;
 
-/// Map requests handed to the host per batch call (progress is logged between batches).
-const BATCH: usize = 32;
+/// Requests handed to the host per batch call. The host's sliding window drains at each batch
+/// boundary, so batches are large, and a multiple of common concurrency settings (1-6, 8, 10,
+/// 12, 15, 16, 20, 24) so full batches end on a full window. Progress is logged between batches
+/// and partial summaries are cached after each one.
+const BATCH: usize = 240;
 
 /// The world outside the guest.
 pub trait Host {

@@ -211,6 +211,7 @@ pub struct Abridge {
     clock: Arc<dyn Clock>,
     log: LogSink,
     batch_concurrency: usize,
+    lockstep: bool,
     memory_limit: usize,
     fuel: u64,
 }
@@ -225,6 +226,7 @@ pub struct AbridgeBuilder {
     clock: Arc<dyn Clock>,
     log: LogSink,
     batch_concurrency: usize,
+    lockstep: bool,
     memory_limit: usize,
     fuel: u64,
 }
@@ -242,6 +244,7 @@ impl Abridge {
             clock: Arc::new(SystemClock),
             log: Arc::new(|_, _| {}),
             batch_concurrency: 6,
+            lockstep: false,
             memory_limit: crate::sandbox::DEFAULT_MEMORY_LIMIT,
             fuel: crate::sandbox::DEFAULT_FUEL,
         }
@@ -271,6 +274,7 @@ impl Abridge {
             clock: self.clock.clone(),
             log: self.log.clone(),
             batch_concurrency: self.batch_concurrency,
+            lockstep: self.lockstep,
             limits: StoreLimitsBuilder::new()
                 .memory_size(self.memory_limit)
                 .instances(8)
@@ -454,6 +458,13 @@ impl AbridgeBuilder {
         self
     }
 
+    /// Run batches in fixed groups of `batch_concurrency`, each awaited in full, instead of a
+    /// sliding window (for comparison in benchmarks; slower under uneven latency).
+    pub fn lockstep_batches(mut self, on: bool) -> Self {
+        self.lockstep = on;
+        self
+    }
+
     /// Cap on the guest's linear memory in bytes (default 256 MiB).
     pub fn memory_limit(mut self, bytes: usize) -> Self {
         self.memory_limit = bytes;
@@ -483,6 +494,7 @@ impl AbridgeBuilder {
             clock: self.clock,
             log: self.log,
             batch_concurrency: self.batch_concurrency,
+            lockstep: self.lockstep,
             memory_limit: self.memory_limit,
             fuel: self.fuel,
         })

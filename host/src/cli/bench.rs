@@ -36,6 +36,12 @@ pub struct BenchArgs {
     /// Model delay for the summarize-session comparison, in milliseconds
     #[arg(long, default_value_t = 50)]
     delay_ms: u64,
+    /// The large real transcript for the peak-memory figure
+    #[arg(
+        long,
+        default_value = "../shared/data/transcripts/claude_code/obra-episodic-memory/large-conversation.jsonl"
+    )]
+    transcript: std::path::PathBuf,
 }
 
 /// A model that answers at once, so only engine work is measured.
@@ -314,6 +320,8 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
         "import            {added} episodes in {secs:.2} s = {rate:9.0} episodes/s | target >= 50,000/s: {}",
         verdict(rate >= 50_000.0)
     );
+
+    long_transcripts(engine.runtime().clone(), &a.transcript).await?;
 
     if let Some(path) = &a.dialogsum {
         dialogsum(engine.runtime().clone(), path).await?;
@@ -650,6 +658,205 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
         pct(lead[0]),
         pct(lead[1]),
         pct(lead[2])
+    );
+    Ok(())
+}
+
+/// A summarize_now through the test server: wall time, map calls and reduce calls per level.
+async fn timed_map_reduce(
+    runtime: Arc<Runtime>,
+    server: &abridge_test_llm::TestServer,
+    lockstep: bool,
+    episodes: &[NewEpisode],
+) -> Result<(f64, usize, Vec<usize>), Failure> {
+    let lines: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let sink = lines.clone();
+    let engine = Abridge::builder()
+        .runtime(runtime)
+        .store(Arc::new(abridge::MemoryStore::new()))
+        .llm(Arc::new(
+            abridge::Ollama::new(&server.url(), Duration::from_secs(60)).map_err(fail)?,
+        ))
+        .batch_concurrency(6)
+        .lockstep_batches(lockstep)
+        .log(move |_, m| sink.lock().unwrap().push(m.to_string()))
+        .build()
+        .map_err(fail)?;
+    let cfg = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..Config::default()
+    };
+    engine.append("mr", episodes).await.map_err(fail)?;
+    let before = server.generations().len();
+    let t = Instant::now();
+    engine.summarize_now("mr", &cfg).await.map_err(fail)?;
+    let wall = t.elapsed().as_secs_f64();
+    let gens = server.generations();
+    let maps = gens[before..]
+        .iter()
+        .filter(|g| {
+            g.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("You write summaries")
+        })
+        .count();
+    // "session mr: reduce level N: k/total done" lines give each level's call count.
+    let mut levels: Vec<usize> = Vec::new();
+    for l in lines.lock().unwrap().iter() {
+        if let Some(rest) = l.split("reduce level ").nth(1) {
+            let level: usize = rest
+                .split(':')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let total: usize = rest
+                .rsplit('/')
+                .next()
+                .and_then(|t| t.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0);
+            if levels.len() < level {
+                levels.resize(level, 0);
+            }
+            levels[level - 1] = total;
+        }
+    }
+    Ok((wall, maps, levels))
+}
+
+/// Long transcripts: map-reduce against the ideal critical path, the sliding window against
+/// lockstep batches under a heavy tail, planning 100,000 episodes, and peak memory.
+async fn long_transcripts(
+    runtime: Arc<Runtime>,
+    transcript: &std::path::Path,
+) -> Result<(), Failure> {
+    use abridge_test_llm::{Options, TestServer};
+    const L: u64 = 100;
+    const C: usize = 6;
+    // 48 episodes of ~400 estimated tokens: one chunk each in a 1,024-token context.
+    let episodes: Vec<NewEpisode> = (0..48)
+        .map(|i| NewEpisode {
+            role: if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            },
+            content: sentence(i, 200),
+            timestamp_ms: None,
+            source_key: i.to_string(),
+            tokens: 0,
+        })
+        .collect();
+    let fixed = TestServer::start_with(Options {
+        delay: Duration::from_millis(L),
+        ..Options::default()
+    });
+    let (wall, maps, levels) = timed_map_reduce(runtime.clone(), &fixed, false, &episodes).await?;
+    let waves = maps.div_ceil(C) + levels.iter().map(|n| n.div_ceil(C)).sum::<usize>();
+    let ideal = waves as f64 * L as f64 / 1e3;
+    println!(
+        "map-reduce        {maps} chunks + reduce levels {levels:?}, concurrency {C}, {L} ms per call: {:.0} ms vs ideal critical path {:.0} ms ({waves} waves) | ratio {:.3} | target <= 1.05: {}",
+        wall * 1e3,
+        ideal * 1e3,
+        wall / ideal,
+        verdict(wall / ideal <= 1.05)
+    );
+
+    // Heavy tail: every 7th request takes 8x as long (7 is coprime with the window of 6).
+    let opts = || Options {
+        delay: Duration::from_millis(L),
+        tail: Some((7, Duration::from_millis(8 * L))),
+        ..Options::default()
+    };
+    let sliding = TestServer::start_with(opts());
+    let (s_wall, _, _) = timed_map_reduce(runtime.clone(), &sliding, false, &episodes).await?;
+    let lockstep = TestServer::start_with(opts());
+    let (l_wall, _, _) = timed_map_reduce(runtime.clone(), &lockstep, true, &episodes).await?;
+    println!(
+        "heavy tail        every 7th call {}x slower: sliding window {:.0} ms | lockstep batches {:.0} ms | lockstep / sliding {:.2}x",
+        8,
+        s_wall * 1e3,
+        l_wall * 1e3,
+        l_wall / s_wall
+    );
+
+    // Planning a 100,000-episode session (the guest reads every episode through the store).
+    let engine = Abridge::builder()
+        .runtime(runtime)
+        .store(Arc::new(abridge::MemoryStore::new()))
+        .build()
+        .map_err(fail)?;
+    let big: Vec<NewEpisode> = (0..100_000)
+        .map(|i| NewEpisode {
+            role: if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            },
+            content: sentence(i, 12 + i % 20),
+            timestamp_ms: None,
+            source_key: i.to_string(),
+            tokens: 0,
+        })
+        .collect();
+    for chunk in big.chunks(10_000) {
+        engine.append("plan", chunk).await.map_err(fail)?;
+    }
+    let cfg = Config {
+        context_length: 8192,
+        ..Config::default()
+    };
+    let t = Instant::now();
+    let plan = engine.plan("plan", &cfg).await.map_err(fail)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "plan 100k         {} episodes -> {} chunks, levels {:?}: {ms:.1} ms (whole call, store reads included) | target <= 100 ms: {}",
+        plan.episodes,
+        plan.chunks,
+        plan.levels,
+        verdict(ms <= 100.0)
+    );
+
+    // Peak memory of `abridge summarize` on the large real transcript, in a child process.
+    if !transcript.exists() {
+        println!(
+            "peak memory       SKIPPED: {} not found",
+            transcript.display()
+        );
+        return Ok(());
+    }
+    let dir = tempfile::tempdir().map_err(fail)?;
+    // Each child reports its own peak (VmHWM): getrusage's figure for children can include
+    // this process's memory copied at fork.
+    let run = |db: &str, cache: &std::path::Path| -> Result<(f64, i32), Failure> {
+        let out = std::process::Command::new(std::env::current_exe().map_err(fail)?)
+            .args(["summarize", "-q", "--backend", "ollama", "--json"])
+            .arg(transcript)
+            .arg("--db")
+            .arg(dir.path().join(db))
+            .env("EXTRACTION_URL", fixed.url())
+            .env("ABRIDGE_CACHE_DIR", cache)
+            .env("ABRIDGE_REPORT_PEAK_RSS", "1")
+            .output()
+            .map_err(fail)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        let kb: f64 = err
+            .lines()
+            .find_map(|l| l.strip_prefix("abridge: peak RSS "))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .ok_or_else(|| fail(format!("the child did not report its peak memory: {err}")))?;
+        Ok((kb / 1024.0, out.status.code().unwrap_or(-1)))
+    };
+    let warm_cache = dir.path().join("warm");
+    Runtime::load(&ComponentSource::Embedded, Some(&warm_cache)).map_err(fail)?;
+    let (warm, code) = run("warm.db", &warm_cache)?;
+    let (cold, _) = run("cold.db", &dir.path().join("cold"))?;
+    println!(
+        "peak memory       summarize {} ({} bytes, exit {code}): {warm:.1} MB max RSS (cold first run, compiling the component: {cold:.1} MB) | target <= 100 MB: {}",
+        transcript.file_name().unwrap_or_default().to_string_lossy(),
+        std::fs::metadata(transcript).map_or(0, |m| m.len()),
+        verdict(warm <= 100.0)
     );
     Ok(())
 }

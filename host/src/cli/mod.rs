@@ -95,6 +95,16 @@ pub fn main() -> ExitCode {
         }
     };
     let result = rt.block_on(run(cli));
+    // For benchmarks: the process's own peak resident memory (Linux), on stderr.
+    if std::env::var_os("ABRIDGE_REPORT_PEAK_RSS").is_some()
+        && let Ok(status) = std::fs::read_to_string("/proc/self/status")
+        && let Some(line) = status.lines().find(|l| l.starts_with("VmHWM:"))
+    {
+        eprintln!(
+            "abridge: peak RSS {}",
+            line.trim_start_matches("VmHWM:").trim()
+        );
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {

@@ -29,6 +29,7 @@ pub struct HostState {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) log: LogSink,
     pub(crate) batch_concurrency: usize,
+    pub(crate) lockstep: bool,
     pub(crate) limits: wasmtime::StoreLimits,
 }
 

@@ -78,6 +78,9 @@ pub struct Options {
     pub delay: Duration,
     /// Context length when a request sends no `num_ctx` (Ollama's default before v0.6.7).
     pub default_num_ctx: u32,
+    /// A heavy tail: every `n`-th generation request (by arrival) waits this long instead of
+    /// `delay`. Deterministic, so runs compare.
+    pub tail: Option<(u32, Duration)>,
     /// Multiplies the server's prompt token counts: a model whose tokenizer counts more (or
     /// fewer) tokens than the client estimates. 1.0 by default.
     pub token_ratio: f64,
@@ -90,12 +93,14 @@ impl Default for Options {
             delay: Duration::ZERO,
             default_num_ctx: 2048,
             token_ratio: 1.0,
+            tail: None,
         }
     }
 }
 
 struct State {
     opts: Options,
+    generations: u32,
     faults: VecDeque<Fault>,
     log: Vec<LoggedRequest>,
     started: std::time::Instant,
@@ -131,6 +136,7 @@ impl TestServer {
         }
         let state = Arc::new(Mutex::new(State {
             opts,
+            generations: 0,
             faults: VecDeque::new(),
             log: Vec::new(),
             started: std::time::Instant::now(),
@@ -274,7 +280,7 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         return Ok(());
     };
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
-    let (fault, delay, models, default_ctx, token_ratio) = {
+    let (fault, mut delay, models, default_ctx, token_ratio, tail_hit) = {
         let mut st = state.lock().unwrap();
         let at_ms = st.started.elapsed().as_millis() as u64;
         st.log.push(LoggedRequest {
@@ -288,12 +294,22 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         } else {
             None
         };
+        let tail_hit = if is_generation(&req.path) {
+            st.generations += 1;
+            st.opts
+                .tail
+                .filter(|(n, _)| *n > 0 && st.generations % n == 0)
+                .map(|(_, d)| d)
+        } else {
+            None
+        };
         (
             fault,
             st.opts.delay,
             st.opts.models.clone(),
             st.opts.default_num_ctx,
             st.opts.token_ratio,
+            tail_hit,
         )
     };
     let json = |status, v: Value| respond(&conn, status, "application/json", &v.to_string());
@@ -360,6 +376,9 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     };
     if body.is_null() {
         return err(400, "missing request body");
+    }
+    if let Some(d) = tail_hit {
+        delay = d;
     }
     thread::sleep(delay);
     let mut reply_override = None;
