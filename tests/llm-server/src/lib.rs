@@ -298,7 +298,7 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             st.generations += 1;
             st.opts
                 .tail
-                .filter(|(n, _)| *n > 0 && st.generations % n == 0)
+                .filter(|(n, _)| *n > 0 && st.generations.is_multiple_of(*n))
                 .map(|(_, d)| d)
         } else {
             None
