@@ -29,6 +29,8 @@ const cfg = { contextLength: 1024, maxOutputTokens: 200 };
 const times = [];
 let passes = 0;
 for (let r = 0; r < runs; r++) {
+  // A fresh store per run: cached partial summaries and calibration must not carry over.
+  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url }) });
   const session = `bench-${r}`;
   await engine.append(session, Array.from({ length: episodes }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: sentence(i, 60), sourceKey: String(i) })));
   t = now();

@@ -1,7 +1,7 @@
 // Build the JS package: compile the guest with cargo (sharing the host build's target
 // directory) and transpile it with jco in JSPI async mode into dist/guest/.
 import { execFileSync } from 'node:child_process';
-import { existsSync, rmSync } from 'node:fs';
+import { cpSync, existsSync, rmSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 
@@ -30,4 +30,6 @@ execFileSync(
   ],
   { cwd: js, stdio: 'inherit' },
 );
+// The SQLite schema is shared with the Rust host's store.
+cpSync(join(root, 'host', 'src', 'store', 'migrations'), join(js, 'dist', 'migrations'), { recursive: true });
 console.log(`built ${out}`);

@@ -2,6 +2,8 @@
 // are 1-based per session, source keys make appends idempotent, and summary rows cover every
 // episode exactly once, in order. Store methods are synchronous (node:sqlite is), and take
 // and return plain numbers.
+import { readFileSync, readdirSync } from 'node:fs';
+
 import { AbridgeError } from './errors.js';
 
 /** The chain rule, checked before every summary write. */
@@ -125,47 +127,22 @@ export class MemoryStore {
   }
 }
 
-/** The schema shared with the Rust host's SQLite store (host/src/store/sqlite.rs). */
-const MIGRATIONS = [
-  `CREATE TABLE sessions (
-      id TEXT PRIMARY KEY,
-      episodes INTEGER NOT NULL DEFAULT 0,
-      total_tokens INTEGER NOT NULL DEFAULT 0,
-      changed_seq INTEGER NOT NULL DEFAULT 0
-  );
-  CREATE TABLE episodes (
-      session TEXT NOT NULL REFERENCES sessions(id),
-      id INTEGER NOT NULL,
-      role TEXT NOT NULL CHECK (role IN ('system','user','assistant','tool')),
-      content TEXT NOT NULL,
-      timestamp_ms INTEGER,
-      source_key TEXT NOT NULL,
-      tokens INTEGER NOT NULL,
-      PRIMARY KEY (session, id)
-  ) WITHOUT ROWID;
-  CREATE UNIQUE INDEX episodes_source ON episodes(session, source_key);
-  CREATE TABLE summaries (
-      id INTEGER PRIMARY KEY AUTOINCREMENT,
-      session TEXT NOT NULL REFERENCES sessions(id),
-      first_episode INTEGER NOT NULL,
-      last_episode INTEGER NOT NULL,
-      content TEXT NOT NULL,
-      tokens INTEGER NOT NULL,
-      prompt_tokens INTEGER NOT NULL,
-      output_tokens INTEGER NOT NULL,
-      model TEXT NOT NULL,
-      created_ms INTEGER NOT NULL,
-      updated_ms INTEGER NOT NULL,
-      CHECK (last_episode >= first_episode)
-  );
-  CREATE INDEX summaries_session ON summaries(session, last_episode);`,
-  // 2: episode ranges a summary does not reflect (failed map chunks), as JSON [[a, b], ...].
-    `ALTER TABLE summaries ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]';`,
-  // 3: per-model calibration of the token estimator (running totals).
-  `CREATE TABLE calibration (model TEXT PRIMARY KEY, estimated INTEGER NOT NULL, reported INTEGER NOT NULL);`,
-  // 4: accepted partial summaries of map-reduce, by request key.
-  `CREATE TABLE partials (key TEXT PRIMARY KEY, text TEXT NOT NULL);`,
-];
+/** The schema migrations, shared with the Rust host: host/src/store/migrations/*.sql, copied
+ * into dist/migrations by `npm run build`. Read on first use. */
+let migrations;
+function loadMigrations() {
+  if (!migrations) {
+    const dir = new URL('../dist/migrations/', import.meta.url);
+    let names;
+    try {
+      names = readdirSync(dir).filter((n) => n.endsWith('.sql')).sort();
+    } catch (e) {
+      throw new Error(`@abridge/engine is not built (${e.message}); run 'npm run build' in js/`);
+    }
+    migrations = names.map((n) => readFileSync(new URL(n, dir), 'utf8'));
+  }
+  return migrations;
+}
 
 const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped';
 
@@ -190,12 +167,13 @@ export class SqliteStore {
       db.exec('PRAGMA synchronous = NORMAL');
       db.exec('PRAGMA foreign_keys = ON');
       const version = db.prepare('PRAGMA user_version').get().user_version;
-      if (version > MIGRATIONS.length) {
-        throw new Error(`schema ${version} is newer than this build knows (${MIGRATIONS.length}); upgrade abridge`);
+      const all = loadMigrations();
+      if (version > all.length) {
+        throw new Error(`schema ${version} is newer than this build knows (${all.length}); upgrade abridge`);
       }
-      for (let i = version; i < MIGRATIONS.length; i++) {
+      for (let i = version; i < all.length; i++) {
         this.#tx(() => {
-          db.exec(MIGRATIONS[i]);
+          db.exec(all[i]);
           db.exec(`PRAGMA user_version = ${i + 1}`);
         });
       }

@@ -165,3 +165,25 @@ test('a failed map chunk is skipped and recorded; too many fail the call', async
   assert.deepEqual([out.written[0].firstEpisode, out.written[0].lastEpisode], [1, 12]);
   assert.equal(out.written[0].skipped.length, 1);
 });
+
+test('a database written by the JS host is read by the Rust runner (shared schema)', async (t) => {
+  const { existsSync } = await import('node:fs');
+  const { execFileSync } = await import('node:child_process');
+  const { ROOT } = await import('./helpers.js');
+  const bin = join(ROOT, 'target', 'debug', 'abridge');
+  if (!existsSync(bin)) {
+    t.skip(`SKIPPED: ${bin} not built (cargo test builds it)`);
+    return;
+  }
+  const path = join(mkdtempSync(join(tmpdir(), 'abridge-js-')), 'shared.db');
+  const store = await SqliteStore.open(path);
+  const engine = await createEngine({ store });
+  await engine.append('shared', Array.from({ length: 6 }, (_, i) => turn(i, `${long} (${i})`)));
+  await engine.summarizeNow('shared', { engine: 'extractive' });
+  const jsChain = await engine.chain('shared');
+  store.close();
+  const out = JSON.parse(execFileSync(bin, ['summaries', 'shared', '--json', '--db', path], { encoding: 'utf8', env: { HOME: tmpdir() } }));
+  assert.equal(out.episodes, 6);
+  assert.equal(out.summaries[0].content, jsChain[0].content);
+  assert.deepEqual([out.summaries[0].first_episode, out.summaries[0].last_episode], [1, 6]);
+});

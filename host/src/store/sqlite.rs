@@ -12,51 +12,13 @@ use crate::types::{
     SummaryWrite,
 };
 
-/// Schema migrations; `PRAGMA user_version` records how many have run.
+/// Schema migrations, shared with the JavaScript host (its build copies these files);
+/// `PRAGMA user_version` records how many have run.
 const MIGRATIONS: &[&str] = &[
-    // 1: sessions, episodes, summary chain.
-    "CREATE TABLE sessions (
-        id TEXT PRIMARY KEY,
-        episodes INTEGER NOT NULL DEFAULT 0,
-        total_tokens INTEGER NOT NULL DEFAULT 0,
-        changed_seq INTEGER NOT NULL DEFAULT 0
-    );
-    CREATE TABLE episodes (
-        session TEXT NOT NULL REFERENCES sessions(id),
-        id INTEGER NOT NULL,
-        role TEXT NOT NULL CHECK (role IN ('system','user','assistant','tool')),
-        content TEXT NOT NULL,
-        timestamp_ms INTEGER,
-        source_key TEXT NOT NULL,
-        tokens INTEGER NOT NULL,
-        PRIMARY KEY (session, id)
-    ) WITHOUT ROWID;
-    CREATE UNIQUE INDEX episodes_source ON episodes(session, source_key);
-    CREATE TABLE summaries (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        session TEXT NOT NULL REFERENCES sessions(id),
-        first_episode INTEGER NOT NULL,
-        last_episode INTEGER NOT NULL,
-        content TEXT NOT NULL,
-        tokens INTEGER NOT NULL,
-        prompt_tokens INTEGER NOT NULL,
-        output_tokens INTEGER NOT NULL,
-        model TEXT NOT NULL,
-        created_ms INTEGER NOT NULL,
-        updated_ms INTEGER NOT NULL,
-        CHECK (last_episode >= first_episode)
-    );
-    CREATE INDEX summaries_session ON summaries(session, last_episode);",
-    // 2: episode ranges a summary does not reflect (failed map chunks), as JSON [[a, b], ...].
-    "ALTER TABLE summaries ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]';",
-    // 3: per-model calibration of the token estimator (running totals).
-    "CREATE TABLE calibration (
-        model TEXT PRIMARY KEY,
-        estimated INTEGER NOT NULL,
-        reported INTEGER NOT NULL
-    );",
-    // 4: accepted partial summaries of map-reduce, by request key (resume and retry reuse them).
-    "CREATE TABLE partials (key TEXT PRIMARY KEY, text TEXT NOT NULL);",
+    include_str!("migrations/001-sessions-episodes-summaries.sql"),
+    include_str!("migrations/002-summary-skipped.sql"),
+    include_str!("migrations/003-calibration.sql"),
+    include_str!("migrations/004-partials.sql"),
 ];
 
 /// A SQLite-backed [`Store`].

@@ -276,6 +276,8 @@ fn respond(
 
 fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    // Answer without waiting on Nagle's algorithm (a real server's latency is the delay option).
+    conn.set_nodelay(true)?;
     let Some(req) = read_request(&conn)? else {
         return Ok(());
     };
