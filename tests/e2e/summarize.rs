@@ -503,3 +503,53 @@ fn a_model_that_counts_more_tokens_is_calibrated_and_its_context_respected() {
     assert!(!r.stderr.contains("recalibrating"), "{}", r.stderr);
     assert!(refused(before) > 0 && accepted_a > 0);
 }
+
+#[test]
+fn chunk_concurrency_bounds_requests_in_flight() {
+    // With a 150 ms model, requests starting within 100 ms of each other overlap.
+    let server = TestServer::start_with(abridge_test_llm::Options {
+        delay: std::time::Duration::from_millis(150),
+        ..Default::default()
+    });
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama")
+        .with("SUMMARIZE_CHUNK_CONCURRENCY", "2");
+    let long: String = (0..40)
+        .map(|i| {
+            format!(
+                "{{\"role\":\"user\",\"content\":\"Part {i}: {}\"}}\n",
+                "the rollout plan covers canaries, dashboards and the rollback drill. ".repeat(5)
+            )
+        })
+        .collect();
+    let f = env.write("long.jsonl", &long);
+    env.run(&[
+        "summarize",
+        f.to_str().unwrap(),
+        "--context-length",
+        "1024",
+        "--max-output-tokens",
+        "200",
+    ])
+    .assert_ok();
+    let starts: Vec<u64> = server
+        .generations()
+        .iter()
+        .filter(|g| {
+            g.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("You write")
+        })
+        .map(|g| g.at_ms)
+        .collect();
+    assert!(starts.len() >= 4, "{} map calls", starts.len());
+    for (i, t) in starts.iter().enumerate() {
+        let overlapping = starts.iter().filter(|u| u.abs_diff(*t) < 100).count();
+        assert!(
+            overlapping <= 2,
+            "request {i} overlaps {overlapping} (starts {starts:?})"
+        );
+    }
+}

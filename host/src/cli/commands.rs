@@ -191,6 +191,7 @@ fn build(
     Abridge::builder()
         .store(store)
         .llm(llm)
+        .batch_concurrency(s.concurrency)
         .log(move |level, msg| {
             let show = match level {
                 Level::Warn => !quiet,

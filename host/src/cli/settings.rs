@@ -82,6 +82,10 @@ pub struct Common {
     /// Time limit per model call in seconds [env: ABRIDGE_TIMEOUT_SECS] [default: 300]
     #[arg(long, global = true)]
     pub timeout_secs: Option<u64>,
+    /// Map-reduce: model requests in flight at once, as a sliding window
+    /// [env: SUMMARIZE_CHUNK_CONCURRENCY] [default: 6]
+    #[arg(long, global = true)]
+    pub concurrency: Option<usize>,
     /// Attempts per model request; timeouts, connection errors, 429/5xx and unparseable answers
     /// are retried with exponential backoff and jitter [env: ABRIDGE_RETRIES] [default: 3]
     #[arg(long, global = true)]
@@ -115,6 +119,7 @@ pub struct FileConfig {
     timeout_secs: Option<u64>,
     retries: Option<u32>,
     retry_base_ms: Option<u64>,
+    chunk_concurrency: Option<usize>,
 }
 
 /// Resolved settings.
@@ -127,6 +132,8 @@ pub struct Settings {
     pub openai_api_key: Option<String>,
     pub timeout: Duration,
     pub retry: abridge::backend::RetryPolicy,
+    /// Model requests in flight at once in a batch.
+    pub concurrency: usize,
     /// Engine settings (engine and rendering are finalised when the backend is chosen).
     pub config: Config,
     pub verbose: u8,
@@ -319,6 +326,13 @@ impl Settings {
                 file.timeout_secs,
                 300
             )),
+            concurrency: pick!(
+                common.concurrency,
+                env_parse(env, "SUMMARIZE_CHUNK_CONCURRENCY")?,
+                file.chunk_concurrency,
+                6
+            )
+            .max(1),
             retry: abridge::backend::RetryPolicy {
                 attempts: pick!(
                     common.retries,
