@@ -123,6 +123,7 @@ fn cfg_in(c: summarizer::Config) -> policy::Config {
         min_episodes_since: c.min_episodes_since,
         max_summary_tokens: c.max_summary_tokens,
         max_skipped_percent: c.max_skipped_percent,
+        chunk_tokens: c.chunk_tokens,
     }
 }
 

@@ -363,6 +363,15 @@ pub struct PlanReport {
     pub output_tokens: u64,
 }
 
+/// The map chunk budget: the derived one, capped by `chunk-tokens` when that is set.
+fn chunk_cap(cfg: &Config, budget: u32) -> u32 {
+    if cfg.chunk_tokens > 0 {
+        budget.min(cfg.chunk_tokens)
+    } else {
+        budget
+    }
+}
+
 /// Tokens a partial summary is expected to take when planning reduce levels: a 3–5 sentence
 /// summary is at most about 160 tokens, and never more than the output limit.
 pub const EXPECTED_PARTIAL_TOKENS: u32 = 160;
@@ -408,9 +417,11 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
     let budget = policy::input_budget_f(cfg, f, fixed).map_err(Error::InvalidInput)?;
     if latest.is_none() && llm && backlog > u64::from(budget) {
         let first = eps[0].id;
-        let chunks = plan::plan_chunks(eps.iter().map(|e| (e.id, e.tokens)), budget, |id| {
-            eps[(id - first) as usize].content.clone()
-        });
+        let chunks = plan::plan_chunks(
+            eps.iter().map(|e| (e.id, e.tokens)),
+            chunk_cap(cfg, budget),
+            |id| eps[(id - first) as usize].content.clone(),
+        );
         let reduce_budget = policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens())
             .map_err(Error::InvalidInput)?;
         // Estimate with the expected partial size; in a tight context, with smaller ones
@@ -764,9 +775,11 @@ fn map_reduce_if_long(
         eps.extend(page);
     }
     let at = |id: u64| &eps[(id - 1) as usize];
-    let chunks = plan::plan_chunks(eps.iter().map(|e| (e.id, e.tokens)), budget, |id| {
-        at(id).content.clone()
-    });
+    let chunks = plan::plan_chunks(
+        eps.iter().map(|e| (e.id, e.tokens)),
+        chunk_cap(cfg, budget),
+        |id| at(id).content.clone(),
+    );
     h.log(
         Level::Info,
         &format!("session {session}: {} episodes (~{backlog} tokens) exceed one prompt; map-reduce over {} chunks", eps.len(), chunks.len()),
@@ -781,7 +794,7 @@ fn map_reduce_if_long(
             Some((i, n)) => {
                 let e = at(c.first);
                 let parts = parts_of.entry(e.id).or_insert_with(|| {
-                    plan::split_parts(&e.content, budget)
+                    plan::split_parts(&e.content, chunk_cap(cfg, budget))
                         .into_iter()
                         .map(str::to_string)
                         .collect()

@@ -43,6 +43,8 @@ pub struct Config {
     pub max_summary_tokens: u32,
     /// Map-reduce: most chunks (percent) that may be skipped before the call fails.
     pub max_skipped_percent: u32,
+    /// Map-reduce: cap on a chunk's estimated tokens (0: derived).
+    pub chunk_tokens: u32,
 }
 
 impl Default for Config {
@@ -58,6 +60,7 @@ impl Default for Config {
             min_episodes_since: 5,
             max_summary_tokens: 800,
             max_skipped_percent: 50,
+            chunk_tokens: 0,
         }
     }
 }

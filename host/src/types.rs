@@ -50,6 +50,7 @@ impl Default for Config {
             min_episodes_since: 5,
             max_summary_tokens: 800,
             max_skipped_percent: 50,
+            chunk_tokens: 0,
         }
     }
 }

@@ -67,6 +67,8 @@ export interface Config {
   maxSummaryTokens: number;
   /** Map-reduce fails instead of summarizing when more than this % of chunks fail (default 50). */
   maxSkippedPercent: number;
+  /** Map-reduce: cap on a chunk's estimated tokens; 0 derives it from the context (default). */
+  chunkTokens: number;
 }
 export const defaultConfig: Readonly<Config>;
 

@@ -23,6 +23,7 @@ export const defaultConfig = Object.freeze({
   minEpisodesSince: 5,
   maxSummaryTokens: 800,
   maxSkippedPercent: 50,
+  chunkTokens: 0,
 });
 
 let compiled;

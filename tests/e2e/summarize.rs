@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use crate::harness::*;
+use crate::harness::{self, *};
 
 #[test]
 fn without_ollama_it_announces_and_uses_the_extractive_summarizer() {
@@ -552,4 +552,40 @@ fn chunk_concurrency_bounds_requests_in_flight() {
             "request {i} overlaps {overlapping} (starts {starts:?})"
         );
     }
+}
+
+#[test]
+fn chunk_tokens_caps_map_chunks() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "ollama");
+    let long: String = (0..40)
+        .map(|i| {
+            format!(
+                "{{\"role\":\"user\",\"content\":\"Part {i}: {}\"}}\n",
+                "the rollout plan covers canaries, dashboards and the rollback drill. ".repeat(5)
+            )
+        })
+        .collect();
+    let f = env.write("long.jsonl", &long);
+    let plan = |extra: &[(&str, &str)]| {
+        let mut c = env.command(&[
+            "summarize",
+            f.to_str().unwrap(),
+            "--dry-run",
+            "--json",
+            "--context-length",
+            "2048",
+        ]);
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        let r = harness::Run::from(c.output().unwrap());
+        r.assert_ok();
+        r.json()["chunks"].as_u64().unwrap()
+    };
+    let derived = plan(&[]);
+    let capped = plan(&[("SUMMARIZE_CHUNK_TOKENS", "300")]);
+    assert!(
+        capped > derived * 2,
+        "derived {derived} chunks, capped {capped}"
+    );
 }

@@ -82,6 +82,10 @@ pub struct Common {
     /// Time limit per model call in seconds [env: ABRIDGE_TIMEOUT_SECS] [default: 300]
     #[arg(long, global = true)]
     pub timeout_secs: Option<u64>,
+    /// Map-reduce: cap on a chunk's estimated tokens (0: derived from the context length)
+    /// [env: SUMMARIZE_CHUNK_TOKENS] [default: 0]
+    #[arg(long, global = true)]
+    pub chunk_tokens: Option<u32>,
     /// Map-reduce: model requests in flight at once, as a sliding window
     /// [env: SUMMARIZE_CHUNK_CONCURRENCY] [default: 6]
     #[arg(long, global = true)]
@@ -120,6 +124,7 @@ pub struct FileConfig {
     retries: Option<u32>,
     retry_base_ms: Option<u64>,
     chunk_concurrency: Option<usize>,
+    chunk_tokens: Option<u32>,
 }
 
 /// Resolved settings.
@@ -299,6 +304,12 @@ impl Settings {
                 env_parse(env, "ABRIDGE_MAX_SKIPPED_PERCENT")?,
                 file.max_skipped_percent,
                 d.max_skipped_percent
+            ),
+            chunk_tokens: pick!(
+                common.chunk_tokens,
+                env_parse(env, "SUMMARIZE_CHUNK_TOKENS")?,
+                file.chunk_tokens,
+                d.chunk_tokens
             ),
         };
         if !(0.0..=2.0).contains(&config.temperature) {
