@@ -123,3 +123,51 @@ fn golden_strip() {
         failures.join("\n\n")
     );
 }
+
+#[test]
+fn golden_plans() {
+    let mut failures = Vec::new();
+    for dir in cases("plans") {
+        let input: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap())
+                .unwrap();
+        let u = |k: &str| input[k].as_u64().unwrap() as u32;
+        let contents = input["contents"].as_object().unwrap();
+        // An episode given as text takes its tokens from the estimator, as stored ones do.
+        let episodes: Vec<(u64, u32)> = input["episodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let id = e[0].as_u64().unwrap();
+                let tokens = contents
+                    .get(&id.to_string())
+                    .and_then(Value::as_str)
+                    .map_or(
+                        e[1].as_u64().unwrap() as u32,
+                        crate::tokens::estimate_tokens,
+                    );
+                (id, tokens)
+            })
+            .collect();
+        let chunks = crate::plan::plan_chunks(episodes, u("budget"), |id| {
+            contents[&id.to_string()].as_str().unwrap().to_string()
+        });
+        let levels =
+            crate::plan::plan_levels(chunks.len(), u("partial_tokens"), u("reduce_budget"))
+                .unwrap();
+        let got = json!({
+            "chunks": chunks.iter().map(|c| json!({"first": c.first, "last": c.last, "part": c.part.map(|(i, n)| [i, n]), "tokens": c.tokens})).collect::<Vec<_>>(),
+            "levels": levels.iter().map(|l| l.iter().map(|g| [g.start, g.end]).collect::<Vec<_>>()).collect::<Vec<_>>(),
+        });
+        failures.extend(check(
+            &dir.join("expected.json"),
+            &(serde_json::to_string_pretty(&got).unwrap() + "\n"),
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "golden plan mismatches:\n{}",
+        failures.join("\n\n")
+    );
+}
