@@ -363,6 +363,18 @@ pub struct PlanReport {
     pub output_tokens: u64,
 }
 
+/// Every episode after `after`, read page by page.
+fn episodes_after_all(h: &mut impl Host, session: &str, after: u64) -> Result<Vec<Episode>, Error> {
+    let mut eps: Vec<Episode> = Vec::new();
+    loop {
+        let page = h.episodes_after(session, eps.last().map_or(after, |e| e.id), PAGE)?;
+        if page.is_empty() {
+            return Ok(eps);
+        }
+        eps.extend(page);
+    }
+}
+
 /// The map chunk budget: the derived one, capped by `chunk-tokens` when that is set.
 fn chunk_cap(cfg: &Config, budget: u32) -> u32 {
     if cfg.chunk_tokens > 0 {
@@ -386,14 +398,7 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
     validate(session, cfg)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
-    let mut eps: Vec<Episode> = Vec::new();
-    loop {
-        let page = h.episodes_after(session, eps.last().map_or(covered, |e| e.id), PAGE)?;
-        if page.is_empty() {
-            break;
-        }
-        eps.extend(page);
-    }
+    let eps = episodes_after_all(h, session, covered)?;
     let backlog: u64 = eps
         .iter()
         .map(|e| u64::from(e.tokens) + u64::from(plan::MESSAGE_COST))
@@ -766,14 +771,7 @@ fn map_reduce_if_long(
     if backlog <= u64::from(budget) {
         return Ok(None);
     }
-    let mut eps: Vec<Episode> = Vec::new();
-    loop {
-        let page = h.episodes_after(session, eps.last().map_or(0, |e| e.id), PAGE)?;
-        if page.is_empty() {
-            break;
-        }
-        eps.extend(page);
-    }
+    let eps = episodes_after_all(h, session, 0)?;
     let at = |id: u64| &eps[(id - 1) as usize];
     let chunks = plan::plan_chunks(
         eps.iter().map(|e| (e.id, e.tokens)),

@@ -125,37 +125,16 @@ export function ollama(options?: { url?: string; timeoutMs?: number; retry?: Ret
 export function openai(options: { baseUrl: string; apiKey?: string; timeoutMs?: number; retry?: RetryPolicy }): LlmBackend;
 export const noModel: LlmBackend;
 
-export class MemoryStore implements Store {
+/** Everything in memory. */
+export interface MemoryStore extends Store {}
+export class MemoryStore {
   constructor();
-  appendEpisodes(session: string, episodes: StoredNewEpisode[]): number;
-  stats(session: string): SessionStats;
-  episodesAfter(session: string, after: number, limit: number): Episode[];
-  latestSummary(session: string): SummaryRow | undefined;
-  summaries(session: string): SummaryRow[];
-  writeSummary(session: string, write: SummaryWrite): SummaryRow;
-  sessions(): string[];
-  calibration(model: string): { estimated: number; reported: number } | undefined;
-  recordCalibration(model: string, estimated: number, reported: number): void;
-  /** Accepted partial summaries of map-reduce, by request key. */
-  partial(key: string): string | undefined;
-  putPartial(key: string, text: string): void;
 }
 
 /** SQLite through node:sqlite, with the Rust host's schema (the two can share a file). */
-export class SqliteStore implements Store {
+export interface SqliteStore extends Store {}
+export class SqliteStore {
   static open(path: string): Promise<SqliteStore>;
-  appendEpisodes(session: string, episodes: StoredNewEpisode[]): number;
-  stats(session: string): SessionStats;
-  episodesAfter(session: string, after: number, limit: number): Episode[];
-  latestSummary(session: string): SummaryRow | undefined;
-  summaries(session: string): SummaryRow[];
-  writeSummary(session: string, write: SummaryWrite): SummaryRow;
-  sessions(): string[];
-  calibration(model: string): { estimated: number; reported: number } | undefined;
-  recordCalibration(model: string, estimated: number, reported: number): void;
-  /** Accepted partial summaries of map-reduce, by request key. */
-  partial(key: string): string | undefined;
-  putPartial(key: string, text: string): void;
   close(): void;
 }
 

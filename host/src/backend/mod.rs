@@ -40,6 +40,16 @@ impl LlmBackend for NoModel {
     }
 }
 
+/// Map a server's `done_reason` / `finish_reason` (absent means a normal stop).
+pub(crate) fn finish_reason(reason: Option<&str>) -> crate::types::FinishReason {
+    use crate::types::FinishReason;
+    match reason {
+        Some("stop") | None => FinishReason::Stop,
+        Some("length") => FinishReason::Length,
+        Some(_) => FinishReason::Other,
+    }
+}
+
 /// A transport failure as an attempt: all of them may pass, so all are retried.
 pub(crate) fn transport_attempt(server: &str, url: &str, e: reqwest::Error, hint: &str) -> Attempt {
     Attempt::Retry(transport_error(server, url, e, hint))

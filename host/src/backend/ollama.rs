@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::{Attempt, LlmBackend, RetryPolicy, transport_attempt, transport_error};
-use crate::types::{Error, FinishReason, Prompt, Request, Response};
+use crate::types::{Error, Prompt, Request, Response};
 
 /// An Ollama server.
 pub struct Ollama {
@@ -149,11 +149,7 @@ impl Ollama {
                 "{url} answered without a message; is it really an Ollama server?"
             )));
         };
-        let finish = match v.get("done_reason").and_then(Value::as_str) {
-            Some("stop") | None => FinishReason::Stop,
-            Some("length") => FinishReason::Length,
-            Some(_) => FinishReason::Other,
-        };
+        let finish = super::finish_reason(v.get("done_reason").and_then(Value::as_str));
         let count = |k: &str| {
             v.get(k)
                 .and_then(Value::as_u64)

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::ollama::snippet;
 use super::{Attempt, LlmBackend, RetryPolicy, transport_attempt};
-use crate::types::{Error, FinishReason, Prompt, Request, Response};
+use crate::types::{Error, Prompt, Request, Response};
 
 /// An OpenAI-compatible server.
 pub struct OpenAi {
@@ -100,11 +100,7 @@ impl OpenAi {
             .pointer("/message/content")
             .and_then(Value::as_str)
             .unwrap_or("");
-        let finish = match choice.get("finish_reason").and_then(Value::as_str) {
-            Some("stop") | None => FinishReason::Stop,
-            Some("length") => FinishReason::Length,
-            Some(_) => FinishReason::Other,
-        };
+        let finish = super::finish_reason(choice.get("finish_reason").and_then(Value::as_str));
         let count = |p: &str| {
             v.pointer(p)
                 .and_then(Value::as_u64)
