@@ -148,6 +148,7 @@ fn request_out(req: types::Request) -> llm::Request {
         max_output_tokens: req.max_output_tokens,
         context_length: req.context_length,
         stop: req.stop,
+        cache_key: req.cache_key,
     }
 }
 
@@ -243,8 +244,8 @@ impl engine::Host for Imports {
         store::partial(key).map_err(err_in)
     }
 
-    fn put_partial(&mut self, key: &str, text: &str) -> Result<(), types::Error> {
-        store::put_partial(key, text).map_err(err_in)
+    fn progress(&mut self, level: u32, done: u32, total: u32) {
+        log::progress(level, done, total);
     }
 
     fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, types::Error> {

@@ -7,7 +7,8 @@ use crate::policy::{self, Config, Engine, Rendering, Strategy};
 use crate::prompt::Partial;
 use crate::tokens::estimate_tokens;
 use crate::types::{
-    Episode, Error, Level, Message, Prompt, Request, Response, Stats, SummaryRow, SummaryWrite,
+    Episode, Error, Finish, Level, Message, Prompt, Request, Response, Stats, SummaryRow,
+    SummaryWrite,
 };
 use crate::{chunk, extractive, plan, prompt, quality, strip};
 
@@ -16,8 +17,8 @@ const PAGE: u32 = 256;
 
 /// Requests handed to the host per batch call. The host's sliding window drains at each batch
 /// boundary, so batches are large, and a multiple of common concurrency settings (1-6, 8, 10,
-/// 12, 15, 16, 20, 24) so full batches end on a full window. Progress is logged between batches
-/// and partial summaries are cached after each one.
+/// 12, 15, 16, 20, 24) so full batches end on a full window. Progress is reported between
+/// batches; the host caches each answer as it arrives (the request's cache key).
 const BATCH: usize = 240;
 
 /// The world outside the guest.
@@ -39,10 +40,11 @@ pub trait Host {
     fn generate(&mut self, req: Request) -> Result<Response, Error>;
     /// Several model calls, run concurrently by the host; answers in request order.
     fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>>;
-    /// A cached partial summary by request key.
+    /// A cached partial summary by request key (the host caches answers to requests that
+    /// carry a key).
     fn partial(&mut self, key: &str) -> Result<Option<String>, Error>;
-    /// Cache an accepted partial summary.
-    fn put_partial(&mut self, key: &str, text: &str) -> Result<(), Error>;
+    /// Progress of a map-reduce stage: `done` of `total` answers at `level` (0: map).
+    fn progress(&mut self, level: u32, done: u32, total: u32);
     /// Calibration totals `(estimated, reported)` for a model.
     fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, Error>;
     /// Add one measured prompt to a model's calibration totals.
@@ -577,6 +579,7 @@ fn request(cfg: &Config, built: prompt::Built) -> Request {
         max_output_tokens: cfg.max_output_tokens,
         context_length: cfg.context_length,
         stop,
+        cache_key: None,
     }
 }
 
@@ -607,15 +610,17 @@ fn accept(h: &mut impl Host, cfg: &Config, resp: Response) -> Result<Generated, 
 }
 
 /// Run requests through the host's batch import, `BATCH` at a time, and check each answer.
+/// Progress of stage `level` is reported after each batch, counting `before` answers already
+/// in hand out of `total`.
 fn run_batch(
     h: &mut impl Host,
     cfg: &Config,
     reqs: Vec<Request>,
     what: &str,
     spent: &mut (u32, u32),
+    (level, before, total): (u32, usize, usize),
 ) -> Vec<Result<String, Error>> {
-    let total = reqs.len();
-    let mut out = Vec::with_capacity(total);
+    let mut out = Vec::with_capacity(reqs.len());
     let mut reqs = reqs.into_iter().peekable();
     while reqs.peek().is_some() {
         let batch: Vec<Request> = reqs.by_ref().take(BATCH).collect();
@@ -631,7 +636,9 @@ fn run_batch(
                 g.text
             }));
         }
-        h.log(Level::Info, &format!("{what}: {}/{total} done", out.len()));
+        let done = before + out.len();
+        h.progress(level, done as u32, total as u32);
+        h.log(Level::Info, &format!("{what}: {done}/{total} done"));
     }
     out
 }
@@ -680,42 +687,51 @@ pub fn request_key(req: &Request) -> String {
     format!("{:016x}{:016x}", h[0], h[1])
 }
 
-/// Answers for `reqs`: cached partial summaries where present; the rest go to the model, and
-/// the answers that pass the quality gate are cached, so a retried or resumed map-reduce asks
-/// only for what is missing.
+/// Answers for stage `level`: cached partial summaries where present (checked again by the
+/// quality gate); the rest go to the model with their cache key, so the host caches each
+/// complete answer as it arrives and a retried, resumed or cancelled map-reduce asks only for
+/// what is missing.
 fn cached_batch(
     h: &mut impl Host,
     cfg: &Config,
     reqs: Vec<Request>,
-    what: &str,
+    (level, what): (u32, &str),
     spent: &mut (u32, u32),
 ) -> Result<Vec<Result<String, Error>>, Error> {
-    let keys: Vec<String> = reqs.iter().map(request_key).collect();
-    let mut out: Vec<Option<Result<String, Error>>> = vec![None; reqs.len()];
+    let total = reqs.len();
+    let mut out: Vec<Option<Result<String, Error>>> = vec![None; total];
     let (mut todo, mut todo_at) = (Vec::new(), Vec::new());
-    for (i, req) in reqs.into_iter().enumerate() {
-        match h.partial(&keys[i])? {
-            Some(text) => out[i] = Some(Ok(text)),
-            None => {
-                todo.push(req);
-                todo_at.push(i);
+    for (i, mut req) in reqs.into_iter().enumerate() {
+        let key = request_key(&req);
+        if let Some(text) = h.partial(&key)? {
+            let cleaned = strip::strip_template_tokens(&text);
+            match quality::check(&cleaned, Finish::Stop, cfg.max_output_tokens) {
+                Ok(()) => {
+                    out[i] = Some(Ok(cleaned));
+                    continue;
+                }
+                Err(why) => h.log(
+                    Level::Debug,
+                    &format!(
+                        "{what}: cached answer {key} fails the quality gate ({why}); asking again"
+                    ),
+                ),
             }
         }
+        req.cache_key = Some(key);
+        todo.push(req);
+        todo_at.push(i);
     }
-    let reused = out.len() - todo.len();
+    let reused = total - todo.len();
+    h.progress(level, reused as u32, total as u32);
     if reused > 0 {
         h.log(
             Level::Info,
             &format!("{what}: reusing {reused} cached partial summaries"),
         );
     }
-    for (i, r) in todo_at
-        .into_iter()
-        .zip(run_batch(h, cfg, todo, what, spent))
-    {
-        if let Ok(text) = &r {
-            h.put_partial(&keys[i], text)?;
-        }
+    let answers = run_batch(h, cfg, todo, what, spent, (level, reused, total));
+    for (i, r) in todo_at.into_iter().zip(answers) {
         out[i] = Some(r);
     }
     Ok(out
@@ -809,7 +825,13 @@ fn map_reduce_if_long(
         reqs.push(request(cfg, prompt::build(&conversation, None)));
     }
     let mut spent = (0u32, 0u32);
-    let results = cached_batch(h, cfg, reqs, &format!("session {session}: map"), &mut spent)?;
+    let results = cached_batch(
+        h,
+        cfg,
+        reqs,
+        (0, &format!("session {session}: map")),
+        &mut spent,
+    )?;
     // A chunk that still fails after the host's retries is skipped and recorded, unless too
     // many fail: then the call fails rather than writing a thin summary.
     let mut partials: Vec<Partial> = Vec::new();
@@ -880,7 +902,7 @@ fn map_reduce_if_long(
             h,
             cfg,
             reqs,
-            &format!("session {session}: reduce level {level}"),
+            (level, &format!("session {session}: reduce level {level}")),
             &mut spent,
         )?
         .into_iter()

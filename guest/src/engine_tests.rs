@@ -19,6 +19,7 @@ struct Fake {
     count_ratio: Option<f64>,
     refused: u32,
     partials: std::collections::BTreeMap<String, String>,
+    progress: Vec<(u32, u32, u32)>,
 }
 
 impl Fake {
@@ -170,7 +171,19 @@ impl Host for Fake {
     }
     fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>> {
         self.batches += 1;
-        reqs.into_iter().map(|r| self.generate(r)).collect()
+        reqs.into_iter()
+            .map(|r| {
+                let key = r.cache_key.clone();
+                let resp = self.generate(r);
+                // As a host does: a complete answer is cached the moment it arrives.
+                if let (Some(k), Ok(a)) = (key, &resp)
+                    && a.finish == Finish::Stop
+                {
+                    self.partials.insert(k, a.text.clone());
+                }
+                resp
+            })
+            .collect()
     }
     fn calibration(&mut self, _model: &str) -> Result<Option<(u64, u64)>, Error> {
         Ok(self.calibration)
@@ -188,9 +201,9 @@ impl Host for Fake {
     fn partial(&mut self, key: &str) -> Result<Option<String>, Error> {
         Ok(self.partials.get(key).cloned())
     }
-    fn put_partial(&mut self, key: &str, text: &str) -> Result<(), Error> {
-        self.partials.insert(key.to_string(), text.to_string());
-        Ok(())
+    fn progress(&mut self, level: u32, done: u32, total: u32) {
+        assert!(done <= total, "progress {done}/{total}");
+        self.progress.push((level, done, total));
     }
     fn now_ms(&mut self) -> u64 {
         self.now += 1;
@@ -644,4 +657,54 @@ fn a_failed_map_reduce_resumes_with_only_the_missing_chunks() {
     );
     f.assert_chain();
     assert_eq!(f.rows[0].last_episode, 60);
+}
+
+#[test]
+fn map_reduce_reports_progress_per_stage_and_caches_each_answer_with_its_key() {
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let mut f = Fake::with_episodes(60, 100);
+    summarize_now(&mut f, "s", &c).unwrap();
+    // Every map and reduce request carried its key, and every answer was cached under it.
+    assert!(f.requests.iter().all(|r| r.cache_key.is_some()));
+    assert_eq!(f.partials.len(), f.requests.len());
+    // Each stage starts at 0 done and ends with everything done; levels go 0, 1, ...
+    let levels: Vec<u32> = f.progress.iter().map(|p| p.0).collect();
+    assert!(levels.windows(2).all(|w| w[0] <= w[1]), "{levels:?}");
+    assert_eq!(f.progress[0].1, 0);
+    let max_level = *levels.last().unwrap();
+    assert!(max_level >= 1, "{:?}", f.progress);
+    for l in 0..=max_level {
+        let stage: Vec<_> = f.progress.iter().filter(|p| p.0 == l).collect();
+        let last = stage.last().unwrap();
+        assert_eq!(last.1, last.2, "stage {l} ends complete: {stage:?}");
+    }
+}
+
+#[test]
+fn a_cached_answer_that_fails_the_quality_gate_is_asked_again() {
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let mut f = Fake::with_episodes(60, 100);
+    summarize_now(&mut f, "s", &c).unwrap();
+    let asked = f.requests.len();
+    // Poison one cached map answer and summarize the same session again from scratch.
+    let key = f.requests[0].cache_key.clone().unwrap();
+    f.partials.insert(key, String::new());
+    f.rows.clear();
+    f.progress.clear();
+    summarize_now(&mut f, "s", &c).unwrap();
+    let again = &f.requests[asked..];
+    assert_eq!(again.len(), 1, "only the poisoned chunk is asked again");
+    assert_eq!(again[0].cache_key, f.requests[0].cache_key);
+    // The map stage started with all but one answer in hand.
+    let start = f.progress[0];
+    assert_eq!((start.0, start.1 + 1), (0, start.2));
+    f.assert_chain();
 }

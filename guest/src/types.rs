@@ -175,6 +175,8 @@ pub struct Request {
     pub context_length: u32,
     /// Stop sequences.
     pub stop: Vec<String>,
+    /// Partial-cache key: the host caches a complete answer under it as it arrives.
+    pub cache_key: Option<String>,
 }
 
 /// Why generation ended.

@@ -6,6 +6,11 @@
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "engine",
-    imports: { default: async },
+    imports: {
+        // A cancelled job stops the guest mid-call: these may trap.
+        "abridge:engine/llm.generate": async | trappable,
+        "abridge:engine/llm.generate-batch": async | trappable,
+        default: async,
+    },
     exports: { default: async },
 });

@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod bindings;
 pub mod clock;
+pub mod control;
 mod imports;
 pub mod runtime;
 pub mod sandbox;
@@ -18,5 +19,6 @@ pub mod types;
 
 pub use backend::{LlmBackend, NoModel, Ollama, OpenAi};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use control::{CallControl, Cancelled, Progress};
 pub use runtime::{Abridge, AbridgeBuilder, BuiltPrompt, CallError, ComponentSource, Runtime};
 pub use store::{MemoryStore, SqliteStore, Store};

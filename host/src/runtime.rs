@@ -14,6 +14,7 @@ use wasmtime::{Engine as WasmEngine, Store as WasmStore, StoreLimitsBuilder};
 use crate::backend::{LlmBackend, NoModel};
 use crate::bindings::{Engine as Guest, EnginePre};
 use crate::clock::{Clock, SystemClock};
+use crate::control::{CallControl, Cancelled};
 use crate::imports::{HostState, LogSink};
 use crate::store::Store;
 use crate::types::{
@@ -184,6 +185,9 @@ pub enum CallError {
     /// The guest trapped or could not be instantiated (a bug, or a sandbox limit).
     #[error("the engine failed: {0:#}")]
     Host(anyhow::Error),
+    /// The call was cancelled through its [`CallControl`]; nothing was written.
+    #[error("cancelled; nothing was written (answers already received stay cached)")]
+    Cancelled,
 }
 
 impl From<anyhow::Error> for CallError {
@@ -266,6 +270,13 @@ impl Abridge {
     }
 
     async fn instance(&self) -> Result<(WasmStore<HostState>, Guest), CallError> {
+        self.instance_with(None).await
+    }
+
+    async fn instance_with(
+        &self,
+        control: Option<Arc<CallControl>>,
+    ) -> Result<(WasmStore<HostState>, Guest), CallError> {
         let state = HostState {
             wasi: crate::sandbox::empty_ctx(),
             table: ResourceTable::new(),
@@ -275,6 +286,7 @@ impl Abridge {
             log: self.log.clone(),
             batch_concurrency: self.batch_concurrency,
             lockstep: self.lockstep,
+            control,
             limits: StoreLimitsBuilder::new()
                 .memory_size(self.memory_limit)
                 .instances(8)
@@ -296,6 +308,9 @@ impl Abridge {
     /// Turn a trap into an error that names the limit it hit, if any.
     fn trap(&self, e: wasmtime::Error) -> CallError {
         let e = anyhow::Error::from(e);
+        if e.downcast_ref::<Cancelled>().is_some() {
+            return CallError::Cancelled;
+        }
         if matches!(
             e.downcast_ref::<wasmtime::Trap>(),
             Some(wasmtime::Trap::OutOfFuel)
@@ -349,7 +364,18 @@ impl Abridge {
 
     /// Summarize now, ignoring the trigger, until every episode is covered.
     pub async fn summarize_now(&self, session: &str, cfg: &Config) -> Result<Outcome, CallError> {
-        let (mut store, g) = self.instance().await?;
+        self.summarize_now_with(session, cfg, None).await
+    }
+
+    /// [`summarize_now`](Self::summarize_now) with a [`CallControl`] to watch its progress
+    /// and cancel it.
+    pub async fn summarize_now_with(
+        &self,
+        session: &str,
+        cfg: &Config,
+        control: Option<Arc<CallControl>>,
+    ) -> Result<Outcome, CallError> {
+        let (mut store, g) = self.instance_with(control).await?;
         g.abridge_engine_summarizer()
             .call_summarize_now(&mut store, session, cfg)
             .await

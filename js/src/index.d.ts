@@ -95,6 +95,8 @@ export interface LlmRequest {
   maxOutputTokens: number;
   contextLength: number;
   stop: string[];
+  /** Set on map and reduce requests; the engine caches the complete answer under it. */
+  cacheKey?: string;
 }
 export interface LlmResponse { text: string; finishReason: 'stop' | 'length' | 'other'; promptTokens?: number; outputTokens?: number }
 
@@ -147,6 +149,8 @@ export interface EngineOptions {
   /** Milliseconds since the epoch; default Date.now. */
   clock?: () => number;
   log?: (level: 'debug' | 'info' | 'warn', message: string) => void;
+  /** Progress of a map-reduce stage (level 0: map; 1 and up: reduce levels). */
+  onProgress?: (p: { level: number; done: number; total: number }) => void;
   /** Most batch requests in flight at once; default 6. */
   batchConcurrency?: number;
 }

@@ -108,12 +108,14 @@ export class Engine {
   #log;
   #batch;
   #modules;
+  #progress;
 
-  constructor({ llm, store, clock, log, batchConcurrency, modules }) {
+  constructor({ llm, store, clock, log, onProgress, batchConcurrency, modules }) {
     this.#llm = llm;
     this.#store = store;
     this.#clock = clock;
     this.#log = log;
+    this.#progress = onProgress;
     this.#batch = batchConcurrency;
     this.#modules = modules;
   }
@@ -141,19 +143,35 @@ export class Engine {
       nowMs: num(w.nowMs),
       skipped: w.skipped.map((x) => [num(x.first), num(x.last)]),
     });
+    // A complete answer to a request with a cache key is cached the moment it arrives, so an
+    // interrupted map-reduce loses no finished answer (see the WIT `llm.request.cache-key`).
+    const cached = async ({ cacheKey, ...req }) => {
+      const resp = await llm.generate(req);
+      if (cacheKey !== undefined && resp.finishReason === 'stop') {
+        try {
+          store.putPartial(cacheKey, resp.text);
+        } catch (e) {
+          this.#log('warn', `caching a partial summary failed: ${e.message}`);
+        }
+      }
+      return resp;
+    };
     return {
       'abridge:engine/types': {},
       'abridge:engine/clock': { nowMs: () => BigInt(Math.floor(this.#clock())) },
-      'abridge:engine/log': { write: (level, message) => this.#log(level, message) },
+      'abridge:engine/log': {
+        write: (level, message) => this.#log(level, message),
+        progress: (level, done, total) => this.#progress({ level, done, total }),
+      },
       'abridge:engine/llm': {
         generate: async (req) => {
           try {
-            return await llm.generate(req);
+            return await cached(req);
           } catch (e) {
             throw toGuest(e);
           }
         },
-        generateBatch: (reqs) => slidingWindow(reqs, this.#batch, (r) => llm.generate(r)),
+        generateBatch: (reqs) => slidingWindow(reqs, this.#batch, cached),
       },
       'abridge:engine/store': {
         appendEpisodes: (s, eps) => storeCall(() => store.appendEpisodes(s, eps.map(epToJs))),
@@ -165,9 +183,8 @@ export class Engine {
           return r ? rowToWit(r) : undefined;
         },
         summaries: (s) => storeCall(() => store.summaries(s)).map(rowToWit),
-                writeSummary: (s, w) => rowToWit(storeCall(() => store.writeSummary(s, writeToJs(w)))),
+        writeSummary: (s, w) => rowToWit(storeCall(() => store.writeSummary(s, writeToJs(w)))),
         partial: (key) => storeCall(() => store.partial(key)) ?? undefined,
-        putPartial: (key, text) => storeCall(() => store.putPartial(key, text)),
         calibration: (model) => {
           const c = storeCall(() => store.calibration(model));
           return c ? { estimated: big(c.estimated), reported: big(c.reported) } : undefined;
@@ -245,8 +262,8 @@ export class Engine {
  * Create an engine. `store` is required (`new MemoryStore()` or `await SqliteStore.open(path)`);
  * `llm` defaults to no model (extractive engine only).
  */
-export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, batchConcurrency = 6 } = {}) {
+export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, onProgress = () => {}, batchConcurrency = 6 } = {}) {
   if (!store) throw new TypeError('createEngine needs a store: new MemoryStore() or await SqliteStore.open(path)');
   const modules = await coreModules();
-  return new Engine({ llm, store, clock, log, batchConcurrency, modules });
+  return new Engine({ llm, store, clock, log, onProgress, batchConcurrency, modules });
 }

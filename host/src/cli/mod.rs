@@ -47,6 +47,7 @@ impl From<abridge::CallError> for Failure {
             abridge::CallError::Engine(E::Storage(_)) => Exit::Storage,
             abridge::CallError::Engine(_) => Exit::Model,
             abridge::CallError::Host(_) => Exit::Internal,
+            abridge::CallError::Cancelled => Exit::Model,
         };
         Failure::new(exit, e)
     }

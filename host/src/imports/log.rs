@@ -1,4 +1,4 @@
-//! `abridge:engine/log`: the embedder's log sink.
+//! `abridge:engine/log`: the embedder's log sink, and progress for the call's control.
 
 use super::HostState;
 use crate::bindings::abridge::engine::log::{Host, Level};
@@ -6,5 +6,11 @@ use crate::bindings::abridge::engine::log::{Host, Level};
 impl Host for HostState {
     async fn write(&mut self, level: Level, message: String) {
         (self.log)(level, &message);
+    }
+
+    async fn progress(&mut self, level: u32, done: u32, total: u32) {
+        if let Some(c) = &self.control {
+            c.stage(level, done, total);
+        }
     }
 }

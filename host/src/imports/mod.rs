@@ -30,6 +30,7 @@ pub struct HostState {
     pub(crate) log: LogSink,
     pub(crate) batch_concurrency: usize,
     pub(crate) lockstep: bool,
+    pub(crate) control: Option<Arc<crate::control::CallControl>>,
     pub(crate) limits: wasmtime::StoreLimits,
 }
 

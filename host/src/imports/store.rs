@@ -40,10 +40,6 @@ impl Host for HostState {
         self.store.partial(&key).await
     }
 
-    async fn put_partial(&mut self, key: String, text: String) -> Result<(), Error> {
-        self.store.put_partial(&key, &text).await
-    }
-
     async fn calibration(&mut self, model: String) -> Result<Option<Calibration>, Error> {
         self.store.calibration(&model).await
     }
