@@ -1,6 +1,7 @@
 //! Watching and steering one long engine call from outside it: live progress, and
 //! cancellation.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -19,14 +20,18 @@ pub struct Progress {
     pub answers: u64,
 }
 
+/// Sees every progress change of a call, as it happens.
+pub type Observer = Arc<dyn Fn(&Progress) + Send + Sync>;
+
 /// Shared between the caller and a running call (see [`crate::Abridge::summarize_now_with`]).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct CallControl {
     level: AtomicU32,
     done: AtomicU32,
     total: AtomicU32,
     answers: AtomicU64,
     cancelled: AtomicBool,
+    observer: Option<Observer>,
 }
 
 /// The error a cancelled call traps with.
@@ -38,6 +43,21 @@ impl CallControl {
     /// A fresh control: no progress, not cancelled.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A fresh control whose progress changes are passed to `observer` as they happen (from
+    /// the call's task; keep it quick).
+    pub fn observed(observer: Observer) -> Self {
+        CallControl {
+            observer: Some(observer),
+            ..Self::default()
+        }
+    }
+
+    fn notify(&self) {
+        if let Some(o) = &self.observer {
+            o(&self.progress());
+        }
     }
 
     /// The latest progress.
@@ -73,6 +93,7 @@ impl CallControl {
         self.level.store(level, Ordering::Relaxed);
         self.total.store(total, Ordering::Relaxed);
         self.done.store(done.min(total), Ordering::Relaxed);
+        self.notify();
     }
 
     /// One model answer arrived.
@@ -84,5 +105,6 @@ impl CallControl {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
                 (d < total).then_some(d + 1)
             });
+        self.notify();
     }
 }

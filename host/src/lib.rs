@@ -11,6 +11,7 @@ pub mod bindings;
 pub mod clock;
 pub mod control;
 mod imports;
+pub mod jobs;
 pub mod runtime;
 pub mod sandbox;
 pub mod store;

@@ -6,6 +6,7 @@ mod engine_api;
 mod golden_chains;
 mod harness;
 mod ingest;
+mod jobs;
 mod real_data;
 mod sandbox;
 mod summarize;

@@ -13,6 +13,8 @@ use abridge::transcript::{self, Format, Options};
 use abridge::types::{Config, Engine, Error, Level, NewEpisode, Rendering, SummaryRow, describe};
 use abridge::{Abridge, SqliteStore, Store};
 
+use super::jobs::{open_jobs, run_or_join};
+use super::progress::Mode;
 use super::settings::BackendChoice;
 use super::{Exit, Failure, Settings};
 
@@ -85,21 +87,21 @@ pub struct SummariesArgs {
     json: bool,
 }
 
-fn note(s: &Settings, msg: &str) {
+pub(super) fn note(s: &Settings, msg: &str) {
     if !s.quiet {
         eprintln!("abridge: {msg}");
     }
 }
 
-fn open_store(s: &Settings) -> Result<Arc<dyn Store>, Failure> {
+fn open_store(s: &Settings) -> Result<Arc<SqliteStore>, Failure> {
     let store =
         SqliteStore::open(&s.db).map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
     Ok(Arc::new(store))
 }
 
 /// The chosen backend: its client, the engine it implies, and names for output.
-struct Backend {
-    llm: Arc<dyn LlmBackend>,
+pub(super) struct Backend {
+    pub(super) llm: Arc<dyn LlmBackend>,
     engine: Engine,
     name: &'static str,
 }
@@ -113,7 +115,7 @@ fn model_failure(e: Error) -> Failure {
     Failure::new(exit, anyhow!(describe(&e)))
 }
 
-async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
+pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
     let ollama = || {
         Ollama::new(&s.url, s.timeout)
             .map(|o| o.with_retry(s.retry))
@@ -182,7 +184,7 @@ fn engine_config(s: &Settings, b: &Backend) -> Config {
     c
 }
 
-fn build(
+pub(super) fn build(
     s: &Settings,
     store: Arc<dyn Store>,
     llm: Arc<dyn LlmBackend>,
@@ -249,7 +251,10 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     if a.dry_run {
         return dry_run(s, &a, parsed.conversations).await;
     }
-    let store = open_store(s)?;
+    let db = open_store(s)?;
+    let jobs = open_jobs(s, db.clone());
+    let store: Arc<dyn Store> = db;
+    let mode = Mode::detect(a.json, s.quiet);
     let backend = choose_backend(s).await?;
     let cfg = engine_config(s, &backend);
     let engine = build(s, store.clone(), backend.llm.clone())?;
@@ -273,21 +278,32 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                 parsed.format
             ),
         );
-        let outcome = engine.summarize_now(&session, &cfg).await.map_err(|e| {
-            let f = Failure::from(e);
-            let kept = anyhow!("the {added} new episodes are stored; earlier summaries are unchanged; rerun to retry");
-            Failure::new(f.exit, f.error.context(kept.to_string()))
-        });
-        let outcome = match outcome {
-            Ok(o) => o,
-            Err(f) => return Err(Failure::new(f.exit, anyhow!("{:#}", f.error))),
-        };
-        if outcome.passes > 0 {
+        let stats = store
+            .stats(&session)
+            .await
+            .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+        let covered = store
+            .latest_summary(&session)
+            .await
+            .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?
+            .map_or(0, |r| r.last_episode);
+        if stats.last_episode > covered {
+            let job = run_or_join(s, &engine, &jobs, &session, stats.last_episode, &cfg, mode)
+                .await
+                .map_err(|f| {
+                    Failure::new(
+                        f.exit,
+                        anyhow!(
+                            "session {session}: {:#} (the {added} new episodes are stored)",
+                            f.error
+                        ),
+                    )
+                })?;
             note(
                 s,
                 &format!(
-                    "session {session}: {} summary pass(es) with {}",
-                    outcome.passes, backend.name
+                    "session {session}: job {} succeeded with {} ({} attempt(s))",
+                    job.id, backend.name, job.attempts
                 ),
             );
         }
@@ -396,6 +412,7 @@ async fn dry_run(
 
 pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
     let store = open_store(s)?;
+    let jobs = open_jobs(s, store.clone());
     let backend = choose_backend(s).await?;
     let cfg = engine_config(s, &backend);
     let engine = build(s, store, backend.llm.clone())?;
@@ -439,6 +456,14 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
             .append(&a.session, std::slice::from_ref(&ep as &NewEpisode))
             .await?;
         appended += u64::from(added);
+        // A job running on this session (a long summarize elsewhere) covers the work: the
+        // trigger does not run it twice at once.
+        if jobs
+            .session_busy(&a.session)
+            .map_err(super::jobs::storage)?
+        {
+            continue;
+        }
         let outcome = engine.after_episode_written(&a.session, &cfg).await?;
         passes += outcome.passes;
         for r in &outcome.written {

@@ -2,6 +2,8 @@
 
 mod bench;
 mod commands;
+mod jobs;
+mod progress;
 mod settings;
 
 use std::process::ExitCode;
@@ -79,6 +81,8 @@ enum Cmd {
     Ingest(commands::IngestArgs),
     /// Print a session's summary chain with the episode range each row covers.
     Summaries(commands::SummariesArgs),
+    /// List summarization jobs, show or cancel one, or run the queued and interrupted ones.
+    Jobs(jobs::JobsArgs),
     /// Measure start-up, per-call, summary-pass and import costs (use a release build).
     Bench(bench::BenchArgs),
 }
@@ -122,6 +126,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Summarize(a) => commands::summarize(&settings, a).await,
         Cmd::Ingest(a) => commands::ingest(&settings, a).await,
         Cmd::Summaries(a) => commands::summaries(&settings, a).await,
+        Cmd::Jobs(a) => jobs::jobs(&settings, a).await,
         Cmd::Bench(a) => bench::run(a).await,
     }
 }

@@ -125,6 +125,7 @@ pub struct FileConfig {
     retry_base_ms: Option<u64>,
     chunk_concurrency: Option<usize>,
     chunk_tokens: Option<u32>,
+    job_lease_secs: Option<u64>,
 }
 
 /// Resolved settings.
@@ -139,6 +140,8 @@ pub struct Settings {
     pub retry: abridge::backend::RetryPolicy,
     /// Model requests in flight at once in a batch.
     pub concurrency: usize,
+    /// How long a job's lease lasts without a heartbeat before another worker may take it.
+    pub job_lease: Duration,
     /// Engine settings (engine and rendering are finalised when the backend is chosen).
     pub config: Config,
     pub verbose: u8,
@@ -344,6 +347,15 @@ impl Settings {
                 6
             )
             .max(1),
+            job_lease: Duration::from_secs(
+                pick!(
+                    None,
+                    env_parse(env, "ABRIDGE_JOB_LEASE_SECS")?,
+                    file.job_lease_secs,
+                    30
+                )
+                .max(1),
+            ),
             retry: abridge::backend::RetryPolicy {
                 attempts: pick!(
                     common.retries,

@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/002-summary-skipped.sql"),
     include_str!("migrations/003-calibration.sql"),
     include_str!("migrations/004-partials.sql"),
+    include_str!("migrations/005-jobs.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -91,7 +92,10 @@ impl SqliteStore {
         })
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, Error>) -> Result<T, Error> {
+    pub(crate) fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let mut conn = self
             .conn
             .lock()
