@@ -567,3 +567,84 @@ fn result_text(r: &Result<Outcome, CallError>) -> String {
         Err(e) => format!("{e:#}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jobs(db: &Arc<SqliteStore>, owner: &str, lease_ms: u64) -> Jobs {
+        Jobs {
+            db: db.clone(),
+            owner: owner.into(),
+            lease: Duration::from_millis(lease_ms),
+        }
+    }
+
+    fn taken(c: Claim) -> Job {
+        match c {
+            Claim::Taken(j) => j,
+            other => panic!("not taken: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn one_active_job_per_key_and_leases_pass_on_when_a_worker_is_gone() {
+        let db = Arc::new(SqliteStore::in_memory().unwrap());
+        let a = jobs(&db, "elsewhere:1", 60_000);
+        let cfg = Config {
+            model: "m".into(),
+            context_length: 1024,
+            ..Config::default()
+        };
+        let (j, new) = a.enqueue("s", 10, &cfg).unwrap();
+        assert!(new);
+        let (again, new) = a.enqueue("s", 10, &cfg).unwrap();
+        assert!(!new && again.id == j.id);
+        assert_eq!(again.config.context_length, 1024, "config round-trips");
+        let j = taken(a.claim(j.id).unwrap());
+        assert_eq!((j.state, j.attempts), (JobState::Running, 1));
+
+        // A live lease on another host keeps the job, and any other job of the session, busy.
+        let b = jobs(&db, "here:2", 60_000);
+        assert!(matches!(b.claim(j.id).unwrap(), Claim::Busy(_)));
+        let (k, _) = b.enqueue("s", 12, &cfg).unwrap();
+        assert!(matches!(b.claim(k.id).unwrap(), Claim::Busy(_)));
+        assert!(b.session_busy("s").unwrap() && !b.session_busy("t").unwrap());
+
+        // A lease that ran out passes to the next worker; the old one learns it lost it.
+        let short = jobs(&db, "elsewhere:1", 1);
+        assert_eq!(
+            short.heartbeat(j.id, &Progress::default(), 0).unwrap(),
+            Beat::Go
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(b.runnable().unwrap().len(), 2);
+        let j = taken(b.claim(j.id).unwrap());
+        assert_eq!(j.attempts, 2);
+        assert_eq!(
+            a.heartbeat(j.id, &Progress::default(), 0).unwrap(),
+            Beat::Lost
+        );
+
+        // A worker process on this host that no longer exists holds no lease.
+        let dead = format!("{}:{}", host_name(), u32::MAX - 1);
+        assert!(owner_is_dead(&dead) && !owner_is_dead(&owner_name()));
+        b.finish(j.id, JobState::Succeeded, None).unwrap();
+        let d = jobs(&db, &dead, 60_000);
+        taken(d.claim(k.id).unwrap());
+        assert!(taken(b.claim(k.id).unwrap()).attempts == 2);
+
+        // Cancelling: queued at once, running by request.
+        let (q, _) = b.enqueue("u", 1, &cfg).unwrap();
+        assert_eq!(b.cancel(q.id).unwrap().unwrap().state, JobState::Cancelled);
+        let r = b.cancel(k.id).unwrap().unwrap();
+        assert!(r.state == JobState::Running && r.cancel_requested);
+        assert_eq!(
+            b.heartbeat(k.id, &Progress::default(), 0).unwrap(),
+            Beat::Cancel
+        );
+        assert!(matches!(b.claim(j.id).unwrap(), Claim::Finished(_)));
+        // A finished key may be asked for again: a new job.
+        assert!(b.enqueue("s", 10, &cfg).unwrap().1);
+    }
+}
