@@ -14,6 +14,7 @@ mod imports;
 pub mod jobs;
 pub mod runtime;
 pub mod sandbox;
+pub mod sources;
 pub mod store;
 pub mod transcript;
 pub mod types;

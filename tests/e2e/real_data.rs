@@ -61,3 +61,35 @@ fn a_large_real_session_is_covered_completely_within_the_context() {
     }
     assert!(gens.len() > 3, "{} calls", gens.len());
 }
+
+#[test]
+fn backfill_of_the_real_transcripts_directory_plans_then_summarizes_then_rests() {
+    let Some(dir) = shared("") else { return };
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    let r = env.run(&["backfill", &dir, "--dry-run", "--json"]);
+    r.assert_ok();
+    let v = r.json();
+    assert!(v["counts"]["planned"].as_u64().unwrap() >= 5, "{v:#}");
+    assert!(server.generations().is_empty() && !env.db().exists());
+
+    let r = env.run(&["backfill", &dir, "--json"]);
+    r.assert_ok();
+    let v = r.json();
+    assert_eq!(v["counts"]["failed"], 0, "{v:#}");
+    let ok = v["counts"]["ok"].as_u64().unwrap();
+    assert!(ok >= 5, "{v:#}");
+    for row in v["results"].as_array().unwrap() {
+        if row["status"] == "ok" {
+            let chain = env.chain(row["session"].as_str().unwrap()).unwrap();
+            assert_covers(&chain, row["episodes"].as_u64().unwrap());
+        }
+    }
+    let calls = server.generations().len();
+    let r = env.run(&["backfill", &dir, "--json"]);
+    r.assert_ok();
+    assert_eq!(r.json()["counts"]["unchanged"].as_u64().unwrap(), ok);
+    assert_eq!(server.generations().len(), calls, "a re-run calls no model");
+}

@@ -13,7 +13,7 @@ use abridge::transcript::{self, Format, Options};
 use abridge::types::{Config, Engine, Error, Level, NewEpisode, Rendering, SummaryRow, describe};
 use abridge::{Abridge, SqliteStore, Store};
 
-use super::jobs::{open_jobs, run_or_join};
+use super::jobs::{Show, open_jobs, run_or_join};
 use super::progress::Mode;
 use super::settings::BackendChoice;
 use super::{Exit, Failure, Settings};
@@ -103,7 +103,7 @@ fn open_store(s: &Settings) -> Result<Arc<SqliteStore>, Failure> {
 pub(super) struct Backend {
     pub(super) llm: Arc<dyn LlmBackend>,
     engine: Engine,
-    name: &'static str,
+    pub(super) name: &'static str,
 }
 
 fn model_failure(e: Error) -> Failure {
@@ -175,7 +175,7 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
     }
 }
 
-fn engine_config(s: &Settings, b: &Backend) -> Config {
+pub(super) fn engine_config(s: &Settings, b: &Backend) -> Config {
     let mut c = s.config.clone();
     c.engine = b.engine;
     if b.name == "openai" {
@@ -288,17 +288,24 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?
             .map_or(0, |r| r.last_episode);
         if stats.last_episode > covered {
-            let job = run_or_join(s, &engine, &jobs, &session, stats.last_episode, &cfg, mode)
-                .await
-                .map_err(|f| {
-                    Failure::new(
-                        f.exit,
-                        anyhow!(
-                            "session {session}: {:#} (the {added} new episodes are stored)",
-                            f.error
-                        ),
-                    )
-                })?;
+            let job = run_or_join(
+                s,
+                &engine,
+                &jobs,
+                (&session, stats.last_episode),
+                &cfg,
+                Show::Own(mode),
+            )
+            .await
+            .map_err(|f| {
+                Failure::new(
+                    f.exit,
+                    anyhow!(
+                        "session {session}: {:#} (the {added} new episodes are stored)",
+                        f.error
+                    ),
+                )
+            })?;
             note(
                 s,
                 &format!(

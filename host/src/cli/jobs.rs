@@ -57,17 +57,27 @@ pub fn open_jobs(s: &Settings, db: Arc<SqliteStore>) -> Jobs {
     Jobs::new(db, s.job_lease)
 }
 
+/// Receives a job's label and its progress.
+pub type LabelledObserver = Arc<dyn Fn(&str, &Progress) + Send + Sync>;
+
+/// Where a job's progress goes.
+#[derive(Clone)]
+pub enum Show {
+    /// Its own bar or lines (see [`Mode`]).
+    Own(Mode),
+    /// To a caller's display (e.g. backfill's overall bar), with the job's label.
+    Into(LabelledObserver),
+}
+
 /// Bring `session` up to `target` through its job: take the job if no live worker holds it
-/// (resuming after a crash), else wait for the worker that does. Progress is shown per
-/// `mode`.
+/// (resuming after a crash), else wait for the worker that does.
 pub async fn run_or_join(
     s: &Settings,
     engine: &Abridge,
     jobs: &Jobs,
-    session: &str,
-    target: u64,
+    (session, target): (&str, u64),
     cfg: &Config,
-    mode: Mode,
+    show: Show,
 ) -> Result<Job, Failure> {
     let (job, created) = jobs.enqueue(session, target, cfg).map_err(storage)?;
     if !created {
@@ -83,7 +93,7 @@ pub async fn run_or_join(
     let mut waiting = false;
     loop {
         match jobs.claim(job.id).map_err(storage)? {
-            Claim::Taken(job) => return run_taken(s, engine, jobs, job, mode).await,
+            Claim::Taken(job) => return run_taken(s, engine, jobs, job, show).await,
             Claim::Busy(other) => {
                 if !waiting {
                     waiting = true;
@@ -131,7 +141,7 @@ async fn run_taken(
     engine: &Abridge,
     jobs: &Jobs,
     job: Job,
-    mode: Mode,
+    show: Show,
 ) -> Result<Job, Failure> {
     if job.attempts > 1 {
         super::commands::note(
@@ -144,19 +154,20 @@ async fn run_taken(
     }
     let plan = engine.plan(&job.session, &job.config).await?;
     jobs.set_planned(job.id, plan.calls).map_err(storage)?;
-    let view = Arc::new(JobProgress::new(
-        mode,
-        format!("job {} (session {})", job.id, job.session),
-        plan.levels.clone(),
-    ));
-    let watch = view.clone();
-    let result = jobs
-        .run(
-            engine,
-            &job,
-            Some(Arc::new(move |p: &Progress| watch.update(p))),
-        )
-        .await;
+    let label = format!("job {} (session {})", job.id, job.session);
+    let mode = match &show {
+        Show::Own(m) => *m,
+        Show::Into(_) => Mode::Off,
+    };
+    let view = Arc::new(JobProgress::new(mode, label.clone(), plan.levels.clone()));
+    let watch: abridge::control::Observer = match show {
+        Show::Own(_) => {
+            let v = view.clone();
+            Arc::new(move |p: &Progress| v.update(p))
+        }
+        Show::Into(f) => Arc::new(move |p: &Progress| f(&label, p)),
+    };
+    let result = jobs.run(engine, &job, Some(watch)).await;
     view.finish();
     match result {
         Ok(_) => {
@@ -357,7 +368,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
             let mut failed = 0;
             for j in runnable {
                 let r = match jobs.claim(j.id).map_err(storage)? {
-                    Claim::Taken(j) => run_taken(s, &engine, &jobs, j, mode).await,
+                    Claim::Taken(j) => run_taken(s, &engine, &jobs, j, Show::Own(mode)).await,
                     Claim::Busy(j) => {
                         super::commands::note(s, &format!("job {} is running elsewhere", j.id));
                         continue;

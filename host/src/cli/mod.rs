@@ -1,5 +1,6 @@
 //! Command-line interface: parsing, backend selection, commands, exit codes.
 
+mod backfill;
 mod bench;
 mod commands;
 mod jobs;
@@ -81,6 +82,9 @@ enum Cmd {
     Ingest(commands::IngestArgs),
     /// Print a session's summary chain with the episode range each row covers.
     Summaries(commands::SummariesArgs),
+    /// Import and summarize every transcript under a directory (Claude Code projects layout),
+    /// passing over files unchanged since the last run.
+    Backfill(backfill::BackfillArgs),
     /// List summarization jobs, show or cancel one, or run the queued and interrupted ones.
     Jobs(jobs::JobsArgs),
     /// Measure start-up, per-call, summary-pass and import costs (use a release build).
@@ -126,6 +130,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Summarize(a) => commands::summarize(&settings, a).await,
         Cmd::Ingest(a) => commands::ingest(&settings, a).await,
         Cmd::Summaries(a) => commands::summaries(&settings, a).await,
+        Cmd::Backfill(a) => backfill::backfill(&settings, a).await,
         Cmd::Jobs(a) => jobs::jobs(&settings, a).await,
         Cmd::Bench(a) => bench::run(a).await,
     }

@@ -73,7 +73,7 @@ pub struct Common {
     #[arg(long, global = true)]
     pub max_summary_tokens: Option<u32>,
     /// Trigger: episodes needed since the last summary [env: SUMMARY_MIN_EPISODES] [default: 5]
-    #[arg(long, global = true)]
+    #[arg(long = "min-new-episodes", global = true)]
     pub min_episodes: Option<u32>,
     /// Map-reduce: fail instead of summarizing when more than this percentage of chunks fail
     /// [env: ABRIDGE_MAX_SKIPPED_PERCENT] [default: 50]

@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/003-calibration.sql"),
     include_str!("migrations/004-partials.sql"),
     include_str!("migrations/005-jobs.sql"),
+    include_str!("migrations/006-sources.sql"),
 ];
 
 /// A SQLite-backed [`Store`].

@@ -1,0 +1,124 @@
+//! Transcript files already imported (by `abridge backfill`): their size, modification time,
+//! content hash and outcome, so a re-run passes over unchanged files without reading them.
+
+use std::sync::Arc;
+
+use rusqlite::{OptionalExtension, params};
+
+use crate::store::SqliteStore;
+use crate::types::Error;
+
+/// What is known of one file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Source {
+    /// The file's path, as given (absolute paths are stable across working directories).
+    pub path: String,
+    /// Size in bytes when last processed.
+    pub size: u64,
+    /// Modification time, ms since the epoch.
+    pub mtime_ms: u64,
+    /// SHA-256 of the content, hex.
+    pub sha256: String,
+    /// `ok`, `skipped` or `failed`.
+    pub status: String,
+    /// Sessions the file produced.
+    pub sessions: Vec<String>,
+    /// Episodes read from it.
+    pub episodes: u64,
+    /// Why it was skipped or failed.
+    pub detail: Option<String>,
+}
+
+fn db_err(e: rusqlite::Error) -> Error {
+    Error::Storage(e.to_string())
+}
+
+/// The `sources` table of a SQLite database.
+#[derive(Clone)]
+pub struct Sources {
+    db: Arc<SqliteStore>,
+}
+
+impl Sources {
+    /// Sources recorded in `db`.
+    pub fn new(db: Arc<SqliteStore>) -> Self {
+        Sources { db }
+    }
+
+    /// What is recorded for `path`.
+    pub fn get(&self, path: &str) -> Result<Option<Source>, Error> {
+        self.db.with(|c| {
+            c.query_row(
+                "SELECT path, size, mtime_ms, sha256, status, sessions, episodes, detail FROM sources WHERE path = ?1",
+                [path],
+                |r| {
+                    Ok(Source {
+                        path: r.get(0)?,
+                        size: r.get::<_, i64>(1)? as u64,
+                        mtime_ms: r.get::<_, i64>(2)? as u64,
+                        sha256: r.get(3)?,
+                        status: r.get(4)?,
+                        sessions: serde_json::from_str(&r.get::<_, String>(5)?)
+                            .unwrap_or_default(),
+                        episodes: r.get::<_, i64>(6)? as u64,
+                        detail: r.get(7)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    /// Record (or replace) what is known of a file.
+    pub fn put(&self, s: &Source, now_ms: u64) -> Result<(), Error> {
+        self.db.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO sources (path, size, mtime_ms, sha256, status, sessions, episodes, detail, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    s.path,
+                    s.size as i64,
+                    s.mtime_ms as i64,
+                    s.sha256,
+                    s.status,
+                    serde_json::to_string(&s.sessions).expect("strings serialize"),
+                    s.episodes as i64,
+                    s.detail,
+                    now_ms as i64
+                ],
+            )
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let src = Sources::new(Arc::new(SqliteStore::in_memory().unwrap()));
+        assert_eq!(src.get("/a").unwrap(), None);
+        let s = Source {
+            path: "/a".into(),
+            size: 10,
+            mtime_ms: 5,
+            sha256: "ab".into(),
+            status: "ok".into(),
+            sessions: vec!["x".into()],
+            episodes: 3,
+            detail: None,
+        };
+        src.put(&s, 1).unwrap();
+        assert_eq!(src.get("/a").unwrap(), Some(s.clone()));
+        let t = Source {
+            status: "failed".into(),
+            detail: Some("why".into()),
+            ..s
+        };
+        src.put(&t, 2).unwrap();
+        assert_eq!(src.get("/a").unwrap(), Some(t));
+    }
+}
