@@ -10,4 +10,5 @@ mod ingest;
 mod jobs;
 mod real_data;
 mod sandbox;
+mod scale;
 mod summarize;
