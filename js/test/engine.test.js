@@ -166,6 +166,33 @@ test('a failed map chunk is skipped and recorded; too many fail the call', async
   assert.equal(out.written[0].skipped.length, 1);
 });
 
+test('answers are cached as they arrive and progress is reported per stage', async () => {
+  const { readFileSync } = await import('node:fs');
+  const { ROOT } = await import('./helpers.js');
+  const chat = readFileSync(join(ROOT, 'tests', 'fixtures', 'chat.jsonl'), 'utf8').trim().split('\n').map((l, i) => ({ ...JSON.parse(l), sourceKey: String(i) }));
+  const once = { attempts: 1, baseMs: 1, maxMs: 1 };
+  const small = { contextLength: 520, maxOutputTokens: 120 };
+  await server.reset();
+  const store = new MemoryStore();
+  const progress = [];
+  const engine = await createEngine({ store, llm: ollama({ url: server.url, retry: once }), onProgress: (p) => progress.push(p) });
+  await engine.append('s', chat.map(({ role, content, sourceKey }) => ({ role, content, sourceKey })));
+  // Two of three map chunks fail: nothing is written, but the good answer was cached.
+  await server.faults([{ kind: 'status', code: 500, message: 'boom' }, { kind: 'status', code: 500, message: 'boom' }]);
+  await assert.rejects(engine.summarizeNow('s', small));
+  const asked = (await server.generations()).length;
+  assert.equal(asked, 3);
+  // The rerun asks only for the two failed chunks, then merges.
+  progress.length = 0;
+  await engine.summarizeNow('s', small);
+  const again = (await server.generations()).slice(asked);
+  const maps = again.filter((r) => r.body.messages[0].content.startsWith('You write summaries'));
+  assert.equal(maps.length, 2);
+  assert.deepEqual(progress[0], { level: 0, done: 1, total: 3 });
+  assert.deepEqual(progress.filter((p) => p.level === 0).at(-1), { level: 0, done: 3, total: 3 });
+  assert.ok(progress.some((p) => p.level === 1));
+});
+
 test('a database written by the JS host is read by the Rust runner (shared schema)', async (t) => {
   const { existsSync } = await import('node:fs');
   const { execFileSync } = await import('node:child_process');
