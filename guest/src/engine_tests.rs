@@ -708,3 +708,40 @@ fn a_cached_answer_that_fails_the_quality_gate_is_asked_again() {
     assert_eq!((start.0, start.1 + 1), (0, start.2));
     f.assert_chain();
 }
+
+#[test]
+fn summarizing_a_grown_session_from_scratch_reuses_the_unchanged_chunks() {
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let mut f = Fake::with_episodes(60, 100);
+    summarize_now(&mut f, "s", &c).unwrap();
+    let maps = |reqs: &[Request]| {
+        reqs.iter()
+            .filter(|r| Fake::prompt_text(r).starts_with("You write summaries"))
+            .count()
+    };
+    let first = maps(&f.requests);
+    // The summary is dropped (as a reset would) and the session grows by ten episodes.
+    f.rows.clear();
+    for i in 60..70 {
+        let role = if i % 2 == 0 {
+            Role::User
+        } else {
+            Role::Assistant
+        };
+        f.push(role, &format!("ep{} {}", i + 1, "word ".repeat(100)));
+    }
+    let before = f.requests.len();
+    summarize_now(&mut f, "s", &c).unwrap();
+    let again = maps(&f.requests[before..]);
+    // Chunks break at the same places; only the chunks holding new episodes are asked.
+    assert!(
+        again <= 4 && first > 10,
+        "{again} maps asked again of {first}"
+    );
+    f.assert_chain();
+    assert_eq!(f.rows[0].last_episode, 70);
+}
