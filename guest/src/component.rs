@@ -1,7 +1,7 @@
 //! The export shell: implements the generated `Guest` traits, converts between WIT types and
 //! the plain types in [`crate::types`], and forwards to the logic modules.
 
-use crate::{engine, policy, prompt, strip, tokens, types};
+use crate::{context, engine, freshness, policy, prompt, strip, tokens, types};
 
 #[allow(missing_docs)]
 mod bindings {
@@ -124,6 +124,14 @@ fn cfg_in(c: summarizer::Config) -> policy::Config {
         max_summary_tokens: c.max_summary_tokens,
         max_skipped_percent: c.max_skipped_percent,
         chunk_tokens: c.chunk_tokens,
+        mode: match c.mode {
+            summarizer::Mode::Eager => policy::Mode::Eager,
+            summarizer::Mode::Idle => policy::Mode::Idle,
+        },
+        quiescence_secs: c.quiescence_secs,
+        provisional_tokens: c.provisional_tokens,
+        max_attempts: c.max_attempts,
+        retry_base_secs: c.retry_base_secs,
     }
 }
 
@@ -189,6 +197,7 @@ impl engine::Host for Imports {
                 role: role_in(e.role),
                 content: e.content,
                 tokens: e.tokens,
+                timestamp_ms: e.timestamp_ms,
             })
             .collect())
     }
@@ -263,6 +272,43 @@ impl engine::Host for Imports {
         store::record_calibration(model, estimated, reported).map_err(err_in)
     }
 
+    fn summaries(&mut self, session: &str) -> Result<Vec<types::SummaryRow>, types::Error> {
+        Ok(store::summaries(session)
+            .map_err(err_in)?
+            .into_iter()
+            .map(row_in)
+            .collect())
+    }
+
+    fn failure(&mut self, session: &str) -> Result<Option<types::FailureMarker>, types::Error> {
+        Ok(store::failure(session)
+            .map_err(err_in)?
+            .map(|m| types::FailureMarker {
+                failures: m.failures,
+                last_error: m.last_error,
+                retry_after_ms: m.retry_after_ms,
+                failed_ms: m.failed_ms,
+            }))
+    }
+
+    fn set_failure(
+        &mut self,
+        session: &str,
+        marker: Option<types::FailureMarker>,
+    ) -> Result<(), types::Error> {
+        let m = marker.map(|m| store::FailureMarker {
+            failures: m.failures,
+            last_error: m.last_error,
+            retry_after_ms: m.retry_after_ms,
+            failed_ms: m.failed_ms,
+        });
+        store::set_failure(session, m.as_ref()).map_err(err_in)
+    }
+
+    fn reset_session(&mut self, session: &str) -> Result<(), types::Error> {
+        store::reset_session(session).map_err(err_in)
+    }
+
     fn now_ms(&mut self) -> u64 {
         clock::now_ms()
     }
@@ -284,10 +330,27 @@ impl summarizer::Guest for Component {
                 "the session id is empty; pass a session id".into(),
             ));
         }
+        // abridge's own output fed back in is never stored (nor summarized); an episode
+        // without a timestamp is stamped with its arrival time (idle mode measures from it).
+        let now = clock::now_ms() as i64;
+        let own = episodes
+            .iter()
+            .filter(|e| context::is_own_output(&e.content))
+            .count();
+        if own > 0 {
+            log::write(
+                log::Level::Warn,
+                &format!(
+                    "session {session}: skipped {own} episode(s) that are abridge's own summaries or prompts"
+                ),
+            );
+        }
         let episodes: Vec<store::NewEpisode> = episodes
             .into_iter()
+            .filter(|e| !context::is_own_output(&e.content))
             .map(|mut e| {
                 e.tokens = tokens::estimate_tokens(&e.content);
+                e.timestamp_ms = e.timestamp_ms.or(Some(now));
                 e
             })
             .collect();
@@ -336,6 +399,68 @@ impl summarizer::Guest for Component {
 
     fn chain(session: String) -> Result<Vec<store::SummaryRow>, wit::Error> {
         store::summaries(&session)
+    }
+
+    fn freshness(
+        session: String,
+        cfg: summarizer::Config,
+    ) -> Result<summarizer::FreshnessReport, wit::Error> {
+        let f = engine::freshness(&mut Imports, &session, &cfg_in(cfg)).map_err(err_out)?;
+        Ok(summarizer::FreshnessReport {
+            state: match f.state {
+                freshness::State::Empty => summarizer::FreshState::Empty,
+                freshness::State::Fresh => summarizer::FreshState::Fresh,
+                freshness::State::Waiting => summarizer::FreshState::Waiting,
+                freshness::State::Due => summarizer::FreshState::Due,
+                freshness::State::BackingOff => summarizer::FreshState::BackingOff,
+                freshness::State::GaveUp => summarizer::FreshState::GaveUp,
+            },
+            reason: f.reason,
+            episodes: f.episodes,
+            covered: f.covered,
+            backlog_tokens: f.backlog_tokens,
+            last_activity_ms: f.last_activity_ms,
+            covered_until_ms: f.covered_until_ms,
+            due_at_ms: f.due_at_ms,
+            failures: f.failures,
+            last_error: f.last_error,
+        })
+    }
+
+    fn refresh(
+        session: String,
+        cfg: summarizer::Config,
+    ) -> Result<summarizer::Outcome, wit::Error> {
+        engine::refresh(&mut Imports, &session, &cfg_in(cfg))
+            .map(outcome_out)
+            .map_err(err_out)
+    }
+
+    fn context(
+        session: String,
+        req: summarizer::ContextRequest,
+        cfg: summarizer::Config,
+    ) -> Result<summarizer::ContextWindow, wit::Error> {
+        let req = engine::ContextRequest {
+            budget: req.budget,
+            pairs: req.pairs,
+            refresh_after: req.refresh_after,
+        };
+        let c = engine::context(&mut Imports, &session, req, &cfg_in(cfg)).map_err(err_out)?;
+        Ok(summarizer::ContextWindow {
+            messages: c.window.messages.into_iter().map(msg_out).collect(),
+            tokens: c.window.tokens,
+            full_tokens: c.full_tokens,
+            covered: c.window.covered,
+            recent: c.window.recent,
+            omitted: c.window.omitted,
+            refreshed: c.refreshed,
+            refresh_due: c.refresh_due,
+        })
+    }
+
+    fn reset(session: String) -> Result<(), wit::Error> {
+        engine::reset(&mut Imports, &session).map_err(err_out)
     }
 }
 

@@ -3,12 +3,13 @@
 //! Everything outside the guest is reached through [`Host`], which `lib.rs` implements with
 //! the WIT imports and the tests implement in memory.
 
+use crate::freshness::{Freshness, State as FreshState};
 use crate::policy::{self, Config, Engine, Rendering, Strategy};
 use crate::prompt::Partial;
 use crate::tokens::estimate_tokens;
 use crate::types::{
-    Episode, Error, Finish, Level, Message, Prompt, Request, Response, Stats, SummaryRow,
-    SummaryWrite,
+    Episode, Error, FailureMarker, Finish, Level, Message, Prompt, Request, Response, Stats,
+    SummaryRow, SummaryWrite,
 };
 use crate::{chunk, extractive, plan, prompt, quality, strip};
 
@@ -54,6 +55,14 @@ pub trait Host {
         estimated: u32,
         reported: u32,
     ) -> Result<(), Error>;
+    /// The whole summary chain, oldest first.
+    fn summaries(&mut self, session: &str) -> Result<Vec<SummaryRow>, Error>;
+    /// The session's failure marker.
+    fn failure(&mut self, session: &str) -> Result<Option<FailureMarker>, Error>;
+    /// Record or clear the session's failure marker.
+    fn set_failure(&mut self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error>;
+    /// Delete the session's episodes, summaries and marker.
+    fn reset_session(&mut self, session: &str) -> Result<(), Error>;
     /// Wall-clock ms.
     fn now_ms(&mut self) -> u64;
     /// A log line.
@@ -101,28 +110,222 @@ fn validate(session: &str, cfg: &Config) -> Result<(), Error> {
     Ok(())
 }
 
-/// After an episode write: summarize until caught up if the trigger holds.
+/// After an episode write: the same as [`refresh`].
 pub fn after_episode_written(
     h: &mut impl Host,
     session: &str,
     cfg: &Config,
 ) -> Result<Outcome, Error> {
+    refresh(h, session, cfg)
+}
+
+/// Summarize now, ignoring the trigger, the mode and any backoff, until every episode is
+/// covered. Success clears a failure marker; failure records one.
+pub fn summarize_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
     validate(session, cfg)?;
+    let marker = h.failure(session)?;
+    guarded(h, session, cfg, marker)
+}
+
+/// Run `catch_up`, keeping the failure marker in step: cleared on success, advanced (with the
+/// next backoff) on a failure. A failure never touches the summary chain.
+fn guarded(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    marker: Option<FailureMarker>,
+) -> Result<Outcome, Error> {
+    match catch_up(h, session, cfg) {
+        Ok(out) => {
+            if marker.is_some() {
+                h.set_failure(session, None)?;
+            }
+            Ok(out)
+        }
+        Err(e) => {
+            // Bad input is the caller's to fix, not a reason to back off.
+            if !matches!(e, Error::InvalidInput(_)) {
+                let now = h.now_ms();
+                let failures = marker.map_or(0, |m| m.failures) + 1;
+                let next = FailureMarker {
+                    failures,
+                    last_error: error_text(&e).to_string(),
+                    retry_after_ms: crate::freshness::retry_after(now, failures, cfg),
+                    failed_ms: now,
+                };
+                h.log(
+                    Level::Warn,
+                    &format!(
+                        "session {session}: refresh failed ({failures} in a row); the previous summary is kept"
+                    ),
+                );
+                h.set_failure(session, Some(next))?;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The session's freshness under `cfg` (no model call).
+pub fn freshness(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Freshness, Error> {
     let stats = h.stats(session)?;
     let latest = h.latest_summary(session)?;
-    if !policy::should_trigger(&stats, latest.as_ref(), cfg) {
+    let covered = latest.as_ref().map_or(0, |r| r.last_episode);
+    let last_activity_ms = timestamp_of(h, session, stats.last_episode)?;
+    let covered_until_ms = timestamp_of(h, session, covered)?;
+    let backlog_tokens = if covered == 0 {
+        stats.total_tokens
+    } else {
+        let mut sum = 0u64;
+        let mut after = covered;
+        loop {
+            let page = h.episodes_after(session, after, PAGE)?;
+            let Some(last) = page.last() else { break };
+            after = last.id;
+            sum += page.iter().map(|e| u64::from(e.tokens)).sum::<u64>();
+        }
+        sum
+    };
+    let marker = h.failure(session)?;
+    let now_ms = h.now_ms();
+    Ok(crate::freshness::verdict(
+        crate::freshness::Inputs {
+            stats,
+            covered,
+            backlog_tokens,
+            last_activity_ms,
+            covered_until_ms,
+            now_ms,
+            marker,
+        },
+        cfg,
+    ))
+}
+
+/// The timestamp of episode `id` (none for id 0 or an episode without one).
+fn timestamp_of(h: &mut impl Host, session: &str, id: u64) -> Result<Option<i64>, Error> {
+    if id == 0 {
+        return Ok(None);
+    }
+    Ok(h.episodes_after(session, id - 1, 1)?
+        .first()
+        .and_then(|e| e.timestamp_ms))
+}
+
+/// Refresh the session if it is due under `cfg.mode`; a failure records a marker with a
+/// backoff and keeps the previous summary.
+pub fn refresh(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
+    validate(session, cfg)?;
+    let f = freshness(h, session, cfg)?;
+    if f.state != FreshState::Due {
+        if f.state != FreshState::Fresh && f.state != FreshState::Empty {
+            h.log(
+                Level::Debug,
+                &format!("session {session}: not refreshed: {}", f.reason),
+            );
+        }
         return Ok(Outcome {
-            unsummarized: policy::unsummarized(&stats, latest.as_ref()),
+            unsummarized: f.episodes - f.covered,
             ..Outcome::default()
         });
     }
-    catch_up(h, session, cfg)
+    h.log(
+        Level::Info,
+        &format!("session {session}: refreshing: {}", f.reason),
+    );
+    let marker = h.failure(session)?;
+    guarded(h, session, cfg, marker)
 }
 
-/// Summarize now, ignoring the trigger, until every episode is covered.
-pub fn summarize_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
-    validate(session, cfg)?;
-    catch_up(h, session, cfg)
+/// What `context` should assemble (mirrors the WIT `context-request`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextRequest {
+    /// Token budget.
+    pub budget: u32,
+    /// Recent pairs.
+    pub pairs: u32,
+    /// Refresh first beyond this many messages.
+    pub refresh_after: u32,
+}
+
+/// The assembled context (mirrors the WIT `context-window`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContextWindow {
+    /// The window.
+    pub window: crate::context::Window,
+    /// Tokens of the whole history.
+    pub full_tokens: u64,
+    /// Refreshed for this call.
+    pub refreshed: bool,
+    /// A refresh is due but was not run.
+    pub refresh_due: bool,
+}
+
+/// The context for the next model call (see the WIT `context`).
+pub fn context(
+    h: &mut impl Host,
+    session: &str,
+    req: ContextRequest,
+    cfg: &Config,
+) -> Result<ContextWindow, Error> {
+    if session.trim().is_empty() {
+        return Err(Error::InvalidInput(
+            "the session id is empty; pass a session id".into(),
+        ));
+    }
+    let stats = h.stats(session)?;
+    let covered = h.latest_summary(session)?.map_or(0, |r| r.last_episode);
+    let beyond = stats.last_episode - covered;
+    let (mut refreshed, mut refresh_due) = (false, false);
+    if beyond > u64::from(req.refresh_after) {
+        let f = freshness(h, session, cfg)?;
+        let may = matches!(f.state, FreshState::Due | FreshState::Waiting);
+        if cfg.mode == policy::Mode::Eager && may {
+            validate(session, cfg)?;
+            let marker = h.failure(session)?;
+            match guarded(h, session, cfg, marker) {
+                Ok(out) => refreshed = out.passes > 0,
+                // The previous summary serves; the caller sees that a refresh is due.
+                Err(e) => {
+                    h.log(
+                        Level::Warn,
+                        &format!(
+                            "session {session}: context uses the previous summary: {}",
+                            error_text(&e)
+                        ),
+                    );
+                    refresh_due = true;
+                }
+            }
+        } else {
+            refresh_due = true;
+        }
+    }
+    let rows = h.summaries(session)?;
+    let want = u64::from(req.pairs.max(1)) * 4 + 8;
+    let tail = h.episodes_after(
+        session,
+        stats.last_episode.saturating_sub(want),
+        want as u32,
+    )?;
+    let window = crate::context::assemble(&rows, &tail, stats.last_episode, req.budget, req.pairs);
+    Ok(ContextWindow {
+        window,
+        full_tokens: stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes,
+        refreshed,
+        refresh_due,
+    })
+}
+
+/// Delete the session's episodes, summaries and failure marker.
+pub fn reset(h: &mut impl Host, session: &str) -> Result<(), Error> {
+    if session.trim().is_empty() {
+        return Err(Error::InvalidInput(
+            "the session id is empty; pass a session id".into(),
+        ));
+    }
+    h.log(Level::Info, &format!("session {session}: reset"));
+    h.reset_session(session)
 }
 
 /// How often one call re-plans after the model refused a prompt as longer than its context

@@ -20,6 +20,7 @@ struct Fake {
     refused: u32,
     partials: std::collections::BTreeMap<String, String>,
     progress: Vec<(u32, u32, u32)>,
+    marker: Option<FailureMarker>,
 }
 
 impl Fake {
@@ -45,6 +46,7 @@ impl Fake {
             role,
             content: content.into(),
             tokens: estimate_tokens(content),
+            timestamp_ms: Some(self.now as i64),
         });
     }
 
@@ -204,6 +206,22 @@ impl Host for Fake {
     fn progress(&mut self, level: u32, done: u32, total: u32) {
         assert!(done <= total, "progress {done}/{total}");
         self.progress.push((level, done, total));
+    }
+    fn summaries(&mut self, _session: &str) -> Result<Vec<SummaryRow>, Error> {
+        Ok(self.rows.clone())
+    }
+    fn failure(&mut self, _session: &str) -> Result<Option<FailureMarker>, Error> {
+        Ok(self.marker.clone())
+    }
+    fn set_failure(&mut self, _session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
+        self.marker = marker;
+        Ok(())
+    }
+    fn reset_session(&mut self, _session: &str) -> Result<(), Error> {
+        self.episodes.clear();
+        self.rows.clear();
+        self.marker = None;
+        Ok(())
     }
     fn now_ms(&mut self) -> u64 {
         self.now += 1;
@@ -744,4 +762,189 @@ fn summarizing_a_grown_session_from_scratch_reuses_the_unchanged_chunks() {
     );
     f.assert_chain();
     assert_eq!(f.rows[0].last_episode, 70);
+}
+
+const HOUR: u64 = 3_600_000;
+
+fn idle_cfg() -> Config {
+    Config {
+        mode: policy::Mode::Idle,
+        ..cfg()
+    }
+}
+
+#[test]
+fn growth_is_folded_into_the_summary_and_nothing_changed_means_no_call() {
+    let mut f = Fake::with_episodes(10, 30);
+    summarize_now(&mut f, "s", &cfg()).unwrap();
+    let calls = f.requests.len();
+    // Nothing new: no call, fresh.
+    let out = refresh(&mut f, "s", &cfg()).unwrap();
+    assert!(!out.triggered && f.requests.len() == calls);
+    assert_eq!(
+        freshness(&mut f, "s", &cfg()).unwrap().state,
+        FreshState::Fresh
+    );
+    // Six new episodes: one update prompt carrying the old summary and only the new turns.
+    for i in 11..=16 {
+        f.push(Role::User, &format!("ep{i} {}", "word ".repeat(30)));
+    }
+    let out = refresh(&mut f, "s", &cfg()).unwrap();
+    assert_eq!(out.passes, 1);
+    let p = Fake::prompt_text(&f.requests[calls]);
+    assert!(p.contains("The user and the assistant covered"), "{p}");
+    assert!(
+        p.contains("ep11") && p.contains("ep16") && !p.contains("ep10 "),
+        "{p}"
+    );
+    assert_eq!(f.rows.len(), 1);
+    assert_eq!(f.rows[0].last_episode, 16);
+}
+
+#[test]
+fn idle_mode_waits_for_quiet_by_the_clock_and_refreshes_once_idle_again() {
+    let c = idle_cfg();
+    let mut f = Fake::with_episodes(10, 30);
+    f.now = 10 * HOUR;
+    for e in &mut f.episodes {
+        e.timestamp_ms = Some((10 * HOUR) as i64);
+    }
+    // Active: nothing happens; the verdict says when it becomes due.
+    let v = freshness(&mut f, "s", &c).unwrap();
+    assert_eq!(v.state, FreshState::Waiting, "{}", v.reason);
+    assert_eq!(v.due_at_ms, Some(11 * HOUR));
+    assert!(!after_episode_written(&mut f, "s", &c).unwrap().triggered);
+    assert!(f.requests.is_empty());
+    // An hour of quiet later: summarized.
+    f.now = 11 * HOUR;
+    assert_eq!(refresh(&mut f, "s", &c).unwrap().passes, 1);
+    // The conversation grows later: waiting while active, refreshed once idle again.
+    f.now = 20 * HOUR;
+    f.push(Role::User, &format!("ep11 {}", "word ".repeat(30)));
+    f.episodes.last_mut().unwrap().timestamp_ms = Some((20 * HOUR) as i64);
+    f.now = 20 * HOUR + HOUR / 2;
+    assert!(!refresh(&mut f, "s", &c).unwrap().triggered);
+    f.now = 21 * HOUR;
+    assert!(refresh(&mut f, "s", &c).unwrap().triggered);
+    assert_eq!(f.rows.last().unwrap().last_episode, 11);
+}
+
+#[test]
+fn idle_mode_gives_a_large_active_conversation_a_provisional_summary() {
+    let c = Config {
+        provisional_tokens: 300,
+        ..idle_cfg()
+    };
+    let mut f = Fake::with_episodes(10, 50);
+    f.now = 5 * HOUR;
+    for e in &mut f.episodes {
+        e.timestamp_ms = Some((5 * HOUR) as i64);
+    }
+    let v = freshness(&mut f, "s", &c).unwrap();
+    assert_eq!(v.state, FreshState::Due, "{}", v.reason);
+    assert!(v.reason.contains("provisional"));
+    refresh(&mut f, "s", &c).unwrap();
+    // Two more turns: under the limit, so it waits for quiet, then folds them.
+    for i in 11..=12 {
+        f.push(Role::User, &format!("ep{i} {}", "word ".repeat(20)));
+        f.episodes.last_mut().unwrap().timestamp_ms = Some((5 * HOUR) as i64);
+    }
+    f.now = 5 * HOUR + 60_000;
+    assert_eq!(
+        freshness(&mut f, "s", &c).unwrap().state,
+        FreshState::Waiting
+    );
+    f.now = 6 * HOUR + 60_000;
+    refresh(&mut f, "s", &c).unwrap();
+    assert_eq!(f.rows.last().unwrap().last_episode, 12);
+}
+
+#[test]
+fn a_failed_refresh_keeps_the_summary_marks_the_session_backs_off_and_gives_up() {
+    let c = Config {
+        max_attempts: 3,
+        ..cfg()
+    };
+    let mut f = Fake::with_episodes(10, 30);
+    summarize_now(&mut f, "s", &c).unwrap();
+    let good = f.rows.clone();
+    for i in 11..=16 {
+        f.push(Role::User, &format!("ep{i} {}", "word ".repeat(30)));
+    }
+    let fail = || Err(Error::Server("HTTP 503 (after 3 attempts)".into()));
+    f.replies = vec![fail()];
+    assert!(refresh(&mut f, "s", &c).is_err());
+    assert_eq!(f.rows, good, "the good summary is untouched");
+    let m = f.marker.clone().unwrap();
+    assert_eq!(m.failures, 1);
+    assert!(m.last_error.contains("503"));
+    // Backing off: no call until the retry time.
+    let calls = f.requests.len();
+    let v = freshness(&mut f, "s", &c).unwrap();
+    assert_eq!(v.state, FreshState::BackingOff, "{}", v.reason);
+    assert!(!refresh(&mut f, "s", &c).unwrap().triggered);
+    assert_eq!(f.requests.len(), calls);
+    // Two more failures, each after its backoff (60 s, then 120 s): then it gives up.
+    for _ in 0..2 {
+        f.now = f.marker.as_ref().unwrap().retry_after_ms;
+        f.replies = vec![fail()];
+        assert!(refresh(&mut f, "s", &c).is_err());
+    }
+    assert_eq!(f.marker.as_ref().unwrap().failures, 3);
+    f.now += 100 * HOUR;
+    assert_eq!(
+        freshness(&mut f, "s", &c).unwrap().state,
+        FreshState::GaveUp
+    );
+    let calls = f.requests.len();
+    assert!(!refresh(&mut f, "s", &c).unwrap().triggered);
+    assert_eq!(f.requests.len(), calls, "no storm");
+    assert_eq!(f.rows, good);
+    // An explicit summarize tries, succeeds and clears the marker.
+    summarize_now(&mut f, "s", &c).unwrap();
+    assert!(f.marker.is_none());
+    assert_eq!(f.rows.last().unwrap().last_episode, 16);
+    assert!(f.rows.iter().all(|r| !r.content.contains("503")));
+}
+
+#[test]
+fn context_fits_the_budget_refreshes_when_far_behind_and_reset_clears() {
+    let mut f = Fake::with_episodes(30, 20);
+    summarize_now(&mut f, "s", &cfg()).unwrap();
+    for i in 31..=40 {
+        f.push(
+            if i % 2 == 1 {
+                Role::User
+            } else {
+                Role::Assistant
+            },
+            &format!("ep{i} {}", "word ".repeat(20)),
+        );
+    }
+    let req = ContextRequest {
+        budget: 400,
+        pairs: 4,
+        refresh_after: 8,
+    };
+    // Ten messages beyond the summary (over 8): eager refreshes first.
+    let w = context(&mut f, "s", req, &cfg()).unwrap();
+    assert!(w.refreshed && !w.refresh_due);
+    assert_eq!(w.window.covered, 40);
+    assert!(w.window.tokens <= 400);
+    assert_eq!(w.window.messages[0].role, Role::System);
+    assert!(w.full_tokens > u64::from(w.window.tokens) * 2);
+    // Idle mode leaves the refresh to the caller.
+    for i in 41..=50 {
+        f.push(Role::User, &format!("ep{i} {}", "word ".repeat(20)));
+    }
+    let calls = f.requests.len();
+    let w = context(&mut f, "s", req, &idle_cfg()).unwrap();
+    assert!(w.refresh_due && !w.refreshed);
+    assert_eq!(f.requests.len(), calls);
+    assert!(w.window.omitted > 0);
+    // Reset clears history and summaries.
+    reset(&mut f, "s").unwrap();
+    assert!(f.rows.is_empty() && f.episodes.is_empty());
+    let w = context(&mut f, "s", req, &cfg()).unwrap();
+    assert!(w.window.messages.is_empty());
 }

@@ -7,8 +7,10 @@
 #![deny(missing_docs)]
 
 pub mod chunk;
+pub mod context;
 pub mod engine;
 pub mod extractive;
+pub mod freshness;
 pub mod plan;
 pub mod policy;
 pub mod prompt;

@@ -45,6 +45,26 @@ pub struct Config {
     pub max_skipped_percent: u32,
     /// Map-reduce: cap on a chunk's estimated tokens (0: derived).
     pub chunk_tokens: u32,
+    /// When automatic refreshes summarize.
+    pub mode: Mode,
+    /// Idle mode: quiet seconds after the last episode before summarizing.
+    pub quiescence_secs: u32,
+    /// Idle mode: backlog tokens that earn an active conversation a provisional summary
+    /// (0: never).
+    pub provisional_tokens: u32,
+    /// Consecutive failed refreshes before automatic refreshes stop.
+    pub max_attempts: u32,
+    /// First backoff after a failed refresh, seconds (doubled per further failure).
+    pub retry_base_secs: u32,
+}
+
+/// When automatic refreshes summarize (mirrors the WIT `mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// After each episode write, under the trigger thresholds.
+    Eager,
+    /// Once the conversation has been quiet for the quiescence window.
+    Idle,
 }
 
 impl Default for Config {
@@ -61,6 +81,11 @@ impl Default for Config {
             max_summary_tokens: 800,
             max_skipped_percent: 50,
             chunk_tokens: 0,
+            mode: Mode::Eager,
+            quiescence_secs: 3600,
+            provisional_tokens: 0,
+            max_attempts: 5,
+            retry_base_secs: 60,
         }
     }
 }

@@ -86,6 +86,21 @@ pub struct Episode {
     pub content: String,
     /// Estimated tokens of `content`.
     pub tokens: u32,
+    /// When it was said, ms since the epoch, if known.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// Why automatic refreshes are held back (mirrors the WIT `failure-marker`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailureMarker {
+    /// Consecutive failed refreshes.
+    pub failures: u32,
+    /// The last failure's reason.
+    pub last_error: String,
+    /// No automatic refresh before this, ms since the epoch.
+    pub retry_after_ms: u64,
+    /// When the last failure happened.
+    pub failed_ms: u64,
 }
 
 /// Session figures.

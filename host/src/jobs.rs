@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::control::{CallControl, Observer, Progress};
 use crate::runtime::{Abridge, CallError};
 use crate::store::SqliteStore;
-use crate::types::{Config, Engine, Error, Outcome, Rendering};
+use crate::types::{Config, Engine, Error, Mode, Outcome, Rendering};
 
 /// Where a job stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +180,9 @@ fn config_json(c: &Config) -> String {
         "threshold_tokens": c.threshold_tokens, "min_episodes_since": c.min_episodes_since,
         "max_summary_tokens": c.max_summary_tokens, "max_skipped_percent": c.max_skipped_percent,
         "chunk_tokens": c.chunk_tokens,
+        "mode": match c.mode { Mode::Eager => "eager", Mode::Idle => "idle" },
+        "quiescence_secs": c.quiescence_secs, "provisional_tokens": c.provisional_tokens,
+        "max_attempts": c.max_attempts, "retry_base_secs": c.retry_base_secs,
     })
     .to_string()
 }
@@ -210,6 +213,15 @@ fn config_from(text: &str) -> Config {
         max_summary_tokens: u("max_summary_tokens", d.max_summary_tokens),
         max_skipped_percent: u("max_skipped_percent", d.max_skipped_percent),
         chunk_tokens: u("chunk_tokens", d.chunk_tokens),
+        mode: if v["mode"] == "idle" {
+            Mode::Idle
+        } else {
+            Mode::Eager
+        },
+        quiescence_secs: u("quiescence_secs", d.quiescence_secs),
+        provisional_tokens: u("provisional_tokens", d.provisional_tokens),
+        max_attempts: u("max_attempts", d.max_attempts),
+        retry_base_secs: u("retry_base_secs", d.retry_base_secs),
     }
 }
 

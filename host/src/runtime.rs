@@ -18,7 +18,8 @@ use crate::control::{CallControl, Cancelled};
 use crate::imports::{HostState, LogSink};
 use crate::store::Store;
 use crate::types::{
-    Config, Error, Level, Message, NewEpisode, Outcome, PlanReport, SummaryRow, describe,
+    Config, ContextRequest, ContextWindow, Error, FreshnessReport, Level, Message, NewEpisode,
+    Outcome, PlanReport, SummaryRow, describe,
 };
 
 /// The guest component built by `host/build.rs` and embedded in this crate.
@@ -388,6 +389,66 @@ impl Abridge {
         let (mut store, g) = self.instance().await?;
         g.abridge_engine_summarizer()
             .call_plan(&mut store, session, cfg)
+            .await
+            .map_err(|e| self.trap(e))?
+            .map_err(CallError::Engine)
+    }
+
+    /// The session's freshness under `cfg` (mode, backoff), from the clock; no model call.
+    pub async fn freshness(
+        &self,
+        session: &str,
+        cfg: &Config,
+    ) -> Result<FreshnessReport, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_summarizer()
+            .call_freshness(&mut store, session, cfg)
+            .await
+            .map_err(|e| self.trap(e))?
+            .map_err(CallError::Engine)
+    }
+
+    /// Refresh the session if it is due under `cfg.mode`; a failure keeps the previous
+    /// summary and records a failure marker with a backoff.
+    pub async fn refresh(&self, session: &str, cfg: &Config) -> Result<Outcome, CallError> {
+        self.refresh_with(session, cfg, None).await
+    }
+
+    /// [`refresh`](Self::refresh) with a [`CallControl`].
+    pub async fn refresh_with(
+        &self,
+        session: &str,
+        cfg: &Config,
+        control: Option<Arc<CallControl>>,
+    ) -> Result<Outcome, CallError> {
+        let (mut store, g) = self.instance_with(control).await?;
+        g.abridge_engine_summarizer()
+            .call_refresh(&mut store, session, cfg)
+            .await
+            .map_err(|e| self.trap(e))?
+            .map_err(CallError::Engine)
+    }
+
+    /// The context for the next model call: the summary plus recent turns within a budget.
+    pub async fn context(
+        &self,
+        session: &str,
+        req: ContextRequest,
+        cfg: &Config,
+    ) -> Result<ContextWindow, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_summarizer()
+            .call_context(&mut store, session, req, cfg)
+            .await
+            .map_err(|e| self.trap(e))?
+            .map_err(CallError::Engine)
+    }
+
+    /// Delete the session's episodes, summaries and failure marker.
+    pub async fn reset(&self, session: &str) -> Result<(), CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_summarizer()
+            .call_reset(&mut store, session)
             .await
             .map_err(|e| self.trap(e))?
             .map_err(CallError::Engine)

@@ -3,12 +3,13 @@
 pub use crate::bindings::abridge::engine::llm::{FinishReason, Prompt, Request, Response};
 pub use crate::bindings::abridge::engine::log::Level;
 pub use crate::bindings::abridge::engine::store::{
-    CalibrationTotals as Calibration, Episode, EpisodeRange, NewEpisode, SessionStats, SummaryRow,
-    SummaryWrite,
+    CalibrationTotals as Calibration, Episode, EpisodeRange, FailureMarker, NewEpisode,
+    SessionStats, SummaryRow, SummaryWrite,
 };
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
 pub use crate::bindings::exports::abridge::engine::summarizer::{
-    Config, Engine, Outcome, Path as PlanPath, PlanReport, Rendering,
+    Config, ContextRequest, ContextWindow, Engine, FreshState, FreshnessReport, Mode, Outcome,
+    Path as PlanPath, PlanReport, Rendering,
 };
 
 impl Role {
@@ -51,6 +52,11 @@ impl Default for Config {
             max_summary_tokens: 800,
             max_skipped_percent: 50,
             chunk_tokens: 0,
+            mode: Mode::Eager,
+            quiescence_secs: 3600,
+            provisional_tokens: 0,
+            max_attempts: 5,
+            retry_base_secs: 60,
         }
     }
 }

@@ -26,7 +26,9 @@ execFileSync(
     'transpile', wasm, '-o', out, '--name', 'abridge', '--instantiation', 'async', '--quiet',
     '--async-mode', 'jspi',
     '--async-imports', `${P}/llm@0.1.0#generate`, `${P}/llm@0.1.0#generate-batch`,
-    '--async-exports', `${P}/summarizer@0.1.0#after-episode-written`, `${P}/summarizer@0.1.0#summarize-now`,
+    // Exports that may call the model (through the async imports).
+    '--async-exports',
+    ...['after-episode-written', 'summarize-now', 'refresh', 'context'].map((f) => `${P}/summarizer@0.1.0#${f}`),
   ],
   { cwd: js, stdio: 'inherit' },
 );

@@ -69,8 +69,48 @@ export interface Config {
   maxSkippedPercent: number;
   /** Map-reduce: cap on a chunk's estimated tokens; 0 derives it from the context (default). */
   chunkTokens: number;
+  /** When automatic refreshes summarize (default 'eager'). */
+  mode: 'eager' | 'idle';
+  /** Idle mode: quiet seconds after the last message's own timestamp (default 3600). */
+  quiescenceSecs: number;
+  /** Idle mode: unsummarized tokens that earn an active conversation a provisional summary; 0 off (default). */
+  provisionalTokens: number;
+  /** Automatic refreshes stop after this many failures in a row (default 5). */
+  maxAttempts: number;
+  /** First backoff after a failed refresh, seconds, doubled per failure (default 60). */
+  retryBaseSecs: number;
 }
 export const defaultConfig: Readonly<Config>;
+
+/** Why automatic refreshes are held back: the last refresh failed. */
+export interface FailureMarker { failures: number; lastError: string; retryAfterMs: number; failedMs: number }
+
+export interface Freshness {
+  state: 'empty' | 'fresh' | 'waiting' | 'due' | 'backing-off' | 'gave-up';
+  reason: string;
+  episodes: number;
+  covered: number;
+  backlogTokens: number;
+  lastActivityMs?: number;
+  coveredUntilMs?: number;
+  dueAtMs?: number;
+  failures: number;
+  lastError?: string;
+}
+
+export interface ContextRequest { budget: number; pairs: number; refreshAfter: number }
+export const defaultContextRequest: Readonly<ContextRequest>;
+
+export interface ContextWindow {
+  messages: Message[];
+  tokens: number;
+  fullTokens: number;
+  covered: number;
+  recent: number;
+  omitted: number;
+  refreshed: boolean;
+  refreshDue: boolean;
+}
 
 export interface PlanReport {
   path: 'nothing' | 'single' | 'rolling' | 'map-reduce';
@@ -118,6 +158,9 @@ export interface Store {
   /** Accepted partial summaries of map-reduce, by request key. */
   partial(key: string): string | undefined;
   putPartial(key: string, text: string): void;
+  failure(session: string): FailureMarker | undefined;
+  setFailure(session: string, marker: FailureMarker | undefined): void;
+  resetSession(session: string): void;
 }
 
 /** Retries of transient failures (timeouts, connection errors, 429/5xx, unparseable answers). */
@@ -161,9 +204,13 @@ export class Engine {
   append(session: string, episodes: NewEpisode[]): Promise<number>;
   afterEpisodeWritten(session: string, config?: Partial<Config>): Promise<Outcome>;
   summarizeNow(session: string, config?: Partial<Config>): Promise<Outcome>;
-    chain(session: string): Promise<SummaryRow[]>;
+  chain(session: string): Promise<SummaryRow[]>;
   /** What summarizeNow would do, without calling the model or writing. */
   plan(session: string, config?: Partial<Config>): Promise<PlanReport>;
+  freshness(session: string, config?: Partial<Config>): Promise<Freshness>;
+  refresh(session: string, config?: Partial<Config>): Promise<Outcome>;
+  context(session: string, request?: Partial<ContextRequest>, config?: Partial<Config>): Promise<ContextWindow>;
+  reset(session: string): Promise<void>;
   estimateTokens(text: string): Promise<number>;
   buildPrompt(conversation: Message[], previousSummary?: string): Promise<{ messages: Message[]; chatml: string }>;
   stripTemplateTokens(text: string): Promise<string>;

@@ -24,7 +24,15 @@ export const defaultConfig = Object.freeze({
   maxSummaryTokens: 800,
   maxSkippedPercent: 50,
   chunkTokens: 0,
+  mode: 'eager',
+  quiescenceSecs: 3600,
+  provisionalTokens: 0,
+  maxAttempts: 5,
+  retryBaseSecs: 60,
 });
+
+/** The documented context request defaults. */
+export const defaultContextRequest = Object.freeze({ budget: 2000, pairs: 4, refreshAfter: 8 });
 
 let compiled;
 
@@ -185,6 +193,13 @@ export class Engine {
         summaries: (s) => storeCall(() => store.summaries(s)).map(rowToWit),
         writeSummary: (s, w) => rowToWit(storeCall(() => store.writeSummary(s, writeToJs(w)))),
         partial: (key) => storeCall(() => store.partial(key)) ?? undefined,
+        failure: (s) => {
+          const m = storeCall(() => store.failure(s));
+          return m ? { failures: m.failures, lastError: m.lastError, retryAfterMs: big(m.retryAfterMs), failedMs: big(m.failedMs) } : undefined;
+        },
+        setFailure: (s, m) =>
+          storeCall(() => store.setFailure(s, m ? { failures: m.failures, lastError: m.lastError, retryAfterMs: num(m.retryAfterMs), failedMs: num(m.failedMs) } : undefined)),
+        resetSession: (s) => storeCall(() => store.resetSession(s)),
         calibration: (model) => {
           const c = storeCall(() => store.calibration(model));
           return c ? { estimated: big(c.estimated), reported: big(c.reported) } : undefined;
@@ -237,6 +252,40 @@ export class Engine {
   async chain(session) {
     const g = await this.#guest();
     return (await exportCall(() => g.summarizer.chain(session))).map(rowToJs);
+  }
+
+  /** The session's freshness under `config` (mode, backoff), from the clock; no model call. */
+  async freshness(session, config = {}) {
+    const g = await this.#guest();
+    const f = await exportCall(() => g.summarizer.freshness(session, { ...defaultConfig, ...config }));
+    return {
+      ...f,
+      episodes: num(f.episodes),
+      covered: num(f.covered),
+      backlogTokens: num(f.backlogTokens),
+      lastActivityMs: num(f.lastActivityMs),
+      coveredUntilMs: num(f.coveredUntilMs),
+      dueAtMs: num(f.dueAtMs),
+    };
+  }
+
+  /** Refresh the session if it is due under `config.mode`; a failure keeps the summary and backs off. */
+  async refresh(session, config = {}) {
+    const g = await this.#guest();
+    return outcomeToJs(await exportCall(() => g.summarizer.refresh(session, { ...defaultConfig, ...config })));
+  }
+
+  /** The summary plus the last `pairs` message pairs, within `budget` tokens (see the WIT `context`). */
+  async context(session, request = {}, config = {}) {
+    const g = await this.#guest();
+    const c = await exportCall(() => g.summarizer.context(session, { ...defaultContextRequest, ...request }, { ...defaultConfig, ...config }));
+    return { ...c, fullTokens: num(c.fullTokens), covered: num(c.covered), omitted: num(c.omitted) };
+  }
+
+  /** Delete the session's episodes, summaries and failure marker. */
+  async reset(session) {
+    const g = await this.#guest();
+    return exportCall(() => g.summarizer.reset(session));
   }
 
   /** The guest's token estimate. */

@@ -45,6 +45,7 @@ export class MemoryStore {
     #sessions = new Map();
   #calibration = new Map();
   #partials = new Map();
+  #failures = new Map();
   #nextRow = 0;
   #changes = 0;
 
@@ -104,7 +105,22 @@ export class MemoryStore {
     return { ...s.rows[s.rows.length - 1] };
   }
 
-    partial(key) {
+  failure(session) {
+    const m = this.#failures.get(session);
+    return m ? { ...m } : undefined;
+  }
+
+  setFailure(session, marker) {
+    if (marker) this.#failures.set(session, { ...marker });
+    else this.#failures.delete(session);
+  }
+
+  resetSession(session) {
+    this.#failures.delete(session);
+    this.#sessions.delete(session);
+  }
+
+  partial(key) {
     return this.#partials.get(key);
   }
 
@@ -198,6 +214,10 @@ export class SqliteStore {
       calibration: p('SELECT estimated, reported FROM calibration WHERE model = ?'),
       partial: p('SELECT text FROM partials WHERE key = ?'),
       putPartial: p('INSERT OR REPLACE INTO partials (key, text) VALUES (?, ?)'),
+      failure: p('SELECT failures, last_error AS lastError, retry_after_ms AS retryAfterMs, failed_ms AS failedMs FROM failure_markers WHERE session = ?'),
+      setFailure: p('INSERT OR REPLACE INTO failure_markers (session, failures, last_error, retry_after_ms, failed_ms) VALUES (?, ?, ?, ?, ?)'),
+      clearFailure: p('DELETE FROM failure_markers WHERE session = ?'),
+      reset: ['summaries', 'episodes', 'failure_markers'].map((t) => p(`DELETE FROM ${t} WHERE session = ?`)).concat([p('DELETE FROM sessions WHERE id = ?')]),
       calibrate: p(`INSERT INTO calibration (model, estimated, reported) VALUES (?, ?, ?)
                     ON CONFLICT(model) DO UPDATE SET estimated = estimated + excluded.estimated, reported = reported + excluded.reported`),
     };
@@ -283,8 +303,26 @@ export class SqliteStore {
     }));
   }
 
-    sessions() {
+  sessions() {
     return this.#wrap(() => this.#st.sessions.all().map((r) => r.id));
+  }
+
+  failure(session) {
+    return this.#wrap(() => {
+      const r = this.#st.failure.get(session);
+      return r ? { failures: r.failures, lastError: r.lastError, retryAfterMs: r.retryAfterMs, failedMs: r.failedMs } : undefined;
+    });
+  }
+
+  setFailure(session, m) {
+    this.#wrap(() => {
+      if (m) this.#st.setFailure.run(session, m.failures, m.lastError, m.retryAfterMs, m.failedMs);
+      else this.#st.clearFailure.run(session);
+    });
+  }
+
+  resetSession(session) {
+    this.#wrap(() => this.#tx(() => this.#st.reset.forEach((st) => st.run(session))));
   }
 
   partial(key) {

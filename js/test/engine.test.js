@@ -214,3 +214,46 @@ test('a database written by the JS host is read by the Rust runner (shared schem
   assert.equal(out.summaries[0].content, jsChain[0].content);
   assert.deepEqual([out.summaries[0].first_episode, out.summaries[0].last_episode], [1, 6]);
 });
+
+test('idle mode by the clock, failure markers with backoff, context within budget, reset', async () => {
+  await server.reset();
+  const dir = mkdtempSync(join(tmpdir(), 'abridge-fresh-'));
+  const store = await SqliteStore.open(join(dir, 'a.db'));
+  let now = Date.UTC(2026, 0, 1, 10);
+  const hour = 3_600_000;
+  const once = { attempts: 1, baseMs: 1, maxMs: 1 };
+  const engine = await createEngine({ store, clock: () => now, llm: ollama({ url: server.url, retry: once }) });
+  const idle = { mode: 'idle' };
+  await engine.append('s', Array.from({ length: 12 }, (_, i) => ({ ...turn(i, `${long} (${i})`), timestampMs: now })));
+  let f = await engine.freshness('s', idle);
+  assert.equal(f.state, 'waiting', f.reason);
+  assert.equal(f.dueAtMs, now + hour);
+  assert.equal((await engine.refresh('s', idle)).triggered, false);
+  assert.equal((await server.generations()).length, 0);
+  now += hour;
+  // The model fails: the marker records it, nothing is written, and the next try waits.
+  await server.faults([{ kind: 'status', code: 503, message: 'down' }]);
+  await assert.rejects(engine.refresh('s', idle), (e) => e.kind === 'server');
+  assert.deepEqual(await engine.chain('s'), []);
+  f = await engine.freshness('s', idle);
+  assert.equal(f.state, 'backing-off', f.reason);
+  assert.equal(f.failures, 1);
+  assert.equal(store.failure('s').failures, 1);
+  now += 60_000;
+  const out = await engine.refresh('s', idle);
+  assert.equal(out.passes, 1);
+  assert.equal(store.failure('s'), undefined);
+  assert.equal((await engine.freshness('s', idle)).state, 'fresh');
+  // Context: a system message with the summary, then recent turns, within the budget.
+  const w = await engine.context('s', { budget: 300, pairs: 2 });
+  assert.ok(w.tokens <= 300);
+  assert.equal(w.messages[0].role, 'system');
+  assert.ok(w.messages[0].content.startsWith('[abridge] Summary'));
+  assert.ok(w.fullTokens > w.tokens);
+  // Feeding that system message back in is refused as abridge's own output.
+  assert.equal(await engine.append('s', [{ role: 'system', content: w.messages[0].content, sourceKey: 'echo' }]), 0);
+  await engine.reset('s');
+  assert.deepEqual(await engine.chain('s'), []);
+  assert.equal(store.stats('s').episodes, 0);
+  store.close();
+});

@@ -52,6 +52,7 @@ fn config(v: &Value) -> Config {
         max_summary_tokens: u("max_summary_tokens", d.max_summary_tokens),
         max_skipped_percent: u("max_skipped_percent", d.max_skipped_percent),
         chunk_tokens: u("chunk_tokens", d.chunk_tokens),
+        ..d
     }
 }
 

@@ -111,6 +111,19 @@ impl Store for TimedStore {
     async fn partial(&self, k: &str) -> Result<Option<String>, Error> {
         timed!(self, self.inner.partial(k))
     }
+    async fn failure(&self, s: &str) -> Result<Option<abridge::types::FailureMarker>, Error> {
+        timed!(self, self.inner.failure(s))
+    }
+    async fn set_failure(
+        &self,
+        s: &str,
+        m: Option<abridge::types::FailureMarker>,
+    ) -> Result<(), Error> {
+        timed!(self, self.inner.set_failure(s, m))
+    }
+    async fn reset_session(&self, s: &str) -> Result<(), Error> {
+        timed!(self, self.inner.reset_session(s))
+    }
     async fn put_partial(&self, k: &str, t: &str) -> Result<(), Error> {
         timed!(self, self.inner.put_partial(k, t))
     }

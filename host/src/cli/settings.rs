@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
 
-use abridge::types::{Config, Engine, Rendering};
+use abridge::types::{Config, Engine, Mode, Rendering};
 
 /// Which model backend to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -31,6 +31,16 @@ pub enum RenderingChoice {
     Chat,
     /// `/api/generate` with a raw ChatML prompt.
     Chatml,
+}
+
+/// When automatic refreshes summarize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeChoice {
+    /// After each episode write, under the trigger thresholds.
+    Eager,
+    /// Once the conversation has been quiet for the quiescence window.
+    Idle,
 }
 
 /// Options every command accepts.
@@ -94,6 +104,22 @@ pub struct Common {
     /// are retried with exponential backoff and jitter [env: ABRIDGE_RETRIES] [default: 3]
     #[arg(long, global = true)]
     pub retries: Option<u32>,
+    /// When automatic refreshes summarize: eager (after each write, under the trigger) or
+    /// idle (once the conversation is quiet) [env: ABRIDGE_MODE] [default: eager]
+    #[arg(long, global = true)]
+    pub mode: Option<ModeChoice>,
+    /// Idle mode: quiet seconds, from the last message's own timestamp, before summarizing
+    /// [env: ABRIDGE_QUIESCENCE_SECS] [default: 3600]
+    #[arg(long, global = true)]
+    pub quiescence_secs: Option<u32>,
+    /// Idle mode: an active conversation with this many unsummarized tokens gets a provisional
+    /// summary (0: never) [env: ABRIDGE_PROVISIONAL_TOKENS] [default: 0]
+    #[arg(long, global = true)]
+    pub provisional_tokens: Option<u32>,
+    /// Automatic refreshes stop after this many failures in a row
+    /// [env: ABRIDGE_MAX_ATTEMPTS] [default: 5]
+    #[arg(long, global = true)]
+    pub max_attempts: Option<u32>,
     /// More log output (-v: progress, -vv: debug)
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -126,6 +152,11 @@ pub struct FileConfig {
     chunk_concurrency: Option<usize>,
     chunk_tokens: Option<u32>,
     job_lease_secs: Option<u64>,
+    mode: Option<ModeChoice>,
+    quiescence_secs: Option<u32>,
+    provisional_tokens: Option<u32>,
+    max_attempts: Option<u32>,
+    retry_base_secs: Option<u32>,
 }
 
 /// Resolved settings.
@@ -314,6 +345,41 @@ impl Settings {
                 file.chunk_tokens,
                 d.chunk_tokens
             ),
+            mode: match pick!(
+                common.mode,
+                env_enum(env, "ABRIDGE_MODE")?,
+                file.mode,
+                ModeChoice::Eager
+            ) {
+                ModeChoice::Eager => Mode::Eager,
+                ModeChoice::Idle => Mode::Idle,
+            },
+            quiescence_secs: pick!(
+                common.quiescence_secs,
+                env_parse(env, "ABRIDGE_QUIESCENCE_SECS")?,
+                file.quiescence_secs,
+                d.quiescence_secs
+            ),
+            provisional_tokens: pick!(
+                common.provisional_tokens,
+                env_parse(env, "ABRIDGE_PROVISIONAL_TOKENS")?,
+                file.provisional_tokens,
+                d.provisional_tokens
+            ),
+            max_attempts: pick!(
+                common.max_attempts,
+                env_parse(env, "ABRIDGE_MAX_ATTEMPTS")?,
+                file.max_attempts,
+                d.max_attempts
+            )
+            .max(1),
+            retry_base_secs: pick!(
+                None,
+                env_parse(env, "ABRIDGE_REFRESH_RETRY_SECS")?,
+                file.retry_base_secs,
+                d.retry_base_secs
+            )
+            .max(1),
         };
         if !(0.0..=2.0).contains(&config.temperature) {
             bail!("temperature {} is outside 0.0-2.0", config.temperature);

@@ -3,7 +3,7 @@
 use super::HostState;
 use crate::bindings::abridge::engine::store::Host;
 use crate::types::{
-    Calibration, Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 
 impl Host for HostState {
@@ -38,6 +38,22 @@ impl Host for HostState {
 
     async fn partial(&mut self, key: String) -> Result<Option<String>, Error> {
         self.store.partial(&key).await
+    }
+
+    async fn failure(&mut self, session: String) -> Result<Option<FailureMarker>, Error> {
+        self.store.failure(&session).await
+    }
+
+    async fn set_failure(
+        &mut self,
+        session: String,
+        marker: Option<FailureMarker>,
+    ) -> Result<(), Error> {
+        self.store.set_failure(&session, marker).await
+    }
+
+    async fn reset_session(&mut self, session: String) -> Result<(), Error> {
+        self.store.reset_session(&session).await
     }
 
     async fn calibration(&mut self, model: String) -> Result<Option<Calibration>, Error> {

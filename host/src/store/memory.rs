@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::{Store, check_chain};
 use crate::types::{
-    Calibration, Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 
 #[derive(Default)]
@@ -25,6 +25,7 @@ pub struct MemoryStore {
     inner: Mutex<(BTreeMap<String, Session>, u64, u64)>, // sessions, next row id, change counter
     calibration: Mutex<BTreeMap<String, (u64, u64)>>,
     partials: Mutex<BTreeMap<String, String>>,
+    failures: Mutex<BTreeMap<String, FailureMarker>>,
 }
 
 impl MemoryStore {
@@ -164,6 +165,40 @@ impl Store for MemoryStore {
                 }
             }
         })
+    }
+
+    async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
+        Ok(self
+            .failures
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic")
+            .get(session)
+            .cloned())
+    }
+
+    async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
+        let mut f = self
+            .failures
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic");
+        match marker {
+            Some(m) => f.insert(session.to_string(), m),
+            None => f.remove(session),
+        };
+        Ok(())
+    }
+
+    async fn reset_session(&self, session: &str) -> Result<(), Error> {
+        self.failures
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic")
+            .remove(session);
+        self.inner
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic")
+            .0
+            .remove(session);
+        Ok(())
     }
 
     async fn partial(&self, key: &str) -> Result<Option<String>, Error> {

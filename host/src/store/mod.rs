@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use crate::types::{
-    Calibration, Episode, Error, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 
 mod memory;
@@ -84,6 +84,12 @@ pub trait Store: Send + Sync {
     async fn write_summary(&self, session: &str, write: SummaryWrite) -> Result<SummaryRow, Error>;
     /// Known sessions, most recently changed first.
     async fn sessions(&self) -> Result<Vec<String>, Error>;
+    /// The session's failure marker (see the WIT `store.failure`).
+    async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error>;
+    /// Record or clear the session's failure marker.
+    async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error>;
+    /// Delete the session's episodes, summaries and failure marker.
+    async fn reset_session(&self, session: &str) -> Result<(), Error>;
     /// A cached partial summary by key (see the WIT `store.partial`).
     async fn partial(&self, key: &str) -> Result<Option<String>, Error>;
     /// Cache a partial summary.

@@ -8,8 +8,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Store;
 use crate::types::{
-    Calibration, Episode, EpisodeRange, Error, NewEpisode, Role, SessionStats, SummaryRow,
-    SummaryWrite,
+    Calibration, Episode, EpisodeRange, Error, FailureMarker, NewEpisode, Role, SessionStats,
+    SummaryRow, SummaryWrite,
 };
 
 /// Schema migrations, shared with the JavaScript host (its build copies these files);
@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/004-partials.sql"),
     include_str!("migrations/005-jobs.sql"),
     include_str!("migrations/006-sources.sql"),
+    include_str!("migrations/007-failure-markers.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -289,6 +290,56 @@ impl Store for SqliteStore {
                 .map_err(db_err)?;
             tx.commit().map_err(db_err)?;
             Ok(row)
+        })
+    }
+
+    async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
+        self.with(|conn| {
+            conn.query_row(
+                "SELECT failures, last_error, retry_after_ms, failed_ms FROM failure_markers WHERE session = ?1",
+                [session],
+                |r| {
+                    Ok(FailureMarker {
+                        failures: r.get(0)?,
+                        last_error: r.get(1)?,
+                        retry_after_ms: r.get::<_, i64>(2)? as u64,
+                        failed_ms: r.get::<_, i64>(3)? as u64,
+                    })
+                },
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
+        self.with(|conn| {
+            match marker {
+                None => conn.execute("DELETE FROM failure_markers WHERE session = ?1", [session]),
+                Some(m) => conn.execute(
+                    "INSERT OR REPLACE INTO failure_markers (session, failures, last_error, retry_after_ms, failed_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![session, m.failures, m.last_error, m.retry_after_ms as i64, m.failed_ms as i64],
+                ),
+            }
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    async fn reset_session(&self, session: &str) -> Result<(), Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            for sql in [
+                "DELETE FROM summaries WHERE session = ?1",
+                "DELETE FROM episodes WHERE session = ?1",
+                "DELETE FROM failure_markers WHERE session = ?1",
+                "DELETE FROM sessions WHERE id = ?1",
+            ] {
+                tx.execute(sql, [session]).map_err(db_err)?;
+            }
+            tx.commit().map_err(db_err)
         })
     }
 

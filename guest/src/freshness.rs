@@ -1,0 +1,306 @@
+//! Whether a session needs a refresh now: the two modes (eager, idle), the provisional
+//! summary, and the backoff after failures. Pure: every input, the time included, is given.
+
+use crate::policy::{Config, Mode};
+use crate::types::{FailureMarker, Stats};
+
+/// The verdict (mirrors the WIT `fresh-state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// No episodes.
+    Empty,
+    /// Every episode is covered.
+    Fresh,
+    /// New episodes wait for the trigger or for quiet.
+    Waiting,
+    /// A refresh would run now.
+    Due,
+    /// The last refresh failed; wait until `due_at_ms`.
+    BackingOff,
+    /// Too many failures in a row; only an explicit summarize tries again.
+    GaveUp,
+}
+
+/// A session's freshness (mirrors the WIT `freshness`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Freshness {
+    /// The verdict.
+    pub state: State,
+    /// Why.
+    pub reason: String,
+    /// Episodes stored.
+    pub episodes: u64,
+    /// Episodes covered.
+    pub covered: u64,
+    /// Estimated tokens not yet covered.
+    pub backlog_tokens: u64,
+    /// The newest episode's timestamp.
+    pub last_activity_ms: Option<i64>,
+    /// The newest covered episode's timestamp.
+    pub covered_until_ms: Option<i64>,
+    /// When it becomes due, if known.
+    pub due_at_ms: Option<u64>,
+    /// Consecutive failures.
+    pub failures: u32,
+    /// The last failure's reason.
+    pub last_error: Option<String>,
+}
+
+/// What the verdict is computed from.
+pub struct Inputs {
+    /// Session figures.
+    pub stats: Stats,
+    /// Episodes covered by the chain.
+    pub covered: u64,
+    /// Estimated tokens after the covered ones.
+    pub backlog_tokens: u64,
+    /// The newest episode's timestamp.
+    pub last_activity_ms: Option<i64>,
+    /// The newest covered episode's timestamp.
+    pub covered_until_ms: Option<i64>,
+    /// Now, from the clock import.
+    pub now_ms: u64,
+    /// The failure marker, if any.
+    pub marker: Option<FailureMarker>,
+}
+
+/// Longest backoff between automatic attempts: six hours.
+pub const MAX_BACKOFF_MS: u64 = 6 * 3_600_000;
+
+/// When the next automatic attempt may run after the `failures`-th failure in a row at `now`:
+/// `retry_base_secs`, doubled per further failure, capped at six hours.
+pub fn retry_after(now_ms: u64, failures: u32, cfg: &Config) -> u64 {
+    let base = u64::from(cfg.retry_base_secs.max(1)) * 1000;
+    let backoff = base
+        .saturating_mul(1u64 << failures.saturating_sub(1).min(30))
+        .min(MAX_BACKOFF_MS);
+    now_ms.saturating_add(backoff)
+}
+
+fn minutes(ms: u64) -> String {
+    let s = ms / 1000;
+    if s < 120 {
+        format!("{s} s")
+    } else if s < 7200 {
+        format!("{} min", s / 60)
+    } else {
+        format!("{:.1} h", s as f64 / 3600.0)
+    }
+}
+
+/// The verdict for `inp` under `cfg`.
+pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
+    let mut f = Freshness {
+        state: State::Waiting,
+        reason: String::new(),
+        episodes: inp.stats.episodes,
+        covered: inp.covered,
+        backlog_tokens: inp.backlog_tokens,
+        last_activity_ms: inp.last_activity_ms,
+        covered_until_ms: inp.covered_until_ms,
+        due_at_ms: None,
+        failures: inp.marker.as_ref().map_or(0, |m| m.failures),
+        last_error: inp.marker.as_ref().map(|m| m.last_error.clone()),
+    };
+    let set = |f: &mut Freshness, state, reason: String| {
+        f.state = state;
+        f.reason = reason;
+    };
+    let new = inp.stats.last_episode.saturating_sub(inp.covered);
+    if inp.stats.episodes == 0 {
+        set(&mut f, State::Empty, "no episodes".into());
+        return f;
+    }
+    if new == 0 {
+        set(
+            &mut f,
+            State::Fresh,
+            format!("the summary covers all {} episodes", inp.covered),
+        );
+        return f;
+    }
+    if let Some(m) = &inp.marker {
+        if m.failures >= cfg.max_attempts.max(1) {
+            let why = format!(
+                "{} refreshes failed in a row (last: {}); automatic refreshes stopped — run summarize to try again",
+                m.failures, m.last_error
+            );
+            set(&mut f, State::GaveUp, why);
+            return f;
+        }
+        if inp.now_ms < m.retry_after_ms {
+            f.due_at_ms = Some(m.retry_after_ms);
+            let why = format!(
+                "the last refresh failed ({}); next attempt in {}",
+                m.last_error,
+                minutes(m.retry_after_ms - inp.now_ms)
+            );
+            set(&mut f, State::BackingOff, why);
+            return f;
+        }
+    }
+    if inp.stats.total_tokens <= u64::from(cfg.threshold_tokens) {
+        let why = format!(
+            "{} tokens, under the {}-token threshold",
+            inp.stats.total_tokens, cfg.threshold_tokens
+        );
+        set(&mut f, State::Waiting, why);
+        return f;
+    }
+    match cfg.mode {
+        Mode::Eager => {
+            if new >= u64::from(cfg.min_episodes_since) {
+                set(&mut f, State::Due, format!("{new} new episodes"));
+            } else {
+                let why = format!("{new} new episodes, waiting for {}", cfg.min_episodes_since);
+                set(&mut f, State::Waiting, why);
+            }
+        }
+        Mode::Idle => {
+            let quiet_ms = u64::from(cfg.quiescence_secs) * 1000;
+            let Some(last) = inp.last_activity_ms else {
+                set(
+                    &mut f,
+                    State::Due,
+                    format!("{new} new episodes without timestamps (taken as idle)"),
+                );
+                return f;
+            };
+            let until = (last.max(0) as u64).saturating_add(quiet_ms);
+            if inp.now_ms >= until {
+                let why = format!(
+                    "{new} new episodes, quiet for {}",
+                    minutes(inp.now_ms - last.max(0) as u64)
+                );
+                set(&mut f, State::Due, why);
+            } else if cfg.provisional_tokens > 0
+                && inp.backlog_tokens >= u64::from(cfg.provisional_tokens)
+            {
+                let why = format!(
+                    "active, but {} unsummarized tokens reach the {}-token provisional limit",
+                    inp.backlog_tokens, cfg.provisional_tokens
+                );
+                set(&mut f, State::Due, why);
+            } else {
+                f.due_at_ms = Some(until);
+                let why = format!(
+                    "{new} new episodes; active {} ago, idle after {}",
+                    minutes(inp.now_ms.saturating_sub(last.max(0) as u64)),
+                    minutes(quiet_ms)
+                );
+                set(&mut f, State::Waiting, why);
+            }
+        }
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: u64 = 3_600_000;
+
+    fn inputs(episodes: u64, covered: u64, last: Option<i64>, now: u64) -> Inputs {
+        Inputs {
+            stats: Stats {
+                episodes,
+                total_tokens: episodes * 100,
+                last_episode: episodes,
+            },
+            covered,
+            backlog_tokens: (episodes - covered) * 100,
+            last_activity_ms: last,
+            covered_until_ms: None,
+            now_ms: now,
+            marker: None,
+        }
+    }
+
+    fn idle() -> Config {
+        Config {
+            mode: Mode::Idle,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn eager_follows_the_trigger() {
+        let c = Config::default();
+        assert_eq!(verdict(inputs(0, 0, None, 0), &c).state, State::Empty);
+        assert_eq!(verdict(inputs(10, 10, None, 0), &c).state, State::Fresh);
+        assert_eq!(verdict(inputs(10, 7, None, 0), &c).state, State::Waiting);
+        assert_eq!(verdict(inputs(10, 5, None, 0), &c).state, State::Due);
+        // Under the token threshold nothing is due in either mode.
+        let small = Inputs {
+            stats: Stats {
+                episodes: 10,
+                total_tokens: 150,
+                last_episode: 10,
+            },
+            ..inputs(10, 0, Some(0), 10 * H)
+        };
+        assert_eq!(verdict(small, &idle()).state, State::Waiting);
+    }
+
+    #[test]
+    fn idle_waits_for_quiet_measured_from_the_last_episode() {
+        let c = idle();
+        let last = 5 * H as i64;
+        let v = verdict(inputs(10, 0, Some(last), 5 * H + H / 2), &c);
+        assert_eq!(v.state, State::Waiting, "{}", v.reason);
+        assert_eq!(v.due_at_ms, Some(6 * H));
+        assert_eq!(
+            verdict(inputs(10, 0, Some(last), 6 * H), &c).state,
+            State::Due
+        );
+        // One new episode is enough once idle (min-episodes is an eager rule).
+        assert_eq!(
+            verdict(inputs(10, 9, Some(last), 7 * H), &c).state,
+            State::Due
+        );
+        // A provisional summary for a large, active conversation.
+        let p = Config {
+            provisional_tokens: 800,
+            ..idle()
+        };
+        assert_eq!(
+            verdict(inputs(10, 0, Some(last), 5 * H), &p).state,
+            State::Due
+        );
+        assert_eq!(
+            verdict(inputs(10, 5, Some(last), 5 * H), &p).state,
+            State::Waiting
+        );
+    }
+
+    #[test]
+    fn failures_back_off_then_give_up() {
+        let c = Config::default();
+        assert_eq!(retry_after(0, 1, &c), 60_000);
+        assert_eq!(retry_after(0, 3, &c), 240_000);
+        assert_eq!(retry_after(0, 40, &c), MAX_BACKOFF_MS);
+        let marked = |failures, retry_after_ms, now| Inputs {
+            marker: Some(FailureMarker {
+                failures,
+                last_error: "HTTP 503".into(),
+                retry_after_ms,
+                failed_ms: 0,
+            }),
+            ..inputs(10, 0, None, now)
+        };
+        let v = verdict(marked(1, 60_000, 1_000), &c);
+        assert_eq!((v.state, v.due_at_ms), (State::BackingOff, Some(60_000)));
+        assert!(v.reason.contains("HTTP 503"), "{}", v.reason);
+        assert_eq!(verdict(marked(1, 60_000, 60_000), &c).state, State::Due);
+        let v = verdict(marked(5, 0, 10 * H), &c);
+        assert_eq!(v.state, State::GaveUp);
+        assert_eq!(v.failures, 5);
+        // A covered session is fresh whatever the marker says.
+        let fresh = Inputs {
+            covered: 10,
+            ..marked(5, 0, 0)
+        };
+        assert_eq!(verdict(fresh, &c).state, State::Fresh);
+    }
+}
