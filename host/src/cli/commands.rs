@@ -208,7 +208,7 @@ pub(super) fn build(
         .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))
 }
 
-fn row_json(r: &SummaryRow) -> serde_json::Value {
+pub(super) fn row_json(r: &SummaryRow) -> serde_json::Value {
     json!({
         "id": r.id,
         "first_episode": r.first_episode,

@@ -3,6 +3,7 @@
 mod backfill;
 mod bench;
 mod commands;
+mod fresh;
 mod jobs;
 mod progress;
 mod settings;
@@ -85,6 +86,16 @@ enum Cmd {
     /// Import and summarize every transcript under a directory (Claude Code projects layout),
     /// passing over files unchanged since the last run.
     Backfill(backfill::BackfillArgs),
+    /// Where each session stands: fresh, waiting (and until when), due, backing off after a
+    /// failure, or stopped after repeated failures.
+    Status(fresh::StatusArgs),
+    /// Print the context for the next model call: a system message with the summary, then the
+    /// latest turns, within a token budget, and the saving against the full history.
+    Context(fresh::ContextArgs),
+    /// Summarize a stored session now, whatever its mode or backoff.
+    Refresh(fresh::RefreshArgs),
+    /// Delete a session's episodes and summaries.
+    Reset(fresh::ResetArgs),
     /// List summarization jobs, show or cancel one, or run the queued and interrupted ones.
     Jobs(jobs::JobsArgs),
     /// Measure start-up, per-call, summary-pass and import costs (use a release build).
@@ -131,6 +142,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Ingest(a) => commands::ingest(&settings, a).await,
         Cmd::Summaries(a) => commands::summaries(&settings, a).await,
         Cmd::Backfill(a) => backfill::backfill(&settings, a).await,
+        Cmd::Status(a) => fresh::status(&settings, a).await,
+        Cmd::Context(a) => fresh::context(&settings, a).await,
+        Cmd::Refresh(a) => fresh::refresh(&settings, a).await,
+        Cmd::Reset(a) => fresh::reset(&settings, a).await,
         Cmd::Jobs(a) => jobs::jobs(&settings, a).await,
         Cmd::Bench(a) => bench::run(a).await,
     }

@@ -1,0 +1,287 @@
+//! `abridge status`, `abridge context` and `abridge reset`.
+
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use clap::Args;
+use serde_json::json;
+
+use abridge::types::{ContextRequest, FreshState, FreshnessReport, Role};
+use abridge::{NoModel, SqliteStore, Store};
+
+use super::commands::{build, choose_backend, engine_config, note};
+use super::jobs::storage;
+use super::progress::utc_text;
+use super::{Exit, Failure, Settings};
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Only this session [default: every session, most recently changed first]
+    session: Option<String>,
+    /// Print JSON (one array)
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ContextArgs {
+    /// Session id
+    session: String,
+    /// Most tokens (estimated) the messages may take
+    #[arg(long, default_value_t = 2000)]
+    budget: u32,
+    /// Recent message pairs to include verbatim
+    #[arg(long, default_value_t = 4)]
+    pairs: u32,
+    /// Refresh the summary first when more than this many messages lie beyond it
+    #[arg(long, default_value_t = 8)]
+    refresh_after: u32,
+    /// Print JSON: {"messages": [...], "tokens", "full_tokens", "saving", ...}
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RefreshArgs {
+    /// Session id
+    session: String,
+    /// Print the chain as JSON
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ResetArgs {
+    /// Session id
+    session: String,
+}
+
+pub fn state_name(s: FreshState) -> &'static str {
+    match s {
+        FreshState::Empty => "empty",
+        FreshState::Fresh => "fresh",
+        FreshState::Waiting => "waiting",
+        FreshState::Due => "due",
+        FreshState::BackingOff => "backing-off",
+        FreshState::GaveUp => "gave-up",
+    }
+}
+
+fn freshness_json(session: &str, f: &FreshnessReport) -> serde_json::Value {
+    json!({
+        "session": session, "state": state_name(f.state), "reason": f.reason,
+        "episodes": f.episodes, "covered": f.covered, "backlog_tokens": f.backlog_tokens,
+        "last_activity_ms": f.last_activity_ms, "covered_until_ms": f.covered_until_ms,
+        "due_at_ms": f.due_at_ms, "failures": f.failures, "last_error": f.last_error,
+    })
+}
+
+fn open(s: &Settings) -> Result<Arc<SqliteStore>, Failure> {
+    SqliteStore::open(&s.db).map(Arc::new).map_err(storage)
+}
+
+fn ms_text(ms: Option<i64>) -> String {
+    ms.map_or_else(|| "-".into(), |t| utc_text(t.max(0) as u64))
+}
+
+pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
+    let db = open(s)?;
+    let sessions = match &a.session {
+        Some(x) => vec![x.clone()],
+        None => db.sessions().await.map_err(storage)?,
+    };
+    // Freshness needs no model: the engine only reads the store and the clock.
+    let engine = build(s, db.clone(), Arc::new(NoModel))?;
+    let mut rows = Vec::new();
+    for session in &sessions {
+        rows.push((
+            session.clone(),
+            engine.freshness(session, &s.config).await?,
+        ));
+    }
+    if let Some(x) = &a.session
+        && rows.first().is_some_and(|r| r.1.state == FreshState::Empty)
+    {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!("no session '{x}' in {}", s.db.display()),
+        ));
+    }
+    if a.json {
+        let v: Vec<_> = rows.iter().map(|(x, f)| freshness_json(x, f)).collect();
+        println!("{}", serde_json::Value::from(v));
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no sessions in {}", s.db.display());
+        return Ok(());
+    }
+    println!(
+        "{:<28} {:<12} {:>8} {:>8} {:>8}  {:<19}  reason",
+        "session", "state", "episodes", "covered", "failures", "last activity (UTC)"
+    );
+    for (x, f) in &rows {
+        let name: String = if x.chars().count() > 28 {
+            x.chars().take(27).chain(['…']).collect()
+        } else {
+            x.clone()
+        };
+        println!(
+            "{name:<28} {:<12} {:>8} {:>8} {:>8}  {:<19}  {}",
+            state_name(f.state),
+            f.episodes,
+            f.covered,
+            f.failures,
+            ms_text(f.last_activity_ms),
+            f.reason
+        );
+    }
+    let stuck = rows
+        .iter()
+        .filter(|r| r.1.state == FreshState::GaveUp)
+        .count();
+    if stuck > 0 {
+        note(
+            s,
+            &format!("{stuck} session(s) stopped refreshing after repeated failures; fix the model or server, then run 'abridge refresh SESSION' (a success clears the failures)"),
+        );
+    }
+    Ok(())
+}
+
+pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
+    let db = open(s)?;
+    let stats = db.stats(&a.session).await.map_err(storage)?;
+    if stats.episodes == 0 {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!(
+                "no session '{}' in {} — list them with 'abridge status'",
+                a.session,
+                s.db.display()
+            ),
+        ));
+    }
+    if a.budget < 16 {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!("--budget {} is too small to hold a message; give at least 16 tokens", a.budget),
+        ));
+    }
+    let backend = choose_backend(s).await?;
+    let cfg = engine_config(s, &backend);
+    let engine = build(s, db.clone(), backend.llm.clone())?;
+    let req = ContextRequest {
+        budget: a.budget,
+        pairs: a.pairs,
+        refresh_after: a.refresh_after,
+    };
+    let w = engine.context(&a.session, req, &cfg).await?;
+    let saving = if w.full_tokens == 0 {
+        0.0
+    } else {
+        100.0 * (1.0 - f64::from(w.tokens) / w.full_tokens as f64)
+    };
+    let role = |r: Role| match r {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    if a.json {
+        let v = json!({
+            "session": a.session,
+            "messages": w.messages.iter().map(|m| json!({"role": role(m.role), "content": m.content})).collect::<Vec<_>>(),
+            "tokens": w.tokens, "full_tokens": w.full_tokens, "saving_percent": (saving * 10.0).round() / 10.0,
+            "covered": w.covered, "recent": w.recent, "omitted": w.omitted,
+            "refreshed": w.refreshed, "refresh_due": w.refresh_due,
+        });
+        println!("{v}");
+    } else {
+        for m in &w.messages {
+            println!("[{}]\n{}\n", role(m.role), m.content);
+        }
+        println!(
+            "{} messages, ~{} tokens, against ~{} for the full history of {} episodes: {saving:.1} % saved",
+            w.messages.len(),
+            w.tokens,
+            w.full_tokens,
+            stats.episodes
+        );
+    }
+    if w.refreshed {
+        note(s, "the summary was refreshed first (many messages lay beyond it)");
+    }
+    if w.refresh_due {
+        note(
+            s,
+            &format!(
+                "{} episode(s) beyond the summary are not in this context; a refresh is due (idle mode or a failing model) — 'abridge status {}' says why",
+                w.omitted, a.session
+            ),
+        );
+    }
+    Ok(())
+}
+
+pub async fn reset(s: &Settings, a: ResetArgs) -> Result<(), Failure> {
+    let db = open(s)?;
+    let stats = db.stats(&a.session).await.map_err(storage)?;
+    if stats.episodes == 0 {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!("no session '{}' in {}", a.session, s.db.display()),
+        ));
+    }
+    let engine = build(s, db.clone(), Arc::new(NoModel))?;
+    engine.reset(&a.session).await?;
+    println!(
+        "session {}: {} episodes and its summaries deleted",
+        a.session, stats.episodes
+    );
+    Ok(())
+}
+
+/// Summarize a stored session now, whatever its mode or backoff (a success clears its failure
+/// marker), through its job.
+pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
+    let db = open(s)?;
+    let stats = db.stats(&a.session).await.map_err(storage)?;
+    if stats.episodes == 0 {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!("no session '{}' in {}", a.session, s.db.display()),
+        ));
+    }
+    let backend = choose_backend(s).await?;
+    let cfg = engine_config(s, &backend);
+    let engine = build(s, db.clone(), backend.llm.clone())?;
+    let jobs = super::jobs::open_jobs(s, db.clone());
+    let covered = db
+        .latest_summary(&a.session)
+        .await
+        .map_err(storage)?
+        .map_or(0, |r| r.last_episode);
+    if stats.last_episode > covered {
+        let mode = super::progress::Mode::detect(a.json, s.quiet);
+        super::jobs::run_or_join(
+            s,
+            &engine,
+            &jobs,
+            (&a.session, stats.last_episode),
+            &cfg,
+            super::jobs::Show::Own(mode),
+        )
+        .await?;
+    } else {
+        note(s, &format!("session {}: every episode is already covered", a.session));
+    }
+    let chain = db.summaries(&a.session).await.map_err(storage)?;
+    if a.json {
+        let v: Vec<_> = chain.iter().map(super::commands::row_json).collect();
+        println!("{}", json!({"session": a.session, "episodes": stats.episodes, "summaries": v}));
+    } else if let Some(r) = chain.last() {
+        println!("{}", r.content);
+    }
+    Ok(())
+}
