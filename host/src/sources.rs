@@ -122,3 +122,61 @@ mod tests {
         assert_eq!(src.get("/a").unwrap(), Some(t));
     }
 }
+
+/// A file followed by `abridge watch`: how far it has been imported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchedFile {
+    /// The file's path.
+    pub path: String,
+    /// The session its lines go to, once known.
+    pub session: Option<String>,
+    /// Its format (`jsonl`, `claude-code`), once known.
+    pub format: Option<String>,
+    /// Bytes imported: the end of the last complete line read.
+    pub offset: u64,
+}
+
+/// The `watched_files` table of a SQLite database.
+#[derive(Clone)]
+pub struct Watched {
+    db: Arc<SqliteStore>,
+}
+
+impl Watched {
+    /// Watched files recorded in `db`.
+    pub fn new(db: Arc<SqliteStore>) -> Self {
+        Watched { db }
+    }
+
+    /// Every recorded file.
+    pub fn all(&self) -> Result<Vec<WatchedFile>, Error> {
+        self.db.with(|c| {
+            let mut st = c
+                .prepare("SELECT path, session, format, offset FROM watched_files ORDER BY path")
+                .map_err(db_err)?;
+            st.query_map([], |r| {
+                Ok(WatchedFile {
+                    path: r.get(0)?,
+                    session: r.get(1)?,
+                    format: r.get(2)?,
+                    offset: r.get::<_, i64>(3)? as u64,
+                })
+            })
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
+        })
+    }
+
+    /// Record a file's state.
+    pub fn put(&self, f: &WatchedFile, now_ms: u64) -> Result<(), Error> {
+        self.db.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO watched_files (path, session, format, offset, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![f.path, f.session, f.format, f.offset as i64, now_ms as i64],
+            )
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+}

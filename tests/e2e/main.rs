@@ -12,3 +12,4 @@ mod real_data;
 mod sandbox;
 mod scale;
 mod summarize;
+mod watch;

@@ -94,10 +94,7 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
     let engine = build(s, db.clone(), Arc::new(NoModel))?;
     let mut rows = Vec::new();
     for session in &sessions {
-        rows.push((
-            session.clone(),
-            engine.freshness(session, &s.config).await?,
-        ));
+        rows.push((session.clone(), engine.freshness(session, &s.config).await?));
     }
     if let Some(x) = &a.session
         && rows.first().is_some_and(|r| r.1.state == FreshState::Empty)
@@ -143,7 +140,9 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
     if stuck > 0 {
         note(
             s,
-            &format!("{stuck} session(s) stopped refreshing after repeated failures; fix the model or server, then run 'abridge refresh SESSION' (a success clears the failures)"),
+            &format!(
+                "{stuck} session(s) stopped refreshing after repeated failures; fix the model or server, then run 'abridge refresh SESSION' (a success clears the failures)"
+            ),
         );
     }
     Ok(())
@@ -165,7 +164,10 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
     if a.budget < 16 {
         return Err(Failure::new(
             Exit::Input,
-            anyhow!("--budget {} is too small to hold a message; give at least 16 tokens", a.budget),
+            anyhow!(
+                "--budget {} is too small to hold a message; give at least 16 tokens",
+                a.budget
+            ),
         ));
     }
     let backend = choose_backend(s).await?;
@@ -210,7 +212,10 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
         );
     }
     if w.refreshed {
-        note(s, "the summary was refreshed first (many messages lay beyond it)");
+        note(
+            s,
+            "the summary was refreshed first (many messages lay beyond it)",
+        );
     }
     if w.refresh_due {
         note(
@@ -274,12 +279,18 @@ pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
         )
         .await?;
     } else {
-        note(s, &format!("session {}: every episode is already covered", a.session));
+        note(
+            s,
+            &format!("session {}: every episode is already covered", a.session),
+        );
     }
     let chain = db.summaries(&a.session).await.map_err(storage)?;
     if a.json {
         let v: Vec<_> = chain.iter().map(super::commands::row_json).collect();
-        println!("{}", json!({"session": a.session, "episodes": stats.episodes, "summaries": v}));
+        println!(
+            "{}",
+            json!({"session": a.session, "episodes": stats.episodes, "summaries": v})
+        );
     } else if let Some(r) = chain.last() {
         println!("{}", r.content);
     }

@@ -7,6 +7,7 @@ mod fresh;
 mod jobs;
 mod progress;
 mod settings;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -96,6 +97,9 @@ enum Cmd {
     Refresh(fresh::RefreshArgs),
     /// Delete a session's episodes and summaries.
     Reset(fresh::ResetArgs),
+    /// Follow a directory of Claude Code / JSON-lines transcripts: import appended lines and
+    /// keep each session's summary fresh (per --mode) until Ctrl-C.
+    Watch(watch::WatchArgs),
     /// List summarization jobs, show or cancel one, or run the queued and interrupted ones.
     Jobs(jobs::JobsArgs),
     /// Measure start-up, per-call, summary-pass and import costs (use a release build).
@@ -146,6 +150,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Context(a) => fresh::context(&settings, a).await,
         Cmd::Refresh(a) => fresh::refresh(&settings, a).await,
         Cmd::Reset(a) => fresh::reset(&settings, a).await,
+        Cmd::Watch(a) => watch::watch(&settings, a).await,
         Cmd::Jobs(a) => jobs::jobs(&settings, a).await,
         Cmd::Bench(a) => bench::run(a).await,
     }

@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/005-jobs.sql"),
     include_str!("migrations/006-sources.sql"),
     include_str!("migrations/007-failure-markers.sql"),
+    include_str!("migrations/008-watched-files.sql"),
 ];
 
 /// A SQLite-backed [`Store`].

@@ -1,0 +1,418 @@
+//! `abridge watch DIR`: follow a directory of Claude Code session files and JSON-lines files,
+//! import appended lines as they arrive and keep each session's summary fresh per mode.
+//!
+//! Each file's imported length (the end of its last complete line) is stored, so a restart
+//! resumes where the last run stopped and a partial last line still being written waits for
+//! its newline. Files that existed before the first run get that length as a baseline (no
+//! import, no model call) unless `--backfill` is given. Filesystem events wake the loop early;
+//! a poll every `--poll-ms` is the fallback and also drives idle-mode verdicts.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::anyhow;
+use clap::Args;
+use tokio::sync::Mutex;
+
+use abridge::sources::{Watched, WatchedFile};
+use abridge::transcript::{self, Format, Options, TranscriptError};
+use abridge::types::FreshState;
+use abridge::{Abridge, CallControl, CallError, SqliteStore};
+
+use super::commands::{build, choose_backend, engine_config, note};
+use super::jobs::{open_jobs, storage};
+use super::{Exit, Failure, Settings};
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    /// Directory to follow (e.g. ~/.claude/projects): every *.jsonl file under it
+    dir: PathBuf,
+    /// Import and summarize what files already hold when first seen (default: start after
+    /// it, with no model call)
+    #[arg(long)]
+    backfill: bool,
+    /// Poll interval in milliseconds (the fallback for filesystem events, and the clock for
+    /// idle-mode verdicts)
+    #[arg(long, default_value_t = 1000)]
+    poll_ms: u64,
+    /// Do one pass (import what is new, refresh what is due) and exit
+    #[arg(long)]
+    once: bool,
+    /// Poll only; do not use filesystem events
+    #[arg(long)]
+    no_events: bool,
+    /// Keep tool calls and tool results as episodes
+    #[arg(long)]
+    include_tools: bool,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Every *.jsonl file under `dir`, hidden entries skipped, sorted.
+fn jsonl_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), 0)];
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let p = e.path();
+            if p.is_dir() && depth < 16 {
+                stack.push((p, depth + 1));
+            } else if p.is_file() && p.extension().is_some_and(|x| x == "jsonl") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn format_name(f: Format) -> &'static str {
+    match f {
+        Format::ClaudeCode => "claude-code",
+        _ => "jsonl",
+    }
+}
+
+/// One watcher run's state.
+struct Watcher<'a> {
+    s: &'a Settings,
+    a: &'a WatchArgs,
+    dir: PathBuf,
+    engine: Abridge,
+    cfg: abridge::types::Config,
+    watched: Watched,
+    jobs: abridge::jobs::Jobs,
+    files: std::collections::BTreeMap<String, WatchedFile>,
+    /// Sessions whose summary may need a refresh now or later.
+    pending: BTreeSet<String>,
+    imported: u64,
+    refreshed: u32,
+    stop: Arc<AtomicBool>,
+    current: Arc<Mutex<Option<Arc<CallControl>>>>,
+}
+
+impl Watcher<'_> {
+    /// Import what is new in `path`. Returns the episodes added.
+    async fn import(&mut self, path: &Path) -> Result<u64, Failure> {
+        let key = path.display().to_string();
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                note(
+                    self.s,
+                    &format!("watch: cannot read {key}: {e}; retrying later"),
+                );
+                return Ok(0);
+            }
+        };
+        let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) as u64;
+        let mut f = match self.files.get(&key) {
+            Some(f) => f.clone(),
+            None => {
+                let f = WatchedFile {
+                    path: key.clone(),
+                    session: None,
+                    format: None,
+                    offset: if self.a.backfill { 0 } else { complete },
+                };
+                if !self.a.backfill {
+                    note(
+                        self.s,
+                        &format!(
+                            "watch: {} — baseline at {} bytes (earlier content is not imported; --backfill imports it)",
+                            self.rel(path),
+                            complete
+                        ),
+                    );
+                }
+                self.watched.put(&f, now_ms()).map_err(storage)?;
+                self.files.insert(key.clone(), f.clone());
+                f
+            }
+        };
+        if complete < f.offset {
+            note(
+                self.s,
+                &format!(
+                    "watch: {} shrank below what was imported; reading it again from the start (known lines are not duplicated)",
+                    self.rel(path)
+                ),
+            );
+            f.offset = 0;
+        }
+        if complete <= f.offset {
+            return Ok(0);
+        }
+        let chunk = &bytes[f.offset as usize..complete as usize];
+        let format = match f.format.as_deref() {
+            Some("claude-code") => Some(Format::ClaudeCode),
+            Some(_) => Some(Format::Jsonl),
+            None => None,
+        };
+        let opts = Options {
+            include_tools: self.a.include_tools,
+            skip_invalid: true,
+        };
+        let name = self.rel(path);
+        let start = f.offset;
+        let mut added = 0u64;
+        match transcript::parse_bytes(&name, chunk, format, opts) {
+            Ok(parsed) => {
+                for w in &parsed.warnings {
+                    note(self.s, &format!("watch: {w}"));
+                }
+                f.format = Some(format_name(parsed.format).into());
+                for conv in parsed.conversations {
+                    let session = f.session.clone().or(conv.id.clone()).unwrap_or_else(|| {
+                        path.file_stem()
+                            .map_or_else(|| "session".into(), |x| x.to_string_lossy().into_owned())
+                    });
+                    f.session = Some(session.clone());
+                    let mut eps = conv.episodes;
+                    if parsed.format == Format::Jsonl {
+                        // Line numbers restart in every chunk: anchor the keys at the chunk.
+                        for e in &mut eps {
+                            if !e.source_key.starts_with("id:") {
+                                e.source_key = format!("@{start}:{}", e.source_key);
+                            }
+                        }
+                    }
+                    let n = self.engine.append(&session, &eps).await?;
+                    added += u64::from(n);
+                    self.pending.insert(session);
+                }
+            }
+            // Only tool traffic or metadata so far: nothing to import, but the bytes are read.
+            Err(TranscriptError::Empty { .. }) => {}
+            Err(TranscriptError::UnknownFormat { .. }) => {
+                note(
+                    self.s,
+                    &format!(
+                        "watch: {name} is not a transcript this watcher can follow; skipping its new lines"
+                    ),
+                );
+            }
+            Err(e) => note(self.s, &format!("watch: {e}; skipping these lines")),
+        }
+        // The episodes are stored before the offset moves: a crash in between re-reads the
+        // same lines, which append skips by their keys.
+        f.offset = complete;
+        self.watched.put(&f, now_ms()).map_err(storage)?;
+        self.files.insert(key, f.clone());
+        if added > 0 {
+            self.imported += added;
+            note(
+                self.s,
+                &format!(
+                    "watch: {} — {added} new episode(s) for session {}",
+                    name,
+                    f.session.as_deref().unwrap_or("?")
+                ),
+            );
+        }
+        Ok(added)
+    }
+
+    fn rel(&self, p: &Path) -> String {
+        p.strip_prefix(&self.dir).unwrap_or(p).display().to_string()
+    }
+
+    /// Refresh the pending sessions that are due; keep those that will be due later.
+    async fn refresh(&mut self) -> Result<(), Failure> {
+        let sessions: Vec<String> = self.pending.iter().cloned().collect();
+        for session in sessions {
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            // A job elsewhere (a summarize of the same transcript) is doing the work.
+            if self.jobs.session_busy(&session).map_err(storage)? {
+                continue;
+            }
+            let control = Arc::new(CallControl::new());
+            *self.current.lock().await = Some(control.clone());
+            let r = self
+                .engine
+                .refresh_with(&session, &self.cfg, Some(control))
+                .await;
+            *self.current.lock().await = None;
+            match r {
+                Ok(out) if out.passes > 0 => {
+                    self.refreshed += 1;
+                    let last = out.written.last().map_or(0, |r| r.last_episode);
+                    note(
+                        self.s,
+                        &format!("watch: session {session} summarized through episode {last}"),
+                    );
+                }
+                Ok(_) => {}
+                Err(CallError::Cancelled) => return Ok(()),
+                Err(e) => note(
+                    self.s,
+                    &format!(
+                        "watch: session {session}: refresh failed, the previous summary is kept and the next attempt backs off: {e:#}"
+                    ),
+                ),
+            }
+            let f = self.engine.freshness(&session, &self.cfg).await?;
+            if matches!(
+                f.state,
+                FreshState::Fresh | FreshState::Empty | FreshState::GaveUp
+            ) {
+                self.pending.remove(&session);
+            }
+        }
+        Ok(())
+    }
+
+    async fn pass(&mut self) -> Result<(), Failure> {
+        for path in jsonl_files(&self.dir) {
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            self.import(&path).await?;
+        }
+        self.refresh().await
+    }
+}
+
+pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
+    let dir = std::fs::canonicalize(&a.dir)
+        .ok()
+        .filter(|d| d.is_dir())
+        .ok_or_else(|| {
+            Failure::new(
+                Exit::Input,
+                anyhow!(
+                    "{} is not a directory — give the folder to follow (e.g. ~/.claude/projects)",
+                    a.dir.display()
+                ),
+            )
+        })?;
+    let db = Arc::new(SqliteStore::open(&s.db).map_err(storage)?);
+    let backend = choose_backend(s).await?;
+    let cfg = engine_config(s, &backend);
+    let engine = build(s, db.clone(), backend.llm.clone())?;
+    let watched = Watched::new(db.clone());
+    let files: std::collections::BTreeMap<String, WatchedFile> = watched
+        .all()
+        .map_err(storage)?
+        .into_iter()
+        .map(|f| (f.path.clone(), f))
+        .collect();
+    // Sessions left behind by an earlier run may still be due.
+    let pending = files.values().filter_map(|f| f.session.clone()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let current: Arc<Mutex<Option<Arc<CallControl>>>> = Arc::new(Mutex::new(None));
+    let (wake_tx, mut wake) = tokio::sync::mpsc::channel::<()>(1);
+    {
+        let (stop, current, wake_tx) = (stop.clone(), current.clone(), wake_tx.clone());
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stop.store(true, Ordering::SeqCst);
+                if let Some(c) = current.lock().await.as_ref() {
+                    c.cancel();
+                }
+                let _ = wake_tx.try_send(());
+            }
+        });
+    }
+    // Filesystem events wake the loop; polling covers what they miss.
+    let _events = if a.no_events || a.once {
+        None
+    } else {
+        use notify::Watcher as _;
+        let tx = wake_tx.clone();
+        match notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
+            let _ = tx.try_send(());
+        }) {
+            Ok(mut w) => match w.watch(&dir, notify::RecursiveMode::Recursive) {
+                Ok(()) => Some(w),
+                Err(e) => {
+                    note(
+                        s,
+                        &format!(
+                            "watch: filesystem events unavailable ({e}); polling every {} ms",
+                            a.poll_ms
+                        ),
+                    );
+                    None
+                }
+            },
+            Err(e) => {
+                note(
+                    s,
+                    &format!(
+                        "watch: filesystem events unavailable ({e}); polling every {} ms",
+                        a.poll_ms
+                    ),
+                );
+                None
+            }
+        }
+    };
+    let jobs = open_jobs(s, db.clone());
+    let mut w = Watcher {
+        s,
+        a: &a,
+        dir: dir.clone(),
+        engine,
+        cfg,
+        watched,
+        jobs,
+        files,
+        pending,
+        imported: 0,
+        refreshed: 0,
+        stop: stop.clone(),
+        current,
+    };
+    note(
+        s,
+        &format!(
+            "watch: following {} ({} mode with {}; Ctrl-C stops)",
+            dir.display(),
+            match w.cfg.mode {
+                abridge::types::Mode::Eager => "eager",
+                abridge::types::Mode::Idle => "idle",
+            },
+            backend.name
+        ),
+    );
+    loop {
+        w.pass().await?;
+        if a.once || stop.load(Ordering::SeqCst) {
+            break;
+        }
+        tokio::select! {
+            _ = wake.recv() => {
+                // Let a burst of writes settle before reading.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            () = tokio::time::sleep(Duration::from_millis(a.poll_ms.max(10))) => {}
+        }
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+    note(
+        s,
+        &format!(
+            "watch: stopped; {} episode(s) imported and {} summary refresh(es) this run; every imported line is stored",
+            w.imported, w.refreshed
+        ),
+    );
+    Ok(())
+}
