@@ -22,6 +22,9 @@ pub struct BenchArgs {
     /// Episodes for the import benchmark
     #[arg(long, default_value_t = 100_000)]
     episodes: usize,
+    /// Turns of the synthetic conversation for the freshness benchmark
+    #[arg(long, default_value_t = 1000)]
+    turns: usize,
     /// Repetitions for the per-call and summary-pass figures
     #[arg(long, default_value_t = 2_000)]
     calls: usize,
@@ -140,11 +143,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn verdict(ok: bool) -> &'static str {
+pub(super) fn verdict(ok: bool) -> &'static str {
     if ok { "ok" } else { "MISSED" }
 }
 
-fn fail(e: impl std::fmt::Display) -> Failure {
+pub(super) fn fail(e: impl std::fmt::Display) -> Failure {
     Failure::new(Exit::Internal, anyhow!("benchmark failed: {e}"))
 }
 
@@ -328,6 +331,7 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
     );
 
     long_transcripts(engine.runtime().clone(), &a.transcript).await?;
+    super::bench_fresh::run(engine.runtime().clone(), a.turns).await?;
 
     if let Some(path) = &a.dialogsum {
         dialogsum(engine.runtime().clone(), path).await?;

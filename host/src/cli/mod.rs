@@ -2,6 +2,7 @@
 
 mod backfill;
 mod bench;
+mod bench_fresh;
 mod commands;
 mod fresh;
 mod jobs;
