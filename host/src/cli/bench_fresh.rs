@@ -82,7 +82,7 @@ fn turn(i: usize) -> (u64, NewEpisode) {
     (
         at,
         NewEpisode {
-            role: if i % 2 == 0 {
+            role: if i.is_multiple_of(2) {
                 Role::User
             } else {
                 Role::Assistant
