@@ -625,7 +625,8 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
     }
     let fixed = prompt::fixed_tokens(latest.as_ref().map(|r| r.content.as_str()));
     let budget = policy::input_budget_f(cfg, f, fixed).map_err(Error::InvalidInput)?;
-    if latest.is_none() && llm && backlog > u64::from(budget) {
+    if let Some(map_budget) = long_path(cfg, f, latest.as_ref(), backlog)? {
+        let budget = map_budget;
         let first = eps[0].id;
         let chunks = plan::plan_chunks(
             eps.iter().map(|e| (e.id, e.tokens)),
@@ -971,9 +972,35 @@ fn with_message(e: Error, m: String) -> Error {
     }
 }
 
-/// A session with no summary yet whose backlog exceeds one prompt is summarized by
-/// map-reduce: token-budgeted chunks summarized concurrently, then merged in order, level by
-/// level, into one summary row covering every episode. `None` when the single-call path fits.
+/// The map chunk budget when the backlog goes the map-reduce way, else `None`: a session
+/// with no summary yet whose backlog exceeds one prompt, or a summarized session whose new
+/// part would take more than two rolling passes (the new part is then map-reduced into a new
+/// row, never regenerating what is already summarized).
+fn long_path(
+    cfg: &Config,
+    f: f64,
+    latest: Option<&SummaryRow>,
+    backlog: u64,
+) -> Result<Option<u32>, Error> {
+    if cfg.engine != Engine::Llm {
+        return Ok(None);
+    }
+    let map_budget =
+        policy::input_budget_f(cfg, f, prompt::fixed_tokens(None)).map_err(Error::InvalidInput)?;
+    let limit = match latest {
+        None => u64::from(map_budget),
+        Some(r) => {
+            let pass = policy::input_budget_f(cfg, f, prompt::fixed_tokens(Some(&r.content)))
+                .map_err(Error::InvalidInput)?;
+            2 * u64::from(pass)
+        }
+    };
+    Ok((backlog > limit).then_some(map_budget))
+}
+
+/// Map-reduce for a long backlog (see [`long_path`]): token-budgeted chunks summarized
+/// concurrently, then merged in order, level by level, into one row covering every new
+/// episode. `None` when the rolling path fits.
 fn map_reduce_if_long(
     h: &mut impl Host,
     session: &str,
@@ -981,17 +1008,23 @@ fn map_reduce_if_long(
     stats: &Stats,
 ) -> Result<Option<SummaryRow>, Error> {
     let f = calibration_factor(h, cfg)?;
-    if cfg.engine != Engine::Llm || stats.episodes == 0 || h.latest_summary(session)?.is_some() {
+    if cfg.engine != Engine::Llm || stats.episodes == 0 {
         return Ok(None);
     }
-    let budget =
-        policy::input_budget_f(cfg, f, prompt::fixed_tokens(None)).map_err(Error::InvalidInput)?;
-    let backlog = stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes;
-    if backlog <= u64::from(budget) {
+    let latest = h.latest_summary(session)?;
+    let covered = latest.as_ref().map_or(0, |r| r.last_episode);
+    if covered >= stats.last_episode {
         return Ok(None);
     }
-    let eps = episodes_after_all(h, session, 0)?;
-    let at = |id: u64| &eps[(id - 1) as usize];
+    let eps = episodes_after_all(h, session, covered)?;
+    let backlog: u64 = eps
+        .iter()
+        .map(|e| u64::from(e.tokens) + u64::from(plan::MESSAGE_COST))
+        .sum();
+    let Some(budget) = long_path(cfg, f, latest.as_ref(), backlog)? else {
+        return Ok(None);
+    };
+    let at = |id: u64| &eps[(id - covered - 1) as usize];
     let chunks = plan::plan_chunks(
         eps.iter().map(|e| (e.id, e.tokens)),
         chunk_cap(cfg, budget),
@@ -999,7 +1032,7 @@ fn map_reduce_if_long(
     );
     h.log(
         Level::Info,
-        &format!("session {session}: {} episodes (~{backlog} tokens) exceed one prompt; map-reduce over {} chunks", eps.len(), chunks.len()),
+        &format!("session {session}: {} new episodes (~{backlog} tokens) exceed one prompt; map-reduce over {} chunks", eps.len(), chunks.len()),
     );
     let mut parts_of: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
     let mut reqs = Vec::with_capacity(chunks.len());
@@ -1126,7 +1159,14 @@ fn map_reduce_if_long(
         output_tokens: spent.1,
         skipped: merge_ranges(skipped),
     };
-    write(h, session, cfg, &Strategy::Fresh, 0, eps.len() as u64, g).map(Some)
+    // A summarized session gets a new row for the new part; the old rows stay as they are.
+    let strategy = if latest.is_some() {
+        Strategy::NewRow
+    } else {
+        Strategy::Fresh
+    };
+    let last = covered + eps.len() as u64;
+    write(h, session, cfg, &strategy, covered, last, g).map(Some)
 }
 
 #[cfg(test)]

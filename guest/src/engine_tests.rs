@@ -366,23 +366,43 @@ fn a_long_session_is_map_reduced_into_one_row() {
 }
 
 #[test]
-fn a_backlog_behind_an_existing_summary_takes_rolling_passes() {
+fn a_large_backlog_behind_a_summary_is_map_reduced_into_a_new_row_and_a_small_one_rolls() {
     let mut f = Fake::with_episodes(5, 60);
     summarize_now(&mut f, "s", &cfg()).unwrap();
-    for i in 6..=60 {
-        f.push(Role::User, &format!("ep{i} {}", "word ".repeat(100)));
-    }
+    let first = f.rows[0].clone();
     let c = Config {
         context_length: 1024,
         max_output_tokens: 200,
-        max_summary_tokens: 10,
         ..cfg()
     };
+    // A modest backlog (two passes' worth at most) is folded by rolling passes.
+    for i in 6..=10 {
+        f.push(Role::User, &format!("ep{i} {}", "word ".repeat(100)));
+    }
     let out = summarize_now(&mut f, "s", &c).unwrap();
-    assert!(out.passes > 5, "passes {}", out.passes);
-    assert_eq!(f.batches, 0);
+    assert!(out.passes >= 1 && f.batches == 0, "passes {}", out.passes);
     f.assert_chain();
-    assert_eq!(f.rows.last().unwrap().last_episode, 60);
+    let covered = f.rows.last().unwrap().last_episode;
+    assert_eq!(covered, 10);
+    let rows_before = f.rows.clone();
+    // A large one: only the new part is map-reduced, into a new row; old rows stay as they are.
+    for i in 11..=60 {
+        f.push(Role::User, &format!("ep{i} {}", "word ".repeat(100)));
+    }
+    let asked = f.requests.len();
+    let out = summarize_now(&mut f, "s", &c).unwrap();
+    assert_eq!(out.passes, 1);
+    assert!(f.batches >= 1);
+    f.assert_chain();
+    assert_eq!(&f.rows[..rows_before.len()], &rows_before[..]);
+    let new = f.rows.last().unwrap();
+    assert_eq!((new.first_episode, new.last_episode), (11, 60));
+    // No map prompt carried an episode the summary already covered.
+    for r in &f.requests[asked..] {
+        let p = Fake::prompt_text(r);
+        assert!(!p.contains("ep10 ") && !p.contains("ep5 "), "{p}");
+    }
+    assert_eq!(f.rows[0].id, first.id);
 }
 
 #[test]
