@@ -180,3 +180,65 @@ impl Watched {
         })
     }
 }
+
+/// Where a summary's coverage reaches in a transcript file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// The file.
+    pub path: String,
+    /// The session's newest episode after importing it up to `bytes`.
+    pub last_episode: u64,
+    /// Bytes of the file imported.
+    pub bytes: u64,
+}
+
+/// The `source_marks` table: byte lengths of transcript files against episode ids.
+#[derive(Clone)]
+pub struct Marks {
+    db: Arc<SqliteStore>,
+}
+
+impl Marks {
+    /// Marks recorded in `db`.
+    pub fn new(db: Arc<SqliteStore>) -> Self {
+        Marks { db }
+    }
+
+    /// After importing `path` up to `bytes`, the session's newest episode is `last_episode`.
+    pub fn record(
+        &self,
+        session: &str,
+        path: &str,
+        last_episode: u64,
+        bytes: u64,
+    ) -> Result<(), Error> {
+        self.db.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO source_marks (session, path, last_episode, bytes) VALUES (?1, ?2, ?3, ?4)",
+                params![session, path, last_episode as i64, bytes as i64],
+            )
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    /// How far a summary that covers episodes up to `last_episode` reaches into its source:
+    /// the furthest mark at or before that episode.
+    pub fn covered(&self, session: &str, last_episode: u64) -> Result<Option<Mark>, Error> {
+        self.db.with(|c| {
+            c.query_row(
+                "SELECT path, last_episode, bytes FROM source_marks WHERE session = ?1 AND last_episode <= ?2 ORDER BY last_episode DESC, bytes DESC LIMIT 1",
+                params![session, last_episode as i64],
+                |r| {
+                    Ok(Mark {
+                        path: r.get(0)?,
+                        last_episode: r.get::<_, i64>(1)? as u64,
+                        bytes: r.get::<_, i64>(2)? as u64,
+                    })
+                },
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+}

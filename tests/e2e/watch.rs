@@ -140,6 +140,15 @@ fn watch_follows_a_growing_transcript_through_faults_ctrl_c_and_restarts() {
     wait_until("the resumed import", || {
         coverage(&env, "s1") == Some((8, 8))
     });
+    // The summary records how far it reaches: its last episode, the bytes of the file read
+    // (all of it, here) and the last exchange's own time.
+    let row = env.chain("s1").unwrap()["summaries"][0].clone();
+    assert_eq!(
+        row["source"]["bytes"].as_u64(),
+        Some(std::fs::metadata(&file).unwrap().len()),
+        "{row:#}"
+    );
+    assert!(row["covered_until_ms"].as_i64().is_some());
     append(&file, &line(12));
     wait_until("one more line", || {
         coverage(&env, "s1").is_some_and(|c| c.0 == 9)

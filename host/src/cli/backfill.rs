@@ -575,6 +575,11 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
             let added = engine.append(&session, &conv.episodes).await?;
             let store = engine.store();
             let stats = store.stats(&session).await.map_err(storage)?;
+            if let Some(db) = &db {
+                abridge::sources::Marks::new(db.clone())
+                    .record(&session, &key, stats.last_episode, f.size)
+                    .map_err(storage)?;
+            }
             let covered = store
                 .latest_summary(&session)
                 .await

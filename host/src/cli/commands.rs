@@ -253,6 +253,11 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     }
     let db = open_store(s)?;
     let jobs = open_jobs(s, db.clone());
+    let marks = abridge::sources::Marks::new(db.clone());
+    let source = std::fs::canonicalize(&a.file)
+        .unwrap_or_else(|_| a.file.clone())
+        .display()
+        .to_string();
     let store: Arc<dyn Store> = db;
     let mode = Mode::detect(a.json, s.quiet);
     let backend = choose_backend(s).await?;
@@ -282,6 +287,11 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             .stats(&session)
             .await
             .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+        if source != "-" {
+            marks
+                .record(&session, &source, stats.last_episode, parsed.bytes)
+                .map_err(super::jobs::storage)?;
+        }
         let covered = store
             .latest_summary(&session)
             .await
@@ -526,11 +536,33 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
             anyhow!("no session '{}' in {} ({hint})", a.session, s.db.display()),
         ));
     }
+    // What each row covers: its last episode, that episode's own time, and how far into the
+    // transcript file it reaches (when the session came from one).
+    let marks = abridge::sources::Marks::new(store.clone());
+    let mut full = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let mut v = row_json(r);
+        let until = store
+            .episodes_after(&a.session, r.last_episode - 1, 1)
+            .await
+            .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?
+            .first()
+            .and_then(|e| e.timestamp_ms);
+        v["covered_until_ms"] = json!(until);
+        let mark = marks
+            .covered(&a.session, r.last_episode)
+            .map_err(super::jobs::storage)?;
+        v["source"] = mark.map_or(
+            serde_json::Value::Null,
+            |m| json!({"path": m.path, "bytes": m.bytes}),
+        );
+        full.push(v);
+    }
     if a.json {
         let v = json!({
             "session": a.session,
             "episodes": stats.episodes,
-            "summaries": rows.iter().map(row_json).collect::<Vec<_>>(),
+            "summaries": full,
         });
         println!("{v}");
         return Ok(());
@@ -543,9 +575,19 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
         rows.len(),
         stats.episodes - covered
     );
-    for r in &rows {
+    for (r, v) in rows.iter().zip(&full) {
+        let mut extra = String::new();
+        if let Some(t) = v["covered_until_ms"].as_i64() {
+            extra.push_str(&format!(
+                "; through {} UTC",
+                super::progress::utc_text(t.max(0) as u64)
+            ));
+        }
+        if let (Some(p), Some(b)) = (v["source"]["path"].as_str(), v["source"]["bytes"].as_u64()) {
+            extra.push_str(&format!("; {b} bytes of {p}"));
+        }
         println!(
-            "\n#{} episodes {}-{} ({} tokens, {})\n{}",
+            "\n#{} episodes {}-{} ({} tokens, {}{extra})\n{}",
             r.id, r.first_episode, r.last_episode, r.tokens, r.model, r.content
         );
     }

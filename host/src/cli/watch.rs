@@ -94,6 +94,7 @@ struct Watcher<'a> {
     engine: Abridge,
     cfg: abridge::types::Config,
     watched: Watched,
+    marks: abridge::sources::Marks,
     jobs: abridge::jobs::Jobs,
     files: std::collections::BTreeMap<String, WatchedFile>,
     /// Sessions whose summary may need a refresh now or later.
@@ -192,6 +193,10 @@ impl Watcher<'_> {
                     }
                     let n = self.engine.append(&session, &eps).await?;
                     added += u64::from(n);
+                    let stats = self.engine.store().stats(&session).await.map_err(storage)?;
+                    self.marks
+                        .record(&session, &key, stats.last_episode, complete)
+                        .map_err(storage)?;
                     self.pending.insert(session);
                 }
             }
@@ -371,6 +376,7 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
         engine,
         cfg,
         watched,
+        marks: abridge::sources::Marks::new(db.clone()),
         jobs,
         files,
         pending,

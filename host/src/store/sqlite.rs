@@ -23,6 +23,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/006-sources.sql"),
     include_str!("migrations/007-failure-markers.sql"),
     include_str!("migrations/008-watched-files.sql"),
+    include_str!("migrations/009-source-marks.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
