@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::control::{CallControl, Observer, Progress};
 use crate::runtime::{Abridge, CallError};
 use crate::store::SqliteStore;
-use crate::types::{Config, Engine, Error, Mode, Outcome, Rendering};
+use crate::types::{Config, Error, Outcome};
 
 /// Where a job stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,60 +171,6 @@ fn owner_is_dead(owner: &str) -> bool {
         })
 }
 
-fn config_json(c: &Config) -> String {
-    json!({
-        "engine": match c.engine { Engine::Llm => "llm", Engine::Extractive => "extractive" },
-        "rendering": match c.rendering { Rendering::Chat => "chat", Rendering::Chatml => "chatml" },
-        "model": c.model, "context_length": c.context_length,
-        "max_output_tokens": c.max_output_tokens, "temperature": c.temperature,
-        "threshold_tokens": c.threshold_tokens, "min_episodes_since": c.min_episodes_since,
-        "max_summary_tokens": c.max_summary_tokens, "max_skipped_percent": c.max_skipped_percent,
-        "chunk_tokens": c.chunk_tokens,
-        "mode": match c.mode { Mode::Eager => "eager", Mode::Idle => "idle" },
-        "quiescence_secs": c.quiescence_secs, "provisional_tokens": c.provisional_tokens,
-        "max_attempts": c.max_attempts, "retry_base_secs": c.retry_base_secs,
-    })
-    .to_string()
-}
-
-fn config_from(text: &str) -> Config {
-    let v: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
-    let d = Config::default();
-    let u = |k: &str, d: u32| v[k].as_u64().map_or(d, |x| x as u32);
-    Config {
-        engine: if v["engine"] == "extractive" {
-            Engine::Extractive
-        } else {
-            Engine::Llm
-        },
-        rendering: if v["rendering"] == "chatml" {
-            Rendering::Chatml
-        } else {
-            Rendering::Chat
-        },
-        model: v["model"].as_str().unwrap_or(&d.model).to_string(),
-        context_length: u("context_length", d.context_length),
-        max_output_tokens: u("max_output_tokens", d.max_output_tokens),
-        temperature: v["temperature"]
-            .as_f64()
-            .map_or(d.temperature, |t| t as f32),
-        threshold_tokens: u("threshold_tokens", d.threshold_tokens),
-        min_episodes_since: u("min_episodes_since", d.min_episodes_since),
-        max_summary_tokens: u("max_summary_tokens", d.max_summary_tokens),
-        max_skipped_percent: u("max_skipped_percent", d.max_skipped_percent),
-        chunk_tokens: u("chunk_tokens", d.chunk_tokens),
-        mode: if v["mode"] == "idle" {
-            Mode::Idle
-        } else {
-            Mode::Eager
-        },
-        quiescence_secs: u("quiescence_secs", d.quiescence_secs),
-        provisional_tokens: u("provisional_tokens", d.provisional_tokens),
-        max_attempts: u("max_attempts", d.max_attempts),
-        retry_base_secs: u("retry_base_secs", d.retry_base_secs),
-    }
-}
-
 const COLS: &str = "id, session, target, state, config, cancel_requested, level, done, total, calls_planned, answers, attempts, error, lease_owner, lease_until_ms, created_ms, started_ms, updated_ms, finished_ms";
 
 fn job_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
@@ -236,7 +182,9 @@ fn job_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
         session: r.get(1)?,
         target: r.get::<_, i64>(2)? as u64,
         state: JobState::parse(&r.get::<_, String>(3)?),
-        config: config_from(&r.get::<_, String>(4)?),
+        config: crate::types::config_from_json(
+            &serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
+        ),
         cancel_requested: r.get::<_, i64>(5)? != 0,
         level: r.get(6)?,
         done: r.get(7)?,
@@ -339,7 +287,7 @@ impl Jobs {
             }
             tx.execute(
                 "INSERT INTO jobs (session, target, key, state, config, created_ms, updated_ms) VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?5)",
-                params![session, target as i64, key, config_json(cfg), now],
+                params![session, target as i64, key, crate::types::config_to_json(cfg).to_string(), now],
             )
             .map_err(db_err)?;
             let id = tx.last_insert_rowid();

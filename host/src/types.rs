@@ -77,3 +77,57 @@ pub fn describe(e: &Error) -> String {
         Error::InvalidInput(m) => m.clone(),
     }
 }
+
+/// A configuration as JSON (snake-case keys, as in `abridge.toml`).
+pub fn config_to_json(c: &Config) -> serde_json::Value {
+    serde_json::json!({
+        "engine": match c.engine { Engine::Llm => "llm", Engine::Extractive => "extractive" },
+        "rendering": match c.rendering { Rendering::Chat => "chat", Rendering::Chatml => "chatml" },
+        "model": c.model, "context_length": c.context_length,
+        "max_output_tokens": c.max_output_tokens, "temperature": c.temperature,
+        "threshold_tokens": c.threshold_tokens, "min_episodes_since": c.min_episodes_since,
+        "max_summary_tokens": c.max_summary_tokens, "max_skipped_percent": c.max_skipped_percent,
+        "chunk_tokens": c.chunk_tokens,
+        "mode": match c.mode { Mode::Eager => "eager", Mode::Idle => "idle" },
+        "quiescence_secs": c.quiescence_secs, "provisional_tokens": c.provisional_tokens,
+        "max_attempts": c.max_attempts, "retry_base_secs": c.retry_base_secs,
+    })
+}
+
+/// A configuration from JSON written by [`config_to_json`]; missing keys take the defaults.
+pub fn config_from_json(v: &serde_json::Value) -> Config {
+    let d = Config::default();
+    let u = |k: &str, d: u32| v[k].as_u64().map_or(d, |x| x as u32);
+    Config {
+        engine: if v["engine"] == "extractive" {
+            Engine::Extractive
+        } else {
+            Engine::Llm
+        },
+        rendering: if v["rendering"] == "chatml" {
+            Rendering::Chatml
+        } else {
+            Rendering::Chat
+        },
+        model: v["model"].as_str().unwrap_or(&d.model).to_string(),
+        context_length: u("context_length", d.context_length),
+        max_output_tokens: u("max_output_tokens", d.max_output_tokens),
+        temperature: v["temperature"]
+            .as_f64()
+            .map_or(d.temperature, |t| t as f32),
+        threshold_tokens: u("threshold_tokens", d.threshold_tokens),
+        min_episodes_since: u("min_episodes_since", d.min_episodes_since),
+        max_summary_tokens: u("max_summary_tokens", d.max_summary_tokens),
+        max_skipped_percent: u("max_skipped_percent", d.max_skipped_percent),
+        chunk_tokens: u("chunk_tokens", d.chunk_tokens),
+        mode: if v["mode"] == "idle" {
+            Mode::Idle
+        } else {
+            Mode::Eager
+        },
+        quiescence_secs: u("quiescence_secs", d.quiescence_secs),
+        provisional_tokens: u("provisional_tokens", d.provisional_tokens),
+        max_attempts: u("max_attempts", d.max_attempts),
+        retry_base_secs: u("retry_base_secs", d.retry_base_secs),
+    }
+}

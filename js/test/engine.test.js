@@ -1,13 +1,13 @@
 // Behaviour of the JS host: trigger and strategy through the model, stores, errors, sandbox.
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 
 import { AbridgeError, MemoryStore, SqliteStore, createEngine, ollama, openai } from '../src/index.js';
 import { wasiImports } from '../src/wasi.js';
-import { assertCovers, closedPortUrl, startServer } from './helpers.js';
+import { ROOT, assertCovers, closedPortUrl, startServer } from './helpers.js';
 
 let server;
 before(async () => {
@@ -147,12 +147,18 @@ test('transient faults are retried with backoff; a missing model is not', async 
   assert.equal((await server.generations()).length, 4);
 });
 
+/** The 12-turn chat fixture as episodes, with one-attempt retries and a small context that
+ * makes it three map chunks. */
+function chatFixture() {
+  const chat = readFileSync(join(ROOT, 'tests', 'fixtures', 'chat.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l, i) => ({ ...JSON.parse(l), sourceKey: String(i) }));
+  return { chat, once: { attempts: 1, baseMs: 1, maxMs: 1 }, small: { contextLength: 520, maxOutputTokens: 120 } };
+}
+
 test('a failed map chunk is skipped and recorded; too many fail the call', async () => {
-  const { readFileSync } = await import('node:fs');
-  const { ROOT } = await import('./helpers.js');
-  const chat = readFileSync(join(ROOT, 'tests', 'fixtures', 'chat.jsonl'), 'utf8').trim().split('\n').map((l, i) => ({ ...JSON.parse(l), sourceKey: String(i) }));
-  const once = { attempts: 1, baseMs: 1, maxMs: 1 };
-  const small = { contextLength: 520, maxOutputTokens: 120 };
+  const { chat, once, small } = chatFixture();
   await server.reset();
   const store = new MemoryStore();
   const engine = await createEngine({ store, llm: ollama({ url: server.url, retry: once }) });
@@ -167,11 +173,7 @@ test('a failed map chunk is skipped and recorded; too many fail the call', async
 });
 
 test('answers are cached as they arrive and progress is reported per stage', async () => {
-  const { readFileSync } = await import('node:fs');
-  const { ROOT } = await import('./helpers.js');
-  const chat = readFileSync(join(ROOT, 'tests', 'fixtures', 'chat.jsonl'), 'utf8').trim().split('\n').map((l, i) => ({ ...JSON.parse(l), sourceKey: String(i) }));
-  const once = { attempts: 1, baseMs: 1, maxMs: 1 };
-  const small = { contextLength: 520, maxOutputTokens: 120 };
+  const { chat, once, small } = chatFixture();
   await server.reset();
   const store = new MemoryStore();
   const progress = [];

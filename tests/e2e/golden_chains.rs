@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use abridge::types::{Config, Engine, NewEpisode, Rendering, Role, SummaryRow};
+use abridge::types::{Config, NewEpisode, Role, SummaryRow};
 use abridge::{Abridge, Clock, MemoryStore, Ollama};
 use serde_json::{Value, json};
 
@@ -23,37 +23,7 @@ impl Clock for TickingClock {
 }
 
 fn config(v: &Value) -> Config {
-    let d = Config::default();
-    let u = |k: &str, dflt: u32| v.get(k).and_then(Value::as_u64).map_or(dflt, |n| n as u32);
-    Config {
-        engine: if v.get("engine").and_then(Value::as_str) == Some("extractive") {
-            Engine::Extractive
-        } else {
-            Engine::Llm
-        },
-        rendering: if v.get("rendering").and_then(Value::as_str) == Some("chatml") {
-            Rendering::Chatml
-        } else {
-            Rendering::Chat
-        },
-        model: v
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or(&d.model)
-            .to_string(),
-        context_length: u("context_length", d.context_length),
-        max_output_tokens: u("max_output_tokens", d.max_output_tokens),
-        temperature: v
-            .get("temperature")
-            .and_then(Value::as_f64)
-            .map_or(d.temperature, |t| t as f32),
-        threshold_tokens: u("threshold_tokens", d.threshold_tokens),
-        min_episodes_since: u("min_episodes_since", d.min_episodes_since),
-        max_summary_tokens: u("max_summary_tokens", d.max_summary_tokens),
-        max_skipped_percent: u("max_skipped_percent", d.max_skipped_percent),
-        chunk_tokens: u("chunk_tokens", d.chunk_tokens),
-        ..d
-    }
+    abridge::types::config_from_json(v)
 }
 
 fn row_json(r: &SummaryRow) -> Value {

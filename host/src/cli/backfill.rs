@@ -57,22 +57,8 @@ pub struct BackfillArgs {
     /// Fail files larger than this many bytes
     #[arg(long, default_value_t = transcript::DEFAULT_MAX_BYTES)]
     max_bytes: u64,
-    /// Price of a million input tokens, for --dry-run's cost estimate
-    #[arg(
-        long,
-        env = "ABRIDGE_PRICE_IN",
-        default_value_t = 0.0,
-        value_name = "USD"
-    )]
-    price_in: f64,
-    /// Price of a million output tokens, for --dry-run's cost estimate
-    #[arg(
-        long,
-        env = "ABRIDGE_PRICE_OUT",
-        default_value_t = 0.0,
-        value_name = "USD"
-    )]
-    price_out: f64,
+    #[command(flatten)]
+    prices: super::commands::Prices,
 }
 
 /// Why a JSON file that holds no conversation is skipped.
@@ -670,7 +656,7 @@ fn report(
 ) -> Result<(), Failure> {
     let count = |st: &str| results.iter().filter(|r| r.status == st).count();
     let failed = count("failed");
-    let cost = t.input as f64 / 1e6 * a.price_in + t.output as f64 / 1e6 * a.price_out;
+    let cost = a.prices.cost(t.input, t.output);
     if a.json {
         let v = json!({
             "dry_run": a.dry_run,
@@ -740,8 +726,8 @@ fn report(
                     t.calls,
                     t.input,
                     t.output,
-                    a.price_in,
-                    a.price_out
+                    a.prices.price_in,
+                    a.prices.price_out
                 ),
             )?;
         } else {

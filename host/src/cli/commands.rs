@@ -44,6 +44,13 @@ pub struct SummarizeArgs {
     /// file from scratch, without calling a model or touching the database
     #[arg(long)]
     dry_run: bool,
+    #[command(flatten)]
+    prices: Prices,
+}
+
+/// Prices for a dry run's cost estimate.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct Prices {
     /// Price of a million input tokens, for --dry-run's cost estimate
     #[arg(
         long,
@@ -51,7 +58,7 @@ pub struct SummarizeArgs {
         default_value_t = 0.0,
         value_name = "USD"
     )]
-    price_in: f64,
+    pub price_in: f64,
     /// Price of a million output tokens, for --dry-run's cost estimate
     #[arg(
         long,
@@ -59,7 +66,14 @@ pub struct SummarizeArgs {
         default_value_t = 0.0,
         value_name = "USD"
     )]
-    price_out: f64,
+    pub price_out: f64,
+}
+
+impl Prices {
+    /// The cost of `input` and `output` tokens, in USD.
+    pub fn cost(&self, input: u64, output: u64) -> f64 {
+        input as f64 / 1e6 * self.price_in + output as f64 / 1e6 * self.price_out
+    }
 }
 
 #[derive(Args, Debug)]
@@ -389,8 +403,7 @@ async fn dry_run(
             abridge::types::PlanPath::Rolling => "rolling",
             abridge::types::PlanPath::MapReduce => "map-reduce",
         };
-        let cost =
-            p.input_tokens as f64 / 1e6 * a.price_in + p.output_tokens as f64 / 1e6 * a.price_out;
+        let cost = a.prices.cost(p.input_tokens, p.output_tokens);
         if a.json {
             let v = json!({
                 "session": session, "dry_run": true, "model": cfg.model, "context_length": cfg.context_length,
@@ -420,7 +433,7 @@ async fn dry_run(
             );
             println!(
                 "  cost: ${cost:.4} at ${}/M in and ${}/M out (set --price-in/--price-out)",
-                a.price_in, a.price_out
+                a.prices.price_in, a.prices.price_out
             );
         }
     }

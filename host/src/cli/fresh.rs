@@ -80,6 +80,25 @@ fn open(s: &Settings) -> Result<Arc<SqliteStore>, Failure> {
     SqliteStore::open(&s.db).map(Arc::new).map_err(storage)
 }
 
+/// The database and a stored session's figures; an unknown session is an input error.
+async fn open_session(
+    s: &Settings,
+    session: &str,
+) -> Result<(Arc<SqliteStore>, abridge::types::SessionStats), Failure> {
+    let db = open(s)?;
+    let stats = db.stats(session).await.map_err(storage)?;
+    if stats.episodes == 0 {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!(
+                "no session '{session}' in {} — list them with 'abridge status'",
+                s.db.display()
+            ),
+        ));
+    }
+    Ok((db, stats))
+}
+
 fn ms_text(ms: Option<i64>) -> String {
     ms.map_or_else(|| "-".into(), |t| utc_text(t.max(0) as u64))
 }
@@ -149,18 +168,7 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
 }
 
 pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
-    let db = open(s)?;
-    let stats = db.stats(&a.session).await.map_err(storage)?;
-    if stats.episodes == 0 {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!(
-                "no session '{}' in {} — list them with 'abridge status'",
-                a.session,
-                s.db.display()
-            ),
-        ));
-    }
+    let (db, stats) = open_session(s, &a.session).await?;
     if a.budget < 16 {
         return Err(Failure::new(
             Exit::Input,
@@ -230,14 +238,7 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
 }
 
 pub async fn reset(s: &Settings, a: ResetArgs) -> Result<(), Failure> {
-    let db = open(s)?;
-    let stats = db.stats(&a.session).await.map_err(storage)?;
-    if stats.episodes == 0 {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!("no session '{}' in {}", a.session, s.db.display()),
-        ));
-    }
+    let (db, stats) = open_session(s, &a.session).await?;
     let engine = build(s, db.clone(), Arc::new(NoModel))?;
     engine.reset(&a.session).await?;
     println!(
@@ -250,14 +251,7 @@ pub async fn reset(s: &Settings, a: ResetArgs) -> Result<(), Failure> {
 /// Summarize a stored session now, whatever its mode or backoff (a success clears its failure
 /// marker), through its job.
 pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
-    let db = open(s)?;
-    let stats = db.stats(&a.session).await.map_err(storage)?;
-    if stats.episodes == 0 {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!("no session '{}' in {}", a.session, s.db.display()),
-        ));
-    }
+    let (db, stats) = open_session(s, &a.session).await?;
     let backend = choose_backend(s).await?;
     let cfg = engine_config(s, &backend);
     let engine = build(s, db.clone(), backend.llm.clone())?;

@@ -340,22 +340,12 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
     } else {
         use notify::Watcher as _;
         let tx = wake_tx.clone();
-        match notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
+        let watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
             let _ = tx.try_send(());
-        }) {
-            Ok(mut w) => match w.watch(&dir, notify::RecursiveMode::Recursive) {
-                Ok(()) => Some(w),
-                Err(e) => {
-                    note(
-                        s,
-                        &format!(
-                            "watch: filesystem events unavailable ({e}); polling every {} ms",
-                            a.poll_ms
-                        ),
-                    );
-                    None
-                }
-            },
+        })
+        .and_then(|mut w| w.watch(&dir, notify::RecursiveMode::Recursive).map(|()| w));
+        match watcher {
+            Ok(w) => Some(w),
             Err(e) => {
                 note(
                     s,
