@@ -242,3 +242,85 @@ impl Marks {
         })
     }
 }
+
+/// A session's own refresh mode, overriding the global setting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionMode {
+    /// `eager` or `idle`.
+    pub mode: crate::types::Mode,
+    /// Idle mode's quiet window for this session, if not the global one.
+    pub quiescence_secs: Option<u32>,
+}
+
+/// The `session_modes` table.
+#[derive(Clone)]
+pub struct SessionModes {
+    db: Arc<SqliteStore>,
+}
+
+impl SessionModes {
+    /// Per-session modes recorded in `db`.
+    pub fn new(db: Arc<SqliteStore>) -> Self {
+        SessionModes { db }
+    }
+
+    /// The session's own mode, if it has one.
+    pub fn get(&self, session: &str) -> Result<Option<SessionMode>, Error> {
+        self.db.with(|c| {
+            c.query_row(
+                "SELECT mode, quiescence_secs FROM session_modes WHERE session = ?1",
+                [session],
+                |r| {
+                    Ok(SessionMode {
+                        mode: if r.get::<_, String>(0)? == "idle" {
+                            crate::types::Mode::Idle
+                        } else {
+                            crate::types::Mode::Eager
+                        },
+                        quiescence_secs: r.get::<_, Option<i64>>(1)?.map(|x| x as u32),
+                    })
+                },
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    /// Set (`Some`) or clear (`None`) the session's own mode.
+    pub fn set(&self, session: &str, m: Option<&SessionMode>) -> Result<(), Error> {
+        self.db.with(|c| {
+            match m {
+                None => c.execute("DELETE FROM session_modes WHERE session = ?1", [session]),
+                Some(m) => c.execute(
+                    "INSERT OR REPLACE INTO session_modes (session, mode, quiescence_secs) VALUES (?1, ?2, ?3)",
+                    params![
+                        session,
+                        match m.mode {
+                            crate::types::Mode::Eager => "eager",
+                            crate::types::Mode::Idle => "idle",
+                        },
+                        m.quiescence_secs
+                    ],
+                ),
+            }
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    /// `cfg` with the session's own mode applied.
+    pub fn apply(
+        &self,
+        session: &str,
+        cfg: &crate::types::Config,
+    ) -> Result<crate::types::Config, Error> {
+        let mut c = cfg.clone();
+        if let Some(m) = self.get(session)? {
+            c.mode = m.mode;
+            if let Some(q) = m.quiescence_secs {
+                c.quiescence_secs = q;
+            }
+        }
+        Ok(c)
+    }
+}

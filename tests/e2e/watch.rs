@@ -199,6 +199,19 @@ fn backfill_and_idle_mode_in_one_pass() {
         calls,
         "nothing changed: no call"
     );
+    // A session can have its own mode: eager makes the live one due at once; default returns
+    // it to the global idle mode.
+    env.run(&["mode", "live", "eager"]).assert_ok();
+    let st = status(&env, "live");
+    assert_eq!(
+        (st["mode"].as_str(), st["state"].as_str()),
+        (Some("eager"), Some("due")),
+        "{st:#}"
+    );
+    let r = env.run(&["mode", "live", "default"]);
+    r.assert_ok();
+    assert!(r.stdout.contains("idle mode"), "{}", r.stdout);
+    assert_eq!(status(&env, "live")["mode"], "idle");
     // With a one-second window it is idle a moment later.
     std::thread::sleep(Duration::from_millis(1100));
     let mut quick = args.to_vec();

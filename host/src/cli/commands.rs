@@ -444,7 +444,9 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
     let store = open_store(s)?;
     let jobs = open_jobs(s, store.clone());
     let backend = choose_backend(s).await?;
-    let cfg = engine_config(s, &backend);
+    let cfg = abridge::sources::SessionModes::new(store.clone())
+        .apply(&a.session, &engine_config(s, &backend))
+        .map_err(super::jobs::storage)?;
     let engine = build(s, store, backend.llm.clone())?;
     let name = a.file.display().to_string();
     let reader: Box<dyn BufRead> = if name == "-" {

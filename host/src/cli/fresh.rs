@@ -6,7 +6,7 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
-use abridge::types::{ContextRequest, FreshState, FreshnessReport, Role};
+use abridge::types::{ContextRequest, FreshState, FreshnessReport, Mode, Role};
 use abridge::{NoModel, SqliteStore, Store};
 
 use super::commands::{build, choose_backend, engine_config, note};
@@ -51,9 +51,28 @@ pub struct RefreshArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ModeArgs {
+    /// Session id
+    session: String,
+    /// eager, idle, or default (follow the global --mode / ABRIDGE_MODE); omit to print it
+    #[arg(value_parser = ["eager", "idle", "default"], value_name = "MODE")]
+    setting: Option<String>,
+    /// Idle mode's quiet window for this session, in seconds
+    #[arg(long = "quiet-secs", value_name = "SECS")]
+    quiet_secs: Option<u32>,
+}
+
+#[derive(Args, Debug)]
 pub struct ResetArgs {
     /// Session id
     session: String,
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Eager => "eager",
+        Mode::Idle => "idle",
+    }
 }
 
 pub fn state_name(s: FreshState) -> &'static str {
@@ -111,9 +130,15 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
     };
     // Freshness needs no model: the engine only reads the store and the clock.
     let engine = build(s, db.clone(), Arc::new(NoModel))?;
+    let modes = abridge::sources::SessionModes::new(db.clone());
     let mut rows = Vec::new();
     for session in &sessions {
-        rows.push((session.clone(), engine.freshness(session, &s.config).await?));
+        let cfg = modes.apply(session, &s.config).map_err(storage)?;
+        rows.push((
+            session.clone(),
+            engine.freshness(session, &cfg).await?,
+            cfg.mode,
+        ));
     }
     if let Some(x) = &a.session
         && rows.first().is_some_and(|r| r.1.state == FreshState::Empty)
@@ -124,7 +149,14 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
         ));
     }
     if a.json {
-        let v: Vec<_> = rows.iter().map(|(x, f)| freshness_json(x, f)).collect();
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(x, f, m)| {
+                let mut v = freshness_json(x, f);
+                v["mode"] = mode_name(*m).into();
+                v
+            })
+            .collect();
         println!("{}", serde_json::Value::from(v));
         return Ok(());
     }
@@ -133,17 +165,18 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
         return Ok(());
     }
     println!(
-        "{:<28} {:<12} {:>8} {:>8} {:>8}  {:<19}  reason",
-        "session", "state", "episodes", "covered", "failures", "last activity (UTC)"
+        "{:<28} {:<5} {:<12} {:>8} {:>8} {:>8}  {:<19}  reason",
+        "session", "mode", "state", "episodes", "covered", "failures", "last activity (UTC)"
     );
-    for (x, f) in &rows {
+    for (x, f, m) in &rows {
         let name: String = if x.chars().count() > 28 {
             x.chars().take(27).chain(['…']).collect()
         } else {
             x.clone()
         };
         println!(
-            "{name:<28} {:<12} {:>8} {:>8} {:>8}  {:<19}  {}",
+            "{name:<28} {:<5} {:<12} {:>8} {:>8} {:>8}  {:<19}  {}",
+            mode_name(*m),
             state_name(f.state),
             f.episodes,
             f.covered,
@@ -179,7 +212,9 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
         ));
     }
     let backend = choose_backend(s).await?;
-    let cfg = engine_config(s, &backend);
+    let cfg = abridge::sources::SessionModes::new(db.clone())
+        .apply(&a.session, &engine_config(s, &backend))
+        .map_err(storage)?;
     let engine = build(s, db.clone(), backend.llm.clone())?;
     let req = ContextRequest {
         budget: a.budget,
@@ -288,5 +323,41 @@ pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
     } else if let Some(r) = chain.last() {
         println!("{}", r.content);
     }
+    Ok(())
+}
+
+/// Show or set a session's own refresh mode.
+pub async fn mode(s: &Settings, a: ModeArgs) -> Result<(), Failure> {
+    let (db, _) = open_session(s, &a.session).await?;
+    let modes = abridge::sources::SessionModes::new(db);
+    match a.setting.as_deref() {
+        None => {}
+        Some("default") => modes.set(&a.session, None).map_err(storage)?,
+        Some(m) => {
+            let mode = if m == "idle" { Mode::Idle } else { Mode::Eager };
+            let own = abridge::sources::SessionMode {
+                mode,
+                quiescence_secs: a.quiet_secs,
+            };
+            modes.set(&a.session, Some(&own)).map_err(storage)?;
+        }
+    }
+    let cfg = modes.apply(&a.session, &s.config).map_err(storage)?;
+    let own = modes.get(&a.session).map_err(storage)?.is_some();
+    println!(
+        "session {}: {} mode{}{}",
+        a.session,
+        mode_name(cfg.mode),
+        if cfg.mode == Mode::Idle {
+            format!(", quiet after {} s", cfg.quiescence_secs)
+        } else {
+            String::new()
+        },
+        if own {
+            " (its own setting)"
+        } else {
+            " (the global setting)"
+        }
+    );
     Ok(())
 }

@@ -96,6 +96,8 @@ enum Cmd {
     Context(fresh::ContextArgs),
     /// Summarize a stored session now, whatever its mode or backoff.
     Refresh(fresh::RefreshArgs),
+    /// Show or set a session's own refresh mode (eager or idle), overriding the global one.
+    Mode(fresh::ModeArgs),
     /// Delete a session's episodes and summaries.
     Reset(fresh::ResetArgs),
     /// Follow a directory of Claude Code / JSON-lines transcripts: import appended lines and
@@ -150,9 +152,39 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Status(a) => fresh::status(&settings, a).await,
         Cmd::Context(a) => fresh::context(&settings, a).await,
         Cmd::Refresh(a) => fresh::refresh(&settings, a).await,
+        Cmd::Mode(a) => fresh::mode(&settings, a).await,
         Cmd::Reset(a) => fresh::reset(&settings, a).await,
         Cmd::Watch(a) => watch::watch(&settings, a).await,
         Cmd::Jobs(a) => jobs::jobs(&settings, a).await,
         Cmd::Bench(a) => bench::run(a).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+        // Every subcommand parses into its struct (an argument id shared with a global
+        // option of another type would panic here).
+        for args in [
+            &["summarize", "f.jsonl"][..],
+            &["ingest", "--session", "s"],
+            &["backfill", "d", "--min-episodes", "2", "--dry-run"],
+            &["watch", "d", "--once"],
+            &["status"],
+            &["context", "s", "--budget", "100"],
+            &["refresh", "s"],
+            &["mode", "s", "idle"],
+            &["reset", "s"],
+            &["jobs", "show", "1"],
+            &["summaries", "s"],
+            &["bench"],
+        ] {
+            let argv = std::iter::once("abridge").chain(args.iter().copied());
+            <super::Cli as clap::Parser>::try_parse_from(argv)
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
     }
 }

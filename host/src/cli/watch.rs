@@ -95,6 +95,7 @@ struct Watcher<'a> {
     cfg: abridge::types::Config,
     watched: Watched,
     marks: abridge::sources::Marks,
+    modes: abridge::sources::SessionModes,
     jobs: abridge::jobs::Jobs,
     files: std::collections::BTreeMap<String, WatchedFile>,
     /// Sessions whose summary may need a refresh now or later.
@@ -248,9 +249,10 @@ impl Watcher<'_> {
             }
             let control = Arc::new(CallControl::new());
             *self.current.lock().await = Some(control.clone());
+            let cfg = self.modes.apply(&session, &self.cfg).map_err(storage)?;
             let r = self
                 .engine
-                .refresh_with(&session, &self.cfg, Some(control))
+                .refresh_with(&session, &cfg, Some(control))
                 .await;
             *self.current.lock().await = None;
             match r {
@@ -271,7 +273,7 @@ impl Watcher<'_> {
                     ),
                 ),
             }
-            let f = self.engine.freshness(&session, &self.cfg).await?;
+            let f = self.engine.freshness(&session, &cfg).await?;
             if matches!(
                 f.state,
                 FreshState::Fresh | FreshState::Empty | FreshState::GaveUp
@@ -367,6 +369,7 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
         cfg,
         watched,
         marks: abridge::sources::Marks::new(db.clone()),
+        modes: abridge::sources::SessionModes::new(db.clone()),
         jobs,
         files,
         pending,

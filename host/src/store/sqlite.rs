@@ -24,6 +24,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/007-failure-markers.sql"),
     include_str!("migrations/008-watched-files.sql"),
     include_str!("migrations/009-source-marks.sql"),
+    include_str!("migrations/010-session-modes.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
