@@ -175,7 +175,7 @@ async fn run_taken(
                 .get(job.id)
                 .map_err(storage)?
                 .ok_or_else(|| Failure::new(Exit::Storage, anyhow!("job {} vanished", job.id)))?;
-            if plan.chunks > 1 && mode != Mode::Off {
+            if plan.path == abridge::types::PlanPath::MapReduce && mode != Mode::Off {
                 eprintln!(
                     "abridge: job {}: {} chunks merged in {} reduce level(s) with {} model answers in {}",
                     j.id,
