@@ -118,3 +118,46 @@ fn summaries_of_an_unknown_session_names_the_known_ones() {
     env.run(&["summaries", "nope"])
         .assert_fails(2, &["no session 'nope'", "known sessions: chat"]);
 }
+
+#[test]
+fn a_failing_model_keeps_every_message_and_the_summary_backs_off() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama")
+        .with("ABRIDGE_RETRIES", "1");
+    let text = "We compared the two rollout plans and agreed to measure the replica lag budget on staging before Friday.";
+    let input: String = (0..12)
+        .map(|i| {
+            line(
+                if i % 2 == 0 { "user" } else { "assistant" },
+                &format!("{text} ({i})"),
+            )
+        })
+        .collect();
+    server.push_faults([Fault::Status {
+        code: 500,
+        message: "model crashed".into(),
+    }]);
+    let r = env.run_stdin(&["ingest", "--session", "f"], input.as_bytes());
+    r.assert_fails(
+        3,
+        &[
+            "not refreshed",
+            "all 12 episodes are stored",
+            "next attempt in",
+        ],
+    );
+    // Every message is stored; the one failed call was not retried message after message.
+    let chain = env.chain("f").unwrap();
+    assert_eq!(chain["episodes"], 12);
+    assert_eq!(chain["summaries"], serde_json::Value::Array(vec![]));
+    assert_eq!(server.generations().len(), 1, "no storm while backing off");
+    let st = env.run(&["status", "f", "--json"]).json();
+    assert_eq!(st[0]["state"], "backing-off", "{st:#}");
+    assert_eq!(st[0]["failures"], 1);
+    // An explicit refresh tries now, succeeds and clears the marker.
+    env.run(&["refresh", "f"]).assert_ok();
+    assert_covers(&env.chain("f").unwrap(), 12);
+    assert_eq!(env.run(&["status", "f", "--json"]).json()[0]["failures"], 0);
+}

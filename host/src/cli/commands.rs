@@ -464,6 +464,7 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let (mut appended, mut passes) = (0u64, 0u32);
+    let mut refresh_failure: Option<Error> = None;
     let mut n = 0usize;
     for line in reader.split(b'\n') {
         n += 1;
@@ -496,7 +497,26 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
         {
             continue;
         }
-        let outcome = engine.after_episode_written(&a.session, &cfg).await?;
+        // A failed refresh keeps the previous summary and backs off; the messages keep coming
+        // and are stored all the same.
+        let outcome = match engine.after_episode_written(&a.session, &cfg).await {
+            Ok(o) => o,
+            Err(abridge::CallError::Engine(e)) if !matches!(e, Error::InvalidInput(_)) => {
+                note(
+                    s,
+                    &format!(
+                        "{name}:{n}: the summary was not refreshed ({}); the previous one is kept and the next attempt backs off",
+                        describe(&e)
+                    ),
+                );
+                refresh_failure = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if outcome.passes > 0 {
+            refresh_failure = None;
+        }
         passes += outcome.passes;
         for r in &outcome.written {
             note(
@@ -518,7 +538,24 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
             a.session
         ),
     );
-    Ok(())
+    // Say why nothing was summarized when a failure holds refreshes back.
+    let f = engine.freshness(&a.session, &cfg).await?;
+    if matches!(
+        f.state,
+        abridge::types::FreshState::BackingOff | abridge::types::FreshState::GaveUp
+    ) {
+        note(s, &format!("session {}: {}", a.session, f.reason));
+    }
+    match refresh_failure {
+        None => Ok(()),
+        Some(e) => Err(Failure::new(
+            Exit::Model,
+            anyhow!(
+                "the summary could not be refreshed: {} — all {appended} episodes are stored and the previous summary is kept",
+                describe(&e)
+            ),
+        )),
+    }
 }
 
 pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
