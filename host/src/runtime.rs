@@ -206,6 +206,19 @@ impl From<wasmtime::Error> for CallError {
 /// A prompt in both renderings (see the WIT `text.built-prompt`).
 pub use crate::bindings::exports::abridge::engine::text::BuiltPrompt;
 
+/// One call of a `summarizer` export in a fresh instance (with an optional [`CallControl`]):
+/// a trap becomes [`CallError::Host`] (or `Cancelled`), an engine error [`CallError::Engine`].
+macro_rules! summarizer {
+    ($self:ident, $control:expr, $method:ident($($arg:expr),*)) => {{
+        let (mut store, g) = $self.instance_with($control).await?;
+        g.abridge_engine_summarizer()
+            .$method(&mut store, $($arg),*)
+            .await
+            .map_err(|e| $self.trap(e))?
+            .map_err(CallError::Engine)
+    }};
+}
+
 /// The engine, ready to call: a shared compiled guest plus the embedder's LLM, store, clock
 /// and log sink. Each call runs in a fresh instance, so a trap in one call cannot affect
 /// another.
@@ -341,12 +354,7 @@ impl Abridge {
 
     /// Append episodes (the guest fills in token estimates); returns how many were new.
     pub async fn append(&self, session: &str, episodes: &[NewEpisode]) -> Result<u32, CallError> {
-        let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer()
-            .call_append(&mut store, session, episodes)
-            .await
-            .map_err(|e| self.trap(e))?
-            .map_err(CallError::Engine)
+        summarizer!(self, None, call_append(session, episodes))
     }
 
     /// Run the trigger after an episode write; summarize until caught up if it holds.
@@ -355,12 +363,7 @@ impl Abridge {
         session: &str,
         cfg: &Config,
     ) -> Result<Outcome, CallError> {
-        let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer()
-            .call_after_episode_written(&mut store, session, cfg)
-            .await
-            .map_err(|e| self.trap(e))?
-            .map_err(CallError::Engine)
+        summarizer!(self, None, call_after_episode_written(session, cfg))
     }
 
     /// Summarize now, ignoring the trigger, until every episode is covered.
@@ -376,22 +379,12 @@ impl Abridge {
         cfg: &Config,
         control: Option<Arc<CallControl>>,
     ) -> Result<Outcome, CallError> {
-        let (mut store, g) = self.instance_with(control).await?;
-        g.abridge_engine_summarizer()
-            .call_summarize_now(&mut store, session, cfg)
-            .await
-            .map_err(|e| self.trap(e))?
-            .map_err(CallError::Engine)
+        summarizer!(self, control, call_summarize_now(session, cfg))
     }
 
     /// What `summarize_now` would do, without calling the model or writing anything.
     pub async fn plan(&self, session: &str, cfg: &Config) -> Result<PlanReport, CallError> {
-        let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer()
-            .call_plan(&mut store, session, cfg)
-            .await
-            .map_err(|e| self.trap(e))?
-            .map_err(CallError::Engine)
+        summarizer!(self, None, call_plan(session, cfg))
     }
 
     /// The session's freshness under `cfg` (mode, backoff), from the clock; no model call.
@@ -400,12 +393,7 @@ impl Abridge {
         session: &str,
         cfg: &Config,
     ) -> Result<FreshnessReport, CallError> {
-        let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer()
-            .call_freshness(&mut store, session, cfg)
-            .await
-            .map_err(|e| self.trap(e))?
-            .map_err(CallError::Engine)
+        summarizer!(self, None, call_freshness(session, cfg))
     }
 
     /// Refresh the session if it is due under `cfg.mode`; a failure keeps the previous
@@ -421,12 +409,7 @@ impl Abridge {
         cfg: &Config,
         control: Option<Arc<CallControl>>,
     ) -> Result<Outcome, CallError> {
-        let (mut store, g) = self.instance_with(control).await?;
-        g.abridge_engine_summarizer()
-            .call_refresh(&mut store, session, cfg)
-            .await
-            .map_err(|e| self.trap(e))?
-            .map_err(CallError::Engine)
+        summarizer!(self, control, call_refresh(session, cfg))
     }
 
     /// The context for the next model call: the summary plus recent turns within a budget.
@@ -436,32 +419,17 @@ impl Abridge {
         req: ContextRequest,
         cfg: &Config,
     ) -> Result<ContextWindow, CallError> {
-        let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer()
-            .call_context(&mut store, session, req, cfg)
-            .await
-            .map_err(|e| self.trap(e))?
-            .map_err(CallError::Engine)
+        summarizer!(self, None, call_context(session, req, cfg))
     }
 
     /// Delete the session's episodes, summaries and failure marker.
     pub async fn reset(&self, session: &str) -> Result<(), CallError> {
-        let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer()
-            .call_reset(&mut store, session)
-            .await
-            .map_err(|e| self.trap(e))?
-            .map_err(CallError::Engine)
+        summarizer!(self, None, call_reset(session))
     }
 
     /// The session's summary chain, oldest first.
     pub async fn chain(&self, session: &str) -> Result<Vec<SummaryRow>, CallError> {
-        let (mut store, g) = self.instance().await?;
-        g.abridge_engine_summarizer()
-            .call_chain(&mut store, session)
-            .await
-            .map_err(|e| self.trap(e))?
-            .map_err(CallError::Engine)
+        summarizer!(self, None, call_chain(session))
     }
 
     /// The guest's token estimate for `text`.
