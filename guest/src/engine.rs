@@ -168,6 +168,16 @@ fn guarded(
 
 /// The session's freshness under `cfg` (no model call).
 pub fn freshness(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Freshness, Error> {
+    freshness_and_marker(h, session, cfg).map(|(f, _)| f)
+}
+
+/// The freshness verdict and the failure marker it was computed from (which a refresh then
+/// advances or clears, without reading it again).
+fn freshness_and_marker(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+) -> Result<(Freshness, Option<FailureMarker>), Error> {
     let stats = h.stats(session)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
@@ -188,7 +198,7 @@ pub fn freshness(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Fresh
     };
     let marker = h.failure(session)?;
     let now_ms = h.now_ms();
-    Ok(crate::freshness::verdict(
+    let f = crate::freshness::verdict(
         crate::freshness::Inputs {
             stats,
             covered,
@@ -196,10 +206,11 @@ pub fn freshness(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Fresh
             last_activity_ms,
             covered_until_ms,
             now_ms,
-            marker,
+            marker: marker.clone(),
         },
         cfg,
-    ))
+    );
+    Ok((f, marker))
 }
 
 /// The timestamp of episode `id` (none for id 0 or an episode without one).
@@ -216,7 +227,7 @@ fn timestamp_of(h: &mut impl Host, session: &str, id: u64) -> Result<Option<i64>
 /// backoff and keeps the previous summary.
 pub fn refresh(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
     validate(session, cfg)?;
-    let f = freshness(h, session, cfg)?;
+    let (f, marker) = freshness_and_marker(h, session, cfg)?;
     if f.state != FreshState::Due {
         if f.state != FreshState::Fresh && f.state != FreshState::Empty {
             h.log(
@@ -233,7 +244,6 @@ pub fn refresh(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome
         Level::Info,
         &format!("session {session}: refreshing: {}", f.reason),
     );
-    let marker = h.failure(session)?;
     guarded(h, session, cfg, marker)
 }
 
@@ -278,11 +288,10 @@ pub fn context(
     let beyond = stats.last_episode - covered;
     let (mut refreshed, mut refresh_due) = (false, false);
     if beyond > u64::from(req.refresh_after) {
-        let f = freshness(h, session, cfg)?;
+        let (f, marker) = freshness_and_marker(h, session, cfg)?;
         let may = matches!(f.state, FreshState::Due | FreshState::Waiting);
         if cfg.mode == policy::Mode::Eager && may {
             validate(session, cfg)?;
-            let marker = h.failure(session)?;
             match guarded(h, session, cfg, marker) {
                 Ok(out) => refreshed = out.passes > 0,
                 // The previous summary serves; the caller sees that a refresh is due.

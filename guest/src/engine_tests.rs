@@ -50,6 +50,20 @@ impl Fake {
         });
     }
 
+    /// Append an episode said at `ms`.
+    fn push_at(&mut self, role: Role, content: &str, ms: u64) {
+        self.push(role, content);
+        self.episodes.last_mut().unwrap().timestamp_ms = Some(ms as i64);
+    }
+
+    /// Date every episode at `ms` and set the clock there.
+    fn stamp_all(&mut self, ms: u64) {
+        self.now = ms;
+        for e in &mut self.episodes {
+            e.timestamp_ms = Some(ms as i64);
+        }
+    }
+
     fn prompt_text(req: &Request) -> String {
         match &req.prompt {
             Prompt::Chat(ms) => ms
@@ -825,10 +839,7 @@ fn growth_is_folded_into_the_summary_and_nothing_changed_means_no_call() {
 fn idle_mode_waits_for_quiet_by_the_clock_and_refreshes_once_idle_again() {
     let c = idle_cfg();
     let mut f = Fake::with_episodes(10, 30);
-    f.now = 10 * HOUR;
-    for e in &mut f.episodes {
-        e.timestamp_ms = Some((10 * HOUR) as i64);
-    }
+    f.stamp_all(10 * HOUR);
     // Active: nothing happens; the verdict says when it becomes due.
     let v = freshness(&mut f, "s", &c).unwrap();
     assert_eq!(v.state, FreshState::Waiting, "{}", v.reason);
@@ -840,8 +851,11 @@ fn idle_mode_waits_for_quiet_by_the_clock_and_refreshes_once_idle_again() {
     assert_eq!(refresh(&mut f, "s", &c).unwrap().passes, 1);
     // The conversation grows later: waiting while active, refreshed once idle again.
     f.now = 20 * HOUR;
-    f.push(Role::User, &format!("ep11 {}", "word ".repeat(30)));
-    f.episodes.last_mut().unwrap().timestamp_ms = Some((20 * HOUR) as i64);
+    f.push_at(
+        Role::User,
+        &format!("ep11 {}", "word ".repeat(30)),
+        20 * HOUR,
+    );
     f.now = 20 * HOUR + HOUR / 2;
     assert!(!refresh(&mut f, "s", &c).unwrap().triggered);
     f.now = 21 * HOUR;
@@ -856,18 +870,18 @@ fn idle_mode_gives_a_large_active_conversation_a_provisional_summary() {
         ..idle_cfg()
     };
     let mut f = Fake::with_episodes(10, 50);
-    f.now = 5 * HOUR;
-    for e in &mut f.episodes {
-        e.timestamp_ms = Some((5 * HOUR) as i64);
-    }
+    f.stamp_all(5 * HOUR);
     let v = freshness(&mut f, "s", &c).unwrap();
     assert_eq!(v.state, FreshState::Due, "{}", v.reason);
     assert!(v.reason.contains("provisional"));
     refresh(&mut f, "s", &c).unwrap();
     // Two more turns: under the limit, so it waits for quiet, then folds them.
     for i in 11..=12 {
-        f.push(Role::User, &format!("ep{i} {}", "word ".repeat(20)));
-        f.episodes.last_mut().unwrap().timestamp_ms = Some((5 * HOUR) as i64);
+        f.push_at(
+            Role::User,
+            &format!("ep{i} {}", "word ".repeat(20)),
+            5 * HOUR,
+        );
     }
     f.now = 5 * HOUR + 60_000;
     assert_eq!(

@@ -13,7 +13,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use abridge::sources::{Source, Sources};
-use abridge::transcript::{self, Options, TranscriptError};
+use abridge::transcript::{self, TranscriptError};
 use abridge::types::{Engine, PlanPath};
 use abridge::{NoModel, Progress, SqliteStore, Store};
 
@@ -48,15 +48,8 @@ pub struct BackfillArgs {
     /// Print one JSON object (results and totals) instead of the table
     #[arg(long)]
     json: bool,
-    /// Skip malformed lines (with a warning) instead of failing the file
-    #[arg(long)]
-    skip_invalid: bool,
-    /// Keep tool calls and tool results as episodes
-    #[arg(long)]
-    include_tools: bool,
-    /// Fail files larger than this many bytes
-    #[arg(long, default_value_t = transcript::DEFAULT_MAX_BYTES)]
-    max_bytes: u64,
+    #[command(flatten)]
+    read: super::commands::ReadArgs,
     #[command(flatten)]
     prices: super::commands::Prices,
 }
@@ -387,10 +380,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         state: Mutex::new(OverallState::default()),
         started: std::time::Instant::now(),
     });
-    let opts = Options {
-        include_tools: a.include_tools,
-        skip_invalid: a.skip_invalid,
-    };
+    let opts = a.read.options();
     let mut results: Vec<Outcome> = Vec::new();
     let mut totals = Totals::default();
     for f in &files {
@@ -435,12 +425,12 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
             continue;
         }
         let bytes = match std::fs::read(&f.path) {
-            Ok(b) if b.len() as u64 <= a.max_bytes => b,
+            Ok(b) if b.len() as u64 <= a.read.max_bytes => b,
             Ok(b) => {
                 let e = TranscriptError::TooLarge {
                     path: f.rel.clone(),
                     size: b.len() as u64,
-                    limit: a.max_bytes,
+                    limit: a.read.max_bytes,
                 };
                 row(&mut results, "failed", String::new(), 0, e.to_string());
                 continue;

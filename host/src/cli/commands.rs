@@ -31,21 +31,38 @@ pub struct SummarizeArgs {
     /// Print JSON instead of the summary text
     #[arg(long)]
     json: bool,
-    /// Skip malformed lines (with a warning) instead of refusing the file
-    #[arg(long)]
-    skip_invalid: bool,
-    /// Keep tool calls and tool results as episodes
-    #[arg(long)]
-    include_tools: bool,
-    /// Refuse files larger than this many bytes
-    #[arg(long, default_value_t = transcript::DEFAULT_MAX_BYTES)]
-    max_bytes: u64,
+    #[command(flatten)]
+    read: ReadArgs,
     /// Print the plan (path, chunks, reduce levels, calls, tokens, cost) for summarizing the
     /// file from scratch, without calling a model or touching the database
     #[arg(long)]
     dry_run: bool,
     #[command(flatten)]
     prices: Prices,
+}
+
+/// How transcript files are read (summarize and backfill).
+#[derive(Args, Debug, Clone, Copy)]
+pub struct ReadArgs {
+    /// Skip malformed lines (with a warning) instead of refusing the file
+    #[arg(long)]
+    pub skip_invalid: bool,
+    /// Keep tool calls and tool results as episodes
+    #[arg(long)]
+    pub include_tools: bool,
+    /// Refuse files larger than this many bytes
+    #[arg(long, default_value_t = transcript::DEFAULT_MAX_BYTES)]
+    pub max_bytes: u64,
+}
+
+impl ReadArgs {
+    /// The parser options.
+    pub fn options(&self) -> Options {
+        Options {
+            include_tools: self.include_tools,
+            skip_invalid: self.skip_invalid,
+        }
+    }
 }
 
 /// Prices for a dry run's cost estimate.
@@ -243,11 +260,7 @@ fn file_stem(p: &Path) -> String {
 
 pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let format = Format::parse(&a.format).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
-    let opts = Options {
-        include_tools: a.include_tools,
-        skip_invalid: a.skip_invalid,
-    };
-    let parsed = transcript::read_file(&a.file, format, opts, a.max_bytes)?;
+    let parsed = transcript::read_file(&a.file, format, a.read.options(), a.read.max_bytes)?;
     for w in &parsed.warnings {
         note(s, w);
     }

@@ -79,6 +79,21 @@ fn jsonl_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The bytes of `path` from `offset` to its end.
+fn read_from(path: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    file.seek(SeekFrom::Start(offset))?;
+    let mut out = Vec::new();
+    file.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// The length of `bytes` up to and including its last newline (0 without one).
+fn complete_lines(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+}
+
 fn format_name(f: Format) -> &'static str {
     match f {
         Format::ClaudeCode => "claude-code",
@@ -110,33 +125,45 @@ impl Watcher<'_> {
     /// Import what is new in `path`. Returns the episodes added.
     async fn import(&mut self, path: &Path) -> Result<u64, Failure> {
         let key = path.display().to_string();
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) => {
-                note(
-                    self.s,
-                    &format!("watch: cannot read {key}: {e}; retrying later"),
-                );
-                return Ok(0);
-            }
+        let cannot = |e: std::io::Error| {
+            note(
+                self.s,
+                &format!("watch: cannot read {key}: {e}; retrying later"),
+            );
+            Ok(0)
         };
-        let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) as u64;
+        let len = match std::fs::metadata(path) {
+            Ok(m) => m.len(),
+            Err(e) => return cannot(e),
+        };
+        // The common case, polled every tick: nothing appended, nothing read.
+        if self.files.get(&key).is_some_and(|f| f.offset == len) {
+            return Ok(0);
+        }
         let mut f = match self.files.get(&key) {
             Some(f) => f.clone(),
             None => {
+                // First sight: a baseline at the end of its last complete line.
+                let offset = if self.a.backfill {
+                    0
+                } else {
+                    match read_from(path, 0) {
+                        Ok(b) => complete_lines(&b) as u64,
+                        Err(e) => return cannot(e),
+                    }
+                };
                 let f = WatchedFile {
                     path: key.clone(),
                     session: None,
                     format: None,
-                    offset: if self.a.backfill { 0 } else { complete },
+                    offset,
                 };
                 if !self.a.backfill {
                     note(
                         self.s,
                         &format!(
-                            "watch: {} — baseline at {} bytes (earlier content is not imported; --backfill imports it)",
-                            self.rel(path),
-                            complete
+                            "watch: {} — baseline at {offset} bytes (earlier content is not imported; --backfill imports it)",
+                            self.rel(path)
                         ),
                     );
                 }
@@ -145,7 +172,7 @@ impl Watcher<'_> {
                 f
             }
         };
-        if complete < f.offset {
+        if len < f.offset {
             note(
                 self.s,
                 &format!(
@@ -155,10 +182,16 @@ impl Watcher<'_> {
             );
             f.offset = 0;
         }
-        if complete <= f.offset {
+        // Only what was appended since the last read, up to its last complete line.
+        let bytes = match read_from(path, f.offset) {
+            Ok(b) => b,
+            Err(e) => return cannot(e),
+        };
+        let chunk = &bytes[..complete_lines(&bytes)];
+        if chunk.is_empty() {
             return Ok(0);
         }
-        let chunk = &bytes[f.offset as usize..complete as usize];
+        let complete = f.offset + chunk.len() as u64;
         let format = match f.format.as_deref() {
             Some("claude-code") => Some(Format::ClaudeCode),
             Some(_) => Some(Format::Jsonl),
@@ -255,6 +288,10 @@ impl Watcher<'_> {
                 .refresh_with(&session, &cfg, Some(control))
                 .await;
             *self.current.lock().await = None;
+            let covered = match &r {
+                Ok(out) => out.unsummarized == 0,
+                _ => false,
+            };
             match r {
                 Ok(out) if out.passes > 0 => {
                     self.refreshed += 1;
@@ -273,11 +310,11 @@ impl Watcher<'_> {
                     ),
                 ),
             }
-            let f = self.engine.freshness(&session, &cfg).await?;
-            if matches!(
-                f.state,
-                FreshState::Fresh | FreshState::Empty | FreshState::GaveUp
-            ) {
+            // Covered: done until new lines arrive. Otherwise keep it pending unless refreshes
+            // have stopped after repeated failures (only `abridge refresh` restarts them).
+            let done =
+                covered || self.engine.freshness(&session, &cfg).await?.state == FreshState::GaveUp;
+            if done {
                 self.pending.remove(&session);
             }
         }
