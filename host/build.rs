@@ -36,6 +36,7 @@ fn main() {
         Some(d) => PathBuf::from(d).join("guest"),
         None => root.join("target").join("guest"),
     };
+    ensure_wasm_target();
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root)
@@ -68,15 +69,62 @@ fn main() {
         .unwrap_or_else(|e| panic!("could not run cargo to build the guest: {e}"));
     if !status.success() {
         panic!(
-            "building the guest component failed (see the errors above). If the target is \
-             missing, install it with `rustup target add wasm32-wasip2` (rust-toolchain.toml \
-             asks rustup to do this by itself)."
+            "building the guest component failed (see the errors above); the \
+             {TARGET} target is present, so this is an error in the guest's own code"
         );
     }
     copy(
         &target_dir.join("wasm32-wasip2/guest-release/abridge_guest.wasm"),
         &dest,
     );
+}
+
+const TARGET: &str = "wasm32-wasip2";
+
+/// rustup installs a toolchain file's `targets` only when it installs the toolchain itself,
+/// so a machine that already had 1.95.0 lacks `wasm32-wasip2`. Add it here (announced), or
+/// stop with the exact command to run.
+fn ensure_wasm_target() {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let has_target = |root: &Path| root.join("lib/rustlib").join(TARGET).join("lib").is_dir();
+    if sysroot.as_deref().is_some_and(has_target) {
+        return;
+    }
+    // The toolchain cargo is running under (rustup's proxy sets RUSTUP_TOOLCHAIN).
+    let toolchain = env::var("RUSTUP_TOOLCHAIN").ok();
+    let manual = match &toolchain {
+        Some(t) => format!("rustup target add {TARGET} --toolchain {t}"),
+        None => format!("rustup target add {TARGET}"),
+    };
+    let mut add = Command::new("rustup");
+    add.args(["target", "add", TARGET]);
+    if let Some(t) = &toolchain {
+        add.args(["--toolchain", t]);
+    }
+    println!(
+        "cargo:warning=the {TARGET} target is missing from this toolchain; running `{manual}` \
+         (the guest component is built for it)"
+    );
+    match add.status() {
+        Ok(s) if s.success() && sysroot.as_deref().is_none_or(has_target) => {}
+        Ok(s) => panic!(
+            "`{manual}` failed ({s}). The guest component needs the {TARGET} target: run \
+             `{manual}` yourself (it needs network access to the Rust distribution server), \
+             or build the guest elsewhere and set ABRIDGE_GUEST_WASM=/path/to/abridge_guest.wasm"
+        ),
+        Err(e) => panic!(
+            "the {TARGET} target is missing and rustup could not be run ({e}). Install the \
+             target for this Rust toolchain (with rustup: `{manual}`; with a distribution's \
+             Rust: its rust-std package for {TARGET}), or set \
+             ABRIDGE_GUEST_WASM=/path/to/abridge_guest.wasm to embed a prebuilt component"
+        ),
+    }
 }
 
 fn copy(from: &Path, to: &Path) {

@@ -722,7 +722,7 @@ fn generate(
             let estimated = prompt_estimate(&req);
             let resp = h.generate(req);
             calibrate(h, cfg, estimated, &resp)?;
-            accept(h, cfg, resp?)
+            accept(h, cfg, resp?, estimated)
         }
     }
 }
@@ -758,9 +758,21 @@ fn calibrate(
 ) -> Result<(), Error> {
     match resp {
         Ok(r) => match r.prompt_tokens {
-            // A count at the context's size may be a silent truncation: not a measurement.
-            Some(p) if p > 0 && p < cfg.context_length => {
+            // A count at the context's size may be a silent truncation, and so is one far
+            // below our estimate (a server that cut the prompt to a smaller window of its
+            // own, as Ollama's /v1 does without num_ctx): neither is a measurement.
+            Some(p) if p > 0 && p < cfg.context_length && !truncated(estimated, p) => {
                 h.record_calibration(&cfg.model, estimated, p)
+            }
+            Some(p) if p > 0 && truncated(estimated, p) => {
+                h.log(
+                    Level::Warn,
+                    &format!(
+                        "the model counted {p} prompt tokens for a prompt estimated at {estimated}: \
+                         the server probably truncated it; not used for calibration"
+                    ),
+                );
+                Ok(())
             }
             _ => Ok(()),
         },
@@ -774,6 +786,13 @@ fn calibrate(
         }
         Err(_) => Ok(()),
     }
+}
+
+/// Whether a reported prompt count is too far below our estimate to be the whole prompt. The
+/// estimator over-counts BPE tokenizers by a fraction, never by half, on prompts large enough
+/// to matter.
+pub(crate) fn truncated(estimated: u32, reported: u32) -> bool {
+    estimated >= 512 && u64::from(reported) * 2 < u64::from(estimated)
 }
 
 /// The model request for a built prompt, in the configured rendering.
@@ -797,7 +816,12 @@ fn request(cfg: &Config, built: prompt::Built) -> Request {
 }
 
 /// Clean a model answer and pass it through the quality gate.
-fn accept(h: &mut impl Host, cfg: &Config, resp: Response) -> Result<Generated, Error> {
+fn accept(
+    h: &mut impl Host,
+    cfg: &Config,
+    resp: Response,
+    estimated: u32,
+) -> Result<Generated, Error> {
     if let Some(p) = resp.prompt_tokens
         && p >= cfg.context_length.saturating_sub(cfg.max_output_tokens)
     {
@@ -810,7 +834,7 @@ fn accept(h: &mut impl Host, cfg: &Config, resp: Response) -> Result<Generated, 
         );
     }
     let cleaned = strip::strip_template_tokens(&resp.text);
-    quality::check(&cleaned, resp.finish, cfg.max_output_tokens).map_err(|why| {
+    quality::check(&cleaned, resp.finish, cfg.max_output_tokens, estimated).map_err(|why| {
         h.log(Level::Warn, &format!("summary rejected: {why}"));
         Error::RejectedOutput(why)
     })?;
@@ -843,7 +867,7 @@ fn run_batch(
                 out.push(Err(e));
                 continue;
             }
-            out.push(resp.and_then(|r| accept(h, cfg, r)).map(|g| {
+            out.push(resp.and_then(|r| accept(h, cfg, r, estimated)).map(|g| {
                 spent.0 = spent.0.saturating_add(g.prompt_tokens);
                 spent.1 = spent.1.saturating_add(g.output_tokens);
                 g.text
@@ -918,7 +942,12 @@ fn cached_batch(
         let key = request_key(&req);
         if let Some(text) = h.partial(&key)? {
             let cleaned = strip::strip_template_tokens(&text);
-            match quality::check(&cleaned, Finish::Stop, cfg.max_output_tokens) {
+            match quality::check(
+                &cleaned,
+                Finish::Stop,
+                cfg.max_output_tokens,
+                prompt_estimate(&req),
+            ) {
                 Ok(()) => {
                     out[i] = Some(Ok(cleaned));
                     continue;

@@ -161,7 +161,9 @@ impl Host for Fake {
             }
             self.requests.push(req);
             return Ok(Response {
-                text: "The user and the assistant covered part of the plan.".into(),
+                text: "The user and the assistant covered part of the plan: the replica, the \
+                       maintenance window and the rollback."
+                    .into(),
                 finish: Finish::Stop,
                 prompt_tokens: Some(counted),
                 output_tokens: Some(10),
@@ -981,4 +983,23 @@ fn context_fits_the_budget_refreshes_when_far_behind_and_reset_clears() {
     assert!(f.rows.is_empty() && f.episodes.is_empty());
     let w = context(&mut f, "s", req, &cfg()).unwrap();
     assert!(w.window.messages.is_empty());
+}
+
+#[test]
+fn a_count_that_shows_truncation_never_calibrates() {
+    // A server that cut the prompt to its own small window (Ollama's /v1 without num_ctx)
+    // reports a count far below our estimate: it is logged, not learned from.
+    let mut f = Fake::with_episodes(12, 120);
+    f.count_ratio = Some(0.3);
+    let c = Config {
+        context_length: 8192,
+        ..cfg()
+    };
+    summarize_now(&mut f, "s", &c).unwrap();
+    assert_eq!(f.calibration, None, "a truncated count was recorded");
+    // An honest count close to the estimate is recorded as before.
+    let mut g = Fake::with_episodes(12, 120);
+    g.count_ratio = Some(0.9);
+    summarize_now(&mut g, "s", &c).unwrap();
+    assert!(g.calibration.is_some());
 }

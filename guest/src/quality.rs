@@ -2,8 +2,14 @@
 
 use crate::types::Finish;
 
-/// Check cleaned model output. `Err` carries the reason, phrased for a log line.
-pub fn check(cleaned: &str, finish: Finish, max_output_tokens: u32) -> Result<(), String> {
+/// Check cleaned model output for a prompt of `prompt_tokens` (estimated; 0 when unknown).
+/// `Err` carries the reason, phrased for a log line.
+pub fn check(
+    cleaned: &str,
+    finish: Finish,
+    max_output_tokens: u32,
+    prompt_tokens: u32,
+) -> Result<(), String> {
     if finish == Finish::Length {
         return Err(format!(
             "the model stopped at the output limit ({max_output_tokens} tokens), so the summary \
@@ -13,10 +19,89 @@ pub fn check(cleaned: &str, finish: Finish, max_output_tokens: u32) -> Result<()
     if !cleaned.chars().any(char::is_alphanumeric) {
         return Err("the model returned no text once template tokens were removed".into());
     }
+    // The server was asked for at most `max_output_tokens`; text far past that (a server that
+    // ignores the limit, a babbling model) is no summary, and storing it would blow every
+    // budget that reads the chain. The estimator over-counts BPE tokens a little, hence the
+    // margin.
+    let tokens = crate::tokens::estimate_tokens(cleaned);
+    let ceiling = max_output_tokens
+        .saturating_add(max_output_tokens / 2)
+        .max(64);
+    if tokens > ceiling {
+        return Err(format!(
+            "the output is about {tokens} tokens, far over the {max_output_tokens}-token \
+             output limit; the server ignored the limit or the model ran on"
+        ));
+    }
     if let Some(what) = degenerate(cleaned) {
         return Err(format!("the output repeats itself ({what})"));
     }
+    if transcript_copy(cleaned) {
+        return Err("the model copied the conversation (\"User: … Assistant: …\") instead of summarizing it".into());
+    }
+    if let Some(opening) = chatter(cleaned) {
+        return Err(format!(
+            "the model answered the conversation (\"{opening}…\") instead of summarizing it"
+        ));
+    }
+    // A sentence or two standing for a long conversation says almost nothing of it. The
+    // prompt's fixed part (instructions, framing) is about 200 tokens.
+    let conversation = prompt_tokens.saturating_sub(200);
+    if tokens < 16 && conversation >= tokens.saturating_mul(60).max(600) {
+        return Err(format!(
+            "the output is {tokens} tokens for about {conversation} tokens of conversation: too short to stand for it"
+        ));
+    }
     Ok(())
+}
+
+/// Speaker labels that start the lines of a transcript.
+const SPEAKERS: &[&str] = &["user:", "assistant:", "system:", "tool:", "human:", "ai:"];
+
+/// Whether the text is mostly conversation lines ("User: …", "Assistant: …") rather than a
+/// summary: at least two such lines making up half of the non-empty lines.
+fn transcript_copy(text: &str) -> bool {
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| l.trim().trim_start_matches(['*', '-', ' ']).to_lowercase())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let labelled = lines
+        .iter()
+        .filter(|l| SPEAKERS.iter().any(|s| l.starts_with(s)))
+        .count();
+    labelled >= 2 && labelled * 2 >= lines.len()
+}
+
+/// Openings of a reply to the user (not a summary of the conversation).
+const CHATTER: &[&str] = &[
+    "i'm glad",
+    "i am glad",
+    "glad you",
+    "glad to hear",
+    "thank you for",
+    "thanks for",
+    "you're welcome",
+    "you are welcome",
+    "i hope this helps",
+    "hope this helps",
+    "is there anything else",
+    "let me know if",
+    "feel free to",
+    "great question",
+    "i'd be happy to",
+    "i would be happy to",
+    "i'm happy to",
+    "happy to help",
+    "i'm sorry",
+    "i apologize",
+    "as an ai",
+];
+
+/// The chatty opening the text starts with, if any.
+fn chatter(text: &str) -> Option<&'static str> {
+    let lower = text.trim_start().to_lowercase().replace('’', "'");
+    CHATTER.iter().copied().find(|c| lower.starts_with(c))
 }
 
 /// Describe degenerate repetition, if any: a line or sentence said three times or more,
@@ -73,13 +158,22 @@ mod tests {
     fn accepts_a_normal_summary() {
         let s = "The user asked how to rotate logs. The assistant suggested logrotate with a \
                  weekly schedule. They agreed to keep four weeks of history.";
-        assert_eq!(check(s, Finish::Stop, 500), Ok(()));
+        assert_eq!(check(s, Finish::Stop, 500, 900), Ok(()));
+        // A short summary of a short conversation is fine.
+        assert_eq!(
+            check("The user booked a room.", Finish::Stop, 500, 260),
+            Ok(())
+        );
     }
 
     #[test]
     fn rejects() {
         let rep = "The user asked about logs. ".repeat(3);
         let loop_words = "and then ".repeat(30);
+        // 50,000 characters of varied prose that a server returned as "stop".
+        let long: String = (0..2500)
+            .map(|i| format!("Item {i} was reviewed. "))
+            .collect();
         let cases = [
             ("", Finish::Stop, "no text"),
             ("  ... ", Finish::Stop, "no text"),
@@ -91,10 +185,46 @@ mod tests {
                 "ten times",
             ),
             (loop_words.as_str(), Finish::Stop, "three-word"),
+            (long.as_str(), Finish::Stop, "far over the 500-token"),
         ];
         for (text, finish, why) in cases {
-            let err = check(text, finish, 500).expect_err(text);
+            let err = check(text, finish, 500, 0).expect_err(text);
             assert!(err.contains(why), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn rejects_what_real_small_models_returned_instead_of_a_summary() {
+        // Outputs seen from real small models (qwen2.5:0.5b, llama3.2:1b) on real transcripts.
+        let cases = [
+            (
+                "User: How do I rotate the logs?\nAssistant: Use logrotate with a weekly schedule.\nUser: Thanks.",
+                800,
+                "copied the conversation",
+            ),
+            (
+                "I'm glad you enjoyed the walkthrough! Let me know if you need anything else.",
+                800,
+                "answered the conversation",
+            ),
+            (
+                "Thank you for sharing the logs; the issue is the stale lockfile.",
+                800,
+                "answered the conversation",
+            ),
+            // A 9-token sentence standing for 15 episodes.
+            ("They discussed the upgrade plan.", 1100, "too short"),
+        ];
+        for (text, prompt, why) in cases {
+            let err = check(text, Finish::Stop, 500, prompt).expect_err(text);
+            assert!(err.contains(why), "{text:?}: {err}");
+        }
+        // Summaries that mention these words are kept.
+        for ok in [
+            "The user thanked the assistant after logrotate was set up weekly, keeping four weeks.",
+            "User and assistant agreed: logs rotate weekly; four weeks are kept; alerts go to ops.",
+        ] {
+            assert_eq!(check(ok, Finish::Stop, 500, 700), Ok(()), "{ok}");
         }
     }
 }

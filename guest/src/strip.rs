@@ -94,6 +94,8 @@ pub fn strip_template_tokens(text: &str) -> String {
         let before = s.len();
         s = unwrap_fence(&s);
         s = drop_preamble(&s);
+        s = drop_lead_in(&s);
+        s = drop_echoes(&s);
         if s.len() == before {
             break;
         }
@@ -221,6 +223,86 @@ fn unwrap_fence(text: &str) -> String {
     inner.trim().to_string()
 }
 
+/// Lines of abridge's own prompt framing that small models echo back.
+const ECHO_LINES: &[&str] = &[
+    "partial summaries, in order:",
+    "conversation:",
+    "current summary:",
+    "new exchanges:",
+    "write the summary now.",
+    "write the updated summary now.",
+    "write the merged summary now.",
+];
+
+/// `Episode 16:` / `Episodes 16-48:` at the start of a line (the reduce prompt's labels).
+fn episode_label(line: &str) -> Option<&str> {
+    let rest = line
+        .strip_prefix("Episodes ")
+        .or_else(|| line.strip_prefix("Episode "))?;
+    let digits = rest.trim_start_matches(|c: char| c.is_ascii_digit() || c == '-' || c == '–');
+    if digits.len() == rest.len() || !rest.starts_with(|c: char| c.is_ascii_digit()) {
+        return None;
+    }
+    digits.strip_prefix(':').map(str::trim_start)
+}
+
+/// Drop echoed prompt framing (headers, episode labels) and stray fence lines that do not wrap
+/// the whole text, keeping the text around them.
+fn drop_echoes(text: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if ECHO_LINES.iter().any(|e| t.eq_ignore_ascii_case(e)) {
+            continue;
+        }
+        if let Some(rest) = episode_label(t) {
+            if !rest.is_empty() {
+                out.push(rest);
+            }
+            continue;
+        }
+        // A lone fence line (``` or ```lang): debris of a block that does not wrap the text.
+        if let Some(info) = t.strip_prefix("```")
+            && !info.contains(' ')
+            && !info.contains('`')
+        {
+            continue;
+        }
+        out.push(line);
+    }
+    if out.len() == text.lines().count() {
+        return text.to_string();
+    }
+    out.join("\n").trim().to_string()
+}
+
+/// Drop a chatty lead-in line such as "Here is the summary of your conversation:" or "Here's
+/// a revised version of the summary:" (a short first line about the summary, ending in a colon).
+fn drop_lead_in(text: &str) -> String {
+    let t = text.trim_start();
+    let end = t.find('\n').unwrap_or(t.len());
+    let first = t[..end].trim().trim_matches(['*', '_', '#', ' ']);
+    let lower = first.to_lowercase();
+    let opener = [
+        "here is",
+        "here's",
+        "here are",
+        "below is",
+        "sure",
+        "certainly",
+        "okay",
+        "ok,",
+        "this is",
+        "the following is",
+    ]
+    .iter()
+    .any(|o| lower.starts_with(o));
+    if opener && lower.ends_with(':') && lower.contains("summar") && first.len() <= 200 {
+        return t[end..].trim().to_string();
+    }
+    t.to_string()
+}
+
 /// Drop a leading "Summary:"-style preamble (a line on its own, or a prefix of the first line).
 fn drop_preamble(text: &str) -> String {
     let t = text.trim_start();
@@ -330,6 +412,45 @@ mod tests {
         ];
         for (input, want) in cases {
             assert_eq!(&strip_template_tokens(input), want, "input: {input:?}");
+        }
+    }
+
+    #[test]
+    fn real_small_model_debris_is_cleaned() {
+        // Outputs seen from small local models, and what remains of them.
+        let cases = [
+            (
+                "Here is the summary of your conversation about the migration:\nThe team moved the orders database to Postgres 16.",
+                "The team moved the orders database to Postgres 16.",
+            ),
+            (
+                "Here's a revised version of the summary:\n\nThe user chose pg_upgrade in link mode.",
+                "The user chose pg_upgrade in link mode.",
+            ),
+            (
+                "Partial summaries, in order:\n\nEpisode 16-48: The user set up the replica.\nEpisodes 49-60: They scheduled the cut-over.",
+                "The user set up the replica.\nThey scheduled the cut-over.",
+            ),
+            (
+                "The user fixed the build.\n```\nThe cache key now includes the lockfile.",
+                "The user fixed the build.\nThe cache key now includes the lockfile.",
+            ),
+            (
+                "```text\nThe user fixed the build.\n```\nThey also pinned Node 24.",
+                "The user fixed the build.\nThey also pinned Node 24.",
+            ),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(strip_template_tokens(raw), want, "{raw:?}");
+            assert_eq!(strip_template_tokens(want), want);
+        }
+        // Text that only resembles these is kept.
+        for keep in [
+            "Episode 4 of the podcast was discussed.",
+            "The user asked for ```rust fences in docs.",
+            "Here is what was decided: ship on Friday.",
+        ] {
+            assert_eq!(strip_template_tokens(keep), keep);
         }
     }
 

@@ -16,8 +16,10 @@ pub mod runtime;
 pub mod sandbox;
 pub mod sources;
 pub mod store;
+pub mod text;
 pub mod transcript;
 pub mod types;
+pub mod walk;
 
 pub use backend::{LlmBackend, NoModel, Ollama, OpenAi};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -140,41 +140,51 @@ fn compile_cached(
     let key = format!(
         "abridge-guest-{WASMTIME_VERSION}-{:016x}-{}.cwasm",
         compat.finish(),
-        digest
-            .iter()
-            .take(12)
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
+        hex(&digest[..12])
     );
-    let path = dir.join(key);
+    let path = dir.join(&key);
+    // The compiled code runs as native code: a flipped bit or an overwritten section would
+    // run outside the sandbox. Each entry's SHA-256 is kept in a file of its own, and an
+    // entry loads only when its bytes hash to it; otherwise it is compiled again.
+    let sum_path = dir.join(format!("{key}.sha256"));
     // Read, not mmap: another process may replace or truncate the file while we run.
     if let Ok(data) = std::fs::read(&path) {
-        // SAFETY: the file was written by this function from our own compilation, under a
-        // key that includes the wasmtime version and engine configuration; wasmtime also
-        // validates its header and refuses incompatible artifacts.
-        match unsafe { Component::deserialize(engine, &data) } {
-            Ok(c) => return Ok((c, true)),
-            Err(_) => {
-                let _ = std::fs::remove_file(&path);
+        let expected = std::fs::read_to_string(&sum_path).unwrap_or_default();
+        if expected.trim() == hex(&Sha256::digest(&data)) {
+            // SAFETY: the bytes are exactly those this function wrote from our own
+            // compilation (their hash matches the one recorded beside them), under a key
+            // that includes the wasmtime version and engine configuration; wasmtime also
+            // validates its header and refuses incompatible artifacts.
+            if let Ok(c) = unsafe { Component::deserialize(engine, &data) } {
+                return Ok((c, true));
             }
         }
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&sum_path);
     }
     let component = Component::new(engine, bytes)?;
     // The cache is an optimisation: failing to write it is not an error.
     if std::fs::create_dir_all(dir).is_ok()
         && let Ok(data) = component.serialize()
     {
-        // Write then rename, so a reader never sees a half-written file.
-        let tmp = dir.join(format!(
-            ".{}.{}.tmp",
-            path.file_name().unwrap().to_string_lossy(),
-            std::process::id()
-        ));
-        if std::fs::write(&tmp, data).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
+        // Write then rename, so a reader never sees a half-written file; the hash goes first,
+        // so an artifact is never visible without the hash it must match.
+        let tmp = |name: &str| dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        let (tmp_sum, tmp_art) = (tmp(&format!("{key}.sha256")), tmp(&key));
+        if std::fs::write(&tmp_sum, hex(&Sha256::digest(&data))).is_ok()
+            && std::fs::rename(&tmp_sum, &sum_path).is_ok()
+            && std::fs::write(&tmp_art, &data).is_ok()
+        {
+            let _ = std::fs::rename(&tmp_art, &path);
         }
+        let _ = std::fs::remove_file(&tmp_sum);
+        let _ = std::fs::remove_file(&tmp_art);
     }
     Ok((component, false))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What can go wrong calling the engine.

@@ -134,6 +134,9 @@ pub struct WatchedFile {
     pub format: Option<String>,
     /// Bytes imported: the end of the last complete line read.
     pub offset: u64,
+    /// Lines before `offset` (`None` for a record written before this was kept: counted
+    /// again on the next read).
+    pub lines: Option<u64>,
 }
 
 /// The `watched_files` table of a SQLite database.
@@ -152,7 +155,9 @@ impl Watched {
     pub fn all(&self) -> Result<Vec<WatchedFile>, Error> {
         self.db.with(|c| {
             let mut st = c
-                .prepare("SELECT path, session, format, offset FROM watched_files ORDER BY path")
+                .prepare(
+                    "SELECT path, session, format, offset, lines FROM watched_files ORDER BY path",
+                )
                 .map_err(db_err)?;
             st.query_map([], |r| {
                 Ok(WatchedFile {
@@ -160,6 +165,7 @@ impl Watched {
                     session: r.get(1)?,
                     format: r.get(2)?,
                     offset: r.get::<_, i64>(3)? as u64,
+                    lines: r.get::<_, Option<i64>>(4)?.map(|n| n as u64),
                 })
             })
             .map_err(db_err)?
@@ -172,8 +178,8 @@ impl Watched {
     pub fn put(&self, f: &WatchedFile, now_ms: u64) -> Result<(), Error> {
         self.db.with(|c| {
             c.execute(
-                "INSERT OR REPLACE INTO watched_files (path, session, format, offset, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![f.path, f.session, f.format, f.offset as i64, now_ms as i64],
+                "INSERT OR REPLACE INTO watched_files (path, session, format, offset, lines, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![f.path, f.session, f.format, f.offset as i64, f.lines.map(|n| n as i64), now_ms as i64],
             )
             .map(drop)
             .map_err(db_err)

@@ -63,6 +63,9 @@ pub struct Options {
     pub include_tools: bool,
     /// Skip malformed lines with a warning instead of refusing the file.
     pub skip_invalid: bool,
+    /// Lines of the file before these bytes (a watcher reads from where it stopped), so line
+    /// numbers in messages and in episode keys are the file's own whatever the read started.
+    pub first_line: usize,
 }
 
 /// One conversation read from a file.
@@ -102,7 +105,7 @@ pub enum TranscriptError {
     },
     /// The file is over the size limit.
     #[error(
-        "{path} is {size} bytes, over the {limit}-byte limit — raise it with --max-bytes, or split the file"
+        "{path} is over the {limit}-byte limit (at least {size} bytes) — raise it with --max-bytes, or split the file"
     )]
     TooLarge {
         /// File.
@@ -133,6 +136,12 @@ pub enum TranscriptError {
         line: usize,
         /// What is wrong and how to fix it.
         message: String,
+    },
+    /// The file holds nothing but white space.
+    #[error("{path} is empty — nothing to import; check that it is the right file")]
+    EmptyFile {
+        /// File.
+        path: String,
     },
     /// The format could not be recognised.
     #[error(
@@ -170,9 +179,7 @@ pub fn read_file(
         source,
     };
     let bytes = if name == "-" {
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut buf).map_err(io)?;
-        buf
+        read_bounded(&name, &mut std::io::stdin().lock(), max_bytes)?
     } else {
         let meta = std::fs::metadata(path).map_err(io)?;
         if meta.is_dir() {
@@ -188,16 +195,35 @@ pub fn read_file(
                 limit: max_bytes,
             });
         }
-        std::fs::read(path).map_err(io)?
+        // The size above is only a hint: a FIFO, a device or a growing file reports another;
+        // the read itself stops one byte past the limit.
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        read_bounded(&name, &mut file, max_bytes)?
     };
-    if bytes.len() as u64 > max_bytes {
+    parse_bytes(&name, &bytes, format, opts)
+}
+
+/// Read at most `max_bytes` from `r`: memory stays bounded however much (or however long) the
+/// source writes; one byte more is [`TranscriptError::TooLarge`].
+pub fn read_bounded(
+    name: &str,
+    r: &mut impl std::io::Read,
+    max_bytes: u64,
+) -> Result<Vec<u8>, TranscriptError> {
+    let mut buf = Vec::new();
+    let mut limited = std::io::Read::take(&mut *r, max_bytes.saturating_add(1));
+    std::io::Read::read_to_end(&mut limited, &mut buf).map_err(|source| TranscriptError::Io {
+        path: name.to_string(),
+        source,
+    })?;
+    if buf.len() as u64 > max_bytes {
         return Err(TranscriptError::TooLarge {
-            path: name,
-            size: bytes.len() as u64,
+            path: name.to_string(),
+            size: buf.len() as u64,
             limit: max_bytes,
         });
     }
-    parse_bytes(&name, &bytes, format, opts)
+    Ok(buf)
 }
 
 /// Parse bytes named `name` (used in messages).
@@ -207,15 +233,43 @@ pub fn parse_bytes(
     format: Option<Format>,
     opts: Options,
 ) -> Result<Parsed, TranscriptError> {
-    let text = std::str::from_utf8(bytes).map_err(|e| {
-        let offset = e.valid_up_to();
-        TranscriptError::Utf8 {
-            path: name.to_string(),
-            line: bytes[..offset].iter().filter(|&&b| b == b'\n').count() + 1,
-            offset,
+    let mut warnings = Vec::new();
+    let owned;
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) if !opts.skip_invalid => {
+            let offset = e.valid_up_to();
+            return Err(TranscriptError::Utf8 {
+                path: name.to_string(),
+                line: bytes[..offset].iter().filter(|&&b| b == b'\n').count() + 1,
+                offset,
+            });
         }
-    })?;
+        Err(_) => {
+            // --skip-invalid: a line that is not UTF-8 is skipped like any other bad line
+            // (blanked, so later lines keep their numbers).
+            let mut out = String::with_capacity(bytes.len());
+            for (i, line) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+                match std::str::from_utf8(line) {
+                    Ok(l) => out.push_str(l),
+                    Err(_) => {
+                        warnings.push(format!("{name}:{}: invalid UTF-8; skipped", i + 1));
+                        if line.ends_with(b"\n") {
+                            out.push('\n');
+                        }
+                    }
+                }
+            }
+            owned = out;
+            &owned
+        }
+    };
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    if text.trim().is_empty() {
+        return Err(TranscriptError::EmptyFile {
+            path: name.to_string(),
+        });
+    }
     let format = match format {
         Some(f) => f,
         None => detect(text).ok_or_else(|| TranscriptError::UnknownFormat {
@@ -225,7 +279,7 @@ pub fn parse_bytes(
     let mut p = Parser {
         name,
         opts,
-        warnings: Vec::new(),
+        warnings,
     };
     let conversations = match format {
         Format::Jsonl => vec![p.jsonl(text)?],
@@ -290,6 +344,35 @@ fn line_format(v: &Value) -> Option<Format> {
         Some(Format::Jsonl)
     } else {
         None
+    }
+}
+
+/// The one session-naming rule, for every command: a conversation's own id (Claude Code
+/// `sessionId`, ChatGPT conversation id) when it has one, else the file's path relative to the
+/// directory the command was given (for a single file: its name) without its extension, with
+/// `-N` for the N-th conversation of a file that holds several. `p1/notes.jsonl` and
+/// `p2/notes.jsonl` under one backfill root are `p1/notes` and `p2/notes`; standard input is
+/// `stdin`. Control characters become `_` (see [`crate::text::session_id_from`]).
+pub fn session_name(conv_id: Option<&str>, rel: &Path, index: Option<usize>) -> String {
+    if let Some(id) = conv_id.and_then(crate::text::session_id_from) {
+        return id;
+    }
+    let base = if rel.as_os_str() == "-" {
+        "stdin".to_string()
+    } else {
+        let no_ext = rel.with_extension("");
+        let parts: Vec<String> = no_ext
+            .components()
+            .filter_map(|c| match c {
+                std::path::Component::Normal(p) => Some(p.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        crate::text::session_id_from(&parts.join("/")).unwrap_or_else(|| "session".into())
+    };
+    match index {
+        Some(i) => format!("{base}-{}", i + 1),
+        None => base,
     }
 }
 
@@ -428,16 +511,31 @@ const HARNESS_TAGS: &[&str] = &[
     "user-prompt-submit-hook",
 ];
 
+/// Remove every harness block (`<tag>…</tag>`, or `<tag>…` to the end when unclosed) in one
+/// left-to-right pass: linear in the text, whatever it holds.
 fn strip_harness(text: &str) -> String {
-    let mut s = text.to_string();
-    for tag in HARNESS_TAGS {
-        let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-        while let Some(o) = s.find(&open) {
-            let end = s[o..].find(&close).map_or(s.len(), |c| o + c + close.len());
-            s.replace_range(o..end, "");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(lt) = rest.find('<') {
+        let after = &rest[lt + 1..];
+        let tag = HARNESS_TAGS
+            .iter()
+            .find(|t| after.starts_with(**t) && after[t.len()..].starts_with('>'));
+        match tag {
+            Some(tag) => {
+                out.push_str(&rest[..lt]);
+                let body = &after[tag.len() + 1..];
+                let close = format!("</{tag}>");
+                rest = body.find(&close).map_or("", |c| &body[c + close.len()..]);
+            }
+            None => {
+                out.push_str(&rest[..=lt]);
+                rest = after;
+            }
         }
     }
-    s.trim().to_string()
+    out.push_str(rest);
+    out.trim().to_string()
 }
 
 /// One JSON-lines episode `{"role", "content", "timestamp"?, "id"?}` read from line `n` of
@@ -515,7 +613,7 @@ impl Parser<'_> {
         let all: Vec<&str> = text.lines().collect();
         let last_non_blank = all.iter().rposition(|l| !l.trim().is_empty());
         for (i, line) in all.iter().enumerate() {
-            let n = i + 1;
+            let n = self.opts.first_line + i + 1;
             if line.trim().is_empty() {
                 continue;
             }
@@ -784,13 +882,25 @@ impl Parser<'_> {
                     .iter()
                     .find(|(_, n)| n.get("parent").is_none_or(Value::is_null))
                     .map(|(k, _)| k.clone());
+                // Children links may form a cycle: the walk stops at the first node it has
+                // already visited, with a warning, and keeps the branch read so far.
+                let mut seen = std::collections::BTreeSet::new();
                 while let Some(k) = node.clone() {
+                    seen.insert(k.clone());
                     let next = mapping[&k]
                         .get("children")
                         .and_then(Value::as_array)
                         .and_then(|ch| ch.last())
                         .and_then(Value::as_str);
                     match next {
+                        Some(n) if seen.contains(n) => {
+                            self.warnings.push(format!(
+                                "{}: conversation {ci}: its children links form a cycle (at node {}); read up to it",
+                                self.name,
+                                crate::text::printable(n)
+                            ));
+                            break;
+                        }
                         Some(n) if mapping.contains_key(n) => node = Some(n.to_string()),
                         _ => break,
                     }

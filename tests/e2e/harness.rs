@@ -64,6 +64,33 @@ impl Env {
         Run::from(child.wait_with_output().unwrap())
     }
 
+    /// Run `args`, killing the process if it has not ended within `secs` (a hang guard for
+    /// inputs that used to loop forever; the test fails then).
+    #[track_caller]
+    pub fn run_within(&self, secs: u64, args: &[&str]) -> Run {
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                return Run::from(child.wait_with_output().unwrap());
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "abridge {args:?} did not end within {secs} s (killed)\n--- stderr\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// The stored chain as JSON (`summaries SESSION --json`), or `None` for an unknown session.
     pub fn chain(&self, session: &str) -> Option<Value> {
         let r = self.run(&["summaries", session, "--json"]);

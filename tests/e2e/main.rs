@@ -6,6 +6,7 @@ mod bad_input;
 mod engine_api;
 mod golden_chains;
 mod harness;
+mod hostile;
 mod ingest;
 mod jobs;
 mod real_data;

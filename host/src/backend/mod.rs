@@ -40,6 +40,98 @@ impl LlmBackend for NoModel {
     }
 }
 
+/// `url` with any credentials (`user:pass@`) replaced by `***`, for every message, log line,
+/// job error and failure marker: a secret in a URL is used, never shown.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}://***@{}", &url[..scheme_end], &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
+/// Check a server base URL: it must parse, and speak http or https. The message shows it
+/// redacted.
+pub(crate) fn check_base_url(base: &str, what: &str) -> Result<reqwest::Url, Error> {
+    let shown = redact_url(base);
+    let url = reqwest::Url::parse(base).map_err(|e| {
+        Error::InvalidInput(format!(
+            "{shown} is not a valid URL ({e}); {what} takes a URL such as http://localhost:11434"
+        ))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+        return Err(Error::InvalidInput(format!(
+            "{shown} is not an http:// or https:// URL with a host; {what} takes a URL such as http://localhost:11434"
+        )));
+    }
+    Ok(url)
+}
+
+/// Whether `url`'s host is this machine (loopback), where plain HTTP exposes nothing.
+pub(crate) fn is_loopback(url: &reqwest::Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.to_ascii_lowercase().ends_with(".localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback())
+}
+
+/// Most bytes read of one model response. A summary call asks for a few hundred tokens; a
+/// body past this is a babbling or broken server, and reading on would only cost memory.
+pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
+
+/// The body of `resp`, read chunk by chunk and abandoned past `cap` bytes: memory stays
+/// bounded whatever the server sends. `Err(None)` means over the cap.
+pub(crate) async fn read_capped(
+    mut resp: reqwest::Response,
+    cap: usize,
+) -> Result<String, Option<reqwest::Error>> {
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(Some)? {
+        if buf.len() + chunk.len() > cap {
+            return Err(None);
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The failure for a response over [`MAX_RESPONSE_BYTES`]: a model failure, not retried (the
+/// same request would babble again).
+pub(crate) fn oversized(url: &str) -> Error {
+    Error::Server(format!(
+        "{url} sent a response of more than {} MiB for one summary call; the model or server is misbehaving (check it, or lower --max-output-tokens)",
+        MAX_RESPONSE_BYTES >> 20
+    ))
+}
+
+/// Whether a server's error message says the prompt did not fit the context window, in any
+/// wording Ollama (old and new runners), llama.cpp's server or OpenAI-compatible servers use.
+pub fn is_context_overflow(msg: &str) -> bool {
+    let m = msg.to_ascii_lowercase();
+    [
+        "context length", // "...longer than the context length currently available..."
+        "exceeds the available context", // "request (2130 tokens) exceeds the available context size (2048 tokens)"
+        "exceed_context_size",           // llama.cpp's error type exceed_context_size_error
+        "context size",
+        "context window",
+        "context_length_exceeded", // OpenAI's error code
+        "maximum context",         // "This model's maximum context length is ..."
+        "input length exceeds",    // embeddings
+        "too many tokens",
+    ]
+    .iter()
+    .any(|w| m.contains(w))
+}
+
 /// Map a server's `done_reason` / `finish_reason` (absent means a normal stop).
 pub(crate) fn finish_reason(reason: Option<&str>) -> crate::types::FinishReason {
     use crate::types::FinishReason;
@@ -57,6 +149,7 @@ pub(crate) fn transport_attempt(server: &str, url: &str, e: reqwest::Error, hint
 
 /// Map a reqwest transport failure to an engine error that says how to fix it.
 pub(crate) fn transport_error(server: &str, url: &str, e: reqwest::Error, hint: &str) -> Error {
+    let url = &redact_url(url);
     if e.is_timeout() {
         Error::Timeout(format!(
             "{server} at {url} did not answer in time; raise --timeout-secs or check the server's load"

@@ -15,6 +15,8 @@ use crate::types::{Error, Prompt, Request, Response};
 pub struct Ollama {
     http: reqwest::Client,
     base: String,
+    /// `base` with any credentials redacted: the only form shown.
+    shown: String,
     retry: RetryPolicy,
 }
 
@@ -25,6 +27,13 @@ impl Ollama {
     /// A client for the server at `base` (e.g. `http://localhost:11434`); each generation may
     /// take up to `timeout`.
     pub fn new(base: &str, timeout: Duration) -> Result<Self, Error> {
+        super::check_base_url(base, "EXTRACTION_URL/--url")?;
+        if timeout.is_zero() {
+            return Err(Error::InvalidInput(
+                "a timeout of 0 seconds leaves no time to answer; pass --timeout-secs 1 or more"
+                    .into(),
+            ));
+        }
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(Duration::from_secs(5))
@@ -34,6 +43,7 @@ impl Ollama {
         Ok(Ollama {
             http,
             base: base.trim_end_matches('/').to_string(),
+            shown: super::redact_url(base.trim_end_matches('/')),
             retry: RetryPolicy::default(),
         })
     }
@@ -44,9 +54,9 @@ impl Ollama {
         self
     }
 
-    /// The server's base URL.
+    /// The server's base URL, credentials redacted.
     pub fn url(&self) -> &str {
-        &self.base
+        &self.shown
     }
 
     /// Check the server answers (`GET /api/version`, 2 s limit); returns its version.
@@ -60,7 +70,7 @@ impl Ollama {
             .await
             .map_err(|e| transport_error("Ollama", &self.base, e, HINT))?;
         let v: Value = resp.json().await.map_err(|_| {
-            Error::Server(format!("{} answered /api/version with something that is not Ollama's JSON; check EXTRACTION_URL/--url", self.base))
+            Error::Server(format!("{} answered /api/version with something that is not Ollama's JSON; check EXTRACTION_URL/--url", self.shown))
         })?;
         Ok(v.get("version")
             .and_then(Value::as_str)
@@ -80,7 +90,7 @@ impl Ollama {
         let v: Value = resp.json().await.map_err(|_| {
             Error::Server(format!(
                 "{} answered /api/tags with something that is not JSON",
-                self.base
+                self.shown
             ))
         })?;
         let want_latest = format!("{model}:latest");
@@ -102,15 +112,22 @@ pub(crate) fn not_pulled(model: &str) -> Error {
 impl Ollama {
     /// One attempt at a request, classified for the retry policy.
     async fn attempt(&self, req: &Request, path: &str, body: &Value) -> Attempt {
-        let url = format!("{}{path}", self.base);
-        let resp = match self.http.post(&url).json(body).send().await {
+        let url = format!("{}{path}", self.shown);
+        let resp = match self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+        {
             Ok(r) => r,
             Err(e) => return transport_attempt("Ollama", &self.base, e, HINT),
         };
         let status = resp.status();
-        let text = match resp.text().await {
+        let text = match super::read_capped(resp, super::MAX_RESPONSE_BYTES).await {
             Ok(t) => t,
-            Err(e) => return transport_attempt("Ollama", &self.base, e, HINT),
+            Err(Some(e)) => return transport_attempt("Ollama", &self.base, e, HINT),
+            Err(None) => return Attempt::Done(Err(super::oversized(&url))),
         };
         let v: Option<Value> = serde_json::from_str(&text).ok();
         let err_msg = v
@@ -122,7 +139,7 @@ impl Ollama {
             let msg = err_msg.unwrap_or_else(|| snippet(&text));
             return match status.as_u16() {
                 404 => Attempt::Done(Err(not_pulled(&req.model))),
-                400 if msg.contains("context length") => {
+                400 | 413 | 500 if super::is_context_overflow(&msg) => {
                     Attempt::Done(Err(Error::ContextOverflow(msg)))
                 }
                 code @ (429 | 500..=599) => {
@@ -138,6 +155,9 @@ impl Ollama {
             )));
         };
         if let Some(msg) = err_msg {
+            if super::is_context_overflow(&msg) {
+                return Attempt::Done(Err(Error::ContextOverflow(msg)));
+            }
             return Attempt::Retry(Error::Server(format!("{url}: {msg}")));
         }
         let Some(content) = v

@@ -14,6 +14,8 @@ use crate::types::{Error, Prompt, Request, Response};
 pub struct OpenAi {
     http: reqwest::Client,
     base: String,
+    /// `base` with any credentials redacted: the only form shown.
+    shown: String,
     key: Option<String>,
     retry: RetryPolicy,
 }
@@ -23,9 +25,17 @@ const HINT: &str = "check OPENAI_BASE_URL, or pass --backend ollama|extractive";
 impl OpenAi {
     /// A client for `base` (ending in `/v1`), with an optional API key sent as a bearer token.
     pub fn new(base: &str, key: Option<String>, timeout: Duration) -> Result<Self, Error> {
+        super::check_base_url(base, "OPENAI_BASE_URL")?;
+        if timeout.is_zero() {
+            return Err(Error::InvalidInput(
+                "a timeout of 0 seconds leaves no time to answer; pass --timeout-secs 1 or more"
+                    .into(),
+            ));
+        }
         if base.starts_with("https://") {
             return Err(Error::InvalidInput(format!(
-                "{base} uses https, which this build does not speak; use a plain-http endpoint or a local TLS-terminating proxy"
+                "{} uses https, which this build does not speak; use a plain-http endpoint or a local TLS-terminating proxy",
+                super::redact_url(base)
             )));
         }
         let http = reqwest::Client::builder()
@@ -36,9 +46,17 @@ impl OpenAi {
         Ok(OpenAi {
             http,
             base: base.trim_end_matches('/').to_string(),
+            shown: super::redact_url(base.trim_end_matches('/')),
             key,
             retry: RetryPolicy::default(),
         })
+    }
+
+    /// Whether a key would travel unencrypted to another machine: plain http to a host that is
+    /// not loopback.
+    pub fn key_in_clear(&self) -> bool {
+        reqwest::Url::parse(&self.base)
+            .is_ok_and(|u| u.scheme() == "http" && !super::is_loopback(&u))
     }
 
     /// Retry transient failures with this policy (default: 3 attempts, 500 ms doubling).
@@ -50,8 +68,11 @@ impl OpenAi {
     /// One attempt at a request, classified for the retry policy.
     async fn attempt(&self, req: &Request, body: &Value) -> Attempt {
         const SERVER: &str = "the OpenAI-compatible server";
-        let url = format!("{}/chat/completions", self.base);
-        let mut call = self.http.post(&url).json(body);
+        let url = format!("{}/chat/completions", self.shown);
+        let mut call = self
+            .http
+            .post(format!("{}/chat/completions", self.base))
+            .json(body);
         if let Some(k) = &self.key {
             call = call.bearer_auth(k);
         }
@@ -60,9 +81,10 @@ impl OpenAi {
             Err(e) => return transport_attempt(SERVER, &self.base, e, HINT),
         };
         let status = resp.status();
-        let text = match resp.text().await {
+        let text = match super::read_capped(resp, super::MAX_RESPONSE_BYTES).await {
             Ok(t) => t,
-            Err(e) => return transport_attempt(SERVER, &self.base, e, HINT),
+            Err(Some(e)) => return transport_attempt(SERVER, &self.base, e, HINT),
+            Err(None) => return Attempt::Done(Err(super::oversized(&url))),
         };
         let v: Option<Value> = serde_json::from_str(&text).ok();
         if !status.is_success() {
@@ -78,9 +100,9 @@ impl OpenAi {
                 ))),
                 404 => fail(Error::ModelNotFound(format!(
                     "model '{}' is not available at {} ({msg}); pick another with --model",
-                    req.model, self.base
+                    req.model, self.shown
                 ))),
-                400 if msg.contains("context") => fail(Error::ContextOverflow(msg)),
+                400 | 413 if super::is_context_overflow(&msg) => fail(Error::ContextOverflow(msg)),
                 code @ (429 | 500..=599) => {
                     Attempt::Retry(Error::Server(format!("HTTP {code} from {url}: {msg}")))
                 }

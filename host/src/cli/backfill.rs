@@ -48,6 +48,10 @@ pub struct BackfillArgs {
     /// Print one JSON object (results and totals) instead of the table
     #[arg(long)]
     json: bool,
+    /// Follow symbolic links that lead out of DIR (links inside it are always followed;
+    /// link loops are always cut)
+    #[arg(long)]
+    follow_links: bool,
     #[command(flatten)]
     read: super::commands::ReadArgs,
     #[command(flatten)]
@@ -142,58 +146,31 @@ pub fn since_ms(s: &str, now: u64) -> Result<u64, String> {
         })
 }
 
-/// Every *.jsonl and *.json file under `dir` (hidden entries skipped), with size and mtime.
-fn walk(dir: &Path) -> Result<Vec<File>, Failure> {
-    let mut out = Vec::new();
-    let mut stack = vec![(dir.to_path_buf(), 0u32)];
-    while let Some((d, depth)) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| {
+/// Every *.jsonl and *.json file under `dir` (hidden entries skipped), with size and mtime;
+/// link loops and links out of the tree are passed over with a note.
+fn walk(s: &Settings, dir: &Path, follow_links: bool) -> Result<Vec<File>, Failure> {
+    let w =
+        abridge::walk::transcript_files(dir, &["jsonl", "json"], follow_links).map_err(|e| {
             Failure::new(
                 Exit::Input,
                 anyhow!(
                     "cannot read the directory {}: {e} — check the path",
-                    d.display()
+                    dir.display()
                 ),
             )
         })?;
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            if name.to_string_lossy().starts_with('.') {
-                continue;
-            }
-            let path = entry.path();
-            let Ok(meta) = std::fs::metadata(&path) else {
-                continue;
-            };
-            if meta.is_dir() {
-                if depth < 16 {
-                    stack.push((path, depth + 1));
-                }
-                continue;
-            }
-            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-            if !meta.is_file() || !matches!(ext, "jsonl" | "json") {
-                continue;
-            }
-            let rel = path
-                .strip_prefix(dir)
-                .unwrap_or(&path)
-                .display()
-                .to_string();
-            let mtime_ms = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_millis() as u64);
-            out.push(File {
-                path,
-                rel,
-                size: meta.len(),
-                mtime_ms,
-            });
-        }
+    for line in &w.skipped {
+        note(s, &format!("backfill: {}", abridge::text::printable(line)));
     }
-    Ok(out)
+    Ok(w.files
+        .into_iter()
+        .map(|f| File {
+            path: f.path,
+            rel: f.rel,
+            size: f.size,
+            mtime_ms: f.mtime_ms,
+        })
+        .collect())
 }
 
 /// The overall progress line: files done, outcomes so far, and the running job.
@@ -331,7 +308,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         .map(|x| since_ms(x, now_ms()))
         .transpose()
         .map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
-    let mut files: Vec<File> = walk(&dir)?
+    let mut files: Vec<File> = walk(s, &dir, a.follow_links)?
         .into_iter()
         .filter(|f| a.pattern.as_deref().is_none_or(|p| matches(p, &f.rel)))
         .filter(|f| since.is_none_or(|t| f.mtime_ms >= t))
@@ -485,7 +462,11 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         }
         let parsed = match transcript::parse_bytes(&f.rel, &bytes, None, opts) {
             Ok(p) => p,
-            Err(TranscriptError::UnknownFormat { .. }) | Err(TranscriptError::Empty { .. }) => {
+            Err(
+                TranscriptError::UnknownFormat { .. }
+                | TranscriptError::Empty { .. }
+                | TranscriptError::EmptyFile { .. },
+            ) => {
                 record("skipped", vec![], 0, Some(NOT_TRANSCRIPT.into()))?;
                 row(
                     &mut results,
@@ -502,21 +483,15 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
                 continue;
             }
         };
-        let stem = f
-            .path
-            .file_stem()
-            .map_or_else(|| "session".into(), |x| x.to_string_lossy().into_owned());
+        for w in &parsed.warnings {
+            note(s, &format!("backfill: {w}"));
+        }
         let mut sessions = Vec::new();
         let (mut episodes, mut failure, mut small) = (0u64, None, 0usize);
         let many = parsed.conversations.len() > 1;
         for (i, conv) in parsed.conversations.into_iter().enumerate() {
-            let session = conv.id.clone().unwrap_or_else(|| {
-                if many {
-                    format!("{stem}-{}", i + 1)
-                } else {
-                    stem.clone()
-                }
-            });
+            let session =
+                transcript::session_name(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
             let n = conv.episodes.len() as u64;
             episodes += n;
             if n < a.min_session_episodes {
@@ -670,8 +645,9 @@ fn report(
     } else {
         let mut out = std::io::stdout().lock();
         let w = |out: &mut std::io::StdoutLock, line: String| {
-            writeln!(out, "{line}")
-                .map_err(|e| Failure::new(Exit::Internal, anyhow!("writing output: {e}")))
+            let _ = &out;
+            super::out(format_args!("{}\n", abridge::text::printable_lines(&line)));
+            Ok::<(), Failure>(())
         };
         let width = results
             .iter()

@@ -1,6 +1,6 @@
 //! The commands.
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ pub struct SummarizeArgs {
     #[arg(long, default_value = "auto", value_parser = ["auto", "jsonl", "openai", "claude-code", "chatgpt"])]
     format: String,
     /// Session id [default: the transcript's own id, else the file name]
-    #[arg(long)]
+    #[arg(long, value_parser = super::session_id)]
     session: Option<String>,
     /// Print JSON instead of the summary text
     #[arg(long)]
@@ -61,6 +61,7 @@ impl ReadArgs {
         Options {
             include_tools: self.include_tools,
             skip_invalid: self.skip_invalid,
+            first_line: 0,
         }
     }
 }
@@ -96,7 +97,7 @@ impl Prices {
 #[derive(Args, Debug)]
 pub struct IngestArgs {
     /// Session to append to
-    #[arg(long)]
+    #[arg(long, value_parser = super::session_id)]
     session: String,
     /// JSON-lines file, or - for standard input
     #[arg(default_value = "-")]
@@ -112,6 +113,7 @@ pub struct IngestArgs {
 #[derive(Args, Debug)]
 pub struct SummariesArgs {
     /// Session id
+    #[arg(value_parser = super::session_id)]
     session: String,
     /// Print JSON
     #[arg(long)]
@@ -120,7 +122,7 @@ pub struct SummariesArgs {
 
 pub(super) fn note(s: &Settings, msg: &str) {
     if !s.quiet {
-        eprintln!("abridge: {msg}");
+        eprintln!("abridge: {}", abridge::text::printable_lines(msg));
     }
 }
 
@@ -157,7 +159,9 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
         if !o.has_model(&s.config.model).await.map_err(model_failure)? {
             return Err(model_failure(Error::ModelNotFound(format!(
                 "model '{}' is not available on the Ollama server at {} — run 'ollama pull {}', pick another with --model/EXTRACTION_MODEL, or pass --backend extractive",
-                s.config.model, s.url, s.config.model
+                s.config.model,
+                abridge::backend::redact_url(&s.url),
+                s.config.model
             ))));
         }
         Ok(Backend {
@@ -176,6 +180,15 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
         BackendChoice::Openai => {
             let o = OpenAi::new(&s.openai_base_url, s.openai_api_key.clone(), s.timeout)
                 .map_err(model_failure)?;
+            if s.openai_api_key.is_some() && o.key_in_clear() {
+                note(
+                    s,
+                    &format!(
+                        "warning: the API key is sent in clear text to {} (plain http to another machine) — use an https:// URL",
+                        abridge::backend::redact_url(&s.openai_base_url)
+                    ),
+                );
+            }
             Ok(Backend {
                 llm: Arc::new(o),
                 engine: Engine::Llm,
@@ -191,7 +204,7 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
                         s,
                         &format!(
                             "Ollama at {} is not reachable, so the extractive summarizer (sentence selection, no model) is used — start Ollama with 'ollama serve', or pass --backend ollama to require it",
-                            s.url
+                            abridge::backend::redact_url(&s.url)
                         ),
                     );
                     Ok(Backend {
@@ -253,9 +266,18 @@ pub(super) fn row_json(r: &SummaryRow) -> serde_json::Value {
     })
 }
 
-fn file_stem(p: &Path) -> String {
-    p.file_stem()
-        .map_or_else(|| "stdin".to_string(), |s| s.to_string_lossy().into_owned())
+/// The session for conversation `i` of `file` (see [`transcript::session_name`]).
+fn session_for(
+    given: Option<&String>,
+    conv: &transcript::Conversation,
+    file: &Path,
+    i: usize,
+    many: bool,
+) -> String {
+    given.cloned().unwrap_or_else(|| {
+        let name = file.file_name().map_or(file, Path::new);
+        transcript::session_name(conv.id.as_deref(), name, many.then_some(i))
+    })
 }
 
 pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
@@ -295,12 +317,8 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     } else {
         cfg.model.clone()
     };
-    for conv in parsed.conversations {
-        let session = a
-            .session
-            .clone()
-            .or(conv.id.clone())
-            .unwrap_or_else(|| file_stem(&a.file));
+    for (i, conv) in parsed.conversations.into_iter().enumerate() {
+        let session = session_for(a.session.as_ref(), &conv, &a.file, i, many);
         let total = conv.episodes.len();
         let added = engine.append(&session, &conv.episodes).await?;
         note(
@@ -358,8 +376,9 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
         let mut out = std::io::stdout().lock();
         let write = |out: &mut std::io::StdoutLock, text: String| {
-            writeln!(out, "{text}")
-                .map_err(|e| Failure::new(Exit::Internal, anyhow!("writing output: {e}")))
+            let _ = &out;
+            super::out(format_args!("{}\n", abridge::text::printable_lines(&text)));
+            Ok::<(), Failure>(())
         };
         if a.json {
             let v = json!({
@@ -402,12 +421,9 @@ async fn dry_run(
     } else {
         Engine::Llm
     };
-    for conv in conversations {
-        let session = a
-            .session
-            .clone()
-            .or(conv.id.clone())
-            .unwrap_or_else(|| file_stem(&a.file));
+    let many = conversations.len() > 1;
+    for (i, conv) in conversations.into_iter().enumerate() {
+        let session = session_for(a.session.as_ref(), &conv, &a.file, i, many);
         engine.append(&session, &conv.episodes).await?;
         let p = engine.plan(&session, &cfg).await?;
         let path = match p.path {

@@ -17,6 +17,7 @@ use super::{Exit, Failure, Settings};
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// Only this session [default: every session, most recently changed first]
+    #[arg(value_parser = super::session_id)]
     session: Option<String>,
     /// Print JSON (one array)
     #[arg(long)]
@@ -26,6 +27,7 @@ pub struct StatusArgs {
 #[derive(Args, Debug)]
 pub struct ContextArgs {
     /// Session id
+    #[arg(value_parser = super::session_id)]
     session: String,
     /// Most tokens (estimated) the messages may take
     #[arg(long, default_value_t = 2000)]
@@ -44,6 +46,7 @@ pub struct ContextArgs {
 #[derive(Args, Debug)]
 pub struct RefreshArgs {
     /// Session id
+    #[arg(value_parser = super::session_id)]
     session: String,
     /// Print the chain as JSON
     #[arg(long)]
@@ -53,6 +56,7 @@ pub struct RefreshArgs {
 #[derive(Args, Debug)]
 pub struct ModeArgs {
     /// Session id
+    #[arg(value_parser = super::session_id)]
     session: String,
     /// eager, idle, or default (follow the global --mode / ABRIDGE_MODE); omit to print it
     #[arg(value_parser = ["eager", "idle", "default"], value_name = "MODE")]
@@ -65,6 +69,7 @@ pub struct ModeArgs {
 #[derive(Args, Debug)]
 pub struct ResetArgs {
     /// Session id
+    #[arg(value_parser = super::session_id)]
     session: String,
 }
 

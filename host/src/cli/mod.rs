@@ -1,5 +1,15 @@
 //! Command-line interface: parsing, backend selection, commands, exit codes.
 
+// `println!`/`print!` for every command below: a closed stdout (`abridge summaries S | head`)
+// ends the process quietly with exit 0 instead of std's panic (exit 101).
+macro_rules! println {
+    () => { $crate::cli::out(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::cli::out(format_args!("{}\n", format_args!($($t)*))) };
+}
+macro_rules! print {
+    ($($t:tt)*) => { $crate::cli::out(format_args!($($t)*)) };
+}
+
 mod backfill;
 mod bench;
 mod bench_fresh;
@@ -15,6 +25,29 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub use settings::{Common, Settings};
+
+/// Write to stdout, control characters escaped; when the reader has gone (a closed pipe), stop quietly: everything the
+/// command stores is stored before it prints.
+pub fn out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    // Whatever a command prints may carry text from outside (transcripts, model output):
+    // control characters are shown as escapes, never obeyed by the terminal.
+    let text = args.to_string();
+    let safe = abridge::text::printable_lines(&text);
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_all(safe.as_bytes()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("abridge: cannot write to standard output: {e}");
+        std::process::exit(Exit::Internal as i32);
+    }
+}
+
+/// clap's parser for a session id argument (see [`abridge::text::check_session_id`]).
+pub fn session_id(s: &str) -> Result<String, String> {
+    abridge::text::check_session_id(s).map(|()| s.to_string())
+}
 
 /// Exit statuses (documented in the README).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -47,36 +47,16 @@ pub struct WatchArgs {
     /// Keep tool calls and tool results as episodes
     #[arg(long)]
     include_tools: bool,
+    /// Follow symbolic links that lead out of DIR (links inside it are always followed;
+    /// link loops are always cut)
+    #[arg(long)]
+    follow_links: bool,
 }
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Every *.jsonl file under `dir`, hidden entries skipped, sorted.
-fn jsonl_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![(dir.to_path_buf(), 0)];
-    while let Some((d, depth)) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with('.') {
-                continue;
-            }
-            let p = e.path();
-            if p.is_dir() && depth < 16 {
-                stack.push((p, depth + 1));
-            } else if p.is_file() && p.extension().is_some_and(|x| x == "jsonl") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// The bytes of `path` from `offset` to its end.
@@ -92,6 +72,10 @@ fn read_from(path: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
 /// The length of `bytes` up to and including its last newline (0 without one).
 fn complete_lines(bytes: &[u8]) -> usize {
     bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+}
+
+fn count_lines(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|&&b| b == b'\n').count() as u64
 }
 
 fn format_name(f: Format) -> &'static str {
@@ -117,6 +101,8 @@ struct Watcher<'a> {
     pending: BTreeSet<String>,
     imported: u64,
     refreshed: u32,
+    /// Walk notes already printed (a link loop is reported once, not every tick).
+    told: BTreeSet<String>,
     stop: Arc<AtomicBool>,
     current: Arc<Mutex<Option<Arc<CallControl>>>>,
 }
@@ -157,6 +143,7 @@ impl Watcher<'_> {
                     session: None,
                     format: None,
                     offset,
+                    lines: None,
                 };
                 if !self.a.backfill {
                     note(
@@ -181,7 +168,18 @@ impl Watcher<'_> {
                 ),
             );
             f.offset = 0;
+            f.lines = Some(0);
         }
+        // Episode keys carry the file's own line numbers: count the lines before the offset
+        // once (a baseline, or a record from an older abridge), then keep count.
+        let first_line = match f.lines {
+            Some(n) => n,
+            None if f.offset == 0 => 0,
+            None => match read_from(path, 0) {
+                Ok(b) => count_lines(&b[..(f.offset as usize).min(b.len())]),
+                Err(e) => return cannot(e),
+            },
+        };
         // Only what was appended since the last read, up to its last complete line.
         let bytes = match read_from(path, f.offset) {
             Ok(b) => b,
@@ -200,9 +198,9 @@ impl Watcher<'_> {
         let opts = Options {
             include_tools: self.a.include_tools,
             skip_invalid: true,
+            first_line: first_line as usize,
         };
         let name = self.rel(path);
-        let start = f.offset;
         let mut added = 0u64;
         match transcript::parse_bytes(&name, chunk, format, opts) {
             Ok(parsed) => {
@@ -211,21 +209,15 @@ impl Watcher<'_> {
                 }
                 f.format = Some(format_name(parsed.format).into());
                 for conv in parsed.conversations {
-                    let session = f.session.clone().or(conv.id.clone()).unwrap_or_else(|| {
-                        path.file_stem()
-                            .map_or_else(|| "session".into(), |x| x.to_string_lossy().into_owned())
+                    let session = f.session.clone().unwrap_or_else(|| {
+                        transcript::session_name(
+                            conv.id.as_deref(),
+                            path.strip_prefix(&self.dir).unwrap_or(path),
+                            None,
+                        )
                     });
                     f.session = Some(session.clone());
-                    let mut eps = conv.episodes;
-                    if parsed.format == Format::Jsonl {
-                        // Line numbers restart in every chunk: anchor the keys at the chunk.
-                        for e in &mut eps {
-                            if !e.source_key.starts_with("id:") {
-                                e.source_key = format!("@{start}:{}", e.source_key);
-                            }
-                        }
-                    }
-                    let n = self.engine.append(&session, &eps).await?;
+                    let n = self.engine.append(&session, &conv.episodes).await?;
                     added += u64::from(n);
                     let stats = self.engine.store().stats(&session).await.map_err(storage)?;
                     self.marks
@@ -235,7 +227,7 @@ impl Watcher<'_> {
                 }
             }
             // Only tool traffic or metadata so far: nothing to import, but the bytes are read.
-            Err(TranscriptError::Empty { .. }) => {}
+            Err(TranscriptError::Empty { .. } | TranscriptError::EmptyFile { .. }) => {}
             Err(TranscriptError::UnknownFormat { .. }) => {
                 note(
                     self.s,
@@ -249,6 +241,7 @@ impl Watcher<'_> {
         // The episodes are stored before the offset moves: a crash in between re-reads the
         // same lines, which append skips by their keys.
         f.offset = complete;
+        f.lines = Some(first_line + count_lines(chunk));
         self.watched.put(&f, now_ms()).map_err(storage)?;
         self.files.insert(key, f.clone());
         if added > 0 {
@@ -322,7 +315,17 @@ impl Watcher<'_> {
     }
 
     async fn pass(&mut self) -> Result<(), Failure> {
-        for path in jsonl_files(&self.dir) {
+        let walk = abridge::walk::transcript_files(&self.dir, &["jsonl"], self.a.follow_links)
+            .unwrap_or_default();
+        for line in walk.skipped {
+            if self.told.insert(line.clone()) {
+                note(
+                    self.s,
+                    &format!("watch: {}", abridge::text::printable(&line)),
+                );
+            }
+        }
+        for path in walk.files.into_iter().map(|f| f.path) {
             if self.stop.load(Ordering::SeqCst) {
                 return Ok(());
             }
@@ -412,6 +415,7 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
         pending,
         imported: 0,
         refreshed: 0,
+        told: BTreeSet::new(),
         stop: stop.clone(),
         current,
     };

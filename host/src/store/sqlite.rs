@@ -25,11 +25,47 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/008-watched-files.sql"),
     include_str!("migrations/009-source-marks.sql"),
     include_str!("migrations/010-session-modes.sql"),
+    include_str!("migrations/011-watched-lines.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
 pub struct SqliteStore {
     conn: Mutex<Connection>,
+    /// The file's path, named in every error.
+    name: String,
+}
+
+/// Tables of the abridge schema: a database holding any other table belongs to another
+/// program and is refused rather than migrated.
+const OWN_TABLES: &[&str] = &[
+    "sessions",
+    "episodes",
+    "summaries",
+    "calibration",
+    "partials",
+    "jobs",
+    "sources",
+    "failure_markers",
+    "watched_files",
+    "source_marks",
+    "session_modes",
+];
+
+/// Add the database's path and what to do to a SQLite error's message.
+fn explain(name: &str, msg: &str) -> String {
+    let remedy = if msg.contains("readonly") || msg.contains("read-only") {
+        "the file (or its folder, which must hold the -wal and -shm files) is not writable: fix its permissions, or point --db/ABRIDGE_DB at a writable file"
+    } else if msg.contains("malformed") || msg.contains("not a database") || msg.contains("corrupt")
+    {
+        "the file is damaged: move it aside and start a new database (or salvage it with `sqlite3 FILE .recover`), then run the import again"
+    } else if msg.contains("disk is full") || msg.contains("disk I/O") {
+        "the disk is full or failing: free space, or point --db/ABRIDGE_DB at another disk"
+    } else if msg.contains("locked") || msg.contains("busy") {
+        "another process holds the database for too long: wait for it to finish and try again"
+    } else {
+        return format!("database {name}: {msg}");
+    };
+    format!("database {name}: {msg} — {remedy}")
 }
 
 fn db_err(e: rusqlite::Error) -> Error {
@@ -63,37 +99,62 @@ impl SqliteStore {
     }
 
     fn init(mut conn: Connection, name: &str) -> Result<Self, Error> {
-        let fail = |e: rusqlite::Error| {
-            Error::Storage(format!(
-                "{name} is not a usable abridge database ({e}); point --db/ABRIDGE_DB at another file"
-            ))
-        };
-        conn.busy_timeout(std::time::Duration::from_secs(10))
+        let fail = |e: rusqlite::Error| Error::Storage(explain(name, &e.to_string()));
+        conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(fail)?;
+        // Look before touching anything: another program's database is neither migrated nor
+        // switched to WAL.
+        let tables: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+            )
+            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+            .map_err(fail)?;
+        let foreign: Vec<&String> = tables
+            .iter()
+            .filter(|t| !OWN_TABLES.contains(&t.as_str()))
+            .collect();
+        if !foreign.is_empty() {
+            let shown: Vec<&str> = foreign.iter().take(5).map(|t| t.as_str()).collect();
+            return Err(Error::Storage(format!(
+                "{name} is not an abridge database (it holds other tables: {}{}); abridge leaves it untouched — point --db/ABRIDGE_DB at a new file",
+                shown.join(", "),
+                if foreign.len() > 5 { ", …" } else { "" }
+            )));
+        }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(fail)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(fail)?;
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(fail)?;
-        let version = conn
-            .pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
-            .map_err(fail)? as usize;
-        if version > MIGRATIONS.len() {
-            return Err(Error::Storage(format!(
-                "{name} was written by a newer abridge (schema {version}, this build knows {}); upgrade abridge",
-                MIGRATIONS.len()
-            )));
-        }
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
-            let tx = conn.transaction().map_err(fail)?;
+        // Two processes may open a new database at once: each migration step runs in a write
+        // transaction taken before the version is read, so the second waits for the first and
+        // then finds the work done.
+        loop {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(fail)?;
+            let version = tx
+                .pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
+                .map_err(fail)? as usize;
+            if version > MIGRATIONS.len() {
+                return Err(Error::Storage(format!(
+                    "{name} was written by a newer abridge (schema {version}, this build knows {}); upgrade abridge",
+                    MIGRATIONS.len()
+                )));
+            }
+            let Some(sql) = MIGRATIONS.get(version) else {
+                break;
+            };
             tx.execute_batch(sql).map_err(fail)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)
+            tx.pragma_update(None, "user_version", (version + 1) as i64)
                 .map_err(fail)?;
             tx.commit().map_err(fail)?;
         }
         Ok(SqliteStore {
             conn: Mutex::new(conn),
+            name: name.to_string(),
         })
     }
 
@@ -105,7 +166,12 @@ impl SqliteStore {
             .conn
             .lock()
             .expect("the store's lock is poisoned by an earlier panic");
-        f(&mut conn)
+        f(&mut conn).map_err(|e| match e {
+            Error::Storage(msg) if !msg.starts_with("database ") => {
+                Error::Storage(explain(&self.name, &msg))
+            }
+            other => other,
+        })
     }
 }
 
@@ -338,6 +404,11 @@ impl Store for SqliteStore {
                 "DELETE FROM summaries WHERE session = ?1",
                 "DELETE FROM episodes WHERE session = ?1",
                 "DELETE FROM failure_markers WHERE session = ?1",
+                "DELETE FROM source_marks WHERE session = ?1",
+                // The files it was read from are forgotten too, so the next backfill or
+                // watch reads them again and the session comes back.
+                "DELETE FROM sources WHERE EXISTS (SELECT 1 FROM json_each(sources.sessions) WHERE value = ?1)",
+                "DELETE FROM watched_files WHERE session = ?1",
                 "DELETE FROM sessions WHERE id = ?1",
             ] {
                 tx.execute(sql, [session]).map_err(db_err)?;
