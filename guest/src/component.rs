@@ -1,7 +1,7 @@
 //! The export shell: implements the generated `Guest` traits, converts between WIT types and
 //! the plain types in [`crate::types`], and forwards to the logic modules.
 
-use crate::{context, engine, freshness, policy, prompt, strip, tokens, types};
+use crate::{context, engine, freshness, policy, prompt, strip, tokens, transcript, types};
 
 #[allow(missing_docs)]
 mod bindings {
@@ -9,7 +9,7 @@ mod bindings {
 }
 
 use bindings::abridge::engine::{clock, llm, log, store, types as wit};
-use bindings::exports::abridge::engine::{summarizer, text};
+use bindings::exports::abridge::engine::{summarizer, text, transcripts as tx};
 
 struct Component;
 
@@ -489,6 +489,88 @@ impl text::Guest for Component {
 
     fn strip_template_tokens(text: String) -> String {
         strip::strip_template_tokens(&text)
+    }
+}
+
+impl tx::Guest for Component {
+    type Parser = ParserResource;
+}
+
+/// The `parser` resource: one streaming [`transcript::Parser`] per file.
+struct ParserResource(std::cell::RefCell<transcript::Parser>);
+
+fn format_in(f: tx::Format) -> transcript::Format {
+    match f {
+        tx::Format::Jsonl => transcript::Format::Jsonl,
+        tx::Format::Openai => transcript::Format::OpenAi,
+        tx::Format::ClaudeCode => transcript::Format::ClaudeCode,
+        tx::Format::Chatgpt => transcript::Format::ChatGpt,
+    }
+}
+
+fn format_out(f: transcript::Format) -> tx::Format {
+    match f {
+        transcript::Format::Jsonl => tx::Format::Jsonl,
+        transcript::Format::OpenAi => tx::Format::Openai,
+        transcript::Format::ClaudeCode => tx::Format::ClaudeCode,
+        transcript::Format::ChatGpt => tx::Format::Chatgpt,
+    }
+}
+
+fn batch_out(r: Result<transcript::Batch, transcript::ParseError>) -> Result<tx::Batch, tx::ParseError> {
+    use transcript::ParseError as P;
+    match r {
+        Ok(b) => Ok(tx::Batch {
+            format: b.format.map(format_out),
+            conversations: b
+                .conversations
+                .into_iter()
+                .map(|c| tx::ConversationPart {
+                    index: c.index,
+                    id: c.id,
+                    title: c.title,
+                    episodes: c
+                        .episodes
+                        .into_iter()
+                        .map(|e| tx::ParsedEpisode {
+                            role: role_out(e.role),
+                            content: e.content,
+                            timestamp_ms: e.timestamp_ms,
+                            source_key: e.source_key,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            warnings: b.warnings,
+        }),
+        Err(P::Utf8 { line, offset }) => Err(tx::ParseError::InvalidUtf8((line, offset))),
+        Err(P::Malformed { line, message }) => Err(tx::ParseError::Malformed((line, message))),
+        Err(P::UnknownFormat) => Err(tx::ParseError::UnknownFormat),
+        Err(P::EmptyFile) => Err(tx::ParseError::EmptyFile),
+        Err(P::NoMessages(f)) => Err(tx::ParseError::NoMessages(format_out(f))),
+    }
+}
+
+impl tx::GuestParser for ParserResource {
+    fn new(opts: tx::ParseOptions) -> Self {
+        ParserResource(std::cell::RefCell::new(transcript::Parser::new(
+            transcript::Options {
+                format: opts.format.map(format_in),
+                include_tools: opts.include_tools,
+                skip_invalid: opts.skip_invalid,
+                first_line: opts.first_line,
+                name: opts.name,
+                max_episode_bytes: opts.max_episode_bytes,
+            },
+        )))
+    }
+
+    fn feed(&self, chunk: Vec<u8>) -> Result<tx::Batch, tx::ParseError> {
+        batch_out(self.0.borrow_mut().feed(&chunk))
+    }
+
+    fn finish(&self) -> Result<tx::Batch, tx::ParseError> {
+        batch_out(self.0.borrow_mut().finish())
     }
 }
 

@@ -17,6 +17,7 @@ pub mod prompt;
 pub mod quality;
 pub mod strip;
 pub mod tokens;
+pub mod transcript;
 pub mod types;
 
 #[cfg(target_arch = "wasm32")]

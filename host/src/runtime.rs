@@ -19,7 +19,7 @@ use crate::imports::{HostState, LogSink};
 use crate::store::Store;
 use crate::types::{
     Config, ContextRequest, ContextWindow, Error, FreshnessReport, Level, Message, NewEpisode,
-    Outcome, PlanReport, SummaryRow, describe,
+    Outcome, ParseBatch, ParseError, ParseOptions, PlanReport, SummaryRow, describe,
 };
 
 /// The guest component built by `host/build.rs` and embedded in this crate.
@@ -244,6 +244,43 @@ pub struct Abridge {
     fuel: u64,
 }
 
+/// A streaming transcript parser inside the sandbox (see [`Abridge::parser`]).
+pub struct TranscriptParser<'a> {
+    abridge: &'a Abridge,
+    store: WasmStore<HostState>,
+    guest: Guest,
+    res: wasmtime::component::ResourceAny,
+}
+
+impl TranscriptParser<'_> {
+    /// Parse the next bytes; the outer error is a trap (a sandbox limit), the inner one what
+    /// is wrong with the file.
+    pub async fn feed(&mut self, chunk: &[u8]) -> Result<Result<ParseBatch, ParseError>, CallError> {
+        self.store
+            .set_fuel(self.abridge.fuel)
+            .map_err(|e| self.abridge.trap(e))?;
+        self.guest
+            .abridge_engine_transcripts()
+            .parser()
+            .call_feed(&mut self.store, self.res, chunk)
+            .await
+            .map_err(|e| self.abridge.trap(e))
+    }
+
+    /// End of input: the last line and the whole-file checks.
+    pub async fn finish(&mut self) -> Result<Result<ParseBatch, ParseError>, CallError> {
+        self.store
+            .set_fuel(self.abridge.fuel)
+            .map_err(|e| self.abridge.trap(e))?;
+        self.guest
+            .abridge_engine_transcripts()
+            .parser()
+            .call_finish(&mut self.store, self.res)
+            .await
+            .map_err(|e| self.abridge.trap(e))
+    }
+}
+
 /// Builds an [`Abridge`].
 pub struct AbridgeBuilder {
     source: ComponentSource,
@@ -440,6 +477,24 @@ impl Abridge {
     /// The session's summary chain, oldest first.
     pub async fn chain(&self, session: &str) -> Result<Vec<SummaryRow>, CallError> {
         summarizer!(self, None, call_chain(session))
+    }
+
+    /// A transcript parser running in a sandboxed instance of its own (the same fuel, per
+    /// call, and memory limits as every engine call): feed it a file's bytes in any chunking.
+    pub async fn parser(&self, opts: &ParseOptions) -> Result<TranscriptParser<'_>, CallError> {
+        let (mut store, g) = self.instance().await?;
+        let res = g
+            .abridge_engine_transcripts()
+            .parser()
+            .call_constructor(&mut store, opts)
+            .await
+            .map_err(|e| self.trap(e))?;
+        Ok(TranscriptParser {
+            abridge: self,
+            store,
+            guest: g,
+            res,
+        })
     }
 
     /// The guest's token estimate for `text`.

@@ -401,25 +401,17 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
             );
             continue;
         }
-        let bytes = match std::fs::read(&f.path) {
-            Ok(b) if b.len() as u64 <= a.read.max_bytes => b,
-            Ok(b) => {
-                let e = TranscriptError::TooLarge {
-                    path: f.rel.clone(),
-                    size: b.len() as u64,
-                    limit: a.read.max_bytes,
-                };
-                row(&mut results, "failed", String::new(), 0, e.to_string());
-                continue;
-            }
+        // Read with a bound: the size seen by the walk is only a hint (a growing file).
+        let read = std::fs::File::open(&f.path)
+            .map_err(|e| format!("cannot read it: {e}"))
+            .and_then(|mut file| {
+                transcript::read_bounded(&f.rel, &mut file, a.read.max_bytes)
+                    .map_err(|e| e.to_string())
+            });
+        let bytes = match read {
+            Ok(b) => b,
             Err(e) => {
-                row(
-                    &mut results,
-                    "failed",
-                    String::new(),
-                    0,
-                    format!("cannot read it: {e}"),
-                );
+                row(&mut results, "failed", String::new(), 0, e);
                 continue;
             }
         };
@@ -460,7 +452,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
             );
             continue;
         }
-        let parsed = match transcript::parse_bytes(&f.rel, &bytes, None, opts) {
+        let parsed = match transcript::parse_bytes(&engine, &f.rel, &bytes, None, opts).await {
             Ok(p) => p,
             Err(
                 TranscriptError::UnknownFormat { .. }

@@ -1,6 +1,6 @@
 //! The commands.
 
-use std::io::BufRead;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -228,6 +228,25 @@ pub(super) fn engine_config(s: &Settings, b: &Backend) -> Config {
     c
 }
 
+/// The compiled guest, loaded once per process and shared by every engine it builds.
+fn runtime() -> Result<Arc<abridge::Runtime>, Failure> {
+    static RUNTIME: std::sync::OnceLock<Arc<abridge::Runtime>> = std::sync::OnceLock::new();
+    if let Some(r) = RUNTIME.get() {
+        return Ok(r.clone());
+    }
+    let r = abridge::Runtime::load(
+        &abridge::ComponentSource::Embedded,
+        abridge::runtime::default_cache_dir().as_deref(),
+    )
+    .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))?;
+    Ok(RUNTIME.get_or_init(|| Arc::new(r)).clone())
+}
+
+/// An engine for the pure calls (parsing, planning): an in-memory store and no model.
+pub(super) fn pure_engine(s: &Settings) -> Result<Abridge, Failure> {
+    build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))
+}
+
 pub(super) fn build(
     s: &Settings,
     store: Arc<dyn Store>,
@@ -235,6 +254,7 @@ pub(super) fn build(
 ) -> Result<Abridge, Failure> {
     let (verbose, quiet) = (s.verbose, s.quiet);
     Abridge::builder()
+        .runtime(runtime()?)
         .store(store)
         .llm(llm)
         .batch_concurrency(s.concurrency)
@@ -282,7 +302,9 @@ fn session_for(
 
 pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let format = Format::parse(&a.format).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
-    let parsed = transcript::read_file(&a.file, format, a.read.options(), a.read.max_bytes)?;
+    let parser = pure_engine(s)?;
+    let parsed =
+        transcript::read_file(&parser, &a.file, format, a.read.options(), a.read.max_bytes).await?;
     for w in &parsed.warnings {
         note(s, w);
     }
@@ -298,7 +320,7 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
         ));
     }
     if a.dry_run {
-        return dry_run(s, &a, parsed.conversations).await;
+        return dry_run(s, &a, &parser, parsed.conversations).await;
     }
     let db = open_store(s)?;
     let jobs = open_jobs(s, db.clone());
@@ -412,9 +434,9 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
 async fn dry_run(
     s: &Settings,
     a: &SummarizeArgs,
+    engine: &Abridge,
     conversations: Vec<transcript::Conversation>,
 ) -> Result<(), Failure> {
-    let engine = build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))?;
     let mut cfg = s.config.clone();
     cfg.engine = if s.backend == BackendChoice::Extractive {
         Engine::Extractive
@@ -478,8 +500,8 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
         .map_err(super::jobs::storage)?;
     let engine = build(s, store, backend.llm.clone())?;
     let name = a.file.display().to_string();
-    let reader: Box<dyn BufRead> = if name == "-" {
-        Box::new(std::io::BufReader::new(std::io::stdin()))
+    let mut reader: Box<dyn std::io::Read> = if name == "-" {
+        Box::new(std::io::stdin())
     } else {
         let f = std::fs::File::open(&a.file).map_err(|e| {
             Failure::new(
@@ -487,7 +509,7 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
                 anyhow!("cannot read {name}: {e} — check the path"),
             )
         })?;
-        Box::new(std::io::BufReader::new(f))
+        Box::new(f)
     };
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -495,21 +517,44 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
     let (mut appended, mut passes) = (0u64, 0u32);
     let mut refresh_failure: Option<Error> = None;
     let mut n = 0usize;
-    for line in reader.split(b'\n') {
-        n += 1;
-        let bytes = line.map_err(|e| Failure::new(Exit::Input, anyhow!("reading {name}: {e}")))?;
-        let text = std::str::from_utf8(&bytes).map_err(|e| {
-            Failure::new(Exit::Input, anyhow!("{name}:{n}: invalid UTF-8 at byte {} of the line — send UTF-8 text; the {appended} earlier episodes are stored", e.valid_up_to()))
-        })?;
-        if text.trim().is_empty() {
-            continue;
-        }
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            Failure::new(Exit::Input, anyhow!("{name}:{n}: not valid JSON ({e}) — each line must be {{\"role\", \"content\"}}; the {appended} earlier episodes are stored"))
-        })?;
-        let Some(mut ep) = transcript::jsonl_episode(&name, n, &v, a.include_tools)? else {
-            continue;
+    // The lines are parsed in the sandbox, as they arrive: memory holds one read and one line.
+    let parser = pure_engine(s)?;
+    let opts = Options {
+        include_tools: a.include_tools,
+        ..Options::default()
+    };
+    let mut feeder = transcript::Feeder::new(&parser, &name, Some(Format::Jsonl), opts).await?;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut eof = false;
+    while !eof {
+        let got = match reader.read(&mut buf) {
+            Ok(0) => {
+                eof = true;
+                0
+            }
+            Ok(k) => k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Failure::new(Exit::Input, anyhow!("reading {name}: {e}"))),
         };
+        let parsed = if eof {
+            // The last line may lack its newline: end the parse with it.
+            feeder.feed(b"\n").await
+        } else {
+            feeder.feed(&buf[..got]).await
+        };
+        if let Err(e) = parsed {
+            return Err(Failure::new(
+                Exit::Input,
+                anyhow!("{e}; the {appended} earlier episodes are stored"),
+            ));
+        }
+        let episodes: Vec<NewEpisode> = feeder
+            .drain()
+            .into_iter()
+            .flat_map(|(_, c)| c.episodes)
+            .collect();
+        for mut ep in episodes {
+        n += 1;
         if !ep.source_key.starts_with("id:") {
             // Without an id every line is a new message, even if its text repeats.
             ep.source_key = format!("ingest:{started}:{n}");
@@ -559,6 +604,10 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
                 println!("{}", row_json(r));
             }
         }
+        }
+    }
+    for w in feeder.finish_warnings() {
+        note(s, &w);
     }
     note(
         s,

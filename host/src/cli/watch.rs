@@ -202,7 +202,7 @@ impl Watcher<'_> {
         };
         let name = self.rel(path);
         let mut added = 0u64;
-        match transcript::parse_bytes(&name, chunk, format, opts) {
+        match transcript::parse_bytes(&self.engine, &name, chunk, format, opts).await {
             Ok(parsed) => {
                 for w in &parsed.warnings {
                     note(self.s, &format!("watch: {w}"));

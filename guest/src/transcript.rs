@@ -1,0 +1,1616 @@
+//! Reading transcript files, inside the sandbox: format detection and the four parsers (JSON
+//! lines, OpenAI messages, Claude Code session JSONL, ChatGPT `conversations.json`), fed in
+//! chunks of bytes.
+//!
+//! Transcripts are the most hostile input abridge reads, so they are parsed here, under the
+//! guest's fuel and memory limits: a parser bug ends in a bounded, reported error. Memory is
+//! bounded by one line (line formats) or one array element (a ChatGPT export is read one
+//! conversation at a time), never by the file. Episodes longer than `max_episode_bytes` are
+//! split into parts at paragraph, line, sentence or word boundaries before they leave the
+//! parser, so no single episode can outgrow what a summarization call can hold.
+//!
+//! Parsing is all-or-nothing per line: a malformed line is an error with its line number
+//! (unless `skip_invalid`), except a partial last line with no newline, which a live Claude
+//! Code session is still writing: it is skipped with a warning.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::types::Role;
+
+/// A transcript format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON object per line: `{"role", "content", "timestamp"?, "id"?}`.
+    Jsonl,
+    /// An OpenAI messages array, or `{"messages": [...]}`.
+    OpenAi,
+    /// A Claude Code session file.
+    ClaudeCode,
+    /// A ChatGPT data export (`conversations.json`).
+    ChatGpt,
+}
+
+impl Format {
+    /// The name used on the command line and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Jsonl => "jsonl",
+            Format::OpenAi => "openai",
+            Format::ClaudeCode => "claude-code",
+            Format::ChatGpt => "chatgpt",
+        }
+    }
+}
+
+/// Default most bytes in one episode; longer messages are split into parts.
+pub const DEFAULT_MAX_EPISODE_BYTES: u32 = 64 << 10;
+
+/// Most bytes of one line, or of one element of a document's array: past this, the line is
+/// malformed (its bytes are dropped as they arrive, so memory stays bounded).
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// Most bytes of a whole-document transcript that is not a top-level array (`{"messages":
+/// [...]}`, a single ChatGPT conversation): it is parsed in one piece.
+pub const MAX_OBJECT_BYTES: usize = 32 << 20;
+
+/// How to parse.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The format, or `None` to detect it.
+    pub format: Option<Format>,
+    /// Keep tool calls and tool results as episodes.
+    pub include_tools: bool,
+    /// Skip malformed lines with a warning instead of failing.
+    pub skip_invalid: bool,
+    /// Lines of the file before the first byte fed (a watcher resumes mid-file), so line
+    /// numbers in messages and episode keys are the file's own.
+    pub first_line: u32,
+    /// The file's name, for messages.
+    pub name: String,
+    /// Longest episode in bytes (0: the default, 64 KiB).
+    pub max_episode_bytes: u32,
+}
+
+/// An episode read from a transcript (tokens are estimated at append time).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParsedEpisode {
+    /// Who spoke.
+    pub role: Role,
+    /// The text.
+    pub content: String,
+    /// When, ms since the epoch, if the format says.
+    pub timestamp_ms: Option<i64>,
+    /// Identifies the episode in its source (idempotent imports).
+    pub source_key: String,
+}
+
+/// Episodes of one conversation found in a chunk.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConversationPart {
+    /// The conversation's position in the file (0 for single-conversation formats).
+    pub index: u32,
+    /// Its own id, once known.
+    pub id: Option<String>,
+    /// Its title, once known.
+    pub title: Option<String>,
+    /// Its episodes found in this chunk, in order.
+    pub episodes: Vec<ParsedEpisode>,
+}
+
+/// What one `feed` or `finish` yields.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    /// The format, once known.
+    pub format: Option<Format>,
+    /// Conversations with episodes (or metadata) found.
+    pub conversations: Vec<ConversationPart>,
+    /// Lines skipped, and why (one line each, prefixed with the file name).
+    pub warnings: Vec<String>,
+}
+
+/// Why a transcript cannot be read. Messages say how to fix it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParseError {
+    /// Invalid UTF-8 at a 1-based line and byte offset.
+    Utf8 {
+        /// Line.
+        line: u32,
+        /// Byte offset in the file.
+        offset: u64,
+    },
+    /// A malformed line (1-based), or document (line 1).
+    Malformed {
+        /// Line.
+        line: u32,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// Not a format this parser knows.
+    UnknownFormat,
+    /// Only white space.
+    EmptyFile,
+    /// Read as the format, but no messages.
+    NoMessages(Format),
+}
+
+/// A streaming transcript parser: [`feed`](Parser::feed) bytes in any chunking, then
+/// [`finish`](Parser::finish); the episodes come out in order, whatever the chunk sizes.
+pub struct Parser {
+    opts: Options,
+    max_episode: usize,
+    /// Bytes consumed so far (file offsets in messages).
+    offset: u64,
+    /// Line number of the next line to complete, 1-based.
+    line: u32,
+    /// A BOM may only open the file.
+    at_start: bool,
+    mode: Mode,
+    /// Whether any non-white-space byte was seen.
+    seen_text: bool,
+    episodes_out: u64,
+    warnings: Vec<String>,
+    out: Vec<ConversationPart>,
+    /// An error found after some episodes completed in the same call: those are returned
+    /// first, and the error by the next call.
+    pending: Option<ParseError>,
+}
+
+enum Mode {
+    /// Format not known yet: bytes held until it is.
+    Detect { held: Vec<u8> },
+    /// One JSON object per line.
+    Lines {
+        format: Format,
+        carry: Carry,
+        state: LineState,
+    },
+    /// A top-level array, one element at a time.
+    Array {
+        format: Option<Format>,
+        scan: Scanner,
+        element: Carry,
+        index: u32,
+        /// The line the current element started on.
+        element_line: u32,
+        /// Whether an element is in progress.
+        in_element: bool,
+        /// Whether the closing `]` was seen.
+        closed: bool,
+    },
+    /// A top-level object, parsed whole at the end.
+    Object { held: Vec<u8>, format: Option<Format> },
+    /// After an error: everything is ignored.
+    Done,
+}
+
+/// The bytes of an incomplete line or element, held in the chunks they came in and joined
+/// once, at its exact size, when it completes; past [`MAX_LINE_BYTES`] it only counts.
+#[derive(Default)]
+struct Carry {
+    parts: Vec<Vec<u8>>,
+    len: usize,
+    /// The line's bytes went past the limit: they are dropped.
+    overflow: bool,
+}
+
+impl Carry {
+    fn push(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.len += bytes.len();
+        if self.len > MAX_LINE_BYTES {
+            self.overflow = true;
+            self.parts.clear();
+        } else {
+            self.parts.push(bytes.to_vec());
+        }
+    }
+
+    fn take(&mut self) -> (Vec<u8>, usize, bool) {
+        let mut out = Vec::with_capacity(if self.overflow { 0 } else { self.len });
+        for p in self.parts.drain(..) {
+            out.extend_from_slice(&p);
+        }
+        let r = (out, self.len, self.overflow);
+        self.len = 0;
+        self.overflow = false;
+        r
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Per-conversation state of the line formats.
+#[derive(Default)]
+struct LineState {
+    id: Option<String>,
+    title: Option<String>,
+    /// Claude Code: the assistant message id of the held episode, which later lines of the
+    /// same API response extend.
+    open_turn: Option<String>,
+    /// Claude Code: the last assistant episode, held until no later line can extend it.
+    held: Option<ParsedEpisode>,
+    /// Whether id/title changed since the last batch.
+    meta_dirty: bool,
+}
+
+/// Finds where JSON values end: strings, escapes and nesting depth, one byte at a time.
+#[derive(Default, Clone, Copy)]
+struct Scanner {
+    depth: u32,
+    in_string: bool,
+    escape: bool,
+}
+
+impl Scanner {
+    /// Advance over `b`; returns the depth after it.
+    fn step(&mut self, b: u8) -> u32 {
+        if self.in_string {
+            if self.escape {
+                self.escape = false;
+            } else if b == b'\\' {
+                self.escape = true;
+            } else if b == b'"' {
+                self.in_string = false;
+            }
+        } else {
+            match b {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        self.depth
+    }
+}
+
+fn malformed(line: u32, message: impl Into<String>) -> ParseError {
+    ParseError::Malformed {
+        line,
+        message: message.into(),
+    }
+}
+
+impl Parser {
+    /// A parser with `opts`.
+    pub fn new(opts: Options) -> Parser {
+        let max_episode = match opts.max_episode_bytes {
+            0 => DEFAULT_MAX_EPISODE_BYTES,
+            n => n.max(256),
+        } as usize;
+        let line = opts.first_line + 1;
+        Parser {
+            opts,
+            max_episode,
+            offset: 0,
+            line,
+            at_start: true,
+            mode: Mode::Detect { held: Vec::new() },
+            seen_text: false,
+            episodes_out: 0,
+            warnings: Vec::new(),
+            out: Vec::new(),
+            pending: None,
+        }
+    }
+
+    /// The format, once known.
+    pub fn format(&self) -> Option<Format> {
+        match &self.mode {
+            Mode::Lines { format, .. } => Some(*format),
+            Mode::Array { format, .. } | Mode::Object { format, .. } => *format,
+            Mode::Detect { .. } | Mode::Done => self.opts.format,
+        }
+    }
+
+    /// Parse the next bytes; returns the episodes they completed.
+    pub fn feed(&mut self, chunk: &[u8]) -> Result<Batch, ParseError> {
+        if let Some(e) = self.pending.take() {
+            return Err(e);
+        }
+        let mut chunk = chunk;
+        if self.at_start && !chunk.is_empty() {
+            // A UTF-8 byte-order mark may open the file (possibly split across feeds: a
+            // BOM in pieces is rare enough to read as text).
+            if let Some(rest) = chunk.strip_prefix(b"\xEF\xBB\xBF") {
+                chunk = rest;
+                self.offset += 3;
+            }
+            self.at_start = false;
+        }
+        if !self.seen_text && chunk.iter().any(|b| !b.is_ascii_whitespace()) {
+            self.seen_text = true;
+        }
+        let r = self.consume(chunk, false);
+        self.batch(r)
+    }
+
+    /// End of input: the last line (even without a newline), the held episode, and the
+    /// checks that need the whole file.
+    pub fn finish(&mut self) -> Result<Batch, ParseError> {
+        if let Some(e) = self.pending.take() {
+            return Err(e);
+        }
+        let r = self.consume(&[], true);
+        let r = r.and_then(|()| {
+            if !self.seen_text {
+                return Err(ParseError::EmptyFile);
+            }
+            if let Mode::Lines { state, .. } = &mut self.mode
+                && let Some(ep) = state.held.take()
+            {
+                let (id, title) = (state.id.clone(), state.title.clone());
+                emit(
+                    &mut self.out,
+                    &mut self.episodes_out,
+                    self.max_episode,
+                    0,
+                    (id, title),
+                    ep,
+                );
+            }
+            Ok(())
+        });
+        let mut b = self.batch(r)?;
+        let total = self.episodes_out;
+        if total == 0 {
+            return Err(match self.format() {
+                Some(f) => ParseError::NoMessages(f),
+                None => ParseError::UnknownFormat,
+            });
+        }
+        b.format = self.format();
+        Ok(b)
+    }
+
+    fn batch(&mut self, r: Result<(), ParseError>) -> Result<Batch, ParseError> {
+        if let Err(e) = r {
+            self.mode = Mode::Done;
+            if self.out.iter().all(|c| c.episodes.is_empty()) {
+                self.out.clear();
+                return Err(e);
+            }
+            // Episodes that completed before the error are delivered first.
+            self.pending = Some(e);
+        }
+        if let Mode::Lines { state, .. } = &mut self.mode
+            && state.meta_dirty
+        {
+            state.meta_dirty = false;
+            if !self.out.iter().any(|c| c.index == 0) {
+                self.out.push(ConversationPart {
+                    index: 0,
+                    id: state.id.clone(),
+                    title: state.title.clone(),
+                    episodes: Vec::new(),
+                });
+            }
+            for c in &mut self.out {
+                c.id = state.id.clone();
+                c.title = state.title.clone();
+            }
+        }
+        Ok(Batch {
+            format: self.format(),
+            conversations: std::mem::take(&mut self.out),
+            warnings: std::mem::take(&mut self.warnings),
+        })
+    }
+
+    fn consume(&mut self, chunk: &[u8], end: bool) -> Result<(), ParseError> {
+        loop {
+            match &mut self.mode {
+                Mode::Done => return Ok(()),
+                Mode::Detect { held } => {
+                    held.extend_from_slice(chunk);
+                    let held = std::mem::take(held);
+                    match self.detect(&held, end)? {
+                        Some(mode) => {
+                            self.mode = mode;
+                            // Replay what was held through the chosen mode.
+                            return self.consume_in_mode(&held, end);
+                        }
+                        None => {
+                            self.mode = Mode::Detect { held };
+                            return Ok(());
+                        }
+                    }
+                }
+                _ => return self.consume_in_mode(chunk, end),
+            }
+        }
+    }
+
+    /// Decide the format from the bytes held so far; `None` to wait for more.
+    fn detect(&self, held: &[u8], end: bool) -> Result<Option<Mode>, ParseError> {
+        let lines = || Mode::Lines {
+            format: Format::Jsonl,
+            carry: Carry::default(),
+            state: LineState::default(),
+        };
+        let array = |format| Mode::Array {
+            format,
+            scan: Scanner::default(),
+            element: Carry::default(),
+            index: 0,
+            element_line: 0,
+            in_element: false,
+            closed: false,
+        };
+        if let Some(f) = self.opts.format {
+            return Ok(Some(match f {
+                Format::Jsonl | Format::ClaudeCode => Mode::Lines {
+                    format: f,
+                    carry: Carry::default(),
+                    state: LineState::default(),
+                },
+                Format::OpenAi | Format::ChatGpt => {
+                    match held.iter().find(|b| !b.is_ascii_whitespace()) {
+                        Some(b'[') => array(Some(f)),
+                        Some(_) => Mode::Object {
+                            held: Vec::new(),
+                            format: Some(f),
+                        },
+                        None if end => return Err(ParseError::EmptyFile),
+                        None => return Ok(None),
+                    }
+                }
+            }));
+        }
+        let Some(first) = held.iter().position(|b| !b.is_ascii_whitespace()) else {
+            return if end {
+                Err(ParseError::EmptyFile)
+            } else {
+                Ok(None)
+            };
+        };
+        match held[first] {
+            // An array is a document: its first object element names the format.
+            b'[' => Ok(Some(array(None))),
+            b'{' => {
+                // Where does the first value end? On its first line: JSON lines, whose first
+                // lines name the format. Later: a document object (pretty-printed).
+                let mut scan = Scanner::default();
+                let mut first_nl = None;
+                for (i, &b) in held[first..].iter().enumerate() {
+                    if b == b'\n' && first_nl.is_none() {
+                        first_nl = Some(i);
+                    }
+                    if scan.step(b) == 0 {
+                        let end_at = first + i + 1;
+                        if first_nl.is_none() {
+                            // One value on the first line: a line format, or a one-line
+                            // document; look at up to 20 lines.
+                            return self.detect_lines(held, end).map(|f| {
+                                f.map(|f| match f {
+                                    LineOrDoc::Line(format) => Mode::Lines {
+                                        format,
+                                        carry: Carry::default(),
+                                        state: LineState::default(),
+                                    },
+                                    LineOrDoc::Doc => Mode::Object {
+                                        held: Vec::new(),
+                                        format: None,
+                                    },
+                                })
+                            });
+                        }
+                        let _ = end_at;
+                        return Ok(Some(Mode::Object {
+                            held: Vec::new(),
+                            format: None,
+                        }));
+                    }
+                }
+                // Not closed yet: wait, unless the file ended or the wait grew too long (a
+                // malformed first line that never closes): read it as lines.
+                if end || held.len() > MAX_OBJECT_BYTES {
+                    return self.detect_lines(held, true).map(|f| {
+                        Some(match f {
+                            Some(LineOrDoc::Line(format)) => Mode::Lines {
+                                format,
+                                carry: Carry::default(),
+                                state: LineState::default(),
+                            },
+                            _ => lines(),
+                        })
+                    });
+                }
+                Ok(None)
+            }
+            _ => Err(ParseError::UnknownFormat),
+        }
+    }
+
+    /// Look at the first 20 non-blank lines for one that names a line format.
+    fn detect_lines(&self, held: &[u8], end: bool) -> Result<Option<LineOrDoc>, ParseError> {
+        let mut seen = 0;
+        let complete = match held.iter().rposition(|&b| b == b'\n') {
+            Some(i) => &held[..=i],
+            None if end => held,
+            None => return Ok(None),
+        };
+        let mut lines: Vec<&[u8]> = complete.split(|&b| b == b'\n').collect();
+        if !end && held.last() != Some(&b'\n') {
+            // The last piece is incomplete.
+            lines.pop();
+        }
+        let mut start = 0u64;
+        for (i, line) in lines.into_iter().enumerate() {
+            let line_start = start;
+            start += line.len() as u64 + 1;
+            if let Err(e) = std::str::from_utf8(line) {
+                if self.opts.skip_invalid {
+                    continue;
+                }
+                return Err(ParseError::Utf8 {
+                    line: self.opts.first_line + i as u32 + 1,
+                    offset: line_start + e.valid_up_to() as u64,
+                });
+            }
+            let t = trim_ascii(line);
+            if t.is_empty() {
+                continue;
+            }
+            seen += 1;
+            if let Ok(v) = serde_json::from_slice::<Value>(t) {
+                if seen == 1
+                    && let Value::Object(o) = &v
+                    && (o.contains_key("mapping")
+                        || o.contains_key("conversations")
+                        || o.contains_key("messages"))
+                {
+                    return Ok(Some(LineOrDoc::Doc));
+                }
+                if let Some(f) = line_format(&v) {
+                    return Ok(Some(LineOrDoc::Line(f)));
+                }
+            }
+            if seen >= 20 {
+                return Err(ParseError::UnknownFormat);
+            }
+        }
+        if end {
+            Err(ParseError::UnknownFormat)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn consume_in_mode(&mut self, chunk: &[u8], end: bool) -> Result<(), ParseError> {
+        match &mut self.mode {
+            Mode::Lines { .. } => self.consume_lines(chunk, end),
+            Mode::Array { .. } => self.consume_array(chunk, end),
+            Mode::Object { held, .. } => {
+                if held.len() + chunk.len() > MAX_OBJECT_BYTES {
+                    return Err(malformed(
+                        1,
+                        format!(
+                            "a transcript that is one JSON object is read whole, and this one is over {} MiB — a ChatGPT export's conversations.json (an array) is read one conversation at a time; split the file, or convert it to JSON lines",
+                            MAX_OBJECT_BYTES >> 20
+                        ),
+                    ));
+                }
+                held.extend_from_slice(chunk);
+                if end {
+                    let held = std::mem::take(held);
+                    self.object_document(&held)?;
+                }
+                Ok(())
+            }
+            Mode::Detect { .. } | Mode::Done => Ok(()),
+        }
+    }
+
+    // ---- line formats -------------------------------------------------------------------
+
+    fn consume_lines(&mut self, chunk: &[u8], end: bool) -> Result<(), ParseError> {
+        let mut rest = chunk;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            let (head, tail) = rest.split_at(nl + 1);
+            rest = tail;
+            let Mode::Lines { carry, .. } = &mut self.mode else {
+                unreachable!()
+            };
+            carry.push(&head[..head.len() - 1]);
+            let (line, len, overflow) = carry.take();
+            let start = self.offset;
+            self.offset += len as u64 + 1;
+            let n = self.line;
+            self.line += 1;
+            self.line_complete(n, start, &line, overflow, false)?;
+        }
+        let Mode::Lines { carry, .. } = &mut self.mode else {
+            unreachable!()
+        };
+        carry.push(rest);
+        if end && !carry.is_empty() {
+            let (line, len, overflow) = carry.take();
+            let start = self.offset;
+            self.offset += len as u64;
+            let n = self.line;
+            self.line_complete(n, start, &line, overflow, true)?;
+        }
+        Ok(())
+    }
+
+    /// One complete line (`last_partial`: the file's last line, with no newline).
+    fn line_complete(
+        &mut self,
+        n: u32,
+        start: u64,
+        line: &[u8],
+        overflow: bool,
+        last_partial: bool,
+    ) -> Result<(), ParseError> {
+        let name = self.opts.name.clone();
+        if overflow {
+            let m = format!(
+                "the line is over {} MiB, too long for a message",
+                MAX_LINE_BYTES >> 20
+            );
+            return self.bad_line(n, m, "split the message, or pass --skip-invalid to skip it");
+        }
+        let text = match std::str::from_utf8(line) {
+            Ok(t) => t,
+            Err(e) => {
+                if self.opts.skip_invalid {
+                    self.warnings
+                        .push(format!("{name}:{n}: invalid UTF-8; skipped"));
+                    return Ok(());
+                }
+                return Err(ParseError::Utf8 {
+                    line: n,
+                    offset: start + e.valid_up_to() as u64,
+                });
+            }
+        };
+        if text.trim().is_empty() {
+            return Ok(());
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(v) if v.is_object() => self.line_value(n, v),
+            Ok(_) => self.bad_line(
+                n,
+                "expected a JSON object on this line".into(),
+                "fix the line, or pass --skip-invalid to skip bad lines",
+            ),
+            Err(e) if last_partial => {
+                let _ = e;
+                self.warnings.push(format!(
+                    "{name}:{n}: partial last line (still being written?) skipped"
+                ));
+                Ok(())
+            }
+            Err(e) => self.bad_line(
+                n,
+                format!("not valid JSON ({e})"),
+                "fix the line, or pass --skip-invalid to skip bad lines",
+            ),
+        }
+    }
+
+    fn bad_line(&mut self, n: u32, what: String, fix: &str) -> Result<(), ParseError> {
+        if self.opts.skip_invalid {
+            self.warnings
+                .push(format!("{}:{n}: {what}; skipped", self.opts.name));
+            Ok(())
+        } else {
+            Err(malformed(n, format!("{what} — {fix}")))
+        }
+    }
+
+    fn line_value(&mut self, n: u32, v: Value) -> Result<(), ParseError> {
+        let Mode::Lines { format, state, .. } = &mut self.mode else {
+            unreachable!()
+        };
+        let format = *format;
+        let include_tools = self.opts.include_tools;
+        match format {
+            Format::Jsonl => match jsonl_episode(n, &v, include_tools) {
+                Ok(Some(ep)) => {
+                    let meta = (state.id.clone(), state.title.clone());
+                    emit(
+                        &mut self.out,
+                        &mut self.episodes_out,
+                        self.max_episode,
+                        0,
+                        meta,
+                        ep,
+                    );
+                    Ok(())
+                }
+                Ok(None) => Ok(()),
+                Err(m) => self.bad_line(n, m, "fix the line, or pass --skip-invalid to skip bad lines"),
+            },
+            _ => {
+                for ep in claude_code_line(state, &v, include_tools, self.episodes_out) {
+                    let meta = (state.id.clone(), state.title.clone());
+                    emit(
+                        &mut self.out,
+                        &mut self.episodes_out,
+                        self.max_episode,
+                        0,
+                        meta,
+                        ep,
+                    );
+                }
+                Ok(())
+            }
+        }
+    }
+
+    // ---- documents ----------------------------------------------------------------------
+
+    fn consume_array(&mut self, chunk: &[u8], end: bool) -> Result<(), ParseError> {
+        // Where the element in progress starts in this chunk (it may have begun earlier).
+        let mut elem_start: Option<usize> = match &self.mode {
+            Mode::Array { in_element: true, .. } => Some(0),
+            _ => None,
+        };
+        for (i, &b) in chunk.iter().enumerate() {
+            let Mode::Array {
+                scan,
+                element,
+                element_line,
+                in_element,
+                closed,
+                ..
+            } = &mut self.mode
+            else {
+                unreachable!()
+            };
+            let before = *scan;
+            scan.step(b);
+            if before.depth == 0 {
+                if b == b'[' && !*closed {
+                    // The array opens.
+                } else if !b.is_ascii_whitespace() {
+                    let line = self.line;
+                    return Err(malformed(
+                        line,
+                        "unexpected text after the closing ']' — a transcript array must be the whole file",
+                    ));
+                }
+            } else if before.depth == 1 && !before.in_string {
+                match b {
+                    b',' | b']' => {
+                        if b == b']' {
+                            *closed = true;
+                        }
+                        if *in_element {
+                            element.push(&chunk[elem_start.unwrap_or(0)..i]);
+                            *in_element = false;
+                            elem_start = None;
+                            let (bytes, _, overflow) = element.take();
+                            let line = *element_line;
+                            self.offset += 1;
+                            self.array_element(line, &bytes, overflow)?;
+                            continue;
+                        }
+                    }
+                    c if c.is_ascii_whitespace() => {}
+                    _ => {
+                        if !*in_element {
+                            *in_element = true;
+                            *element_line = self.line;
+                            elem_start = Some(i);
+                        }
+                    }
+                }
+            }
+            if b == b'\n' {
+                self.line += 1;
+            }
+            self.offset += 1;
+        }
+        if let Mode::Array {
+            element,
+            in_element: true,
+            ..
+        } = &mut self.mode
+        {
+            element.push(&chunk[elem_start.unwrap_or(0)..]);
+        }
+        if end {
+            let Mode::Array { scan, closed, .. } = &self.mode else {
+                unreachable!()
+            };
+            if scan.depth > 0 || !*closed {
+                let line = self.line;
+                return Err(malformed(
+                    line,
+                    "the file ends inside the JSON array (truncated?) — check that the whole export was copied",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn array_element(&mut self, line: u32, bytes: &[u8], overflow: bool) -> Result<(), ParseError> {
+        let Mode::Array { format, index, .. } = &mut self.mode else {
+            unreachable!()
+        };
+        let i = *index;
+        *index += 1;
+        if overflow {
+            return Err(malformed(
+                line,
+                format!(
+                    "element {i} of the array is over {} MiB — split the file",
+                    MAX_LINE_BYTES >> 20
+                ),
+            ));
+        }
+        let text = std::str::from_utf8(bytes).map_err(|e| ParseError::Utf8 {
+            line,
+            offset: self.offset.saturating_sub(bytes.len() as u64) + e.valid_up_to() as u64,
+        })?;
+        let v: Value = serde_json::from_str(text).map_err(|e| {
+            malformed(
+                line + e.line() as u32 - 1,
+                format!("not valid JSON ({e}) — a ChatGPT export is the conversations.json file from the export zip; an OpenAI messages file is one JSON array"),
+            )
+        })?;
+        if format.is_none() {
+            if !v.is_object() {
+                return Err(ParseError::UnknownFormat);
+            }
+            *format = if v.get("mapping").is_some() {
+                Some(Format::ChatGpt)
+            } else if v.get("role").is_some() {
+                Some(Format::OpenAi)
+            } else {
+                return Err(ParseError::UnknownFormat);
+            };
+        }
+        match format.expect("set above") {
+            Format::ChatGpt => {
+                let (conv, warnings) = chatgpt_conversation(&self.opts, i, &v)?;
+                self.warnings.extend(warnings);
+                self.emit_conversation(i, conv);
+            }
+            _ => {
+                if let Some(ep) = openai_message(&self.opts, i, &v)? {
+                    emit(
+                        &mut self.out,
+                        &mut self.episodes_out,
+                        self.max_episode,
+                        0,
+                        (None, None),
+                        ep,
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn emit_conversation(&mut self, index: u32, conv: Conversation) {
+        let meta = (conv.id, conv.title);
+        if conv.episodes.is_empty() {
+            return;
+        }
+        for ep in conv.episodes {
+            emit(
+                &mut self.out,
+                &mut self.episodes_out,
+                self.max_episode,
+                index,
+                meta.clone(),
+                ep,
+            );
+        }
+    }
+
+    /// A whole document that is one object: `{"messages": [...]}`, `{"conversations":
+    /// [...]}`, one ChatGPT conversation, or a single JSON line.
+    fn object_document(&mut self, held: &[u8]) -> Result<(), ParseError> {
+        let text = std::str::from_utf8(held).map_err(|e| {
+            let offset = e.valid_up_to();
+            ParseError::Utf8 {
+                line: self.opts.first_line
+                    + 1
+                    + held[..offset].iter().filter(|&&b| b == b'\n').count() as u32,
+                offset: offset as u64,
+            }
+        })?;
+        let Mode::Object { format, .. } = &mut self.mode else {
+            unreachable!()
+        };
+        let forced = *format;
+        let v: Value = serde_json::from_str(text.trim()).map_err(|e| {
+            malformed(
+                e.line() as u32,
+                format!("not valid JSON ({e}) — a ChatGPT export is the conversations.json file from the export zip; an OpenAI messages file is one JSON array"),
+            )
+        })?;
+        let Value::Object(o) = &v else {
+            return Err(malformed(1, "expected a JSON object or array"));
+        };
+        let detected = if o.contains_key("mapping") || o.contains_key("conversations") {
+            Some(Format::ChatGpt)
+        } else if o.contains_key("messages") {
+            Some(Format::OpenAi)
+        } else {
+            None
+        };
+        let format = match forced.or(detected) {
+            Some(f) => f,
+            None => {
+                // A single JSON line that names a line format.
+                let Some(f) = line_format(&v) else {
+                    return Err(ParseError::UnknownFormat);
+                };
+                self.mode = Mode::Lines {
+                    format: f,
+                    carry: Carry::default(),
+                    state: LineState::default(),
+                };
+                return self.line_value(self.opts.first_line + 1, v);
+            }
+        };
+        self.mode = Mode::Object {
+            held: Vec::new(),
+            format: Some(format),
+        };
+        match format {
+            Format::ChatGpt => {
+                let convs: Vec<&Value> = match o.get("conversations") {
+                    Some(Value::Array(a)) => a.iter().collect(),
+                    Some(_) => Vec::new(),
+                    None => vec![&v],
+                };
+                for (i, c) in convs.into_iter().enumerate() {
+                    let (conv, warnings) = chatgpt_conversation(&self.opts, i as u32, c)?;
+                    self.warnings.extend(warnings);
+                    self.emit_conversation(i as u32, conv);
+                }
+            }
+            _ => {
+                let msgs = o.get("messages").and_then(Value::as_array).ok_or_else(|| {
+                    malformed(1, "expected a messages array or {\"messages\": [...]}")
+                })?;
+                for (i, m) in msgs.iter().enumerate() {
+                    if let Some(ep) = openai_message(&self.opts, i as u32, m)? {
+                        emit(
+                            &mut self.out,
+                            &mut self.episodes_out,
+                            self.max_episode,
+                            0,
+                            (None, None),
+                            ep,
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+enum LineOrDoc {
+    Line(Format),
+    Doc,
+}
+
+fn trim_ascii(b: &[u8]) -> &[u8] {
+    let start = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
+    let end = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(start, |i| i + 1);
+    &b[start..end]
+}
+
+/// One conversation read whole (ChatGPT).
+struct Conversation {
+    id: Option<String>,
+    title: Option<String>,
+    episodes: Vec<ParsedEpisode>,
+}
+
+/// Add an episode to the output of conversation `index`, split into parts when it is longer
+/// than `max` bytes.
+fn emit(
+    out: &mut Vec<ConversationPart>,
+    count: &mut u64,
+    max: usize,
+    index: u32,
+    (id, title): (Option<String>, Option<String>),
+    ep: ParsedEpisode,
+) {
+    let part = match out.iter_mut().position(|c| c.index == index) {
+        Some(i) => &mut out[i],
+        None => {
+            out.push(ConversationPart {
+                index,
+                id: id.clone(),
+                title: title.clone(),
+                episodes: Vec::new(),
+            });
+            out.last_mut().expect("just pushed")
+        }
+    };
+    if id.is_some() {
+        part.id = id;
+    }
+    if title.is_some() {
+        part.title = title;
+    }
+    if ep.content.len() <= max {
+        *count += 1;
+        part.episodes.push(ep);
+        return;
+    }
+    let pieces = split_parts(&ep.content, max);
+    let n = pieces.len();
+    for (i, piece) in pieces.into_iter().enumerate() {
+        *count += 1;
+        part.episodes.push(ParsedEpisode {
+            role: ep.role,
+            content: piece.to_string(),
+            timestamp_ms: ep.timestamp_ms,
+            source_key: format!("{}#part{}/{n}", ep.source_key, i + 1),
+        });
+    }
+}
+
+/// Split `text` into pieces of at most `max` bytes, each ending at the coarsest boundary
+/// (paragraph, line, sentence, word) found in the back half of the window, else at a
+/// character boundary. The pieces concatenate back to `text`. Linear time.
+pub fn split_parts(text: &str, max: usize) -> Vec<&str> {
+    let max = max.max(4);
+    let mut out = Vec::new();
+    let mut rest = text;
+    while rest.len() > max {
+        let mut end = max;
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        let window = &rest[..end];
+        let half = end / 2;
+        let cut = [
+            window.rfind("\n\n").map(|i| i + 2),
+            window.rfind('\n').map(|i| i + 1),
+            window.rfind(". ").map(|i| i + 2),
+            window.rfind(' ').map(|i| i + 1),
+        ]
+        .into_iter()
+        .flatten()
+        .find(|&c| c >= half)
+        .unwrap_or(end);
+        out.push(&rest[..cut]);
+        rest = &rest[cut..];
+    }
+    out.push(rest);
+    out
+}
+
+/// Which line format a JSON object belongs to, if any.
+fn line_format(v: &Value) -> Option<Format> {
+    if v.get("type").is_some()
+        && (v.get("sessionId").is_some() || v.get("uuid").is_some() || v.get("leafUuid").is_some())
+    {
+        Some(Format::ClaudeCode)
+    } else if v.get("role").is_some() {
+        Some(Format::Jsonl)
+    } else {
+        None
+    }
+}
+
+/// A stable key for an episode without an id of its own: its position and a content hash
+/// (the first 8 bytes of SHA-256 over role, NUL, content).
+pub fn position_key(index: u64, role: Role, content: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(role.wire());
+    h.update([0]);
+    h.update(content);
+    let d = h.finalize();
+    let hex: String = d.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{index}:{hex}")
+}
+
+fn parse_role(s: &str) -> Option<Role> {
+    Some(match s {
+        "system" | "developer" => Role::System,
+        "user" | "human" => Role::User,
+        "assistant" | "ai" | "model" => Role::Assistant,
+        "tool" | "function" => Role::Tool,
+        _ => return None,
+    })
+}
+
+/// Parse an RFC 3339 / ISO 8601 time (`2025-09-19T17:34:29.181Z`, offsets allowed) to ms.
+pub fn parse_timestamp(s: &str) -> Option<i64> {
+    let b = s.trim().as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = b.get(r)?;
+        if part.iter().all(u8::is_ascii_digit) {
+            std::str::from_utf8(part).ok()?.parse().ok()
+        } else {
+            None
+        }
+    };
+    if b.len() < 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let (y, mo, d, h, mi, sec) = (
+        num(0..4)?,
+        num(5..7)?,
+        num(8..10)?,
+        num(11..13)?,
+        num(14..16)?,
+        num(17..19)?,
+    );
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut i = 19;
+    let mut ms = 0i64;
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        let frac = std::str::from_utf8(&b[start..i]).ok()?;
+        let frac3: String = frac.chars().chain("000".chars()).take(3).collect();
+        ms = frac3.parse().ok()?;
+    }
+    let offset_min = match b.get(i) {
+        None | Some(b'Z') | Some(b'z') => 0,
+        Some(&sign @ (b'+' | b'-')) => {
+            let oh = num(i + 1..i + 3)?;
+            let om = if b.get(i + 3) == Some(&b':') {
+                num(i + 4..i + 6)?
+            } else {
+                num(i + 3..i + 5)?
+            };
+            let m = oh * 60 + om;
+            if sign == b'+' { m } else { -m }
+        }
+        _ => return None,
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let doy = (153 * (if mo > 2 { mo - 3 } else { mo + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((((days * 24 + h) * 60 + mi - offset_min) * 60 + sec) * 1000 + ms)
+}
+
+/// A timestamp field: an RFC 3339 string, or epoch seconds / milliseconds as a number.
+fn timestamp_value(v: Option<&Value>) -> Option<i64> {
+    match v? {
+        Value::String(s) => parse_timestamp(s),
+        Value::Number(n) => {
+            let f = n.as_f64()?;
+            if !f.is_finite() {
+                return None;
+            }
+            // Values past 1e11 are milliseconds (1e11 seconds is the year 5138).
+            Some(if f.abs() >= 1e11 {
+                f as i64
+            } else {
+                (f * 1000.0) as i64
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Text of a content field: a string, or an array of parts with `text`.
+fn content_text(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| match p {
+                Value::String(s) => Some(s.as_str()),
+                Value::Object(_)
+                    if p.get("type")
+                        .and_then(Value::as_str)
+                        .is_none_or(|t| t == "text" || t == "input_text" || t == "output_text") =>
+                {
+                    p.get("text").and_then(Value::as_str)
+                }
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Harness-generated text in Claude Code user lines, removed with its content.
+const HARNESS_TAGS: &[&str] = &[
+    "command-name",
+    "command-message",
+    "command-args",
+    "local-command-stdout",
+    "local-command-stderr",
+    "local-command-caveat",
+    "system-reminder",
+    "user-prompt-submit-hook",
+];
+
+/// Remove every harness block (`<tag>…</tag>`, or `<tag>…` to the end when unclosed) in one
+/// left-to-right pass: linear in the text, whatever it holds.
+pub fn strip_harness(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(lt) = rest.find('<') {
+        let after = &rest[lt + 1..];
+        let tag = HARNESS_TAGS
+            .iter()
+            .find(|t| after.starts_with(**t) && after[t.len()..].starts_with('>'));
+        match tag {
+            Some(tag) => {
+                out.push_str(&rest[..lt]);
+                let body = &after[tag.len() + 1..];
+                let close = format!("</{tag}>");
+                rest = body.find(&close).map_or("", |c| &body[c + close.len()..]);
+            }
+            None => {
+                out.push_str(&rest[..=lt]);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out.trim().to_string()
+}
+
+/// One JSON-lines episode from line `n`; `Ok(None)` for lines with no text (or tool lines
+/// when tools are excluded); `Err` says what is wrong with the line.
+fn jsonl_episode(n: u32, v: &Value, include_tools: bool) -> Result<Option<ParsedEpisode>, String> {
+    let Some(role_s) = v.get("role").and_then(Value::as_str) else {
+        let hint = if line_format(v) == Some(Format::ClaudeCode) {
+            " (this looks like a Claude Code file: pass --format claude-code)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "expected {{\"role\", \"content\"}} but found no \"role\"{hint}"
+        ));
+    };
+    let role = parse_role(role_s)
+        .ok_or_else(|| format!("unknown role '{role_s}'; use system, user, assistant or tool"))?;
+    if role == Role::Tool && !include_tools {
+        return Ok(None);
+    }
+    let content = content_text(v.get("content"));
+    if content.trim().is_empty() {
+        return Ok(None);
+    }
+    let source_key = match v.get("id") {
+        Some(Value::String(s)) => format!("id:{s}"),
+        Some(Value::Number(x)) => format!("id:{x}"),
+        _ => position_key(u64::from(n), role, &content),
+    };
+    Ok(Some(ParsedEpisode {
+        role,
+        content,
+        timestamp_ms: timestamp_value(v.get("timestamp")),
+        source_key,
+    }))
+}
+
+/// One Claude Code line: the episodes it completes. An assistant line extends the held
+/// assistant episode when both belong to one API response (the same message id); the held
+/// episode is released when another turn starts.
+fn claude_code_line(
+    st: &mut LineState,
+    v: &Value,
+    include_tools: bool,
+    emitted: u64,
+) -> Vec<ParsedEpisode> {
+    let mut out = Vec::new();
+    let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
+    if kind == "summary" {
+        if st.title.is_none() {
+            st.title = v.get("summary").and_then(Value::as_str).map(str::to_string);
+            st.meta_dirty |= st.title.is_some();
+        }
+        return out;
+    }
+    if !matches!(kind, "user" | "assistant") {
+        return out;
+    }
+    let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
+    if flag("isMeta") || flag("isSidechain") || flag("isCompactSummary") {
+        return out;
+    }
+    let Some(msg) = v.get("message") else {
+        return out;
+    };
+    if st.id.is_none() {
+        st.id = v
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        st.meta_dirty |= st.id.is_some();
+    }
+    let uuid = v
+        .get("uuid")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let ts = timestamp_value(v.get("timestamp"));
+    let role = if msg.get("role").and_then(Value::as_str) == Some("assistant") {
+        Role::Assistant
+    } else {
+        Role::User
+    };
+    let mut texts = Vec::new();
+    let mut tool_results = Vec::new();
+    match msg.get("content") {
+        Some(Value::String(s)) => texts.push(s.clone()),
+        Some(Value::Array(blocks)) => {
+            for b in blocks {
+                match b.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        texts.extend(b.get("text").and_then(Value::as_str).map(str::to_string))
+                    }
+                    Some("tool_use") if include_tools => {
+                        let name = b.get("name").and_then(Value::as_str).unwrap_or("tool");
+                        let input = b.get("input").map(Value::to_string).unwrap_or_default();
+                        texts.push(format!("[tool call {name}: {input}]"));
+                    }
+                    Some("tool_result") if include_tools => {
+                        let c = content_text(b.get("content"));
+                        if !c.trim().is_empty() {
+                            tool_results.push(c);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
+    let text = if role == Role::User {
+        strip_harness(&texts.join("\n"))
+    } else {
+        texts.join("\n").trim().to_string()
+    };
+    let mut count = emitted + u64::from(st.held.is_some());
+    for (k, r) in tool_results.into_iter().enumerate() {
+        st.open_turn = None;
+        out.extend(st.held.take());
+        out.push(ParsedEpisode {
+            role: Role::Tool,
+            content: r,
+            timestamp_ms: ts,
+            source_key: format!("{uuid}#tool{k}"),
+        });
+        count += 1;
+    }
+    if text.is_empty() {
+        return out;
+    }
+    let msg_id = msg.get("id").and_then(Value::as_str).map(str::to_string);
+    // One API response arrives as several assistant lines sharing a message id.
+    if role == Role::Assistant
+        && msg_id.is_some()
+        && st.open_turn == msg_id
+        && let Some(last) = st.held.as_mut()
+    {
+        last.content.push('\n');
+        last.content.push_str(&text);
+        return out;
+    }
+    out.extend(st.held.take());
+    let source_key = if uuid.is_empty() {
+        position_key(count, role, &text)
+    } else {
+        uuid
+    };
+    let ep = ParsedEpisode {
+        role,
+        content: text,
+        timestamp_ms: ts,
+        source_key,
+    };
+    if role == Role::Assistant && msg_id.is_some() {
+        st.open_turn = msg_id;
+        st.held = Some(ep);
+    } else {
+        st.open_turn = None;
+        out.push(ep);
+    }
+    out
+}
+
+/// One OpenAI message at position `i`, if it carries text.
+fn openai_message(opts: &Options, i: u32, m: &Value) -> Result<Option<ParsedEpisode>, ParseError> {
+    let Some(role_s) = m.get("role").and_then(Value::as_str) else {
+        return Err(malformed(1, format!("message {i} has no \"role\"")));
+    };
+    let Some(role) = parse_role(role_s) else {
+        return Err(malformed(1, format!("message {i} has unknown role '{role_s}'")));
+    };
+    let mut content = content_text(m.get("content"));
+    if opts.include_tools {
+        if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+            for c in calls {
+                let name = c
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("tool");
+                let args = c
+                    .pointer("/function/arguments")
+                    .map(|a| a.as_str().map_or_else(|| a.to_string(), str::to_string))
+                    .unwrap_or_default();
+                content.push_str(&format!("\n[tool call {name}: {args}]"));
+            }
+        }
+    } else if role == Role::Tool {
+        return Ok(None);
+    }
+    let content = content.trim().to_string();
+    if content.is_empty() {
+        return Ok(None);
+    }
+    let source_key = position_key(u64::from(i), role, &content);
+    Ok(Some(ParsedEpisode {
+        role,
+        content,
+        timestamp_ms: None,
+        source_key,
+    }))
+}
+
+/// One ChatGPT conversation (`ci`-th in the file): the active branch, from the current node up
+/// to the root, or (with no current node) following the last child from the root. Links that
+/// form a cycle end the walk with a warning.
+fn chatgpt_conversation(
+    opts: &Options,
+    ci: u32,
+    c: &Value,
+) -> Result<(Conversation, Vec<String>), ParseError> {
+    let mut warnings = Vec::new();
+    let Some(mapping) = c.get("mapping").and_then(Value::as_object) else {
+        return Err(malformed(
+            1,
+            format!("conversation {ci} has no \"mapping\"; is this a ChatGPT conversations.json?"),
+        ));
+    };
+    let id = c
+        .get("conversation_id")
+        .or_else(|| c.get("id"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let title = c.get("title").and_then(Value::as_str).map(str::to_string);
+    let mut leaf = c
+        .get("current_node")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if leaf.as_ref().is_none_or(|l| !mapping.contains_key(l)) {
+        let mut node = mapping
+            .iter()
+            .find(|(_, n)| n.get("parent").is_none_or(Value::is_null))
+            .map(|(k, _)| k.clone());
+        let mut seen = BTreeSet::new();
+        while let Some(k) = node.clone() {
+            seen.insert(k.clone());
+            let next = mapping[&k]
+                .get("children")
+                .and_then(Value::as_array)
+                .and_then(|ch| ch.last())
+                .and_then(Value::as_str);
+            match next {
+                Some(n) if seen.contains(n) => {
+                    warnings.push(format!(
+                        "{}: conversation {ci}: its children links form a cycle; read up to it",
+                        opts.name
+                    ));
+                    break;
+                }
+                Some(n) if mapping.contains_key(n) => node = Some(n.to_string()),
+                _ => break,
+            }
+        }
+        leaf = node;
+    }
+    let mut path = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut cur = leaf;
+    while let Some(k) = cur {
+        if !seen.insert(k.clone()) {
+            warnings.push(format!(
+                "{}: conversation {ci}: its parent links form a cycle; read from where it closes",
+                opts.name
+            ));
+            break;
+        }
+        let Some(node) = mapping.get(&k) else { break };
+        path.push(node);
+        cur = node
+            .get("parent")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    path.reverse();
+    let mut episodes: Vec<ParsedEpisode> = Vec::new();
+    for node in path {
+        let Some(m) = node.get("message").filter(|m| !m.is_null()) else {
+            continue;
+        };
+        let role_s = m
+            .pointer("/author/role")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let meta = m.get("metadata");
+        let meta_flag = |k: &str| {
+            meta.and_then(|x| x.get(k))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+        };
+        if meta_flag("is_visually_hidden_from_conversation") {
+            continue;
+        }
+        let role = match role_s {
+            "system" if meta_flag("is_user_system_message") => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" if opts.include_tools => Role::Tool,
+            _ => continue,
+        };
+        if role == Role::Assistant
+            && m.get("recipient")
+                .and_then(Value::as_str)
+                .is_some_and(|r| r != "all")
+            && !opts.include_tools
+        {
+            continue;
+        }
+        let ctype = m
+            .pointer("/content/content_type")
+            .and_then(Value::as_str)
+            .unwrap_or("text");
+        if !matches!(ctype, "text" | "multimodal_text") {
+            continue;
+        }
+        let content = content_text(m.pointer("/content/parts")).trim().to_string();
+        if content.is_empty() {
+            continue;
+        }
+        let key = m.get("id").and_then(Value::as_str).map_or_else(
+            || position_key(episodes.len() as u64, role, &content),
+            str::to_string,
+        );
+        episodes.push(ParsedEpisode {
+            role,
+            content,
+            timestamp_ms: timestamp_value(m.get("create_time")),
+            source_key: key,
+        });
+    }
+    Ok((
+        Conversation {
+            id,
+            title,
+            episodes,
+        },
+        warnings,
+    ))
+}
+
+#[cfg(test)]
+#[path = "transcript_tests.rs"]
+mod tests;
