@@ -517,7 +517,9 @@ fn format_out(f: transcript::Format) -> tx::Format {
     }
 }
 
-fn batch_out(r: Result<transcript::Batch, transcript::ParseError>) -> Result<tx::Batch, tx::ParseError> {
+fn batch_out(
+    r: Result<transcript::Batch, transcript::ParseError>,
+) -> Result<tx::Batch, tx::ParseError> {
     use transcript::ParseError as P;
     match r {
         Ok(b) => Ok(tx::Batch {

@@ -181,7 +181,10 @@ enum Mode {
         closed: bool,
     },
     /// A top-level object, parsed whole at the end.
-    Object { held: Vec<u8>, format: Option<Format> },
+    Object {
+        held: Vec<u8>,
+        format: Option<Format>,
+    },
     /// After an error: everything is ignored.
     Done,
 }
@@ -405,26 +408,24 @@ impl Parser {
     }
 
     fn consume(&mut self, chunk: &[u8], end: bool) -> Result<(), ParseError> {
-        loop {
-            match &mut self.mode {
-                Mode::Done => return Ok(()),
-                Mode::Detect { held } => {
-                    held.extend_from_slice(chunk);
-                    let held = std::mem::take(held);
-                    match self.detect(&held, end)? {
-                        Some(mode) => {
-                            self.mode = mode;
-                            // Replay what was held through the chosen mode.
-                            return self.consume_in_mode(&held, end);
-                        }
-                        None => {
-                            self.mode = Mode::Detect { held };
-                            return Ok(());
-                        }
+        match &mut self.mode {
+            Mode::Done => Ok(()),
+            Mode::Detect { held } => {
+                held.extend_from_slice(chunk);
+                let held = std::mem::take(held);
+                match self.detect(&held, end)? {
+                    Some(mode) => {
+                        self.mode = mode;
+                        // Replay what was held through the chosen mode.
+                        self.consume_in_mode(&held, end)
+                    }
+                    None => {
+                        self.mode = Mode::Detect { held };
+                        Ok(())
                     }
                 }
-                _ => return self.consume_in_mode(chunk, end),
             }
+            _ => self.consume_in_mode(chunk, end),
         }
     }
 
@@ -728,7 +729,11 @@ impl Parser {
                     Ok(())
                 }
                 Ok(None) => Ok(()),
-                Err(m) => self.bad_line(n, m, "fix the line, or pass --skip-invalid to skip bad lines"),
+                Err(m) => self.bad_line(
+                    n,
+                    m,
+                    "fix the line, or pass --skip-invalid to skip bad lines",
+                ),
             },
             _ => {
                 for ep in claude_code_line(state, &v, include_tools, self.episodes_out) {
@@ -752,7 +757,9 @@ impl Parser {
     fn consume_array(&mut self, chunk: &[u8], end: bool) -> Result<(), ParseError> {
         // Where the element in progress starts in this chunk (it may have begun earlier).
         let mut elem_start: Option<usize> = match &self.mode {
-            Mode::Array { in_element: true, .. } => Some(0),
+            Mode::Array {
+                in_element: true, ..
+            } => Some(0),
             _ => None,
         };
         for (i, &b) in chunk.iter().enumerate() {
@@ -1002,8 +1009,14 @@ enum LineOrDoc {
 }
 
 fn trim_ascii(b: &[u8]) -> &[u8] {
-    let start = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
-    let end = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(start, |i| i + 1);
+    let start = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |i| i + 1);
     &b[start..end]
 }
 
@@ -1442,7 +1455,10 @@ fn openai_message(opts: &Options, i: u32, m: &Value) -> Result<Option<ParsedEpis
         return Err(malformed(1, format!("message {i} has no \"role\"")));
     };
     let Some(role) = parse_role(role_s) else {
-        return Err(malformed(1, format!("message {i} has unknown role '{role_s}'")));
+        return Err(malformed(
+            1,
+            format!("message {i} has unknown role '{role_s}'"),
+        ));
     };
     let mut content = content_text(m.get("content"));
     if opts.include_tools {

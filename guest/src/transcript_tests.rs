@@ -90,9 +90,13 @@ fn jsonl_with_errors_reported_by_line() {
         p.conversations[0].episodes[0].source_key,
         position_key(1, Role::User, "hi")
     );
-    assert_eq!(p.conversations[0].episodes[1].source_key.split(':').next(), Some("3"));
+    assert_eq!(
+        p.conversations[0].episodes[1].source_key.split(':').next(),
+        Some("3")
+    );
 
-    let bad = "{\"role\":\"user\",\"content\":\"hi\"}\n{oops\n{\"role\":\"user\",\"content\":\"x\"}\n";
+    let bad =
+        "{\"role\":\"user\",\"content\":\"hi\"}\n{oops\n{\"role\":\"user\",\"content\":\"x\"}\n";
     match parse(bad) {
         Err(ParseError::Malformed { line: 2, message }) => {
             assert!(message.starts_with("not valid JSON") && message.contains("--skip-invalid"));
@@ -108,14 +112,20 @@ fn jsonl_with_errors_reported_by_line() {
     )
     .unwrap();
     assert_eq!(
-        (skipped.conversations[0].episodes.len(), skipped.warnings.len()),
+        (
+            skipped.conversations[0].episodes.len(),
+            skipped.warnings.len()
+        ),
         (2, 1)
     );
 
     // A partial last line (no newline) is tolerated.
     let partial = "{\"role\":\"user\",\"content\":\"hi\"}\n{\"role\":\"assis";
     let p = same_in_every_chunking(partial.as_bytes(), opts()).unwrap();
-    assert_eq!((p.conversations[0].episodes.len(), p.warnings.len()), (1, 1));
+    assert_eq!(
+        (p.conversations[0].episodes.len(), p.warnings.len()),
+        (1, 1)
+    );
 
     // A watcher resuming at line 40 numbers lines from 41.
     let p = parse_in(
@@ -171,7 +181,9 @@ fn refusals() {
     assert_eq!(texts(&p), vec![(Role::User, "tea")]);
     assert_eq!(p.warnings, vec!["t:1: invalid UTF-8; skipped".to_string()]);
     match parse("{\"role\":\"wizard\",\"content\":\"a\"}\n") {
-        Err(ParseError::Malformed { message, .. }) => assert!(message.contains("unknown role 'wizard'")),
+        Err(ParseError::Malformed { message, .. }) => {
+            assert!(message.contains("unknown role 'wizard'"))
+        }
         other => panic!("{other:?}"),
     }
     // A truncated export.

@@ -255,7 +255,10 @@ pub struct TranscriptParser<'a> {
 impl TranscriptParser<'_> {
     /// Parse the next bytes; the outer error is a trap (a sandbox limit), the inner one what
     /// is wrong with the file.
-    pub async fn feed(&mut self, chunk: &[u8]) -> Result<Result<ParseBatch, ParseError>, CallError> {
+    pub async fn feed(
+        &mut self,
+        chunk: &[u8],
+    ) -> Result<Result<ParseBatch, ParseError>, CallError> {
         self.store
             .set_fuel(self.abridge.fuel)
             .map_err(|e| self.abridge.trap(e))?;

@@ -162,7 +162,9 @@ pub enum TranscriptError {
     },
     /// The sandboxed parser stopped (a fuel or memory limit, or a bug in it): the file is not
     /// read, nothing is stored.
-    #[error("{path}: the transcript parser stopped ({message}) — nothing was stored; check the file, or report it with the file attached")]
+    #[error(
+        "{path}: the transcript parser stopped ({message}) — nothing was stored; check the file, or report it with the file attached"
+    )]
     Sandbox {
         /// File.
         path: String,
@@ -338,13 +340,21 @@ impl<'a> Feeder<'a> {
     /// (gathered too, for [`finish`](Self::finish)).
     pub async fn feed(&mut self, chunk: &[u8]) -> Result<(), TranscriptError> {
         self.bytes += chunk.len() as u64;
-        let r = self.parser.feed(chunk).await.map_err(|e| sandbox(&self.name, e))?;
+        let r = self
+            .parser
+            .feed(chunk)
+            .await
+            .map_err(|e| sandbox(&self.name, e))?;
         self.take(r)
     }
 
     /// End of input: everything parsed.
     pub async fn finish(mut self) -> Result<Parsed, TranscriptError> {
-        let r = self.parser.finish().await.map_err(|e| sandbox(&self.name, e))?;
+        let r = self
+            .parser
+            .finish()
+            .await
+            .map_err(|e| sandbox(&self.name, e))?;
         self.take(r)?;
         let format = self.format.unwrap_or(Format::Jsonl);
         let conversations: Vec<Conversation> = self
@@ -397,7 +407,11 @@ impl<'a> Feeder<'a> {
         }
         self.warnings.extend(b.warnings);
         for part in b.conversations {
-            let at = match self.conversations.iter().position(|(i, _)| *i == part.index) {
+            let at = match self
+                .conversations
+                .iter()
+                .position(|(i, _)| *i == part.index)
+            {
                 Some(at) => at,
                 None => {
                     self.conversations.push((
@@ -418,13 +432,14 @@ impl<'a> Feeder<'a> {
             if part.title.is_some() {
                 conv.title = part.title;
             }
-            conv.episodes.extend(part.episodes.into_iter().map(|e| NewEpisode {
-                role: e.role,
-                content: e.content,
-                timestamp_ms: e.timestamp_ms,
-                source_key: e.source_key,
-                tokens: 0,
-            }));
+            conv.episodes
+                .extend(part.episodes.into_iter().map(|e| NewEpisode {
+                    role: e.role,
+                    content: e.content,
+                    timestamp_ms: e.timestamp_ms,
+                    source_key: e.source_key,
+                    tokens: 0,
+                }));
         }
         Ok(())
     }

@@ -7,13 +7,13 @@ pub use crate::bindings::abridge::engine::store::{
     SessionStats, SummaryRow, SummaryWrite,
 };
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
-pub use crate::bindings::exports::abridge::engine::transcripts::{
-    Batch as ParseBatch, ConversationPart, Format as TranscriptFormat, ParseError, ParseOptions,
-    ParsedEpisode,
-};
 pub use crate::bindings::exports::abridge::engine::summarizer::{
     Config, ContextRequest, ContextWindow, Engine, FreshState, FreshnessReport, Mode, Outcome,
     Path as PlanPath, PlanReport, Rendering,
+};
+pub use crate::bindings::exports::abridge::engine::transcripts::{
+    Batch as ParseBatch, ConversationPart, Format as TranscriptFormat, ParseError, ParseOptions,
+    ParsedEpisode,
 };
 
 impl Role {

@@ -198,8 +198,39 @@ export interface EngineOptions {
   batchConcurrency?: number;
 }
 
+/** A transcript format. */
+export type TranscriptFormat = 'jsonl' | 'openai' | 'claude-code' | 'chatgpt';
+
+/** How to parse a transcript (see the WIT `transcripts.parse-options`). */
+export interface ParseOptions {
+  /** The format; default: detect it from the content. */
+  format?: TranscriptFormat;
+  /** Keep tool calls and tool results as episodes. */
+  includeTools?: boolean;
+  /** Skip malformed lines (and lines that are not UTF-8) with a warning instead of failing. */
+  skipInvalid?: boolean;
+  /** Lines of the file before the first byte given (resuming mid-file). */
+  firstLine?: number;
+  /** The file's name, for messages. */
+  name?: string;
+  /** Longest episode in bytes; longer messages are split into parts (default 65,536). */
+  maxEpisodeBytes?: number;
+}
+
+/** A parsed transcript: conversations (several for a ChatGPT export) ready for `append`. */
+export interface ParsedTranscript {
+  format: TranscriptFormat;
+  conversations: { index: number; id?: string; title?: string; episodes: NewEpisode[] }[];
+  warnings: string[];
+}
+
 export class Engine {
   readonly llmName: string;
+  /** Parse a transcript inside the sandbox (the same parser as the Rust host). */
+  parseTranscript(
+    source: Uint8Array | string | Iterable<Uint8Array> | AsyncIterable<Uint8Array>,
+    options?: ParseOptions,
+  ): Promise<ParsedTranscript>;
   readonly store: Store;
   append(session: string, episodes: NewEpisode[]): Promise<number>;
   afterEpisodeWritten(session: string, config?: Partial<Config>): Promise<Outcome>;

@@ -94,6 +94,24 @@ function storeCall(f) {
   }
 }
 
+/** The message for a transcript parse error (the same words as the Rust host's). */
+function parseMessage(name, tag, val) {
+  switch (tag) {
+    case 'invalid-utf8':
+      return `${name}:${val[0]}: invalid UTF-8 at byte ${val[1]} — re-encode the file as UTF-8 (for example: iconv -f latin1 -t utf-8)`;
+    case 'malformed':
+      return `${name}:${val[0]}: ${val[1]}`;
+    case 'unknown-format':
+      return `cannot tell the format of ${name} — pass format: 'jsonl' | 'openai' | 'claude-code' | 'chatgpt'`;
+    case 'empty-file':
+      return `${name} is empty — nothing to import; check that it is the right file`;
+    case 'no-messages':
+      return `${name} holds no messages (read as ${val}) — check that it is the right file, or pass format`;
+    default:
+      return `${name}: ${tag}`;
+  }
+}
+
 /** Run an export call; turn WIT errors into AbridgeError and traps into a described Error. */
 async function exportCall(f) {
   try {
@@ -286,6 +304,76 @@ export class Engine {
   async reset(session) {
     const g = await this.#guest();
     return exportCall(() => g.summarizer.reset(session));
+  }
+
+  /**
+   * Parse a transcript inside the sandbox (the same parser as the Rust host, byte for byte).
+   * `source`: a Uint8Array, a string, or an (async) iterable of Uint8Array chunks such as
+   * `fs.createReadStream(path)`. Options: `format` (`jsonl`, `openai`, `claude-code`,
+   * `chatgpt`; default: detect), `includeTools`, `skipInvalid`, `firstLine`, `name`,
+   * `maxEpisodeBytes`. Returns `{format, conversations: [{index, id, title, episodes}],
+   * warnings}`; episodes are `{role, content, timestampMs, sourceKey}`, ready for `append`.
+   * A bad file throws an AbridgeError whose `kind` is the WIT parse-error case.
+   */
+  async parseTranscript(source, options = {}) {
+    const g = await this.#guest();
+    const opts = {
+      format: options.format ?? undefined,
+      includeTools: Boolean(options.includeTools),
+      skipInvalid: Boolean(options.skipInvalid),
+      firstLine: options.firstLine ?? 0,
+      name: options.name ?? 'transcript',
+      maxEpisodeBytes: options.maxEpisodeBytes ?? 0,
+    };
+    const convs = new Map();
+    const warnings = [];
+    let format;
+    const take = (b) => {
+      format = b.format ?? format;
+      warnings.push(...b.warnings);
+      for (const c of b.conversations) {
+        let conv = convs.get(c.index);
+        if (!conv) convs.set(c.index, (conv = { index: c.index, id: undefined, title: undefined, episodes: [] }));
+        conv.id = c.id ?? conv.id;
+        conv.title = c.title ?? conv.title;
+        for (const e of c.episodes) {
+          conv.episodes.push({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey });
+        }
+      }
+    };
+    const parseCall = (f) => {
+      try {
+        return f();
+      } catch (e) {
+        const p = e?.payload;
+        if (p && typeof p.tag === 'string') {
+          const val = Array.isArray(p.val) ? p.val.map((x) => (typeof x === 'bigint' ? Number(x) : x)) : p.val;
+          const err = new AbridgeError(p.tag, parseMessage(opts.name, p.tag, val));
+          // The structured parts, as the WIT parse-error carries them.
+          if (p.tag === 'invalid-utf8') [err.line, err.offset] = val;
+          if (p.tag === 'malformed') [err.line, err.reason] = val;
+          if (p.tag === 'no-messages') err.format = val;
+          throw err;
+        }
+        if (e instanceof WebAssembly.RuntimeError) {
+          throw new Error(`${opts.name}: the transcript parser stopped (${e.message}); nothing was stored`, { cause: e });
+        }
+        throw e;
+      }
+    };
+    const parser = parseCall(() => new g.transcripts.Parser(opts));
+    const chunks =
+      typeof source === 'string' ? [new TextEncoder().encode(source)] : source instanceof Uint8Array ? [source] : source;
+    const FEED = 1 << 20;
+    for await (const chunk of chunks) {
+      const bytes = chunk instanceof Uint8Array ? chunk : new Uint8Array(chunk);
+      for (let at = 0; at < bytes.length; at += FEED) {
+        take(parseCall(() => parser.feed(bytes.subarray(at, at + FEED))));
+      }
+    }
+    take(parseCall(() => parser.finish()));
+    const conversations = [...convs.values()].sort((a, b) => a.index - b.index).filter((c) => c.episodes.length > 0);
+    return { format, conversations, warnings };
   }
 
   /** The guest's token estimate. */

@@ -40,6 +40,54 @@ test('golden stripping, byte for byte', async () => {
   }
 });
 
+test('golden transcripts: the same episodes as the Rust host, whole and in 7-byte chunks', async () => {
+  const engine = await createEngine({ store: new MemoryStore() });
+  const dirs = cases('transcripts');
+  assert.ok(dirs.length >= 15, 'golden transcripts missing');
+  for (const dir of dirs) {
+    const input = readdirSync(dir).find((f) => f.startsWith('input.'));
+    const bytes = new Uint8Array(readFileSync(join(dir, input)));
+    let o = {};
+    try {
+      o = JSON.parse(read(join(dir, 'options.json')));
+    } catch {}
+    const options = {
+      name: input,
+      includeTools: o.include_tools ?? false,
+      skipInvalid: o.skip_invalid ?? false,
+      firstLine: o.first_line ?? 0,
+      maxEpisodeBytes: o.max_episode_bytes ?? 0,
+    };
+    const run = async (source) => {
+      try {
+        const p = await engine.parseTranscript(source, options);
+        return {
+          format: p.format,
+          conversations: p.conversations.map((c) => ({
+            index: c.index,
+            id: c.id ?? null,
+            title: c.title ?? null,
+            episodes: c.episodes.map((e) => ({ role: e.role, content: e.content, timestamp_ms: e.timestampMs ?? null, source_key: e.sourceKey })),
+          })),
+          warnings: p.warnings,
+        };
+      } catch (e) {
+        if (!e.kind) throw e;
+        const out = { error: e.kind };
+        if (e.kind === 'invalid-utf8') Object.assign(out, { line: e.line, offset: e.offset });
+        if (e.kind === 'malformed') Object.assign(out, { line: e.line, message: e.reason });
+        if (e.kind === 'no-messages') out.format = e.format;
+        return out;
+      }
+    };
+    const chunks = [];
+    for (let at = 0; at < bytes.length; at += 7) chunks.push(bytes.subarray(at, at + 7));
+    const whole = await run(bytes);
+    assert.deepEqual(await run(chunks), whole, `${dir}: 7-byte chunks`);
+    assert.deepEqual(whole, JSON.parse(read(join(dir, 'expected.json'))), dir);
+  }
+});
+
 const camel = (k) => k.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
 const snakeRow = (r) => ({
   id: r.id, first_episode: r.firstEpisode, last_episode: r.lastEpisode, content: r.content, tokens: r.tokens,

@@ -5,6 +5,7 @@ mod backfill;
 mod bad_input;
 mod engine_api;
 mod golden_chains;
+mod golden_transcripts;
 mod harness;
 mod hostile;
 mod ingest;

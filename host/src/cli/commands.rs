@@ -554,56 +554,56 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
             .flat_map(|(_, c)| c.episodes)
             .collect();
         for mut ep in episodes {
-        n += 1;
-        if !ep.source_key.starts_with("id:") {
-            // Without an id every line is a new message, even if its text repeats.
-            ep.source_key = format!("ingest:{started}:{n}");
-        }
-        let added = engine
-            .append(&a.session, std::slice::from_ref(&ep as &NewEpisode))
-            .await?;
-        appended += u64::from(added);
-        // A job running on this session (a long summarize elsewhere) covers the work: the
-        // trigger does not run it twice at once.
-        if jobs
-            .session_busy(&a.session)
-            .map_err(super::jobs::storage)?
-        {
-            continue;
-        }
-        // A failed refresh keeps the previous summary and backs off; the messages keep coming
-        // and are stored all the same.
-        let outcome = match engine.after_episode_written(&a.session, &cfg).await {
-            Ok(o) => o,
-            Err(abridge::CallError::Engine(e)) if !matches!(e, Error::InvalidInput(_)) => {
+            n += 1;
+            if !ep.source_key.starts_with("id:") {
+                // Without an id every line is a new message, even if its text repeats.
+                ep.source_key = format!("ingest:{started}:{n}");
+            }
+            let added = engine
+                .append(&a.session, std::slice::from_ref(&ep as &NewEpisode))
+                .await?;
+            appended += u64::from(added);
+            // A job running on this session (a long summarize elsewhere) covers the work: the
+            // trigger does not run it twice at once.
+            if jobs
+                .session_busy(&a.session)
+                .map_err(super::jobs::storage)?
+            {
+                continue;
+            }
+            // A failed refresh keeps the previous summary and backs off; the messages keep coming
+            // and are stored all the same.
+            let outcome = match engine.after_episode_written(&a.session, &cfg).await {
+                Ok(o) => o,
+                Err(abridge::CallError::Engine(e)) if !matches!(e, Error::InvalidInput(_)) => {
+                    note(
+                        s,
+                        &format!(
+                            "{name}:{n}: the summary was not refreshed ({}); the previous one is kept and the next attempt backs off",
+                            describe(&e)
+                        ),
+                    );
+                    refresh_failure = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if outcome.passes > 0 {
+                refresh_failure = None;
+            }
+            passes += outcome.passes;
+            for r in &outcome.written {
                 note(
                     s,
                     &format!(
-                        "{name}:{n}: the summary was not refreshed ({}); the previous one is kept and the next attempt backs off",
-                        describe(&e)
+                        "session {}: summary {} now covers episodes {}-{}",
+                        a.session, r.id, r.first_episode, r.last_episode
                     ),
                 );
-                refresh_failure = Some(e);
-                continue;
+                if a.json {
+                    println!("{}", row_json(r));
+                }
             }
-            Err(e) => return Err(e.into()),
-        };
-        if outcome.passes > 0 {
-            refresh_failure = None;
-        }
-        passes += outcome.passes;
-        for r in &outcome.written {
-            note(
-                s,
-                &format!(
-                    "session {}: summary {} now covers episodes {}-{}",
-                    a.session, r.id, r.first_episode, r.last_episode
-                ),
-            );
-            if a.json {
-                println!("{}", row_json(r));
-            }
-        }
         }
     }
     for w in feeder.finish_warnings() {
