@@ -45,6 +45,7 @@ fn err_in(e: wit::Error) -> types::Error {
         wit::Error::RejectedOutput(m) => E::RejectedOutput(m),
         wit::Error::Storage(m) => E::Storage(m),
         wit::Error::InvalidInput(m) => E::InvalidInput(m),
+        wit::Error::Conflict(m) => E::Conflict(m),
     }
 }
 
@@ -59,6 +60,7 @@ fn err_out(e: types::Error) -> wit::Error {
         E::RejectedOutput(m) => wit::Error::RejectedOutput(m),
         E::Storage(m) => wit::Error::Storage(m),
         E::InvalidInput(m) => wit::Error::InvalidInput(m),
+        E::Conflict(m) => wit::Error::Conflict(m),
     }
 }
 

@@ -341,10 +341,14 @@ pub fn reset(h: &mut impl Host, session: &str) -> Result<(), Error> {
 /// (each refusal recalibrates the estimator first).
 const MAX_OVERFLOW_REPLANS: u32 = 3;
 
+/// How often one call starts a pass again after a concurrent writer changed the chain first.
+const MAX_CONFLICT_RETRIES: u32 = 5;
+
 fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
     let start = h.stats(session)?;
     let mut out = Outcome::default();
     let mut overflows = 0;
+    let mut conflicts = 0;
     let mut long_path_done = false;
     loop {
         let step = if long_path_done {
@@ -360,6 +364,16 @@ fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, E
                     &format!(
                         "session {session}: re-planning with the recalibrated estimator ({m})"
                     ),
+                );
+                continue;
+            }
+            // Another process wrote a row for this session first (two ingests of one
+            // session): re-read where the chain stands and go on from there.
+            Err(Error::Conflict(m)) if conflicts < MAX_CONFLICT_RETRIES => {
+                conflicts += 1;
+                h.log(
+                    Level::Info,
+                    &format!("session {session}: another writer summarized first; continuing from its row ({m})"),
                 );
                 continue;
             }
@@ -992,6 +1006,7 @@ fn error_text(e: &Error) -> &str {
         | Error::Server(m)
         | Error::RejectedOutput(m)
         | Error::Storage(m)
+        | Error::Conflict(m)
         | Error::InvalidInput(m) => m,
     }
 }
@@ -1006,6 +1021,7 @@ fn with_message(e: Error, m: String) -> Error {
         Error::Server(_) => Error::Server(m),
         Error::RejectedOutput(_) => Error::RejectedOutput(m),
         Error::Storage(_) => Error::Storage(m),
+        Error::Conflict(_) => Error::Conflict(m),
         Error::InvalidInput(_) => Error::InvalidInput(m),
     }
 }

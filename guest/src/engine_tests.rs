@@ -21,6 +21,11 @@ struct Fake {
     partials: std::collections::BTreeMap<String, String>,
     progress: Vec<(u32, u32, u32)>,
     marker: Option<FailureMarker>,
+    /// Writes that another process wins: it stores the same coverage first, and this write
+    /// is refused as a conflict.
+    races: u32,
+    /// A store that refuses every write as a conflict without anyone writing.
+    stuck: bool,
 }
 
 impl Fake {
@@ -106,7 +111,21 @@ impl Host for Fake {
     fn latest_summary(&mut self, _: &str) -> Result<Option<SummaryRow>, Error> {
         Ok(self.rows.last().cloned())
     }
-    fn write_summary(&mut self, _: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+    fn write_summary(&mut self, s: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+        if self.stuck {
+            return Err(Error::Conflict("always".into()));
+        }
+        if self.races > 0 {
+            self.races -= 1;
+            let theirs = SummaryWrite {
+                content: "Another process summarized these episodes first.".into(),
+                ..w.clone()
+            };
+            self.write_summary(s, theirs)?;
+            return Err(Error::Conflict(
+                "a new row must start at a later episode".into(),
+            ));
+        }
         let prev_last = self.rows.last().map_or(0, |r| r.last_episode);
         let row = SummaryRow {
             id: 0,
@@ -1002,4 +1021,20 @@ fn a_count_that_shows_truncation_never_calibrates() {
     g.count_ratio = Some(0.9);
     summarize_now(&mut g, "s", &c).unwrap();
     assert!(g.calibration.is_some());
+}
+
+#[test]
+fn a_concurrent_writer_is_a_retry_not_a_failure() {
+    // Two ingests of one session: the other process writes first, twice; this call goes on
+    // from the row it finds, and the chain stays whole.
+    let mut f = Fake::with_episodes(12, 30);
+    f.races = 2;
+    let out = summarize_now(&mut f, "s", &cfg()).unwrap();
+    f.assert_chain();
+    assert_eq!(f.rows.last().unwrap().last_episode, 12);
+    assert!(out.unsummarized == 0, "{out:?}");
+    // Endless conflicts end in the error, not a loop.
+    let mut g = Fake::with_episodes(12, 30);
+    g.stuck = true;
+    assert!(matches!(summarize_now(&mut g, "s", &cfg()), Err(Error::Conflict(_))));
 }

@@ -71,6 +71,8 @@ pub enum Error {
     RejectedOutput(String),
     /// Store failure.
     Storage(String),
+    /// A concurrent writer changed the session first; re-read and retry.
+    Conflict(String),
     /// Unusable input.
     InvalidInput(String),
 }

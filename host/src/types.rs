@@ -78,6 +78,9 @@ pub fn describe(e: &Error) -> String {
             format!("the summary was rejected and nothing was written: {m}")
         }
         Error::Storage(m) => format!("storage error: {m}"),
+        Error::Conflict(m) => format!(
+            "another process changed the session at the same time, and retrying did not settle it: {m}"
+        ),
         Error::InvalidInput(m) => m.clone(),
     }
 }

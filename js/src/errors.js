@@ -9,6 +9,7 @@ export const ERROR_KINDS = [
   'server',
   'rejected-output',
   'storage',
+  'conflict',
   'invalid-input',
 ];
 

@@ -5,7 +5,7 @@
 export type Role = 'system' | 'user' | 'assistant' | 'tool';
 export type ErrorKind =
   | 'unreachable' | 'model-not-found' | 'timeout' | 'context-overflow'
-  | 'server' | 'rejected-output' | 'storage' | 'invalid-input';
+  | 'server' | 'rejected-output' | 'storage' | 'conflict' | 'invalid-input';
 
 /** An actionable engine error; `message` says what happened and how to fix it. */
 export class AbridgeError extends Error {

@@ -8,7 +8,7 @@ import { AbridgeError } from './errors.js';
 
 /** The chain rule, checked before every summary write. */
 export function checkChain(session, episodes, prev, w) {
-  const conflict = (why) => new AbridgeError('storage', `summary chain rule broken for session '${session}': ${why}`);
+  const conflict = (why) => new AbridgeError('conflict', `summary chain rule for session '${session}': ${why}`);
   if (w.lastEpisode > episodes || w.lastEpisode < w.firstEpisode || w.firstEpisode === 0) {
     throw conflict(`coverage ${w.firstEpisode}-${w.lastEpisode} is outside episodes 1-${episodes}`);
   }

@@ -69,7 +69,7 @@ test('node:sqlite data survives a new engine and the chain rule is enforced', as
   assertCovers(assert, chain, 6);
   assert.throws(
     () => store.writeSummary('s', { firstEpisode: 3, lastEpisode: 6, content: 'x', tokens: 1, promptTokens: 0, outputTokens: 0, model: 'm', nowMs: 0 }),
-    (e) => e instanceof AbridgeError && e.kind === 'storage' && /must start at episode 7/.test(e.message),
+    (e) => e instanceof AbridgeError && e.kind === 'conflict' && /must start at episode 7/.test(e.message),
   );
 });
 

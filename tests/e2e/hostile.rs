@@ -370,3 +370,63 @@ fn misleading_messages_are_fixed() {
     let v: Value = r.json();
     assert_eq!(v["episodes"], 2);
 }
+
+#[test]
+fn two_ingests_of_one_session_both_succeed_and_lose_nothing() {
+    let env = extractive();
+    let lines = |who: &str| -> String {
+        (1..=40)
+            .map(|i| {
+                format!(
+                    "{{\"role\":\"{}\",\"content\":\"{who} message {i} about the index rebuild and the replica lag.\",\"id\":\"{who}-{i}\"}}\n",
+                    if i % 2 == 1 { "user" } else { "assistant" }
+                )
+            })
+            .collect()
+    };
+    let args = [
+        "ingest",
+        "--session",
+        "shared",
+        "--threshold-tokens",
+        "20",
+        "--min-new-episodes",
+        "2",
+    ];
+    let children: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|who| {
+            let mut c = env
+                .command(&args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let input = lines(who);
+            let mut stdin = c.stdin.take().unwrap();
+            std::thread::spawn(move || {
+                // Line by line, as a chat app sends them, so the two interleave.
+                for l in input.lines() {
+                    if stdin.write_all(format!("{l}\n").as_bytes()).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            });
+            c
+        })
+        .collect();
+    for c in children {
+        Run::from(c.wait_with_output().unwrap()).assert_ok();
+    }
+    assert_eq!(sessions(&env), vec![("shared".to_string(), 80)]);
+    let chain = env.chain("shared").unwrap();
+    let last = chain["summaries"].as_array().unwrap().last().unwrap()["last_episode"]
+        .as_u64()
+        .unwrap();
+    assert!(last >= 79, "coverage stuck at {last}: {chain:#}");
+    let st = env.run(&["status", "shared", "--json"]);
+    st.assert_ok();
+    assert_eq!(st.json()[0]["failures"], 0, "{}", st.stdout);
+}

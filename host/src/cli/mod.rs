@@ -83,7 +83,7 @@ impl From<abridge::CallError> for Failure {
         use abridge::types::Error as E;
         let exit = match &e {
             abridge::CallError::Engine(E::InvalidInput(_)) => Exit::Input,
-            abridge::CallError::Engine(E::Storage(_)) => Exit::Storage,
+            abridge::CallError::Engine(E::Storage(_) | E::Conflict(_)) => Exit::Storage,
             abridge::CallError::Engine(_) => Exit::Model,
             abridge::CallError::Host(_) => Exit::Internal,
             abridge::CallError::Cancelled => Exit::Model,

@@ -22,8 +22,8 @@ pub fn check_chain(
     w: &SummaryWrite,
 ) -> Result<(), Error> {
     let conflict = |why: String| {
-        Error::Storage(format!(
-            "summary chain rule broken for session '{session}': {why}"
+        Error::Conflict(format!(
+            "summary chain rule for session '{session}': {why}"
         ))
     };
     if w.last_episode > episodes || w.last_episode < w.first_episode || w.first_episode == 0 {
