@@ -1036,5 +1036,8 @@ fn a_concurrent_writer_is_a_retry_not_a_failure() {
     // Endless conflicts end in the error, not a loop.
     let mut g = Fake::with_episodes(12, 30);
     g.stuck = true;
-    assert!(matches!(summarize_now(&mut g, "s", &cfg()), Err(Error::Conflict(_))));
+    assert!(matches!(
+        summarize_now(&mut g, "s", &cfg()),
+        Err(Error::Conflict(_))
+    ));
 }

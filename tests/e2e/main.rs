@@ -10,6 +10,7 @@ mod harness;
 mod hostile;
 mod ingest;
 mod jobs;
+mod model_output;
 mod real_data;
 mod sandbox;
 mod scale;

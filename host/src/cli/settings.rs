@@ -271,7 +271,10 @@ impl Settings {
         );
         let url = url.trim_end_matches('/').to_string();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            bail!("the Ollama URL {url:?} must start with http:// (set --url or EXTRACTION_URL)");
+            bail!(
+                "the Ollama URL {:?} is not an http:// or https:// URL (set --url or EXTRACTION_URL)",
+                abridge::backend::redact_url(&url)
+            );
         }
         let openai_base_url = pick!(
             common.openai_base_url.clone(),

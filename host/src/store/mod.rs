@@ -21,11 +21,8 @@ pub fn check_chain(
     prev: Option<&SummaryRow>,
     w: &SummaryWrite,
 ) -> Result<(), Error> {
-    let conflict = |why: String| {
-        Error::Conflict(format!(
-            "summary chain rule for session '{session}': {why}"
-        ))
-    };
+    let conflict =
+        |why: String| Error::Conflict(format!("summary chain rule for session '{session}': {why}"));
     if w.last_episode > episodes || w.last_episode < w.first_episode || w.first_episode == 0 {
         return Err(conflict(format!(
             "coverage {}-{} is outside episodes 1-{episodes}",

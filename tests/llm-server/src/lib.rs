@@ -46,6 +46,12 @@ pub enum Fault {
         /// Milliseconds.
         ms: u64,
     },
+    /// Answer with this text in full, as `stop`, ignoring the request's output limit (a server
+    /// that does not honour `num_predict`, or a babbling model).
+    Unlimited {
+        /// The text.
+        text: String,
+    },
     /// Answer normally but with this text as the model's output.
     Reply {
         /// The text.
@@ -384,7 +390,12 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     }
     thread::sleep(delay);
     let mut reply_override = None;
+    let mut unlimited = false;
     match fault {
+        Some(Fault::Unlimited { text }) => {
+            unlimited = true;
+            reply_override = Some((text, "stop".into()));
+        }
         Some(Fault::Status { code, message }) => return err(code, &message),
         Some(Fault::Garbage) => return respond(&conn, 200, "application/json", "<html>not json"),
         Some(Fault::Disconnect) => return conn.shutdown(Shutdown::Both),
@@ -442,6 +453,7 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     let (mut text, mut reason) =
         reply_override.unwrap_or_else(|| (summarize(&prompt), "stop".to_string()));
     if let Some(limit) = num_predict
+        && !unlimited
         && count_tokens(&text) > limit
     {
         text = text
