@@ -111,7 +111,7 @@ impl Host for Fake {
     fn latest_summary(&mut self, _: &str) -> Result<Option<SummaryRow>, Error> {
         Ok(self.rows.last().cloned())
     }
-    fn write_summary(&mut self, s: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+    fn write_summary(&mut self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
         if self.stuck {
             return Err(Error::Conflict("always".into()));
         }
@@ -121,7 +121,8 @@ impl Host for Fake {
                 content: "Another process summarized these episodes first.".into(),
                 ..w.clone()
             };
-            self.write_summary(s, theirs)?;
+            self.write_summary(session, theirs)?;
+            let _ = session;
             return Err(Error::Conflict(
                 "a new row must start at a later episode".into(),
             ));

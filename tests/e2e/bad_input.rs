@@ -241,7 +241,7 @@ fn invalid_configuration_is_reported_before_anything_runs() {
         "--url",
         "localhost:11434",
     ]);
-    r.assert_fails(2, &["must start with http://"]);
+    r.assert_fails(2, &["is not an http:// or https:// URL"]);
     let chain: Value = env.chain("chat").unwrap();
     assert_covers(&chain, 12);
 }
