@@ -886,18 +886,23 @@ impl Parser {
             }
             _ => {
                 if let Some(ep) = openai_message(&self.opts, i, &v)? {
-                    emit(
-                        &mut self.out,
-                        &mut self.episodes_out,
-                        self.max_episode,
-                        0,
-                        (None, None),
-                        ep,
-                    );
+                    self.emit_single(ep);
                 }
             }
         }
         Ok(())
+    }
+
+    /// An episode of the file's one conversation (formats without conversation metadata).
+    fn emit_single(&mut self, ep: ParsedEpisode) {
+        emit(
+            &mut self.out,
+            &mut self.episodes_out,
+            self.max_episode,
+            0,
+            (None, None),
+            ep,
+        );
     }
 
     fn emit_conversation(&mut self, index: u32, conv: Conversation) {
@@ -987,14 +992,7 @@ impl Parser {
                 })?;
                 for (i, m) in msgs.iter().enumerate() {
                     if let Some(ep) = openai_message(&self.opts, i as u32, m)? {
-                        emit(
-                            &mut self.out,
-                            &mut self.episodes_out,
-                            self.max_episode,
-                            0,
-                            (None, None),
-                            ep,
-                        );
+                        self.emit_single(ep);
                     }
                 }
             }

@@ -252,6 +252,23 @@ pub struct TranscriptParser<'a> {
     res: wasmtime::component::ResourceAny,
 }
 
+/// One call on the parser resource, with a fresh fuel budget.
+macro_rules! parser_call {
+    ($self:ident, $method:ident($($arg:expr),*)) => {{
+        $self
+            .store
+            .set_fuel($self.abridge.fuel)
+            .map_err(|e| $self.abridge.trap(e))?;
+        $self
+            .guest
+            .abridge_engine_transcripts()
+            .parser()
+            .$method(&mut $self.store, $self.res $(, $arg)*)
+            .await
+            .map_err(|e| $self.abridge.trap(e))
+    }};
+}
+
 impl TranscriptParser<'_> {
     /// Parse the next bytes; the outer error is a trap (a sandbox limit), the inner one what
     /// is wrong with the file.
@@ -259,28 +276,12 @@ impl TranscriptParser<'_> {
         &mut self,
         chunk: &[u8],
     ) -> Result<Result<ParseBatch, ParseError>, CallError> {
-        self.store
-            .set_fuel(self.abridge.fuel)
-            .map_err(|e| self.abridge.trap(e))?;
-        self.guest
-            .abridge_engine_transcripts()
-            .parser()
-            .call_feed(&mut self.store, self.res, chunk)
-            .await
-            .map_err(|e| self.abridge.trap(e))
+        parser_call!(self, call_feed(chunk))
     }
 
     /// End of input: the last line and the whole-file checks.
     pub async fn finish(&mut self) -> Result<Result<ParseBatch, ParseError>, CallError> {
-        self.store
-            .set_fuel(self.abridge.fuel)
-            .map_err(|e| self.abridge.trap(e))?;
-        self.guest
-            .abridge_engine_transcripts()
-            .parser()
-            .call_finish(&mut self.store, self.res)
-            .await
-            .map_err(|e| self.abridge.trap(e))
+        parser_call!(self, call_finish())
     }
 }
 

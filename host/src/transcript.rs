@@ -503,86 +503,9 @@ pub fn session_name(conv_id: Option<&str>, rel: &Path, index: Option<usize>) -> 
     }
 }
 
-/// Parse an RFC 3339 / ISO 8601 UTC time (`2025-09-19T17:34:29.181Z`, offsets allowed) to ms.
-pub fn parse_timestamp(s: &str) -> Option<i64> {
-    let b = s.trim().as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = b.get(r)?;
-        if part.iter().all(u8::is_ascii_digit) {
-            std::str::from_utf8(part).ok()?.parse().ok()
-        } else {
-            None
-        }
-    };
-    if b.len() < 19
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let (y, mo, d, h, mi, sec) = (
-        num(0..4)?,
-        num(5..7)?,
-        num(8..10)?,
-        num(11..13)?,
-        num(14..16)?,
-        num(17..19)?,
-    );
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
-        return None;
-    }
-    let mut i = 19;
-    let mut ms = 0i64;
-    if b.get(i) == Some(&b'.') {
-        i += 1;
-        let start = i;
-        while i < b.len() && b[i].is_ascii_digit() {
-            i += 1;
-        }
-        let frac = std::str::from_utf8(&b[start..i]).ok()?;
-        let frac3: String = frac.chars().chain("000".chars()).take(3).collect();
-        ms = frac3.parse().ok()?;
-    }
-    let offset_min = match b.get(i) {
-        None | Some(b'Z') | Some(b'z') => 0,
-        Some(&sign @ (b'+' | b'-')) => {
-            let oh = num(i + 1..i + 3)?;
-            let om = if b.get(i + 3) == Some(&b':') {
-                num(i + 4..i + 6)?
-            } else {
-                num(i + 3..i + 5)?
-            };
-            let m = oh * 60 + om;
-            if sign == b'+' { m } else { -m }
-        }
-        _ => return None,
-    };
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let doy = (153 * (if mo > 2 { mo - 3 } else { mo + 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((((days * 24 + h) * 60 + mi - offset_min) * 60 + sec) * 1000 + ms)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps() {
-        assert_eq!(parse_timestamp("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(
-            parse_timestamp("2025-09-19T19:34:29.181+02:00"),
-            Some(1_758_303_269_181)
-        );
-        assert_eq!(parse_timestamp("yesterday"), None);
-    }
 
     #[test]
     fn session_names() {

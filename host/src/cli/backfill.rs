@@ -132,13 +132,17 @@ pub fn since_ms(s: &str, now: u64) -> Result<u64, String> {
     {
         return Ok(now.saturating_sub(n * ms));
     }
-    let full = if s.len() == 10 {
-        format!("{s}T00:00:00Z")
-    } else {
-        s.to_string()
-    };
-    transcript::parse_timestamp(&full)
-        .map(|t| t.max(0) as u64)
+    // A time with an offset (RFC 3339), else a civil date or date-time read as UTC.
+    let parsed = s.parse::<jiff::Timestamp>().ok().or_else(|| {
+        let civil = s.parse::<jiff::civil::DateTime>().ok().or_else(|| {
+            s.parse::<jiff::civil::Date>()
+                .ok()
+                .map(|d| d.at(0, 0, 0, 0))
+        })?;
+        jiff::tz::TimeZone::UTC.to_timestamp(civil).ok()
+    });
+    parsed
+        .map(|t| t.as_millisecond().max(0) as u64)
         .ok_or_else(|| {
             format!(
                 "--since {s:?} is not a date (2026-11-01), a time (2026-11-01T12:00:00Z) or an age (90m, 12h, 7d)"
@@ -727,6 +731,8 @@ mod tests {
         assert_eq!(since_ms("2d", now), Ok(8 * 86_400_000));
         assert_eq!(since_ms("90m", now), Ok(now - 90 * 60_000));
         assert_eq!(since_ms("1970-01-02", now), Ok(86_400_000));
+        assert_eq!(since_ms("1970-01-02T01:00:00", now), Ok(90_000_000));
+        assert_eq!(since_ms("1970-01-02T02:00:00+01:00", now), Ok(90_000_000));
         assert!(since_ms("yesterday", now).is_err());
     }
 }
