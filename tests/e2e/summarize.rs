@@ -134,7 +134,11 @@ fn raw_chatml_goes_to_api_generate_and_leaked_tokens_are_stripped() {
 
 #[test]
 fn openai_compatible_backend() {
-    let server = TestServer::start();
+    // A plain OpenAI-compatible server (vLLM, llama.cpp): only /v1 answers.
+    let server = TestServer::start_with(abridge_test_llm::Options {
+        ollama_api: false,
+        ..Default::default()
+    });
     let env = Env::new()
         .with("OPENAI_BASE_URL", &format!("{}/v1", server.url()))
         .with("OPENAI_API_KEY", "sk-test");
@@ -155,6 +159,19 @@ fn openai_compatible_backend() {
         (g.body["model"].as_str(), g.body["max_tokens"].as_u64()),
         (Some("llama3.2:1b"), Some(500))
     );
+}
+
+#[test]
+fn ollama_behind_v1_is_refused_with_the_backend_to_use() {
+    // Ollama's /v1 cannot take num_ctx: it would truncate silently and the job "succeed".
+    let server = TestServer::start();
+    let env = Env::new().with("OPENAI_BASE_URL", &format!("{}/v1", server.url()));
+    env.run(&["summarize", &fixture("openai.json"), "--backend", "openai"])
+        .assert_fails(
+            2,
+            &["OpenAI-compatible API", "num_ctx", "--backend ollama --url"],
+        );
+    assert!(server.generations().is_empty(), "no request was sent");
 }
 
 #[test]

@@ -52,6 +52,27 @@ impl OpenAi {
         })
     }
 
+    /// The version of the Ollama server this `/v1` endpoint belongs to, if it is one: Ollama's
+    /// OpenAI-compatible API cannot take `num_ctx`, so it silently truncates prompts to its
+    /// default window (see ../shared/docs/ollama-api.md §7). Probes `GET <root>/api/version`
+    /// (2 s limit); anything but Ollama's answer is `None`.
+    pub async fn ollama_behind(&self) -> Option<String> {
+        let root = self.base.strip_suffix("/v1")?;
+        let resp = self
+            .http
+            .get(format!("{root}/api/version"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let text = super::read_capped(resp, 64 << 10).await.ok()?;
+        let v: Value = serde_json::from_str(&text).ok()?;
+        v.get("version")?.as_str().map(str::to_string)
+    }
+
     /// Whether a key would travel unencrypted to another machine: plain http to a host that is
     /// not loopback.
     pub fn key_in_clear(&self) -> bool {

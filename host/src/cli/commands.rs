@@ -180,6 +180,17 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
         BackendChoice::Openai => {
             let o = OpenAi::new(&s.openai_base_url, s.openai_api_key.clone(), s.timeout)
                 .map_err(model_failure)?;
+            if let Some(version) = o.ollama_behind().await {
+                let root = s.openai_base_url.trim_end_matches("/v1");
+                return Err(Failure::new(
+                    Exit::Input,
+                    anyhow!(
+                        "{} is Ollama {version}'s OpenAI-compatible API, which cannot set the context window (num_ctx): Ollama would silently cut every prompt to its default window and the summaries would skip the real content — use --backend ollama --url {}",
+                        abridge::backend::redact_url(&s.openai_base_url),
+                        abridge::backend::redact_url(root)
+                    ),
+                ));
+            }
             if s.openai_api_key.is_some() && o.key_in_clear() {
                 note(
                     s,

@@ -90,6 +90,9 @@ pub struct Options {
     /// Multiplies the server's prompt token counts: a model whose tokenizer counts more (or
     /// fewer) tokens than the client estimates. 1.0 by default.
     pub token_ratio: f64,
+    /// Whether Ollama's own API (`/`, `/api/*`) answers; off, the server is a plain
+    /// OpenAI-compatible one (vLLM, llama.cpp) with only `/v1`.
+    pub ollama_api: bool,
 }
 
 impl Default for Options {
@@ -100,6 +103,7 @@ impl Default for Options {
             default_num_ctx: 2048,
             token_ratio: 1.0,
             tail: None,
+            ollama_api: true,
         }
     }
 }
@@ -320,6 +324,10 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             tail_hit,
         )
     };
+    let ollama_api = state.lock().unwrap().opts.ollama_api;
+    if !ollama_api && !req.path.starts_with("/v1/") && !req.path.starts_with("/_control/") {
+        return respond(&conn, 404, "text/plain", "404 page not found");
+    }
     let json = |status, v: Value| respond(&conn, status, "application/json", &v.to_string());
     match (req.method.as_str(), req.path.as_str()) {
         ("GET", "/") => return respond(&conn, 200, "text/plain", "Ollama is running"),
