@@ -32,6 +32,7 @@ impl LlmBackend for Scripted {
             finish_reason: FinishReason::Stop,
             prompt_tokens: None,
             output_tokens: None,
+            server_ms: None,
         })
     }
 

@@ -239,6 +239,7 @@ pub struct Abridge {
     clock: Arc<dyn Clock>,
     log: LogSink,
     batch_concurrency: usize,
+    adaptive: Arc<std::sync::Mutex<crate::backend::Adaptive>>,
     lockstep: bool,
     memory_limit: usize,
     fuel: u64,
@@ -350,6 +351,7 @@ impl Abridge {
             clock: self.clock.clone(),
             log: self.log.clone(),
             batch_concurrency: self.batch_concurrency,
+            adaptive: self.adaptive.clone(),
             lockstep: self.lockstep,
             control,
             limits: StoreLimitsBuilder::new()
@@ -618,6 +620,9 @@ impl AbridgeBuilder {
             clock: self.clock,
             log: self.log,
             batch_concurrency: self.batch_concurrency,
+            adaptive: Arc::new(std::sync::Mutex::new(crate::backend::Adaptive::new(
+                self.batch_concurrency,
+            ))),
             lockstep: self.lockstep,
             memory_limit: self.memory_limit,
             fuel: self.fuel,

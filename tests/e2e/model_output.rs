@@ -167,3 +167,51 @@ fn credentials_in_a_url_are_used_but_never_shown() {
         "the secret reached the database"
     );
 }
+
+#[test]
+fn the_default_concurrency_adapts_to_a_single_slot_server() {
+    // Ollama's common setting: one slot, the rest queued, and the per-call timeout counts the
+    // queue. Six requests in flight at 300 ms each would time out from the fourth on.
+    let server = TestServer::start_with(abridge_test_llm::Options {
+        slots: Some(1),
+        delay: std::time::Duration::from_millis(300),
+        ..Default::default()
+    });
+    let env = ollama_env(&server).with("ABRIDGE_RETRIES", "3");
+    let chat = env.write("long.jsonl", conversation(240));
+    let r = env.run(&[
+        "summarize",
+        &chat.display().to_string(),
+        "--chunk-tokens",
+        "800",
+        "--timeout-secs",
+        "1",
+    ]);
+    r.assert_ok();
+    assert_covers(&env.chain("long").unwrap(), 240);
+    let chain = env.chain("long").unwrap();
+    assert_eq!(
+        chain["summaries"][0]["skipped"],
+        serde_json::json!([]),
+        "{chain:#}\n{}",
+        r.stderr
+    );
+    let asked = server.generations().len();
+    assert!(asked >= 13, "map-reduce expected, {asked} requests");
+    let plan = env.run(&[
+        "summarize",
+        &chat.display().to_string(),
+        "--dry-run",
+        "--chunk-tokens",
+        "800",
+        "--json",
+    ]);
+    let calls = plan.json()["calls"].as_u64().unwrap() as usize;
+    // Only the first waves time out while the limit is learned (a fixed six in flight skips
+    // chunks here, after three attempts each).
+    assert!(
+        asked <= calls + 8,
+        "{asked} requests for {calls} calls:\n{}",
+        r.stderr
+    );
+}

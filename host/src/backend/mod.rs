@@ -4,10 +4,12 @@ use async_trait::async_trait;
 
 use crate::types::{Error, Request, Response};
 
+mod adaptive;
 mod ollama;
 mod openai;
 mod retry;
 
+pub use adaptive::Adaptive;
 pub use ollama::Ollama;
 pub use openai::OpenAi;
 pub use retry::{Attempt, RetryPolicy};

@@ -180,6 +180,11 @@ impl Ollama {
             finish_reason: finish,
             prompt_tokens: count("prompt_eval_count"),
             output_tokens: count("eval_count"),
+            // Nanoseconds in Ollama's answer.
+            server_ms: v
+                .get("total_duration")
+                .and_then(Value::as_u64)
+                .map(|ns| (ns / 1_000_000).min(u32::MAX as u64) as u32),
         }))
     }
 }

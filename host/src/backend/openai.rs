@@ -154,6 +154,7 @@ impl OpenAi {
             finish_reason: finish,
             prompt_tokens: count("/usage/prompt_tokens"),
             output_tokens: count("/usage/completion_tokens"),
+            server_ms: None,
         }))
     }
 }

@@ -139,6 +139,7 @@ mod tests {
             finish_reason: FinishReason::Stop,
             prompt_tokens: None,
             output_tokens: None,
+            server_ms: None,
         };
         let mut calls = 0;
         let r = p

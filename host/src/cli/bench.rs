@@ -58,6 +58,7 @@ impl LlmBackend for InstantModel {
             finish_reason: FinishReason::Stop,
             prompt_tokens: Some(3000),
             output_tokens: Some(20),
+            server_ms: None,
         })
     }
 

@@ -42,6 +42,7 @@ impl LlmBackend for CountingModel {
             finish_reason: FinishReason::Stop,
             prompt_tokens: Some(n),
             output_tokens: Some(60),
+            server_ms: None,
         })
     }
 

@@ -3,8 +3,6 @@
 //! request with a cache key is stored in the partial cache the moment it arrives, and a
 //! cancelled call traps here.
 
-use std::sync::Arc;
-
 use super::HostState;
 use crate::backend::LlmBackend;
 use crate::bindings::abridge::engine::llm::Host;
@@ -81,17 +79,49 @@ impl Host for HostState {
             };
             return unless_cancelled(control.as_deref(), work).await;
         }
-        let permits = Arc::new(tokio::sync::Semaphore::new(self.batch_concurrency.max(1)));
-        let calls = reqs.into_iter().map(|r| {
-            let permits = permits.clone();
-            async move {
-                let _permit = permits
-                    .acquire()
-                    .await
-                    .expect("the semaphore is never closed");
-                one(r).await
+        // A sliding window whose width is learned from the server (see backend::adaptive):
+        // a new request starts as soon as one finishes and the limit allows.
+        let adaptive = self.adaptive.clone();
+        let work = async move {
+            use futures::StreamExt;
+            let n = reqs.len();
+            let mut out: Vec<Option<Result<Response, Error>>> = (0..n).map(|_| None).collect();
+            let mut pending = reqs.into_iter().enumerate();
+            let mut running = futures::stream::FuturesUnordered::new();
+            loop {
+                let limit = adaptive.lock().expect("adaptive lock").limit();
+                while running.len() < limit {
+                    let Some((i, r)) = pending.next() else { break };
+                    let f = one(r);
+                    running.push(async move {
+                        let started = std::time::Instant::now();
+                        let r = f.await;
+                        (i, r, started.elapsed())
+                    });
+                }
+                let in_flight = running.len();
+                let Some((i, r, took)) = running.next().await else {
+                    break;
+                };
+                {
+                    let mut a = adaptive.lock().expect("adaptive lock");
+                    match &r {
+                        Ok(resp) => a.answered(
+                            took,
+                            resp.server_ms
+                                .map(|ms| std::time::Duration::from_millis(u64::from(ms))),
+                            in_flight,
+                        ),
+                        Err(Error::Timeout(_)) => a.timed_out(),
+                        Err(_) => {}
+                    }
+                }
+                out[i] = Some(r);
             }
-        });
-        unless_cancelled(control.as_deref(), futures::future::join_all(calls)).await
+            out.into_iter()
+                .map(|r| r.expect("every request answered"))
+                .collect::<Vec<_>>()
+        };
+        unless_cancelled(control.as_deref(), work).await
     }
 }

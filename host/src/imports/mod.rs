@@ -29,6 +29,8 @@ pub struct HostState {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) log: LogSink,
     pub(crate) batch_concurrency: usize,
+    /// Requests in flight, learned from the server; shared by every call of one engine.
+    pub(crate) adaptive: Arc<std::sync::Mutex<crate::backend::Adaptive>>,
     pub(crate) lockstep: bool,
     pub(crate) control: Option<Arc<crate::control::CallControl>>,
     pub(crate) limits: wasmtime::StoreLimits,

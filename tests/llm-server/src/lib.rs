@@ -93,6 +93,10 @@ pub struct Options {
     /// Whether Ollama's own API (`/`, `/api/*`) answers; off, the server is a plain
     /// OpenAI-compatible one (vLLM, llama.cpp) with only `/v1`.
     pub ollama_api: bool,
+    /// Generation slots, like `OLLAMA_NUM_PARALLEL`: with `Some(n)`, at most `n` requests
+    /// are processed at once and the rest wait their turn in a queue (and the wait counts
+    /// against the client's timeout, as with Ollama). `None`: no limit.
+    pub slots: Option<usize>,
 }
 
 impl Default for Options {
@@ -104,6 +108,7 @@ impl Default for Options {
             token_ratio: 1.0,
             tail: None,
             ollama_api: true,
+            slots: None,
         }
     }
 }
@@ -114,6 +119,51 @@ struct State {
     faults: VecDeque<Fault>,
     log: Vec<LoggedRequest>,
     started: std::time::Instant,
+    /// Generation requests being processed now (for `Options::slots`).
+    busy: usize,
+}
+
+/// A generation slot, held while a request is processed.
+struct Slot<'a>(Option<&'a Mutex<State>>);
+
+impl Slot<'_> {
+    /// Wait for a free slot (none needed without `Options::slots`). `None` when the client
+    /// hung up while queued: like Ollama, the server drops a request nobody waits for.
+    fn take<'a>(state: &'a Mutex<State>, conn: &TcpStream) -> Option<Slot<'a>> {
+        loop {
+            let mut st = state.lock().unwrap();
+            match st.opts.slots {
+                None => return Some(Slot(None)),
+                Some(n) if st.busy < n.max(1) => {
+                    st.busy += 1;
+                    return Some(Slot(Some(state)));
+                }
+                Some(_) => {}
+            }
+            drop(st);
+            if client_gone(conn) {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// Whether the client closed its side of the connection.
+fn client_gone(conn: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    let _ = conn.set_nonblocking(true);
+    let gone = matches!(conn.peek(&mut b), Ok(0));
+    let _ = conn.set_nonblocking(false);
+    gone
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Some(state) = self.0 {
+            state.lock().unwrap().busy -= 1;
+        }
+    }
 }
 
 /// A running test server; it stops when dropped.
@@ -150,6 +200,7 @@ impl TestServer {
             faults: VecDeque::new(),
             log: Vec::new(),
             started: std::time::Instant::now(),
+            busy: 0,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, sp) = (state.clone(), stop.clone());
@@ -396,7 +447,24 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     if let Some(d) = tail_hit {
         delay = d;
     }
-    thread::sleep(delay);
+    // Queued behind other requests when the slots are taken; the processing time reported
+    // as total_duration excludes that wait, as Ollama's does.
+    let _slot = match is_generation(&req.path).then(|| Slot::take(state, &conn)) {
+        Some(None) => return Ok(()),
+        other => other.flatten(),
+    };
+    let processing = std::time::Instant::now();
+    if _slot.is_some() {
+        // Like Ollama, stop working on a request whose client has gone (it timed out).
+        while processing.elapsed() < delay {
+            if client_gone(&conn) {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(5).min(delay));
+        }
+    } else {
+        thread::sleep(delay);
+    }
     let mut reply_override = None;
     let mut unlimited = false;
     match fault {
@@ -490,12 +558,12 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             "model": model, "created_at": "2026-01-01T00:00:00Z",
             "message": {"role": "assistant", "content": text},
             "done": true, "done_reason": reason,
-            "total_duration": 1000, "prompt_eval_count": prompt_eval_count, "eval_count": eval_count,
+            "total_duration": processing.elapsed().as_nanos() as u64, "prompt_eval_count": prompt_eval_count, "eval_count": eval_count,
         }),
         "/api/generate" => json!({
             "model": model, "created_at": "2026-01-01T00:00:00Z", "response": text,
             "done": true, "done_reason": reason,
-            "total_duration": 1000, "prompt_eval_count": prompt_eval_count, "eval_count": eval_count,
+            "total_duration": processing.elapsed().as_nanos() as u64, "prompt_eval_count": prompt_eval_count, "eval_count": eval_count,
         }),
         _ => json!({
             "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
