@@ -215,3 +215,30 @@ fn the_default_concurrency_adapts_to_a_single_slot_server() {
         r.stderr
     );
 }
+
+#[test]
+fn a_fifty_megabyte_message_is_stored_in_parts_and_summarized() {
+    // One 50 MB message used to be stored whole and then never summarized: the guest hit its
+    // memory cap on every run. The parser now splits it into parts of at most 64 KiB before
+    // it crosses into the guest, and the parts are map-reduced like any long session.
+    let server = TestServer::start();
+    let env = ollama_env(&server);
+    let para = "The migration copies the orders table in batches of ten thousand rows and checks each batch. ";
+    let mut body = String::with_capacity(50_100_000);
+    while body.len() < 50_000_000 {
+        body.push_str(&para.repeat(20));
+        body.push_str("\n\n");
+    }
+    let text = line("user", "Please review this log.")
+        + &line("assistant", &body)
+        + &line("user", "Thanks, that settles it.");
+    drop(body);
+    let f = env.write("big.jsonl", text);
+    let r = env.run_within(600, &["summarize", &f.display().to_string()]);
+    r.assert_ok();
+    let chain = env.chain("big").unwrap();
+    let n = chain["episodes"].as_u64().unwrap();
+    assert!(n > 700, "the message was not split: {n} episodes");
+    assert_covers(&chain, n);
+    assert_eq!(chain["summaries"][0]["skipped"], serde_json::json!([]));
+}
