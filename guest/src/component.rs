@@ -159,6 +159,7 @@ fn request_out(req: types::Request) -> llm::Request {
         context_length: req.context_length,
         stop: req.stop,
         cache_key: req.cache_key,
+        seed: req.seed,
     }
 }
 

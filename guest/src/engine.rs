@@ -341,6 +341,9 @@ pub fn reset(h: &mut impl Host, session: &str) -> Result<(), Error> {
 /// (each refusal recalibrates the estimator first).
 const MAX_OVERFLOW_REPLANS: u32 = 3;
 
+/// The seed of the one re-ask of an answer that failed the quality gate.
+const RETRY_SEED: u32 = 7919;
+
 /// How often one call starts a pass again after a concurrent writer changed the chain first.
 const MAX_CONFLICT_RETRIES: u32 = 5;
 
@@ -826,6 +829,7 @@ fn request(cfg: &Config, built: prompt::Built) -> Request {
         context_length: cfg.context_length,
         stop,
         cache_key: None,
+        seed: None,
     }
 }
 
@@ -862,7 +866,8 @@ fn accept(
 
 /// Run requests through the host's batch import, `BATCH` at a time, and check each answer.
 /// Progress of stage `level` is reported after each batch, counting `before` answers already
-/// in hand out of `total`.
+/// in hand out of `total`. The requests whose answers failed the quality gate are handed
+/// back in `rejected` (by position), to be asked again.
 fn run_batch(
     h: &mut impl Host,
     cfg: &Config,
@@ -870,22 +875,39 @@ fn run_batch(
     what: &str,
     spent: &mut (u32, u32),
     (level, before, total): (u32, usize, usize),
+    mut rejected: Option<&mut Vec<(usize, Request)>>,
 ) -> Vec<Result<String, Error>> {
     let mut out = Vec::with_capacity(reqs.len());
     let mut reqs = reqs.into_iter().peekable();
     while reqs.peek().is_some() {
         let batch: Vec<Request> = reqs.by_ref().take(BATCH).collect();
         let estimates: Vec<u32> = batch.iter().map(prompt_estimate).collect();
-        for (resp, estimated) in h.generate_batch(batch).into_iter().zip(estimates) {
+        // Kept (one batch at a time) only when a rejected answer may be asked again.
+        let sent = rejected.as_ref().map(|_| batch.clone());
+        for (j, (resp, estimated)) in h
+            .generate_batch(batch)
+            .into_iter()
+            .zip(estimates)
+            .enumerate()
+        {
             if let Err(e) = calibrate(h, cfg, estimated, &resp) {
                 out.push(Err(e));
                 continue;
             }
-            out.push(resp.and_then(|r| accept(h, cfg, r, estimated)).map(|g| {
-                spent.0 = spent.0.saturating_add(g.prompt_tokens);
-                spent.1 = spent.1.saturating_add(g.output_tokens);
-                g.text
-            }));
+            // Every answer's tokens were spent, accepted or not.
+            if let Ok(r) = &resp {
+                spent.0 = spent.0.saturating_add(r.prompt_tokens.unwrap_or(0));
+                spent.1 = spent.1.saturating_add(r.output_tokens.unwrap_or(0));
+            }
+            let answer = resp
+                .and_then(|r| accept(h, cfg, r, estimated))
+                .map(|g| g.text);
+            if let (Err(Error::RejectedOutput(_)), Some(list), Some(sent)) =
+                (&answer, rejected.as_deref_mut(), &sent)
+            {
+                list.push((out.len(), sent[j].clone()));
+            }
+            out.push(answer);
         }
         let done = before + out.len();
         h.progress(level, done as u32, total as u32);
@@ -934,6 +956,11 @@ pub fn request_key(req: &Request) -> String {
     feed(&mut h, &req.context_length.to_le_bytes());
     for s in &req.stop {
         feed(&mut h, s.as_bytes());
+    }
+    // Only a set seed counts, so keys of requests without one stay what they were.
+    if let Some(seed) = req.seed {
+        feed(&mut h, b"seed");
+        feed(&mut h, &seed.to_le_bytes());
     }
     format!("{:016x}{:016x}", h[0], h[1])
 }
@@ -986,9 +1013,41 @@ fn cached_batch(
             &format!("{what}: reusing {reused} cached partial summaries"),
         );
     }
-    let answers = run_batch(h, cfg, todo, what, spent, (level, reused, total));
+    // An answer that failed the quality gate (a transcript copy, chatter, a babble) is asked
+    // for once more within the run, with another seed, before its chunk counts as failed.
+    let mut rejected = Vec::new();
+    let answers = run_batch(
+        h,
+        cfg,
+        todo,
+        what,
+        spent,
+        (level, reused, total),
+        Some(&mut rejected),
+    );
+    let mut again = Vec::new();
+    for (j, mut req) in rejected {
+        req.seed = Some(RETRY_SEED);
+        req.cache_key = Some(request_key(&req));
+        again.push((todo_at[j], req));
+    }
     for (i, r) in todo_at.into_iter().zip(answers) {
         out[i] = Some(r);
+    }
+    if !again.is_empty() {
+        h.log(
+            Level::Info,
+            &format!(
+                "{what}: asking again for {} rejected answer(s) with another seed",
+                again.len()
+            ),
+        );
+        let (at, reqs): (Vec<usize>, Vec<Request>) = again.into_iter().unzip();
+        let n = reqs.len();
+        let answers = run_batch(h, cfg, reqs, what, spent, (level, total - n, total), None);
+        for (i, r) in at.into_iter().zip(answers) {
+            out[i] = Some(r);
+        }
     }
     Ok(out
         .into_iter()

@@ -1042,3 +1042,44 @@ fn a_concurrent_writer_is_a_retry_not_a_failure() {
         Err(Error::Conflict(_))
     ));
 }
+
+#[test]
+fn a_rejected_map_answer_is_asked_again_with_another_seed_and_every_call_is_counted() {
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let mut f = Fake::with_episodes(60, 100);
+    // The first map answer copies the transcript (rejected); the rest are normal.
+    f.replies = vec![Ok(Response {
+        text: "User: ep1 word word\nAssistant: ep2 word word\nUser: ep3 word".into(),
+        finish: Finish::Stop,
+        prompt_tokens: Some(700),
+        output_tokens: Some(40),
+    })];
+    summarize_now(&mut f, "s", &c).unwrap();
+    f.assert_chain();
+    let row = f.rows.last().unwrap();
+    assert!(
+        row.skipped.is_empty(),
+        "the re-asked chunk was not skipped: {:?}",
+        row.skipped
+    );
+    let reasked: Vec<&Request> = f.requests.iter().filter(|r| r.seed.is_some()).collect();
+    assert_eq!(reasked.len(), 1, "one re-ask");
+    assert_eq!(
+        Fake::prompt_text(reasked[0]),
+        Fake::prompt_text(&f.requests[0]),
+        "the same prompt, another seed"
+    );
+    // Usage counts the rejected call's tokens too.
+    let counted: u32 = f
+        .requests
+        .iter()
+        .map(|r| estimate_tokens(&Fake::prompt_text(r)))
+        .sum::<u32>()
+        - estimate_tokens(&Fake::prompt_text(&f.requests[0]))
+        + 700;
+    assert_eq!(row.prompt_tokens, counted);
+}

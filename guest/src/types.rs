@@ -194,6 +194,8 @@ pub struct Request {
     pub stop: Vec<String>,
     /// Partial-cache key: the host caches a complete answer under it as it arrives.
     pub cache_key: Option<String>,
+    /// Sampling seed, `None` for the server's default.
+    pub seed: Option<u32>,
 }
 
 /// Why generation ended.

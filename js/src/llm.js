@@ -107,6 +107,7 @@ export function ollama({ url = 'http://localhost:11434', timeoutMs = 300_000, re
 async function ollamaAttempt(base, timeoutMs, req) {
   const options = { num_ctx: req.contextLength, num_predict: req.maxOutputTokens, temperature: req.temperature };
   if (req.stop.length) options.stop = req.stop;
+  if (req.seed !== undefined) options.seed = req.seed;
   const [path, body] = req.prompt.tag === 'chat'
     ? ['/api/chat', { model: req.model, messages: req.prompt.val.map((m) => ({ role: m.role, content: m.content })), stream: false, truncate: false, options }]
     : ['/api/generate', { model: req.model, prompt: req.prompt.val, raw: true, stream: false, truncate: false, options }];
@@ -158,6 +159,7 @@ async function openaiAttempt(base, apiKey, timeoutMs, req) {
     stream: false,
   };
   if (req.stop.length) body.stop = req.stop;
+  if (req.seed !== undefined) body.seed = req.seed;
   const target = `${base}/chat/completions`;
   const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
   const r = await post('the OpenAI-compatible server', base, target, body, { timeoutMs, headers, hint });

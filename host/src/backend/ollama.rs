@@ -200,6 +200,9 @@ impl LlmBackend for Ollama {
         if !req.stop.is_empty() {
             options["stop"] = json!(req.stop);
         }
+        if let Some(seed) = req.seed {
+            options["seed"] = json!(seed);
+        }
         let (path, body) = match &req.prompt {
             Prompt::Chat(ms) => {
                 let messages: Vec<Value> = ms

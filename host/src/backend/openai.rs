@@ -183,6 +183,9 @@ impl LlmBackend for OpenAi {
         if !req.stop.is_empty() {
             body["stop"] = json!(req.stop);
         }
+        if let Some(seed) = req.seed {
+            body["seed"] = json!(seed);
+        }
         self.retry.run(|| self.attempt(&req, &body)).await
     }
 
