@@ -15,4 +15,5 @@ mod real_data;
 mod sandbox;
 mod scale;
 mod summarize;
+mod tls;
 mod watch;

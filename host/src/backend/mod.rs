@@ -8,6 +8,7 @@ mod adaptive;
 mod ollama;
 mod openai;
 mod retry;
+pub mod tls;
 
 pub use adaptive::Adaptive;
 pub use ollama::Ollama;
@@ -152,6 +153,17 @@ pub(crate) fn transport_attempt(server: &str, url: &str, e: reqwest::Error, hint
 /// Map a reqwest transport failure to an engine error that says how to fix it.
 pub(crate) fn transport_error(server: &str, url: &str, e: reqwest::Error, hint: &str) -> Error {
     let url = &redact_url(url);
+    let cause = root_cause(&e);
+    // A TLS failure is not a server that is down: say so, and never let `auto` fall back.
+    if cause.contains("certificate")
+        || cause.to_ascii_lowercase().contains("tls")
+        || cause.contains("handshake")
+    {
+        return Error::Server(format!(
+            "{server} at {url}: the TLS connection failed ({cause}) — if the server's certificate comes from a private CA, set {}=/path/to/ca.pem",
+            tls::CA_CERT_ENV
+        ));
+    }
     if e.is_timeout() {
         Error::Timeout(format!(
             "{server} at {url} did not answer in time; raise --timeout-secs or check the server's load"

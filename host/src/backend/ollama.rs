@@ -34,7 +34,7 @@ impl Ollama {
                     .into(),
             ));
         }
-        let http = reqwest::Client::builder()
+        let http = super::tls::client_builder()?
             .timeout(timeout)
             .connect_timeout(Duration::from_secs(5))
             .no_proxy() // a local server; never route it through a proxy

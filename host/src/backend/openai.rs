@@ -32,13 +32,7 @@ impl OpenAi {
                     .into(),
             ));
         }
-        if base.starts_with("https://") {
-            return Err(Error::InvalidInput(format!(
-                "{} uses https, which this build does not speak; use a plain-http endpoint or a local TLS-terminating proxy",
-                super::redact_url(base)
-            )));
-        }
-        let http = reqwest::Client::builder()
+        let http = super::tls::client_builder()?
             .timeout(timeout)
             .connect_timeout(Duration::from_secs(5))
             .build()
@@ -191,5 +185,22 @@ impl LlmBackend for OpenAi {
 
     fn name(&self) -> &str {
         "openai"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_in_clear_is_plain_http_to_another_machine() {
+        let t = Duration::from_secs(5);
+        let at = |u: &str| OpenAi::new(u, Some("k".into()), t).unwrap().key_in_clear();
+        assert!(at("http://models.example.com/v1"));
+        assert!(at("http://10.1.2.3:8000/v1"));
+        assert!(!at("https://models.example.com/v1"));
+        assert!(!at("http://127.0.0.1:8000/v1"));
+        assert!(!at("http://localhost:8000/v1"));
+        assert!(!at("http://[::1]:8000/v1"));
     }
 }

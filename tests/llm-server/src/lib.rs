@@ -731,6 +731,117 @@ fn merge(prompt: &str) -> String {
     )
 }
 
+/// An https front for a [`TestServer`]: terminates TLS on its own loopback port with the given
+/// certificate and forwards the bytes to the plain server. Stops when dropped.
+pub struct TlsFront {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl TlsFront {
+    /// Serve https in front of `server`, with a PEM certificate chain and PKCS#8 key.
+    pub fn start(
+        server: &TestServer,
+        cert_pem: &[u8],
+        key_pem: &[u8],
+    ) -> std::io::Result<TlsFront> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_slice_iter(cert_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(std::io::Error::other)?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(std::io::Error::other)?;
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(std::io::Error::other)?;
+        let config = Arc::new(config);
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let backend = server.addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sp = stop.clone();
+        thread::spawn(move || {
+            for conn in listener.incoming() {
+                if sp.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let config = config.clone();
+                thread::spawn(move || {
+                    let _ = tls_pump(conn, config, backend);
+                });
+            }
+        });
+        Ok(TlsFront { addr, stop })
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Move bytes between one TLS client and the plain server until both sides are done.
+fn tls_pump(
+    conn: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    backend: SocketAddr,
+) -> std::io::Result<()> {
+    use std::io::{ErrorKind, Read, Write};
+    let mut tls = rustls::StreamOwned::new(
+        rustls::ServerConnection::new(config).map_err(std::io::Error::other)?,
+        conn,
+    );
+    let mut plain = TcpStream::connect(backend)?;
+    let tick = Some(Duration::from_millis(5));
+    tls.sock.set_read_timeout(tick)?;
+    plain.set_read_timeout(tick)?;
+    let idle = |e: &std::io::Error| matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut);
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut client_open, mut server_open) = (true, true);
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    while server_open && std::time::Instant::now() < deadline {
+        if client_open {
+            match tls.read(&mut buf) {
+                Ok(0) => {
+                    client_open = false;
+                    let _ = plain.shutdown(Shutdown::Write);
+                }
+                Ok(n) => plain.write_all(&buf[..n])?,
+                Err(e) if idle(&e) => {}
+                Err(_) => {
+                    client_open = false;
+                    let _ = plain.shutdown(Shutdown::Write);
+                }
+            }
+        }
+        match plain.read(&mut buf) {
+            Ok(0) => server_open = false,
+            Ok(n) => {
+                tls.write_all(&buf[..n])?;
+                tls.flush()?;
+            }
+            Err(e) if idle(&e) => {}
+            Err(_) => server_open = false,
+        }
+    }
+    tls.conn.send_close_notify();
+    let _ = tls.flush();
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
