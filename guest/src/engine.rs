@@ -55,6 +55,11 @@ pub trait Host {
         estimated: u32,
         reported: u32,
     ) -> Result<(), Error>;
+    /// Record a refusal of a prompt as over-long (the same totals; kept apart so a call can
+    /// defer its ordinary measurements while a refusal counts at once).
+    fn record_refusal(&mut self, model: &str, estimated: u32, reported: u32) -> Result<(), Error> {
+        self.record_calibration(model, estimated, reported)
+    }
     /// The whole summary chain, oldest first.
     fn summaries(&mut self, session: &str) -> Result<Vec<SummaryRow>, Error>;
     /// The session's failure marker.
@@ -347,7 +352,102 @@ const RETRY_SEED: u32 = 7919;
 /// How often one call starts a pass again after a concurrent writer changed the chain first.
 const MAX_CONFLICT_RETRIES: u32 = 5;
 
+/// A call's view of the host in which ordinary calibration measurements wait for the call to
+/// succeed. A failed map-reduce keeps the answers it received in the partial cache, keyed by
+/// the exact request; had its measurements moved the calibration, the rerun would cut other
+/// chunk boundaries, miss every cached answer and ask the model for all of it again. Refusals
+/// (over-long prompts) count at once: the call re-plans on them, and the rerun must plan as the
+/// last re-plan did.
+struct Deferred<'a, H: Host> {
+    inner: &'a mut H,
+    /// Measurements `(model, estimated, reported)` not yet recorded.
+    pending: Vec<(String, u32, u32)>,
+}
+
+impl<H: Host> Host for Deferred<'_, H> {
+    fn stats(&mut self, session: &str) -> Result<Stats, Error> {
+        self.inner.stats(session)
+    }
+    fn episodes_after(&mut self, s: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
+        self.inner.episodes_after(s, after, limit)
+    }
+    fn latest_summary(&mut self, session: &str) -> Result<Option<SummaryRow>, Error> {
+        self.inner.latest_summary(session)
+    }
+    fn write_summary(&mut self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+        self.inner.write_summary(session, w)
+    }
+    fn generate(&mut self, req: Request) -> Result<Response, Error> {
+        self.inner.generate(req)
+    }
+    fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>> {
+        self.inner.generate_batch(reqs)
+    }
+    fn partial(&mut self, key: &str) -> Result<Option<String>, Error> {
+        self.inner.partial(key)
+    }
+    fn progress(&mut self, level: u32, done: u32, total: u32) {
+        self.inner.progress(level, done, total)
+    }
+    fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, Error> {
+        // Within the call the measurements count as before.
+        let (mut e, mut r) = self.inner.calibration(model)?.unwrap_or((0, 0));
+        let mut any = e > 0 || r > 0;
+        for (m, pe, pr) in &self.pending {
+            if m == model {
+                e += u64::from(*pe);
+                r += u64::from(*pr);
+                any = true;
+            }
+        }
+        Ok(any.then_some((e, r)))
+    }
+    fn record_calibration(
+        &mut self,
+        model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error> {
+        self.pending.push((model.to_string(), estimated, reported));
+        Ok(())
+    }
+    fn record_refusal(&mut self, model: &str, estimated: u32, reported: u32) -> Result<(), Error> {
+        self.inner.record_refusal(model, estimated, reported)
+    }
+    fn summaries(&mut self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.inner.summaries(session)
+    }
+    fn failure(&mut self, session: &str) -> Result<Option<FailureMarker>, Error> {
+        self.inner.failure(session)
+    }
+    fn set_failure(&mut self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
+        self.inner.set_failure(session, marker)
+    }
+    fn reset_session(&mut self, session: &str) -> Result<(), Error> {
+        self.inner.reset_session(session)
+    }
+    fn now_ms(&mut self) -> u64 {
+        self.inner.now_ms()
+    }
+    fn log(&mut self, level: Level, msg: &str) {
+        self.inner.log(level, msg)
+    }
+}
+
 fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
+    let mut d = Deferred {
+        inner: h,
+        pending: Vec::new(),
+    };
+    let out = catch_up_now(&mut d, session, cfg)?;
+    // Only a call that succeeded teaches the estimator (see `Deferred`).
+    for (model, e, r) in std::mem::take(&mut d.pending) {
+        d.inner.record_calibration(&model, e, r)?;
+    }
+    Ok(out)
+}
+
+fn catch_up_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
     let start = h.stats(session)?;
     let mut out = Outcome::default();
     let mut overflows = 0;
@@ -799,7 +899,7 @@ fn calibrate(
                 .saturating_add(cfg.context_length / 4)
                 .max(estimated.saturating_add(estimated / 4));
             h.log(Level::Warn, &format!("the model refused a prompt we estimated at {estimated} tokens as longer than its {}-token context; recalibrating", cfg.context_length));
-            h.record_calibration(&cfg.model, estimated, over)
+            h.record_refusal(&cfg.model, estimated, over)
         }
         Err(_) => Ok(()),
     }

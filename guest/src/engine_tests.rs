@@ -171,6 +171,10 @@ impl Host for Fake {
     }
     fn generate(&mut self, req: Request) -> Result<Response, Error> {
         let text = Self::prompt_text(&req);
+        if self.count_ratio.is_some() && !self.replies.is_empty() {
+            self.requests.push(req);
+            return self.replies.remove(0);
+        }
         if let Some(ratio) = self.count_ratio {
             let counted = (f64::from(estimate_tokens(&text)) * ratio) as u32;
             if counted > req.context_length {
@@ -1082,4 +1086,57 @@ fn a_rejected_map_answer_is_asked_again_with_another_seed_and_every_call_is_coun
         - estimate_tokens(&Fake::prompt_text(&f.requests[0]))
         + 700;
     assert_eq!(row.prompt_tokens, counted);
+}
+
+#[test]
+fn a_rerun_after_a_failure_keeps_the_chunk_boundaries_and_reuses_every_cached_answer() {
+    // Each answer reports a prompt count unlike our estimate: a measurement that would move
+    // the calibration and so the chunk boundaries. The first run fails (most
+    // chunks fail); the rerun must plan the same chunks and ask only for the failed ones.
+    let c = Config {
+        context_length: 2048,
+        max_output_tokens: 200,
+        max_skipped_percent: 10,
+        ..cfg()
+    };
+    let mut f = Fake::with_episodes(200, 60);
+    f.count_ratio = Some(1.05);
+    let fail = || Err(Error::Server("HTTP 503 (after 3 attempts)".into()));
+    // The first two chunks answer, then three fail: over the 10 % limit, nothing written.
+    f.replies = vec![];
+    let first = plan_report(&mut f, "s", &c).unwrap();
+    assert!(first.chunks >= 6, "{first:?}");
+    f.replies = (0..first.chunks)
+        .map(|i| if i < 2 { ok_reply() } else { fail() })
+        .collect();
+    assert!(summarize_now(&mut f, "s", &c).is_err());
+    assert!(f.rows.is_empty());
+    assert_eq!(f.calibration, None, "a failed run taught the estimator");
+    let cached = f.partials.len();
+    assert_eq!(cached, 2);
+    let before = f.requests.len();
+    summarize_now(&mut f, "s", &c).unwrap();
+    f.assert_chain();
+    let map_prompts: Vec<String> = f.requests[before..]
+        .iter()
+        .map(Fake::prompt_text)
+        .filter(|p| !p.contains("Partial summaries"))
+        .collect();
+    assert_eq!(
+        map_prompts.len(),
+        first.chunks as usize - cached,
+        "the rerun re-asked cached chunks"
+    );
+    // The successful run recorded its measurements.
+    assert!(f.calibration.is_some());
+}
+
+fn ok_reply() -> Result<Response, Error> {
+    Ok(Response {
+        text: "The user and the assistant covered the replica, the window and the rollback plan."
+            .into(),
+        finish: Finish::Stop,
+        prompt_tokens: Some(900),
+        output_tokens: Some(20),
+    })
 }
