@@ -252,8 +252,14 @@ impl engine::Host for Imports {
             .collect()
     }
 
-    fn partial(&mut self, key: &str) -> Result<Option<String>, types::Error> {
-        store::partial(key).map_err(err_in)
+    fn partial(&mut self, key: &str) -> Result<Option<types::Cached>, types::Error> {
+        store::partial(key).map_err(err_in).map(|c| {
+            c.map(|c| types::Cached {
+                text: c.text,
+                prompt_tokens: c.prompt_tokens,
+                output_tokens: c.output_tokens,
+            })
+        })
     }
 
     fn progress(&mut self, level: u32, done: u32, total: u32) {

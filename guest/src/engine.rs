@@ -8,8 +8,8 @@ use crate::policy::{self, Config, Engine, Rendering, Strategy};
 use crate::prompt::Partial;
 use crate::tokens::estimate_tokens;
 use crate::types::{
-    Episode, Error, FailureMarker, Finish, Level, Message, Prompt, Request, Response, Stats,
-    SummaryRow, SummaryWrite,
+    Cached, Episode, Error, FailureMarker, Finish, Level, Message, Prompt, Request, Response,
+    Stats, SummaryRow, SummaryWrite,
 };
 use crate::{chunk, extractive, plan, prompt, quality, strip};
 
@@ -43,7 +43,7 @@ pub trait Host {
     fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>>;
     /// A cached partial summary by request key (the host caches answers to requests that
     /// carry a key).
-    fn partial(&mut self, key: &str) -> Result<Option<String>, Error>;
+    fn partial(&mut self, key: &str) -> Result<Option<Cached>, Error>;
     /// Progress of a map-reduce stage: `done` of `total` answers at `level` (0: map).
     fn progress(&mut self, level: u32, done: u32, total: u32);
     /// Calibration totals `(estimated, reported)` for a model.
@@ -383,7 +383,7 @@ impl<H: Host> Host for Deferred<'_, H> {
     fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>> {
         self.inner.generate_batch(reqs)
     }
-    fn partial(&mut self, key: &str) -> Result<Option<String>, Error> {
+    fn partial(&mut self, key: &str) -> Result<Option<Cached>, Error> {
         self.inner.partial(key)
     }
     fn progress(&mut self, level: u32, done: u32, total: u32) {
@@ -1081,8 +1081,11 @@ fn cached_batch(
     let (mut todo, mut todo_at) = (Vec::new(), Vec::new());
     for (i, mut req) in reqs.into_iter().enumerate() {
         let key = request_key(&req);
-        if let Some(text) = h.partial(&key)? {
-            let cleaned = strip::strip_template_tokens(&text);
+        if let Some(hit) = h.partial(&key)? {
+            // What that answer cost was spent, in this run or an earlier one.
+            spent.0 = spent.0.saturating_add(hit.prompt_tokens);
+            spent.1 = spent.1.saturating_add(hit.output_tokens);
+            let cleaned = strip::strip_template_tokens(&hit.text);
             match quality::check(
                 &cleaned,
                 Finish::Stop,

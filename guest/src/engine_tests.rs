@@ -18,7 +18,7 @@ struct Fake {
     /// the context, as Ollama does with `truncate: false`.
     count_ratio: Option<f64>,
     refused: u32,
-    partials: std::collections::BTreeMap<String, String>,
+    partials: std::collections::BTreeMap<String, Cached>,
     progress: Vec<(u32, u32, u32)>,
     marker: Option<FailureMarker>,
     /// Writes that another process wins: it stores the same coverage first, and this write
@@ -221,7 +221,14 @@ impl Host for Fake {
                 if let (Some(k), Ok(a)) = (key, &resp)
                     && a.finish == Finish::Stop
                 {
-                    self.partials.insert(k, a.text.clone());
+                    self.partials.insert(
+                        k,
+                        Cached {
+                            text: a.text.clone(),
+                            prompt_tokens: a.prompt_tokens.unwrap_or(0),
+                            output_tokens: a.output_tokens.unwrap_or(0),
+                        },
+                    );
                 }
                 resp
             })
@@ -240,7 +247,7 @@ impl Host for Fake {
         self.calibration = Some((e + u64::from(estimated), r + u64::from(reported)));
         Ok(())
     }
-    fn partial(&mut self, key: &str) -> Result<Option<String>, Error> {
+    fn partial(&mut self, key: &str) -> Result<Option<Cached>, Error> {
         Ok(self.partials.get(key).cloned())
     }
     fn progress(&mut self, level: u32, done: u32, total: u32) {
@@ -774,7 +781,14 @@ fn a_cached_answer_that_fails_the_quality_gate_is_asked_again() {
     let asked = f.requests.len();
     // Poison one cached map answer and summarize the same session again from scratch.
     let key = f.requests[0].cache_key.clone().unwrap();
-    f.partials.insert(key, String::new());
+    f.partials.insert(
+        key,
+        Cached {
+            text: String::new(),
+            prompt_tokens: 0,
+            output_tokens: 0,
+        },
+    );
     f.rows.clear();
     f.progress.clear();
     summarize_now(&mut f, "s", &c).unwrap();
@@ -1129,6 +1143,13 @@ fn a_rerun_after_a_failure_keeps_the_chunk_boundaries_and_reuses_every_cached_an
     );
     // The successful run recorded its measurements.
     assert!(f.calibration.is_some());
+    // Usage counts every call: the two answers of the failed run (900 prompt tokens each),
+    // reused from the cache, and every call of the rerun.
+    let rerun: u32 = f.requests[before..]
+        .iter()
+        .map(|r| (f64::from(estimate_tokens(&Fake::prompt_text(r))) * 1.05) as u32)
+        .sum();
+    assert_eq!(f.rows[0].prompt_tokens, 2 * 900 + rerun);
 }
 
 fn ok_reply() -> Result<Response, Error> {

@@ -232,3 +232,14 @@ pub enum Level {
     /// Needs attention.
     Warn,
 }
+
+/// A model answer kept in the partial cache, with what producing it cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cached {
+    /// The raw answer text.
+    pub text: String,
+    /// Prompt tokens the model reported.
+    pub prompt_tokens: u32,
+    /// Output tokens the model reported.
+    pub output_tokens: u32,
+}

@@ -3,8 +3,8 @@
 pub use crate::bindings::abridge::engine::llm::{FinishReason, Prompt, Request, Response};
 pub use crate::bindings::abridge::engine::log::Level;
 pub use crate::bindings::abridge::engine::store::{
-    CalibrationTotals as Calibration, Episode, EpisodeRange, FailureMarker, NewEpisode,
-    SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, CalibrationTotals as Calibration, Episode, EpisodeRange, FailureMarker,
+    NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
 pub use crate::bindings::exports::abridge::engine::summarizer::{

@@ -155,9 +155,9 @@ export interface Store {
   /** Calibration totals of the token estimator for a model. */
   calibration(model: string): { estimated: number; reported: number } | undefined;
   recordCalibration(model: string, estimated: number, reported: number): void;
-  /** Accepted partial summaries of map-reduce, by request key. */
-  partial(key: string): string | undefined;
-  putPartial(key: string, text: string): void;
+  /** Model answers of map-reduce by request key, with the tokens they cost. */
+  partial(key: string): CachedAnswer | undefined;
+  putPartial(key: string, answer: CachedAnswer): void;
   failure(session: string): FailureMarker | undefined;
   setFailure(session: string, marker: FailureMarker | undefined): void;
   resetSession(session: string): void;
@@ -196,6 +196,13 @@ export interface EngineOptions {
   onProgress?: (p: { level: number; done: number; total: number }) => void;
   /** Most batch requests in flight at once; default 6. */
   batchConcurrency?: number;
+}
+
+/** A model answer kept in the partial cache. */
+export interface CachedAnswer {
+  text: string;
+  promptTokens: number;
+  outputTokens: number;
 }
 
 /** A transcript format. */

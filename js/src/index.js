@@ -175,7 +175,7 @@ export class Engine {
       const resp = await llm.generate(req);
       if (cacheKey !== undefined && resp.finishReason === 'stop') {
         try {
-          store.putPartial(cacheKey, resp.text);
+          store.putPartial(cacheKey, { text: resp.text, promptTokens: resp.promptTokens ?? 0, outputTokens: resp.outputTokens ?? 0 });
         } catch (e) {
           this.#log('warn', `caching a partial summary failed: ${e.message}`);
         }

@@ -120,12 +120,13 @@ export class MemoryStore {
     this.#sessions.delete(session);
   }
 
+  /** A cached answer `{text, promptTokens, outputTokens}`, or undefined. */
   partial(key) {
     return this.#partials.get(key);
   }
 
-  putPartial(key, text) {
-    this.#partials.set(key, text);
+  putPartial(key, answer) {
+    this.#partials.set(key, { text: answer.text, promptTokens: answer.promptTokens ?? 0, outputTokens: answer.outputTokens ?? 0 });
   }
 
   calibration(model) {
@@ -212,8 +213,8 @@ export class SqliteStore {
       update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ? WHERE id = ?'),
             sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
       calibration: p('SELECT estimated, reported FROM calibration WHERE model = ?'),
-      partial: p('SELECT text FROM partials WHERE key = ?'),
-      putPartial: p('INSERT OR REPLACE INTO partials (key, text) VALUES (?, ?)'),
+      partial: p('SELECT text, prompt_tokens AS promptTokens, output_tokens AS outputTokens FROM partials WHERE key = ?'),
+      putPartial: p('INSERT OR REPLACE INTO partials (key, text, prompt_tokens, output_tokens) VALUES (?, ?, ?, ?)'),
       failure: p('SELECT failures, last_error AS lastError, retry_after_ms AS retryAfterMs, failed_ms AS failedMs FROM failure_markers WHERE session = ?'),
       setFailure: p('INSERT OR REPLACE INTO failure_markers (session, failures, last_error, retry_after_ms, failed_ms) VALUES (?, ?, ?, ?, ?)'),
       clearFailure: p('DELETE FROM failure_markers WHERE session = ?'),
@@ -326,11 +327,14 @@ export class SqliteStore {
   }
 
   partial(key) {
-    return this.#wrap(() => this.#st.partial.get(key)?.text);
+    return this.#wrap(() => {
+      const r = this.#st.partial.get(key);
+      return r ? { text: r.text, promptTokens: Number(r.promptTokens), outputTokens: Number(r.outputTokens) } : undefined;
+    });
   }
 
-  putPartial(key, text) {
-    this.#wrap(() => this.#st.putPartial.run(key, text));
+  putPartial(key, answer) {
+    this.#wrap(() => this.#st.putPartial.run(key, answer.text, answer.promptTokens ?? 0, answer.outputTokens ?? 0));
   }
 
   calibration(model) {

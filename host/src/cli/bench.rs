@@ -112,7 +112,7 @@ impl Store for TimedStore {
     async fn sessions(&self) -> Result<Vec<String>, Error> {
         timed!(self, self.inner.sessions())
     }
-    async fn partial(&self, k: &str) -> Result<Option<String>, Error> {
+    async fn partial(&self, k: &str) -> Result<Option<abridge::types::CachedAnswer>, Error> {
         timed!(self, self.inner.partial(k))
     }
     async fn failure(&self, s: &str) -> Result<Option<abridge::types::FailureMarker>, Error> {
@@ -128,7 +128,7 @@ impl Store for TimedStore {
     async fn reset_session(&self, s: &str) -> Result<(), Error> {
         timed!(self, self.inner.reset_session(s))
     }
-    async fn put_partial(&self, k: &str, t: &str) -> Result<(), Error> {
+    async fn put_partial(&self, k: &str, t: &abridge::types::CachedAnswer) -> Result<(), Error> {
         timed!(self, self.inner.put_partial(k, t))
     }
     async fn calibration(&self, m: &str) -> Result<Option<abridge::types::Calibration>, Error> {

@@ -23,7 +23,16 @@ async fn call(
     let r = llm.generate(req).await;
     if let (Some(key), Ok(resp)) = (key, &r)
         && resp.finish_reason == FinishReason::Stop
-        && let Err(e) = store.put_partial(&key, &resp.text).await
+        && let Err(e) = store
+            .put_partial(
+                &key,
+                &crate::types::CachedAnswer {
+                    text: resp.text.clone(),
+                    prompt_tokens: resp.prompt_tokens.unwrap_or(0),
+                    output_tokens: resp.output_tokens.unwrap_or(0),
+                },
+            )
+            .await
     {
         // The cache only saves work; the answer itself is still good.
         log(

@@ -3,7 +3,8 @@
 use super::HostState;
 use crate::bindings::abridge::engine::store::Host;
 use crate::types::{
-    Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow,
+    SummaryWrite,
 };
 
 impl Host for HostState {
@@ -36,7 +37,7 @@ impl Host for HostState {
         self.store.summaries(&session).await
     }
 
-    async fn partial(&mut self, key: String) -> Result<Option<String>, Error> {
+    async fn partial(&mut self, key: String) -> Result<Option<CachedAnswer>, Error> {
         self.store.partial(&key).await
     }
 

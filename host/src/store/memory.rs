@@ -7,7 +7,8 @@ use async_trait::async_trait;
 
 use super::{Store, check_chain};
 use crate::types::{
-    Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow,
+    SummaryWrite,
 };
 
 #[derive(Default)]
@@ -24,7 +25,7 @@ struct Session {
 pub struct MemoryStore {
     inner: Mutex<(BTreeMap<String, Session>, u64, u64)>, // sessions, next row id, change counter
     calibration: Mutex<BTreeMap<String, (u64, u64)>>,
-    partials: Mutex<BTreeMap<String, String>>,
+    partials: Mutex<BTreeMap<String, CachedAnswer>>,
     failures: Mutex<BTreeMap<String, FailureMarker>>,
 }
 
@@ -201,7 +202,7 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn partial(&self, key: &str) -> Result<Option<String>, Error> {
+    async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
         Ok(self
             .partials
             .lock()
@@ -210,11 +211,11 @@ impl Store for MemoryStore {
             .cloned())
     }
 
-    async fn put_partial(&self, key: &str, text: &str) -> Result<(), Error> {
+    async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error> {
         self.partials
             .lock()
             .expect("the store's lock is poisoned by an earlier panic")
-            .insert(key.to_string(), text.to_string());
+            .insert(key.to_string(), answer.clone());
         Ok(())
     }
 

@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 
 use crate::types::{
-    Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow,
+    SummaryWrite,
 };
 
 mod memory;
@@ -87,10 +88,10 @@ pub trait Store: Send + Sync {
     async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error>;
     /// Delete the session's episodes, summaries and failure marker.
     async fn reset_session(&self, session: &str) -> Result<(), Error>;
-    /// A cached partial summary by key (see the WIT `store.partial`).
-    async fn partial(&self, key: &str) -> Result<Option<String>, Error>;
-    /// Cache a partial summary.
-    async fn put_partial(&self, key: &str, text: &str) -> Result<(), Error>;
+    /// A cached partial summary by key, with what it cost (see the WIT `store.partial`).
+    async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error>;
+    /// Cache a partial summary and what it cost.
+    async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error>;
     /// Calibration totals for a model (see the WIT `store.calibration`).
     async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error>;
     /// Add one measured prompt to a model's calibration totals.

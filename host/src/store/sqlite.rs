@@ -8,8 +8,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Store;
 use crate::types::{
-    Calibration, Episode, EpisodeRange, Error, FailureMarker, NewEpisode, Role, SessionStats,
-    SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Episode, EpisodeRange, Error, FailureMarker, NewEpisode, Role,
+    SessionStats, SummaryRow, SummaryWrite,
 };
 
 /// Schema migrations, shared with the JavaScript host (its build copies these files);
@@ -26,6 +26,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/009-source-marks.sql"),
     include_str!("migrations/010-session-modes.sql"),
     include_str!("migrations/011-watched-lines.sql"),
+    include_str!("migrations/012-partial-usage.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -417,21 +418,29 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn partial(&self, key: &str) -> Result<Option<String>, Error> {
+    async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
         self.with(|conn| {
-            conn.query_row("SELECT text FROM partials WHERE key = ?1", [key], |r| {
-                r.get(0)
-            })
+            conn.query_row(
+                "SELECT text, prompt_tokens, output_tokens FROM partials WHERE key = ?1",
+                [key],
+                |r| {
+                    Ok(CachedAnswer {
+                        text: r.get(0)?,
+                        prompt_tokens: r.get::<_, i64>(1)?.clamp(0, u32::MAX as i64) as u32,
+                        output_tokens: r.get::<_, i64>(2)?.clamp(0, u32::MAX as i64) as u32,
+                    })
+                },
+            )
             .optional()
             .map_err(db_err)
         })
     }
 
-    async fn put_partial(&self, key: &str, text: &str) -> Result<(), Error> {
+    async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error> {
         self.with(|conn| {
             conn.execute(
-                "INSERT OR REPLACE INTO partials (key, text) VALUES (?1, ?2)",
-                params![key, text],
+                "INSERT OR REPLACE INTO partials (key, text, prompt_tokens, output_tokens) VALUES (?1, ?2, ?3, ?4)",
+                params![key, answer.text, answer.prompt_tokens, answer.output_tokens],
             )
             .map(drop)
             .map_err(db_err)
