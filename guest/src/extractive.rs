@@ -13,14 +13,14 @@ use crate::types::{Message, Role};
 /// Most sentences in a summary.
 pub const MAX_SENTENCES: usize = 5;
 
-/// Sentences to select from `candidates`: one per four, between 2 and [`MAX_SENTENCES`].
-/// Tuned on DialogSum (`abridge bench --dialogsum`): ROUGE-1/2/L F1 27.7/11.4/22.8 against
-/// 26.2/10.9/20.6 for a fixed five sentences and 25.7/10.0/20.6 for the lead-3 baseline.
-/// When updating, the summary may grow by one sentence (up to the maximum) so that new
-/// exchanges can enter without displacing what is already there.
+/// Sentences to select from `candidates`: the square root, rounded up, between 2 and
+/// [`MAX_SENTENCES`] — a summary that grows with the conversation but ever more slowly, a rule
+/// chosen for that shape, not fitted to a data set. When updating, the summary may grow by one
+/// sentence (up to the maximum) so that new exchanges can enter without displacing what is
+/// already there.
 pub fn sentence_budget(candidates: usize, previous_lines: usize) -> usize {
-    (candidates / 4)
-        .max(previous_lines + usize::from(previous_lines > 0))
+    let root = (candidates as f64).sqrt().ceil() as usize;
+    root.max(previous_lines + usize::from(previous_lines > 0))
         .clamp(2, MAX_SENTENCES)
 }
 
@@ -82,9 +82,66 @@ pub fn sentences(text: &str) -> Vec<String> {
     out
 }
 
+/// `<tag>`, `</tag>` and `<tag/>` markup removed (their text stays); other `<` stay.
+fn strip_tags(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(lt) = rest.find('<') {
+        out.push_str(&rest[..lt]);
+        let after = &rest[lt + 1..];
+        let name_end = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_')))
+            .unwrap_or(after.len());
+        let name = after[..name_end].trim_matches('/');
+        if !name.is_empty()
+            && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && after[name_end..].starts_with('>')
+        {
+            rest = &after[name_end + 1..];
+        } else {
+            out.push('<');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Markdown debris removed from a sentence: emphasis and code marks (their text stays),
+/// heading and list markers, link targets.
+fn demarkdown(s: &str) -> String {
+    let mut t = strip_tags(&s.replace("**", "").replace("__", "").replace('`', ""));
+    // [text](target) → text
+    while let Some(open) = t.find("](") {
+        let Some(close) = t[open..].find(')') else {
+            break;
+        };
+        let Some(lb) = t[..open].rfind('[') else {
+            break;
+        };
+        let text = t[lb + 1..open].to_string();
+        t.replace_range(lb..open + close + 1, &text);
+    }
+    let t = t.trim_start_matches(['-', '*', '#', '>', '+', ' ']);
+    // A numbered list marker ("3. ", "2) ").
+    let t = match t.split_once(' ') {
+        Some((n, rest))
+            if n.len() <= 4
+                && n.ends_with(['.', ')'])
+                && n[..n.len() - 1].chars().all(|c| c.is_ascii_digit())
+                && !n[..n.len() - 1].is_empty() =>
+        {
+            rest
+        }
+        _ => t,
+    };
+    t.trim().to_string()
+}
+
 fn push_sentence(out: &mut Vec<String>, s: &str) {
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    let s = s.trim_start_matches(['-', '*', '#', '>', ' ']).trim();
+    let s = demarkdown(&s);
+    let s = s.as_str();
     // A quote opened in an earlier sentence or closed in a later one is noise here.
     let s = if s.matches('"').count() % 2 == 1 {
         s.trim_matches('"').trim()
@@ -96,15 +153,72 @@ fn push_sentence(out: &mut Vec<String>, s: &str) {
     }
 }
 
-/// Prose rather than code, markup or harness noise.
+/// Text of logs, errors and tools rather than of people.
+const NOISE: &[&str] = &[
+    "npm err",
+    "npm error",
+    "npm warn",
+    "error:",
+    "error[",
+    "warning:",
+    "exit code",
+    "exit status",
+    "traceback",
+    "exception",
+    "panicked at",
+    "stack trace",
+    "failed to solve",
+    "command not found",
+    "no such file",
+    "segmentation fault",
+];
+
+/// Prose rather than code, markup, paths, headings or log and tool noise.
 fn is_prose(s: &str) -> bool {
     let code_like = ["<", "{", "[", "//", "$ ", "#!"]
         .iter()
         .any(|p| s.starts_with(p))
-        || s.contains("```");
+        || s.contains("```")
+        || [
+            "{", "}", "=>", "==", "();", "::", "</", "/>", "\\", "&&", "||", "=\"",
+        ]
+        .iter()
+        .any(|p| s.contains(p));
     // A lead-in ("Here's how:") introduces content it does not carry.
     if code_like || s.ends_with(':') {
         return false;
+    }
+    let lower = s.to_lowercase();
+    if NOISE.iter().any(|n| lower.contains(n)) {
+        return false;
+    }
+    let words: Vec<&str> = s.split_whitespace().collect();
+    // Paths and file references (src/a/b.ts, app.ts:178, /bin/sh, a/b/c).
+    if words.iter().any(|w| {
+        let w = w.trim_matches(|c: char| !c.is_alphanumeric() && c != '/');
+        w.starts_with('/') && w.len() > 1
+            || w.matches('/').count() >= 2
+            || (w.contains('/') || w.contains(':'))
+                && w.rsplit('.').next().is_some_and(|ext| {
+                    (1..=4).contains(&ext.len()) && ext.chars().all(|c| c.is_ascii_alphanumeric())
+                } && w.contains('.'))
+    }) {
+        return false;
+    }
+    // A heading in title case ("Critical Issue 3 Add Buffer Overflow Protection").
+    let alpha: Vec<&str> = words
+        .iter()
+        .copied()
+        .filter(|w| w.chars().next().is_some_and(char::is_alphabetic))
+        .collect();
+    if alpha.len() >= 3 {
+        let capital = alpha
+            .iter()
+            .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+            .count();
+        if capital * 10 >= alpha.len() * 7 {
+            return false;
+        }
     }
     let total = s.chars().count().max(1);
     let wordish = s.chars().filter(|c| c.is_alphabetic() || *c == ' ').count();
@@ -285,6 +399,43 @@ mod tests {
             updated.contains("migrate our Postgres database"),
             "{updated}"
         );
+    }
+
+    #[test]
+    fn sentences_come_out_clean_and_noise_stays_out() {
+        let conv = vec![
+            Message::new(
+                Role::User,
+                "158.5 npm error Exit handler never called!\nError: unknown (2): failed to solve: process did not complete successfully: exit code: 1\nWe should rebuild the image without the dev dependencies before the release.",
+            ),
+            Message::new(
+                Role::Assistant,
+                "## Critical Issue #3: Add Buffer Overflow Protection\n- **Computer use tools** are more robust than `Playwright` for this agent, so we keep them.\n`src/computer-use/browser.ts` - Coordinate-based interaction layer\nthis.sendToSession(session, \"error\", { message: \"AI streaming error\" });\n<summary>The team agreed to ship the agent after the security review next week.</summary>",
+            ),
+        ];
+        let s = summarize(&conv, None, 500);
+        for debris in [
+            "**",
+            "`",
+            "npm",
+            "exit code",
+            "src/",
+            "sendToSession",
+            "<summary>",
+            "Critical Issue",
+            "##",
+        ] {
+            assert!(!s.contains(debris), "{debris:?} in {s}");
+        }
+        assert!(s.contains("- User: We should rebuild the image"), "{s}");
+        // Markdown marks go, their words stay.
+        assert_eq!(
+            demarkdown(
+                "- **Computer use tools** are more robust than `Playwright`, see [the docs](https://x.y/z)."
+            ),
+            "Computer use tools are more robust than Playwright, see the docs."
+        );
+        assert!(s.contains("The team agreed to ship the agent"), "{s}");
     }
 
     #[test]

@@ -611,7 +611,8 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
         engine: Engine::Extractive,
         ..Config::default()
     };
-    let (mut ours, mut lead, mut n, mut out_words) = ([0.0f64; 3], [0.0f64; 3], 0usize, 0usize);
+    let (mut ours, mut lead, mut longest, mut n, mut out_words) =
+        ([0.0f64; 3], [0.0f64; 3], [0.0f64; 3], 0usize, 0usize);
     for (i, line) in text
         .lines()
         .enumerate()
@@ -677,9 +678,21 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
                 .collect::<Vec<_>>()
                 .join(" "),
         );
+        // LONGEST-3: the three longest turns, in conversation order.
+        let mut by_len: Vec<usize> = (0..turns.len()).collect();
+        by_len.sort_by_key(|&k| std::cmp::Reverse(turns[k].1.split_whitespace().count()));
+        let mut top: Vec<usize> = by_len.into_iter().take(3).collect();
+        top.sort_unstable();
+        let longest3 = words(
+            &top.iter()
+                .map(|&k| turns[k].1.as_str())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
         for (acc, got) in [
             (&mut ours, rouge(&plain, &refs)),
             (&mut lead, rouge(&lead3, &refs)),
+            (&mut longest, rouge(&longest3, &refs)),
         ] {
             for k in 0..3 {
                 acc[k] += got[k];
@@ -696,14 +709,18 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
     }
     let pct = |x: f64| 100.0 * x / n as f64;
     println!(
-        "dialogsum         {n} dialogues, ROUGE F1 R-1/R-2/R-L: extractive {:.1}/{:.1}/{:.1} ({} words avg) | lead-3 baseline {:.1}/{:.1}/{:.1}",
+        "dialogsum         {n} dialogues, ROUGE F1 R-1/R-2/R-L: extractive {:.1}/{:.1}/{:.1} ({} words avg) | lead-3 {:.1}/{:.1}/{:.1} | longest-3 {:.1}/{:.1}/{:.1} | beats both on all three: {}",
         pct(ours[0]),
         pct(ours[1]),
         pct(ours[2]),
         out_words / n,
         pct(lead[0]),
         pct(lead[1]),
-        pct(lead[2])
+        pct(lead[2]),
+        pct(longest[0]),
+        pct(longest[1]),
+        pct(longest[2]),
+        verdict((0..3).all(|k| ours[k] > lead[k] && ours[k] > longest[k]))
     );
     Ok(())
 }
