@@ -491,3 +491,57 @@ impl Store for SqliteStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_errors_name_the_file_and_the_fix() {
+        let cases = [
+            ("attempt to write a readonly database", "not writable"),
+            ("database disk image is malformed", "move it aside"),
+            ("file is not a database", "move it aside"),
+            ("database or disk is full", "free space"),
+            ("database is locked", "wait for it"),
+        ];
+        for (msg, fix) in cases {
+            let e = explain("/data/abridge.db", msg);
+            assert!(e.starts_with("database /data/abridge.db: "), "{e}");
+            assert!(e.contains(fix), "{msg}: {e}");
+        }
+        assert_eq!(
+            explain("/d.db", "something else"),
+            "database /d.db: something else"
+        );
+    }
+
+    #[test]
+    fn a_read_only_database_file_is_explained() {
+        // Opened read-only (as a file whose permissions forbid writing would be), a write
+        // fails with the file named and the fix.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ro.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let conn =
+            Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        let store = SqliteStore {
+            conn: Mutex::new(conn),
+            name: path.display().to_string(),
+        };
+        let e = store
+            .with(|c| {
+                c.execute("INSERT INTO sessions (id) VALUES ('x')", [])
+                    .map(drop)
+                    .map_err(db_err)
+            })
+            .unwrap_err();
+        let Error::Storage(m) = e else {
+            panic!("{e:?}")
+        };
+        assert!(
+            m.contains(&path.display().to_string()) && m.contains("not writable"),
+            "{m}"
+        );
+    }
+}
