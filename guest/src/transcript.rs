@@ -349,15 +349,8 @@ impl Parser {
             if let Mode::Lines { state, .. } = &mut self.mode
                 && let Some(ep) = state.held.take()
             {
-                let (id, title) = (state.id.clone(), state.title.clone());
-                emit(
-                    &mut self.out,
-                    &mut self.episodes_out,
-                    self.max_episode,
-                    0,
-                    (id, title),
-                    ep,
-                );
+                let meta = (state.id.clone(), state.title.clone());
+                self.emit_to(0, meta, ep);
             }
             Ok(())
         });
@@ -717,15 +710,7 @@ impl Parser {
         match format {
             Format::Jsonl => match jsonl_episode(n, &v, include_tools) {
                 Ok(Some(ep)) => {
-                    let meta = (state.id.clone(), state.title.clone());
-                    emit(
-                        &mut self.out,
-                        &mut self.episodes_out,
-                        self.max_episode,
-                        0,
-                        meta,
-                        ep,
-                    );
+                    self.emit_single(ep);
                     Ok(())
                 }
                 Ok(None) => Ok(()),
@@ -736,16 +721,10 @@ impl Parser {
                 ),
             },
             _ => {
-                for ep in claude_code_line(state, &v, include_tools, self.episodes_out) {
-                    let meta = (state.id.clone(), state.title.clone());
-                    emit(
-                        &mut self.out,
-                        &mut self.episodes_out,
-                        self.max_episode,
-                        0,
-                        meta,
-                        ep,
-                    );
+                let eps = claude_code_line(state, &v, include_tools, self.episodes_out);
+                let meta = (state.id.clone(), state.title.clone());
+                for ep in eps {
+                    self.emit_to(0, meta.clone(), ep);
                 }
                 Ok(())
             }
@@ -893,16 +872,21 @@ impl Parser {
         Ok(())
     }
 
-    /// An episode of the file's one conversation (formats without conversation metadata).
-    fn emit_single(&mut self, ep: ParsedEpisode) {
+    /// An episode of conversation `index`, with what is known of its id and title.
+    fn emit_to(&mut self, index: u32, meta: (Option<String>, Option<String>), ep: ParsedEpisode) {
         emit(
             &mut self.out,
             &mut self.episodes_out,
             self.max_episode,
-            0,
-            (None, None),
+            index,
+            meta,
             ep,
         );
+    }
+
+    /// An episode of the file's one conversation (formats without conversation metadata).
+    fn emit_single(&mut self, ep: ParsedEpisode) {
+        self.emit_to(0, (None, None), ep);
     }
 
     fn emit_conversation(&mut self, index: u32, conv: Conversation) {
@@ -911,14 +895,7 @@ impl Parser {
             return;
         }
         for ep in conv.episodes {
-            emit(
-                &mut self.out,
-                &mut self.episodes_out,
-                self.max_episode,
-                index,
-                meta.clone(),
-                ep,
-            );
+            self.emit_to(index, meta.clone(), ep);
         }
     }
 

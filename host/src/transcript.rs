@@ -15,20 +15,11 @@ use std::fmt;
 use std::path::Path;
 
 use crate::runtime::{Abridge, TranscriptParser};
-use crate::types::{NewEpisode, ParseBatch, ParseError, ParseOptions, TranscriptFormat};
+use crate::types::{NewEpisode, ParseBatch, ParseError, ParseOptions};
 
-/// A transcript format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    /// One JSON object per line: `{"role", "content", "timestamp"?, "id"?}`.
-    Jsonl,
-    /// An OpenAI messages array, or `{"messages": [...]}`.
-    OpenAi,
-    /// A Claude Code session file.
-    ClaudeCode,
-    /// A ChatGPT data export (`conversations.json`).
-    ChatGpt,
-}
+/// A transcript format: the WIT `transcripts.format` (JSON lines, OpenAI messages, Claude
+/// Code, ChatGPT export).
+pub use crate::types::TranscriptFormat as Format;
 
 impl Format {
     /// Parse a `--format` value (`auto` is `None`).
@@ -36,9 +27,9 @@ impl Format {
         Ok(Some(match s {
             "auto" => return Ok(None),
             "jsonl" => Format::Jsonl,
-            "openai" => Format::OpenAi,
+            "openai" => Format::Openai,
             "claude-code" => Format::ClaudeCode,
-            "chatgpt" => Format::ChatGpt,
+            "chatgpt" => Format::Chatgpt,
             other => {
                 return Err(format!(
                     "unknown format '{other}'; use auto, jsonl, openai, claude-code or chatgpt"
@@ -48,33 +39,13 @@ impl Format {
     }
 }
 
-impl Format {
-    fn to_wit(self) -> TranscriptFormat {
-        match self {
-            Format::Jsonl => TranscriptFormat::Jsonl,
-            Format::OpenAi => TranscriptFormat::Openai,
-            Format::ClaudeCode => TranscriptFormat::ClaudeCode,
-            Format::ChatGpt => TranscriptFormat::Chatgpt,
-        }
-    }
-
-    fn from_wit(f: TranscriptFormat) -> Format {
-        match f {
-            TranscriptFormat::Jsonl => Format::Jsonl,
-            TranscriptFormat::Openai => Format::OpenAi,
-            TranscriptFormat::ClaudeCode => Format::ClaudeCode,
-            TranscriptFormat::Chatgpt => Format::ChatGpt,
-        }
-    }
-}
-
 impl fmt::Display for Format {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Format::Jsonl => "jsonl",
-            Format::OpenAi => "openai",
+            Format::Openai => "openai",
             Format::ClaudeCode => "claude-code",
-            Format::ChatGpt => "chatgpt",
+            Format::Chatgpt => "chatgpt",
         })
     }
 }
@@ -317,7 +288,7 @@ impl<'a> Feeder<'a> {
     ) -> Result<Feeder<'a>, TranscriptError> {
         let parser = engine
             .parser(&ParseOptions {
-                format: format.map(Format::to_wit),
+                format,
                 include_tools: opts.include_tools,
                 skip_invalid: opts.skip_invalid,
                 first_line: opts.first_line.min(u32::MAX as usize) as u32,
@@ -403,7 +374,7 @@ impl<'a> Feeder<'a> {
     fn take(&mut self, r: Result<ParseBatch, ParseError>) -> Result<(), TranscriptError> {
         let b = r.map_err(|e| parse_error(&self.name, self.format, e))?;
         if let Some(f) = b.format {
-            self.format = Some(Format::from_wit(f));
+            self.format = Some(f);
         }
         self.warnings.extend(b.warnings);
         for part in b.conversations {
@@ -469,7 +440,7 @@ fn parse_error(name: &str, format: Option<Format>, e: ParseError) -> TranscriptE
         ParseError::EmptyFile => TranscriptError::EmptyFile { path },
         ParseError::NoMessages(f) => TranscriptError::Empty {
             path,
-            format: format.unwrap_or(Format::from_wit(f)),
+            format: format.unwrap_or(f),
         },
     }
 }
