@@ -99,13 +99,7 @@ async fn run_case(dir: &Path) -> Value {
 
 #[tokio::test]
 async fn golden_chains_match() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/chains");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
+    let dirs = crate::harness::golden_cases("chains");
     assert!(dirs.len() >= 4);
     let mut failures = Vec::new();
     for dir in dirs {

@@ -94,7 +94,6 @@ fn options(dir: &Path, name: &str) -> ParseOptions {
 
 #[tokio::test]
 async fn golden_transcripts_parse_the_same_whatever_the_chunking() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/transcripts");
     let engine = Abridge::builder()
         .store(Arc::new(MemoryStore::new()))
         .cache_dir(Some(
@@ -103,17 +102,8 @@ async fn golden_transcripts_parse_the_same_whatever_the_chunking() {
         .build()
         .unwrap();
     let bless = std::env::var_os("ABRIDGE_BLESS").is_some();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
-    assert!(
-        dirs.len() >= 15,
-        "golden transcripts missing under {}",
-        root.display()
-    );
+    let dirs = crate::harness::golden_cases("transcripts");
+    assert!(dirs.len() >= 15, "golden transcripts missing");
     for dir in dirs {
         let input = std::fs::read_dir(&dir)
             .unwrap()

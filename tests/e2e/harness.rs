@@ -163,6 +163,20 @@ impl Run {
     }
 }
 
+/// The case folders of a golden-vector kind (`tests/golden/<kind>/*/`), sorted.
+pub fn golden_cases(kind: &str) -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/golden")
+        .join(kind);
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 /// A fixture shipped with the project.
 pub fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
