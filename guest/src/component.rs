@@ -201,6 +201,7 @@ impl engine::Host for Imports {
                 content: e.content,
                 tokens: e.tokens,
                 timestamp_ms: e.timestamp_ms,
+                speaker: e.speaker,
             })
             .collect())
     }
@@ -484,10 +485,7 @@ impl text::Guest for Component {
     ) -> text::BuiltPrompt {
         let conv: Vec<types::Message> = conversation
             .into_iter()
-            .map(|m| types::Message {
-                role: role_in(m.role),
-                content: m.content,
-            })
+            .map(|m| types::Message::new(role_in(m.role), m.content))
             .collect();
         let b = prompt::build(&conv, previous_summary.as_deref());
         text::BuiltPrompt {
@@ -548,6 +546,7 @@ fn batch_out(
                             content: e.content,
                             timestamp_ms: e.timestamp_ms,
                             source_key: e.source_key,
+                            speaker: e.speaker,
                         })
                         .collect(),
                 })

@@ -175,6 +175,7 @@ mod tests {
             content: format!("turn {id} {}", "word ".repeat(words)),
             tokens: 0,
             timestamp_ms: None,
+            speaker: None,
         }
     }
 

@@ -557,7 +557,7 @@ fn pass(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Option<Summary
     );
     let conversation: Vec<Message> = selected
         .into_iter()
-        .map(|e| Message::new(e.role, e.content))
+        .map(|e| Message::new(e.role, e.content).by(e.speaker))
         .collect();
     let generated = generate(h, cfg, &conversation, previous.as_deref())?;
     write(h, session, cfg, &strategy, covered, last, generated).map(Some)
@@ -605,7 +605,7 @@ fn oversized(
         let g = generate(
             h,
             cfg,
-            &[Message::new(ep.role, content)],
+            &[Message::new(ep.role, content).by(ep.speaker.clone())],
             current.as_deref(),
         )?;
         spent.prompt_tokens = spent.prompt_tokens.saturating_add(g.prompt_tokens);
@@ -1255,7 +1255,9 @@ fn map_reduce_if_long(
     for c in &chunks {
         let conversation: Vec<Message> = match c.part {
             None => (c.first..=c.last)
-                .map(|id| Message::new(at(id).role, at(id).content.clone()))
+                .map(|id| {
+                    Message::new(at(id).role, at(id).content.clone()).by(at(id).speaker.clone())
+                })
                 .collect(),
             Some((i, n)) => {
                 let e = at(c.first);

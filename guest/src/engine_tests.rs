@@ -52,6 +52,7 @@ impl Fake {
             content: content.into(),
             tokens: estimate_tokens(content),
             timestamp_ms: Some(self.now as i64),
+            speaker: None,
         });
     }
 

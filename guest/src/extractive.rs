@@ -269,7 +269,7 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
                 }
                 let words = content_words(&s);
                 cands.push(Candidate {
-                    line: format!("{}: {}", m.role.label(), s),
+                    line: format!("{}: {}", m.who(), s),
                     words: words.into_iter().collect(),
                     len,
                     position: pos,
@@ -436,6 +436,25 @@ mod tests {
             "Computer use tools are more robust than Playwright, see the docs."
         );
         assert!(s.contains("The team agreed to ship the agent"), "{s}");
+    }
+
+    #[test]
+    fn sentences_are_attributed_to_named_speakers() {
+        let conv = vec![
+            Message::new(
+                Role::User,
+                "Could you book the meeting room for Thursday afternoon?",
+            )
+            .by(Some("#Person1#".into())),
+            Message::new(
+                Role::Assistant,
+                "The meeting room is booked for Thursday at three.",
+            )
+            .by(Some("#Person2#".into())),
+        ];
+        let s = summarize(&conv, None, 500);
+        assert!(s.contains("- #Person1#: Could you book"), "{s}");
+        assert!(s.contains("- #Person2#: The meeting room is booked"), "{s}");
     }
 
     #[test]

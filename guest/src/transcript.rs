@@ -85,6 +85,8 @@ pub struct ParsedEpisode {
     pub timestamp_ms: Option<i64>,
     /// Identifies the episode in its source (idempotent imports).
     pub source_key: String,
+    /// The speaker's name, when the format gives one.
+    pub speaker: Option<String>,
 }
 
 /// Episodes of one conversation found in a chunk.
@@ -1044,6 +1046,7 @@ fn emit(
             content: piece.to_string(),
             timestamp_ms: ep.timestamp_ms,
             source_key: format!("{}#part{}/{n}", ep.source_key, i + 1),
+            speaker: ep.speaker.clone(),
         });
     }
 }
@@ -1077,6 +1080,19 @@ pub fn split_parts(text: &str, max: usize) -> Vec<&str> {
     }
     out.push(rest);
     out
+}
+
+/// A speaker's name from a `name` field: a non-empty string of at most 64 characters, control
+/// characters and surrounding space removed.
+fn speaker_name(v: Option<&Value>) -> Option<String> {
+    let name: String = v?
+        .as_str()?
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(64)
+        .collect();
+    let name = name.trim();
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 /// Which line format a JSON object belongs to, if any.
@@ -1295,6 +1311,7 @@ fn jsonl_episode(n: u32, v: &Value, include_tools: bool) -> Result<Option<Parsed
         content,
         timestamp_ms: timestamp_value(v.get("timestamp")),
         source_key,
+        speaker: speaker_name(v.get("name")),
     }))
 }
 
@@ -1385,6 +1402,7 @@ fn claude_code_line(
             content: r,
             timestamp_ms: ts,
             source_key: format!("{uuid}#tool{k}"),
+            speaker: None,
         });
         count += 1;
     }
@@ -1413,6 +1431,7 @@ fn claude_code_line(
         content: text,
         timestamp_ms: ts,
         source_key,
+        speaker: None,
     };
     if role == Role::Assistant && msg_id.is_some() {
         st.open_turn = msg_id;
@@ -1463,6 +1482,7 @@ fn openai_message(opts: &Options, i: u32, m: &Value) -> Result<Option<ParsedEpis
         content,
         timestamp_ms: None,
         source_key,
+        speaker: speaker_name(m.get("name")),
     }))
 }
 
@@ -1590,6 +1610,7 @@ fn chatgpt_conversation(
             content,
             timestamp_ms: timestamp_value(m.get("create_time")),
             source_key: key,
+            speaker: speaker_name(m.pointer("/author/name")),
         });
     }
     Ok((

@@ -42,6 +42,8 @@ pub struct Message {
     pub role: Role,
     /// Text.
     pub content: String,
+    /// The speaker's name, when the transcript gave one (not sent to models as a field).
+    pub speaker: Option<String>,
 }
 
 impl Message {
@@ -50,7 +52,19 @@ impl Message {
         Message {
             role,
             content: content.into(),
+            speaker: None,
         }
+    }
+
+    /// The same message, said by `speaker` (if any).
+    pub fn by(mut self, speaker: Option<String>) -> Self {
+        self.speaker = speaker;
+        self
+    }
+
+    /// Who said it, for attribution: the speaker's name, else the role's label.
+    pub fn who(&self) -> &str {
+        self.speaker.as_deref().unwrap_or(self.role.label())
     }
 }
 
@@ -90,6 +104,8 @@ pub struct Episode {
     pub tokens: u32,
     /// When it was said, ms since the epoch, if known.
     pub timestamp_ms: Option<i64>,
+    /// The speaker's name, if the transcript gave one.
+    pub speaker: Option<String>,
 }
 
 /// Why automatic refreshes are held back (mirrors the WIT `failure-marker`).

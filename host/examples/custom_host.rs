@@ -75,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
             timestamp_ms: None,
             source_key: i.to_string(),
             tokens: 0,
+            speaker: None,
         };
         engine.append("demo", &[ep]).await?;
         let out = engine.after_episode_written("demo", &cfg).await?;

@@ -410,6 +410,7 @@ impl<'a> Feeder<'a> {
                     timestamp_ms: e.timestamp_ms,
                     source_key: e.source_key,
                     tokens: 0,
+                    speaker: e.speaker,
                 }));
         }
         Ok(())

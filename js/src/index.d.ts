@@ -18,10 +18,11 @@ export class AbridgeError extends Error {
 export interface Message { role: Role; content: string }
 
 /** An episode to append. `sourceKey` makes appends idempotent (a known key is skipped). */
-export interface NewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string | number }
+/** `speaker`: the speaker's name when the transcript gives one (summaries attribute to it). */
+export interface NewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string | number; speaker?: string }
 
-export interface StoredNewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string; tokens: number }
-export interface Episode { id: number; role: Role; content: string; timestampMs?: number; tokens: number }
+export interface StoredNewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string; tokens: number; speaker?: string }
+export interface Episode { id: number; role: Role; content: string; timestampMs?: number; tokens: number; speaker?: string }
 export interface SessionStats { episodes: number; totalTokens: number; lastEpisode: number }
 
 export interface SummaryRow {

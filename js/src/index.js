@@ -159,7 +159,7 @@ export class Engine {
   #imports() {
     const llm = this.#llm;
     const store = this.#store;
-    const epToJs = (e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, tokens: e.tokens });
+    const epToJs = (e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, tokens: e.tokens, speaker: e.speaker });
     const statsToWit = (s) => ({ episodes: big(s.episodes), totalTokens: big(s.totalTokens), lastEpisode: big(s.lastEpisode) });
     const writeToJs = (w) => ({
       ...w,
@@ -242,7 +242,7 @@ export class Engine {
    * tokens. Returns how many were new (known source keys are skipped).
    */
   async append(session, episodes) {
-    const eps = episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0 }));
+    const eps = episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0, speaker: e.speaker ?? undefined }));
     const g = await this.#guest();
     return exportCall(() => g.summarizer.append(session, eps));
   }
@@ -337,7 +337,7 @@ export class Engine {
         conv.id = c.id ?? conv.id;
         conv.title = c.title ?? conv.title;
         for (const e of c.episodes) {
-          conv.episodes.push({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey });
+          conv.episodes.push({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, speaker: e.speaker });
         }
       }
     };

@@ -64,7 +64,7 @@ export class MemoryStore {
     for (const e of episodes) {
       if (s.keys.has(e.sourceKey)) continue;
       s.keys.add(e.sourceKey);
-      s.episodes.push({ id: s.episodes.length + 1, role: e.role, content: e.content, timestampMs: e.timestampMs, tokens: e.tokens });
+      s.episodes.push({ id: s.episodes.length + 1, role: e.role, content: e.content, timestampMs: e.timestampMs, tokens: e.tokens, speaker: e.speaker ?? undefined });
       s.totalTokens += e.tokens;
       added++;
     }
@@ -201,10 +201,10 @@ export class SqliteStore {
     this.#st = {
       ensure: p('INSERT OR IGNORE INTO sessions (id) VALUES (?)'),
       next: p('SELECT episodes + 1 AS next, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) AS seq FROM sessions WHERE id = ?'),
-      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens) VALUES (?, ?, ?, ?, ?, ?, ?)'),
+      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker) VALUES (?, ?, ?, ?, ?, ?, ?, ?)'),
       bump: p('UPDATE sessions SET episodes = episodes + ?, total_tokens = total_tokens + ?, changed_seq = ? WHERE id = ?'),
       stats: p('SELECT episodes, total_tokens AS totalTokens FROM sessions WHERE id = ?'),
-      after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
+      after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens, speaker FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
       latest: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY last_episode DESC, id DESC LIMIT 1`),
       all: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY first_episode`),
       row: p(`SELECT ${ROW_COLS} FROM summaries WHERE id = ?`),
@@ -253,7 +253,7 @@ export class SqliteStore {
       let added = 0;
       let tokens = 0;
       for (const e of episodes) {
-        const r = s.insert.run(session, next, e.role, e.content, e.timestampMs ?? null, e.sourceKey, e.tokens);
+        const r = s.insert.run(session, next, e.role, e.content, e.timestampMs ?? null, e.sourceKey, e.tokens, e.speaker ?? null);
         if (r.changes === 1) {
           next++;
           added++;
@@ -273,7 +273,7 @@ export class SqliteStore {
   }
 
   episodesAfter(session, after, limit) {
-    return this.#wrap(() => this.#st.after.all(session, after, limit).map((e) => ({ ...e, timestampMs: e.timestampMs ?? undefined })));
+    return this.#wrap(() => this.#st.after.all(session, after, limit).map((e) => ({ ...e, timestampMs: e.timestampMs ?? undefined, speaker: e.speaker ?? undefined })));
   }
 
   latestSummary(session) {

@@ -67,7 +67,7 @@ test('golden transcripts: the same episodes as the Rust host, whole and in 7-byt
             index: c.index,
             id: c.id ?? null,
             title: c.title ?? null,
-            episodes: c.episodes.map((e) => ({ role: e.role, content: e.content, timestamp_ms: e.timestampMs ?? null, source_key: e.sourceKey })),
+            episodes: c.episodes.map((e) => ({ role: e.role, content: e.content, timestamp_ms: e.timestampMs ?? null, source_key: e.sourceKey, speaker: e.speaker ?? null })),
           })),
           warnings: p.warnings,
         };

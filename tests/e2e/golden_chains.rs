@@ -63,6 +63,7 @@ async fn run_case(dir: &Path) -> Value {
             timestamp_ms: None,
             source_key: i.to_string(),
             tokens: 0,
+            speaker: None,
         })
         .collect();
     match input["mode"].as_str() {

@@ -48,6 +48,7 @@ async fn parse(engine: &Abridge, opts: &ParseOptions, bytes: &[u8], step: usize)
                 eps.push(json!({
                     "role": e.role.as_str(), "content": e.content,
                     "timestamp_ms": e.timestamp_ms, "source_key": e.source_key,
+                    "speaker": e.speaker,
                 }));
             }
         }

@@ -26,6 +26,7 @@ fn episodes(n: usize) -> Vec<NewEpisode> {
             timestamp_ms: None,
             source_key: i.to_string(),
             tokens: 0,
+            speaker: None,
         })
         .collect()
 }

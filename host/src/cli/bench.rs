@@ -165,6 +165,7 @@ fn synthetic(n: usize, words: impl Fn(usize) -> usize) -> Vec<NewEpisode> {
             timestamp_ms: Some(1_700_000_000_000 + i as i64),
             source_key: i.to_string(),
             tokens: 0,
+            speaker: None,
         })
         .collect()
 }
@@ -471,6 +472,7 @@ async fn js_comparison(
                 timestamp_ms: None,
                 source_key: i.to_string(),
                 tokens: 0,
+                speaker: None,
             })
             .collect();
         engine.append(&session, &eps).await.map_err(fail)?;
@@ -628,8 +630,9 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
         if refs.is_empty() {
             continue;
         }
-        // "#Person1#: …" lines; Person2 plays the assistant.
-        let turns: Vec<(Role, String)> = v["dialogue"]
+        // "#Person1#: …" lines, each turn attributed to its named speaker; Person2 plays the
+        // assistant.
+        let turns: Vec<(Role, String, String)> = v["dialogue"]
             .as_str()
             .unwrap_or("")
             .lines()
@@ -642,18 +645,20 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
                         Role::User
                     },
                     said.trim().to_string(),
+                    who.trim().to_string(),
                 )
             })
             .collect();
         let episodes: Vec<NewEpisode> = turns
             .iter()
             .enumerate()
-            .map(|(k, (role, said))| NewEpisode {
+            .map(|(k, (role, said, who))| NewEpisode {
                 role: *role,
                 content: said.clone(),
                 timestamp_ms: None,
                 source_key: k.to_string(),
                 tokens: 0,
+                speaker: Some(who.clone()),
             })
             .collect();
         let session = format!("dialogsum-{i}");
@@ -664,17 +669,17 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
             .last()
             .map(|r| r.content.clone())
             .unwrap_or_default();
-        // Score the selected sentences without their "- User: " markers.
+        // Every system is scored as it would be read: lines attributed to their speakers
+        // ("#Person1#: …"), the summary's list marks aside.
         let plain: Vec<&str> = summary
             .lines()
-            .map(|l| l.split_once(": ").map_or(l, |(_, t)| t))
+            .map(|l| l.trim_start_matches("- "))
             .collect();
         let plain = words(&plain.join(" "));
+        let said = |k: usize| format!("{}: {}", turns[k].2, turns[k].1);
         let lead3 = words(
-            &turns
-                .iter()
-                .take(3)
-                .map(|(_, t)| t.as_str())
+            &(0..turns.len().min(3))
+                .map(said)
                 .collect::<Vec<_>>()
                 .join(" "),
         );
@@ -683,12 +688,7 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
         by_len.sort_by_key(|&k| std::cmp::Reverse(turns[k].1.split_whitespace().count()));
         let mut top: Vec<usize> = by_len.into_iter().take(3).collect();
         top.sort_unstable();
-        let longest3 = words(
-            &top.iter()
-                .map(|&k| turns[k].1.as_str())
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
+        let longest3 = words(&top.iter().map(|&k| said(k)).collect::<Vec<_>>().join(" "));
         for (acc, got) in [
             (&mut ours, rouge(&plain, &refs)),
             (&mut lead, rouge(&lead3, &refs)),

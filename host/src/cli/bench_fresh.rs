@@ -92,6 +92,7 @@ fn turn(i: usize) -> (u64, NewEpisode) {
             timestamp_ms: Some(at as i64),
             source_key: format!("t{i}"),
             tokens: 0,
+            speaker: None,
         },
     )
 }

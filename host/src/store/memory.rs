@@ -70,6 +70,7 @@ impl Store for MemoryStore {
                     content: e.content,
                     timestamp_ms: e.timestamp_ms,
                     tokens: e.tokens,
+                    speaker: e.speaker,
                 });
                 added += 1;
             }

@@ -27,6 +27,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/010-session-modes.sql"),
     include_str!("migrations/011-watched-lines.sql"),
     include_str!("migrations/012-partial-usage.sql"),
+    include_str!("migrations/013-episode-speakers.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -236,13 +237,13 @@ impl Store for SqliteStore {
             {
                 let mut ins = tx
                     .prepare_cached(
-                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                     )
                     .map_err(db_err)?;
                 for e in &episodes {
                     let n = ins
-                        .execute(params![session, next, role_str(e.role), e.content, e.timestamp_ms, e.source_key, e.tokens])
+                        .execute(params![session, next, role_str(e.role), e.content, e.timestamp_ms, e.source_key, e.tokens, e.speaker])
                         .map_err(db_err)?;
                     if n == 1 {
                         next += 1;
@@ -291,7 +292,7 @@ impl Store for SqliteStore {
         self.with(|conn| {
             let mut st = conn
                 .prepare_cached(
-                    "SELECT id, role, content, timestamp_ms, tokens FROM episodes
+                    "SELECT id, role, content, timestamp_ms, tokens, speaker FROM episodes
                      WHERE session = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
                 )
                 .map_err(db_err)?;
@@ -303,6 +304,7 @@ impl Store for SqliteStore {
                         content: r.get(2)?,
                         timestamp_ms: r.get(3)?,
                         tokens: r.get(4)?,
+                        speaker: r.get(5)?,
                     })
                 })
                 .map_err(db_err)?;
