@@ -162,7 +162,12 @@ pub struct Parser {
 
 enum Mode {
     /// Format not known yet: bytes held until it is.
-    Detect { held: Vec<u8> },
+    Detect {
+        held: Vec<u8>,
+        /// How far into `held` the first value has been scanned (resumed on the next feed,
+        /// so a large first object is scanned once, not once per feed).
+        scan: FirstValue,
+    },
     /// One JSON object per line.
     Lines {
         format: Format,
@@ -245,6 +250,17 @@ struct LineState {
     meta_dirty: bool,
 }
 
+/// Detection's progress through the first value: the scanner's state, how many held bytes it
+/// has seen, and whether a line break came before the value closed.
+#[derive(Default, Clone, Copy)]
+struct FirstValue {
+    scan: Scanner,
+    scanned: usize,
+    newline: bool,
+    /// The value closed on its first line: the format is read from the lines.
+    one_line: bool,
+}
+
 /// Finds where JSON values end: strings, escapes and nesting depth, one byte at a time.
 #[derive(Default, Clone, Copy)]
 struct Scanner {
@@ -297,7 +313,10 @@ impl Parser {
             offset: 0,
             line,
             at_start: true,
-            mode: Mode::Detect { held: Vec::new() },
+            mode: Mode::Detect {
+                held: Vec::new(),
+                scan: FirstValue::default(),
+            },
             seen_text: false,
             episodes_out: 0,
             warnings: Vec::new(),
@@ -405,17 +424,17 @@ impl Parser {
     fn consume(&mut self, chunk: &[u8], end: bool) -> Result<(), ParseError> {
         match &mut self.mode {
             Mode::Done => Ok(()),
-            Mode::Detect { held } => {
+            Mode::Detect { held, scan } => {
                 held.extend_from_slice(chunk);
-                let held = std::mem::take(held);
-                match self.detect(&held, end)? {
+                let (held, mut scan) = (std::mem::take(held), *scan);
+                match self.detect(&held, &mut scan, end)? {
                     Some(mode) => {
                         self.mode = mode;
                         // Replay what was held through the chosen mode.
                         self.consume_in_mode(&held, end)
                     }
                     None => {
-                        self.mode = Mode::Detect { held };
+                        self.mode = Mode::Detect { held, scan };
                         Ok(())
                     }
                 }
@@ -425,7 +444,12 @@ impl Parser {
     }
 
     /// Decide the format from the bytes held so far; `None` to wait for more.
-    fn detect(&self, held: &[u8], end: bool) -> Result<Option<Mode>, ParseError> {
+    fn detect(
+        &self,
+        held: &[u8],
+        fv: &mut FirstValue,
+        end: bool,
+    ) -> Result<Option<Mode>, ParseError> {
         let lines = || Mode::Lines {
             format: Format::Jsonl,
             carry: Carry::default(),
@@ -473,32 +497,22 @@ impl Parser {
             b'{' => {
                 // Where does the first value end? On its first line: JSON lines, whose first
                 // lines name the format. Later: a document object (pretty-printed).
-                let mut scan = Scanner::default();
-                let mut first_nl = None;
-                for (i, &b) in held[first..].iter().enumerate() {
-                    if b == b'\n' && first_nl.is_none() {
-                        first_nl = Some(i);
+                let from = fv.scanned.max(first);
+                if fv.one_line {
+                    return self.detect_lines(held, end).map(|f| f.map(line_or_doc));
+                }
+                for &b in &held[from..] {
+                    fv.scanned += 1;
+                    if b == b'\n' {
+                        fv.newline = true;
                     }
-                    if scan.step(b) == 0 {
-                        let end_at = first + i + 1;
-                        if first_nl.is_none() {
+                    if fv.scan.step(b) == 0 {
+                        fv.one_line = !fv.newline;
+                        if !fv.newline {
                             // One value on the first line: a line format, or a one-line
                             // document; look at up to 20 lines.
-                            return self.detect_lines(held, end).map(|f| {
-                                f.map(|f| match f {
-                                    LineOrDoc::Line(format) => Mode::Lines {
-                                        format,
-                                        carry: Carry::default(),
-                                        state: LineState::default(),
-                                    },
-                                    LineOrDoc::Doc => Mode::Object {
-                                        held: Vec::new(),
-                                        format: None,
-                                    },
-                                })
-                            });
+                            return self.detect_lines(held, end).map(|f| f.map(line_or_doc));
                         }
-                        let _ = end_at;
                         return Ok(Some(Mode::Object {
                             held: Vec::new(),
                             format: None,
@@ -983,6 +997,21 @@ impl Parser {
 enum LineOrDoc {
     Line(Format),
     Doc,
+}
+
+/// The mode for what [`Parser::detect_lines`] found.
+fn line_or_doc(f: LineOrDoc) -> Mode {
+    match f {
+        LineOrDoc::Line(format) => Mode::Lines {
+            format,
+            carry: Carry::default(),
+            state: LineState::default(),
+        },
+        LineOrDoc::Doc => Mode::Object {
+            held: Vec::new(),
+            format: None,
+        },
+    }
 }
 
 fn trim_ascii(b: &[u8]) -> &[u8] {

@@ -14,7 +14,7 @@ fn is_unsafe(c: char) -> bool {
 }
 
 /// `s` made safe to print on one terminal line: every control character (ESC, NUL, CR, LF,
-/// tab, DEL, C1, bidi overrides) shown as a visible `\uXXXX` escape instead (the same escape
+/// tab, DEL, C1, bidi overrides) shown as a visible escape such as `\u001b` instead (the same escape
 /// JSON uses, so JSON output stays valid JSON).
 pub fn printable(s: &str) -> Cow<'_, str> {
     if !s.chars().any(is_unsafe) {

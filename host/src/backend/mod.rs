@@ -57,9 +57,33 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// A model server's address and HTTP client, as both backends need them: `base` checked (see
+/// [`check_base_url`]), a timeout of at least a second, https through [`tls`], and the base
+/// both as used (`.0`, credentials kept) and as shown (`.1`, credentials redacted).
+pub(crate) fn server_client(
+    base: &str,
+    what: &str,
+    timeout: std::time::Duration,
+    builder: impl FnOnce(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
+) -> Result<(reqwest::Client, String, String), Error> {
+    check_base_url(base, what)?;
+    if timeout.is_zero() {
+        return Err(Error::InvalidInput(
+            "a timeout of 0 seconds leaves no time to answer; pass --timeout-secs 1 or more".into(),
+        ));
+    }
+    let http = builder(tls::client_builder()?)
+        .timeout(timeout)
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .build()
+        .map_err(|e| Error::InvalidInput(format!("cannot build an HTTP client: {e}")))?;
+    let base = base.trim_end_matches('/');
+    Ok((http, base.to_string(), redact_url(base)))
+}
+
 /// Check a server base URL: it must parse, and speak http or https. The message shows it
 /// redacted.
-pub(crate) fn check_base_url(base: &str, what: &str) -> Result<reqwest::Url, Error> {
+pub fn check_base_url(base: &str, what: &str) -> Result<reqwest::Url, Error> {
     let shown = redact_url(base);
     let url = reqwest::Url::parse(base).map_err(|e| {
         Error::InvalidInput(format!(
@@ -170,11 +194,10 @@ pub(crate) fn transport_error(server: &str, url: &str, e: reqwest::Error, hint: 
         ))
     } else if e.is_connect() {
         Error::Unreachable(format!(
-            "{server} at {url} is not reachable ({}) — {hint}",
-            root_cause(&e)
+            "{server} at {url} is not reachable ({cause}) — {hint}"
         ))
     } else {
-        Error::Server(format!("{server} at {url}: {}", root_cause(&e)))
+        Error::Server(format!("{server} at {url}: {cause}"))
     }
 }
 

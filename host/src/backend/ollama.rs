@@ -27,23 +27,13 @@ impl Ollama {
     /// A client for the server at `base` (e.g. `http://localhost:11434`); each generation may
     /// take up to `timeout`.
     pub fn new(base: &str, timeout: Duration) -> Result<Self, Error> {
-        super::check_base_url(base, "EXTRACTION_URL/--url")?;
-        if timeout.is_zero() {
-            return Err(Error::InvalidInput(
-                "a timeout of 0 seconds leaves no time to answer; pass --timeout-secs 1 or more"
-                    .into(),
-            ));
-        }
-        let http = super::tls::client_builder()?
-            .timeout(timeout)
-            .connect_timeout(Duration::from_secs(5))
-            .no_proxy() // a local server; never route it through a proxy
-            .build()
-            .map_err(|e| Error::InvalidInput(format!("cannot build an HTTP client: {e}")))?;
+        // A local server: never route it through a proxy.
+        let (http, base, shown) =
+            super::server_client(base, "EXTRACTION_URL/--url", timeout, |b| b.no_proxy())?;
         Ok(Ollama {
             http,
-            base: base.trim_end_matches('/').to_string(),
-            shown: super::redact_url(base.trim_end_matches('/')),
+            base,
+            shown,
             retry: RetryPolicy::default(),
         })
     }

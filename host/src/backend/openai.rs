@@ -25,22 +25,11 @@ const HINT: &str = "check OPENAI_BASE_URL, or pass --backend ollama|extractive";
 impl OpenAi {
     /// A client for `base` (ending in `/v1`), with an optional API key sent as a bearer token.
     pub fn new(base: &str, key: Option<String>, timeout: Duration) -> Result<Self, Error> {
-        super::check_base_url(base, "OPENAI_BASE_URL")?;
-        if timeout.is_zero() {
-            return Err(Error::InvalidInput(
-                "a timeout of 0 seconds leaves no time to answer; pass --timeout-secs 1 or more"
-                    .into(),
-            ));
-        }
-        let http = super::tls::client_builder()?
-            .timeout(timeout)
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| Error::InvalidInput(format!("cannot build an HTTP client: {e}")))?;
+        let (http, base, shown) = super::server_client(base, "OPENAI_BASE_URL", timeout, |b| b)?;
         Ok(OpenAi {
             http,
-            base: base.trim_end_matches('/').to_string(),
-            shown: super::redact_url(base.trim_end_matches('/')),
+            base,
+            shown,
             key,
             retry: RetryPolicy::default(),
         })

@@ -639,70 +639,52 @@ fn report(
         });
         println!("{v}");
     } else {
-        let mut out = std::io::stdout().lock();
-        let w = |out: &mut std::io::StdoutLock, line: String| {
-            let _ = &out;
-            super::out(format_args!("{}\n", abridge::text::printable_lines(&line)));
-            Ok::<(), Failure>(())
-        };
         let width = results
             .iter()
             .map(|r| r.file.len())
             .max()
             .unwrap_or(4)
             .clamp(4, 72);
-        w(
-            &mut out,
-            format!(
-                "{:<9}  {:<width$}  {:>8}  {:<24}  detail",
-                "status", "file", "episodes", "session"
-            ),
-        )?;
+        println!(
+            "{:<9}  {:<width$}  {:>8}  {:<24}  detail",
+            "status", "file", "episodes", "session"
+        );
         for r in results {
             let session: String = if r.session.chars().count() > 24 {
                 r.session.chars().take(23).chain(['…']).collect()
             } else {
                 r.session.clone()
             };
-            w(
-                &mut out,
-                format!(
-                    "{:<9}  {:<width$}  {:>8}  {:<24}  {}",
-                    r.status, r.file, r.episodes, session, r.detail
-                ),
-            )?;
+            println!(
+                "{:<9}  {:<width$}  {:>8}  {:<24}  {}",
+                r.status, r.file, r.episodes, session, r.detail
+            );
         }
         if a.dry_run {
-            w(
-                &mut out,
-                format!(
-                    "dry run: {} file(s), {} session(s), {} episodes, ~{} tokens; about {} calls, ~{} tokens in, at most {} out; cost ${cost:.4} at ${}/M in and ${}/M out (nothing was called or stored)",
-                    results
-                        .iter()
-                        .map(|r| &r.file)
-                        .collect::<std::collections::BTreeSet<_>>()
-                        .len(),
-                    t.sessions,
-                    t.episodes,
-                    t.tokens,
-                    t.calls,
-                    t.input,
-                    t.output,
-                    a.prices.price_in,
-                    a.prices.price_out
-                ),
-            )?;
+            println!(
+                "dry run: {} file(s), {} session(s), {} episodes, ~{} tokens; about {} calls, ~{} tokens in, at most {} out; cost ${cost:.4} at ${}/M in and ${}/M out (nothing was called or stored)",
+                results
+                    .iter()
+                    .map(|r| &r.file)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len(),
+                t.sessions,
+                t.episodes,
+                t.tokens,
+                t.calls,
+                t.input,
+                t.output,
+                a.prices.price_in,
+                a.prices.price_out
+            );
         } else {
-            w(
-                &mut out,
-                format!(
-                    "{} ok, {} unchanged, {} skipped, {} failed",
-                    count("ok"),
-                    count("unchanged"),
-                    count("skipped"),
-                    failed
-                ),
-            )?;
+            println!(
+                "{} ok, {} unchanged, {} skipped, {} failed",
+                count("ok"),
+                count("unchanged"),
+                count("skipped"),
+                failed
+            );
         }
     }
     if failed > 0 {

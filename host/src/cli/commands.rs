@@ -407,12 +407,6 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             .stats(&session)
             .await
             .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
-        let mut out = std::io::stdout().lock();
-        let write = |out: &mut std::io::StdoutLock, text: String| {
-            let _ = &out;
-            super::out(format_args!("{}\n", abridge::text::printable_lines(&text)));
-            Ok::<(), Failure>(())
-        };
         if a.json {
             let v = json!({
                 "session": session,
@@ -422,7 +416,7 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                 "new_episodes": added,
                 "summaries": chain.iter().map(row_json).collect::<Vec<_>>(),
             });
-            write(&mut out, v.to_string())?;
+            println!("{v}");
         } else {
             if many {
                 let title = conv
@@ -430,11 +424,11 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                     .as_deref()
                     .map(|t| format!(" ({t})"))
                     .unwrap_or_default();
-                write(&mut out, format!("== {session}{title} =="))?;
+                println!("== {session}{title} ==");
             }
             match chain.last() {
-                Some(r) => write(&mut out, r.content.clone())?,
-                None => write(&mut out, "(no summary yet)".into())?,
+                Some(r) => println!("{}", r.content),
+                None => println!("(no summary yet)"),
             }
         }
     }

@@ -270,12 +270,9 @@ impl Settings {
             "http://localhost:11434".to_string()
         );
         let url = url.trim_end_matches('/').to_string();
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            bail!(
-                "the Ollama URL {:?} is not an http:// or https:// URL (set --url or EXTRACTION_URL)",
-                abridge::backend::redact_url(&url)
-            );
-        }
+        // The backends' own rule, checked before anything runs.
+        abridge::backend::check_base_url(&url, "--url/EXTRACTION_URL")
+            .map_err(|e| anyhow::anyhow!(abridge::types::describe(&e)))?;
         let openai_base_url = pick!(
             common.openai_base_url.clone(),
             env.get("OPENAI_BASE_URL"),
