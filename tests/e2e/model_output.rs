@@ -50,6 +50,9 @@ fn a_runaway_response_body_is_a_model_failure_with_bounded_memory() {
         .and_then(|l| l.split_whitespace().find_map(|w| w.parse().ok()))
         .expect("peak RSS line");
     assert!(rss_kb < 150 * 1024, "peak RSS {rss_kb} kB:\n{}", r.stderr);
+    // A model failure like any other: the session records it and backs off.
+    let st = env.run(&["status", "chat", "--json"]).json();
+    assert_eq!(st[0]["failures"], 1, "{st:#}");
     // The episodes are stored; the next run summarizes them.
     env.run(&["summarize", &f]).assert_ok();
     assert_covers(&env.chain("chat").unwrap(), 12);
