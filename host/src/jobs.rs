@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 use rusqlite::{OptionalExtension, params};
 use serde_json::json;
 
+use crate::clock::{Clock, SystemClock};
 use crate::control::{CallControl, Observer, Progress};
 use crate::runtime::{Abridge, CallError};
 use crate::store::SqliteStore;
+use crate::tenant::Tenant;
 use crate::types::{Config, Error, Outcome};
 
 /// Where a job stands.
@@ -206,18 +208,13 @@ fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// The job table of a SQLite database.
 #[derive(Clone)]
 pub struct Jobs {
     db: Arc<SqliteStore>,
     owner: String,
     lease: Duration,
+    clock: Arc<dyn Clock>,
 }
 
 impl Jobs {
@@ -227,7 +224,77 @@ impl Jobs {
             db,
             owner: owner_name(),
             lease,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The same jobs with timestamps and leases read from `clock`.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The newest jobs of one tenant with `id < before` (all when `None`), newest first, at
+    /// most `limit`.
+    pub fn list_for(
+        &self,
+        tenant: &Tenant,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<Job>, Error> {
+        // Keys of tenant T sort between "T\x1f" and "T\x20"; local keys hold no U+001F.
+        let (lo, hi) = if tenant.is_local() {
+            (String::new(), String::new())
+        } else {
+            (tenant.key(""), format!("{}\u{20}", tenant.name()))
+        };
+        let before = before.map_or(i64::MAX, |b| b as i64);
+        let rows: Vec<Job> = self.db.with(|c| {
+            let mut st = c
+                .prepare(&format!(
+                    "SELECT {COLS} FROM jobs WHERE id < ?1 AND (CASE WHEN ?2 = '' THEN instr(session, char(31)) = 0 ELSE session >= ?2 AND session < ?3 END) ORDER BY id DESC LIMIT ?4"
+                ))
+                .map_err(db_err)?;
+            st.query_map(params![before, lo, hi, i64::from(limit)], job_from)
+                .map_err(db_err)?
+                .collect::<Result<_, _>>()
+                .map_err(db_err)
+        })?;
+        Ok(rows)
+    }
+
+    /// Counts of jobs by state (for metrics).
+    pub fn counts(&self) -> Result<Vec<(String, u64)>, Error> {
+        self.db.with(|c| {
+            let mut st = c
+                .prepare("SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state")
+                .map_err(db_err)?;
+            st.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
+        })
+    }
+
+    /// The active (queued or running) job of a session, if any.
+    pub fn active_for(&self, session: &str) -> Result<Option<Job>, Error> {
+        self.db.with(|c| {
+            c.query_row(
+                &format!(
+                    "SELECT {COLS} FROM jobs WHERE session = ?1 AND state IN ('queued','running') ORDER BY id DESC LIMIT 1"
+                ),
+                [session],
+                job_from,
+            )
+            .optional()
+            .map_err(db_err)
+        })
     }
 
     /// This worker's lease owner name.
@@ -267,7 +334,7 @@ impl Jobs {
     /// job. Returns the job and whether it was created.
     pub fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> Result<(Job, bool), Error> {
         let key = format!("{session}@{target}");
-        let now = now_ms() as i64;
+        let now = self.now_ms() as i64;
         self.db.with(|c| {
             let tx = c
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -302,7 +369,7 @@ impl Jobs {
     /// Take job `id` if it is queued, or running under a lease that expired or whose owner is
     /// gone. Another job of the same session running under a live lease makes it busy too.
     pub fn claim(&self, id: u64) -> Result<Claim, Error> {
-        let now = now_ms();
+        let now = self.now_ms();
         let until = now + self.lease.as_millis() as u64;
         self.db.with(|c| {
             let tx = c
@@ -352,7 +419,7 @@ impl Jobs {
 
     /// Renew the lease and record progress.
     pub fn heartbeat(&self, id: u64, p: &Progress, answers: u64) -> Result<Beat, Error> {
-        let now = now_ms();
+        let now = self.now_ms();
         let until = now + self.lease.as_millis() as u64;
         self.db.with(|c| {
             let n = c
@@ -389,7 +456,7 @@ impl Jobs {
 
     /// Put a job in a final state and release its lease.
     pub fn finish(&self, id: u64, state: JobState, error: Option<&str>) -> Result<(), Error> {
-        let now = now_ms() as i64;
+        let now = self.now_ms() as i64;
         self.db.with(|c| {
             c.execute(
                 "UPDATE jobs SET state = ?2, error = ?3, lease_owner = NULL, lease_until_ms = NULL, updated_ms = ?4, finished_ms = ?4 WHERE id = ?1",
@@ -403,7 +470,7 @@ impl Jobs {
     /// Cancel a job: a queued one at once, a running one by asking its worker (which stops
     /// within a second and writes nothing). Returns the job as it now stands.
     pub fn cancel(&self, id: u64) -> Result<Option<Job>, Error> {
-        let now = now_ms() as i64;
+        let now = self.now_ms() as i64;
         self.db.with(|c| {
             c.execute(
                 "UPDATE jobs SET state = 'cancelled', error = 'cancelled before it ran', updated_ms = ?2, finished_ms = ?2 WHERE id = ?1 AND state = 'queued'",
@@ -420,9 +487,23 @@ impl Jobs {
         self.get(id)
     }
 
+    /// Give a running job this worker holds back to the queue (a shutdown that could not wait
+    /// for it): the next worker resumes it, reusing the answers already cached.
+    pub fn release(&self, id: u64) -> Result<bool, Error> {
+        let now = self.now_ms() as i64;
+        self.db.with(|c| {
+            c.execute(
+                "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_until_ms = NULL, updated_ms = ?3 WHERE id = ?1 AND lease_owner = ?2 AND state = 'running'",
+                params![id as i64, self.owner, now],
+            )
+            .map(|n| n > 0)
+            .map_err(db_err)
+        })
+    }
+
     /// Jobs a worker could take now: queued ones, and running ones whose worker is gone.
     pub fn runnable(&self) -> Result<Vec<Job>, Error> {
-        let now = now_ms();
+        let now = self.now_ms();
         let jobs: Vec<Job> = self.db.with(|c| {
             let mut st = c
                 .prepare(&format!(
@@ -447,7 +528,7 @@ impl Jobs {
     /// Whether a job of `session` is running under a live lease (a trigger then leaves the
     /// work to it).
     pub fn session_busy(&self, session: &str) -> Result<bool, Error> {
-        let now = now_ms() as i64;
+        let now = self.now_ms() as i64;
         self.db.with(|c| {
             let owners: Vec<String> = {
                 let mut st = c
@@ -537,6 +618,7 @@ mod tests {
             db: db.clone(),
             owner: owner.into(),
             lease: Duration::from_millis(lease_ms),
+            clock: Arc::new(SystemClock),
         }
     }
 

@@ -6,6 +6,7 @@
 //! ([`LlmBackend`], [`Store`], [`Clock`]) you may implement yourself.
 #![deny(missing_docs)]
 
+pub mod app;
 pub mod backend;
 pub mod bindings;
 pub mod clock;
@@ -14,8 +15,10 @@ mod imports;
 pub mod jobs;
 pub mod runtime;
 pub mod sandbox;
+pub mod server;
 pub mod sources;
 pub mod store;
+pub mod tenant;
 pub mod text;
 pub mod transcript;
 pub mod types;

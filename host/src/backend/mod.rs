@@ -24,6 +24,11 @@ pub trait LlmBackend: Send + Sync {
 
     /// A short name for messages and `--json` output (`ollama`, `openai`).
     fn name(&self) -> &str;
+
+    /// Whether the server answers now (for readiness checks); by default assumed.
+    async fn ready(&self) -> Result<(), Error> {
+        Ok(())
+    }
 }
 
 /// A backend for the extractive engine, which never calls a model: any call is a bug in the

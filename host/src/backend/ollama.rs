@@ -215,6 +215,10 @@ impl LlmBackend for Ollama {
     fn name(&self) -> &str {
         "ollama"
     }
+
+    async fn ready(&self) -> Result<(), Error> {
+        self.probe().await.map(drop)
+    }
 }
 
 /// The start of a response body, for error messages.

@@ -240,7 +240,7 @@ pub(super) fn engine_config(s: &Settings, b: &Backend) -> Config {
 }
 
 /// The compiled guest, loaded once per process and shared by every engine it builds.
-fn runtime() -> Result<Arc<abridge::Runtime>, Failure> {
+pub(super) fn runtime() -> Result<Arc<abridge::Runtime>, Failure> {
     static RUNTIME: std::sync::OnceLock<Arc<abridge::Runtime>> = std::sync::OnceLock::new();
     if let Some(r) = RUNTIME.get() {
         return Ok(r.clone());

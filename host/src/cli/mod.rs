@@ -17,6 +17,7 @@ mod commands;
 mod fresh;
 mod jobs;
 mod progress;
+mod serve;
 mod settings;
 mod watch;
 
@@ -140,10 +141,35 @@ enum Cmd {
     Jobs(jobs::JobsArgs),
     /// Measure start-up, per-call, summary-pass and import costs (use a release build).
     Bench(bench::BenchArgs),
+    /// Run the HTTP service: per-tenant sessions, messages, context, jobs and live events
+    /// (see README: Serve). Stops cleanly on SIGTERM or Ctrl-C.
+    Serve(serve::ServeArgs),
+    /// Create, list or revoke the API tokens `abridge serve` accepts.
+    Tokens(serve::TokensArgs),
+}
+
+/// Structured logs on stderr: `RUST_LOG` filters (default: `info` for `serve`, `warn`
+/// otherwise); `--log-format json` writes one JSON object per line for log collectors.
+fn init_logs(cli: &Cli) {
+    use tracing_subscriber::EnvFilter;
+    let default = if matches!(cli.cmd, Cmd::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cli.common.log_format {
+        settings::LogFormat::Json => b.json().try_init(),
+        settings::LogFormat::Text => b.with_ansi(false).try_init(),
+    };
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logs(&cli);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -190,6 +216,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Watch(a) => watch::watch(&settings, a).await,
         Cmd::Jobs(a) => jobs::jobs(&settings, a).await,
         Cmd::Bench(a) => bench::run(a).await,
+        Cmd::Serve(a) => serve::serve_cmd(&settings, a).await,
+        Cmd::Tokens(a) => serve::tokens_cmd(&settings, a).await,
     }
 }
 
@@ -214,6 +242,10 @@ mod tests {
             &["jobs", "show", "1"],
             &["summaries", "s"],
             &["bench"],
+            &["serve", "--listen", "127.0.0.1:0", "--workers", "3"],
+            &["tokens", "create", "--tenant", "acme", "--read-only"],
+            &["tokens", "revoke", "3"],
+            &["status", "--log-format", "json"],
         ] {
             let argv = std::iter::once("abridge").chain(args.iter().copied());
             <super::Cli as clap::Parser>::try_parse_from(argv)

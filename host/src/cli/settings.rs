@@ -43,6 +43,16 @@ pub enum ModeChoice {
     Idle,
 }
 
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// Options every command accepts.
 #[derive(Args, Debug, Default, Clone)]
 pub struct Common {
@@ -126,6 +136,9 @@ pub struct Common {
     /// Only errors on stderr
     #[arg(short, long, global = true)]
     pub quiet: bool,
+    /// Log line format (filter with RUST_LOG)
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// The `abridge.toml` file: every key optional.

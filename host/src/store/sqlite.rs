@@ -28,6 +28,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/011-watched-lines.sql"),
     include_str!("migrations/012-partial-usage.sql"),
     include_str!("migrations/013-episode-speakers.sql"),
+    include_str!("migrations/014-tokens.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -51,6 +52,7 @@ const OWN_TABLES: &[&str] = &[
     "watched_files",
     "source_marks",
     "session_modes",
+    "tokens",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.
@@ -164,11 +166,23 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let mut conn = self
-            .conn
-            .lock()
-            .expect("the store's lock is poisoned by an earlier panic");
-        f(&mut conn).map_err(|e| match e {
+        // SQLite blocks: on a multi-threaded runtime the worker thread hands its other tasks
+        // to the rest of the pool while this call waits for the lock and the disk.
+        let run = || {
+            let mut conn = self
+                .conn
+                .lock()
+                .expect("the store's lock is poisoned by an earlier panic");
+            f(&mut conn)
+        };
+        let blocking_ok = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let result = if blocking_ok {
+            tokio::task::block_in_place(run)
+        } else {
+            run()
+        };
+        result.map_err(|e| match e {
             Error::Storage(msg) if !msg.starts_with("database ") => {
                 Error::Storage(explain(&self.name, &msg))
             }
@@ -412,6 +426,11 @@ impl Store for SqliteStore {
                 // watch reads them again and the session comes back.
                 "DELETE FROM sources WHERE EXISTS (SELECT 1 FROM json_each(sources.sessions) WHERE value = ?1)",
                 "DELETE FROM watched_files WHERE session = ?1",
+                "DELETE FROM session_modes WHERE session = ?1",
+                // Its finished and queued jobs go; a running one is asked to stop (its write
+                // would fail the chain rule against the emptied session anyway).
+                "DELETE FROM jobs WHERE session = ?1 AND state != 'running'",
+                "UPDATE jobs SET cancel_requested = 1 WHERE session = ?1 AND state = 'running'",
                 "DELETE FROM sessions WHERE id = ?1",
             ] {
                 tx.execute(sql, [session]).map_err(db_err)?;

@@ -1,0 +1,184 @@
+//! Per-tenant guards: a request-rate bucket, and model requests in flight bounded per tenant
+//! and overall, so one tenant cannot starve the others. Also the model figures `/metrics`
+//! reports.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use tokio::sync::Semaphore;
+
+use crate::backend::LlmBackend;
+use crate::types::{Error, Request, Response};
+
+/// Limits (0 means unlimited where noted).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Requests per second per tenant, with a burst of twice that (0: unlimited).
+    pub requests_per_sec: u32,
+    /// Jobs one tenant may have running at once.
+    pub jobs_per_tenant: usize,
+    /// Model requests one tenant may have in flight.
+    pub model_per_tenant: usize,
+    /// Model requests in flight overall.
+    pub model_total: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            requests_per_sec: 0,
+            jobs_per_tenant: 2,
+            model_per_tenant: 4,
+            model_total: 8,
+        }
+    }
+}
+
+/// A token bucket (refilled from a monotonic clock: it measures rates, not wall time).
+pub struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    /// `rate` per second, holding up to `2 × rate`.
+    pub fn new(rate: u32) -> Self {
+        let rate = f64::from(rate.max(1));
+        Bucket {
+            rate,
+            burst: rate * 2.0,
+            tokens: rate * 2.0,
+            at: Instant::now(),
+        }
+    }
+
+    /// Take one token, or say in how many seconds one will be there.
+    pub fn take(&mut self) -> Result<(), u32> {
+        let now = Instant::now();
+        self.tokens =
+            (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - self.tokens) / self.rate).ceil().max(1.0) as u32)
+        }
+    }
+}
+
+/// Model call figures, shared by every tenant's backend.
+#[derive(Default)]
+pub struct ModelMetrics {
+    /// Calls made.
+    pub calls: AtomicU64,
+    /// Calls that failed.
+    pub failures: AtomicU64,
+    /// Prompt tokens the server reported.
+    pub prompt_tokens: AtomicU64,
+    /// Output tokens the server reported.
+    pub output_tokens: AtomicU64,
+    /// Summed latency, µs.
+    pub latency_us: AtomicU64,
+    /// Latency histogram counts for [`LATENCY_BUCKETS_S`] (cumulative when rendered).
+    pub buckets: Mutex<[u64; LATENCY_BUCKETS_S.len()]>,
+    /// Requests in flight now.
+    pub in_flight: AtomicU64,
+}
+
+/// Upper bounds (seconds) of the model latency histogram.
+pub const LATENCY_BUCKETS_S: [f64; 8] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
+
+/// A backend that waits for a per-tenant and a global slot before each call and records what
+/// the call cost.
+pub struct Guarded {
+    inner: Arc<dyn LlmBackend>,
+    tenant: Arc<Semaphore>,
+    global: Arc<Semaphore>,
+    metrics: Arc<ModelMetrics>,
+}
+
+impl Guarded {
+    /// Wrap `inner`.
+    pub fn new(
+        inner: Arc<dyn LlmBackend>,
+        tenant: Arc<Semaphore>,
+        global: Arc<Semaphore>,
+        metrics: Arc<ModelMetrics>,
+    ) -> Self {
+        Guarded {
+            inner,
+            tenant,
+            global,
+            metrics,
+        }
+    }
+}
+
+#[async_trait]
+impl LlmBackend for Guarded {
+    async fn generate(&self, req: Request) -> Result<Response, Error> {
+        let closed = || Error::Unreachable("the service is shutting down".into());
+        let _t = self.tenant.acquire().await.map_err(|_| closed())?;
+        let _g = self.global.acquire().await.map_err(|_| closed())?;
+        let m = &self.metrics;
+        m.in_flight.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let r = self.inner.generate(req).await;
+        let took = started.elapsed();
+        m.in_flight.fetch_sub(1, Ordering::Relaxed);
+        m.calls.fetch_add(1, Ordering::Relaxed);
+        m.latency_us
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        if let Ok(mut b) = m.buckets.lock()
+            && let Some(i) = LATENCY_BUCKETS_S
+                .iter()
+                .position(|s| took.as_secs_f64() <= *s)
+        {
+            b[i] += 1;
+        }
+        match &r {
+            Ok(resp) => {
+                m.prompt_tokens.fetch_add(
+                    u64::from(resp.prompt_tokens.unwrap_or(0)),
+                    Ordering::Relaxed,
+                );
+                m.output_tokens.fetch_add(
+                    u64::from(resp.output_tokens.unwrap_or(0)),
+                    Ordering::Relaxed,
+                );
+            }
+            Err(_) => {
+                m.failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn ready(&self) -> Result<(), Error> {
+        self.inner.ready().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_allows_a_burst_then_says_when() {
+        let mut b = Bucket::new(2);
+        for _ in 0..4 {
+            assert!(b.take().is_ok());
+        }
+        assert_eq!(b.take(), Err(1));
+    }
+}

@@ -1,0 +1,665 @@
+//! The app layer: every product operation (append messages and decide on a refresh, import a
+//! transcript, context, status, reset, jobs and their workers, tokens, events), once, for every
+//! front end. It knows nothing of clap, exit codes, terminals or HTTP: the CLI and the server
+//! are thin shells that turn its results and [`AppError`] kinds into their own output.
+//!
+//! All data access goes through a [`Scoped`] handle for one tenant, which sees the store only
+//! through a [`TenantStore`]: a foreign session or job id is simply not found.
+
+pub mod error;
+pub mod events;
+pub mod limits;
+pub mod tokens;
+mod views;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore};
+
+pub use error::{AppError, AppResult, ErrorKind};
+pub use events::{Event, EventBus};
+pub use limits::{Limits, ModelMetrics};
+pub use tokens::{Grant, TokenInfo, Tokens};
+pub use views::{Appended, ContextView, Imported, JobView, MessageIn, SessionView, SummaryView};
+pub use worker::Workers;
+
+use crate::backend::LlmBackend;
+use crate::clock::Clock;
+use crate::jobs::{Job, Jobs};
+use crate::runtime::{Abridge, Runtime};
+use crate::sources::{SessionMode, SessionModes};
+use crate::store::{SqliteStore, Store};
+use crate::tenant::{Tenant, TenantStore};
+use crate::transcript::{self, Format, Options};
+use crate::types::{Config, ContextRequest, FreshState, Level, Mode, NewEpisode};
+
+/// A log sink for engine messages.
+pub type LogFn = Arc<dyn Fn(Level, &str) + Send + Sync>;
+
+/// Everything an [`App`] is opened with (resolved by the front end: flags, environment, file).
+#[derive(Clone)]
+pub struct AppConfig {
+    /// The SQLite database file.
+    pub db: PathBuf,
+    /// Engine settings, with `engine` and `rendering` final for the chosen backend.
+    pub config: Config,
+    /// The model backend (the extractive engine uses [`crate::NoModel`]).
+    pub llm: Arc<dyn LlmBackend>,
+    /// The backend's name for output (`ollama`, `openai`, `extractive`).
+    pub backend_name: String,
+    /// Model requests one engine call keeps in flight in a batch.
+    pub batch_concurrency: usize,
+    /// How long a job's lease lasts without a heartbeat.
+    pub job_lease: Duration,
+    /// The clock (the only source of time).
+    pub clock: Arc<dyn Clock>,
+    /// The compiled engine component.
+    pub runtime: Arc<Runtime>,
+    /// Where engine log lines go.
+    pub log: LogFn,
+    /// Per-tenant guards.
+    pub limits: Limits,
+    /// Events kept per tenant for reconnecting subscribers.
+    pub events_kept: usize,
+}
+
+struct TenantState {
+    engine: Arc<Abridge>,
+    bucket: Mutex<Option<limits::Bucket>>,
+}
+
+pub(crate) struct Inner {
+    cfg: AppConfig,
+    db: Arc<SqliteStore>,
+    jobs: Jobs,
+    tokens: Tokens,
+    events: EventBus,
+    model: Arc<ModelMetrics>,
+    model_global: Arc<Semaphore>,
+    tenants: Mutex<BTreeMap<Tenant, Arc<TenantState>>>,
+    /// Wakes the workers when a job is queued.
+    wake: Notify,
+    /// Set when the service stops taking work.
+    draining: AtomicBool,
+    /// Numbers messages posted without a client id.
+    seq: AtomicU64,
+}
+
+/// The application: open once, share (it is cheap to clone).
+#[derive(Clone)]
+pub struct App {
+    inner: Arc<Inner>,
+}
+
+impl App {
+    /// Open the database (creating or migrating it) and get ready.
+    pub fn open(cfg: AppConfig) -> AppResult<App> {
+        let db = Arc::new(SqliteStore::open(&cfg.db)?);
+        Ok(Self::with_store(cfg, db))
+    }
+
+    /// An app over an already open database.
+    pub fn with_store(cfg: AppConfig, db: Arc<SqliteStore>) -> App {
+        let jobs = Jobs::new(db.clone(), cfg.job_lease).with_clock(cfg.clock.clone());
+        App {
+            inner: Arc::new(Inner {
+                jobs,
+                tokens: Tokens::new(db.clone()),
+                events: EventBus::new(cfg.events_kept),
+                model: Arc::new(ModelMetrics::default()),
+                model_global: Arc::new(Semaphore::new(cfg.limits.model_total.max(1))),
+                tenants: Mutex::new(BTreeMap::new()),
+                wake: Notify::new(),
+                draining: AtomicBool::new(false),
+                seq: AtomicU64::new(0),
+                db,
+                cfg,
+            }),
+        }
+    }
+
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &AppConfig {
+        &self.inner.cfg
+    }
+
+    /// The database.
+    pub fn db(&self) -> &Arc<SqliteStore> {
+        &self.inner.db
+    }
+
+    /// The job table (unscoped: for workers and the local CLI).
+    pub fn jobs(&self) -> &Jobs {
+        &self.inner.jobs
+    }
+
+    /// API tokens.
+    pub fn tokens(&self) -> &Tokens {
+        &self.inner.tokens
+    }
+
+    /// The event bus.
+    pub fn events(&self) -> &EventBus {
+        &self.inner.events
+    }
+
+    /// Model call figures.
+    pub fn model_metrics(&self) -> &ModelMetrics {
+        &self.inner.model
+    }
+
+    /// Now, from the clock.
+    pub fn now_ms(&self) -> u64 {
+        self.inner.cfg.clock.now_ms()
+    }
+
+    /// Stop taking new jobs (workers finish or release what they hold).
+    pub fn drain(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        self.inner.wake.notify_waiters();
+    }
+
+    /// Whether [`App::drain`] was called.
+    pub fn draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    fn state(&self, t: &Tenant) -> Arc<TenantState> {
+        let mut map = self.inner.tenants.lock().expect("tenant map lock");
+        map.entry(t.clone())
+            .or_insert_with(|| {
+                let c = &self.inner.cfg;
+                let llm: Arc<dyn LlmBackend> = Arc::new(limits::Guarded::new(
+                    c.llm.clone(),
+                    Arc::new(Semaphore::new(c.limits.model_per_tenant.max(1))),
+                    self.inner.model_global.clone(),
+                    self.inner.model.clone(),
+                ));
+                let store: Arc<dyn Store> =
+                    Arc::new(TenantStore::new(self.inner.db.clone(), t.clone()));
+                let log = c.log.clone();
+                let engine = Abridge::builder()
+                    .runtime(c.runtime.clone())
+                    .store(store)
+                    .llm(llm)
+                    .clock(c.clock.clone())
+                    .batch_concurrency(c.batch_concurrency)
+                    .log(move |l, m| log(l, m))
+                    .build()
+                    .expect("a runtime and a store are given, so building cannot fail");
+                Arc::new(TenantState {
+                    engine: Arc::new(engine),
+                    bucket: Mutex::new(
+                        (c.limits.requests_per_sec > 0)
+                            .then(|| limits::Bucket::new(c.limits.requests_per_sec)),
+                    ),
+                })
+            })
+            .clone()
+    }
+
+    /// One tenant's handle.
+    pub fn tenant(&self, t: &Tenant) -> Scoped {
+        Scoped {
+            app: self.clone(),
+            tenant: t.clone(),
+            state: self.state(t),
+        }
+    }
+
+    /// The local tenant's handle (the CLI's).
+    pub fn local(&self) -> Scoped {
+        self.tenant(&Tenant::local())
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+/// One tenant's view of the app. Every operation is scoped to the tenant.
+#[derive(Clone)]
+pub struct Scoped {
+    app: App,
+    tenant: Tenant,
+    state: Arc<TenantState>,
+}
+
+/// Check a session id sent by a caller.
+fn check_session(session: &str) -> AppResult<()> {
+    crate::text::check_session_id(session).map_err(AppError::invalid)
+}
+
+impl Scoped {
+    /// The tenant.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
+    /// The tenant's engine (its store is the tenant's view).
+    pub fn engine(&self) -> &Arc<Abridge> {
+        &self.state.engine
+    }
+
+    fn store(&self) -> &Arc<dyn Store> {
+        self.state.engine.store()
+    }
+
+    /// Count one request against the tenant's rate; `Err` says when to retry.
+    pub fn admit(&self) -> AppResult<()> {
+        let mut b = self.state.bucket.lock().expect("bucket lock");
+        match b.as_mut().map(|b| b.take()) {
+            Some(Err(secs)) => Err(AppError::new(
+                ErrorKind::RateLimited {
+                    retry_after_secs: secs,
+                },
+                format!(
+                    "tenant '{}' is over its limit of {} requests per second",
+                    self.tenant, self.app.inner.cfg.limits.requests_per_sec
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The engine configuration for a session: the global one with the session's own mode.
+    pub fn session_config(&self, session: &str) -> AppResult<Config> {
+        Ok(SessionModes::new(self.app.inner.db.clone())
+            .apply(&self.tenant.key(session), &self.app.inner.cfg.config)?)
+    }
+
+    fn publish(
+        &self,
+        kind: &str,
+        session: Option<&str>,
+        job: Option<u64>,
+        data: serde_json::Value,
+    ) {
+        self.app
+            .inner
+            .events
+            .publish(&self.tenant, kind, self.app.now_ms(), session, job, data);
+    }
+
+    /// A session's figures; an unknown session is [`ErrorKind::NotFound`].
+    async fn known(&self, session: &str) -> AppResult<crate::types::SessionStats> {
+        check_session(session)?;
+        let stats = self.store().stats(session).await?;
+        if stats.episodes == 0 {
+            return Err(AppError::not_found(format!("no session '{session}'")));
+        }
+        Ok(stats)
+    }
+
+    /// A session's standing.
+    pub async fn session(&self, session: &str) -> AppResult<SessionView> {
+        self.known(session).await?;
+        self.view(session).await
+    }
+
+    async fn view(&self, session: &str) -> AppResult<SessionView> {
+        let cfg = self.session_config(session)?;
+        let f = self.engine().freshness(session, &cfg).await?;
+        let active = self.app.inner.jobs.active_for(&self.tenant.key(session))?;
+        Ok(SessionView::new(
+            session,
+            &f,
+            cfg.mode,
+            active.map(|j| j.id),
+        ))
+    }
+
+    /// Sessions, most recently changed first, `limit` from `offset`; and the total.
+    pub async fn sessions(
+        &self,
+        offset: usize,
+        limit: usize,
+    ) -> AppResult<(Vec<SessionView>, usize)> {
+        let all = self.store().sessions().await?;
+        let mut out = Vec::new();
+        for s in all.iter().skip(offset).take(limit) {
+            out.push(self.view(s).await?);
+        }
+        Ok((out, all.len()))
+    }
+
+    /// Every session id, most recently changed first.
+    pub async fn session_ids(&self) -> AppResult<Vec<String>> {
+        Ok(self.store().sessions().await?)
+    }
+
+    /// A session's summary chain, oldest first.
+    pub async fn summaries(&self, session: &str) -> AppResult<Vec<SummaryView>> {
+        self.known(session).await?;
+        Ok(self
+            .store()
+            .summaries(session)
+            .await?
+            .iter()
+            .map(SummaryView::from)
+            .collect())
+    }
+
+    /// Append messages given as JSON lines (`{"role","content","timestamp"?,"id"?,"name"?}`),
+    /// parsed in the sandbox. A message with an `id` already stored is skipped, so re-posting
+    /// is idempotent. Never calls the model: when a refresh is due it is queued as a job.
+    pub async fn append_jsonl(&self, session: &str, lines: &[u8]) -> AppResult<Appended> {
+        check_session(session)?;
+        let parsed = transcript::parse_bytes(
+            self.engine(),
+            "messages",
+            lines,
+            Some(Format::Jsonl),
+            Options::default(),
+        )
+        .await
+        .map_err(|e| match e {
+            // The body's own lines are messages: say "message N", not a file name.
+            transcript::TranscriptError::Malformed { line, message, .. } => {
+                AppError::invalid(format!("message {line}: {message}"))
+            }
+            other => other.into(),
+        })?;
+        let mut episodes: Vec<NewEpisode> = parsed
+            .conversations
+            .into_iter()
+            .flat_map(|c| c.episodes)
+            .collect();
+        let mut ids = Vec::with_capacity(episodes.len());
+        for ep in &mut episodes {
+            match ep.source_key.strip_prefix("id:") {
+                Some(id) => ids.push(id.to_string()),
+                None => {
+                    // Without an id every message is new, even if its text repeats.
+                    let n = self.app.inner.seq.fetch_add(1, Ordering::Relaxed);
+                    let id = format!("m{}-{n}", self.app.now_ms());
+                    ep.source_key = format!("srv:{id}");
+                    ids.push(id);
+                }
+            }
+        }
+        self.append(session, episodes, ids).await
+    }
+
+    /// Append episodes and queue a refresh when one is due.
+    pub async fn append(
+        &self,
+        session: &str,
+        episodes: Vec<NewEpisode>,
+        ids: Vec<String>,
+    ) -> AppResult<Appended> {
+        check_session(session)?;
+        let received = episodes.len() as u32;
+        let stored = self.engine().append(session, &episodes).await?;
+        let job = self.queue_if_due(session, None).await?;
+        let stats = self.store().stats(session).await?;
+        Ok(Appended {
+            session: session.to_string(),
+            ids,
+            received,
+            stored,
+            duplicates: received - stored,
+            episodes: stats.episodes,
+            job: job.map(|j| self.job_view(&j)),
+        })
+    }
+
+    /// Queue a refresh of `session` when its freshness says one is due (or, with
+    /// `beyond_limit`, when more episodes than that lie beyond the summary in eager mode).
+    /// An active job of the session already covers the work.
+    async fn queue_if_due(
+        &self,
+        session: &str,
+        beyond_limit: Option<u64>,
+    ) -> AppResult<Option<Job>> {
+        let key = self.tenant.key(session);
+        if let Some(j) = self.app.inner.jobs.active_for(&key)? {
+            return Ok(Some(j));
+        }
+        let cfg = self.session_config(session)?;
+        let f = self.engine().freshness(session, &cfg).await?;
+        let due = f.state == FreshState::Due
+            || (cfg.mode == Mode::Eager
+                && f.state == FreshState::Waiting
+                && beyond_limit.is_some_and(|n| f.episodes - f.covered > n));
+        if !due {
+            return Ok(None);
+        }
+        Ok(Some(self.enqueue(session, f.episodes, &cfg)?))
+    }
+
+    fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
+        let (job, created) = self
+            .app
+            .inner
+            .jobs
+            .enqueue(&self.tenant.key(session), target, cfg)?;
+        if created {
+            self.publish(
+                "job.queued",
+                Some(session),
+                Some(job.id),
+                serde_json::json!({"state": "queued", "target": target}),
+            );
+            self.app.inner.wake.notify_one();
+        }
+        Ok(job)
+    }
+
+    /// Queue a refresh now, whatever the session's mode or backoff. `None` when every episode
+    /// is already covered.
+    pub async fn refresh(&self, session: &str) -> AppResult<Option<JobView>> {
+        let stats = self.known(session).await?;
+        let covered = self
+            .store()
+            .latest_summary(session)
+            .await?
+            .map_or(0, |r| r.last_episode);
+        if stats.last_episode <= covered {
+            return Ok(None);
+        }
+        let cfg = self.session_config(session)?;
+        let job = self.enqueue(session, stats.last_episode, &cfg)?;
+        Ok(Some(self.job_view(&job)))
+    }
+
+    /// Import a transcript (any supported format, parsed in the sandbox): one session per
+    /// conversation, named by `session` or by the one naming rule, each with a refresh job
+    /// when anything is left to summarize.
+    pub async fn import(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        format: Option<Format>,
+        session: Option<&str>,
+        opts: Options,
+    ) -> AppResult<(Vec<Imported>, Vec<String>)> {
+        if let Some(s) = session {
+            check_session(s)?;
+        }
+        let parsed = transcript::parse_bytes(self.engine(), name, bytes, format, opts).await?;
+        let many = parsed.conversations.len() > 1;
+        if many && session.is_some() {
+            return Err(AppError::invalid(format!(
+                "{name} holds {} conversations, which are imported as one session each; leave the session out",
+                parsed.conversations.len()
+            )));
+        }
+        let mut out = Vec::new();
+        for (i, conv) in parsed.conversations.into_iter().enumerate() {
+            let id = session.map(str::to_string).unwrap_or_else(|| {
+                transcript::session_name(
+                    conv.id.as_deref(),
+                    std::path::Path::new(name),
+                    many.then_some(i),
+                )
+            });
+            let total = conv.episodes.len() as u64;
+            let stored = self.engine().append(&id, &conv.episodes).await?;
+            let job = self.refresh(&id).await?;
+            out.push(Imported {
+                session: id,
+                title: conv.title,
+                episodes: total,
+                stored: u64::from(stored),
+                job,
+            });
+        }
+        Ok((out, parsed.warnings))
+    }
+
+    /// The context for the next model call, from what is summarized now. Never waits for the
+    /// model unless `wait` is given: a refresh that is due is queued and reported. With
+    /// `wait`, a due refresh is queued and waited for (up to that long) first.
+    pub async fn context(
+        &self,
+        session: &str,
+        budget: u32,
+        pairs: u32,
+        refresh_after: u32,
+        wait: Option<Duration>,
+    ) -> AppResult<ContextView> {
+        if budget < 16 {
+            return Err(AppError::invalid(format!(
+                "budget {budget} is too small to hold a message; give at least 16 tokens"
+            )));
+        }
+        self.known(session).await?;
+        let mut job = self
+            .queue_if_due(session, Some(u64::from(refresh_after)))
+            .await?;
+        let mut waited = false;
+        if let (Some(limit), Some(j)) = (wait, &job) {
+            waited = true;
+            if let Some(done) = self.wait_job(j.id, limit).await? {
+                job = Some(done);
+            }
+        }
+        let cfg = self.session_config(session)?;
+        let req = ContextRequest {
+            budget,
+            pairs,
+            // The hot path never summarizes inline: refreshes run as jobs.
+            refresh_after: u32::MAX,
+        };
+        let w = self.engine().context(session, req, &cfg).await?;
+        let job = job.map(|j| self.job_view(&j));
+        let pending = job
+            .as_ref()
+            .is_some_and(|j| j.state == "queued" || j.state == "running");
+        Ok(ContextView::new(session, &w, job, pending, waited))
+    }
+
+    /// Wait until job `id` ends or `limit` passes; the job as it then stands.
+    pub async fn wait_job(&self, id: u64, limit: Duration) -> AppResult<Option<Job>> {
+        let mut live = self.app.inner.events.subscribe(&self.tenant, None).live;
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let j = self.app.inner.jobs.get(id)?;
+            match &j {
+                Some(j) if j.state.is_active() => {}
+                _ => return Ok(j),
+            }
+            let step = tokio::time::sleep_until(
+                deadline.min(tokio::time::Instant::now() + Duration::from_millis(250)),
+            );
+            tokio::select! {
+                _ = live.recv() => {}
+                _ = step => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return self.app.inner.jobs.get(id).map_err(Into::into);
+            }
+        }
+    }
+
+    /// Set (or with `None` clear) a session's own refresh mode; returns the mode in force.
+    pub async fn set_mode(
+        &self,
+        session: &str,
+        mode: Option<SessionMode>,
+    ) -> AppResult<SessionView> {
+        self.known(session).await?;
+        SessionModes::new(self.app.inner.db.clone())
+            .set(&self.tenant.key(session), mode.as_ref())?;
+        self.view(session).await
+    }
+
+    /// Whether the session has its own mode.
+    pub fn has_own_mode(&self, session: &str) -> AppResult<bool> {
+        Ok(SessionModes::new(self.app.inner.db.clone())
+            .get(&self.tenant.key(session))?
+            .is_some())
+    }
+
+    /// Delete a session and everything kept for it (episodes, summaries, failure marker, jobs,
+    /// mode, the files it was imported from); returns how many episodes it had.
+    pub async fn reset(&self, session: &str) -> AppResult<u64> {
+        let stats = self.known(session).await?;
+        self.engine().reset(session).await?;
+        self.publish("session.reset", Some(session), None, serde_json::json!({}));
+        Ok(stats.episodes)
+    }
+
+    /// The tenant's newest jobs (ids below `before`), newest first.
+    pub fn list_jobs(&self, before: Option<u64>, limit: u32) -> AppResult<Vec<JobView>> {
+        Ok(self
+            .app
+            .inner
+            .jobs
+            .list_for(&self.tenant, before, limit)?
+            .iter()
+            .map(|j| self.job_view(j))
+            .collect())
+    }
+
+    /// One of the tenant's jobs (another tenant's is not found).
+    pub fn job(&self, id: u64) -> AppResult<JobView> {
+        self.own_job(id).map(|j| self.job_view(&j))
+    }
+
+    fn own_job(&self, id: u64) -> AppResult<Job> {
+        self.app
+            .inner
+            .jobs
+            .get(id)?
+            .filter(|j| self.tenant.session_of(&j.session).is_some())
+            .ok_or_else(|| AppError::not_found(format!("no job {id}")))
+    }
+
+    /// Cancel a job: a queued one at once, a running one within a second.
+    pub fn cancel_job(&self, id: u64) -> AppResult<JobView> {
+        let job = self.own_job(id)?;
+        if !job.state.is_active() {
+            return Err(AppError::new(
+                ErrorKind::Conflict,
+                format!("job {id} already {}", job.state.as_str()),
+            ));
+        }
+        let now = self
+            .app
+            .inner
+            .jobs
+            .cancel(id)?
+            .ok_or_else(|| AppError::not_found(format!("no job {id}")))?;
+        if now.state == crate::jobs::JobState::Cancelled {
+            self.publish(
+                "job.cancelled",
+                self.tenant.session_of(&now.session),
+                Some(id),
+                serde_json::json!({"state": "cancelled"}),
+            );
+        }
+        Ok(self.job_view(&now))
+    }
+
+    /// A job as callers see it (the session id without the tenant).
+    pub fn job_view(&self, j: &Job) -> JobView {
+        JobView::new(j, self.tenant.session_of(&j.session).unwrap_or(&j.session))
+    }
+}

@@ -1,0 +1,315 @@
+//! What the app layer answers with: plain serializable records (the HTTP API's JSON, and the
+//! CLI's `--json`), documented for the OpenAPI schema.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::jobs::{Job, JobState};
+use crate::types::{ContextWindow, FreshState, FreshnessReport, Mode, SummaryRow};
+
+/// A message as posted: the JSON-lines shape `abridge ingest` reads.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct MessageIn {
+    /// `system`, `user`, `assistant` or `tool` (`developer`, `human`, `model`, `function`
+    /// are accepted as their usual equivalents).
+    pub role: String,
+    /// The text.
+    pub content: String,
+    /// When it was said: ms since the epoch, or an RFC 3339 string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub timestamp: Option<serde_json::Value>,
+    /// A client id: a message whose id the session already holds is skipped, so posting
+    /// again is safe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub id: Option<serde_json::Value>,
+    /// The speaker's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// What storing messages did.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct Appended {
+    /// The session.
+    pub session: String,
+    /// Each message's id: the client's, or one given by the server.
+    pub ids: Vec<String>,
+    /// Messages received.
+    pub received: u32,
+    /// Messages stored (new).
+    pub stored: u32,
+    /// Messages skipped because their id was already stored.
+    pub duplicates: u32,
+    /// Episodes the session now holds.
+    pub episodes: u64,
+    /// The refresh job queued (or already active) for the session, if one is due.
+    pub job: Option<JobView>,
+}
+
+/// One conversation of an imported transcript.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct Imported {
+    /// The session it went to.
+    pub session: String,
+    /// Its title, when the format has one.
+    pub title: Option<String>,
+    /// Episodes read.
+    pub episodes: u64,
+    /// Episodes new to the session.
+    pub stored: u64,
+    /// The job that summarizes it (none when everything was already covered).
+    pub job: Option<JobView>,
+}
+
+/// A job's progress.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ProgressView {
+    /// `map` or `reduce`.
+    pub stage: String,
+    /// 0 for map, 1.. for reduce levels.
+    pub level: u32,
+    /// Answers of the stage in hand.
+    pub done: u32,
+    /// Answers the stage needs.
+    pub total: u32,
+}
+
+/// A summarization job.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct JobView {
+    /// Job id.
+    pub id: u64,
+    /// The session it summarizes.
+    pub session: String,
+    /// The last episode it covers when it succeeds.
+    pub target: u64,
+    /// `queued`, `running`, `succeeded`, `failed` or `cancelled`.
+    pub state: String,
+    /// Where it stands.
+    pub progress: ProgressView,
+    /// Model calls the plan expected.
+    pub calls_planned: u32,
+    /// Model answers received over all attempts.
+    pub answers: u64,
+    /// Attempts started.
+    pub attempts: u32,
+    /// The last attempt's error.
+    pub error: Option<String>,
+    /// Whether a cancel was asked for while it ran.
+    pub cancel_requested: bool,
+    /// Created, ms since the epoch.
+    pub created_ms: u64,
+    /// First started.
+    pub started_ms: Option<u64>,
+    /// Reached its final state.
+    pub finished_ms: Option<u64>,
+}
+
+impl JobView {
+    /// `j` with its session shown as `session`.
+    pub fn new(j: &Job, session: &str) -> Self {
+        JobView {
+            id: j.id,
+            session: session.to_string(),
+            target: j.target,
+            state: j.state.as_str().to_string(),
+            progress: ProgressView {
+                stage: if j.level == 0 { "map" } else { "reduce" }.into(),
+                level: j.level,
+                done: j.done,
+                total: j.total,
+            },
+            calls_planned: j.calls_planned,
+            answers: j.answers,
+            attempts: j.attempts,
+            error: j.error.clone(),
+            cancel_requested: j.cancel_requested && j.state == JobState::Running,
+            created_ms: j.created_ms,
+            started_ms: j.started_ms,
+            finished_ms: j.finished_ms,
+        }
+    }
+}
+
+/// The name of a freshness state.
+pub fn state_name(s: FreshState) -> &'static str {
+    match s {
+        FreshState::Empty => "empty",
+        FreshState::Fresh => "fresh",
+        FreshState::Waiting => "waiting",
+        FreshState::Due => "due",
+        FreshState::BackingOff => "backing-off",
+        FreshState::GaveUp => "gave-up",
+    }
+}
+
+/// The name of a refresh mode.
+pub fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Eager => "eager",
+        Mode::Idle => "idle",
+    }
+}
+
+/// A session and how fresh its summary is.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct SessionView {
+    /// Session id.
+    pub id: String,
+    /// `empty`, `fresh`, `waiting`, `due`, `backing-off` or `gave-up`.
+    pub state: String,
+    /// Why, in words.
+    pub reason: String,
+    /// `eager` or `idle`.
+    pub mode: String,
+    /// Episodes stored.
+    pub episodes: u64,
+    /// Episodes the summary chain covers.
+    pub covered: u64,
+    /// Estimated tokens not yet covered.
+    pub backlog_tokens: u64,
+    /// The newest episode's own time, ms since the epoch.
+    pub last_activity_ms: Option<i64>,
+    /// When a waiting or backing-off session becomes due.
+    pub due_at_ms: Option<u64>,
+    /// Consecutive failed refreshes.
+    pub failures: u32,
+    /// The last failure's reason.
+    pub last_error: Option<String>,
+    /// The queued or running job, if any.
+    pub active_job: Option<u64>,
+}
+
+impl SessionView {
+    /// The view of a freshness report.
+    pub fn new(id: &str, f: &FreshnessReport, mode: Mode, active_job: Option<u64>) -> Self {
+        SessionView {
+            id: id.to_string(),
+            state: state_name(f.state).into(),
+            reason: f.reason.clone(),
+            mode: mode_name(mode).into(),
+            episodes: f.episodes,
+            covered: f.covered,
+            backlog_tokens: f.backlog_tokens,
+            last_activity_ms: f.last_activity_ms,
+            due_at_ms: f.due_at_ms,
+            failures: f.failures,
+            last_error: f.last_error.clone(),
+            active_job,
+        }
+    }
+}
+
+/// One summary row.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct SummaryView {
+    /// Row id.
+    pub id: u64,
+    /// First episode covered.
+    pub first_episode: u64,
+    /// Last episode covered.
+    pub last_episode: u64,
+    /// Estimated tokens of the content.
+    pub tokens: u32,
+    /// The summary.
+    pub content: String,
+    /// The model that wrote it (`extractive` for the model-free engine).
+    pub model: String,
+    /// Prompt tokens the model reported.
+    pub prompt_tokens: u32,
+    /// Output tokens the model reported.
+    pub output_tokens: u32,
+    /// Episode ranges a map-reduce could not summarize.
+    pub skipped: Vec<[u64; 2]>,
+}
+
+impl From<&SummaryRow> for SummaryView {
+    fn from(r: &SummaryRow) -> Self {
+        SummaryView {
+            id: r.id,
+            first_episode: r.first_episode,
+            last_episode: r.last_episode,
+            tokens: r.tokens,
+            content: r.content.clone(),
+            model: r.model.clone(),
+            prompt_tokens: r.prompt_tokens,
+            output_tokens: r.output_tokens,
+            skipped: r.skipped.iter().map(|x| [x.first, x.last]).collect(),
+        }
+    }
+}
+
+/// A message of a context window.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ContextMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// The context for a chat app's next model call.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ContextView {
+    /// Session id.
+    pub session: String,
+    /// A system message with the summary (when there is one), then recent messages.
+    pub messages: Vec<ContextMessage>,
+    /// Their estimated tokens.
+    pub tokens: u32,
+    /// Estimated tokens of the whole history sent verbatim.
+    pub full_tokens: u64,
+    /// Percent saved against the full history.
+    pub saving_percent: f64,
+    /// Episodes the included summary covers.
+    pub covered: u64,
+    /// Recent messages included verbatim.
+    pub recent: u32,
+    /// Episodes neither summarized nor included.
+    pub omitted: u64,
+    /// Whether a refresh is queued or running now (this context is from the summary as it is).
+    pub refresh_pending: bool,
+    /// Whether the caller asked to wait for a due refresh first.
+    pub waited: bool,
+    /// The refresh job, if one is queued, running or was waited for.
+    pub job: Option<JobView>,
+}
+
+impl ContextView {
+    /// The view of a context window.
+    pub fn new(
+        session: &str,
+        w: &ContextWindow,
+        job: Option<JobView>,
+        refresh_pending: bool,
+        waited: bool,
+    ) -> Self {
+        let saving = if w.full_tokens == 0 {
+            0.0
+        } else {
+            100.0 * (1.0 - f64::from(w.tokens) / w.full_tokens as f64)
+        };
+        ContextView {
+            session: session.to_string(),
+            messages: w
+                .messages
+                .iter()
+                .map(|m| ContextMessage {
+                    role: m.role.as_str().into(),
+                    content: m.content.clone(),
+                })
+                .collect(),
+            tokens: w.tokens,
+            full_tokens: w.full_tokens,
+            saving_percent: (saving * 10.0).round() / 10.0,
+            covered: w.covered,
+            recent: w.recent,
+            omitted: w.omitted,
+            refresh_pending,
+            waited,
+            job,
+        }
+    }
+}

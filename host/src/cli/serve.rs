@@ -1,0 +1,258 @@
+//! `abridge serve` and `abridge tokens`: thin shells over the app layer and the HTTP edge.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use clap::{Args, Subcommand};
+
+use abridge::app::{App, AppConfig, AppError, ErrorKind, Limits};
+use abridge::server::{ServeOptions, serve};
+use abridge::tenant::Tenant;
+
+use super::commands::{Backend, choose_backend, engine_config, runtime};
+use super::progress::utc_text;
+use super::{Exit, Failure, Settings};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on; a non-loopback address needs an API token
+    #[arg(long, default_value = "127.0.0.1:8787", env = "ABRIDGE_LISTEN")]
+    listen: SocketAddr,
+    /// Jobs run at once
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// On SIGTERM/Ctrl-C, seconds running jobs get to finish before they are released to
+    /// the queue (the next start resumes them)
+    #[arg(long, default_value_t = 30)]
+    shutdown_secs: u64,
+    /// Largest request body in MiB
+    #[arg(long, default_value_t = 16)]
+    max_body_mib: usize,
+    /// Time limit of a request in seconds (event streams have none)
+    #[arg(long, default_value_t = 120)]
+    request_timeout_secs: u64,
+    /// Requests per second per tenant, with bursts of twice that (0: unlimited)
+    #[arg(long, default_value_t = 0)]
+    rate_limit: u32,
+    /// Jobs one tenant may have running at once
+    #[arg(long, default_value_t = 2)]
+    tenant_jobs: usize,
+    /// Model requests one tenant may have in flight
+    #[arg(long, default_value_t = 4)]
+    tenant_model_requests: usize,
+    /// Model requests in flight overall
+    #[arg(long, default_value_t = 8)]
+    model_requests: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct TokensArgs {
+    #[command(subcommand)]
+    cmd: TokensCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum TokensCmd {
+    /// Create a token for a tenant and print it (once: only its hash is kept).
+    Create {
+        /// The tenant (a-z, 0-9, '.', '_', '-'); `local` is the CLI's own sessions
+        #[arg(long)]
+        tenant: String,
+        /// The token may only read
+        #[arg(long)]
+        read_only: bool,
+        /// A label to recognise it by
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// List tokens (never the tokens themselves).
+    List {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by id; requests with it fail from then on.
+    Revoke {
+        /// Token id (from `tokens list`)
+        id: u64,
+    },
+}
+
+impl From<AppError> for Failure {
+    fn from(e: AppError) -> Self {
+        let exit = match e.kind {
+            ErrorKind::Model | ErrorKind::Unavailable | ErrorKind::RateLimited { .. } => {
+                Exit::Model
+            }
+            ErrorKind::Storage | ErrorKind::Conflict => Exit::Storage,
+            ErrorKind::Internal => Exit::Internal,
+            _ => Exit::Input,
+        };
+        let msg = match &e.hint {
+            Some(h) => format!("{} — {h}", e.message),
+            None => e.message.clone(),
+        };
+        Failure::new(exit, anyhow!(msg))
+    }
+}
+
+/// The app for these settings and backend.
+pub fn open_app(s: &Settings, backend: &Backend, limits: Limits) -> Result<App, Failure> {
+    let cfg = AppConfig {
+        db: s.db.clone(),
+        config: engine_config(s, backend),
+        llm: backend.llm.clone(),
+        backend_name: backend.name.to_string(),
+        batch_concurrency: s.concurrency,
+        job_lease: s.job_lease,
+        clock: Arc::new(abridge::SystemClock),
+        runtime: runtime()?,
+        log: Arc::new(|level, msg| match level {
+            abridge::types::Level::Warn => tracing::warn!(target: "abridge::engine", "{msg}"),
+            abridge::types::Level::Info => tracing::info!(target: "abridge::engine", "{msg}"),
+            abridge::types::Level::Debug => tracing::debug!(target: "abridge::engine", "{msg}"),
+        }),
+        limits,
+        events_kept: 1000,
+    };
+    Ok(App::open(cfg)?)
+}
+
+async fn stop_signal() {
+    let term = async {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            match signal(SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        }
+        #[cfg(not(unix))]
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
+    let backend = choose_backend(s).await?;
+    let limits = Limits {
+        requests_per_sec: a.rate_limit,
+        jobs_per_tenant: a.tenant_jobs,
+        model_per_tenant: a.tenant_model_requests,
+        model_total: a.model_requests,
+    };
+    let app = open_app(s, &backend, limits)?;
+    let open_local = abridge::server::check_listen(&app, &a.listen)?;
+    let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| {
+        Failure::new(
+            Exit::Input,
+            anyhow!(
+                "cannot listen on {}: {e} — pick another address with --listen",
+                a.listen
+            ),
+        )
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::new(Exit::Internal, anyhow!(e)))?;
+    // The first line on stdout says where (tests and scripts read the port from it).
+    println!("listening on http://{addr}");
+    if open_local {
+        tracing::warn!(
+            "no API tokens: every request acts as the single local tenant (loopback only); create one with 'abridge tokens create --tenant NAME' to require tokens"
+        );
+    }
+    tracing::info!(%addr, backend = backend.name, db = %s.db.display(), workers = a.workers, "abridge serve started");
+    let opts = ServeOptions {
+        listen: addr,
+        workers: a.workers,
+        shutdown_grace: Duration::from_secs(a.shutdown_secs),
+        body_limit: a.max_body_mib.max(1) << 20,
+        request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
+    };
+    let report = serve(app, opts, listener, stop_signal())
+        .await
+        .map_err(|e| Failure::new(Exit::Internal, e))?;
+    tracing::info!(
+        released = report.released,
+        "abridge serve stopped; jobs released to the queue resume at the next start"
+    );
+    Ok(())
+}
+
+pub async fn tokens_cmd(s: &Settings, a: TokensArgs) -> Result<(), Failure> {
+    let db = abridge::SqliteStore::open(&s.db)
+        .map(Arc::new)
+        .map_err(super::jobs::storage)?;
+    let tokens = abridge::app::Tokens::new(db);
+    let now = || {
+        use abridge::Clock;
+        abridge::SystemClock.now_ms()
+    };
+    match a.cmd {
+        TokensCmd::Create {
+            tenant,
+            read_only,
+            label,
+        } => {
+            let t = Tenant::new(&tenant).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
+            let (token, id) = tokens.create(&t, read_only, label.as_deref(), now())?;
+            println!("{token}");
+            super::commands::note(
+                s,
+                &format!(
+                    "token {id} for tenant '{t}'{} created; it is shown only now — keep it secret (clients send 'Authorization: Bearer TOKEN')",
+                    if read_only { " (read-only)" } else { "" }
+                ),
+            );
+        }
+        TokensCmd::List { json } => {
+            let list = tokens.list()?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&list).expect("tokens serialize")
+                );
+            } else if list.is_empty() {
+                println!("no tokens (create one with 'abridge tokens create --tenant NAME')");
+            } else {
+                println!(
+                    "{:>4}  {:<20} {:<12} {:<9} {:<19}  label",
+                    "id", "tenant", "token", "access", "created (UTC)"
+                );
+                for t in list {
+                    println!(
+                        "{:>4}  {:<20} {:<12} {:<9} {:<19}  {}{}",
+                        t.id,
+                        t.tenant,
+                        format!("{}…", t.prefix),
+                        if t.read_only { "read" } else { "readwrite" },
+                        utc_text(t.created_ms),
+                        t.label.as_deref().unwrap_or(""),
+                        t.revoked_ms
+                            .map(|r| format!(" (revoked {})", utc_text(r)))
+                            .unwrap_or_default()
+                    );
+                }
+            }
+        }
+        TokensCmd::Revoke { id } => {
+            if !tokens.revoke(id, now())? {
+                return Err(Failure::new(
+                    Exit::Input,
+                    anyhow!("no live token {id} — list them with 'abridge tokens list'"),
+                ));
+            }
+            println!("token {id} revoked");
+        }
+    }
+    Ok(())
+}
