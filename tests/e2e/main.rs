@@ -14,6 +14,7 @@ mod model_output;
 mod real_data;
 mod sandbox;
 mod scale;
+mod serve;
 mod summarize;
 mod tls;
 mod watch;

@@ -728,6 +728,24 @@ async fn openapi() -> impl IntoResponse {
     Json(ApiDoc::openapi())
 }
 
+/// tower-http's body limit answers 413 in plain text before a handler runs: give it the
+/// JSON error body every other failure has.
+async fn json_413(r: Response) -> Response {
+    let plain = r.status() == StatusCode::PAYLOAD_TOO_LARGE
+        && !r
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if plain {
+        return ApiError(AppError::new(
+            ErrorKind::TooLarge,
+            "the request body is over the server's size limit",
+        ))
+        .into_response();
+    }
+    r
+}
+
 /// Every route that is not one of these.
 async fn no_route() -> ApiError {
     ApiError(AppError::not_found("no such route").hint("the routes are listed at /openapi.json"))
@@ -829,6 +847,7 @@ pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {
         ))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(opts.body_limit))
+        .layer(axum::middleware::map_response(json_413))
         .layer(TraceLayer::new_for_http())
         .with_state(srv)
 }

@@ -1,0 +1,698 @@
+//! `abridge serve`: the real binary on a free loopback port, spoken to over raw HTTP/1.1.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use abridge_test_llm::Options;
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+/// A running `abridge serve`, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(env: &Env, extra: &[&str]) -> Server {
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let log = std::fs::File::create(env.dir.path().join("serve.log")).unwrap();
+        let mut child = env
+            .command(&args)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn abridge serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| {
+                panic!(
+                    "no address line: {line:?}\n{}",
+                    std::fs::read_to_string(env.dir.path().join("serve.log")).unwrap()
+                )
+            })
+            .to_string();
+        Server { child, addr }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Resp {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
+    }
+    #[track_caller]
+    fn expect(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{}", self.body);
+        self.json()
+    }
+}
+
+fn request(addr: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Resp {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) before it reads everything; a failed write is then fine.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = headers
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status: {text:?}"));
+    Resp {
+        status,
+        headers: headers.to_string(),
+        body: body.to_string(),
+    }
+}
+
+fn get(addr: &str, path: &str, token: Option<&str>) -> Resp {
+    request(addr, "GET", path, token, b"")
+}
+
+fn post(addr: &str, path: &str, token: Option<&str>, body: &Value) -> Resp {
+    request(addr, "POST", path, token, body.to_string().as_bytes())
+}
+
+/// Read an SSE stream until `stop` holds for an event (or the stream ends); returns the
+/// (event, data) pairs.
+fn sse(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    last_id: Option<u64>,
+    stop: impl Fn(&str) -> bool,
+) -> Vec<(String, Value)> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let last = last_id
+        .map(|i| format!("Last-Event-ID: {i}\r\n"))
+        .unwrap_or_default();
+    // HTTP/1.0: the stream comes unchunked and ends when the server closes it.
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}{last}Accept: text/event-stream\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut events = Vec::new();
+    let (mut kind, mut data) = (String::new(), String::new());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return events;
+        }
+        let l = line.trim_end();
+        if let Some(k) = l.strip_prefix("event: ") {
+            kind = k.to_string();
+        } else if let Some(d) = l.strip_prefix("data: ") {
+            data = d.to_string();
+        } else if l.is_empty() && !kind.is_empty() {
+            let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+            let done = stop(&kind);
+            events.push((std::mem::take(&mut kind), v));
+            if done {
+                return events;
+            }
+        }
+    }
+}
+
+fn messages(prefix: &str, n: usize, with_ids: bool) -> Value {
+    let ms: Vec<Value> = (1..=n)
+        .map(|i| {
+            let mut m = json!({
+                "role": if i % 2 == 1 { "user" } else { "assistant" },
+                "content": format!("{prefix} message {i}: the deployment of the billing service moves to the new cluster on Friday after the schema migration."),
+            });
+            if with_ids {
+                m["id"] = json!(format!("{prefix}-{i}"));
+            }
+            m
+        })
+        .collect();
+    json!({ "messages": ms })
+}
+
+fn token(env: &Env, tenant: &str, extra: &[&str]) -> String {
+    let mut args = vec!["tokens", "create", "--tenant", tenant];
+    args.extend_from_slice(extra);
+    let r = env.run(&args);
+    r.assert_ok();
+    r.stdout.trim().to_string()
+}
+
+fn wait_job(addr: &str, token: Option<&str>, id: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let j = get(addr, &format!("/v1/jobs/{id}"), token).expect(200);
+        if !matches!(j["state"].as_str(), Some("queued" | "running")) {
+            return j;
+        }
+        assert!(Instant::now() < deadline, "job {id} did not end: {j}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn extractive() -> Env {
+    Env::new().with("ABRIDGE_BACKEND", "extractive")
+}
+
+#[test]
+fn tokens_are_required_and_two_tenants_with_the_same_session_id_see_only_their_own() {
+    let env = extractive();
+    let a = token(&env, "acme", &[]);
+    let b = token(&env, "globex", &[]);
+    let ro = token(&env, "acme", &["--read-only"]);
+    let srv = Server::start(&env, &[]);
+    let addr = srv.addr.as_str();
+
+    // No token, a malformed header, an unknown token: 401 with a hint.
+    let r = post(
+        addr,
+        "/v1/sessions/s/messages",
+        None,
+        &messages("x", 2, false),
+    );
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(
+        r.headers
+            .to_lowercase()
+            .contains("www-authenticate: bearer")
+    );
+    assert!(
+        r.json()["error"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("abridge tokens create")
+    );
+    assert_eq!(get(addr, "/v1/sessions", Some("abr_wrong")).status, 401);
+    assert_eq!(request(addr, "GET", "/v1/sessions", None, b"").status, 401);
+    // Liveness, readiness and the document need no token.
+    assert_eq!(get(addr, "/healthz", None).status, 200);
+    assert_eq!(get(addr, "/readyz", None).status, 200);
+
+    // Same session id in both tenants: two sessions.
+    let ra = post(
+        addr,
+        "/v1/sessions/s/messages",
+        Some(&a),
+        &messages("acme", 12, true),
+    )
+    .expect(202);
+    let rb = post(
+        addr,
+        "/v1/sessions/s/messages",
+        Some(&b),
+        &messages("globex", 14, true),
+    )
+    .expect(202);
+    assert_eq!(
+        (ra["episodes"].as_u64(), rb["episodes"].as_u64()),
+        (Some(12), Some(14))
+    );
+    let ja = ra["job"]["id"]
+        .as_u64()
+        .expect("a refresh is due for 12 messages");
+    assert_eq!(wait_job(addr, Some(&a), ja)["state"], "succeeded");
+    let sa = get(addr, "/v1/sessions/s/summaries", Some(&a)).expect(200);
+    assert!(
+        sa["summaries"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("acme")
+    );
+    assert!(!sa.to_string().contains("globex"));
+    let sb = get(addr, "/v1/sessions/s", Some(&b)).expect(200);
+    assert_eq!(sb["episodes"], 14);
+    let listed = get(addr, "/v1/sessions", Some(&b)).expect(200);
+    assert_eq!(listed["total"], 1);
+    let ctx = get(addr, "/v1/sessions/s/context?budget=400", Some(&b)).expect(200);
+    assert!(!ctx.to_string().contains("acme"), "{ctx}");
+
+    // Every route with the other tenant's ids: 404, exactly like a missing one.
+    post(
+        addr,
+        "/v1/sessions/only-acme/messages",
+        Some(&a),
+        &messages("acme", 2, false),
+    )
+    .expect(202);
+    for (m, p) in [
+        ("GET", format!("/v1/jobs/{ja}")),
+        ("POST", format!("/v1/jobs/{ja}/cancel")),
+        ("GET", format!("/v1/jobs/{ja}/events")),
+        ("GET", "/v1/sessions/only-acme".to_string()),
+    ] {
+        let foreign = request(addr, m, &p, Some(&b), b"");
+        assert_eq!(foreign.status, 404, "{m} {p}: {}", foreign.body);
+        assert_eq!(foreign.json()["error"]["code"], "not_found");
+    }
+    for p in ["summaries", "context", "refresh", "mode"] {
+        let m = match p {
+            "refresh" => "POST",
+            "mode" => "PUT",
+            _ => "GET",
+        };
+        let body = if p == "mode" {
+            br#"{"mode":"idle"}"#.as_slice()
+        } else {
+            b""
+        };
+        let r = request(
+            addr,
+            m,
+            &format!("/v1/sessions/only-acme/{p}"),
+            Some(&b),
+            body,
+        );
+        assert_eq!(r.status, 404, "{m} {p}: {}", r.body);
+    }
+    assert_eq!(
+        request(addr, "DELETE", "/v1/sessions/only-acme", Some(&b), b"").status,
+        404
+    );
+    let jobs_b = get(addr, "/v1/jobs", Some(&b)).expect(200);
+    assert!(
+        jobs_b["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|j| j["id"] != ja)
+    );
+    // The other tenant's events never reach this one.
+    let jb = rb["job"]["id"]
+        .as_u64()
+        .expect("a refresh is due for 14 messages");
+    wait_job(addr, Some(&b), jb);
+    let evs = sse(addr, "/v1/events", Some(&b), Some(0), |k| {
+        k == "job.succeeded"
+    });
+    assert!(
+        evs.iter()
+            .all(|(_, d)| d["session"] == "s" && d["job"] != ja),
+        "{evs:?}"
+    );
+
+    // A read-only token reads but does not write.
+    assert_eq!(get(addr, "/v1/sessions/s", Some(&ro)).status, 200);
+    let r = post(
+        addr,
+        "/v1/sessions/s/messages",
+        Some(&ro),
+        &messages("ro", 1, false),
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+
+    // A revoked token stops working at once.
+    let listed = env.run(&["tokens", "list", "--json"]);
+    let id = listed.json().as_array().unwrap()[1]["id"].as_u64().unwrap();
+    assert!(
+        !listed.stdout.contains(&b[4..]),
+        "tokens list shows only prefixes"
+    );
+    env.run(&["tokens", "revoke", &id.to_string()]).assert_ok();
+    assert_eq!(get(addr, "/v1/sessions", Some(&b)).status, 401);
+    assert_eq!(get(addr, "/v1/sessions", Some(&a)).status, 200);
+    // The token itself is in neither the database nor the log.
+    let db = std::fs::read(env.db()).unwrap();
+    assert!(!String::from_utf8_lossy(&db).contains(&a[4..]));
+    let log = std::fs::read_to_string(env.dir.path().join("serve.log")).unwrap();
+    assert!(!log.contains(&a[4..]));
+}
+
+#[test]
+fn reposting_with_client_ids_is_idempotent_and_bad_bodies_get_honest_statuses() {
+    let env = extractive();
+    let srv = Server::start(&env, &["--max-body-mib", "1"]);
+    let addr = srv.addr.as_str();
+    let first = post(
+        addr,
+        "/v1/sessions/chat%2F1/messages",
+        None,
+        &messages("m", 4, true),
+    )
+    .expect(202);
+    assert_eq!(
+        (first["stored"].as_u64(), first["duplicates"].as_u64()),
+        (Some(4), Some(0))
+    );
+    assert_eq!(first["ids"][0], "m-1");
+    let again = post(
+        addr,
+        "/v1/sessions/chat%2F1/messages",
+        None,
+        &messages("m", 4, true),
+    )
+    .expect(202);
+    assert_eq!(
+        (
+            again["stored"].as_u64(),
+            again["duplicates"].as_u64(),
+            again["episodes"].as_u64()
+        ),
+        (Some(0), Some(4), Some(4))
+    );
+    // The id percent-decodes to the session the CLI sees.
+    env.run(&["summaries", "chat/1", "--json"]).assert_ok();
+
+    let r = request(
+        addr,
+        "POST",
+        "/v1/sessions/s/messages",
+        None,
+        br#"{"messages": [{"role": "user", "content": "hi"},]}"#,
+    );
+    let e = r.expect(400);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("line 1 column"),
+        "{e}"
+    );
+    let r = request(
+        addr,
+        "POST",
+        "/v1/sessions/s/messages",
+        None,
+        br#"{"messages": [{"role": "user"}]}"#,
+    );
+    assert_eq!(r.status, 422, "{}", r.body);
+    let r = request(
+        addr,
+        "POST",
+        "/v1/sessions/s/messages",
+        None,
+        br#"[{"role": "narrator", "content": "x"}]"#,
+    );
+    let e = r.expect(400);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("message 1"),
+        "{e}"
+    );
+    let big = json!({"messages": [{"role": "user", "content": "x".repeat(2 << 20)}]});
+    let r = post(addr, "/v1/sessions/s/messages", None, &big);
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "too_large");
+    // Nothing of the refused bodies was stored.
+    assert_eq!(get(addr, "/v1/sessions/s", None).status, 404);
+    let r = request(
+        addr,
+        "POST",
+        "/v1/sessions/%01bad/messages",
+        None,
+        messages("m", 1, false).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+
+    // A transcript in another format: one job per conversation.
+    let t = std::fs::read(fixture("claude-code.jsonl")).unwrap();
+    let r = request(
+        addr,
+        "POST",
+        "/v1/transcripts?format=claude-code&session=imported",
+        None,
+        &t,
+    )
+    .expect(202);
+    let job = r["conversations"][0]["job"]["id"].as_u64().unwrap();
+    assert_eq!(wait_job(addr, None, job)["state"], "succeeded");
+    let ctx = get(addr, "/v1/sessions/imported/context?budget=500", None).expect(200);
+    assert_eq!(ctx["messages"][0]["role"], "system");
+    assert!(!ctx["refresh_pending"].as_bool().unwrap());
+
+    // The OpenAPI document lists every route the server answers.
+    let doc = get(addr, "/openapi.json", None).expect(200);
+    let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
+    for p in [
+        "/v1/sessions/{id}/messages",
+        "/v1/transcripts",
+        "/v1/sessions",
+        "/v1/sessions/{id}/context",
+        "/v1/jobs/{id}/events",
+        "/v1/events",
+        "/metrics",
+    ] {
+        assert!(paths.iter().any(|x| *x == p), "{p} missing from {paths:?}");
+    }
+    let m = get(addr, "/metrics", None);
+    assert_eq!(m.status, 200);
+    assert!(m.body.contains("abridge_http_requests_total{method=\"POST\",route=\"/v1/sessions/{id}/messages\",status=\"202\"}"), "{}", m.body);
+    assert!(m.body.contains("abridge_jobs{state=\"succeeded\"}"));
+    assert_eq!(
+        get(addr, "/v1/nothing", None).json()["error"]["code"],
+        "not_found"
+    );
+}
+
+#[test]
+fn a_refresh_streams_queued_running_progress_and_success_with_the_summary() {
+    let llm = TestServer::start_with(Options {
+        delay: Duration::from_millis(150),
+        ..Options::default()
+    });
+    let env = Env::new()
+        .with("ABRIDGE_BACKEND", "ollama")
+        .with("EXTRACTION_URL", &llm.url());
+    let srv = Server::start(
+        &env,
+        &[
+            "--context-length",
+            "1024",
+            "--max-output-tokens",
+            "120",
+            "--threshold-tokens",
+            "100000",
+        ],
+    );
+    let addr = srv.addr.as_str();
+    // Under the trigger threshold: posting queues nothing; the refresh is asked for.
+    let r = post(
+        addr,
+        "/v1/sessions/s/messages",
+        None,
+        &messages("long", 40, false),
+    )
+    .expect(202);
+    assert!(r["job"].is_null(), "{r}");
+    let job = request(addr, "POST", "/v1/sessions/s/refresh", None, b"").expect(202);
+    let id = job["id"].as_u64().unwrap();
+    let evs = sse(addr, &format!("/v1/jobs/{id}/events"), None, Some(0), |k| {
+        k.starts_with("job.succeeded") || k == "job.failed"
+    });
+    let kinds: Vec<&str> = evs.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds[0], "job.state", "{kinds:?}");
+    let pos = |k: &str| {
+        kinds
+            .iter()
+            .position(|x| *x == k)
+            .unwrap_or_else(|| panic!("{k} missing: {kinds:?}"))
+    };
+    assert!(pos("job.queued") < pos("job.running"));
+    assert!(pos("job.running") < pos("job.progress"));
+    assert!(pos("job.progress") < pos("summary.written"));
+    assert!(pos("summary.written") < pos("job.succeeded"));
+    let done = &evs.last().unwrap().1;
+    let chain = get(addr, "/v1/sessions/s/summaries", None).expect(200);
+    let last = chain["summaries"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(done["data"]["summary"], last["id"]);
+    assert_eq!(last["last_episode"], 40);
+    // A reconnect after the end replays what it missed after the given id, then ends.
+    let queued_id = evs.iter().find(|(k, _)| k == "job.queued").unwrap().1["id"]
+        .as_u64()
+        .unwrap();
+    let again = sse(
+        addr,
+        &format!("/v1/jobs/{id}/events"),
+        None,
+        Some(queued_id),
+        |_| false,
+    );
+    let kinds2: Vec<&str> = again.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds2.first(), Some(&"job.state"));
+    assert!(
+        !kinds2.contains(&"job.queued")
+            && kinds2.contains(&"job.running")
+            && kinds2.last() == Some(&"job.succeeded"),
+        "{kinds2:?}"
+    );
+}
+
+#[test]
+fn a_model_that_is_down_gets_202_every_message_stored_and_the_previous_summary_kept() {
+    let llm = TestServer::start();
+    let env = Env::new()
+        .with("ABRIDGE_BACKEND", "ollama")
+        .with("EXTRACTION_URL", &llm.url())
+        .with("ABRIDGE_RETRIES", "1");
+    let srv = Server::start(&env, &[]);
+    let addr = srv.addr.as_str();
+    let r = post(
+        addr,
+        "/v1/sessions/s/messages",
+        None,
+        &messages("one", 10, true),
+    )
+    .expect(202);
+    assert_eq!(
+        wait_job(addr, None, r["job"]["id"].as_u64().unwrap())["state"],
+        "succeeded"
+    );
+    let before = get(addr, "/v1/sessions/s/summaries", None).expect(200);
+    llm.push_faults((0..50).map(|_| Fault::Status {
+        code: 500,
+        message: "model crashed".into(),
+    }));
+    let r = post(
+        addr,
+        "/v1/sessions/s/messages",
+        None,
+        &messages("two", 10, true),
+    )
+    .expect(202);
+    assert_eq!(r["stored"], 10);
+    let j = wait_job(addr, None, r["job"]["id"].as_u64().unwrap());
+    assert_eq!(j["state"], "failed");
+    assert!(
+        j["error"].as_str().unwrap().contains("model crashed"),
+        "{j}"
+    );
+    assert_eq!(
+        get(addr, "/v1/sessions/s/summaries", None).expect(200),
+        before
+    );
+    let s = get(addr, "/v1/sessions/s", None).expect(200);
+    assert_eq!(s["episodes"], 20);
+    assert!(s["failures"].as_u64().unwrap() >= 1, "{s}");
+    // The context still answers at once, from the previous summary.
+    let ctx = get(addr, "/v1/sessions/s/context?budget=300", None).expect(200);
+    assert_eq!(ctx["covered"], before["summaries"][0]["last_episode"]);
+}
+
+#[test]
+fn kill_9_mid_job_then_restart_resumes_it_and_sigterm_drains() {
+    let llm = TestServer::start_with(Options {
+        delay: Duration::from_millis(300),
+        ..Options::default()
+    });
+    let env = Env::new()
+        .with("ABRIDGE_BACKEND", "ollama")
+        .with("EXTRACTION_URL", &llm.url());
+    let small = [
+        "--context-length",
+        "1024",
+        "--max-output-tokens",
+        "120",
+        "--concurrency",
+        "2",
+    ];
+    let mut srv = Server::start(&env, &small);
+    let r = post(
+        &srv.addr,
+        "/v1/sessions/big/messages",
+        None,
+        &messages("big", 120, true),
+    )
+    .expect(202);
+    let id = r["job"]["id"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while llm.generations().len() < 3 {
+        assert!(Instant::now() < deadline, "no model calls");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    srv.child.kill().unwrap();
+    srv.child.wait().unwrap();
+    let asked = llm.generations().len();
+
+    let srv = Server::start(&env, &small);
+    let j = wait_job(&srv.addr, None, id);
+    assert_eq!(j["state"], "succeeded", "{j}");
+    assert_eq!(j["attempts"], 2);
+    let chain = get(&srv.addr, "/v1/sessions/big/summaries", None).expect(200);
+    assert_eq!(
+        chain["summaries"].as_array().unwrap().last().unwrap()["last_episode"],
+        120
+    );
+    assert!(llm.generations().len() > asked);
+
+    // SIGTERM with a job running: it finishes within the grace period, the process exits 0.
+    let r = post(
+        &srv.addr,
+        "/v1/sessions/big2/messages",
+        None,
+        &messages("second", 60, true),
+    )
+    .expect(202);
+    let id2 = r["job"]["id"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get(&srv.addr, &format!("/v1/jobs/{id2}"), None).json()["state"] != "running" {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut srv = srv;
+    std::process::Command::new("kill")
+        .args(["-TERM", &srv.pid().to_string()])
+        .status()
+        .unwrap();
+    let status = srv.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let r = env.run(&["jobs", "show", &id2.to_string(), "--json"]);
+    assert_eq!(r.json()["state"], "succeeded", "{}", r.stdout);
+}
+
+#[test]
+fn a_public_address_without_a_token_is_refused() {
+    let env = extractive();
+    let r = env.run_within(60, &["serve", "--listen", "0.0.0.0:0"]);
+    r.assert_fails(2, &["abridge tokens create --tenant"]);
+}
