@@ -491,7 +491,13 @@ fn catch_up_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcom
         long_path_done = true;
         out.triggered = true;
         out.passes += 1;
+        let reached = row.last_episode;
         out.written.push(row);
+        // Episodes that arrive while this call runs (a chat app keeps posting) are the next
+        // call's work: a call covers what the session held when it started, and ends.
+        if reached >= start.last_episode {
+            break;
+        }
         // Each pass covers at least one episode, so this bound is never reached by a correct
         // store; it turns a misbehaving one into an error instead of a loop.
         if u64::from(out.passes) > start.episodes + 1 {

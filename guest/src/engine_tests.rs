@@ -26,6 +26,8 @@ struct Fake {
     races: u32,
     /// A store that refuses every write as a conflict without anyone writing.
     stuck: bool,
+    /// Episodes a chat app appends while each model call runs.
+    grow_per_call: usize,
 }
 
 impl Fake {
@@ -171,6 +173,13 @@ impl Host for Fake {
         }
     }
     fn generate(&mut self, req: Request) -> Result<Response, Error> {
+        for _ in 0..self.grow_per_call {
+            let n = self.episodes.len();
+            self.push(
+                Role::User,
+                &format!("a message posted during the call, number {n}"),
+            );
+        }
         let text = Self::prompt_text(&req);
         if self.count_ratio.is_some() && !self.replies.is_empty() {
             self.requests.push(req);
@@ -1161,4 +1170,18 @@ fn ok_reply() -> Result<Response, Error> {
         prompt_tokens: Some(900),
         output_tokens: Some(20),
     })
+}
+
+#[test]
+fn a_session_that_grows_during_the_call_is_covered_as_it_stood_and_the_call_ends() {
+    // A chat app posts three messages during every model call: the call covers what the
+    // session held when it started and leaves the rest to the next one, instead of chasing
+    // the end for ever (or tripping the store-misbehaviour guard).
+    let mut h = Fake::with_episodes(12, 30);
+    h.grow_per_call = 3;
+    let out = summarize_now(&mut h, "s", &cfg()).unwrap();
+    let covered = h.rows.last().unwrap().last_episode;
+    assert!(covered >= 12, "covered {covered}");
+    assert!(out.passes <= 2, "{} passes", out.passes);
+    assert!(out.unsummarized > 0);
 }
