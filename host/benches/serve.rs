@@ -38,8 +38,8 @@ fn args() -> Args {
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("{} needs a number", v[i]))
     };
-    for i in 0..v.len() {
-        match v[i].as_str() {
+    for (i, arg) in v.iter().enumerate() {
+        match arg.as_str() {
             "--clients" => a.clients = num(i) as usize,
             "--sessions" => a.sessions = num(i) as usize,
             "--secs" => a.secs = num(i),
