@@ -107,8 +107,8 @@ impl EventBus {
         ev.id
     }
 
-    /// Subscribe to `tenant`'s events after id `after` (0: only new ones... and the backlog
-    /// when `replay` is set).
+    /// Subscribe to `tenant`'s events: with `Some(after)`, first the retained ones with a
+    /// larger id (`Some(0)`: all retained); with `None`, only events from now on.
     pub fn subscribe(&self, tenant: &Tenant, after: Option<u64>) -> Subscription {
         let b = self.backlog.lock().expect("event backlog lock");
         let live = self.tx.subscribe();
