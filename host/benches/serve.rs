@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abridge::app::{App, AppConfig, Limits};
-use abridge::server::{ServeOptions, serve};
+use abridge::server::{ServeOptions, bind};
 use abridge::types::Config;
 use abridge::{ComponentSource, Ollama, Runtime, SystemClock};
 use abridge_test_llm::{Options, TestServer};
@@ -90,16 +90,16 @@ async fn run(a: &Args, llm_url: &str, runtime: Arc<Runtime>, background: bool) -
         events_kept: 1000,
     };
     let app = App::open(cfg).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let opts = ServeOptions {
-        listen: addr,
+        listen: "127.0.0.1:0".parse().unwrap(),
         workers: 2,
         shutdown_grace: Duration::from_secs(1),
         ..ServeOptions::default()
     };
-    let server = tokio::spawn(serve(app.clone(), opts, listener, async move {
+    let bound = bind(app.clone(), opts).await.unwrap();
+    let addr = bound.local_addr();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(bound.run(async move {
         let _ = stop_rx.await;
     }));
     let deadline = Instant::now() + Duration::from_secs(a.secs);

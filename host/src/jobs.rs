@@ -246,23 +246,32 @@ impl Jobs {
         before: Option<u64>,
         limit: u32,
     ) -> Result<Vec<Job>, Error> {
-        // Keys of tenant T sort between "T\x1f" and "T\x20"; local keys hold no U+001F.
-        let (lo, hi) = if tenant.is_local() {
-            (String::new(), String::new())
-        } else {
-            (tenant.key(""), format!("{}\u{20}", tenant.name()))
-        };
+        // Keys of tenant T sort from "T\x1f" up to "T\x20"; local keys hold no U+001F.
         let before = before.map_or(i64::MAX, |b| b as i64);
+        let (lo, hi) = (tenant.key(""), format!("{}\u{20}", tenant.name()));
         let rows: Vec<Job> = self.db.with(|c| {
-            let mut st = c
-                .prepare(&format!(
-                    "SELECT {COLS} FROM jobs WHERE id < ?1 AND (CASE WHEN ?2 = '' THEN instr(session, char(31)) = 0 ELSE session >= ?2 AND session < ?3 END) ORDER BY id DESC LIMIT ?4"
-                ))
-                .map_err(db_err)?;
-            st.query_map(params![before, lo, hi, i64::from(limit)], job_from)
-                .map_err(db_err)?
-                .collect::<Result<_, _>>()
-                .map_err(db_err)
+            let sql = |scope: &str| {
+                format!(
+                    "SELECT {COLS} FROM jobs WHERE id < ?1 AND {scope} ORDER BY id DESC LIMIT ?2"
+                )
+            };
+            let limit = i64::from(limit);
+            let rows = if tenant.is_local() {
+                let mut st = c
+                    .prepare(&sql("instr(session, char(31)) = 0"))
+                    .map_err(db_err)?;
+                st.query_map(params![before, limit], job_from)
+                    .map_err(db_err)?
+                    .collect::<Result<_, _>>()
+            } else {
+                let mut st = c
+                    .prepare(&sql("session >= ?3 AND session < ?4"))
+                    .map_err(db_err)?;
+                st.query_map(params![before, limit, lo, hi], job_from)
+                    .map_err(db_err)?
+                    .collect::<Result<_, _>>()
+            };
+            rows.map_err(db_err)
         })?;
         Ok(rows)
     }
@@ -627,6 +636,33 @@ mod tests {
             Claim::Taken(j) => j,
             other => panic!("not taken: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_tenant_lists_only_its_own_jobs() {
+        let db = Arc::new(SqliteStore::in_memory().unwrap());
+        let j = jobs(&db, "here:1", 60_000);
+        let (a, b, local) = (
+            Tenant::new("a").unwrap(),
+            Tenant::new("ab").unwrap(),
+            Tenant::local(),
+        );
+        let cfg = Config::default();
+        let ids: Vec<u64> = [a.key("s"), b.key("s"), local.key("s"), a.key("t")]
+            .iter()
+            .map(|k| j.enqueue(k, 1, &cfg).unwrap().0.id)
+            .collect();
+        let listed = |t: &Tenant, before| -> Vec<u64> {
+            j.list_for(t, before, 10)
+                .unwrap()
+                .iter()
+                .map(|x| x.id)
+                .collect()
+        };
+        assert_eq!(listed(&a, None), vec![ids[3], ids[0]]);
+        assert_eq!(listed(&a, Some(ids[3])), vec![ids[0]]);
+        assert_eq!(listed(&b, None), vec![ids[1]]);
+        assert_eq!(listed(&local, None), vec![ids[2]]);
     }
 
     #[test]

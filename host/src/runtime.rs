@@ -140,7 +140,7 @@ fn compile_cached(
     let key = format!(
         "abridge-guest-{WASMTIME_VERSION}-{:016x}-{}.cwasm",
         compat.finish(),
-        hex(&digest[..12])
+        crate::text::hex(&digest[..12])
     );
     let path = dir.join(&key);
     // The compiled code runs as native code: a flipped bit or an overwritten section would
@@ -150,7 +150,7 @@ fn compile_cached(
     // Read, not mmap: another process may replace or truncate the file while we run.
     if let Ok(data) = std::fs::read(&path) {
         let expected = std::fs::read_to_string(&sum_path).unwrap_or_default();
-        if expected.trim() == hex(&Sha256::digest(&data)) {
+        if expected.trim() == crate::text::hex(&Sha256::digest(&data)) {
             // SAFETY: the bytes are exactly those this function wrote from our own
             // compilation (their hash matches the one recorded beside them), under a key
             // that includes the wasmtime version and engine configuration; wasmtime also
@@ -171,7 +171,7 @@ fn compile_cached(
         // so an artifact is never visible without the hash it must match.
         let tmp = |name: &str| dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let (tmp_sum, tmp_art) = (tmp(&format!("{key}.sha256")), tmp(&key));
-        if std::fs::write(&tmp_sum, hex(&Sha256::digest(&data))).is_ok()
+        if std::fs::write(&tmp_sum, crate::text::hex(&Sha256::digest(&data))).is_ok()
             && std::fs::rename(&tmp_sum, &sum_path).is_ok()
             && std::fs::write(&tmp_art, &data).is_ok()
         {
@@ -181,10 +181,6 @@ fn compile_cached(
         let _ = std::fs::remove_file(&tmp_art);
     }
     Ok((component, false))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What can go wrong calling the engine.

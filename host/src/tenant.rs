@@ -111,11 +111,6 @@ impl TenantStore {
         TenantStore { inner, tenant }
     }
 
-    /// The tenant.
-    pub fn tenant(&self) -> &Tenant {
-        &self.tenant
-    }
-
     fn k(&self, session: &str) -> String {
         self.tenant.key(session)
     }

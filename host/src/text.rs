@@ -49,6 +49,11 @@ pub fn printable_lines(s: &str) -> Cow<'_, str> {
     )
 }
 
+/// Bytes as lower-case hexadecimal.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Check a session id a user typed. An id is 1 to 200 characters with no control characters
 /// and no leading or trailing white space, so every id can be named on a command line and
 /// printed as is.

@@ -7,6 +7,17 @@ use std::process::{Command, Output, Stdio};
 pub use abridge_test_llm::{Fault, TestServer};
 use serde_json::Value;
 
+/// A small model setup that makes a few dozen messages a map-reduce: a 1,024-token context,
+/// 120 output tokens, two requests in flight.
+pub const SMALL: &[&str] = &[
+    "--context-length",
+    "1024",
+    "--max-output-tokens",
+    "120",
+    "--concurrency",
+    "2",
+];
+
 /// One isolated working area.
 pub struct Env {
     pub dir: tempfile::TempDir,

@@ -24,15 +24,6 @@ fn long_transcript(env: &Env, name: &str, n: usize) -> String {
     env.write(name, s).display().to_string()
 }
 
-const SMALL: &[&str] = &[
-    "--context-length",
-    "1024",
-    "--max-output-tokens",
-    "120",
-    "--concurrency",
-    "2",
-];
-
 fn system(g: &LoggedRequest) -> String {
     g.body["messages"][0]["content"]
         .as_str()

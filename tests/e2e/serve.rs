@@ -159,6 +159,16 @@ fn sse(
     }
 }
 
+/// `POST /v1/sessions/{session}/messages` with `body`.
+fn post_messages(addr: &str, token: Option<&str>, session: &str, body: &Value) -> Resp {
+    post(
+        addr,
+        &format!("/v1/sessions/{session}/messages"),
+        token,
+        body,
+    )
+}
+
 fn messages(prefix: &str, n: usize, with_ids: bool) -> Value {
     let ms: Vec<Value> = (1..=n)
         .map(|i| {
@@ -209,12 +219,7 @@ fn tokens_are_required_and_two_tenants_with_the_same_session_id_see_only_their_o
     let addr = srv.addr.as_str();
 
     // No token, a malformed header, an unknown token: 401 with a hint.
-    let r = post(
-        addr,
-        "/v1/sessions/s/messages",
-        None,
-        &messages("x", 2, false),
-    );
+    let r = post_messages(addr, None, "s", &messages("x", 2, false));
     assert_eq!(r.status, 401, "{}", r.body);
     assert!(
         r.headers
@@ -234,20 +239,8 @@ fn tokens_are_required_and_two_tenants_with_the_same_session_id_see_only_their_o
     assert_eq!(get(addr, "/readyz", None).status, 200);
 
     // Same session id in both tenants: two sessions.
-    let ra = post(
-        addr,
-        "/v1/sessions/s/messages",
-        Some(&a),
-        &messages("acme", 12, true),
-    )
-    .expect(202);
-    let rb = post(
-        addr,
-        "/v1/sessions/s/messages",
-        Some(&b),
-        &messages("globex", 14, true),
-    )
-    .expect(202);
+    let ra = post_messages(addr, Some(&a), "s", &messages("acme", 12, true)).expect(202);
+    let rb = post_messages(addr, Some(&b), "s", &messages("globex", 14, true)).expect(202);
     assert_eq!(
         (ra["episodes"].as_u64(), rb["episodes"].as_u64()),
         (Some(12), Some(14))
@@ -272,13 +265,7 @@ fn tokens_are_required_and_two_tenants_with_the_same_session_id_see_only_their_o
     assert!(!ctx.to_string().contains("acme"), "{ctx}");
 
     // Every route with the other tenant's ids: 404, exactly like a missing one.
-    post(
-        addr,
-        "/v1/sessions/only-acme/messages",
-        Some(&a),
-        &messages("acme", 2, false),
-    )
-    .expect(202);
+    post_messages(addr, Some(&a), "only-acme", &messages("acme", 2, false)).expect(202);
     for (m, p) in [
         ("GET", format!("/v1/jobs/{ja}")),
         ("POST", format!("/v1/jobs/{ja}/cancel")),
@@ -337,12 +324,7 @@ fn tokens_are_required_and_two_tenants_with_the_same_session_id_see_only_their_o
 
     // A read-only token reads but does not write.
     assert_eq!(get(addr, "/v1/sessions/s", Some(&ro)).status, 200);
-    let r = post(
-        addr,
-        "/v1/sessions/s/messages",
-        Some(&ro),
-        &messages("ro", 1, false),
-    );
+    let r = post_messages(addr, Some(&ro), "s", &messages("ro", 1, false));
     assert_eq!(r.status, 403, "{}", r.body);
 
     // A revoked token stops working at once.
@@ -367,25 +349,13 @@ fn reposting_with_client_ids_is_idempotent_and_bad_bodies_get_honest_statuses() 
     let env = extractive();
     let srv = Server::start(&env, &["--max-body-mib", "1"]);
     let addr = srv.addr.as_str();
-    let first = post(
-        addr,
-        "/v1/sessions/chat%2F1/messages",
-        None,
-        &messages("m", 4, true),
-    )
-    .expect(202);
+    let first = post_messages(addr, None, "chat%2F1", &messages("m", 4, true)).expect(202);
     assert_eq!(
         (first["stored"].as_u64(), first["duplicates"].as_u64()),
         (Some(4), Some(0))
     );
     assert_eq!(first["ids"][0], "m-1");
-    let again = post(
-        addr,
-        "/v1/sessions/chat%2F1/messages",
-        None,
-        &messages("m", 4, true),
-    )
-    .expect(202);
+    let again = post_messages(addr, None, "chat%2F1", &messages("m", 4, true)).expect(202);
     assert_eq!(
         (
             again["stored"].as_u64(),
@@ -436,7 +406,7 @@ fn reposting_with_client_ids_is_idempotent_and_bad_bodies_get_honest_statuses() 
         "{e}"
     );
     let big = json!({"messages": [{"role": "user", "content": "x".repeat(2 << 20)}]});
-    let r = post(addr, "/v1/sessions/s/messages", None, &big);
+    let r = post_messages(addr, None, "s", &big);
     assert_eq!(r.status, 413, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "too_large");
     // Nothing of the refused bodies was stored.
@@ -512,13 +482,7 @@ fn a_refresh_streams_queued_running_progress_and_success_with_the_summary() {
     );
     let addr = srv.addr.as_str();
     // Under the trigger threshold: posting queues nothing; the refresh is asked for.
-    let r = post(
-        addr,
-        "/v1/sessions/s/messages",
-        None,
-        &messages("long", 40, false),
-    )
-    .expect(202);
+    let r = post_messages(addr, None, "s", &messages("long", 40, false)).expect(202);
     assert!(r["job"].is_null(), "{r}");
     let job = request(addr, "POST", "/v1/sessions/s/refresh", None, b"").expect(202);
     let id = job["id"].as_u64().unwrap();
@@ -577,13 +541,7 @@ fn a_model_that_is_down_gets_202_every_message_stored_and_the_previous_summary_k
         .with("ABRIDGE_RETRIES", "1");
     let srv = Server::start(&env, &[]);
     let addr = srv.addr.as_str();
-    let r = post(
-        addr,
-        "/v1/sessions/s/messages",
-        None,
-        &messages("one", 10, true),
-    )
-    .expect(202);
+    let r = post_messages(addr, None, "s", &messages("one", 10, true)).expect(202);
     assert_eq!(
         wait_job(addr, None, r["job"]["id"].as_u64().unwrap())["state"],
         "succeeded"
@@ -593,13 +551,7 @@ fn a_model_that_is_down_gets_202_every_message_stored_and_the_previous_summary_k
         code: 500,
         message: "model crashed".into(),
     }));
-    let r = post(
-        addr,
-        "/v1/sessions/s/messages",
-        None,
-        &messages("two", 10, true),
-    )
-    .expect(202);
+    let r = post_messages(addr, None, "s", &messages("two", 10, true)).expect(202);
     assert_eq!(r["stored"], 10);
     let j = wait_job(addr, None, r["job"]["id"].as_u64().unwrap());
     assert_eq!(j["state"], "failed");
@@ -628,22 +580,8 @@ fn kill_9_mid_job_then_restart_resumes_it_and_sigterm_drains() {
     let env = Env::new()
         .with("ABRIDGE_BACKEND", "ollama")
         .with("EXTRACTION_URL", &llm.url());
-    let small = [
-        "--context-length",
-        "1024",
-        "--max-output-tokens",
-        "120",
-        "--concurrency",
-        "2",
-    ];
-    let mut srv = Server::start(&env, &small);
-    let r = post(
-        &srv.addr,
-        "/v1/sessions/big/messages",
-        None,
-        &messages("big", 120, true),
-    )
-    .expect(202);
+    let mut srv = Server::start(&env, SMALL);
+    let r = post_messages(&srv.addr, None, "big", &messages("big", 120, true)).expect(202);
     let id = r["job"]["id"].as_u64().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while llm.generations().len() < 3 {
@@ -654,7 +592,7 @@ fn kill_9_mid_job_then_restart_resumes_it_and_sigterm_drains() {
     srv.child.wait().unwrap();
     let asked = llm.generations().len();
 
-    let srv = Server::start(&env, &small);
+    let srv = Server::start(&env, SMALL);
     let j = wait_job(&srv.addr, None, id);
     assert_eq!(j["state"], "succeeded", "{j}");
     assert_eq!(j["attempts"], 2);
@@ -666,13 +604,7 @@ fn kill_9_mid_job_then_restart_resumes_it_and_sigterm_drains() {
     assert!(llm.generations().len() > asked);
 
     // SIGTERM with a job running: it finishes within the grace period, the process exits 0.
-    let r = post(
-        &srv.addr,
-        "/v1/sessions/big2/messages",
-        None,
-        &messages("second", 60, true),
-    )
-    .expect(202);
+    let r = post_messages(&srv.addr, None, "big2", &messages("second", 60, true)).expect(202);
     let id2 = r["job"]["id"].as_u64().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while get(&srv.addr, &format!("/v1/jobs/{id2}"), None).json()["state"] != "running" {

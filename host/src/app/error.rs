@@ -95,12 +95,6 @@ impl AppError {
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, message)
     }
-
-    /// The message with the message's own prefix added (context, as anyhow would).
-    pub fn context(mut self, prefix: impl std::fmt::Display) -> Self {
-        self.message = format!("{prefix}: {}", self.message);
-        self
-    }
 }
 
 impl From<EngineError> for AppError {

@@ -129,12 +129,6 @@ impl EventBus {
             gap_before,
         }
     }
-
-    /// The newest id of a tenant (0 before any event).
-    pub fn last_id(&self, tenant: &Tenant) -> u64 {
-        let b = self.backlog.lock().expect("event backlog lock");
-        b.next.get(tenant).copied().unwrap_or(0)
-    }
 }
 
 #[cfg(test)]
@@ -178,6 +172,12 @@ mod tests {
         assert_eq!(live.recv().await.unwrap().tenant, b);
         let e = live.recv().await.unwrap();
         assert_eq!((e.tenant, e.id), (a.clone(), 6));
-        assert_eq!(bus.last_id(&a), 6);
+        let ids: Vec<u64> = bus
+            .subscribe(&a, Some(5))
+            .missed
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(ids, vec![6]);
     }
 }

@@ -25,7 +25,10 @@ pub use error::{AppError, AppResult, ErrorKind};
 pub use events::{Event, EventBus};
 pub use limits::{Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
-pub use views::{Appended, ContextView, Imported, JobView, MessageIn, SessionView, SummaryView};
+pub use views::{
+    Appended, ContextView, Imported, JobView, MessageIn, SessionView, SummaryView, mode_name,
+    state_name,
+};
 pub use worker::Workers;
 
 use crate::backend::LlmBackend;
@@ -73,7 +76,7 @@ struct TenantState {
     bucket: Mutex<Option<limits::Bucket>>,
 }
 
-pub(crate) struct Inner {
+struct Inner {
     cfg: AppConfig,
     db: Arc<SqliteStore>,
     jobs: Jobs,
@@ -100,13 +103,8 @@ impl App {
     /// Open the database (creating or migrating it) and get ready.
     pub fn open(cfg: AppConfig) -> AppResult<App> {
         let db = Arc::new(SqliteStore::open(&cfg.db)?);
-        Ok(Self::with_store(cfg, db))
-    }
-
-    /// An app over an already open database.
-    pub fn with_store(cfg: AppConfig, db: Arc<SqliteStore>) -> App {
         let jobs = Jobs::new(db.clone(), cfg.job_lease).with_clock(cfg.clock.clone());
-        App {
+        Ok(App {
             inner: Arc::new(Inner {
                 jobs,
                 tokens: Tokens::new(db.clone()),
@@ -120,17 +118,12 @@ impl App {
                 db,
                 cfg,
             }),
-        }
+        })
     }
 
     /// The configuration it was opened with.
     pub fn config(&self) -> &AppConfig {
         &self.inner.cfg
-    }
-
-    /// The database.
-    pub fn db(&self) -> &Arc<SqliteStore> {
-        &self.inner.db
     }
 
     /// The job table (unscoped: for workers and the local CLI).
@@ -215,10 +208,6 @@ impl App {
     /// The local tenant's handle (the CLI's).
     pub fn local(&self) -> Scoped {
         self.tenant(&Tenant::local())
-    }
-
-    pub(crate) fn inner(&self) -> &Inner {
-        &self.inner
     }
 }
 
@@ -396,15 +385,15 @@ impl Scoped {
         check_session(session)?;
         let received = episodes.len() as u32;
         let stored = self.engine().append(session, &episodes).await?;
-        let job = self.queue_if_due(session, None).await?;
-        let stats = self.store().stats(session).await?;
+        let cfg = self.session_config(session)?;
+        let (job, episodes) = self.queue_if_due(session, &cfg, None).await?;
         Ok(Appended {
             session: session.to_string(),
             ids,
             received,
             stored,
             duplicates: received - stored,
-            episodes: stats.episodes,
+            episodes,
             job: job.map(|j| self.job_view(&j)),
         })
     }
@@ -412,25 +401,28 @@ impl Scoped {
     /// Queue a refresh of `session` when its freshness says one is due (or, with
     /// `beyond_limit`, when more episodes than that lie beyond the summary in eager mode).
     /// An active job of the session already covers the work.
+    /// Returns the job (queued now, or already active) and the session's episode count.
     async fn queue_if_due(
         &self,
         session: &str,
+        cfg: &Config,
         beyond_limit: Option<u64>,
-    ) -> AppResult<Option<Job>> {
-        let key = self.tenant.key(session);
-        if let Some(j) = self.app.inner.jobs.active_for(&key)? {
-            return Ok(Some(j));
+    ) -> AppResult<(Option<Job>, u64)> {
+        // An active job already covers the work: skip the verdict (a guest call) then.
+        if let Some(j) = self.app.inner.jobs.active_for(&self.tenant.key(session))? {
+            return Ok((Some(j), self.store().stats(session).await?.episodes));
         }
-        let cfg = self.session_config(session)?;
-        let f = self.engine().freshness(session, &cfg).await?;
+        let f = self.engine().freshness(session, cfg).await?;
         let due = f.state == FreshState::Due
             || (cfg.mode == Mode::Eager
                 && f.state == FreshState::Waiting
                 && beyond_limit.is_some_and(|n| f.episodes - f.covered > n));
-        if !due {
-            return Ok(None);
-        }
-        Ok(Some(self.enqueue(session, f.episodes, &cfg)?))
+        let job = if due {
+            Some(self.enqueue(session, f.episodes, cfg)?)
+        } else {
+            None
+        };
+        Ok((job, f.episodes))
     }
 
     fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
@@ -530,8 +522,9 @@ impl Scoped {
             )));
         }
         self.known(session).await?;
-        let mut job = self
-            .queue_if_due(session, Some(u64::from(refresh_after)))
+        let cfg = self.session_config(session)?;
+        let (mut job, _) = self
+            .queue_if_due(session, &cfg, Some(u64::from(refresh_after)))
             .await?;
         let mut waited = false;
         if let (Some(limit), Some(j)) = (wait, &job) {
@@ -540,7 +533,6 @@ impl Scoped {
                 job = Some(done);
             }
         }
-        let cfg = self.session_config(session)?;
         let req = ContextRequest {
             budget,
             pairs,
@@ -588,13 +580,6 @@ impl Scoped {
         SessionModes::new(self.app.inner.db.clone())
             .set(&self.tenant.key(session), mode.as_ref())?;
         self.view(session).await
-    }
-
-    /// Whether the session has its own mode.
-    pub fn has_own_mode(&self, session: &str) -> AppResult<bool> {
-        Ok(SessionModes::new(self.app.inner.db.clone())
-            .get(&self.tenant.key(session))?
-            .is_some())
     }
 
     /// Delete a session and everything kept for it (episodes, summaries, failure marker, jobs,

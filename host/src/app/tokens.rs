@@ -45,10 +45,7 @@ fn db_err(e: rusqlite::Error) -> Error {
 }
 
 fn hash(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::text::hex(&Sha256::digest(token.as_bytes()))
 }
 
 /// The `tokens` table.
@@ -78,10 +75,7 @@ impl Tokens {
                 format!("the system's random source failed: {e}"),
             )
         })?;
-        let token = format!(
-            "abr_{}",
-            raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        );
+        let token = format!("abr_{}", crate::text::hex(&raw));
         let prefix: String = token.chars().take(10).collect();
         let id = self.db.with(|c| {
             c.execute(

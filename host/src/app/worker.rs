@@ -124,7 +124,7 @@ async fn schedule(
                 run_one(app2.tenant(&tenant), job, stop2).await;
                 running2.lock().expect("running lock").remove(&id);
                 drop(permit);
-                app2.inner().wake.notify_one();
+                app2.inner.wake.notify_one();
             });
             let mut ts = tasks.lock().expect("tasks lock");
             ts.retain(|t| !t.is_finished());
@@ -133,7 +133,7 @@ async fn schedule(
         // Woken by a new job or a finished one; the timer picks up jobs other processes queued
         // and leases that ran out.
         tokio::select! {
-            _ = app.inner().wake.notified() => {}
+            _ = app.inner.wake.notified() => {}
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }

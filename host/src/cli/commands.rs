@@ -283,18 +283,9 @@ pub(super) fn build(
         .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))
 }
 
+/// A summary row as JSON: the same record the HTTP API answers with.
 pub(super) fn row_json(r: &SummaryRow) -> serde_json::Value {
-    json!({
-        "id": r.id,
-        "first_episode": r.first_episode,
-        "last_episode": r.last_episode,
-        "tokens": r.tokens,
-        "content": r.content,
-        "model": r.model,
-        "prompt_tokens": r.prompt_tokens,
-        "output_tokens": r.output_tokens,
-        "skipped": r.skipped.iter().map(|x| [x.first, x.last]).collect::<Vec<_>>(),
-    })
+    serde_json::to_value(abridge::app::SummaryView::from(r)).expect("a summary row serializes")
 }
 
 /// The session for conversation `i` of `file` (see [`transcript::session_name`]).

@@ -6,6 +6,7 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
+use abridge::app::{mode_name, state_name};
 use abridge::types::{ContextRequest, FreshState, FreshnessReport, Mode, Role};
 use abridge::{NoModel, SqliteStore, Store};
 
@@ -71,24 +72,6 @@ pub struct ResetArgs {
     /// Session id
     #[arg(value_parser = super::session_id)]
     session: String,
-}
-
-fn mode_name(m: Mode) -> &'static str {
-    match m {
-        Mode::Eager => "eager",
-        Mode::Idle => "idle",
-    }
-}
-
-pub fn state_name(s: FreshState) -> &'static str {
-    match s {
-        FreshState::Empty => "empty",
-        FreshState::Fresh => "fresh",
-        FreshState::Waiting => "waiting",
-        FreshState::Due => "due",
-        FreshState::BackingOff => "backing-off",
-        FreshState::GaveUp => "gave-up",
-    }
 }
 
 fn freshness_json(session: &str, f: &FreshnessReport) -> serde_json::Value {

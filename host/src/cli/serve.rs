@@ -8,7 +8,7 @@ use anyhow::anyhow;
 use clap::{Args, Subcommand};
 
 use abridge::app::{App, AppConfig, AppError, ErrorKind, Limits};
-use abridge::server::{ServeOptions, serve};
+use abridge::server::ServeOptions;
 use abridge::tenant::Tenant;
 
 use super::commands::{Backend, choose_backend, engine_config, runtime};
@@ -150,35 +150,25 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
         model_total: a.model_requests,
     };
     let app = open_app(s, &backend, limits)?;
-    let open_local = abridge::server::check_listen(&app, &a.listen)?;
-    let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| {
-        Failure::new(
-            Exit::Input,
-            anyhow!(
-                "cannot listen on {}: {e} — pick another address with --listen",
-                a.listen
-            ),
-        )
-    })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Failure::new(Exit::Internal, anyhow!(e)))?;
-    // The first line on stdout says where (tests and scripts read the port from it).
-    println!("listening on http://{addr}");
-    if open_local {
-        tracing::warn!(
-            "no API tokens: every request acts as the single local tenant (loopback only); create one with 'abridge tokens create --tenant NAME' to require tokens"
-        );
-    }
-    tracing::info!(%addr, backend = backend.name, db = %s.db.display(), workers = a.workers, "abridge serve started");
     let opts = ServeOptions {
-        listen: addr,
+        listen: a.listen,
         workers: a.workers,
         shutdown_grace: Duration::from_secs(a.shutdown_secs),
         body_limit: a.max_body_mib.max(1) << 20,
         request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
     };
-    let report = serve(app, opts, listener, stop_signal())
+    let server = abridge::server::bind(app, opts).await?;
+    let addr = server.local_addr();
+    // The first line on stdout says where (tests and scripts read the port from it).
+    println!("listening on http://{addr}");
+    if server.open_local() {
+        tracing::warn!(
+            "no API tokens: every request acts as the single local tenant (loopback only); create one with 'abridge tokens create --tenant NAME' to require tokens"
+        );
+    }
+    tracing::info!(%addr, backend = backend.name, db = %s.db.display(), workers = a.workers, "abridge serve started");
+    let report = server
+        .run(stop_signal())
         .await
         .map_err(|e| Failure::new(Exit::Internal, e))?;
     tracing::info!(

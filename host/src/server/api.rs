@@ -18,11 +18,10 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
-use super::auth::Caller;
 use super::{ServeOptions, Srv, auth, metrics};
 use crate::app::{
-    AppError, Appended, ContextView, ErrorKind, Event, Imported, JobView, MessageIn, SessionView,
-    SummaryView,
+    AppError, Appended, ContextView, ErrorKind, Event, Imported, JobView, MessageIn, Scoped,
+    SessionView, SummaryView,
 };
 use crate::sources::SessionMode;
 use crate::tenant::Tenant;
@@ -185,7 +184,7 @@ fn job_links(j: &JobView) -> serde_json::Value {
         (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody)))]
 async fn post_messages(
     State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
     b: Result<Bytes, BytesRejection>,
 ) -> ApiResult<impl IntoResponse> {
@@ -207,11 +206,7 @@ async fn post_messages(
         serde_json::to_writer(&mut lines, m).expect("a message serializes");
         lines.push(b'\n');
     }
-    let appended = srv
-        .app
-        .tenant(&caller.tenant)
-        .append_jsonl(&id, &lines)
-        .await?;
+    let appended = t.append_jsonl(&id, &lines).await?;
     let links = appended.job.as_ref().map(job_links);
     Ok((
         StatusCode::ACCEPTED,
@@ -252,7 +247,7 @@ pub struct ImportedBody {
         (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
 async fn post_transcript(
     State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Query(q): Query<TranscriptQuery>,
     b: Result<Bytes, BytesRejection>,
 ) -> ApiResult<impl IntoResponse> {
@@ -266,9 +261,7 @@ async fn post_transcript(
         include_tools: q.include_tools,
         ..Options::default()
     };
-    let (conversations, warnings) = srv
-        .app
-        .tenant(&caller.tenant)
+    let (conversations, warnings) = t
         .import(name, &b, format, q.session.as_deref(), opts)
         .await?;
     Ok((
@@ -303,16 +296,11 @@ pub struct SessionsBody {
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(Page),
     responses((status = 200, body = SessionsBody)))]
 async fn list_sessions(
-    State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Query(p): Query<Page>,
 ) -> ApiResult<Json<SessionsBody>> {
     let limit = p.limit.unwrap_or(50).clamp(1, 500);
-    let (sessions, total) = srv
-        .app
-        .tenant(&caller.tenant)
-        .sessions(p.offset, limit)
-        .await?;
+    let (sessions, total) = t.sessions(p.offset, limit).await?;
     Ok(Json(SessionsBody {
         sessions,
         total,
@@ -326,11 +314,10 @@ async fn list_sessions(
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, body = SessionView), (status = 404, body = ErrorBody)))]
 async fn get_session(
-    State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(srv.app.tenant(&caller.tenant).session(&id).await?))
+    Ok(Json(t.session(&id).await?))
 }
 
 /// Delete a session and everything kept for it.
@@ -338,11 +325,10 @@ async fn get_session(
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, description = "Deleted", body = Object), (status = 404, body = ErrorBody)))]
 async fn delete_session(
-    State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let n = srv.app.tenant(&caller.tenant).reset(&id).await?;
+    let n = t.reset(&id).await?;
     Ok(Json(json!({"session": id, "deleted_episodes": n})))
 }
 
@@ -359,11 +345,10 @@ pub struct SummariesBody {
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, body = SummariesBody), (status = 404, body = ErrorBody)))]
 async fn get_summaries(
-    State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SummariesBody>> {
-    let summaries = srv.app.tenant(&caller.tenant).summaries(&id).await?;
+    let summaries = t.summaries(&id).await?;
     Ok(Json(SummariesBody {
         session: id,
         summaries,
@@ -389,14 +374,11 @@ struct ContextQuery {
     params(("id" = String, Path, description = "Session id"), ContextQuery),
     responses((status = 200, body = ContextView), (status = 404, body = ErrorBody)))]
 async fn get_context(
-    State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
     Query(q): Query<ContextQuery>,
 ) -> ApiResult<Json<ContextView>> {
-    let v = srv
-        .app
-        .tenant(&caller.tenant)
+    let v = t
         .context(
             &id,
             q.budget.unwrap_or(2000),
@@ -415,11 +397,10 @@ async fn get_context(
     responses((status = 202, body = JobView), (status = 200, description = "Already covered", body = Object),
         (status = 404, body = ErrorBody)))]
 async fn post_refresh(
-    State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    Ok(match srv.app.tenant(&caller.tenant).refresh(&id).await? {
+    Ok(match t.refresh(&id).await? {
         Some(job) => (StatusCode::ACCEPTED, Json(job)).into_response(),
         None => {
             Json(json!({"session": id, "job": null, "reason": "every episode is already covered"}))
@@ -443,7 +424,7 @@ pub struct ModeBody {
     responses((status = 200, body = SessionView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn put_mode(
     State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
     b: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<SessionView>> {
@@ -465,9 +446,7 @@ async fn put_mode(
             ))));
         }
     };
-    Ok(Json(
-        srv.app.tenant(&caller.tenant).set_mode(&id, own).await?,
-    ))
+    Ok(Json(t.set_mode(&id, own).await?))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -491,12 +470,11 @@ pub struct JobsBody {
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(JobsQuery),
     responses((status = 200, body = JobsBody)))]
 async fn list_jobs(
-    State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Query(q): Query<JobsQuery>,
 ) -> ApiResult<Json<JobsBody>> {
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
-    let jobs = srv.app.tenant(&caller.tenant).list_jobs(q.before, limit)?;
+    let jobs = t.list_jobs(q.before, limit)?;
     let next_before = (jobs.len() == limit as usize)
         .then(|| jobs.last().map(|j| j.id))
         .flatten();
@@ -508,11 +486,10 @@ async fn list_jobs(
     params(("id" = u64, Path, description = "Job id")),
     responses((status = 200, body = JobView), (status = 404, body = ErrorBody)))]
 async fn get_job(
-    State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
-    Ok(Json(srv.app.tenant(&caller.tenant).job(job_id(&id)?)?))
+    Ok(Json(t.job(job_id(&id)?)?))
 }
 
 /// A job id from a path: anything else is simply not a job.
@@ -530,13 +507,10 @@ fn job_id(s: &str) -> ApiResult<u64> {
     params(("id" = u64, Path, description = "Job id")),
     responses((status = 200, body = JobView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn cancel_job(
-    State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
-    Ok(Json(
-        srv.app.tenant(&caller.tenant).cancel_job(job_id(&id)?)?,
-    ))
+    Ok(Json(t.cancel_job(job_id(&id)?)?))
 }
 
 fn last_event_id(h: &HeaderMap) -> Option<u64> {
@@ -552,7 +526,7 @@ fn sse_of(e: &Event) -> SseEvent {
 
 const TERMINAL: [&str; 3] = ["job.succeeded", "job.failed", "job.cancelled"];
 
-struct Stream_ {
+struct EventFeed {
     first: VecDeque<SseEvent>,
     missed: VecDeque<Event>,
     live: tokio::sync::broadcast::Receiver<Event>,
@@ -564,7 +538,7 @@ struct Stream_ {
     done: bool,
 }
 
-fn event_stream(s: Stream_) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+fn event_stream(s: EventFeed) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     futures::stream::unfold(s, |mut st| async move {
         if st.done {
             return None;
@@ -612,34 +586,29 @@ fn event_stream(s: Stream_) -> impl Stream<Item = Result<SseEvent, Infallible>> 
         (status = 404, body = ErrorBody)))]
 async fn job_events(
     State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<impl IntoResponse> {
-    let scoped = srv.app.tenant(&caller.tenant);
     let id = job_id(&id)?;
-    scoped.job(id)?;
     let after = last_event_id(&headers);
     // Subscribe before reading the job, so nothing happens between the two unseen.
-    let sub = srv
-        .app
-        .events()
-        .subscribe(&caller.tenant, Some(after.unwrap_or(0)));
-    let job = scoped.job(id)?;
+    let sub = srv.app.events().subscribe(t.tenant(), after);
+    let job = t.job(id)?;
     let missed: VecDeque<Event> = sub
         .missed
         .into_iter()
-        .filter(|e| e.job == Some(id) && after.is_some())
+        .filter(|e| e.job == Some(id))
         .collect();
     let ended = !matches!(job.state.as_str(), "queued" | "running");
     let snapshot = SseEvent::default()
         .event("job.state")
         .data(serde_json::to_string(&job).expect("jobs serialize"));
-    let st = Stream_ {
+    let st = EventFeed {
         first: VecDeque::from([snapshot]),
         missed,
         live: sub.live,
-        tenant: caller.tenant,
+        tenant: t.tenant().clone(),
         job: Some(id),
         shutdown: srv.shutdown.clone(),
         end_after_missed: ended,
@@ -655,11 +624,11 @@ async fn job_events(
     responses((status = 200, description = "An event stream", content_type = "text/event-stream", body = Event)))]
 async fn all_events(
     State(srv): State<Srv>,
-    Extension(caller): Extension<Caller>,
+    Extension(t): Extension<Scoped>,
     headers: HeaderMap,
 ) -> impl IntoResponse {
     let after = last_event_id(&headers);
-    let sub = srv.app.events().subscribe(&caller.tenant, after);
+    let sub = srv.app.events().subscribe(t.tenant(), after);
     let mut first = VecDeque::new();
     if let Some(gap) = sub.gap_before {
         first.push_back(
@@ -668,11 +637,11 @@ async fn all_events(
                 .data(json!({"retained_from": gap}).to_string()),
         );
     }
-    let st = Stream_ {
+    let st = EventFeed {
         first,
         missed: sub.missed.into(),
         live: sub.live,
-        tenant: caller.tenant,
+        tenant: t.tenant().clone(),
         job: None,
         shutdown: srv.shutdown.clone(),
         end_after_missed: false,

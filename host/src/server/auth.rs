@@ -11,13 +11,6 @@ use super::api::ApiError;
 use crate::app::{AppError, ErrorKind};
 use crate::tenant::Tenant;
 
-/// The caller, as the handlers see it.
-#[derive(Clone, Debug)]
-pub(crate) struct Caller {
-    pub(crate) tenant: Tenant,
-    pub(crate) read_only: bool,
-}
-
 fn unauthenticated(msg: &str) -> Response {
     let mut r = ApiError(
         AppError::new(ErrorKind::Unauthenticated, msg)
@@ -31,23 +24,21 @@ fn unauthenticated(msg: &str) -> Response {
     r
 }
 
-/// The middleware: find the caller, check a read-only token does not write, count the request
-/// against the tenant's rate.
+/// The middleware: find the caller's tenant, check a read-only token does not write, count the
+/// request against the tenant's rate, and hand the handlers the tenant's scoped app (the only
+/// way they reach data).
 pub(crate) async fn authenticate(State(srv): State<Srv>, mut req: Request, next: Next) -> Response {
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| v.to_str().unwrap_or("").to_string());
-    let caller = match given {
+    let (tenant, read_only) = match given {
         Some(v) => {
             let Some(token) = v.strip_prefix("Bearer ").map(str::trim) else {
                 return unauthenticated("the Authorization header is not 'Bearer TOKEN'");
             };
             match srv.app.tokens().check(token) {
-                Ok(Some(g)) => Caller {
-                    tenant: g.tenant,
-                    read_only: g.read_only,
-                },
+                Ok(Some(g)) => (g.tenant, g.read_only),
                 Ok(None) => return unauthenticated("the token is not valid (unknown or revoked)"),
                 Err(e) => return ApiError(e).into_response(),
             }
@@ -58,22 +49,20 @@ pub(crate) async fn authenticate(State(srv): State<Srv>, mut req: Request, next:
             if !open {
                 return unauthenticated("this server requires a token");
             }
-            Caller {
-                tenant: Tenant::local(),
-                read_only: false,
-            }
+            (Tenant::local(), false)
         }
     };
-    if caller.read_only && !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+    if read_only && !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         return ApiError(
             AppError::new(ErrorKind::Forbidden, "this token is read-only")
                 .hint("use a token created without --read-only to write"),
         )
         .into_response();
     }
-    if let Err(e) = srv.app.tenant(&caller.tenant).admit() {
+    let scoped = srv.app.tenant(&tenant);
+    if let Err(e) = scoped.admit() {
         return ApiError(e).into_response();
     }
-    req.extensions_mut().insert(caller);
+    req.extensions_mut().insert(scoped);
     next.run(req).await
 }

@@ -80,27 +80,39 @@ pub(crate) fn render(srv: &Srv) -> String {
         }
         let _ = writeln!(out, "abridge_jobs{{state=\"{state}\"}} {n}");
     }
-    let _ = writeln!(
-        out,
-        "# HELP abridge_queue_depth Jobs waiting for a worker.\n# TYPE abridge_queue_depth gauge\nabridge_queue_depth {queued}"
-    );
     let m = app.model_metrics();
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let _ = writeln!(
-        out,
-        "# HELP abridge_model_calls_total Model requests made.\n# TYPE abridge_model_calls_total counter\nabridge_model_calls_total {}",
-        get(&m.calls)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP abridge_model_failures_total Model requests that failed.\n# TYPE abridge_model_failures_total counter\nabridge_model_failures_total {}",
-        get(&m.failures)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP abridge_model_in_flight Model requests in flight.\n# TYPE abridge_model_in_flight gauge\nabridge_model_in_flight {}",
-        get(&m.in_flight)
-    );
+    for (name, kind, help, value) in [
+        (
+            "abridge_queue_depth",
+            "gauge",
+            "Jobs waiting for a worker.",
+            queued,
+        ),
+        (
+            "abridge_model_calls_total",
+            "counter",
+            "Model requests made.",
+            get(&m.calls),
+        ),
+        (
+            "abridge_model_failures_total",
+            "counter",
+            "Model requests that failed.",
+            get(&m.failures),
+        ),
+        (
+            "abridge_model_in_flight",
+            "gauge",
+            "Model requests in flight.",
+            get(&m.in_flight),
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
     let _ = writeln!(
         out,
         "# HELP abridge_model_tokens_total Tokens the model reported, by kind.\n# TYPE abridge_model_tokens_total counter\nabridge_model_tokens_total{{kind=\"prompt\"}} {}\nabridge_model_tokens_total{{kind=\"output\"}} {}",

@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use tokio::sync::watch;
 
 pub use api::ApiDoc;
@@ -59,26 +58,19 @@ pub(crate) struct Srv {
     pub(crate) body_limit: usize,
 }
 
-/// The router for `app` (used by [`serve`], and by tests in-process).
-pub fn router(
+/// A server bound to its address, not yet serving (see [`bind`]).
+pub struct Bound {
     app: App,
+    opts: ServeOptions,
+    listener: tokio::net::TcpListener,
     open_local: bool,
-    opts: &ServeOptions,
-    shutdown: watch::Receiver<bool>,
-) -> Router {
-    let srv = Srv {
-        app,
-        open_local,
-        metrics: Arc::new(metrics::Http::default()),
-        shutdown,
-        body_limit: opts.body_limit,
-    };
-    api::routes(srv, opts)
 }
 
-/// Check that the server may listen where asked: a non-loopback address needs a token.
-pub fn check_listen(app: &App, addr: &SocketAddr) -> AppResult<bool> {
+/// Check that the server may listen where asked — a non-loopback address needs a token — and
+/// bind it.
+pub async fn bind(app: App, opts: ServeOptions) -> AppResult<Bound> {
     let tokens = app.tokens().any_live()?;
+    let addr = opts.listen;
     if !addr.ip().is_loopback() && !tokens {
         return Err(AppError::new(
             ErrorKind::InvalidInput,
@@ -88,37 +80,68 @@ pub fn check_listen(app: &App, addr: &SocketAddr) -> AppResult<bool> {
         )
         .hint("create a token with 'abridge tokens create --tenant NAME' (clients send it as 'Authorization: Bearer TOKEN'), or listen on 127.0.0.1"));
     }
-    Ok(!tokens)
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        AppError::invalid(format!("cannot listen on {addr}: {e}"))
+            .hint("pick another address with --listen")
+    })?;
+    Ok(Bound {
+        app,
+        opts,
+        listener,
+        open_local: !tokens,
+    })
 }
 
-/// Serve until `stop` resolves (SIGTERM or Ctrl-C in the binary): stop accepting, end event
-/// streams, let running jobs finish within the grace period (releasing the rest to the queue),
-/// and return. Prints nothing; logs with `tracing`.
-pub async fn serve(
-    app: App,
-    opts: ServeOptions,
-    listener: tokio::net::TcpListener,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<ServeReport> {
-    let open_local = check_listen(&app, &listener.local_addr()?).map_err(|e| {
-        anyhow::anyhow!(e.message.clone() + &e.hint.map(|h| format!(" — {h}")).unwrap_or_default())
-    })?;
-    let (tx, rx) = watch::channel(false);
-    let workers = app.start_workers(opts.workers);
-    let router = router(app.clone(), open_local, &opts, rx);
-    let signal = async move {
-        stop.await;
-        tracing::info!("shutting down: no new requests; event streams end");
-        let _ = tx.send(true);
-    };
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(signal)
-    .await?;
-    let released = workers.shutdown(opts.shutdown_grace).await;
-    Ok(ServeReport { released })
+impl Bound {
+    /// The address it listens on (the port chosen, when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound TCP listener has an address")
+    }
+
+    /// Whether requests without a token act as the local tenant (loopback and no tokens).
+    pub fn open_local(&self) -> bool {
+        self.open_local
+    }
+
+    /// Serve until `stop` resolves (SIGTERM or Ctrl-C in the binary): stop accepting, end
+    /// event streams, let running jobs finish within the grace period (releasing the rest to
+    /// the queue), and return. Prints nothing; logs with `tracing`.
+    pub async fn run(
+        self,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<ServeReport> {
+        let Bound {
+            app,
+            opts,
+            listener,
+            open_local,
+        } = self;
+        let (tx, shutdown) = watch::channel(false);
+        let workers = app.start_workers(opts.workers);
+        let srv = Srv {
+            app,
+            open_local,
+            metrics: Arc::new(metrics::Http::default()),
+            shutdown,
+            body_limit: opts.body_limit,
+        };
+        let router = api::routes(srv, &opts);
+        let signal = async move {
+            stop.await;
+            tracing::info!("shutting down: no new requests; event streams end");
+            let _ = tx.send(true);
+        };
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(signal)
+        .await?;
+        let released = workers.shutdown(opts.shutdown_grace).await;
+        Ok(ServeReport { released })
+    }
 }
 
 /// How a server ended.
