@@ -628,3 +628,31 @@ fn a_public_address_without_a_token_is_refused() {
     let r = env.run_within(60, &["serve", "--listen", "0.0.0.0:0"]);
     r.assert_fails(2, &["abridge tokens create --tenant"]);
 }
+
+#[test]
+fn a_tenant_over_its_request_rate_gets_429_with_retry_after() {
+    let env = extractive();
+    let srv = Server::start(&env, &["--rate-limit", "1"]);
+    // A burst of twice the rate passes; the next request within the second is refused.
+    let statuses: Vec<Resp> = (0..6)
+        .map(|_| get(&srv.addr, "/v1/sessions", None))
+        .collect();
+    let limited = statuses
+        .iter()
+        .find(|r| r.status == 429)
+        .unwrap_or_else(|| {
+            panic!(
+                "no 429 among {:?}",
+                statuses.iter().map(|r| r.status).collect::<Vec<_>>()
+            )
+        });
+    assert_eq!(limited.json()["error"]["code"], "rate_limited");
+    assert!(
+        limited.headers.to_lowercase().contains("retry-after: 1"),
+        "{}",
+        limited.headers
+    );
+    assert_eq!(statuses[0].status, 200);
+    // Liveness is not rate limited.
+    assert_eq!(get(&srv.addr, "/healthz", None).status, 200);
+}
