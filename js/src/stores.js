@@ -180,19 +180,20 @@ export class SqliteStore {
     this.#db = db;
     try {
       db.exec('PRAGMA busy_timeout = 10000');
-      db.exec('PRAGMA journal_mode = WAL');
-      db.exec('PRAGMA synchronous = NORMAL');
-      db.exec('PRAGMA foreign_keys = ON');
-      const version = db.prepare('PRAGMA user_version').get().user_version;
-      const all = loadMigrations();
-      if (version > all.length) {
-        throw new Error(`schema ${version} is newer than this build knows (${all.length}); upgrade abridge`);
-      }
-      for (let i = version; i < all.length; i++) {
-        this.#tx(() => {
-          db.exec(all[i]);
-          db.exec(`PRAGMA user_version = ${i + 1}`);
-        });
+      // SQLite waits out another connection's lock except where waiting could deadlock
+      // (two new openers both switching the file to WAL): each step is safe to repeat, so
+      // opening tries again, with a short pause, for as long as the busy timeout.
+      const deadline = Date.now() + 10000;
+      let pause = 5 + (process.pid % 11);
+      for (;;) {
+        try {
+          this.#prepare(db);
+          break;
+        } catch (e) {
+          if (!/locked|busy/i.test(e.message) || Date.now() >= deadline) throw e;
+          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, pause);
+          pause = Math.min(pause * 2, 200);
+        }
       }
     } catch (e) {
       throw new AbridgeError('storage', `${name} is not a usable abridge database (${e.message}); use another file`);
@@ -211,7 +212,7 @@ export class SqliteStore {
       add: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped)
               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
       update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ? WHERE id = ?'),
-            sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
+      sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
       calibration: p('SELECT estimated, reported FROM calibration WHERE model = ?'),
       partial: p('SELECT text, prompt_tokens AS promptTokens, output_tokens AS outputTokens FROM partials WHERE key = ?'),
       putPartial: p('INSERT OR REPLACE INTO partials (key, text, prompt_tokens, output_tokens) VALUES (?, ?, ?, ?)'),
@@ -222,6 +223,28 @@ export class SqliteStore {
       calibrate: p(`INSERT INTO calibration (model, estimated, reported) VALUES (?, ?, ?)
                     ON CONFLICT(model) DO UPDATE SET estimated = estimated + excluded.estimated, reported = reported + excluded.reported`),
     };
+  }
+
+  /** Switch to WAL and run the migrations the file lacks, each in a write transaction taken
+   * before the version is read, so a second opener waits and then finds the work done. */
+  #prepare(db) {
+    db.exec('PRAGMA journal_mode = WAL');
+    db.exec('PRAGMA synchronous = NORMAL');
+    db.exec('PRAGMA foreign_keys = ON');
+    const all = loadMigrations();
+    for (;;) {
+      const done = this.#tx(() => {
+        const version = db.prepare('PRAGMA user_version').get().user_version;
+        if (version > all.length) {
+          throw new Error(`schema ${version} is newer than this build knows (${all.length}); upgrade abridge`);
+        }
+        if (version === all.length) return true;
+        db.exec(all[version]);
+        db.exec(`PRAGMA user_version = ${version + 1}`);
+        return false;
+      });
+      if (done) return;
+    }
   }
 
   #tx(f) {

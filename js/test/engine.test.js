@@ -73,6 +73,35 @@ test('node:sqlite data survives a new engine and the chain rule is enforced', as
   );
 });
 
+test('many openers of a new database file at once all succeed', async () => {
+  // Openers racing to switch a new file to WAL can be refused by SQLite without its busy
+  // wait; opening tries again instead of failing, and each migration runs once.
+  const { Worker } = await import('node:worker_threads');
+  const storesUrl = new URL('../src/stores.js', import.meta.url).href;
+  const code = `
+    const { workerData, parentPort } = require('node:worker_threads');
+    const gate = new Int32Array(workerData.gate);
+    Atomics.add(gate, 0, 1);
+    while (Atomics.load(gate, 0) < workerData.n) Atomics.wait(gate, 0, Atomics.load(gate, 0), 5);
+    import(workerData.url)
+      .then(({ SqliteStore }) => SqliteStore.open(workerData.path))
+      .then((s) => { s.close(); parentPort.postMessage('ok'); },
+            (e) => parentPort.postMessage(e.message));`;
+  for (let round = 0; round < 5; round++) {
+    const path = join(mkdtempSync(join(tmpdir(), 'abridge-js-')), 'race.db');
+    const n = 8;
+    const gate = new SharedArrayBuffer(4);
+    const results = await Promise.all(Array.from({ length: n }, () => new Promise((resolve, reject) => {
+      const w = new Worker(code, { eval: true, workerData: { gate, n, path, url: storesUrl } });
+      w.once('message', (m) => { resolve(m); w.terminate(); });
+      w.once('error', reject);
+    })));
+    assert.deepEqual(results, Array(n).fill('ok'), `round ${round}`);
+    const store = await SqliteStore.open(path);
+    store.close();
+  }
+});
+
 test('model failures are AbridgeErrors and leave the chain unchanged', async () => {
   await server.reset();
   const store = new MemoryStore();

@@ -72,6 +72,71 @@ fn explain(name: &str, msg: &str) -> String {
     format!("database {name}: {msg} — {remedy}")
 }
 
+/// How long one connection waits for another's lock before giving up.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Why opening stopped: a SQLite error (perhaps worth another try) or a refusal.
+enum Init {
+    Sqlite(rusqlite::Error),
+    Refused(Error),
+}
+
+impl From<rusqlite::Error> for Init {
+    fn from(e: rusqlite::Error) -> Self {
+        Init::Sqlite(e)
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Check that the file is ours, switch it to WAL and run the migrations it lacks.
+fn prepare(conn: &mut Connection, name: &str) -> Result<(), Init> {
+    // Look before touching anything: another program's database is neither migrated nor
+    // switched to WAL.
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())?;
+    let foreign: Vec<&String> = tables
+        .iter()
+        .filter(|t| !OWN_TABLES.contains(&t.as_str()))
+        .collect();
+    if !foreign.is_empty() {
+        let shown: Vec<&str> = foreign.iter().take(5).map(|t| t.as_str()).collect();
+        return Err(Init::Refused(Error::Storage(format!(
+            "{name} is not an abridge database (it holds other tables: {}{}); abridge leaves it untouched — point --db/ABRIDGE_DB at a new file",
+            shown.join(", "),
+            if foreign.len() > 5 { ", …" } else { "" }
+        ))));
+    }
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    // Two processes may open a new database at once: each migration step runs in a write
+    // transaction taken before the version is read, so the second waits for the first and
+    // then finds the work done.
+    loop {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let version = tx.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))? as usize;
+        if version > MIGRATIONS.len() {
+            return Err(Init::Refused(Error::Storage(format!(
+                "{name} was written by a newer abridge (schema {version}, this build knows {}); upgrade abridge",
+                MIGRATIONS.len()
+            ))));
+        }
+        let Some(sql) = MIGRATIONS.get(version) else {
+            return Ok(());
+        };
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (version + 1) as i64)?;
+        tx.commit()?;
+    }
+}
+
 fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
 }
@@ -104,57 +169,23 @@ impl SqliteStore {
 
     fn init(mut conn: Connection, name: &str) -> Result<Self, Error> {
         let fail = |e: rusqlite::Error| Error::Storage(explain(name, &e.to_string()));
-        conn.busy_timeout(std::time::Duration::from_secs(30))
-            .map_err(fail)?;
-        // Look before touching anything: another program's database is neither migrated nor
-        // switched to WAL.
-        let tables: Vec<String> = conn
-            .prepare(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
-            )
-            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
-            .map_err(fail)?;
-        let foreign: Vec<&String> = tables
-            .iter()
-            .filter(|t| !OWN_TABLES.contains(&t.as_str()))
-            .collect();
-        if !foreign.is_empty() {
-            let shown: Vec<&str> = foreign.iter().take(5).map(|t| t.as_str()).collect();
-            return Err(Error::Storage(format!(
-                "{name} is not an abridge database (it holds other tables: {}{}); abridge leaves it untouched — point --db/ABRIDGE_DB at a new file",
-                shown.join(", "),
-                if foreign.len() > 5 { ", …" } else { "" }
-            )));
-        }
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(fail)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(fail)?;
-        conn.pragma_update(None, "foreign_keys", "ON")
-            .map_err(fail)?;
-        // Two processes may open a new database at once: each migration step runs in a write
-        // transaction taken before the version is read, so the second waits for the first and
-        // then finds the work done.
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(fail)?;
+        // SQLite waits out another connection's lock (the busy timeout) except where waiting
+        // could deadlock: two new openers both switching the file to WAL get SQLITE_BUSY at
+        // once. Every step below is safe to repeat, so the whole sequence is tried again,
+        // with a short pause, until the same deadline.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        let mut pause = std::time::Duration::from_millis(5 + u64::from(std::process::id() % 11));
         loop {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(fail)?;
-            let version = tx
-                .pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
-                .map_err(fail)? as usize;
-            if version > MIGRATIONS.len() {
-                return Err(Error::Storage(format!(
-                    "{name} was written by a newer abridge (schema {version}, this build knows {}); upgrade abridge",
-                    MIGRATIONS.len()
-                )));
+            match prepare(&mut conn, name) {
+                Ok(()) => break,
+                Err(Init::Sqlite(e)) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                }
+                Err(Init::Sqlite(e)) => return Err(fail(e)),
+                Err(Init::Refused(e)) => return Err(e),
             }
-            let Some(sql) = MIGRATIONS.get(version) else {
-                break;
-            };
-            tx.execute_batch(sql).map_err(fail)?;
-            tx.pragma_update(None, "user_version", (version + 1) as i64)
-                .map_err(fail)?;
-            tx.commit().map_err(fail)?;
         }
         Ok(SqliteStore {
             conn: Mutex::new(conn),
@@ -564,5 +595,36 @@ mod tests {
             m.contains(&path.display().to_string()) && m.contains("not writable"),
             "{m}"
         );
+    }
+
+    #[test]
+    fn many_openers_of_a_new_file_at_once_all_succeed() {
+        // Openers racing to switch a new file to WAL can be refused by SQLite without its
+        // busy wait (it would deadlock); opening tries again instead of failing.
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("new.db");
+            let barrier = std::sync::Barrier::new(12);
+            std::thread::scope(|s| {
+                let opened: Vec<_> = (0..12)
+                    .map(|_| {
+                        s.spawn(|| {
+                            barrier.wait();
+                            SqliteStore::open(&path).map(drop)
+                        })
+                    })
+                    .collect();
+                for o in opened {
+                    o.join()
+                        .unwrap()
+                        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                }
+            });
+            let conn = Connection::open(&path).unwrap();
+            let version: i64 = conn
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .unwrap();
+            assert_eq!(version as usize, MIGRATIONS.len());
+        }
     }
 }
