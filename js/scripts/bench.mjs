@@ -1,4 +1,4 @@
-// The JS half of `abridge bench --js`: the same measurements as the Rust half, printed as
+// The JS half of `cargo bench --bench engine -- --js`: the same measurements as the Rust half, printed as
 // one JSON line. Usage: node scripts/bench.mjs --url URL [--episodes N] [--runs N]
 import { MemoryStore, createEngine, ollama } from '../src/index.js';
 

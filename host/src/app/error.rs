@@ -91,6 +91,11 @@ impl AppError {
         Self::new(ErrorKind::InvalidInput, message)
     }
 
+    /// A database failure.
+    pub fn storage(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Storage, message)
+    }
+
     /// A missing (or foreign) thing.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, message)

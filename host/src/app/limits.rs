@@ -37,6 +37,19 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// No limits: one user's process (the command line), where the model's own concurrency
+    /// settings are the only bound.
+    pub fn unlimited() -> Self {
+        Limits {
+            requests_per_sec: 0,
+            jobs_per_tenant: usize::MAX,
+            model_per_tenant: Semaphore::MAX_PERMITS,
+            model_total: Semaphore::MAX_PERMITS,
+        }
+    }
+}
+
 /// A token bucket (refilled from a monotonic clock: it measures rates, not wall time).
 pub struct Bucket {
     rate: f64,

@@ -9,6 +9,7 @@
 pub mod error;
 pub mod events;
 pub mod limits;
+mod run;
 pub mod tokens;
 mod views;
 mod worker;
@@ -91,6 +92,8 @@ struct Inner {
     draining: AtomicBool,
     /// Numbers messages posted without a client id.
     seq: AtomicU64,
+    /// Random, per opening: ids made here differ from those of another process.
+    instance: String,
 }
 
 /// The application: open once, share (it is cheap to clone).
@@ -115,6 +118,13 @@ impl App {
                 wake: Notify::new(),
                 draining: AtomicBool::new(false),
                 seq: AtomicU64::new(0),
+                instance: {
+                    let mut raw = [0u8; 6];
+                    getrandom::fill(&mut raw).map_err(|e| {
+                        AppError::new(ErrorKind::Internal, format!("no random numbers: {e}"))
+                    })?;
+                    raw.iter().map(|b| format!("{b:02x}")).collect()
+                },
                 db,
                 cfg,
             }),
@@ -149,6 +159,12 @@ impl App {
     /// Now, from the clock.
     pub fn now_ms(&self) -> u64 {
         self.inner.cfg.clock.now_ms()
+    }
+
+    /// An id no other message gets: the time, this opening's random part and a count.
+    pub fn unique_id(&self) -> String {
+        let n = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        format!("m{}-{}-{n}", self.now_ms(), self.inner.instance)
     }
 
     /// Stop taking new jobs (workers finish or release what they hold).
@@ -211,6 +227,19 @@ impl App {
     }
 }
 
+/// What [`Scoped::append_inline`] did.
+#[derive(Debug)]
+pub struct InlineAppend {
+    /// Episodes stored (the rest were already there).
+    pub stored: u32,
+    /// Summary passes the refresh made (0 when none was due).
+    pub passes: u32,
+    /// Summary rows written or extended.
+    pub written: Vec<crate::types::SummaryRow>,
+    /// Why a due refresh failed.
+    pub failure: Option<AppError>,
+}
+
 /// One tenant's view of the app. Every operation is scoped to the tenant.
 #[derive(Clone)]
 pub struct Scoped {
@@ -228,6 +257,11 @@ impl Scoped {
     /// The tenant.
     pub fn tenant(&self) -> &Tenant {
         &self.tenant
+    }
+
+    /// The app this handle belongs to.
+    pub fn app(&self) -> &App {
+        &self.app
     }
 
     /// The tenant's engine (its store is the tenant's view).
@@ -285,6 +319,45 @@ impl Scoped {
         Ok(stats)
     }
 
+    /// Remember that `session` held `last_episode` episodes after importing the first `bytes`
+    /// bytes of the file `source`, so a summary can say how far into its file it reaches.
+    pub fn mark_source(
+        &self,
+        session: &str,
+        source: &str,
+        last_episode: u64,
+        bytes: u64,
+    ) -> AppResult<()> {
+        Ok(
+            crate::sources::Marks::new(self.app.inner.db.clone()).record(
+                &self.tenant.key(session),
+                source,
+                last_episode,
+                bytes,
+            )?,
+        )
+    }
+
+    /// How far into its file a summary ending at `last_episode` reaches (when the session
+    /// came from one).
+    pub fn source_mark(
+        &self,
+        session: &str,
+        last_episode: u64,
+    ) -> AppResult<Option<crate::sources::Mark>> {
+        Ok(crate::sources::Marks::new(self.app.inner.db.clone())
+            .covered(&self.tenant.key(session), last_episode)?)
+    }
+
+    /// Whether a live worker (here or in another process) is running a job of `session`.
+    pub fn session_busy(&self, session: &str) -> AppResult<bool> {
+        Ok(self
+            .app
+            .inner
+            .jobs
+            .session_busy(&self.tenant.key(session))?)
+    }
+
     /// A session's standing.
     pub async fn session(&self, session: &str) -> AppResult<SessionView> {
         self.known(session).await?;
@@ -292,13 +365,16 @@ impl Scoped {
     }
 
     async fn view(&self, session: &str) -> AppResult<SessionView> {
-        let cfg = self.session_config(session)?;
+        let key = self.tenant.key(session);
+        let modes = SessionModes::new(self.app.inner.db.clone());
+        let own = modes.get(&key)?.is_some();
+        let cfg = modes.apply(&key, &self.app.inner.cfg.config)?;
         let f = self.engine().freshness(session, &cfg).await?;
-        let active = self.app.inner.jobs.active_for(&self.tenant.key(session))?;
+        let active = self.app.inner.jobs.active_for(&key)?;
         Ok(SessionView::new(
             session,
             &f,
-            cfg.mode,
+            (cfg.mode, own),
             active.map(|j| j.id),
         ))
     }
@@ -365,14 +441,55 @@ impl Scoped {
                 Some(id) => ids.push(id.to_string()),
                 None => {
                     // Without an id every message is new, even if its text repeats.
-                    let n = self.app.inner.seq.fetch_add(1, Ordering::Relaxed);
-                    let id = format!("m{}-{n}", self.app.now_ms());
+                    let id = self.app.unique_id();
                     ep.source_key = format!("srv:{id}");
                     ids.push(id);
                 }
             }
         }
         self.append(session, episodes, ids).await
+    }
+
+    /// Append episodes and, when a refresh is due, run it here and now: one user's process
+    /// (the command line's ingest), where the caller waits. A job of the session that is
+    /// already active covers the work. A refresh that fails is reported in the result, not as
+    /// an error: the episodes are stored and the previous summary is kept. (The service's
+    /// [`Scoped::append`] queues the refresh instead: this is the one place that decides.)
+    pub async fn append_inline(
+        &self,
+        session: &str,
+        episodes: &[NewEpisode],
+        cfg: &Config,
+    ) -> AppResult<InlineAppend> {
+        check_session(session)?;
+        let stored = self.engine().append(session, episodes).await?;
+        let mut out = InlineAppend {
+            stored,
+            passes: 0,
+            written: Vec::new(),
+            failure: None,
+        };
+        if self
+            .app
+            .inner
+            .jobs
+            .session_busy(&self.tenant.key(session))?
+        {
+            return Ok(out);
+        }
+        match self.engine().after_episode_written(session, cfg).await {
+            Ok(o) => {
+                out.passes = o.passes;
+                out.written = o.written;
+            }
+            Err(crate::runtime::CallError::Engine(e))
+                if !matches!(e, crate::types::Error::InvalidInput(_)) =>
+            {
+                out.failure = Some(e.into());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(out)
     }
 
     /// Append episodes and queue a refresh when one is due.

@@ -164,6 +164,8 @@ pub struct SessionView {
     pub reason: String,
     /// `eager` or `idle`.
     pub mode: String,
+    /// Whether the mode is the session's own setting (else the global one).
+    pub own_mode: bool,
     /// Episodes stored.
     pub episodes: u64,
     /// Episodes the summary chain covers.
@@ -172,6 +174,8 @@ pub struct SessionView {
     pub backlog_tokens: u64,
     /// The newest episode's own time, ms since the epoch.
     pub last_activity_ms: Option<i64>,
+    /// The newest covered episode's own time, ms since the epoch.
+    pub covered_until_ms: Option<i64>,
     /// When a waiting or backing-off session becomes due.
     pub due_at_ms: Option<u64>,
     /// Consecutive failed refreshes.
@@ -184,16 +188,23 @@ pub struct SessionView {
 
 impl SessionView {
     /// The view of a freshness report.
-    pub fn new(id: &str, f: &FreshnessReport, mode: Mode, active_job: Option<u64>) -> Self {
+    pub fn new(
+        id: &str,
+        f: &FreshnessReport,
+        (mode, own_mode): (Mode, bool),
+        active_job: Option<u64>,
+    ) -> Self {
         SessionView {
             id: id.to_string(),
             state: state_name(f.state).into(),
             reason: f.reason.clone(),
             mode: mode_name(mode).into(),
+            own_mode,
             episodes: f.episodes,
             covered: f.covered,
             backlog_tokens: f.backlog_tokens,
             last_activity_ms: f.last_activity_ms,
+            covered_until_ms: f.covered_until_ms,
             due_at_ms: f.due_at_ms,
             failures: f.failures,
             last_error: f.last_error.clone(),

@@ -8,14 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use super::{App, Scoped};
-use crate::control::Progress;
-use crate::jobs::{Claim, Job, JobState};
-use crate::runtime::CallError;
+use crate::jobs::{Claim, Job};
 use crate::tenant::Tenant;
 
 type Running = Arc<Mutex<BTreeMap<u64, Tenant>>>;
@@ -139,96 +136,7 @@ async fn schedule(
     }
 }
 
-async fn run_one(scoped: Scoped, job: Job, mut stop: watch::Receiver<bool>) {
-    let app = scoped.app.clone();
-    let tenant = scoped.tenant.clone();
-    let Some(session) = tenant.session_of(&job.session).map(str::to_string) else {
-        return;
-    };
-    let publish = {
-        let (app, tenant, session) = (app.clone(), tenant.clone(), session.clone());
-        move |kind: &str, data: serde_json::Value| {
-            app.events().publish(
-                &tenant,
-                kind,
-                app.now_ms(),
-                Some(&session),
-                Some(job.id),
-                data,
-            );
-        }
-    };
-    publish(
-        "job.running",
-        json!({"state": "running", "attempt": job.attempts, "target": job.target}),
-    );
-    tracing::info!(job = job.id, tenant = %tenant, session = %session, attempt = job.attempts, "job running");
-    let engine = scoped.engine().clone();
-    if let Ok(plan) = engine.plan(&session, &job.config).await {
-        let _ = app.jobs().set_planned(job.id, plan.calls);
-    }
-    let mut scoped_job = job.clone();
-    scoped_job.session = session.clone();
-    let observer: crate::control::Observer = {
-        let publish = publish.clone();
-        Arc::new(move |p: &Progress| {
-            publish(
-                "job.progress",
-                json!({
-                    "stage": if p.level == 0 { "map" } else { "reduce" },
-                    "level": p.level, "done": p.done, "total": p.total, "answers": p.answers,
-                }),
-            );
-        })
-    };
-    let result = tokio::select! {
-        r = app.jobs().run(&engine, &scoped_job, Some(observer)) => Some(r),
-        _ = stop.wait_for(|s| *s) => None,
-    };
-    let Some(result) = result else {
-        // Shutdown ran out of grace: give the job back; the next start resumes it.
-        let _ = app.jobs().release(job.id);
-        publish("job.queued", json!({"state": "queued", "released": true}));
-        tracing::info!(job = job.id, "job released to the queue at shutdown");
-        return;
-    };
-    match result {
-        Ok(outcome) => {
-            let rows: Vec<_> = outcome
-                .written
-                .iter()
-                .map(super::SummaryView::from)
-                .collect();
-            for r in &rows {
-                publish("summary.written", json!(r));
-            }
-            publish(
-                "job.succeeded",
-                json!({
-                    "state": "succeeded",
-                    "summary": rows.last().map(|r| r.id),
-                    "covered": rows.last().map(|r| r.last_episode),
-                    "passes": outcome.passes,
-                }),
-            );
-            tracing::info!(job = job.id, passes = outcome.passes, "job succeeded");
-        }
-        Err(CallError::Cancelled) => {
-            let state = app.jobs().get(job.id).ok().flatten().map(|j| j.state);
-            if state == Some(JobState::Cancelled) {
-                publish("job.cancelled", json!({"state": "cancelled"}));
-            }
-        }
-        Err(e) => {
-            let reason = format!("{e:#}");
-            tracing::warn!(job = job.id, error = %reason, "job failed");
-            if let Ok(Some(m)) = engine.store().failure(&session).await {
-                publish(
-                    "failure.recorded",
-                    json!({"failures": m.failures, "error": m.last_error}),
-                );
-            }
-            publish("job.failed", json!({"state": "failed", "error": reason}));
-        }
-    }
+async fn run_one(scoped: Scoped, job: Job, stop: watch::Receiver<bool>) {
+    // The outcome is published as events; the job table holds it.
+    let _ = scoped.execute(job, Some(stop)).await;
 }

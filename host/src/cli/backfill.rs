@@ -15,10 +15,11 @@ use sha2::{Digest, Sha256};
 use abridge::sources::{Source, Sources};
 use abridge::transcript::{self, TranscriptError};
 use abridge::types::{Engine, PlanPath};
-use abridge::{NoModel, Progress, SqliteStore, Store};
+use abridge::{NoModel, Progress, SqliteStore};
 
+use super::app::{Show, run_or_join};
 use super::commands::{Backend, build, choose_backend, engine_config, note};
-use super::jobs::{Show, open_jobs, run_or_join, storage};
+use super::jobs::storage;
 use super::progress::{Mode, bar, duration_text};
 use super::settings::BackendChoice;
 use super::{Exit, Failure, Settings};
@@ -338,7 +339,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         Some(Arc::new(SqliteStore::open(&s.db).map_err(storage)?))
     };
     let sources = db.clone().map(Sources::new);
-    let (engine, backend, cfg) = if a.dry_run {
+    let (engine, local, backend, cfg) = if a.dry_run {
         let engine = build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))?;
         let mut cfg = s.config.clone();
         cfg.engine = if s.backend == BackendChoice::Extractive {
@@ -346,14 +347,13 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         } else {
             Engine::Llm
         };
-        (engine, None, cfg)
+        (Arc::new(engine), None, None, cfg)
     } else {
         let backend: Backend = choose_backend(s).await?;
         let cfg = engine_config(s, &backend);
-        let store: Arc<dyn Store> = db.clone().expect("opened unless a dry run");
-        (build(s, store, backend.llm.clone())?, Some(backend), cfg)
+        let local = super::app::local(s, Some(&backend))?;
+        (local.engine().clone(), Some(local), Some(backend), cfg)
     };
-    let jobs = db.clone().map(|d| open_jobs(s, d));
     let mode = Mode::detect(a.json, s.quiet);
     let overall = Arc::new(Overall {
         mode,
@@ -519,14 +519,11 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
                 });
                 continue;
             }
+            let local = local.as_ref().expect("opened unless a dry run");
             let added = engine.append(&session, &conv.episodes).await?;
             let store = engine.store();
             let stats = store.stats(&session).await.map_err(storage)?;
-            if let Some(db) = &db {
-                abridge::sources::Marks::new(db.clone())
-                    .record(&session, &key, stats.last_episode, f.size)
-                    .map_err(storage)?;
-            }
+            local.mark_source(&session, &key, stats.last_episode, f.size)?;
             let covered = store
                 .latest_summary(&session)
                 .await
@@ -537,9 +534,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
             }
             let o = overall.clone();
             let show = Show::Into(Arc::new(move |label: &str, p: &Progress| o.job(label, p)));
-            let jobs = jobs.as_ref().expect("opened unless a dry run");
-            if let Err(e) =
-                run_or_join(s, &engine, jobs, (&session, stats.last_episode), &cfg, show).await
+            if let Err(e) = run_or_join(s, local, (&session, stats.last_episode), &cfg, show).await
             {
                 failure = Some(format!(
                     "session {session}: {:#} ({added} new episodes stored)",

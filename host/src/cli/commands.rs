@@ -13,7 +13,7 @@ use abridge::transcript::{self, Format, Options};
 use abridge::types::{Config, Engine, Error, Level, NewEpisode, Rendering, SummaryRow, describe};
 use abridge::{Abridge, SqliteStore, Store};
 
-use super::jobs::{Show, open_jobs, run_or_join};
+use super::app::{Show, run_or_join};
 use super::progress::Mode;
 use super::settings::BackendChoice;
 use super::{Exit, Failure, Settings};
@@ -137,6 +137,17 @@ pub(super) struct Backend {
     pub(super) llm: Arc<dyn LlmBackend>,
     engine: Engine,
     pub(super) name: &'static str,
+}
+
+impl Backend {
+    /// No model: for commands that only read or administer.
+    pub(super) fn none() -> Backend {
+        Backend {
+            llm: Arc::new(NoModel),
+            engine: Engine::Extractive,
+            name: "none",
+        }
+    }
 }
 
 fn model_failure(e: Error) -> Failure {
@@ -324,18 +335,16 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     if a.dry_run {
         return dry_run(s, &a, &parser, parsed.conversations).await;
     }
-    let db = open_store(s)?;
-    let jobs = open_jobs(s, db.clone());
-    let marks = abridge::sources::Marks::new(db.clone());
     let source = std::fs::canonicalize(&a.file)
         .unwrap_or_else(|_| a.file.clone())
         .display()
         .to_string();
-    let store: Arc<dyn Store> = db;
     let mode = Mode::detect(a.json, s.quiet);
     let backend = choose_backend(s).await?;
     let cfg = engine_config(s, &backend);
-    let engine = build(s, store.clone(), backend.llm.clone())?;
+    let local = super::app::local(s, Some(&backend))?;
+    let engine = local.engine();
+    let store = engine.store();
     let model = if backend.engine == Engine::Extractive {
         "extractive".to_string()
     } else {
@@ -357,9 +366,7 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             .await
             .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
         if source != "-" {
-            marks
-                .record(&session, &source, stats.last_episode, parsed.bytes)
-                .map_err(super::jobs::storage)?;
+            local.mark_source(&session, &source, stats.last_episode, parsed.bytes)?;
         }
         let covered = store
             .latest_summary(&session)
@@ -369,8 +376,7 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
         if stats.last_episode > covered {
             let job = run_or_join(
                 s,
-                &engine,
-                &jobs,
+                &local,
                 (&session, stats.last_episode),
                 &cfg,
                 Show::Own(mode),
@@ -488,13 +494,9 @@ async fn dry_run(
 }
 
 pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
-    let store = open_store(s)?;
-    let jobs = open_jobs(s, store.clone());
     let backend = choose_backend(s).await?;
-    let cfg = abridge::sources::SessionModes::new(store.clone())
-        .apply(&a.session, &engine_config(s, &backend))
-        .map_err(super::jobs::storage)?;
-    let engine = build(s, store, backend.llm.clone())?;
+    let local = super::app::local(s, Some(&backend))?;
+    let cfg = local.session_config(&a.session)?;
     let name = a.file.display().to_string();
     let mut reader: Box<dyn std::io::Read> = if name == "-" {
         Box::new(std::io::stdin())
@@ -507,11 +509,8 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
         })?;
         Box::new(f)
     };
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
     let (mut appended, mut passes) = (0u64, 0u32);
-    let mut refresh_failure: Option<Error> = None;
+    let mut refresh_failure: Option<abridge::app::AppError> = None;
     let mut n = 0usize;
     // The lines are parsed in the sandbox, as they arrive: memory holds one read and one line.
     let parser = pure_engine(s)?;
@@ -553,37 +552,26 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
             n += 1;
             if !ep.source_key.starts_with("id:") {
                 // Without an id every line is a new message, even if its text repeats.
-                ep.source_key = format!("ingest:{started}:{n}");
+                ep.source_key = format!("ingest:{}", local.app().unique_id());
             }
-            let added = engine
-                .append(&a.session, std::slice::from_ref(&ep as &NewEpisode))
+            // The app decides whether a refresh is due and runs it here (a job running on
+            // this session elsewhere covers the work). A failed refresh keeps the previous
+            // summary and backs off; the messages keep coming and are stored all the same.
+            let outcome = local
+                .append_inline(&a.session, std::slice::from_ref(&ep), &cfg)
                 .await?;
-            appended += u64::from(added);
-            // A job running on this session (a long summarize elsewhere) covers the work: the
-            // trigger does not run it twice at once.
-            if jobs
-                .session_busy(&a.session)
-                .map_err(super::jobs::storage)?
-            {
+            appended += u64::from(outcome.stored);
+            if let Some(e) = outcome.failure {
+                note(
+                    s,
+                    &format!(
+                        "{name}:{n}: the summary was not refreshed ({}); the previous one is kept and the next attempt backs off",
+                        e.message
+                    ),
+                );
+                refresh_failure = Some(e);
                 continue;
             }
-            // A failed refresh keeps the previous summary and backs off; the messages keep coming
-            // and are stored all the same.
-            let outcome = match engine.after_episode_written(&a.session, &cfg).await {
-                Ok(o) => o,
-                Err(abridge::CallError::Engine(e)) if !matches!(e, Error::InvalidInput(_)) => {
-                    note(
-                        s,
-                        &format!(
-                            "{name}:{n}: the summary was not refreshed ({}); the previous one is kept and the next attempt backs off",
-                            describe(&e)
-                        ),
-                    );
-                    refresh_failure = Some(e);
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
             if outcome.passes > 0 {
                 refresh_failure = None;
             }
@@ -613,7 +601,7 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
         ),
     );
     // Say why nothing was summarized when a failure holds refreshes back.
-    let f = engine.freshness(&a.session, &cfg).await?;
+    let f = local.engine().freshness(&a.session, &cfg).await?;
     if matches!(
         f.state,
         abridge::types::FreshState::BackingOff | abridge::types::FreshState::GaveUp
@@ -626,7 +614,7 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
             Exit::Model,
             anyhow!(
                 "the summary could not be refreshed: {} — all {appended} episodes are stored and the previous summary is kept",
-                describe(&e)
+                e.message
             ),
         )),
     }

@@ -6,10 +6,11 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
-use abridge::app::{mode_name, state_name};
-use abridge::types::{ContextRequest, FreshState, FreshnessReport, Mode, Role};
-use abridge::{NoModel, SqliteStore, Store};
+use abridge::app::state_name;
+use abridge::types::{ContextRequest, FreshState, Mode, Role};
+use abridge::{SqliteStore, Store};
 
+use super::app::fail;
 use super::commands::{build, choose_backend, engine_config, note};
 use super::jobs::storage;
 use super::progress::utc_text;
@@ -74,15 +75,6 @@ pub struct ResetArgs {
     session: String,
 }
 
-fn freshness_json(session: &str, f: &FreshnessReport) -> serde_json::Value {
-    json!({
-        "session": session, "state": state_name(f.state), "reason": f.reason,
-        "episodes": f.episodes, "covered": f.covered, "backlog_tokens": f.backlog_tokens,
-        "last_activity_ms": f.last_activity_ms, "covered_until_ms": f.covered_until_ms,
-        "due_at_ms": f.due_at_ms, "failures": f.failures, "last_error": f.last_error,
-    })
-}
-
 fn open(s: &Settings) -> Result<Arc<SqliteStore>, Failure> {
     SqliteStore::open(&s.db).map(Arc::new).map_err(storage)
 }
@@ -111,37 +103,18 @@ fn ms_text(ms: Option<i64>) -> String {
 }
 
 pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
-    let db = open(s)?;
-    let sessions = match &a.session {
-        Some(x) => vec![x.clone()],
-        None => db.sessions().await.map_err(storage)?,
+    // Freshness needs no model: the app only reads the store and the clock.
+    let local = super::app::local(s, None)?;
+    let rows = match &a.session {
+        Some(x) => vec![local.session(x).await.map_err(|e| fail(s, e))?],
+        None => local.sessions(0, usize::MAX).await?.0,
     };
-    // Freshness needs no model: the engine only reads the store and the clock.
-    let engine = build(s, db.clone(), Arc::new(NoModel))?;
-    let modes = abridge::sources::SessionModes::new(db.clone());
-    let mut rows = Vec::new();
-    for session in &sessions {
-        let cfg = modes.apply(session, &s.config).map_err(storage)?;
-        rows.push((
-            session.clone(),
-            engine.freshness(session, &cfg).await?,
-            cfg.mode,
-        ));
-    }
-    if let Some(x) = &a.session
-        && rows.first().is_some_and(|r| r.1.state == FreshState::Empty)
-    {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!("no session '{x}' in {}", s.db.display()),
-        ));
-    }
     if a.json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(x, f, m)| {
-                let mut v = freshness_json(x, f);
-                v["mode"] = mode_name(*m).into();
+            .map(|r| {
+                let mut v = serde_json::to_value(r).expect("a session view serializes");
+                v["session"] = r.id.clone().into();
                 v
             })
             .collect();
@@ -156,26 +129,26 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
         "{:<28} {:<5} {:<12} {:>8} {:>8} {:>8}  {:<19}  reason",
         "session", "mode", "state", "episodes", "covered", "failures", "last activity (UTC)"
     );
-    for (x, f, m) in &rows {
-        let name: String = if x.chars().count() > 28 {
-            x.chars().take(27).chain(['…']).collect()
+    for r in &rows {
+        let name: String = if r.id.chars().count() > 28 {
+            r.id.chars().take(27).chain(['…']).collect()
         } else {
-            x.clone()
+            r.id.clone()
         };
         println!(
             "{name:<28} {:<5} {:<12} {:>8} {:>8} {:>8}  {:<19}  {}",
-            mode_name(*m),
-            state_name(f.state),
-            f.episodes,
-            f.covered,
-            f.failures,
-            ms_text(f.last_activity_ms),
-            f.reason
+            r.mode,
+            r.state,
+            r.episodes,
+            r.covered,
+            r.failures,
+            ms_text(r.last_activity_ms),
+            r.reason
         );
     }
     let stuck = rows
         .iter()
-        .filter(|r| r.1.state == FreshState::GaveUp)
+        .filter(|r| r.state == state_name(FreshState::GaveUp))
         .count();
     if stuck > 0 {
         note(
@@ -261,12 +234,11 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
 }
 
 pub async fn reset(s: &Settings, a: ResetArgs) -> Result<(), Failure> {
-    let (db, stats) = open_session(s, &a.session).await?;
-    let engine = build(s, db.clone(), Arc::new(NoModel))?;
-    engine.reset(&a.session).await?;
+    let local = super::app::local(s, None)?;
+    let episodes = local.reset(&a.session).await.map_err(|e| fail(s, e))?;
     println!(
-        "session {}: {} episodes and its summaries deleted",
-        a.session, stats.episodes
+        "session {}: {episodes} episodes and its summaries deleted",
+        a.session
     );
     Ok(())
 }
@@ -274,25 +246,18 @@ pub async fn reset(s: &Settings, a: ResetArgs) -> Result<(), Failure> {
 /// Summarize a stored session now, whatever its mode or backoff (a success clears its failure
 /// marker), through its job.
 pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
-    let (db, stats) = open_session(s, &a.session).await?;
     let backend = choose_backend(s).await?;
-    let cfg = engine_config(s, &backend);
-    let engine = build(s, db.clone(), backend.llm.clone())?;
-    let jobs = super::jobs::open_jobs(s, db.clone());
-    let covered = db
-        .latest_summary(&a.session)
-        .await
-        .map_err(storage)?
-        .map_or(0, |r| r.last_episode);
-    if stats.last_episode > covered {
+    let local = super::app::local(s, Some(&backend))?;
+    let view = local.session(&a.session).await.map_err(|e| fail(s, e))?;
+    if view.episodes > view.covered {
         let mode = super::progress::Mode::detect(a.json, s.quiet);
-        super::jobs::run_or_join(
+        let cfg = engine_config(s, &backend);
+        super::app::run_or_join(
             s,
-            &engine,
-            &jobs,
-            (&a.session, stats.last_episode),
+            &local,
+            (&a.session, view.episodes),
             &cfg,
-            super::jobs::Show::Own(mode),
+            super::app::Show::Own(mode),
         )
         .await?;
     } else {
@@ -301,12 +266,11 @@ pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
             &format!("session {}: every episode is already covered", a.session),
         );
     }
-    let chain = db.summaries(&a.session).await.map_err(storage)?;
+    let chain = local.summaries(&a.session).await?;
     if a.json {
-        let v: Vec<_> = chain.iter().map(super::commands::row_json).collect();
         println!(
             "{}",
-            json!({"session": a.session, "episodes": stats.episodes, "summaries": v})
+            json!({"session": a.session, "episodes": view.episodes, "summaries": chain})
         );
     } else if let Some(r) = chain.last() {
         println!("{}", r.content);
@@ -316,32 +280,30 @@ pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
 
 /// Show or set a session's own refresh mode.
 pub async fn mode(s: &Settings, a: ModeArgs) -> Result<(), Failure> {
-    let (db, _) = open_session(s, &a.session).await?;
-    let modes = abridge::sources::SessionModes::new(db);
-    match a.setting.as_deref() {
-        None => {}
-        Some("default") => modes.set(&a.session, None).map_err(storage)?,
+    let local = super::app::local(s, None)?;
+    let view = match a.setting.as_deref() {
+        None => local.session(&a.session).await,
+        Some("default") => local.set_mode(&a.session, None).await,
         Some(m) => {
-            let mode = if m == "idle" { Mode::Idle } else { Mode::Eager };
             let own = abridge::sources::SessionMode {
-                mode,
+                mode: if m == "idle" { Mode::Idle } else { Mode::Eager },
                 quiescence_secs: a.quiet_secs,
             };
-            modes.set(&a.session, Some(&own)).map_err(storage)?;
+            local.set_mode(&a.session, Some(own)).await
         }
     }
-    let cfg = modes.apply(&a.session, &s.config).map_err(storage)?;
-    let own = modes.get(&a.session).map_err(storage)?.is_some();
+    .map_err(|e| fail(s, e))?;
+    let cfg = local.session_config(&a.session)?;
     println!(
         "session {}: {} mode{}{}",
         a.session,
-        mode_name(cfg.mode),
+        view.mode,
         if cfg.mode == Mode::Idle {
             format!(", quiet after {} s", cfg.quiescence_secs)
         } else {
             String::new()
         },
-        if own {
+        if view.own_mode {
             " (its own setting)"
         } else {
             " (the global setting)"

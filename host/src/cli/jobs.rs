@@ -1,16 +1,15 @@
 //! Summaries as durable jobs: running or joining one, and `abridge jobs`.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
 
-use abridge::jobs::{Claim, Job, JobState, Jobs};
-use abridge::types::{Config, describe};
-use abridge::{Abridge, CallError, Progress, SqliteStore};
+use std::time::Duration;
 
-use super::progress::{JobProgress, Mode, duration_text, utc_text};
+use abridge::jobs::{Job, JobState};
+use abridge::types::describe;
+
+use super::app::{Show, shown};
+use super::progress::{Mode, duration_text, utc_text};
 use super::{Exit, Failure, Settings};
 
 #[derive(Args, Debug)]
@@ -51,166 +50,6 @@ enum JobsCmd {
 
 pub fn storage(e: abridge::types::Error) -> Failure {
     Failure::new(Exit::Storage, anyhow!(describe(&e)))
-}
-
-pub fn open_jobs(s: &Settings, db: Arc<SqliteStore>) -> Jobs {
-    Jobs::new(db, s.job_lease)
-}
-
-/// Receives a job's label and its progress.
-pub type LabelledObserver = Arc<dyn Fn(&str, &Progress) + Send + Sync>;
-
-/// Where a job's progress goes.
-#[derive(Clone)]
-pub enum Show {
-    /// Its own bar or lines (see [`Mode`]).
-    Own(Mode),
-    /// To a caller's display (e.g. backfill's overall bar), with the job's label.
-    Into(LabelledObserver),
-}
-
-/// Bring `session` up to `target` through its job: take the job if no live worker holds it
-/// (resuming after a crash), else wait for the worker that does.
-pub async fn run_or_join(
-    s: &Settings,
-    engine: &Abridge,
-    jobs: &Jobs,
-    (session, target): (&str, u64),
-    cfg: &Config,
-    show: Show,
-) -> Result<Job, Failure> {
-    let (job, created) = jobs.enqueue(session, target, cfg).map_err(storage)?;
-    if !created {
-        super::commands::note(
-            s,
-            &format!(
-                "job {} for session {session} up to episode {target} is already {}; joining it",
-                job.id,
-                job.state.as_str()
-            ),
-        );
-    }
-    let mut waiting = false;
-    loop {
-        match jobs.claim(job.id).map_err(storage)? {
-            Claim::Taken(job) => return run_taken(s, engine, jobs, job, show).await,
-            Claim::Busy(other) => {
-                if !waiting {
-                    waiting = true;
-                    super::commands::note(
-                        s,
-                        &format!(
-                            "job {} is being run by {}; waiting for it",
-                            other.id,
-                            other.lease_owner.as_deref().unwrap_or("another worker")
-                        ),
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Claim::Finished(job) => return finished(job),
-        }
-    }
-}
-
-/// A job in a final state as a result.
-fn finished(job: Job) -> Result<Job, Failure> {
-    match job.state {
-        JobState::Succeeded => Ok(job),
-        JobState::Cancelled => Err(Failure::new(
-            Exit::Model,
-            anyhow!(
-                "job {} was cancelled; nothing was written by it — rerun to start again (cached partial summaries are reused)",
-                job.id
-            ),
-        )),
-        _ => Err(Failure::new(
-            Exit::Model,
-            anyhow!(
-                "job {} failed: {}",
-                job.id,
-                job.error.as_deref().unwrap_or("no reason recorded")
-            ),
-        )),
-    }
-}
-
-/// Run a job this worker holds, with progress.
-async fn run_taken(
-    s: &Settings,
-    engine: &Abridge,
-    jobs: &Jobs,
-    job: Job,
-    show: Show,
-) -> Result<Job, Failure> {
-    if job.attempts > 1 {
-        super::commands::note(
-            s,
-            &format!(
-                "resuming job {} for session {} (attempt {}); cached partial summaries are reused",
-                job.id, job.session, job.attempts
-            ),
-        );
-    }
-    let plan = engine.plan(&job.session, &job.config).await?;
-    jobs.set_planned(job.id, plan.calls).map_err(storage)?;
-    let label = format!("job {} (session {})", job.id, job.session);
-    let mode = match &show {
-        Show::Own(m) => *m,
-        Show::Into(_) => Mode::Off,
-    };
-    let view = Arc::new(JobProgress::new(mode, label.clone(), plan.levels.clone()));
-    let watch: abridge::control::Observer = match show {
-        Show::Own(_) => {
-            let v = view.clone();
-            Arc::new(move |p: &Progress| v.update(p))
-        }
-        Show::Into(f) => Arc::new(move |p: &Progress| f(&label, p)),
-    };
-    let result = jobs.run(engine, &job, Some(watch)).await;
-    view.finish();
-    match result {
-        Ok(_) => {
-            let j = jobs
-                .get(job.id)
-                .map_err(storage)?
-                .ok_or_else(|| Failure::new(Exit::Storage, anyhow!("job {} vanished", job.id)))?;
-            if plan.path == abridge::types::PlanPath::MapReduce && mode != Mode::Off {
-                eprintln!(
-                    "abridge: job {}: {} chunks merged in {} reduce level(s) with {} model answers in {}",
-                    j.id,
-                    plan.chunks,
-                    j.level,
-                    j.answers,
-                    duration_text(view.elapsed())
-                );
-            }
-            Ok(j)
-        }
-        Err(CallError::Cancelled) => {
-            let now = jobs.get(job.id).map_err(storage)?;
-            match now {
-                Some(j) if j.state == JobState::Cancelled => finished(j),
-                _ => Err(Failure::new(
-                    Exit::Model,
-                    anyhow!(
-                        "job {} was taken over by another worker (this one missed its lease); it continues there",
-                        job.id
-                    ),
-                )),
-            }
-        }
-        Err(e) => {
-            let f = Failure::from(e);
-            Err(Failure::new(
-                f.exit,
-                anyhow!(
-                    "{:#} — the episodes are stored, earlier summaries are unchanged and answers received are cached; rerun (or 'abridge jobs run') to retry",
-                    f.error
-                ),
-            ))
-        }
-    }
 }
 
 fn row(j: &Job) -> String {
@@ -301,8 +140,8 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
-    let db = Arc::new(SqliteStore::open(&s.db).map_err(storage)?);
-    let jobs = open_jobs(s, db.clone());
+    let local = super::app::local(s, None)?;
+    let jobs = local.app().jobs();
     match a.cmd {
         None => {
             let list = jobs.list(a.limit).map_err(storage)?;
@@ -363,20 +202,17 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
                 return Ok(());
             }
             let backend = super::commands::choose_backend(s).await?;
-            let engine = super::commands::build(s, db.clone(), backend.llm.clone())?;
+            let local = super::app::local(s, Some(&backend))?;
+            let jobs = local.app().jobs();
             let mode = Mode::detect(json, s.quiet);
             let mut failed = 0;
             for j in runnable {
-                let r = match jobs.claim(j.id).map_err(storage)? {
-                    Claim::Taken(j) => run_taken(s, &engine, &jobs, j, Show::Own(mode)).await,
-                    Claim::Busy(j) => {
+                let run = local.run_job(j.id);
+                match shown(s, &local, &j.session, Show::Own(mode), run).await {
+                    Ok(None) => {
                         super::commands::note(s, &format!("job {} is running elsewhere", j.id));
-                        continue;
                     }
-                    Claim::Finished(j) => finished(j),
-                };
-                match r {
-                    Ok(j) => {
+                    Ok(Some(j)) => {
                         if json {
                             println!("{}", j.to_json());
                         } else {

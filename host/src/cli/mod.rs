@@ -10,9 +10,8 @@ macro_rules! print {
     ($($t:tt)*) => { $crate::cli::out(format_args!($($t)*)) };
 }
 
+mod app;
 mod backfill;
-mod bench;
-mod bench_fresh;
 mod commands;
 mod fresh;
 mod jobs;
@@ -139,8 +138,6 @@ enum Cmd {
     Watch(watch::WatchArgs),
     /// List summarization jobs, show or cancel one, or run the queued and interrupted ones.
     Jobs(jobs::JobsArgs),
-    /// Measure start-up, per-call, summary-pass and import costs (use a release build).
-    Bench(bench::BenchArgs),
     /// Run the HTTP service: per-tenant sessions, messages, context, jobs and live events
     /// (see README: Serve). Stops cleanly on SIGTERM or Ctrl-C.
     Serve(serve::ServeArgs),
@@ -215,7 +212,6 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Reset(a) => fresh::reset(&settings, a).await,
         Cmd::Watch(a) => watch::watch(&settings, a).await,
         Cmd::Jobs(a) => jobs::jobs(&settings, a).await,
-        Cmd::Bench(a) => bench::run(a).await,
         Cmd::Serve(a) => serve::serve_cmd(&settings, a).await,
         Cmd::Tokens(a) => serve::tokens_cmd(&settings, a).await,
     }
@@ -241,7 +237,6 @@ mod tests {
             &["reset", "s"],
             &["jobs", "show", "1"],
             &["summaries", "s"],
-            &["bench"],
             &["serve", "--listen", "127.0.0.1:0", "--workers", "3"],
             &["tokens", "create", "--tenant", "acme", "--read-only"],
             &["tokens", "revoke", "3"],

@@ -201,11 +201,6 @@ impl JobProgress {
             let _ = err.flush();
         }
     }
-
-    /// Time since the progress started.
-    pub fn elapsed(&self) -> Duration {
-        self.state.lock().expect("progress lock").started.elapsed()
-    }
 }
 
 #[cfg(test)]

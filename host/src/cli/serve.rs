@@ -7,11 +7,11 @@ use std::time::Duration;
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
 
-use abridge::app::{App, AppConfig, AppError, ErrorKind, Limits};
+use abridge::app::{App, Limits};
 use abridge::server::ServeOptions;
 use abridge::tenant::Tenant;
 
-use super::commands::{Backend, choose_backend, engine_config, runtime};
+use super::commands::{Backend, choose_backend};
 use super::progress::utc_text;
 use super::{Exit, Failure, Settings};
 
@@ -80,44 +80,18 @@ enum TokensCmd {
     },
 }
 
-impl From<AppError> for Failure {
-    fn from(e: AppError) -> Self {
-        let exit = match e.kind {
-            ErrorKind::Model | ErrorKind::Unavailable | ErrorKind::RateLimited { .. } => {
-                Exit::Model
-            }
-            ErrorKind::Storage | ErrorKind::Conflict => Exit::Storage,
-            ErrorKind::Internal => Exit::Internal,
-            _ => Exit::Input,
-        };
-        let msg = match &e.hint {
-            Some(h) => format!("{} — {h}", e.message),
-            None => e.message.clone(),
-        };
-        Failure::new(exit, anyhow!(msg))
-    }
-}
-
-/// The app for these settings and backend.
+/// The app for these settings and backend, logging through `tracing`.
 pub fn open_app(s: &Settings, backend: &Backend, limits: Limits) -> Result<App, Failure> {
-    let cfg = AppConfig {
-        db: s.db.clone(),
-        config: engine_config(s, backend),
-        llm: backend.llm.clone(),
-        backend_name: backend.name.to_string(),
-        batch_concurrency: s.concurrency,
-        job_lease: s.job_lease,
-        clock: Arc::new(abridge::SystemClock),
-        runtime: runtime()?,
-        log: Arc::new(|level, msg| match level {
+    super::app::open(
+        s,
+        backend,
+        limits,
+        Arc::new(|level, msg| match level {
             abridge::types::Level::Warn => tracing::warn!(target: "abridge::engine", "{msg}"),
             abridge::types::Level::Info => tracing::info!(target: "abridge::engine", "{msg}"),
             abridge::types::Level::Debug => tracing::debug!(target: "abridge::engine", "{msg}"),
         }),
-        limits,
-        events_kept: 1000,
-    };
-    Ok(App::open(cfg)?)
+    )
 }
 
 async fn stop_signal() {

@@ -22,8 +22,8 @@ use abridge::transcript::{self, Format, Options, TranscriptError};
 use abridge::types::FreshState;
 use abridge::{Abridge, CallControl, CallError, SqliteStore};
 
-use super::commands::{build, choose_backend, engine_config, note};
-use super::jobs::{open_jobs, storage};
+use super::commands::{choose_backend, note};
+use super::jobs::storage;
 use super::{Exit, Failure, Settings};
 
 #[derive(Args, Debug)]
@@ -90,12 +90,10 @@ struct Watcher<'a> {
     s: &'a Settings,
     a: &'a WatchArgs,
     dir: PathBuf,
-    engine: Abridge,
-    cfg: abridge::types::Config,
+    /// The local tenant's side of the app (sessions, their modes, jobs, source marks).
+    local: abridge::app::Scoped,
+    engine: Arc<Abridge>,
     watched: Watched,
-    marks: abridge::sources::Marks,
-    modes: abridge::sources::SessionModes,
-    jobs: abridge::jobs::Jobs,
     files: std::collections::BTreeMap<String, WatchedFile>,
     /// Sessions whose summary may need a refresh now or later.
     pending: BTreeSet<String>,
@@ -220,9 +218,8 @@ impl Watcher<'_> {
                     let n = self.engine.append(&session, &conv.episodes).await?;
                     added += u64::from(n);
                     let stats = self.engine.store().stats(&session).await.map_err(storage)?;
-                    self.marks
-                        .record(&session, &key, stats.last_episode, complete)
-                        .map_err(storage)?;
+                    self.local
+                        .mark_source(&session, &key, stats.last_episode, complete)?;
                     self.pending.insert(session);
                 }
             }
@@ -270,12 +267,12 @@ impl Watcher<'_> {
                 return Ok(());
             }
             // A job elsewhere (a summarize of the same transcript) is doing the work.
-            if self.jobs.session_busy(&session).map_err(storage)? {
+            if self.local.session_busy(&session)? {
                 continue;
             }
             let control = Arc::new(CallControl::new());
             *self.current.lock().await = Some(control.clone());
-            let cfg = self.modes.apply(&session, &self.cfg).map_err(storage)?;
+            let cfg = self.local.session_config(&session)?;
             let r = self
                 .engine
                 .refresh_with(&session, &cfg, Some(control))
@@ -350,8 +347,8 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
         })?;
     let db = Arc::new(SqliteStore::open(&s.db).map_err(storage)?);
     let backend = choose_backend(s).await?;
-    let cfg = engine_config(s, &backend);
-    let engine = build(s, db.clone(), backend.llm.clone())?;
+    let local = super::app::local(s, Some(&backend))?;
+    let engine = local.engine().clone();
     let watched = Watched::new(db.clone());
     let files: std::collections::BTreeMap<String, WatchedFile> = watched
         .all()
@@ -400,17 +397,13 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
             }
         }
     };
-    let jobs = open_jobs(s, db.clone());
     let mut w = Watcher {
         s,
         a: &a,
         dir: dir.clone(),
+        local,
         engine,
-        cfg,
         watched,
-        marks: abridge::sources::Marks::new(db.clone()),
-        modes: abridge::sources::SessionModes::new(db.clone()),
-        jobs,
         files,
         pending,
         imported: 0,
@@ -424,7 +417,7 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
         &format!(
             "watch: following {} ({} mode with {}; Ctrl-C stops)",
             dir.display(),
-            match w.cfg.mode {
+            match w.local.app().config().config.mode {
                 abridge::types::Mode::Eager => "eager",
                 abridge::types::Mode::Idle => "idle",
             },

@@ -1,5 +1,8 @@
-//! `abridge bench`: start-up, per-call, summary-pass and import figures, printed against the
-//! targets in one run. Build with `--release`; a debug build prints a warning.
+//! `cargo bench --bench engine`: start-up, per-call, summary-pass, import, long-transcript
+//! and freshness figures, printed against the targets in one run (`-- --help` for the
+//! options). Relative paths are taken from the repository root.
+
+mod fresh;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use async_trait::async_trait;
-use clap::Args;
+use clap::Parser;
 
 use abridge::types::{
     Config, Engine, Episode, Error, FinishReason, NewEpisode, Request, Response, Role,
@@ -15,10 +18,18 @@ use abridge::types::{
 };
 use abridge::{Abridge, ComponentSource, LlmBackend, Runtime, SqliteStore, Store};
 
-use super::{Exit, Failure};
+/// What a benchmark step returns: a failure ends the run with its message.
+type Failure = anyhow::Error;
 
-#[derive(Args, Debug)]
+#[derive(Parser, Debug)]
+#[command(
+    name = "cargo bench --bench engine --",
+    about = "abridge's engine benchmarks"
+)]
 pub struct BenchArgs {
+    /// Accepted and ignored: `cargo bench` passes it to every benchmark target
+    #[arg(long, hide = true)]
+    bench: bool,
     /// Episodes for the import benchmark
     #[arg(long, default_value_t = 100_000)]
     episodes: usize,
@@ -144,12 +155,39 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub(super) fn verdict(ok: bool) -> &'static str {
+pub(crate) fn verdict(ok: bool) -> &'static str {
     if ok { "ok" } else { "MISSED" }
 }
 
-pub(super) fn fail(e: impl std::fmt::Display) -> Failure {
-    Failure::new(Exit::Internal, anyhow!("benchmark failed: {e}"))
+pub(crate) fn fail(e: impl std::fmt::Display) -> Failure {
+    anyhow!("benchmark failed: {e}")
+}
+
+/// A path named on the command line or by default, taken from the repository root (cargo
+/// runs benchmarks in the package's folder).
+fn from_root(p: &std::path::Path) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the package lives in the repository")
+        .join(p)
+}
+
+fn main() -> std::process::ExitCode {
+    let mut a = BenchArgs::parse();
+    a.transcript = from_root(&a.transcript);
+    a.dialogsum = a.dialogsum.as_deref().map(from_root);
+    a.js = a.js.as_deref().map(from_root);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match rt.block_on(run(a)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("abridge bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// `n` alternating user/assistant episodes; episode `i` has `words(i)` words.
@@ -205,10 +243,10 @@ fn sentence(i: usize, words: usize) -> String {
     s
 }
 
-pub async fn run(a: BenchArgs) -> Result<(), Failure> {
+async fn run(a: BenchArgs) -> Result<(), Failure> {
     if cfg!(debug_assertions) {
         println!(
-            "warning: this is a debug build; run `cargo run --release -- bench` for meaningful figures\n"
+            "warning: this is a debug build; run `cargo bench --bench engine` for meaningful figures\n"
         );
     }
     println!(
@@ -354,7 +392,7 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
     );
 
     long_transcripts(engine.runtime().clone(), &a.transcript).await?;
-    super::bench_fresh::run(engine.runtime().clone(), a.turns).await?;
+    fresh::run(engine.runtime().clone(), a.turns).await?;
 
     if let Some(path) = &a.dialogsum {
         dialogsum(engine.runtime().clone(), path).await?;
@@ -601,8 +639,8 @@ fn rouge(cand: &[String], refs: &[Vec<String>]) -> [f64; 3] {
 /// Score the extractive engine on DialogSum: ROUGE-1/2/L F1 against each dialogue's human
 /// summaries (best of the references), next to the lead-3 baseline (the first three turns).
 async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), Failure> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Failure::new(Exit::Input, anyhow!("reading {}: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
     let store = Arc::new(SqliteStore::in_memory().map_err(fail)?);
     let engine = Abridge::builder()
         .runtime(runtime)
@@ -620,8 +658,8 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| Failure::new(Exit::Input, anyhow!("{}:{}: {e}", path.display(), i + 1)))?;
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| anyhow!("{}:{}: {e}", path.display(), i + 1))?;
         let mut refs: Vec<Vec<String>> = v["summaries"]
             .as_array()
             .map(|a| a.iter().filter_map(|s| s.as_str()).map(words).collect())
@@ -702,9 +740,9 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
         n += 1;
     }
     if n == 0 {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!("{} holds no dialogues with summaries", path.display()),
+        return Err(anyhow!(
+            "{} holds no dialogues with summaries",
+            path.display()
         ));
     }
     let pct = |x: f64| 100.0 * x / n as f64;
@@ -869,7 +907,7 @@ async fn long_transcripts(
     // Each child reports its own peak (VmHWM): getrusage's figure for children can include
     // this process's memory copied at fork.
     let run = |db: &str, cache: &std::path::Path| -> Result<(f64, i32), Failure> {
-        let out = std::process::Command::new(std::env::current_exe().map_err(fail)?)
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
             .args(["summarize", "-q", "--backend", "ollama", "--json"])
             .arg(transcript)
             .arg("--db")

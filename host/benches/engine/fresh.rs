@@ -12,7 +12,7 @@ use abridge::types::{
 };
 use abridge::{Abridge, LlmBackend, ManualClock, MemoryStore, Runtime};
 
-use super::Failure;
+use crate::Failure;
 
 /// A model that answers at once (the test server's deterministic summary) and adds up the
 /// prompt tokens it was sent, counted the way the test server counts them.
@@ -108,13 +108,13 @@ fn engine(
         .llm(model.clone())
         .clock(clock.clone())
         .build()
-        .map_err(super::bench::fail)
+        .map_err(crate::fail)
 }
 
 /// Feed `turns` turns one by one in eager and idle mode and against the baseline; print the
 /// prompt tokens each spent and the context saving at the end.
 pub async fn run(runtime: Arc<Runtime>, turns: usize) -> Result<(), Failure> {
-    let fail = super::bench::fail;
+    let fail = crate::fail;
     let model = Arc::new(CountingModel::default());
     let clock = Arc::new(ManualClock::at(T0));
     let eager_cfg = Config {
@@ -164,7 +164,7 @@ pub async fn run(runtime: Arc<Runtime>, turns: usize) -> Result<(), Failure> {
     let (idle_tokens, idle_calls) = model.take();
     let idle_chain = idle.chain("s").await.map_err(fail)?;
     if idle_chain.last().map(|r| r.last_episode) != Some(turns as u64) {
-        return Err(super::bench::fail("the idle run did not end covered"));
+        return Err(crate::fail("the idle run did not end covered"));
     }
 
     // Baseline: at the same moments eager summarizes, summarize the whole history from
@@ -195,7 +195,7 @@ pub async fn run(runtime: Arc<Runtime>, turns: usize) -> Result<(), Failure> {
         window.tokens,
         window.messages.len(),
         window.full_tokens,
-        super::bench::verdict(saving >= 80.0)
+        crate::verdict(saving >= 80.0)
     );
     Ok(())
 }

@@ -1,0 +1,219 @@
+//! Running one job in this process, the one way both front ends use: the worker pool runs the
+//! jobs it claims through [`Scoped::execute`], and a command-line run brings a session up to
+//! date through [`Scoped::run_or_join`]. Everything that happens is published as events, so
+//! the server's event streams and the CLI's progress display are two subscribers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::{AppError, AppResult, ErrorKind, Scoped, SummaryView};
+use crate::control::Progress;
+use crate::jobs::{Claim, Job, JobState};
+use crate::runtime::CallError;
+use crate::types::Config;
+
+/// How a job that this process ran or waited for ended, when it did not succeed.
+fn unsuccessful(job: &Job) -> AppError {
+    match job.state {
+        JobState::Cancelled => AppError::new(
+            ErrorKind::Model,
+            format!(
+                "job {} was cancelled; nothing was written by it — rerun to start again (cached partial summaries are reused)",
+                job.id
+            ),
+        ),
+        _ => AppError::new(
+            ErrorKind::Model,
+            format!(
+                "job {} failed: {}",
+                job.id,
+                job.error.as_deref().unwrap_or("no reason recorded")
+            ),
+        ),
+    }
+}
+
+impl Scoped {
+    /// Bring `session` up to episode `target` through its job, here: take the job when no
+    /// live worker holds it (one a dead process held resumes from its cached answers), else
+    /// wait for the worker that does. Events tell what happens (`job.joined` when the job
+    /// already existed, `job.waiting` while another worker holds it, then `job.running` with
+    /// the plan, `job.progress`, `summary.written` and the end); subscribe first to see them.
+    /// A job that does not succeed is an error that says why.
+    pub async fn run_or_join(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
+        let jobs = &self.app.inner.jobs;
+        let (job, created) = jobs.enqueue(&self.tenant.key(session), target, cfg)?;
+        if created {
+            self.publish(
+                "job.queued",
+                Some(session),
+                Some(job.id),
+                json!({"state": "queued", "target": target}),
+            );
+        } else {
+            self.publish(
+                "job.joined",
+                Some(session),
+                Some(job.id),
+                json!({"state": job.state.as_str(), "target": job.target}),
+            );
+        }
+        let mut waiting = false;
+        loop {
+            match jobs.claim(job.id)? {
+                Claim::Taken(job) => {
+                    return self
+                        .execute(job, None)
+                        .await
+                        .expect("without a stop signal a run always ends");
+                }
+                Claim::Busy(other) => {
+                    if !waiting {
+                        waiting = true;
+                        self.publish(
+                            "job.waiting",
+                            Some(session),
+                            Some(other.id),
+                            json!({"state": "running", "owner": other.lease_owner}),
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Claim::Finished(job) if job.state == JobState::Succeeded => return Ok(job),
+                Claim::Finished(job) => return Err(unsuccessful(&job)),
+            }
+        }
+    }
+
+    /// Run job `id` here unless a live worker holds it (`Ok(None)` then); a job that already
+    /// ended is returned as it stands, or as the error that ended it.
+    pub async fn run_job(&self, id: u64) -> AppResult<Option<Job>> {
+        self.job(id)?;
+        match self.app.inner.jobs.claim(id)? {
+            Claim::Taken(job) => self
+                .execute(job, None)
+                .await
+                .expect("without a stop signal a run always ends")
+                .map(Some),
+            Claim::Busy(_) => Ok(None),
+            Claim::Finished(job) if job.state == JobState::Succeeded => Ok(Some(job)),
+            Claim::Finished(job) => Err(unsuccessful(&job)),
+        }
+    }
+
+    /// Run a job this process has claimed, publishing its state, progress and result; the
+    /// job as stored at the end, or why it did not succeed. `None` when `stop` turned true
+    /// first: the job was released to the queue (answers received stay cached).
+    pub(crate) async fn execute(
+        &self,
+        job: Job,
+        stop: Option<watch::Receiver<bool>>,
+    ) -> Option<AppResult<Job>> {
+        let app = &self.app;
+        let Some(session) = self.tenant.session_of(&job.session).map(str::to_string) else {
+            return Some(Err(AppError::not_found(format!("no job {}", job.id))));
+        };
+        let publish = {
+            let (me, session) = (self.clone(), session.clone());
+            move |kind: &str, data: serde_json::Value| {
+                me.publish(kind, Some(&session), Some(job.id), data)
+            }
+        };
+        let engine = self.engine().clone();
+        let plan = engine.plan(&session, &job.config).await.ok();
+        if let Some(p) = &plan {
+            let _ = app.jobs().set_planned(job.id, p.calls);
+        }
+        publish(
+            "job.running",
+            json!({
+                "state": "running", "attempt": job.attempts, "target": job.target,
+                "resumed": job.attempts > 1,
+                "levels": plan.as_ref().map(|p| p.levels.clone()),
+                "chunks": plan.as_ref().map(|p| p.chunks),
+                "map_reduce": plan.as_ref().map(|p| p.path == crate::types::PlanPath::MapReduce),
+            }),
+        );
+        tracing::info!(job = job.id, tenant = %self.tenant, session = %session, attempt = job.attempts, "job running");
+        let mut scoped_job = job.clone();
+        scoped_job.session = session.clone();
+        let observer: crate::control::Observer = {
+            let publish = publish.clone();
+            Arc::new(move |p: &Progress| {
+                publish(
+                    "job.progress",
+                    json!({
+                        "stage": if p.level == 0 { "map" } else { "reduce" },
+                        "level": p.level, "done": p.done, "total": p.total, "answers": p.answers,
+                    }),
+                );
+            })
+        };
+        let run = app.jobs().run(&engine, &scoped_job, Some(observer));
+        let result = match stop {
+            Some(mut stop) => tokio::select! {
+                r = run => r,
+                _ = stop.wait_for(|s| *s) => {
+                    // Shutdown ran out of grace: give the job back; the next start resumes it.
+                    let _ = app.jobs().release(job.id);
+                    publish("job.queued", json!({"state": "queued", "released": true}));
+                    tracing::info!(job = job.id, "job released to the queue at shutdown");
+                    return None;
+                }
+            },
+            None => run.await,
+        };
+        Some(match result {
+            Ok(outcome) => {
+                let rows: Vec<_> = outcome.written.iter().map(SummaryView::from).collect();
+                for r in &rows {
+                    publish("summary.written", json!(r));
+                }
+                let stored = app.jobs().get(job.id).ok().flatten();
+                publish(
+                    "job.succeeded",
+                    json!({
+                        "state": "succeeded",
+                        "summary": rows.last().map(|r| r.id),
+                        "covered": rows.last().map(|r| r.last_episode),
+                        "passes": outcome.passes,
+                        "level": stored.as_ref().map(|j| j.level),
+                        "answers": stored.as_ref().map(|j| j.answers),
+                    }),
+                );
+                tracing::info!(job = job.id, passes = outcome.passes, "job succeeded");
+                stored.ok_or_else(|| AppError::storage(format!("job {} vanished", job.id)))
+            }
+            Err(CallError::Cancelled) => match app.jobs().get(job.id).ok().flatten() {
+                Some(j) if j.state == JobState::Cancelled => {
+                    publish("job.cancelled", json!({"state": "cancelled"}));
+                    Err(unsuccessful(&j))
+                }
+                _ => Err(AppError::new(
+                    ErrorKind::Model,
+                    format!(
+                        "job {} was taken over by another worker (this one missed its lease); it continues there",
+                        job.id
+                    ),
+                )),
+            },
+            Err(e) => {
+                let reason = format!("{e:#}");
+                tracing::warn!(job = job.id, error = %reason, "job failed");
+                if let Ok(Some(m)) = engine.store().failure(&session).await {
+                    publish(
+                        "failure.recorded",
+                        json!({"failures": m.failures, "error": m.last_error}),
+                    );
+                }
+                publish("job.failed", json!({"state": "failed", "error": reason}));
+                Err(AppError::from(e).hint(
+                    "the episodes are stored, earlier summaries are unchanged and answers received are cached; run the job again to retry",
+                ))
+            }
+        })
+    }
+}

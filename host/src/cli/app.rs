@@ -1,0 +1,283 @@
+//! The command line's way into the app layer: the local tenant's app for these settings, app
+//! errors as exit codes with the command line's own advice, and jobs run with their progress
+//! shown by a subscriber of the app's events (the server's event streams are another).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::anyhow;
+
+use abridge::Progress;
+use abridge::app::{App, AppConfig, AppError, ErrorKind, Event, Limits, Scoped};
+use abridge::jobs::Job;
+use abridge::types::{Config, Level};
+
+use super::commands::{Backend, engine_config, runtime};
+use super::progress::{JobProgress, Mode, duration_text};
+use super::{Exit, Failure, Settings};
+
+/// Receives a job's label and its progress.
+pub type LabelledObserver = Arc<dyn Fn(&str, &Progress) + Send + Sync>;
+
+/// Where a job's progress goes.
+#[derive(Clone)]
+pub enum Show {
+    /// Its own bar or lines (see [`Mode`]).
+    Own(Mode),
+    /// To a caller's display (e.g. backfill's overall bar), with the job's label.
+    Into(LabelledObserver),
+}
+
+impl From<AppError> for Failure {
+    fn from(e: AppError) -> Self {
+        let exit = match e.kind {
+            ErrorKind::Model | ErrorKind::Unavailable | ErrorKind::RateLimited { .. } => {
+                Exit::Model
+            }
+            ErrorKind::Storage | ErrorKind::Conflict => Exit::Storage,
+            ErrorKind::Internal => Exit::Internal,
+            _ => Exit::Input,
+        };
+        let msg = match &e.hint {
+            Some(h) => format!("{} — {h}", e.message),
+            None => e.message.clone(),
+        };
+        Failure::new(exit, anyhow!(msg))
+    }
+}
+
+/// An app error as the command line reports it: what is not found is looked for in the
+/// database the settings name, with the command that lists what is there.
+pub fn fail(s: &Settings, e: AppError) -> Failure {
+    if e.kind != ErrorKind::NotFound {
+        return e.into();
+    }
+    let list = if e.message.starts_with("no job") {
+        "abridge jobs"
+    } else {
+        "abridge status"
+    };
+    Failure::new(
+        Exit::Input,
+        anyhow!(
+            "{} in {} — list them with '{list}'",
+            e.message,
+            s.db.display()
+        ),
+    )
+}
+
+/// The app for these settings and backend. `log` receives the engine's messages; `limits`
+/// guard a shared service (a command line run is one user: [`Limits::unlimited`]).
+pub fn open(
+    s: &Settings,
+    backend: &Backend,
+    limits: Limits,
+    log: abridge::app::LogFn,
+) -> Result<App, Failure> {
+    let cfg = AppConfig {
+        db: s.db.clone(),
+        config: engine_config(s, backend),
+        llm: backend.llm.clone(),
+        backend_name: backend.name.to_string(),
+        batch_concurrency: s.concurrency,
+        job_lease: s.job_lease,
+        clock: Arc::new(abridge::SystemClock),
+        runtime: runtime()?,
+        log,
+        limits,
+        events_kept: 1000,
+    };
+    Ok(App::open(cfg)?)
+}
+
+/// Engine messages on stderr, as `-v`/`-q` ask.
+fn stderr_log(s: &Settings) -> abridge::app::LogFn {
+    let (verbose, quiet) = (s.verbose, s.quiet);
+    Arc::new(move |level, msg| {
+        let show = match level {
+            Level::Warn => !quiet,
+            Level::Info => verbose >= 1,
+            Level::Debug => verbose >= 2,
+        };
+        if show {
+            eprintln!("abridge: {}", abridge::text::printable_lines(msg));
+        }
+    })
+}
+
+/// The local tenant's side of the app for a command: with the backend a command that may
+/// call the model chose, or with none for the ones that only read or administer.
+pub fn local(s: &Settings, backend: Option<&Backend>) -> Result<Scoped, Failure> {
+    let none = Backend::none();
+    let app = open(
+        s,
+        backend.unwrap_or(&none),
+        Limits::unlimited(),
+        stderr_log(s),
+    )?;
+    Ok(app.local())
+}
+
+/// Shows one session's job from its events: notes on stderr, then progress.
+struct Display<'a> {
+    s: &'a Settings,
+    session: &'a str,
+    show: Show,
+    running: Option<(String, Arc<JobProgress>)>,
+    /// The running job's map-reduce chunks (none for a single call or a fold).
+    chunks: Option<u64>,
+    started: Instant,
+}
+
+impl Display<'_> {
+    fn mode(&self) -> Mode {
+        match &self.show {
+            Show::Own(m) => *m,
+            Show::Into(_) => Mode::Off,
+        }
+    }
+
+    fn on(&mut self, ev: &Event) {
+        if ev.session.as_deref() != Some(self.session) {
+            return;
+        }
+        let id = ev.job.unwrap_or(0);
+        let d = &ev.data;
+        let num = |k: &str| d[k].as_u64().unwrap_or(0);
+        match ev.kind.as_str() {
+            "job.joined" => super::commands::note(
+                self.s,
+                &format!(
+                    "job {id} for session {} up to episode {} is already {}; joining it",
+                    self.session,
+                    num("target"),
+                    d["state"].as_str().unwrap_or("queued")
+                ),
+            ),
+            "job.waiting" => super::commands::note(
+                self.s,
+                &format!(
+                    "job {id} is being run by {}; waiting for it",
+                    d["owner"].as_str().unwrap_or("another worker")
+                ),
+            ),
+            "job.running" => {
+                if d["resumed"] == true {
+                    super::commands::note(
+                        self.s,
+                        &format!(
+                            "resuming job {id} for session {} (attempt {}); cached partial summaries are reused",
+                            self.session,
+                            num("attempt")
+                        ),
+                    );
+                }
+                let levels = d["levels"]
+                    .as_array()
+                    .map(|l| {
+                        l.iter()
+                            .filter_map(|n| n.as_u64())
+                            .map(|n| n as u32)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let label = format!("job {id} (session {})", self.session);
+                self.chunks = (d["map_reduce"] == true).then(|| num("chunks"));
+                self.started = Instant::now();
+                let view = JobProgress::new(self.mode(), label.clone(), levels);
+                self.running = Some((label, Arc::new(view)));
+            }
+            "job.progress" => {
+                let p = Progress {
+                    level: num("level") as u32,
+                    done: num("done") as u32,
+                    total: num("total") as u32,
+                    answers: num("answers"),
+                };
+                if let Some((label, view)) = &self.running {
+                    match &self.show {
+                        Show::Own(_) => view.update(&p),
+                        Show::Into(f) => f(label, &p),
+                    }
+                }
+            }
+            "job.succeeded" | "job.failed" | "job.cancelled" => {
+                if let Some((_, view)) = self.running.take() {
+                    view.finish();
+                }
+                if ev.kind == "job.succeeded"
+                    && self.mode() != Mode::Off
+                    && let Some(chunks) = self.chunks.take()
+                {
+                    eprintln!(
+                        "abridge: job {id}: {chunks} chunks merged in {} reduce level(s) with {} model answers in {}",
+                        num("level"),
+                        num("answers"),
+                        duration_text(self.started.elapsed())
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Bring `session` up to episode `target` through its job, in this process (see
+/// [`Scoped::run_or_join`]), showing what happens as `show` asks.
+pub async fn run_or_join(
+    s: &Settings,
+    app: &Scoped,
+    (session, target): (&str, u64),
+    cfg: &Config,
+    show: Show,
+) -> Result<Job, Failure> {
+    shown(s, app, session, show, app.run_or_join(session, target, cfg)).await
+}
+
+/// Run `work` on `session`'s job while its events are shown as `show` asks.
+pub async fn shown<T>(
+    s: &Settings,
+    app: &Scoped,
+    session: &str,
+    show: Show,
+    work: impl std::future::Future<Output = Result<T, AppError>>,
+) -> Result<T, Failure> {
+    let mut live = app.app().events().subscribe(app.tenant(), None).live;
+    let mut display = Display {
+        s,
+        session,
+        show,
+        running: None,
+        chunks: None,
+        started: Instant::now(),
+    };
+    tokio::pin!(work);
+    let result = loop {
+        tokio::select! {
+            ev = live.recv() => {
+                // Lagging behind drops progress lines only; the end comes from the result.
+                if let Ok(ev) = ev {
+                    display.on(&ev);
+                }
+            }
+            r = &mut work => break r,
+        }
+    };
+    // Everything the work published is in the channel by now.
+    while let Ok(ev) = live.try_recv() {
+        display.on(&ev);
+    }
+    if let Some((_, view)) = display.running.take() {
+        view.finish();
+    }
+    // A run that failed says so with the app's hint; the command line says how to retry.
+    result.map_err(|mut e| {
+        if e.hint.is_some() {
+            e.hint = Some(
+                "the episodes are stored, earlier summaries are unchanged and answers received are cached; rerun (or 'abridge jobs run') to retry".into(),
+            );
+        }
+        e.into()
+    })
+}
