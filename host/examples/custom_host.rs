@@ -1,10 +1,19 @@
-//! Embedding abridge in another Rust program with your own parts: a scripted model (no
-//! server), a fixed clock and the in-memory store. Run: `cargo run -p abridge --example custom_host`.
+//! Embedding abridge in another Rust program through its app layer (the one the CLI and
+//! `abridge serve` use), with your own parts: a scripted model (no server), a fixed clock and
+//! a database file of your choosing. It shows both refresh styles: a caller that waits
+//! (`append_inline`, as the CLI's ingest) and a service that answers at once and summarizes
+//! in the background (`append` + workers + events, as `abridge serve`).
+//! Run: `cargo run -p abridge --example custom_host`.
 
 use std::sync::Arc;
 
-use abridge::types::{Config, Error, FinishReason, NewEpisode, Prompt, Request, Response, Role};
-use abridge::{Abridge, Clock, LlmBackend, MemoryStore};
+use std::time::Duration;
+
+use abridge::app::{App, AppConfig, Limits};
+use abridge::types::{
+    Config, Error, FinishReason, Level, NewEpisode, Prompt, Request, Response, Role,
+};
+use abridge::{Clock, ComponentSource, LlmBackend, Runtime};
 
 /// A "model" that reports how many conversation lines it was shown.
 struct Scripted;
@@ -50,35 +59,53 @@ impl Clock for Fixed {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let engine = Abridge::builder()
-        .store(Arc::new(MemoryStore::new()))
-        .llm(Arc::new(Scripted))
-        .clock(Arc::new(Fixed))
-        .build()?;
-    let cfg = Config {
-        threshold_tokens: 20,
-        ..Config::default()
-    };
-    for i in 1..=10 {
-        let role = if i % 2 == 1 {
+fn episode(i: u64) -> NewEpisode {
+    NewEpisode {
+        role: if i % 2 == 1 {
             Role::User
         } else {
             Role::Assistant
-        };
-        let text =
-            format!("Message {i}: the release branch needs one more review before the tag is cut.");
-        let ep = NewEpisode {
-            role,
-            content: text,
-            timestamp_ms: None,
-            source_key: i.to_string(),
-            tokens: 0,
-            speaker: None,
-        };
-        engine.append("demo", &[ep]).await?;
-        let out = engine.after_episode_written("demo", &cfg).await?;
+        },
+        content: format!(
+            "Message {i}: the release branch needs one more review before the tag is cut."
+        ),
+        timestamp_ms: None,
+        source_key: i.to_string(),
+        tokens: 0,
+        speaker: None,
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = App::open(AppConfig {
+        db: dir.path().join("memory.db"),
+        config: Config {
+            threshold_tokens: 20,
+            ..Config::default()
+        },
+        llm: Arc::new(Scripted),
+        backend_name: "scripted".into(),
+        batch_concurrency: 4,
+        job_lease: Duration::from_secs(30),
+        clock: Arc::new(Fixed),
+        runtime: Arc::new(Runtime::load(&ComponentSource::Embedded, None)?),
+        log: Arc::new(|level, msg| {
+            if matches!(level, Level::Warn) {
+                eprintln!("engine: {msg}");
+            }
+        }),
+        limits: Limits::default(),
+        events_kept: 100,
+    })?;
+    let me = app.local();
+
+    // 1. The caller waits: each message is stored and, when the trigger holds, summarized
+    //    before the call returns.
+    let cfg = me.session_config("demo")?;
+    for i in 1..=10 {
+        let out = me.append_inline("demo", &[episode(i)], &cfg).await?;
         for row in out.written {
             println!(
                 "after episode {i}: summary {} covers {}-{}: {}",
@@ -86,7 +113,7 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
-    let chain = engine.chain("demo").await?;
+    let chain = me.summaries("demo").await?;
     assert_eq!(
         (chain.len(), chain[0].first_episode, chain[0].last_episode),
         (1, 1, 10)
@@ -96,7 +123,35 @@ async fn main() -> anyhow::Result<()> {
             .content
             .ends_with("It updates the earlier summary.")
     );
-    assert_eq!(chain[0].updated_ms, 1_767_225_600_000);
     println!("ok: one summary row covers episodes 1-10");
+
+    // 2. A service: messages are stored at once, the refresh runs as a job on the workers,
+    //    and its events say when the summary lands.
+    let workers = app.start_workers(2);
+    let mut events = app.events().subscribe(me.tenant(), None).live;
+    let posted = me
+        .append("service", (1..=10).map(episode).collect(), Vec::new())
+        .await?;
+    let job = posted
+        .job
+        .expect("ten messages over the threshold queue a refresh");
+    println!("stored {} messages; job {} queued", posted.stored, job.id);
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(30), events.recv()).await??;
+        if ev.job == Some(job.id) {
+            println!("event {}: {}", ev.kind, ev.data);
+            if ev.kind == "job.succeeded" {
+                break;
+            }
+            anyhow::ensure!(ev.kind != "job.failed", "the job failed: {}", ev.data);
+        }
+    }
+    let context = me.context("service", 2_000, 2, 8, None).await?;
+    assert_eq!(context.covered, 10);
+    println!(
+        "ok: the context holds the summary and {} recent messages in {} tokens",
+        context.recent, context.tokens
+    );
+    workers.shutdown(Duration::from_secs(5)).await;
     Ok(())
 }
