@@ -161,3 +161,63 @@ fn a_failing_model_keeps_every_message_and_the_summary_backs_off() {
     assert_covers(&env.chain("f").unwrap(), 12);
     assert_eq!(env.run(&["status", "f", "--json"]).json()[0]["failures"], 0);
 }
+
+#[test]
+fn context_runs_a_due_refresh_first_and_says_when_one_waits() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama")
+        .with("ABRIDGE_MODE", "idle");
+    let mut input = String::new();
+    for i in 0..12 {
+        input.push_str(&line(
+            if i % 2 == 0 { "user" } else { "assistant" },
+            &format!("Message {i}: the replica lag, the index rebuild and the rollback plan."),
+        ));
+    }
+    env.run_stdin(&["ingest", "--session", "c"], input.as_bytes())
+        .assert_ok();
+    assert!(
+        server.generations().is_empty(),
+        "idle mode summarizes nothing yet"
+    );
+    // Idle and not quiet long enough: the context is what is stored, and it says a refresh
+    // waits.
+    let r = env.run(&["context", "c", "--budget", "200", "--pairs", "1", "--json"]);
+    r.assert_ok();
+    let v = r.json();
+    assert_eq!(
+        (v["refreshed"].as_bool(), v["covered"].as_u64()),
+        (Some(false), Some(0))
+    );
+    assert!(v["omitted"].as_u64().unwrap() > 0, "{v}");
+    assert!(r.stderr.contains("a refresh is due"), "{}", r.stderr);
+    assert!(server.generations().is_empty());
+    // Eager: many messages beyond the summary are summarized first, through the session's
+    // job, and the context then covers them.
+    env.run(&["mode", "c", "eager"]).assert_ok();
+    let r = env.run(&[
+        "context",
+        "c",
+        "--budget",
+        "200",
+        "--pairs",
+        "1",
+        "--json",
+        "--refresh-after",
+        "4",
+    ]);
+    r.assert_ok();
+    let v = r.json();
+    assert_eq!(
+        (v["refreshed"].as_bool(), v["covered"].as_u64()),
+        (Some(true), Some(12)),
+        "{v}"
+    );
+    assert_eq!(v["omitted"], 0);
+    assert_eq!(v["messages"][0]["role"], "system");
+    assert!(!server.generations().is_empty());
+    let jobs = env.run(&["jobs", "--json"]).json();
+    assert_eq!(jobs[0]["state"], "succeeded", "{jobs}");
+}

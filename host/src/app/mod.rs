@@ -640,7 +640,7 @@ impl Scoped {
         }
         self.known(session).await?;
         let cfg = self.session_config(session)?;
-        let (mut job, _) = self
+        let (mut job, episodes) = self
             .queue_if_due(session, &cfg, Some(u64::from(refresh_after)))
             .await?;
         let mut waited = false;
@@ -661,7 +661,12 @@ impl Scoped {
         let pending = job
             .as_ref()
             .is_some_and(|j| j.state == "queued" || j.state == "running");
-        Ok(ContextView::new(session, &w, job, pending, waited))
+        // More left out than the caller allows, and no refresh on the way: it waits for idle
+        // mode's quiet window or a failing model's backoff.
+        let waiting = !pending && episodes.saturating_sub(w.covered) > u64::from(refresh_after);
+        let mut view = ContextView::new(session, &w, job, pending, waited);
+        view.refresh_due |= waiting;
+        Ok(view)
     }
 
     /// Wait until job `id` ends or `limit` passes; the job as it then stands.

@@ -282,6 +282,9 @@ pub struct ContextView {
     pub omitted: u64,
     /// Whether a refresh is queued or running now (this context is from the summary as it is).
     pub refresh_pending: bool,
+    /// Whether episodes left out of this context are waiting for a refresh that is not
+    /// running (idle mode's quiet window, or a failing model's backoff).
+    pub refresh_due: bool,
     /// Whether the caller asked to wait for a due refresh first.
     pub waited: bool,
     /// The refresh job, if one is queued, running or was waited for.
@@ -318,6 +321,7 @@ impl ContextView {
             covered: w.covered,
             recent: w.recent,
             omitted: w.omitted,
+            refresh_due: w.refresh_due && !refresh_pending,
             refresh_pending,
             waited,
             job,

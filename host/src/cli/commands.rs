@@ -11,7 +11,7 @@ use serde_json::json;
 use abridge::backend::{LlmBackend, NoModel, Ollama, OpenAi};
 use abridge::transcript::{self, Format, Options};
 use abridge::types::{Config, Engine, Error, Level, NewEpisode, Rendering, SummaryRow, describe};
-use abridge::{Abridge, SqliteStore, Store};
+use abridge::{Abridge, Store};
 
 use super::app::{Show, run_or_join};
 use super::progress::Mode;
@@ -124,12 +124,6 @@ pub(super) fn note(s: &Settings, msg: &str) {
     if !s.quiet {
         eprintln!("abridge: {}", abridge::text::printable_lines(msg));
     }
-}
-
-fn open_store(s: &Settings) -> Result<Arc<SqliteStore>, Failure> {
-    let store =
-        SqliteStore::open(&s.db).map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
-    Ok(Arc::new(store))
 }
 
 /// The chosen backend: its client, the engine it implies, and names for output.
@@ -621,41 +615,41 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
 }
 
 pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
-    let store = open_store(s)?;
-    let rows = store
-        .summaries(&a.session)
-        .await
-        .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+    let local = super::app::local(s, None)?;
+    let rows = match local.summaries(&a.session).await {
+        Ok(rows) => rows,
+        Err(e) if e.kind == abridge::app::ErrorKind::NotFound => {
+            let known = local.session_ids().await.unwrap_or_default();
+            let hint = if known.is_empty() {
+                "the database has no sessions yet".to_string()
+            } else {
+                format!(
+                    "known sessions: {}",
+                    known
+                        .iter()
+                        .take(10)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            return Err(Failure::new(
+                Exit::Input,
+                anyhow!("no session '{}' in {} ({hint})", a.session, s.db.display()),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let store = local.engine().store();
     let stats = store
         .stats(&a.session)
         .await
         .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
-    if stats.episodes == 0 {
-        let known = store.sessions().await.unwrap_or_default();
-        let hint = if known.is_empty() {
-            "the database has no sessions yet".to_string()
-        } else {
-            format!(
-                "known sessions: {}",
-                known
-                    .iter()
-                    .take(10)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!("no session '{}' in {} ({hint})", a.session, s.db.display()),
-        ));
-    }
     // What each row covers: its last episode, that episode's own time, and how far into the
     // transcript file it reaches (when the session came from one).
-    let marks = abridge::sources::Marks::new(store.clone());
     let mut full = Vec::with_capacity(rows.len());
     for r in &rows {
-        let mut v = row_json(r);
+        let mut v = json!(r);
         let until = store
             .episodes_after(&a.session, r.last_episode - 1, 1)
             .await
@@ -663,9 +657,7 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
             .first()
             .and_then(|e| e.timestamp_ms);
         v["covered_until_ms"] = json!(until);
-        let mark = marks
-            .covered(&a.session, r.last_episode)
-            .map_err(super::jobs::storage)?;
+        let mark = local.source_mark(&a.session, r.last_episode)?;
         v["source"] = mark.map_or(
             serde_json::Value::Null,
             |m| json!({"path": m.path, "bytes": m.bytes}),

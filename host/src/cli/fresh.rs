@@ -1,17 +1,14 @@
 //! `abridge status`, `abridge context` and `abridge reset`.
 
-use std::sync::Arc;
-
 use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
 use abridge::app::state_name;
-use abridge::types::{ContextRequest, FreshState, Mode, Role};
-use abridge::{SqliteStore, Store};
+use abridge::types::{FreshState, Mode};
 
 use super::app::fail;
-use super::commands::{build, choose_backend, engine_config, note};
+use super::commands::{choose_backend, engine_config, note};
 use super::jobs::storage;
 use super::progress::utc_text;
 use super::{Exit, Failure, Settings};
@@ -73,29 +70,6 @@ pub struct ResetArgs {
     /// Session id
     #[arg(value_parser = super::session_id)]
     session: String,
-}
-
-fn open(s: &Settings) -> Result<Arc<SqliteStore>, Failure> {
-    SqliteStore::open(&s.db).map(Arc::new).map_err(storage)
-}
-
-/// The database and a stored session's figures; an unknown session is an input error.
-async fn open_session(
-    s: &Settings,
-    session: &str,
-) -> Result<(Arc<SqliteStore>, abridge::types::SessionStats), Failure> {
-    let db = open(s)?;
-    let stats = db.stats(session).await.map_err(storage)?;
-    if stats.episodes == 0 {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!(
-                "no session '{session}' in {} — list them with 'abridge status'",
-                s.db.display()
-            ),
-        ));
-    }
-    Ok((db, stats))
 }
 
 fn ms_text(ms: Option<i64>) -> String {
@@ -162,7 +136,6 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
 }
 
 pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
-    let (db, stats) = open_session(s, &a.session).await?;
     if a.budget < 16 {
         return Err(Failure::new(
             Exit::Input,
@@ -173,55 +146,59 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
         ));
     }
     let backend = choose_backend(s).await?;
-    let cfg = abridge::sources::SessionModes::new(db.clone())
-        .apply(&a.session, &engine_config(s, &backend))
-        .map_err(storage)?;
-    let engine = build(s, db.clone(), backend.llm.clone())?;
-    let req = ContextRequest {
-        budget: a.budget,
-        pairs: a.pairs,
-        refresh_after: a.refresh_after,
-    };
-    let w = engine.context(&a.session, req, &cfg).await?;
-    let saving = if w.full_tokens == 0 {
-        0.0
-    } else {
-        100.0 * (1.0 - f64::from(w.tokens) / w.full_tokens as f64)
-    };
-    let role = |r: Role| match r {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    };
+    let local = super::app::local(s, Some(&backend))?;
+    let get = |refresh_after| local.context(&a.session, a.budget, a.pairs, refresh_after, None);
+    // The app queues a refresh when one is due; the command line runs it here and waits.
+    let mut w = get(a.refresh_after).await.map_err(|e| fail(s, e))?;
+    let mut refreshed = false;
+    if let Some(job) = w.job.clone().filter(|_| w.refresh_pending) {
+        let cfg = local.session_config(&a.session)?;
+        let show = super::app::Show::Own(super::progress::Mode::detect(a.json, s.quiet));
+        match super::app::run_or_join(s, &local, (&a.session, job.target), &cfg, show).await {
+            Ok(_) => {
+                refreshed = true;
+                w = get(u32::MAX).await?;
+            }
+            Err(f) => note(
+                s,
+                &format!(
+                    "the summary was not refreshed ({:#}); this context is from the summary as it is",
+                    f.error
+                ),
+            ),
+        }
+    }
     if a.json {
-        let v = json!({
-            "session": a.session,
-            "messages": w.messages.iter().map(|m| json!({"role": role(m.role), "content": m.content})).collect::<Vec<_>>(),
-            "tokens": w.tokens, "full_tokens": w.full_tokens, "saving_percent": (saving * 10.0).round() / 10.0,
-            "covered": w.covered, "recent": w.recent, "omitted": w.omitted,
-            "refreshed": w.refreshed, "refresh_due": w.refresh_due,
-        });
+        let mut v = serde_json::to_value(&w).expect("a context view serializes");
+        v["refreshed"] = refreshed.into();
         println!("{v}");
     } else {
+        let episodes = local
+            .engine()
+            .store()
+            .stats(&a.session)
+            .await
+            .map_err(storage)?
+            .episodes;
         for m in &w.messages {
-            println!("[{}]\n{}\n", role(m.role), m.content);
+            println!("[{}]\n{}\n", m.role, m.content);
         }
         println!(
-            "{} messages, ~{} tokens, against ~{} for the full history of {} episodes: {saving:.1} % saved",
+            "{} messages, ~{} tokens, against ~{} for the full history of {} episodes: {:.1} % saved",
             w.messages.len(),
             w.tokens,
             w.full_tokens,
-            stats.episodes
+            episodes,
+            w.saving_percent
         );
     }
-    if w.refreshed {
+    if refreshed {
         note(
             s,
             "the summary was refreshed first (many messages lay beyond it)",
         );
     }
-    if w.refresh_due {
+    if w.refresh_due || (!refreshed && w.refresh_pending) {
         note(
             s,
             &format!(
