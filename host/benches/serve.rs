@@ -159,7 +159,7 @@ async fn run(a: &Args, llm_url: &str, runtime: Arc<Runtime>, background: bool) -
     for s in local.session_ids().await.unwrap() {
         f.stored += local.session(&s).await.unwrap().episodes;
     }
-    for (state, n) in app.jobs().counts().unwrap() {
+    for (state, n) in app.jobs().counts().await.unwrap() {
         match state.as_str() {
             "succeeded" => f.jobs_succeeded += n,
             "failed" => f.jobs_failed += n,
@@ -169,6 +169,7 @@ async fn run(a: &Args, llm_url: &str, runtime: Arc<Runtime>, background: bool) -
     if let Some(j) = app
         .jobs()
         .list(1000)
+        .await
         .unwrap()
         .iter()
         .find(|j| j.state == abridge::jobs::JobState::Failed)

@@ -103,7 +103,7 @@ async fn main() -> anyhow::Result<()> {
 
     // 1. The caller waits: each message is stored and, when the trigger holds, summarized
     //    before the call returns.
-    let cfg = me.session_config("demo")?;
+    let cfg = me.session_config("demo").await?;
     for i in 1..=10 {
         let out = me.append_inline("demo", &[episode(i)], &cfg).await?;
         for row in out.written {

@@ -12,13 +12,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rusqlite::{OptionalExtension, params};
 use serde_json::json;
 
 use crate::clock::{Clock, SystemClock};
 use crate::control::{CallControl, Observer, Progress};
 use crate::runtime::{Abridge, CallError};
-use crate::store::SqliteStore;
+use crate::store::{JobScope, JobStore};
 use crate::tenant::Tenant;
 use crate::types::{Config, Error, Outcome};
 
@@ -49,7 +48,8 @@ impl JobState {
         }
     }
 
-    fn parse(s: &str) -> JobState {
+    /// The state of a stored name.
+    pub fn parse(s: &str) -> JobState {
         match s {
             "queued" => JobState::Queued,
             "running" => JobState::Running,
@@ -173,45 +173,10 @@ fn owner_is_dead(owner: &str) -> bool {
         })
 }
 
-const COLS: &str = "id, session, target, state, config, cancel_requested, level, done, total, calls_planned, answers, attempts, error, lease_owner, lease_until_ms, created_ms, started_ms, updated_ms, finished_ms";
-
-fn job_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
-    let opt_u64 = |i: usize| -> rusqlite::Result<Option<u64>> {
-        Ok(r.get::<_, Option<i64>>(i)?.map(|x| x as u64))
-    };
-    Ok(Job {
-        id: r.get::<_, i64>(0)? as u64,
-        session: r.get(1)?,
-        target: r.get::<_, i64>(2)? as u64,
-        state: JobState::parse(&r.get::<_, String>(3)?),
-        config: crate::types::config_from_json(
-            &serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
-        ),
-        cancel_requested: r.get::<_, i64>(5)? != 0,
-        level: r.get(6)?,
-        done: r.get(7)?,
-        total: r.get(8)?,
-        calls_planned: r.get(9)?,
-        answers: r.get::<_, i64>(10)? as u64,
-        attempts: r.get(11)?,
-        error: r.get(12)?,
-        lease_owner: r.get(13)?,
-        lease_until_ms: opt_u64(14)?,
-        created_ms: r.get::<_, i64>(15)? as u64,
-        started_ms: opt_u64(16)?,
-        updated_ms: r.get::<_, i64>(17)? as u64,
-        finished_ms: opt_u64(18)?,
-    })
-}
-
-fn db_err(e: rusqlite::Error) -> Error {
-    Error::Storage(e.to_string())
-}
-
-/// The job table of a SQLite database.
+/// The durable jobs of a store, worked by this process.
 #[derive(Clone)]
 pub struct Jobs {
-    db: Arc<SqliteStore>,
+    db: Arc<dyn JobStore>,
     owner: String,
     lease: Duration,
     clock: Arc<dyn Clock>,
@@ -219,7 +184,7 @@ pub struct Jobs {
 
 impl Jobs {
     /// Jobs in `db`, worked by this process, with leases of `lease`.
-    pub fn new(db: Arc<SqliteStore>, lease: Duration) -> Self {
+    pub fn new(db: Arc<dyn JobStore>, lease: Duration) -> Self {
         Jobs {
             db,
             owner: owner_name(),
@@ -234,76 +199,49 @@ impl Jobs {
         self
     }
 
+    /// The same jobs worked under another lease owner name (tests play several workers).
+    pub fn with_owner(mut self, owner: &str) -> Self {
+        self.owner = owner.to_string();
+        self
+    }
+
     fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }
 
+    fn until_ms(&self) -> u64 {
+        self.now_ms() + self.lease.as_millis() as u64
+    }
+
     /// The newest jobs of one tenant with `id < before` (all when `None`), newest first, at
     /// most `limit`.
-    pub fn list_for(
+    pub async fn list_for(
         &self,
         tenant: &Tenant,
         before: Option<u64>,
         limit: u32,
     ) -> Result<Vec<Job>, Error> {
         // Keys of tenant T sort from "T\x1f" up to "T\x20"; local keys hold no U+001F.
-        let before = before.map_or(i64::MAX, |b| b as i64);
+        if tenant.is_local() {
+            return self
+                .db
+                .jobs_list(Some(JobScope::Local), before, limit)
+                .await;
+        }
         let (lo, hi) = (tenant.key(""), format!("{}\u{20}", tenant.name()));
-        let rows: Vec<Job> = self.db.with(|c| {
-            let sql = |scope: &str| {
-                format!(
-                    "SELECT {COLS} FROM jobs WHERE id < ?1 AND {scope} ORDER BY id DESC LIMIT ?2"
-                )
-            };
-            let limit = i64::from(limit);
-            let rows = if tenant.is_local() {
-                let mut st = c
-                    .prepare(&sql("instr(session, char(31)) = 0"))
-                    .map_err(db_err)?;
-                st.query_map(params![before, limit], job_from)
-                    .map_err(db_err)?
-                    .collect::<Result<_, _>>()
-            } else {
-                let mut st = c
-                    .prepare(&sql("session >= ?3 AND session < ?4"))
-                    .map_err(db_err)?;
-                st.query_map(params![before, limit, lo, hi], job_from)
-                    .map_err(db_err)?
-                    .collect::<Result<_, _>>()
-            };
-            rows.map_err(db_err)
-        })?;
-        Ok(rows)
+        self.db
+            .jobs_list(Some(JobScope::Keys(&lo, &hi)), before, limit)
+            .await
     }
 
     /// Counts of jobs by state (for metrics).
-    pub fn counts(&self) -> Result<Vec<(String, u64)>, Error> {
-        self.db.with(|c| {
-            let mut st = c
-                .prepare("SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state")
-                .map_err(db_err)?;
-            st.query_map([], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
-            })
-            .map_err(db_err)?
-            .collect::<Result<_, _>>()
-            .map_err(db_err)
-        })
+    pub async fn counts(&self) -> Result<Vec<(String, u64)>, Error> {
+        self.db.job_counts().await
     }
 
     /// The active (queued or running) job of a session, if any.
-    pub fn active_for(&self, session: &str) -> Result<Option<Job>, Error> {
-        self.db.with(|c| {
-            c.query_row(
-                &format!(
-                    "SELECT {COLS} FROM jobs WHERE session = ?1 AND state IN ('queued','running') ORDER BY id DESC LIMIT 1"
-                ),
-                [session],
-                job_from,
-            )
-            .optional()
-            .map_err(db_err)
-        })
+    pub async fn active_for(&self, session: &str) -> Result<Option<Job>, Error> {
+        self.db.job_active_for(session).await
     }
 
     /// This worker's lease owner name.
@@ -312,219 +250,82 @@ impl Jobs {
     }
 
     /// One job.
-    pub fn get(&self, id: u64) -> Result<Option<Job>, Error> {
-        self.db.with(|c| {
-            c.query_row(
-                &format!("SELECT {COLS} FROM jobs WHERE id = ?1"),
-                [id as i64],
-                job_from,
-            )
-            .optional()
-            .map_err(db_err)
-        })
+    pub async fn get(&self, id: u64) -> Result<Option<Job>, Error> {
+        self.db.job_get(id).await
     }
 
     /// The newest `limit` jobs, newest first.
-    pub fn list(&self, limit: u32) -> Result<Vec<Job>, Error> {
-        self.db.with(|c| {
-            let mut st = c
-                .prepare(&format!(
-                    "SELECT {COLS} FROM jobs ORDER BY id DESC LIMIT ?1"
-                ))
-                .map_err(db_err)?;
-            st.query_map([i64::from(limit)], job_from)
-                .map_err(db_err)?
-                .collect::<Result<_, _>>()
-                .map_err(db_err)
-        })
+    pub async fn list(&self, limit: u32) -> Result<Vec<Job>, Error> {
+        self.db.jobs_list(None, None, limit).await
     }
 
     /// The job for (`session`, `target`): the active one if there is one, else a new queued
     /// job. Returns the job and whether it was created.
-    pub fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> Result<(Job, bool), Error> {
-        let key = format!("{session}@{target}");
-        let now = self.now_ms() as i64;
-        self.db.with(|c| {
-            let tx = c
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                .map_err(db_err)?;
-            let active = tx
-                .query_row(
-                    &format!(
-                        "SELECT {COLS} FROM jobs WHERE key = ?1 AND state IN ('queued','running')"
-                    ),
-                    [&key],
-                    job_from,
-                )
-                .optional()
-                .map_err(db_err)?;
-            if let Some(job) = active {
-                return Ok((job, false));
-            }
-            tx.execute(
-                "INSERT INTO jobs (session, target, key, state, config, created_ms, updated_ms) VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?5)",
-                params![session, target as i64, key, crate::types::config_to_json(cfg).to_string(), now],
-            )
-            .map_err(db_err)?;
-            let id = tx.last_insert_rowid();
-            let job = tx
-                .query_row(&format!("SELECT {COLS} FROM jobs WHERE id = ?1"), [id], job_from)
-                .map_err(db_err)?;
-            tx.commit().map_err(db_err)?;
-            Ok((job, true))
-        })
+    pub async fn enqueue(
+        &self,
+        session: &str,
+        target: u64,
+        cfg: &Config,
+    ) -> Result<(Job, bool), Error> {
+        let config = crate::types::config_to_json(cfg).to_string();
+        self.db
+            .job_enqueue(session, target, &config, self.now_ms())
+            .await
     }
 
     /// Take job `id` if it is queued, or running under a lease that expired or whose owner is
     /// gone. Another job of the same session running under a live lease makes it busy too.
-    pub fn claim(&self, id: u64) -> Result<Claim, Error> {
+    pub async fn claim(&self, id: u64) -> Result<Claim, Error> {
         let now = self.now_ms();
-        let until = now + self.lease.as_millis() as u64;
-        self.db.with(|c| {
-            let tx = c
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                .map_err(db_err)?;
-            let job = tx
-                .query_row(&format!("SELECT {COLS} FROM jobs WHERE id = ?1"), [id as i64], job_from)
-                .map_err(db_err)?;
-            if !job.state.is_active() {
-                return Ok(Claim::Finished(job));
-            }
-            let live = |j: &Job| {
-                j.state == JobState::Running
-                    && j.lease_owner.as_deref() != Some(self.owner.as_str())
-                    && j.lease_until_ms.is_some_and(|u| u > now)
-                    && !j.lease_owner.as_deref().is_some_and(owner_is_dead)
-            };
-            if live(&job) {
-                return Ok(Claim::Busy(job));
-            }
-            let mut st = tx
-                .prepare(&format!(
-                    "SELECT {COLS} FROM jobs WHERE session = ?1 AND id != ?2 AND state = 'running'"
-                ))
-                .map_err(db_err)?;
-            let others: Vec<Job> = st
-                .query_map(params![job.session, id as i64], job_from)
-                .map_err(db_err)?
-                .collect::<Result<_, _>>()
-                .map_err(db_err)?;
-            drop(st);
-            if others.iter().any(live) {
-                return Ok(Claim::Busy(job));
-            }
-            tx.execute(
-                "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = ?2, lease_until_ms = ?3, started_ms = COALESCE(started_ms, ?4), updated_ms = ?4, error = NULL WHERE id = ?1",
-                params![id as i64, self.owner, until as i64, now as i64],
-            )
-            .map_err(db_err)?;
-            let job = tx
-                .query_row(&format!("SELECT {COLS} FROM jobs WHERE id = ?1"), [id as i64], job_from)
-                .map_err(db_err)?;
-            tx.commit().map_err(db_err)?;
-            Ok(Claim::Taken(job))
-        })
+        let owner = self.owner.clone();
+        let live = move |j: &Job| {
+            j.state == JobState::Running
+                && j.lease_owner.as_deref() != Some(owner.as_str())
+                && j.lease_until_ms.is_some_and(|u| u > now)
+                && !j.lease_owner.as_deref().is_some_and(owner_is_dead)
+        };
+        self.db
+            .job_claim(id, &self.owner, now, self.until_ms(), &live)
+            .await
     }
 
     /// Renew the lease and record progress.
-    pub fn heartbeat(&self, id: u64, p: &Progress, answers: u64) -> Result<Beat, Error> {
-        let now = self.now_ms();
-        let until = now + self.lease.as_millis() as u64;
-        self.db.with(|c| {
-            let n = c
-                .execute(
-                    "UPDATE jobs SET lease_until_ms = ?3, level = ?4, done = ?5, total = ?6, answers = ?7, updated_ms = ?8 WHERE id = ?1 AND lease_owner = ?2 AND state = 'running'",
-                    params![id as i64, self.owner, until as i64, p.level, p.done, p.total, answers as i64, now as i64],
-                )
-                .map_err(db_err)?;
-            if n == 0 {
-                return Ok(Beat::Lost);
-            }
-            let cancel = c
-                .query_row(
-                    "SELECT cancel_requested FROM jobs WHERE id = ?1",
-                    [id as i64],
-                    |r| r.get::<_, i64>(0),
-                )
-                .map_err(db_err)?;
-            Ok(if cancel != 0 { Beat::Cancel } else { Beat::Go })
-        })
+    pub async fn heartbeat(&self, id: u64, p: &Progress, answers: u64) -> Result<Beat, Error> {
+        self.db
+            .job_heartbeat(id, &self.owner, self.until_ms(), *p, answers, self.now_ms())
+            .await
     }
 
     /// Record the plan's expected call count.
-    pub fn set_planned(&self, id: u64, calls: u32) -> Result<(), Error> {
-        self.db.with(|c| {
-            c.execute(
-                "UPDATE jobs SET calls_planned = ?2 WHERE id = ?1",
-                params![id as i64, calls],
-            )
-            .map(drop)
-            .map_err(db_err)
-        })
+    pub async fn set_planned(&self, id: u64, calls: u32) -> Result<(), Error> {
+        self.db.job_set_planned(id, calls).await
     }
 
     /// Put a job in a final state and release its lease.
-    pub fn finish(&self, id: u64, state: JobState, error: Option<&str>) -> Result<(), Error> {
-        let now = self.now_ms() as i64;
-        self.db.with(|c| {
-            c.execute(
-                "UPDATE jobs SET state = ?2, error = ?3, lease_owner = NULL, lease_until_ms = NULL, updated_ms = ?4, finished_ms = ?4 WHERE id = ?1",
-                params![id as i64, state.as_str(), error, now],
-            )
-            .map(drop)
-            .map_err(db_err)
-        })
+    pub async fn finish(&self, id: u64, state: JobState, error: Option<&str>) -> Result<(), Error> {
+        self.db.job_finish(id, state, error, self.now_ms()).await
     }
 
     /// Cancel a job: a queued one at once, a running one by asking its worker (which stops
     /// within a second and writes nothing). Returns the job as it now stands.
-    pub fn cancel(&self, id: u64) -> Result<Option<Job>, Error> {
-        let now = self.now_ms() as i64;
-        self.db.with(|c| {
-            c.execute(
-                "UPDATE jobs SET state = 'cancelled', error = 'cancelled before it ran', updated_ms = ?2, finished_ms = ?2 WHERE id = ?1 AND state = 'queued'",
-                params![id as i64, now],
-            )
-            .map_err(db_err)?;
-            c.execute(
-                "UPDATE jobs SET cancel_requested = 1, updated_ms = ?2 WHERE id = ?1 AND state = 'running'",
-                params![id as i64, now],
-            )
-            .map_err(db_err)?;
-            Ok(())
-        })?;
-        self.get(id)
+    pub async fn cancel(&self, id: u64) -> Result<Option<Job>, Error> {
+        self.db.job_cancel(id, self.now_ms()).await?;
+        self.get(id).await
     }
 
     /// Give a running job this worker holds back to the queue (a shutdown that could not wait
     /// for it): the next worker resumes it, reusing the answers already cached.
-    pub fn release(&self, id: u64) -> Result<bool, Error> {
-        let now = self.now_ms() as i64;
-        self.db.with(|c| {
-            c.execute(
-                "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_until_ms = NULL, updated_ms = ?3 WHERE id = ?1 AND lease_owner = ?2 AND state = 'running'",
-                params![id as i64, self.owner, now],
-            )
-            .map(|n| n > 0)
-            .map_err(db_err)
-        })
+    pub async fn release(&self, id: u64) -> Result<bool, Error> {
+        self.db.job_release(id, &self.owner, self.now_ms()).await
     }
 
     /// Jobs a worker could take now: queued ones, and running ones whose worker is gone.
-    pub fn runnable(&self) -> Result<Vec<Job>, Error> {
+    pub async fn runnable(&self) -> Result<Vec<Job>, Error> {
         let now = self.now_ms();
-        let jobs: Vec<Job> = self.db.with(|c| {
-            let mut st = c
-                .prepare(&format!(
-                    "SELECT {COLS} FROM jobs WHERE state IN ('queued','running') ORDER BY id"
-                ))
-                .map_err(db_err)?;
-            st.query_map([], job_from)
-                .map_err(db_err)?
-                .collect::<Result<_, _>>()
-                .map_err(db_err)
-        })?;
-        Ok(jobs
+        Ok(self
+            .db
+            .jobs_active()
+            .await?
             .into_iter()
             .filter(|j| {
                 j.state == JobState::Queued
@@ -536,22 +337,9 @@ impl Jobs {
 
     /// Whether a job of `session` is running under a live lease (a trigger then leaves the
     /// work to it).
-    pub fn session_busy(&self, session: &str) -> Result<bool, Error> {
-        let now = self.now_ms() as i64;
-        self.db.with(|c| {
-            let owners: Vec<String> = {
-                let mut st = c
-                    .prepare(
-                        "SELECT lease_owner FROM jobs WHERE session = ?1 AND state = 'running' AND lease_until_ms > ?2",
-                    )
-                    .map_err(db_err)?;
-                st.query_map(params![session, now], |r| r.get::<_, String>(0))
-                    .map_err(db_err)?
-                    .collect::<Result<_, _>>()
-                    .map_err(db_err)?
-            };
-            Ok(owners.iter().any(|o| !owner_is_dead(o)))
-        })
+    pub async fn session_busy(&self, session: &str) -> Result<bool, Error> {
+        let owners = self.db.job_lease_owners(session, self.now_ms()).await?;
+        Ok(owners.iter().any(|o| !owner_is_dead(o)))
     }
 
     /// Run a job this worker has taken: summarize its session with a heartbeat that renews the
@@ -581,7 +369,7 @@ impl Jobs {
                     let p = control.progress();
                     if last_beat.elapsed() >= beat_every {
                         last_beat = Instant::now();
-                        match self.heartbeat(job.id, &p, prior + p.answers) {
+                        match self.heartbeat(job.id, &p, prior + p.answers).await {
                             Ok(Beat::Cancel) => control.cancel(),
                             // Another worker took the job over: stop without writing.
                             Ok(Beat::Lost) => {
@@ -599,13 +387,14 @@ impl Jobs {
         if lost {
             return result;
         }
-        let _ = self.heartbeat(job.id, &p, prior + p.answers);
+        let _ = self.heartbeat(job.id, &p, prior + p.answers).await;
         let (state, error) = match &result {
             Ok(_) => (JobState::Succeeded, None),
             Err(CallError::Cancelled) => (JobState::Cancelled, Some(result_text(&result))),
             Err(_) => (JobState::Failed, Some(result_text(&result))),
         };
         self.finish(job.id, state, error.as_deref())
+            .await
             .map_err(CallError::Engine)?;
         result
     }
@@ -621,14 +410,21 @@ fn result_text(r: &Result<Outcome, CallError>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::{MemoryStore, SqliteStore};
 
-    fn jobs(db: &Arc<SqliteStore>, owner: &str, lease_ms: u64) -> Jobs {
-        Jobs {
-            db: db.clone(),
-            owner: owner.into(),
-            lease: Duration::from_millis(lease_ms),
-            clock: Arc::new(SystemClock),
-        }
+    /// The stores every job test runs against: the same rules whatever keeps the rows.
+    fn stores() -> Vec<(&'static str, Arc<dyn JobStore>)> {
+        vec![
+            ("sqlite", Arc::new(SqliteStore::in_memory().unwrap())),
+            ("memory", Arc::new(MemoryStore::new())),
+        ]
+    }
+
+    fn jobs(db: &Arc<dyn JobStore>, clock: &Arc<ManualClock>, owner: &str, lease_ms: u64) -> Jobs {
+        Jobs::new(db.clone(), Duration::from_millis(lease_ms))
+            .with_clock(clock.clone())
+            .with_owner(owner)
     }
 
     fn taken(c: Claim) -> Job {
@@ -638,91 +434,137 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_tenant_lists_only_its_own_jobs() {
-        let db = Arc::new(SqliteStore::in_memory().unwrap());
-        let j = jobs(&db, "here:1", 60_000);
-        let (a, b, local) = (
-            Tenant::new("a").unwrap(),
-            Tenant::new("ab").unwrap(),
-            Tenant::local(),
-        );
-        let cfg = Config::default();
-        let ids: Vec<u64> = [a.key("s"), b.key("s"), local.key("s"), a.key("t")]
-            .iter()
-            .map(|k| j.enqueue(k, 1, &cfg).unwrap().0.id)
-            .collect();
-        let listed = |t: &Tenant, before| -> Vec<u64> {
-            j.list_for(t, before, 10)
-                .unwrap()
-                .iter()
-                .map(|x| x.id)
-                .collect()
-        };
-        assert_eq!(listed(&a, None), vec![ids[3], ids[0]]);
-        assert_eq!(listed(&a, Some(ids[3])), vec![ids[0]]);
-        assert_eq!(listed(&b, None), vec![ids[1]]);
-        assert_eq!(listed(&local, None), vec![ids[2]]);
+    #[tokio::test]
+    async fn a_tenant_lists_only_its_own_jobs() {
+        for (name, db) in stores() {
+            let clock = Arc::new(ManualClock::at(1_000));
+            let j = jobs(&db, &clock, "here:1", 60_000);
+            let (a, b, local) = (
+                Tenant::new("a").unwrap(),
+                Tenant::new("ab").unwrap(),
+                Tenant::local(),
+            );
+            let cfg = Config::default();
+            let mut ids = Vec::new();
+            for k in [a.key("s"), b.key("s"), local.key("s"), a.key("t")] {
+                ids.push(j.enqueue(&k, 1, &cfg).await.unwrap().0.id);
+            }
+            let listed = async |t: &Tenant, before| -> Vec<u64> {
+                j.list_for(t, before, 10)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.id)
+                    .collect()
+            };
+            assert_eq!(listed(&a, None).await, vec![ids[3], ids[0]], "{name}");
+            assert_eq!(listed(&a, Some(ids[3])).await, vec![ids[0]], "{name}");
+            assert_eq!(listed(&b, None).await, vec![ids[1]], "{name}");
+            assert_eq!(listed(&local, None).await, vec![ids[2]], "{name}");
+            assert_eq!(j.list(2).await.unwrap().len(), 2, "{name}");
+            assert_eq!(
+                j.counts().await.unwrap(),
+                vec![("queued".to_string(), 4)],
+                "{name}"
+            );
+        }
     }
 
-    #[test]
-    fn one_active_job_per_key_and_leases_pass_on_when_a_worker_is_gone() {
-        let db = Arc::new(SqliteStore::in_memory().unwrap());
-        let a = jobs(&db, "elsewhere:1", 60_000);
-        let cfg = Config {
-            model: "m".into(),
-            context_length: 1024,
-            ..Config::default()
-        };
-        let (j, new) = a.enqueue("s", 10, &cfg).unwrap();
-        assert!(new);
-        let (again, new) = a.enqueue("s", 10, &cfg).unwrap();
-        assert!(!new && again.id == j.id);
-        assert_eq!(again.config.context_length, 1024, "config round-trips");
-        let j = taken(a.claim(j.id).unwrap());
-        assert_eq!((j.state, j.attempts), (JobState::Running, 1));
+    #[tokio::test]
+    async fn one_active_job_per_key_and_leases_pass_on_when_a_worker_is_gone() {
+        for (name, db) in stores() {
+            let clock = Arc::new(ManualClock::at(1_000));
+            let a = jobs(&db, &clock, "elsewhere:1", 60_000);
+            let cfg = Config {
+                model: "m".into(),
+                context_length: 1024,
+                ..Config::default()
+            };
+            let (j, new) = a.enqueue("s", 10, &cfg).await.unwrap();
+            assert!(new, "{name}");
+            let (again, new) = a.enqueue("s", 10, &cfg).await.unwrap();
+            assert!(!new && again.id == j.id, "{name}");
+            assert_eq!(
+                again.config.context_length, 1024,
+                "{name}: config round-trips"
+            );
+            let j = taken(a.claim(j.id).await.unwrap());
+            assert_eq!((j.state, j.attempts), (JobState::Running, 1), "{name}");
+            assert_eq!(a.active_for("s").await.unwrap().map(|x| x.id), Some(j.id));
 
-        // A live lease on another host keeps the job, and any other job of the session, busy.
-        let b = jobs(&db, "here:2", 60_000);
-        assert!(matches!(b.claim(j.id).unwrap(), Claim::Busy(_)));
-        let (k, _) = b.enqueue("s", 12, &cfg).unwrap();
-        assert!(matches!(b.claim(k.id).unwrap(), Claim::Busy(_)));
-        assert!(b.session_busy("s").unwrap() && !b.session_busy("t").unwrap());
+            // A live lease on another host keeps the job, and any other job of the session,
+            // busy.
+            let b = jobs(&db, &clock, "here:2", 60_000);
+            assert!(
+                matches!(b.claim(j.id).await.unwrap(), Claim::Busy(_)),
+                "{name}"
+            );
+            let (k, _) = b.enqueue("s", 12, &cfg).await.unwrap();
+            assert!(
+                matches!(b.claim(k.id).await.unwrap(), Claim::Busy(_)),
+                "{name}"
+            );
+            assert!(b.session_busy("s").await.unwrap(), "{name}");
+            assert!(!b.session_busy("t").await.unwrap(), "{name}");
 
-        // A lease that ran out passes to the next worker; the old one learns it lost it.
-        let short = jobs(&db, "elsewhere:1", 1);
-        assert_eq!(
-            short.heartbeat(j.id, &Progress::default(), 0).unwrap(),
-            Beat::Go
-        );
-        std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(b.runnable().unwrap().len(), 2);
-        let j = taken(b.claim(j.id).unwrap());
-        assert_eq!(j.attempts, 2);
-        assert_eq!(
-            a.heartbeat(j.id, &Progress::default(), 0).unwrap(),
-            Beat::Lost
-        );
+            // A lease that ran out passes to the next worker; the old one learns it lost it.
+            let short = jobs(&db, &clock, "elsewhere:1", 1);
+            assert_eq!(
+                short
+                    .heartbeat(j.id, &Progress::default(), 0)
+                    .await
+                    .unwrap(),
+                Beat::Go,
+                "{name}"
+            );
+            clock.advance(5);
+            assert_eq!(b.runnable().await.unwrap().len(), 2, "{name}");
+            assert!(!b.session_busy("s").await.unwrap(), "{name}");
+            let j = taken(b.claim(j.id).await.unwrap());
+            assert_eq!(j.attempts, 2, "{name}");
+            assert_eq!(
+                a.heartbeat(j.id, &Progress::default(), 0).await.unwrap(),
+                Beat::Lost,
+                "{name}"
+            );
 
-        // A worker process on this host that no longer exists holds no lease.
-        let dead = format!("{}:{}", host_name(), u32::MAX - 1);
-        assert!(owner_is_dead(&dead) && !owner_is_dead(&owner_name()));
-        b.finish(j.id, JobState::Succeeded, None).unwrap();
-        let d = jobs(&db, &dead, 60_000);
-        taken(d.claim(k.id).unwrap());
-        assert!(taken(b.claim(k.id).unwrap()).attempts == 2);
+            // A worker process on this host that no longer exists holds no lease.
+            let dead = format!("{}:{}", host_name(), u32::MAX - 1);
+            assert!(owner_is_dead(&dead) && !owner_is_dead(&owner_name()));
+            b.finish(j.id, JobState::Succeeded, None).await.unwrap();
+            let d = jobs(&db, &clock, &dead, 60_000);
+            taken(d.claim(k.id).await.unwrap());
+            assert!(taken(b.claim(k.id).await.unwrap()).attempts == 2, "{name}");
 
-        // Cancelling: queued at once, running by request.
-        let (q, _) = b.enqueue("u", 1, &cfg).unwrap();
-        assert_eq!(b.cancel(q.id).unwrap().unwrap().state, JobState::Cancelled);
-        let r = b.cancel(k.id).unwrap().unwrap();
-        assert!(r.state == JobState::Running && r.cancel_requested);
-        assert_eq!(
-            b.heartbeat(k.id, &Progress::default(), 0).unwrap(),
-            Beat::Cancel
-        );
-        assert!(matches!(b.claim(j.id).unwrap(), Claim::Finished(_)));
-        // A finished key may be asked for again: a new job.
-        assert!(b.enqueue("s", 10, &cfg).unwrap().1);
+            // A shutdown gives a running job back to the queue; only its holder can.
+            assert!(!a.release(k.id).await.unwrap(), "{name}");
+            assert!(b.release(k.id).await.unwrap(), "{name}");
+            assert_eq!(b.get(k.id).await.unwrap().unwrap().state, JobState::Queued);
+            let k = taken(b.claim(k.id).await.unwrap());
+            b.set_planned(k.id, 7).await.unwrap();
+            assert_eq!(
+                b.get(k.id).await.unwrap().unwrap().calls_planned,
+                7,
+                "{name}"
+            );
+
+            // Cancelling: queued at once, running by request.
+            let (q, _) = b.enqueue("u", 1, &cfg).await.unwrap();
+            let q = b.cancel(q.id).await.unwrap().unwrap();
+            assert_eq!(q.state, JobState::Cancelled, "{name}");
+            let r = b.cancel(k.id).await.unwrap().unwrap();
+            assert!(r.state == JobState::Running && r.cancel_requested, "{name}");
+            assert_eq!(
+                b.heartbeat(k.id, &Progress::default(), 0).await.unwrap(),
+                Beat::Cancel,
+                "{name}"
+            );
+            assert!(
+                matches!(b.claim(j.id).await.unwrap(), Claim::Finished(_)),
+                "{name}"
+            );
+            // A finished key may be asked for again: a new job.
+            assert!(b.enqueue("s", 10, &cfg).await.unwrap().1, "{name}");
+        }
     }
 }

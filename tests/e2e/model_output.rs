@@ -174,10 +174,12 @@ fn credentials_in_a_url_are_used_but_never_shown() {
 #[test]
 fn the_default_concurrency_adapts_to_a_single_slot_server() {
     // Ollama's common setting: one slot, the rest queued, and the per-call timeout counts the
-    // queue. Six requests in flight at 300 ms each would time out from the fourth on.
+    // queue. Six requests in flight at 600 ms each would time out (at 2 s) from the fourth on.
+    // (Long calls keep the figures steady on a loaded machine, whose scheduling delays are
+    // small against them.)
     let server = TestServer::start_with(abridge_test_llm::Options {
         slots: Some(1),
-        delay: std::time::Duration::from_millis(300),
+        delay: std::time::Duration::from_millis(600),
         ..Default::default()
     });
     // Five attempts: the first wave's timeouts teach the window, and on a loaded 2-core
@@ -190,7 +192,7 @@ fn the_default_concurrency_adapts_to_a_single_slot_server() {
         "--chunk-tokens",
         "800",
         "--timeout-secs",
-        "1",
+        "2",
     ]);
     r.assert_ok();
     assert_covers(&env.chain("long").unwrap(), 240);

@@ -37,7 +37,7 @@ use crate::clock::Clock;
 use crate::jobs::{Job, Jobs};
 use crate::runtime::{Abridge, Runtime};
 use crate::sources::{SessionMode, SessionModes};
-use crate::store::{SqliteStore, Store};
+use crate::store::{AppStore, SourceStore, SqliteStore, Store};
 use crate::tenant::{Tenant, TenantStore};
 use crate::transcript::{self, Format, Options};
 use crate::types::{Config, ContextRequest, FreshState, Level, Mode, NewEpisode};
@@ -79,7 +79,7 @@ struct TenantState {
 
 struct Inner {
     cfg: AppConfig,
-    db: Arc<SqliteStore>,
+    db: Arc<dyn AppStore>,
     jobs: Jobs,
     tokens: Tokens,
     events: EventBus,
@@ -106,6 +106,12 @@ impl App {
     /// Open the database (creating or migrating it) and get ready.
     pub fn open(cfg: AppConfig) -> AppResult<App> {
         let db = Arc::new(SqliteStore::open(&cfg.db)?);
+        Self::open_with(cfg, db)
+    }
+
+    /// Get ready over a store of the caller's choosing (`cfg.db` is then only a name):
+    /// [`crate::MemoryStore`] for tests and embedders, or any other [`AppStore`].
+    pub fn open_with(cfg: AppConfig, db: Arc<dyn AppStore>) -> AppResult<App> {
         let jobs = Jobs::new(db.clone(), cfg.job_lease).with_clock(cfg.clock.clone());
         Ok(App {
             inner: Arc::new(Inner {
@@ -129,6 +135,12 @@ impl App {
                 cfg,
             }),
         })
+    }
+
+    /// Everything the app keeps (the engine's store and the app's tables), untenanted: for
+    /// front ends' own bookkeeping tables (imported and watched files).
+    pub fn store(&self) -> Arc<dyn AppStore> {
+        self.inner.db.clone()
     }
 
     /// The configuration it was opened with.
@@ -290,10 +302,16 @@ impl Scoped {
         }
     }
 
+    fn modes(&self) -> SessionModes {
+        SessionModes::new(self.app.inner.db.clone() as Arc<dyn SourceStore>)
+    }
+
     /// The engine configuration for a session: the global one with the session's own mode.
-    pub fn session_config(&self, session: &str) -> AppResult<Config> {
-        Ok(SessionModes::new(self.app.inner.db.clone())
-            .apply(&self.tenant.key(session), &self.app.inner.cfg.config)?)
+    pub async fn session_config(&self, session: &str) -> AppResult<Config> {
+        Ok(self
+            .modes()
+            .apply(&self.tenant.key(session), &self.app.inner.cfg.config)
+            .await?)
     }
 
     fn publish(
@@ -321,41 +339,44 @@ impl Scoped {
 
     /// Remember that `session` held `last_episode` episodes after importing the first `bytes`
     /// bytes of the file `source`, so a summary can say how far into its file it reaches.
-    pub fn mark_source(
+    pub async fn mark_source(
         &self,
         session: &str,
         source: &str,
         last_episode: u64,
         bytes: u64,
     ) -> AppResult<()> {
-        Ok(
-            crate::sources::Marks::new(self.app.inner.db.clone()).record(
-                &self.tenant.key(session),
-                source,
-                last_episode,
-                bytes,
-            )?,
-        )
+        Ok(self
+            .app
+            .inner
+            .db
+            .record_mark(&self.tenant.key(session), source, last_episode, bytes)
+            .await?)
     }
 
     /// How far into its file a summary ending at `last_episode` reaches (when the session
     /// came from one).
-    pub fn source_mark(
+    pub async fn source_mark(
         &self,
         session: &str,
         last_episode: u64,
     ) -> AppResult<Option<crate::sources::Mark>> {
-        Ok(crate::sources::Marks::new(self.app.inner.db.clone())
-            .covered(&self.tenant.key(session), last_episode)?)
+        Ok(self
+            .app
+            .inner
+            .db
+            .mark_covering(&self.tenant.key(session), last_episode)
+            .await?)
     }
 
     /// Whether a live worker (here or in another process) is running a job of `session`.
-    pub fn session_busy(&self, session: &str) -> AppResult<bool> {
+    pub async fn session_busy(&self, session: &str) -> AppResult<bool> {
         Ok(self
             .app
             .inner
             .jobs
-            .session_busy(&self.tenant.key(session))?)
+            .session_busy(&self.tenant.key(session))
+            .await?)
     }
 
     /// A session's standing.
@@ -366,15 +387,14 @@ impl Scoped {
 
     async fn view(&self, session: &str) -> AppResult<SessionView> {
         let key = self.tenant.key(session);
-        let modes = SessionModes::new(self.app.inner.db.clone());
-        let own = modes.get(&key)?.is_some();
-        let cfg = modes.apply(&key, &self.app.inner.cfg.config)?;
+        let own = self.modes().get(&key).await?;
+        let cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
         let f = self.engine().freshness(session, &cfg).await?;
-        let active = self.app.inner.jobs.active_for(&key)?;
+        let active = self.app.inner.jobs.active_for(&key).await?;
         Ok(SessionView::new(
             session,
             &f,
-            (cfg.mode, own),
+            (cfg.mode, own.is_some()),
             active.map(|j| j.id),
         ))
     }
@@ -473,7 +493,8 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .session_busy(&self.tenant.key(session))?
+            .session_busy(&self.tenant.key(session))
+            .await?
         {
             return Ok(out);
         }
@@ -502,7 +523,7 @@ impl Scoped {
         check_session(session)?;
         let received = episodes.len() as u32;
         let stored = self.engine().append(session, &episodes).await?;
-        let cfg = self.session_config(session)?;
+        let cfg = self.session_config(session).await?;
         let (job, episodes) = self.queue_if_due(session, &cfg, None).await?;
         Ok(Appended {
             session: session.to_string(),
@@ -526,7 +547,13 @@ impl Scoped {
         beyond_limit: Option<u64>,
     ) -> AppResult<(Option<Job>, u64)> {
         // An active job already covers the work: skip the verdict (a guest call) then.
-        if let Some(j) = self.app.inner.jobs.active_for(&self.tenant.key(session))? {
+        if let Some(j) = self
+            .app
+            .inner
+            .jobs
+            .active_for(&self.tenant.key(session))
+            .await?
+        {
             return Ok((Some(j), self.store().stats(session).await?.episodes));
         }
         let f = self.engine().freshness(session, cfg).await?;
@@ -535,19 +562,20 @@ impl Scoped {
                 && f.state == FreshState::Waiting
                 && beyond_limit.is_some_and(|n| f.episodes - f.covered > n));
         let job = if due {
-            Some(self.enqueue(session, f.episodes, cfg)?)
+            Some(self.enqueue(session, f.episodes, cfg).await?)
         } else {
             None
         };
         Ok((job, f.episodes))
     }
 
-    fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
+    async fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
         let (job, created) = self
             .app
             .inner
             .jobs
-            .enqueue(&self.tenant.key(session), target, cfg)?;
+            .enqueue(&self.tenant.key(session), target, cfg)
+            .await?;
         if created {
             self.publish(
                 "job.queued",
@@ -572,8 +600,8 @@ impl Scoped {
         if stats.last_episode <= covered {
             return Ok(None);
         }
-        let cfg = self.session_config(session)?;
-        let job = self.enqueue(session, stats.last_episode, &cfg)?;
+        let cfg = self.session_config(session).await?;
+        let job = self.enqueue(session, stats.last_episode, &cfg).await?;
         Ok(Some(self.job_view(&job)))
     }
 
@@ -639,7 +667,7 @@ impl Scoped {
             )));
         }
         self.known(session).await?;
-        let cfg = self.session_config(session)?;
+        let cfg = self.session_config(session).await?;
         let (mut job, episodes) = self
             .queue_if_due(session, &cfg, Some(u64::from(refresh_after)))
             .await?;
@@ -674,7 +702,7 @@ impl Scoped {
         let mut live = self.app.inner.events.subscribe(&self.tenant, None).live;
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            let j = self.app.inner.jobs.get(id)?;
+            let j = self.app.inner.jobs.get(id).await?;
             match &j {
                 Some(j) if j.state.is_active() => {}
                 _ => return Ok(j),
@@ -687,7 +715,7 @@ impl Scoped {
                 _ = step => {}
             }
             if tokio::time::Instant::now() >= deadline {
-                return self.app.inner.jobs.get(id).map_err(Into::into);
+                return self.app.inner.jobs.get(id).await.map_err(Into::into);
             }
         }
     }
@@ -699,8 +727,9 @@ impl Scoped {
         mode: Option<SessionMode>,
     ) -> AppResult<SessionView> {
         self.known(session).await?;
-        SessionModes::new(self.app.inner.db.clone())
-            .set(&self.tenant.key(session), mode.as_ref())?;
+        self.modes()
+            .set(&self.tenant.key(session), mode.as_ref())
+            .await?;
         self.view(session).await
     }
 
@@ -714,34 +743,36 @@ impl Scoped {
     }
 
     /// The tenant's newest jobs (ids below `before`), newest first.
-    pub fn list_jobs(&self, before: Option<u64>, limit: u32) -> AppResult<Vec<JobView>> {
+    pub async fn list_jobs(&self, before: Option<u64>, limit: u32) -> AppResult<Vec<JobView>> {
         Ok(self
             .app
             .inner
             .jobs
-            .list_for(&self.tenant, before, limit)?
+            .list_for(&self.tenant, before, limit)
+            .await?
             .iter()
             .map(|j| self.job_view(j))
             .collect())
     }
 
     /// One of the tenant's jobs (another tenant's is not found).
-    pub fn job(&self, id: u64) -> AppResult<JobView> {
-        self.own_job(id).map(|j| self.job_view(&j))
+    pub async fn job(&self, id: u64) -> AppResult<JobView> {
+        self.own_job(id).await.map(|j| self.job_view(&j))
     }
 
-    fn own_job(&self, id: u64) -> AppResult<Job> {
+    async fn own_job(&self, id: u64) -> AppResult<Job> {
         self.app
             .inner
             .jobs
-            .get(id)?
+            .get(id)
+            .await?
             .filter(|j| self.tenant.session_of(&j.session).is_some())
             .ok_or_else(|| AppError::not_found(format!("no job {id}")))
     }
 
     /// Cancel a job: a queued one at once, a running one within a second.
-    pub fn cancel_job(&self, id: u64) -> AppResult<JobView> {
-        let job = self.own_job(id)?;
+    pub async fn cancel_job(&self, id: u64) -> AppResult<JobView> {
+        let job = self.own_job(id).await?;
         if !job.state.is_active() {
             return Err(AppError::new(
                 ErrorKind::Conflict,
@@ -752,7 +783,8 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .cancel(id)?
+            .cancel(id)
+            .await?
             .ok_or_else(|| AppError::not_found(format!("no job {id}")))?;
         if now.state == crate::jobs::JobState::Cancelled {
             self.publish(

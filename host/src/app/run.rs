@@ -45,7 +45,7 @@ impl Scoped {
     /// A job that does not succeed is an error that says why.
     pub async fn run_or_join(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
         let jobs = &self.app.inner.jobs;
-        let (job, created) = jobs.enqueue(&self.tenant.key(session), target, cfg)?;
+        let (job, created) = jobs.enqueue(&self.tenant.key(session), target, cfg).await?;
         if created {
             self.publish(
                 "job.queued",
@@ -63,7 +63,7 @@ impl Scoped {
         }
         let mut waiting = false;
         loop {
-            match jobs.claim(job.id)? {
+            match jobs.claim(job.id).await? {
                 Claim::Taken(job) => {
                     return self
                         .execute(job, None)
@@ -91,8 +91,8 @@ impl Scoped {
     /// Run job `id` here unless a live worker holds it (`Ok(None)` then); a job that already
     /// ended is returned as it stands, or as the error that ended it.
     pub async fn run_job(&self, id: u64) -> AppResult<Option<Job>> {
-        self.job(id)?;
-        match self.app.inner.jobs.claim(id)? {
+        self.job(id).await?;
+        match self.app.inner.jobs.claim(id).await? {
             Claim::Taken(job) => self
                 .execute(job, None)
                 .await
@@ -125,7 +125,7 @@ impl Scoped {
         let engine = self.engine().clone();
         let plan = engine.plan(&session, &job.config).await.ok();
         if let Some(p) = &plan {
-            let _ = app.jobs().set_planned(job.id, p.calls);
+            let _ = app.jobs().set_planned(job.id, p.calls).await;
         }
         publish(
             "job.running",
@@ -155,16 +155,17 @@ impl Scoped {
         let run = app.jobs().run(&engine, &scoped_job, Some(observer));
         let result = match stop {
             Some(mut stop) => tokio::select! {
-                r = run => r,
-                _ = stop.wait_for(|s| *s) => {
-                    // Shutdown ran out of grace: give the job back; the next start resumes it.
-                    let _ = app.jobs().release(job.id);
-                    publish("job.queued", json!({"state": "queued", "released": true}));
-                    tracing::info!(job = job.id, "job released to the queue at shutdown");
-                    return None;
-                }
+                r = run => Some(r),
+                _ = stop.wait_for(|s| *s) => None,
             },
-            None => run.await,
+            None => Some(run.await),
+        };
+        let Some(result) = result else {
+            // Shutdown ran out of grace: give the job back; the next start resumes it.
+            let _ = app.jobs().release(job.id).await;
+            publish("job.queued", json!({"state": "queued", "released": true}));
+            tracing::info!(job = job.id, "job released to the queue at shutdown");
+            return None;
         };
         Some(match result {
             Ok(outcome) => {
@@ -172,7 +173,7 @@ impl Scoped {
                 for r in &rows {
                     publish("summary.written", json!(r));
                 }
-                let stored = app.jobs().get(job.id).ok().flatten();
+                let stored = app.jobs().get(job.id).await.ok().flatten();
                 publish(
                     "job.succeeded",
                     json!({
@@ -187,7 +188,7 @@ impl Scoped {
                 tracing::info!(job = job.id, passes = outcome.passes, "job succeeded");
                 stored.ok_or_else(|| AppError::storage(format!("job {} vanished", job.id)))
             }
-            Err(CallError::Cancelled) => match app.jobs().get(job.id).ok().flatten() {
+            Err(CallError::Cancelled) => match app.jobs().get(job.id).await.ok().flatten() {
                 Some(j) if j.state == JobState::Cancelled => {
                     publish("job.cancelled", json!({"state": "cancelled"}));
                     Err(unsuccessful(&j))

@@ -2,13 +2,11 @@
 
 use std::sync::Arc;
 
-use rusqlite::{OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
 use super::error::{AppError, AppResult, ErrorKind};
-use crate::store::SqliteStore;
+use crate::store::{TokenRow, TokenStore};
 use crate::tenant::Tenant;
-use crate::types::Error;
 
 /// What a token grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,28 +38,38 @@ pub struct TokenInfo {
     pub revoked_ms: Option<u64>,
 }
 
-fn db_err(e: rusqlite::Error) -> Error {
-    Error::Storage(e.to_string())
+impl From<TokenRow> for TokenInfo {
+    fn from(r: TokenRow) -> Self {
+        TokenInfo {
+            id: r.id,
+            tenant: r.tenant,
+            prefix: r.prefix,
+            read_only: r.read_only,
+            label: r.label,
+            created_ms: r.created_ms,
+            revoked_ms: r.revoked_ms,
+        }
+    }
 }
 
 fn hash(token: &str) -> String {
     crate::text::hex(&Sha256::digest(token.as_bytes()))
 }
 
-/// The `tokens` table.
+/// The API tokens of a store.
 #[derive(Clone)]
 pub struct Tokens {
-    db: Arc<SqliteStore>,
+    db: Arc<dyn TokenStore>,
 }
 
 impl Tokens {
     /// Tokens kept in `db`.
-    pub fn new(db: Arc<SqliteStore>) -> Self {
+    pub fn new(db: Arc<dyn TokenStore>) -> Self {
         Tokens { db }
     }
 
     /// Create a token for `tenant`; returns the token (shown once) and its row id.
-    pub fn create(
+    pub async fn create(
         &self,
         tenant: &Tenant,
         read_only: bool,
@@ -77,88 +85,49 @@ impl Tokens {
         })?;
         let token = format!("abr_{}", crate::text::hex(&raw));
         let prefix: String = token.chars().take(10).collect();
-        let id = self.db.with(|c| {
-            c.execute(
-                "INSERT INTO tokens (tenant, hash, prefix, read_only, label, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![tenant.name(), hash(&token), prefix, read_only as i64, label, now_ms as i64],
+        let id = self
+            .db
+            .insert_token(
+                tenant.name(),
+                &hash(&token),
+                &prefix,
+                read_only,
+                label,
+                now_ms,
             )
-            .map_err(db_err)?;
-            Ok(c.last_insert_rowid() as u64)
-        })?;
+            .await?;
         Ok((token, id))
     }
 
     /// Every token, oldest first.
-    pub fn list(&self) -> AppResult<Vec<TokenInfo>> {
-        Ok(self.db.with(|c| {
-            let mut st = c
-                .prepare("SELECT id, tenant, prefix, read_only, label, created_ms, revoked_ms FROM tokens ORDER BY id")
-                .map_err(db_err)?;
-            st.query_map([], |r| {
-                Ok(TokenInfo {
-                    id: r.get::<_, i64>(0)? as u64,
-                    tenant: r.get(1)?,
-                    prefix: r.get(2)?,
-                    read_only: r.get::<_, i64>(3)? != 0,
-                    label: r.get(4)?,
-                    created_ms: r.get::<_, i64>(5)? as u64,
-                    revoked_ms: r.get::<_, Option<i64>>(6)?.map(|x| x as u64),
-                })
-            })
-            .map_err(db_err)?
-            .collect::<Result<_, _>>()
-            .map_err(db_err)
-        })?)
+    pub async fn list(&self) -> AppResult<Vec<TokenInfo>> {
+        Ok(self
+            .db
+            .tokens()
+            .await?
+            .into_iter()
+            .map(Into::into)
+            .collect())
     }
 
     /// Revoke token `id`; false when there is no such live token.
-    pub fn revoke(&self, id: u64, now_ms: u64) -> AppResult<bool> {
-        Ok(self.db.with(|c| {
-            c.execute(
-                "UPDATE tokens SET revoked_ms = ?2 WHERE id = ?1 AND revoked_ms IS NULL",
-                params![id as i64, now_ms as i64],
-            )
-            .map(|n| n > 0)
-            .map_err(db_err)
-        })?)
+    pub async fn revoke(&self, id: u64, now_ms: u64) -> AppResult<bool> {
+        Ok(self.db.revoke_token(id, now_ms).await?)
     }
 
     /// Whether any live token exists.
-    pub fn any_live(&self) -> AppResult<bool> {
-        Ok(self.db.with(|c| {
-            c.query_row(
-                "SELECT EXISTS (SELECT 1 FROM tokens WHERE revoked_ms IS NULL)",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| n != 0)
-            .map_err(db_err)
-        })?)
+    pub async fn any_live(&self) -> AppResult<bool> {
+        Ok(self.db.any_live_token().await?)
     }
 
     /// What a presented token grants, if it is live.
-    pub fn check(&self, token: &str) -> AppResult<Option<Grant>> {
-        let h = hash(token);
-        let row = self.db.with(|c| {
-            c.query_row(
-                "SELECT id, tenant, read_only FROM tokens WHERE hash = ?1 AND revoked_ms IS NULL",
-                [&h],
-                |r| {
-                    Ok((
-                        r.get::<_, i64>(0)? as u64,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, i64>(2)? != 0,
-                    ))
-                },
-            )
-            .optional()
-            .map_err(db_err)
-        })?;
-        Ok(row.and_then(|(id, t, read_only)| {
-            Tenant::new(&t).ok().map(|tenant| Grant {
-                id,
+    pub async fn check(&self, token: &str) -> AppResult<Option<Grant>> {
+        let row = self.db.live_token(&hash(token)).await?;
+        Ok(row.and_then(|r| {
+            Tenant::new(&r.tenant).ok().map(|tenant| Grant {
+                id: r.id,
                 tenant,
-                read_only,
+                read_only: r.read_only,
             })
         }))
     }
@@ -167,29 +136,42 @@ impl Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{MemoryStore, SqliteStore};
 
-    #[test]
-    fn only_the_hash_is_stored_and_revoked_tokens_fail() {
-        let db = Arc::new(SqliteStore::in_memory().unwrap());
-        let t = Tokens::new(db.clone());
-        let acme = Tenant::new("acme").unwrap();
-        let (tok, id) = t.create(&acme, false, Some("ci"), 5).unwrap();
-        assert!(tok.starts_with("abr_") && tok.len() == 68);
-        let g = t.check(&tok).unwrap().unwrap();
-        assert_eq!((g.tenant, g.read_only), (acme, false));
-        assert_eq!(t.check("abr_nope").unwrap(), None);
-        let stored: String = db
+    #[tokio::test]
+    async fn only_the_hash_is_stored_and_revoked_tokens_fail_in_every_store() {
+        let sqlite = Arc::new(SqliteStore::in_memory().unwrap());
+        let stores: Vec<(&str, Arc<dyn TokenStore>)> = vec![
+            ("sqlite", sqlite.clone()),
+            ("memory", Arc::new(MemoryStore::new())),
+        ];
+        for (name, db) in stores {
+            let t = Tokens::new(db.clone());
+            let acme = Tenant::new("acme").unwrap();
+            let (tok, id) = t.create(&acme, false, Some("ci"), 5).await.unwrap();
+            assert!(tok.starts_with("abr_") && tok.len() == 68, "{name}");
+            let g = t.check(&tok).await.unwrap().unwrap();
+            assert_eq!((g.tenant, g.read_only), (acme, false), "{name}");
+            assert_eq!(t.check("abr_nope").await.unwrap(), None, "{name}");
+            let listed = t.list().await.unwrap();
+            assert_eq!(listed[0].prefix, &tok[..10], "{name}");
+            assert!(t.any_live().await.unwrap(), "{name}");
+            assert!(t.revoke(id, 6).await.unwrap(), "{name}");
+            assert!(!t.revoke(id, 7).await.unwrap(), "{name}");
+            assert_eq!(t.check(&tok).await.unwrap(), None, "{name}");
+            assert!(!t.any_live().await.unwrap(), "{name}");
+        }
+        // SQLite holds the hash and the prefix, never the rest of the token.
+        let t = Tokens::new(sqlite.clone());
+        let (tok, _) = t.create(&Tenant::local(), true, None, 9).await.unwrap();
+        let stored: String = sqlite
             .with(|c| {
                 c.query_row("SELECT group_concat(hash || prefix) FROM tokens", [], |r| {
                     r.get(0)
                 })
-                .map_err(db_err)
+                .map_err(|e| crate::types::Error::Storage(e.to_string()))
             })
             .unwrap();
         assert!(!stored.contains(&tok[10..]));
-        assert!(t.revoke(id, 6).unwrap());
-        assert!(!t.revoke(id, 7).unwrap());
-        assert_eq!(t.check(&tok).unwrap(), None);
-        assert!(!t.any_live().unwrap());
     }
 }

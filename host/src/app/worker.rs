@@ -87,7 +87,7 @@ async fn schedule(
         if app.draining() {
             return;
         }
-        let runnable = match app.jobs().runnable() {
+        let runnable = match app.jobs().runnable().await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %crate::types::describe(&e), "cannot read the job queue");
@@ -107,7 +107,7 @@ async fn schedule(
             let Ok(permit) = slots.clone().try_acquire_owned() else {
                 break;
             };
-            let job = match app.jobs().claim(job.id) {
+            let job = match app.jobs().claim(job.id).await {
                 Ok(Claim::Taken(j)) => j,
                 _ => continue,
             };

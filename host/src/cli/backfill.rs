@@ -338,7 +338,9 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
     } else {
         Some(Arc::new(SqliteStore::open(&s.db).map_err(storage)?))
     };
-    let sources = db.clone().map(Sources::new);
+    let sources = db
+        .clone()
+        .map(|d| Sources::new(d as Arc<dyn abridge::store::SourceStore>));
     let (engine, local, backend, cfg) = if a.dry_run {
         let engine = build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))?;
         let mut cfg = s.config.clone();
@@ -367,7 +369,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
     for f in &files {
         let key = f.path.display().to_string();
         let known = match &sources {
-            Some(src) => src.get(&key).map_err(storage)?,
+            Some(src) => src.get(&key).await.map_err(storage)?,
             None => None,
         };
         let row = |results: &mut Vec<Outcome>,
@@ -421,7 +423,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         };
         let sha = hash(&bytes);
         let record =
-            |status: &str, sessions: Vec<String>, episodes: u64, detail: Option<String>| {
+            async |status: &str, sessions: Vec<String>, episodes: u64, detail: Option<String>| {
                 if a.dry_run {
                     return Ok(());
                 }
@@ -439,6 +441,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
                     },
                     now_ms(),
                 )
+                .await
                 .map_err(storage)
             };
         if let Some(k) = &known
@@ -446,7 +449,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
             && k.status == "ok"
         {
             // Touched but not changed: remember the new time, do nothing else.
-            record("ok", k.sessions.clone(), k.episodes, None)?;
+            record("ok", k.sessions.clone(), k.episodes, None).await?;
             row(
                 &mut results,
                 "unchanged",
@@ -463,7 +466,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
                 | TranscriptError::Empty { .. }
                 | TranscriptError::EmptyFile { .. },
             ) => {
-                record("skipped", vec![], 0, Some(NOT_TRANSCRIPT.into()))?;
+                record("skipped", vec![], 0, Some(NOT_TRANSCRIPT.into())).await?;
                 row(
                     &mut results,
                     "skipped",
@@ -474,7 +477,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
                 continue;
             }
             Err(e) => {
-                record("failed", vec![], 0, Some(e.to_string()))?;
+                record("failed", vec![], 0, Some(e.to_string())).await?;
                 row(&mut results, "failed", String::new(), 0, e.to_string());
                 continue;
             }
@@ -523,7 +526,9 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
             let added = engine.append(&session, &conv.episodes).await?;
             let store = engine.store();
             let stats = store.stats(&session).await.map_err(storage)?;
-            local.mark_source(&session, &key, stats.last_episode, f.size)?;
+            local
+                .mark_source(&session, &key, stats.last_episode, f.size)
+                .await?;
             let covered = store
                 .latest_summary(&session)
                 .await
@@ -567,11 +572,11 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         }
         match failure {
             Some(why) => {
-                record("failed", sessions.clone(), episodes, Some(why.clone()))?;
+                record("failed", sessions.clone(), episodes, Some(why.clone())).await?;
                 row(&mut results, "failed", sessions.join(" "), episodes, why);
             }
             None if sessions.is_empty() => {
-                record("skipped", vec![], episodes, Some("too few episodes".into()))?;
+                record("skipped", vec![], episodes, Some("too few episodes".into())).await?;
                 row(
                     &mut results,
                     "skipped",
@@ -581,7 +586,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
                 );
             }
             None => {
-                record("ok", sessions.clone(), episodes, None)?;
+                record("ok", sessions.clone(), episodes, None).await?;
                 let detail = if small > 0 {
                     format!("summarized; {small} small conversation(s) skipped")
                 } else {

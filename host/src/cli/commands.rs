@@ -360,7 +360,9 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             .await
             .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
         if source != "-" {
-            local.mark_source(&session, &source, stats.last_episode, parsed.bytes)?;
+            local
+                .mark_source(&session, &source, stats.last_episode, parsed.bytes)
+                .await?;
         }
         let covered = store
             .latest_summary(&session)
@@ -490,7 +492,7 @@ async fn dry_run(
 pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
     let backend = choose_backend(s).await?;
     let local = super::app::local(s, Some(&backend))?;
-    let cfg = local.session_config(&a.session)?;
+    let cfg = local.session_config(&a.session).await?;
     let name = a.file.display().to_string();
     let mut reader: Box<dyn std::io::Read> = if name == "-" {
         Box::new(std::io::stdin())
@@ -657,7 +659,7 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
             .first()
             .and_then(|e| e.timestamp_ms);
         v["covered_until_ms"] = json!(until);
-        let mark = local.source_mark(&a.session, r.last_episode)?;
+        let mark = local.source_mark(&a.session, r.last_episode).await?;
         v["source"] = mark.map_or(
             serde_json::Value::Null,
             |m| json!({"path": m.path, "bytes": m.bytes}),

@@ -152,7 +152,7 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
     let mut w = get(a.refresh_after).await.map_err(|e| fail(s, e))?;
     let mut refreshed = false;
     if let Some(job) = w.job.clone().filter(|_| w.refresh_pending) {
-        let cfg = local.session_config(&a.session)?;
+        let cfg = local.session_config(&a.session).await?;
         let show = super::app::Show::Own(super::progress::Mode::detect(a.json, s.quiet));
         match super::app::run_or_join(s, &local, (&a.session, job.target), &cfg, show).await {
             Ok(_) => {
@@ -270,7 +270,7 @@ pub async fn mode(s: &Settings, a: ModeArgs) -> Result<(), Failure> {
         }
     }
     .map_err(|e| fail(s, e))?;
-    let cfg = local.session_config(&a.session)?;
+    let cfg = local.session_config(&a.session).await?;
     println!(
         "session {}: {} mode{}{}",
         a.session,

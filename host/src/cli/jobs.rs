@@ -144,7 +144,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
     let jobs = local.app().jobs();
     match a.cmd {
         None => {
-            let list = jobs.list(a.limit).map_err(storage)?;
+            let list = jobs.list(a.limit).await.map_err(storage)?;
             if a.json {
                 let v: Vec<_> = list.iter().map(Job::to_json).collect();
                 println!("{}", serde_json::Value::from(v));
@@ -164,6 +164,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
         Some(JobsCmd::Show { id, json }) => {
             let j = jobs
                 .get(id)
+                .await
                 .map_err(storage)?
                 .ok_or_else(|| no_job(s, id))?;
             if json {
@@ -176,6 +177,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
         Some(JobsCmd::Cancel { id }) => {
             let j = jobs
                 .cancel(id)
+                .await
                 .map_err(storage)?
                 .ok_or_else(|| no_job(s, id))?;
             match j.state {
@@ -196,7 +198,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
             Ok(())
         }
         Some(JobsCmd::Run { json }) => {
-            let runnable = jobs.runnable().map_err(storage)?;
+            let runnable = jobs.runnable().await.map_err(storage)?;
             if runnable.is_empty() {
                 super::commands::note(s, "no queued or interrupted jobs");
                 return Ok(());
@@ -225,7 +227,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
                     Err(f) => {
                         failed += 1;
                         eprintln!("abridge: job {}: {:#}", j.id, f.error);
-                        if json && let Some(j) = jobs.get(j.id).map_err(storage)? {
+                        if json && let Some(j) = jobs.get(j.id).await.map_err(storage)? {
                             println!("{}", j.to_json());
                         }
                     }

@@ -168,7 +168,9 @@ pub async fn tokens_cmd(s: &Settings, a: TokensArgs) -> Result<(), Failure> {
             label,
         } => {
             let t = Tenant::new(&tenant).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
-            let (token, id) = tokens.create(&t, read_only, label.as_deref(), now())?;
+            let (token, id) = tokens
+                .create(&t, read_only, label.as_deref(), now())
+                .await?;
             println!("{token}");
             super::commands::note(
                 s,
@@ -179,7 +181,7 @@ pub async fn tokens_cmd(s: &Settings, a: TokensArgs) -> Result<(), Failure> {
             );
         }
         TokensCmd::List { json } => {
-            let list = tokens.list()?;
+            let list = tokens.list().await?;
             if json {
                 println!(
                     "{}",
@@ -209,7 +211,7 @@ pub async fn tokens_cmd(s: &Settings, a: TokensArgs) -> Result<(), Failure> {
             }
         }
         TokensCmd::Revoke { id } => {
-            if !tokens.revoke(id, now())? {
+            if !tokens.revoke(id, now()).await? {
                 return Err(Failure::new(
                     Exit::Input,
                     anyhow!("no live token {id} — list them with 'abridge tokens list'"),

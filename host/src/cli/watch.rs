@@ -20,7 +20,7 @@ use tokio::sync::Mutex;
 use abridge::sources::{Watched, WatchedFile};
 use abridge::transcript::{self, Format, Options, TranscriptError};
 use abridge::types::FreshState;
-use abridge::{Abridge, CallControl, CallError, SqliteStore};
+use abridge::{Abridge, CallControl, CallError};
 
 use super::commands::{choose_backend, note};
 use super::jobs::storage;
@@ -152,7 +152,7 @@ impl Watcher<'_> {
                         ),
                     );
                 }
-                self.watched.put(&f, now_ms()).map_err(storage)?;
+                self.watched.put(&f, now_ms()).await.map_err(storage)?;
                 self.files.insert(key.clone(), f.clone());
                 f
             }
@@ -219,7 +219,8 @@ impl Watcher<'_> {
                     added += u64::from(n);
                     let stats = self.engine.store().stats(&session).await.map_err(storage)?;
                     self.local
-                        .mark_source(&session, &key, stats.last_episode, complete)?;
+                        .mark_source(&session, &key, stats.last_episode, complete)
+                        .await?;
                     self.pending.insert(session);
                 }
             }
@@ -239,7 +240,7 @@ impl Watcher<'_> {
         // same lines, which append skips by their keys.
         f.offset = complete;
         f.lines = Some(first_line + count_lines(chunk));
-        self.watched.put(&f, now_ms()).map_err(storage)?;
+        self.watched.put(&f, now_ms()).await.map_err(storage)?;
         self.files.insert(key, f.clone());
         if added > 0 {
             self.imported += added;
@@ -267,12 +268,12 @@ impl Watcher<'_> {
                 return Ok(());
             }
             // A job elsewhere (a summarize of the same transcript) is doing the work.
-            if self.local.session_busy(&session)? {
+            if self.local.session_busy(&session).await? {
                 continue;
             }
             let control = Arc::new(CallControl::new());
             *self.current.lock().await = Some(control.clone());
-            let cfg = self.local.session_config(&session)?;
+            let cfg = self.local.session_config(&session).await?;
             let r = self
                 .engine
                 .refresh_with(&session, &cfg, Some(control))
@@ -345,13 +346,13 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
                 ),
             )
         })?;
-    let db = Arc::new(SqliteStore::open(&s.db).map_err(storage)?);
     let backend = choose_backend(s).await?;
     let local = super::app::local(s, Some(&backend))?;
     let engine = local.engine().clone();
-    let watched = Watched::new(db.clone());
+    let watched = Watched::new(local.app().store());
     let files: std::collections::BTreeMap<String, WatchedFile> = watched
         .all()
+        .await
         .map_err(storage)?
         .into_iter()
         .map(|f| (f.path.clone(), f))

@@ -474,7 +474,7 @@ async fn list_jobs(
     Query(q): Query<JobsQuery>,
 ) -> ApiResult<Json<JobsBody>> {
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
-    let jobs = t.list_jobs(q.before, limit)?;
+    let jobs = t.list_jobs(q.before, limit).await?;
     let next_before = (jobs.len() == limit as usize)
         .then(|| jobs.last().map(|j| j.id))
         .flatten();
@@ -489,7 +489,7 @@ async fn get_job(
     Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
-    Ok(Json(t.job(job_id(&id)?)?))
+    Ok(Json(t.job(job_id(&id)?).await?))
 }
 
 /// A job id from a path: anything else is simply not a job.
@@ -510,7 +510,7 @@ async fn cancel_job(
     Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
-    Ok(Json(t.cancel_job(job_id(&id)?)?))
+    Ok(Json(t.cancel_job(job_id(&id)?).await?))
 }
 
 fn last_event_id(h: &HeaderMap) -> Option<u64> {
@@ -594,7 +594,7 @@ async fn job_events(
     let after = last_event_id(&headers);
     // Subscribe before reading the job, so nothing happens between the two unseen.
     let sub = srv.app.events().subscribe(t.tenant(), after);
-    let job = t.job(id)?;
+    let job = t.job(id).await?;
     let missed: VecDeque<Event> = sub
         .missed
         .into_iter()
@@ -666,7 +666,11 @@ async fn readyz(State(srv): State<Srv>) -> ApiResult<Json<serde_json::Value>> {
             "shutting down",
         )));
     }
-    srv.app.jobs().counts().map_err(|e| ApiError(e.into()))?;
+    srv.app
+        .jobs()
+        .counts()
+        .await
+        .map_err(|e| ApiError(e.into()))?;
     srv.app.config().llm.ready().await.map_err(|e| {
         ApiError(AppError::new(
             ErrorKind::Unavailable,
@@ -687,7 +691,7 @@ async fn readyz(State(srv): State<Srv>) -> ApiResult<Json<serde_json::Value>> {
 async fn metrics_text(State(srv): State<Srv>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        metrics::render(&srv),
+        metrics::render(&srv).await,
     )
 }
 

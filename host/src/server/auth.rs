@@ -37,7 +37,7 @@ pub(crate) async fn authenticate(State(srv): State<Srv>, mut req: Request, next:
             let Some(token) = v.strip_prefix("Bearer ").map(str::trim) else {
                 return unauthenticated("the Authorization header is not 'Bearer TOKEN'");
             };
-            match srv.app.tokens().check(token) {
+            match srv.app.tokens().check(token).await {
                 Ok(Some(g)) => (g.tenant, g.read_only),
                 Ok(None) => return unauthenticated("the token is not valid (unknown or revoked)"),
                 Err(e) => return ApiError(e).into_response(),
@@ -45,7 +45,7 @@ pub(crate) async fn authenticate(State(srv): State<Srv>, mut req: Request, next:
         }
         None => {
             // Tokens created after the start close the open door at once.
-            let open = srv.open_local && matches!(srv.app.tokens().any_live(), Ok(false));
+            let open = srv.open_local && matches!(srv.app.tokens().any_live().await, Ok(false));
             if !open {
                 return unauthenticated("this server requires a token");
             }

@@ -45,7 +45,7 @@ pub(crate) async fn count(State(srv): State<Srv>, req: Request, next: Next) -> R
 }
 
 /// The text exposition.
-pub(crate) fn render(srv: &Srv) -> String {
+pub(crate) async fn render(srv: &Srv) -> String {
     let mut out = String::new();
     let app: &App = &srv.app;
     out.push_str("# HELP abridge_http_requests_total HTTP requests by method, route and status.\n# TYPE abridge_http_requests_total counter\n");
@@ -68,7 +68,7 @@ pub(crate) fn render(srv: &Srv) -> String {
         );
     }
     out.push_str("# HELP abridge_jobs Jobs in the table by state.\n# TYPE abridge_jobs gauge\n");
-    let counts = app.jobs().counts().unwrap_or_default();
+    let counts = app.jobs().counts().await.unwrap_or_default();
     let mut queued = 0;
     for state in ["queued", "running", "succeeded", "failed", "cancelled"] {
         let n = counts

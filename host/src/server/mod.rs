@@ -69,7 +69,7 @@ pub struct Bound {
 /// Check that the server may listen where asked — a non-loopback address needs a token — and
 /// bind it.
 pub async fn bind(app: App, opts: ServeOptions) -> AppResult<Bound> {
-    let tokens = app.tokens().any_live()?;
+    let tokens = app.tokens().any_live().await?;
     let addr = opts.listen;
     if !addr.ip().is_loopback() && !tokens {
         return Err(AppError::new(

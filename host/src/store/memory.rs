@@ -27,6 +27,8 @@ pub struct MemoryStore {
     calibration: Mutex<BTreeMap<String, (u64, u64)>>,
     partials: Mutex<BTreeMap<String, CachedAnswer>>,
     failures: Mutex<BTreeMap<String, FailureMarker>>,
+    /// The app's tables (jobs, sources, marks, modes, tokens).
+    pub(super) tables: Mutex<super::memory_tables::Tables>,
 }
 
 impl MemoryStore {
@@ -191,6 +193,10 @@ impl Store for MemoryStore {
     }
 
     async fn reset_session(&self, session: &str) -> Result<(), Error> {
+        self.tables
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic")
+            .reset_session(session);
         self.failures
             .lock()
             .expect("the store's lock is poisoned by an earlier panic")

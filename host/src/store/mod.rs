@@ -8,10 +8,14 @@ use crate::types::{
 };
 
 mod memory;
+mod memory_tables;
 mod sqlite;
+mod sqlite_tables;
+pub mod tables;
 
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
+pub use tables::{AppStore, JobScope, JobStore, SourceStore, TokenRow, TokenStore};
 
 /// The chain rule every store enforces before writing: rows of a session cover episodes
 /// `1..=n` exactly once, in order. `episodes` is the session's episode count and `prev` its

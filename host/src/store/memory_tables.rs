@@ -1,0 +1,423 @@
+//! The app's tables ([`super::tables`]) in memory, with the same rules as the SQLite ones.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+use super::MemoryStore;
+use super::tables::{JobScope, JobStore, Liveness, SourceStore, TokenRow, TokenStore};
+use crate::control::Progress;
+use crate::jobs::{Beat, Claim, Job, JobState};
+use crate::sources::{Mark, SessionMode, Source, WatchedFile};
+use crate::types::Error;
+
+/// The app's tables of a [`MemoryStore`].
+#[derive(Default)]
+pub(super) struct Tables {
+    jobs: BTreeMap<u64, Job>,
+    next_job: u64,
+    sources: BTreeMap<String, Source>,
+    watched: BTreeMap<String, WatchedFile>,
+    /// (session, path, last episode) → bytes.
+    marks: BTreeMap<(String, String, u64), u64>,
+    modes: BTreeMap<String, SessionMode>,
+    /// Token rows with their hashes.
+    tokens: Vec<(TokenRow, String)>,
+}
+
+impl Tables {
+    /// Forget a session: its marks, mode, watched files, the imported files that produced
+    /// it, and its jobs (a running one is asked to stop).
+    pub(super) fn reset_session(&mut self, session: &str) {
+        self.marks.retain(|(s, _, _), _| s != session);
+        self.modes.remove(session);
+        self.watched
+            .retain(|_, f| f.session.as_deref() != Some(session));
+        self.sources
+            .retain(|_, s| !s.sessions.iter().any(|x| x == session));
+        self.jobs
+            .retain(|_, j| j.session != session || j.state == JobState::Running);
+        for j in self.jobs.values_mut().filter(|j| j.session == session) {
+            j.cancel_requested = true;
+        }
+    }
+}
+
+impl MemoryStore {
+    fn tables<T>(&self, f: impl FnOnce(&mut Tables) -> T) -> T {
+        f(&mut self
+            .tables
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic"))
+    }
+}
+
+fn no_job(id: u64) -> Error {
+    Error::Storage(format!("no job {id}"))
+}
+
+#[async_trait]
+impl JobStore for MemoryStore {
+    async fn job_enqueue(
+        &self,
+        session: &str,
+        target: u64,
+        config: &str,
+        now_ms: u64,
+    ) -> Result<(Job, bool), Error> {
+        self.tables(|t| {
+            if let Some(j) = t
+                .jobs
+                .values()
+                .find(|j| j.session == session && j.target == target && j.state.is_active())
+            {
+                return Ok((j.clone(), false));
+            }
+            t.next_job += 1;
+            let job = Job {
+                id: t.next_job,
+                session: session.to_string(),
+                target,
+                state: JobState::Queued,
+                config: crate::types::config_from_json(
+                    &serde_json::from_str(config).unwrap_or_default(),
+                ),
+                cancel_requested: false,
+                level: 0,
+                done: 0,
+                total: 0,
+                calls_planned: 0,
+                answers: 0,
+                attempts: 0,
+                error: None,
+                lease_owner: None,
+                lease_until_ms: None,
+                created_ms: now_ms,
+                started_ms: None,
+                updated_ms: now_ms,
+                finished_ms: None,
+            };
+            t.jobs.insert(job.id, job.clone());
+            Ok((job, true))
+        })
+    }
+
+    async fn job_get(&self, id: u64) -> Result<Option<Job>, Error> {
+        Ok(self.tables(|t| t.jobs.get(&id).cloned()))
+    }
+
+    async fn job_claim(
+        &self,
+        id: u64,
+        owner: &str,
+        now_ms: u64,
+        until_ms: u64,
+        live: Liveness<'_>,
+    ) -> Result<Claim, Error> {
+        self.tables(|t| {
+            let job = t.jobs.get(&id).cloned().ok_or_else(|| no_job(id))?;
+            if !job.state.is_active() {
+                return Ok(Claim::Finished(job));
+            }
+            let busy = live(&job)
+                || t.jobs.values().any(|o| {
+                    o.session == job.session
+                        && o.id != id
+                        && o.state == JobState::Running
+                        && live(o)
+                });
+            if busy {
+                return Ok(Claim::Busy(job));
+            }
+            let j = t.jobs.get_mut(&id).ok_or_else(|| no_job(id))?;
+            j.state = JobState::Running;
+            j.attempts += 1;
+            j.lease_owner = Some(owner.to_string());
+            j.lease_until_ms = Some(until_ms);
+            j.started_ms.get_or_insert(now_ms);
+            j.updated_ms = now_ms;
+            j.error = None;
+            Ok(Claim::Taken(j.clone()))
+        })
+    }
+
+    async fn job_heartbeat(
+        &self,
+        id: u64,
+        owner: &str,
+        until_ms: u64,
+        p: Progress,
+        answers: u64,
+        now_ms: u64,
+    ) -> Result<Beat, Error> {
+        Ok(self.tables(|t| match t.jobs.get_mut(&id) {
+            Some(j) if j.state == JobState::Running && j.lease_owner.as_deref() == Some(owner) => {
+                j.lease_until_ms = Some(until_ms);
+                (j.level, j.done, j.total, j.answers) = (p.level, p.done, p.total, answers);
+                j.updated_ms = now_ms;
+                if j.cancel_requested {
+                    Beat::Cancel
+                } else {
+                    Beat::Go
+                }
+            }
+            _ => Beat::Lost,
+        }))
+    }
+
+    async fn job_set_planned(&self, id: u64, calls: u32) -> Result<(), Error> {
+        self.tables(|t| {
+            if let Some(j) = t.jobs.get_mut(&id) {
+                j.calls_planned = calls;
+            }
+        });
+        Ok(())
+    }
+
+    async fn job_finish(
+        &self,
+        id: u64,
+        state: JobState,
+        error: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), Error> {
+        self.tables(|t| {
+            if let Some(j) = t.jobs.get_mut(&id) {
+                j.state = state;
+                j.error = error.map(str::to_string);
+                j.lease_owner = None;
+                j.lease_until_ms = None;
+                j.updated_ms = now_ms;
+                j.finished_ms = Some(now_ms);
+            }
+        });
+        Ok(())
+    }
+
+    async fn job_cancel(&self, id: u64, now_ms: u64) -> Result<(), Error> {
+        self.tables(|t| {
+            if let Some(j) = t.jobs.get_mut(&id) {
+                match j.state {
+                    JobState::Queued => {
+                        j.state = JobState::Cancelled;
+                        j.error = Some("cancelled before it ran".into());
+                        j.updated_ms = now_ms;
+                        j.finished_ms = Some(now_ms);
+                    }
+                    JobState::Running => {
+                        j.cancel_requested = true;
+                        j.updated_ms = now_ms;
+                    }
+                    _ => {}
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn job_release(&self, id: u64, owner: &str, now_ms: u64) -> Result<bool, Error> {
+        Ok(self.tables(|t| match t.jobs.get_mut(&id) {
+            Some(j) if j.state == JobState::Running && j.lease_owner.as_deref() == Some(owner) => {
+                j.state = JobState::Queued;
+                j.lease_owner = None;
+                j.lease_until_ms = None;
+                j.updated_ms = now_ms;
+                true
+            }
+            _ => false,
+        }))
+    }
+
+    async fn jobs_active(&self) -> Result<Vec<Job>, Error> {
+        Ok(self.tables(|t| {
+            t.jobs
+                .values()
+                .filter(|j| j.state.is_active())
+                .cloned()
+                .collect()
+        }))
+    }
+
+    async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error> {
+        Ok(self.tables(|t| {
+            t.jobs
+                .values()
+                .rev()
+                .find(|j| j.session == session && j.state.is_active())
+                .cloned()
+        }))
+    }
+
+    async fn job_lease_owners(&self, session: &str, now_ms: u64) -> Result<Vec<String>, Error> {
+        Ok(self.tables(|t| {
+            t.jobs
+                .values()
+                .filter(|j| {
+                    j.session == session
+                        && j.state == JobState::Running
+                        && j.lease_until_ms.is_some_and(|u| u > now_ms)
+                })
+                .filter_map(|j| j.lease_owner.clone())
+                .collect()
+        }))
+    }
+
+    async fn jobs_list(
+        &self,
+        scope: Option<JobScope<'_>>,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<Job>, Error> {
+        let before = before.unwrap_or(u64::MAX);
+        Ok(self.tables(|t| {
+            t.jobs
+                .range(..before)
+                .rev()
+                .map(|(_, j)| j)
+                .filter(|j| match scope {
+                    None => true,
+                    Some(JobScope::Local) => !j.session.contains('\u{1f}'),
+                    Some(JobScope::Keys(lo, hi)) => {
+                        j.session.as_str() >= lo && j.session.as_str() < hi
+                    }
+                })
+                .take(limit as usize)
+                .cloned()
+                .collect()
+        }))
+    }
+
+    async fn job_counts(&self) -> Result<Vec<(String, u64)>, Error> {
+        Ok(self.tables(|t| {
+            let mut by: BTreeMap<String, u64> = BTreeMap::new();
+            for j in t.jobs.values() {
+                *by.entry(j.state.as_str().to_string()).or_default() += 1;
+            }
+            by.into_iter().collect()
+        }))
+    }
+}
+
+#[async_trait]
+impl SourceStore for MemoryStore {
+    async fn source(&self, path: &str) -> Result<Option<Source>, Error> {
+        Ok(self.tables(|t| t.sources.get(path).cloned()))
+    }
+
+    async fn put_source(&self, s: &Source, _now_ms: u64) -> Result<(), Error> {
+        self.tables(|t| t.sources.insert(s.path.clone(), s.clone()));
+        Ok(())
+    }
+
+    async fn watched_files(&self) -> Result<Vec<WatchedFile>, Error> {
+        Ok(self.tables(|t| t.watched.values().cloned().collect()))
+    }
+
+    async fn put_watched(&self, f: &WatchedFile, _now_ms: u64) -> Result<(), Error> {
+        self.tables(|t| t.watched.insert(f.path.clone(), f.clone()));
+        Ok(())
+    }
+
+    async fn record_mark(
+        &self,
+        session: &str,
+        path: &str,
+        last_episode: u64,
+        bytes: u64,
+    ) -> Result<(), Error> {
+        self.tables(|t| {
+            t.marks
+                .insert((session.to_string(), path.to_string(), last_episode), bytes)
+        });
+        Ok(())
+    }
+
+    async fn mark_covering(&self, session: &str, last_episode: u64) -> Result<Option<Mark>, Error> {
+        Ok(self.tables(|t| {
+            t.marks
+                .iter()
+                .filter(|((s, _, e), _)| s == session && *e <= last_episode)
+                .max_by_key(|((_, _, e), b)| (*e, **b))
+                .map(|((_, p, e), b)| Mark {
+                    path: p.clone(),
+                    last_episode: *e,
+                    bytes: *b,
+                })
+        }))
+    }
+
+    async fn session_mode(&self, session: &str) -> Result<Option<SessionMode>, Error> {
+        Ok(self.tables(|t| t.modes.get(session).cloned()))
+    }
+
+    async fn set_session_mode(&self, session: &str, m: Option<&SessionMode>) -> Result<(), Error> {
+        self.tables(|t| match m {
+            None => t.modes.remove(session),
+            Some(m) => t.modes.insert(session.to_string(), m.clone()),
+        });
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl TokenStore for MemoryStore {
+    async fn insert_token(
+        &self,
+        tenant: &str,
+        hash: &str,
+        prefix: &str,
+        read_only: bool,
+        label: Option<&str>,
+        now_ms: u64,
+    ) -> Result<u64, Error> {
+        Ok(self.tables(|t| {
+            let id = t.tokens.len() as u64 + 1;
+            t.tokens.push((
+                TokenRow {
+                    id,
+                    tenant: tenant.to_string(),
+                    prefix: prefix.to_string(),
+                    read_only,
+                    label: label.map(str::to_string),
+                    created_ms: now_ms,
+                    revoked_ms: None,
+                },
+                hash.to_string(),
+            ));
+            id
+        }))
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRow>, Error> {
+        Ok(self.tables(|t| t.tokens.iter().map(|(r, _)| r.clone()).collect()))
+    }
+
+    async fn revoke_token(&self, id: u64, now_ms: u64) -> Result<bool, Error> {
+        Ok(self.tables(|t| {
+            match t
+                .tokens
+                .iter_mut()
+                .find(|(r, _)| r.id == id && r.revoked_ms.is_none())
+            {
+                Some((r, _)) => {
+                    r.revoked_ms = Some(now_ms);
+                    true
+                }
+                None => false,
+            }
+        }))
+    }
+
+    async fn any_live_token(&self) -> Result<bool, Error> {
+        Ok(self.tables(|t| t.tokens.iter().any(|(r, _)| r.revoked_ms.is_none())))
+    }
+
+    async fn live_token(&self, hash: &str) -> Result<Option<TokenRow>, Error> {
+        Ok(self.tables(|t| {
+            t.tokens
+                .iter()
+                .find(|(r, h)| h == hash && r.revoked_ms.is_none())
+                .map(|(r, _)| r.clone())
+        }))
+    }
+}

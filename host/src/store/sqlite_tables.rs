@@ -1,0 +1,540 @@
+//! The app's tables ([`super::tables`]) in the SQLite database.
+
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, params};
+
+use super::SqliteStore;
+use super::tables::{JobScope, JobStore, Liveness, SourceStore, TokenRow, TokenStore};
+use crate::control::Progress;
+use crate::jobs::{Beat, Claim, Job, JobState};
+use crate::sources::{Mark, SessionMode, Source, WatchedFile};
+use crate::types::{Error, Mode};
+
+fn db_err(e: rusqlite::Error) -> Error {
+    Error::Storage(e.to_string())
+}
+
+const COLS: &str = "id, session, target, state, config, cancel_requested, level, done, total, calls_planned, answers, attempts, error, lease_owner, lease_until_ms, created_ms, started_ms, updated_ms, finished_ms";
+
+fn job_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
+    let opt_u64 = |i: usize| -> rusqlite::Result<Option<u64>> {
+        Ok(r.get::<_, Option<i64>>(i)?.map(|x| x as u64))
+    };
+    Ok(Job {
+        id: r.get::<_, i64>(0)? as u64,
+        session: r.get(1)?,
+        target: r.get::<_, i64>(2)? as u64,
+        state: JobState::parse(&r.get::<_, String>(3)?),
+        config: crate::types::config_from_json(
+            &serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
+        ),
+        cancel_requested: r.get::<_, i64>(5)? != 0,
+        level: r.get(6)?,
+        done: r.get(7)?,
+        total: r.get(8)?,
+        calls_planned: r.get(9)?,
+        answers: r.get::<_, i64>(10)? as u64,
+        attempts: r.get(11)?,
+        error: r.get(12)?,
+        lease_owner: r.get(13)?,
+        lease_until_ms: opt_u64(14)?,
+        created_ms: r.get::<_, i64>(15)? as u64,
+        started_ms: opt_u64(16)?,
+        updated_ms: r.get::<_, i64>(17)? as u64,
+        finished_ms: opt_u64(18)?,
+    })
+}
+
+fn jobs_where(
+    c: &rusqlite::Connection,
+    filter: &str,
+    args: impl rusqlite::Params,
+) -> Result<Vec<Job>, Error> {
+    let mut st = c
+        .prepare(&format!("SELECT {COLS} FROM jobs WHERE {filter}"))
+        .map_err(db_err)?;
+    st.query_map(args, job_from)
+        .map_err(db_err)?
+        .collect::<Result<_, _>>()
+        .map_err(db_err)
+}
+
+fn one_job(c: &rusqlite::Connection, id: u64) -> Result<Option<Job>, Error> {
+    c.query_row(
+        &format!("SELECT {COLS} FROM jobs WHERE id = ?1"),
+        [id as i64],
+        job_from,
+    )
+    .optional()
+    .map_err(db_err)
+}
+
+#[async_trait]
+impl JobStore for SqliteStore {
+    async fn job_enqueue(
+        &self,
+        session: &str,
+        target: u64,
+        config: &str,
+        now_ms: u64,
+    ) -> Result<(Job, bool), Error> {
+        let key = format!("{session}@{target}");
+        self.with(|c| {
+            let tx = c
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let active = jobs_where(&tx, "key = ?1 AND state IN ('queued','running')", [&key])?;
+            if let Some(job) = active.into_iter().next() {
+                return Ok((job, false));
+            }
+            tx.execute(
+                "INSERT INTO jobs (session, target, key, state, config, created_ms, updated_ms) VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?5)",
+                params![session, target as i64, key, config, now_ms as i64],
+            )
+            .map_err(db_err)?;
+            let id = tx.last_insert_rowid() as u64;
+            let job = one_job(&tx, id)?.ok_or_else(|| Error::Storage("job vanished".into()))?;
+            tx.commit().map_err(db_err)?;
+            Ok((job, true))
+        })
+    }
+
+    async fn job_get(&self, id: u64) -> Result<Option<Job>, Error> {
+        self.with(|c| one_job(c, id))
+    }
+
+    async fn job_claim(
+        &self,
+        id: u64,
+        owner: &str,
+        now_ms: u64,
+        until_ms: u64,
+        live: Liveness<'_>,
+    ) -> Result<Claim, Error> {
+        self.with(|c| {
+            let tx = c
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let job = one_job(&tx, id)?.ok_or_else(|| Error::Storage(format!("no job {id}")))?;
+            if !job.state.is_active() {
+                return Ok(Claim::Finished(job));
+            }
+            if live(&job) {
+                return Ok(Claim::Busy(job));
+            }
+            let others = jobs_where(
+                &tx,
+                "session = ?1 AND id != ?2 AND state = 'running'",
+                params![job.session, id as i64],
+            )?;
+            if others.iter().any(live) {
+                return Ok(Claim::Busy(job));
+            }
+            tx.execute(
+                "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = ?2, lease_until_ms = ?3, started_ms = COALESCE(started_ms, ?4), updated_ms = ?4, error = NULL WHERE id = ?1",
+                params![id as i64, owner, until_ms as i64, now_ms as i64],
+            )
+            .map_err(db_err)?;
+            let job = one_job(&tx, id)?.ok_or_else(|| Error::Storage("job vanished".into()))?;
+            tx.commit().map_err(db_err)?;
+            Ok(Claim::Taken(job))
+        })
+    }
+
+    async fn job_heartbeat(
+        &self,
+        id: u64,
+        owner: &str,
+        until_ms: u64,
+        p: Progress,
+        answers: u64,
+        now_ms: u64,
+    ) -> Result<Beat, Error> {
+        self.with(|c| {
+            let n = c
+                .execute(
+                    "UPDATE jobs SET lease_until_ms = ?3, level = ?4, done = ?5, total = ?6, answers = ?7, updated_ms = ?8 WHERE id = ?1 AND lease_owner = ?2 AND state = 'running'",
+                    params![id as i64, owner, until_ms as i64, p.level, p.done, p.total, answers as i64, now_ms as i64],
+                )
+                .map_err(db_err)?;
+            if n == 0 {
+                return Ok(Beat::Lost);
+            }
+            let cancel = c
+                .query_row(
+                    "SELECT cancel_requested FROM jobs WHERE id = ?1",
+                    [id as i64],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(db_err)?;
+            Ok(if cancel != 0 { Beat::Cancel } else { Beat::Go })
+        })
+    }
+
+    async fn job_set_planned(&self, id: u64, calls: u32) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET calls_planned = ?2 WHERE id = ?1",
+                params![id as i64, calls],
+            )
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    async fn job_finish(
+        &self,
+        id: u64,
+        state: JobState,
+        error: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET state = ?2, error = ?3, lease_owner = NULL, lease_until_ms = NULL, updated_ms = ?4, finished_ms = ?4 WHERE id = ?1",
+                params![id as i64, state.as_str(), error, now_ms as i64],
+            )
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    async fn job_cancel(&self, id: u64, now_ms: u64) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET state = 'cancelled', error = 'cancelled before it ran', updated_ms = ?2, finished_ms = ?2 WHERE id = ?1 AND state = 'queued'",
+                params![id as i64, now_ms as i64],
+            )
+            .map_err(db_err)?;
+            c.execute(
+                "UPDATE jobs SET cancel_requested = 1, updated_ms = ?2 WHERE id = ?1 AND state = 'running'",
+                params![id as i64, now_ms as i64],
+            )
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    async fn job_release(&self, id: u64, owner: &str, now_ms: u64) -> Result<bool, Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_until_ms = NULL, updated_ms = ?3 WHERE id = ?1 AND lease_owner = ?2 AND state = 'running'",
+                params![id as i64, owner, now_ms as i64],
+            )
+            .map(|n| n > 0)
+            .map_err(db_err)
+        })
+    }
+
+    async fn jobs_active(&self) -> Result<Vec<Job>, Error> {
+        self.with(|c| jobs_where(c, "state IN ('queued','running') ORDER BY id", []))
+    }
+
+    async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error> {
+        self.with(|c| {
+            Ok(jobs_where(
+                c,
+                "session = ?1 AND state IN ('queued','running') ORDER BY id DESC LIMIT 1",
+                [session],
+            )?
+            .into_iter()
+            .next())
+        })
+    }
+
+    async fn job_lease_owners(&self, session: &str, now_ms: u64) -> Result<Vec<String>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare(
+                    "SELECT lease_owner FROM jobs WHERE session = ?1 AND state = 'running' AND lease_until_ms > ?2 AND lease_owner IS NOT NULL",
+                )
+                .map_err(db_err)?;
+            st.query_map(params![session, now_ms as i64], |r| r.get::<_, String>(0))
+                .map_err(db_err)?
+                .collect::<Result<_, _>>()
+                .map_err(db_err)
+        })
+    }
+
+    async fn jobs_list(
+        &self,
+        scope: Option<JobScope<'_>>,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<Job>, Error> {
+        let before = before.map_or(i64::MAX, |b| b as i64);
+        let limit = i64::from(limit);
+        self.with(|c| match scope {
+            None => jobs_where(
+                c,
+                "id < ?1 ORDER BY id DESC LIMIT ?2",
+                params![before, limit],
+            ),
+            Some(JobScope::Local) => jobs_where(
+                c,
+                "id < ?1 AND instr(session, char(31)) = 0 ORDER BY id DESC LIMIT ?2",
+                params![before, limit],
+            ),
+            Some(JobScope::Keys(lo, hi)) => jobs_where(
+                c,
+                "id < ?1 AND session >= ?3 AND session < ?4 ORDER BY id DESC LIMIT ?2",
+                params![before, limit, lo, hi],
+            ),
+        })
+    }
+
+    async fn job_counts(&self) -> Result<Vec<(String, u64)>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare("SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state")
+                .map_err(db_err)?;
+            st.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
+        })
+    }
+}
+
+#[async_trait]
+impl SourceStore for SqliteStore {
+    async fn source(&self, path: &str) -> Result<Option<Source>, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT path, size, mtime_ms, sha256, status, sessions, episodes, detail FROM sources WHERE path = ?1",
+                [path],
+                |r| {
+                    Ok(Source {
+                        path: r.get(0)?,
+                        size: r.get::<_, i64>(1)? as u64,
+                        mtime_ms: r.get::<_, i64>(2)? as u64,
+                        sha256: r.get(3)?,
+                        status: r.get(4)?,
+                        sessions: serde_json::from_str(&r.get::<_, String>(5)?)
+                            .unwrap_or_default(),
+                        episodes: r.get::<_, i64>(6)? as u64,
+                        detail: r.get(7)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn put_source(&self, s: &Source, now_ms: u64) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO sources (path, size, mtime_ms, sha256, status, sessions, episodes, detail, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    s.path,
+                    s.size as i64,
+                    s.mtime_ms as i64,
+                    s.sha256,
+                    s.status,
+                    serde_json::to_string(&s.sessions).expect("strings serialize"),
+                    s.episodes as i64,
+                    s.detail,
+                    now_ms as i64
+                ],
+            )
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    async fn watched_files(&self) -> Result<Vec<WatchedFile>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare(
+                    "SELECT path, session, format, offset, lines FROM watched_files ORDER BY path",
+                )
+                .map_err(db_err)?;
+            st.query_map([], |r| {
+                Ok(WatchedFile {
+                    path: r.get(0)?,
+                    session: r.get(1)?,
+                    format: r.get(2)?,
+                    offset: r.get::<_, i64>(3)? as u64,
+                    lines: r.get::<_, Option<i64>>(4)?.map(|n| n as u64),
+                })
+            })
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
+        })
+    }
+
+    async fn put_watched(&self, f: &WatchedFile, now_ms: u64) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO watched_files (path, session, format, offset, lines, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![f.path, f.session, f.format, f.offset as i64, f.lines.map(|n| n as i64), now_ms as i64],
+            )
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    async fn record_mark(
+        &self,
+        session: &str,
+        path: &str,
+        last_episode: u64,
+        bytes: u64,
+    ) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO source_marks (session, path, last_episode, bytes) VALUES (?1, ?2, ?3, ?4)",
+                params![session, path, last_episode as i64, bytes as i64],
+            )
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    async fn mark_covering(&self, session: &str, last_episode: u64) -> Result<Option<Mark>, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT path, last_episode, bytes FROM source_marks WHERE session = ?1 AND last_episode <= ?2 ORDER BY last_episode DESC, bytes DESC LIMIT 1",
+                params![session, last_episode as i64],
+                |r| {
+                    Ok(Mark {
+                        path: r.get(0)?,
+                        last_episode: r.get::<_, i64>(1)? as u64,
+                        bytes: r.get::<_, i64>(2)? as u64,
+                    })
+                },
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn session_mode(&self, session: &str) -> Result<Option<SessionMode>, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT mode, quiescence_secs FROM session_modes WHERE session = ?1",
+                [session],
+                |r| {
+                    Ok(SessionMode {
+                        mode: if r.get::<_, String>(0)? == "idle" {
+                            Mode::Idle
+                        } else {
+                            Mode::Eager
+                        },
+                        quiescence_secs: r.get::<_, Option<i64>>(1)?.map(|x| x as u32),
+                    })
+                },
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn set_session_mode(&self, session: &str, m: Option<&SessionMode>) -> Result<(), Error> {
+        self.with(|c| {
+            match m {
+                None => c.execute("DELETE FROM session_modes WHERE session = ?1", [session]),
+                Some(m) => c.execute(
+                    "INSERT OR REPLACE INTO session_modes (session, mode, quiescence_secs) VALUES (?1, ?2, ?3)",
+                    params![
+                        session,
+                        match m.mode {
+                            Mode::Eager => "eager",
+                            Mode::Idle => "idle",
+                        },
+                        m.quiescence_secs
+                    ],
+                ),
+            }
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+}
+
+fn token_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<TokenRow> {
+    Ok(TokenRow {
+        id: r.get::<_, i64>(0)? as u64,
+        tenant: r.get(1)?,
+        prefix: r.get(2)?,
+        read_only: r.get::<_, i64>(3)? != 0,
+        label: r.get(4)?,
+        created_ms: r.get::<_, i64>(5)? as u64,
+        revoked_ms: r.get::<_, Option<i64>>(6)?.map(|x| x as u64),
+    })
+}
+
+const TOKEN_COLS: &str = "id, tenant, prefix, read_only, label, created_ms, revoked_ms";
+
+#[async_trait]
+impl TokenStore for SqliteStore {
+    async fn insert_token(
+        &self,
+        tenant: &str,
+        hash: &str,
+        prefix: &str,
+        read_only: bool,
+        label: Option<&str>,
+        now_ms: u64,
+    ) -> Result<u64, Error> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO tokens (tenant, hash, prefix, read_only, label, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![tenant, hash, prefix, read_only as i64, label, now_ms as i64],
+            )
+            .map_err(db_err)?;
+            Ok(c.last_insert_rowid() as u64)
+        })
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRow>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare(&format!("SELECT {TOKEN_COLS} FROM tokens ORDER BY id"))
+                .map_err(db_err)?;
+            st.query_map([], token_from)
+                .map_err(db_err)?
+                .collect::<Result<_, _>>()
+                .map_err(db_err)
+        })
+    }
+
+    async fn revoke_token(&self, id: u64, now_ms: u64) -> Result<bool, Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE tokens SET revoked_ms = ?2 WHERE id = ?1 AND revoked_ms IS NULL",
+                params![id as i64, now_ms as i64],
+            )
+            .map(|n| n > 0)
+            .map_err(db_err)
+        })
+    }
+
+    async fn any_live_token(&self) -> Result<bool, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT EXISTS (SELECT 1 FROM tokens WHERE revoked_ms IS NULL)",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n != 0)
+            .map_err(db_err)
+        })
+    }
+
+    async fn live_token(&self, hash: &str) -> Result<Option<TokenRow>, Error> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {TOKEN_COLS} FROM tokens WHERE hash = ?1 AND revoked_ms IS NULL"),
+                [hash],
+                token_from,
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+}

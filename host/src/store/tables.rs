@@ -1,0 +1,175 @@
+//! The app's own tables behind traits, beside the engine's [`Store`]: durable jobs, imported
+//! files and their marks, watched files, per-session modes and API tokens. Every store
+//! implements all of them ([`super::SqliteStore`], [`super::MemoryStore`]; a shared server
+//! store later), so the app runs on any of them and a session's state lives in one place:
+//! [`Store::reset_session`] clears all of it.
+//!
+//! Each call is atomic. Policy stays out of the stores: which lease is live and whose owner is
+//! gone is decided by [`crate::jobs::Jobs`] and handed in; token hashing is done by
+//! [`crate::app::Tokens`].
+
+use async_trait::async_trait;
+
+use super::Store;
+use crate::control::Progress;
+use crate::jobs::{Beat, Claim, Job, JobState};
+use crate::sources::{Mark, SessionMode, Source, WatchedFile};
+use crate::types::Error;
+
+/// Which jobs a listing covers.
+#[derive(Clone, Copy, Debug)]
+pub enum JobScope<'a> {
+    /// Jobs whose session key holds no tenant separator (the local tenant's).
+    Local,
+    /// Jobs whose session key lies in `[from, to)` (one tenant's).
+    Keys(&'a str, &'a str),
+}
+
+/// Decides whether a running job's lease is held by a live worker other than the caller.
+pub type Liveness<'a> = &'a (dyn Fn(&Job) -> bool + Send + Sync);
+
+/// Durable jobs (see [`crate::jobs`]).
+#[async_trait]
+pub trait JobStore: Send + Sync {
+    /// The active (queued or running) job for (`session`, `target`), or a new queued one
+    /// recorded with `config` (JSON); and whether it was created.
+    async fn job_enqueue(
+        &self,
+        session: &str,
+        target: u64,
+        config: &str,
+        now_ms: u64,
+    ) -> Result<(Job, bool), Error>;
+    /// One job.
+    async fn job_get(&self, id: u64) -> Result<Option<Job>, Error>;
+    /// Take job `id` for `owner` until `until_ms`: a job in a final state is
+    /// [`Claim::Finished`]; one that `live` says another worker holds, or whose session has
+    /// another running job `live` says so of, is [`Claim::Busy`]; otherwise it becomes
+    /// running under the new lease with one more attempt.
+    async fn job_claim(
+        &self,
+        id: u64,
+        owner: &str,
+        now_ms: u64,
+        until_ms: u64,
+        live: Liveness<'_>,
+    ) -> Result<Claim, Error>;
+    /// Renew `owner`'s lease and record progress; [`Beat::Lost`] when `owner` no longer
+    /// holds the running job, [`Beat::Cancel`] when a cancel was asked.
+    async fn job_heartbeat(
+        &self,
+        id: u64,
+        owner: &str,
+        until_ms: u64,
+        progress: Progress,
+        answers: u64,
+        now_ms: u64,
+    ) -> Result<Beat, Error>;
+    /// Record the plan's expected call count.
+    async fn job_set_planned(&self, id: u64, calls: u32) -> Result<(), Error>;
+    /// Put a job in a final state and drop its lease.
+    async fn job_finish(
+        &self,
+        id: u64,
+        state: JobState,
+        error: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), Error>;
+    /// Cancel a queued job now; ask a running one's worker to stop.
+    async fn job_cancel(&self, id: u64, now_ms: u64) -> Result<(), Error>;
+    /// Give a running job `owner` holds back to the queue; false when it did not hold it.
+    async fn job_release(&self, id: u64, owner: &str, now_ms: u64) -> Result<bool, Error>;
+    /// Queued and running jobs, oldest first.
+    async fn jobs_active(&self) -> Result<Vec<Job>, Error>;
+    /// The newest active job of a session.
+    async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error>;
+    /// Lease owners of the session's running jobs whose lease lasts past `now_ms`.
+    async fn job_lease_owners(&self, session: &str, now_ms: u64) -> Result<Vec<String>, Error>;
+    /// Jobs of `scope` with `id < before` (all when `None`), newest first, at most `limit`.
+    async fn jobs_list(
+        &self,
+        scope: Option<JobScope<'_>>,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<Job>, Error>;
+    /// Jobs by state, ordered by state name.
+    async fn job_counts(&self) -> Result<Vec<(String, u64)>, Error>;
+}
+
+/// Imported files, watched files, how far summaries reach into files, per-session modes.
+#[async_trait]
+pub trait SourceStore: Send + Sync {
+    /// What is recorded of an imported file.
+    async fn source(&self, path: &str) -> Result<Option<Source>, Error>;
+    /// Record (or replace) what is known of an imported file.
+    async fn put_source(&self, source: &Source, now_ms: u64) -> Result<(), Error>;
+    /// Every watched file, by path.
+    async fn watched_files(&self) -> Result<Vec<WatchedFile>, Error>;
+    /// Record a watched file's state.
+    async fn put_watched(&self, file: &WatchedFile, now_ms: u64) -> Result<(), Error>;
+    /// After importing `path` up to `bytes`, `session`'s newest episode is `last_episode`.
+    async fn record_mark(
+        &self,
+        session: &str,
+        path: &str,
+        last_episode: u64,
+        bytes: u64,
+    ) -> Result<(), Error>;
+    /// The furthest mark of `session` at or before `last_episode`.
+    async fn mark_covering(&self, session: &str, last_episode: u64) -> Result<Option<Mark>, Error>;
+    /// A session's own refresh mode.
+    async fn session_mode(&self, session: &str) -> Result<Option<SessionMode>, Error>;
+    /// Set (`Some`) or clear (`None`) a session's own refresh mode.
+    async fn set_session_mode(
+        &self,
+        session: &str,
+        mode: Option<&SessionMode>,
+    ) -> Result<(), Error>;
+}
+
+/// An API token as stored: never the token, only its hash and first characters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRow {
+    /// Row id.
+    pub id: u64,
+    /// Tenant name.
+    pub tenant: String,
+    /// The first characters of the token, to recognise it.
+    pub prefix: String,
+    /// Whether it may only read.
+    pub read_only: bool,
+    /// A label given at creation.
+    pub label: Option<String>,
+    /// Created, ms since the epoch.
+    pub created_ms: u64,
+    /// Revoked, ms since the epoch.
+    pub revoked_ms: Option<u64>,
+}
+
+/// API tokens (see [`crate::app::Tokens`]).
+#[async_trait]
+pub trait TokenStore: Send + Sync {
+    /// Store a new token's hash; returns its row id.
+    async fn insert_token(
+        &self,
+        tenant: &str,
+        hash: &str,
+        prefix: &str,
+        read_only: bool,
+        label: Option<&str>,
+        now_ms: u64,
+    ) -> Result<u64, Error>;
+    /// Every token, oldest first.
+    async fn tokens(&self) -> Result<Vec<TokenRow>, Error>;
+    /// Revoke a live token; false when there is none with that id.
+    async fn revoke_token(&self, id: u64, now_ms: u64) -> Result<bool, Error>;
+    /// Whether any token is live.
+    async fn any_live_token(&self) -> Result<bool, Error>;
+    /// The live token with this hash.
+    async fn live_token(&self, hash: &str) -> Result<Option<TokenRow>, Error>;
+}
+
+/// Everything the app keeps: the engine's store and the app's tables, in one place.
+pub trait AppStore: Store + JobStore + SourceStore + TokenStore {}
+
+impl<T: Store + JobStore + SourceStore + TokenStore> AppStore for T {}
