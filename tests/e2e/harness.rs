@@ -116,7 +116,7 @@ impl Env {
 }
 
 /// The compiled component is cached once per test run, for every process.
-fn cache_dir() -> PathBuf {
+pub fn cache_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("abridge-component-cache")
 }
 
