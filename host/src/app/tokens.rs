@@ -20,37 +20,7 @@ pub struct Grant {
 }
 
 /// A token as listed (never the token itself).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct TokenInfo {
-    /// Row id (what `tokens revoke` takes).
-    pub id: u64,
-    /// Tenant.
-    pub tenant: String,
-    /// The token's first characters, to recognise it.
-    pub prefix: String,
-    /// Read-only.
-    pub read_only: bool,
-    /// A label given at creation.
-    pub label: Option<String>,
-    /// Created, ms since the epoch.
-    pub created_ms: u64,
-    /// Revoked, ms since the epoch.
-    pub revoked_ms: Option<u64>,
-}
-
-impl From<TokenRow> for TokenInfo {
-    fn from(r: TokenRow) -> Self {
-        TokenInfo {
-            id: r.id,
-            tenant: r.tenant,
-            prefix: r.prefix,
-            read_only: r.read_only,
-            label: r.label,
-            created_ms: r.created_ms,
-            revoked_ms: r.revoked_ms,
-        }
-    }
-}
+pub type TokenInfo = TokenRow;
 
 fn hash(token: &str) -> String {
     crate::text::hex(&Sha256::digest(token.as_bytes()))
@@ -101,13 +71,7 @@ impl Tokens {
 
     /// Every token, oldest first.
     pub async fn list(&self) -> AppResult<Vec<TokenInfo>> {
-        Ok(self
-            .db
-            .tokens()
-            .await?
-            .into_iter()
-            .map(Into::into)
-            .collect())
+        Ok(self.db.tokens().await?)
     }
 
     /// Revoke token `id`; false when there is no such live token.

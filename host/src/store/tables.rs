@@ -127,10 +127,10 @@ pub trait SourceStore: Send + Sync {
     ) -> Result<(), Error>;
 }
 
-/// An API token as stored: never the token, only its hash and first characters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An API token as stored and listed: never the token (the store also keeps its hash).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct TokenRow {
-    /// Row id.
+    /// Row id (what `tokens revoke` takes).
     pub id: u64,
     /// Tenant name.
     pub tenant: String,
