@@ -175,6 +175,32 @@ impl LlmBackend for OpenAi {
     fn name(&self) -> &str {
         "openai"
     }
+
+    /// Reachable and accepting the credentials: `GET /models` (a server without that route
+    /// answers 404 and still counts as reachable).
+    async fn ready(&self) -> Result<(), Error> {
+        let mut call = self
+            .http
+            .get(format!("{}/models", self.base))
+            .timeout(Duration::from_secs(5));
+        if let Some(k) = &self.key {
+            call = call.bearer_auth(k);
+        }
+        let resp = call.send().await.map_err(|e| {
+            super::transport_error("the OpenAI-compatible server", &self.base, e, HINT)
+        })?;
+        match resp.status().as_u16() {
+            200..=299 | 404 => Ok(()),
+            401 | 403 => Err(Error::Server(format!(
+                "{}/models refused the credentials; set OPENAI_API_KEY",
+                self.shown
+            ))),
+            code => Err(Error::Server(format!(
+                "{}/models answered {code}",
+                self.shown
+            ))),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -191,5 +217,23 @@ mod tests {
         assert!(!at("http://127.0.0.1:8000/v1"));
         assert!(!at("http://localhost:8000/v1"));
         assert!(!at("http://[::1]:8000/v1"));
+    }
+
+    #[tokio::test]
+    async fn ready_means_reachable_with_a_models_route() {
+        let server = abridge_test_llm::TestServer::start_with(abridge_test_llm::Options {
+            ollama_api: false,
+            ..Default::default()
+        });
+        let t = Duration::from_secs(5);
+        let up = OpenAi::new(&format!("{}/v1", server.url()), None, t).unwrap();
+        up.ready().await.unwrap();
+        // A closed port: not ready, and the error says where it looked.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let down = OpenAi::new(&format!("http://127.0.0.1:{port}/v1"), None, t).unwrap();
+        let e = down.ready().await.unwrap_err();
+        assert!(matches!(e, Error::Unreachable(_)), "{e:?}");
     }
 }
