@@ -40,12 +40,17 @@ pub enum Attempt {
 
 static SEED: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
 
-/// A pseudo-random number for jitter (splitmix64 over a counter mixed with the time).
+/// A pseudo-random number for jitter (splitmix64 over a counter mixed with a random value
+/// drawn once per process, so processes retrying together do not jitter alike).
 fn jitter_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos() as u64);
-    let mut z = SEED.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed) ^ nanos;
+    static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let salt = *SALT.get_or_init(|| {
+        let mut b = [0u8; 8];
+        // Without a random source the counter alone still spreads one process's retries.
+        let _ = getrandom::fill(&mut b);
+        u64::from_le_bytes(b)
+    });
+    let mut z = SEED.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed) ^ salt;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)

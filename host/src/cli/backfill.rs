@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Args;
@@ -79,10 +79,10 @@ struct Outcome {
     detail: String,
 }
 
+/// Now, from the clock (the app's when there is one: it is the same system clock).
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    use abridge::Clock;
+    abridge::SystemClock.now_ms()
 }
 
 /// Whether `text` matches the glob `pat` (`*` any run, `?` one character).

@@ -53,12 +53,6 @@ pub struct WatchArgs {
     follow_links: bool,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// The bytes of `path` from `offset` to its end.
 fn read_from(path: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
     use std::io::{Read, Seek, SeekFrom};
@@ -152,7 +146,10 @@ impl Watcher<'_> {
                         ),
                     );
                 }
-                self.watched.put(&f, now_ms()).await.map_err(storage)?;
+                self.watched
+                    .put(&f, self.local.app().now_ms())
+                    .await
+                    .map_err(storage)?;
                 self.files.insert(key.clone(), f.clone());
                 f
             }
@@ -240,7 +237,10 @@ impl Watcher<'_> {
         // same lines, which append skips by their keys.
         f.offset = complete;
         f.lines = Some(first_line + count_lines(chunk));
-        self.watched.put(&f, now_ms()).await.map_err(storage)?;
+        self.watched
+            .put(&f, self.local.app().now_ms())
+            .await
+            .map_err(storage)?;
         self.files.insert(key, f.clone());
         if added > 0 {
             self.imported += added;
