@@ -161,6 +161,9 @@ function loadMigrations() {
   return migrations;
 }
 
+/** Tables of the abridge schema (the same list as the Rust store's). */
+const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens'];
+
 const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped';
 
 const rowOut = (r) => (r ? { ...r, skipped: JSON.parse(r.skipped) } : undefined);
@@ -196,6 +199,11 @@ export class SqliteStore {
         }
       }
     } catch (e) {
+      try {
+        db.close();
+      } catch {
+        // Already closed or never opened: nothing to release.
+      }
       throw new AbridgeError('storage', `${name} is not a usable abridge database (${e.message}); use another file`);
     }
     const p = (sql) => db.prepare(sql);
@@ -228,6 +236,16 @@ export class SqliteStore {
   /** Switch to WAL and run the migrations the file lacks, each in a write transaction taken
    * before the version is read, so a second opener waits and then finds the work done. */
   #prepare(db) {
+    // Look before touching anything: another program's database is neither migrated nor
+    // switched to WAL.
+    const foreign = db
+      .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+      .all()
+      .map((r) => r.name)
+      .filter((n) => !OWN_TABLES.includes(n));
+    if (foreign.length > 0) {
+      throw new Error(`it holds other tables: ${foreign.slice(0, 5).join(', ')}${foreign.length > 5 ? ', …' : ''}; abridge leaves it untouched`);
+    }
     db.exec('PRAGMA journal_mode = WAL');
     db.exec('PRAGMA synchronous = NORMAL');
     db.exec('PRAGMA foreign_keys = ON');

@@ -102,6 +102,20 @@ test('many openers of a new database file at once all succeed', async () => {
   }
 });
 
+test("another program's database is refused and left untouched", async () => {
+  const path = join(mkdtempSync(join(tmpdir(), 'abridge-js-')), 'contacts.db');
+  const { DatabaseSync } = await import('node:sqlite');
+  const other = new DatabaseSync(path);
+  other.exec("CREATE TABLE contacts (name TEXT); INSERT INTO contacts VALUES ('ada')");
+  other.close();
+  const before = readFileSync(path);
+  await assert.rejects(
+    SqliteStore.open(path),
+    (e) => e instanceof AbridgeError && e.kind === 'storage' && /other tables: contacts/.test(e.message),
+  );
+  assert.deepEqual(readFileSync(path), before);
+});
+
 test('model failures are AbridgeErrors and leave the chain unchanged', async () => {
   await server.reset();
   const store = new MemoryStore();
