@@ -174,9 +174,9 @@ fn credentials_in_a_url_are_used_but_never_shown() {
 #[test]
 fn the_default_concurrency_adapts_to_a_single_slot_server() {
     // Ollama's common setting: one slot, the rest queued, and the per-call timeout counts the
-    // queue. Six requests in flight at 600 ms each would time out (at 2 s) from the fourth on.
-    // (Long calls keep the figures steady on a loaded machine, whose scheduling delays are
-    // small against them.)
+    // queue. Six requests in flight at 600 ms each would time out (at 3 s) from the sixth on,
+    // and every one after the first would queue. (Long calls and a wide timeout keep the
+    // figures steady on a loaded machine, whose scheduling delays are small against them.)
     let server = TestServer::start_with(abridge_test_llm::Options {
         slots: Some(1),
         delay: std::time::Duration::from_millis(600),
@@ -192,7 +192,7 @@ fn the_default_concurrency_adapts_to_a_single_slot_server() {
         "--chunk-tokens",
         "800",
         "--timeout-secs",
-        "2",
+        "3",
     ]);
     r.assert_ok();
     assert_covers(&env.chain("long").unwrap(), 240);
@@ -214,6 +214,7 @@ fn the_default_concurrency_adapts_to_a_single_slot_server() {
         "--json",
     ]);
     let calls = plan.json()["calls"].as_u64().unwrap() as usize;
+    eprintln!("single slot: {asked} requests for {calls} calls");
     // Only the first waves time out while the limit is learned (a fixed six in flight skips
     // chunks here, after three attempts each).
     assert!(
