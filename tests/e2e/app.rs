@@ -191,3 +191,67 @@ async fn reset_clears_every_table_of_the_session_in_the_memory_store() {
     );
     assert!(me.summaries("s").await.unwrap().is_empty());
 }
+
+fn jsonl(n: usize, topic: &str) -> String {
+    (1..=n)
+        .map(|i| {
+            format!(
+                "{{\"role\":\"{}\",\"content\":\"Message {i} about {topic}: the rollback plan.\"}}\n",
+                if i % 2 == 1 { "user" } else { "assistant" }
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_session_back() {
+    use abridge::app::backfill::{self, BackfillOptions, ScanFilter};
+    let clock = Arc::new(ManualClock::at(1_767_225_600_000));
+    let app = open(clock.clone(), Mode::Eager);
+    let me = app.local();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("proj")).unwrap();
+    std::fs::write(dir.path().join("proj/a.jsonl"), jsonl(6, "alpha")).unwrap();
+    std::fs::write(dir.path().join("proj/b.jsonl"), jsonl(2, "beta")).unwrap();
+    std::fs::write(dir.path().join("notes.json"), "{\"hello\": 1}").unwrap();
+    let opts = BackfillOptions {
+        min_episodes: 3,
+        read: Default::default(),
+        max_bytes: 1 << 20,
+    };
+    let cfg = me.session_config("x").await.unwrap();
+    let pass = async || {
+        let scan = backfill::scan(dir.path(), &ScanFilter::default()).unwrap();
+        let mut out = Vec::new();
+        for f in &scan.files {
+            let o = me.backfill_file(f, &opts, &cfg).await.unwrap();
+            out.push((f.rel.clone(), o.status, o.sessions.join(" ")));
+        }
+        out.sort();
+        out
+    };
+    let first = pass().await;
+    assert_eq!(
+        first,
+        vec![
+            ("notes.json".into(), "skipped", "".into()),
+            ("proj/a.jsonl".into(), "ok", "proj/a".into()),
+            ("proj/b.jsonl".into(), "skipped", "".into()),
+        ],
+        "{first:?}"
+    );
+    assert_eq!(me.session("proj/a").await.unwrap().covered, 6);
+    // Nothing changed: nothing is read again.
+    let again = pass().await;
+    assert!(again.iter().all(|(_, s, _)| *s == "unchanged"), "{again:?}");
+    // The file grows: only its new episodes are summarized.
+    std::fs::write(dir.path().join("proj/a.jsonl"), jsonl(9, "alpha")).unwrap();
+    let grown = pass().await;
+    assert_eq!(grown[1].1, "ok", "{grown:?}");
+    assert_eq!(me.session("proj/a").await.unwrap().covered, 9);
+    // reset forgets the file too, so the next backfill brings the session back.
+    me.reset("proj/a").await.unwrap();
+    let back = pass().await;
+    assert_eq!(back[1].1, "ok", "{back:?}");
+    assert_eq!(me.session("proj/a").await.unwrap().episodes, 9);
+}

@@ -6,6 +6,7 @@
 //! All data access goes through a [`Scoped`] handle for one tenant, which sees the store only
 //! through a [`TenantStore`]: a foreign session or job id is simply not found.
 
+pub mod backfill;
 pub mod error;
 pub mod events;
 pub mod limits;

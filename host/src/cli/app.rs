@@ -122,7 +122,8 @@ pub fn local(s: &Settings, backend: Option<&Backend>) -> Result<Scoped, Failure>
 /// Shows one session's job from its events: notes on stderr, then progress.
 struct Display<'a> {
     s: &'a Settings,
-    session: &'a str,
+    /// Only this session's events (all of the tenant's when `None`).
+    session: Option<&'a str>,
     show: Show,
     running: Option<(String, Arc<JobProgress>)>,
     /// The running job's map-reduce chunks (none for a single call or a fold).
@@ -139,7 +140,10 @@ impl Display<'_> {
     }
 
     fn on(&mut self, ev: &Event) {
-        if ev.session.as_deref() != Some(self.session) {
+        let Some(session) = ev.session.as_deref() else {
+            return;
+        };
+        if self.session.is_some_and(|s| s != session) {
             return;
         }
         let id = ev.job.unwrap_or(0);
@@ -149,8 +153,7 @@ impl Display<'_> {
             "job.joined" => super::commands::note(
                 self.s,
                 &format!(
-                    "job {id} for session {} up to episode {} is already {}; joining it",
-                    self.session,
+                    "job {id} for session {session} up to episode {} is already {}; joining it",
                     num("target"),
                     d["state"].as_str().unwrap_or("queued")
                 ),
@@ -167,8 +170,7 @@ impl Display<'_> {
                     super::commands::note(
                         self.s,
                         &format!(
-                            "resuming job {id} for session {} (attempt {}); cached partial summaries are reused",
-                            self.session,
+                            "resuming job {id} for session {session} (attempt {}); cached partial summaries are reused",
                             num("attempt")
                         ),
                     );
@@ -182,7 +184,7 @@ impl Display<'_> {
                             .collect()
                     })
                     .unwrap_or_default();
-                let label = format!("job {id} (session {})", self.session);
+                let label = format!("job {id} (session {session})");
                 self.chunks = (d["map_reduce"] == true).then(|| num("chunks"));
                 self.started = Instant::now();
                 let view = JobProgress::new(self.mode(), label.clone(), levels);
@@ -232,14 +234,22 @@ pub async fn run_or_join(
     cfg: &Config,
     show: Show,
 ) -> Result<Job, Failure> {
-    shown(s, app, session, show, app.run_or_join(session, target, cfg)).await
+    shown(
+        s,
+        app,
+        Some(session),
+        show,
+        app.run_or_join(session, target, cfg),
+    )
+    .await
 }
 
-/// Run `work` on `session`'s job while its events are shown as `show` asks.
+/// Run `work` while the events of `session`'s jobs (all of the tenant's with `None`) are
+/// shown as `show` asks.
 pub async fn shown<T>(
     s: &Settings,
     app: &Scoped,
-    session: &str,
+    session: Option<&str>,
     show: Show,
     work: impl std::future::Future<Output = Result<T, AppError>>,
 ) -> Result<T, Failure> {

@@ -10,14 +10,14 @@ use std::time::Duration;
 use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
-use abridge::sources::{Source, Sources};
+use abridge::app::backfill::{self as bf, NOT_TRANSCRIPT, ScannedFile};
+use abridge::sources::Sources;
 use abridge::transcript::{self, TranscriptError};
-use abridge::types::{Engine, PlanPath};
+use abridge::types::{Config, Engine, PlanPath};
 use abridge::{NoModel, Progress, SqliteStore};
 
-use super::app::{Show, run_or_join};
+use super::app::{Show, shown};
 use super::commands::{Backend, build, choose_backend, engine_config, note};
 use super::jobs::storage;
 use super::progress::{Mode, bar, duration_text};
@@ -59,17 +59,6 @@ pub struct BackfillArgs {
     prices: super::commands::Prices,
 }
 
-/// Why a JSON file that holds no conversation is skipped.
-const NOT_TRANSCRIPT: &str = "not a transcript (no known format, or no messages)";
-
-/// A candidate file.
-struct File {
-    path: PathBuf,
-    rel: String,
-    size: u64,
-    mtime_ms: u64,
-}
-
 /// One line of the final table.
 struct Outcome {
     status: &'static str,
@@ -79,106 +68,6 @@ struct Outcome {
     detail: String,
 }
 
-/// Now, from the clock (the app's when there is one: it is the same system clock).
-fn now_ms() -> u64 {
-    use abridge::Clock;
-    abridge::SystemClock.now_ms()
-}
-
-/// Whether `text` matches the glob `pat` (`*` any run, `?` one character).
-pub fn glob(pat: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pat.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
-
-fn matches(pattern: &str, rel: &str) -> bool {
-    if pattern.contains(['*', '?']) {
-        glob(pattern, rel)
-    } else {
-        rel.contains(pattern)
-    }
-}
-
-/// `--since`: an age (`90m`, `12h`, `7d`), a date or an RFC 3339 time, as ms since the epoch.
-pub fn since_ms(s: &str, now: u64) -> Result<u64, String> {
-    let s = s.trim();
-    let unit = |c: char| match c {
-        's' => Some(1_000u64),
-        'm' => Some(60_000),
-        'h' => Some(3_600_000),
-        'd' => Some(86_400_000),
-        'w' => Some(7 * 86_400_000),
-        _ => None,
-    };
-    if let Some(last) = s.chars().last()
-        && let Some(ms) = unit(last)
-        && let Ok(n) = s[..s.len() - 1].parse::<u64>()
-    {
-        return Ok(now.saturating_sub(n * ms));
-    }
-    // A time with an offset (RFC 3339), else a civil date or date-time read as UTC.
-    let parsed = s.parse::<jiff::Timestamp>().ok().or_else(|| {
-        let civil = s.parse::<jiff::civil::DateTime>().ok().or_else(|| {
-            s.parse::<jiff::civil::Date>()
-                .ok()
-                .map(|d| d.at(0, 0, 0, 0))
-        })?;
-        jiff::tz::TimeZone::UTC.to_timestamp(civil).ok()
-    });
-    parsed
-        .map(|t| t.as_millisecond().max(0) as u64)
-        .ok_or_else(|| {
-            format!(
-                "--since {s:?} is not a date (2026-11-01), a time (2026-11-01T12:00:00Z) or an age (90m, 12h, 7d)"
-            )
-        })
-}
-
-/// Every *.jsonl and *.json file under `dir` (hidden entries skipped), with size and mtime;
-/// link loops and links out of the tree are passed over with a note.
-fn walk(s: &Settings, dir: &Path, follow_links: bool) -> Result<Vec<File>, Failure> {
-    let w =
-        abridge::walk::transcript_files(dir, &["jsonl", "json"], follow_links).map_err(|e| {
-            Failure::new(
-                Exit::Input,
-                anyhow!(
-                    "cannot read the directory {}: {e} — check the path",
-                    dir.display()
-                ),
-            )
-        })?;
-    for line in &w.skipped {
-        note(s, &format!("backfill: {}", abridge::text::printable(line)));
-    }
-    Ok(w.files
-        .into_iter()
-        .map(|f| File {
-            path: f.path,
-            rel: f.rel,
-            size: f.size,
-            mtime_ms: f.mtime_ms,
-        })
-        .collect())
-}
-
-/// The overall progress line: files done, outcomes so far, and the running job.
 struct Overall {
     mode: Mode,
     total: usize,
@@ -270,13 +159,6 @@ impl Overall {
     }
 }
 
-fn hash(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// Totals of a dry run.
 #[derive(Default)]
 struct Totals {
@@ -307,21 +189,27 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
             ),
         ));
     }
+    let now = {
+        use abridge::Clock;
+        abridge::SystemClock.now_ms()
+    };
     let since = a
         .since
         .as_deref()
-        .map(|x| since_ms(x, now_ms()))
+        .map(|x| bf::since_ms(x, now))
         .transpose()
-        .map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
-    let mut files: Vec<File> = walk(s, &dir, a.follow_links)?
-        .into_iter()
-        .filter(|f| a.pattern.as_deref().is_none_or(|p| matches(p, &f.rel)))
-        .filter(|f| since.is_none_or(|t| f.mtime_ms >= t))
-        .collect();
-    files.sort_by(|x, y| y.mtime_ms.cmp(&x.mtime_ms).then_with(|| x.rel.cmp(&y.rel)));
-    if let Some(n) = a.limit {
-        files.truncate(n);
+        .map_err(|e| Failure::new(Exit::Input, anyhow!("--since {e}")))?;
+    let filter = bf::ScanFilter {
+        pattern: a.pattern.clone(),
+        since_ms: since,
+        limit: a.limit,
+        follow_links: a.follow_links,
+    };
+    let scan = bf::scan(&dir, &filter).map_err(|e| Failure::from(e.hint("check the path")))?;
+    for line in &scan.skipped {
+        note(s, &format!("backfill: {}", abridge::text::printable(line)));
     }
+    let files = scan.files;
     if files.is_empty() {
         note(
             s,
@@ -331,31 +219,6 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
             ),
         );
     }
-
-    // A dry run reads what earlier runs recorded but writes nothing (and creates no database).
-    let db = if a.dry_run && !s.db.exists() {
-        None
-    } else {
-        Some(Arc::new(SqliteStore::open(&s.db).map_err(storage)?))
-    };
-    let sources = db
-        .clone()
-        .map(|d| Sources::new(d as Arc<dyn abridge::store::SourceStore>));
-    let (engine, local, backend, cfg) = if a.dry_run {
-        let engine = build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))?;
-        let mut cfg = s.config.clone();
-        cfg.engine = if s.backend == BackendChoice::Extractive {
-            Engine::Extractive
-        } else {
-            Engine::Llm
-        };
-        (Arc::new(engine), None, None, cfg)
-    } else {
-        let backend: Backend = choose_backend(s).await?;
-        let cfg = engine_config(s, &backend);
-        let local = super::app::local(s, Some(&backend))?;
-        (local.engine().clone(), Some(local), Some(backend), cfg)
-    };
     let mode = Mode::detect(a.json, s.quiet);
     let overall = Arc::new(Overall {
         mode,
@@ -363,239 +226,47 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         state: Mutex::new(OverallState::default()),
         started: std::time::Instant::now(),
     });
-    let opts = a.read.options();
+    let opts = bf::BackfillOptions {
+        min_episodes: a.min_session_episodes,
+        read: a.read.options(),
+        max_bytes: a.read.max_bytes,
+    };
     let mut results: Vec<Outcome> = Vec::new();
     let mut totals = Totals::default();
-    for f in &files {
-        let key = f.path.display().to_string();
-        let known = match &sources {
-            Some(src) => src.get(&key).await.map_err(storage)?,
-            None => None,
+    let (backend, cfg) = if a.dry_run {
+        let mut cfg = s.config.clone();
+        cfg.engine = if s.backend == BackendChoice::Extractive {
+            Engine::Extractive
+        } else {
+            Engine::Llm
         };
-        let row = |results: &mut Vec<Outcome>,
-                   status: &'static str,
-                   session: String,
-                   episodes: u64,
-                   detail: String| {
+        dry_run(s, &files, &opts, &cfg, &overall, &mut results, &mut totals).await?;
+        (None, cfg)
+    } else {
+        // Each file through the app; its jobs' progress feeds the overall bar.
+        let backend: Backend = choose_backend(s).await?;
+        let cfg = engine_config(s, &backend);
+        let local = super::app::local(s, Some(&backend))?;
+        for f in &files {
+            let o = overall.clone();
+            let show = Show::Into(Arc::new(move |label: &str, p: &Progress| o.job(label, p)));
+            let work = local.backfill_file(f, &opts, &cfg);
+            let done = shown(s, &local, None, show, work).await?;
+            for w in &done.warnings {
+                note(s, &format!("backfill: {w}"));
+            }
             let o = Outcome {
-                status,
+                status: done.status,
                 file: f.rel.clone(),
-                session,
-                episodes,
-                detail,
+                session: done.sessions.join(" "),
+                episodes: done.episodes,
+                detail: done.detail,
             };
             overall.file_done(&o);
             results.push(o);
-        };
-        // Unchanged since it was summarized (or skipped as too small): no reading at all.
-        let still_small = |k: &Source| {
-            k.status == "skipped"
-                && k.detail.as_deref() == Some("too few episodes")
-                && k.episodes < a.min_session_episodes
-        };
-        if let Some(k) = &known
-            && k.size == f.size
-            && k.mtime_ms == f.mtime_ms
-            && (k.status == "ok" || still_small(k) || k.detail.as_deref() == Some(NOT_TRANSCRIPT))
-        {
-            row(
-                &mut results,
-                "unchanged",
-                k.sessions.join(" "),
-                k.episodes,
-                "no change since the last run".into(),
-            );
-            continue;
         }
-        // Read with a bound: the size seen by the walk is only a hint (a growing file).
-        let read = std::fs::File::open(&f.path)
-            .map_err(|e| format!("cannot read it: {e}"))
-            .and_then(|mut file| {
-                transcript::read_bounded(&f.rel, &mut file, a.read.max_bytes)
-                    .map_err(|e| e.to_string())
-            });
-        let bytes = match read {
-            Ok(b) => b,
-            Err(e) => {
-                row(&mut results, "failed", String::new(), 0, e);
-                continue;
-            }
-        };
-        let sha = hash(&bytes);
-        let record =
-            async |status: &str, sessions: Vec<String>, episodes: u64, detail: Option<String>| {
-                if a.dry_run {
-                    return Ok(());
-                }
-                let src = sources.as_ref().expect("opened unless a dry run");
-                src.put(
-                    &Source {
-                        path: key.clone(),
-                        size: f.size,
-                        mtime_ms: f.mtime_ms,
-                        sha256: sha.clone(),
-                        status: status.into(),
-                        sessions,
-                        episodes,
-                        detail,
-                    },
-                    now_ms(),
-                )
-                .await
-                .map_err(storage)
-            };
-        if let Some(k) = &known
-            && k.sha256 == sha
-            && k.status == "ok"
-        {
-            // Touched but not changed: remember the new time, do nothing else.
-            record("ok", k.sessions.clone(), k.episodes, None).await?;
-            row(
-                &mut results,
-                "unchanged",
-                k.sessions.join(" "),
-                k.episodes,
-                "same content".into(),
-            );
-            continue;
-        }
-        let parsed = match transcript::parse_bytes(&engine, &f.rel, &bytes, None, opts).await {
-            Ok(p) => p,
-            Err(
-                TranscriptError::UnknownFormat { .. }
-                | TranscriptError::Empty { .. }
-                | TranscriptError::EmptyFile { .. },
-            ) => {
-                record("skipped", vec![], 0, Some(NOT_TRANSCRIPT.into())).await?;
-                row(
-                    &mut results,
-                    "skipped",
-                    String::new(),
-                    0,
-                    NOT_TRANSCRIPT.into(),
-                );
-                continue;
-            }
-            Err(e) => {
-                record("failed", vec![], 0, Some(e.to_string())).await?;
-                row(&mut results, "failed", String::new(), 0, e.to_string());
-                continue;
-            }
-        };
-        for w in &parsed.warnings {
-            note(s, &format!("backfill: {w}"));
-        }
-        let mut sessions = Vec::new();
-        let (mut episodes, mut failure, mut small) = (0u64, None, 0usize);
-        let many = parsed.conversations.len() > 1;
-        for (i, conv) in parsed.conversations.into_iter().enumerate() {
-            let session =
-                transcript::session_name(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
-            let n = conv.episodes.len() as u64;
-            episodes += n;
-            if n < a.min_session_episodes {
-                small += 1;
-                continue;
-            }
-            sessions.push(session.clone());
-            if a.dry_run {
-                engine.append(&session, &conv.episodes).await?;
-                let p = engine.plan(&session, &cfg).await?;
-                totals.sessions += 1;
-                totals.episodes += p.episodes;
-                totals.tokens += p.backlog_tokens;
-                totals.calls += u64::from(p.calls);
-                totals.input += p.input_tokens;
-                totals.output += p.output_tokens;
-                let path = match p.path {
-                    PlanPath::MapReduce => format!("map-reduce, {} chunks", p.chunks),
-                    PlanPath::Single => "one call".into(),
-                    PlanPath::Rolling => "rolling".into(),
-                    PlanPath::Nothing => "nothing to do".into(),
-                };
-                results.push(Outcome {
-                    status: "planned",
-                    file: f.rel.clone(),
-                    session,
-                    episodes: n,
-                    detail: format!("{path}, {} calls, ~{} tokens in", p.calls, p.input_tokens),
-                });
-                continue;
-            }
-            let local = local.as_ref().expect("opened unless a dry run");
-            let added = engine.append(&session, &conv.episodes).await?;
-            let store = engine.store();
-            let stats = store.stats(&session).await.map_err(storage)?;
-            local
-                .mark_source(&session, &key, stats.last_episode, f.size)
-                .await?;
-            let covered = store
-                .latest_summary(&session)
-                .await
-                .map_err(storage)?
-                .map_or(0, |r| r.last_episode);
-            if stats.last_episode <= covered {
-                continue;
-            }
-            let o = overall.clone();
-            let show = Show::Into(Arc::new(move |label: &str, p: &Progress| o.job(label, p)));
-            if let Err(e) = run_or_join(s, local, (&session, stats.last_episode), &cfg, show).await
-            {
-                failure = Some(format!(
-                    "session {session}: {:#} ({added} new episodes stored)",
-                    e.error
-                ));
-                break;
-            }
-        }
-        if a.dry_run {
-            let o = Outcome {
-                status: if sessions.is_empty() {
-                    "skipped"
-                } else {
-                    "planned"
-                },
-                file: f.rel.clone(),
-                session: sessions.join(" "),
-                episodes,
-                detail: if sessions.is_empty() {
-                    "too few episodes".into()
-                } else {
-                    format!("{} session(s)", sessions.len())
-                },
-            };
-            overall.file_done(&o);
-            if sessions.is_empty() {
-                results.push(o);
-            }
-            continue;
-        }
-        match failure {
-            Some(why) => {
-                record("failed", sessions.clone(), episodes, Some(why.clone())).await?;
-                row(&mut results, "failed", sessions.join(" "), episodes, why);
-            }
-            None if sessions.is_empty() => {
-                record("skipped", vec![], episodes, Some("too few episodes".into())).await?;
-                row(
-                    &mut results,
-                    "skipped",
-                    String::new(),
-                    episodes,
-                    format!("fewer than {} episodes", a.min_session_episodes),
-                );
-            }
-            None => {
-                record("ok", sessions.clone(), episodes, None).await?;
-                let detail = if small > 0 {
-                    format!("summarized; {small} small conversation(s) skipped")
-                } else {
-                    "summarized".into()
-                };
-                row(&mut results, "ok", sessions.join(" "), episodes, detail);
-            }
-        }
-    }
+        (Some(backend), cfg)
+    };
     overall.finish();
     report(
         s,
@@ -699,22 +370,151 @@ fn report(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn globs_and_ages() {
-        assert!(glob("*proj*", "a/myproject/x.jsonl"));
-        assert!(glob("a/?/*.jsonl", "a/b/c.jsonl"));
-        assert!(!glob("*.json", "a/b.jsonl"));
-        assert!(matches("proj", "a/myproject/x.jsonl") && !matches("zzz", "a/b"));
-        let now = 10 * 86_400_000;
-        assert_eq!(since_ms("2d", now), Ok(8 * 86_400_000));
-        assert_eq!(since_ms("90m", now), Ok(now - 90 * 60_000));
-        assert_eq!(since_ms("1970-01-02", now), Ok(86_400_000));
-        assert_eq!(since_ms("1970-01-02T01:00:00", now), Ok(90_000_000));
-        assert_eq!(since_ms("1970-01-02T02:00:00+01:00", now), Ok(90_000_000));
-        assert!(since_ms("yesterday", now).is_err());
+/// A dry run: what each file would bring, planned on an in-memory copy (no model, nothing
+/// stored; an existing database is only read, for the files it knows).
+async fn dry_run(
+    s: &Settings,
+    files: &[ScannedFile],
+    opts: &bf::BackfillOptions,
+    cfg: &Config,
+    overall: &Overall,
+    results: &mut Vec<Outcome>,
+    totals: &mut Totals,
+) -> Result<(), Failure> {
+    let sources = if s.db.exists() {
+        Some(Sources::new(Arc::new(
+            SqliteStore::open(&s.db).map_err(storage)?,
+        )))
+    } else {
+        None
+    };
+    let engine = build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))?;
+    let row = |status: &'static str, f: &ScannedFile, session: String, episodes, detail| {
+        let o = Outcome {
+            status,
+            file: f.rel.clone(),
+            session,
+            episodes,
+            detail,
+        };
+        overall.file_done(&o);
+        o
+    };
+    for f in files {
+        let known = match &sources {
+            Some(src) => src
+                .get(&f.path.display().to_string())
+                .await
+                .map_err(storage)?,
+            None => None,
+        };
+        if let Some(k) = &known
+            && bf::unchanged(k, f, opts.min_episodes)
+        {
+            let o = row(
+                "unchanged",
+                f,
+                k.sessions.join(" "),
+                k.episodes,
+                "no change since the last run".into(),
+            );
+            results.push(o);
+            continue;
+        }
+        let bytes = match bf::read(f, opts.max_bytes) {
+            Ok(b) => b,
+            Err(e) => {
+                let o = row("failed", f, String::new(), 0, e);
+                results.push(o);
+                continue;
+            }
+        };
+        if let Some(k) = &known
+            && k.sha256 == bf::content_hash(&bytes)
+            && k.status == "ok"
+        {
+            let o = row(
+                "unchanged",
+                f,
+                k.sessions.join(" "),
+                k.episodes,
+                "same content".into(),
+            );
+            results.push(o);
+            continue;
+        }
+        let parsed = match transcript::parse_bytes(&engine, &f.rel, &bytes, None, opts.read).await {
+            Ok(p) => p,
+            Err(
+                TranscriptError::UnknownFormat { .. }
+                | TranscriptError::Empty { .. }
+                | TranscriptError::EmptyFile { .. },
+            ) => {
+                let o = row("skipped", f, String::new(), 0, NOT_TRANSCRIPT.into());
+                results.push(o);
+                continue;
+            }
+            Err(e) => {
+                let o = row("failed", f, String::new(), 0, e.to_string());
+                results.push(o);
+                continue;
+            }
+        };
+        for w in &parsed.warnings {
+            note(s, &format!("backfill: {w}"));
+        }
+        let mut sessions = Vec::new();
+        let mut episodes = 0u64;
+        let many = parsed.conversations.len() > 1;
+        for (i, conv) in parsed.conversations.into_iter().enumerate() {
+            let session =
+                transcript::session_name(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
+            let n = conv.episodes.len() as u64;
+            episodes += n;
+            if n < opts.min_episodes {
+                continue;
+            }
+            sessions.push(session.clone());
+            engine.append(&session, &conv.episodes).await?;
+            let p = engine.plan(&session, cfg).await?;
+            totals.sessions += 1;
+            totals.episodes += p.episodes;
+            totals.tokens += p.backlog_tokens;
+            totals.calls += u64::from(p.calls);
+            totals.input += p.input_tokens;
+            totals.output += p.output_tokens;
+            let path = match p.path {
+                PlanPath::MapReduce => format!("map-reduce, {} chunks", p.chunks),
+                PlanPath::Single => "one call".into(),
+                PlanPath::Rolling => "rolling".into(),
+                PlanPath::Nothing => "nothing to do".into(),
+            };
+            results.push(Outcome {
+                status: "planned",
+                file: f.rel.clone(),
+                session,
+                episodes: n,
+                detail: format!("{path}, {} calls, ~{} tokens in", p.calls, p.input_tokens),
+            });
+        }
+        let o = row(
+            if sessions.is_empty() {
+                "skipped"
+            } else {
+                "planned"
+            },
+            f,
+            sessions.join(" "),
+            episodes,
+            if sessions.is_empty() {
+                "too few episodes".into()
+            } else {
+                format!("{} session(s)", sessions.len())
+            },
+        );
+        if sessions.is_empty() {
+            results.push(o);
+        }
     }
+    Ok(())
 }

@@ -210,7 +210,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
             let mut failed = 0;
             for j in runnable {
                 let run = local.run_job(j.id);
-                match shown(s, &local, &j.session, Show::Own(mode), run).await {
+                match shown(s, &local, Some(&j.session), Show::Own(mode), run).await {
                     Ok(None) => {
                         super::commands::note(s, &format!("job {} is running elsewhere", j.id));
                     }

@@ -1,0 +1,371 @@
+//! Backfill: bring every transcript under a folder into its sessions and summarize them,
+//! passing over files that have not changed since the last run. The scan (walk, filters,
+//! order) and the work on each file live here; a front end shows progress (the job events)
+//! and prints the outcomes.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::{AppError, AppResult, Scoped};
+use crate::sources::{Source, Sources};
+use crate::store::SourceStore;
+use crate::transcript::{self, Options, TranscriptError};
+use crate::types::Config;
+
+/// Why a JSON file that holds no conversation is skipped.
+pub const NOT_TRANSCRIPT: &str = "not a transcript (no known format, or no messages)";
+
+/// What the folder walk found of one file.
+#[derive(Clone, Debug)]
+pub struct ScannedFile {
+    /// Its path.
+    pub path: PathBuf,
+    /// Its path under the folder (shown, and the base of its session names).
+    pub rel: String,
+    /// Size in bytes when walked.
+    pub size: u64,
+    /// Modification time, ms since the epoch.
+    pub mtime_ms: u64,
+}
+
+/// Which files a scan keeps.
+#[derive(Clone, Debug, Default)]
+pub struct ScanFilter {
+    /// A glob (`*`, `?`) or, without wildcards, a substring of the path under the folder.
+    pub pattern: Option<String>,
+    /// Only files modified at or after this time (ms since the epoch).
+    pub since_ms: Option<u64>,
+    /// At most this many, the most recently modified first.
+    pub limit: Option<usize>,
+    /// Follow symbolic links that lead out of the folder.
+    pub follow_links: bool,
+}
+
+/// The files of a scan, newest first, and what the walk passed over (link loops, links out).
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Files kept.
+    pub files: Vec<ScannedFile>,
+    /// Notes on entries passed over.
+    pub skipped: Vec<String>,
+}
+
+/// Every `*.jsonl` and `*.json` file under `dir` that `filter` keeps, newest first.
+pub fn scan(dir: &Path, filter: &ScanFilter) -> AppResult<Scan> {
+    let w = crate::walk::transcript_files(dir, &["jsonl", "json"], filter.follow_links).map_err(
+        |e| AppError::invalid(format!("cannot read the directory {}: {e}", dir.display())),
+    )?;
+    let mut files: Vec<ScannedFile> = w
+        .files
+        .into_iter()
+        .map(|f| ScannedFile {
+            path: f.path,
+            rel: f.rel,
+            size: f.size,
+            mtime_ms: f.mtime_ms,
+        })
+        .filter(|f| filter.pattern.as_deref().is_none_or(|p| matches(p, &f.rel)))
+        .filter(|f| filter.since_ms.is_none_or(|t| f.mtime_ms >= t))
+        .collect();
+    files.sort_by(|x, y| y.mtime_ms.cmp(&x.mtime_ms).then_with(|| x.rel.cmp(&y.rel)));
+    if let Some(n) = filter.limit {
+        files.truncate(n);
+    }
+    Ok(Scan {
+        files,
+        skipped: w.skipped,
+    })
+}
+
+/// Whether `text` matches the glob `pat` (`*` any run, `?` one character).
+pub fn glob(pat: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pat.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// A glob when `pattern` has wildcards, else a substring.
+pub fn matches(pattern: &str, rel: &str) -> bool {
+    if pattern.contains(['*', '?']) {
+        glob(pattern, rel)
+    } else {
+        rel.contains(pattern)
+    }
+}
+
+/// An age (`90m`, `12h`, `7d`), a date or an RFC 3339 time, as ms since the epoch.
+pub fn since_ms(s: &str, now: u64) -> Result<u64, String> {
+    let s = s.trim();
+    let unit = |c: char| match c {
+        's' => Some(1_000u64),
+        'm' => Some(60_000),
+        'h' => Some(3_600_000),
+        'd' => Some(86_400_000),
+        'w' => Some(7 * 86_400_000),
+        _ => None,
+    };
+    if let Some(last) = s.chars().last()
+        && let Some(ms) = unit(last)
+        && let Ok(n) = s[..s.len() - 1].parse::<u64>()
+    {
+        return Ok(now.saturating_sub(n * ms));
+    }
+    // A time with an offset (RFC 3339), else a civil date or date-time read as UTC.
+    let parsed = s.parse::<jiff::Timestamp>().ok().or_else(|| {
+        let civil = s.parse::<jiff::civil::DateTime>().ok().or_else(|| {
+            s.parse::<jiff::civil::Date>()
+                .ok()
+                .map(|d| d.at(0, 0, 0, 0))
+        })?;
+        jiff::tz::TimeZone::UTC.to_timestamp(civil).ok()
+    });
+    parsed
+        .map(|t| t.as_millisecond().max(0) as u64)
+        .ok_or_else(|| {
+            format!(
+                "{s:?} is not a date (2026-11-01), a time (2026-11-01T12:00:00Z) or an age (90m, 12h, 7d)"
+            )
+        })
+}
+
+/// The hex SHA-256 of a file's content.
+pub fn content_hash(bytes: &[u8]) -> String {
+    crate::text::hex(&Sha256::digest(bytes))
+}
+
+/// Whether what is recorded of a file says it needs no reading: same size and time, and it
+/// was summarized, was too small (and still would be), or was not a transcript.
+pub fn unchanged(known: &Source, f: &ScannedFile, min_episodes: u64) -> bool {
+    let still_small = known.status == "skipped"
+        && known.detail.as_deref() == Some("too few episodes")
+        && known.episodes < min_episodes;
+    known.size == f.size
+        && known.mtime_ms == f.mtime_ms
+        && (known.status == "ok" || still_small || known.detail.as_deref() == Some(NOT_TRANSCRIPT))
+}
+
+/// Read a file with a bound (the size the walk saw is only a hint: a file may grow).
+pub fn read(f: &ScannedFile, max_bytes: u64) -> Result<Vec<u8>, String> {
+    std::fs::File::open(&f.path)
+        .map_err(|e| format!("cannot read it: {e}"))
+        .and_then(|mut file| {
+            transcript::read_bounded(&f.rel, &mut file, max_bytes).map_err(|e| e.to_string())
+        })
+}
+
+/// How to take each file.
+#[derive(Clone, Debug)]
+pub struct BackfillOptions {
+    /// Conversations with fewer episodes are left out.
+    pub min_episodes: u64,
+    /// Parsing options.
+    pub read: Options,
+    /// Largest file read.
+    pub max_bytes: u64,
+}
+
+/// What backfill did with one file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileOutcome {
+    /// `ok`, `unchanged`, `skipped` or `failed`.
+    pub status: &'static str,
+    /// Sessions it produced.
+    pub sessions: Vec<String>,
+    /// Episodes read from it.
+    pub episodes: u64,
+    /// Why, in words.
+    pub detail: String,
+    /// What the parser noted.
+    pub warnings: Vec<String>,
+}
+
+impl FileOutcome {
+    fn new(status: &'static str, sessions: Vec<String>, episodes: u64, detail: String) -> Self {
+        FileOutcome {
+            status,
+            sessions,
+            episodes,
+            detail,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+impl Scoped {
+    /// Bring one file's conversations into their sessions and summarize what is new, each
+    /// session through its job (run here). A file unchanged since the last run is passed over
+    /// without reading; one touched but with the same content is not parsed again. What was
+    /// done is recorded, so the next run knows. A file that fails does so alone: the outcome
+    /// says why and its stored episodes stay.
+    pub async fn backfill_file(
+        &self,
+        f: &ScannedFile,
+        o: &BackfillOptions,
+        cfg: &Config,
+    ) -> AppResult<FileOutcome> {
+        let sources = Sources::new(self.app.inner.db.clone() as std::sync::Arc<dyn SourceStore>);
+        let key = f.path.display().to_string();
+        let known = sources.get(&key).await?;
+        if let Some(k) = &known
+            && unchanged(k, f, o.min_episodes)
+        {
+            return Ok(FileOutcome::new(
+                "unchanged",
+                k.sessions.clone(),
+                k.episodes,
+                "no change since the last run".into(),
+            ));
+        }
+        let bytes = match read(f, o.max_bytes) {
+            Ok(b) => b,
+            Err(e) => return Ok(FileOutcome::new("failed", Vec::new(), 0, e)),
+        };
+        let sha = content_hash(&bytes);
+        let now = self.app.now_ms();
+        let record =
+            async |status: &str, sessions: &[String], episodes: u64, detail: Option<&str>| {
+                let s = Source {
+                    path: key.clone(),
+                    size: f.size,
+                    mtime_ms: f.mtime_ms,
+                    sha256: sha.clone(),
+                    status: status.into(),
+                    sessions: sessions.to_vec(),
+                    episodes,
+                    detail: detail.map(str::to_string),
+                };
+                sources.put(&s, now).await
+            };
+        if let Some(k) = &known
+            && k.sha256 == sha
+            && k.status == "ok"
+        {
+            // Touched but not changed: remember the new time, do nothing else.
+            record("ok", &k.sessions, k.episodes, None).await?;
+            return Ok(FileOutcome::new(
+                "unchanged",
+                k.sessions.clone(),
+                k.episodes,
+                "same content".into(),
+            ));
+        }
+        let parsed =
+            match transcript::parse_bytes(self.engine(), &f.rel, &bytes, None, o.read).await {
+                Ok(p) => p,
+                Err(
+                    TranscriptError::UnknownFormat { .. }
+                    | TranscriptError::Empty { .. }
+                    | TranscriptError::EmptyFile { .. },
+                ) => {
+                    record("skipped", &[], 0, Some(NOT_TRANSCRIPT)).await?;
+                    return Ok(FileOutcome::new(
+                        "skipped",
+                        Vec::new(),
+                        0,
+                        NOT_TRANSCRIPT.into(),
+                    ));
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    record("failed", &[], 0, Some(&why)).await?;
+                    return Ok(FileOutcome::new("failed", Vec::new(), 0, why));
+                }
+            };
+        let mut sessions = Vec::new();
+        let (mut episodes, mut failure, mut small) = (0u64, None, 0usize);
+        let many = parsed.conversations.len() > 1;
+        for (i, conv) in parsed.conversations.into_iter().enumerate() {
+            let session =
+                transcript::session_name(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
+            let n = conv.episodes.len() as u64;
+            episodes += n;
+            if n < o.min_episodes {
+                small += 1;
+                continue;
+            }
+            sessions.push(session.clone());
+            let added = self.engine().append(&session, &conv.episodes).await?;
+            let stats = self.store().stats(&session).await?;
+            self.mark_source(&session, &key, stats.last_episode, f.size)
+                .await?;
+            let covered = self
+                .store()
+                .latest_summary(&session)
+                .await?
+                .map_or(0, |r| r.last_episode);
+            if stats.last_episode <= covered {
+                continue;
+            }
+            if let Err(e) = self.run_or_join(&session, stats.last_episode, cfg).await {
+                failure = Some(format!(
+                    "session {session}: {} ({added} new episodes stored)",
+                    e.message
+                ));
+                break;
+            }
+        }
+        let mut out = match failure {
+            Some(why) => {
+                record("failed", &sessions, episodes, Some(&why)).await?;
+                FileOutcome::new("failed", sessions, episodes, why)
+            }
+            None if sessions.is_empty() => {
+                record("skipped", &[], episodes, Some("too few episodes")).await?;
+                FileOutcome::new(
+                    "skipped",
+                    Vec::new(),
+                    episodes,
+                    format!("fewer than {} episodes", o.min_episodes),
+                )
+            }
+            None => {
+                record("ok", &sessions, episodes, None).await?;
+                let detail = if small > 0 {
+                    format!("summarized; {small} small conversation(s) skipped")
+                } else {
+                    "summarized".into()
+                };
+                FileOutcome::new("ok", sessions, episodes, detail)
+            }
+        };
+        out.warnings = parsed.warnings;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_and_ages() {
+        assert!(glob("*proj*", "a/myproject/x.jsonl"));
+        assert!(glob("a/?/*.jsonl", "a/b/c.jsonl"));
+        assert!(!glob("*.json", "a/b.jsonl"));
+        assert!(matches("proj", "a/myproject/x.jsonl") && !matches("zzz", "a/b"));
+        let now = 10 * 86_400_000;
+        assert_eq!(since_ms("2d", now), Ok(8 * 86_400_000));
+        assert_eq!(since_ms("90m", now), Ok(now - 90 * 60_000));
+        assert_eq!(since_ms("1970-01-02", now), Ok(86_400_000));
+        assert_eq!(since_ms("1970-01-02T01:00:00", now), Ok(90_000_000));
+        assert_eq!(since_ms("1970-01-02T02:00:00+01:00", now), Ok(90_000_000));
+        assert!(since_ms("yesterday", now).is_err());
+    }
+}
