@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::{AppError, AppResult, Scoped};
+use crate::runtime::Abridge;
 use crate::sources::{Source, Sources};
 use crate::store::SourceStore;
-use crate::transcript::{self, Options, TranscriptError};
+use crate::transcript::{self, Conversation, Options, TranscriptError};
 use crate::types::Config;
 
 /// Why a JSON file that holds no conversation is skipped.
@@ -170,6 +171,50 @@ pub fn read(f: &ScannedFile, max_bytes: u64) -> Result<Vec<u8>, String> {
         })
 }
 
+/// A file's conversations, each with its session name, and what the parser noted.
+#[derive(Debug)]
+pub struct Named {
+    /// (session, conversation), in file order.
+    pub conversations: Vec<(String, Conversation)>,
+    /// The parser's warnings.
+    pub warnings: Vec<String>,
+}
+
+/// Parse a file in the sandbox and name its sessions by the one naming rule; or why it is
+/// not taken: `("skipped", NOT_TRANSCRIPT)` (no known format, no messages) or
+/// `("failed", why)`.
+pub async fn conversations(
+    engine: &Abridge,
+    f: &ScannedFile,
+    bytes: &[u8],
+    read: Options,
+) -> Result<Named, (&'static str, String)> {
+    let parsed = match transcript::parse_bytes(engine, &f.rel, bytes, None, read).await {
+        Ok(p) => p,
+        Err(
+            TranscriptError::UnknownFormat { .. }
+            | TranscriptError::Empty { .. }
+            | TranscriptError::EmptyFile { .. },
+        ) => return Err(("skipped", NOT_TRANSCRIPT.into())),
+        Err(e) => return Err(("failed", e.to_string())),
+    };
+    let many = parsed.conversations.len() > 1;
+    let conversations = parsed
+        .conversations
+        .into_iter()
+        .enumerate()
+        .map(|(i, conv)| {
+            let name =
+                transcript::session_name(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
+            (name, conv)
+        })
+        .collect();
+    Ok(Named {
+        conversations,
+        warnings: parsed.warnings,
+    })
+}
+
 /// How to take each file.
 #[derive(Clone, Debug)]
 pub struct BackfillOptions {
@@ -266,34 +311,16 @@ impl Scoped {
                 "same content".into(),
             ));
         }
-        let parsed =
-            match transcript::parse_bytes(self.engine(), &f.rel, &bytes, None, o.read).await {
-                Ok(p) => p,
-                Err(
-                    TranscriptError::UnknownFormat { .. }
-                    | TranscriptError::Empty { .. }
-                    | TranscriptError::EmptyFile { .. },
-                ) => {
-                    record("skipped", &[], 0, Some(NOT_TRANSCRIPT)).await?;
-                    return Ok(FileOutcome::new(
-                        "skipped",
-                        Vec::new(),
-                        0,
-                        NOT_TRANSCRIPT.into(),
-                    ));
-                }
-                Err(e) => {
-                    let why = e.to_string();
-                    record("failed", &[], 0, Some(&why)).await?;
-                    return Ok(FileOutcome::new("failed", Vec::new(), 0, why));
-                }
-            };
+        let named = match conversations(self.engine(), f, &bytes, o.read).await {
+            Ok(n) => n,
+            Err((status, why)) => {
+                record(status, &[], 0, Some(&why)).await?;
+                return Ok(FileOutcome::new(status, Vec::new(), 0, why));
+            }
+        };
         let mut sessions = Vec::new();
         let (mut episodes, mut failure, mut small) = (0u64, None, 0usize);
-        let many = parsed.conversations.len() > 1;
-        for (i, conv) in parsed.conversations.into_iter().enumerate() {
-            let session =
-                transcript::session_name(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
+        for (session, conv) in named.conversations {
             let n = conv.episodes.len() as u64;
             episodes += n;
             if n < o.min_episodes {
@@ -345,7 +372,7 @@ impl Scoped {
                 FileOutcome::new("ok", sessions, episodes, detail)
             }
         };
-        out.warnings = parsed.warnings;
+        out.warnings = named.warnings;
         Ok(out)
     }
 }

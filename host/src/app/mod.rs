@@ -686,16 +686,13 @@ impl Scoped {
             refresh_after: u32::MAX,
         };
         let w = self.engine().context(session, req, &cfg).await?;
+        let pending = job.as_ref().is_some_and(|j| j.state.is_active());
+        // Left out and no refresh on the way (more than the caller allows, or what the engine
+        // says is due): it waits for idle mode's quiet window or a failing model's backoff.
+        let behind = episodes.saturating_sub(w.covered) > u64::from(refresh_after);
+        let due = !pending && (w.refresh_due || behind);
         let job = job.map(|j| self.job_view(&j));
-        let pending = job
-            .as_ref()
-            .is_some_and(|j| j.state == "queued" || j.state == "running");
-        // More left out than the caller allows, and no refresh on the way: it waits for idle
-        // mode's quiet window or a failing model's backoff.
-        let waiting = !pending && episodes.saturating_sub(w.covered) > u64::from(refresh_after);
-        let mut view = ContextView::new(session, &w, job, pending, waited);
-        view.refresh_due |= waiting;
-        Ok(view)
+        Ok(ContextView::new(session, &w, job, (pending, due), waited))
     }
 
     /// Wait until job `id` ends or `limit` passes; the job as it then stands.

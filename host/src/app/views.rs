@@ -292,12 +292,12 @@ pub struct ContextView {
 }
 
 impl ContextView {
-    /// The view of a context window.
+    /// The view of a context window; `(refresh_pending, refresh_due)` as the app judged them.
     pub fn new(
         session: &str,
         w: &ContextWindow,
         job: Option<JobView>,
-        refresh_pending: bool,
+        (refresh_pending, refresh_due): (bool, bool),
         waited: bool,
     ) -> Self {
         let saving = if w.full_tokens == 0 {
@@ -321,7 +321,7 @@ impl ContextView {
             covered: w.covered,
             recent: w.recent,
             omitted: w.omitted,
-            refresh_due: w.refresh_due && !refresh_pending,
+            refresh_due,
             refresh_pending,
             waited,
             job,

@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
-use super::{App, Scoped};
-use crate::jobs::{Claim, Job};
+use super::App;
+use crate::jobs::Claim;
 use crate::tenant::Tenant;
 
 type Running = Arc<Mutex<BTreeMap<u64, Tenant>>>;
@@ -118,7 +118,8 @@ async fn schedule(
             let (app2, running2, stop2) = (app.clone(), running.clone(), stop.clone());
             let t = tokio::spawn(async move {
                 let id = job.id;
-                run_one(app2.tenant(&tenant), job, stop2).await;
+                // The outcome is published as events; the job table holds it.
+                let _ = app2.tenant(&tenant).execute(job, Some(stop2)).await;
                 running2.lock().expect("running lock").remove(&id);
                 drop(permit);
                 app2.inner.wake.notify_one();
@@ -134,9 +135,4 @@ async fn schedule(
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }
-}
-
-async fn run_one(scoped: Scoped, job: Job, stop: watch::Receiver<bool>) {
-    // The outcome is published as events; the job table holds it.
-    let _ = scoped.execute(job, Some(stop)).await;
 }

@@ -3,7 +3,7 @@
 //! that have not changed since the last run.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,9 +11,8 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
-use abridge::app::backfill::{self as bf, NOT_TRANSCRIPT, ScannedFile};
+use abridge::app::backfill::{self as bf, ScannedFile};
 use abridge::sources::Sources;
-use abridge::transcript::{self, TranscriptError};
 use abridge::types::{Config, Engine, PlanPath};
 use abridge::{NoModel, Progress, SqliteStore};
 
@@ -443,32 +442,20 @@ async fn dry_run(
             results.push(o);
             continue;
         }
-        let parsed = match transcript::parse_bytes(&engine, &f.rel, &bytes, None, opts.read).await {
-            Ok(p) => p,
-            Err(
-                TranscriptError::UnknownFormat { .. }
-                | TranscriptError::Empty { .. }
-                | TranscriptError::EmptyFile { .. },
-            ) => {
-                let o = row("skipped", f, String::new(), 0, NOT_TRANSCRIPT.into());
-                results.push(o);
-                continue;
-            }
-            Err(e) => {
-                let o = row("failed", f, String::new(), 0, e.to_string());
+        let named = match bf::conversations(&engine, f, &bytes, opts.read).await {
+            Ok(n) => n,
+            Err((status, why)) => {
+                let o = row(status, f, String::new(), 0, why);
                 results.push(o);
                 continue;
             }
         };
-        for w in &parsed.warnings {
+        for w in &named.warnings {
             note(s, &format!("backfill: {w}"));
         }
         let mut sessions = Vec::new();
         let mut episodes = 0u64;
-        let many = parsed.conversations.len() > 1;
-        for (i, conv) in parsed.conversations.into_iter().enumerate() {
-            let session =
-                transcript::session_name(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
+        for (session, conv) in named.conversations {
             let n = conv.episodes.len() as u64;
             episodes += n;
             if n < opts.min_episodes {
