@@ -230,6 +230,41 @@ async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_sess
         out.sort();
         out
     };
+    // A dry run first: plans on its own in-memory copy, stores nothing, calls no model.
+    let dry_pass = async || {
+        let engine = abridge::Abridge::builder()
+            .runtime(me.engine().runtime().clone())
+            .store(Arc::new(MemoryStore::new()))
+            .llm(Arc::new(abridge::NoModel))
+            .build()
+            .unwrap();
+        let known: Arc<dyn abridge::store::SourceStore> = app.store();
+        let dry = backfill::DryRun::new(engine, Some(known));
+        let scan = backfill::scan(dir.path(), &ScanFilter::default()).unwrap();
+        let mut out = Vec::new();
+        for f in &scan.files {
+            let p = dry.plan_file(f, &opts, &cfg).await.unwrap();
+            let calls: u32 = p.sessions.iter().map(|s| s.plan.calls).sum();
+            out.push((f.rel.clone(), p.outcome.status, calls));
+        }
+        out.sort();
+        out
+    };
+    let planned = dry_pass().await;
+    assert_eq!(
+        planned[0],
+        ("notes.json".into(), "skipped", 0),
+        "{planned:?}"
+    );
+    assert_eq!(planned[1].1, "planned", "{planned:?}");
+    assert!(planned[1].2 >= 1, "{planned:?}");
+    assert_eq!(
+        planned[2],
+        ("proj/b.jsonl".into(), "skipped", 0),
+        "{planned:?}"
+    );
+    assert!(me.session_ids().await.unwrap().is_empty());
+
     let first = pass().await;
     assert_eq!(
         first,
@@ -241,9 +276,14 @@ async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_sess
         "{first:?}"
     );
     assert_eq!(me.session("proj/a").await.unwrap().covered, 6);
-    // Nothing changed: nothing is read again.
+    // Nothing changed: nothing is read again, and the dry run says so too.
     let again = pass().await;
     assert!(again.iter().all(|(_, s, _)| *s == "unchanged"), "{again:?}");
+    let planned = dry_pass().await;
+    assert!(
+        planned.iter().all(|(_, s, _)| *s == "unchanged"),
+        "{planned:?}"
+    );
     // The file grows: only its new episodes are summarized.
     std::fs::write(dir.path().join("proj/a.jsonl"), jsonl(9, "alpha")).unwrap();
     let grown = pass().await;
@@ -254,4 +294,121 @@ async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_sess
     let back = pass().await;
     assert_eq!(back[1].1, "ok", "{back:?}");
     assert_eq!(me.session("proj/a").await.unwrap().episodes, 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_in_process_baselines_waits_for_whole_lines_and_idle_quiet_then_resumes() {
+    use abridge::app::watch::{WatchNote, WatchOptions};
+    use std::io::Write;
+    let clock = Arc::new(ManualClock::at(1_767_225_600_000));
+    let app = open(clock.clone(), Mode::Idle);
+    let me = app.local();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("live.jsonl");
+    let add = |text: &str| {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&file)
+            .unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+    };
+    let body = jsonl(8, "the index rebuild");
+    let lines: Vec<&str> = body.split_inclusive('\n').collect();
+    add(&lines[..2].concat());
+    let notes = Arc::new(std::sync::Mutex::new(Vec::<WatchNote>::new()));
+    let sink = {
+        let notes = notes.clone();
+        Arc::new(move |n: WatchNote| notes.lock().unwrap().push(n))
+    };
+    let taken = || std::mem::take(&mut *notes.lock().unwrap());
+    let mut w = me
+        .watcher(dir.path(), WatchOptions::default(), sink.clone())
+        .await
+        .unwrap();
+
+    // First sight: a baseline after what the file holds; nothing imported, no model call.
+    w.pass().await.unwrap();
+    let baseline = lines[..2].concat().len() as u64;
+    assert_eq!(
+        taken(),
+        vec![WatchNote::Baseline {
+            file: "live.jsonl".into(),
+            offset: baseline
+        }]
+    );
+    assert!(me.session_ids().await.unwrap().is_empty());
+
+    // Three whole lines and half of the next: only the whole ones are imported, numbered as
+    // the file's own lines 3-5.
+    let (head, tail) = lines[5].split_at(20);
+    add(&format!("{}{}", lines[2], lines[3]));
+    add(&format!("{}{head}", lines[4]));
+    w.pass().await.unwrap();
+    let n = taken();
+    assert!(
+        n.contains(&WatchNote::Imported {
+            file: "live.jsonl".into(),
+            added: 3,
+            session: "live".into()
+        }),
+        "{n:?}"
+    );
+    let s = me.session("live").await.unwrap();
+    assert_eq!((s.episodes, s.covered, s.state.as_str()), (3, 0, "waiting"));
+
+    // The line is finished; idle mode waits for a minute of quiet on the manual clock.
+    add(&format!("{tail}{}{}", lines[6], lines[7]));
+    w.pass().await.unwrap();
+    assert_eq!(me.session("live").await.unwrap().episodes, 6);
+    assert_eq!(w.refreshed(), 0);
+    assert_eq!(w.pending(), vec!["live".to_string()]);
+    clock.advance(61_000);
+    w.pass().await.unwrap();
+    assert!(taken().contains(&WatchNote::Summarized {
+        session: "live".into(),
+        through: 6
+    }));
+    assert_eq!(me.session("live").await.unwrap().covered, 6);
+    assert!(w.pending().is_empty());
+    assert_eq!((w.imported(), w.refreshed()), (6, 1));
+    drop(w);
+
+    // A new watcher resumes at the recorded offset: nothing read twice, nothing refreshed.
+    let mut w = me
+        .watcher(dir.path(), WatchOptions::default(), sink.clone())
+        .await
+        .unwrap();
+    w.pass().await.unwrap();
+    assert_eq!((w.imported(), w.refreshed()), (0, 0));
+    assert!(taken().is_empty());
+
+    // Replaced by a shorter file: read again from the start. Its lines 1-2 (before the
+    // baseline) are new to the session; line 3 is known and not stored twice.
+    std::fs::write(&file, lines[..3].concat()).unwrap();
+    w.pass().await.unwrap();
+    let n = taken();
+    assert!(
+        n.contains(&WatchNote::Shrank {
+            file: "live.jsonl".into()
+        }) && n.contains(&WatchNote::Imported {
+            file: "live.jsonl".into(),
+            added: 2,
+            session: "live".into()
+        }),
+        "{n:?}"
+    );
+    assert_eq!(me.session("live").await.unwrap().episodes, 8);
+
+    // The follow loop ends when stopped, from another task.
+    let stop = w.stopper();
+    let follow =
+        tokio::spawn(async move { w.follow(Duration::from_millis(20), false).await.map(|()| w) });
+    stop.stop();
+    let w = tokio::time::timeout(Duration::from_secs(30), follow)
+        .await
+        .expect("a stopped watcher returns")
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.imported(), 2);
 }

@@ -4,6 +4,7 @@
 //! and prints the outcomes.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -12,7 +13,7 @@ use crate::runtime::Abridge;
 use crate::sources::{Source, Sources};
 use crate::store::SourceStore;
 use crate::transcript::{self, Conversation, Options, TranscriptError};
-use crate::types::Config;
+use crate::types::{Config, PlanReport};
 
 /// Why a JSON file that holds no conversation is skipped.
 pub const NOT_TRANSCRIPT: &str = "not a transcript (no known format, or no messages)";
@@ -253,6 +254,147 @@ impl FileOutcome {
     }
 }
 
+/// What a file is, before its conversations are read: passed over (unchanged since the last
+/// run, or touched with the same content), unreadable, or its bytes and their hash.
+enum Opened {
+    /// No change since the last run; `touched` when only its time moved.
+    Unchanged(FileOutcome, bool),
+    /// It could not be read.
+    Failed(FileOutcome),
+    /// Its bytes and their hash.
+    Read(Vec<u8>, String),
+}
+
+/// The one rule, for the run and the dry run, for whether a file must be read and parsed.
+fn open_file(known: Option<&Source>, f: &ScannedFile, o: &BackfillOptions) -> Opened {
+    if let Some(k) = known
+        && unchanged(k, f, o.min_episodes)
+    {
+        return Opened::Unchanged(
+            FileOutcome::new(
+                "unchanged",
+                k.sessions.clone(),
+                k.episodes,
+                "no change since the last run".into(),
+            ),
+            false,
+        );
+    }
+    let bytes = match read(f, o.max_bytes) {
+        Ok(b) => b,
+        Err(e) => return Opened::Failed(FileOutcome::new("failed", Vec::new(), 0, e)),
+    };
+    let sha = content_hash(&bytes);
+    match known {
+        Some(k) if k.sha256 == sha && k.status == "ok" => Opened::Unchanged(
+            FileOutcome::new(
+                "unchanged",
+                k.sessions.clone(),
+                k.episodes,
+                "same content".into(),
+            ),
+            true,
+        ),
+        _ => Opened::Read(bytes, sha),
+    }
+}
+
+/// What one conversation of a file would cost to summarize.
+#[derive(Clone, Debug)]
+pub struct PlannedSession {
+    /// Its session.
+    pub session: String,
+    /// Its episodes.
+    pub episodes: u64,
+    /// The engine's plan for it (path, calls, tokens in and out).
+    pub plan: PlanReport,
+}
+
+/// What a dry run finds for one file.
+#[derive(Clone, Debug)]
+pub struct FilePlan {
+    /// As a run would report it, with `planned` in place of `ok`.
+    pub outcome: FileOutcome,
+    /// The sessions that would be summarized, each with its plan.
+    pub sessions: Vec<PlannedSession>,
+}
+
+/// A dry run of backfill: what each file would bring and cost, planned on an in-memory copy
+/// with no model; what earlier runs recorded is only read.
+pub struct DryRun {
+    engine: Abridge,
+    known: Option<Sources>,
+}
+
+impl DryRun {
+    /// A dry run on `engine` (its own in-memory store, no model) that passes over what
+    /// `known` (an existing database, if any) says is unchanged.
+    pub fn new(engine: Abridge, known: Option<Arc<dyn SourceStore>>) -> Self {
+        DryRun {
+            engine,
+            known: known.map(Sources::new),
+        }
+    }
+
+    /// Plan one file as [`Scoped::backfill_file`] would take it.
+    pub async fn plan_file(
+        &self,
+        f: &ScannedFile,
+        o: &BackfillOptions,
+        cfg: &Config,
+    ) -> AppResult<FilePlan> {
+        let known = match &self.known {
+            Some(src) => src.get(&f.path.display().to_string()).await?,
+            None => None,
+        };
+        let alone = |outcome| FilePlan {
+            outcome,
+            sessions: Vec::new(),
+        };
+        let bytes = match open_file(known.as_ref(), f, o) {
+            Opened::Unchanged(out, _) | Opened::Failed(out) => return Ok(alone(out)),
+            Opened::Read(bytes, _) => bytes,
+        };
+        let named = match conversations(&self.engine, f, &bytes, o.read).await {
+            Ok(n) => n,
+            Err((status, why)) => return Ok(alone(FileOutcome::new(status, Vec::new(), 0, why))),
+        };
+        let mut planned = Vec::new();
+        let mut episodes = 0u64;
+        for (session, conv) in named.conversations {
+            let n = conv.episodes.len() as u64;
+            episodes += n;
+            if n < o.min_episodes {
+                continue;
+            }
+            self.engine.append(&session, &conv.episodes).await?;
+            let plan = self.engine.plan(&session, cfg).await?;
+            planned.push(PlannedSession {
+                session,
+                episodes: n,
+                plan,
+            });
+        }
+        let names: Vec<String> = planned.iter().map(|p| p.session.clone()).collect();
+        let mut outcome = if names.is_empty() {
+            FileOutcome::new(
+                "skipped",
+                names,
+                episodes,
+                format!("fewer than {} episodes", o.min_episodes),
+            )
+        } else {
+            let detail = format!("{} session(s)", names.len());
+            FileOutcome::new("planned", names, episodes, detail)
+        };
+        outcome.warnings = named.warnings;
+        Ok(FilePlan {
+            outcome,
+            sessions: planned,
+        })
+    }
+}
+
 impl Scoped {
     /// Bring one file's conversations into their sessions and summarize what is new, each
     /// session through its job (run here). A file unchanged since the last run is passed over
@@ -265,56 +407,42 @@ impl Scoped {
         o: &BackfillOptions,
         cfg: &Config,
     ) -> AppResult<FileOutcome> {
-        let sources = Sources::new(self.app.inner.db.clone() as std::sync::Arc<dyn SourceStore>);
+        let sources = Sources::new(self.app.inner.db.clone() as Arc<dyn SourceStore>);
         let key = f.path.display().to_string();
         let known = sources.get(&key).await?;
-        if let Some(k) = &known
-            && unchanged(k, f, o.min_episodes)
-        {
-            return Ok(FileOutcome::new(
-                "unchanged",
-                k.sessions.clone(),
-                k.episodes,
-                "no change since the last run".into(),
-            ));
-        }
-        let bytes = match read(f, o.max_bytes) {
-            Ok(b) => b,
-            Err(e) => return Ok(FileOutcome::new("failed", Vec::new(), 0, e)),
-        };
-        let sha = content_hash(&bytes);
         let now = self.app.now_ms();
-        let record =
-            async |status: &str, sessions: &[String], episodes: u64, detail: Option<&str>| {
-                let s = Source {
-                    path: key.clone(),
-                    size: f.size,
-                    mtime_ms: f.mtime_ms,
-                    sha256: sha.clone(),
-                    status: status.into(),
-                    sessions: sessions.to_vec(),
-                    episodes,
-                    detail: detail.map(str::to_string),
-                };
-                sources.put(&s, now).await
+        let record = async |sha: &str,
+                            status: &str,
+                            sessions: &[String],
+                            episodes: u64,
+                            detail: Option<&str>| {
+            let s = Source {
+                path: key.clone(),
+                size: f.size,
+                mtime_ms: f.mtime_ms,
+                sha256: sha.into(),
+                status: status.into(),
+                sessions: sessions.to_vec(),
+                episodes,
+                detail: detail.map(str::to_string),
             };
-        if let Some(k) = &known
-            && k.sha256 == sha
-            && k.status == "ok"
-        {
-            // Touched but not changed: remember the new time, do nothing else.
-            record("ok", &k.sessions, k.episodes, None).await?;
-            return Ok(FileOutcome::new(
-                "unchanged",
-                k.sessions.clone(),
-                k.episodes,
-                "same content".into(),
-            ));
-        }
+            sources.put(&s, now).await
+        };
+        let (bytes, sha) = match open_file(known.as_ref(), f, o) {
+            Opened::Unchanged(out, touched) => {
+                if touched && let Some(k) = &known {
+                    // Touched but not changed: remember the new time, do nothing else.
+                    record(&k.sha256, "ok", &k.sessions, k.episodes, None).await?;
+                }
+                return Ok(out);
+            }
+            Opened::Failed(out) => return Ok(out),
+            Opened::Read(bytes, sha) => (bytes, sha),
+        };
         let named = match conversations(self.engine(), f, &bytes, o.read).await {
             Ok(n) => n,
             Err((status, why)) => {
-                record(status, &[], 0, Some(&why)).await?;
+                record(&sha, status, &[], 0, Some(&why)).await?;
                 return Ok(FileOutcome::new(status, Vec::new(), 0, why));
             }
         };
@@ -350,11 +478,11 @@ impl Scoped {
         }
         let mut out = match failure {
             Some(why) => {
-                record("failed", &sessions, episodes, Some(&why)).await?;
+                record(&sha, "failed", &sessions, episodes, Some(&why)).await?;
                 FileOutcome::new("failed", sessions, episodes, why)
             }
             None if sessions.is_empty() => {
-                record("skipped", &[], episodes, Some("too few episodes")).await?;
+                record(&sha, "skipped", &[], episodes, Some("too few episodes")).await?;
                 FileOutcome::new(
                     "skipped",
                     Vec::new(),
@@ -363,7 +491,7 @@ impl Scoped {
                 )
             }
             None => {
-                record("ok", &sessions, episodes, None).await?;
+                record(&sha, "ok", &sessions, episodes, None).await?;
                 let detail = if small > 0 {
                     format!("summarized; {small} small conversation(s) skipped")
                 } else {

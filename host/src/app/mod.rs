@@ -13,6 +13,7 @@ pub mod limits;
 mod run;
 pub mod tokens;
 mod views;
+pub mod watch;
 mod worker;
 
 use std::collections::BTreeMap;

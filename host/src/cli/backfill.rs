@@ -12,7 +12,7 @@ use clap::Args;
 use serde_json::json;
 
 use abridge::app::backfill::{self as bf, ScannedFile};
-use abridge::sources::Sources;
+use abridge::store::SourceStore;
 use abridge::types::{Config, Engine, PlanPath};
 use abridge::{NoModel, Progress, SqliteStore};
 
@@ -369,8 +369,9 @@ fn report(
     Ok(())
 }
 
-/// A dry run: what each file would bring, planned on an in-memory copy (no model, nothing
-/// stored; an existing database is only read, for the files it knows).
+/// A dry run through the app's [`bf::DryRun`]: what each file would bring, planned on an
+/// in-memory copy (no model, nothing stored; an existing database is only read, for the files
+/// it knows). One row per planned session, then one per file that brings none.
 async fn dry_run(
     s: &Settings,
     files: &[ScannedFile],
@@ -380,90 +381,21 @@ async fn dry_run(
     results: &mut Vec<Outcome>,
     totals: &mut Totals,
 ) -> Result<(), Failure> {
-    let sources = if s.db.exists() {
-        Some(Sources::new(Arc::new(
-            SqliteStore::open(&s.db).map_err(storage)?,
-        )))
+    let known = if s.db.exists() {
+        let db: Arc<dyn SourceStore> = Arc::new(SqliteStore::open(&s.db).map_err(storage)?);
+        Some(db)
     } else {
         None
     };
     let engine = build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))?;
-    let row = |status: &'static str, f: &ScannedFile, session: String, episodes, detail| {
-        let o = Outcome {
-            status,
-            file: f.rel.clone(),
-            session,
-            episodes,
-            detail,
-        };
-        overall.file_done(&o);
-        o
-    };
+    let dry = bf::DryRun::new(engine, known);
     for f in files {
-        let known = match &sources {
-            Some(src) => src
-                .get(&f.path.display().to_string())
-                .await
-                .map_err(storage)?,
-            None => None,
-        };
-        if let Some(k) = &known
-            && bf::unchanged(k, f, opts.min_episodes)
-        {
-            let o = row(
-                "unchanged",
-                f,
-                k.sessions.join(" "),
-                k.episodes,
-                "no change since the last run".into(),
-            );
-            results.push(o);
-            continue;
-        }
-        let bytes = match bf::read(f, opts.max_bytes) {
-            Ok(b) => b,
-            Err(e) => {
-                let o = row("failed", f, String::new(), 0, e);
-                results.push(o);
-                continue;
-            }
-        };
-        if let Some(k) = &known
-            && k.sha256 == bf::content_hash(&bytes)
-            && k.status == "ok"
-        {
-            let o = row(
-                "unchanged",
-                f,
-                k.sessions.join(" "),
-                k.episodes,
-                "same content".into(),
-            );
-            results.push(o);
-            continue;
-        }
-        let named = match bf::conversations(&engine, f, &bytes, opts.read).await {
-            Ok(n) => n,
-            Err((status, why)) => {
-                let o = row(status, f, String::new(), 0, why);
-                results.push(o);
-                continue;
-            }
-        };
-        for w in &named.warnings {
+        let plan = dry.plan_file(f, opts, cfg).await?;
+        for w in &plan.outcome.warnings {
             note(s, &format!("backfill: {w}"));
         }
-        let mut sessions = Vec::new();
-        let mut episodes = 0u64;
-        for (session, conv) in named.conversations {
-            let n = conv.episodes.len() as u64;
-            episodes += n;
-            if n < opts.min_episodes {
-                continue;
-            }
-            sessions.push(session.clone());
-            engine.append(&session, &conv.episodes).await?;
-            let p = engine.plan(&session, cfg).await?;
+        for ps in &plan.sessions {
+            let p = &ps.plan;
             totals.sessions += 1;
             totals.episodes += p.episodes;
             totals.tokens += p.backlog_tokens;
@@ -479,27 +411,20 @@ async fn dry_run(
             results.push(Outcome {
                 status: "planned",
                 file: f.rel.clone(),
-                session,
-                episodes: n,
+                session: ps.session.clone(),
+                episodes: ps.episodes,
                 detail: format!("{path}, {} calls, ~{} tokens in", p.calls, p.input_tokens),
             });
         }
-        let o = row(
-            if sessions.is_empty() {
-                "skipped"
-            } else {
-                "planned"
-            },
-            f,
-            sessions.join(" "),
-            episodes,
-            if sessions.is_empty() {
-                "too few episodes".into()
-            } else {
-                format!("{} session(s)", sessions.len())
-            },
-        );
-        if sessions.is_empty() {
+        let o = Outcome {
+            status: plan.outcome.status,
+            file: f.rel.clone(),
+            session: plan.outcome.sessions.join(" "),
+            episodes: plan.outcome.episodes,
+            detail: plan.outcome.detail,
+        };
+        overall.file_done(&o);
+        if plan.sessions.is_empty() {
             results.push(o);
         }
     }
