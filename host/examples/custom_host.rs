@@ -128,7 +128,7 @@ async fn main() -> anyhow::Result<()> {
     // 2. A service: messages are stored at once, the refresh runs as a job on the workers,
     //    and its events say when the summary lands.
     let workers = app.start_workers(2);
-    let mut events = app.events().subscribe(me.tenant(), None).live;
+    let mut events = app.events().subscribe(me.tenant(), None).await.live;
     let posted = me
         .append("service", (1..=10).map(episode).collect(), Vec::new())
         .await?;

@@ -162,7 +162,7 @@ function loadMigrations() {
 }
 
 /** Tables of the abridge schema (the same list as the Rust store's). */
-const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens'];
+const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events'];
 
 const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped';
 
@@ -227,7 +227,20 @@ export class SqliteStore {
       failure: p('SELECT failures, last_error AS lastError, retry_after_ms AS retryAfterMs, failed_ms AS failedMs FROM failure_markers WHERE session = ?'),
       setFailure: p('INSERT OR REPLACE INTO failure_markers (session, failures, last_error, retry_after_ms, failed_ms) VALUES (?, ?, ?, ?, ?)'),
       clearFailure: p('DELETE FROM failure_markers WHERE session = ?'),
-      reset: ['summaries', 'episodes', 'failure_markers'].map((t) => p(`DELETE FROM ${t} WHERE session = ?`)).concat([p('DELETE FROM sessions WHERE id = ?')]),
+      // Everything kept for the session, as the Rust host's reset clears it (shared tables).
+      reset: [
+        'DELETE FROM summaries WHERE session = ?',
+        'DELETE FROM episodes WHERE session = ?',
+        'DELETE FROM failure_markers WHERE session = ?',
+        'DELETE FROM source_marks WHERE session = ?',
+        'DELETE FROM sources WHERE EXISTS (SELECT 1 FROM json_each(sources.sessions) WHERE value = ?)',
+        'DELETE FROM watched_files WHERE session = ?',
+        'DELETE FROM session_modes WHERE session = ?',
+        'DELETE FROM events WHERE session_key = ?',
+        "DELETE FROM jobs WHERE session = ? AND state != 'running'",
+        "UPDATE jobs SET cancel_requested = 1 WHERE session = ? AND state = 'running'",
+        'DELETE FROM sessions WHERE id = ?',
+      ].map(p),
       calibrate: p(`INSERT INTO calibration (model, estimated, reported) VALUES (?, ?, ?)
                     ON CONFLICT(model) DO UPDATE SET estimated = estimated + excluded.estimated, reported = reported + excluded.reported`),
     };

@@ -113,7 +113,7 @@ async fn idle_mode_waits_for_the_quiet_window_on_the_manual_clock_then_a_worker_
     assert_eq!(me.session("s").await.unwrap().active_job, Some(job.id));
 
     // A worker runs it; its events tell when the summary lands.
-    let mut events = app.events().subscribe(me.tenant(), None).live;
+    let mut events = app.events().subscribe(me.tenant(), None).await.live;
     let workers = app.start_workers(1);
     let done = me
         .wait_job(job.id, Duration::from_secs(30))

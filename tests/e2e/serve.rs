@@ -602,6 +602,29 @@ fn kill_9_mid_job_then_restart_resumes_it_and_sigterm_drains() {
         120
     );
     assert!(llm.generations().len() > asked);
+    // The event log survived the kill: the job's events from before it are replayed, and the
+    // ids go on increasing after the restart.
+    let evs = sse(
+        &srv.addr,
+        &format!("/v1/jobs/{id}/events"),
+        None,
+        Some(0),
+        |k| k == "job.succeeded",
+    );
+    let kinds: Vec<&str> = evs.iter().map(|(k, _)| k.as_str()).collect();
+    let ids: Vec<u64> = evs[1..]
+        .iter()
+        .filter_map(|(_, v)| v["id"].as_u64())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"job.state"), "{kinds:?}");
+    assert_eq!(kinds.get(1), Some(&"job.queued"), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "job.running").count(),
+        2,
+        "one run before the kill, one after: {kinds:?}"
+    );
+    assert!(kinds.contains(&"job.succeeded"), "{kinds:?}");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
 
     // SIGTERM with a job running: it finishes within the grace period, the process exits 0.
     let r = post_messages(&srv.addr, None, "big2", &messages("second", 60, true)).expect(202);

@@ -3,16 +3,20 @@
 //!
 //! Every event belongs to one tenant and carries that tenant's own sequence number, so a
 //! subscriber that reconnects with the last number it saw (SSE `Last-Event-ID`) gets what it
-//! missed, as long as the backlog still holds it. The CLI's progress display and the server's
-//! event streams are both subscribers.
+//! missed, as long as the backlog still holds it. The backlog is kept in the store
+//! ([`EventStore`]), so numbers keep increasing and nothing retained is lost across a
+//! restart. The CLI's progress display and the server's event streams are both subscribers.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+use super::LogFn;
+use crate::store::{EventRow, EventStore};
 use crate::tenant::Tenant;
+use crate::types::Level;
 
 /// One event.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -38,8 +42,15 @@ pub struct Event {
 }
 
 struct Backlog {
-    next: BTreeMap<Tenant, u64>,
+    /// Each tenant's newest id.
+    last: BTreeMap<Tenant, u64>,
     kept: BTreeMap<Tenant, VecDeque<Event>>,
+}
+
+/// What the writer is asked to do, in order.
+enum Msg {
+    Event(Event),
+    Flush(oneshot::Sender<()>),
 }
 
 /// The event bus.
@@ -47,7 +58,8 @@ struct Backlog {
 pub struct EventBus {
     tx: broadcast::Sender<Event>,
     backlog: Arc<Mutex<Backlog>>,
-    keep: usize,
+    queue: mpsc::UnboundedSender<Msg>,
+    ready: watch::Receiver<bool>,
 }
 
 /// A subscription: what was missed, then live events.
@@ -60,21 +72,78 @@ pub struct Subscription {
     pub gap_before: Option<u64>,
 }
 
+fn to_row(e: &Event) -> EventRow {
+    EventRow {
+        tenant: e.tenant.name().to_string(),
+        id: 0,
+        kind: e.kind.clone(),
+        at_ms: e.at_ms,
+        session_key: e.session.as_deref().map(|s| e.tenant.key(s)),
+        job: e.job,
+        data: e.data.to_string(),
+    }
+}
+
+fn from_row(r: EventRow) -> Option<Event> {
+    let tenant = Tenant::new(&r.tenant).ok()?;
+    let session = match &r.session_key {
+        Some(k) => Some(tenant.session_of(k)?.to_string()),
+        None => None,
+    };
+    Some(Event {
+        id: r.id,
+        kind: r.kind,
+        at_ms: r.at_ms,
+        session,
+        job: r.job,
+        data: serde_json::from_str(&r.data).unwrap_or(serde_json::Value::Null),
+        tenant,
+    })
+}
+
 impl EventBus {
-    /// A bus keeping the last `keep` events per tenant.
-    pub fn new(keep: usize) -> Self {
+    /// A bus keeping each tenant's newest `keep` events in `store` (and in memory, for
+    /// reconnecting subscribers). It starts from what `store` holds, so ids keep increasing
+    /// across restarts. Events are written by a thread of its own, in batches, then sent to
+    /// subscribers in id order; a failed write is logged and the event still sent.
+    pub fn new(keep: usize, store: Arc<dyn EventStore>, log: LogFn) -> Self {
+        let keep = keep.max(1);
         let (tx, _) = broadcast::channel(4096);
+        let (queue, rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready) = watch::channel(false);
+        let backlog = Arc::new(Mutex::new(Backlog {
+            last: BTreeMap::new(),
+            kept: BTreeMap::new(),
+        }));
+        let writer = Writer {
+            tx: tx.clone(),
+            backlog: backlog.clone(),
+            store,
+            keep,
+            log,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("abridge-events".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a current-thread runtime builds");
+                rt.block_on(writer.run(rx, ready_tx));
+            });
+        if let Err(e) = spawned {
+            panic!("cannot start the event writer thread: {e}");
+        }
         EventBus {
             tx,
-            backlog: Arc::new(Mutex::new(Backlog {
-                next: BTreeMap::new(),
-                kept: BTreeMap::new(),
-            })),
-            keep: keep.max(1),
+            backlog,
+            queue,
+            ready,
         }
     }
 
-    /// Publish an event for `tenant`; returns its id.
+    /// Publish an event for `tenant`. It gets its id when written, and reaches subscribers
+    /// then (see [`EventBus::flush`]).
     pub fn publish(
         &self,
         tenant: &Tenant,
@@ -83,12 +152,9 @@ impl EventBus {
         session: Option<&str>,
         job: Option<u64>,
         data: serde_json::Value,
-    ) -> u64 {
-        let mut b = self.backlog.lock().expect("event backlog lock");
-        let n = b.next.entry(tenant.clone()).or_insert(0);
-        *n += 1;
+    ) {
         let ev = Event {
-            id: *n,
+            id: 0,
             kind: kind.into(),
             at_ms,
             session: session.map(str::to_string),
@@ -96,20 +162,33 @@ impl EventBus {
             data,
             tenant: tenant.clone(),
         };
-        let kept = b.kept.entry(tenant.clone()).or_default();
-        kept.push_back(ev.clone());
-        while kept.len() > self.keep {
-            kept.pop_front();
+        let _ = self.queue.send(Msg::Event(ev));
+    }
+
+    /// Wait until every event published before this call is written and sent.
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.queue.send(Msg::Flush(tx)).is_ok() {
+            let _ = rx.await;
         }
-        // Sent under the lock, so a subscriber that took the backlog under it sees every
-        // later event live, none twice and none lost between the two.
-        let _ = self.tx.send(ev.clone());
-        ev.id
+    }
+
+    /// Drop a session's events from what is kept in memory (the store drops its own when
+    /// the session is reset).
+    pub async fn forget_session(&self, tenant: &Tenant, session: &str) {
+        self.flush().await;
+        let mut b = self.backlog.lock().expect("event backlog lock");
+        if let Some(kept) = b.kept.get_mut(tenant) {
+            kept.retain(|e| e.session.as_deref() != Some(session));
+        }
     }
 
     /// Subscribe to `tenant`'s events: with `Some(after)`, first the retained ones with a
     /// larger id (`Some(0)`: all retained); with `None`, only events from now on.
-    pub fn subscribe(&self, tenant: &Tenant, after: Option<u64>) -> Subscription {
+    pub async fn subscribe(&self, tenant: &Tenant, after: Option<u64>) -> Subscription {
+        // The retained events are loaded from the store first.
+        let mut ready = self.ready.clone();
+        let _ = ready.wait_for(|r| *r).await;
         let b = self.backlog.lock().expect("event backlog lock");
         let live = self.tx.subscribe();
         let (mut missed, mut gap_before) = (Vec::new(), None);
@@ -131,13 +210,121 @@ impl EventBus {
     }
 }
 
+/// The bus's writer: loads what the store retains, then writes and sends events in order.
+struct Writer {
+    tx: broadcast::Sender<Event>,
+    backlog: Arc<Mutex<Backlog>>,
+    store: Arc<dyn EventStore>,
+    keep: usize,
+    log: LogFn,
+}
+
+impl Writer {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Msg>, ready: watch::Sender<bool>) {
+        match self.store.recent_events(self.keep).await {
+            Ok(rows) => {
+                let mut b = self.backlog.lock().expect("event backlog lock");
+                for ev in rows.into_iter().filter_map(from_row) {
+                    b.last.insert(ev.tenant.clone(), ev.id);
+                    b.kept.entry(ev.tenant.clone()).or_default().push_back(ev);
+                }
+            }
+            Err(e) => (self.log)(
+                Level::Warn,
+                &format!("cannot read the retained events ({e}); event ids start afresh"),
+            ),
+        }
+        let _ = ready.send(true);
+        let mut failing = false;
+        while let Some(first) = rx.recv().await {
+            // Take what else is waiting, so a burst is one write per tenant.
+            let mut batch = vec![first];
+            while batch.len() < 512
+                && let Ok(m) = rx.try_recv()
+            {
+                batch.push(m);
+            }
+            let mut events: Vec<Event> = Vec::new();
+            let mut flushes = Vec::new();
+            for m in batch {
+                match m {
+                    Msg::Event(e) => events.push(e),
+                    Msg::Flush(done) => flushes.push(done),
+                }
+            }
+            let mut tenants: Vec<Tenant> = events.iter().map(|e| e.tenant.clone()).collect();
+            tenants.sort();
+            tenants.dedup();
+            for t in tenants {
+                let mut mine: Vec<Event> =
+                    events.iter().filter(|e| e.tenant == t).cloned().collect();
+                let rows: Vec<EventRow> = mine.iter().map(to_row).collect();
+                let floor = self
+                    .backlog
+                    .lock()
+                    .expect("event backlog lock")
+                    .last
+                    .get(&t)
+                    .copied()
+                    .unwrap_or(0);
+                let first = match self
+                    .store
+                    .append_events(t.name(), floor, &rows, self.keep)
+                    .await
+                {
+                    Ok(first) => {
+                        failing = false;
+                        first
+                    }
+                    Err(e) => {
+                        if !failing {
+                            (self.log)(
+                                Level::Warn,
+                                &format!(
+                                    "cannot store events ({e}); they are sent but not kept across a restart"
+                                ),
+                            );
+                        }
+                        failing = true;
+                        floor + 1
+                    }
+                };
+                let mut b = self.backlog.lock().expect("event backlog lock");
+                for (i, ev) in mine.iter_mut().enumerate() {
+                    ev.id = first + i as u64;
+                }
+                let last = first + mine.len() as u64 - 1;
+                b.last.insert(t.clone(), last);
+                let kept = b.kept.entry(t).or_default();
+                for ev in mine {
+                    kept.push_back(ev.clone());
+                    // Sent under the lock, so a subscriber that took the backlog under it
+                    // sees every later event live, none twice and none lost between the two.
+                    let _ = self.tx.send(ev);
+                }
+                while kept.len() > self.keep {
+                    kept.pop_front();
+                }
+            }
+            for done in flushes {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{MemoryStore, SqliteStore};
+
+    fn bus(keep: usize, store: Arc<dyn EventStore>) -> EventBus {
+        EventBus::new(keep, store, Arc::new(|_, _| {}))
+    }
 
     #[tokio::test]
     async fn a_reconnecting_subscriber_misses_nothing_retained_and_sees_only_its_tenant() {
-        let bus = EventBus::new(3);
+        let bus = bus(3, Arc::new(MemoryStore::new()));
         let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
         for i in 0..5 {
             bus.publish(
@@ -157,27 +344,104 @@ mod tests {
             Some(9),
             serde_json::json!({}),
         );
-        let s = bus.subscribe(&a, Some(3));
+        bus.flush().await;
+        let s = bus.subscribe(&a, Some(3)).await;
         assert_eq!(
             s.missed.iter().map(|e| e.id).collect::<Vec<_>>(),
             vec![4, 5]
         );
         assert_eq!(s.gap_before, None);
-        let s = bus.subscribe(&a, Some(0));
+        let s = bus.subscribe(&a, Some(0)).await;
         assert_eq!(s.missed.len(), 3);
         assert_eq!(s.gap_before, Some(3));
-        let mut live = bus.subscribe(&a, None).live;
+        let mut live = bus.subscribe(&a, None).await.live;
         bus.publish(&b, "x", 0, None, None, serde_json::json!({}));
+        bus.flush().await;
         bus.publish(&a, "y", 0, None, None, serde_json::json!({}));
         assert_eq!(live.recv().await.unwrap().tenant, b);
         let e = live.recv().await.unwrap();
         assert_eq!((e.tenant, e.id), (a.clone(), 6));
         let ids: Vec<u64> = bus
             .subscribe(&a, Some(5))
+            .await
             .missed
             .iter()
             .map(|e| e.id)
             .collect();
         assert_eq!(ids, vec![6]);
+    }
+
+    #[tokio::test]
+    async fn ids_and_the_retained_events_survive_a_restart_and_a_reset_forgets_a_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.db");
+        let a = Tenant::new("acme").unwrap();
+        {
+            let store = Arc::new(SqliteStore::open(&path).unwrap());
+            let bus = bus(4, store);
+            for (i, s) in ["s", "t", "s", "t", "s", "t"].iter().enumerate() {
+                bus.publish(
+                    &a,
+                    "job.queued",
+                    i as u64,
+                    Some(s),
+                    None,
+                    serde_json::json!({"n": i}),
+                );
+            }
+            bus.publish(
+                &Tenant::local(),
+                "job.queued",
+                7,
+                Some("s"),
+                None,
+                serde_json::json!({}),
+            );
+            bus.flush().await;
+        }
+        // Reopened: the newest four of acme's six are retained; ids go on from 6.
+        let store = Arc::new(SqliteStore::open(&path).unwrap());
+        let bus = bus(4, store.clone());
+        let s = bus.subscribe(&a, Some(0)).await;
+        let got: Vec<(u64, Option<String>, serde_json::Value)> = s
+            .missed
+            .iter()
+            .map(|e| (e.id, e.session.clone(), e.data["n"].clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (3, Some("s".into()), 2.into()),
+                (4, Some("t".into()), 3.into()),
+                (5, Some("s".into()), 4.into()),
+                (6, Some("t".into()), 5.into()),
+            ]
+        );
+        assert_eq!(s.gap_before, Some(3));
+        let mut live = s.live;
+        bus.publish(&a, "job.running", 9, Some("s"), None, serde_json::json!({}));
+        assert_eq!(live.recv().await.unwrap().id, 7);
+        // The local tenant's log is its own.
+        assert_eq!(
+            bus.subscribe(&Tenant::local(), Some(0)).await.missed[0].id,
+            1
+        );
+        // A session reset takes its events from the store and from memory.
+        use crate::store::Store;
+        store.reset_session(&a.key("s")).await.unwrap();
+        bus.forget_session(&a, "s").await;
+        let left: Vec<u64> = bus
+            .subscribe(&a, Some(0))
+            .await
+            .missed
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(left, vec![4, 6]);
+        let rows = store.recent_events(10).await.unwrap();
+        assert!(
+            rows.iter()
+                .all(|r| r.session_key.as_deref() != Some(a.key("s").as_str()))
+        );
     }
 }

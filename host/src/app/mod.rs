@@ -119,7 +119,7 @@ impl App {
             inner: Arc::new(Inner {
                 jobs,
                 tokens: Tokens::new(db.clone()),
-                events: EventBus::new(cfg.events_kept),
+                events: EventBus::new(cfg.events_kept, db.clone(), cfg.log.clone()),
                 model: Arc::new(ModelMetrics::default()),
                 model_global: Arc::new(Semaphore::new(cfg.limits.model_total.max(1))),
                 tenants: Mutex::new(BTreeMap::new()),
@@ -698,7 +698,13 @@ impl Scoped {
 
     /// Wait until job `id` ends or `limit` passes; the job as it then stands.
     pub async fn wait_job(&self, id: u64, limit: Duration) -> AppResult<Option<Job>> {
-        let mut live = self.app.inner.events.subscribe(&self.tenant, None).live;
+        let mut live = self
+            .app
+            .inner
+            .events
+            .subscribe(&self.tenant, None)
+            .await
+            .live;
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let j = self.app.inner.jobs.get(id).await?;
@@ -737,6 +743,11 @@ impl Scoped {
     pub async fn reset(&self, session: &str) -> AppResult<u64> {
         let stats = self.known(session).await?;
         self.engine().reset(session).await?;
+        self.app
+            .inner
+            .events
+            .forget_session(&self.tenant, session)
+            .await;
         self.publish("session.reset", Some(session), None, serde_json::json!({}));
         Ok(stats.episodes)
     }

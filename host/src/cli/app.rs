@@ -253,7 +253,7 @@ pub async fn shown<T>(
     show: Show,
     work: impl std::future::Future<Output = Result<T, AppError>>,
 ) -> Result<T, Failure> {
-    let mut live = app.app().events().subscribe(app.tenant(), None).live;
+    let mut live = app.app().events().subscribe(app.tenant(), None).await.live;
     let mut display = Display {
         s,
         session,
@@ -274,7 +274,8 @@ pub async fn shown<T>(
             r = &mut work => break r,
         }
     };
-    // Everything the work published is in the channel by now.
+    // Everything the work published is in the channel once written.
+    app.app().events().flush().await;
     while let Ok(ev) = live.try_recv() {
         display.on(&ev);
     }

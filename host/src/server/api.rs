@@ -593,7 +593,7 @@ async fn job_events(
     let id = job_id(&id)?;
     let after = last_event_id(&headers);
     // Subscribe before reading the job, so nothing happens between the two unseen.
-    let sub = srv.app.events().subscribe(t.tenant(), after);
+    let sub = srv.app.events().subscribe(t.tenant(), after).await;
     let job = t.job(id).await?;
     let missed: VecDeque<Event> = sub
         .missed
@@ -628,7 +628,7 @@ async fn all_events(
     headers: HeaderMap,
 ) -> impl IntoResponse {
     let after = last_event_id(&headers);
-    let sub = srv.app.events().subscribe(t.tenant(), after);
+    let sub = srv.app.events().subscribe(t.tenant(), after).await;
     let mut first = VecDeque::new();
     if let Some(gap) = sub.gap_before {
         first.push_back(

@@ -120,6 +120,7 @@ impl Bound {
         } = self;
         let (tx, shutdown) = watch::channel(false);
         let workers = app.start_workers(opts.workers);
+        let events = app.events().clone();
         let srv = Srv {
             app,
             open_local,
@@ -140,6 +141,8 @@ impl Bound {
         .with_graceful_shutdown(signal)
         .await?;
         let released = workers.shutdown(opts.shutdown_grace).await;
+        // What the jobs published on their way out is written before the process ends.
+        events.flush().await;
         Ok(ServeReport { released })
     }
 }

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 
 use super::MemoryStore;
-use super::tables::{JobScope, JobStore, Liveness, SourceStore, TokenRow, TokenStore};
+use super::tables::{
+    EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TokenRow, TokenStore,
+};
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
@@ -23,6 +25,8 @@ pub(super) struct Tables {
     modes: BTreeMap<String, SessionMode>,
     /// Token rows with their hashes.
     tokens: Vec<(TokenRow, String)>,
+    /// Each tenant's newest events, oldest first.
+    events: BTreeMap<String, std::collections::VecDeque<EventRow>>,
 }
 
 impl Tables {
@@ -39,6 +43,9 @@ impl Tables {
             .retain(|_, j| j.session != session || j.state == JobState::Running);
         for j in self.jobs.values_mut().filter(|j| j.session == session) {
             j.cancel_requested = true;
+        }
+        for log in self.events.values_mut() {
+            log.retain(|e| e.session_key.as_deref() != Some(session));
         }
     }
 }
@@ -418,6 +425,45 @@ impl TokenStore for MemoryStore {
                 .iter()
                 .find(|(r, h)| h == hash && r.revoked_ms.is_none())
                 .map(|(r, _)| r.clone())
+        }))
+    }
+}
+
+#[async_trait]
+impl EventStore for MemoryStore {
+    async fn append_events(
+        &self,
+        tenant: &str,
+        floor: u64,
+        rows: &[EventRow],
+        keep: usize,
+    ) -> Result<u64, Error> {
+        Ok(self.tables(|t| {
+            let log = t.events.entry(tenant.to_string()).or_default();
+            let first = log.back().map_or(0, |e| e.id).max(floor) + 1;
+            for (i, e) in rows.iter().enumerate() {
+                log.push_back(EventRow {
+                    tenant: tenant.to_string(),
+                    id: first + i as u64,
+                    ..e.clone()
+                });
+            }
+            let newest = log.back().map_or(0, |e| e.id);
+            log.retain(|e| e.id + keep as u64 > newest);
+            first
+        }))
+    }
+
+    async fn recent_events(&self, keep: usize) -> Result<Vec<EventRow>, Error> {
+        Ok(self.tables(|t| {
+            t.events
+                .values()
+                .flat_map(|log| {
+                    let newest = log.back().map_or(0, |e| e.id);
+                    log.iter().filter(move |e| e.id + keep as u64 > newest)
+                })
+                .cloned()
+                .collect()
         }))
     }
 }

@@ -15,7 +15,9 @@ pub mod tables;
 
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
-pub use tables::{AppStore, JobScope, JobStore, SourceStore, TokenRow, TokenStore};
+pub use tables::{
+    AppStore, EventRow, EventStore, JobScope, JobStore, SourceStore, TokenRow, TokenStore,
+};
 
 /// The chain rule every store enforces before writing: rows of a session cover episodes
 /// `1..=n` exactly once, in order. `episodes` is the session's episode count and `prev` its

@@ -29,6 +29,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/012-partial-usage.sql"),
     include_str!("migrations/013-episode-speakers.sql"),
     include_str!("migrations/014-tokens.sql"),
+    include_str!("migrations/015-events.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -53,6 +54,7 @@ const OWN_TABLES: &[&str] = &[
     "source_marks",
     "session_modes",
     "tokens",
+    "events",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.
@@ -458,6 +460,8 @@ impl Store for SqliteStore {
                 "DELETE FROM sources WHERE EXISTS (SELECT 1 FROM json_each(sources.sessions) WHERE value = ?1)",
                 "DELETE FROM watched_files WHERE session = ?1",
                 "DELETE FROM session_modes WHERE session = ?1",
+                // Its events too: they carry its summaries' text.
+                "DELETE FROM events WHERE session_key = ?1",
                 // Its finished and queued jobs go; a running one is asked to stop (its write
                 // would fail the chain rule against the emptied session anyway).
                 "DELETE FROM jobs WHERE session = ?1 AND state != 'running'",

@@ -4,7 +4,9 @@ use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
 
 use super::SqliteStore;
-use super::tables::{JobScope, JobStore, Liveness, SourceStore, TokenRow, TokenStore};
+use super::tables::{
+    EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TokenRow, TokenStore,
+};
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
@@ -534,6 +536,84 @@ impl TokenStore for SqliteStore {
                 token_from,
             )
             .optional()
+            .map_err(db_err)
+        })
+    }
+}
+
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn append_events(
+        &self,
+        tenant: &str,
+        floor: u64,
+        rows: &[EventRow],
+        keep: usize,
+    ) -> Result<u64, Error> {
+        self.with(|c| {
+            let tx = c
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let newest: i64 = tx
+                .query_row(
+                    "SELECT COALESCE(MAX(id), 0) FROM events WHERE tenant = ?1",
+                    [tenant],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            let first = (newest as u64).max(floor) + 1;
+            {
+                let mut st = tx
+                    .prepare_cached(
+                        "INSERT INTO events (tenant, id, kind, at_ms, session_key, job, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    )
+                    .map_err(db_err)?;
+                for (i, e) in rows.iter().enumerate() {
+                    st.execute(params![
+                        tenant,
+                        (first + i as u64) as i64,
+                        e.kind,
+                        e.at_ms as i64,
+                        e.session_key,
+                        e.job.map(|j| j as i64),
+                        e.data
+                    ])
+                    .map_err(db_err)?;
+                }
+            }
+            let last = first + rows.len() as u64;
+            tx.execute(
+                "DELETE FROM events WHERE tenant = ?1 AND id < ?2",
+                params![tenant, last.saturating_sub(keep as u64) as i64],
+            )
+            .map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(first)
+        })
+    }
+
+    async fn recent_events(&self, keep: usize) -> Result<Vec<EventRow>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare(
+                    "SELECT e.tenant, e.id, e.kind, e.at_ms, e.session_key, e.job, e.data FROM events e
+                     WHERE e.id > (SELECT MAX(id) FROM events WHERE tenant = e.tenant) - ?1
+                     ORDER BY e.tenant, e.id",
+                )
+                .map_err(db_err)?;
+            st.query_map([keep as i64], |r| {
+                Ok(EventRow {
+                    tenant: r.get(0)?,
+                    id: r.get::<_, i64>(1)? as u64,
+                    kind: r.get(2)?,
+                    at_ms: r.get::<_, i64>(3)? as u64,
+                    session_key: r.get(4)?,
+                    job: r.get::<_, Option<i64>>(5)?.map(|j| j as u64),
+                    data: r.get(6)?,
+                })
+            })
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
             .map_err(db_err)
         })
     }

@@ -169,7 +169,43 @@ pub trait TokenStore: Send + Sync {
     async fn live_token(&self, hash: &str) -> Result<Option<TokenRow>, Error>;
 }
 
-/// Everything the app keeps: the engine's store and the app's tables, in one place.
-pub trait AppStore: Store + JobStore + SourceStore + TokenStore {}
+/// An event as stored (see [`crate::app::events`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRow {
+    /// The tenant's name.
+    pub tenant: String,
+    /// The tenant's sequence number (given by the store).
+    pub id: u64,
+    /// What happened (`job.queued`, `summary.written`, …).
+    pub kind: String,
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+    /// The stored key of the session it concerns (what [`Store::reset_session`] takes).
+    pub session_key: Option<String>,
+    /// The job it concerns.
+    pub job: Option<u64>,
+    /// Kind-specific fields, as JSON text.
+    pub data: String,
+}
 
-impl<T: Store + JobStore + SourceStore + TokenStore> AppStore for T {}
+/// The event log: per tenant, dense increasing ids, bounded to the newest events.
+#[async_trait]
+pub trait EventStore: Send + Sync {
+    /// Store `rows` (all of `tenant`, in order; their ids are ignored) under ids following
+    /// both the tenant's newest stored id and `floor`, then drop all but the tenant's newest
+    /// `keep`. Returns the id of the first.
+    async fn append_events(
+        &self,
+        tenant: &str,
+        floor: u64,
+        rows: &[EventRow],
+        keep: usize,
+    ) -> Result<u64, Error>;
+    /// Every tenant's newest `keep` events, by tenant, oldest first.
+    async fn recent_events(&self, keep: usize) -> Result<Vec<EventRow>, Error>;
+}
+
+/// Everything the app keeps: the engine's store and the app's tables, in one place.
+pub trait AppStore: Store + JobStore + SourceStore + TokenStore + EventStore {}
+
+impl<T: Store + JobStore + SourceStore + TokenStore + EventStore> AppStore for T {}
