@@ -412,3 +412,28 @@ async fn watch_in_process_baselines_waits_for_whole_lines_and_idle_quiet_then_re
         .unwrap();
     assert_eq!(w.imported(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_published_by_a_short_lived_app_are_written_when_it_is_dropped() {
+    use abridge::store::EventStore;
+    let clock = Arc::new(ManualClock::at(1_767_225_600_000));
+    let store = Arc::new(MemoryStore::new());
+    let mut app = open(clock.clone(), Mode::Eager);
+    // The same configuration over a store this test keeps.
+    app = App::open_with(app.config().clone(), store.clone()).unwrap();
+    let me = app.local();
+    let now = clock.now_ms() as i64;
+    let posted = me
+        .append("s", episodes(1, 10, now), Vec::new())
+        .await
+        .unwrap();
+    let job = posted.job.expect("eager: a refresh is queued");
+    drop(me);
+    drop(app);
+    let rows = store.recent_events(10).await.unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r.kind == "job.queued" && r.job == Some(job.id)),
+        "{rows:?}"
+    );
+}

@@ -50,7 +50,8 @@ struct Backlog {
 /// What the writer is asked to do, in order.
 enum Msg {
     Event(Event),
-    Flush(oneshot::Sender<()>),
+    /// Called once everything sent before it is written and sent.
+    Flush(Box<dyn FnOnce() + Send>),
 }
 
 /// The event bus.
@@ -168,8 +169,23 @@ impl EventBus {
     /// Wait until every event published before this call is written and sent.
     pub async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
-        if self.queue.send(Msg::Flush(tx)).is_ok() {
+        let done = Box::new(move || {
+            let _ = tx.send(());
+        });
+        if self.queue.send(Msg::Flush(done)).is_ok() {
             let _ = rx.await;
+        }
+    }
+
+    /// [`EventBus::flush`] for a caller that cannot wait asynchronously (the app being
+    /// dropped as a command ends), waiting at most `limit`.
+    pub fn flush_blocking(&self, limit: std::time::Duration) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let done = Box::new(move || {
+            let _ = tx.send(());
+        });
+        if self.queue.send(Msg::Flush(done)).is_ok() {
+            let _ = rx.recv_timeout(limit);
         }
     }
 
@@ -307,7 +323,7 @@ impl Writer {
                 }
             }
             for done in flushes {
-                let _ = done.send(());
+                done();
             }
         }
     }

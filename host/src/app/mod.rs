@@ -98,6 +98,13 @@ struct Inner {
     instance: String,
 }
 
+impl Drop for Inner {
+    /// The last handle is gone (a command ends): what was published is written first.
+    fn drop(&mut self) {
+        self.events.flush_blocking(Duration::from_secs(5));
+    }
+}
+
 /// The application: open once, share (it is cheap to clone).
 #[derive(Clone)]
 pub struct App {
