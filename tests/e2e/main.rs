@@ -4,6 +4,7 @@
 mod app;
 mod backfill;
 mod bad_input;
+mod embed;
 mod engine_api;
 mod golden_chains;
 mod golden_transcripts;

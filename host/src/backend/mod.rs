@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use crate::types::{Error, Request, Response};
 
 mod adaptive;
+pub mod embedding;
 mod ollama;
 mod openai;
 mod retry;
@@ -175,7 +176,12 @@ pub(crate) fn finish_reason(reason: Option<&str>) -> crate::types::FinishReason 
 }
 
 /// A transport failure as an attempt: all of them may pass, so all are retried.
-pub(crate) fn transport_attempt(server: &str, url: &str, e: reqwest::Error, hint: &str) -> Attempt {
+pub(crate) fn transport_attempt<T>(
+    server: &str,
+    url: &str,
+    e: reqwest::Error,
+    hint: &str,
+) -> Attempt<T> {
     Attempt::Retry(transport_error(server, url, e, hint))
 }
 

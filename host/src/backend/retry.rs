@@ -30,10 +30,10 @@ impl Default for RetryPolicy {
     }
 }
 
-/// The result of one attempt.
-pub enum Attempt {
+/// The result of one attempt (of a generation by default; embeddings use it too).
+pub enum Attempt<T = Response> {
     /// Final: success, or a failure that retrying cannot fix.
-    Done(Result<Response, Error>),
+    Done(Result<T, Error>),
     /// A failure that may pass: try again if attempts remain.
     Retry(Error),
 }
@@ -74,10 +74,10 @@ impl RetryPolicy {
     }
 
     /// Run `attempt` until it is done or the attempts run out.
-    pub async fn run<F, Fut>(&self, mut attempt: F) -> Result<Response, Error>
+    pub async fn run<T, F, Fut>(&self, mut attempt: F) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Attempt>,
+        Fut: Future<Output = Attempt<T>>,
     {
         let attempts = self.attempts.max(1);
         let mut n = 1;
@@ -166,7 +166,7 @@ mod tests {
         let r = p
             .run(|| {
                 calls += 1;
-                async { Attempt::Retry(Error::Server("HTTP 503".into())) }
+                async { Attempt::<Response>::Retry(Error::Server("HTTP 503".into())) }
             })
             .await;
         assert!(matches!(r, Err(Error::Server(ref m)) if m == "HTTP 503 (after 3 attempts)"));
@@ -176,7 +176,7 @@ mod tests {
         let r = p
             .run(|| {
                 calls += 1;
-                async { Attempt::Done(Err(Error::ModelNotFound("m".into()))) }
+                async { Attempt::<Response>::Done(Err(Error::ModelNotFound("m".into()))) }
             })
             .await;
         assert!(

@@ -269,6 +269,36 @@ impl Drop for TestServer {
     }
 }
 
+fn is_embedding(path: &str) -> bool {
+    matches!(path, "/api/embed" | "/v1/embeddings")
+}
+
+/// Dimension of this server's embeddings.
+pub const EMBED_DIM: usize = 32;
+
+/// This server's "embedding model": each lowercased word hashed (FNV-1a) to one of
+/// [`EMBED_DIM`] slots with a sign from the hash, scaled to unit length. Texts sharing words
+/// are close; the same text always gets the same vector.
+pub fn embed(text: &str) -> Vec<f32> {
+    let mut v = vec![0f32; EMBED_DIM];
+    for w in text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.len() > 2)
+    {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in w.to_lowercase().bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        v[(h % EMBED_DIM as u64) as usize] += if h >> 63 == 1 { -1.0 } else { 1.0 };
+    }
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+    v
+}
+
 fn is_generation(path: &str) -> bool {
     matches!(path, "/api/chat" | "/api/generate" | "/v1/chat/completions")
 }
@@ -352,7 +382,7 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             body: body.clone(),
             at_ms,
         });
-        let fault = if is_generation(&req.path) {
+        let fault = if is_generation(&req.path) || is_embedding(&req.path) {
             st.faults.pop_front()
         } else {
             None
@@ -423,7 +453,7 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             st.log.clear();
             return json(200, json!({"ok": true}));
         }
-        ("POST", p) if is_generation(p) => {}
+        ("POST", p) if is_generation(p) || is_embedding(p) => {}
         _ => {
             return json(
                 404,
@@ -512,6 +542,50 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
                 .map(|n| n as u32),
         )
     };
+    if is_embedding(&req.path) {
+        let inputs: Vec<String> = match body.get("input") {
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| x.as_str().map(str::to_string))
+                .collect::<Option<_>>()
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        if inputs.is_empty() {
+            return err(400, "input must be a string or a list of strings");
+        }
+        let num_ctx = body
+            .pointer("/options/num_ctx")
+            .and_then(Value::as_u64)
+            .map_or(default_ctx, |n| n as u32);
+        let truncate = body
+            .get("truncate")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        let mut tokens = 0u32;
+        for t in &inputs {
+            let n = (f64::from(count_tokens(t)) * token_ratio).ceil() as u32;
+            if n > num_ctx && (!truncate || openai) {
+                return err(400, "the input length exceeds the context length");
+            }
+            tokens += n.min(num_ctx);
+        }
+        let vectors: Vec<Vec<f32>> = inputs.iter().map(|t| embed(t)).collect();
+        let v = if openai {
+            let data: Vec<Value> = vectors
+                .iter()
+                .enumerate()
+                .map(|(i, e)| json!({"object": "embedding", "embedding": e, "index": i}))
+                .collect();
+            json!({"object": "list", "data": data, "model": model,
+                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        } else {
+            json!({"model": model, "embeddings": vectors, "total_duration": 1_000_000,
+                   "load_duration": 0, "prompt_eval_count": tokens})
+        };
+        return json(200, v);
+    }
     let prompt = prompt_text(&req.path, &body);
     let prompt_tokens = (f64::from(count_tokens(&prompt)) * token_ratio).ceil() as u32;
     let truncate = body
@@ -923,6 +997,39 @@ mod tests {
         assert!(text.starts_with("The user and the assistant"));
         assert_eq!(lines.last().unwrap()["done"], true);
         assert_eq!(server.generations().len(), 5);
+    }
+
+    #[test]
+    fn embeddings_are_deterministic_batched_and_refuse_overlong_input() {
+        let server = TestServer::start();
+        let model = Options::default().models[0].clone();
+        let (status, v) = post(
+            &server,
+            "/api/embed",
+            &json!({"model": model, "input": ["dark theme", "dark theme please", "Fridays"], "truncate": false}),
+        );
+        assert_eq!(status, 200, "{v}");
+        let e = v["embeddings"].as_array().unwrap();
+        assert_eq!(e.len(), 3);
+        assert_eq!(e[0].as_array().unwrap().len(), EMBED_DIM);
+        assert_eq!(e[0], json!(embed("dark theme")));
+        let long = "word ".repeat(5000);
+        let (status, v) = post(
+            &server,
+            "/api/embed",
+            &json!({"model": model, "input": [long], "truncate": false, "options": {"num_ctx": 64}}),
+        );
+        assert_eq!(
+            (status, v["error"].as_str()),
+            (400, Some("the input length exceeds the context length"))
+        );
+        let (status, v) = post(
+            &server,
+            "/v1/embeddings",
+            &json!({"model": model, "input": "dark theme"}),
+        );
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["data"][0]["embedding"], json!(embed("dark theme")));
     }
 
     #[test]

@@ -1,0 +1,202 @@
+//! The offline embedder: a deterministic lexical embedding that needs no model server and no
+//! download, so memories cluster and recall works on a fresh machine.
+//!
+//! A text becomes its features: content words (lowercased, stop words left out, a light
+//! suffix stemming so "deploys" and "deployed" meet "deploy"), adjacent word pairs, and the
+//! character trigrams of each word (so "postgres" and "postgresql" share most of theirs).
+//! Each feature is hashed (FNV-1a, 64 bits) to one of `dim` buckets with a sign taken from the
+//! hash, so collisions cancel out on average instead of piling up; a feature's weight grows
+//! with the square root of its count; the vector is scaled to unit length, so cosine
+//! similarity is a dot product.
+//!
+//! Only exactly rounded arithmetic is used (sums, products, square roots; no logarithms), so
+//! the vectors are bit-for-bit the same natively and in the component, in every host.
+
+use std::collections::BTreeMap;
+
+/// The name stamped on vectors this embedder makes; a change to the features is a new name,
+/// so stored vectors from the old one are re-embedded rather than mixed.
+pub const LEXICAL_MODEL: &str = "abridge-lexical-v1";
+
+/// Its dimension.
+pub const LEXICAL_DIM: usize = 384;
+
+/// Words too common to tell memories apart.
+const STOP: &[&str] = &[
+    "a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be",
+    "been", "before", "being", "but", "by", "can", "could", "did", "do", "does", "doing", "for",
+    "from", "had", "has", "have", "having", "he", "her", "here", "hers", "him", "his", "how", "i",
+    "if", "in", "into", "is", "it", "its", "just", "me", "more", "most", "my", "no", "not", "now",
+    "of", "on", "once", "only", "or", "other", "our", "out", "over", "own", "same", "she",
+    "should", "so", "some", "such", "than", "that", "the", "their", "them", "then", "there",
+    "these", "they", "this", "those", "to", "too", "under", "until", "up", "very", "was", "we",
+    "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will", "with",
+    "would", "you", "your",
+];
+
+/// Weights of the three kinds of feature.
+const WORD: f32 = 1.0;
+const PAIR: f32 = 0.5;
+const TRIGRAM: f32 = 0.25;
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A light stemmer: plural and tense endings only, and only on words long enough to keep a
+/// stem ("is", "bus" and "class" stay as they are).
+fn stem(w: &str) -> String {
+    let n = w.chars().count();
+    let cut = |suffix: &str, keep: usize| -> Option<String> {
+        (w.ends_with(suffix) && n >= keep + suffix.len())
+            .then(|| w[..w.len() - suffix.len()].to_string())
+    };
+    if let Some(s) = cut("ies", 3) {
+        return s + "y";
+    }
+    // "running" and "stopped" meet "run" and "stop"; "falling" keeps its "ll".
+    let undouble = |s: String| {
+        let b = s.as_bytes();
+        let n = b.len();
+        if n >= 3
+            && b[n - 1] == b[n - 2]
+            && b[n - 1].is_ascii_alphabetic()
+            && !b"aeioulsz".contains(&b[n - 1])
+        {
+            s[..n - 1].to_string()
+        } else {
+            s
+        }
+    };
+    if let Some(s) = cut("ing", 3) {
+        return undouble(s);
+    }
+    if let Some(s) = cut("ed", 3) {
+        return undouble(s);
+    }
+    if w.ends_with("ss") || w.ends_with("us") || w.ends_with("is") {
+        return w.to_string();
+    }
+    cut("s", 3).unwrap_or_else(|| w.to_string())
+}
+
+/// The content words of `text`, stemmed, in order.
+pub fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .filter(|w| !STOP.contains(&w.as_str()))
+        .map(|w| stem(&w))
+        .collect()
+}
+
+/// The lexical embedding of `text`: `dim` numbers of unit length, or all zeros for a text
+/// with no content word.
+pub fn lexical(text: &str, dim: usize) -> Vec<f32> {
+    let dim = dim.max(1);
+    let words = words(text);
+    let mut features: BTreeMap<String, (f32, u32)> = BTreeMap::new();
+    let mut add = |key: String, weight: f32| {
+        features.entry(key).or_insert((weight, 0)).1 += 1;
+    };
+    for w in &words {
+        add(format!("w:{w}"), WORD);
+        let chars: Vec<char> = format!("^{w}$").chars().collect();
+        for t in chars.windows(3) {
+            add(format!("c:{}", t.iter().collect::<String>()), TRIGRAM);
+        }
+    }
+    for p in words.windows(2) {
+        add(format!("p:{} {}", p[0], p[1]), PAIR);
+    }
+    let mut v = vec![0f32; dim];
+    for (key, (weight, count)) in &features {
+        let h = fnv1a(key.as_bytes());
+        let slot = (h % dim as u64) as usize;
+        let sign = if h >> 63 == 1 { -1.0 } else { 1.0 };
+        v[slot] += sign * weight * (*count as f32).sqrt();
+    }
+    normalize(&mut v);
+    v
+}
+
+/// Scale `v` to unit length (a zero vector stays zero).
+pub fn normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        for x in v.iter_mut() {
+            *x /= norm;
+        }
+    }
+}
+
+/// Cosine similarity of two vectors (0 when either is zero or their lengths differ).
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return 0.0;
+    }
+    let (mut dot, mut na, mut nb) = (0f32, 0f32, 0f32);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na.sqrt() * nb.sqrt())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn related_facts_are_closer_than_unrelated_ones() {
+        let e = |t: &str| lexical(t, LEXICAL_DIM);
+        let a = e("Alice prefers the dark theme in her editor");
+        let b = e("Alice switched her editor to a dark color theme");
+        let c = e("The deploy runs on Fridays after the freeze");
+        assert!(cosine(&a, &b) > 0.4, "{}", cosine(&a, &b));
+        assert!(cosine(&a, &c) < 0.15, "{}", cosine(&a, &c));
+        assert!(cosine(&a, &b) > 2.0 * cosine(&a, &c));
+        // Stems and trigrams: a different form of the same word still matches.
+        let d = e("deploys run each friday");
+        assert!(cosine(&c, &d) > 0.3, "{}", cosine(&c, &d));
+    }
+
+    #[test]
+    fn vectors_are_unit_length_deterministic_and_empty_for_stop_words() {
+        let v = lexical("the deploy runs on Fridays", LEXICAL_DIM);
+        let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5);
+        assert_eq!(v, lexical("the deploy runs on Fridays", LEXICAL_DIM));
+        assert!(
+            lexical("the and of to", LEXICAL_DIM)
+                .iter()
+                .all(|x| *x == 0.0)
+        );
+        assert_eq!(cosine(&lexical("", 8), &lexical("x y", 8)), 0.0);
+    }
+
+    #[test]
+    fn stems_meet_and_short_words_stay() {
+        assert_eq!(stem("deploys"), "deploy");
+        assert_eq!(stem("deployed"), "deploy");
+        assert_eq!(stem("deploying"), "deploy");
+        assert_eq!(stem("libraries"), "library");
+        assert_eq!(stem("class"), "class");
+        assert_eq!(stem("bus"), "bus");
+        assert_eq!(stem("is"), "is");
+        assert_eq!(stem("stopped"), "stop");
+        assert_eq!(stem("falling"), "fall");
+        assert_eq!(stem("bring"), "bring");
+        assert_eq!(words("The Deploys, and RUNNING!"), vec!["deploy", "run"]);
+    }
+}
