@@ -17,6 +17,19 @@ fn texts(n: usize) -> Vec<String> {
         .collect()
 }
 
+/// An Ollama embedder for the test server's model.
+fn ollama(server: &TestServer) -> ServerEmbedder {
+    let model = Options::default().models[0].clone();
+    ServerEmbedder::new(
+        EmbedApi::Ollama,
+        &server.url(),
+        None,
+        &model,
+        Duration::from_secs(30),
+    )
+    .unwrap()
+}
+
 fn quick() -> RetryPolicy {
     RetryPolicy {
         attempts: 3,
@@ -29,15 +42,7 @@ fn quick() -> RetryPolicy {
 async fn ollama_embeddings_come_in_batches_in_order_and_checked() {
     let server = TestServer::start();
     let model = Options::default().models[0].clone();
-    let e = ServerEmbedder::new(
-        EmbedApi::Ollama,
-        &server.url(),
-        None,
-        &model,
-        Duration::from_secs(30),
-    )
-    .unwrap()
-    .with_batch(64);
+    let e = ollama(&server).with_batch(64);
     let input = texts(130);
     let v = e.embed(&input).await.unwrap();
     assert_eq!((v.dim, v.vectors.len()), (EMBED_DIM, 130));
@@ -69,17 +74,7 @@ async fn ollama_embeddings_come_in_batches_in_order_and_checked() {
 #[tokio::test]
 async fn an_overlong_input_is_named_and_faults_are_retried() {
     let server = TestServer::start();
-    let model = Options::default().models[0].clone();
-    let e = ServerEmbedder::new(
-        EmbedApi::Ollama,
-        &server.url(),
-        None,
-        &model,
-        Duration::from_secs(30),
-    )
-    .unwrap()
-    .with_num_ctx(64)
-    .with_retry(quick());
+    let e = ollama(&server).with_num_ctx(64).with_retry(quick());
     let mut input = texts(8);
     input[4] = "word ".repeat(500);
     match e.embed(&input).await {

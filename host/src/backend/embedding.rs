@@ -192,19 +192,21 @@ impl ServerEmbedder {
                 })
                 .map(str::to_string)
                 .unwrap_or_else(|| super::ollama::snippet(&text));
-            return match status.as_u16() {
-                404 => Attempt::Done(Err(Error::ModelNotFound(format!(
-                    "the embedding model '{}' is not available at {} ({msg}) — pull it ('ollama pull {}') or choose another",
+            if matches!(status.as_u16(), 401 | 403) {
+                let fix = match self.api {
+                    EmbedApi::OpenAi => "set OPENAI_API_KEY",
+                    EmbedApi::Ollama => "check the credentials in the server's URL",
+                };
+                return Attempt::Done(Err(Error::Server(format!(
+                    "{url} refused the credentials ({msg}); {fix}"
+                ))));
+            }
+            return super::status_attempt(status.as_u16(), &url, msg, || {
+                Error::ModelNotFound(format!(
+                    "the embedding model '{}' is not available at {} — pull it ('ollama pull {}') or choose another",
                     self.model, self.shown, self.model
-                )))),
-                400 | 413 | 500 if super::is_context_overflow(&msg) => {
-                    Attempt::Done(Err(Error::ContextOverflow(msg)))
-                }
-                code @ (429 | 500..=599) => {
-                    Attempt::Retry(Error::Server(format!("HTTP {code} from {url}: {msg}")))
-                }
-                code => Attempt::Done(Err(Error::Server(format!("HTTP {code} from {url}: {msg}")))),
-            };
+                ))
+            });
         }
         let Some(v) = v else {
             return Attempt::Retry(Error::Server(format!(

@@ -185,6 +185,25 @@ pub(crate) fn transport_attempt<T>(
     Attempt::Retry(transport_error(server, url, e, hint))
 }
 
+/// Classify a failed HTTP answer for the retry policy, as every backend does: 404 is
+/// `not_found` (a model that is not there), an over-long input is a context overflow (final),
+/// 429 and 5xx may pass (retried), anything else is final.
+pub(crate) fn status_attempt<T>(
+    code: u16,
+    url: &str,
+    msg: String,
+    not_found: impl FnOnce() -> Error,
+) -> Attempt<T> {
+    match code {
+        404 => Attempt::Done(Err(not_found())),
+        400 | 413 | 500 if is_context_overflow(&msg) => {
+            Attempt::Done(Err(Error::ContextOverflow(msg)))
+        }
+        429 | 500..=599 => Attempt::Retry(Error::Server(format!("HTTP {code} from {url}: {msg}"))),
+        _ => Attempt::Done(Err(Error::Server(format!("HTTP {code} from {url}: {msg}")))),
+    }
+}
+
 /// Map a reqwest transport failure to an engine error that says how to fix it.
 pub(crate) fn transport_error(server: &str, url: &str, e: reqwest::Error, hint: &str) -> Error {
     let url = &redact_url(url);

@@ -127,16 +127,7 @@ impl Ollama {
             .map(str::to_string);
         if !status.is_success() {
             let msg = err_msg.unwrap_or_else(|| snippet(&text));
-            return match status.as_u16() {
-                404 => Attempt::Done(Err(not_pulled(&req.model))),
-                400 | 413 | 500 if super::is_context_overflow(&msg) => {
-                    Attempt::Done(Err(Error::ContextOverflow(msg)))
-                }
-                code @ (429 | 500..=599) => {
-                    Attempt::Retry(Error::Server(format!("HTTP {code} from {url}: {msg}")))
-                }
-                code => Attempt::Done(Err(Error::Server(format!("HTTP {code} from {url}: {msg}")))),
-            };
+            return super::status_attempt(status.as_u16(), &url, msg, || not_pulled(&req.model));
         }
         let Some(v) = v else {
             return Attempt::Retry(Error::Server(format!(
