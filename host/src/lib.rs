@@ -11,6 +11,7 @@ pub mod backend;
 pub mod bindings;
 pub mod clock;
 pub mod control;
+pub mod crypto;
 mod imports;
 pub mod jobs;
 pub mod runtime;
