@@ -138,3 +138,18 @@ pub fn config_from_json(v: &serde_json::Value) -> Config {
         retry_base_secs: u("retry_base_secs", d.retry_base_secs),
     }
 }
+
+impl Prompt {
+    /// The prompt as one text: a chat's message contents joined by newlines, or the raw
+    /// prompt (what a scripted model or a token count reads).
+    pub fn text(&self) -> String {
+        match self {
+            Prompt::Chat(ms) => ms
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Prompt::Raw(s) => s.clone(),
+        }
+    }
+}

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use abridge::app::{App, AppConfig, ErrorKind, Limits};
 use abridge::sources::SessionMode;
-use abridge::types::{
-    Config, Error, FinishReason, Mode, NewEpisode, Prompt, Request, Response, Role,
-};
+use abridge::types::{Config, Error, FinishReason, Mode, NewEpisode, Request, Response, Role};
 use abridge::{Clock, ComponentSource, LlmBackend, ManualClock, MemoryStore, Runtime};
 
 /// A model that says how many conversation lines it was shown.
@@ -17,14 +15,7 @@ struct Scripted;
 #[async_trait::async_trait]
 impl LlmBackend for Scripted {
     async fn generate(&self, req: Request) -> Result<Response, Error> {
-        let text = match &req.prompt {
-            Prompt::Chat(ms) => ms
-                .iter()
-                .map(|m| m.content.as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
-            Prompt::Raw(s) => s.clone(),
-        };
+        let text = req.prompt.text();
         let lines = text.lines().filter(|l| l.starts_with("User: ")).count();
         Ok(Response {
             text: format!("The user asked {lines} questions about the rollback plan."),
@@ -40,7 +31,14 @@ impl LlmBackend for Scripted {
     }
 }
 
-fn open(clock: Arc<ManualClock>, mode: Mode) -> App {
+/// An app in `mode` on the in-memory store, with a manual clock at 2026-01-01.
+fn open(mode: Mode) -> (Arc<ManualClock>, App) {
+    let clock = Arc::new(ManualClock::at(1_767_225_600_000));
+    let app = open_on(clock.clone(), mode, Arc::new(MemoryStore::new()));
+    (clock, app)
+}
+
+fn open_on(clock: Arc<ManualClock>, mode: Mode, store: Arc<MemoryStore>) -> App {
     let runtime = Runtime::load(
         &ComponentSource::Embedded,
         Some(&crate::harness::cache_dir()),
@@ -65,7 +63,7 @@ fn open(clock: Arc<ManualClock>, mode: Mode) -> App {
             limits: Limits::default(),
             events_kept: 100,
         },
-        Arc::new(MemoryStore::new()),
+        store,
     )
     .unwrap()
 }
@@ -89,8 +87,7 @@ fn episodes(from: u64, n: u64, at_ms: i64) -> Vec<NewEpisode> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_mode_waits_for_the_quiet_window_on_the_manual_clock_then_a_worker_refreshes() {
-    let clock = Arc::new(ManualClock::at(1_767_225_600_000));
-    let app = open(clock.clone(), Mode::Idle);
+    let (clock, app) = open(Mode::Idle);
     let me = app.local();
     let now = clock.now_ms() as i64;
     let posted = me
@@ -139,8 +136,7 @@ async fn idle_mode_waits_for_the_quiet_window_on_the_manual_clock_then_a_worker_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_clears_every_table_of_the_session_in_the_memory_store() {
-    let clock = Arc::new(ManualClock::at(1_767_225_600_000));
-    let app = open(clock.clone(), Mode::Eager);
+    let (clock, app) = open(Mode::Eager);
     let me = app.local();
     let now = clock.now_ms() as i64;
     // Inline refresh as the CLI's ingest: the trigger holds at the fifth message.
@@ -206,8 +202,7 @@ fn jsonl(n: usize, topic: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_session_back() {
     use abridge::app::backfill::{self, BackfillOptions, ScanFilter};
-    let clock = Arc::new(ManualClock::at(1_767_225_600_000));
-    let app = open(clock.clone(), Mode::Eager);
+    let (_clock, app) = open(Mode::Eager);
     let me = app.local();
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("proj")).unwrap();
@@ -300,8 +295,7 @@ async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_sess
 async fn watch_in_process_baselines_waits_for_whole_lines_and_idle_quiet_then_resumes() {
     use abridge::app::watch::{WatchNote, WatchOptions};
     use std::io::Write;
-    let clock = Arc::new(ManualClock::at(1_767_225_600_000));
-    let app = open(clock.clone(), Mode::Idle);
+    let (clock, app) = open(Mode::Idle);
     let me = app.local();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("live.jsonl");
@@ -418,9 +412,7 @@ async fn events_published_by_a_short_lived_app_are_written_when_it_is_dropped() 
     use abridge::store::EventStore;
     let clock = Arc::new(ManualClock::at(1_767_225_600_000));
     let store = Arc::new(MemoryStore::new());
-    let mut app = open(clock.clone(), Mode::Eager);
-    // The same configuration over a store this test keeps.
-    app = App::open_with(app.config().clone(), store.clone()).unwrap();
+    let app = open_on(clock.clone(), Mode::Eager, store.clone());
     let me = app.local();
     let now = clock.now_ms() as i64;
     let posted = me

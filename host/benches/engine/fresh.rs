@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 
 use abridge::types::{
-    Config, ContextRequest, Engine, Error, FinishReason, Mode, NewEpisode, Prompt, Request,
-    Response, Role,
+    Config, ContextRequest, Engine, Error, FinishReason, Mode, NewEpisode, Request, Response, Role,
 };
 use abridge::{Abridge, LlmBackend, ManualClock, MemoryStore, Runtime};
 
@@ -25,14 +24,7 @@ struct CountingModel {
 #[async_trait]
 impl LlmBackend for CountingModel {
     async fn generate(&self, req: Request) -> Result<Response, Error> {
-        let text = match &req.prompt {
-            Prompt::Chat(ms) => ms
-                .iter()
-                .map(|m| m.content.as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
-            Prompt::Raw(s) => s.clone(),
-        };
+        let text = req.prompt.text();
         let n = abridge_test_llm::count_tokens(&text);
         self.prompt_tokens
             .fetch_add(u64::from(n), Ordering::Relaxed);

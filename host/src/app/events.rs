@@ -189,8 +189,8 @@ impl EventBus {
         }
     }
 
-    /// Drop a session's events from what is kept in memory (the store drops its own when
-    /// the session is reset).
+    /// Drop a session's events from what is kept in memory, after writing those still
+    /// queued (so a reset of the session that follows removes them from the store too).
     pub async fn forget_session(&self, tenant: &Tenant, session: &str) {
         self.flush().await;
         let mut b = self.backlog.lock().expect("event backlog lock");
@@ -260,20 +260,16 @@ impl Writer {
             {
                 batch.push(m);
             }
-            let mut events: Vec<Event> = Vec::new();
+            // Each tenant's events, in the order they were published.
+            let mut by_tenant: BTreeMap<Tenant, Vec<Event>> = BTreeMap::new();
             let mut flushes = Vec::new();
             for m in batch {
                 match m {
-                    Msg::Event(e) => events.push(e),
+                    Msg::Event(e) => by_tenant.entry(e.tenant.clone()).or_default().push(e),
                     Msg::Flush(done) => flushes.push(done),
                 }
             }
-            let mut tenants: Vec<Tenant> = events.iter().map(|e| e.tenant.clone()).collect();
-            tenants.sort();
-            tenants.dedup();
-            for t in tenants {
-                let mut mine: Vec<Event> =
-                    events.iter().filter(|e| e.tenant == t).cloned().collect();
+            for (t, mut mine) in by_tenant {
                 let rows: Vec<EventRow> = mine.iter().map(to_row).collect();
                 let floor = self
                     .backlog

@@ -749,12 +749,13 @@ impl Scoped {
     /// mode, the files it was imported from); returns how many episodes it had.
     pub async fn reset(&self, session: &str) -> AppResult<u64> {
         let stats = self.known(session).await?;
-        self.engine().reset(session).await?;
+        // Its events first: those still queued are written, then dropped with the rest.
         self.app
             .inner
             .events
             .forget_session(&self.tenant, session)
             .await;
+        self.engine().reset(session).await?;
         self.publish("session.reset", Some(session), None, serde_json::json!({}));
         Ok(stats.episodes)
     }

@@ -183,6 +183,18 @@ fn format_name(f: Format) -> &'static str {
     }
 }
 
+/// The folder to follow, canonical; an error that says what to give when `dir` is not an
+/// existing directory.
+pub fn folder(dir: &Path) -> AppResult<PathBuf> {
+    std::fs::canonicalize(dir)
+        .ok()
+        .filter(|d| d.is_dir())
+        .ok_or_else(|| {
+            AppError::invalid(format!("{} is not a directory", dir.display()))
+                .hint("give the folder to follow (e.g. ~/.claude/projects)")
+        })
+}
+
 /// One follow of a folder (see the module doc).
 pub struct Watcher {
     dir: PathBuf,
@@ -209,13 +221,7 @@ impl Scoped {
         opts: WatchOptions,
         notes: NoteSink,
     ) -> AppResult<Watcher> {
-        let dir = std::fs::canonicalize(dir)
-            .ok()
-            .filter(|d| d.is_dir())
-            .ok_or_else(|| {
-                AppError::invalid(format!("{} is not a directory", dir.display()))
-                    .hint("give the folder to follow (e.g. ~/.claude/projects)")
-            })?;
+        let dir = folder(dir)?;
         let watched = Watched::new(self.app.store());
         let files: BTreeMap<String, WatchedFile> = watched
             .all()
@@ -370,12 +376,16 @@ impl Watcher {
         let mut f = match self.files.get(&key) {
             Some(f) => f.clone(),
             None => {
-                // First sight: a baseline at the end of its last complete line.
-                let offset = if self.opts.backfill {
-                    0
+                // First sight: a baseline at the end of its last complete line, with the
+                // lines before it counted while they are at hand.
+                let (offset, lines) = if self.opts.backfill {
+                    (0, 0)
                 } else {
                     match read_from(path, 0) {
-                        Ok(b) => complete_lines(&b) as u64,
+                        Ok(b) => {
+                            let end = complete_lines(&b);
+                            (end as u64, count_lines(&b[..end]))
+                        }
                         Err(e) => return cannot(self, e),
                     }
                 };
@@ -384,7 +394,7 @@ impl Watcher {
                     session: None,
                     format: None,
                     offset,
-                    lines: None,
+                    lines: Some(lines),
                 };
                 if !self.opts.backfill {
                     self.note(WatchNote::Baseline {
@@ -402,8 +412,8 @@ impl Watcher {
             f.offset = 0;
             f.lines = Some(0);
         }
-        // Episode keys carry the file's own line numbers: count the lines before the offset
-        // once (a baseline, or a record from an older abridge), then keep count.
+        // Episode keys carry the file's own line numbers: a record from an older abridge has
+        // no count yet, so count the lines before its offset once; then keep count.
         let first_line = match f.lines {
             Some(n) => n,
             None if f.offset == 0 => 0,

@@ -12,7 +12,7 @@ use clap::Args;
 use abridge::app::watch::{WatchNote, WatchOptions};
 
 use super::commands::{choose_backend, note};
-use super::{Exit, Failure, Settings};
+use super::{Failure, Settings};
 
 #[derive(Args, Debug)]
 pub struct WatchArgs {
@@ -42,15 +42,8 @@ pub struct WatchArgs {
 }
 
 pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
-    if !a.dir.is_dir() {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow::anyhow!(
-                "{} is not a directory — give the folder to follow (e.g. ~/.claude/projects)",
-                a.dir.display()
-            ),
-        ));
-    }
+    // Checked before the backend is chosen, so a wrong folder is what gets reported.
+    abridge::app::watch::folder(&a.dir).map_err(|e| super::app::fail(s, e))?;
     let backend = choose_backend(s).await?;
     let local = super::app::local(s, Some(&backend))?;
     let quiet = s.quiet;
