@@ -584,4 +584,7 @@ impl tx::GuestParser for ParserResource {
     }
 }
 
+#[path = "component_memory.rs"]
+mod component_memory;
+
 bindings::export!(Component with_types_in self::bindings);

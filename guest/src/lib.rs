@@ -12,6 +12,7 @@ pub mod embed;
 pub mod engine;
 pub mod extractive;
 pub mod freshness;
+pub mod memory;
 pub mod plan;
 pub mod policy;
 pub mod prompt;

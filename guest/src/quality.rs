@@ -24,9 +24,7 @@ pub fn check(
     // budget that reads the chain. The estimator over-counts BPE tokens a little, hence the
     // margin.
     let tokens = crate::tokens::estimate_tokens(cleaned);
-    let ceiling = max_output_tokens
-        .saturating_add(max_output_tokens / 2)
-        .max(64);
+    let ceiling = output_ceiling(max_output_tokens);
     if tokens > ceiling {
         return Err(format!(
             "the output is about {tokens} tokens, far over the {max_output_tokens}-token \
@@ -53,6 +51,13 @@ pub fn check(
         ));
     }
     Ok(())
+}
+
+/// The longest output (estimated tokens) the gate lets through for an output limit.
+pub fn output_ceiling(max_output_tokens: u32) -> u32 {
+    max_output_tokens
+        .saturating_add(max_output_tokens / 2)
+        .max(64)
 }
 
 /// Speaker labels that start the lines of a transcript.

@@ -225,6 +225,18 @@ macro_rules! summarizer {
     }};
 }
 
+/// One call of a `memories` export in a fresh instance.
+macro_rules! memories {
+    ($self:ident, $method:ident($($arg:expr),*)) => {{
+        let (mut store, g) = $self.instance().await?;
+        g.abridge_engine_memories()
+            .$method(&mut store, $($arg),*)
+            .await
+            .map_err(|e| $self.trap(e))?
+            .map_err(CallError::Engine)
+    }};
+}
+
 /// The engine, ready to call: a shared compiled guest plus the embedder's LLM, store, clock
 /// and log sink. Each call runs in a fresh instance, so a trap in one call cannot affect
 /// another.
@@ -239,6 +251,7 @@ pub struct Abridge {
     lockstep: bool,
     memory_limit: usize,
     fuel: u64,
+    recall: Option<crate::imports::RecallBinding>,
 }
 
 /// A streaming transcript parser inside the sandbox (see [`Abridge::parser`]).
@@ -295,6 +308,7 @@ pub struct AbridgeBuilder {
     lockstep: bool,
     memory_limit: usize,
     fuel: u64,
+    recall: Option<crate::imports::RecallBinding>,
 }
 
 impl Abridge {
@@ -313,6 +327,7 @@ impl Abridge {
             lockstep: false,
             memory_limit: crate::sandbox::DEFAULT_MEMORY_LIMIT,
             fuel: crate::sandbox::DEFAULT_FUEL,
+            recall: None,
         }
     }
 
@@ -355,6 +370,7 @@ impl Abridge {
                 .instances(8)
                 .trap_on_grow_failure(true)
                 .build(),
+            recall: self.recall.clone(),
         };
         let mut store = WasmStore::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -393,6 +409,55 @@ impl Abridge {
         CallError::Host(e.context(
             "the engine trapped (a bug in the guest); the store is unchanged by this call",
         ))
+    }
+
+    /// Store memories, each in its cluster (see the WIT `memories.remember`).
+    pub async fn remember(
+        &self,
+        items: &[crate::types::MemoryIn],
+        cfg: &crate::types::MemoryConfig,
+    ) -> Result<Vec<crate::types::Remembered>, CallError> {
+        memories!(self, call_remember(items, cfg))
+    }
+
+    /// Bring a cluster's summary to its member set.
+    pub async fn summarize_cluster(
+        &self,
+        cluster: u64,
+        cfg: &Config,
+        mcfg: &crate::types::MemoryConfig,
+    ) -> Result<crate::types::ClusterOutcome, CallError> {
+        memories!(self, call_summarize_cluster(cluster, cfg, mcfg))
+    }
+
+    /// Delete a memory (and a summary that covered it).
+    pub async fn forget(
+        &self,
+        id: &str,
+        mcfg: &crate::types::MemoryConfig,
+    ) -> Result<Option<crate::types::Forgotten>, CallError> {
+        memories!(self, call_forget(id, mcfg))
+    }
+
+    /// The best memories and summaries for a query.
+    pub async fn recall(
+        &self,
+        query: &str,
+        filter: &crate::types::MemoryFilter,
+        k: u32,
+        summaries: bool,
+        mcfg: &crate::types::MemoryConfig,
+    ) -> Result<Vec<crate::types::Recalled>, CallError> {
+        memories!(self, call_recall(query, filter, k, summaries, mcfg))
+    }
+
+    /// The offline lexical embedder's vectors.
+    pub async fn embed_lexical(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_memories()
+            .call_embed_lexical(&mut store, texts)
+            .await
+            .map_err(|e| self.trap(e))
     }
 
     /// Create a fresh instance and drop it, without calling the guest: what every call pays
@@ -600,6 +665,22 @@ impl AbridgeBuilder {
         self
     }
 
+    /// Give the engine a memory store scoped to `tenant` and, optionally, an embedding backend
+    /// (without one only the guest's offline lexical embedder works).
+    pub fn memories(
+        mut self,
+        store: Arc<dyn crate::store::RecallStore>,
+        tenant: &str,
+        embedder: Option<Arc<dyn crate::backend::embedding::Embedder>>,
+    ) -> Self {
+        self.recall = Some(crate::imports::RecallBinding {
+            store,
+            tenant: tenant.to_string(),
+            embedder,
+        });
+        self
+    }
+
     /// Load the component (unless a runtime was given) and finish.
     pub fn build(self) -> Result<Abridge> {
         let store = self
@@ -622,6 +703,7 @@ impl AbridgeBuilder {
             lockstep: self.lockstep,
             memory_limit: self.memory_limit,
             fuel: self.fuel,
+            recall: self.recall,
         })
     }
 }

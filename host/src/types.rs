@@ -6,7 +6,14 @@ pub use crate::bindings::abridge::engine::store::{
     CachedAnswer, CalibrationTotals as Calibration, Episode, EpisodeRange, FailureMarker,
     NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
+pub use crate::bindings::abridge::engine::memory_store::{
+    Centroid, ClusterSummary, Embedding, Filter as MemoryFilter, Hit, HitKind, Memory, NewMemory,
+    Scope, StoredMemory, SummaryWrite as ClusterSummaryWrite,
+};
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
+pub use crate::bindings::exports::abridge::engine::memories::{
+    ClusterAction, ClusterOutcome, Forgotten, MemoryConfig, MemoryIn, Recalled, Remembered,
+};
 pub use crate::bindings::exports::abridge::engine::summarizer::{
     Config, ContextRequest, ContextWindow, Engine, FreshState, FreshnessReport, Mode, Outcome,
     Path as PlanPath, PlanReport, Rendering,
@@ -150,6 +157,21 @@ impl Prompt {
                 .collect::<Vec<_>>()
                 .join("\n"),
             Prompt::Raw(s) => s.clone(),
+        }
+    }
+}
+
+impl Default for MemoryConfig {
+    /// The documented defaults: the offline lexical embedder, join a cluster at cosine 0.35,
+    /// summarize from 3 members, keep a summary at cosine 0.3 to its centroid, derive the
+    /// prompt budget from the context.
+    fn default() -> Self {
+        MemoryConfig {
+            embedder: "abridge-lexical-v1".into(),
+            min_similarity: 0.35,
+            min_cluster_items: 3,
+            summary_min_similarity: 0.3,
+            prompt_budget: 0,
         }
     }
 }

@@ -14,7 +14,10 @@ use crate::types::Level;
 mod clock;
 mod llm;
 mod log;
+mod memory_store;
 mod store;
+
+pub use memory_store::RecallBinding;
 
 /// Receives the guest's log lines.
 pub type LogSink = Arc<dyn Fn(Level, &str) + Send + Sync>;
@@ -34,6 +37,7 @@ pub struct HostState {
     pub(crate) lockstep: bool,
     pub(crate) control: Option<Arc<crate::control::CallControl>>,
     pub(crate) limits: wasmtime::StoreLimits,
+    pub(crate) recall: Option<RecallBinding>,
 }
 
 impl WasiView for HostState {

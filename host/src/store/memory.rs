@@ -29,12 +29,20 @@ pub struct MemoryStore {
     failures: Mutex<BTreeMap<String, FailureMarker>>,
     /// The app's tables (jobs, sources, marks, modes, tokens).
     pub(super) tables: Mutex<super::memory_tables::Tables>,
+    recall: Mutex<super::recall::RecallTables>,
 }
 
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    pub(super) fn recall<T>(&self, f: impl FnOnce(&mut super::recall::RecallTables) -> T) -> T {
+        f(&mut self
+            .recall
+            .lock()
+            .expect("the store's lock is poisoned by an earlier panic"))
     }
 
     fn with<T>(

@@ -9,12 +9,15 @@ use crate::types::{
 
 mod memory;
 mod memory_tables;
+pub mod recall;
 mod sqlite;
+mod sqlite_recall;
 mod sqlite_tables;
 pub mod tables;
 
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
+pub use recall::{ClusterRow, RecallStore, Unsettled};
 pub use tables::{
     AppStore, EventRow, EventStore, JobScope, JobStore, SourceStore, TokenRow, TokenStore,
 };

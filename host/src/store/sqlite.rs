@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/013-episode-speakers.sql"),
     include_str!("migrations/014-tokens.sql"),
     include_str!("migrations/015-events.sql"),
+    include_str!("migrations/016-memories.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -55,6 +56,9 @@ const OWN_TABLES: &[&str] = &[
     "session_modes",
     "tokens",
     "events",
+    "clusters",
+    "memories",
+    "cluster_summaries",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.

@@ -206,6 +206,12 @@ pub trait EventStore: Send + Sync {
 }
 
 /// Everything the app keeps: the engine's store and the app's tables, in one place.
-pub trait AppStore: Store + JobStore + SourceStore + TokenStore + EventStore {}
+pub trait AppStore:
+    Store + JobStore + SourceStore + TokenStore + EventStore + super::RecallStore
+{
+}
 
-impl<T: Store + JobStore + SourceStore + TokenStore + EventStore> AppStore for T {}
+impl<T: Store + JobStore + SourceStore + TokenStore + EventStore + super::RecallStore> AppStore
+    for T
+{
+}

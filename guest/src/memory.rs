@@ -1,0 +1,1211 @@
+//! Memories and cluster summaries: the decisions. The host stores memories, vectors and
+//! summaries and searches them (the [`MemoryHost`] trait); this module decides which cluster a
+//! memory joins, when a cluster's summary is missing or stale, what the summary prompt holds
+//! (in parts when the members exceed the budget), whether a summary is good enough to keep,
+//! and how recall ranks what the search found.
+//!
+//! The rules:
+//! - A memory clusters only within its scope (user, project, environment, kind, key). It joins
+//!   the cluster whose centroid is nearest by cosine, if that similarity is at least
+//!   `min_similarity`; otherwise it opens a new cluster. Ties go to the older cluster.
+//! - A cluster is summarized once it has `min_cluster_items` active members. The summary is
+//!   keyed by a hash of its member set: the same set is never summarized twice, and a write
+//!   whose expected hash is no longer current is refused by the store (a racing writer won).
+//! - A refresh folds only the new members into the summary when every member it covered is
+//!   still there; after a delete it is written from scratch from the survivors, so a deleted
+//!   memory's text cannot survive in it. Deleting a covered memory deletes the summary at once.
+//! - A summary's importance is the largest of its members' (a summary is as important as the
+//!   most important fact it states); recall scores are `similarity × (0.5 + importance / 2)`.
+
+use std::collections::BTreeSet;
+
+use sha2::{Digest, Sha256};
+
+use crate::embed;
+use crate::plan::plan_groups;
+use crate::policy::{Config, Engine, Rendering};
+use crate::prompt::{self, Built};
+use crate::quality;
+use crate::strip;
+use crate::tokens::{MESSAGE_OVERHEAD, estimate_tokens};
+use crate::types::{Error, Level, Message, Prompt, Request, Response, Role};
+
+/// Longest memory text, in bytes.
+pub const MAX_MEMORY_BYTES: usize = 8 * 1024;
+
+/// Longest scope field or id, in characters.
+pub const MAX_FIELD_CHARS: usize = 200;
+
+/// Where a memory belongs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Scope {
+    /// Whose memory.
+    pub user: String,
+    /// Project.
+    pub project: String,
+    /// Environment.
+    pub environment: String,
+    /// Kind of fact.
+    pub kind: String,
+    /// Subject.
+    pub key: String,
+}
+
+/// Which memories a search looks at.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Filter {
+    /// User.
+    pub user: Option<String>,
+    /// Project.
+    pub project: Option<String>,
+    /// Environment.
+    pub environment: Option<String>,
+    /// Kind.
+    pub kind: Option<String>,
+    /// Key.
+    pub key: Option<String>,
+}
+
+/// Vectors from the embedder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embedding {
+    /// Model.
+    pub model: String,
+    /// Dimension.
+    pub dim: u32,
+    /// One per text.
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens counted by the server.
+    pub tokens: u32,
+}
+
+/// A cluster's centre.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Centroid {
+    /// Cluster id.
+    pub cluster: u64,
+    /// Embedding model of its vectors.
+    pub model: String,
+    /// Mean vector.
+    pub vector: Vec<f32>,
+    /// Active members.
+    pub members: u32,
+}
+
+/// A memory to store.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewMemory {
+    /// Id.
+    pub id: String,
+    /// Scope.
+    pub scope: Scope,
+    /// Text.
+    pub text: String,
+    /// Importance, 0 to 1.
+    pub importance: f32,
+    /// Estimated tokens.
+    pub tokens: u32,
+    /// Written at.
+    pub created_ms: u64,
+    /// Embedding model.
+    pub model: String,
+    /// Vector.
+    pub vector: Vec<f32>,
+    /// Cluster to join, `None` for a new one.
+    pub cluster: Option<u64>,
+}
+
+/// What storing did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// Its cluster.
+    pub cluster: u64,
+    /// False for an id already stored.
+    pub created: bool,
+    /// Active members of the cluster.
+    pub members: u32,
+}
+
+/// A stored memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Memory {
+    /// Id.
+    pub id: String,
+    /// Scope.
+    pub scope: Scope,
+    /// Text.
+    pub text: String,
+    /// Importance.
+    pub importance: f32,
+    /// Estimated tokens.
+    pub tokens: u32,
+    /// Written at.
+    pub created_ms: u64,
+    /// Cluster.
+    pub cluster: u64,
+}
+
+/// A cluster summary row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSummary {
+    /// Row id.
+    pub id: u64,
+    /// Cluster.
+    pub cluster: u64,
+    /// Text.
+    pub text: String,
+    /// Hash of the member set it covers.
+    pub member_hash: String,
+    /// Ids it covers.
+    pub sources: Vec<String>,
+    /// Importance.
+    pub importance: f32,
+    /// Estimated tokens.
+    pub tokens: u32,
+    /// Model that wrote it.
+    pub model: String,
+    /// Calls that produced the current text.
+    pub calls: u32,
+    /// Their prompt tokens.
+    pub prompt_tokens: u32,
+    /// Their output tokens.
+    pub output_tokens: u32,
+    /// Created at.
+    pub created_ms: u64,
+    /// Text replaced at.
+    pub updated_ms: u64,
+}
+
+/// A summary to write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SummaryWrite {
+    /// Cluster.
+    pub cluster: u64,
+    /// Member hash of the summary it replaces (`None`: there must be none).
+    pub expect: Option<String>,
+    /// Hash of the member set.
+    pub member_hash: String,
+    /// Ids covered.
+    pub sources: Vec<String>,
+    /// Text.
+    pub text: String,
+    /// Estimated tokens.
+    pub tokens: u32,
+    /// Importance.
+    pub importance: f32,
+    /// Model.
+    pub model: String,
+    /// Embedding model of `vector`.
+    pub vector_model: String,
+    /// The text's vector.
+    pub vector: Vec<f32>,
+    /// Calls made.
+    pub calls: u32,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens.
+    pub output_tokens: u32,
+    /// Now.
+    pub now_ms: u64,
+}
+
+/// Memory or summary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HitKind {
+    /// A memory.
+    Memory,
+    /// A cluster summary.
+    Summary,
+}
+
+/// A search candidate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hit {
+    /// Kind.
+    pub kind: HitKind,
+    /// Id.
+    pub id: String,
+    /// Text.
+    pub text: String,
+    /// Cosine similarity.
+    pub similarity: f32,
+    /// Importance.
+    pub importance: f32,
+    /// Cluster.
+    pub cluster: u64,
+    /// Sources of a summary.
+    pub sources: Vec<String>,
+}
+
+/// The I/O memory calls need (the `memory-store` import, plus the model, clock and log).
+pub trait MemoryHost {
+    /// Embed texts with the host's backend.
+    fn embed(&mut self, texts: &[String]) -> Result<Embedding, Error>;
+    /// Clusters of a scope.
+    fn centroids(&mut self, scope: &Scope) -> Result<Vec<Centroid>, Error>;
+    /// Store a memory.
+    fn put_memory(&mut self, m: NewMemory) -> Result<Stored, Error>;
+    /// A memory by id.
+    fn get_memory(&mut self, id: &str) -> Result<Option<Memory>, Error>;
+    /// A cluster's active members, oldest first.
+    fn members(&mut self, cluster: u64) -> Result<Vec<Memory>, Error>;
+    /// Delete a memory.
+    fn delete_memory(&mut self, id: &str) -> Result<Option<Memory>, Error>;
+    /// Replace a cluster's vectors.
+    fn set_vectors(
+        &mut self,
+        cluster: u64,
+        model: &str,
+        vectors: Vec<(String, Vec<f32>)>,
+    ) -> Result<(), Error>;
+    /// A cluster's summary.
+    fn summary(&mut self, cluster: u64) -> Result<Option<ClusterSummary>, Error>;
+    /// Write a summary if the expected hash holds.
+    fn write_summary(&mut self, w: SummaryWrite) -> Result<bool, Error>;
+    /// Delete a cluster's summary.
+    fn delete_summary(&mut self, cluster: u64) -> Result<(), Error>;
+    /// Record (or clear) why a cluster's last summary was discarded.
+    fn set_cluster_note(&mut self, cluster: u64, note: Option<String>) -> Result<(), Error>;
+    /// Nearest memories and summaries.
+    fn search(
+        &mut self,
+        query: &[f32],
+        model: &str,
+        filter: &Filter,
+        limit: u32,
+    ) -> Result<Vec<Hit>, Error>;
+    /// Run several model requests.
+    fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>>;
+    /// Now.
+    fn now_ms(&mut self) -> u64;
+    /// A log line.
+    fn log(&mut self, level: Level, msg: &str);
+}
+
+/// Settings of memory calls (mirrors the WIT `memory-config`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryConfig {
+    /// Embedding model (the lexical one runs here).
+    pub embedder: String,
+    /// Least cosine similarity to join a cluster.
+    pub min_similarity: f32,
+    /// Members a cluster needs for a summary.
+    pub min_cluster_items: u32,
+    /// Least similarity of a summary to its cluster's centroid.
+    pub summary_min_similarity: f32,
+    /// Most prompt tokens of one summary call (0: derived).
+    pub prompt_budget: u32,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            embedder: embed::LEXICAL_MODEL.into(),
+            min_similarity: 0.35,
+            min_cluster_items: 3,
+            summary_min_similarity: 0.3,
+            prompt_budget: 0,
+        }
+    }
+}
+
+/// A memory to write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryIn {
+    /// Id (made by the host when the client gave none).
+    pub id: String,
+    /// Scope.
+    pub scope: Scope,
+    /// Text.
+    pub text: String,
+    /// Importance.
+    pub importance: f32,
+}
+
+/// What a write did with one memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Remembered {
+    /// Id.
+    pub id: String,
+    /// Cluster.
+    pub cluster: u64,
+    /// False when already stored.
+    pub created: bool,
+    /// The cluster's active members.
+    pub members: u32,
+    /// The cluster should be summarized.
+    pub due: bool,
+}
+
+/// What summarizing a cluster did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Already current.
+    Unchanged,
+    /// First summary.
+    Created,
+    /// Regenerated.
+    Refreshed,
+    /// Under the minimum: summary deleted.
+    Deleted,
+    /// Under the minimum, no summary.
+    TooFew,
+    /// Another writer won.
+    LostRace,
+}
+
+/// The result of summarizing one cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterOutcome {
+    /// What happened.
+    pub action: Action,
+    /// The summary now.
+    pub summary: Option<ClusterSummary>,
+    /// Calls made.
+    pub calls: u32,
+    /// Prompt tokens spent.
+    pub prompt_tokens: u32,
+    /// Output tokens.
+    pub output_tokens: u32,
+}
+
+/// What a delete did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forgotten {
+    /// Its cluster.
+    pub cluster: u64,
+    /// The cluster's summary covered it and was deleted.
+    pub summary_deleted: bool,
+    /// Summarize the cluster again.
+    pub due: bool,
+}
+
+/// One recall result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recalled {
+    /// Kind.
+    pub kind: HitKind,
+    /// Id.
+    pub id: String,
+    /// Text.
+    pub text: String,
+    /// Weighted score.
+    pub score: f32,
+    /// Similarity.
+    pub similarity: f32,
+    /// Importance.
+    pub importance: f32,
+    /// Cluster.
+    pub cluster: u64,
+    /// Sources.
+    pub sources: Vec<String>,
+}
+
+fn invalid(m: impl Into<String>) -> Error {
+    Error::InvalidInput(m.into())
+}
+
+fn check_field(what: &str, value: &str, required: bool) -> Result<(), Error> {
+    if required && value.trim().is_empty() {
+        return Err(invalid(format!("the memory's {what} is empty; give one")));
+    }
+    if value.chars().count() > MAX_FIELD_CHARS {
+        return Err(invalid(format!(
+            "the memory's {what} is longer than {MAX_FIELD_CHARS} characters; shorten it"
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "the memory's {what} holds control characters; remove them"
+        )));
+    }
+    Ok(())
+}
+
+/// Check one memory a caller sent.
+pub fn validate(m: &MemoryIn) -> Result<(), Error> {
+    check_field("id", &m.id, true)?;
+    check_field("user", &m.scope.user, true)?;
+    check_field("project", &m.scope.project, false)?;
+    check_field("environment", &m.scope.environment, false)?;
+    check_field("type", &m.scope.kind, true)?;
+    check_field("key", &m.scope.key, true)?;
+    if m.text.trim().is_empty() {
+        return Err(invalid(format!("memory '{}' has no text; give the fact", m.id)));
+    }
+    if m.text.len() > MAX_MEMORY_BYTES {
+        return Err(invalid(format!(
+            "memory '{}' is {} bytes, over the {MAX_MEMORY_BYTES}-byte limit; a memory is one fact — split it",
+            m.id,
+            m.text.len()
+        )));
+    }
+    if !(0.0..=1.0).contains(&m.importance) {
+        return Err(invalid(format!(
+            "memory '{}' has importance {}; give a number from 0 to 1",
+            m.id, m.importance
+        )));
+    }
+    Ok(())
+}
+
+fn check_config(cfg: &MemoryConfig) -> Result<(), Error> {
+    if cfg.min_cluster_items < 2 {
+        return Err(invalid(
+            "SUMMARY_MIN_CLUSTER_ITEMS must be at least 2 (a summary of one memory is the memory)",
+        ));
+    }
+    for (name, v) in [
+        ("SUMMARY_CLUSTER_MIN_SIMILARITY", cfg.min_similarity),
+        ("SUMMARY_MIN_CENTROID_SIMILARITY", cfg.summary_min_similarity),
+    ] {
+        if !(-1.0..=1.0).contains(&v) {
+            return Err(invalid(format!(
+                "{name} is {v}; give a cosine similarity from -1 to 1"
+            )));
+        }
+    }
+    if cfg.embedder.trim().is_empty() {
+        return Err(invalid("the embedding model is empty; name one"));
+    }
+    Ok(())
+}
+
+/// Embed texts: the lexical embedder here, any other model through the host. The answer is
+/// checked: one finite vector of the stated dimension per text.
+pub fn embed_texts(
+    h: &mut impl MemoryHost,
+    cfg: &MemoryConfig,
+    texts: &[String],
+) -> Result<Embedding, Error> {
+    if cfg.embedder == embed::LEXICAL_MODEL {
+        return Ok(Embedding {
+            model: embed::LEXICAL_MODEL.into(),
+            dim: embed::LEXICAL_DIM as u32,
+            vectors: texts
+                .iter()
+                .map(|t| embed::lexical(t, embed::LEXICAL_DIM))
+                .collect(),
+            tokens: 0,
+        });
+    }
+    if texts.is_empty() {
+        return Ok(Embedding {
+            model: cfg.embedder.clone(),
+            dim: 0,
+            vectors: Vec::new(),
+            tokens: 0,
+        });
+    }
+    let e = h.embed(texts)?;
+    let bad = |why: String| Error::Server(format!("the embedding backend {why}"));
+    if e.vectors.len() != texts.len() {
+        return Err(bad(format!(
+            "returned {} vectors for {} texts",
+            e.vectors.len(),
+            texts.len()
+        )));
+    }
+    if e.dim == 0 {
+        return Err(bad("reported dimension 0".into()));
+    }
+    for (i, v) in e.vectors.iter().enumerate() {
+        if v.len() != e.dim as usize {
+            return Err(bad(format!(
+                "returned a vector of {} values for input {} of {}, not {}",
+                v.len(),
+                i + 1,
+                texts.len(),
+                e.dim
+            )));
+        }
+        if v.iter().any(|x| !x.is_finite()) {
+            return Err(bad(format!(
+                "returned a vector with non-finite values for input {} of {}",
+                i + 1,
+                texts.len()
+            )));
+        }
+    }
+    Ok(e)
+}
+
+/// Cosine similarity of two vectors of any length (0 when either is zero or they differ in
+/// length), summed in f64 so the result does not depend on summation order quirks.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() || a.is_empty() {
+        return 0.0;
+    }
+    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(*x), f64::from(*y));
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na == 0.0 || nb == 0.0 {
+        return 0.0;
+    }
+    (dot / (na.sqrt() * nb.sqrt())) as f32
+}
+
+/// The cluster a vector joins: the nearest centroid of `model` at or over `min`, ties to the
+/// older (lower id) cluster. `None`: open a new cluster.
+pub fn nearest(centroids: &[Centroid], model: &str, vector: &[f32], min: f32) -> Option<u64> {
+    let mut best: Option<(f32, u64)> = None;
+    for c in centroids.iter().filter(|c| c.model == model && c.members > 0) {
+        let s = cosine(&c.vector, vector);
+        if s < min {
+            continue;
+        }
+        let better = match best {
+            None => true,
+            Some((bs, bid)) => s > bs || (s == bs && c.cluster < bid),
+        };
+        if better {
+            best = Some((s, c.cluster));
+        }
+    }
+    best.map(|(_, id)| id)
+}
+
+/// The hash a summary is keyed by: SHA-256 of the sorted member ids (hex, 32 digits).
+pub fn member_hash(ids: &[String]) -> String {
+    let set: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    let mut h = Sha256::new();
+    for id in set {
+        h.update(id.as_bytes());
+        h.update([0u8]);
+    }
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A summary's importance: the largest of its members'.
+pub fn propagated_importance(members: &[Memory]) -> f32 {
+    members.iter().map(|m| m.importance).fold(0.0, f32::max)
+}
+
+/// The recall score of a hit.
+pub fn score(similarity: f32, importance: f32) -> f32 {
+    similarity * (0.5 + importance.clamp(0.0, 1.0) / 2.0)
+}
+
+/// Re-embed the clusters of `centroids` whose vectors come from another model than `model`,
+/// and return the scope's centroids as they stand afterwards.
+fn current_centroids(
+    h: &mut impl MemoryHost,
+    cfg: &MemoryConfig,
+    scope: &Scope,
+    model: &str,
+) -> Result<Vec<Centroid>, Error> {
+    let cs = h.centroids(scope)?;
+    let stale: Vec<u64> = cs
+        .iter()
+        .filter(|c| c.model != model && c.members > 0)
+        .map(|c| c.cluster)
+        .collect();
+    if stale.is_empty() {
+        return Ok(cs);
+    }
+    for cluster in stale {
+        let members = h.members(cluster)?;
+        let texts: Vec<String> = members.iter().map(|m| m.text.clone()).collect();
+        let e = embed_texts(h, cfg, &texts)?;
+        h.log(
+            Level::Info,
+            &format!(
+                "cluster {cluster}: re-embedding {} memories with {} (the embedding model changed)",
+                members.len(),
+                e.model
+            ),
+        );
+        let pairs = members.into_iter().map(|m| m.id).zip(e.vectors).collect();
+        h.set_vectors(cluster, &e.model, pairs)?;
+    }
+    h.centroids(scope)
+}
+
+/// Store memories, each in its cluster; clusters that reach the minimum (or grow past it)
+/// come back `due`.
+pub fn remember(
+    h: &mut impl MemoryHost,
+    items: &[MemoryIn],
+    cfg: &MemoryConfig,
+) -> Result<Vec<Remembered>, Error> {
+    check_config(cfg)?;
+    for m in items {
+        validate(m)?;
+    }
+    let texts: Vec<String> = items.iter().map(|m| m.text.clone()).collect();
+    let e = embed_texts(h, cfg, &texts)?;
+    let now = h.now_ms();
+    let mut out = Vec::with_capacity(items.len());
+    // Centroids of the scopes seen in this call, kept current as memories join.
+    let mut known: Vec<(Scope, Vec<Centroid>)> = Vec::new();
+    for (m, vector) in items.iter().zip(e.vectors) {
+        let slot = match known.iter().position(|(s, _)| *s == m.scope) {
+            Some(i) => i,
+            None => {
+                let cs = current_centroids(h, cfg, &m.scope, &e.model)?;
+                known.push((m.scope.clone(), cs));
+                known.len() - 1
+            }
+        };
+        let cluster = nearest(&known[slot].1, &e.model, &vector, cfg.min_similarity);
+        let stored = h.put_memory(NewMemory {
+            id: m.id.clone(),
+            scope: m.scope.clone(),
+            text: m.text.clone(),
+            importance: m.importance,
+            tokens: estimate_tokens(&m.text),
+            created_ms: now,
+            model: e.model.clone(),
+            vector: vector.clone(),
+            cluster,
+        })?;
+        if stored.created {
+            let cs = &mut known[slot].1;
+            match cs.iter_mut().find(|c| c.cluster == stored.cluster) {
+                Some(c) => {
+                    // Incremental mean: c + (v - c) / n.
+                    let n = stored.members.max(1) as f32;
+                    for (x, v) in c.vector.iter_mut().zip(&vector) {
+                        *x += (v - *x) / n;
+                    }
+                    c.members = stored.members;
+                }
+                None => cs.push(Centroid {
+                    cluster: stored.cluster,
+                    model: e.model.clone(),
+                    vector,
+                    members: stored.members,
+                }),
+            }
+        }
+        out.push(Remembered {
+            id: m.id.clone(),
+            cluster: stored.cluster,
+            created: stored.created,
+            members: stored.members,
+            due: stored.created && stored.members >= cfg.min_cluster_items,
+        });
+    }
+    Ok(out)
+}
+
+/// Delete a memory; a summary that covered it is deleted at once.
+pub fn forget(
+    h: &mut impl MemoryHost,
+    id: &str,
+    cfg: &MemoryConfig,
+) -> Result<Option<Forgotten>, Error> {
+    check_config(cfg)?;
+    let Some(gone) = h.delete_memory(id)? else {
+        return Ok(None);
+    };
+    let summary = h.summary(gone.cluster)?;
+    let covered = summary
+        .as_ref()
+        .is_some_and(|s| s.sources.iter().any(|x| x == id));
+    if covered {
+        h.delete_summary(gone.cluster)?;
+    }
+    let left = h.members(gone.cluster)?.len() as u32;
+    Ok(Some(Forgotten {
+        cluster: gone.cluster,
+        summary_deleted: covered,
+        due: left >= cfg.min_cluster_items,
+    }))
+}
+
+/// Instructions for a summary of related facts.
+pub const FACTS_SYSTEM: &str = "You condense related facts from a memory system into one \
+summary. The facts below are about one subject, one per line. Write one paragraph of at most \
+5 sentences that states every fact, merges duplicates and says so when facts conflict. Keep \
+names, numbers, dates and identifiers exactly as written. Do not add anything the facts do not \
+say, do not greet and do not comment on the task. Output only the summary text.";
+
+/// Instructions for folding new facts into a summary.
+pub const FACTS_UPDATE_SYSTEM: &str = "You maintain the summary of related facts in a memory \
+system. You are given the current summary and new facts about the same subject. Write one \
+updated paragraph of at most 5 sentences that states everything in the current summary and \
+every new fact, merges duplicates and says so when facts conflict. Keep names, numbers, dates \
+and identifiers exactly as written. Do not add anything else. Output only the summary text.";
+
+/// Instructions for merging summaries of parts of one cluster.
+pub const FACTS_REDUCE_SYSTEM: &str = "You merge partial summaries of groups of related facts \
+about one subject into one summary for a memory system. Write one paragraph of at most 5 \
+sentences that keeps every fact the partial summaries state, merges duplicates and says so \
+when facts conflict. Keep names, numbers, dates and identifiers exactly as written. Do not add \
+anything else. Output only the summary text.";
+
+fn built(system: &str, body: String) -> Built {
+    let messages = vec![
+        Message::new(Role::System, system),
+        Message::new(Role::User, body),
+    ];
+    let chatml = prompt::render_chatml(&messages);
+    Built { messages, chatml }
+}
+
+fn fact_line(text: &str) -> String {
+    // One line per fact: newlines inside a fact would read as further facts.
+    let flat: Vec<&str> = text.split_whitespace().collect();
+    format!("- {}", prompt::neutralize(&flat.join(" ")))
+}
+
+/// The prompt for `facts`, folded into `previous` when given.
+pub fn facts_prompt(facts: &[&str], previous: Option<&str>) -> Built {
+    let lines: Vec<String> = facts.iter().map(|f| fact_line(f)).collect();
+    match previous {
+        None => built(
+            FACTS_SYSTEM,
+            format!(
+                "Facts:\n{}\n\nWrite the summary now.",
+                lines.join("\n")
+            ),
+        ),
+        Some(p) => built(
+            FACTS_UPDATE_SYSTEM,
+            format!(
+                "Current summary:\n{}\n\nNew facts:\n{}\n\nWrite the updated summary now.",
+                prompt::neutralize(p.trim()),
+                lines.join("\n")
+            ),
+        ),
+    }
+}
+
+/// The prompt merging partial summaries.
+pub fn reduce_prompt(parts: &[String]) -> Built {
+    let body: Vec<String> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("Part {}:\n{}", i + 1, prompt::neutralize(p.trim())))
+        .collect();
+    built(
+        FACTS_REDUCE_SYSTEM,
+        format!(
+            "Partial summaries:\n\n{}\n\nWrite the merged summary now.",
+            body.join("\n\n")
+        ),
+    )
+}
+
+fn built_tokens(b: &Built) -> u32 {
+    b.messages
+        .iter()
+        .map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD)
+        .sum::<u32>()
+        + MESSAGE_OVERHEAD
+}
+
+/// Estimated prompt tokens of a request as budgets count them.
+fn request_tokens(req: &Request) -> u32 {
+    match &req.prompt {
+        Prompt::Chat(ms) => {
+            ms.iter()
+                .map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD)
+                .sum::<u32>()
+                + MESSAGE_OVERHEAD
+        }
+        Prompt::Raw(s) => estimate_tokens(s),
+    }
+}
+
+fn request(cfg: &Config, b: Built) -> Request {
+    let (prompt, stop) = match cfg.rendering {
+        Rendering::Chat => (Prompt::Chat(b.messages), Vec::new()),
+        Rendering::Chatml => (
+            Prompt::Raw(b.chatml),
+            prompt::CHATML_STOP.iter().map(|s| s.to_string()).collect(),
+        ),
+    };
+    Request {
+        model: cfg.model.clone(),
+        prompt,
+        temperature: cfg.temperature,
+        max_output_tokens: cfg.max_output_tokens,
+        context_length: cfg.context_length,
+        stop,
+        cache_key: None,
+        seed: None,
+    }
+}
+
+/// The prompt budget of one call.
+pub fn budget(cfg: &Config, mcfg: &MemoryConfig) -> u32 {
+    let derived = cfg
+        .context_length
+        .saturating_sub(cfg.max_output_tokens)
+        .saturating_sub(64);
+    if mcfg.prompt_budget == 0 {
+        derived
+    } else {
+        mcfg.prompt_budget.min(derived)
+    }
+}
+
+/// Calls and tokens spent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Spent {
+    /// Calls.
+    pub calls: u32,
+    /// Prompt tokens (reported, else estimated).
+    pub prompt_tokens: u32,
+    /// Output tokens (reported, else estimated).
+    pub output_tokens: u32,
+}
+
+/// Run requests, check each answer, and return the cleaned texts (all or nothing).
+fn run(
+    h: &mut impl MemoryHost,
+    cfg: &Config,
+    reqs: Vec<Request>,
+    spent: &mut Spent,
+) -> Result<Vec<String>, Error> {
+    let estimates: Vec<u32> = reqs.iter().map(request_tokens).collect();
+    let answers = h.generate_batch(reqs);
+    let mut out = Vec::with_capacity(answers.len());
+    for (a, est) in answers.into_iter().zip(estimates) {
+        let r = a?;
+        spent.calls += 1;
+        spent.prompt_tokens += r.prompt_tokens.unwrap_or(est);
+        let cleaned = strip::strip_template_tokens(&r.text);
+        spent.output_tokens += r
+            .output_tokens
+            .unwrap_or_else(|| estimate_tokens(&cleaned));
+        quality::check(&cleaned, r.finish, cfg.max_output_tokens, est)
+            .map_err(Error::RejectedOutput)?;
+        out.push(cleaned);
+    }
+    Ok(out)
+}
+
+/// Summarize facts with the model within `budget` prompt tokens: one call when they fit, else
+/// in parts (grouped by the map-reduce planner) merged level by level. Never truncates.
+fn model_summary(
+    h: &mut impl MemoryHost,
+    cfg: &Config,
+    budget: u32,
+    facts: &[&str],
+    previous: Option<&str>,
+    spent: &mut Spent,
+) -> Result<String, Error> {
+    let whole = facts_prompt(facts, previous);
+    if built_tokens(&whole) <= budget {
+        return Ok(run(h, cfg, vec![request(cfg, whole)], spent)?.remove(0));
+    }
+    // Parts, merged in reduce prompts that must hold two answers at their longest.
+    let reduce_fixed = built_tokens(&reduce_prompt(&[]));
+    let longest = quality::output_ceiling(cfg.max_output_tokens) + crate::plan::LABEL_COST + 4;
+    if reduce_fixed + 2 * longest > budget {
+        return Err(Error::InvalidInput(format!(
+            "the cluster's memories need more than one prompt, and a merge prompt of {budget} tokens cannot hold two answers of up to {} tokens; raise the prompt budget or the context length, or lower the output limit",
+            cfg.max_output_tokens
+        )));
+    }
+    // The fixed part of a prompt, then as many facts as fit.
+    let fixed = built_tokens(&facts_prompt(&[], previous));
+    let room = budget.saturating_sub(fixed);
+    let sizes: Vec<u32> = facts
+        .iter()
+        .map(|f| estimate_tokens(&fact_line(f)) + 1)
+        .collect();
+    if let Some(i) = sizes.iter().position(|s| *s > room) {
+        return Err(Error::InvalidInput(format!(
+            "a memory of about {} tokens does not fit a summary prompt of {budget} tokens; raise the prompt budget or the context length",
+            sizes[i]
+        )));
+    }
+    let groups = group(&sizes, room);
+    let reqs: Vec<Request> = groups
+        .iter()
+        .map(|g| request(cfg, facts_prompt(&facts[g.clone()], previous)))
+        .collect();
+    let mut parts = run(h, cfg, reqs, spent)?;
+    // Merge level by level until one remains.
+    while parts.len() > 1 {
+        let sizes: Vec<u32> = parts.iter().map(|p| estimate_tokens(p) + 4).collect();
+        let groups = plan_groups(&sizes, budget.saturating_sub(reduce_fixed)).ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "two partial summaries do not fit a prompt of {budget} tokens; raise the prompt budget or the context length"
+            ))
+        })?;
+        let reqs: Vec<Request> = groups
+            .iter()
+            .map(|g| request(cfg, reduce_prompt(&parts[g.clone()])))
+            .collect();
+        parts = run(h, cfg, reqs, spent)?;
+    }
+    Ok(parts.remove(0))
+}
+
+/// Group sizes into runs of at most `room`, in order (a single oversized item is its own group;
+/// callers check that none is).
+fn group(sizes: &[u32], room: u32) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut used) = (0, 0u32);
+    for (i, &s) in sizes.iter().enumerate() {
+        if i > start && used + s > room {
+            out.push(start..i);
+            start = i;
+            used = 0;
+        }
+        used += s;
+    }
+    if start < sizes.len() {
+        out.push(start..sizes.len());
+    }
+    out
+}
+
+/// The summary without a model: the distinct facts, most important first, as sentences, up to
+/// the output limit; facts beyond it are counted in a closing sentence, not dropped silently.
+pub fn extractive_summary(members: &[Memory], max_tokens: u32) -> String {
+    let mut order: Vec<&Memory> = members.iter().collect();
+    order.sort_by(|a, b| {
+        b.importance
+            .total_cmp(&a.importance)
+            .then(a.created_ms.cmp(&b.created_ms))
+            .then(a.id.cmp(&b.id))
+    });
+    let mut seen = BTreeSet::new();
+    let mut lines: Vec<String> = Vec::new();
+    let mut used = 0u32;
+    let mut left = 0usize;
+    for m in order {
+        let flat: Vec<&str> = m.text.split_whitespace().collect();
+        let mut s = flat.join(" ");
+        if !seen.insert(s.to_lowercase()) {
+            continue;
+        }
+        if !s.ends_with(['.', '!', '?']) {
+            s.push('.');
+        }
+        let t = estimate_tokens(&s) + 1;
+        if used + t > max_tokens && !lines.is_empty() {
+            left += 1;
+            continue;
+        }
+        used += t;
+        lines.push(s);
+    }
+    let mut out = lines.join(" ");
+    if left > 0 {
+        out.push_str(&format!(
+            " ({left} more related {} not shown.)",
+            if left == 1 { "fact" } else { "facts" }
+        ));
+    }
+    out
+}
+
+/// The centroid of a cluster (from its scope's centroids), if it has one of `model`.
+fn centroid_of(
+    h: &mut impl MemoryHost,
+    scope: &Scope,
+    cluster: u64,
+    model: &str,
+) -> Result<Option<Vec<f32>>, Error> {
+    Ok(h
+        .centroids(scope)?
+        .into_iter()
+        .find(|c| c.cluster == cluster && c.model == model)
+        .map(|c| c.vector))
+}
+
+/// Bring a cluster's summary to its current member set.
+pub fn summarize_cluster(
+    h: &mut impl MemoryHost,
+    cluster: u64,
+    cfg: &Config,
+    mcfg: &MemoryConfig,
+) -> Result<ClusterOutcome, Error> {
+    check_config(mcfg)?;
+    let members = h.members(cluster)?;
+    let current = h.summary(cluster)?;
+    let done = |action, summary, spent: Spent| ClusterOutcome {
+        action,
+        summary,
+        calls: spent.calls,
+        prompt_tokens: spent.prompt_tokens,
+        output_tokens: spent.output_tokens,
+    };
+    if (members.len() as u32) < mcfg.min_cluster_items {
+        return Ok(match current {
+            Some(_) => {
+                h.delete_summary(cluster)?;
+                done(Action::Deleted, None, Spent::default())
+            }
+            None => done(Action::TooFew, None, Spent::default()),
+        });
+    }
+    let ids: Vec<String> = members.iter().map(|m| m.id.clone()).collect();
+    let hash = member_hash(&ids);
+    if let Some(s) = &current
+        && s.member_hash == hash
+    {
+        return Ok(done(Action::Unchanged, current, Spent::default()));
+    }
+    // Fold only new members in when every covered member is still here; otherwise start over
+    // from the survivors, so nothing of a deleted memory survives.
+    let incremental = current.as_ref().filter(|s| {
+        let have: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+        s.sources.iter().all(|x| have.contains(x.as_str()))
+    });
+    let mut spent = Spent::default();
+    let (text, model) = match cfg.engine {
+        Engine::Extractive => (
+            extractive_summary(&members, cfg.max_output_tokens),
+            "extractive".to_string(),
+        ),
+        Engine::Llm => {
+            let (facts, previous): (Vec<&str>, Option<&str>) = match incremental {
+                Some(s) => {
+                    let covered: BTreeSet<&str> = s.sources.iter().map(String::as_str).collect();
+                    (
+                        members
+                            .iter()
+                            .filter(|m| !covered.contains(m.id.as_str()))
+                            .map(|m| m.text.as_str())
+                            .collect(),
+                        Some(s.text.as_str()),
+                    )
+                }
+                None => (members.iter().map(|m| m.text.as_str()).collect(), None),
+            };
+            let b = budget(cfg, mcfg);
+            let text = model_summary(h, cfg, b, &facts, previous, &mut spent).inspect_err(|e| {
+                if let Error::RejectedOutput(why) = e {
+                    let _ = h.set_cluster_note(cluster, Some(format!("summary discarded: {why}")));
+                }
+            })?;
+            (text, cfg.model.clone())
+        }
+    };
+    // The semantic check: the summary must be about what its members are about.
+    let e = embed_texts(h, mcfg, std::slice::from_ref(&text))?;
+    let vector = e.vectors.into_iter().next().unwrap_or_default();
+    match centroid_of(h, &members[0].scope, cluster, &e.model)? {
+        Some(c) => {
+            let sim = cosine(&c, &vector);
+            if sim < mcfg.summary_min_similarity {
+                let why = format!(
+                    "the summary's similarity to its cluster is {sim:.3}, under the {:.3} required: it is not about its memories",
+                    mcfg.summary_min_similarity
+                );
+                h.log(Level::Warn, &format!("cluster {cluster}: summary discarded: {why}"));
+                h.set_cluster_note(cluster, Some(format!("summary discarded: {why}")))?;
+                return Err(Error::RejectedOutput(why));
+            }
+        }
+        None => h.log(
+            Level::Warn,
+            &format!(
+                "cluster {cluster}: no centroid of {} to check the summary against",
+                e.model
+            ),
+        ),
+    }
+    let now = h.now_ms();
+    let w = SummaryWrite {
+        cluster,
+        expect: current.as_ref().map(|s| s.member_hash.clone()),
+        member_hash: hash.clone(),
+        sources: ids,
+        tokens: estimate_tokens(&text),
+        text,
+        importance: propagated_importance(&members),
+        model,
+        vector_model: e.model,
+        vector,
+        calls: spent.calls,
+        prompt_tokens: spent.prompt_tokens,
+        output_tokens: spent.output_tokens,
+        now_ms: now,
+    };
+    if !h.write_summary(w)? {
+        let now = h.summary(cluster)?;
+        return Ok(done(Action::LostRace, now, spent));
+    }
+    h.set_cluster_note(cluster, None)?;
+    let stored = h.summary(cluster)?;
+    let action = if current.is_some() {
+        Action::Refreshed
+    } else {
+        Action::Created
+    };
+    Ok(done(action, stored, spent))
+}
+
+/// The `k` best memories and summaries for `query`.
+pub fn recall(
+    h: &mut impl MemoryHost,
+    query: &str,
+    filter: &Filter,
+    k: u32,
+    summaries: bool,
+    cfg: &MemoryConfig,
+) -> Result<Vec<Recalled>, Error> {
+    check_config(cfg)?;
+    if query.trim().is_empty() {
+        return Err(invalid("the recall query is empty; say what to recall"));
+    }
+    if query.len() > MAX_MEMORY_BYTES {
+        return Err(invalid(format!(
+            "the recall query is {} bytes, over the {MAX_MEMORY_BYTES}-byte limit",
+            query.len()
+        )));
+    }
+    let k = k.clamp(1, 100);
+    let e = embed_texts(h, cfg, &[query.to_string()])?;
+    let q = e.vectors.into_iter().next().unwrap_or_default();
+    // More candidates than asked for: importance can lift one from further down.
+    let hits = h.search(&q, &e.model, filter, k.saturating_mul(4).max(20))?;
+    let mut out: Vec<Recalled> = hits
+        .into_iter()
+        .filter(|x| match x.kind {
+            HitKind::Memory => true,
+            HitKind::Summary => {
+                summaries && x.sources.len() as u32 >= cfg.min_cluster_items
+            }
+        })
+        .map(|x| Recalled {
+            score: score(x.similarity, x.importance),
+            kind: x.kind,
+            id: x.id,
+            text: x.text,
+            similarity: x.similarity,
+            importance: x.importance,
+            cluster: x.cluster,
+            sources: x.sources,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then((a.kind == HitKind::Memory).cmp(&(b.kind == HitKind::Memory)))
+            .then(a.id.cmp(&b.id))
+    });
+    out.truncate(k as usize);
+    Ok(out)
+}
+
+/// A finished answer as the host would give it (tests).
+#[cfg(test)]
+pub(crate) fn answer(text: &str) -> Response {
+    Response {
+        text: text.into(),
+        finish: crate::types::Finish::Stop,
+        prompt_tokens: None,
+        output_tokens: None,
+    }
+}
+
+#[cfg(test)]
+#[path = "memory_tests.rs"]
+mod tests;

@@ -1,0 +1,678 @@
+//! The memory decisions against an in-memory host whose model restates the facts it is given.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::types::Finish;
+
+struct Row {
+    m: Memory,
+    vector: Vec<f32>,
+    model: String,
+}
+
+#[derive(Default)]
+struct Fake {
+    rows: Vec<Row>,
+    next_cluster: u64,
+    clusters: BTreeMap<u64, Scope>,
+    summaries: BTreeMap<u64, (ClusterSummary, Vec<f32>)>,
+    notes: BTreeMap<u64, String>,
+    next_summary: u64,
+    prompts: Vec<String>,
+    /// Text the model answers with instead of restating (an off-topic model).
+    canned: Option<String>,
+    /// Answer with the option numbers the prompt names (a model that condenses).
+    condense: bool,
+    /// A rival writer's summary slipped in before the next write.
+    rival: bool,
+    now: u64,
+}
+
+fn prompt_text(r: &Request) -> String {
+    match &r.prompt {
+        Prompt::Chat(ms) => ms.iter().map(|m| m.content.clone()).collect::<Vec<_>>().join("\n"),
+        Prompt::Raw(s) => s.clone(),
+    }
+}
+
+/// A model that restates: the current summary (if any), then every fact or partial.
+fn restate(p: &str) -> String {
+    let mut out = Vec::new();
+    let mut in_summary = false;
+    for line in p.lines() {
+        if line.starts_with("Current summary:") {
+            in_summary = true;
+            continue;
+        }
+        if line.is_empty() {
+            in_summary = false;
+        }
+        if in_summary {
+            out.push(line.trim().to_string());
+        } else if let Some(f) = line.strip_prefix("- ") {
+            out.push(f.trim_end_matches('.').to_string() + ".");
+        }
+    }
+    if p.contains("Partial summaries:") {
+        for block in p.split("Part ").skip(1) {
+            if let Some((_, t)) = block.split_once(":\n") {
+                out.push(t.split("\n\n").next().unwrap_or("").trim().to_string());
+            }
+        }
+    }
+    out.join(" ")
+}
+
+/// "Alice set editor options 1, 2, 3 for the dark theme.": the numbers after "number " or
+/// after "options " in the prompt.
+fn condensed(p: &str) -> String {
+    let mut nums: Vec<u32> = Vec::new();
+    for (i, _) in p.match_indices("number ") {
+        let n: String = p[i + 7..].chars().take_while(char::is_ascii_digit).collect();
+        nums.extend(n.parse::<u32>().ok());
+    }
+    for (i, _) in p.match_indices("options ") {
+        let rest = &p[i + 8..];
+        let list = rest.split(" for").next().unwrap_or("");
+        nums.extend(list.split(", ").filter_map(|n| n.parse::<u32>().ok()));
+    }
+    nums.sort_unstable();
+    nums.dedup();
+    let list: Vec<String> = nums.iter().map(u32::to_string).collect();
+    format!("Alice set editor options {} for the dark theme.", list.join(", "))
+}
+
+impl MemoryHost for Fake {
+    fn embed(&mut self, texts: &[String]) -> Result<Embedding, Error> {
+        Ok(Embedding {
+            model: "other".into(),
+            dim: 8,
+            vectors: texts.iter().map(|t| embed::lexical(t, 8)).collect(),
+            tokens: 0,
+        })
+    }
+    fn centroids(&mut self, scope: &Scope) -> Result<Vec<Centroid>, Error> {
+        let mut out = Vec::new();
+        for (&id, s) in &self.clusters {
+            if s != scope {
+                continue;
+            }
+            let rows: Vec<&Row> = self.rows.iter().filter(|r| r.m.cluster == id).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let dim = rows[0].vector.len();
+            let mut v = vec![0f32; dim];
+            for r in &rows {
+                for (x, y) in v.iter_mut().zip(&r.vector) {
+                    *x += y;
+                }
+            }
+            for x in &mut v {
+                *x /= rows.len() as f32;
+            }
+            out.push(Centroid {
+                cluster: id,
+                model: rows[0].model.clone(),
+                vector: v,
+                members: rows.len() as u32,
+            });
+        }
+        Ok(out)
+    }
+    fn put_memory(&mut self, m: NewMemory) -> Result<Stored, Error> {
+        if let Some(r) = self.rows.iter().find(|r| r.m.id == m.id) {
+            let c = r.m.cluster;
+            let n = self.rows.iter().filter(|r| r.m.cluster == c).count() as u32;
+            return Ok(Stored {
+                cluster: c,
+                created: false,
+                members: n,
+            });
+        }
+        let cluster = m.cluster.unwrap_or_else(|| {
+            self.next_cluster += 1;
+            self.clusters.insert(self.next_cluster, m.scope.clone());
+            self.next_cluster
+        });
+        self.rows.push(Row {
+            m: Memory {
+                id: m.id,
+                scope: m.scope,
+                text: m.text,
+                importance: m.importance,
+                tokens: m.tokens,
+                created_ms: m.created_ms,
+                cluster,
+            },
+            vector: m.vector,
+            model: m.model,
+        });
+        let n = self.rows.iter().filter(|r| r.m.cluster == cluster).count() as u32;
+        Ok(Stored {
+            cluster,
+            created: true,
+            members: n,
+        })
+    }
+    fn get_memory(&mut self, id: &str) -> Result<Option<Memory>, Error> {
+        Ok(self.rows.iter().find(|r| r.m.id == id).map(|r| r.m.clone()))
+    }
+    fn members(&mut self, cluster: u64) -> Result<Vec<Memory>, Error> {
+        Ok(self
+            .rows
+            .iter()
+            .filter(|r| r.m.cluster == cluster)
+            .map(|r| r.m.clone())
+            .collect())
+    }
+    fn delete_memory(&mut self, id: &str) -> Result<Option<Memory>, Error> {
+        let i = self.rows.iter().position(|r| r.m.id == id);
+        Ok(i.map(|i| self.rows.remove(i).m))
+    }
+    fn set_vectors(
+        &mut self,
+        _cluster: u64,
+        model: &str,
+        vectors: Vec<(String, Vec<f32>)>,
+    ) -> Result<(), Error> {
+        for (id, v) in vectors {
+            let r = self.rows.iter_mut().find(|r| r.m.id == id).unwrap();
+            r.vector = v;
+            r.model = model.into();
+        }
+        Ok(())
+    }
+    fn summary(&mut self, cluster: u64) -> Result<Option<ClusterSummary>, Error> {
+        Ok(self.summaries.get(&cluster).map(|s| s.0.clone()))
+    }
+    fn write_summary(&mut self, w: SummaryWrite) -> Result<bool, Error> {
+        if self.rival {
+            self.rival = false;
+            self.next_summary += 1;
+            let mut s = self.summaries.get(&w.cluster).map(|s| s.0.clone()).unwrap_or(
+                ClusterSummary {
+                    id: self.next_summary,
+                    cluster: w.cluster,
+                    text: "rival".into(),
+                    member_hash: String::new(),
+                    sources: Vec::new(),
+                    importance: 0.0,
+                    tokens: 1,
+                    model: "m".into(),
+                    calls: 1,
+                    prompt_tokens: 0,
+                    output_tokens: 0,
+                    created_ms: 0,
+                    updated_ms: 0,
+                },
+            );
+            s.member_hash = w.member_hash.clone();
+            self.summaries.insert(w.cluster, (s, Vec::new()));
+        }
+        let cur = self.summaries.get(&w.cluster).map(|s| s.0.member_hash.clone());
+        if cur != w.expect {
+            return Ok(false);
+        }
+        let id = match self.summaries.get(&w.cluster) {
+            Some(s) => s.0.id,
+            None => {
+                self.next_summary += 1;
+                self.next_summary
+            }
+        };
+        self.summaries.insert(
+            w.cluster,
+            (
+                ClusterSummary {
+                    id,
+                    cluster: w.cluster,
+                    text: w.text,
+                    member_hash: w.member_hash,
+                    sources: w.sources,
+                    importance: w.importance,
+                    tokens: w.tokens,
+                    model: w.model,
+                    calls: w.calls,
+                    prompt_tokens: w.prompt_tokens,
+                    output_tokens: w.output_tokens,
+                    created_ms: w.now_ms,
+                    updated_ms: w.now_ms,
+                },
+                w.vector,
+            ),
+        );
+        Ok(true)
+    }
+    fn delete_summary(&mut self, cluster: u64) -> Result<(), Error> {
+        self.summaries.remove(&cluster);
+        Ok(())
+    }
+    fn set_cluster_note(&mut self, cluster: u64, note: Option<String>) -> Result<(), Error> {
+        match note {
+            Some(n) => self.notes.insert(cluster, n),
+            None => self.notes.remove(&cluster),
+        };
+        Ok(())
+    }
+    fn search(
+        &mut self,
+        query: &[f32],
+        _model: &str,
+        filter: &Filter,
+        limit: u32,
+    ) -> Result<Vec<Hit>, Error> {
+        let ok = |s: &Scope| filter.user.as_ref().is_none_or(|u| *u == s.user);
+        let mut hits: Vec<Hit> = self
+            .rows
+            .iter()
+            .filter(|r| ok(&r.m.scope))
+            .map(|r| Hit {
+                kind: HitKind::Memory,
+                id: r.m.id.clone(),
+                text: r.m.text.clone(),
+                similarity: cosine(query, &r.vector),
+                importance: r.m.importance,
+                cluster: r.m.cluster,
+                sources: Vec::new(),
+            })
+            .collect();
+        for (s, v) in self.summaries.values() {
+            if ok(&self.clusters[&s.cluster]) {
+                hits.push(Hit {
+                    kind: HitKind::Summary,
+                    id: s.id.to_string(),
+                    text: s.text.clone(),
+                    similarity: cosine(query, v),
+                    importance: s.importance,
+                    cluster: s.cluster,
+                    sources: s.sources.clone(),
+                });
+            }
+        }
+        hits.sort_by(|a, b| b.similarity.total_cmp(&a.similarity));
+        hits.truncate(limit as usize * 2);
+        Ok(hits)
+    }
+    fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>> {
+        reqs.iter()
+            .map(|r| {
+                let p = prompt_text(r);
+                self.prompts.push(p.clone());
+                if self.condense {
+                    return Ok(answer(&condensed(&p)));
+                }
+                Ok(answer(self.canned.as_deref().unwrap_or(&restate(&p))))
+            })
+            .collect()
+    }
+    fn now_ms(&mut self) -> u64 {
+        self.now += 1;
+        self.now
+    }
+    fn log(&mut self, _: Level, _: &str) {}
+}
+
+fn scope(key: &str) -> Scope {
+    Scope {
+        user: "alice".into(),
+        project: "web".into(),
+        environment: "prod".into(),
+        kind: "preference".into(),
+        key: key.into(),
+    }
+}
+
+fn mem(id: &str, key: &str, text: &str) -> MemoryIn {
+    MemoryIn {
+        id: id.into(),
+        scope: scope(key),
+        text: text.into(),
+        importance: 0.5,
+    }
+}
+
+fn llm() -> Config {
+    Config {
+        model: "m".into(),
+        ..Config::default()
+    }
+}
+
+const EDITOR: [&str; 5] = [
+    "Alice prefers the dark theme in her editor",
+    "Alice uses a dark theme with large fonts in the editor",
+    "Alice wants the editor theme dark at night",
+    "Alice likes a dark editor theme with high contrast",
+    "Alice switched the editor theme to dark",
+];
+
+fn three(h: &mut Fake, cfg: &MemoryConfig) -> Vec<Remembered> {
+    let items: Vec<MemoryIn> = EDITOR[..3]
+        .iter()
+        .enumerate()
+        .map(|(i, t)| mem(&format!("m{}", i + 1), "editor", t))
+        .collect();
+    remember(h, &items, cfg).unwrap()
+}
+
+#[test]
+fn three_related_facts_make_one_due_cluster() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let r = three(&mut h, &cfg);
+    assert!(r.iter().all(|x| x.cluster == r[0].cluster), "{r:?}");
+    assert_eq!(
+        r.iter().map(|x| x.due).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    // The same write again stores nothing and is not due.
+    let again = three(&mut h, &cfg);
+    assert!(again.iter().all(|x| !x.created && !x.due));
+}
+
+#[test]
+fn summary_names_its_sources_refreshes_in_place_and_skips_a_known_set() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let c = three(&mut h, &cfg)[0].cluster;
+    let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert_eq!((o.action, o.calls), (Action::Created, 1));
+    let s = o.summary.unwrap();
+    assert_eq!(s.sources, ["m1", "m2", "m3"]);
+    for t in &EDITOR[..3] {
+        assert!(s.text.contains(t), "{}", s.text);
+    }
+    // A fourth member: one call that folds only it into the summary, same row.
+    let r = remember(&mut h, &[mem("m4", "editor", EDITOR[3])], &cfg).unwrap();
+    assert!(r[0].due && r[0].cluster == c);
+    let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert_eq!((o.action, o.calls), (Action::Refreshed, 1));
+    let last = h.prompts.last().unwrap();
+    assert!(last.contains("Current summary:") && last.contains(EDITOR[3]));
+    assert!(!last.contains(&format!("- {}", EDITOR[0])), "{last}");
+    let s2 = o.summary.unwrap();
+    assert_eq!(s2.id, s.id);
+    assert_eq!(s2.sources.len(), 4);
+    // The same member set: no call.
+    let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert_eq!((o.action, o.calls), (Action::Unchanged, 0));
+    assert_eq!(h.prompts.len(), 2);
+}
+
+#[test]
+fn deletes_never_resurface_and_under_the_minimum_the_summary_goes() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let c = three(&mut h, &cfg)[0].cluster;
+    remember(&mut h, &[mem("m4", "editor", EDITOR[3])], &cfg).unwrap();
+    summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    let f = forget(&mut h, "m2", &cfg).unwrap().unwrap();
+    assert_eq!(f, Forgotten { cluster: c, summary_deleted: true, due: true });
+    assert!(h.summaries.is_empty(), "the covering summary goes at once");
+    let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert_eq!(o.action, Action::Created);
+    let s = o.summary.unwrap();
+    assert!(!s.text.contains(EDITOR[1]), "{}", s.text);
+    assert!(!h.prompts.last().unwrap().contains(EDITOR[1]));
+    assert_eq!(s.sources, ["m1", "m3", "m4"]);
+    // Two deletes: under three members, no summary, and recall returns raw memories only.
+    forget(&mut h, "m1", &cfg).unwrap();
+    let f = forget(&mut h, "m3", &cfg).unwrap().unwrap();
+    assert!(!f.due);
+    assert_eq!(
+        summarize_cluster(&mut h, c, &llm(), &cfg).unwrap().action,
+        Action::TooFew
+    );
+    let r = recall(&mut h, "dark editor theme", &Filter::default(), 5, true, &cfg).unwrap();
+    assert!(r.iter().all(|x| x.kind == HitKind::Memory));
+    assert_eq!(forget(&mut h, "m3", &cfg).unwrap(), None);
+}
+
+#[test]
+fn a_summary_left_with_too_few_members_is_deleted_by_the_next_run() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let c = three(&mut h, &cfg)[0].cluster;
+    remember(&mut h, &[mem("m4", "editor", EDITOR[3])], &cfg).unwrap();
+    summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    // Rows removed behind the guest's back (another host's delete path).
+    h.rows.retain(|r| r.m.id == "m1");
+    let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert_eq!(o.action, Action::Deleted);
+    assert!(h.summaries.is_empty());
+}
+
+#[test]
+fn unrelated_facts_and_other_scopes_open_their_own_clusters() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let r = remember(
+        &mut h,
+        &[
+            mem("a", "editor", EDITOR[0]),
+            mem("b", "editor", "The deploy pipeline runs on Fridays at noon"),
+            mem("c", "deploy", EDITOR[1]),
+            mem("d", "editor", EDITOR[1]),
+        ],
+        &cfg,
+    )
+    .unwrap();
+    assert_ne!(r[0].cluster, r[1].cluster, "unrelated text, same scope");
+    assert_ne!(r[0].cluster, r[2].cluster, "related text, other key");
+    assert_eq!(r[0].cluster, r[3].cluster);
+}
+
+#[test]
+fn nearest_prefers_the_closest_then_the_oldest() {
+    let c = |cluster, v: Vec<f32>| Centroid {
+        cluster,
+        model: "x".into(),
+        vector: v,
+        members: 1,
+    };
+    let cs = [c(2, vec![1.0, 0.0]), c(1, vec![1.0, 0.0]), c(3, vec![0.0, 1.0])];
+    assert_eq!(nearest(&cs, "x", &[1.0, 0.1], 0.5), Some(1));
+    assert_eq!(nearest(&cs, "x", &[0.1, 1.0], 0.5), Some(3));
+    assert_eq!(nearest(&cs, "x", &[-1.0, -1.0], 0.5), None);
+    assert_eq!(nearest(&cs, "y", &[1.0, 0.0], 0.5), None, "another model's space");
+}
+
+#[test]
+fn a_racing_writer_wins_and_nothing_is_written_twice() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let c = three(&mut h, &cfg)[0].cluster;
+    h.rival = true;
+    let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert_eq!(o.action, Action::LostRace);
+    assert_eq!(o.summary.unwrap().text, "rival");
+    // The rival's row covers this member set: nothing to do now.
+    let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert_eq!((o.action, o.calls), (Action::Unchanged, 0));
+}
+
+#[test]
+fn an_off_topic_summary_is_discarded_with_its_reason() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let c = three(&mut h, &cfg)[0].cluster;
+    h.canned = Some("Quarterly revenue grew in the northern sales region last spring.".into());
+    let e = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap_err();
+    assert!(matches!(e, Error::RejectedOutput(ref m) if m.contains("similarity")), "{e:?}");
+    assert!(h.summaries.is_empty());
+    assert!(h.notes[&c].contains("not about its memories"));
+    // A model that repeats itself fails the quality gate, also recorded.
+    h.canned = Some("dark dark dark dark dark dark dark dark dark dark dark dark".into());
+    let e = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap_err();
+    assert!(matches!(e, Error::RejectedOutput(_)));
+    assert!(h.notes[&c].contains("repeats"), "{}", h.notes[&c]);
+    // A good answer clears the note.
+    h.canned = None;
+    summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert!(h.notes.is_empty());
+}
+
+#[test]
+fn a_cluster_over_the_budget_is_summarized_in_parts_and_merged() {
+    let mut h = Fake {
+        condense: true,
+        ..Fake::default()
+    };
+    let cfg = MemoryConfig {
+        min_similarity: 0.0,
+        prompt_budget: 400,
+        ..MemoryConfig::default()
+    };
+    let items: Vec<MemoryIn> = (0..30)
+        .map(|i| {
+            mem(
+                &format!("f{i:02}"),
+                "editor",
+                &format!("Alice set editor option number {i} to value {} for the dark theme", i * 7),
+            )
+        })
+        .collect();
+    let r = remember(&mut h, &items, &cfg).unwrap();
+    let c = r[0].cluster;
+    assert!(r.iter().all(|x| x.cluster == c));
+    let small = Config {
+        max_output_tokens: 64,
+        ..llm()
+    };
+    let o = summarize_cluster(&mut h, c, &small, &cfg).unwrap();
+    assert!(o.calls >= 3, "{o:?}");
+    // Every fact went into some prompt, and no prompt exceeded the budget.
+    for i in 0..30 {
+        let needle = format!("option number {i} to");
+        assert!(h.prompts.iter().any(|p| p.contains(&needle)), "{needle}");
+    }
+    assert!(h.prompts.iter().any(|p| p.contains("Partial summaries:")));
+    // A budget that cannot hold two partial answers is refused up front, not truncated.
+    let tight = MemoryConfig {
+        prompt_budget: 260,
+        ..cfg.clone()
+    };
+    h.summaries.clear();
+    let e = summarize_cluster(&mut h, c, &small, &tight).unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(ref m) if m.contains("raise")), "{e:?}");
+    for p in &h.prompts {
+        assert!(estimate_tokens(p) <= 400, "{}", estimate_tokens(p));
+    }
+    let text = o.summary.unwrap().text;
+    let all: Vec<String> = (0..30).map(|i| i.to_string()).collect();
+    assert_eq!(
+        text,
+        format!("Alice set editor options {} for the dark theme.", all.join(", "))
+    );
+}
+
+#[test]
+fn recall_weighs_importance_and_adds_summaries_beside_their_sources() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let c = three(&mut h, &cfg)[0].cluster;
+    let mut deploy = mem("d1", "deploy", "The deploy runs on Fridays");
+    deploy.importance = 1.0;
+    remember(&mut h, &[deploy], &cfg).unwrap();
+    summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    let r = recall(&mut h, "dark editor theme", &Filter::default(), 10, true, &cfg).unwrap();
+    let kinds: Vec<HitKind> = r.iter().map(|x| x.kind).collect();
+    assert!(kinds.contains(&HitKind::Summary));
+    assert_eq!(kinds.iter().filter(|k| **k == HitKind::Memory).count(), 4);
+    let s = r.iter().find(|x| x.kind == HitKind::Summary).unwrap();
+    assert_eq!(s.sources, ["m1", "m2", "m3"]);
+    assert!((s.importance - 0.5).abs() < 1e-6);
+    for w in r.windows(2) {
+        assert!(w[0].score >= w[1].score);
+    }
+    for x in &r {
+        assert!((x.score - score(x.similarity, x.importance)).abs() < 1e-6);
+    }
+    let no_summaries = recall(&mut h, "dark editor theme", &Filter::default(), 10, false, &cfg).unwrap();
+    assert!(no_summaries.iter().all(|x| x.kind == HitKind::Memory));
+    assert_eq!(recall(&mut h, "dark", &Filter::default(), 2, true, &cfg).unwrap().len(), 2);
+    assert!(matches!(
+        recall(&mut h, "  ", &Filter::default(), 2, true, &cfg),
+        Err(Error::InvalidInput(_))
+    ));
+}
+
+#[test]
+fn the_extractive_engine_states_the_facts_without_a_model() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let c = three(&mut h, &cfg)[0].cluster;
+    let ex = Config {
+        engine: Engine::Extractive,
+        ..Config::default()
+    };
+    let o = summarize_cluster(&mut h, c, &ex, &cfg).unwrap();
+    assert_eq!((o.action, o.calls), (Action::Created, 0));
+    let s = o.summary.unwrap();
+    assert_eq!(s.model, "extractive");
+    for t in &EDITOR[..3] {
+        assert!(s.text.contains(t));
+    }
+    assert!(h.prompts.is_empty());
+    // Over its output limit it says how many facts it left out.
+    let members = h.members(c).unwrap();
+    let short = extractive_summary(&members, 12);
+    assert!(short.ends_with("(2 more related facts not shown.)"), "{short}");
+}
+
+#[test]
+fn bad_memories_are_refused_with_what_to_fix() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let cases = [
+        (mem("x", "editor", "  "), "no text"),
+        (mem("", "editor", "t"), "id is empty"),
+        (mem("x", "", "t"), "key is empty"),
+        (mem("x", "e\u{7}", "t"), "control characters"),
+        (mem("x", "editor", &"a".repeat(MAX_MEMORY_BYTES + 1)), "split it"),
+        (
+            MemoryIn {
+                importance: 1.5,
+                ..mem("x", "editor", "t")
+            },
+            "from 0 to 1",
+        ),
+        (
+            MemoryIn {
+                importance: f32::NAN,
+                ..mem("x", "editor", "t")
+            },
+            "from 0 to 1",
+        ),
+    ];
+    for (m, want) in cases {
+        match remember(&mut h, &[m], &cfg) {
+            Err(Error::InvalidInput(msg)) => assert!(msg.contains(want), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(h.rows.is_empty(), "a refused batch stores nothing");
+    let bad = MemoryConfig {
+        min_cluster_items: 1,
+        ..MemoryConfig::default()
+    };
+    assert!(remember(&mut h, &[mem("x", "e", "t")], &bad).is_err());
+}
+
+#[test]
+fn a_changed_embedding_model_re_embeds_the_cluster() {
+    let mut h = Fake::default();
+    let lexical = MemoryConfig::default();
+    let c = three(&mut h, &lexical)[0].cluster;
+    assert!(h.rows.iter().all(|r| r.model == embed::LEXICAL_MODEL));
+    let other = MemoryConfig {
+        embedder: "other".into(),
+        min_similarity: 0.0,
+        ..MemoryConfig::default()
+    };
+    let r = remember(&mut h, &[mem("m4", "editor", EDITOR[3])], &other).unwrap();
+    assert_eq!(r[0].cluster, c);
+    assert!(h.rows.iter().all(|r| r.model == "other" && r.vector.len() == 8));
+}
+
+#[test]
+fn member_hash_ignores_order() {
+    let a = member_hash(&["b".into(), "a".into()]);
+    assert_eq!(a, member_hash(&["a".into(), "b".into()]));
+    assert_ne!(a, member_hash(&["a".into(), "b".into(), "c".into()]));
+    assert_ne!(member_hash(&["ab".into()]), member_hash(&["a".into(), "b".into()]));
+    assert_eq!(a.len(), 32);
+    let _ = Finish::Stop;
+}

@@ -1,0 +1,724 @@
+//! [`RecallStore`] in the SQLite database (tables of migration 016).
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, params_from_iter};
+
+use super::SqliteStore;
+use super::recall::{
+    ClusterRow, RecallStore, TopK, Unsettled, covers_exactly, vector_bytes, vector_from,
+};
+use crate::types::{
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, HitKind, Memory, MemoryFilter,
+    NewMemory, Scope, StoredMemory,
+};
+
+fn db_err(e: rusqlite::Error) -> Error {
+    Error::Storage(e.to_string())
+}
+
+/// Text as stored (plaintext for now: `sealed` 0).
+fn text_in(b: Vec<u8>) -> String {
+    String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// A `WHERE` fragment (after `tenant = ?1`) and its values for a filter, over columns with
+/// the given prefix.
+fn filter_sql(f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
+    let mut sql = String::new();
+    let mut args = Vec::new();
+    for (col, v) in [
+        ("user", &f.user),
+        ("project", &f.project),
+        ("environment", &f.environment),
+        ("kind", &f.kind),
+        ("key", &f.key),
+    ] {
+        if let Some(v) = v {
+            args.push(v.clone());
+            sql.push_str(&format!(" AND {prefix}{col} = ?{}", args.len() + 1));
+        }
+    }
+    (sql, args)
+}
+
+const MEM_COLS: &str =
+    "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster";
+
+fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Memory> {
+    Ok(Memory {
+        id: r.get(0)?,
+        scope: Scope {
+            user: r.get(1)?,
+            project: r.get(2)?,
+            environment: r.get(3)?,
+            kind: r.get(4)?,
+            key: r.get(5)?,
+        },
+        text: text_in(r.get(6)?),
+        importance: r.get::<_, f64>(7)? as f32,
+        tokens: r.get(8)?,
+        created_ms: r.get::<_, i64>(9)? as u64,
+        cluster: r.get::<_, i64>(10)? as u64,
+    })
+}
+
+const SUM_COLS: &str = "id, cluster, text, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms";
+
+fn summary_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterSummary> {
+    Ok(ClusterSummary {
+        id: r.get::<_, i64>(0)? as u64,
+        cluster: r.get::<_, i64>(1)? as u64,
+        text: text_in(r.get(2)?),
+        member_hash: r.get(3)?,
+        sources: serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
+        importance: r.get::<_, f64>(5)? as f32,
+        tokens: r.get(6)?,
+        model: r.get(7)?,
+        calls: r.get(8)?,
+        prompt_tokens: r.get(9)?,
+        output_tokens: r.get(10)?,
+        created_ms: r.get::<_, i64>(11)? as u64,
+        updated_ms: r.get::<_, i64>(12)? as u64,
+    })
+}
+
+fn members_of(c: &Connection, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
+    let mut st = c
+        .prepare_cached(&format!(
+            "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND cluster = ?2 ORDER BY seq"
+        ))
+        .map_err(db_err)?;
+    st.query_map(params![tenant, cluster as i64], memory_from)
+        .map_err(db_err)?
+        .collect::<Result<_, _>>()
+        .map_err(db_err)
+}
+
+fn summary_of(c: &Connection, tenant: &str, cluster: u64) -> Result<Option<ClusterSummary>, Error> {
+    c.query_row(
+        &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = ?1 AND cluster = ?2"),
+        params![tenant, cluster as i64],
+        summary_from,
+    )
+    .optional()
+    .map_err(db_err)
+}
+
+/// Bump a cluster's version and change order.
+fn bump(c: &Connection, tenant: &str, cluster: u64) -> Result<(), Error> {
+    c.execute(
+        "UPDATE clusters SET version = version + 1, changed_seq = (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM clusters) WHERE tenant = ?1 AND id = ?2",
+        params![tenant, cluster as i64],
+    )
+    .map_err(db_err)?;
+    Ok(())
+}
+
+fn add_into(sum: &mut [f32], v: &[f32], sign: f32) {
+    for (s, x) in sum.iter_mut().zip(v) {
+        *s += sign * x;
+    }
+}
+
+#[async_trait]
+impl RecallStore for SqliteStore {
+    async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT id, model, sum, members FROM clusters WHERE tenant = ?1 AND user = ?2 AND project = ?3 AND environment = ?4 AND kind = ?5 AND key = ?6 AND members > 0 ORDER BY id",
+                )
+                .map_err(db_err)?;
+            st.query_map(
+                params![tenant, scope.user, scope.project, scope.environment, scope.kind, scope.key],
+                |r| {
+                    let n: u32 = r.get(3)?;
+                    let sum = vector_from(&r.get::<_, Vec<u8>>(2)?);
+                    Ok(Centroid {
+                        cluster: r.get::<_, i64>(0)? as u64,
+                        model: r.get(1)?,
+                        vector: sum.iter().map(|x| x / n.max(1) as f32).collect(),
+                        members: n,
+                    })
+                },
+            )
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
+        })
+    }
+
+    async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let existing = tx
+                .query_row(
+                    &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND id = ?2"),
+                    params![tenant, m.id],
+                    memory_from,
+                )
+                .optional()
+                .map_err(db_err)?;
+            if let Some(e) = existing {
+                if !super::recall::same_scope(&e.scope, &m.scope) || e.text != m.text {
+                    return Err(Error::InvalidInput(format!(
+                        "memory '{}' already exists with another scope or text; give a new id to store a different fact",
+                        m.id
+                    )));
+                }
+                let members: u32 = tx
+                    .query_row(
+                        "SELECT members FROM clusters WHERE tenant = ?1 AND id = ?2",
+                        params![tenant, e.cluster as i64],
+                        |r| r.get(0),
+                    )
+                    .map_err(db_err)?;
+                return Ok(StoredMemory {
+                    cluster: e.cluster,
+                    created: false,
+                    members,
+                });
+            }
+            let s = &m.scope;
+            let (cluster, mut sum) = match m.cluster {
+                Some(id) => {
+                    let row: Option<(Vec<u8>, String, String, String, String, String, String)> = tx
+                        .query_row(
+                            "SELECT sum, model, user, project, environment, kind, key FROM clusters WHERE tenant = ?1 AND id = ?2",
+                            params![tenant, id as i64],
+                            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
+                        )
+                        .optional()
+                        .map_err(db_err)?;
+                    match row {
+                        Some((sum, model, u, p, e, k, key))
+                            if model == m.model
+                                && (u.as_str(), p.as_str(), e.as_str(), k.as_str(), key.as_str())
+                                    == (s.user.as_str(), s.project.as_str(), s.environment.as_str(), s.kind.as_str(), s.key.as_str()) =>
+                        {
+                            (id, vector_from(&sum))
+                        }
+                        _ => {
+                            return Err(Error::Conflict(format!(
+                                "cluster {id} changed under the write (it is gone or holds other vectors); write again"
+                            )));
+                        }
+                    }
+                }
+                None => {
+                    let id: i64 = tx
+                        .query_row(
+                            "SELECT COALESCE(MAX(id), 0) + 1 FROM clusters WHERE tenant = ?1",
+                            [tenant],
+                            |r| r.get(0),
+                        )
+                        .map_err(db_err)?;
+                    tx.execute(
+                        "INSERT INTO clusters (tenant, id, user, project, environment, kind, key, model, sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                        params![tenant, id, s.user, s.project, s.environment, s.kind, s.key, m.model, vector_bytes(&vec![0f32; m.vector.len()])],
+                    )
+                    .map_err(db_err)?;
+                    (id as u64, vec![0f32; m.vector.len()])
+                }
+            };
+            if sum.len() != m.vector.len() {
+                return Err(Error::InvalidInput(format!(
+                    "a vector of {} values does not match cluster {cluster}'s {}",
+                    m.vector.len(),
+                    sum.len()
+                )));
+            }
+            add_into(&mut sum, &m.vector, 1.0);
+            let seq: i64 = tx
+                .query_row(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = ?1",
+                    [tenant],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            tx.execute(
+                "INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                params![
+                    tenant, m.id, s.user, s.project, s.environment, s.kind, s.key,
+                    m.text.as_bytes(), f64::from(m.importance), m.tokens, m.created_ms as i64,
+                    cluster as i64, m.model, vector_bytes(&m.vector), seq
+                ],
+            )
+            .map_err(db_err)?;
+            tx.execute(
+                "UPDATE clusters SET sum = ?3, members = members + 1 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64, vector_bytes(&sum)],
+            )
+            .map_err(db_err)?;
+            bump(&tx, tenant, cluster)?;
+            let members: u32 = tx
+                .query_row(
+                    "SELECT members FROM clusters WHERE tenant = ?1 AND id = ?2",
+                    params![tenant, cluster as i64],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(StoredMemory {
+                cluster,
+                created: true,
+                members,
+            })
+        })
+    }
+
+    async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND id = ?2"),
+                params![tenant, id],
+                memory_from,
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
+        self.with(|c| members_of(c, tenant, cluster))
+    }
+
+    async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let row = tx
+                .query_row(
+                    &format!(
+                        "SELECT {MEM_COLS}, model, vector FROM memories WHERE tenant = ?1 AND id = ?2"
+                    ),
+                    params![tenant, id],
+                    |r| Ok((memory_from(r)?, r.get::<_, String>(11)?, r.get::<_, Vec<u8>>(12)?)),
+                )
+                .optional()
+                .map_err(db_err)?;
+            let Some((m, model, vector)) = row else {
+                return Ok(None);
+            };
+            tx.execute(
+                "DELETE FROM memories WHERE tenant = ?1 AND id = ?2",
+                params![tenant, id],
+            )
+            .map_err(db_err)?;
+            let (cmodel, sum, members): (String, Vec<u8>, u32) = tx
+                .query_row(
+                    "SELECT model, sum, members FROM clusters WHERE tenant = ?1 AND id = ?2",
+                    params![tenant, m.cluster as i64],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .map_err(db_err)?;
+            let mut sum = vector_from(&sum);
+            let left = members.saturating_sub(1);
+            if left == 0 {
+                sum.iter_mut().for_each(|x| *x = 0.0);
+            } else if cmodel == model {
+                add_into(&mut sum, &vector_from(&vector), -1.0);
+            }
+            tx.execute(
+                "UPDATE clusters SET sum = ?3, members = ?4 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, m.cluster as i64, vector_bytes(&sum), left],
+            )
+            .map_err(db_err)?;
+            bump(&tx, tenant, m.cluster)?;
+            tx.commit().map_err(db_err)?;
+            Ok(Some(m))
+        })
+    }
+
+    async fn set_vectors(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        model: &str,
+        vectors: Vec<(String, Vec<f32>)>,
+    ) -> Result<(), Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let dim = vectors.first().map_or(0, |v| v.1.len());
+            let mut sum = vec![0f32; dim];
+            for (id, v) in &vectors {
+                let n = tx
+                    .execute(
+                        "UPDATE memories SET model = ?4, vector = ?5 WHERE tenant = ?1 AND id = ?2 AND cluster = ?3",
+                        params![tenant, id, cluster as i64, model, vector_bytes(v)],
+                    )
+                    .map_err(db_err)?;
+                if n == 1 {
+                    add_into(&mut sum, v, 1.0);
+                }
+            }
+            tx.execute(
+                "UPDATE clusters SET model = ?3, sum = ?4 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64, model, vector_bytes(&sum)],
+            )
+            .map_err(db_err)?;
+            bump(&tx, tenant, cluster)?;
+            tx.commit().map_err(db_err)
+        })
+    }
+
+    async fn cluster_summary(
+        &self,
+        tenant: &str,
+        cluster: u64,
+    ) -> Result<Option<ClusterSummary>, Error> {
+        self.with(|c| summary_of(c, tenant, cluster))
+    }
+
+    async fn summary_by_id(&self, tenant: &str, id: u64) -> Result<Option<ClusterSummary>, Error> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = ?1 AND id = ?2"),
+                params![tenant, id as i64],
+                summary_from,
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn write_cluster_summary(
+        &self,
+        tenant: &str,
+        w: ClusterSummaryWrite,
+    ) -> Result<bool, Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let current = summary_of(&tx, tenant, w.cluster)?;
+            if current.as_ref().map(|s| s.member_hash.clone()) != w.expect {
+                return Ok(false);
+            }
+            let members: BTreeSet<String> = members_of(&tx, tenant, w.cluster)?
+                .into_iter()
+                .map(|m| m.id)
+                .collect();
+            if !covers_exactly(&w.sources, &members) {
+                return Ok(false);
+            }
+            let sources = serde_json::to_string(&w.sources).map_err(|e| Error::Storage(e.to_string()))?;
+            match current {
+                Some(s) => {
+                    tx.execute(
+                        "UPDATE cluster_summaries SET text = ?3, sealed = 0, member_hash = ?4, sources = ?5, importance = ?6, tokens = ?7, model = ?8, calls = ?9, prompt_tokens = ?10, output_tokens = ?11, vector_model = ?12, vector = ?13, updated_ms = ?14 WHERE tenant = ?1 AND id = ?2",
+                        params![
+                            tenant, s.id as i64, w.text.as_bytes(), w.member_hash, sources,
+                            f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
+                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64
+                        ],
+                    )
+                    .map_err(db_err)?;
+                }
+                None => {
+                    let id: i64 = tx
+                        .query_row(
+                            "SELECT COALESCE(MAX(id), 0) + 1 FROM cluster_summaries WHERE tenant = ?1",
+                            [tenant],
+                            |r| r.get(0),
+                        )
+                        .map_err(db_err)?;
+                    tx.execute(
+                        "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)",
+                        params![
+                            tenant, id, w.cluster as i64, w.text.as_bytes(), w.member_hash, sources,
+                            f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
+                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64
+                        ],
+                    )
+                    .map_err(db_err)?;
+                }
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(true)
+        })
+    }
+
+    async fn delete_cluster_summary(&self, tenant: &str, cluster: u64) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM cluster_summaries WHERE tenant = ?1 AND cluster = ?2",
+                params![tenant, cluster as i64],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn set_cluster_note(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        note: Option<String>,
+    ) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE clusters SET note = ?3 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64, note],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn search(
+        &self,
+        tenant: &str,
+        query: &[f32],
+        model: &str,
+        filter: &MemoryFilter,
+        limit: u32,
+    ) -> Result<Vec<Hit>, Error> {
+        self.with(|c| {
+            let (fsql, fargs) = filter_sql(filter, "");
+            let mut args: Vec<String> = vec![tenant.to_string()];
+            args.extend(fargs);
+            args.push(model.to_string());
+            let mut mems = TopK::new(limit as usize);
+            {
+                let mut st = c
+                    .prepare(&format!(
+                        "SELECT id, vector, importance, cluster FROM memories WHERE tenant = ?1{fsql} AND model = ?{}",
+                        args.len()
+                    ))
+                    .map_err(db_err)?;
+                let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
+                while let Some(r) = rows.next().map_err(db_err)? {
+                    let v = vector_from(r.get_ref(1).map_err(db_err)?.as_blob().map_err(|e| Error::Storage(e.to_string()))?);
+                    let id: String = r.get(0).map_err(db_err)?;
+                    let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
+                    let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
+                    mems.offer(super::recall::cosine(query, &v), |s| Hit {
+                        kind: HitKind::Memory,
+                        id,
+                        text: String::new(),
+                        similarity: s,
+                        importance,
+                        cluster,
+                        sources: Vec::new(),
+                    });
+                }
+            }
+            let mut hits = mems.into_hits();
+            for h in &mut hits {
+                let t: Vec<u8> = c
+                    .query_row(
+                        "SELECT text FROM memories WHERE tenant = ?1 AND id = ?2",
+                        params![tenant, h.id],
+                        |r| r.get(0),
+                    )
+                    .map_err(db_err)?;
+                h.text = text_in(t);
+            }
+            let (fsql, fargs) = filter_sql(filter, "c.");
+            let mut args: Vec<String> = vec![tenant.to_string()];
+            args.extend(fargs);
+            args.push(model.to_string());
+            let mut sums = TopK::new(limit as usize);
+            {
+                let mut st = c
+                    .prepare(&format!(
+                        "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{}",
+                        args.len()
+                    ))
+                    .map_err(db_err)?;
+                let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
+                while let Some(r) = rows.next().map_err(db_err)? {
+                    let v = vector_from(&r.get::<_, Vec<u8>>(1).map_err(db_err)?);
+                    let sim = super::recall::cosine(query, &v);
+                    let id = r.get::<_, i64>(0).map_err(db_err)?.to_string();
+                    let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
+                    let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
+                    let text = text_in(r.get(4).map_err(db_err)?);
+                    let sources: Vec<String> =
+                        serde_json::from_str(&r.get::<_, String>(5).map_err(db_err)?).unwrap_or_default();
+                    sums.offer(sim, |s| Hit {
+                        kind: HitKind::Summary,
+                        id,
+                        text,
+                        similarity: s,
+                        importance,
+                        cluster,
+                        sources,
+                    });
+                }
+            }
+            hits.extend(sums.into_hits());
+            Ok(hits)
+        })
+    }
+
+    async fn list_memories(
+        &self,
+        tenant: &str,
+        filter: &MemoryFilter,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Memory>, usize), Error> {
+        self.with(|c| {
+            let (fsql, fargs) = filter_sql(filter, "");
+            let mut args: Vec<String> = vec![tenant.to_string()];
+            args.extend(fargs);
+            let total: i64 = c
+                .query_row(
+                    &format!("SELECT COUNT(*) FROM memories WHERE tenant = ?1{fsql}"),
+                    params_from_iter(args.iter()),
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            let mut st = c
+                .prepare(&format!(
+                    "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1{fsql} ORDER BY seq LIMIT {} OFFSET {}",
+                    limit.min(i64::MAX as usize),
+                    offset
+                ))
+                .map_err(db_err)?;
+            let rows = st
+                .query_map(params_from_iter(args.iter()), memory_from)
+                .map_err(db_err)?
+                .collect::<Result<_, _>>()
+                .map_err(db_err)?;
+            Ok((rows, total as usize))
+        })
+    }
+
+    async fn clusters(
+        &self,
+        tenant: &str,
+        filter: &MemoryFilter,
+    ) -> Result<Vec<ClusterRow>, Error> {
+        self.with(|c| {
+            let (fsql, fargs) = filter_sql(filter, "c.");
+            let mut args: Vec<String> = vec![tenant.to_string()];
+            args.extend(fargs);
+            let mut st = c
+                .prepare(&format!(
+                    "SELECT c.id, c.user, c.project, c.environment, c.kind, c.key, c.members, c.note, c.model, c.version, c.settled, s.id FROM clusters c LEFT JOIN cluster_summaries s ON s.tenant = c.tenant AND s.cluster = c.id WHERE c.tenant = ?1{fsql} AND c.members > 0 ORDER BY c.id"
+                ))
+                .map_err(db_err)?;
+            let mut rows: Vec<ClusterRow> = st
+                .query_map(params_from_iter(args.iter()), |r| {
+                    Ok(ClusterRow {
+                        id: r.get::<_, i64>(0)? as u64,
+                        scope: Scope {
+                            user: r.get(1)?,
+                            project: r.get(2)?,
+                            environment: r.get(3)?,
+                            kind: r.get(4)?,
+                            key: r.get(5)?,
+                        },
+                        members: r.get(6)?,
+                        member_ids: Vec::new(),
+                        note: r.get(7)?,
+                        model: r.get(8)?,
+                        version: r.get::<_, i64>(9)? as u64,
+                        settled: r.get::<_, i64>(10)? as u64,
+                        summary: r.get::<_, Option<i64>>(11)?.map(|x| x as u64),
+                    })
+                })
+                .map_err(db_err)?
+                .collect::<Result<_, _>>()
+                .map_err(db_err)?;
+            let mut ids = c
+                .prepare_cached("SELECT id FROM memories WHERE tenant = ?1 AND cluster = ?2 ORDER BY seq")
+                .map_err(db_err)?;
+            for row in &mut rows {
+                row.member_ids = ids
+                    .query_map(params![tenant, row.id as i64], |r| r.get(0))
+                    .map_err(db_err)?
+                    .collect::<Result<_, _>>()
+                    .map_err(db_err)?;
+            }
+            Ok(rows)
+        })
+    }
+
+    async fn unsettled(&self, tenant: Option<&str>, limit: usize) -> Result<Vec<Unsettled>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare(&format!(
+                    "SELECT tenant, id, version, user, project FROM clusters WHERE version > settled AND (?1 IS NULL OR tenant = ?1) ORDER BY changed_seq LIMIT {}",
+                    limit.min(i64::MAX as usize)
+                ))
+                .map_err(db_err)?;
+            st.query_map(params![tenant], |r| {
+                Ok(Unsettled {
+                    tenant: r.get(0)?,
+                    cluster: r.get::<_, i64>(1)? as u64,
+                    version: r.get::<_, i64>(2)? as u64,
+                    user: r.get(3)?,
+                    project: r.get(4)?,
+                })
+            })
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
+        })
+    }
+
+    async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE clusters SET settled = MAX(settled, ?3) WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64, version as i64],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn claim_cluster(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        owner: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<bool, Error> {
+        self.with(|c| {
+            let n = c
+                .execute(
+                    "UPDATE clusters SET claim_owner = ?3, claim_until_ms = ?5 WHERE tenant = ?1 AND id = ?2 AND (claim_owner IS NULL OR claim_owner = ?3 OR claim_until_ms <= ?4)",
+                    params![tenant, cluster as i64, owner, now_ms as i64, until_ms as i64],
+                )
+                .map_err(db_err)?;
+            Ok(n == 1)
+        })
+    }
+
+    async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE clusters SET claim_owner = NULL, claim_until_ms = NULL WHERE tenant = ?1 AND id = ?2 AND claim_owner = ?3",
+                params![tenant, cluster as i64, owner],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            for t in ["memories", "cluster_summaries", "clusters"] {
+                tx.execute(&format!("DELETE FROM {t} WHERE tenant = ?1"), [tenant])
+                    .map_err(db_err)?;
+            }
+            tx.commit().map_err(db_err)
+        })
+    }
+}
