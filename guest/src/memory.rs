@@ -431,7 +431,10 @@ pub fn validate(m: &MemoryIn) -> Result<(), Error> {
     check_field("type", &m.scope.kind, true)?;
     check_field("key", &m.scope.key, true)?;
     if m.text.trim().is_empty() {
-        return Err(invalid(format!("memory '{}' has no text; give the fact", m.id)));
+        return Err(invalid(format!(
+            "memory '{}' has no text; give the fact",
+            m.id
+        )));
     }
     if m.text.len() > MAX_MEMORY_BYTES {
         return Err(invalid(format!(
@@ -457,7 +460,10 @@ fn check_config(cfg: &MemoryConfig) -> Result<(), Error> {
     }
     for (name, v) in [
         ("SUMMARY_CLUSTER_MIN_SIMILARITY", cfg.min_similarity),
-        ("SUMMARY_MIN_CENTROID_SIMILARITY", cfg.summary_min_similarity),
+        (
+            "SUMMARY_MIN_CENTROID_SIMILARITY",
+            cfg.summary_min_similarity,
+        ),
     ] {
         if !(-1.0..=1.0).contains(&v) {
             return Err(invalid(format!(
@@ -553,7 +559,10 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
 /// older (lower id) cluster. `None`: open a new cluster.
 pub fn nearest(centroids: &[Centroid], model: &str, vector: &[f32], min: f32) -> Option<u64> {
     let mut best: Option<(f32, u64)> = None;
-    for c in centroids.iter().filter(|c| c.model == model && c.members > 0) {
+    for c in centroids
+        .iter()
+        .filter(|c| c.model == model && c.members > 0)
+    {
         let s = cosine(&c.vector, vector);
         if s < min {
             continue;
@@ -763,10 +772,7 @@ pub fn facts_prompt(facts: &[&str], previous: Option<&str>) -> Built {
     match previous {
         None => built(
             FACTS_SYSTEM,
-            format!(
-                "Facts:\n{}\n\nWrite the summary now.",
-                lines.join("\n")
-            ),
+            format!("Facts:\n{}\n\nWrite the summary now.", lines.join("\n")),
         ),
         Some(p) => built(
             FACTS_UPDATE_SYSTEM,
@@ -875,9 +881,7 @@ fn run(
         spent.calls += 1;
         spent.prompt_tokens += r.prompt_tokens.unwrap_or(est);
         let cleaned = strip::strip_template_tokens(&r.text);
-        spent.output_tokens += r
-            .output_tokens
-            .unwrap_or_else(|| estimate_tokens(&cleaned));
+        spent.output_tokens += r.output_tokens.unwrap_or_else(|| estimate_tokens(&cleaned));
         quality::check(&cleaned, r.finish, cfg.max_output_tokens, est)
             .map_err(Error::RejectedOutput)?;
         out.push(cleaned);
@@ -1011,8 +1015,7 @@ fn centroid_of(
     cluster: u64,
     model: &str,
 ) -> Result<Option<Vec<f32>>, Error> {
-    Ok(h
-        .centroids(scope)?
+    Ok(h.centroids(scope)?
         .into_iter()
         .find(|c| c.cluster == cluster && c.model == model)
         .map(|c| c.vector))
@@ -1098,7 +1101,10 @@ pub fn summarize_cluster(
                     "the summary's similarity to its cluster is {sim:.3}, under the {:.3} required: it is not about its memories",
                     mcfg.summary_min_similarity
                 );
-                h.log(Level::Warn, &format!("cluster {cluster}: summary discarded: {why}"));
+                h.log(
+                    Level::Warn,
+                    &format!("cluster {cluster}: summary discarded: {why}"),
+                );
                 h.set_cluster_note(cluster, Some(format!("summary discarded: {why}")))?;
                 return Err(Error::RejectedOutput(why));
             }
@@ -1170,9 +1176,7 @@ pub fn recall(
         .into_iter()
         .filter(|x| match x.kind {
             HitKind::Memory => true,
-            HitKind::Summary => {
-                summaries && x.sources.len() as u32 >= cfg.min_cluster_items
-            }
+            HitKind::Summary => summaries && x.sources.len() as u32 >= cfg.min_cluster_items,
         })
         .map(|x| Recalled {
             score: score(x.similarity, x.importance),

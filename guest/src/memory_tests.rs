@@ -31,7 +31,11 @@ struct Fake {
 
 fn prompt_text(r: &Request) -> String {
     match &r.prompt {
-        Prompt::Chat(ms) => ms.iter().map(|m| m.content.clone()).collect::<Vec<_>>().join("\n"),
+        Prompt::Chat(ms) => ms
+            .iter()
+            .map(|m| m.content.clone())
+            .collect::<Vec<_>>()
+            .join("\n"),
         Prompt::Raw(s) => s.clone(),
     }
 }
@@ -69,7 +73,10 @@ fn restate(p: &str) -> String {
 fn condensed(p: &str) -> String {
     let mut nums: Vec<u32> = Vec::new();
     for (i, _) in p.match_indices("number ") {
-        let n: String = p[i + 7..].chars().take_while(char::is_ascii_digit).collect();
+        let n: String = p[i + 7..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
         nums.extend(n.parse::<u32>().ok());
     }
     for (i, _) in p.match_indices("options ") {
@@ -80,7 +87,10 @@ fn condensed(p: &str) -> String {
     nums.sort_unstable();
     nums.dedup();
     let list: Vec<String> = nums.iter().map(u32::to_string).collect();
-    format!("Alice set editor options {} for the dark theme.", list.join(", "))
+    format!(
+        "Alice set editor options {} for the dark theme.",
+        list.join(", ")
+    )
 }
 
 impl MemoryHost for Fake {
@@ -191,8 +201,11 @@ impl MemoryHost for Fake {
         if self.rival {
             self.rival = false;
             self.next_summary += 1;
-            let mut s = self.summaries.get(&w.cluster).map(|s| s.0.clone()).unwrap_or(
-                ClusterSummary {
+            let mut s = self
+                .summaries
+                .get(&w.cluster)
+                .map(|s| s.0.clone())
+                .unwrap_or(ClusterSummary {
                     id: self.next_summary,
                     cluster: w.cluster,
                     text: "rival".into(),
@@ -206,12 +219,14 @@ impl MemoryHost for Fake {
                     output_tokens: 0,
                     created_ms: 0,
                     updated_ms: 0,
-                },
-            );
+                });
             s.member_hash = w.member_hash.clone();
             self.summaries.insert(w.cluster, (s, Vec::new()));
         }
-        let cur = self.summaries.get(&w.cluster).map(|s| s.0.member_hash.clone());
+        let cur = self
+            .summaries
+            .get(&w.cluster)
+            .map(|s| s.0.member_hash.clone());
         if cur != w.expect {
             return Ok(false);
         }
@@ -406,7 +421,14 @@ fn deletes_never_resurface_and_under_the_minimum_the_summary_goes() {
     remember(&mut h, &[mem("m4", "editor", EDITOR[3])], &cfg).unwrap();
     summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
     let f = forget(&mut h, "m2", &cfg).unwrap().unwrap();
-    assert_eq!(f, Forgotten { cluster: c, summary_deleted: true, due: true });
+    assert_eq!(
+        f,
+        Forgotten {
+            cluster: c,
+            summary_deleted: true,
+            due: true
+        }
+    );
     assert!(h.summaries.is_empty(), "the covering summary goes at once");
     let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
     assert_eq!(o.action, Action::Created);
@@ -422,7 +444,15 @@ fn deletes_never_resurface_and_under_the_minimum_the_summary_goes() {
         summarize_cluster(&mut h, c, &llm(), &cfg).unwrap().action,
         Action::TooFew
     );
-    let r = recall(&mut h, "dark editor theme", &Filter::default(), 5, true, &cfg).unwrap();
+    let r = recall(
+        &mut h,
+        "dark editor theme",
+        &Filter::default(),
+        5,
+        true,
+        &cfg,
+    )
+    .unwrap();
     assert!(r.iter().all(|x| x.kind == HitKind::Memory));
     assert_eq!(forget(&mut h, "m3", &cfg).unwrap(), None);
 }
@@ -467,11 +497,19 @@ fn nearest_prefers_the_closest_then_the_oldest() {
         vector: v,
         members: 1,
     };
-    let cs = [c(2, vec![1.0, 0.0]), c(1, vec![1.0, 0.0]), c(3, vec![0.0, 1.0])];
+    let cs = [
+        c(2, vec![1.0, 0.0]),
+        c(1, vec![1.0, 0.0]),
+        c(3, vec![0.0, 1.0]),
+    ];
     assert_eq!(nearest(&cs, "x", &[1.0, 0.1], 0.5), Some(1));
     assert_eq!(nearest(&cs, "x", &[0.1, 1.0], 0.5), Some(3));
     assert_eq!(nearest(&cs, "x", &[-1.0, -1.0], 0.5), None);
-    assert_eq!(nearest(&cs, "y", &[1.0, 0.0], 0.5), None, "another model's space");
+    assert_eq!(
+        nearest(&cs, "y", &[1.0, 0.0], 0.5),
+        None,
+        "another model's space"
+    );
 }
 
 #[test]
@@ -493,7 +531,10 @@ fn an_off_topic_summary_is_discarded_with_its_reason() {
     let c = three(&mut h, &cfg)[0].cluster;
     h.canned = Some("Quarterly revenue grew in the northern sales region last spring.".into());
     let e = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap_err();
-    assert!(matches!(e, Error::RejectedOutput(ref m) if m.contains("similarity")), "{e:?}");
+    assert!(
+        matches!(e, Error::RejectedOutput(ref m) if m.contains("similarity")),
+        "{e:?}"
+    );
     assert!(h.summaries.is_empty());
     assert!(h.notes[&c].contains("not about its memories"));
     // A model that repeats itself fails the quality gate, also recorded.
@@ -523,7 +564,10 @@ fn a_cluster_over_the_budget_is_summarized_in_parts_and_merged() {
             mem(
                 &format!("f{i:02}"),
                 "editor",
-                &format!("Alice set editor option number {i} to value {} for the dark theme", i * 7),
+                &format!(
+                    "Alice set editor option number {i} to value {} for the dark theme",
+                    i * 7
+                ),
             )
         })
         .collect();
@@ -549,7 +593,10 @@ fn a_cluster_over_the_budget_is_summarized_in_parts_and_merged() {
     };
     h.summaries.clear();
     let e = summarize_cluster(&mut h, c, &small, &tight).unwrap_err();
-    assert!(matches!(e, Error::InvalidInput(ref m) if m.contains("raise")), "{e:?}");
+    assert!(
+        matches!(e, Error::InvalidInput(ref m) if m.contains("raise")),
+        "{e:?}"
+    );
     for p in &h.prompts {
         assert!(estimate_tokens(p) <= 400, "{}", estimate_tokens(p));
     }
@@ -557,7 +604,10 @@ fn a_cluster_over_the_budget_is_summarized_in_parts_and_merged() {
     let all: Vec<String> = (0..30).map(|i| i.to_string()).collect();
     assert_eq!(
         text,
-        format!("Alice set editor options {} for the dark theme.", all.join(", "))
+        format!(
+            "Alice set editor options {} for the dark theme.",
+            all.join(", ")
+        )
     );
 }
 
@@ -569,7 +619,15 @@ fn recall_weighs_importance_and_adds_summaries_beside_their_sources() {
     deploy.importance = 1.0;
     remember(&mut h, &[deploy], &cfg).unwrap();
     summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
-    let r = recall(&mut h, "dark editor theme", &Filter::default(), 10, true, &cfg).unwrap();
+    let r = recall(
+        &mut h,
+        "dark editor theme",
+        &Filter::default(),
+        10,
+        true,
+        &cfg,
+    )
+    .unwrap();
     let kinds: Vec<HitKind> = r.iter().map(|x| x.kind).collect();
     assert!(kinds.contains(&HitKind::Summary));
     assert_eq!(kinds.iter().filter(|k| **k == HitKind::Memory).count(), 4);
@@ -582,9 +640,22 @@ fn recall_weighs_importance_and_adds_summaries_beside_their_sources() {
     for x in &r {
         assert!((x.score - score(x.similarity, x.importance)).abs() < 1e-6);
     }
-    let no_summaries = recall(&mut h, "dark editor theme", &Filter::default(), 10, false, &cfg).unwrap();
+    let no_summaries = recall(
+        &mut h,
+        "dark editor theme",
+        &Filter::default(),
+        10,
+        false,
+        &cfg,
+    )
+    .unwrap();
     assert!(no_summaries.iter().all(|x| x.kind == HitKind::Memory));
-    assert_eq!(recall(&mut h, "dark", &Filter::default(), 2, true, &cfg).unwrap().len(), 2);
+    assert_eq!(
+        recall(&mut h, "dark", &Filter::default(), 2, true, &cfg)
+            .unwrap()
+            .len(),
+        2
+    );
     assert!(matches!(
         recall(&mut h, "  ", &Filter::default(), 2, true, &cfg),
         Err(Error::InvalidInput(_))
@@ -610,7 +681,10 @@ fn the_extractive_engine_states_the_facts_without_a_model() {
     // Over its output limit it says how many facts it left out.
     let members = h.members(c).unwrap();
     let short = extractive_summary(&members, 12);
-    assert!(short.ends_with("(2 more related facts not shown.)"), "{short}");
+    assert!(
+        short.ends_with("(2 more related facts not shown.)"),
+        "{short}"
+    );
 }
 
 #[test]
@@ -621,7 +695,10 @@ fn bad_memories_are_refused_with_what_to_fix() {
         (mem("", "editor", "t"), "id is empty"),
         (mem("x", "", "t"), "key is empty"),
         (mem("x", "e\u{7}", "t"), "control characters"),
-        (mem("x", "editor", &"a".repeat(MAX_MEMORY_BYTES + 1)), "split it"),
+        (
+            mem("x", "editor", &"a".repeat(MAX_MEMORY_BYTES + 1)),
+            "split it",
+        ),
         (
             MemoryIn {
                 importance: 1.5,
@@ -664,7 +741,11 @@ fn a_changed_embedding_model_re_embeds_the_cluster() {
     };
     let r = remember(&mut h, &[mem("m4", "editor", EDITOR[3])], &other).unwrap();
     assert_eq!(r[0].cluster, c);
-    assert!(h.rows.iter().all(|r| r.model == "other" && r.vector.len() == 8));
+    assert!(
+        h.rows
+            .iter()
+            .all(|r| r.model == "other" && r.vector.len() == 8)
+    );
 }
 
 #[test]
@@ -672,7 +753,10 @@ fn member_hash_ignores_order() {
     let a = member_hash(&["b".into(), "a".into()]);
     assert_eq!(a, member_hash(&["a".into(), "b".into()]));
     assert_ne!(a, member_hash(&["a".into(), "b".into(), "c".into()]));
-    assert_ne!(member_hash(&["ab".into()]), member_hash(&["a".into(), "b".into()]));
+    assert_ne!(
+        member_hash(&["ab".into()]),
+        member_hash(&["a".into(), "b".into()])
+    );
     assert_eq!(a.len(), 32);
     let _ = Finish::Stop;
 }

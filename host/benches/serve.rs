@@ -88,6 +88,8 @@ async fn run(a: &Args, llm_url: &str, runtime: Arc<Runtime>, background: bool) -
         log: Arc::new(|_, _| {}),
         limits: Limits::default(),
         events_kept: 1000,
+        memory: Default::default(),
+        embedder: None,
     };
     let app = App::open(cfg).unwrap();
     let opts = ServeOptions {

@@ -98,6 +98,8 @@ async fn main() -> anyhow::Result<()> {
         }),
         limits: Limits::default(),
         events_kept: 100,
+        memory: Default::default(),
+        embedder: None,
     })?;
     let me = app.local();
 

@@ -2,13 +2,13 @@
 
 pub use crate::bindings::abridge::engine::llm::{FinishReason, Prompt, Request, Response};
 pub use crate::bindings::abridge::engine::log::Level;
-pub use crate::bindings::abridge::engine::store::{
-    CachedAnswer, CalibrationTotals as Calibration, Episode, EpisodeRange, FailureMarker,
-    NewEpisode, SessionStats, SummaryRow, SummaryWrite,
-};
 pub use crate::bindings::abridge::engine::memory_store::{
     Centroid, ClusterSummary, Embedding, Filter as MemoryFilter, Hit, HitKind, Memory, NewMemory,
     Scope, StoredMemory, SummaryWrite as ClusterSummaryWrite,
+};
+pub use crate::bindings::abridge::engine::store::{
+    CachedAnswer, CalibrationTotals as Calibration, Episode, EpisodeRange, FailureMarker,
+    NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
 pub use crate::bindings::exports::abridge::engine::memories::{
@@ -172,6 +172,19 @@ impl Default for MemoryConfig {
             min_cluster_items: 3,
             summary_min_similarity: 0.3,
             prompt_budget: 0,
+        }
+    }
+}
+
+impl Default for MemoryFilter {
+    /// Every memory of the tenant.
+    fn default() -> Self {
+        MemoryFilter {
+            user: None,
+            project: None,
+            environment: None,
+            kind: None,
+            key: None,
         }
     }
 }

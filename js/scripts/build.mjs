@@ -25,10 +25,11 @@ execFileSync(
     join(js, 'node_modules', '@bytecodealliance', 'jco', 'dist', 'jco.js'),
     'transpile', wasm, '-o', out, '--name', 'abridge', '--instantiation', 'async', '--quiet',
     '--async-mode', 'jspi',
-    '--async-imports', `${P}/llm@0.1.0#generate`, `${P}/llm@0.1.0#generate-batch`,
-    // Exports that may call the model (through the async imports).
+    '--async-imports', `${P}/llm@0.1.0#generate`, `${P}/llm@0.1.0#generate-batch`, `${P}/memory-store@0.1.0#embed`,
+    // Exports that may call the model or the embedder (through the async imports).
     '--async-exports',
     ...['after-episode-written', 'summarize-now', 'refresh', 'context'].map((f) => `${P}/summarizer@0.1.0#${f}`),
+    ...['remember', 'summarize-cluster', 'forget', 'recall'].map((f) => `${P}/memories@0.1.0#${f}`),
   ],
   { cwd: js, stdio: 'inherit' },
 );

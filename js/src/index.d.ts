@@ -197,6 +197,8 @@ export interface EngineOptions {
   onProgress?: (p: { level: number; done: number; total: number }) => void;
   /** Most batch requests in flight at once; default 6. */
   batchConcurrency?: number;
+  /** An embedding backend for memory embedders other than the offline `abridge-lexical-v1`. */
+  embedder?: Embedder;
 }
 
 /** A model answer kept in the partial cache. */
@@ -232,8 +234,34 @@ export interface ParsedTranscript {
   warnings: string[];
 }
 
+/** Where a memory belongs: it clusters only with memories of the same five fields. */
+export interface MemoryScope { user: string; project?: string; environment?: string; kind: string; key: string }
+export interface MemoryInput { id?: string; scope: MemoryScope; text: string; importance?: number }
+export interface MemoryConfig { embedder: string; minSimilarity: number; minClusterItems: number; summaryMinSimilarity: number; promptBudget: number }
+export const defaultMemoryConfig: Readonly<MemoryConfig>;
+export interface Remembered { id: string; cluster: number; created: boolean; members: number; due: boolean }
+export interface ClusterSummary {
+  id: number; cluster: number; text: string; memberHash: string; sources: string[]; importance: number; tokens: number;
+  model: string; calls: number; promptTokens: number; outputTokens: number; createdMs: number; updatedMs: number;
+}
+export interface ClusterOutcome {
+  action: 'unchanged' | 'created' | 'refreshed' | 'deleted' | 'too-few' | 'lost-race';
+  summary?: ClusterSummary; calls: number; promptTokens: number; outputTokens: number;
+}
+export interface MemoryFilter { user?: string; project?: string; environment?: string; kind?: string; key?: string }
+export interface Recalled { kind: 'memory' | 'summary'; id: string; text: string; score: number; similarity: number; importance: number; cluster: number; sources: string[] }
+export interface Embedder { embed(texts: string[]): Promise<{ model: string; dim: number; vectors: number[][]; tokens?: number }> }
+
 export class Engine {
   readonly llmName: string;
+  /** Store memories, each in its cluster; due clusters are summarized with summarizeCluster. */
+  remember(items: MemoryInput[], memoryConfig?: Partial<MemoryConfig>): Promise<Remembered[]>;
+  summarizeCluster(cluster: number, config?: Partial<Config>, memoryConfig?: Partial<MemoryConfig>): Promise<ClusterOutcome>;
+  forget(id: string, memoryConfig?: Partial<MemoryConfig>): Promise<{ cluster: number; summaryDeleted: boolean; due: boolean } | undefined>;
+  recall(query: string, filter?: MemoryFilter, k?: number, memoryConfig?: Partial<MemoryConfig>): Promise<Recalled[]>;
+  memory(id: string): { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number } | undefined;
+  clusters(): { id: number; scope: MemoryScope; members: string[]; summary?: number; note?: string }[];
+  embedLexical(texts: string[]): Promise<number[][]>;
   /** Parse a transcript inside the sandbox (the same parser as the Rust host). */
   parseTranscript(
     source: Uint8Array | string | Iterable<Uint8Array> | AsyncIterable<Uint8Array>,

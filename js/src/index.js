@@ -85,6 +85,20 @@ const rowToWit = (r) => ({
 
 const outcomeToJs = (o) => ({ triggered: o.triggered, passes: o.passes, written: o.written.map(rowToJs), unsummarized: num(o.unsummarized) });
 
+const memToWit = (m) => (m ? { ...m, createdMs: big(m.createdMs), cluster: big(m.cluster) } : undefined);
+const memToJs = (m) => ({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster) });
+const sumToWit = (s) => (s ? { ...s, id: big(s.id), cluster: big(s.cluster), createdMs: big(s.createdMs), updatedMs: big(s.updatedMs) } : undefined);
+const sumToJs = (s) => (s ? { ...s, id: num(s.id), cluster: num(s.cluster), createdMs: num(s.createdMs), updatedMs: num(s.updatedMs) } : undefined);
+
+/** The documented memory defaults (the same as the Rust host's `MemoryConfig::default()`). */
+export const defaultMemoryConfig = Object.freeze({
+  embedder: 'abridge-lexical-v1',
+  minSimilarity: 0.35,
+  minClusterItems: 3,
+  summaryMinSimilarity: 0.3,
+  promptBudget: 0,
+});
+
 /** Store calls: engine errors go to the guest as WIT errors, anything else is a storage error. */
 function storeCall(f) {
   try {
@@ -136,7 +150,10 @@ export class Engine {
   #modules;
   #progress;
 
-  constructor({ llm, store, clock, log, onProgress, batchConcurrency, modules }) {
+  #embedder;
+
+  constructor({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder }) {
+    this.#embedder = embedder;
     this.#llm = llm;
     this.#store = store;
     this.#clock = clock;
@@ -224,12 +241,95 @@ export class Engine {
         },
         recordCalibration: (model, estimated, reported) => storeCall(() => store.recordCalibration(model, estimated, reported)),
       },
+      'abridge:engine/memory-store': {
+        embed: async (texts) => {
+          if (!this.#embedder) {
+            throw toGuest(new AbridgeError('invalid-input', 'no embedding backend is configured; use the offline embedder (abridge-lexical-v1) or pass embedder'));
+          }
+          try {
+            const e = await this.#embedder.embed(texts);
+            return { model: e.model, dim: e.dim, vectors: e.vectors.map((v) => Float32Array.from(v)), tokens: e.tokens ?? 0 };
+          } catch (e) {
+            throw toGuest(e instanceof AbridgeError ? e : new AbridgeError('server', e?.message ?? String(e)));
+          }
+        },
+        centroids: (scope) => storeCall(() => store.recall.centroids(scope)).map((c) => ({ ...c, cluster: big(c.cluster) })),
+        putMemory: (m) => {
+          const r = storeCall(() => store.recall.putMemory({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster) }));
+          return { ...r, cluster: big(r.cluster) };
+        },
+        getMemory: (id) => memToWit(storeCall(() => store.recall.getMemory(id))),
+        members: (cluster) => storeCall(() => store.recall.members(num(cluster))).map(memToWit),
+        deleteMemory: (id) => memToWit(storeCall(() => store.recall.deleteMemory(id))),
+        setVectors: (cluster, model, vectors) => storeCall(() => store.recall.setVectors(num(cluster), model, vectors)),
+        summary: (cluster) => sumToWit(storeCall(() => store.recall.summary(num(cluster)))),
+        writeSummary: (w) => storeCall(() => store.recall.writeSummary({ ...w, cluster: num(w.cluster), nowMs: num(w.nowMs) })),
+        deleteSummary: (cluster) => storeCall(() => store.recall.deleteSummary(num(cluster))),
+        setClusterNote: (cluster, note) => storeCall(() => store.recall.setClusterNote(num(cluster), note)),
+        search: (query, model, filter, limit) =>
+          storeCall(() => store.recall.search(query, model, filter, limit)).map((h) => ({ ...h, cluster: big(h.cluster) })),
+      },
       ...wasiImports,
     };
   }
 
   async #guest() {
     return instantiate((name) => this.#modules.get(name), this.#imports());
+  }
+
+  /**
+   * Store memories `{id?, scope: {user, project, environment, kind, key}, text, importance?}`,
+   * each in its cluster; clusters that are due come back `due` (summarize them with
+   * `summarizeCluster`). Memories without an id get one.
+   */
+  async remember(items, memoryConfig = {}) {
+    const list = items.map((m, i) => ({
+      id: m.id ?? `m${Date.now()}-${process.pid}-${i}-${Math.random().toString(16).slice(2, 10)}`,
+      scope: { user: m.scope.user, project: m.scope.project ?? '', environment: m.scope.environment ?? '', kind: m.scope.kind, key: m.scope.key },
+      text: m.text,
+      importance: m.importance ?? 0.5,
+    }));
+    const g = await this.#guest();
+    const r = await exportCall(() => g.memories.remember(list, { ...defaultMemoryConfig, ...memoryConfig }));
+    return r.map((x) => ({ ...x, cluster: num(x.cluster) }));
+  }
+
+  /** Bring a cluster's summary to its member set (`action`: created, refreshed, unchanged, …). */
+  async summarizeCluster(cluster, config = {}, memoryConfig = {}) {
+    const g = await this.#guest();
+    const o = await exportCall(() => g.memories.summarizeCluster(BigInt(cluster), { ...defaultConfig, ...config }, { ...defaultMemoryConfig, ...memoryConfig }));
+    return { ...o, summary: sumToJs(o.summary) };
+  }
+
+  /** Delete a memory (a summary that covered it goes at once); `undefined` for an unknown id. */
+  async forget(id, memoryConfig = {}) {
+    const g = await this.#guest();
+    const f = await exportCall(() => g.memories.forget(id, { ...defaultMemoryConfig, ...memoryConfig }));
+    return f ? { ...f, cluster: num(f.cluster) } : undefined;
+  }
+
+  /** The `k` best memories and cluster summaries for `query` under `filter`. */
+  async recall(query, filter = {}, k = 5, memoryConfig = {}) {
+    const g = await this.#guest();
+    const r = await exportCall(() => g.memories.recall(query, filter, k, true, { ...defaultMemoryConfig, ...memoryConfig }));
+    return r.map((x) => ({ ...x, cluster: num(x.cluster) }));
+  }
+
+  /** A memory by id. */
+  memory(id) {
+    const m = this.#store.recall.getMemory(id);
+    return m ? memToJs(memToWit(m)) : undefined;
+  }
+
+  /** Clusters with their member ids and summary id. */
+  clusters() {
+    return this.#store.recall.clusters();
+  }
+
+  /** The offline embedder's vectors. */
+  async embedLexical(texts) {
+    const g = await this.#guest();
+    return g.memories.embedLexical(texts).map((v) => Array.from(v));
   }
 
   /** Create a fresh instance without calling it: what every call pays first (for benchmarks). */
@@ -399,8 +499,8 @@ export class Engine {
  * Create an engine. `store` is required (`new MemoryStore()` or `await SqliteStore.open(path)`);
  * `llm` defaults to no model (extractive engine only).
  */
-export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, onProgress = () => {}, batchConcurrency = 6 } = {}) {
+export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, onProgress = () => {}, batchConcurrency = 6, embedder } = {}) {
   if (!store) throw new TypeError('createEngine needs a store: new MemoryStore() or await SqliteStore.open(path)');
   const modules = await coreModules();
-  return new Engine({ llm, store, clock, log, onProgress, batchConcurrency, modules });
+  return new Engine({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder });
 }

@@ -5,6 +5,7 @@
 import { readFileSync, readdirSync } from 'node:fs';
 
 import { AbridgeError } from './errors.js';
+import { RecallTables } from './recall.js';
 
 /** The chain rule, checked before every summary write. */
 export function checkChain(session, episodes, prev, w) {
@@ -137,6 +138,14 @@ export class MemoryStore {
   recordCalibration(model, estimated, reported) {
     const c = this.#calibration.get(model) ?? { estimated: 0, reported: 0 };
     this.#calibration.set(model, { estimated: c.estimated + estimated, reported: c.reported + reported });
+  }
+
+  #recall;
+
+  /** Memories, clusters and cluster summaries (a private in-memory database). */
+  get recall() {
+    this.#recall ??= RecallTables.inMemory();
+    return this.#recall;
   }
 
   sessions() {
@@ -360,6 +369,14 @@ export class SqliteStore {
 
   sessions() {
     return this.#wrap(() => this.#st.sessions.all().map((r) => r.id));
+  }
+
+  #recall;
+
+  /** Memories, clusters and cluster summaries, in this database's own tables. */
+  get recall() {
+    this.#recall ??= new RecallTables(this.#db, (f) => this.#tx(f));
+    return this.#recall;
   }
 
   failure(session) {

@@ -62,6 +62,8 @@ fn open_on(clock: Arc<ManualClock>, mode: Mode, store: Arc<MemoryStore>) -> App 
             log: Arc::new(|_, _| {}),
             limits: Limits::default(),
             events_kept: 100,
+            memory: Default::default(),
+            embedder: None,
         },
         store,
     )

@@ -12,6 +12,7 @@ mod harness;
 mod hostile;
 mod ingest;
 mod jobs;
+mod memories;
 mod model_output;
 mod real_data;
 mod sandbox;

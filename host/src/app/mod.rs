@@ -10,6 +10,7 @@ pub mod backfill;
 pub mod error;
 pub mod events;
 pub mod limits;
+pub mod memories;
 mod run;
 pub mod tokens;
 mod views;
@@ -72,6 +73,10 @@ pub struct AppConfig {
     pub limits: Limits,
     /// Events kept per tenant for reconnecting subscribers.
     pub events_kept: usize,
+    /// Memory and cluster settings.
+    pub memory: crate::types::MemoryConfig,
+    /// The embedding backend for memories (`None`: the offline lexical embedder only).
+    pub embedder: Option<Arc<dyn crate::backend::embedding::Embedder>>,
 }
 
 struct TenantState {
@@ -215,6 +220,11 @@ impl App {
                 let log = c.log.clone();
                 let engine = Abridge::builder()
                     .runtime(c.runtime.clone())
+                    .memories(
+                        self.inner.db.clone() as Arc<dyn crate::store::RecallStore>,
+                        t.name(),
+                        c.embedder.clone(),
+                    )
                     .store(store)
                     .llm(llm)
                     .clock(c.clock.clone())

@@ -87,6 +87,8 @@ pub fn open(
         log,
         limits,
         events_kept: 1000,
+        memory: super::memory::memory_config()?,
+        embedder: None,
     };
     Ok(App::open(cfg)?)
 }

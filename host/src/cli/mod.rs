@@ -15,6 +15,7 @@ mod backfill;
 mod commands;
 mod fresh;
 mod jobs;
+mod memory;
 mod progress;
 mod serve;
 mod settings;
@@ -143,6 +144,13 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Create, list or revoke the API tokens `abridge serve` accepts.
     Tokens(serve::TokensArgs),
+    /// Store, list, show, delete or import memories (small facts); related ones are grouped
+    /// into clusters and summarized.
+    Memory(memory::MemoryArgs),
+    /// The memories and cluster summaries most related to a query.
+    Recall(memory::RecallArgs),
+    /// List memory clusters, show a cluster summary with its sources, or run the sweeper once.
+    Clusters(memory::ClustersArgs),
 }
 
 /// Structured logs on stderr: `RUST_LOG` filters (default: `info` for `serve`, `warn`
@@ -214,6 +222,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Jobs(a) => jobs::jobs(&settings, a).await,
         Cmd::Serve(a) => serve::serve_cmd(&settings, a).await,
         Cmd::Tokens(a) => serve::tokens_cmd(&settings, a).await,
+        Cmd::Memory(a) => memory::memory_cmd(&settings, a).await,
+        Cmd::Recall(a) => memory::recall_cmd(&settings, a).await,
+        Cmd::Clusters(a) => memory::clusters_cmd(&settings, a).await,
     }
 }
 
@@ -241,6 +252,12 @@ mod tests {
             &["tokens", "create", "--tenant", "acme", "--read-only"],
             &["tokens", "revoke", "3"],
             &["status", "--log-format", "json"],
+            &[
+                "memory", "add", "t", "--user", "u", "--type", "fact", "--key", "k",
+            ],
+            &["memory", "list", "--user", "u", "--type", "fact"],
+            &["recall", "q", "-k", "3", "--project", "p"],
+            &["clusters", "sweep"],
         ] {
             let argv = std::iter::once("abridge").chain(args.iter().copied());
             <super::Cli as clap::Parser>::try_parse_from(argv)

@@ -82,7 +82,9 @@ impl Host for HostState {
         vectors: Vec<(String, Vec<f32>)>,
     ) -> Result<(), Error> {
         let b = self.recall()?;
-        b.store.set_vectors(&b.tenant, cluster, &model, vectors).await
+        b.store
+            .set_vectors(&b.tenant, cluster, &model, vectors)
+            .await
     }
 
     async fn summary(&mut self, cluster: u64) -> Result<Option<ClusterSummary>, Error> {

@@ -16,8 +16,8 @@ mod sqlite_tables;
 pub mod tables;
 
 pub use memory::MemoryStore;
-pub use sqlite::SqliteStore;
 pub use recall::{ClusterRow, RecallStore, Unsettled};
+pub use sqlite::SqliteStore;
 pub use tables::{
     AppStore, EventRow, EventStore, JobScope, JobStore, SourceStore, TokenRow, TokenStore,
 };

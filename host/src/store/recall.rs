@@ -122,6 +122,8 @@ pub trait RecallStore: Send + Sync {
     /// Clusters (of one tenant, or all) whose version is past the settled one, oldest change
     /// first.
     async fn unsettled(&self, tenant: Option<&str>, limit: usize) -> Result<Vec<Unsettled>, Error>;
+    /// A cluster's membership version (`None`: no such cluster).
+    async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error>;
     /// Record that a summarize run saw `version`.
     async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error>;
     /// Take the cluster for `owner` until `until_ms` unless another live owner holds it.
@@ -215,9 +217,9 @@ impl TopK {
             return;
         }
         let h = make(similarity);
-        let at = self
-            .hits
-            .partition_point(|x| x.similarity > similarity || (x.similarity == similarity && x.id < h.id));
+        let at = self.hits.partition_point(|x| {
+            x.similarity > similarity || (x.similarity == similarity && x.id < h.id)
+        });
         self.hits.insert(at, h);
         self.hits.truncate(self.limit);
     }
@@ -697,6 +699,10 @@ impl RecallStore for super::MemoryStore {
         }))
     }
 
+    async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
+        Ok(self.recall(|r| r.t(tenant).clusters.get(&cluster).map(|c| c.version)))
+    }
+
     async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {
         self.recall(|r| {
             if let Some(c) = r.t(tenant).clusters.get_mut(&cluster) {
@@ -714,19 +720,21 @@ impl RecallStore for super::MemoryStore {
         now_ms: u64,
         until_ms: u64,
     ) -> Result<bool, Error> {
-        Ok(self.recall(|r| match r.t(tenant).clusters.get_mut(&cluster) {
-            Some(c) => {
-                let free = match &c.claim {
-                    None => true,
-                    Some((o, until)) => o == owner || *until <= now_ms,
-                };
-                if free {
-                    c.claim = Some((owner.to_string(), until_ms));
+        Ok(
+            self.recall(|r| match r.t(tenant).clusters.get_mut(&cluster) {
+                Some(c) => {
+                    let free = match &c.claim {
+                        None => true,
+                        Some((o, until)) => o == owner || *until <= now_ms,
+                    };
+                    if free {
+                        c.claim = Some((owner.to_string(), until_ms));
+                    }
+                    free
                 }
-                free
-            }
-            None => false,
-        }))
+                None => false,
+            }),
+        )
     }
 
     async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error> {

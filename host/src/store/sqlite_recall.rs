@@ -668,6 +668,19 @@ impl RecallStore for SqliteStore {
         })
     }
 
+    async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT version FROM clusters WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .map(|v| v.map(|v| v as u64))
+            .map_err(db_err)
+        })
+    }
+
     async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {
         self.with(|c| {
             c.execute(

@@ -715,6 +715,12 @@ pub fn summarize(prompt: &str) -> String {
     if prompt.contains("Partial summaries, in order:") {
         return merge(prompt);
     }
+    if prompt.contains("Facts:\n")
+        || prompt.contains("New facts:\n")
+        || prompt.contains("Partial summaries:\n")
+    {
+        return restate_facts(prompt);
+    }
     let lines: Vec<&str> = prompt
         .lines()
         .filter(|l| {
@@ -741,6 +747,30 @@ pub fn summarize(prompt: &str) -> String {
         out.push_str(" This continues an earlier summary.");
     }
     out
+}
+
+/// A memory-cluster summary: the current summary (if any), then every fact ("- …") or
+/// partial summary ("Part N:") shown, each as a sentence.
+fn restate_facts(prompt: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut block = "";
+    for line in prompt.lines() {
+        let t = line.trim();
+        if t == "Current summary:" || (t.starts_with("Part ") && t.ends_with(':')) {
+            block = "text";
+            continue;
+        }
+        if t.is_empty() {
+            block = "";
+            continue;
+        }
+        if let Some(f) = t.strip_prefix("- ") {
+            out.push(format!("{}.", f.trim_end_matches('.')));
+        } else if block == "text" {
+            out.push(t.to_string());
+        }
+    }
+    out.join(" ")
 }
 
 /// The three most frequent words of five letters or more in `lines` (after any "Role: ").

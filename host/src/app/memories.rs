@@ -1,0 +1,488 @@
+//! Memories and cluster summaries in the app layer: write, read, list, delete, recall, the
+//! clusters and their summaries, and the summarize runs (inline after a write, and the
+//! sweeper), for every front end.
+//!
+//! A summarize run takes the cluster's claim first (so the inline path and the sweeper never
+//! summarize one cluster at once), notes the membership version, runs the guest, and settles
+//! that version when the run ends without error. A cluster changed meanwhile stays unsettled
+//! and is picked up again; a run that failed leaves it unsettled too, with the reason noted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::json;
+
+use super::{App, AppError, AppResult, Scoped};
+use crate::store::{ClusterRow, RecallStore};
+use crate::types::{
+    ClusterAction, ClusterOutcome, ClusterSummary, Forgotten, HitKind, Memory, MemoryFilter,
+    MemoryIn, Recalled, Remembered, Scope,
+};
+
+/// How long a summarize run's claim on a cluster lasts.
+const CLAIM_MS: u64 = 10 * 60 * 1000;
+
+/// A memory as shown to callers.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct MemoryView {
+    /// Id.
+    pub id: String,
+    /// Whose memory.
+    pub user: String,
+    /// Project.
+    pub project: String,
+    /// Environment.
+    pub environment: String,
+    /// Kind of fact.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Subject.
+    pub key: String,
+    /// The fact.
+    pub text: String,
+    /// 0 to 1.
+    pub importance: f32,
+    /// Written at, ms since the epoch.
+    pub created_ms: u64,
+    /// Its cluster.
+    pub cluster: u64,
+}
+
+impl From<Memory> for MemoryView {
+    fn from(m: Memory) -> Self {
+        MemoryView {
+            id: m.id,
+            user: m.scope.user,
+            project: m.scope.project,
+            environment: m.scope.environment,
+            kind: m.scope.kind,
+            key: m.scope.key,
+            text: m.text,
+            importance: m.importance,
+            created_ms: m.created_ms,
+            cluster: m.cluster,
+        }
+    }
+}
+
+/// A cluster summary as shown to callers.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct ClusterSummaryView {
+    /// Id.
+    pub id: u64,
+    /// Its cluster.
+    pub cluster: u64,
+    /// The text.
+    pub text: String,
+    /// The memories it covers.
+    pub sources: Vec<String>,
+    /// Its importance (the largest of its sources').
+    pub importance: f32,
+    /// Which model (or `extractive`) wrote it.
+    pub model: String,
+    /// Model calls that produced it.
+    pub calls: u32,
+    /// Their prompt tokens.
+    pub prompt_tokens: u32,
+    /// Their output tokens.
+    pub output_tokens: u32,
+    /// Created at.
+    pub created_ms: u64,
+    /// Last regenerated at.
+    pub updated_ms: u64,
+}
+
+impl From<ClusterSummary> for ClusterSummaryView {
+    fn from(s: ClusterSummary) -> Self {
+        ClusterSummaryView {
+            id: s.id,
+            cluster: s.cluster,
+            text: s.text,
+            sources: s.sources,
+            importance: s.importance,
+            model: s.model,
+            calls: s.calls,
+            prompt_tokens: s.prompt_tokens,
+            output_tokens: s.output_tokens,
+            created_ms: s.created_ms,
+            updated_ms: s.updated_ms,
+        }
+    }
+}
+
+/// A cluster as shown to callers.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct ClusterView {
+    /// Id.
+    pub id: u64,
+    /// Whose memories.
+    pub user: String,
+    /// Project.
+    pub project: String,
+    /// Environment.
+    pub environment: String,
+    /// Kind.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Subject.
+    pub key: String,
+    /// Member ids, oldest first.
+    pub members: Vec<String>,
+    /// Its summary's id.
+    pub summary: Option<u64>,
+    /// Why its last summary was discarded.
+    pub note: Option<String>,
+    /// Whether a summarize run has seen its current members.
+    pub settled: bool,
+}
+
+impl From<ClusterRow> for ClusterView {
+    fn from(c: ClusterRow) -> Self {
+        ClusterView {
+            id: c.id,
+            user: c.scope.user,
+            project: c.scope.project,
+            environment: c.scope.environment,
+            kind: c.scope.kind,
+            key: c.scope.key,
+            members: c.member_ids,
+            summary: c.summary,
+            note: c.note,
+            settled: c.settled >= c.version,
+        }
+    }
+}
+
+/// A recall result as shown to callers.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct RecallView {
+    /// `memory` or `summary`.
+    pub kind: &'static str,
+    /// The memory id, or the summary id.
+    pub id: String,
+    /// Its text.
+    pub text: String,
+    /// Similarity weighted by importance.
+    pub score: f32,
+    /// Its importance.
+    pub importance: f32,
+    /// The memories a summary covers (empty for a memory).
+    pub sources: Vec<String>,
+}
+
+impl From<Recalled> for RecallView {
+    fn from(r: Recalled) -> Self {
+        RecallView {
+            kind: match r.kind {
+                HitKind::Memory => "memory",
+                HitKind::Summary => "summary",
+            },
+            id: r.id,
+            text: r.text,
+            score: r.score,
+            importance: r.importance,
+            sources: r.sources,
+        }
+    }
+}
+
+/// The name of a cluster action.
+pub fn action_name(a: ClusterAction) -> &'static str {
+    match a {
+        ClusterAction::Unchanged => "unchanged",
+        ClusterAction::Created => "created",
+        ClusterAction::Refreshed => "refreshed",
+        ClusterAction::Deleted => "deleted",
+        ClusterAction::TooFew => "too-few",
+        ClusterAction::LostRace => "lost-race",
+    }
+}
+
+/// What one sweep did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SweepReport {
+    /// Clusters looked at.
+    pub clusters: usize,
+    /// Summaries created or refreshed.
+    pub written: usize,
+    /// Summaries deleted (clusters fell under the minimum).
+    pub deleted: usize,
+    /// Clusters another worker held.
+    pub busy: usize,
+    /// Clusters left for the next run by the per-run cap.
+    pub deferred: usize,
+    /// Clusters whose summary failed (reason noted on the cluster).
+    pub failed: usize,
+    /// Model calls made.
+    pub calls: u32,
+    /// Prompt tokens spent.
+    pub prompt_tokens: u64,
+}
+
+/// A filter from optional fields.
+pub fn filter(
+    user: Option<String>,
+    project: Option<String>,
+    environment: Option<String>,
+    kind: Option<String>,
+    key: Option<String>,
+) -> MemoryFilter {
+    MemoryFilter {
+        user,
+        project,
+        environment,
+        kind,
+        key,
+    }
+}
+
+impl Scoped {
+    fn recall_store(&self) -> Arc<dyn RecallStore> {
+        self.app.inner.db.clone() as Arc<dyn RecallStore>
+    }
+
+    /// Store memories (ids are made for those without one); clusters that are due come back
+    /// `due` — pass the result to [`Scoped::summarize_due`] (after acknowledging the write).
+    pub async fn remember(&self, mut items: Vec<MemoryIn>) -> AppResult<Vec<Remembered>> {
+        if items.is_empty() {
+            return Err(AppError::invalid("no memories given; send at least one"));
+        }
+        if items.len() > 1000 {
+            return Err(AppError::invalid(format!(
+                "{} memories in one write; send at most 1000 at a time",
+                items.len()
+            )));
+        }
+        for m in &mut items {
+            if m.id.is_empty() {
+                m.id = self.app.unique_id();
+            }
+        }
+        let cfg = &self.app.inner.cfg.memory;
+        let out = self.engine().remember(&items, cfg).await?;
+        for r in out.iter().filter(|r| r.created) {
+            self.publish(
+                "memory.written",
+                None,
+                None,
+                json!({"id": r.id, "cluster": r.cluster, "members": r.members, "due": r.due}),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Summarize the clusters a write or delete left due, one after another; failures are
+    /// noted on their clusters and published, and the sweeper retries them.
+    pub async fn summarize_due(&self, clusters: &[u64]) -> Vec<AppResult<Option<ClusterOutcome>>> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
+        for &c in clusters {
+            if seen.insert(c) {
+                out.push(self.summarize_cluster(c).await);
+            }
+        }
+        out
+    }
+
+    /// One summarize run of a cluster under its claim; `Ok(None)` when another worker holds it.
+    pub async fn summarize_cluster(&self, cluster: u64) -> AppResult<Option<ClusterOutcome>> {
+        let store = self.recall_store();
+        let tenant = self.tenant.name();
+        let owner = format!("{}-{}", self.app.unique_id(), std::process::id());
+        let now = self.app.now_ms();
+        if store.cluster_version(tenant, cluster).await?.is_none() {
+            return Err(AppError::not_found(format!("no cluster {cluster}")));
+        }
+        if !store
+            .claim_cluster(tenant, cluster, &owner, now, now + CLAIM_MS)
+            .await?
+        {
+            return Ok(None);
+        }
+        let version = store.cluster_version(tenant, cluster).await?.unwrap_or(0);
+        let cfg = &self.app.inner.cfg;
+        let result = self
+            .engine()
+            .summarize_cluster(cluster, &cfg.config, &cfg.memory)
+            .await;
+        let settled = match &result {
+            Ok(_) => store.settle(tenant, cluster, version).await,
+            Err(_) => Ok(()),
+        };
+        store.release_cluster(tenant, cluster, &owner).await?;
+        settled?;
+        match result {
+            Ok(o) => {
+                if !matches!(o.action, ClusterAction::Unchanged | ClusterAction::TooFew) {
+                    self.publish(
+                        "cluster.summarized",
+                        None,
+                        None,
+                        json!({
+                            "cluster": cluster, "action": action_name(o.action),
+                            "summary": o.summary.as_ref().map(|s| s.id),
+                            "sources": o.summary.as_ref().map(|s| s.sources.clone()),
+                            "calls": o.calls, "prompt_tokens": o.prompt_tokens,
+                        }),
+                    );
+                }
+                Ok(Some(o))
+            }
+            Err(e) => {
+                let e = AppError::from(e);
+                self.publish(
+                    "cluster.failed",
+                    None,
+                    None,
+                    json!({"cluster": cluster, "error": e.message}),
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// One memory; a foreign or unknown id is not found.
+    pub async fn memory(&self, id: &str) -> AppResult<MemoryView> {
+        self.recall_store()
+            .get_memory(self.tenant.name(), id)
+            .await?
+            .map(MemoryView::from)
+            .ok_or_else(|| AppError::not_found(format!("no memory '{id}'")))
+    }
+
+    /// Memories under a filter, oldest first; and the total.
+    pub async fn memories(
+        &self,
+        f: &MemoryFilter,
+        offset: usize,
+        limit: usize,
+    ) -> AppResult<(Vec<MemoryView>, usize)> {
+        let (rows, total) = self
+            .recall_store()
+            .list_memories(self.tenant.name(), f, offset, limit)
+            .await?;
+        Ok((rows.into_iter().map(MemoryView::from).collect(), total))
+    }
+
+    /// Delete a memory; a summary that covered it goes at once, and the cluster is left due
+    /// when it still has enough members (pass `due` clusters to [`Scoped::summarize_due`]).
+    pub async fn forget(&self, id: &str) -> AppResult<Forgotten> {
+        let f = self
+            .engine()
+            .forget(id, &self.app.inner.cfg.memory)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("no memory '{id}'")))?;
+        self.publish(
+            "memory.deleted",
+            None,
+            None,
+            json!({"id": id, "cluster": f.cluster, "summary_deleted": f.summary_deleted}),
+        );
+        Ok(f)
+    }
+
+    /// The best memories and summaries for a query.
+    pub async fn recall(
+        &self,
+        query: &str,
+        f: &MemoryFilter,
+        k: u32,
+    ) -> AppResult<Vec<RecallView>> {
+        let r = self
+            .engine()
+            .recall(query, f, k, true, &self.app.inner.cfg.memory)
+            .await?;
+        Ok(r.into_iter().map(RecallView::from).collect())
+    }
+
+    /// Clusters under a filter.
+    pub async fn clusters(&self, f: &MemoryFilter) -> AppResult<Vec<ClusterView>> {
+        Ok(self
+            .recall_store()
+            .clusters(self.tenant.name(), f)
+            .await?
+            .into_iter()
+            .map(ClusterView::from)
+            .collect())
+    }
+
+    /// A cluster summary by id.
+    pub async fn cluster_summary(&self, id: u64) -> AppResult<ClusterSummaryView> {
+        self.recall_store()
+            .summary_by_id(self.tenant.name(), id)
+            .await?
+            .map(ClusterSummaryView::from)
+            .ok_or_else(|| AppError::not_found(format!("no summary {id}")))
+    }
+
+    /// The memories a summary covers, in its order.
+    pub async fn summary_sources(&self, id: u64) -> AppResult<Vec<MemoryView>> {
+        let s = self.cluster_summary(id).await?;
+        let store = self.recall_store();
+        let mut out = Vec::new();
+        for src in &s.sources {
+            if let Some(m) = store.get_memory(self.tenant.name(), src).await? {
+                out.push(MemoryView::from(m));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl App {
+    /// One sweep: summarize clusters whose summary may be missing or stale (of one tenant or
+    /// all), at most `per_scope` per user and project, skipping clusters another worker holds.
+    pub async fn sweep(
+        &self,
+        tenant: Option<&crate::tenant::Tenant>,
+        per_scope: usize,
+    ) -> AppResult<SweepReport> {
+        let store = self.inner.db.clone() as Arc<dyn RecallStore>;
+        let todo = store.unsettled(tenant.map(|t| t.name()), 10_000).await?;
+        let mut report = SweepReport::default();
+        let mut per: BTreeMap<(String, String, String), usize> = BTreeMap::new();
+        for u in todo {
+            let n = per
+                .entry((u.tenant.clone(), u.user.clone(), u.project.clone()))
+                .or_default();
+            if *n >= per_scope.max(1) {
+                report.deferred += 1;
+                continue;
+            }
+            *n += 1;
+            report.clusters += 1;
+            let Ok(t) = crate::tenant::Tenant::new(&u.tenant) else {
+                continue;
+            };
+            match self.tenant(&t).summarize_cluster(u.cluster).await {
+                Ok(Some(o)) => {
+                    report.calls += o.calls;
+                    report.prompt_tokens += u64::from(o.prompt_tokens);
+                    match o.action {
+                        ClusterAction::Created | ClusterAction::Refreshed => report.written += 1,
+                        ClusterAction::Deleted => report.deleted += 1,
+                        _ => {}
+                    }
+                }
+                Ok(None) => report.busy += 1,
+                Err(e) => {
+                    tracing::warn!(tenant = %u.tenant, cluster = u.cluster, error = %e.message, "cluster summary failed");
+                    report.failed += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// A scope from its five fields.
+pub fn scope(user: &str, project: &str, environment: &str, kind: &str, key: &str) -> Scope {
+    Scope {
+        user: user.into(),
+        project: project.into(),
+        environment: environment.into(),
+        kind: kind.into(),
+        key: key.into(),
+    }
+}

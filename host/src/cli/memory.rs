@@ -1,0 +1,518 @@
+//! `abridge memory …`, `abridge recall` and `abridge clusters …`: thin shells over the app's
+//! memory operations.
+
+use std::io::BufRead;
+
+use anyhow::anyhow;
+use clap::{Args, Subcommand};
+
+use abridge::app::memories::{ClusterView, MemoryView, action_name, filter, scope};
+use abridge::app::{AppError, Scoped};
+use abridge::types::{MemoryConfig, MemoryFilter, MemoryIn};
+
+use super::app::fail;
+use super::commands::{choose_backend, note};
+use super::{Exit, Failure, Settings};
+
+/// Which memories: every field given must match.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ScopeFilter {
+    /// Only this user's
+    #[arg(long)]
+    user: Option<String>,
+    /// Only this project's
+    #[arg(long)]
+    project: Option<String>,
+    /// Only this environment's
+    #[arg(long)]
+    environment: Option<String>,
+    /// Only this type of fact (preference, fact, relationship, …)
+    #[arg(long = "type")]
+    kind: Option<String>,
+    /// Only this subject
+    #[arg(long)]
+    key: Option<String>,
+}
+
+impl ScopeFilter {
+    fn filter(&self) -> MemoryFilter {
+        let c = self.clone();
+        filter(c.user, c.project, c.environment, c.kind, c.key)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct MemoryArgs {
+    #[command(subcommand)]
+    cmd: MemoryCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum MemoryCmd {
+    /// Store one memory; a cluster it brings to the minimum (or changes) is summarized now.
+    Add {
+        /// The fact
+        text: String,
+        /// Whose memory
+        #[arg(long)]
+        user: String,
+        /// The project
+        #[arg(long, default_value = "")]
+        project: String,
+        /// The environment
+        #[arg(long, default_value = "")]
+        environment: String,
+        /// The type of fact (preference, fact, relationship, …)
+        #[arg(long = "type", default_value = "fact")]
+        kind: String,
+        /// The subject (a person, topic or entity)
+        #[arg(long)]
+        key: String,
+        /// 0 to 1
+        #[arg(long, default_value_t = 0.5)]
+        importance: f32,
+        /// A client id: writing it again is a no-op
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Store many memories from JSON lines ({"id"?, "user", "project"?, "environment"?,
+    /// "type", "key", "text", "importance"?}) in FILE, or stdin with '-'.
+    Import {
+        /// The file
+        file: String,
+    },
+    /// List memories (oldest first).
+    List {
+        #[command(flatten)]
+        scope: ScopeFilter,
+        /// Most to list
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print JSON lines
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one memory.
+    Show {
+        /// Its id
+        id: String,
+    },
+    /// Delete a memory; a summary that covered it is deleted and rebuilt from the rest.
+    Delete {
+        /// Its id
+        id: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct RecallArgs {
+    /// What to recall
+    query: String,
+    #[command(flatten)]
+    scope: ScopeFilter,
+    /// How many results
+    #[arg(short, long, default_value_t = 5)]
+    k: u32,
+    /// Print JSON
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ClustersArgs {
+    #[command(subcommand)]
+    cmd: ClustersCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum ClustersCmd {
+    /// List clusters with their members and summary.
+    List {
+        #[command(flatten)]
+        scope: ScopeFilter,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Summarize every cluster whose summary is missing, stale or failed, once.
+    Sweep {
+        /// Most clusters per user and project in this run
+        #[arg(long, default_value_t = 20)]
+        per_scope: usize,
+    },
+    /// Show a cluster summary and its sources.
+    Show {
+        /// The summary id
+        id: u64,
+    },
+}
+
+/// Memory settings from the environment: SUMMARY_CLUSTER_MIN_SIMILARITY,
+/// SUMMARY_MIN_CLUSTER_ITEMS, SUMMARY_MIN_CENTROID_SIMILARITY, SUMMARY_PROMPT_BUDGET.
+pub fn memory_config() -> Result<MemoryConfig, Failure> {
+    let mut c = MemoryConfig::default();
+    fn get<T: std::str::FromStr>(name: &str) -> Result<Option<T>, Failure> {
+        match std::env::var(name) {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse().map(Some).map_err(|_| {
+                Failure::new(
+                    Exit::Input,
+                    anyhow!("{name}='{v}' is not a valid number; unset it or give one"),
+                )
+            }),
+            _ => Ok(None),
+        }
+    }
+    if let Some(v) = get("SUMMARY_CLUSTER_MIN_SIMILARITY")? {
+        c.min_similarity = v;
+    }
+    if let Some(v) = get("SUMMARY_MIN_CLUSTER_ITEMS")? {
+        c.min_cluster_items = v;
+    }
+    if let Some(v) = get("SUMMARY_MIN_CENTROID_SIMILARITY")? {
+        c.summary_min_similarity = v;
+    }
+    if let Some(v) = get("SUMMARY_PROMPT_BUDGET")? {
+        c.prompt_budget = v;
+    }
+    Ok(c)
+}
+
+fn show_memory(m: &MemoryView) -> String {
+    format!(
+        "{}  [{} / {} / {} / {} / {}]  importance {:.2}  cluster {}\n  {}",
+        m.id,
+        m.user,
+        if m.project.is_empty() {
+            "-"
+        } else {
+            &m.project
+        },
+        if m.environment.is_empty() {
+            "-"
+        } else {
+            &m.environment
+        },
+        m.kind,
+        m.key,
+        m.importance,
+        m.cluster,
+        m.text
+    )
+}
+
+/// Summarize the due clusters here and say what happened.
+async fn summarize(s: &Settings, local: &Scoped, clusters: Vec<u64>) {
+    for (c, r) in clusters.iter().zip(local.summarize_due(&clusters).await) {
+        match r {
+            Ok(Some(o)) => {
+                let what = action_name(o.action);
+                match &o.summary {
+                    Some(sum) => note(
+                        s,
+                        &format!(
+                            "cluster {c}: summary {} {what} from {} memories ({} model calls)",
+                            sum.id,
+                            sum.sources.len(),
+                            o.calls
+                        ),
+                    ),
+                    None => note(s, &format!("cluster {c}: {what}")),
+                }
+            }
+            Ok(None) => note(s, &format!("cluster {c}: another worker is summarizing it")),
+            Err(e) => note(
+                s,
+                &format!(
+                    "cluster {c}: summary not made: {} — the memories are stored; 'abridge clusters sweep' retries",
+                    e.message
+                ),
+            ),
+        }
+    }
+}
+
+fn parse_line(line: &str, n: usize) -> Result<MemoryIn, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!("line {n}: not JSON ({e})"))?;
+    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
+    let importance = match v.get("importance") {
+        None | Some(serde_json::Value::Null) => 0.5,
+        Some(x) => x
+            .as_f64()
+            .ok_or_else(|| format!("line {n}: importance must be a number from 0 to 1"))?
+            as f32,
+    };
+    Ok(MemoryIn {
+        id: s("id"),
+        scope: scope(
+            &s("user"),
+            &s("project"),
+            &s("environment"),
+            &s("type"),
+            &s("key"),
+        ),
+        text: s("text"),
+        importance,
+    })
+}
+
+pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
+    match a.cmd {
+        MemoryCmd::Add {
+            text,
+            user,
+            project,
+            environment,
+            kind,
+            key,
+            importance,
+            id,
+        } => {
+            let backend = choose_backend(s).await?;
+            let local = super::app::local(s, Some(&backend))?;
+            let r = local
+                .remember(vec![MemoryIn {
+                    id: id.unwrap_or_default(),
+                    scope: scope(&user, &project, &environment, &kind, &key),
+                    text,
+                    importance,
+                }])
+                .await
+                .map_err(|e| fail(s, e))?;
+            for m in &r {
+                println!(
+                    "{}  cluster {} ({} memories){}",
+                    m.id,
+                    m.cluster,
+                    m.members,
+                    if m.created { "" } else { "  already stored" }
+                );
+            }
+            let due: Vec<u64> = r.iter().filter(|m| m.due).map(|m| m.cluster).collect();
+            summarize(s, &local, due).await;
+        }
+        MemoryCmd::Import { file } => {
+            let reader: Box<dyn BufRead> = if file == "-" {
+                Box::new(std::io::stdin().lock())
+            } else {
+                Box::new(std::io::BufReader::new(
+                    std::fs::File::open(&file).map_err(|e| {
+                        Failure::new(Exit::Input, anyhow!("cannot read {file}: {e}"))
+                    })?,
+                ))
+            };
+            let mut items = Vec::new();
+            for (i, line) in reader.lines().enumerate() {
+                let line = line.map_err(|e| {
+                    Failure::new(
+                        Exit::Input,
+                        anyhow!(
+                            "{file}: line {}: {e} (the file must be UTF-8 JSON lines)",
+                            i + 1
+                        ),
+                    )
+                })?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                items.push(
+                    parse_line(&line, i + 1)
+                        .map_err(|e| Failure::new(Exit::Input, anyhow!("{file}: {e}")))?,
+                );
+            }
+            if items.is_empty() {
+                return Err(Failure::new(
+                    Exit::Input,
+                    anyhow!("{file} holds no memories; give one JSON object per line"),
+                ));
+            }
+            let backend = choose_backend(s).await?;
+            let local = super::app::local(s, Some(&backend))?;
+            let mut due = Vec::new();
+            let (mut stored, total) = (0usize, items.len());
+            for chunk in items.chunks(500) {
+                let r = local
+                    .remember(chunk.to_vec())
+                    .await
+                    .map_err(|e| fail(s, e))?;
+                stored += r.iter().filter(|m| m.created).count();
+                due.extend(r.iter().filter(|m| m.due).map(|m| m.cluster));
+            }
+            println!(
+                "{stored} of {total} memories stored ({} already were)",
+                total - stored
+            );
+            summarize(s, &local, due).await;
+        }
+        MemoryCmd::List { scope, limit, json } => {
+            let local = super::app::local(s, None)?;
+            let (rows, total) = local
+                .memories(&scope.filter(), 0, limit)
+                .await
+                .map_err(|e| fail(s, e))?;
+            for m in &rows {
+                if json {
+                    println!("{}", serde_json::to_string(m).expect("memories serialize"));
+                } else {
+                    println!("{}", show_memory(m));
+                }
+            }
+            if !json && total > rows.len() {
+                note(s, &format!("{} of {total} shown (--limit)", rows.len()));
+            }
+        }
+        MemoryCmd::Show { id } => {
+            let local = super::app::local(s, None)?;
+            let m = local.memory(&id).await.map_err(|e| not_found(s, e))?;
+            println!("{}", show_memory(&m));
+        }
+        MemoryCmd::Delete { id } => {
+            let backend = choose_backend(s).await?;
+            let local = super::app::local(s, Some(&backend))?;
+            let f = local.forget(&id).await.map_err(|e| not_found(s, e))?;
+            println!(
+                "memory {id} deleted{}",
+                if f.summary_deleted {
+                    format!(
+                        "; the summary of cluster {} that covered it was deleted",
+                        f.cluster
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            if f.due {
+                summarize(s, &local, vec![f.cluster]).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn not_found(s: &Settings, e: AppError) -> Failure {
+    if e.kind == abridge::app::ErrorKind::NotFound {
+        return Failure::new(
+            Exit::Input,
+            anyhow!(
+                "{} in {} — list them with 'abridge memory list'",
+                e.message,
+                s.db.display()
+            ),
+        );
+    }
+    fail(s, e)
+}
+
+pub async fn recall_cmd(s: &Settings, a: RecallArgs) -> Result<(), Failure> {
+    let local = super::app::local(s, None)?;
+    let r = local
+        .recall(&a.query, &a.scope.filter(), a.k)
+        .await
+        .map_err(|e| fail(s, e))?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&serde_json::json!({ "results": r })).expect("serialize")
+        );
+        return Ok(());
+    }
+    if r.is_empty() {
+        note(s, "nothing recalled (no memories match the scope)");
+    }
+    for x in &r {
+        let sources = if x.sources.is_empty() {
+            String::new()
+        } else {
+            format!("  sources: {}", x.sources.join(", "))
+        };
+        println!("{:.3}  {} {}{sources}\n  {}", x.score, x.kind, x.id, x.text);
+    }
+    Ok(())
+}
+
+fn show_cluster(c: &ClusterView) -> String {
+    format!(
+        "cluster {}  [{} / {} / {} / {} / {}]  {} memories: {}  summary: {}{}",
+        c.id,
+        c.user,
+        if c.project.is_empty() {
+            "-"
+        } else {
+            &c.project
+        },
+        if c.environment.is_empty() {
+            "-"
+        } else {
+            &c.environment
+        },
+        c.kind,
+        c.key,
+        c.members.len(),
+        c.members.join(", "),
+        c.summary.map_or("none".into(), |x| x.to_string()),
+        c.note
+            .as_ref()
+            .map_or(String::new(), |n| format!("  ({n})"))
+    )
+}
+
+pub async fn clusters_cmd(s: &Settings, a: ClustersArgs) -> Result<(), Failure> {
+    match a.cmd {
+        ClustersCmd::List { scope, json } => {
+            let local = super::app::local(s, None)?;
+            let list = local
+                .clusters(&scope.filter())
+                .await
+                .map_err(|e| fail(s, e))?;
+            for c in &list {
+                if json {
+                    println!("{}", serde_json::to_string(c).expect("serialize"));
+                } else {
+                    println!("{}", show_cluster(c));
+                }
+            }
+        }
+        ClustersCmd::Sweep { per_scope } => {
+            let backend = choose_backend(s).await?;
+            let local = super::app::local(s, Some(&backend))?;
+            let r = local
+                .app()
+                .sweep(Some(local.tenant()), per_scope)
+                .await
+                .map_err(|e| fail(s, e))?;
+            println!(
+                "{} clusters looked at: {} summaries written, {} deleted, {} failed, {} held by another worker, {} left for the next run ({} model calls, {} prompt tokens)",
+                r.clusters,
+                r.written,
+                r.deleted,
+                r.failed,
+                r.busy,
+                r.deferred,
+                r.calls,
+                r.prompt_tokens
+            );
+            if r.failed > 0 {
+                return Err(Failure::new(
+                    Exit::Model,
+                    anyhow!(
+                        "{} cluster summaries failed; 'abridge clusters list' shows why",
+                        r.failed
+                    ),
+                ));
+            }
+        }
+        ClustersCmd::Show { id } => {
+            let local = super::app::local(s, None)?;
+            let sum = local.cluster_summary(id).await.map_err(|e| fail(s, e))?;
+            let sources = local.summary_sources(id).await.map_err(|e| fail(s, e))?;
+            println!(
+                "summary {} of cluster {} ({}, {} model calls)\n{}\n\nsources:",
+                sum.id, sum.cluster, sum.model, sum.calls, sum.text
+            );
+            for m in &sources {
+                println!("{}", show_memory(m));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,283 @@
+// Memories, clusters and cluster summaries for the JavaScript host: the same tables and rules
+// as the Rust host's RecallStore (host/src/store/sqlite_recall.rs), on node:sqlite. The
+// SqliteStore shares its database file; the MemoryStore keeps a private in-memory database.
+// Every call is the local tenant's (the JavaScript host has no tenants).
+import { readFileSync } from 'node:fs';
+
+import { AbridgeError } from './errors.js';
+
+const TENANT = 'local';
+
+const f32bytes = (v) => new Uint8Array(new Float32Array(v).buffer);
+const f32from = (b) => {
+  const u = b instanceof Uint8Array ? b : new Uint8Array(b);
+  const copy = new Uint8Array(u); // aligned
+  return new Float32Array(copy.buffer, 0, copy.byteLength / 4);
+};
+const text = (b) => (typeof b === 'string' ? b : new TextDecoder().decode(b));
+const utf8 = (s) => new TextEncoder().encode(s);
+
+/** Cosine similarity, summed in double precision (as the Rust host does). */
+export function cosine(a, b) {
+  if (a.length !== b.length || a.length === 0) return 0;
+  let dot = 0;
+  let na = 0;
+  let nb = 0;
+  for (let i = 0; i < a.length; i++) {
+    const x = a[i];
+    const y = b[i];
+    dot += x * y;
+    na += x * x;
+    nb += y * y;
+  }
+  if (na === 0 || nb === 0) return 0;
+  return Math.fround(dot / (Math.sqrt(na) * Math.sqrt(nb)));
+}
+
+const sameScope = (a, b) => a.user === b.user && a.project === b.project && a.environment === b.environment && a.kind === b.kind && a.key === b.key;
+
+function filterSql(f, prefix) {
+  let sql = '';
+  const args = [];
+  for (const col of ['user', 'project', 'environment', 'kind', 'key']) {
+    if (f[col] !== undefined && f[col] !== null) {
+      args.push(f[col]);
+      sql += ` AND ${prefix}${col} = ?`;
+    }
+  }
+  return { sql, args };
+}
+
+const memFrom = (r) => ({
+  id: r.id,
+  scope: { user: r.user, project: r.project, environment: r.environment, kind: r.kind, key: r.key },
+  text: text(r.text),
+  importance: r.importance,
+  tokens: r.tokens,
+  createdMs: r.created_ms,
+  cluster: r.cluster,
+});
+
+const sumFrom = (r) => ({
+  id: r.id,
+  cluster: r.cluster,
+  text: text(r.text),
+  memberHash: r.member_hash,
+  sources: JSON.parse(r.sources),
+  importance: r.importance,
+  tokens: r.tokens,
+  model: r.model,
+  calls: r.calls,
+  promptTokens: r.prompt_tokens,
+  outputTokens: r.output_tokens,
+  createdMs: r.created_ms,
+  updatedMs: r.updated_ms,
+});
+
+/** Keeps the `limit` most similar hits. */
+function topK(limit) {
+  const hits = [];
+  return {
+    offer(sim, make) {
+      if (limit === 0) return;
+      if (hits.length >= limit && sim <= hits[hits.length - 1].similarity) return;
+      const h = make(sim);
+      let at = hits.findIndex((x) => x.similarity < sim || (x.similarity === sim && x.id > h.id));
+      if (at < 0) at = hits.length;
+      hits.splice(at, 0, h);
+      if (hits.length > limit) hits.pop();
+    },
+    hits,
+  };
+}
+
+export class RecallTables {
+  #db;
+  #tx;
+
+  /** Over `db` (node:sqlite); `migration` is the schema to apply to a private database. */
+  constructor(db, tx, migration) {
+    this.#db = db;
+    this.#tx = tx;
+    if (migration) db.exec(migration);
+  }
+
+  /** A private in-memory database with the memory tables. */
+  static inMemory() {
+    const { DatabaseSync } = process.getBuiltinModule('node:sqlite');
+    const db = new DatabaseSync(':memory:');
+    const migration = readFileSync(new URL('../dist/migrations/016-memories.sql', import.meta.url), 'utf8');
+    const tx = (f) => {
+      db.exec('BEGIN IMMEDIATE');
+      try {
+        const r = f();
+        db.exec('COMMIT');
+        return r;
+      } catch (e) {
+        db.exec('ROLLBACK');
+        throw e;
+      }
+    };
+    return new RecallTables(db, tx, migration);
+  }
+
+  #all(sql, ...args) {
+    return this.#db.prepare(sql).all(...args);
+  }
+
+  #get(sql, ...args) {
+    return this.#db.prepare(sql).get(...args);
+  }
+
+  #run(sql, ...args) {
+    return this.#db.prepare(sql).run(...args);
+  }
+
+  #bump(cluster) {
+    this.#run('UPDATE clusters SET version = version + 1, changed_seq = (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM clusters) WHERE tenant = ? AND id = ?', TENANT, cluster);
+  }
+
+  centroids(s) {
+    return this.#all('SELECT id, model, sum, members FROM clusters WHERE tenant = ? AND user = ? AND project = ? AND environment = ? AND kind = ? AND key = ? AND members > 0 ORDER BY id', TENANT, s.user, s.project, s.environment, s.kind, s.key).map((r) => {
+      const sum = f32from(r.sum);
+      const n = Math.max(r.members, 1);
+      return { cluster: r.id, model: r.model, vector: Float32Array.from(sum, (x) => x / n), members: r.members };
+    });
+  }
+
+  putMemory(m) {
+    return this.#tx(() => {
+      const e = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, m.id);
+      if (e) {
+        const old = memFrom(e);
+        if (!sameScope(old.scope, m.scope) || old.text !== m.text) {
+          throw new AbridgeError('invalid-input', `memory '${m.id}' already exists with another scope or text; give a new id to store a different fact`);
+        }
+        const c = this.#get('SELECT members FROM clusters WHERE tenant = ? AND id = ?', TENANT, old.cluster);
+        return { cluster: old.cluster, created: false, members: c.members };
+      }
+      const s = m.scope;
+      let cluster;
+      let sum;
+      if (m.cluster !== undefined) {
+        const c = this.#get('SELECT * FROM clusters WHERE tenant = ? AND id = ?', TENANT, m.cluster);
+        if (!c || c.model !== m.model || !sameScope(c, s)) {
+          throw new AbridgeError('conflict', `cluster ${m.cluster} changed under the write (it is gone or holds other vectors); write again`);
+        }
+        cluster = m.cluster;
+        sum = Float32Array.from(f32from(c.sum));
+      } else {
+        cluster = this.#get('SELECT COALESCE(MAX(id), 0) + 1 AS id FROM clusters WHERE tenant = ?', TENANT).id;
+        sum = new Float32Array(m.vector.length);
+        this.#run('INSERT INTO clusters (tenant, id, user, project, environment, kind, key, model, sum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, cluster, s.user, s.project, s.environment, s.kind, s.key, m.model, f32bytes(sum));
+      }
+      if (sum.length !== m.vector.length) {
+        throw new AbridgeError('invalid-input', `a vector of ${m.vector.length} values does not match cluster ${cluster}'s ${sum.length}`);
+      }
+      for (let i = 0; i < sum.length; i++) sum[i] += m.vector[i];
+      const seq = this.#get('SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM memories WHERE tenant = ?', TENANT).seq;
+      this.#run('INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)', TENANT, m.id, s.user, s.project, s.environment, s.kind, s.key, utf8(m.text), m.importance, m.tokens, m.createdMs, cluster, m.model, f32bytes(m.vector), seq);
+      this.#run('UPDATE clusters SET sum = ?, members = members + 1 WHERE tenant = ? AND id = ?', f32bytes(sum), TENANT, cluster);
+      this.#bump(cluster);
+      const members = this.#get('SELECT members FROM clusters WHERE tenant = ? AND id = ?', TENANT, cluster).members;
+      return { cluster, created: true, members };
+    });
+  }
+
+  getMemory(id) {
+    const r = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
+    return r ? memFrom(r) : undefined;
+  }
+
+  members(cluster) {
+    return this.#all('SELECT * FROM memories WHERE tenant = ? AND cluster = ? ORDER BY seq', TENANT, cluster).map(memFrom);
+  }
+
+  deleteMemory(id) {
+    return this.#tx(() => {
+      const r = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
+      if (!r) return undefined;
+      this.#run('DELETE FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
+      const c = this.#get('SELECT model, sum, members FROM clusters WHERE tenant = ? AND id = ?', TENANT, r.cluster);
+      const sum = Float32Array.from(f32from(c.sum));
+      const left = Math.max(c.members - 1, 0);
+      if (left === 0) sum.fill(0);
+      else if (c.model === r.model) {
+        const v = f32from(r.vector);
+        for (let i = 0; i < sum.length; i++) sum[i] -= v[i];
+      }
+      this.#run('UPDATE clusters SET sum = ?, members = ? WHERE tenant = ? AND id = ?', f32bytes(sum), left, TENANT, r.cluster);
+      this.#bump(r.cluster);
+      return memFrom(r);
+    });
+  }
+
+  setVectors(cluster, model, vectors) {
+    this.#tx(() => {
+      const dim = vectors.length ? vectors[0][1].length : 0;
+      const sum = new Float32Array(dim);
+      for (const [id, v] of vectors) {
+        const n = this.#run('UPDATE memories SET model = ?, vector = ? WHERE tenant = ? AND id = ? AND cluster = ?', model, f32bytes(v), TENANT, id, cluster).changes;
+        if (n === 1) for (let i = 0; i < dim; i++) sum[i] += v[i];
+      }
+      this.#run('UPDATE clusters SET model = ?, sum = ? WHERE tenant = ? AND id = ?', model, f32bytes(sum), TENANT, cluster);
+      this.#bump(cluster);
+    });
+  }
+
+  summary(cluster) {
+    const r = this.#get('SELECT * FROM cluster_summaries WHERE tenant = ? AND cluster = ?', TENANT, cluster);
+    return r ? sumFrom(r) : undefined;
+  }
+
+  writeSummary(w) {
+    return this.#tx(() => {
+      const cur = this.summary(w.cluster);
+      if ((cur ? cur.memberHash : undefined) !== (w.expect ?? undefined)) return false;
+      const members = new Set(this.members(w.cluster).map((m) => m.id));
+      const sources = new Set(w.sources);
+      if (sources.size !== members.size || [...members].some((m) => !sources.has(m))) return false;
+      const src = JSON.stringify(w.sources);
+      if (cur) {
+        this.#run('UPDATE cluster_summaries SET text = ?, sealed = 0, member_hash = ?, sources = ?, importance = ?, tokens = ?, model = ?, calls = ?, prompt_tokens = ?, output_tokens = ?, vector_model = ?, vector = ?, updated_ms = ? WHERE tenant = ? AND id = ?', utf8(w.text), w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, f32bytes(w.vector), w.nowMs, TENANT, cur.id);
+      } else {
+        const id = this.#get('SELECT COALESCE(MAX(id), 0) + 1 AS id FROM cluster_summaries WHERE tenant = ?', TENANT).id;
+        this.#run('INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, id, w.cluster, utf8(w.text), w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, f32bytes(w.vector), w.nowMs, w.nowMs);
+      }
+      return true;
+    });
+  }
+
+  deleteSummary(cluster) {
+    this.#run('DELETE FROM cluster_summaries WHERE tenant = ? AND cluster = ?', TENANT, cluster);
+  }
+
+  setClusterNote(cluster, note) {
+    this.#run('UPDATE clusters SET note = ? WHERE tenant = ? AND id = ?', note ?? null, TENANT, cluster);
+  }
+
+  search(query, model, filter, limit) {
+    const f = filterSql(filter, '');
+    const mems = topK(limit);
+    for (const r of this.#all(`SELECT id, vector, importance, cluster, text FROM memories WHERE tenant = ?${f.sql} AND model = ?`, TENANT, ...f.args, model)) {
+      mems.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: text(r.text), similarity, importance: r.importance, cluster: r.cluster, sources: [] }));
+    }
+    const g = filterSql(filter, 'c.');
+    const sums = topK(limit);
+    for (const r of this.#all(`SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?${g.sql} AND s.vector_model = ?`, TENANT, ...g.args, model)) {
+      sums.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'summary', id: String(r.id), text: text(r.text), similarity, importance: r.importance, cluster: r.cluster, sources: JSON.parse(r.sources) }));
+    }
+    return [...mems.hits, ...sums.hits];
+  }
+
+  /** Clusters with their member ids, oldest first. */
+  clusters() {
+    return this.#all('SELECT c.id, c.user, c.project, c.environment, c.kind, c.key, c.note, s.id AS summary FROM clusters c LEFT JOIN cluster_summaries s ON s.tenant = c.tenant AND s.cluster = c.id WHERE c.tenant = ? AND c.members > 0 ORDER BY c.id', TENANT).map((c) => ({
+      id: c.id,
+      scope: { user: c.user, project: c.project, environment: c.environment, kind: c.kind, key: c.key },
+      members: this.members(c.id).map((m) => m.id),
+      summary: c.summary ?? undefined,
+      note: c.note ?? undefined,
+    }));
+  }
+}

@@ -1,0 +1,69 @@
+// Memories and cluster summaries through the JS host: the golden cluster decisions shared with
+// the Rust host, a summary naming its sources, deletes that never resurface, and the SQLite
+// store's tables.
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+
+import { MemoryStore, SqliteStore, createEngine } from '../src/index.js';
+import { GOLDEN } from './helpers.js';
+
+async function decisions(store) {
+  const engine = await createEngine({ store });
+  const out = {};
+  for (const line of readFileSync(join(GOLDEN, 'clusters', 'memories.jsonl'), 'utf8').split('\n')) {
+    if (!line.trim()) continue;
+    const v = JSON.parse(line);
+    const [r] = await engine.remember([{ id: v.id, scope: { user: v.user, project: v.project, environment: v.environment, kind: v.type, key: v.key }, text: v.text, importance: 0.5 }]);
+    out[v.id] = { cluster: r.cluster, created: r.created, due: r.due };
+  }
+  return out;
+}
+
+test('golden cluster decisions: the same as the Rust host, in both stores', async () => {
+  const want = JSON.parse(readFileSync(join(GOLDEN, 'clusters', 'expected.json'), 'utf8'));
+  assert.deepEqual(await decisions(new MemoryStore()), want);
+  const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
+  const store = await SqliteStore.open(join(dir, 'g.db'));
+  assert.deepEqual(await decisions(store), want);
+  store.close();
+});
+
+const EDITOR = ['Alice prefers the dark theme in her editor', 'Alice uses a dark theme with large fonts in the editor', 'Alice wants the editor theme dark at night'];
+const scope = { user: 'alice', project: 'web', environment: 'prod', kind: 'preference', key: 'editor' };
+
+test('three facts make one summary with its sources; a delete drops it and its text', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
+  const store = await SqliteStore.open(join(dir, 'm.db'));
+  const engine = await createEngine({ store });
+  const r = await engine.remember(EDITOR.map((text, i) => ({ id: `m${i}`, scope, text })));
+  assert.deepEqual(r.map((x) => x.due), [false, false, true]);
+  const o = await engine.summarizeCluster(r[2].cluster, { engine: 'extractive' });
+  assert.equal(o.action, 'created');
+  assert.deepEqual(o.summary.sources, ['m0', 'm1', 'm2']);
+  for (const t of EDITOR) assert.ok(o.summary.text.includes(t), o.summary.text);
+  const again = await engine.summarizeCluster(r[2].cluster, { engine: 'extractive' });
+  assert.equal(again.action, 'unchanged');
+  const hits = await engine.recall('dark editor theme', {}, 10);
+  const summary = hits.find((h) => h.kind === 'summary');
+  assert.deepEqual(summary.sources, ['m0', 'm1', 'm2']);
+  const f = await engine.forget('m1');
+  assert.equal(f.summaryDeleted, true);
+  assert.equal(f.due, false);
+  const after = await engine.recall('large fonts', {}, 10);
+  assert.ok(after.every((h) => !h.text.includes('large fonts')));
+  assert.ok(after.every((h) => h.kind === 'memory'));
+  assert.equal(await engine.forget('m1'), undefined);
+  assert.equal(engine.memory('m0').text, EDITOR[0]);
+  assert.deepEqual(engine.clusters()[0].members, ['m0', 'm2']);
+  store.close();
+});
+
+test('bad memories are refused with what to fix', async () => {
+  const engine = await createEngine({ store: new MemoryStore() });
+  await assert.rejects(engine.remember([{ id: 'x', scope, text: 't', importance: 3 }]), /from 0 to 1/);
+  await assert.rejects(engine.remember([{ id: 'x', scope: { ...scope, key: '' }, text: 't' }]), /key is empty/);
+  await assert.rejects(engine.remember([{ id: 'x', scope, text: 't' }], { embedder: 'nomic-embed-text' }), /no embedding backend/);
+});

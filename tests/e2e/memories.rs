@@ -1,0 +1,467 @@
+//! Memories and cluster summaries: the app layer in process (in-memory store and a real SQLite
+//! file) with a model that restates the facts it is shown, and the CLI.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use abridge::app::memories::scope;
+use abridge::app::{App, AppConfig, Limits};
+use abridge::store::AppStore;
+use abridge::tenant::Tenant;
+use abridge::types::{
+    ClusterAction, Config, Error, FinishReason, MemoryFilter, MemoryIn, Request, Response,
+};
+use abridge::{ComponentSource, LlmBackend, ManualClock, MemoryStore, Runtime, SqliteStore};
+use serde_json::Value;
+
+/// A model that restates every fact line ("- …") and the current summary it is shown, after a
+/// delay, counting its calls.
+struct Restating {
+    calls: AtomicUsize,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl LlmBackend for Restating {
+    async fn generate(&self, req: Request) -> Result<Response, Error> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        let p = req.prompt.text();
+        let mut out: Vec<String> = Vec::new();
+        let mut in_summary = false;
+        for line in p.lines() {
+            if line.starts_with("Current summary:") {
+                in_summary = true;
+                continue;
+            }
+            if line.trim().is_empty() {
+                in_summary = false;
+            }
+            if in_summary {
+                out.push(line.trim().to_string());
+            } else if let Some(f) = line.strip_prefix("- ") {
+                out.push(format!("{}.", f.trim_end_matches('.')));
+            }
+        }
+        Ok(Response {
+            text: out.join(" "),
+            finish_reason: FinishReason::Stop,
+            prompt_tokens: Some(100),
+            output_tokens: Some(40),
+            server_ms: None,
+        })
+    }
+
+    fn name(&self) -> &str {
+        "restating"
+    }
+}
+
+fn open_on(store: Arc<dyn AppStore>, delay: Duration) -> (App, Arc<Restating>) {
+    let llm = Arc::new(Restating {
+        calls: AtomicUsize::new(0),
+        delay,
+    });
+    let runtime = Runtime::load(
+        &ComponentSource::Embedded,
+        Some(&crate::harness::cache_dir()),
+    )
+    .expect("the engine component loads");
+    let app = App::open_with(
+        AppConfig {
+            db: "memories".into(),
+            config: Config {
+                model: "restating".into(),
+                ..Config::default()
+            },
+            llm: llm.clone(),
+            backend_name: "restating".into(),
+            batch_concurrency: 2,
+            job_lease: Duration::from_secs(30),
+            clock: Arc::new(ManualClock::at(1_767_225_600_000)),
+            runtime: Arc::new(runtime),
+            log: Arc::new(|_, _| {}),
+            limits: Limits::default(),
+            events_kept: 100,
+            memory: Default::default(),
+            embedder: None,
+        },
+        store,
+    )
+    .unwrap();
+    (app, llm)
+}
+
+fn open() -> (App, Arc<Restating>) {
+    open_on(Arc::new(MemoryStore::new()), Duration::ZERO)
+}
+
+const EDITOR: [&str; 4] = [
+    "Alice prefers the dark theme in her editor",
+    "Alice uses a dark theme with large fonts in the editor",
+    "Alice wants the editor theme dark at night",
+    "Alice likes a dark editor theme with high contrast",
+];
+
+fn fact(id: &str, text: &str) -> MemoryIn {
+    MemoryIn {
+        id: id.into(),
+        scope: scope("alice", "web", "prod", "preference", "editor"),
+        text: text.into(),
+        importance: 0.5,
+    }
+}
+
+fn calls(llm: &Restating) -> usize {
+    llm.calls.load(Ordering::SeqCst)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_facts_one_summary_refreshed_in_place_and_deletes_never_resurface() {
+    let (app, llm) = open();
+    let me = app.local();
+    // Two facts: no summary, recall returns the raw memories.
+    let r = me
+        .remember(vec![fact("m1", EDITOR[0]), fact("m2", EDITOR[1])])
+        .await
+        .unwrap();
+    assert!(r.iter().all(|x| !x.due));
+    // The third is due; its summary names all three sources, in one call.
+    let r = me.remember(vec![fact("m3", EDITOR[2])]).await.unwrap();
+    assert!(r[0].due);
+    let c = r[0].cluster;
+    let o = me.summarize_due(&[c]).await.remove(0).unwrap().unwrap();
+    assert_eq!(o.action, ClusterAction::Created);
+    let s = o.summary.unwrap();
+    assert_eq!(s.sources, ["m1", "m2", "m3"]);
+    for t in &EDITOR[..3] {
+        assert!(s.text.contains(t), "{}", s.text);
+    }
+    assert_eq!(calls(&llm), 1);
+    let hits = me
+        .recall("dark editor theme", &MemoryFilter::default(), 10)
+        .await
+        .unwrap();
+    let sum = hits
+        .iter()
+        .find(|h| h.kind == "summary")
+        .expect("the summary is recalled");
+    assert_eq!(sum.sources, ["m1", "m2", "m3"]);
+    assert_eq!(
+        hits.iter().filter(|h| h.kind == "memory").count(),
+        3,
+        "sources stay"
+    );
+    let sources = me.summary_sources(s.id).await.unwrap();
+    assert_eq!(
+        sources.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        ["m1", "m2", "m3"]
+    );
+
+    // A fourth: refreshed in place with one call; the same member set again: no call.
+    let r = me.remember(vec![fact("m4", EDITOR[3])]).await.unwrap();
+    let o = me
+        .summarize_due(&[r[0].cluster])
+        .await
+        .remove(0)
+        .unwrap()
+        .unwrap();
+    assert_eq!(o.action, ClusterAction::Refreshed);
+    assert_eq!(o.summary.as_ref().unwrap().id, s.id);
+    assert_eq!(calls(&llm), 2);
+    let again = me.remember(vec![fact("m4", EDITOR[3])]).await.unwrap();
+    assert!(!again[0].created && !again[0].due);
+    let o = me.summarize_cluster(c).await.unwrap().unwrap();
+    assert_eq!(o.action, ClusterAction::Unchanged);
+    assert_eq!(calls(&llm), 2);
+
+    // Deleting a source drops it and its text at once, and the rebuild leaves it out.
+    let f = me.forget("m2").await.unwrap();
+    assert!(f.summary_deleted && f.due);
+    let hits = me
+        .recall("dark theme large fonts", &MemoryFilter::default(), 10)
+        .await
+        .unwrap();
+    assert!(
+        hits.iter().all(|h| !h.text.contains("large fonts")),
+        "{hits:?}"
+    );
+    let o = me
+        .summarize_due(&[f.cluster])
+        .await
+        .remove(0)
+        .unwrap()
+        .unwrap();
+    let s = o.summary.unwrap();
+    assert!(!s.text.contains("large fonts"), "{}", s.text);
+    assert_eq!(s.sources, ["m1", "m3", "m4"]);
+    // Under three: the summary goes and recall falls back to the raw memories.
+    me.forget("m1").await.unwrap();
+    let o = me.summarize_cluster(c).await.unwrap().unwrap();
+    assert!(matches!(
+        o.action,
+        ClusterAction::TooFew | ClusterAction::Deleted
+    ));
+    let hits = me
+        .recall("dark editor theme", &MemoryFilter::default(), 10)
+        .await
+        .unwrap();
+    assert!(hits.iter().all(|h| h.kind == "memory"));
+    assert_eq!(hits.len(), 2);
+    assert_eq!(
+        me.forget("m1").await.unwrap_err().kind,
+        abridge::app::ErrorKind::NotFound
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_with_identical_memories_never_see_each_other() {
+    let (app, _) = open();
+    let (a, b) = (
+        app.tenant(&Tenant::new("acme").unwrap()),
+        app.tenant(&Tenant::new("globex").unwrap()),
+    );
+    for t in [&a, &b] {
+        let items = (0..3).map(|i| fact(&format!("m{i}"), EDITOR[i])).collect();
+        let r = t.remember(items).await.unwrap();
+        t.summarize_due(&[r[2].cluster]).await.remove(0).unwrap();
+    }
+    a.forget("m0").await.unwrap();
+    // b's cluster and summary are untouched by a's delete.
+    let bc = b.clusters(&MemoryFilter::default()).await.unwrap();
+    assert_eq!(bc.len(), 1);
+    assert_eq!(bc[0].members, ["m0", "m1", "m2"]);
+    let bs = bc[0].summary.expect("b keeps its summary");
+    assert_eq!(b.summary_sources(bs).await.unwrap().len(), 3);
+    assert!(a.memory("m0").await.is_err());
+    assert!(b.memory("m0").await.is_ok());
+    // Recall in a never returns b's rows.
+    let hits = a
+        .recall("dark editor theme", &MemoryFilter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 2);
+    assert!(hits.iter().all(|h| h.kind == "memory"));
+    // A foreign summary id is not found.
+    let ac = a.clusters(&MemoryFilter::default()).await.unwrap();
+    assert!(ac[0].summary.is_none());
+    assert_eq!(
+        a.cluster_summary(bs).await.unwrap_err().kind,
+        abridge::app::ErrorKind::NotFound,
+        "b's summary id is not a's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inline_path_and_the_sweeper_racing_make_one_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("m.db")).unwrap());
+    let (app, llm) = open_on(store, Duration::from_millis(300));
+    let me = app.local();
+    let items = (0..3).map(|i| fact(&format!("m{i}"), EDITOR[i])).collect();
+    let r = me.remember(items).await.unwrap();
+    let c = r[2].cluster;
+    let (inline, sweep) = tokio::join!(me.summarize_cluster(c), app.sweep(None, 20));
+    let inline = inline.unwrap();
+    let sweep = sweep.unwrap();
+    assert_eq!(calls(&llm), 1, "one model call: {inline:?} {sweep:?}");
+    let made =
+        usize::from(inline.is_some_and(|o| o.action == ClusterAction::Created)) + sweep.written;
+    assert_eq!(made, 1, "{sweep:?}");
+    // Both settled: a second sweep does nothing.
+    let again = app.sweep(None, 20).await.unwrap();
+    assert_eq!((again.clusters, calls(&llm)), (0, 1), "{again:?}");
+    let cl = me.clusters(&MemoryFilter::default()).await.unwrap();
+    assert!(cl[0].settled && cl[0].summary.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_caps_each_scope_per_run_and_settles_what_it_did() {
+    let (app, llm) = open();
+    let me = app.local();
+    // Ten clusters of one user and project (different keys).
+    for k in 0..10 {
+        let items = (0..3)
+            .map(|i| MemoryIn {
+                id: format!("k{k}-{i}"),
+                scope: scope("alice", "web", "prod", "preference", &format!("topic{k}")),
+                text: EDITOR[i].into(),
+                importance: 0.5,
+            })
+            .collect();
+        me.remember(items).await.unwrap();
+    }
+    let r = app.sweep(None, 4).await.unwrap();
+    assert_eq!((r.clusters, r.written, r.deferred), (4, 4, 6), "{r:?}");
+    let r = app.sweep(None, 100).await.unwrap();
+    assert_eq!((r.clusters, r.written), (6, 6), "{r:?}");
+    assert_eq!(calls(&llm), 10);
+    assert_eq!(app.sweep(None, 100).await.unwrap().clusters, 0);
+}
+
+/// Decisions of the guest over the golden input, as JSON.
+async fn decisions(app: &App) -> Value {
+    let me = app.local();
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/golden/clusters/memories.jsonl"),
+    )
+    .unwrap();
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
+        let r = me
+            .remember(vec![MemoryIn {
+                id: s("id"),
+                scope: scope(
+                    &s("user"),
+                    &s("project"),
+                    &s("environment"),
+                    &s("type"),
+                    &s("key"),
+                ),
+                text: s("text"),
+                importance: 0.5,
+            }])
+            .await
+            .unwrap();
+        out.insert(
+            s("id"),
+            serde_json::json!({"cluster": r[0].cluster, "created": r[0].created, "due": r[0].due}),
+        );
+    }
+    serde_json::to_value(out).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn golden_cluster_decisions() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/golden/clusters/expected.json");
+    let (mem, _) = open();
+    let got = decisions(&mem).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (sql, _) = open_on(
+        Arc::new(SqliteStore::open(&dir.path().join("g.db")).unwrap()),
+        Duration::ZERO,
+    );
+    assert_eq!(
+        decisions(&sql).await,
+        got,
+        "the SQLite and in-memory stores agree"
+    );
+    if std::env::var_os("ABRIDGE_BLESS").is_some() {
+        std::fs::write(&path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
+    }
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn the_cli_adds_lists_recalls_and_deletes_memories() {
+    let env = crate::harness::Env::new().with("ABRIDGE_BACKEND", "extractive");
+    for (i, t) in EDITOR[..3].iter().enumerate() {
+        env.run(&[
+            "memory",
+            "add",
+            t,
+            "--user",
+            "alice",
+            "--type",
+            "preference",
+            "--key",
+            "editor",
+            "--id",
+            &format!("m{i}"),
+        ])
+        .assert_ok();
+    }
+    let last = env.run(&["memory", "list", "--user", "alice", "--json"]);
+    assert_eq!(last.assert_ok().stdout.lines().count(), 3);
+    let r = env.run(&["recall", "dark editor theme", "--json", "-k", "10"]);
+    let v = r.json();
+    let results = v["results"].as_array().unwrap();
+    let summary = results
+        .iter()
+        .find(|x| x["kind"] == "summary")
+        .expect("the third add made a summary");
+    assert_eq!(summary["sources"], serde_json::json!(["m0", "m1", "m2"]));
+    env.run(&["memory", "delete", "m1"]).assert_ok();
+    let v = env.run(&["recall", "dark editor theme", "--json"]).json();
+    assert!(
+        v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["kind"] == "memory")
+    );
+    env.run(&["memory", "show", "m1"])
+        .assert_fails(2, &["no memory 'm1'", "abridge memory list"]);
+    env.run(&[
+        "memory",
+        "add",
+        "x",
+        "--user",
+        "alice",
+        "--key",
+        "k",
+        "--importance",
+        "2",
+    ])
+    .assert_fails(2, &["from 0 to 1"]);
+    let bad = env.write("bad.jsonl", "{\"user\": \"a\"\nnot json\n");
+    env.run(&["memory", "import", bad.to_str().unwrap()])
+        .assert_fails(2, &["line 1"]);
+}
+
+#[test]
+fn cluster_summaries_over_http_with_the_test_server() {
+    let server = abridge_test_llm::TestServer::start();
+    let env = crate::harness::Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    for (i, t) in EDITOR.iter().enumerate() {
+        env.run(&[
+            "memory",
+            "add",
+            t,
+            "--user",
+            "alice",
+            "--type",
+            "preference",
+            "--key",
+            "editor",
+            "--id",
+            &format!("m{i}"),
+        ])
+        .assert_ok();
+    }
+    let v = env
+        .run(&["recall", "dark editor theme", "--json", "-k", "10"])
+        .json();
+    let s = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["kind"] == "summary")
+        .expect("a summary")
+        .clone();
+    assert_eq!(s["sources"], serde_json::json!(["m0", "m1", "m2", "m3"]));
+    let text = s["text"].as_str().unwrap();
+    for t in EDITOR {
+        assert!(text.contains(t), "{text}");
+    }
+    // Two model calls over HTTP: the summary at three, the refresh at four.
+    let facts: Vec<_> = server
+        .generations()
+        .into_iter()
+        .filter(|r| {
+            let b = r.body.to_string();
+            b.contains("Facts:") || b.contains("New facts:")
+        })
+        .collect();
+    assert_eq!(facts.len(), 2, "{facts:?}");
+    assert!(facts[1].body.to_string().contains("Current summary:"));
+}
