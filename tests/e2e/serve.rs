@@ -679,3 +679,116 @@ fn a_tenant_over_its_request_rate_gets_429_with_retry_after() {
     // Liveness is not rate limited.
     assert_eq!(get(&srv.addr, "/healthz", None).status, 200);
 }
+
+#[test]
+fn memories_over_http_cluster_summarize_recall_with_sources_and_stay_per_tenant() {
+    let env = extractive();
+    let (a, b) = (token(&env, "acme", &[]), token(&env, "globex", &[]));
+    let reader = token(&env, "acme", &["--read-only"]);
+    let srv = Server::start(&env, &["--sweep-secs", "1"]);
+    let facts = [
+        "Alice prefers the dark theme in her editor",
+        "Alice uses a dark theme with large fonts in the editor",
+        "Alice wants the editor theme dark at night",
+    ];
+    let memories: Vec<Value> = facts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            json!({"id": format!("m{i}"), "user": "alice", "project": "web", "environment": "prod",
+                   "type": "preference", "key": "editor", "text": t, "importance": 0.6})
+        })
+        .collect();
+    for t in [&a, &b] {
+        let w = post(
+            &srv.addr,
+            "/v1/memories",
+            Some(t),
+            &json!({ "memories": memories }),
+        )
+        .expect(202);
+        assert_eq!(w["memories"][2]["summarizing"], true);
+    }
+    // The summary is made after the answer; wait for it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let summary = loop {
+        let c = get(&srv.addr, "/v1/clusters?user=alice", Some(&a)).expect(200);
+        if let Some(id) = c["clusters"][0]["summary"].as_u64() {
+            assert_eq!(c["clusters"][0]["members"], json!(["m0", "m1", "m2"]));
+            break id;
+        }
+        assert!(Instant::now() < deadline, "no summary: {c}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let r = post(
+        &srv.addr,
+        "/v1/recall",
+        Some(&reader),
+        &json!({"query": "dark editor theme", "user": "alice", "k": 10}),
+    )
+    .expect(200);
+    let results = r["results"].as_array().unwrap();
+    let s = results
+        .iter()
+        .find(|x| x["kind"] == "summary")
+        .expect("summary recalled");
+    assert_eq!(s["sources"], json!(["m0", "m1", "m2"]));
+    assert_eq!(results.iter().filter(|x| x["kind"] == "memory").count(), 3);
+    let src = get(
+        &srv.addr,
+        &format!("/v1/summaries/{summary}/sources"),
+        Some(&a),
+    )
+    .expect(200);
+    assert_eq!(src["sources"].as_array().unwrap().len(), 3);
+    // Read-only tokens recall but do not write; the other tenant's ids are 404s.
+    post(&srv.addr, "/v1/memories", Some(&reader), &memories[0]).expect(403);
+    request(&srv.addr, "DELETE", "/v1/memories/m0", Some(&reader), b"").expect(403);
+    let g = get(&srv.addr, "/v1/memories?user=alice", Some(&b)).expect(200);
+    assert_eq!(g["total"], 3);
+    // A delete drops the summary at once; globex keeps its own.
+    let d = request(&srv.addr, "DELETE", "/v1/memories/m1", Some(&a), b"").expect(200);
+    assert_eq!(d["summary_deleted"], true);
+    get(&srv.addr, "/v1/memories/m1", Some(&a)).expect(404);
+    get(&srv.addr, "/v1/memories/m1", Some(&b)).expect(200);
+    get(&srv.addr, &format!("/v1/summaries/{summary}"), Some(&a)).expect(404);
+    get(&srv.addr, &format!("/v1/summaries/{summary}"), Some(&b)).expect(200);
+    let r = post(
+        &srv.addr,
+        "/v1/recall",
+        Some(&a),
+        &json!({"query": "large fonts", "k": 10}),
+    )
+    .expect(200);
+    assert!(
+        r["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["kind"] == "memory" && !x["text"].as_str().unwrap().contains("large fonts")),
+        "{r}"
+    );
+    // Bad bodies get honest statuses.
+    post(
+        &srv.addr,
+        "/v1/memories",
+        Some(&a),
+        &json!({"user": "alice"}),
+    )
+    .expect(422);
+    let bad = post(
+        &srv.addr,
+        "/v1/memories",
+        Some(&a),
+        &json!({"user": "alice", "type": "fact", "key": "k", "text": "t", "importance": 7}),
+    )
+    .expect(400);
+    assert!(
+        bad["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("from 0 to 1")
+    );
+    post(&srv.addr, "/v1/recall", Some(&a), &json!({"query": " "})).expect(400);
+    get(&srv.addr, "/v1/summaries/x/sources", Some(&a)).expect(404);
+}

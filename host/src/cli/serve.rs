@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// Largest request body in MiB
     #[arg(long, default_value_t = 16)]
     max_body_mib: usize,
+    /// Seconds between runs of the cluster sweeper, which summarizes memory clusters whose
+    /// summary is missing, stale or failed (0: off)
+    #[arg(long, default_value_t = 120, env = "ABRIDGE_SWEEP_SECS")]
+    sweep_secs: u64,
     /// Time limit of a request in seconds (event streams have none)
     #[arg(long, default_value_t = 120)]
     request_timeout_secs: u64,
@@ -128,6 +132,8 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
         listen: a.listen,
         workers: a.workers,
         shutdown_grace: Duration::from_secs(a.shutdown_secs),
+        sweep_every: Duration::from_secs(a.sweep_secs),
+        sweep_per_scope: 20,
         body_limit: a.max_body_mib.max(1) << 20,
         request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
     };

@@ -18,6 +18,7 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
+use super::memories as mem;
 use super::{ServeOptions, Srv, auth, metrics};
 use crate::app::{
     AppError, Appended, ContextView, ErrorKind, Event, Imported, JobView, MessageIn, Scoped,
@@ -76,7 +77,9 @@ fn status_of(kind: ErrorKind) -> StatusCode {
 /// The hint an HTTP caller can act on, when the app layer gave none.
 fn http_hint(kind: ErrorKind) -> Option<&'static str> {
     Some(match kind {
-        ErrorKind::NotFound => "list what exists with GET /v1/sessions or GET /v1/jobs",
+        ErrorKind::NotFound => {
+            "list what exists with GET /v1/sessions, GET /v1/jobs, GET /v1/memories or GET /v1/clusters"
+        }
         ErrorKind::TooLarge => "split the body into smaller requests",
         ErrorKind::Model => {
             "the model server failed; the messages are stored and the previous summary kept — retry later, or ask the operator to check the model server"
@@ -111,10 +114,10 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// A body, or the reason it could not be read (over the limit: 413).
-fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> ApiResult<Bytes> {
+pub(crate) fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> ApiResult<Bytes> {
     b.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError(AppError::new(
@@ -130,7 +133,7 @@ fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> ApiResult<Bytes> {
 }
 
 /// JSON from a body; a syntax error names its line and column.
-fn parse_json<T: serde::de::DeserializeOwned>(b: &[u8]) -> ApiResult<T> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(b: &[u8]) -> ApiResult<T> {
     let v: serde_json::Value = serde_json::from_slice(b).map_err(|e| {
         // serde_json's message ends with "at line L column C".
         ApiError(AppError::invalid(format!(
@@ -743,10 +746,16 @@ impl utoipa::Modify for BearerAuth {
     info(title = "abridge", description = "Summaries of conversation memory, per tenant."),
     paths(post_messages, post_transcript, list_sessions, get_session, delete_session,
         get_summaries, get_context, post_refresh, put_mode, list_jobs, get_job, cancel_job,
-        job_events, all_events, healthz, readyz, metrics_text, openapi),
+        job_events, all_events, healthz, readyz, metrics_text, openapi,
+        mem::post_memories, mem::list_memories, mem::get_memory, mem::delete_memory,
+        mem::post_recall, mem::list_clusters, mem::get_summary, mem::get_summary_sources),
     components(schemas(ErrorBody, ErrorDetail, MessagesBody, MessageIn, AppendedBody, Appended,
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
-        ContextView, ModeBody, JobsBody, JobView, Event)),
+        ContextView, ModeBody, JobsBody, JobView, Event, mem::MemoryBody, mem::MemoriesBody,
+        mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
+        mem::RecallResults, crate::app::memories::RecallView, mem::ClustersBody,
+        crate::app::memories::ClusterView, crate::app::memories::ClusterSummaryView,
+        mem::SourcesBody)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -769,6 +778,18 @@ pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv
         ("post", "/v1/jobs/{id}/cancel", post(cancel_job)),
         ("get", "/v1/jobs/{id}/events", get(job_events)),
         ("get", "/v1/events", get(all_events)),
+        ("post", "/v1/memories", post(mem::post_memories)),
+        ("get", "/v1/memories", get(mem::list_memories)),
+        ("get", "/v1/memories/{id}", get(mem::get_memory)),
+        ("delete", "/v1/memories/{id}", delete(mem::delete_memory)),
+        ("post", "/v1/recall", post(mem::post_recall)),
+        ("get", "/v1/clusters", get(mem::list_clusters)),
+        ("get", "/v1/summaries/{id}", get(mem::get_summary)),
+        (
+            "get",
+            "/v1/summaries/{id}/sources",
+            get(mem::get_summary_sources),
+        ),
     ]
 }
 

@@ -52,7 +52,10 @@ pub(crate) async fn authenticate(State(srv): State<Srv>, mut req: Request, next:
             (Tenant::local(), false)
         }
     };
-    if read_only && !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+    // Recall is a read, sent as POST for its body.
+    let reads = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS)
+        || req.uri().path() == "/v1/recall";
+    if read_only && !reads {
         return ApiError(
             AppError::new(ErrorKind::Forbidden, "this token is read-only")
                 .hint("use a token created without --read-only to write"),

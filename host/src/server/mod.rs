@@ -8,6 +8,7 @@
 
 mod api;
 mod auth;
+mod memories;
 mod metrics;
 
 use std::net::SocketAddr;
@@ -33,6 +34,11 @@ pub struct ServeOptions {
     pub body_limit: usize,
     /// Time limit of a request (not of event streams).
     pub request_timeout: Duration,
+    /// How often the cluster sweeper runs (it also waits this long between runs for one
+    /// tenant); zero turns it off.
+    pub sweep_every: Duration,
+    /// Most cluster summaries per user and project in one sweep.
+    pub sweep_per_scope: usize,
 }
 
 impl Default for ServeOptions {
@@ -43,6 +49,8 @@ impl Default for ServeOptions {
             shutdown_grace: Duration::from_secs(30),
             body_limit: 16 << 20,
             request_timeout: Duration::from_secs(120),
+            sweep_every: Duration::from_secs(120),
+            sweep_per_scope: 20,
         }
     }
 }
@@ -121,6 +129,31 @@ impl Bound {
         let (tx, shutdown) = watch::channel(false);
         let workers = app.start_workers(opts.workers);
         let events = app.events().clone();
+        let sweeper = (!opts.sweep_every.is_zero()).then(|| {
+            let (app, every, per) = (app.clone(), opts.sweep_every, opts.sweep_per_scope);
+            let mut stop = shutdown.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                    match app.sweep(None, per).await {
+                        Ok(r) if r.clusters > 0 => tracing::info!(
+                            clusters = r.clusters,
+                            written = r.written,
+                            deleted = r.deleted,
+                            failed = r.failed,
+                            deferred = r.deferred,
+                            calls = r.calls,
+                            "cluster sweep"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e.message, "cluster sweep failed"),
+                    }
+                }
+            })
+        });
         let srv = Srv {
             app,
             open_local,
@@ -141,6 +174,11 @@ impl Bound {
         .with_graceful_shutdown(signal)
         .await?;
         let released = workers.shutdown(opts.shutdown_grace).await;
+        if let Some(s) = sweeper {
+            // A sweep under way ends at its next cluster; what it holds is released.
+            s.abort();
+            let _ = s.await;
+        }
         // What the jobs published on their way out is written before the process ends.
         events.flush().await;
         Ok(ServeReport { released })

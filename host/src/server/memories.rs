@@ -1,0 +1,309 @@
+//! The memory routes: `/v1/memories`, `/v1/recall`, `/v1/clusters`, `/v1/summaries/{id}`.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
+
+use super::Srv;
+use super::api::{ApiError, ApiResult, ErrorBody, body, parse_json};
+use crate::app::memories::{
+    ClusterSummaryView, ClusterView, MemoryView, RecallView, filter, scope,
+};
+use crate::app::{AppError, ErrorKind, Scoped};
+use crate::types::{MemoryFilter, MemoryIn};
+
+/// One memory to store.
+#[derive(Deserialize, ToSchema)]
+pub struct MemoryBody {
+    /// A client id: writing it again is a no-op (default: one is made).
+    id: Option<String>,
+    /// Whose memory.
+    user: String,
+    /// The project (default empty).
+    #[serde(default)]
+    project: String,
+    /// The environment (default empty).
+    #[serde(default)]
+    environment: String,
+    /// The type of fact: `preference`, `fact`, `relationship`, ….
+    #[serde(rename = "type")]
+    kind: String,
+    /// The subject: a person, topic or entity.
+    key: String,
+    /// The fact.
+    text: String,
+    /// 0 to 1 (default 0.5).
+    importance: Option<f32>,
+}
+
+/// `{"memories": [...]}` or one memory.
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MemoriesBody {
+    /// Many.
+    Many {
+        /// The memories.
+        memories: Vec<MemoryBody>,
+    },
+    /// One.
+    One(MemoryBody),
+}
+
+/// What a write stored.
+#[derive(Serialize, ToSchema)]
+pub struct WrittenMemory {
+    id: String,
+    cluster: u64,
+    /// False when the id was already stored (nothing changed).
+    created: bool,
+    /// The cluster's members now.
+    members: u32,
+    /// The cluster's summary is being made or refreshed (in the background).
+    summarizing: bool,
+}
+
+/// The `202` answer to a memory write.
+#[derive(Serialize, ToSchema)]
+pub struct WrittenBody {
+    memories: Vec<WrittenMemory>,
+}
+
+/// Summarize clusters in the background, after the answer.
+fn summarize_later(t: &Scoped, clusters: Vec<u64>) {
+    if clusters.is_empty() {
+        return;
+    }
+    let t = t.clone();
+    tokio::spawn(async move {
+        // Failures are published as `cluster.failed` events, noted on the cluster and
+        // retried by the sweeper.
+        let _ = t.summarize_due(&clusters).await;
+    });
+}
+
+/// Store memories; each joins its cluster. A cluster brought to the minimum (or changed) is
+/// summarized after the answer; follow it with `GET /v1/events`.
+#[utoipa::path(post, path = "/v1/memories", tag = "memories", request_body = MemoriesBody,
+    responses((status = 202, body = WrittenBody), (status = 400, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+pub(crate) async fn post_memories(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let b = body(b, srv.body_limit)?;
+    let list = match parse_json::<MemoriesBody>(&b)? {
+        MemoriesBody::Many { memories } => memories,
+        MemoriesBody::One(m) => vec![m],
+    };
+    let items: Vec<MemoryIn> = list
+        .into_iter()
+        .map(|m| MemoryIn {
+            id: m.id.unwrap_or_default(),
+            scope: scope(&m.user, &m.project, &m.environment, &m.kind, &m.key),
+            text: m.text,
+            importance: m.importance.unwrap_or(0.5),
+        })
+        .collect();
+    let r = t.remember(items).await?;
+    let due: Vec<u64> = r.iter().filter(|m| m.due).map(|m| m.cluster).collect();
+    let memories = r
+        .into_iter()
+        .map(|m| WrittenMemory {
+            summarizing: m.due,
+            id: m.id,
+            cluster: m.cluster,
+            created: m.created,
+            members: m.members,
+        })
+        .collect();
+    summarize_later(&t, due);
+    Ok((StatusCode::ACCEPTED, Json(WrittenBody { memories })))
+}
+
+/// Which memories (every field given must match), and a page.
+#[derive(Deserialize, IntoParams)]
+pub(crate) struct MemoryQuery {
+    user: Option<String>,
+    project: Option<String>,
+    environment: Option<String>,
+    #[serde(rename = "type")]
+    #[param(rename = "type")]
+    kind: Option<String>,
+    key: Option<String>,
+    /// Skip this many (default 0).
+    #[serde(default)]
+    offset: usize,
+    /// At most this many (default 100, at most 1000).
+    limit: Option<usize>,
+}
+
+impl MemoryQuery {
+    fn filter(&self) -> MemoryFilter {
+        filter(
+            self.user.clone(),
+            self.project.clone(),
+            self.environment.clone(),
+            self.kind.clone(),
+            self.key.clone(),
+        )
+    }
+}
+
+/// A page of memories.
+#[derive(Serialize, ToSchema)]
+pub struct MemoriesPage {
+    memories: Vec<MemoryView>,
+    total: usize,
+    offset: usize,
+    limit: usize,
+}
+
+/// Memories, oldest first.
+#[utoipa::path(get, path = "/v1/memories", tag = "memories", params(MemoryQuery),
+    responses((status = 200, body = MemoriesPage)))]
+pub(crate) async fn list_memories(
+    Extension(t): Extension<Scoped>,
+    Query(q): Query<MemoryQuery>,
+) -> ApiResult<Json<MemoriesPage>> {
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let (memories, total) = t.memories(&q.filter(), q.offset, limit).await?;
+    Ok(Json(MemoriesPage {
+        memories,
+        total,
+        offset: q.offset,
+        limit,
+    }))
+}
+
+/// One memory.
+#[utoipa::path(get, path = "/v1/memories/{id}", tag = "memories",
+    params(("id" = String, Path, description = "Memory id")),
+    responses((status = 200, body = MemoryView), (status = 404, body = ErrorBody)))]
+pub(crate) async fn get_memory(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<MemoryView>> {
+    Ok(Json(t.memory(&id).await?))
+}
+
+/// Delete a memory. A summary that covered it is deleted at once (its text cannot come back)
+/// and rebuilt from the remaining members in the background when enough remain.
+#[utoipa::path(delete, path = "/v1/memories/{id}", tag = "memories",
+    params(("id" = String, Path, description = "Memory id")),
+    responses((status = 200, body = Object), (status = 404, body = ErrorBody)))]
+pub(crate) async fn delete_memory(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let f = t.forget(&id).await?;
+    if f.due {
+        summarize_later(&t, vec![f.cluster]);
+    }
+    Ok(Json(json!({
+        "id": id, "cluster": f.cluster, "summary_deleted": f.summary_deleted, "summarizing": f.due
+    })))
+}
+
+/// What to recall.
+#[derive(Deserialize, ToSchema)]
+pub struct RecallBody {
+    /// The question or topic.
+    query: String,
+    user: Option<String>,
+    project: Option<String>,
+    environment: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    key: Option<String>,
+    /// How many results (default 5, at most 100).
+    k: Option<u32>,
+}
+
+/// Recall results, best first.
+#[derive(Serialize, ToSchema)]
+pub struct RecallResults {
+    results: Vec<RecallView>,
+}
+
+/// The memories and cluster summaries most related to a query, ranked by similarity weighted
+/// by importance; a summary carries its source ids (`GET /v1/summaries/{id}/sources`).
+#[utoipa::path(post, path = "/v1/recall", tag = "memories", request_body = RecallBody,
+    responses((status = 200, body = RecallResults), (status = 400, body = ErrorBody)))]
+pub(crate) async fn post_recall(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<RecallResults>> {
+    let b = body(b, srv.body_limit)?;
+    let q: RecallBody = parse_json(&b)?;
+    let f = filter(q.user, q.project, q.environment, q.kind, q.key);
+    let results = t.recall(&q.query, &f, q.k.unwrap_or(5)).await?;
+    Ok(Json(RecallResults { results }))
+}
+
+/// Clusters.
+#[derive(Serialize, ToSchema)]
+pub struct ClustersBody {
+    clusters: Vec<ClusterView>,
+}
+
+/// Clusters with their key, members and summary id.
+#[utoipa::path(get, path = "/v1/clusters", tag = "memories", params(MemoryQuery),
+    responses((status = 200, body = ClustersBody)))]
+pub(crate) async fn list_clusters(
+    Extension(t): Extension<Scoped>,
+    Query(q): Query<MemoryQuery>,
+) -> ApiResult<Json<ClustersBody>> {
+    Ok(Json(ClustersBody {
+        clusters: t.clusters(&q.filter()).await?,
+    }))
+}
+
+fn summary_id(id: &str) -> ApiResult<u64> {
+    id.parse().map_err(|_| {
+        ApiError(AppError::new(
+            ErrorKind::NotFound,
+            format!("no summary '{}'", crate::text::printable(id)),
+        ))
+    })
+}
+
+/// One cluster summary.
+#[utoipa::path(get, path = "/v1/summaries/{id}", tag = "memories",
+    params(("id" = u64, Path, description = "Summary id")),
+    responses((status = 200, body = ClusterSummaryView), (status = 404, body = ErrorBody)))]
+pub(crate) async fn get_summary(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<ClusterSummaryView>> {
+    Ok(Json(t.cluster_summary(summary_id(&id)?).await?))
+}
+
+/// The memories a cluster summary covers.
+#[derive(Serialize, ToSchema)]
+pub struct SourcesBody {
+    summary: u64,
+    sources: Vec<MemoryView>,
+}
+
+/// A cluster summary's sources, in its order.
+#[utoipa::path(get, path = "/v1/summaries/{id}/sources", tag = "memories",
+    params(("id" = u64, Path, description = "Summary id")),
+    responses((status = 200, body = SourcesBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn get_summary_sources(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SourcesBody>> {
+    let id = summary_id(&id)?;
+    Ok(Json(SourcesBody {
+        summary: id,
+        sources: t.summary_sources(id).await?,
+    }))
+}
