@@ -90,6 +90,7 @@ async fn run(a: &Args, llm_url: &str, runtime: Arc<Runtime>, background: bool) -
         events_kept: 1000,
         memory: Default::default(),
         embedder: None,
+        master_key: None,
     };
     let app = App::open(cfg).unwrap();
     let opts = ServeOptions {

@@ -100,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
         events_kept: 100,
         memory: Default::default(),
         embedder: None,
+        master_key: None,
     })?;
     let me = app.local();
 

@@ -51,6 +51,11 @@ impl Secret {
         Ok(Secret(b))
     }
 
+    /// The key as 64 hexadecimal digits (to write a new key to a file; never logged).
+    pub fn to_hex(&self) -> String {
+        crate::text::hex(&self.0)
+    }
+
     /// A key written as 64 hexadecimal digits (surrounding whitespace ignored), as kept in
     /// `ABRIDGE_MASTER_KEY_FILE` or `ABRIDGE_MASTER_KEY`.
     pub fn from_hex(text: &str) -> Result<Secret, CryptoError> {

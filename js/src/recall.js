@@ -15,6 +15,13 @@ const f32from = (b) => {
   return new Float32Array(copy.buffer, 0, copy.byteLength / 4);
 };
 const text = (b) => (typeof b === 'string' ? b : new TextDecoder().decode(b));
+/** A row's text; sealed rows need the Rust host's master key, which this host does not take. */
+const opened = (r, table, id) => {
+  if (r.sealed) {
+    throw new AbridgeError('storage', `${table} row '${id}' is encrypted at rest; read it with the abridge binary and ABRIDGE_MASTER_KEY_FILE (the JavaScript host has no master key support)`);
+  }
+  return text(r.text);
+};
 const utf8 = (s) => new TextEncoder().encode(s);
 
 /** Cosine similarity, summed in double precision (as the Rust host does). */
@@ -51,7 +58,7 @@ function filterSql(f, prefix) {
 const memFrom = (r) => ({
   id: r.id,
   scope: { user: r.user, project: r.project, environment: r.environment, kind: r.kind, key: r.key },
-  text: text(r.text),
+  text: opened(r, 'memories', r.id),
   importance: r.importance,
   tokens: r.tokens,
   createdMs: r.created_ms,
@@ -61,7 +68,7 @@ const memFrom = (r) => ({
 const sumFrom = (r) => ({
   id: r.id,
   cluster: r.cluster,
-  text: text(r.text),
+  text: opened(r, 'cluster_summaries', r.id),
   memberHash: r.member_hash,
   sources: JSON.parse(r.sources),
   importance: r.importance,
@@ -259,13 +266,13 @@ export class RecallTables {
   search(query, model, filter, limit) {
     const f = filterSql(filter, '');
     const mems = topK(limit);
-    for (const r of this.#all(`SELECT id, vector, importance, cluster, text FROM memories WHERE tenant = ?${f.sql} AND model = ?`, TENANT, ...f.args, model)) {
-      mems.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: text(r.text), similarity, importance: r.importance, cluster: r.cluster, sources: [] }));
+    for (const r of this.#all(`SELECT id, vector, importance, cluster, text, sealed FROM memories WHERE tenant = ?${f.sql} AND model = ?`, TENANT, ...f.args, model)) {
+      mems.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: opened(r, 'memories', r.id), similarity, importance: r.importance, cluster: r.cluster, sources: [] }));
     }
     const g = filterSql(filter, 'c.');
     const sums = topK(limit);
-    for (const r of this.#all(`SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?${g.sql} AND s.vector_model = ?`, TENANT, ...g.args, model)) {
-      sums.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'summary', id: String(r.id), text: text(r.text), similarity, importance: r.importance, cluster: r.cluster, sources: JSON.parse(r.sources) }));
+    for (const r of this.#all(`SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?${g.sql} AND s.vector_model = ?`, TENANT, ...g.args, model)) {
+      sums.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'summary', id: String(r.id), text: opened(r, 'cluster_summaries', r.id), similarity, importance: r.importance, cluster: r.cluster, sources: JSON.parse(r.sources) }));
     }
     return [...mems.hits, ...sums.hits];
   }

@@ -64,6 +64,7 @@ fn open_on(clock: Arc<ManualClock>, mode: Mode, store: Arc<MemoryStore>) -> App 
             events_kept: 100,
             memory: Default::default(),
             embedder: None,
+            master_key: None,
         },
         store,
     )

@@ -87,6 +87,7 @@ fn open_on(store: Arc<dyn AppStore>, delay: Duration) -> (App, Arc<Restating>) {
             events_kept: 100,
             memory: Default::default(),
             embedder: None,
+            master_key: None,
         },
         store,
     )
@@ -464,4 +465,106 @@ fn cluster_summaries_over_http_with_the_test_server() {
         .collect();
     assert_eq!(facts.len(), 2, "{facts:?}");
     assert!(facts[1].body.to_string().contains("Current summary:"));
+}
+
+/// Whether `needle` occurs in the database file or its WAL.
+fn on_disk(db: &std::path::Path, needle: &[u8]) -> bool {
+    let mut hay = std::fs::read(db).unwrap_or_default();
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    hay.extend(std::fs::read(&wal).unwrap_or_default());
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn a_canary_is_in_neither_the_database_nor_its_wal_and_keys_rotate() {
+    const CANARY: &str = "canary-7f3a9c-quokka";
+    let add = |env: &crate::harness::Env, i: usize| {
+        env.run(&[
+            "memory",
+            "add",
+            &format!("Alice keeps the {CANARY} theme in her editor, note {i}"),
+            "--user",
+            "alice",
+            "--type",
+            "preference",
+            "--key",
+            "editor",
+            "--id",
+            &format!("c{i}"),
+        ])
+    };
+    // Control: without a key the canary is on disk in the clear (the test can see it), and
+    // the command says so.
+    let plain = crate::harness::Env::new().with("ABRIDGE_BACKEND", "extractive");
+    for i in 0..3 {
+        let r = add(&plain, i);
+        r.assert_ok();
+        assert!(r.stderr.contains("stored unencrypted"), "{}", r.stderr);
+    }
+    assert!(on_disk(&plain.db(), CANARY.as_bytes()));
+
+    let env = crate::harness::Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let key = env.run(&["keys", "new"]);
+    let keyfile = env.write("master.key", key.assert_ok().stdout.as_bytes());
+    let env = env.with("ABRIDGE_MASTER_KEY_FILE", keyfile.to_str().unwrap());
+    for i in 0..3 {
+        let r = add(&env, i);
+        r.assert_ok();
+        assert!(!r.stderr.contains("unencrypted"), "{}", r.stderr);
+    }
+    // The summary was written (it states the canary) and everything reads back.
+    let v = env
+        .run(&["recall", "editor theme", "--json", "-k", "10"])
+        .json();
+    let rs = v["results"].as_array().unwrap();
+    assert!(
+        rs.iter()
+            .any(|x| x["kind"] == "summary" && x["text"].as_str().unwrap().contains(CANARY))
+    );
+    assert!(
+        !on_disk(&env.db(), CANARY.as_bytes()),
+        "the canary is on disk in the clear"
+    );
+    assert!(!on_disk(&env.db(), b"quokka"));
+    // Without the key, or with another, the text does not read; the error says what to do.
+    let with_key = |key: Option<&std::path::Path>, args: &[&str]| {
+        let mut c = env.command(args);
+        match key {
+            Some(k) => c.env("ABRIDGE_MASTER_KEY_FILE", k),
+            None => c.env_remove("ABRIDGE_MASTER_KEY_FILE"),
+        };
+        crate::harness::Run::from(c.output().unwrap())
+    };
+    with_key(None, &["memory", "show", "c0"])
+        .assert_fails(4, &["encrypted", "ABRIDGE_MASTER_KEY_FILE"]);
+    let other = env.write("other.key", env.run(&["keys", "new"]).stdout.as_bytes());
+    with_key(Some(&other), &["memory", "show", "c0"])
+        .assert_fails(4, &["not the key this database was written with"]);
+    // Rotation: the new key reads everything, the old one no longer does.
+    env.run(&["keys", "rotate", "--new-key-file", other.to_str().unwrap()])
+        .assert_ok();
+    let shown = with_key(Some(&other), &["memory", "show", "c1"]);
+    assert!(shown.assert_ok().stdout.contains(CANARY));
+    env.run(&["memory", "show", "c1"])
+        .assert_fails(4, &["not the key"]);
+    // A new write after rotation is sealed too (under the new data key version).
+    with_key(
+        Some(&other),
+        &[
+            "memory",
+            "add",
+            &format!("Alice keeps the {CANARY} theme, note 3"),
+            "--user",
+            "alice",
+            "--type",
+            "preference",
+            "--key",
+            "editor",
+            "--id",
+            "c3",
+        ],
+    )
+    .assert_ok();
+    assert!(!on_disk(&env.db(), CANARY.as_bytes()));
 }

@@ -77,6 +77,9 @@ pub struct AppConfig {
     pub memory: crate::types::MemoryConfig,
     /// The embedding backend for memories (`None`: the offline lexical embedder only).
     pub embedder: Option<Arc<dyn crate::backend::embedding::Embedder>>,
+    /// The master key sealing memory and summary text at rest (`None`: stored plaintext,
+    /// marked as such).
+    pub master_key: Option<crate::crypto::Secret>,
 }
 
 struct TenantState {
@@ -119,8 +122,11 @@ pub struct App {
 impl App {
     /// Open the database (creating or migrating it) and get ready.
     pub fn open(cfg: AppConfig) -> AppResult<App> {
-        let db = Arc::new(SqliteStore::open(&cfg.db)?);
-        Self::open_with(cfg, db)
+        let mut db = SqliteStore::open(&cfg.db)?;
+        if let Some(k) = &cfg.master_key {
+            db = db.with_master_key(k.clone());
+        }
+        Self::open_with(cfg, Arc::new(db))
     }
 
     /// Get ready over a store of the caller's choosing (`cfg.db` is then only a name):

@@ -89,6 +89,7 @@ pub fn open(
         events_kept: 1000,
         memory: super::memory::memory_config()?,
         embedder: None,
+        master_key: super::memory::master_key()?,
     };
     Ok(App::open(cfg)?)
 }

@@ -147,6 +147,39 @@ enum ClustersCmd {
     },
 }
 
+/// The master key from ABRIDGE_MASTER_KEY_FILE (a file holding 64 hex digits) or
+/// ABRIDGE_MASTER_KEY; `None` when neither is set.
+pub fn master_key() -> Result<Option<abridge::crypto::Secret>, Failure> {
+    let bad = |what: String| Failure::new(Exit::Input, anyhow!(what));
+    if let Some(path) = std::env::var_os("ABRIDGE_MASTER_KEY_FILE").filter(|p| !p.is_empty()) {
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            bad(format!(
+                "cannot read the master key file {} (ABRIDGE_MASTER_KEY_FILE): {e}",
+                std::path::Path::new(&path).display()
+            ))
+        })?;
+        return abridge::crypto::Secret::from_hex(&text)
+            .map(Some)
+            .map_err(|e| bad(format!("ABRIDGE_MASTER_KEY_FILE: {e}")));
+    }
+    match std::env::var("ABRIDGE_MASTER_KEY") {
+        Ok(v) if !v.trim().is_empty() => abridge::crypto::Secret::from_hex(&v)
+            .map(Some)
+            .map_err(|e| bad(format!("ABRIDGE_MASTER_KEY: {e}"))),
+        _ => Ok(None),
+    }
+}
+
+/// Say once per process that memory text is stored unencrypted.
+fn warn_plaintext(s: &Settings, local: &Scoped) {
+    if local.app().config().master_key.is_none() {
+        note(
+            s,
+            "warning: no master key is set, so memory text is stored unencrypted (marked as such); set ABRIDGE_MASTER_KEY_FILE to a file made with 'abridge keys new' to encrypt it",
+        );
+    }
+}
+
 /// Memory settings from the environment: SUMMARY_CLUSTER_MIN_SIMILARITY,
 /// SUMMARY_MIN_CLUSTER_ITEMS, SUMMARY_MIN_CENTROID_SIMILARITY, SUMMARY_PROMPT_BUDGET.
 pub fn memory_config() -> Result<MemoryConfig, Failure> {
@@ -270,6 +303,7 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
         } => {
             let backend = choose_backend(s).await?;
             let local = super::app::local(s, Some(&backend))?;
+            warn_plaintext(s, &local);
             let r = local
                 .remember(vec![MemoryIn {
                     id: id.unwrap_or_default(),
@@ -328,6 +362,7 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
             }
             let backend = choose_backend(s).await?;
             let local = super::app::local(s, Some(&backend))?;
+            warn_plaintext(s, &local);
             let mut due = Vec::new();
             let (mut stored, total) = (0usize, items.len());
             for chunk in items.chunks(500) {
@@ -512,6 +547,63 @@ pub async fn clusters_cmd(s: &Settings, a: ClustersArgs) -> Result<(), Failure> 
             for m in &sources {
                 println!("{}", show_memory(m));
             }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct KeysArgs {
+    #[command(subcommand)]
+    cmd: KeysCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum KeysCmd {
+    /// Print a new random master key (64 hex digits) for ABRIDGE_MASTER_KEY_FILE.
+    New,
+    /// Re-wrap every tenant's data keys under a new master key (the current one comes from
+    /// ABRIDGE_MASTER_KEY_FILE); text is re-sealed under fresh data keys as it is rewritten.
+    Rotate {
+        /// A file holding the new master key (from 'abridge keys new')
+        #[arg(long)]
+        new_key_file: std::path::PathBuf,
+    },
+}
+
+pub async fn keys_cmd(s: &Settings, a: KeysArgs) -> Result<(), Failure> {
+    match a.cmd {
+        KeysCmd::New => {
+            let k = abridge::crypto::Secret::random()
+                .map_err(|e| Failure::new(Exit::Internal, anyhow!("{e}")))?;
+            println!("{}", k.to_hex());
+        }
+        KeysCmd::Rotate { new_key_file } => {
+            let current = master_key()?.ok_or_else(|| {
+                Failure::new(
+                    Exit::Input,
+                    anyhow!("set ABRIDGE_MASTER_KEY_FILE to the current master key first; rotation needs the old key and the new one"),
+                )
+            })?;
+            let text = std::fs::read_to_string(&new_key_file).map_err(|e| {
+                Failure::new(
+                    Exit::Input,
+                    anyhow!("cannot read {}: {e}", new_key_file.display()),
+                )
+            })?;
+            let new = abridge::crypto::Secret::from_hex(&text).map_err(|e| {
+                Failure::new(Exit::Input, anyhow!("{}: {e}", new_key_file.display()))
+            })?;
+            let db = abridge::SqliteStore::open(&s.db)
+                .map_err(super::jobs::storage)?
+                .with_master_key(current);
+            let n = db.rotate_master_key(&new).map_err(|e| {
+                Failure::new(Exit::Storage, anyhow!("{}", abridge::types::describe(&e)))
+            })?;
+            println!(
+                "{n} tenants' data keys re-wrapped under the new master key; point ABRIDGE_MASTER_KEY_FILE at {} from now on",
+                new_key_file.display()
+            );
         }
     }
     Ok(())

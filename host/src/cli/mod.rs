@@ -151,6 +151,8 @@ enum Cmd {
     Recall(memory::RecallArgs),
     /// List memory clusters, show a cluster summary with its sources, or run the sweeper once.
     Clusters(memory::ClustersArgs),
+    /// Make a master key for encryption at rest, or rotate to a new one.
+    Keys(memory::KeysArgs),
 }
 
 /// Structured logs on stderr: `RUST_LOG` filters (default: `info` for `serve`, `warn`
@@ -225,6 +227,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Memory(a) => memory::memory_cmd(&settings, a).await,
         Cmd::Recall(a) => memory::recall_cmd(&settings, a).await,
         Cmd::Clusters(a) => memory::clusters_cmd(&settings, a).await,
+        Cmd::Keys(a) => memory::keys_cmd(&settings, a).await,
     }
 }
 
@@ -258,6 +261,7 @@ mod tests {
             &["memory", "list", "--user", "u", "--type", "fact"],
             &["recall", "q", "-k", "3", "--project", "p"],
             &["clusters", "sweep"],
+            &["keys", "rotate", "--new-key-file", "k"],
         ] {
             let argv = std::iter::once("abridge").chain(args.iter().copied());
             <super::Cli as clap::Parser>::try_parse_from(argv)

@@ -88,6 +88,15 @@ pub async fn bind(app: App, opts: ServeOptions) -> AppResult<Bound> {
         )
         .hint("create a token with 'abridge tokens create --tenant NAME' (clients send it as 'Authorization: Bearer TOKEN'), or listen on 127.0.0.1"));
     }
+    if !addr.ip().is_loopback() && app.config().master_key.is_none() {
+        return Err(AppError::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "refusing to listen on {addr} without a master key: memories and their summaries would be stored unencrypted"
+            ),
+        )
+        .hint("make a key with 'abridge keys new > KEYFILE' (keep it safe: without it the memories cannot be read), then set ABRIDGE_MASTER_KEY_FILE=KEYFILE; or listen on 127.0.0.1"));
+    }
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         AppError::invalid(format!("cannot listen on {addr}: {e}"))
             .hint("pick another address with --listen")

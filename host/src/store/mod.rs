@@ -7,6 +7,7 @@ use crate::types::{
     SummaryWrite,
 };
 
+mod keyring;
 mod memory;
 mod memory_tables;
 pub mod recall;

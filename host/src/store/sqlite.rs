@@ -31,6 +31,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/014-tokens.sql"),
     include_str!("migrations/015-events.sql"),
     include_str!("migrations/016-memories.sql"),
+    include_str!("migrations/017-data-keys.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -38,6 +39,8 @@ pub struct SqliteStore {
     conn: Mutex<Connection>,
     /// The file's path, named in every error.
     name: String,
+    /// The master key, when memory and summary text is sealed at rest.
+    pub(super) keys: Option<super::keyring::Keyring>,
 }
 
 /// Tables of the abridge schema: a database holding any other table belongs to another
@@ -59,6 +62,7 @@ const OWN_TABLES: &[&str] = &[
     "clusters",
     "memories",
     "cluster_summaries",
+    "data_keys",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.
@@ -168,6 +172,31 @@ impl SqliteStore {
         Self::init(conn, &path.display().to_string())
     }
 
+    /// Seal memory and cluster summary text at rest under per-tenant data keys wrapped by
+    /// `master` (see [`crate::crypto`]). Rows written without a key stay readable (they are
+    /// marked plaintext).
+    pub fn with_master_key(mut self, master: crate::crypto::Secret) -> Self {
+        self.keys = Some(super::keyring::Keyring::new(master));
+        self
+    }
+
+    /// Rotate the master key: re-wrap every tenant's data keys under `new` and start a new
+    /// data key version per tenant (rows are re-sealed under it when next written). Returns
+    /// the tenants whose keys were rotated.
+    pub fn rotate_master_key(&self, new: &crate::crypto::Secret) -> Result<usize, Error> {
+        let keys = self.keys.as_ref().ok_or_else(|| {
+            Error::InvalidInput(
+                "no current master key is set: set ABRIDGE_MASTER_KEY_FILE to the key the database was written with".into(),
+            )
+        })?;
+        self.with(|c| keys.rotate(c, new))
+    }
+
+    /// Whether text is sealed at rest.
+    pub fn encrypted(&self) -> bool {
+        self.keys.is_some()
+    }
+
     /// An in-memory database (for tests and benchmarks).
     pub fn in_memory() -> Result<Self, Error> {
         Self::init(Connection::open_in_memory().map_err(db_err)?, ":memory:")
@@ -196,6 +225,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             conn: Mutex::new(conn),
             name: name.to_string(),
+            keys: None,
         })
     }
 
@@ -588,6 +618,7 @@ mod tests {
         let store = SqliteStore {
             conn: Mutex::new(conn),
             name: path.display().to_string(),
+            keys: None,
         };
         let e = store
             .with(|c| {

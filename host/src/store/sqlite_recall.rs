@@ -18,9 +18,76 @@ fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
 }
 
-/// Text as stored (plaintext for now: `sealed` 0).
+/// Text as stored when not sealed (`sealed` 0).
 fn text_in(b: Vec<u8>) -> String {
     String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// A row's text as read: the bytes and the key version (0: plaintext).
+struct Stored {
+    bytes: Vec<u8>,
+    sealed: u32,
+}
+
+impl SqliteStore {
+    /// The bytes and key version to store `text` under (sealed when a master key is set).
+    fn seal(
+        &self,
+        c: &Connection,
+        tenant: &str,
+        table: &str,
+        row: &str,
+        text: &str,
+    ) -> Result<(Vec<u8>, u32), Error> {
+        match &self.keys {
+            Some(k) => k.seal(c, tenant, table, row, text),
+            None => Ok((text.as_bytes().to_vec(), 0)),
+        }
+    }
+
+    /// A row's text back.
+    fn reveal(
+        &self,
+        c: &Connection,
+        tenant: &str,
+        table: &str,
+        row: &str,
+        s: Stored,
+    ) -> Result<String, Error> {
+        if s.sealed == 0 {
+            return Ok(text_in(s.bytes));
+        }
+        match &self.keys {
+            Some(k) => k.open(c, tenant, table, row, &s.bytes, s.sealed),
+            None => Err(Error::Storage(format!(
+                "{table} row '{row}' is encrypted and no master key is set: set ABRIDGE_MASTER_KEY_FILE (or ABRIDGE_MASTER_KEY) to the key it was written with"
+            ))),
+        }
+    }
+
+    fn memories_revealed(
+        &self,
+        c: &Connection,
+        tenant: &str,
+        rows: Vec<(Memory, Stored)>,
+    ) -> Result<Vec<Memory>, Error> {
+        rows.into_iter()
+            .map(|(mut m, s)| {
+                m.text = self.reveal(c, tenant, "memories", &m.id, s)?;
+                Ok(m)
+            })
+            .collect()
+    }
+
+    fn summary_revealed(
+        &self,
+        c: &Connection,
+        tenant: &str,
+        (mut s, st): (ClusterSummary, Stored),
+    ) -> Result<ClusterSummary, Error> {
+        s.text = self.reveal(c, tenant, "cluster_summaries", &s.id.to_string(), st)?;
+        Ok(s)
+    }
 }
 
 /// A `WHERE` fragment (after `tenant = ?1`) and its values for a filter, over columns with
@@ -43,11 +110,10 @@ fn filter_sql(f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
     (sql, args)
 }
 
-const MEM_COLS: &str =
-    "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster";
+const MEM_COLS: &str = "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed";
 
-fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Memory> {
-    Ok(Memory {
+fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Memory, Stored)> {
+    let m = Memory {
         id: r.get(0)?,
         scope: Scope {
             user: r.get(1)?,
@@ -56,21 +122,32 @@ fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Memory> {
             kind: r.get(4)?,
             key: r.get(5)?,
         },
-        text: text_in(r.get(6)?),
+        text: String::new(),
         importance: r.get::<_, f64>(7)? as f32,
         tokens: r.get(8)?,
         created_ms: r.get::<_, i64>(9)? as u64,
         cluster: r.get::<_, i64>(10)? as u64,
-    })
+    };
+    Ok((
+        m,
+        Stored {
+            bytes: r.get(6)?,
+            sealed: r.get(11)?,
+        },
+    ))
 }
 
-const SUM_COLS: &str = "id, cluster, text, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms";
+const SUM_COLS: &str = "id, cluster, text, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms, sealed";
 
-fn summary_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterSummary> {
-    Ok(ClusterSummary {
+fn summary_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ClusterSummary, Stored)> {
+    let stored = Stored {
+        bytes: r.get(2)?,
+        sealed: r.get(13)?,
+    };
+    let s = ClusterSummary {
         id: r.get::<_, i64>(0)? as u64,
         cluster: r.get::<_, i64>(1)? as u64,
-        text: text_in(r.get(2)?),
+        text: String::new(),
         member_hash: r.get(3)?,
         sources: serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
         importance: r.get::<_, f64>(5)? as f32,
@@ -81,10 +158,11 @@ fn summary_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterSummary> {
         output_tokens: r.get(10)?,
         created_ms: r.get::<_, i64>(11)? as u64,
         updated_ms: r.get::<_, i64>(12)? as u64,
-    })
+    };
+    Ok((s, stored))
 }
 
-fn members_of(c: &Connection, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
+fn members_raw(c: &Connection, tenant: &str, cluster: u64) -> Result<Vec<(Memory, Stored)>, Error> {
     let mut st = c
         .prepare_cached(&format!(
             "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND cluster = ?2 ORDER BY seq"
@@ -96,7 +174,11 @@ fn members_of(c: &Connection, tenant: &str, cluster: u64) -> Result<Vec<Memory>,
         .map_err(db_err)
 }
 
-fn summary_of(c: &Connection, tenant: &str, cluster: u64) -> Result<Option<ClusterSummary>, Error> {
+fn summary_raw(
+    c: &Connection,
+    tenant: &str,
+    cluster: u64,
+) -> Result<Option<(ClusterSummary, Stored)>, Error> {
     c.query_row(
         &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = ?1 AND cluster = ?2"),
         params![tenant, cluster as i64],
@@ -163,6 +245,10 @@ impl RecallStore for SqliteStore {
                 )
                 .optional()
                 .map_err(db_err)?;
+            let existing = match existing {
+                Some(raw) => self.memories_revealed(&tx, tenant, vec![raw])?.pop(),
+                None => None,
+            };
             if let Some(e) = existing {
                 if !super::recall::same_scope(&e.scope, &m.scope) || e.text != m.text {
                     return Err(Error::InvalidInput(format!(
@@ -240,12 +326,13 @@ impl RecallStore for SqliteStore {
                     |r| r.get(0),
                 )
                 .map_err(db_err)?;
+            let (text, sealed) = self.seal(&tx, tenant, "memories", &m.id, &m.text)?;
             tx.execute(
-                "INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                "INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?16, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 params![
                     tenant, m.id, s.user, s.project, s.environment, s.kind, s.key,
-                    m.text.as_bytes(), f64::from(m.importance), m.tokens, m.created_ms as i64,
-                    cluster as i64, m.model, vector_bytes(&m.vector), seq
+                    text, f64::from(m.importance), m.tokens, m.created_ms as i64,
+                    cluster as i64, m.model, vector_bytes(&m.vector), seq, sealed
                 ],
             )
             .map_err(db_err)?;
@@ -273,18 +360,25 @@ impl RecallStore for SqliteStore {
 
     async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
         self.with(|c| {
-            c.query_row(
-                &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND id = ?2"),
-                params![tenant, id],
-                memory_from,
-            )
-            .optional()
-            .map_err(db_err)
+            let raw = c
+                .query_row(
+                    &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND id = ?2"),
+                    params![tenant, id],
+                    memory_from,
+                )
+                .optional()
+                .map_err(db_err)?;
+            Ok(self
+                .memories_revealed(c, tenant, raw.into_iter().collect())?
+                .pop())
         })
     }
 
     async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
-        self.with(|c| members_of(c, tenant, cluster))
+        self.with(|c| {
+            let raw = members_raw(c, tenant, cluster)?;
+            self.memories_revealed(c, tenant, raw)
+        })
     }
 
     async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
@@ -298,12 +392,18 @@ impl RecallStore for SqliteStore {
                         "SELECT {MEM_COLS}, model, vector FROM memories WHERE tenant = ?1 AND id = ?2"
                     ),
                     params![tenant, id],
-                    |r| Ok((memory_from(r)?, r.get::<_, String>(11)?, r.get::<_, Vec<u8>>(12)?)),
+                    |r| Ok((memory_from(r)?, r.get::<_, String>(12)?, r.get::<_, Vec<u8>>(13)?)),
                 )
                 .optional()
                 .map_err(db_err)?;
-            let Some((m, model, vector)) = row else {
+            let Some((raw, model, vector)) = row else {
                 return Ok(None);
+            };
+            // The text is given back to the caller; a row that no longer opens is deleted
+            // all the same (with its text unknown).
+            let m = match self.memories_revealed(&tx, tenant, vec![(raw.0.clone(), raw.1)]) {
+                Ok(mut v) => v.pop().unwrap_or(raw.0),
+                Err(_) => raw.0,
             };
             tx.execute(
                 "DELETE FROM memories WHERE tenant = ?1 AND id = ?2",
@@ -374,18 +474,28 @@ impl RecallStore for SqliteStore {
         tenant: &str,
         cluster: u64,
     ) -> Result<Option<ClusterSummary>, Error> {
-        self.with(|c| summary_of(c, tenant, cluster))
+        self.with(|c| match summary_raw(c, tenant, cluster)? {
+            Some(raw) => self.summary_revealed(c, tenant, raw).map(Some),
+            None => Ok(None),
+        })
     }
 
     async fn summary_by_id(&self, tenant: &str, id: u64) -> Result<Option<ClusterSummary>, Error> {
         self.with(|c| {
-            c.query_row(
-                &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = ?1 AND id = ?2"),
-                params![tenant, id as i64],
-                summary_from,
-            )
-            .optional()
-            .map_err(db_err)
+            let raw = c
+                .query_row(
+                    &format!(
+                        "SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = ?1 AND id = ?2"
+                    ),
+                    params![tenant, id as i64],
+                    summary_from,
+                )
+                .optional()
+                .map_err(db_err)?;
+            match raw {
+                Some(raw) => self.summary_revealed(c, tenant, raw).map(Some),
+                None => Ok(None),
+            }
         })
     }
 
@@ -398,13 +508,14 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            let current = summary_of(&tx, tenant, w.cluster)?;
+            // The hash decides; the current text is not needed.
+            let current = summary_raw(&tx, tenant, w.cluster)?.map(|r| r.0);
             if current.as_ref().map(|s| s.member_hash.clone()) != w.expect {
                 return Ok(false);
             }
-            let members: BTreeSet<String> = members_of(&tx, tenant, w.cluster)?
+            let members: BTreeSet<String> = members_raw(&tx, tenant, w.cluster)?
                 .into_iter()
-                .map(|m| m.id)
+                .map(|m| m.0.id)
                 .collect();
             if !covers_exactly(&w.sources, &members) {
                 return Ok(false);
@@ -412,12 +523,14 @@ impl RecallStore for SqliteStore {
             let sources = serde_json::to_string(&w.sources).map_err(|e| Error::Storage(e.to_string()))?;
             match current {
                 Some(s) => {
+                    let (text, sealed) =
+                        self.seal(&tx, tenant, "cluster_summaries", &s.id.to_string(), &w.text)?;
                     tx.execute(
-                        "UPDATE cluster_summaries SET text = ?3, sealed = 0, member_hash = ?4, sources = ?5, importance = ?6, tokens = ?7, model = ?8, calls = ?9, prompt_tokens = ?10, output_tokens = ?11, vector_model = ?12, vector = ?13, updated_ms = ?14 WHERE tenant = ?1 AND id = ?2",
+                        "UPDATE cluster_summaries SET text = ?3, sealed = ?15, member_hash = ?4, sources = ?5, importance = ?6, tokens = ?7, model = ?8, calls = ?9, prompt_tokens = ?10, output_tokens = ?11, vector_model = ?12, vector = ?13, updated_ms = ?14 WHERE tenant = ?1 AND id = ?2",
                         params![
-                            tenant, s.id as i64, w.text.as_bytes(), w.member_hash, sources,
+                            tenant, s.id as i64, text, w.member_hash, sources,
                             f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
-                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64
+                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64, sealed
                         ],
                     )
                     .map_err(db_err)?;
@@ -430,12 +543,14 @@ impl RecallStore for SqliteStore {
                             |r| r.get(0),
                         )
                         .map_err(db_err)?;
+                    let (text, sealed) =
+                        self.seal(&tx, tenant, "cluster_summaries", &id.to_string(), &w.text)?;
                     tx.execute(
-                        "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)",
+                        "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?16, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)",
                         params![
-                            tenant, id, w.cluster as i64, w.text.as_bytes(), w.member_hash, sources,
+                            tenant, id, w.cluster as i64, text, w.member_hash, sources,
                             f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
-                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64
+                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64, sealed
                         ],
                     )
                     .map_err(db_err)?;
@@ -513,24 +628,25 @@ impl RecallStore for SqliteStore {
             }
             let mut hits = mems.into_hits();
             for h in &mut hits {
-                let t: Vec<u8> = c
+                let (bytes, sealed): (Vec<u8>, u32) = c
                     .query_row(
-                        "SELECT text FROM memories WHERE tenant = ?1 AND id = ?2",
+                        "SELECT text, sealed FROM memories WHERE tenant = ?1 AND id = ?2",
                         params![tenant, h.id],
-                        |r| r.get(0),
+                        |r| Ok((r.get(0)?, r.get(1)?)),
                     )
                     .map_err(db_err)?;
-                h.text = text_in(t);
+                h.text = self.reveal(c, tenant, "memories", &h.id, Stored { bytes, sealed })?;
             }
             let (fsql, fargs) = filter_sql(filter, "c.");
             let mut args: Vec<String> = vec![tenant.to_string()];
             args.extend(fargs);
             args.push(model.to_string());
             let mut sums = TopK::new(limit as usize);
+            let mut texts: std::collections::BTreeMap<String, Stored> = Default::default();
             {
                 let mut st = c
                     .prepare(&format!(
-                        "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{}",
+                        "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{}",
                         args.len()
                     ))
                     .map_err(db_err)?;
@@ -541,21 +657,33 @@ impl RecallStore for SqliteStore {
                     let id = r.get::<_, i64>(0).map_err(db_err)?.to_string();
                     let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
                     let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
-                    let text = text_in(r.get(4).map_err(db_err)?);
+                    let stored = Stored {
+                        bytes: r.get(4).map_err(db_err)?,
+                        sealed: r.get(6).map_err(db_err)?,
+                    };
                     let sources: Vec<String> =
                         serde_json::from_str(&r.get::<_, String>(5).map_err(db_err)?).unwrap_or_default();
-                    sums.offer(sim, |s| Hit {
-                        kind: HitKind::Summary,
-                        id,
-                        text,
-                        similarity: s,
-                        importance,
-                        cluster,
-                        sources,
+                    sums.offer(sim, |s| {
+                        texts.insert(id.clone(), stored);
+                        Hit {
+                            kind: HitKind::Summary,
+                            id,
+                            text: String::new(),
+                            similarity: s,
+                            importance,
+                            cluster,
+                            sources,
+                        }
                     });
                 }
             }
-            hits.extend(sums.into_hits());
+            // Only the summaries kept are opened.
+            for mut h in sums.into_hits() {
+                if let Some(st) = texts.remove(&h.id) {
+                    h.text = self.reveal(c, tenant, "cluster_summaries", &h.id, st)?;
+                }
+                hits.push(h);
+            }
             Ok(hits)
         })
     }
@@ -585,12 +713,12 @@ impl RecallStore for SqliteStore {
                     offset
                 ))
                 .map_err(db_err)?;
-            let rows = st
+            let rows: Vec<(Memory, Stored)> = st
                 .query_map(params_from_iter(args.iter()), memory_from)
                 .map_err(db_err)?
                 .collect::<Result<_, _>>()
                 .map_err(db_err)?;
-            Ok((rows, total as usize))
+            Ok((self.memories_revealed(c, tenant, rows)?, total as usize))
         })
     }
 
@@ -727,7 +855,7 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            for t in ["memories", "cluster_summaries", "clusters"] {
+            for t in ["memories", "cluster_summaries", "clusters", "data_keys"] {
                 tx.execute(&format!("DELETE FROM {t} WHERE tenant = ?1"), [tenant])
                     .map_err(db_err)?;
             }
