@@ -21,13 +21,18 @@ use serde_json::Value;
 struct Restating {
     calls: AtomicUsize,
     delay: Duration,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
 }
 
 #[async_trait::async_trait]
 impl LlmBackend for Restating {
     async fn generate(&self, req: Request) -> Result<Response, Error> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(self.delay).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
         let p = req.prompt.text();
         let mut out: Vec<String> = Vec::new();
         let mut in_summary = false;
@@ -60,10 +65,22 @@ impl LlmBackend for Restating {
 }
 
 fn open_on(store: Arc<dyn AppStore>, delay: Duration) -> (App, Arc<Restating>) {
+    let (app, llm, _) = open_limited(store, delay, Limits::default());
+    (app, llm)
+}
+
+fn open_limited(
+    store: Arc<dyn AppStore>,
+    delay: Duration,
+    limits: Limits,
+) -> (App, Arc<Restating>, Arc<ManualClock>) {
     let llm = Arc::new(Restating {
         calls: AtomicUsize::new(0),
         delay,
+        in_flight: AtomicUsize::new(0),
+        most_in_flight: AtomicUsize::new(0),
     });
+    let clock = Arc::new(ManualClock::at(1_767_225_600_000));
     let runtime = Runtime::load(
         &ComponentSource::Embedded,
         Some(&crate::harness::cache_dir()),
@@ -80,10 +97,10 @@ fn open_on(store: Arc<dyn AppStore>, delay: Duration) -> (App, Arc<Restating>) {
             backend_name: "restating".into(),
             batch_concurrency: 2,
             job_lease: Duration::from_secs(30),
-            clock: Arc::new(ManualClock::at(1_767_225_600_000)),
+            clock: clock.clone(),
             runtime: Arc::new(runtime),
             log: Arc::new(|_, _| {}),
-            limits: Limits::default(),
+            limits,
             events_kept: 100,
             memory: Default::default(),
             embedder: None,
@@ -92,7 +109,7 @@ fn open_on(store: Arc<dyn AppStore>, delay: Duration) -> (App, Arc<Restating>) {
         store,
     )
     .unwrap();
-    (app, llm)
+    (app, llm, clock)
 }
 
 fn open() -> (App, Arc<Restating>) {
@@ -567,4 +584,109 @@ fn a_canary_is_in_neither_the_database_nor_its_wal_and_keys_rotate() {
     )
     .assert_ok();
     assert!(!on_disk(&env.db(), CANARY.as_bytes()));
+}
+
+fn cluster_of(key: &str, n: usize) -> Vec<MemoryIn> {
+    (0..n)
+        .map(|i| MemoryIn {
+            id: format!("{key}-{i}"),
+            scope: scope("alice", "web", "prod", "preference", key),
+            text: EDITOR[i].into(),
+            importance: 0.5,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_monthly_ceiling_turns_summaries_off_and_recall_still_answers() {
+    let limits = Limits {
+        ceiling: Some(abridge::app::Ceiling {
+            tokens: Some(250),
+            cost: None,
+            price_input: 0.0,
+            price_output: 0.0,
+        }),
+        ..Limits::default()
+    };
+    let (app, llm, clock) = open_limited(Arc::new(MemoryStore::new()), Duration::ZERO, limits);
+    let me = app.local();
+    // Each call spends 100 prompt + 40 output tokens: two summaries reach 280 of 250.
+    for key in ["a", "b"] {
+        let r = me.remember(cluster_of(key, 3)).await.unwrap();
+        me.summarize_cluster(r[2].cluster).await.unwrap().unwrap();
+    }
+    let u = me.usage().await.unwrap();
+    assert_eq!(
+        (u.calls, u.prompt_tokens, u.output_tokens, u.exhausted),
+        (2, 200, 80, true)
+    );
+    assert_eq!(u.month, "2026-01");
+    let r = me.remember(cluster_of("c", 3)).await.unwrap();
+    assert!(r[2].due, "the write itself is stored and reported");
+    let e = me.summarize_cluster(r[2].cluster).await.unwrap_err();
+    match e.kind {
+        abridge::app::ErrorKind::QuotaExhausted {
+            spent,
+            limit,
+            resets_at_ms,
+        } => {
+            assert_eq!((spent, limit), (280, 250));
+            assert_eq!(resets_at_ms, 1_769_904_000_000, "2026-02-01T00:00Z");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(calls(&llm), 2, "no call over the ceiling");
+    // Recall still answers, from the raw memories.
+    let hits = me
+        .recall("dark editor theme", &MemoryFilter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 9);
+    assert!(hits.iter().all(|h| h.kind == "memory"));
+    let s = app.sweep(None, 20).await.unwrap();
+    assert_eq!((s.refused, s.written), (1, 0), "{s:?}");
+    // A new month: the budget is back.
+    clock.set(1_769_904_000_000);
+    assert!(!me.usage().await.unwrap().exhausted);
+    let s = app.sweep(None, 20).await.unwrap();
+    assert_eq!(s.written, 1, "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_runs_at_most_its_share_of_cluster_summaries_and_the_sweeper_cools_down() {
+    let limits = Limits {
+        cluster_jobs_per_tenant: 1,
+        sweep_cooldown_ms: 120_000,
+        ..Limits::default()
+    };
+    let (app, llm, clock) = open_limited(
+        Arc::new(MemoryStore::new()),
+        Duration::from_millis(100),
+        limits,
+    );
+    let me = app.local();
+    let mut clusters = Vec::new();
+    for key in ["a", "b", "c"] {
+        clusters.push(me.remember(cluster_of(key, 3)).await.unwrap()[2].cluster);
+    }
+    let runs = clusters.iter().map(|&c| me.summarize_cluster(c));
+    for r in futures::future::join_all(runs).await {
+        assert!(r.unwrap().is_some());
+    }
+    assert_eq!(calls(&llm), 3);
+    assert_eq!(
+        llm.most_in_flight.load(Ordering::SeqCst),
+        1,
+        "one at a time for the tenant"
+    );
+    // The periodic sweeper leaves a tenant alone for the cooldown after sweeping it.
+    me.remember(cluster_of("d", 3)).await.unwrap();
+    let first = app.sweep_periodic(20).await.unwrap();
+    assert_eq!(first.written, 1, "{first:?}");
+    me.remember(cluster_of("e", 3)).await.unwrap();
+    let cooling = app.sweep_periodic(20).await.unwrap();
+    assert_eq!((cooling.clusters, cooling.cooling), (0, 1), "{cooling:?}");
+    clock.advance(121_000);
+    let later = app.sweep_periodic(20).await.unwrap();
+    assert_eq!(later.written, 1, "{later:?}");
 }

@@ -792,3 +792,43 @@ fn memories_over_http_cluster_summarize_recall_with_sources_and_stay_per_tenant(
     post(&srv.addr, "/v1/recall", Some(&a), &json!({"query": " "})).expect(400);
     get(&srv.addr, "/v1/summaries/x/sources", Some(&a)).expect(404);
 }
+
+#[test]
+fn over_the_monthly_ceiling_writes_are_stored_summaries_refused_and_usage_says_why() {
+    let env = extractive().with("ABRIDGE_MONTHLY_TOKENS", "0");
+    let srv = Server::start(&env, &[]);
+    let memories: Vec<Value> = (0..3)
+        .map(|i| {
+            json!({"user": "u", "type": "fact", "key": "deploy",
+                   "text": format!("The deploy runs on Fridays, note {i}")})
+        })
+        .collect();
+    let w = post(
+        &srv.addr,
+        "/v1/memories",
+        None,
+        &json!({ "memories": memories }),
+    )
+    .expect(202);
+    assert_eq!(w["memories"].as_array().unwrap().len(), 3);
+    assert_eq!(w["memories"][2]["summarizing"], false);
+    let refused = &w["summaries_refused"];
+    assert_eq!(refused["code"], "quota_exhausted");
+    assert_eq!(refused["limit"], 0);
+    assert!(refused["resets_at_ms"].as_u64().unwrap() > 0);
+    let u = get(&srv.addr, "/v1/usage", None).expect(200);
+    assert_eq!(u["exhausted"], true);
+    assert_eq!(u["limit_tokens"], 0);
+    let r = post(
+        &srv.addr,
+        "/v1/recall",
+        None,
+        &json!({"query": "deploy Fridays"}),
+    )
+    .expect(200);
+    assert_eq!(r["results"].as_array().unwrap().len(), 3);
+    let c = get(&srv.addr, "/v1/clusters", None).expect(200);
+    assert!(c["clusters"][0]["summary"].is_null());
+    let cli = env.run(&["usage", "--json"]);
+    assert_eq!(cli.json()["exhausted"], true);
+}

@@ -28,6 +28,16 @@ pub enum ErrorKind {
         /// Seconds until a retry may succeed.
         retry_after_secs: u32,
     },
+    /// The tenant's monthly model budget is spent: nothing more is summarized until it
+    /// resets.
+    QuotaExhausted {
+        /// Spent this month (tokens, or money in the prices' currency), rounded down.
+        spent: u64,
+        /// The limit, in the same unit.
+        limit: u64,
+        /// When the budget resets, ms since the epoch (the first of next month, UTC).
+        resets_at_ms: u64,
+    },
     /// The model or its server failed.
     Model,
     /// The database failed.
@@ -50,6 +60,7 @@ impl ErrorKind {
             ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::Forbidden => "forbidden",
             ErrorKind::RateLimited { .. } => "rate_limited",
+            ErrorKind::QuotaExhausted { .. } => "quota_exhausted",
             ErrorKind::Model => "model_failed",
             ErrorKind::Storage => "storage_failed",
             ErrorKind::Unavailable => "unavailable",

@@ -24,6 +24,48 @@ pub struct Limits {
     pub model_per_tenant: usize,
     /// Model requests in flight overall.
     pub model_total: usize,
+    /// Cluster summaries one tenant may have running at once.
+    pub cluster_jobs_per_tenant: usize,
+    /// The periodic sweeper leaves a tenant alone this long after sweeping it (ms).
+    pub sweep_cooldown_ms: u64,
+    /// Monthly model budget per tenant for cluster summaries (`None`: none).
+    pub ceiling: Option<Ceiling>,
+}
+
+/// A monthly budget per tenant, in tokens, money, or both (whichever is reached first).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ceiling {
+    /// Most prompt plus output tokens per month.
+    pub tokens: Option<u64>,
+    /// Most money per month, in the currency of the prices.
+    pub cost: Option<f64>,
+    /// Price of a million prompt tokens.
+    pub price_input: f64,
+    /// Price of a million output tokens.
+    pub price_output: f64,
+}
+
+impl Ceiling {
+    /// What `prompt` and `output` tokens cost.
+    pub fn cost_of(&self, prompt: u64, output: u64) -> f64 {
+        (prompt as f64 * self.price_input + output as f64 * self.price_output) / 1_000_000.0
+    }
+
+    /// Whether a month's usage has reached the ceiling: `(spent, limit, unit)` when it has.
+    pub fn exhausted(&self, prompt: u64, output: u64) -> Option<(f64, f64, &'static str)> {
+        if let Some(t) = self.tokens
+            && prompt + output >= t
+        {
+            return Some(((prompt + output) as f64, t as f64, "tokens"));
+        }
+        if let Some(c) = self.cost {
+            let spent = self.cost_of(prompt, output);
+            if spent >= c {
+                return Some((spent, c, "money"));
+            }
+        }
+        None
+    }
 }
 
 impl Default for Limits {
@@ -33,6 +75,9 @@ impl Default for Limits {
             jobs_per_tenant: 2,
             model_per_tenant: 4,
             model_total: 8,
+            cluster_jobs_per_tenant: 3,
+            sweep_cooldown_ms: 120_000,
+            ceiling: None,
         }
     }
 }
@@ -46,6 +91,9 @@ impl Limits {
             jobs_per_tenant: usize::MAX,
             model_per_tenant: Semaphore::MAX_PERMITS,
             model_total: Semaphore::MAX_PERMITS,
+            cluster_jobs_per_tenant: Semaphore::MAX_PERMITS,
+            sweep_cooldown_ms: 0,
+            ceiling: None,
         }
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{App, AppError, AppResult, Scoped};
+use super::{App, AppError, AppResult, ErrorKind, Scoped};
 use crate::store::{ClusterRow, RecallStore};
 use crate::types::{
     ClusterAction, ClusterOutcome, ClusterSummary, Forgotten, HitKind, Memory, MemoryFilter,
@@ -199,6 +199,44 @@ pub fn action_name(a: ClusterAction) -> &'static str {
     }
 }
 
+/// A tenant's model usage this month, against its ceiling.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct UsageView {
+    /// The month, `YYYY-MM` (UTC).
+    pub month: String,
+    /// Model calls for cluster summaries.
+    pub calls: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Their output tokens.
+    pub output_tokens: u64,
+    /// What they cost at the configured prices (0 without prices).
+    pub cost: f64,
+    /// The monthly token ceiling, if any.
+    pub limit_tokens: Option<u64>,
+    /// The monthly cost ceiling, if any.
+    pub limit_cost: Option<f64>,
+    /// Whether the ceiling is reached (clusters are not summarized; recall returns memories).
+    pub exhausted: bool,
+    /// When the month's budget resets, ms since the epoch.
+    pub resets_at_ms: u64,
+}
+
+/// The month (`YYYY-MM`, UTC) of a time, and when the next one starts (ms).
+pub fn month_of(now_ms: u64) -> (String, u64) {
+    let ts =
+        jiff::Timestamp::from_millisecond(now_ms as i64).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    let utc = jiff::tz::TimeZone::UTC;
+    let d = utc.to_datetime(ts).date();
+    let (y, m) = (d.year(), d.month());
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    let next = utc
+        .to_timestamp(jiff::civil::date(ny, nm, 1).at(0, 0, 0, 0))
+        .map(|t| t.as_millisecond() as u64)
+        .unwrap_or(u64::MAX);
+    (format!("{y:04}-{m:02}"), next)
+}
+
 /// What one sweep did.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SweepReport {
@@ -214,6 +252,10 @@ pub struct SweepReport {
     pub deferred: usize,
     /// Clusters whose summary failed (reason noted on the cluster).
     pub failed: usize,
+    /// Clusters not summarized because their tenant's monthly ceiling is reached.
+    pub refused: usize,
+    /// Tenants passed over because they were swept within the cooldown.
+    pub cooling: usize,
     /// Model calls made.
     pub calls: u32,
     /// Prompt tokens spent.
@@ -285,8 +327,67 @@ impl Scoped {
         out
     }
 
+    /// The tenant's usage this month against its ceiling.
+    pub async fn usage(&self) -> AppResult<UsageView> {
+        let (month, resets_at_ms) = month_of(self.app.now_ms());
+        let (calls, prompt, output) = self
+            .recall_store()
+            .usage(self.tenant.name(), &month)
+            .await?;
+        let ceiling = self.app.inner.cfg.limits.ceiling;
+        Ok(UsageView {
+            month,
+            calls,
+            prompt_tokens: prompt,
+            output_tokens: output,
+            cost: ceiling.map_or(0.0, |c| c.cost_of(prompt, output)),
+            limit_tokens: ceiling.and_then(|c| c.tokens),
+            limit_cost: ceiling.and_then(|c| c.cost),
+            exhausted: ceiling.is_some_and(|c| c.exhausted(prompt, output).is_some()),
+            resets_at_ms,
+        })
+    }
+
+    /// The refusal when the tenant's monthly ceiling is reached.
+    pub async fn over_ceiling(&self) -> AppResult<Option<AppError>> {
+        let Some(c) = self.app.inner.cfg.limits.ceiling else {
+            return Ok(None);
+        };
+        let (month, resets_at_ms) = month_of(self.app.now_ms());
+        let (_, prompt, output) = self
+            .recall_store()
+            .usage(self.tenant.name(), &month)
+            .await?;
+        Ok(c.exhausted(prompt, output).map(|(spent, limit, unit)| {
+            AppError::new(
+                ErrorKind::QuotaExhausted {
+                    spent: spent as u64,
+                    limit: limit as u64,
+                    resets_at_ms,
+                },
+                format!(
+                    "tenant '{}' has used its monthly budget for summaries ({spent:.0} of {limit:.0} {unit} in {month}); clusters are not summarized and recall returns memories until it resets",
+                    self.tenant
+                ),
+            )
+            .hint("raise ABRIDGE_MONTHLY_TOKENS or ABRIDGE_MONTHLY_COST, or wait for the next month")
+        }))
+    }
+
     /// One summarize run of a cluster under its claim; `Ok(None)` when another worker holds it.
+    /// Refused with [`ErrorKind::QuotaExhausted`] when the tenant's monthly ceiling is reached.
     pub async fn summarize_cluster(&self, cluster: u64) -> AppResult<Option<ClusterOutcome>> {
+        if let Some(refusal) = self.over_ceiling().await? {
+            return Err(refusal);
+        }
+        // At most the tenant's share of cluster summaries at once; the rest wait here.
+        let _slot = self
+            .state
+            .clusters
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| AppError::new(ErrorKind::Unavailable, "shutting down"))?;
         let store = self.recall_store();
         let tenant = self.tenant.name();
         let owner = format!("{}-{}", self.app.unique_id(), std::process::id());
@@ -312,6 +413,20 @@ impl Scoped {
         };
         store.release_cluster(tenant, cluster, &owner).await?;
         settled?;
+        if let Ok(o) = &result
+            && o.calls > 0
+        {
+            let (month, _) = month_of(self.app.now_ms());
+            store
+                .add_usage(
+                    tenant,
+                    &month,
+                    u64::from(o.calls),
+                    u64::from(o.prompt_tokens),
+                    u64::from(o.output_tokens),
+                )
+                .await?;
+        }
         match result {
             Ok(o) => {
                 if !matches!(o.action, ClusterAction::Unchanged | ClusterAction::TooFew) {
@@ -389,9 +504,11 @@ impl Scoped {
         f: &MemoryFilter,
         k: u32,
     ) -> AppResult<Vec<RecallView>> {
+        // Over the ceiling, recall falls back to the raw memories.
+        let summaries = self.over_ceiling().await?.is_none();
         let r = self
             .engine()
-            .recall(query, f, k, true, &self.app.inner.cfg.memory)
+            .recall(query, f, k, summaries, &self.app.inner.cfg.memory)
             .await?;
         Ok(r.into_iter().map(RecallView::from).collect())
     }
@@ -438,9 +555,49 @@ impl App {
         tenant: Option<&crate::tenant::Tenant>,
         per_scope: usize,
     ) -> AppResult<SweepReport> {
+        self.sweep_with(tenant, per_scope, 0).await
+    }
+
+    /// The periodic sweep: as [`App::sweep`] over every tenant, passing over a tenant swept
+    /// less than the cooldown (`Limits::sweep_cooldown_ms`) ago.
+    pub async fn sweep_periodic(&self, per_scope: usize) -> AppResult<SweepReport> {
+        self.sweep_with(None, per_scope, self.inner.cfg.limits.sweep_cooldown_ms)
+            .await
+    }
+
+    async fn sweep_with(
+        &self,
+        tenant: Option<&crate::tenant::Tenant>,
+        per_scope: usize,
+        cooldown_ms: u64,
+    ) -> AppResult<SweepReport> {
         let store = self.inner.db.clone() as Arc<dyn RecallStore>;
         let todo = store.unsettled(tenant.map(|t| t.name()), 10_000).await?;
         let mut report = SweepReport::default();
+        let now = self.now_ms();
+        let mut cooling = std::collections::BTreeSet::new();
+        let todo: Vec<_> = {
+            let mut swept = self.inner.swept.lock().expect("sweep lock");
+            let mut keep = Vec::new();
+            let mut fresh = std::collections::BTreeSet::new();
+            for u in todo {
+                let last = swept.get(&u.tenant).copied();
+                if cooldown_ms > 0
+                    && !fresh.contains(&u.tenant)
+                    && last.is_some_and(|l| now.saturating_sub(l) < cooldown_ms)
+                {
+                    cooling.insert(u.tenant.clone());
+                    continue;
+                }
+                fresh.insert(u.tenant.clone());
+                keep.push(u);
+            }
+            for t in fresh {
+                swept.insert(t, now);
+            }
+            keep
+        };
+        report.cooling = cooling.len();
         let mut per: BTreeMap<(String, String, String), usize> = BTreeMap::new();
         for u in todo {
             let n = per
@@ -466,6 +623,7 @@ impl App {
                     }
                 }
                 Ok(None) => report.busy += 1,
+                Err(e) if matches!(e.kind, ErrorKind::QuotaExhausted { .. }) => report.refused += 1,
                 Err(e) => {
                     tracing::warn!(tenant = %u.tenant, cluster = u.cluster, error = %e.message, "cluster summary failed");
                     report.failed += 1;

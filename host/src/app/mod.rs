@@ -27,7 +27,7 @@ use tokio::sync::{Notify, Semaphore};
 
 pub use error::{AppError, AppResult, ErrorKind};
 pub use events::{Event, EventBus};
-pub use limits::{Limits, ModelMetrics};
+pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
     Appended, ContextView, Imported, JobView, MessageIn, SessionView, SummaryView, mode_name,
@@ -85,6 +85,8 @@ pub struct AppConfig {
 struct TenantState {
     engine: Arc<Abridge>,
     bucket: Mutex<Option<limits::Bucket>>,
+    /// Cluster summaries running for the tenant.
+    clusters: Arc<Semaphore>,
 }
 
 struct Inner {
@@ -104,6 +106,8 @@ struct Inner {
     seq: AtomicU64,
     /// Random, per opening: ids made here differ from those of another process.
     instance: String,
+    /// When the periodic sweeper last swept each tenant (app clock, ms).
+    swept: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Drop for Inner {
@@ -144,6 +148,7 @@ impl App {
                 wake: Notify::new(),
                 draining: AtomicBool::new(false),
                 seq: AtomicU64::new(0),
+                swept: Mutex::new(BTreeMap::new()),
                 instance: {
                     let mut raw = [0u8; 6];
                     getrandom::fill(&mut raw).map_err(|e| {
@@ -244,6 +249,11 @@ impl App {
                         (c.limits.requests_per_sec > 0)
                             .then(|| limits::Bucket::new(c.limits.requests_per_sec)),
                     ),
+                    clusters: Arc::new(Semaphore::new(
+                        c.limits
+                            .cluster_jobs_per_tenant
+                            .clamp(1, Semaphore::MAX_PERMITS),
+                    )),
                 })
             })
             .clone()

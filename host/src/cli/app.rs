@@ -31,9 +31,10 @@ pub enum Show {
 impl From<AppError> for Failure {
     fn from(e: AppError) -> Self {
         let exit = match e.kind {
-            ErrorKind::Model | ErrorKind::Unavailable | ErrorKind::RateLimited { .. } => {
-                Exit::Model
-            }
+            ErrorKind::Model
+            | ErrorKind::Unavailable
+            | ErrorKind::RateLimited { .. }
+            | ErrorKind::QuotaExhausted { .. } => Exit::Model,
             ErrorKind::Storage | ErrorKind::Conflict => Exit::Storage,
             ErrorKind::Internal => Exit::Internal,
             _ => Exit::Input,
@@ -75,6 +76,11 @@ pub fn open(
     limits: Limits,
     log: abridge::app::LogFn,
 ) -> Result<App, Failure> {
+    // The monthly ceiling holds for every front end.
+    let mut limits = limits;
+    if limits.ceiling.is_none() {
+        limits.ceiling = super::memory::ceiling()?;
+    }
     let cfg = AppConfig {
         db: s.db.clone(),
         config: engine_config(s, backend),

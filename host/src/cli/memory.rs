@@ -170,6 +170,81 @@ pub fn master_key() -> Result<Option<abridge::crypto::Secret>, Failure> {
     }
 }
 
+/// The monthly ceiling from ABRIDGE_MONTHLY_TOKENS and/or ABRIDGE_MONTHLY_COST (with
+/// ABRIDGE_PRICE_INPUT and ABRIDGE_PRICE_OUTPUT, per million tokens); `None` when neither
+/// limit is set.
+pub fn ceiling() -> Result<Option<abridge::app::Ceiling>, Failure> {
+    fn get<T: std::str::FromStr>(name: &str) -> Result<Option<T>, Failure> {
+        match std::env::var(name) {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse().map(Some).map_err(|_| {
+                Failure::new(
+                    Exit::Input,
+                    anyhow!("{name}='{v}' is not a valid number; unset it or give one"),
+                )
+            }),
+            _ => Ok(None),
+        }
+    }
+    let tokens: Option<u64> = get("ABRIDGE_MONTHLY_TOKENS")?;
+    let cost: Option<f64> = get("ABRIDGE_MONTHLY_COST")?;
+    let price_input: f64 = get("ABRIDGE_PRICE_INPUT")?.unwrap_or(0.0);
+    let price_output: f64 = get("ABRIDGE_PRICE_OUTPUT")?.unwrap_or(0.0);
+    if cost.is_some() && price_input == 0.0 && price_output == 0.0 {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!(
+                "ABRIDGE_MONTHLY_COST needs prices: set ABRIDGE_PRICE_INPUT and ABRIDGE_PRICE_OUTPUT (per million tokens)"
+            ),
+        ));
+    }
+    if tokens.is_none() && cost.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(abridge::app::Ceiling {
+        tokens,
+        cost,
+        price_input,
+        price_output,
+    }))
+}
+
+/// `abridge usage`: this month's model usage for cluster summaries, against the ceiling.
+pub async fn usage_cmd(s: &Settings, a: UsageArgs) -> Result<(), Failure> {
+    let local = super::app::local(s, None)?;
+    let u = local.usage().await.map_err(|e| fail(s, e))?;
+    if a.json {
+        println!("{}", serde_json::to_string(&u).expect("serialize"));
+        return Ok(());
+    }
+    let limit = match (u.limit_tokens, u.limit_cost) {
+        (Some(t), Some(c)) => format!(" of {t} tokens or {c:.2}"),
+        (Some(t), None) => format!(" of {t} tokens"),
+        (None, Some(c)) => format!(" of {c:.2}"),
+        (None, None) => " (no ceiling)".into(),
+    };
+    println!(
+        "{}: {} model calls, {} prompt + {} output tokens, cost {:.4}{limit}{}",
+        u.month,
+        u.calls,
+        u.prompt_tokens,
+        u.output_tokens,
+        u.cost,
+        if u.exhausted {
+            " — reached: clusters are not summarized until the month ends"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct UsageArgs {
+    /// Print JSON
+    #[arg(long)]
+    json: bool,
+}
+
 /// Say once per process that memory text is stored unencrypted.
 fn warn_plaintext(s: &Settings, local: &Scoped) {
     if local.app().config().master_key.is_none() {

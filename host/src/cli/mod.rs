@@ -153,6 +153,8 @@ enum Cmd {
     Clusters(memory::ClustersArgs),
     /// Make a master key for encryption at rest, or rotate to a new one.
     Keys(memory::KeysArgs),
+    /// This month's model usage for cluster summaries, against the monthly ceiling.
+    Usage(memory::UsageArgs),
 }
 
 /// Structured logs on stderr: `RUST_LOG` filters (default: `info` for `serve`, `warn`
@@ -228,6 +230,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Recall(a) => memory::recall_cmd(&settings, a).await,
         Cmd::Clusters(a) => memory::clusters_cmd(&settings, a).await,
         Cmd::Keys(a) => memory::keys_cmd(&settings, a).await,
+        Cmd::Usage(a) => memory::usage_cmd(&settings, a).await,
     }
 }
 

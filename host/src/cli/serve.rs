@@ -30,6 +30,9 @@ pub struct ServeArgs {
     /// Largest request body in MiB
     #[arg(long, default_value_t = 16)]
     max_body_mib: usize,
+    /// Cluster summaries one tenant may have running at once
+    #[arg(long, default_value_t = 3)]
+    tenant_cluster_jobs: usize,
     /// Seconds between runs of the cluster sweeper, which summarizes memory clusters whose
     /// summary is missing, stale or failed (0: off)
     #[arg(long, default_value_t = 120, env = "ABRIDGE_SWEEP_SECS")]
@@ -126,6 +129,9 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
         jobs_per_tenant: a.tenant_jobs,
         model_per_tenant: a.tenant_model_requests,
         model_total: a.model_requests,
+        cluster_jobs_per_tenant: a.tenant_cluster_jobs,
+        sweep_cooldown_ms: a.sweep_secs.saturating_mul(1000),
+        ceiling: super::memory::ceiling()?,
     };
     let app = open_app(s, &backend, limits)?;
     let opts = ServeOptions {

@@ -56,6 +56,10 @@ pub struct ErrorDetail {
     pub message: String,
     /// How to fix it, when known.
     pub hint: Option<String>,
+    /// For `quota_exhausted`: what was spent, the limit and when it resets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub quota: Option<serde_json::Value>,
 }
 
 fn status_of(kind: ErrorKind) -> StatusCode {
@@ -67,7 +71,9 @@ fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorKind::Forbidden => StatusCode::FORBIDDEN,
-        ErrorKind::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::RateLimited { .. } | ErrorKind::QuotaExhausted { .. } => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
         ErrorKind::Model => StatusCode::BAD_GATEWAY,
         ErrorKind::Storage | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -101,6 +107,16 @@ impl IntoResponse for ApiError {
                 code: e.kind.code().into(),
                 message: crate::text::printable(&e.message).into_owned(),
                 hint: e.hint.or_else(|| http_hint(e.kind).map(str::to_string)),
+                quota: match e.kind {
+                    ErrorKind::QuotaExhausted {
+                        spent,
+                        limit,
+                        resets_at_ms,
+                    } => {
+                        Some(json!({"spent": spent, "limit": limit, "resets_at_ms": resets_at_ms}))
+                    }
+                    _ => None,
+                },
             },
         };
         let mut r = (status, Json(body)).into_response();
@@ -748,14 +764,15 @@ impl utoipa::Modify for BearerAuth {
         get_summaries, get_context, post_refresh, put_mode, list_jobs, get_job, cancel_job,
         job_events, all_events, healthz, readyz, metrics_text, openapi,
         mem::post_memories, mem::list_memories, mem::get_memory, mem::delete_memory,
-        mem::post_recall, mem::list_clusters, mem::get_summary, mem::get_summary_sources),
+        mem::post_recall, mem::list_clusters, mem::get_summary, mem::get_summary_sources,
+        mem::get_usage),
     components(schemas(ErrorBody, ErrorDetail, MessagesBody, MessageIn, AppendedBody, Appended,
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
         ContextView, ModeBody, JobsBody, JobView, Event, mem::MemoryBody, mem::MemoriesBody,
         mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
         mem::RecallResults, crate::app::memories::RecallView, mem::ClustersBody,
         crate::app::memories::ClusterView, crate::app::memories::ClusterSummaryView,
-        mem::SourcesBody)),
+        mem::SourcesBody, crate::app::memories::UsageView)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -790,6 +807,7 @@ pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv
             "/v1/summaries/{id}/sources",
             get(mem::get_summary_sources),
         ),
+        ("get", "/v1/usage", get(mem::get_usage)),
     ]
 }
 

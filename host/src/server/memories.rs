@@ -72,6 +72,12 @@ pub struct WrittenMemory {
 #[derive(Serialize, ToSchema)]
 pub struct WrittenBody {
     memories: Vec<WrittenMemory>,
+    /// Present when the tenant's monthly ceiling is reached: the memories are stored, but no
+    /// cluster is summarized (`{"code": "quota_exhausted", "spent", "limit", "resets_at_ms",
+    /// "message"}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    summaries_refused: Option<serde_json::Value>,
 }
 
 /// Summarize clusters in the background, after the answer.
@@ -112,11 +118,17 @@ pub(crate) async fn post_memories(
         })
         .collect();
     let r = t.remember(items).await?;
-    let due: Vec<u64> = r.iter().filter(|m| m.due).map(|m| m.cluster).collect();
+    let refused = t.over_ceiling().await?;
+    let due: Vec<u64> = if refused.is_some() {
+        Vec::new()
+    } else {
+        r.iter().filter(|m| m.due).map(|m| m.cluster).collect()
+    };
+    let summarizing = refused.is_none();
     let memories = r
         .into_iter()
         .map(|m| WrittenMemory {
-            summarizing: m.due,
+            summarizing: m.due && summarizing,
             id: m.id,
             cluster: m.cluster,
             created: m.created,
@@ -124,7 +136,22 @@ pub(crate) async fn post_memories(
         })
         .collect();
     summarize_later(&t, due);
-    Ok((StatusCode::ACCEPTED, Json(WrittenBody { memories })))
+    let summaries_refused = refused.map(|e| match e.kind {
+        ErrorKind::QuotaExhausted {
+            spent,
+            limit,
+            resets_at_ms,
+        } => json!({"code": "quota_exhausted", "spent": spent, "limit": limit,
+                    "resets_at_ms": resets_at_ms, "message": e.message}),
+        _ => json!({"code": e.kind.code(), "message": e.message}),
+    });
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(WrittenBody {
+            memories,
+            summaries_refused,
+        }),
+    ))
 }
 
 /// Which memories (every field given must match), and a page.
@@ -306,4 +333,13 @@ pub(crate) async fn get_summary_sources(
         summary: id,
         sources: t.summary_sources(id).await?,
     }))
+}
+
+/// The tenant's model usage for cluster summaries this month, against its ceiling.
+#[utoipa::path(get, path = "/v1/usage", tag = "memories",
+    responses((status = 200, body = crate::app::memories::UsageView)))]
+pub(crate) async fn get_usage(
+    Extension(t): Extension<Scoped>,
+) -> ApiResult<Json<crate::app::memories::UsageView>> {
+    Ok(Json(t.usage().await?))
 }

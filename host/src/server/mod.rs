@@ -147,7 +147,7 @@ impl Bound {
                         _ = tokio::time::sleep(every) => {}
                         _ = stop.wait_for(|s| *s) => return,
                     }
-                    match app.sweep(None, per).await {
+                    match app.sweep_periodic(per).await {
                         Ok(r) if r.clusters > 0 => tracing::info!(
                             clusters = r.clusters,
                             written = r.written,

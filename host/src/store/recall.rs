@@ -137,6 +137,17 @@ pub trait RecallStore: Send + Sync {
     ) -> Result<bool, Error>;
     /// Give a claim back.
     async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error>;
+    /// Add model usage to a tenant's month (`YYYY-MM`).
+    async fn add_usage(
+        &self,
+        tenant: &str,
+        month: &str,
+        calls: u64,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> Result<(), Error>;
+    /// A tenant's usage in a month: calls, prompt tokens, output tokens.
+    async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error>;
     /// Delete everything of a tenant's memories (a tenant deleted).
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error>;
 }
@@ -272,6 +283,7 @@ struct TenantTables {
 #[derive(Default)]
 pub struct RecallTables {
     tenants: BTreeMap<String, TenantTables>,
+    usage: BTreeMap<(String, String), (u64, u64, u64)>,
 }
 
 fn mean(c: &ClusterState) -> Vec<f32> {
@@ -746,6 +758,35 @@ impl RecallStore for super::MemoryStore {
             }
         });
         Ok(())
+    }
+
+    async fn add_usage(
+        &self,
+        tenant: &str,
+        month: &str,
+        calls: u64,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> Result<(), Error> {
+        self.recall(|r| {
+            let u = r
+                .usage
+                .entry((tenant.to_string(), month.to_string()))
+                .or_default();
+            u.0 += calls;
+            u.1 += prompt_tokens;
+            u.2 += output_tokens;
+        });
+        Ok(())
+    }
+
+    async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {
+        Ok(self.recall(|r| {
+            r.usage
+                .get(&(tenant.to_string(), month.to_string()))
+                .copied()
+                .unwrap_or_default()
+        }))
     }
 
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {

@@ -32,6 +32,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/015-events.sql"),
     include_str!("migrations/016-memories.sql"),
     include_str!("migrations/017-data-keys.sql"),
+    include_str!("migrations/018-usage.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -63,6 +64,7 @@ const OWN_TABLES: &[&str] = &[
     "memories",
     "cluster_summaries",
     "data_keys",
+    "usage",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.

@@ -850,6 +850,37 @@ impl RecallStore for SqliteStore {
         })
     }
 
+    async fn add_usage(
+        &self,
+        tenant: &str,
+        month: &str,
+        calls: u64,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO usage (tenant, month, calls, prompt_tokens, output_tokens) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, month) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens",
+                params![tenant, month, calls as i64, prompt_tokens as i64, output_tokens as i64],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT calls, prompt_tokens, output_tokens FROM usage WHERE tenant = ?1 AND month = ?2",
+                params![tenant, month],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64)),
+            )
+            .optional()
+            .map(Option::unwrap_or_default)
+            .map_err(db_err)
+        })
+    }
+
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
         self.with(|conn| {
             let tx = conn
