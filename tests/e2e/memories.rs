@@ -690,3 +690,58 @@ async fn a_tenant_runs_at_most_its_share_of_cluster_summaries_and_the_sweeper_co
     let later = app.sweep_periodic(20).await.unwrap();
     assert_eq!(later.written, 1, "{later:?}");
 }
+
+#[test]
+fn memories_embedded_by_a_server_model_and_a_missing_model_stores_nothing() {
+    let server = abridge_test_llm::TestServer::start();
+    let model = abridge_test_llm::Options::default().models[0].clone();
+    let env = crate::harness::Env::new()
+        .with("ABRIDGE_BACKEND", "extractive")
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_EMBED_MODEL", &model);
+    for (i, t) in EDITOR[..3].iter().enumerate() {
+        env.run(&[
+            "memory",
+            "add",
+            t,
+            "--user",
+            "alice",
+            "--type",
+            "preference",
+            "--key",
+            "editor",
+            "--id",
+            &format!("m{i}"),
+        ])
+        .assert_ok();
+    }
+    let v = env
+        .run(&["recall", "dark editor theme", "--json", "-k", "10"])
+        .json();
+    assert!(v["results"].as_array().unwrap().len() >= 3, "{v}");
+    let embeds: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/api/embed")
+        .collect();
+    assert!(
+        embeds.len() >= 4,
+        "three writes and a query: {}",
+        embeds.len()
+    );
+    assert_eq!(embeds[0].body["input"], serde_json::json!([EDITOR[0]]));
+    assert_eq!(embeds[0].body["truncate"], false);
+    // A model the server does not have: the write fails, says what to do, stores nothing.
+    let missing = crate::harness::Env::new()
+        .with("ABRIDGE_BACKEND", "extractive")
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_EMBED_MODEL", "no-such-embedder");
+    missing
+        .run(&[
+            "memory", "add", "x y z", "--user", "u", "--key", "k", "--id", "x",
+        ])
+        .assert_fails(3, &["no-such-embedder"]);
+    missing
+        .run(&["memory", "show", "x"])
+        .assert_fails(2, &["no memory 'x'"]);
+}

@@ -76,6 +76,7 @@ pub fn open(
     limits: Limits,
     log: abridge::app::LogFn,
 ) -> Result<App, Failure> {
+    let embedder = super::memory::embedder(s)?;
     // The monthly ceiling holds for every front end.
     let mut limits = limits;
     if limits.ceiling.is_none() {
@@ -93,8 +94,14 @@ pub fn open(
         log,
         limits,
         events_kept: 1000,
-        memory: super::memory::memory_config()?,
-        embedder: None,
+        memory: {
+            let mut m = super::memory::memory_config()?;
+            if let Some(e) = &embedder {
+                m.embedder = e.model();
+            }
+            m
+        },
+        embedder,
         master_key: super::memory::master_key()?,
     };
     Ok(App::open(cfg)?)

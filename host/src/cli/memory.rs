@@ -255,6 +255,44 @@ fn warn_plaintext(s: &Settings, local: &Scoped) {
     }
 }
 
+/// The embedding backend for memories: `ABRIDGE_EMBED_MODEL` names a model on the Ollama
+/// server (`ABRIDGE_EMBED_URL`, default the model URL), or with `ABRIDGE_EMBED_API=openai` on
+/// the OpenAI-compatible server (OPENAI_BASE_URL, OPENAI_API_KEY). Unset: the offline
+/// lexical embedder in the guest.
+pub fn embedder(
+    s: &Settings,
+) -> Result<Option<std::sync::Arc<dyn abridge::backend::embedding::Embedder>>, Failure> {
+    use abridge::backend::embedding::{EmbedApi, ServerEmbedder};
+    let Some(model) = std::env::var("ABRIDGE_EMBED_MODEL")
+        .ok()
+        .filter(|m| !m.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    let (api, base, key) = match std::env::var("ABRIDGE_EMBED_API").as_deref() {
+        Ok("openai") => (
+            EmbedApi::OpenAi,
+            s.openai_base_url.clone(),
+            s.openai_api_key.clone(),
+        ),
+        Ok("ollama") | Ok("") | Err(_) => (
+            EmbedApi::Ollama,
+            std::env::var("ABRIDGE_EMBED_URL").unwrap_or_else(|_| s.url.clone()),
+            None,
+        ),
+        Ok(other) => {
+            return Err(Failure::new(
+                Exit::Input,
+                anyhow!("ABRIDGE_EMBED_API='{other}' is not known; use 'ollama' or 'openai'"),
+            ));
+        }
+    };
+    let e = ServerEmbedder::new(api, &base, key, model.trim(), s.timeout)
+        .map_err(|e| Failure::new(Exit::Input, anyhow!("{}", abridge::types::describe(&e))))?
+        .with_retry(s.retry);
+    Ok(Some(std::sync::Arc::new(e)))
+}
+
 /// Memory settings from the environment: SUMMARY_CLUSTER_MIN_SIMILARITY,
 /// SUMMARY_MIN_CLUSTER_ITEMS, SUMMARY_MIN_CENTROID_SIMILARITY, SUMMARY_PROMPT_BUDGET.
 pub fn memory_config() -> Result<MemoryConfig, Failure> {
