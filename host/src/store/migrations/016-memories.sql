@@ -23,7 +23,7 @@ CREATE TABLE clusters (
     PRIMARY KEY (tenant, id)
 ) WITHOUT ROWID;
 CREATE INDEX clusters_scope ON clusters (tenant, user, project, environment, kind, key);
-CREATE INDEX clusters_unsettled ON clusters (changed_seq) WHERE version > settled;
+CREATE INDEX clusters_changed ON clusters (changed_seq);
 
 CREATE TABLE memories (
     tenant TEXT NOT NULL,
