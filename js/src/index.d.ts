@@ -260,6 +260,7 @@ export class Engine {
   forget(id: string, memoryConfig?: Partial<MemoryConfig>): Promise<{ cluster: number; summaryDeleted: boolean; due: boolean } | undefined>;
   recall(query: string, filter?: MemoryFilter, k?: number, memoryConfig?: Partial<MemoryConfig>): Promise<Recalled[]>;
   memory(id: string): { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number } | undefined;
+  memories(filter?: MemoryFilter, page?: { offset?: number; limit?: number }): { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number }[];
   clusters(): { id: number; scope: MemoryScope; members: string[]; summary?: number; note?: string }[];
   embedLexical(texts: string[]): Promise<number[][]>;
   /** Parse a transcript inside the sandbox (the same parser as the Rust host). */

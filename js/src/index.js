@@ -321,6 +321,11 @@ export class Engine {
     return m ? memToJs(memToWit(m)) : undefined;
   }
 
+  /** Memories under a filter `{user?, project?, environment?, kind?, key?}`, oldest first. */
+  memories(filter = {}, { offset = 0, limit = 100 } = {}) {
+    return this.#store.recall.list(filter, offset, limit).map((m) => memToJs(memToWit(m)));
+  }
+
   /** Clusters with their member ids and summary id. */
   clusters() {
     return this.#store.recall.clusters();

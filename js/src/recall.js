@@ -277,6 +277,12 @@ export class RecallTables {
     return [...mems.hits, ...sums.hits];
   }
 
+  /** Memories under a filter (every field given must match), oldest first. */
+  list(filter = {}, offset = 0, limit = 100) {
+    const f = filterSql(filter, '');
+    return this.#all(`SELECT * FROM memories WHERE tenant = ?${f.sql} ORDER BY seq LIMIT ? OFFSET ?`, TENANT, ...f.args, limit, offset).map(memFrom);
+  }
+
   /** Clusters with their member ids, oldest first. */
   clusters() {
     return this.#all('SELECT c.id, c.user, c.project, c.environment, c.kind, c.key, c.note, s.id AS summary FROM clusters c LEFT JOIN cluster_summaries s ON s.tenant = c.tenant AND s.cluster = c.id WHERE c.tenant = ? AND c.members > 0 ORDER BY c.id', TENANT).map((c) => ({

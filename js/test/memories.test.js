@@ -58,6 +58,8 @@ test('three facts make one summary with its sources; a delete drops it and its t
   assert.equal(await engine.forget('m1'), undefined);
   assert.equal(engine.memory('m0').text, EDITOR[0]);
   assert.deepEqual(engine.clusters()[0].members, ['m0', 'm2']);
+  assert.deepEqual(engine.memories({ user: 'alice', kind: 'preference' }).map((m) => m.id), ['m0', 'm2']);
+  assert.deepEqual(engine.memories({ user: 'bob' }), []);
   store.close();
 });
 

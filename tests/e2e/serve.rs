@@ -650,6 +650,16 @@ fn a_public_address_without_a_token_is_refused() {
     let env = extractive();
     let r = env.run_within(60, &["serve", "--listen", "0.0.0.0:0"]);
     r.assert_fails(2, &["abridge tokens create --tenant"]);
+    // With a token but no master key it is refused too: memories would be stored in clear.
+    token(&env, "acme", &[]);
+    let r = env.run_within(60, &["serve", "--listen", "0.0.0.0:0"]);
+    r.assert_fails(2, &["without a master key", "abridge keys new"]);
+    // With both, the checks pass and it goes on to bind: shown on a documentation address
+    // (192.0.2.1, never assigned), so nothing listens beyond loopback during the tests.
+    let key = env.write("master.key", env.run(&["keys", "new"]).stdout.as_bytes());
+    let env = env.with("ABRIDGE_MASTER_KEY_FILE", key.to_str().unwrap());
+    let r = env.run_within(60, &["serve", "--listen", "192.0.2.1:0"]);
+    r.assert_fails(2, &["cannot listen on 192.0.2.1:0"]);
 }
 
 #[test]
