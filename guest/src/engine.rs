@@ -859,7 +859,7 @@ fn calibration_factor(h: &mut impl Host, cfg: &Config) -> Result<f64, Error> {
 }
 
 /// Our estimate of a request's prompt, counted the way budgets count it.
-fn prompt_estimate(req: &Request) -> u32 {
+pub(crate) fn prompt_estimate(req: &Request) -> u32 {
     match &req.prompt {
         Prompt::Chat(ms) => {
             ms.iter()
@@ -919,7 +919,7 @@ pub(crate) fn truncated(estimated: u32, reported: u32) -> bool {
 }
 
 /// The model request for a built prompt, in the configured rendering.
-fn request(cfg: &Config, built: prompt::Built) -> Request {
+pub(crate) fn request(cfg: &Config, built: prompt::Built) -> Request {
     let (prompt, stop) = match cfg.rendering {
         Rendering::Chat => (Prompt::Chat(built.messages), Vec::new()),
         Rendering::Chatml => (

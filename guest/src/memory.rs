@@ -23,12 +23,12 @@ use sha2::{Digest, Sha256};
 
 use crate::embed;
 use crate::plan::plan_groups;
-use crate::policy::{Config, Engine, Rendering};
+use crate::policy::{Config, Engine};
 use crate::prompt::{self, Built};
 use crate::quality;
 use crate::strip;
 use crate::tokens::{MESSAGE_OVERHEAD, estimate_tokens};
-use crate::types::{Error, Level, Message, Prompt, Request, Response, Role};
+use crate::types::{Error, Level, Message, Request, Response, Role};
 
 /// Longest memory text, in bytes.
 pub const MAX_MEMORY_BYTES: usize = 8 * 1024;
@@ -809,39 +809,6 @@ fn built_tokens(b: &Built) -> u32 {
         + MESSAGE_OVERHEAD
 }
 
-/// Estimated prompt tokens of a request as budgets count them.
-fn request_tokens(req: &Request) -> u32 {
-    match &req.prompt {
-        Prompt::Chat(ms) => {
-            ms.iter()
-                .map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD)
-                .sum::<u32>()
-                + MESSAGE_OVERHEAD
-        }
-        Prompt::Raw(s) => estimate_tokens(s),
-    }
-}
-
-fn request(cfg: &Config, b: Built) -> Request {
-    let (prompt, stop) = match cfg.rendering {
-        Rendering::Chat => (Prompt::Chat(b.messages), Vec::new()),
-        Rendering::Chatml => (
-            Prompt::Raw(b.chatml),
-            prompt::CHATML_STOP.iter().map(|s| s.to_string()).collect(),
-        ),
-    };
-    Request {
-        model: cfg.model.clone(),
-        prompt,
-        temperature: cfg.temperature,
-        max_output_tokens: cfg.max_output_tokens,
-        context_length: cfg.context_length,
-        stop,
-        cache_key: None,
-        seed: None,
-    }
-}
-
 /// The prompt budget of one call.
 pub fn budget(cfg: &Config, mcfg: &MemoryConfig) -> u32 {
     let derived = cfg
@@ -873,7 +840,7 @@ fn run(
     reqs: Vec<Request>,
     spent: &mut Spent,
 ) -> Result<Vec<String>, Error> {
-    let estimates: Vec<u32> = reqs.iter().map(request_tokens).collect();
+    let estimates: Vec<u32> = reqs.iter().map(crate::engine::prompt_estimate).collect();
     let answers = h.generate_batch(reqs);
     let mut out = Vec::with_capacity(answers.len());
     for (a, est) in answers.into_iter().zip(estimates) {
@@ -901,7 +868,7 @@ fn model_summary(
 ) -> Result<String, Error> {
     let whole = facts_prompt(facts, previous);
     if built_tokens(&whole) <= budget {
-        return Ok(run(h, cfg, vec![request(cfg, whole)], spent)?.remove(0));
+        return Ok(run(h, cfg, vec![crate::engine::request(cfg, whole)], spent)?.remove(0));
     }
     // Parts, merged in reduce prompts that must hold two answers at their longest.
     let reduce_fixed = built_tokens(&reduce_prompt(&[]));
@@ -928,7 +895,7 @@ fn model_summary(
     let groups = group(&sizes, room);
     let reqs: Vec<Request> = groups
         .iter()
-        .map(|g| request(cfg, facts_prompt(&facts[g.clone()], previous)))
+        .map(|g| crate::engine::request(cfg, facts_prompt(&facts[g.clone()], previous)))
         .collect();
     let mut parts = run(h, cfg, reqs, spent)?;
     // Merge level by level until one remains.
@@ -941,7 +908,7 @@ fn model_summary(
         })?;
         let reqs: Vec<Request> = groups
             .iter()
-            .map(|g| request(cfg, reduce_prompt(&parts[g.clone()])))
+            .map(|g| crate::engine::request(cfg, reduce_prompt(&parts[g.clone()])))
             .collect();
         parts = run(h, cfg, reqs, spent)?;
     }

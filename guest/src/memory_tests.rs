@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::types::Finish;
+use crate::types::{Finish, Prompt};
 
 struct Row {
     m: Memory,

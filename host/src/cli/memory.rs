@@ -147,6 +147,19 @@ enum ClustersCmd {
     },
 }
 
+/// A number from the environment; `None` when unset or empty.
+fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>, Failure> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().map(Some).map_err(|_| {
+            Failure::new(
+                Exit::Input,
+                anyhow!("{name}='{v}' is not a valid number; unset it or give one"),
+            )
+        }),
+        _ => Ok(None),
+    }
+}
+
 /// The master key from ABRIDGE_MASTER_KEY_FILE (a file holding 64 hex digits) or
 /// ABRIDGE_MASTER_KEY; `None` when neither is set.
 pub fn master_key() -> Result<Option<abridge::crypto::Secret>, Failure> {
@@ -174,21 +187,10 @@ pub fn master_key() -> Result<Option<abridge::crypto::Secret>, Failure> {
 /// ABRIDGE_PRICE_INPUT and ABRIDGE_PRICE_OUTPUT, per million tokens); `None` when neither
 /// limit is set.
 pub fn ceiling() -> Result<Option<abridge::app::Ceiling>, Failure> {
-    fn get<T: std::str::FromStr>(name: &str) -> Result<Option<T>, Failure> {
-        match std::env::var(name) {
-            Ok(v) if !v.trim().is_empty() => v.trim().parse().map(Some).map_err(|_| {
-                Failure::new(
-                    Exit::Input,
-                    anyhow!("{name}='{v}' is not a valid number; unset it or give one"),
-                )
-            }),
-            _ => Ok(None),
-        }
-    }
-    let tokens: Option<u64> = get("ABRIDGE_MONTHLY_TOKENS")?;
-    let cost: Option<f64> = get("ABRIDGE_MONTHLY_COST")?;
-    let price_input: f64 = get("ABRIDGE_PRICE_INPUT")?.unwrap_or(0.0);
-    let price_output: f64 = get("ABRIDGE_PRICE_OUTPUT")?.unwrap_or(0.0);
+    let tokens: Option<u64> = env_number("ABRIDGE_MONTHLY_TOKENS")?;
+    let cost: Option<f64> = env_number("ABRIDGE_MONTHLY_COST")?;
+    let price_input: f64 = env_number("ABRIDGE_PRICE_INPUT")?.unwrap_or(0.0);
+    let price_output: f64 = env_number("ABRIDGE_PRICE_OUTPUT")?.unwrap_or(0.0);
     if cost.is_some() && price_input == 0.0 && price_output == 0.0 {
         return Err(Failure::new(
             Exit::Input,
@@ -297,27 +299,16 @@ pub fn embedder(
 /// SUMMARY_MIN_CLUSTER_ITEMS, SUMMARY_MIN_CENTROID_SIMILARITY, SUMMARY_PROMPT_BUDGET.
 pub fn memory_config() -> Result<MemoryConfig, Failure> {
     let mut c = MemoryConfig::default();
-    fn get<T: std::str::FromStr>(name: &str) -> Result<Option<T>, Failure> {
-        match std::env::var(name) {
-            Ok(v) if !v.trim().is_empty() => v.trim().parse().map(Some).map_err(|_| {
-                Failure::new(
-                    Exit::Input,
-                    anyhow!("{name}='{v}' is not a valid number; unset it or give one"),
-                )
-            }),
-            _ => Ok(None),
-        }
-    }
-    if let Some(v) = get("SUMMARY_CLUSTER_MIN_SIMILARITY")? {
+    if let Some(v) = env_number("SUMMARY_CLUSTER_MIN_SIMILARITY")? {
         c.min_similarity = v;
     }
-    if let Some(v) = get("SUMMARY_MIN_CLUSTER_ITEMS")? {
+    if let Some(v) = env_number("SUMMARY_MIN_CLUSTER_ITEMS")? {
         c.min_cluster_items = v;
     }
-    if let Some(v) = get("SUMMARY_MIN_CENTROID_SIMILARITY")? {
+    if let Some(v) = env_number("SUMMARY_MIN_CENTROID_SIMILARITY")? {
         c.summary_min_similarity = v;
     }
-    if let Some(v) = get("SUMMARY_PROMPT_BUDGET")? {
+    if let Some(v) = env_number("SUMMARY_PROMPT_BUDGET")? {
         c.prompt_budget = v;
     }
     Ok(c)
