@@ -745,3 +745,53 @@ fn memories_embedded_by_a_server_model_and_a_missing_model_stores_nothing() {
         .run(&["memory", "show", "x"])
         .assert_fails(2, &["no memory 'x'"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_tenant_destroys_its_data_keys_and_leaves_others_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let key = abridge::crypto::Secret::random().unwrap();
+    let store = Arc::new(
+        SqliteStore::open(&path)
+            .unwrap()
+            .with_master_key(key.clone()),
+    );
+    let (app, _) = open_on(store, Duration::ZERO);
+    let (a, b) = (
+        app.tenant(&Tenant::new("acme").unwrap()),
+        app.tenant(&Tenant::new("globex").unwrap()),
+    );
+    for t in [&a, &b] {
+        let r = t.remember(cluster_of("editor", 3)).await.unwrap();
+        t.summarize_cluster(r[2].cluster).await.unwrap();
+    }
+    let keys = |tenant: &str| -> i64 {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.query_row(
+            "SELECT COUNT(*) FROM data_keys WHERE tenant = ?1",
+            [tenant],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!((keys("acme"), keys("globex")), (1, 1));
+    let d = a.delete_tenant().await.unwrap();
+    assert_eq!(d.memories, 3);
+    assert_eq!((keys("acme"), keys("globex")), (0, 1));
+    assert!(
+        a.clusters(&MemoryFilter::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        b.memories(&MemoryFilter::default(), 0, 10).await.unwrap().1,
+        3
+    );
+    assert_eq!(
+        b.clusters(&MemoryFilter::default()).await.unwrap()[0]
+            .members
+            .len(),
+        3
+    );
+}

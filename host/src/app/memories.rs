@@ -547,6 +547,43 @@ impl Scoped {
     }
 }
 
+/// What deleting a tenant removed.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TenantDeleted {
+    /// Sessions deleted (with their episodes, summaries and events).
+    pub sessions: usize,
+    /// Memories deleted (with their clusters, summaries and data keys).
+    pub memories: usize,
+    /// Tokens revoked.
+    pub tokens: usize,
+}
+
+impl Scoped {
+    /// Delete everything the tenant has: its sessions, its memories with their clusters and
+    /// summaries, its usage and its data keys (so sealed text of it that survives anywhere,
+    /// a backup say, can no longer be opened), and revoke its tokens.
+    pub async fn delete_tenant(&self) -> AppResult<TenantDeleted> {
+        let mut out = TenantDeleted::default();
+        let (_, total) = self.memories(&MemoryFilter::default(), 0, 1).await?;
+        out.memories = total;
+        for s in self.store().sessions().await? {
+            self.reset(&s).await?;
+            out.sessions += 1;
+        }
+        self.recall_store()
+            .forget_tenant(self.tenant.name())
+            .await?;
+        let now = self.app.now_ms();
+        for t in self.app.tokens().list().await? {
+            if t.tenant == self.tenant.name() && t.revoked_ms.is_none() {
+                self.app.tokens().revoke(t.id, now).await?;
+                out.tokens += 1;
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl App {
     /// One sweep: summarize clusters whose summary may be missing or stale (of one tenant or
     /// all), at most `per_scope` per user and project, skipping clusters another worker holds.

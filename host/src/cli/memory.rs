@@ -712,3 +712,49 @@ pub async fn keys_cmd(s: &Settings, a: KeysArgs) -> Result<(), Failure> {
     }
     Ok(())
 }
+
+#[derive(Args, Debug)]
+pub struct TenantsArgs {
+    #[command(subcommand)]
+    cmd: TenantsCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum TenantsCmd {
+    /// Delete a tenant: its sessions, memories, cluster summaries, usage and data keys, and
+    /// revoke its tokens. Sealed text of it kept anywhere else can no longer be read.
+    Delete {
+        /// The tenant
+        name: String,
+        /// Confirm: this cannot be undone
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+pub async fn tenants_cmd(s: &Settings, a: TenantsArgs) -> Result<(), Failure> {
+    match a.cmd {
+        TenantsCmd::Delete { name, yes } => {
+            let t = abridge::tenant::Tenant::new(&name)
+                .map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
+            if !yes {
+                return Err(Failure::new(
+                    Exit::Input,
+                    anyhow!("deleting tenant '{t}' cannot be undone; pass --yes to confirm"),
+                ));
+            }
+            let local = super::app::local(s, None)?;
+            let d = local
+                .app()
+                .tenant(&t)
+                .delete_tenant()
+                .await
+                .map_err(|e| fail(s, e))?;
+            println!(
+                "tenant '{t}' deleted: {} sessions, {} memories, {} tokens revoked; its data keys are destroyed",
+                d.sessions, d.memories, d.tokens
+            );
+        }
+    }
+    Ok(())
+}

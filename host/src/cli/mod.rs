@@ -155,6 +155,8 @@ enum Cmd {
     Keys(memory::KeysArgs),
     /// This month's model usage for cluster summaries, against the monthly ceiling.
     Usage(memory::UsageArgs),
+    /// Delete a tenant and everything it has (its data keys included).
+    Tenants(memory::TenantsArgs),
 }
 
 /// Structured logs on stderr: `RUST_LOG` filters (default: `info` for `serve`, `warn`
@@ -231,6 +233,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Clusters(a) => memory::clusters_cmd(&settings, a).await,
         Cmd::Keys(a) => memory::keys_cmd(&settings, a).await,
         Cmd::Usage(a) => memory::usage_cmd(&settings, a).await,
+        Cmd::Tenants(a) => memory::tenants_cmd(&settings, a).await,
     }
 }
 
@@ -265,6 +268,7 @@ mod tests {
             &["recall", "q", "-k", "3", "--project", "p"],
             &["clusters", "sweep"],
             &["keys", "rotate", "--new-key-file", "k"],
+            &["tenants", "delete", "acme", "--yes"],
         ] {
             let argv = std::iter::once("abridge").chain(args.iter().copied());
             <super::Cli as clap::Parser>::try_parse_from(argv)

@@ -148,7 +148,8 @@ pub trait RecallStore: Send + Sync {
     ) -> Result<(), Error>;
     /// A tenant's usage in a month: calls, prompt tokens, output tokens.
     async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error>;
-    /// Delete everything of a tenant's memories (a tenant deleted).
+    /// Delete a tenant's memories, clusters, summaries, usage and data keys (a tenant deleted:
+    /// without its data keys, its sealed text cannot be opened anywhere).
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error>;
 }
 
@@ -790,7 +791,10 @@ impl RecallStore for super::MemoryStore {
     }
 
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
-        self.recall(|r| r.tenants.remove(tenant));
+        self.recall(|r| {
+            r.tenants.remove(tenant);
+            r.usage.retain(|(t, _), _| t != tenant);
+        });
         Ok(())
     }
 }

@@ -886,7 +886,13 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            for t in ["memories", "cluster_summaries", "clusters", "data_keys"] {
+            for t in [
+                "memories",
+                "cluster_summaries",
+                "clusters",
+                "data_keys",
+                "usage",
+            ] {
                 tx.execute(&format!("DELETE FROM {t} WHERE tenant = ?1"), [tenant])
                     .map_err(db_err)?;
             }
