@@ -263,7 +263,7 @@ async fn refreshes(runtime: &Arc<Runtime>, scratch: bool, max: usize) -> (u64, u
             .remember(vec![MemoryIn {
                 id: format!("f{i}"),
                 scope: scope("alice", "web", "prod", "preference", "editor"),
-                text: EDITOR_FACTS[i % EDITOR_FACTS.len()].to_string(),
+                text: format!("{} (setting {i})", EDITOR_FACTS[i % EDITOR_FACTS.len()]),
                 importance: 0.5,
             }])
             .await

@@ -605,7 +605,10 @@ impl RecallStore for SqliteStore {
             {
                 let mut st = c
                     .prepare(&format!(
-                        "SELECT id, vector, importance, cluster FROM memories WHERE tenant = ?1{fsql} AND model = ?{}",
+                        "SELECT id, vector, importance, cluster FROM memories{} WHERE tenant = ?1{fsql} AND model = ?{}",
+                        // Without statistics SQLite prefers scanning the tenant's primary
+                        // key over the user index once a column outside it is read.
+                        if filter.user.is_some() { " INDEXED BY memories_user" } else { "" },
                         args.len()
                     ))
                     .map_err(db_err)?;

@@ -46,6 +46,7 @@ CREATE TABLE memories (
 ) WITHOUT ROWID;
 CREATE INDEX memories_cluster ON memories (tenant, cluster, seq);
 CREATE INDEX memories_order ON memories (tenant, seq);
+CREATE INDEX memories_user ON memories (tenant, user, project);
 
 CREATE TABLE cluster_summaries (
     tenant TEXT NOT NULL,
