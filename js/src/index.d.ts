@@ -180,7 +180,8 @@ export class MemoryStore {
 /** SQLite through node:sqlite, with the Rust host's schema (the two can share a file). */
 export interface SqliteStore extends Store {}
 export class SqliteStore {
-  static open(path: string): Promise<SqliteStore>;
+  /** `masterKey`: 64 hex digits (the Rust host's ABRIDGE_MASTER_KEY_FILE) to seal memory text at rest. */
+  static open(path: string, options?: { masterKey?: string }): Promise<SqliteStore>;
   close(): void;
 }
 

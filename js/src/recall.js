@@ -15,13 +15,7 @@ const f32from = (b) => {
   return new Float32Array(copy.buffer, 0, copy.byteLength / 4);
 };
 const text = (b) => (typeof b === 'string' ? b : new TextDecoder().decode(b));
-/** A row's text; sealed rows need the Rust host's master key, which this host does not take. */
-const opened = (r, table, id) => {
-  if (r.sealed) {
-    throw new AbridgeError('storage', `${table} row '${id}' is encrypted at rest; read it with the abridge binary and ABRIDGE_MASTER_KEY_FILE (the JavaScript host has no master key support)`);
-  }
-  return text(r.text);
-};
+
 const utf8 = (s) => new TextEncoder().encode(s);
 
 /** Cosine similarity, summed in double precision (as the Rust host does). */
@@ -55,20 +49,20 @@ function filterSql(f, prefix) {
   return { sql, args };
 }
 
-const memFrom = (r) => ({
+const memFrom = (r, body) => ({
   id: r.id,
   scope: { user: r.user, project: r.project, environment: r.environment, kind: r.kind, key: r.key },
-  text: opened(r, 'memories', r.id),
+  text: body,
   importance: r.importance,
   tokens: r.tokens,
   createdMs: r.created_ms,
   cluster: r.cluster,
 });
 
-const sumFrom = (r) => ({
+const sumFrom = (r, body) => ({
   id: r.id,
   cluster: r.cluster,
-  text: opened(r, 'cluster_summaries', r.id),
+  text: body,
   memberHash: r.member_hash,
   sources: JSON.parse(r.sources),
   importance: r.importance,
@@ -101,12 +95,39 @@ function topK(limit) {
 export class RecallTables {
   #db;
   #tx;
+  #keys;
 
-  /** Over `db` (node:sqlite); `migration` is the schema to apply to a private database. */
-  constructor(db, tx, migration) {
+  /**
+   * Over `db` (node:sqlite); `migration` is the schema to apply to a private database;
+   * `keyring` seals text at rest (see sealing.js), or `undefined` for plaintext rows.
+   */
+  constructor(db, tx, migration, keyring) {
     this.#db = db;
     this.#tx = tx;
+    this.#keys = keyring;
     if (migration) db.exec(migration);
+  }
+
+  /** Bytes and key version to store `body` in a row. */
+  #seal(table, row, body) {
+    return this.#keys ? this.#keys.seal(TENANT, table, String(row), body) : [utf8(body), 0];
+  }
+
+  /** A row's text back. */
+  #open(table, row, r) {
+    if (!r.sealed) return text(r.text);
+    if (!this.#keys) {
+      throw new AbridgeError('storage', `${table} row '${row}' is encrypted and no master key is set: open the store with the key it was written with (SqliteStore.open(path, { masterKey }))`);
+    }
+    return this.#keys.open(TENANT, table, String(row), r.text, r.sealed);
+  }
+
+  #mem(r) {
+    return memFrom(r, this.#open('memories', r.id, r));
+  }
+
+  #sum(r) {
+    return sumFrom(r, this.#open('cluster_summaries', r.id, r));
   }
 
   /** A private in-memory database with the memory tables. */
@@ -156,7 +177,7 @@ export class RecallTables {
     return this.#tx(() => {
       const e = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, m.id);
       if (e) {
-        const old = memFrom(e);
+        const old = this.#mem(e);
         if (!sameScope(old.scope, m.scope) || old.text !== m.text) {
           throw new AbridgeError('invalid-input', `memory '${m.id}' already exists with another scope or text; give a new id to store a different fact`);
         }
@@ -183,7 +204,8 @@ export class RecallTables {
       }
       for (let i = 0; i < sum.length; i++) sum[i] += m.vector[i];
       const seq = this.#get('SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM memories WHERE tenant = ?', TENANT).seq;
-      this.#run('INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)', TENANT, m.id, s.user, s.project, s.environment, s.kind, s.key, utf8(m.text), m.importance, m.tokens, m.createdMs, cluster, m.model, f32bytes(m.vector), seq);
+      const [body, sealed] = this.#seal('memories', m.id, m.text);
+      this.#run('INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, m.id, s.user, s.project, s.environment, s.kind, s.key, body, sealed, m.importance, m.tokens, m.createdMs, cluster, m.model, f32bytes(m.vector), seq);
       this.#run('UPDATE clusters SET sum = ?, members = members + 1 WHERE tenant = ? AND id = ?', f32bytes(sum), TENANT, cluster);
       this.#bump(cluster);
       const members = this.#get('SELECT members FROM clusters WHERE tenant = ? AND id = ?', TENANT, cluster).members;
@@ -193,11 +215,11 @@ export class RecallTables {
 
   getMemory(id) {
     const r = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
-    return r ? memFrom(r) : undefined;
+    return r ? this.#mem(r) : undefined;
   }
 
   members(cluster) {
-    return this.#all('SELECT * FROM memories WHERE tenant = ? AND cluster = ? ORDER BY seq', TENANT, cluster).map(memFrom);
+    return this.#all('SELECT * FROM memories WHERE tenant = ? AND cluster = ? ORDER BY seq', TENANT, cluster).map((r) => this.#mem(r));
   }
 
   deleteMemory(id) {
@@ -215,7 +237,12 @@ export class RecallTables {
       }
       this.#run('UPDATE clusters SET sum = ?, members = ? WHERE tenant = ? AND id = ?', f32bytes(sum), left, TENANT, r.cluster);
       this.#bump(r.cluster);
-      return memFrom(r);
+      // The memory is given back; one whose text no longer opens is deleted all the same.
+      try {
+        return this.#mem(r);
+      } catch {
+        return memFrom(r, '');
+      }
     });
   }
 
@@ -234,22 +261,24 @@ export class RecallTables {
 
   summary(cluster) {
     const r = this.#get('SELECT * FROM cluster_summaries WHERE tenant = ? AND cluster = ?', TENANT, cluster);
-    return r ? sumFrom(r) : undefined;
+    return r ? this.#sum(r) : undefined;
   }
 
   writeSummary(w) {
     return this.#tx(() => {
-      const cur = this.summary(w.cluster);
-      if ((cur ? cur.memberHash : undefined) !== (w.expect ?? undefined)) return false;
-      const members = new Set(this.members(w.cluster).map((m) => m.id));
+      const cur = this.#get('SELECT id, member_hash FROM cluster_summaries WHERE tenant = ? AND cluster = ?', TENANT, w.cluster);
+      if ((cur ? cur.member_hash : undefined) !== (w.expect ?? undefined)) return false;
+      const members = new Set(this.#all('SELECT id FROM memories WHERE tenant = ? AND cluster = ?', TENANT, w.cluster).map((m) => m.id));
       const sources = new Set(w.sources);
       if (sources.size !== members.size || [...members].some((m) => !sources.has(m))) return false;
       const src = JSON.stringify(w.sources);
       if (cur) {
-        this.#run('UPDATE cluster_summaries SET text = ?, sealed = 0, member_hash = ?, sources = ?, importance = ?, tokens = ?, model = ?, calls = ?, prompt_tokens = ?, output_tokens = ?, vector_model = ?, vector = ?, updated_ms = ? WHERE tenant = ? AND id = ?', utf8(w.text), w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, f32bytes(w.vector), w.nowMs, TENANT, cur.id);
+        const [body, sealed] = this.#seal('cluster_summaries', cur.id, w.text);
+        this.#run('UPDATE cluster_summaries SET text = ?, sealed = ?, member_hash = ?, sources = ?, importance = ?, tokens = ?, model = ?, calls = ?, prompt_tokens = ?, output_tokens = ?, vector_model = ?, vector = ?, updated_ms = ? WHERE tenant = ? AND id = ?', body, sealed, w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, f32bytes(w.vector), w.nowMs, TENANT, cur.id);
       } else {
         const id = this.#get('SELECT COALESCE(MAX(id), 0) + 1 AS id FROM cluster_summaries WHERE tenant = ?', TENANT).id;
-        this.#run('INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, id, w.cluster, utf8(w.text), w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, f32bytes(w.vector), w.nowMs, w.nowMs);
+        const [body, sealed] = this.#seal('cluster_summaries', id, w.text);
+        this.#run('INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, id, w.cluster, body, sealed, w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, f32bytes(w.vector), w.nowMs, w.nowMs);
       }
       return true;
     });
@@ -267,12 +296,12 @@ export class RecallTables {
     const f = filterSql(filter, '');
     const mems = topK(limit);
     for (const r of this.#all(`SELECT id, vector, importance, cluster, text, sealed FROM memories WHERE tenant = ?${f.sql} AND model = ?`, TENANT, ...f.args, model)) {
-      mems.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: opened(r, 'memories', r.id), similarity, importance: r.importance, cluster: r.cluster, sources: [] }));
+      mems.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: this.#open('memories', r.id, r), similarity, importance: r.importance, cluster: r.cluster, sources: [] }));
     }
     const g = filterSql(filter, 'c.');
     const sums = topK(limit);
     for (const r of this.#all(`SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?${g.sql} AND s.vector_model = ?`, TENANT, ...g.args, model)) {
-      sums.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'summary', id: String(r.id), text: opened(r, 'cluster_summaries', r.id), similarity, importance: r.importance, cluster: r.cluster, sources: JSON.parse(r.sources) }));
+      sums.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'summary', id: String(r.id), text: this.#open('cluster_summaries', r.id, r), similarity, importance: r.importance, cluster: r.cluster, sources: JSON.parse(r.sources) }));
     }
     return [...mems.hits, ...sums.hits];
   }
@@ -280,7 +309,7 @@ export class RecallTables {
   /** Memories under a filter (every field given must match), oldest first. */
   list(filter = {}, offset = 0, limit = 100) {
     const f = filterSql(filter, '');
-    return this.#all(`SELECT * FROM memories WHERE tenant = ?${f.sql} ORDER BY seq LIMIT ? OFFSET ?`, TENANT, ...f.args, limit, offset).map(memFrom);
+    return this.#all(`SELECT * FROM memories WHERE tenant = ?${f.sql} ORDER BY seq LIMIT ? OFFSET ?`, TENANT, ...f.args, limit, offset).map((r) => this.#mem(r));
   }
 
   /** Clusters with their member ids, oldest first. */

@@ -6,6 +6,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 
 import { AbridgeError } from './errors.js';
 import { RecallTables } from './recall.js';
+import { Keyring, masterKeyFromHex } from './sealing.js';
 
 /** The chain rule, checked before every summary write. */
 export function checkChain(session, episodes, prev, w) {
@@ -182,14 +183,21 @@ export class SqliteStore {
   #db;
   #st;
 
-  /** Open (creating if needed) `path`; `:memory:` for a private in-memory database. */
-  static async open(path) {
+  #keyring;
+
+  /**
+   * Open (creating if needed) `path`; `:memory:` for a private in-memory database. With
+   * `masterKey` (64 hex digits, the same key as the Rust host's ABRIDGE_MASTER_KEY_FILE), memory
+   * and cluster summary text is sealed at rest.
+   */
+  static async open(path, { masterKey } = {}) {
     const { DatabaseSync } = await import('node:sqlite');
-    return new SqliteStore(new DatabaseSync(path), path);
+    return new SqliteStore(new DatabaseSync(path), path, masterKey);
   }
 
-  constructor(db, name = 'database') {
+  constructor(db, name = 'database', masterKey = undefined) {
     this.#db = db;
+    if (masterKey !== undefined) this.#keyring = new Keyring(db, masterKeyFromHex(masterKey));
     try {
       db.exec('PRAGMA busy_timeout = 10000');
       // SQLite waits out another connection's lock except where waiting could deadlock
@@ -375,7 +383,7 @@ export class SqliteStore {
 
   /** Memories, clusters and cluster summaries, in this database's own tables. */
   get recall() {
-    this.#recall ??= new RecallTables(this.#db, (f) => this.#tx(f));
+    this.#recall ??= new RecallTables(this.#db, (f) => this.#tx(f), undefined, this.#keyring);
     return this.#recall;
   }
 

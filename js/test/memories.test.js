@@ -69,3 +69,43 @@ test('bad memories are refused with what to fix', async () => {
   await assert.rejects(engine.remember([{ id: 'x', scope: { ...scope, key: '' }, text: 't' }]), /key is empty/);
   await assert.rejects(engine.remember([{ id: 'x', scope, text: 't' }], { embedder: 'nomic-embed-text' }), /no embedding backend/);
 });
+
+test('sealed at rest with the Rust host\'s scheme: no canary on disk, and the binary reads what JS wrote', async () => {
+  const { execFileSync } = await import('node:child_process');
+  const { existsSync, readFileSync: read } = await import('node:fs');
+  const { ROOT } = await import('./helpers.js');
+  const CANARY = 'canary-js-5e1d-wombat';
+  const key = 'a1'.repeat(32);
+  const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
+  const path = join(dir, 's.db');
+  const store = await SqliteStore.open(path, { masterKey: key });
+  const engine = await createEngine({ store });
+  const facts = EDITOR.map((t, i) => ({ id: `s${i}`, scope, text: `${t}, ${CANARY} ${i}` }));
+  const r = await engine.remember(facts);
+  const o = await engine.summarizeCluster(r[2].cluster, { engine: 'extractive' });
+  assert.ok(o.summary.text.includes(CANARY));
+  assert.ok(engine.memory('s0').text.includes(CANARY));
+  store.close();
+  const onDisk = [path, `${path}-wal`].filter(existsSync).map((p) => read(p).toString('latin1')).join('');
+  assert.ok(!onDisk.includes(CANARY) && !onDisk.includes('wombat'), 'the canary is on disk in the clear');
+  // Another key, or none, does not read it.
+  const wrong = await SqliteStore.open(path, { masterKey: 'b2'.repeat(32) });
+  assert.throws(() => wrong.recall.getMemory('s0'), /not the key this database was written with/);
+  wrong.close();
+  const none = await SqliteStore.open(path);
+  assert.throws(() => none.recall.getMemory('s0'), /encrypted and no master key/);
+  none.close();
+  // The Rust binary opens what JS sealed (the same cipher, associated data and key wrapping).
+  const bin = join(ROOT, 'target', 'debug', 'abridge');
+  if (!existsSync(bin)) execFileSync('cargo', ['build', '-q', '-p', 'abridge'], { cwd: ROOT, stdio: 'inherit' });
+  const out = execFileSync(bin, ['memory', 'show', 's1'], { env: { ...process.env, ABRIDGE_DB: path, ABRIDGE_MASTER_KEY: key }, encoding: 'utf8' });
+  assert.ok(out.includes(`${CANARY} 1`), out);
+  // And the other way: what the binary seals, JS opens.
+  execFileSync(bin, ['memory', 'add', 'Bob sealed this from Rust', '--user', 'bob', '--type', 'fact', '--key', 'k', '--id', 'r1'], {
+    env: { ...process.env, ABRIDGE_DB: path, ABRIDGE_MASTER_KEY: key, ABRIDGE_BACKEND: 'extractive' },
+    stdio: 'ignore',
+  });
+  const back = await SqliteStore.open(path, { masterKey: key });
+  assert.equal(back.recall.getMemory('r1').text, 'Bob sealed this from Rust');
+  back.close();
+});
