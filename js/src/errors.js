@@ -1,6 +1,7 @@
 // Engine errors: the WIT `error` variant as a JavaScript Error with a `kind`.
 
-/** The WIT error cases. */
+/** The WIT error cases, and `quota-exhausted` (a host guard: the monthly ceiling is reached;
+ * the error then carries `spent`, `limit` and `resetsAtMs`). */
 export const ERROR_KINDS = [
   'unreachable',
   'model-not-found',
@@ -11,6 +12,7 @@ export const ERROR_KINDS = [
   'storage',
   'conflict',
   'invalid-input',
+  'quota-exhausted',
 ];
 
 /** An actionable engine error: `kind` is one of ERROR_KINDS, `message` says how to fix it. */

@@ -200,6 +200,8 @@ export interface EngineOptions {
   batchConcurrency?: number;
   /** An embedding backend for memory embedders other than the offline `abridge-lexical-v1`. */
   embedder?: Embedder;
+  /** Guards for cluster summaries: at most `clusterJobs` at once (default 3), and a monthly ceiling. */
+  limits?: { clusterJobs?: number; ceiling?: { tokens?: number; cost?: number; priceInput?: number; priceOutput?: number } };
 }
 
 /** A model answer kept in the partial cache. */
@@ -264,6 +266,8 @@ export class Engine {
   memories(filter?: MemoryFilter, page?: { offset?: number; limit?: number }): { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number }[];
   clusters(): { id: number; scope: MemoryScope; members: string[]; summary?: number; note?: string }[];
   embedLexical(texts: string[]): Promise<number[][]>;
+  /** This month's usage for cluster summaries against the ceiling. */
+  usage(): { month: string; calls: number; promptTokens: number; outputTokens: number; cost: number; limitTokens?: number; limitCost?: number; exhausted: boolean; resetsAtMs: number };
   /** Parse a transcript inside the sandbox (the same parser as the Rust host). */
   parseTranscript(
     source: Uint8Array | string | Iterable<Uint8Array> | AsyncIterable<Uint8Array>,

@@ -85,6 +85,31 @@ const rowToWit = (r) => ({
 
 const outcomeToJs = (o) => ({ triggered: o.triggered, passes: o.passes, written: o.written.map(rowToJs), unsummarized: num(o.unsummarized) });
 
+/** The month (`YYYY-MM`, UTC) of a time and when the next one starts. */
+function monthOf(ms) {
+  const d = new Date(ms);
+  const y = d.getUTCFullYear();
+  const m = d.getUTCMonth();
+  return { month: `${y}-${String(m + 1).padStart(2, '0')}`, resetsAtMs: Date.UTC(y, m + 1, 1) };
+}
+
+/** Run at most `n` of the given tasks at once. */
+function slots(n) {
+  let free = n;
+  const waiting = [];
+  return async (task) => {
+    if (free === 0) await new Promise((resolve) => waiting.push(resolve));
+    else free--;
+    try {
+      return await task();
+    } finally {
+      const next = waiting.shift();
+      if (next) next();
+      else free++;
+    }
+  };
+}
+
 const memToWit = (m) => (m ? { ...m, createdMs: big(m.createdMs), cluster: big(m.cluster) } : undefined);
 const memToJs = (m) => ({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster) });
 const sumToWit = (s) => (s ? { ...s, id: big(s.id), cluster: big(s.cluster), createdMs: big(s.createdMs), updatedMs: big(s.updatedMs) } : undefined);
@@ -151,9 +176,13 @@ export class Engine {
   #progress;
 
   #embedder;
+  #limits;
+  #clusterSlots;
 
-  constructor({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder }) {
+  constructor({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder, limits }) {
     this.#embedder = embedder;
+    this.#limits = { clusterJobs: 3, ...limits };
+    this.#clusterSlots = slots(Math.max(1, this.#limits.clusterJobs));
     this.#llm = llm;
     this.#store = store;
     this.#clock = clock;
@@ -294,11 +323,41 @@ export class Engine {
     return r.map((x) => ({ ...x, cluster: num(x.cluster) }));
   }
 
-  /** Bring a cluster's summary to its member set (`action`: created, refreshed, unchanged, …). */
+  /**
+   * Bring a cluster's summary to its member set (`action`: created, refreshed, unchanged, …).
+   * At most `limits.clusterJobs` run at once; over the monthly ceiling it throws an
+   * AbridgeError of kind `quota-exhausted` (with `spent`, `limit`, `resetsAtMs`).
+   */
   async summarizeCluster(cluster, config = {}, memoryConfig = {}) {
-    const g = await this.#guest();
-    const o = await exportCall(() => g.memories.summarizeCluster(BigInt(cluster), { ...defaultConfig, ...config }, { ...defaultMemoryConfig, ...memoryConfig }));
-    return { ...o, summary: sumToJs(o.summary) };
+    const refusal = this.#overCeiling();
+    if (refusal) throw refusal;
+    return this.#clusterSlots(async () => {
+      const g = await this.#guest();
+      const o = await exportCall(() => g.memories.summarizeCluster(BigInt(cluster), { ...defaultConfig, ...config }, { ...defaultMemoryConfig, ...memoryConfig }));
+      if (o.calls > 0) this.#store.recall.addUsage(monthOf(this.#clock()).month, o.calls, o.promptTokens, o.outputTokens);
+      return { ...o, summary: sumToJs(o.summary) };
+    });
+  }
+
+  /** This month's model usage for cluster summaries, against `limits.ceiling`. */
+  usage() {
+    const { month, resetsAtMs } = monthOf(this.#clock());
+    const u = this.#store.recall.usage(month);
+    const c = this.#limits.ceiling;
+    const cost = c ? (u.promptTokens * (c.priceInput ?? 0) + u.outputTokens * (c.priceOutput ?? 0)) / 1e6 : 0;
+    const tokens = u.promptTokens + u.outputTokens;
+    const exhausted = !!c && ((c.tokens !== undefined && tokens >= c.tokens) || (c.cost !== undefined && cost >= c.cost));
+    return { month, ...u, cost, limitTokens: c?.tokens, limitCost: c?.cost, exhausted, resetsAtMs };
+  }
+
+  #overCeiling() {
+    const u = this.usage();
+    if (!u.exhausted) return undefined;
+    const byTokens = u.limitTokens !== undefined && u.promptTokens + u.outputTokens >= u.limitTokens;
+    const [spent, limit, unit] = byTokens ? [u.promptTokens + u.outputTokens, u.limitTokens, 'tokens'] : [u.cost, u.limitCost, 'money'];
+    const e = new AbridgeError('quota-exhausted', `the monthly budget for summaries is used (${Math.floor(spent)} of ${limit} ${unit} in ${u.month}); clusters are not summarized and recall returns memories until it resets`);
+    Object.assign(e, { spent: Math.floor(spent), limit, resetsAtMs: u.resetsAtMs });
+    return e;
   }
 
   /** Delete a memory (a summary that covered it goes at once); `undefined` for an unknown id. */
@@ -311,7 +370,9 @@ export class Engine {
   /** The `k` best memories and cluster summaries for `query` under `filter`. */
   async recall(query, filter = {}, k = 5, memoryConfig = {}) {
     const g = await this.#guest();
-    const r = await exportCall(() => g.memories.recall(query, filter, k, true, { ...defaultMemoryConfig, ...memoryConfig }));
+    // Over the ceiling, recall falls back to the raw memories.
+    const summaries = !this.usage().exhausted;
+    const r = await exportCall(() => g.memories.recall(query, filter, k, summaries, { ...defaultMemoryConfig, ...memoryConfig }));
     return r.map((x) => ({ ...x, cluster: num(x.cluster) }));
   }
 
@@ -504,8 +565,8 @@ export class Engine {
  * Create an engine. `store` is required (`new MemoryStore()` or `await SqliteStore.open(path)`);
  * `llm` defaults to no model (extractive engine only).
  */
-export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, onProgress = () => {}, batchConcurrency = 6, embedder } = {}) {
+export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, onProgress = () => {}, batchConcurrency = 6, embedder, limits } = {}) {
   if (!store) throw new TypeError('createEngine needs a store: new MemoryStore() or await SqliteStore.open(path)');
   const modules = await coreModules();
-  return new Engine({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder });
+  return new Engine({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder, limits });
 }

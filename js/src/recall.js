@@ -134,7 +134,7 @@ export class RecallTables {
   static inMemory() {
     const { DatabaseSync } = process.getBuiltinModule('node:sqlite');
     const db = new DatabaseSync(':memory:');
-    const migration = readFileSync(new URL('../dist/migrations/016-memories.sql', import.meta.url), 'utf8');
+    const migration = ['016-memories.sql', '018-usage.sql'].map((n) => readFileSync(new URL(`../dist/migrations/${n}`, import.meta.url), 'utf8')).join('\n');
     const tx = (f) => {
       db.exec('BEGIN IMMEDIATE');
       try {
@@ -310,6 +310,17 @@ export class RecallTables {
   list(filter = {}, offset = 0, limit = 100) {
     const f = filterSql(filter, '');
     return this.#all(`SELECT * FROM memories WHERE tenant = ?${f.sql} ORDER BY seq LIMIT ? OFFSET ?`, TENANT, ...f.args, limit, offset).map((r) => this.#mem(r));
+  }
+
+  /** Add model usage to a month (`YYYY-MM`). */
+  addUsage(month, calls, promptTokens, outputTokens) {
+    this.#run('INSERT INTO usage (tenant, month, calls, prompt_tokens, output_tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, month) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens', TENANT, month, calls, promptTokens, outputTokens);
+  }
+
+  /** A month's usage. */
+  usage(month) {
+    const r = this.#get('SELECT calls, prompt_tokens, output_tokens FROM usage WHERE tenant = ? AND month = ?', TENANT, month);
+    return { calls: r?.calls ?? 0, promptTokens: r?.prompt_tokens ?? 0, outputTokens: r?.output_tokens ?? 0 };
   }
 
   /** Clusters with their member ids, oldest first. */

@@ -109,3 +109,43 @@ test('sealed at rest with the Rust host\'s scheme: no canary on disk, and the bi
   assert.equal(back.recall.getMemory('r1').text, 'Bob sealed this from Rust');
   back.close();
 });
+
+/** A model that restates the facts it is shown after a pause, counting calls in flight. */
+function restating(delayMs = 0) {
+  const m = { name: 'restating', calls: 0, inFlight: 0, most: 0 };
+  m.generate = async (req) => {
+    m.calls++;
+    m.inFlight++;
+    m.most = Math.max(m.most, m.inFlight);
+    await new Promise((r) => setTimeout(r, delayMs));
+    m.inFlight--;
+    const text = req.prompt.tag === 'chat' ? req.prompt.val.map((x) => x.content).join('\n') : req.prompt.val;
+    const facts = text.split('\n').filter((l) => l.startsWith('- ')).map((l) => `${l.slice(2).replace(/\.$/, '')}.`);
+    return { text: facts.join(' '), finishReason: 'stop', promptTokens: 100, outputTokens: 40 };
+  };
+  return m;
+}
+
+test('guards: at most limits.clusterJobs at once, and the monthly ceiling refuses summaries while recall answers', async () => {
+  let now = Date.UTC(2026, 0, 15);
+  const llm = restating(50);
+  const engine = await createEngine({ store: new MemoryStore(), llm, clock: () => now, limits: { clusterJobs: 1, ceiling: { tokens: 250 } } });
+  const clusters = [];
+  for (const key of ['a', 'b']) {
+    const r = await engine.remember(EDITOR.map((text, i) => ({ id: `${key}${i}`, scope: { ...scope, key }, text })));
+    clusters.push(r[2].cluster);
+  }
+  const outs = await Promise.all(clusters.map((c) => engine.summarizeCluster(c)));
+  assert.deepEqual(outs.map((o) => o.action), ['created', 'created']);
+  assert.equal(llm.most, 1, 'one cluster summary at a time');
+  const u = engine.usage();
+  assert.deepEqual([u.month, u.calls, u.promptTokens, u.outputTokens, u.exhausted], ['2026-01', 2, 200, 80, true]);
+  const r = await engine.remember(EDITOR.map((text, i) => ({ id: `c${i}`, scope: { ...scope, key: 'c' }, text })));
+  await assert.rejects(engine.summarizeCluster(r[2].cluster), (e) => e.kind === 'quota-exhausted' && e.spent === 280 && e.limit === 250 && e.resetsAtMs === Date.UTC(2026, 1, 1));
+  assert.equal(llm.calls, 2);
+  const hits = await engine.recall('dark editor theme', {}, 20);
+  assert.equal(hits.length, 9);
+  assert.ok(hits.every((h) => h.kind === 'memory'));
+  now = Date.UTC(2026, 1, 1);
+  assert.equal((await engine.summarizeCluster(r[2].cluster)).action, 'created');
+});
