@@ -163,10 +163,6 @@ impl MemoryHost for Imports {
         })
     }
 
-    fn get_memory(&mut self, id: &str) -> Result<Option<memory::Memory>, types::Error> {
-        Ok(ms::get_memory(id).map_err(err_in)?.map(memory_in))
-    }
-
     fn members(&mut self, cluster: u64) -> Result<Vec<memory::Memory>, types::Error> {
         Ok(ms::members(cluster)
             .map_err(err_in)?

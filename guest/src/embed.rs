@@ -137,11 +137,13 @@ pub fn normalize(v: &mut [f32]) {
 
 /// Cosine similarity of two vectors (0 when either is zero or their lengths differ).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    if a.len() != b.len() {
+    if a.len() != b.len() || a.is_empty() {
         return 0.0;
     }
-    let (mut dot, mut na, mut nb) = (0f32, 0f32, 0f32);
+    // Summed in f64: every step is exactly rounded, so hosts agree bit for bit.
+    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
     for (x, y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(*x), f64::from(*y));
         dot += x * y;
         na += x * x;
         nb += y * y;
@@ -149,7 +151,7 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     if na == 0.0 || nb == 0.0 {
         0.0
     } else {
-        dot / (na.sqrt() * nb.sqrt())
+        (dot / (na.sqrt() * nb.sqrt())) as f32
     }
 }
 

@@ -245,8 +245,6 @@ pub trait MemoryHost {
     fn centroids(&mut self, scope: &Scope) -> Result<Vec<Centroid>, Error>;
     /// Store a memory.
     fn put_memory(&mut self, m: NewMemory) -> Result<Stored, Error>;
-    /// A memory by id.
-    fn get_memory(&mut self, id: &str) -> Result<Option<Memory>, Error>;
     /// A cluster's active members, oldest first.
     fn members(&mut self, cluster: u64) -> Result<Vec<Memory>, Error>;
     /// Delete a memory.
@@ -536,24 +534,7 @@ pub fn embed_texts(
     Ok(e)
 }
 
-/// Cosine similarity of two vectors of any length (0 when either is zero or they differ in
-/// length), summed in f64 so the result does not depend on summation order quirks.
-pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    if a.len() != b.len() || a.is_empty() {
-        return 0.0;
-    }
-    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(*x), f64::from(*y));
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    if na == 0.0 || nb == 0.0 {
-        return 0.0;
-    }
-    (dot / (na.sqrt() * nb.sqrt())) as f32
-}
+pub use crate::embed::cosine;
 
 /// The cluster a vector joins: the nearest centroid of `model` at or over `min`, ties to the
 /// older (lower id) cluster. `None`: open a new cluster.

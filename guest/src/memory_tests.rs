@@ -166,9 +166,6 @@ impl MemoryHost for Fake {
             members: n,
         })
     }
-    fn get_memory(&mut self, id: &str) -> Result<Option<Memory>, Error> {
-        Ok(self.rows.iter().find(|r| r.m.id == id).map(|r| r.m.clone()))
-    }
     fn members(&mut self, cluster: u64) -> Result<Vec<Memory>, Error> {
         Ok(self
             .rows

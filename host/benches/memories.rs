@@ -51,8 +51,7 @@ fn args() -> Args {
     a
 }
 
-/// A model that restates the start of what it is shown (at most 40 words, as a real summary
-/// stays short) and reports the prompt's length in tokens (one per four bytes), counting calls
+/// The test server's model in process, cut to 40 words (as a real summary stays short), and reports the prompt's length in tokens (one per four bytes), counting calls
 /// and prompt tokens.
 #[derive(Default)]
 struct Counting {
@@ -68,24 +67,9 @@ impl LlmBackend for Counting {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.prompt_tokens
             .fetch_add(u64::from(tokens), Ordering::SeqCst);
-        let mut out = Vec::new();
-        let mut in_summary = false;
-        for line in p.lines() {
-            if line.starts_with("Current summary:") {
-                in_summary = true;
-                continue;
-            }
-            if line.trim().is_empty() {
-                in_summary = false;
-            }
-            if in_summary {
-                out.push(line.trim().to_string());
-            } else if let Some(f) = line.strip_prefix("- ") {
-                out.push(format!("{}.", f.trim_end_matches('.')));
-            }
-        }
+        let restated = abridge_test_llm::summarize(&p);
         // Like a real model, the summary stays short whatever the input: its first 40 words.
-        let words: Vec<&str> = out.iter().flat_map(|l| l.split_whitespace()).collect();
+        let words: Vec<&str> = restated.split_whitespace().collect();
         let mut text = words[..words.len().min(40)].join(" ");
         if !text.ends_with('.') {
             text.push('.');

@@ -287,7 +287,6 @@ export class Engine {
           const r = storeCall(() => store.recall.putMemory({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster) }));
           return { ...r, cluster: big(r.cluster) };
         },
-        getMemory: (id) => memToWit(storeCall(() => store.recall.getMemory(id))),
         members: (cluster) => storeCall(() => store.recall.members(num(cluster))).map(memToWit),
         deleteMemory: (id) => memToWit(storeCall(() => store.recall.deleteMemory(id))),
         setVectors: (cluster, model, vectors) => storeCall(() => store.recall.setVectors(num(cluster), model, vectors)),

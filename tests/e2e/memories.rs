@@ -16,8 +16,8 @@ use abridge::types::{
 use abridge::{ComponentSource, LlmBackend, ManualClock, MemoryStore, Runtime, SqliteStore};
 use serde_json::Value;
 
-/// A model that restates every fact line ("- …") and the current summary it is shown, after a
-/// delay, counting its calls.
+/// The test server's model in process (it restates every fact line and the current summary it
+/// is shown), after a delay, counting its calls and the most in flight.
 struct Restating {
     calls: AtomicUsize,
     delay: Duration,
@@ -33,25 +33,9 @@ impl LlmBackend for Restating {
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(self.delay).await;
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        let p = req.prompt.text();
-        let mut out: Vec<String> = Vec::new();
-        let mut in_summary = false;
-        for line in p.lines() {
-            if line.starts_with("Current summary:") {
-                in_summary = true;
-                continue;
-            }
-            if line.trim().is_empty() {
-                in_summary = false;
-            }
-            if in_summary {
-                out.push(line.trim().to_string());
-            } else if let Some(f) = line.strip_prefix("- ") {
-                out.push(format!("{}.", f.trim_end_matches('.')));
-            }
-        }
+        let text = abridge_test_llm::summarize(&req.prompt.text());
         Ok(Response {
-            text: out.join(" "),
+            text,
             finish_reason: FinishReason::Stop,
             prompt_tokens: Some(100),
             output_tokens: Some(40),
@@ -130,6 +114,23 @@ fn fact(id: &str, text: &str) -> MemoryIn {
         text: text.into(),
         importance: 0.5,
     }
+}
+
+/// `abridge memory add` of one of Alice's editor preferences.
+fn add_fact<'a>(text: &'a str, id: &'a str) -> [&'a str; 11] {
+    [
+        "memory",
+        "add",
+        text,
+        "--user",
+        "alice",
+        "--type",
+        "preference",
+        "--key",
+        "editor",
+        "--id",
+        id,
+    ]
 }
 
 fn calls(llm: &Restating) -> usize {
@@ -381,20 +382,7 @@ async fn golden_cluster_decisions() {
 fn the_cli_adds_lists_recalls_and_deletes_memories() {
     let env = crate::harness::Env::new().with("ABRIDGE_BACKEND", "extractive");
     for (i, t) in EDITOR[..3].iter().enumerate() {
-        env.run(&[
-            "memory",
-            "add",
-            t,
-            "--user",
-            "alice",
-            "--type",
-            "preference",
-            "--key",
-            "editor",
-            "--id",
-            &format!("m{i}"),
-        ])
-        .assert_ok();
+        env.run(&add_fact(t, &format!("m{i}"))).assert_ok();
     }
     let last = env.run(&["memory", "list", "--user", "alice", "--json"]);
     assert_eq!(last.assert_ok().stdout.lines().count(), 3);
@@ -441,20 +429,7 @@ fn cluster_summaries_over_http_with_the_test_server() {
         .with("EXTRACTION_URL", &server.url())
         .with("ABRIDGE_BACKEND", "ollama");
     for (i, t) in EDITOR.iter().enumerate() {
-        env.run(&[
-            "memory",
-            "add",
-            t,
-            "--user",
-            "alice",
-            "--type",
-            "preference",
-            "--key",
-            "editor",
-            "--id",
-            &format!("m{i}"),
-        ])
-        .assert_ok();
+        env.run(&add_fact(t, &format!("m{i}"))).assert_ok();
     }
     let v = env
         .run(&["recall", "dark editor theme", "--json", "-k", "10"])
@@ -497,19 +472,10 @@ fn on_disk(db: &std::path::Path, needle: &[u8]) -> bool {
 fn a_canary_is_in_neither_the_database_nor_its_wal_and_keys_rotate() {
     const CANARY: &str = "canary-7f3a9c-quokka";
     let add = |env: &crate::harness::Env, i: usize| {
-        env.run(&[
-            "memory",
-            "add",
+        env.run(&add_fact(
             &format!("Alice keeps the {CANARY} theme in her editor, note {i}"),
-            "--user",
-            "alice",
-            "--type",
-            "preference",
-            "--key",
-            "editor",
-            "--id",
             &format!("c{i}"),
-        ])
+        ))
     };
     // Control: without a key the canary is on disk in the clear (the test can see it), and
     // the command says so.
@@ -568,19 +534,7 @@ fn a_canary_is_in_neither_the_database_nor_its_wal_and_keys_rotate() {
     // A new write after rotation is sealed too (under the new data key version).
     with_key(
         Some(&other),
-        &[
-            "memory",
-            "add",
-            &format!("Alice keeps the {CANARY} theme, note 3"),
-            "--user",
-            "alice",
-            "--type",
-            "preference",
-            "--key",
-            "editor",
-            "--id",
-            "c3",
-        ],
+        &add_fact(&format!("Alice keeps the {CANARY} theme, note 3"), "c3"),
     )
     .assert_ok();
     assert!(!on_disk(&env.db(), CANARY.as_bytes()));
@@ -700,20 +654,7 @@ fn memories_embedded_by_a_server_model_and_a_missing_model_stores_nothing() {
         .with("EXTRACTION_URL", &server.url())
         .with("ABRIDGE_EMBED_MODEL", &model);
     for (i, t) in EDITOR[..3].iter().enumerate() {
-        env.run(&[
-            "memory",
-            "add",
-            t,
-            "--user",
-            "alice",
-            "--type",
-            "preference",
-            "--key",
-            "editor",
-            "--id",
-            &format!("m{i}"),
-        ])
-        .assert_ok();
+        env.run(&add_fact(t, &format!("m{i}"))).assert_ok();
     }
     let v = env
         .run(&["recall", "dark editor theme", "--json", "-k", "10"])

@@ -392,16 +392,18 @@ impl Scoped {
         let tenant = self.tenant.name();
         let owner = format!("{}-{}", self.app.unique_id(), std::process::id());
         let now = self.app.now_ms();
-        if store.cluster_version(tenant, cluster).await?.is_none() {
-            return Err(AppError::not_found(format!("no cluster {cluster}")));
-        }
-        if !store
+        // A claim is refused for a cluster another worker holds, and for one that does not
+        // exist: only then is it worth telling the two apart.
+        let claimed = store
             .claim_cluster(tenant, cluster, &owner, now, now + CLAIM_MS)
-            .await?
-        {
-            return Ok(None);
-        }
-        let version = store.cluster_version(tenant, cluster).await?.unwrap_or(0);
+            .await?;
+        let version = store.cluster_version(tenant, cluster).await?;
+        let Some(version) = version.filter(|_| claimed) else {
+            return match version {
+                None => Err(AppError::not_found(format!("no cluster {cluster}"))),
+                Some(_) => Ok(None),
+            };
+        };
         let cfg = &self.app.inner.cfg;
         let result = self
             .engine()

@@ -60,11 +60,6 @@ impl Host for HostState {
         b.store.put_memory(&b.tenant, m).await
     }
 
-    async fn get_memory(&mut self, id: String) -> Result<Option<Memory>, Error> {
-        let b = self.recall()?;
-        b.store.get_memory(&b.tenant, &id).await
-    }
-
     async fn members(&mut self, cluster: u64) -> Result<Vec<Memory>, Error> {
         let b = self.recall()?;
         b.store.cluster_members(&b.tenant, cluster).await

@@ -194,11 +194,6 @@ impl SqliteStore {
         self.with(|c| keys.rotate(c, new))
     }
 
-    /// Whether text is sealed at rest.
-    pub fn encrypted(&self) -> bool {
-        self.keys.is_some()
-    }
-
     /// An in-memory database (for tests and benchmarks).
     pub fn in_memory() -> Result<Self, Error> {
         Self::init(Connection::open_in_memory().map_err(db_err)?, ":memory:")

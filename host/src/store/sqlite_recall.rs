@@ -90,11 +90,11 @@ impl SqliteStore {
     }
 }
 
-/// A `WHERE` fragment (after `tenant = ?1`) and its values for a filter, over columns with
-/// the given prefix.
-fn filter_sql(f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
+/// A `WHERE` fragment (after `tenant = ?1`) for a filter over columns with the given prefix,
+/// and the values of every parameter: the tenant first (`?1`), then the filter's fields.
+fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
     let mut sql = String::new();
-    let mut args = Vec::new();
+    let mut args = vec![tenant.to_string()];
     for (col, v) in [
         ("user", &f.user),
         ("project", &f.project),
@@ -104,7 +104,7 @@ fn filter_sql(f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
     ] {
         if let Some(v) = v {
             args.push(v.clone());
-            sql.push_str(&format!(" AND {prefix}{col} = ?{}", args.len() + 1));
+            sql.push_str(&format!(" AND {prefix}{col} = ?{}", args.len()));
         }
     }
     (sql, args)
@@ -597,9 +597,7 @@ impl RecallStore for SqliteStore {
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
         self.with(|c| {
-            let (fsql, fargs) = filter_sql(filter, "");
-            let mut args: Vec<String> = vec![tenant.to_string()];
-            args.extend(fargs);
+            let (fsql, mut args) = filter_sql(tenant, filter, "");
             args.push(model.to_string());
             let mut mems = TopK::new(limit as usize);
             {
@@ -640,9 +638,7 @@ impl RecallStore for SqliteStore {
                     .map_err(db_err)?;
                 h.text = self.reveal(c, tenant, "memories", &h.id, Stored { bytes, sealed })?;
             }
-            let (fsql, fargs) = filter_sql(filter, "c.");
-            let mut args: Vec<String> = vec![tenant.to_string()];
-            args.extend(fargs);
+            let (fsql, mut args) = filter_sql(tenant, filter, "c.");
             args.push(model.to_string());
             let mut sums = TopK::new(limit as usize);
             let mut texts: std::collections::BTreeMap<String, Stored> = Default::default();
@@ -699,9 +695,7 @@ impl RecallStore for SqliteStore {
         limit: usize,
     ) -> Result<(Vec<Memory>, usize), Error> {
         self.with(|c| {
-            let (fsql, fargs) = filter_sql(filter, "");
-            let mut args: Vec<String> = vec![tenant.to_string()];
-            args.extend(fargs);
+            let (fsql, args) = filter_sql(tenant, filter, "");
             let total: i64 = c
                 .query_row(
                     &format!("SELECT COUNT(*) FROM memories WHERE tenant = ?1{fsql}"),
@@ -731,9 +725,7 @@ impl RecallStore for SqliteStore {
         filter: &MemoryFilter,
     ) -> Result<Vec<ClusterRow>, Error> {
         self.with(|c| {
-            let (fsql, fargs) = filter_sql(filter, "c.");
-            let mut args: Vec<String> = vec![tenant.to_string()];
-            args.extend(fargs);
+            let (fsql, args) = filter_sql(tenant, filter, "c.");
             let mut st = c
                 .prepare(&format!(
                     "SELECT c.id, c.user, c.project, c.environment, c.kind, c.key, c.members, c.note, c.model, c.version, c.settled, s.id FROM clusters c LEFT JOIN cluster_summaries s ON s.tenant = c.tenant AND s.cluster = c.id WHERE c.tenant = ?1{fsql} AND c.members > 0 ORDER BY c.id"
