@@ -1,7 +1,7 @@
 //! The export shell: implements the generated `Guest` traits, converts between WIT types and
 //! the plain types in [`crate::types`], and forwards to the logic modules.
 
-use crate::{context, engine, freshness, policy, prompt, strip, tokens, transcript, types};
+use crate::{context, engine, freshness, ledger, policy, prompt, strip, tokens, transcript, types};
 
 #[allow(missing_docs)]
 mod bindings {
@@ -64,6 +64,93 @@ fn err_out(e: types::Error) -> wit::Error {
     }
 }
 
+fn kind_in(k: store::IdentifierKind) -> ledger::Kind {
+    use store::IdentifierKind as K;
+    match k {
+        K::Path => ledger::Kind::Path,
+        K::Url => ledger::Kind::Url,
+        K::Command => ledger::Kind::Command,
+        K::Code => ledger::Kind::Code,
+        K::Number => ledger::Kind::Number,
+        K::Version => ledger::Kind::Version,
+        K::Date => ledger::Kind::Date,
+        K::Email => ledger::Kind::Email,
+        K::Ticket => ledger::Kind::Ticket,
+        K::Name => ledger::Kind::Name,
+    }
+}
+
+fn kind_out(k: ledger::Kind) -> store::IdentifierKind {
+    use store::IdentifierKind as K;
+    match k {
+        ledger::Kind::Path => K::Path,
+        ledger::Kind::Url => K::Url,
+        ledger::Kind::Command => K::Command,
+        ledger::Kind::Code => K::Code,
+        ledger::Kind::Number => K::Number,
+        ledger::Kind::Version => K::Version,
+        ledger::Kind::Date => K::Date,
+        ledger::Kind::Email => K::Email,
+        ledger::Kind::Ticket => K::Ticket,
+        ledger::Kind::Name => K::Name,
+    }
+}
+
+fn ledger_in(entries: Vec<store::LedgerEntry>, dropped: u32) -> ledger::Ledger {
+    ledger::Ledger {
+        entries: entries
+            .into_iter()
+            .map(|e| ledger::Entry {
+                text: e.text,
+                kind: kind_in(e.kind),
+                episode: e.episode,
+                count: e.count,
+            })
+            .collect(),
+        dropped,
+    }
+}
+
+fn entries_out(l: &ledger::Ledger) -> Vec<store::LedgerEntry> {
+    l.entries
+        .iter()
+        .map(|e| store::LedgerEntry {
+            text: e.text.clone(),
+            kind: kind_out(e.kind),
+            episode: e.episode,
+            count: e.count,
+        })
+        .collect()
+}
+
+fn ranges_out(r: Vec<(u64, u64)>) -> Vec<store::EpisodeRange> {
+    r.into_iter()
+        .map(|(first, last)| store::EpisodeRange { first, last })
+        .collect()
+}
+
+fn episode_in(e: store::Episode) -> types::Episode {
+    types::Episode {
+        id: e.id,
+        role: role_in(e.role),
+        content: e.content,
+        tokens: e.tokens,
+        timestamp_ms: e.timestamp_ms,
+        speaker: e.speaker,
+    }
+}
+
+fn episode_out(e: types::Episode) -> store::Episode {
+    store::Episode {
+        id: e.id,
+        role: role_out(e.role),
+        content: e.content,
+        tokens: e.tokens,
+        timestamp_ms: e.timestamp_ms,
+        speaker: e.speaker,
+    }
+}
+
 fn row_in(r: store::SummaryRow) -> types::SummaryRow {
     types::SummaryRow {
         id: r.id,
@@ -77,6 +164,9 @@ fn row_in(r: store::SummaryRow) -> types::SummaryRow {
         created_ms: r.created_ms,
         updated_ms: r.updated_ms,
         skipped: r.skipped.into_iter().map(|x| (x.first, x.last)).collect(),
+        level: r.level,
+        compacted_into: r.compacted_into,
+        ledger: ledger_in(r.ledger, r.ledger_dropped),
     }
 }
 
@@ -92,11 +182,11 @@ fn row_out(r: types::SummaryRow) -> store::SummaryRow {
         model: r.model,
         created_ms: r.created_ms,
         updated_ms: r.updated_ms,
-        skipped: r
-            .skipped
-            .into_iter()
-            .map(|(first, last)| store::EpisodeRange { first, last })
-            .collect(),
+        ledger: entries_out(&r.ledger),
+        ledger_dropped: r.ledger.dropped,
+        skipped: ranges_out(r.skipped),
+        level: r.level,
+        compacted_into: r.compacted_into,
     }
 }
 
@@ -129,11 +219,17 @@ fn cfg_in(c: summarizer::Config) -> policy::Config {
         mode: match c.mode {
             summarizer::Mode::Eager => policy::Mode::Eager,
             summarizer::Mode::Idle => policy::Mode::Idle,
+            summarizer::Mode::Window => policy::Mode::Window,
         },
         quiescence_secs: c.quiescence_secs,
         provisional_tokens: c.provisional_tokens,
         max_attempts: c.max_attempts,
         retry_base_secs: c.retry_base_secs,
+        max_backlog_tokens: c.max_backlog_tokens,
+        summary_budget_tokens: c.summary_budget_tokens,
+        ledger_tokens: c.ledger_tokens,
+        window_messages: c.window_messages,
+        focus: c.focus,
     }
 }
 
@@ -193,17 +289,7 @@ impl engine::Host for Imports {
         limit: u32,
     ) -> Result<Vec<types::Episode>, types::Error> {
         let eps = store::episodes_after(session, after, limit).map_err(err_in)?;
-        Ok(eps
-            .into_iter()
-            .map(|e| types::Episode {
-                id: e.id,
-                role: role_in(e.role),
-                content: e.content,
-                tokens: e.tokens,
-                timestamp_ms: e.timestamp_ms,
-                speaker: e.speaker,
-            })
-            .collect())
+        Ok(eps.into_iter().map(episode_in).collect())
     }
 
     fn latest_summary(&mut self, session: &str) -> Result<Option<types::SummaryRow>, types::Error> {
@@ -225,13 +311,41 @@ impl engine::Host for Imports {
             output_tokens: w.output_tokens,
             model: w.model,
             now_ms: w.now_ms,
-            skipped: w
-                .skipped
-                .into_iter()
-                .map(|(first, last)| store::EpisodeRange { first, last })
-                .collect(),
+            ledger: entries_out(&w.ledger),
+            ledger_dropped: w.ledger.dropped,
+            skipped: ranges_out(w.skipped),
         };
         store::write_summary(session, &w)
+            .map(row_in)
+            .map_err(err_in)
+    }
+
+    fn summary_history(&mut self, session: &str) -> Result<Vec<types::SummaryRow>, types::Error> {
+        Ok(store::summary_history(session)
+            .map_err(err_in)?
+            .into_iter()
+            .map(row_in)
+            .collect())
+    }
+
+    fn compact_summaries(
+        &mut self,
+        session: &str,
+        c: types::Compaction,
+    ) -> Result<types::SummaryRow, types::Error> {
+        let c = store::Compaction {
+            rows: c.rows,
+            content: c.content,
+            tokens: c.tokens,
+            prompt_tokens: c.prompt_tokens,
+            output_tokens: c.output_tokens,
+            model: c.model,
+            now_ms: c.now_ms,
+            ledger: entries_out(&c.ledger),
+            ledger_dropped: c.ledger.dropped,
+            skipped: ranges_out(c.skipped),
+        };
+        store::compact_summaries(session, &c)
             .map(row_in)
             .map_err(err_in)
     }
@@ -455,6 +569,7 @@ impl summarizer::Guest for Component {
             budget: req.budget,
             pairs: req.pairs,
             refresh_after: req.refresh_after,
+            pins: req.pins,
         };
         let c = engine::context(&mut Imports, &session, req, &cfg_in(cfg)).map_err(err_out)?;
         Ok(summarizer::ContextWindow {
@@ -466,11 +581,44 @@ impl summarizer::Guest for Component {
             omitted: c.window.omitted,
             refreshed: c.refreshed,
             refresh_due: c.refresh_due,
+            level: c.window.level,
+            covered_from: c.window.covered_from,
+            omitted_ranges: ranges_out(c.window.omitted_ranges),
+            identifiers: c.window.identifiers,
+            pinned: c.window.pinned,
         })
     }
 
     fn reset(session: String) -> Result<(), wit::Error> {
         engine::reset(&mut Imports, &session).map_err(err_out)
+    }
+
+    fn history(session: String) -> Result<Vec<store::SummaryRow>, wit::Error> {
+        store::summary_history(&session)
+    }
+
+    fn expand(
+        session: String,
+        row: u64,
+        identifier: Option<String>,
+        after: u64,
+        limit: u32,
+    ) -> Result<summarizer::Expansion, wit::Error> {
+        let x = engine::expand(
+            &mut Imports,
+            &session,
+            row,
+            identifier.as_deref(),
+            after,
+            limit,
+        )
+        .map_err(err_out)?;
+        Ok(summarizer::Expansion {
+            row: row_out(x.row),
+            episodes: x.episodes.into_iter().map(episode_out).collect(),
+            compacted: x.compacted.into_iter().map(row_out).collect(),
+            next_after: x.next_after,
+        })
     }
 }
 
@@ -496,6 +644,18 @@ impl text::Guest for Component {
 
     fn strip_template_tokens(text: String) -> String {
         strip::strip_template_tokens(&text)
+    }
+
+    fn identifiers(text: String) -> Vec<store::LedgerEntry> {
+        ledger::extract(&text)
+            .into_iter()
+            .map(|(kind, text)| store::LedgerEntry {
+                text,
+                kind: kind_out(kind),
+                episode: 0,
+                count: 1,
+            })
+            .collect()
     }
 }
 

@@ -30,34 +30,50 @@ pub fn is_own_output(text: &str) -> bool {
 /// An assembled window (mirrors the WIT `context-window`, without the refresh flags).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Window {
-    /// System message (if any summary), then recent messages, oldest first.
+    /// System message (if any summary), then pinned and recent messages, oldest first.
     pub messages: Vec<Message>,
     /// Their estimated tokens, message costs included.
     pub tokens: u32,
-    /// Episodes covered by the included summary.
+    /// Episodes covered by the included summary (its last episode).
     pub covered: u64,
     /// Recent messages included.
     pub recent: u32,
-    /// Episodes beyond the summary that were not included.
+    /// Episodes the window reflects neither by summary nor verbatim.
     pub omitted: u64,
+    /// Those episodes as ranges.
+    pub omitted_ranges: Vec<(u64, u64)>,
+    /// The first episode the window reflects (1: it reaches back to the start).
+    pub covered_from: u64,
+    /// The highest summary level included.
+    pub level: u32,
+    /// Ledger identifiers included.
+    pub identifiers: u32,
+    /// Pinned episodes included (beyond the recent messages).
+    pub pinned: u32,
 }
 
-fn cost(text: &str) -> u32 {
+/// Estimated tokens `text` costs as one message of a context.
+pub(crate) fn cost(text: &str) -> u32 {
     estimate_tokens(text).saturating_add(MESSAGE_COST)
 }
 
-/// The summary text for `rows` (oldest first): one row as is, several labelled by range.
-/// The summary rows as the system message's text. Chat-template tokens a transcript carried
-/// into a summary (an extractive one quotes it) are neutralized: the next model call must not
-/// see a turn boundary inside its system message.
-fn summary_text(rows: &[SummaryRow]) -> String {
-    let body = if rows.len() == 1 {
+/// The summary rows as the system message's text: one row as is, several labelled by range
+/// ("Episodes 1-40 (earlier summary):" for a compacted row). Chat-template tokens a transcript
+/// carried into a summary (an extractive one quotes it) are neutralized: the next model call
+/// must not see a turn boundary inside its system message. The ledger follows the prose.
+fn summary_text(rows: &[SummaryRow], ledger: &str) -> String {
+    let body = if rows.len() == 1 && rows[0].level == 0 {
         crate::prompt::neutralize(&rows[0].content)
     } else {
         rows.iter()
             .map(|r| {
+                let earlier = if r.level > 0 {
+                    " (earlier summary)"
+                } else {
+                    ""
+                };
                 format!(
-                    "Episodes {}-{}: {}",
+                    "Episodes {}-{}{earlier}: {}",
                     r.first_episode,
                     r.last_episode,
                     crate::prompt::neutralize(&r.content)
@@ -66,28 +82,46 @@ fn summary_text(rows: &[SummaryRow]) -> String {
             .collect::<Vec<_>>()
             .join("\n\n")
     };
-    format!("{SUMMARY_HEADER}\n{body}")
+    if ledger.is_empty() {
+        format!("{SUMMARY_HEADER}\n{body}")
+    } else {
+        format!("{SUMMARY_HEADER}\n{body}\n\n{ledger}")
+    }
 }
 
-/// Build the window. `rows` is the chain (oldest first); `tail` the newest episodes (oldest
-/// first, ending with the session's last one); `last_episode` the session's newest id.
+/// What a window is built from.
+pub struct Parts<'a> {
+    /// The active chain, oldest first.
+    pub rows: &'a [SummaryRow],
+    /// The newest episodes, oldest first, ending with the session's last one.
+    pub tail: &'a [Episode],
+    /// Pinned episodes, in order.
+    pub pinned: &'a [Episode],
+    /// The session's newest episode id.
+    pub last_episode: u64,
+    /// Token budget.
+    pub budget: u32,
+    /// Recent message pairs wanted.
+    pub pairs: u32,
+    /// The ledger's budget in the window (0: no ledger).
+    pub ledger_budget: u32,
+}
+
+/// Build the window.
 ///
-/// Priority within the budget: the newest message, then the summary (dropping its oldest
-/// rows, then cutting the oldest remaining one, if it must), then more recent messages,
-/// newest first.
-pub fn assemble(
-    rows: &[SummaryRow],
-    tail: &[Episode],
-    last_episode: u64,
-    budget: u32,
-    pairs: u32,
-) -> Window {
-    let dialogue: Vec<&Episode> = tail
+/// Priority within the budget: the newest message, then the pinned episodes, then the
+/// summary with its ledger (dropping the oldest rows, then the ledger, then cutting the
+/// newest row, only if it must — every drop is reported in `omitted_ranges`), then more
+/// recent messages, newest first.
+pub fn assemble(p: &Parts) -> Window {
+    let dialogue: Vec<&Episode> = p
+        .tail
         .iter()
         .filter(|e| matches!(e.role, Role::User | Role::Assistant))
         .collect();
-    let want = (pairs as usize * 2).max(1);
+    let want = (p.pairs as usize * 2).max(1);
     let candidates = &dialogue[dialogue.len().saturating_sub(want)..];
+    let budget = p.budget;
     let mut used = 0u32;
     // The newest message first, if it fits at all.
     let mut recent: Vec<&Episode> = Vec::new();
@@ -97,39 +131,70 @@ pub fn assemble(
         used = cost(&last.content);
         recent.push(last);
     }
-    // Then the summary: as many of the newest rows as fit.
-    let mut summary: Option<(String, u64)> = None;
-    let mut from = 0;
-    while from < rows.len() {
-        let text = summary_text(&rows[from..]);
-        if used.saturating_add(cost(&text)) <= budget {
-            summary = Some((text, rows[rows.len() - 1].last_episode));
-            break;
+    // Then the pins, oldest first, while they fit.
+    let mut pins: Vec<&Episode> = Vec::new();
+    for e in p.pinned {
+        if recent.iter().any(|r| r.id == e.id) {
+            continue;
         }
-        from += 1;
+        let c = cost(&e.content);
+        if used.saturating_add(c) <= budget {
+            used += c;
+            pins.push(e);
+        }
     }
-    if summary.is_none() && !rows.is_empty() {
+    // Then the summary and its ledger: all rows if they fit, else the newest that do.
+    let ledger = if p.ledger_budget == 0 {
+        crate::ledger::Ledger::default()
+    } else {
+        let all = p
+            .rows
+            .iter()
+            .fold(crate::ledger::Ledger::default(), |acc, r| {
+                crate::ledger::merge(&acc, &r.ledger)
+            });
+        crate::ledger::budgeted(&all, p.ledger_budget)
+    };
+    let ledger_text = crate::ledger::render(&ledger);
+    let mut summary: Option<(String, usize, bool)> = None; // text, first row, ledger included
+    'rows: for from in 0..p.rows.len() {
+        for with_ledger in [true, false] {
+            if !with_ledger && ledger_text.is_empty() {
+                continue;
+            }
+            let text = summary_text(&p.rows[from..], if with_ledger { &ledger_text } else { "" });
+            if used.saturating_add(cost(&text)) <= budget {
+                summary = Some((text, from, with_ledger && !ledger_text.is_empty()));
+                break 'rows;
+            }
+        }
+    }
+    if summary.is_none() && !p.rows.is_empty() {
         // Even the newest row alone is too long: keep its start, cut at a boundary.
         let room = budget
             .saturating_sub(used)
             .saturating_sub(cost(SUMMARY_HEADER) + 8);
         if room > 16 {
-            let row = &rows[rows.len() - 1];
+            let at = p.rows.len() - 1;
+            let row = &p.rows[at];
             let parts = crate::plan::split_parts(&row.content, room);
             let text = format!(
                 "{SUMMARY_HEADER}\n{} …",
                 crate::prompt::neutralize(parts[0].trim_end())
             );
             if used.saturating_add(cost(&text)) <= budget {
-                summary = Some((text, row.last_episode));
+                summary = Some((text, at, false));
             }
         }
     }
-    if let Some((text, _)) = &summary {
+    if let Some((text, _, _)) = &summary {
         used += cost(text);
     }
     // Then earlier recent messages, newest first, while they fit.
     for e in candidates.iter().rev().skip(recent.len()) {
+        if pins.iter().any(|x| x.id == e.id) {
+            continue;
+        }
         let c = cost(&e.content);
         if used.saturating_add(c) > budget {
             break;
@@ -138,16 +203,51 @@ pub fn assemble(
         recent.push(e);
     }
     recent.reverse();
-    let covered_included = summary.as_ref().map_or(0, |s| s.1);
-    let first_recent = recent.first().map_or(last_episode + 1, |e| e.id);
-    // Episodes after the summary and before the first included message are left out.
-    let omitted = first_recent.saturating_sub(covered_included + 1);
-    let mut messages = Vec::with_capacity(recent.len() + 1);
-    if let Some((text, _)) = summary {
+    let included: &[SummaryRow] = match &summary {
+        Some((_, from, _)) => &p.rows[*from..],
+        None => &[],
+    };
+    let covered_included = included.last().map_or(0, |r| r.last_episode);
+    let first_recent = recent.first().map_or(p.last_episode + 1, |e| e.id);
+    // What the window reflects: the included rows' ranges, the recent span, the pins.
+    let mut reflected: Vec<(u64, u64)> = included
+        .iter()
+        .map(|r| (r.first_episode, r.last_episode))
+        .collect();
+    if first_recent <= p.last_episode {
+        reflected.push((first_recent, p.last_episode));
+    }
+    reflected.extend(pins.iter().map(|e| (e.id, e.id)));
+    reflected.sort_unstable();
+    let mut omitted_ranges = Vec::new();
+    let mut next = 1u64;
+    for (a, b) in reflected {
+        if a > next {
+            omitted_ranges.push((next, a - 1));
+        }
+        next = next.max(b + 1);
+    }
+    if next <= p.last_episode {
+        omitted_ranges.push((next, p.last_episode));
+    }
+    let omitted = omitted_ranges.iter().map(|(a, b)| b - a + 1).sum();
+    let covered_from = match omitted_ranges.first() {
+        Some(&(1, b)) => b + 1,
+        _ => 1,
+    };
+    let level = included.iter().map(|r| r.level).max().unwrap_or(0);
+    let identifiers = match &summary {
+        Some((_, _, true)) => ledger.entries.len() as u32,
+        _ => 0,
+    };
+    let mut messages = Vec::with_capacity(recent.len() + pins.len() + 1);
+    if let Some((text, _, _)) = summary {
         messages.push(Message::new(Role::System, text));
     }
+    let mut verbatim: Vec<&Episode> = pins.iter().chain(recent.iter()).copied().collect();
+    verbatim.sort_by_key(|e| e.id);
     messages.extend(
-        recent
+        verbatim
             .iter()
             .map(|e| Message::new(e.role, e.content.clone())),
     );
@@ -157,6 +257,11 @@ pub fn assemble(
         covered: covered_included,
         recent: recent.len() as u32,
         omitted,
+        omitted_ranges,
+        covered_from,
+        level,
+        identifiers,
+        pinned: pins.len() as u32,
     }
 }
 
@@ -180,19 +285,31 @@ mod tests {
     }
 
     fn row(first: u64, last: u64, words: usize) -> SummaryRow {
-        SummaryRow {
-            id: first,
-            first_episode: first,
-            last_episode: last,
-            content: format!("Summary of {first}-{last}. {}", "fact ".repeat(words)),
-            tokens: 0,
-            prompt_tokens: 0,
-            output_tokens: 0,
-            model: "m".into(),
-            created_ms: 0,
-            updated_ms: 0,
-            skipped: vec![],
-        }
+        SummaryRow::plain(
+            first,
+            first,
+            last,
+            &format!("Summary of {first}-{last}. {}", "fact ".repeat(words)),
+            0,
+        )
+    }
+
+    fn assemble(
+        rows: &[SummaryRow],
+        tail: &[Episode],
+        last_episode: u64,
+        budget: u32,
+        pairs: u32,
+    ) -> Window {
+        super::assemble(&Parts {
+            rows,
+            tail,
+            pinned: &[],
+            last_episode,
+            budget,
+            pairs,
+            ledger_budget: 300,
+        })
     }
 
     #[test]
@@ -235,7 +352,7 @@ mod tests {
         assert_eq!((w.covered, w.recent, w.omitted), (16, 8, 0));
         assert!(is_own_output(&w.messages[0].content));
         // A tight budget keeps the newest message and the summary, then what else fits.
-        let tight = cost(&tail[9].content) + cost(&summary_text(&[row(1, 16, 30)])) + 30;
+        let tight = cost(&tail[9].content) + cost(&summary_text(&[row(1, 16, 30)], "")) + 30;
         let w = assemble(&[row(1, 16, 30)], &tail, 20, tight, 4);
         assert!(w.tokens <= tight);
         assert_eq!(w.messages[0].role, Role::System);

@@ -4,12 +4,13 @@
 //! the WIT imports and the tests implement in memory.
 
 use crate::freshness::{Freshness, State as FreshState};
+use crate::ledger::{self, Ledger};
 use crate::policy::{self, Config, Engine, Rendering, Strategy};
 use crate::prompt::Partial;
 use crate::tokens::estimate_tokens;
 use crate::types::{
-    Cached, Episode, Error, FailureMarker, Finish, Level, Message, Prompt, Request, Response,
-    Stats, SummaryRow, SummaryWrite,
+    Cached, Compaction, Episode, Error, FailureMarker, Finish, Level, Message, Prompt, Request,
+    Response, Stats, SummaryRow, SummaryWrite,
 };
 use crate::{chunk, extractive, plan, prompt, quality, strip};
 
@@ -60,8 +61,12 @@ pub trait Host {
     fn record_refusal(&mut self, model: &str, estimated: u32, reported: u32) -> Result<(), Error> {
         self.record_calibration(model, estimated, reported)
     }
-    /// The whole summary chain, oldest first.
+    /// The active summary chain, oldest first.
     fn summaries(&mut self, session: &str) -> Result<Vec<SummaryRow>, Error>;
+    /// Every row, compacted ones included (first episode, then level, highest first).
+    fn summary_history(&mut self, session: &str) -> Result<Vec<SummaryRow>, Error>;
+    /// Fold the oldest active rows into one "earlier" row atomically.
+    fn compact_summaries(&mut self, session: &str, c: Compaction) -> Result<SummaryRow, Error>;
     /// The session's failure marker.
     fn failure(&mut self, session: &str) -> Result<Option<FailureMarker>, Error>;
     /// Record or clear the session's failure marker.
@@ -129,7 +134,7 @@ pub fn after_episode_written(
 pub fn summarize_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
     validate(session, cfg)?;
     let marker = h.failure(session)?;
-    guarded(h, session, cfg, marker)
+    guarded(h, session, cfg, marker, u64::MAX)
 }
 
 /// Run `catch_up`, keeping the failure marker in step: cleared on success, advanced (with the
@@ -139,8 +144,9 @@ fn guarded(
     session: &str,
     cfg: &Config,
     marker: Option<FailureMarker>,
+    upto: u64,
 ) -> Result<Outcome, Error> {
-    match catch_up(h, session, cfg) {
+    match catch_up(h, session, cfg, upto) {
         Ok(out) => {
             if marker.is_some() {
                 h.set_failure(session, None)?;
@@ -188,7 +194,12 @@ fn freshness_and_marker(
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
     let last_activity_ms = timestamp_of(h, session, stats.last_episode)?;
     let covered_until_ms = timestamp_of(h, session, covered)?;
-    let backlog_tokens = if covered == 0 {
+    let window = cfg.mode == policy::Mode::Window;
+    let edge = stats
+        .last_episode
+        .saturating_sub(u64::from(cfg.window_messages));
+    let mut left = 0u64;
+    let backlog_tokens = if covered == 0 && !window {
         stats.total_tokens
     } else {
         let mut sum = 0u64;
@@ -198,8 +209,18 @@ fn freshness_and_marker(
             let Some(last) = page.last() else { break };
             after = last.id;
             sum += page.iter().map(|e| u64::from(e.tokens)).sum::<u64>();
+            left += page
+                .iter()
+                .filter(|e| e.id <= edge)
+                .map(|e| u64::from(e.tokens) + 3)
+                .sum::<u64>();
         }
         sum
+    };
+    let window = if window {
+        Some((left, u64::from(window_batch(h, cfg, latest.as_ref())?)))
+    } else {
+        None
     };
     let marker = h.failure(session)?;
     let now_ms = h.now_ms();
@@ -212,10 +233,44 @@ fn freshness_and_marker(
             covered_until_ms,
             now_ms,
             marker: marker.clone(),
+            window,
         },
         cfg,
     );
     Ok((f, marker))
+}
+
+/// Window mode's fold size for a session whose newest row is `latest`: four times the fold
+/// prompt's fixed part (instructions, the summary, its ledger, the focus), within one prompt.
+fn window_batch(
+    h: &mut impl Host,
+    cfg: &Config,
+    latest: Option<&SummaryRow>,
+) -> Result<u32, Error> {
+    let f = calibration_factor(h, cfg)?;
+    let strategy = policy::strategy(latest, cfg);
+    let previous = match &strategy {
+        Strategy::Update(r) => Some(r.content.as_str()),
+        _ => None,
+    };
+    let ledger_text = fold_ledger(&strategy);
+    let extras = prompt::Extras {
+        ledger: &ledger_text,
+        focus: &cfg.focus,
+    };
+    let fixed = prompt::fixed_tokens_x(previous, &extras);
+    let budget = policy::input_budget_f(cfg, f, fixed).unwrap_or(fixed);
+    Ok(policy::window_batch(fixed, budget))
+}
+
+/// The newest episode a refresh folds: in window mode, the last one outside the recent
+/// window; otherwise all of them.
+fn refresh_upto(cfg: &Config, last_episode: u64) -> u64 {
+    if cfg.mode == policy::Mode::Window {
+        last_episode.saturating_sub(u64::from(cfg.window_messages))
+    } else {
+        u64::MAX
+    }
 }
 
 /// The timestamp of episode `id` (none for id 0 or an episode without one).
@@ -249,11 +304,11 @@ pub fn refresh(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome
         Level::Info,
         &format!("session {session}: refreshing: {}", f.reason),
     );
-    guarded(h, session, cfg, marker)
+    guarded(h, session, cfg, marker, refresh_upto(cfg, f.episodes))
 }
 
 /// What `context` should assemble (mirrors the WIT `context-request`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContextRequest {
     /// Token budget.
     pub budget: u32,
@@ -261,6 +316,8 @@ pub struct ContextRequest {
     pub pairs: u32,
     /// Refresh first beyond this many messages.
     pub refresh_after: u32,
+    /// Pinned episodes, always included verbatim within the budget.
+    pub pins: Vec<u64>,
 }
 
 /// The assembled context (mirrors the WIT `context-window`).
@@ -274,6 +331,30 @@ pub struct ContextWindow {
     pub refreshed: bool,
     /// A refresh is due but was not run.
     pub refresh_due: bool,
+}
+
+/// Most unsummarized episodes `context` reads to decide whether they fit its budget; more
+/// than this never fit a context.
+const CONTEXT_SCAN: u64 = 4 * PAGE as u64;
+
+/// Estimated context tokens of the unsummarized episodes after `covered` (message costs
+/// included), read up to [`CONTEXT_SCAN`] episodes; `u64::MAX` beyond that.
+fn backlog_cost(h: &mut impl Host, session: &str, covered: u64, last: u64) -> Result<u64, Error> {
+    if last.saturating_sub(covered) > CONTEXT_SCAN {
+        return Ok(u64::MAX);
+    }
+    let mut sum = 0u64;
+    let mut after = covered;
+    loop {
+        let page = h.episodes_after(session, after, PAGE)?;
+        let Some(l) = page.last() else { break };
+        after = l.id;
+        sum += page
+            .iter()
+            .map(|e| u64::from(e.tokens) + u64::from(plan::MESSAGE_COST))
+            .sum::<u64>();
+    }
+    Ok(sum)
 }
 
 /// The context for the next model call (see the WIT `context`).
@@ -292,12 +373,37 @@ pub fn context(
     let covered = h.latest_summary(session)?.map_or(0, |r| r.last_episode);
     let beyond = stats.last_episode - covered;
     let (mut refreshed, mut refresh_due) = (false, false);
-    if beyond > u64::from(req.refresh_after) {
+    // Unsummarized episodes that would not fit beside the summary are due whatever their
+    // count: a context must not silently lose the middle of the conversation.
+    let overflow = beyond > 0
+        && backlog_cost(h, session, covered, stats.last_episode)? > u64::from(req.budget / 2);
+    let window_mode = cfg.mode == policy::Mode::Window;
+    // `refresh-after` at its maximum: the caller runs refreshes itself (as jobs), so nothing
+    // here calls the model.
+    let inline = req.refresh_after != u32::MAX;
+    let wants = inline
+        && if window_mode {
+            beyond > 0
+        } else {
+            beyond > u64::from(req.refresh_after) || overflow
+        };
+    if wants {
         let (f, marker) = freshness_and_marker(h, session, cfg)?;
         let may = matches!(f.state, FreshState::Due | FreshState::Waiting);
-        if cfg.mode == policy::Mode::Eager && may {
+        let run = match cfg.mode {
+            policy::Mode::Eager => may,
+            // The window is folded when a batch has left it, or when it no longer fits.
+            policy::Mode::Window => f.state == FreshState::Due || (may && overflow),
+            policy::Mode::Idle => false,
+        };
+        if run {
             validate(session, cfg)?;
-            match guarded(h, session, cfg, marker) {
+            let upto = if overflow {
+                u64::MAX
+            } else {
+                refresh_upto(cfg, stats.last_episode)
+            };
+            match guarded(h, session, cfg, marker, upto) {
                 Ok(out) => refreshed = out.passes > 0,
                 // The previous summary serves; the caller sees that a refresh is due.
                 Err(e) => {
@@ -311,18 +417,80 @@ pub fn context(
                     refresh_due = true;
                 }
             }
-        } else {
+        } else if !window_mode || f.state != FreshState::Waiting {
             refresh_due = true;
         }
     }
-    let rows = h.summaries(session)?;
-    let want = u64::from(req.pairs.max(1)) * 4 + 8;
+    let covered = h.latest_summary(session)?.map_or(0, |r| r.last_episode);
+    // Pinned episodes, in order, each once.
+    let mut pin_ids: Vec<u64> = req
+        .pins
+        .iter()
+        .copied()
+        .filter(|&p| p >= 1 && p <= stats.last_episode)
+        .collect();
+    pin_ids.sort_unstable();
+    pin_ids.dedup();
+    let mut pinned = Vec::with_capacity(pin_ids.len());
+    for id in pin_ids {
+        pinned.extend(h.episodes_after(session, id - 1, 1)?);
+    }
+    let mut rows = h.summaries(session)?;
+    // The second level on demand: a chain that cannot fit this budget beside the newest
+    // message and the pins is compacted further (when the mode lets the model be called).
+    let newest = h
+        .episodes_after(session, stats.last_episode.saturating_sub(1), 1)?
+        .first()
+        .map_or(0, |e| crate::context::cost(&e.content));
+    let pins_cost: u32 = pinned
+        .iter()
+        .map(|e| crate::context::cost(&e.content))
+        .sum();
+    let share = req
+        .budget
+        .saturating_sub(newest)
+        .saturating_sub(pins_cost)
+        .saturating_sub(cfg.ledger_tokens.min(req.budget / 4))
+        .saturating_sub(crate::context::cost(crate::context::SUMMARY_HEADER));
+    if inline && rows.len() >= 2 && chain_tokens(&rows) > share && cfg.mode != policy::Mode::Idle {
+        match compact_chain(h, session, cfg, share.min(cfg.summary_budget_tokens)) {
+            Ok(written) if !written.is_empty() => rows = h.summaries(session)?,
+            Ok(_) => {}
+            Err(e) => h.log(
+                Level::Warn,
+                &format!(
+                    "session {session}: the chain does not fit the context and compacting it failed: {}",
+                    error_text(&e)
+                ),
+            ),
+        }
+    }
+    let (from, pairs) = if window_mode {
+        // Every unsummarized message, and at least the usual recent pairs.
+        let from = covered.min(
+            stats
+                .last_episode
+                .saturating_sub(u64::from(req.pairs.max(1)) * 2),
+        );
+        (from, (stats.last_episode - from).div_ceil(2) as u32 + 1)
+    } else {
+        let want = u64::from(req.pairs.max(1)) * 4 + 8;
+        (stats.last_episode.saturating_sub(want), req.pairs)
+    };
     let tail = h.episodes_after(
         session,
-        stats.last_episode.saturating_sub(want),
-        want as u32,
+        from,
+        (stats.last_episode - from).min(u64::from(u32::MAX)) as u32,
     )?;
-    let window = crate::context::assemble(&rows, &tail, stats.last_episode, req.budget, req.pairs);
+    let window = crate::context::assemble(&crate::context::Parts {
+        rows: &rows,
+        tail: &tail,
+        pinned: &pinned,
+        last_episode: stats.last_episode,
+        budget: req.budget,
+        pairs,
+        ledger_budget: cfg.ledger_tokens,
+    });
     Ok(ContextWindow {
         window,
         full_tokens: stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes,
@@ -340,6 +508,74 @@ pub fn reset(h: &mut impl Host, session: &str) -> Result<(), Error> {
     }
     h.log(Level::Info, &format!("session {session}: reset"));
     h.reset_session(session)
+}
+
+/// What `expand` returns (mirrors the WIT `expansion`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expansion {
+    /// The row.
+    pub row: SummaryRow,
+    /// The covered episodes (or the identifier's episode), one page.
+    pub episodes: Vec<Episode>,
+    /// The rows it compacted, oldest first.
+    pub compacted: Vec<SummaryRow>,
+    /// Where the next page starts, if the page was cut.
+    pub next_after: Option<u64>,
+}
+
+/// Provenance: row `row_id` of the session and exactly the episodes it covers (a page of
+/// `limit` after `after`), or with `identifier` the episode that ledger entry was last seen in.
+pub fn expand(
+    h: &mut impl Host,
+    session: &str,
+    row_id: u64,
+    identifier: Option<&str>,
+    after: u64,
+    limit: u32,
+) -> Result<Expansion, Error> {
+    let history = h.summary_history(session)?;
+    let Some(row) = history.iter().find(|r| r.id == row_id).cloned() else {
+        return Err(Error::InvalidInput(format!(
+            "session '{session}' has no summary row {row_id}; list its rows with 'abridge summaries {session} --all'"
+        )));
+    };
+    let compacted: Vec<SummaryRow> = history
+        .iter()
+        .filter(|r| r.compacted_into == Some(row_id))
+        .cloned()
+        .collect();
+    if let Some(id) = identifier {
+        let Some(entry) = row.ledger.entries.iter().find(|e| e.text == id) else {
+            return Err(Error::InvalidInput(format!(
+                "summary row {row_id} has no ledger entry '{id}'; 'abridge expand {session} {row_id}' lists its ledger"
+            )));
+        };
+        let episodes = h.episodes_after(session, entry.episode.saturating_sub(1), 1)?;
+        return Ok(Expansion {
+            row,
+            episodes,
+            compacted,
+            next_after: None,
+        });
+    }
+    let start = after.max(row.first_episode - 1);
+    let limit = limit.clamp(1, 10_000);
+    let mut episodes = Vec::new();
+    if start < row.last_episode {
+        let want = (row.last_episode - start).min(u64::from(limit)) as u32;
+        episodes = h.episodes_after(session, start, want)?;
+        episodes.retain(|e| e.id <= row.last_episode);
+    }
+    let next_after = episodes
+        .last()
+        .map(|e| e.id)
+        .filter(|&l| l < row.last_episode);
+    Ok(Expansion {
+        row,
+        episodes,
+        compacted,
+        next_after,
+    })
 }
 
 /// How often one call re-plans after the model refused a prompt as longer than its context
@@ -417,6 +653,12 @@ impl<H: Host> Host for Deferred<'_, H> {
     fn summaries(&mut self, session: &str) -> Result<Vec<SummaryRow>, Error> {
         self.inner.summaries(session)
     }
+    fn summary_history(&mut self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.inner.summary_history(session)
+    }
+    fn compact_summaries(&mut self, session: &str, c: Compaction) -> Result<SummaryRow, Error> {
+        self.inner.compact_summaries(session, c)
+    }
     fn failure(&mut self, session: &str) -> Result<Option<FailureMarker>, Error> {
         self.inner.failure(session)
     }
@@ -434,12 +676,23 @@ impl<H: Host> Host for Deferred<'_, H> {
     }
 }
 
-fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
+fn catch_up(h: &mut impl Host, session: &str, cfg: &Config, upto: u64) -> Result<Outcome, Error> {
     let mut d = Deferred {
         inner: h,
         pending: Vec::new(),
     };
-    let out = catch_up_now(&mut d, session, cfg)?;
+    let mut out = catch_up_now(&mut d, session, cfg, upto)?;
+    // The second level: keep the active chain within its budget.
+    match compact_chain(&mut d, session, cfg, cfg.summary_budget_tokens) {
+        Ok(rows) => out.written.extend(rows),
+        Err(e) => d.log(
+            Level::Warn,
+            &format!(
+                "session {session}: compacting the oldest summary rows failed; they stay as they are: {}",
+                error_text(&e)
+            ),
+        ),
+    }
     // Only a call that succeeded teaches the estimator (see `Deferred`).
     for (model, e, r) in std::mem::take(&mut d.pending) {
         d.inner.record_calibration(&model, e, r)?;
@@ -447,17 +700,23 @@ fn catch_up(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, E
     Ok(out)
 }
 
-fn catch_up_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
+fn catch_up_now(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    upto: u64,
+) -> Result<Outcome, Error> {
     let start = h.stats(session)?;
+    let end = start.last_episode.min(upto);
     let mut out = Outcome::default();
     let mut overflows = 0;
     let mut conflicts = 0;
     let mut long_path_done = false;
     loop {
         let step = if long_path_done {
-            pass(h, session, cfg)
+            pass(h, session, cfg, end)
         } else {
-            map_reduce_if_long(h, session, cfg, &start)
+            map_reduce_if_long(h, session, cfg, &start, end)
         };
         let row = match step {
             Err(Error::ContextOverflow(m)) if overflows < MAX_OVERFLOW_REPLANS => {
@@ -495,7 +754,7 @@ fn catch_up_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcom
         out.written.push(row);
         // Episodes that arrive while this call runs (a chat app keeps posting) are the next
         // call's work: a call covers what the session held when it started, and ends.
-        if reached >= start.last_episode {
+        if reached >= end {
             break;
         }
         // Each pass covers at least one episode, so this bound is never reached by a correct
@@ -512,19 +771,60 @@ fn catch_up_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcom
     Ok(out)
 }
 
-/// One summary pass over the oldest unsummarized episodes that fit the budget. `None` when
-/// the session is caught up.
-fn pass(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Option<SummaryRow>, Error> {
+/// The ledger a row carries: `base` (the row it updates, if any) merged with the identifiers
+/// of `episodes`, within the ledger budget (empty when the ledger is off).
+fn row_ledger<'a>(
+    cfg: &Config,
+    base: Option<&Ledger>,
+    episodes: impl IntoIterator<Item = (u64, &'a str)>,
+) -> Ledger {
+    if cfg.ledger_tokens == 0 {
+        return Ledger::default();
+    }
+    let new = ledger::of_episodes(episodes);
+    let merged = match base {
+        Some(b) => ledger::merge(b, &new),
+        None => new,
+    };
+    ledger::budgeted(&merged, cfg.ledger_tokens)
+}
+
+/// The prompt extras of a fold into `strategy`'s row: that row's ledger (as facts to keep)
+/// and the session's focus.
+fn fold_ledger(strategy: &Strategy) -> String {
+    match strategy {
+        Strategy::Update(r) => ledger::render(&r.ledger),
+        _ => String::new(),
+    }
+}
+
+/// One summary pass over the oldest unsummarized episodes (up to episode `upto`) that fit the
+/// budget. `None` when the session is caught up to `upto`.
+fn pass(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    upto: u64,
+) -> Result<Option<SummaryRow>, Error> {
     let f = calibration_factor(h, cfg)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
+    if covered >= upto {
+        return Ok(None);
+    }
     let strategy = policy::strategy(latest.as_ref(), cfg);
     let previous = match &strategy {
         Strategy::Update(r) => Some(r.content.clone()),
         _ => None,
     };
-    let budget = policy::input_budget_f(cfg, f, prompt::fixed_tokens(previous.as_deref()))
-        .map_err(Error::InvalidInput)?;
+    let ledger_text = fold_ledger(&strategy);
+    let extras = prompt::Extras {
+        ledger: &ledger_text,
+        focus: &cfg.focus,
+    };
+    let budget =
+        policy::input_budget_f(cfg, f, prompt::fixed_tokens_x(previous.as_deref(), &extras))
+            .map_err(Error::InvalidInput)?;
 
     let mut selected: Vec<Episode> = Vec::new();
     let mut used = 0u32;
@@ -536,7 +836,7 @@ fn pass(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Option<Summary
         }
         for ep in page {
             let cost = ep.tokens.saturating_add(3);
-            if used.saturating_add(cost) > budget {
+            if ep.id > upto || used.saturating_add(cost) > budget {
                 break 'fill;
             }
             used += cost;
@@ -546,8 +846,10 @@ fn pass(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Option<Summary
     }
     if selected.is_empty() {
         return match h.episodes_after(session, covered, 1)?.into_iter().next() {
-            None => Ok(None),
-            Some(big) => oversized(h, session, cfg, &strategy, previous, big).map(Some),
+            Some(big) if big.id <= upto => {
+                oversized(h, session, cfg, &strategy, previous, big).map(Some)
+            }
+            _ => Ok(None),
         };
     }
 
@@ -561,12 +863,21 @@ fn pass(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Option<Summary
             describe(&strategy)
         ),
     );
+    let base = match &strategy {
+        Strategy::Update(r) => Some(&r.ledger),
+        _ => None,
+    };
+    let ledger = row_ledger(
+        cfg,
+        base,
+        selected.iter().map(|e| (e.id, e.content.as_str())),
+    );
     let conversation: Vec<Message> = selected
         .into_iter()
         .map(|e| Message::new(e.role, e.content).by(e.speaker))
         .collect();
-    let generated = generate(h, cfg, &conversation, previous.as_deref())?;
-    write(h, session, cfg, &strategy, covered, last, generated).map(Some)
+    let generated = generate(h, cfg, &conversation, previous.as_deref(), &extras)?;
+    write(h, session, cfg, &strategy, covered, last, generated, ledger).map(Some)
 }
 
 /// One episode larger than a whole prompt: fold its pieces into the summary one after the
@@ -580,9 +891,14 @@ fn oversized(
     ep: Episode,
 ) -> Result<SummaryRow, Error> {
     let f = calibration_factor(h, cfg)?;
+    let ledger_text = fold_ledger(strategy);
+    let extras = prompt::Extras {
+        ledger: &ledger_text,
+        focus: &cfg.focus,
+    };
     // Later pieces carry the running summary (at most one output long) as the previous one.
-    let fixed = prompt::fixed_tokens(previous.as_deref())
-        .max(prompt::fixed_tokens(Some("")) + cfg.max_output_tokens);
+    let fixed = prompt::fixed_tokens_x(previous.as_deref(), &extras)
+        .max(prompt::fixed_tokens_x(Some(""), &extras) + cfg.max_output_tokens);
     const MARKER: u32 = 16; // "(part i of n of one long message)"
     let budget = policy::input_budget_f(cfg, f, fixed)
         .map_err(Error::InvalidInput)?
@@ -613,6 +929,7 @@ fn oversized(
             cfg,
             &[Message::new(ep.role, content).by(ep.speaker.clone())],
             current.as_deref(),
+            &extras,
         )?;
         spent.prompt_tokens = spent.prompt_tokens.saturating_add(g.prompt_tokens);
         spent.output_tokens = spent.output_tokens.saturating_add(g.output_tokens);
@@ -620,7 +937,12 @@ fn oversized(
     }
     spent.text = current.unwrap_or_default();
     let covered = ep.id - 1;
-    write(h, session, cfg, strategy, covered, ep.id, spent)
+    let base = match strategy {
+        Strategy::Update(r) => Some(&r.ledger),
+        _ => None,
+    };
+    let ledger = row_ledger(cfg, base, [(ep.id, ep.content.as_str())]);
+    write(h, session, cfg, strategy, covered, ep.id, spent, ledger)
 }
 
 fn describe(s: &Strategy) -> String {
@@ -631,6 +953,7 @@ fn describe(s: &Strategy) -> String {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn write(
     h: &mut impl Host,
     session: &str,
@@ -639,6 +962,7 @@ fn write(
     covered: u64,
     last: u64,
     g: Generated,
+    ledger: Ledger,
 ) -> Result<SummaryRow, Error> {
     let (replaces, first) = match strategy {
         Strategy::Update(r) => (Some(r.id), r.first_episode),
@@ -662,8 +986,176 @@ fn write(
             model,
             now_ms,
             skipped: g.skipped,
+            ledger,
         },
     )
+}
+
+/// Most compactions one call runs (each folds at least two rows, so the chain shrinks).
+const MAX_COMPACTIONS: usize = 32;
+
+/// Estimated tokens the active chain takes in a context (each row's text and its label).
+pub fn chain_tokens(rows: &[SummaryRow]) -> u32 {
+    rows.iter()
+        .map(|r| r.tokens.saturating_add(plan::LABEL_COST))
+        .sum()
+}
+
+/// The second level: while the active chain takes more than `budget` tokens, fold its oldest
+/// rows into one "earlier" row (a fold of summaries labelled with its whole range, its ledger
+/// merged), recursively, so the chain keeps covering episode 1 to now. The folded rows stay
+/// in the store (`summary-history`). Returns the rows written.
+pub fn compact_chain(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    budget: u32,
+) -> Result<Vec<SummaryRow>, Error> {
+    let mut written = Vec::new();
+    let mut conflicts = 0;
+    while written.len() < MAX_COMPACTIONS {
+        let rows = h.summaries(session)?;
+        let total = chain_tokens(&rows);
+        if total <= budget || rows.len() < 2 {
+            break;
+        }
+        // Fold the oldest rows, all but the newest (which a fold may still update) unless
+        // only two are left; just enough of them for the chain to fit, at least two, no
+        // more than one merge prompt holds.
+        let end = if rows.len() >= 3 {
+            rows.len() - 1
+        } else {
+            rows.len()
+        };
+        let f = calibration_factor(h, cfg)?;
+        let merged_of = |rs: &[SummaryRow]| {
+            if cfg.ledger_tokens == 0 {
+                return Ledger::default();
+            }
+            let all = rs
+                .iter()
+                .fold(Ledger::default(), |acc, r| ledger::merge(&acc, &r.ledger));
+            ledger::budgeted(&all, cfg.ledger_tokens)
+        };
+        // The merge prompt's room, with the largest ledger the group could carry.
+        let widest = ledger::render(&merged_of(&rows[..end]));
+        let room = if cfg.engine == Engine::Llm {
+            let extras = prompt::Extras {
+                ledger: &widest,
+                focus: &cfg.focus,
+            };
+            policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens_x(&extras))
+                .map_err(Error::InvalidInput)?
+        } else {
+            u32::MAX
+        };
+        let out_cost = cfg.max_output_tokens.min(EXPECTED_PARTIAL_TOKENS * 2) + plan::LABEL_COST;
+        let (mut take, mut used, mut folded) = (0usize, 0u32, 0u32);
+        for r in &rows[..end] {
+            let c = prompt::partial_cost(&r.content);
+            if take >= 2 && (used.saturating_add(c) > room || total - folded + out_cost <= budget) {
+                break;
+            }
+            used = used.saturating_add(c);
+            folded += r.tokens.saturating_add(plan::LABEL_COST);
+            take += 1;
+        }
+        if take < 2 {
+            break;
+        }
+        let group = &rows[..take];
+        let merged_ledger = merged_of(group);
+        let ledger_text = ledger::render(&merged_ledger);
+        let extras = prompt::Extras {
+            ledger: &ledger_text,
+            focus: &cfg.focus,
+        };
+        let (first, last) = (group[0].first_episode, group[take - 1].last_episode);
+        h.log(
+            Level::Info,
+            &format!(
+                "session {session}: the summary chain takes ~{total} tokens, over its {budget}; compacting rows {}-{} (episodes {first}-{last}) into one earlier row",
+                group[0].id,
+                group[take - 1].id
+            ),
+        );
+        let g = match cfg.engine {
+            Engine::Extractive => {
+                let joined = group
+                    .iter()
+                    .map(|r| r.content.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let text = extractive::summarize(&[], Some(&joined), cfg.max_output_tokens);
+                Generated {
+                    text,
+                    prompt_tokens: 0,
+                    output_tokens: 0,
+                    skipped: Vec::new(),
+                }
+            }
+            Engine::Llm => {
+                let partials: Vec<Partial> = group
+                    .iter()
+                    .map(|r| Partial {
+                        first: r.first_episode,
+                        last: r.last_episode,
+                        text: r.content.clone(),
+                    })
+                    .collect();
+                let req = request(cfg, prompt::build_reduce_x(&partials, &extras));
+                let estimated = prompt_estimate(&req);
+                let source = source_text(&req);
+                let resp = h.generate(req);
+                calibrate(h, cfg, estimated, &resp)?;
+                accept(h, cfg, resp?, estimated, &source)?
+            }
+        };
+        let tokens = estimate_tokens(&g.text);
+        let before: u32 = group.iter().map(|r| r.tokens).sum();
+        if g.text.trim().is_empty() || tokens >= before {
+            h.log(
+                Level::Warn,
+                &format!(
+                    "session {session}: compacting rows {}-{} saved nothing ({tokens} of {before} tokens); left as they are",
+                    group[0].id,
+                    group[take - 1].id
+                ),
+            );
+            break;
+        }
+        let model = match cfg.engine {
+            Engine::Llm => cfg.model.clone(),
+            Engine::Extractive => "extractive".to_string(),
+        };
+        let now_ms = h.now_ms();
+        let skipped = merge_ranges(group.iter().flat_map(|r| r.skipped.clone()).collect());
+        let c = Compaction {
+            rows: group.iter().map(|r| r.id).collect(),
+            content: g.text,
+            tokens,
+            prompt_tokens: g.prompt_tokens,
+            output_tokens: g.output_tokens,
+            model,
+            now_ms,
+            skipped,
+            ledger: merged_ledger,
+        };
+        match h.compact_summaries(session, c) {
+            Ok(row) => written.push(row),
+            Err(Error::Conflict(m)) if conflicts < MAX_CONFLICT_RETRIES => {
+                conflicts += 1;
+                h.log(
+                    Level::Info,
+                    &format!(
+                        "session {session}: the chain changed while compacting; re-reading ({m})"
+                    ),
+                );
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
 }
 
 /// How a summarize call would proceed.
@@ -755,7 +1247,10 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
     if eps.is_empty() {
         return Ok(report);
     }
-    let fixed = prompt::fixed_tokens(latest.as_ref().map(|r| r.content.as_str()));
+    let fixed = prompt::fixed_tokens_x(
+        latest.as_ref().map(|r| r.content.as_str()),
+        &focus_only(cfg),
+    );
     let budget = policy::input_budget_f(cfg, f, fixed).map_err(Error::InvalidInput)?;
     if let Some(map_budget) = long_path(cfg, f, latest.as_ref(), backlog)? {
         let budget = map_budget;
@@ -765,8 +1260,9 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
             chunk_cap(cfg, budget),
             |id| eps[(id - first) as usize].content.clone(),
         );
-        let reduce_budget = policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens())
-            .map_err(Error::InvalidInput)?;
+        let reduce_budget =
+            policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens_x(&focus_only(cfg)))
+                .map_err(Error::InvalidInput)?;
         // Estimate with the expected partial size; in a tight context, with smaller ones
         // (execution groups the real partials by their real size).
         let mut partial = expected_partial(cfg);
@@ -790,7 +1286,7 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
             .iter()
             .flatten()
             .map(|g| {
-                u64::from(prompt::reduce_fixed_tokens())
+                u64::from(prompt::reduce_fixed_tokens_x(&focus_only(cfg)))
                     + g.len() as u64 * u64::from(partial + plan::LABEL_COST)
             })
             .sum();
@@ -818,12 +1314,14 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
     Ok(report)
 }
 
-/// Produce summary text for `conversation` (folding into `previous` if given).
+/// Produce summary text for `conversation` (folding into `previous` if given), with the
+/// prompt's `extras` (the ledger to keep, the focus).
 fn generate(
     h: &mut impl Host,
     cfg: &Config,
     conversation: &[Message],
     previous: Option<&str>,
+    extras: &prompt::Extras,
 ) -> Result<Generated, Error> {
     match cfg.engine {
         Engine::Extractive => {
@@ -841,11 +1339,12 @@ fn generate(
             })
         }
         Engine::Llm => {
-            let req = request(cfg, prompt::build(conversation, previous));
+            let req = request(cfg, prompt::build_x(conversation, previous, extras));
             let estimated = prompt_estimate(&req);
+            let source = source_text(&req);
             let resp = h.generate(req);
             calibrate(h, cfg, estimated, &resp)?;
-            accept(h, cfg, resp?, estimated)
+            accept(h, cfg, resp?, estimated, &source)
         }
     }
 }
@@ -939,12 +1438,29 @@ pub(crate) fn request(cfg: &Config, built: prompt::Built) -> Request {
     }
 }
 
-/// Clean a model answer and pass it through the quality gate.
+/// What a request gives the model to summarize: its non-system messages (the conversation,
+/// the current summary, the ledger), or the whole raw prompt. A quotation in the answer must
+/// occur here.
+fn source_text(req: &Request) -> String {
+    match &req.prompt {
+        Prompt::Chat(ms) => ms
+            .iter()
+            .filter(|m| m.role != crate::types::Role::System)
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Prompt::Raw(s) => s.clone(),
+    }
+}
+
+/// Clean a model answer and pass it through the quality gate, including the provenance check:
+/// a quoted span must occur in `source` (see [`quality::unsupported_quote`]).
 fn accept(
     h: &mut impl Host,
     cfg: &Config,
     resp: Response,
     estimated: u32,
+    source: &str,
 ) -> Result<Generated, Error> {
     if let Some(p) = resp.prompt_tokens
         && p >= cfg.context_length.saturating_sub(cfg.max_output_tokens)
@@ -958,10 +1474,17 @@ fn accept(
         );
     }
     let cleaned = strip::strip_template_tokens(&resp.text);
-    quality::check(&cleaned, resp.finish, cfg.max_output_tokens, estimated).map_err(|why| {
-        h.log(Level::Warn, &format!("summary rejected: {why}"));
-        Error::RejectedOutput(why)
-    })?;
+    quality::check(&cleaned, resp.finish, cfg.max_output_tokens, estimated)
+        .and_then(|()| match quality::unsupported_quote(&cleaned, &[source]) {
+            Some(q) => Err(format!(
+                "the summary quotes \"{q}\", which does not occur in the text it summarizes (an invented quotation)"
+            )),
+            None => Ok(()),
+        })
+        .map_err(|why| {
+            h.log(Level::Warn, &format!("summary rejected: {why}"));
+            Error::RejectedOutput(why)
+        })?;
     Ok(Generated {
         text: cleaned,
         prompt_tokens: resp.prompt_tokens.unwrap_or(0),
@@ -988,6 +1511,7 @@ fn run_batch(
     while reqs.peek().is_some() {
         let batch: Vec<Request> = reqs.by_ref().take(BATCH).collect();
         let estimates: Vec<u32> = batch.iter().map(prompt_estimate).collect();
+        let sources: Vec<String> = batch.iter().map(source_text).collect();
         // Kept (one batch at a time) only when a rejected answer may be asked again.
         let sent = rejected.as_ref().map(|_| batch.clone());
         for (j, (resp, estimated)) in h
@@ -1006,7 +1530,7 @@ fn run_batch(
                 spent.1 = spent.1.saturating_add(r.output_tokens.unwrap_or(0));
             }
             let answer = resp
-                .and_then(|r| accept(h, cfg, r, estimated))
+                .and_then(|r| accept(h, cfg, r, estimated, &sources[j]))
                 .map(|g| g.text);
             if let (Err(Error::RejectedOutput(_)), Some(list), Some(sent)) =
                 (&answer, rejected.as_deref_mut(), &sent)
@@ -1092,12 +1616,19 @@ fn cached_batch(
             spent.0 = spent.0.saturating_add(hit.prompt_tokens);
             spent.1 = spent.1.saturating_add(hit.output_tokens);
             let cleaned = strip::strip_template_tokens(&hit.text);
-            match quality::check(
+            let checked = quality::check(
                 &cleaned,
                 Finish::Stop,
                 cfg.max_output_tokens,
                 prompt_estimate(&req),
-            ) {
+            )
+            .and_then(|()| {
+                match quality::unsupported_quote(&cleaned, &[source_text(&req).as_str()]) {
+                    Some(q) => Err(format!("it quotes \"{q}\", which its source lacks")),
+                    None => Ok(()),
+                }
+            });
+            match checked {
                 Ok(()) => {
                     out[i] = Some(Ok(cleaned));
                     continue;
@@ -1194,6 +1725,14 @@ fn with_message(e: Error, m: String) -> Error {
     }
 }
 
+/// The prompt extras of map and reduce prompts: the focus only.
+fn focus_only(cfg: &Config) -> prompt::Extras<'_> {
+    prompt::Extras {
+        ledger: "",
+        focus: &cfg.focus,
+    }
+}
+
 /// The map chunk budget when the backlog goes the map-reduce way, else `None`: a session
 /// with no summary yet whose backlog exceeds one prompt, or a summarized session whose new
 /// part would take more than two rolling passes (the new part is then map-reduced into a new
@@ -1207,13 +1746,17 @@ fn long_path(
     if cfg.engine != Engine::Llm {
         return Ok(None);
     }
-    let map_budget =
-        policy::input_budget_f(cfg, f, prompt::fixed_tokens(None)).map_err(Error::InvalidInput)?;
+    let map_budget = policy::input_budget_f(cfg, f, prompt::fixed_tokens_x(None, &focus_only(cfg)))
+        .map_err(Error::InvalidInput)?;
     let limit = match latest {
         None => u64::from(map_budget),
         Some(r) => {
-            let pass = policy::input_budget_f(cfg, f, prompt::fixed_tokens(Some(&r.content)))
-                .map_err(Error::InvalidInput)?;
+            let pass = policy::input_budget_f(
+                cfg,
+                f,
+                prompt::fixed_tokens_x(Some(&r.content), &focus_only(cfg)),
+            )
+            .map_err(Error::InvalidInput)?;
             2 * u64::from(pass)
         }
     };
@@ -1228,6 +1771,7 @@ fn map_reduce_if_long(
     session: &str,
     cfg: &Config,
     stats: &Stats,
+    upto: u64,
 ) -> Result<Option<SummaryRow>, Error> {
     let f = calibration_factor(h, cfg)?;
     if cfg.engine != Engine::Llm || stats.episodes == 0 {
@@ -1235,10 +1779,11 @@ fn map_reduce_if_long(
     }
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
-    if covered >= stats.last_episode {
+    if covered >= stats.last_episode.min(upto) {
         return Ok(None);
     }
-    let eps = episodes_after_all(h, session, covered)?;
+    let mut eps = episodes_after_all(h, session, covered)?;
+    eps.retain(|e| e.id <= upto);
     let backlog: u64 = eps
         .iter()
         .map(|e| u64::from(e.tokens) + u64::from(plan::MESSAGE_COST))
@@ -1282,7 +1827,10 @@ fn map_reduce_if_long(
                 )]
             }
         };
-        reqs.push(request(cfg, prompt::build(&conversation, None)));
+        reqs.push(request(
+            cfg,
+            prompt::build_x(&conversation, None, &focus_only(cfg)),
+        ));
     }
     let mut spent = (0u32, 0u32);
     let results = cached_batch(
@@ -1341,8 +1889,9 @@ fn map_reduce_if_long(
         }
     }
     // Consecutive parts of one split episode cover the same episode; labels stay accurate.
-    let reduce_budget = policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens())
-        .map_err(Error::InvalidInput)?;
+    let reduce_budget =
+        policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens_x(&focus_only(cfg)))
+            .map_err(Error::InvalidInput)?;
     let mut level = 0;
     while partials.len() > 1 {
         level += 1;
@@ -1355,7 +1904,12 @@ fn map_reduce_if_long(
         })?;
         let reqs = groups
             .iter()
-            .map(|g| request(cfg, prompt::build_reduce(&partials[g.clone()])))
+            .map(|g| {
+                request(
+                    cfg,
+                    prompt::build_reduce_x(&partials[g.clone()], &focus_only(cfg)),
+                )
+            })
             .collect();
         // A failed merge cannot be skipped without losing several chunks: the call fails.
         let texts = cached_batch(
@@ -1390,7 +1944,8 @@ fn map_reduce_if_long(
         Strategy::Fresh
     };
     let last = covered + eps.len() as u64;
-    write(h, session, cfg, &strategy, covered, last, g).map(Some)
+    let ledger = row_ledger(cfg, None, eps.iter().map(|e| (e.id, e.content.as_str())));
+    write(h, session, cfg, &strategy, covered, last, g, ledger).map(Some)
 }
 
 #[cfg(test)]

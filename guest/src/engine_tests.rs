@@ -28,6 +28,11 @@ struct Fake {
     stuck: bool,
     /// Episodes a chat app appends while each model call runs.
     grow_per_call: usize,
+    /// Rows compacted into "earlier" rows (out of the active chain, never deleted).
+    compacted: Vec<SummaryRow>,
+    /// A model that keeps only the last exchange: its answer restates the prompt's last
+    /// conversation line and drops everything else (earlier facts included).
+    forgetful: bool,
 }
 
 impl Fake {
@@ -143,6 +148,9 @@ impl Host for Fake {
             created_ms: w.now_ms,
             updated_ms: w.now_ms,
             skipped: w.skipped,
+            level: 0,
+            compacted_into: None,
+            ledger: w.ledger,
         };
         match w.replaces {
             None => {
@@ -152,7 +160,7 @@ impl Host for Fake {
                     "new row must follow the chain"
                 );
                 let row = SummaryRow {
-                    id: self.rows.len() as u64 + 1,
+                    id: (self.rows.len() + self.compacted.len()) as u64 + 1,
                     ..row
                 };
                 self.rows.push(row.clone());
@@ -171,6 +179,47 @@ impl Host for Fake {
                 Ok(last.clone())
             }
         }
+    }
+    fn summary_history(&mut self, _: &str) -> Result<Vec<SummaryRow>, Error> {
+        let mut all: Vec<SummaryRow> = self.rows.iter().chain(&self.compacted).cloned().collect();
+        all.sort_by(|a, b| {
+            a.first_episode
+                .cmp(&b.first_episode)
+                .then(b.level.cmp(&a.level))
+        });
+        Ok(all)
+    }
+    fn compact_summaries(&mut self, _: &str, c: Compaction) -> Result<SummaryRow, Error> {
+        let k = c.rows.len();
+        assert!(k >= 2, "a compaction folds at least two rows");
+        let ids: Vec<u64> = self.rows.iter().take(k).map(|r| r.id).collect();
+        if ids != c.rows {
+            return Err(Error::Conflict("not the oldest active rows".into()));
+        }
+        let id = (self.rows.len() + self.compacted.len()) as u64 + 1;
+        let folded: Vec<SummaryRow> = self.rows.drain(..k).collect();
+        let row = SummaryRow {
+            id,
+            first_episode: folded[0].first_episode,
+            last_episode: folded[k - 1].last_episode,
+            content: c.content,
+            tokens: c.tokens,
+            prompt_tokens: c.prompt_tokens,
+            output_tokens: c.output_tokens,
+            model: c.model,
+            created_ms: c.now_ms,
+            updated_ms: c.now_ms,
+            skipped: c.skipped,
+            level: folded.iter().map(|r| r.level).max().unwrap_or(0) + 1,
+            compacted_into: None,
+            ledger: c.ledger,
+        };
+        for mut r in folded {
+            r.compacted_into = Some(id);
+            self.compacted.push(r);
+        }
+        self.rows.insert(0, row.clone());
+        Ok(row)
     }
     fn generate(&mut self, req: Request) -> Result<Response, Error> {
         for _ in 0..self.grow_per_call {
@@ -206,6 +255,19 @@ impl Host for Fake {
         self.requests.push(req);
         if !self.replies.is_empty() {
             return self.replies.remove(0);
+        }
+        if self.forgetful {
+            let last = text
+                .lines()
+                .filter(|l| l.starts_with("User: ") || l.starts_with("Assistant: "))
+                .next_back()
+                .unwrap_or("nothing");
+            return Ok(Response {
+                text: format!("The conversation so far ended with this exchange. {last}"),
+                finish: Finish::Stop,
+                prompt_tokens: Some(estimate_tokens(&text)),
+                output_tokens: Some(20),
+            });
         }
         let ids: Vec<&str> = text
             .split_whitespace()
@@ -284,7 +346,11 @@ impl Host for Fake {
         self.now += 1;
         self.now
     }
-    fn log(&mut self, _: Level, _: &str) {}
+    fn log(&mut self, l: Level, m: &str) {
+        if std::env::var("FAKE_LOG").is_ok() {
+            eprintln!("{l:?} {m}");
+        }
+    }
 }
 
 fn cfg() -> Config {
@@ -801,6 +867,8 @@ fn a_cached_answer_that_fails_the_quality_gate_is_asked_again() {
     );
     f.rows.clear();
     f.progress.clear();
+    // The same plan as the first run (whose success taught the estimator).
+    f.calibration = None;
     summarize_now(&mut f, "s", &c).unwrap();
     let again = &f.requests[asked..];
     assert_eq!(again.len(), 1, "only the poisoned chunk is asked again");
@@ -1009,9 +1077,10 @@ fn context_fits_the_budget_refreshes_when_far_behind_and_reset_clears() {
         budget: 400,
         pairs: 4,
         refresh_after: 8,
+        pins: vec![],
     };
     // Ten messages beyond the summary (over 8): eager refreshes first.
-    let w = context(&mut f, "s", req, &cfg()).unwrap();
+    let w = context(&mut f, "s", req.clone(), &cfg()).unwrap();
     assert!(w.refreshed && !w.refresh_due);
     assert_eq!(w.window.covered, 40);
     assert!(w.window.tokens <= 400);
@@ -1022,14 +1091,14 @@ fn context_fits_the_budget_refreshes_when_far_behind_and_reset_clears() {
         f.push(Role::User, &format!("ep{i} {}", "word ".repeat(20)));
     }
     let calls = f.requests.len();
-    let w = context(&mut f, "s", req, &idle_cfg()).unwrap();
+    let w = context(&mut f, "s", req.clone(), &idle_cfg()).unwrap();
     assert!(w.refresh_due && !w.refreshed);
     assert_eq!(f.requests.len(), calls);
     assert!(w.window.omitted > 0);
     // Reset clears history and summaries.
     reset(&mut f, "s").unwrap();
     assert!(f.rows.is_empty() && f.episodes.is_empty());
-    let w = context(&mut f, "s", req, &cfg()).unwrap();
+    let w = context(&mut f, "s", req.clone(), &cfg()).unwrap();
     assert!(w.window.messages.is_empty());
 }
 
@@ -1184,4 +1253,406 @@ fn a_session_that_grows_during_the_call_is_covered_as_it_stood_and_the_call_ends
     assert!(covered >= 12, "covered {covered}");
     assert!(out.passes <= 2, "{} passes", out.passes);
     assert!(out.unsummarized > 0);
+}
+
+// ---- Summaries that do not drift (#12) ----
+
+/// A conversation whose user turns each plant identifiers: a path, a ticket, a version and a
+/// number with a unit.
+fn planted(f: &mut Fake, from: usize, to: usize) {
+    for i in from..=to {
+        f.push(
+            Role::User,
+            &format!(
+                "Turn {i}: please look at src/mod{i}.rs for ticket #{} before release v2.{i}.0; it took {} ms.",
+                1000 + i,
+                10 * i
+            ),
+        );
+        f.push(
+            Role::Assistant,
+            &format!("Noted for turn {i}; I will check the module and report back."),
+        );
+    }
+}
+
+fn context_text(w: &ContextWindow) -> String {
+    w.window
+        .messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn identifiers_survive_fifty_folds_of_a_model_that_keeps_only_the_last_exchange() {
+    let mut f = Fake {
+        forgetful: true,
+        ..Fake::default()
+    };
+    let c = Config {
+        min_episodes_since: 2,
+        threshold_tokens: 0,
+        ledger_tokens: 4000,
+        ..cfg()
+    };
+    let mut folds = 0;
+    for i in 1..=50 {
+        planted(&mut f, i, i);
+        folds += after_episode_written(&mut f, "s", &c).unwrap().passes;
+    }
+    assert!(folds >= 49, "{folds} folds");
+    let texts: Vec<String> = f.episodes.iter().map(|e| e.content.clone()).collect();
+    let req = ContextRequest {
+        budget: 20_000,
+        pairs: 1,
+        refresh_after: 8,
+        pins: vec![],
+    };
+    let w = context(&mut f, "s", req, &c).unwrap();
+    let (all, kept) = ledger::retention(texts.iter().map(String::as_str), &context_text(&w));
+    assert_eq!(all, 200, "4 identifiers in each of 50 turns");
+    assert_eq!(kept, all, "every identifier is in the context");
+    // The prose alone keeps only what the last exchange said.
+    let prose = f
+        .rows
+        .iter()
+        .map(|r| r.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let (_, in_prose) = ledger::retention(texts.iter().map(String::as_str), &prose);
+    assert!(in_prose <= 8, "prose kept {in_prose}");
+    // Each entry knows the episode it was last seen in.
+    let row = f.rows.last().unwrap();
+    let e = row
+        .ledger
+        .entries
+        .iter()
+        .find(|e| e.text == "src/mod7.rs")
+        .unwrap();
+    assert_eq!(e.episode, 13);
+    assert_eq!(row.ledger.dropped, 0);
+}
+
+#[test]
+fn a_small_ledger_budget_drops_the_oldest_and_counts_them() {
+    let mut f = Fake {
+        forgetful: true,
+        ..Fake::default()
+    };
+    let c = Config {
+        min_episodes_since: 2,
+        threshold_tokens: 0,
+        ledger_tokens: 120,
+        ..cfg()
+    };
+    for i in 1..=30 {
+        planted(&mut f, i, i);
+        after_episode_written(&mut f, "s", &c).unwrap();
+    }
+    let row = f.rows.last().unwrap();
+    assert!(
+        row.ledger
+            .entries
+            .iter()
+            .map(ledger::entry_cost)
+            .sum::<u32>()
+            <= 120
+    );
+    assert!(row.ledger.dropped > 0);
+    assert!(
+        row.ledger.entries.iter().any(|e| e.text == "src/mod30.rs"),
+        "the newest stays"
+    );
+    assert!(
+        !row.ledger.entries.iter().any(|e| e.text == "src/mod1.rs"),
+        "the oldest goes"
+    );
+}
+
+#[test]
+fn two_huge_messages_are_folded_and_a_context_that_leaves_anything_out_says_so() {
+    let mut f = Fake {
+        forgetful: true,
+        ..Fake::default()
+    };
+    f.push(Role::User, &format!("ep1 {}", "alpha ".repeat(3500)));
+    f.push(Role::Assistant, &format!("ep2 {}", "beta ".repeat(3500)));
+    // What a caller that runs refreshes itself sees first: nothing summarized, and the
+    // context says which episodes it left out.
+    let hot = ContextRequest {
+        budget: 2000,
+        pairs: 4,
+        refresh_after: u32::MAX,
+        pins: vec![],
+    };
+    let w = context(&mut f, "s", hot.clone(), &cfg()).unwrap();
+    assert!(w.window.omitted > 0);
+    assert_eq!(w.window.omitted_ranges, vec![(1, 2)], "{:?}", w.window);
+    assert!(w.window.covered_from > 1);
+    // Two episodes never reach min-episodes (5), but 3,500 tokens over the backlog limit do.
+    assert_eq!(
+        freshness(&mut f, "s", &cfg()).unwrap().state,
+        FreshState::Due
+    );
+    let out = refresh(&mut f, "s", &cfg()).unwrap();
+    assert!(out.triggered && out.passes > 0);
+    let w = context(&mut f, "s", hot, &cfg()).unwrap();
+    assert_eq!(w.window.covered, 2);
+    assert!(w.window.tokens <= 2000);
+}
+
+#[test]
+fn the_second_level_keeps_episode_one_in_a_small_context_over_a_thousand_turns() {
+    let mut f = Fake::default();
+    let c = Config {
+        engine: Engine::Extractive,
+        max_summary_tokens: 20,
+        summary_budget_tokens: 300,
+        ledger_tokens: 100,
+        ..cfg()
+    };
+    let req = ContextRequest {
+        budget: 700,
+        pairs: 2,
+        refresh_after: 8,
+        pins: vec![],
+    };
+    for i in 1..=1000usize {
+        let role = if i % 2 == 1 {
+            Role::User
+        } else {
+            Role::Assistant
+        };
+        f.push(
+            role,
+            &format!(
+                "Message {i} talks about the {} deployment and the {} budget review for item {}.",
+                ["billing", "search", "ingest", "alerting"][i % 4],
+                ["quarterly", "monthly", "yearly"][i % 3],
+                i * 7
+            ),
+        );
+        after_episode_written(&mut f, "s", &c).unwrap();
+        if i % 50 == 0 {
+            let w = context(&mut f, "s", req.clone(), &c).unwrap();
+            assert!(
+                w.window.tokens <= 700,
+                "turn {i}: {} tokens",
+                w.window.tokens
+            );
+            assert_eq!(
+                w.window.covered_from, 1,
+                "turn {i}: {:?}",
+                w.window.omitted_ranges
+            );
+            assert!(
+                w.window.omitted_ranges.is_empty(),
+                "turn {i}: {:?}",
+                w.window.omitted_ranges
+            );
+        }
+    }
+    let w = context(&mut f, "s", req, &c).unwrap();
+    assert!(
+        w.window.level >= 2,
+        "a fold of folds by now: level {}",
+        w.window.level
+    );
+    assert!(chain_tokens(&f.rows) <= 300 + 200);
+    // Nothing was deleted: the history still holds every row, each range covered once per
+    // level, and the active chain covers 1..n exactly once.
+    f.assert_chain();
+    assert!(!f.compacted.is_empty());
+    let history = f.summary_history("s").unwrap();
+    assert_eq!(history.len(), f.rows.len() + f.compacted.len());
+}
+
+#[test]
+fn expand_returns_exactly_the_covered_episodes_and_a_ledger_entry_its_episode() {
+    let mut f = Fake::default();
+    planted(&mut f, 1, 20);
+    let c = Config {
+        engine: Engine::Extractive,
+        max_summary_tokens: 40,
+        summary_budget_tokens: 200,
+        ..cfg()
+    };
+    for _ in 0..4 {
+        summarize_now(&mut f, "s", &c).unwrap();
+        let n = f.episodes.len() / 2;
+        planted(&mut f, n + 1, n + 10);
+    }
+    summarize_now(&mut f, "s", &c).unwrap();
+    let history = f.summary_history("s").unwrap();
+    for r in &history {
+        let x = expand(&mut f, "s", r.id, None, 0, 10_000).unwrap();
+        let ids: Vec<u64> = x.episodes.iter().map(|e| e.id).collect();
+        assert_eq!(ids, (r.first_episode..=r.last_episode).collect::<Vec<_>>());
+        assert_eq!(x.next_after, None);
+        if r.level > 0 {
+            assert!(x.compacted.len() >= 2);
+            assert_eq!(x.compacted[0].first_episode, r.first_episode);
+        }
+    }
+    // Paged.
+    let r = &history[0];
+    let x = expand(&mut f, "s", r.id, None, 0, 2).unwrap();
+    assert_eq!(x.episodes.len(), 2);
+    assert_eq!(x.next_after, Some(r.first_episode + 1));
+    // A ledger entry leads to the episode it came from.
+    let r = f.rows.last().unwrap().clone();
+    let entry = r.ledger.entries.last().unwrap().clone();
+    let x = expand(&mut f, "s", r.id, Some(&entry.text), 0, 10).unwrap();
+    assert_eq!(x.episodes.len(), 1);
+    assert_eq!(x.episodes[0].id, entry.episode);
+    assert!(x.episodes[0].content.contains(&entry.text));
+    // Unknown rows and identifiers are the caller's mistake.
+    assert!(matches!(
+        expand(&mut f, "s", 999, None, 0, 10),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        expand(&mut f, "s", r.id, Some("nope.rs"), 0, 10),
+        Err(Error::InvalidInput(_))
+    ));
+}
+
+#[test]
+fn an_invented_quote_is_rejected_and_the_previous_summary_stays() {
+    let mut f = Fake::default();
+    planted(&mut f, 1, 5);
+    summarize_now(&mut f, "s", &cfg()).unwrap();
+    let before = f.rows.clone();
+    planted(&mut f, 6, 10);
+    let said = |t: &str| {
+        Ok(Response {
+            text: t.into(),
+            finish: Finish::Stop,
+            prompt_tokens: Some(900),
+            output_tokens: Some(40),
+        })
+    };
+    f.replies = vec![said(
+        "The user reviewed ten modules and their tickets, then said \"delete the production database tonight\" before the release.",
+    )];
+    let e = summarize_now(&mut f, "s", &cfg()).unwrap_err();
+    assert!(
+        matches!(&e, Error::RejectedOutput(m) if m.contains("delete the production database tonight")),
+        "{e:?}"
+    );
+    assert_eq!(f.rows, before, "the previous summary stays");
+    assert!(f.marker.is_some(), "the failure is recorded");
+    // A quote of words that were said passes.
+    f.replies = vec![said(
+        "The user listed modules and tickets for the release; the assistant answered \"I will check the module and report back\" each time.",
+    )];
+    summarize_now(&mut f, "s", &cfg()).unwrap();
+    assert_eq!(f.rows.last().unwrap().last_episode, 20);
+}
+
+#[test]
+fn what_the_gate_cannot_catch_an_unquoted_invented_instruction() {
+    // Documented limit: the gate checks quotations, not paraphrase. An instruction the user
+    // never gave, written without quotes, passes it (the prompts forbid it; only a reader of
+    // the expanded episodes can tell).
+    let mut f = Fake::default();
+    planted(&mut f, 1, 5);
+    f.replies = vec![Ok(Response {
+        text: "The user instructed the assistant to delete the staging cluster after reviewing the five modules and their tickets.".into(),
+        finish: Finish::Stop,
+        prompt_tokens: Some(900),
+        output_tokens: Some(40),
+    })];
+    summarize_now(&mut f, "s", &cfg()).unwrap();
+    assert!(f.rows[0].content.contains("instructed"));
+}
+
+#[test]
+fn pinned_messages_stay_in_the_context_whatever_their_age() {
+    let mut f = Fake::default();
+    f.push(
+        Role::User,
+        "ep1 PINNED: the deploy key lives in vault path secret/deploy/prod.",
+    );
+    planted(&mut f, 2, 60);
+    let c = Config {
+        engine: Engine::Extractive,
+        ..cfg()
+    };
+    summarize_now(&mut f, "s", &c).unwrap();
+    let req = ContextRequest {
+        budget: 400,
+        pairs: 2,
+        refresh_after: 8,
+        pins: vec![1, 999],
+    };
+    let w = context(&mut f, "s", req, &c).unwrap();
+    assert_eq!(w.window.pinned, 1);
+    assert!(w.window.tokens <= 400);
+    let verbatim: Vec<&Message> = w
+        .window
+        .messages
+        .iter()
+        .filter(|m| m.role != Role::System)
+        .collect();
+    assert!(
+        verbatim[0].content.starts_with("ep1 PINNED"),
+        "{verbatim:?}"
+    );
+}
+
+#[test]
+fn focus_instructions_reach_every_fold_prompt() {
+    let mut f = Fake::default();
+    planted(&mut f, 1, 5);
+    let c = Config {
+        focus: "keep decisions and file paths".into(),
+        ..cfg()
+    };
+    summarize_now(&mut f, "s", &c).unwrap();
+    planted(&mut f, 6, 10);
+    summarize_now(&mut f, "s", &c).unwrap();
+    assert!(f.requests.len() >= 2);
+    for r in &f.requests {
+        assert!(Fake::prompt_text(r).contains("keep decisions and file paths"));
+    }
+}
+
+#[test]
+fn window_mode_folds_what_left_the_window_and_never_misses_a_message() {
+    let mut f = Fake {
+        forgetful: true,
+        ..Fake::default()
+    };
+    let c = Config {
+        mode: policy::Mode::Window,
+        threshold_tokens: 0,
+        ..cfg()
+    };
+    let req = ContextRequest {
+        budget: 6000,
+        pairs: 4,
+        refresh_after: 8,
+        pins: vec![],
+    };
+    let mut folds = 0;
+    for i in 1..=100usize {
+        planted(&mut f, i, i);
+        folds += after_episode_written(&mut f, "s", &c).unwrap().passes;
+        let w = context(&mut f, "s", req.clone(), &c).unwrap();
+        assert!(
+            w.window.omitted_ranges.is_empty(),
+            "turn {i}: {:?}",
+            w.window.omitted_ranges
+        );
+        assert_eq!(w.window.covered_from, 1);
+        // The recent window is never folded.
+        let covered = f.rows.last().map_or(0, |r| r.last_episode);
+        assert!(covered + u64::from(c.window_messages) <= f.episodes.len() as u64 || covered == 0);
+    }
+    assert!(folds >= 2, "{folds}");
+    // Each fold takes a batch several times its fixed part: far fewer folds than eager.
+    assert!(folds < 20, "{folds} folds for 200 messages");
 }

@@ -62,6 +62,9 @@ pub struct Inputs {
     pub now_ms: u64,
     /// The failure marker, if any.
     pub marker: Option<FailureMarker>,
+    /// Window mode: estimated tokens of the unsummarized episodes that have left the recent
+    /// window, and the fold size they must reach ([`crate::policy::window_batch`]).
+    pub window: Option<(u64, u64)>,
 }
 
 /// Longest backoff between automatic attempts: six hours.
@@ -151,8 +154,30 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
         Mode::Eager => {
             if new >= u64::from(cfg.min_episodes_since) {
                 set(&mut f, State::Due, format!("{new} new episodes"));
+            } else if crate::policy::backlog_over(inp.backlog_tokens, cfg) {
+                let why = format!(
+                    "{new} new episodes of {} tokens, at or over the {}-token backlog limit",
+                    inp.backlog_tokens, cfg.max_backlog_tokens
+                );
+                set(&mut f, State::Due, why);
             } else {
                 let why = format!("{new} new episodes, waiting for {}", cfg.min_episodes_since);
+                set(&mut f, State::Waiting, why);
+            }
+        }
+        Mode::Window => {
+            let (left, batch) = inp.window.unwrap_or((0, 1));
+            if left >= batch {
+                let why = format!(
+                    "{left} tokens have left the recent window of {} messages (folding from {batch})",
+                    cfg.window_messages
+                );
+                set(&mut f, State::Due, why);
+            } else {
+                let why = format!(
+                    "{left} tokens have left the recent window of {} messages; folding from {batch}",
+                    cfg.window_messages
+                );
                 set(&mut f, State::Waiting, why);
             }
         }
@@ -214,6 +239,7 @@ mod tests {
             covered_until_ms: None,
             now_ms: now,
             marker: None,
+            window: None,
         }
     }
 
@@ -272,6 +298,39 @@ mod tests {
             verdict(inputs(10, 5, Some(last), 5 * H), &p).state,
             State::Waiting
         );
+    }
+
+    #[test]
+    fn a_large_backlog_is_due_whatever_its_count_and_window_mode_waits_for_a_batch() {
+        let c = Config::default();
+        // Two messages of 3,500 tokens each: under min-episodes, over the backlog limit.
+        let big = Inputs {
+            stats: Stats {
+                episodes: 2,
+                total_tokens: 7000,
+                last_episode: 2,
+            },
+            backlog_tokens: 7000,
+            ..inputs(2, 0, None, 0)
+        };
+        let v = verdict(big, &c);
+        assert_eq!(v.state, State::Due, "{}", v.reason);
+        let w = Config {
+            mode: Mode::Window,
+            ..Config::default()
+        };
+        let at = |left, batch| {
+            verdict(
+                Inputs {
+                    window: Some((left, batch)),
+                    ..inputs(30, 0, None, 0)
+                },
+                &w,
+            )
+            .state
+        };
+        assert_eq!(at(100, 1200), State::Waiting);
+        assert_eq!(at(1200, 1200), State::Due);
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod embed;
 pub mod engine;
 pub mod extractive;
 pub mod freshness;
+pub mod ledger;
 pub mod memory;
 pub mod plan;
 pub mod policy;

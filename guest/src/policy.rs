@@ -56,6 +56,16 @@ pub struct Config {
     pub max_attempts: u32,
     /// First backoff after a failed refresh, seconds (doubled per further failure).
     pub retry_base_secs: u32,
+    /// Eager trigger: unsummarized tokens that are due whatever the episode count.
+    pub max_backlog_tokens: u32,
+    /// Second level: most tokens of the active chain before the oldest rows are compacted.
+    pub summary_budget_tokens: u32,
+    /// The facts ledger's budget (per row and in a context); 0: no ledger.
+    pub ledger_tokens: u32,
+    /// Window mode: messages the context keeps verbatim (only older ones are folded).
+    pub window_messages: u32,
+    /// Focus instructions added to every fold prompt.
+    pub focus: String,
 }
 
 /// When automatic refreshes summarize (mirrors the WIT `mode`).
@@ -65,6 +75,8 @@ pub enum Mode {
     Eager,
     /// Once the conversation has been quiet for the quiescence window.
     Idle,
+    /// Fold only what has left the context's recent window, in bounded-overhead batches.
+    Window,
 }
 
 impl Default for Config {
@@ -86,6 +98,11 @@ impl Default for Config {
             provisional_tokens: 0,
             max_attempts: 5,
             retry_base_secs: 60,
+            max_backlog_tokens: 1000,
+            summary_budget_tokens: 1200,
+            ledger_tokens: 300,
+            window_messages: 8,
+            focus: String::new(),
         }
     }
 }
@@ -109,18 +126,39 @@ pub fn unsummarized(stats: &Stats, latest: Option<&SummaryRow>) -> u64 {
 }
 
 /// The trigger: total tokens over the threshold and enough episodes since the last summary.
-pub fn should_trigger(stats: &Stats, latest: Option<&SummaryRow>, cfg: &Config) -> bool {
+/// `backlog_tokens` are the estimated tokens of the unsummarized episodes: at
+/// `max_backlog_tokens` or more they are due whatever their count.
+pub fn should_trigger(
+    stats: &Stats,
+    latest: Option<&SummaryRow>,
+    backlog_tokens: u64,
+    cfg: &Config,
+) -> bool {
     let since = unsummarized(stats, latest);
     since > 0
         && stats.total_tokens > u64::from(cfg.threshold_tokens)
-        && since >= u64::from(cfg.min_episodes_since)
+        && (since >= u64::from(cfg.min_episodes_since) || backlog_over(backlog_tokens, cfg))
 }
 
-/// Pick the strategy for the next pass.
+/// Whether unsummarized tokens reach the eager trigger's token limit.
+pub fn backlog_over(backlog_tokens: u64, cfg: &Config) -> bool {
+    cfg.max_backlog_tokens > 0 && backlog_tokens >= u64::from(cfg.max_backlog_tokens)
+}
+
+/// Window mode's fold size: tokens that must have left the recent window before a fold, four
+/// times the fold's fixed part (instructions, summary, ledger) so its overhead is at most a
+/// quarter of what it folds, within the conversation budget of one prompt `budget`.
+pub fn window_batch(fixed: u32, budget: u32) -> u32 {
+    fixed.saturating_mul(4).min(budget).max(1)
+}
+
+/// Pick the strategy for the next pass. Only an episode summary (level 0) is updated in place.
 pub fn strategy(latest: Option<&SummaryRow>, cfg: &Config) -> Strategy {
     match latest {
         None => Strategy::Fresh,
-        Some(row) if row.tokens < cfg.max_summary_tokens => Strategy::Update(row.clone()),
+        Some(row) if row.tokens < cfg.max_summary_tokens && row.level == 0 => {
+            Strategy::Update(row.clone())
+        }
         Some(_) => Strategy::NewRow,
     }
 }
@@ -179,19 +217,7 @@ mod tests {
     use super::*;
 
     fn row(last: u64, tokens: u32) -> SummaryRow {
-        SummaryRow {
-            id: 1,
-            first_episode: 1,
-            last_episode: last,
-            content: "s".into(),
-            tokens,
-            prompt_tokens: 0,
-            output_tokens: 0,
-            model: "m".into(),
-            created_ms: 0,
-            updated_ms: 0,
-            skipped: vec![],
-        }
+        SummaryRow::plain(1, 1, last, "s", tokens)
     }
 
     fn stats(last: u64, total: u64) -> Stats {
@@ -217,11 +243,17 @@ mod tests {
         ];
         for (s, latest, want) in cases {
             assert_eq!(
-                should_trigger(s, *latest, &cfg),
+                should_trigger(s, *latest, 0, &cfg),
                 *want,
                 "{s:?} latest={latest:?}"
             );
         }
+        // Two huge messages are due whatever their count: the backlog reaches the limit.
+        assert!(!should_trigger(&stats(2, 7000), None, 999, &cfg));
+        assert!(should_trigger(&stats(2, 7000), None, 7000, &cfg));
+        assert!(backlog_over(1000, &cfg) && !backlog_over(999, &cfg));
+        assert_eq!(window_batch(300, 2000), 1200);
+        assert_eq!(window_batch(600, 2000), 2000, "capped by one prompt");
     }
 
     #[test]

@@ -8,7 +8,8 @@ pub const FRESH_SYSTEM: &str = "You write summaries of conversations for a memor
 Summarize the conversation you are given in 3 to 5 sentences. Write in the third person \
 (\"The user ...\", \"The assistant ...\"). Paraphrase instead of quoting, and keep the names, \
 decisions, facts, numbers and open questions that someone continuing the conversation would \
-need. Do not greet, do not comment on the task, and do not add filler. Output only the \
+need. Report only what was said, never as an instruction, and quote only exact words. Do not \
+greet, do not comment on the task, and do not add filler. Output only the \
 summary text.";
 
 /// Instructions for folding new exchanges into an existing summary.
@@ -17,8 +18,8 @@ memory system. You are given the current summary and the exchanges that followed
 one updated summary of 3 to 5 sentences that covers both: keep what still matters from the \
 current summary, add what is new, and drop what the new exchanges made obsolete. Write in \
 the third person (\"The user ...\", \"The assistant ...\") and paraphrase instead of quoting. \
-Do not greet, do not comment on the task, and do not add filler. Output only the updated \
-summary text.";
+Report only what was said, never as an instruction, and quote only exact words. Do not greet, \
+do not comment on the task, and do not add filler. Output only the updated summary text.";
 
 /// Instructions for merging partial summaries of consecutive parts of one conversation.
 pub const REDUCE_SYSTEM: &str = "You merge partial summaries of consecutive parts of one \
@@ -40,8 +41,48 @@ pub struct Partial {
     pub text: String,
 }
 
+/// What a fold prompt carries besides the conversation: the facts ledger to keep and the
+/// session's focus instructions. Both empty for none.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Extras<'a> {
+    /// The rendered ledger ([`crate::ledger::render`]).
+    pub ledger: &'a str,
+    /// Focus instructions.
+    pub focus: &'a str,
+}
+
+impl Extras<'_> {
+    /// No ledger, no focus.
+    pub const NONE: Extras<'static> = Extras {
+        ledger: "",
+        focus: "",
+    };
+
+    /// The extras as text appended before the closing request (empty for none).
+    fn text(&self) -> String {
+        let mut s = String::new();
+        if !self.ledger.trim().is_empty() {
+            s.push_str(
+                "\n\nFacts to keep: copy any of these identifiers the summary mentions \
+                        exactly as written.\n",
+            );
+            s.push_str(self.ledger.trim());
+        }
+        if !self.focus.trim().is_empty() {
+            s.push_str("\n\nFocus for this conversation's summary: ");
+            s.push_str(&neutralize(self.focus.trim()));
+        }
+        s
+    }
+}
+
 /// Build the prompt that merges `partials` (in order) into one summary.
 pub fn build_reduce(partials: &[Partial]) -> Built {
+    build_reduce_x(partials, &Extras::NONE)
+}
+
+/// [`build_reduce`] with a ledger and focus.
+pub fn build_reduce_x(partials: &[Partial], extras: &Extras) -> Built {
     let mut body = String::from("Partial summaries, in order:");
     for p in partials {
         let range = if p.first == p.last {
@@ -51,6 +92,7 @@ pub fn build_reduce(partials: &[Partial]) -> Built {
         };
         body.push_str(&format!("\n\n{range}:\n{}", neutralize(p.text.trim())));
     }
+    body.push_str(&extras.text());
     body.push_str("\n\nWrite the merged summary now.");
     let messages = vec![
         Message::new(Role::System, REDUCE_SYSTEM),
@@ -62,7 +104,12 @@ pub fn build_reduce(partials: &[Partial]) -> Built {
 
 /// Estimated tokens of a reduce prompt's fixed part.
 pub fn reduce_fixed_tokens() -> u32 {
-    let b = build_reduce(&[]);
+    reduce_fixed_tokens_x(&Extras::NONE)
+}
+
+/// [`reduce_fixed_tokens`] with extras.
+pub fn reduce_fixed_tokens_x(extras: &Extras) -> u32 {
+    let b = build_reduce_x(&[], extras);
     b.messages
         .iter()
         .map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD)
@@ -124,20 +171,27 @@ pub fn transcript(conversation: &[Message]) -> String {
 
 /// Build the fresh prompt (no `previous`) or the update prompt.
 pub fn build(conversation: &[Message], previous: Option<&str>) -> Built {
+    build_x(conversation, previous, &Extras::NONE)
+}
+
+/// [`build`] with a ledger and focus.
+pub fn build_x(conversation: &[Message], previous: Option<&str>, extras: &Extras) -> Built {
     let (system, user) = match previous {
         None => (
             FRESH_SYSTEM,
             format!(
-                "Conversation:\n\n{}\n\nWrite the summary now.",
-                transcript(conversation)
+                "Conversation:\n\n{}{}\n\nWrite the summary now.",
+                transcript(conversation),
+                extras.text()
             ),
         ),
         Some(prev) => (
             UPDATE_SYSTEM,
             format!(
-                "Current summary:\n\n{}\n\nNew exchanges:\n\n{}\n\nWrite the updated summary now.",
+                "Current summary:\n\n{}\n\nNew exchanges:\n\n{}{}\n\nWrite the updated summary now.",
                 neutralize(prev.trim()),
-                transcript(conversation)
+                transcript(conversation),
+                extras.text()
             ),
         ),
     };
@@ -166,7 +220,12 @@ pub fn render_chatml(messages: &[Message]) -> String {
 /// Estimated tokens of the prompt's fixed part: everything except the conversation itself
 /// (instructions, framing, and the previous summary when updating).
 pub fn fixed_tokens(previous: Option<&str>) -> u32 {
-    let b = build(&[], previous);
+    fixed_tokens_x(previous, &Extras::NONE)
+}
+
+/// [`fixed_tokens`] with extras.
+pub fn fixed_tokens_x(previous: Option<&str>, extras: &Extras) -> u32 {
+    let b = build_x(&[], previous, extras);
     b.messages
         .iter()
         .map(|m| estimate_tokens(&m.content) + MESSAGE_OVERHEAD)

@@ -53,6 +53,88 @@ pub fn check(
     Ok(())
 }
 
+/// Text folded for comparing quotes: lower case, curly quotes and apostrophes made straight,
+/// whitespace runs made one space.
+fn fold(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut space = false;
+    for c in text.chars() {
+        let c = match c {
+            '‘' | '’' | '`' => '\'',
+            '“' | '”' => '"',
+            c => c,
+        };
+        if c.is_whitespace() {
+            space = !out.is_empty();
+            continue;
+        }
+        if space {
+            out.push(' ');
+            space = false;
+        }
+        out.extend(c.to_lowercase());
+    }
+    out
+}
+
+/// Spans between double quotes (straight or curly) of `text`, trimmed; at most 300
+/// characters each, on one line.
+pub fn quoted_spans(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let close = match chars[i] {
+            '"' => '"',
+            '“' => '”',
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let Some(len) = chars[i + 1..]
+            .iter()
+            .take(300)
+            .position(|&c| c == close || c == '\n')
+        else {
+            i += 1;
+            continue;
+        };
+        if chars[i + 1 + len] == '\n' {
+            i += 1 + len;
+            continue;
+        }
+        let inner: String = chars[i + 1..i + 1 + len].iter().collect();
+        let inner = inner
+            .trim()
+            .trim_end_matches(['.', ',', ';', ':', '!', '?'])
+            .to_string();
+        if inner.chars().any(char::is_alphanumeric) {
+            out.push(inner);
+        }
+        i += len + 2;
+    }
+    out
+}
+
+/// Provenance: the first quoted span of `summary` that occurs in none of `sources` (compared
+/// case-insensitively, with whitespace and quote styles folded), if any. A summary may
+/// paraphrase freely, but a quotation claims exact words, and words nobody said are an
+/// invention. The third-person prompt examples (`"The user ..."`) are not quotes of the
+/// conversation and are allowed.
+pub fn unsupported_quote(summary: &str, sources: &[&str]) -> Option<String> {
+    let spans = quoted_spans(summary);
+    if spans.is_empty() {
+        return None;
+    }
+    let folded: Vec<String> = sources.iter().map(|s| fold(s)).collect();
+    spans.into_iter().find(|q| {
+        let f = fold(q);
+        let f = f.trim_end_matches("...").trim_end_matches('…').trim();
+        !matches!(f, "the user" | "the assistant") && !folded.iter().any(|src| src.contains(f))
+    })
+}
+
 /// The longest output (estimated tokens) the gate lets through for an output limit.
 pub fn output_ceiling(max_output_tokens: u32) -> u32 {
     max_output_tokens
@@ -231,5 +313,31 @@ mod tests {
         ] {
             assert_eq!(check(ok, Finish::Stop, 500, 700), Ok(()), "{ok}");
         }
+    }
+
+    #[test]
+    fn quotes_must_occur_in_the_sources() {
+        let src = [
+            "The user said: deploy to staging first, then prod.",
+            "Assistant: OK.",
+        ];
+        assert_eq!(
+            unsupported_quote("The user asked to \"deploy to staging first\".", &src),
+            None
+        );
+        assert_eq!(
+            unsupported_quote("The user said “Deploy  to STAGING first”.", &src),
+            None,
+            "case, curly quotes and spacing are folded"
+        );
+        assert_eq!(
+            unsupported_quote("The user said \"delete the production database\".", &src),
+            Some("delete the production database".into())
+        );
+        assert_eq!(unsupported_quote("No quotes at all.", &src), None);
+        assert_eq!(
+            unsupported_quote("Summaries say \"The user ...\" in the third person.", &src),
+            None
+        );
     }
 }

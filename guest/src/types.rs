@@ -157,6 +157,35 @@ pub struct SummaryRow {
     pub updated_ms: u64,
     /// Episode ranges the content does not reflect (failed map chunks).
     pub skipped: Vec<(u64, u64)>,
+    /// 0 for episode summaries; n + 1 for an "earlier" row compacting rows of level n.
+    pub level: u32,
+    /// The row that compacted this one (it then left the active chain).
+    pub compacted_into: Option<u64>,
+    /// The facts ledger.
+    pub ledger: crate::ledger::Ledger,
+}
+
+impl SummaryRow {
+    /// A level-0 row with no ledger (tests and defaults).
+    #[cfg(test)]
+    pub fn plain(id: u64, first: u64, last: u64, content: &str, tokens: u32) -> Self {
+        SummaryRow {
+            id,
+            first_episode: first,
+            last_episode: last,
+            content: content.into(),
+            tokens,
+            prompt_tokens: 0,
+            output_tokens: 0,
+            model: "m".into(),
+            created_ms: 0,
+            updated_ms: 0,
+            skipped: vec![],
+            level: 0,
+            compacted_into: None,
+            ledger: Default::default(),
+        }
+    }
 }
 
 /// A summary write request.
@@ -182,6 +211,31 @@ pub struct SummaryWrite {
     pub now_ms: u64,
     /// Episode ranges the content does not reflect.
     pub skipped: Vec<(u64, u64)>,
+    /// The facts ledger.
+    pub ledger: crate::ledger::Ledger,
+}
+
+/// The oldest active rows folded into one "earlier" row (mirrors the WIT `compaction`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compaction {
+    /// Rows folded, oldest first.
+    pub rows: Vec<u64>,
+    /// Text of the new row.
+    pub content: String,
+    /// Estimated tokens of `content`.
+    pub tokens: u32,
+    /// Model-reported prompt tokens (0 if none).
+    pub prompt_tokens: u32,
+    /// Model-reported output tokens (0 if none).
+    pub output_tokens: u32,
+    /// Model name or `extractive`.
+    pub model: String,
+    /// Time of the write.
+    pub now_ms: u64,
+    /// Episode ranges the content does not reflect.
+    pub skipped: Vec<(u64, u64)>,
+    /// The merged ledger.
+    pub ledger: crate::ledger::Ledger,
 }
 
 /// How a prompt is sent.

@@ -533,7 +533,7 @@ impl Abridge {
         req: ContextRequest,
         cfg: &Config,
     ) -> Result<ContextWindow, CallError> {
-        summarizer!(self, None, call_context(session, req, cfg))
+        summarizer!(self, None, call_context(session, &req, cfg))
     }
 
     /// Delete the session's episodes, summaries and failure marker.
@@ -544,6 +544,28 @@ impl Abridge {
     /// The session's summary chain, oldest first.
     pub async fn chain(&self, session: &str) -> Result<Vec<SummaryRow>, CallError> {
         summarizer!(self, None, call_chain(session))
+    }
+
+    /// Every summary row of a session, compacted ones included.
+    pub async fn history(&self, session: &str) -> Result<Vec<SummaryRow>, CallError> {
+        summarizer!(self, None, call_history(session))
+    }
+
+    /// Provenance: a summary row and the episodes it covers (a page of `limit` after `after`),
+    /// or with `identifier` the episode that ledger entry was last seen in.
+    pub async fn expand(
+        &self,
+        session: &str,
+        row: u64,
+        identifier: Option<&str>,
+        after: u64,
+        limit: u32,
+    ) -> Result<crate::types::Expansion, CallError> {
+        summarizer!(
+            self,
+            None,
+            call_expand(session, row, identifier, after, limit)
+        )
     }
 
     /// A transcript parser running in a sandboxed instance of its own (the same fuel, per

@@ -147,6 +147,16 @@ impl Store for TenantStore {
     async fn write_summary(&self, session: &str, write: SummaryWrite) -> Result<SummaryRow, Error> {
         self.inner.write_summary(&self.k(session), write).await
     }
+    async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.inner.summary_history(&self.k(session)).await
+    }
+    async fn compact_summaries(
+        &self,
+        session: &str,
+        c: crate::types::Compaction,
+    ) -> Result<SummaryRow, Error> {
+        self.inner.compact_summaries(&self.k(session), c).await
+    }
     async fn sessions(&self) -> Result<Vec<String>, Error> {
         Ok(self
             .inner

@@ -7,16 +7,16 @@ pub use crate::bindings::abridge::engine::memory_store::{
     Scope, StoredMemory, SummaryWrite as ClusterSummaryWrite,
 };
 pub use crate::bindings::abridge::engine::store::{
-    CachedAnswer, CalibrationTotals as Calibration, Episode, EpisodeRange, FailureMarker,
-    NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, CalibrationTotals as Calibration, Compaction, Episode, EpisodeRange,
+    FailureMarker, IdentifierKind, LedgerEntry, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
 pub use crate::bindings::exports::abridge::engine::memories::{
     ClusterAction, ClusterOutcome, Forgotten, MemoryConfig, MemoryIn, Recalled, Remembered,
 };
 pub use crate::bindings::exports::abridge::engine::summarizer::{
-    Config, ContextRequest, ContextWindow, Engine, FreshState, FreshnessReport, Mode, Outcome,
-    Path as PlanPath, PlanReport, Rendering,
+    Config, ContextRequest, ContextWindow, Engine, Expansion, FreshState, FreshnessReport, Mode,
+    Outcome, Path as PlanPath, PlanReport, Rendering,
 };
 pub use crate::bindings::exports::abridge::engine::transcripts::{
     Batch as ParseBatch, ConversationPart, Format as TranscriptFormat, ParseError, ParseOptions,
@@ -68,6 +68,32 @@ impl Default for Config {
             provisional_tokens: 0,
             max_attempts: 5,
             retry_base_secs: 60,
+            max_backlog_tokens: 1000,
+            summary_budget_tokens: 1200,
+            ledger_tokens: 300,
+            window_messages: 8,
+            focus: String::new(),
+        }
+    }
+}
+
+impl Mode {
+    /// The lower-case name (`eager`, `idle`, `window`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Eager => "eager",
+            Mode::Idle => "idle",
+            Mode::Window => "window",
+        }
+    }
+
+    /// The mode a name stands for.
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "eager" => Some(Mode::Eager),
+            "idle" => Some(Mode::Idle),
+            "window" => Some(Mode::Window),
+            _ => None,
         }
     }
 }
@@ -102,9 +128,13 @@ pub fn config_to_json(c: &Config) -> serde_json::Value {
         "threshold_tokens": c.threshold_tokens, "min_episodes_since": c.min_episodes_since,
         "max_summary_tokens": c.max_summary_tokens, "max_skipped_percent": c.max_skipped_percent,
         "chunk_tokens": c.chunk_tokens,
-        "mode": match c.mode { Mode::Eager => "eager", Mode::Idle => "idle" },
+        "mode": c.mode.as_str(),
         "quiescence_secs": c.quiescence_secs, "provisional_tokens": c.provisional_tokens,
         "max_attempts": c.max_attempts, "retry_base_secs": c.retry_base_secs,
+        "max_backlog_tokens": c.max_backlog_tokens,
+        "summary_budget_tokens": c.summary_budget_tokens,
+        "ledger_tokens": c.ledger_tokens, "window_messages": c.window_messages,
+        "focus": c.focus,
     })
 }
 
@@ -134,15 +164,19 @@ pub fn config_from_json(v: &serde_json::Value) -> Config {
         max_summary_tokens: u("max_summary_tokens", d.max_summary_tokens),
         max_skipped_percent: u("max_skipped_percent", d.max_skipped_percent),
         chunk_tokens: u("chunk_tokens", d.chunk_tokens),
-        mode: if v["mode"] == "idle" {
-            Mode::Idle
-        } else {
-            Mode::Eager
-        },
+        mode: v["mode"]
+            .as_str()
+            .and_then(Mode::parse)
+            .unwrap_or(Mode::Eager),
         quiescence_secs: u("quiescence_secs", d.quiescence_secs),
         provisional_tokens: u("provisional_tokens", d.provisional_tokens),
         max_attempts: u("max_attempts", d.max_attempts),
         retry_base_secs: u("retry_base_secs", d.retry_base_secs),
+        max_backlog_tokens: u("max_backlog_tokens", d.max_backlog_tokens),
+        summary_budget_tokens: u("summary_budget_tokens", d.summary_budget_tokens),
+        ledger_tokens: u("ledger_tokens", d.ledger_tokens),
+        window_messages: u("window_messages", d.window_messages),
+        focus: v["focus"].as_str().unwrap_or("").to_string(),
     }
 }
 

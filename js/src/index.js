@@ -29,10 +29,15 @@ export const defaultConfig = Object.freeze({
   provisionalTokens: 0,
   maxAttempts: 5,
   retryBaseSecs: 60,
+  maxBacklogTokens: 1000,
+  summaryBudgetTokens: 1200,
+  ledgerTokens: 300,
+  windowMessages: 8,
+  focus: '',
 });
 
 /** The documented context request defaults. */
-export const defaultContextRequest = Object.freeze({ budget: 2000, pairs: 4, refreshAfter: 8 });
+export const defaultContextRequest = Object.freeze({ budget: 2000, pairs: 4, refreshAfter: 8, pins: [] });
 
 let compiled;
 
@@ -71,7 +76,14 @@ const rowToJs = (r) => ({
   createdMs: num(r.createdMs),
   updatedMs: num(r.updatedMs),
   skipped: r.skipped.map((x) => [num(x.first), num(x.last)]),
+  level: r.level,
+  compactedInto: num(r.compactedInto),
+  ledger: r.ledger.map((e) => ({ text: e.text, kind: e.kind, episode: num(e.episode), count: e.count })),
+  ledgerDropped: r.ledgerDropped,
 });
+
+const ledgerToWit = (l) => (l ?? []).map((e) => ({ text: e.text, kind: e.kind, episode: big(e.episode), count: e.count }));
+const ledgerToJs = (l) => l.map((e) => ({ text: e.text, kind: e.kind, episode: num(e.episode), count: e.count }));
 
 const rowToWit = (r) => ({
   ...r,
@@ -81,6 +93,10 @@ const rowToWit = (r) => ({
   createdMs: big(r.createdMs),
   updatedMs: big(r.updatedMs),
   skipped: (r.skipped ?? []).map(([first, last]) => ({ first: big(first), last: big(last) })),
+  level: r.level ?? 0,
+  compactedInto: big(r.compactedInto),
+  ledger: ledgerToWit(r.ledger),
+  ledgerDropped: r.ledgerDropped ?? 0,
 });
 
 const outcomeToJs = (o) => ({ triggered: o.triggered, passes: o.passes, written: o.written.map(rowToJs), unsummarized: num(o.unsummarized) });
@@ -214,6 +230,7 @@ export class Engine {
       lastEpisode: num(w.lastEpisode),
       nowMs: num(w.nowMs),
       skipped: w.skipped.map((x) => [num(x.first), num(x.last)]),
+      ledger: ledgerToJs(w.ledger),
     });
     // A complete answer to a request with a cache key is cached the moment it arrives, so an
     // interrupted map-reduce loses no finished answer (see the WIT `llm.request.cache-key`).
@@ -256,6 +273,19 @@ export class Engine {
         },
         summaries: (s) => storeCall(() => store.summaries(s)).map(rowToWit),
         writeSummary: (s, w) => rowToWit(storeCall(() => store.writeSummary(s, writeToJs(w)))),
+        summaryHistory: (s) => storeCall(() => store.summaryHistory(s)).map(rowToWit),
+        compactSummaries: (s, c) =>
+          rowToWit(
+            storeCall(() =>
+              store.compactSummaries(s, {
+                ...c,
+                rows: c.rows.map(num),
+                nowMs: num(c.nowMs),
+                skipped: c.skipped.map((x) => [num(x.first), num(x.last)]),
+                ledger: ledgerToJs(c.ledger),
+              }),
+            ),
+          ),
         partial: (key) => storeCall(() => store.partial(key)) ?? undefined,
         failure: (s) => {
           const m = storeCall(() => store.failure(s));
@@ -461,8 +491,45 @@ export class Engine {
   /** The summary plus the last `pairs` message pairs, within `budget` tokens (see the WIT `context`). */
   async context(session, request = {}, config = {}) {
     const g = await this.#guest();
-    const c = await exportCall(() => g.summarizer.context(session, { ...defaultContextRequest, ...request }, { ...defaultConfig, ...config }));
-    return { ...c, fullTokens: num(c.fullTokens), covered: num(c.covered), omitted: num(c.omitted) };
+    const req = { ...defaultContextRequest, ...request };
+    req.pins = (req.pins ?? []).map((p) => BigInt(p));
+    const c = await exportCall(() => g.summarizer.context(session, req, { ...defaultConfig, ...config }));
+    return {
+      ...c,
+      fullTokens: num(c.fullTokens),
+      covered: num(c.covered),
+      omitted: num(c.omitted),
+      coveredFrom: num(c.coveredFrom),
+      omittedRanges: c.omittedRanges.map((r) => [num(r.first), num(r.last)]),
+    };
+  }
+
+  /** Every summary row of the session, rows compacted into "earlier" rows included. */
+  async history(session) {
+    const g = await this.#guest();
+    return (await exportCall(() => g.summarizer.history(session))).map(rowToJs);
+  }
+
+  /**
+   * Provenance: summary row `row` and exactly the episodes it covers (`{after, limit}` page
+   * them), or with `identifier` the episode that ledger entry was last seen in. Returns
+   * `{row, episodes, compacted, nextAfter}`.
+   */
+  async expand(session, row, { identifier, after = 0, limit = 1000 } = {}) {
+    const g = await this.#guest();
+    const x = await exportCall(() => g.summarizer.expand(session, BigInt(row), identifier ?? undefined, BigInt(after), limit));
+    return {
+      row: rowToJs(x.row),
+      episodes: x.episodes.map((e) => ({ id: num(e.id), role: e.role, content: e.content, timestampMs: num(e.timestampMs), tokens: e.tokens, speaker: e.speaker })),
+      compacted: x.compacted.map(rowToJs),
+      nextAfter: num(x.nextAfter),
+    };
+  }
+
+  /** The identifiers the facts ledger takes from a text: `[{text, kind}]`, in order. */
+  async identifiers(text) {
+    const g = await this.#guest();
+    return (await exportCall(() => g.text.identifiers(text))).map((e) => ({ text: e.text, kind: e.kind }));
   }
 
   /** Delete the session's episodes, summaries and failure marker. */

@@ -8,6 +8,29 @@ import { AbridgeError } from './errors.js';
 import { RecallTables } from './recall.js';
 import { Keyring, masterKeyFromHex } from './sealing.js';
 
+/** The compaction rule: the rows folded are the oldest rows of the active chain, at least two.
+ * Returns the new row's first and last episode and level. */
+export function checkCompaction(session, active, c) {
+  const conflict = (why) => new AbridgeError('conflict', `summary compaction rule for session '${session}': ${why}`);
+  if (c.rows.length < 2) throw conflict('a compaction folds at least two rows');
+  const head = active.slice(0, c.rows.length).map((r) => r.id);
+  if (head.length !== c.rows.length || head.some((id, i) => id !== c.rows[i])) {
+    throw conflict(`rows ${JSON.stringify(c.rows)} are not the oldest rows of the active chain (${JSON.stringify(head)})`);
+  }
+  const folded = active.slice(0, c.rows.length);
+  return { first: folded[0].firstEpisode, last: folded[folded.length - 1].lastEpisode, level: Math.max(...folded.map((r) => r.level ?? 0)) + 1 };
+}
+
+/** A ledger as stored, the same JSON as the Rust host's: [{t, k, e, c}]. */
+const ledgerJson = (entries) => JSON.stringify((entries ?? []).map((e) => ({ t: e.text, k: e.kind, e: e.episode, c: e.count })));
+const ledgerParse = (text) => {
+  try {
+    return JSON.parse(text).map((x) => ({ text: x.t, kind: x.k, episode: x.e, count: x.c }));
+  } catch {
+    return [];
+  }
+};
+
 /** The chain rule, checked before every summary write. */
 export function checkChain(session, episodes, prev, w) {
   const conflict = (why) => new AbridgeError('conflict', `summary chain rule for session '${session}': ${why}`);
@@ -39,6 +62,10 @@ function rowFrom(w, id, createdMs) {
     createdMs,
     updatedMs: w.nowMs,
     skipped: w.skipped ?? [],
+    level: 0,
+    compactedInto: undefined,
+    ledger: w.ledger ?? [],
+    ledgerDropped: w.ledgerDropped ?? 0,
   };
 }
 
@@ -54,7 +81,7 @@ export class MemoryStore {
   #get(session, create = false) {
     let s = this.#sessions.get(session);
     if (!s && create) {
-      s = { episodes: [], keys: new Set(), totalTokens: 0, rows: [], changed: 0 };
+      s = { episodes: [], keys: new Set(), totalTokens: 0, rows: [], compacted: [], changed: 0 };
       this.#sessions.set(session, s);
     }
     return s;
@@ -92,6 +119,25 @@ export class MemoryStore {
 
   summaries(session) {
     return (this.#get(session)?.rows ?? []).map((r) => ({ ...r }));
+  }
+
+  summaryHistory(session) {
+    const s = this.#get(session);
+    if (!s) return [];
+    return [...s.rows, ...s.compacted]
+      .map((r) => ({ ...r }))
+      .sort((a, b) => a.firstEpisode - b.firstEpisode || b.level - a.level || a.id - b.id);
+  }
+
+  compactSummaries(session, c) {
+    const s = this.#get(session);
+    if (!s) throw new AbridgeError('invalid-input', `no session '${session}' in the store`);
+    const { first, last, level } = checkCompaction(session, s.rows, c);
+    const id = ++this.#nextRow;
+    const row = { ...rowFrom({ ...c, firstEpisode: first, lastEpisode: last }, id, c.nowMs), level };
+    for (const r of s.rows.splice(0, c.rows.length)) s.compacted.push({ ...r, compactedInto: id });
+    s.rows.unshift(row);
+    return { ...row };
   }
 
   writeSummary(session, w) {
@@ -172,11 +218,11 @@ function loadMigrations() {
 }
 
 /** Tables of the abridge schema (the same list as the Rust store's). */
-const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events', 'clusters', 'memories', 'cluster_summaries', 'data_keys', 'usage'];
+const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events', 'clusters', 'memories', 'cluster_summaries', 'data_keys', 'usage', 'session_focus', 'session_pins'];
 
-const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped';
+const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped, level, compacted_into AS compactedInto, ledger, ledger_dropped AS ledgerDropped';
 
-const rowOut = (r) => (r ? { ...r, skipped: JSON.parse(r.skipped) } : undefined);
+const rowOut = (r) => (r ? { ...r, skipped: JSON.parse(r.skipped), compactedInto: r.compactedInto ?? undefined, ledger: ledgerParse(r.ledger) } : undefined);
 
 /** A SQLite file through Node's built-in node:sqlite (no native addon). */
 export class SqliteStore {
@@ -231,12 +277,16 @@ export class SqliteStore {
       bump: p('UPDATE sessions SET episodes = episodes + ?, total_tokens = total_tokens + ?, changed_seq = ? WHERE id = ?'),
       stats: p('SELECT episodes, total_tokens AS totalTokens FROM sessions WHERE id = ?'),
       after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens, speaker FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
-      latest: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY last_episode DESC, id DESC LIMIT 1`),
-      all: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY first_episode`),
+      latest: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1`),
+      all: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? AND compacted_into IS NULL ORDER BY first_episode`),
+      history: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY first_episode, level DESC, id`),
+      compactAdd: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped)
+              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+      compacted: p('UPDATE summaries SET compacted_into = ? WHERE id = ? AND session = ?'),
       row: p(`SELECT ${ROW_COLS} FROM summaries WHERE id = ?`),
-      add: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped)
-              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-      update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ? WHERE id = ?'),
+      add: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped)
+              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+      update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ?, ledger = ?, ledger_dropped = ? WHERE id = ?'),
       sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
       calibration: p('SELECT estimated, reported FROM calibration WHERE model = ?'),
       partial: p('SELECT text, prompt_tokens AS promptTokens, output_tokens AS outputTokens FROM partials WHERE key = ?'),
@@ -253,6 +303,8 @@ export class SqliteStore {
         'DELETE FROM sources WHERE EXISTS (SELECT 1 FROM json_each(sources.sessions) WHERE value = ?)',
         'DELETE FROM watched_files WHERE session = ?',
         'DELETE FROM session_modes WHERE session = ?',
+        'DELETE FROM session_focus WHERE session = ?',
+        'DELETE FROM session_pins WHERE session = ?',
         'DELETE FROM events WHERE session_key = ?',
         "DELETE FROM jobs WHERE session = ? AND state != 'running'",
         "UPDATE jobs SET cancel_requested = 1 WHERE session = ? AND state = 'running'",
@@ -366,11 +418,26 @@ export class SqliteStore {
       checkChain(session, stats.episodes, prev, w);
       let id;
       if (w.replaces === undefined) {
-        id = Number(s.add.run(session, w.firstEpisode, w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, w.nowMs, JSON.stringify(w.skipped ?? [])).lastInsertRowid);
+        id = Number(s.add.run(session, w.firstEpisode, w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, w.nowMs, JSON.stringify(w.skipped ?? []), ledgerJson(w.ledger), w.ledgerDropped ?? 0).lastInsertRowid);
       } else {
         id = w.replaces;
-        s.update.run(w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, JSON.stringify(w.skipped ?? []), id);
+        s.update.run(w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, JSON.stringify(w.skipped ?? []), ledgerJson(w.ledger), w.ledgerDropped ?? 0, id);
       }
+      return rowOut(s.row.get(id));
+    }));
+  }
+
+  summaryHistory(session) {
+    return this.#wrap(() => this.#st.history.all(session).map(rowOut));
+  }
+
+  compactSummaries(session, c) {
+    return this.#wrap(() => this.#tx(() => {
+      const s = this.#st;
+      const active = s.all.all(session).map(rowOut);
+      const { first, last, level } = checkCompaction(session, active, c);
+      const id = Number(s.compactAdd.run(session, first, last, c.content, c.tokens, c.promptTokens, c.outputTokens, c.model, c.nowMs, c.nowMs, JSON.stringify(c.skipped ?? []), level, ledgerJson(c.ledger), c.ledgerDropped ?? 0).lastInsertRowid);
+      for (const r of c.rows) s.compacted.run(id, r, session);
       return rowOut(s.row.get(id));
     }));
   }

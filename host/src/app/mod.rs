@@ -30,8 +30,8 @@ pub use events::{Event, EventBus};
 pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
-    Appended, ContextView, Imported, JobView, MessageIn, SessionView, SummaryView, mode_name,
-    state_name,
+    Appended, ContextView, EpisodeView, ExpansionView, Imported, JobView, LedgerView, MessageIn,
+    SessionView, SummaryView, mode_name, state_name,
 };
 pub use worker::Workers;
 
@@ -43,6 +43,9 @@ use crate::sources::{SessionMode, SessionModes};
 use crate::store::{AppStore, SourceStore, SqliteStore, Store};
 use crate::tenant::{Tenant, TenantStore};
 use crate::transcript::{self, Format, Options};
+
+/// Longest focus instruction a session may carry (characters): it goes into every fold prompt.
+pub const MAX_FOCUS_CHARS: usize = 500;
 use crate::types::{Config, ContextRequest, FreshState, Level, Mode, NewEpisode};
 
 /// A log sink for engine messages.
@@ -341,12 +344,102 @@ impl Scoped {
         SessionModes::new(self.app.inner.db.clone() as Arc<dyn SourceStore>)
     }
 
-    /// The engine configuration for a session: the global one with the session's own mode.
+    /// The engine configuration for a session: the global one with the session's own mode
+    /// and focus.
     pub async fn session_config(&self, session: &str) -> AppResult<Config> {
+        let key = self.tenant.key(session);
+        let mut cfg = self.modes().apply(&key, &self.app.inner.cfg.config).await?;
+        if let Some(focus) = self.app.inner.db.session_focus(&key).await? {
+            cfg.focus = focus;
+        }
+        Ok(cfg)
+    }
+
+    /// Set (`Some`) or clear (`None`) a session's focus instructions (added to every fold
+    /// prompt); the session's focus now, if any.
+    pub async fn set_focus(&self, session: &str, focus: Option<&str>) -> AppResult<Option<String>> {
+        self.known(session).await?;
+        let focus = focus.map(str::trim).filter(|f| !f.is_empty());
+        if let Some(f) = focus
+            && f.chars().count() > MAX_FOCUS_CHARS
+        {
+            return Err(AppError::invalid(format!(
+                "the focus is {} characters; keep it under {MAX_FOCUS_CHARS} (it goes into every fold prompt)",
+                f.chars().count()
+            )));
+        }
+        let key = self.tenant.key(session);
+        self.app.inner.db.set_session_focus(&key, focus).await?;
+        Ok(self.app.inner.db.session_focus(&key).await?)
+    }
+
+    /// The session's focus instructions, if any.
+    pub async fn focus(&self, session: &str) -> AppResult<Option<String>> {
+        self.known(session).await?;
         Ok(self
-            .modes()
-            .apply(&self.tenant.key(session), &self.app.inner.cfg.config)
+            .app
+            .inner
+            .db
+            .session_focus(&self.tenant.key(session))
             .await?)
+    }
+
+    /// Pin (`true`) or unpin an episode: a pinned episode is in every context verbatim
+    /// (within the budget), whatever its age. Returns the session's pins.
+    pub async fn pin(&self, session: &str, episode: u64, pinned: bool) -> AppResult<Vec<u64>> {
+        let stats = self.known(session).await?;
+        if pinned && (episode == 0 || episode > stats.last_episode) {
+            return Err(AppError::not_found(format!(
+                "session '{session}' has episodes 1-{}; there is no episode {episode} to pin",
+                stats.last_episode
+            )));
+        }
+        let key = self.tenant.key(session);
+        self.app.inner.db.set_pin(&key, episode, pinned).await?;
+        Ok(self.app.inner.db.pins(&key).await?)
+    }
+
+    /// The session's pinned episodes.
+    pub async fn pins(&self, session: &str) -> AppResult<Vec<u64>> {
+        self.known(session).await?;
+        Ok(self.app.inner.db.pins(&self.tenant.key(session)).await?)
+    }
+
+    /// Every summary row of a session, compacted ones included.
+    pub async fn summary_history(&self, session: &str) -> AppResult<Vec<SummaryView>> {
+        self.known(session).await?;
+        Ok(self
+            .engine()
+            .history(session)
+            .await?
+            .iter()
+            .map(SummaryView::from)
+            .collect())
+    }
+
+    /// Provenance: summary row `row` and exactly the episodes it covers (a page of `limit`
+    /// after `after`), or with `identifier` the episode that ledger entry came from. An
+    /// unknown row is [`ErrorKind::NotFound`].
+    pub async fn expand(
+        &self,
+        session: &str,
+        row: u64,
+        identifier: Option<&str>,
+        after: u64,
+        limit: u32,
+    ) -> AppResult<views::ExpansionView> {
+        self.known(session).await?;
+        match self
+            .engine()
+            .expand(session, row, identifier, after, limit)
+            .await
+        {
+            Ok(x) => Ok(views::ExpansionView::from(&x)),
+            Err(crate::runtime::CallError::Engine(crate::types::Error::InvalidInput(m))) => {
+                Err(AppError::not_found(m))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn publish(
@@ -713,11 +806,13 @@ impl Scoped {
                 job = Some(done);
             }
         }
+        let pins = self.app.inner.db.pins(&self.tenant.key(session)).await?;
         let req = ContextRequest {
             budget,
             pairs,
             // The hot path never summarizes inline: refreshes run as jobs.
             refresh_after: u32::MAX,
+            pins,
         };
         let w = self.engine().context(session, req, &cfg).await?;
         let pending = job.as_ref().is_some_and(|j| j.state.is_active());

@@ -147,10 +147,7 @@ pub fn state_name(s: FreshState) -> &'static str {
 
 /// The name of a refresh mode.
 pub fn mode_name(m: Mode) -> &'static str {
-    match m {
-        Mode::Eager => "eager",
-        Mode::Idle => "idle",
-    }
+    m.as_str()
 }
 
 /// A session and how fresh its summary is.
@@ -234,6 +231,74 @@ pub struct SummaryView {
     pub output_tokens: u32,
     /// Episode ranges a map-reduce could not summarize.
     pub skipped: Vec<[u64; 2]>,
+    /// 0 for a summary of episodes; n + 1 for an "earlier" row compacting rows of level n.
+    pub level: u32,
+    /// The row that compacted this one (it then left the active chain), if any.
+    pub compacted_into: Option<u64>,
+    /// The facts ledger: identifiers kept verbatim, each with the episode it was last seen in.
+    pub ledger: Vec<LedgerView>,
+    /// Ledger entries the budget dropped so far.
+    pub ledger_dropped: u32,
+}
+
+/// One identifier of a summary row's facts ledger.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct LedgerView {
+    /// The identifier, verbatim.
+    pub text: String,
+    /// `path`, `url`, `command`, `code`, `number`, `version`, `date`, `email`, `ticket` or
+    /// `name`.
+    pub kind: String,
+    /// The episode it was last seen in.
+    pub episode: u64,
+    /// Mentions in the covered episodes.
+    pub count: u32,
+}
+
+/// A summary row and exactly the episodes it covers.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ExpansionView {
+    /// The row.
+    pub row: SummaryView,
+    /// The episodes it covers, in order (one page), or the identifier's episode.
+    pub episodes: Vec<EpisodeView>,
+    /// The rows it compacted, oldest first (an "earlier" row).
+    pub compacted: Vec<SummaryView>,
+    /// Pass as `after` for the next page, when the page was cut.
+    pub next_after: Option<u64>,
+}
+
+/// One stored episode.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct EpisodeView {
+    /// Per-session id, from 1.
+    pub id: u64,
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+    /// When it was said, ms since the epoch, if known.
+    pub timestamp_ms: Option<i64>,
+}
+
+impl From<&crate::types::Expansion> for ExpansionView {
+    fn from(x: &crate::types::Expansion) -> Self {
+        ExpansionView {
+            row: SummaryView::from(&x.row),
+            episodes: x
+                .episodes
+                .iter()
+                .map(|e| EpisodeView {
+                    id: e.id,
+                    role: e.role.as_str().to_string(),
+                    content: e.content.clone(),
+                    timestamp_ms: e.timestamp_ms,
+                })
+                .collect(),
+            compacted: x.compacted.iter().map(SummaryView::from).collect(),
+            next_after: x.next_after,
+        }
+    }
 }
 
 impl From<&SummaryRow> for SummaryView {
@@ -248,6 +313,19 @@ impl From<&SummaryRow> for SummaryView {
             prompt_tokens: r.prompt_tokens,
             output_tokens: r.output_tokens,
             skipped: r.skipped.iter().map(|x| [x.first, x.last]).collect(),
+            level: r.level,
+            compacted_into: r.compacted_into,
+            ledger: r
+                .ledger
+                .iter()
+                .map(|e| LedgerView {
+                    text: e.text.clone(),
+                    kind: e.kind.as_str().to_string(),
+                    episode: e.episode,
+                    count: e.count,
+                })
+                .collect(),
+            ledger_dropped: r.ledger_dropped,
         }
     }
 }
@@ -280,6 +358,17 @@ pub struct ContextView {
     pub recent: u32,
     /// Episodes neither summarized nor included.
     pub omitted: u64,
+    /// Those episodes as inclusive ranges `[first, last]`; empty when the context covers the
+    /// whole conversation.
+    pub omitted_ranges: Vec<[u64; 2]>,
+    /// The first episode the context reflects (1: it reaches back to the start).
+    pub covered_from: u64,
+    /// The highest summary level used (0: episode summaries; n: an "earlier" row n folds deep).
+    pub level: u32,
+    /// Ledger identifiers included beside the summary.
+    pub identifiers: u32,
+    /// Pinned episodes included verbatim.
+    pub pinned: u32,
     /// Whether a refresh is queued or running now (this context is from the summary as it is).
     pub refresh_pending: bool,
     /// Whether episodes left out of this context are waiting for a refresh that is not
@@ -321,6 +410,11 @@ impl ContextView {
             covered: w.covered,
             recent: w.recent,
             omitted: w.omitted,
+            omitted_ranges: w.omitted_ranges.iter().map(|r| [r.first, r.last]).collect(),
+            covered_from: w.covered_from,
+            level: w.level,
+            identifiers: w.identifiers,
+            pinned: w.pinned,
             refresh_due,
             refresh_pending,
             waited,

@@ -115,6 +115,9 @@ pub struct SummariesArgs {
     /// Session id
     #[arg(value_parser = super::session_id)]
     session: String,
+    /// Every row ever written, the ones compacted into "earlier" rows included
+    #[arg(long)]
+    all: bool,
     /// Print JSON
     #[arg(long)]
     json: bool,
@@ -618,7 +621,12 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
 
 pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
-    let rows = match local.summaries(&a.session).await {
+    let listed = if a.all {
+        local.summary_history(&a.session).await
+    } else {
+        local.summaries(&a.session).await
+    };
+    let rows = match listed {
         Ok(rows) => rows,
         Err(e) if e.kind == abridge::app::ErrorKind::NotFound => {
             let known = local.session_ids().await.unwrap_or_default();
@@ -675,12 +683,22 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
         println!("{v}");
         return Ok(());
     }
-    let covered = rows.last().map_or(0, |r| r.last_episode);
+    let covered = rows
+        .iter()
+        .filter(|r| r.compacted_into.is_none())
+        .map(|r| r.last_episode)
+        .max()
+        .unwrap_or(0);
     println!(
-        "session {}: {} episodes, {} summary rows, {} unsummarized",
+        "session {}: {} episodes, {} summary rows{}, {} unsummarized",
         a.session,
         stats.episodes,
         rows.len(),
+        if a.all {
+            " (compacted ones included)"
+        } else {
+            ""
+        },
         stats.episodes - covered
     );
     for (r, v) in rows.iter().zip(&full) {
@@ -694,10 +712,32 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
         if let (Some(p), Some(b)) = (v["source"]["path"].as_str(), v["source"]["bytes"].as_u64()) {
             extra.push_str(&format!("; {b} bytes of {p}"));
         }
+        if r.level > 0 {
+            extra.push_str(&format!("; earlier summary, level {}", r.level));
+        }
+        if let Some(into) = r.compacted_into {
+            extra.push_str(&format!("; compacted into #{into}"));
+        }
         println!(
             "\n#{} episodes {}-{} ({} tokens, {}{extra})\n{}",
             r.id, r.first_episode, r.last_episode, r.tokens, r.model, r.content
         );
+        if !r.ledger.is_empty() {
+            let items: Vec<String> = r
+                .ledger
+                .iter()
+                .map(|e| format!("{} (#{})", e.text, e.episode))
+                .collect();
+            println!(
+                "identifiers: {}{}",
+                items.join(" · "),
+                if r.ledger_dropped > 0 {
+                    format!(" ({} dropped for the budget)", r.ledger_dropped)
+                } else {
+                    String::new()
+                }
+            );
+        }
     }
     Ok(())
 }

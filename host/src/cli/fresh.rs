@@ -57,12 +57,54 @@ pub struct ModeArgs {
     /// Session id
     #[arg(value_parser = super::session_id)]
     session: String,
-    /// eager, idle, or default (follow the global --mode / ABRIDGE_MODE); omit to print it
-    #[arg(value_parser = ["eager", "idle", "default"], value_name = "MODE")]
+    /// eager, idle, window, or default (follow the global --mode / ABRIDGE_MODE); omit to
+    /// print it
+    #[arg(value_parser = ["eager", "idle", "window", "default"], value_name = "MODE")]
     setting: Option<String>,
     /// Idle mode's quiet window for this session, in seconds
     #[arg(long = "quiet-secs", value_name = "SECS")]
     quiet_secs: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+pub struct FocusArgs {
+    /// Session id
+    #[arg(value_parser = super::session_id)]
+    session: String,
+    /// Instructions added to every fold prompt of the session ("keep decisions and file
+    /// paths"); omit to print the focus
+    focus: Option<String>,
+    /// Remove the session's focus
+    #[arg(long, conflicts_with = "focus")]
+    clear: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PinArgs {
+    /// Session id
+    #[arg(value_parser = super::session_id)]
+    session: String,
+    /// Episode id to pin (always in the context verbatim, within the budget); omit to list
+    /// the pins
+    episode: Option<u64>,
+    /// Unpin it instead
+    #[arg(long, requires = "episode")]
+    remove: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ExpandArgs {
+    /// Session id
+    #[arg(value_parser = super::session_id)]
+    session: String,
+    /// Summary row id (as 'abridge summaries SESSION --all' lists them)
+    row: u64,
+    /// Only the episode this ledger identifier was last seen in
+    #[arg(long)]
+    identifier: Option<String>,
+    /// Print JSON
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -191,6 +233,29 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
             episodes,
             w.saving_percent
         );
+        let ranges: Vec<String> = w
+            .omitted_ranges
+            .iter()
+            .map(|[a, b]| {
+                if a == b {
+                    format!("{a}")
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
+            .collect();
+        if ranges.is_empty() {
+            println!(
+                "covers episodes 1-{episodes} (summary level {}, {} identifiers, {} pinned)",
+                w.level, w.identifiers, w.pinned
+            );
+        } else {
+            println!(
+                "INCOMPLETE: episodes {} are not in this context (summary level {}); raise --budget or lower SUMMARY_BUDGET_TOKENS",
+                ranges.join(", "),
+                w.level
+            );
+        }
     }
     if refreshed {
         note(
@@ -206,6 +271,95 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
                 w.omitted, a.session
             ),
         );
+    }
+    Ok(())
+}
+
+/// Show, set or clear a session's focus instructions.
+pub async fn focus(s: &Settings, a: FocusArgs) -> Result<(), Failure> {
+    let local = super::app::local(s, None)?;
+    let now = match (&a.focus, a.clear) {
+        (Some(f), _) => local.set_focus(&a.session, Some(f)).await,
+        (None, true) => local.set_focus(&a.session, None).await,
+        (None, false) => local.focus(&a.session).await,
+    }
+    .map_err(|e| fail(s, e))?;
+    match now {
+        Some(f) => println!("session {}: focus \"{f}\"", a.session),
+        None => println!("session {}: no focus", a.session),
+    }
+    Ok(())
+}
+
+/// Pin or unpin an episode, or list the pins.
+pub async fn pin(s: &Settings, a: PinArgs) -> Result<(), Failure> {
+    let local = super::app::local(s, None)?;
+    let pins = match a.episode {
+        Some(e) => local.pin(&a.session, e, !a.remove).await,
+        None => local.pins(&a.session).await,
+    }
+    .map_err(|e| fail(s, e))?;
+    let list: Vec<String> = pins.iter().map(u64::to_string).collect();
+    println!(
+        "session {}: pinned episodes: {}",
+        a.session,
+        if list.is_empty() {
+            "none".to_string()
+        } else {
+            list.join(", ")
+        }
+    );
+    Ok(())
+}
+
+/// Provenance: a summary row and exactly the episodes it covers.
+pub async fn expand(s: &Settings, a: ExpandArgs) -> Result<(), Failure> {
+    let local = super::app::local(s, None)?;
+    let mut after = 0u64;
+    let mut first = true;
+    loop {
+        let x = local
+            .expand(&a.session, a.row, a.identifier.as_deref(), after, 1000)
+            .await
+            .map_err(|e| fail(s, e))?;
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_value(&x).expect("an expansion serializes")
+            );
+        } else {
+            if first {
+                let r = &x.row;
+                println!(
+                    "#{} episodes {}-{}{}:\n{}\n",
+                    r.id,
+                    r.first_episode,
+                    r.last_episode,
+                    if r.level > 0 {
+                        format!(" (earlier summary, level {})", r.level)
+                    } else {
+                        String::new()
+                    },
+                    r.content
+                );
+                if !x.compacted.is_empty() {
+                    let ids: Vec<String> = x
+                        .compacted
+                        .iter()
+                        .map(|c| format!("#{} ({}-{})", c.id, c.first_episode, c.last_episode))
+                        .collect();
+                    println!("compacts rows {}\n", ids.join(", "));
+                }
+            }
+            for e in &x.episodes {
+                println!("[{} {}]\n{}\n", e.id, e.role, e.content);
+            }
+        }
+        first = false;
+        match x.next_after {
+            Some(n) => after = n,
+            None => break,
+        }
     }
     Ok(())
 }
@@ -263,7 +417,7 @@ pub async fn mode(s: &Settings, a: ModeArgs) -> Result<(), Failure> {
         Some("default") => local.set_mode(&a.session, None).await,
         Some(m) => {
             let own = abridge::sources::SessionMode {
-                mode: if m == "idle" { Mode::Idle } else { Mode::Eager },
+                mode: Mode::parse(m).unwrap_or(Mode::Eager),
                 quiescence_secs: a.quiet_secs,
             };
             local.set_mode(&a.session, Some(own)).await

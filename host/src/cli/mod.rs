@@ -130,8 +130,17 @@ enum Cmd {
     Context(fresh::ContextArgs),
     /// Summarize a stored session now, whatever its mode or backoff.
     Refresh(fresh::RefreshArgs),
-    /// Show or set a session's own refresh mode (eager or idle), overriding the global one.
+    /// Show or set a session's own refresh mode (eager, idle or window), overriding the
+    /// global one.
     Mode(fresh::ModeArgs),
+    /// Show or set a session's focus instructions, added to every fold prompt.
+    Focus(fresh::FocusArgs),
+    /// Pin an episode (always in the context verbatim, within the budget), unpin it, or list
+    /// the pins.
+    Pin(fresh::PinArgs),
+    /// Provenance: print a summary row and exactly the episodes it covers (or, with
+    /// --identifier, the episode a ledger entry came from).
+    Expand(fresh::ExpandArgs),
     /// Delete a session's episodes and summaries.
     Reset(fresh::ResetArgs),
     /// Follow a directory of Claude Code / JSON-lines transcripts: import appended lines and
@@ -223,6 +232,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Context(a) => fresh::context(&settings, a).await,
         Cmd::Refresh(a) => fresh::refresh(&settings, a).await,
         Cmd::Mode(a) => fresh::mode(&settings, a).await,
+        Cmd::Focus(a) => fresh::focus(&settings, a).await,
+        Cmd::Pin(a) => fresh::pin(&settings, a).await,
+        Cmd::Expand(a) => fresh::expand(&settings, a).await,
         Cmd::Reset(a) => fresh::reset(&settings, a).await,
         Cmd::Watch(a) => watch::watch(&settings, a).await,
         Cmd::Jobs(a) => jobs::jobs(&settings, a).await,

@@ -41,6 +41,8 @@ pub enum ModeChoice {
     Eager,
     /// Once the conversation has been quiet for the quiescence window.
     Idle,
+    /// Only what has left the context's recent window, in bounded-overhead batches.
+    Window,
 }
 
 /// How log lines are written.
@@ -114,8 +116,9 @@ pub struct Common {
     /// are retried with exponential backoff and jitter [env: ABRIDGE_RETRIES] [default: 3]
     #[arg(long, global = true)]
     pub retries: Option<u32>,
-    /// When automatic refreshes summarize: eager (after each write, under the trigger) or
-    /// idle (once the conversation is quiet) [env: ABRIDGE_MODE] [default: eager]
+    /// When automatic refreshes summarize: eager (after each write, under the trigger), idle
+    /// (once the conversation is quiet) or window (only what left the context's recent
+    /// window, in bounded-overhead batches) [env: ABRIDGE_MODE] [default: eager]
     #[arg(long, global = true)]
     pub mode: Option<ModeChoice>,
     /// Idle mode: quiet seconds, from the last message's own timestamp, before summarizing
@@ -130,6 +133,22 @@ pub struct Common {
     /// [env: ABRIDGE_MAX_ATTEMPTS] [default: 5]
     #[arg(long, global = true)]
     pub max_attempts: Option<u32>,
+    /// Eager mode: unsummarized tokens that are due whatever their message count
+    /// [env: SUMMARY_MAX_BACKLOG_TOKENS] [default: 1000]
+    #[arg(long, global = true)]
+    pub max_backlog_tokens: Option<u32>,
+    /// The summary chain's share of a context: over it, the oldest rows are compacted into
+    /// one "earlier" row [env: SUMMARY_BUDGET_TOKENS] [default: 1200]
+    #[arg(long, global = true)]
+    pub summary_budget_tokens: Option<u32>,
+    /// The facts ledger's budget (identifiers kept verbatim beside the summary; 0: off)
+    /// [env: SUMMARY_LEDGER_TOKENS] [default: 300]
+    #[arg(long, global = true)]
+    pub ledger_tokens: Option<u32>,
+    /// Window mode: messages the context keeps verbatim; only older ones are folded
+    /// [env: ABRIDGE_WINDOW_MESSAGES] [default: 8]
+    #[arg(long, global = true)]
+    pub window_messages: Option<u32>,
     /// More log output (-v: progress, -vv: debug)
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -170,6 +189,11 @@ pub struct FileConfig {
     provisional_tokens: Option<u32>,
     max_attempts: Option<u32>,
     retry_base_secs: Option<u32>,
+    max_backlog_tokens: Option<u32>,
+    summary_budget_tokens: Option<u32>,
+    ledger_tokens: Option<u32>,
+    window_messages: Option<u32>,
+    focus: Option<String>,
 }
 
 /// Resolved settings.
@@ -366,6 +390,7 @@ impl Settings {
             ) {
                 ModeChoice::Eager => Mode::Eager,
                 ModeChoice::Idle => Mode::Idle,
+                ModeChoice::Window => Mode::Window,
             },
             quiescence_secs: pick!(
                 common.quiescence_secs,
@@ -393,6 +418,31 @@ impl Settings {
                 d.retry_base_secs
             )
             .max(1),
+            max_backlog_tokens: pick!(
+                common.max_backlog_tokens,
+                env_parse(env, "SUMMARY_MAX_BACKLOG_TOKENS")?,
+                file.max_backlog_tokens,
+                d.max_backlog_tokens
+            ),
+            summary_budget_tokens: pick!(
+                common.summary_budget_tokens,
+                env_parse(env, "SUMMARY_BUDGET_TOKENS")?,
+                file.summary_budget_tokens,
+                d.summary_budget_tokens
+            ),
+            ledger_tokens: pick!(
+                common.ledger_tokens,
+                env_parse(env, "SUMMARY_LEDGER_TOKENS")?,
+                file.ledger_tokens,
+                d.ledger_tokens
+            ),
+            window_messages: pick!(
+                common.window_messages,
+                env_parse(env, "ABRIDGE_WINDOW_MESSAGES")?,
+                file.window_messages,
+                d.window_messages
+            ),
+            focus: pick!(None, env.get("ABRIDGE_FOCUS"), file.focus, d.focus),
         };
         if !(0.0..=2.0).contains(&config.temperature) {
             bail!("temperature {} is outside 0.0-2.0", config.temperature);

@@ -3,8 +3,8 @@
 use super::HostState;
 use crate::bindings::abridge::engine::store::Host;
 use crate::types::{
-    CachedAnswer, Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow,
-    SummaryWrite,
+    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, NewEpisode, SessionStats,
+    SummaryRow, SummaryWrite,
 };
 
 impl Host for HostState {
@@ -78,5 +78,17 @@ impl Host for HostState {
         write: SummaryWrite,
     ) -> Result<SummaryRow, Error> {
         self.store.write_summary(&session, write).await
+    }
+
+    async fn summary_history(&mut self, session: String) -> Result<Vec<SummaryRow>, Error> {
+        self.store.summary_history(&session).await
+    }
+
+    async fn compact_summaries(
+        &mut self,
+        session: String,
+        c: Compaction,
+    ) -> Result<SummaryRow, Error> {
+        self.store.compact_summaries(&session, c).await
     }
 }

@@ -21,8 +21,8 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use super::memories as mem;
 use super::{ServeOptions, Srv, auth, metrics};
 use crate::app::{
-    AppError, Appended, ContextView, ErrorKind, Event, Imported, JobView, MessageIn, Scoped,
-    SessionView, SummaryView,
+    AppError, Appended, ContextView, ErrorKind, Event, ExpansionView, Imported, JobView, MessageIn,
+    Scoped, SessionView, SummaryView,
 };
 use crate::sources::SessionMode;
 use crate::tenant::Tenant;
@@ -359,18 +359,132 @@ pub struct SummariesBody {
     summaries: Vec<SummaryView>,
 }
 
-/// The session's summary chain, oldest first.
+#[derive(Deserialize, IntoParams)]
+struct SummariesQuery {
+    /// Every row ever written, rows compacted into "earlier" rows included (default false).
+    all: Option<bool>,
+}
+
+/// The session's summary chain, oldest first (`?all=true`: compacted rows too).
 #[utoipa::path(get, path = "/v1/sessions/{id}/summaries", tag = "sessions",
-    params(("id" = String, Path, description = "Session id")),
+    params(("id" = String, Path, description = "Session id"), SummariesQuery),
     responses((status = 200, body = SummariesBody), (status = 404, body = ErrorBody)))]
 async fn get_summaries(
     Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
+    Query(q): Query<SummariesQuery>,
 ) -> ApiResult<Json<SummariesBody>> {
-    let summaries = t.summaries(&id).await?;
+    let summaries = if q.all.unwrap_or(false) {
+        t.summary_history(&id).await?
+    } else {
+        t.summaries(&id).await?
+    };
     Ok(Json(SummariesBody {
         session: id,
         summaries,
+    }))
+}
+
+#[derive(Deserialize, IntoParams)]
+struct ExpandQuery {
+    /// Only the episode this ledger identifier was last seen in.
+    identifier: Option<String>,
+    /// Episodes after this id (paging; default: from the row's first).
+    after: Option<u64>,
+    /// Most episodes in the answer (default 1000, at most 10000).
+    limit: Option<u32>,
+}
+
+/// Provenance: a summary row and exactly the episodes it covers, or the episode a ledger
+/// identifier came from. A row of another session or tenant is a 404.
+#[utoipa::path(get, path = "/v1/sessions/{id}/summaries/{row}/expand", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"),
+        ("row" = u64, Path, description = "Summary row id"), ExpandQuery),
+    responses((status = 200, body = ExpansionView), (status = 404, body = ErrorBody)))]
+async fn get_expand(
+    Extension(t): Extension<Scoped>,
+    Path((id, row)): Path<(String, u64)>,
+    Query(q): Query<ExpandQuery>,
+) -> ApiResult<Json<ExpansionView>> {
+    Ok(Json(
+        t.expand(
+            &id,
+            row,
+            q.identifier.as_deref(),
+            q.after.unwrap_or(0),
+            q.limit.unwrap_or(1000),
+        )
+        .await?,
+    ))
+}
+
+/// A session's focus instructions.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct FocusBody {
+    /// Added to every fold prompt of the session; `null` or empty clears it.
+    focus: Option<String>,
+}
+
+/// Set or clear the session's focus instructions.
+#[utoipa::path(put, path = "/v1/sessions/{id}/focus", tag = "sessions",
+    params(("id" = String, Path, description = "Session id")), request_body = FocusBody,
+    responses((status = 200, body = FocusBody), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn put_focus(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<FocusBody>> {
+    let f: FocusBody = parse_json(&body(b, srv.body_limit)?)?;
+    let focus = t.set_focus(&id, f.focus.as_deref()).await?;
+    Ok(Json(FocusBody { focus }))
+}
+
+/// A session's pinned episodes.
+#[derive(Serialize, ToSchema)]
+pub struct PinsBody {
+    /// Episode ids, ascending: each is in every context verbatim, within the budget.
+    pins: Vec<u64>,
+}
+
+/// The session's pinned episodes.
+#[utoipa::path(get, path = "/v1/sessions/{id}/pins", tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = PinsBody), (status = 404, body = ErrorBody)))]
+async fn get_pins(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<PinsBody>> {
+    Ok(Json(PinsBody {
+        pins: t.pins(&id).await?,
+    }))
+}
+
+/// Pin an episode: always in the context verbatim, within the budget, whatever its age.
+#[utoipa::path(put, path = "/v1/sessions/{id}/pins/{episode}", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"),
+        ("episode" = u64, Path, description = "Episode id")),
+    responses((status = 200, body = PinsBody), (status = 404, body = ErrorBody)))]
+async fn put_pin(
+    Extension(t): Extension<Scoped>,
+    Path((id, episode)): Path<(String, u64)>,
+) -> ApiResult<Json<PinsBody>> {
+    Ok(Json(PinsBody {
+        pins: t.pin(&id, episode, true).await?,
+    }))
+}
+
+/// Unpin an episode.
+#[utoipa::path(delete, path = "/v1/sessions/{id}/pins/{episode}", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"),
+        ("episode" = u64, Path, description = "Episode id")),
+    responses((status = 200, body = PinsBody), (status = 404, body = ErrorBody)))]
+async fn delete_pin(
+    Extension(t): Extension<Scoped>,
+    Path((id, episode)): Path<(String, u64)>,
+) -> ApiResult<Json<PinsBody>> {
+    Ok(Json(PinsBody {
+        pins: t.pin(&id, episode, false).await?,
     }))
 }
 
@@ -431,7 +545,7 @@ async fn post_refresh(
 /// A session's refresh mode.
 #[derive(Deserialize, ToSchema)]
 pub struct ModeBody {
-    /// `eager`, `idle`, or `default` (the server's setting).
+    /// `eager`, `idle`, `window`, or `default` (the server's setting).
     mode: String,
     /// Idle mode: quiet seconds before summarizing (default: the server's).
     quiet_secs: Option<u32>,
@@ -450,17 +564,13 @@ async fn put_mode(
     let m: ModeBody = parse_json(&body(b, srv.body_limit)?)?;
     let own = match m.mode.as_str() {
         "default" => None,
-        "eager" | "idle" => Some(SessionMode {
-            mode: if m.mode == "idle" {
-                Mode::Idle
-            } else {
-                Mode::Eager
-            },
+        "eager" | "idle" | "window" => Some(SessionMode {
+            mode: Mode::parse(&m.mode).unwrap_or(Mode::Eager),
             quiescence_secs: m.quiet_secs,
         }),
         other => {
             return Err(ApiError(AppError::invalid(format!(
-                "mode '{}' is not one of eager, idle, default",
+                "mode '{}' is not one of eager, idle, window, default",
                 crate::text::printable(other)
             ))));
         }
@@ -761,13 +871,15 @@ impl utoipa::Modify for BearerAuth {
 #[openapi(
     info(title = "abridge", description = "Summaries of conversation memory, per tenant."),
     paths(post_messages, post_transcript, list_sessions, get_session, delete_session,
-        get_summaries, get_context, post_refresh, put_mode, list_jobs, get_job, cancel_job,
+        get_summaries, get_expand, put_focus, get_pins, put_pin, delete_pin,
+        get_context, post_refresh, put_mode, list_jobs, get_job, cancel_job,
         job_events, all_events, healthz, readyz, metrics_text, openapi,
         mem::post_memories, mem::list_memories, mem::get_memory, mem::delete_memory,
         mem::post_recall, mem::list_clusters, mem::get_summary, mem::get_summary_sources,
         mem::get_usage),
     components(schemas(ErrorBody, ErrorDetail, MessagesBody, MessageIn, AppendedBody, Appended,
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
+        ExpansionView, crate::app::EpisodeView, crate::app::LedgerView, FocusBody, PinsBody,
         ContextView, ModeBody, JobsBody, JobView, Event, mem::MemoryBody, mem::MemoriesBody,
         mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
         mem::RecallResults, crate::app::memories::RecallView, mem::ClustersBody,
@@ -787,6 +899,19 @@ pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv
         ("get", "/v1/sessions/{id}", get(get_session)),
         ("delete", "/v1/sessions/{id}", delete(delete_session)),
         ("get", "/v1/sessions/{id}/summaries", get(get_summaries)),
+        (
+            "get",
+            "/v1/sessions/{id}/summaries/{row}/expand",
+            get(get_expand),
+        ),
+        ("put", "/v1/sessions/{id}/focus", put(put_focus)),
+        ("get", "/v1/sessions/{id}/pins", get(get_pins)),
+        ("put", "/v1/sessions/{id}/pins/{episode}", put(put_pin)),
+        (
+            "delete",
+            "/v1/sessions/{id}/pins/{episode}",
+            delete(delete_pin),
+        ),
         ("get", "/v1/sessions/{id}/context", get(get_context)),
         ("post", "/v1/sessions/{id}/refresh", post(post_refresh)),
         ("put", "/v1/sessions/{id}/mode", put(put_mode)),

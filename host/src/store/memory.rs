@@ -7,8 +7,8 @@ use async_trait::async_trait;
 
 use super::{Store, check_chain};
 use crate::types::{
-    CachedAnswer, Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow,
-    SummaryWrite,
+    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, NewEpisode, SessionStats,
+    SummaryRow, SummaryWrite,
 };
 
 #[derive(Default)]
@@ -16,7 +16,10 @@ struct Session {
     episodes: Vec<Episode>,
     keys: std::collections::BTreeSet<String>,
     total_tokens: u64,
+    /// The active chain.
     rows: Vec<SummaryRow>,
+    /// Rows compacted out of the active chain (kept, never deleted).
+    compacted: Vec<SummaryRow>,
     changed: u64,
 }
 
@@ -137,6 +140,57 @@ impl Store for MemoryStore {
         }))
     }
 
+    async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        Ok(self.with(|sessions, _, _| {
+            let Some(s) = sessions.get(session) else {
+                return Vec::new();
+            };
+            let mut all: Vec<SummaryRow> = s.rows.iter().chain(&s.compacted).cloned().collect();
+            all.sort_by(|a, b| {
+                a.first_episode
+                    .cmp(&b.first_episode)
+                    .then(b.level.cmp(&a.level))
+                    .then(a.id.cmp(&b.id))
+            });
+            all
+        }))
+    }
+
+    async fn compact_summaries(&self, session: &str, c: Compaction) -> Result<SummaryRow, Error> {
+        self.with(|sessions, next_id, _| {
+            let s = sessions.get_mut(session).ok_or_else(|| {
+                Error::InvalidInput(format!("no session '{session}' in the store"))
+            })?;
+            let (first, last, level) = super::check_compaction(session, &s.rows, &c)?;
+            *next_id += 1;
+            let id = *next_id;
+            let row = SummaryRow {
+                id,
+                first_episode: first,
+                last_episode: last,
+                content: c.content,
+                tokens: c.tokens,
+                prompt_tokens: c.prompt_tokens,
+                output_tokens: c.output_tokens,
+                model: c.model,
+                created_ms: c.now_ms,
+                updated_ms: c.now_ms,
+                skipped: c.skipped,
+                level,
+                compacted_into: None,
+                ledger: c.ledger,
+                ledger_dropped: c.ledger_dropped,
+            };
+            let folded: Vec<SummaryRow> = s.rows.drain(..c.rows.len()).collect();
+            for mut r in folded {
+                r.compacted_into = Some(id);
+                s.compacted.push(r);
+            }
+            s.rows.insert(0, row.clone());
+            Ok(row)
+        })
+    }
+
     async fn write_summary(&self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
         self.with(|sessions, next_id, _| {
             let s = sessions.get_mut(session).ok_or_else(|| {
@@ -155,6 +209,10 @@ impl Store for MemoryStore {
                 created_ms: w.now_ms,
                 updated_ms: w.now_ms,
                 skipped: w.skipped,
+                level: 0,
+                compacted_into: None,
+                ledger: w.ledger,
+                ledger_dropped: w.ledger_dropped,
             };
             match w.replaces {
                 Some(id) => {

@@ -23,6 +23,8 @@ pub(super) struct Tables {
     /// (session, path, last episode) → bytes.
     marks: BTreeMap<(String, String, u64), u64>,
     modes: BTreeMap<String, SessionMode>,
+    focus: BTreeMap<String, String>,
+    pins: BTreeMap<String, std::collections::BTreeSet<u64>>,
     /// Token rows with their hashes.
     tokens: Vec<(TokenRow, String)>,
     /// Each tenant's newest events, oldest first.
@@ -35,6 +37,8 @@ impl Tables {
     pub(super) fn reset_session(&mut self, session: &str) {
         self.marks.retain(|(s, _, _), _| s != session);
         self.modes.remove(session);
+        self.focus.remove(session);
+        self.pins.remove(session);
         self.watched
             .retain(|_, f| f.session.as_deref() != Some(session));
         self.sources
@@ -363,6 +367,37 @@ impl SourceStore for MemoryStore {
             Some(m) => t.modes.insert(session.to_string(), m.clone()),
         });
         Ok(())
+    }
+
+    async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
+        Ok(self.tables(|t| t.focus.get(session).cloned()))
+    }
+
+    async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
+        self.tables(|t| match focus {
+            None => t.focus.remove(session),
+            Some(f) => t.focus.insert(session.to_string(), f.to_string()),
+        });
+        Ok(())
+    }
+
+    async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
+        Ok(self.tables(|t| {
+            t.pins
+                .get(session)
+                .map_or_else(Vec::new, |p| p.iter().copied().collect())
+        }))
+    }
+
+    async fn set_pin(&self, session: &str, episode: u64, pinned: bool) -> Result<bool, Error> {
+        Ok(self.tables(|t| {
+            let set = t.pins.entry(session.to_string()).or_default();
+            if pinned {
+                set.insert(episode)
+            } else {
+                set.remove(&episode)
+            }
+        }))
     }
 }
 

@@ -3,8 +3,8 @@
 use async_trait::async_trait;
 
 use crate::types::{
-    CachedAnswer, Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow,
-    SummaryWrite,
+    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, IdentifierKind,
+    LedgerEntry, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 
 mod keyring;
@@ -67,6 +67,104 @@ pub fn check_chain(
     Ok(())
 }
 
+/// The rule every store enforces before a compaction: the rows folded are the oldest rows of
+/// the active chain (`active`, oldest first), at least two, in order. Returns the new row's
+/// first and last episode and its level.
+pub fn check_compaction(
+    session: &str,
+    active: &[SummaryRow],
+    c: &Compaction,
+) -> Result<(u64, u64, u32), Error> {
+    let conflict = |why: String| {
+        Error::Conflict(format!(
+            "summary compaction rule for session '{session}': {why}"
+        ))
+    };
+    if c.rows.len() < 2 {
+        return Err(conflict("a compaction folds at least two rows".into()));
+    }
+    let head: Vec<u64> = active.iter().take(c.rows.len()).map(|r| r.id).collect();
+    if head != c.rows {
+        return Err(conflict(format!(
+            "rows {:?} are not the oldest rows of the active chain ({:?})",
+            c.rows, head
+        )));
+    }
+    let folded = &active[..c.rows.len()];
+    let level = folded.iter().map(|r| r.level).max().unwrap_or(0) + 1;
+    Ok((
+        folded[0].first_episode,
+        folded[folded.len() - 1].last_episode,
+        level,
+    ))
+}
+
+fn kind_name(k: IdentifierKind) -> &'static str {
+    match k {
+        IdentifierKind::Path => "path",
+        IdentifierKind::Url => "url",
+        IdentifierKind::Command => "command",
+        IdentifierKind::Code => "code",
+        IdentifierKind::Number => "number",
+        IdentifierKind::Version => "version",
+        IdentifierKind::Date => "date",
+        IdentifierKind::Email => "email",
+        IdentifierKind::Ticket => "ticket",
+        IdentifierKind::Name => "name",
+    }
+}
+
+/// The kind an identifier-kind name stands for (`path`, `url`, …).
+pub fn kind_of(name: &str) -> IdentifierKind {
+    match name {
+        "path" => IdentifierKind::Path,
+        "url" => IdentifierKind::Url,
+        "command" => IdentifierKind::Command,
+        "number" => IdentifierKind::Number,
+        "version" => IdentifierKind::Version,
+        "date" => IdentifierKind::Date,
+        "email" => IdentifierKind::Email,
+        "ticket" => IdentifierKind::Ticket,
+        "name" => IdentifierKind::Name,
+        _ => IdentifierKind::Code,
+    }
+}
+
+impl IdentifierKind {
+    /// The lower-case name (`path`, `url`, …).
+    pub fn as_str(self) -> &'static str {
+        kind_name(self)
+    }
+}
+
+/// A ledger as stored: JSON `[{"t": text, "k": kind, "e": episode, "c": count}, ...]` (the
+/// same in every store and in the JS host).
+pub fn ledger_to_json(entries: &[LedgerEntry]) -> String {
+    serde_json::to_string(
+        &entries
+            .iter()
+            .map(|e| serde_json::json!({"t": e.text, "k": kind_name(e.kind), "e": e.episode, "c": e.count}))
+            .collect::<Vec<_>>(),
+    )
+    .expect("a ledger serializes")
+}
+
+/// A stored ledger (see [`ledger_to_json`]); unreadable text reads as empty.
+pub fn ledger_from_json(text: &str) -> Vec<LedgerEntry> {
+    serde_json::from_str::<Vec<serde_json::Value>>(text)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| {
+            Some(LedgerEntry {
+                text: v["t"].as_str()?.to_string(),
+                kind: kind_of(v["k"].as_str().unwrap_or("code")),
+                episode: v["e"].as_u64().unwrap_or(0),
+                count: v["c"].as_u64().unwrap_or(1) as u32,
+            })
+        })
+        .collect()
+}
+
 /// What the engine stores. Implementations must write each call atomically and enforce the
 /// chain rule of [`SummaryWrite`]: rows of a session cover every episode exactly once, in
 /// order.
@@ -86,10 +184,15 @@ pub trait Store: Send + Sync {
     ) -> Result<Vec<Episode>, Error>;
     /// The newest summary row.
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error>;
-    /// All summary rows, oldest first.
+    /// The active chain (rows not compacted), oldest first.
     async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error>;
+    /// Every row, compacted ones included: by first episode, then level, highest first.
+    async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error>;
     /// Write a summary row and its coverage in one transaction.
     async fn write_summary(&self, session: &str, write: SummaryWrite) -> Result<SummaryRow, Error>;
+    /// Fold the oldest active rows into one "earlier" row in one transaction (see
+    /// [`check_compaction`]).
+    async fn compact_summaries(&self, session: &str, c: Compaction) -> Result<SummaryRow, Error>;
     /// Known sessions, most recently changed first.
     async fn sessions(&self) -> Result<Vec<String>, Error>;
     /// The session's failure marker (see the WIT `store.failure`).

@@ -8,8 +8,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Store;
 use crate::types::{
-    CachedAnswer, Calibration, Episode, EpisodeRange, Error, FailureMarker, NewEpisode, Role,
-    SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Compaction, Episode, EpisodeRange, Error, FailureMarker, NewEpisode,
+    Role, SessionStats, SummaryRow, SummaryWrite,
 };
 
 /// Schema migrations, shared with the JavaScript host (its build copies these files);
@@ -33,6 +33,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/016-memories.sql"),
     include_str!("migrations/017-data-keys.sql"),
     include_str!("migrations/018-usage.sql"),
+    include_str!("migrations/019-summary-levels-ledger.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -65,6 +66,8 @@ const OWN_TABLES: &[&str] = &[
     "cluster_summaries",
     "data_keys",
     "usage",
+    "session_focus",
+    "session_pins",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.
@@ -255,7 +258,7 @@ impl SqliteStore {
     }
 }
 
-const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped";
+const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped";
 
 fn skipped_to_json(ranges: &[EpisodeRange]) -> String {
     serde_json::to_string(&ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>())
@@ -283,12 +286,24 @@ fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
         created_ms: r.get::<_, i64>(8)? as u64,
         updated_ms: r.get::<_, i64>(9)? as u64,
         skipped: skipped_from_json(&r.get::<_, String>(10)?),
+        level: r.get(11)?,
+        compacted_into: r.get::<_, Option<i64>>(12)?.map(|x| x as u64),
+        ledger: super::ledger_from_json(&r.get::<_, String>(13)?),
+        ledger_dropped: r.get(14)?,
     })
+}
+
+fn active_chain(conn: &Connection, session: &str) -> rusqlite::Result<Vec<SummaryRow>> {
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 AND compacted_into IS NULL ORDER BY first_episode"
+    ))?;
+    let rows = st.query_map([session], row_from)?;
+    rows.collect()
 }
 
 fn latest(conn: &Connection, session: &str) -> rusqlite::Result<Option<SummaryRow>> {
     conn.query_row(
-        &format!("SELECT {ROW_COLS} FROM summaries WHERE session = ?1 ORDER BY last_episode DESC, id DESC LIMIT 1"),
+        &format!("SELECT {ROW_COLS} FROM summaries WHERE session = ?1 AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1"),
         [session],
         row_from,
     )
@@ -395,14 +410,45 @@ impl Store for SqliteStore {
     }
 
     async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.with(|conn| active_chain(conn, session).map_err(db_err))
+    }
+
+    async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
         self.with(|conn| {
             let mut st = conn
                 .prepare_cached(&format!(
-                    "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 ORDER BY first_episode"
+                    "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 ORDER BY first_episode, level DESC, id"
                 ))
                 .map_err(db_err)?;
             let rows = st.query_map([session], row_from).map_err(db_err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+
+    async fn compact_summaries(&self, session: &str, c: Compaction) -> Result<SummaryRow, Error> {
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
+            let active = active_chain(&tx, session).map_err(db_err)?;
+            let (first, last, level) = super::check_compaction(session, &active, &c)?;
+            tx.execute(
+                "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)",
+                params![session, first as i64, last as i64, c.content, c.tokens, c.prompt_tokens, c.output_tokens, c.model, c.now_ms as i64, skipped_to_json(&c.skipped), level, super::ledger_to_json(&c.ledger), c.ledger_dropped],
+            )
+            .map_err(db_err)?;
+            let id = tx.last_insert_rowid();
+            for r in &c.rows {
+                tx.execute(
+                    "UPDATE summaries SET compacted_into = ?2 WHERE id = ?1 AND session = ?3",
+                    params![*r as i64, id, session],
+                )
+                .map_err(db_err)?;
+            }
+            let row = tx
+                .query_row(&format!("SELECT {ROW_COLS} FROM summaries WHERE id = ?1"), [id], row_from)
+                .map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(row)
         })
     }
 
@@ -419,17 +465,17 @@ impl Store for SqliteStore {
             let id = match (w.replaces, &prev) {
                 (None, _) => {
                     tx.execute(
-                        "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)",
-                        params![session, w.first_episode as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, skipped_to_json(&w.skipped)],
+                        "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12)",
+                        params![session, w.first_episode as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, skipped_to_json(&w.skipped), super::ledger_to_json(&w.ledger), w.ledger_dropped],
                     )
                     .map_err(db_err)?;
                     tx.last_insert_rowid()
                 }
                 (Some(id), _) => {
                     tx.execute(
-                        "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8, skipped = ?9 WHERE id = ?1",
-                        params![id as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, skipped_to_json(&w.skipped)],
+                        "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8, skipped = ?9, ledger = ?10, ledger_dropped = ?11 WHERE id = ?1",
+                        params![id as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, skipped_to_json(&w.skipped), super::ledger_to_json(&w.ledger), w.ledger_dropped],
                     )
                     .map_err(db_err)?;
                     id as i64
@@ -491,6 +537,8 @@ impl Store for SqliteStore {
                 "DELETE FROM sources WHERE EXISTS (SELECT 1 FROM json_each(sources.sessions) WHERE value = ?1)",
                 "DELETE FROM watched_files WHERE session = ?1",
                 "DELETE FROM session_modes WHERE session = ?1",
+                "DELETE FROM session_focus WHERE session = ?1",
+                "DELETE FROM session_pins WHERE session = ?1",
                 // Its events too: they carry its summaries' text.
                 "DELETE FROM events WHERE session_key = ?1",
                 // Its finished and queued jobs go; a running one is asked to stop (its write

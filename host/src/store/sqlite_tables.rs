@@ -422,11 +422,7 @@ impl SourceStore for SqliteStore {
                 [session],
                 |r| {
                     Ok(SessionMode {
-                        mode: if r.get::<_, String>(0)? == "idle" {
-                            Mode::Idle
-                        } else {
-                            Mode::Eager
-                        },
+                        mode: Mode::parse(&r.get::<_, String>(0)?).unwrap_or(Mode::Eager),
                         quiescence_secs: r.get::<_, Option<i64>>(1)?.map(|x| x as u32),
                     })
                 },
@@ -444,16 +440,71 @@ impl SourceStore for SqliteStore {
                     "INSERT OR REPLACE INTO session_modes (session, mode, quiescence_secs) VALUES (?1, ?2, ?3)",
                     params![
                         session,
-                        match m.mode {
-                            Mode::Eager => "eager",
-                            Mode::Idle => "idle",
-                        },
+                        m.mode.as_str(),
                         m.quiescence_secs
                     ],
                 ),
             }
             .map(drop)
             .map_err(db_err)
+        })
+    }
+
+    async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT focus FROM session_focus WHERE session = ?1",
+                [session],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
+        self.with(|c| {
+            match focus {
+                None => c.execute("DELETE FROM session_focus WHERE session = ?1", [session]),
+                Some(f) => c.execute(
+                    "INSERT OR REPLACE INTO session_focus (session, focus) VALUES (?1, ?2)",
+                    params![session, f],
+                ),
+            }
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
+    async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT episode FROM session_pins WHERE session = ?1 ORDER BY episode",
+                )
+                .map_err(db_err)?;
+            let rows = st
+                .query_map([session], |r| r.get::<_, i64>(0).map(|x| x as u64))
+                .map_err(db_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+
+    async fn set_pin(&self, session: &str, episode: u64, pinned: bool) -> Result<bool, Error> {
+        self.with(|c| {
+            let n = if pinned {
+                c.execute(
+                    "INSERT OR IGNORE INTO session_pins (session, episode) VALUES (?1, ?2)",
+                    params![session, episode as i64],
+                )
+            } else {
+                c.execute(
+                    "DELETE FROM session_pins WHERE session = ?1 AND episode = ?2",
+                    params![session, episode as i64],
+                )
+            }
+            .map_err(db_err)?;
+            Ok(n > 0)
         })
     }
 }

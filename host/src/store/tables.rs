@@ -125,6 +125,14 @@ pub trait SourceStore: Send + Sync {
         session: &str,
         mode: Option<&SessionMode>,
     ) -> Result<(), Error>;
+    /// A session's focus instructions for its fold prompts.
+    async fn session_focus(&self, session: &str) -> Result<Option<String>, Error>;
+    /// Set (`Some`) or clear (`None`) a session's focus.
+    async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error>;
+    /// A session's pinned episodes, ascending.
+    async fn pins(&self, session: &str) -> Result<Vec<u64>, Error>;
+    /// Pin (`true`) or unpin (`false`) one episode; returns whether anything changed.
+    async fn set_pin(&self, session: &str, episode: u64, pinned: bool) -> Result<bool, Error>;
 }
 
 /// An API token as stored and listed: never the token (the store also keeps its hash).

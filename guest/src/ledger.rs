@@ -1,0 +1,616 @@
+//! The facts ledger: identifiers taken from episodes deterministically and carried beside the
+//! summary prose, so an identifier survives even when the model's prose drops it.
+//!
+//! What counts as an identifier (each recognised by a fixed rule, no model involved):
+//!
+//! * `command`: a line starting with `$ ` (the rest of the line), or a backtick span that
+//!   contains a space (`` `cargo test --workspace` ``);
+//! * `code`: a backtick span without a space that no rule below claims (`` `HashMap::new` ``;
+//!   `` `src/main.rs` `` is a path);
+//! * `url`: `http://…` or `https://…`, trailing punctuation removed;
+//! * `email`: `name@host.tld`;
+//! * `path`: a token with a `/` between path characters (`src/main.rs`, `~/.config/x`,
+//!   `/etc/hosts`), or a file name with a known extension (`Cargo.toml`, `notes.md`);
+//! * `version`: `v1.2`, or three or more dotted numbers (`1.95.0`, `48.0.8`);
+//! * `date`: `2026-11-24`, or `24/11/2026`-style day-month-year numbers;
+//! * `number`: a number with a unit (`250 ms`, `16 GB`, `12%`, `$4.50`, `3 replicas`);
+//! * `ticket`: `#123`, `ABC-123`, `GH-7`;
+//! * `name`: a quoted name of one to six words (`"Project Falcon"`, `“Blue Harbor”`).
+//!
+//! Merging and the budget: entries are keyed by their text; merging sums the mention counts
+//! and keeps the newest episode seen. A ledger is kept within a token budget by one
+//! documented policy: entries mentioned at least [`FREQUENT`] times are kept first (most
+//! mentioned first, then newest), up to half the budget; the rest of the budget goes to the
+//! newest entries (by the episode last seen in, then by count). What the budget drops is
+//! counted in the row's `ledger-dropped`, never silently lost.
+
+use std::collections::BTreeMap;
+
+use crate::tokens::estimate_tokens;
+
+/// What kind of identifier an entry is (mirrors the WIT `identifier-kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// A file or directory path.
+    Path,
+    /// A URL.
+    Url,
+    /// A shell command.
+    Command,
+    /// A code identifier in backticks.
+    Code,
+    /// A number with a unit.
+    Number,
+    /// A version.
+    Version,
+    /// A date.
+    Date,
+    /// An email address.
+    Email,
+    /// An issue or ticket id.
+    Ticket,
+    /// A quoted name.
+    Name,
+}
+
+impl Kind {
+    /// The lower-case name used in goldens and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Path => "path",
+            Kind::Url => "url",
+            Kind::Command => "command",
+            Kind::Code => "code",
+            Kind::Number => "number",
+            Kind::Version => "version",
+            Kind::Date => "date",
+            Kind::Email => "email",
+            Kind::Ticket => "ticket",
+            Kind::Name => "name",
+        }
+    }
+}
+
+/// One ledger entry (mirrors the WIT `ledger-entry`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The identifier, verbatim.
+    pub text: String,
+    /// Its kind.
+    pub kind: Kind,
+    /// The episode it was last seen in.
+    pub episode: u64,
+    /// How often it was mentioned.
+    pub count: u32,
+}
+
+/// A ledger and how many entries its budget dropped so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Entries in first-seen order.
+    pub entries: Vec<Entry>,
+    /// Entries the budget dropped, cumulative.
+    pub dropped: u32,
+}
+
+/// Mentions that make an entry "frequent" (kept ahead of one-offs).
+pub const FREQUENT: u32 = 3;
+
+/// Longest identifier kept (characters); longer spans are prose, not identifiers.
+const MAX_LEN: usize = 200;
+
+/// File extensions that make a bare file name a path.
+const EXTENSIONS: &[&str] = &[
+    "rs",
+    "toml",
+    "md",
+    "txt",
+    "json",
+    "jsonl",
+    "yaml",
+    "yml",
+    "js",
+    "mjs",
+    "ts",
+    "tsx",
+    "jsx",
+    "py",
+    "go",
+    "java",
+    "kt",
+    "c",
+    "h",
+    "cc",
+    "cpp",
+    "hpp",
+    "cs",
+    "rb",
+    "php",
+    "sh",
+    "bash",
+    "zsh",
+    "sql",
+    "html",
+    "css",
+    "scss",
+    "xml",
+    "csv",
+    "lock",
+    "cfg",
+    "conf",
+    "ini",
+    "env",
+    "log",
+    "wit",
+    "wasm",
+    "proto",
+    "dockerfile",
+    "swift",
+    "lua",
+    "pdf",
+    "png",
+    "jpg",
+    "svg",
+    "zip",
+    "gz",
+    "tar",
+    "db",
+    "sqlite",
+];
+
+/// Units that make a number an identifier.
+const UNITS: &[&str] = &[
+    "ms", "s", "sec", "secs", "second", "seconds", "min", "mins", "minute", "minutes", "h", "hr",
+    "hrs", "hour", "hours", "day", "days", "week", "weeks", "month", "months", "year", "years",
+    "b", "kb", "mb", "gb", "tb", "kib", "mib", "gib", "tib", "bytes", "%", "px", "em", "rem", "k",
+    "m", "tokens", "token", "rps", "rpm", "qps", "req/s", "usd", "eur", "gbp", "replicas", "nodes",
+    "cores", "cpus", "threads", "workers", "users", "items", "rows", "requests", "retries",
+    "times", "x", "ghz", "mhz", "hz", "kg", "g", "km", "mi", "cm", "mm", "°c", "°f", "degrees",
+    "percent", "dollars", "euros",
+];
+
+/// Characters that end a token (besides whitespace).
+fn trim_token(t: &str) -> &str {
+    t.trim_start_matches(['(', '[', '{', '<', '"', '\'', '“', '‘', '*'])
+        .trim_end_matches([
+            '.', ',', ';', ':', '!', '?', ')', ']', '}', '>', '"', '\'', '”', '’', '*',
+        ])
+}
+
+fn push(out: &mut Vec<(Kind, String)>, kind: Kind, text: &str) {
+    let t = text.trim();
+    if t.is_empty() || t.chars().count() > MAX_LEN {
+        return;
+    }
+    if !out.iter().any(|(_, x)| x == t) {
+        out.push((kind, t.to_string()));
+    }
+}
+
+/// Identifiers in `text`, in order of first appearance, each once.
+pub fn extract(text: &str) -> Vec<(Kind, String)> {
+    let mut out: Vec<(Kind, String)> = Vec::new();
+    // Text outside backtick spans, for the token rules (a span is taken whole).
+    let mut plain = String::with_capacity(text.len());
+    // Commands on their own lines.
+    for line in text.lines() {
+        let l = line.trim_start();
+        if let Some(cmd) = l.strip_prefix("$ ")
+            && cmd.chars().any(char::is_alphanumeric)
+        {
+            push(&mut out, Kind::Command, cmd.trim());
+        }
+    }
+    // Backtick spans (single backticks; fences are skipped as markers).
+    let mut rest = text;
+    while let Some(at) = rest.find('`') {
+        plain.push_str(&rest[..at]);
+        plain.push(' ');
+        let after = &rest[at..];
+        let ticks = after.chars().take_while(|&c| c == '`').count();
+        if ticks >= 3 {
+            // A fence: its lines are read as plain text (commands were taken above).
+            rest = &after[ticks..];
+            continue;
+        }
+        let inner = &after[1..];
+        match inner.find(['`', '\n']) {
+            Some(end) if inner.as_bytes()[end] == b'`' => {
+                let span = inner[..end].trim();
+                if span.chars().any(char::is_alphanumeric) {
+                    let kind = if span.contains(' ') {
+                        Kind::Command
+                    } else {
+                        classify(span).unwrap_or(Kind::Code)
+                    };
+                    push(&mut out, kind, span);
+                }
+                rest = &inner[end + 1..];
+            }
+            _ => rest = inner,
+        }
+    }
+    plain.push_str(rest);
+    quoted_names(&plain, &mut out);
+    let words: Vec<&str> = plain.split_whitespace().collect();
+    for (i, raw) in words.iter().enumerate() {
+        let t = trim_token(raw);
+        if t.is_empty() {
+            continue;
+        }
+        if let Some(kind) = classify(t) {
+            push(&mut out, kind, t);
+            continue;
+        }
+        // A number followed by a unit word: "250 ms", "3 replicas".
+        if is_number(t)
+            && let Some(next) = words.get(i + 1)
+        {
+            let unit = trim_token(next);
+            if UNITS.contains(&unit.to_lowercase().as_str()) {
+                push(&mut out, Kind::Number, &format!("{t} {unit}"));
+            }
+        }
+    }
+    out
+}
+
+/// Quoted names: one to six words between double quotes (straight or curly).
+fn quoted_names(text: &str, out: &mut Vec<(Kind, String)>) {
+    let chars: Vec<char> = text.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let close = match chars[i] {
+            '"' => '"',
+            '“' => '”',
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let Some(len) = chars[i + 1..].iter().take(80).position(|&c| c == close) else {
+            i += 1;
+            continue;
+        };
+        let inner: String = chars[i + 1..i + 1 + len].iter().collect();
+        let words = inner.split_whitespace().count();
+        let named = inner
+            .split_whitespace()
+            .next()
+            .and_then(|w| w.chars().next())
+            .is_some_and(|c| c.is_uppercase() || c.is_ascii_digit());
+        if (1..=6).contains(&words) && named && !inner.contains('\n') {
+            push(out, Kind::Name, &inner);
+        }
+        i += len + 2;
+    }
+}
+
+fn is_number(t: &str) -> bool {
+    let t = t.strip_prefix(['$', '€', '£']).unwrap_or(t);
+    !t.is_empty()
+        && t.chars().next().is_some_and(|c| c.is_ascii_digit())
+        && t.chars()
+            .all(|c| c.is_ascii_digit() || c == '.' || c == ',')
+        && !t.ends_with(['.', ','])
+}
+
+/// The kind of a single token, if it is an identifier by itself.
+fn classify(t: &str) -> Option<Kind> {
+    let lower = t.to_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        return (t.len() > 8).then_some(Kind::Url);
+    }
+    if let Some((user, host)) = t.split_once('@')
+        && !user.is_empty()
+        && user
+            .chars()
+            .all(|c| c.is_alphanumeric() || "._%+-".contains(c))
+        && host.contains('.')
+        && !host.ends_with('.')
+        && host
+            .chars()
+            .all(|c| c.is_alphanumeric() || ".-".contains(c))
+    {
+        return Some(Kind::Email);
+    }
+    // Tickets: #123, ABC-123.
+    if let Some(n) = t.strip_prefix('#')
+        && !n.is_empty()
+        && n.chars().all(|c| c.is_ascii_digit())
+    {
+        return Some(Kind::Ticket);
+    }
+    if let Some((p, n)) = t.split_once('-')
+        && p.len() >= 2
+        && p.chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+        && p.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+        && !n.is_empty()
+        && n.chars().all(|c| c.is_ascii_digit())
+    {
+        return Some(Kind::Ticket);
+    }
+    if is_date(t) {
+        return Some(Kind::Date);
+    }
+    if is_version(t) {
+        return Some(Kind::Version);
+    }
+    // Money and percentages written without a space.
+    if (t.starts_with(['$', '€', '£']) && is_number(t))
+        || (t.ends_with('%') && is_number(&t[..t.len() - 1]))
+    {
+        return Some(Kind::Number);
+    }
+    // A number glued to its unit: 250ms, 16GB, 3.5x.
+    if t.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))
+            .unwrap_or(t.len());
+        let (n, unit) = t.split_at(split);
+        if !unit.is_empty() && is_number(n) && UNITS.contains(&unit.to_lowercase().as_str()) {
+            return Some(Kind::Number);
+        }
+    }
+    if is_path(t) {
+        return Some(Kind::Path);
+    }
+    None
+}
+
+fn is_date(t: &str) -> bool {
+    let parts: Vec<&str> = t.split(['-', '/']).collect();
+    if parts.len() != 3 || !parts.iter().all(|p| p.chars().all(|c| c.is_ascii_digit())) {
+        return false;
+    }
+    let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+    let iso = lens == [4, 2, 2] && t.contains('-');
+    let dmy = (1..=2).contains(&lens[0]) && (1..=2).contains(&lens[1]) && lens[2] == 4;
+    iso || dmy
+}
+
+fn is_version(t: &str) -> bool {
+    let (v, body) = match t.strip_prefix(['v', 'V']) {
+        Some(b) => (true, b),
+        None => (false, t),
+    };
+    let core = body.split(['-', '+']).next().unwrap_or("");
+    let parts: Vec<&str> = core.split('.').collect();
+    let numeric = parts
+        .iter()
+        .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()));
+    numeric && ((v && parts.len() >= 2) || parts.len() >= 3)
+}
+
+fn is_path(t: &str) -> bool {
+    let path_char = |c: char| c.is_alphanumeric() || "._-/~@+".contains(c);
+    if !t.chars().all(path_char) || !t.chars().any(|c| c.is_ascii_alphabetic()) {
+        return false;
+    }
+    if t.contains('/') {
+        // At least one segment with a letter, no empty middle segments ("and/or" counts: it
+        // is kept out by needing a dot, a leading slash or tilde, or three segments).
+        let segments: Vec<&str> = t.split('/').collect();
+        let rooted = t.starts_with('/') || t.starts_with("~/") || t.starts_with("./");
+        let dotted = segments.last().is_some_and(|s| s.contains('.'));
+        let deep = segments.iter().filter(|s| !s.is_empty()).count() >= 3;
+        return (rooted && segments.len() >= 2 && t.len() > 2) || dotted || deep;
+    }
+    if let Some((stem, ext)) = t.rsplit_once('.') {
+        return !stem.is_empty()
+            && stem.chars().any(|c| c.is_ascii_alphabetic())
+            && EXTENSIONS.contains(&ext.to_lowercase().as_str());
+    }
+    false
+}
+
+/// The ledger of `episodes` (`(id, text)`, in order), unbudgeted.
+pub fn of_episodes<'a>(episodes: impl IntoIterator<Item = (u64, &'a str)>) -> Ledger {
+    let mut l = Ledger::default();
+    for (id, text) in episodes {
+        for (kind, t) in extract(text) {
+            add(&mut l.entries, kind, t, id, 1);
+        }
+    }
+    l
+}
+
+fn add(entries: &mut Vec<Entry>, kind: Kind, text: String, episode: u64, count: u32) {
+    match entries.iter_mut().find(|e| e.text == text) {
+        Some(e) => {
+            e.count = e.count.saturating_add(count);
+            if episode >= e.episode {
+                e.episode = episode;
+                e.kind = kind;
+            }
+        }
+        None => entries.push(Entry {
+            text,
+            kind,
+            episode,
+            count,
+        }),
+    }
+}
+
+/// `a` and `b` merged (b is newer): counts summed, newest episode kept, drops added.
+pub fn merge(a: &Ledger, b: &Ledger) -> Ledger {
+    let mut out = a.clone();
+    for e in &b.entries {
+        add(&mut out.entries, e.kind, e.text.clone(), e.episode, e.count);
+    }
+    out.dropped = a.dropped.saturating_add(b.dropped);
+    out
+}
+
+/// Tokens one entry takes in a rendered ledger.
+pub fn entry_cost(e: &Entry) -> u32 {
+    estimate_tokens(&e.text) + 2
+}
+
+/// `l` kept within `budget` tokens by the policy in the module docs; what is dropped is added
+/// to `dropped`. Entries stay in first-seen order.
+pub fn budgeted(l: &Ledger, budget: u32) -> Ledger {
+    let total: u32 = l.entries.iter().map(entry_cost).sum();
+    if total <= budget {
+        return l.clone();
+    }
+    let mut keep = vec![false; l.entries.len()];
+    let mut used = 0u32;
+    let mut frequent: Vec<usize> = (0..l.entries.len())
+        .filter(|&i| l.entries[i].count >= FREQUENT)
+        .collect();
+    frequent.sort_by(|&a, &b| {
+        let (x, y) = (&l.entries[a], &l.entries[b]);
+        y.count.cmp(&x.count).then(y.episode.cmp(&x.episode))
+    });
+    for i in frequent {
+        let c = entry_cost(&l.entries[i]);
+        if used + c <= budget / 2 {
+            used += c;
+            keep[i] = true;
+        }
+    }
+    let mut newest: Vec<usize> = (0..l.entries.len()).filter(|&i| !keep[i]).collect();
+    newest.sort_by(|&a, &b| {
+        let (x, y) = (&l.entries[a], &l.entries[b]);
+        y.episode.cmp(&x.episode).then(y.count.cmp(&x.count))
+    });
+    for i in newest {
+        let c = entry_cost(&l.entries[i]);
+        if used + c <= budget {
+            used += c;
+            keep[i] = true;
+        }
+    }
+    let dropped = keep.iter().filter(|k| !**k).count() as u32;
+    Ledger {
+        entries: l
+            .entries
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .map(|(e, _)| e.clone())
+            .collect(),
+        dropped: l.dropped.saturating_add(dropped),
+    }
+}
+
+/// The heading of the ledger block in prompts and contexts.
+pub const HEADING: &str = "Identifiers mentioned (verbatim; episode last seen):";
+
+/// The ledger as one block of text (empty for an empty ledger): identifiers separated by
+/// ` · `, each with the episode it was last seen in.
+pub fn render(l: &Ledger) -> String {
+    if l.entries.is_empty() {
+        return String::new();
+    }
+    let items: Vec<String> = l
+        .entries
+        .iter()
+        .map(|e| format!("{} (#{})", crate::prompt::neutralize(&e.text), e.episode))
+        .collect();
+    let mut s = format!("{HEADING}\n{}", items.join(" · "));
+    if l.dropped > 0 {
+        s.push_str(&format!(
+            "\n({} older identifiers left out for the budget)",
+            l.dropped
+        ));
+    }
+    s
+}
+
+/// Count of distinct identifiers in `texts`, and how many of them occur in `context`.
+pub fn retention<'a>(texts: impl IntoIterator<Item = &'a str>, context: &str) -> (usize, usize) {
+    let mut all: BTreeMap<String, ()> = BTreeMap::new();
+    for t in texts {
+        for (_, x) in extract(t) {
+            all.insert(x, ());
+        }
+    }
+    let kept = all.keys().filter(|x| context.contains(x.as_str())).count();
+    (all.len(), kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(s: &str) -> Vec<String> {
+        extract(s).into_iter().map(|(_, t)| t).collect()
+    }
+
+    #[test]
+    fn kinds() {
+        let s = "Edit `src/engine.rs`, `HashMap::new` and host/src/store/sqlite.rs, see https://example.com/a?b=1. \
+                 Run `cargo test --workspace` on v1.95 (or 48.0.8) by 2026-11-24; it took 250 ms \
+                 and 16GB, 12% slower. Mail ops@example.org about #42 and ABC-123 for \"Project Falcon\".\n\
+                 $ npm run build";
+        let got = extract(s);
+        let find = |t: &str| got.iter().find(|(_, x)| x == t).map(|(k, _)| *k);
+        assert_eq!(find("src/engine.rs"), Some(Kind::Path));
+        assert_eq!(find("HashMap::new"), Some(Kind::Code));
+        assert_eq!(find("host/src/store/sqlite.rs"), Some(Kind::Path));
+        assert_eq!(find("https://example.com/a?b=1"), Some(Kind::Url));
+        assert_eq!(find("cargo test --workspace"), Some(Kind::Command));
+        assert_eq!(find("v1.95"), Some(Kind::Version));
+        assert_eq!(find("48.0.8"), Some(Kind::Version));
+        assert_eq!(find("2026-11-24"), Some(Kind::Date));
+        assert_eq!(find("250 ms"), Some(Kind::Number));
+        assert_eq!(find("16GB"), Some(Kind::Number));
+        assert_eq!(find("12%"), Some(Kind::Number));
+        assert_eq!(find("ops@example.org"), Some(Kind::Email));
+        assert_eq!(find("#42"), Some(Kind::Ticket));
+        assert_eq!(find("ABC-123"), Some(Kind::Ticket));
+        assert_eq!(find("Project Falcon"), Some(Kind::Name));
+        assert_eq!(find("npm run build"), Some(Kind::Command));
+    }
+
+    #[test]
+    fn prose_is_not_an_identifier() {
+        assert!(
+            texts("The user and/or the assistant said e.g. that it was 3 of them, ok? \"yes\"")
+                .is_empty(),
+            "{:?}",
+            texts("The user and/or the assistant said e.g. that it was 3 of them, ok? \"yes\"")
+        );
+    }
+
+    #[test]
+    fn merge_counts_and_keeps_the_newest_episode() {
+        let a = of_episodes([(1, "see src/a.rs"), (2, "src/a.rs again and #7")]);
+        assert_eq!(a.entries[0].count, 2);
+        assert_eq!(a.entries[0].episode, 2);
+        let b = of_episodes([(9, "#7 is fixed")]);
+        let m = merge(&a, &b);
+        let t = m.entries.iter().find(|e| e.text == "#7").unwrap();
+        assert_eq!((t.count, t.episode), (2, 9));
+    }
+
+    #[test]
+    fn the_budget_keeps_frequent_then_newest_and_counts_drops() {
+        let mut eps: Vec<(u64, String)> = (1..=40).map(|i| (i, format!("file{i}.rs"))).collect();
+        // file1.rs is mentioned often, early.
+        eps.push((41, "file1.rs".into()));
+        eps.push((42, "file1.rs".into()));
+        let l = of_episodes(eps.iter().map(|(i, t)| (*i, t.as_str())));
+        let b = budgeted(&l, 30);
+        assert!(b.entries.iter().map(entry_cost).sum::<u32>() <= 30);
+        assert!(
+            b.entries.iter().any(|e| e.text == "file1.rs"),
+            "frequent kept"
+        );
+        assert!(
+            b.entries.iter().any(|e| e.text == "file40.rs"),
+            "newest kept"
+        );
+        assert!(
+            !b.entries.iter().any(|e| e.text == "file2.rs"),
+            "old one-off dropped"
+        );
+        assert_eq!(b.dropped as usize, 40 - b.entries.len());
+        let r = render(&b);
+        assert!(r.starts_with(HEADING) && r.contains("left out"), "{r}");
+    }
+}
