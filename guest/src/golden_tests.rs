@@ -171,3 +171,26 @@ fn golden_plans() {
         failures.join("\n\n")
     );
 }
+
+/// The facts ledger's extraction rules on fixed texts; the JS host checks the same file
+/// through the component (`js/test/golden.test.js`).
+#[test]
+fn golden_ledger() {
+    let dir = golden_dir("ledger");
+    let input: Vec<String> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap()).unwrap();
+    let got: Vec<Value> = input
+        .iter()
+        .map(|t| {
+            let ids: Vec<Value> = crate::ledger::extract(t)
+                .into_iter()
+                .map(|(k, x)| json!({"text": x, "kind": k.as_str()}))
+                .collect();
+            json!({"text": t, "identifiers": ids})
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&got).unwrap() + "\n";
+    if let Some(f) = check(&dir.join("expected.json"), &text) {
+        panic!("golden ledger mismatch:\n{f}");
+    }
+}

@@ -279,7 +279,7 @@ export class Engine {
             storeCall(() =>
               store.compactSummaries(s, {
                 ...c,
-                rows: c.rows.map(num),
+                rows: Array.from(c.rows, num),
                 nowMs: num(c.nowMs),
                 skipped: c.skipped.map((x) => [num(x.first), num(x.last)]),
                 ledger: ledgerToJs(c.ledger),

@@ -127,3 +127,12 @@ test('golden chains: the same summary chain and model requests as the Rust host'
     assert.deepEqual(requests, want.requests, `${dir}: model requests`);
   }
 });
+
+test('golden ledger: the same identifiers as the Rust host', async () => {
+  const engine = await createEngine({ store: new MemoryStore() });
+  const expected = JSON.parse(read(join(GOLDEN, 'ledger', 'expected.json')));
+  assert.ok(expected.length >= 10);
+  for (const c of expected) {
+    assert.deepEqual(await engine.identifiers(c.text), c.identifiers, c.text);
+  }
+});
