@@ -595,6 +595,18 @@ impl Abridge {
             .map_err(|e| self.trap(e))
     }
 
+    /// The identifiers the facts ledger takes from `text` (the guest's rules; `episode` 0).
+    pub async fn identifiers(
+        &self,
+        text: &str,
+    ) -> Result<Vec<crate::types::LedgerEntry>, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_text()
+            .call_identifiers(&mut store, text)
+            .await
+            .map_err(|e| self.trap(e))
+    }
+
     /// The guest's summarization prompt for `conversation` (an update prompt with `previous`).
     pub async fn build_prompt(
         &self,

@@ -40,6 +40,31 @@ export interface SummaryRow {
   updatedMs: number;
   /** Episode ranges [first, last] the content does not reflect (failed map chunks). */
   skipped: Array<[number, number]>;
+  /** 0 for a summary of episodes; n + 1 for an "earlier" row compacting rows of level n. */
+  level: number;
+  /** The row that compacted this one, if any (it then left the active chain). */
+  compactedInto?: number;
+  /** The facts ledger: identifiers kept verbatim, with the episode each was last seen in. */
+  ledger: LedgerEntry[];
+  /** Ledger entries the budget dropped so far. */
+  ledgerDropped: number;
+}
+
+export interface LedgerEntry {
+  text: string;
+  kind: 'path' | 'url' | 'command' | 'code' | 'number' | 'version' | 'date' | 'email' | 'ticket' | 'name';
+  episode: number;
+  count: number;
+}
+
+export interface Expansion {
+  row: SummaryRow;
+  /** The episodes the row covers, in order (one page), or the identifier's episode. */
+  episodes: Episode[];
+  /** The rows an "earlier" row compacted, oldest first. */
+  compacted: SummaryRow[];
+  /** Pass as `after` for the next page, when the page was cut. */
+  nextAfter?: number;
 }
 
 export interface SummaryWrite {
@@ -71,7 +96,7 @@ export interface Config {
   /** Map-reduce: cap on a chunk's estimated tokens; 0 derives it from the context (default). */
   chunkTokens: number;
   /** When automatic refreshes summarize (default 'eager'). */
-  mode: 'eager' | 'idle';
+  mode: 'eager' | 'idle' | 'window';
   /** Idle mode: quiet seconds after the last message's own timestamp (default 3600). */
   quiescenceSecs: number;
   /** Idle mode: unsummarized tokens that earn an active conversation a provisional summary; 0 off (default). */
@@ -80,6 +105,16 @@ export interface Config {
   maxAttempts: number;
   /** First backoff after a failed refresh, seconds, doubled per failure (default 60). */
   retryBaseSecs: number;
+  /** Unsummarized tokens due whatever their count (default 1000). */
+  maxBacklogTokens: number;
+  /** Over this many tokens of rows, the oldest are compacted into an "earlier" row (default 1200). */
+  summaryBudgetTokens: number;
+  /** The facts ledger's budget; 0 off (default 300). */
+  ledgerTokens: number;
+  /** Window mode: newest messages never folded (default 8). */
+  windowMessages: number;
+  /** Instructions added to every fold prompt (default ''). */
+  focus: string;
 }
 export const defaultConfig: Readonly<Config>;
 
@@ -99,7 +134,13 @@ export interface Freshness {
   lastError?: string;
 }
 
-export interface ContextRequest { budget: number; pairs: number; refreshAfter: number }
+export interface ContextRequest {
+  budget: number;
+  pairs: number;
+  refreshAfter: number;
+  /** Episodes always included verbatim, within the budget. */
+  pins: number[];
+}
 export const defaultContextRequest: Readonly<ContextRequest>;
 
 export interface ContextWindow {
@@ -111,6 +152,16 @@ export interface ContextWindow {
   omitted: number;
   refreshed: boolean;
   refreshDue: boolean;
+  /** The highest summary level used. */
+  level: number;
+  /** The first episode the context reflects (1: the whole conversation). */
+  coveredFrom: number;
+  /** Episode ranges [first, last] left out; empty when everything is covered. */
+  omittedRanges: Array<[number, number]>;
+  /** Ledger identifiers included. */
+  identifiers: number;
+  /** Pinned episodes included. */
+  pinned: number;
 }
 
 export interface PlanReport {
@@ -278,6 +329,12 @@ export class Engine {
   afterEpisodeWritten(session: string, config?: Partial<Config>): Promise<Outcome>;
   summarizeNow(session: string, config?: Partial<Config>): Promise<Outcome>;
   chain(session: string): Promise<SummaryRow[]>;
+  /** Every row, compacted ones included. */
+  history(session: string): Promise<SummaryRow[]>;
+  /** Provenance: a row and exactly the episodes it covers, or a ledger entry's episode. */
+  expand(session: string, row: number, options?: { identifier?: string; after?: number; limit?: number }): Promise<Expansion>;
+  /** The identifiers the facts ledger takes from a text. */
+  identifiers(text: string): Promise<Array<{ text: string; kind: LedgerEntry['kind'] }>>;
   /** What summarizeNow would do, without calling the model or writing. */
   plan(session: string, config?: Partial<Config>): Promise<PlanReport>;
   freshness(session: string, config?: Partial<Config>): Promise<Freshness>;

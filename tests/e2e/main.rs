@@ -4,6 +4,7 @@
 mod app;
 mod backfill;
 mod bad_input;
+mod drift;
 mod embed;
 mod engine_api;
 mod golden_chains;

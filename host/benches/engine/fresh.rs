@@ -137,6 +137,7 @@ pub async fn run(runtime: Arc<Runtime>, turns: usize) -> Result<(), Failure> {
                 budget: 2000,
                 pairs: 4,
                 refresh_after: 8,
+                pins: vec![],
             },
             &eager_cfg,
         )

@@ -2,6 +2,7 @@
 //! and freshness figures, printed against the targets in one run (`-- --help` for the
 //! options). Relative paths are taken from the repository root.
 
+mod drift;
 mod fresh;
 
 use std::sync::Arc;
@@ -56,6 +57,9 @@ pub struct BenchArgs {
         default_value = "../shared/data/transcripts/claude_code/obra-episodic-memory/large-conversation.jsonl"
     )]
     transcript: std::path::PathBuf,
+    /// Run only the drift figures (ledger retention, second-level coverage, fold cost)
+    #[arg(long)]
+    drift_only: bool,
 }
 
 /// A model that answers at once, so only engine work is measured.
@@ -120,6 +124,16 @@ impl Store for TimedStore {
     async fn write_summary(&self, s: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
         timed!(self, self.inner.write_summary(s, w))
     }
+    async fn summary_history(&self, s: &str) -> Result<Vec<SummaryRow>, Error> {
+        timed!(self, self.inner.summary_history(s))
+    }
+    async fn compact_summaries(
+        &self,
+        s: &str,
+        c: abridge::types::Compaction,
+    ) -> Result<SummaryRow, Error> {
+        timed!(self, self.inner.compact_summaries(s, c))
+    }
     async fn sessions(&self) -> Result<Vec<String>, Error> {
         timed!(self, self.inner.sessions())
     }
@@ -165,7 +179,7 @@ pub(crate) fn fail(e: impl std::fmt::Display) -> Failure {
 
 /// A path named on the command line or by default, taken from the repository root (cargo
 /// runs benchmarks in the package's folder).
-fn from_root(p: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn from_root(p: &std::path::Path) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the package lives in the repository")
@@ -253,6 +267,10 @@ async fn run(a: BenchArgs) -> Result<(), Failure> {
         "abridge bench ({} cores)\n",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    if a.drift_only {
+        let rt = Runtime::load(&ComponentSource::Embedded, None).map_err(fail)?;
+        return drift::run(Arc::new(rt)).await;
+    }
 
     // 1. Component start: cold compile vs the on-disk cache.
     let dir = tempfile::tempdir().map_err(fail)?;
@@ -393,6 +411,7 @@ async fn run(a: BenchArgs) -> Result<(), Failure> {
 
     long_transcripts(engine.runtime().clone(), &a.transcript).await?;
     fresh::run(engine.runtime().clone(), a.turns).await?;
+    drift::run(engine.runtime().clone()).await?;
 
     if let Some(path) = &a.dialogsum {
         dialogsum(engine.runtime().clone(), path).await?;

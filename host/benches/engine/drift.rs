@@ -1,0 +1,363 @@
+//! Summaries that do not drift, measured in one run: identifier retention (the facts ledger
+//! against the prose alone), the second level's coverage at 1,000 turns, and what keeping a
+//! 200-turn chat summarized costs in prompt characters per transcript character (eager,
+//! window-aware, re-summarize-everything).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+
+use abridge::types::{
+    Config, ContextRequest, ContextWindow, Engine, Error, FinishReason, Mode, NewEpisode, Request,
+    Response, Role,
+};
+use abridge::{Abridge, LlmBackend, MemoryStore, Runtime};
+
+use crate::Failure;
+
+/// The test server's deterministic summarizer (topics and the last words, nothing else: it
+/// drops every earlier fact), counting the prompt characters it was sent.
+#[derive(Default)]
+struct Model {
+    chars: AtomicU64,
+    calls: AtomicU64,
+}
+
+#[async_trait]
+impl LlmBackend for Model {
+    async fn generate(&self, req: Request) -> Result<Response, Error> {
+        let text = req.prompt.text();
+        self.chars
+            .fetch_add(text.chars().count() as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(Response {
+            text: abridge_test_llm::summarize(&text),
+            finish_reason: FinishReason::Stop,
+            prompt_tokens: Some(abridge_test_llm::count_tokens(&text)),
+            output_tokens: Some(60),
+            server_ms: None,
+        })
+    }
+
+    fn name(&self) -> &str {
+        "counting"
+    }
+}
+
+impl Model {
+    fn take(&self) -> (u64, u64) {
+        (
+            self.chars.swap(0, Ordering::Relaxed),
+            self.calls.swap(0, Ordering::Relaxed),
+        )
+    }
+}
+
+fn engine(runtime: &Arc<Runtime>, model: &Arc<Model>) -> Result<Abridge, Failure> {
+    Abridge::builder()
+        .runtime(runtime.clone())
+        .store(Arc::new(MemoryStore::new()))
+        .llm(model.clone())
+        .build()
+        .map_err(crate::fail)
+}
+
+fn episode(i: usize, role: Role, content: String) -> NewEpisode {
+    NewEpisode {
+        role,
+        content,
+        timestamp_ms: None,
+        source_key: format!("t{i}"),
+        tokens: 0,
+        speaker: None,
+    }
+}
+
+/// Message `i` of a synthetic chat with planted identifiers: a user asks (about 150
+/// characters) and the assistant answers (about 400).
+fn chat(i: usize) -> NewEpisode {
+    if i.is_multiple_of(2) {
+        episode(
+            i,
+            Role::User,
+            format!(
+                "Can you check why job {} in services/worker{}/queue.rs retries {} times before it gives up? It started after release v3.{}.0.",
+                i * 13,
+                i % 9,
+                3 + i % 4,
+                i % 17
+            ),
+        )
+    } else {
+        episode(
+            i,
+            Role::Assistant,
+            format!(
+                "The retry loop reads its limit from the environment, so the deploy on 2026-{:02}-{:02} changed it: the old value was {} and the new one is {}. \
+                 I would set it back, add a test that pins the limit, and watch the p99 latency, which went from {} ms to {} ms after that release. \
+                 Ticket OPS-{} tracks the follow-up.",
+                1 + i % 12,
+                1 + i % 28,
+                3 + i % 4,
+                5 + i % 4,
+                120 + i,
+                180 + i,
+                400 + i
+            ),
+        )
+    }
+}
+
+fn text_of(w: &ContextWindow) -> String {
+    w.messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Identifiers of `texts` found in `context` (by the guest's own extraction rules).
+async fn retention(
+    e: &Abridge,
+    texts: &[String],
+    context: &str,
+) -> Result<(usize, usize), Failure> {
+    let mut all = std::collections::BTreeSet::new();
+    for t in texts {
+        for id in e.identifiers(t).await.map_err(crate::fail)? {
+            all.insert(id.text);
+        }
+    }
+    let kept = all.iter().filter(|x| context.contains(x.as_str())).count();
+    Ok((all.len(), kept))
+}
+
+/// Feed `episodes` one by one under `cfg`, then measure retention in the final context
+/// (ledger and prose) and in the prose alone.
+async fn retention_run(
+    runtime: &Arc<Runtime>,
+    model: &Arc<Model>,
+    episodes: Vec<NewEpisode>,
+    cfg: &Config,
+) -> Result<(usize, usize, usize, u32, u32), Failure> {
+    let fail = crate::fail;
+    let e = engine(runtime, model)?;
+    let texts: Vec<String> = episodes.iter().map(|x| x.content.clone()).collect();
+    for ep in episodes {
+        e.append("r", &[ep]).await.map_err(fail)?;
+        e.after_episode_written("r", cfg).await.map_err(fail)?;
+    }
+    e.summarize_now("r", cfg).await.map_err(fail)?;
+    let req = ContextRequest {
+        budget: 1_000_000,
+        pairs: 1,
+        refresh_after: 8,
+        pins: vec![],
+    };
+    let w = e.context("r", req, cfg).await.map_err(fail)?;
+    let (all, with_ledger) = retention(&e, &texts, &text_of(&w)).await?;
+    let prose = e
+        .chain("r")
+        .await
+        .map_err(fail)?
+        .iter()
+        .map(|r| r.content.clone())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let (_, prose_only) = retention(&e, &texts, &prose).await?;
+    model.take();
+    Ok((
+        all,
+        with_ledger,
+        prose_only,
+        w.identifiers,
+        folds_of(&e).await?,
+    ))
+}
+
+async fn folds_of(e: &Abridge) -> Result<u32, Failure> {
+    Ok(e.history("r").await.map_err(crate::fail)?.len() as u32)
+}
+
+/// The real transcripts under `../shared/data/transcripts`, as episode lists (none when the
+/// folder is absent).
+async fn real_transcripts(e: &Abridge) -> Vec<(String, Vec<NewEpisode>)> {
+    let root = crate::from_root(std::path::Path::new("../shared/data/transcripts"));
+    let mut out = Vec::new();
+    for sub in [
+        "claude_code/obra-episodic-memory/long-conversation.jsonl",
+        "claude_code/simonw-claude-code-transcripts/sample_session.jsonl",
+        "chatgpt_export/mitkury-chatgpt-export-parser/example-conversation.json",
+    ] {
+        let path = root.join(sub);
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(parsed) = abridge::transcript::parse_bytes(
+            e,
+            sub,
+            &bytes,
+            None,
+            abridge::transcript::Options::default(),
+        )
+        .await
+        else {
+            continue;
+        };
+        let eps: Vec<NewEpisode> = parsed
+            .conversations
+            .into_iter()
+            .flat_map(|c| c.episodes)
+            .collect();
+        if !eps.is_empty() {
+            out.push((sub.to_string(), eps));
+        }
+    }
+    out
+}
+
+pub async fn run(runtime: Arc<Runtime>) -> Result<(), Failure> {
+    let fail = crate::fail;
+    let model = Arc::new(Model::default());
+    let base = Config {
+        engine: Engine::Llm,
+        ledger_tokens: 4000,
+        ..Config::default()
+    };
+
+    // 1. Identifier retention after the whole conversation.
+    let synthetic: Vec<NewEpisode> = (0..300).map(chat).collect();
+    let (all, kept, prose, in_ctx, rows) =
+        retention_run(&runtime, &model, synthetic, &base).await?;
+    println!(
+        "ledger retention  300-message chat with planted identifiers, test model that keeps only topics and the last words: identifiers in the context {kept}/{all} = {:.1} % (ledger {in_ctx} entries, budget 4,000 tokens) vs the prose alone {prose}/{all} = {:.1} % ({rows} summary rows) | target 100 % within budget: {}",
+        100.0 * kept as f64 / all.max(1) as f64,
+        100.0 * prose as f64 / all.max(1) as f64,
+        crate::verdict(kept == all)
+    );
+    let probe = engine(&runtime, &model)?;
+    let real = real_transcripts(&probe).await;
+    if real.is_empty() {
+        println!(
+            "ledger retention  real transcripts: SKIPPED (../shared/data/transcripts not found)"
+        );
+    }
+    for (name, eps) in real {
+        let n = eps.len();
+        let (all, kept, prose, in_ctx, _) = retention_run(&runtime, &model, eps, &base).await?;
+        println!(
+            "ledger retention  {name} ({n} episodes): context {kept}/{all} = {:.1} % (ledger {in_ctx} entries) vs prose alone {prose}/{all} = {:.1} %",
+            100.0 * kept as f64 / all.max(1) as f64,
+            100.0 * prose as f64 / all.max(1) as f64,
+        );
+    }
+
+    // 2. The second level: 1,000 turns, rows closing often, a 2,000-token context.
+    let e = engine(&runtime, &model)?;
+    let cfg = Config {
+        max_summary_tokens: 60,
+        summary_budget_tokens: 1000,
+        ledger_tokens: 300,
+        ..base.clone()
+    };
+    for i in 0..1000 {
+        e.append("c", &[chat(i)]).await.map_err(fail)?;
+        e.after_episode_written("c", &cfg).await.map_err(fail)?;
+    }
+    let req = ContextRequest {
+        budget: 2000,
+        pairs: 4,
+        refresh_after: 8,
+        pins: vec![],
+    };
+    let w = e.context("c", req, &cfg).await.map_err(fail)?;
+    let history = e.history("c").await.map_err(fail)?;
+    let active = e.chain("c").await.map_err(fail)?;
+    let (calls_chars, calls) = model.take();
+    println!(
+        "second level      1,000 turns, rows closing at 60 tokens, chain budget 1,000, 2,000-token context: {} tokens, covers episodes {}-1000 (omitted {:?}), summary level {}, {} active rows of {} written ({calls} calls, {:.1}k prompt chars) | full coverage within budget: {}",
+        w.tokens,
+        w.covered_from,
+        w.omitted_ranges
+            .iter()
+            .map(|r| (r.first, r.last))
+            .collect::<Vec<_>>(),
+        w.level,
+        active.len(),
+        history.len(),
+        calls_chars as f64 / 1000.0,
+        crate::verdict(w.covered_from == 1 && w.omitted_ranges.is_empty() && w.tokens <= 2000)
+    );
+
+    // 3. Prompt characters per transcript character, 200-turn chat fed message by message.
+    let turns = 200;
+    let transcript: u64 = (0..turns)
+        .map(|i| chat(i).content.chars().count() as u64)
+        .sum();
+    let ctx = ContextRequest {
+        budget: 6000,
+        pairs: 4,
+        refresh_after: u32::MAX,
+        pins: vec![],
+    };
+    let mut results = Vec::new();
+    let mut eager_points = Vec::new();
+    // The default ledger budget (300 tokens): every fold prompt carries it.
+    let defaults = Config {
+        engine: Engine::Llm,
+        ..Config::default()
+    };
+    for (name, mode) in [("eager", Mode::Eager), ("window", Mode::Window)] {
+        let cfg = Config {
+            mode,
+            ..defaults.clone()
+        };
+        let e = engine(&runtime, &model)?;
+        let mut missing = 0u64;
+        let mut covered_before = 0;
+        for i in 0..turns {
+            e.append("w", &[chat(i)]).await.map_err(fail)?;
+            e.after_episode_written("w", &cfg).await.map_err(fail)?;
+            let w = e.context("w", ctx.clone(), &cfg).await.map_err(fail)?;
+            missing += w.omitted;
+            let covered = e
+                .chain("w")
+                .await
+                .map_err(fail)?
+                .last()
+                .map_or(0, |r| r.last_episode);
+            if mode == Mode::Eager && covered != covered_before {
+                eager_points.push(i + 1);
+            }
+            covered_before = covered;
+        }
+        let (chars, calls) = model.take();
+        results.push((name, chars, calls, missing));
+    }
+    // Baseline: at each moment eager folded, summarize the whole history from scratch.
+    let cfg = defaults.clone();
+    for &n in &eager_points {
+        let e = engine(&runtime, &model)?;
+        let history: Vec<NewEpisode> = (0..n).map(chat).collect();
+        e.append("b", &history).await.map_err(fail)?;
+        e.summarize_now("b", &cfg).await.map_err(fail)?;
+    }
+    let (base_chars, base_calls) = model.take();
+    let ratio = |c: u64| c as f64 / transcript as f64;
+    let (eager, window) = (&results[0], &results[1]);
+    println!(
+        "fold cost         {turns}-turn chat ({:.1}k transcript chars), prompt chars per transcript char: eager {:.2} ({} calls, {} messages ever missing from the context) | window {:.2} ({} calls, {} missing) | re-summarize everything at eager's {} moments {:.2} ({base_calls} calls) | window target <= 1.30 with none missing: {}",
+        transcript as f64 / 1000.0,
+        ratio(eager.1),
+        eager.2,
+        eager.3,
+        ratio(window.1),
+        window.2,
+        window.3,
+        eager_points.len(),
+        ratio(base_chars),
+        crate::verdict(ratio(window.1) <= 1.30 && window.3 == 0)
+    );
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! Summaries that do not drift, through the binary: the ledger and the second level in the
+//! store, `summaries --all`, `expand`, `focus`, `pin`, and the backlog trigger.
+
+use serde_json::Value;
+
+use crate::harness::*;
+
+fn line(role: &str, text: &str) -> String {
+    serde_json::json!({"role": role, "content": text}).to_string() + "\n"
+}
+
+fn turns(from: usize, to: usize) -> String {
+    (from..=to)
+        .map(|i| {
+            line(
+                if i % 2 == 1 { "user" } else { "assistant" },
+                &format!(
+                    "Message {i}: the change to src/mod{i}.rs for ticket #{} is ready; the build took {} ms on v1.{i}.0.",
+                    500 + i,
+                    40 + i
+                ),
+            )
+        })
+        .collect()
+}
+
+fn json_of(r: &Run) -> Value {
+    serde_json::from_str(r.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", r.stdout))
+}
+
+#[test]
+fn compacted_rows_stay_readable_and_every_row_expands_to_its_exact_episodes() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama")
+        .with("SUMMARY_MAX_TOKENS", "30")
+        .with("SUMMARY_BUDGET_TOKENS", "200");
+    env.run_stdin(&["ingest", "--session", "d"], turns(1, 80).as_bytes())
+        .assert_ok();
+    let all = json_of(env.run(&["summaries", "d", "--all", "--json"]).assert_ok());
+    let rows = all["summaries"].as_array().unwrap();
+    let active = env.chain("d").unwrap();
+    assert_covers(&active, 80);
+    let earlier: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["level"].as_u64() > Some(0))
+        .collect();
+    assert!(!earlier.is_empty(), "a second level was written: {all}");
+    let compacted = rows
+        .iter()
+        .filter(|r| !r["compacted_into"].is_null())
+        .count();
+    assert!(compacted >= 2);
+    assert_eq!(
+        rows.len(),
+        active["summaries"].as_array().unwrap().len() + compacted
+    );
+    // Each row, compacted or not, expands to exactly the episodes it covers.
+    for r in rows {
+        let id = r["id"].as_u64().unwrap().to_string();
+        let x = json_of(env.run(&["expand", "d", &id, "--json"]).assert_ok());
+        let ids: Vec<u64> = x["episodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_u64().unwrap())
+            .collect();
+        let (a, b) = (
+            r["first_episode"].as_u64().unwrap(),
+            r["last_episode"].as_u64().unwrap(),
+        );
+        assert_eq!(ids, (a..=b).collect::<Vec<_>>());
+    }
+    // A ledger entry leads back to its episode.
+    let latest = active["summaries"].as_array().unwrap().last().unwrap();
+    let entry = latest["ledger"].as_array().unwrap().last().unwrap();
+    let text = entry["text"].as_str().unwrap();
+    let id = latest["id"].as_u64().unwrap().to_string();
+    let x = json_of(
+        env.run(&["expand", "d", &id, "--identifier", text, "--json"])
+            .assert_ok(),
+    );
+    assert_eq!(x["episodes"][0]["id"], entry["episode"]);
+    assert!(x["episodes"][0]["content"].as_str().unwrap().contains(text));
+    // An unknown row is refused with what to do.
+    let r = env.run(&["expand", "d", "9999"]);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("summaries d --all"), "{}", r.stderr);
+    // The context covers everything within its budget, the ledger included.
+    let c = json_of(
+        env.run(&["context", "d", "--budget", "1500", "--json"])
+            .assert_ok(),
+    );
+    assert_eq!(c["covered_from"], 1, "{c}");
+    assert_eq!(c["omitted_ranges"], serde_json::json!([]), "{c}");
+    assert!(c["tokens"].as_u64().unwrap() <= 1500);
+    assert!(c["identifiers"].as_u64().unwrap() > 0);
+    assert!(c["level"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn focus_reaches_the_fold_prompt_and_pins_stay_in_the_context() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    env.run_stdin(&["ingest", "--session", "f"], turns(1, 6).as_bytes())
+        .assert_ok();
+    let r = env.run(&["focus", "f", "keep decisions and file paths"]);
+    assert!(
+        r.assert_ok()
+            .stdout
+            .contains("keep decisions and file paths")
+    );
+    let before = server.generations().len();
+    env.run_stdin(&["ingest", "--session", "f"], turns(7, 40).as_bytes())
+        .assert_ok();
+    let gens = server.generations();
+    assert!(gens.len() > before);
+    for g in &gens[before..] {
+        assert!(g.body.to_string().contains("keep decisions and file paths"));
+    }
+    // Pin the first message; a small context keeps it verbatim.
+    env.run(&["pin", "f", "1"]).assert_ok();
+    assert!(env.run(&["pin", "f"]).assert_ok().stdout.contains("1"));
+    let c = json_of(
+        env.run(&["context", "f", "--budget", "500", "--json"])
+            .assert_ok(),
+    );
+    assert_eq!(c["pinned"], 1, "{c}");
+    assert!(
+        c["messages"]
+            .to_string()
+            .contains("Message 1: the change to src/mod1.rs")
+    );
+    // Pinning an episode that does not exist is refused.
+    let r = env.run(&["pin", "f", "999"]);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("no episode 999"), "{}", r.stderr);
+    env.run(&["pin", "f", "1", "--remove"]).assert_ok();
+    env.run(&["focus", "f", "--clear"]).assert_ok();
+    assert!(
+        env.run(&["focus", "f"])
+            .assert_ok()
+            .stdout
+            .contains("no focus")
+    );
+    // Window mode per session.
+    assert!(
+        env.run(&["mode", "f", "window"])
+            .assert_ok()
+            .stdout
+            .contains("window")
+    );
+}
+
+#[test]
+fn two_huge_messages_are_summarized_and_the_context_says_what_it_covers() {
+    let env = Env::new().with("EXTRACTION_URL", &closed_port_url());
+    let big = |w: &str| format!("{} ", w).repeat(3500);
+    let input = line("user", &format!("First. {}", big("alpha beta gamma.")))
+        + &line("assistant", &format!("Second. {}", big("delta epsilon.")));
+    env.run_stdin(&["ingest", "--session", "h"], input.as_bytes())
+        .assert_ok();
+    // Two episodes never reach min-episodes, but their backlog is over the limit: summarized.
+    assert_covers(&env.chain("h").unwrap(), 2);
+    let r = env.run(&["context", "h", "--budget", "2000"]);
+    assert!(
+        r.assert_ok().stdout.contains("covers episodes 1-2"),
+        "{}",
+        r.stdout
+    );
+}
