@@ -259,8 +259,7 @@ impl Host for Fake {
         if self.forgetful {
             let last = text
                 .lines()
-                .filter(|l| l.starts_with("User: ") || l.starts_with("Assistant: "))
-                .next_back()
+                .rfind(|l| l.starts_with("User: ") || l.starts_with("Assistant: "))
                 .unwrap_or("nothing");
             return Ok(Response {
                 text: format!("The conversation so far ended with this exchange. {last}"),

@@ -38,6 +38,7 @@ fn compacted_rows_stay_readable_and_every_row_expands_to_its_exact_episodes() {
         .with("SUMMARY_BUDGET_TOKENS", "200");
     env.run_stdin(&["ingest", "--session", "d"], turns(1, 80).as_bytes())
         .assert_ok();
+    env.run(&["refresh", "d"]).assert_ok();
     let all = json_of(env.run(&["summaries", "d", "--all", "--json"]).assert_ok());
     let rows = all["summaries"].as_array().unwrap();
     let active = env.chain("d").unwrap();

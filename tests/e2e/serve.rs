@@ -300,6 +300,70 @@ fn tokens_are_required_and_two_tenants_with_the_same_session_id_see_only_their_o
         request(addr, "DELETE", "/v1/sessions/only-acme", Some(&b), b"").status,
         404
     );
+    // Provenance, focus and pins are tenant-scoped too.
+    let row = sa["summaries"][0]["id"].as_u64().unwrap();
+    let x = get(
+        addr,
+        &format!("/v1/sessions/s/summaries/{row}/expand"),
+        Some(&a),
+    )
+    .expect(200);
+    let ids: Vec<u64> = x["episodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_u64().unwrap())
+        .collect();
+    let last = sa["summaries"][0]["last_episode"].as_u64().unwrap();
+    assert_eq!(ids, (1..=last).collect::<Vec<_>>());
+    assert!(!x.to_string().contains("globex"));
+    for (m, p, body) in [
+        (
+            "GET",
+            format!("/v1/sessions/s/summaries/{row}/expand"),
+            b"".as_slice(),
+        ),
+        (
+            "GET",
+            "/v1/sessions/only-acme/summaries/1/expand".to_string(),
+            b"".as_slice(),
+        ),
+        (
+            "PUT",
+            "/v1/sessions/only-acme/focus".to_string(),
+            br#"{"focus":"x"}"#.as_slice(),
+        ),
+        (
+            "GET",
+            "/v1/sessions/only-acme/pins".to_string(),
+            b"".as_slice(),
+        ),
+        (
+            "PUT",
+            "/v1/sessions/only-acme/pins/1".to_string(),
+            b"".as_slice(),
+        ),
+    ] {
+        let r = request(addr, m, &p, Some(&b), body);
+        assert_eq!(r.status, 404, "{m} {p}: {}", r.body);
+    }
+    let f = request(
+        addr,
+        "PUT",
+        "/v1/sessions/s/focus",
+        Some(&a),
+        br#"{"focus":"keep file paths"}"#,
+    );
+    assert_eq!(f.status, 200, "{}", f.body);
+    assert_eq!(f.json()["focus"], "keep file paths");
+    let pins = request(addr, "PUT", "/v1/sessions/s/pins/2", Some(&a), b"");
+    assert_eq!(pins.json()["pins"], serde_json::json!([2]));
+    let ctx = get(addr, "/v1/sessions/s/context?budget=2000", Some(&a)).expect(200);
+    assert_eq!(ctx["pinned"], 1, "{ctx}");
+    assert_eq!(
+        request(addr, "DELETE", "/v1/sessions/s/pins/2", Some(&a), b"").json()["pins"],
+        serde_json::json!([])
+    );
     let jobs_b = get(addr, "/v1/jobs", Some(&b)).expect(200);
     assert!(
         jobs_b["jobs"]
