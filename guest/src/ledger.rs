@@ -255,34 +255,18 @@ pub fn extract(text: &str) -> Vec<(Kind, String)> {
     out
 }
 
-/// Quoted names: one to six words between double quotes (straight or curly).
+/// Quoted names: one to six words between double quotes (straight or curly), starting with a
+/// capital or a digit (the quality gate's own quotation scanner finds the spans).
 fn quoted_names(text: &str, out: &mut Vec<(Kind, String)>) {
-    let chars: Vec<char> = text.chars().collect();
-    let mut i = 0;
-    while i < chars.len() {
-        let close = match chars[i] {
-            '"' => '"',
-            '“' => '”',
-            _ => {
-                i += 1;
-                continue;
-            }
-        };
-        let Some(len) = chars[i + 1..].iter().take(80).position(|&c| c == close) else {
-            i += 1;
-            continue;
-        };
-        let inner: String = chars[i + 1..i + 1 + len].iter().collect();
+    for inner in crate::quality::quoted_spans(text) {
         let words = inner.split_whitespace().count();
         let named = inner
-            .split_whitespace()
+            .chars()
             .next()
-            .and_then(|w| w.chars().next())
             .is_some_and(|c| c.is_uppercase() || c.is_ascii_digit());
-        if (1..=6).contains(&words) && named && !inner.contains('\n') {
+        if (1..=6).contains(&words) && named && inner.chars().count() <= 80 {
             push(out, Kind::Name, &inner);
         }
-        i += len + 2;
     }
 }
 
