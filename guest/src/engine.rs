@@ -373,14 +373,15 @@ pub fn context(
     let covered = h.latest_summary(session)?.map_or(0, |r| r.last_episode);
     let beyond = stats.last_episode - covered;
     let (mut refreshed, mut refresh_due) = (false, false);
-    // Unsummarized episodes that would not fit beside the summary are due whatever their
-    // count: a context must not silently lose the middle of the conversation.
-    let overflow = beyond > 0
-        && backlog_cost(h, session, covered, stats.last_episode)? > u64::from(req.budget / 2);
     let window_mode = cfg.mode == policy::Mode::Window;
     // `refresh-after` at its maximum: the caller runs refreshes itself (as jobs), so nothing
-    // here calls the model.
+    // here calls the model (nor reads the backlog to decide whether to).
     let inline = req.refresh_after != u32::MAX;
+    // Unsummarized episodes that would not fit beside the summary are due whatever their
+    // count: a context must not silently lose the middle of the conversation.
+    let overflow = inline
+        && beyond > 0
+        && backlog_cost(h, session, covered, stats.last_episode)? > u64::from(req.budget / 2);
     let wants = inline
         && if window_mode {
             beyond > 0
@@ -421,7 +422,6 @@ pub fn context(
             refresh_due = true;
         }
     }
-    let covered = h.latest_summary(session)?.map_or(0, |r| r.last_episode);
     // Pinned episodes, in order, each once.
     let mut pin_ids: Vec<u64> = req
         .pins
@@ -436,12 +436,28 @@ pub fn context(
         pinned.extend(h.episodes_after(session, id - 1, 1)?);
     }
     let mut rows = h.summaries(session)?;
+    // Where the chain ends now (a refresh above may have moved it).
+    let covered = rows.last().map_or(0, |r| r.last_episode);
+    let (from, pairs) = if window_mode {
+        // Every unsummarized message, and at least the usual recent pairs.
+        let from = covered.min(
+            stats
+                .last_episode
+                .saturating_sub(u64::from(req.pairs.max(1)) * 2),
+        );
+        (from, (stats.last_episode - from).div_ceil(2) as u32 + 1)
+    } else {
+        let want = u64::from(req.pairs.max(1)) * 4 + 8;
+        (stats.last_episode.saturating_sub(want), req.pairs)
+    };
+    let tail = h.episodes_after(
+        session,
+        from,
+        (stats.last_episode - from).min(u64::from(u32::MAX)) as u32,
+    )?;
     // The second level on demand: a chain that cannot fit this budget beside the newest
     // message and the pins is compacted further (when the mode lets the model be called).
-    let newest = h
-        .episodes_after(session, stats.last_episode.saturating_sub(1), 1)?
-        .first()
-        .map_or(0, |e| crate::context::cost(&e.content));
+    let newest = tail.last().map_or(0, |e| crate::context::cost(&e.content));
     let pins_cost: u32 = pinned
         .iter()
         .map(|e| crate::context::cost(&e.content))
@@ -465,23 +481,6 @@ pub fn context(
             ),
         }
     }
-    let (from, pairs) = if window_mode {
-        // Every unsummarized message, and at least the usual recent pairs.
-        let from = covered.min(
-            stats
-                .last_episode
-                .saturating_sub(u64::from(req.pairs.max(1)) * 2),
-        );
-        (from, (stats.last_episode - from).div_ceil(2) as u32 + 1)
-    } else {
-        let want = u64::from(req.pairs.max(1)) * 4 + 8;
-        (stats.last_episode.saturating_sub(want), req.pairs)
-    };
-    let tail = h.episodes_after(
-        session,
-        from,
-        (stats.last_episode - from).min(u64::from(u32::MAX)) as u32,
-    )?;
     let window = crate::context::assemble(&crate::context::Parts {
         rows: &rows,
         tail: &tail,

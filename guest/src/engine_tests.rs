@@ -36,6 +36,14 @@ struct Fake {
 }
 
 impl Fake {
+    /// A host whose model keeps only the last exchange (see `forgetful`).
+    fn forgetful() -> Self {
+        Fake {
+            forgetful: true,
+            ..Fake::default()
+        }
+    }
+
     fn with_episodes(n: usize, words: usize) -> Self {
         let mut f = Fake::default();
         for i in 0..n {
@@ -1286,10 +1294,7 @@ fn context_text(w: &ContextWindow) -> String {
 
 #[test]
 fn identifiers_survive_fifty_folds_of_a_model_that_keeps_only_the_last_exchange() {
-    let mut f = Fake {
-        forgetful: true,
-        ..Fake::default()
-    };
+    let mut f = Fake::forgetful();
     let c = Config {
         min_episodes_since: 2,
         threshold_tokens: 0,
@@ -1336,10 +1341,7 @@ fn identifiers_survive_fifty_folds_of_a_model_that_keeps_only_the_last_exchange(
 
 #[test]
 fn a_small_ledger_budget_drops_the_oldest_and_counts_them() {
-    let mut f = Fake {
-        forgetful: true,
-        ..Fake::default()
-    };
+    let mut f = Fake::forgetful();
     let c = Config {
         min_episodes_since: 2,
         threshold_tokens: 0,
@@ -1372,10 +1374,7 @@ fn a_small_ledger_budget_drops_the_oldest_and_counts_them() {
 
 #[test]
 fn two_huge_messages_are_folded_and_a_context_that_leaves_anything_out_says_so() {
-    let mut f = Fake {
-        forgetful: true,
-        ..Fake::default()
-    };
+    let mut f = Fake::forgetful();
     f.push(Role::User, &format!("ep1 {}", "alpha ".repeat(3500)));
     f.push(Role::Assistant, &format!("ep2 {}", "beta ".repeat(3500)));
     // What a caller that runs refreshes itself sees first: nothing summarized, and the
@@ -1621,10 +1620,7 @@ fn focus_instructions_reach_every_fold_prompt() {
 
 #[test]
 fn window_mode_folds_what_left_the_window_and_never_misses_a_message() {
-    let mut f = Fake {
-        forgetful: true,
-        ..Fake::default()
-    };
+    let mut f = Fake::forgetful();
     let c = Config {
         mode: policy::Mode::Window,
         threshold_tokens: 0,

@@ -61,12 +61,7 @@ fn compacted_rows_stay_readable_and_every_row_expands_to_its_exact_episodes() {
     for r in rows {
         let id = r["id"].as_u64().unwrap().to_string();
         let x = json_of(env.run(&["expand", "d", &id, "--json"]).assert_ok());
-        let ids: Vec<u64> = x["episodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["id"].as_u64().unwrap())
-            .collect();
+        let ids = expanded_ids(&x);
         let (a, b) = (
             r["first_episode"].as_u64().unwrap(),
             r["last_episode"].as_u64().unwrap(),

@@ -232,3 +232,13 @@ pub fn assert_covers(chain: &Value, n: u64) {
     }
     assert_eq!(next, n + 1, "chain stops at {} of {n}: {chain:#}", next - 1);
 }
+
+/// The episode ids of an expansion (`abridge expand --json`, `GET …/expand`), in order.
+pub fn expanded_ids(x: &Value) -> Vec<u64> {
+    x["episodes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no episodes in {x}"))
+        .iter()
+        .map(|e| e["id"].as_u64().unwrap())
+        .collect()
+}

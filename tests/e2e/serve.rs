@@ -308,12 +308,7 @@ fn tokens_are_required_and_two_tenants_with_the_same_session_id_see_only_their_o
         Some(&a),
     )
     .expect(200);
-    let ids: Vec<u64> = x["episodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["id"].as_u64().unwrap())
-        .collect();
+    let ids = crate::harness::expanded_ids(&x);
     let last = sa["summaries"][0]["last_episode"].as_u64().unwrap();
     assert_eq!(ids, (1..=last).collect::<Vec<_>>());
     assert!(!x.to_string().contains("globex"));

@@ -31,7 +31,7 @@ pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
     Appended, ContextView, EpisodeView, ExpansionView, Imported, JobView, LedgerView, MessageIn,
-    SessionView, SummaryView, mode_name, state_name,
+    SessionView, SummaryView, state_name,
 };
 pub use worker::Workers;
 

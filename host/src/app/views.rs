@@ -145,11 +145,6 @@ pub fn state_name(s: FreshState) -> &'static str {
     }
 }
 
-/// The name of a refresh mode.
-pub fn mode_name(m: Mode) -> &'static str {
-    m.as_str()
-}
-
 /// A session and how fresh its summary is.
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct SessionView {
@@ -195,7 +190,7 @@ impl SessionView {
             id: id.to_string(),
             state: state_name(f.state).into(),
             reason: f.reason.clone(),
-            mode: mode_name(mode).into(),
+            mode: mode.as_str().into(),
             own_mode,
             episodes: f.episodes,
             covered: f.covered,

@@ -75,7 +75,7 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
         &format!(
             "watch: following {} ({} mode with {}; Ctrl-C stops)",
             w.dir().display(),
-            abridge::app::mode_name(local.app().config().config.mode),
+            local.app().config().config.mode.as_str(),
             backend.name
         ),
     );

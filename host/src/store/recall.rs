@@ -165,24 +165,9 @@ pub fn vector_from(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// Cosine similarity (0 for mismatched or zero vectors).
-pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    if a.len() != b.len() || a.is_empty() {
-        return 0.0;
-    }
-    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(*x), f64::from(*y));
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    if na == 0.0 || nb == 0.0 {
-        0.0
-    } else {
-        (dot / (na.sqrt() * nb.sqrt())) as f32
-    }
-}
+/// Cosine similarity (0 for mismatched or zero vectors): the guest's own, summed in f64, so
+/// the store ranks exactly as the component compares.
+pub use abridge_guest::embed::cosine;
 
 /// Whether two scopes are the same.
 pub fn same_scope(a: &Scope, b: &Scope) -> bool {

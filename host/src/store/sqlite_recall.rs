@@ -112,16 +112,21 @@ fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<Stri
 
 const MEM_COLS: &str = "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed";
 
+/// The scope in columns 1-5 (user, project, environment, kind, key) of a row.
+fn scope_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Scope> {
+    Ok(Scope {
+        user: r.get(1)?,
+        project: r.get(2)?,
+        environment: r.get(3)?,
+        kind: r.get(4)?,
+        key: r.get(5)?,
+    })
+}
+
 fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Memory, Stored)> {
     let m = Memory {
         id: r.get(0)?,
-        scope: Scope {
-            user: r.get(1)?,
-            project: r.get(2)?,
-            environment: r.get(3)?,
-            kind: r.get(4)?,
-            key: r.get(5)?,
-        },
+        scope: scope_from(r)?,
         text: String::new(),
         importance: r.get::<_, f64>(7)? as f32,
         tokens: r.get(8)?,
@@ -735,13 +740,7 @@ impl RecallStore for SqliteStore {
                 .query_map(params_from_iter(args.iter()), |r| {
                     Ok(ClusterRow {
                         id: r.get::<_, i64>(0)? as u64,
-                        scope: Scope {
-                            user: r.get(1)?,
-                            project: r.get(2)?,
-                            environment: r.get(3)?,
-                            kind: r.get(4)?,
-                            key: r.get(5)?,
-                        },
+                        scope: scope_from(r)?,
                         members: r.get(6)?,
                         member_ids: Vec::new(),
                         note: r.get(7)?,
