@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::clock::{Clock, SystemClock};
 use crate::control::{CallControl, Observer, Progress};
 use crate::runtime::{Abridge, CallError};
-use crate::store::{JobScope, JobStore};
+use crate::store::{JobScope, JobStore, TenantCap};
 use crate::tenant::Tenant;
 use crate::types::{Config, Error, Outcome};
 
@@ -276,7 +276,21 @@ impl Jobs {
     /// Take job `id` if it is queued, or running under a lease that expired or whose owner is
     /// gone. Another job of the same session running under a live lease makes it busy too.
     pub async fn claim(&self, id: u64) -> Result<Claim, Error> {
+        self.claim_capped(id, None).await
+    }
+
+    /// [`Jobs::claim`], busy too while the job's tenant runs `cap` jobs (on any worker of
+    /// the store, every process sharing it included).
+    pub async fn claim_capped(&self, id: u64, cap: Option<(&Tenant, usize)>) -> Result<Claim, Error> {
         let now = self.now_ms();
+        let keys = cap.map(|(t, _)| (t.key(""), format!("{}\u{20}", t.name())));
+        let cap = cap.map(|(t, max)| TenantCap {
+            scope: match &keys {
+                Some((lo, hi)) if !t.is_local() => JobScope::Keys(lo, hi),
+                _ => JobScope::Local,
+            },
+            max,
+        });
         let owner = self.owner.clone();
         let live = move |j: &Job| {
             j.state == JobState::Running
@@ -285,7 +299,7 @@ impl Jobs {
                 && !j.lease_owner.as_deref().is_some_and(owner_is_dead)
         };
         self.db
-            .job_claim(id, &self.owner, now, self.until_ms(), &live)
+            .job_claim(id, &self.owner, now, self.until_ms(), &live, cap)
             .await
     }
 

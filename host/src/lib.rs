@@ -29,4 +29,4 @@ pub use backend::{LlmBackend, NoModel, Ollama, OpenAi};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use control::{CallControl, Cancelled, Progress};
 pub use runtime::{Abridge, AbridgeBuilder, BuiltPrompt, CallError, ComponentSource, Runtime};
-pub use store::{MemoryStore, SqliteStore, Store};
+pub use store::{MemoryStore, PgStore, SqliteStore, Store};

@@ -15,6 +15,7 @@ mod ingest;
 mod jobs;
 mod memories;
 mod model_output;
+mod postgres;
 mod real_data;
 mod sandbox;
 mod scale;

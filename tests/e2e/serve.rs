@@ -11,13 +11,13 @@ use serde_json::{Value, json};
 use crate::harness::*;
 
 /// A running `abridge serve`, killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
 }
 
 impl Server {
-    fn start(env: &Env, extra: &[&str]) -> Server {
+    pub(crate) fn start(env: &Env, extra: &[&str]) -> Server {
         let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         let log = std::fs::File::create(env.dir.path().join("serve.log")).unwrap();
@@ -44,7 +44,7 @@ impl Server {
         Server { child, addr }
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 }
@@ -56,25 +56,25 @@ impl Drop for Server {
     }
 }
 
-struct Resp {
-    status: u16,
-    headers: String,
-    body: String,
+pub(crate) struct Resp {
+    pub(crate) status: u16,
+    pub(crate) headers: String,
+    pub(crate) body: String,
 }
 
 impl Resp {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
     }
     #[track_caller]
-    fn expect(&self, status: u16) -> Value {
+    pub(crate) fn expect(&self, status: u16) -> Value {
         assert_eq!(self.status, status, "{}", self.body);
         self.json()
     }
 }
 
-fn request(addr: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Resp {
+pub(crate) fn request(addr: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Resp {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let auth = token
@@ -103,17 +103,17 @@ fn request(addr: &str, method: &str, path: &str, token: Option<&str>, body: &[u8
     }
 }
 
-fn get(addr: &str, path: &str, token: Option<&str>) -> Resp {
+pub(crate) fn get(addr: &str, path: &str, token: Option<&str>) -> Resp {
     request(addr, "GET", path, token, b"")
 }
 
-fn post(addr: &str, path: &str, token: Option<&str>, body: &Value) -> Resp {
+pub(crate) fn post(addr: &str, path: &str, token: Option<&str>, body: &Value) -> Resp {
     request(addr, "POST", path, token, body.to_string().as_bytes())
 }
 
 /// Read an SSE stream until `stop` holds for an event (or the stream ends); returns the
 /// (event, data) pairs.
-fn sse(
+pub(crate) fn sse(
     addr: &str,
     path: &str,
     token: Option<&str>,
@@ -160,7 +160,7 @@ fn sse(
 }
 
 /// `POST /v1/sessions/{session}/messages` with `body`.
-fn post_messages(addr: &str, token: Option<&str>, session: &str, body: &Value) -> Resp {
+pub(crate) fn post_messages(addr: &str, token: Option<&str>, session: &str, body: &Value) -> Resp {
     post(
         addr,
         &format!("/v1/sessions/{session}/messages"),
@@ -169,7 +169,7 @@ fn post_messages(addr: &str, token: Option<&str>, session: &str, body: &Value) -
     )
 }
 
-fn messages(prefix: &str, n: usize, with_ids: bool) -> Value {
+pub(crate) fn messages(prefix: &str, n: usize, with_ids: bool) -> Value {
     let ms: Vec<Value> = (1..=n)
         .map(|i| {
             let mut m = json!({
@@ -185,7 +185,7 @@ fn messages(prefix: &str, n: usize, with_ids: bool) -> Value {
     json!({ "messages": ms })
 }
 
-fn token(env: &Env, tenant: &str, extra: &[&str]) -> String {
+pub(crate) fn token(env: &Env, tenant: &str, extra: &[&str]) -> String {
     let mut args = vec!["tokens", "create", "--tenant", tenant];
     args.extend_from_slice(extra);
     let r = env.run(&args);
@@ -193,7 +193,7 @@ fn token(env: &Env, tenant: &str, extra: &[&str]) -> String {
     r.stdout.trim().to_string()
 }
 
-fn wait_job(addr: &str, token: Option<&str>, id: u64) -> Value {
+pub(crate) fn wait_job(addr: &str, token: Option<&str>, id: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let j = get(addr, &format!("/v1/jobs/{id}"), token).expect(200);
@@ -205,7 +205,7 @@ fn wait_job(addr: &str, token: Option<&str>, id: u64) -> Value {
     }
 }
 
-fn extractive() -> Env {
+pub(crate) fn extractive() -> Env {
     Env::new().with("ABRIDGE_BACKEND", "extractive")
 }
 

@@ -252,7 +252,39 @@ impl Writer {
         }
         let _ = ready.send(true);
         let mut failing = false;
-        while let Some(first) = rx.recv().await {
+        // A store other processes write to (PostgreSQL shared by several instances): what
+        // they write is read back, on their notification or at the latest every second.
+        let shared = self.store.events_shared();
+        let mut signal = if shared {
+            self.store.event_signal().await
+        } else {
+            None
+        };
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            let first = tokio::select! {
+                m = rx.recv() => match m {
+                    Some(m) => m,
+                    None => break,
+                },
+                t = async {
+                    match signal.as_mut() {
+                        Some(s) => s.recv().await,
+                        None => std::future::pending().await,
+                    }
+                }, if shared => {
+                    match t {
+                        Some(t) if !t.is_empty() => self.catch_up(Some(t)).await,
+                        Some(_) => self.catch_up(None).await,
+                        None => signal = None,
+                    }
+                    continue;
+                }
+                _ = tick.tick(), if shared => {
+                    self.catch_up(None).await;
+                    continue;
+                }
+            };
             // Take what else is waiting, so a burst is one write per tenant.
             let mut batch = vec![first];
             while batch.len() < 512
@@ -301,6 +333,11 @@ impl Writer {
                         floor + 1
                     }
                 };
+                // Another instance wrote between what this one delivered and its own:
+                // theirs first, so every subscriber sees the tenant's events in order.
+                if shared && first > floor + 1 {
+                    self.deliver_stored(&t, floor, first - 1).await;
+                }
                 let mut b = self.backlog.lock().expect("event backlog lock");
                 for (i, ev) in mine.iter_mut().enumerate() {
                     ev.id = first + i as u64;
@@ -320,6 +357,68 @@ impl Writer {
             }
             for done in flushes {
                 done();
+            }
+        }
+    }
+}
+
+impl Writer {
+    /// Deliver what other processes stored: for `tenant`, or for every tenant whose newest
+    /// stored event is past what was delivered.
+    async fn catch_up(&self, tenant: Option<String>) {
+        let heads: Vec<(String, u64)> = match tenant {
+            Some(t) => vec![(t, u64::MAX)],
+            None => match self.store.event_heads().await {
+                Ok(h) => h,
+                Err(_) => return,
+            },
+        };
+        for (name, head) in heads {
+            let Ok(t) = Tenant::new(&name) else { continue };
+            let last = self.delivered(&t);
+            if head > last {
+                self.deliver_stored(&t, last, head).await;
+            }
+        }
+    }
+
+    fn delivered(&self, t: &Tenant) -> u64 {
+        self.backlog
+            .lock()
+            .expect("event backlog lock")
+            .last
+            .get(t)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Read `tenant`'s stored events after `after` up to `upto` and deliver them in order
+    /// (none twice: what was delivered already is skipped).
+    async fn deliver_stored(&self, t: &Tenant, after: u64, upto: u64) {
+        let mut after = after;
+        loop {
+            let rows = match self.store.events_after(t.name(), after, 512).await {
+                Ok(r) => r,
+                Err(_) => return,
+            };
+            let full = rows.len() == 512;
+            let mut b = self.backlog.lock().expect("event backlog lock");
+            for ev in rows.into_iter().filter_map(from_row) {
+                after = after.max(ev.id);
+                if ev.id > upto || ev.id <= b.last.get(t).copied().unwrap_or(0) {
+                    continue;
+                }
+                b.last.insert(t.clone(), ev.id);
+                let kept = b.kept.entry(t.clone()).or_default();
+                kept.push_back(ev.clone());
+                while kept.len() > self.keep {
+                    kept.pop_front();
+                }
+                // Sent under the lock (see `run`).
+                let _ = self.tx.send(ev);
+            }
+            if !full || after >= upto {
+                return;
             }
         }
     }

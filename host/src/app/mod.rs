@@ -40,7 +40,7 @@ use crate::clock::Clock;
 use crate::jobs::{Job, Jobs};
 use crate::runtime::{Abridge, Runtime};
 use crate::sources::{SessionMode, SessionModes};
-use crate::store::{AppStore, SourceStore, SqliteStore, Store};
+use crate::store::{AppStore, SourceStore, Store};
 use crate::tenant::{Tenant, TenantStore};
 use crate::transcript::{self, Format, Options};
 
@@ -129,11 +129,9 @@ pub struct App {
 impl App {
     /// Open the database (creating or migrating it) and get ready.
     pub fn open(cfg: AppConfig) -> AppResult<App> {
-        let mut db = SqliteStore::open(&cfg.db)?;
-        if let Some(k) = &cfg.master_key {
-            db = db.with_master_key(k.clone());
-        }
-        Self::open_with(cfg, Arc::new(db))
+        // A SQLite file, or a postgres:// URL: a database several instances share.
+        let db = crate::store::open_store(&cfg.db, cfg.master_key.as_ref())?;
+        Self::open_with(cfg, db)
     }
 
     /// Get ready over a store of the caller's choosing (`cfg.db` is then only a name):

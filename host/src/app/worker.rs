@@ -107,7 +107,8 @@ async fn schedule(
             let Ok(permit) = slots.clone().try_acquire_owned() else {
                 break;
             };
-            let job = match app.jobs().claim(job.id).await {
+            // The tenant's cap holds across every instance sharing the store.
+            let job = match app.jobs().claim_capped(job.id, Some((&tenant, per_tenant))).await {
                 Ok(Claim::Taken(j)) => j,
                 _ => continue,
             };

@@ -63,7 +63,7 @@ pub fn fail(s: &Settings, e: AppError) -> Failure {
         anyhow!(
             "{} in {} — list them with '{list}'",
             e.message,
-            s.db.display()
+            abridge::store::pg::shown(&s.db)
         ),
     )
 }

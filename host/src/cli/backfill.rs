@@ -14,7 +14,7 @@ use serde_json::json;
 use abridge::app::backfill::{self as bf, ScannedFile};
 use abridge::store::SourceStore;
 use abridge::types::{Config, Engine, PlanPath};
-use abridge::{NoModel, Progress, SqliteStore};
+use abridge::{NoModel, Progress};
 
 use super::app::{Show, shown};
 use super::commands::{Backend, build, choose_backend, engine_config, note};
@@ -381,8 +381,9 @@ async fn dry_run(
     results: &mut Vec<Outcome>,
     totals: &mut Totals,
 ) -> Result<(), Failure> {
-    let known = if s.db.exists() {
-        let db: Arc<dyn SourceStore> = Arc::new(SqliteStore::open(&s.db).map_err(storage)?);
+    let known = if s.db.exists() || abridge::store::pg::is_url(&s.db.to_string_lossy()) {
+        let db: Arc<dyn SourceStore> =
+            abridge::store::open_store(&s.db, None).map_err(storage)?;
         Some(db)
     } else {
         None

@@ -138,7 +138,7 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no sessions in {}", s.db.display());
+        println!("no sessions in {}", abridge::store::pg::shown(&s.db));
         return Ok(());
     }
     println!(

@@ -149,7 +149,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
                 let v: Vec<_> = list.iter().map(Job::to_json).collect();
                 println!("{}", serde_json::Value::from(v));
             } else if list.is_empty() {
-                println!("no jobs in {}", s.db.display());
+                println!("no jobs in {}", abridge::store::pg::shown(&s.db));
             } else {
                 println!(
                     "{:>5}  {:<10} {:<24} {:>8}  {:>3}  {:<16} {:>7}  when (UTC)",
@@ -249,7 +249,7 @@ fn no_job(s: &Settings, id: u64) -> Failure {
         Exit::Input,
         anyhow!(
             "no job {id} in {} — list them with 'abridge jobs'",
-            s.db.display()
+            abridge::store::pg::shown(&s.db)
         ),
     )
 }

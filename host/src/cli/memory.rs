@@ -535,7 +535,7 @@ fn not_found(s: &Settings, e: AppError) -> Failure {
             anyhow!(
                 "{} in {} — list them with 'abridge memory list'",
                 e.message,
-                s.db.display()
+                abridge::store::pg::shown(&s.db)
             ),
         );
     }
@@ -698,10 +698,20 @@ pub async fn keys_cmd(s: &Settings, a: KeysArgs) -> Result<(), Failure> {
             let new = abridge::crypto::Secret::from_hex(&text).map_err(|e| {
                 Failure::new(Exit::Input, anyhow!("{}: {e}", new_key_file.display()))
             })?;
-            let db = abridge::SqliteStore::open(&s.db)
-                .map_err(super::jobs::storage)?
-                .with_master_key(current);
-            let n = db.rotate_master_key(&new).map_err(|e| {
+            let rotated = if abridge::store::pg::is_url(&s.db.to_string_lossy()) {
+                abridge::PgStore::connect(&s.db.to_string_lossy())
+                    .await
+                    .map_err(super::jobs::storage)?
+                    .with_master_key(current)
+                    .rotate_master_key(&new)
+                    .await
+            } else {
+                abridge::SqliteStore::open(&s.db)
+                    .map_err(super::jobs::storage)?
+                    .with_master_key(current)
+                    .rotate_master_key(&new)
+            };
+            let n = rotated.map_err(|e| {
                 Failure::new(Exit::Storage, anyhow!("{}", abridge::types::describe(&e)))
             })?;
             println!(

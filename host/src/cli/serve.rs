@@ -152,7 +152,7 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
             "no API tokens: every request acts as the single local tenant (loopback only); create one with 'abridge tokens create --tenant NAME' to require tokens"
         );
     }
-    tracing::info!(%addr, backend = backend.name, db = %s.db.display(), workers = a.workers, "abridge serve started");
+    tracing::info!(%addr, backend = backend.name, db = %abridge::store::pg::shown(&s.db), workers = a.workers, "abridge serve started");
     let report = server
         .run(stop_signal())
         .await
@@ -165,9 +165,7 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
 }
 
 pub async fn tokens_cmd(s: &Settings, a: TokensArgs) -> Result<(), Failure> {
-    let db = abridge::SqliteStore::open(&s.db)
-        .map(Arc::new)
-        .map_err(super::jobs::storage)?;
+    let db = abridge::store::open_store(&s.db, None).map_err(super::jobs::storage)?;
     let tokens = abridge::app::Tokens::new(db);
     let now = || {
         use abridge::Clock;

@@ -58,7 +58,9 @@ pub enum LogFormat {
 /// Options every command accepts.
 #[derive(Args, Debug, Default, Clone)]
 pub struct Common {
-    /// SQLite database file [env: ABRIDGE_DB] [default: ~/.local/share/abridge/abridge.db]
+    /// SQLite database file, or a postgres://USER:PASSWORD@HOST:PORT/DB URL of a database
+    /// several `abridge serve` instances share [env: ABRIDGE_DB] [default:
+    /// ~/.local/share/abridge/abridge.db]
     #[arg(long, global = true, value_name = "PATH")]
     pub db: Option<PathBuf>,
     /// Configuration file [env: ABRIDGE_CONFIG] [default: ./abridge.toml if present]

@@ -41,13 +41,8 @@ impl Keyring {
     }
 
     fn key(&self, c: &Connection, tenant: &str, version: u32) -> Result<Arc<Secret>, Error> {
-        if let Some(k) = self
-            .cache
-            .lock()
-            .expect("keyring lock")
-            .get(&(tenant.to_string(), version))
-        {
-            return Ok(k.clone());
+        if let Some(k) = self.cached(tenant, version) {
+            return Ok(k);
         }
         let wrapped: Option<Vec<u8>> = c
             .query_row(
@@ -57,6 +52,25 @@ impl Keyring {
             )
             .optional()
             .map_err(db_err)?;
+        self.admit(tenant, version, wrapped)
+    }
+
+    /// A data key already unwrapped.
+    pub(super) fn cached(&self, tenant: &str, version: u32) -> Option<Arc<Secret>> {
+        self.cache
+            .lock()
+            .expect("keyring lock")
+            .get(&(tenant.to_string(), version))
+            .cloned()
+    }
+
+    /// Unwrap a stored data key (`None`: there is no such row) and keep it.
+    pub(super) fn admit(
+        &self,
+        tenant: &str,
+        version: u32,
+        wrapped: Option<Vec<u8>>,
+    ) -> Result<Arc<Secret>, Error> {
         let wrapped = wrapped.ok_or_else(|| {
             Error::Storage(format!(
                 "tenant '{tenant}''s data key version {version} is gone (the tenant was deleted): its sealed text cannot be read"
@@ -73,6 +87,28 @@ impl Keyring {
         Ok(k)
     }
 
+    /// A new random data key for `tenant`, wrapped by the master key (to be stored).
+    pub(super) fn new_wrapped(&self, tenant: &str, version: u32) -> Result<Vec<u8>, Error> {
+        new_wrapped_under(&self.master, tenant, version)
+    }
+
+    /// A stored data key wrapped again under `new`.
+    pub(super) fn rewrapped(
+        &self,
+        new: &Secret,
+        tenant: &str,
+        version: u32,
+        wrapped: &[u8],
+    ) -> Result<Vec<u8>, Error> {
+        crypto::rewrap(&self.master, new, tenant, version, wrapped)
+            .map_err(|_| wrong_key(tenant, version))
+    }
+
+    /// Forget every unwrapped key (after a rotation).
+    pub(super) fn forget(&self) {
+        self.cache.lock().expect("keyring lock").clear();
+    }
+
     /// The tenant's newest data key, made (and stored wrapped) on first use.
     fn current(&self, c: &Connection, tenant: &str) -> Result<(u32, Arc<Secret>), Error> {
         let v: Option<u32> = c
@@ -85,9 +121,7 @@ impl Keyring {
         if let Some(v) = v {
             return Ok((v, self.key(c, tenant, v)?));
         }
-        let k = Secret::random().map_err(|e| Error::Storage(e.to_string()))?;
-        let wrapped =
-            crypto::wrap(&self.master, tenant, 1, &k).map_err(|e| Error::Storage(e.to_string()))?;
+        let wrapped = self.new_wrapped(tenant, 1)?;
         c.execute(
             "INSERT OR IGNORE INTO data_keys (tenant, version, wrapped, created_ms) VALUES (?1, 1, ?2, ?3)",
             params![tenant, wrapped, now_ms() as i64],
@@ -107,15 +141,7 @@ impl Keyring {
         text: &str,
     ) -> Result<(Vec<u8>, u32), Error> {
         let (v, k) = self.current(c, tenant)?;
-        let place = Place {
-            tenant,
-            table,
-            row,
-            key_version: v,
-        };
-        let b =
-            crypto::seal(&k, &place, text.as_bytes()).map_err(|e| Error::Storage(e.to_string()))?;
-        Ok((b, v))
+        Ok((seal_under(&k, v, tenant, table, row, text)?, v))
     }
 
     /// Open a sealed row's text.
@@ -129,19 +155,7 @@ impl Keyring {
         version: u32,
     ) -> Result<String, Error> {
         let k = self.key(c, tenant, version)?;
-        let place = Place {
-            tenant,
-            table,
-            row,
-            key_version: version,
-        };
-        let b = crypto::open(&k, &place, sealed).map_err(|e| {
-            Error::Storage(format!(
-                "{table} row '{row}' of tenant '{tenant}' does not decrypt ({e}); the database was altered"
-            ))
-        })?;
-        String::from_utf8(b)
-            .map_err(|_| Error::Storage(format!("{table} row '{row}' is not UTF-8")))
+        open_under(&k, version, tenant, table, row, sealed)
     }
 
     /// Re-wrap every data key under `new` (the rows stay as they are) and start a new data key
@@ -160,8 +174,7 @@ impl Keyring {
         };
         let mut newest: BTreeMap<String, u32> = BTreeMap::new();
         for (tenant, version, wrapped) in &rows {
-            let re = crypto::rewrap(&self.master, new, tenant, *version, wrapped)
-                .map_err(|_| wrong_key(tenant, *version))?;
+            let re = self.rewrapped(new, tenant, *version, wrapped)?;
             tx.execute(
                 "UPDATE data_keys SET wrapped = ?3 WHERE tenant = ?1 AND version = ?2",
                 params![tenant, version, re],
@@ -171,9 +184,7 @@ impl Keyring {
             *e = (*e).max(*version);
         }
         for (tenant, v) in &newest {
-            let k = Secret::random().map_err(|e| Error::Storage(e.to_string()))?;
-            let w =
-                crypto::wrap(new, tenant, v + 1, &k).map_err(|e| Error::Storage(e.to_string()))?;
+            let w = new_wrapped_under(new, tenant, v + 1)?;
             tx.execute(
                 "INSERT INTO data_keys (tenant, version, wrapped, created_ms) VALUES (?1, ?2, ?3, ?4)",
                 params![tenant, v + 1, w, now_ms() as i64],
@@ -181,7 +192,54 @@ impl Keyring {
             .map_err(db_err)?;
         }
         tx.commit().map_err(db_err)?;
-        self.cache.lock().expect("keyring lock").clear();
+        self.forget();
         Ok(newest.len())
     }
+}
+
+/// A new random data key wrapped by `master`.
+pub(super) fn new_wrapped_under(master: &Secret, tenant: &str, version: u32) -> Result<Vec<u8>, Error> {
+    let k = Secret::random().map_err(|e| Error::Storage(e.to_string()))?;
+    crypto::wrap(master, tenant, version, &k).map_err(|e| Error::Storage(e.to_string()))
+}
+
+/// Seal `text` of a row under data key `k` (version `v`).
+pub(super) fn seal_under(
+    k: &Secret,
+    v: u32,
+    tenant: &str,
+    table: &str,
+    row: &str,
+    text: &str,
+) -> Result<Vec<u8>, Error> {
+    let place = Place {
+        tenant,
+        table,
+        row,
+        key_version: v,
+    };
+    crypto::seal(k, &place, text.as_bytes()).map_err(|e| Error::Storage(e.to_string()))
+}
+
+/// Open a row's sealed text under data key `k` (version `v`).
+pub(super) fn open_under(
+    k: &Secret,
+    v: u32,
+    tenant: &str,
+    table: &str,
+    row: &str,
+    sealed: &[u8],
+) -> Result<String, Error> {
+    let place = Place {
+        tenant,
+        table,
+        row,
+        key_version: v,
+    };
+    let b = crypto::open(k, &place, sealed).map_err(|e| {
+        Error::Storage(format!(
+            "{table} row '{row}' of tenant '{tenant}' does not decrypt ({e}); the database was altered"
+        ))
+    })?;
+    String::from_utf8(b).map_err(|_| Error::Storage(format!("{table} row '{row}' is not UTF-8")))
 }

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use super::tables::{
-    EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TokenRow, TokenStore,
+    EventRow, EventStore, JobScope, JobStore, Liveness, TenantCap, in_scope, SourceStore, TokenRow, TokenStore,
 };
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
@@ -124,6 +124,7 @@ impl JobStore for MemoryStore {
         now_ms: u64,
         until_ms: u64,
         live: Liveness<'_>,
+        cap: Option<TenantCap<'_>>,
     ) -> Result<Claim, Error> {
         self.tables(|t| {
             let job = t.jobs.get(&id).cloned().ok_or_else(|| no_job(id))?;
@@ -137,7 +138,19 @@ impl JobStore for MemoryStore {
                         && o.state == JobState::Running
                         && live(o)
                 });
-            if busy {
+            let capped = cap.is_some_and(|cap| {
+                t.jobs
+                    .values()
+                    .filter(|o| {
+                        o.id != id
+                            && o.state == JobState::Running
+                            && o.lease_until_ms.is_some_and(|u| u > now_ms)
+                            && in_scope(cap.scope, &o.session)
+                    })
+                    .count()
+                    >= cap.max
+            });
+            if busy || capped {
                 return Ok(Claim::Busy(job));
             }
             let j = t.jobs.get_mut(&id).ok_or_else(|| no_job(id))?;
@@ -486,6 +499,35 @@ impl EventStore for MemoryStore {
             let newest = log.back().map_or(0, |e| e.id);
             log.retain(|e| e.id + keep as u64 > newest);
             first
+        }))
+    }
+
+    async fn events_after(
+        &self,
+        tenant: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, Error> {
+        Ok(self.tables(|t| {
+            t.events
+                .get(tenant)
+                .map(|log| {
+                    log.iter()
+                        .filter(|e| e.id > after)
+                        .take(limit)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default()
+        }))
+    }
+
+    async fn event_heads(&self) -> Result<Vec<(String, u64)>, Error> {
+        Ok(self.tables(|t| {
+            t.events
+                .iter()
+                .filter_map(|(k, log)| Some((k.clone(), log.back()?.id)))
+                .collect()
         }))
     }
 

@@ -7,9 +7,10 @@ use crate::types::{
     LedgerEntry, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 
-mod keyring;
+pub(crate) mod keyring;
 mod memory;
 mod memory_tables;
+pub mod pg;
 pub mod recall;
 mod sqlite;
 mod sqlite_recall;
@@ -19,8 +20,10 @@ pub mod tables;
 pub use memory::MemoryStore;
 pub use recall::{ClusterRow, RecallStore, Unsettled};
 pub use sqlite::SqliteStore;
+pub use pg::{PgStore, open_store};
 pub use tables::{
-    AppStore, EventRow, EventStore, JobScope, JobStore, SourceStore, TokenRow, TokenStore,
+    AppStore, EventRow, EventStore, JobScope, JobStore, SourceStore, TenantCap, TokenRow,
+    TokenStore,
 };
 
 /// The chain rule every store enforces before writing: rows of a session cover episodes

@@ -5,7 +5,8 @@ use rusqlite::{OptionalExtension, params};
 
 use super::SqliteStore;
 use super::tables::{
-    EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TokenRow, TokenStore,
+    EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TenantCap, TokenRow,
+    TokenStore, in_scope,
 };
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
@@ -112,6 +113,7 @@ impl JobStore for SqliteStore {
         now_ms: u64,
         until_ms: u64,
         live: Liveness<'_>,
+        cap: Option<TenantCap<'_>>,
     ) -> Result<Claim, Error> {
         self.with(|c| {
             let tx = c
@@ -131,6 +133,20 @@ impl JobStore for SqliteStore {
             )?;
             if others.iter().any(live) {
                 return Ok(Claim::Busy(job));
+            }
+            if let Some(cap) = cap {
+                let running = jobs_where(
+                    &tx,
+                    "state = 'running' AND id != ?1 AND lease_until_ms > ?2",
+                    params![id as i64, now_ms as i64],
+                )?;
+                let mine = running
+                    .iter()
+                    .filter(|j| in_scope(cap.scope, &j.session))
+                    .count();
+                if mine >= cap.max {
+                    return Ok(Claim::Busy(job));
+                }
             }
             tx.execute(
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = ?2, lease_until_ms = ?3, started_ms = COALESCE(started_ms, ?4), updated_ms = ?4, error = NULL WHERE id = ?1",
@@ -643,6 +659,40 @@ impl EventStore for SqliteStore {
         })
     }
 
+    async fn events_after(
+        &self,
+        tenant: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT tenant, id, kind, at_ms, session_key, job, data FROM events WHERE tenant = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+                )
+                .map_err(db_err)?;
+            st.query_map(
+                params![tenant, after as i64, limit.min(i64::MAX as usize) as i64],
+                event_from,
+            )
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
+        })
+    }
+
+    async fn event_heads(&self) -> Result<Vec<(String, u64)>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare("SELECT tenant, MAX(id) FROM events GROUP BY tenant ORDER BY tenant")
+                .map_err(db_err)?;
+            st.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))
+                .map_err(db_err)?
+                .collect::<Result<_, _>>()
+                .map_err(db_err)
+        })
+    }
+
     async fn recent_events(&self, keep: usize) -> Result<Vec<EventRow>, Error> {
         self.with(|c| {
             let mut st = c
@@ -652,20 +702,22 @@ impl EventStore for SqliteStore {
                      ORDER BY e.tenant, e.id",
                 )
                 .map_err(db_err)?;
-            st.query_map([keep as i64], |r| {
-                Ok(EventRow {
-                    tenant: r.get(0)?,
-                    id: r.get::<_, i64>(1)? as u64,
-                    kind: r.get(2)?,
-                    at_ms: r.get::<_, i64>(3)? as u64,
-                    session_key: r.get(4)?,
-                    job: r.get::<_, Option<i64>>(5)?.map(|j| j as u64),
-                    data: r.get(6)?,
-                })
-            })
+            st.query_map([keep as i64], event_from)
             .map_err(db_err)?
             .collect::<Result<_, _>>()
             .map_err(db_err)
         })
     }
+}
+
+fn event_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
+    Ok(EventRow {
+        tenant: r.get(0)?,
+        id: r.get::<_, i64>(1)? as u64,
+        kind: r.get(2)?,
+        at_ms: r.get::<_, i64>(3)? as u64,
+        session_key: r.get(4)?,
+        job: r.get::<_, Option<i64>>(5)?.map(|j| j as u64),
+        data: r.get(6)?,
+    })
 }

@@ -25,6 +25,24 @@ pub enum JobScope<'a> {
     Keys(&'a str, &'a str),
 }
 
+/// A tenant's cap on running jobs, checked by a claim (across every process sharing the
+/// store): the claim is busy while `max` jobs of `scope` run under leases lasting past now.
+#[derive(Clone, Copy, Debug)]
+pub struct TenantCap<'a> {
+    /// The tenant's jobs.
+    pub scope: JobScope<'a>,
+    /// How many may run at once.
+    pub max: usize,
+}
+
+/// Whether a job's session key lies in `scope`.
+pub fn in_scope(scope: JobScope<'_>, session: &str) -> bool {
+    match scope {
+        JobScope::Local => !session.contains('\u{1f}'),
+        JobScope::Keys(lo, hi) => session >= lo && session < hi,
+    }
+}
+
 /// Decides whether a running job's lease is held by a live worker other than the caller.
 pub type Liveness<'a> = &'a (dyn Fn(&Job) -> bool + Send + Sync);
 
@@ -44,8 +62,9 @@ pub trait JobStore: Send + Sync {
     async fn job_get(&self, id: u64) -> Result<Option<Job>, Error>;
     /// Take job `id` for `owner` until `until_ms`: a job in a final state is
     /// [`Claim::Finished`]; one that `live` says another worker holds, or whose session has
-    /// another running job `live` says so of, is [`Claim::Busy`]; otherwise it becomes
-    /// running under the new lease with one more attempt.
+    /// another running job `live` says so of, or whose tenant already runs `cap.max` jobs
+    /// under leases lasting past `now_ms`, is [`Claim::Busy`]; otherwise it becomes running
+    /// under the new lease with one more attempt.
     async fn job_claim(
         &self,
         id: u64,
@@ -53,6 +72,7 @@ pub trait JobStore: Send + Sync {
         now_ms: u64,
         until_ms: u64,
         live: Liveness<'_>,
+        cap: Option<TenantCap<'_>>,
     ) -> Result<Claim, Error>;
     /// Renew `owner`'s lease and record progress; [`Beat::Lost`] when `owner` no longer
     /// holds the running job, [`Beat::Cancel`] when a cancel was asked.
@@ -211,6 +231,25 @@ pub trait EventStore: Send + Sync {
     ) -> Result<u64, Error>;
     /// Every tenant's newest `keep` events, by tenant, oldest first.
     async fn recent_events(&self, keep: usize) -> Result<Vec<EventRow>, Error>;
+    /// One tenant's events with `id > after`, oldest first, at most `limit`.
+    async fn events_after(
+        &self,
+        tenant: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, Error>;
+    /// Each tenant's newest event id.
+    async fn event_heads(&self) -> Result<Vec<(String, u64)>, Error>;
+    /// Whether other processes write events to this store too (a shared database): the bus
+    /// then reads back what they wrote, so a subscriber on any instance sees every event.
+    fn events_shared(&self) -> bool {
+        false
+    }
+    /// A signal that other processes wrote events (tenant names), when the store has one
+    /// (PostgreSQL's LISTEN/NOTIFY); the bus also looks every second without it.
+    async fn event_signal(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        None
+    }
 }
 
 /// Everything the app keeps: the engine's store and the app's tables, in one place.

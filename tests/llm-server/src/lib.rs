@@ -1108,3 +1108,4 @@ mod tests {
         );
     }
 }
+pub mod pg;

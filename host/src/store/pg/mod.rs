@@ -1,0 +1,814 @@
+//! The PostgreSQL store: every store trait on one database that several `abridge serve`
+//! instances share (`--db postgres://…`). A connection pool (deadpool) of tokio-postgres
+//! clients; versioned migrations run at start under an advisory lock; the rules that must
+//! hold across instances are enforced inside transactions:
+//!
+//! - the summary chain: writers of one session serialize on its `sessions` row
+//!   (`SELECT … FOR UPDATE`) before they read the chain and check the write;
+//! - clusters, events and data keys: per-tenant transaction-scoped advisory locks before the
+//!   next id is read;
+//! - jobs: a claim locks the job row with `FOR UPDATE SKIP LOCKED` (a row another instance is
+//!   claiming is busy, not waited for) and the session's and tenant's running jobs under
+//!   advisory locks, so one session never runs twice and a tenant's cap holds across
+//!   instances; one active job per idempotency key is a partial unique index.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use super::Store;
+use crate::types::{
+    CachedAnswer, Calibration, Compaction, Episode, EpisodeRange, Error, FailureMarker, NewEpisode,
+    Role, SessionStats, SummaryRow, SummaryWrite,
+};
+
+mod recall;
+mod tables;
+
+/// Schema versions, in order; `abridge_schema.version` records how many have run.
+const MIGRATIONS: &[&str] = &[include_str!("001-schema.sql")];
+
+/// Tables of the abridge schema (and the version table): a schema holding any other table
+/// belongs to another program and is refused rather than migrated.
+const OWN_TABLES: &[&str] = &[
+    "abridge_schema",
+    "sessions",
+    "episodes",
+    "summaries",
+    "calibration",
+    "partials",
+    "jobs",
+    "sources",
+    "failure_markers",
+    "watched_files",
+    "source_marks",
+    "session_modes",
+    "session_focus",
+    "session_pins",
+    "tokens",
+    "events",
+    "clusters",
+    "memories",
+    "cluster_summaries",
+    "data_keys",
+    "usage",
+    "model_slots",
+];
+
+/// The advisory lock every opener takes while it migrates.
+const MIGRATION_LOCK: i64 = 0x6162_7269_6467_65;
+
+/// Parameters of a statement.
+pub(super) type P<'a> = &'a (dyn ToSql + Sync);
+
+/// Whether a `--db` value names a PostgreSQL database.
+pub fn is_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+/// `db` as shown in messages and logs: a file's path, or a URL without its password.
+pub fn shown(db: &std::path::Path) -> String {
+    let text = db.to_string_lossy();
+    if !is_url(&text) {
+        return db.display().to_string();
+    }
+    match text.parse::<tokio_postgres::Config>() {
+        Ok(c) => redacted(&c),
+        Err(_) => "an unreadable postgres:// URL".into(),
+    }
+}
+
+/// A PostgreSQL-backed store (every trait of [`super::AppStore`]).
+pub struct PgStore {
+    pool: Pool,
+    /// The database as named in messages: the URL without its password.
+    name: String,
+    config: tokio_postgres::Config,
+    /// The master key, when memory and summary text is sealed at rest.
+    pub(super) keys: Option<super::keyring::Keyring>,
+}
+
+/// A PostgreSQL error as a storage error naming the database (and the fix, where known).
+pub(super) fn pg_err(name: &str, e: &tokio_postgres::Error) -> Error {
+    let detail = match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            let mut m = e.to_string();
+            let mut src = std::error::Error::source(e);
+            while let Some(s) = src {
+                m.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            m
+        }
+    };
+    let remedy = if e.is_closed() || detail.contains("connect") || detail.contains("refused") {
+        " — is the server running and reachable? check the host and port in --db/ABRIDGE_DB"
+    } else if detail.contains("password") || detail.contains("authentication") {
+        " — check the user and password in --db/ABRIDGE_DB"
+    } else if detail.contains("does not exist") && detail.contains("database") {
+        " — create it first (createdb NAME) or fix the database name in --db/ABRIDGE_DB"
+    } else {
+        ""
+    };
+    Error::Storage(format!("database {name}: {detail}{remedy}"))
+}
+
+/// The URL without its password, for messages and logs.
+fn redacted(c: &tokio_postgres::Config) -> String {
+    let host = c
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(s) => s.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = c.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres://{}@{host}:{port}/{}",
+        c.get_user().unwrap_or(""),
+        c.get_dbname().unwrap_or("")
+    )
+}
+
+pub(super) fn g64(r: &Row, i: usize) -> u64 {
+    r.get::<_, i64>(i).max(0) as u64
+}
+
+pub(super) fn g32(r: &Row, i: usize) -> u32 {
+    r.get::<_, i64>(i).clamp(0, u32::MAX as i64) as u32
+}
+
+pub(super) fn gopt(r: &Row, i: usize) -> Option<u64> {
+    r.get::<_, Option<i64>>(i).map(|x| x.max(0) as u64)
+}
+
+/// The key of a transaction-scoped advisory lock on `what` (`hashtextextended`).
+pub(super) const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
+
+impl PgStore {
+    /// Connect to the database at `url` (a `postgres://` URL), check that it is abridge's (or
+    /// empty) and bring its schema up to date.
+    pub async fn connect(url: &str) -> Result<PgStore, Error> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| {
+            Error::InvalidInput(format!(
+                "--db/ABRIDGE_DB is not a PostgreSQL URL ({e}); write postgres://USER:PASSWORD@HOST:PORT/DATABASE"
+            ))
+        })?;
+        let name = redacted(&config);
+        let mgr = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(16)
+            .build()
+            .map_err(|e| Error::Storage(format!("database {name}: {e}")))?;
+        let store = PgStore {
+            pool,
+            name,
+            config,
+            keys: None,
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Seal memory and cluster summary text at rest (see [`super::SqliteStore::with_master_key`]).
+    pub fn with_master_key(mut self, master: crate::crypto::Secret) -> Self {
+        self.keys = Some(super::keyring::Keyring::new(master));
+        self
+    }
+
+    /// The database as named in messages (no password).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn err(&self, e: tokio_postgres::Error) -> Error {
+        pg_err(&self.name, &e)
+    }
+
+    /// A pooled connection.
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, Error> {
+        self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(e) => self.err(e),
+            other => Error::Storage(format!(
+                "database {}: no connection ({other}) — is the server running and reachable? check --db/ABRIDGE_DB",
+                self.name
+            )),
+        })
+    }
+
+    async fn migrate(&self) -> Result<(), Error> {
+        let mut c = self.client().await?;
+        // Several instances may start at once: one migrates, the others wait and find the
+        // work done.
+        c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(|e| self.err(e))?;
+        let r = self.migrate_locked(&mut c).await;
+        let _ = c
+            .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+            .await;
+        r
+    }
+
+    async fn migrate_locked(&self, c: &mut deadpool_postgres::Object) -> Result<(), Error> {
+        let tables: Vec<String> = c
+            .query(
+                "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema()",
+                &[],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let foreign: Vec<&String> = tables
+            .iter()
+            .filter(|t| !OWN_TABLES.contains(&t.as_str()))
+            .collect();
+        if !foreign.is_empty() {
+            let shown: Vec<&str> = foreign.iter().take(5).map(|t| t.as_str()).collect();
+            return Err(Error::Storage(format!(
+                "{} is not an abridge database (its schema holds other tables: {}{}); abridge leaves it untouched — create a database of its own (createdb abridge) and point --db/ABRIDGE_DB at it",
+                self.name,
+                shown.join(", "),
+                if foreign.len() > 5 { ", …" } else { "" }
+            )));
+        }
+        c.batch_execute("CREATE TABLE IF NOT EXISTS abridge_schema (version BIGINT NOT NULL)")
+            .await
+            .map_err(|e| self.err(e))?;
+        loop {
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            let version = tx
+                .query_opt("SELECT version FROM abridge_schema", &[])
+                .await
+                .map_err(|e| self.err(e))?
+                .map_or(0, |r| r.get::<_, i64>(0)) as usize;
+            if version > MIGRATIONS.len() {
+                return Err(Error::Storage(format!(
+                    "{} was written by a newer abridge (schema {version}, this build knows {}); upgrade abridge",
+                    self.name,
+                    MIGRATIONS.len()
+                )));
+            }
+            let Some(sql) = MIGRATIONS.get(version) else {
+                return Ok(());
+            };
+            tx.batch_execute(sql).await.map_err(|e| self.err(e))?;
+            tx.execute("DELETE FROM abridge_schema", &[])
+                .await
+                .map_err(|e| self.err(e))?;
+            tx.execute(
+                "INSERT INTO abridge_schema (version) VALUES ($1)",
+                &[&((version + 1) as i64)],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+        }
+    }
+
+    /// Run `sql` with `params` (helpers for single statements).
+    pub(super) async fn exec(&self, sql: &str, params: &[P<'_>]) -> Result<u64, Error> {
+        let c = self.client().await?;
+        let st = c.prepare_cached(sql).await.map_err(|e| self.err(e))?;
+        c.execute(&st, params).await.map_err(|e| self.err(e))
+    }
+
+    pub(super) async fn rows(&self, sql: &str, params: &[P<'_>]) -> Result<Vec<Row>, Error> {
+        let c = self.client().await?;
+        let st = c.prepare_cached(sql).await.map_err(|e| self.err(e))?;
+        c.query(&st, params).await.map_err(|e| self.err(e))
+    }
+
+    pub(super) async fn row(&self, sql: &str, params: &[P<'_>]) -> Result<Option<Row>, Error> {
+        let c = self.client().await?;
+        let st = c.prepare_cached(sql).await.map_err(|e| self.err(e))?;
+        c.query_opt(&st, params).await.map_err(|e| self.err(e))
+    }
+
+    /// Empty every table (tests: one server, a fresh store per test).
+    pub async fn truncate_all(&self) -> Result<(), Error> {
+        let c = self.client().await?;
+        let list: Vec<&str> = OWN_TABLES
+            .iter()
+            .copied()
+            .filter(|t| *t != "abridge_schema")
+            .collect();
+        c.batch_execute(&format!(
+            "TRUNCATE {} RESTART IDENTITY",
+            list.join(", ")
+        ))
+        .await
+        .map_err(|e| self.err(e))
+    }
+}
+
+const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped";
+
+fn skipped_to_json(ranges: &[EpisodeRange]) -> String {
+    serde_json::to_string(&ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>())
+        .expect("ranges serialize")
+}
+
+fn skipped_from_json(text: &str) -> Vec<EpisodeRange> {
+    serde_json::from_str::<Vec<[u64; 2]>>(text)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|[first, last]| EpisodeRange { first, last })
+        .collect()
+}
+
+fn row_from(r: &Row) -> SummaryRow {
+    SummaryRow {
+        id: g64(r, 0),
+        first_episode: g64(r, 1),
+        last_episode: g64(r, 2),
+        content: r.get(3),
+        tokens: g32(r, 4),
+        prompt_tokens: g32(r, 5),
+        output_tokens: g32(r, 6),
+        model: r.get(7),
+        created_ms: g64(r, 8),
+        updated_ms: g64(r, 9),
+        skipped: skipped_from_json(&r.get::<_, String>(10)),
+        level: g32(r, 11),
+        compacted_into: gopt(r, 12),
+        ledger: super::ledger_from_json(&r.get::<_, String>(13)),
+        ledger_dropped: g32(r, 14),
+    }
+}
+
+fn role_from(s: &str) -> Role {
+    Role::parse(s).unwrap_or(Role::User)
+}
+
+type Tx<'a> = deadpool_postgres::Transaction<'a>;
+
+impl PgStore {
+    async fn active_chain(&self, c: &Tx<'_>, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        Ok(c
+            .query(
+                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY first_episode"),
+                &[&session],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .iter()
+            .map(row_from)
+            .collect())
+    }
+
+    async fn latest_in(&self, c: &Tx<'_>, session: &str) -> Result<Option<SummaryRow>, Error> {
+        Ok(c
+            .query_opt(
+                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1"),
+                &[&session],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .as_ref()
+            .map(row_from))
+    }
+
+    /// Lock the session's row for the rest of the transaction (writers of one session, on
+    /// any instance, take turns); its episode count, or `None` when there is no session.
+    async fn lock_session(&self, c: &Tx<'_>, session: &str) -> Result<Option<u64>, Error> {
+        Ok(c
+            .query_opt(
+                "SELECT episodes FROM sessions WHERE id = $1 FOR UPDATE",
+                &[&session],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .map(|r| g64(&r, 0)))
+    }
+
+    async fn summary_by(&self, c: &Tx<'_>, id: i64) -> Result<SummaryRow, Error> {
+        let r = c
+            .query_one(
+                &format!("SELECT {ROW_COLS} FROM summaries WHERE id = $1"),
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(row_from(&r))
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn append_episodes(
+        &self,
+        session: &str,
+        episodes: Vec<NewEpisode>,
+    ) -> Result<u32, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        tx.execute(
+            "INSERT INTO sessions (id) VALUES ($1) ON CONFLICT (id) DO NOTHING",
+            &[&session],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        let mut next = self.lock_session(&tx, session).await?.unwrap_or(0) as i64 + 1;
+        let ins = tx
+            .prepare_cached(
+                "INSERT INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let (mut added, mut tokens) = (0u32, 0i64);
+        for e in &episodes {
+            let n = tx
+                .execute(
+                    &ins,
+                    &[
+                        &session,
+                        &next,
+                        &e.role.as_str(),
+                        &e.content,
+                        &e.timestamp_ms,
+                        &e.source_key,
+                        &i64::from(e.tokens),
+                        &e.speaker,
+                    ],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            if n == 1 {
+                next += 1;
+                added += 1;
+                tokens += i64::from(e.tokens);
+            }
+        }
+        if added > 0 {
+            tx.execute(
+                "UPDATE sessions SET episodes = episodes + $2, total_tokens = total_tokens + $3, changed_seq = nextval('sessions_changed') WHERE id = $1",
+                &[&session, &i64::from(added), &tokens],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(added)
+    }
+
+    async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
+        let r = self
+            .row(
+                "SELECT episodes, total_tokens FROM sessions WHERE id = $1",
+                &[&session],
+            )
+            .await?;
+        let (episodes, total_tokens) = r.map_or((0, 0), |r| (g64(&r, 0), g64(&r, 1)));
+        Ok(SessionStats {
+            episodes,
+            total_tokens,
+            last_episode: episodes,
+        })
+    }
+
+    async fn episodes_after(
+        &self,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Episode>, Error> {
+        let rows = self
+            .rows(
+                "SELECT id, role, content, timestamp_ms, tokens, speaker FROM episodes
+                 WHERE session = $1 AND id > $2 ORDER BY id LIMIT $3",
+                &[&session, &(after.min(i64::MAX as u64) as i64), &i64::from(limit)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Episode {
+                id: g64(r, 0),
+                role: role_from(&r.get::<_, String>(1)),
+                content: r.get(2),
+                timestamp_ms: r.get(3),
+                tokens: g32(r, 4),
+                speaker: r.get(5),
+            })
+            .collect())
+    }
+
+    async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
+        Ok(self
+            .row(
+                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1"),
+                &[&session],
+            )
+            .await?
+            .as_ref()
+            .map(row_from))
+    }
+
+    async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        Ok(self
+            .rows(
+                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY first_episode"),
+                &[&session],
+            )
+            .await?
+            .iter()
+            .map(row_from)
+            .collect())
+    }
+
+    async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        Ok(self
+            .rows(
+                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 ORDER BY first_episode, level DESC, id"),
+                &[&session],
+            )
+            .await?
+            .iter()
+            .map(row_from)
+            .collect())
+    }
+
+    async fn write_summary(&self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        // The session's row lock makes the check and the write one step for every writer.
+        let episodes = self
+            .lock_session(&tx, session)
+            .await?
+            .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))?;
+        let prev = self.latest_in(&tx, session).await?;
+        super::check_chain(session, episodes, prev.as_ref(), &w)?;
+        let id: i64 = match w.replaces {
+            None => tx
+                .query_one(
+                    "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12) RETURNING id",
+                    &[
+                        &session,
+                        &(w.first_episode as i64),
+                        &(w.last_episode as i64),
+                        &w.content,
+                        &i64::from(w.tokens),
+                        &i64::from(w.prompt_tokens),
+                        &i64::from(w.output_tokens),
+                        &w.model,
+                        &(w.now_ms as i64),
+                        &skipped_to_json(&w.skipped),
+                        &super::ledger_to_json(&w.ledger),
+                        &i64::from(w.ledger_dropped),
+                    ],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+                .get(0),
+            Some(id) => {
+                tx.execute(
+                    "UPDATE summaries SET last_episode = $2, content = $3, tokens = $4, prompt_tokens = $5, output_tokens = $6, model = $7, updated_ms = $8, skipped = $9, ledger = $10, ledger_dropped = $11 WHERE id = $1",
+                    &[
+                        &(id as i64),
+                        &(w.last_episode as i64),
+                        &w.content,
+                        &i64::from(w.tokens),
+                        &i64::from(w.prompt_tokens),
+                        &i64::from(w.output_tokens),
+                        &w.model,
+                        &(w.now_ms as i64),
+                        &skipped_to_json(&w.skipped),
+                        &super::ledger_to_json(&w.ledger),
+                        &i64::from(w.ledger_dropped),
+                    ],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+                id as i64
+            }
+        };
+        let row = self.summary_by(&tx, id).await?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(row)
+    }
+
+    async fn compact_summaries(&self, session: &str, cp: Compaction) -> Result<SummaryRow, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        self.lock_session(&tx, session).await?;
+        let active = self.active_chain(&tx, session).await?;
+        let (first, last, level) = super::check_compaction(session, &active, &cp)?;
+        let id: i64 = tx
+            .query_one(
+                "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12, $13) RETURNING id",
+                &[
+                    &session,
+                    &(first as i64),
+                    &(last as i64),
+                    &cp.content,
+                    &i64::from(cp.tokens),
+                    &i64::from(cp.prompt_tokens),
+                    &i64::from(cp.output_tokens),
+                    &cp.model,
+                    &(cp.now_ms as i64),
+                    &skipped_to_json(&cp.skipped),
+                    &i64::from(level),
+                    &super::ledger_to_json(&cp.ledger),
+                    &i64::from(cp.ledger_dropped),
+                ],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
+        for r in &cp.rows {
+            tx.execute(
+                "UPDATE summaries SET compacted_into = $2 WHERE id = $1 AND session = $3",
+                &[&(*r as i64), &id, &session],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        }
+        let row = self.summary_by(&tx, id).await?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(row)
+    }
+
+    async fn sessions(&self) -> Result<Vec<String>, Error> {
+        Ok(self
+            .rows("SELECT id FROM sessions ORDER BY changed_seq DESC, id", &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
+        Ok(self
+            .row(
+                "SELECT failures, last_error, retry_after_ms, failed_ms FROM failure_markers WHERE session = $1",
+                &[&session],
+            )
+            .await?
+            .map(|r| FailureMarker {
+                failures: g32(&r, 0),
+                last_error: r.get(1),
+                retry_after_ms: g64(&r, 2),
+                failed_ms: g64(&r, 3),
+            }))
+    }
+
+    async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
+        match marker {
+            None => {
+                self.exec(
+                    "DELETE FROM failure_markers WHERE session = $1",
+                    &[&session],
+                )
+                .await?
+            }
+            Some(m) => {
+                self.exec(
+                    "INSERT INTO failure_markers (session, failures, last_error, retry_after_ms, failed_ms) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (session) DO UPDATE SET failures = excluded.failures, last_error = excluded.last_error, retry_after_ms = excluded.retry_after_ms, failed_ms = excluded.failed_ms",
+                    &[
+                        &session,
+                        &i64::from(m.failures),
+                        &m.last_error,
+                        &(m.retry_after_ms as i64),
+                        &(m.failed_ms as i64),
+                    ],
+                )
+                .await?
+            }
+        };
+        Ok(())
+    }
+
+    async fn reset_session(&self, session: &str) -> Result<(), Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        // The session's writers are waited for (and wait) on its row.
+        self.lock_session(&tx, session).await?;
+        for sql in [
+            "DELETE FROM summaries WHERE session = $1",
+            "DELETE FROM episodes WHERE session = $1",
+            "DELETE FROM failure_markers WHERE session = $1",
+            "DELETE FROM source_marks WHERE session = $1",
+            "DELETE FROM sources WHERE sessions::jsonb ? $1",
+            "DELETE FROM watched_files WHERE session = $1",
+            "DELETE FROM session_modes WHERE session = $1",
+            "DELETE FROM session_focus WHERE session = $1",
+            "DELETE FROM session_pins WHERE session = $1",
+            "DELETE FROM events WHERE session_key = $1",
+            "DELETE FROM jobs WHERE session = $1 AND state != 'running'",
+            "UPDATE jobs SET cancel_requested = 1 WHERE session = $1 AND state = 'running'",
+            "DELETE FROM sessions WHERE id = $1",
+        ] {
+            tx.execute(sql, &[&session])
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
+        Ok(self
+            .row(
+                "SELECT text, prompt_tokens, output_tokens FROM partials WHERE key = $1",
+                &[&key],
+            )
+            .await?
+            .map(|r| CachedAnswer {
+                text: r.get(0),
+                prompt_tokens: g32(&r, 1),
+                output_tokens: g32(&r, 2),
+            }))
+    }
+
+    async fn put_partial(&self, key: &str, a: &CachedAnswer) -> Result<(), Error> {
+        self.exec(
+            "INSERT INTO partials (key, text, prompt_tokens, output_tokens) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (key) DO UPDATE SET text = excluded.text, prompt_tokens = excluded.prompt_tokens, output_tokens = excluded.output_tokens",
+            &[
+                &key,
+                &a.text,
+                &i64::from(a.prompt_tokens),
+                &i64::from(a.output_tokens),
+            ],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error> {
+        Ok(self
+            .row(
+                "SELECT estimated, reported FROM calibration WHERE model = $1",
+                &[&model],
+            )
+            .await?
+            .map(|r| Calibration {
+                estimated: g64(&r, 0),
+                reported: g64(&r, 1),
+            }))
+    }
+
+    async fn record_calibration(
+        &self,
+        model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error> {
+        self.exec(
+            "INSERT INTO calibration (model, estimated, reported) VALUES ($1, $2, $3)
+             ON CONFLICT (model) DO UPDATE SET estimated = calibration.estimated + excluded.estimated, reported = calibration.reported + excluded.reported",
+            &[&model, &i64::from(estimated), &i64::from(reported)],
+        )
+        .await
+        .map(drop)
+    }
+}
+
+/// Open `db`: a PostgreSQL URL connects (from inside a multi-threaded tokio runtime, as the
+/// binary runs), anything else is a SQLite file.
+pub fn open_store(
+    db: &std::path::Path,
+    master: Option<&crate::crypto::Secret>,
+) -> Result<Arc<dyn super::AppStore>, Error> {
+    let text = db.to_string_lossy();
+    if is_url(&text) {
+        let handle = tokio::runtime::Handle::try_current()
+            .ok()
+            .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+            .ok_or_else(|| {
+                Error::Storage(
+                    "a PostgreSQL store is opened from inside a multi-threaded tokio runtime"
+                        .into(),
+                )
+            })?;
+        let url = text.to_string();
+        let store =
+            tokio::task::block_in_place(move || handle.block_on(PgStore::connect(&url)))?;
+        let store = match master {
+            Some(k) => store.with_master_key(k.clone()),
+            None => store,
+        };
+        return Ok(Arc::new(store));
+    }
+    let mut s = super::SqliteStore::open(db)?;
+    if let Some(k) = master {
+        s = s.with_master_key(k.clone());
+    }
+    Ok(Arc::new(s))
+}
