@@ -19,7 +19,7 @@ mod postgres;
 mod real_data;
 mod sandbox;
 mod scale;
-mod serve;
+pub(crate) mod serve;
 mod summarize;
 mod tls;
 mod watch;

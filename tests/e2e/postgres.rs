@@ -509,3 +509,265 @@ async fn sealed_text_is_not_in_the_database_and_refusals_are_clear() {
     let m = format!("{e:?}");
     assert!(m.contains("127.0.0.1:1") && m.contains("--db") && !m.contains("hunter2"), "{m}");
 }
+
+mod instances {
+    //! Several `abridge serve` processes (the real binary) on one PostgreSQL database.
+
+    use std::time::{Duration, Instant};
+
+    use abridge_test_llm::{Options, TestServer};
+    use serde_json::{Value, json};
+
+    use crate::harness::Env;
+    use crate::serve::{Server, get, post_messages, request, sse, token};
+
+    fn env(url: &str, llm: &TestServer) -> Env {
+        Env::new()
+            .with("ABRIDGE_DB", url)
+            .with("ABRIDGE_BACKEND", "ollama")
+            .with("EXTRACTION_URL", &llm.url())
+    }
+
+    const ARGS: &[&str] = &[
+        "--context-length",
+        "1024",
+        "--max-output-tokens",
+        "60",
+        "--threshold-tokens",
+        "40",
+        "--min-new-episodes",
+        "4",
+        "--sweep-secs",
+        "0",
+    ];
+
+    fn four(prefix: &str) -> Value {
+        let ms: Vec<Value> = (1..=4)
+            .map(|i| {
+                json!({
+                    "id": format!("{prefix}-{i}"),
+                    "role": if i % 2 == 1 { "user" } else { "assistant" },
+                    "content": format!("{prefix} message {i}: the billing service moves to cluster {i} on Friday."),
+                })
+            })
+            .collect();
+        json!({ "messages": ms })
+    }
+
+    fn scalar(srv: &abridge_test_llm::pg::Server, db: &str, sql: &str) -> i64 {
+        srv.psql(db, sql).unwrap().trim().parse().unwrap_or(-1)
+    }
+
+    fn wait_idle(srv: &abridge_test_llm::pg::Server, db: &str, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while scalar(srv, db, "SELECT count(*) FROM jobs WHERE state IN ('queued','running')")
+            != 0
+        {
+            assert!(
+                Instant::now() < deadline,
+                "jobs did not finish: {}",
+                srv.psql(db, "SELECT state, count(*) FROM jobs GROUP BY state")
+                    .unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    #[test]
+    fn three_instances_run_every_job_once_survive_a_kill_and_stream_each_others_events() {
+        let Some(pg) = super::server() else {
+            return;
+        };
+        let url = pg.database("three");
+        let db = url.rsplit('/').next().unwrap().to_string();
+        let llm = TestServer::start_with(Options {
+            delay: Duration::from_millis(15),
+            ..Options::default()
+        });
+        let env = env(&url, &llm);
+        let acme = token(&env, "acme", &[]);
+        let globex = token(&env, "globex", &[]);
+        let mut servers: Vec<Option<Server>> = (0..3)
+            .map(|_| Some(Server::start(&env, &[ARGS, &["--workers", "2"]].concat())))
+            .collect();
+        let addrs: Vec<String> = servers
+            .iter()
+            .map(|s| s.as_ref().unwrap().addr.clone())
+            .collect();
+        // A client on instance A follows the tenant's events.
+        let watch_addr = addrs[0].clone();
+        let watch_token = acme.clone();
+        let watcher = std::thread::spawn(move || {
+            sse(&watch_addr, "/v1/events", Some(&watch_token), None, |k| {
+                k == "done.marker"
+            })
+        });
+        std::thread::sleep(Duration::from_millis(300));
+
+        const N: usize = 1000;
+        let mut jobs = 0;
+        let mut jobs_extra = 0usize;
+        let mut held_by_c: Vec<u64> = Vec::new();
+        for i in 0..N {
+            // Instance C dies (kill -9) a third of the way, with jobs in hand: the model
+            // slows down until C holds a running job, then C is killed.
+            if i == N / 3 {
+                llm.set_delay(Duration::from_millis(1500));
+                let c = servers[2].take().unwrap();
+                let pid = c.pid();
+                let held = format!(
+                    "SELECT string_agg(id::text, ',') FROM jobs WHERE state = 'running' AND lease_owner LIKE '%:{pid}'"
+                );
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let mut k = 0;
+                loop {
+                    let ids = pg.psql(&db, &held).unwrap();
+                    if !ids.is_empty() {
+                        held_by_c = ids.split(',').filter_map(|x| x.parse::<u64>().ok()).collect();
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "C never took a job");
+                    let session = format!("k{k}");
+                    post_messages(&c.addr, Some(&acme), &session, &four(&session)).expect(202);
+                    jobs_extra += 1;
+                    k += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status()
+                    .unwrap();
+                drop(c);
+                llm.set_delay(Duration::from_millis(15));
+            }
+            let alive: Vec<&String> = servers
+                .iter()
+                .zip(&addrs)
+                .filter_map(|(s, a)| s.as_ref().map(|_| a))
+                .collect();
+            let addr = alive[i % alive.len()];
+            let (tok, session) = if i % 10 == 9 {
+                (&globex, format!("g{i}"))
+            } else {
+                (&acme, format!("s{i}"))
+            };
+            let r = post_messages(addr, Some(tok), &session, &four(&session)).expect(202);
+            if !r["job"].is_null() {
+                jobs += 1;
+            }
+        }
+        assert!(!held_by_c.is_empty());
+        assert_eq!(jobs, N, "every session queued a summary job");
+        let n = N + jobs_extra;
+        wait_idle(&pg, &db, 600);
+
+        // Every job succeeded exactly once: one summary row per session covering 1-4, every
+        // message stored once, and no job run by two workers (only those C held were
+        // attempted again).
+        assert_eq!(
+            pg.psql(&db, "SELECT state, count(*) FROM jobs GROUP BY state").unwrap(),
+            format!("succeeded|{n}")
+        );
+        assert_eq!(scalar(&pg, &db, "SELECT count(*) FROM episodes"), 4 * n as i64);
+        assert_eq!(
+            scalar(&pg, &db, "SELECT count(*) FROM summaries WHERE first_episode = 1 AND last_episode = 4"),
+            n as i64
+        );
+        assert_eq!(scalar(&pg, &db, "SELECT count(*) FROM summaries"), n as i64);
+        // The jobs C held when it died finished on the others, on their second attempt;
+        // no other job ran twice.
+        let retried: Vec<u64> = pg
+            .psql(&db, "SELECT id FROM jobs WHERE attempts > 1 ORDER BY id")
+            .unwrap()
+            .lines()
+            .filter_map(|x| x.trim().parse().ok())
+            .collect();
+        for j in &held_by_c {
+            assert!(retried.contains(j), "job {j} that C held was resumed: {retried:?}");
+        }
+        // (C has two workers: a job it took between the look and the kill is the only other
+        // that may run again.)
+        assert!(retried.len() <= 2, "only the jobs instance C held run again: {retried:?}");
+
+        // The tenants stay apart on every instance.
+        for a in addrs.iter().take(2) {
+            assert_eq!(get(a, "/v1/sessions/g9/summaries", Some(&acme)).status, 404);
+            assert_eq!(get(a, "/v1/sessions/s0/summaries", Some(&globex)).status, 404);
+            assert_eq!(get(a, "/v1/sessions/s1/summaries", Some(&acme)).status, 200);
+        }
+
+        // The client on A saw jobs that B (and C) ran, through to their success.
+        let me = servers[0].as_ref().unwrap().pid().to_string();
+        // End the watch: one more job, whose success is the last event wanted.
+        let r = post_messages(&addrs[1], Some(&acme), "last", &four("last")).expect(202);
+        let last_job = r["job"]["id"].as_u64().unwrap();
+        wait_idle(&pg, &db, 60);
+        let _ = request(&addrs[0], "GET", "/healthz", None, b"");
+        drop(servers);
+        let events = watcher.join().unwrap();
+        let ran_elsewhere: Vec<u64> = events
+            .iter()
+            .filter(|(k, v)| {
+                k == "job.running"
+                    && !v["data"]["worker"]
+                        .as_str()
+                        .unwrap_or("")
+                        .ends_with(&format!(":{me}"))
+            })
+            .filter_map(|(_, v)| v["job"].as_u64())
+            .collect();
+        assert!(!ran_elsewhere.is_empty(), "no job ran on another instance");
+        let succeeded: std::collections::BTreeSet<u64> = events
+            .iter()
+            .filter(|(k, _)| k == "job.succeeded")
+            .filter_map(|(_, v)| v["job"].as_u64())
+            .collect();
+        let seen = ran_elsewhere.iter().filter(|j| succeeded.contains(j)).count();
+        assert!(
+            seen * 10 >= ran_elsewhere.len() * 9,
+            "A saw {seen} of {} jobs run elsewhere succeed",
+            ran_elsewhere.len()
+        );
+        assert!(succeeded.contains(&last_job) || seen > 0);
+        // Only its own tenant's events reached the acme client.
+        assert!(events.iter().all(|(_, v)| v["session"].as_str().is_none_or(|s| !s.starts_with('g'))));
+    }
+
+    #[test]
+    fn a_tenants_job_cap_holds_across_instances() {
+        let Some(pg) = super::server() else {
+            return;
+        };
+        let url = pg.database("cap");
+        let db = url.rsplit('/').next().unwrap().to_string();
+        let llm = TestServer::start_with(Options {
+            delay: Duration::from_millis(120),
+            ..Options::default()
+        });
+        let env = env(&url, &llm);
+        let acme = token(&env, "acme", &[]);
+        let servers: Vec<Server> = (0..3)
+            .map(|_| Server::start(&env, &[ARGS, &["--workers", "3", "--tenant-jobs", "1"]].concat()))
+            .collect();
+        for i in 0..12 {
+            let addr = &servers[i % 3].addr;
+            post_messages(addr, Some(&acme), &format!("c{i}"), &four(&format!("c{i}"))).expect(202);
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut most = 0;
+        loop {
+            let running = scalar(&pg, &db, "SELECT count(*) FROM jobs WHERE state = 'running'");
+            most = most.max(running);
+            if scalar(&pg, &db, "SELECT count(*) FROM jobs WHERE state IN ('queued','running')") == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "jobs did not finish");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(most, 1, "acme may run one job at a time on all instances together");
+        assert_eq!(
+            pg.psql(&db, "SELECT state, count(*) FROM jobs GROUP BY state").unwrap(),
+            "succeeded|12"
+        );
+    }
+}

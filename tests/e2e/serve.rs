@@ -20,7 +20,11 @@ impl Server {
     pub(crate) fn start(env: &Env, extra: &[&str]) -> Server {
         let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
-        let log = std::fs::File::create(env.dir.path().join("serve.log")).unwrap();
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = if n == 0 { "serve.log".to_string() } else { format!("serve-{n}.log") };
+        let name = if env.dir.path().join("serve.log").exists() { name } else { "serve.log".to_string() };
+        let log = std::fs::File::create(env.dir.path().join(&name)).unwrap();
         let mut child = env
             .command(&args)
             .stdout(Stdio::piped())
@@ -37,7 +41,7 @@ impl Server {
             .unwrap_or_else(|| {
                 panic!(
                     "no address line: {line:?}\n{}",
-                    std::fs::read_to_string(env.dir.path().join("serve.log")).unwrap()
+                    std::fs::read_to_string(env.dir.path().join(&name)).unwrap()
                 )
             })
             .to_string();

@@ -131,7 +131,7 @@ impl Scoped {
             "job.running",
             json!({
                 "state": "running", "attempt": job.attempts, "target": job.target,
-                "resumed": job.attempts > 1,
+                "resumed": job.attempts > 1, "worker": app.jobs().owner(),
                 "levels": plan.as_ref().map(|p| p.levels.clone()),
                 "chunks": plan.as_ref().map(|p| p.chunks),
                 "map_reduce": plan.as_ref().map(|p| p.path == crate::types::PlanPath::MapReduce),

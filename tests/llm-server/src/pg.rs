@@ -150,8 +150,9 @@ impl Server {
             postgres
         };
         let script = format!(
-            "{run} >{log} 2>&1 & pg=$!; trap 'kill -INT $pg' TERM; while kill -0 {parent} 2>/dev/null && kill -0 $pg 2>/dev/null; do sleep 0.3; done; kill -INT $pg 2>/dev/null; wait $pg; rm -rf {dir}",
+            "{run} >{log} 2>&1 & pg=$!; stop() {{ kill -INT $(head -1 {pid} 2>/dev/null) 2>/dev/null || kill -INT $pg 2>/dev/null; }}; trap stop TERM; while kill -0 {parent} 2>/dev/null && kill -0 $pg 2>/dev/null; do sleep 0.3; done; stop; wait $pg; rm -rf {dir}",
             log = dir.join("log").display(),
+            pid = data.join("postmaster.pid").display(),
             parent = std::process::id(),
             dir = dir.display()
         );
