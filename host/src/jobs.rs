@@ -281,7 +281,11 @@ impl Jobs {
 
     /// [`Jobs::claim`], busy too while the job's tenant runs `cap` jobs (on any worker of
     /// the store, every process sharing it included).
-    pub async fn claim_capped(&self, id: u64, cap: Option<(&Tenant, usize)>) -> Result<Claim, Error> {
+    pub async fn claim_capped(
+        &self,
+        id: u64,
+        cap: Option<(&Tenant, usize)>,
+    ) -> Result<Claim, Error> {
         let now = self.now_ms();
         let keys = cap.map(|(t, _)| (t.key(""), format!("{}\u{20}", t.name())));
         let cap = cap.map(|(t, max)| TenantCap {

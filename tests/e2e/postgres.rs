@@ -28,7 +28,11 @@ pub(crate) async fn pg_store(label: &str) -> Option<(PgStore, String)> {
 
 fn ep(i: usize, key: &str) -> NewEpisode {
     NewEpisode {
-        role: if i % 2 == 0 { Role::User } else { Role::Assistant },
+        role: if i.is_multiple_of(2) {
+            Role::User
+        } else {
+            Role::Assistant
+        },
         content: format!("message {i} about /srv/app/{i}.toml"),
         timestamp_ms: Some(1_000 + i as i64),
         source_key: key.to_string(),
@@ -89,7 +93,11 @@ fn conflict(r: Result<impl std::fmt::Debug, Error>) -> String {
 async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     // Episodes: dense ids, a source key once.
     let eps: Vec<NewEpisode> = (1..=4).map(|i| ep(i, &format!("k{i}"))).collect();
-    assert_eq!(s.append_episodes("s", eps.clone()).await.unwrap(), 4, "{name}");
+    assert_eq!(
+        s.append_episodes("s", eps.clone()).await.unwrap(),
+        4,
+        "{name}"
+    );
     assert_eq!(s.append_episodes("s", eps).await.unwrap(), 0, "{name}");
     assert_eq!(
         s.append_episodes("s", vec![ep(5, "k5"), ep(5, "k5")])
@@ -101,23 +109,46 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     let st = s.stats("s").await.unwrap();
     assert_eq!((st.episodes, st.total_tokens), (5, 50), "{name}");
     let after = s.episodes_after("s", 2, 2).await.unwrap();
-    assert_eq!(after.iter().map(|e| e.id).collect::<Vec<_>>(), vec![3, 4], "{name}");
+    assert_eq!(
+        after.iter().map(|e| e.id).collect::<Vec<_>>(),
+        vec![3, 4],
+        "{name}"
+    );
     assert_eq!(after[0].timestamp_ms, Some(1_003), "{name}");
     assert_eq!(s.stats("nobody").await.unwrap().episodes, 0, "{name}");
 
     // The chain rule: new rows start after the last, updates extend the latest.
-    let r1 = s.write_summary("s", write(None, 1, 2, "one")).await.unwrap();
-    assert!(conflict(s.write_summary("s", write(None, 2, 3, "x")).await).contains("start at episode 3"));
+    let r1 = s
+        .write_summary("s", write(None, 1, 2, "one"))
+        .await
+        .unwrap();
+    assert!(
+        conflict(s.write_summary("s", write(None, 2, 3, "x")).await).contains("start at episode 3")
+    );
     assert!(conflict(s.write_summary("s", write(None, 3, 9, "x")).await).contains("outside"));
-    let r2 = s.write_summary("s", write(None, 3, 3, "two")).await.unwrap();
+    let r2 = s
+        .write_summary("s", write(None, 3, 3, "two"))
+        .await
+        .unwrap();
     assert!(conflict(s.write_summary("s", write(Some(r1.id), 1, 4, "x")).await).contains("latest"));
     let r2b = s
         .write_summary("s", write(Some(r2.id), 3, 4, "two+"))
         .await
         .unwrap();
-    assert_eq!((r2b.id, r2b.last_episode, r2b.content.as_str()), (r2.id, 4, "two+"), "{name}");
-    let r3 = s.write_summary("s", write(None, 5, 5, "three")).await.unwrap();
-    assert_eq!(s.latest_summary("s").await.unwrap().unwrap().id, r3.id, "{name}");
+    assert_eq!(
+        (r2b.id, r2b.last_episode, r2b.content.as_str()),
+        (r2.id, 4, "two+"),
+        "{name}"
+    );
+    let r3 = s
+        .write_summary("s", write(None, 5, 5, "three"))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.latest_summary("s").await.unwrap().unwrap().id,
+        r3.id,
+        "{name}"
+    );
     assert!(matches!(
         s.write_summary("ghost", write(None, 1, 1, "x")).await,
         Err(Error::InvalidInput(_))
@@ -140,8 +171,18 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         .compact_summaries("s", comp(vec![r1.id, r2.id]))
         .await
         .unwrap();
-    assert_eq!((c.first_episode, c.last_episode, c.level), (1, 4, 1), "{name}");
-    let active: Vec<u64> = s.summaries("s").await.unwrap().iter().map(|r| r.id).collect();
+    assert_eq!(
+        (c.first_episode, c.last_episode, c.level),
+        (1, 4, 1),
+        "{name}"
+    );
+    let active: Vec<u64> = s
+        .summaries("s")
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
     assert_eq!(active, vec![c.id, r3.id], "{name}");
     let history = s.summary_history("s").await.unwrap();
     assert_eq!(history.len(), 4, "{name}");
@@ -165,7 +206,11 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     };
     s.put_partial("key", &a).await.unwrap();
     s.put_partial("key", &a).await.unwrap();
-    assert_eq!(s.partial("key").await.unwrap().unwrap().output_tokens, 4, "{name}");
+    assert_eq!(
+        s.partial("key").await.unwrap().unwrap().output_tokens,
+        4,
+        "{name}"
+    );
     s.record_calibration("m", 10, 12).await.unwrap();
     s.record_calibration("m", 10, 12).await.unwrap();
     let cal = s.calibration("m").await.unwrap().unwrap();
@@ -183,9 +228,15 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     )
     .await
     .unwrap();
-    assert_eq!(s.session_mode("s").await.unwrap().unwrap().quiescence_secs, Some(30));
+    assert_eq!(
+        s.session_mode("s").await.unwrap().unwrap().quiescence_secs,
+        Some(30)
+    );
     s.set_session_focus("s", Some("paths")).await.unwrap();
-    assert_eq!(s.session_focus("s").await.unwrap().as_deref(), Some("paths"));
+    assert_eq!(
+        s.session_focus("s").await.unwrap().as_deref(),
+        Some("paths")
+    );
     assert!(s.set_pin("s", 3, true).await.unwrap());
     assert!(!s.set_pin("s", 3, true).await.unwrap());
     assert_eq!(s.pins("s").await.unwrap(), vec![3], "{name}");
@@ -201,7 +252,10 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     };
     s.put_source(&src, 1).await.unwrap();
     s.put_source(&src, 2).await.unwrap();
-    assert_eq!(s.source("/x.jsonl").await.unwrap().unwrap().sessions, vec!["s"]);
+    assert_eq!(
+        s.source("/x.jsonl").await.unwrap().unwrap().sessions,
+        vec!["s"]
+    );
     s.put_watched(
         &WatchedFile {
             path: "/x.jsonl".into(),
@@ -238,16 +292,33 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     let cfg = abridge::types::Config::default();
     let (j1, new) = w1.enqueue(&acme.key("a"), 3, &cfg).await.unwrap();
     assert!(new, "{name}");
-    assert_eq!(w2.enqueue(&acme.key("a"), 3, &cfg).await.unwrap().0.id, j1.id);
+    assert_eq!(
+        w2.enqueue(&acme.key("a"), 3, &cfg).await.unwrap().0.id,
+        j1.id
+    );
     let (j2, _) = w1.enqueue(&acme.key("b"), 1, &cfg).await.unwrap();
-    let (j3, _) = w1.enqueue(&Tenant::local().key("c"), 1, &cfg).await.unwrap();
-    assert!(matches!(w1.claim_capped(j1.id, Some((&acme, 1))).await.unwrap(), Claim::Taken(_)));
-    assert!(matches!(w2.claim(j1.id).await.unwrap(), Claim::Busy(_)), "{name}");
+    let (j3, _) = w1
+        .enqueue(&Tenant::local().key("c"), 1, &cfg)
+        .await
+        .unwrap();
+    assert!(matches!(
+        w1.claim_capped(j1.id, Some((&acme, 1))).await.unwrap(),
+        Claim::Taken(_)
+    ));
+    assert!(
+        matches!(w2.claim(j1.id).await.unwrap(), Claim::Busy(_)),
+        "{name}"
+    );
     // acme runs one job (its cap) on h1: h2 may not take its second, but may take another
     // tenant's.
-    assert!(matches!(w2.claim_capped(j2.id, Some((&acme, 1))).await.unwrap(), Claim::Busy(_)));
     assert!(matches!(
-        w2.claim_capped(j3.id, Some((&Tenant::local(), 1))).await.unwrap(),
+        w2.claim_capped(j2.id, Some((&acme, 1))).await.unwrap(),
+        Claim::Busy(_)
+    ));
+    assert!(matches!(
+        w2.claim_capped(j3.id, Some((&Tenant::local(), 1)))
+            .await
+            .unwrap(),
         Claim::Taken(_)
     ));
     let listed = s
@@ -255,21 +326,36 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         .await
         .unwrap();
     assert_eq!(listed.len(), 2, "{name}");
-    assert_eq!(s.jobs_list(Some(JobScope::Local), None, 10).await.unwrap().len(), 1);
+    assert_eq!(
+        s.jobs_list(Some(JobScope::Local), None, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let _ = TenantCap {
         scope: JobScope::Local,
         max: 1,
     };
     w1.finish(j1.id, JobState::Succeeded, None).await.unwrap();
-    assert!(matches!(w2.claim_capped(j2.id, Some((&acme, 1))).await.unwrap(), Claim::Taken(_)));
+    assert!(matches!(
+        w2.claim_capped(j2.id, Some((&acme, 1))).await.unwrap(),
+        Claim::Taken(_)
+    ));
     // A lease that runs out passes on.
     clock.advance(61_000);
     assert_eq!(w1.runnable().await.unwrap().len(), 2, "{name}");
     let counts = w1.counts().await.unwrap();
-    assert!(counts.contains(&("succeeded".to_string(), 1)), "{name}: {counts:?}");
+    assert!(
+        counts.contains(&("succeeded".to_string(), 1)),
+        "{name}: {counts:?}"
+    );
 
     // Tokens.
-    let id = s.insert_token("acme", "hash1", "abr_1", false, Some("l"), 1).await.unwrap();
+    let id = s
+        .insert_token("acme", "hash1", "abr_1", false, Some("l"), 1)
+        .await
+        .unwrap();
     assert!(s.any_live_token().await.unwrap(), "{name}");
     assert_eq!(s.live_token("hash1").await.unwrap().unwrap().tenant, "acme");
     assert!(s.revoke_token(id, 2).await.unwrap() && !s.revoke_token(id, 3).await.unwrap());
@@ -285,27 +371,78 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         job: Some(1),
         data: "{}".into(),
     };
-    assert_eq!(s.append_events("acme", 0, &[ev("a"), ev("b")], 3).await.unwrap(), 1);
-    assert_eq!(s.append_events("acme", 5, &[ev("c"), ev("d")], 3).await.unwrap(), 6);
-    let after: Vec<u64> = s.events_after("acme", 0, 10).await.unwrap().iter().map(|e| e.id).collect();
-    assert_eq!(after, vec![6, 7], "{name}: ids within `keep` of the newest are kept");
-    assert_eq!(s.event_heads().await.unwrap(), vec![("acme".to_string(), 7)], "{name}");
+    assert_eq!(
+        s.append_events("acme", 0, &[ev("a"), ev("b")], 3)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.append_events("acme", 5, &[ev("c"), ev("d")], 3)
+            .await
+            .unwrap(),
+        6
+    );
+    let after: Vec<u64> = s
+        .events_after("acme", 0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(
+        after,
+        vec![6, 7],
+        "{name}: ids within `keep` of the newest are kept"
+    );
+    assert_eq!(
+        s.event_heads().await.unwrap(),
+        vec![("acme".to_string(), 7)],
+        "{name}"
+    );
     assert_eq!(s.recent_events(2).await.unwrap().len(), 2, "{name}");
 
     // Recall: clusters keep sums, summaries cover exactly their members, tenants are apart.
-    let a = s.put_memory("acme", memory("m1", "the port is 8080", [1.0, 0.0, 0.0], None)).await.unwrap();
+    let a = s
+        .put_memory(
+            "acme",
+            memory("m1", "the port is 8080", [1.0, 0.0, 0.0], None),
+        )
+        .await
+        .unwrap();
     assert!(a.created && a.members == 1, "{name}");
     let b = s
-        .put_memory("acme", memory("m2", "the port is 8081", [0.0, 1.0, 0.0], Some(a.cluster)))
+        .put_memory(
+            "acme",
+            memory("m2", "the port is 8081", [0.0, 1.0, 0.0], Some(a.cluster)),
+        )
         .await
         .unwrap();
     assert_eq!((b.cluster, b.members), (a.cluster, 2), "{name}");
-    assert!(!s.put_memory("acme", memory("m1", "the port is 8080", [1.0, 0.0, 0.0], None)).await.unwrap().created);
-    assert!(s.put_memory("acme", memory("m1", "other", [1.0, 0.0, 0.0], None)).await.is_err());
-    conflict(s.put_memory("acme", memory("m3", "x", [1.0, 0.0, 0.0], Some(99))).await);
+    assert!(
+        !s.put_memory(
+            "acme",
+            memory("m1", "the port is 8080", [1.0, 0.0, 0.0], None)
+        )
+        .await
+        .unwrap()
+        .created
+    );
+    assert!(
+        s.put_memory("acme", memory("m1", "other", [1.0, 0.0, 0.0], None))
+            .await
+            .is_err()
+    );
+    conflict(
+        s.put_memory("acme", memory("m3", "x", [1.0, 0.0, 0.0], Some(99)))
+            .await,
+    );
     let cents = s.centroids("acme", &scope("k")).await.unwrap();
     assert_eq!(cents[0].vector, vec![0.5, 0.5, 0.0], "{name}");
-    assert!(s.centroids("globex", &scope("k")).await.unwrap().is_empty(), "{name}");
+    assert!(
+        s.centroids("globex", &scope("k")).await.unwrap().is_empty(),
+        "{name}"
+    );
     let w = |expect: Option<String>, sources: Vec<&str>| ClusterSummaryWrite {
         cluster: a.cluster,
         expect,
@@ -322,9 +459,22 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         output_tokens: 5,
         now_ms: 20,
     };
-    assert!(!s.write_cluster_summary("acme", w(None, vec!["m1"])).await.unwrap(), "{name}");
-    assert!(s.write_cluster_summary("acme", w(None, vec!["m1", "m2"])).await.unwrap());
-    assert!(!s.write_cluster_summary("acme", w(None, vec!["m1", "m2"])).await.unwrap());
+    assert!(
+        !s.write_cluster_summary("acme", w(None, vec!["m1"]))
+            .await
+            .unwrap(),
+        "{name}"
+    );
+    assert!(
+        s.write_cluster_summary("acme", w(None, vec!["m1", "m2"]))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.write_cluster_summary("acme", w(None, vec!["m1", "m2"]))
+            .await
+            .unwrap()
+    );
     let sum = s.cluster_summary("acme", a.cluster).await.unwrap().unwrap();
     assert_eq!(sum.text, "ports 8080 and 8081", "{name}");
     let hits = s
@@ -334,29 +484,82 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     assert_eq!(hits[0].id, "m1", "{name}");
     assert_eq!(hits[0].text, "the port is 8080", "{name}");
     assert!(hits.iter().any(|h| h.sources.len() == 2), "{name}");
-    assert!(s.search("globex", &[1.0, 0.0, 0.0], "emb", &MemoryFilter::default(), 5).await.unwrap().is_empty());
-    let (list, total) = s.list_memories("acme", &MemoryFilter::default(), 1, 5).await.unwrap();
-    assert_eq!((list.len(), total, list[0].id.as_str()), (1, 2, "m2"), "{name}");
+    assert!(
+        s.search(
+            "globex",
+            &[1.0, 0.0, 0.0],
+            "emb",
+            &MemoryFilter::default(),
+            5
+        )
+        .await
+        .unwrap()
+        .is_empty()
+    );
+    let (list, total) = s
+        .list_memories("acme", &MemoryFilter::default(), 1, 5)
+        .await
+        .unwrap();
+    assert_eq!(
+        (list.len(), total, list[0].id.as_str()),
+        (1, 2, "m2"),
+        "{name}"
+    );
     let cl = s.clusters("acme", &MemoryFilter::default()).await.unwrap();
     assert_eq!(cl[0].member_ids, vec!["m1", "m2"], "{name}");
     let v = s.cluster_version("acme", a.cluster).await.unwrap().unwrap();
-    assert!(!s.unsettled(Some("acme"), 10).await.unwrap().is_empty(), "{name}");
+    assert!(
+        !s.unsettled(Some("acme"), 10).await.unwrap().is_empty(),
+        "{name}"
+    );
     s.settle("acme", a.cluster, v).await.unwrap();
-    assert!(s.unsettled(Some("acme"), 10).await.unwrap().is_empty(), "{name}");
-    assert!(s.claim_cluster("acme", a.cluster, "o1", 1, 100).await.unwrap());
-    assert!(!s.claim_cluster("acme", a.cluster, "o2", 50, 100).await.unwrap());
-    assert!(s.claim_cluster("acme", a.cluster, "o2", 100, 200).await.unwrap());
+    assert!(
+        s.unsettled(Some("acme"), 10).await.unwrap().is_empty(),
+        "{name}"
+    );
+    assert!(
+        s.claim_cluster("acme", a.cluster, "o1", 1, 100)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.claim_cluster("acme", a.cluster, "o2", 50, 100)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.claim_cluster("acme", a.cluster, "o2", 100, 200)
+            .await
+            .unwrap()
+    );
     s.release_cluster("acme", a.cluster, "o2").await.unwrap();
     let gone = s.delete_memory("acme", "m2").await.unwrap().unwrap();
     assert_eq!(gone.text, "the port is 8081", "{name}");
-    assert!(s.delete_memory("acme", "m2").await.unwrap().is_none(), "{name}");
-    assert_eq!(s.centroids("acme", &scope("k")).await.unwrap()[0].vector, vec![1.0, 0.0, 0.0]);
+    assert!(
+        s.delete_memory("acme", "m2").await.unwrap().is_none(),
+        "{name}"
+    );
+    assert_eq!(
+        s.centroids("acme", &scope("k")).await.unwrap()[0].vector,
+        vec![1.0, 0.0, 0.0]
+    );
     s.add_usage("acme", "2026-11", 1, 10, 5).await.unwrap();
     s.add_usage("acme", "2026-11", 1, 10, 5).await.unwrap();
-    assert_eq!(s.usage("acme", "2026-11").await.unwrap(), (2, 20, 10), "{name}");
+    assert_eq!(
+        s.usage("acme", "2026-11").await.unwrap(),
+        (2, 20, 10),
+        "{name}"
+    );
     s.forget_tenant("acme").await.unwrap();
-    assert!(s.get_memory("acme", "m1").await.unwrap().is_none(), "{name}");
-    assert_eq!(s.usage("acme", "2026-11").await.unwrap(), (0, 0, 0), "{name}");
+    assert!(
+        s.get_memory("acme", "m1").await.unwrap().is_none(),
+        "{name}"
+    );
+    assert_eq!(
+        s.usage("acme", "2026-11").await.unwrap(),
+        (0, 0, 0),
+        "{name}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -399,7 +602,9 @@ async fn the_chain_and_cluster_rules_hold_with_writers_on_separate_pools() {
                 let prev = s.latest_summary(&session).await.unwrap();
                 let first = prev.as_ref().map_or(1, |p| p.last_episode + 1);
                 if first <= n
-                    && s.write_summary(&session, write(None, first, n, "x")).await.is_ok()
+                    && s.write_summary(&session, write(None, first, n, "x"))
+                        .await
+                        .is_ok()
                 {
                     wrote += 1;
                 }
@@ -463,9 +668,12 @@ async fn sealed_text_is_not_in_the_database_and_refusals_are_clear() {
         .await
         .unwrap()
         .with_master_key(key.clone());
-    s.put_memory("acme", memory("m1", "canary-7f3e the vault code", [1.0, 0.0, 0.0], None))
-        .await
-        .unwrap();
+    s.put_memory(
+        "acme",
+        memory("m1", "canary-7f3e the vault code", [1.0, 0.0, 0.0], None),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         s.get_memory("acme", "m1").await.unwrap().unwrap().text,
         "canary-7f3e the vault code"
@@ -486,12 +694,18 @@ async fn sealed_text_is_not_in_the_database_and_refusals_are_clear() {
     assert_eq!(s.rotate_master_key(&new).await.unwrap(), 1);
     let rotated = PgStore::connect(&url).await.unwrap().with_master_key(new);
     assert_eq!(
-        rotated.get_memory("acme", "m1").await.unwrap().unwrap().text,
+        rotated
+            .get_memory("acme", "m1")
+            .await
+            .unwrap()
+            .unwrap()
+            .text,
         "canary-7f3e the vault code"
     );
 
     // A newer schema is refused, naming the fix.
-    srv.psql(db, "UPDATE abridge_schema SET version = 99").unwrap();
+    srv.psql(db, "UPDATE abridge_schema SET version = 99")
+        .unwrap();
     let e = PgStore::connect(&url).await.err().expect("refused");
     assert!(format!("{e:?}").contains("newer abridge"), "{e:?}");
     // Another program's database is left alone.
@@ -499,15 +713,28 @@ async fn sealed_text_is_not_in_the_database_and_refusals_are_clear() {
     let fdb = foreign.rsplit('/').next().unwrap();
     srv.psql(fdb, "CREATE TABLE invoices (id int)").unwrap();
     let e = PgStore::connect(&foreign).await.err().expect("refused");
-    assert!(format!("{e:?}").contains("not an abridge database"), "{e:?}");
-    assert_eq!(srv.psql(fdb, "SELECT count(*) FROM pg_tables WHERE tablename = 'sessions'").unwrap(), "0");
+    assert!(
+        format!("{e:?}").contains("not an abridge database"),
+        "{e:?}"
+    );
+    assert_eq!(
+        srv.psql(
+            fdb,
+            "SELECT count(*) FROM pg_tables WHERE tablename = 'sessions'"
+        )
+        .unwrap(),
+        "0"
+    );
     // A server that is not there: the database is named, with the fix, and no password.
     let e = PgStore::connect("postgres://abridge:hunter2@127.0.0.1:1/x")
         .await
         .err()
         .expect("refused");
     let m = format!("{e:?}");
-    assert!(m.contains("127.0.0.1:1") && m.contains("--db") && !m.contains("hunter2"), "{m}");
+    assert!(
+        m.contains("127.0.0.1:1") && m.contains("--db") && !m.contains("hunter2"),
+        "{m}"
+    );
 }
 
 mod instances {
@@ -560,8 +787,11 @@ mod instances {
 
     fn wait_idle(srv: &abridge_test_llm::pg::Server, db: &str, secs: u64) {
         let deadline = Instant::now() + Duration::from_secs(secs);
-        while scalar(srv, db, "SELECT count(*) FROM jobs WHERE state IN ('queued','running')")
-            != 0
+        while scalar(
+            srv,
+            db,
+            "SELECT count(*) FROM jobs WHERE state IN ('queued','running')",
+        ) != 0
         {
             assert!(
                 Instant::now() < deadline,
@@ -623,7 +853,10 @@ mod instances {
                 loop {
                     let ids = pg.psql(&db, &held).unwrap();
                     if !ids.is_empty() {
-                        held_by_c = ids.split(',').filter_map(|x| x.parse::<u64>().ok()).collect();
+                        held_by_c = ids
+                            .split(',')
+                            .filter_map(|x| x.parse::<u64>().ok())
+                            .collect();
                         break;
                     }
                     assert!(Instant::now() < deadline, "C never took a job");
@@ -659,21 +892,29 @@ mod instances {
         assert!(!held_by_c.is_empty());
         assert_eq!(jobs, N, "every session queued a summary job");
         let n = N + jobs_extra;
-        wait_idle(&pg, &db, 600);
+        wait_idle(pg, &db, 600);
 
         // Every job succeeded exactly once: one summary row per session covering 1-4, every
         // message stored once, and no job run by two workers (only those C held were
         // attempted again).
         assert_eq!(
-            pg.psql(&db, "SELECT state, count(*) FROM jobs GROUP BY state").unwrap(),
+            pg.psql(&db, "SELECT state, count(*) FROM jobs GROUP BY state")
+                .unwrap(),
             format!("succeeded|{n}")
         );
-        assert_eq!(scalar(&pg, &db, "SELECT count(*) FROM episodes"), 4 * n as i64);
         assert_eq!(
-            scalar(&pg, &db, "SELECT count(*) FROM summaries WHERE first_episode = 1 AND last_episode = 4"),
+            scalar(pg, &db, "SELECT count(*) FROM episodes"),
+            4 * n as i64
+        );
+        assert_eq!(
+            scalar(
+                pg,
+                &db,
+                "SELECT count(*) FROM summaries WHERE first_episode = 1 AND last_episode = 4"
+            ),
             n as i64
         );
-        assert_eq!(scalar(&pg, &db, "SELECT count(*) FROM summaries"), n as i64);
+        assert_eq!(scalar(pg, &db, "SELECT count(*) FROM summaries"), n as i64);
         // The jobs C held when it died finished on the others, on their second attempt;
         // no other job ran twice.
         let retried: Vec<u64> = pg
@@ -683,16 +924,25 @@ mod instances {
             .filter_map(|x| x.trim().parse().ok())
             .collect();
         for j in &held_by_c {
-            assert!(retried.contains(j), "job {j} that C held was resumed: {retried:?}");
+            assert!(
+                retried.contains(j),
+                "job {j} that C held was resumed: {retried:?}"
+            );
         }
         // (C has two workers: a job it took between the look and the kill is the only other
         // that may run again.)
-        assert!(retried.len() <= 2, "only the jobs instance C held run again: {retried:?}");
+        assert!(
+            retried.len() <= 2,
+            "only the jobs instance C held run again: {retried:?}"
+        );
 
         // The tenants stay apart on every instance.
         for a in addrs.iter().take(2) {
             assert_eq!(get(a, "/v1/sessions/g9/summaries", Some(&acme)).status, 404);
-            assert_eq!(get(a, "/v1/sessions/s0/summaries", Some(&globex)).status, 404);
+            assert_eq!(
+                get(a, "/v1/sessions/s0/summaries", Some(&globex)).status,
+                404
+            );
             assert_eq!(get(a, "/v1/sessions/s1/summaries", Some(&acme)).status, 200);
         }
 
@@ -701,7 +951,7 @@ mod instances {
         // End the watch: one more job, whose success is the last event wanted.
         let r = post_messages(&addrs[1], Some(&acme), "last", &four("last")).expect(202);
         let last_job = r["job"]["id"].as_u64().unwrap();
-        wait_idle(&pg, &db, 60);
+        wait_idle(pg, &db, 60);
         let _ = request(&addrs[0], "GET", "/healthz", None, b"");
         drop(servers);
         let events = watcher.join().unwrap();
@@ -722,7 +972,10 @@ mod instances {
             .filter(|(k, _)| k == "job.succeeded")
             .filter_map(|(_, v)| v["job"].as_u64())
             .collect();
-        let seen = ran_elsewhere.iter().filter(|j| succeeded.contains(j)).count();
+        let seen = ran_elsewhere
+            .iter()
+            .filter(|j| succeeded.contains(j))
+            .count();
         assert!(
             seen * 10 >= ran_elsewhere.len() * 9,
             "A saw {seen} of {} jobs run elsewhere succeed",
@@ -730,7 +983,11 @@ mod instances {
         );
         assert!(succeeded.contains(&last_job) || seen > 0);
         // Only its own tenant's events reached the acme client.
-        assert!(events.iter().all(|(_, v)| v["session"].as_str().is_none_or(|s| !s.starts_with('g'))));
+        assert!(
+            events
+                .iter()
+                .all(|(_, v)| v["session"].as_str().is_none_or(|s| !s.starts_with('g')))
+        );
     }
 
     #[test]
@@ -747,7 +1004,12 @@ mod instances {
         let env = env(&url, &llm);
         let acme = token(&env, "acme", &[]);
         let servers: Vec<Server> = (0..3)
-            .map(|_| Server::start(&env, &[ARGS, &["--workers", "3", "--tenant-jobs", "1"]].concat()))
+            .map(|_| {
+                Server::start(
+                    &env,
+                    &[ARGS, &["--workers", "3", "--tenant-jobs", "1"]].concat(),
+                )
+            })
             .collect();
         for i in 0..12 {
             let addr = &servers[i % 3].addr;
@@ -756,17 +1018,26 @@ mod instances {
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut most = 0;
         loop {
-            let running = scalar(&pg, &db, "SELECT count(*) FROM jobs WHERE state = 'running'");
+            let running = scalar(pg, &db, "SELECT count(*) FROM jobs WHERE state = 'running'");
             most = most.max(running);
-            if scalar(&pg, &db, "SELECT count(*) FROM jobs WHERE state IN ('queued','running')") == 0 {
+            if scalar(
+                pg,
+                &db,
+                "SELECT count(*) FROM jobs WHERE state IN ('queued','running')",
+            ) == 0
+            {
                 break;
             }
             assert!(Instant::now() < deadline, "jobs did not finish");
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert_eq!(most, 1, "acme may run one job at a time on all instances together");
         assert_eq!(
-            pg.psql(&db, "SELECT state, count(*) FROM jobs GROUP BY state").unwrap(),
+            most, 1,
+            "acme may run one job at a time on all instances together"
+        );
+        assert_eq!(
+            pg.psql(&db, "SELECT state, count(*) FROM jobs GROUP BY state")
+                .unwrap(),
             "succeeded|12"
         );
     }

@@ -22,8 +22,16 @@ impl Server {
         args.extend_from_slice(extra);
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = if n == 0 { "serve.log".to_string() } else { format!("serve-{n}.log") };
-        let name = if env.dir.path().join("serve.log").exists() { name } else { "serve.log".to_string() };
+        let name = if n == 0 {
+            "serve.log".to_string()
+        } else {
+            format!("serve-{n}.log")
+        };
+        let name = if env.dir.path().join("serve.log").exists() {
+            name
+        } else {
+            "serve.log".to_string()
+        };
         let log = std::fs::File::create(env.dir.path().join(&name)).unwrap();
         let mut child = env
             .command(&args)
@@ -78,7 +86,13 @@ impl Resp {
     }
 }
 
-pub(crate) fn request(addr: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Resp {
+pub(crate) fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> Resp {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let auth = token

@@ -108,7 +108,11 @@ async fn schedule(
                 break;
             };
             // The tenant's cap holds across every instance sharing the store.
-            let job = match app.jobs().claim_capped(job.id, Some((&tenant, per_tenant))).await {
+            let job = match app
+                .jobs()
+                .claim_capped(job.id, Some((&tenant, per_tenant)))
+                .await
+            {
                 Ok(Claim::Taken(j)) => j,
                 _ => continue,
             };

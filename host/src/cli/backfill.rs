@@ -382,8 +382,7 @@ async fn dry_run(
     totals: &mut Totals,
 ) -> Result<(), Failure> {
     let known = if s.db.exists() || abridge::store::pg::is_url(&s.db.to_string_lossy()) {
-        let db: Arc<dyn SourceStore> =
-            abridge::store::open_store(&s.db, None).map_err(storage)?;
+        let db: Arc<dyn SourceStore> = abridge::store::open_store(&s.db, None).map_err(storage)?;
         Some(db)
     } else {
         None

@@ -645,7 +645,11 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
             };
             return Err(Failure::new(
                 Exit::Input,
-                anyhow!("no session '{}' in {} ({hint})", a.session, abridge::store::pg::shown(&s.db)),
+                anyhow!(
+                    "no session '{}' in {} ({hint})",
+                    a.session,
+                    abridge::store::pg::shown(&s.db)
+                ),
             ));
         }
         Err(e) => return Err(e.into()),

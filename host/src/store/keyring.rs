@@ -198,7 +198,11 @@ impl Keyring {
 }
 
 /// A new random data key wrapped by `master`.
-pub(super) fn new_wrapped_under(master: &Secret, tenant: &str, version: u32) -> Result<Vec<u8>, Error> {
+pub(super) fn new_wrapped_under(
+    master: &Secret,
+    tenant: &str,
+    version: u32,
+) -> Result<Vec<u8>, Error> {
     let k = Secret::random().map_err(|e| Error::Storage(e.to_string()))?;
     crypto::wrap(master, tenant, version, &k).map_err(|e| Error::Storage(e.to_string()))
 }

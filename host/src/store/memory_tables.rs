@@ -6,7 +6,8 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use super::tables::{
-    EventRow, EventStore, JobScope, JobStore, Liveness, TenantCap, in_scope, SourceStore, TokenRow, TokenStore,
+    EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TenantCap, TokenRow,
+    TokenStore, in_scope,
 };
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};

@@ -18,9 +18,9 @@ mod sqlite_tables;
 pub mod tables;
 
 pub use memory::MemoryStore;
+pub use pg::{PgStore, open_store};
 pub use recall::{ClusterRow, RecallStore, Unsettled};
 pub use sqlite::SqliteStore;
-pub use pg::{PgStore, open_store};
 pub use tables::{
     AppStore, EventRow, EventStore, JobScope, JobStore, SourceStore, TenantCap, TokenRow,
     TokenStore,

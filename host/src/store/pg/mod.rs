@@ -59,7 +59,7 @@ const OWN_TABLES: &[&str] = &[
 ];
 
 /// The advisory lock every opener takes while it migrates.
-const MIGRATION_LOCK: i64 = 0x6162_7269_6467_65;
+const MIGRATION_LOCK: i64 = 0x0061_6272_6964_6765;
 
 /// Parameters of a statement.
 pub(super) type P<'a> = &'a (dyn ToSql + Sync);
@@ -306,12 +306,9 @@ impl PgStore {
             .copied()
             .filter(|t| *t != "abridge_schema")
             .collect();
-        c.batch_execute(&format!(
-            "TRUNCATE {} RESTART IDENTITY",
-            list.join(", ")
-        ))
-        .await
-        .map_err(|e| self.err(e))
+        c.batch_execute(&format!("TRUNCATE {} RESTART IDENTITY", list.join(", ")))
+            .await
+            .map_err(|e| self.err(e))
     }
 }
 
@@ -385,14 +382,13 @@ impl PgStore {
     /// Lock the session's row for the rest of the transaction (writers of one session, on
     /// any instance, take turns); its episode count, or `None` when there is no session.
     async fn lock_session(&self, c: &Tx<'_>, session: &str) -> Result<Option<u64>, Error> {
-        Ok(c
-            .query_opt(
-                "SELECT episodes FROM sessions WHERE id = $1 FOR UPDATE",
-                &[&session],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-            .map(|r| g64(&r, 0)))
+        Ok(c.query_opt(
+            "SELECT episodes FROM sessions WHERE id = $1 FOR UPDATE",
+            &[&session],
+        )
+        .await
+        .map_err(|e| self.err(e))?
+        .map(|r| g64(&r, 0)))
     }
 
     async fn summary_by(&self, c: &Tx<'_>, id: i64) -> Result<SummaryRow, Error> {
@@ -491,7 +487,11 @@ impl Store for PgStore {
             .rows(
                 "SELECT id, role, content, timestamp_ms, tokens, speaker FROM episodes
                  WHERE session = $1 AND id > $2 ORDER BY id LIMIT $3",
-                &[&session, &(after.min(i64::MAX as u64) as i64), &i64::from(limit)],
+                &[
+                    &session,
+                    &(after.min(i64::MAX as u64) as i64),
+                    &i64::from(limit),
+                ],
             )
             .await?;
         Ok(rows
@@ -798,8 +798,7 @@ pub fn open_store(
                 )
             })?;
         let url = text.to_string();
-        let store =
-            tokio::task::block_in_place(move || handle.block_on(PgStore::connect(&url)))?;
+        let store = tokio::task::block_in_place(move || handle.block_on(PgStore::connect(&url)))?;
         let store = match master {
             Some(k) => store.with_master_key(k.clone()),
             None => store,

@@ -157,7 +157,8 @@ impl PgStore {
             .map_err(|e| self.err(e))?;
         let mut newest: std::collections::BTreeMap<String, u32> = Default::default();
         for r in &rows {
-            let (tenant, version, wrapped): (String, u32, Vec<u8>) = (r.get(0), g32(r, 1), r.get(2));
+            let (tenant, version, wrapped): (String, u32, Vec<u8>) =
+                (r.get(0), g32(r, 1), r.get(2));
             let re = keys.rewrapped(new, &tenant, version, &wrapped)?;
             tx.execute(
                 "UPDATE data_keys SET wrapped = $3 WHERE tenant = $1 AND version = $2",
@@ -281,18 +282,17 @@ impl PgStore {
         tenant: &str,
         cluster: u64,
     ) -> Result<Vec<(Memory, Stored)>, Error> {
-        Ok(c
-            .query(
-                &format!(
-                    "SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND cluster = $2 ORDER BY seq"
-                ),
-                &[&tenant, &(cluster as i64)],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-            .iter()
-            .map(memory_from)
-            .collect())
+        Ok(c.query(
+            &format!(
+                "SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND cluster = $2 ORDER BY seq"
+            ),
+            &[&tenant, &(cluster as i64)],
+        )
+        .await
+        .map_err(|e| self.err(e))?
+        .iter()
+        .map(memory_from)
+        .collect())
     }
 
     async fn summary_raw<C: GenericClient + Sync>(
@@ -301,17 +301,14 @@ impl PgStore {
         tenant: &str,
         cluster: u64,
     ) -> Result<Option<(ClusterSummary, Stored)>, Error> {
-        Ok(c
-            .query_opt(
-                &format!(
-                    "SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = $1 AND cluster = $2"
-                ),
-                &[&tenant, &(cluster as i64)],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-            .as_ref()
-            .map(summary_from))
+        Ok(c.query_opt(
+            &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = $1 AND cluster = $2"),
+            &[&tenant, &(cluster as i64)],
+        )
+        .await
+        .map_err(|e| self.err(e))?
+        .as_ref()
+        .map(summary_from))
     }
 
     async fn bump<C: GenericClient + Sync>(
@@ -574,7 +571,12 @@ impl RecallStore for PgStore {
         }
         tx.execute(
             "UPDATE clusters SET sum = $3, members = $4 WHERE tenant = $1 AND id = $2",
-            &[&tenant, &(m.cluster as i64), &vector_bytes(&sum), &i64::from(left)],
+            &[
+                &tenant,
+                &(m.cluster as i64),
+                &vector_bytes(&sum),
+                &i64::from(left),
+            ],
         )
         .await
         .map_err(|e| self.err(e))?;

@@ -92,10 +92,7 @@ impl JobStore for PgStore {
                 return Ok((job_from(&r), true));
             }
             let active = self
-                .jobs_where(
-                    "key = $1 AND state IN ('queued','running')",
-                    &[&key],
-                )
+                .jobs_where("key = $1 AND state IN ('queued','running')", &[&key])
                 .await?;
             if let Some(j) = active.into_iter().next() {
                 return Ok((j, false));
