@@ -748,14 +748,14 @@ mod instances {
     use crate::harness::Env;
     use crate::serve::{Server, get, post_messages, request, sse, token};
 
-    fn env(url: &str, llm: &TestServer) -> Env {
+    pub(super) fn env(url: &str, llm: &TestServer) -> Env {
         Env::new()
             .with("ABRIDGE_DB", url)
             .with("ABRIDGE_BACKEND", "ollama")
             .with("EXTRACTION_URL", &llm.url())
     }
 
-    const ARGS: &[&str] = &[
+    pub(super) const ARGS: &[&str] = &[
         "--context-length",
         "1024",
         "--max-output-tokens",
@@ -768,7 +768,7 @@ mod instances {
         "0",
     ];
 
-    fn four(prefix: &str) -> Value {
+    pub(super) fn four(prefix: &str) -> Value {
         let ms: Vec<Value> = (1..=4)
             .map(|i| {
                 json!({
@@ -785,7 +785,7 @@ mod instances {
         srv.psql(db, sql).unwrap().trim().parse().unwrap_or(-1)
     }
 
-    fn wait_idle(srv: &abridge_test_llm::pg::Server, db: &str, secs: u64) {
+    pub(super) fn wait_idle(srv: &abridge_test_llm::pg::Server, db: &str, secs: u64) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while scalar(
             srv,
@@ -1039,6 +1039,73 @@ mod instances {
             pg.psql(&db, "SELECT state, count(*) FROM jobs GROUP BY state")
                 .unwrap(),
             "succeeded|12"
+        );
+    }
+}
+
+mod model_slots {
+    use std::time::Duration;
+
+    use abridge_test_llm::{Options, TestServer};
+
+    use crate::serve::{Server, post_messages, token};
+
+    #[test]
+    fn a_tenants_model_requests_in_flight_are_bounded_across_instances() {
+        let Some(pg) = super::server() else {
+            return;
+        };
+        let url = pg.database("slots");
+        let db = url.rsplit('/').next().unwrap().to_string();
+        let delay = Duration::from_millis(250);
+        let llm = TestServer::start_with(Options {
+            delay,
+            ..Options::default()
+        });
+        let env = super::instances::env(&url, &llm);
+        let acme = token(&env, "acme", &[]);
+        // Jobs may run side by side on every instance; model requests may not.
+        let extra = [
+            "--workers",
+            "3",
+            "--tenant-jobs",
+            "3",
+            "--tenant-model-requests",
+            "1",
+        ];
+        let servers: Vec<Server> = (0..3)
+            .map(|_| Server::start(&env, &[super::instances::ARGS, &extra].concat()))
+            .collect();
+        for i in 0..6 {
+            let s = format!("m{i}");
+            post_messages(
+                &servers[i % 3].addr,
+                Some(&acme),
+                &s,
+                &super::instances::four(&s),
+            )
+            .expect(202);
+        }
+        super::instances::wait_idle(pg, &db, 120);
+        let mut at: Vec<u64> = llm.generations().iter().map(|r| r.at_ms).collect();
+        at.sort();
+        assert!(at.len() >= 6, "{at:?}");
+        // Each request is in flight for the model's delay: one at a time means arrivals at
+        // least that far apart (less a little for timers).
+        let closest = at.windows(2).map(|w| w[1] - w[0]).min().unwrap();
+        assert!(
+            closest + 30 >= delay.as_millis() as u64,
+            "two of acme's model requests were in flight at once ({closest} ms apart): {at:?}"
+        );
+        assert_eq!(
+            pg.psql(&db, "SELECT state, count(*) FROM jobs GROUP BY state")
+                .unwrap(),
+            "succeeded|6"
+        );
+        // Every slot was given back.
+        assert_eq!(
+            pg.psql(&db, "SELECT count(*) FROM model_slots").unwrap(),
+            "0"
         );
     }
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
@@ -155,6 +155,60 @@ pub struct ModelMetrics {
 /// Upper bounds (seconds) of the model latency histogram.
 pub const LATENCY_BUCKETS_S: [f64; 8] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
 
+/// Model request slots kept in a store several instances share (see
+/// [`crate::store::SlotStore`]): the bounds then hold across instances.
+pub struct SharedSlots {
+    /// Where the slots are kept.
+    pub store: Arc<dyn crate::store::SlotStore>,
+    /// This process's lease owner name.
+    pub owner: String,
+    /// Leases are read from this clock.
+    pub clock: Arc<dyn crate::clock::Clock>,
+    /// How long a slot lasts unless renewed (the app renews its own every third of it).
+    pub lease_ms: u64,
+}
+
+impl SharedSlots {
+    /// Wait for a slot of `pool` (at most `max` held at once, by every instance together).
+    async fn take(&self, pool: &str, max: usize) -> Result<u64, Error> {
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let now = self.clock.now_ms();
+            if let Some(id) = self
+                .store
+                .slot_take(pool, &self.owner, max, now, now + self.lease_ms)
+                .await?
+            {
+                return Ok(id);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+}
+
+/// Gives shared slots back when the call ends (or is dropped).
+struct Held {
+    store: Arc<dyn crate::store::SlotStore>,
+    ids: Vec<u64>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let (store, ids) = (self.store.clone(), std::mem::take(&mut self.ids));
+        if ids.is_empty() {
+            return;
+        }
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                for id in ids {
+                    let _ = store.slot_release(id).await;
+                }
+            });
+        }
+    }
+}
+
 /// A backend that waits for a per-tenant and a global slot before each call and records what
 /// the call cost.
 pub struct Guarded {
@@ -162,6 +216,9 @@ pub struct Guarded {
     tenant: Arc<Semaphore>,
     global: Arc<Semaphore>,
     metrics: Arc<ModelMetrics>,
+    /// Slots shared with other instances: the shared slots, the tenant's pool and its bound,
+    /// and the overall bound.
+    shared: Option<(Arc<SharedSlots>, String, usize, usize)>,
 }
 
 impl Guarded {
@@ -177,7 +234,21 @@ impl Guarded {
             tenant,
             global,
             metrics,
+            shared: None,
         }
+    }
+
+    /// Also hold one of `tenant_max` slots of `tenant`'s pool and one of `total` overall in
+    /// `slots`, shared with every instance on the store.
+    pub fn shared(
+        mut self,
+        slots: Arc<SharedSlots>,
+        tenant: &str,
+        tenant_max: usize,
+        total: usize,
+    ) -> Self {
+        self.shared = Some((slots, format!("model:{tenant}"), tenant_max, total));
+        self
     }
 }
 
@@ -187,6 +258,19 @@ impl LlmBackend for Guarded {
         let closed = || Error::Unreachable("the service is shutting down".into());
         let _t = self.tenant.acquire().await.map_err(|_| closed())?;
         let _g = self.global.acquire().await.map_err(|_| closed())?;
+        // Across instances: the tenant's pool, then the overall one (always in that order).
+        let _held = match &self.shared {
+            Some((slots, pool, tenant_max, total)) => {
+                let mut held = Held {
+                    store: slots.store.clone(),
+                    ids: Vec::new(),
+                };
+                held.ids.push(slots.take(pool, *tenant_max).await?);
+                held.ids.push(slots.take("model:*", *total).await?);
+                Some(held)
+            }
+            None => None,
+        };
         let m = &self.metrics;
         m.in_flight.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();

@@ -100,6 +100,8 @@ struct Inner {
     events: EventBus,
     model: Arc<ModelMetrics>,
     model_global: Arc<Semaphore>,
+    /// Model request slots shared with the other instances on the store, when it is shared.
+    slots: Option<Arc<limits::SharedSlots>>,
     tenants: Mutex<BTreeMap<Tenant, Arc<TenantState>>>,
     /// Wakes the workers when a job is queued.
     wake: Notify,
@@ -138,6 +140,28 @@ impl App {
     /// [`crate::MemoryStore`] for tests and embedders, or any other [`AppStore`].
     pub fn open_with(cfg: AppConfig, db: Arc<dyn AppStore>) -> AppResult<App> {
         let jobs = Jobs::new(db.clone(), cfg.job_lease).with_clock(cfg.clock.clone());
+        let slots = db.slots_shared().then(|| {
+            Arc::new(limits::SharedSlots {
+                store: db.clone(),
+                owner: jobs.owner().to_string(),
+                clock: cfg.clock.clone(),
+                lease_ms: 30_000,
+            })
+        });
+        // This instance's slots are renewed while it lives; a dead one's run out.
+        if let (Some(s), Ok(h)) = (&slots, tokio::runtime::Handle::try_current()) {
+            let s = Arc::downgrade(s);
+            h.spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    let Some(s) = s.upgrade() else { return };
+                    let _ = s
+                        .store
+                        .slot_renew(&s.owner, s.clock.now_ms() + s.lease_ms)
+                        .await;
+                }
+            });
+        }
         Ok(App {
             inner: Arc::new(Inner {
                 jobs,
@@ -145,6 +169,7 @@ impl App {
                 events: EventBus::new(cfg.events_kept, db.clone(), cfg.log.clone()),
                 model: Arc::new(ModelMetrics::default()),
                 model_global: Arc::new(Semaphore::new(cfg.limits.model_total.max(1))),
+                slots,
                 tenants: Mutex::new(BTreeMap::new()),
                 wake: Notify::new(),
                 draining: AtomicBool::new(false),
@@ -221,12 +246,21 @@ impl App {
         map.entry(t.clone())
             .or_insert_with(|| {
                 let c = &self.inner.cfg;
-                let llm: Arc<dyn LlmBackend> = Arc::new(limits::Guarded::new(
+                let mut guarded = limits::Guarded::new(
                     c.llm.clone(),
                     Arc::new(Semaphore::new(c.limits.model_per_tenant.max(1))),
                     self.inner.model_global.clone(),
                     self.inner.model.clone(),
-                ));
+                );
+                if let Some(slots) = &self.inner.slots {
+                    guarded = guarded.shared(
+                        slots.clone(),
+                        t.name(),
+                        c.limits.model_per_tenant.max(1),
+                        c.limits.model_total.max(1),
+                    );
+                }
+                let llm: Arc<dyn LlmBackend> = Arc::new(guarded);
                 let store: Arc<dyn Store> =
                     Arc::new(TenantStore::new(self.inner.db.clone(), t.clone()));
                 let log = c.log.clone();

@@ -545,3 +545,6 @@ impl EventStore for MemoryStore {
         }))
     }
 }
+
+/// One process: its own semaphores bound model requests (the defaults grant every slot).
+impl super::tables::SlotStore for MemoryStore {}

@@ -22,8 +22,8 @@ pub use pg::{PgStore, open_store};
 pub use recall::{ClusterRow, RecallStore, Unsettled};
 pub use sqlite::SqliteStore;
 pub use tables::{
-    AppStore, EventRow, EventStore, JobScope, JobStore, SourceStore, TenantCap, TokenRow,
-    TokenStore,
+    AppStore, EventRow, EventStore, JobScope, JobStore, SlotStore, SourceStore, TenantCap,
+    TokenRow, TokenStore,
 };
 
 /// The chain rule every store enforces before writing: rows of a session cover episodes

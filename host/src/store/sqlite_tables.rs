@@ -721,3 +721,6 @@ fn event_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
         data: r.get(6)?,
     })
 }
+
+/// One process: its own semaphores bound model requests (the defaults grant every slot).
+impl super::tables::SlotStore for SqliteStore {}

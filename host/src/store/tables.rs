@@ -252,13 +252,49 @@ pub trait EventStore: Send + Sync {
     }
 }
 
+/// Model request slots shared by every process on a store (a database several instances
+/// share): a slot is a row with a lease its owner renews, so the per-tenant and overall
+/// bounds on model requests in flight hold across instances, and a dead instance's slots
+/// stop counting when their lease runs out. A store only one process uses keeps none (the
+/// process's own semaphores bound it): the defaults always grant.
+#[async_trait]
+pub trait SlotStore: Send + Sync {
+    /// Whether slots are kept here (other processes share this store).
+    fn slots_shared(&self) -> bool {
+        false
+    }
+    /// Take a slot of `pool` for `owner` until `until_ms` unless `max` slots of the pool are
+    /// held under leases lasting past `now_ms`; the slot's id.
+    async fn slot_take(
+        &self,
+        pool: &str,
+        owner: &str,
+        max: usize,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<Option<u64>, Error> {
+        let _ = (pool, owner, max, now_ms, until_ms);
+        Ok(Some(0))
+    }
+    /// Give a slot back.
+    async fn slot_release(&self, id: u64) -> Result<(), Error> {
+        let _ = id;
+        Ok(())
+    }
+    /// Extend the lease of every slot `owner` holds.
+    async fn slot_renew(&self, owner: &str, until_ms: u64) -> Result<(), Error> {
+        let _ = (owner, until_ms);
+        Ok(())
+    }
+}
+
 /// Everything the app keeps: the engine's store and the app's tables, in one place.
 pub trait AppStore:
-    Store + JobStore + SourceStore + TokenStore + EventStore + super::RecallStore
+    Store + JobStore + SourceStore + TokenStore + EventStore + SlotStore + super::RecallStore
 {
 }
 
-impl<T: Store + JobStore + SourceStore + TokenStore + EventStore + super::RecallStore> AppStore
-    for T
+impl<T: Store + JobStore + SourceStore + TokenStore + EventStore + SlotStore + super::RecallStore>
+    AppStore for T
 {
 }

@@ -9,8 +9,8 @@ use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
 use crate::store::tables::{
-    EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TenantCap, TokenRow,
-    TokenStore,
+    EventRow, EventStore, JobScope, JobStore, Liveness, SlotStore, SourceStore, TenantCap,
+    TokenRow, TokenStore,
 };
 use crate::types::{Error, Mode};
 
@@ -801,5 +801,71 @@ impl PgStore {
             }
         });
         rx
+    }
+}
+
+#[async_trait]
+impl SlotStore for PgStore {
+    fn slots_shared(&self) -> bool {
+        true
+    }
+
+    async fn slot_take(
+        &self,
+        pool: &str,
+        owner: &str,
+        max: usize,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<Option<u64>, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        // Takers of one pool take turns, so the count and the insert are one step.
+        tx.execute(LOCK, &[&format!("slots:{pool}")])
+            .await
+            .map_err(|e| self.err(e))?;
+        let now = now_ms as i64;
+        tx.execute(
+            "DELETE FROM model_slots WHERE tenant = $1 AND until_ms <= $2",
+            &[&pool, &now],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        let held: i64 = tx
+            .query_one(
+                "SELECT COUNT(*) FROM model_slots WHERE tenant = $1",
+                &[&pool],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
+        if held as usize >= max {
+            return Ok(None);
+        }
+        let id: i64 = tx
+            .query_one(
+                "INSERT INTO model_slots (tenant, owner, until_ms) VALUES ($1, $2, $3) RETURNING id",
+                &[&pool, &owner, &(until_ms as i64)],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(Some(id as u64))
+    }
+
+    async fn slot_release(&self, id: u64) -> Result<(), Error> {
+        self.exec("DELETE FROM model_slots WHERE id = $1", &[&(id as i64)])
+            .await
+            .map(drop)
+    }
+
+    async fn slot_renew(&self, owner: &str, until_ms: u64) -> Result<(), Error> {
+        self.exec(
+            "UPDATE model_slots SET until_ms = $2 WHERE owner = $1",
+            &[&owner, &(until_ms as i64)],
+        )
+        .await
+        .map(drop)
     }
 }
