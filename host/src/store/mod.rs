@@ -3,8 +3,8 @@
 use async_trait::async_trait;
 
 use crate::types::{
-    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, IdentifierKind,
-    LedgerEntry, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Compaction, Episode, EpisodeRange, Error, FailureMarker,
+    IdentifierKind, LedgerEntry, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
 
 pub(crate) mod keyring;
@@ -100,6 +100,21 @@ pub fn check_compaction(
         folded[folded.len() - 1].last_episode,
         level,
     ))
+}
+
+/// Skipped ranges as stored: JSON `[[first, last], ...]` (the same in every store).
+pub(crate) fn skipped_to_json(ranges: &[EpisodeRange]) -> String {
+    serde_json::to_string(&ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>())
+        .expect("ranges serialize")
+}
+
+/// Stored skipped ranges (see [`skipped_to_json`]); unreadable text reads as empty.
+pub(crate) fn skipped_from_json(text: &str) -> Vec<EpisodeRange> {
+    serde_json::from_str::<Vec<[u64; 2]>>(text)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|[first, last]| EpisodeRange { first, last })
+        .collect()
 }
 
 fn kind_name(k: IdentifierKind) -> &'static str {

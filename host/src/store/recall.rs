@@ -55,6 +55,18 @@ pub struct Unsettled {
     pub project: String,
 }
 
+/// Text as stored when not sealed (invalid UTF-8 is replaced, never refused).
+pub(crate) fn text_in(b: Vec<u8>) -> String {
+    String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Add (`sign` 1) or subtract (`sign` -1) `v` into a cluster's vector sum.
+pub(crate) fn add_into(sum: &mut [f32], v: &[f32], sign: f32) {
+    for (s, x) in sum.iter_mut().zip(v) {
+        *s += sign * x;
+    }
+}
+
 /// Memories, clusters and cluster summaries, per tenant.
 #[async_trait]
 pub trait RecallStore: Send + Sync {

@@ -8,8 +8,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Store;
 use crate::types::{
-    CachedAnswer, Calibration, Compaction, Episode, EpisodeRange, Error, FailureMarker, NewEpisode,
-    Role, SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, NewEpisode, Role,
+    SessionStats, SummaryRow, SummaryWrite,
 };
 
 /// Schema migrations, shared with the JavaScript host (its build copies these files);
@@ -260,19 +260,6 @@ impl SqliteStore {
 
 const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped";
 
-fn skipped_to_json(ranges: &[EpisodeRange]) -> String {
-    serde_json::to_string(&ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>())
-        .expect("ranges serialize")
-}
-
-fn skipped_from_json(text: &str) -> Vec<EpisodeRange> {
-    serde_json::from_str::<Vec<[u64; 2]>>(text)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|[first, last]| EpisodeRange { first, last })
-        .collect()
-}
-
 fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
     Ok(SummaryRow {
         id: r.get::<_, i64>(0)? as u64,
@@ -285,7 +272,7 @@ fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
         model: r.get(7)?,
         created_ms: r.get::<_, i64>(8)? as u64,
         updated_ms: r.get::<_, i64>(9)? as u64,
-        skipped: skipped_from_json(&r.get::<_, String>(10)?),
+        skipped: super::skipped_from_json(&r.get::<_, String>(10)?),
         level: r.get(11)?,
         compacted_into: r.get::<_, Option<i64>>(12)?.map(|x| x as u64),
         ledger: super::ledger_from_json(&r.get::<_, String>(13)?),
@@ -433,7 +420,7 @@ impl Store for SqliteStore {
             tx.execute(
                 "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)",
-                params![session, first as i64, last as i64, c.content, c.tokens, c.prompt_tokens, c.output_tokens, c.model, c.now_ms as i64, skipped_to_json(&c.skipped), level, super::ledger_to_json(&c.ledger), c.ledger_dropped],
+                params![session, first as i64, last as i64, c.content, c.tokens, c.prompt_tokens, c.output_tokens, c.model, c.now_ms as i64, super::skipped_to_json(&c.skipped), level, super::ledger_to_json(&c.ledger), c.ledger_dropped],
             )
             .map_err(db_err)?;
             let id = tx.last_insert_rowid();
@@ -467,7 +454,7 @@ impl Store for SqliteStore {
                     tx.execute(
                         "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12)",
-                        params![session, w.first_episode as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, skipped_to_json(&w.skipped), super::ledger_to_json(&w.ledger), w.ledger_dropped],
+                        params![session, w.first_episode as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, super::skipped_to_json(&w.skipped), super::ledger_to_json(&w.ledger), w.ledger_dropped],
                     )
                     .map_err(db_err)?;
                     tx.last_insert_rowid()
@@ -475,7 +462,7 @@ impl Store for SqliteStore {
                 (Some(id), _) => {
                     tx.execute(
                         "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8, skipped = ?9, ledger = ?10, ledger_dropped = ?11 WHERE id = ?1",
-                        params![id as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, skipped_to_json(&w.skipped), super::ledger_to_json(&w.ledger), w.ledger_dropped],
+                        params![id as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, super::skipped_to_json(&w.skipped), super::ledger_to_json(&w.ledger), w.ledger_dropped],
                     )
                     .map_err(db_err)?;
                     id as i64

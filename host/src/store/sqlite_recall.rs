@@ -18,11 +18,6 @@ fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
 }
 
-/// Text as stored when not sealed (`sealed` 0).
-fn text_in(b: Vec<u8>) -> String {
-    String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
 /// A row's text as read: the bytes and the key version (0: plaintext).
 struct Stored {
     bytes: Vec<u8>,
@@ -55,7 +50,7 @@ impl SqliteStore {
         s: Stored,
     ) -> Result<String, Error> {
         if s.sealed == 0 {
-            return Ok(text_in(s.bytes));
+            return Ok(crate::store::recall::text_in(s.bytes));
         }
         match &self.keys {
             Some(k) => k.open(c, tenant, table, row, &s.bytes, s.sealed),
@@ -203,12 +198,6 @@ fn bump(c: &Connection, tenant: &str, cluster: u64) -> Result<(), Error> {
     Ok(())
 }
 
-fn add_into(sum: &mut [f32], v: &[f32], sign: f32) {
-    for (s, x) in sum.iter_mut().zip(v) {
-        *s += sign * x;
-    }
-}
-
 #[async_trait]
 impl RecallStore for SqliteStore {
     async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
@@ -323,7 +312,7 @@ impl RecallStore for SqliteStore {
                     sum.len()
                 )));
             }
-            add_into(&mut sum, &m.vector, 1.0);
+            crate::store::recall::add_into(&mut sum, &m.vector, 1.0);
             let seq: i64 = tx
                 .query_row(
                     "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = ?1",
@@ -427,7 +416,7 @@ impl RecallStore for SqliteStore {
             if left == 0 {
                 sum.iter_mut().for_each(|x| *x = 0.0);
             } else if cmodel == model {
-                add_into(&mut sum, &vector_from(&vector), -1.0);
+                crate::store::recall::add_into(&mut sum, &vector_from(&vector), -1.0);
             }
             tx.execute(
                 "UPDATE clusters SET sum = ?3, members = ?4 WHERE tenant = ?1 AND id = ?2",
@@ -461,7 +450,7 @@ impl RecallStore for SqliteStore {
                     )
                     .map_err(db_err)?;
                 if n == 1 {
-                    add_into(&mut sum, v, 1.0);
+                    crate::store::recall::add_into(&mut sum, v, 1.0);
                 }
             }
             tx.execute(

@@ -21,8 +21,8 @@ use tokio_postgres::{NoTls, Row};
 
 use super::Store;
 use crate::types::{
-    CachedAnswer, Calibration, Compaction, Episode, EpisodeRange, Error, FailureMarker, NewEpisode,
-    Role, SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, NewEpisode, Role,
+    SessionStats, SummaryRow, SummaryWrite,
 };
 
 mod recall;
@@ -314,19 +314,6 @@ impl PgStore {
 
 const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped";
 
-fn skipped_to_json(ranges: &[EpisodeRange]) -> String {
-    serde_json::to_string(&ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>())
-        .expect("ranges serialize")
-}
-
-fn skipped_from_json(text: &str) -> Vec<EpisodeRange> {
-    serde_json::from_str::<Vec<[u64; 2]>>(text)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|[first, last]| EpisodeRange { first, last })
-        .collect()
-}
-
 fn row_from(r: &Row) -> SummaryRow {
     SummaryRow {
         id: g64(r, 0),
@@ -339,7 +326,7 @@ fn row_from(r: &Row) -> SummaryRow {
         model: r.get(7),
         created_ms: g64(r, 8),
         updated_ms: g64(r, 9),
-        skipped: skipped_from_json(&r.get::<_, String>(10)),
+        skipped: super::skipped_from_json(&r.get::<_, String>(10)),
         level: g32(r, 11),
         compacted_into: gopt(r, 12),
         ledger: super::ledger_from_json(&r.get::<_, String>(13)),
@@ -567,7 +554,7 @@ impl Store for PgStore {
                         &i64::from(w.output_tokens),
                         &w.model,
                         &(w.now_ms as i64),
-                        &skipped_to_json(&w.skipped),
+                        &super::skipped_to_json(&w.skipped),
                         &super::ledger_to_json(&w.ledger),
                         &i64::from(w.ledger_dropped),
                     ],
@@ -587,7 +574,7 @@ impl Store for PgStore {
                         &i64::from(w.output_tokens),
                         &w.model,
                         &(w.now_ms as i64),
-                        &skipped_to_json(&w.skipped),
+                        &super::skipped_to_json(&w.skipped),
                         &super::ledger_to_json(&w.ledger),
                         &i64::from(w.ledger_dropped),
                     ],
@@ -622,7 +609,7 @@ impl Store for PgStore {
                     &i64::from(cp.output_tokens),
                     &cp.model,
                     &(cp.now_ms as i64),
-                    &skipped_to_json(&cp.skipped),
+                    &super::skipped_to_json(&cp.skipped),
                     &i64::from(level),
                     &super::ledger_to_json(&cp.ledger),
                     &i64::from(cp.ledger_dropped),

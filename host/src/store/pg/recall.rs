@@ -29,10 +29,6 @@ struct Stored {
     sealed: u32,
 }
 
-fn text_in(b: Vec<u8>) -> String {
-    String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
 impl PgStore {
     async fn data_key<C: GenericClient + Sync>(
         &self,
@@ -102,7 +98,7 @@ impl PgStore {
         s: Stored,
     ) -> Result<String, Error> {
         if s.sealed == 0 {
-            return Ok(text_in(s.bytes));
+            return Ok(crate::store::recall::text_in(s.bytes));
         }
         if self.keys.is_none() {
             return Err(Error::Storage(format!(
@@ -267,12 +263,6 @@ fn summary_from(r: &Row) -> (ClusterSummary, Stored) {
             sealed: g32(r, 13),
         },
     )
-}
-
-fn add_into(sum: &mut [f32], v: &[f32], sign: f32) {
-    for (s, x) in sum.iter_mut().zip(v) {
-        *s += sign * x;
-    }
 }
 
 impl PgStore {
@@ -465,7 +455,7 @@ impl RecallStore for PgStore {
                 sum.len()
             )));
         }
-        add_into(&mut sum, &m.vector, 1.0);
+        crate::store::recall::add_into(&mut sum, &m.vector, 1.0);
         let seq: i64 = tx
             .query_one(
                 "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = $1",
@@ -567,7 +557,7 @@ impl RecallStore for PgStore {
         if left == 0 {
             sum.iter_mut().for_each(|x| *x = 0.0);
         } else if cmodel == model {
-            add_into(&mut sum, &vector_from(&vector), -1.0);
+            crate::store::recall::add_into(&mut sum, &vector_from(&vector), -1.0);
         }
         tx.execute(
             "UPDATE clusters SET sum = $3, members = $4 WHERE tenant = $1 AND id = $2",
@@ -606,7 +596,7 @@ impl RecallStore for PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
             if n == 1 {
-                add_into(&mut sum, v, 1.0);
+                crate::store::recall::add_into(&mut sum, v, 1.0);
             }
         }
         tx.execute(
