@@ -173,6 +173,20 @@ fn owner_is_dead(owner: &str) -> bool {
         })
 }
 
+/// The session keys of a tenant's jobs: `[T\x1f, T\x20)` for tenant T, `None` for the local
+/// tenant (whose keys hold no U+001F).
+fn key_bounds(tenant: &Tenant) -> Option<(String, String)> {
+    (!tenant.is_local()).then(|| (tenant.key(""), format!("{}\u{20}", tenant.name())))
+}
+
+/// The job scope of [`key_bounds`].
+fn scope_of(bounds: &Option<(String, String)>) -> JobScope<'_> {
+    match bounds {
+        Some((lo, hi)) => JobScope::Keys(lo, hi),
+        None => JobScope::Local,
+    }
+}
+
 /// The durable jobs of a store, worked by this process.
 #[derive(Clone)]
 pub struct Jobs {
@@ -221,16 +235,9 @@ impl Jobs {
         before: Option<u64>,
         limit: u32,
     ) -> Result<Vec<Job>, Error> {
-        // Keys of tenant T sort from "T\x1f" up to "T\x20"; local keys hold no U+001F.
-        if tenant.is_local() {
-            return self
-                .db
-                .jobs_list(Some(JobScope::Local), before, limit)
-                .await;
-        }
-        let (lo, hi) = (tenant.key(""), format!("{}\u{20}", tenant.name()));
+        let bounds = key_bounds(tenant);
         self.db
-            .jobs_list(Some(JobScope::Keys(&lo, &hi)), before, limit)
+            .jobs_list(Some(scope_of(&bounds)), before, limit)
             .await
     }
 
@@ -287,12 +294,9 @@ impl Jobs {
         cap: Option<(&Tenant, usize)>,
     ) -> Result<Claim, Error> {
         let now = self.now_ms();
-        let keys = cap.map(|(t, _)| (t.key(""), format!("{}\u{20}", t.name())));
-        let cap = cap.map(|(t, max)| TenantCap {
-            scope: match &keys {
-                Some((lo, hi)) if !t.is_local() => JobScope::Keys(lo, hi),
-                _ => JobScope::Local,
-            },
+        let bounds = cap.map(|(t, _)| key_bounds(t));
+        let cap = cap.zip(bounds.as_ref()).map(|((_, max), b)| TenantCap {
+            scope: scope_of(b),
             max,
         });
         let owner = self.owner.clone();

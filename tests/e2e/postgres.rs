@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use abridge::jobs::{Claim, JobState, Jobs};
 use abridge::sources::{SessionMode, Source, WatchedFile};
-use abridge::store::{AppStore, EventRow, JobScope, PgStore, RecallStore, Store, TenantCap};
+use abridge::store::{AppStore, EventRow, JobScope, PgStore, RecallStore, Store};
 use abridge::tenant::Tenant;
 use abridge::types::{
     CachedAnswer, ClusterSummaryWrite, Compaction, Error, FailureMarker, MemoryFilter, Mode,
@@ -333,10 +333,6 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
             .len(),
         1
     );
-    let _ = TenantCap {
-        scope: JobScope::Local,
-        max: 1,
-    };
     w1.finish(j1.id, JobState::Succeeded, None).await.unwrap();
     assert!(matches!(
         w2.claim_capped(j2.id, Some((&acme, 1))).await.unwrap(),

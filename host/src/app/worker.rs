@@ -96,6 +96,8 @@ async fn schedule(
         };
         for job in runnable {
             let tenant = Tenant::of_key(&job.session);
+            // This process's own count first (no store call when it alone is at the cap);
+            // the claim then counts every process's.
             {
                 let r = running.lock().expect("running lock");
                 if r.contains_key(&job.id)

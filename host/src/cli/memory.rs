@@ -698,19 +698,7 @@ pub async fn keys_cmd(s: &Settings, a: KeysArgs) -> Result<(), Failure> {
             let new = abridge::crypto::Secret::from_hex(&text).map_err(|e| {
                 Failure::new(Exit::Input, anyhow!("{}: {e}", new_key_file.display()))
             })?;
-            let rotated = if abridge::store::pg::is_url(&s.db.to_string_lossy()) {
-                abridge::PgStore::connect(&s.db.to_string_lossy())
-                    .await
-                    .map_err(super::jobs::storage)?
-                    .with_master_key(current)
-                    .rotate_master_key(&new)
-                    .await
-            } else {
-                abridge::SqliteStore::open(&s.db)
-                    .map_err(super::jobs::storage)?
-                    .with_master_key(current)
-                    .rotate_master_key(&new)
-            };
+            let rotated = abridge::store::rotate_master_key(&s.db, current, &new).await;
             let n = rotated.map_err(|e| {
                 Failure::new(Exit::Storage, anyhow!("{}", abridge::types::describe(&e)))
             })?;

@@ -16,7 +16,7 @@ pub struct Keyring {
 }
 
 /// When a key was made (bookkeeping only).
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     use crate::clock::Clock;
     crate::clock::SystemClock.now_ms()
 }

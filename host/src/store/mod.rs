@@ -1,5 +1,7 @@
 //! Storage of sessions, episodes and summary chains behind one trait.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use crate::types::{
@@ -18,7 +20,7 @@ mod sqlite_tables;
 pub mod tables;
 
 pub use memory::MemoryStore;
-pub use pg::{PgStore, open_store};
+pub use pg::PgStore;
 pub use recall::{ClusterRow, RecallStore, Unsettled};
 pub use sqlite::SqliteStore;
 pub use tables::{
@@ -181,6 +183,60 @@ pub fn ledger_from_json(text: &str) -> Vec<LedgerEntry> {
             })
         })
         .collect()
+}
+
+/// Open `db`: a PostgreSQL URL connects (from inside a multi-threaded tokio runtime, as the
+/// binary runs), anything else is a SQLite file.
+pub fn open_store(
+    db: &std::path::Path,
+    master: Option<&crate::crypto::Secret>,
+) -> Result<Arc<dyn AppStore>, Error> {
+    let text = db.to_string_lossy();
+    if pg::is_url(&text) {
+        let handle = tokio::runtime::Handle::try_current()
+            .ok()
+            .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+            .ok_or_else(|| {
+                Error::Storage(
+                    "a PostgreSQL store is opened from inside a multi-threaded tokio runtime"
+                        .into(),
+                )
+            })?;
+        let url = text.to_string();
+        let store =
+            tokio::task::block_in_place(move || handle.block_on(pg::PgStore::connect(&url)))?;
+        let store = match master {
+            Some(k) => store.with_master_key(k.clone()),
+            None => store,
+        };
+        return Ok(Arc::new(store));
+    }
+    let mut s = SqliteStore::open(db)?;
+    if let Some(k) = master {
+        s = s.with_master_key(k.clone());
+    }
+    Ok(Arc::new(s))
+}
+
+/// Rotate the master key of the database `db` (a SQLite file or a PostgreSQL URL) from
+/// `current` to `new`: see [`SqliteStore::rotate_master_key`]. Returns the tenants rotated.
+pub async fn rotate_master_key(
+    db: &std::path::Path,
+    current: crate::crypto::Secret,
+    new: &crate::crypto::Secret,
+) -> Result<usize, Error> {
+    let text = db.to_string_lossy();
+    if pg::is_url(&text) {
+        pg::PgStore::connect(&text)
+            .await?
+            .with_master_key(current)
+            .rotate_master_key(new)
+            .await
+    } else {
+        SqliteStore::open(db)?
+            .with_master_key(current)
+            .rotate_master_key(new)
+    }
 }
 
 /// What the engine stores. Implementations must write each call atomically and enforce the

@@ -55,6 +55,34 @@ pub struct Unsettled {
     pub project: String,
 }
 
+/// A SQL `WHERE` fragment (after the tenant's own condition, parameter 1) for a filter over
+/// columns with the given prefix, and the values of every parameter: the tenant first, then
+/// the filter's fields. `user` is the user column as the dialect writes it, and `param(n)` the
+/// n-th placeholder (`?n` in SQLite, `$n` in PostgreSQL).
+pub(crate) fn filter_sql(
+    tenant: &str,
+    f: &MemoryFilter,
+    prefix: &str,
+    user: &str,
+    param: fn(usize) -> String,
+) -> (String, Vec<String>) {
+    let mut sql = String::new();
+    let mut args = vec![tenant.to_string()];
+    for (col, v) in [
+        (user, &f.user),
+        ("project", &f.project),
+        ("environment", &f.environment),
+        ("kind", &f.kind),
+        ("key", &f.key),
+    ] {
+        if let Some(v) = v {
+            args.push(v.clone());
+            sql.push_str(&format!(" AND {prefix}{col} = {}", param(args.len())));
+        }
+    }
+    (sql, args)
+}
+
 /// Text as stored when not sealed (invalid UTF-8 is replaced, never refused).
 pub(crate) fn text_in(b: Vec<u8>) -> String {
     String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())

@@ -85,24 +85,9 @@ impl SqliteStore {
     }
 }
 
-/// A `WHERE` fragment (after `tenant = ?1`) for a filter over columns with the given prefix,
-/// and the values of every parameter: the tenant first (`?1`), then the filter's fields.
+/// The filter's `WHERE` fragment in SQLite's dialect (see [`super::recall::filter_sql`]).
 fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
-    let mut sql = String::new();
-    let mut args = vec![tenant.to_string()];
-    for (col, v) in [
-        ("user", &f.user),
-        ("project", &f.project),
-        ("environment", &f.environment),
-        ("kind", &f.kind),
-        ("key", &f.key),
-    ] {
-        if let Some(v) = v {
-            args.push(v.clone());
-            sql.push_str(&format!(" AND {prefix}{col} = ?{}", args.len()));
-        }
-    }
-    (sql, args)
+    super::recall::filter_sql(tenant, f, prefix, "user", |n| format!("?{n}"))
 }
 
 const MEM_COLS: &str = "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed";

@@ -12,8 +12,6 @@
 //!   advisory locks, so one session never runs twice and a tenant's cap holds across
 //!   instances; one active job per idempotency key is a partial unique index.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::types::ToSql;
@@ -539,51 +537,39 @@ impl Store for PgStore {
             .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))?;
         let prev = self.latest_in(&tx, session).await?;
         super::check_chain(session, episodes, prev.as_ref(), &w)?;
-        let id: i64 = match w.replaces {
-            None => tx
-                .query_one(
-                    "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12) RETURNING id",
-                    &[
-                        &session,
-                        &(w.first_episode as i64),
-                        &(w.last_episode as i64),
-                        &w.content,
-                        &i64::from(w.tokens),
-                        &i64::from(w.prompt_tokens),
-                        &i64::from(w.output_tokens),
-                        &w.model,
-                        &(w.now_ms as i64),
-                        &super::skipped_to_json(&w.skipped),
-                        &super::ledger_to_json(&w.ledger),
-                        &i64::from(w.ledger_dropped),
-                    ],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-                .get(0),
-            Some(id) => {
-                tx.execute(
-                    "UPDATE summaries SET last_episode = $2, content = $3, tokens = $4, prompt_tokens = $5, output_tokens = $6, model = $7, updated_ms = $8, skipped = $9, ledger = $10, ledger_dropped = $11 WHERE id = $1",
-                    &[
-                        &(id as i64),
-                        &(w.last_episode as i64),
-                        &w.content,
-                        &i64::from(w.tokens),
-                        &i64::from(w.prompt_tokens),
-                        &i64::from(w.output_tokens),
-                        &w.model,
-                        &(w.now_ms as i64),
-                        &super::skipped_to_json(&w.skipped),
-                        &super::ledger_to_json(&w.ledger),
-                        &i64::from(w.ledger_dropped),
-                    ],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-                id as i64
-            }
+        // A new row is keyed by its session, an update by the row it replaces; the values
+        // are the same (an update keeps its first episode: the chain check said so).
+        let replaces = w.replaces.map(|id| id as i64);
+        let (first, last, now) = (
+            w.first_episode as i64,
+            w.last_episode as i64,
+            w.now_ms as i64,
+        );
+        let (skipped, ledger) = (
+            super::skipped_to_json(&w.skipped),
+            super::ledger_to_json(&w.ledger),
+        );
+        let counts = [w.tokens, w.prompt_tokens, w.output_tokens, w.ledger_dropped].map(i64::from);
+        let key: P<'_> = match &replaces {
+            None => &session,
+            Some(id) => id,
         };
+        let sql = match replaces {
+            None => "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12) RETURNING id",
+            Some(_) => "UPDATE summaries SET first_episode = $2, last_episode = $3, content = $4, tokens = $5, prompt_tokens = $6, output_tokens = $7, model = $8, updated_ms = $9, skipped = $10, ledger = $11, ledger_dropped = $12 WHERE id = $1 RETURNING id",
+        };
+        let id: i64 = tx
+            .query_one(
+                sql,
+                &[
+                    key, &first, &last, &w.content, &counts[0], &counts[1], &counts[2], &w.model,
+                    &now, &skipped, &ledger, &counts[3],
+                ],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
         let row = self.summary_by(&tx, id).await?;
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(row)
@@ -765,36 +751,4 @@ impl Store for PgStore {
         .await
         .map(drop)
     }
-}
-
-/// Open `db`: a PostgreSQL URL connects (from inside a multi-threaded tokio runtime, as the
-/// binary runs), anything else is a SQLite file.
-pub fn open_store(
-    db: &std::path::Path,
-    master: Option<&crate::crypto::Secret>,
-) -> Result<Arc<dyn super::AppStore>, Error> {
-    let text = db.to_string_lossy();
-    if is_url(&text) {
-        let handle = tokio::runtime::Handle::try_current()
-            .ok()
-            .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-            .ok_or_else(|| {
-                Error::Storage(
-                    "a PostgreSQL store is opened from inside a multi-threaded tokio runtime"
-                        .into(),
-                )
-            })?;
-        let url = text.to_string();
-        let store = tokio::task::block_in_place(move || handle.block_on(PgStore::connect(&url)))?;
-        let store = match master {
-            Some(k) => store.with_master_key(k.clone()),
-            None => store,
-        };
-        return Ok(Arc::new(store));
-    }
-    let mut s = super::SqliteStore::open(db)?;
-    if let Some(k) = master {
-        s = s.with_master_key(k.clone());
-    }
-    Ok(Arc::new(s))
 }

@@ -14,7 +14,7 @@ use tokio_postgres::Row;
 
 use super::{LOCK, P, PgStore, g32, g64};
 use crate::crypto::Secret;
-use crate::store::keyring::{open_under, seal_under};
+use crate::store::keyring::{now_ms, open_under, seal_under};
 use crate::store::recall::{
     ClusterRow, RecallStore, TopK, Unsettled, covers_exactly, vector_bytes, vector_from,
 };
@@ -180,29 +180,10 @@ impl PgStore {
     }
 }
 
-/// When a key was made (bookkeeping only).
-fn now_ms() -> u64 {
-    use crate::clock::Clock;
-    crate::clock::SystemClock.now_ms()
-}
-
-/// A `WHERE` fragment (after `tenant = $1`) for a filter, and its values: the tenant first.
+/// The filter's `WHERE` fragment in PostgreSQL's dialect (see
+/// [`crate::store::recall::filter_sql`]).
 fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
-    let mut sql = String::new();
-    let mut args = vec![tenant.to_string()];
-    for (col, v) in [
-        ("\"user\"", &f.user),
-        ("project", &f.project),
-        ("environment", &f.environment),
-        ("kind", &f.kind),
-        ("key", &f.key),
-    ] {
-        if let Some(v) = v {
-            args.push(v.clone());
-            sql.push_str(&format!(" AND {prefix}{col} = ${}", args.len()));
-        }
-    }
-    (sql, args)
+    crate::store::recall::filter_sql(tenant, f, prefix, "\"user\"", |n| format!("${n}"))
 }
 
 fn params(args: &[String]) -> Vec<P<'_>> {
