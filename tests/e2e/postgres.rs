@@ -1105,3 +1105,81 @@ mod model_slots {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgvector_recall_agrees_with_the_exact_scan() {
+    let Some(srv) = server() else {
+        return;
+    };
+    let has = srv
+        .psql(
+            "postgres",
+            "SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'",
+        )
+        .unwrap();
+    if has != "1" {
+        eprintln!(
+            "SKIPPED: pgvector is not installed on this PostgreSQL (Debian 12 does not package it; postgresql-15-pgvector from apt.postgresql.org); recall uses the exact scan, which the conformance suite proves"
+        );
+        return;
+    }
+    let (pg, url) = pg_store("ann").await.unwrap();
+    let exact = MemoryStore::new();
+    // Deterministic vectors in 16 dimensions, two tenants.
+    let mut seed = 7u64;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+    };
+    for i in 0..400 {
+        let tenant = if i % 4 == 3 { "globex" } else { "acme" };
+        let v: Vec<f32> = (0..16).map(|_| next()).collect();
+        let m = NewMemory {
+            id: format!("m{i}"),
+            scope: scope("k"),
+            text: format!("fact {i}"),
+            importance: 0.5,
+            tokens: 2,
+            created_ms: i,
+            model: "emb".into(),
+            vector: v,
+            cluster: None,
+        };
+        pg.put_memory(tenant, m.clone()).await.unwrap();
+        exact.put_memory(tenant, m).await.unwrap();
+    }
+    let (mut agree, mut total) = (0, 0);
+    for _ in 0..20 {
+        let q: Vec<f32> = (0..16).map(|_| next()).collect();
+        let ids = |hits: Vec<abridge::types::Hit>| -> Vec<String> {
+            hits.into_iter()
+                .filter(|h| h.kind == abridge::types::HitKind::Memory)
+                .map(|h| h.id)
+                .collect()
+        };
+        let a = ids(pg
+            .search("acme", &q, "emb", &MemoryFilter::default(), 5)
+            .await
+            .unwrap());
+        let b = ids(exact
+            .search("acme", &q, "emb", &MemoryFilter::default(), 5)
+            .await
+            .unwrap());
+        assert_eq!(a.len(), 5);
+        total += b.len();
+        agree += b.iter().filter(|id| a.contains(id)).count();
+    }
+    assert!(agree * 10 >= total * 9, "recall@5 {agree}/{total}");
+    let db = url.rsplit('/').next().unwrap();
+    assert_eq!(
+        srv.psql(
+            db,
+            "SELECT count(*) FROM pg_indexes WHERE indexname LIKE 'memories_ann_%'"
+        )
+        .unwrap(),
+        "1",
+        "the model's vector index was made"
+    );
+}

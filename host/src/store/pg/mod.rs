@@ -23,6 +23,7 @@ use crate::types::{
     SessionStats, SummaryRow, SummaryWrite,
 };
 
+mod ann;
 mod recall;
 mod tables;
 
@@ -87,6 +88,10 @@ pub struct PgStore {
     config: tokio_postgres::Config,
     /// The master key, when memory and summary text is sealed at rest.
     pub(super) keys: Option<super::keyring::Keyring>,
+    /// Whether recall asks pgvector's index (the server has the extension).
+    ann: bool,
+    /// The vector indexes made so far.
+    ann_indexes: ann::Indexes,
 }
 
 /// A PostgreSQL error as a storage error naming the database (and the fix, where known).
@@ -174,8 +179,11 @@ impl PgStore {
             name,
             config,
             keys: None,
+            ann: false,
+            ann_indexes: Default::default(),
         };
-        store.migrate().await?;
+        let mut store = store;
+        store.ann = store.migrate().await?;
         Ok(store)
     }
 
@@ -205,14 +213,19 @@ impl PgStore {
         })
     }
 
-    async fn migrate(&self) -> Result<(), Error> {
+    /// Bring the schema up to date, and turn pgvector on when the server has it; whether it
+    /// is on.
+    async fn migrate(&self) -> Result<bool, Error> {
         let mut c = self.client().await?;
         // Several instances may start at once: one migrates, the others wait and find the
         // work done.
         c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
             .await
             .map_err(|e| self.err(e))?;
-        let r = self.migrate_locked(&mut c).await;
+        let r = match self.migrate_locked(&mut c).await {
+            Ok(()) => self.enable_ann().await,
+            Err(e) => Err(e),
+        };
         let _ = c
             .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
             .await;

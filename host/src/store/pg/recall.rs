@@ -3,7 +3,9 @@
 //! advisory lock first, so the cluster rules (incremental sums, one summary covering exactly
 //! its members, dense ids) hold with writers on several instances.
 //!
-//! Recall is an exact scan of the tenant's vectors (the same ranking as SQLite's).
+//! Recall asks pgvector's index when the server has the extension (`ann.rs`), else (and
+//! whenever the index cannot answer fully) scans the tenant's vectors exactly, the same
+//! ranking as SQLite's.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -456,6 +458,7 @@ impl RecallStore for PgStore {
         )
         .await
         .map_err(|e| self.err(e))?;
+        self.set_embedding(&tx, tenant, &m.id, &m.vector).await?;
         tx.execute(
             "UPDATE clusters SET sum = $3, members = members + 1 WHERE tenant = $1 AND id = $2",
             &[&tenant, &(cluster as i64), &vector_bytes(&sum)],
@@ -577,6 +580,7 @@ impl RecallStore for PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
             if n == 1 {
+                self.set_embedding(&tx, tenant, id, v).await?;
                 crate::store::recall::add_into(&mut sum, v, 1.0);
             }
         }
@@ -732,30 +736,47 @@ impl RecallStore for PgStore {
         let (fsql, mut args) = filter_sql(tenant, filter, "");
         args.push(model.to_string());
         let mut mems = TopK::new(limit as usize);
-        let rows = c
-            .query(
-                &format!(
-                    "SELECT id, vector, importance, cluster FROM memories WHERE tenant = $1{fsql} AND model = ${}",
-                    args.len()
-                ),
-                &params(&args),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        for r in &rows {
-            let v = vector_from(r.get::<_, &[u8]>(1));
-            let id: String = r.get(0);
-            let importance = r.get::<_, f64>(2) as f32;
-            let cluster = g64(r, 3);
-            mems.offer(crate::store::recall::cosine(query, &v), |s| Hit {
-                kind: HitKind::Memory,
-                id,
-                text: String::new(),
-                similarity: s,
-                importance,
-                cluster,
-                sources: Vec::new(),
-            });
+        let found = self
+            .ann_search(&c, query, model, &fsql, &args[..args.len() - 1], limit)
+            .await;
+        if let Some(found) = found {
+            for (id, importance, cluster, sim) in found {
+                mems.offer(sim, |s| Hit {
+                    kind: HitKind::Memory,
+                    id,
+                    text: String::new(),
+                    similarity: s,
+                    importance,
+                    cluster,
+                    sources: Vec::new(),
+                });
+            }
+        } else {
+            let rows = c
+                .query(
+                    &format!(
+                        "SELECT id, vector, importance, cluster FROM memories WHERE tenant = $1{fsql} AND model = ${}",
+                        args.len()
+                    ),
+                    &params(&args),
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            for r in &rows {
+                let v = vector_from(r.get::<_, &[u8]>(1));
+                let id: String = r.get(0);
+                let importance = r.get::<_, f64>(2) as f32;
+                let cluster = g64(r, 3);
+                mems.offer(crate::store::recall::cosine(query, &v), |s| Hit {
+                    kind: HitKind::Memory,
+                    id,
+                    text: String::new(),
+                    similarity: s,
+                    importance,
+                    cluster,
+                    sources: Vec::new(),
+                });
+            }
         }
         let mut hits = mems.into_hits();
         for h in &mut hits {
