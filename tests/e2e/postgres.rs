@@ -987,6 +987,84 @@ mod instances {
     }
 
     #[test]
+    fn chain_and_cluster_rules_hold_with_writers_on_every_instance_at_once() {
+        let Some(pg) = super::server() else {
+            return;
+        };
+        let url = pg.database("stress3");
+        let db = url.rsplit('/').next().unwrap().to_string();
+        let env = crate::serve::extractive().with("ABRIDGE_DB", &url);
+        let acme = token(&env, "acme", &[]);
+        let servers: Vec<Server> = (0..3)
+            .map(|_| Server::start(&env, &[ARGS, &["--workers", "2"]].concat()))
+            .collect();
+        let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+        // Six clients, two per instance, write to the same three sessions and the same memory
+        // scope at once.
+        let clients: Vec<_> = (0..6)
+            .map(|c| {
+                let (addr, tok) = (addrs[c % 3].clone(), acme.clone());
+                std::thread::spawn(move || {
+                    for r in 0..15 {
+                        let session = format!("shared{}", r % 3);
+                        let ms: Vec<Value> = (0..2)
+                            .map(|k| json!({
+                                "id": format!("c{c}-r{r}-{k}"),
+                                "role": if k == 0 { "user" } else { "assistant" },
+                                "content": format!("client {c} round {r}: the deploy of service {k} moves to Friday."),
+                            }))
+                            .collect();
+                        post_messages(&addr, Some(&tok), &session, &json!({ "messages": ms }))
+                            .expect(202);
+                        let m = json!({"id": format!("m{c}-{r}"), "user": "alice", "project": "web",
+                            "environment": "prod", "type": "preference", "key": "editor",
+                            "text": format!("Alice wants the editor theme dark, note {c}-{r}"), "importance": 0.5});
+                        crate::serve::post(&addr, "/v1/memories", Some(&tok), &json!({ "memories": [m] }))
+                            .expect(202);
+                    }
+                })
+            })
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
+        wait_idle(pg, &db, 120);
+        // Every message once, ids dense, and each chain covers 1..n exactly once, in order.
+        for i in 0..3 {
+            let s = format!("acme\u{1f}shared{i}");
+            let ids = pg
+                .psql(&db, &format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM episodes WHERE session = '{s}'"))
+                .unwrap();
+            let expect: Vec<String> = (1..=60).map(|n| n.to_string()).collect();
+            assert_eq!(ids, expect.join(","), "{s}");
+            let chain = pg
+                .psql(&db, &format!("SELECT first_episode || '-' || last_episode FROM summaries WHERE session = '{s}' AND compacted_into IS NULL ORDER BY first_episode"))
+                .unwrap();
+            let mut next = 1;
+            for row in chain.lines() {
+                let (a, b) = row.split_once('-').unwrap();
+                assert_eq!(a.parse::<u64>().unwrap(), next, "{s}: {chain}");
+                next = b.parse::<u64>().unwrap() + 1;
+            }
+            assert!(next > 1, "{s} has a summary");
+        }
+        // Cluster member counts match their members; every memory is in one cluster.
+        assert_eq!(
+            scalar(
+                pg,
+                &db,
+                "SELECT count(*) FROM clusters c WHERE c.members != (SELECT count(*) FROM memories m WHERE m.tenant = c.tenant AND m.cluster = c.id)"
+            ),
+            0
+        );
+        assert_eq!(scalar(pg, &db, "SELECT count(*) FROM memories"), 90);
+        assert_eq!(
+            scalar(pg, &db, "SELECT coalesce(sum(members), 0) FROM clusters"),
+            90
+        );
+    }
+
+    #[test]
     fn a_tenants_job_cap_holds_across_instances() {
         let Some(pg) = super::server() else {
             return;
