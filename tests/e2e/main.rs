@@ -4,6 +4,7 @@
 mod app;
 mod backfill;
 mod bad_input;
+mod console;
 mod drift;
 mod embed;
 mod engine_api;

@@ -539,11 +539,29 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         s.centroids("acme", &scope("k")).await.unwrap()[0].vector,
         vec![1.0, 0.0, 0.0]
     );
-    s.add_usage("acme", "2026-11", 1, 10, 5).await.unwrap();
-    s.add_usage("acme", "2026-11", 1, 10, 5).await.unwrap();
+    s.add_usage("acme", "2026-11-03", 1, 10, 5).await.unwrap();
+    s.add_usage("acme", "2026-11-03", 1, 10, 5).await.unwrap();
+    s.add_usage("acme", "2026-11-21", 3, 7, 1).await.unwrap();
+    s.add_usage("acme", "2026-10-31", 9, 9, 9).await.unwrap();
+    s.add_usage("other", "2026-11-03", 4, 4, 4).await.unwrap();
     assert_eq!(
         s.usage("acme", "2026-11").await.unwrap(),
-        (2, 20, 10),
+        (5, 27, 11),
+        "{name}"
+    );
+    let days: Vec<(String, u64, u64, u64)> = s
+        .usage_days("acme", "2026-11")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.day, d.calls, d.prompt_tokens, d.output_tokens))
+        .collect();
+    assert_eq!(
+        days,
+        vec![
+            ("2026-11-03".to_string(), 2, 20, 10),
+            ("2026-11-21".to_string(), 3, 7, 1)
+        ],
         "{name}"
     );
     s.forget_tenant("acme").await.unwrap();
@@ -556,6 +574,11 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         (0, 0, 0),
         "{name}"
     );
+    assert!(
+        s.usage_days("acme", "2026-11").await.unwrap().is_empty(),
+        "{name}"
+    );
+    assert_eq!(s.usage("other", "2026-11").await.unwrap(), (4, 4, 4));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -220,6 +220,23 @@ pub struct UsageView {
     pub exhausted: bool,
     /// When the month's budget resets, ms since the epoch.
     pub resets_at_ms: u64,
+    /// The month's days with usage, oldest first (UTC days).
+    pub days: Vec<UsageDayView>,
+}
+
+/// A tenant's model usage on one day.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct UsageDayView {
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    /// Model calls for cluster summaries.
+    pub calls: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Their output tokens.
+    pub output_tokens: u64,
+    /// What they cost at the configured prices (0 without prices).
+    pub cost: f64,
 }
 
 /// The month (`YYYY-MM`, UTC) of a time, and when the next one starts (ms).
@@ -235,6 +252,14 @@ pub fn month_of(now_ms: u64) -> (String, u64) {
         .map(|t| t.as_millisecond() as u64)
         .unwrap_or(u64::MAX);
     (format!("{y:04}-{m:02}"), next)
+}
+
+/// The UTC day (`YYYY-MM-DD`) of a time.
+pub fn day_of(now_ms: u64) -> String {
+    let ts =
+        jiff::Timestamp::from_millisecond(now_ms as i64).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    let d = jiff::tz::TimeZone::UTC.to_datetime(ts).date();
+    format!("{:04}-{:02}-{:02}", d.year(), d.month(), d.day())
 }
 
 /// What one sweep did.
@@ -335,12 +360,27 @@ impl Scoped {
             .usage(self.tenant.name(), &month)
             .await?;
         let ceiling = self.app.inner.cfg.limits.ceiling;
+        let cost = |p: u64, o: u64| ceiling.map_or(0.0, |c| c.cost_of(p, o));
+        let days = self
+            .recall_store()
+            .usage_days(self.tenant.name(), &month)
+            .await?
+            .into_iter()
+            .map(|d| UsageDayView {
+                cost: cost(d.prompt_tokens, d.output_tokens),
+                day: d.day,
+                calls: d.calls,
+                prompt_tokens: d.prompt_tokens,
+                output_tokens: d.output_tokens,
+            })
+            .collect();
         Ok(UsageView {
             month,
+            days,
             calls,
             prompt_tokens: prompt,
             output_tokens: output,
-            cost: ceiling.map_or(0.0, |c| c.cost_of(prompt, output)),
+            cost: cost(prompt, output),
             limit_tokens: ceiling.and_then(|c| c.tokens),
             limit_cost: ceiling.and_then(|c| c.cost),
             exhausted: ceiling.is_some_and(|c| c.exhausted(prompt, output).is_some()),
@@ -418,11 +458,10 @@ impl Scoped {
         if let Ok(o) = &result
             && o.calls > 0
         {
-            let (month, _) = month_of(self.app.now_ms());
             store
                 .add_usage(
                     tenant,
-                    &month,
+                    &day_of(self.app.now_ms()),
                     u64::from(o.calls),
                     u64::from(o.prompt_tokens),
                     u64::from(o.output_tokens),

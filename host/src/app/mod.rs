@@ -30,8 +30,8 @@ pub use events::{Event, EventBus};
 pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
-    Appended, ContextView, EpisodeView, ExpansionView, Imported, JobView, LedgerView, MessageIn,
-    SessionView, SummaryView, state_name,
+    Appended, ContextView, CoverageView, EpisodeView, ExpansionView, Imported, JobView, LedgerView,
+    MessageIn, MessageView, MessagesView, SessionView, SummaryView, state_name,
 };
 pub use worker::Workers;
 
@@ -551,26 +551,125 @@ impl Scoped {
         let cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
         let f = self.engine().freshness(session, &cfg).await?;
         let active = self.app.inner.jobs.active_for(&key).await?;
+        let history = self.store().stats(session).await?.total_tokens;
+        let chain: u64 = self
+            .store()
+            .summaries(session)
+            .await?
+            .iter()
+            .map(|r| u64::from(r.tokens))
+            .sum();
         Ok(SessionView::new(
             session,
             &f,
             (cfg.mode, own.is_some()),
             active.map(|j| j.id),
+            (history, chain),
         ))
     }
 
-    /// Sessions, most recently changed first, `limit` from `offset`; and the total.
+    /// Sessions, most recently changed first, `limit` from `offset`; and the total. With
+    /// `search`, only sessions whose id contains it (ignoring case).
     pub async fn sessions(
         &self,
         offset: usize,
         limit: usize,
+        search: Option<&str>,
     ) -> AppResult<(Vec<SessionView>, usize)> {
-        let all = self.store().sessions().await?;
+        let mut all = self.store().sessions().await?;
+        if let Some(q) = search.map(str::trim).filter(|q| !q.is_empty()) {
+            let q = q.to_lowercase();
+            all.retain(|s| s.to_lowercase().contains(&q));
+        }
         let mut out = Vec::new();
         for s in all.iter().skip(offset).take(limit) {
             out.push(self.view(s).await?);
         }
         Ok((out, all.len()))
+    }
+
+    /// A page of the session's messages (`limit` after episode `after`), each with the active
+    /// summary row that covers it.
+    pub async fn messages(&self, session: &str, after: u64, limit: u32) -> AppResult<MessagesView> {
+        let stats = self.known(session).await?;
+        let rows = self.store().summaries(session).await?;
+        let page = self
+            .store()
+            .episodes_after(session, after, limit.clamp(1, 1000))
+            .await?;
+        let next_after = page
+            .last()
+            .map(|e| e.id)
+            .filter(|&last| last < stats.last_episode);
+        let messages = page
+            .into_iter()
+            .map(|e| MessageView {
+                covered_by: rows
+                    .iter()
+                    .find(|r| r.first_episode <= e.id && e.id <= r.last_episode)
+                    .map(|r| r.id),
+                id: e.id,
+                role: e.role.as_str().to_string(),
+                content: e.content,
+                timestamp_ms: e.timestamp_ms,
+                speaker: e.speaker,
+                tokens: e.tokens,
+            })
+            .collect();
+        Ok(MessagesView {
+            session: session.to_string(),
+            messages,
+            total: stats.episodes,
+            next_after,
+        })
+    }
+
+    /// What each row covers of the transcript: its last exchange's time, the bytes and the
+    /// number of its messages (one pass over the session's episodes).
+    pub async fn with_coverage(
+        &self,
+        session: &str,
+        mut rows: Vec<SummaryView>,
+    ) -> AppResult<Vec<SummaryView>> {
+        // Prefix sums of bytes by episode id, and each episode's time.
+        let mut bytes = vec![0u64];
+        let mut times: Vec<Option<i64>> = vec![None];
+        let mut after = 0;
+        loop {
+            let page = self.store().episodes_after(session, after, 1000).await?;
+            let Some(last) = page.last() else { break };
+            after = last.id;
+            for e in &page {
+                // Ids are dense from 1; a gap (never expected) still keeps the sums aligned.
+                while (bytes.len() as u64) < e.id {
+                    bytes.push(*bytes.last().expect("starts non-empty"));
+                    times.push(None);
+                }
+                bytes.push(bytes.last().expect("starts non-empty") + e.content.len() as u64);
+                times.push(e.timestamp_ms);
+            }
+        }
+        let top = bytes.len() as u64 - 1;
+        for r in &mut rows {
+            let (first, last) = (
+                r.first_episode.clamp(1, top.max(1)),
+                r.last_episode.min(top),
+            );
+            r.coverage = Some(if last >= first && top > 0 {
+                CoverageView {
+                    last_exchange_ms: times[last as usize],
+                    transcript_bytes: bytes[last as usize] - bytes[first as usize - 1],
+                    messages: last - first + 1,
+                }
+            } else {
+                CoverageView {
+                    last_exchange_ms: None,
+                    transcript_bytes: 0,
+                    messages: 0,
+                }
+            });
+        }
+        Ok(rows)
     }
 
     /// Every session id, most recently changed first.

@@ -176,6 +176,13 @@ pub struct SessionView {
     pub last_error: Option<String>,
     /// The queued or running job, if any.
     pub active_job: Option<u64>,
+    /// Estimated tokens of the whole history.
+    pub history_tokens: u64,
+    /// Estimated tokens of the active summary chain.
+    pub summary_tokens: u64,
+    /// Tokens a context saves against the whole history: what the chain covers, less the
+    /// chain itself.
+    pub tokens_saved: u64,
 }
 
 impl SessionView {
@@ -185,7 +192,9 @@ impl SessionView {
         f: &FreshnessReport,
         (mode, own_mode): (Mode, bool),
         active_job: Option<u64>,
+        (history_tokens, summary_tokens): (u64, u64),
     ) -> Self {
+        let covered_tokens = history_tokens.saturating_sub(f.backlog_tokens);
         SessionView {
             id: id.to_string(),
             state: state_name(f.state).into(),
@@ -201,6 +210,9 @@ impl SessionView {
             failures: f.failures,
             last_error: f.last_error.clone(),
             active_job,
+            history_tokens,
+            summary_tokens,
+            tokens_saved: covered_tokens.saturating_sub(summary_tokens),
         }
     }
 }
@@ -234,6 +246,52 @@ pub struct SummaryView {
     pub ledger: Vec<LedgerView>,
     /// Ledger entries the budget dropped so far.
     pub ledger_dropped: u32,
+    /// What the row covers of the transcript (asked for with `?coverage=true`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<CoverageView>,
+}
+
+/// What a summary row covers of the transcript.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct CoverageView {
+    /// The time of its last exchange (its last episode's own time), ms since the epoch.
+    pub last_exchange_ms: Option<i64>,
+    /// UTF-8 bytes of the covered messages' text.
+    pub transcript_bytes: u64,
+    /// Messages covered.
+    pub messages: u64,
+}
+
+/// A page of a session's messages.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct MessagesView {
+    /// Session id.
+    pub session: String,
+    /// Oldest first.
+    pub messages: Vec<MessageView>,
+    /// Messages stored in all.
+    pub total: u64,
+    /// Pass as `after` for the next page, when there is one.
+    pub next_after: Option<u64>,
+}
+
+/// One stored message and the summary row that covers it.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct MessageView {
+    /// Per-session id (episode id), from 1.
+    pub id: u64,
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+    /// When it was said, ms since the epoch, if known.
+    pub timestamp_ms: Option<i64>,
+    /// The speaker's name, if the transcript gave one.
+    pub speaker: Option<String>,
+    /// Estimated tokens.
+    pub tokens: u32,
+    /// The active summary row that covers it; none while it lies beyond the summary.
+    pub covered_by: Option<u64>,
 }
 
 /// One identifier of a summary row's facts ledger.
@@ -321,6 +379,7 @@ impl From<&SummaryRow> for SummaryView {
                 })
                 .collect(),
             ledger_dropped: r.ledger_dropped,
+            coverage: None,
         }
     }
 }

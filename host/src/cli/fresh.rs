@@ -123,7 +123,7 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
     let rows = match &a.session {
         Some(x) => vec![local.session(x).await.map_err(|e| fail(s, e))?],
-        None => local.sessions(0, usize::MAX).await?.0,
+        None => local.sessions(0, usize::MAX, None).await?.0,
     };
     if a.json {
         let v: Vec<_> = rows

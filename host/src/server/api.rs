@@ -22,7 +22,7 @@ use super::memories as mem;
 use super::{ServeOptions, Srv, auth, metrics};
 use crate::app::{
     AppError, Appended, ContextView, ErrorKind, Event, ExpansionView, Imported, JobView, MessageIn,
-    Scoped, SessionView, SummaryView,
+    MessagesView, Scoped, SessionView, SummaryView,
 };
 use crate::sources::SessionMode;
 use crate::tenant::Tenant;
@@ -299,6 +299,8 @@ struct Page {
     offset: usize,
     /// At most this many (default 50, at most 500).
     limit: Option<usize>,
+    /// Only sessions whose id contains this text (ignoring case).
+    q: Option<String>,
 }
 
 /// A page of sessions.
@@ -311,7 +313,8 @@ pub struct SessionsBody {
     limit: usize,
 }
 
-/// The tenant's sessions, most recently changed first, with their freshness.
+/// The tenant's sessions, most recently changed first, with their freshness (`?q=`: those
+/// whose id contains the text).
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(Page),
     responses((status = 200, body = SessionsBody)))]
 async fn list_sessions(
@@ -319,7 +322,7 @@ async fn list_sessions(
     Query(p): Query<Page>,
 ) -> ApiResult<Json<SessionsBody>> {
     let limit = p.limit.unwrap_or(50).clamp(1, 500);
-    let (sessions, total) = t.sessions(p.offset, limit).await?;
+    let (sessions, total) = t.sessions(p.offset, limit, p.q.as_deref()).await?;
     Ok(Json(SessionsBody {
         sessions,
         total,
@@ -363,6 +366,9 @@ pub struct SummariesBody {
 struct SummariesQuery {
     /// Every row ever written, rows compacted into "earlier" rows included (default false).
     all: Option<bool>,
+    /// Add each row's `coverage`: its last exchange's time, transcript bytes and messages
+    /// (default false; reads every message of the session).
+    coverage: Option<bool>,
 }
 
 /// The session's summary chain, oldest first (`?all=true`: compacted rows too).
@@ -374,15 +380,42 @@ async fn get_summaries(
     Path(id): Path<String>,
     Query(q): Query<SummariesQuery>,
 ) -> ApiResult<Json<SummariesBody>> {
-    let summaries = if q.all.unwrap_or(false) {
+    let mut summaries = if q.all.unwrap_or(false) {
         t.summary_history(&id).await?
     } else {
         t.summaries(&id).await?
     };
+    if q.coverage.unwrap_or(false) {
+        summaries = t.with_coverage(&id, summaries).await?;
+    }
     Ok(Json(SummariesBody {
         session: id,
         summaries,
     }))
+}
+
+#[derive(Deserialize, IntoParams)]
+struct MessagesQuery {
+    /// Messages after this episode id (paging; default 0: from the first).
+    #[serde(default)]
+    after: u64,
+    /// At most this many (default 200, at most 1000).
+    limit: Option<u32>,
+}
+
+/// A page of the session's stored messages, oldest first, each with the active summary row
+/// that covers it (`covered_by`).
+#[utoipa::path(get, path = "/v1/sessions/{id}/messages", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"), MessagesQuery),
+    responses((status = 200, body = MessagesView), (status = 404, body = ErrorBody)))]
+async fn get_messages(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+    Query(q): Query<MessagesQuery>,
+) -> ApiResult<Json<MessagesView>> {
+    Ok(Json(
+        t.messages(&id, q.after, q.limit.unwrap_or(200)).await?,
+    ))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -848,9 +881,13 @@ async fn json_413(r: Response) -> Response {
     r
 }
 
-/// Every route that is not one of these.
-async fn no_route() -> ApiError {
+/// Every route that is not one of these: a page for a browser, the JSON error otherwise.
+async fn no_route(headers: HeaderMap) -> Response {
+    if super::console::wants_html(&headers) {
+        return super::console::not_found_page();
+    }
     ApiError(AppError::not_found("no such route").hint("the routes are listed at /openapi.json"))
+        .into_response()
 }
 
 struct BearerAuth;
@@ -870,7 +907,7 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "abridge", description = "Summaries of conversation memory, per tenant."),
-    paths(post_messages, post_transcript, list_sessions, get_session, delete_session,
+    paths(post_messages, get_messages, post_transcript, list_sessions, get_session, delete_session,
         get_summaries, get_expand, put_focus, get_pins, put_pin, delete_pin,
         get_context, post_refresh, put_mode, list_jobs, get_job, cancel_job,
         job_events, all_events, healthz, readyz, metrics_text, openapi,
@@ -879,7 +916,8 @@ impl utoipa::Modify for BearerAuth {
         mem::get_usage),
     components(schemas(ErrorBody, ErrorDetail, MessagesBody, MessageIn, AppendedBody, Appended,
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
-        ExpansionView, crate::app::EpisodeView, crate::app::LedgerView, FocusBody, PinsBody,
+        ExpansionView, crate::app::EpisodeView, MessagesView, crate::app::MessageView,
+        crate::app::CoverageView, crate::app::memories::UsageDayView, crate::app::LedgerView, FocusBody, PinsBody,
         ContextView, ModeBody, JobsBody, JobView, Event, mem::MemoryBody, mem::MemoriesBody,
         mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
         mem::RecallResults, crate::app::memories::RecallView, mem::ClustersBody,
@@ -893,7 +931,11 @@ pub struct ApiDoc;
 /// The routes registered, as (method, path): the OpenAPI test compares them to the document.
 pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv>)> {
     vec![
-        ("post", "/v1/sessions/{id}/messages", post(post_messages)),
+        (
+            "post",
+            "/v1/sessions/{id}/messages",
+            post(post_messages).get(get_messages),
+        ),
         ("post", "/v1/transcripts", post(post_transcript)),
         ("get", "/v1/sessions", get(list_sessions)),
         ("get", "/v1/sessions/{id}", get(get_session)),
@@ -946,10 +988,10 @@ pub(crate) fn service_table() -> Vec<(&'static str, &'static str, MethodRouter<S
     ]
 }
 
-pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {
-    use tower_http::limit::RequestBodyLimitLayer;
+/// The `/v1` and service routes with authentication: what clients call over HTTP, and what
+/// the web console calls in-process.
+fn api_routes(srv: &Srv, opts: &ServeOptions) -> Router<Srv> {
     use tower_http::timeout::TimeoutLayer;
-    use tower_http::trace::TraceLayer;
 
     let mut api: Router<Srv> = Router::new();
     let mut streams: Router<Srv> = Router::new();
@@ -975,8 +1017,22 @@ pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {
     for (_, path, r) in service_table() {
         service = service.route(path, r);
     }
-    service
-        .merge(authed)
+    service.merge(authed)
+}
+
+pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {
+    use tower_http::limit::RequestBodyLimitLayer;
+    use tower_http::trace::TraceLayer;
+
+    let api = api_routes(&srv, opts);
+    // The console reaches the data only through these same routes, with the visitor's token.
+    let app = srv.app.clone();
+    let console = super::console::routes(
+        api.clone().with_state(srv.clone()),
+        srv.open_local,
+        std::sync::Arc::new(move || app.now_ms()),
+    );
+    api.merge(console)
         .fallback(no_route)
         .layer(axum::middleware::from_fn_with_state(
             srv.clone(),

@@ -8,6 +8,7 @@
 
 mod api;
 mod auth;
+mod console;
 mod memories;
 mod metrics;
 

@@ -55,6 +55,24 @@ pub struct Unsettled {
     pub project: String,
 }
 
+/// A tenant's model usage on one day.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsageDay {
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    /// Model calls.
+    pub calls: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Their output tokens.
+    pub output_tokens: u64,
+}
+
+/// The month (`YYYY-MM`) of a day (`YYYY-MM-DD`).
+pub fn month_of_day(day: &str) -> &str {
+    day.get(..7).unwrap_or(day)
+}
+
 /// A SQL `WHERE` fragment (after the tenant's own condition, parameter 1) for a filter over
 /// columns with the given prefix, and the values of every parameter: the tenant first, then
 /// the filter's fields. `user` is the user column as the dialect writes it, and `param(n)` the
@@ -177,17 +195,19 @@ pub trait RecallStore: Send + Sync {
     ) -> Result<bool, Error>;
     /// Give a claim back.
     async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error>;
-    /// Add model usage to a tenant's month (`YYYY-MM`).
+    /// Add model usage to a tenant's day (`YYYY-MM-DD`, UTC) and so to its month.
     async fn add_usage(
         &self,
         tenant: &str,
-        month: &str,
+        day: &str,
         calls: u64,
         prompt_tokens: u64,
         output_tokens: u64,
     ) -> Result<(), Error>;
     /// A tenant's usage in a month: calls, prompt tokens, output tokens.
     async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error>;
+    /// A tenant's usage per day of a month (`YYYY-MM`), days with usage only, oldest first.
+    async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error>;
     /// Delete a tenant's memories, clusters, summaries, usage and data keys (a tenant deleted:
     /// without its data keys, its sealed text cannot be opened anywhere).
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error>;
@@ -309,6 +329,7 @@ struct TenantTables {
 #[derive(Default)]
 pub struct RecallTables {
     tenants: BTreeMap<String, TenantTables>,
+    /// By tenant and period: a month (`YYYY-MM`) or a day (`YYYY-MM-DD`).
     usage: BTreeMap<(String, String), (u64, u64, u64)>,
 }
 
@@ -789,21 +810,38 @@ impl RecallStore for super::MemoryStore {
     async fn add_usage(
         &self,
         tenant: &str,
-        month: &str,
+        day: &str,
         calls: u64,
         prompt_tokens: u64,
         output_tokens: u64,
     ) -> Result<(), Error> {
         self.recall(|r| {
-            let u = r
-                .usage
-                .entry((tenant.to_string(), month.to_string()))
-                .or_default();
-            u.0 += calls;
-            u.1 += prompt_tokens;
-            u.2 += output_tokens;
+            for period in [month_of_day(day), day] {
+                let u = r
+                    .usage
+                    .entry((tenant.to_string(), period.to_string()))
+                    .or_default();
+                u.0 += calls;
+                u.1 += prompt_tokens;
+                u.2 += output_tokens;
+            }
         });
         Ok(())
+    }
+
+    async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error> {
+        Ok(self.recall(|r| {
+            r.usage
+                .iter()
+                .filter(|((t, p), _)| t == tenant && p.len() == 10 && month_of_day(p) == month)
+                .map(|((_, p), u)| UsageDay {
+                    day: p.clone(),
+                    calls: u.0,
+                    prompt_tokens: u.1,
+                    output_tokens: u.2,
+                })
+                .collect()
+        }))
     }
 
     async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {

@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/017-data-keys.sql"),
     include_str!("migrations/018-usage.sql"),
     include_str!("migrations/019-summary-levels-ledger.sql"),
+    include_str!("migrations/020-usage-days.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -66,6 +67,7 @@ const OWN_TABLES: &[&str] = &[
     "cluster_summaries",
     "data_keys",
     "usage",
+    "usage_days",
     "session_focus",
     "session_pins",
 ];

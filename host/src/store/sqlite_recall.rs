@@ -7,7 +7,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, param
 
 use super::SqliteStore;
 use super::recall::{
-    ClusterRow, RecallStore, TopK, Unsettled, covers_exactly, vector_bytes, vector_from,
+    ClusterRow, RecallStore, TopK, Unsettled, UsageDay, covers_exactly, month_of_day, vector_bytes,
+    vector_from,
 };
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, HitKind, Memory, MemoryFilter,
@@ -821,18 +822,45 @@ impl RecallStore for SqliteStore {
     async fn add_usage(
         &self,
         tenant: &str,
-        month: &str,
+        day: &str,
         calls: u64,
         prompt_tokens: u64,
         output_tokens: u64,
     ) -> Result<(), Error> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO usage (tenant, month, calls, prompt_tokens, output_tokens) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, month) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens",
-                params![tenant, month, calls as i64, prompt_tokens as i64, output_tokens as i64],
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let values = params![tenant, month_of_day(day), day, calls as i64, prompt_tokens as i64, output_tokens as i64];
+            tx.execute(
+                "INSERT INTO usage (tenant, month, calls, prompt_tokens, output_tokens) VALUES (?1, ?2, ?4, ?5, ?6) ON CONFLICT (tenant, month) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens",
+                values,
             )
             .map_err(db_err)?;
-            Ok(())
+            tx.execute(
+                "INSERT INTO usage_days (tenant, day, calls, prompt_tokens, output_tokens) VALUES (?1, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, day) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens",
+                values,
+            )
+            .map_err(db_err)?;
+            tx.commit().map_err(db_err)
+        })
+    }
+
+    async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare("SELECT day, calls, prompt_tokens, output_tokens FROM usage_days WHERE tenant = ?1 AND day LIKE ?2 || '-%' ORDER BY day")
+                .map_err(db_err)?;
+            st.query_map(params![tenant, month], |r| {
+                Ok(UsageDay {
+                    day: r.get(0)?,
+                    calls: r.get::<_, i64>(1)? as u64,
+                    prompt_tokens: r.get::<_, i64>(2)? as u64,
+                    output_tokens: r.get::<_, i64>(3)? as u64,
+                })
+            })
+            .and_then(Iterator::collect)
+            .map_err(db_err)
         })
     }
 
@@ -860,6 +888,7 @@ impl RecallStore for SqliteStore {
                 "clusters",
                 "data_keys",
                 "usage",
+                "usage_days",
             ] {
                 tx.execute(&format!("DELETE FROM {t} WHERE tenant = ?1"), [tenant])
                     .map_err(db_err)?;

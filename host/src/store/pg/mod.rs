@@ -28,7 +28,10 @@ mod recall;
 mod tables;
 
 /// Schema versions, in order; `abridge_schema.version` records how many have run.
-const MIGRATIONS: &[&str] = &[include_str!("001-schema.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("001-schema.sql"),
+    include_str!("002-usage-days.sql"),
+];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
 /// belongs to another program and is refused rather than migrated.
@@ -54,6 +57,7 @@ const OWN_TABLES: &[&str] = &[
     "cluster_summaries",
     "data_keys",
     "usage",
+    "usage_days",
     "model_slots",
 ];
 

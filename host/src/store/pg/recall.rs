@@ -18,7 +18,8 @@ use super::{LOCK, P, PgStore, g32, g64};
 use crate::crypto::Secret;
 use crate::store::keyring::{now_ms, open_under, seal_under};
 use crate::store::recall::{
-    ClusterRow, RecallStore, TopK, Unsettled, covers_exactly, vector_bytes, vector_from,
+    ClusterRow, RecallStore, TopK, Unsettled, UsageDay, covers_exactly, month_of_day, vector_bytes,
+    vector_from,
 };
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, HitKind, Memory, MemoryFilter,
@@ -992,18 +993,47 @@ impl RecallStore for PgStore {
     async fn add_usage(
         &self,
         tenant: &str,
-        month: &str,
+        day: &str,
         calls: u64,
         prompt_tokens: u64,
         output_tokens: u64,
     ) -> Result<(), Error> {
-        self.exec(
-            "INSERT INTO usage (tenant, month, calls, prompt_tokens, output_tokens) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (tenant, month) DO UPDATE SET calls = usage.calls + excluded.calls, prompt_tokens = usage.prompt_tokens + excluded.prompt_tokens, output_tokens = usage.output_tokens + excluded.output_tokens",
-            &[&tenant, &month, &(calls as i64), &(prompt_tokens as i64), &(output_tokens as i64)],
-        )
-        .await
-        .map(drop)
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        let (calls, prompt, output) = (calls as i64, prompt_tokens as i64, output_tokens as i64);
+        for (table, column, period) in [
+            ("usage", "month", month_of_day(day)),
+            ("usage_days", "day", day),
+        ] {
+            tx.execute(
+                &format!(
+                    "INSERT INTO {table} (tenant, {column}, calls, prompt_tokens, output_tokens) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (tenant, {column}) DO UPDATE SET calls = {table}.calls + excluded.calls, prompt_tokens = {table}.prompt_tokens + excluded.prompt_tokens, output_tokens = {table}.output_tokens + excluded.output_tokens"
+                ),
+                &[&tenant, &period, &calls, &prompt, &output],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error> {
+        let pattern = format!("{month}-%");
+        Ok(self
+            .rows(
+                "SELECT day, calls, prompt_tokens, output_tokens FROM usage_days WHERE tenant = $1 AND day LIKE $2 ORDER BY day",
+                &[&tenant, &pattern],
+            )
+            .await?
+            .iter()
+            .map(|r| UsageDay {
+                day: r.get(0),
+                calls: g64(r, 1),
+                prompt_tokens: g64(r, 2),
+                output_tokens: g64(r, 3),
+            })
+            .collect())
     }
 
     async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {
@@ -1027,6 +1057,7 @@ impl RecallStore for PgStore {
             "clusters",
             "data_keys",
             "usage",
+            "usage_days",
         ] {
             tx.execute(&format!("DELETE FROM {t} WHERE tenant = $1"), &[&tenant])
                 .await
