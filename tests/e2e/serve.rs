@@ -936,3 +936,125 @@ fn over_the_monthly_ceiling_writes_are_stored_summaries_refused_and_usage_says_w
     let cli = env.run(&["usage", "--json"]);
     assert_eq!(cli.json()["exhausted"], true);
 }
+
+#[test]
+fn what_the_console_reads_search_messages_with_their_row_coverage_and_pages_without_javascript() {
+    let env = extractive();
+    // Posting never queues a refresh here: the test asks for the one it wants.
+    let srv = Server::start(&env, &["--threshold-tokens", "100000"]);
+    let addr = srv.addr.as_str();
+    post_messages(addr, None, "Team%2FAlpha", &messages("alpha", 6, false)).expect(202);
+    post_messages(addr, None, "other", &messages("other", 4, false)).expect(202);
+    let job = request(addr, "POST", "/v1/sessions/Team%2FAlpha/refresh", None, b"").expect(202);
+    wait_job(addr, None, job["id"].as_u64().unwrap());
+    // Two more: beyond the summary (under the trigger threshold, nothing is queued).
+    post_messages(addr, None, "Team%2FAlpha", &messages("late", 2, false)).expect(202);
+
+    // Search by part of the id, ignoring case.
+    let found = get(addr, "/v1/sessions?q=team%2Fa", None).expect(200);
+    assert_eq!(found["total"], 1, "{found}");
+    assert_eq!(found["sessions"][0]["id"], "Team/Alpha");
+    assert_eq!(
+        get(addr, "/v1/sessions?q=zzz", None).expect(200)["total"],
+        0
+    );
+
+    // Messages, a page at a time, each with the row that covers it.
+    let chain = get(
+        addr,
+        "/v1/sessions/Team%2FAlpha/summaries?coverage=true",
+        None,
+    )
+    .expect(200);
+    let row = &chain["summaries"][0];
+    assert_eq!(row["last_episode"], 6, "{chain}");
+    let first = get(addr, "/v1/sessions/Team%2FAlpha/messages?limit=5", None).expect(200);
+    assert_eq!(first["total"], 8);
+    assert_eq!(first["next_after"], 5);
+    let rest = get(addr, "/v1/sessions/Team%2FAlpha/messages?after=5", None).expect(200);
+    assert!(rest["next_after"].is_null(), "{rest}");
+    let all: Vec<&Value> = first["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(rest["messages"].as_array().unwrap())
+        .collect();
+    let ids: Vec<u64> = all.iter().map(|m| m["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, (1..=8).collect::<Vec<_>>());
+    for m in &all {
+        let covered = m["id"].as_u64().unwrap() <= 6;
+        assert_eq!(m["covered_by"].is_u64(), covered, "{m}");
+        if covered {
+            assert_eq!(m["covered_by"], row["id"]);
+        }
+    }
+    // Coverage: exactly the bytes and count of the covered messages.
+    let bytes: usize = all[..6]
+        .iter()
+        .map(|m| m["content"].as_str().unwrap().len())
+        .sum();
+    assert_eq!(row["coverage"]["transcript_bytes"], bytes as u64, "{row}");
+    assert_eq!(row["coverage"]["messages"], 6);
+    assert!(
+        get(addr, "/v1/sessions/Team%2FAlpha/summaries", None).expect(200)["summaries"][0]
+            .get("coverage")
+            .is_none(),
+        "coverage only when asked"
+    );
+    // The session's token figures add up.
+    let s = get(addr, "/v1/sessions/Team%2FAlpha", None).expect(200);
+    let (history, backlog, summary, saved) = (
+        s["history_tokens"].as_u64().unwrap(),
+        s["backlog_tokens"].as_u64().unwrap(),
+        s["summary_tokens"].as_u64().unwrap(),
+        s["tokens_saved"].as_u64().unwrap(),
+    );
+    assert_eq!(summary, row["tokens"].as_u64().unwrap(), "{s}");
+    assert!(backlog > 0 && history > backlog, "{s}");
+    assert_eq!(saved, (history - backlog).saturating_sub(summary), "{s}");
+    assert_eq!(
+        get(addr, "/v1/sessions/nope/messages", None).status,
+        404,
+        "an unknown session"
+    );
+
+    // The console's pages read without JavaScript (open loopback server: no sign-in).
+    let html = |path: &str| request_with(addr, "GET", path, &[("Accept", "text/html")], b"");
+    let list = html("/");
+    assert_eq!(list.status, 200, "{}", list.body);
+    assert!(list.body.contains("Team/Alpha") && list.body.contains("other"));
+    let page = html("/sessions/Team%2FAlpha");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("Episodes 1–6"), "{}", page.body);
+    assert_eq!(
+        page.body
+            .matches(&format!("covered by row {}", row["id"]))
+            .count(),
+        6
+    );
+    assert_eq!(page.body.matches("not summarized yet").count(), 2);
+    assert!(page.body.contains("tokens against"), "the context preview");
+    // Text is escaped, never markup.
+    post_messages(
+        addr,
+        None,
+        "x",
+        &json!({"role": "user", "content": "<script>alert(1)</script>"}),
+    )
+    .expect(202);
+    let x = html("/sessions/x");
+    assert!(
+        !x.body.contains("<script>alert(1)") && x.body.contains("&#60;script&#62;alert(1)"),
+        "{}",
+        x.body
+    );
+    // A page that is not there: HTML for a browser, JSON for a client.
+    let missing = html("/no-such-page");
+    assert_eq!(missing.status, 404);
+    assert!(missing.body.contains("<html"));
+    assert_eq!(
+        get(addr, "/no-such-page", None).expect(404)["error"]["code"],
+        "not_found"
+    );
+    assert_eq!(html("/sessions/nope").status, 404);
+}

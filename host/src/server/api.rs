@@ -931,11 +931,8 @@ pub struct ApiDoc;
 /// The routes registered, as (method, path): the OpenAPI test compares them to the document.
 pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv>)> {
     vec![
-        (
-            "post",
-            "/v1/sessions/{id}/messages",
-            post(post_messages).get(get_messages),
-        ),
+        ("post", "/v1/sessions/{id}/messages", post(post_messages)),
+        ("get", "/v1/sessions/{id}/messages", get(get_messages)),
         ("post", "/v1/transcripts", post(post_transcript)),
         ("get", "/v1/sessions", get(list_sessions)),
         ("get", "/v1/sessions/{id}", get(get_session)),
