@@ -269,6 +269,9 @@ fn sign_in_find_a_session_watch_its_refresh_live_and_reset_it_after_confirming()
             "120",
             "--threshold-tokens",
             "100000",
+            // One call at a time: each map step lasts a model call, long enough to be seen.
+            "--concurrency",
+            "1",
         ],
     );
     let addr = srv.addr.as_str();

@@ -17,7 +17,8 @@ use std::collections::BTreeMap;
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Form, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -102,6 +103,14 @@ struct SignIn;
 impl IntoResponse for SignIn {
     fn into_response(self) -> Response {
         Redirect::to("/login").into_response()
+    }
+}
+
+impl FromRequestParts<Console> for Visitor {
+    type Rejection = SignIn;
+
+    async fn from_request_parts(parts: &mut Parts, c: &Console) -> Result<Self, SignIn> {
+        c.visitor(&parts.headers)
     }
 }
 
@@ -291,13 +300,9 @@ fn notice_text(n: Option<&str>) -> Option<String> {
 
 async fn sessions_page(
     State(c): State<Console>,
-    headers: HeaderMap,
+    v: Visitor,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
     let search = q.q.clone().unwrap_or_default();
     let uri = format!(
         "/v1/sessions?offset={}&limit={PAGE}&q={}",
@@ -356,14 +361,10 @@ async fn chain_of(
 
 async fn session_page(
     State(c): State<Console>,
-    headers: HeaderMap,
+    v: Visitor,
     Path(id): Path<String>,
     Query(q): Query<SessionQuery>,
 ) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
     let api = c.api(&v);
     let now = c.now();
     let base = format!("/v1/sessions/{}", enc(&id));
@@ -444,15 +445,7 @@ async fn session_page(
 }
 
 /// The chain alone, for the page's script to swap in after a refresh.
-async fn chain_part(
-    State(c): State<Console>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
+async fn chain_part(State(c): State<Console>, v: Visitor, Path(id): Path<String>) -> Response {
     let api = c.api(&v);
     let s: client::Session = match api.get(&format!("/v1/sessions/{}", enc(&id))).await {
         Ok(s) => s,
@@ -479,14 +472,11 @@ fn scripted(h: &HeaderMap) -> bool {
 
 async fn refresh(
     State(c): State<Console>,
+    v: Visitor,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(f): Form<Plain>,
 ) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
     if let Err(r) = check_form(&headers, &v, &f.csrf) {
         return *r;
     }
@@ -531,59 +521,45 @@ struct ModeForm {
 
 async fn set_mode(
     State(c): State<Console>,
+    v: Visitor,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(f): Form<ModeForm>,
 ) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
-    if let Err(r) = check_form(&headers, &v, &f.csrf) {
-        return *r;
-    }
-    let quiet = f
+    let quiet = match f
         .quiet_secs
         .as_deref()
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<u32>());
-    let quiet = match quiet {
+    {
         None => None,
-        Some(Ok(n)) => Some(n),
-        Some(Err(_)) => {
-            return error_page(
-                v.layout("Refused", "", None),
-                StatusCode::BAD_REQUEST,
-                "The quiet time must be a whole number of seconds.",
-                Some("Go back and enter a number, or leave it empty for the server's setting."),
-            );
-        }
+        Some(n) => match n.parse::<u32>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                return error_page(
+                    v.layout("Refused", "", None),
+                    StatusCode::BAD_REQUEST,
+                    "The quiet time must be a whole number of seconds.",
+                    Some("Go back and enter a number, or leave it empty for the server's setting."),
+                );
+            }
+        },
     };
     let body = json!({"mode": f.mode, "quiet_secs": quiet});
-    match c
-        .api(&v)
-        .send(
-            Method::PUT,
-            &format!("/v1/sessions/{}/mode", enc(&id)),
-            Some(&body),
-        )
-        .await
-    {
-        Ok(_) => Redirect::to(&format!("{}?notice=mode", session_href(&id))).into_response(),
-        Err(f) => failed(&v, f),
-    }
+    let uri = format!("/v1/sessions/{}/mode", enc(&id));
+    let then = format!("{}?notice=mode", session_href(&id));
+    act(
+        &c,
+        &v,
+        &headers,
+        &f.csrf,
+        (Method::PUT, &uri, Some(&body)),
+        &then,
+    )
+    .await
 }
 
-async fn reset_page(
-    State(c): State<Console>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
+async fn reset_page(State(c): State<Console>, v: Visitor, Path(id): Path<String>) -> Response {
     let api = c.api(&v);
     let s: client::Session = match api.get(&format!("/v1/sessions/{}", enc(&id))).await {
         Ok(s) => s,
@@ -609,24 +585,39 @@ async fn reset_page(
 
 async fn reset(
     State(c): State<Console>,
+    v: Visitor,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(f): Form<Plain>,
 ) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
-    if let Err(r) = check_form(&headers, &v, &f.csrf) {
+    let uri = format!("/v1/sessions/{}", enc(&id));
+    act(
+        &c,
+        &v,
+        &headers,
+        &f.csrf,
+        (Method::DELETE, &uri, None),
+        "/?notice=reset",
+    )
+    .await
+}
+
+/// A change a form asked for: checked (origin and form token), sent to the API, then back to
+/// the page `then`, or the API's refusal as a page.
+async fn act(
+    c: &Console,
+    v: &Visitor,
+    headers: &HeaderMap,
+    csrf: &str,
+    (method, uri, body): (Method, &str, Option<&serde_json::Value>),
+    then: &str,
+) -> Response {
+    if let Err(r) = check_form(headers, v, csrf) {
         return *r;
     }
-    match c
-        .api(&v)
-        .send(Method::DELETE, &format!("/v1/sessions/{}", enc(&id)), None)
-        .await
-    {
-        Ok(_) => Redirect::to("/?notice=reset").into_response(),
-        Err(f) => failed(&v, f),
+    match c.api(v).send(method, uri, body).await {
+        Ok(_) => Redirect::to(then).into_response(),
+        Err(f) => failed(v, f),
     }
 }
 
@@ -636,15 +627,7 @@ struct JobsQuery {
     notice: Option<String>,
 }
 
-async fn jobs_page(
-    State(c): State<Console>,
-    headers: HeaderMap,
-    Query(q): Query<JobsQuery>,
-) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
+async fn jobs_page(State(c): State<Console>, v: Visitor, Query(q): Query<JobsQuery>) -> Response {
     let uri = match q.before {
         Some(b) => format!("/v1/jobs?limit=50&before={b}"),
         None => "/v1/jobs?limit=50".to_string(),
@@ -666,25 +649,21 @@ async fn jobs_page(
 
 async fn cancel(
     State(c): State<Console>,
+    v: Visitor,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(f): Form<Plain>,
 ) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
-    if let Err(r) = check_form(&headers, &v, &f.csrf) {
-        return *r;
-    }
-    match c
-        .api(&v)
-        .send(Method::POST, &format!("/v1/jobs/{}/cancel", enc(&id)), None)
-        .await
-    {
-        Ok(_) => Redirect::to("/jobs?notice=cancel").into_response(),
-        Err(f) => failed(&v, f),
-    }
+    let uri = format!("/v1/jobs/{}/cancel", enc(&id));
+    act(
+        &c,
+        &v,
+        &headers,
+        &f.csrf,
+        (Method::POST, &uri, None),
+        "/jobs?notice=cancel",
+    )
+    .await
 }
 
 #[derive(Deserialize)]
@@ -701,13 +680,9 @@ struct MemoriesQuery {
 
 async fn memories_page(
     State(c): State<Console>,
-    headers: HeaderMap,
+    v: Visitor,
     Query(q): Query<MemoriesQuery>,
 ) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
     let api = c.api(&v);
     let now = c.now();
     let (user, project) = (q.user.trim(), q.project.trim());
@@ -869,11 +844,7 @@ fn month_len(month: &str) -> u32 {
     jiff::civil::date(y, m, 1).days_in_month() as u32
 }
 
-async fn usage_page(State(c): State<Console>, headers: HeaderMap) -> Response {
-    let v = match c.visitor(&headers) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
+async fn usage_page(State(c): State<Console>, v: Visitor) -> Response {
     let u: client::Usage = match c.api(&v).get("/v1/usage").await {
         Ok(u) => u,
         Err(f) => return failed(&v, f),
