@@ -318,7 +318,7 @@ export class Engine {
   clusters(): { id: number; scope: MemoryScope; members: string[]; summary?: number; note?: string }[];
   embedLexical(texts: string[]): Promise<number[][]>;
   /** This month's usage for cluster summaries against the ceiling. */
-  usage(): { month: string; calls: number; promptTokens: number; outputTokens: number; cost: number; limitTokens?: number; limitCost?: number; exhausted: boolean; resetsAtMs: number };
+  usage(): { month: string; calls: number; promptTokens: number; outputTokens: number; cost: number; limitTokens?: number; limitCost?: number; exhausted: boolean; resetsAtMs: number; days: { day: string; calls: number; promptTokens: number; outputTokens: number; cost: number }[] };
   /** Parse a transcript inside the sandbox (the same parser as the Rust host). */
   parseTranscript(
     source: Uint8Array | string | Iterable<Uint8Array> | AsyncIterable<Uint8Array>,

@@ -106,7 +106,8 @@ function monthOf(ms) {
   const d = new Date(ms);
   const y = d.getUTCFullYear();
   const m = d.getUTCMonth();
-  return { month: `${y}-${String(m + 1).padStart(2, '0')}`, resetsAtMs: Date.UTC(y, m + 1, 1) };
+  const month = `${y}-${String(m + 1).padStart(2, '0')}`;
+  return { month, day: `${month}-${String(d.getUTCDate()).padStart(2, '0')}`, resetsAtMs: Date.UTC(y, m + 1, 1) };
 }
 
 /** Run at most `n` of the given tasks at once. */
@@ -363,7 +364,7 @@ export class Engine {
     return this.#clusterSlots(async () => {
       const g = await this.#guest();
       const o = await exportCall(() => g.memories.summarizeCluster(BigInt(cluster), { ...defaultConfig, ...config }, { ...defaultMemoryConfig, ...memoryConfig }));
-      if (o.calls > 0) this.#store.recall.addUsage(monthOf(this.#clock()).month, o.calls, o.promptTokens, o.outputTokens);
+      if (o.calls > 0) this.#store.recall.addUsage(monthOf(this.#clock()).day, o.calls, o.promptTokens, o.outputTokens);
       return { ...o, summary: sumToJs(o.summary) };
     });
   }
@@ -373,10 +374,12 @@ export class Engine {
     const { month, resetsAtMs } = monthOf(this.#clock());
     const u = this.#store.recall.usage(month);
     const c = this.#limits.ceiling;
-    const cost = c ? (u.promptTokens * (c.priceInput ?? 0) + u.outputTokens * (c.priceOutput ?? 0)) / 1e6 : 0;
+    const costOf = (p, o) => (c ? (p * (c.priceInput ?? 0) + o * (c.priceOutput ?? 0)) / 1e6 : 0);
+    const cost = costOf(u.promptTokens, u.outputTokens);
     const tokens = u.promptTokens + u.outputTokens;
     const exhausted = !!c && ((c.tokens !== undefined && tokens >= c.tokens) || (c.cost !== undefined && cost >= c.cost));
-    return { month, ...u, cost, limitTokens: c?.tokens, limitCost: c?.cost, exhausted, resetsAtMs };
+    const days = this.#store.recall.usageDays(month).map((d) => ({ ...d, cost: costOf(d.promptTokens, d.outputTokens) }));
+    return { month, ...u, cost, limitTokens: c?.tokens, limitCost: c?.cost, exhausted, resetsAtMs, days };
   }
 
   #overCeiling() {

@@ -134,7 +134,7 @@ export class RecallTables {
   static inMemory() {
     const { DatabaseSync } = process.getBuiltinModule('node:sqlite');
     const db = new DatabaseSync(':memory:');
-    const migration = ['016-memories.sql', '018-usage.sql'].map((n) => readFileSync(new URL(`../dist/migrations/${n}`, import.meta.url), 'utf8')).join('\n');
+    const migration = ['016-memories.sql', '018-usage.sql', '020-usage-days.sql'].map((n) => readFileSync(new URL(`../dist/migrations/${n}`, import.meta.url), 'utf8')).join('\n');
     const tx = (f) => {
       db.exec('BEGIN IMMEDIATE');
       try {
@@ -312,9 +312,17 @@ export class RecallTables {
     return this.#all(`SELECT * FROM memories WHERE tenant = ?${f.sql} ORDER BY seq LIMIT ? OFFSET ?`, TENANT, ...f.args, limit, offset).map((r) => this.#mem(r));
   }
 
-  /** Add model usage to a month (`YYYY-MM`). */
-  addUsage(month, calls, promptTokens, outputTokens) {
-    this.#run('INSERT INTO usage (tenant, month, calls, prompt_tokens, output_tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, month) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens', TENANT, month, calls, promptTokens, outputTokens);
+  /** Add model usage to a day (`YYYY-MM-DD`, UTC) and so to its month (as the Rust host does). */
+  addUsage(day, calls, promptTokens, outputTokens) {
+    this.#tx(() => {
+      this.#run('INSERT INTO usage (tenant, month, calls, prompt_tokens, output_tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, month) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens', TENANT, day.slice(0, 7), calls, promptTokens, outputTokens);
+      this.#run('INSERT INTO usage_days (tenant, day, calls, prompt_tokens, output_tokens) VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, day) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens', TENANT, day, calls, promptTokens, outputTokens);
+    });
+  }
+
+  /** A month's usage per day (days with usage, oldest first). */
+  usageDays(month) {
+    return this.#all("SELECT day, calls, prompt_tokens, output_tokens FROM usage_days WHERE tenant = ? AND day LIKE ? || '-%' ORDER BY day", TENANT, month).map((r) => ({ day: r.day, calls: r.calls, promptTokens: r.prompt_tokens, outputTokens: r.output_tokens }));
   }
 
   /** A month's usage. */

@@ -140,6 +140,8 @@ test('guards: at most limits.clusterJobs at once, and the monthly ceiling refuse
   assert.equal(llm.most, 1, 'one cluster summary at a time');
   const u = engine.usage();
   assert.deepEqual([u.month, u.calls, u.promptTokens, u.outputTokens, u.exhausted], ['2026-01', 2, 200, 80, true]);
+  // Per day too, in the same table the Rust host's console charts.
+  assert.deepEqual(u.days.map((d) => [d.day.slice(0, 7), d.calls, d.promptTokens + d.outputTokens]), [['2026-01', 2, 280]]);
   const r = await engine.remember(EDITOR.map((text, i) => ({ id: `c${i}`, scope: { ...scope, key: 'c' }, text })));
   await assert.rejects(engine.summarizeCluster(r[2].cluster), (e) => e.kind === 'quota-exhausted' && e.spent === 280 && e.limit === 250 && e.resetsAtMs === Date.UTC(2026, 1, 1));
   assert.equal(llm.calls, 2);
