@@ -1034,6 +1034,30 @@ fn what_the_console_reads_search_messages_with_their_row_coverage_and_pages_with
     );
     assert_eq!(page.body.matches("not summarized yet").count(), 2);
     assert!(page.body.contains("tokens against"), "the context preview");
+    // Everything a page loads comes from this server: no fonts, CDNs or other hosts.
+    let css = html("/assets/console.css");
+    let js = html("/assets/console.js");
+    assert_eq!((css.status, js.status), (200, 200));
+    for (name, body) in [
+        ("/", &list.body),
+        ("the session", &page.body),
+        ("the CSS", &css.body),
+        ("the script", &js.body),
+    ] {
+        for outside in [
+            "src=\"http",
+            "href=\"http",
+            "href=\"//",
+            "src=\"//",
+            "url(http",
+            "@import",
+        ] {
+            assert!(
+                !body.contains(outside),
+                "{name} loads from elsewhere: {outside}"
+            );
+        }
+    }
     // Text is escaped, never markup.
     post_messages(
         addr,
