@@ -541,17 +541,22 @@ impl Scoped {
 
     /// A session's standing.
     pub async fn session(&self, session: &str) -> AppResult<SessionView> {
-        self.known(session).await?;
-        self.view(session).await
+        let stats = self.known(session).await?;
+        self.view(session, stats).await
     }
 
-    async fn view(&self, session: &str) -> AppResult<SessionView> {
+    /// The view of a session whose figures were just read.
+    async fn view(
+        &self,
+        session: &str,
+        stats: crate::types::SessionStats,
+    ) -> AppResult<SessionView> {
         let key = self.tenant.key(session);
         let own = self.modes().get(&key).await?;
         let cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
         let f = self.engine().freshness(session, &cfg).await?;
         let active = self.app.inner.jobs.active_for(&key).await?;
-        let history = self.store().stats(session).await?.total_tokens;
+        let history = stats.total_tokens;
         let chain: u64 = self
             .store()
             .summaries(session)
@@ -583,7 +588,8 @@ impl Scoped {
         }
         let mut out = Vec::new();
         for s in all.iter().skip(offset).take(limit) {
-            out.push(self.view(s).await?);
+            let stats = self.store().stats(s).await?;
+            out.push(self.view(s, stats).await?);
         }
         Ok((out, all.len()))
     }
@@ -604,9 +610,11 @@ impl Scoped {
         let messages = page
             .into_iter()
             .map(|e| MessageView {
-                covered_by: rows
-                    .iter()
-                    .find(|r| r.first_episode <= e.id && e.id <= r.last_episode)
+                // The chain is in episode order: the candidate is the last row starting at or
+                // before the message.
+                covered_by: rows[..rows.partition_point(|r| r.first_episode <= e.id)]
+                    .last()
+                    .filter(|r| e.id <= r.last_episode)
                     .map(|r| r.id),
                 id: e.id,
                 role: e.role.as_str().to_string(),
@@ -990,11 +998,11 @@ impl Scoped {
         session: &str,
         mode: Option<SessionMode>,
     ) -> AppResult<SessionView> {
-        self.known(session).await?;
+        let stats = self.known(session).await?;
         self.modes()
             .set(&self.tenant.key(session), mode.as_ref())
             .await?;
-        self.view(session).await
+        self.view(session, stats).await
     }
 
     /// Delete a session and everything kept for it (episodes, summaries, failure marker, jobs,
