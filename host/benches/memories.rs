@@ -15,11 +15,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use abridge::app::memories::scope;
-use abridge::app::{App, AppConfig, Limits, Scoped};
-use abridge::store::{AppStore, RecallStore};
-use abridge::types::{Config, Error, FinishReason, MemoryFilter, MemoryIn, Request, Response};
-use abridge::{ComponentSource, LlmBackend, Runtime, SqliteStore, SystemClock};
+use abridge_app::memories::scope;
+use abridge_app::{App, AppConfig, Limits, Scoped};
+use abridge_engine::types::{
+    Config, Error, FinishReason, MemoryFilter, MemoryIn, Request, Response,
+};
+use abridge_engine::{ComponentSource, LlmBackend, Runtime, SystemClock};
+use abridge_store::SqliteStore;
+use abridge_store::{AppStore, RecallStore};
 
 struct Args {
     sizes: Vec<usize>,
@@ -276,7 +279,7 @@ async fn main() {
     let runtime = Arc::new(
         Runtime::load(
             &ComponentSource::Embedded,
-            abridge::runtime::default_cache_dir().as_deref(),
+            abridge_engine::runtime::default_cache_dir().as_deref(),
         )
         .expect("the engine loads"),
     );
@@ -289,7 +292,7 @@ async fn main() {
         ("plaintext", None),
         (
             "encrypted",
-            Some(abridge::crypto::Secret::random().unwrap()),
+            Some(abridge_store::crypto::Secret::random().unwrap()),
         ),
     ] {
         let mut db = SqliteStore::open(&dir.path().join(format!("{label}.db"))).unwrap();

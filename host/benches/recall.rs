@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use abridge::backend::embedding::{EmbedApi, Embedder, ServerEmbedder};
+use abridge_backend::embedding::{EmbedApi, Embedder, ServerEmbedder};
 use abridge_guest::embed::{LEXICAL_DIM, LEXICAL_MODEL, cosine, lexical};
 use serde_json::Value;
 
@@ -135,7 +135,10 @@ fn main() {
         .expect("a valid URL");
         let q_texts: Vec<String> = queries.iter().map(|q| q.text.clone()).collect();
         match rt.block_on(async {
-            Ok::<_, abridge::types::Error>((e.embed(&texts).await?, e.embed(&q_texts).await?))
+            Ok::<_, abridge_engine::types::Error>((
+                e.embed(&texts).await?,
+                e.embed(&q_texts).await?,
+            ))
         }) {
             Ok((m, q)) => {
                 let qs: Vec<(&Query, Vec<f32>)> = queries.iter().zip(q.vectors).collect();
@@ -146,7 +149,7 @@ fn main() {
                     &qs,
                 );
             }
-            Err(e) => println!("ollama:{model}: {}", abridge::types::describe(&e)),
+            Err(e) => println!("ollama:{model}: {}", abridge_engine::types::describe(&e)),
         }
     } else {
         println!(

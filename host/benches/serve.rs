@@ -12,10 +12,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use abridge::app::{App, AppConfig, Limits};
-use abridge::server::{ServeOptions, bind};
-use abridge::types::Config;
-use abridge::{ComponentSource, Ollama, Runtime, SystemClock};
+use abridge_app::{App, AppConfig, Limits};
+use abridge_backend::Ollama;
+use abridge_engine::types::Config;
+use abridge_engine::{ComponentSource, Runtime, SystemClock};
+use abridge_server::{ServeOptions, bind};
 use abridge_test_llm::{Options, TestServer};
 
 struct Args {
@@ -175,7 +176,7 @@ async fn run(a: &Args, llm_url: &str, runtime: Arc<Runtime>, background: bool) -
         .await
         .unwrap()
         .iter()
-        .find(|j| j.state == abridge::jobs::JobState::Failed)
+        .find(|j| j.state == abridge_app::jobs::JobState::Failed)
     {
         println!("  a failed job: {}", j.error.as_deref().unwrap_or("?"));
     }
@@ -218,7 +219,7 @@ async fn main() {
     let runtime = Arc::new(
         Runtime::load(
             &ComponentSource::Embedded,
-            abridge::runtime::default_cache_dir().as_deref(),
+            abridge_engine::runtime::default_cache_dir().as_deref(),
         )
         .unwrap(),
     );

@@ -404,7 +404,7 @@ fn main() {
 /// The claim itself: three workers (three connection pools, as three instances) take 300
 /// queued jobs at once through `FOR UPDATE SKIP LOCKED`; each claim call is timed.
 fn claims(srv: &abridge_test_llm::pg::Server) {
-    use abridge::jobs::{Claim, Jobs};
+    use abridge_app::jobs::{Claim, Jobs};
     let url = srv.database("claims");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -412,11 +412,11 @@ fn claims(srv: &abridge_test_llm::pg::Server) {
         .build()
         .unwrap();
     rt.block_on(async {
-        let stores: Vec<Arc<abridge::PgStore>> = futures::future::join_all(
-            (0..3).map(|_| async { Arc::new(abridge::PgStore::connect(&url).await.unwrap()) }),
+        let stores: Vec<Arc<abridge_store::PgStore>> = futures::future::join_all(
+            (0..3).map(|_| async { Arc::new(abridge_store::PgStore::connect(&url).await.unwrap()) }),
         )
         .await;
-        let cfg = abridge::types::Config::default();
+        let cfg = abridge_engine::types::Config::default();
         let lease = Duration::from_secs(60);
         let first = Jobs::new(stores[0].clone(), lease);
         let mut ids = Vec::new();

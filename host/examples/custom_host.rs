@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use abridge::app::{App, AppConfig, Limits};
-use abridge::types::{
+use abridge_app::{App, AppConfig, Limits};
+use abridge_engine::types::{
     Config, Error, FinishReason, Level, NewEpisode, Prompt, Request, Response, Role,
 };
-use abridge::{Clock, ComponentSource, LlmBackend, Runtime};
+use abridge_engine::{Clock, ComponentSource, LlmBackend, Runtime};
 
 /// A "model" that reports how many conversation lines it was shown.
 struct Scripted;

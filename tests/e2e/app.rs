@@ -4,10 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use abridge::app::{App, AppConfig, ErrorKind, Limits};
-use abridge::sources::SessionMode;
-use abridge::types::{Config, Error, FinishReason, Mode, NewEpisode, Request, Response, Role};
-use abridge::{Clock, ComponentSource, LlmBackend, ManualClock, MemoryStore, Runtime};
+use abridge_app::sources::SessionMode;
+use abridge_app::{App, AppConfig, ErrorKind, Limits};
+use abridge_engine::types::{
+    Config, Error, FinishReason, Mode, NewEpisode, Request, Response, Role,
+};
+use abridge_engine::{Clock, ComponentSource, LlmBackend, ManualClock, Runtime};
+use abridge_store::MemoryStore;
 
 /// A model that says how many conversation lines it was shown.
 struct Scripted;
@@ -209,7 +212,7 @@ fn jsonl(n: usize, topic: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_session_back() {
-    use abridge::app::backfill::{self, BackfillOptions, ScanFilter};
+    use abridge_app::backfill::{self, BackfillOptions, ScanFilter};
     let (_clock, app) = open(Mode::Eager);
     let me = app.local();
     let dir = tempfile::tempdir().unwrap();
@@ -235,13 +238,13 @@ async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_sess
     };
     // A dry run first: plans on its own in-memory copy, stores nothing, calls no model.
     let dry_pass = async || {
-        let engine = abridge::Abridge::builder()
+        let engine = abridge_engine::Abridge::builder()
             .runtime(me.engine().runtime().clone())
             .store(Arc::new(MemoryStore::new()))
-            .llm(Arc::new(abridge::NoModel))
+            .llm(Arc::new(abridge_engine::NoModel))
             .build()
             .unwrap();
-        let known: Arc<dyn abridge::store::SourceStore> = app.store();
+        let known: Arc<dyn abridge_store::SourceStore> = app.store();
         let dry = backfill::DryRun::new(engine, Some(known));
         let scan = backfill::scan(dir.path(), &ScanFilter::default()).unwrap();
         let mut out = Vec::new();
@@ -301,7 +304,7 @@ async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_sess
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_in_process_baselines_waits_for_whole_lines_and_idle_quiet_then_resumes() {
-    use abridge::app::watch::{WatchNote, WatchOptions};
+    use abridge_app::watch::{WatchNote, WatchOptions};
     use std::io::Write;
     let (clock, app) = open(Mode::Idle);
     let me = app.local();
@@ -417,7 +420,7 @@ async fn watch_in_process_baselines_waits_for_whole_lines_and_idle_quiet_then_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_published_by_a_short_lived_app_are_written_when_it_is_dropped() {
-    use abridge::store::EventStore;
+    use abridge_store::EventStore;
     let clock = Arc::new(ManualClock::at(1_767_225_600_000));
     let store = Arc::new(MemoryStore::new());
     let app = open_on(clock.clone(), Mode::Eager, store.clone());

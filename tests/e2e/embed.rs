@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use abridge::backend::RetryPolicy;
-use abridge::backend::embedding::{EmbedApi, Embedder, ServerEmbedder};
-use abridge::types::Error;
+use abridge_backend::RetryPolicy;
+use abridge_backend::embedding::{EmbedApi, Embedder, ServerEmbedder};
+use abridge_engine::types::Error;
 use abridge_test_llm::{EMBED_DIM, Options, embed};
 
 use crate::harness::*;

@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
-use abridge::types::Role;
-use abridge::{Abridge, ComponentSource, Runtime, SqliteStore};
+use abridge_engine::types::Role;
+use abridge_engine::{Abridge, ComponentSource, Runtime};
+use abridge_store::SqliteStore;
 
 #[test]
 fn compiled_code_is_cached_on_disk() {
@@ -81,7 +82,7 @@ async fn pure_text_exports() {
         .await
         .unwrap();
     assert_eq!(cleaned, "The user left.");
-    let conv = [abridge::types::Message {
+    let conv = [abridge_engine::types::Message {
         role: Role::User,
         content: "hi".into(),
     }];

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use abridge::types::{Config, NewEpisode, Role, SummaryRow};
-use abridge::{Abridge, Clock, MemoryStore, Ollama};
+use abridge_backend::Ollama;
+use abridge_engine::types::{Config, NewEpisode, Role, SummaryRow};
+use abridge_engine::{Abridge, Clock};
+use abridge_store::MemoryStore;
 use serde_json::{Value, json};
 
 use crate::harness::TestServer;
@@ -23,7 +25,7 @@ impl Clock for TickingClock {
 }
 
 fn config(v: &Value) -> Config {
-    abridge::types::config_from_json(v)
+    abridge_engine::types::config_from_json(v)
 }
 
 fn row_json(r: &SummaryRow) -> Value {

@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use abridge::types::{ParseBatch, ParseError, ParseOptions, TranscriptFormat};
-use abridge::{Abridge, MemoryStore};
+use abridge_engine::Abridge;
+use abridge_engine::types::{ParseBatch, ParseError, ParseOptions, TranscriptFormat};
+use abridge_store::MemoryStore;
 use serde_json::{Value, json};
 
 fn format_name(f: TranscriptFormat) -> &'static str {

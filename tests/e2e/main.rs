@@ -17,6 +17,7 @@ mod jobs;
 mod memories;
 mod model_output;
 mod postgres;
+mod readme;
 mod real_data;
 mod sandbox;
 mod scale;

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use abridge::app::memories::scope;
-use abridge::app::{App, AppConfig, Limits};
-use abridge::store::AppStore;
-use abridge::tenant::Tenant;
-use abridge::types::{
+use abridge_app::memories::scope;
+use abridge_app::{App, AppConfig, Limits};
+use abridge_engine::types::{
     ClusterAction, Config, Error, FinishReason, MemoryFilter, MemoryIn, Request, Response,
 };
-use abridge::{ComponentSource, LlmBackend, ManualClock, MemoryStore, Runtime, SqliteStore};
+use abridge_engine::{ComponentSource, LlmBackend, ManualClock, Runtime};
+use abridge_store::AppStore;
+use abridge_store::tenant::Tenant;
+use abridge_store::{MemoryStore, SqliteStore};
 use serde_json::Value;
 
 /// The test server's model in process (it restates every fact line and the current summary it
@@ -231,7 +232,7 @@ async fn three_facts_one_summary_refreshed_in_place_and_deletes_never_resurface(
     assert_eq!(hits.len(), 2);
     assert_eq!(
         me.forget("m1").await.unwrap_err().kind,
-        abridge::app::ErrorKind::NotFound
+        abridge_app::ErrorKind::NotFound
     );
 }
 
@@ -268,7 +269,7 @@ async fn two_tenants_with_identical_memories_never_see_each_other() {
     assert!(ac[0].summary.is_none());
     assert_eq!(
         a.cluster_summary(bs).await.unwrap_err().kind,
-        abridge::app::ErrorKind::NotFound,
+        abridge_app::ErrorKind::NotFound,
         "b's summary id is not a's"
     );
 }
@@ -554,7 +555,7 @@ fn cluster_of(key: &str, n: usize) -> Vec<MemoryIn> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_monthly_ceiling_turns_summaries_off_and_recall_still_answers() {
     let limits = Limits {
-        ceiling: Some(abridge::app::Ceiling {
+        ceiling: Some(abridge_app::Ceiling {
             tokens: Some(250),
             cost: None,
             price_input: 0.0,
@@ -579,7 +580,7 @@ async fn the_monthly_ceiling_turns_summaries_off_and_recall_still_answers() {
     assert!(r[2].due, "the write itself is stored and reported");
     let e = me.summarize_cluster(r[2].cluster).await.unwrap_err();
     match e.kind {
-        abridge::app::ErrorKind::QuotaExhausted {
+        abridge_app::ErrorKind::QuotaExhausted {
             spent,
             limit,
             resets_at_ms,
@@ -691,7 +692,7 @@ fn memories_embedded_by_a_server_model_and_a_missing_model_stores_nothing() {
 async fn deleting_a_tenant_destroys_its_data_keys_and_leaves_others_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
-    let key = abridge::crypto::Secret::random().unwrap();
+    let key = abridge_store::crypto::Secret::random().unwrap();
     let store = Arc::new(
         SqliteStore::open(&path)
             .unwrap()

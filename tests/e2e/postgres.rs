@@ -5,15 +5,16 @@
 
 use std::sync::Arc;
 
-use abridge::jobs::{Claim, JobState, Jobs};
-use abridge::sources::{SessionMode, Source, WatchedFile};
-use abridge::store::{AppStore, EventRow, JobScope, PgStore, RecallStore, Store};
-use abridge::tenant::Tenant;
-use abridge::types::{
+use abridge_app::jobs::{Claim, JobState, Jobs};
+use abridge_app::sources::{SessionMode, Source, WatchedFile};
+use abridge_engine::ManualClock;
+use abridge_engine::types::{
     CachedAnswer, ClusterSummaryWrite, Compaction, Error, FailureMarker, MemoryFilter, Mode,
     NewEpisode, NewMemory, Role, Scope, SummaryWrite,
 };
-use abridge::{ManualClock, MemoryStore, SqliteStore};
+use abridge_store::tenant::Tenant;
+use abridge_store::{AppStore, EventRow, JobScope, PgStore, RecallStore, Store};
+use abridge_store::{MemoryStore, SqliteStore};
 
 /// The shared test server, or `None` (SKIPPED is printed once).
 fn server() -> Option<&'static abridge_test_llm::pg::Server> {
@@ -289,7 +290,7 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     };
     let (w1, w2) = (jobs("h1:1"), jobs("h2:1"));
     let acme = Tenant::new("acme").unwrap();
-    let cfg = abridge::types::Config::default();
+    let cfg = abridge_engine::types::Config::default();
     let (j1, new) = w1.enqueue(&acme.key("a"), 3, &cfg).await.unwrap();
     assert!(new, "{name}");
     assert_eq!(
@@ -682,7 +683,7 @@ async fn sealed_text_is_not_in_the_database_and_refusals_are_clear() {
         return;
     };
     let url = srv.database("sealed");
-    let key = abridge::crypto::Secret::random().unwrap();
+    let key = abridge_store::crypto::Secret::random().unwrap();
     let s = PgStore::connect(&url)
         .await
         .unwrap()
@@ -706,10 +707,10 @@ async fn sealed_text_is_not_in_the_database_and_refusals_are_clear() {
     let other = PgStore::connect(&url)
         .await
         .unwrap()
-        .with_master_key(abridge::crypto::Secret::random().unwrap());
+        .with_master_key(abridge_store::crypto::Secret::random().unwrap());
     let e = other.get_memory("acme", "m1").await.unwrap_err();
     assert!(format!("{e:?}").contains("master key"), "{e:?}");
-    let new = abridge::crypto::Secret::random().unwrap();
+    let new = abridge_store::crypto::Secret::random().unwrap();
     assert_eq!(s.rotate_master_key(&new).await.unwrap(), 1);
     let rotated = PgStore::connect(&url).await.unwrap().with_master_key(new);
     assert_eq!(
@@ -1254,9 +1255,9 @@ async fn pgvector_recall_agrees_with_the_exact_scan() {
     let (mut agree, mut total) = (0, 0);
     for _ in 0..20 {
         let q: Vec<f32> = (0..16).map(|_| next()).collect();
-        let ids = |hits: Vec<abridge::types::Hit>| -> Vec<String> {
+        let ids = |hits: Vec<abridge_engine::types::Hit>| -> Vec<String> {
             hits.into_iter()
-                .filter(|h| h.kind == abridge::types::HitKind::Memory)
+                .filter(|h| h.kind == abridge_engine::types::HitKind::Memory)
                 .map(|h| h.id)
                 .collect()
         };

@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
-use abridge::sandbox::{ALLOWED_IMPORTS, empty_ctx};
-use abridge::types::{Config, Engine, NewEpisode, Role};
-use abridge::{Abridge, CallError, ComponentSource, MemoryStore, Runtime, Store};
+use abridge_engine::sandbox::{ALLOWED_IMPORTS, empty_ctx};
+use abridge_engine::types::{Config, Engine, NewEpisode, Role};
+use abridge_engine::{Abridge, CallError, ComponentSource, Runtime, Store};
+use abridge_store::MemoryStore;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::cli::WasiCliCtxView;
 use wasmtime_wasi::p2::bindings::cli::environment::Host as _;

@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 
-use abridge::types::{
+use abridge_engine::types::{
     Config, ContextRequest, ContextWindow, Engine, Error, FinishReason, Mode, NewEpisode, Request,
     Response, Role,
 };
-use abridge::{Abridge, LlmBackend, MemoryStore, Runtime};
+use abridge_engine::{Abridge, LlmBackend, Runtime};
+use abridge_store::MemoryStore;
 
 use crate::Failure;
 
@@ -194,12 +195,12 @@ async fn real_transcripts(e: &Abridge) -> Vec<(String, Vec<NewEpisode>)> {
         let Ok(bytes) = std::fs::read(&path) else {
             continue;
         };
-        let Ok(parsed) = abridge::transcript::parse_bytes(
+        let Ok(parsed) = abridge_app::transcript::parse_bytes(
             e,
             sub,
             &bytes,
             None,
-            abridge::transcript::Options::default(),
+            abridge_app::transcript::Options::default(),
         )
         .await
         else {

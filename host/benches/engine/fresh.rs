@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 
-use abridge::types::{
+use abridge_engine::types::{
     Config, ContextRequest, Engine, Error, FinishReason, Mode, NewEpisode, Request, Response, Role,
 };
-use abridge::{Abridge, LlmBackend, ManualClock, MemoryStore, Runtime};
+use abridge_engine::{Abridge, LlmBackend, ManualClock, Runtime};
+use abridge_store::MemoryStore;
 
 use crate::Failure;
 

@@ -13,11 +13,12 @@ use anyhow::anyhow;
 use async_trait::async_trait;
 use clap::Parser;
 
-use abridge::types::{
+use abridge_engine::types::{
     Config, Engine, Episode, Error, FinishReason, NewEpisode, Request, Response, Role,
     SessionStats, SummaryRow, SummaryWrite,
 };
-use abridge::{Abridge, ComponentSource, LlmBackend, Runtime, SqliteStore, Store};
+use abridge_engine::{Abridge, ComponentSource, LlmBackend, Runtime, Store};
+use abridge_store::SqliteStore;
 
 /// What a benchmark step returns: a failure ends the run with its message.
 type Failure = anyhow::Error;
@@ -130,33 +131,43 @@ impl Store for TimedStore {
     async fn compact_summaries(
         &self,
         s: &str,
-        c: abridge::types::Compaction,
+        c: abridge_engine::types::Compaction,
     ) -> Result<SummaryRow, Error> {
         timed!(self, self.inner.compact_summaries(s, c))
     }
     async fn sessions(&self) -> Result<Vec<String>, Error> {
         timed!(self, self.inner.sessions())
     }
-    async fn partial(&self, k: &str) -> Result<Option<abridge::types::CachedAnswer>, Error> {
+    async fn partial(&self, k: &str) -> Result<Option<abridge_engine::types::CachedAnswer>, Error> {
         timed!(self, self.inner.partial(k))
     }
-    async fn failure(&self, s: &str) -> Result<Option<abridge::types::FailureMarker>, Error> {
+    async fn failure(
+        &self,
+        s: &str,
+    ) -> Result<Option<abridge_engine::types::FailureMarker>, Error> {
         timed!(self, self.inner.failure(s))
     }
     async fn set_failure(
         &self,
         s: &str,
-        m: Option<abridge::types::FailureMarker>,
+        m: Option<abridge_engine::types::FailureMarker>,
     ) -> Result<(), Error> {
         timed!(self, self.inner.set_failure(s, m))
     }
     async fn reset_session(&self, s: &str) -> Result<(), Error> {
         timed!(self, self.inner.reset_session(s))
     }
-    async fn put_partial(&self, k: &str, t: &abridge::types::CachedAnswer) -> Result<(), Error> {
+    async fn put_partial(
+        &self,
+        k: &str,
+        t: &abridge_engine::types::CachedAnswer,
+    ) -> Result<(), Error> {
         timed!(self, self.inner.put_partial(k, t))
     }
-    async fn calibration(&self, m: &str) -> Result<Option<abridge::types::Calibration>, Error> {
+    async fn calibration(
+        &self,
+        m: &str,
+    ) -> Result<Option<abridge_engine::types::Calibration>, Error> {
         timed!(self, self.inner.calibration(m))
     }
     async fn record_calibration(&self, m: &str, e: u32, r: u32) -> Result<(), Error> {
@@ -387,12 +398,12 @@ async fn run(a: BenchArgs) -> Result<(), Failure> {
         jsonl.push(b'\n');
     }
     let t = Instant::now();
-    let parsed = abridge::transcript::parse_bytes(
+    let parsed = abridge_app::transcript::parse_bytes(
         &engine,
         "bench.jsonl",
         &jsonl,
-        Some(abridge::transcript::Format::Jsonl),
-        abridge::transcript::Options::default(),
+        Some(abridge_app::transcript::Format::Jsonl),
+        abridge_app::transcript::Options::default(),
     )
     .await
     .map_err(fail)?;
@@ -458,7 +469,9 @@ async fn js_comparison(
 
     // wasmtime: the same steps as the JS script.
     let store = Arc::new(SqliteStore::in_memory().map_err(fail)?);
-    let llm = Arc::new(abridge::Ollama::new(&server.url(), Duration::from_secs(60)).map_err(fail)?);
+    let llm = Arc::new(
+        abridge_backend::Ollama::new(&server.url(), Duration::from_secs(60)).map_err(fail)?,
+    );
     let engine = Abridge::builder()
         .runtime(runtime)
         .store(store)
@@ -511,7 +524,7 @@ async fn js_comparison(
         // A fresh store per run: cached partial summaries and calibration must not carry over.
         let engine = Abridge::builder()
             .runtime(engine.runtime().clone())
-            .store(Arc::new(abridge::MemoryStore::new()))
+            .store(Arc::new(abridge_store::MemoryStore::new()))
             .llm(engine.llm().clone())
             .build()
             .map_err(fail)?;
@@ -793,9 +806,9 @@ async fn timed_map_reduce(
     let sink = lines.clone();
     let engine = Abridge::builder()
         .runtime(runtime)
-        .store(Arc::new(abridge::MemoryStore::new()))
+        .store(Arc::new(abridge_store::MemoryStore::new()))
         .llm(Arc::new(
-            abridge::Ollama::new(&server.url(), Duration::from_secs(60)).map_err(fail)?,
+            abridge_backend::Ollama::new(&server.url(), Duration::from_secs(60)).map_err(fail)?,
         ))
         .batch_concurrency(6)
         .lockstep_batches(lockstep)
@@ -892,7 +905,7 @@ async fn long_transcripts(
     // Planning a 100,000-episode session (the guest reads every episode through the store).
     let engine = Abridge::builder()
         .runtime(runtime)
-        .store(Arc::new(abridge::MemoryStore::new()))
+        .store(Arc::new(abridge_store::MemoryStore::new()))
         .build()
         .map_err(fail)?;
     let big = synthetic(100_000, |i| 12 + i % 20);

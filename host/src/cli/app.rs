@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use anyhow::anyhow;
 
-use abridge::Progress;
-use abridge::app::{App, AppConfig, AppError, ErrorKind, Event, Limits, Scoped};
-use abridge::jobs::Job;
-use abridge::types::{Config, Level};
+use abridge_app::jobs::Job;
+use abridge_app::{App, AppConfig, AppError, ErrorKind, Event, Limits, Scoped};
+use abridge_engine::Progress;
+use abridge_engine::types::{Config, Level};
 
 use super::commands::{Backend, engine_config, runtime};
 use super::progress::{JobProgress, Mode, duration_text};
@@ -63,7 +63,7 @@ pub fn fail(s: &Settings, e: AppError) -> Failure {
         anyhow!(
             "{} in {} — list them with '{list}'",
             e.message,
-            abridge::store::pg::shown(&s.db)
+            abridge_app::db::shown(&s.db)
         ),
     )
 }
@@ -74,7 +74,7 @@ pub fn open(
     s: &Settings,
     backend: &Backend,
     limits: Limits,
-    log: abridge::app::LogFn,
+    log: abridge_app::LogFn,
 ) -> Result<App, Failure> {
     let embedder = super::memory::embedder(s)?;
     // The monthly ceiling holds for every front end.
@@ -89,7 +89,7 @@ pub fn open(
         backend_name: backend.name.to_string(),
         batch_concurrency: s.concurrency,
         job_lease: s.job_lease,
-        clock: Arc::new(abridge::SystemClock),
+        clock: Arc::new(abridge_engine::SystemClock),
         runtime: runtime()?,
         log,
         limits,
@@ -108,7 +108,7 @@ pub fn open(
 }
 
 /// Engine messages on stderr, as `-v`/`-q` ask.
-fn stderr_log(s: &Settings) -> abridge::app::LogFn {
+fn stderr_log(s: &Settings) -> abridge_app::LogFn {
     let (verbose, quiet) = (s.verbose, s.quiet);
     Arc::new(move |level, msg| {
         let show = match level {
@@ -117,7 +117,7 @@ fn stderr_log(s: &Settings) -> abridge::app::LogFn {
             Level::Debug => verbose >= 2,
         };
         if show {
-            eprintln!("abridge: {}", abridge::text::printable_lines(msg));
+            eprintln!("abridge: {}", abridge_engine::text::printable_lines(msg));
         }
     })
 }

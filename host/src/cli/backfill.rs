@@ -11,10 +11,9 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
-use abridge::app::backfill::{self as bf, ScannedFile};
-use abridge::store::SourceStore;
-use abridge::types::{Config, Engine, PlanPath};
-use abridge::{NoModel, Progress};
+use abridge_app::backfill::{self as bf, ScannedFile};
+use abridge_engine::types::{Config, Engine, PlanPath};
+use abridge_engine::{NoModel, Progress};
 
 use super::app::{Show, shown};
 use super::commands::{Backend, build, choose_backend, engine_config, note};
@@ -189,8 +188,8 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         ));
     }
     let now = {
-        use abridge::Clock;
-        abridge::SystemClock.now_ms()
+        use abridge_engine::Clock;
+        abridge_engine::SystemClock.now_ms()
     };
     let since = a
         .since
@@ -206,7 +205,10 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
     };
     let scan = bf::scan(&dir, &filter).map_err(|e| Failure::from(e.hint("check the path")))?;
     for line in &scan.skipped {
-        note(s, &format!("backfill: {}", abridge::text::printable(line)));
+        note(
+            s,
+            &format!("backfill: {}", abridge_engine::text::printable(line)),
+        );
     }
     let files = scan.files;
     if files.is_empty() {
@@ -381,13 +383,8 @@ async fn dry_run(
     results: &mut Vec<Outcome>,
     totals: &mut Totals,
 ) -> Result<(), Failure> {
-    let known = if s.db.exists() || abridge::store::pg::is_url(&s.db.to_string_lossy()) {
-        let db: Arc<dyn SourceStore> = abridge::store::open_store(&s.db, None).map_err(storage)?;
-        Some(db)
-    } else {
-        None
-    };
-    let engine = build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))?;
+    let known = abridge_app::db::sources_if_present(&s.db).map_err(storage)?;
+    let engine = build(s, abridge_app::db::in_memory(), Arc::new(NoModel))?;
     let dry = bf::DryRun::new(engine, known);
     for f in files {
         let plan = dry.plan_file(f, opts, cfg).await?;

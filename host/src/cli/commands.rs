@@ -8,10 +8,12 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
-use abridge::backend::{LlmBackend, NoModel, Ollama, OpenAi};
-use abridge::transcript::{self, Format, Options};
-use abridge::types::{Config, Engine, Error, Level, NewEpisode, Rendering, SummaryRow, describe};
-use abridge::{Abridge, Store};
+use abridge_app::transcript::{self, Format, Options};
+use abridge_backend::{LlmBackend, NoModel, Ollama, OpenAi};
+use abridge_engine::types::{
+    Config, Engine, Error, Level, NewEpisode, Rendering, SummaryRow, describe,
+};
+use abridge_engine::{Abridge, Store};
 
 use super::app::{Show, run_or_join};
 use super::progress::Mode;
@@ -125,7 +127,7 @@ pub struct SummariesArgs {
 
 pub(super) fn note(s: &Settings, msg: &str) {
     if !s.quiet {
-        eprintln!("abridge: {}", abridge::text::printable_lines(msg));
+        eprintln!("abridge: {}", abridge_engine::text::printable_lines(msg));
     }
 }
 
@@ -168,7 +170,7 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
             return Err(model_failure(Error::ModelNotFound(format!(
                 "model '{}' is not available on the Ollama server at {} — run 'ollama pull {}', pick another with --model/EXTRACTION_MODEL, or pass --backend extractive",
                 s.config.model,
-                abridge::backend::redact_url(&s.url),
+                abridge_backend::redact_url(&s.url),
                 s.config.model
             ))));
         }
@@ -194,8 +196,8 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
                     Exit::Input,
                     anyhow!(
                         "{} is Ollama {version}'s OpenAI-compatible API, which cannot set the context window (num_ctx): Ollama would silently cut every prompt to its default window and the summaries would skip the real content — use --backend ollama --url {}",
-                        abridge::backend::redact_url(&s.openai_base_url),
-                        abridge::backend::redact_url(root)
+                        abridge_backend::redact_url(&s.openai_base_url),
+                        abridge_backend::redact_url(root)
                     ),
                 ));
             }
@@ -204,7 +206,7 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
                     s,
                     &format!(
                         "warning: the API key is sent in clear text to {} (plain http to another machine) — use an https:// URL",
-                        abridge::backend::redact_url(&s.openai_base_url)
+                        abridge_backend::redact_url(&s.openai_base_url)
                     ),
                 );
             }
@@ -223,7 +225,7 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
                         s,
                         &format!(
                             "Ollama at {} is not reachable, so the extractive summarizer (sentence selection, no model) is used — start Ollama with 'ollama serve', or pass --backend ollama to require it",
-                            abridge::backend::redact_url(&s.url)
+                            abridge_backend::redact_url(&s.url)
                         ),
                     );
                     Ok(Backend {
@@ -248,14 +250,14 @@ pub(super) fn engine_config(s: &Settings, b: &Backend) -> Config {
 }
 
 /// The compiled guest, loaded once per process and shared by every engine it builds.
-pub(super) fn runtime() -> Result<Arc<abridge::Runtime>, Failure> {
-    static RUNTIME: std::sync::OnceLock<Arc<abridge::Runtime>> = std::sync::OnceLock::new();
+pub(super) fn runtime() -> Result<Arc<abridge_engine::Runtime>, Failure> {
+    static RUNTIME: std::sync::OnceLock<Arc<abridge_engine::Runtime>> = std::sync::OnceLock::new();
     if let Some(r) = RUNTIME.get() {
         return Ok(r.clone());
     }
-    let r = abridge::Runtime::load(
-        &abridge::ComponentSource::Embedded,
-        abridge::runtime::default_cache_dir().as_deref(),
+    let r = abridge_engine::Runtime::load(
+        &abridge_engine::ComponentSource::Embedded,
+        abridge_engine::runtime::default_cache_dir().as_deref(),
     )
     .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))?;
     Ok(RUNTIME.get_or_init(|| Arc::new(r)).clone())
@@ -263,7 +265,7 @@ pub(super) fn runtime() -> Result<Arc<abridge::Runtime>, Failure> {
 
 /// An engine for the pure calls (parsing, planning): an in-memory store and no model.
 pub(super) fn pure_engine(s: &Settings) -> Result<Abridge, Failure> {
-    build(s, Arc::new(abridge::MemoryStore::new()), Arc::new(NoModel))
+    build(s, abridge_app::db::in_memory(), Arc::new(NoModel))
 }
 
 pub(super) fn build(
@@ -293,7 +295,7 @@ pub(super) fn build(
 
 /// A summary row as JSON: the same record the HTTP API answers with.
 pub(super) fn row_json(r: &SummaryRow) -> serde_json::Value {
-    serde_json::to_value(abridge::app::SummaryView::from(r)).expect("a summary row serializes")
+    serde_json::to_value(abridge_app::SummaryView::from(r)).expect("a summary row serializes")
 }
 
 /// The session for conversation `i` of `file` (see [`transcript::session_name`]).
@@ -450,10 +452,10 @@ async fn dry_run(
         engine.append(&session, &conv.episodes).await?;
         let p = engine.plan(&session, &cfg).await?;
         let path = match p.path {
-            abridge::types::PlanPath::Nothing => "nothing",
-            abridge::types::PlanPath::Single => "single",
-            abridge::types::PlanPath::Rolling => "rolling",
-            abridge::types::PlanPath::MapReduce => "map-reduce",
+            abridge_engine::types::PlanPath::Nothing => "nothing",
+            abridge_engine::types::PlanPath::Single => "single",
+            abridge_engine::types::PlanPath::Rolling => "rolling",
+            abridge_engine::types::PlanPath::MapReduce => "map-reduce",
         };
         let cost = a.prices.cost(p.input_tokens, p.output_tokens);
         if a.json {
@@ -473,7 +475,7 @@ async fn dry_run(
                 p.episodes, p.backlog_tokens, cfg.model, cfg.context_length
             );
             match p.path {
-                abridge::types::PlanPath::MapReduce => println!(
+                abridge_engine::types::PlanPath::MapReduce => println!(
                     "  path map-reduce: {} chunks, then about {:?} reduce calls per level, about {} calls",
                     p.chunks, p.levels, p.calls
                 ),
@@ -509,7 +511,7 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
         Box::new(f)
     };
     let (mut appended, mut passes) = (0u64, 0u32);
-    let mut refresh_failure: Option<abridge::app::AppError> = None;
+    let mut refresh_failure: Option<abridge_app::AppError> = None;
     let mut n = 0usize;
     // The lines are parsed in the sandbox, as they arrive: memory holds one read and one line.
     let parser = pure_engine(s)?;
@@ -603,7 +605,7 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
     let f = local.engine().freshness(&a.session, &cfg).await?;
     if matches!(
         f.state,
-        abridge::types::FreshState::BackingOff | abridge::types::FreshState::GaveUp
+        abridge_engine::types::FreshState::BackingOff | abridge_engine::types::FreshState::GaveUp
     ) {
         note(s, &format!("session {}: {}", a.session, f.reason));
     }
@@ -628,7 +630,7 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
     };
     let rows = match listed {
         Ok(rows) => rows,
-        Err(e) if e.kind == abridge::app::ErrorKind::NotFound => {
+        Err(e) if e.kind == abridge_app::ErrorKind::NotFound => {
             let known = local.session_ids().await.unwrap_or_default();
             let hint = if known.is_empty() {
                 "the database has no sessions yet".to_string()
@@ -648,7 +650,7 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
                 anyhow!(
                     "no session '{}' in {} ({hint})",
                     a.session,
-                    abridge::store::pg::shown(&s.db)
+                    abridge_app::db::shown(&s.db)
                 ),
             ));
         }

@@ -4,8 +4,8 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
-use abridge::app::state_name;
-use abridge::types::{FreshState, Mode};
+use abridge_app::state_name;
+use abridge_engine::types::{FreshState, Mode};
 
 use super::app::fail;
 use super::commands::{choose_backend, engine_config, note};
@@ -138,7 +138,7 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no sessions in {}", abridge::store::pg::shown(&s.db));
+        println!("no sessions in {}", abridge_app::db::shown(&s.db));
         return Ok(());
     }
     println!(
@@ -416,7 +416,7 @@ pub async fn mode(s: &Settings, a: ModeArgs) -> Result<(), Failure> {
         None => local.session(&a.session).await,
         Some("default") => local.set_mode(&a.session, None).await,
         Some(m) => {
-            let own = abridge::sources::SessionMode {
+            let own = abridge_app::sources::SessionMode {
                 mode: Mode::parse(m).unwrap_or(Mode::Eager),
                 quiescence_secs: a.quiet_secs,
             };

@@ -5,8 +5,8 @@ use clap::{Args, Subcommand};
 
 use std::time::Duration;
 
-use abridge::jobs::{Job, JobState};
-use abridge::types::describe;
+use abridge_app::jobs::{Job, JobState};
+use abridge_engine::types::describe;
 
 use super::app::{Show, shown};
 use super::progress::{Mode, duration_text, utc_text};
@@ -48,7 +48,7 @@ enum JobsCmd {
     },
 }
 
-pub fn storage(e: abridge::types::Error) -> Failure {
+pub fn storage(e: abridge_engine::types::Error) -> Failure {
     Failure::new(Exit::Storage, anyhow!(describe(&e)))
 }
 
@@ -149,7 +149,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
                 let v: Vec<_> = list.iter().map(Job::to_json).collect();
                 println!("{}", serde_json::Value::from(v));
             } else if list.is_empty() {
-                println!("no jobs in {}", abridge::store::pg::shown(&s.db));
+                println!("no jobs in {}", abridge_app::db::shown(&s.db));
             } else {
                 println!(
                     "{:>5}  {:<10} {:<24} {:>8}  {:>3}  {:<16} {:>7}  when (UTC)",
@@ -249,7 +249,7 @@ fn no_job(s: &Settings, id: u64) -> Failure {
         Exit::Input,
         anyhow!(
             "no job {id} in {} — list them with 'abridge jobs'",
-            abridge::store::pg::shown(&s.db)
+            abridge_app::db::shown(&s.db)
         ),
     )
 }

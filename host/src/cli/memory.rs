@@ -6,9 +6,9 @@ use std::io::BufRead;
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
 
-use abridge::app::memories::{ClusterView, MemoryView, action_name, filter, scope};
-use abridge::app::{AppError, Scoped};
-use abridge::types::{MemoryConfig, MemoryFilter, MemoryIn};
+use abridge_app::memories::{ClusterView, MemoryView, action_name, filter, scope};
+use abridge_app::{AppError, Scoped};
+use abridge_engine::types::{MemoryConfig, MemoryFilter, MemoryIn};
 
 use super::app::fail;
 use super::commands::{choose_backend, note};
@@ -162,7 +162,7 @@ fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>, Failure> {
 
 /// The master key from ABRIDGE_MASTER_KEY_FILE (a file holding 64 hex digits) or
 /// ABRIDGE_MASTER_KEY; `None` when neither is set.
-pub fn master_key() -> Result<Option<abridge::crypto::Secret>, Failure> {
+pub fn master_key() -> Result<Option<abridge_app::Secret>, Failure> {
     let bad = |what: String| Failure::new(Exit::Input, anyhow!(what));
     if let Some(path) = std::env::var_os("ABRIDGE_MASTER_KEY_FILE").filter(|p| !p.is_empty()) {
         let text = std::fs::read_to_string(&path).map_err(|e| {
@@ -171,12 +171,12 @@ pub fn master_key() -> Result<Option<abridge::crypto::Secret>, Failure> {
                 std::path::Path::new(&path).display()
             ))
         })?;
-        return abridge::crypto::Secret::from_hex(&text)
+        return abridge_app::Secret::from_hex(&text)
             .map(Some)
             .map_err(|e| bad(format!("ABRIDGE_MASTER_KEY_FILE: {e}")));
     }
     match std::env::var("ABRIDGE_MASTER_KEY") {
-        Ok(v) if !v.trim().is_empty() => abridge::crypto::Secret::from_hex(&v)
+        Ok(v) if !v.trim().is_empty() => abridge_app::Secret::from_hex(&v)
             .map(Some)
             .map_err(|e| bad(format!("ABRIDGE_MASTER_KEY: {e}"))),
         _ => Ok(None),
@@ -186,7 +186,7 @@ pub fn master_key() -> Result<Option<abridge::crypto::Secret>, Failure> {
 /// The monthly ceiling from ABRIDGE_MONTHLY_TOKENS and/or ABRIDGE_MONTHLY_COST (with
 /// ABRIDGE_PRICE_INPUT and ABRIDGE_PRICE_OUTPUT, per million tokens); `None` when neither
 /// limit is set.
-pub fn ceiling() -> Result<Option<abridge::app::Ceiling>, Failure> {
+pub fn ceiling() -> Result<Option<abridge_app::Ceiling>, Failure> {
     let tokens: Option<u64> = env_number("ABRIDGE_MONTHLY_TOKENS")?;
     let cost: Option<f64> = env_number("ABRIDGE_MONTHLY_COST")?;
     let price_input: f64 = env_number("ABRIDGE_PRICE_INPUT")?.unwrap_or(0.0);
@@ -202,7 +202,7 @@ pub fn ceiling() -> Result<Option<abridge::app::Ceiling>, Failure> {
     if tokens.is_none() && cost.is_none() {
         return Ok(None);
     }
-    Ok(Some(abridge::app::Ceiling {
+    Ok(Some(abridge_app::Ceiling {
         tokens,
         cost,
         price_input,
@@ -263,8 +263,8 @@ fn warn_plaintext(s: &Settings, local: &Scoped) {
 /// lexical embedder in the guest.
 pub fn embedder(
     s: &Settings,
-) -> Result<Option<std::sync::Arc<dyn abridge::backend::embedding::Embedder>>, Failure> {
-    use abridge::backend::embedding::{EmbedApi, ServerEmbedder};
+) -> Result<Option<std::sync::Arc<dyn abridge_backend::embedding::Embedder>>, Failure> {
+    use abridge_backend::embedding::{EmbedApi, ServerEmbedder};
     let Some(model) = std::env::var("ABRIDGE_EMBED_MODEL")
         .ok()
         .filter(|m| !m.trim().is_empty())
@@ -290,7 +290,12 @@ pub fn embedder(
         }
     };
     let e = ServerEmbedder::new(api, &base, key, model.trim(), s.timeout)
-        .map_err(|e| Failure::new(Exit::Input, anyhow!("{}", abridge::types::describe(&e))))?
+        .map_err(|e| {
+            Failure::new(
+                Exit::Input,
+                anyhow!("{}", abridge_engine::types::describe(&e)),
+            )
+        })?
         .with_retry(s.retry);
     Ok(Some(std::sync::Arc::new(e)))
 }
@@ -529,13 +534,13 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
 }
 
 fn not_found(s: &Settings, e: AppError) -> Failure {
-    if e.kind == abridge::app::ErrorKind::NotFound {
+    if e.kind == abridge_app::ErrorKind::NotFound {
         return Failure::new(
             Exit::Input,
             anyhow!(
                 "{} in {} — list them with 'abridge memory list'",
                 e.message,
-                abridge::store::pg::shown(&s.db)
+                abridge_app::db::shown(&s.db)
             ),
         );
     }
@@ -678,7 +683,7 @@ enum KeysCmd {
 pub async fn keys_cmd(s: &Settings, a: KeysArgs) -> Result<(), Failure> {
     match a.cmd {
         KeysCmd::New => {
-            let k = abridge::crypto::Secret::random()
+            let k = abridge_app::Secret::random()
                 .map_err(|e| Failure::new(Exit::Internal, anyhow!("{e}")))?;
             println!("{}", k.to_hex());
         }
@@ -695,12 +700,15 @@ pub async fn keys_cmd(s: &Settings, a: KeysArgs) -> Result<(), Failure> {
                     anyhow!("cannot read {}: {e}", new_key_file.display()),
                 )
             })?;
-            let new = abridge::crypto::Secret::from_hex(&text).map_err(|e| {
+            let new = abridge_app::Secret::from_hex(&text).map_err(|e| {
                 Failure::new(Exit::Input, anyhow!("{}: {e}", new_key_file.display()))
             })?;
-            let rotated = abridge::store::rotate_master_key(&s.db, current, &new).await;
+            let rotated = abridge_app::db::rotate_master_key(&s.db, current, &new).await;
             let n = rotated.map_err(|e| {
-                Failure::new(Exit::Storage, anyhow!("{}", abridge::types::describe(&e)))
+                Failure::new(
+                    Exit::Storage,
+                    anyhow!("{}", abridge_engine::types::describe(&e)),
+                )
             })?;
             println!(
                 "{n} tenants' data keys re-wrapped under the new master key; point ABRIDGE_MASTER_KEY_FILE at {} from now on",
@@ -733,7 +741,7 @@ enum TenantsCmd {
 pub async fn tenants_cmd(s: &Settings, a: TenantsArgs) -> Result<(), Failure> {
     match a.cmd {
         TenantsCmd::Delete { name, yes } => {
-            let t = abridge::tenant::Tenant::new(&name)
+            let t = abridge_app::Tenant::new(&name)
                 .map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
             if !yes {
                 return Err(Failure::new(

@@ -13,6 +13,7 @@ macro_rules! print {
 mod app;
 mod backfill;
 mod commands;
+mod component;
 mod fresh;
 mod jobs;
 mod memory;
@@ -34,7 +35,7 @@ pub fn out(args: std::fmt::Arguments) {
     // Whatever a command prints may carry text from outside (transcripts, model output):
     // control characters are shown as escapes, never obeyed by the terminal.
     let text = args.to_string();
-    let safe = abridge::text::printable_lines(&text);
+    let safe = abridge_engine::text::printable_lines(&text);
     let mut o = std::io::stdout().lock();
     if let Err(e) = o.write_all(safe.as_bytes()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -45,9 +46,9 @@ pub fn out(args: std::fmt::Arguments) {
     }
 }
 
-/// clap's parser for a session id argument (see [`abridge::text::check_session_id`]).
+/// clap's parser for a session id argument (see [`abridge_engine::text::check_session_id`]).
 pub fn session_id(s: &str) -> Result<String, String> {
-    abridge::text::check_session_id(s).map(|()| s.to_string())
+    abridge_engine::text::check_session_id(s).map(|()| s.to_string())
 }
 
 /// Exit statuses (documented in the README).
@@ -79,22 +80,22 @@ impl Failure {
     }
 }
 
-impl From<abridge::CallError> for Failure {
-    fn from(e: abridge::CallError) -> Self {
-        use abridge::types::Error as E;
+impl From<abridge_engine::CallError> for Failure {
+    fn from(e: abridge_engine::CallError) -> Self {
+        use abridge_engine::types::Error as E;
         let exit = match &e {
-            abridge::CallError::Engine(E::InvalidInput(_)) => Exit::Input,
-            abridge::CallError::Engine(E::Storage(_) | E::Conflict(_)) => Exit::Storage,
-            abridge::CallError::Engine(_) => Exit::Model,
-            abridge::CallError::Host(_) => Exit::Internal,
-            abridge::CallError::Cancelled => Exit::Model,
+            abridge_engine::CallError::Engine(E::InvalidInput(_)) => Exit::Input,
+            abridge_engine::CallError::Engine(E::Storage(_) | E::Conflict(_)) => Exit::Storage,
+            abridge_engine::CallError::Engine(_) => Exit::Model,
+            abridge_engine::CallError::Host(_) => Exit::Internal,
+            abridge_engine::CallError::Cancelled => Exit::Model,
         };
         Failure::new(exit, e)
     }
 }
 
-impl From<abridge::transcript::TranscriptError> for Failure {
-    fn from(e: abridge::transcript::TranscriptError) -> Self {
+impl From<abridge_app::transcript::TranscriptError> for Failure {
+    fn from(e: abridge_app::transcript::TranscriptError) -> Self {
         Failure::new(Exit::Input, e)
     }
 }
@@ -166,6 +167,9 @@ enum Cmd {
     Usage(memory::UsageArgs),
     /// Delete a tenant and everything it has (its data keys included).
     Tenants(memory::TenantsArgs),
+    /// Write the exact WebAssembly component this binary embeds and its WIT package, for a
+    /// host written in another language or runtime (see docs/component.md).
+    Component(component::ComponentArgs),
 }
 
 /// Structured logs on stderr: `RUST_LOG` filters (default: `info` for `serve`, `warn`
@@ -246,6 +250,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Keys(a) => memory::keys_cmd(&settings, a).await,
         Cmd::Usage(a) => memory::usage_cmd(&settings, a).await,
         Cmd::Tenants(a) => memory::tenants_cmd(&settings, a).await,
+        Cmd::Component(a) => component::component_cmd(a).await,
     }
 }
 
@@ -281,6 +286,7 @@ mod tests {
             &["clusters", "sweep"],
             &["keys", "rotate", "--new-key-file", "k"],
             &["tenants", "delete", "acme", "--yes"],
+            &["component", "--out", "dir", "--json"],
         ] {
             let argv = std::iter::once("abridge").chain(args.iter().copied());
             <super::Cli as clap::Parser>::try_parse_from(argv)

@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
 
-use abridge::app::{App, Limits};
-use abridge::server::ServeOptions;
-use abridge::tenant::Tenant;
+use abridge_app::Tenant;
+use abridge_app::{App, Limits};
+use abridge_server::ServeOptions;
 
 use super::commands::{Backend, choose_backend};
 use super::progress::utc_text;
@@ -94,9 +94,15 @@ pub fn open_app(s: &Settings, backend: &Backend, limits: Limits) -> Result<App, 
         backend,
         limits,
         Arc::new(|level, msg| match level {
-            abridge::types::Level::Warn => tracing::warn!(target: "abridge::engine", "{msg}"),
-            abridge::types::Level::Info => tracing::info!(target: "abridge::engine", "{msg}"),
-            abridge::types::Level::Debug => tracing::debug!(target: "abridge::engine", "{msg}"),
+            abridge_engine::types::Level::Warn => {
+                tracing::warn!(target: "abridge::engine", "{msg}")
+            }
+            abridge_engine::types::Level::Info => {
+                tracing::info!(target: "abridge::engine", "{msg}")
+            }
+            abridge_engine::types::Level::Debug => {
+                tracing::debug!(target: "abridge::engine", "{msg}")
+            }
         }),
     )
 }
@@ -143,7 +149,7 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
         body_limit: a.max_body_mib.max(1) << 20,
         request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
     };
-    let server = abridge::server::bind(app, opts).await?;
+    let server = abridge_server::bind(app, opts).await?;
     let addr = server.local_addr();
     // The first line on stdout says where (tests and scripts read the port from it).
     println!("listening on http://{addr}");
@@ -152,7 +158,7 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
             "no API tokens: every request acts as the single local tenant (loopback only); create one with 'abridge tokens create --tenant NAME' to require tokens"
         );
     }
-    tracing::info!(%addr, backend = backend.name, db = %abridge::store::pg::shown(&s.db), workers = a.workers, "abridge serve started");
+    tracing::info!(%addr, backend = backend.name, db = %abridge_app::db::shown(&s.db), workers = a.workers, "abridge serve started");
     let report = server
         .run(stop_signal())
         .await
@@ -165,11 +171,11 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
 }
 
 pub async fn tokens_cmd(s: &Settings, a: TokensArgs) -> Result<(), Failure> {
-    let db = abridge::store::open_store(&s.db, None).map_err(super::jobs::storage)?;
-    let tokens = abridge::app::Tokens::new(db);
+    let db = abridge_app::db::open(&s.db, None).map_err(super::jobs::storage)?;
+    let tokens = abridge_app::Tokens::new(db);
     let now = || {
-        use abridge::Clock;
-        abridge::SystemClock.now_ms()
+        use abridge_engine::Clock;
+        abridge_engine::SystemClock.now_ms()
     };
     match a.cmd {
         TokensCmd::Create {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
 
-use abridge::types::{Config, Engine, Mode, Rendering};
+use abridge_engine::types::{Config, Engine, Mode, Rendering};
 
 /// Which model backend to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -207,7 +207,7 @@ pub struct Settings {
     pub openai_base_url: String,
     pub openai_api_key: Option<String>,
     pub timeout: Duration,
-    pub retry: abridge::backend::RetryPolicy,
+    pub retry: abridge_backend::RetryPolicy,
     /// Model requests in flight at once in a batch.
     pub concurrency: usize,
     /// How long a job's lease lasts without a heartbeat before another worker may take it.
@@ -310,8 +310,8 @@ impl Settings {
         );
         let url = url.trim_end_matches('/').to_string();
         // The backends' own rule, checked before anything runs.
-        abridge::backend::check_base_url(&url, "--url/EXTRACTION_URL")
-            .map_err(|e| anyhow::anyhow!(abridge::types::describe(&e)))?;
+        abridge_backend::check_base_url(&url, "--url/EXTRACTION_URL")
+            .map_err(|e| anyhow::anyhow!(abridge_engine::types::describe(&e)))?;
         let openai_base_url = pick!(
             common.openai_base_url.clone(),
             env.get("OPENAI_BASE_URL"),
@@ -487,7 +487,7 @@ impl Settings {
                 )
                 .max(1),
             ),
-            retry: abridge::backend::RetryPolicy {
+            retry: abridge_backend::RetryPolicy {
                 attempts: pick!(
                     common.retries,
                     env_parse(env, "ABRIDGE_RETRIES")?,
@@ -501,7 +501,7 @@ impl Settings {
                     file.retry_base_ms,
                     500
                 )),
-                ..abridge::backend::RetryPolicy::default()
+                ..abridge_backend::RetryPolicy::default()
             },
             config,
             verbose: common.verbose,

@@ -1,6 +1,6 @@
 //! `abridge watch DIR`: follow a directory of Claude Code session files and JSON-lines files,
 //! import appended lines as they arrive and keep each session's summary fresh per mode. The
-//! following itself is the app's ([`abridge::app::watch`]); this shell resolves the backend,
+//! following itself is the app's ([`abridge_app::watch`]); this shell resolves the backend,
 //! prints the watcher's notes and turns Ctrl-C into a stop.
 
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use abridge::app::watch::{WatchNote, WatchOptions};
+use abridge_app::watch::{WatchNote, WatchOptions};
 
 use super::commands::{choose_backend, note};
 use super::{Failure, Settings};
@@ -43,7 +43,7 @@ pub struct WatchArgs {
 
 pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
     // Checked before the backend is chosen, so a wrong folder is what gets reported.
-    abridge::app::watch::folder(&a.dir).map_err(|e| super::app::fail(s, e))?;
+    abridge_app::watch::folder(&a.dir).map_err(|e| super::app::fail(s, e))?;
     let backend = choose_backend(s).await?;
     let local = super::app::local(s, Some(&backend))?;
     let quiet = s.quiet;
@@ -51,7 +51,7 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
         if !quiet {
             eprintln!(
                 "abridge: {}",
-                abridge::text::printable_lines(&format!("watch: {n}"))
+                abridge_engine::text::printable_lines(&format!("watch: {n}"))
             );
         }
     });

@@ -1,0 +1,200 @@
+//! The context handed back: the chain, the backlog that fits, and a refresh when one is due.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// What `context` should assemble (mirrors the WIT `context-request`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContextRequest {
+    /// Token budget.
+    pub budget: u32,
+    /// Recent pairs.
+    pub pairs: u32,
+    /// Refresh first beyond this many messages.
+    pub refresh_after: u32,
+    /// Pinned episodes, always included verbatim within the budget.
+    pub pins: Vec<u64>,
+}
+
+/// The assembled context (mirrors the WIT `context-window`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContextWindow {
+    /// The window.
+    pub window: crate::context::Window,
+    /// Tokens of the whole history.
+    pub full_tokens: u64,
+    /// Refreshed for this call.
+    pub refreshed: bool,
+    /// A refresh is due but was not run.
+    pub refresh_due: bool,
+}
+
+/// Most unsummarized episodes `context` reads to decide whether they fit its budget; more
+/// than this never fit a context.
+pub(super) const CONTEXT_SCAN: u64 = 4 * PAGE as u64;
+
+/// Estimated context tokens of the unsummarized episodes after `covered` (message costs
+/// included), read up to [`CONTEXT_SCAN`] episodes; `u64::MAX` beyond that.
+pub(super) fn backlog_cost(
+    h: &mut impl Host,
+    session: &str,
+    covered: u64,
+    last: u64,
+) -> Result<u64, Error> {
+    if last.saturating_sub(covered) > CONTEXT_SCAN {
+        return Ok(u64::MAX);
+    }
+    let mut sum = 0u64;
+    let mut after = covered;
+    loop {
+        let page = h.episodes_after(session, after, PAGE)?;
+        let Some(l) = page.last() else { break };
+        after = l.id;
+        sum += page
+            .iter()
+            .map(|e| u64::from(e.tokens) + u64::from(plan::MESSAGE_COST))
+            .sum::<u64>();
+    }
+    Ok(sum)
+}
+
+/// The context for the next model call (see the WIT `context`).
+pub fn context(
+    h: &mut impl Host,
+    session: &str,
+    req: ContextRequest,
+    cfg: &Config,
+) -> Result<ContextWindow, Error> {
+    if session.trim().is_empty() {
+        return Err(Error::InvalidInput(
+            "the session id is empty; pass a session id".into(),
+        ));
+    }
+    let stats = h.stats(session)?;
+    let covered = h.latest_summary(session)?.map_or(0, |r| r.last_episode);
+    let beyond = stats.last_episode - covered;
+    let (mut refreshed, mut refresh_due) = (false, false);
+    let window_mode = cfg.mode == policy::Mode::Window;
+    // `refresh-after` at its maximum: the caller runs refreshes itself (as jobs), so nothing
+    // here calls the model (nor reads the backlog to decide whether to).
+    let inline = req.refresh_after != u32::MAX;
+    // Unsummarized episodes that would not fit beside the summary are due whatever their
+    // count: a context must not silently lose the middle of the conversation.
+    let overflow = inline
+        && beyond > 0
+        && backlog_cost(h, session, covered, stats.last_episode)? > u64::from(req.budget / 2);
+    let wants = inline
+        && if window_mode {
+            beyond > 0
+        } else {
+            beyond > u64::from(req.refresh_after) || overflow
+        };
+    if wants {
+        let (f, marker) = freshness_and_marker(h, session, cfg)?;
+        let may = matches!(f.state, FreshState::Due | FreshState::Waiting);
+        let run = match cfg.mode {
+            policy::Mode::Eager => may,
+            // The window is folded when a batch has left it, or when it no longer fits.
+            policy::Mode::Window => f.state == FreshState::Due || (may && overflow),
+            policy::Mode::Idle => false,
+        };
+        if run {
+            validate(session, cfg)?;
+            let upto = if overflow {
+                u64::MAX
+            } else {
+                refresh_upto(cfg, stats.last_episode)
+            };
+            match guarded(h, session, cfg, marker, upto) {
+                Ok(out) => refreshed = out.passes > 0,
+                // The previous summary serves; the caller sees that a refresh is due.
+                Err(e) => {
+                    h.log(
+                        Level::Warn,
+                        &format!(
+                            "session {session}: context uses the previous summary: {}",
+                            error_text(&e)
+                        ),
+                    );
+                    refresh_due = true;
+                }
+            }
+        } else if !window_mode || f.state != FreshState::Waiting {
+            refresh_due = true;
+        }
+    }
+    // Pinned episodes, in order, each once.
+    let mut pin_ids: Vec<u64> = req
+        .pins
+        .iter()
+        .copied()
+        .filter(|&p| p >= 1 && p <= stats.last_episode)
+        .collect();
+    pin_ids.sort_unstable();
+    pin_ids.dedup();
+    let mut pinned = Vec::with_capacity(pin_ids.len());
+    for id in pin_ids {
+        pinned.extend(h.episodes_after(session, id - 1, 1)?);
+    }
+    let mut rows = h.summaries(session)?;
+    // Where the chain ends now (a refresh above may have moved it).
+    let covered = rows.last().map_or(0, |r| r.last_episode);
+    let (from, pairs) = if window_mode {
+        // Every unsummarized message, and at least the usual recent pairs.
+        let from = covered.min(
+            stats
+                .last_episode
+                .saturating_sub(u64::from(req.pairs.max(1)) * 2),
+        );
+        (from, (stats.last_episode - from).div_ceil(2) as u32 + 1)
+    } else {
+        let want = u64::from(req.pairs.max(1)) * 4 + 8;
+        (stats.last_episode.saturating_sub(want), req.pairs)
+    };
+    let tail = h.episodes_after(
+        session,
+        from,
+        (stats.last_episode - from).min(u64::from(u32::MAX)) as u32,
+    )?;
+    // The second level on demand: a chain that cannot fit this budget beside the newest
+    // message and the pins is compacted further (when the mode lets the model be called).
+    let newest = tail.last().map_or(0, |e| crate::context::cost(&e.content));
+    let pins_cost: u32 = pinned
+        .iter()
+        .map(|e| crate::context::cost(&e.content))
+        .sum();
+    let share = req
+        .budget
+        .saturating_sub(newest)
+        .saturating_sub(pins_cost)
+        .saturating_sub(cfg.ledger_tokens.min(req.budget / 4))
+        .saturating_sub(crate::context::cost(crate::context::SUMMARY_HEADER));
+    if inline && rows.len() >= 2 && chain_tokens(&rows) > share && cfg.mode != policy::Mode::Idle {
+        match compact_chain(h, session, cfg, share.min(cfg.summary_budget_tokens)) {
+            Ok(written) if !written.is_empty() => rows = h.summaries(session)?,
+            Ok(_) => {}
+            Err(e) => h.log(
+                Level::Warn,
+                &format!(
+                    "session {session}: the chain does not fit the context and compacting it failed: {}",
+                    error_text(&e)
+                ),
+            ),
+        }
+    }
+    let window = crate::context::assemble(&crate::context::Parts {
+        rows: &rows,
+        tail: &tail,
+        pinned: &pinned,
+        last_episode: stats.last_episode,
+        budget: req.budget,
+        pairs,
+        ledger_budget: cfg.ledger_tokens,
+    });
+    Ok(ContextWindow {
+        window,
+        full_tokens: stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes,
+        refreshed,
+        refresh_due,
+    })
+}

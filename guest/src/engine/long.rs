@@ -1,0 +1,219 @@
+//! Long transcripts: map-reduce when the backlog cannot be folded in one pass.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The map chunk budget when the backlog goes the map-reduce way, else `None`: a session
+/// with no summary yet whose backlog exceeds one prompt, or a summarized session whose new
+/// part would take more than two rolling passes (the new part is then map-reduced into a new
+/// row, never regenerating what is already summarized).
+pub(super) fn long_path(
+    cfg: &Config,
+    f: f64,
+    latest: Option<&SummaryRow>,
+    backlog: u64,
+) -> Result<Option<u32>, Error> {
+    if cfg.engine != Engine::Llm {
+        return Ok(None);
+    }
+    let map_budget = policy::input_budget_f(cfg, f, prompt::fixed_tokens_x(None, &focus_only(cfg)))
+        .map_err(Error::InvalidInput)?;
+    let limit = match latest {
+        None => u64::from(map_budget),
+        Some(r) => {
+            let pass = policy::input_budget_f(
+                cfg,
+                f,
+                prompt::fixed_tokens_x(Some(&r.content), &focus_only(cfg)),
+            )
+            .map_err(Error::InvalidInput)?;
+            2 * u64::from(pass)
+        }
+    };
+    Ok((backlog > limit).then_some(map_budget))
+}
+
+/// Map-reduce for a long backlog (see [`long_path`]): token-budgeted chunks summarized
+/// concurrently, then merged in order, level by level, into one row covering every new
+/// episode. `None` when the rolling path fits.
+pub(super) fn map_reduce_if_long(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    stats: &Stats,
+    upto: u64,
+) -> Result<Option<SummaryRow>, Error> {
+    let f = calibration_factor(h, cfg)?;
+    if cfg.engine != Engine::Llm || stats.episodes == 0 {
+        return Ok(None);
+    }
+    let latest = h.latest_summary(session)?;
+    let covered = latest.as_ref().map_or(0, |r| r.last_episode);
+    if covered >= stats.last_episode.min(upto) {
+        return Ok(None);
+    }
+    let mut eps = episodes_after_all(h, session, covered)?;
+    eps.retain(|e| e.id <= upto);
+    let backlog: u64 = eps
+        .iter()
+        .map(|e| u64::from(e.tokens) + u64::from(plan::MESSAGE_COST))
+        .sum();
+    let Some(budget) = long_path(cfg, f, latest.as_ref(), backlog)? else {
+        return Ok(None);
+    };
+    let at = |id: u64| &eps[(id - covered - 1) as usize];
+    let chunks = plan::plan_chunks(
+        eps.iter().map(|e| (e.id, e.tokens)),
+        chunk_cap(cfg, budget),
+        |id| at(id).content.clone(),
+    );
+    h.log(
+        Level::Info,
+        &format!("session {session}: {} new episodes (~{backlog} tokens) exceed one prompt; map-reduce over {} chunks", eps.len(), chunks.len()),
+    );
+    let mut parts_of: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+    let mut reqs = Vec::with_capacity(chunks.len());
+    for c in &chunks {
+        let conversation: Vec<Message> = match c.part {
+            None => (c.first..=c.last)
+                .map(|id| {
+                    Message::new(at(id).role, at(id).content.clone()).by(at(id).speaker.clone())
+                })
+                .collect(),
+            Some((i, n)) => {
+                let e = at(c.first);
+                let parts = parts_of.entry(e.id).or_insert_with(|| {
+                    plan::split_parts(&e.content, chunk_cap(cfg, budget))
+                        .into_iter()
+                        .map(str::to_string)
+                        .collect()
+                });
+                vec![Message::new(
+                    e.role,
+                    format!(
+                        "(part {i} of {n} of one long message)\n{}",
+                        parts[(i - 1) as usize]
+                    ),
+                )]
+            }
+        };
+        reqs.push(request(
+            cfg,
+            prompt::build_x(&conversation, None, &focus_only(cfg)),
+        ));
+    }
+    let mut spent = (0u32, 0u32);
+    let results = cached_batch(
+        h,
+        cfg,
+        reqs,
+        (0, &format!("session {session}: map")),
+        &mut spent,
+    )?;
+    // A chunk that still fails after the host's retries is skipped and recorded, unless too
+    // many fail: then the call fails rather than writing a thin summary.
+    let mut partials: Vec<Partial> = Vec::new();
+    let mut skipped = Vec::new();
+    let mut last_error = None;
+    // A chunk the model refused as over-long is not skipped: the estimator was recalibrated
+    // and the whole session is re-planned with smaller chunks.
+    if let Some(Err(e)) = results
+        .iter()
+        .find(|r| matches!(r, Err(Error::ContextOverflow(_))))
+    {
+        return Err(e.clone());
+    }
+    for (c, r) in chunks.iter().zip(results) {
+        match r {
+            Ok(text) => partials.push(Partial {
+                first: c.first,
+                last: c.last,
+                text,
+            }),
+            Err(e) => {
+                h.log(
+                    Level::Warn,
+                    &format!(
+                        "session {session}: skipping episodes {}-{}: {}",
+                        c.first,
+                        c.last,
+                        error_text(&e)
+                    ),
+                );
+                skipped.push((c.first, c.last));
+                last_error = Some(e);
+            }
+        }
+    }
+    if let Some(e) = last_error {
+        let limit = u64::from(cfg.max_skipped_percent.min(100)) * chunks.len() as u64;
+        if skipped.len() as u64 * 100 > limit || partials.is_empty() {
+            let why = format!(
+                "{} of {} chunks failed, over the {}% limit (max-skipped-percent); nothing was written. Last error: {}",
+                skipped.len(),
+                chunks.len(),
+                cfg.max_skipped_percent,
+                error_text(&e)
+            );
+            return Err(with_message(e, why));
+        }
+    }
+    // Consecutive parts of one split episode cover the same episode; labels stay accurate.
+    let reduce_budget =
+        policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens_x(&focus_only(cfg)))
+            .map_err(Error::InvalidInput)?;
+    let mut level = 0;
+    while partials.len() > 1 {
+        level += 1;
+        let sizes: Vec<u32> = partials.iter().map(|p| estimate_tokens(&p.text)).collect();
+        let groups = plan::plan_groups(&sizes, reduce_budget).ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "a {}-token context cannot merge two partial summaries of up to {} tokens; raise the context length or lower max-output-tokens",
+                cfg.context_length, cfg.max_output_tokens
+            ))
+        })?;
+        let reqs = groups
+            .iter()
+            .map(|g| {
+                request(
+                    cfg,
+                    prompt::build_reduce_x(&partials[g.clone()], &focus_only(cfg)),
+                )
+            })
+            .collect();
+        // A failed merge cannot be skipped without losing several chunks: the call fails.
+        let texts = cached_batch(
+            h,
+            cfg,
+            reqs,
+            (level, &format!("session {session}: reduce level {level}")),
+            &mut spent,
+        )?
+        .into_iter()
+        .collect::<Result<Vec<String>, Error>>()?;
+        partials = groups
+            .iter()
+            .zip(texts)
+            .map(|(g, text)| Partial {
+                first: partials[g.start].first,
+                last: partials[g.end - 1].last,
+                text,
+            })
+            .collect();
+    }
+    let g = Generated {
+        text: partials.remove(0).text,
+        prompt_tokens: spent.0,
+        output_tokens: spent.1,
+        skipped: merge_ranges(skipped),
+    };
+    // A summarized session gets a new row for the new part; the old rows stay as they are.
+    let strategy = if latest.is_some() {
+        Strategy::NewRow
+    } else {
+        Strategy::Fresh
+    };
+    let last = covered + eps.len() as u64;
+    let ledger = row_ledger(cfg, None, eps.iter().map(|e| (e.id, e.content.as_str())));
+    write(h, session, cfg, &strategy, covered, last, g, ledger).map(Some)
+}

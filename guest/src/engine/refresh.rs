@@ -1,0 +1,556 @@
+//! Refresh and backoff: the freshness verdict, the failure marker, catching a session up pass by pass, and writing rows.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The session's freshness under `cfg` (no model call).
+pub fn freshness(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Freshness, Error> {
+    freshness_and_marker(h, session, cfg).map(|(f, _)| f)
+}
+
+/// The freshness verdict and the failure marker it was computed from (which a refresh then
+/// advances or clears, without reading it again).
+pub(super) fn freshness_and_marker(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+) -> Result<(Freshness, Option<FailureMarker>), Error> {
+    let stats = h.stats(session)?;
+    let latest = h.latest_summary(session)?;
+    let covered = latest.as_ref().map_or(0, |r| r.last_episode);
+    let last_activity_ms = timestamp_of(h, session, stats.last_episode)?;
+    let covered_until_ms = timestamp_of(h, session, covered)?;
+    let window = cfg.mode == policy::Mode::Window;
+    let edge = stats
+        .last_episode
+        .saturating_sub(u64::from(cfg.window_messages));
+    let mut left = 0u64;
+    let backlog_tokens = if covered == 0 && !window {
+        stats.total_tokens
+    } else {
+        let mut sum = 0u64;
+        let mut after = covered;
+        loop {
+            let page = h.episodes_after(session, after, PAGE)?;
+            let Some(last) = page.last() else { break };
+            after = last.id;
+            sum += page.iter().map(|e| u64::from(e.tokens)).sum::<u64>();
+            left += page
+                .iter()
+                .filter(|e| e.id <= edge)
+                .map(|e| u64::from(e.tokens) + 3)
+                .sum::<u64>();
+        }
+        sum
+    };
+    let window = if window {
+        Some((left, u64::from(window_batch(h, cfg, latest.as_ref())?)))
+    } else {
+        None
+    };
+    let marker = h.failure(session)?;
+    let now_ms = h.now_ms();
+    let f = crate::freshness::verdict(
+        crate::freshness::Inputs {
+            stats,
+            covered,
+            backlog_tokens,
+            last_activity_ms,
+            covered_until_ms,
+            now_ms,
+            marker: marker.clone(),
+            window,
+        },
+        cfg,
+    );
+    Ok((f, marker))
+}
+
+/// Window mode's fold size for a session whose newest row is `latest`: four times the fold
+/// prompt's fixed part (instructions, the summary, its ledger, the focus), within one prompt.
+pub(super) fn window_batch(
+    h: &mut impl Host,
+    cfg: &Config,
+    latest: Option<&SummaryRow>,
+) -> Result<u32, Error> {
+    let f = calibration_factor(h, cfg)?;
+    let strategy = policy::strategy(latest, cfg);
+    let previous = match &strategy {
+        Strategy::Update(r) => Some(r.content.as_str()),
+        _ => None,
+    };
+    let ledger_text = fold_ledger(&strategy);
+    let extras = prompt::Extras {
+        ledger: &ledger_text,
+        focus: &cfg.focus,
+    };
+    let fixed = prompt::fixed_tokens_x(previous, &extras);
+    let budget = policy::input_budget_f(cfg, f, fixed).unwrap_or(fixed);
+    Ok(policy::window_batch(fixed, budget))
+}
+
+/// The newest episode a refresh folds: in window mode, the last one outside the recent
+/// window; otherwise all of them.
+pub(super) fn refresh_upto(cfg: &Config, last_episode: u64) -> u64 {
+    if cfg.mode == policy::Mode::Window {
+        last_episode.saturating_sub(u64::from(cfg.window_messages))
+    } else {
+        u64::MAX
+    }
+}
+
+/// The timestamp of episode `id` (none for id 0 or an episode without one).
+pub(super) fn timestamp_of(
+    h: &mut impl Host,
+    session: &str,
+    id: u64,
+) -> Result<Option<i64>, Error> {
+    if id == 0 {
+        return Ok(None);
+    }
+    Ok(h.episodes_after(session, id - 1, 1)?
+        .first()
+        .and_then(|e| e.timestamp_ms))
+}
+
+/// Refresh the session if it is due under `cfg.mode`; a failure records a marker with a
+/// backoff and keeps the previous summary.
+pub fn refresh(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
+    validate(session, cfg)?;
+    let (f, marker) = freshness_and_marker(h, session, cfg)?;
+    if f.state != FreshState::Due {
+        if f.state != FreshState::Fresh && f.state != FreshState::Empty {
+            h.log(
+                Level::Debug,
+                &format!("session {session}: not refreshed: {}", f.reason),
+            );
+        }
+        return Ok(Outcome {
+            unsummarized: f.episodes - f.covered,
+            ..Outcome::default()
+        });
+    }
+    h.log(
+        Level::Info,
+        &format!("session {session}: refreshing: {}", f.reason),
+    );
+    guarded(h, session, cfg, marker, refresh_upto(cfg, f.episodes))
+}
+
+/// How often one call re-plans after the model refused a prompt as longer than its context
+/// (each refusal recalibrates the estimator first).
+pub(super) const MAX_OVERFLOW_REPLANS: u32 = 3;
+
+/// The seed of the one re-ask of an answer that failed the quality gate.
+pub(super) const RETRY_SEED: u32 = 7919;
+
+/// How often one call starts a pass again after a concurrent writer changed the chain first.
+pub(super) const MAX_CONFLICT_RETRIES: u32 = 5;
+
+/// A call's view of the host in which ordinary calibration measurements wait for the call to
+/// succeed. A failed map-reduce keeps the answers it received in the partial cache, keyed by
+/// the exact request; had its measurements moved the calibration, the rerun would cut other
+/// chunk boundaries, miss every cached answer and ask the model for all of it again. Refusals
+/// (over-long prompts) count at once: the call re-plans on them, and the rerun must plan as the
+/// last re-plan did.
+pub(super) struct Deferred<'a, H: Host> {
+    inner: &'a mut H,
+    /// Measurements `(model, estimated, reported)` not yet recorded.
+    pending: Vec<(String, u32, u32)>,
+}
+
+impl<H: Host> Host for Deferred<'_, H> {
+    fn stats(&mut self, session: &str) -> Result<Stats, Error> {
+        self.inner.stats(session)
+    }
+    fn episodes_after(&mut self, s: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
+        self.inner.episodes_after(s, after, limit)
+    }
+    fn latest_summary(&mut self, session: &str) -> Result<Option<SummaryRow>, Error> {
+        self.inner.latest_summary(session)
+    }
+    fn write_summary(&mut self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+        self.inner.write_summary(session, w)
+    }
+    fn generate(&mut self, req: Request) -> Result<Response, Error> {
+        self.inner.generate(req)
+    }
+    fn generate_batch(&mut self, reqs: Vec<Request>) -> Vec<Result<Response, Error>> {
+        self.inner.generate_batch(reqs)
+    }
+    fn partial(&mut self, key: &str) -> Result<Option<Cached>, Error> {
+        self.inner.partial(key)
+    }
+    fn progress(&mut self, level: u32, done: u32, total: u32) {
+        self.inner.progress(level, done, total)
+    }
+    fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, Error> {
+        // Within the call the measurements count as before.
+        let (mut e, mut r) = self.inner.calibration(model)?.unwrap_or((0, 0));
+        let mut any = e > 0 || r > 0;
+        for (m, pe, pr) in &self.pending {
+            if m == model {
+                e += u64::from(*pe);
+                r += u64::from(*pr);
+                any = true;
+            }
+        }
+        Ok(any.then_some((e, r)))
+    }
+    fn record_calibration(
+        &mut self,
+        model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error> {
+        self.pending.push((model.to_string(), estimated, reported));
+        Ok(())
+    }
+    fn record_refusal(&mut self, model: &str, estimated: u32, reported: u32) -> Result<(), Error> {
+        self.inner.record_refusal(model, estimated, reported)
+    }
+    fn summaries(&mut self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.inner.summaries(session)
+    }
+    fn summary_history(&mut self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.inner.summary_history(session)
+    }
+    fn compact_summaries(&mut self, session: &str, c: Compaction) -> Result<SummaryRow, Error> {
+        self.inner.compact_summaries(session, c)
+    }
+    fn failure(&mut self, session: &str) -> Result<Option<FailureMarker>, Error> {
+        self.inner.failure(session)
+    }
+    fn set_failure(&mut self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
+        self.inner.set_failure(session, marker)
+    }
+    fn reset_session(&mut self, session: &str) -> Result<(), Error> {
+        self.inner.reset_session(session)
+    }
+    fn now_ms(&mut self) -> u64 {
+        self.inner.now_ms()
+    }
+    fn log(&mut self, level: Level, msg: &str) {
+        self.inner.log(level, msg)
+    }
+}
+
+pub(super) fn catch_up(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    upto: u64,
+) -> Result<Outcome, Error> {
+    let mut d = Deferred {
+        inner: h,
+        pending: Vec::new(),
+    };
+    let mut out = catch_up_now(&mut d, session, cfg, upto)?;
+    // The second level: keep the active chain within its budget.
+    match compact_chain(&mut d, session, cfg, cfg.summary_budget_tokens) {
+        Ok(rows) => out.written.extend(rows),
+        Err(e) => d.log(
+            Level::Warn,
+            &format!(
+                "session {session}: compacting the oldest summary rows failed; they stay as they are: {}",
+                error_text(&e)
+            ),
+        ),
+    }
+    // Only a call that succeeded teaches the estimator (see `Deferred`).
+    for (model, e, r) in std::mem::take(&mut d.pending) {
+        d.inner.record_calibration(&model, e, r)?;
+    }
+    Ok(out)
+}
+
+pub(super) fn catch_up_now(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    upto: u64,
+) -> Result<Outcome, Error> {
+    let start = h.stats(session)?;
+    let end = start.last_episode.min(upto);
+    let mut out = Outcome::default();
+    let mut overflows = 0;
+    let mut conflicts = 0;
+    let mut long_path_done = false;
+    loop {
+        let step = if long_path_done {
+            pass(h, session, cfg, end)
+        } else {
+            map_reduce_if_long(h, session, cfg, &start, end)
+        };
+        let row = match step {
+            Err(Error::ContextOverflow(m)) if overflows < MAX_OVERFLOW_REPLANS => {
+                overflows += 1;
+                h.log(
+                    Level::Warn,
+                    &format!(
+                        "session {session}: re-planning with the recalibrated estimator ({m})"
+                    ),
+                );
+                continue;
+            }
+            // Another process wrote a row for this session first (two ingests of one
+            // session): re-read where the chain stands and go on from there.
+            Err(Error::Conflict(m)) if conflicts < MAX_CONFLICT_RETRIES => {
+                conflicts += 1;
+                h.log(
+                    Level::Info,
+                    &format!("session {session}: another writer summarized first; continuing from its row ({m})"),
+                );
+                continue;
+            }
+            Err(e) => return Err(e),
+            Ok(None) if !long_path_done => {
+                long_path_done = true;
+                continue;
+            }
+            Ok(None) => break,
+            Ok(Some(row)) => row,
+        };
+        long_path_done = true;
+        out.triggered = true;
+        out.passes += 1;
+        let reached = row.last_episode;
+        out.written.push(row);
+        // Episodes that arrive while this call runs (a chat app keeps posting) are the next
+        // call's work: a call covers what the session held when it started, and ends.
+        if reached >= end {
+            break;
+        }
+        // Each pass covers at least one episode, so this bound is never reached by a correct
+        // store; it turns a misbehaving one into an error instead of a loop.
+        if u64::from(out.passes) > start.episodes + 1 {
+            return Err(Error::Storage(
+                "the store did not record summary coverage; stopping".into(),
+            ));
+        }
+    }
+    let stats = h.stats(session)?;
+    let latest = h.latest_summary(session)?;
+    out.unsummarized = policy::unsummarized(&stats, latest.as_ref());
+    Ok(out)
+}
+
+/// The ledger a row carries: `base` (the row it updates, if any) merged with the identifiers
+/// of `episodes`, within the ledger budget (empty when the ledger is off).
+pub(super) fn row_ledger<'a>(
+    cfg: &Config,
+    base: Option<&Ledger>,
+    episodes: impl IntoIterator<Item = (u64, &'a str)>,
+) -> Ledger {
+    if cfg.ledger_tokens == 0 {
+        return Ledger::default();
+    }
+    let new = ledger::of_episodes(episodes);
+    let merged = match base {
+        Some(b) => ledger::merge(b, &new),
+        None => new,
+    };
+    ledger::budgeted(&merged, cfg.ledger_tokens)
+}
+
+/// The prompt extras of a fold into `strategy`'s row: that row's ledger (as facts to keep)
+/// and the session's focus.
+pub(super) fn fold_ledger(strategy: &Strategy) -> String {
+    match strategy {
+        Strategy::Update(r) => ledger::render(&r.ledger),
+        _ => String::new(),
+    }
+}
+
+/// One summary pass over the oldest unsummarized episodes (up to episode `upto`) that fit the
+/// budget. `None` when the session is caught up to `upto`.
+pub(super) fn pass(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    upto: u64,
+) -> Result<Option<SummaryRow>, Error> {
+    let f = calibration_factor(h, cfg)?;
+    let latest = h.latest_summary(session)?;
+    let covered = latest.as_ref().map_or(0, |r| r.last_episode);
+    if covered >= upto {
+        return Ok(None);
+    }
+    let strategy = policy::strategy(latest.as_ref(), cfg);
+    let previous = match &strategy {
+        Strategy::Update(r) => Some(r.content.clone()),
+        _ => None,
+    };
+    let ledger_text = fold_ledger(&strategy);
+    let extras = prompt::Extras {
+        ledger: &ledger_text,
+        focus: &cfg.focus,
+    };
+    let budget =
+        policy::input_budget_f(cfg, f, prompt::fixed_tokens_x(previous.as_deref(), &extras))
+            .map_err(Error::InvalidInput)?;
+
+    let mut selected: Vec<Episode> = Vec::new();
+    let mut used = 0u32;
+    let mut after = covered;
+    'fill: loop {
+        let page = h.episodes_after(session, after, PAGE)?;
+        if page.is_empty() {
+            break;
+        }
+        for ep in page {
+            let cost = ep.tokens.saturating_add(3);
+            if ep.id > upto || used.saturating_add(cost) > budget {
+                break 'fill;
+            }
+            used += cost;
+            after = ep.id;
+            selected.push(ep);
+        }
+    }
+    if selected.is_empty() {
+        return match h.episodes_after(session, covered, 1)?.into_iter().next() {
+            Some(big) if big.id <= upto => {
+                oversized(h, session, cfg, &strategy, previous, big).map(Some)
+            }
+            _ => Ok(None),
+        };
+    }
+
+    let first = selected[0].id;
+    let last = selected[selected.len() - 1].id;
+    h.log(
+        Level::Info,
+        &format!(
+            "session {session}: {} episodes {first}-{last} (~{used} tokens) as {}",
+            selected.len(),
+            describe(&strategy)
+        ),
+    );
+    let base = match &strategy {
+        Strategy::Update(r) => Some(&r.ledger),
+        _ => None,
+    };
+    let ledger = row_ledger(
+        cfg,
+        base,
+        selected.iter().map(|e| (e.id, e.content.as_str())),
+    );
+    let conversation: Vec<Message> = selected
+        .into_iter()
+        .map(|e| Message::new(e.role, e.content).by(e.speaker))
+        .collect();
+    let generated = generate(h, cfg, &conversation, previous.as_deref(), &extras)?;
+    write(h, session, cfg, &strategy, covered, last, generated, ledger).map(Some)
+}
+
+/// One episode larger than a whole prompt: fold its pieces into the summary one after the
+/// other, so nothing is dropped, and record it as covered once all pieces are in.
+pub(super) fn oversized(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    strategy: &Strategy,
+    previous: Option<String>,
+    ep: Episode,
+) -> Result<SummaryRow, Error> {
+    let f = calibration_factor(h, cfg)?;
+    let ledger_text = fold_ledger(strategy);
+    let extras = prompt::Extras {
+        ledger: &ledger_text,
+        focus: &cfg.focus,
+    };
+    // Later pieces carry the running summary (at most one output long) as the previous one.
+    let fixed = prompt::fixed_tokens_x(previous.as_deref(), &extras)
+        .max(prompt::fixed_tokens_x(Some(""), &extras) + cfg.max_output_tokens);
+    const MARKER: u32 = 16; // "(part i of n of one long message)"
+    let budget = policy::input_budget_f(cfg, f, fixed)
+        .map_err(Error::InvalidInput)?
+        .saturating_sub(3 + MARKER)
+        .max(1);
+    let pieces = chunk::split_to_fit(&ep.content, budget);
+    h.log(
+        Level::Info,
+        &format!(
+            "session {session}: episode {} (~{} tokens) exceeds one prompt; folding it in {} parts",
+            ep.id,
+            ep.tokens,
+            pieces.len()
+        ),
+    );
+    let mut current = previous;
+    let mut spent = Generated {
+        text: String::new(),
+        prompt_tokens: 0,
+        output_tokens: 0,
+        skipped: Vec::new(),
+    };
+    let n = pieces.len();
+    for (i, piece) in pieces.iter().enumerate() {
+        let content = format!("(part {} of {n} of one long message)\n{piece}", i + 1);
+        let g = generate(
+            h,
+            cfg,
+            &[Message::new(ep.role, content).by(ep.speaker.clone())],
+            current.as_deref(),
+            &extras,
+        )?;
+        spent.prompt_tokens = spent.prompt_tokens.saturating_add(g.prompt_tokens);
+        spent.output_tokens = spent.output_tokens.saturating_add(g.output_tokens);
+        current = Some(g.text);
+    }
+    spent.text = current.unwrap_or_default();
+    let covered = ep.id - 1;
+    let base = match strategy {
+        Strategy::Update(r) => Some(&r.ledger),
+        _ => None,
+    };
+    let ledger = row_ledger(cfg, base, [(ep.id, ep.content.as_str())]);
+    write(h, session, cfg, strategy, covered, ep.id, spent, ledger)
+}
+
+pub(super) fn describe(s: &Strategy) -> String {
+    match s {
+        Strategy::Fresh => "a fresh summary".into(),
+        Strategy::Update(r) => format!("an update of summary {}", r.id),
+        Strategy::NewRow => "a new summary row".into(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    strategy: &Strategy,
+    covered: u64,
+    last: u64,
+    g: Generated,
+    ledger: Ledger,
+) -> Result<SummaryRow, Error> {
+    let (replaces, first) = match strategy {
+        Strategy::Update(r) => (Some(r.id), r.first_episode),
+        _ => (None, covered + 1),
+    };
+    let model = match cfg.engine {
+        Engine::Llm => cfg.model.clone(),
+        Engine::Extractive => "extractive".to_string(),
+    };
+    let now_ms = h.now_ms();
+    h.write_summary(
+        session,
+        SummaryWrite {
+            replaces,
+            first_episode: first,
+            last_episode: last,
+            tokens: crate::tokens::estimate_tokens(&g.text),
+            content: g.text,
+            prompt_tokens: g.prompt_tokens,
+            output_tokens: g.output_tokens,
+            model,
+            now_ms,
+            skipped: g.skipped,
+            ledger,
+        },
+    )
+}

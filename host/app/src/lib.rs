@@ -1,0 +1,1096 @@
+//! The app layer: every product operation (append messages and decide on a refresh, import a
+//! transcript, context, status, reset, jobs and their workers, tokens, events), once, for every
+//! front end. It knows nothing of clap, exit codes, terminals or HTTP: the CLI and the server
+//! are thin shells that turn its results and [`AppError`] kinds into their own output.
+//!
+//! All data access goes through a [`Scoped`] handle for one tenant, which sees the store only
+//! through a [`TenantStore`]: a foreign session or job id is simply not found.
+#![deny(missing_docs)]
+
+use abridge_backend as backend;
+use abridge_engine::{clock, control, runtime, text, types};
+use abridge_store as store;
+use abridge_store::{crypto, tenant};
+
+pub mod backfill;
+pub mod db;
+pub mod error;
+pub mod events;
+pub mod jobs;
+pub mod limits;
+pub mod memories;
+mod run;
+pub mod sources;
+pub mod tokens;
+pub mod transcript;
+mod views;
+pub mod walk;
+pub mod watch;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore};
+
+pub use error::{AppError, AppResult, ErrorKind};
+pub use events::{Event, EventBus};
+pub use limits::{Ceiling, Limits, ModelMetrics};
+pub use tokens::{Grant, TokenInfo, Tokens};
+pub use views::{
+    Appended, ContextView, CoverageView, EpisodeView, ExpansionView, Imported, JobView, LedgerView,
+    MessageIn, MessageView, MessagesView, SessionView, SummaryView, state_name,
+};
+pub use worker::Workers;
+
+pub use abridge_store::crypto::Secret;
+pub use abridge_store::tenant::Tenant;
+
+use crate::backend::LlmBackend;
+use crate::clock::Clock;
+use crate::jobs::{Job, Jobs};
+use crate::runtime::{Abridge, Runtime};
+use crate::sources::{SessionMode, SessionModes};
+use crate::store::{AppStore, SourceStore, Store};
+use crate::tenant::TenantStore;
+use crate::transcript::{Format, Options};
+
+/// Longest focus instruction a session may carry (characters): it goes into every fold prompt.
+pub const MAX_FOCUS_CHARS: usize = 500;
+use crate::types::{Config, ContextRequest, FreshState, Level, Mode, NewEpisode};
+
+/// A log sink for engine messages.
+pub type LogFn = Arc<dyn Fn(Level, &str) + Send + Sync>;
+
+/// Everything an [`App`] is opened with (resolved by the front end: flags, environment, file).
+#[derive(Clone)]
+pub struct AppConfig {
+    /// The SQLite database file.
+    pub db: PathBuf,
+    /// Engine settings, with `engine` and `rendering` final for the chosen backend.
+    pub config: Config,
+    /// The model backend (the extractive engine uses [`crate::NoModel`]).
+    pub llm: Arc<dyn LlmBackend>,
+    /// The backend's name for output (`ollama`, `openai`, `extractive`).
+    pub backend_name: String,
+    /// Model requests one engine call keeps in flight in a batch.
+    pub batch_concurrency: usize,
+    /// How long a job's lease lasts without a heartbeat.
+    pub job_lease: Duration,
+    /// The clock (the only source of time).
+    pub clock: Arc<dyn Clock>,
+    /// The compiled engine component.
+    pub runtime: Arc<Runtime>,
+    /// Where engine log lines go.
+    pub log: LogFn,
+    /// Per-tenant guards.
+    pub limits: Limits,
+    /// Events kept per tenant for reconnecting subscribers.
+    pub events_kept: usize,
+    /// Memory and cluster settings.
+    pub memory: crate::types::MemoryConfig,
+    /// The embedding backend for memories (`None`: the offline lexical embedder only).
+    pub embedder: Option<Arc<dyn crate::backend::embedding::Embedder>>,
+    /// The master key sealing memory and summary text at rest (`None`: stored plaintext,
+    /// marked as such).
+    pub master_key: Option<crate::crypto::Secret>,
+}
+
+struct TenantState {
+    engine: Arc<Abridge>,
+    bucket: Mutex<Option<limits::Bucket>>,
+    /// Cluster summaries running for the tenant.
+    clusters: Arc<Semaphore>,
+}
+
+struct Inner {
+    cfg: AppConfig,
+    db: Arc<dyn AppStore>,
+    jobs: Jobs,
+    tokens: Tokens,
+    events: EventBus,
+    model: Arc<ModelMetrics>,
+    model_global: Arc<Semaphore>,
+    /// Model request slots shared with the other instances on the store, when it is shared.
+    slots: Option<Arc<limits::SharedSlots>>,
+    tenants: Mutex<BTreeMap<Tenant, Arc<TenantState>>>,
+    /// Wakes the workers when a job is queued.
+    wake: Notify,
+    /// Set when the service stops taking work.
+    draining: AtomicBool,
+    /// Numbers messages posted without a client id.
+    seq: AtomicU64,
+    /// Random, per opening: ids made here differ from those of another process.
+    instance: String,
+    /// When the periodic sweeper last swept each tenant (app clock, ms).
+    swept: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Drop for Inner {
+    /// The last handle is gone (a command ends): what was published is written first.
+    fn drop(&mut self) {
+        self.events.flush_blocking(Duration::from_secs(5));
+    }
+}
+
+/// The application: open once, share (it is cheap to clone).
+#[derive(Clone)]
+pub struct App {
+    inner: Arc<Inner>,
+}
+
+impl App {
+    /// Open the database (creating or migrating it) and get ready.
+    pub fn open(cfg: AppConfig) -> AppResult<App> {
+        // A SQLite file, or a postgres:// URL: a database several instances share.
+        let db = crate::store::open_store(&cfg.db, cfg.master_key.as_ref())?;
+        Self::open_with(cfg, db)
+    }
+
+    /// Get ready over a store of the caller's choosing (`cfg.db` is then only a name):
+    /// [`crate::MemoryStore`] for tests and embedders, or any other [`AppStore`].
+    pub fn open_with(cfg: AppConfig, db: Arc<dyn AppStore>) -> AppResult<App> {
+        let jobs = Jobs::new(db.clone(), cfg.job_lease).with_clock(cfg.clock.clone());
+        let slots = db.slots_shared().then(|| {
+            Arc::new(limits::SharedSlots {
+                store: db.clone(),
+                owner: jobs.owner().to_string(),
+                clock: cfg.clock.clone(),
+                lease_ms: 30_000,
+            })
+        });
+        // This instance's slots are renewed while it lives; a dead one's run out.
+        if let (Some(s), Ok(h)) = (&slots, tokio::runtime::Handle::try_current()) {
+            let s = Arc::downgrade(s);
+            h.spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    let Some(s) = s.upgrade() else { return };
+                    let _ = s
+                        .store
+                        .slot_renew(&s.owner, s.clock.now_ms() + s.lease_ms)
+                        .await;
+                }
+            });
+        }
+        Ok(App {
+            inner: Arc::new(Inner {
+                jobs,
+                tokens: Tokens::new(db.clone()),
+                events: EventBus::new(cfg.events_kept, db.clone(), cfg.log.clone()),
+                model: Arc::new(ModelMetrics::default()),
+                model_global: Arc::new(Semaphore::new(cfg.limits.model_total.max(1))),
+                slots,
+                tenants: Mutex::new(BTreeMap::new()),
+                wake: Notify::new(),
+                draining: AtomicBool::new(false),
+                seq: AtomicU64::new(0),
+                swept: Mutex::new(BTreeMap::new()),
+                instance: {
+                    let mut raw = [0u8; 6];
+                    getrandom::fill(&mut raw).map_err(|e| {
+                        AppError::new(ErrorKind::Internal, format!("no random numbers: {e}"))
+                    })?;
+                    raw.iter().map(|b| format!("{b:02x}")).collect()
+                },
+                db,
+                cfg,
+            }),
+        })
+    }
+
+    /// Everything the app keeps (the engine's store and the app's tables), untenanted: for
+    /// front ends' own bookkeeping tables (imported and watched files).
+    pub fn store(&self) -> Arc<dyn AppStore> {
+        self.inner.db.clone()
+    }
+
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &AppConfig {
+        &self.inner.cfg
+    }
+
+    /// The job table (unscoped: for workers and the local CLI).
+    pub fn jobs(&self) -> &Jobs {
+        &self.inner.jobs
+    }
+
+    /// API tokens.
+    pub fn tokens(&self) -> &Tokens {
+        &self.inner.tokens
+    }
+
+    /// The event bus.
+    pub fn events(&self) -> &EventBus {
+        &self.inner.events
+    }
+
+    /// Model call figures.
+    pub fn model_metrics(&self) -> &ModelMetrics {
+        &self.inner.model
+    }
+
+    /// Now, from the clock.
+    pub fn now_ms(&self) -> u64 {
+        self.inner.cfg.clock.now_ms()
+    }
+
+    /// An id no other message gets: the time, this opening's random part and a count.
+    pub fn unique_id(&self) -> String {
+        let n = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        format!("m{}-{}-{n}", self.now_ms(), self.inner.instance)
+    }
+
+    /// Stop taking new jobs (workers finish or release what they hold).
+    pub fn drain(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        self.inner.wake.notify_waiters();
+    }
+
+    /// Whether [`App::drain`] was called.
+    pub fn draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    fn state(&self, t: &Tenant) -> Arc<TenantState> {
+        let mut map = self.inner.tenants.lock().expect("tenant map lock");
+        map.entry(t.clone())
+            .or_insert_with(|| {
+                let c = &self.inner.cfg;
+                let mut guarded = limits::Guarded::new(
+                    c.llm.clone(),
+                    Arc::new(Semaphore::new(c.limits.model_per_tenant.max(1))),
+                    self.inner.model_global.clone(),
+                    self.inner.model.clone(),
+                );
+                if let Some(slots) = &self.inner.slots {
+                    guarded = guarded.shared(
+                        slots.clone(),
+                        t.name(),
+                        c.limits.model_per_tenant.max(1),
+                        c.limits.model_total.max(1),
+                    );
+                }
+                let llm: Arc<dyn LlmBackend> = Arc::new(guarded);
+                let store: Arc<dyn Store> =
+                    Arc::new(TenantStore::new(self.inner.db.clone(), t.clone()));
+                let log = c.log.clone();
+                let engine = Abridge::builder()
+                    .runtime(c.runtime.clone())
+                    .memories(
+                        self.inner.db.clone() as Arc<dyn crate::store::RecallStore>,
+                        t.name(),
+                        c.embedder.clone(),
+                    )
+                    .store(store)
+                    .llm(llm)
+                    .clock(c.clock.clone())
+                    .batch_concurrency(c.batch_concurrency)
+                    .log(move |l, m| log(l, m))
+                    .build()
+                    .expect("a runtime and a store are given, so building cannot fail");
+                Arc::new(TenantState {
+                    engine: Arc::new(engine),
+                    bucket: Mutex::new(
+                        (c.limits.requests_per_sec > 0)
+                            .then(|| limits::Bucket::new(c.limits.requests_per_sec)),
+                    ),
+                    clusters: Arc::new(Semaphore::new(
+                        c.limits
+                            .cluster_jobs_per_tenant
+                            .clamp(1, Semaphore::MAX_PERMITS),
+                    )),
+                })
+            })
+            .clone()
+    }
+
+    /// One tenant's handle.
+    pub fn tenant(&self, t: &Tenant) -> Scoped {
+        Scoped {
+            app: self.clone(),
+            tenant: t.clone(),
+            state: self.state(t),
+        }
+    }
+
+    /// The local tenant's handle (the CLI's).
+    pub fn local(&self) -> Scoped {
+        self.tenant(&Tenant::local())
+    }
+}
+
+/// What [`Scoped::append_inline`] did.
+#[derive(Debug)]
+pub struct InlineAppend {
+    /// Episodes stored (the rest were already there).
+    pub stored: u32,
+    /// Summary passes the refresh made (0 when none was due).
+    pub passes: u32,
+    /// Summary rows written or extended.
+    pub written: Vec<crate::types::SummaryRow>,
+    /// Why a due refresh failed.
+    pub failure: Option<AppError>,
+}
+
+/// One tenant's view of the app. Every operation is scoped to the tenant.
+#[derive(Clone)]
+pub struct Scoped {
+    app: App,
+    tenant: Tenant,
+    state: Arc<TenantState>,
+}
+
+/// Check a session id sent by a caller.
+fn check_session(session: &str) -> AppResult<()> {
+    crate::text::check_session_id(session).map_err(AppError::invalid)
+}
+
+impl Scoped {
+    /// The tenant.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
+    /// The app this handle belongs to.
+    pub fn app(&self) -> &App {
+        &self.app
+    }
+
+    /// The tenant's engine (its store is the tenant's view).
+    pub fn engine(&self) -> &Arc<Abridge> {
+        &self.state.engine
+    }
+
+    fn store(&self) -> &Arc<dyn Store> {
+        self.state.engine.store()
+    }
+
+    /// Count one request against the tenant's rate; `Err` says when to retry.
+    pub fn admit(&self) -> AppResult<()> {
+        let mut b = self.state.bucket.lock().expect("bucket lock");
+        match b.as_mut().map(|b| b.take()) {
+            Some(Err(secs)) => Err(AppError::new(
+                ErrorKind::RateLimited {
+                    retry_after_secs: secs,
+                },
+                format!(
+                    "tenant '{}' is over its limit of {} requests per second",
+                    self.tenant, self.app.inner.cfg.limits.requests_per_sec
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn modes(&self) -> SessionModes {
+        SessionModes::new(self.app.inner.db.clone() as Arc<dyn SourceStore>)
+    }
+
+    /// The engine configuration for a session: the global one with the session's own mode
+    /// and focus.
+    pub async fn session_config(&self, session: &str) -> AppResult<Config> {
+        let key = self.tenant.key(session);
+        let mut cfg = self.modes().apply(&key, &self.app.inner.cfg.config).await?;
+        if let Some(focus) = self.app.inner.db.session_focus(&key).await? {
+            cfg.focus = focus;
+        }
+        Ok(cfg)
+    }
+
+    /// Set (`Some`) or clear (`None`) a session's focus instructions (added to every fold
+    /// prompt); the session's focus now, if any.
+    pub async fn set_focus(&self, session: &str, focus: Option<&str>) -> AppResult<Option<String>> {
+        self.known(session).await?;
+        let focus = focus.map(str::trim).filter(|f| !f.is_empty());
+        if let Some(f) = focus
+            && f.chars().count() > MAX_FOCUS_CHARS
+        {
+            return Err(AppError::invalid(format!(
+                "the focus is {} characters; keep it under {MAX_FOCUS_CHARS} (it goes into every fold prompt)",
+                f.chars().count()
+            )));
+        }
+        let key = self.tenant.key(session);
+        self.app.inner.db.set_session_focus(&key, focus).await?;
+        Ok(self.app.inner.db.session_focus(&key).await?)
+    }
+
+    /// The session's focus instructions, if any.
+    pub async fn focus(&self, session: &str) -> AppResult<Option<String>> {
+        self.known(session).await?;
+        Ok(self
+            .app
+            .inner
+            .db
+            .session_focus(&self.tenant.key(session))
+            .await?)
+    }
+
+    /// Pin (`true`) or unpin an episode: a pinned episode is in every context verbatim
+    /// (within the budget), whatever its age. Returns the session's pins.
+    pub async fn pin(&self, session: &str, episode: u64, pinned: bool) -> AppResult<Vec<u64>> {
+        let stats = self.known(session).await?;
+        if pinned && (episode == 0 || episode > stats.last_episode) {
+            return Err(AppError::not_found(format!(
+                "session '{session}' has episodes 1-{}; there is no episode {episode} to pin",
+                stats.last_episode
+            )));
+        }
+        let key = self.tenant.key(session);
+        self.app.inner.db.set_pin(&key, episode, pinned).await?;
+        Ok(self.app.inner.db.pins(&key).await?)
+    }
+
+    /// The session's pinned episodes.
+    pub async fn pins(&self, session: &str) -> AppResult<Vec<u64>> {
+        self.known(session).await?;
+        Ok(self.app.inner.db.pins(&self.tenant.key(session)).await?)
+    }
+
+    /// Every summary row of a session, compacted ones included.
+    pub async fn summary_history(&self, session: &str) -> AppResult<Vec<SummaryView>> {
+        self.known(session).await?;
+        Ok(self
+            .engine()
+            .history(session)
+            .await?
+            .iter()
+            .map(SummaryView::from)
+            .collect())
+    }
+
+    /// Provenance: summary row `row` and exactly the episodes it covers (a page of `limit`
+    /// after `after`), or with `identifier` the episode that ledger entry came from. An
+    /// unknown row is [`ErrorKind::NotFound`].
+    pub async fn expand(
+        &self,
+        session: &str,
+        row: u64,
+        identifier: Option<&str>,
+        after: u64,
+        limit: u32,
+    ) -> AppResult<views::ExpansionView> {
+        self.known(session).await?;
+        match self
+            .engine()
+            .expand(session, row, identifier, after, limit)
+            .await
+        {
+            Ok(x) => Ok(views::ExpansionView::from(&x)),
+            Err(crate::runtime::CallError::Engine(crate::types::Error::InvalidInput(m))) => {
+                Err(AppError::not_found(m))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn publish(
+        &self,
+        kind: &str,
+        session: Option<&str>,
+        job: Option<u64>,
+        data: serde_json::Value,
+    ) {
+        self.app
+            .inner
+            .events
+            .publish(&self.tenant, kind, self.app.now_ms(), session, job, data);
+    }
+
+    /// A session's figures; an unknown session is [`ErrorKind::NotFound`].
+    async fn known(&self, session: &str) -> AppResult<crate::types::SessionStats> {
+        check_session(session)?;
+        let stats = self.store().stats(session).await?;
+        if stats.episodes == 0 {
+            return Err(AppError::not_found(format!("no session '{session}'")));
+        }
+        Ok(stats)
+    }
+
+    /// Remember that `session` held `last_episode` episodes after importing the first `bytes`
+    /// bytes of the file `source`, so a summary can say how far into its file it reaches.
+    pub async fn mark_source(
+        &self,
+        session: &str,
+        source: &str,
+        last_episode: u64,
+        bytes: u64,
+    ) -> AppResult<()> {
+        Ok(self
+            .app
+            .inner
+            .db
+            .record_mark(&self.tenant.key(session), source, last_episode, bytes)
+            .await?)
+    }
+
+    /// How far into its file a summary ending at `last_episode` reaches (when the session
+    /// came from one).
+    pub async fn source_mark(
+        &self,
+        session: &str,
+        last_episode: u64,
+    ) -> AppResult<Option<crate::sources::Mark>> {
+        Ok(self
+            .app
+            .inner
+            .db
+            .mark_covering(&self.tenant.key(session), last_episode)
+            .await?)
+    }
+
+    /// Whether a live worker (here or in another process) is running a job of `session`.
+    pub async fn session_busy(&self, session: &str) -> AppResult<bool> {
+        Ok(self
+            .app
+            .inner
+            .jobs
+            .session_busy(&self.tenant.key(session))
+            .await?)
+    }
+
+    /// A session's standing.
+    pub async fn session(&self, session: &str) -> AppResult<SessionView> {
+        let stats = self.known(session).await?;
+        self.view(session, stats).await
+    }
+
+    /// The view of a session whose figures were just read.
+    async fn view(
+        &self,
+        session: &str,
+        stats: crate::types::SessionStats,
+    ) -> AppResult<SessionView> {
+        let key = self.tenant.key(session);
+        let own = self.modes().get(&key).await?;
+        let cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
+        let f = self.engine().freshness(session, &cfg).await?;
+        let active = self.app.inner.jobs.active_for(&key).await?;
+        let history = stats.total_tokens;
+        let chain: u64 = self
+            .store()
+            .summaries(session)
+            .await?
+            .iter()
+            .map(|r| u64::from(r.tokens))
+            .sum();
+        Ok(SessionView::new(
+            session,
+            &f,
+            (cfg.mode, own.is_some()),
+            active.map(|j| j.id),
+            (history, chain),
+        ))
+    }
+
+    /// Sessions, most recently changed first, `limit` from `offset`; and the total. With
+    /// `search`, only sessions whose id contains it (ignoring case).
+    pub async fn sessions(
+        &self,
+        offset: usize,
+        limit: usize,
+        search: Option<&str>,
+    ) -> AppResult<(Vec<SessionView>, usize)> {
+        let mut all = self.store().sessions().await?;
+        if let Some(q) = search.map(str::trim).filter(|q| !q.is_empty()) {
+            let q = q.to_lowercase();
+            all.retain(|s| s.to_lowercase().contains(&q));
+        }
+        let mut out = Vec::new();
+        for s in all.iter().skip(offset).take(limit) {
+            let stats = self.store().stats(s).await?;
+            out.push(self.view(s, stats).await?);
+        }
+        Ok((out, all.len()))
+    }
+
+    /// A page of the session's messages (`limit` after episode `after`), each with the active
+    /// summary row that covers it.
+    pub async fn messages(&self, session: &str, after: u64, limit: u32) -> AppResult<MessagesView> {
+        let stats = self.known(session).await?;
+        let rows = self.store().summaries(session).await?;
+        let page = self
+            .store()
+            .episodes_after(session, after, limit.clamp(1, 1000))
+            .await?;
+        let next_after = page
+            .last()
+            .map(|e| e.id)
+            .filter(|&last| last < stats.last_episode);
+        let messages = page
+            .into_iter()
+            .map(|e| MessageView {
+                // The chain is in episode order: the candidate is the last row starting at or
+                // before the message.
+                covered_by: rows[..rows.partition_point(|r| r.first_episode <= e.id)]
+                    .last()
+                    .filter(|r| e.id <= r.last_episode)
+                    .map(|r| r.id),
+                id: e.id,
+                role: e.role.as_str().to_string(),
+                content: e.content,
+                timestamp_ms: e.timestamp_ms,
+                speaker: e.speaker,
+                tokens: e.tokens,
+            })
+            .collect();
+        Ok(MessagesView {
+            session: session.to_string(),
+            messages,
+            total: stats.episodes,
+            next_after,
+        })
+    }
+
+    /// What each row covers of the transcript: its last exchange's time, the bytes and the
+    /// number of its messages (one pass over the session's episodes).
+    pub async fn with_coverage(
+        &self,
+        session: &str,
+        mut rows: Vec<SummaryView>,
+    ) -> AppResult<Vec<SummaryView>> {
+        // Prefix sums of bytes by episode id, and each episode's time.
+        let mut bytes = vec![0u64];
+        let mut times: Vec<Option<i64>> = vec![None];
+        let mut after = 0;
+        loop {
+            let page = self.store().episodes_after(session, after, 1000).await?;
+            let Some(last) = page.last() else { break };
+            after = last.id;
+            for e in &page {
+                // Ids are dense from 1; a gap (never expected) still keeps the sums aligned.
+                while (bytes.len() as u64) < e.id {
+                    bytes.push(*bytes.last().expect("starts non-empty"));
+                    times.push(None);
+                }
+                bytes.push(bytes.last().expect("starts non-empty") + e.content.len() as u64);
+                times.push(e.timestamp_ms);
+            }
+        }
+        let top = bytes.len() as u64 - 1;
+        for r in &mut rows {
+            let (first, last) = (
+                r.first_episode.clamp(1, top.max(1)),
+                r.last_episode.min(top),
+            );
+            r.coverage = Some(if last >= first && top > 0 {
+                CoverageView {
+                    last_exchange_ms: times[last as usize],
+                    transcript_bytes: bytes[last as usize] - bytes[first as usize - 1],
+                    messages: last - first + 1,
+                }
+            } else {
+                CoverageView {
+                    last_exchange_ms: None,
+                    transcript_bytes: 0,
+                    messages: 0,
+                }
+            });
+        }
+        Ok(rows)
+    }
+
+    /// Every session id, most recently changed first.
+    pub async fn session_ids(&self) -> AppResult<Vec<String>> {
+        Ok(self.store().sessions().await?)
+    }
+
+    /// A session's summary chain, oldest first.
+    pub async fn summaries(&self, session: &str) -> AppResult<Vec<SummaryView>> {
+        self.known(session).await?;
+        Ok(self
+            .store()
+            .summaries(session)
+            .await?
+            .iter()
+            .map(SummaryView::from)
+            .collect())
+    }
+
+    /// Append messages given as JSON lines (`{"role","content","timestamp"?,"id"?,"name"?}`),
+    /// parsed in the sandbox. A message with an `id` already stored is skipped, so re-posting
+    /// is idempotent. Never calls the model: when a refresh is due it is queued as a job.
+    pub async fn append_jsonl(&self, session: &str, lines: &[u8]) -> AppResult<Appended> {
+        check_session(session)?;
+        let parsed = transcript::parse_bytes(
+            self.engine(),
+            "messages",
+            lines,
+            Some(Format::Jsonl),
+            Options::default(),
+        )
+        .await
+        .map_err(|e| match e {
+            // The body's own lines are messages: say "message N", not a file name.
+            transcript::TranscriptError::Malformed { line, message, .. } => {
+                AppError::invalid(format!("message {line}: {message}"))
+            }
+            other => other.into(),
+        })?;
+        let mut episodes: Vec<NewEpisode> = parsed
+            .conversations
+            .into_iter()
+            .flat_map(|c| c.episodes)
+            .collect();
+        let mut ids = Vec::with_capacity(episodes.len());
+        for ep in &mut episodes {
+            match ep.source_key.strip_prefix("id:") {
+                Some(id) => ids.push(id.to_string()),
+                None => {
+                    // Without an id every message is new, even if its text repeats.
+                    let id = self.app.unique_id();
+                    ep.source_key = format!("srv:{id}");
+                    ids.push(id);
+                }
+            }
+        }
+        self.append(session, episodes, ids).await
+    }
+
+    /// Append episodes and, when a refresh is due, run it here and now: one user's process
+    /// (the command line's ingest), where the caller waits. A job of the session that is
+    /// already active covers the work. A refresh that fails is reported in the result, not as
+    /// an error: the episodes are stored and the previous summary is kept. (The service's
+    /// [`Scoped::append`] queues the refresh instead: this is the one place that decides.)
+    pub async fn append_inline(
+        &self,
+        session: &str,
+        episodes: &[NewEpisode],
+        cfg: &Config,
+    ) -> AppResult<InlineAppend> {
+        check_session(session)?;
+        let stored = self.engine().append(session, episodes).await?;
+        let mut out = InlineAppend {
+            stored,
+            passes: 0,
+            written: Vec::new(),
+            failure: None,
+        };
+        if self
+            .app
+            .inner
+            .jobs
+            .session_busy(&self.tenant.key(session))
+            .await?
+        {
+            return Ok(out);
+        }
+        match self.engine().after_episode_written(session, cfg).await {
+            Ok(o) => {
+                out.passes = o.passes;
+                out.written = o.written;
+            }
+            Err(crate::runtime::CallError::Engine(e))
+                if !matches!(e, crate::types::Error::InvalidInput(_)) =>
+            {
+                out.failure = Some(e.into());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(out)
+    }
+
+    /// Append episodes and queue a refresh when one is due.
+    pub async fn append(
+        &self,
+        session: &str,
+        episodes: Vec<NewEpisode>,
+        ids: Vec<String>,
+    ) -> AppResult<Appended> {
+        check_session(session)?;
+        let received = episodes.len() as u32;
+        let stored = self.engine().append(session, &episodes).await?;
+        let cfg = self.session_config(session).await?;
+        let (job, episodes) = self.queue_if_due(session, &cfg, None).await?;
+        Ok(Appended {
+            session: session.to_string(),
+            ids,
+            received,
+            stored,
+            duplicates: received - stored,
+            episodes,
+            job: job.map(|j| self.job_view(&j)),
+        })
+    }
+
+    /// Queue a refresh of `session` when its freshness says one is due (or, with
+    /// `beyond_limit`, when more episodes than that lie beyond the summary in eager mode).
+    /// An active job of the session already covers the work.
+    /// Returns the job (queued now, or already active) and the session's episode count.
+    async fn queue_if_due(
+        &self,
+        session: &str,
+        cfg: &Config,
+        beyond_limit: Option<u64>,
+    ) -> AppResult<(Option<Job>, u64)> {
+        // An active job already covers the work: skip the verdict (a guest call) then.
+        if let Some(j) = self
+            .app
+            .inner
+            .jobs
+            .active_for(&self.tenant.key(session))
+            .await?
+        {
+            return Ok((Some(j), self.store().stats(session).await?.episodes));
+        }
+        let f = self.engine().freshness(session, cfg).await?;
+        let due = f.state == FreshState::Due
+            || (cfg.mode == Mode::Eager
+                && f.state == FreshState::Waiting
+                && beyond_limit.is_some_and(|n| f.episodes - f.covered > n));
+        let job = if due {
+            Some(self.enqueue(session, f.episodes, cfg).await?)
+        } else {
+            None
+        };
+        Ok((job, f.episodes))
+    }
+
+    async fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
+        let (job, created) = self
+            .app
+            .inner
+            .jobs
+            .enqueue(&self.tenant.key(session), target, cfg)
+            .await?;
+        if created {
+            self.publish(
+                "job.queued",
+                Some(session),
+                Some(job.id),
+                serde_json::json!({"state": "queued", "target": target}),
+            );
+            self.app.inner.wake.notify_one();
+        }
+        Ok(job)
+    }
+
+    /// Queue a refresh now, whatever the session's mode or backoff. `None` when every episode
+    /// is already covered.
+    pub async fn refresh(&self, session: &str) -> AppResult<Option<JobView>> {
+        let stats = self.known(session).await?;
+        let covered = self
+            .store()
+            .latest_summary(session)
+            .await?
+            .map_or(0, |r| r.last_episode);
+        if stats.last_episode <= covered {
+            return Ok(None);
+        }
+        let cfg = self.session_config(session).await?;
+        let job = self.enqueue(session, stats.last_episode, &cfg).await?;
+        Ok(Some(self.job_view(&job)))
+    }
+
+    /// Import a transcript (any supported format, parsed in the sandbox): one session per
+    /// conversation, named by `session` or by the one naming rule, each with a refresh job
+    /// when anything is left to summarize.
+    pub async fn import(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        format: Option<Format>,
+        session: Option<&str>,
+        opts: Options,
+    ) -> AppResult<(Vec<Imported>, Vec<String>)> {
+        if let Some(s) = session {
+            check_session(s)?;
+        }
+        let parsed = transcript::parse_bytes(self.engine(), name, bytes, format, opts).await?;
+        let many = parsed.conversations.len() > 1;
+        if many && session.is_some() {
+            return Err(AppError::invalid(format!(
+                "{name} holds {} conversations, which are imported as one session each; leave the session out",
+                parsed.conversations.len()
+            )));
+        }
+        let mut out = Vec::new();
+        for (i, conv) in parsed.conversations.into_iter().enumerate() {
+            let id = session.map(str::to_string).unwrap_or_else(|| {
+                transcript::session_name(
+                    conv.id.as_deref(),
+                    std::path::Path::new(name),
+                    many.then_some(i),
+                )
+            });
+            let total = conv.episodes.len() as u64;
+            let stored = self.engine().append(&id, &conv.episodes).await?;
+            let job = self.refresh(&id).await?;
+            out.push(Imported {
+                session: id,
+                title: conv.title,
+                episodes: total,
+                stored: u64::from(stored),
+                job,
+            });
+        }
+        Ok((out, parsed.warnings))
+    }
+
+    /// The context for the next model call, from what is summarized now. Never waits for the
+    /// model unless `wait` is given: a refresh that is due is queued and reported. With
+    /// `wait`, a due refresh is queued and waited for (up to that long) first.
+    pub async fn context(
+        &self,
+        session: &str,
+        budget: u32,
+        pairs: u32,
+        refresh_after: u32,
+        wait: Option<Duration>,
+    ) -> AppResult<ContextView> {
+        if budget < 16 {
+            return Err(AppError::invalid(format!(
+                "budget {budget} is too small to hold a message; give at least 16 tokens"
+            )));
+        }
+        self.known(session).await?;
+        let cfg = self.session_config(session).await?;
+        let (mut job, episodes) = self
+            .queue_if_due(session, &cfg, Some(u64::from(refresh_after)))
+            .await?;
+        let mut waited = false;
+        if let (Some(limit), Some(j)) = (wait, &job) {
+            waited = true;
+            if let Some(done) = self.wait_job(j.id, limit).await? {
+                job = Some(done);
+            }
+        }
+        let pins = self.app.inner.db.pins(&self.tenant.key(session)).await?;
+        let req = ContextRequest {
+            budget,
+            pairs,
+            // The hot path never summarizes inline: refreshes run as jobs.
+            refresh_after: u32::MAX,
+            pins,
+        };
+        let w = self.engine().context(session, req, &cfg).await?;
+        let pending = job.as_ref().is_some_and(|j| j.state.is_active());
+        // Left out and no refresh on the way (more than the caller allows, or what the engine
+        // says is due): it waits for idle mode's quiet window or a failing model's backoff.
+        let behind = episodes.saturating_sub(w.covered) > u64::from(refresh_after);
+        let due = !pending && (w.refresh_due || behind);
+        let job = job.map(|j| self.job_view(&j));
+        Ok(ContextView::new(session, &w, job, (pending, due), waited))
+    }
+
+    /// Wait until job `id` ends or `limit` passes; the job as it then stands.
+    pub async fn wait_job(&self, id: u64, limit: Duration) -> AppResult<Option<Job>> {
+        let mut live = self
+            .app
+            .inner
+            .events
+            .subscribe(&self.tenant, None)
+            .await
+            .live;
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let j = self.app.inner.jobs.get(id).await?;
+            match &j {
+                Some(j) if j.state.is_active() => {}
+                _ => return Ok(j),
+            }
+            let step = tokio::time::sleep_until(
+                deadline.min(tokio::time::Instant::now() + Duration::from_millis(250)),
+            );
+            tokio::select! {
+                _ = live.recv() => {}
+                _ = step => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return self.app.inner.jobs.get(id).await.map_err(Into::into);
+            }
+        }
+    }
+
+    /// Set (or with `None` clear) a session's own refresh mode; returns the mode in force.
+    pub async fn set_mode(
+        &self,
+        session: &str,
+        mode: Option<SessionMode>,
+    ) -> AppResult<SessionView> {
+        let stats = self.known(session).await?;
+        self.modes()
+            .set(&self.tenant.key(session), mode.as_ref())
+            .await?;
+        self.view(session, stats).await
+    }
+
+    /// Delete a session and everything kept for it (episodes, summaries, failure marker, jobs,
+    /// mode, the files it was imported from); returns how many episodes it had.
+    pub async fn reset(&self, session: &str) -> AppResult<u64> {
+        let stats = self.known(session).await?;
+        // Its events first: those still queued are written, then dropped with the rest.
+        self.app
+            .inner
+            .events
+            .forget_session(&self.tenant, session)
+            .await;
+        self.engine().reset(session).await?;
+        self.publish("session.reset", Some(session), None, serde_json::json!({}));
+        Ok(stats.episodes)
+    }
+
+    /// The tenant's newest jobs (ids below `before`), newest first.
+    pub async fn list_jobs(&self, before: Option<u64>, limit: u32) -> AppResult<Vec<JobView>> {
+        Ok(self
+            .app
+            .inner
+            .jobs
+            .list_for(&self.tenant, before, limit)
+            .await?
+            .iter()
+            .map(|j| self.job_view(j))
+            .collect())
+    }
+
+    /// One of the tenant's jobs (another tenant's is not found).
+    pub async fn job(&self, id: u64) -> AppResult<JobView> {
+        self.own_job(id).await.map(|j| self.job_view(&j))
+    }
+
+    async fn own_job(&self, id: u64) -> AppResult<Job> {
+        self.app
+            .inner
+            .jobs
+            .get(id)
+            .await?
+            .filter(|j| self.tenant.session_of(&j.session).is_some())
+            .ok_or_else(|| AppError::not_found(format!("no job {id}")))
+    }
+
+    /// Cancel a job: a queued one at once, a running one within a second.
+    pub async fn cancel_job(&self, id: u64) -> AppResult<JobView> {
+        let job = self.own_job(id).await?;
+        if !job.state.is_active() {
+            return Err(AppError::new(
+                ErrorKind::Conflict,
+                format!("job {id} already {}", job.state.as_str()),
+            ));
+        }
+        let now = self
+            .app
+            .inner
+            .jobs
+            .cancel(id)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("no job {id}")))?;
+        if now.state == crate::jobs::JobState::Cancelled {
+            self.publish(
+                "job.cancelled",
+                self.tenant.session_of(&now.session),
+                Some(id),
+                serde_json::json!({"state": "cancelled"}),
+            );
+        }
+        Ok(self.job_view(&now))
+    }
+
+    /// A job as callers see it (the session id without the tenant).
+    pub fn job_view(&self, j: &Job) -> JobView {
+        JobView::new(j, self.tenant.session_of(&j.session).unwrap_or(&j.session))
+    }
+}

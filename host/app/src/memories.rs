@@ -1,0 +1,770 @@
+//! Memories and cluster summaries in the app layer: write, read, list, delete, recall, the
+//! clusters and their summaries, and the summarize runs (inline after a write, and the
+//! sweeper), for every front end.
+//!
+//! A summarize run takes the cluster's claim first (so the inline path and the sweeper never
+//! summarize one cluster at once), notes the membership version, runs the guest, and settles
+//! that version when the run ends without error. A cluster changed meanwhile stays unsettled
+//! and is picked up again; a run that failed leaves it unsettled too, with the reason noted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::json;
+
+use super::{App, AppError, AppResult, ErrorKind, Scoped};
+use crate::store::{ClusterRow, RecallStore};
+use crate::types::{
+    ClusterAction, ClusterOutcome, ClusterSummary, Forgotten, HitKind, Memory, MemoryFilter,
+    MemoryIn, Recalled, Remembered, Scope,
+};
+
+/// How long a summarize run's claim on a cluster lasts.
+const CLAIM_MS: u64 = 10 * 60 * 1000;
+
+/// A memory as shown to callers.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct MemoryView {
+    /// Id.
+    pub id: String,
+    /// Whose memory.
+    pub user: String,
+    /// Project.
+    pub project: String,
+    /// Environment.
+    pub environment: String,
+    /// Kind of fact.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Subject.
+    pub key: String,
+    /// The fact.
+    pub text: String,
+    /// 0 to 1.
+    pub importance: f32,
+    /// Written at, ms since the epoch.
+    pub created_ms: u64,
+    /// Its cluster.
+    pub cluster: u64,
+}
+
+impl From<Memory> for MemoryView {
+    fn from(m: Memory) -> Self {
+        MemoryView {
+            id: m.id,
+            user: m.scope.user,
+            project: m.scope.project,
+            environment: m.scope.environment,
+            kind: m.scope.kind,
+            key: m.scope.key,
+            text: m.text,
+            importance: m.importance,
+            created_ms: m.created_ms,
+            cluster: m.cluster,
+        }
+    }
+}
+
+/// A cluster summary as shown to callers.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct ClusterSummaryView {
+    /// Id.
+    pub id: u64,
+    /// Its cluster.
+    pub cluster: u64,
+    /// The text.
+    pub text: String,
+    /// The memories it covers.
+    pub sources: Vec<String>,
+    /// Its importance (the largest of its sources').
+    pub importance: f32,
+    /// Which model (or `extractive`) wrote it.
+    pub model: String,
+    /// Model calls that produced it.
+    pub calls: u32,
+    /// Their prompt tokens.
+    pub prompt_tokens: u32,
+    /// Their output tokens.
+    pub output_tokens: u32,
+    /// Created at.
+    pub created_ms: u64,
+    /// Last regenerated at.
+    pub updated_ms: u64,
+}
+
+impl From<ClusterSummary> for ClusterSummaryView {
+    fn from(s: ClusterSummary) -> Self {
+        ClusterSummaryView {
+            id: s.id,
+            cluster: s.cluster,
+            text: s.text,
+            sources: s.sources,
+            importance: s.importance,
+            model: s.model,
+            calls: s.calls,
+            prompt_tokens: s.prompt_tokens,
+            output_tokens: s.output_tokens,
+            created_ms: s.created_ms,
+            updated_ms: s.updated_ms,
+        }
+    }
+}
+
+/// A cluster as shown to callers.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct ClusterView {
+    /// Id.
+    pub id: u64,
+    /// Whose memories.
+    pub user: String,
+    /// Project.
+    pub project: String,
+    /// Environment.
+    pub environment: String,
+    /// Kind.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Subject.
+    pub key: String,
+    /// Member ids, oldest first.
+    pub members: Vec<String>,
+    /// Its summary's id.
+    pub summary: Option<u64>,
+    /// Why its last summary was discarded.
+    pub note: Option<String>,
+    /// Whether a summarize run has seen its current members.
+    pub settled: bool,
+}
+
+impl From<ClusterRow> for ClusterView {
+    fn from(c: ClusterRow) -> Self {
+        ClusterView {
+            id: c.id,
+            user: c.scope.user,
+            project: c.scope.project,
+            environment: c.scope.environment,
+            kind: c.scope.kind,
+            key: c.scope.key,
+            members: c.member_ids,
+            summary: c.summary,
+            note: c.note,
+            settled: c.settled >= c.version,
+        }
+    }
+}
+
+/// A recall result as shown to callers.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct RecallView {
+    /// `memory` or `summary`.
+    pub kind: &'static str,
+    /// The memory id, or the summary id.
+    pub id: String,
+    /// Its text.
+    pub text: String,
+    /// Similarity weighted by importance.
+    pub score: f32,
+    /// Its importance.
+    pub importance: f32,
+    /// The memories a summary covers (empty for a memory).
+    pub sources: Vec<String>,
+}
+
+impl From<Recalled> for RecallView {
+    fn from(r: Recalled) -> Self {
+        RecallView {
+            kind: match r.kind {
+                HitKind::Memory => "memory",
+                HitKind::Summary => "summary",
+            },
+            id: r.id,
+            text: r.text,
+            score: r.score,
+            importance: r.importance,
+            sources: r.sources,
+        }
+    }
+}
+
+/// The name of a cluster action.
+pub fn action_name(a: ClusterAction) -> &'static str {
+    match a {
+        ClusterAction::Unchanged => "unchanged",
+        ClusterAction::Created => "created",
+        ClusterAction::Refreshed => "refreshed",
+        ClusterAction::Deleted => "deleted",
+        ClusterAction::TooFew => "too-few",
+        ClusterAction::LostRace => "lost-race",
+    }
+}
+
+/// A tenant's model usage this month, against its ceiling.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct UsageView {
+    /// The month, `YYYY-MM` (UTC).
+    pub month: String,
+    /// Model calls for cluster summaries.
+    pub calls: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Their output tokens.
+    pub output_tokens: u64,
+    /// What they cost at the configured prices (0 without prices).
+    pub cost: f64,
+    /// The monthly token ceiling, if any.
+    pub limit_tokens: Option<u64>,
+    /// The monthly cost ceiling, if any.
+    pub limit_cost: Option<f64>,
+    /// Whether the ceiling is reached (clusters are not summarized; recall returns memories).
+    pub exhausted: bool,
+    /// When the month's budget resets, ms since the epoch.
+    pub resets_at_ms: u64,
+    /// The month's days with usage, oldest first (UTC days).
+    pub days: Vec<UsageDayView>,
+}
+
+/// A tenant's model usage on one day.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct UsageDayView {
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    /// Model calls for cluster summaries.
+    pub calls: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Their output tokens.
+    pub output_tokens: u64,
+    /// What they cost at the configured prices (0 without prices).
+    pub cost: f64,
+}
+
+/// The month (`YYYY-MM`, UTC) of a time, and when the next one starts (ms).
+pub fn month_of(now_ms: u64) -> (String, u64) {
+    let ts =
+        jiff::Timestamp::from_millisecond(now_ms as i64).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    let utc = jiff::tz::TimeZone::UTC;
+    let d = utc.to_datetime(ts).date();
+    let (y, m) = (d.year(), d.month());
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    let next = utc
+        .to_timestamp(jiff::civil::date(ny, nm, 1).at(0, 0, 0, 0))
+        .map(|t| t.as_millisecond() as u64)
+        .unwrap_or(u64::MAX);
+    (format!("{y:04}-{m:02}"), next)
+}
+
+/// The UTC day (`YYYY-MM-DD`) of a time.
+pub fn day_of(now_ms: u64) -> String {
+    let ts =
+        jiff::Timestamp::from_millisecond(now_ms as i64).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    let d = jiff::tz::TimeZone::UTC.to_datetime(ts).date();
+    format!("{:04}-{:02}-{:02}", d.year(), d.month(), d.day())
+}
+
+/// The periodic cluster sweeper of [`App::start_sweeper`].
+pub struct Sweeper {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sweeper {
+    /// Stop: a sweep under way ends at once; the claims it holds are released by their expiry
+    /// or by the next sweep's owner check.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// What one sweep did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SweepReport {
+    /// Clusters looked at.
+    pub clusters: usize,
+    /// Summaries created or refreshed.
+    pub written: usize,
+    /// Summaries deleted (clusters fell under the minimum).
+    pub deleted: usize,
+    /// Clusters another worker held.
+    pub busy: usize,
+    /// Clusters left for the next run by the per-run cap.
+    pub deferred: usize,
+    /// Clusters whose summary failed (reason noted on the cluster).
+    pub failed: usize,
+    /// Clusters not summarized because their tenant's monthly ceiling is reached.
+    pub refused: usize,
+    /// Tenants passed over because they were swept within the cooldown.
+    pub cooling: usize,
+    /// Model calls made.
+    pub calls: u32,
+    /// Prompt tokens spent.
+    pub prompt_tokens: u64,
+}
+
+/// A filter from optional fields.
+pub fn filter(
+    user: Option<String>,
+    project: Option<String>,
+    environment: Option<String>,
+    kind: Option<String>,
+    key: Option<String>,
+) -> MemoryFilter {
+    MemoryFilter {
+        user,
+        project,
+        environment,
+        kind,
+        key,
+    }
+}
+
+impl Scoped {
+    fn recall_store(&self) -> Arc<dyn RecallStore> {
+        self.app.inner.db.clone() as Arc<dyn RecallStore>
+    }
+
+    /// Store memories (ids are made for those without one); clusters that are due come back
+    /// `due` — pass the result to [`Scoped::summarize_due`] (after acknowledging the write).
+    pub async fn remember(&self, mut items: Vec<MemoryIn>) -> AppResult<Vec<Remembered>> {
+        if items.is_empty() {
+            return Err(AppError::invalid("no memories given; send at least one"));
+        }
+        if items.len() > 1000 {
+            return Err(AppError::invalid(format!(
+                "{} memories in one write; send at most 1000 at a time",
+                items.len()
+            )));
+        }
+        for m in &mut items {
+            if m.id.is_empty() {
+                m.id = self.app.unique_id();
+            }
+        }
+        let cfg = &self.app.inner.cfg.memory;
+        let out = self.engine().remember(&items, cfg).await?;
+        for r in out.iter().filter(|r| r.created) {
+            self.publish(
+                "memory.written",
+                None,
+                None,
+                json!({"id": r.id, "cluster": r.cluster, "members": r.members, "due": r.due}),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Summarize the clusters a write or delete left due, one after another; failures are
+    /// noted on their clusters and published, and the sweeper retries them.
+    pub async fn summarize_due(&self, clusters: &[u64]) -> Vec<AppResult<Option<ClusterOutcome>>> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
+        for &c in clusters {
+            if seen.insert(c) {
+                out.push(self.summarize_cluster(c).await);
+            }
+        }
+        out
+    }
+
+    /// The tenant's usage this month against its ceiling.
+    pub async fn usage(&self) -> AppResult<UsageView> {
+        let (month, resets_at_ms) = month_of(self.app.now_ms());
+        let (calls, prompt, output) = self
+            .recall_store()
+            .usage(self.tenant.name(), &month)
+            .await?;
+        let ceiling = self.app.inner.cfg.limits.ceiling;
+        let cost = |p: u64, o: u64| ceiling.map_or(0.0, |c| c.cost_of(p, o));
+        let days = self
+            .recall_store()
+            .usage_days(self.tenant.name(), &month)
+            .await?
+            .into_iter()
+            .map(|d| UsageDayView {
+                cost: cost(d.prompt_tokens, d.output_tokens),
+                day: d.day,
+                calls: d.calls,
+                prompt_tokens: d.prompt_tokens,
+                output_tokens: d.output_tokens,
+            })
+            .collect();
+        Ok(UsageView {
+            month,
+            days,
+            calls,
+            prompt_tokens: prompt,
+            output_tokens: output,
+            cost: cost(prompt, output),
+            limit_tokens: ceiling.and_then(|c| c.tokens),
+            limit_cost: ceiling.and_then(|c| c.cost),
+            exhausted: ceiling.is_some_and(|c| c.exhausted(prompt, output).is_some()),
+            resets_at_ms,
+        })
+    }
+
+    /// The refusal when the tenant's monthly ceiling is reached.
+    pub async fn over_ceiling(&self) -> AppResult<Option<AppError>> {
+        let Some(c) = self.app.inner.cfg.limits.ceiling else {
+            return Ok(None);
+        };
+        let (month, resets_at_ms) = month_of(self.app.now_ms());
+        let (_, prompt, output) = self
+            .recall_store()
+            .usage(self.tenant.name(), &month)
+            .await?;
+        Ok(c.exhausted(prompt, output).map(|(spent, limit, unit)| {
+            AppError::new(
+                ErrorKind::QuotaExhausted {
+                    spent: spent as u64,
+                    limit: limit as u64,
+                    resets_at_ms,
+                },
+                format!(
+                    "tenant '{}' has used its monthly budget for summaries ({spent:.0} of {limit:.0} {unit} in {month}); clusters are not summarized and recall returns memories until it resets",
+                    self.tenant
+                ),
+            )
+            .hint("raise ABRIDGE_MONTHLY_TOKENS or ABRIDGE_MONTHLY_COST, or wait for the next month")
+        }))
+    }
+
+    /// One summarize run of a cluster under its claim; `Ok(None)` when another worker holds it.
+    /// Refused with [`ErrorKind::QuotaExhausted`] when the tenant's monthly ceiling is reached.
+    pub async fn summarize_cluster(&self, cluster: u64) -> AppResult<Option<ClusterOutcome>> {
+        if let Some(refusal) = self.over_ceiling().await? {
+            return Err(refusal);
+        }
+        // At most the tenant's share of cluster summaries at once; the rest wait here.
+        let _slot = self
+            .state
+            .clusters
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| AppError::new(ErrorKind::Unavailable, "shutting down"))?;
+        let store = self.recall_store();
+        let tenant = self.tenant.name();
+        let owner = format!("{}-{}", self.app.unique_id(), std::process::id());
+        let now = self.app.now_ms();
+        // A claim is refused for a cluster another worker holds, and for one that does not
+        // exist: only then is it worth telling the two apart.
+        let claimed = store
+            .claim_cluster(tenant, cluster, &owner, now, now + CLAIM_MS)
+            .await?;
+        let version = store.cluster_version(tenant, cluster).await?;
+        let Some(version) = version.filter(|_| claimed) else {
+            return match version {
+                None => Err(AppError::not_found(format!("no cluster {cluster}"))),
+                Some(_) => Ok(None),
+            };
+        };
+        let cfg = &self.app.inner.cfg;
+        let result = self
+            .engine()
+            .summarize_cluster(cluster, &cfg.config, &cfg.memory)
+            .await;
+        let settled = match &result {
+            Ok(_) => store.settle(tenant, cluster, version).await,
+            Err(_) => Ok(()),
+        };
+        store.release_cluster(tenant, cluster, &owner).await?;
+        settled?;
+        if let Ok(o) = &result
+            && o.calls > 0
+        {
+            store
+                .add_usage(
+                    tenant,
+                    &day_of(self.app.now_ms()),
+                    u64::from(o.calls),
+                    u64::from(o.prompt_tokens),
+                    u64::from(o.output_tokens),
+                )
+                .await?;
+        }
+        match result {
+            Ok(o) => {
+                if !matches!(o.action, ClusterAction::Unchanged | ClusterAction::TooFew) {
+                    self.publish(
+                        "cluster.summarized",
+                        None,
+                        None,
+                        json!({
+                            "cluster": cluster, "action": action_name(o.action),
+                            "summary": o.summary.as_ref().map(|s| s.id),
+                            "sources": o.summary.as_ref().map(|s| s.sources.clone()),
+                            "calls": o.calls, "prompt_tokens": o.prompt_tokens,
+                        }),
+                    );
+                }
+                Ok(Some(o))
+            }
+            Err(e) => {
+                let e = AppError::from(e);
+                self.publish(
+                    "cluster.failed",
+                    None,
+                    None,
+                    json!({"cluster": cluster, "error": e.message}),
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// One memory; a foreign or unknown id is not found.
+    pub async fn memory(&self, id: &str) -> AppResult<MemoryView> {
+        self.recall_store()
+            .get_memory(self.tenant.name(), id)
+            .await?
+            .map(MemoryView::from)
+            .ok_or_else(|| AppError::not_found(format!("no memory '{id}'")))
+    }
+
+    /// Memories under a filter, oldest first; and the total.
+    pub async fn memories(
+        &self,
+        f: &MemoryFilter,
+        offset: usize,
+        limit: usize,
+    ) -> AppResult<(Vec<MemoryView>, usize)> {
+        let (rows, total) = self
+            .recall_store()
+            .list_memories(self.tenant.name(), f, offset, limit)
+            .await?;
+        Ok((rows.into_iter().map(MemoryView::from).collect(), total))
+    }
+
+    /// Delete a memory; a summary that covered it goes at once, and the cluster is left due
+    /// when it still has enough members (pass `due` clusters to [`Scoped::summarize_due`]).
+    pub async fn forget(&self, id: &str) -> AppResult<Forgotten> {
+        let f = self
+            .engine()
+            .forget(id, &self.app.inner.cfg.memory)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("no memory '{id}'")))?;
+        self.publish(
+            "memory.deleted",
+            None,
+            None,
+            json!({"id": id, "cluster": f.cluster, "summary_deleted": f.summary_deleted}),
+        );
+        Ok(f)
+    }
+
+    /// The best memories and summaries for a query.
+    pub async fn recall(
+        &self,
+        query: &str,
+        f: &MemoryFilter,
+        k: u32,
+    ) -> AppResult<Vec<RecallView>> {
+        // Over the ceiling, recall falls back to the raw memories.
+        let summaries = self.over_ceiling().await?.is_none();
+        let r = self
+            .engine()
+            .recall(query, f, k, summaries, &self.app.inner.cfg.memory)
+            .await?;
+        Ok(r.into_iter().map(RecallView::from).collect())
+    }
+
+    /// Clusters under a filter.
+    pub async fn clusters(&self, f: &MemoryFilter) -> AppResult<Vec<ClusterView>> {
+        Ok(self
+            .recall_store()
+            .clusters(self.tenant.name(), f)
+            .await?
+            .into_iter()
+            .map(ClusterView::from)
+            .collect())
+    }
+
+    /// A cluster summary by id.
+    pub async fn cluster_summary(&self, id: u64) -> AppResult<ClusterSummaryView> {
+        self.recall_store()
+            .summary_by_id(self.tenant.name(), id)
+            .await?
+            .map(ClusterSummaryView::from)
+            .ok_or_else(|| AppError::not_found(format!("no summary {id}")))
+    }
+
+    /// The memories a summary covers, in its order.
+    pub async fn summary_sources(&self, id: u64) -> AppResult<Vec<MemoryView>> {
+        let s = self.cluster_summary(id).await?;
+        let store = self.recall_store();
+        let mut out = Vec::new();
+        for src in &s.sources {
+            if let Some(m) = store.get_memory(self.tenant.name(), src).await? {
+                out.push(MemoryView::from(m));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What deleting a tenant removed.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TenantDeleted {
+    /// Sessions deleted (with their episodes, summaries and events).
+    pub sessions: usize,
+    /// Memories deleted (with their clusters, summaries and data keys).
+    pub memories: usize,
+    /// Tokens revoked.
+    pub tokens: usize,
+}
+
+impl Scoped {
+    /// Delete everything the tenant has: its sessions, its memories with their clusters and
+    /// summaries, its usage and its data keys (so sealed text of it that survives anywhere,
+    /// a backup say, can no longer be opened), and revoke its tokens.
+    pub async fn delete_tenant(&self) -> AppResult<TenantDeleted> {
+        let mut out = TenantDeleted::default();
+        let (_, total) = self.memories(&MemoryFilter::default(), 0, 1).await?;
+        out.memories = total;
+        for s in self.store().sessions().await? {
+            self.reset(&s).await?;
+            out.sessions += 1;
+        }
+        self.recall_store()
+            .forget_tenant(self.tenant.name())
+            .await?;
+        let now = self.app.now_ms();
+        for t in self.app.tokens().list().await? {
+            if t.tenant == self.tenant.name() && t.revoked_ms.is_none() {
+                self.app.tokens().revoke(t.id, now).await?;
+                out.tokens += 1;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl App {
+    /// One sweep: summarize clusters whose summary may be missing or stale (of one tenant or
+    /// all), at most `per_scope` per user and project, skipping clusters another worker holds.
+    pub async fn sweep(
+        &self,
+        tenant: Option<&crate::tenant::Tenant>,
+        per_scope: usize,
+    ) -> AppResult<SweepReport> {
+        self.sweep_with(tenant, per_scope, 0).await
+    }
+
+    /// The periodic sweep: as [`App::sweep`] over every tenant, passing over a tenant swept
+    /// less than the cooldown (`Limits::sweep_cooldown_ms`) ago.
+    pub async fn sweep_periodic(&self, per_scope: usize) -> AppResult<SweepReport> {
+        self.sweep_with(None, per_scope, self.inner.cfg.limits.sweep_cooldown_ms)
+            .await
+    }
+
+    /// Start the periodic sweeper: every `every`, [`App::sweep_periodic`] with `per_scope`,
+    /// logging what it did with `tracing`. `abridge serve` and embedders run this loop
+    /// (`abridge clusters sweep` runs one sweep); stop it with [`Sweeper::stop`].
+    pub fn start_sweeper(&self, every: std::time::Duration, per_scope: usize) -> Sweeper {
+        let app = self.clone();
+        let (tx, mut stop) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                match app.sweep_periodic(per_scope).await {
+                    Ok(r) if r.clusters > 0 => tracing::info!(
+                        clusters = r.clusters,
+                        written = r.written,
+                        deleted = r.deleted,
+                        failed = r.failed,
+                        deferred = r.deferred,
+                        calls = r.calls,
+                        "cluster sweep"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e.message, "cluster sweep failed"),
+                }
+            }
+        });
+        Sweeper { stop: tx, task }
+    }
+
+    async fn sweep_with(
+        &self,
+        tenant: Option<&crate::tenant::Tenant>,
+        per_scope: usize,
+        cooldown_ms: u64,
+    ) -> AppResult<SweepReport> {
+        let store = self.inner.db.clone() as Arc<dyn RecallStore>;
+        let todo = store.unsettled(tenant.map(|t| t.name()), 10_000).await?;
+        let mut report = SweepReport::default();
+        let now = self.now_ms();
+        let mut cooling = std::collections::BTreeSet::new();
+        let todo: Vec<_> = {
+            let mut swept = self.inner.swept.lock().expect("sweep lock");
+            let mut keep = Vec::new();
+            let mut fresh = std::collections::BTreeSet::new();
+            for u in todo {
+                let last = swept.get(&u.tenant).copied();
+                if cooldown_ms > 0
+                    && !fresh.contains(&u.tenant)
+                    && last.is_some_and(|l| now.saturating_sub(l) < cooldown_ms)
+                {
+                    cooling.insert(u.tenant.clone());
+                    continue;
+                }
+                fresh.insert(u.tenant.clone());
+                keep.push(u);
+            }
+            for t in fresh {
+                swept.insert(t, now);
+            }
+            keep
+        };
+        report.cooling = cooling.len();
+        let mut per: BTreeMap<(String, String, String), usize> = BTreeMap::new();
+        for u in todo {
+            let n = per
+                .entry((u.tenant.clone(), u.user.clone(), u.project.clone()))
+                .or_default();
+            if *n >= per_scope.max(1) {
+                report.deferred += 1;
+                continue;
+            }
+            *n += 1;
+            report.clusters += 1;
+            let Ok(t) = crate::tenant::Tenant::new(&u.tenant) else {
+                continue;
+            };
+            match self.tenant(&t).summarize_cluster(u.cluster).await {
+                Ok(Some(o)) => {
+                    report.calls += o.calls;
+                    report.prompt_tokens += u64::from(o.prompt_tokens);
+                    match o.action {
+                        ClusterAction::Created | ClusterAction::Refreshed => report.written += 1,
+                        ClusterAction::Deleted => report.deleted += 1,
+                        _ => {}
+                    }
+                }
+                Ok(None) => report.busy += 1,
+                Err(e) if matches!(e.kind, ErrorKind::QuotaExhausted { .. }) => report.refused += 1,
+                Err(e) => {
+                    tracing::warn!(tenant = %u.tenant, cluster = u.cluster, error = %e.message, "cluster summary failed");
+                    report.failed += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// A scope from its five fields.
+pub fn scope(user: &str, project: &str, environment: &str, kind: &str, key: &str) -> Scope {
+    Scope {
+        user: user.into(),
+        project: project.into(),
+        environment: environment.into(),
+        kind: kind.into(),
+        key: key.into(),
+    }
+}

@@ -1,0 +1,461 @@
+//! Reading transcripts: JSON lines, OpenAI messages, Claude Code session JSONL and ChatGPT
+//! `conversations.json` (see ../shared/docs/transcript-formats.md).
+//!
+//! The parsing itself runs in the guest, inside the sandbox (the `transcripts` export of the
+//! WIT): this module reads bytes (bounded by `--max-bytes`, whatever the source), feeds them
+//! to the guest parser in chunks, and gathers its episodes per conversation. Both hosts, Rust
+//! and JavaScript, therefore parse byte for byte alike.
+//!
+//! Parsing is all-or-nothing: a file with a malformed line is refused with its line number
+//! before anything is stored (unless the caller asks to skip bad lines). The one exception
+//! is a partial last line with no newline, which a live Claude Code session is still
+//! writing: it is skipped with a warning.
+
+use std::path::Path;
+
+use crate::runtime::{Abridge, TranscriptParser};
+use crate::types::{NewEpisode, ParseBatch, ParseError, ParseOptions};
+
+/// A transcript format: the WIT `transcripts.format` (JSON lines, OpenAI messages, Claude
+/// Code, ChatGPT export).
+pub use crate::types::TranscriptFormat as Format;
+
+/// Parsing choices.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Keep tool calls and tool results as episodes (off: only dialogue).
+    pub include_tools: bool,
+    /// Skip malformed lines with a warning instead of refusing the file.
+    pub skip_invalid: bool,
+    /// Lines of the file before these bytes (a watcher reads from where it stopped), so line
+    /// numbers in messages and in episode keys are the file's own whatever the read started.
+    pub first_line: usize,
+}
+
+/// One conversation read from a file.
+#[derive(Clone, Debug)]
+pub struct Conversation {
+    /// The conversation's own id (Claude Code `sessionId`, ChatGPT conversation id).
+    pub id: Option<String>,
+    /// A title, when the format carries one.
+    pub title: Option<String>,
+    /// Episodes in order; `tokens` is left 0 for the guest to fill in.
+    pub episodes: Vec<NewEpisode>,
+}
+
+/// A parsed file.
+#[derive(Clone, Debug)]
+pub struct Parsed {
+    /// The format read.
+    pub format: Format,
+    /// Conversations (several only for ChatGPT exports).
+    pub conversations: Vec<Conversation>,
+    /// Lines skipped, and why.
+    pub warnings: Vec<String>,
+    /// Bytes read.
+    pub bytes: u64,
+}
+
+/// Why a transcript could not be read. Each message says how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum TranscriptError {
+    /// The file could not be opened or read.
+    #[error("cannot read {path}: {source} — check the path")]
+    Io {
+        /// File.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The file is over the size limit.
+    #[error(
+        "{path} is over the {limit}-byte limit (at least {size} bytes) — raise it with --max-bytes, or split the file"
+    )]
+    TooLarge {
+        /// File.
+        path: String,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The file is not UTF-8.
+    #[error(
+        "{path}:{line}: invalid UTF-8 at byte {offset} — re-encode the file as UTF-8 (for example: iconv -f latin1 -t utf-8)"
+    )]
+    Utf8 {
+        /// File.
+        path: String,
+        /// 1-based line.
+        line: usize,
+        /// Byte offset of the bad sequence.
+        offset: usize,
+    },
+    /// A line or document is malformed.
+    #[error("{path}:{line}: {message}")]
+    Malformed {
+        /// File.
+        path: String,
+        /// 1-based line (1 for whole-document formats).
+        line: usize,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// The sandboxed parser stopped (a fuel or memory limit, or a bug in it): the file is not
+    /// read, nothing is stored.
+    #[error(
+        "{path}: the transcript parser stopped ({message}) — nothing was stored; check the file, or report it with the file attached"
+    )]
+    Sandbox {
+        /// File.
+        path: String,
+        /// What stopped it.
+        message: String,
+    },
+    /// The file holds nothing but white space.
+    #[error("{path} is empty — nothing to import; check that it is the right file")]
+    EmptyFile {
+        /// File.
+        path: String,
+    },
+    /// The format could not be recognised.
+    #[error(
+        "cannot tell the format of {path} — pass --format jsonl|openai|claude-code|chatgpt (see README: Formats)"
+    )]
+    UnknownFormat {
+        /// File.
+        path: String,
+    },
+    /// No messages were found.
+    #[error(
+        "{path} holds no messages (read as {format}) — check that it is the right file, or pass --format"
+    )]
+    Empty {
+        /// File.
+        path: String,
+        /// Format used.
+        format: Format,
+    },
+}
+
+/// Default size limit for one transcript file: 256 MiB.
+pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+
+/// Bytes fed to the guest parser per call.
+pub const FEED_BYTES: usize = 1 << 20;
+
+/// Read and parse a file (`-` reads standard input), in chunks: the host holds no more of the
+/// file than one chunk, and stops one byte past `max_bytes` whatever the source (a FIFO, an
+/// endless stdin, a growing file).
+pub async fn read_file(
+    engine: &Abridge,
+    path: &Path,
+    format: Option<Format>,
+    opts: Options,
+    max_bytes: u64,
+) -> Result<Parsed, TranscriptError> {
+    let name = path.display().to_string();
+    let io = |source| TranscriptError::Io {
+        path: name.clone(),
+        source,
+    };
+    let mut reader: Box<dyn std::io::Read + Send> = if name == "-" {
+        Box::new(std::io::stdin())
+    } else {
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.is_dir() {
+            return Err(TranscriptError::Io {
+                path: name,
+                source: std::io::Error::other("it is a directory, not a transcript file"),
+            });
+        }
+        if meta.is_file() && meta.len() > max_bytes {
+            return Err(TranscriptError::TooLarge {
+                path: name,
+                size: meta.len(),
+                limit: max_bytes,
+            });
+        }
+        Box::new(std::fs::File::open(path).map_err(io)?)
+    };
+    let mut feeder = Feeder::new(engine, &name, format, opts).await?;
+    let mut buf = vec![0u8; FEED_BYTES];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(e)),
+        };
+        if feeder.bytes + n as u64 > max_bytes {
+            return Err(TranscriptError::TooLarge {
+                path: name,
+                size: feeder.bytes + n as u64,
+                limit: max_bytes,
+            });
+        }
+        feeder.feed(&buf[..n]).await?;
+    }
+    feeder.finish().await
+}
+
+/// Parse bytes named `name` (used in messages).
+pub async fn parse_bytes(
+    engine: &Abridge,
+    name: &str,
+    bytes: &[u8],
+    format: Option<Format>,
+    opts: Options,
+) -> Result<Parsed, TranscriptError> {
+    let mut feeder = Feeder::new(engine, name, format, opts).await?;
+    for chunk in bytes.chunks(FEED_BYTES) {
+        feeder.feed(chunk).await?;
+    }
+    feeder.finish().await
+}
+
+/// Read at most `max_bytes` from `r`: memory stays bounded however much (or however long) the
+/// source writes; one byte more is [`TranscriptError::TooLarge`].
+pub fn read_bounded(
+    name: &str,
+    r: &mut impl std::io::Read,
+    max_bytes: u64,
+) -> Result<Vec<u8>, TranscriptError> {
+    let mut buf = Vec::new();
+    let mut limited = std::io::Read::take(&mut *r, max_bytes.saturating_add(1));
+    std::io::Read::read_to_end(&mut limited, &mut buf).map_err(|source| TranscriptError::Io {
+        path: name.to_string(),
+        source,
+    })?;
+    if buf.len() as u64 > max_bytes {
+        return Err(TranscriptError::TooLarge {
+            path: name.to_string(),
+            size: buf.len() as u64,
+            limit: max_bytes,
+        });
+    }
+    Ok(buf)
+}
+
+/// Feeds a file to the guest parser and gathers the conversations it yields.
+pub struct Feeder<'a> {
+    parser: TranscriptParser<'a>,
+    name: String,
+    format: Option<Format>,
+    conversations: Vec<(u32, Conversation)>,
+    warnings: Vec<String>,
+    /// Bytes fed so far.
+    pub bytes: u64,
+}
+
+impl<'a> Feeder<'a> {
+    /// A parser for the file `name`.
+    pub async fn new(
+        engine: &'a Abridge,
+        name: &str,
+        format: Option<Format>,
+        opts: Options,
+    ) -> Result<Feeder<'a>, TranscriptError> {
+        let parser = engine
+            .parser(&ParseOptions {
+                format,
+                include_tools: opts.include_tools,
+                skip_invalid: opts.skip_invalid,
+                first_line: opts.first_line.min(u32::MAX as usize) as u32,
+                name: name.to_string(),
+                max_episode_bytes: 0,
+            })
+            .await
+            .map_err(|e| sandbox(name, e))?;
+        Ok(Feeder {
+            parser,
+            name: name.to_string(),
+            format,
+            conversations: Vec::new(),
+            warnings: Vec::new(),
+            bytes: 0,
+        })
+    }
+
+    /// Parse the next bytes; returns the episodes they completed, per conversation index
+    /// (gathered too, for [`finish`](Self::finish)).
+    pub async fn feed(&mut self, chunk: &[u8]) -> Result<(), TranscriptError> {
+        self.bytes += chunk.len() as u64;
+        let r = self
+            .parser
+            .feed(chunk)
+            .await
+            .map_err(|e| sandbox(&self.name, e))?;
+        self.take(r)
+    }
+
+    /// End of input: everything parsed.
+    pub async fn finish(mut self) -> Result<Parsed, TranscriptError> {
+        let r = self
+            .parser
+            .finish()
+            .await
+            .map_err(|e| sandbox(&self.name, e))?;
+        self.take(r)?;
+        let format = self.format.unwrap_or(Format::Jsonl);
+        let conversations: Vec<Conversation> = self
+            .conversations
+            .into_iter()
+            .map(|(_, c)| c)
+            .filter(|c| !c.episodes.is_empty())
+            .collect();
+        if conversations.is_empty() {
+            return Err(TranscriptError::Empty {
+                path: self.name,
+                format,
+            });
+        }
+        Ok(Parsed {
+            format,
+            conversations,
+            warnings: self.warnings,
+            bytes: self.bytes,
+        })
+    }
+
+    /// The warnings gathered so far (skipped lines), taken out of the feeder.
+    pub fn finish_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    /// Take the episodes parsed so far out of the feeder (for a caller that stores them as
+    /// they come), leaving the conversations' ids and titles.
+    pub fn drain(&mut self) -> Vec<(u32, Conversation)> {
+        self.conversations
+            .iter_mut()
+            .map(|(i, c)| {
+                (
+                    *i,
+                    Conversation {
+                        id: c.id.clone(),
+                        title: c.title.clone(),
+                        episodes: std::mem::take(&mut c.episodes),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn take(&mut self, r: Result<ParseBatch, ParseError>) -> Result<(), TranscriptError> {
+        let b = r.map_err(|e| parse_error(&self.name, self.format, e))?;
+        if let Some(f) = b.format {
+            self.format = Some(f);
+        }
+        self.warnings.extend(b.warnings);
+        for part in b.conversations {
+            let at = match self
+                .conversations
+                .iter()
+                .position(|(i, _)| *i == part.index)
+            {
+                Some(at) => at,
+                None => {
+                    self.conversations.push((
+                        part.index,
+                        Conversation {
+                            id: None,
+                            title: None,
+                            episodes: Vec::new(),
+                        },
+                    ));
+                    self.conversations.len() - 1
+                }
+            };
+            let conv = &mut self.conversations[at].1;
+            if part.id.is_some() {
+                conv.id = part.id;
+            }
+            if part.title.is_some() {
+                conv.title = part.title;
+            }
+            conv.episodes
+                .extend(part.episodes.into_iter().map(|e| NewEpisode {
+                    role: e.role,
+                    content: e.content,
+                    timestamp_ms: e.timestamp_ms,
+                    source_key: e.source_key,
+                    tokens: 0,
+                    speaker: e.speaker,
+                }));
+        }
+        Ok(())
+    }
+}
+
+fn sandbox(name: &str, e: crate::runtime::CallError) -> TranscriptError {
+    TranscriptError::Sandbox {
+        path: name.to_string(),
+        message: e.to_string(),
+    }
+}
+
+fn parse_error(name: &str, format: Option<Format>, e: ParseError) -> TranscriptError {
+    let path = name.to_string();
+    match e {
+        ParseError::InvalidUtf8((line, offset)) => TranscriptError::Utf8 {
+            path,
+            line: line as usize,
+            offset: offset as usize,
+        },
+        ParseError::Malformed((line, message)) => TranscriptError::Malformed {
+            path,
+            line: line as usize,
+            message,
+        },
+        ParseError::UnknownFormat => TranscriptError::UnknownFormat { path },
+        ParseError::EmptyFile => TranscriptError::EmptyFile { path },
+        ParseError::NoMessages(f) => TranscriptError::Empty {
+            path,
+            format: format.unwrap_or(f),
+        },
+    }
+}
+
+/// The one session-naming rule, for every command: a conversation's own id (Claude Code
+/// `sessionId`, ChatGPT conversation id) when it has one, else the file's path relative to the
+/// directory the command was given (for a single file: its name) without its extension, with
+/// `-N` for the N-th conversation of a file that holds several. `p1/notes.jsonl` and
+/// `p2/notes.jsonl` under one backfill root are `p1/notes` and `p2/notes`; standard input is
+/// `stdin`. Control characters become `_` (see [`crate::text::session_id_from`]).
+pub fn session_name(conv_id: Option<&str>, rel: &Path, index: Option<usize>) -> String {
+    if let Some(id) = conv_id.and_then(crate::text::session_id_from) {
+        return id;
+    }
+    let base = if rel.as_os_str() == "-" {
+        "stdin".to_string()
+    } else {
+        let no_ext = rel.with_extension("");
+        let parts: Vec<String> = no_ext
+            .components()
+            .filter_map(|c| match c {
+                std::path::Component::Normal(p) => Some(p.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        crate::text::session_id_from(&parts.join("/")).unwrap_or_else(|| "session".into())
+    };
+    match index {
+        Some(i) => format!("{base}-{}", i + 1),
+        None => base,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_names() {
+        let p = |s: &str| Path::new(s).to_path_buf();
+        assert_eq!(session_name(Some("abc"), &p("x/y.jsonl"), None), "abc");
+        assert_eq!(session_name(None, &p("p1/notes.jsonl"), None), "p1/notes");
+        assert_eq!(session_name(None, &p("notes.json"), Some(1)), "notes-2");
+        assert_eq!(session_name(None, &p("-"), None), "stdin");
+        assert_eq!(session_name(Some("\0\u{1b}"), &p("a.jsonl"), None), "a");
+    }
+}

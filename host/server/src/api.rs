@@ -1,0 +1,1067 @@
+//! The `/v1` routes, their OpenAPI annotations, the error body, and event streams.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, delete, get, post, put};
+use axum::{Json, Router};
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::broadcast::error::RecvError;
+use utoipa::{IntoParams, OpenApi, ToSchema};
+
+use super::memories as mem;
+use super::{ServeOptions, Srv, auth, metrics};
+use crate::app::Tenant;
+use crate::app::{
+    AppError, Appended, ContextView, ErrorKind, Event, ExpansionView, Imported, JobView, MessageIn,
+    MessagesView, Scoped, SessionView, SummaryView,
+};
+use crate::sources::SessionMode;
+use crate::transcript::{Format, Options};
+use crate::types::Mode;
+
+/// An app error on its way out: status, JSON body, `Retry-After` when rate limited.
+pub(crate) struct ApiError(pub(crate) AppError);
+
+impl From<AppError> for ApiError {
+    fn from(e: AppError) -> Self {
+        ApiError(e)
+    }
+}
+
+/// The error body.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable code: `invalid_input`, `unprocessable`, `not_found`, `conflict`, `too_large`,
+    /// `unauthenticated`, `forbidden`, `rate_limited`, `model_failed`, `storage_failed`,
+    /// `unavailable`, `internal`.
+    pub code: String,
+    /// What happened.
+    pub message: String,
+    /// How to fix it, when known.
+    pub hint: Option<String>,
+    /// For `quota_exhausted`: what was spent, the limit and when it resets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub quota: Option<serde_json::Value>,
+}
+
+fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+        ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+        ErrorKind::RateLimited { .. } | ErrorKind::QuotaExhausted { .. } => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        ErrorKind::Model => StatusCode::BAD_GATEWAY,
+        ErrorKind::Storage | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The hint an HTTP caller can act on, when the app layer gave none.
+fn http_hint(kind: ErrorKind) -> Option<&'static str> {
+    Some(match kind {
+        ErrorKind::NotFound => {
+            "list what exists with GET /v1/sessions, GET /v1/jobs, GET /v1/memories or GET /v1/clusters"
+        }
+        ErrorKind::TooLarge => "split the body into smaller requests",
+        ErrorKind::Model => {
+            "the model server failed; the messages are stored and the previous summary kept — retry later, or ask the operator to check the model server"
+        }
+        ErrorKind::Storage | ErrorKind::Unavailable => "retry in a moment",
+        _ => return None,
+    })
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let status = status_of(e.kind);
+        if status.is_server_error() {
+            tracing::warn!(code = e.kind.code(), error = %e.message, "request failed");
+        }
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: e.kind.code().into(),
+                message: crate::text::printable(&e.message).into_owned(),
+                hint: e.hint.or_else(|| http_hint(e.kind).map(str::to_string)),
+                quota: match e.kind {
+                    ErrorKind::QuotaExhausted {
+                        spent,
+                        limit,
+                        resets_at_ms,
+                    } => {
+                        Some(json!({"spent": spent, "limit": limit, "resets_at_ms": resets_at_ms}))
+                    }
+                    _ => None,
+                },
+            },
+        };
+        let mut r = (status, Json(body)).into_response();
+        if let ErrorKind::RateLimited { retry_after_secs } = e.kind {
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                retry_after_secs.to_string().parse().expect("digits"),
+            );
+        }
+        r
+    }
+}
+
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
+
+/// A body, or the reason it could not be read (over the limit: 413).
+pub(crate) fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> ApiResult<Bytes> {
+    b.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError(AppError::new(
+                ErrorKind::TooLarge,
+                format!("the request body is over the {limit}-byte limit"),
+            ))
+        } else {
+            ApiError(AppError::invalid(format!(
+                "cannot read the request body: {r}"
+            )))
+        }
+    })
+}
+
+/// JSON from a body; a syntax error names its line and column.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(b: &[u8]) -> ApiResult<T> {
+    let v: serde_json::Value = serde_json::from_slice(b).map_err(|e| {
+        // serde_json's message ends with "at line L column C".
+        ApiError(AppError::invalid(format!(
+            "the body is not valid JSON: {e}"
+        )))
+    })?;
+    serde_json::from_value(v).map_err(|e| {
+        ApiError(AppError::new(
+            ErrorKind::Unprocessable,
+            format!("the body does not have the expected shape: {e}"),
+        ))
+    })
+}
+
+/// Messages to store: `{"messages": [...]}`, a bare array, or one message object.
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MessagesBody {
+    /// `{"messages": [...]}`.
+    Wrapped {
+        /// The messages, oldest first.
+        messages: Vec<MessageIn>,
+    },
+    /// `[...]`.
+    List(Vec<MessageIn>),
+    /// One message.
+    One(MessageIn),
+}
+
+/// The `202` answer to posted messages.
+#[derive(Serialize, ToSchema)]
+pub struct AppendedBody {
+    #[serde(flatten)]
+    appended: Appended,
+    /// Where to follow the queued refresh: `{"id", "url", "events"}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    job_links: Option<serde_json::Value>,
+}
+
+fn job_links(j: &JobView) -> serde_json::Value {
+    json!({"id": j.id, "url": format!("/v1/jobs/{}", j.id), "events": format!("/v1/jobs/{}/events", j.id)})
+}
+
+/// Store messages in a session (created on first use). Answers at once; a refresh that is
+/// due is queued as a job and named in the answer. Never waits for the model.
+#[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions",
+    params(("id" = String, Path, description = "Session id (percent-encode '/')")),
+    request_body = MessagesBody,
+    responses((status = 202, body = AppendedBody), (status = 400, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody)))]
+async fn post_messages(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let b = body(b, srv.body_limit)?;
+    let messages = match parse_json::<MessagesBody>(&b)? {
+        MessagesBody::Wrapped { messages } | MessagesBody::List(messages) => messages,
+        MessagesBody::One(m) => vec![m],
+    };
+    if messages.is_empty() {
+        return Err(ApiError(AppError::new(
+            ErrorKind::Unprocessable,
+            "no messages in the body",
+        )));
+    }
+    // The messages go through the sandboxed parser as JSON lines: the same rules as
+    // `abridge ingest`.
+    let mut lines = Vec::with_capacity(b.len() + messages.len());
+    for m in &messages {
+        serde_json::to_writer(&mut lines, m).expect("a message serializes");
+        lines.push(b'\n');
+    }
+    let appended = t.append_jsonl(&id, &lines).await?;
+    let links = appended.job.as_ref().map(job_links);
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(AppendedBody {
+            appended,
+            job_links: links,
+        }),
+    ))
+}
+
+#[derive(Deserialize, IntoParams)]
+struct TranscriptQuery {
+    /// `jsonl`, `openai`, `claude-code` or `chatgpt` (default: detected).
+    format: Option<String>,
+    /// The session for a single-conversation transcript (default: the naming rule).
+    session: Option<String>,
+    /// A name for the transcript (used in session names and messages; default `upload`).
+    name: Option<String>,
+    /// Keep tool calls and results as episodes.
+    #[serde(default)]
+    include_tools: bool,
+}
+
+/// The `202` answer to a transcript.
+#[derive(Serialize, ToSchema)]
+pub struct ImportedBody {
+    /// One entry per conversation, each with its job.
+    conversations: Vec<Imported>,
+    /// Lines skipped, and why.
+    warnings: Vec<String>,
+}
+
+/// Import a transcript in any supported format: one session per conversation, each with a
+/// summarization job.
+#[utoipa::path(post, path = "/v1/transcripts", tag = "sessions", params(TranscriptQuery),
+    request_body(content = String, description = "The transcript", content_type = "application/octet-stream"),
+    responses((status = 202, body = ImportedBody), (status = 400, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn post_transcript(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    Query(q): Query<TranscriptQuery>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let b = body(b, srv.body_limit)?;
+    let format = match q.format.as_deref() {
+        None => None,
+        Some(f) => Format::parse(f).map_err(|e| ApiError(AppError::invalid(e)))?,
+    };
+    let name = q.name.as_deref().unwrap_or("upload");
+    let opts = Options {
+        include_tools: q.include_tools,
+        ..Options::default()
+    };
+    let (conversations, warnings) = t
+        .import(name, &b, format, q.session.as_deref(), opts)
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(ImportedBody {
+            conversations,
+            warnings,
+        }),
+    ))
+}
+
+#[derive(Deserialize, IntoParams)]
+struct Page {
+    /// Skip this many (default 0).
+    #[serde(default)]
+    offset: usize,
+    /// At most this many (default 50, at most 500).
+    limit: Option<usize>,
+    /// Only sessions whose id contains this text (ignoring case).
+    q: Option<String>,
+}
+
+/// A page of sessions.
+#[derive(Serialize, ToSchema)]
+pub struct SessionsBody {
+    sessions: Vec<SessionView>,
+    /// Sessions in all.
+    total: usize,
+    offset: usize,
+    limit: usize,
+}
+
+/// The tenant's sessions, most recently changed first, with their freshness (`?q=`: those
+/// whose id contains the text).
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(Page),
+    responses((status = 200, body = SessionsBody)))]
+async fn list_sessions(
+    Extension(t): Extension<Scoped>,
+    Query(p): Query<Page>,
+) -> ApiResult<Json<SessionsBody>> {
+    let limit = p.limit.unwrap_or(50).clamp(1, 500);
+    let (sessions, total) = t.sessions(p.offset, limit, p.q.as_deref()).await?;
+    Ok(Json(SessionsBody {
+        sessions,
+        total,
+        offset: p.offset,
+        limit,
+    }))
+}
+
+/// One session and how fresh its summary is.
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = SessionView), (status = 404, body = ErrorBody)))]
+async fn get_session(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionView>> {
+    Ok(Json(t.session(&id).await?))
+}
+
+/// Delete a session and everything kept for it.
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, description = "Deleted", body = Object), (status = 404, body = ErrorBody)))]
+async fn delete_session(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let n = t.reset(&id).await?;
+    Ok(Json(json!({"session": id, "deleted_episodes": n})))
+}
+
+/// A session's summary chain.
+#[derive(Serialize, ToSchema)]
+pub struct SummariesBody {
+    session: String,
+    /// Oldest first; together they cover episodes 1..n exactly once.
+    summaries: Vec<SummaryView>,
+}
+
+#[derive(Deserialize, IntoParams)]
+struct SummariesQuery {
+    /// Every row ever written, rows compacted into "earlier" rows included (default false).
+    all: Option<bool>,
+    /// Add each row's `coverage`: its last exchange's time, transcript bytes and messages
+    /// (default false; reads every message of the session).
+    coverage: Option<bool>,
+}
+
+/// The session's summary chain, oldest first (`?all=true`: compacted rows too).
+#[utoipa::path(get, path = "/v1/sessions/{id}/summaries", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"), SummariesQuery),
+    responses((status = 200, body = SummariesBody), (status = 404, body = ErrorBody)))]
+async fn get_summaries(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+    Query(q): Query<SummariesQuery>,
+) -> ApiResult<Json<SummariesBody>> {
+    let mut summaries = if q.all.unwrap_or(false) {
+        t.summary_history(&id).await?
+    } else {
+        t.summaries(&id).await?
+    };
+    if q.coverage.unwrap_or(false) {
+        summaries = t.with_coverage(&id, summaries).await?;
+    }
+    Ok(Json(SummariesBody {
+        session: id,
+        summaries,
+    }))
+}
+
+#[derive(Deserialize, IntoParams)]
+struct MessagesQuery {
+    /// Messages after this episode id (paging; default 0: from the first).
+    #[serde(default)]
+    after: u64,
+    /// At most this many (default 200, at most 1000).
+    limit: Option<u32>,
+}
+
+/// A page of the session's stored messages, oldest first, each with the active summary row
+/// that covers it (`covered_by`).
+#[utoipa::path(get, path = "/v1/sessions/{id}/messages", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"), MessagesQuery),
+    responses((status = 200, body = MessagesView), (status = 404, body = ErrorBody)))]
+async fn get_messages(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+    Query(q): Query<MessagesQuery>,
+) -> ApiResult<Json<MessagesView>> {
+    Ok(Json(
+        t.messages(&id, q.after, q.limit.unwrap_or(200)).await?,
+    ))
+}
+
+#[derive(Deserialize, IntoParams)]
+struct ExpandQuery {
+    /// Only the episode this ledger identifier was last seen in.
+    identifier: Option<String>,
+    /// Episodes after this id (paging; default: from the row's first).
+    after: Option<u64>,
+    /// Most episodes in the answer (default 1000, at most 10000).
+    limit: Option<u32>,
+}
+
+/// Provenance: a summary row and exactly the episodes it covers, or the episode a ledger
+/// identifier came from. A row of another session or tenant is a 404.
+#[utoipa::path(get, path = "/v1/sessions/{id}/summaries/{row}/expand", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"),
+        ("row" = u64, Path, description = "Summary row id"), ExpandQuery),
+    responses((status = 200, body = ExpansionView), (status = 404, body = ErrorBody)))]
+async fn get_expand(
+    Extension(t): Extension<Scoped>,
+    Path((id, row)): Path<(String, u64)>,
+    Query(q): Query<ExpandQuery>,
+) -> ApiResult<Json<ExpansionView>> {
+    Ok(Json(
+        t.expand(
+            &id,
+            row,
+            q.identifier.as_deref(),
+            q.after.unwrap_or(0),
+            q.limit.unwrap_or(1000),
+        )
+        .await?,
+    ))
+}
+
+/// A session's focus instructions.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct FocusBody {
+    /// Added to every fold prompt of the session; `null` or empty clears it.
+    focus: Option<String>,
+}
+
+/// Set or clear the session's focus instructions.
+#[utoipa::path(put, path = "/v1/sessions/{id}/focus", tag = "sessions",
+    params(("id" = String, Path, description = "Session id")), request_body = FocusBody,
+    responses((status = 200, body = FocusBody), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn put_focus(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<FocusBody>> {
+    let f: FocusBody = parse_json(&body(b, srv.body_limit)?)?;
+    let focus = t.set_focus(&id, f.focus.as_deref()).await?;
+    Ok(Json(FocusBody { focus }))
+}
+
+/// A session's pinned episodes.
+#[derive(Serialize, ToSchema)]
+pub struct PinsBody {
+    /// Episode ids, ascending: each is in every context verbatim, within the budget.
+    pins: Vec<u64>,
+}
+
+/// The session's pinned episodes.
+#[utoipa::path(get, path = "/v1/sessions/{id}/pins", tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = PinsBody), (status = 404, body = ErrorBody)))]
+async fn get_pins(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<PinsBody>> {
+    Ok(Json(PinsBody {
+        pins: t.pins(&id).await?,
+    }))
+}
+
+/// Pin an episode: always in the context verbatim, within the budget, whatever its age.
+#[utoipa::path(put, path = "/v1/sessions/{id}/pins/{episode}", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"),
+        ("episode" = u64, Path, description = "Episode id")),
+    responses((status = 200, body = PinsBody), (status = 404, body = ErrorBody)))]
+async fn put_pin(
+    Extension(t): Extension<Scoped>,
+    Path((id, episode)): Path<(String, u64)>,
+) -> ApiResult<Json<PinsBody>> {
+    Ok(Json(PinsBody {
+        pins: t.pin(&id, episode, true).await?,
+    }))
+}
+
+/// Unpin an episode.
+#[utoipa::path(delete, path = "/v1/sessions/{id}/pins/{episode}", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"),
+        ("episode" = u64, Path, description = "Episode id")),
+    responses((status = 200, body = PinsBody), (status = 404, body = ErrorBody)))]
+async fn delete_pin(
+    Extension(t): Extension<Scoped>,
+    Path((id, episode)): Path<(String, u64)>,
+) -> ApiResult<Json<PinsBody>> {
+    Ok(Json(PinsBody {
+        pins: t.pin(&id, episode, false).await?,
+    }))
+}
+
+#[derive(Deserialize, IntoParams)]
+struct ContextQuery {
+    /// Most tokens the messages may take (default 2000).
+    budget: Option<u32>,
+    /// Recent message pairs verbatim (default 4).
+    pairs: Option<u32>,
+    /// Queue a refresh when more than this many messages lie beyond the summary (default 8).
+    refresh_after: Option<u32>,
+    /// Wait up to this many seconds (at most 60) for a due refresh first.
+    wait: Option<u64>,
+}
+
+/// The context for the next model call: a system message with the summary, then the recent
+/// turns, within the budget. Answers from what is summarized now; a due refresh is queued
+/// and reported (`?wait=SECS` waits for it).
+#[utoipa::path(get, path = "/v1/sessions/{id}/context", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"), ContextQuery),
+    responses((status = 200, body = ContextView), (status = 404, body = ErrorBody)))]
+async fn get_context(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+    Query(q): Query<ContextQuery>,
+) -> ApiResult<Json<ContextView>> {
+    let v = t
+        .context(
+            &id,
+            q.budget.unwrap_or(2000),
+            q.pairs.unwrap_or(4),
+            q.refresh_after.unwrap_or(8),
+            q.wait.map(|s| Duration::from_secs(s.min(60))),
+        )
+        .await?;
+    Ok(Json(v))
+}
+
+/// Summarize the session now, whatever its mode or backoff: `202` with the job, or `200`
+/// when every episode is already covered.
+#[utoipa::path(post, path = "/v1/sessions/{id}/refresh", tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 202, body = JobView), (status = 200, description = "Already covered", body = Object),
+        (status = 404, body = ErrorBody)))]
+async fn post_refresh(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    Ok(match t.refresh(&id).await? {
+        Some(job) => (StatusCode::ACCEPTED, Json(job)).into_response(),
+        None => {
+            Json(json!({"session": id, "job": null, "reason": "every episode is already covered"}))
+                .into_response()
+        }
+    })
+}
+
+/// A session's refresh mode.
+#[derive(Deserialize, ToSchema)]
+pub struct ModeBody {
+    /// `eager`, `idle`, `window`, or `default` (the server's setting).
+    mode: String,
+    /// Idle mode: quiet seconds before summarizing (default: the server's).
+    quiet_secs: Option<u32>,
+}
+
+/// Set the session's own refresh mode.
+#[utoipa::path(put, path = "/v1/sessions/{id}/mode", tag = "sessions",
+    params(("id" = String, Path, description = "Session id")), request_body = ModeBody,
+    responses((status = 200, body = SessionView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn put_mode(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<SessionView>> {
+    let m: ModeBody = parse_json(&body(b, srv.body_limit)?)?;
+    let own = match m.mode.as_str() {
+        "default" => None,
+        "eager" | "idle" | "window" => Some(SessionMode {
+            mode: Mode::parse(&m.mode).unwrap_or(Mode::Eager),
+            quiescence_secs: m.quiet_secs,
+        }),
+        other => {
+            return Err(ApiError(AppError::invalid(format!(
+                "mode '{}' is not one of eager, idle, window, default",
+                crate::text::printable(other)
+            ))));
+        }
+    };
+    Ok(Json(t.set_mode(&id, own).await?))
+}
+
+#[derive(Deserialize, IntoParams)]
+struct JobsQuery {
+    /// Only jobs with an id below this (the previous page's `next_before`).
+    before: Option<u64>,
+    /// At most this many (default 50, at most 500).
+    limit: Option<u32>,
+}
+
+/// A page of jobs.
+#[derive(Serialize, ToSchema)]
+pub struct JobsBody {
+    /// Newest first.
+    jobs: Vec<JobView>,
+    /// Pass as `before` for the next page.
+    next_before: Option<u64>,
+}
+
+/// The tenant's jobs, newest first.
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(JobsQuery),
+    responses((status = 200, body = JobsBody)))]
+async fn list_jobs(
+    Extension(t): Extension<Scoped>,
+    Query(q): Query<JobsQuery>,
+) -> ApiResult<Json<JobsBody>> {
+    let limit = q.limit.unwrap_or(50).clamp(1, 500);
+    let jobs = t.list_jobs(q.before, limit).await?;
+    let next_before = (jobs.len() == limit as usize)
+        .then(|| jobs.last().map(|j| j.id))
+        .flatten();
+    Ok(Json(JobsBody { jobs, next_before }))
+}
+
+/// One job.
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = u64, Path, description = "Job id")),
+    responses((status = 200, body = JobView), (status = 404, body = ErrorBody)))]
+async fn get_job(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<JobView>> {
+    Ok(Json(t.job(job_id(&id)?).await?))
+}
+
+/// A job id from a path: anything else is simply not a job.
+fn job_id(s: &str) -> ApiResult<u64> {
+    s.parse().map_err(|_| {
+        ApiError(AppError::not_found(format!(
+            "no job {}",
+            crate::text::printable(s)
+        )))
+    })
+}
+
+/// Cancel a job: a queued one at once, a running one within a second (it writes nothing).
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = u64, Path, description = "Job id")),
+    responses((status = 200, body = JobView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn cancel_job(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<JobView>> {
+    Ok(Json(t.cancel_job(job_id(&id)?).await?))
+}
+
+fn last_event_id(h: &HeaderMap) -> Option<u64> {
+    h.get("last-event-id")?.to_str().ok()?.trim().parse().ok()
+}
+
+fn sse_of(e: &Event) -> SseEvent {
+    SseEvent::default()
+        .id(e.id.to_string())
+        .event(e.kind.clone())
+        .data(serde_json::to_string(e).expect("events serialize"))
+}
+
+const TERMINAL: [&str; 3] = ["job.succeeded", "job.failed", "job.cancelled"];
+
+struct EventFeed {
+    first: VecDeque<SseEvent>,
+    missed: VecDeque<Event>,
+    live: tokio::sync::broadcast::Receiver<Event>,
+    tenant: Tenant,
+    job: Option<u64>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    /// End once the backlog is sent (the job had already ended).
+    end_after_missed: bool,
+    done: bool,
+}
+
+fn event_stream(s: EventFeed) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    futures::stream::unfold(s, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        if let Some(e) = st.first.pop_front() {
+            return Some((Ok(e), st));
+        }
+        loop {
+            let ev = match st.missed.pop_front() {
+                Some(e) => e,
+                None if st.end_after_missed => return None,
+                None => {
+                    let mut shutdown = st.shutdown.clone();
+                    tokio::select! {
+                        r = st.live.recv() => match r {
+                            Ok(e) => e,
+                            Err(RecvError::Lagged(n)) => {
+                                let e = SseEvent::default().event("events.lost").data(json!({"lost": n}).to_string());
+                                return Some((Ok(e), st));
+                            }
+                            Err(RecvError::Closed) => return None,
+                        },
+                        _ = shutdown.wait_for(|s| *s) => return None,
+                    }
+                }
+            };
+            if ev.tenant != st.tenant || st.job.is_some_and(|j| ev.job != Some(j)) {
+                continue;
+            }
+            if st.job.is_some() && TERMINAL.contains(&ev.kind.as_str()) {
+                st.done = true;
+            }
+            return Some((Ok(sse_of(&ev)), st));
+        }
+    })
+}
+
+/// Server-Sent Events of one job: first its state now (`job.state`), then state changes,
+/// progress and the summary written, ending with its final state. Reconnect with
+/// `Last-Event-ID` to get what was missed while it is still retained.
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "events",
+    params(("id" = u64, Path, description = "Job id"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "The last event id seen")),
+    responses((status = 200, description = "An event stream", content_type = "text/event-stream", body = Event),
+        (status = 404, body = ErrorBody)))]
+async fn job_events(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<impl IntoResponse> {
+    let id = job_id(&id)?;
+    let after = last_event_id(&headers);
+    // Subscribe before reading the job, so nothing happens between the two unseen.
+    let sub = srv.app.events().subscribe(t.tenant(), after).await;
+    let job = t.job(id).await?;
+    let missed: VecDeque<Event> = sub
+        .missed
+        .into_iter()
+        .filter(|e| e.job == Some(id))
+        .collect();
+    let ended = !matches!(job.state.as_str(), "queued" | "running");
+    let snapshot = SseEvent::default()
+        .event("job.state")
+        .data(serde_json::to_string(&job).expect("jobs serialize"));
+    let st = EventFeed {
+        first: VecDeque::from([snapshot]),
+        missed,
+        live: sub.live,
+        tenant: t.tenant().clone(),
+        job: Some(id),
+        shutdown: srv.shutdown.clone(),
+        end_after_missed: ended,
+        done: false,
+    };
+    Ok(Sse::new(event_stream(st)).keep_alive(KeepAlive::default()))
+}
+
+/// Server-Sent Events of every job of the tenant. Reconnect with `Last-Event-ID` to get
+/// what was missed while it is still retained.
+#[utoipa::path(get, path = "/v1/events", tag = "events",
+    params(("Last-Event-ID" = Option<u64>, Header, description = "The last event id seen")),
+    responses((status = 200, description = "An event stream", content_type = "text/event-stream", body = Event)))]
+async fn all_events(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    headers: HeaderMap,
+) -> impl IntoResponse {
+    let after = last_event_id(&headers);
+    let sub = srv.app.events().subscribe(t.tenant(), after).await;
+    let mut first = VecDeque::new();
+    if let Some(gap) = sub.gap_before {
+        first.push_back(
+            SseEvent::default()
+                .event("events.lost")
+                .data(json!({"retained_from": gap}).to_string()),
+        );
+    }
+    let st = EventFeed {
+        first,
+        missed: sub.missed.into(),
+        live: sub.live,
+        tenant: t.tenant().clone(),
+        job: None,
+        shutdown: srv.shutdown.clone(),
+        end_after_missed: false,
+        done: false,
+    };
+    Sse::new(event_stream(st)).keep_alive(KeepAlive::default())
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200, body = Object)))]
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// Readiness: the database answers and the model server is reachable.
+#[utoipa::path(get, path = "/readyz", tag = "service",
+    responses((status = 200, body = Object), (status = 503, body = ErrorBody)))]
+async fn readyz(State(srv): State<Srv>) -> ApiResult<Json<serde_json::Value>> {
+    if srv.app.draining() {
+        return Err(ApiError(AppError::new(
+            ErrorKind::Unavailable,
+            "shutting down",
+        )));
+    }
+    srv.app
+        .jobs()
+        .counts()
+        .await
+        .map_err(|e| ApiError(e.into()))?;
+    srv.app.config().llm.ready().await.map_err(|e| {
+        ApiError(AppError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "the model server is not reachable: {}",
+                crate::types::describe(&e)
+            ),
+        ))
+    })?;
+    Ok(Json(
+        json!({"status": "ready", "backend": srv.app.config().backend_name}),
+    ))
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", tag = "service",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
+async fn metrics_text(State(srv): State<Srv>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics::render(&srv).await,
+    )
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "service", responses((status = 200, body = Object)))]
+async fn openapi() -> impl IntoResponse {
+    Json(ApiDoc::openapi())
+}
+
+/// tower-http's body limit answers 413 in plain text before a handler runs: give it the
+/// JSON error body every other failure has.
+async fn json_413(r: Response) -> Response {
+    let plain = r.status() == StatusCode::PAYLOAD_TOO_LARGE
+        && !r
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if plain {
+        return ApiError(AppError::new(
+            ErrorKind::TooLarge,
+            "the request body is over the server's size limit",
+        ))
+        .into_response();
+    }
+    r
+}
+
+/// Every route that is not one of these: a page for a browser, the JSON error otherwise.
+async fn no_route(headers: HeaderMap) -> Response {
+    if super::console::wants_html(&headers) {
+        return super::console::not_found_page();
+    }
+    ApiError(AppError::not_found("no such route").hint("the routes are listed at /openapi.json"))
+        .into_response()
+}
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let c = doc.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The OpenAPI 3 document of `abridge serve`.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "abridge", description = "Summaries of conversation memory, per tenant."),
+    paths(post_messages, get_messages, post_transcript, list_sessions, get_session, delete_session,
+        get_summaries, get_expand, put_focus, get_pins, put_pin, delete_pin,
+        get_context, post_refresh, put_mode, list_jobs, get_job, cancel_job,
+        job_events, all_events, healthz, readyz, metrics_text, openapi,
+        mem::post_memories, mem::list_memories, mem::get_memory, mem::delete_memory,
+        mem::post_recall, mem::list_clusters, mem::get_summary, mem::get_summary_sources,
+        mem::get_usage),
+    components(schemas(ErrorBody, ErrorDetail, MessagesBody, MessageIn, AppendedBody, Appended,
+        ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
+        ExpansionView, crate::app::EpisodeView, MessagesView, crate::app::MessageView,
+        crate::app::CoverageView, crate::app::memories::UsageDayView, crate::app::LedgerView, FocusBody, PinsBody,
+        ContextView, ModeBody, JobsBody, JobView, Event, mem::MemoryBody, mem::MemoriesBody,
+        mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
+        mem::RecallResults, crate::app::memories::RecallView, mem::ClustersBody,
+        crate::app::memories::ClusterView, crate::app::memories::ClusterSummaryView,
+        mem::SourcesBody, crate::app::memories::UsageView)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiDoc;
+
+/// The routes registered, as (method, path): the OpenAPI test compares them to the document.
+pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv>)> {
+    vec![
+        ("post", "/v1/sessions/{id}/messages", post(post_messages)),
+        ("get", "/v1/sessions/{id}/messages", get(get_messages)),
+        ("post", "/v1/transcripts", post(post_transcript)),
+        ("get", "/v1/sessions", get(list_sessions)),
+        ("get", "/v1/sessions/{id}", get(get_session)),
+        ("delete", "/v1/sessions/{id}", delete(delete_session)),
+        ("get", "/v1/sessions/{id}/summaries", get(get_summaries)),
+        (
+            "get",
+            "/v1/sessions/{id}/summaries/{row}/expand",
+            get(get_expand),
+        ),
+        ("put", "/v1/sessions/{id}/focus", put(put_focus)),
+        ("get", "/v1/sessions/{id}/pins", get(get_pins)),
+        ("put", "/v1/sessions/{id}/pins/{episode}", put(put_pin)),
+        (
+            "delete",
+            "/v1/sessions/{id}/pins/{episode}",
+            delete(delete_pin),
+        ),
+        ("get", "/v1/sessions/{id}/context", get(get_context)),
+        ("post", "/v1/sessions/{id}/refresh", post(post_refresh)),
+        ("put", "/v1/sessions/{id}/mode", put(put_mode)),
+        ("get", "/v1/jobs", get(list_jobs)),
+        ("get", "/v1/jobs/{id}", get(get_job)),
+        ("post", "/v1/jobs/{id}/cancel", post(cancel_job)),
+        ("get", "/v1/jobs/{id}/events", get(job_events)),
+        ("get", "/v1/events", get(all_events)),
+        ("post", "/v1/memories", post(mem::post_memories)),
+        ("get", "/v1/memories", get(mem::list_memories)),
+        ("get", "/v1/memories/{id}", get(mem::get_memory)),
+        ("delete", "/v1/memories/{id}", delete(mem::delete_memory)),
+        ("post", "/v1/recall", post(mem::post_recall)),
+        ("get", "/v1/clusters", get(mem::list_clusters)),
+        ("get", "/v1/summaries/{id}", get(mem::get_summary)),
+        (
+            "get",
+            "/v1/summaries/{id}/sources",
+            get(mem::get_summary_sources),
+        ),
+        ("get", "/v1/usage", get(mem::get_usage)),
+    ]
+}
+
+/// The service routes outside `/v1` (no token needed).
+pub(crate) fn service_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv>)> {
+    vec![
+        ("get", "/healthz", get(healthz)),
+        ("get", "/readyz", get(readyz)),
+        ("get", "/metrics", get(metrics_text)),
+        ("get", "/openapi.json", get(openapi)),
+    ]
+}
+
+/// The `/v1` and service routes with authentication: what clients call over HTTP, and what
+/// the web console calls in-process.
+fn api_routes(srv: &Srv, opts: &ServeOptions) -> Router<Srv> {
+    use tower_http::timeout::TimeoutLayer;
+
+    let mut api: Router<Srv> = Router::new();
+    let mut streams: Router<Srv> = Router::new();
+    for (_, path, r) in route_table() {
+        if path.ends_with("/events") {
+            streams = streams.route(path, r);
+        } else {
+            api = api.route(path, r);
+        }
+    }
+    // Event streams are long-lived: no request time limit for them.
+    let api = api.layer(TimeoutLayer::with_status_code(
+        StatusCode::SERVICE_UNAVAILABLE,
+        opts.request_timeout,
+    ));
+    let authed = api
+        .merge(streams)
+        .route_layer(axum::middleware::from_fn_with_state(
+            srv.clone(),
+            auth::authenticate,
+        ));
+    let mut service: Router<Srv> = Router::new();
+    for (_, path, r) in service_table() {
+        service = service.route(path, r);
+    }
+    service.merge(authed)
+}
+
+pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {
+    use tower_http::limit::RequestBodyLimitLayer;
+    use tower_http::trace::TraceLayer;
+
+    let api = api_routes(&srv, opts);
+    // The console reaches the data only through these same routes, with the visitor's token.
+    let app = srv.app.clone();
+    let console = super::console::routes(
+        api.clone().with_state(srv.clone()),
+        srv.open_local,
+        std::sync::Arc::new(move || app.now_ms()),
+    );
+    api.merge(console)
+        .fallback(no_route)
+        .layer(axum::middleware::from_fn_with_state(
+            srv.clone(),
+            metrics::count,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(opts.body_limit))
+        .layer(axum::middleware::map_response(json_413))
+        .layer(TraceLayer::new_for_http())
+        .with_state(srv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_openapi_document_lists_every_route_and_no_other() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let mut documented: Vec<(String, String)> = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for method in item.as_object().unwrap().keys() {
+                documented.push((method.clone(), path.clone()));
+            }
+        }
+        let mut routed: Vec<(String, String)> = route_table()
+            .into_iter()
+            .chain(service_table())
+            .map(|(m, p, _)| (m.to_string(), p.to_string()))
+            .collect();
+        documented.sort();
+        routed.sort();
+        assert_eq!(documented, routed);
+    }
+}

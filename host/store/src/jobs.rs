@@ -1,0 +1,133 @@
+//! Durable summarization jobs as stored: a job's state, its record, and the answers of the
+//! store's claim and heartbeat calls. The job service that runs them is the app's.
+
+use serde_json::json;
+
+use abridge_engine::types::Config;
+
+/// Where a job stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    /// Waiting for a worker.
+    Queued,
+    /// A worker holds its lease.
+    Running,
+    /// Every episode up to the target is covered.
+    Succeeded,
+    /// The last attempt failed (see `error`); nothing was written by it.
+    Failed,
+    /// Cancelled by a user; nothing was written by the cancelled attempt.
+    Cancelled,
+}
+
+impl JobState {
+    /// The name stored and printed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// The state of a stored name.
+    pub fn parse(s: &str) -> JobState {
+        match s {
+            "queued" => JobState::Queued,
+            "running" => JobState::Running,
+            "succeeded" => JobState::Succeeded,
+            "cancelled" => JobState::Cancelled,
+            _ => JobState::Failed,
+        }
+    }
+
+    /// Whether the job may still run (queued or running).
+    pub fn is_active(self) -> bool {
+        matches!(self, JobState::Queued | JobState::Running)
+    }
+}
+
+/// One job row.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Row id.
+    pub id: u64,
+    /// The session it summarizes.
+    pub session: String,
+    /// The last episode id it must cover.
+    pub target: u64,
+    /// State.
+    pub state: JobState,
+    /// The engine configuration it runs with (recorded so a resumed job asks the same
+    /// questions, which the partial cache answers).
+    pub config: Config,
+    /// A user asked to cancel it while it ran.
+    pub cancel_requested: bool,
+    /// Progress: the stage (0 map, 1.. reduce levels), answers in hand, answers needed.
+    pub level: u32,
+    /// Answers of the stage in hand.
+    pub done: u32,
+    /// Answers the stage needs.
+    pub total: u32,
+    /// Model calls the plan expected in all.
+    pub calls_planned: u32,
+    /// Model answers received over all attempts.
+    pub answers: u64,
+    /// Attempts started.
+    pub attempts: u32,
+    /// The last attempt's error.
+    pub error: Option<String>,
+    /// Who holds the lease (`host:pid`).
+    pub lease_owner: Option<String>,
+    /// Until when, ms since the epoch.
+    pub lease_until_ms: Option<u64>,
+    /// Timestamps, ms since the epoch.
+    pub created_ms: u64,
+    /// When the first attempt started.
+    pub started_ms: Option<u64>,
+    /// Last change.
+    pub updated_ms: u64,
+    /// When it reached a final state.
+    pub finished_ms: Option<u64>,
+}
+
+impl Job {
+    /// The job as JSON (for `abridge jobs --json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "id": self.id, "session": self.session, "target": self.target,
+            "state": self.state.as_str(), "cancel_requested": self.cancel_requested,
+            "level": self.level, "done": self.done, "total": self.total,
+            "calls_planned": self.calls_planned, "answers": self.answers,
+            "attempts": self.attempts, "error": self.error,
+            "lease_owner": self.lease_owner, "lease_until_ms": self.lease_until_ms,
+            "created_ms": self.created_ms, "started_ms": self.started_ms,
+            "updated_ms": self.updated_ms, "finished_ms": self.finished_ms,
+            "model": self.config.model, "context_length": self.config.context_length,
+        })
+    }
+}
+
+/// The outcome of trying to take a job.
+#[derive(Debug)]
+pub enum Claim {
+    /// The job is ours to run (attempts counted, lease taken).
+    Taken(Job),
+    /// Another live worker holds it.
+    Busy(Job),
+    /// It already reached a final state.
+    Finished(Job),
+}
+
+/// What a heartbeat learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Beat {
+    /// Keep going.
+    Go,
+    /// A user asked to cancel the job.
+    Cancel,
+    /// Another worker took the job over (this one's lease ran out).
+    Lost,
+}

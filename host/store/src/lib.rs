@@ -1,0 +1,225 @@
+//! abridge's storage: every store trait's implementations (in memory, SQLite, PostgreSQL),
+//! the records they keep (jobs, sources, marks, modes, tokens, events), tenancy, sealing, and
+//! the rules every store enforces. The traits the engine's imports need ([`Store`],
+//! [`RecallStore`]) are the engine's and re-exported here.
+#![deny(missing_docs)]
+
+use std::sync::Arc;
+
+use abridge_engine::{clock, control, text, types};
+
+use crate::types::{
+    Compaction, EpisodeRange, Error, IdentifierKind, LedgerEntry, SummaryRow, SummaryWrite,
+};
+
+pub mod crypto;
+pub mod jobs;
+pub(crate) mod keyring;
+mod memory;
+mod memory_tables;
+pub mod pg;
+pub mod recall;
+pub mod sources;
+mod sqlite;
+mod sqlite_recall;
+mod sqlite_tables;
+pub mod tables;
+pub mod tenant;
+
+pub use abridge_engine::store::{ClusterRow, RecallStore, Store, Unsettled, UsageDay};
+pub use memory::MemoryStore;
+pub use pg::PgStore;
+pub use sqlite::SqliteStore;
+pub use tables::{
+    AppStore, EventRow, EventStore, JobScope, JobStore, SlotStore, SourceStore, TenantCap,
+    TokenRow, TokenStore,
+};
+
+/// The chain rule every store enforces before writing: rows of a session cover episodes
+/// `1..=n` exactly once, in order. `episodes` is the session's episode count and `prev` its
+/// latest row.
+pub fn check_chain(
+    session: &str,
+    episodes: u64,
+    prev: Option<&SummaryRow>,
+    w: &SummaryWrite,
+) -> Result<(), Error> {
+    let conflict =
+        |why: String| Error::Conflict(format!("summary chain rule for session '{session}': {why}"));
+    if w.last_episode > episodes || w.last_episode < w.first_episode || w.first_episode == 0 {
+        return Err(conflict(format!(
+            "coverage {}-{} is outside episodes 1-{episodes}",
+            w.first_episode, w.last_episode
+        )));
+    }
+    match (w.replaces, prev) {
+        (None, _) => {
+            let expect = prev.map_or(1, |p| p.last_episode + 1);
+            if w.first_episode != expect {
+                return Err(conflict(format!(
+                    "a new row must start at episode {expect}, not {}",
+                    w.first_episode
+                )));
+            }
+        }
+        (Some(id), Some(p)) if p.id == id => {
+            if w.first_episode != p.first_episode || w.last_episode <= p.last_episode {
+                return Err(conflict(format!(
+                    "an update of row {id} must keep its first episode {} and extend past {}",
+                    p.first_episode, p.last_episode
+                )));
+            }
+        }
+        (Some(id), _) => {
+            return Err(conflict(format!(
+                "row {id} is not the session's latest row"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The rule every store enforces before a compaction: the rows folded are the oldest rows of
+/// the active chain (`active`, oldest first), at least two, in order. Returns the new row's
+/// first and last episode and its level.
+pub fn check_compaction(
+    session: &str,
+    active: &[SummaryRow],
+    c: &Compaction,
+) -> Result<(u64, u64, u32), Error> {
+    let conflict = |why: String| {
+        Error::Conflict(format!(
+            "summary compaction rule for session '{session}': {why}"
+        ))
+    };
+    if c.rows.len() < 2 {
+        return Err(conflict("a compaction folds at least two rows".into()));
+    }
+    let head: Vec<u64> = active.iter().take(c.rows.len()).map(|r| r.id).collect();
+    if head != c.rows {
+        return Err(conflict(format!(
+            "rows {:?} are not the oldest rows of the active chain ({:?})",
+            c.rows, head
+        )));
+    }
+    let folded = &active[..c.rows.len()];
+    let level = folded.iter().map(|r| r.level).max().unwrap_or(0) + 1;
+    Ok((
+        folded[0].first_episode,
+        folded[folded.len() - 1].last_episode,
+        level,
+    ))
+}
+
+/// Skipped ranges as stored: JSON `[[first, last], ...]` (the same in every store).
+pub(crate) fn skipped_to_json(ranges: &[EpisodeRange]) -> String {
+    serde_json::to_string(&ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>())
+        .expect("ranges serialize")
+}
+
+/// Stored skipped ranges (see [`skipped_to_json`]); unreadable text reads as empty.
+pub(crate) fn skipped_from_json(text: &str) -> Vec<EpisodeRange> {
+    serde_json::from_str::<Vec<[u64; 2]>>(text)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|[first, last]| EpisodeRange { first, last })
+        .collect()
+}
+
+/// The kind an identifier-kind name stands for (`path`, `url`, …).
+pub fn kind_of(name: &str) -> IdentifierKind {
+    match name {
+        "path" => IdentifierKind::Path,
+        "url" => IdentifierKind::Url,
+        "command" => IdentifierKind::Command,
+        "number" => IdentifierKind::Number,
+        "version" => IdentifierKind::Version,
+        "date" => IdentifierKind::Date,
+        "email" => IdentifierKind::Email,
+        "ticket" => IdentifierKind::Ticket,
+        "name" => IdentifierKind::Name,
+        _ => IdentifierKind::Code,
+    }
+}
+
+/// A ledger as stored: JSON `[{"t": text, "k": kind, "e": episode, "c": count}, ...]` (the
+/// same in every store and in the JS host).
+pub fn ledger_to_json(entries: &[LedgerEntry]) -> String {
+    serde_json::to_string(
+        &entries
+            .iter()
+            .map(|e| serde_json::json!({"t": e.text, "k": e.kind.as_str(), "e": e.episode, "c": e.count}))
+            .collect::<Vec<_>>(),
+    )
+    .expect("a ledger serializes")
+}
+
+/// A stored ledger (see [`ledger_to_json`]); unreadable text reads as empty.
+pub fn ledger_from_json(text: &str) -> Vec<LedgerEntry> {
+    serde_json::from_str::<Vec<serde_json::Value>>(text)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| {
+            Some(LedgerEntry {
+                text: v["t"].as_str()?.to_string(),
+                kind: kind_of(v["k"].as_str().unwrap_or("code")),
+                episode: v["e"].as_u64().unwrap_or(0),
+                count: v["c"].as_u64().unwrap_or(1) as u32,
+            })
+        })
+        .collect()
+}
+
+/// Open `db`: a PostgreSQL URL connects (from inside a multi-threaded tokio runtime, as the
+/// binary runs), anything else is a SQLite file.
+pub fn open_store(
+    db: &std::path::Path,
+    master: Option<&crate::crypto::Secret>,
+) -> Result<Arc<dyn AppStore>, Error> {
+    let text = db.to_string_lossy();
+    if pg::is_url(&text) {
+        let handle = tokio::runtime::Handle::try_current()
+            .ok()
+            .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+            .ok_or_else(|| {
+                Error::Storage(
+                    "a PostgreSQL store is opened from inside a multi-threaded tokio runtime"
+                        .into(),
+                )
+            })?;
+        let url = text.to_string();
+        let store =
+            tokio::task::block_in_place(move || handle.block_on(pg::PgStore::connect(&url)))?;
+        let store = match master {
+            Some(k) => store.with_master_key(k.clone()),
+            None => store,
+        };
+        return Ok(Arc::new(store));
+    }
+    let mut s = SqliteStore::open(db)?;
+    if let Some(k) = master {
+        s = s.with_master_key(k.clone());
+    }
+    Ok(Arc::new(s))
+}
+
+/// Rotate the master key of the database `db` (a SQLite file or a PostgreSQL URL) from
+/// `current` to `new`: see [`SqliteStore::rotate_master_key`]. Returns the tenants rotated.
+pub async fn rotate_master_key(
+    db: &std::path::Path,
+    current: crate::crypto::Secret,
+    new: &crate::crypto::Secret,
+) -> Result<usize, Error> {
+    let text = db.to_string_lossy();
+    if pg::is_url(&text) {
+        pg::PgStore::connect(&text)
+            .await?
+            .with_master_key(current)
+            .rotate_master_key(new)
+            .await
+    } else {
+        SqliteStore::open(db)?
+            .with_master_key(current)
+            .rotate_master_key(new)
+    }
+}

@@ -1,0 +1,1068 @@
+//! [`RecallStore`] in PostgreSQL: memories, clusters and cluster summaries, sealed at rest
+//! the same way as in SQLite. Writes that change a tenant's clusters take the tenant's
+//! advisory lock first, so the cluster rules (incremental sums, one summary covering exactly
+//! its members, dense ids) hold with writers on several instances.
+//!
+//! Recall asks pgvector's index when the server has the extension (`ann.rs`), else (and
+//! whenever the index cannot answer fully) scans the tenant's vectors exactly, the same
+//! ranking as SQLite's.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+
+use super::{LOCK, P, PgStore, g32, g64};
+use crate::crypto::Secret;
+use crate::keyring::{now_ms, open_under, seal_under};
+use crate::recall::{
+    ClusterRow, RecallStore, TopK, Unsettled, UsageDay, covers_exactly, month_of_day, vector_bytes,
+    vector_from,
+};
+use crate::types::{
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, HitKind, Memory, MemoryFilter,
+    NewMemory, Scope, StoredMemory,
+};
+
+/// A row's text as read: the bytes and the key version (0: plaintext).
+struct Stored {
+    bytes: Vec<u8>,
+    sealed: u32,
+}
+
+impl PgStore {
+    async fn data_key<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        version: u32,
+    ) -> Result<Arc<Secret>, Error> {
+        let keys = self.keys.as_ref().expect("called with a keyring");
+        if let Some(k) = keys.cached(tenant, version) {
+            return Ok(k);
+        }
+        let wrapped = c
+            .query_opt(
+                "SELECT wrapped FROM data_keys WHERE tenant = $1 AND version = $2",
+                &[&tenant, &i64::from(version)],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .map(|r| r.get::<_, Vec<u8>>(0));
+        keys.admit(tenant, version, wrapped)
+    }
+
+    /// The bytes and key version to store `text` under (sealed when a master key is set).
+    async fn seal<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        table: &str,
+        row: &str,
+        text: &str,
+    ) -> Result<(Vec<u8>, u32), Error> {
+        let Some(keys) = &self.keys else {
+            return Ok((text.as_bytes().to_vec(), 0));
+        };
+        let newest: Option<i64> = c
+            .query_one(
+                "SELECT MAX(version) FROM data_keys WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
+        let v = match newest {
+            Some(v) => v as u32,
+            None => {
+                let wrapped = keys.new_wrapped(tenant, 1)?;
+                c.execute(
+                    "INSERT INTO data_keys (tenant, version, wrapped, created_ms) VALUES ($1, 1, $2, $3) ON CONFLICT DO NOTHING",
+                    &[&tenant, &wrapped, &(now_ms() as i64)],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+                // Another writer may have made it first: what is stored is read back.
+                1
+            }
+        };
+        let k = self.data_key(c, tenant, v).await?;
+        Ok((seal_under(&k, v, tenant, table, row, text)?, v))
+    }
+
+    async fn reveal<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        table: &str,
+        row: &str,
+        s: Stored,
+    ) -> Result<String, Error> {
+        if s.sealed == 0 {
+            return Ok(crate::recall::text_in(s.bytes));
+        }
+        if self.keys.is_none() {
+            return Err(Error::Storage(format!(
+                "{table} row '{row}' is encrypted and no master key is set: set ABRIDGE_MASTER_KEY_FILE (or ABRIDGE_MASTER_KEY) to the key it was written with"
+            )));
+        }
+        let k = self.data_key(c, tenant, s.sealed).await?;
+        open_under(&k, s.sealed, tenant, table, row, &s.bytes)
+    }
+
+    async fn memories_revealed<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        rows: Vec<(Memory, Stored)>,
+    ) -> Result<Vec<Memory>, Error> {
+        let mut out = Vec::with_capacity(rows.len());
+        for (mut m, s) in rows {
+            m.text = self.reveal(c, tenant, "memories", &m.id, s).await?;
+            out.push(m);
+        }
+        Ok(out)
+    }
+
+    async fn summary_revealed<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        (mut s, st): (ClusterSummary, Stored),
+    ) -> Result<ClusterSummary, Error> {
+        s.text = self
+            .reveal(c, tenant, "cluster_summaries", &s.id.to_string(), st)
+            .await?;
+        Ok(s)
+    }
+
+    /// Rotate the master key (see [`crate::SqliteStore::rotate_master_key`]).
+    pub async fn rotate_master_key(&self, new: &Secret) -> Result<usize, Error> {
+        let keys = self.keys.as_ref().ok_or_else(|| {
+            Error::InvalidInput(
+                "no current master key is set: set ABRIDGE_MASTER_KEY_FILE to the key the database was written with".into(),
+            )
+        })?;
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        tx.execute("LOCK TABLE data_keys IN EXCLUSIVE MODE", &[])
+            .await
+            .map_err(|e| self.err(e))?;
+        let rows = tx
+            .query("SELECT tenant, version, wrapped FROM data_keys", &[])
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut newest: std::collections::BTreeMap<String, u32> = Default::default();
+        for r in &rows {
+            let (tenant, version, wrapped): (String, u32, Vec<u8>) =
+                (r.get(0), g32(r, 1), r.get(2));
+            let re = keys.rewrapped(new, &tenant, version, &wrapped)?;
+            tx.execute(
+                "UPDATE data_keys SET wrapped = $3 WHERE tenant = $1 AND version = $2",
+                &[&tenant, &i64::from(version), &re],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+            let e = newest.entry(tenant).or_default();
+            *e = (*e).max(version);
+        }
+        for (tenant, v) in &newest {
+            let w = crate::keyring::new_wrapped_under(new, tenant, v + 1)?;
+            tx.execute(
+                "INSERT INTO data_keys (tenant, version, wrapped, created_ms) VALUES ($1, $2, $3, $4)",
+                &[tenant, &i64::from(v + 1), &w, &(now_ms() as i64)],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        keys.forget();
+        Ok(newest.len())
+    }
+}
+
+/// The filter's `WHERE` fragment in PostgreSQL's dialect (see
+/// [`crate::recall::filter_sql`]).
+fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
+    crate::recall::filter_sql(tenant, f, prefix, "\"user\"", |n| format!("${n}"))
+}
+
+fn params(args: &[String]) -> Vec<P<'_>> {
+    args.iter().map(|a| a as P<'_>).collect()
+}
+
+const MEM_COLS: &str = "id, \"user\", project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed";
+
+fn scope_from(r: &Row) -> Scope {
+    Scope {
+        user: r.get(1),
+        project: r.get(2),
+        environment: r.get(3),
+        kind: r.get(4),
+        key: r.get(5),
+    }
+}
+
+fn memory_from(r: &Row) -> (Memory, Stored) {
+    (
+        Memory {
+            id: r.get(0),
+            scope: scope_from(r),
+            text: String::new(),
+            importance: r.get::<_, f64>(7) as f32,
+            tokens: g32(r, 8),
+            created_ms: g64(r, 9),
+            cluster: g64(r, 10),
+        },
+        Stored {
+            bytes: r.get(6),
+            sealed: g32(r, 11),
+        },
+    )
+}
+
+const SUM_COLS: &str = "id, cluster, text, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms, sealed";
+
+fn summary_from(r: &Row) -> (ClusterSummary, Stored) {
+    (
+        ClusterSummary {
+            id: g64(r, 0),
+            cluster: g64(r, 1),
+            text: String::new(),
+            member_hash: r.get(3),
+            sources: serde_json::from_str(&r.get::<_, String>(4)).unwrap_or_default(),
+            importance: r.get::<_, f64>(5) as f32,
+            tokens: g32(r, 6),
+            model: r.get(7),
+            calls: g32(r, 8),
+            prompt_tokens: g32(r, 9),
+            output_tokens: g32(r, 10),
+            created_ms: g64(r, 11),
+            updated_ms: g64(r, 12),
+        },
+        Stored {
+            bytes: r.get(2),
+            sealed: g32(r, 13),
+        },
+    )
+}
+
+impl PgStore {
+    async fn members_raw<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        cluster: u64,
+    ) -> Result<Vec<(Memory, Stored)>, Error> {
+        Ok(c.query(
+            &format!(
+                "SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND cluster = $2 ORDER BY seq"
+            ),
+            &[&tenant, &(cluster as i64)],
+        )
+        .await
+        .map_err(|e| self.err(e))?
+        .iter()
+        .map(memory_from)
+        .collect())
+    }
+
+    async fn summary_raw<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        cluster: u64,
+    ) -> Result<Option<(ClusterSummary, Stored)>, Error> {
+        Ok(c.query_opt(
+            &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = $1 AND cluster = $2"),
+            &[&tenant, &(cluster as i64)],
+        )
+        .await
+        .map_err(|e| self.err(e))?
+        .as_ref()
+        .map(summary_from))
+    }
+
+    async fn bump<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        cluster: u64,
+    ) -> Result<(), Error> {
+        c.execute(
+            "UPDATE clusters SET version = version + 1, changed_seq = nextval('clusters_changed') WHERE tenant = $1 AND id = $2",
+            &[&tenant, &(cluster as i64)],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn lock_tenant<C: GenericClient + Sync>(&self, c: &C, tenant: &str) -> Result<(), Error> {
+        c.execute(LOCK, &[&format!("clusters:{tenant}")])
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn members_count<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        cluster: u64,
+    ) -> Result<u32, Error> {
+        Ok(g32(
+            &c.query_one(
+                "SELECT members FROM clusters WHERE tenant = $1 AND id = $2",
+                &[&tenant, &(cluster as i64)],
+            )
+            .await
+            .map_err(|e| self.err(e))?,
+            0,
+        ))
+    }
+}
+
+#[async_trait]
+impl RecallStore for PgStore {
+    async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
+        Ok(self
+            .rows(
+                "SELECT id, model, sum, members FROM clusters WHERE tenant = $1 AND \"user\" = $2 AND project = $3 AND environment = $4 AND kind = $5 AND key = $6 AND members > 0 ORDER BY id",
+                &[&tenant, &scope.user, &scope.project, &scope.environment, &scope.kind, &scope.key],
+            )
+            .await?
+            .iter()
+            .map(|r| {
+                let n = g32(r, 3);
+                let sum = vector_from(&r.get::<_, Vec<u8>>(2));
+                Centroid {
+                    cluster: g64(r, 0),
+                    model: r.get(1),
+                    vector: sum.iter().map(|x| x / n.max(1) as f32).collect(),
+                    members: n,
+                }
+            })
+            .collect())
+    }
+
+    async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        self.lock_tenant(&tx, tenant).await?;
+        let existing = tx
+            .query_opt(
+                &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND id = $2"),
+                &[&tenant, &m.id],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Some(raw) = existing {
+            let e = self
+                .memories_revealed(&tx, tenant, vec![memory_from(&raw)])
+                .await?
+                .pop()
+                .expect("one row");
+            if !crate::recall::same_scope(&e.scope, &m.scope) || e.text != m.text {
+                return Err(Error::InvalidInput(format!(
+                    "memory '{}' already exists with another scope or text; give a new id to store a different fact",
+                    m.id
+                )));
+            }
+            let members = self.members_count(&tx, tenant, e.cluster).await?;
+            return Ok(StoredMemory {
+                cluster: e.cluster,
+                created: false,
+                members,
+            });
+        }
+        let s = &m.scope;
+        let (cluster, mut sum) = match m.cluster {
+            Some(id) => {
+                let row = tx
+                    .query_opt(
+                        "SELECT sum, model, \"user\", project, environment, kind, key FROM clusters WHERE tenant = $1 AND id = $2",
+                        &[&tenant, &(id as i64)],
+                    )
+                    .await
+                    .map_err(|e| self.err(e))?;
+                match row {
+                    Some(r)
+                        if r.get::<_, String>(1) == m.model
+                            && (
+                                r.get::<_, String>(2),
+                                r.get::<_, String>(3),
+                                r.get::<_, String>(4),
+                                r.get::<_, String>(5),
+                                r.get::<_, String>(6),
+                            ) == (
+                                s.user.clone(),
+                                s.project.clone(),
+                                s.environment.clone(),
+                                s.kind.clone(),
+                                s.key.clone(),
+                            ) =>
+                    {
+                        (id, vector_from(&r.get::<_, Vec<u8>>(0)))
+                    }
+                    _ => {
+                        return Err(Error::Conflict(format!(
+                            "cluster {id} changed under the write (it is gone or holds other vectors); write again"
+                        )));
+                    }
+                }
+            }
+            None => {
+                let id: i64 = tx
+                    .query_one(
+                        "SELECT COALESCE(MAX(id), 0) + 1 FROM clusters WHERE tenant = $1",
+                        &[&tenant],
+                    )
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .get(0);
+                tx.execute(
+                    "INSERT INTO clusters (tenant, id, \"user\", project, environment, kind, key, model, sum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                    &[&tenant, &id, &s.user, &s.project, &s.environment, &s.kind, &s.key, &m.model, &vector_bytes(&vec![0f32; m.vector.len()])],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+                (id as u64, vec![0f32; m.vector.len()])
+            }
+        };
+        if sum.len() != m.vector.len() {
+            return Err(Error::InvalidInput(format!(
+                "a vector of {} values does not match cluster {cluster}'s {}",
+                m.vector.len(),
+                sum.len()
+            )));
+        }
+        crate::recall::add_into(&mut sum, &m.vector, 1.0);
+        let seq: i64 = tx
+            .query_one(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
+        let (text, sealed) = self.seal(&tx, tenant, "memories", &m.id, &m.text).await?;
+        tx.execute(
+            "INSERT INTO memories (tenant, id, \"user\", project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $16, $9, $10, $11, $12, $13, $14, $15)",
+            &[
+                &tenant, &m.id, &s.user, &s.project, &s.environment, &s.kind, &s.key,
+                &text, &f64::from(m.importance), &i64::from(m.tokens), &(m.created_ms as i64),
+                &(cluster as i64), &m.model, &vector_bytes(&m.vector), &seq, &i64::from(sealed),
+            ],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        self.set_embedding(&tx, tenant, &m.id, &m.vector).await?;
+        tx.execute(
+            "UPDATE clusters SET sum = $3, members = members + 1 WHERE tenant = $1 AND id = $2",
+            &[&tenant, &(cluster as i64), &vector_bytes(&sum)],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        self.bump(&tx, tenant, cluster).await?;
+        let members = self.members_count(&tx, tenant, cluster).await?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(StoredMemory {
+            cluster,
+            created: true,
+            members,
+        })
+    }
+
+    async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        let c = self.client().await?;
+        let raw = c
+            .query_opt(
+                &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND id = $2"),
+                &[&tenant, &id],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(self
+            .memories_revealed(&c, tenant, raw.iter().map(memory_from).collect())
+            .await?
+            .pop())
+    }
+
+    async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
+        let c = self.client().await?;
+        let raw = self.members_raw(&c, tenant, cluster).await?;
+        self.memories_revealed(&c, tenant, raw).await
+    }
+
+    async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        self.lock_tenant(&tx, tenant).await?;
+        let row = tx
+            .query_opt(
+                &format!(
+                    "SELECT {MEM_COLS}, model, vector FROM memories WHERE tenant = $1 AND id = $2"
+                ),
+                &[&tenant, &id],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let (raw_m, raw_s) = memory_from(&row);
+        let (model, vector): (String, Vec<u8>) = (row.get(12), row.get(13));
+        // The text is given back; a row that no longer opens is deleted all the same.
+        let m = match self
+            .memories_revealed(&tx, tenant, vec![(raw_m.clone(), raw_s)])
+            .await
+        {
+            Ok(mut v) => v.pop().unwrap_or(raw_m),
+            Err(_) => raw_m,
+        };
+        tx.execute(
+            "DELETE FROM memories WHERE tenant = $1 AND id = $2",
+            &[&tenant, &id],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        let r = tx
+            .query_one(
+                "SELECT model, sum, members FROM clusters WHERE tenant = $1 AND id = $2",
+                &[&tenant, &(m.cluster as i64)],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let (cmodel, sum, members): (String, Vec<u8>, u32) = (r.get(0), r.get(1), g32(&r, 2));
+        let mut sum = vector_from(&sum);
+        let left = members.saturating_sub(1);
+        if left == 0 {
+            sum.iter_mut().for_each(|x| *x = 0.0);
+        } else if cmodel == model {
+            crate::recall::add_into(&mut sum, &vector_from(&vector), -1.0);
+        }
+        tx.execute(
+            "UPDATE clusters SET sum = $3, members = $4 WHERE tenant = $1 AND id = $2",
+            &[
+                &tenant,
+                &(m.cluster as i64),
+                &vector_bytes(&sum),
+                &i64::from(left),
+            ],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        self.bump(&tx, tenant, m.cluster).await?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(Some(m))
+    }
+
+    async fn set_vectors(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        model: &str,
+        vectors: Vec<(String, Vec<f32>)>,
+    ) -> Result<(), Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        self.lock_tenant(&tx, tenant).await?;
+        let dim = vectors.first().map_or(0, |v| v.1.len());
+        let mut sum = vec![0f32; dim];
+        for (id, v) in &vectors {
+            let n = tx
+                .execute(
+                    "UPDATE memories SET model = $4, vector = $5 WHERE tenant = $1 AND id = $2 AND cluster = $3",
+                    &[&tenant, id, &(cluster as i64), &model, &vector_bytes(v)],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            if n == 1 {
+                self.set_embedding(&tx, tenant, id, v).await?;
+                crate::recall::add_into(&mut sum, v, 1.0);
+            }
+        }
+        tx.execute(
+            "UPDATE clusters SET model = $3, sum = $4 WHERE tenant = $1 AND id = $2",
+            &[&tenant, &(cluster as i64), &model, &vector_bytes(&sum)],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        self.bump(&tx, tenant, cluster).await?;
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    async fn cluster_summary(
+        &self,
+        tenant: &str,
+        cluster: u64,
+    ) -> Result<Option<ClusterSummary>, Error> {
+        let c = self.client().await?;
+        match self.summary_raw(&c, tenant, cluster).await? {
+            Some(raw) => self.summary_revealed(&c, tenant, raw).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn summary_by_id(&self, tenant: &str, id: u64) -> Result<Option<ClusterSummary>, Error> {
+        let c = self.client().await?;
+        let raw = c
+            .query_opt(
+                &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = $1 AND id = $2"),
+                &[&tenant, &(id as i64)],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        match raw {
+            Some(r) => self
+                .summary_revealed(&c, tenant, summary_from(&r))
+                .await
+                .map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn write_cluster_summary(
+        &self,
+        tenant: &str,
+        w: ClusterSummaryWrite,
+    ) -> Result<bool, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        // Under the tenant's lock no member can come or go between the check and the write.
+        self.lock_tenant(&tx, tenant).await?;
+        let current = self.summary_raw(&tx, tenant, w.cluster).await?.map(|r| r.0);
+        if current.as_ref().map(|s| s.member_hash.clone()) != w.expect {
+            return Ok(false);
+        }
+        let members: BTreeSet<String> = self
+            .members_raw(&tx, tenant, w.cluster)
+            .await?
+            .into_iter()
+            .map(|m| m.0.id)
+            .collect();
+        if !covers_exactly(&w.sources, &members) {
+            return Ok(false);
+        }
+        let sources =
+            serde_json::to_string(&w.sources).map_err(|e| Error::Storage(e.to_string()))?;
+        let common = (
+            f64::from(w.importance),
+            i64::from(w.tokens),
+            i64::from(w.calls),
+            i64::from(w.prompt_tokens),
+            i64::from(w.output_tokens),
+            vector_bytes(&w.vector),
+            w.now_ms as i64,
+        );
+        match current {
+            Some(s) => {
+                let (text, sealed) = self
+                    .seal(&tx, tenant, "cluster_summaries", &s.id.to_string(), &w.text)
+                    .await?;
+                tx.execute(
+                    "UPDATE cluster_summaries SET text = $3, sealed = $15, member_hash = $4, sources = $5, importance = $6, tokens = $7, model = $8, calls = $9, prompt_tokens = $10, output_tokens = $11, vector_model = $12, vector = $13, updated_ms = $14 WHERE tenant = $1 AND id = $2",
+                    &[
+                        &tenant, &(s.id as i64), &text, &w.member_hash, &sources,
+                        &common.0, &common.1, &w.model, &common.2, &common.3,
+                        &common.4, &w.vector_model, &common.5, &common.6, &i64::from(sealed),
+                    ],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            }
+            None => {
+                let id: i64 = tx
+                    .query_one(
+                        "SELECT COALESCE(MAX(id), 0) + 1 FROM cluster_summaries WHERE tenant = $1",
+                        &[&tenant],
+                    )
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .get(0);
+                let (text, sealed) = self
+                    .seal(&tx, tenant, "cluster_summaries", &id.to_string(), &w.text)
+                    .await?;
+                tx.execute(
+                    "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES ($1, $2, $3, $4, $16, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15)",
+                    &[
+                        &tenant, &id, &(w.cluster as i64), &text, &w.member_hash, &sources,
+                        &common.0, &common.1, &w.model, &common.2, &common.3,
+                        &common.4, &w.vector_model, &common.5, &common.6, &i64::from(sealed),
+                    ],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            }
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(true)
+    }
+
+    async fn delete_cluster_summary(&self, tenant: &str, cluster: u64) -> Result<(), Error> {
+        self.exec(
+            "DELETE FROM cluster_summaries WHERE tenant = $1 AND cluster = $2",
+            &[&tenant, &(cluster as i64)],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn set_cluster_note(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        note: Option<String>,
+    ) -> Result<(), Error> {
+        self.exec(
+            "UPDATE clusters SET note = $3 WHERE tenant = $1 AND id = $2",
+            &[&tenant, &(cluster as i64), &note],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn search(
+        &self,
+        tenant: &str,
+        query: &[f32],
+        model: &str,
+        filter: &MemoryFilter,
+        limit: u32,
+    ) -> Result<Vec<Hit>, Error> {
+        let c = self.client().await?;
+        let (fsql, mut args) = filter_sql(tenant, filter, "");
+        args.push(model.to_string());
+        let mut mems = TopK::new(limit as usize);
+        let found = self
+            .ann_search(&c, query, model, &fsql, &args[..args.len() - 1], limit)
+            .await;
+        if let Some(found) = found {
+            for (id, importance, cluster, sim) in found {
+                mems.offer(sim, |s| Hit {
+                    kind: HitKind::Memory,
+                    id,
+                    text: String::new(),
+                    similarity: s,
+                    importance,
+                    cluster,
+                    sources: Vec::new(),
+                });
+            }
+        } else {
+            let rows = c
+                .query(
+                    &format!(
+                        "SELECT id, vector, importance, cluster FROM memories WHERE tenant = $1{fsql} AND model = ${}",
+                        args.len()
+                    ),
+                    &params(&args),
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            for r in &rows {
+                let v = vector_from(r.get::<_, &[u8]>(1));
+                let id: String = r.get(0);
+                let importance = r.get::<_, f64>(2) as f32;
+                let cluster = g64(r, 3);
+                mems.offer(crate::recall::cosine(query, &v), |s| Hit {
+                    kind: HitKind::Memory,
+                    id,
+                    text: String::new(),
+                    similarity: s,
+                    importance,
+                    cluster,
+                    sources: Vec::new(),
+                });
+            }
+        }
+        let mut hits = mems.into_hits();
+        for h in &mut hits {
+            let r = c
+                .query_one(
+                    "SELECT text, sealed FROM memories WHERE tenant = $1 AND id = $2",
+                    &[&tenant, &h.id],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            let st = Stored {
+                bytes: r.get(0),
+                sealed: g32(&r, 1),
+            };
+            h.text = self.reveal(&c, tenant, "memories", &h.id, st).await?;
+        }
+        let (fsql, mut args) = filter_sql(tenant, filter, "c.");
+        args.push(model.to_string());
+        let mut sums = TopK::new(limit as usize);
+        let mut texts: std::collections::BTreeMap<String, Stored> = Default::default();
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = $1{fsql} AND s.vector_model = ${}",
+                    args.len()
+                ),
+                &params(&args),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        for r in &rows {
+            let v = vector_from(r.get::<_, &[u8]>(1));
+            let sim = crate::recall::cosine(query, &v);
+            let id = r.get::<_, i64>(0).to_string();
+            let importance = r.get::<_, f64>(2) as f32;
+            let cluster = g64(r, 3);
+            let stored = Stored {
+                bytes: r.get(4),
+                sealed: g32(r, 6),
+            };
+            let sources: Vec<String> =
+                serde_json::from_str(&r.get::<_, String>(5)).unwrap_or_default();
+            sums.offer(sim, |s| {
+                texts.insert(id.clone(), stored);
+                Hit {
+                    kind: HitKind::Summary,
+                    id,
+                    text: String::new(),
+                    similarity: s,
+                    importance,
+                    cluster,
+                    sources,
+                }
+            });
+        }
+        for mut h in sums.into_hits() {
+            if let Some(st) = texts.remove(&h.id) {
+                h.text = self
+                    .reveal(&c, tenant, "cluster_summaries", &h.id, st)
+                    .await?;
+            }
+            hits.push(h);
+        }
+        Ok(hits)
+    }
+
+    async fn list_memories(
+        &self,
+        tenant: &str,
+        filter: &MemoryFilter,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Memory>, usize), Error> {
+        let c = self.client().await?;
+        let (fsql, args) = filter_sql(tenant, filter, "");
+        let total: i64 = c
+            .query_one(
+                &format!("SELECT COUNT(*) FROM memories WHERE tenant = $1{fsql}"),
+                &params(&args),
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {MEM_COLS} FROM memories WHERE tenant = $1{fsql} ORDER BY seq LIMIT {} OFFSET {}",
+                    limit.min(i64::MAX as usize),
+                    offset.min(i64::MAX as usize)
+                ),
+                &params(&args),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let raw = rows.iter().map(memory_from).collect();
+        Ok((
+            self.memories_revealed(&c, tenant, raw).await?,
+            total as usize,
+        ))
+    }
+
+    async fn clusters(
+        &self,
+        tenant: &str,
+        filter: &MemoryFilter,
+    ) -> Result<Vec<ClusterRow>, Error> {
+        let c = self.client().await?;
+        let (fsql, args) = filter_sql(tenant, filter, "c.");
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT c.id, c.\"user\", c.project, c.environment, c.kind, c.key, c.members, c.note, c.model, c.version, c.settled, s.id FROM clusters c LEFT JOIN cluster_summaries s ON s.tenant = c.tenant AND s.cluster = c.id WHERE c.tenant = $1{fsql} AND c.members > 0 ORDER BY c.id"
+                ),
+                &params(&args),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut out: Vec<ClusterRow> = rows
+            .iter()
+            .map(|r| ClusterRow {
+                id: g64(r, 0),
+                scope: scope_from(r),
+                members: g32(r, 6),
+                member_ids: Vec::new(),
+                note: r.get(7),
+                model: r.get(8),
+                version: g64(r, 9),
+                settled: g64(r, 10),
+                summary: r.get::<_, Option<i64>>(11).map(|x| x as u64),
+            })
+            .collect();
+        for row in &mut out {
+            row.member_ids = c
+                .query(
+                    "SELECT id FROM memories WHERE tenant = $1 AND cluster = $2 ORDER BY seq",
+                    &[&tenant, &(row.id as i64)],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+        }
+        Ok(out)
+    }
+
+    async fn unsettled(&self, tenant: Option<&str>, limit: usize) -> Result<Vec<Unsettled>, Error> {
+        Ok(self
+            .rows(
+                &format!(
+                    "SELECT tenant, id, version, \"user\", project FROM clusters WHERE version > settled AND ($1::text IS NULL OR tenant = $1) ORDER BY changed_seq LIMIT {}",
+                    limit.min(i64::MAX as usize)
+                ),
+                &[&tenant],
+            )
+            .await?
+            .iter()
+            .map(|r| Unsettled {
+                tenant: r.get(0),
+                cluster: g64(r, 1),
+                version: g64(r, 2),
+                user: r.get(3),
+                project: r.get(4),
+            })
+            .collect())
+    }
+
+    async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
+        Ok(self
+            .row(
+                "SELECT version FROM clusters WHERE tenant = $1 AND id = $2",
+                &[&tenant, &(cluster as i64)],
+            )
+            .await?
+            .map(|r| g64(&r, 0)))
+    }
+
+    async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {
+        self.exec(
+            "UPDATE clusters SET settled = GREATEST(settled, $3) WHERE tenant = $1 AND id = $2",
+            &[&tenant, &(cluster as i64), &(version as i64)],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn claim_cluster(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        owner: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<bool, Error> {
+        Ok(self
+            .exec(
+                "UPDATE clusters SET claim_owner = $3, claim_until_ms = $5 WHERE tenant = $1 AND id = $2 AND (claim_owner IS NULL OR claim_owner = $3 OR claim_until_ms <= $4)",
+                &[&tenant, &(cluster as i64), &owner, &(now_ms as i64), &(until_ms as i64)],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error> {
+        self.exec(
+            "UPDATE clusters SET claim_owner = NULL, claim_until_ms = NULL WHERE tenant = $1 AND id = $2 AND claim_owner = $3",
+            &[&tenant, &(cluster as i64), &owner],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn add_usage(
+        &self,
+        tenant: &str,
+        day: &str,
+        calls: u64,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> Result<(), Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        let (calls, prompt, output) = (calls as i64, prompt_tokens as i64, output_tokens as i64);
+        for (table, column, period) in [
+            ("usage", "month", month_of_day(day)),
+            ("usage_days", "day", day),
+        ] {
+            tx.execute(
+                &format!(
+                    "INSERT INTO {table} (tenant, {column}, calls, prompt_tokens, output_tokens) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (tenant, {column}) DO UPDATE SET calls = {table}.calls + excluded.calls, prompt_tokens = {table}.prompt_tokens + excluded.prompt_tokens, output_tokens = {table}.output_tokens + excluded.output_tokens"
+                ),
+                &[&tenant, &period, &calls, &prompt, &output],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error> {
+        let pattern = format!("{month}-%");
+        Ok(self
+            .rows(
+                "SELECT day, calls, prompt_tokens, output_tokens FROM usage_days WHERE tenant = $1 AND day LIKE $2 ORDER BY day",
+                &[&tenant, &pattern],
+            )
+            .await?
+            .iter()
+            .map(|r| UsageDay {
+                day: r.get(0),
+                calls: g64(r, 1),
+                prompt_tokens: g64(r, 2),
+                output_tokens: g64(r, 3),
+            })
+            .collect())
+    }
+
+    async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {
+        Ok(self
+            .row(
+                "SELECT calls, prompt_tokens, output_tokens FROM usage WHERE tenant = $1 AND month = $2",
+                &[&tenant, &month],
+            )
+            .await?
+            .map(|r| (g64(&r, 0), g64(&r, 1), g64(&r, 2)))
+            .unwrap_or_default())
+    }
+
+    async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        self.lock_tenant(&tx, tenant).await?;
+        for t in [
+            "memories",
+            "cluster_summaries",
+            "clusters",
+            "data_keys",
+            "usage",
+            "usage_days",
+        ] {
+            tx.execute(&format!("DELETE FROM {t} WHERE tenant = $1"), &[&tenant])
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+}

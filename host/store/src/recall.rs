@@ -1,0 +1,709 @@
+//! Memories, their clusters and cluster summaries behind one trait ([`RecallStore`]), with
+//! every call scoped to a tenant: a row of another tenant is simply not found. The in-memory
+//! implementation lives here; the SQLite one in `sqlite_recall.rs`.
+//!
+//! A cluster keeps the sum of its members' vectors and their count, so its centroid updates
+//! incrementally (add on write, subtract on delete). A membership change bumps the cluster's
+//! version; a summarize run that ends settles the version it saw, so the sweeper finds the
+//! clusters whose summary may be stale without the guest. A claim (owner and expiry) keeps two
+//! workers from summarizing one cluster at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_trait::async_trait;
+
+pub use abridge_engine::store::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
+
+use crate::types::{
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, HitKind, Memory, MemoryFilter,
+    NewMemory, Scope, StoredMemory,
+};
+
+/// A SQL `WHERE` fragment (after the tenant's own condition, parameter 1) for a filter over
+/// columns with the given prefix, and the values of every parameter: the tenant first, then
+/// the filter's fields. `user` is the user column as the dialect writes it, and `param(n)` the
+/// n-th placeholder (`?n` in SQLite, `$n` in PostgreSQL).
+pub(crate) fn filter_sql(
+    tenant: &str,
+    f: &MemoryFilter,
+    prefix: &str,
+    user: &str,
+    param: fn(usize) -> String,
+) -> (String, Vec<String>) {
+    let mut sql = String::new();
+    let mut args = vec![tenant.to_string()];
+    for (col, v) in [
+        (user, &f.user),
+        ("project", &f.project),
+        ("environment", &f.environment),
+        ("kind", &f.kind),
+        ("key", &f.key),
+    ] {
+        if let Some(v) = v {
+            args.push(v.clone());
+            sql.push_str(&format!(" AND {prefix}{col} = {}", param(args.len())));
+        }
+    }
+    (sql, args)
+}
+
+/// Text as stored when not sealed (invalid UTF-8 is replaced, never refused).
+pub(crate) fn text_in(b: Vec<u8>) -> String {
+    String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Add (`sign` 1) or subtract (`sign` -1) `v` into a cluster's vector sum.
+pub(crate) fn add_into(sum: &mut [f32], v: &[f32], sign: f32) {
+    for (s, x) in sum.iter_mut().zip(v) {
+        *s += sign * x;
+    }
+}
+
+/// Vectors as stored: little-endian f32.
+pub fn vector_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A stored vector back.
+pub fn vector_from(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Cosine similarity (0 for mismatched or zero vectors): the guest's own, summed in f64, so
+/// the store ranks exactly as the component compares.
+pub use abridge_guest::embed::cosine;
+
+/// Whether two scopes are the same.
+pub fn same_scope(a: &Scope, b: &Scope) -> bool {
+    (&a.user, &a.project, &a.environment, &a.kind, &a.key)
+        == (&b.user, &b.project, &b.environment, &b.kind, &b.key)
+}
+
+/// Whether a scope passes a filter.
+pub fn matches(f: &MemoryFilter, s: &Scope) -> bool {
+    let ok = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+    ok(&f.user, &s.user)
+        && ok(&f.project, &s.project)
+        && ok(&f.environment, &s.environment)
+        && ok(&f.kind, &s.kind)
+        && ok(&f.key, &s.key)
+}
+
+/// Keeps the `limit` best hits seen.
+pub struct TopK {
+    limit: usize,
+    hits: Vec<Hit>,
+}
+
+impl TopK {
+    /// Empty, keeping `limit`.
+    pub fn new(limit: usize) -> TopK {
+        TopK {
+            limit,
+            hits: Vec::new(),
+        }
+    }
+
+    /// Offer a hit made only when it may enter.
+    pub fn offer(&mut self, similarity: f32, make: impl FnOnce(f32) -> Hit) {
+        if self.limit == 0 {
+            return;
+        }
+        if self.hits.len() >= self.limit
+            && self
+                .hits
+                .last()
+                .is_some_and(|worst| similarity <= worst.similarity)
+        {
+            return;
+        }
+        let h = make(similarity);
+        let at = self.hits.partition_point(|x| {
+            x.similarity > similarity || (x.similarity == similarity && x.id < h.id)
+        });
+        self.hits.insert(at, h);
+        self.hits.truncate(self.limit);
+    }
+
+    /// The hits, best first.
+    pub fn into_hits(self) -> Vec<Hit> {
+        self.hits
+    }
+}
+
+/// Check a summary write against the cluster: its sources must be exactly the active members
+/// (the guest read them in this run; a change since then means the write is for an old set,
+/// and is refused like a lost race).
+pub fn covers_exactly(sources: &[String], members: &BTreeSet<String>) -> bool {
+    let s: BTreeSet<&String> = sources.iter().collect();
+    s.len() == members.len() && members.iter().all(|m| s.contains(m))
+}
+
+#[derive(Clone)]
+struct MemRow {
+    m: Memory,
+    model: String,
+    vector: Vec<f32>,
+    seq: u64,
+}
+
+#[derive(Clone)]
+struct ClusterState {
+    scope: Scope,
+    model: String,
+    sum: Vec<f64>,
+    members: BTreeSet<String>,
+    version: u64,
+    settled: u64,
+    note: Option<String>,
+    claim: Option<(String, u64)>,
+    changed_seq: u64,
+}
+
+#[derive(Default)]
+struct TenantTables {
+    memories: BTreeMap<String, MemRow>,
+    clusters: BTreeMap<u64, ClusterState>,
+    summaries: BTreeMap<u64, (ClusterSummary, String, Vec<f32>)>, // by cluster: row, vector model, vector
+    next_summary: u64,
+    seq: u64,
+}
+
+/// The in-memory tables (inside [`super::MemoryStore`]).
+#[derive(Default)]
+pub struct RecallTables {
+    tenants: BTreeMap<String, TenantTables>,
+    /// By tenant and period: a month (`YYYY-MM`) or a day (`YYYY-MM-DD`).
+    usage: BTreeMap<(String, String), (u64, u64, u64)>,
+}
+
+fn mean(c: &ClusterState) -> Vec<f32> {
+    let n = c.members.len().max(1) as f64;
+    c.sum.iter().map(|x| (x / n) as f32).collect()
+}
+
+impl TenantTables {
+    fn members(&self, cluster: u64) -> Vec<Memory> {
+        let mut v: Vec<&MemRow> = self
+            .memories
+            .values()
+            .filter(|r| r.m.cluster == cluster)
+            .collect();
+        v.sort_by_key(|r| r.seq);
+        v.into_iter().map(|r| r.m.clone()).collect()
+    }
+
+    fn bump(&mut self, cluster: u64) {
+        self.seq += 1;
+        let seq = self.seq;
+        if let Some(c) = self.clusters.get_mut(&cluster) {
+            c.version += 1;
+            c.changed_seq = seq;
+        }
+    }
+}
+
+impl RecallTables {
+    fn t(&mut self, tenant: &str) -> &mut TenantTables {
+        self.tenants.entry(tenant.to_string()).or_default()
+    }
+
+    fn centroids(&mut self, tenant: &str, scope: &Scope) -> Vec<Centroid> {
+        self.t(tenant)
+            .clusters
+            .iter()
+            .filter(|(_, c)| same_scope(&c.scope, scope) && !c.members.is_empty())
+            .map(|(&id, c)| Centroid {
+                cluster: id,
+                model: c.model.clone(),
+                vector: mean(c),
+                members: c.members.len() as u32,
+            })
+            .collect()
+    }
+
+    fn put(&mut self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
+        let t = self.t(tenant);
+        if let Some(r) = t.memories.get(&m.id) {
+            if !same_scope(&r.m.scope, &m.scope) || r.m.text != m.text {
+                return Err(Error::InvalidInput(format!(
+                    "memory '{}' already exists with another scope or text; give a new id to store a different fact",
+                    m.id
+                )));
+            }
+            let members = t.clusters.get(&r.m.cluster).map_or(0, |c| c.members.len()) as u32;
+            return Ok(StoredMemory {
+                cluster: r.m.cluster,
+                created: false,
+                members,
+            });
+        }
+        let cluster = match m.cluster {
+            Some(id) => match t.clusters.get(&id) {
+                Some(c) if same_scope(&c.scope, &m.scope) && c.model == m.model => id,
+                _ => {
+                    return Err(Error::Conflict(format!(
+                        "cluster {id} changed under the write (it is gone or holds other vectors); write again"
+                    )));
+                }
+            },
+            None => {
+                let id = t.clusters.keys().next_back().map_or(1, |k| k + 1);
+                t.clusters.insert(
+                    id,
+                    ClusterState {
+                        scope: m.scope.clone(),
+                        model: m.model.clone(),
+                        sum: vec![0.0; m.vector.len()],
+                        members: BTreeSet::new(),
+                        version: 0,
+                        settled: 0,
+                        note: None,
+                        claim: None,
+                        changed_seq: 0,
+                    },
+                );
+                id
+            }
+        };
+        t.seq += 1;
+        let seq = t.seq;
+        let c = t.clusters.get_mut(&cluster).expect("cluster just checked");
+        if c.sum.len() != m.vector.len() {
+            return Err(Error::InvalidInput(format!(
+                "a vector of {} values does not match cluster {cluster}'s {}",
+                m.vector.len(),
+                c.sum.len()
+            )));
+        }
+        for (s, v) in c.sum.iter_mut().zip(&m.vector) {
+            *s += f64::from(*v);
+        }
+        c.members.insert(m.id.clone());
+        let members = c.members.len() as u32;
+        t.memories.insert(
+            m.id.clone(),
+            MemRow {
+                m: Memory {
+                    id: m.id,
+                    scope: m.scope,
+                    text: m.text,
+                    importance: m.importance,
+                    tokens: m.tokens,
+                    created_ms: m.created_ms,
+                    cluster,
+                },
+                model: m.model,
+                vector: m.vector,
+                seq,
+            },
+        );
+        t.bump(cluster);
+        Ok(StoredMemory {
+            cluster,
+            created: true,
+            members,
+        })
+    }
+
+    fn delete(&mut self, tenant: &str, id: &str) -> Option<Memory> {
+        let t = self.t(tenant);
+        let r = t.memories.remove(id)?;
+        if let Some(c) = t.clusters.get_mut(&r.m.cluster) {
+            c.members.remove(id);
+            if c.model == r.model {
+                for (s, v) in c.sum.iter_mut().zip(&r.vector) {
+                    *s -= f64::from(*v);
+                }
+            }
+            if c.members.is_empty() {
+                c.sum.iter_mut().for_each(|s| *s = 0.0);
+            }
+        }
+        t.bump(r.m.cluster);
+        Some(r.m)
+    }
+
+    fn search(
+        &mut self,
+        tenant: &str,
+        q: &[f32],
+        model: &str,
+        f: &MemoryFilter,
+        limit: u32,
+    ) -> Vec<Hit> {
+        let t = self.t(tenant);
+        let mut mems = TopK::new(limit as usize);
+        for r in t.memories.values() {
+            if r.model != model || !matches(f, &r.m.scope) {
+                continue;
+            }
+            mems.offer(cosine(q, &r.vector), |s| Hit {
+                kind: HitKind::Memory,
+                id: r.m.id.clone(),
+                text: r.m.text.clone(),
+                similarity: s,
+                importance: r.m.importance,
+                cluster: r.m.cluster,
+                sources: Vec::new(),
+            });
+        }
+        let mut sums = TopK::new(limit as usize);
+        for (cluster, (s, vmodel, v)) in &t.summaries {
+            let Some(c) = t.clusters.get(cluster) else {
+                continue;
+            };
+            if vmodel != model || !matches(f, &c.scope) {
+                continue;
+            }
+            sums.offer(cosine(q, v), |sim| Hit {
+                kind: HitKind::Summary,
+                id: s.id.to_string(),
+                text: s.text.clone(),
+                similarity: sim,
+                importance: s.importance,
+                cluster: *cluster,
+                sources: s.sources.clone(),
+            });
+        }
+        let mut out = mems.into_hits();
+        out.extend(sums.into_hits());
+        out
+    }
+}
+
+#[async_trait]
+impl RecallStore for super::MemoryStore {
+    async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
+        Ok(self.recall(|r| r.centroids(tenant, scope)))
+    }
+
+    async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
+        self.recall(|r| r.put(tenant, m))
+    }
+
+    async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        Ok(self.recall(|r| r.t(tenant).memories.get(id).map(|x| x.m.clone())))
+    }
+
+    async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
+        Ok(self.recall(|r| r.t(tenant).members(cluster)))
+    }
+
+    async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        Ok(self.recall(|r| r.delete(tenant, id)))
+    }
+
+    async fn set_vectors(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        model: &str,
+        vectors: Vec<(String, Vec<f32>)>,
+    ) -> Result<(), Error> {
+        self.recall(|r| {
+            let t = r.t(tenant);
+            let dim = vectors.first().map_or(0, |v| v.1.len());
+            let mut sum = vec![0f64; dim];
+            for (id, v) in &vectors {
+                if let Some(row) = t.memories.get_mut(id)
+                    && row.m.cluster == cluster
+                {
+                    row.vector = v.clone();
+                    row.model = model.to_string();
+                    for (s, x) in sum.iter_mut().zip(v) {
+                        *s += f64::from(*x);
+                    }
+                }
+            }
+            if let Some(c) = t.clusters.get_mut(&cluster) {
+                c.model = model.to_string();
+                c.sum = sum;
+            }
+            t.bump(cluster);
+            Ok(())
+        })
+    }
+
+    async fn cluster_summary(
+        &self,
+        tenant: &str,
+        cluster: u64,
+    ) -> Result<Option<ClusterSummary>, Error> {
+        Ok(self.recall(|r| r.t(tenant).summaries.get(&cluster).map(|s| s.0.clone())))
+    }
+
+    async fn summary_by_id(&self, tenant: &str, id: u64) -> Result<Option<ClusterSummary>, Error> {
+        Ok(self.recall(|r| {
+            r.t(tenant)
+                .summaries
+                .values()
+                .find(|s| s.0.id == id)
+                .map(|s| s.0.clone())
+        }))
+    }
+
+    async fn write_cluster_summary(
+        &self,
+        tenant: &str,
+        w: ClusterSummaryWrite,
+    ) -> Result<bool, Error> {
+        Ok(self.recall(|r| {
+            let t = r.t(tenant);
+            let current = t.summaries.get(&w.cluster);
+            if current.map(|s| s.0.member_hash.clone()) != w.expect {
+                return false;
+            }
+            let Some(c) = t.clusters.get(&w.cluster) else {
+                return false;
+            };
+            if !covers_exactly(&w.sources, &c.members) {
+                return false;
+            }
+            let (id, created) = match current {
+                Some(s) => (s.0.id, s.0.created_ms),
+                None => {
+                    t.next_summary += 1;
+                    (t.next_summary, w.now_ms)
+                }
+            };
+            t.summaries.insert(
+                w.cluster,
+                (
+                    ClusterSummary {
+                        id,
+                        cluster: w.cluster,
+                        text: w.text,
+                        member_hash: w.member_hash,
+                        sources: w.sources,
+                        importance: w.importance,
+                        tokens: w.tokens,
+                        model: w.model,
+                        calls: w.calls,
+                        prompt_tokens: w.prompt_tokens,
+                        output_tokens: w.output_tokens,
+                        created_ms: created,
+                        updated_ms: w.now_ms,
+                    },
+                    w.vector_model,
+                    w.vector,
+                ),
+            );
+            true
+        }))
+    }
+
+    async fn delete_cluster_summary(&self, tenant: &str, cluster: u64) -> Result<(), Error> {
+        self.recall(|r| r.t(tenant).summaries.remove(&cluster));
+        Ok(())
+    }
+
+    async fn set_cluster_note(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        note: Option<String>,
+    ) -> Result<(), Error> {
+        self.recall(|r| {
+            if let Some(c) = r.t(tenant).clusters.get_mut(&cluster) {
+                c.note = note;
+            }
+        });
+        Ok(())
+    }
+
+    async fn search(
+        &self,
+        tenant: &str,
+        query: &[f32],
+        model: &str,
+        filter: &MemoryFilter,
+        limit: u32,
+    ) -> Result<Vec<Hit>, Error> {
+        Ok(self.recall(|r| r.search(tenant, query, model, filter, limit)))
+    }
+
+    async fn list_memories(
+        &self,
+        tenant: &str,
+        filter: &MemoryFilter,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Memory>, usize), Error> {
+        Ok(self.recall(|r| {
+            let mut v: Vec<&MemRow> = r
+                .t(tenant)
+                .memories
+                .values()
+                .filter(|x| matches(filter, &x.m.scope))
+                .collect();
+            v.sort_by_key(|x| x.seq);
+            let total = v.len();
+            (
+                v.into_iter()
+                    .skip(offset)
+                    .take(limit)
+                    .map(|x| x.m.clone())
+                    .collect(),
+                total,
+            )
+        }))
+    }
+
+    async fn clusters(
+        &self,
+        tenant: &str,
+        filter: &MemoryFilter,
+    ) -> Result<Vec<ClusterRow>, Error> {
+        Ok(self.recall(|r| {
+            let t = r.t(tenant);
+            t.clusters
+                .iter()
+                .filter(|(_, c)| matches(filter, &c.scope) && !c.members.is_empty())
+                .map(|(&id, c)| ClusterRow {
+                    id,
+                    scope: c.scope.clone(),
+                    members: c.members.len() as u32,
+                    member_ids: t.members(id).into_iter().map(|m| m.id).collect(),
+                    summary: t.summaries.get(&id).map(|s| s.0.id),
+                    note: c.note.clone(),
+                    model: c.model.clone(),
+                    version: c.version,
+                    settled: c.settled,
+                })
+                .collect()
+        }))
+    }
+
+    async fn unsettled(&self, tenant: Option<&str>, limit: usize) -> Result<Vec<Unsettled>, Error> {
+        Ok(self.recall(|r| {
+            let mut out: Vec<(u64, Unsettled)> = Vec::new();
+            for (name, t) in &r.tenants {
+                if tenant.is_some_and(|x| x != name) {
+                    continue;
+                }
+                for (&id, c) in &t.clusters {
+                    if c.version > c.settled {
+                        out.push((
+                            c.changed_seq,
+                            Unsettled {
+                                tenant: name.clone(),
+                                cluster: id,
+                                version: c.version,
+                                user: c.scope.user.clone(),
+                                project: c.scope.project.clone(),
+                            },
+                        ));
+                    }
+                }
+            }
+            out.sort_by_key(|x| x.0);
+            out.into_iter().take(limit).map(|x| x.1).collect()
+        }))
+    }
+
+    async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
+        Ok(self.recall(|r| r.t(tenant).clusters.get(&cluster).map(|c| c.version)))
+    }
+
+    async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {
+        self.recall(|r| {
+            if let Some(c) = r.t(tenant).clusters.get_mut(&cluster) {
+                c.settled = c.settled.max(version);
+            }
+        });
+        Ok(())
+    }
+
+    async fn claim_cluster(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        owner: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<bool, Error> {
+        Ok(
+            self.recall(|r| match r.t(tenant).clusters.get_mut(&cluster) {
+                Some(c) => {
+                    let free = match &c.claim {
+                        None => true,
+                        Some((o, until)) => o == owner || *until <= now_ms,
+                    };
+                    if free {
+                        c.claim = Some((owner.to_string(), until_ms));
+                    }
+                    free
+                }
+                None => false,
+            }),
+        )
+    }
+
+    async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error> {
+        self.recall(|r| {
+            if let Some(c) = r.t(tenant).clusters.get_mut(&cluster)
+                && c.claim.as_ref().is_some_and(|(o, _)| o == owner)
+            {
+                c.claim = None;
+            }
+        });
+        Ok(())
+    }
+
+    async fn add_usage(
+        &self,
+        tenant: &str,
+        day: &str,
+        calls: u64,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> Result<(), Error> {
+        self.recall(|r| {
+            for period in [month_of_day(day), day] {
+                let u = r
+                    .usage
+                    .entry((tenant.to_string(), period.to_string()))
+                    .or_default();
+                u.0 += calls;
+                u.1 += prompt_tokens;
+                u.2 += output_tokens;
+            }
+        });
+        Ok(())
+    }
+
+    async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error> {
+        Ok(self.recall(|r| {
+            r.usage
+                .iter()
+                .filter(|((t, p), _)| t == tenant && p.len() == 10 && month_of_day(p) == month)
+                .map(|((_, p), u)| UsageDay {
+                    day: p.clone(),
+                    calls: u.0,
+                    prompt_tokens: u.1,
+                    output_tokens: u.2,
+                })
+                .collect()
+        }))
+    }
+
+    async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {
+        Ok(self.recall(|r| {
+            r.usage
+                .get(&(tenant.to_string(), month.to_string()))
+                .copied()
+                .unwrap_or_default()
+        }))
+    }
+
+    async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
+        self.recall(|r| {
+            r.tenants.remove(tenant);
+            r.usage.retain(|(t, _), _| t != tenant);
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,899 @@
+//! [`RecallStore`] in the SQLite database (tables of migration 016).
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, params_from_iter};
+
+use super::SqliteStore;
+use super::recall::{
+    ClusterRow, RecallStore, TopK, Unsettled, UsageDay, covers_exactly, month_of_day, vector_bytes,
+    vector_from,
+};
+use crate::types::{
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, HitKind, Memory, MemoryFilter,
+    NewMemory, Scope, StoredMemory,
+};
+
+fn db_err(e: rusqlite::Error) -> Error {
+    Error::Storage(e.to_string())
+}
+
+/// A row's text as read: the bytes and the key version (0: plaintext).
+struct Stored {
+    bytes: Vec<u8>,
+    sealed: u32,
+}
+
+impl SqliteStore {
+    /// The bytes and key version to store `text` under (sealed when a master key is set).
+    fn seal(
+        &self,
+        c: &Connection,
+        tenant: &str,
+        table: &str,
+        row: &str,
+        text: &str,
+    ) -> Result<(Vec<u8>, u32), Error> {
+        match &self.keys {
+            Some(k) => k.seal(c, tenant, table, row, text),
+            None => Ok((text.as_bytes().to_vec(), 0)),
+        }
+    }
+
+    /// A row's text back.
+    fn reveal(
+        &self,
+        c: &Connection,
+        tenant: &str,
+        table: &str,
+        row: &str,
+        s: Stored,
+    ) -> Result<String, Error> {
+        if s.sealed == 0 {
+            return Ok(crate::recall::text_in(s.bytes));
+        }
+        match &self.keys {
+            Some(k) => k.open(c, tenant, table, row, &s.bytes, s.sealed),
+            None => Err(Error::Storage(format!(
+                "{table} row '{row}' is encrypted and no master key is set: set ABRIDGE_MASTER_KEY_FILE (or ABRIDGE_MASTER_KEY) to the key it was written with"
+            ))),
+        }
+    }
+
+    fn memories_revealed(
+        &self,
+        c: &Connection,
+        tenant: &str,
+        rows: Vec<(Memory, Stored)>,
+    ) -> Result<Vec<Memory>, Error> {
+        rows.into_iter()
+            .map(|(mut m, s)| {
+                m.text = self.reveal(c, tenant, "memories", &m.id, s)?;
+                Ok(m)
+            })
+            .collect()
+    }
+
+    fn summary_revealed(
+        &self,
+        c: &Connection,
+        tenant: &str,
+        (mut s, st): (ClusterSummary, Stored),
+    ) -> Result<ClusterSummary, Error> {
+        s.text = self.reveal(c, tenant, "cluster_summaries", &s.id.to_string(), st)?;
+        Ok(s)
+    }
+}
+
+/// The filter's `WHERE` fragment in SQLite's dialect (see [`super::recall::filter_sql`]).
+fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
+    super::recall::filter_sql(tenant, f, prefix, "user", |n| format!("?{n}"))
+}
+
+const MEM_COLS: &str = "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed";
+
+/// The scope in columns 1-5 (user, project, environment, kind, key) of a row.
+fn scope_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Scope> {
+    Ok(Scope {
+        user: r.get(1)?,
+        project: r.get(2)?,
+        environment: r.get(3)?,
+        kind: r.get(4)?,
+        key: r.get(5)?,
+    })
+}
+
+fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Memory, Stored)> {
+    let m = Memory {
+        id: r.get(0)?,
+        scope: scope_from(r)?,
+        text: String::new(),
+        importance: r.get::<_, f64>(7)? as f32,
+        tokens: r.get(8)?,
+        created_ms: r.get::<_, i64>(9)? as u64,
+        cluster: r.get::<_, i64>(10)? as u64,
+    };
+    Ok((
+        m,
+        Stored {
+            bytes: r.get(6)?,
+            sealed: r.get(11)?,
+        },
+    ))
+}
+
+const SUM_COLS: &str = "id, cluster, text, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms, sealed";
+
+fn summary_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ClusterSummary, Stored)> {
+    let stored = Stored {
+        bytes: r.get(2)?,
+        sealed: r.get(13)?,
+    };
+    let s = ClusterSummary {
+        id: r.get::<_, i64>(0)? as u64,
+        cluster: r.get::<_, i64>(1)? as u64,
+        text: String::new(),
+        member_hash: r.get(3)?,
+        sources: serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
+        importance: r.get::<_, f64>(5)? as f32,
+        tokens: r.get(6)?,
+        model: r.get(7)?,
+        calls: r.get(8)?,
+        prompt_tokens: r.get(9)?,
+        output_tokens: r.get(10)?,
+        created_ms: r.get::<_, i64>(11)? as u64,
+        updated_ms: r.get::<_, i64>(12)? as u64,
+    };
+    Ok((s, stored))
+}
+
+fn members_raw(c: &Connection, tenant: &str, cluster: u64) -> Result<Vec<(Memory, Stored)>, Error> {
+    let mut st = c
+        .prepare_cached(&format!(
+            "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND cluster = ?2 ORDER BY seq"
+        ))
+        .map_err(db_err)?;
+    st.query_map(params![tenant, cluster as i64], memory_from)
+        .map_err(db_err)?
+        .collect::<Result<_, _>>()
+        .map_err(db_err)
+}
+
+fn summary_raw(
+    c: &Connection,
+    tenant: &str,
+    cluster: u64,
+) -> Result<Option<(ClusterSummary, Stored)>, Error> {
+    c.query_row(
+        &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = ?1 AND cluster = ?2"),
+        params![tenant, cluster as i64],
+        summary_from,
+    )
+    .optional()
+    .map_err(db_err)
+}
+
+/// Bump a cluster's version and change order.
+fn bump(c: &Connection, tenant: &str, cluster: u64) -> Result<(), Error> {
+    c.execute(
+        "UPDATE clusters SET version = version + 1, changed_seq = (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM clusters) WHERE tenant = ?1 AND id = ?2",
+        params![tenant, cluster as i64],
+    )
+    .map_err(db_err)?;
+    Ok(())
+}
+
+#[async_trait]
+impl RecallStore for SqliteStore {
+    async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT id, model, sum, members FROM clusters WHERE tenant = ?1 AND user = ?2 AND project = ?3 AND environment = ?4 AND kind = ?5 AND key = ?6 AND members > 0 ORDER BY id",
+                )
+                .map_err(db_err)?;
+            st.query_map(
+                params![tenant, scope.user, scope.project, scope.environment, scope.kind, scope.key],
+                |r| {
+                    let n: u32 = r.get(3)?;
+                    let sum = vector_from(&r.get::<_, Vec<u8>>(2)?);
+                    Ok(Centroid {
+                        cluster: r.get::<_, i64>(0)? as u64,
+                        model: r.get(1)?,
+                        vector: sum.iter().map(|x| x / n.max(1) as f32).collect(),
+                        members: n,
+                    })
+                },
+            )
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
+        })
+    }
+
+    async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let existing = tx
+                .query_row(
+                    &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND id = ?2"),
+                    params![tenant, m.id],
+                    memory_from,
+                )
+                .optional()
+                .map_err(db_err)?;
+            let existing = match existing {
+                Some(raw) => self.memories_revealed(&tx, tenant, vec![raw])?.pop(),
+                None => None,
+            };
+            if let Some(e) = existing {
+                if !super::recall::same_scope(&e.scope, &m.scope) || e.text != m.text {
+                    return Err(Error::InvalidInput(format!(
+                        "memory '{}' already exists with another scope or text; give a new id to store a different fact",
+                        m.id
+                    )));
+                }
+                let members: u32 = tx
+                    .query_row(
+                        "SELECT members FROM clusters WHERE tenant = ?1 AND id = ?2",
+                        params![tenant, e.cluster as i64],
+                        |r| r.get(0),
+                    )
+                    .map_err(db_err)?;
+                return Ok(StoredMemory {
+                    cluster: e.cluster,
+                    created: false,
+                    members,
+                });
+            }
+            let s = &m.scope;
+            let (cluster, mut sum) = match m.cluster {
+                Some(id) => {
+                    let row: Option<(Vec<u8>, String, String, String, String, String, String)> = tx
+                        .query_row(
+                            "SELECT sum, model, user, project, environment, kind, key FROM clusters WHERE tenant = ?1 AND id = ?2",
+                            params![tenant, id as i64],
+                            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
+                        )
+                        .optional()
+                        .map_err(db_err)?;
+                    match row {
+                        Some((sum, model, u, p, e, k, key))
+                            if model == m.model
+                                && (u.as_str(), p.as_str(), e.as_str(), k.as_str(), key.as_str())
+                                    == (s.user.as_str(), s.project.as_str(), s.environment.as_str(), s.kind.as_str(), s.key.as_str()) =>
+                        {
+                            (id, vector_from(&sum))
+                        }
+                        _ => {
+                            return Err(Error::Conflict(format!(
+                                "cluster {id} changed under the write (it is gone or holds other vectors); write again"
+                            )));
+                        }
+                    }
+                }
+                None => {
+                    let id: i64 = tx
+                        .query_row(
+                            "SELECT COALESCE(MAX(id), 0) + 1 FROM clusters WHERE tenant = ?1",
+                            [tenant],
+                            |r| r.get(0),
+                        )
+                        .map_err(db_err)?;
+                    tx.execute(
+                        "INSERT INTO clusters (tenant, id, user, project, environment, kind, key, model, sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                        params![tenant, id, s.user, s.project, s.environment, s.kind, s.key, m.model, vector_bytes(&vec![0f32; m.vector.len()])],
+                    )
+                    .map_err(db_err)?;
+                    (id as u64, vec![0f32; m.vector.len()])
+                }
+            };
+            if sum.len() != m.vector.len() {
+                return Err(Error::InvalidInput(format!(
+                    "a vector of {} values does not match cluster {cluster}'s {}",
+                    m.vector.len(),
+                    sum.len()
+                )));
+            }
+            crate::recall::add_into(&mut sum, &m.vector, 1.0);
+            let seq: i64 = tx
+                .query_row(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = ?1",
+                    [tenant],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            let (text, sealed) = self.seal(&tx, tenant, "memories", &m.id, &m.text)?;
+            tx.execute(
+                "INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?16, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                params![
+                    tenant, m.id, s.user, s.project, s.environment, s.kind, s.key,
+                    text, f64::from(m.importance), m.tokens, m.created_ms as i64,
+                    cluster as i64, m.model, vector_bytes(&m.vector), seq, sealed
+                ],
+            )
+            .map_err(db_err)?;
+            tx.execute(
+                "UPDATE clusters SET sum = ?3, members = members + 1 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64, vector_bytes(&sum)],
+            )
+            .map_err(db_err)?;
+            bump(&tx, tenant, cluster)?;
+            let members: u32 = tx
+                .query_row(
+                    "SELECT members FROM clusters WHERE tenant = ?1 AND id = ?2",
+                    params![tenant, cluster as i64],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(StoredMemory {
+                cluster,
+                created: true,
+                members,
+            })
+        })
+    }
+
+    async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        self.with(|c| {
+            let raw = c
+                .query_row(
+                    &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND id = ?2"),
+                    params![tenant, id],
+                    memory_from,
+                )
+                .optional()
+                .map_err(db_err)?;
+            Ok(self
+                .memories_revealed(c, tenant, raw.into_iter().collect())?
+                .pop())
+        })
+    }
+
+    async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
+        self.with(|c| {
+            let raw = members_raw(c, tenant, cluster)?;
+            self.memories_revealed(c, tenant, raw)
+        })
+    }
+
+    async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let row = tx
+                .query_row(
+                    &format!(
+                        "SELECT {MEM_COLS}, model, vector FROM memories WHERE tenant = ?1 AND id = ?2"
+                    ),
+                    params![tenant, id],
+                    |r| Ok((memory_from(r)?, r.get::<_, String>(12)?, r.get::<_, Vec<u8>>(13)?)),
+                )
+                .optional()
+                .map_err(db_err)?;
+            let Some((raw, model, vector)) = row else {
+                return Ok(None);
+            };
+            // The text is given back to the caller; a row that no longer opens is deleted
+            // all the same (with its text unknown).
+            let m = match self.memories_revealed(&tx, tenant, vec![(raw.0.clone(), raw.1)]) {
+                Ok(mut v) => v.pop().unwrap_or(raw.0),
+                Err(_) => raw.0,
+            };
+            tx.execute(
+                "DELETE FROM memories WHERE tenant = ?1 AND id = ?2",
+                params![tenant, id],
+            )
+            .map_err(db_err)?;
+            let (cmodel, sum, members): (String, Vec<u8>, u32) = tx
+                .query_row(
+                    "SELECT model, sum, members FROM clusters WHERE tenant = ?1 AND id = ?2",
+                    params![tenant, m.cluster as i64],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .map_err(db_err)?;
+            let mut sum = vector_from(&sum);
+            let left = members.saturating_sub(1);
+            if left == 0 {
+                sum.iter_mut().for_each(|x| *x = 0.0);
+            } else if cmodel == model {
+                crate::recall::add_into(&mut sum, &vector_from(&vector), -1.0);
+            }
+            tx.execute(
+                "UPDATE clusters SET sum = ?3, members = ?4 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, m.cluster as i64, vector_bytes(&sum), left],
+            )
+            .map_err(db_err)?;
+            bump(&tx, tenant, m.cluster)?;
+            tx.commit().map_err(db_err)?;
+            Ok(Some(m))
+        })
+    }
+
+    async fn set_vectors(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        model: &str,
+        vectors: Vec<(String, Vec<f32>)>,
+    ) -> Result<(), Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let dim = vectors.first().map_or(0, |v| v.1.len());
+            let mut sum = vec![0f32; dim];
+            for (id, v) in &vectors {
+                let n = tx
+                    .execute(
+                        "UPDATE memories SET model = ?4, vector = ?5 WHERE tenant = ?1 AND id = ?2 AND cluster = ?3",
+                        params![tenant, id, cluster as i64, model, vector_bytes(v)],
+                    )
+                    .map_err(db_err)?;
+                if n == 1 {
+                    crate::recall::add_into(&mut sum, v, 1.0);
+                }
+            }
+            tx.execute(
+                "UPDATE clusters SET model = ?3, sum = ?4 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64, model, vector_bytes(&sum)],
+            )
+            .map_err(db_err)?;
+            bump(&tx, tenant, cluster)?;
+            tx.commit().map_err(db_err)
+        })
+    }
+
+    async fn cluster_summary(
+        &self,
+        tenant: &str,
+        cluster: u64,
+    ) -> Result<Option<ClusterSummary>, Error> {
+        self.with(|c| match summary_raw(c, tenant, cluster)? {
+            Some(raw) => self.summary_revealed(c, tenant, raw).map(Some),
+            None => Ok(None),
+        })
+    }
+
+    async fn summary_by_id(&self, tenant: &str, id: u64) -> Result<Option<ClusterSummary>, Error> {
+        self.with(|c| {
+            let raw = c
+                .query_row(
+                    &format!(
+                        "SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = ?1 AND id = ?2"
+                    ),
+                    params![tenant, id as i64],
+                    summary_from,
+                )
+                .optional()
+                .map_err(db_err)?;
+            match raw {
+                Some(raw) => self.summary_revealed(c, tenant, raw).map(Some),
+                None => Ok(None),
+            }
+        })
+    }
+
+    async fn write_cluster_summary(
+        &self,
+        tenant: &str,
+        w: ClusterSummaryWrite,
+    ) -> Result<bool, Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            // The hash decides; the current text is not needed.
+            let current = summary_raw(&tx, tenant, w.cluster)?.map(|r| r.0);
+            if current.as_ref().map(|s| s.member_hash.clone()) != w.expect {
+                return Ok(false);
+            }
+            let members: BTreeSet<String> = members_raw(&tx, tenant, w.cluster)?
+                .into_iter()
+                .map(|m| m.0.id)
+                .collect();
+            if !covers_exactly(&w.sources, &members) {
+                return Ok(false);
+            }
+            let sources = serde_json::to_string(&w.sources).map_err(|e| Error::Storage(e.to_string()))?;
+            match current {
+                Some(s) => {
+                    let (text, sealed) =
+                        self.seal(&tx, tenant, "cluster_summaries", &s.id.to_string(), &w.text)?;
+                    tx.execute(
+                        "UPDATE cluster_summaries SET text = ?3, sealed = ?15, member_hash = ?4, sources = ?5, importance = ?6, tokens = ?7, model = ?8, calls = ?9, prompt_tokens = ?10, output_tokens = ?11, vector_model = ?12, vector = ?13, updated_ms = ?14 WHERE tenant = ?1 AND id = ?2",
+                        params![
+                            tenant, s.id as i64, text, w.member_hash, sources,
+                            f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
+                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64, sealed
+                        ],
+                    )
+                    .map_err(db_err)?;
+                }
+                None => {
+                    let id: i64 = tx
+                        .query_row(
+                            "SELECT COALESCE(MAX(id), 0) + 1 FROM cluster_summaries WHERE tenant = ?1",
+                            [tenant],
+                            |r| r.get(0),
+                        )
+                        .map_err(db_err)?;
+                    let (text, sealed) =
+                        self.seal(&tx, tenant, "cluster_summaries", &id.to_string(), &w.text)?;
+                    tx.execute(
+                        "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?16, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)",
+                        params![
+                            tenant, id, w.cluster as i64, text, w.member_hash, sources,
+                            f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
+                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64, sealed
+                        ],
+                    )
+                    .map_err(db_err)?;
+                }
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(true)
+        })
+    }
+
+    async fn delete_cluster_summary(&self, tenant: &str, cluster: u64) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM cluster_summaries WHERE tenant = ?1 AND cluster = ?2",
+                params![tenant, cluster as i64],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn set_cluster_note(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        note: Option<String>,
+    ) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE clusters SET note = ?3 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64, note],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn search(
+        &self,
+        tenant: &str,
+        query: &[f32],
+        model: &str,
+        filter: &MemoryFilter,
+        limit: u32,
+    ) -> Result<Vec<Hit>, Error> {
+        self.with(|c| {
+            let (fsql, mut args) = filter_sql(tenant, filter, "");
+            args.push(model.to_string());
+            let mut mems = TopK::new(limit as usize);
+            {
+                let mut st = c
+                    .prepare(&format!(
+                        "SELECT id, vector, importance, cluster FROM memories{} WHERE tenant = ?1{fsql} AND model = ?{}",
+                        // Without statistics SQLite prefers scanning the tenant's primary
+                        // key over the user index once a column outside it is read.
+                        if filter.user.is_some() { " INDEXED BY memories_user" } else { "" },
+                        args.len()
+                    ))
+                    .map_err(db_err)?;
+                let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
+                while let Some(r) = rows.next().map_err(db_err)? {
+                    let v = vector_from(r.get_ref(1).map_err(db_err)?.as_blob().map_err(|e| Error::Storage(e.to_string()))?);
+                    let id: String = r.get(0).map_err(db_err)?;
+                    let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
+                    let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
+                    mems.offer(super::recall::cosine(query, &v), |s| Hit {
+                        kind: HitKind::Memory,
+                        id,
+                        text: String::new(),
+                        similarity: s,
+                        importance,
+                        cluster,
+                        sources: Vec::new(),
+                    });
+                }
+            }
+            let mut hits = mems.into_hits();
+            for h in &mut hits {
+                let (bytes, sealed): (Vec<u8>, u32) = c
+                    .query_row(
+                        "SELECT text, sealed FROM memories WHERE tenant = ?1 AND id = ?2",
+                        params![tenant, h.id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .map_err(db_err)?;
+                h.text = self.reveal(c, tenant, "memories", &h.id, Stored { bytes, sealed })?;
+            }
+            let (fsql, mut args) = filter_sql(tenant, filter, "c.");
+            args.push(model.to_string());
+            let mut sums = TopK::new(limit as usize);
+            let mut texts: std::collections::BTreeMap<String, Stored> = Default::default();
+            {
+                let mut st = c
+                    .prepare(&format!(
+                        "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{}",
+                        args.len()
+                    ))
+                    .map_err(db_err)?;
+                let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
+                while let Some(r) = rows.next().map_err(db_err)? {
+                    let v = vector_from(&r.get::<_, Vec<u8>>(1).map_err(db_err)?);
+                    let sim = super::recall::cosine(query, &v);
+                    let id = r.get::<_, i64>(0).map_err(db_err)?.to_string();
+                    let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
+                    let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
+                    let stored = Stored {
+                        bytes: r.get(4).map_err(db_err)?,
+                        sealed: r.get(6).map_err(db_err)?,
+                    };
+                    let sources: Vec<String> =
+                        serde_json::from_str(&r.get::<_, String>(5).map_err(db_err)?).unwrap_or_default();
+                    sums.offer(sim, |s| {
+                        texts.insert(id.clone(), stored);
+                        Hit {
+                            kind: HitKind::Summary,
+                            id,
+                            text: String::new(),
+                            similarity: s,
+                            importance,
+                            cluster,
+                            sources,
+                        }
+                    });
+                }
+            }
+            // Only the summaries kept are opened.
+            for mut h in sums.into_hits() {
+                if let Some(st) = texts.remove(&h.id) {
+                    h.text = self.reveal(c, tenant, "cluster_summaries", &h.id, st)?;
+                }
+                hits.push(h);
+            }
+            Ok(hits)
+        })
+    }
+
+    async fn list_memories(
+        &self,
+        tenant: &str,
+        filter: &MemoryFilter,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Memory>, usize), Error> {
+        self.with(|c| {
+            let (fsql, args) = filter_sql(tenant, filter, "");
+            let total: i64 = c
+                .query_row(
+                    &format!("SELECT COUNT(*) FROM memories WHERE tenant = ?1{fsql}"),
+                    params_from_iter(args.iter()),
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            let mut st = c
+                .prepare(&format!(
+                    "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1{fsql} ORDER BY seq LIMIT {} OFFSET {}",
+                    limit.min(i64::MAX as usize),
+                    offset
+                ))
+                .map_err(db_err)?;
+            let rows: Vec<(Memory, Stored)> = st
+                .query_map(params_from_iter(args.iter()), memory_from)
+                .map_err(db_err)?
+                .collect::<Result<_, _>>()
+                .map_err(db_err)?;
+            Ok((self.memories_revealed(c, tenant, rows)?, total as usize))
+        })
+    }
+
+    async fn clusters(
+        &self,
+        tenant: &str,
+        filter: &MemoryFilter,
+    ) -> Result<Vec<ClusterRow>, Error> {
+        self.with(|c| {
+            let (fsql, args) = filter_sql(tenant, filter, "c.");
+            let mut st = c
+                .prepare(&format!(
+                    "SELECT c.id, c.user, c.project, c.environment, c.kind, c.key, c.members, c.note, c.model, c.version, c.settled, s.id FROM clusters c LEFT JOIN cluster_summaries s ON s.tenant = c.tenant AND s.cluster = c.id WHERE c.tenant = ?1{fsql} AND c.members > 0 ORDER BY c.id"
+                ))
+                .map_err(db_err)?;
+            let mut rows: Vec<ClusterRow> = st
+                .query_map(params_from_iter(args.iter()), |r| {
+                    Ok(ClusterRow {
+                        id: r.get::<_, i64>(0)? as u64,
+                        scope: scope_from(r)?,
+                        members: r.get(6)?,
+                        member_ids: Vec::new(),
+                        note: r.get(7)?,
+                        model: r.get(8)?,
+                        version: r.get::<_, i64>(9)? as u64,
+                        settled: r.get::<_, i64>(10)? as u64,
+                        summary: r.get::<_, Option<i64>>(11)?.map(|x| x as u64),
+                    })
+                })
+                .map_err(db_err)?
+                .collect::<Result<_, _>>()
+                .map_err(db_err)?;
+            let mut ids = c
+                .prepare_cached("SELECT id FROM memories WHERE tenant = ?1 AND cluster = ?2 ORDER BY seq")
+                .map_err(db_err)?;
+            for row in &mut rows {
+                row.member_ids = ids
+                    .query_map(params![tenant, row.id as i64], |r| r.get(0))
+                    .map_err(db_err)?
+                    .collect::<Result<_, _>>()
+                    .map_err(db_err)?;
+            }
+            Ok(rows)
+        })
+    }
+
+    async fn unsettled(&self, tenant: Option<&str>, limit: usize) -> Result<Vec<Unsettled>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare(&format!(
+                    "SELECT tenant, id, version, user, project FROM clusters WHERE version > settled AND (?1 IS NULL OR tenant = ?1) ORDER BY changed_seq LIMIT {}",
+                    limit.min(i64::MAX as usize)
+                ))
+                .map_err(db_err)?;
+            st.query_map(params![tenant], |r| {
+                Ok(Unsettled {
+                    tenant: r.get(0)?,
+                    cluster: r.get::<_, i64>(1)? as u64,
+                    version: r.get::<_, i64>(2)? as u64,
+                    user: r.get(3)?,
+                    project: r.get(4)?,
+                })
+            })
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
+        })
+    }
+
+    async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT version FROM clusters WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .map(|v| v.map(|v| v as u64))
+            .map_err(db_err)
+        })
+    }
+
+    async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE clusters SET settled = MAX(settled, ?3) WHERE tenant = ?1 AND id = ?2",
+                params![tenant, cluster as i64, version as i64],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn claim_cluster(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        owner: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<bool, Error> {
+        self.with(|c| {
+            let n = c
+                .execute(
+                    "UPDATE clusters SET claim_owner = ?3, claim_until_ms = ?5 WHERE tenant = ?1 AND id = ?2 AND (claim_owner IS NULL OR claim_owner = ?3 OR claim_until_ms <= ?4)",
+                    params![tenant, cluster as i64, owner, now_ms as i64, until_ms as i64],
+                )
+                .map_err(db_err)?;
+            Ok(n == 1)
+        })
+    }
+
+    async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE clusters SET claim_owner = NULL, claim_until_ms = NULL WHERE tenant = ?1 AND id = ?2 AND claim_owner = ?3",
+                params![tenant, cluster as i64, owner],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn add_usage(
+        &self,
+        tenant: &str,
+        day: &str,
+        calls: u64,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> Result<(), Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let values = params![tenant, month_of_day(day), day, calls as i64, prompt_tokens as i64, output_tokens as i64];
+            tx.execute(
+                "INSERT INTO usage (tenant, month, calls, prompt_tokens, output_tokens) VALUES (?1, ?2, ?4, ?5, ?6) ON CONFLICT (tenant, month) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens",
+                values,
+            )
+            .map_err(db_err)?;
+            tx.execute(
+                "INSERT INTO usage_days (tenant, day, calls, prompt_tokens, output_tokens) VALUES (?1, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, day) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens",
+                values,
+            )
+            .map_err(db_err)?;
+            tx.commit().map_err(db_err)
+        })
+    }
+
+    async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error> {
+        self.with(|c| {
+            let mut st = c
+                .prepare("SELECT day, calls, prompt_tokens, output_tokens FROM usage_days WHERE tenant = ?1 AND day LIKE ?2 || '-%' ORDER BY day")
+                .map_err(db_err)?;
+            st.query_map(params![tenant, month], |r| {
+                Ok(UsageDay {
+                    day: r.get(0)?,
+                    calls: r.get::<_, i64>(1)? as u64,
+                    prompt_tokens: r.get::<_, i64>(2)? as u64,
+                    output_tokens: r.get::<_, i64>(3)? as u64,
+                })
+            })
+            .and_then(Iterator::collect)
+            .map_err(db_err)
+        })
+    }
+
+    async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT calls, prompt_tokens, output_tokens FROM usage WHERE tenant = ?1 AND month = ?2",
+                params![tenant, month],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64)),
+            )
+            .optional()
+            .map(Option::unwrap_or_default)
+            .map_err(db_err)
+        })
+    }
+
+    async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            for t in [
+                "memories",
+                "cluster_summaries",
+                "clusters",
+                "data_keys",
+                "usage",
+                "usage_days",
+            ] {
+                tx.execute(&format!("DELETE FROM {t} WHERE tenant = ?1"), [tenant])
+                    .map_err(db_err)?;
+            }
+            tx.commit().map_err(db_err)
+        })
+    }
+}

@@ -1,0 +1,300 @@
+//! The app's own tables behind traits, beside the engine's [`Store`]: durable jobs, imported
+//! files and their marks, watched files, per-session modes and API tokens. Every store
+//! implements all of them ([`super::SqliteStore`], [`super::MemoryStore`]; a shared server
+//! store later), so the app runs on any of them and a session's state lives in one place:
+//! [`Store::reset_session`] clears all of it.
+//!
+//! Each call is atomic. Policy stays out of the stores: which lease is live and whose owner is
+//! gone is decided by the app's job service and handed in; token hashing is done by
+//! the app's token service.
+
+use async_trait::async_trait;
+
+use super::Store;
+use crate::control::Progress;
+use crate::jobs::{Beat, Claim, Job, JobState};
+use crate::sources::{Mark, SessionMode, Source, WatchedFile};
+use crate::types::Error;
+
+/// Which jobs a listing covers.
+#[derive(Clone, Copy, Debug)]
+pub enum JobScope<'a> {
+    /// Jobs whose session key holds no tenant separator (the local tenant's).
+    Local,
+    /// Jobs whose session key lies in `[from, to)` (one tenant's).
+    Keys(&'a str, &'a str),
+}
+
+/// A tenant's cap on running jobs, checked by a claim (across every process sharing the
+/// store): the claim is busy while `max` jobs of `scope` run under leases lasting past now.
+#[derive(Clone, Copy, Debug)]
+pub struct TenantCap<'a> {
+    /// The tenant's jobs.
+    pub scope: JobScope<'a>,
+    /// How many may run at once.
+    pub max: usize,
+}
+
+/// Whether a job's session key lies in `scope`.
+pub fn in_scope(scope: JobScope<'_>, session: &str) -> bool {
+    match scope {
+        JobScope::Local => !session.contains('\u{1f}'),
+        JobScope::Keys(lo, hi) => session >= lo && session < hi,
+    }
+}
+
+/// Decides whether a running job's lease is held by a live worker other than the caller.
+pub type Liveness<'a> = &'a (dyn Fn(&Job) -> bool + Send + Sync);
+
+/// Durable jobs (see [`crate::jobs`]).
+#[async_trait]
+pub trait JobStore: Send + Sync {
+    /// The active (queued or running) job for (`session`, `target`), or a new queued one
+    /// recorded with `config` (JSON); and whether it was created.
+    async fn job_enqueue(
+        &self,
+        session: &str,
+        target: u64,
+        config: &str,
+        now_ms: u64,
+    ) -> Result<(Job, bool), Error>;
+    /// One job.
+    async fn job_get(&self, id: u64) -> Result<Option<Job>, Error>;
+    /// Take job `id` for `owner` until `until_ms`: a job in a final state is
+    /// [`Claim::Finished`]; one that `live` says another worker holds, or whose session has
+    /// another running job `live` says so of, or whose tenant already runs `cap.max` jobs
+    /// under leases lasting past `now_ms`, is [`Claim::Busy`]; otherwise it becomes running
+    /// under the new lease with one more attempt.
+    async fn job_claim(
+        &self,
+        id: u64,
+        owner: &str,
+        now_ms: u64,
+        until_ms: u64,
+        live: Liveness<'_>,
+        cap: Option<TenantCap<'_>>,
+    ) -> Result<Claim, Error>;
+    /// Renew `owner`'s lease and record progress; [`Beat::Lost`] when `owner` no longer
+    /// holds the running job, [`Beat::Cancel`] when a cancel was asked.
+    async fn job_heartbeat(
+        &self,
+        id: u64,
+        owner: &str,
+        until_ms: u64,
+        progress: Progress,
+        answers: u64,
+        now_ms: u64,
+    ) -> Result<Beat, Error>;
+    /// Record the plan's expected call count.
+    async fn job_set_planned(&self, id: u64, calls: u32) -> Result<(), Error>;
+    /// Put a job in a final state and drop its lease.
+    async fn job_finish(
+        &self,
+        id: u64,
+        state: JobState,
+        error: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), Error>;
+    /// Cancel a queued job now; ask a running one's worker to stop.
+    async fn job_cancel(&self, id: u64, now_ms: u64) -> Result<(), Error>;
+    /// Give a running job `owner` holds back to the queue; false when it did not hold it.
+    async fn job_release(&self, id: u64, owner: &str, now_ms: u64) -> Result<bool, Error>;
+    /// Queued and running jobs, oldest first.
+    async fn jobs_active(&self) -> Result<Vec<Job>, Error>;
+    /// The newest active job of a session.
+    async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error>;
+    /// Lease owners of the session's running jobs whose lease lasts past `now_ms`.
+    async fn job_lease_owners(&self, session: &str, now_ms: u64) -> Result<Vec<String>, Error>;
+    /// Jobs of `scope` with `id < before` (all when `None`), newest first, at most `limit`.
+    async fn jobs_list(
+        &self,
+        scope: Option<JobScope<'_>>,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<Job>, Error>;
+    /// Jobs by state, ordered by state name.
+    async fn job_counts(&self) -> Result<Vec<(String, u64)>, Error>;
+}
+
+/// Imported files, watched files, how far summaries reach into files, per-session modes.
+#[async_trait]
+pub trait SourceStore: Send + Sync {
+    /// What is recorded of an imported file.
+    async fn source(&self, path: &str) -> Result<Option<Source>, Error>;
+    /// Record (or replace) what is known of an imported file.
+    async fn put_source(&self, source: &Source, now_ms: u64) -> Result<(), Error>;
+    /// Every watched file, by path.
+    async fn watched_files(&self) -> Result<Vec<WatchedFile>, Error>;
+    /// Record a watched file's state.
+    async fn put_watched(&self, file: &WatchedFile, now_ms: u64) -> Result<(), Error>;
+    /// After importing `path` up to `bytes`, `session`'s newest episode is `last_episode`.
+    async fn record_mark(
+        &self,
+        session: &str,
+        path: &str,
+        last_episode: u64,
+        bytes: u64,
+    ) -> Result<(), Error>;
+    /// The furthest mark of `session` at or before `last_episode`.
+    async fn mark_covering(&self, session: &str, last_episode: u64) -> Result<Option<Mark>, Error>;
+    /// A session's own refresh mode.
+    async fn session_mode(&self, session: &str) -> Result<Option<SessionMode>, Error>;
+    /// Set (`Some`) or clear (`None`) a session's own refresh mode.
+    async fn set_session_mode(
+        &self,
+        session: &str,
+        mode: Option<&SessionMode>,
+    ) -> Result<(), Error>;
+    /// A session's focus instructions for its fold prompts.
+    async fn session_focus(&self, session: &str) -> Result<Option<String>, Error>;
+    /// Set (`Some`) or clear (`None`) a session's focus.
+    async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error>;
+    /// A session's pinned episodes, ascending.
+    async fn pins(&self, session: &str) -> Result<Vec<u64>, Error>;
+    /// Pin (`true`) or unpin (`false`) one episode; returns whether anything changed.
+    async fn set_pin(&self, session: &str, episode: u64, pinned: bool) -> Result<bool, Error>;
+}
+
+/// An API token as stored and listed: never the token (the store also keeps its hash).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TokenRow {
+    /// Row id (what `tokens revoke` takes).
+    pub id: u64,
+    /// Tenant name.
+    pub tenant: String,
+    /// The first characters of the token, to recognise it.
+    pub prefix: String,
+    /// Whether it may only read.
+    pub read_only: bool,
+    /// A label given at creation.
+    pub label: Option<String>,
+    /// Created, ms since the epoch.
+    pub created_ms: u64,
+    /// Revoked, ms since the epoch.
+    pub revoked_ms: Option<u64>,
+}
+
+/// API tokens (see the app's token service).
+#[async_trait]
+pub trait TokenStore: Send + Sync {
+    /// Store a new token's hash; returns its row id.
+    async fn insert_token(
+        &self,
+        tenant: &str,
+        hash: &str,
+        prefix: &str,
+        read_only: bool,
+        label: Option<&str>,
+        now_ms: u64,
+    ) -> Result<u64, Error>;
+    /// Every token, oldest first.
+    async fn tokens(&self) -> Result<Vec<TokenRow>, Error>;
+    /// Revoke a live token; false when there is none with that id.
+    async fn revoke_token(&self, id: u64, now_ms: u64) -> Result<bool, Error>;
+    /// Whether any token is live.
+    async fn any_live_token(&self) -> Result<bool, Error>;
+    /// The live token with this hash.
+    async fn live_token(&self, hash: &str) -> Result<Option<TokenRow>, Error>;
+}
+
+/// An event as stored (see the app's events).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRow {
+    /// The tenant's name.
+    pub tenant: String,
+    /// The tenant's sequence number (given by the store).
+    pub id: u64,
+    /// What happened (`job.queued`, `summary.written`, …).
+    pub kind: String,
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+    /// The stored key of the session it concerns (what [`Store::reset_session`] takes).
+    pub session_key: Option<String>,
+    /// The job it concerns.
+    pub job: Option<u64>,
+    /// Kind-specific fields, as JSON text.
+    pub data: String,
+}
+
+/// The event log: per tenant, dense increasing ids, bounded to the newest events.
+#[async_trait]
+pub trait EventStore: Send + Sync {
+    /// Store `rows` (all of `tenant`, in order; their ids are ignored) under ids following
+    /// both the tenant's newest stored id and `floor`, then drop all but the tenant's newest
+    /// `keep`. Returns the id of the first.
+    async fn append_events(
+        &self,
+        tenant: &str,
+        floor: u64,
+        rows: &[EventRow],
+        keep: usize,
+    ) -> Result<u64, Error>;
+    /// Every tenant's newest `keep` events, by tenant, oldest first.
+    async fn recent_events(&self, keep: usize) -> Result<Vec<EventRow>, Error>;
+    /// One tenant's events with `id > after`, oldest first, at most `limit`.
+    async fn events_after(
+        &self,
+        tenant: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, Error>;
+    /// Each tenant's newest event id.
+    async fn event_heads(&self) -> Result<Vec<(String, u64)>, Error>;
+    /// Whether other processes write events to this store too (a shared database): the bus
+    /// then reads back what they wrote, so a subscriber on any instance sees every event.
+    fn events_shared(&self) -> bool {
+        false
+    }
+    /// A signal that other processes wrote events (tenant names), when the store has one
+    /// (PostgreSQL's LISTEN/NOTIFY); the bus also looks every second without it.
+    async fn event_signal(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        None
+    }
+}
+
+/// Model request slots shared by every process on a store (a database several instances
+/// share): a slot is a row with a lease its owner renews, so the per-tenant and overall
+/// bounds on model requests in flight hold across instances, and a dead instance's slots
+/// stop counting when their lease runs out. A store only one process uses keeps none (the
+/// process's own semaphores bound it): the defaults always grant.
+#[async_trait]
+pub trait SlotStore: Send + Sync {
+    /// Whether slots are kept here (other processes share this store).
+    fn slots_shared(&self) -> bool {
+        false
+    }
+    /// Take a slot of `pool` for `owner` until `until_ms` unless `max` slots of the pool are
+    /// held under leases lasting past `now_ms`; the slot's id.
+    async fn slot_take(
+        &self,
+        pool: &str,
+        owner: &str,
+        max: usize,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<Option<u64>, Error> {
+        let _ = (pool, owner, max, now_ms, until_ms);
+        Ok(Some(0))
+    }
+    /// Give a slot back.
+    async fn slot_release(&self, id: u64) -> Result<(), Error> {
+        let _ = id;
+        Ok(())
+    }
+    /// Extend the lease of every slot `owner` holds.
+    async fn slot_renew(&self, owner: &str, until_ms: u64) -> Result<(), Error> {
+        let _ = (owner, until_ms);
+        Ok(())
+    }
+}
+
+/// Everything the app keeps: the engine's store and the app's tables, in one place.
+pub trait AppStore:
+    Store + JobStore + SourceStore + TokenStore + EventStore + SlotStore + super::RecallStore
+{
+}
+
+impl<T: Store + JobStore + SourceStore + TokenStore + EventStore + SlotStore + super::RecallStore>
+    AppStore for T
+{
+}

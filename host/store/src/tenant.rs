@@ -1,0 +1,261 @@
+//! Tenants: every stored row belongs to one, and a tenant's view of the store cannot name
+//! another's rows.
+//!
+//! A session of tenant `acme` is kept under the key `acme` + U+001F + the session id. A session
+//! id cannot hold control characters ([`crate::text::check_session_id`]), so no id a caller
+//! sends can reach into another tenant's keys. The local tenant (the CLI, and a server on
+//! loopback with no tokens) keeps the bare session id, so databases written before tenants
+//! existed keep working. [`TenantStore`] wraps any [`Store`] with this mapping; the app layer
+//! hands only such wrapped stores to the engine, so no request handler can forget the scope.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::Store;
+use crate::types::{
+    CachedAnswer, Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow,
+    SummaryWrite,
+};
+
+/// The separator between a tenant's name and a session id in a stored key.
+const SEP: char = '\u{1f}';
+
+/// A tenant's name: 1 to 64 characters of `a-z 0-9 . _ -`, starting with a letter or digit.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tenant(String);
+
+impl Tenant {
+    /// The name of the tenant that owns unprefixed (pre-tenant, CLI) sessions.
+    pub const LOCAL: &'static str = "local";
+
+    /// The local tenant.
+    pub fn local() -> Tenant {
+        Tenant(Self::LOCAL.into())
+    }
+
+    /// A tenant by name, checked.
+    pub fn new(name: &str) -> Result<Tenant, String> {
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric());
+        if ok {
+            Ok(Tenant(name.into()))
+        } else {
+            Err(format!(
+                "tenant name '{}' is not valid: use 1 to 64 characters of a-z, 0-9, '.', '_' or '-', starting with a letter or digit",
+                crate::text::printable(name)
+            ))
+        }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether this is the local tenant.
+    pub fn is_local(&self) -> bool {
+        self.0 == Self::LOCAL
+    }
+
+    /// The stored key of one of this tenant's sessions.
+    pub fn key(&self, session: &str) -> String {
+        if self.is_local() {
+            session.to_string()
+        } else {
+            format!("{}{SEP}{session}", self.0)
+        }
+    }
+
+    /// The session id of a stored key, if the key is this tenant's.
+    pub fn session_of<'a>(&self, key: &'a str) -> Option<&'a str> {
+        if self.is_local() {
+            (!key.contains(SEP)).then_some(key)
+        } else {
+            key.strip_prefix(self.0.as_str())?.strip_prefix(SEP)
+        }
+    }
+
+    /// The tenant a stored key belongs to.
+    pub fn of_key(key: &str) -> Tenant {
+        match key.split_once(SEP) {
+            Some((t, _)) => Tenant(t.to_string()),
+            None => Tenant::local(),
+        }
+    }
+}
+
+impl std::fmt::Display for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One tenant's view of a [`Store`]: session ids and partial-answer keys are mapped into the
+/// tenant's key space on the way in, and other tenants' sessions are invisible.
+pub struct TenantStore {
+    inner: Arc<dyn Store>,
+    tenant: Tenant,
+}
+
+impl TenantStore {
+    /// `tenant`'s view of `inner`.
+    pub fn new(inner: Arc<dyn Store>, tenant: Tenant) -> Self {
+        TenantStore { inner, tenant }
+    }
+
+    fn k(&self, session: &str) -> String {
+        self.tenant.key(session)
+    }
+}
+
+#[async_trait]
+impl Store for TenantStore {
+    async fn append_episodes(
+        &self,
+        session: &str,
+        episodes: Vec<NewEpisode>,
+    ) -> Result<u32, Error> {
+        self.inner.append_episodes(&self.k(session), episodes).await
+    }
+    async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
+        self.inner.stats(&self.k(session)).await
+    }
+    async fn episodes_after(
+        &self,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Episode>, Error> {
+        self.inner
+            .episodes_after(&self.k(session), after, limit)
+            .await
+    }
+    async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
+        self.inner.latest_summary(&self.k(session)).await
+    }
+    async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.inner.summaries(&self.k(session)).await
+    }
+    async fn write_summary(&self, session: &str, write: SummaryWrite) -> Result<SummaryRow, Error> {
+        self.inner.write_summary(&self.k(session), write).await
+    }
+    async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.inner.summary_history(&self.k(session)).await
+    }
+    async fn compact_summaries(
+        &self,
+        session: &str,
+        c: crate::types::Compaction,
+    ) -> Result<SummaryRow, Error> {
+        self.inner.compact_summaries(&self.k(session), c).await
+    }
+    async fn sessions(&self) -> Result<Vec<String>, Error> {
+        Ok(self
+            .inner
+            .sessions()
+            .await?
+            .iter()
+            .filter_map(|k| self.tenant.session_of(k).map(str::to_string))
+            .collect())
+    }
+    async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
+        self.inner.failure(&self.k(session)).await
+    }
+    async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
+        self.inner.set_failure(&self.k(session), marker).await
+    }
+    async fn reset_session(&self, session: &str) -> Result<(), Error> {
+        self.inner.reset_session(&self.k(session)).await
+    }
+    // The partial-answer cache is per tenant: an answer is only ever reused for the tenant
+    // whose transcript produced it.
+    async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
+        self.inner.partial(&self.k(key)).await
+    }
+    async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error> {
+        self.inner.put_partial(&self.k(key), answer).await
+    }
+    // Calibration is a property of the model, not of anyone's data: shared.
+    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error> {
+        self.inner.calibration(model).await
+    }
+    async fn record_calibration(
+        &self,
+        model: &str,
+        estimated: u32,
+        reported: u32,
+    ) -> Result<(), Error> {
+        self.inner
+            .record_calibration(model, estimated, reported)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+    use crate::types::Role;
+
+    fn ep(key: &str) -> NewEpisode {
+        NewEpisode {
+            role: Role::User,
+            content: format!("message {key}"),
+            timestamp_ms: None,
+            source_key: key.into(),
+            tokens: 3,
+            speaker: None,
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert!(Tenant::new("acme-1.eu_x").is_ok());
+        for bad in ["", "Acme", "-x", "a b", "a\u{1f}b", &"x".repeat(65)] {
+            assert!(Tenant::new(bad).is_err(), "{bad:?}");
+        }
+        let t = Tenant::new("acme").unwrap();
+        assert_eq!(t.session_of(&t.key("s/1")), Some("s/1"));
+        assert_eq!(Tenant::local().session_of(&t.key("s")), None);
+        assert_eq!(t.session_of("s"), None);
+        assert_eq!(Tenant::new("acm").unwrap().session_of(&t.key("s")), None);
+        assert_eq!(Tenant::of_key(&t.key("s")), t);
+        assert_eq!(Tenant::of_key("s"), Tenant::local());
+    }
+
+    #[tokio::test]
+    async fn the_same_session_id_in_two_tenants_is_two_sessions() {
+        let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let a = TenantStore::new(inner.clone(), Tenant::new("a").unwrap());
+        let b = TenantStore::new(inner.clone(), Tenant::new("b").unwrap());
+        let local = TenantStore::new(inner.clone(), Tenant::local());
+        a.append_episodes("s", vec![ep("1"), ep("2")])
+            .await
+            .unwrap();
+        b.append_episodes("s", vec![ep("1")]).await.unwrap();
+        local.append_episodes("s", vec![ep("9")]).await.unwrap();
+        assert_eq!(a.stats("s").await.unwrap().episodes, 2);
+        assert_eq!(b.stats("s").await.unwrap().episodes, 1);
+        assert_eq!(local.stats("s").await.unwrap().episodes, 1);
+        assert_eq!(a.sessions().await.unwrap(), vec!["s".to_string()]);
+        assert_eq!(local.sessions().await.unwrap(), vec!["s".to_string()]);
+        b.reset_session("s").await.unwrap();
+        assert_eq!(a.stats("s").await.unwrap().episodes, 2);
+        let answer = CachedAnswer {
+            text: "t".into(),
+            prompt_tokens: 1,
+            output_tokens: 1,
+        };
+        a.put_partial("k", &answer).await.unwrap();
+        assert!(a.partial("k").await.unwrap().is_some());
+        assert!(b.partial("k").await.unwrap().is_none());
+    }
+}
