@@ -233,6 +233,42 @@ fn cfg_in(c: summarizer::Config) -> policy::Config {
     }
 }
 
+fn cfg_out(c: policy::Config) -> summarizer::Config {
+    summarizer::Config {
+        engine: match c.engine {
+            policy::Engine::Llm => summarizer::Engine::Llm,
+            policy::Engine::Extractive => summarizer::Engine::Extractive,
+        },
+        rendering: match c.rendering {
+            policy::Rendering::Chat => summarizer::Rendering::Chat,
+            policy::Rendering::Chatml => summarizer::Rendering::Chatml,
+        },
+        model: c.model,
+        context_length: c.context_length,
+        max_output_tokens: c.max_output_tokens,
+        temperature: c.temperature,
+        threshold_tokens: c.threshold_tokens,
+        min_episodes_since: c.min_episodes_since,
+        max_summary_tokens: c.max_summary_tokens,
+        max_skipped_percent: c.max_skipped_percent,
+        chunk_tokens: c.chunk_tokens,
+        mode: match c.mode {
+            policy::Mode::Eager => summarizer::Mode::Eager,
+            policy::Mode::Idle => summarizer::Mode::Idle,
+            policy::Mode::Window => summarizer::Mode::Window,
+        },
+        quiescence_secs: c.quiescence_secs,
+        provisional_tokens: c.provisional_tokens,
+        max_attempts: c.max_attempts,
+        retry_base_secs: c.retry_base_secs,
+        max_backlog_tokens: c.max_backlog_tokens,
+        summary_budget_tokens: c.summary_budget_tokens,
+        ledger_tokens: c.ledger_tokens,
+        window_messages: c.window_messages,
+        focus: c.focus,
+    }
+}
+
 fn outcome_out(o: engine::Outcome) -> summarizer::Outcome {
     summarizer::Outcome {
         triggered: o.triggered,
@@ -497,6 +533,19 @@ impl summarizer::Guest for Component {
         engine::summarize_now(&mut Imports, &session, &cfg_in(cfg))
             .map(outcome_out)
             .map_err(err_out)
+    }
+
+    fn default_config() -> (summarizer::Config, summarizer::ContextRequest) {
+        let r = engine::ContextRequest::default();
+        (
+            cfg_out(policy::Config::default()),
+            summarizer::ContextRequest {
+                budget: r.budget,
+                pairs: r.pairs,
+                refresh_after: r.refresh_after,
+                pins: r.pins,
+            },
+        )
     }
 
     fn plan(

@@ -119,6 +119,16 @@ fn mcfg_in(c: mx::MemoryConfig) -> memory::MemoryConfig {
     }
 }
 
+fn mcfg_out(c: memory::MemoryConfig) -> mx::MemoryConfig {
+    mx::MemoryConfig {
+        embedder: c.embedder,
+        min_similarity: c.min_similarity,
+        min_cluster_items: c.min_cluster_items,
+        summary_min_similarity: c.summary_min_similarity,
+        prompt_budget: c.prompt_budget,
+    }
+}
+
 impl MemoryHost for Imports {
     fn embed(&mut self, texts: &[String]) -> Result<memory::Embedding, types::Error> {
         let e = ms::embed(texts).map_err(err_in)?;
@@ -259,6 +269,10 @@ impl MemoryHost for Imports {
 }
 
 impl mx::Guest for Component {
+    fn default_memory_config() -> mx::MemoryConfig {
+        mcfg_out(memory::MemoryConfig::default())
+    }
+
     fn remember(
         items: Vec<mx::MemoryIn>,
         cfg: mx::MemoryConfig,

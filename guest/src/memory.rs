@@ -296,6 +296,8 @@ pub struct MemoryConfig {
 }
 
 impl Default for MemoryConfig {
+    /// The documented defaults, and their one source: the component exports them
+    /// (`memories.default-memory-config`), and every host reads them from there.
     fn default() -> Self {
         MemoryConfig {
             embedder: embed::LEXICAL_MODEL.into(),

@@ -80,6 +80,8 @@ pub enum Mode {
 }
 
 impl Default for Config {
+    /// The documented defaults, and their one source: the component exports them
+    /// (`summarizer.default-config`), and every host reads them from there.
     fn default() -> Self {
         Config {
             engine: Engine::Llm,

@@ -34,5 +34,5 @@ execFileSync(
   { cwd: js, stdio: 'inherit' },
 );
 // The SQLite schema is shared with the Rust host's store.
-cpSync(join(root, 'host', 'src', 'store', 'migrations'), join(js, 'dist', 'migrations'), { recursive: true });
+cpSync(join(root, 'host', 'store', 'src', 'migrations'), join(js, 'dist', 'migrations'), { recursive: true });
 console.log(`built ${out}`);

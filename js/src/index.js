@@ -11,33 +11,9 @@ import { wasiImports } from './wasi.js';
 
 export { AbridgeError, MemoryStore, SqliteStore, checkChain, defaultRetry, describe, noModel, ollama, openai };
 
-/** The documented defaults (the same as the Rust host's `Config::default()`). */
-export const defaultConfig = Object.freeze({
-  engine: 'llm',
-  rendering: 'chat',
-  model: 'qwen2.5:3b',
-  contextLength: 4096,
-  maxOutputTokens: 500,
-  temperature: 0.2,
-  thresholdTokens: 200,
-  minEpisodesSince: 5,
-  maxSummaryTokens: 800,
-  maxSkippedPercent: 50,
-  chunkTokens: 0,
-  mode: 'eager',
-  quiescenceSecs: 3600,
-  provisionalTokens: 0,
-  maxAttempts: 5,
-  retryBaseSecs: 60,
-  maxBacklogTokens: 1000,
-  summaryBudgetTokens: 1200,
-  ledgerTokens: 300,
-  windowMessages: 8,
-  focus: '',
-});
-
-/** The documented context request defaults. */
-export const defaultContextRequest = Object.freeze({ budget: 2000, pairs: 4, refreshAfter: 8, pins: [] });
+// The documented defaults (`defaultConfig`, `defaultContextRequest`, `defaultMemoryConfig`)
+// are read from the component itself, their one source (`default-config` and
+// `default-memory-config`), when this module loads: see the end of this file.
 
 let compiled;
 
@@ -131,15 +107,6 @@ const memToWit = (m) => (m ? { ...m, createdMs: big(m.createdMs), cluster: big(m
 const memToJs = (m) => ({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster) });
 const sumToWit = (s) => (s ? { ...s, id: big(s.id), cluster: big(s.cluster), createdMs: big(s.createdMs), updatedMs: big(s.updatedMs) } : undefined);
 const sumToJs = (s) => (s ? { ...s, id: num(s.id), cluster: num(s.cluster), createdMs: num(s.createdMs), updatedMs: num(s.updatedMs) } : undefined);
-
-/** The documented memory defaults (the same as the Rust host's `MemoryConfig::default()`). */
-export const defaultMemoryConfig = Object.freeze({
-  embedder: 'abridge-lexical-v1',
-  minSimilarity: 0.35,
-  minClusterItems: 3,
-  summaryMinSimilarity: 0.3,
-  promptBudget: 0,
-});
 
 /** Store calls: engine errors go to the guest as WIT errors, anything else is a storage error. */
 function storeCall(f) {
@@ -611,6 +578,28 @@ export class Engine {
     return { format, conversations, warnings };
   }
 
+  /** The component's documented defaults: `{config, context, memory}` (see the WIT
+   * `default-config` and `default-memory-config`). */
+  async defaults() {
+    const g = await this.#guest();
+    const [config, context] = await exportCall(() => g.summarizer.defaultConfig());
+    const memory = await exportCall(() => g.memories.defaultMemoryConfig());
+    // f32 fields arrive as the nearest double (0.2 as 0.20000000298023224): give them back
+    // as the shortest decimal that is the same f32, as they are written in the WIT docs.
+    const short = (o) =>
+      Object.fromEntries(
+        Object.entries(o).map(([k, v]) => {
+          if (typeof v !== 'number' || Number.isInteger(v)) return [k, v];
+          for (let p = 1; p <= 9; p++) {
+            const d = Number(v.toPrecision(p));
+            if (Math.fround(d) === Math.fround(v)) return [k, d];
+          }
+          return [k, v];
+        }),
+      );
+    return { config: short(config), context: { ...context, pins: [...context.pins].map(Number) }, memory: short(memory) };
+  }
+
   /** The guest's token estimate. */
   async estimateTokens(text) {
     const g = await this.#guest();
@@ -639,3 +628,16 @@ export async function createEngine({ llm = noModel, store, clock = () => Date.no
   const modules = await coreModules();
   return new Engine({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder, limits });
 }
+
+// The defaults, from the component (see the top of this file): an engine with no store
+// and no model asks the exports once, while this module loads.
+const read = await (await createEngine({ store: new MemoryStore() })).defaults();
+
+/** The documented engine defaults, as the component exports them (`default-config`). */
+export const defaultConfig = Object.freeze(read.config);
+
+/** The documented context request defaults, as the component exports them. */
+export const defaultContextRequest = Object.freeze(read.context);
+
+/** The documented memory defaults, as the component exports them (`default-memory-config`). */
+export const defaultMemoryConfig = Object.freeze(read.memory);

@@ -1,5 +1,5 @@
 // Memories, clusters and cluster summaries for the JavaScript host: the same tables and rules
-// as the Rust host's RecallStore (host/src/store/sqlite_recall.rs), on node:sqlite. The
+// as the Rust host's RecallStore (host/store/src/sqlite_recall.rs), on node:sqlite. The
 // SqliteStore shares its database file; the MemoryStore keeps a private in-memory database.
 // Every call is the local tenant's (the JavaScript host has no tenants).
 import { readFileSync } from 'node:fs';

@@ -1,5 +1,5 @@
-// Encryption at rest for the JavaScript host, byte for byte the Rust host's (host/src/crypto.rs
-// and host/src/store/keyring.rs): XChaCha20-Poly1305 (HChaCha20 subkey, then node:crypto's
+// Encryption at rest for the JavaScript host, byte for byte the Rust host's (host/store/src/crypto.rs
+// and host/store/src/keyring.rs): XChaCha20-Poly1305 (HChaCha20 subkey, then node:crypto's
 // ChaCha20-Poly1305), a sealed value `1 | nonce (24) | ciphertext | tag (16)`, associated data
 // binding tenant, table, row and key version, and per-tenant data keys in `data_keys` wrapped by
 // the master key. A database sealed by either host opens in the other with the same key.

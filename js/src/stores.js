@@ -200,7 +200,7 @@ export class MemoryStore {
   }
 }
 
-/** The schema migrations, shared with the Rust host: host/src/store/migrations/*.sql, copied
+/** The schema migrations, shared with the Rust host: host/store/src/migrations/*.sql, copied
  * into dist/migrations by `npm run build`. Read on first use. */
 let migrations;
 function loadMigrations() {

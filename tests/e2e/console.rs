@@ -139,34 +139,31 @@ impl Browser {
         }
     }
 
-    async fn text(&self, css: &str) -> String {
+    /// The element `css` names, waited for: after a click that submits a form the next page
+    /// may not be there yet.
+    async fn element(&self, css: &str) -> fantoccini::elements::Element {
         self.c()
-            .find(Locator::Css(css))
+            .wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css(css))
             .await
             .unwrap_or_else(|e| panic!("{css}: {e}"))
-            .text()
-            .await
-            .unwrap()
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.element(css).await.text().await.unwrap()
     }
 
     async fn click(&self, css: &str) {
-        self.c()
-            .find(Locator::Css(css))
+        self.element(css)
             .await
-            .unwrap_or_else(|e| panic!("{css}: {e}"))
             .click()
             .await
             .unwrap_or_else(|e| panic!("click {css}: {e}"));
     }
 
     async fn shown(&self, css: &str) -> bool {
-        self.c()
-            .find(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css}: {e}"))
-            .is_displayed()
-            .await
-            .unwrap()
+        self.element(css).await.is_displayed().await.unwrap()
     }
 
     async fn page(&self, url: &str) {

@@ -16,6 +16,19 @@ pub struct ContextRequest {
     pub pins: Vec<u64>,
 }
 
+impl Default for ContextRequest {
+    /// The documented defaults: 2,000 tokens, the last 4 pairs verbatim, refresh first when
+    /// more than 8 messages lie beyond the summary, no pins.
+    fn default() -> Self {
+        ContextRequest {
+            budget: 2000,
+            pairs: 4,
+            refresh_after: 8,
+            pins: Vec::new(),
+        }
+    }
+}
+
 /// The assembled context (mirrors the WIT `context-window`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ContextWindow {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::{AppError, AppResult, Scoped};
+use super::{AppError, AppResult, Bring, Scoped, SourceFile};
 use crate::runtime::Abridge;
 use crate::sources::{Source, Sources};
 use crate::store::SourceStore;
@@ -456,22 +456,17 @@ impl Scoped {
                 continue;
             }
             sessions.push(session.clone());
-            let added = self.engine().append(&session, &conv.episodes).await?;
-            let stats = self.store().stats(&session).await?;
-            self.mark_source(&session, &key, stats.last_episode, f.size)
+            let source = SourceFile {
+                path: &key,
+                bytes: f.size,
+            };
+            let done = self
+                .import_conversation(&session, &conv.episodes, Some(source), Bring::Now(cfg))
                 .await?;
-            let covered = self
-                .store()
-                .latest_summary(&session)
-                .await?
-                .map_or(0, |r| r.last_episode);
-            if stats.last_episode <= covered {
-                continue;
-            }
-            if let Err(e) = self.run_or_join(&session, stats.last_episode, cfg).await {
+            if let Some(e) = done.failure {
                 failure = Some(format!(
-                    "session {session}: {} ({added} new episodes stored)",
-                    e.message
+                    "session {session}: {} ({} new episodes stored)",
+                    e.message, done.added
                 ));
                 break;
             }

@@ -16,6 +16,7 @@ pub mod backfill;
 pub mod db;
 pub mod error;
 pub mod events;
+mod import;
 pub mod jobs;
 pub mod limits;
 pub mod memories;
@@ -38,11 +39,12 @@ use tokio::sync::{Notify, Semaphore};
 
 pub use error::{AppError, AppResult, ErrorKind};
 pub use events::{Event, EventBus};
+pub use import::{Bring, ConversationImport, SourceFile};
 pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
     Appended, ContextView, CoverageView, EpisodeView, ExpansionView, Imported, JobView, LedgerView,
-    MessageIn, MessageView, MessagesView, SessionView, SummaryView, state_name,
+    MessageIn, MessageView, MessagesView, SessionView, SourceMarkView, SummaryView, state_name,
 };
 pub use worker::Workers;
 
@@ -677,17 +679,26 @@ impl Scoped {
                 r.first_episode.clamp(1, top.max(1)),
                 r.last_episode.min(top),
             );
+            let source = self
+                .source_mark(session, r.last_episode)
+                .await?
+                .map(|m| SourceMarkView {
+                    path: m.path,
+                    bytes: m.bytes,
+                });
             r.coverage = Some(if last >= first && top > 0 {
                 CoverageView {
                     last_exchange_ms: times[last as usize],
                     transcript_bytes: bytes[last as usize] - bytes[first as usize - 1],
                     messages: last - first + 1,
+                    source,
                 }
             } else {
                 CoverageView {
                     last_exchange_ms: None,
                     transcript_bytes: 0,
                     messages: 0,
+                    source,
                 }
             });
         }
@@ -736,18 +747,7 @@ impl Scoped {
             .into_iter()
             .flat_map(|c| c.episodes)
             .collect();
-        let mut ids = Vec::with_capacity(episodes.len());
-        for ep in &mut episodes {
-            match ep.source_key.strip_prefix("id:") {
-                Some(id) => ids.push(id.to_string()),
-                None => {
-                    // Without an id every message is new, even if its text repeats.
-                    let id = self.app.unique_id();
-                    ep.source_key = format!("srv:{id}");
-                    ids.push(id);
-                }
-            }
-        }
+        let ids = self.keyed(&mut episodes);
         self.append(session, episodes, ids).await
     }
 
@@ -918,14 +918,15 @@ impl Scoped {
                 )
             });
             let total = conv.episodes.len() as u64;
-            let stored = self.engine().append(&id, &conv.episodes).await?;
-            let job = self.refresh(&id).await?;
+            let done = self
+                .import_conversation(&id, &conv.episodes, None, Bring::Queue)
+                .await?;
             out.push(Imported {
                 session: id,
                 title: conv.title,
                 episodes: total,
-                stored: u64::from(stored),
-                job,
+                stored: u64::from(done.added),
+                job: done.job.map(|j| self.job_view(&j)),
             });
         }
         Ok((out, parsed.warnings))

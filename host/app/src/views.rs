@@ -260,6 +260,17 @@ pub struct CoverageView {
     pub transcript_bytes: u64,
     /// Messages covered.
     pub messages: u64,
+    /// How far into its transcript file the row reaches, when the session came from one.
+    pub source: Option<SourceMarkView>,
+}
+
+/// How far into a transcript file a summary row reaches.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct SourceMarkView {
+    /// The file.
+    pub path: String,
+    /// Bytes of it read when the row's last episode was stored.
+    pub bytes: u64,
 }
 
 /// A page of a session's messages.

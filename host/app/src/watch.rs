@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{AppError, AppResult, Scoped};
+use super::{AppError, AppResult, Bring, Scoped, SourceFile};
 use crate::control::CallControl;
 use crate::runtime::CallError;
 use crate::sources::{Watched, WatchedFile};
@@ -459,12 +459,15 @@ impl Watcher {
                         )
                     });
                     f.session = Some(session.clone());
-                    let n = engine.append(&session, &conv.episodes).await?;
-                    added += u64::from(n);
-                    let stats = engine.store().stats(&session).await?;
-                    self.local
-                        .mark_source(&session, &key, stats.last_episode, complete)
+                    let source = SourceFile {
+                        path: &key,
+                        bytes: complete,
+                    };
+                    let done = self
+                        .local
+                        .import_conversation(&session, &conv.episodes, Some(source), Bring::Later)
                         .await?;
+                    added += u64::from(done.added);
                     self.pending.insert(session);
                 }
             }

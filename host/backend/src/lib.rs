@@ -8,12 +8,14 @@ use types::Error;
 
 pub mod embedding;
 mod ollama;
+pub mod open;
 mod openai;
 mod retry;
 pub mod tls;
 
 pub use abridge_engine::{Adaptive, Embedder, LlmBackend, NoModel, Vectors};
 pub use ollama::Ollama;
+pub use open::{Choice, Opened, open};
 pub use openai::OpenAi;
 pub use retry::{Attempt, RetryPolicy};
 

@@ -11,6 +11,7 @@ mod adaptive;
 pub mod bindings;
 pub mod clock;
 pub mod control;
+pub mod defaults;
 pub mod embedder;
 mod imports;
 pub mod llm;

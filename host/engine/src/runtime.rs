@@ -118,6 +118,22 @@ impl Runtime {
         })
     }
 
+    /// The embedded component, loaded once per process (from the default cache directory)
+    /// and shared by every engine built without a runtime of its own.
+    pub fn embedded() -> Result<Arc<Runtime>> {
+        static EMBEDDED: std::sync::Mutex<Option<Arc<Runtime>>> = std::sync::Mutex::new(None);
+        let mut slot = EMBEDDED.lock().expect("the runtime lock is poisoned");
+        if let Some(r) = slot.as_ref() {
+            return Ok(r.clone());
+        }
+        let r = Arc::new(Runtime::load(
+            &ComponentSource::Embedded,
+            default_cache_dir().as_deref(),
+        )?);
+        *slot = Some(r.clone());
+        Ok(r)
+    }
+
     /// How loading went.
     pub fn report(&self) -> LoadReport {
         self.report
@@ -605,6 +621,25 @@ impl Abridge {
         })
     }
 
+    /// The component's documented defaults: engine settings, a context request and memory
+    /// settings (see [`crate::defaults`], which asks this once per process).
+    pub async fn default_configs(
+        &self,
+    ) -> Result<(Config, ContextRequest, crate::types::MemoryConfig), CallError> {
+        let (mut store, g) = self.instance().await?;
+        let (config, context) = g
+            .abridge_engine_summarizer()
+            .call_default_config(&mut store)
+            .await
+            .map_err(|e| self.trap(e))?;
+        let memory = g
+            .abridge_engine_memories()
+            .call_default_memory_config(&mut store)
+            .await
+            .map_err(|e| self.trap(e))?;
+        Ok((config, context, memory))
+    }
+
     /// The guest's token estimate for `text`.
     pub async fn estimate_tokens(&self, text: &str) -> Result<u32, CallError> {
         let (mut store, g) = self.instance().await?;
@@ -741,6 +776,11 @@ impl AbridgeBuilder {
             .context("Abridge needs a store: call .store(...)")?;
         let runtime = match self.runtime {
             Some(r) => r,
+            None if matches!(self.source, ComponentSource::Embedded)
+                && self.cache_dir == default_cache_dir() =>
+            {
+                Runtime::embedded()?
+            }
             None => Arc::new(Runtime::load(&self.source, self.cache_dir.as_deref())?),
         };
         Ok(Abridge {

@@ -47,33 +47,18 @@ impl Role {
 }
 
 impl Default for Config {
-    /// The documented defaults: LLM engine, chat rendering, `qwen2.5:3b`, 4096-token context,
-    /// 500 output tokens, temperature 0.2, trigger at 200 tokens and 5 episodes, update a
-    /// summary until it reaches 800 tokens, fail a map-reduce when over 50 % of its chunks fail.
+    /// The documented defaults, as the component exports them (`default-config`; see
+    /// [`crate::defaults`]): LLM engine, chat rendering, `qwen2.5:3b`, a 4096-token context
+    /// and so on.
     fn default() -> Self {
-        Config {
-            engine: Engine::Llm,
-            rendering: Rendering::Chat,
-            model: "qwen2.5:3b".into(),
-            context_length: 4096,
-            max_output_tokens: 500,
-            temperature: 0.2,
-            threshold_tokens: 200,
-            min_episodes_since: 5,
-            max_summary_tokens: 800,
-            max_skipped_percent: 50,
-            chunk_tokens: 0,
-            mode: Mode::Eager,
-            quiescence_secs: 3600,
-            provisional_tokens: 0,
-            max_attempts: 5,
-            retry_base_secs: 60,
-            max_backlog_tokens: 1000,
-            summary_budget_tokens: 1200,
-            ledger_tokens: 300,
-            window_messages: 8,
-            focus: String::new(),
-        }
+        crate::defaults::defaults().config.clone()
+    }
+}
+
+impl Default for ContextRequest {
+    /// The documented defaults, as the component exports them (`default-config`).
+    fn default() -> Self {
+        crate::defaults::defaults().context.clone()
     }
 }
 
@@ -196,17 +181,11 @@ impl Prompt {
 }
 
 impl Default for MemoryConfig {
-    /// The documented defaults: the offline lexical embedder, join a cluster at cosine 0.35,
-    /// summarize from 3 members, keep a summary at cosine 0.3 to its centroid, derive the
-    /// prompt budget from the context.
+    /// The documented defaults, as the component exports them (`default-memory-config`; see
+    /// [`crate::defaults`]): the offline lexical embedder, join a cluster at cosine 0.35, and
+    /// so on.
     fn default() -> Self {
-        MemoryConfig {
-            embedder: "abridge-lexical-v1".into(),
-            min_similarity: 0.35,
-            min_cluster_items: 3,
-            summary_min_similarity: 0.3,
-            prompt_budget: 0,
-        }
+        crate::defaults::defaults().memory.clone()
     }
 }
 

@@ -298,13 +298,16 @@ pub async fn shown<T>(
     if let Some((_, view)) = display.running.take() {
         view.finish();
     }
-    // A run that failed says so with the app's hint; the command line says how to retry.
-    result.map_err(|mut e| {
-        if e.hint.is_some() {
-            e.hint = Some(
-                "the episodes are stored, earlier summaries are unchanged and answers received are cached; rerun (or 'abridge jobs run') to retry".into(),
-            );
-        }
-        e.into()
-    })
+    result.map_err(run_failure)
+}
+
+/// A run that failed, as the command line says it: with the app's hint replaced by how to
+/// retry from here.
+pub fn run_failure(mut e: AppError) -> Failure {
+    if e.hint.is_some() {
+        e.hint = Some(
+            "the episodes are stored, earlier summaries are unchanged and answers received are cached; rerun (or 'abridge jobs run') to retry".into(),
+        );
+    }
+    e.into()
 }

@@ -9,13 +9,12 @@ use clap::Args;
 use serde_json::json;
 
 use abridge_app::transcript::{self, Format, Options};
-use abridge_backend::{LlmBackend, NoModel, Ollama, OpenAi};
-use abridge_engine::types::{
-    Config, Engine, Error, Level, NewEpisode, Rendering, SummaryRow, describe,
-};
+use abridge_app::{Bring, SourceFile};
+use abridge_backend::{LlmBackend, NoModel};
+use abridge_engine::types::{Config, Engine, Error, Level, NewEpisode, SummaryRow, describe};
 use abridge_engine::{Abridge, Store};
 
-use super::app::{Show, run_or_join};
+use super::app::{Show, shown};
 use super::progress::Mode;
 use super::settings::BackendChoice;
 use super::{Exit, Failure, Settings};
@@ -131,23 +130,8 @@ pub(super) fn note(s: &Settings, msg: &str) {
     }
 }
 
-/// The chosen backend: its client, the engine it implies, and names for output.
-pub(super) struct Backend {
-    pub(super) llm: Arc<dyn LlmBackend>,
-    engine: Engine,
-    pub(super) name: &'static str,
-}
-
-impl Backend {
-    /// No model: for commands that only read or administer.
-    pub(super) fn none() -> Backend {
-        Backend {
-            llm: Arc::new(NoModel),
-            engine: Engine::Extractive,
-            name: "none",
-        }
-    }
-}
+/// The chosen backend (see [`abridge_backend::open`]).
+pub(super) type Backend = abridge_backend::Opened;
 
 fn model_failure(e: Error) -> Failure {
     let exit = if matches!(e, Error::InvalidInput(_)) {
@@ -158,95 +142,36 @@ fn model_failure(e: Error) -> Failure {
     Failure::new(exit, anyhow!(describe(&e)))
 }
 
+/// Open the backend the settings ask for (the one rule every front end uses), telling the
+/// user what it notes.
 pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
-    let ollama = || {
-        Ollama::new(&s.url, s.timeout)
-            .map(|o| o.with_retry(s.retry))
-            .map_err(model_failure)
+    let choice = match s.backend {
+        BackendChoice::Auto => abridge_backend::Choice::Auto,
+        BackendChoice::Ollama => abridge_backend::Choice::Ollama,
+        BackendChoice::Openai => abridge_backend::Choice::Openai,
+        BackendChoice::Extractive => abridge_backend::Choice::Extractive,
     };
-    let checked = |o: Ollama| async move {
-        o.probe().await.map_err(model_failure)?;
-        if !o.has_model(&s.config.model).await.map_err(model_failure)? {
-            return Err(model_failure(Error::ModelNotFound(format!(
-                "model '{}' is not available on the Ollama server at {} — run 'ollama pull {}', pick another with --model/EXTRACTION_MODEL, or pass --backend extractive",
-                s.config.model,
-                abridge_backend::redact_url(&s.url),
-                s.config.model
-            ))));
-        }
-        Ok(Backend {
-            llm: Arc::new(o),
-            engine: Engine::Llm,
-            name: "ollama",
-        })
+    let settings = abridge_backend::open::Settings {
+        choice,
+        model: s.config.model.clone(),
+        ollama_url: s.url.clone(),
+        openai_base_url: s.openai_base_url.clone(),
+        openai_api_key: s.openai_api_key.clone(),
+        timeout: s.timeout,
+        retry: s.retry,
     };
-    match s.backend {
-        BackendChoice::Extractive => Ok(Backend {
-            llm: Arc::new(NoModel),
-            engine: Engine::Extractive,
-            name: "extractive",
-        }),
-        BackendChoice::Ollama => checked(ollama()?).await,
-        BackendChoice::Openai => {
-            let o = OpenAi::new(&s.openai_base_url, s.openai_api_key.clone(), s.timeout)
-                .map_err(model_failure)?;
-            if let Some(version) = o.ollama_behind().await {
-                let root = s.openai_base_url.trim_end_matches("/v1");
-                return Err(Failure::new(
-                    Exit::Input,
-                    anyhow!(
-                        "{} is Ollama {version}'s OpenAI-compatible API, which cannot set the context window (num_ctx): Ollama would silently cut every prompt to its default window and the summaries would skip the real content — use --backend ollama --url {}",
-                        abridge_backend::redact_url(&s.openai_base_url),
-                        abridge_backend::redact_url(root)
-                    ),
-                ));
-            }
-            if s.openai_api_key.is_some() && o.key_in_clear() {
-                note(
-                    s,
-                    &format!(
-                        "warning: the API key is sent in clear text to {} (plain http to another machine) — use an https:// URL",
-                        abridge_backend::redact_url(&s.openai_base_url)
-                    ),
-                );
-            }
-            Ok(Backend {
-                llm: Arc::new(o),
-                engine: Engine::Llm,
-                name: "openai",
-            })
-        }
-        BackendChoice::Auto => {
-            let o = ollama()?;
-            match o.probe().await {
-                Ok(_) => checked(o).await,
-                Err(Error::Unreachable(_)) | Err(Error::Timeout(_)) => {
-                    note(
-                        s,
-                        &format!(
-                            "Ollama at {} is not reachable, so the extractive summarizer (sentence selection, no model) is used — start Ollama with 'ollama serve', or pass --backend ollama to require it",
-                            abridge_backend::redact_url(&s.url)
-                        ),
-                    );
-                    Ok(Backend {
-                        llm: Arc::new(NoModel),
-                        engine: Engine::Extractive,
-                        name: "extractive",
-                    })
-                }
-                Err(e) => Err(model_failure(e)),
-            }
-        }
+    let opened = abridge_backend::open(&settings)
+        .await
+        .map_err(model_failure)?;
+    for n in &opened.notes {
+        note(s, n);
     }
+    Ok(opened)
 }
 
+/// The engine configuration for the chosen backend.
 pub(super) fn engine_config(s: &Settings, b: &Backend) -> Config {
-    let mut c = s.config.clone();
-    c.engine = b.engine;
-    if b.name == "openai" {
-        c.rendering = Rendering::Chat;
-    }
-    c
+    b.config(&s.config)
 }
 
 /// The compiled guest, loaded once per process and shared by every engine it builds.
@@ -343,16 +268,23 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let cfg = engine_config(s, &backend);
     let local = super::app::local(s, Some(&backend))?;
     let engine = local.engine();
-    let store = engine.store();
-    let model = if backend.engine == Engine::Extractive {
-        "extractive".to_string()
-    } else {
-        cfg.model.clone()
-    };
+    let model = backend.model_name(&cfg);
     for (i, conv) in parsed.conversations.into_iter().enumerate() {
         let session = session_for(a.session.as_ref(), &conv, &a.file, i, many);
         let total = conv.episodes.len();
-        let added = engine.append(&session, &conv.episodes).await?;
+        let file = (source != "-").then_some(SourceFile {
+            path: &source,
+            bytes: parsed.bytes,
+        });
+        let done = shown(
+            s,
+            &local,
+            Some(&session),
+            Show::Own(mode),
+            local.import_conversation(&session, &conv.episodes, file, Bring::Now(&cfg)),
+        )
+        .await?;
+        let added = done.added;
         note(
             s,
             &format!(
@@ -360,38 +292,17 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                 parsed.format
             ),
         );
-        let stats = store
-            .stats(&session)
-            .await
-            .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
-        if source != "-" {
-            local
-                .mark_source(&session, &source, stats.last_episode, parsed.bytes)
-                .await?;
+        if let Some(e) = done.failure {
+            let f = super::app::run_failure(e);
+            return Err(Failure::new(
+                f.exit,
+                anyhow!(
+                    "session {session}: {:#} (the {added} new episodes are stored)",
+                    f.error
+                ),
+            ));
         }
-        let covered = store
-            .latest_summary(&session)
-            .await
-            .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?
-            .map_or(0, |r| r.last_episode);
-        if stats.last_episode > covered {
-            let job = run_or_join(
-                s,
-                &local,
-                (&session, stats.last_episode),
-                &cfg,
-                Show::Own(mode),
-            )
-            .await
-            .map_err(|f| {
-                Failure::new(
-                    f.exit,
-                    anyhow!(
-                        "session {session}: {:#} (the {added} new episodes are stored)",
-                        f.error
-                    ),
-                )
-            })?;
+        if let Some(job) = done.job {
             note(
                 s,
                 &format!(
@@ -401,16 +312,12 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             );
         }
         let chain = engine.chain(&session).await?;
-        let stats = store
-            .stats(&session)
-            .await
-            .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
         if a.json {
             let v = json!({
                 "session": session,
                 "backend": backend.name,
                 "model": model,
-                "episodes": stats.episodes,
+                "episodes": done.episodes,
                 "new_episodes": added,
                 "summaries": chain.iter().map(row_json).collect::<Vec<_>>(),
             });
@@ -549,12 +456,10 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
             .into_iter()
             .flat_map(|(_, c)| c.episodes)
             .collect();
-        for mut ep in episodes {
+        let mut episodes = episodes;
+        local.keyed(&mut episodes);
+        for ep in episodes {
             n += 1;
-            if !ep.source_key.starts_with("id:") {
-                // Without an id every line is a new message, even if its text repeats.
-                ep.source_key = format!("ingest:{}", local.app().unique_id());
-            }
             // The app decides whether a refresh is due and runs it here (a job running on
             // this session elsewhere covers the work). A failed refresh keeps the previous
             // summary and backs off; the messages keep coming and are stored all the same.
@@ -661,25 +566,20 @@ pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
         .stats(&a.session)
         .await
         .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
-    // What each row covers: its last episode, that episode's own time, and how far into the
-    // transcript file it reaches (when the session came from one).
-    let mut full = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let mut v = json!(r);
-        let until = store
-            .episodes_after(&a.session, r.last_episode - 1, 1)
-            .await
-            .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?
-            .first()
-            .and_then(|e| e.timestamp_ms);
-        v["covered_until_ms"] = json!(until);
-        let mark = local.source_mark(&a.session, r.last_episode).await?;
-        v["source"] = mark.map_or(
-            serde_json::Value::Null,
-            |m| json!({"path": m.path, "bytes": m.bytes}),
-        );
-        full.push(v);
-    }
+    // What each row covers (the app's coverage: its last exchange's time, and how far into
+    // the transcript file it reaches when the session came from one), under the names this
+    // command has always printed.
+    let rows = local.with_coverage(&a.session, rows).await?;
+    let full: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            let mut v = json!(r);
+            let c = r.coverage.as_ref();
+            v["covered_until_ms"] = json!(c.and_then(|c| c.last_exchange_ms));
+            v["source"] = json!(c.and_then(|c| c.source.as_ref()));
+            v
+        })
+        .collect();
     if a.json {
         let v = json!({
             "session": a.session,

@@ -8,9 +8,7 @@ use std::sync::Arc;
 
 use abridge_engine::{clock, control, text, types};
 
-use crate::types::{
-    Compaction, EpisodeRange, Error, IdentifierKind, LedgerEntry, SummaryRow, SummaryWrite,
-};
+use crate::types::{EpisodeRange, Error, IdentifierKind, LedgerEntry};
 
 pub mod crypto;
 pub mod jobs;
@@ -19,6 +17,7 @@ mod memory;
 mod memory_tables;
 pub mod pg;
 pub mod recall;
+pub mod rules;
 pub mod sources;
 mod sqlite;
 mod sqlite_recall;
@@ -34,82 +33,6 @@ pub use tables::{
     AppStore, EventRow, EventStore, JobScope, JobStore, SlotStore, SourceStore, TenantCap,
     TokenRow, TokenStore,
 };
-
-/// The chain rule every store enforces before writing: rows of a session cover episodes
-/// `1..=n` exactly once, in order. `episodes` is the session's episode count and `prev` its
-/// latest row.
-pub fn check_chain(
-    session: &str,
-    episodes: u64,
-    prev: Option<&SummaryRow>,
-    w: &SummaryWrite,
-) -> Result<(), Error> {
-    let conflict =
-        |why: String| Error::Conflict(format!("summary chain rule for session '{session}': {why}"));
-    if w.last_episode > episodes || w.last_episode < w.first_episode || w.first_episode == 0 {
-        return Err(conflict(format!(
-            "coverage {}-{} is outside episodes 1-{episodes}",
-            w.first_episode, w.last_episode
-        )));
-    }
-    match (w.replaces, prev) {
-        (None, _) => {
-            let expect = prev.map_or(1, |p| p.last_episode + 1);
-            if w.first_episode != expect {
-                return Err(conflict(format!(
-                    "a new row must start at episode {expect}, not {}",
-                    w.first_episode
-                )));
-            }
-        }
-        (Some(id), Some(p)) if p.id == id => {
-            if w.first_episode != p.first_episode || w.last_episode <= p.last_episode {
-                return Err(conflict(format!(
-                    "an update of row {id} must keep its first episode {} and extend past {}",
-                    p.first_episode, p.last_episode
-                )));
-            }
-        }
-        (Some(id), _) => {
-            return Err(conflict(format!(
-                "row {id} is not the session's latest row"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The rule every store enforces before a compaction: the rows folded are the oldest rows of
-/// the active chain (`active`, oldest first), at least two, in order. Returns the new row's
-/// first and last episode and its level.
-pub fn check_compaction(
-    session: &str,
-    active: &[SummaryRow],
-    c: &Compaction,
-) -> Result<(u64, u64, u32), Error> {
-    let conflict = |why: String| {
-        Error::Conflict(format!(
-            "summary compaction rule for session '{session}': {why}"
-        ))
-    };
-    if c.rows.len() < 2 {
-        return Err(conflict("a compaction folds at least two rows".into()));
-    }
-    let head: Vec<u64> = active.iter().take(c.rows.len()).map(|r| r.id).collect();
-    if head != c.rows {
-        return Err(conflict(format!(
-            "rows {:?} are not the oldest rows of the active chain ({:?})",
-            c.rows, head
-        )));
-    }
-    let folded = &active[..c.rows.len()];
-    let level = folded.iter().map(|r| r.level).max().unwrap_or(0) + 1;
-    Ok((
-        folded[0].first_episode,
-        folded[folded.len() - 1].last_episode,
-        level,
-    ))
-}
 
 /// Skipped ranges as stored: JSON `[[first, last], ...]` (the same in every store).
 pub(crate) fn skipped_to_json(ranges: &[EpisodeRange]) -> String {

@@ -5,7 +5,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{Store, check_chain};
+use super::Store;
+use crate::rules::check_chain;
 use crate::types::{
     CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, NewEpisode, SessionStats,
     SummaryRow, SummaryWrite,
@@ -161,7 +162,7 @@ impl Store for MemoryStore {
             let s = sessions.get_mut(session).ok_or_else(|| {
                 Error::InvalidInput(format!("no session '{session}' in the store"))
             })?;
-            let (first, last, level) = super::check_compaction(session, &s.rows, &c)?;
+            let (first, last, level) = crate::rules::check_compaction(session, &s.rows, &c)?;
             *next_id += 1;
             let id = *next_id;
             let row = SummaryRow {

@@ -33,24 +33,44 @@ pub(super) struct Tables {
 }
 
 impl Tables {
-    /// Forget a session: its marks, mode, watched files, the imported files that produced
-    /// it, and its jobs (a running one is asked to stop).
+    /// Forget the app's rows of a session, walking the one reset cascade
+    /// ([`crate::rules::RESET_CASCADE`]); the session's own rows (episodes, summaries, its
+    /// failure marker) are the [`MemoryStore`]'s.
     pub(super) fn reset_session(&mut self, session: &str) {
-        self.marks.retain(|(s, _, _), _| s != session);
-        self.modes.remove(session);
-        self.focus.remove(session);
-        self.pins.remove(session);
-        self.watched
-            .retain(|_, f| f.session.as_deref() != Some(session));
-        self.sources
-            .retain(|_, s| !s.sessions.iter().any(|x| x == session));
-        self.jobs
-            .retain(|_, j| j.session != session || j.state == JobState::Running);
-        for j in self.jobs.values_mut().filter(|j| j.session == session) {
-            j.cancel_requested = true;
-        }
-        for log in self.events.values_mut() {
-            log.retain(|e| e.session_key.as_deref() != Some(session));
+        use crate::rules::ResetStep;
+        for step in crate::rules::RESET_CASCADE {
+            match *step {
+                ResetStep::Rows { table, .. } => match table {
+                    "source_marks" => self.marks.retain(|(s, _, _), _| s != session),
+                    "watched_files" => self
+                        .watched
+                        .retain(|_, f| f.session.as_deref() != Some(session)),
+                    "session_modes" => drop(self.modes.remove(session)),
+                    "session_focus" => drop(self.focus.remove(session)),
+                    "session_pins" => drop(self.pins.remove(session)),
+                    "events" => {
+                        for log in self.events.values_mut() {
+                            log.retain(|e| e.session_key.as_deref() != Some(session));
+                        }
+                    }
+                    // Kept by the MemoryStore itself (see its reset_session).
+                    "summaries" | "episodes" | "failure_markers" | "sessions" => {}
+                    other => unreachable!(
+                        "the reset cascade names table {other}, which the in-memory store does not keep"
+                    ),
+                },
+                ResetStep::SourcesNaming => self
+                    .sources
+                    .retain(|_, s| !s.sessions.iter().any(|x| x == session)),
+                ResetStep::JobsNotRunning => self
+                    .jobs
+                    .retain(|_, j| j.session != session || j.state == JobState::Running),
+                ResetStep::CancelRunningJob => {
+                    for j in self.jobs.values_mut().filter(|j| j.session == session) {
+                        j.cancel_requested = true;
+                    }
+                }
+            }
         }
     }
 }

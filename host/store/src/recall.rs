@@ -15,48 +15,13 @@ use async_trait::async_trait;
 pub use abridge_engine::store::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 
 use crate::types::{
-    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, HitKind, Memory, MemoryFilter,
-    NewMemory, Scope, StoredMemory,
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, Memory, MemoryFilter, NewMemory,
+    Scope, StoredMemory,
 };
-
-/// A SQL `WHERE` fragment (after the tenant's own condition, parameter 1) for a filter over
-/// columns with the given prefix, and the values of every parameter: the tenant first, then
-/// the filter's fields. `user` is the user column as the dialect writes it, and `param(n)` the
-/// n-th placeholder (`?n` in SQLite, `$n` in PostgreSQL).
-pub(crate) fn filter_sql(
-    tenant: &str,
-    f: &MemoryFilter,
-    prefix: &str,
-    user: &str,
-    param: fn(usize) -> String,
-) -> (String, Vec<String>) {
-    let mut sql = String::new();
-    let mut args = vec![tenant.to_string()];
-    for (col, v) in [
-        (user, &f.user),
-        ("project", &f.project),
-        ("environment", &f.environment),
-        ("kind", &f.kind),
-        ("key", &f.key),
-    ] {
-        if let Some(v) = v {
-            args.push(v.clone());
-            sql.push_str(&format!(" AND {prefix}{col} = {}", param(args.len())));
-        }
-    }
-    (sql, args)
-}
 
 /// Text as stored when not sealed (invalid UTF-8 is replaced, never refused).
 pub(crate) fn text_in(b: Vec<u8>) -> String {
     String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
-/// Add (`sign` 1) or subtract (`sign` -1) `v` into a cluster's vector sum.
-pub(crate) fn add_into(sum: &mut [f32], v: &[f32], sign: f32) {
-    for (s, x) in sum.iter_mut().zip(v) {
-        *s += sign * x;
-    }
 }
 
 /// Vectors as stored: little-endian f32.
@@ -71,75 +36,8 @@ pub fn vector_from(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// Cosine similarity (0 for mismatched or zero vectors): the guest's own, summed in f64, so
-/// the store ranks exactly as the component compares.
-pub use abridge_guest::embed::cosine;
-
-/// Whether two scopes are the same.
-pub fn same_scope(a: &Scope, b: &Scope) -> bool {
-    (&a.user, &a.project, &a.environment, &a.kind, &a.key)
-        == (&b.user, &b.project, &b.environment, &b.kind, &b.key)
-}
-
-/// Whether a scope passes a filter.
-pub fn matches(f: &MemoryFilter, s: &Scope) -> bool {
-    let ok = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
-    ok(&f.user, &s.user)
-        && ok(&f.project, &s.project)
-        && ok(&f.environment, &s.environment)
-        && ok(&f.kind, &s.kind)
-        && ok(&f.key, &s.key)
-}
-
-/// Keeps the `limit` best hits seen.
-pub struct TopK {
-    limit: usize,
-    hits: Vec<Hit>,
-}
-
-impl TopK {
-    /// Empty, keeping `limit`.
-    pub fn new(limit: usize) -> TopK {
-        TopK {
-            limit,
-            hits: Vec::new(),
-        }
-    }
-
-    /// Offer a hit made only when it may enter.
-    pub fn offer(&mut self, similarity: f32, make: impl FnOnce(f32) -> Hit) {
-        if self.limit == 0 {
-            return;
-        }
-        if self.hits.len() >= self.limit
-            && self
-                .hits
-                .last()
-                .is_some_and(|worst| similarity <= worst.similarity)
-        {
-            return;
-        }
-        let h = make(similarity);
-        let at = self.hits.partition_point(|x| {
-            x.similarity > similarity || (x.similarity == similarity && x.id < h.id)
-        });
-        self.hits.insert(at, h);
-        self.hits.truncate(self.limit);
-    }
-
-    /// The hits, best first.
-    pub fn into_hits(self) -> Vec<Hit> {
-        self.hits
-    }
-}
-
-/// Check a summary write against the cluster: its sources must be exactly the active members
-/// (the guest read them in this run; a change since then means the write is for an old set,
-/// and is refused like a lost race).
-pub fn covers_exactly(sources: &[String], members: &BTreeSet<String>) -> bool {
-    let s: BTreeSet<&String> = sources.iter().collect();
-    s.len() == members.len() && members.iter().all(|m| s.contains(m))
-}
+use crate::rules::{self, Ranking, SummaryHit};
+pub use crate::rules::{cosine, matches, same_scope};
 
 #[derive(Clone)]
 struct MemRow {
@@ -153,7 +51,7 @@ struct MemRow {
 struct ClusterState {
     scope: Scope,
     model: String,
-    sum: Vec<f64>,
+    sum: Vec<f32>,
     members: BTreeSet<String>,
     version: u64,
     settled: u64,
@@ -180,8 +78,7 @@ pub struct RecallTables {
 }
 
 fn mean(c: &ClusterState) -> Vec<f32> {
-    let n = c.members.len().max(1) as f64;
-    c.sum.iter().map(|x| (x / n) as f32).collect()
+    rules::centroid(&c.sum, c.members.len() as u32)
 }
 
 impl TenantTables {
@@ -227,12 +124,7 @@ impl RecallTables {
     fn put(&mut self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
         let t = self.t(tenant);
         if let Some(r) = t.memories.get(&m.id) {
-            if !same_scope(&r.m.scope, &m.scope) || r.m.text != m.text {
-                return Err(Error::InvalidInput(format!(
-                    "memory '{}' already exists with another scope or text; give a new id to store a different fact",
-                    m.id
-                )));
-            }
+            rules::check_same_memory(&r.m, &m)?;
             let members = t.clusters.get(&r.m.cluster).map_or(0, |c| c.members.len()) as u32;
             return Ok(StoredMemory {
                 cluster: r.m.cluster,
@@ -240,47 +132,32 @@ impl RecallTables {
                 members,
             });
         }
-        let cluster = match m.cluster {
-            Some(id) => match t.clusters.get(&id) {
-                Some(c) if same_scope(&c.scope, &m.scope) && c.model == m.model => id,
-                _ => {
-                    return Err(Error::Conflict(format!(
-                        "cluster {id} changed under the write (it is gone or holds other vectors); write again"
-                    )));
-                }
-            },
-            None => {
-                let id = t.clusters.keys().next_back().map_or(1, |k| k + 1);
-                t.clusters.insert(
-                    id,
-                    ClusterState {
-                        scope: m.scope.clone(),
-                        model: m.model.clone(),
-                        sum: vec![0.0; m.vector.len()],
-                        members: BTreeSet::new(),
-                        version: 0,
-                        settled: 0,
-                        note: None,
-                        claim: None,
-                        changed_seq: 0,
-                    },
-                );
-                id
+        let (cluster, sum) = match m.cluster {
+            Some(id) => {
+                let found = t.clusters.get(&id);
+                rules::check_named_cluster(id, found.map(|c| (&c.scope, c.model.as_str())), &m)?;
+                (id, found.map(|c| c.sum.clone()).unwrap_or_default())
             }
+            None => (
+                t.clusters.keys().next_back().map_or(1, |k| k + 1),
+                Vec::new(),
+            ),
         };
+        let sum = rules::joined_sum(cluster, sum, &m)?;
         t.seq += 1;
         let seq = t.seq;
-        let c = t.clusters.get_mut(&cluster).expect("cluster just checked");
-        if c.sum.len() != m.vector.len() {
-            return Err(Error::InvalidInput(format!(
-                "a vector of {} values does not match cluster {cluster}'s {}",
-                m.vector.len(),
-                c.sum.len()
-            )));
-        }
-        for (s, v) in c.sum.iter_mut().zip(&m.vector) {
-            *s += f64::from(*v);
-        }
+        let c = t.clusters.entry(cluster).or_insert_with(|| ClusterState {
+            scope: m.scope.clone(),
+            model: m.model.clone(),
+            sum: Vec::new(),
+            members: BTreeSet::new(),
+            version: 0,
+            settled: 0,
+            note: None,
+            claim: None,
+            changed_seq: 0,
+        });
+        c.sum = sum;
         c.members.insert(m.id.clone());
         let members = c.members.len() as u32;
         t.memories.insert(
@@ -313,14 +190,8 @@ impl RecallTables {
         let r = t.memories.remove(id)?;
         if let Some(c) = t.clusters.get_mut(&r.m.cluster) {
             c.members.remove(id);
-            if c.model == r.model {
-                for (s, v) in c.sum.iter_mut().zip(&r.vector) {
-                    *s -= f64::from(*v);
-                }
-            }
-            if c.members.is_empty() {
-                c.sum.iter_mut().for_each(|s| *s = 0.0);
-            }
+            let sum = std::mem::take(&mut c.sum);
+            c.sum = rules::left_sum(sum, c.members.len() as u32, &c.model, &r.model, &r.vector);
         }
         t.bump(r.m.cluster);
         Some(r.m)
@@ -335,22 +206,20 @@ impl RecallTables {
         limit: u32,
     ) -> Vec<Hit> {
         let t = self.t(tenant);
-        let mut mems = TopK::new(limit as usize);
+        let mut ranking = Ranking::new(limit);
         for r in t.memories.values() {
             if r.model != model || !matches(f, &r.m.scope) {
                 continue;
             }
-            mems.offer(cosine(q, &r.vector), |s| Hit {
-                kind: HitKind::Memory,
-                id: r.m.id.clone(),
-                text: r.m.text.clone(),
-                similarity: s,
-                importance: r.m.importance,
-                cluster: r.m.cluster,
-                sources: Vec::new(),
+            ranking.memory(q, &r.vector, || {
+                (
+                    r.m.id.clone(),
+                    r.m.text.clone(),
+                    r.m.importance,
+                    r.m.cluster,
+                )
             });
         }
-        let mut sums = TopK::new(limit as usize);
         for (cluster, (s, vmodel, v)) in &t.summaries {
             let Some(c) = t.clusters.get(cluster) else {
                 continue;
@@ -358,18 +227,16 @@ impl RecallTables {
             if vmodel != model || !matches(f, &c.scope) {
                 continue;
             }
-            sums.offer(cosine(q, v), |sim| Hit {
-                kind: HitKind::Summary,
-                id: s.id.to_string(),
+            ranking.summary(q, v, || SummaryHit {
+                id: s.id,
                 text: s.text.clone(),
-                similarity: sim,
                 importance: s.importance,
                 cluster: *cluster,
                 sources: s.sources.clone(),
             });
         }
-        let mut out = mems.into_hits();
-        out.extend(sums.into_hits());
+        let (mut out, sums) = ranking.into_hits();
+        out.extend(sums);
         out
     }
 }
@@ -405,19 +272,17 @@ impl RecallStore for super::MemoryStore {
     ) -> Result<(), Error> {
         self.recall(|r| {
             let t = r.t(tenant);
-            let dim = vectors.first().map_or(0, |v| v.1.len());
-            let mut sum = vec![0f64; dim];
+            let mut reached = Vec::new();
             for (id, v) in &vectors {
                 if let Some(row) = t.memories.get_mut(id)
                     && row.m.cluster == cluster
                 {
                     row.vector = v.clone();
                     row.model = model.to_string();
-                    for (s, x) in sum.iter_mut().zip(v) {
-                        *s += f64::from(*x);
-                    }
+                    reached.push(v.as_slice());
                 }
             }
+            let sum = rules::sum_of(reached);
             if let Some(c) = t.clusters.get_mut(&cluster) {
                 c.model = model.to_string();
                 c.sum = sum;
@@ -453,44 +318,25 @@ impl RecallStore for super::MemoryStore {
         Ok(self.recall(|r| {
             let t = r.t(tenant);
             let current = t.summaries.get(&w.cluster);
-            if current.map(|s| s.0.member_hash.clone()) != w.expect {
-                return false;
-            }
             let Some(c) = t.clusters.get(&w.cluster) else {
                 return false;
             };
-            if !covers_exactly(&w.sources, &c.members) {
+            let hash = current.map(|s| s.0.member_hash.as_str());
+            if !rules::summary_write_allowed(hash, &w, &c.members) {
                 return false;
             }
-            let (id, created) = match current {
-                Some(s) => (s.0.id, s.0.created_ms),
-                None => {
-                    t.next_summary += 1;
-                    (t.next_summary, w.now_ms)
-                }
-            };
-            t.summaries.insert(
-                w.cluster,
-                (
-                    ClusterSummary {
-                        id,
-                        cluster: w.cluster,
-                        text: w.text,
-                        member_hash: w.member_hash,
-                        sources: w.sources,
-                        importance: w.importance,
-                        tokens: w.tokens,
-                        model: w.model,
-                        calls: w.calls,
-                        prompt_tokens: w.prompt_tokens,
-                        output_tokens: w.output_tokens,
-                        created_ms: created,
-                        updated_ms: w.now_ms,
-                    },
-                    w.vector_model,
-                    w.vector,
-                ),
+            let current = current.map(|s| (s.0.id, s.0.created_ms));
+            let next = &mut t.next_summary;
+            let row = rules::summary_written(
+                current,
+                || {
+                    *next += 1;
+                    *next
+                },
+                &w,
             );
+            t.summaries
+                .insert(w.cluster, (row, w.vector_model, w.vector));
             true
         }))
     }

@@ -35,6 +35,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/018-usage.sql"),
     include_str!("migrations/019-summary-levels-ledger.sql"),
     include_str!("migrations/020-usage-days.sql"),
+    include_str!("migrations/021-jobs-active.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -418,7 +419,7 @@ impl Store for SqliteStore {
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
             let active = active_chain(&tx, session).map_err(db_err)?;
-            let (first, last, level) = super::check_compaction(session, &active, &c)?;
+            let (first, last, level) = crate::rules::check_compaction(session, &active, &c)?;
             tx.execute(
                 "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)",
@@ -450,7 +451,7 @@ impl Store for SqliteStore {
                 .map_err(db_err)?
                 .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))? as u64;
             let prev = latest(&tx, session).map_err(db_err)?;
-            super::check_chain(session, episodes, prev.as_ref(), &w)?;
+            crate::rules::check_chain(session, episodes, prev.as_ref(), &w)?;
             let id = match (w.replaces, &prev) {
                 (None, _) => {
                     tx.execute(
@@ -516,27 +517,9 @@ impl Store for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            for sql in [
-                "DELETE FROM summaries WHERE session = ?1",
-                "DELETE FROM episodes WHERE session = ?1",
-                "DELETE FROM failure_markers WHERE session = ?1",
-                "DELETE FROM source_marks WHERE session = ?1",
-                // The files it was read from are forgotten too, so the next backfill or
-                // watch reads them again and the session comes back.
-                "DELETE FROM sources WHERE EXISTS (SELECT 1 FROM json_each(sources.sessions) WHERE value = ?1)",
-                "DELETE FROM watched_files WHERE session = ?1",
-                "DELETE FROM session_modes WHERE session = ?1",
-                "DELETE FROM session_focus WHERE session = ?1",
-                "DELETE FROM session_pins WHERE session = ?1",
-                // Its events too: they carry its summaries' text.
-                "DELETE FROM events WHERE session_key = ?1",
-                // Its finished and queued jobs go; a running one is asked to stop (its write
-                // would fail the chain rule against the emptied session anyway).
-                "DELETE FROM jobs WHERE session = ?1 AND state != 'running'",
-                "UPDATE jobs SET cancel_requested = 1 WHERE session = ?1 AND state = 'running'",
-                "DELETE FROM sessions WHERE id = ?1",
-            ] {
-                tx.execute(sql, [session]).map_err(db_err)?;
+            for step in crate::rules::RESET_CASCADE {
+                let sql = crate::rules::reset_sql(*step, crate::rules::Dialect::Sqlite);
+                tx.execute(&sql, [session]).map_err(db_err)?;
             }
             tx.commit().map_err(db_err)
         })

@@ -7,12 +7,12 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, param
 
 use super::SqliteStore;
 use super::recall::{
-    ClusterRow, RecallStore, TopK, Unsettled, UsageDay, covers_exactly, month_of_day, vector_bytes,
-    vector_from,
+    ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day, vector_bytes, vector_from,
 };
+use crate::rules::{self, Dialect, Ranking, SummaryHit};
 use crate::types::{
-    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, HitKind, Memory, MemoryFilter,
-    NewMemory, Scope, StoredMemory,
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, Memory, MemoryFilter, NewMemory,
+    Scope, StoredMemory,
 };
 
 fn db_err(e: rusqlite::Error) -> Error {
@@ -86,28 +86,28 @@ impl SqliteStore {
     }
 }
 
-/// The filter's `WHERE` fragment in SQLite's dialect (see [`super::recall::filter_sql`]).
+/// The filter's `WHERE` fragment in SQLite's dialect (see [`rules::filter_sql`]).
 fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
-    super::recall::filter_sql(tenant, f, prefix, "user", |n| format!("?{n}"))
+    rules::filter_sql(Dialect::Sqlite, tenant, f, prefix)
 }
 
 const MEM_COLS: &str = "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed";
 
-/// The scope in columns 1-5 (user, project, environment, kind, key) of a row.
-fn scope_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Scope> {
+/// The scope in columns `at`.. `at + 4` (user, project, environment, kind, key) of a row.
+fn scope_from(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Scope> {
     Ok(Scope {
-        user: r.get(1)?,
-        project: r.get(2)?,
-        environment: r.get(3)?,
-        kind: r.get(4)?,
-        key: r.get(5)?,
+        user: r.get(at)?,
+        project: r.get(at + 1)?,
+        environment: r.get(at + 2)?,
+        kind: r.get(at + 3)?,
+        key: r.get(at + 4)?,
     })
 }
 
 fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Memory, Stored)> {
     let m = Memory {
         id: r.get(0)?,
-        scope: scope_from(r)?,
+        scope: scope_from(r, 1)?,
         text: String::new(),
         importance: r.get::<_, f64>(7)? as f32,
         tokens: r.get(8)?,
@@ -201,7 +201,7 @@ impl RecallStore for SqliteStore {
                     Ok(Centroid {
                         cluster: r.get::<_, i64>(0)? as u64,
                         model: r.get(1)?,
-                        vector: sum.iter().map(|x| x / n.max(1) as f32).collect(),
+                        vector: rules::centroid(&sum, n),
                         members: n,
                     })
                 },
@@ -230,12 +230,7 @@ impl RecallStore for SqliteStore {
                 None => None,
             };
             if let Some(e) = existing {
-                if !super::recall::same_scope(&e.scope, &m.scope) || e.text != m.text {
-                    return Err(Error::InvalidInput(format!(
-                        "memory '{}' already exists with another scope or text; give a new id to store a different fact",
-                        m.id
-                    )));
-                }
+                rules::check_same_memory(&e, &m)?;
                 let members: u32 = tx
                     .query_row(
                         "SELECT members FROM clusters WHERE tenant = ?1 AND id = ?2",
@@ -250,30 +245,22 @@ impl RecallStore for SqliteStore {
                 });
             }
             let s = &m.scope;
-            let (cluster, mut sum) = match m.cluster {
+            let (cluster, sum) = match m.cluster {
                 Some(id) => {
-                    let row: Option<(Vec<u8>, String, String, String, String, String, String)> = tx
+                    let row: Option<(Vec<u8>, String, Scope)> = tx
                         .query_row(
                             "SELECT sum, model, user, project, environment, kind, key FROM clusters WHERE tenant = ?1 AND id = ?2",
                             params![tenant, id as i64],
-                            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
+                            |r| Ok((r.get(0)?, r.get(1)?, scope_from(r, 2)?)),
                         )
                         .optional()
                         .map_err(db_err)?;
-                    match row {
-                        Some((sum, model, u, p, e, k, key))
-                            if model == m.model
-                                && (u.as_str(), p.as_str(), e.as_str(), k.as_str(), key.as_str())
-                                    == (s.user.as_str(), s.project.as_str(), s.environment.as_str(), s.kind.as_str(), s.key.as_str()) =>
-                        {
-                            (id, vector_from(&sum))
-                        }
-                        _ => {
-                            return Err(Error::Conflict(format!(
-                                "cluster {id} changed under the write (it is gone or holds other vectors); write again"
-                            )));
-                        }
-                    }
+                    rules::check_named_cluster(
+                        id,
+                        row.as_ref().map(|(_, model, scope)| (scope, model.as_str())),
+                        &m,
+                    )?;
+                    (id, row.map(|r| vector_from(&r.0)).unwrap_or_default())
                 }
                 None => {
                     let id: i64 = tx
@@ -288,17 +275,10 @@ impl RecallStore for SqliteStore {
                         params![tenant, id, s.user, s.project, s.environment, s.kind, s.key, m.model, vector_bytes(&vec![0f32; m.vector.len()])],
                     )
                     .map_err(db_err)?;
-                    (id as u64, vec![0f32; m.vector.len()])
+                    (id as u64, Vec::new())
                 }
             };
-            if sum.len() != m.vector.len() {
-                return Err(Error::InvalidInput(format!(
-                    "a vector of {} values does not match cluster {cluster}'s {}",
-                    m.vector.len(),
-                    sum.len()
-                )));
-            }
-            crate::recall::add_into(&mut sum, &m.vector, 1.0);
+            let sum = rules::joined_sum(cluster, sum, &m)?;
             let seq: i64 = tx
                 .query_row(
                     "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = ?1",
@@ -397,13 +377,8 @@ impl RecallStore for SqliteStore {
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )
                 .map_err(db_err)?;
-            let mut sum = vector_from(&sum);
             let left = members.saturating_sub(1);
-            if left == 0 {
-                sum.iter_mut().for_each(|x| *x = 0.0);
-            } else if cmodel == model {
-                crate::recall::add_into(&mut sum, &vector_from(&vector), -1.0);
-            }
+            let sum = rules::left_sum(vector_from(&sum), left, &cmodel, &model, &vector_from(&vector));
             tx.execute(
                 "UPDATE clusters SET sum = ?3, members = ?4 WHERE tenant = ?1 AND id = ?2",
                 params![tenant, m.cluster as i64, vector_bytes(&sum), left],
@@ -426,8 +401,7 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            let dim = vectors.first().map_or(0, |v| v.1.len());
-            let mut sum = vec![0f32; dim];
+            let mut reached = Vec::new();
             for (id, v) in &vectors {
                 let n = tx
                     .execute(
@@ -436,9 +410,10 @@ impl RecallStore for SqliteStore {
                     )
                     .map_err(db_err)?;
                 if n == 1 {
-                    crate::recall::add_into(&mut sum, v, 1.0);
+                    reached.push(v.as_slice());
                 }
             }
+            let sum = rules::sum_of(reached);
             tx.execute(
                 "UPDATE clusters SET model = ?3, sum = ?4 WHERE tenant = ?1 AND id = ?2",
                 params![tenant, cluster as i64, model, vector_bytes(&sum)],
@@ -490,14 +465,12 @@ impl RecallStore for SqliteStore {
                 .map_err(db_err)?;
             // The hash decides; the current text is not needed.
             let current = summary_raw(&tx, tenant, w.cluster)?.map(|r| r.0);
-            if current.as_ref().map(|s| s.member_hash.clone()) != w.expect {
-                return Ok(false);
-            }
             let members: BTreeSet<String> = members_raw(&tx, tenant, w.cluster)?
                 .into_iter()
                 .map(|m| m.0.id)
                 .collect();
-            if !covers_exactly(&w.sources, &members) {
+            let hash = current.as_ref().map(|s| s.member_hash.as_str());
+            if !rules::summary_write_allowed(hash, &w, &members) {
                 return Ok(false);
             }
             let sources = serde_json::to_string(&w.sources).map_err(|e| Error::Storage(e.to_string()))?;
@@ -579,7 +552,7 @@ impl RecallStore for SqliteStore {
         self.with(|c| {
             let (fsql, mut args) = filter_sql(tenant, filter, "");
             args.push(model.to_string());
-            let mut mems = TopK::new(limit as usize);
+            let mut ranking = Ranking::new(limit);
             {
                 let mut st = c
                     .prepare(&format!(
@@ -596,32 +569,12 @@ impl RecallStore for SqliteStore {
                     let id: String = r.get(0).map_err(db_err)?;
                     let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
                     let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
-                    mems.offer(super::recall::cosine(query, &v), |s| Hit {
-                        kind: HitKind::Memory,
-                        id,
-                        text: String::new(),
-                        similarity: s,
-                        importance,
-                        cluster,
-                        sources: Vec::new(),
-                    });
+                    ranking.memory(query, &v, || (id, String::new(), importance, cluster));
                 }
-            }
-            let mut hits = mems.into_hits();
-            for h in &mut hits {
-                let (bytes, sealed): (Vec<u8>, u32) = c
-                    .query_row(
-                        "SELECT text, sealed FROM memories WHERE tenant = ?1 AND id = ?2",
-                        params![tenant, h.id],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .map_err(db_err)?;
-                h.text = self.reveal(c, tenant, "memories", &h.id, Stored { bytes, sealed })?;
             }
             let (fsql, mut args) = filter_sql(tenant, filter, "c.");
             args.push(model.to_string());
-            let mut sums = TopK::new(limit as usize);
-            let mut texts: std::collections::BTreeMap<String, Stored> = Default::default();
+            let mut texts: std::collections::BTreeMap<u64, Stored> = Default::default();
             {
                 let mut st = c
                     .prepare(&format!(
@@ -632,8 +585,7 @@ impl RecallStore for SqliteStore {
                 let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
                 while let Some(r) = rows.next().map_err(db_err)? {
                     let v = vector_from(&r.get::<_, Vec<u8>>(1).map_err(db_err)?);
-                    let sim = super::recall::cosine(query, &v);
-                    let id = r.get::<_, i64>(0).map_err(db_err)?.to_string();
+                    let id = r.get::<_, i64>(0).map_err(db_err)? as u64;
                     let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
                     let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
                     let stored = Stored {
@@ -642,23 +594,26 @@ impl RecallStore for SqliteStore {
                     };
                     let sources: Vec<String> =
                         serde_json::from_str(&r.get::<_, String>(5).map_err(db_err)?).unwrap_or_default();
-                    sums.offer(sim, |s| {
-                        texts.insert(id.clone(), stored);
-                        Hit {
-                            kind: HitKind::Summary,
-                            id,
-                            text: String::new(),
-                            similarity: s,
-                            importance,
-                            cluster,
-                            sources,
-                        }
+                    ranking.summary(query, &v, || {
+                        texts.insert(id, stored);
+                        SummaryHit { id, text: String::new(), importance, cluster, sources }
                     });
                 }
             }
-            // Only the summaries kept are opened.
-            for mut h in sums.into_hits() {
-                if let Some(st) = texts.remove(&h.id) {
+            // Only the hits kept are opened.
+            let (mut hits, sums) = ranking.into_hits();
+            for h in &mut hits {
+                let (bytes, sealed): (Vec<u8>, u32) = c
+                    .query_row(
+                        "SELECT text, sealed FROM memories WHERE tenant = ?1 AND id = ?2",
+                        params![tenant, h.id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .map_err(db_err)?;
+                h.text = self.reveal(c, tenant, "memories", &h.id, Stored { bytes, sealed })?;
+            }
+            for mut h in sums {
+                if let Some(st) = h.id.parse().ok().and_then(|id| texts.remove(&id)) {
                     h.text = self.reveal(c, tenant, "cluster_summaries", &h.id, st)?;
                 }
                 hits.push(h);
@@ -715,7 +670,7 @@ impl RecallStore for SqliteStore {
                 .query_map(params_from_iter(args.iter()), |r| {
                     Ok(ClusterRow {
                         id: r.get::<_, i64>(0)? as u64,
-                        scope: scope_from(r)?,
+                        scope: scope_from(r, 1)?,
                         members: r.get(6)?,
                         member_ids: Vec::new(),
                         note: r.get(7)?,

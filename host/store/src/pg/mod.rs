@@ -31,6 +31,7 @@ mod tables;
 const MIGRATIONS: &[&str] = &[
     include_str!("001-schema.sql"),
     include_str!("002-usage-days.sql"),
+    include_str!("003-summaries-session.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
@@ -553,7 +554,7 @@ impl Store for PgStore {
             .await?
             .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))?;
         let prev = self.latest_in(&tx, session).await?;
-        super::check_chain(session, episodes, prev.as_ref(), &w)?;
+        crate::rules::check_chain(session, episodes, prev.as_ref(), &w)?;
         // A new row is keyed by its session, an update by the row it replaces; the values
         // are the same (an update keeps its first episode: the chain check said so).
         let replaces = w.replaces.map(|id| id as i64);
@@ -597,7 +598,7 @@ impl Store for PgStore {
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
         self.lock_session(&tx, session).await?;
         let active = self.active_chain(&tx, session).await?;
-        let (first, last, level) = super::check_compaction(session, &active, &cp)?;
+        let (first, last, level) = crate::rules::check_compaction(session, &active, &cp)?;
         let id: i64 = tx
             .query_one(
                 "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped)
@@ -690,22 +691,9 @@ impl Store for PgStore {
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
         // The session's writers are waited for (and wait) on its row.
         self.lock_session(&tx, session).await?;
-        for sql in [
-            "DELETE FROM summaries WHERE session = $1",
-            "DELETE FROM episodes WHERE session = $1",
-            "DELETE FROM failure_markers WHERE session = $1",
-            "DELETE FROM source_marks WHERE session = $1",
-            "DELETE FROM sources WHERE sessions::jsonb ? $1",
-            "DELETE FROM watched_files WHERE session = $1",
-            "DELETE FROM session_modes WHERE session = $1",
-            "DELETE FROM session_focus WHERE session = $1",
-            "DELETE FROM session_pins WHERE session = $1",
-            "DELETE FROM events WHERE session_key = $1",
-            "DELETE FROM jobs WHERE session = $1 AND state != 'running'",
-            "UPDATE jobs SET cancel_requested = 1 WHERE session = $1 AND state = 'running'",
-            "DELETE FROM sessions WHERE id = $1",
-        ] {
-            tx.execute(sql, &[&session])
+        for step in crate::rules::RESET_CASCADE {
+            let sql = crate::rules::reset_sql(*step, crate::rules::Dialect::Postgres);
+            tx.execute(&sql, &[&session])
                 .await
                 .map_err(|e| self.err(e))?;
         }

@@ -18,12 +18,12 @@ use super::{LOCK, P, PgStore, g32, g64};
 use crate::crypto::Secret;
 use crate::keyring::{now_ms, open_under, seal_under};
 use crate::recall::{
-    ClusterRow, RecallStore, TopK, Unsettled, UsageDay, covers_exactly, month_of_day, vector_bytes,
-    vector_from,
+    ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day, vector_bytes, vector_from,
 };
+use crate::rules::{self, Dialect, Ranking, SummaryHit};
 use crate::types::{
-    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, HitKind, Memory, MemoryFilter,
-    NewMemory, Scope, StoredMemory,
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, Memory, MemoryFilter, NewMemory,
+    Scope, StoredMemory,
 };
 
 /// A row's text as read: the bytes and the key version (0: plaintext).
@@ -183,10 +183,9 @@ impl PgStore {
     }
 }
 
-/// The filter's `WHERE` fragment in PostgreSQL's dialect (see
-/// [`crate::recall::filter_sql`]).
+/// The filter's `WHERE` fragment in PostgreSQL's dialect (see [`rules::filter_sql`]).
 fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
-    crate::recall::filter_sql(tenant, f, prefix, "\"user\"", |n| format!("${n}"))
+    rules::filter_sql(Dialect::Postgres, tenant, f, prefix)
 }
 
 fn params(args: &[String]) -> Vec<P<'_>> {
@@ -196,12 +195,17 @@ fn params(args: &[String]) -> Vec<P<'_>> {
 const MEM_COLS: &str = "id, \"user\", project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed";
 
 fn scope_from(r: &Row) -> Scope {
+    scope_at(r, 1)
+}
+
+/// The scope in columns `at`.. `at + 4` (user, project, environment, kind, key) of a row.
+fn scope_at(r: &Row, at: usize) -> Scope {
     Scope {
-        user: r.get(1),
-        project: r.get(2),
-        environment: r.get(3),
-        kind: r.get(4),
-        key: r.get(5),
+        user: r.get(at),
+        project: r.get(at + 1),
+        environment: r.get(at + 2),
+        kind: r.get(at + 3),
+        key: r.get(at + 4),
     }
 }
 
@@ -341,7 +345,7 @@ impl RecallStore for PgStore {
                 Centroid {
                     cluster: g64(r, 0),
                     model: r.get(1),
-                    vector: sum.iter().map(|x| x / n.max(1) as f32).collect(),
+                    vector: rules::centroid(&sum, n),
                     members: n,
                 }
             })
@@ -365,12 +369,7 @@ impl RecallStore for PgStore {
                 .await?
                 .pop()
                 .expect("one row");
-            if !crate::recall::same_scope(&e.scope, &m.scope) || e.text != m.text {
-                return Err(Error::InvalidInput(format!(
-                    "memory '{}' already exists with another scope or text; give a new id to store a different fact",
-                    m.id
-                )));
-            }
+            rules::check_same_memory(&e, &m)?;
             let members = self.members_count(&tx, tenant, e.cluster).await?;
             return Ok(StoredMemory {
                 cluster: e.cluster,
@@ -379,7 +378,7 @@ impl RecallStore for PgStore {
             });
         }
         let s = &m.scope;
-        let (cluster, mut sum) = match m.cluster {
+        let (cluster, sum) = match m.cluster {
             Some(id) => {
                 let row = tx
                     .query_opt(
@@ -387,32 +386,15 @@ impl RecallStore for PgStore {
                         &[&tenant, &(id as i64)],
                     )
                     .await
-                    .map_err(|e| self.err(e))?;
-                match row {
-                    Some(r)
-                        if r.get::<_, String>(1) == m.model
-                            && (
-                                r.get::<_, String>(2),
-                                r.get::<_, String>(3),
-                                r.get::<_, String>(4),
-                                r.get::<_, String>(5),
-                                r.get::<_, String>(6),
-                            ) == (
-                                s.user.clone(),
-                                s.project.clone(),
-                                s.environment.clone(),
-                                s.kind.clone(),
-                                s.key.clone(),
-                            ) =>
-                    {
-                        (id, vector_from(&r.get::<_, Vec<u8>>(0)))
-                    }
-                    _ => {
-                        return Err(Error::Conflict(format!(
-                            "cluster {id} changed under the write (it is gone or holds other vectors); write again"
-                        )));
-                    }
-                }
+                    .map_err(|e| self.err(e))?
+                    .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, String>(1), scope_at(&r, 2)));
+                rules::check_named_cluster(
+                    id,
+                    row.as_ref()
+                        .map(|(_, model, scope)| (scope, model.as_str())),
+                    &m,
+                )?;
+                (id, row.map(|r| vector_from(&r.0)).unwrap_or_default())
             }
             None => {
                 let id: i64 = tx
@@ -429,17 +411,10 @@ impl RecallStore for PgStore {
                 )
                 .await
                 .map_err(|e| self.err(e))?;
-                (id as u64, vec![0f32; m.vector.len()])
+                (id as u64, Vec::new())
             }
         };
-        if sum.len() != m.vector.len() {
-            return Err(Error::InvalidInput(format!(
-                "a vector of {} values does not match cluster {cluster}'s {}",
-                m.vector.len(),
-                sum.len()
-            )));
-        }
-        crate::recall::add_into(&mut sum, &m.vector, 1.0);
+        let sum = rules::joined_sum(cluster, sum, &m)?;
         let seq: i64 = tx
             .query_one(
                 "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = $1",
@@ -537,13 +512,14 @@ impl RecallStore for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         let (cmodel, sum, members): (String, Vec<u8>, u32) = (r.get(0), r.get(1), g32(&r, 2));
-        let mut sum = vector_from(&sum);
         let left = members.saturating_sub(1);
-        if left == 0 {
-            sum.iter_mut().for_each(|x| *x = 0.0);
-        } else if cmodel == model {
-            crate::recall::add_into(&mut sum, &vector_from(&vector), -1.0);
-        }
+        let sum = rules::left_sum(
+            vector_from(&sum),
+            left,
+            &cmodel,
+            &model,
+            &vector_from(&vector),
+        );
         tx.execute(
             "UPDATE clusters SET sum = $3, members = $4 WHERE tenant = $1 AND id = $2",
             &[
@@ -570,8 +546,7 @@ impl RecallStore for PgStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
         self.lock_tenant(&tx, tenant).await?;
-        let dim = vectors.first().map_or(0, |v| v.1.len());
-        let mut sum = vec![0f32; dim];
+        let mut reached = Vec::new();
         for (id, v) in &vectors {
             let n = tx
                 .execute(
@@ -582,9 +557,10 @@ impl RecallStore for PgStore {
                 .map_err(|e| self.err(e))?;
             if n == 1 {
                 self.set_embedding(&tx, tenant, id, v).await?;
-                crate::recall::add_into(&mut sum, v, 1.0);
+                reached.push(v.as_slice());
             }
         }
+        let sum = rules::sum_of(reached);
         tx.execute(
             "UPDATE clusters SET model = $3, sum = $4 WHERE tenant = $1 AND id = $2",
             &[&tenant, &(cluster as i64), &model, &vector_bytes(&sum)],
@@ -635,16 +611,14 @@ impl RecallStore for PgStore {
         // Under the tenant's lock no member can come or go between the check and the write.
         self.lock_tenant(&tx, tenant).await?;
         let current = self.summary_raw(&tx, tenant, w.cluster).await?.map(|r| r.0);
-        if current.as_ref().map(|s| s.member_hash.clone()) != w.expect {
-            return Ok(false);
-        }
         let members: BTreeSet<String> = self
             .members_raw(&tx, tenant, w.cluster)
             .await?
             .into_iter()
             .map(|m| m.0.id)
             .collect();
-        if !covers_exactly(&w.sources, &members) {
+        let hash = current.as_ref().map(|s| s.member_hash.as_str());
+        if !rules::summary_write_allowed(hash, &w, &members) {
             return Ok(false);
         }
         let sources =
@@ -736,21 +710,13 @@ impl RecallStore for PgStore {
         let c = self.client().await?;
         let (fsql, mut args) = filter_sql(tenant, filter, "");
         args.push(model.to_string());
-        let mut mems = TopK::new(limit as usize);
+        let mut ranking = Ranking::new(limit);
         let found = self
             .ann_search(&c, query, model, &fsql, &args[..args.len() - 1], limit)
             .await;
         if let Some(found) = found {
             for (id, importance, cluster, sim) in found {
-                mems.offer(sim, |s| Hit {
-                    kind: HitKind::Memory,
-                    id,
-                    text: String::new(),
-                    similarity: s,
-                    importance,
-                    cluster,
-                    sources: Vec::new(),
-                });
+                ranking.memory_at(sim, || (id, String::new(), importance, cluster));
             }
         } else {
             let rows = c
@@ -765,21 +731,45 @@ impl RecallStore for PgStore {
                 .map_err(|e| self.err(e))?;
             for r in &rows {
                 let v = vector_from(r.get::<_, &[u8]>(1));
-                let id: String = r.get(0);
-                let importance = r.get::<_, f64>(2) as f32;
-                let cluster = g64(r, 3);
-                mems.offer(crate::recall::cosine(query, &v), |s| Hit {
-                    kind: HitKind::Memory,
-                    id,
-                    text: String::new(),
-                    similarity: s,
-                    importance,
-                    cluster,
-                    sources: Vec::new(),
-                });
+                let (importance, cluster) = (r.get::<_, f64>(2) as f32, g64(r, 3));
+                ranking.memory(query, &v, || (r.get(0), String::new(), importance, cluster));
             }
         }
-        let mut hits = mems.into_hits();
+        let (fsql, mut args) = filter_sql(tenant, filter, "c.");
+        args.push(model.to_string());
+        let mut texts: std::collections::BTreeMap<u64, Stored> = Default::default();
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = $1{fsql} AND s.vector_model = ${}",
+                    args.len()
+                ),
+                &params(&args),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        for r in &rows {
+            let v = vector_from(r.get::<_, &[u8]>(1));
+            let id = g64(r, 0);
+            ranking.summary(query, &v, || {
+                texts.insert(
+                    id,
+                    Stored {
+                        bytes: r.get(4),
+                        sealed: g32(r, 6),
+                    },
+                );
+                SummaryHit {
+                    id,
+                    text: String::new(),
+                    importance: r.get::<_, f64>(2) as f32,
+                    cluster: g64(r, 3),
+                    sources: serde_json::from_str(&r.get::<_, String>(5)).unwrap_or_default(),
+                }
+            });
+        }
+        // Only the hits kept are opened.
+        let (mut hits, sums) = ranking.into_hits();
         for h in &mut hits {
             let r = c
                 .query_one(
@@ -794,47 +784,8 @@ impl RecallStore for PgStore {
             };
             h.text = self.reveal(&c, tenant, "memories", &h.id, st).await?;
         }
-        let (fsql, mut args) = filter_sql(tenant, filter, "c.");
-        args.push(model.to_string());
-        let mut sums = TopK::new(limit as usize);
-        let mut texts: std::collections::BTreeMap<String, Stored> = Default::default();
-        let rows = c
-            .query(
-                &format!(
-                    "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = $1{fsql} AND s.vector_model = ${}",
-                    args.len()
-                ),
-                &params(&args),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        for r in &rows {
-            let v = vector_from(r.get::<_, &[u8]>(1));
-            let sim = crate::recall::cosine(query, &v);
-            let id = r.get::<_, i64>(0).to_string();
-            let importance = r.get::<_, f64>(2) as f32;
-            let cluster = g64(r, 3);
-            let stored = Stored {
-                bytes: r.get(4),
-                sealed: g32(r, 6),
-            };
-            let sources: Vec<String> =
-                serde_json::from_str(&r.get::<_, String>(5)).unwrap_or_default();
-            sums.offer(sim, |s| {
-                texts.insert(id.clone(), stored);
-                Hit {
-                    kind: HitKind::Summary,
-                    id,
-                    text: String::new(),
-                    similarity: s,
-                    importance,
-                    cluster,
-                    sources,
-                }
-            });
-        }
-        for mut h in sums.into_hits() {
-            if let Some(st) = texts.remove(&h.id) {
+        for mut h in sums {
+            if let Some(st) = h.id.parse().ok().and_then(|id| texts.remove(&id)) {
                 h.text = self
                     .reveal(&c, tenant, "cluster_summaries", &h.id, st)
                     .await?;

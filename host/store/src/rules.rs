@@ -1,0 +1,610 @@
+//! The rules every store enforces, written once. A store reads what a rule needs (with its own
+//! SQL, or from its maps), asks the rule, and writes what the rule answers: no store decides a
+//! chain, a memory's identity, a cluster's centroid, a summary's freshness, a ranking or a
+//! reset on its own. The conformance suite (`tests/conformance.rs`) proves that the in-memory
+//! store, SQLite and PostgreSQL keep them alike.
+
+use std::collections::BTreeSet;
+
+use crate::types::{
+    ClusterSummary, ClusterSummaryWrite, Compaction, Error, Hit, HitKind, Memory, MemoryFilter,
+    NewMemory, Scope, SummaryRow, SummaryWrite,
+};
+
+// ---- The summary chain ------------------------------------------------------------------
+
+/// The chain rule every store enforces before writing: rows of a session cover episodes
+/// `1..=n` exactly once, in order. `episodes` is the session's episode count and `prev` its
+/// latest row.
+pub fn check_chain(
+    session: &str,
+    episodes: u64,
+    prev: Option<&SummaryRow>,
+    w: &SummaryWrite,
+) -> Result<(), Error> {
+    let conflict =
+        |why: String| Error::Conflict(format!("summary chain rule for session '{session}': {why}"));
+    if w.last_episode > episodes || w.last_episode < w.first_episode || w.first_episode == 0 {
+        return Err(conflict(format!(
+            "coverage {}-{} is outside episodes 1-{episodes}",
+            w.first_episode, w.last_episode
+        )));
+    }
+    match (w.replaces, prev) {
+        (None, _) => {
+            let expect = prev.map_or(1, |p| p.last_episode + 1);
+            if w.first_episode != expect {
+                return Err(conflict(format!(
+                    "a new row must start at episode {expect}, not {}",
+                    w.first_episode
+                )));
+            }
+        }
+        (Some(id), Some(p)) if p.id == id => {
+            if w.first_episode != p.first_episode || w.last_episode <= p.last_episode {
+                return Err(conflict(format!(
+                    "an update of row {id} must keep its first episode {} and extend past {}",
+                    p.first_episode, p.last_episode
+                )));
+            }
+        }
+        (Some(id), _) => {
+            return Err(conflict(format!(
+                "row {id} is not the session's latest row"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The rule every store enforces before a compaction: the rows folded are the oldest rows of
+/// the active chain (`active`, oldest first), at least two, in order. Returns the new row's
+/// first and last episode and its level.
+pub fn check_compaction(
+    session: &str,
+    active: &[SummaryRow],
+    c: &Compaction,
+) -> Result<(u64, u64, u32), Error> {
+    let conflict = |why: String| {
+        Error::Conflict(format!(
+            "summary compaction rule for session '{session}': {why}"
+        ))
+    };
+    if c.rows.len() < 2 {
+        return Err(conflict("a compaction folds at least two rows".into()));
+    }
+    let head: Vec<u64> = active.iter().take(c.rows.len()).map(|r| r.id).collect();
+    if head != c.rows {
+        return Err(conflict(format!(
+            "rows {:?} are not the oldest rows of the active chain ({:?})",
+            c.rows, head
+        )));
+    }
+    let folded = &active[..c.rows.len()];
+    let level = folded.iter().map(|r| r.level).max().unwrap_or(0) + 1;
+    Ok((
+        folded[0].first_episode,
+        folded[folded.len() - 1].last_episode,
+        level,
+    ))
+}
+
+// ---- The reset cascade ------------------------------------------------------------------
+
+/// One step of forgetting a session (see [`RESET_CASCADE`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetStep {
+    /// Delete the rows of `table` whose `column` is the session's key.
+    Rows {
+        /// The table.
+        table: &'static str,
+        /// The column holding the session's key.
+        column: &'static str,
+    },
+    /// Delete the imported files that produced the session (their `sessions` list names it),
+    /// so the next backfill or watch reads them again and the session comes back.
+    SourcesNaming,
+    /// Delete the session's jobs that are not running.
+    JobsNotRunning,
+    /// Ask the session's running job to stop (its write would fail the chain rule against the
+    /// emptied session anyway).
+    CancelRunningJob,
+}
+
+/// Everything a reset forgets, in order, in one transaction: the session's summaries and
+/// episodes, its failure marker, file marks and the files it came from, its watched files,
+/// mode, focus and pins, its events (they carry its summaries' text), its jobs, and the
+/// session row itself. Every store walks this list; none keeps its own.
+pub const RESET_CASCADE: &[ResetStep] = &[
+    ResetStep::Rows {
+        table: "summaries",
+        column: "session",
+    },
+    ResetStep::Rows {
+        table: "episodes",
+        column: "session",
+    },
+    ResetStep::Rows {
+        table: "failure_markers",
+        column: "session",
+    },
+    ResetStep::Rows {
+        table: "source_marks",
+        column: "session",
+    },
+    ResetStep::SourcesNaming,
+    ResetStep::Rows {
+        table: "watched_files",
+        column: "session",
+    },
+    ResetStep::Rows {
+        table: "session_modes",
+        column: "session",
+    },
+    ResetStep::Rows {
+        table: "session_focus",
+        column: "session",
+    },
+    ResetStep::Rows {
+        table: "session_pins",
+        column: "session",
+    },
+    ResetStep::Rows {
+        table: "events",
+        column: "session_key",
+    },
+    ResetStep::JobsNotRunning,
+    ResetStep::CancelRunningJob,
+    ResetStep::Rows {
+        table: "sessions",
+        column: "id",
+    },
+];
+
+/// A SQL dialect's spelling of what the rules need in SQL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// SQLite: `?n` placeholders, JSON through `json_each`.
+    Sqlite,
+    /// PostgreSQL: `$n` placeholders, JSON through `jsonb`.
+    Postgres,
+}
+
+impl Dialect {
+    /// The `n`-th placeholder.
+    pub fn param(self, n: usize) -> String {
+        match self {
+            Dialect::Sqlite => format!("?{n}"),
+            Dialect::Postgres => format!("${n}"),
+        }
+    }
+
+    /// The memories' and clusters' `user` column (a reserved word in PostgreSQL).
+    pub fn user_column(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "user",
+            Dialect::Postgres => "\"user\"",
+        }
+    }
+}
+
+/// A reset step as one SQL statement with the session's key as its only parameter.
+pub fn reset_sql(step: ResetStep, d: Dialect) -> String {
+    let p = d.param(1);
+    match step {
+        ResetStep::Rows { table, column } => format!("DELETE FROM {table} WHERE {column} = {p}"),
+        ResetStep::SourcesNaming => match d {
+            Dialect::Sqlite => format!(
+                "DELETE FROM sources WHERE EXISTS (SELECT 1 FROM json_each(sources.sessions) WHERE value = {p})"
+            ),
+            Dialect::Postgres => format!("DELETE FROM sources WHERE sessions::jsonb ? {p}"),
+        },
+        ResetStep::JobsNotRunning => {
+            format!("DELETE FROM jobs WHERE session = {p} AND state != 'running'")
+        }
+        ResetStep::CancelRunningJob => {
+            format!(
+                "UPDATE jobs SET cancel_requested = 1 WHERE session = {p} AND state = 'running'"
+            )
+        }
+    }
+}
+
+// ---- Memories and their clusters --------------------------------------------------------
+
+/// Whether two scopes are the same.
+pub fn same_scope(a: &Scope, b: &Scope) -> bool {
+    (&a.user, &a.project, &a.environment, &a.kind, &a.key)
+        == (&b.user, &b.project, &b.environment, &b.kind, &b.key)
+}
+
+/// Whether a scope passes a filter (an absent field matches anything).
+pub fn matches(f: &MemoryFilter, s: &Scope) -> bool {
+    let ok = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+    ok(&f.user, &s.user)
+        && ok(&f.project, &s.project)
+        && ok(&f.environment, &s.environment)
+        && ok(&f.kind, &s.kind)
+        && ok(&f.key, &s.key)
+}
+
+/// [`matches`] in SQL: a `WHERE` fragment (after the tenant's own condition, parameter 1) over
+/// columns with the given prefix, and the values of every parameter: the tenant first, then
+/// the filter's fields.
+pub fn filter_sql(
+    d: Dialect,
+    tenant: &str,
+    f: &MemoryFilter,
+    prefix: &str,
+) -> (String, Vec<String>) {
+    let mut sql = String::new();
+    let mut args = vec![tenant.to_string()];
+    for (col, v) in [
+        (d.user_column(), &f.user),
+        ("project", &f.project),
+        ("environment", &f.environment),
+        ("kind", &f.kind),
+        ("key", &f.key),
+    ] {
+        if let Some(v) = v {
+            args.push(v.clone());
+            sql.push_str(&format!(" AND {prefix}{col} = {}", d.param(args.len())));
+        }
+    }
+    (sql, args)
+}
+
+/// A write of `m` whose id is already stored as `stored`: the same fact (scope and text) is an
+/// idempotent success, anything else is refused.
+pub fn check_same_memory(stored: &Memory, m: &NewMemory) -> Result<(), Error> {
+    if same_scope(&stored.scope, &m.scope) && stored.text == m.text {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "memory '{}' already exists with another scope or text; give a new id to store a different fact",
+            m.id
+        )))
+    }
+}
+
+/// A write of `m` into the cluster it names (`id`, which the guest chose by its centroid):
+/// `found` is that cluster's scope and vector model as the store reads them now. A cluster
+/// that is gone or changed since the guest looked refuses the write like a lost race.
+pub fn check_named_cluster(
+    id: u64,
+    found: Option<(&Scope, &str)>,
+    m: &NewMemory,
+) -> Result<(), Error> {
+    match found {
+        Some((scope, model)) if same_scope(scope, &m.scope) && model == m.model => Ok(()),
+        _ => Err(Error::Conflict(format!(
+            "cluster {id} changed under the write (it is gone or holds other vectors); write again"
+        ))),
+    }
+}
+
+/// A cluster's vector sum after `m` joins it (`sum` is the sum before; a new cluster's is
+/// empty). A vector of another length is refused.
+pub fn joined_sum(cluster: u64, mut sum: Vec<f32>, m: &NewMemory) -> Result<Vec<f32>, Error> {
+    if sum.is_empty() {
+        sum = vec![0.0; m.vector.len()];
+    }
+    if sum.len() != m.vector.len() {
+        return Err(Error::InvalidInput(format!(
+            "a vector of {} values does not match cluster {cluster}'s {}",
+            m.vector.len(),
+            sum.len()
+        )));
+    }
+    add_into(&mut sum, &m.vector, 1.0);
+    Ok(sum)
+}
+
+/// A cluster's vector sum after a member leaves: `left` members stay; the member's vector is
+/// taken out when it was made by the cluster's model (after a re-embedding it was already
+/// replaced), and an empty cluster's sum is zero.
+pub fn left_sum(
+    mut sum: Vec<f32>,
+    left: u32,
+    cluster_model: &str,
+    member_model: &str,
+    vector: &[f32],
+) -> Vec<f32> {
+    if left == 0 {
+        sum.iter_mut().for_each(|x| *x = 0.0);
+    } else if cluster_model == member_model {
+        add_into(&mut sum, vector, -1.0);
+    }
+    sum
+}
+
+/// A cluster's vector sum after its members were re-embedded: the sum of the vectors that
+/// reached a member of the cluster.
+pub fn sum_of<'a>(vectors: impl IntoIterator<Item = &'a [f32]>) -> Vec<f32> {
+    let mut sum: Vec<f32> = Vec::new();
+    for v in vectors {
+        if sum.is_empty() {
+            sum = vec![0.0; v.len()];
+        }
+        add_into(&mut sum, v, 1.0);
+    }
+    sum
+}
+
+/// A cluster's centroid: the mean of its members' vectors.
+pub fn centroid(sum: &[f32], members: u32) -> Vec<f32> {
+    sum.iter().map(|x| x / members.max(1) as f32).collect()
+}
+
+/// Add (`sign` 1) or subtract (`sign` -1) `v` into a vector sum.
+fn add_into(sum: &mut [f32], v: &[f32], sign: f32) {
+    for (s, x) in sum.iter_mut().zip(v) {
+        *s += sign * x;
+    }
+}
+
+/// Whether a cluster summary write may land: the summary it replaces is the one it expects
+/// (`current_hash`, the stored summary's member hash), and its sources are exactly the
+/// cluster's members now. The guest read both in this run; a change since then means the
+/// write is for an old set, and it is refused like a lost race.
+pub fn summary_write_allowed(
+    current_hash: Option<&str>,
+    w: &ClusterSummaryWrite,
+    members: &BTreeSet<String>,
+) -> bool {
+    if current_hash != w.expect.as_deref() {
+        return false;
+    }
+    let sources: BTreeSet<&String> = w.sources.iter().collect();
+    sources.len() == members.len() && members.iter().all(|m| sources.contains(m))
+}
+
+/// The summary row a write leaves: `current` is the row it replaces (its id and creation time
+/// stay), `new_id` the id a first summary of the cluster takes.
+pub fn summary_written(
+    current: Option<(u64, u64)>,
+    new_id: impl FnOnce() -> u64,
+    w: &ClusterSummaryWrite,
+) -> ClusterSummary {
+    let (id, created_ms) = current.unwrap_or_else(|| (new_id(), w.now_ms));
+    ClusterSummary {
+        id,
+        cluster: w.cluster,
+        text: w.text.clone(),
+        member_hash: w.member_hash.clone(),
+        sources: w.sources.clone(),
+        importance: w.importance,
+        tokens: w.tokens,
+        model: w.model.clone(),
+        calls: w.calls,
+        prompt_tokens: w.prompt_tokens,
+        output_tokens: w.output_tokens,
+        created_ms,
+        updated_ms: w.now_ms,
+    }
+}
+
+// ---- Recall -----------------------------------------------------------------------------
+
+/// Keeps the `limit` best hits seen: higher similarity first, ties by id.
+pub struct TopK {
+    limit: usize,
+    hits: Vec<Hit>,
+}
+
+impl TopK {
+    /// Empty, keeping `limit`.
+    pub fn new(limit: usize) -> TopK {
+        TopK {
+            limit,
+            hits: Vec::new(),
+        }
+    }
+
+    /// Offer a hit, made only when it may enter.
+    pub fn offer(&mut self, similarity: f32, make: impl FnOnce(f32) -> Hit) {
+        if self.limit == 0 {
+            return;
+        }
+        if self.hits.len() >= self.limit
+            && self
+                .hits
+                .last()
+                .is_some_and(|worst| similarity <= worst.similarity)
+        {
+            return;
+        }
+        let h = make(similarity);
+        let at = self.hits.partition_point(|x| {
+            x.similarity > similarity || (x.similarity == similarity && x.id < h.id)
+        });
+        self.hits.insert(at, h);
+        self.hits.truncate(self.limit);
+    }
+
+    /// The hits, best first.
+    pub fn into_hits(self) -> Vec<Hit> {
+        self.hits
+    }
+}
+
+/// A search's answer being assembled: the `limit` best memories, then the `limit` best
+/// cluster summaries, each ranked by cosine similarity to the query (the guest's own cosine,
+/// so a store ranks exactly as the component compares).
+pub struct Ranking {
+    memories: TopK,
+    summaries: TopK,
+}
+
+impl Ranking {
+    /// Empty, keeping `limit` of each kind.
+    pub fn new(limit: u32) -> Ranking {
+        Ranking {
+            memories: TopK::new(limit as usize),
+            summaries: TopK::new(limit as usize),
+        }
+    }
+
+    /// Offer a memory by its stored vector. The text may be filled later, for the hits kept
+    /// only ([`Ranking::into_hits`] keeps the order).
+    pub fn memory(
+        &mut self,
+        query: &[f32],
+        vector: &[f32],
+        make: impl FnOnce() -> (String, String, f32, u64),
+    ) {
+        self.memory_at(cosine(query, vector), make);
+    }
+
+    /// Offer a memory whose similarity was measured elsewhere (an ANN index).
+    pub fn memory_at(
+        &mut self,
+        similarity: f32,
+        make: impl FnOnce() -> (String, String, f32, u64),
+    ) {
+        self.memories.offer(similarity, |s| {
+            let (id, text, importance, cluster) = make();
+            Hit {
+                kind: HitKind::Memory,
+                id,
+                text,
+                similarity: s,
+                importance,
+                cluster,
+                sources: Vec::new(),
+            }
+        });
+    }
+
+    /// Offer a cluster summary by its stored vector.
+    pub fn summary(&mut self, query: &[f32], vector: &[f32], make: impl FnOnce() -> SummaryHit) {
+        self.summaries.offer(cosine(query, vector), |s| {
+            let h = make();
+            Hit {
+                kind: HitKind::Summary,
+                id: h.id.to_string(),
+                text: h.text,
+                similarity: s,
+                importance: h.importance,
+                cluster: h.cluster,
+                sources: h.sources,
+            }
+        });
+    }
+
+    /// The memories kept, best first, then the summaries kept, best first.
+    pub fn into_hits(self) -> (Vec<Hit>, Vec<Hit>) {
+        (self.memories.into_hits(), self.summaries.into_hits())
+    }
+}
+
+/// What a summary hit shows (see [`Ranking::summary`]).
+pub struct SummaryHit {
+    /// The summary's id.
+    pub id: u64,
+    /// Its text (may be filled later, for the hits kept only).
+    pub text: String,
+    /// Its importance.
+    pub importance: f32,
+    /// The cluster it summarizes.
+    pub cluster: u64,
+    /// The ids of the memories it was made from.
+    pub sources: Vec<String>,
+}
+
+/// Cosine similarity (0 for mismatched or zero vectors): the guest's own, summed in f64.
+pub use abridge_guest::embed::cosine;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scope() -> Scope {
+        Scope {
+            user: "u".into(),
+            project: "p".into(),
+            environment: "e".into(),
+            kind: "fact".into(),
+            key: "k".into(),
+        }
+    }
+
+    fn new_memory(v: Vec<f32>) -> NewMemory {
+        NewMemory {
+            id: "m".into(),
+            scope: scope(),
+            text: "t".into(),
+            importance: 0.5,
+            tokens: 1,
+            created_ms: 0,
+            model: "emb".into(),
+            vector: v,
+            cluster: None,
+        }
+    }
+
+    #[test]
+    fn a_cluster_sum_joins_leaves_and_refuses_another_length() {
+        let m = new_memory(vec![1.0, 2.0]);
+        let s = joined_sum(1, Vec::new(), &m).unwrap();
+        assert_eq!(s, vec![1.0, 2.0]);
+        let s = joined_sum(1, s, &m).unwrap();
+        assert_eq!(centroid(&s, 2), vec![1.0, 2.0]);
+        let e = joined_sum(1, s.clone(), &new_memory(vec![1.0])).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput(m) if m.contains("does not match cluster 1")));
+        assert_eq!(
+            left_sum(s.clone(), 1, "emb", "emb", &[1.0, 2.0]),
+            vec![1.0, 2.0]
+        );
+        assert_eq!(left_sum(s.clone(), 1, "new", "emb", &[1.0, 2.0]), s);
+        assert_eq!(left_sum(s, 0, "emb", "emb", &[9.0, 9.0]), vec![0.0, 0.0]);
+        assert_eq!(
+            sum_of([&[1.0f32, 1.0][..], &[2.0, 3.0][..]]),
+            vec![3.0, 4.0]
+        );
+    }
+
+    #[test]
+    fn a_named_cluster_must_still_hold_the_scope_and_model() {
+        let m = new_memory(vec![1.0]);
+        let other = Scope {
+            key: "other".into(),
+            ..scope()
+        };
+        assert!(check_named_cluster(3, Some((&scope(), "emb")), &m).is_ok());
+        for found in [None, Some((&other, "emb")), Some((&scope(), "old"))] {
+            let e = check_named_cluster(3, found, &m).unwrap_err();
+            assert!(matches!(e, Error::Conflict(m) if m.contains("cluster 3 changed")));
+        }
+    }
+
+    #[test]
+    fn the_reset_cascade_is_the_same_statement_list_in_both_dialects() {
+        let lite: Vec<String> = RESET_CASCADE
+            .iter()
+            .map(|s| reset_sql(*s, Dialect::Sqlite))
+            .collect();
+        let pg: Vec<String> = RESET_CASCADE
+            .iter()
+            .map(|s| reset_sql(*s, Dialect::Postgres))
+            .collect();
+        assert_eq!(lite.len(), pg.len());
+        assert_eq!(lite[0], "DELETE FROM summaries WHERE session = ?1");
+        assert_eq!(pg[0], "DELETE FROM summaries WHERE session = $1");
+        assert!(lite.last().unwrap().contains("FROM sessions WHERE id"));
+        let (sql, args) = filter_sql(
+            Dialect::Postgres,
+            "acme",
+            &MemoryFilter {
+                user: Some("ann".into()),
+                project: None,
+                environment: None,
+                kind: Some("fact".into()),
+                key: None,
+            },
+            "c.",
+        );
+        assert_eq!(sql, " AND c.\"user\" = $2 AND c.kind = $3");
+        assert_eq!(args, vec!["acme", "ann", "fact"]);
+    }
+}

@@ -1,0 +1,637 @@
+//! The store conformance suite: every store trait (`Store`, `RecallStore`, and the app's
+//! tables) behaves the same on the in-memory store, SQLite and PostgreSQL. It runs in every
+//! `cargo test`; PostgreSQL is started by the harness and reported SKIPPED when it is not
+//! installed (`ABRIDGE_REQUIRE_PG=1`, as in CI, makes that a failure).
+
+use std::sync::Arc;
+
+use abridge_engine::types::{
+    CachedAnswer, ClusterSummaryWrite, Compaction, Error, FailureMarker, MemoryFilter, Mode,
+    NewEpisode, NewMemory, Role, Scope, SummaryWrite,
+};
+use abridge_store::jobs::{Claim, Job, JobState};
+use abridge_store::sources::{SessionMode, Source, WatchedFile};
+use abridge_store::tenant::Tenant;
+use abridge_store::{AppStore, EventRow, JobScope, MemoryStore, PgStore, SqliteStore, TenantCap};
+
+fn ep(i: usize, key: &str) -> NewEpisode {
+    NewEpisode {
+        role: if i.is_multiple_of(2) {
+            Role::User
+        } else {
+            Role::Assistant
+        },
+        content: format!("message {i} about /srv/app/{i}.toml"),
+        timestamp_ms: Some(1_000 + i as i64),
+        source_key: key.to_string(),
+        tokens: 10,
+        speaker: None,
+    }
+}
+
+fn write(replaces: Option<u64>, first: u64, last: u64, text: &str) -> SummaryWrite {
+    SummaryWrite {
+        replaces,
+        first_episode: first,
+        last_episode: last,
+        content: text.into(),
+        tokens: 5,
+        prompt_tokens: 100,
+        output_tokens: 20,
+        model: "m".into(),
+        now_ms: 5_000,
+        skipped: Vec::new(),
+        ledger: Vec::new(),
+        ledger_dropped: 0,
+    }
+}
+
+fn scope(key: &str) -> Scope {
+    Scope {
+        user: "u".into(),
+        project: "p".into(),
+        environment: "e".into(),
+        kind: "fact".into(),
+        key: key.into(),
+    }
+}
+
+fn memory(id: &str, text: &str, v: [f32; 3], cluster: Option<u64>) -> NewMemory {
+    NewMemory {
+        id: id.into(),
+        scope: scope("k"),
+        text: text.into(),
+        importance: 0.5,
+        tokens: 4,
+        created_ms: 10,
+        model: "emb".into(),
+        vector: v.to_vec(),
+        cluster,
+    }
+}
+
+fn conflict(r: Result<impl std::fmt::Debug, Error>) -> String {
+    match r {
+        Err(Error::Conflict(m)) => m,
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+}
+
+/// The rules every store keeps, whatever keeps the rows.
+async fn conformance(name: &str, s: Arc<dyn AppStore>) {
+    // Episodes: dense ids, a source key once.
+    let eps: Vec<NewEpisode> = (1..=4).map(|i| ep(i, &format!("k{i}"))).collect();
+    assert_eq!(
+        s.append_episodes("s", eps.clone()).await.unwrap(),
+        4,
+        "{name}"
+    );
+    assert_eq!(s.append_episodes("s", eps).await.unwrap(), 0, "{name}");
+    assert_eq!(
+        s.append_episodes("s", vec![ep(5, "k5"), ep(5, "k5")])
+            .await
+            .unwrap(),
+        1,
+        "{name}"
+    );
+    let st = s.stats("s").await.unwrap();
+    assert_eq!((st.episodes, st.total_tokens), (5, 50), "{name}");
+    let after = s.episodes_after("s", 2, 2).await.unwrap();
+    assert_eq!(
+        after.iter().map(|e| e.id).collect::<Vec<_>>(),
+        vec![3, 4],
+        "{name}"
+    );
+    assert_eq!(after[0].timestamp_ms, Some(1_003), "{name}");
+    assert_eq!(s.stats("nobody").await.unwrap().episodes, 0, "{name}");
+
+    // The chain rule: new rows start after the last, updates extend the latest.
+    let r1 = s
+        .write_summary("s", write(None, 1, 2, "one"))
+        .await
+        .unwrap();
+    assert!(
+        conflict(s.write_summary("s", write(None, 2, 3, "x")).await).contains("start at episode 3")
+    );
+    assert!(conflict(s.write_summary("s", write(None, 3, 9, "x")).await).contains("outside"));
+    let r2 = s
+        .write_summary("s", write(None, 3, 3, "two"))
+        .await
+        .unwrap();
+    assert!(conflict(s.write_summary("s", write(Some(r1.id), 1, 4, "x")).await).contains("latest"));
+    let r2b = s
+        .write_summary("s", write(Some(r2.id), 3, 4, "two+"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r2b.id, r2b.last_episode, r2b.content.as_str()),
+        (r2.id, 4, "two+"),
+        "{name}"
+    );
+    let r3 = s
+        .write_summary("s", write(None, 5, 5, "three"))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.latest_summary("s").await.unwrap().unwrap().id,
+        r3.id,
+        "{name}"
+    );
+    assert!(matches!(
+        s.write_summary("ghost", write(None, 1, 1, "x")).await,
+        Err(Error::InvalidInput(_))
+    ));
+    // Compaction folds the oldest rows only.
+    let comp = |rows: Vec<u64>| Compaction {
+        rows,
+        content: "earlier".into(),
+        tokens: 3,
+        prompt_tokens: 1,
+        output_tokens: 1,
+        model: "m".into(),
+        now_ms: 6_000,
+        skipped: Vec::new(),
+        ledger: Vec::new(),
+        ledger_dropped: 0,
+    };
+    conflict(s.compact_summaries("s", comp(vec![r2.id, r3.id])).await);
+    let c = s
+        .compact_summaries("s", comp(vec![r1.id, r2.id]))
+        .await
+        .unwrap();
+    assert_eq!(
+        (c.first_episode, c.last_episode, c.level),
+        (1, 4, 1),
+        "{name}"
+    );
+    let active: Vec<u64> = s
+        .summaries("s")
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(active, vec![c.id, r3.id], "{name}");
+    let history = s.summary_history("s").await.unwrap();
+    assert_eq!(history.len(), 4, "{name}");
+    assert_eq!(history[1].compacted_into, Some(c.id), "{name}");
+
+    // Failure markers, partials, calibration, sessions.
+    let m = FailureMarker {
+        failures: 2,
+        last_error: "boom".into(),
+        retry_after_ms: 9,
+        failed_ms: 8,
+    };
+    s.set_failure("s", Some(m.clone())).await.unwrap();
+    assert_eq!(s.failure("s").await.unwrap().unwrap().failures, 2, "{name}");
+    s.set_failure("s", None).await.unwrap();
+    assert!(s.failure("s").await.unwrap().is_none(), "{name}");
+    let a = CachedAnswer {
+        text: "p".into(),
+        prompt_tokens: 3,
+        output_tokens: 4,
+    };
+    s.put_partial("key", &a).await.unwrap();
+    s.put_partial("key", &a).await.unwrap();
+    assert_eq!(
+        s.partial("key").await.unwrap().unwrap().output_tokens,
+        4,
+        "{name}"
+    );
+    s.record_calibration("m", 10, 12).await.unwrap();
+    s.record_calibration("m", 10, 12).await.unwrap();
+    let cal = s.calibration("m").await.unwrap().unwrap();
+    assert_eq!((cal.estimated, cal.reported), (20, 24), "{name}");
+    s.append_episodes("t", vec![ep(1, "a")]).await.unwrap();
+    assert_eq!(s.sessions().await.unwrap(), vec!["t", "s"], "{name}");
+
+    // Per-session settings and sources.
+    s.set_session_mode(
+        "s",
+        Some(&SessionMode {
+            mode: Mode::Window,
+            quiescence_secs: Some(30),
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.session_mode("s").await.unwrap().unwrap().quiescence_secs,
+        Some(30)
+    );
+    s.set_session_focus("s", Some("paths")).await.unwrap();
+    assert_eq!(
+        s.session_focus("s").await.unwrap().as_deref(),
+        Some("paths")
+    );
+    assert!(s.set_pin("s", 3, true).await.unwrap());
+    assert!(!s.set_pin("s", 3, true).await.unwrap());
+    assert_eq!(s.pins("s").await.unwrap(), vec![3], "{name}");
+    let src = Source {
+        path: "/x.jsonl".into(),
+        size: 10,
+        mtime_ms: 1,
+        sha256: "h".into(),
+        status: "imported".into(),
+        sessions: vec!["s".into()],
+        episodes: 5,
+        detail: None,
+    };
+    s.put_source(&src, 1).await.unwrap();
+    s.put_source(&src, 2).await.unwrap();
+    assert_eq!(
+        s.source("/x.jsonl").await.unwrap().unwrap().sessions,
+        vec!["s"]
+    );
+    s.put_watched(
+        &WatchedFile {
+            path: "/x.jsonl".into(),
+            session: Some("s".into()),
+            format: None,
+            offset: 7,
+            lines: Some(2),
+        },
+        1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.watched_files().await.unwrap()[0].offset, 7, "{name}");
+    s.record_mark("s", "/x.jsonl", 4, 100).await.unwrap();
+    assert_eq!(s.mark_covering("s", 5).await.unwrap().unwrap().bytes, 100);
+    // A reset forgets all of it, the file included; the other session stays.
+    s.reset_session("s").await.unwrap();
+    assert_eq!(s.stats("s").await.unwrap().episodes, 0, "{name}");
+    assert!(s.summary_history("s").await.unwrap().is_empty(), "{name}");
+    assert!(s.source("/x.jsonl").await.unwrap().is_none(), "{name}");
+    assert!(s.pins("s").await.unwrap().is_empty(), "{name}");
+    assert!(s.session_mode("s").await.unwrap().is_none(), "{name}");
+    assert_eq!(s.sessions().await.unwrap(), vec!["t"], "{name}");
+
+    // Jobs: one active per key, claims, the tenant cap, leases. (Whether a lease is live is
+    // the job service's rule; here a running job is live until its lease runs out.)
+    let cfg = abridge_engine::types::config_to_json(&abridge_engine::types::Config::default())
+        .to_string();
+    let live_at = |now: u64| {
+        move |j: &Job| j.state == JobState::Running && j.lease_until_ms.is_some_and(|u| u > now)
+    };
+    let acme = Tenant::new("acme").unwrap();
+    let acme_scope = JobScope::Keys(&acme.key(""), "acme\u{20}");
+    let acme_cap = || {
+        Some(TenantCap {
+            scope: JobScope::Keys(Box::leak(acme.key("").into_boxed_str()), "acme\u{20}"),
+            max: 1,
+        })
+    };
+    let (j1, new) = s.job_enqueue(&acme.key("a"), 3, &cfg, 1_000).await.unwrap();
+    assert!(new, "{name}");
+    let (again, created) = s.job_enqueue(&acme.key("a"), 3, &cfg, 1_000).await.unwrap();
+    assert_eq!(
+        (again.id, created),
+        (j1.id, false),
+        "{name}: one active job per session and target"
+    );
+    let (j2, _) = s.job_enqueue(&acme.key("b"), 1, &cfg, 1_000).await.unwrap();
+    let (j3, _) = s
+        .job_enqueue(&Tenant::local().key("c"), 1, &cfg, 1_000)
+        .await
+        .unwrap();
+    let live = live_at(1_000);
+    let store = &s;
+    let claim = |id, owner: &'static str, cap| {
+        let live = &live;
+        async move {
+            store
+                .job_claim(id, owner, 1_000, 61_000, live, cap)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(
+        matches!(claim(j1.id, "h1:1", acme_cap()).await, Claim::Taken(_)),
+        "{name}"
+    );
+    assert!(
+        matches!(claim(j1.id, "h2:1", None).await, Claim::Busy(_)),
+        "{name}"
+    );
+    // acme runs one job (its cap) on h1: h2 may not take its second, but may take another
+    // tenant's.
+    assert!(
+        matches!(claim(j2.id, "h2:1", acme_cap()).await, Claim::Busy(_)),
+        "{name}"
+    );
+    let local_cap = Some(TenantCap {
+        scope: JobScope::Local,
+        max: 1,
+    });
+    assert!(
+        matches!(claim(j3.id, "h2:1", local_cap).await, Claim::Taken(_)),
+        "{name}"
+    );
+    assert_eq!(
+        s.jobs_list(Some(acme_scope), None, 10).await.unwrap().len(),
+        2,
+        "{name}"
+    );
+    assert_eq!(
+        s.jobs_list(Some(JobScope::Local), None, 10)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "{name}"
+    );
+    s.job_finish(j1.id, JobState::Succeeded, None, 2_000)
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim(j2.id, "h2:1", acme_cap()).await, Claim::Taken(_)),
+        "{name}"
+    );
+    // The heartbeat of the lease holder renews it; anyone else has lost it.
+    let p = abridge_engine::Progress::default();
+    assert_eq!(
+        s.job_heartbeat(j2.id, "h2:1", 90_000, p, 0, 3_000)
+            .await
+            .unwrap(),
+        abridge_store::jobs::Beat::Go,
+        "{name}"
+    );
+    assert_eq!(
+        s.job_heartbeat(j2.id, "h1:1", 90_000, p, 0, 3_000)
+            .await
+            .unwrap(),
+        abridge_store::jobs::Beat::Lost,
+        "{name}"
+    );
+    // A lease that runs out passes on: the job is claimed again, as attempt 2.
+    let later = live_at(100_000);
+    match s
+        .job_claim(j2.id, "h1:1", 100_000, 160_000, &later, None)
+        .await
+        .unwrap()
+    {
+        Claim::Taken(j) => assert_eq!((j.attempts, j.lease_owner.as_deref()), (2, Some("h1:1"))),
+        other => panic!("{name}: {other:?}"),
+    }
+    assert_eq!(s.jobs_active().await.unwrap().len(), 2, "{name}");
+    let counts = s.job_counts().await.unwrap();
+    assert!(
+        counts.contains(&("succeeded".to_string(), 1)),
+        "{name}: {counts:?}"
+    );
+
+    // Tokens.
+    let id = s
+        .insert_token("acme", "hash1", "abr_1", false, Some("l"), 1)
+        .await
+        .unwrap();
+    assert!(s.any_live_token().await.unwrap(), "{name}");
+    assert_eq!(s.live_token("hash1").await.unwrap().unwrap().tenant, "acme");
+    assert!(s.revoke_token(id, 2).await.unwrap() && !s.revoke_token(id, 3).await.unwrap());
+    assert!(s.live_token("hash1").await.unwrap().is_none(), "{name}");
+
+    // Events: dense ids per tenant, bounded.
+    let ev = |kind: &str| EventRow {
+        tenant: "acme".into(),
+        id: 0,
+        kind: kind.into(),
+        at_ms: 1,
+        session_key: None,
+        job: Some(1),
+        data: "{}".into(),
+    };
+    assert_eq!(
+        s.append_events("acme", 0, &[ev("a"), ev("b")], 3)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.append_events("acme", 5, &[ev("c"), ev("d")], 3)
+            .await
+            .unwrap(),
+        6
+    );
+    let after: Vec<u64> = s
+        .events_after("acme", 0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(
+        after,
+        vec![6, 7],
+        "{name}: ids within `keep` of the newest are kept"
+    );
+    assert_eq!(
+        s.event_heads().await.unwrap(),
+        vec![("acme".to_string(), 7)],
+        "{name}"
+    );
+    assert_eq!(s.recent_events(2).await.unwrap().len(), 2, "{name}");
+
+    // Recall: clusters keep sums, summaries cover exactly their members, tenants are apart.
+    let a = s
+        .put_memory(
+            "acme",
+            memory("m1", "the port is 8080", [1.0, 0.0, 0.0], None),
+        )
+        .await
+        .unwrap();
+    assert!(a.created && a.members == 1, "{name}");
+    let b = s
+        .put_memory(
+            "acme",
+            memory("m2", "the port is 8081", [0.0, 1.0, 0.0], Some(a.cluster)),
+        )
+        .await
+        .unwrap();
+    assert_eq!((b.cluster, b.members), (a.cluster, 2), "{name}");
+    assert!(
+        !s.put_memory(
+            "acme",
+            memory("m1", "the port is 8080", [1.0, 0.0, 0.0], None)
+        )
+        .await
+        .unwrap()
+        .created
+    );
+    assert!(
+        s.put_memory("acme", memory("m1", "other", [1.0, 0.0, 0.0], None))
+            .await
+            .is_err()
+    );
+    conflict(
+        s.put_memory("acme", memory("m3", "x", [1.0, 0.0, 0.0], Some(99)))
+            .await,
+    );
+    let cents = s.centroids("acme", &scope("k")).await.unwrap();
+    assert_eq!(cents[0].vector, vec![0.5, 0.5, 0.0], "{name}");
+    assert!(
+        s.centroids("globex", &scope("k")).await.unwrap().is_empty(),
+        "{name}"
+    );
+    let w = |expect: Option<String>, sources: Vec<&str>| ClusterSummaryWrite {
+        cluster: a.cluster,
+        expect,
+        member_hash: "h1".into(),
+        sources: sources.into_iter().map(String::from).collect(),
+        text: "ports 8080 and 8081".into(),
+        tokens: 5,
+        importance: 0.5,
+        model: "m".into(),
+        vector_model: "emb".into(),
+        vector: vec![0.5, 0.5, 0.0],
+        calls: 1,
+        prompt_tokens: 10,
+        output_tokens: 5,
+        now_ms: 20,
+    };
+    assert!(
+        !s.write_cluster_summary("acme", w(None, vec!["m1"]))
+            .await
+            .unwrap(),
+        "{name}"
+    );
+    assert!(
+        s.write_cluster_summary("acme", w(None, vec!["m1", "m2"]))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.write_cluster_summary("acme", w(None, vec!["m1", "m2"]))
+            .await
+            .unwrap()
+    );
+    let sum = s.cluster_summary("acme", a.cluster).await.unwrap().unwrap();
+    assert_eq!(sum.text, "ports 8080 and 8081", "{name}");
+    let hits = s
+        .search("acme", &[1.0, 0.0, 0.0], "emb", &MemoryFilter::default(), 5)
+        .await
+        .unwrap();
+    assert_eq!(hits[0].id, "m1", "{name}");
+    assert_eq!(hits[0].text, "the port is 8080", "{name}");
+    assert!(hits.iter().any(|h| h.sources.len() == 2), "{name}");
+    assert!(
+        s.search(
+            "globex",
+            &[1.0, 0.0, 0.0],
+            "emb",
+            &MemoryFilter::default(),
+            5
+        )
+        .await
+        .unwrap()
+        .is_empty()
+    );
+    let (list, total) = s
+        .list_memories("acme", &MemoryFilter::default(), 1, 5)
+        .await
+        .unwrap();
+    assert_eq!(
+        (list.len(), total, list[0].id.as_str()),
+        (1, 2, "m2"),
+        "{name}"
+    );
+    let cl = s.clusters("acme", &MemoryFilter::default()).await.unwrap();
+    assert_eq!(cl[0].member_ids, vec!["m1", "m2"], "{name}");
+    let v = s.cluster_version("acme", a.cluster).await.unwrap().unwrap();
+    assert!(
+        !s.unsettled(Some("acme"), 10).await.unwrap().is_empty(),
+        "{name}"
+    );
+    s.settle("acme", a.cluster, v).await.unwrap();
+    assert!(
+        s.unsettled(Some("acme"), 10).await.unwrap().is_empty(),
+        "{name}"
+    );
+    assert!(
+        s.claim_cluster("acme", a.cluster, "o1", 1, 100)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.claim_cluster("acme", a.cluster, "o2", 50, 100)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.claim_cluster("acme", a.cluster, "o2", 100, 200)
+            .await
+            .unwrap()
+    );
+    s.release_cluster("acme", a.cluster, "o2").await.unwrap();
+    let gone = s.delete_memory("acme", "m2").await.unwrap().unwrap();
+    assert_eq!(gone.text, "the port is 8081", "{name}");
+    assert!(
+        s.delete_memory("acme", "m2").await.unwrap().is_none(),
+        "{name}"
+    );
+    assert_eq!(
+        s.centroids("acme", &scope("k")).await.unwrap()[0].vector,
+        vec![1.0, 0.0, 0.0]
+    );
+    s.add_usage("acme", "2026-11-03", 1, 10, 5).await.unwrap();
+    s.add_usage("acme", "2026-11-03", 1, 10, 5).await.unwrap();
+    s.add_usage("acme", "2026-11-21", 3, 7, 1).await.unwrap();
+    s.add_usage("acme", "2026-10-31", 9, 9, 9).await.unwrap();
+    s.add_usage("other", "2026-11-03", 4, 4, 4).await.unwrap();
+    assert_eq!(
+        s.usage("acme", "2026-11").await.unwrap(),
+        (5, 27, 11),
+        "{name}"
+    );
+    let days: Vec<(String, u64, u64, u64)> = s
+        .usage_days("acme", "2026-11")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.day, d.calls, d.prompt_tokens, d.output_tokens))
+        .collect();
+    assert_eq!(
+        days,
+        vec![
+            ("2026-11-03".to_string(), 2, 20, 10),
+            ("2026-11-21".to_string(), 3, 7, 1)
+        ],
+        "{name}"
+    );
+    s.forget_tenant("acme").await.unwrap();
+    assert!(
+        s.get_memory("acme", "m1").await.unwrap().is_none(),
+        "{name}"
+    );
+    assert_eq!(
+        s.usage("acme", "2026-11").await.unwrap(),
+        (0, 0, 0),
+        "{name}"
+    );
+    assert!(
+        s.usage_days("acme", "2026-11").await.unwrap().is_empty(),
+        "{name}"
+    );
+    assert_eq!(s.usage("other", "2026-11").await.unwrap(), (4, 4, 4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_conformance_suite_passes_on_sqlite_memory_and_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    conformance("memory", Arc::new(MemoryStore::new())).await;
+    conformance(
+        "sqlite",
+        Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap()),
+    )
+    .await;
+    if let Some((pg, _)) = pg("conformance").await {
+        conformance("postgres", Arc::new(pg)).await;
+    }
+}
+
+/// A PostgreSQL store on a new database (`None`, after SKIPPED, without PostgreSQL).
+async fn pg(label: &str) -> Option<(PgStore, String)> {
+    let url = abridge_test_llm::pg::shared()?.database(label);
+    Some((PgStore::connect(&url).await.expect("connect"), url))
+}

@@ -1,0 +1,183 @@
+//! The two SQL schemas cannot drift: SQLite's (`src/migrations/*.sql`, applied in order) and
+//! PostgreSQL's (`src/pg/*.sql`) are read back from real databases after every migration has
+//! run, and must have the same tables, the same columns in each, and the same indexes by
+//! name. A column or index added to one dialect only fails this test; the few differences
+//! that are on purpose are listed, with the reason, in [`ONLY_IN`].
+//!
+//! PostgreSQL is started by the harness; without it the comparison reports SKIPPED (CI sets
+//! `ABRIDGE_REQUIRE_PG=1`, which makes that a failure).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use abridge_store::{PgStore, SqliteStore};
+
+/// Tables, each with its columns, and index names.
+#[derive(Debug, Default, PartialEq)]
+struct Schema {
+    tables: BTreeMap<String, BTreeSet<String>>,
+    indexes: BTreeSet<String>,
+}
+
+/// What one dialect has and the other lacks, on purpose: (dialect, kind, name, why).
+const ONLY_IN: &[(&str, &str, &str, &str)] = &[
+    (
+        "postgres",
+        "table",
+        "abridge_schema",
+        "PostgreSQL's migration counter (written under an advisory lock); SQLite keeps it in PRAGMA user_version",
+    ),
+    (
+        "postgres",
+        "table",
+        "model_slots",
+        "leased model slots shared by several instances; one SQLite process bounds its calls in memory",
+    ),
+    (
+        "postgres",
+        "index",
+        "model_slots_tenant",
+        "the index of model_slots (see that table)",
+    ),
+    (
+        "sqlite",
+        "index",
+        "clusters_changed",
+        "PostgreSQL names it clusters_changed_idx: there clusters_changed is the sequence it orders by, and sequences and indexes share one namespace",
+    ),
+    (
+        "postgres",
+        "index",
+        "clusters_changed_idx",
+        "SQLite's clusters_changed (see there)",
+    ),
+];
+
+fn expected_only(dialect: &str, kind: &str) -> BTreeSet<String> {
+    ONLY_IN
+        .iter()
+        .filter(|(d, k, _, _)| *d == dialect && *k == kind)
+        .map(|(_, _, n, _)| n.to_string())
+        .collect()
+}
+
+fn sqlite_schema() -> Schema {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("schema.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let names = |sql: &str| -> Vec<String> {
+        let mut st = c.prepare(sql).unwrap();
+        st.query_map([], |r| r.get::<_, String>(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let mut s = Schema::default();
+    for t in
+        names("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+    {
+        let cols = names(&format!("SELECT name FROM pragma_table_info('{t}')"));
+        s.tables.insert(t, cols.into_iter().collect());
+    }
+    s.indexes = names(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_autoindex_%'",
+    )
+    .into_iter()
+    .collect();
+    s
+}
+
+async fn postgres_schema() -> Option<Schema> {
+    let url = abridge_test_llm::pg::shared()?.database("schema");
+    drop(PgStore::connect(&url).await.expect("connect"));
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let mut s = Schema::default();
+    for r in c
+        .query(
+            "SELECT table_name::text, column_name::text FROM information_schema.columns WHERE table_schema = current_schema()",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let column: String = r.get(1);
+        // pgvector's copy of `vector` (added when the extension is there, see pg/ann.rs).
+        if column == "embedding" {
+            continue;
+        }
+        s.tables.entry(r.get(0)).or_default().insert(column);
+    }
+    // The indexes behind primary keys and UNIQUE constraints are named by PostgreSQL itself
+    // (`<table>_pkey`, `<table>_<column>_key`); SQLite's are implicit.
+    for r in c
+        .query(
+            "SELECT indexname::text FROM pg_indexes WHERE schemaname = current_schema() AND indexname NOT IN (SELECT conname FROM pg_constraint)",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        s.indexes.insert(r.get(0));
+    }
+    Some(s)
+}
+
+/// The names in `a` that `b` lacks.
+fn missing<'a>(a: impl Iterator<Item = &'a String>, b: &BTreeSet<&'a String>) -> BTreeSet<String> {
+    a.filter(|x| !b.contains(x)).cloned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
+    let lite = sqlite_schema();
+    assert!(lite.tables.contains_key("episodes"), "{lite:?}");
+    let Some(pg) = postgres_schema().await else {
+        return;
+    };
+    let lt: BTreeSet<&String> = lite.tables.keys().collect();
+    let pt: BTreeSet<&String> = pg.tables.keys().collect();
+    assert_eq!(
+        missing(lite.tables.keys(), &pt),
+        expected_only("sqlite", "table"),
+        "tables only in SQLite's migrations: add them to src/pg/ (or list them in ONLY_IN with the reason)"
+    );
+    assert_eq!(
+        missing(pg.tables.keys(), &lt),
+        expected_only("postgres", "table"),
+        "tables only in PostgreSQL's schema: add them to src/migrations/ (or list them in ONLY_IN with the reason)"
+    );
+    let mut drift = Vec::new();
+    for (t, cols) in &lite.tables {
+        let Some(other) = pg.tables.get(t) else {
+            continue;
+        };
+        if cols != other {
+            drift.push(format!(
+                "{t}: only in SQLite {:?}, only in PostgreSQL {:?}",
+                cols.difference(other).collect::<Vec<_>>(),
+                other.difference(cols).collect::<Vec<_>>()
+            ));
+        }
+    }
+    assert!(drift.is_empty(), "columns differ:\n{}", drift.join("\n"));
+    let li: BTreeSet<&String> = lite.indexes.iter().collect();
+    let pi: BTreeSet<&String> = pg.indexes.iter().collect();
+    assert_eq!(
+        missing(lite.indexes.iter(), &pi),
+        expected_only("sqlite", "index"),
+        "indexes only in SQLite"
+    );
+    // pgvector's per-model HNSW indexes are made at run time, not by the schema.
+    let pg_only: BTreeSet<String> = missing(pg.indexes.iter(), &li)
+        .into_iter()
+        .filter(|i| !i.starts_with("memories_ann_"))
+        .collect();
+    assert_eq!(
+        pg_only,
+        expected_only("postgres", "index"),
+        "indexes only in PostgreSQL"
+    );
+}
