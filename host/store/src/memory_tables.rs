@@ -7,10 +7,11 @@ use async_trait::async_trait;
 use super::MemoryStore;
 use super::tables::{
     EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TenantCap, TokenRow,
-    TokenStore, in_scope,
+    TokenStore,
 };
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
+use crate::rules;
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
 use crate::types::Error;
 
@@ -149,39 +150,27 @@ impl JobStore for MemoryStore {
     ) -> Result<Claim, Error> {
         self.tables(|t| {
             let job = t.jobs.get(&id).cloned().ok_or_else(|| no_job(id))?;
-            if !job.state.is_active() {
-                return Ok(Claim::Finished(job));
-            }
-            let busy = live(&job)
-                || t.jobs.values().any(|o| {
-                    o.session == job.session
-                        && o.id != id
-                        && o.state == JobState::Running
-                        && live(o)
-                });
-            let capped = cap.is_some_and(|cap| {
+            let job = match rules::claim_first(job, live) {
+                Ok(job) => job,
+                Err(answer) => return Ok(answer),
+            };
+            let others: Vec<Job> = t
+                .jobs
+                .values()
+                .filter(|o| o.session == job.session && o.id != id && o.state == JobState::Running)
+                .cloned()
+                .collect();
+            let running = cap.map_or(0, |cap| {
                 t.jobs
                     .values()
-                    .filter(|o| {
-                        o.id != id
-                            && o.state == JobState::Running
-                            && o.lease_until_ms.is_some_and(|u| u > now_ms)
-                            && in_scope(cap.scope, &o.session)
-                    })
+                    .filter(|o| rules::counts_against_cap(o, id, now_ms, cap))
                     .count()
-                    >= cap.max
             });
-            if busy || capped {
-                return Ok(Claim::Busy(job));
+            if let Err(answer) = rules::claim_rest(job, &others, live, running, cap) {
+                return Ok(answer);
             }
             let j = t.jobs.get_mut(&id).ok_or_else(|| no_job(id))?;
-            j.state = JobState::Running;
-            j.attempts += 1;
-            j.lease_owner = Some(owner.to_string());
-            j.lease_until_ms = Some(until_ms);
-            j.started_ms.get_or_insert(now_ms);
-            j.updated_ms = now_ms;
-            j.error = None;
+            rules::claimed(j, owner, now_ms, until_ms);
             Ok(Claim::Taken(j.clone()))
         })
     }

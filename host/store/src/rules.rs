@@ -6,6 +6,8 @@
 
 use std::collections::BTreeSet;
 
+use crate::jobs::{Claim, Job, JobState};
+use crate::tables::{Liveness, TenantCap, in_scope};
 use crate::types::{
     ClusterSummary, ClusterSummaryWrite, Compaction, Error, Hit, HitKind, Memory, MemoryFilter,
     NewMemory, Scope, SummaryRow, SummaryWrite,
@@ -87,6 +89,60 @@ pub fn check_compaction(
         folded[folded.len() - 1].last_episode,
         level,
     ))
+}
+
+// ---- Job claims -------------------------------------------------------------------------
+
+/// The claim rule's first step, on the job as stored: a job in a final state is
+/// [`Claim::Finished`], one a live worker holds is [`Claim::Busy`]; otherwise the claim goes on
+/// (`Ok`) to [`claim_rest`].
+pub fn claim_first(job: Job, live: Liveness<'_>) -> Result<Job, Claim> {
+    if !job.state.is_active() {
+        return Err(Claim::Finished(job));
+    }
+    if live(&job) {
+        return Err(Claim::Busy(job));
+    }
+    Ok(job)
+}
+
+/// The claim rule's second step: one running job per session, so another running job of the
+/// session that a live worker holds (`others`: the session's other running jobs) makes it
+/// [`Claim::Busy`]; so does the tenant's cap, when `running` (the tenant's other running jobs
+/// whose leases last past now, see [`counts_against_cap`]) reaches `cap.max`.
+pub fn claim_rest(
+    job: Job,
+    others: &[Job],
+    live: Liveness<'_>,
+    running: usize,
+    cap: Option<TenantCap<'_>>,
+) -> Result<Job, Claim> {
+    if others.iter().any(live) || cap.is_some_and(|cap| running >= cap.max) {
+        return Err(Claim::Busy(job));
+    }
+    Ok(job)
+}
+
+/// Whether `other` counts against the cap of a claim of job `id` at `now_ms`: another job of
+/// the cap's tenant, running under a lease that lasts past now.
+pub fn counts_against_cap(other: &Job, id: u64, now_ms: u64, cap: TenantCap<'_>) -> bool {
+    other.id != id
+        && other.state == JobState::Running
+        && other.lease_until_ms.is_some_and(|u| u > now_ms)
+        && in_scope(cap.scope, &other.session)
+}
+
+/// A job as a claim leaves it: running under `owner`'s lease until `until_ms`, one more
+/// attempt, its first start kept, its last error cleared. (The SQL stores write the same in
+/// one `UPDATE`.)
+pub fn claimed(job: &mut Job, owner: &str, now_ms: u64, until_ms: u64) {
+    job.state = JobState::Running;
+    job.attempts += 1;
+    job.lease_owner = Some(owner.to_string());
+    job.lease_until_ms = Some(until_ms);
+    job.started_ms.get_or_insert(now_ms);
+    job.updated_ms = now_ms;
+    job.error = None;
 }
 
 // ---- The reset cascade ------------------------------------------------------------------

@@ -6,7 +6,7 @@ use rusqlite::{OptionalExtension, params};
 use super::SqliteStore;
 use super::tables::{
     EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TenantCap, TokenRow,
-    TokenStore, in_scope,
+    TokenStore,
 };
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
@@ -120,33 +120,28 @@ impl JobStore for SqliteStore {
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(db_err)?;
             let job = one_job(&tx, id)?.ok_or_else(|| Error::Storage(format!("no job {id}")))?;
-            if !job.state.is_active() {
-                return Ok(Claim::Finished(job));
-            }
-            if live(&job) {
-                return Ok(Claim::Busy(job));
-            }
+            let job = match crate::rules::claim_first(job, live) {
+                Ok(job) => job,
+                Err(answer) => return Ok(answer),
+            };
             let others = jobs_where(
                 &tx,
                 "session = ?1 AND id != ?2 AND state = 'running'",
                 params![job.session, id as i64],
             )?;
-            if others.iter().any(live) {
-                return Ok(Claim::Busy(job));
-            }
-            if let Some(cap) = cap {
-                let running = jobs_where(
+            let running = match cap {
+                Some(cap) => jobs_where(
                     &tx,
                     "state = 'running' AND id != ?1 AND lease_until_ms > ?2",
                     params![id as i64, now_ms as i64],
-                )?;
-                let mine = running
-                    .iter()
-                    .filter(|j| in_scope(cap.scope, &j.session))
-                    .count();
-                if mine >= cap.max {
-                    return Ok(Claim::Busy(job));
-                }
+                )?
+                .iter()
+                .filter(|j| crate::rules::counts_against_cap(j, id, now_ms, cap))
+                .count(),
+                None => 0,
+            };
+            if let Err(answer) = crate::rules::claim_rest(job, &others, live, running, cap) {
+                return Ok(answer);
             }
             tx.execute(
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = ?2, lease_until_ms = ?3, started_ms = COALESCE(started_ms, ?4), updated_ms = ?4, error = NULL WHERE id = ?1",

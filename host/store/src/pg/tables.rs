@@ -142,13 +142,10 @@ impl JobStore for PgStore {
                 Claim::Finished(job)
             });
         };
-        let job = job_from(&row);
-        if !job.state.is_active() {
-            return Ok(Claim::Finished(job));
-        }
-        if live(&job) {
-            return Ok(Claim::Busy(job));
-        }
+        let job = match crate::rules::claim_first(job_from(&row), live) {
+            Ok(job) => job,
+            Err(answer) => return Ok(answer),
+        };
         // One running job per session, and the tenant's cap, across instances: the session's
         // and then the tenant's lock (always in that order) make check and claim one step.
         tx.execute(LOCK, &[&format!("job-session:{}", job.session)])
@@ -166,9 +163,7 @@ impl JobStore for PgStore {
             .iter()
             .map(job_from)
             .collect();
-        if others.iter().any(live) {
-            return Ok(Claim::Busy(job));
-        }
+        let mut running = 0;
         if let Some(cap) = cap {
             let lock = match cap.scope {
                 JobScope::Local => "job-tenant:".to_string(),
@@ -191,9 +186,10 @@ impl JobStore for PgStore {
                 .await
                 .map_err(|e| self.err(e))?
                 .get(0);
-            if n as usize >= cap.max {
-                return Ok(Claim::Busy(job));
-            }
+            running = n as usize;
+        }
+        if let Err(answer) = crate::rules::claim_rest(job, &others, live, running, cap) {
+            return Ok(answer);
         }
         let r = tx
             .query_one(
