@@ -150,10 +150,9 @@ impl JobStore for MemoryStore {
     ) -> Result<Claim, Error> {
         self.tables(|t| {
             let job = t.jobs.get(&id).cloned().ok_or_else(|| no_job(id))?;
-            let job = match rules::claim_first(job, live) {
-                Ok(job) => job,
-                Err(answer) => return Ok(answer),
-            };
+            if let Some(no) = rules::claim_first(&job, live) {
+                return Ok(no.answer(job));
+            }
             let others: Vec<Job> = t
                 .jobs
                 .values()
@@ -166,8 +165,8 @@ impl JobStore for MemoryStore {
                     .filter(|o| rules::counts_against_cap(o, id, now_ms, cap))
                     .count()
             });
-            if let Err(answer) = rules::claim_rest(job, &others, live, running, cap) {
-                return Ok(answer);
+            if let Some(no) = rules::claim_rest(&others, live, running, cap) {
+                return Ok(no.answer(job));
             }
             let j = t.jobs.get_mut(&id).ok_or_else(|| no_job(id))?;
             rules::claimed(j, owner, now_ms, until_ms);

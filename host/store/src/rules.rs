@@ -93,34 +93,48 @@ pub fn check_compaction(
 
 // ---- Job claims -------------------------------------------------------------------------
 
-/// The claim rule's first step, on the job as stored: a job in a final state is
-/// [`Claim::Finished`], one a live worker holds is [`Claim::Busy`]; otherwise the claim goes on
-/// (`Ok`) to [`claim_rest`].
-pub fn claim_first(job: Job, live: Liveness<'_>) -> Result<Job, Claim> {
+/// Why a claim does not take a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The job reached a final state.
+    Finished,
+    /// A live worker holds it, or its session's running job, or its tenant's cap is reached.
+    Busy,
+}
+
+impl Refusal {
+    /// The claim's answer for `job`.
+    pub fn answer(self, job: Job) -> Claim {
+        match self {
+            Refusal::Finished => Claim::Finished(job),
+            Refusal::Busy => Claim::Busy(job),
+        }
+    }
+}
+
+/// The claim rule's first step, on the job as stored: a job in a final state is finished,
+/// one a live worker holds is busy; `None` lets the claim go on to [`claim_rest`].
+pub fn claim_first(job: &Job, live: Liveness<'_>) -> Option<Refusal> {
     if !job.state.is_active() {
-        return Err(Claim::Finished(job));
+        Some(Refusal::Finished)
+    } else if live(job) {
+        Some(Refusal::Busy)
+    } else {
+        None
     }
-    if live(&job) {
-        return Err(Claim::Busy(job));
-    }
-    Ok(job)
 }
 
 /// The claim rule's second step: one running job per session, so another running job of the
 /// session that a live worker holds (`others`: the session's other running jobs) makes it
-/// [`Claim::Busy`]; so does the tenant's cap, when `running` (the tenant's other running jobs
-/// whose leases last past now, see [`counts_against_cap`]) reaches `cap.max`.
+/// busy; so does the tenant's cap, when `running` (the tenant's other running jobs whose
+/// leases last past now, see [`counts_against_cap`]) reaches `cap.max`.
 pub fn claim_rest(
-    job: Job,
     others: &[Job],
     live: Liveness<'_>,
     running: usize,
     cap: Option<TenantCap<'_>>,
-) -> Result<Job, Claim> {
-    if others.iter().any(live) || cap.is_some_and(|cap| running >= cap.max) {
-        return Err(Claim::Busy(job));
-    }
-    Ok(job)
+) -> Option<Refusal> {
+    (others.iter().any(live) || cap.is_some_and(|cap| running >= cap.max)).then_some(Refusal::Busy)
 }
 
 /// Whether `other` counts against the cap of a claim of job `id` at `now_ms`: another job of

@@ -120,10 +120,9 @@ impl JobStore for SqliteStore {
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(db_err)?;
             let job = one_job(&tx, id)?.ok_or_else(|| Error::Storage(format!("no job {id}")))?;
-            let job = match crate::rules::claim_first(job, live) {
-                Ok(job) => job,
-                Err(answer) => return Ok(answer),
-            };
+            if let Some(no) = crate::rules::claim_first(&job, live) {
+                return Ok(no.answer(job));
+            }
             let others = jobs_where(
                 &tx,
                 "session = ?1 AND id != ?2 AND state = 'running'",
@@ -140,8 +139,8 @@ impl JobStore for SqliteStore {
                 .count(),
                 None => 0,
             };
-            if let Err(answer) = crate::rules::claim_rest(job, &others, live, running, cap) {
-                return Ok(answer);
+            if let Some(no) = crate::rules::claim_rest(&others, live, running, cap) {
+                return Ok(no.answer(job));
             }
             tx.execute(
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = ?2, lease_until_ms = ?3, started_ms = COALESCE(started_ms, ?4), updated_ms = ?4, error = NULL WHERE id = ?1",

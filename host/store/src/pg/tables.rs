@@ -142,10 +142,10 @@ impl JobStore for PgStore {
                 Claim::Finished(job)
             });
         };
-        let job = match crate::rules::claim_first(job_from(&row), live) {
-            Ok(job) => job,
-            Err(answer) => return Ok(answer),
-        };
+        let job = job_from(&row);
+        if let Some(no) = crate::rules::claim_first(&job, live) {
+            return Ok(no.answer(job));
+        }
         // One running job per session, and the tenant's cap, across instances: the session's
         // and then the tenant's lock (always in that order) make check and claim one step.
         tx.execute(LOCK, &[&format!("job-session:{}", job.session)])
@@ -188,8 +188,8 @@ impl JobStore for PgStore {
                 .get(0);
             running = n as usize;
         }
-        if let Err(answer) = crate::rules::claim_rest(job, &others, live, running, cap) {
-            return Ok(answer);
+        if let Some(no) = crate::rules::claim_rest(&others, live, running, cap) {
+            return Ok(no.answer(job));
         }
         let r = tx
             .query_one(
