@@ -74,21 +74,20 @@ pub struct Subscription {
 }
 
 fn to_row(e: &Event) -> EventRow {
-    EventRow {
-        tenant: e.tenant.name().to_string(),
-        id: 0,
-        kind: e.kind.clone(),
-        at_ms: e.at_ms,
-        session_key: e.session.as_deref().map(|s| e.tenant.key(s)),
-        job: e.job,
-        data: e.data.to_string(),
-    }
+    EventRow::new(
+        &e.tenant,
+        &e.kind,
+        e.at_ms,
+        e.session.as_deref(),
+        e.job,
+        e.data.to_string(),
+    )
 }
 
 fn from_row(r: EventRow) -> Option<Event> {
     let tenant = Tenant::new(&r.tenant).ok()?;
     let session = match &r.session_key {
-        Some(k) => Some(tenant.session_of(k)?.to_string()),
+        Some(_) => Some(r.session(&tenant)?.to_string()),
         None => None,
     };
     Some(Event {
@@ -539,7 +538,8 @@ mod tests {
         );
         // A session reset takes its events from the store and from memory.
         use crate::store::Store;
-        store.reset_session(&a.key("s")).await.unwrap();
+        let scoped = crate::tenant::TenantStore::new(store.clone(), a.clone());
+        scoped.reset_session("s").await.unwrap();
         bus.forget_session(&a, "s").await;
         let left: Vec<u64> = bus
             .subscribe(&a, Some(0))
@@ -550,9 +550,6 @@ mod tests {
             .collect();
         assert_eq!(left, vec![4, 6]);
         let rows = store.recent_events(10).await.unwrap();
-        assert!(
-            rows.iter()
-                .all(|r| r.session_key.as_deref() != Some(a.key("s").as_str()))
-        );
+        assert!(rows.iter().all(|r| r.session(&a) != Some("s")));
     }
 }

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, SystemClock};
 use crate::control::{CallControl, Observer, Progress};
 use crate::runtime::{Abridge, CallError};
-use crate::store::{JobScope, JobStore, TenantCap};
-use crate::tenant::Tenant;
+use crate::store::{JobStore, TenantCap};
+use crate::tenant::{Tenant, TenantTables};
 use crate::types::{Config, Error, Outcome};
 
 pub use abridge_store::jobs::{Beat, Claim, Job, JobState};
@@ -44,20 +44,6 @@ fn owner_is_dead(owner: &str) -> bool {
         && pid.parse::<u32>().is_ok_and(|pid| {
             Path::new("/proc/self").exists() && !Path::new(&format!("/proc/{pid}")).exists()
         })
-}
-
-/// The session keys of a tenant's jobs: `[T\x1f, T\x20)` for tenant T, `None` for the local
-/// tenant (whose keys hold no U+001F).
-fn key_bounds(tenant: &Tenant) -> Option<(String, String)> {
-    (!tenant.is_local()).then(|| (tenant.key(""), format!("{}\u{20}", tenant.name())))
-}
-
-/// The job scope of [`key_bounds`].
-fn scope_of(bounds: &Option<(String, String)>) -> JobScope<'_> {
-    match bounds {
-        Some((lo, hi)) => JobScope::Keys(lo, hi),
-        None => JobScope::Local,
-    }
 }
 
 /// The durable jobs of a store, worked by this process.
@@ -104,14 +90,11 @@ impl Jobs {
     /// most `limit`.
     pub async fn list_for(
         &self,
-        tenant: &Tenant,
+        tenant: &TenantTables,
         before: Option<u64>,
         limit: u32,
     ) -> Result<Vec<Job>, Error> {
-        let bounds = key_bounds(tenant);
-        self.db
-            .jobs_list(Some(scope_of(&bounds)), before, limit)
-            .await
+        tenant.jobs_list(before, limit).await
     }
 
     /// Counts of jobs by state (for metrics).
@@ -119,9 +102,13 @@ impl Jobs {
         self.db.job_counts().await
     }
 
-    /// The active (queued or running) job of a session, if any.
-    pub async fn active_for(&self, session: &str) -> Result<Option<Job>, Error> {
-        self.db.job_active_for(session).await
+    /// The active (queued or running) job of a tenant's session, if any.
+    pub async fn active_for(
+        &self,
+        tenant: &TenantTables,
+        session: &str,
+    ) -> Result<Option<Job>, Error> {
+        tenant.job_active_for(session).await
     }
 
     /// This worker's lease owner name.
@@ -143,12 +130,13 @@ impl Jobs {
     /// job. Returns the job and whether it was created.
     pub async fn enqueue(
         &self,
+        tenant: &TenantTables,
         session: &str,
         target: u64,
         cfg: &Config,
     ) -> Result<(Job, bool), Error> {
         let config = crate::types::config_to_json(cfg).to_string();
-        self.db
+        tenant
             .job_enqueue(session, target, &config, self.now_ms())
             .await
     }
@@ -167,11 +155,6 @@ impl Jobs {
         cap: Option<(&Tenant, usize)>,
     ) -> Result<Claim, Error> {
         let now = self.now_ms();
-        let bounds = cap.map(|(t, _)| key_bounds(t));
-        let cap = cap.zip(bounds.as_ref()).map(|((_, max), b)| TenantCap {
-            scope: scope_of(b),
-            max,
-        });
         let owner = self.owner.clone();
         let live = move |j: &Job| {
             j.state == JobState::Running
@@ -179,6 +162,11 @@ impl Jobs {
                 && j.lease_until_ms.is_some_and(|u| u > now)
                 && !j.lease_owner.as_deref().is_some_and(owner_is_dead)
         };
+        let bounds = cap.map(|(t, max)| (t.job_bounds(), max));
+        let cap = bounds.as_ref().map(|(b, max)| TenantCap {
+            scope: b.scope(),
+            max: *max,
+        });
         self.db
             .job_claim(id, &self.owner, now, self.until_ms(), &live, cap)
             .await
@@ -230,10 +218,10 @@ impl Jobs {
             .collect())
     }
 
-    /// Whether a job of `session` is running under a live lease (a trigger then leaves the
-    /// work to it).
-    pub async fn session_busy(&self, session: &str) -> Result<bool, Error> {
-        let owners = self.db.job_lease_owners(session, self.now_ms()).await?;
+    /// Whether a job of a tenant's `session` is running under a live lease (a trigger then
+    /// leaves the work to it).
+    pub async fn session_busy(&self, tenant: &TenantTables, session: &str) -> Result<bool, Error> {
+        let owners = tenant.job_lease_owners(session, self.now_ms()).await?;
         Ok(owners.iter().any(|o| !owner_is_dead(o)))
     }
 
@@ -306,17 +294,17 @@ fn result_text(r: &Result<Outcome, CallError>) -> String {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::store::{MemoryStore, SqliteStore};
+    use crate::store::{AppStore, MemoryStore, SqliteStore};
 
     /// The stores every job test runs against: the same rules whatever keeps the rows.
-    fn stores() -> Vec<(&'static str, Arc<dyn JobStore>)> {
+    fn stores() -> Vec<(&'static str, Arc<dyn AppStore>)> {
         vec![
             ("sqlite", Arc::new(SqliteStore::in_memory().unwrap())),
             ("memory", Arc::new(MemoryStore::new())),
         ]
     }
 
-    fn jobs(db: &Arc<dyn JobStore>, clock: &Arc<ManualClock>, owner: &str, lease_ms: u64) -> Jobs {
+    fn jobs(db: &Arc<dyn AppStore>, clock: &Arc<ManualClock>, owner: &str, lease_ms: u64) -> Jobs {
         Jobs::new(db.clone(), Duration::from_millis(lease_ms))
             .with_clock(clock.clone())
             .with_owner(owner)
@@ -341,11 +329,12 @@ mod tests {
             );
             let cfg = Config::default();
             let mut ids = Vec::new();
-            for k in [a.key("s"), b.key("s"), local.key("s"), a.key("t")] {
-                ids.push(j.enqueue(&k, 1, &cfg).await.unwrap().0.id);
+            let view = |t: &Tenant| TenantTables::new(db.clone(), t.clone());
+            for (t, s) in [(&a, "s"), (&b, "s"), (&local, "s"), (&a, "t")] {
+                ids.push(j.enqueue(&view(t), s, 1, &cfg).await.unwrap().0.id);
             }
             let listed = async |t: &Tenant, before| -> Vec<u64> {
-                j.list_for(t, before, 10)
+                j.list_for(&view(t), before, 10)
                     .await
                     .unwrap()
                     .iter()
@@ -370,14 +359,15 @@ mod tests {
         for (name, db) in stores() {
             let clock = Arc::new(ManualClock::at(1_000));
             let a = jobs(&db, &clock, "elsewhere:1", 60_000);
+            let here = TenantTables::new(db.clone(), Tenant::local());
             let cfg = Config {
                 model: "m".into(),
                 context_length: 1024,
                 ..Config::default()
             };
-            let (j, new) = a.enqueue("s", 10, &cfg).await.unwrap();
+            let (j, new) = a.enqueue(&here, "s", 10, &cfg).await.unwrap();
             assert!(new, "{name}");
-            let (again, new) = a.enqueue("s", 10, &cfg).await.unwrap();
+            let (again, new) = a.enqueue(&here, "s", 10, &cfg).await.unwrap();
             assert!(!new && again.id == j.id, "{name}");
             assert_eq!(
                 again.config.context_length, 1024,
@@ -385,7 +375,10 @@ mod tests {
             );
             let j = taken(a.claim(j.id).await.unwrap());
             assert_eq!((j.state, j.attempts), (JobState::Running, 1), "{name}");
-            assert_eq!(a.active_for("s").await.unwrap().map(|x| x.id), Some(j.id));
+            assert_eq!(
+                a.active_for(&here, "s").await.unwrap().map(|x| x.id),
+                Some(j.id)
+            );
 
             // A live lease on another host keeps the job, and any other job of the session,
             // busy.
@@ -394,13 +387,13 @@ mod tests {
                 matches!(b.claim(j.id).await.unwrap(), Claim::Busy(_)),
                 "{name}"
             );
-            let (k, _) = b.enqueue("s", 12, &cfg).await.unwrap();
+            let (k, _) = b.enqueue(&here, "s", 12, &cfg).await.unwrap();
             assert!(
                 matches!(b.claim(k.id).await.unwrap(), Claim::Busy(_)),
                 "{name}"
             );
-            assert!(b.session_busy("s").await.unwrap(), "{name}");
-            assert!(!b.session_busy("t").await.unwrap(), "{name}");
+            assert!(b.session_busy(&here, "s").await.unwrap(), "{name}");
+            assert!(!b.session_busy(&here, "t").await.unwrap(), "{name}");
 
             // A lease that ran out passes to the next worker; the old one learns it lost it.
             let short = jobs(&db, &clock, "elsewhere:1", 1);
@@ -414,7 +407,7 @@ mod tests {
             );
             clock.advance(5);
             assert_eq!(b.runnable().await.unwrap().len(), 2, "{name}");
-            assert!(!b.session_busy("s").await.unwrap(), "{name}");
+            assert!(!b.session_busy(&here, "s").await.unwrap(), "{name}");
             let j = taken(b.claim(j.id).await.unwrap());
             assert_eq!(j.attempts, 2, "{name}");
             assert_eq!(
@@ -444,7 +437,7 @@ mod tests {
             );
 
             // Cancelling: queued at once, running by request.
-            let (q, _) = b.enqueue("u", 1, &cfg).await.unwrap();
+            let (q, _) = b.enqueue(&here, "u", 1, &cfg).await.unwrap();
             let q = b.cancel(q.id).await.unwrap().unwrap();
             assert_eq!(q.state, JobState::Cancelled, "{name}");
             let r = b.cancel(k.id).await.unwrap().unwrap();
@@ -459,7 +452,7 @@ mod tests {
                 "{name}"
             );
             // A finished key may be asked for again: a new job.
-            assert!(b.enqueue("s", 10, &cfg).await.unwrap().1, "{name}");
+            assert!(b.enqueue(&here, "s", 10, &cfg).await.unwrap().1, "{name}");
         }
     }
 }

@@ -55,9 +55,9 @@ use crate::backend::LlmBackend;
 use crate::clock::Clock;
 use crate::jobs::{Job, Jobs};
 use crate::runtime::{Abridge, Runtime};
-use crate::sources::{SessionMode, SessionModes};
-use crate::store::{AppStore, SourceStore, Store};
-use crate::tenant::TenantStore;
+use crate::sources::SessionMode;
+use crate::store::{AppStore, Store};
+use crate::tenant::{TenantStore, TenantTables};
 use crate::transcript::{Format, Options};
 
 /// Longest focus instruction a session may carry (characters): it goes into every fold prompt.
@@ -315,6 +315,7 @@ impl App {
         Scoped {
             app: self.clone(),
             tenant: t.clone(),
+            tables: TenantTables::new(self.inner.db.clone(), t.clone()),
             state: self.state(t),
         }
     }
@@ -343,6 +344,8 @@ pub struct InlineAppend {
 pub struct Scoped {
     app: App,
     tenant: Tenant,
+    /// The tenant's view of the app's tables: every session-keyed call goes through it.
+    tables: TenantTables,
     state: Arc<TenantState>,
 }
 
@@ -388,16 +391,12 @@ impl Scoped {
         }
     }
 
-    fn modes(&self) -> SessionModes {
-        SessionModes::new(self.app.inner.db.clone() as Arc<dyn SourceStore>)
-    }
-
     /// The engine configuration for a session: the global one with the session's own mode
     /// and focus.
     pub async fn session_config(&self, session: &str) -> AppResult<Config> {
-        let key = self.tenant.key(session);
-        let mut cfg = self.modes().apply(&key, &self.app.inner.cfg.config).await?;
-        if let Some(focus) = self.app.inner.db.session_focus(&key).await? {
+        let own = self.tables.session_mode(session).await?;
+        let mut cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
+        if let Some(focus) = self.tables.session_focus(session).await? {
             cfg.focus = focus;
         }
         Ok(cfg)
@@ -416,20 +415,14 @@ impl Scoped {
                 f.chars().count()
             )));
         }
-        let key = self.tenant.key(session);
-        self.app.inner.db.set_session_focus(&key, focus).await?;
-        Ok(self.app.inner.db.session_focus(&key).await?)
+        self.tables.set_session_focus(session, focus).await?;
+        Ok(self.tables.session_focus(session).await?)
     }
 
     /// The session's focus instructions, if any.
     pub async fn focus(&self, session: &str) -> AppResult<Option<String>> {
         self.known(session).await?;
-        Ok(self
-            .app
-            .inner
-            .db
-            .session_focus(&self.tenant.key(session))
-            .await?)
+        Ok(self.tables.session_focus(session).await?)
     }
 
     /// Pin (`true`) or unpin an episode: a pinned episode is in every context verbatim
@@ -442,15 +435,14 @@ impl Scoped {
                 stats.last_episode
             )));
         }
-        let key = self.tenant.key(session);
-        self.app.inner.db.set_pin(&key, episode, pinned).await?;
-        Ok(self.app.inner.db.pins(&key).await?)
+        self.tables.set_pin(session, episode, pinned).await?;
+        Ok(self.tables.pins(session).await?)
     }
 
     /// The session's pinned episodes.
     pub async fn pins(&self, session: &str) -> AppResult<Vec<u64>> {
         self.known(session).await?;
-        Ok(self.app.inner.db.pins(&self.tenant.key(session)).await?)
+        Ok(self.tables.pins(session).await?)
     }
 
     /// Every summary row of a session, compacted ones included.
@@ -523,10 +515,8 @@ impl Scoped {
         bytes: u64,
     ) -> AppResult<()> {
         Ok(self
-            .app
-            .inner
-            .db
-            .record_mark(&self.tenant.key(session), source, last_episode, bytes)
+            .tables
+            .record_mark(session, source, last_episode, bytes)
             .await?)
     }
 
@@ -537,12 +527,7 @@ impl Scoped {
         session: &str,
         last_episode: u64,
     ) -> AppResult<Option<crate::sources::Mark>> {
-        Ok(self
-            .app
-            .inner
-            .db
-            .mark_covering(&self.tenant.key(session), last_episode)
-            .await?)
+        Ok(self.tables.mark_covering(session, last_episode).await?)
     }
 
     /// Whether a live worker (here or in another process) is running a job of `session`.
@@ -551,7 +536,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .session_busy(&self.tenant.key(session))
+            .session_busy(&self.tables, session)
             .await?)
     }
 
@@ -567,11 +552,15 @@ impl Scoped {
         session: &str,
         stats: crate::types::SessionStats,
     ) -> AppResult<SessionView> {
-        let key = self.tenant.key(session);
-        let own = self.modes().get(&key).await?;
+        let own = self.tables.session_mode(session).await?;
         let cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
         let f = self.engine().freshness(session, &cfg).await?;
-        let active = self.app.inner.jobs.active_for(&key).await?;
+        let active = self
+            .app
+            .inner
+            .jobs
+            .active_for(&self.tables, session)
+            .await?;
         let history = stats.total_tokens;
         let chain: u64 = self
             .store()
@@ -774,7 +763,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .session_busy(&self.tenant.key(session))
+            .session_busy(&self.tables, session)
             .await?
         {
             return Ok(out);
@@ -832,7 +821,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .active_for(&self.tenant.key(session))
+            .active_for(&self.tables, session)
             .await?
         {
             return Ok((Some(j), self.store().stats(session).await?.episodes));
@@ -855,7 +844,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .enqueue(&self.tenant.key(session), target, cfg)
+            .enqueue(&self.tables, session, target, cfg)
             .await?;
         if created {
             self.publish(
@@ -960,7 +949,7 @@ impl Scoped {
                 job = Some(done);
             }
         }
-        let pins = self.app.inner.db.pins(&self.tenant.key(session)).await?;
+        let pins = self.tables.pins(session).await?;
         let req = ContextRequest {
             budget,
             pairs,
@@ -1014,9 +1003,7 @@ impl Scoped {
         mode: Option<SessionMode>,
     ) -> AppResult<SessionView> {
         let stats = self.known(session).await?;
-        self.modes()
-            .set(&self.tenant.key(session), mode.as_ref())
-            .await?;
+        self.tables.set_session_mode(session, mode.as_ref()).await?;
         self.view(session, stats).await
     }
 
@@ -1041,7 +1028,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .list_for(&self.tenant, before, limit)
+            .list_for(&self.tables, before, limit)
             .await?
             .iter()
             .map(|j| self.job_view(j))

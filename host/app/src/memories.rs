@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::{App, AppError, AppResult, ErrorKind, Scoped};
 use crate::store::{ClusterRow, RecallStore};
+use crate::tenant::TenantRecall;
 use crate::types::{
     ClusterAction, ClusterOutcome, ClusterSummary, Forgotten, HitKind, Memory, MemoryFilter,
     MemoryIn, Recalled, Remembered, Scope,
@@ -321,8 +322,12 @@ pub fn filter(
 }
 
 impl Scoped {
-    fn recall_store(&self) -> Arc<dyn RecallStore> {
-        self.app.inner.db.clone() as Arc<dyn RecallStore>
+    /// The tenant's view of the memory tables.
+    fn recall_store(&self) -> TenantRecall {
+        TenantRecall::new(
+            self.app.inner.db.clone() as Arc<dyn RecallStore>,
+            self.tenant.clone(),
+        )
     }
 
     /// Store memories (ids are made for those without one); clusters that are due come back
@@ -371,15 +376,12 @@ impl Scoped {
     /// The tenant's usage this month against its ceiling.
     pub async fn usage(&self) -> AppResult<UsageView> {
         let (month, resets_at_ms) = month_of(self.app.now_ms());
-        let (calls, prompt, output) = self
-            .recall_store()
-            .usage(self.tenant.name(), &month)
-            .await?;
+        let (calls, prompt, output) = self.recall_store().usage(&month).await?;
         let ceiling = self.app.inner.cfg.limits.ceiling;
         let cost = |p: u64, o: u64| ceiling.map_or(0.0, |c| c.cost_of(p, o));
         let days = self
             .recall_store()
-            .usage_days(self.tenant.name(), &month)
+            .usage_days(&month)
             .await?
             .into_iter()
             .map(|d| UsageDayView {
@@ -410,10 +412,7 @@ impl Scoped {
             return Ok(None);
         };
         let (month, resets_at_ms) = month_of(self.app.now_ms());
-        let (_, prompt, output) = self
-            .recall_store()
-            .usage(self.tenant.name(), &month)
-            .await?;
+        let (_, prompt, output) = self.recall_store().usage(&month).await?;
         Ok(c.exhausted(prompt, output).map(|(spent, limit, unit)| {
             AppError::new(
                 ErrorKind::QuotaExhausted {
@@ -445,15 +444,14 @@ impl Scoped {
             .await
             .map_err(|_| AppError::new(ErrorKind::Unavailable, "shutting down"))?;
         let store = self.recall_store();
-        let tenant = self.tenant.name();
         let owner = format!("{}-{}", self.app.unique_id(), std::process::id());
         let now = self.app.now_ms();
         // A claim is refused for a cluster another worker holds, and for one that does not
         // exist: only then is it worth telling the two apart.
         let claimed = store
-            .claim_cluster(tenant, cluster, &owner, now, now + CLAIM_MS)
+            .claim_cluster(cluster, &owner, now, now + CLAIM_MS)
             .await?;
-        let version = store.cluster_version(tenant, cluster).await?;
+        let version = store.cluster_version(cluster).await?;
         let Some(version) = version.filter(|_| claimed) else {
             return match version {
                 None => Err(AppError::not_found(format!("no cluster {cluster}"))),
@@ -466,17 +464,16 @@ impl Scoped {
             .summarize_cluster(cluster, &cfg.config, &cfg.memory)
             .await;
         let settled = match &result {
-            Ok(_) => store.settle(tenant, cluster, version).await,
+            Ok(_) => store.settle(cluster, version).await,
             Err(_) => Ok(()),
         };
-        store.release_cluster(tenant, cluster, &owner).await?;
+        store.release_cluster(cluster, &owner).await?;
         settled?;
         if let Ok(o) = &result
             && o.calls > 0
         {
             store
                 .add_usage(
-                    tenant,
                     &day_of(self.app.now_ms()),
                     u64::from(o.calls),
                     u64::from(o.prompt_tokens),
@@ -517,7 +514,7 @@ impl Scoped {
     /// One memory; a foreign or unknown id is not found.
     pub async fn memory(&self, id: &str) -> AppResult<MemoryView> {
         self.recall_store()
-            .get_memory(self.tenant.name(), id)
+            .get_memory(id)
             .await?
             .map(MemoryView::from)
             .ok_or_else(|| AppError::not_found(format!("no memory '{id}'")))
@@ -530,10 +527,7 @@ impl Scoped {
         offset: usize,
         limit: usize,
     ) -> AppResult<(Vec<MemoryView>, usize)> {
-        let (rows, total) = self
-            .recall_store()
-            .list_memories(self.tenant.name(), f, offset, limit)
-            .await?;
+        let (rows, total) = self.recall_store().list_memories(f, offset, limit).await?;
         Ok((rows.into_iter().map(MemoryView::from).collect(), total))
     }
 
@@ -574,7 +568,7 @@ impl Scoped {
     pub async fn clusters(&self, f: &MemoryFilter) -> AppResult<Vec<ClusterView>> {
         Ok(self
             .recall_store()
-            .clusters(self.tenant.name(), f)
+            .clusters(f)
             .await?
             .into_iter()
             .map(ClusterView::from)
@@ -584,7 +578,7 @@ impl Scoped {
     /// A cluster summary by id.
     pub async fn cluster_summary(&self, id: u64) -> AppResult<ClusterSummaryView> {
         self.recall_store()
-            .summary_by_id(self.tenant.name(), id)
+            .summary_by_id(id)
             .await?
             .map(ClusterSummaryView::from)
             .ok_or_else(|| AppError::not_found(format!("no summary {id}")))
@@ -596,7 +590,7 @@ impl Scoped {
         let store = self.recall_store();
         let mut out = Vec::new();
         for src in &s.sources {
-            if let Some(m) = store.get_memory(self.tenant.name(), src).await? {
+            if let Some(m) = store.get_memory(src).await? {
                 out.push(MemoryView::from(m));
             }
         }
@@ -627,9 +621,7 @@ impl Scoped {
             self.reset(&s).await?;
             out.sessions += 1;
         }
-        self.recall_store()
-            .forget_tenant(self.tenant.name())
-            .await?;
+        self.recall_store().forget_tenant().await?;
         let now = self.app.now_ms();
         for t in self.app.tokens().list().await? {
             if t.tenant == self.tenant.name() && t.revoked_ms.is_none() {

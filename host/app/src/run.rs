@@ -45,7 +45,7 @@ impl Scoped {
     /// A job that does not succeed is an error that says why.
     pub async fn run_or_join(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
         let jobs = &self.app.inner.jobs;
-        let (job, created) = jobs.enqueue(&self.tenant.key(session), target, cfg).await?;
+        let (job, created) = jobs.enqueue(&self.tables, session, target, cfg).await?;
         if created {
             self.publish(
                 "job.queued",

@@ -56,38 +56,6 @@ impl Watched {
     }
 }
 
-/// Per-session modes of a store.
-#[derive(Clone)]
-pub struct SessionModes {
-    db: Arc<dyn SourceStore>,
-}
-
-impl SessionModes {
-    /// Per-session modes recorded in `db`.
-    pub fn new(db: Arc<dyn SourceStore>) -> Self {
-        SessionModes { db }
-    }
-
-    /// The session's own mode, if it has one.
-    pub async fn get(&self, session: &str) -> Result<Option<SessionMode>, Error> {
-        self.db.session_mode(session).await
-    }
-
-    /// Set (`Some`) or clear (`None`) the session's own mode.
-    pub async fn set(&self, session: &str, m: Option<&SessionMode>) -> Result<(), Error> {
-        self.db.set_session_mode(session, m).await
-    }
-
-    /// `cfg` with the session's own mode applied.
-    pub async fn apply(
-        &self,
-        session: &str,
-        cfg: &crate::types::Config,
-    ) -> Result<crate::types::Config, Error> {
-        Ok(with_mode(cfg, self.get(session).await?.as_ref()))
-    }
-}
-
 /// `cfg` with a session's own mode (if any) applied.
 pub fn with_mode(cfg: &crate::types::Config, m: Option<&SessionMode>) -> crate::types::Config {
     let mut c = cfg.clone();
@@ -173,23 +141,20 @@ mod tests {
                 "{name}"
             );
 
-            let modes = SessionModes::new(db.clone());
             let idle = SessionMode {
                 mode: crate::types::Mode::Idle,
                 quiescence_secs: Some(5),
             };
-            modes.set("x", Some(&idle)).await.unwrap();
-            let cfg = modes
-                .apply("x", &crate::types::Config::default())
-                .await
-                .unwrap();
+            db.set_session_mode("x", Some(&idle)).await.unwrap();
+            let own = db.session_mode("x").await.unwrap();
+            let cfg = with_mode(&crate::types::Config::default(), own.as_ref());
             assert_eq!(
                 (cfg.mode, cfg.quiescence_secs),
                 (crate::types::Mode::Idle, 5),
                 "{name}"
             );
-            modes.set("x", None).await.unwrap();
-            assert_eq!(modes.get("x").await.unwrap(), None, "{name}");
+            db.set_session_mode("x", None).await.unwrap();
+            assert_eq!(db.session_mode("x").await.unwrap(), None, "{name}");
         }
     }
 }

@@ -216,6 +216,34 @@ pub struct EventRow {
     pub data: String,
 }
 
+impl EventRow {
+    /// An event of `tenant`, about `session` (by id) when it concerns one: the row keys the
+    /// session into the tenant's space, as [`Store::reset_session`] finds it.
+    pub fn new(
+        tenant: &crate::tenant::Tenant,
+        kind: &str,
+        at_ms: u64,
+        session: Option<&str>,
+        job: Option<u64>,
+        data: String,
+    ) -> EventRow {
+        EventRow {
+            tenant: tenant.name().to_string(),
+            id: 0,
+            kind: kind.to_string(),
+            at_ms,
+            session_key: session.map(|s| tenant.key(s)),
+            job,
+            data,
+        }
+    }
+
+    /// The session the event concerns, by id, if it is `tenant`'s.
+    pub fn session<'a>(&'a self, tenant: &crate::tenant::Tenant) -> Option<&'a str> {
+        tenant.session_of(self.session_key.as_deref()?)
+    }
+}
+
 /// The event log: per tenant, dense increasing ids, bounded to the newest events.
 #[async_trait]
 pub trait EventStore: Send + Sync {

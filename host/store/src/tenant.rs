@@ -12,11 +12,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::Store;
+use crate::jobs::Job;
+use crate::sources::{Mark, SessionMode};
 use crate::types::{
-    CachedAnswer, Calibration, Episode, Error, FailureMarker, NewEpisode, SessionStats, SummaryRow,
-    SummaryWrite,
+    CachedAnswer, Calibration, ClusterSummary, Episode, Error, FailureMarker, Memory, MemoryFilter,
+    NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
+use crate::{AppStore, ClusterRow, JobScope, RecallStore, Store, UsageDay};
 
 /// The separator between a tenant's name and a session id in a stored key.
 const SEP: char = '\u{1f}';
@@ -65,8 +67,10 @@ impl Tenant {
         self.0 == Self::LOCAL
     }
 
-    /// The stored key of one of this tenant's sessions.
-    pub fn key(&self, session: &str) -> String {
+    /// The stored key of one of this tenant's sessions. Only the store builds keys (through
+    /// [`TenantStore`], [`TenantTables`] and [`crate::EventRow::new`]): whatever sits above it
+    /// names sessions by id and its tenant by value.
+    pub(crate) fn key(&self, session: &str) -> String {
         if self.is_local() {
             session.to_string()
         } else {
@@ -83,11 +87,31 @@ impl Tenant {
         }
     }
 
+    /// The key range of this tenant's jobs (see [`JobBounds::scope`]).
+    pub fn job_bounds(&self) -> JobBounds {
+        JobBounds((!self.is_local()).then(|| (self.key(""), format!("{}\u{20}", self.0))))
+    }
+
     /// The tenant a stored key belongs to.
     pub fn of_key(key: &str) -> Tenant {
         match key.split_once(SEP) {
             Some((t, _)) => Tenant(t.to_string()),
             None => Tenant::local(),
+        }
+    }
+}
+
+/// The stored keys of one tenant's jobs: `[T\x1f, T\x20)` for tenant T, the keys without a
+/// separator for the local tenant.
+#[derive(Clone, Debug)]
+pub struct JobBounds(Option<(String, String)>);
+
+impl JobBounds {
+    /// The job scope these bounds make.
+    pub fn scope(&self) -> JobScope<'_> {
+        match &self.0 {
+            None => JobScope::Local,
+            Some((lo, hi)) => JobScope::Keys(lo, hi),
         }
     }
 }
@@ -196,6 +220,223 @@ impl Store for TenantStore {
         self.inner
             .record_calibration(model, estimated, reported)
             .await
+    }
+}
+
+/// One tenant's view of the app's session-keyed tables (modes, focus, pins, file marks and
+/// jobs): calls name a session by id, and the view keys it into the tenant's space, so no
+/// layer above the store builds a key, and another tenant's rows cannot be named.
+#[derive(Clone)]
+pub struct TenantTables {
+    db: Arc<dyn AppStore>,
+    tenant: Tenant,
+}
+
+impl TenantTables {
+    /// `tenant`'s view of `db`.
+    pub fn new(db: Arc<dyn AppStore>, tenant: Tenant) -> Self {
+        TenantTables { db, tenant }
+    }
+
+    /// The tenant.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
+    fn k(&self, session: &str) -> String {
+        self.tenant.key(session)
+    }
+
+    /// A session's own refresh mode.
+    pub async fn session_mode(&self, session: &str) -> Result<Option<SessionMode>, Error> {
+        self.db.session_mode(&self.k(session)).await
+    }
+
+    /// Set (`Some`) or clear (`None`) a session's own refresh mode.
+    pub async fn set_session_mode(
+        &self,
+        session: &str,
+        mode: Option<&SessionMode>,
+    ) -> Result<(), Error> {
+        self.db.set_session_mode(&self.k(session), mode).await
+    }
+
+    /// A session's focus instructions.
+    pub async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
+        self.db.session_focus(&self.k(session)).await
+    }
+
+    /// Set (`Some`) or clear (`None`) a session's focus.
+    pub async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
+        self.db.set_session_focus(&self.k(session), focus).await
+    }
+
+    /// A session's pinned episodes, ascending.
+    pub async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
+        self.db.pins(&self.k(session)).await
+    }
+
+    /// Pin or unpin one episode; whether anything changed.
+    pub async fn set_pin(&self, session: &str, episode: u64, pinned: bool) -> Result<bool, Error> {
+        self.db.set_pin(&self.k(session), episode, pinned).await
+    }
+
+    /// After importing `path` up to `bytes`, the session's newest episode is `last_episode`.
+    pub async fn record_mark(
+        &self,
+        session: &str,
+        path: &str,
+        last_episode: u64,
+        bytes: u64,
+    ) -> Result<(), Error> {
+        self.db
+            .record_mark(&self.k(session), path, last_episode, bytes)
+            .await
+    }
+
+    /// The furthest mark of the session at or before `last_episode`.
+    pub async fn mark_covering(
+        &self,
+        session: &str,
+        last_episode: u64,
+    ) -> Result<Option<Mark>, Error> {
+        self.db.mark_covering(&self.k(session), last_episode).await
+    }
+
+    /// The session's active job for `target`, or a new queued one (see
+    /// [`crate::JobStore::job_enqueue`]).
+    pub async fn job_enqueue(
+        &self,
+        session: &str,
+        target: u64,
+        config: &str,
+        now_ms: u64,
+    ) -> Result<(Job, bool), Error> {
+        self.db
+            .job_enqueue(&self.k(session), target, config, now_ms)
+            .await
+    }
+
+    /// The session's newest active job.
+    pub async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error> {
+        self.db.job_active_for(&self.k(session)).await
+    }
+
+    /// Lease owners of the session's running jobs whose lease lasts past `now_ms`.
+    pub async fn job_lease_owners(&self, session: &str, now_ms: u64) -> Result<Vec<String>, Error> {
+        self.db.job_lease_owners(&self.k(session), now_ms).await
+    }
+
+    /// The tenant's jobs with `id < before` (all when `None`), newest first, at most `limit`.
+    pub async fn jobs_list(&self, before: Option<u64>, limit: u32) -> Result<Vec<Job>, Error> {
+        let bounds = self.tenant.job_bounds();
+        self.db.jobs_list(Some(bounds.scope()), before, limit).await
+    }
+
+    /// The session id of one of the tenant's jobs (`None` for another tenant's).
+    pub fn session_of<'a>(&self, job: &'a Job) -> Option<&'a str> {
+        self.tenant.session_of(&job.session)
+    }
+}
+
+/// One tenant's view of the memories and their clusters ([`RecallStore`] calls with the
+/// tenant filled in): the same "a tenant value the store enforces" as [`TenantStore`] and
+/// [`TenantTables`], for the tables keyed by tenant rather than by session.
+#[derive(Clone)]
+pub struct TenantRecall {
+    db: Arc<dyn RecallStore>,
+    tenant: Tenant,
+}
+
+impl TenantRecall {
+    /// `tenant`'s view of `db`.
+    pub fn new(db: Arc<dyn RecallStore>, tenant: Tenant) -> Self {
+        TenantRecall { db, tenant }
+    }
+
+    fn t(&self) -> &str {
+        self.tenant.name()
+    }
+
+    /// One memory.
+    pub async fn get_memory(&self, id: &str) -> Result<Option<Memory>, Error> {
+        self.db.get_memory(self.t(), id).await
+    }
+
+    /// The memories passing `filter`, oldest first, a page of them and how many pass.
+    pub async fn list_memories(
+        &self,
+        filter: &MemoryFilter,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Memory>, usize), Error> {
+        self.db.list_memories(self.t(), filter, offset, limit).await
+    }
+
+    /// The clusters with members passing `filter`.
+    pub async fn clusters(&self, filter: &MemoryFilter) -> Result<Vec<ClusterRow>, Error> {
+        self.db.clusters(self.t(), filter).await
+    }
+
+    /// A cluster summary by its id.
+    pub async fn summary_by_id(&self, id: u64) -> Result<Option<ClusterSummary>, Error> {
+        self.db.summary_by_id(self.t(), id).await
+    }
+
+    /// Claim a cluster for `owner` until `until_ms` (see [`RecallStore::claim_cluster`]).
+    pub async fn claim_cluster(
+        &self,
+        cluster: u64,
+        owner: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<bool, Error> {
+        self.db
+            .claim_cluster(self.t(), cluster, owner, now_ms, until_ms)
+            .await
+    }
+
+    /// Release `owner`'s claim.
+    pub async fn release_cluster(&self, cluster: u64, owner: &str) -> Result<(), Error> {
+        self.db.release_cluster(self.t(), cluster, owner).await
+    }
+
+    /// A cluster's membership version.
+    pub async fn cluster_version(&self, cluster: u64) -> Result<Option<u64>, Error> {
+        self.db.cluster_version(self.t(), cluster).await
+    }
+
+    /// Record that the cluster's summary is up to date with `version`.
+    pub async fn settle(&self, cluster: u64, version: u64) -> Result<(), Error> {
+        self.db.settle(self.t(), cluster, version).await
+    }
+
+    /// Count model usage on UTC day `day` (and its month).
+    pub async fn add_usage(
+        &self,
+        day: &str,
+        calls: u64,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> Result<(), Error> {
+        self.db
+            .add_usage(self.t(), day, calls, prompt_tokens, output_tokens)
+            .await
+    }
+
+    /// Calls, prompt tokens and output tokens in `month`.
+    pub async fn usage(&self, month: &str) -> Result<(u64, u64, u64), Error> {
+        self.db.usage(self.t(), month).await
+    }
+
+    /// Usage per day of `month`.
+    pub async fn usage_days(&self, month: &str) -> Result<Vec<UsageDay>, Error> {
+        self.db.usage_days(self.t(), month).await
+    }
+
+    /// Forget everything the tenant keeps here.
+    pub async fn forget_tenant(&self) -> Result<(), Error> {
+        self.db.forget_tenant(self.t()).await
     }
 }
 

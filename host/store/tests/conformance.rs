@@ -11,7 +11,7 @@ use abridge_engine::types::{
 };
 use abridge_store::jobs::{Claim, Job, JobState};
 use abridge_store::sources::{SessionMode, Source, WatchedFile};
-use abridge_store::tenant::Tenant;
+use abridge_store::tenant::{Tenant, TenantTables};
 use abridge_store::{AppStore, EventRow, JobScope, MemoryStore, PgStore, SqliteStore, TenantCap};
 
 fn ep(i: usize, key: &str) -> NewEpisode {
@@ -276,26 +276,26 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         move |j: &Job| j.state == JobState::Running && j.lease_until_ms.is_some_and(|u| u > now)
     };
     let acme = Tenant::new("acme").unwrap();
-    let acme_scope = JobScope::Keys(&acme.key(""), "acme\u{20}");
+    let bounds = acme.job_bounds();
+    let acme_scope = bounds.scope();
     let acme_cap = || {
         Some(TenantCap {
-            scope: JobScope::Keys(Box::leak(acme.key("").into_boxed_str()), "acme\u{20}"),
+            scope: bounds.scope(),
             max: 1,
         })
     };
-    let (j1, new) = s.job_enqueue(&acme.key("a"), 3, &cfg, 1_000).await.unwrap();
+    let acme_tables = TenantTables::new(s.clone(), acme.clone());
+    let local_tables = TenantTables::new(s.clone(), Tenant::local());
+    let (j1, new) = acme_tables.job_enqueue("a", 3, &cfg, 1_000).await.unwrap();
     assert!(new, "{name}");
-    let (again, created) = s.job_enqueue(&acme.key("a"), 3, &cfg, 1_000).await.unwrap();
+    let (again, created) = acme_tables.job_enqueue("a", 3, &cfg, 1_000).await.unwrap();
     assert_eq!(
         (again.id, created),
         (j1.id, false),
         "{name}: one active job per session and target"
     );
-    let (j2, _) = s.job_enqueue(&acme.key("b"), 1, &cfg, 1_000).await.unwrap();
-    let (j3, _) = s
-        .job_enqueue(&Tenant::local().key("c"), 1, &cfg, 1_000)
-        .await
-        .unwrap();
+    let (j2, _) = acme_tables.job_enqueue("b", 1, &cfg, 1_000).await.unwrap();
+    let (j3, _) = local_tables.job_enqueue("c", 1, &cfg, 1_000).await.unwrap();
     let live = live_at(1_000);
     let store = &s;
     let claim = |id, owner: &'static str, cap| {
