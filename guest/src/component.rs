@@ -269,6 +269,28 @@ fn cfg_out(c: policy::Config) -> summarizer::Config {
     }
 }
 
+fn fresh_out(f: freshness::Freshness) -> summarizer::FreshnessReport {
+    summarizer::FreshnessReport {
+        state: match f.state {
+            freshness::State::Empty => summarizer::FreshState::Empty,
+            freshness::State::Fresh => summarizer::FreshState::Fresh,
+            freshness::State::Waiting => summarizer::FreshState::Waiting,
+            freshness::State::Due => summarizer::FreshState::Due,
+            freshness::State::BackingOff => summarizer::FreshState::BackingOff,
+            freshness::State::GaveUp => summarizer::FreshState::GaveUp,
+        },
+        reason: f.reason,
+        episodes: f.episodes,
+        covered: f.covered,
+        backlog_tokens: f.backlog_tokens,
+        last_activity_ms: f.last_activity_ms,
+        covered_until_ms: f.covered_until_ms,
+        due_at_ms: f.due_at_ms,
+        failures: f.failures,
+        last_error: f.last_error,
+    }
+}
+
 fn outcome_out(o: engine::Outcome) -> summarizer::Outcome {
     summarizer::Outcome {
         triggered: o.triggered,
@@ -579,25 +601,17 @@ impl summarizer::Guest for Component {
         cfg: summarizer::Config,
     ) -> Result<summarizer::FreshnessReport, wit::Error> {
         let f = engine::freshness(&mut Imports, &session, &cfg_in(cfg)).map_err(err_out)?;
-        Ok(summarizer::FreshnessReport {
-            state: match f.state {
-                freshness::State::Empty => summarizer::FreshState::Empty,
-                freshness::State::Fresh => summarizer::FreshState::Fresh,
-                freshness::State::Waiting => summarizer::FreshState::Waiting,
-                freshness::State::Due => summarizer::FreshState::Due,
-                freshness::State::BackingOff => summarizer::FreshState::BackingOff,
-                freshness::State::GaveUp => summarizer::FreshState::GaveUp,
-            },
-            reason: f.reason,
-            episodes: f.episodes,
-            covered: f.covered,
-            backlog_tokens: f.backlog_tokens,
-            last_activity_ms: f.last_activity_ms,
-            covered_until_ms: f.covered_until_ms,
-            due_at_ms: f.due_at_ms,
-            failures: f.failures,
-            last_error: f.last_error,
-        })
+        Ok(fresh_out(f))
+    }
+
+    fn context_freshness(
+        session: String,
+        cfg: summarizer::Config,
+        refresh_after: u32,
+    ) -> Result<summarizer::FreshnessReport, wit::Error> {
+        let cfg = cfg_in(cfg);
+        let f = engine::freshness(&mut Imports, &session, &cfg).map_err(err_out)?;
+        Ok(fresh_out(freshness::for_context(f, &cfg, refresh_after)))
     }
 
     fn refresh(

@@ -91,6 +91,20 @@ fn minutes(ms: u64) -> String {
     }
 }
 
+/// The verdict `f` as a context that keeps at most `refresh_after` messages beyond the summary
+/// sees it: in eager mode, more than that many waiting messages are due now (the context
+/// would otherwise drop them), whatever the trigger thresholds say.
+pub fn for_context(mut f: Freshness, cfg: &Config, refresh_after: u32) -> Freshness {
+    let waiting = f.episodes.saturating_sub(f.covered);
+    if cfg.mode == Mode::Eager && f.state == State::Waiting && waiting > u64::from(refresh_after) {
+        f.state = State::Due;
+        f.reason = format!(
+            "{waiting} messages wait beyond the summary, more than the {refresh_after} a context keeps"
+        );
+    }
+    f
+}
+
 /// The verdict for `inp` under `cfg`.
 pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
     let mut f = Freshness {
@@ -223,6 +237,23 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_context_makes_an_eager_backlog_beyond_its_limit_due() {
+        let mut f = verdict(inputs(10, 7, None, 0), &Config::default());
+        assert_eq!(f.state, State::Waiting);
+        f.covered = 0;
+        let eager = Config::default();
+        assert_eq!(for_context(f.clone(), &eager, 20).state, State::Waiting);
+        let due = for_context(f.clone(), &eager, 8);
+        assert_eq!(due.state, State::Due);
+        assert!(due.reason.contains("more than the 8"), "{}", due.reason);
+        let idle = Config {
+            mode: Mode::Idle,
+            ..Config::default()
+        };
+        assert_eq!(for_context(f, &idle, 8).state, State::Waiting);
+    }
 
     const H: u64 = 3_600_000;
 

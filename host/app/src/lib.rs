@@ -62,7 +62,7 @@ use crate::transcript::{Format, Options};
 
 /// Longest focus instruction a session may carry (characters): it goes into every fold prompt.
 pub const MAX_FOCUS_CHARS: usize = 500;
-use crate::types::{Config, ContextRequest, FreshState, Level, Mode, NewEpisode};
+use crate::types::{Config, ContextRequest, FreshState, Level, NewEpisode};
 
 /// A log sink for engine messages.
 pub type LogFn = Arc<dyn Fn(Level, &str) + Send + Sync>;
@@ -826,12 +826,16 @@ impl Scoped {
         {
             return Ok((Some(j), self.store().stats(session).await?.episodes));
         }
-        let f = self.engine().freshness(session, cfg).await?;
-        let due = f.state == FreshState::Due
-            || (cfg.mode == Mode::Eager
-                && f.state == FreshState::Waiting
-                && beyond_limit.is_some_and(|n| f.episodes - f.covered > n));
-        let job = if due {
+        // The guest decides: its verdict, as a context with this limit sees it when there is
+        // one.
+        let f = match beyond_limit {
+            Some(n) => {
+                let n = u32::try_from(n).unwrap_or(u32::MAX);
+                self.engine().context_freshness(session, cfg, n).await?
+            }
+            None => self.engine().freshness(session, cfg).await?,
+        };
+        let job = if f.state == FreshState::Due {
             Some(self.enqueue(session, f.episodes, cfg).await?)
         } else {
             None

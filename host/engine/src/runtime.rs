@@ -545,6 +545,21 @@ impl Abridge {
         summarizer!(self, None, call_freshness(session, cfg))
     }
 
+    /// The session's freshness as a context keeping at most `refresh_after` messages beyond
+    /// the summary sees it (see the WIT `context-freshness`).
+    pub async fn context_freshness(
+        &self,
+        session: &str,
+        cfg: &Config,
+        refresh_after: u32,
+    ) -> Result<FreshnessReport, CallError> {
+        summarizer!(
+            self,
+            None,
+            call_context_freshness(session, cfg, refresh_after)
+        )
+    }
+
     /// Refresh the session if it is due under `cfg.mode`; a failure keeps the previous
     /// summary and records a failure marker with a backoff.
     pub async fn refresh(&self, session: &str, cfg: &Config) -> Result<Outcome, CallError> {
