@@ -41,6 +41,214 @@ pub struct Event {
     pub tenant: Tenant,
 }
 
+/// What an event says, typed: every event the app publishes is one of these, serialized once
+/// into the [`Event`]'s `kind` and `data` (the names and fields the HTTP API's event streams
+/// and the store carry), and read back with [`Event::what`] by every subscriber instead of
+/// picking fields out of JSON.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[serde(tag = "kind", content = "data")]
+pub enum What {
+    /// A job was queued (or, `released`, given back to the queue at shutdown).
+    #[serde(rename = "job.queued")]
+    JobQueued {
+        /// `queued`.
+        state: String,
+        /// The episode the job brings the summary up to.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target: Option<u64>,
+        /// Given back by a worker that shut down.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        released: Option<bool>,
+    },
+    /// A run joined the session's active job.
+    #[serde(rename = "job.joined")]
+    JobJoined {
+        /// The job's state.
+        state: String,
+        /// Its target episode.
+        target: u64,
+    },
+    /// Another worker runs the job; this one waits for it.
+    #[serde(rename = "job.waiting")]
+    JobWaiting {
+        /// `running`.
+        state: String,
+        /// The worker holding it.
+        owner: Option<String>,
+    },
+    /// A worker started the job.
+    #[serde(rename = "job.running")]
+    JobRunning {
+        /// `running`.
+        state: String,
+        /// The attempt (from 1).
+        attempt: u32,
+        /// The target episode.
+        target: u64,
+        /// Whether an earlier attempt ran (its cached answers are reused).
+        resumed: bool,
+        /// The worker.
+        worker: String,
+        /// Reduce calls per level, when the plan is a map-reduce.
+        levels: Option<Vec<u32>>,
+        /// Map chunks.
+        chunks: Option<u32>,
+        /// Whether the plan is a map-reduce.
+        map_reduce: Option<bool>,
+    },
+    /// Progress of a running job.
+    #[serde(rename = "job.progress")]
+    JobProgress {
+        /// `map` or `reduce`.
+        stage: String,
+        /// 0 for map, then the reduce level.
+        level: u32,
+        /// Calls done at this level.
+        done: u32,
+        /// Calls at this level.
+        total: u32,
+        /// Model answers received in all.
+        answers: u64,
+    },
+    /// A summary row was written or extended.
+    #[serde(rename = "summary.written")]
+    SummaryWritten(crate::SummaryView),
+    /// The job succeeded.
+    #[serde(rename = "job.succeeded")]
+    JobSucceeded {
+        /// `succeeded`.
+        state: String,
+        /// The newest row written.
+        summary: Option<u64>,
+        /// The episode it covers up to.
+        covered: Option<u64>,
+        /// Summary passes made.
+        passes: u32,
+        /// The highest reduce level reached.
+        level: Option<u32>,
+        /// Model answers received.
+        answers: Option<u64>,
+    },
+    /// The job was cancelled.
+    #[serde(rename = "job.cancelled")]
+    JobCancelled {
+        /// `cancelled`.
+        state: String,
+    },
+    /// A failed refresh was recorded (the session backs off).
+    #[serde(rename = "failure.recorded")]
+    FailureRecorded {
+        /// Failures in a row.
+        failures: u32,
+        /// The last error.
+        error: String,
+    },
+    /// The job failed.
+    #[serde(rename = "job.failed")]
+    JobFailed {
+        /// `failed`.
+        state: String,
+        /// Why.
+        error: String,
+    },
+    /// The session was reset.
+    #[serde(rename = "session.reset")]
+    SessionReset {},
+    /// A memory was stored.
+    #[serde(rename = "memory.written")]
+    MemoryWritten {
+        /// Its id.
+        id: String,
+        /// Its cluster.
+        cluster: u64,
+        /// The cluster's members now.
+        members: u32,
+        /// Whether the cluster is due for a summary.
+        due: bool,
+    },
+    /// A memory was deleted.
+    #[serde(rename = "memory.deleted")]
+    MemoryDeleted {
+        /// Its id.
+        id: String,
+        /// Its cluster.
+        cluster: u64,
+        /// Whether the cluster's summary went with it.
+        summary_deleted: bool,
+    },
+    /// A cluster was summarized.
+    #[serde(rename = "cluster.summarized")]
+    ClusterSummarized {
+        /// The cluster.
+        cluster: u64,
+        /// `created`, `updated`, `deleted`, …
+        action: String,
+        /// The summary's id.
+        summary: Option<u64>,
+        /// The memories it was made from.
+        sources: Option<Vec<String>>,
+        /// Model calls.
+        calls: u32,
+        /// Prompt tokens.
+        prompt_tokens: u32,
+    },
+    /// A cluster summary failed.
+    #[serde(rename = "cluster.failed")]
+    ClusterFailed {
+        /// The cluster.
+        cluster: u64,
+        /// Why.
+        error: String,
+    },
+}
+
+impl What {
+    /// A job queued to bring its session up to `target`.
+    pub fn queued(target: u64) -> What {
+        What::JobQueued {
+            state: "queued".into(),
+            target: Some(target),
+            released: None,
+        }
+    }
+
+    /// A job cancelled.
+    pub fn cancelled() -> What {
+        What::JobCancelled {
+            state: "cancelled".into(),
+        }
+    }
+
+    /// Whether the event ends its job (it succeeded, failed or was cancelled).
+    pub fn ends_job(&self) -> bool {
+        matches!(
+            self,
+            What::JobSucceeded { .. } | What::JobFailed { .. } | What::JobCancelled { .. }
+        )
+    }
+
+    /// The event's kind and data, as the wire and the store carry them.
+    pub fn encode(&self) -> (String, serde_json::Value) {
+        let mut v = serde_json::to_value(self).expect("an event serializes");
+        let kind = v["kind"]
+            .as_str()
+            .expect("every event has a kind")
+            .to_string();
+        let data = v
+            .get_mut("data")
+            .map(serde_json::Value::take)
+            .unwrap_or_else(|| serde_json::json!({}));
+        (kind, data)
+    }
+}
+
+impl Event {
+    /// What the event says, typed (`None` for a kind this build does not know).
+    pub fn what(&self) -> Option<What> {
+        serde_json::from_value(serde_json::json!({"kind": self.kind, "data": self.data})).ok()
+    }
+}
+
 struct Backlog {
     /// Each tenant's newest id.
     last: BTreeMap<Tenant, u64>,
@@ -147,15 +355,15 @@ impl EventBus {
     pub fn publish(
         &self,
         tenant: &Tenant,
-        kind: &str,
+        what: &What,
         at_ms: u64,
         session: Option<&str>,
         job: Option<u64>,
-        data: serde_json::Value,
     ) {
+        let (kind, data) = what.encode();
         let ev = Event {
             id: 0,
-            kind: kind.into(),
+            kind,
             at_ms,
             session: session.map(str::to_string),
             job,
@@ -432,28 +640,48 @@ mod tests {
         EventBus::new(keep, store, Arc::new(|_, _| {}))
     }
 
+    #[test]
+    fn events_are_serialized_once_and_read_back_typed() {
+        let (kind, data) = What::queued(7).encode();
+        assert_eq!(kind, "job.queued");
+        assert_eq!(data, serde_json::json!({"state": "queued", "target": 7}));
+        let (kind, data) = What::SessionReset {}.encode();
+        assert_eq!(
+            (kind.as_str(), data),
+            ("session.reset", serde_json::json!({}))
+        );
+        let ev = Event {
+            id: 1,
+            kind: "job.progress".into(),
+            at_ms: 0,
+            session: None,
+            job: Some(3),
+            data: serde_json::json!({"stage": "map", "level": 0, "done": 2, "total": 5, "answers": 2}),
+            tenant: Tenant::local(),
+        };
+        assert!(matches!(
+            ev.what(),
+            Some(What::JobProgress {
+                done: 2,
+                total: 5,
+                ..
+            })
+        ));
+        let unknown = Event {
+            kind: "from.a.newer.build".into(),
+            ..ev
+        };
+        assert!(unknown.what().is_none());
+    }
+
     #[tokio::test]
     async fn a_reconnecting_subscriber_misses_nothing_retained_and_sees_only_its_tenant() {
         let bus = bus(3, Arc::new(MemoryStore::new()));
         let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
         for i in 0..5 {
-            bus.publish(
-                &a,
-                "job.queued",
-                i,
-                Some("s"),
-                Some(i),
-                serde_json::json!({}),
-            );
+            bus.publish(&a, &What::queued(1), i, Some("s"), Some(i));
         }
-        bus.publish(
-            &b,
-            "job.queued",
-            9,
-            Some("s"),
-            Some(9),
-            serde_json::json!({}),
-        );
+        bus.publish(&b, &What::queued(1), 9, Some("s"), Some(9));
         bus.flush().await;
         let s = bus.subscribe(&a, Some(3)).await;
         assert_eq!(
@@ -465,9 +693,9 @@ mod tests {
         assert_eq!(s.missed.len(), 3);
         assert_eq!(s.gap_before, Some(3));
         let mut live = bus.subscribe(&a, None).await.live;
-        bus.publish(&b, "x", 0, None, None, serde_json::json!({}));
+        bus.publish(&b, &What::SessionReset {}, 0, None, None);
         bus.flush().await;
-        bus.publish(&a, "y", 0, None, None, serde_json::json!({}));
+        bus.publish(&a, &What::SessionReset {}, 0, None, None);
         assert_eq!(live.recv().await.unwrap().tenant, b);
         let e = live.recv().await.unwrap();
         assert_eq!((e.tenant, e.id), (a.clone(), 6));
@@ -490,23 +718,9 @@ mod tests {
             let store = Arc::new(SqliteStore::open(&path).unwrap());
             let bus = bus(4, store);
             for (i, s) in ["s", "t", "s", "t", "s", "t"].iter().enumerate() {
-                bus.publish(
-                    &a,
-                    "job.queued",
-                    i as u64,
-                    Some(s),
-                    None,
-                    serde_json::json!({"n": i}),
-                );
+                bus.publish(&a, &What::queued(i as u64), i as u64, Some(s), None);
             }
-            bus.publish(
-                &Tenant::local(),
-                "job.queued",
-                7,
-                Some("s"),
-                None,
-                serde_json::json!({}),
-            );
+            bus.publish(&Tenant::local(), &What::queued(1), 7, Some("s"), None);
             bus.flush().await;
         }
         // Reopened: the newest four of acme's six are retained; ids go on from 6.
@@ -516,7 +730,7 @@ mod tests {
         let got: Vec<(u64, Option<String>, serde_json::Value)> = s
             .missed
             .iter()
-            .map(|e| (e.id, e.session.clone(), e.data["n"].clone()))
+            .map(|e| (e.id, e.session.clone(), e.data["target"].clone()))
             .collect();
         assert_eq!(
             got,
@@ -529,7 +743,7 @@ mod tests {
         );
         assert_eq!(s.gap_before, Some(3));
         let mut live = s.live;
-        bus.publish(&a, "job.running", 9, Some("s"), None, serde_json::json!({}));
+        bus.publish(&a, &What::cancelled(), 9, Some("s"), None);
         assert_eq!(live.recv().await.unwrap().id, 7);
         // The local tenant's log is its own.
         assert_eq!(

@@ -38,7 +38,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
 
 pub use error::{AppError, AppResult, ErrorKind};
-pub use events::{Event, EventBus};
+pub use events::{Event, EventBus, What};
 pub use import::{Bring, ConversationImport, SourceFile};
 pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
@@ -482,17 +482,11 @@ impl Scoped {
         }
     }
 
-    fn publish(
-        &self,
-        kind: &str,
-        session: Option<&str>,
-        job: Option<u64>,
-        data: serde_json::Value,
-    ) {
+    fn publish(&self, what: What, session: Option<&str>, job: Option<u64>) {
         self.app
             .inner
             .events
-            .publish(&self.tenant, kind, self.app.now_ms(), session, job, data);
+            .publish(&self.tenant, &what, self.app.now_ms(), session, job);
     }
 
     /// A session's figures; an unknown session is [`ErrorKind::NotFound`].
@@ -851,12 +845,7 @@ impl Scoped {
             .enqueue(&self.tables, session, target, cfg)
             .await?;
         if created {
-            self.publish(
-                "job.queued",
-                Some(session),
-                Some(job.id),
-                serde_json::json!({"state": "queued", "target": target}),
-            );
+            self.publish(What::queued(target), Some(session), Some(job.id));
             self.app.inner.wake.notify_one();
         }
         Ok(job)
@@ -1022,7 +1011,7 @@ impl Scoped {
             .forget_session(&self.tenant, session)
             .await;
         self.engine().reset(session).await?;
-        self.publish("session.reset", Some(session), None, serde_json::json!({}));
+        self.publish(What::SessionReset {}, Some(session), None);
         Ok(stats.episodes)
     }
 
@@ -1072,10 +1061,9 @@ impl Scoped {
             .ok_or_else(|| AppError::not_found(format!("no job {id}")))?;
         if now.state == crate::jobs::JobState::Cancelled {
             self.publish(
-                "job.cancelled",
+                What::cancelled(),
                 self.tenant.session_of(&now.session),
                 Some(id),
-                serde_json::json!({"state": "cancelled"}),
             );
         }
         Ok(self.job_view(&now))

@@ -11,9 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde_json::json;
 
-use super::{App, AppError, AppResult, ErrorKind, Scoped};
+use super::{App, AppError, AppResult, ErrorKind, Scoped, What};
 use crate::store::{ClusterRow, RecallStore};
 use crate::tenant::TenantRecall;
 use crate::types::{
@@ -351,10 +350,14 @@ impl Scoped {
         let out = self.engine().remember(&items, cfg).await?;
         for r in out.iter().filter(|r| r.created) {
             self.publish(
-                "memory.written",
+                What::MemoryWritten {
+                    id: r.id.clone(),
+                    cluster: r.cluster,
+                    members: r.members,
+                    due: r.due,
+                },
                 None,
                 None,
-                json!({"id": r.id, "cluster": r.cluster, "members": r.members, "due": r.due}),
             );
         }
         Ok(out)
@@ -485,15 +488,16 @@ impl Scoped {
             Ok(o) => {
                 if !matches!(o.action, ClusterAction::Unchanged | ClusterAction::TooFew) {
                     self.publish(
-                        "cluster.summarized",
+                        What::ClusterSummarized {
+                            cluster,
+                            action: action_name(o.action).to_string(),
+                            summary: o.summary.as_ref().map(|s| s.id),
+                            sources: o.summary.as_ref().map(|s| s.sources.clone()),
+                            calls: o.calls,
+                            prompt_tokens: o.prompt_tokens,
+                        },
                         None,
                         None,
-                        json!({
-                            "cluster": cluster, "action": action_name(o.action),
-                            "summary": o.summary.as_ref().map(|s| s.id),
-                            "sources": o.summary.as_ref().map(|s| s.sources.clone()),
-                            "calls": o.calls, "prompt_tokens": o.prompt_tokens,
-                        }),
                     );
                 }
                 Ok(Some(o))
@@ -501,10 +505,12 @@ impl Scoped {
             Err(e) => {
                 let e = AppError::from(e);
                 self.publish(
-                    "cluster.failed",
+                    What::ClusterFailed {
+                        cluster,
+                        error: e.message.clone(),
+                    },
                     None,
                     None,
-                    json!({"cluster": cluster, "error": e.message}),
                 );
                 Err(e)
             }
@@ -540,10 +546,13 @@ impl Scoped {
             .await?
             .ok_or_else(|| AppError::not_found(format!("no memory '{id}'")))?;
         self.publish(
-            "memory.deleted",
+            What::MemoryDeleted {
+                id: id.to_string(),
+                cluster: f.cluster,
+                summary_deleted: f.summary_deleted,
+            },
             None,
             None,
-            json!({"id": id, "cluster": f.cluster, "summary_deleted": f.summary_deleted}),
         );
         Ok(f)
     }

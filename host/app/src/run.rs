@@ -6,10 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::sync::watch;
 
-use super::{AppError, AppResult, ErrorKind, Scoped, SummaryView};
+use super::{AppError, AppResult, ErrorKind, Scoped, SummaryView, What};
 use crate::control::Progress;
 use crate::jobs::{Claim, Job, JobState};
 use crate::runtime::CallError;
@@ -47,18 +46,15 @@ impl Scoped {
         let jobs = &self.app.inner.jobs;
         let (job, created) = jobs.enqueue(&self.tables, session, target, cfg).await?;
         if created {
-            self.publish(
-                "job.queued",
-                Some(session),
-                Some(job.id),
-                json!({"state": "queued", "target": target}),
-            );
+            self.publish(What::queued(target), Some(session), Some(job.id));
         } else {
             self.publish(
-                "job.joined",
+                What::JobJoined {
+                    state: job.state.as_str().to_string(),
+                    target: job.target,
+                },
                 Some(session),
                 Some(job.id),
-                json!({"state": job.state.as_str(), "target": job.target}),
             );
         }
         let mut waiting = false;
@@ -74,10 +70,12 @@ impl Scoped {
                     if !waiting {
                         waiting = true;
                         self.publish(
-                            "job.waiting",
+                            What::JobWaiting {
+                                state: "running".into(),
+                                owner: other.lease_owner.clone(),
+                            },
                             Some(session),
                             Some(other.id),
-                            json!({"state": "running", "owner": other.lease_owner}),
                         );
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -118,38 +116,38 @@ impl Scoped {
         };
         let publish = {
             let (me, session) = (self.clone(), session.clone());
-            move |kind: &str, data: serde_json::Value| {
-                me.publish(kind, Some(&session), Some(job.id), data)
-            }
+            move |what: What| me.publish(what, Some(&session), Some(job.id))
         };
         let engine = self.engine().clone();
         let plan = engine.plan(&session, &job.config).await.ok();
         if let Some(p) = &plan {
             let _ = app.jobs().set_planned(job.id, p.calls).await;
         }
-        publish(
-            "job.running",
-            json!({
-                "state": "running", "attempt": job.attempts, "target": job.target,
-                "resumed": job.attempts > 1, "worker": app.jobs().owner(),
-                "levels": plan.as_ref().map(|p| p.levels.clone()),
-                "chunks": plan.as_ref().map(|p| p.chunks),
-                "map_reduce": plan.as_ref().map(|p| p.path == crate::types::PlanPath::MapReduce),
-            }),
-        );
+        publish(What::JobRunning {
+            state: "running".into(),
+            attempt: job.attempts,
+            target: job.target,
+            resumed: job.attempts > 1,
+            worker: app.jobs().owner().to_string(),
+            levels: plan.as_ref().map(|p| p.levels.clone()),
+            chunks: plan.as_ref().map(|p| p.chunks),
+            map_reduce: plan
+                .as_ref()
+                .map(|p| p.path == crate::types::PlanPath::MapReduce),
+        });
         tracing::info!(job = job.id, tenant = %self.tenant, session = %session, attempt = job.attempts, "job running");
         let mut scoped_job = job.clone();
         scoped_job.session = session.clone();
         let observer: crate::control::Observer = {
             let publish = publish.clone();
             Arc::new(move |p: &Progress| {
-                publish(
-                    "job.progress",
-                    json!({
-                        "stage": if p.level == 0 { "map" } else { "reduce" },
-                        "level": p.level, "done": p.done, "total": p.total, "answers": p.answers,
-                    }),
-                );
+                publish(What::JobProgress {
+                    stage: if p.level == 0 { "map" } else { "reduce" }.into(),
+                    level: p.level,
+                    done: p.done,
+                    total: p.total,
+                    answers: p.answers,
+                });
             })
         };
         let run = app.jobs().run(&engine, &scoped_job, Some(observer));
@@ -163,7 +161,11 @@ impl Scoped {
         let Some(result) = result else {
             // Shutdown ran out of grace: give the job back; the next start resumes it.
             let _ = app.jobs().release(job.id).await;
-            publish("job.queued", json!({"state": "queued", "released": true}));
+            publish(What::JobQueued {
+                state: "queued".into(),
+                target: None,
+                released: Some(true),
+            });
             tracing::info!(job = job.id, "job released to the queue at shutdown");
             return None;
         };
@@ -171,26 +173,23 @@ impl Scoped {
             Ok(outcome) => {
                 let rows: Vec<_> = outcome.written.iter().map(SummaryView::from).collect();
                 for r in &rows {
-                    publish("summary.written", json!(r));
+                    publish(What::SummaryWritten(r.clone()));
                 }
                 let stored = app.jobs().get(job.id).await.ok().flatten();
-                publish(
-                    "job.succeeded",
-                    json!({
-                        "state": "succeeded",
-                        "summary": rows.last().map(|r| r.id),
-                        "covered": rows.last().map(|r| r.last_episode),
-                        "passes": outcome.passes,
-                        "level": stored.as_ref().map(|j| j.level),
-                        "answers": stored.as_ref().map(|j| j.answers),
-                    }),
-                );
+                publish(What::JobSucceeded {
+                    state: "succeeded".into(),
+                    summary: rows.last().map(|r| r.id),
+                    covered: rows.last().map(|r| r.last_episode),
+                    passes: outcome.passes,
+                    level: stored.as_ref().map(|j| j.level),
+                    answers: stored.as_ref().map(|j| j.answers),
+                });
                 tracing::info!(job = job.id, passes = outcome.passes, "job succeeded");
                 stored.ok_or_else(|| AppError::storage(format!("job {} vanished", job.id)))
             }
             Err(CallError::Cancelled) => match app.jobs().get(job.id).await.ok().flatten() {
                 Some(j) if j.state == JobState::Cancelled => {
-                    publish("job.cancelled", json!({"state": "cancelled"}));
+                    publish(What::cancelled());
                     Err(unsuccessful(&j))
                 }
                 _ => Err(AppError::new(
@@ -205,12 +204,15 @@ impl Scoped {
                 let reason = format!("{e:#}");
                 tracing::warn!(job = job.id, error = %reason, "job failed");
                 if let Ok(Some(m)) = engine.store().failure(&session).await {
-                    publish(
-                        "failure.recorded",
-                        json!({"failures": m.failures, "error": m.last_error}),
-                    );
+                    publish(What::FailureRecorded {
+                        failures: m.failures,
+                        error: m.last_error,
+                    });
                 }
-                publish("job.failed", json!({"state": "failed", "error": reason}));
+                publish(What::JobFailed {
+                    state: "failed".into(),
+                    error: reason.clone(),
+                });
                 Err(AppError::from(e).hint(
                     "the episodes are stored, earlier summaries are unchanged and answers received are cached; run the job again to retry",
                 ))

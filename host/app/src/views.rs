@@ -218,7 +218,7 @@ impl SessionView {
 }
 
 /// One summary row.
-#[derive(Clone, Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct SummaryView {
     /// Row id.
     pub id: u64,
@@ -247,12 +247,12 @@ pub struct SummaryView {
     /// Ledger entries the budget dropped so far.
     pub ledger_dropped: u32,
     /// What the row covers of the transcript (asked for with `?coverage=true`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<CoverageView>,
 }
 
 /// What a summary row covers of the transcript.
-#[derive(Clone, Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct CoverageView {
     /// The time of its last exchange (its last episode's own time), ms since the epoch.
     pub last_exchange_ms: Option<i64>,
@@ -265,7 +265,7 @@ pub struct CoverageView {
 }
 
 /// How far into a transcript file a summary row reaches.
-#[derive(Clone, Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct SourceMarkView {
     /// The file.
     pub path: String,
@@ -306,7 +306,7 @@ pub struct MessageView {
 }
 
 /// One identifier of a summary row's facts ledger.
-#[derive(Clone, Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct LedgerView {
     /// The identifier, verbatim.
     pub text: String,

@@ -686,8 +686,6 @@ fn sse_of(e: &Event) -> SseEvent {
         .data(serde_json::to_string(e).expect("events serialize"))
 }
 
-const TERMINAL: [&str; 3] = ["job.succeeded", "job.failed", "job.cancelled"];
-
 struct EventFeed {
     first: VecDeque<SseEvent>,
     missed: VecDeque<Event>,
@@ -730,7 +728,7 @@ fn event_stream(s: EventFeed) -> impl Stream<Item = Result<SseEvent, Infallible>
             if ev.tenant != st.tenant || st.job.is_some_and(|j| ev.job != Some(j)) {
                 continue;
             }
-            if st.job.is_some() && TERMINAL.contains(&ev.kind.as_str()) {
+            if st.job.is_some() && ev.what().is_some_and(|w| w.ends_job()) {
                 st.done = true;
             }
             return Some((Ok(sse_of(&ev)), st));

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::anyhow;
 
 use abridge_app::jobs::Job;
-use abridge_app::{App, AppConfig, AppError, ErrorKind, Event, Limits, Scoped};
+use abridge_app::{App, AppConfig, AppError, ErrorKind, Event, Limits, Scoped, What};
 use abridge_engine::Progress;
 use abridge_engine::types::{Config, Level};
 
@@ -163,55 +163,57 @@ impl Display<'_> {
             return;
         }
         let id = ev.job.unwrap_or(0);
-        let d = &ev.data;
-        let num = |k: &str| d[k].as_u64().unwrap_or(0);
-        match ev.kind.as_str() {
-            "job.joined" => super::commands::note(
+        let Some(what) = ev.what() else {
+            return;
+        };
+        match what {
+            What::JobJoined { state, target } => super::commands::note(
                 self.s,
                 &format!(
-                    "job {id} for session {session} up to episode {} is already {}; joining it",
-                    num("target"),
-                    d["state"].as_str().unwrap_or("queued")
+                    "job {id} for session {session} up to episode {target} is already {state}; joining it"
                 ),
             ),
-            "job.waiting" => super::commands::note(
+            What::JobWaiting { owner, .. } => super::commands::note(
                 self.s,
                 &format!(
                     "job {id} is being run by {}; waiting for it",
-                    d["owner"].as_str().unwrap_or("another worker")
+                    owner.as_deref().unwrap_or("another worker")
                 ),
             ),
-            "job.running" => {
-                if d["resumed"] == true {
+            What::JobRunning {
+                attempt,
+                resumed,
+                levels,
+                chunks,
+                map_reduce,
+                ..
+            } => {
+                if resumed {
                     super::commands::note(
                         self.s,
                         &format!(
-                            "resuming job {id} for session {session} (attempt {}); cached partial summaries are reused",
-                            num("attempt")
+                            "resuming job {id} for session {session} (attempt {attempt}); cached partial summaries are reused"
                         ),
                     );
                 }
-                let levels = d["levels"]
-                    .as_array()
-                    .map(|l| {
-                        l.iter()
-                            .filter_map(|n| n.as_u64())
-                            .map(|n| n as u32)
-                            .collect()
-                    })
-                    .unwrap_or_default();
                 let label = format!("job {id} (session {session})");
-                self.chunks = (d["map_reduce"] == true).then(|| num("chunks"));
+                self.chunks = (map_reduce == Some(true)).then(|| u64::from(chunks.unwrap_or(0)));
                 self.started = Instant::now();
-                let view = JobProgress::new(self.mode(), label.clone(), levels);
+                let view = JobProgress::new(self.mode(), label.clone(), levels.unwrap_or_default());
                 self.running = Some((label, Arc::new(view)));
             }
-            "job.progress" => {
+            What::JobProgress {
+                level,
+                done,
+                total,
+                answers,
+                ..
+            } => {
                 let p = Progress {
-                    level: num("level") as u32,
-                    done: num("done") as u32,
-                    total: num("total") as u32,
-                    answers: num("answers"),
+                    level,
+                    done,
+                    total,
+                    answers,
                 };
                 if let Some((label, view)) = &self.running {
                     match &self.show {
@@ -220,20 +222,24 @@ impl Display<'_> {
                     }
                 }
             }
-            "job.succeeded" | "job.failed" | "job.cancelled" => {
+            What::JobSucceeded { level, answers, .. } => {
                 if let Some((_, view)) = self.running.take() {
                     view.finish();
                 }
-                if ev.kind == "job.succeeded"
-                    && self.mode() != Mode::Off
+                if self.mode() != Mode::Off
                     && let Some(chunks) = self.chunks.take()
                 {
                     eprintln!(
                         "abridge: job {id}: {chunks} chunks merged in {} reduce level(s) with {} model answers in {}",
-                        num("level"),
-                        num("answers"),
+                        level.unwrap_or(0),
+                        answers.unwrap_or(0),
                         duration_text(self.started.elapsed())
                     );
+                }
+            }
+            What::JobFailed { .. } | What::JobCancelled { .. } => {
+                if let Some((_, view)) = self.running.take() {
+                    view.finish();
                 }
             }
             _ => {}
