@@ -15,7 +15,9 @@ export function checkCompaction(session, active, c) {
   if (c.rows.length < 2) throw conflict('a compaction folds at least two rows');
   const head = active.slice(0, c.rows.length).map((r) => r.id);
   if (head.length !== c.rows.length || head.some((id, i) => id !== c.rows[i])) {
-    throw conflict(`rows ${JSON.stringify(c.rows)} are not the oldest rows of the active chain (${JSON.stringify(head)})`);
+    // Lists as the Rust host writes them (`[1, 2]`): the golden store rules compare messages.
+    const list = (ids) => `[${ids.join(', ')}]`;
+    throw conflict(`rows ${list(c.rows)} are not the oldest rows of the active chain (${list(head)})`);
   }
   const folded = active.slice(0, c.rows.length);
   return { first: folded[0].firstEpisode, last: folded[folded.length - 1].lastEpisode, level: Math.max(...folded.map((r) => r.level ?? 0)) + 1 };
