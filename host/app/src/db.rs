@@ -11,12 +11,12 @@ use crate::types::Error;
 
 /// Whether `db` names a PostgreSQL database (a `postgres://` or `postgresql://` URL).
 pub fn is_url(db: &str) -> bool {
-    abridge_store::pg::is_url(db)
+    abridge_store::is_postgres_url(db)
 }
 
 /// `db` as shown in messages: a PostgreSQL URL without its password, a path as it is.
 pub fn shown(db: &Path) -> String {
-    abridge_store::pg::shown(db)
+    abridge_store::shown(db)
 }
 
 /// Open `db` (see [`abridge_store::open_store`]).

@@ -1,10 +1,10 @@
-//! Sealing text at rest in the SQLite store: per-tenant data keys (table `data_keys`, wrapped
-//! by the master key), unwrapped once and kept in memory while the store is open.
+//! Sealing text at rest: per-tenant data keys (table `data_keys`, wrapped by the master key),
+//! unwrapped once and kept in memory while the store is open, and the sealing of one row's
+//! text under one of them. Each SQL store reads and writes the `data_keys` rows its own way
+//! (`sqlite_keys.rs`, `pg/recall.rs`); the keys and the sealing are the same for both.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-
-use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::crypto::{self, Place, Secret};
 use crate::types::Error;
@@ -21,11 +21,7 @@ pub(super) fn now_ms() -> u64 {
     crate::clock::SystemClock.now_ms()
 }
 
-fn db_err(e: rusqlite::Error) -> Error {
-    Error::Storage(e.to_string())
-}
-
-fn wrong_key(tenant: &str, version: u32) -> Error {
+pub(super) fn wrong_key(tenant: &str, version: u32) -> Error {
     Error::Storage(format!(
         "the master key does not open tenant '{tenant}''s data key (version {version}): ABRIDGE_MASTER_KEY_FILE or ABRIDGE_MASTER_KEY is not the key this database was written with"
     ))
@@ -38,21 +34,6 @@ impl Keyring {
             master,
             cache: Mutex::new(BTreeMap::new()),
         }
-    }
-
-    fn key(&self, c: &Connection, tenant: &str, version: u32) -> Result<Arc<Secret>, Error> {
-        if let Some(k) = self.cached(tenant, version) {
-            return Ok(k);
-        }
-        let wrapped: Option<Vec<u8>> = c
-            .query_row(
-                "SELECT wrapped FROM data_keys WHERE tenant = ?1 AND version = ?2",
-                params![tenant, version],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(db_err)?;
-        self.admit(tenant, version, wrapped)
     }
 
     /// A data key already unwrapped.
@@ -107,93 +88,6 @@ impl Keyring {
     /// Forget every unwrapped key (after a rotation).
     pub(super) fn forget(&self) {
         self.cache.lock().expect("keyring lock").clear();
-    }
-
-    /// The tenant's newest data key, made (and stored wrapped) on first use.
-    fn current(&self, c: &Connection, tenant: &str) -> Result<(u32, Arc<Secret>), Error> {
-        let v: Option<u32> = c
-            .query_row(
-                "SELECT MAX(version) FROM data_keys WHERE tenant = ?1",
-                [tenant],
-                |r| r.get(0),
-            )
-            .map_err(db_err)?;
-        if let Some(v) = v {
-            return Ok((v, self.key(c, tenant, v)?));
-        }
-        let wrapped = self.new_wrapped(tenant, 1)?;
-        c.execute(
-            "INSERT OR IGNORE INTO data_keys (tenant, version, wrapped, created_ms) VALUES (?1, 1, ?2, ?3)",
-            params![tenant, wrapped, now_ms() as i64],
-        )
-        .map_err(db_err)?;
-        // Another writer may have made it first: read back what is stored.
-        Ok((1, self.key(c, tenant, 1)?))
-    }
-
-    /// Seal `text` for a row: the bytes to store and the key version (never 0).
-    pub fn seal(
-        &self,
-        c: &Connection,
-        tenant: &str,
-        table: &str,
-        row: &str,
-        text: &str,
-    ) -> Result<(Vec<u8>, u32), Error> {
-        let (v, k) = self.current(c, tenant)?;
-        Ok((seal_under(&k, v, tenant, table, row, text)?, v))
-    }
-
-    /// Open a sealed row's text.
-    pub fn open(
-        &self,
-        c: &Connection,
-        tenant: &str,
-        table: &str,
-        row: &str,
-        sealed: &[u8],
-        version: u32,
-    ) -> Result<String, Error> {
-        let k = self.key(c, tenant, version)?;
-        open_under(&k, version, tenant, table, row, sealed)
-    }
-
-    /// Re-wrap every data key under `new` (the rows stay as they are) and start a new data key
-    /// version per tenant, so text written from now on is sealed under a fresh key; returns
-    /// the tenants.
-    pub fn rotate(&self, c: &mut Connection, new: &Secret) -> Result<usize, Error> {
-        let tx = c.transaction().map_err(db_err)?;
-        let rows: Vec<(String, u32, Vec<u8>)> = {
-            let mut st = tx
-                .prepare("SELECT tenant, version, wrapped FROM data_keys")
-                .map_err(db_err)?;
-            st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                .map_err(db_err)?
-                .collect::<Result<_, _>>()
-                .map_err(db_err)?
-        };
-        let mut newest: BTreeMap<String, u32> = BTreeMap::new();
-        for (tenant, version, wrapped) in &rows {
-            let re = self.rewrapped(new, tenant, *version, wrapped)?;
-            tx.execute(
-                "UPDATE data_keys SET wrapped = ?3 WHERE tenant = ?1 AND version = ?2",
-                params![tenant, version, re],
-            )
-            .map_err(db_err)?;
-            let e = newest.entry(tenant.clone()).or_default();
-            *e = (*e).max(*version);
-        }
-        for (tenant, v) in &newest {
-            let w = new_wrapped_under(new, tenant, v + 1)?;
-            tx.execute(
-                "INSERT INTO data_keys (tenant, version, wrapped, created_ms) VALUES (?1, ?2, ?3, ?4)",
-                params![tenant, v + 1, w, now_ms() as i64],
-            )
-            .map_err(db_err)?;
-        }
-        tx.commit().map_err(db_err)?;
-        self.forget();
-        Ok(newest.len())
     }
 }
 

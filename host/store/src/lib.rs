@@ -3,6 +3,8 @@
 //! the rules every store enforces. The traits the engine's imports need ([`Store`],
 //! [`RecallStore`]) are the engine's and re-exported here.
 #![deny(missing_docs)]
+// Without either SQL store the helpers they share (stored formats, the keyring) go unused.
+#![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 
 use std::sync::Arc;
 
@@ -15,19 +17,27 @@ pub mod jobs;
 pub(crate) mod keyring;
 mod memory;
 mod memory_tables;
+#[cfg(feature = "postgres")]
 pub mod pg;
 pub mod recall;
 pub mod rules;
 pub mod sources;
+#[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlite")]
+mod sqlite_keys;
+#[cfg(feature = "sqlite")]
 mod sqlite_recall;
+#[cfg(feature = "sqlite")]
 mod sqlite_tables;
 pub mod tables;
 pub mod tenant;
 
 pub use abridge_engine::store::{ClusterRow, RecallStore, Store, Unsettled, UsageDay};
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
 pub use pg::PgStore;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tables::{
     AppStore, EventRow, EventStore, JobScope, JobStore, SlotStore, SourceStore, TenantCap,
@@ -93,6 +103,32 @@ pub fn ledger_from_json(text: &str) -> Vec<LedgerEntry> {
         .collect()
 }
 
+/// Whether `db` names a PostgreSQL database (`postgres://` or `postgresql://`) rather than a
+/// SQLite file.
+pub fn is_postgres_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+/// `db` as shown in messages and logs: a file's path, or a URL without its password.
+pub fn shown(db: &std::path::Path) -> String {
+    let text = db.to_string_lossy();
+    if !is_postgres_url(&text) {
+        return db.display().to_string();
+    }
+    #[cfg(feature = "postgres")]
+    return pg::shown(db);
+    #[cfg(not(feature = "postgres"))]
+    return "a postgres:// URL".into();
+}
+
+/// The refusal for a store this build left out.
+#[allow(dead_code)]
+fn left_out(feature: &str, what: &str) -> Error {
+    Error::InvalidInput(format!(
+        "{what} needs abridge-store's '{feature}' feature, which this build leaves out; build with it (it is on by default)"
+    ))
+}
+
 /// Open `db`: a PostgreSQL URL connects (from inside a multi-threaded tokio runtime, as the
 /// binary runs), anything else is a SQLite file.
 pub fn open_store(
@@ -100,25 +136,48 @@ pub fn open_store(
     master: Option<&crate::crypto::Secret>,
 ) -> Result<Arc<dyn AppStore>, Error> {
     let text = db.to_string_lossy();
-    if pg::is_url(&text) {
-        let handle = tokio::runtime::Handle::try_current()
-            .ok()
-            .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-            .ok_or_else(|| {
-                Error::Storage(
-                    "a PostgreSQL store is opened from inside a multi-threaded tokio runtime"
-                        .into(),
-                )
-            })?;
-        let url = text.to_string();
-        let store =
-            tokio::task::block_in_place(move || handle.block_on(pg::PgStore::connect(&url)))?;
-        let store = match master {
-            Some(k) => store.with_master_key(k.clone()),
-            None => store,
-        };
-        return Ok(Arc::new(store));
+    if is_postgres_url(&text) {
+        open_postgres(&text, master)
+    } else {
+        open_sqlite(db, master)
     }
+}
+
+#[cfg(feature = "postgres")]
+fn open_postgres(
+    url: &str,
+    master: Option<&crate::crypto::Secret>,
+) -> Result<Arc<dyn AppStore>, Error> {
+    let handle = tokio::runtime::Handle::try_current()
+        .ok()
+        .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+        .ok_or_else(|| {
+            Error::Storage(
+                "a PostgreSQL store is opened from inside a multi-threaded tokio runtime".into(),
+            )
+        })?;
+    let url = url.to_string();
+    let store = tokio::task::block_in_place(move || handle.block_on(pg::PgStore::connect(&url)))?;
+    let store = match master {
+        Some(k) => store.with_master_key(k.clone()),
+        None => store,
+    };
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn open_postgres(
+    _url: &str,
+    _master: Option<&crate::crypto::Secret>,
+) -> Result<Arc<dyn AppStore>, Error> {
+    Err(left_out("postgres", "a PostgreSQL database"))
+}
+
+#[cfg(feature = "sqlite")]
+fn open_sqlite(
+    db: &std::path::Path,
+    master: Option<&crate::crypto::Secret>,
+) -> Result<Arc<dyn AppStore>, Error> {
     let mut s = SqliteStore::open(db)?;
     if let Some(k) = master {
         s = s.with_master_key(k.clone());
@@ -126,23 +185,39 @@ pub fn open_store(
     Ok(Arc::new(s))
 }
 
+#[cfg(not(feature = "sqlite"))]
+fn open_sqlite(
+    _db: &std::path::Path,
+    _master: Option<&crate::crypto::Secret>,
+) -> Result<Arc<dyn AppStore>, Error> {
+    Err(left_out("sqlite", "a SQLite database file"))
+}
+
 /// Rotate the master key of the database `db` (a SQLite file or a PostgreSQL URL) from
-/// `current` to `new`: see [`SqliteStore::rotate_master_key`]. Returns the tenants rotated.
+/// `current` to `new`. Returns the tenants rotated.
 pub async fn rotate_master_key(
     db: &std::path::Path,
     current: crate::crypto::Secret,
     new: &crate::crypto::Secret,
 ) -> Result<usize, Error> {
     let text = db.to_string_lossy();
-    if pg::is_url(&text) {
-        pg::PgStore::connect(&text)
+    if is_postgres_url(&text) {
+        #[cfg(feature = "postgres")]
+        return pg::PgStore::connect(&text)
             .await?
             .with_master_key(current)
             .rotate_master_key(new)
-            .await
-    } else {
-        SqliteStore::open(db)?
-            .with_master_key(current)
-            .rotate_master_key(new)
+            .await;
+        #[cfg(not(feature = "postgres"))]
+        return Err(left_out("postgres", "a PostgreSQL database"));
+    }
+    #[cfg(feature = "sqlite")]
+    return SqliteStore::open(db)?
+        .with_master_key(current)
+        .rotate_master_key(new);
+    #[cfg(not(feature = "sqlite"))]
+    {
+        let _ = (current, new);
+        Err(left_out("sqlite", "a SQLite database file"))
     }
 }

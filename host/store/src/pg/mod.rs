@@ -70,7 +70,7 @@ pub(super) type P<'a> = &'a (dyn ToSql + Sync);
 
 /// Whether a `--db` value names a PostgreSQL database.
 pub fn is_url(db: &str) -> bool {
-    db.starts_with("postgres://") || db.starts_with("postgresql://")
+    super::is_postgres_url(db)
 }
 
 /// `db` as shown in messages and logs: a file's path, or a URL without its password.
