@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use abridge_engine::types::{MemoryFilter, NewEpisode, NewMemory, Role, Scope, SummaryWrite};
+use abridge_engine::types::{MemoryFilter, NewMemory};
 use abridge_store::{MemoryStore, PgStore, RecallStore, Store};
 
 /// The shared test server, or `None` (SKIPPED is printed once).
@@ -19,61 +19,9 @@ pub(crate) async fn pg_store(label: &str) -> Option<(PgStore, String)> {
     Some((PgStore::connect(&url).await.expect("connect"), url))
 }
 
-fn ep(i: usize, key: &str) -> NewEpisode {
-    NewEpisode {
-        role: if i.is_multiple_of(2) {
-            Role::User
-        } else {
-            Role::Assistant
-        },
-        content: format!("message {i} about /srv/app/{i}.toml"),
-        timestamp_ms: Some(1_000 + i as i64),
-        source_key: key.to_string(),
-        tokens: 10,
-        speaker: None,
-    }
-}
-
-fn write(replaces: Option<u64>, first: u64, last: u64, text: &str) -> SummaryWrite {
-    SummaryWrite {
-        replaces,
-        first_episode: first,
-        last_episode: last,
-        content: text.into(),
-        tokens: 5,
-        prompt_tokens: 100,
-        output_tokens: 20,
-        model: "m".into(),
-        now_ms: 5_000,
-        skipped: Vec::new(),
-        ledger: Vec::new(),
-        ledger_dropped: 0,
-    }
-}
-
-fn scope(key: &str) -> Scope {
-    Scope {
-        user: "u".into(),
-        project: "p".into(),
-        environment: "e".into(),
-        kind: "fact".into(),
-        key: key.into(),
-    }
-}
-
-fn memory(id: &str, text: &str, v: [f32; 3], cluster: Option<u64>) -> NewMemory {
-    NewMemory {
-        id: id.into(),
-        scope: scope("k"),
-        text: text.into(),
-        importance: 0.5,
-        tokens: 4,
-        created_ms: 10,
-        model: "emb".into(),
-        vector: v.to_vec(),
-        cluster,
-    }
-}
+#[path = "../../host/store/tests/common/mod.rs"]
+mod common;
+use common::{ep, memory, scope, write};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chain_and_cluster_rules_hold_with_writers_on_separate_pools() {

@@ -93,12 +93,7 @@ impl Scoped {
             job: None,
             failure: None,
         };
-        let covered = self
-            .store()
-            .latest_summary(session)
-            .await?
-            .map_or(0, |r| r.last_episode);
-        if stats.last_episode <= covered {
+        if stats.last_episode <= self.covered(session).await? {
             return Ok(out);
         }
         match bring {

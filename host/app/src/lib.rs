@@ -489,6 +489,15 @@ impl Scoped {
             .publish(&self.tenant, &what, self.app.now_ms(), session, job);
     }
 
+    /// The last episode the session's summary chain covers (0 without a summary).
+    async fn covered(&self, session: &str) -> AppResult<u64> {
+        Ok(self
+            .store()
+            .latest_summary(session)
+            .await?
+            .map_or(0, |r| r.last_episode))
+    }
+
     /// A session's figures; an unknown session is [`ErrorKind::NotFound`].
     async fn known(&self, session: &str) -> AppResult<crate::types::SessionStats> {
         check_session(session)?;
@@ -855,12 +864,7 @@ impl Scoped {
     /// is already covered.
     pub async fn refresh(&self, session: &str) -> AppResult<Option<JobView>> {
         let stats = self.known(session).await?;
-        let covered = self
-            .store()
-            .latest_summary(session)
-            .await?
-            .map_or(0, |r| r.last_episode);
-        if stats.last_episode <= covered {
+        if stats.last_episode <= self.covered(session).await? {
             return Ok(None);
         }
         let cfg = self.session_config(session).await?;

@@ -9,6 +9,56 @@ use std::sync::{Arc, Mutex};
 use crate::crypto::{self, Place, Secret};
 use crate::types::Error;
 
+/// A row's text as stored: its bytes and the version of the data key that sealed them (0:
+/// plain, written without a master key).
+pub(crate) struct Stored {
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// The data key version; 0 when plain.
+    pub sealed: u32,
+}
+
+/// What reading a stored text back needs (see [`reveal`]).
+pub(crate) enum Revealed<'k> {
+    /// It was plain: here it is.
+    Text(String),
+    /// It is sealed: open `bytes` with the tenant's data key `version` from `keys`.
+    Sealed {
+        /// The store's keyring (PostgreSQL's fetches its data keys through its own pool).
+        #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+        keys: &'k Keyring,
+        /// The sealed bytes.
+        bytes: Vec<u8>,
+        /// The data key version.
+        version: u32,
+    },
+}
+
+/// The sealing rule on the way out, the same for every store: plain text comes back as it
+/// is (invalid UTF-8 replaced, never refused); sealed text needs the store's keyring, and
+/// without a master key it is refused with how to fix that. (On the way in a store seals
+/// under the tenant's current data key exactly when it has a keyring.)
+pub(crate) fn reveal<'k>(
+    keys: Option<&'k Keyring>,
+    table: &str,
+    row: &str,
+    s: Stored,
+) -> Result<Revealed<'k>, Error> {
+    if s.sealed == 0 {
+        return Ok(Revealed::Text(crate::recall::text_in(s.bytes)));
+    }
+    match keys {
+        Some(keys) => Ok(Revealed::Sealed {
+            keys,
+            bytes: s.bytes,
+            version: s.sealed,
+        }),
+        None => Err(Error::Storage(format!(
+            "{table} row '{row}' is encrypted and no master key is set: set ABRIDGE_MASTER_KEY_FILE (or ABRIDGE_MASTER_KEY) to the key it was written with"
+        ))),
+    }
+}
+
 /// The master key and the data keys unwrapped so far.
 pub struct Keyring {
     master: Secret,

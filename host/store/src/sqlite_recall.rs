@@ -19,11 +19,7 @@ fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
 }
 
-/// A row's text as read: the bytes and the key version (0: plaintext).
-struct Stored {
-    bytes: Vec<u8>,
-    sealed: u32,
-}
+use crate::keyring::{Revealed, Stored};
 
 impl SqliteStore {
     /// The bytes and key version to store `text` under (sealed when a master key is set).
@@ -50,14 +46,13 @@ impl SqliteStore {
         row: &str,
         s: Stored,
     ) -> Result<String, Error> {
-        if s.sealed == 0 {
-            return Ok(crate::recall::text_in(s.bytes));
-        }
-        match &self.keys {
-            Some(k) => k.open(c, tenant, table, row, &s.bytes, s.sealed),
-            None => Err(Error::Storage(format!(
-                "{table} row '{row}' is encrypted and no master key is set: set ABRIDGE_MASTER_KEY_FILE (or ABRIDGE_MASTER_KEY) to the key it was written with"
-            ))),
+        match crate::keyring::reveal(self.keys.as_ref(), table, row, s)? {
+            Revealed::Text(t) => Ok(t),
+            Revealed::Sealed {
+                keys,
+                bytes,
+                version,
+            } => keys.open(c, tenant, table, row, &bytes, version),
         }
     }
 

@@ -7,68 +7,15 @@ use std::sync::Arc;
 
 use abridge_engine::types::{
     CachedAnswer, ClusterSummaryWrite, Compaction, Error, FailureMarker, MemoryFilter, Mode,
-    NewEpisode, NewMemory, Role, Scope, SummaryWrite,
+    NewEpisode,
 };
 use abridge_store::jobs::{Claim, Job, JobState};
 use abridge_store::sources::{SessionMode, Source, WatchedFile};
 use abridge_store::tenant::{Tenant, TenantTables};
 use abridge_store::{AppStore, EventRow, JobScope, MemoryStore, PgStore, SqliteStore, TenantCap};
 
-fn ep(i: usize, key: &str) -> NewEpisode {
-    NewEpisode {
-        role: if i.is_multiple_of(2) {
-            Role::User
-        } else {
-            Role::Assistant
-        },
-        content: format!("message {i} about /srv/app/{i}.toml"),
-        timestamp_ms: Some(1_000 + i as i64),
-        source_key: key.to_string(),
-        tokens: 10,
-        speaker: None,
-    }
-}
-
-fn write(replaces: Option<u64>, first: u64, last: u64, text: &str) -> SummaryWrite {
-    SummaryWrite {
-        replaces,
-        first_episode: first,
-        last_episode: last,
-        content: text.into(),
-        tokens: 5,
-        prompt_tokens: 100,
-        output_tokens: 20,
-        model: "m".into(),
-        now_ms: 5_000,
-        skipped: Vec::new(),
-        ledger: Vec::new(),
-        ledger_dropped: 0,
-    }
-}
-
-fn scope(key: &str) -> Scope {
-    Scope {
-        user: "u".into(),
-        project: "p".into(),
-        environment: "e".into(),
-        kind: "fact".into(),
-        key: key.into(),
-    }
-}
-
-fn memory(id: &str, text: &str, v: [f32; 3], cluster: Option<u64>) -> NewMemory {
-    NewMemory {
-        id: id.into(),
-        scope: scope("k"),
-        text: text.into(),
-        importance: 0.5,
-        tokens: 4,
-        created_ms: 10,
-        model: "emb".into(),
-        vector: v.to_vec(),
-        cluster,
-    }
-}
+mod common;
+use common::{ep, memory, scope, write};
 
 fn conflict(r: Result<impl std::fmt::Debug, Error>) -> String {
     match r {

@@ -16,7 +16,7 @@ use tokio_postgres::Row;
 
 use super::{LOCK, P, PgStore, g32, g64};
 use crate::crypto::Secret;
-use crate::keyring::{now_ms, open_under, seal_under};
+use crate::keyring::{Revealed, Stored, now_ms, open_under, seal_under};
 use crate::recall::{
     ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day, vector_bytes, vector_from,
 };
@@ -25,12 +25,6 @@ use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, Memory, MemoryFilter, NewMemory,
     Scope, StoredMemory,
 };
-
-/// A row's text as read: the bytes and the key version (0: plaintext).
-struct Stored {
-    bytes: Vec<u8>,
-    sealed: u32,
-}
 
 impl PgStore {
     async fn data_key<C: GenericClient + Sync>(
@@ -100,16 +94,13 @@ impl PgStore {
         row: &str,
         s: Stored,
     ) -> Result<String, Error> {
-        if s.sealed == 0 {
-            return Ok(crate::recall::text_in(s.bytes));
+        match crate::keyring::reveal(self.keys.as_ref(), table, row, s)? {
+            Revealed::Text(t) => Ok(t),
+            Revealed::Sealed { bytes, version, .. } => {
+                let k = self.data_key(c, tenant, version).await?;
+                open_under(&k, version, tenant, table, row, &bytes)
+            }
         }
-        if self.keys.is_none() {
-            return Err(Error::Storage(format!(
-                "{table} row '{row}' is encrypted and no master key is set: set ABRIDGE_MASTER_KEY_FILE (or ABRIDGE_MASTER_KEY) to the key it was written with"
-            )));
-        }
-        let k = self.data_key(c, tenant, s.sealed).await?;
-        open_under(&k, s.sealed, tenant, table, row, &s.bytes)
     }
 
     async fn memories_revealed<C: GenericClient + Sync>(
