@@ -288,6 +288,7 @@ fn fresh_out(f: freshness::Freshness) -> summarizer::FreshnessReport {
         due_at_ms: f.due_at_ms,
         failures: f.failures,
         last_error: f.last_error,
+        fold_upto: f.fold_upto,
     }
 }
 
@@ -568,6 +569,16 @@ impl summarizer::Guest for Component {
                 pins: r.pins,
             },
         )
+    }
+
+    fn catch_up(
+        session: String,
+        cfg: summarizer::Config,
+        upto: u64,
+    ) -> Result<summarizer::Outcome, wit::Error> {
+        engine::catch_up_to(&mut Imports, &session, &cfg_in(cfg), upto)
+            .map(outcome_out)
+            .map_err(err_out)
     }
 
     fn plan(

@@ -44,6 +44,18 @@ pub struct Freshness {
     pub failures: u32,
     /// The last failure's reason.
     pub last_error: Option<String>,
+    /// The episode a refresh now folds up to (see [`fold_upto`]).
+    pub fold_upto: u64,
+}
+
+/// The episode a refresh folds up to: the newest, or in window mode the newest that has left
+/// the recent window (the context keeps the window verbatim).
+pub fn fold_upto(cfg: &Config, last_episode: u64) -> u64 {
+    if cfg.mode == Mode::Window {
+        last_episode.saturating_sub(u64::from(cfg.window_messages))
+    } else {
+        last_episode
+    }
 }
 
 /// What the verdict is computed from.
@@ -118,6 +130,7 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
         due_at_ms: None,
         failures: inp.marker.as_ref().map_or(0, |m| m.failures),
         last_error: inp.marker.as_ref().map(|m| m.last_error.clone()),
+        fold_upto: fold_upto(cfg, inp.stats.last_episode),
     };
     let set = |f: &mut Freshness, state, reason: String| {
         f.state = state;

@@ -132,6 +132,8 @@ export interface Freshness {
   dueAtMs?: number;
   failures: number;
   lastError?: string;
+  /** The episode a refresh now folds up to: the newest, or in window mode the newest that has left the window. */
+  foldUpto: number;
 }
 
 export interface ContextRequest {

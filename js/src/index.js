@@ -449,6 +449,7 @@ export class Engine {
       lastActivityMs: num(f.lastActivityMs),
       coveredUntilMs: num(f.coveredUntilMs),
       dueAtMs: num(f.dueAtMs),
+      foldUpto: num(f.foldUpto),
     };
   }
 

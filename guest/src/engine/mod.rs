@@ -155,6 +155,20 @@ pub fn summarize_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<O
     guarded(h, session, cfg, marker, u64::MAX)
 }
 
+/// Summarize until episode `upto` is covered, ignoring the trigger, the mode and any backoff:
+/// a job bringing the session up to its target. Success clears a failure marker; failure
+/// records one.
+pub fn catch_up_to(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    upto: u64,
+) -> Result<Outcome, Error> {
+    validate(session, cfg)?;
+    let marker = h.failure(session)?;
+    guarded(h, session, cfg, marker, upto)
+}
+
 /// Run `catch_up`, keeping the failure marker in step: cleared on success, advanced (with the
 /// next backoff) on a failure. A failure never touches the summary chain.
 fn guarded(

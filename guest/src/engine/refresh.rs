@@ -93,7 +93,7 @@ pub(super) fn window_batch(
 /// window; otherwise all of them.
 pub(super) fn refresh_upto(cfg: &Config, last_episode: u64) -> u64 {
     if cfg.mode == policy::Mode::Window {
-        last_episode.saturating_sub(u64::from(cfg.window_messages))
+        crate::freshness::fold_upto(cfg, last_episode)
     } else {
         u64::MAX
     }

@@ -239,7 +239,10 @@ impl Jobs {
             None => CallControl::new(),
         });
         let prior = job.answers;
-        let call = engine.summarize_now_with(&job.session, &job.config, Some(control.clone()));
+        // The job brings its session up to its target: everything for a summarize, what the
+        // mode folds for a due refresh (its target is the verdict's fold-upto).
+        let call =
+            engine.catch_up_with(&job.session, &job.config, job.target, Some(control.clone()));
         tokio::pin!(call);
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         let mut last_beat = Instant::now();

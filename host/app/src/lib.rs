@@ -331,7 +331,7 @@ impl App {
 pub struct InlineAppend {
     /// Episodes stored (the rest were already there).
     pub stored: u32,
-    /// Summary passes the refresh made (0 when none was due).
+    /// Summary rows the refresh wrote or extended (0 when none was due).
     pub passes: u32,
     /// Summary rows written or extended.
     pub written: Vec<crate::types::SummaryRow>,
@@ -744,10 +744,12 @@ impl Scoped {
     }
 
     /// Append episodes and, when a refresh is due, run it here and now: one user's process
-    /// (the command line's ingest), where the caller waits. A job of the session that is
-    /// already active covers the work. A refresh that fails is reported in the result, not as
-    /// an error: the episodes are stored and the previous summary is kept. (The service's
-    /// [`Scoped::append`] queues the refresh instead: this is the one place that decides.)
+    /// (the command line's ingest), where the caller waits. The refresh is the session's job,
+    /// run here through the job service like every refresh (a job of the session that a live
+    /// worker already runs covers the work). A refresh that fails is reported in the result,
+    /// not as an error: the episodes are stored and the previous summary is kept. (The
+    /// service's [`Scoped::append`] queues the job instead; whether one is due is the guest's
+    /// verdict either way.)
     pub async fn append_inline(
         &self,
         session: &str,
@@ -771,17 +773,29 @@ impl Scoped {
         {
             return Ok(out);
         }
-        match self.engine().after_episode_written(session, cfg).await {
-            Ok(o) => {
-                out.passes = o.passes;
-                out.written = o.written;
+        let f = self.engine().freshness(session, cfg).await?;
+        if f.state != FreshState::Due {
+            return Ok(out);
+        }
+        let before = self.store().summaries(session).await?;
+        match self.run_or_join(session, f.fold_upto, cfg).await {
+            Ok(_) => {
+                // What the job wrote: the rows that are new or reach further than before.
+                out.written = self
+                    .store()
+                    .summaries(session)
+                    .await?
+                    .into_iter()
+                    .filter(|r| {
+                        !before.iter().any(|b| {
+                            b.id == r.id && b.last_episode == r.last_episode && b.level == r.level
+                        })
+                    })
+                    .collect();
+                out.passes = out.written.len() as u32;
             }
-            Err(crate::runtime::CallError::Engine(e))
-                if !matches!(e, crate::types::Error::InvalidInput(_)) =>
-            {
-                out.failure = Some(e.into());
-            }
-            Err(e) => return Err(e.into()),
+            Err(e) if e.kind == ErrorKind::InvalidInput => return Err(e),
+            Err(e) => out.failure = Some(e),
         }
         Ok(out)
     }
@@ -839,7 +853,7 @@ impl Scoped {
             None => self.engine().freshness(session, cfg).await?,
         };
         let job = if f.state == FreshState::Due {
-            Some(self.enqueue(session, f.episodes, cfg).await?)
+            Some(self.enqueue(session, f.fold_upto, cfg).await?)
         } else {
             None
         };

@@ -43,6 +43,21 @@ impl Scoped {
     /// the plan, `job.progress`, `summary.written` and the end); subscribe first to see them.
     /// A job that does not succeed is an error that says why.
     pub async fn run_or_join(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
+        self.run_or_join_until(session, target, cfg, None)
+            .await
+            .map(|j| j.expect("without a stop signal a run always ends"))
+    }
+
+    /// [`Scoped::run_or_join`] that stops when `stop` turns true: a job running here goes
+    /// back to the queue (answers received stay cached), a wait for another worker ends, and
+    /// the answer is `Ok(None)`.
+    pub async fn run_or_join_until(
+        &self,
+        session: &str,
+        target: u64,
+        cfg: &Config,
+        stop: Option<watch::Receiver<bool>>,
+    ) -> AppResult<Option<Job>> {
         let jobs = &self.app.inner.jobs;
         let (job, created) = jobs.enqueue(&self.tables, session, target, cfg).await?;
         if created {
@@ -57,14 +72,18 @@ impl Scoped {
                 Some(job.id),
             );
         }
+        let stopped = |s: &Option<watch::Receiver<bool>>| s.as_ref().is_some_and(|s| *s.borrow());
         let mut waiting = false;
         loop {
+            if stopped(&stop) {
+                return Ok(None);
+            }
             match jobs.claim(job.id).await? {
                 Claim::Taken(job) => {
-                    return self
-                        .execute(job, None)
-                        .await
-                        .expect("without a stop signal a run always ends");
+                    return match self.execute(job, stop).await {
+                        Some(r) => r.map(Some),
+                        None => Ok(None),
+                    };
                 }
                 Claim::Busy(other) => {
                     if !waiting {
@@ -80,7 +99,7 @@ impl Scoped {
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                Claim::Finished(job) if job.state == JobState::Succeeded => return Ok(job),
+                Claim::Finished(job) if job.state == JobState::Succeeded => return Ok(Some(job)),
                 Claim::Finished(job) => return Err(unsuccessful(&job)),
             }
         }

@@ -11,15 +11,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use super::{AppError, AppResult, Bring, Scoped, SourceFile};
-use crate::control::CallControl;
-use crate::runtime::CallError;
 use crate::sources::{Watched, WatchedFile};
 use crate::transcript::{self, Format, Options, TranscriptError};
 use crate::types::FreshState;
@@ -128,11 +126,13 @@ impl fmt::Display for WatchNote {
 pub type NoteSink = Arc<dyn Fn(WatchNote) + Send + Sync>;
 
 /// Stops a watcher from another task (Ctrl-C, a shutdown): the pass in progress ends after
-/// the file it is reading, and a refresh under way is cancelled (its episodes stay stored).
+/// the file it is reading, and a refresh under way stops and its job goes back to the queue
+/// (its episodes stay stored, the answers received stay cached for the next run).
 #[derive(Clone)]
 pub struct Stopper {
     stopped: Arc<AtomicBool>,
-    current: Arc<Mutex<Option<Arc<CallControl>>>>,
+    /// Tells a job running here to stop (see [`Scoped::run_or_join_until`]).
+    signal: Arc<tokio::sync::watch::Sender<bool>>,
     wake: mpsc::Sender<()>,
 }
 
@@ -140,9 +140,7 @@ impl Stopper {
     /// Stop.
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
-        if let Some(c) = self.current.lock().expect("control lock").as_ref() {
-            c.cancel();
-        }
+        self.signal.send_replace(true);
         let _ = self.wake.try_send(());
     }
 
@@ -245,7 +243,7 @@ impl Scoped {
             notes,
             stopper: Stopper {
                 stopped: Arc::new(AtomicBool::new(false)),
-                current: Arc::new(Mutex::new(None)),
+                signal: Arc::new(tokio::sync::watch::channel(false).0),
                 wake,
             },
             wakes,
@@ -495,7 +493,8 @@ impl Watcher {
         Ok(added)
     }
 
-    /// Refresh the pending sessions that are due; keep those that will be due later.
+    /// Refresh the pending sessions that are due, each through its job, run here (the one way
+    /// a refresh runs); keep those that will be due later.
     async fn refresh(&mut self) -> AppResult<()> {
         let engine = self.local.engine().clone();
         for session in self.pending() {
@@ -506,37 +505,42 @@ impl Watcher {
             if self.local.session_busy(&session).await? {
                 continue;
             }
-            let control = Arc::new(CallControl::new());
-            *self.stopper.current.lock().expect("control lock") = Some(control.clone());
-            // Stopped between the check and the control being set: cancel it here.
-            if self.stopper.stopped() {
-                control.cancel();
-            }
             let cfg = self.local.session_config(&session).await?;
-            let r = engine.refresh_with(&session, &cfg, Some(control)).await;
-            *self.stopper.current.lock().expect("control lock") = None;
-            let covered = matches!(&r, Ok(out) if out.unsummarized == 0);
-            match r {
-                Ok(out) if out.passes > 0 => {
-                    self.refreshed += 1;
-                    let through = out.written.last().map_or(0, |r| r.last_episode);
-                    self.note(WatchNote::Summarized {
+            let f = engine.freshness(&session, &cfg).await?;
+            if f.state == FreshState::Due {
+                let stop = self.stopper.signal.subscribe();
+                match self
+                    .local
+                    .run_or_join_until(&session, f.fold_upto, &cfg, Some(stop))
+                    .await
+                {
+                    // Stopped: the job went back to the queue.
+                    Ok(None) => return Ok(()),
+                    Ok(Some(_)) => {
+                        self.refreshed += 1;
+                        let through = engine
+                            .store()
+                            .latest_summary(&session)
+                            .await?
+                            .map_or(0, |r| r.last_episode);
+                        self.note(WatchNote::Summarized {
+                            session: session.clone(),
+                            through,
+                        });
+                    }
+                    Err(e) => self.note(WatchNote::RefreshFailed {
                         session: session.clone(),
-                        through,
-                    });
+                        error: e.message.clone(),
+                    }),
                 }
-                Ok(_) => {}
-                Err(CallError::Cancelled) => return Ok(()),
-                Err(e) => self.note(WatchNote::RefreshFailed {
-                    session: session.clone(),
-                    error: format!("{e:#}"),
-                }),
             }
             // Covered: done until new lines arrive. Otherwise keep it pending unless refreshes
             // have stopped after repeated failures (only a refresh asked for restarts them).
-            let done =
-                covered || engine.freshness(&session, &cfg).await?.state == FreshState::GaveUp;
-            if done {
+            let state = engine.freshness(&session, &cfg).await?.state;
+            if matches!(
+                state,
+                FreshState::Fresh | FreshState::Empty | FreshState::GaveUp
+            ) {
                 self.pending.remove(&session);
             }
         }

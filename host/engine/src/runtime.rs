@@ -531,6 +531,19 @@ impl Abridge {
         summarizer!(self, control, call_summarize_now(session, cfg))
     }
 
+    /// Summarize until episode `upto` is covered, whatever the trigger, the mode or a backoff
+    /// say (see the WIT `catch-up`): how a job brings its session up to its target.
+    /// `control` reports progress and cancels, as for [`Abridge::summarize_now_with`].
+    pub async fn catch_up_with(
+        &self,
+        session: &str,
+        cfg: &Config,
+        upto: u64,
+        control: Option<Arc<CallControl>>,
+    ) -> Result<Outcome, CallError> {
+        summarizer!(self, control, call_catch_up(session, cfg, upto))
+    }
+
     /// What `summarize_now` would do, without calling the model or writing anything.
     pub async fn plan(&self, session: &str, cfg: &Config) -> Result<PlanReport, CallError> {
         summarizer!(self, None, call_plan(session, cfg))
