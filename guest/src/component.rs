@@ -735,6 +735,18 @@ impl text::Guest for Component {
 
 impl tx::Guest for Component {
     type Parser = ParserResource;
+
+    fn describe_error(name: String, error: tx::ParseError, format_flag: String) -> String {
+        use transcript::ParseError as P;
+        let e = match error {
+            tx::ParseError::InvalidUtf8((line, offset)) => P::Utf8 { line, offset },
+            tx::ParseError::Malformed((line, message)) => P::Malformed { line, message },
+            tx::ParseError::UnknownFormat => P::UnknownFormat,
+            tx::ParseError::EmptyFile => P::EmptyFile,
+            tx::ParseError::NoMessages(f) => P::NoMessages(format_in(f)),
+        };
+        transcript::describe(&name, &e, &format_flag)
+    }
 }
 
 /// The `parser` resource: one streaming [`transcript::Parser`] per file.

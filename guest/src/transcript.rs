@@ -113,6 +113,28 @@ pub struct Batch {
     pub warnings: Vec<String>,
 }
 
+/// The message for a parse error of the input `name`: what happened and how to fix it, the
+/// same in every host. `format_flag` is how the host's user names a format (`--format`,
+/// `format:`).
+pub fn describe(name: &str, e: &ParseError, format_flag: &str) -> String {
+    match e {
+        ParseError::Utf8 { line, offset } => format!(
+            "{name}:{line}: invalid UTF-8 at byte {offset} — re-encode the file as UTF-8 (for example: iconv -f latin1 -t utf-8)"
+        ),
+        ParseError::Malformed { line, message } => format!("{name}:{line}: {message}"),
+        ParseError::UnknownFormat => format!(
+            "cannot tell the format of {name} — pass {format_flag} jsonl|openai|claude-code|chatgpt"
+        ),
+        ParseError::EmptyFile => {
+            format!("{name} is empty — nothing to import; check that it is the right file")
+        }
+        ParseError::NoMessages(f) => format!(
+            "{name} holds no messages (read as {}) — check that it is the right file, or pass {format_flag}",
+            f.name()
+        ),
+    }
+}
+
 /// Why a transcript cannot be read. Messages say how to fix it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ParseError {

@@ -346,3 +346,30 @@ fn episodes_before_an_error_come_first_then_the_error() {
     // Nothing after the error.
     assert_eq!(p.feed(b"x").unwrap().conversations.len(), 0);
 }
+
+#[test]
+fn parse_errors_are_worded_once_with_the_hosts_own_format_flag() {
+    assert_eq!(
+        describe("a.txt", &ParseError::UnknownFormat, "--format"),
+        "cannot tell the format of a.txt — pass --format jsonl|openai|claude-code|chatgpt"
+    );
+    assert!(
+        describe("a", &ParseError::NoMessages(Format::ClaudeCode), "format:")
+            .ends_with("(read as claude-code) — check that it is the right file, or pass format:")
+    );
+    assert!(
+        describe("a", &ParseError::Utf8 { line: 3, offset: 9 }, "x")
+            .starts_with("a:3: invalid UTF-8 at byte 9")
+    );
+    assert_eq!(
+        describe(
+            "m",
+            &ParseError::Malformed {
+                line: 2,
+                message: "bad".into()
+            },
+            "x"
+        ),
+        "m:2: bad"
+    );
+}

@@ -118,22 +118,6 @@ function storeCall(f) {
 }
 
 /** The message for a transcript parse error (the same words as the Rust host's). */
-function parseMessage(name, tag, val) {
-  switch (tag) {
-    case 'invalid-utf8':
-      return `${name}:${val[0]}: invalid UTF-8 at byte ${val[1]} — re-encode the file as UTF-8 (for example: iconv -f latin1 -t utf-8)`;
-    case 'malformed':
-      return `${name}:${val[0]}: ${val[1]}`;
-    case 'unknown-format':
-      return `cannot tell the format of ${name} — pass format: 'jsonl' | 'openai' | 'claude-code' | 'chatgpt'`;
-    case 'empty-file':
-      return `${name} is empty — nothing to import; check that it is the right file`;
-    case 'no-messages':
-      return `${name} holds no messages (read as ${val}) — check that it is the right file, or pass format`;
-    default:
-      return `${name}: ${tag}`;
-  }
-}
 
 /** Run an export call; turn WIT errors into AbridgeError and traps into a described Error. */
 async function exportCall(f) {
@@ -551,7 +535,8 @@ export class Engine {
         const p = e?.payload;
         if (p && typeof p.tag === 'string') {
           const val = Array.isArray(p.val) ? p.val.map((x) => (typeof x === 'bigint' ? Number(x) : x)) : p.val;
-          const err = new AbridgeError(p.tag, parseMessage(opts.name, p.tag, val));
+          // The wording is the guest's, the same as the Rust host's.
+          const err = new AbridgeError(p.tag, g.transcripts.describeError(opts.name, p, 'format:'));
           // The structured parts, as the WIT parse-error carries them.
           if (p.tag === 'invalid-utf8') [err.line, err.offset] = val;
           if (p.tag === 'malformed') [err.line, err.reason] = val;

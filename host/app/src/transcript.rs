@@ -80,9 +80,7 @@ pub enum TranscriptError {
         limit: u64,
     },
     /// The file is not UTF-8.
-    #[error(
-        "{path}:{line}: invalid UTF-8 at byte {offset} — re-encode the file as UTF-8 (for example: iconv -f latin1 -t utf-8)"
-    )]
+    #[error("{said}")]
     Utf8 {
         /// File.
         path: String,
@@ -90,9 +88,11 @@ pub enum TranscriptError {
         line: usize,
         /// Byte offset of the bad sequence.
         offset: usize,
+        /// The message, worded by the guest (`transcripts.describe-error`).
+        said: String,
     },
     /// A line or document is malformed.
-    #[error("{path}:{line}: {message}")]
+    #[error("{said}")]
     Malformed {
         /// File.
         path: String,
@@ -100,6 +100,8 @@ pub enum TranscriptError {
         line: usize,
         /// What is wrong and how to fix it.
         message: String,
+        /// The message, worded by the guest.
+        said: String,
     },
     /// The sandboxed parser stopped (a fuel or memory limit, or a bug in it): the file is not
     /// read, nothing is stored.
@@ -113,28 +115,30 @@ pub enum TranscriptError {
         message: String,
     },
     /// The file holds nothing but white space.
-    #[error("{path} is empty — nothing to import; check that it is the right file")]
+    #[error("{said}")]
     EmptyFile {
         /// File.
         path: String,
+        /// The message, worded by the guest.
+        said: String,
     },
     /// The format could not be recognised.
-    #[error(
-        "cannot tell the format of {path} — pass --format jsonl|openai|claude-code|chatgpt (see README: Formats)"
-    )]
+    #[error("{said}")]
     UnknownFormat {
         /// File.
         path: String,
+        /// The message, worded by the guest.
+        said: String,
     },
     /// No messages were found.
-    #[error(
-        "{path} holds no messages (read as {format}) — check that it is the right file, or pass --format"
-    )]
+    #[error("{said}")]
     Empty {
         /// File.
         path: String,
         /// Format used.
         format: Format,
+        /// The message, worded by the guest.
+        said: String,
     },
 }
 
@@ -239,6 +243,7 @@ pub fn read_bounded(
 
 /// Feeds a file to the guest parser and gathers the conversations it yields.
 pub struct Feeder<'a> {
+    engine: &'a Abridge,
     parser: TranscriptParser<'a>,
     name: String,
     format: Option<Format>,
@@ -268,6 +273,7 @@ impl<'a> Feeder<'a> {
             .await
             .map_err(|e| sandbox(name, e))?;
         Ok(Feeder {
+            engine,
             parser,
             name: name.to_string(),
             format,
@@ -286,7 +292,7 @@ impl<'a> Feeder<'a> {
             .feed(chunk)
             .await
             .map_err(|e| sandbox(&self.name, e))?;
-        self.take(r)
+        self.take(r).await
     }
 
     /// End of input: everything parsed.
@@ -296,7 +302,7 @@ impl<'a> Feeder<'a> {
             .finish()
             .await
             .map_err(|e| sandbox(&self.name, e))?;
-        self.take(r)?;
+        self.take(r).await?;
         let format = self.format.unwrap_or(Format::Jsonl);
         let conversations: Vec<Conversation> = self
             .conversations
@@ -305,10 +311,13 @@ impl<'a> Feeder<'a> {
             .filter(|c| !c.episodes.is_empty())
             .collect();
         if conversations.is_empty() {
-            return Err(TranscriptError::Empty {
-                path: self.name,
-                format,
-            });
+            return Err(parse_error(
+                self.engine,
+                &self.name,
+                Some(format),
+                ParseError::NoMessages(format),
+            )
+            .await);
         }
         Ok(Parsed {
             format,
@@ -341,8 +350,11 @@ impl<'a> Feeder<'a> {
             .collect()
     }
 
-    fn take(&mut self, r: Result<ParseBatch, ParseError>) -> Result<(), TranscriptError> {
-        let b = r.map_err(|e| parse_error(&self.name, self.format, e))?;
+    async fn take(&mut self, r: Result<ParseBatch, ParseError>) -> Result<(), TranscriptError> {
+        let b = match r {
+            Ok(b) => b,
+            Err(e) => return Err(parse_error(self.engine, &self.name, self.format, e).await),
+        };
         if let Some(f) = b.format {
             self.format = Some(f);
         }
@@ -394,25 +406,40 @@ fn sandbox(name: &str, e: crate::runtime::CallError) -> TranscriptError {
     }
 }
 
-fn parse_error(name: &str, format: Option<Format>, e: ParseError) -> TranscriptError {
+/// The typed error for a parse error, with the guest's wording (`--format` is how the
+/// command line names a format; the service's messages say the same).
+async fn parse_error(
+    engine: &Abridge,
+    name: &str,
+    format: Option<Format>,
+    e: ParseError,
+) -> TranscriptError {
     let path = name.to_string();
+    // A format the caller named is the one reported.
+    let e = match e {
+        ParseError::NoMessages(f) => ParseError::NoMessages(format.unwrap_or(f)),
+        other => other,
+    };
+    let said = match engine.describe_parse_error(name, &e, "--format").await {
+        Ok(s) => s,
+        Err(c) => return sandbox(name, c),
+    };
     match e {
         ParseError::InvalidUtf8((line, offset)) => TranscriptError::Utf8 {
             path,
             line: line as usize,
             offset: offset as usize,
+            said,
         },
         ParseError::Malformed((line, message)) => TranscriptError::Malformed {
             path,
             line: line as usize,
             message,
+            said,
         },
-        ParseError::UnknownFormat => TranscriptError::UnknownFormat { path },
-        ParseError::EmptyFile => TranscriptError::EmptyFile { path },
-        ParseError::NoMessages(f) => TranscriptError::Empty {
-            path,
-            format: format.unwrap_or(f),
-        },
+        ParseError::UnknownFormat => TranscriptError::UnknownFormat { path, said },
+        ParseError::EmptyFile => TranscriptError::EmptyFile { path, said },
+        ParseError::NoMessages(format) => TranscriptError::Empty { path, format, said },
     }
 }
 

@@ -649,6 +649,21 @@ impl Abridge {
         })
     }
 
+    /// The message for a parse error of the input `name` (see the WIT
+    /// `transcripts.describe-error`): worded by the guest, the same in every host.
+    pub async fn describe_parse_error(
+        &self,
+        name: &str,
+        e: &ParseError,
+        format_flag: &str,
+    ) -> Result<String, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_transcripts()
+            .call_describe_error(&mut store, name, e, format_flag)
+            .await
+            .map_err(|e| self.trap(e))
+    }
+
     /// The component's documented defaults: engine settings, a context request and memory
     /// settings (see [`crate::defaults`], which asks this once per process).
     pub async fn default_configs(
