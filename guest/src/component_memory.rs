@@ -283,7 +283,7 @@ impl mx::Guest for Component {
                 id: m.id,
                 scope: scope_in(m.scope),
                 text: m.text,
-                importance: m.importance,
+                importance: m.importance.unwrap_or(memory::DEFAULT_IMPORTANCE),
             })
             .collect();
         memory::remember(&mut Imports, &items, &mcfg_in(cfg))

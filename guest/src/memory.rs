@@ -280,6 +280,9 @@ pub trait MemoryHost {
     fn log(&mut self, level: Level, msg: &str);
 }
 
+/// The importance of a memory written without one.
+pub const DEFAULT_IMPORTANCE: f32 = 0.5;
+
 /// Settings of memory calls (mirrors the WIT `memory-config`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemoryConfig {

@@ -154,7 +154,7 @@ fn memory(i: usize) -> MemoryIn {
         id: format!("m{i}"),
         scope: scope(&user, "web", "prod", "fact", &key),
         text: format!("For {user}, {subject} {detail} (note {i})"),
-        importance: ((i % 10) as f32) / 10.0,
+        importance: Some(((i % 10) as f32) / 10.0),
     }
 }
 
@@ -251,7 +251,7 @@ async fn refreshes(runtime: &Arc<Runtime>, scratch: bool, max: usize) -> (u64, u
                 id: format!("f{i}"),
                 scope: scope("alice", "web", "prod", "preference", "editor"),
                 text: format!("{} (setting {i})", EDITOR_FACTS[i % EDITOR_FACTS.len()]),
-                importance: 0.5,
+                importance: Some(0.5),
             }])
             .await
             .unwrap();

@@ -297,7 +297,8 @@ export class Engine {
       id: m.id ?? `m${Date.now()}-${process.pid}-${i}-${Math.random().toString(16).slice(2, 10)}`,
       scope: { user: m.scope.user, project: m.scope.project ?? '', environment: m.scope.environment ?? '', kind: m.scope.kind, key: m.scope.key },
       text: m.text,
-      importance: m.importance ?? 0.5,
+      // Without one the guest gives its default.
+      importance: m.importance ?? undefined,
     }));
     const g = await this.#guest();
     const r = await exportCall(() => g.memories.remember(list, { ...defaultMemoryConfig, ...memoryConfig }));

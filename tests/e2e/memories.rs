@@ -113,7 +113,7 @@ fn fact(id: &str, text: &str) -> MemoryIn {
         id: id.into(),
         scope: scope("alice", "web", "prod", "preference", "editor"),
         text: text.into(),
-        importance: 0.5,
+        importance: None,
     }
 }
 
@@ -148,6 +148,8 @@ async fn three_facts_one_summary_refreshed_in_place_and_deletes_never_resurface(
         .await
         .unwrap();
     assert!(r.iter().all(|x| !x.due));
+    // Written without an importance, a memory has the guest's default.
+    assert_eq!(me.memory("m1").await.unwrap().importance, 0.5);
     // The third is due; its summary names all three sources, in one call.
     let r = me.remember(vec![fact("m3", EDITOR[2])]).await.unwrap();
     assert!(r[0].due);
@@ -308,7 +310,7 @@ async fn the_sweeper_caps_each_scope_per_run_and_settles_what_it_did() {
                 id: format!("k{k}-{i}"),
                 scope: scope("alice", "web", "prod", "preference", &format!("topic{k}")),
                 text: EDITOR[i].into(),
-                importance: 0.5,
+                importance: Some(0.5),
             })
             .collect();
         me.remember(items).await.unwrap();
@@ -344,7 +346,7 @@ async fn decisions(app: &App) -> Value {
                     &s("key"),
                 ),
                 text: s("text"),
-                importance: 0.5,
+                importance: Some(0.5),
             }])
             .await
             .unwrap();
@@ -547,7 +549,7 @@ fn cluster_of(key: &str, n: usize) -> Vec<MemoryIn> {
             id: format!("{key}-{i}"),
             scope: scope("alice", "web", "prod", "preference", key),
             text: EDITOR[i].into(),
-            importance: 0.5,
+            importance: Some(0.5),
         })
         .collect()
 }

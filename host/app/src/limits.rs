@@ -76,6 +76,7 @@ impl Default for Limits {
             model_per_tenant: 4,
             model_total: 8,
             cluster_jobs_per_tenant: 3,
+            // The server's default sweep interval: a tenant is swept at most that often.
             sweep_cooldown_ms: 120_000,
             ceiling: None,
         }

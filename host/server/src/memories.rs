@@ -114,7 +114,7 @@ pub(crate) async fn post_memories(
             id: m.id.unwrap_or_default(),
             scope: scope(&m.user, &m.project, &m.environment, &m.kind, &m.key),
             text: m.text,
-            importance: m.importance.unwrap_or(0.5),
+            importance: m.importance,
         })
         .collect();
     let r = t.remember(items).await?;

@@ -68,9 +68,9 @@ enum MemoryCmd {
         /// The subject (a person, topic or entity)
         #[arg(long)]
         key: String,
-        /// 0 to 1
-        #[arg(long, default_value_t = 0.5)]
-        importance: f32,
+        /// 0 to 1 [default: the engine's, 0.5]
+        #[arg(long)]
+        importance: Option<f32>,
         /// A client id: writing it again is a no-op
         #[arg(long)]
         id: Option<String>,
@@ -377,12 +377,14 @@ fn parse_line(line: &str, n: usize) -> Result<MemoryIn, String> {
     let v: serde_json::Value =
         serde_json::from_str(line).map_err(|e| format!("line {n}: not JSON ({e})"))?;
     let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
+    // Without one the guest gives its default.
     let importance = match v.get("importance") {
-        None | Some(serde_json::Value::Null) => 0.5,
-        Some(x) => x
-            .as_f64()
-            .ok_or_else(|| format!("line {n}: importance must be a number from 0 to 1"))?
-            as f32,
+        None | Some(serde_json::Value::Null) => None,
+        Some(x) => Some(
+            x.as_f64()
+                .ok_or_else(|| format!("line {n}: importance must be a number from 0 to 1"))?
+                as f32,
+        ),
     };
     Ok(MemoryIn {
         id: s("id"),

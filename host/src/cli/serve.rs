@@ -15,42 +15,48 @@ use super::commands::{Backend, choose_backend};
 use super::progress::utc_text;
 use super::{Exit, Failure, Settings};
 
+/// The flags' defaults are `ServeOptions::default()` and `Limits::default()`: written once, in
+/// the server and the app, and shown by `--help` from there.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Address to listen on; a non-loopback address needs an API token
-    #[arg(long, default_value = "127.0.0.1:8787", env = "ABRIDGE_LISTEN")]
+    #[arg(long, default_value_t = ServeOptions::default().listen, env = "ABRIDGE_LISTEN")]
     listen: SocketAddr,
     /// Jobs run at once
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = ServeOptions::default().workers)]
     workers: usize,
     /// On SIGTERM/Ctrl-C, seconds running jobs get to finish before they are released to
     /// the queue (the next start resumes them)
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = ServeOptions::default().shutdown_grace.as_secs())]
     shutdown_secs: u64,
     /// Largest request body in MiB
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = ServeOptions::default().body_limit >> 20)]
     max_body_mib: usize,
     /// Cluster summaries one tenant may have running at once
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = Limits::default().cluster_jobs_per_tenant)]
     tenant_cluster_jobs: usize,
     /// Seconds between runs of the cluster sweeper, which summarizes memory clusters whose
     /// summary is missing, stale or failed (0: off)
-    #[arg(long, default_value_t = 120, env = "ABRIDGE_SWEEP_SECS")]
+    #[arg(
+        long,
+        default_value_t = ServeOptions::default().sweep_every.as_secs(),
+        env = "ABRIDGE_SWEEP_SECS"
+    )]
     sweep_secs: u64,
     /// Time limit of a request in seconds (event streams have none)
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = ServeOptions::default().request_timeout.as_secs())]
     request_timeout_secs: u64,
     /// Requests per second per tenant, with bursts of twice that (0: unlimited)
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = Limits::default().requests_per_sec)]
     rate_limit: u32,
     /// Jobs one tenant may have running at once
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = Limits::default().jobs_per_tenant)]
     tenant_jobs: usize,
     /// Model requests one tenant may have in flight
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = Limits::default().model_per_tenant)]
     tenant_model_requests: usize,
     /// Model requests in flight overall
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = Limits::default().model_total)]
     model_requests: usize,
 }
 
@@ -145,7 +151,7 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
         workers: a.workers,
         shutdown_grace: Duration::from_secs(a.shutdown_secs),
         sweep_every: Duration::from_secs(a.sweep_secs),
-        sweep_per_scope: 20,
+        sweep_per_scope: ServeOptions::default().sweep_per_scope,
         body_limit: a.max_body_mib.max(1) << 20,
         request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
     };
