@@ -174,18 +174,11 @@ pub(super) fn engine_config(s: &Settings, b: &Backend) -> Config {
     b.config(&s.config)
 }
 
-/// The compiled guest, loaded once per process and shared by every engine it builds.
+/// The compiled guest, loaded once per process and shared by every engine it builds (and by
+/// the defaults, which the component answers: see `abridge_engine::defaults`).
 pub(super) fn runtime() -> Result<Arc<abridge_engine::Runtime>, Failure> {
-    static RUNTIME: std::sync::OnceLock<Arc<abridge_engine::Runtime>> = std::sync::OnceLock::new();
-    if let Some(r) = RUNTIME.get() {
-        return Ok(r.clone());
-    }
-    let r = abridge_engine::Runtime::load(
-        &abridge_engine::ComponentSource::Embedded,
-        abridge_engine::runtime::default_cache_dir().as_deref(),
-    )
-    .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))?;
-    Ok(RUNTIME.get_or_init(|| Arc::new(r)).clone())
+    abridge_engine::Runtime::embedded()
+        .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))
 }
 
 /// An engine for the pure calls (parsing, planning): an in-memory store and no model.
