@@ -6,8 +6,7 @@
 use std::sync::Arc;
 
 use abridge_engine::types::{
-    CachedAnswer, ClusterSummaryWrite, Compaction, Error, FailureMarker, MemoryFilter, Mode,
-    NewEpisode,
+    CachedAnswer, ClusterSummaryWrite, Error, FailureMarker, MemoryFilter, Mode, NewEpisode,
 };
 use abridge_store::jobs::{Claim, Job, JobState};
 use abridge_store::sources::{SessionMode, Source, WatchedFile};
@@ -15,7 +14,7 @@ use abridge_store::tenant::{Tenant, TenantTables};
 use abridge_store::{AppStore, EventRow, JobScope, MemoryStore, PgStore, SqliteStore, TenantCap};
 
 mod common;
-use common::{ep, memory, scope, write};
+use common::{compaction, ep, memory, scope, write};
 
 fn conflict(r: Result<impl std::fmt::Debug, Error>) -> String {
     match r {
@@ -89,18 +88,7 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         Err(Error::InvalidInput(_))
     ));
     // Compaction folds the oldest rows only.
-    let comp = |rows: Vec<u64>| Compaction {
-        rows,
-        content: "earlier".into(),
-        tokens: 3,
-        prompt_tokens: 1,
-        output_tokens: 1,
-        model: "m".into(),
-        now_ms: 6_000,
-        skipped: Vec::new(),
-        ledger: Vec::new(),
-        ledger_dropped: 0,
-    };
+    let comp = |rows: Vec<u64>| compaction(rows, 6_000);
     conflict(s.compact_summaries("s", comp(vec![r2.id, r3.id])).await);
     let c = s
         .compact_summaries("s", comp(vec![r1.id, r2.id]))

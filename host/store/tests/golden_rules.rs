@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use abridge_engine::types::{
-    Compaction, Error, MemoryFilter, NewEpisode, NewMemory, Role, Scope, SummaryWrite,
+    Error, MemoryFilter, NewEpisode, NewMemory, Role, Scope, SummaryWrite,
 };
 use abridge_store::{AppStore, MemoryStore, SqliteStore};
+
+mod common;
 use serde_json::Value;
 
 const TENANT: &str = "t";
@@ -24,13 +26,7 @@ fn steps() -> Vec<Value> {
 }
 
 fn scope() -> Scope {
-    Scope {
-        user: "u".into(),
-        project: "p".into(),
-        environment: "e".into(),
-        kind: "fact".into(),
-        key: "k".into(),
-    }
+    common::scope("k")
 }
 
 /// What the script names: the summary rows written, in order, and the memories' clusters.
@@ -137,18 +133,7 @@ async fn run(name: &str, s: Arc<dyn AppStore>) {
                     .iter()
                     .map(|i| names.rows[u(i) as usize])
                     .collect();
-                let c = Compaction {
-                    rows,
-                    content: "earlier".into(),
-                    tokens: 3,
-                    prompt_tokens: 1,
-                    output_tokens: 1,
-                    model: "m".into(),
-                    now_ms: 2,
-                    skipped: Vec::new(),
-                    ledger: Vec::new(),
-                    ledger_dropped: 0,
-                };
+                let c = common::compaction(rows, 2);
                 let got = s.compact_summaries(session, c).await;
                 match refusal(expect, &names) {
                     Some(want) => assert_eq!(kind_of(&got.unwrap_err()), want, "{at}"),

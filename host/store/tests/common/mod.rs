@@ -3,7 +3,7 @@
 //! through `#[path]`), so both write the same rows.
 #![allow(dead_code)]
 
-use abridge_engine::types::{NewEpisode, NewMemory, Role, Scope, SummaryWrite};
+use abridge_engine::types::{Compaction, NewEpisode, NewMemory, Role, Scope, SummaryWrite};
 
 pub fn ep(i: usize, key: &str) -> NewEpisode {
     NewEpisode {
@@ -58,5 +58,21 @@ pub fn memory(id: &str, text: &str, v: [f32; 3], cluster: Option<u64>) -> NewMem
         model: "emb".into(),
         vector: v.to_vec(),
         cluster,
+    }
+}
+
+/// A compaction of `rows` into one "earlier" row at `now_ms`.
+pub fn compaction(rows: Vec<u64>, now_ms: u64) -> Compaction {
+    Compaction {
+        rows,
+        content: "earlier".into(),
+        tokens: 3,
+        prompt_tokens: 1,
+        output_tokens: 1,
+        model: "m".into(),
+        now_ms,
+        skipped: Vec::new(),
+        ledger: Vec::new(),
+        ledger_dropped: 0,
     }
 }
