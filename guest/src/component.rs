@@ -817,6 +817,7 @@ impl tx::GuestParser for ParserResource {
                 first_line: opts.first_line,
                 name: opts.name,
                 max_episode_bytes: opts.max_episode_bytes,
+                whole: opts.whole,
             },
         )))
     }

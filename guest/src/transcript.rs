@@ -72,6 +72,10 @@ pub struct Options {
     pub name: String,
     /// Longest episode in bytes (0: the default, 64 KiB).
     pub max_episode_bytes: u32,
+    /// Deliver whole conversations: each batch holds only conversations that are complete
+    /// (every episode, final id and title, never empty), in file order; a conversation is
+    /// complete when the next one starts or at `finish`. Off: episodes as they complete.
+    pub whole: bool,
 }
 
 /// An episode read from a transcript (tokens are estimated at append time).
@@ -177,6 +181,8 @@ pub struct Parser {
     episodes_out: u64,
     warnings: Vec<String>,
     out: Vec<ConversationPart>,
+    /// Whole mode: conversations not complete yet.
+    gathered: Vec<ConversationPart>,
     /// An error found after some episodes completed in the same call: those are returned
     /// first, and the error by the next call.
     pending: Option<ParseError>,
@@ -343,6 +349,7 @@ impl Parser {
             episodes_out: 0,
             warnings: Vec::new(),
             out: Vec::new(),
+            gathered: Vec::new(),
             pending: None,
         }
     }
@@ -375,7 +382,7 @@ impl Parser {
             self.seen_text = true;
         }
         let r = self.consume(chunk, false);
-        self.batch(r)
+        self.batch(r, false)
     }
 
     /// End of input: the last line (even without a newline), the held episode, and the
@@ -397,7 +404,7 @@ impl Parser {
             }
             Ok(())
         });
-        let mut b = self.batch(r)?;
+        let mut b = self.batch(r, true)?;
         let total = self.episodes_out;
         if total == 0 {
             return Err(match self.format() {
@@ -409,10 +416,12 @@ impl Parser {
         Ok(b)
     }
 
-    fn batch(&mut self, r: Result<(), ParseError>) -> Result<Batch, ParseError> {
+    fn batch(&mut self, r: Result<(), ParseError>, end: bool) -> Result<Batch, ParseError> {
         if let Err(e) = r {
             self.mode = Mode::Done;
-            if self.out.iter().all(|c| c.episodes.is_empty()) {
+            if self.opts.whole || self.out.iter().all(|c| c.episodes.is_empty()) {
+                // Whole conversations are all or nothing: an error delivers none of them.
+                self.gathered.clear();
                 self.out.clear();
                 return Err(e);
             }
@@ -436,11 +445,39 @@ impl Parser {
                 c.title = state.title.clone();
             }
         }
+        let mut conversations = std::mem::take(&mut self.out);
+        if self.opts.whole {
+            conversations = self.gather(conversations, end);
+        }
         Ok(Batch {
             format: self.format(),
-            conversations: std::mem::take(&mut self.out),
+            conversations,
             warnings: std::mem::take(&mut self.warnings),
         })
+    }
+
+    /// Whole mode: add `parts` to the conversations being gathered and hand back those that
+    /// are complete (every index below the newest, or all of them at the end), empty ones
+    /// dropped, in file order.
+    fn gather(&mut self, parts: Vec<ConversationPart>, end: bool) -> Vec<ConversationPart> {
+        for p in parts {
+            match self.gathered.iter_mut().find(|c| c.index == p.index) {
+                Some(c) => {
+                    c.id = p.id.or(c.id.take());
+                    c.title = p.title.or(c.title.take());
+                    c.episodes.extend(p.episodes);
+                }
+                None => self.gathered.push(p),
+            }
+        }
+        let newest = self.gathered.iter().map(|c| c.index).max().unwrap_or(0);
+        let (mut done, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.gathered)
+            .into_iter()
+            .partition(|c| end || c.index < newest);
+        self.gathered = open;
+        done.retain(|c| !c.episodes.is_empty());
+        done.sort_by_key(|c| c.index);
+        done
     }
 
     fn consume(&mut self, chunk: &[u8], end: bool) -> Result<(), ParseError> {

@@ -40,11 +40,52 @@ fn parse(text: &str) -> Result<Batch, ParseError> {
     parse_in(text.as_bytes(), opts(), 1 << 20)
 }
 
-/// Every chunking gives the same result as one feed.
+/// Parse `bytes` in chunks of `step` in whole mode: each batch's conversations are simply
+/// concatenated (no host merges anything), after checking none is delivered twice or empty.
+fn parse_whole(bytes: &[u8], opts: Options, step: usize) -> Result<Batch, ParseError> {
+    let mut p = Parser::new(Options {
+        whole: true,
+        ..opts
+    });
+    let mut all = Batch::default();
+    let add = |b: Batch, all: &mut Batch| {
+        all.format = b.format.or(all.format);
+        all.warnings.extend(b.warnings);
+        for c in b.conversations {
+            assert!(
+                !c.episodes.is_empty(),
+                "an empty conversation was delivered"
+            );
+            assert!(
+                all.conversations.iter().all(|x| x.index < c.index),
+                "conversation {} delivered twice or out of order",
+                c.index
+            );
+            all.conversations.push(c);
+        }
+    };
+    for chunk in bytes.chunks(step.max(1)) {
+        add(p.feed(chunk)?, &mut all);
+    }
+    add(p.finish()?, &mut all);
+    Ok(all)
+}
+
+/// Every chunking gives the same result as one feed, and whole mode gives the same
+/// conversations, each in one piece.
 fn same_in_every_chunking(bytes: &[u8], o: Options) -> Result<Batch, ParseError> {
     let whole = parse_in(bytes, o.clone(), bytes.len().max(1));
     for step in [1, 2, 3, 7, 64, 1000] {
         assert_eq!(parse_in(bytes, o.clone(), step), whole, "chunks of {step}");
+        let mut merged = whole.clone();
+        if let Ok(m) = &mut merged {
+            m.conversations.retain(|c| !c.episodes.is_empty());
+        }
+        assert_eq!(
+            parse_whole(bytes, o.clone(), step),
+            merged,
+            "whole mode, chunks of {step}"
+        );
     }
     whole
 }
@@ -327,6 +368,43 @@ fn harness_tags_are_stripped_in_linear_time() {
     assert!(out.starts_with("Please check. x"), "{}", &out[..40]);
     assert!(!out.contains("system-reminder"));
     assert_eq!(strip_harness("a <b>c</b> <system-reminder>x"), "a <b>c</b>");
+}
+
+#[test]
+fn whole_mode_delivers_a_conversation_when_the_next_one_starts() {
+    let conv = |id: &str, text: &str| {
+        format!(
+            r#"{{"id":"{id}","mapping":{{"r":{{"id":"r","parent":null,"children":[],"message":{{"id":"m","author":{{"role":"user"}},"content":{{"content_type":"text","parts":["{text}"]}}}}}}}}}}"#
+        )
+    };
+    let mut p = Parser::new(Options {
+        whole: true,
+        ..opts()
+    });
+    let first = format!("[{},", conv("c1", "one"));
+    assert!(p.feed(first.as_bytes()).unwrap().conversations.is_empty());
+    // The second conversation starting completes the first.
+    let b = p
+        .feed(format!("{}]", conv("c2", "two")).as_bytes())
+        .unwrap();
+    let ids: Vec<_> = b.conversations.iter().map(|c| c.id.as_deref()).collect();
+    assert_eq!(ids, vec![Some("c1")]);
+    let b = p.finish().unwrap();
+    assert_eq!(b.conversations.len(), 1);
+    assert_eq!(b.conversations[0].id.as_deref(), Some("c2"));
+    assert_eq!(b.conversations[0].episodes[0].content, "two");
+
+    // An error delivers no half-gathered conversation.
+    let mut p = Parser::new(Options {
+        format: Some(Format::Jsonl),
+        whole: true,
+        ..opts()
+    });
+    assert!(matches!(
+        p.feed(b"{\"role\":\"user\",\"content\":\"a\"}\n{oops\n"),
+        Err(ParseError::Malformed { line: 2, .. })
+    ));
+    assert!(p.finish().unwrap().conversations.is_empty());
 }
 
 #[test]

@@ -512,21 +512,18 @@ export class Engine {
       firstLine: options.firstLine ?? 0,
       name: options.name ?? 'transcript',
       maxEpisodeBytes: options.maxEpisodeBytes ?? 0,
+      whole: true,
     };
-    const convs = new Map();
+    const conversations = [];
     const warnings = [];
     let format;
+    // Whole mode: the guest hands over each conversation complete, once, in file order.
     const take = (b) => {
       format = b.format ?? format;
       warnings.push(...b.warnings);
       for (const c of b.conversations) {
-        let conv = convs.get(c.index);
-        if (!conv) convs.set(c.index, (conv = { index: c.index, id: undefined, title: undefined, episodes: [] }));
-        conv.id = c.id ?? conv.id;
-        conv.title = c.title ?? conv.title;
-        for (const e of c.episodes) {
-          conv.episodes.push({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, speaker: e.speaker });
-        }
+        const episodes = c.episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, speaker: e.speaker }));
+        conversations.push({ index: c.index, id: c.id, title: c.title, episodes });
       }
     };
     const parseCall = (f) => {
@@ -561,7 +558,6 @@ export class Engine {
       }
     }
     take(parseCall(() => parser.finish()));
-    const conversations = [...convs.values()].sort((a, b) => a.index - b.index).filter((c) => c.episodes.length > 0);
     return { format, conversations, warnings };
   }
 

@@ -29,29 +29,27 @@ async fn parse(engine: &Abridge, opts: &ParseOptions, bytes: &[u8], step: usize)
     let mut take = |b: ParseBatch| {
         format = b.format.map(format_name).or(format);
         warnings.extend(b.warnings);
+        // Whole mode: each conversation arrives complete, once; nothing to merge.
         for c in b.conversations {
-            let at = match convs.iter().position(|x| x["index"] == c.index) {
-                Some(at) => at,
-                None => {
-                    convs
-                        .push(json!({"index": c.index, "id": null, "title": null, "episodes": []}));
-                    convs.len() - 1
-                }
-            };
-            if c.id.is_some() {
-                convs[at]["id"] = json!(c.id);
-            }
-            if c.title.is_some() {
-                convs[at]["title"] = json!(c.title);
-            }
-            let eps = convs[at]["episodes"].as_array_mut().unwrap();
-            for e in c.episodes {
-                eps.push(json!({
-                    "role": e.role.as_str(), "content": e.content,
-                    "timestamp_ms": e.timestamp_ms, "source_key": e.source_key,
-                    "speaker": e.speaker,
-                }));
-            }
+            assert!(
+                convs.iter().all(|x| x["index"] != c.index),
+                "conversation {} delivered twice",
+                c.index
+            );
+            let episodes: Vec<Value> = c
+                .episodes
+                .into_iter()
+                .map(|e| {
+                    json!({
+                        "role": e.role.as_str(), "content": e.content,
+                        "timestamp_ms": e.timestamp_ms, "source_key": e.source_key,
+                        "speaker": e.speaker,
+                    })
+                })
+                .collect();
+            convs.push(
+                json!({"index": c.index, "id": c.id, "title": c.title, "episodes": episodes}),
+            );
         }
     };
     let error = |e: ParseError| -> Value {
@@ -91,6 +89,7 @@ fn options(dir: &Path, name: &str) -> ParseOptions {
         first_line: o["first_line"].as_u64().unwrap_or(0) as u32,
         name: name.to_string(),
         max_episode_bytes: o["max_episode_bytes"].as_u64().unwrap_or(0) as u32,
+        whole: true,
     }
 }
 

@@ -241,25 +241,52 @@ pub fn read_bounded(
     Ok(buf)
 }
 
-/// Feeds a file to the guest parser and gathers the conversations it yields.
+/// Feeds a file to the guest parser and keeps what it yields: whole conversations as the
+/// guest completes them ([`new`](Self::new)), or episodes as they complete
+/// ([`streaming`](Self::streaming)). The guest groups episodes into conversations; the
+/// host only collects them.
 pub struct Feeder<'a> {
     engine: &'a Abridge,
     parser: TranscriptParser<'a>,
     name: String,
     format: Option<Format>,
-    conversations: Vec<(u32, Conversation)>,
+    conversations: Vec<Conversation>,
+    /// Streaming: the episodes completed since the last [`drain`](Self::drain).
+    episodes: Vec<NewEpisode>,
+    streaming: bool,
     warnings: Vec<String>,
     /// Bytes fed so far.
     pub bytes: u64,
 }
 
 impl<'a> Feeder<'a> {
-    /// A parser for the file `name`.
+    /// A parser for the file `name` that yields whole conversations.
     pub async fn new(
         engine: &'a Abridge,
         name: &str,
         format: Option<Format>,
         opts: Options,
+    ) -> Result<Feeder<'a>, TranscriptError> {
+        Self::open(engine, name, format, opts, true).await
+    }
+
+    /// A parser for the file `name` whose episodes are taken as they complete
+    /// ([`drain`](Self::drain)), for a caller that stores them as they come.
+    pub async fn streaming(
+        engine: &'a Abridge,
+        name: &str,
+        format: Option<Format>,
+        opts: Options,
+    ) -> Result<Feeder<'a>, TranscriptError> {
+        Self::open(engine, name, format, opts, false).await
+    }
+
+    async fn open(
+        engine: &'a Abridge,
+        name: &str,
+        format: Option<Format>,
+        opts: Options,
+        whole: bool,
     ) -> Result<Feeder<'a>, TranscriptError> {
         let parser = engine
             .parser(&ParseOptions {
@@ -269,6 +296,7 @@ impl<'a> Feeder<'a> {
                 first_line: opts.first_line.min(u32::MAX as usize) as u32,
                 name: name.to_string(),
                 max_episode_bytes: 0,
+                whole,
             })
             .await
             .map_err(|e| sandbox(name, e))?;
@@ -278,13 +306,14 @@ impl<'a> Feeder<'a> {
             name: name.to_string(),
             format,
             conversations: Vec::new(),
+            episodes: Vec::new(),
+            streaming: !whole,
             warnings: Vec::new(),
             bytes: 0,
         })
     }
 
-    /// Parse the next bytes; returns the episodes they completed, per conversation index
-    /// (gathered too, for [`finish`](Self::finish)).
+    /// Parse the next bytes.
     pub async fn feed(&mut self, chunk: &[u8]) -> Result<(), TranscriptError> {
         self.bytes += chunk.len() as u64;
         let r = self
@@ -303,25 +332,11 @@ impl<'a> Feeder<'a> {
             .await
             .map_err(|e| sandbox(&self.name, e))?;
         self.take(r).await?;
-        let format = self.format.unwrap_or(Format::Jsonl);
-        let conversations: Vec<Conversation> = self
-            .conversations
-            .into_iter()
-            .map(|(_, c)| c)
-            .filter(|c| !c.episodes.is_empty())
-            .collect();
-        if conversations.is_empty() {
-            return Err(parse_error(
-                self.engine,
-                &self.name,
-                Some(format),
-                ParseError::NoMessages(format),
-            )
-            .await);
-        }
+        // The guest refuses a file without messages (`no-messages`) and never delivers an
+        // empty conversation.
         Ok(Parsed {
-            format,
-            conversations,
+            format: self.format.unwrap_or(Format::Jsonl),
+            conversations: self.conversations,
             warnings: self.warnings,
             bytes: self.bytes,
         })
@@ -332,22 +347,9 @@ impl<'a> Feeder<'a> {
         std::mem::take(&mut self.warnings)
     }
 
-    /// Take the episodes parsed so far out of the feeder (for a caller that stores them as
-    /// they come), leaving the conversations' ids and titles.
-    pub fn drain(&mut self) -> Vec<(u32, Conversation)> {
-        self.conversations
-            .iter_mut()
-            .map(|(i, c)| {
-                (
-                    *i,
-                    Conversation {
-                        id: c.id.clone(),
-                        title: c.title.clone(),
-                        episodes: std::mem::take(&mut c.episodes),
-                    },
-                )
-            })
-            .collect()
+    /// Take the episodes completed so far out of a [`streaming`](Self::streaming) feeder.
+    pub fn drain(&mut self) -> Vec<NewEpisode> {
+        std::mem::take(&mut self.episodes)
     }
 
     async fn take(&mut self, r: Result<ParseBatch, ParseError>) -> Result<(), TranscriptError> {
@@ -360,40 +362,23 @@ impl<'a> Feeder<'a> {
         }
         self.warnings.extend(b.warnings);
         for part in b.conversations {
-            let at = match self
-                .conversations
-                .iter()
-                .position(|(i, _)| *i == part.index)
-            {
-                Some(at) => at,
-                None => {
-                    self.conversations.push((
-                        part.index,
-                        Conversation {
-                            id: None,
-                            title: None,
-                            episodes: Vec::new(),
-                        },
-                    ));
-                    self.conversations.len() - 1
-                }
-            };
-            let conv = &mut self.conversations[at].1;
-            if part.id.is_some() {
-                conv.id = part.id;
+            let episodes = part.episodes.into_iter().map(|e| NewEpisode {
+                role: e.role,
+                content: e.content,
+                timestamp_ms: e.timestamp_ms,
+                source_key: e.source_key,
+                tokens: 0,
+                speaker: e.speaker,
+            });
+            if self.streaming {
+                self.episodes.extend(episodes);
+            } else {
+                self.conversations.push(Conversation {
+                    id: part.id,
+                    title: part.title,
+                    episodes: episodes.collect(),
+                });
             }
-            if part.title.is_some() {
-                conv.title = part.title;
-            }
-            conv.episodes
-                .extend(part.episodes.into_iter().map(|e| NewEpisode {
-                    role: e.role,
-                    content: e.content,
-                    timestamp_ms: e.timestamp_ms,
-                    source_key: e.source_key,
-                    tokens: 0,
-                    speaker: e.speaker,
-                }));
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use serde_json::json;
 use abridge_app::transcript::{self, Format, Options};
 use abridge_app::{Bring, SourceFile};
 use abridge_backend::{LlmBackend, NoModel};
-use abridge_engine::types::{Config, Engine, Error, Level, NewEpisode, SummaryRow, describe};
+use abridge_engine::types::{Config, Engine, Error, Level, SummaryRow, describe};
 use abridge_engine::{Abridge, Store};
 
 use super::app::{Show, shown};
@@ -419,7 +419,8 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
         include_tools: a.include_tools,
         ..Options::default()
     };
-    let mut feeder = transcript::Feeder::new(&parser, &name, Some(Format::Jsonl), opts).await?;
+    let mut feeder =
+        transcript::Feeder::streaming(&parser, &name, Some(Format::Jsonl), opts).await?;
     let mut buf = vec![0u8; 64 << 10];
     let mut eof = false;
     while !eof {
@@ -444,12 +445,7 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
                 anyhow!("{e}; the {appended} earlier episodes are stored"),
             ));
         }
-        let episodes: Vec<NewEpisode> = feeder
-            .drain()
-            .into_iter()
-            .flat_map(|(_, c)| c.episodes)
-            .collect();
-        let mut episodes = episodes;
+        let mut episodes = feeder.drain();
         local.keyed(&mut episodes);
         for ep in episodes {
             n += 1;
