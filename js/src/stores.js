@@ -222,9 +222,16 @@ function loadMigrations() {
 /** Tables of the abridge schema (the same list as the Rust store's). */
 const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events', 'clusters', 'memories', 'cluster_summaries', 'data_keys', 'usage', 'usage_days', 'session_focus', 'session_pins'];
 
-const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped, level, compacted_into AS compactedInto, ledger, ledger_dropped AS ledgerDropped';
+const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped, level, compacted_into AS compactedInto, ledger, ledger_dropped AS ledgerDropped, sealed';
 
+// How sealed columns and their rows are named in the associated data: the Rust store's
+// `keyring::place`, so a value sealed by either host opens in the other.
+const PLACE = { episode: 'episodes', speaker: 'episodes.speaker', summary: 'summaries', ledger: 'summaries.ledger', partial: 'partials' };
+const episodeRow = (key, id) => `${key}#${id}`;
+const summaryRow = (key, level, first) => `${key}#${level}:${first}`;
 const rowOut = (r) => (r ? { ...r, skipped: JSON.parse(r.skipped), compactedInto: r.compactedInto ?? undefined, ledger: ledgerParse(r.ledger) } : undefined);
+/** The tenant whose data key seals a session's rows: the part of its key before U+001F. */
+const tenantOf = (key) => (key.includes('\u001f') ? key.slice(0, key.indexOf('\u001f')) : 'local');
 
 /** A SQLite file through Node's built-in node:sqlite (no native addon). */
 export class SqliteStore {
@@ -235,8 +242,9 @@ export class SqliteStore {
 
   /**
    * Open (creating if needed) `path`; `:memory:` for a private in-memory database. With
-   * `masterKey` (64 hex digits, the same key as the Rust host's ABRIDGE_MASTER_KEY_FILE), memory
-   * and cluster summary text is sealed at rest.
+   * `masterKey` (64 hex digits, the same key as the Rust host's ABRIDGE_MASTER_KEY_FILE), every
+   * column that holds user text (episodes, summaries and their ledgers, cached partial answers,
+   * memories, cluster summaries) is sealed at rest.
    */
   static async open(path, { masterKey } = {}) {
     const { DatabaseSync } = await import('node:sqlite');
@@ -275,24 +283,25 @@ export class SqliteStore {
     this.#st = {
       ensure: p('INSERT OR IGNORE INTO sessions (id) VALUES (?)'),
       next: p('SELECT episodes + 1 AS next, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) AS seq FROM sessions WHERE id = ?'),
-      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker) VALUES (?, ?, ?, ?, ?, ?, ?, ?)'),
+      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)'),
       bump: p('UPDATE sessions SET episodes = episodes + ?, total_tokens = total_tokens + ?, changed_seq = ? WHERE id = ?'),
       stats: p('SELECT episodes, total_tokens AS totalTokens FROM sessions WHERE id = ?'),
-      after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens, speaker FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
+      after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens, speaker, sealed FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
       latest: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1`),
       all: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? AND compacted_into IS NULL ORDER BY first_episode`),
       history: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY first_episode, level DESC, id`),
-      compactAdd: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped)
-              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+      compactAdd: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped, sealed)
+              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
       compacted: p('UPDATE summaries SET compacted_into = ? WHERE id = ? AND session = ?'),
       row: p(`SELECT ${ROW_COLS} FROM summaries WHERE id = ?`),
-      add: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped)
-              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-      update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ?, ledger = ?, ledger_dropped = ? WHERE id = ?'),
+      add: p(`INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped, sealed)
+              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+      update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ?, ledger = ?, ledger_dropped = ?, sealed = ? WHERE id = ?'),
+      placeOf: p('SELECT level, first_episode AS first FROM summaries WHERE id = ?'),
       sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
       calibration: p('SELECT estimated, reported FROM calibration WHERE model = ?'),
-      partial: p('SELECT text, prompt_tokens AS promptTokens, output_tokens AS outputTokens FROM partials WHERE key = ?'),
-      putPartial: p('INSERT OR REPLACE INTO partials (key, text, prompt_tokens, output_tokens) VALUES (?, ?, ?, ?)'),
+      partial: p('SELECT text, prompt_tokens AS promptTokens, output_tokens AS outputTokens, sealed FROM partials WHERE key = ?'),
+      putPartial: p('INSERT OR REPLACE INTO partials (key, text, prompt_tokens, output_tokens, sealed) VALUES (?, ?, ?, ?, ?)'),
       failure: p('SELECT failures, last_error AS lastError, retry_after_ms AS retryAfterMs, failed_ms AS failedMs FROM failure_markers WHERE session = ?'),
       setFailure: p('INSERT OR REPLACE INTO failure_markers (session, failures, last_error, retry_after_ms, failed_ms) VALUES (?, ?, ?, ?, ?)'),
       clearFailure: p('DELETE FROM failure_markers WHERE session = ?'),
@@ -361,6 +370,37 @@ export class SqliteStore {
     }
   }
 
+  /** `[value, version]` to store `text` in row `row` of `table`: the text itself without a
+   * master key, sealed bytes with one (the Rust store's rule). */
+  #seal(key, table, row, text) {
+    return this.#keyring ? this.#keyring.seal(tenantOf(key), table, row, text) : [text, 0];
+  }
+
+  /** A stored value's text back (`sealed`: its key version, 0 when plain). */
+  #open(key, table, row, value, sealed) {
+    if (!sealed) return typeof value === 'string' ? value : new TextDecoder().decode(value);
+    if (!this.#keyring) {
+      throw new AbridgeError('storage', `${table} row '${row}' is encrypted and no master key is set: open the store with the key it was written with (SqliteStore.open(path, { masterKey }))`);
+    }
+    return this.#keyring.open(tenantOf(key), table, row, value, Number(sealed));
+  }
+
+  /** A summary row as stored, opened. */
+  #row(session, r) {
+    if (!r) return undefined;
+    const name = summaryRow(session, r.level, r.firstEpisode);
+    const { sealed, ...row } = r;
+    return rowOut({ ...row, content: this.#open(session, PLACE.summary, name, r.content, sealed), ledger: this.#open(session, PLACE.ledger, name, r.ledger, sealed) });
+  }
+
+  /** A summary's content and ledger as stored, and their key version. */
+  #sealSummary(session, level, first, content, ledger) {
+    const name = summaryRow(session, level, first);
+    const [c, v] = this.#seal(session, PLACE.summary, name, content);
+    const [l] = this.#seal(session, PLACE.ledger, name, ledgerJson(ledger));
+    return [c, l, v];
+  }
+
   #wrap(f) {
     try {
       return f();
@@ -378,7 +418,10 @@ export class SqliteStore {
       let added = 0;
       let tokens = 0;
       for (const e of episodes) {
-        const r = s.insert.run(session, next, e.role, e.content, e.timestampMs ?? null, e.sourceKey, e.tokens, e.speaker ?? null);
+        const name = episodeRow(session, next);
+        const [content, sealed] = this.#seal(session, PLACE.episode, name, e.content);
+        const speaker = e.speaker == null ? null : this.#seal(session, PLACE.speaker, name, e.speaker)[0];
+        const r = s.insert.run(session, next, e.role, content, e.timestampMs ?? null, e.sourceKey, e.tokens, speaker, sealed);
         if (r.changes === 1) {
           next++;
           added++;
@@ -398,17 +441,27 @@ export class SqliteStore {
   }
 
   episodesAfter(session, after, limit) {
-    return this.#wrap(() => this.#st.after.all(session, after, limit).map((e) => ({ ...e, timestampMs: e.timestampMs ?? undefined, speaker: e.speaker ?? undefined })));
+    return this.#wrap(() =>
+      this.#st.after.all(session, after, limit).map(({ sealed, ...e }) => {
+        const name = episodeRow(session, e.id);
+        return {
+          ...e,
+          content: this.#open(session, PLACE.episode, name, e.content, sealed),
+          timestampMs: e.timestampMs ?? undefined,
+          speaker: e.speaker == null ? undefined : this.#open(session, PLACE.speaker, name, e.speaker, sealed),
+        };
+      }),
+    );
   }
 
   latestSummary(session) {
     return this.#wrap(() => {
-      return rowOut(this.#st.latest.get(session));
+      return this.#row(session, this.#st.latest.get(session));
     });
   }
 
   summaries(session) {
-    return this.#wrap(() => this.#st.all.all(session).map(rowOut));
+    return this.#wrap(() => this.#st.all.all(session).map((r) => this.#row(session, r)));
   }
 
   writeSummary(session, w) {
@@ -416,31 +469,36 @@ export class SqliteStore {
       const s = this.#st;
       const stats = s.stats.get(session);
       if (!stats) throw new AbridgeError('invalid-input', `no session '${session}' in the store`);
-      const prev = rowOut(s.latest.get(session));
+      const prev = this.#row(session, s.latest.get(session));
       checkChain(session, stats.episodes, prev, w);
       let id;
       if (w.replaces === undefined) {
-        id = Number(s.add.run(session, w.firstEpisode, w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, w.nowMs, JSON.stringify(w.skipped ?? []), ledgerJson(w.ledger), w.ledgerDropped ?? 0).lastInsertRowid);
+        const [content, ledger, sealed] = this.#sealSummary(session, 0, w.firstEpisode, w.content, w.ledger);
+        id = Number(s.add.run(session, w.firstEpisode, w.lastEpisode, content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, w.nowMs, JSON.stringify(w.skipped ?? []), ledger, w.ledgerDropped ?? 0, sealed).lastInsertRowid);
       } else {
         id = w.replaces;
-        s.update.run(w.lastEpisode, w.content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, JSON.stringify(w.skipped ?? []), ledgerJson(w.ledger), w.ledgerDropped ?? 0, id);
+        // The row keeps its level and first episode: its name stays the same.
+        const at = s.placeOf.get(id);
+        const [content, ledger, sealed] = this.#sealSummary(session, at.level, at.first, w.content, w.ledger);
+        s.update.run(w.lastEpisode, content, w.tokens, w.promptTokens, w.outputTokens, w.model, w.nowMs, JSON.stringify(w.skipped ?? []), ledger, w.ledgerDropped ?? 0, sealed, id);
       }
-      return rowOut(s.row.get(id));
+      return this.#row(session, s.row.get(id));
     }));
   }
 
   summaryHistory(session) {
-    return this.#wrap(() => this.#st.history.all(session).map(rowOut));
+    return this.#wrap(() => this.#st.history.all(session).map((r) => this.#row(session, r)));
   }
 
   compactSummaries(session, c) {
     return this.#wrap(() => this.#tx(() => {
       const s = this.#st;
-      const active = s.all.all(session).map(rowOut);
+      const active = s.all.all(session).map((r) => this.#row(session, r));
       const { first, last, level } = checkCompaction(session, active, c);
-      const id = Number(s.compactAdd.run(session, first, last, c.content, c.tokens, c.promptTokens, c.outputTokens, c.model, c.nowMs, c.nowMs, JSON.stringify(c.skipped ?? []), level, ledgerJson(c.ledger), c.ledgerDropped ?? 0).lastInsertRowid);
+      const [content, ledger, sealed] = this.#sealSummary(session, level, first, c.content, c.ledger);
+      const id = Number(s.compactAdd.run(session, first, last, content, c.tokens, c.promptTokens, c.outputTokens, c.model, c.nowMs, c.nowMs, JSON.stringify(c.skipped ?? []), level, ledger, c.ledgerDropped ?? 0, sealed).lastInsertRowid);
       for (const r of c.rows) s.compacted.run(id, r, session);
-      return rowOut(s.row.get(id));
+      return this.#row(session, s.row.get(id));
     }));
   }
 
@@ -477,12 +535,15 @@ export class SqliteStore {
   partial(key) {
     return this.#wrap(() => {
       const r = this.#st.partial.get(key);
-      return r ? { text: r.text, promptTokens: Number(r.promptTokens), outputTokens: Number(r.outputTokens) } : undefined;
+      return r ? { text: this.#open(key, PLACE.partial, key, r.text, r.sealed), promptTokens: Number(r.promptTokens), outputTokens: Number(r.outputTokens) } : undefined;
     });
   }
 
   putPartial(key, answer) {
-    this.#wrap(() => this.#st.putPartial.run(key, answer.text, answer.promptTokens ?? 0, answer.outputTokens ?? 0));
+    this.#wrap(() => {
+      const [text, sealed] = this.#seal(key, PLACE.partial, key, answer.text);
+      this.#st.putPartial.run(key, text, answer.promptTokens ?? 0, answer.outputTokens ?? 0, sealed);
+    });
   }
 
   calibration(model) {

@@ -151,3 +151,41 @@ test('guards: at most limits.clusterJobs at once, and the monthly ceiling refuse
   now = Date.UTC(2026, 1, 1);
   assert.equal((await engine.summarizeCluster(r[2].cluster)).action, 'created');
 });
+
+test('session text is sealed too: episodes, speakers, summaries, ledgers and partial answers, readable by the other host', async () => {
+  const { execFileSync } = await import('node:child_process');
+  const { existsSync, readFileSync: read } = await import('node:fs');
+  const { ROOT } = await import('./helpers.js');
+  const CANARY = 'canary-session-9c2b-quokka';
+  const key = 'c3'.repeat(32);
+  const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
+  const path = join(dir, 's.db');
+  const store = await SqliteStore.open(path, { masterKey: key });
+  const engine = await createEngine({ store });
+  const eps = [0, 1, 2, 3].map((i) => ({ role: i % 2 ? 'assistant' : 'user', content: `Step ${i}: ${CANARY} lives in /srv/${CANARY}/app.toml`, sourceKey: `k${i}`, speaker: `${CANARY} speaker` }));
+  assert.equal(await engine.append('s', eps), 4);
+  await engine.summarizeNow('s', { engine: 'extractive' });
+  store.putPartial('p', { text: `${CANARY} partial`, promptTokens: 1, outputTokens: 1 });
+  const chain = await engine.chain('s');
+  assert.ok(chain[0].content.includes(CANARY));
+  assert.ok(chain[0].ledger.some((e) => e.text.includes(CANARY)));
+  assert.equal(store.episodesAfter('s', 0, 10)[0].speaker, `${CANARY} speaker`);
+  assert.equal(store.partial('p').text, `${CANARY} partial`);
+  store.close();
+  const onDisk = [path, `${path}-wal`].filter(existsSync).map((p) => read(p).toString('latin1')).join('');
+  assert.ok(!onDisk.includes(CANARY) && !onDisk.includes('quokka'), 'session text is on disk in the clear');
+  const none = await SqliteStore.open(path);
+  assert.throws(() => none.episodesAfter('s', 0, 10), /encrypted and no master key/);
+  none.close();
+  // The Rust binary reads what JS sealed, and JS reads what the binary seals.
+  const bin = join(ROOT, 'target', 'debug', 'abridge');
+  if (!existsSync(bin)) execFileSync('cargo', ['build', '-q', '-p', 'abridge'], { cwd: ROOT, stdio: 'inherit' });
+  const env = { ...process.env, ABRIDGE_DB: path, ABRIDGE_MASTER_KEY: key, ABRIDGE_BACKEND: 'extractive' };
+  const out = execFileSync(bin, ['context', 's'], { env, encoding: 'utf8' });
+  assert.ok(out.includes(CANARY), out);
+  const lines = ['Rust wrote this sealed line one.', 'Rust wrote this sealed line two.'].map((content, i) => JSON.stringify({ role: i ? 'assistant' : 'user', content })).join('\n');
+  execFileSync(bin, ['ingest', '--session', 'r'], { env, input: `${lines}\n`, stdio: ['pipe', 'ignore', 'ignore'] });
+  const back = await SqliteStore.open(path, { masterKey: key });
+  assert.equal(back.episodesAfter('r', 0, 10)[1].content, 'Rust wrote this sealed line two.');
+  back.close();
+});

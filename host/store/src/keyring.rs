@@ -191,3 +191,66 @@ pub(super) fn open_under(
     })?;
     String::from_utf8(b).map_err(|_| Error::Storage(format!("{table} row '{row}' is not UTF-8")))
 }
+
+/// What every sealed column is called in a row's associated data, and how its rows are named:
+/// one list for the SQLite and PostgreSQL stores (and `js/src/sealing.js`, which names them the
+/// same), so a value sealed by one store opens in the other. A session's tenant is the one its
+/// stored key names ([`crate::Tenant::of_key`]).
+pub(crate) mod place {
+    /// Episode text: table `episodes`, row `KEY#ID`.
+    pub const EPISODE: &str = "episodes";
+    /// An episode's speaker: table `episodes.speaker`, row `KEY#ID`.
+    pub const SPEAKER: &str = "episodes.speaker";
+    /// Summary prose: table `summaries`, row `KEY#LEVEL:FIRST` (a row grows in place, so its
+    /// last episode is not part of its name; a level and a first episode name one row).
+    pub const SUMMARY: &str = "summaries";
+    /// A summary's ledger (JSON): table `summaries.ledger`, the summary's row name.
+    pub const LEDGER: &str = "summaries.ledger";
+    /// A cached partial answer: table `partials`, row its (tenant-scoped) key.
+    pub const PARTIAL: &str = "partials";
+    /// An event's data (JSON): table `events`, row its id.
+    pub const EVENT: &str = "events";
+    /// A session's focus text: table `session_focus`, row the session key.
+    pub const FOCUS: &str = "session_focus";
+
+    /// The row name of episode `id` of the session stored as `key`.
+    pub fn episode(key: &str, id: u64) -> String {
+        format!("{key}#{id}")
+    }
+
+    /// The row name of a summary of the session stored as `key`.
+    pub fn summary(key: &str, level: u32, first_episode: u64) -> String {
+        format!("{key}#{level}:{first_episode}")
+    }
+
+    /// The tenant whose data key seals a row of the session (or partial answer) stored as
+    /// `key`.
+    pub fn tenant_of(key: &str) -> String {
+        crate::tenant::Tenant::of_key(key).name().to_string()
+    }
+}
+
+/// One tenant's current data key, fetched once for a batch of rows (or none: no master key,
+/// the text is stored plain).
+pub(crate) struct Sealer {
+    tenant: String,
+    key: Option<(u32, Arc<Secret>)>,
+}
+
+impl Sealer {
+    /// A sealer for `tenant` with its current data key `key` (version, key), if any.
+    pub(crate) fn new(tenant: &str, key: Option<(u32, Arc<Secret>)>) -> Sealer {
+        Sealer {
+            tenant: tenant.to_string(),
+            key,
+        }
+    }
+
+    /// `text` of row `row` of `table` as stored: its bytes and the key version (0: plain).
+    pub(crate) fn seal(&self, table: &str, row: &str, text: &str) -> Result<(Vec<u8>, u32), Error> {
+        match &self.key {
+            None => Ok((text.as_bytes().to_vec(), 0)),
+            Some((v, k)) => Ok((seal_under(k, *v, &self.tenant, table, row, text)?, *v)),
+        }
+    }
+}

@@ -4,12 +4,15 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Store;
+use crate::keyring::{Stored, place};
+use crate::sqlite_keys::{as_value, bytes_at, bytes_or_null, stored};
 use crate::types::{
-    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, NewEpisode, Role,
-    SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, LedgerEntry, NewEpisode,
+    Role, SessionStats, SummaryRow, SummaryWrite,
 };
 
 /// Schema migrations, shared with the JavaScript host (its build copies these files);
@@ -36,6 +39,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/019-summary-levels-ledger.sql"),
     include_str!("migrations/020-usage-days.sql"),
     include_str!("migrations/021-jobs-active.sql"),
+    include_str!("migrations/022-sealed-session-text.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -261,43 +265,123 @@ impl SqliteStore {
     }
 }
 
-const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped";
+const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped, sealed";
 
-fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<SummaryRow> {
-    Ok(SummaryRow {
-        id: r.get::<_, i64>(0)? as u64,
-        first_episode: r.get::<_, i64>(1)? as u64,
-        last_episode: r.get::<_, i64>(2)? as u64,
-        content: r.get(3)?,
-        tokens: r.get(4)?,
-        prompt_tokens: r.get(5)?,
-        output_tokens: r.get(6)?,
-        model: r.get(7)?,
-        created_ms: r.get::<_, i64>(8)? as u64,
-        updated_ms: r.get::<_, i64>(9)? as u64,
-        skipped: super::skipped_from_json(&r.get::<_, String>(10)?),
-        level: r.get(11)?,
-        compacted_into: r.get::<_, Option<i64>>(12)?.map(|x| x as u64),
-        ledger: super::ledger_from_json(&r.get::<_, String>(13)?),
-        ledger_dropped: r.get(14)?,
+/// A summary row as read: its prose and ledger still as stored (see [`SqliteStore::opened`]).
+struct RawRow {
+    row: SummaryRow,
+    content: Vec<u8>,
+    ledger: Vec<u8>,
+    sealed: u32,
+}
+
+fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok(RawRow {
+        row: SummaryRow {
+            id: r.get::<_, i64>(0)? as u64,
+            first_episode: r.get::<_, i64>(1)? as u64,
+            last_episode: r.get::<_, i64>(2)? as u64,
+            content: String::new(),
+            tokens: r.get(4)?,
+            prompt_tokens: r.get(5)?,
+            output_tokens: r.get(6)?,
+            model: r.get(7)?,
+            created_ms: r.get::<_, i64>(8)? as u64,
+            updated_ms: r.get::<_, i64>(9)? as u64,
+            skipped: super::skipped_from_json(&r.get::<_, String>(10)?),
+            level: r.get(11)?,
+            compacted_into: r.get::<_, Option<i64>>(12)?.map(|x| x as u64),
+            ledger: Vec::new(),
+            ledger_dropped: r.get(14)?,
+        },
+        content: bytes_at(r, 3)?,
+        ledger: bytes_at(r, 13)?,
+        sealed: r.get(15)?,
     })
 }
 
-fn active_chain(conn: &Connection, session: &str) -> rusqlite::Result<Vec<SummaryRow>> {
-    let mut st = conn.prepare_cached(&format!(
-        "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 AND compacted_into IS NULL ORDER BY first_episode"
-    ))?;
-    let rows = st.query_map([session], row_from)?;
-    rows.collect()
-}
+impl SqliteStore {
+    /// A summary row with its prose and ledger opened.
+    fn opened(&self, c: &Connection, session: &str, raw: RawRow) -> Result<SummaryRow, Error> {
+        let tenant = place::tenant_of(session);
+        let name = place::summary(session, raw.row.level, raw.row.first_episode);
+        let mut row = raw.row;
+        let stored = |bytes| Stored {
+            bytes,
+            sealed: raw.sealed,
+        };
+        row.content = self.reveal(c, &tenant, place::SUMMARY, &name, stored(raw.content))?;
+        let ledger = self.reveal(c, &tenant, place::LEDGER, &name, stored(raw.ledger))?;
+        row.ledger = super::ledger_from_json(&ledger);
+        Ok(row)
+    }
 
-fn latest(conn: &Connection, session: &str) -> rusqlite::Result<Option<SummaryRow>> {
-    conn.query_row(
-        &format!("SELECT {ROW_COLS} FROM summaries WHERE session = ?1 AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1"),
-        [session],
-        row_from,
-    )
-    .optional()
+    /// Summary rows read by `sql` (one parameter: the session), opened.
+    fn summary_rows(
+        &self,
+        c: &Connection,
+        session: &str,
+        sql: &str,
+    ) -> Result<Vec<SummaryRow>, Error> {
+        let raws = {
+            let mut st = c.prepare_cached(sql).map_err(db_err)?;
+            let rows = st.query_map([session], row_from).map_err(db_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)?
+        };
+        raws.into_iter()
+            .map(|raw| self.opened(c, session, raw))
+            .collect()
+    }
+
+    fn active_chain(&self, c: &Connection, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.summary_rows(
+            c,
+            session,
+            &format!(
+                "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 AND compacted_into IS NULL ORDER BY first_episode"
+            ),
+        )
+    }
+
+    fn latest(&self, c: &Connection, session: &str) -> Result<Option<SummaryRow>, Error> {
+        Ok(self
+            .summary_rows(
+                c,
+                session,
+                &format!(
+                    "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1"
+                ),
+            )?
+            .pop())
+    }
+
+    fn summary_by_id(&self, c: &Connection, session: &str, id: i64) -> Result<SummaryRow, Error> {
+        let raw = c
+            .query_row(
+                &format!("SELECT {ROW_COLS} FROM summaries WHERE id = ?1"),
+                [id],
+                row_from,
+            )
+            .map_err(db_err)?;
+        self.opened(c, session, raw)
+    }
+
+    /// A summary's prose and ledger as stored, and their key version.
+    fn sealed_summary(
+        &self,
+        c: &Connection,
+        session: &str,
+        (level, first): (u32, u64),
+        content: &str,
+        ledger: &[LedgerEntry],
+    ) -> Result<(Value, Value, u32), Error> {
+        let tenant = place::tenant_of(session);
+        let name = place::summary(session, level, first);
+        let (content, v) = self.seal_value(c, &tenant, place::SUMMARY, &name, content)?;
+        let ledger = super::ledger_to_json(ledger);
+        let (ledger, _) = self.seal_value(c, &tenant, place::LEDGER, &name, &ledger)?;
+        Ok((content, ledger, v))
+    }
 }
 
 #[async_trait]
@@ -320,13 +404,20 @@ impl Store for SqliteStore {
             {
                 let mut ins = tx
                     .prepare_cached(
-                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     )
                     .map_err(db_err)?;
+                let sealer = self.sealer(&tx, &place::tenant_of(session))?;
                 for e in &episodes {
+                    let name = place::episode(session, next as u64);
+                    let (content, sealed) = as_value(sealer.seal(place::EPISODE, &name, &e.content)?);
+                    let speaker = match &e.speaker {
+                        Some(sp) => Some(as_value(sealer.seal(place::SPEAKER, &name, sp)?).0),
+                        None => None,
+                    };
                     let n = ins
-                        .execute(params![session, next, role_str(e.role), e.content, e.timestamp_ms, e.source_key, e.tokens, e.speaker])
+                        .execute(params![session, next, role_str(e.role), content, e.timestamp_ms, e.source_key, e.tokens, speaker, sealed])
                         .map_err(db_err)?;
                     if n == 1 {
                         next += 1;
@@ -375,55 +466,74 @@ impl Store for SqliteStore {
         self.with(|conn| {
             let mut st = conn
                 .prepare_cached(
-                    "SELECT id, role, content, timestamp_ms, tokens, speaker FROM episodes
+                    "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed FROM episodes
                      WHERE session = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
                 )
                 .map_err(db_err)?;
             let rows = st
                 .query_map(params![session, after as i64, limit], |r| {
-                    Ok(Episode {
-                        id: r.get::<_, i64>(0)? as u64,
-                        role: role_from(&r.get::<_, String>(1)?),
-                        content: r.get(2)?,
-                        timestamp_ms: r.get(3)?,
-                        tokens: r.get(4)?,
-                        speaker: r.get(5)?,
-                    })
+                    let sealed: u32 = r.get(6)?;
+                    Ok((
+                        Episode {
+                            id: r.get::<_, i64>(0)? as u64,
+                            role: role_from(&r.get::<_, String>(1)?),
+                            content: String::new(),
+                            timestamp_ms: r.get(3)?,
+                            tokens: r.get(4)?,
+                            speaker: None,
+                        },
+                        stored(r, 2, sealed)?,
+                        bytes_or_null(r, 5)?.map(|bytes| Stored { bytes, sealed }),
+                    ))
                 })
                 .map_err(db_err)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+            let raws = rows.collect::<Result<Vec<_>, _>>().map_err(db_err)?;
+            let tenant = place::tenant_of(session);
+            raws.into_iter()
+                .map(|(mut e, content, speaker)| {
+                    let name = place::episode(session, e.id);
+                    e.content = self.reveal(conn, &tenant, place::EPISODE, &name, content)?;
+                    e.speaker = match speaker {
+                        Some(sp) => Some(self.reveal(conn, &tenant, place::SPEAKER, &name, sp)?),
+                        None => None,
+                    };
+                    Ok(e)
+                })
+                .collect()
         })
     }
 
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
-        self.with(|conn| latest(conn, session).map_err(db_err))
+        self.with(|conn| self.latest(conn, session))
     }
 
     async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        self.with(|conn| active_chain(conn, session).map_err(db_err))
+        self.with(|conn| self.active_chain(conn, session))
     }
 
     async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
         self.with(|conn| {
-            let mut st = conn
-                .prepare_cached(&format!(
+            self.summary_rows(
+                conn,
+                session,
+                &format!(
                     "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 ORDER BY first_episode, level DESC, id"
-                ))
-                .map_err(db_err)?;
-            let rows = st.query_map([session], row_from).map_err(db_err)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+                ),
+            )
         })
     }
 
     async fn compact_summaries(&self, session: &str, c: Compaction) -> Result<SummaryRow, Error> {
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-            let active = active_chain(&tx, session).map_err(db_err)?;
+            let active = self.active_chain(&tx, session)?;
             let (first, last, level) = crate::rules::check_compaction(session, &active, &c)?;
+            let (content, ledger, sealed) =
+                self.sealed_summary(&tx, session, (level, first), &c.content, &c.ledger)?;
             tx.execute(
-                "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)",
-                params![session, first as i64, last as i64, c.content, c.tokens, c.prompt_tokens, c.output_tokens, c.model, c.now_ms as i64, super::skipped_to_json(&c.skipped), level, super::ledger_to_json(&c.ledger), c.ledger_dropped],
+                "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped, sealed)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14)",
+                params![session, first as i64, last as i64, content, c.tokens, c.prompt_tokens, c.output_tokens, c.model, c.now_ms as i64, super::skipped_to_json(&c.skipped), level, ledger, c.ledger_dropped, sealed],
             )
             .map_err(db_err)?;
             let id = tx.last_insert_rowid();
@@ -434,9 +544,7 @@ impl Store for SqliteStore {
                 )
                 .map_err(db_err)?;
             }
-            let row = tx
-                .query_row(&format!("SELECT {ROW_COLS} FROM summaries WHERE id = ?1"), [id], row_from)
-                .map_err(db_err)?;
+            let row = self.summary_by_id(&tx, session, id)?;
             tx.commit().map_err(db_err)?;
             Ok(row)
         })
@@ -450,30 +558,36 @@ impl Store for SqliteStore {
                 .optional()
                 .map_err(db_err)?
                 .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))? as u64;
-            let prev = latest(&tx, session).map_err(db_err)?;
+            let prev = self.latest(&tx, session)?;
             crate::rules::check_chain(session, episodes, prev.as_ref(), &w)?;
-            let id = match (w.replaces, &prev) {
-                (None, _) => {
+            let id = match w.replaces {
+                None => {
+                    let (content, ledger, sealed) =
+                        self.sealed_summary(&tx, session, (0, w.first_episode), &w.content, &w.ledger)?;
                     tx.execute(
-                        "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12)",
-                        params![session, w.first_episode as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, super::skipped_to_json(&w.skipped), super::ledger_to_json(&w.ledger), w.ledger_dropped],
+                        "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped, sealed)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)",
+                        params![session, w.first_episode as i64, w.last_episode as i64, content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, super::skipped_to_json(&w.skipped), ledger, w.ledger_dropped, sealed],
                     )
                     .map_err(db_err)?;
                     tx.last_insert_rowid()
                 }
-                (Some(id), _) => {
+                Some(id) => {
+                    // The row keeps its level and first episode: its name stays the same.
+                    let (level, first): (u32, i64) = tx
+                        .query_row("SELECT level, first_episode FROM summaries WHERE id = ?1", [id as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .map_err(db_err)?;
+                    let (content, ledger, sealed) =
+                        self.sealed_summary(&tx, session, (level, first as u64), &w.content, &w.ledger)?;
                     tx.execute(
-                        "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8, skipped = ?9, ledger = ?10, ledger_dropped = ?11 WHERE id = ?1",
-                        params![id as i64, w.last_episode as i64, w.content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, super::skipped_to_json(&w.skipped), super::ledger_to_json(&w.ledger), w.ledger_dropped],
+                        "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8, skipped = ?9, ledger = ?10, ledger_dropped = ?11, sealed = ?12 WHERE id = ?1",
+                        params![id as i64, w.last_episode as i64, content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, super::skipped_to_json(&w.skipped), ledger, w.ledger_dropped, sealed],
                     )
                     .map_err(db_err)?;
                     id as i64
                 }
             };
-            let row = tx
-                .query_row(&format!("SELECT {ROW_COLS} FROM summaries WHERE id = ?1"), [id], row_from)
-                .map_err(db_err)?;
+            let row = self.summary_by_id(&tx, session, id)?;
             tx.commit().map_err(db_err)?;
             Ok(row)
         })
@@ -527,27 +641,38 @@ impl Store for SqliteStore {
 
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
         self.with(|conn| {
-            conn.query_row(
-                "SELECT text, prompt_tokens, output_tokens FROM partials WHERE key = ?1",
-                [key],
-                |r| {
-                    Ok(CachedAnswer {
-                        text: r.get(0)?,
-                        prompt_tokens: r.get::<_, i64>(1)?.clamp(0, u32::MAX as i64) as u32,
-                        output_tokens: r.get::<_, i64>(2)?.clamp(0, u32::MAX as i64) as u32,
-                    })
-                },
-            )
-            .optional()
-            .map_err(db_err)
+            let raw = conn
+                .query_row(
+                    "SELECT text, prompt_tokens, output_tokens, sealed FROM partials WHERE key = ?1",
+                    [key],
+                    |r| {
+                        Ok((
+                            stored(r, 0, r.get(3)?)?,
+                            CachedAnswer {
+                                text: String::new(),
+                                prompt_tokens: r.get::<_, i64>(1)?.clamp(0, u32::MAX as i64) as u32,
+                                output_tokens: r.get::<_, i64>(2)?.clamp(0, u32::MAX as i64) as u32,
+                            },
+                        ))
+                    },
+                )
+                .optional()
+                .map_err(db_err)?;
+            raw.map(|(text, mut a)| {
+                a.text = self.reveal(conn, &place::tenant_of(key), place::PARTIAL, key, text)?;
+                Ok(a)
+            })
+            .transpose()
         })
     }
 
     async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error> {
         self.with(|conn| {
+            let (text, sealed) =
+                self.seal_value(conn, &place::tenant_of(key), place::PARTIAL, key, &answer.text)?;
             conn.execute(
-                "INSERT OR REPLACE INTO partials (key, text, prompt_tokens, output_tokens) VALUES (?1, ?2, ?3, ?4)",
-                params![key, answer.text, answer.prompt_tokens, answer.output_tokens],
+                "INSERT OR REPLACE INTO partials (key, text, prompt_tokens, output_tokens, sealed) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![key, text, answer.prompt_tokens, answer.output_tokens, sealed],
             )
             .map(drop)
             .map_err(db_err)

@@ -19,43 +19,9 @@ fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
 }
 
-use crate::keyring::{Revealed, Stored};
+use crate::keyring::Stored;
 
 impl SqliteStore {
-    /// The bytes and key version to store `text` under (sealed when a master key is set).
-    fn seal(
-        &self,
-        c: &Connection,
-        tenant: &str,
-        table: &str,
-        row: &str,
-        text: &str,
-    ) -> Result<(Vec<u8>, u32), Error> {
-        match &self.keys {
-            Some(k) => k.seal(c, tenant, table, row, text),
-            None => Ok((text.as_bytes().to_vec(), 0)),
-        }
-    }
-
-    /// A row's text back.
-    fn reveal(
-        &self,
-        c: &Connection,
-        tenant: &str,
-        table: &str,
-        row: &str,
-        s: Stored,
-    ) -> Result<String, Error> {
-        match crate::keyring::reveal(self.keys.as_ref(), table, row, s)? {
-            Revealed::Text(t) => Ok(t),
-            Revealed::Sealed {
-                keys,
-                bytes,
-                version,
-            } => keys.open(c, tenant, table, row, &bytes, version),
-        }
-    }
-
     fn memories_revealed(
         &self,
         c: &Connection,

@@ -10,7 +10,9 @@ use super::tables::{
 };
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
+use crate::keyring::{Stored, place};
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
+use crate::sqlite_keys::stored;
 use crate::types::{Error, Mode};
 
 fn db_err(e: rusqlite::Error) -> Error {
@@ -462,13 +464,16 @@ impl SourceStore for SqliteStore {
 
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
         self.with(|c| {
-            c.query_row(
-                "SELECT focus FROM session_focus WHERE session = ?1",
-                [session],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(db_err)
+            let raw = c
+                .query_row(
+                    "SELECT focus, sealed FROM session_focus WHERE session = ?1",
+                    [session],
+                    |r| stored(r, 0, r.get(1)?),
+                )
+                .optional()
+                .map_err(db_err)?;
+            raw.map(|f| self.reveal(c, &place::tenant_of(session), place::FOCUS, session, f))
+                .transpose()
         })
     }
 
@@ -476,10 +481,14 @@ impl SourceStore for SqliteStore {
         self.with(|c| {
             match focus {
                 None => c.execute("DELETE FROM session_focus WHERE session = ?1", [session]),
-                Some(f) => c.execute(
-                    "INSERT OR REPLACE INTO session_focus (session, focus) VALUES (?1, ?2)",
-                    params![session, f],
-                ),
+                Some(f) => {
+                    let (focus, sealed) =
+                        self.seal_value(c, &place::tenant_of(session), place::FOCUS, session, f)?;
+                    c.execute(
+                        "INSERT OR REPLACE INTO session_focus (session, focus, sealed) VALUES (?1, ?2, ?3)",
+                        params![session, focus, sealed],
+                    )
+                }
             }
             .map(drop)
             .map_err(db_err)
@@ -626,18 +635,22 @@ impl EventStore for SqliteStore {
             {
                 let mut st = tx
                     .prepare_cached(
-                        "INSERT INTO events (tenant, id, kind, at_ms, session_key, job, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        "INSERT INTO events (tenant, id, kind, at_ms, session_key, job, data, sealed) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                     )
                     .map_err(db_err)?;
                 for (i, e) in rows.iter().enumerate() {
+                    let id = first + i as u64;
+                    let (data, sealed) =
+                        self.seal_value(&tx, tenant, place::EVENT, &id.to_string(), &e.data)?;
                     st.execute(params![
                         tenant,
-                        (first + i as u64) as i64,
+                        id as i64,
                         e.kind,
                         e.at_ms as i64,
                         e.session_key,
                         e.job.map(|j| j as i64),
-                        e.data
+                        data,
+                        sealed
                     ])
                     .map_err(db_err)?;
                 }
@@ -662,16 +675,18 @@ impl EventStore for SqliteStore {
         self.with(|c| {
             let mut st = c
                 .prepare_cached(
-                    "SELECT tenant, id, kind, at_ms, session_key, job, data FROM events WHERE tenant = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+                    "SELECT tenant, id, kind, at_ms, session_key, job, data, sealed FROM events WHERE tenant = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
                 )
                 .map_err(db_err)?;
-            st.query_map(
-                params![tenant, after as i64, limit.min(i64::MAX as usize) as i64],
-                event_from,
-            )
-            .map_err(db_err)?
-            .collect::<Result<_, _>>()
-            .map_err(db_err)
+            let raws = st
+                .query_map(
+                    params![tenant, after as i64, limit.min(i64::MAX as usize) as i64],
+                    event_from,
+                )
+                .map_err(db_err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db_err)?;
+            self.events_opened(c, raws)
         })
     }
 
@@ -691,29 +706,51 @@ impl EventStore for SqliteStore {
         self.with(|c| {
             let mut st = c
                 .prepare(
-                    "SELECT e.tenant, e.id, e.kind, e.at_ms, e.session_key, e.job, e.data FROM events e
+                    "SELECT e.tenant, e.id, e.kind, e.at_ms, e.session_key, e.job, e.data, e.sealed FROM events e
                      WHERE e.id > (SELECT MAX(id) FROM events WHERE tenant = e.tenant) - ?1
                      ORDER BY e.tenant, e.id",
                 )
                 .map_err(db_err)?;
-            st.query_map([keep as i64], event_from)
-            .map_err(db_err)?
-            .collect::<Result<_, _>>()
-            .map_err(db_err)
+            let raws = st
+                .query_map([keep as i64], event_from)
+                .map_err(db_err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db_err)?;
+            self.events_opened(c, raws)
         })
     }
 }
 
-fn event_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
-    Ok(EventRow {
-        tenant: r.get(0)?,
-        id: r.get::<_, i64>(1)? as u64,
-        kind: r.get(2)?,
-        at_ms: r.get::<_, i64>(3)? as u64,
-        session_key: r.get(4)?,
-        job: r.get::<_, Option<i64>>(5)?.map(|j| j as u64),
-        data: r.get(6)?,
-    })
+/// An event row as read, its data still as stored.
+fn event_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(EventRow, Stored)> {
+    Ok((
+        EventRow {
+            tenant: r.get(0)?,
+            id: r.get::<_, i64>(1)? as u64,
+            kind: r.get(2)?,
+            at_ms: r.get::<_, i64>(3)? as u64,
+            session_key: r.get(4)?,
+            job: r.get::<_, Option<i64>>(5)?.map(|j| j as u64),
+            data: String::new(),
+        },
+        stored(r, 6, r.get(7)?)?,
+    ))
+}
+
+impl SqliteStore {
+    /// Event rows with their data opened.
+    fn events_opened(
+        &self,
+        c: &rusqlite::Connection,
+        raws: Vec<(EventRow, Stored)>,
+    ) -> Result<Vec<EventRow>, Error> {
+        raws.into_iter()
+            .map(|(mut e, data)| {
+                e.data = self.reveal(c, &e.tenant, place::EVENT, &e.id.to_string(), data)?;
+                Ok(e)
+            })
+            .collect()
+    }
 }
 
 /// One process: its own semaphores bound model requests (the defaults grant every slot).

@@ -560,8 +560,22 @@ async fn the_store_conformance_suite_passes_on_sqlite_memory_and_postgres() {
         Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap()),
     )
     .await;
+    // With a master key every text column is sealed: the rules are the same.
+    let key = abridge_store::crypto::Secret::random().unwrap();
+    conformance(
+        "sqlite, sealed",
+        Arc::new(
+            SqliteStore::open(&dir.path().join("sealed.db"))
+                .unwrap()
+                .with_master_key(key.clone()),
+        ),
+    )
+    .await;
     if let Some((pg, _)) = pg("conformance").await {
         conformance("postgres", Arc::new(pg)).await;
+    }
+    if let Some((pg, _)) = pg("conformance_sealed").await {
+        conformance("postgres, sealed", Arc::new(pg.with_master_key(key))).await;
     }
 }
 

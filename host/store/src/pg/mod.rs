@@ -18,10 +18,12 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::Store;
+use crate::keyring::{Stored, place};
 use crate::types::{
-    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, NewEpisode, Role,
-    SessionStats, SummaryRow, SummaryWrite,
+    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, LedgerEntry, NewEpisode,
+    Role, SessionStats, SummaryRow, SummaryWrite,
 };
+use deadpool_postgres::GenericClient;
 
 mod ann;
 mod recall;
@@ -32,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("001-schema.sql"),
     include_str!("002-usage-days.sql"),
     include_str!("003-summaries-session.sql"),
+    include_str!("004-sealed-session-text.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
@@ -328,25 +331,38 @@ impl PgStore {
     }
 }
 
-const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped";
+const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped, sealed";
 
-fn row_from(r: &Row) -> SummaryRow {
-    SummaryRow {
-        id: g64(r, 0),
-        first_episode: g64(r, 1),
-        last_episode: g64(r, 2),
+/// A summary row as read: its prose and ledger still as stored (see [`PgStore::opened`]).
+struct RawRow {
+    row: SummaryRow,
+    content: Vec<u8>,
+    ledger: Vec<u8>,
+    sealed: u32,
+}
+
+fn row_from(r: &Row) -> RawRow {
+    RawRow {
+        row: SummaryRow {
+            id: g64(r, 0),
+            first_episode: g64(r, 1),
+            last_episode: g64(r, 2),
+            content: String::new(),
+            tokens: g32(r, 4),
+            prompt_tokens: g32(r, 5),
+            output_tokens: g32(r, 6),
+            model: r.get(7),
+            created_ms: g64(r, 8),
+            updated_ms: g64(r, 9),
+            skipped: super::skipped_from_json(&r.get::<_, String>(10)),
+            level: g32(r, 11),
+            compacted_into: gopt(r, 12),
+            ledger: Vec::new(),
+            ledger_dropped: g32(r, 14),
+        },
         content: r.get(3),
-        tokens: g32(r, 4),
-        prompt_tokens: g32(r, 5),
-        output_tokens: g32(r, 6),
-        model: r.get(7),
-        created_ms: g64(r, 8),
-        updated_ms: g64(r, 9),
-        skipped: super::skipped_from_json(&r.get::<_, String>(10)),
-        level: g32(r, 11),
-        compacted_into: gopt(r, 12),
-        ledger: super::ledger_from_json(&r.get::<_, String>(13)),
-        ledger_dropped: g32(r, 14),
+        ledger: r.get(13),
+        sealed: g32(r, 15),
     }
 }
 
@@ -357,29 +373,83 @@ fn role_from(s: &str) -> Role {
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
 
 impl PgStore {
-    async fn active_chain(&self, c: &Tx<'_>, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        Ok(c
-            .query(
-                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY first_episode"),
-                &[&session],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-            .iter()
-            .map(row_from)
-            .collect())
+    /// A summary row with its prose and ledger opened.
+    async fn opened<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        session: &str,
+        raw: RawRow,
+    ) -> Result<SummaryRow, Error> {
+        let tenant = place::tenant_of(session);
+        let name = place::summary(session, raw.row.level, raw.row.first_episode);
+        let mut row = raw.row;
+        let stored = |bytes| Stored {
+            bytes,
+            sealed: raw.sealed,
+        };
+        row.content = self
+            .reveal(c, &tenant, place::SUMMARY, &name, stored(raw.content))
+            .await?;
+        let ledger = self
+            .reveal(c, &tenant, place::LEDGER, &name, stored(raw.ledger))
+            .await?;
+        row.ledger = super::ledger_from_json(&ledger);
+        Ok(row)
     }
 
-    async fn latest_in(&self, c: &Tx<'_>, session: &str) -> Result<Option<SummaryRow>, Error> {
-        Ok(c
-            .query_opt(
+    /// Summary rows read by `sql` (one parameter: the session), opened.
+    async fn summary_rows<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        session: &str,
+        sql: &str,
+    ) -> Result<Vec<SummaryRow>, Error> {
+        let rows = c.query(sql, &[&session]).await.map_err(|e| self.err(e))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            out.push(self.opened(c, session, row_from(r)).await?);
+        }
+        Ok(out)
+    }
+
+    async fn active_chain(&self, c: &Tx<'_>, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.summary_rows(
+            c,
+            session,
+            &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY first_episode"),
+        )
+        .await
+    }
+
+    async fn latest_in<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        session: &str,
+    ) -> Result<Option<SummaryRow>, Error> {
+        Ok(self
+            .summary_rows(
+                c,
+                session,
                 &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1"),
-                &[&session],
             )
-            .await
-            .map_err(|e| self.err(e))?
-            .as_ref()
-            .map(row_from))
+            .await?
+            .pop())
+    }
+
+    /// A summary's prose and ledger as stored, and their key version.
+    async fn sealed_summary(
+        &self,
+        c: &Tx<'_>,
+        session: &str,
+        (level, first): (u32, u64),
+        content: &str,
+        ledger: &[LedgerEntry],
+    ) -> Result<(Vec<u8>, Vec<u8>, i64), Error> {
+        let sealer = self.sealer(c, &place::tenant_of(session)).await?;
+        let name = place::summary(session, level, first);
+        let (content, v) = sealer.seal(place::SUMMARY, &name, content)?;
+        let (ledger, _) = sealer.seal(place::LEDGER, &name, &super::ledger_to_json(ledger))?;
+        Ok((content, ledger, i64::from(v)))
     }
 
     /// Lock the session's row for the rest of the transaction (writers of one session, on
@@ -394,7 +464,7 @@ impl PgStore {
         .map(|r| g64(&r, 0)))
     }
 
-    async fn summary_by(&self, c: &Tx<'_>, id: i64) -> Result<SummaryRow, Error> {
+    async fn summary_by(&self, c: &Tx<'_>, session: &str, id: i64) -> Result<SummaryRow, Error> {
         let r = c
             .query_one(
                 &format!("SELECT {ROW_COLS} FROM summaries WHERE id = $1"),
@@ -402,7 +472,7 @@ impl PgStore {
             )
             .await
             .map_err(|e| self.err(e))?;
-        Ok(row_from(&r))
+        self.opened(c, session, row_from(&r)).await
     }
 }
 
@@ -424,13 +494,20 @@ impl Store for PgStore {
         let mut next = self.lock_session(&tx, session).await?.unwrap_or(0) as i64 + 1;
         let ins = tx
             .prepare_cached(
-                "INSERT INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                "INSERT INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
             )
             .await
             .map_err(|e| self.err(e))?;
+        let sealer = self.sealer(&tx, &place::tenant_of(session)).await?;
         let (mut added, mut tokens) = (0u32, 0i64);
         for e in &episodes {
+            let name = place::episode(session, next as u64);
+            let (content, sealed) = sealer.seal(place::EPISODE, &name, &e.content)?;
+            let speaker = match &e.speaker {
+                Some(sp) => Some(sealer.seal(place::SPEAKER, &name, sp)?.0),
+                None => None,
+            };
             let n = tx
                 .execute(
                     &ins,
@@ -438,11 +515,12 @@ impl Store for PgStore {
                         &session,
                         &next,
                         &e.role.as_str(),
-                        &e.content,
+                        &content,
                         &e.timestamp_ms,
                         &e.source_key,
                         &i64::from(e.tokens),
-                        &e.speaker,
+                        &speaker,
+                        &i64::from(sealed),
                     ],
                 )
                 .await
@@ -486,9 +564,10 @@ impl Store for PgStore {
         after: u64,
         limit: u32,
     ) -> Result<Vec<Episode>, Error> {
-        let rows = self
-            .rows(
-                "SELECT id, role, content, timestamp_ms, tokens, speaker FROM episodes
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed FROM episodes
                  WHERE session = $1 AND id > $2 ORDER BY id LIMIT $3",
                 &[
                     &session,
@@ -496,53 +575,62 @@ impl Store for PgStore {
                     &i64::from(limit),
                 ],
             )
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|r| Episode {
-                id: g64(r, 0),
+            .await
+            .map_err(|e| self.err(e))?;
+        let tenant = place::tenant_of(session);
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let id = g64(r, 0);
+            let sealed = g32(r, 6);
+            let name = place::episode(session, id);
+            let content = Stored {
+                bytes: r.get(2),
+                sealed,
+            };
+            let speaker = match r.get::<_, Option<Vec<u8>>>(5) {
+                Some(bytes) => Some(
+                    self.reveal(&c, &tenant, place::SPEAKER, &name, Stored { bytes, sealed })
+                        .await?,
+                ),
+                None => None,
+            };
+            out.push(Episode {
+                id,
                 role: role_from(&r.get::<_, String>(1)),
-                content: r.get(2),
+                content: self
+                    .reveal(&c, &tenant, place::EPISODE, &name, content)
+                    .await?,
                 timestamp_ms: r.get(3),
                 tokens: g32(r, 4),
-                speaker: r.get(5),
-            })
-            .collect())
+                speaker,
+            });
+        }
+        Ok(out)
     }
 
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
-        Ok(self
-            .row(
-                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1"),
-                &[&session],
-            )
-            .await?
-            .as_ref()
-            .map(row_from))
+        let c = self.client().await?;
+        self.latest_in(&c, session).await
     }
 
     async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        Ok(self
-            .rows(
-                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY first_episode"),
-                &[&session],
-            )
-            .await?
-            .iter()
-            .map(row_from)
-            .collect())
+        let c = self.client().await?;
+        self.summary_rows(
+            &c,
+            session,
+            &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 AND compacted_into IS NULL ORDER BY first_episode"),
+        )
+        .await
     }
 
     async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        Ok(self
-            .rows(
-                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 ORDER BY first_episode, level DESC, id"),
-                &[&session],
-            )
-            .await?
-            .iter()
-            .map(row_from)
-            .collect())
+        let c = self.client().await?;
+        self.summary_rows(
+            &c,
+            session,
+            &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1 ORDER BY first_episode, level DESC, id"),
+        )
+        .await
     }
 
     async fn write_summary(&self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
@@ -563,32 +651,43 @@ impl Store for PgStore {
             w.last_episode as i64,
             w.now_ms as i64,
         );
-        let (skipped, ledger) = (
-            super::skipped_to_json(&w.skipped),
-            super::ledger_to_json(&w.ledger),
-        );
+        // The row keeps its level and first episode (the chain check said so): its name.
+        let level = match (&prev, w.replaces) {
+            (Some(p), Some(id)) if p.id == id => p.level,
+            _ => 0,
+        };
+        let (content, ledger, sealed) = self
+            .sealed_summary(
+                &tx,
+                session,
+                (level, w.first_episode),
+                &w.content,
+                &w.ledger,
+            )
+            .await?;
+        let skipped = super::skipped_to_json(&w.skipped);
         let counts = [w.tokens, w.prompt_tokens, w.output_tokens, w.ledger_dropped].map(i64::from);
         let key: P<'_> = match &replaces {
             None => &session,
             Some(id) => id,
         };
         let sql = match replaces {
-            None => "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12) RETURNING id",
-            Some(_) => "UPDATE summaries SET first_episode = $2, last_episode = $3, content = $4, tokens = $5, prompt_tokens = $6, output_tokens = $7, model = $8, updated_ms = $9, skipped = $10, ledger = $11, ledger_dropped = $12 WHERE id = $1 RETURNING id",
+            None => "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped, sealed)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12, $13) RETURNING id",
+            Some(_) => "UPDATE summaries SET first_episode = $2, last_episode = $3, content = $4, tokens = $5, prompt_tokens = $6, output_tokens = $7, model = $8, updated_ms = $9, skipped = $10, ledger = $11, ledger_dropped = $12, sealed = $13 WHERE id = $1 RETURNING id",
         };
         let id: i64 = tx
             .query_one(
                 sql,
                 &[
-                    key, &first, &last, &w.content, &counts[0], &counts[1], &counts[2], &w.model,
-                    &now, &skipped, &ledger, &counts[3],
+                    key, &first, &last, &content, &counts[0], &counts[1], &counts[2], &w.model,
+                    &now, &skipped, &ledger, &counts[3], &sealed,
                 ],
             )
             .await
             .map_err(|e| self.err(e))?
             .get(0);
-        let row = self.summary_by(&tx, id).await?;
+        let row = self.summary_by(&tx, session, id).await?;
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(row)
     }
@@ -599,15 +698,18 @@ impl Store for PgStore {
         self.lock_session(&tx, session).await?;
         let active = self.active_chain(&tx, session).await?;
         let (first, last, level) = crate::rules::check_compaction(session, &active, &cp)?;
+        let (content, ledger, sealed) = self
+            .sealed_summary(&tx, session, (level, first), &cp.content, &cp.ledger)
+            .await?;
         let id: i64 = tx
             .query_one(
-                "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12, $13) RETURNING id",
+                "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped, sealed)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12, $13, $14) RETURNING id",
                 &[
                     &session,
                     &(first as i64),
                     &(last as i64),
-                    &cp.content,
+                    &content,
                     &i64::from(cp.tokens),
                     &i64::from(cp.prompt_tokens),
                     &i64::from(cp.output_tokens),
@@ -615,8 +717,9 @@ impl Store for PgStore {
                     &(cp.now_ms as i64),
                     &super::skipped_to_json(&cp.skipped),
                     &i64::from(level),
-                    &super::ledger_to_json(&cp.ledger),
+                    &ledger,
                     &i64::from(cp.ledger_dropped),
+                    &sealed,
                 ],
             )
             .await
@@ -630,7 +733,7 @@ impl Store for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         }
-        let row = self.summary_by(&tx, id).await?;
+        let row = self.summary_by(&tx, session, id).await?;
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(row)
     }
@@ -701,32 +804,50 @@ impl Store for PgStore {
     }
 
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
-        Ok(self
-            .row(
-                "SELECT text, prompt_tokens, output_tokens FROM partials WHERE key = $1",
+        let c = self.client().await?;
+        let Some(r) = c
+            .query_opt(
+                "SELECT text, prompt_tokens, output_tokens, sealed FROM partials WHERE key = $1",
                 &[&key],
             )
-            .await?
-            .map(|r| CachedAnswer {
-                text: r.get(0),
-                prompt_tokens: g32(&r, 1),
-                output_tokens: g32(&r, 2),
-            }))
+            .await
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(None);
+        };
+        let text = Stored {
+            bytes: r.get(0),
+            sealed: g32(&r, 3),
+        };
+        Ok(Some(CachedAnswer {
+            text: self
+                .reveal(&c, &place::tenant_of(key), place::PARTIAL, key, text)
+                .await?,
+            prompt_tokens: g32(&r, 1),
+            output_tokens: g32(&r, 2),
+        }))
     }
 
     async fn put_partial(&self, key: &str, a: &CachedAnswer) -> Result<(), Error> {
-        self.exec(
-            "INSERT INTO partials (key, text, prompt_tokens, output_tokens) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (key) DO UPDATE SET text = excluded.text, prompt_tokens = excluded.prompt_tokens, output_tokens = excluded.output_tokens",
+        let c = self.client().await?;
+        let (text, sealed) =
+            self.sealer(&c, &place::tenant_of(key))
+                .await?
+                .seal(place::PARTIAL, key, &a.text)?;
+        c.execute(
+            "INSERT INTO partials (key, text, prompt_tokens, output_tokens, sealed) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (key) DO UPDATE SET text = excluded.text, prompt_tokens = excluded.prompt_tokens, output_tokens = excluded.output_tokens, sealed = excluded.sealed",
             &[
                 &key,
-                &a.text,
+                &text,
                 &i64::from(a.prompt_tokens),
                 &i64::from(a.output_tokens),
+                &i64::from(sealed),
             ],
         )
         .await
         .map(drop)
+        .map_err(|e| self.err(e))
     }
 
     async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error> {

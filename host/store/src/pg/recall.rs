@@ -16,7 +16,7 @@ use tokio_postgres::Row;
 
 use super::{LOCK, P, PgStore, g32, g64};
 use crate::crypto::Secret;
-use crate::keyring::{Revealed, Stored, now_ms, open_under, seal_under};
+use crate::keyring::{Revealed, Sealer, Stored, now_ms, open_under};
 use crate::recall::{
     ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day, vector_bytes, vector_from,
 };
@@ -57,8 +57,18 @@ impl PgStore {
         row: &str,
         text: &str,
     ) -> Result<(Vec<u8>, u32), Error> {
+        self.sealer(c, tenant).await?.seal(table, row, text)
+    }
+
+    /// `tenant`'s current data key (made on first use) for sealing a batch of rows; plain
+    /// without a master key.
+    pub(super) async fn sealer<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+    ) -> Result<Sealer, Error> {
         let Some(keys) = &self.keys else {
-            return Ok((text.as_bytes().to_vec(), 0));
+            return Ok(Sealer::new(tenant, None));
         };
         let newest: Option<i64> = c
             .query_one(
@@ -83,10 +93,10 @@ impl PgStore {
             }
         };
         let k = self.data_key(c, tenant, v).await?;
-        Ok((seal_under(&k, v, tenant, table, row, text)?, v))
+        Ok(Sealer::new(tenant, Some((v, k))))
     }
 
-    async fn reveal<C: GenericClient + Sync>(
+    pub(super) async fn reveal<C: GenericClient + Sync>(
         &self,
         c: &C,
         tenant: &str,

@@ -7,6 +7,7 @@ use tokio_postgres::Row;
 use super::{LOCK, P, PgStore, g32, g64, gopt};
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
+use crate::keyring::{Stored, place};
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
 use crate::tables::{
     EventRow, EventStore, JobScope, JobStore, Liveness, SlotStore, SourceStore, TenantCap,
@@ -56,6 +57,23 @@ fn scope_sql<'a>(scope: JobScope<'a>, n: usize, args: &mut Vec<&'a str>) -> Stri
 }
 
 impl PgStore {
+    /// Event rows with their data opened.
+    async fn events_opened<C: deadpool_postgres::GenericClient + Sync>(
+        &self,
+        c: &C,
+        rows: &[Row],
+    ) -> Result<Vec<EventRow>, Error> {
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let (mut e, data) = event_from(r);
+            e.data = self
+                .reveal(c, &e.tenant, place::EVENT, &e.id.to_string(), data)
+                .await?;
+            out.push(e);
+        }
+        Ok(out)
+    }
+
     async fn jobs_where(&self, filter: &str, params: &[P<'_>]) -> Result<Vec<Job>, Error> {
         Ok(self
             .rows(&format!("SELECT {COLS} FROM jobs WHERE {filter}"), params)
@@ -491,13 +509,24 @@ impl SourceStore for PgStore {
     }
 
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
-        Ok(self
-            .row(
-                "SELECT focus FROM session_focus WHERE session = $1",
+        let c = self.client().await?;
+        let Some(r) = c
+            .query_opt(
+                "SELECT focus, sealed FROM session_focus WHERE session = $1",
                 &[&session],
             )
-            .await?
-            .map(|r| r.get(0)))
+            .await
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(None);
+        };
+        let focus = Stored {
+            bytes: r.get(0),
+            sealed: g32(&r, 1),
+        };
+        self.reveal(&c, &place::tenant_of(session), place::FOCUS, session, focus)
+            .await
+            .map(Some)
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
@@ -507,12 +536,19 @@ impl SourceStore for PgStore {
                     .await?
             }
             Some(f) => {
-                self.exec(
-                    "INSERT INTO session_focus (session, focus) VALUES ($1, $2)
-                     ON CONFLICT (session) DO UPDATE SET focus = excluded.focus",
-                    &[&session, &f],
+                let c = self.client().await?;
+                let (focus, sealed) = self.sealer(&c, &place::tenant_of(session)).await?.seal(
+                    place::FOCUS,
+                    session,
+                    f,
+                )?;
+                c.execute(
+                    "INSERT INTO session_focus (session, focus, sealed) VALUES ($1, $2, $3)
+                     ON CONFLICT (session) DO UPDATE SET focus = excluded.focus, sealed = excluded.sealed",
+                    &[&session, &focus, &i64::from(sealed)],
                 )
-                .await?
+                .await
+                .map_err(|e| self.err(e))?
             }
         };
         Ok(())
@@ -624,16 +660,23 @@ impl TokenStore for PgStore {
     }
 }
 
-fn event_from(r: &Row) -> EventRow {
-    EventRow {
-        tenant: r.get(0),
-        id: g64(r, 1),
-        kind: r.get(2),
-        at_ms: g64(r, 3),
-        session_key: r.get(4),
-        job: gopt(r, 5),
-        data: r.get(6),
-    }
+/// An event row as read, its data still as stored.
+fn event_from(r: &Row) -> (EventRow, Stored) {
+    (
+        EventRow {
+            tenant: r.get(0),
+            id: g64(r, 1),
+            kind: r.get(2),
+            at_ms: g64(r, 3),
+            session_key: r.get(4),
+            job: gopt(r, 5),
+            data: String::new(),
+        },
+        Stored {
+            bytes: r.get(6),
+            sealed: g32(r, 7),
+        },
+    )
 }
 
 /// The channel event writers notify (the payload is the tenant).
@@ -666,21 +709,25 @@ impl EventStore for PgStore {
         let first = (newest.max(0) as u64).max(floor) + 1;
         let ins = tx
             .prepare_cached(
-                "INSERT INTO events (tenant, id, kind, at_ms, session_key, job, data) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                "INSERT INTO events (tenant, id, kind, at_ms, session_key, job, data, sealed) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
             .await
             .map_err(|e| self.err(e))?;
+        let sealer = self.sealer(&tx, tenant).await?;
         for (i, e) in rows.iter().enumerate() {
+            let id = first + i as u64;
+            let (data, sealed) = sealer.seal(place::EVENT, &id.to_string(), &e.data)?;
             tx.execute(
                 &ins,
                 &[
                     &tenant,
-                    &((first + i as u64) as i64),
+                    &(id as i64),
                     &e.kind,
                     &(e.at_ms as i64),
                     &e.session_key,
                     &e.job.map(|j| j as i64),
-                    &e.data,
+                    &data,
+                    &i64::from(sealed),
                 ],
             )
             .await
@@ -702,17 +749,17 @@ impl EventStore for PgStore {
     }
 
     async fn recent_events(&self, keep: usize) -> Result<Vec<EventRow>, Error> {
-        Ok(self
-            .rows(
-                "SELECT e.tenant, e.id, e.kind, e.at_ms, e.session_key, e.job, e.data FROM events e
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT e.tenant, e.id, e.kind, e.at_ms, e.session_key, e.job, e.data, e.sealed FROM events e
                  WHERE e.id > (SELECT MAX(id) FROM events WHERE tenant = e.tenant) - $1
                  ORDER BY e.tenant, e.id",
                 &[&(keep as i64)],
             )
-            .await?
-            .iter()
-            .map(event_from)
-            .collect())
+            .await
+            .map_err(|e| self.err(e))?;
+        self.events_opened(&c, &rows).await
     }
 
     async fn events_after(
@@ -721,19 +768,19 @@ impl EventStore for PgStore {
         after: u64,
         limit: usize,
     ) -> Result<Vec<EventRow>, Error> {
-        Ok(self
-            .rows(
-                "SELECT tenant, id, kind, at_ms, session_key, job, data FROM events WHERE tenant = $1 AND id > $2 ORDER BY id LIMIT $3",
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT tenant, id, kind, at_ms, session_key, job, data, sealed FROM events WHERE tenant = $1 AND id > $2 ORDER BY id LIMIT $3",
                 &[
                     &tenant,
                     &(after.min(i64::MAX as u64) as i64),
                     &(limit.min(i64::MAX as usize) as i64),
                 ],
             )
-            .await?
-            .iter()
-            .map(event_from)
-            .collect())
+            .await
+            .map_err(|e| self.err(e))?;
+        self.events_opened(&c, &rows).await
     }
 
     async fn event_heads(&self) -> Result<Vec<(String, u64)>, Error> {

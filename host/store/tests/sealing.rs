@@ -1,0 +1,228 @@
+//! Sealed means sealed: with a master key, every column that holds a tenant's text (episode
+//! content and speakers, summary prose and ledgers, cached partial answers, event data,
+//! focus text, memories and cluster summaries) is stored encrypted, in SQLite and in
+//! PostgreSQL. A canary written through the stores is found in none of the database's bytes
+//! (SQLite: the file and its WAL; PostgreSQL: every row of every table as text), reads back
+//! exactly with the key, is refused without it, does not open under another key, and a
+//! sealed value moved to another row does not open either. PostgreSQL is reported SKIPPED
+//! when absent (required in CI).
+
+use std::sync::Arc;
+
+use abridge_engine::types::{CachedAnswer, IdentifierKind, LedgerEntry, NewEpisode, Role};
+use abridge_store::crypto::Secret;
+use abridge_store::tenant::{Tenant, TenantStore, TenantTables};
+use abridge_store::{AppStore, EventRow, PgStore, SqliteStore, Store};
+
+mod common;
+use common::write;
+
+const CANARY: &str = "CANARY-7f3a";
+
+fn episode(i: u64) -> NewEpisode {
+    NewEpisode {
+        role: Role::User,
+        content: format!("{CANARY} episode {i}: my password is hunter{i}"),
+        timestamp_ms: None,
+        source_key: format!("k{i}"),
+        tokens: 10,
+        speaker: Some(format!("{CANARY} speaker")),
+    }
+}
+
+/// Write one of everything that holds text, for the local tenant and for `acme`.
+async fn write_all(db: Arc<dyn AppStore>) {
+    for tenant in [Tenant::local(), Tenant::new("acme").unwrap()] {
+        let store = TenantStore::new(db.clone() as Arc<dyn Store>, tenant.clone());
+        let tables = TenantTables::new(db.clone(), tenant.clone());
+        store
+            .append_episodes("s", vec![episode(1), episode(2)])
+            .await
+            .unwrap();
+        let mut w = write(None, 1, 2, &format!("{CANARY} summary"));
+        w.ledger = vec![LedgerEntry {
+            text: format!("/srv/{CANARY}.toml"),
+            kind: IdentifierKind::Path,
+            episode: 2,
+            count: 1,
+        }];
+        store.write_summary("s", w).await.unwrap();
+        store
+            .put_partial(
+                "p",
+                &CachedAnswer {
+                    text: format!("{CANARY} partial"),
+                    prompt_tokens: 1,
+                    output_tokens: 1,
+                },
+            )
+            .await
+            .unwrap();
+        tables
+            .set_session_focus("s", Some(&format!("{CANARY} focus")))
+            .await
+            .unwrap();
+        let ev = EventRow::new(
+            &tenant,
+            "summary.written",
+            1,
+            Some("s"),
+            None,
+            format!("{{\"content\":\"{CANARY} event\"}}"),
+        );
+        db.append_events(tenant.name(), 0, &[ev], 100)
+            .await
+            .unwrap();
+    }
+}
+
+/// Everything reads back exactly.
+async fn read_all(db: Arc<dyn AppStore>) -> Result<(), String> {
+    for tenant in [Tenant::local(), Tenant::new("acme").unwrap()] {
+        let store = TenantStore::new(db.clone() as Arc<dyn Store>, tenant.clone());
+        let tables = TenantTables::new(db.clone(), tenant.clone());
+        let e = |e: abridge_engine::types::Error| format!("{e:?}");
+        let eps = store.episodes_after("s", 0, 10).await.map_err(e)?;
+        assert_eq!(eps.len(), 2);
+        assert_eq!(eps[1].content, episode(2).content);
+        assert_eq!(eps[0].speaker, episode(1).speaker);
+        let rows = store.summaries("s").await.map_err(e)?;
+        assert_eq!(rows[0].content, format!("{CANARY} summary"));
+        assert_eq!(rows[0].ledger[0].text, format!("/srv/{CANARY}.toml"));
+        let p = store.partial("p").await.map_err(e)?.unwrap();
+        assert_eq!(p.text, format!("{CANARY} partial"));
+        let f = tables.session_focus("s").await.map_err(e)?;
+        assert_eq!(f.unwrap(), format!("{CANARY} focus"));
+        let evs = db.events_after(tenant.name(), 0, 10).await.map_err(e)?;
+        assert!(evs[0].data.contains(&format!("{CANARY} event")));
+    }
+    Ok(())
+}
+
+fn find(hay: &[u8]) -> bool {
+    hay.windows(CANARY.len()).any(|w| w == CANARY.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_seals_every_text_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sealed.db");
+    let key = Secret::random().unwrap();
+    let db: Arc<dyn AppStore> = Arc::new(
+        SqliteStore::open(&path)
+            .unwrap()
+            .with_master_key(key.clone()),
+    );
+    write_all(db.clone()).await;
+    read_all(db.clone()).await.unwrap();
+    drop(db);
+    // No byte of the file or its WAL holds the canary.
+    for f in std::fs::read_dir(dir.path()).unwrap() {
+        let f = f.unwrap().path();
+        assert!(
+            !find(&std::fs::read(&f).unwrap()),
+            "{} holds the canary in clear",
+            f.display()
+        );
+    }
+    // Without the key the text is refused, with the fix; another key opens nothing.
+    let plain: Arc<dyn AppStore> = Arc::new(SqliteStore::open(&path).unwrap());
+    let e = read_all(plain).await.unwrap_err();
+    assert!(e.contains("ABRIDGE_MASTER_KEY_FILE"), "{e}");
+    let other: Arc<dyn AppStore> = Arc::new(
+        SqliteStore::open(&path)
+            .unwrap()
+            .with_master_key(Secret::random().unwrap()),
+    );
+    let e = read_all(other).await.unwrap_err();
+    assert!(e.contains("not the key"), "{e}");
+    // A sealed value moved to another row does not open.
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute(
+            "UPDATE episodes SET content = (SELECT content FROM episodes WHERE session = 's' AND id = 2) WHERE session = 's' AND id = 1",
+            [],
+        )
+        .unwrap();
+    }
+    let db: Arc<dyn AppStore> = Arc::new(
+        SqliteStore::open(&path)
+            .unwrap()
+            .with_master_key(key.clone()),
+    );
+    let e = db.episodes_after("s", 0, 10).await.unwrap_err();
+    assert!(format!("{e:?}").contains("does not decrypt"), "{e:?}");
+    // A rotated master key still opens what the old one sealed.
+    let acme = TenantStore::new(db.clone() as Arc<dyn Store>, Tenant::new("acme").unwrap());
+    let new = Secret::random().unwrap();
+    let sqlite = SqliteStore::open(&path).unwrap().with_master_key(key);
+    assert_eq!(sqlite.rotate_master_key(&new).unwrap(), 2);
+    drop(acme);
+    let rotated: Arc<dyn AppStore> =
+        Arc::new(SqliteStore::open(&path).unwrap().with_master_key(new));
+    let acme = TenantStore::new(rotated as Arc<dyn Store>, Tenant::new("acme").unwrap());
+    assert_eq!(
+        acme.episodes_after("s", 0, 10).await.unwrap()[0].content,
+        episode(1).content
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_seals_every_text_column() {
+    let Some(pg) = abridge_test_llm::pg::shared() else {
+        return;
+    };
+    let url = pg.database("sealing");
+    let key = Secret::random().unwrap();
+    let db: Arc<dyn AppStore> = Arc::new(
+        PgStore::connect(&url)
+            .await
+            .unwrap()
+            .with_master_key(key.clone()),
+    );
+    write_all(db.clone()).await;
+    read_all(db.clone()).await.unwrap();
+    // No row of any table, read as text, holds the canary.
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tables: Vec<String> = c
+        .query(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(tables.len() > 10);
+    for t in &tables {
+        for r in c
+            .query(&format!("SELECT t::text FROM \"{t}\" t"), &[])
+            .await
+            .unwrap()
+        {
+            let row: String = r.get(0);
+            // BYTEA reads as hex: look for the canary's hex too.
+            let hex: String = CANARY.bytes().map(|b| format!("{b:02x}")).collect();
+            assert!(
+                !row.contains(CANARY) && !row.contains(&hex),
+                "table {t} holds the canary in clear: {row}"
+            );
+        }
+    }
+    let plain: Arc<dyn AppStore> = Arc::new(PgStore::connect(&url).await.unwrap());
+    let e = read_all(plain).await.unwrap_err();
+    assert!(e.contains("ABRIDGE_MASTER_KEY_FILE"), "{e}");
+    c.execute(
+        "UPDATE summaries SET content = (SELECT content FROM summaries WHERE session = 's') WHERE session <> 's'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let acme = TenantStore::new(db.clone() as Arc<dyn Store>, Tenant::new("acme").unwrap());
+    let e = acme.summaries("s").await.unwrap_err();
+    assert!(format!("{e:?}").contains("does not decrypt"), "{e:?}");
+}
