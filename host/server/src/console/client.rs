@@ -152,32 +152,9 @@ pub(crate) struct Session {
 /// `GET /v1/sessions/{id}/summaries?coverage=true`.
 #[derive(Deserialize)]
 pub(crate) struct Summaries {
-    pub summaries: Vec<SummaryRow>,
-}
-
-/// One row of a session's chain.
-#[derive(Deserialize)]
-pub(crate) struct SummaryRow {
-    pub id: u64,
-    pub first_episode: u64,
-    pub last_episode: u64,
-    pub tokens: u32,
-    pub content: String,
-    pub model: String,
-    pub prompt_tokens: u32,
-    pub output_tokens: u32,
-    pub skipped: Vec<[u64; 2]>,
-    pub level: u32,
-    pub ledger: Vec<Value>,
-    pub coverage: Option<Coverage>,
-}
-
-/// What a row covers of the transcript.
-#[derive(Deserialize)]
-pub(crate) struct Coverage {
-    pub last_exchange_ms: Option<i64>,
-    pub transcript_bytes: u64,
-    pub messages: u64,
+    /// The rows in the API's own shape (the app's `SummaryView`: one summary-row record for
+    /// the API, the CLI's `--json` and the console).
+    pub summaries: Vec<abridge_app::SummaryView>,
 }
 
 /// `GET /v1/sessions/{id}/messages`.

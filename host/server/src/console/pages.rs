@@ -163,7 +163,7 @@ pub(crate) struct Card {
 }
 
 impl Card {
-    pub fn new(r: &client::SummaryRow, now: u64) -> Self {
+    pub fn new(r: &abridge_app::SummaryView, now: u64) -> Self {
         let c = r.coverage.as_ref();
         Card {
             id: r.id,
