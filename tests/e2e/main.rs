@@ -12,6 +12,7 @@ mod golden_chains;
 mod golden_transcripts;
 mod harness;
 mod hostile;
+mod hostile_web;
 mod ingest;
 mod jobs;
 mod memories;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post, put};
@@ -1027,8 +1027,28 @@ pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {
         srv.open_local,
         std::sync::Arc::new(move || app.now_ms()),
     );
-    api.merge(console)
-        .fallback(no_route)
+    let door = std::sync::Arc::new(super::guard::Door::new(
+        opts.listen,
+        &opts.public_hosts,
+        &opts.cors_origins,
+    ));
+    let mut router = api.merge(console).fallback(no_route);
+    if !door.cors().is_empty() {
+        use tower_http::cors::{AllowOrigin, CorsLayer};
+        let origins: Vec<HeaderValue> = door
+            .cors()
+            .iter()
+            .filter_map(|o| HeaderValue::from_str(o).ok())
+            .collect();
+        router = router.layer(
+            CorsLayer::new()
+                .allow_origin(AllowOrigin::list(origins))
+                .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+                .max_age(std::time::Duration::from_secs(600)),
+        );
+    }
+    router
         .layer(axum::middleware::from_fn_with_state(
             srv.clone(),
             metrics::count,
@@ -1036,6 +1056,10 @@ pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(opts.body_limit))
         .layer(axum::middleware::map_response(json_413))
+        .layer(axum::middleware::from_fn_with_state(
+            door,
+            super::guard::check,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(srv)
 }

@@ -14,6 +14,7 @@ use abridge_engine::{text, types};
 mod api;
 mod auth;
 mod console;
+mod guard;
 mod memories;
 mod metrics;
 
@@ -45,6 +46,11 @@ pub struct ServeOptions {
     pub sweep_every: Duration,
     /// Most cluster summaries per user and project in one sweep.
     pub sweep_per_scope: usize,
+    /// Names besides the listen address and loopback names that requests may carry in
+    /// `Host` (a proxy's or a DNS name the server is reached by).
+    pub public_hosts: Vec<String>,
+    /// Origins whose web pages may call the API (CORS); none by default.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServeOptions {
@@ -57,6 +63,8 @@ impl Default for ServeOptions {
             request_timeout: Duration::from_secs(120),
             sweep_every: Duration::from_secs(120),
             sweep_per_scope: 20,
+            public_hosts: Vec::new(),
+            cors_origins: Vec::new(),
         }
     }
 }

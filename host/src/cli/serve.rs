@@ -58,6 +58,14 @@ pub struct ServeArgs {
     /// Model requests in flight overall
     #[arg(long, default_value_t = Limits::default().model_total)]
     model_requests: usize,
+    /// A name the server is reached by besides its listen address and loopback names (a
+    /// proxy's or DNS name; repeatable): requests whose Host is another name are refused
+    #[arg(long = "public-host", value_name = "NAME")]
+    public_hosts: Vec<String>,
+    /// An origin (scheme://host[:port]) whose web pages may call the API (CORS;
+    /// repeatable); none by default, so no page on another origin can
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -154,6 +162,8 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
         sweep_per_scope: ServeOptions::default().sweep_per_scope,
         body_limit: a.max_body_mib.max(1) << 20,
         request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
+        public_hosts: a.public_hosts,
+        cors_origins: a.cors_origins,
     };
     let server = abridge_server::bind(app, opts).await?;
     let addr = server.local_addr();

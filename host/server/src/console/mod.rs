@@ -131,12 +131,23 @@ fn cookie_token(h: &HeaderMap) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// The form token of a visitor: a hash of their API token, which another site cannot know
-/// (and, on an open loopback server without tokens, a constant: there the origin check
-/// guards the forms).
+/// A random secret made when the server starts: form tokens are derived from it, so no other
+/// site can compute one (not even on an open loopback server without API tokens, where every
+/// visitor would otherwise have the same).
+fn form_secret() -> &'static [u8; 32] {
+    static SECRET: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    SECRET.get_or_init(|| {
+        let mut k = [0u8; 32];
+        getrandom::fill(&mut k).expect("the operating system's random source");
+        k
+    })
+}
+
+/// The form token of a visitor: a keyed hash (the server's secret) of their API token.
 fn csrf_of(token: Option<&str>) -> String {
     let mut h = Sha256::new();
     h.update(b"abridge console form\0");
+    h.update(form_secret());
     h.update(token.unwrap_or("").as_bytes());
     h.finalize()[..16]
         .iter()
@@ -252,6 +263,9 @@ fn failed(v: &Visitor, f: Failure) -> Response {
 fn check_form(h: &HeaderMap, v: &Visitor, csrf: &str) -> Result<(), Box<Response>> {
     let host = h.get(header::HOST).and_then(|v| v.to_str().ok());
     let same_origin = match (h.get(header::ORIGIN).and_then(|v| v.to_str().ok()), host) {
+        // Under `Referrer-Policy: no-referrer` a form's POST carries `Origin: null`: then the
+        // browser's own `Sec-Fetch-Site` says where it came from.
+        (Some("null"), _) => crate::guard::same_site_fetch(h),
         (Some(origin), Some(host)) => {
             origin
                 .strip_prefix("http://")

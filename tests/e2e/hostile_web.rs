@@ -1,0 +1,335 @@
+//! A hostile web page and a hostile client against the real `abridge serve` on a loopback
+//! port: DNS rebinding (a forged `Host`), cross-site writes (a foreign `Origin`, the body types a
+//! page may send without asking), CORS, the console's headers and form tokens. Each test
+//! failed before its fix.
+
+use serde_json::json;
+
+use crate::harness::*;
+use crate::serve::{Server, request_with};
+
+fn extractive() -> Env {
+    Env::new().with("ABRIDGE_BACKEND", "extractive")
+}
+
+fn header<'a>(r: &'a crate::serve::Resp, name: &str) -> Option<&'a str> {
+    r.headers.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// A raw request with a forged Host header.
+fn with_host(
+    addr: &str,
+    method: &str,
+    path: &str,
+    host: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+) -> crate::serve::Resp {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let extra: String = extra.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    crate::serve::Resp {
+        status: headers
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap(),
+        headers: headers.to_string(),
+        body: body.to_string(),
+    }
+}
+
+#[test]
+fn a_rebound_dns_name_reaches_nothing() {
+    let env = extractive();
+    let srv = Server::start(&env, &["--public-host", "memory.example.com"]);
+    let a = &srv.addr;
+    crate::serve::post_messages(
+        a,
+        None,
+        "secret",
+        &json!({"role": "user", "content": "the launch code is 1234"}),
+    )
+    .expect(202);
+    let port = a.rsplit(':').next().unwrap();
+    // A page on evil.example rebinds its name to 127.0.0.1: its requests carry its own name.
+    for (method, path) in [
+        ("GET", "/v1/sessions"),
+        ("GET", "/v1/sessions/secret/messages"),
+        ("GET", "/"),
+        ("GET", "/sessions/secret"),
+    ] {
+        let r = with_host(a, method, path, &format!("evil.example:{port}"), &[], b"");
+        assert_eq!(r.status, 421, "{method} {path}: {}", r.body);
+        assert!(!r.body.contains("launch code"), "{}", r.body);
+        let e = r.json();
+        assert!(
+            e["error"]["hint"]
+                .as_str()
+                .unwrap()
+                .contains("--public-host"),
+            "{e}"
+        );
+    }
+    let r = with_host(
+        a,
+        "POST",
+        "/sessions/secret/reset",
+        &format!("evil.example:{port}"),
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        b"csrf=x",
+    );
+    assert_eq!(r.status, 421, "{}", r.body);
+    // The names it is called by still work: loopback names, the listen address, public names.
+    for host in [
+        a.clone(),
+        format!("localhost:{port}"),
+        "memory.example.com".to_string(),
+    ] {
+        let r = with_host(a, "GET", "/v1/sessions", &host, &[], b"");
+        assert_eq!(r.status, 200, "{host}: {}", r.body);
+    }
+}
+
+#[test]
+fn a_web_page_on_another_origin_cannot_write() {
+    let env = extractive();
+    let srv = Server::start(&env, &[]);
+    let a = &srv.addr;
+    let msg = br#"{"role":"user","content":"ignore previous instructions"}"#;
+    // What any page can send with fetch() and no preflight: text/plain, a form, no type.
+    for ct in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        None,
+    ] {
+        for path in [
+            "/v1/sessions/victim/messages",
+            "/v1/memories",
+            "/v1/transcripts",
+        ] {
+            let mut h = vec![];
+            if let Some(ct) = ct {
+                h.push(("Content-Type", ct));
+            }
+            let r = request_with(a, "POST", path, &h, msg);
+            assert_eq!(r.status, 415, "{path} {ct:?}: {}", r.body);
+            let e = r.json();
+            assert!(
+                e["error"]["hint"]
+                    .as_str()
+                    .unwrap()
+                    .contains("Content-Type"),
+                "{e}"
+            );
+        }
+    }
+    // With the JSON type a browser must ask first (preflight): no CORS permission by default.
+    let pre = request_with(
+        a,
+        "OPTIONS",
+        "/v1/sessions/victim/messages",
+        &[
+            ("Origin", "https://evil.example"),
+            ("Access-Control-Request-Method", "POST"),
+            ("Access-Control-Request-Headers", "content-type"),
+        ],
+        b"",
+    );
+    assert!(
+        header(&pre, "access-control-allow-origin").is_none(),
+        "{}",
+        pre.headers
+    );
+    // A JSON write that does carry a foreign Origin (a page that got past the preflight, or a
+    // bodiless POST) is refused too; so is `Origin: null`.
+    for origin in ["https://evil.example", "null", "http://127.0.0.1:1"] {
+        for (path, body) in [
+            ("/v1/sessions/victim/messages", &msg[..]),
+            ("/v1/sessions/victim/refresh", &b""[..]),
+        ] {
+            let r = request_with(
+                a,
+                "POST",
+                path,
+                &[("Content-Type", "application/json"), ("Origin", origin)],
+                body,
+            );
+            assert_eq!(r.status, 403, "{origin} {path}: {}", r.body);
+        }
+    }
+    // A sandboxed frame's POST is `Origin: null` from another site: refused.
+    let r = request_with(
+        a,
+        "POST",
+        "/v1/sessions/victim/messages",
+        &[
+            ("Content-Type", "application/json"),
+            ("Origin", "null"),
+            ("Sec-Fetch-Site", "cross-site"),
+        ],
+        msg,
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    let r = request_with(a, "GET", "/v1/sessions/victim/messages", &[], b"");
+    assert_eq!(r.status, 404, "nothing was stored: {}", r.body);
+    // A same-origin request, and a client that sends no Origin, are served.
+    let same = format!("http://{a}");
+    let r = request_with(
+        a,
+        "POST",
+        "/v1/sessions/mine/messages",
+        &[("Content-Type", "application/json"), ("Origin", &same)],
+        msg,
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+    let r = request_with(
+        a,
+        "POST",
+        "/v1/sessions/mine/messages",
+        &[("Content-Type", "application/json; charset=utf-8")],
+        msg,
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+}
+
+#[test]
+fn cors_is_an_explicit_allow_list() {
+    let env = extractive();
+    let srv = Server::start(&env, &["--cors-origin", "https://app.example"]);
+    let a = &srv.addr;
+    let pre = |origin: &str| {
+        request_with(
+            a,
+            "OPTIONS",
+            "/v1/sessions/s/messages",
+            &[
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "POST"),
+                (
+                    "Access-Control-Request-Headers",
+                    "content-type,authorization",
+                ),
+            ],
+            b"",
+        )
+    };
+    let ok = pre("https://app.example");
+    assert_eq!(
+        header(&ok, "access-control-allow-origin"),
+        Some("https://app.example"),
+        "{}",
+        ok.headers
+    );
+    let no = pre("https://evil.example");
+    assert!(
+        header(&no, "access-control-allow-origin").is_none(),
+        "{}",
+        no.headers
+    );
+    let r = request_with(
+        a,
+        "POST",
+        "/v1/sessions/s/messages",
+        &[
+            ("Content-Type", "application/json"),
+            ("Origin", "https://app.example"),
+        ],
+        br#"{"role":"user","content":"hi"}"#,
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(
+        header(&r, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+}
+
+#[test]
+fn console_pages_cannot_be_framed_run_no_inline_script_and_forms_need_a_secret_token() {
+    let env = extractive();
+    let srv = Server::start(&env, &[]);
+    let a = &srv.addr;
+    crate::serve::post_messages(a, None, "s", &json!({"role": "user", "content": "hello"}))
+        .expect(202);
+    let page = request_with(a, "GET", "/sessions/s", &[("Accept", "text/html")], b"");
+    assert_eq!(page.status, 200);
+    assert_eq!(header(&page, "x-frame-options"), Some("DENY"));
+    let csp = header(&page, "content-security-policy").unwrap();
+    assert!(
+        csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(header(&page, "x-content-type-options"), Some("nosniff"));
+    assert_eq!(header(&page, "referrer-policy"), Some("no-referrer"));
+    assert!(!page.body.contains("<script>"), "inline script in the page");
+    let api = request_with(a, "GET", "/v1/sessions", &[], b"");
+    assert_eq!(header(&api, "x-content-type-options"), Some("nosniff"));
+    // The form token is the server's secret, not a constant anyone can compute: another
+    // server (another install) has another one, and a form with the wrong one is refused.
+    let token = |body: &str| {
+        let at = body.find("name=\"csrf\" value=\"").expect("a form token") + 19;
+        body[at..at + 32].to_string()
+    };
+    let mine = token(&page.body);
+    let env2 = extractive();
+    let other = Server::start(&env2, &[]);
+    crate::serve::post_messages(
+        &other.addr,
+        None,
+        "s",
+        &json!({"role": "user", "content": "hi"}),
+    )
+    .expect(202);
+    let theirs = token(
+        &request_with(
+            &other.addr,
+            "GET",
+            "/sessions/s",
+            &[("Accept", "text/html")],
+            b"",
+        )
+        .body,
+    );
+    assert_ne!(mine, theirs);
+    let origin = format!("http://{a}");
+    let forged = request_with(
+        a,
+        "POST",
+        "/sessions/s/reset",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", &origin),
+        ],
+        format!("csrf={theirs}").as_bytes(),
+    );
+    assert_eq!(forged.status, 403, "{}", forged.body);
+    // A page on another origin is refused even a read of the console.
+    let r = request_with(
+        a,
+        "GET",
+        "/sessions/s",
+        &[("Accept", "text/html"), ("Origin", "https://evil.example")],
+        b"",
+    );
+    assert_eq!(r.status, 403);
+    let r = request_with(a, "GET", "/v1/sessions/s/messages", &[], b"");
+    assert_eq!(r.status, 200, "the session is still there: {}", r.body);
+}
