@@ -92,6 +92,15 @@ function topK(limit) {
   };
 }
 
+/** Copy the WAL into the file and truncate it after a delete (the Rust store's `scrub`). */
+export function scrub(db) {
+  try {
+    db.exec('PRAGMA wal_checkpoint(TRUNCATE)');
+  } catch {
+    // A reader holds the WAL: the next delete, or SQLite's own checkpoints, finish it.
+  }
+}
+
 export class RecallTables {
   #db;
   #tx;
@@ -223,7 +232,7 @@ export class RecallTables {
   }
 
   deleteMemory(id) {
-    return this.#tx(() => {
+    const out = this.#tx(() => {
       const r = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
       if (!r) return undefined;
       this.#run('DELETE FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
@@ -244,6 +253,9 @@ export class RecallTables {
         return memFrom(r, '');
       }
     });
+    // Deleted means gone: the WAL's old page images leave the disk too (see stores.js).
+    scrub(this.#db);
+    return out;
   }
 
   setVectors(cluster, model, vectors) {

@@ -5,7 +5,7 @@
 import { readFileSync, readdirSync } from 'node:fs';
 
 import { AbridgeError } from './errors.js';
-import { RecallTables } from './recall.js';
+import { RecallTables, scrub } from './recall.js';
 import { Keyring, masterKeyFromHex } from './sealing.js';
 
 /** The compaction rule: the rows folded are the oldest rows of the active chain, at least two.
@@ -342,6 +342,8 @@ export class SqliteStore {
     db.exec('PRAGMA journal_mode = WAL');
     db.exec('PRAGMA synchronous = NORMAL');
     db.exec('PRAGMA foreign_keys = ON');
+    // Deleted means gone: freed content is overwritten, and the WAL is emptied after deletes.
+    db.exec('PRAGMA secure_delete = ON');
     const all = loadMigrations();
     for (;;) {
       const done = this.#tx(() => {
@@ -530,6 +532,7 @@ export class SqliteStore {
 
   resetSession(session) {
     this.#wrap(() => this.#tx(() => this.#st.reset.forEach((st) => st.run(session))));
+    scrub(this.#db);
   }
 
   partial(key) {

@@ -189,3 +189,22 @@ test('session text is sealed too: episodes, speakers, summaries, ledgers and par
   assert.equal(back.episodesAfter('r', 0, 10)[1].content, 'Rust wrote this sealed line two.');
   back.close();
 });
+
+test('deleted means gone: a reset session and a deleted memory leave neither the file nor its WAL', async () => {
+  const { existsSync, readFileSync: read } = await import('node:fs');
+  const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
+  const path = join(dir, 'd.db');
+  const store = await SqliteStore.open(path);
+  const engine = await createEngine({ store });
+  const GONE = 'canary-gone-2e8f';
+  await engine.append('gone', [0, 1, 2].map((i) => ({ role: 'user', content: `${GONE} message ${i}`, sourceKey: `k${i}` })));
+  await engine.append('kept', [{ role: 'user', content: 'canary-kept-message', sourceKey: 'k' }]);
+  await engine.remember([{ id: 'm1', scope, text: `${GONE} memory` }]);
+  const disk = () => [path, `${path}-wal`].filter(existsSync).map((p) => read(p).toString('latin1')).join('');
+  assert.ok(disk().includes(GONE), 'the canary was never written');
+  await engine.reset('gone');
+  await engine.forget('m1');
+  assert.ok(!disk().includes(GONE), 'deleted text is still on disk');
+  assert.ok(disk().includes('canary-kept-message'));
+  store.close();
+});

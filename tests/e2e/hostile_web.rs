@@ -333,3 +333,72 @@ fn console_pages_cannot_be_framed_run_no_inline_script_and_forms_need_a_secret_t
     let r = request_with(a, "GET", "/v1/sessions/s/messages", &[], b"");
     assert_eq!(r.status, 200, "the session is still there: {}", r.body);
 }
+
+/// Every byte of the database file and its WAL.
+fn on_disk(env: &Env) -> Vec<u8> {
+    let db = env.db();
+    let mut all = Vec::new();
+    for suffix in ["", "-wal"] {
+        let p = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
+        if let Ok(b) = std::fs::read(&p) {
+            all.extend(b);
+        }
+    }
+    all
+}
+
+fn holds(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[test]
+fn a_deleted_session_and_a_deleted_memory_leave_the_file_and_its_wal() {
+    let env = extractive();
+    let (gone, kept) = ("CANARY-gone-41c7", "CANARY-kept-93d1");
+    let lines = |tag: &str| {
+        (1..=6)
+            .map(|i| {
+                format!(
+                    "{{\"role\":\"user\",\"content\":\"{tag} message {i} about the rollout\"}}\n"
+                )
+            })
+            .collect::<String>()
+    };
+    env.run_stdin(&["ingest", "--session", "gone"], lines(gone).as_bytes())
+        .assert_ok();
+    env.run_stdin(&["ingest", "--session", "kept"], lines(kept).as_bytes())
+        .assert_ok();
+    env.run(&[
+        "memory",
+        "add",
+        &format!("{gone} memory text"),
+        "--user",
+        "u",
+        "--key",
+        "k",
+        "--id",
+        "m1",
+    ])
+    .assert_ok();
+    env.run(&[
+        "memory",
+        "add",
+        &format!("{kept} memory text"),
+        "--user",
+        "u",
+        "--key",
+        "k2",
+        "--id",
+        "m2",
+    ])
+    .assert_ok();
+    assert!(holds(&on_disk(&env), gone), "the canary was never written");
+    env.run(&["reset", "gone"]).assert_ok();
+    env.run(&["memory", "delete", "m1"]).assert_ok();
+    let disk = on_disk(&env);
+    assert!(
+        !holds(&disk, gone),
+        "a deleted session's or memory's text is still on disk"
+    );
+    assert!(holds(&disk, kept), "what was not deleted is still there");
+}

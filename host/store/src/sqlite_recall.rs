@@ -347,6 +347,7 @@ impl RecallStore for SqliteStore {
             .map_err(db_err)?;
             bump(&tx, tenant, m.cluster)?;
             tx.commit().map_err(db_err)?;
+            crate::sqlite::scrub(conn);
             Ok(Some(m))
         })
     }
@@ -809,7 +810,9 @@ impl RecallStore for SqliteStore {
                 tx.execute(&format!("DELETE FROM {t} WHERE tenant = ?1"), [tenant])
                     .map_err(db_err)?;
             }
-            tx.commit().map_err(db_err)
+            tx.commit().map_err(db_err)?;
+            crate::sqlite::scrub(conn);
+            Ok(())
         })
     }
 }

@@ -225,4 +225,13 @@ async fn postgres_seals_every_text_column() {
     let acme = TenantStore::new(db.clone() as Arc<dyn Store>, Tenant::new("acme").unwrap());
     let e = acme.summaries("s").await.unwrap_err();
     assert!(format!("{e:?}").contains("does not decrypt"), "{e:?}");
+    // Forgetting a tenant deletes its data keys and vacuums the tables that held its text.
+    let pgs = PgStore::connect(&url).await.unwrap().with_master_key(key);
+    abridge_store::RecallStore::forget_tenant(&pgs, "acme")
+        .await
+        .unwrap();
+    let fresh: Arc<dyn AppStore> = Arc::new(pgs);
+    let acme = TenantStore::new(fresh as Arc<dyn Store>, Tenant::new("acme").unwrap());
+    let e = acme.episodes_after("s", 0, 10).await.unwrap_err();
+    assert!(format!("{e:?}").contains("is gone"), "{e:?}");
 }

@@ -1015,6 +1015,14 @@ impl RecallStore for PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
         }
-        tx.commit().await.map_err(|e| self.err(e))
+        tx.commit().await.map_err(|e| self.err(e))?;
+        // Deleted rows stay in the table files as dead tuples until VACUUM reclaims their
+        // space (new rows then overwrite it; VACUUM FULL rewrites the files at once, under an
+        // exclusive lock). A tenant's deletion is rare: vacuum what held its text now.
+        c.batch_execute(
+            "VACUUM episodes, summaries, partials, events, session_focus, memories, cluster_summaries, clusters, data_keys",
+        )
+        .await
+        .map_err(|e| self.err(e))
     }
 }
