@@ -402,3 +402,46 @@ fn a_deleted_session_and_a_deleted_memory_leave_the_file_and_its_wal() {
     );
     assert!(holds(&disk, kept), "what was not deleted is still there");
 }
+
+#[test]
+fn guessing_tokens_is_slowed_and_authorization_is_read_by_the_rfc() {
+    let env = extractive();
+    let token = crate::serve::token(&env, "acme", &[]);
+    let srv = Server::start(&env, &[]);
+    let a = &srv.addr;
+    // The scheme in any case (RFC 9110).
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let auth = format!("{scheme} {token}");
+        let r = request_with(a, "GET", "/v1/sessions", &[("Authorization", &auth)], b"");
+        assert_eq!(r.status, 200, "{scheme}: {}", r.body);
+    }
+    // Two Authorization headers are a 400, not a guess at which one counts.
+    let auth = format!("Bearer {token}");
+    let r = request_with(
+        a,
+        "GET",
+        "/v1/sessions",
+        &[("Authorization", &auth), ("Authorization", "Bearer other")],
+        b"",
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    // Bad tokens from one address: after 20 in a minute, 429 with Retry-After, whatever the
+    // token (a good one included), until the window ends.
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        let bad = format!("Bearer guess-{i}");
+        statuses
+            .push(request_with(a, "GET", "/v1/sessions", &[("Authorization", &bad)], b"").status);
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 401).count(),
+        20,
+        "{statuses:?}"
+    );
+    assert!(statuses[20..].iter().all(|s| *s == 429), "{statuses:?}");
+    let r = request_with(a, "GET", "/v1/sessions", &[("Authorization", &auth)], b"");
+    assert_eq!(r.status, 429, "{}", r.body);
+    let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(r.json()["error"]["code"], "rate_limited");
+}

@@ -78,6 +78,8 @@ pub(crate) struct Srv {
     pub(crate) metrics: Arc<metrics::Http>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) body_limit: usize,
+    /// Failed authentications per client address.
+    pub(crate) auth_failures: Arc<auth::Failures>,
 }
 
 /// A server bound to its address, not yet serving (see [`bind`]).
@@ -160,6 +162,7 @@ impl Bound {
             metrics: Arc::new(metrics::Http::default()),
             shutdown,
             body_limit: opts.body_limit,
+            auth_failures: Arc::new(auth::Failures::default()),
         };
         let router = api::routes(srv, &opts);
         let signal = async move {
