@@ -445,3 +445,72 @@ fn guessing_tokens_is_slowed_and_authorization_is_read_by_the_rfc() {
     assert!((1..=60).contains(&retry), "{retry}");
     assert_eq!(r.json()["error"]["code"], "rate_limited");
 }
+
+#[test]
+fn malformed_requests_get_the_documented_json_error() {
+    let env = extractive();
+    let srv = Server::start(&env, &[]);
+    let a = &srv.addr;
+    crate::serve::post_messages(a, None, "s", &json!({"role": "user", "content": "hello"}))
+        .expect(202);
+    for (method, path, status) in [
+        ("GET", "/v1/sessions?limit=-1", 400),
+        ("GET", "/v1/sessions?offset=x", 400),
+        ("GET", "/v1/sessions/a%FFb", 400),
+        ("GET", "/v1/sessions/s/context?budget=lots", 400),
+        ("PATCH", "/v1/sessions/s", 405),
+    ] {
+        let r = request_with(
+            a,
+            method,
+            path,
+            &[("Content-Type", "application/json")],
+            b"",
+        );
+        assert_eq!(r.status, status, "{method} {path}: {}", r.body);
+        assert!(
+            header(&r, "content-type")
+                .unwrap()
+                .starts_with("application/json"),
+            "{}",
+            r.headers
+        );
+        let e = r.json();
+        assert!(
+            e["error"]["code"].is_string() && e["error"]["hint"].is_string(),
+            "{e}"
+        );
+    }
+    // A key given twice in one object: which one counts is a guess; refused.
+    let r = request_with(
+        a,
+        "POST",
+        "/v1/sessions/s/messages",
+        &[("Content-Type", "application/json")],
+        br#"{"role":"user","content":"a","content":"b"}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("twice"),
+        "{}",
+        r.body
+    );
+    // Session ids that look like another: invisible characters are refused, escaped.
+    for id in ["s%E2%80%8B", "%E2%80%8Ds", "s%EF%BB%BF", "s%E2%80%AE"] {
+        let r = request_with(
+            a,
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            &[("Content-Type", "application/json")],
+            br#"{"role":"user","content":"spoof"}"#,
+        );
+        assert_eq!(r.status, 400, "{id}: {}", r.body);
+        let m = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(m.contains("\\u"), "{m}");
+    }
+    let r = request_with(a, "GET", "/v1/sessions", &[], b"");
+    assert_eq!(r.json()["total"], 1, "{}", r.body);
+}

@@ -13,6 +13,31 @@ fn is_unsafe(c: char) -> bool {
     c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
+/// Whether `c` is invisible where it stands: zero-width spaces and joiners, direction marks,
+/// word joiners and invisible operators, the byte-order mark, soft hyphens. Two session ids
+/// that differ only by one look the same, so ids refuse them (text may hold them).
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{034f}'
+            | '\u{061c}'
+            | '\u{115f}'
+            | '\u{1160}'
+            | '\u{17b4}'
+            | '\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff0}'..='\u{fff8}'
+    )
+}
+
 /// `s` made safe to print on one terminal line: every control character (ESC, NUL, CR, LF,
 /// tab, DEL, C1, bidi overrides) shown as a visible escape such as `\u001b` instead (the same escape
 /// JSON uses, so JSON output stays valid JSON).
@@ -29,6 +54,19 @@ pub fn printable(s: &str) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// `s` with control and invisible characters shown as escapes (for an id refused for them).
+fn escaped(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if is_unsafe(c) || is_invisible(c) {
+                format!("\\u{:04x}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Like [`printable`], but keeps line breaks and tabs: for multi-line text such as a summary.
@@ -64,14 +102,16 @@ pub fn check_session_id(id: &str) -> Result<(), String> {
         "is longer than 200 characters"
     } else if id.chars().any(is_unsafe) {
         "holds control characters"
+    } else if id.chars().any(is_invisible) {
+        "holds invisible characters (zero-width spaces or joiners, direction marks, soft hyphens)"
     } else if id.trim() != id {
         "starts or ends with white space"
     } else {
         return Ok(());
     };
     Err(format!(
-        "session id '{}' {why}; a session id is 1 to {MAX_SESSION_ID_CHARS} characters with no control characters and no leading or trailing space",
-        printable(id)
+        "session id '{}' {why}; a session id is 1 to {MAX_SESSION_ID_CHARS} characters with no control or invisible characters and no leading or trailing space",
+        escaped(id)
     ))
 }
 
@@ -82,6 +122,7 @@ pub fn session_id_from(raw: &str) -> Option<String> {
     let cleaned: String = raw
         .trim()
         .chars()
+        .filter(|c| !is_invisible(*c))
         .map(|c| if is_unsafe(c) { '_' } else { c })
         .take(MAX_SESSION_ID_CHARS)
         .collect();
@@ -111,6 +152,19 @@ mod tests {
             let e = check_session_id(bad).unwrap_err();
             assert!(!e.contains('\u{1b}') && !e.contains('\0'), "{e}");
         }
+        // Invisible characters: two ids that look the same are not allowed to differ.
+        for bad in [
+            "a\u{200b}b",
+            "a\u{200d}b",
+            "\u{feff}ab",
+            "ab\u{2060}",
+            "a\u{00ad}b",
+            "a\u{200e}b",
+        ] {
+            let e = check_session_id(bad).unwrap_err();
+            assert!(e.contains("invisible") && e.contains("\\u"), "{e}");
+        }
+        assert_eq!(session_id_from("a\u{200b}b").as_deref(), Some("ab"));
         assert_eq!(session_id_from("ab\0c\u{1b}").as_deref(), Some("ab_c_"));
         assert_eq!(session_id_from(" \0 "), None);
         assert_eq!(session_id_from(&"y".repeat(300)).unwrap().len(), 200);

@@ -148,20 +148,88 @@ pub(crate) fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> ApiResult<
     })
 }
 
-/// JSON from a body; a syntax error names its line and column.
+/// JSON from a body; a syntax error names its line and column, and a key given twice in one
+/// object is refused (which of the two would count is a guess two parsers make differently).
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(b: &[u8]) -> ApiResult<T> {
-    let v: serde_json::Value = serde_json::from_slice(b).map_err(|e| {
-        // serde_json's message ends with "at line L column C".
-        ApiError(AppError::invalid(format!(
-            "the body is not valid JSON: {e}"
-        )))
-    })?;
+    let mut de = serde_json::Deserializer::from_slice(b);
+    let v = serde::Deserialize::deserialize(&mut de)
+        .and_then(|Unique(v)| de.end().map(|()| v))
+        .map_err(|e| {
+            // serde_json's message ends with "at line L column C".
+            ApiError(AppError::invalid(format!(
+                "the body is not valid JSON: {e}"
+            )))
+        })?;
     serde_json::from_value(v).map_err(|e| {
         ApiError(AppError::new(
             ErrorKind::Unprocessable,
             format!("the body does not have the expected shape: {e}"),
         ))
     })
+}
+
+/// A JSON value whose objects have no key twice.
+struct Unique(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueVisitor).map(Unique)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Unique(v)) = a.next_element()? {
+            out.push(v);
+        }
+        Ok(out.into())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(k) = a.next_key::<String>()? {
+            let Unique(v) = a.next_value()?;
+            if out.contains_key(&k) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "the key \"{}\" is given twice in one object",
+                    crate::text::printable(&k)
+                )));
+            }
+            out.insert(k, v);
+        }
+        Ok(out.into())
+    }
 }
 
 /// Messages to store: `{"messages": [...]}`, a bare array, or one message object.
@@ -863,20 +931,64 @@ async fn openapi() -> impl IntoResponse {
 
 /// tower-http's body limit answers 413 in plain text before a handler runs: give it the
 /// JSON error body every other failure has.
-async fn json_413(r: Response) -> Response {
-    let plain = r.status() == StatusCode::PAYLOAD_TOO_LARGE
-        && !r
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if plain {
-        return ApiError(AppError::new(
-            ErrorKind::TooLarge,
-            "the request body is over the server's size limit",
-        ))
-        .into_response();
+/// Every API error answers with the documented JSON body: what axum and tower-http answer in
+/// plain text themselves (a query or path that does not parse, a method the route lacks, a
+/// body over the limit, a request that timed out) is rewritten, its status kept.
+async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let page = super::console::wants_html(req.headers());
+    let r = next.run(req).await;
+    let status = r.status();
+    let json = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json || page {
+        return r;
     }
-    r
+    let (parts, body) = r.into_parts();
+    let said = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    let said = String::from_utf8_lossy(&said).trim().to_string();
+    let (kind, message, hint) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            ErrorKind::TooLarge,
+            "the request body is over the server's size limit".to_string(),
+            "split the body into smaller requests",
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => (
+            ErrorKind::InvalidInput,
+            "the route does not take this method".to_string(),
+            "the routes and their methods are listed at /openapi.json",
+        ),
+        StatusCode::REQUEST_TIMEOUT
+        | StatusCode::SERVICE_UNAVAILABLE
+        | StatusCode::GATEWAY_TIMEOUT => (
+            ErrorKind::Unavailable,
+            "the request took longer than the server's time limit".to_string(),
+            "retry in a moment, or ask for less (a smaller page or budget)",
+        ),
+        s if s.is_server_error() => (
+            ErrorKind::Internal,
+            format!("the server failed: {said}"),
+            "retry; if it keeps failing, report it with the server's log",
+        ),
+        _ => (
+            ErrorKind::InvalidInput,
+            if said.is_empty() {
+                "the request is malformed".to_string()
+            } else {
+                format!("the request is malformed: {said}")
+            },
+            "check the path and query parameters against /openapi.json (ids are percent-encoded UTF-8)",
+        ),
+    };
+    let mut out = ApiError(AppError::new(kind, message).hint(hint)).into_response();
+    *out.status_mut() = status;
+    for name in [header::ALLOW, header::RETRY_AFTER, header::WWW_AUTHENTICATE] {
+        if let Some(v) = parts.headers.get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    out
 }
 
 /// Every route that is not one of these: a page for a browser, the JSON error otherwise.
@@ -1055,7 +1167,7 @@ pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {
         ))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(opts.body_limit))
-        .layer(axum::middleware::map_response(json_413))
+        .layer(axum::middleware::from_fn(json_errors))
         .layer(axum::middleware::from_fn_with_state(
             door,
             super::guard::check,
