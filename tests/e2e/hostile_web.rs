@@ -514,3 +514,50 @@ fn malformed_requests_get_the_documented_json_error() {
     let r = request_with(a, "GET", "/v1/sessions", &[], b"");
     assert_eq!(r.json()["total"], 1, "{}", r.body);
 }
+
+#[test]
+fn metrics_stay_small_under_made_up_methods_and_can_require_a_token() {
+    let env = extractive().with("ABRIDGE_METRICS_TOKEN", "ops-secret-1");
+    let tenant = crate::serve::token(&env, "acme", &[]);
+    let srv = Server::start(&env, &[]);
+    let a = &srv.addr;
+    let auth = format!("Bearer {tenant}");
+    crate::serve::post_messages(
+        a,
+        Some(&tenant),
+        "acme-private",
+        &json!({"role": "user", "content": "hi"}),
+    )
+    .expect(202);
+    for i in 0..300 {
+        let m = format!("X{i}");
+        request_with(a, &m, "/v1/sessions", &[("Authorization", &auth)], b"");
+    }
+    // Without the metrics token: refused, for /readyz too; a tenant's token is not it.
+    for path in ["/metrics", "/readyz"] {
+        assert_eq!(request_with(a, "GET", path, &[], b"").status, 401, "{path}");
+        assert_eq!(
+            request_with(a, "GET", path, &[("Authorization", &auth)], b"").status,
+            401,
+            "{path}"
+        );
+    }
+    let m = request_with(
+        a,
+        "GET",
+        "/metrics",
+        &[("Authorization", "Bearer ops-secret-1")],
+        b"",
+    );
+    assert_eq!(m.status, 200, "{}", m.body);
+    let series = m
+        .body
+        .lines()
+        .filter(|l| l.starts_with("abridge_http_requests_total"))
+        .count();
+    assert!(series < 20, "{series} series:\n{}", m.body);
+    assert!(m.body.contains("method=\"other\""), "{}", m.body);
+    assert!(!m.body.contains("acme"), "a tenant is named in /metrics");
+    assert!(m.body.len() < 16 << 10, "{} bytes", m.body.len());
+    assert_eq!(request_with(a, "GET", "/healthz", &[], b"").status, 200);
+}

@@ -887,7 +887,8 @@ async fn healthz() -> Json<serde_json::Value> {
 /// Readiness: the database answers and the model server is reachable.
 #[utoipa::path(get, path = "/readyz", tag = "service",
     responses((status = 200, body = Object), (status = 503, body = ErrorBody)))]
-async fn readyz(State(srv): State<Srv>) -> ApiResult<Json<serde_json::Value>> {
+async fn readyz(State(srv): State<Srv>, headers: HeaderMap) -> ApiResult<Json<serde_json::Value>> {
+    operator(&srv, &headers)?;
     if srv.app.draining() {
         return Err(ApiError(AppError::new(
             ErrorKind::Unavailable,
@@ -916,11 +917,42 @@ async fn readyz(State(srv): State<Srv>) -> ApiResult<Json<serde_json::Value>> {
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", tag = "service",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
-async fn metrics_text(State(srv): State<Srv>) -> impl IntoResponse {
-    (
+async fn metrics_text(State(srv): State<Srv>, headers: HeaderMap) -> ApiResult<Response> {
+    operator(&srv, &headers)?;
+    Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         metrics::render(&srv).await,
     )
+        .into_response())
+}
+
+/// With `--metrics-token`, `/metrics` and `/readyz` answer only a caller who sends it.
+fn operator(srv: &Srv, headers: &HeaderMap) -> ApiResult<()> {
+    let Some(want) = &srv.metrics_token else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().as_bytes())
+        .unwrap_or_default();
+    // Compared in time that does not depend on where the two differ.
+    let same = given.len() == want.len()
+        && given
+            .iter()
+            .zip(want.as_bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(ApiError(
+            AppError::new(ErrorKind::Unauthenticated, "this route needs the metrics token")
+                .hint("send 'Authorization: Bearer METRICS_TOKEN' (abridge serve --metrics-token, or ABRIDGE_METRICS_TOKEN)"),
+        ))
+    }
 }
 
 /// This document.
@@ -929,8 +961,6 @@ async fn openapi() -> impl IntoResponse {
     Json(ApiDoc::openapi())
 }
 
-/// tower-http's body limit answers 413 in plain text before a handler runs: give it the
-/// JSON error body every other failure has.
 /// Every API error answers with the documented JSON body: what axum and tower-http answer in
 /// plain text themselves (a query or path that does not parse, a method the route lacks, a
 /// body over the limit, a request that timed out) is rewritten, its status kept.

@@ -51,6 +51,8 @@ pub struct ServeOptions {
     pub public_hosts: Vec<String>,
     /// Origins whose web pages may call the API (CORS); none by default.
     pub cors_origins: Vec<String>,
+    /// A token `/metrics` and `/readyz` require, when set (they are open without it).
+    pub metrics_token: Option<String>,
 }
 
 impl Default for ServeOptions {
@@ -65,6 +67,7 @@ impl Default for ServeOptions {
             sweep_per_scope: 20,
             public_hosts: Vec::new(),
             cors_origins: Vec::new(),
+            metrics_token: None,
         }
     }
 }
@@ -80,6 +83,8 @@ pub(crate) struct Srv {
     pub(crate) body_limit: usize,
     /// Failed authentications per client address.
     pub(crate) auth_failures: Arc<auth::Failures>,
+    /// What `/metrics` and `/readyz` require, when set.
+    pub(crate) metrics_token: Option<Arc<str>>,
 }
 
 /// A server bound to its address, not yet serving (see [`bind`]).
@@ -163,6 +168,7 @@ impl Bound {
             shutdown,
             body_limit: opts.body_limit,
             auth_failures: Arc::new(auth::Failures::default()),
+            metrics_token: opts.metrics_token.as_deref().map(Arc::from),
         };
         let router = api::routes(srv, &opts);
         let signal = async move {

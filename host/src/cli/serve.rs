@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// repeatable); none by default, so no page on another origin can
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origins: Vec<String>,
+    /// A token /metrics and /readyz require (sent as 'Authorization: Bearer TOKEN'); without
+    /// it they are open. Prefer the environment variable: flags show in process lists
+    #[arg(long, env = "ABRIDGE_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -164,6 +168,7 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
         request_timeout: Duration::from_secs(a.request_timeout_secs.max(1)),
         public_hosts: a.public_hosts,
         cors_origins: a.cors_origins,
+        metrics_token: a.metrics_token,
     };
     let server = abridge_server::bind(app, opts).await?;
     let addr = server.local_addr();
