@@ -561,3 +561,104 @@ fn metrics_stay_small_under_made_up_methods_and_can_require_a_token() {
     assert!(m.body.len() < 16 << 10, "{} bytes", m.body.len());
     assert_eq!(request_with(a, "GET", "/healthz", &[], b"").status, 200);
 }
+
+fn long_chat(n: usize) -> serde_json::Value {
+    let ms: Vec<serde_json::Value> = (0..n)
+        .map(|i| json!({"role": if i % 2 == 0 {"user"} else {"assistant"}, "content": format!("Step {i}: we moved the index rebuild to the replica and checked the lag again."), "id": format!("m{i}")}))
+        .collect();
+    json!({ "messages": ms })
+}
+
+#[test]
+fn a_read_only_token_never_queues_model_work_and_job_ids_hide_other_tenants() {
+    let env = extractive();
+    let writer = crate::serve::token(&env, "acme", &[]);
+    let reader = crate::serve::token(&env, "acme", &["--read-only"]);
+    let other = crate::serve::token(&env, "globex", &[]);
+    let srv = Server::start(&env, &[]);
+    let a = &srv.addr;
+    // Idle mode: nothing is due while the conversation goes on; a second after it stops,
+    // a refresh is due and nothing has queued it yet.
+    crate::serve::post_messages(a, Some(&writer), "s", &long_chat(1)).expect(202);
+    crate::serve::request(
+        a,
+        "PUT",
+        "/v1/sessions/s/mode",
+        Some(&writer),
+        json!({"mode": "idle", "quiet_secs": 1})
+            .to_string()
+            .as_bytes(),
+    )
+    .expect(200);
+    let r = crate::serve::post_messages(a, Some(&writer), "s", &long_chat(40)).expect(202);
+    assert!(r["job"].is_null(), "{r}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // Due, with no job: a reader's context says so and queues nothing.
+    let c = crate::serve::get(a, "/v1/sessions/s/context", Some(&reader)).expect(200);
+    assert_eq!(c["refresh_due"], true, "{c}");
+    assert!(c["job"].is_null(), "a read-only token queued a job: {c}");
+    let jobs = crate::serve::get(a, "/v1/jobs", Some(&writer)).expect(200);
+    assert!(
+        jobs["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|j| j["state"] != "queued"),
+        "{jobs}"
+    );
+    // The writer's context queues it.
+    let c = crate::serve::get(a, "/v1/sessions/s/context", Some(&writer)).expect(200);
+    let mine = c["job"]["id"].as_u64().expect("queued");
+    // Another tenant's jobs do not show in this tenant's ids: they are not a count.
+    for i in 0..5 {
+        crate::serve::post_messages(a, Some(&other), &format!("g{i}"), &long_chat(40)).expect(202);
+    }
+    let c = crate::serve::post_messages(a, Some(&writer), "t", &long_chat(40)).expect(202);
+    let next = c["job"]["id"].as_u64().unwrap();
+    assert!(
+        next > mine && next - mine > 6,
+        "ids {mine} then {next} are sequential"
+    );
+    assert!(next < 1 << 53);
+}
+
+#[test]
+fn a_revoked_tokens_event_streams_end_within_a_second() {
+    use std::io::{BufRead, BufReader, Write};
+    let env = extractive();
+    let token = crate::serve::token(&env, "acme", &[]);
+    let srv = Server::start(&env, &[]);
+    let a = &srv.addr;
+    let mut s = std::net::TcpStream::connect(a).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "GET /v1/events HTTP/1.0\r\nHost: {a}\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(line.contains("200"), "{line}");
+    let list = env.run(&["tokens", "list", "--json"]);
+    let id = serde_json::from_str::<serde_json::Value>(&list.stdout).unwrap()[0]["id"]
+        .as_u64()
+        .unwrap();
+    let revoked = std::time::Instant::now();
+    env.run(&["tokens", "revoke", &id.to_string()]).assert_ok();
+    // The stream ends (EOF) well before the read timeout.
+    loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) => panic!("the stream did not end: {e}"),
+        }
+    }
+    let took = revoked.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "ended after {took:?}"
+    );
+}

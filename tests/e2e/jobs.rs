@@ -99,9 +99,14 @@ fn kill_9_mid_job_then_restart_resumes_with_cached_partials_and_loses_nothing() 
     assert_eq!(chain["summaries"], Value::Array(vec![]));
 
     // Restart: the job resumes (attempt 2) and finishes.
+    let id = js[0]["id"].as_u64().unwrap();
     let r = env.run(&["jobs", "run", "--json"]);
     r.assert_ok();
-    assert!(r.stderr.contains("resuming job 1"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!("resuming job {id}")),
+        "{}",
+        r.stderr
+    );
     let done: Value = serde_json::from_str(r.stdout.lines().next().unwrap()).unwrap();
     assert_eq!(done["state"], "succeeded");
     assert_eq!(done["attempts"], 2);
@@ -176,11 +181,15 @@ fn a_cancelled_job_writes_nothing_and_a_rerun_reuses_its_answers() {
     let file = long_transcript(&env, "cancel.jsonl", 200);
     let child = spawn_summarize(&env, &file, &[]);
     wait_for("six answers", || server.generations().len() >= 6);
-    let r = env.run(&["jobs", "cancel", "1"]);
+    let id = jobs(&env)[0]["id"].as_u64().unwrap().to_string();
+    let r = env.run(&["jobs", "cancel", &id]);
     r.assert_ok();
     assert!(r.stdout.contains("cancel requested"), "{}", r.stdout);
     let out = Run::from(child.wait_with_output().unwrap());
-    out.assert_fails(3, &["job 1 was cancelled", "nothing was written"]);
+    out.assert_fails(
+        3,
+        &[&format!("job {id} was cancelled"), "nothing was written"],
+    );
     let js = jobs(&env);
     assert_eq!(js[0]["state"], "cancelled");
     assert_eq!(
@@ -188,7 +197,7 @@ fn a_cancelled_job_writes_nothing_and_a_rerun_reuses_its_answers() {
         Value::Array(vec![])
     );
     // Cancelling it again is refused; a rerun is a new job that reuses the cached answers.
-    env.run(&["jobs", "cancel", "1"])
+    env.run(&["jobs", "cancel", &id])
         .assert_fails(2, &["already cancelled"]);
     let asked = server.generations().len();
     let mut args = vec!["summarize", file.as_str()];
@@ -201,7 +210,8 @@ fn a_cancelled_job_writes_nothing_and_a_rerun_reuses_its_answers() {
     let js = jobs(&env);
     assert_eq!(js.len(), 2);
     assert_eq!(js[0]["state"], "succeeded");
-    env.run(&["jobs", "show", "2"]).assert_ok();
+    env.run(&["jobs", "show", &js[0]["id"].to_string()])
+        .assert_ok();
     env.run(&["jobs", "show", "9"])
         .assert_fails(2, &["no job 9"]);
 }
@@ -218,7 +228,7 @@ fn progress_goes_to_stderr_as_lines_off_a_terminal_and_not_with_json() {
     let r = env.run(&args);
     r.assert_ok();
     assert!(
-        r.stderr.contains("job 1 (session progress): map ")
+        r.stderr.contains(" (session progress): map ")
             && r.stderr.contains("chunks 100%")
             && r.stderr.contains("reduce level 1"),
         "{}",

@@ -317,6 +317,7 @@ impl App {
             tenant: t.clone(),
             tables: TenantTables::new(self.inner.db.clone(), t.clone()),
             state: self.state(t),
+            read_only: false,
         }
     }
 
@@ -347,6 +348,8 @@ pub struct Scoped {
     /// The tenant's view of the app's tables: every session-keyed call goes through it.
     tables: TenantTables,
     state: Arc<TenantState>,
+    /// A read-only caller's handle: reads never queue model work.
+    read_only: bool,
 }
 
 /// Check a session id sent by a caller.
@@ -358,6 +361,13 @@ impl Scoped {
     /// The tenant.
     pub fn tenant(&self) -> &Tenant {
         &self.tenant
+    }
+
+    /// This handle for a caller who may only read (a read-only token): a read that finds a
+    /// refresh due says so but never queues it, so such a caller never causes model spend.
+    pub fn reading_only(mut self) -> Scoped {
+        self.read_only = true;
+        self
     }
 
     /// The app this handle belongs to.
@@ -852,7 +862,7 @@ impl Scoped {
             }
             None => self.engine().freshness(session, cfg).await?,
         };
-        let job = if f.state == FreshState::Due {
+        let job = if f.state == FreshState::Due && !self.read_only {
             Some(self.enqueue(session, f.fold_upto, cfg).await?)
         } else {
             None

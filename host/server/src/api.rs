@@ -764,7 +764,13 @@ struct EventFeed {
     /// End once the backlog is sent (the job had already ended).
     end_after_missed: bool,
     done: bool,
+    /// The token the stream was opened with, checked every [`REVOCATION_CHECK`]: a revoked
+    /// token's streams end.
+    token: Option<(crate::app::App, String)>,
 }
+
+/// How often an open event stream checks that its token still stands.
+const REVOCATION_CHECK: Duration = Duration::from_millis(400);
 
 fn event_stream(s: EventFeed) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     futures::stream::unfold(s, |mut st| async move {
@@ -780,16 +786,31 @@ fn event_stream(s: EventFeed) -> impl Stream<Item = Result<SseEvent, Infallible>
                 None if st.end_after_missed => return None,
                 None => {
                     let mut shutdown = st.shutdown.clone();
-                    tokio::select! {
-                        r = st.live.recv() => match r {
-                            Ok(e) => e,
-                            Err(RecvError::Lagged(n)) => {
-                                let e = SseEvent::default().event("events.lost").data(json!({"lost": n}).to_string());
-                                return Some((Ok(e), st));
-                            }
-                            Err(RecvError::Closed) => return None,
-                        },
+                    let checking = st.token.is_some();
+                    // What woke the stream (decided first; the token is checked after the
+                    // select, holding none of its futures).
+                    let woke = tokio::select! {
+                        _ = tokio::time::sleep(REVOCATION_CHECK), if checking => None,
+                        r = st.live.recv() => Some(r),
                         _ = shutdown.wait_for(|s| *s) => return None,
+                    };
+                    match woke {
+                        None => {
+                            let (app, token) = st.token.as_ref().expect("checking");
+                            match app.tokens().check(token).await {
+                                Ok(Some(_)) => continue,
+                                // Revoked (or the store cannot say): the stream ends.
+                                _ => return None,
+                            }
+                        }
+                        Some(Ok(e)) => e,
+                        Some(Err(RecvError::Lagged(n))) => {
+                            let e = SseEvent::default()
+                                .event("events.lost")
+                                .data(json!({"lost": n}).to_string());
+                            return Some((Ok(e), st));
+                        }
+                        Some(Err(RecvError::Closed)) => return None,
                     }
                 }
             };
@@ -815,6 +836,7 @@ fn event_stream(s: EventFeed) -> impl Stream<Item = Result<SseEvent, Infallible>
 async fn job_events(
     State(srv): State<Srv>,
     Extension(t): Extension<Scoped>,
+    Extension(caller): Extension<super::auth::Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<impl IntoResponse> {
@@ -841,6 +863,7 @@ async fn job_events(
         shutdown: srv.shutdown.clone(),
         end_after_missed: ended,
         done: false,
+        token: caller.0.map(|tk| (srv.app.clone(), tk)),
     };
     Ok(Sse::new(event_stream(st)).keep_alive(KeepAlive::default()))
 }
@@ -853,6 +876,7 @@ async fn job_events(
 async fn all_events(
     State(srv): State<Srv>,
     Extension(t): Extension<Scoped>,
+    Extension(caller): Extension<super::auth::Caller>,
     headers: HeaderMap,
 ) -> impl IntoResponse {
     let after = last_event_id(&headers);
@@ -874,6 +898,7 @@ async fn all_events(
         shutdown: srv.shutdown.clone(),
         end_after_missed: false,
         done: false,
+        token: caller.0.map(|tk| (srv.app.clone(), tk)),
     };
     Sse::new(event_stream(st)).keep_alive(KeepAlive::default())
 }

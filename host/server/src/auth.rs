@@ -79,6 +79,11 @@ fn bad_request(msg: &str) -> Response {
         .into_response()
 }
 
+/// The token a request was authenticated with (none on an open loopback server): a stream
+/// checks it is still live, and ends when it is revoked.
+#[derive(Clone)]
+pub(crate) struct Caller(pub(crate) Option<String>);
+
 /// The token of an `Authorization` value: the `Bearer` scheme in any case (RFC 9110: schemes
 /// are case-insensitive), one or more spaces, the token.
 fn bearer(v: &str) -> Option<&str> {
@@ -103,6 +108,7 @@ pub(crate) async fn authenticate(State(srv): State<Srv>, mut req: Request, next:
         return bad_request("the request has two Authorization headers");
     }
     let now = srv.app.now_ms();
+    let mut caller = Caller(None);
     let (tenant, read_only) = match first {
         Some(v) => {
             if let Some(ip) = ip
@@ -128,7 +134,10 @@ pub(crate) async fn authenticate(State(srv): State<Srv>, mut req: Request, next:
                 return unauthenticated("the Authorization header is not 'Bearer TOKEN'");
             };
             match srv.app.tokens().check(token).await {
-                Ok(Some(g)) => (g.tenant, g.read_only),
+                Ok(Some(g)) => {
+                    caller = Caller(Some(token.to_string()));
+                    (g.tenant, g.read_only)
+                }
                 Ok(None) => {
                     if let Some(ip) = ip {
                         srv.auth_failures.failed(ip, now);
@@ -158,10 +167,16 @@ pub(crate) async fn authenticate(State(srv): State<Srv>, mut req: Request, next:
         .into_response();
     }
     let scoped = srv.app.tenant(&tenant);
+    let scoped = if read_only {
+        scoped.reading_only()
+    } else {
+        scoped
+    };
     if let Err(e) = scoped.admit() {
         return ApiError(e).into_response();
     }
     req.extensions_mut().insert(scoped);
+    req.extensions_mut().insert(caller);
     next.run(req).await
 }
 

@@ -19,7 +19,6 @@ use crate::types::Error;
 #[derive(Default)]
 pub(super) struct Tables {
     jobs: BTreeMap<u64, Job>,
-    next_job: u64,
     sources: BTreeMap<String, Source>,
     watched: BTreeMap<String, WatchedFile>,
     /// (session, path, last episode) → bytes.
@@ -106,9 +105,9 @@ impl JobStore for MemoryStore {
             {
                 return Ok((j.clone(), false));
             }
-            t.next_job += 1;
+            let id = crate::rules::new_job_id(now_ms, t.jobs.keys().next_back().copied());
             let job = Job {
-                id: t.next_job,
+                id,
                 session: session.to_string(),
                 target,
                 state: JobState::Queued,

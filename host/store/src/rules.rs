@@ -112,6 +112,23 @@ impl Refusal {
     }
 }
 
+/// A new job's id, given the newest id stored: the time it is queued, in milliseconds, times
+/// 1,024, plus a random number below 1,024, and in any case above the newest id by a random
+/// step of 1 to 1,024. Ids keep the order jobs were queued in, stay below 2^53 (exact in
+/// JavaScript clients) until the year 2248, and say nothing about how many jobs other tenants
+/// queue, which sequential ids would (a tenant could count them in the gaps between its
+/// own). A store that finds the id taken (another instance drew it first) draws again.
+pub fn new_job_id(now_ms: u64, newest: Option<u64>) -> u64 {
+    let mut r = [0u8; 4];
+    // The operating system's random source; should it fail, the time and the step of one
+    // still give a fresh id.
+    let _ = getrandom::fill(&mut r);
+    let low = u64::from(u16::from_le_bytes([r[0], r[1]]) & 0x3ff);
+    let step = 1 + u64::from(u16::from_le_bytes([r[2], r[3]]) & 0x3ff);
+    let by_time = (now_ms.clamp(1, (1 << 43) - 1) << 10) | low;
+    by_time.max(newest.map_or(0, |n| n + step))
+}
+
 /// The claim rule's first step, on the job as stored: a job in a final state is finished,
 /// one a live worker holds is busy; `None` lets the claim go on to [`claim_rest`].
 pub fn claim_first(job: &Job, live: Liveness<'_>) -> Option<Refusal> {
@@ -588,6 +605,21 @@ pub use abridge_guest::embed::cosine;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_ids_order_by_time_and_hide_counts() {
+        let a = new_job_id(1_764_000_000_000, None);
+        let b = new_job_id(1_764_000_000_001, Some(a));
+        assert!(a < b);
+        assert!(b < 1 << 53);
+        assert_eq!(a >> 10, 1_764_000_000_000);
+        // Queued in the same millisecond, or under a clock that stands still: still in order.
+        let c = new_job_id(1_764_000_000_001, Some(b));
+        assert!(c > b && c - b <= 1024);
+        let many: std::collections::BTreeSet<u64> =
+            (0..64).map(|_| new_job_id(5, None) & 0x3ff).collect();
+        assert!(many.len() > 16, "the low bits are random");
+    }
 
     fn scope() -> Scope {
         Scope {

@@ -92,12 +92,21 @@ impl JobStore for SqliteStore {
             if let Some(job) = active.into_iter().next() {
                 return Ok((job, false));
             }
-            tx.execute(
-                "INSERT INTO jobs (session, target, key, state, config, created_ms, updated_ms) VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?5)",
-                params![session, target as i64, key, config, now_ms as i64],
-            )
-            .map_err(db_err)?;
-            let id = tx.last_insert_rowid() as u64;
+            let newest: Option<i64> = tx
+                .query_row("SELECT MAX(id) FROM jobs", [], |r| r.get(0))
+                .map_err(db_err)?;
+            let id = loop {
+                let id = crate::rules::new_job_id(now_ms, newest.map(|n| n as u64));
+                let n = tx
+                    .execute(
+                        "INSERT OR IGNORE INTO jobs (id, session, target, key, state, config, created_ms, updated_ms) VALUES (?6, ?1, ?2, ?3, 'queued', ?4, ?5, ?5)",
+                        params![session, target as i64, key, config, now_ms as i64, id as i64],
+                    )
+                    .map_err(db_err)?;
+                if n == 1 {
+                    break id;
+                }
+            };
             let job = one_job(&tx, id)?.ok_or_else(|| Error::Storage("job vanished".into()))?;
             tx.commit().map_err(db_err)?;
             Ok((job, true))

@@ -97,13 +97,18 @@ impl JobStore for PgStore {
         // The partial unique index admits one active job per key, whoever inserts; a loser
         // reads the winner's job (or tries again when it finished in between).
         for _ in 0..5 {
+            let newest = self
+                .row("SELECT MAX(id) FROM jobs", &[])
+                .await?
+                .and_then(|r| r.get::<_, Option<i64>>(0))
+                .map(|n| n as u64);
             let made = self
                 .row(
                     &format!(
-                        "INSERT INTO jobs (session, target, key, state, config, created_ms, updated_ms) VALUES ($1, $2, $3, 'queued', $4, $5, $5)
-                         ON CONFLICT (key) WHERE state IN ('queued','running') DO NOTHING RETURNING {COLS}"
+                        "INSERT INTO jobs (id, session, target, key, state, config, created_ms, updated_ms) VALUES ($6, $1, $2, $3, 'queued', $4, $5, $5)
+                         ON CONFLICT DO NOTHING RETURNING {COLS}"
                     ),
-                    &[&session, &(target as i64), &key, &config, &(now_ms as i64)],
+                    &[&session, &(target as i64), &key, &config, &(now_ms as i64), &(crate::rules::new_job_id(now_ms, newest) as i64)],
                 )
                 .await?;
             if let Some(r) = made {
