@@ -744,6 +744,7 @@ impl tx::Guest for Component {
             tx::ParseError::UnknownFormat => P::UnknownFormat,
             tx::ParseError::EmptyFile => P::EmptyFile,
             tx::ParseError::NoMessages(f) => P::NoMessages(format_in(f)),
+            tx::ParseError::TooManyEpisodes(n) => P::TooManyEpisodes(n),
         };
         transcript::describe(&name, &e, &format_flag)
     }
@@ -804,6 +805,7 @@ fn batch_out(
         Err(P::UnknownFormat) => Err(tx::ParseError::UnknownFormat),
         Err(P::EmptyFile) => Err(tx::ParseError::EmptyFile),
         Err(P::NoMessages(f)) => Err(tx::ParseError::NoMessages(format_out(f))),
+        Err(P::TooManyEpisodes(n)) => Err(tx::ParseError::TooManyEpisodes(n)),
     }
 }
 
@@ -818,6 +820,7 @@ impl tx::GuestParser for ParserResource {
                 name: opts.name,
                 max_episode_bytes: opts.max_episode_bytes,
                 whole: opts.whole,
+                max_episodes: opts.max_episodes,
             },
         )))
     }

@@ -76,6 +76,9 @@ pub struct Options {
     /// (every episode, final id and title, never empty), in file order; a conversation is
     /// complete when the next one starts or at `finish`. Off: episodes as they complete.
     pub whole: bool,
+    /// Most episodes the input may hold (0: no limit); past it the parse stops with
+    /// [`ParseError::TooManyEpisodes`], so one input's cost stays bounded.
+    pub max_episodes: u64,
 }
 
 /// An episode read from a transcript (tokens are estimated at append time).
@@ -136,6 +139,9 @@ pub fn describe(name: &str, e: &ParseError, format_flag: &str) -> String {
             "{name} holds no messages (read as {}) — check that it is the right file, or pass {format_flag}",
             f.name()
         ),
+        ParseError::TooManyEpisodes(limit) => format!(
+            "{name} holds more than {limit} messages, more than one import takes — split it into parts of at most {limit} messages"
+        ),
     }
 }
 
@@ -162,6 +168,8 @@ pub enum ParseError {
     EmptyFile,
     /// Read as the format, but no messages.
     NoMessages(Format),
+    /// More episodes than `Options::max_episodes` allows.
+    TooManyEpisodes(u64),
 }
 
 /// A streaming transcript parser: [`feed`](Parser::feed) bytes in any chunking, then
@@ -417,6 +425,15 @@ impl Parser {
     }
 
     fn batch(&mut self, r: Result<(), ParseError>, end: bool) -> Result<Batch, ParseError> {
+        let max = self.opts.max_episodes;
+        let r = match r {
+            Ok(()) if max > 0 && self.episodes_out > max => {
+                // Nothing of an input over the limit is delivered.
+                self.out.clear();
+                Err(ParseError::TooManyEpisodes(max))
+            }
+            r => r,
+        };
         if let Err(e) = r {
             self.mode = Mode::Done;
             if self.opts.whole || self.out.iter().all(|c| c.episodes.is_empty()) {

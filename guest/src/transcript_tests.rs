@@ -451,3 +451,30 @@ fn parse_errors_are_worded_once_with_the_hosts_own_format_flag() {
         "m:2: bad"
     );
 }
+
+#[test]
+fn an_input_past_the_episode_limit_is_refused_whole() {
+    let five: String = (0..5)
+        .map(|i| format!("{{\"role\":\"user\",\"content\":\"m{i}\"}}\n"))
+        .collect();
+    for whole in [false, true] {
+        let o = |max| Options {
+            format: Some(Format::Jsonl),
+            max_episodes: max,
+            whole,
+            ..opts()
+        };
+        assert_eq!(
+            parse_in(five.as_bytes(), o(3), 1 << 20),
+            Err(ParseError::TooManyEpisodes(3))
+        );
+        assert_eq!(
+            parse_in(five.as_bytes(), o(5), 7).unwrap().conversations[0]
+                .episodes
+                .len(),
+            5
+        );
+    }
+    let e = describe("big.jsonl", &ParseError::TooManyEpisodes(3), "--format");
+    assert!(e.contains("split it into parts of at most 3"), "{e}");
+}

@@ -499,7 +499,7 @@ export class Engine {
    * `source`: a Uint8Array, a string, or an (async) iterable of Uint8Array chunks such as
    * `fs.createReadStream(path)`. Options: `format` (`jsonl`, `openai`, `claude-code`,
    * `chatgpt`; default: detect), `includeTools`, `skipInvalid`, `firstLine`, `name`,
-   * `maxEpisodeBytes`. Returns `{format, conversations: [{index, id, title, episodes}],
+   * `maxEpisodeBytes`, `maxEpisodes` (most messages the input may hold; 0: no limit). Returns `{format, conversations: [{index, id, title, episodes}],
    * warnings}`; episodes are `{role, content, timestampMs, sourceKey}`, ready for `append`.
    * A bad file throws an AbridgeError whose `kind` is the WIT parse-error case.
    */
@@ -513,6 +513,7 @@ export class Engine {
       name: options.name ?? 'transcript',
       maxEpisodeBytes: options.maxEpisodeBytes ?? 0,
       whole: true,
+      maxEpisodes: BigInt(options.maxEpisodes ?? 0),
     };
     const conversations = [];
     const warnings = [];
@@ -539,6 +540,7 @@ export class Engine {
           if (p.tag === 'invalid-utf8') [err.line, err.offset] = val;
           if (p.tag === 'malformed') [err.line, err.reason] = val;
           if (p.tag === 'no-messages') err.format = val;
+          if (p.tag === 'too-many-episodes') err.limit = Number(p.val);
           throw err;
         }
         if (e instanceof WebAssembly.RuntimeError) {

@@ -63,6 +63,7 @@ async fn parse(engine: &Abridge, opts: &ParseOptions, bytes: &[u8], step: usize)
             ParseError::UnknownFormat => json!({"error": "unknown-format"}),
             ParseError::EmptyFile => json!({"error": "empty-file"}),
             ParseError::NoMessages(f) => json!({"error": "no-messages", "format": format_name(f)}),
+            ParseError::TooManyEpisodes(n) => json!({"error": "too-many-episodes", "limit": n}),
         }
     };
     for chunk in bytes.chunks(step.max(1)) {
@@ -90,6 +91,7 @@ fn options(dir: &Path, name: &str) -> ParseOptions {
         name: name.to_string(),
         max_episode_bytes: o["max_episode_bytes"].as_u64().unwrap_or(0) as u32,
         whole: true,
+        max_episodes: 0,
     }
 }
 

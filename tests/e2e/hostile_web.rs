@@ -662,3 +662,147 @@ fn a_revoked_tokens_event_streams_end_within_a_second() {
         "ended after {took:?}"
     );
 }
+
+#[test]
+fn the_work_of_one_request_is_bounded_with_413s_that_say_how_to_split() {
+    let env = extractive();
+    let srv = Server::start(
+        &env,
+        &[
+            "--max-messages",
+            "50",
+            "--max-upload-messages",
+            "60",
+            "--max-upload-conversations",
+            "3",
+        ],
+    );
+    let a = &srv.addr;
+    let r = crate::serve::post_messages(a, None, "s", &long_chat(51));
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert!(
+        r.json()["error"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("at most 50"),
+        "{}",
+        r.body
+    );
+    crate::serve::post_messages(a, None, "s", &long_chat(50)).expect(202);
+    // Many tiny JSON values: refused before they are built.
+    let tiny = format!("[{}]", vec!["0"; 250_000].join(","));
+    let r = request_with(
+        a,
+        "POST",
+        "/v1/sessions/s/messages",
+        &[("Content-Type", "application/json")],
+        tiny.as_bytes(),
+    );
+    assert_eq!(r.status, 413, "{}", r.body);
+    // A transcript over the message limit, and an export over the conversation limit.
+    let lines: String = (0..61)
+        .map(|i| format!("{{\"role\":\"user\",\"content\":\"line {i}\"}}\n"))
+        .collect();
+    let r = request_with(
+        a,
+        "POST",
+        "/v1/transcripts?format=jsonl&session=t",
+        &[("Content-Type", "application/x-ndjson")],
+        lines.as_bytes(),
+    );
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert!(r.body.contains("at most 60"), "{}", r.body);
+    let conv = |id: &str| {
+        format!(
+            r#"{{"id":"{id}","title":"T","mapping":{{"r":{{"id":"r","parent":null,"children":[],"message":{{"id":"m","author":{{"role":"user"}},"content":{{"content_type":"text","parts":["hello"]}}}}}}}}}}"#
+        )
+    };
+    let export = format!(
+        "[{}]",
+        (0..4)
+            .map(|i| conv(&format!("c{i}")))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let r = request_with(
+        a,
+        "POST",
+        "/v1/transcripts",
+        &[("Content-Type", "application/json")],
+        export.as_bytes(),
+    );
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert!(
+        r.json()["error"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("at most 3"),
+        "{}",
+        r.body
+    );
+    let r = request_with(a, "GET", "/v1/sessions", &[], b"");
+    assert_eq!(
+        r.json()["total"],
+        1,
+        "nothing of the refused uploads was stored: {}",
+        r.body
+    );
+}
+
+#[test]
+fn a_flooding_tenant_is_bounded_and_another_tenants_job_goes_next() {
+    // A model that takes 300 ms a call: jobs take a while, one worker.
+    let llm = abridge_test_llm::TestServer::start_with(abridge_test_llm::Options {
+        delay: std::time::Duration::from_millis(300),
+        ..abridge_test_llm::Options::default()
+    });
+    let env = Env::new()
+        .with("EXTRACTION_URL", &llm.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    let a_tok = crate::serve::token(&env, "flood", &[]);
+    let b_tok = crate::serve::token(&env, "quiet", &[]);
+    let srv = Server::start(&env, &["--workers", "1", "--tenant-queue", "8"]);
+    let a = &srv.addr;
+    // Tenant A floods: eight sessions queue eight refreshes; the ninth is a 429.
+    let mut refused = None;
+    for i in 0..12 {
+        let r = crate::serve::post_messages(a, Some(&a_tok), &format!("a{i}"), &long_chat(30));
+        if r.status == 429 {
+            refused = Some(r);
+            break;
+        }
+        assert_eq!(r.status, 202, "{}", r.body);
+    }
+    let r = refused.expect("the flood was never refused");
+    assert!(header(&r, "retry-after").is_some(), "{}", r.headers);
+    // Repeated refreshes of one session coalesce into its one queued job.
+    let j1 = crate::serve::post(a, "/v1/sessions/a3/refresh", Some(&a_tok), &json!({})).json();
+    let j2 = crate::serve::post(a, "/v1/sessions/a3/refresh", Some(&a_tok), &json!({})).json();
+    assert_eq!(j1["id"], j2["id"], "{j1} {j2}");
+    // Tenant B's one job starts next, before A's queued ones.
+    let b_job =
+        crate::serve::post_messages(a, Some(&b_tok), "b", &long_chat(30)).expect(202)["job"]["id"]
+            .as_u64()
+            .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let j = crate::serve::get(a, &format!("/v1/jobs/{b_job}"), Some(&b_tok)).expect(200);
+        if j["state"] != "queued" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B's job never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // When B's job started, A had at most the job that was running before it done since.
+    let jobs = crate::serve::get(a, "/v1/jobs?limit=50", Some(&a_tok)).expect(200);
+    let a_done = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["state"] == "succeeded")
+        .count();
+    assert!(a_done <= 2, "{a_done} of A's jobs ran before B's: {jobs}");
+}

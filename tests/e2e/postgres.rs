@@ -213,6 +213,9 @@ mod instances {
         "4",
         "--sweep-secs",
         "0",
+        // The test queues a refresh per session by the hundred on purpose.
+        "--tenant-queue",
+        "0",
     ];
 
     pub(super) fn four(prefix: &str) -> Value {

@@ -138,7 +138,9 @@ impl From<CallError> for AppError {
 impl From<TranscriptError> for AppError {
     fn from(e: TranscriptError) -> Self {
         let kind = match &e {
-            TranscriptError::TooLarge { .. } => ErrorKind::TooLarge,
+            TranscriptError::TooLarge { .. } | TranscriptError::TooManyEpisodes { .. } => {
+                ErrorKind::TooLarge
+            }
             TranscriptError::Empty { .. } | TranscriptError::EmptyFile { .. } => {
                 ErrorKind::Unprocessable
             }

@@ -8,6 +8,7 @@
 //! the job over, and the partial-summary cache makes the new attempt ask the model only for what
 //! is missing.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -109,6 +110,29 @@ impl Jobs {
         session: &str,
     ) -> Result<Option<Job>, Error> {
         tenant.job_active_for(session).await
+    }
+
+    /// How many jobs the tenant has queued, and its queued job of `session`, if any.
+    pub async fn queued_of(
+        &self,
+        tenant: &TenantTables,
+        session: &str,
+    ) -> Result<(usize, Option<Job>), Error> {
+        let t = tenant.tenant();
+        let (mut n, mut mine) = (0, None);
+        for j in self.db.jobs_active().await? {
+            if j.state != JobState::Queued {
+                continue;
+            }
+            let Some(s) = t.session_of(&j.session) else {
+                continue;
+            };
+            n += 1;
+            if s == session && mine.is_none() {
+                mine = Some(j);
+            }
+        }
+        Ok((n, mine))
     }
 
     /// This worker's lease owner name.
@@ -293,6 +317,36 @@ fn result_text(r: &Result<Outcome, CallError>) -> String {
     }
 }
 
+/// The order a worker tries runnable jobs in: fair between tenants. Each tenant's jobs keep
+/// their order (oldest first); tenants take turns, one job each per round, and the tenant
+/// served longest ago (or never: `served` has no entry) goes first, so one tenant's flood
+/// never stands before another tenant's single job for more than the jobs already running.
+pub fn fair_order(jobs: Vec<Job>, served: &BTreeMap<Tenant, u64>) -> Vec<Job> {
+    let mut groups: Vec<(Tenant, Vec<Job>)> = Vec::new();
+    for j in jobs {
+        let t = Tenant::of_key(&j.session);
+        match groups.iter_mut().find(|(g, _)| *g == t) {
+            Some((_, v)) => v.push(j),
+            None => groups.push((t, vec![j])),
+        }
+    }
+    groups.sort_by_key(|(t, v)| (served.get(t).copied().unwrap_or(0), v[0].id));
+    let mut out = Vec::new();
+    let mut round = 0;
+    loop {
+        let before = out.len();
+        for (_, v) in &groups {
+            if let Some(j) = v.get(round) {
+                out.push(j.clone());
+            }
+        }
+        if out.len() == before {
+            return out;
+        }
+        round += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,6 +365,42 @@ mod tests {
         Jobs::new(db.clone(), Duration::from_millis(lease_ms))
             .with_clock(clock.clone())
             .with_owner(owner)
+    }
+
+    #[tokio::test]
+    async fn tenants_take_turns_and_the_longest_waiting_goes_first() {
+        let db: Arc<dyn AppStore> = Arc::new(MemoryStore::new());
+        let clock = Arc::new(ManualClock::at(1_000));
+        let j = jobs(&db, &clock, "w", 60_000);
+        let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
+        let cfg = Config::default();
+        for (t, s) in [(&a, "1"), (&a, "2"), (&a, "3"), (&b, "1")] {
+            j.enqueue(&TenantTables::new(db.clone(), t.clone()), s, 1, &cfg)
+                .await
+                .unwrap();
+        }
+        let order = |served: &BTreeMap<Tenant, u64>, jobs: Vec<Job>| -> Vec<String> {
+            fair_order(jobs, served)
+                .iter()
+                .map(|x| x.session.clone())
+                .collect()
+        };
+        let all = j.runnable().await.unwrap();
+        let key = |t: &Tenant, s: &str| {
+            if t.is_local() {
+                s.to_string()
+            } else {
+                format!("{}\u{1f}{s}", t.name())
+            }
+        };
+        // Never served: the oldest first, then turns.
+        assert_eq!(
+            order(&BTreeMap::new(), all.clone()),
+            vec![key(&a, "1"), key(&b, "1"), key(&a, "2"), key(&a, "3")]
+        );
+        // A was served last: B goes first.
+        let served = BTreeMap::from([(a.clone(), 5)]);
+        assert_eq!(order(&served, all)[0], key(&b, "1"));
     }
 
     fn taken(c: Claim) -> Job {

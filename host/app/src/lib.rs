@@ -734,7 +734,10 @@ impl Scoped {
             "messages",
             lines,
             Some(Format::Jsonl),
-            Options::default(),
+            Options {
+                max_episodes: self.app.inner.cfg.limits.messages_per_request,
+                ..Options::default()
+            },
         )
         .await
         .map_err(|e| match e {
@@ -871,6 +874,25 @@ impl Scoped {
     }
 
     async fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
+        let jobs = &self.app.inner.jobs;
+        let (queued, mine) = jobs.queued_of(&self.tables, session).await?;
+        // Repeated refreshes of one session coalesce: its queued job, once it runs, is the
+        // refresh (what is due after it queues the next).
+        if let Some(j) = mine {
+            return Ok(j);
+        }
+        let limit = self.app.inner.cfg.limits.queued_per_tenant;
+        if limit > 0 && queued >= limit {
+            return Err(AppError::new(
+                ErrorKind::RateLimited {
+                    retry_after_secs: 30,
+                },
+                format!(
+                    "this tenant already has {queued} refreshes queued (the limit is {limit}); the messages are stored and the refresh is asked for again by the next write or context read"
+                ),
+            )
+            .hint("wait for the queue to drain (GET /v1/jobs), then retry; send large imports in smaller parts"));
+        }
         let (job, created) = self
             .app
             .inner
@@ -910,8 +932,45 @@ impl Scoped {
         if let Some(s) = session {
             check_session(s)?;
         }
+        let limits = &self.app.inner.cfg.limits;
+        let opts = Options {
+            max_episodes: limits.episodes_per_upload,
+            ..opts
+        };
         let parsed = transcript::parse_bytes(self.engine(), name, bytes, format, opts).await?;
-        let many = parsed.conversations.len() > 1;
+        let n = parsed.conversations.len();
+        if limits.conversations_per_upload > 0 && n > limits.conversations_per_upload {
+            return Err(AppError::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "{name} holds {n} conversations, more than one upload takes ({})",
+                    limits.conversations_per_upload
+                ),
+            )
+            .hint(format!(
+                "split the export into parts of at most {} conversations",
+                limits.conversations_per_upload
+            )));
+        }
+        // Each conversation queues a refresh: refuse up front what the tenant's queue cannot
+        // take, rather than store half of it.
+        if limits.queued_per_tenant > 0 {
+            let (queued, _) = self.app.inner.jobs.queued_of(&self.tables, "").await?;
+            let room = limits.queued_per_tenant.saturating_sub(queued);
+            if n > room {
+                return Err(AppError::new(
+                    ErrorKind::RateLimited {
+                        retry_after_secs: 30,
+                    },
+                    format!(
+                        "{name} holds {n} conversations, each a refresh to queue, and this tenant may queue {room} more now (the limit is {})",
+                        limits.queued_per_tenant
+                    ),
+                )
+                .hint("upload fewer conversations at once, or wait for the queue to drain (GET /v1/jobs)"));
+            }
+        }
+        let many = n > 1;
         if many && session.is_some() {
             return Err(AppError::invalid(format!(
                 "{name} holds {} conversations, which are imported as one session each; leave the session out",

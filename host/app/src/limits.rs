@@ -20,6 +20,15 @@ pub struct Limits {
     pub requests_per_sec: u32,
     /// Jobs one tenant may have running at once.
     pub jobs_per_tenant: usize,
+    /// Most messages one request may post (0: unlimited).
+    pub messages_per_request: u64,
+    /// Most messages one uploaded transcript may hold (0: unlimited).
+    pub episodes_per_upload: u64,
+    /// Most conversations one uploaded transcript may hold (0: unlimited).
+    pub conversations_per_upload: usize,
+    /// Jobs one tenant may have queued; past it, work that would queue another is refused
+    /// with a retry time (0: unlimited).
+    pub queued_per_tenant: usize,
     /// Model requests one tenant may have in flight.
     pub model_per_tenant: usize,
     /// Model requests in flight overall.
@@ -73,6 +82,10 @@ impl Default for Limits {
         Limits {
             requests_per_sec: 0,
             jobs_per_tenant: 2,
+            queued_per_tenant: 100,
+            messages_per_request: 10_000,
+            episodes_per_upload: 100_000,
+            conversations_per_upload: 1_000,
             model_per_tenant: 4,
             model_total: 8,
             cluster_jobs_per_tenant: 3,
@@ -90,6 +103,10 @@ impl Limits {
         Limits {
             requests_per_sec: 0,
             jobs_per_tenant: usize::MAX,
+            queued_per_tenant: 0,
+            messages_per_request: 0,
+            episodes_per_upload: 0,
+            conversations_per_upload: 0,
             model_per_tenant: Semaphore::MAX_PERMITS,
             model_total: Semaphore::MAX_PERMITS,
             cluster_jobs_per_tenant: Semaphore::MAX_PERMITS,

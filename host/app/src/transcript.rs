@@ -30,6 +30,8 @@ pub struct Options {
     /// Lines of the file before these bytes (a watcher reads from where it stopped), so line
     /// numbers in messages and in episode keys are the file's own whatever the read started.
     pub first_line: usize,
+    /// Most messages the input may hold (0: no limit): one request's cost stays bounded.
+    pub max_episodes: u64,
 }
 
 /// One conversation read from a file.
@@ -127,6 +129,16 @@ pub enum TranscriptError {
     UnknownFormat {
         /// File.
         path: String,
+        /// The message, worded by the guest.
+        said: String,
+    },
+    /// More messages than one import takes (see [`Options::max_episodes`]).
+    #[error("{said}")]
+    TooManyEpisodes {
+        /// File.
+        path: String,
+        /// The limit.
+        limit: u64,
         /// The message, worded by the guest.
         said: String,
     },
@@ -297,6 +309,7 @@ impl<'a> Feeder<'a> {
                 name: name.to_string(),
                 max_episode_bytes: 0,
                 whole,
+                max_episodes: opts.max_episodes,
             })
             .await
             .map_err(|e| sandbox(name, e))?;
@@ -425,6 +438,9 @@ async fn parse_error(
         ParseError::UnknownFormat => TranscriptError::UnknownFormat { path, said },
         ParseError::EmptyFile => TranscriptError::EmptyFile { path, said },
         ParseError::NoMessages(format) => TranscriptError::Empty { path, format, said },
+        ParseError::TooManyEpisodes(limit) => {
+            TranscriptError::TooManyEpisodes { path, limit, said }
+        }
     }
 }
 

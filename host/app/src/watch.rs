@@ -439,6 +439,7 @@ impl Watcher {
             include_tools: self.opts.include_tools,
             skip_invalid: true,
             first_line: first_line as usize,
+            ..Options::default()
         };
         let engine = self.local.engine().clone();
         let mut added = 0u64;

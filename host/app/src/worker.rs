@@ -83,6 +83,9 @@ async fn schedule(
 ) {
     let slots = Arc::new(Semaphore::new(n));
     let per_tenant = app.config().limits.jobs_per_tenant.max(1);
+    // When each tenant last had a job started here (a counter): tenants take turns.
+    let mut served: BTreeMap<Tenant, u64> = BTreeMap::new();
+    let mut turn = 0u64;
     loop {
         if app.draining() {
             return;
@@ -94,7 +97,7 @@ async fn schedule(
                 Vec::new()
             }
         };
-        for job in runnable {
+        for job in crate::jobs::fair_order(runnable, &served) {
             let tenant = Tenant::of_key(&job.session);
             // This process's own count first (no store call when it alone is at the cap);
             // the claim then counts every process's.
@@ -118,6 +121,8 @@ async fn schedule(
                 Ok(Claim::Taken(j)) => j,
                 _ => continue,
             };
+            turn += 1;
+            served.insert(tenant.clone(), turn);
             running
                 .lock()
                 .expect("running lock")

@@ -152,9 +152,19 @@ pub(crate) fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> ApiResult<
 /// object is refused (which of the two would count is a guess two parsers make differently).
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(b: &[u8]) -> ApiResult<T> {
     let mut de = serde_json::Deserializer::from_slice(b);
-    let v = serde::Deserialize::deserialize(&mut de)
-        .and_then(|Unique(v)| de.end().map(|()| v))
+    let budget = std::cell::Cell::new(MAX_JSON_VALUES);
+    let v = serde::de::DeserializeSeed::deserialize(Unique(&budget), &mut de)
+        .and_then(|v| de.end().map(|()| v))
         .map_err(|e| {
+            if budget.get() == 0 {
+                return ApiError(
+                    AppError::new(
+                        ErrorKind::TooLarge,
+                        format!("the body holds more than {MAX_JSON_VALUES} JSON values"),
+                    )
+                    .hint("split it into smaller requests"),
+                );
+            }
             // serde_json's message ends with "at line L column C".
             ApiError(AppError::invalid(format!(
                 "the body is not valid JSON: {e}"
@@ -168,18 +178,31 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(b: &[u8]) -> ApiResult<
     })
 }
 
-/// A JSON value whose objects have no key twice.
-struct Unique(serde_json::Value);
+/// Most JSON values (objects, arrays, strings, numbers…) one body may hold: reading a body
+/// costs memory per value, not per byte, so a body of many tiny values is refused before it
+/// is built (10,000 messages of a few fields each are about 60,000).
+const MAX_JSON_VALUES: usize = 200_000;
 
-impl<'de> serde::Deserialize<'de> for Unique {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(UniqueVisitor).map(Unique)
+/// Reads a JSON value whose objects have no key twice, counting values against a budget.
+#[derive(Clone, Copy)]
+struct Unique<'b>(&'b std::cell::Cell<usize>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Unique<'_> {
+    type Value = serde_json::Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        let left = self.0.get();
+        if left == 0 {
+            return Err(serde::de::Error::custom("too many JSON values"));
+        }
+        self.0.set(left - 1);
+        d.deserialize_any(UniqueVisitor(self))
     }
 }
 
-struct UniqueVisitor;
+struct UniqueVisitor<'b>(Unique<'b>);
 
-impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor<'_> {
     type Value = serde_json::Value;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -211,7 +234,7 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(Unique(v)) = a.next_element()? {
+        while let Some(v) = a.next_element_seed(self.0)? {
             out.push(v);
         }
         Ok(out.into())
@@ -219,7 +242,7 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
         let mut out = serde_json::Map::new();
         while let Some(k) = a.next_key::<String>()? {
-            let Unique(v) = a.next_value()?;
+            let v = a.next_value_seed(self.0)?;
             if out.contains_key(&k) {
                 return Err(serde::de::Error::custom(format_args!(
                     "the key \"{}\" is given twice in one object",
@@ -285,6 +308,19 @@ async fn post_messages(
             ErrorKind::Unprocessable,
             "no messages in the body",
         )));
+    }
+    let most = srv.app.config().limits.messages_per_request;
+    if most > 0 && messages.len() as u64 > most {
+        return Err(ApiError(
+            AppError::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "the body holds {} messages, more than one request takes ({most})",
+                    messages.len()
+                ),
+            )
+            .hint(format!("post them in requests of at most {most} messages")),
+        ));
     }
     // The messages go through the sandboxed parser as JSON lines: the same rules as
     // `abridge ingest`.

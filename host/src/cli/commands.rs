@@ -63,6 +63,8 @@ impl ReadArgs {
             include_tools: self.include_tools,
             skip_invalid: self.skip_invalid,
             first_line: 0,
+            // A file on the command line is bounded by --max-bytes.
+            max_episodes: 0,
         }
     }
 }

@@ -32,6 +32,15 @@ pub struct ServeArgs {
     /// Largest request body in MiB
     #[arg(long, default_value_t = ServeOptions::default().body_limit >> 20)]
     max_body_mib: usize,
+    /// Most messages one POST of messages may carry (0: unlimited)
+    #[arg(long, default_value_t = Limits::default().messages_per_request)]
+    max_messages: u64,
+    /// Most messages one uploaded transcript may hold (0: unlimited)
+    #[arg(long, default_value_t = Limits::default().episodes_per_upload)]
+    max_upload_messages: u64,
+    /// Most conversations one uploaded transcript may hold (0: unlimited)
+    #[arg(long, default_value_t = Limits::default().conversations_per_upload)]
+    max_upload_conversations: usize,
     /// Cluster summaries one tenant may have running at once
     #[arg(long, default_value_t = Limits::default().cluster_jobs_per_tenant)]
     tenant_cluster_jobs: usize,
@@ -52,6 +61,10 @@ pub struct ServeArgs {
     /// Jobs one tenant may have running at once
     #[arg(long, default_value_t = Limits::default().jobs_per_tenant)]
     tenant_jobs: usize,
+    /// Jobs one tenant may have queued; past it, requests that would queue another get 429
+    /// with Retry-After (0: unlimited)
+    #[arg(long, default_value_t = Limits::default().queued_per_tenant)]
+    tenant_queue: usize,
     /// Model requests one tenant may have in flight
     #[arg(long, default_value_t = Limits::default().model_per_tenant)]
     tenant_model_requests: usize,
@@ -151,6 +164,10 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
     let limits = Limits {
         requests_per_sec: a.rate_limit,
         jobs_per_tenant: a.tenant_jobs,
+        queued_per_tenant: a.tenant_queue,
+        messages_per_request: a.max_messages,
+        episodes_per_upload: a.max_upload_messages,
+        conversations_per_upload: a.max_upload_conversations,
         model_per_tenant: a.tenant_model_requests,
         model_total: a.model_requests,
         cluster_jobs_per_tenant: a.tenant_cluster_jobs,
