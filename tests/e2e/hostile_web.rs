@@ -806,3 +806,54 @@ fn a_flooding_tenant_is_bounded_and_another_tenants_job_goes_next() {
         .count();
     assert!(a_done <= 2, "{a_done} of A's jobs ran before B's: {jobs}");
 }
+
+#[test]
+fn slow_and_idle_connections_are_let_go_and_healthz_answers_at_the_cap() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let env = extractive();
+    let srv = Server::start(
+        &env,
+        &["--max-connections", "20", "--header-timeout-secs", "2"],
+    );
+    let a = &srv.addr;
+    // A slow header: the connection is closed after the header timeout.
+    let mut slow = TcpStream::connect(a).unwrap();
+    slow.write_all(b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Idle connections, far past the cap.
+    let idle: Vec<TcpStream> = (0..320)
+        .filter_map(|_| TcpStream::connect(a).ok())
+        .collect();
+    assert!(idle.len() >= 300, "{}", idle.len());
+    std::thread::sleep(Duration::from_millis(600));
+    // While they are held, /healthz answers every time.
+    for _ in 0..20 {
+        let r = request_with(a, "GET", "/healthz", &[], b"");
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let started = Instant::now();
+    let mut buf = [0u8; 512];
+    let n = slow.read(&mut buf).unwrap_or(0);
+    let text = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(n == 0 || text.contains("408"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // After the timeout the idle ones are closed too, and the server is back to normal.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut first = idle.into_iter().next().unwrap();
+    first
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    assert_eq!(
+        first.read(&mut buf).unwrap_or(0),
+        0,
+        "an idle connection is still open"
+    );
+    let r = request_with(a, "GET", "/v1/sessions", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let log = std::fs::read_to_string(env.dir.path().join("serve.log")).unwrap();
+    assert!(log.contains("accepting connections"), "{log}");
+}

@@ -15,6 +15,7 @@ mod api;
 mod auth;
 mod console;
 mod guard;
+mod listen;
 mod memories;
 mod metrics;
 
@@ -25,6 +26,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub use api::ApiDoc;
+pub use listen::ConnectionLimits;
 
 use crate::app::{App, AppError, AppResult, ErrorKind};
 
@@ -53,6 +55,8 @@ pub struct ServeOptions {
     pub cors_origins: Vec<String>,
     /// A token `/metrics` and `/readyz` require, when set (they are open without it).
     pub metrics_token: Option<String>,
+    /// How many connections, and how long a client may take to send a request or idle.
+    pub connections: ConnectionLimits,
 }
 
 impl Default for ServeOptions {
@@ -68,6 +72,7 @@ impl Default for ServeOptions {
             public_hosts: Vec::new(),
             cors_origins: Vec::new(),
             metrics_token: None,
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -171,17 +176,18 @@ impl Bound {
             metrics_token: opts.metrics_token.as_deref().map(Arc::from),
         };
         let router = api::routes(srv, &opts);
-        let signal = async move {
-            stop.await;
-            tracing::info!("shutting down: no new requests; event streams end");
-            let _ = tx.send(true);
-        };
-        axum::serve(
+        listen::serve(
             listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
+            router,
+            &opts.connections,
+            stop,
+            move || {
+                tracing::info!("shutting down: no new requests; event streams end");
+                let _ = tx.send(true);
+            },
+            opts.shutdown_grace,
         )
-        .with_graceful_shutdown(signal)
-        .await?;
+        .await;
         let released = workers.shutdown(opts.shutdown_grace).await;
         if let Some(s) = sweeper {
             s.stop().await;

@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 
 use abridge_app::Tenant;
 use abridge_app::{App, Limits};
-use abridge_server::ServeOptions;
+use abridge_server::{ConnectionLimits, ServeOptions};
 
 use super::commands::{Backend, choose_backend};
 use super::progress::utc_text;
@@ -83,6 +83,14 @@ pub struct ServeArgs {
     /// it they are open. Prefer the environment variable: flags show in process lists
     #[arg(long, env = "ABRIDGE_METRICS_TOKEN", hide_env_values = true)]
     metrics_token: Option<String>,
+    /// Most connections served at once (lowered to fit the file limit, which is raised to
+    /// its hard limit at start); past it /healthz still answers and the rest get 503
+    #[arg(long, default_value_t = ConnectionLimits::default().max)]
+    max_connections: usize,
+    /// Seconds a client has to send a request's head; a kept-alive connection idle this
+    /// long is closed
+    #[arg(long, default_value_t = ConnectionLimits::default().header_timeout.as_secs())]
+    header_timeout_secs: u64,
 }
 
 #[derive(Args, Debug)]
@@ -186,6 +194,10 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
         public_hosts: a.public_hosts,
         cors_origins: a.cors_origins,
         metrics_token: a.metrics_token,
+        connections: ConnectionLimits {
+            max: a.max_connections.max(1),
+            header_timeout: Duration::from_secs(a.header_timeout_secs.max(1)),
+        },
     };
     let server = abridge_server::bind(app, opts).await?;
     let addr = server.local_addr();
