@@ -116,6 +116,7 @@ fn mcfg_in(c: mx::MemoryConfig) -> memory::MemoryConfig {
         min_cluster_items: c.min_cluster_items,
         summary_min_similarity: c.summary_min_similarity,
         prompt_budget: c.prompt_budget,
+        lexical_key: c.lexical_key,
     }
 }
 
@@ -126,6 +127,7 @@ fn mcfg_out(c: memory::MemoryConfig) -> mx::MemoryConfig {
         min_cluster_items: c.min_cluster_items,
         summary_min_similarity: c.summary_min_similarity,
         prompt_budget: c.prompt_budget,
+        lexical_key: c.lexical_key,
     }
 }
 

@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 /// so stored vectors from the old one are re-embedded rather than mixed.
 pub const LEXICAL_MODEL: &str = "abridge-lexical-v1";
 
+/// The name of vectors made with a tenant's key (see [`lexical_keyed`]).
+pub const LEXICAL_KEYED_MODEL: &str = "abridge-lexical-v1+keyed";
+
 /// Its dimension.
 pub const LEXICAL_DIM: usize = 384;
 
@@ -98,6 +101,33 @@ pub fn words(text: &str) -> Vec<String> {
 /// The lexical embedding of `text`: `dim` numbers of unit length, or all zeros for a text
 /// with no content word.
 pub fn lexical(text: &str, dim: usize) -> Vec<f32> {
+    lexical_keyed(text, dim, None)
+}
+
+/// A feature's hash: FNV-1a unkeyed; with a key, the first 8 bytes of SHA-256 over the key
+/// and the feature, so which bucket and sign a word lands in is the key's secret. Without
+/// it, ranking guessed words against stored vectors (hashing each guess the public way)
+/// recovers nothing.
+fn feature_hash(key: Option<&sha2::Sha256>, feature: &[u8]) -> u64 {
+    use sha2::Digest;
+    match key {
+        None => fnv1a(feature),
+        Some(k) => {
+            let d = k.clone().chain_update(feature).finalize();
+            u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+        }
+    }
+}
+
+/// [`lexical`], keyed by `key` when given (a tenant's secret; see [`feature_hash`]).
+pub fn lexical_keyed(text: &str, dim: usize, key: Option<&[u8]>) -> Vec<f32> {
+    use sha2::Digest;
+    let keyed = key.map(|k| {
+        sha2::Sha256::new()
+            .chain_update(b"abridge-lexical-key\0")
+            .chain_update((k.len() as u32).to_le_bytes())
+            .chain_update(k)
+    });
     let dim = dim.max(1);
     let words = words(text);
     let mut features: BTreeMap<String, (f32, u32)> = BTreeMap::new();
@@ -115,8 +145,8 @@ pub fn lexical(text: &str, dim: usize) -> Vec<f32> {
         add(format!("p:{} {}", p[0], p[1]), PAIR);
     }
     let mut v = vec![0f32; dim];
-    for (key, (weight, count)) in &features {
-        let h = fnv1a(key.as_bytes());
+    for (feature, (weight, count)) in &features {
+        let h = feature_hash(keyed.as_ref(), feature.as_bytes());
         let slot = (h % dim as u64) as usize;
         let sign = if h >> 63 == 1 { -1.0 } else { 1.0 };
         v[slot] += sign * weight * (*count as f32).sqrt();
@@ -179,6 +209,22 @@ mod tests {
         let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-5);
         assert_eq!(v, lexical("the deploy runs on Fridays", LEXICAL_DIM));
+        // Keyed: another space, the same for the same key, unlike for another key.
+        let k1 = lexical_keyed("the deploy runs on Fridays", LEXICAL_DIM, Some(b"k1"));
+        assert_ne!(k1, v);
+        assert_eq!(
+            k1,
+            lexical_keyed("the deploy runs on Fridays", LEXICAL_DIM, Some(b"k1"))
+        );
+        assert!(
+            cosine(
+                &k1,
+                &lexical_keyed("the deploy runs on Fridays", LEXICAL_DIM, Some(b"k2"))
+            ) < 0.5
+        );
+        // Similar texts stay similar under one key.
+        let k = |t: &str| lexical_keyed(t, LEXICAL_DIM, Some(b"k1"));
+        assert!(cosine(&k("deploys run on Fridays"), &k1) > 0.5);
         assert!(
             lexical("the and of to", LEXICAL_DIM)
                 .iter()

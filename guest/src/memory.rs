@@ -296,6 +296,9 @@ pub struct MemoryConfig {
     pub summary_min_similarity: f32,
     /// Most prompt tokens of one summary call (0: derived).
     pub prompt_budget: u32,
+    /// A tenant's secret keying the lexical embedder's feature hashing (with a master key),
+    /// so its stored vectors say nothing without it; `None`: unkeyed.
+    pub lexical_key: Option<Vec<u8>>,
 }
 
 impl Default for MemoryConfig {
@@ -308,6 +311,7 @@ impl Default for MemoryConfig {
             min_cluster_items: 3,
             summary_min_similarity: 0.3,
             prompt_budget: 0,
+            lexical_key: None,
         }
     }
 }
@@ -488,12 +492,17 @@ pub fn embed_texts(
     texts: &[String],
 ) -> Result<Embedding, Error> {
     if cfg.embedder == embed::LEXICAL_MODEL {
+        let key = cfg.lexical_key.as_deref().filter(|k| !k.is_empty());
         return Ok(Embedding {
-            model: embed::LEXICAL_MODEL.into(),
+            // Keyed vectors live in a space of their own: never compared with unkeyed ones.
+            model: match key {
+                Some(_) => embed::LEXICAL_KEYED_MODEL.into(),
+                None => embed::LEXICAL_MODEL.into(),
+            },
             dim: embed::LEXICAL_DIM as u32,
             vectors: texts
                 .iter()
-                .map(|t| embed::lexical(t, embed::LEXICAL_DIM))
+                .map(|t| embed::lexical_keyed(t, embed::LEXICAL_DIM, key))
                 .collect(),
             tokens: 0,
         });

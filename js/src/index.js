@@ -292,6 +292,13 @@ export class Engine {
    * each in its cluster; clusters that are due come back `due` (summarize them with
    * `summarizeCluster`). Memories without an id get one.
    */
+  /** The memory settings of a call: the defaults, the caller's, and with a sealing store the
+   * key of the lexical embedding (the Rust host derives the same one from the same data key). */
+  #memoryConfig(memoryConfig) {
+    const lexicalKey = this.#store.recall?.lexicalKey?.();
+    return { ...defaultMemoryConfig, ...(lexicalKey ? { lexicalKey } : {}), ...memoryConfig };
+  }
+
   async remember(items, memoryConfig = {}) {
     const list = items.map((m, i) => ({
       id: m.id ?? `m${Date.now()}-${process.pid}-${i}-${Math.random().toString(16).slice(2, 10)}`,
@@ -301,7 +308,7 @@ export class Engine {
       importance: m.importance ?? undefined,
     }));
     const g = await this.#guest();
-    const r = await exportCall(() => g.memories.remember(list, { ...defaultMemoryConfig, ...memoryConfig }));
+    const r = await exportCall(() => g.memories.remember(list, this.#memoryConfig(memoryConfig)));
     return r.map((x) => ({ ...x, cluster: num(x.cluster) }));
   }
 
@@ -315,7 +322,7 @@ export class Engine {
     if (refusal) throw refusal;
     return this.#clusterSlots(async () => {
       const g = await this.#guest();
-      const o = await exportCall(() => g.memories.summarizeCluster(BigInt(cluster), { ...defaultConfig, ...config }, { ...defaultMemoryConfig, ...memoryConfig }));
+      const o = await exportCall(() => g.memories.summarizeCluster(BigInt(cluster), { ...defaultConfig, ...config }, this.#memoryConfig(memoryConfig)));
       if (o.calls > 0) this.#store.recall.addUsage(monthOf(this.#clock()).day, o.calls, o.promptTokens, o.outputTokens);
       return { ...o, summary: sumToJs(o.summary) };
     });
@@ -347,7 +354,7 @@ export class Engine {
   /** Delete a memory (a summary that covered it goes at once); `undefined` for an unknown id. */
   async forget(id, memoryConfig = {}) {
     const g = await this.#guest();
-    const f = await exportCall(() => g.memories.forget(id, { ...defaultMemoryConfig, ...memoryConfig }));
+    const f = await exportCall(() => g.memories.forget(id, this.#memoryConfig(memoryConfig)));
     return f ? { ...f, cluster: num(f.cluster) } : undefined;
   }
 
@@ -356,7 +363,7 @@ export class Engine {
     const g = await this.#guest();
     // Over the ceiling, recall falls back to the raw memories.
     const summaries = !this.usage().exhausted;
-    const r = await exportCall(() => g.memories.recall(query, filter, k, summaries, { ...defaultMemoryConfig, ...memoryConfig }));
+    const r = await exportCall(() => g.memories.recall(query, filter, k, summaries, this.#memoryConfig(memoryConfig)));
     return r.map((x) => ({ ...x, cluster: num(x.cluster) }));
   }
 

@@ -117,6 +117,11 @@ export class RecallTables {
     if (migration) db.exec(migration);
   }
 
+  /** The secret keying this store's lexical embedding, when it seals (see sealing.js). */
+  lexicalKey() {
+    return this.#keys ? this.#keys.lexicalKey(TENANT) : undefined;
+  }
+
   /** Bytes and key version to store `body` in a row. */
   #seal(table, row, body) {
     return this.#keys ? this.#keys.seal(TENANT, table, String(row), body) : [utf8(body), 0];

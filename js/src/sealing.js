@@ -3,7 +3,7 @@
 // ChaCha20-Poly1305), a sealed value `1 | nonce (24) | ciphertext | tag (16)`, associated data
 // binding tenant, table, row and key version, and per-tenant data keys in `data_keys` wrapped by
 // the master key. A database sealed by either host opens in the other with the same key.
-import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import { createHash, createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 
 import { AbridgeError } from './errors.js';
 
@@ -119,6 +119,14 @@ export class Keyring {
     const key = randomBytes(32);
     this.#db.prepare('INSERT OR IGNORE INTO data_keys (tenant, version, wrapped, created_ms) VALUES (?, 1, ?, ?)').run(tenant, sealWith(this.#master, wrapAad(tenant, 1), key), Date.now());
     return [1, this.#key(tenant, 1)];
+  }
+
+  /** The key of the tenant's lexical embedding: SHA-256 over a label and its first data key
+   * (the Rust store's `keyring::lexical_key_of`), so it outlives master key rotations. */
+  lexicalKey(tenant) {
+    const r = this.#db.prepare('SELECT MIN(version) AS v FROM data_keys WHERE tenant = ?').get(tenant);
+    const key = r && r.v !== null ? this.#key(tenant, r.v) : this.#current(tenant)[1];
+    return new Uint8Array(createHash('sha256').update(Buffer.from('abridge lexical embedding key v1\0')).update(key).digest());
   }
 
   /** `[bytes, version]` to store `text` in a row. */

@@ -107,7 +107,17 @@ test('sealed at rest with the Rust host\'s scheme: no canary on disk, and the bi
   });
   const back = await SqliteStore.open(path, { masterKey: key });
   assert.equal(back.recall.getMemory('r1').text, 'Bob sealed this from Rust');
+  // Both hosts key the lexical embedding the same way (from the same data key): what the
+  // binary embedded, JS recalls; the vectors are in the keyed space.
+  const e2 = await createEngine({ store: back });
+  const hits = await e2.recall('Bob sealed this from Rust', { user: 'bob' }, 3);
+  assert.ok(hits.some((h) => h.text === 'Bob sealed this from Rust'), JSON.stringify(hits));
   back.close();
+  const { DatabaseSync } = await import('node:sqlite');
+  const raw = new DatabaseSync(path);
+  const models = raw.prepare('SELECT DISTINCT model FROM memories').all().map((r) => r.model);
+  raw.close();
+  assert.deepEqual(models, ['abridge-lexical-v1+keyed']);
 });
 
 /** A model that restates the facts it is shown after a pause, counting calls in flight. */

@@ -857,3 +857,85 @@ fn slow_and_idle_connections_are_let_go_and_healthz_answers_at_the_cap() {
     let log = std::fs::read_to_string(env.dir.path().join("serve.log")).unwrap();
     assert!(log.contains("accepting connections"), "{log}");
 }
+
+/// How many of `secret`'s words rank in the top `secret.len()` of `guesses` against a stored
+/// vector, ranking each guess by its unkeyed lexical embedding (what an attacker with the
+/// file and the public code can compute).
+fn recovered(vector: &[f32], secret: &[&str], guesses: &[&str]) -> usize {
+    let dim = abridge_guest::embed::LEXICAL_DIM;
+    let mut ranked: Vec<(f32, &str)> = guesses
+        .iter()
+        .map(|g| {
+            let v = abridge_guest::embed::lexical(g, dim);
+            (abridge_guest::embed::cosine(&v, vector), *g)
+        })
+        .collect();
+    ranked.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap());
+    ranked
+        .iter()
+        .take(secret.len())
+        .filter(|(_, g)| secret.contains(g))
+        .count()
+}
+
+#[test]
+fn with_a_master_key_stored_lexical_vectors_say_nothing_of_the_words() {
+    let secret = [
+        "falcon", "ridge", "copper", "lantern", "meadow", "harbor", "violet", "quartz",
+    ];
+    let named = [
+        "river", "castle", "orange", "pencil", "window", "garden", "silver", "thunder", "rocket",
+        "marble", "forest", "candle", "bridge", "dragon", "pepper", "velvet", "summit", "island",
+        "anchor", "cobalt", "tunnel", "walnut",
+    ];
+    // 100 guesses in all: chance puts about 0.6 of the 8 secret words in the top 8.
+    let made: Vec<String> = (0..70).map(|i| format!("guess{i}x")).collect();
+    let decoys: Vec<&str> = named
+        .iter()
+        .copied()
+        .chain(made.iter().map(String::as_str))
+        .collect();
+    let guesses: Vec<&str> = secret.iter().copied().chain(decoys).collect();
+    let text = format!("The vault phrase is {}", secret.join(" "));
+    let stored = |env: &Env| -> Vec<f32> {
+        let c = rusqlite::Connection::open(env.db()).unwrap();
+        let b: Vec<u8> = c
+            .query_row("SELECT vector FROM memories WHERE id = 'v'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        b.chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let add = [
+        "memory",
+        "add",
+        text.as_str(),
+        "--user",
+        "u",
+        "--key",
+        "vault",
+        "--id",
+        "v",
+    ];
+    // Without a master key the attack works: the secret's words come out on top.
+    let plain = extractive();
+    plain.run(&add).assert_ok();
+    assert_eq!(recovered(&stored(&plain), &secret, &guesses), 8);
+    // With one, the tenant's key decides where each word lands: ranking recovers nothing
+    // beyond chance (at random, 4 or more of 8 in the top 8 of 100 happens about once in a
+    // thousand runs; 5 or more, about once in 25,000).
+    let key = "ab".repeat(32);
+    let sealed = extractive().with("ABRIDGE_MASTER_KEY", &key);
+    sealed.run(&add).assert_ok();
+    let n = recovered(&stored(&sealed), &secret, &guesses);
+    assert!(
+        n <= 4,
+        "{n} of 8 secret words recovered from a keyed vector"
+    );
+    // And recall still finds it, with the key.
+    let r = sealed.run(&["recall", "vault phrase falcon", "--user", "u", "--json"]);
+    r.assert_ok();
+    assert!(r.stdout.contains("falcon"), "{}", r.stdout);
+}

@@ -322,6 +322,14 @@ pub fn filter(
 
 impl Scoped {
     /// The tenant's view of the memory tables.
+    /// The memory settings of this tenant's calls: the app's, keyed by the tenant's lexical
+    /// embedding secret when the store seals (one place decides it for every memory call).
+    async fn memory_config(&self) -> AppResult<crate::types::MemoryConfig> {
+        let mut cfg = self.app.inner.cfg.memory.clone();
+        cfg.lexical_key = self.recall_store().lexical_key().await?;
+        Ok(cfg)
+    }
+
     fn recall_store(&self) -> TenantRecall {
         TenantRecall::new(
             self.app.inner.db.clone() as Arc<dyn RecallStore>,
@@ -346,8 +354,8 @@ impl Scoped {
                 m.id = self.app.unique_id();
             }
         }
-        let cfg = &self.app.inner.cfg.memory;
-        let out = self.engine().remember(&items, cfg).await?;
+        let cfg = self.memory_config().await?;
+        let out = self.engine().remember(&items, &cfg).await?;
         for r in out.iter().filter(|r| r.created) {
             self.publish(
                 What::MemoryWritten {
@@ -461,10 +469,10 @@ impl Scoped {
                 Some(_) => Ok(None),
             };
         };
-        let cfg = &self.app.inner.cfg;
+        let mcfg = self.memory_config().await?;
         let result = self
             .engine()
-            .summarize_cluster(cluster, &cfg.config, &cfg.memory)
+            .summarize_cluster(cluster, &self.app.inner.cfg.config, &mcfg)
             .await;
         let settled = match &result {
             Ok(_) => store.settle(cluster, version).await,
@@ -542,7 +550,7 @@ impl Scoped {
     pub async fn forget(&self, id: &str) -> AppResult<Forgotten> {
         let f = self
             .engine()
-            .forget(id, &self.app.inner.cfg.memory)
+            .forget(id, &self.memory_config().await?)
             .await?
             .ok_or_else(|| AppError::not_found(format!("no memory '{id}'")))?;
         self.publish(
@@ -568,7 +576,7 @@ impl Scoped {
         let summaries = self.over_ceiling().await?.is_none();
         let r = self
             .engine()
-            .recall(query, f, k, summaries, &self.app.inner.cfg.memory)
+            .recall(query, f, k, summaries, &self.memory_config().await?)
             .await?;
         Ok(r.into_iter().map(RecallView::from).collect())
     }

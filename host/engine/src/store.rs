@@ -215,4 +215,10 @@ pub trait RecallStore: Send + Sync {
     /// Delete a tenant's memories, clusters, summaries, usage and data keys (a tenant deleted:
     /// without its data keys, its sealed text cannot be opened anywhere).
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error>;
+    /// The secret that keys the tenant's lexical embedding (`None` without a master key: the
+    /// lexical vectors are then unkeyed). Derived from the tenant's first data key, so it
+    /// lasts across master key rotations and goes with the tenant.
+    async fn lexical_key(&self, _tenant: &str) -> Result<Option<Vec<u8>>, Error> {
+        Ok(None)
+    }
 }

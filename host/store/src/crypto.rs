@@ -41,7 +41,7 @@ pub enum CryptoError {
 
 /// 32 secret bytes, wiped when dropped and never printed.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret([u8; 32]);
+pub struct Secret(pub(crate) [u8; 32]);
 
 impl Secret {
     /// 32 random bytes.

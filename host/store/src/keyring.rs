@@ -254,3 +254,14 @@ impl Sealer {
         }
     }
 }
+
+/// The lexical embedding key of a tenant whose first data key is `k`: SHA-256 over a label and
+/// the key, so the data key itself never leaves the store. `js/src/sealing.js` derives the same.
+pub(crate) fn lexical_key_of(k: &Secret) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::new()
+        .chain_update(b"abridge lexical embedding key v1\0")
+        .chain_update(k.0)
+        .finalize()
+        .to_vec()
+}

@@ -117,7 +117,12 @@ fn db_err(e: rusqlite::Error) -> Error {
 }
 
 impl Keyring {
-    fn key(&self, c: &Connection, tenant: &str, version: u32) -> Result<Arc<Secret>, Error> {
+    pub(crate) fn key(
+        &self,
+        c: &Connection,
+        tenant: &str,
+        version: u32,
+    ) -> Result<Arc<Secret>, Error> {
         if let Some(k) = self.cached(tenant, version) {
             return Ok(k);
         }
@@ -132,7 +137,11 @@ impl Keyring {
         self.admit(tenant, version, wrapped)
     }
     /// The tenant's newest data key, made (and stored wrapped) on first use.
-    fn current(&self, c: &Connection, tenant: &str) -> Result<(u32, Arc<Secret>), Error> {
+    pub(crate) fn current(
+        &self,
+        c: &Connection,
+        tenant: &str,
+    ) -> Result<(u32, Arc<Secret>), Error> {
         let v: Option<u32> = c
             .query_row(
                 "SELECT MAX(version) FROM data_keys WHERE tenant = ?1",

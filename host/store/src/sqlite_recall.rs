@@ -794,6 +794,26 @@ impl RecallStore for SqliteStore {
         })
     }
 
+    async fn lexical_key(&self, tenant: &str) -> Result<Option<Vec<u8>>, Error> {
+        let Some(keys) = &self.keys else {
+            return Ok(None);
+        };
+        self.with(|c| {
+            let first: Option<u32> = c
+                .query_row(
+                    "SELECT MIN(version) FROM data_keys WHERE tenant = ?1",
+                    [tenant],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            let k = match first {
+                Some(v) => keys.key(c, tenant, v)?,
+                None => keys.current(c, tenant)?.1,
+            };
+            Ok(Some(crate::keyring::lexical_key_of(&k)))
+        })
+    }
+
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
         self.with(|conn| {
             let tx = conn

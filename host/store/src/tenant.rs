@@ -438,6 +438,11 @@ impl TenantRecall {
     pub async fn forget_tenant(&self) -> Result<(), Error> {
         self.db.forget_tenant(self.t()).await
     }
+
+    /// The secret keying the tenant's lexical embedding, with a master key.
+    pub async fn lexical_key(&self) -> Result<Option<Vec<u8>>, Error> {
+        self.db.lexical_key(self.t()).await
+    }
 }
 
 #[cfg(test)]

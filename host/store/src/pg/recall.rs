@@ -999,6 +999,31 @@ impl RecallStore for PgStore {
             .unwrap_or_default())
     }
 
+    async fn lexical_key(&self, tenant: &str) -> Result<Option<Vec<u8>>, Error> {
+        if self.keys.is_none() {
+            return Ok(None);
+        }
+        let c = self.client().await?;
+        let first: Option<i64> = c
+            .query_one(
+                "SELECT MIN(version) FROM data_keys WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
+        let v = match first {
+            Some(v) => v as u32,
+            None => {
+                // Made on first use, like a data key for sealing.
+                self.sealer(&c, tenant).await?;
+                1
+            }
+        };
+        let k = self.data_key(&c, tenant, v).await?;
+        Ok(Some(crate::keyring::lexical_key_of(&k)))
+    }
+
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
