@@ -727,12 +727,12 @@ impl Scoped {
     /// Append messages given as JSON lines (`{"role","content","timestamp"?,"id"?,"name"?}`),
     /// parsed in the sandbox. A message with an `id` already stored is skipped, so re-posting
     /// is idempotent. Never calls the model: when a refresh is due it is queued as a job.
-    pub async fn append_jsonl(&self, session: &str, lines: &[u8]) -> AppResult<Appended> {
+    pub async fn append_jsonl(&self, session: &str, lines: Vec<u8>) -> AppResult<Appended> {
         check_session(session)?;
         let parsed = transcript::parse_bytes(
             self.engine(),
             "messages",
-            lines,
+            &lines,
             Some(Format::Jsonl),
             Options {
                 max_episodes: self.app.inner.cfg.limits.messages_per_request,
@@ -747,6 +747,8 @@ impl Scoped {
             }
             other => other.into(),
         })?;
+        // The lines are parsed: they go before the episodes are stored.
+        drop(lines);
         let mut episodes: Vec<NewEpisode> = parsed
             .conversations
             .into_iter()

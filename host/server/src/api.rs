@@ -303,6 +303,9 @@ async fn post_messages(
         MessagesBody::Wrapped { messages } | MessagesBody::List(messages) => messages,
         MessagesBody::One(m) => vec![m],
     };
+    // Each copy of a large body costs its size: the raw bytes go as soon as they are read.
+    let body_len = b.len();
+    drop(b);
     if messages.is_empty() {
         return Err(ApiError(AppError::new(
             ErrorKind::Unprocessable,
@@ -324,12 +327,12 @@ async fn post_messages(
     }
     // The messages go through the sandboxed parser as JSON lines: the same rules as
     // `abridge ingest`.
-    let mut lines = Vec::with_capacity(b.len() + messages.len());
-    for m in &messages {
-        serde_json::to_writer(&mut lines, m).expect("a message serializes");
+    let mut lines = Vec::with_capacity(body_len + messages.len());
+    for m in messages {
+        serde_json::to_writer(&mut lines, &m).expect("a message serializes");
         lines.push(b'\n');
     }
-    let appended = t.append_jsonl(&id, &lines).await?;
+    let appended = t.append_jsonl(&id, lines).await?;
     let links = appended.job.as_ref().map(job_links);
     Ok((
         StatusCode::ACCEPTED,

@@ -10,9 +10,7 @@ use rusqlite::types::Value;
 
 use crate::SqliteStore;
 use crate::crypto::Secret;
-use crate::keyring::{
-    Keyring, Revealed, Sealer, Stored, new_wrapped_under, now_ms, open_under, seal_under,
-};
+use crate::keyring::{Keyring, Revealed, Sealer, Stored, new_wrapped_under, now_ms, open_under};
 use crate::types::Error;
 
 impl SqliteStore {
@@ -25,10 +23,7 @@ impl SqliteStore {
         row: &str,
         text: &str,
     ) -> Result<(Vec<u8>, u32), Error> {
-        match &self.keys {
-            Some(k) => k.seal(c, tenant, table, row, text),
-            None => Ok((text.as_bytes().to_vec(), 0)),
-        }
+        self.sealer(c, tenant)?.seal(table, row, text)
     }
 
     /// `text` for a TEXT-declared column: as it is without a master key, a sealed BLOB with
@@ -160,18 +155,6 @@ impl Keyring {
         .map_err(db_err)?;
         // Another writer may have made it first: read back what is stored.
         Ok((1, self.key(c, tenant, 1)?))
-    }
-    /// Seal `text` for a row: the bytes to store and the key version (never 0).
-    pub fn seal(
-        &self,
-        c: &Connection,
-        tenant: &str,
-        table: &str,
-        row: &str,
-        text: &str,
-    ) -> Result<(Vec<u8>, u32), Error> {
-        let (v, k) = self.current(c, tenant)?;
-        Ok((seal_under(&k, v, tenant, table, row, text)?, v))
     }
     /// Open a sealed row's text.
     pub fn open(
