@@ -112,6 +112,7 @@ fn open(db: Arc<dyn AppStore>, runtime: Arc<Runtime>, llm: Arc<Counting>) -> App
             memory: Default::default(),
             embedder: None,
             master_key: None,
+            seal_vectors: false,
         },
         db,
     )

@@ -92,6 +92,7 @@ async fn run(a: &Args, llm_url: &str, runtime: Arc<Runtime>, background: bool) -
         memory: Default::default(),
         embedder: None,
         master_key: None,
+        seal_vectors: false,
     };
     let app = App::open(cfg).unwrap();
     let opts = ServeOptions {

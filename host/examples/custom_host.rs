@@ -101,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
         memory: Default::default(),
         embedder: None,
         master_key: None,
+        seal_vectors: false,
     })?;
     let me = app.local();
 

@@ -8,6 +8,10 @@ import { AbridgeError } from './errors.js';
 
 const TENANT = 'local';
 
+/** The vector columns, as named in a sealed vector's associated data (as the Rust stores). */
+const VECTOR = 'memories.vector';
+const SUMMARY_VECTOR = 'cluster_summaries.vector';
+const SUM = 'clusters.sum';
 const f32bytes = (v) => new Uint8Array(new Float32Array(v).buffer);
 const f32from = (b) => {
   const u = b instanceof Uint8Array ? b : new Uint8Array(b);
@@ -110,16 +114,34 @@ export class RecallTables {
    * Over `db` (node:sqlite); `migration` is the schema to apply to a private database;
    * `keyring` seals text at rest (see sealing.js), or `undefined` for plaintext rows.
    */
-  constructor(db, tx, migration, keyring) {
+  #sealVectors = false;
+
+  constructor(db, tx, migration, keyring, { sealVectors = false } = {}) {
     this.#db = db;
     this.#tx = tx;
     this.#keys = keyring;
+    this.#sealVectors = Boolean(sealVectors && keyring);
     if (migration) db.exec(migration);
   }
 
   /** The secret keying this store's lexical embedding, when it seals (see sealing.js). */
   lexicalKey() {
     return this.#keys ? this.#keys.lexicalKey(TENANT) : undefined;
+  }
+
+  /** A vector as stored in `table`'s row `row`: sealed with `sealVectors`, plain otherwise. */
+  #vin(table, row, v) {
+    const b = f32bytes(v);
+    return this.#sealVectors ? this.#keys.sealVector(TENANT, table, String(row), b) : b;
+  }
+
+  /** A stored vector back: a sealed one's length is 1 more than a multiple of 4. */
+  #vout(table, row, b) {
+    if (b.length % 4 !== 1) return f32from(b);
+    if (!this.#keys) {
+      throw new AbridgeError('storage', `${table} row '${row}' is encrypted and no master key is set: open the store with the key it was written with (SqliteStore.open(path, { masterKey }))`);
+    }
+    return f32from(this.#keys.openVector(TENANT, table, String(row), b));
   }
 
   /** Bytes and key version to store `body` in a row. */
@@ -181,7 +203,7 @@ export class RecallTables {
 
   centroids(s) {
     return this.#all('SELECT id, model, sum, members FROM clusters WHERE tenant = ? AND user = ? AND project = ? AND environment = ? AND kind = ? AND key = ? AND members > 0 ORDER BY id', TENANT, s.user, s.project, s.environment, s.kind, s.key).map((r) => {
-      const sum = f32from(r.sum);
+      const sum = this.#vout(SUM, r.id, r.sum);
       const n = Math.max(r.members, 1);
       return { cluster: r.id, model: r.model, vector: Float32Array.from(sum, (x) => x / n), members: r.members };
     });
@@ -207,11 +229,11 @@ export class RecallTables {
           throw new AbridgeError('conflict', `cluster ${m.cluster} changed under the write (it is gone or holds other vectors); write again`);
         }
         cluster = m.cluster;
-        sum = Float32Array.from(f32from(c.sum));
+        sum = Float32Array.from(this.#vout(SUM, cluster, c.sum));
       } else {
         cluster = this.#get('SELECT COALESCE(MAX(id), 0) + 1 AS id FROM clusters WHERE tenant = ?', TENANT).id;
         sum = new Float32Array(m.vector.length);
-        this.#run('INSERT INTO clusters (tenant, id, user, project, environment, kind, key, model, sum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, cluster, s.user, s.project, s.environment, s.kind, s.key, m.model, f32bytes(sum));
+        this.#run('INSERT INTO clusters (tenant, id, user, project, environment, kind, key, model, sum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, cluster, s.user, s.project, s.environment, s.kind, s.key, m.model, this.#vin(SUM, cluster, sum));
       }
       if (sum.length !== m.vector.length) {
         throw new AbridgeError('invalid-input', `a vector of ${m.vector.length} values does not match cluster ${cluster}'s ${sum.length}`);
@@ -219,8 +241,8 @@ export class RecallTables {
       for (let i = 0; i < sum.length; i++) sum[i] += m.vector[i];
       const seq = this.#get('SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM memories WHERE tenant = ?', TENANT).seq;
       const [body, sealed] = this.#seal('memories', m.id, m.text);
-      this.#run('INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, m.id, s.user, s.project, s.environment, s.kind, s.key, body, sealed, m.importance, m.tokens, m.createdMs, cluster, m.model, f32bytes(m.vector), seq);
-      this.#run('UPDATE clusters SET sum = ?, members = members + 1 WHERE tenant = ? AND id = ?', f32bytes(sum), TENANT, cluster);
+      this.#run('INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, m.id, s.user, s.project, s.environment, s.kind, s.key, body, sealed, m.importance, m.tokens, m.createdMs, cluster, m.model, this.#vin(VECTOR, m.id, m.vector), seq);
+      this.#run('UPDATE clusters SET sum = ?, members = members + 1 WHERE tenant = ? AND id = ?', this.#vin(SUM, cluster, sum), TENANT, cluster);
       this.#bump(cluster);
       const members = this.#get('SELECT members FROM clusters WHERE tenant = ? AND id = ?', TENANT, cluster).members;
       return { cluster, created: true, members };
@@ -242,14 +264,14 @@ export class RecallTables {
       if (!r) return undefined;
       this.#run('DELETE FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
       const c = this.#get('SELECT model, sum, members FROM clusters WHERE tenant = ? AND id = ?', TENANT, r.cluster);
-      const sum = Float32Array.from(f32from(c.sum));
+      const sum = Float32Array.from(this.#vout(SUM, r.cluster, c.sum));
       const left = Math.max(c.members - 1, 0);
       if (left === 0) sum.fill(0);
       else if (c.model === r.model) {
-        const v = f32from(r.vector);
+        const v = this.#vout(VECTOR, r.id, r.vector);
         for (let i = 0; i < sum.length; i++) sum[i] -= v[i];
       }
-      this.#run('UPDATE clusters SET sum = ?, members = ? WHERE tenant = ? AND id = ?', f32bytes(sum), left, TENANT, r.cluster);
+      this.#run('UPDATE clusters SET sum = ?, members = ? WHERE tenant = ? AND id = ?', this.#vin(SUM, r.cluster, sum), left, TENANT, r.cluster);
       this.#bump(r.cluster);
       // The memory is given back; one whose text no longer opens is deleted all the same.
       try {
@@ -268,10 +290,10 @@ export class RecallTables {
       const dim = vectors.length ? vectors[0][1].length : 0;
       const sum = new Float32Array(dim);
       for (const [id, v] of vectors) {
-        const n = this.#run('UPDATE memories SET model = ?, vector = ? WHERE tenant = ? AND id = ? AND cluster = ?', model, f32bytes(v), TENANT, id, cluster).changes;
+        const n = this.#run('UPDATE memories SET model = ?, vector = ? WHERE tenant = ? AND id = ? AND cluster = ?', model, this.#vin(VECTOR, id, v), TENANT, id, cluster).changes;
         if (n === 1) for (let i = 0; i < dim; i++) sum[i] += v[i];
       }
-      this.#run('UPDATE clusters SET model = ?, sum = ? WHERE tenant = ? AND id = ?', model, f32bytes(sum), TENANT, cluster);
+      this.#run('UPDATE clusters SET model = ?, sum = ? WHERE tenant = ? AND id = ?', model, this.#vin(SUM, cluster, sum), TENANT, cluster);
       this.#bump(cluster);
     });
   }
@@ -291,11 +313,11 @@ export class RecallTables {
       const src = JSON.stringify(w.sources);
       if (cur) {
         const [body, sealed] = this.#seal('cluster_summaries', cur.id, w.text);
-        this.#run('UPDATE cluster_summaries SET text = ?, sealed = ?, member_hash = ?, sources = ?, importance = ?, tokens = ?, model = ?, calls = ?, prompt_tokens = ?, output_tokens = ?, vector_model = ?, vector = ?, updated_ms = ? WHERE tenant = ? AND id = ?', body, sealed, w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, f32bytes(w.vector), w.nowMs, TENANT, cur.id);
+        this.#run('UPDATE cluster_summaries SET text = ?, sealed = ?, member_hash = ?, sources = ?, importance = ?, tokens = ?, model = ?, calls = ?, prompt_tokens = ?, output_tokens = ?, vector_model = ?, vector = ?, updated_ms = ? WHERE tenant = ? AND id = ?', body, sealed, w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, this.#vin(SUMMARY_VECTOR, cur.id, w.vector), w.nowMs, TENANT, cur.id);
       } else {
         const id = this.#get('SELECT COALESCE(MAX(id), 0) + 1 AS id FROM cluster_summaries WHERE tenant = ?', TENANT).id;
         const [body, sealed] = this.#seal('cluster_summaries', id, w.text);
-        this.#run('INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, id, w.cluster, body, sealed, w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, f32bytes(w.vector), w.nowMs, w.nowMs);
+        this.#run('INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, id, w.cluster, body, sealed, w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, this.#vin(SUMMARY_VECTOR, id, w.vector), w.nowMs, w.nowMs);
       }
       return true;
     });
@@ -313,12 +335,12 @@ export class RecallTables {
     const f = filterSql(filter, '');
     const mems = topK(limit);
     for (const r of this.#all(`SELECT id, vector, importance, cluster, text, sealed FROM memories WHERE tenant = ?${f.sql} AND model = ?`, TENANT, ...f.args, model)) {
-      mems.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: this.#open('memories', r.id, r), similarity, importance: r.importance, cluster: r.cluster, sources: [] }));
+      mems.offer(cosine(query, this.#vout(VECTOR, r.id, r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: this.#open('memories', r.id, r), similarity, importance: r.importance, cluster: r.cluster, sources: [] }));
     }
     const g = filterSql(filter, 'c.');
     const sums = topK(limit);
     for (const r of this.#all(`SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?${g.sql} AND s.vector_model = ?`, TENANT, ...g.args, model)) {
-      sums.offer(cosine(query, f32from(r.vector)), (similarity) => ({ kind: 'summary', id: String(r.id), text: this.#open('cluster_summaries', r.id, r), similarity, importance: r.importance, cluster: r.cluster, sources: JSON.parse(r.sources) }));
+      sums.offer(cosine(query, this.#vout(SUMMARY_VECTOR, r.id, r.vector)), (similarity) => ({ kind: 'summary', id: String(r.id), text: this.#open('cluster_summaries', r.id, r), similarity, importance: r.importance, cluster: r.cluster, sources: JSON.parse(r.sources) }));
     }
     return [...mems.hits, ...sums.hits];
   }

@@ -129,6 +129,27 @@ export class Keyring {
     return new Uint8Array(createHash('sha256').update(Buffer.from('abridge lexical embedding key v1\0')).update(key).digest());
   }
 
+  /** A vector's `f32` bytes sealed for a row: the key version (4 bytes, little-endian), then
+   * the sealed bytes (the Rust store's `VectorKeys::seal`). */
+  sealVector(tenant, table, row, bytes) {
+    const [v, key] = this.#current(tenant);
+    const head = Buffer.alloc(4);
+    head.writeUInt32LE(v, 0);
+    return Buffer.concat([head, sealWith(key, placeAad(tenant, table, row, v), Buffer.from(bytes))]);
+  }
+
+  /** The `f32` bytes of a sealed vector. */
+  openVector(tenant, table, row, sealed) {
+    const b = Buffer.from(sealed);
+    const v = b.readUInt32LE(0);
+    const key = this.#key(tenant, v);
+    try {
+      return openWith(key, placeAad(tenant, table, row, v), b.subarray(4));
+    } catch {
+      throw new AbridgeError('storage', `${table} row '${row}' of tenant '${tenant}' does not decrypt; the database was altered`);
+    }
+  }
+
   /** `[bytes, version]` to store `text` in a row. */
   seal(tenant, table, row, text) {
     const [v, key] = this.#current(tenant);

@@ -246,12 +246,15 @@ export class SqliteStore {
    * column that holds user text (episodes, summaries and their ledgers, cached partial answers,
    * memories, cluster summaries) is sealed at rest.
    */
-  static async open(path, { masterKey } = {}) {
+  static async open(path, { masterKey, sealVectors } = {}) {
     const { DatabaseSync } = await import('node:sqlite');
-    return new SqliteStore(new DatabaseSync(path), path, masterKey);
+    return new SqliteStore(new DatabaseSync(path), path, masterKey, { sealVectors });
   }
 
-  constructor(db, name = 'database', masterKey = undefined) {
+  #sealVectors;
+
+  constructor(db, name = 'database', masterKey = undefined, { sealVectors = false } = {}) {
+    this.#sealVectors = sealVectors;
     this.#db = db;
     if (masterKey !== undefined) this.#keyring = new Keyring(db, masterKeyFromHex(masterKey));
     try {
@@ -512,7 +515,7 @@ export class SqliteStore {
 
   /** Memories, clusters and cluster summaries, in this database's own tables. */
   get recall() {
-    this.#recall ??= new RecallTables(this.#db, (f) => this.#tx(f), undefined, this.#keyring);
+    this.#recall ??= new RecallTables(this.#db, (f) => this.#tx(f), undefined, this.#keyring, { sealVectors: this.#sealVectors });
     return this.#recall;
   }
 

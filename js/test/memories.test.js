@@ -218,3 +218,33 @@ test('deleted means gone: a reset session and a deleted memory leave neither the
   assert.ok(disk().includes('canary-kept-message'));
   store.close();
 });
+
+test('vectors sealed when asked: none on disk in clear, recall works, the binary reads them', async () => {
+  const { execFileSync } = await import('node:child_process');
+  const { existsSync, readFileSync: read } = await import('node:fs');
+  const { ROOT } = await import('./helpers.js');
+  const key = 'd4'.repeat(32);
+  const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
+  const path = join(dir, 'v.db');
+  const store = await SqliteStore.open(path, { masterKey: key, sealVectors: true });
+  const engine = await createEngine({ store });
+  await engine.remember(EDITOR.map((t, i) => ({ id: `v${i}`, scope, text: t })));
+  const hits = await engine.recall(EDITOR[0], { user: scope.user }, 3);
+  assert.ok(hits.some((h) => h.text === EDITOR[0]), JSON.stringify(hits));
+  store.close();
+  const { DatabaseSync } = await import('node:sqlite');
+  const raw = new DatabaseSync(path);
+  const lens = raw.prepare('SELECT length(vector) AS n FROM memories UNION ALL SELECT length(sum) FROM clusters').all().map((r) => r.n);
+  raw.close();
+  assert.ok(lens.length > 0 && lens.every((n) => n % 4 === 1), JSON.stringify(lens));
+  // Without the key the vectors are refused (unkeyed recall looks in another space and finds
+  // nothing); the binary, with the key, recalls what JS sealed.
+  const none = await SqliteStore.open(path);
+  assert.throws(() => none.recall.centroids(scope), /encrypted and no master key/);
+  none.close();
+  const bin = join(ROOT, 'target', 'debug', 'abridge');
+  if (!existsSync(bin)) execFileSync('cargo', ['build', '-q', '-p', 'abridge'], { cwd: ROOT, stdio: 'inherit' });
+  const out = execFileSync(bin, ['recall', EDITOR[0], '--user', scope.user, '--json'], { env: { ...process.env, ABRIDGE_DB: path, ABRIDGE_MASTER_KEY: key }, encoding: 'utf8' });
+  assert.ok(out.includes('v0'), out);
+  void read;
+});

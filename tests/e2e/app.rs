@@ -68,6 +68,7 @@ fn open_on(clock: Arc<ManualClock>, mode: Mode, store: Arc<MemoryStore>) -> App 
             memory: Default::default(),
             embedder: None,
             master_key: None,
+            seal_vectors: false,
         },
         store,
     )

@@ -938,4 +938,26 @@ fn with_a_master_key_stored_lexical_vectors_say_nothing_of_the_words() {
     let r = sealed.run(&["recall", "vault phrase falcon", "--user", "u", "--json"]);
     r.assert_ok();
     assert!(r.stdout.contains("falcon"), "{}", r.stdout);
+    // Vectors sealed too, when asked: the column holds no vector at all, recall still works;
+    // asking without a master key says what to do.
+    let opaque = extractive()
+        .with("ABRIDGE_MASTER_KEY", &key)
+        .with("ABRIDGE_SEAL_VECTORS", "1");
+    opaque.run(&add).assert_ok();
+    let c = rusqlite::Connection::open(opaque.db()).unwrap();
+    let n: i64 = c
+        .query_row(
+            "SELECT length(vector) FROM memories WHERE id = 'v'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n % 4, 1, "the vector is not sealed");
+    let r = opaque.run(&["recall", "vault phrase falcon", "--user", "u", "--json"]);
+    r.assert_ok();
+    assert!(r.stdout.contains("falcon"), "{}", r.stdout);
+    extractive()
+        .with("ABRIDGE_SEAL_VECTORS", "1")
+        .run(&add)
+        .assert_fails(2, &["needs a master key", "abridge keys new"]);
 }

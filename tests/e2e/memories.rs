@@ -90,6 +90,7 @@ fn open_limited(
             memory: Default::default(),
             embedder: None,
             master_key: None,
+            seal_vectors: false,
         },
         store,
     )

@@ -21,7 +21,7 @@ pub fn shown(db: &Path) -> String {
 
 /// Open `db` (see [`abridge_store::open_store`]).
 pub fn open(db: &Path, master: Option<&Secret>) -> Result<Arc<dyn AppStore>, Error> {
-    abridge_store::open_store(db, master)
+    abridge_store::open_store(db, master, false)
 }
 
 /// Rotate the master key of `db` from `current` to `new`; returns the tenants rotated.

@@ -99,6 +99,8 @@ pub struct AppConfig {
     /// The master key sealing memory and summary text at rest (`None`: stored plaintext,
     /// marked as such).
     pub master_key: Option<crate::crypto::Secret>,
+    /// Seal stored vectors too (with a master key): search then opens each vector it ranks.
+    pub seal_vectors: bool,
 }
 
 struct TenantState {
@@ -148,7 +150,7 @@ impl App {
     /// Open the database (creating or migrating it) and get ready.
     pub fn open(cfg: AppConfig) -> AppResult<App> {
         // A SQLite file, or a postgres:// URL: a database several instances share.
-        let db = crate::store::open_store(&cfg.db, cfg.master_key.as_ref())?;
+        let db = crate::store::open_store(&cfg.db, cfg.master_key.as_ref(), cfg.seal_vectors)?;
         Self::open_with(cfg, db)
     }
 

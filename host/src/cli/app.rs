@@ -103,6 +103,8 @@ pub fn open(
         },
         embedder,
         master_key: super::memory::master_key()?,
+        // Vectors are sealed too when asked (ABRIDGE_SEAL_VECTORS=1; needs the master key).
+        seal_vectors: std::env::var("ABRIDGE_SEAL_VECTORS").is_ok_and(|v| v == "1" || v == "true"),
     };
     Ok(App::open(cfg)?)
 }

@@ -265,3 +265,79 @@ pub(crate) fn lexical_key_of(k: &Secret) -> Vec<u8> {
         .finalize()
         .to_vec()
 }
+
+/// A tenant's data keys for its vectors in one call, fetched before the rows are read (so a
+/// row's vector opens where it is read): sealing with the newest, opening with any. With
+/// vector sealing off (or no master key), vectors are stored and read as plain `f32` bytes.
+///
+/// A sealed vector is the key version (4 bytes, little-endian) then the sealed `f32` bytes
+/// (format byte, nonce, ciphertext, tag): its length is 1 more than a multiple of 4, so it
+/// is told from a plain vector (a multiple of 4) by its length alone.
+pub(crate) struct VectorKeys {
+    tenant: String,
+    /// Seal with this (version, key); `None`: store plain.
+    seal_with: Option<(u32, Arc<Secret>)>,
+    /// Every data key of the tenant, to open.
+    open_with: BTreeMap<u32, Arc<Secret>>,
+}
+
+impl VectorKeys {
+    /// Keys for `tenant`: `all` its data keys, sealing with the newest when `seal` holds.
+    pub(crate) fn new(tenant: &str, all: BTreeMap<u32, Arc<Secret>>, seal: bool) -> VectorKeys {
+        let newest = all.iter().next_back().map(|(v, k)| (*v, k.clone()));
+        VectorKeys {
+            tenant: tenant.to_string(),
+            seal_with: if seal { newest } else { None },
+            open_with: all,
+        }
+    }
+
+    /// No keys: plain vectors only.
+    pub(crate) fn plain(tenant: &str) -> VectorKeys {
+        VectorKeys::new(tenant, BTreeMap::new(), false)
+    }
+
+    /// `v` as stored in `table` (`memories.vector`, …) for `row`.
+    pub(crate) fn seal(&self, table: &str, row: &str, v: &[f32]) -> Result<Vec<u8>, Error> {
+        let bytes = crate::recall::vector_bytes(v);
+        let Some((version, k)) = &self.seal_with else {
+            return Ok(bytes);
+        };
+        let place = Place {
+            tenant: &self.tenant,
+            table,
+            row,
+            key_version: *version,
+        };
+        let sealed = crypto::seal(k, &place, &bytes).map_err(|e| Error::Storage(e.to_string()))?;
+        let mut out = version.to_le_bytes().to_vec();
+        out.extend(sealed);
+        Ok(out)
+    }
+
+    /// A stored vector back, sealed or plain.
+    pub(crate) fn open(&self, table: &str, row: &str, b: &[u8]) -> Result<Vec<f32>, Error> {
+        if b.len() % 4 != 1 || b.len() < 5 {
+            return Ok(crate::recall::vector_from(b));
+        }
+        let version = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let k = self.open_with.get(&version).ok_or_else(|| {
+            Error::Storage(format!(
+                "{table} row '{row}' is encrypted and its key (version {version}) is not at hand: set ABRIDGE_MASTER_KEY_FILE (or ABRIDGE_MASTER_KEY) to the key it was written with"
+            ))
+        })?;
+        let place = Place {
+            tenant: &self.tenant,
+            table,
+            row,
+            key_version: version,
+        };
+        let plain = crypto::open(k, &place, &b[4..]).map_err(|e| {
+            Error::Storage(format!(
+                "{table} row '{row}' of tenant '{}' does not decrypt ({e}); the database was altered",
+                self.tenant
+            ))
+        })?;
+        Ok(crate::recall::vector_from(&plain))
+    }
+}

@@ -134,12 +134,18 @@ fn left_out(feature: &str, what: &str) -> Error {
 pub fn open_store(
     db: &std::path::Path,
     master: Option<&crate::crypto::Secret>,
+    seal_vectors: bool,
 ) -> Result<Arc<dyn AppStore>, Error> {
     let text = db.to_string_lossy();
+    if seal_vectors && master.is_none() {
+        return Err(Error::InvalidInput(
+            "sealing vectors needs a master key: set ABRIDGE_MASTER_KEY_FILE (make one with 'abridge keys new'), or leave ABRIDGE_SEAL_VECTORS unset".into(),
+        ));
+    }
     if is_postgres_url(&text) {
-        open_postgres(&text, master)
+        open_postgres(&text, master, seal_vectors)
     } else {
-        open_sqlite(db, master)
+        open_sqlite(db, master, seal_vectors)
     }
 }
 
@@ -147,6 +153,7 @@ pub fn open_store(
 fn open_postgres(
     url: &str,
     master: Option<&crate::crypto::Secret>,
+    seal_vectors: bool,
 ) -> Result<Arc<dyn AppStore>, Error> {
     let handle = tokio::runtime::Handle::try_current()
         .ok()
@@ -162,6 +169,11 @@ fn open_postgres(
         Some(k) => store.with_master_key(k.clone()),
         None => store,
     };
+    let store = if seal_vectors {
+        store.with_sealed_vectors()
+    } else {
+        store
+    };
     Ok(Arc::new(store))
 }
 
@@ -169,6 +181,7 @@ fn open_postgres(
 fn open_postgres(
     _url: &str,
     _master: Option<&crate::crypto::Secret>,
+    _seal_vectors: bool,
 ) -> Result<Arc<dyn AppStore>, Error> {
     Err(left_out("postgres", "a PostgreSQL database"))
 }
@@ -177,10 +190,14 @@ fn open_postgres(
 fn open_sqlite(
     db: &std::path::Path,
     master: Option<&crate::crypto::Secret>,
+    seal_vectors: bool,
 ) -> Result<Arc<dyn AppStore>, Error> {
     let mut s = SqliteStore::open(db)?;
     if let Some(k) = master {
         s = s.with_master_key(k.clone());
+    }
+    if seal_vectors {
+        s = s.with_sealed_vectors();
     }
     Ok(Arc::new(s))
 }
@@ -189,6 +206,7 @@ fn open_sqlite(
 fn open_sqlite(
     _db: &std::path::Path,
     _master: Option<&crate::crypto::Secret>,
+    _seal_vectors: bool,
 ) -> Result<Arc<dyn AppStore>, Error> {
     Err(left_out("sqlite", "a SQLite database file"))
 }

@@ -49,6 +49,8 @@ pub struct SqliteStore {
     name: String,
     /// The master key, when memory and summary text is sealed at rest.
     pub(super) keys: Option<super::keyring::Keyring>,
+    /// Whether vectors are sealed too (with a master key; see `with_sealed_vectors`).
+    pub(super) seal_vectors: bool,
 }
 
 /// Tables of the abridge schema: a database holding any other table belongs to another
@@ -204,6 +206,14 @@ impl SqliteStore {
         self
     }
 
+    /// Seal stored vectors as well (memories', cluster summaries' and cluster sums'), under
+    /// the same per-tenant data keys: search then opens every vector it ranks. Needs a
+    /// master key ([`with_master_key`](Self::with_master_key)); without one it does nothing.
+    pub fn with_sealed_vectors(mut self) -> Self {
+        self.seal_vectors = true;
+        self
+    }
+
     /// Rotate the master key: re-wrap every tenant's data keys under `new` and start a new
     /// data key version per tenant (rows are re-sealed under it when next written). Returns
     /// the tenants whose keys were rotated.
@@ -245,6 +255,7 @@ impl SqliteStore {
             conn: Mutex::new(conn),
             name: name.to_string(),
             keys: None,
+            seal_vectors: false,
         })
     }
 
@@ -775,6 +786,7 @@ mod tests {
             conn: Mutex::new(conn),
             name: path.display().to_string(),
             keys: None,
+            seal_vectors: false,
         };
         let e = store
             .with(|c| {

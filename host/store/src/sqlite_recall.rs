@@ -6,9 +6,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, params_from_iter};
 
 use super::SqliteStore;
-use super::recall::{
-    ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day, vector_bytes, vector_from,
-};
+use super::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect, Ranking, SummaryHit};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, Memory, MemoryFilter, NewMemory,
@@ -19,9 +17,34 @@ fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
 }
 
-use crate::keyring::Stored;
+use crate::keyring::{Stored, VectorKeys};
+
+/// The vector columns, as named in a sealed vector's associated data.
+const VECTOR: &str = "memories.vector";
+const SUMMARY_VECTOR: &str = "cluster_summaries.vector";
+const SUM: &str = "clusters.sum";
 
 impl SqliteStore {
+    /// The tenant's keys for its vectors in this call (see [`VectorKeys`]).
+    fn vector_keys(&self, c: &Connection, tenant: &str) -> Result<VectorKeys, Error> {
+        let Some(keys) = &self.keys else {
+            return Ok(VectorKeys::plain(tenant));
+        };
+        if self.seal_vectors {
+            // Made on first use, like a data key for text.
+            keys.current(c, tenant)?;
+        }
+        let versions: Vec<u32> = c
+            .prepare_cached("SELECT version FROM data_keys WHERE tenant = ?1")
+            .and_then(|mut st| st.query_map([tenant], |r| r.get(0))?.collect())
+            .map_err(db_err)?;
+        let mut all = std::collections::BTreeMap::new();
+        for v in versions {
+            all.insert(v, keys.key(c, tenant, v)?);
+        }
+        Ok(VectorKeys::new(tenant, all, self.seal_vectors))
+    }
+
     fn memories_revealed(
         &self,
         c: &Connection,
@@ -149,27 +172,31 @@ fn bump(c: &Connection, tenant: &str, cluster: u64) -> Result<(), Error> {
 impl RecallStore for SqliteStore {
     async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
         self.with(|c| {
+            let vk = self.vector_keys(c, tenant)?;
             let mut st = c
                 .prepare_cached(
                     "SELECT id, model, sum, members FROM clusters WHERE tenant = ?1 AND user = ?2 AND project = ?3 AND environment = ?4 AND kind = ?5 AND key = ?6 AND members > 0 ORDER BY id",
                 )
                 .map_err(db_err)?;
-            st.query_map(
-                params![tenant, scope.user, scope.project, scope.environment, scope.kind, scope.key],
-                |r| {
-                    let n: u32 = r.get(3)?;
-                    let sum = vector_from(&r.get::<_, Vec<u8>>(2)?);
+            let raw: Vec<(u64, String, Vec<u8>, u32)> = st
+                .query_map(
+                    params![tenant, scope.user, scope.project, scope.environment, scope.kind, scope.key],
+                    |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )
+                .map_err(db_err)?
+                .collect::<Result<_, _>>()
+                .map_err(db_err)?;
+            raw.into_iter()
+                .map(|(id, model, sum, n)| {
+                    let sum = vk.open(SUM, &id.to_string(), &sum)?;
                     Ok(Centroid {
-                        cluster: r.get::<_, i64>(0)? as u64,
-                        model: r.get(1)?,
+                        cluster: id,
+                        model,
                         vector: rules::centroid(&sum, n),
                         members: n,
                     })
-                },
-            )
-            .map_err(db_err)?
-            .collect::<Result<_, _>>()
-            .map_err(db_err)
+                })
+                .collect()
         })
     }
 
@@ -178,6 +205,7 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
+            let vk = self.vector_keys(&tx, tenant)?;
             let existing = tx
                 .query_row(
                     &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND id = ?2"),
@@ -221,7 +249,11 @@ impl RecallStore for SqliteStore {
                         row.as_ref().map(|(_, model, scope)| (scope, model.as_str())),
                         &m,
                     )?;
-                    (id, row.map(|r| vector_from(&r.0)).unwrap_or_default())
+                    let sum = match row {
+                        Some(r) => vk.open(SUM, &id.to_string(), &r.0)?,
+                        None => Vec::new(),
+                    };
+                    (id, sum)
                 }
                 None => {
                     let id: i64 = tx
@@ -233,7 +265,7 @@ impl RecallStore for SqliteStore {
                         .map_err(db_err)?;
                     tx.execute(
                         "INSERT INTO clusters (tenant, id, user, project, environment, kind, key, model, sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                        params![tenant, id, s.user, s.project, s.environment, s.kind, s.key, m.model, vector_bytes(&vec![0f32; m.vector.len()])],
+                        params![tenant, id, s.user, s.project, s.environment, s.kind, s.key, m.model, vk.seal(SUM, &id.to_string(), &vec![0f32; m.vector.len()])?],
                     )
                     .map_err(db_err)?;
                     (id as u64, Vec::new())
@@ -253,13 +285,13 @@ impl RecallStore for SqliteStore {
                 params![
                     tenant, m.id, s.user, s.project, s.environment, s.kind, s.key,
                     text, f64::from(m.importance), m.tokens, m.created_ms as i64,
-                    cluster as i64, m.model, vector_bytes(&m.vector), seq, sealed
+                    cluster as i64, m.model, vk.seal(VECTOR, &m.id, &m.vector)?, seq, sealed
                 ],
             )
             .map_err(db_err)?;
             tx.execute(
                 "UPDATE clusters SET sum = ?3, members = members + 1 WHERE tenant = ?1 AND id = ?2",
-                params![tenant, cluster as i64, vector_bytes(&sum)],
+                params![tenant, cluster as i64, vk.seal(SUM, &cluster.to_string(), &sum)?],
             )
             .map_err(db_err)?;
             bump(&tx, tenant, cluster)?;
@@ -307,6 +339,7 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
+            let vk = self.vector_keys(&tx, tenant)?;
             let row = tx
                 .query_row(
                     &format!(
@@ -339,10 +372,17 @@ impl RecallStore for SqliteStore {
                 )
                 .map_err(db_err)?;
             let left = members.saturating_sub(1);
-            let sum = rules::left_sum(vector_from(&sum), left, &cmodel, &model, &vector_from(&vector));
+            let cid = m.cluster.to_string();
+            let sum = rules::left_sum(
+                vk.open(SUM, &cid, &sum)?,
+                left,
+                &cmodel,
+                &model,
+                &vk.open(VECTOR, id, &vector)?,
+            );
             tx.execute(
                 "UPDATE clusters SET sum = ?3, members = ?4 WHERE tenant = ?1 AND id = ?2",
-                params![tenant, m.cluster as i64, vector_bytes(&sum), left],
+                params![tenant, m.cluster as i64, vk.seal(SUM, &cid, &sum)?, left],
             )
             .map_err(db_err)?;
             bump(&tx, tenant, m.cluster)?;
@@ -363,12 +403,13 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
+            let vk = self.vector_keys(&tx, tenant)?;
             let mut reached = Vec::new();
             for (id, v) in &vectors {
                 let n = tx
                     .execute(
                         "UPDATE memories SET model = ?4, vector = ?5 WHERE tenant = ?1 AND id = ?2 AND cluster = ?3",
-                        params![tenant, id, cluster as i64, model, vector_bytes(v)],
+                        params![tenant, id, cluster as i64, model, vk.seal(VECTOR, id, v)?],
                     )
                     .map_err(db_err)?;
                 if n == 1 {
@@ -378,7 +419,7 @@ impl RecallStore for SqliteStore {
             let sum = rules::sum_of(reached);
             tx.execute(
                 "UPDATE clusters SET model = ?3, sum = ?4 WHERE tenant = ?1 AND id = ?2",
-                params![tenant, cluster as i64, model, vector_bytes(&sum)],
+                params![tenant, cluster as i64, model, vk.seal(SUM, &cluster.to_string(), &sum)?],
             )
             .map_err(db_err)?;
             bump(&tx, tenant, cluster)?;
@@ -425,6 +466,7 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
+            let vk = self.vector_keys(&tx, tenant)?;
             // The hash decides; the current text is not needed.
             let current = summary_raw(&tx, tenant, w.cluster)?.map(|r| r.0);
             let members: BTreeSet<String> = members_raw(&tx, tenant, w.cluster)?
@@ -445,7 +487,7 @@ impl RecallStore for SqliteStore {
                         params![
                             tenant, s.id as i64, text, w.member_hash, sources,
                             f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
-                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64, sealed
+                            w.output_tokens, w.vector_model, vk.seal(SUMMARY_VECTOR, &s.id.to_string(), &w.vector)?, w.now_ms as i64, sealed
                         ],
                     )
                     .map_err(db_err)?;
@@ -465,7 +507,7 @@ impl RecallStore for SqliteStore {
                         params![
                             tenant, id, w.cluster as i64, text, w.member_hash, sources,
                             f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
-                            w.output_tokens, w.vector_model, vector_bytes(&w.vector), w.now_ms as i64, sealed
+                            w.output_tokens, w.vector_model, vk.seal(SUMMARY_VECTOR, &id.to_string(), &w.vector)?, w.now_ms as i64, sealed
                         ],
                     )
                     .map_err(db_err)?;
@@ -512,6 +554,7 @@ impl RecallStore for SqliteStore {
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
         self.with(|c| {
+            let vk = self.vector_keys(c, tenant)?;
             let (fsql, mut args) = filter_sql(tenant, filter, "");
             args.push(model.to_string());
             let mut ranking = Ranking::new(limit);
@@ -527,8 +570,12 @@ impl RecallStore for SqliteStore {
                     .map_err(db_err)?;
                 let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
                 while let Some(r) = rows.next().map_err(db_err)? {
-                    let v = vector_from(r.get_ref(1).map_err(db_err)?.as_blob().map_err(|e| Error::Storage(e.to_string()))?);
                     let id: String = r.get(0).map_err(db_err)?;
+                    let v = vk.open(
+                        VECTOR,
+                        &id,
+                        r.get_ref(1).map_err(db_err)?.as_blob().map_err(|e| Error::Storage(e.to_string()))?,
+                    )?;
                     let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
                     let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
                     ranking.memory(query, &v, || (id, String::new(), importance, cluster));
@@ -546,8 +593,8 @@ impl RecallStore for SqliteStore {
                     .map_err(db_err)?;
                 let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
                 while let Some(r) = rows.next().map_err(db_err)? {
-                    let v = vector_from(&r.get::<_, Vec<u8>>(1).map_err(db_err)?);
                     let id = r.get::<_, i64>(0).map_err(db_err)? as u64;
+                    let v = vk.open(SUMMARY_VECTOR, &id.to_string(), &r.get::<_, Vec<u8>>(1).map_err(db_err)?)?;
                     let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
                     let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
                     let stored = Stored {

@@ -574,8 +574,30 @@ async fn the_store_conformance_suite_passes_on_sqlite_memory_and_postgres() {
     if let Some((pg, _)) = pg("conformance").await {
         conformance("postgres", Arc::new(pg)).await;
     }
+    // Vectors sealed too: search opens what it ranks; the rules are the same.
+    conformance(
+        "sqlite, sealed vectors",
+        Arc::new(
+            SqliteStore::open(&dir.path().join("sealed-vectors.db"))
+                .unwrap()
+                .with_master_key(key.clone())
+                .with_sealed_vectors(),
+        ),
+    )
+    .await;
     if let Some((pg, _)) = pg("conformance_sealed").await {
-        conformance("postgres, sealed", Arc::new(pg.with_master_key(key))).await;
+        conformance(
+            "postgres, sealed",
+            Arc::new(pg.with_master_key(key.clone())),
+        )
+        .await;
+    }
+    if let Some((pg, _)) = pg("conformance_sealed_vectors").await {
+        conformance(
+            "postgres, sealed vectors",
+            Arc::new(pg.with_master_key(key).with_sealed_vectors()),
+        )
+        .await;
     }
 }
 

@@ -15,7 +15,7 @@ use abridge_store::tenant::{Tenant, TenantStore, TenantTables};
 use abridge_store::{AppStore, EventRow, PgStore, SqliteStore, Store};
 
 mod common;
-use common::write;
+use common::{memory, write};
 
 const CANARY: &str = "CANARY-7f3a";
 
@@ -234,4 +234,110 @@ async fn postgres_seals_every_text_column() {
     let acme = TenantStore::new(fresh as Arc<dyn Store>, Tenant::new("acme").unwrap());
     let e = acme.episodes_after("s", 0, 10).await.unwrap_err();
     assert!(format!("{e:?}").contains("is gone"), "{e:?}");
+}
+
+/// Vectors sealed too: a memory's vector, its cluster's sum and a summary's vector are stored
+/// sealed (their bytes appear nowhere), search still ranks them, and without the key it is
+/// refused.
+async fn vectors_sealed(db: Arc<dyn abridge_store::RecallStore>) -> Vec<u8> {
+    use abridge_engine::types::MemoryFilter;
+    let v = [0.125f32, -0.5, 0.75];
+    db.put_memory("acme", memory("m1", "first", v, None))
+        .await
+        .unwrap();
+    db.put_memory("acme", memory("m2", "second", [0.75, 0.125, -0.5], Some(1)))
+        .await
+        .unwrap();
+    let hits = db
+        .search("acme", &v, "emb", &MemoryFilter::default(), 2)
+        .await
+        .unwrap();
+    assert_eq!(hits[0].id, "m1");
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_seals_vectors_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vectors.db");
+    let key = Secret::random().unwrap();
+    let db = Arc::new(
+        SqliteStore::open(&path)
+            .unwrap()
+            .with_master_key(key.clone())
+            .with_sealed_vectors(),
+    );
+    let bytes = vectors_sealed(db.clone()).await;
+    drop(db);
+    let c = rusqlite::Connection::open(&path).unwrap();
+    for (table, col) in [("memories", "vector"), ("clusters", "sum")] {
+        let lens: Vec<i64> = c
+            .prepare(&format!("SELECT length({col}) FROM {table}"))
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            lens.iter().all(|n| n % 4 == 1),
+            "{table}.{col} is not sealed: {lens:?}"
+        );
+    }
+    drop(c);
+    let mut disk = Vec::new();
+    for f in std::fs::read_dir(dir.path()).unwrap() {
+        disk.extend(std::fs::read(f.unwrap().path()).unwrap());
+    }
+    assert!(
+        !disk.windows(bytes.len()).any(|w| w == bytes.as_slice()),
+        "a vector is on disk in clear"
+    );
+    // Without the key search is refused; with it (sealing off or on) it works.
+    let plain: Arc<dyn abridge_store::RecallStore> = Arc::new(SqliteStore::open(&path).unwrap());
+    let e = plain
+        .search("acme", &[0.125, -0.5, 0.75], "emb", &Default::default(), 2)
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{e:?}").contains("ABRIDGE_MASTER_KEY_FILE"),
+        "{e:?}"
+    );
+    let keyed: Arc<dyn abridge_store::RecallStore> =
+        Arc::new(SqliteStore::open(&path).unwrap().with_master_key(key));
+    let hits = keyed
+        .search("acme", &[0.125, -0.5, 0.75], "emb", &Default::default(), 2)
+        .await
+        .unwrap();
+    assert_eq!(hits[0].id, "m1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_seals_vectors_when_asked() {
+    let Some(pg) = abridge_test_llm::pg::shared() else {
+        return;
+    };
+    let url = pg.database("sealing_vectors");
+    let key = Secret::random().unwrap();
+    let db = Arc::new(
+        PgStore::connect(&url)
+            .await
+            .unwrap()
+            .with_master_key(key)
+            .with_sealed_vectors(),
+    );
+    vectors_sealed(db).await;
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    for (table, col) in [("memories", "vector"), ("clusters", "sum")] {
+        for r in c
+            .query(&format!("SELECT octet_length({col}) FROM {table}"), &[])
+            .await
+            .unwrap()
+        {
+            let n: i32 = r.get(0);
+            assert_eq!(n % 4, 1, "{table}.{col} is not sealed");
+        }
+    }
 }

@@ -67,7 +67,7 @@ impl PgStore {
         loop {
             let rows = c
                 .query(
-                    "SELECT tenant, id, vector FROM memories WHERE embedding IS NULL AND octet_length(vector) > 0 LIMIT 500",
+                    "SELECT tenant, id, vector FROM memories WHERE embedding IS NULL AND octet_length(vector) > 0 AND octet_length(vector) % 4 = 0 LIMIT 500",
                     &[],
                 )
                 .await
@@ -95,6 +95,16 @@ impl PgStore {
         v: &[f32],
     ) -> Result<bool, Error> {
         if !self.ann {
+            return Ok(false);
+        }
+        if self.seal_vectors {
+            // A sealed vector has no clear copy: one left from before sealing goes.
+            c.execute(
+                "UPDATE memories SET embedding = NULL WHERE tenant = $1 AND id = $2",
+                &[&tenant, &id],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
             return Ok(false);
         }
         self.write_embedding(c, tenant, id, v).await

@@ -96,6 +96,8 @@ pub struct PgStore {
     config: tokio_postgres::Config,
     /// The master key, when memory and summary text is sealed at rest.
     pub(super) keys: Option<super::keyring::Keyring>,
+    /// Whether vectors are sealed too (see `with_sealed_vectors`).
+    pub(super) seal_vectors: bool,
     /// Whether recall asks pgvector's index (the server has the extension).
     ann: bool,
     /// The vector indexes made so far.
@@ -187,6 +189,7 @@ impl PgStore {
             name,
             config,
             keys: None,
+            seal_vectors: false,
             ann: false,
             ann_indexes: Default::default(),
         };
@@ -198,6 +201,13 @@ impl PgStore {
     /// Seal memory and cluster summary text at rest (see [`super::SqliteStore::with_master_key`]).
     pub fn with_master_key(mut self, master: crate::crypto::Secret) -> Self {
         self.keys = Some(super::keyring::Keyring::new(master));
+        self
+    }
+
+    /// Seal stored vectors as well (memories', cluster summaries' and cluster sums'): search
+    /// then scans and opens them (pgvector's index is not used). Needs a master key.
+    pub fn with_sealed_vectors(mut self) -> Self {
+        self.seal_vectors = true;
         self
     }
 

@@ -16,15 +16,18 @@ use tokio_postgres::Row;
 
 use super::{LOCK, P, PgStore, g32, g64};
 use crate::crypto::Secret;
-use crate::keyring::{Revealed, Sealer, Stored, now_ms, open_under};
-use crate::recall::{
-    ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day, vector_bytes, vector_from,
-};
+use crate::keyring::{Revealed, Sealer, Stored, VectorKeys, now_ms, open_under};
+use crate::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect, Ranking, SummaryHit};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, Memory, MemoryFilter, NewMemory,
     Scope, StoredMemory,
 };
+
+/// The vector columns, as named in a sealed vector's associated data.
+const VECTOR: &str = "memories.vector";
+const SUMMARY_VECTOR: &str = "cluster_summaries.vector";
+const SUM: &str = "clusters.sum";
 
 impl PgStore {
     async fn data_key<C: GenericClient + Sync>(
@@ -111,6 +114,34 @@ impl PgStore {
                 open_under(&k, version, tenant, table, row, &bytes)
             }
         }
+    }
+
+    /// The tenant's keys for its vectors in this call (see [`VectorKeys`]).
+    pub(super) async fn vector_keys<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+    ) -> Result<VectorKeys, Error> {
+        if self.keys.is_none() {
+            return Ok(VectorKeys::plain(tenant));
+        }
+        if self.seal_vectors {
+            // Made on first use, like a data key for text.
+            self.sealer(c, tenant).await?;
+        }
+        let versions = c
+            .query(
+                "SELECT version FROM data_keys WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut all = std::collections::BTreeMap::new();
+        for r in &versions {
+            let v = g64(r, 0) as u32;
+            all.insert(v, self.data_key(c, tenant, v).await?);
+        }
+        Ok(VectorKeys::new(tenant, all, self.seal_vectors))
     }
 
     async fn memories_revealed<C: GenericClient + Sync>(
@@ -333,30 +364,34 @@ impl PgStore {
 #[async_trait]
 impl RecallStore for PgStore {
     async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
-        Ok(self
-            .rows(
-                "SELECT id, model, sum, members FROM clusters WHERE tenant = $1 AND \"user\" = $2 AND project = $3 AND environment = $4 AND kind = $5 AND key = $6 AND members > 0 ORDER BY id",
-                &[&tenant, &scope.user, &scope.project, &scope.environment, &scope.kind, &scope.key],
-            )
-            .await?
-            .iter()
-            .map(|r| {
-                let n = g32(r, 3);
-                let sum = vector_from(&r.get::<_, Vec<u8>>(2));
-                Centroid {
-                    cluster: g64(r, 0),
-                    model: r.get(1),
-                    vector: rules::centroid(&sum, n),
-                    members: n,
-                }
+        let c = self.client().await?;
+        let vk = self.vector_keys(&c, tenant).await?;
+        c.query(
+            "SELECT id, model, sum, members FROM clusters WHERE tenant = $1 AND \"user\" = $2 AND project = $3 AND environment = $4 AND kind = $5 AND key = $6 AND members > 0 ORDER BY id",
+            &[&tenant, &scope.user, &scope.project, &scope.environment, &scope.kind, &scope.key],
+        )
+        .await
+        .map_err(|e| self.err(e))?
+        .iter()
+        .map(|r| {
+            let n = g32(r, 3);
+            let id = g64(r, 0);
+            let sum = vk.open(SUM, &id.to_string(), &r.get::<_, Vec<u8>>(2))?;
+            Ok(Centroid {
+                cluster: id,
+                model: r.get(1),
+                vector: rules::centroid(&sum, n),
+                members: n,
             })
-            .collect())
+        })
+        .collect()
     }
 
     async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
         self.lock_tenant(&tx, tenant).await?;
+        let vk = self.vector_keys(&tx, tenant).await?;
         let existing = tx
             .query_opt(
                 &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND id = $2"),
@@ -395,7 +430,11 @@ impl RecallStore for PgStore {
                         .map(|(_, model, scope)| (scope, model.as_str())),
                     &m,
                 )?;
-                (id, row.map(|r| vector_from(&r.0)).unwrap_or_default())
+                let sum = match row {
+                    Some(r) => vk.open(SUM, &id.to_string(), &r.0)?,
+                    None => Vec::new(),
+                };
+                (id, sum)
             }
             None => {
                 let id: i64 = tx
@@ -408,7 +447,7 @@ impl RecallStore for PgStore {
                     .get(0);
                 tx.execute(
                     "INSERT INTO clusters (tenant, id, \"user\", project, environment, kind, key, model, sum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                    &[&tenant, &id, &s.user, &s.project, &s.environment, &s.kind, &s.key, &m.model, &vector_bytes(&vec![0f32; m.vector.len()])],
+                    &[&tenant, &id, &s.user, &s.project, &s.environment, &s.kind, &s.key, &m.model, &vk.seal(SUM, &id.to_string(), &vec![0f32; m.vector.len()])?],
                 )
                 .await
                 .map_err(|e| self.err(e))?;
@@ -430,7 +469,7 @@ impl RecallStore for PgStore {
             &[
                 &tenant, &m.id, &s.user, &s.project, &s.environment, &s.kind, &s.key,
                 &text, &f64::from(m.importance), &i64::from(m.tokens), &(m.created_ms as i64),
-                &(cluster as i64), &m.model, &vector_bytes(&m.vector), &seq, &i64::from(sealed),
+                &(cluster as i64), &m.model, &vk.seal(VECTOR, &m.id, &m.vector)?, &seq, &i64::from(sealed),
             ],
         )
         .await
@@ -438,7 +477,11 @@ impl RecallStore for PgStore {
         self.set_embedding(&tx, tenant, &m.id, &m.vector).await?;
         tx.execute(
             "UPDATE clusters SET sum = $3, members = members + 1 WHERE tenant = $1 AND id = $2",
-            &[&tenant, &(cluster as i64), &vector_bytes(&sum)],
+            &[
+                &tenant,
+                &(cluster as i64),
+                &vk.seal(SUM, &cluster.to_string(), &sum)?,
+            ],
         )
         .await
         .map_err(|e| self.err(e))?;
@@ -514,19 +557,21 @@ impl RecallStore for PgStore {
             .map_err(|e| self.err(e))?;
         let (cmodel, sum, members): (String, Vec<u8>, u32) = (r.get(0), r.get(1), g32(&r, 2));
         let left = members.saturating_sub(1);
+        let vk = self.vector_keys(&tx, tenant).await?;
+        let cid = m.cluster.to_string();
         let sum = rules::left_sum(
-            vector_from(&sum),
+            vk.open(SUM, &cid, &sum)?,
             left,
             &cmodel,
             &model,
-            &vector_from(&vector),
+            &vk.open(VECTOR, id, &vector)?,
         );
         tx.execute(
             "UPDATE clusters SET sum = $3, members = $4 WHERE tenant = $1 AND id = $2",
             &[
                 &tenant,
                 &(m.cluster as i64),
-                &vector_bytes(&sum),
+                &vk.seal(SUM, &cid, &sum)?,
                 &i64::from(left),
             ],
         )
@@ -547,12 +592,13 @@ impl RecallStore for PgStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
         self.lock_tenant(&tx, tenant).await?;
+        let vk = self.vector_keys(&tx, tenant).await?;
         let mut reached = Vec::new();
         for (id, v) in &vectors {
             let n = tx
                 .execute(
                     "UPDATE memories SET model = $4, vector = $5 WHERE tenant = $1 AND id = $2 AND cluster = $3",
-                    &[&tenant, id, &(cluster as i64), &model, &vector_bytes(v)],
+                    &[&tenant, id, &(cluster as i64), &model, &vk.seal(VECTOR, id, v)?],
                 )
                 .await
                 .map_err(|e| self.err(e))?;
@@ -564,7 +610,12 @@ impl RecallStore for PgStore {
         let sum = rules::sum_of(reached);
         tx.execute(
             "UPDATE clusters SET model = $3, sum = $4 WHERE tenant = $1 AND id = $2",
-            &[&tenant, &(cluster as i64), &model, &vector_bytes(&sum)],
+            &[
+                &tenant,
+                &(cluster as i64),
+                &model,
+                &vk.seal(SUM, &cluster.to_string(), &sum)?,
+            ],
         )
         .await
         .map_err(|e| self.err(e))?;
@@ -630,9 +681,9 @@ impl RecallStore for PgStore {
             i64::from(w.calls),
             i64::from(w.prompt_tokens),
             i64::from(w.output_tokens),
-            vector_bytes(&w.vector),
             w.now_ms as i64,
         );
+        let vk = self.vector_keys(&tx, tenant).await?;
         match current {
             Some(s) => {
                 let (text, sealed) = self
@@ -643,7 +694,9 @@ impl RecallStore for PgStore {
                     &[
                         &tenant, &(s.id as i64), &text, &w.member_hash, &sources,
                         &common.0, &common.1, &w.model, &common.2, &common.3,
-                        &common.4, &w.vector_model, &common.5, &common.6, &i64::from(sealed),
+                        &common.4, &w.vector_model,
+                        &vk.seal(SUMMARY_VECTOR, &s.id.to_string(), &w.vector)?, &common.5,
+                        &i64::from(sealed),
                     ],
                 )
                 .await
@@ -666,7 +719,9 @@ impl RecallStore for PgStore {
                     &[
                         &tenant, &id, &(w.cluster as i64), &text, &w.member_hash, &sources,
                         &common.0, &common.1, &w.model, &common.2, &common.3,
-                        &common.4, &w.vector_model, &common.5, &common.6, &i64::from(sealed),
+                        &common.4, &w.vector_model,
+                        &vk.seal(SUMMARY_VECTOR, &id.to_string(), &w.vector)?, &common.5,
+                        &i64::from(sealed),
                     ],
                 )
                 .await
@@ -712,9 +767,14 @@ impl RecallStore for PgStore {
         let (fsql, mut args) = filter_sql(tenant, filter, "");
         args.push(model.to_string());
         let mut ranking = Ranking::new(limit);
-        let found = self
-            .ann_search(&c, query, model, &fsql, &args[..args.len() - 1], limit)
-            .await;
+        let vk = self.vector_keys(&c, tenant).await?;
+        // Sealed vectors have no pgvector copy: search scans and opens them.
+        let found = if self.seal_vectors {
+            None
+        } else {
+            self.ann_search(&c, query, model, &fsql, &args[..args.len() - 1], limit)
+                .await
+        };
         if let Some(found) = found {
             for (id, importance, cluster, sim) in found {
                 ranking.memory_at(sim, || (id, String::new(), importance, cluster));
@@ -731,7 +791,8 @@ impl RecallStore for PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
             for r in &rows {
-                let v = vector_from(r.get::<_, &[u8]>(1));
+                let id: String = r.get(0);
+                let v = vk.open(VECTOR, &id, r.get::<_, &[u8]>(1))?;
                 let (importance, cluster) = (r.get::<_, f64>(2) as f32, g64(r, 3));
                 ranking.memory(query, &v, || (r.get(0), String::new(), importance, cluster));
             }
@@ -750,8 +811,8 @@ impl RecallStore for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         for r in &rows {
-            let v = vector_from(r.get::<_, &[u8]>(1));
             let id = g64(r, 0);
+            let v = vk.open(SUMMARY_VECTOR, &id.to_string(), r.get::<_, &[u8]>(1))?;
             ranking.summary(query, &v, || {
                 texts.insert(
                     id,
