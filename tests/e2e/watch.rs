@@ -245,3 +245,41 @@ fn backfill_and_idle_mode_in_one_pass() {
     env.run(&["reset", "live"]).assert_ok();
     assert!(env.chain("live").is_none());
 }
+
+#[test]
+fn a_file_that_appears_while_watching_is_imported_whole() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let dir = env.dir.path().join("projects");
+    std::fs::create_dir_all(dir.join("p")).unwrap();
+    // There at the start: a baseline, not imported.
+    append(
+        &dir.join("p/old.jsonl"),
+        &(1..=3).map(line).collect::<String>(),
+    );
+    let child = spawn_watch(&env, &dir, &[]);
+    wait_until("the watcher to start", || env.db().exists());
+    std::thread::sleep(Duration::from_millis(300));
+    // A new session file, written elsewhere and moved into place already holding lines (as a
+    // new Claude Code session or a copied file): every line is imported, nothing baselined.
+    let outside = env.dir.path().join("c.jsonl");
+    append(&outside, &(1..=6).map(line).collect::<String>());
+    std::fs::rename(&outside, dir.join("p/c.jsonl")).unwrap();
+    wait_until("the new file's six messages", || {
+        coverage(&env, "p/c").is_some_and(|(n, _)| n == 6)
+    });
+    let out = interrupt(child);
+    assert!(
+        env.chain("p/old").is_none(),
+        "the file present at the start was imported"
+    );
+    assert!(
+        !out.stderr.contains("c.jsonl — baseline"),
+        "the new file was baselined: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("old.jsonl — baseline"),
+        "{}",
+        out.stderr
+    );
+}

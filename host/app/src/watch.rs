@@ -3,8 +3,9 @@
 //!
 //! Each file's imported length (the end of its last complete line) is stored, so a restart
 //! resumes where the last run stopped and a partial last line still being written waits for
-//! its newline. Files that existed before the first run get that length as a baseline (no
-//! import, no model call) unless [`WatchOptions::backfill`] is set. Filesystem events wake the
+//! its newline. Files present at the watcher's first pass get that length as a baseline (no
+//! import, no model call) unless [`WatchOptions::backfill`] is set; a file first seen later
+//! (a new session, a file moved into place) is new and imported from its first byte. Filesystem events wake the
 //! loop early; a poll is the fallback and also drives idle-mode verdicts, which are judged on
 //! the app's clock, so a test drives [`Watcher::pass`] with a manual clock and no sleeps.
 
@@ -206,6 +207,9 @@ pub struct Watcher {
     refreshed: u32,
     /// Walk notes already given (a link loop is reported once, not every pass).
     told: BTreeSet<String>,
+    /// Whether the first pass is over: a file first seen after it is new (a session that
+    /// started, a file moved into place) and is read from its first byte, never baselined.
+    first_pass_done: bool,
     notes: NoteSink,
     stopper: Stopper,
     wakes: mpsc::Receiver<()>,
@@ -240,6 +244,7 @@ impl Scoped {
             imported: 0,
             refreshed: 0,
             told: BTreeSet::new(),
+            first_pass_done: false,
             notes,
             stopper: Stopper {
                 stopped: Arc::new(AtomicBool::new(false)),
@@ -348,6 +353,7 @@ impl Watcher {
             }
             self.import(&path).await?;
         }
+        self.first_pass_done = true;
         self.refresh().await
     }
 
@@ -374,9 +380,11 @@ impl Watcher {
         let mut f = match self.files.get(&key) {
             Some(f) => f.clone(),
             None => {
-                // First sight: a baseline at the end of its last complete line, with the
-                // lines before it counted while they are at hand.
-                let (offset, lines) = if self.opts.backfill {
+                // First sight. A file that was there when the watch began gets a baseline at
+                // the end of its last complete line (its lines before it counted while they
+                // are at hand); one that appears later is new: all of it is imported.
+                let baseline = !self.opts.backfill && !self.first_pass_done;
+                let (offset, lines) = if !baseline {
                     (0, 0)
                 } else {
                     match read_from(path, 0) {
@@ -394,7 +402,7 @@ impl Watcher {
                     offset,
                     lines: Some(lines),
                 };
-                if !self.opts.backfill {
+                if baseline {
                     self.note(WatchNote::Baseline {
                         file: name.clone(),
                         offset,
