@@ -998,9 +998,8 @@ fn operator(srv: &Srv, headers: &HeaderMap) -> ApiResult<()> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim().as_bytes())
+        .and_then(super::auth::bearer)
+        .map(str::as_bytes)
         .unwrap_or_default();
     // Compared in time that does not depend on where the two differ.
     let same = given.len() == want.len()

@@ -86,7 +86,7 @@ pub(crate) struct Caller(pub(crate) Option<String>);
 
 /// The token of an `Authorization` value: the `Bearer` scheme in any case (RFC 9110: schemes
 /// are case-insensitive), one or more spaces, the token.
-fn bearer(v: &str) -> Option<&str> {
+pub(crate) fn bearer(v: &str) -> Option<&str> {
     let (scheme, rest) = v.trim_start().split_once(' ')?;
     let token = rest.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)

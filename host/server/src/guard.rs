@@ -119,6 +119,21 @@ fn content_ok(path: &str, h: &HeaderMap) -> bool {
     json
 }
 
+/// Whether a request's `Origin` is this server as called (`host`, the `Host` header): the same
+/// name and port, or `null` from a page of this origin (see [`same_site_fetch`]). The one
+/// rule for the guard and the console's forms.
+pub(crate) fn same_origin(origin: &str, host: Option<&str>, h: &HeaderMap) -> bool {
+    if origin == "null" {
+        return same_site_fetch(h);
+    }
+    host.is_some_and(|host| {
+        origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|o| o.eq_ignore_ascii_case(host))
+    })
+}
+
 /// Whether the browser says the request comes from this origin (`Sec-Fetch-Site`, which no
 /// page can set). Our own console's forms need it: under `Referrer-Policy: no-referrer` a
 /// browser sends `Origin: null` with a form's POST.
@@ -161,12 +176,7 @@ pub(crate) async fn check(State(door): State<Arc<Door>>, req: Request, next: Nex
     let console = !is_api(&path);
     if let Some(origin) = h.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("null");
-        let same = host.as_deref().is_some_and(|host| {
-            origin
-                .strip_prefix("http://")
-                .or_else(|| origin.strip_prefix("https://"))
-                .is_some_and(|o| o.eq_ignore_ascii_case(host))
-        }) || (origin == "null" && same_site_fetch(h));
+        let same = same_origin(origin, host.as_deref(), h);
         let preflight = *req.method() == Method::OPTIONS;
         if !same && !door.allows_origin(origin) && (writes || console) && !preflight {
             return refused(

@@ -262,19 +262,10 @@ fn failed(v: &Visitor, f: Failure) -> Response {
 /// A change asked from a page of this origin, with the visitor's form token.
 fn check_form(h: &HeaderMap, v: &Visitor, csrf: &str) -> Result<(), Box<Response>> {
     let host = h.get(header::HOST).and_then(|v| v.to_str().ok());
-    let same_origin = match (h.get(header::ORIGIN).and_then(|v| v.to_str().ok()), host) {
-        // Under `Referrer-Policy: no-referrer` a form's POST carries `Origin: null`: then the
-        // browser's own `Sec-Fetch-Site` says where it came from.
-        (Some("null"), _) => crate::guard::same_site_fetch(h),
-        (Some(origin), Some(host)) => {
-            origin
-                .strip_prefix("http://")
-                .or_else(|| origin.strip_prefix("https://"))
-                == Some(host)
-        }
-        (Some(_), None) => false,
+    let same_origin = match h.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
+        Some(origin) => crate::guard::same_origin(origin, host, h),
         // Browsers send Origin with every POST; without one, trust only a same-origin fetch.
-        (None, _) => !h
+        None => !h
             .get("sec-fetch-site")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|s| s != "same-origin" && s != "none"),
