@@ -286,12 +286,12 @@ async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_sess
         first,
         vec![
             ("notes.json".into(), "skipped", "".into()),
-            ("proj/a.jsonl".into(), "ok", "proj/a".into()),
+            ("proj/a.jsonl".into(), "ok", "a".into()),
             ("proj/b.jsonl".into(), "skipped", "".into()),
         ],
         "{first:?}"
     );
-    assert_eq!(me.session("proj/a").await.unwrap().covered, 6);
+    assert_eq!(me.session("a").await.unwrap().covered, 6);
     // Nothing changed: nothing is read again, and the dry run says so too.
     let again = pass().await;
     assert!(again.iter().all(|(_, s, _)| *s == "unchanged"), "{again:?}");
@@ -304,12 +304,12 @@ async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_sess
     std::fs::write(dir.path().join("proj/a.jsonl"), jsonl(9, "alpha")).unwrap();
     let grown = pass().await;
     assert_eq!(grown[1].1, "ok", "{grown:?}");
-    assert_eq!(me.session("proj/a").await.unwrap().covered, 9);
+    assert_eq!(me.session("a").await.unwrap().covered, 9);
     // reset forgets the file too, so the next backfill brings the session back.
-    me.reset("proj/a").await.unwrap();
+    me.reset("a").await.unwrap();
     let back = pass().await;
     assert_eq!(back[1].1, "ok", "{back:?}");
-    assert_eq!(me.session("proj/a").await.unwrap().episodes, 9);
+    assert_eq!(me.session("a").await.unwrap().episodes, 9);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,7 +113,7 @@ fn a_projects_tree_is_summarized_once_and_rerun_does_no_work() {
     assert_eq!(v["counts"]["ok"], 1, "{v:#}");
     assert_eq!(v["counts"]["unchanged"], 3, "{v:#}");
     assert!(server.generations().len() > calls);
-    assert_covers(&env.chain("alpha/chat").unwrap(), 18);
+    assert_covers(&env.chain("chat").unwrap(), 18);
 }
 
 #[test]

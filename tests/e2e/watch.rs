@@ -99,23 +99,17 @@ fn watch_follows_a_growing_transcript_through_faults_ctrl_c_and_restarts() {
     // The existing lines are a baseline: not imported, no model call.
     wait_until("the watcher to start", || env.db().exists());
     std::thread::sleep(Duration::from_millis(300));
-    assert!(env.chain("p/s1").is_none());
+    assert!(env.chain("s1").is_none());
     assert!(server.generations().is_empty());
 
     // Four new turns and a partial fifth: the four are imported and summarized.
     let partial = line(8);
     let (head, tail) = partial.split_at(30);
     append(&file, &((4..=7).map(line).collect::<String>() + head));
-    wait_until("the first summary", || {
-        coverage(&env, "p/s1") == Some((4, 4))
-    });
+    wait_until("the first summary", || coverage(&env, "s1") == Some((4, 4)));
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(
-        coverage(&env, "p/s1"),
-        Some((4, 4)),
-        "the partial line waits"
-    );
-    let summary = env.chain("p/s1").unwrap()["summaries"][0]["content"].clone();
+    assert_eq!(coverage(&env, "s1"), Some((4, 4)), "the partial line waits");
+    let summary = env.chain("s1").unwrap()["summaries"][0]["content"].clone();
 
     // The line completes and another arrives, but the model fails: the good summary stays,
     // the session backs off, and the next attempt (after a second) succeeds.
@@ -124,20 +118,15 @@ fn watch_follows_a_growing_transcript_through_faults_ctrl_c_and_restarts() {
         message: "model crashed".into(),
     }]);
     append(&file, &(tail.to_string() + &line(9)));
-    wait_until("the failed refresh", || {
-        status(&env, "p/s1")["failures"] == 1
-    });
-    let st = status(&env, "p/s1");
-    assert_eq!(coverage(&env, "p/s1"), Some((6, 4)));
-    assert_eq!(
-        env.chain("p/s1").unwrap()["summaries"][0]["content"],
-        summary
-    );
+    wait_until("the failed refresh", || status(&env, "s1")["failures"] == 1);
+    let st = status(&env, "s1");
+    assert_eq!(coverage(&env, "s1"), Some((6, 4)));
+    assert_eq!(env.chain("s1").unwrap()["summaries"][0]["content"], summary);
     assert!(st["last_error"].as_str().unwrap().contains("500"), "{st:#}");
     wait_until("the retried refresh", || {
-        coverage(&env, "p/s1") == Some((6, 6))
+        coverage(&env, "s1") == Some((6, 6))
     });
-    assert_eq!(status(&env, "p/s1")["failures"], 0);
+    assert_eq!(status(&env, "s1")["failures"], 0);
 
     // Ctrl-C stops cleanly.
     let r = interrupt(child);
@@ -149,11 +138,11 @@ fn watch_follows_a_growing_transcript_through_faults_ctrl_c_and_restarts() {
     append(&file, &(10..=11).map(line).collect::<String>());
     let child = spawn_watch(&env, &dir, &[]);
     wait_until("the resumed import", || {
-        coverage(&env, "p/s1") == Some((8, 8))
+        coverage(&env, "s1") == Some((8, 8))
     });
     // The summary records how far it reaches: its last episode, the bytes of the file read
     // (all of it, here) and the last exchange's own time.
-    let row = env.chain("p/s1").unwrap()["summaries"][0].clone();
+    let row = env.chain("s1").unwrap()["summaries"][0].clone();
     assert_eq!(
         row["source"]["bytes"].as_u64(),
         Some(std::fs::metadata(&file).unwrap().len()),
@@ -162,15 +151,11 @@ fn watch_follows_a_growing_transcript_through_faults_ctrl_c_and_restarts() {
     assert!(row["covered_until_ms"].as_i64().is_some());
     append(&file, &line(12));
     wait_until("one more line", || {
-        coverage(&env, "p/s1").is_some_and(|c| c.0 == 9)
+        coverage(&env, "s1").is_some_and(|c| c.0 == 9)
     });
     let r = interrupt(child);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(
-        coverage(&env, "p/s1").unwrap().0,
-        9,
-        "no line imported twice"
-    );
+    assert_eq!(coverage(&env, "s1").unwrap().0, 9, "no line imported twice");
 }
 
 #[test]
@@ -265,11 +250,11 @@ fn a_file_that_appears_while_watching_is_imported_whole() {
     append(&outside, &(1..=6).map(line).collect::<String>());
     std::fs::rename(&outside, dir.join("p/c.jsonl")).unwrap();
     wait_until("the new file's six messages", || {
-        coverage(&env, "p/c").is_some_and(|(n, _)| n == 6)
+        coverage(&env, "c").is_some_and(|(n, _)| n == 6)
     });
     let out = interrupt(child);
     assert!(
-        env.chain("p/old").is_none(),
+        env.chain("old").is_none(),
         "the file present at the start was imported"
     );
     assert!(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::{AppError, AppResult, Bring, Scoped, SourceFile};
+use super::{AppError, AppResult, Bring, Scoped, SourceFile, naming};
 use crate::runtime::Abridge;
 use crate::sources::{Source, Sources};
 use crate::store::SourceStore;
@@ -172,16 +172,17 @@ pub fn read(f: &ScannedFile, max_bytes: u64) -> Result<Vec<u8>, String> {
         })
 }
 
-/// A file's conversations, each with its session name, and what the parser noted.
+/// A file's conversations, each with the base of its session name (see
+/// [`crate::naming`]), and what the parser noted.
 #[derive(Debug)]
 pub struct Named {
-    /// (session, conversation), in file order.
-    pub conversations: Vec<(String, Conversation)>,
+    /// (name's base, conversation), in file order.
+    pub conversations: Vec<(naming::Base, Conversation)>,
     /// The parser's warnings.
     pub warnings: Vec<String>,
 }
 
-/// Parse a file in the sandbox and name its sessions by the one naming rule; or why it is
+/// Parse a file in the sandbox and take the bases of its sessions' names; or why it is
 /// not taken: `("skipped", NOT_TRANSCRIPT)` (no known format, no messages) or
 /// `("failed", why)`.
 pub async fn conversations(
@@ -205,8 +206,7 @@ pub async fn conversations(
         .into_iter()
         .enumerate()
         .map(|(i, conv)| {
-            let name =
-                transcript::session_name(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
+            let name = naming::base(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
             (name, conv)
         })
         .collect();
@@ -361,12 +361,13 @@ impl DryRun {
         };
         let mut planned = Vec::new();
         let mut episodes = 0u64;
-        for (session, conv) in named.conversations {
+        for (base, conv) in named.conversations {
             let n = conv.episodes.len() as u64;
             episodes += n;
             if n < o.min_episodes {
                 continue;
             }
+            let session = base.plain();
             self.engine.append(&session, &conv.episodes).await?;
             let plan = self.engine.plan(&session, cfg).await?;
             planned.push(PlannedSession {
@@ -448,16 +449,18 @@ impl Scoped {
         };
         let mut sessions = Vec::new();
         let (mut episodes, mut failure, mut small) = (0u64, None, 0usize);
-        for (session, conv) in named.conversations {
+        let mark = naming::file_key(&f.path);
+        for (base, conv) in named.conversations {
             let n = conv.episodes.len() as u64;
             episodes += n;
             if n < o.min_episodes {
                 small += 1;
                 continue;
             }
+            let session = self.session_for(&base, Some(&f.path)).await?;
             sessions.push(session.clone());
             let source = SourceFile {
-                path: &key,
+                path: &mark,
                 bytes: f.size,
             };
             let done = self

@@ -20,6 +20,7 @@ mod import;
 pub mod jobs;
 pub mod limits;
 pub mod memories;
+pub mod naming;
 mod run;
 pub mod sources;
 pub mod tokens;
@@ -983,13 +984,14 @@ impl Scoped {
         }
         let mut out = Vec::new();
         for (i, conv) in parsed.conversations.into_iter().enumerate() {
-            let id = session.map(str::to_string).unwrap_or_else(|| {
-                transcript::session_name(
-                    conv.id.as_deref(),
-                    std::path::Path::new(name),
-                    many.then_some(i),
-                )
-            });
+            let id = match session {
+                Some(s) => s.to_string(),
+                None => {
+                    let file = std::path::Path::new(name);
+                    let base = naming::base(conv.id.as_deref(), file, many.then_some(i));
+                    self.session_for(&base, None).await?
+                }
+            };
             let total = conv.episodes.len() as u64;
             let done = self
                 .import_conversation(&id, &conv.episodes, None, Bring::Queue)

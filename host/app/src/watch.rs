@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{AppError, AppResult, Bring, Scoped, SourceFile};
+use super::{AppError, AppResult, Bring, Scoped, SourceFile, naming};
 use crate::sources::{Watched, WatchedFile};
 use crate::transcript::{self, Format, Options, TranscriptError};
 use crate::types::FreshState;
@@ -458,16 +458,17 @@ impl Watcher {
                 }
                 f.format = Some(format_name(parsed.format).into());
                 for conv in parsed.conversations {
-                    let session = f.session.clone().unwrap_or_else(|| {
-                        transcript::session_name(
-                            conv.id.as_deref(),
-                            path.strip_prefix(&self.dir).unwrap_or(path),
-                            None,
-                        )
-                    });
+                    let session = match f.session.clone() {
+                        Some(s) => s,
+                        None => {
+                            let base = naming::base(conv.id.as_deref(), path, None);
+                            self.local.session_for(&base, Some(path)).await?
+                        }
+                    };
                     f.session = Some(session.clone());
+                    let mark = naming::file_key(path);
                     let source = SourceFile {
-                        path: &key,
+                        path: &mark,
                         bytes: complete,
                     };
                     let done = self

@@ -446,6 +446,7 @@ async fn get_session(
     Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionView>> {
+    let id = t.resolve(&id).await?;
     Ok(Json(t.session(&id).await?))
 }
 
@@ -487,6 +488,7 @@ async fn get_summaries(
     Path(id): Path<String>,
     Query(q): Query<SummariesQuery>,
 ) -> ApiResult<Json<SummariesBody>> {
+    let id = t.resolve(&id).await?;
     let mut summaries = if q.all.unwrap_or(false) {
         t.summary_history(&id).await?
     } else {
@@ -520,6 +522,7 @@ async fn get_messages(
     Path(id): Path<String>,
     Query(q): Query<MessagesQuery>,
 ) -> ApiResult<Json<MessagesView>> {
+    let id = t.resolve(&id).await?;
     Ok(Json(
         t.messages(&id, q.after, q.limit.unwrap_or(200)).await?,
     ))
@@ -546,6 +549,7 @@ async fn get_expand(
     Path((id, row)): Path<(String, u64)>,
     Query(q): Query<ExpandQuery>,
 ) -> ApiResult<Json<ExpansionView>> {
+    let id = t.resolve(&id).await?;
     Ok(Json(
         t.expand(
             &id,
@@ -595,6 +599,7 @@ async fn get_pins(
     Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<PinsBody>> {
+    let id = t.resolve(&id).await?;
     Ok(Json(PinsBody {
         pins: t.pins(&id).await?,
     }))
@@ -651,6 +656,7 @@ async fn get_context(
     Path(id): Path<String>,
     Query(q): Query<ContextQuery>,
 ) -> ApiResult<Json<ContextView>> {
+    let id = t.resolve(&id).await?;
     let v = t
         .context(
             &id,

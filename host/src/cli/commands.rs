@@ -9,7 +9,7 @@ use clap::Args;
 use serde_json::json;
 
 use abridge_app::transcript::{self, Format, Options};
-use abridge_app::{Bring, SourceFile};
+use abridge_app::{Bring, SourceFile, naming};
 use abridge_backend::{LlmBackend, NoModel};
 use abridge_engine::types::{Config, Engine, Error, Level, SummaryRow, describe};
 use abridge_engine::{Abridge, Store};
@@ -218,18 +218,9 @@ pub(super) fn row_json(r: &SummaryRow) -> serde_json::Value {
     serde_json::to_value(abridge_app::SummaryView::from(r)).expect("a summary row serializes")
 }
 
-/// The session for conversation `i` of `file` (see [`transcript::session_name`]).
-fn session_for(
-    given: Option<&String>,
-    conv: &transcript::Conversation,
-    file: &Path,
-    i: usize,
-    many: bool,
-) -> String {
-    given.cloned().unwrap_or_else(|| {
-        let name = file.file_name().map_or(file, Path::new);
-        transcript::session_name(conv.id.as_deref(), name, many.then_some(i))
-    })
+/// The base of conversation `i`'s session name (see [`abridge_app::naming`]).
+fn base_for(conv: &transcript::Conversation, file: &Path, i: usize, many: bool) -> naming::Base {
+    naming::base(conv.id.as_deref(), file, many.then_some(i))
 }
 
 pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
@@ -265,7 +256,13 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let engine = local.engine();
     let model = backend.model_name(&cfg);
     for (i, conv) in parsed.conversations.into_iter().enumerate() {
-        let session = session_for(a.session.as_ref(), &conv, &a.file, i, many);
+        let session = match &a.session {
+            Some(given) => given.clone(),
+            None => {
+                let base = base_for(&conv, &a.file, i, many);
+                local.session_for(&base, Some(&a.file)).await?
+            }
+        };
         let total = conv.episodes.len();
         let file = (source != "-").then_some(SourceFile {
             path: &source,
@@ -350,7 +347,10 @@ async fn dry_run(
     };
     let many = conversations.len() > 1;
     for (i, conv) in conversations.into_iter().enumerate() {
-        let session = session_for(a.session.as_ref(), &conv, &a.file, i, many);
+        let session = a
+            .session
+            .clone()
+            .unwrap_or_else(|| base_for(&conv, &a.file, i, many).plain());
         engine.append(&session, &conv.episodes).await?;
         let p = engine.plan(&session, &cfg).await?;
         let path = match p.path {
@@ -517,8 +517,12 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
     }
 }
 
-pub async fn summaries(s: &Settings, a: SummariesArgs) -> Result<(), Failure> {
+pub async fn summaries(s: &Settings, mut a: SummariesArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
+    a.session = local
+        .resolve(&a.session)
+        .await
+        .map_err(|e| super::app::fail(s, e))?;
     let listed = if a.all {
         local.summary_history(&a.session).await
     } else {

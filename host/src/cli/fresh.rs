@@ -122,7 +122,10 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
     // Freshness needs no model: the app only reads the store and the clock.
     let local = super::app::local(s, None)?;
     let rows = match &a.session {
-        Some(x) => vec![local.session(x).await.map_err(|e| fail(s, e))?],
+        Some(x) => {
+            let x = local.resolve(x).await.map_err(|e| fail(s, e))?;
+            vec![local.session(&x).await.map_err(|e| fail(s, e))?]
+        }
         None => local.sessions(0, usize::MAX, None).await?.0,
     };
     if a.json {
@@ -177,7 +180,7 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
+pub async fn context(s: &Settings, mut a: ContextArgs) -> Result<(), Failure> {
     if a.budget < 16 {
         return Err(Failure::new(
             Exit::Input,
@@ -189,6 +192,7 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
     }
     let backend = choose_backend(s).await?;
     let local = super::app::local(s, Some(&backend))?;
+    a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
     let get = |refresh_after| local.context(&a.session, a.budget, a.pairs, refresh_after, None);
     // The app queues a refresh when one is due; the command line runs it here and waits.
     let mut w = get(a.refresh_after).await.map_err(|e| fail(s, e))?;
@@ -276,8 +280,12 @@ pub async fn context(s: &Settings, a: ContextArgs) -> Result<(), Failure> {
 }
 
 /// Show, set or clear a session's focus instructions.
-pub async fn focus(s: &Settings, a: FocusArgs) -> Result<(), Failure> {
+pub async fn focus(s: &Settings, mut a: FocusArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
+    a.session = local
+        .resolve_or_new(&a.session)
+        .await
+        .map_err(|e| fail(s, e))?;
     let now = match (&a.focus, a.clear) {
         (Some(f), _) => local.set_focus(&a.session, Some(f)).await,
         (None, true) => local.set_focus(&a.session, None).await,
@@ -292,8 +300,9 @@ pub async fn focus(s: &Settings, a: FocusArgs) -> Result<(), Failure> {
 }
 
 /// Pin or unpin an episode, or list the pins.
-pub async fn pin(s: &Settings, a: PinArgs) -> Result<(), Failure> {
+pub async fn pin(s: &Settings, mut a: PinArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
+    a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
     let pins = match a.episode {
         Some(e) => local.pin(&a.session, e, !a.remove).await,
         None => local.pins(&a.session).await,
@@ -313,8 +322,9 @@ pub async fn pin(s: &Settings, a: PinArgs) -> Result<(), Failure> {
 }
 
 /// Provenance: a summary row and exactly the episodes it covers.
-pub async fn expand(s: &Settings, a: ExpandArgs) -> Result<(), Failure> {
+pub async fn expand(s: &Settings, mut a: ExpandArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
+    a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
     let mut after = 0u64;
     let mut first = true;
     loop {
@@ -364,8 +374,9 @@ pub async fn expand(s: &Settings, a: ExpandArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-pub async fn reset(s: &Settings, a: ResetArgs) -> Result<(), Failure> {
+pub async fn reset(s: &Settings, mut a: ResetArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
+    a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
     let episodes = local.reset(&a.session).await.map_err(|e| fail(s, e))?;
     println!(
         "session {}: {episodes} episodes and its summaries deleted",
@@ -376,9 +387,10 @@ pub async fn reset(s: &Settings, a: ResetArgs) -> Result<(), Failure> {
 
 /// Summarize a stored session now, whatever its mode or backoff (a success clears its failure
 /// marker), through its job.
-pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
+pub async fn refresh(s: &Settings, mut a: RefreshArgs) -> Result<(), Failure> {
     let backend = choose_backend(s).await?;
     let local = super::app::local(s, Some(&backend))?;
+    a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
     let view = local.session(&a.session).await.map_err(|e| fail(s, e))?;
     if view.episodes > view.covered {
         let mode = super::progress::Mode::detect(a.json, s.quiet);
@@ -410,8 +422,12 @@ pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
 }
 
 /// Show or set a session's own refresh mode.
-pub async fn mode(s: &Settings, a: ModeArgs) -> Result<(), Failure> {
+pub async fn mode(s: &Settings, mut a: ModeArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
+    a.session = local
+        .resolve_or_new(&a.session)
+        .await
+        .map_err(|e| fail(s, e))?;
     let view = match a.setting.as_deref() {
         None => local.session(&a.session).await,
         Some("default") => local.set_mode(&a.session, None).await,

@@ -1,0 +1,178 @@
+//! The one rule that names a session, for every entry point (`summarize`, `backfill`,
+//! `watch`, `abridge hook`, `POST /v1/transcripts`), and the one rule that finds a session
+//! from what a user typed (an id, or a unique prefix of one).
+//!
+//! A conversation that carries an id of its own (Claude Code's `sessionId`, which is also
+//! its file's name; a ChatGPT conversation id; a Codex session id) is that id. Otherwise the
+//! session is the file's name without its extension (`-N` for the N-th of several
+//! conversations), wherever the file was found from: `summarize dir/notes.jsonl` and
+//! `backfill dir` name it alike. Folders are not part of the id (a project folder is a
+//! display name). When that name already belongs to a session imported from a *different*
+//! file, the file's name gets a short, stable suffix from its canonical path
+//! (`notes-3fa2c1`), so two `notes.jsonl` in two folders stay two sessions, and the same file
+//! keeps its name from every entry point.
+
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use super::{AppError, AppResult, Scoped};
+
+/// What a conversation's name is made of before the store is asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Base {
+    /// The conversation's own id: final.
+    Own(String),
+    /// The file's stem (and the conversation's index among several), which another file may
+    /// already hold.
+    Stem(String, Option<usize>),
+}
+
+impl Base {
+    /// The name with nothing added.
+    pub fn plain(&self) -> String {
+        match self {
+            Base::Own(id) => id.clone(),
+            Base::Stem(stem, index) => numbered(stem, *index),
+        }
+    }
+}
+
+fn numbered(stem: &str, index: Option<usize>) -> String {
+    match index {
+        Some(i) => format!("{stem}-{}", i + 1),
+        None => stem.to_string(),
+    }
+}
+
+/// The base of a conversation's name: its own id when it has one, else the file's name
+/// without its extension (`stdin` for standard input, `-`). Control characters become `_`
+/// (see [`crate::text::session_id_from`]).
+pub fn base(conv_id: Option<&str>, file: &Path, index: Option<usize>) -> Base {
+    if let Some(id) = conv_id.and_then(crate::text::session_id_from) {
+        return Base::Own(id);
+    }
+    let stem = if file.as_os_str() == "-" {
+        "stdin".to_string()
+    } else {
+        file.file_stem()
+            .and_then(|s| crate::text::session_id_from(&s.to_string_lossy()))
+            .unwrap_or_else(|| "session".into())
+    };
+    Base::Stem(stem, index)
+}
+
+/// The stem with the suffix that sets a file apart from another file of the same name: six
+/// hex digits of the SHA-256 of its canonical path.
+pub fn set_apart(stem: &str, index: Option<usize>, canonical: &str) -> String {
+    let h = Sha256::digest(canonical.as_bytes());
+    let tag: String = h[..3].iter().map(|b| format!("{b:02x}")).collect();
+    numbered(&format!("{stem}-{tag}"), index)
+}
+
+/// The path a file is known by: canonical where it can be resolved.
+pub fn file_key(file: &Path) -> String {
+    std::fs::canonicalize(file)
+        .unwrap_or_else(|_| file.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// How many candidates an ambiguous prefix lists.
+const LISTED: usize = 5;
+
+impl Scoped {
+    /// The session a conversation goes to (see the module's rule): `base` of it, set apart
+    /// when its plain name belongs to a session imported from another file. `file` is the path
+    /// on disk it was read from; `None` when there is no file to set it apart by (standard
+    /// input, an upload that has only a name).
+    pub async fn session_for(&self, b: &Base, file: Option<&Path>) -> AppResult<String> {
+        let plain = b.plain();
+        let (Base::Stem(stem, index), Some(file)) = (b, file) else {
+            return Ok(plain);
+        };
+        if file.as_os_str() == "-" {
+            return Ok(plain);
+        }
+        let key = file_key(file);
+        // Held by another file: the newest mark of the plain name names a different path.
+        let holder = self
+            .tables
+            .mark_covering(&plain, i64::MAX as u64)
+            .await?
+            .map(|m| m.path);
+        match holder {
+            Some(p) if p != key => Ok(set_apart(stem, *index, &key)),
+            _ => Ok(plain),
+        }
+    }
+
+    /// The session a user means by `name`: the session of that id, else the one session whose
+    /// id starts with it. None is [`crate::ErrorKind::NotFound`]; several are an invalid
+    /// argument that lists them.
+    pub async fn resolve(&self, name: &str) -> AppResult<String> {
+        super::check_session(name)?;
+        if self.store().stats(name).await?.episodes > 0 {
+            return Ok(name.to_string());
+        }
+        let mut hits: Vec<String> = self
+            .store()
+            .sessions()
+            .await?
+            .into_iter()
+            .filter(|s| s.starts_with(name))
+            .collect();
+        hits.sort();
+        match hits.len() {
+            0 => Err(AppError::not_found(format!("no session '{name}'"))
+                .hint("`abridge status` lists the sessions")),
+            1 => Ok(hits.remove(0)),
+            n => {
+                let shown: Vec<&str> = hits.iter().take(LISTED).map(String::as_str).collect();
+                let more = if n > LISTED {
+                    format!(" and {} more", n - LISTED)
+                } else {
+                    String::new()
+                };
+                Err(AppError::invalid(format!(
+                    "'{name}' is the start of {n} sessions ({}{more})",
+                    shown.join(", ")
+                ))
+                .hint("give more of the session's id"))
+            }
+        }
+    }
+
+    /// [`Scoped::resolve`], or `name` itself when no session matches (for commands that
+    /// may create the session they name).
+    pub async fn resolve_or_new(&self, name: &str) -> AppResult<String> {
+        match self.resolve(name).await {
+            Ok(s) => Ok(s),
+            Err(e) if matches!(e.kind, crate::ErrorKind::NotFound) => Ok(name.to_string()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bases() {
+        let p = Path::new;
+        assert_eq!(
+            base(Some("abc"), p("x/y.jsonl"), None),
+            Base::Own("abc".into())
+        );
+        assert_eq!(base(None, p("p1/notes.jsonl"), None).plain(), "notes");
+        assert_eq!(base(None, p("notes.json"), Some(1)).plain(), "notes-2");
+        assert_eq!(base(None, p("-"), None).plain(), "stdin");
+        assert_eq!(base(Some("\0\u{1b}"), p("a.jsonl"), None).plain(), "a");
+        let a = set_apart("notes", None, "/a/notes.jsonl");
+        assert_eq!(a, set_apart("notes", None, "/a/notes.jsonl"));
+        assert_ne!(a, set_apart("notes", None, "/b/notes.jsonl"));
+        assert!(a.starts_with("notes-") && a.len() == "notes-".len() + 6);
+        assert!(set_apart("notes", Some(0), "/a").ends_with("-1"));
+    }
+}
