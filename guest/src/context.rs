@@ -143,18 +143,18 @@ pub fn assemble(p: &Parts) -> Window {
             pins.push(e);
         }
     }
-    // Then the summary and its ledger: all rows if they fit, else the newest that do.
-    let ledger = if p.ledger_budget == 0 {
+    // Then the summary and its ledger (within its slice): all rows if they fit, else the
+    // newest that do.
+    let all = if p.ledger_budget == 0 {
         crate::ledger::Ledger::default()
     } else {
-        let all = p
-            .rows
+        p.rows
             .iter()
             .fold(crate::ledger::Ledger::default(), |acc, r| {
                 crate::ledger::merge(&acc, &r.ledger)
-            });
-        crate::ledger::budgeted(&all, p.ledger_budget)
+            })
     };
+    let mut ledger = crate::ledger::budgeted(&all, p.ledger_budget);
     let ledger_text = crate::ledger::render(&ledger);
     let mut summary: Option<(String, usize, bool)> = None; // text, first row, ledger included
     'rows: for from in 0..p.rows.len() {
@@ -203,6 +203,32 @@ pub fn assemble(p: &Parts) -> Window {
         recent.push(e);
     }
     recent.reverse();
+    // Last, the room left is the ledger's: entries the slice left out are added (frequent and
+    // recent first, by the ledger's one policy) while the summary still fits the budget.
+    if let Some((text, from, with_ledger)) = &mut summary
+        && ledger.entries.len() < all.entries.len()
+        && used < budget
+    {
+        let before = cost(text);
+        let mut room = p.ledger_budget + (budget - used);
+        for _ in 0..6 {
+            let wider = crate::ledger::budgeted(&all, room);
+            if wider.entries.len() <= ledger.entries.len() {
+                break;
+            }
+            let candidate = summary_text(&p.rows[*from..], &crate::ledger::render(&wider));
+            let c = cost(&candidate);
+            if used - before + c <= budget {
+                used = used - before + c;
+                *text = candidate;
+                ledger = wider;
+                *with_ledger = true;
+                break;
+            }
+            // Rendering costs more than the entries' estimate: shrink by the excess.
+            room = room.saturating_sub(used - before + c - budget + 4);
+        }
+    }
     let included: &[SummaryRow] = match &summary {
         Some((_, from, _)) => &p.rows[*from..],
         None => &[],

@@ -1340,7 +1340,7 @@ fn identifiers_survive_fifty_folds_of_a_model_that_keeps_only_the_last_exchange(
 }
 
 #[test]
-fn a_small_ledger_budget_drops_the_oldest_and_counts_them() {
+fn a_small_ledger_slice_bounds_the_prompt_and_the_context_but_the_row_keeps_every_identifier() {
     let mut f = Fake::forgetful();
     let c = Config {
         min_episodes_since: 2,
@@ -1352,24 +1352,40 @@ fn a_small_ledger_budget_drops_the_oldest_and_counts_them() {
         planted(&mut f, i, i);
         after_episode_written(&mut f, "s", &c).unwrap();
     }
+    // The row keeps all 120 identifiers: storage is cheap, budgets apply when reading.
     let row = f.rows.last().unwrap();
-    assert!(
-        row.ledger
-            .entries
-            .iter()
-            .map(ledger::entry_cost)
-            .sum::<u32>()
-            <= 120
-    );
-    assert!(row.ledger.dropped > 0);
-    assert!(
-        row.ledger.entries.iter().any(|e| e.text == "src/mod30.rs"),
-        "the newest stays"
-    );
-    assert!(
-        !row.ledger.entries.iter().any(|e| e.text == "src/mod1.rs"),
-        "the oldest goes"
-    );
+    assert_eq!(row.ledger.entries.len(), 120);
+    assert_eq!(row.ledger.dropped, 0);
+    // A fold prompt shows the slice: the newest stays, the oldest goes, the rest is counted.
+    let prompt = Fake::prompt_text(f.requests.last().unwrap());
+    assert!(prompt.contains("src/mod29.rs"), "{prompt}");
+    assert!(!prompt.contains("src/mod1.rs "), "{prompt}");
+    assert!(prompt.contains("older identifiers left out for the budget"));
+    // A small context shows the slice and says how many it left out ...
+    let texts: Vec<String> = f.episodes.iter().map(|e| e.content.clone()).collect();
+    let small = ContextRequest {
+        budget: 400,
+        pairs: 1,
+        refresh_after: 8,
+        pins: vec![],
+    };
+    let w = context(&mut f, "s", small, &c).unwrap();
+    assert!(w.window.tokens <= 400);
+    let (all, kept) = ledger::retention(texts.iter().map(String::as_str), &context_text(&w));
+    assert!(kept < all, "{kept} of {all}");
+    assert!(context_text(&w).contains("older identifiers left out for the budget"));
+    // ... and one with room fills it with every identifier.
+    let roomy = ContextRequest {
+        budget: 3000,
+        pairs: 1,
+        refresh_after: 8,
+        pins: vec![],
+    };
+    let w = context(&mut f, "s", roomy, &c).unwrap();
+    assert!(w.window.tokens <= 3000);
+    let (all, kept) = ledger::retention(texts.iter().map(String::as_str), &context_text(&w));
+    assert_eq!(kept, all, "every identifier, in {} tokens", w.window.tokens);
+    assert_eq!(w.window.identifiers, 120);
 }
 
 #[test]

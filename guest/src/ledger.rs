@@ -23,6 +23,12 @@
 //! mentioned first, then newest), up to half the budget; the rest of the budget goes to the
 //! newest entries (by the episode last seen in, then by count). What the budget drops is
 //! counted in the row's `ledger-dropped`, never silently lost.
+//!
+//! Where budgets apply: a row keeps its whole ledger (up to [`STORED_TOKENS`], a bound against
+//! hostile input, far above any real session's); budgets are applied when it is read. A fold
+//! prompt gets the configured `ledger-tokens` slice ([`for_prompt`]); a context gets that slice
+//! and then whatever room the budget has left after the summary and the recent messages, so
+//! every identifier is shown whenever the budget can hold them.
 
 use std::collections::BTreeMap;
 
@@ -426,6 +432,23 @@ pub fn merge(a: &Ledger, b: &Ledger) -> Ledger {
     }
     out.dropped = a.dropped.saturating_add(b.dropped);
     out
+}
+
+/// The most a row's ledger keeps, in tokens: a bound on memory and storage against a babbling
+/// transcript, not a budget (budgets apply when the ledger is read).
+pub const STORED_TOKENS: u32 = 16_000;
+
+/// The ledger a row stores: whole, unless it passes [`STORED_TOKENS`].
+pub fn stored(l: Ledger) -> Ledger {
+    budgeted(&l, STORED_TOKENS)
+}
+
+/// The ledger as a prompt shows it: within the configured slice (`0`: none).
+pub fn for_prompt(l: &Ledger, slice: u32) -> String {
+    if slice == 0 {
+        return String::new();
+    }
+    render(&budgeted(l, slice))
 }
 
 /// Tokens one entry takes in a rendered ledger.

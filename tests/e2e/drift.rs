@@ -168,3 +168,59 @@ fn two_huge_messages_are_summarized_and_the_context_says_what_it_covers() {
         r.stdout
     );
 }
+
+/// The held-out case of issue #25: an 800-message conversation with 40 planted identifiers,
+/// read back at a 3,000-token budget. Rows keep every identifier; the context fills the room
+/// its summary and recent messages leave with them, so all 40 are there.
+#[test]
+fn every_planted_identifier_is_in_a_context_whose_budget_can_hold_them() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    let topics = [
+        "the launch plan",
+        "the budget review",
+        "hiring",
+        "the offsite",
+    ];
+    let planted: Vec<String> = (0..40)
+        .map(|k| match k % 4 {
+            0 => format!("services/billing/handler{k}.rs"),
+            1 => format!("OPS-{}", 4100 + k),
+            2 => format!("v3.{k}.1"),
+            _ => format!("https://wiki.example.org/runbook{k}"),
+        })
+        .collect();
+    let text: String = (1..=800usize)
+        .map(|i| {
+            let role = if i % 2 == 1 { "user" } else { "assistant" };
+            let mut t = format!(
+                "Message {i}: some thoughts on {} and what we decided about it this week.",
+                topics[i % 4]
+            );
+            if i % 20 == 7 {
+                t.push_str(&format!(" Remember {} for later.", planted[i / 20]));
+            }
+            line(role, &t)
+        })
+        .collect();
+    env.run_stdin(&["ingest", "--session", "held"], text.as_bytes())
+        .assert_ok();
+    env.run(&["refresh", "held"]).assert_ok();
+    let r = env.run(&["context", "held", "--budget", "3000", "--json"]);
+    let c = json_of(r.assert_ok());
+    assert!(c["tokens"].as_u64().unwrap() <= 3000, "{c}");
+    let shown = c.to_string();
+    let missing: Vec<&String> = planted
+        .iter()
+        .filter(|p| !shown.contains(p.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of 40 identifiers missing in {} tokens: {missing:?}",
+        missing.len(),
+        c["tokens"]
+    );
+    assert!(!shown.contains("left out for the budget"), "{c}");
+}

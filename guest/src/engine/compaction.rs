@@ -47,10 +47,10 @@ pub fn compact_chain(
             let all = rs
                 .iter()
                 .fold(Ledger::default(), |acc, r| ledger::merge(&acc, &r.ledger));
-            ledger::budgeted(&all, cfg.ledger_tokens)
+            ledger::stored(all)
         };
         // The merge prompt's room, with the largest ledger the group could carry.
-        let widest = ledger::render(&merged_of(&rows[..end]));
+        let widest = ledger::for_prompt(&merged_of(&rows[..end]), cfg.ledger_tokens);
         let room = if cfg.engine == Engine::Llm {
             let extras = prompt::Extras {
                 ledger: &widest,
@@ -77,7 +77,7 @@ pub fn compact_chain(
         }
         let group = &rows[..take];
         let merged_ledger = merged_of(group);
-        let ledger_text = ledger::render(&merged_ledger);
+        let ledger_text = ledger::for_prompt(&merged_ledger, cfg.ledger_tokens);
         let extras = prompt::Extras {
             ledger: &ledger_text,
             focus: &cfg.focus,

@@ -79,7 +79,7 @@ pub(super) fn window_batch(
         Strategy::Update(r) => Some(r.content.as_str()),
         _ => None,
     };
-    let ledger_text = fold_ledger(&strategy);
+    let ledger_text = fold_ledger(&strategy, cfg);
     let extras = prompt::Extras {
         ledger: &ledger_text,
         focus: &cfg.focus,
@@ -336,7 +336,7 @@ pub(super) fn catch_up_now(
 }
 
 /// The ledger a row carries: `base` (the row it updates, if any) merged with the identifiers
-/// of `episodes`, within the ledger budget (empty when the ledger is off).
+/// of `episodes`, whole (budgets apply when it is read; empty when the ledger is off).
 pub(super) fn row_ledger<'a>(
     cfg: &Config,
     base: Option<&Ledger>,
@@ -350,14 +350,14 @@ pub(super) fn row_ledger<'a>(
         Some(b) => ledger::merge(b, &new),
         None => new,
     };
-    ledger::budgeted(&merged, cfg.ledger_tokens)
+    ledger::stored(merged)
 }
 
-/// The prompt extras of a fold into `strategy`'s row: that row's ledger (as facts to keep)
-/// and the session's focus.
-pub(super) fn fold_ledger(strategy: &Strategy) -> String {
+/// The prompt extras of a fold into `strategy`'s row: that row's ledger (as facts to keep),
+/// within the prompt's own slice of `cfg.ledger_tokens`.
+pub(super) fn fold_ledger(strategy: &Strategy, cfg: &Config) -> String {
     match strategy {
-        Strategy::Update(r) => ledger::render(&r.ledger),
+        Strategy::Update(r) => ledger::for_prompt(&r.ledger, cfg.ledger_tokens),
         _ => String::new(),
     }
 }
@@ -381,7 +381,7 @@ pub(super) fn pass(
         Strategy::Update(r) => Some(r.content.clone()),
         _ => None,
     };
-    let ledger_text = fold_ledger(&strategy);
+    let ledger_text = fold_ledger(&strategy, cfg);
     let extras = prompt::Extras {
         ledger: &ledger_text,
         focus: &cfg.focus,
@@ -455,7 +455,7 @@ pub(super) fn oversized(
     ep: Episode,
 ) -> Result<SummaryRow, Error> {
     let f = calibration_factor(h, cfg)?;
-    let ledger_text = fold_ledger(strategy);
+    let ledger_text = fold_ledger(strategy, cfg);
     let extras = prompt::Extras {
         ledger: &ledger_text,
         focus: &cfg.focus,
