@@ -289,6 +289,7 @@ fn fresh_out(f: freshness::Freshness) -> summarizer::FreshnessReport {
         failures: f.failures,
         last_error: f.last_error,
         fold_upto: f.fold_upto,
+        fallback_rows: f.fallback_rows,
     }
 }
 

@@ -175,16 +175,25 @@ impl Host for Fake {
                 Ok(row)
             }
             Some(id) => {
-                let last = self.rows.last_mut().expect("update needs a row");
-                assert_eq!(last.id, id, "only the latest row may be updated");
-                assert_eq!(last.first_episode, w.first_episode);
-                assert!(w.last_episode > last.last_episode);
-                *last = SummaryRow {
+                let latest = self.rows.last().expect("update needs a row").id;
+                let r = self
+                    .rows
+                    .iter_mut()
+                    .find(|r| r.id == id)
+                    .expect("a write replaces an active row");
+                assert_eq!(r.first_episode, w.first_episode);
+                if id == latest {
+                    assert!(w.last_episode >= r.last_episode, "an update never shrinks");
+                } else {
+                    assert_eq!(r.last_episode, w.last_episode, "a rewrite keeps its range");
+                }
+                *r = SummaryRow {
                     id,
-                    created_ms: last.created_ms,
+                    created_ms: r.created_ms,
+                    level: r.level,
                     ..row
                 };
-                Ok(last.clone())
+                Ok(r.clone())
             }
         }
     }
@@ -1666,4 +1675,70 @@ fn window_mode_folds_what_left_the_window_and_never_misses_a_message() {
     assert!(folds >= 2, "{folds}");
     // Each fold takes a batch several times its fixed part: far fewer folds than eager.
     assert!(folds < 20, "{folds} folds for 200 messages");
+}
+
+#[test]
+fn rows_the_offline_summarizer_wrote_are_rewritten_by_the_model_keeping_their_ranges() {
+    let mut f = Fake::default();
+    let offline = Config {
+        engine: Engine::Extractive,
+        max_summary_tokens: 5,
+        ..cfg()
+    };
+    // Three rounds offline: each row is full at once, so each round starts a new row.
+    for round in 0..3 {
+        for i in 0..10 {
+            let id = round * 10 + i + 1;
+            let role = if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            };
+            f.push(role, &format!("ep{id} {}", "word ".repeat(40)));
+        }
+        summarize_now(&mut f, "s", &offline).unwrap();
+    }
+    let before: Vec<(u64, u64, u64)> = f
+        .rows
+        .iter()
+        .map(|r| (r.id, r.first_episode, r.last_episode))
+        .collect();
+    assert!(before.len() >= 2, "{before:?}");
+    assert!(f.rows.iter().all(|r| r.model == FALLBACK_MODEL));
+    assert!(f.requests.is_empty());
+    // Without a model nothing is due; with one, the offline rows make the session due.
+    let fr = freshness(&mut f, "s", &offline).unwrap();
+    assert_eq!((fr.state, fr.fallback_rows), (FreshState::Fresh, 0));
+    let model = cfg();
+    let fr = freshness(&mut f, "s", &model).unwrap();
+    assert_eq!(fr.state, FreshState::Due, "{}", fr.reason);
+    assert_eq!(fr.fallback_rows as usize, before.len());
+    assert!(fr.reason.contains("offline summarizer"), "{}", fr.reason);
+    // The next refresh rewrites each row in place: same ids, same ranges, the model's text.
+    let out = refresh(&mut f, "s", &model).unwrap();
+    assert!(out.triggered);
+    let after: Vec<(u64, u64, u64)> = f
+        .rows
+        .iter()
+        .map(|r| (r.id, r.first_episode, r.last_episode))
+        .collect();
+    assert_eq!(after, before);
+    assert!(
+        f.rows.iter().all(|r| r.model == model.model),
+        "{:?}",
+        f.rows
+    );
+    assert_eq!(f.requests.len(), before.len(), "one fresh summary per row");
+    // Each request saw exactly its row's episodes.
+    for (req, (_, a, b)) in f.requests.iter().zip(&before) {
+        let p = Fake::prompt_text(req);
+        assert!(
+            p.contains(&format!("ep{a} ")) || p.contains(&format!("ep{a}\n")),
+            "{p}"
+        );
+        assert!(!p.contains(&format!("ep{} ", b + 1)), "{p}");
+    }
+    // And then it is fresh; new episodes fold into the model's rows as usual.
+    let fr = freshness(&mut f, "s", &model).unwrap();
+    assert_eq!((fr.state, fr.fallback_rows), (FreshState::Fresh, 0));
 }

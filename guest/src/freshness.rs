@@ -46,6 +46,9 @@ pub struct Freshness {
     pub last_error: Option<String>,
     /// The episode a refresh now folds up to (see [`fold_upto`]).
     pub fold_upto: u64,
+    /// Active rows the offline summarizer wrote that the configured model would rewrite (0
+    /// when the configuration names no model).
+    pub fallback_rows: u32,
 }
 
 /// The episode a refresh folds up to: the newest, or in window mode the newest that has left
@@ -77,6 +80,8 @@ pub struct Inputs {
     /// Window mode: estimated tokens of the unsummarized episodes that have left the recent
     /// window, and the fold size they must reach ([`crate::policy::window_batch`]).
     pub window: Option<(u64, u64)>,
+    /// Active rows the offline summarizer wrote that the configured model would rewrite.
+    pub fallback_rows: u32,
 }
 
 /// Longest backoff between automatic attempts: six hours.
@@ -131,7 +136,9 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
         failures: inp.marker.as_ref().map_or(0, |m| m.failures),
         last_error: inp.marker.as_ref().map(|m| m.last_error.clone()),
         fold_upto: fold_upto(cfg, inp.stats.last_episode),
+        fallback_rows: inp.fallback_rows,
     };
+    let upgrade = cfg.engine == crate::policy::Engine::Llm && inp.fallback_rows > 0;
     let set = |f: &mut Freshness, state, reason: String| {
         f.state = state;
         f.reason = reason;
@@ -141,7 +148,7 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
         set(&mut f, State::Empty, "no episodes".into());
         return f;
     }
-    if new == 0 {
+    if new == 0 && !upgrade {
         set(
             &mut f,
             State::Fresh,
@@ -168,6 +175,14 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
             set(&mut f, State::BackingOff, why);
             return f;
         }
+    }
+    if upgrade {
+        let why = format!(
+            "{} summary row(s) were written by the offline summarizer; {} rewrites them",
+            inp.fallback_rows, cfg.model
+        );
+        set(&mut f, State::Due, why);
+        return f;
     }
     if inp.stats.total_tokens <= u64::from(cfg.threshold_tokens) {
         let why = format!(
@@ -283,6 +298,7 @@ mod tests {
             covered_until_ms: None,
             now_ms: now,
             marker: None,
+            fallback_rows: 0,
             window: None,
         }
     }

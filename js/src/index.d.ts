@@ -134,6 +134,8 @@ export interface Freshness {
   lastError?: string;
   /** The episode a refresh now folds up to: the newest, or in window mode the newest that has left the window. */
   foldUpto: number;
+  /** Active rows the offline summarizer wrote that the configured model rewrites on the next refresh (0 without a model). */
+  fallbackRows: number;
 }
 
 export interface ContextRequest {
@@ -238,7 +240,7 @@ export class SqliteStore {
   close(): void;
 }
 
-export function checkChain(session: string, episodes: number, prev: SummaryRow | undefined, write: SummaryWrite): void;
+export function checkChain(session: string, episodes: number, prev: SummaryRow | undefined, target: { first: number; last: number } | undefined, write: SummaryWrite): void;
 export function describe(kind: ErrorKind, message: string): string;
 
 export interface EngineOptions {

@@ -33,8 +33,14 @@ const ledgerParse = (text) => {
   }
 };
 
-/** The chain rule, checked before every summary write. */
-export function checkChain(session, episodes, prev, w) {
+/**
+ * The chain rule, checked before every summary write (the same rule as the Rust stores'
+ * `rules::check_chain`). `target` is `{first, last}` of the active row `w.replaces` names in
+ * this session, or undefined: a write is a new row after the latest, an update of the latest
+ * that keeps its first episode and does not shrink, or a rewrite of another active row that
+ * keeps its range exactly.
+ */
+export function checkChain(session, episodes, prev, target, w) {
   const conflict = (why) => new AbridgeError('conflict', `summary chain rule for session '${session}': ${why}`);
   if (w.lastEpisode > episodes || w.lastEpisode < w.firstEpisode || w.firstEpisode === 0) {
     throw conflict(`coverage ${w.firstEpisode}-${w.lastEpisode} is outside episodes 1-${episodes}`);
@@ -43,11 +49,15 @@ export function checkChain(session, episodes, prev, w) {
     const expect = prev ? prev.lastEpisode + 1 : 1;
     if (w.firstEpisode !== expect) throw conflict(`a new row must start at episode ${expect}, not ${w.firstEpisode}`);
   } else if (prev && prev.id === w.replaces) {
-    if (w.firstEpisode !== prev.firstEpisode || w.lastEpisode <= prev.lastEpisode) {
-      throw conflict(`an update of row ${w.replaces} must keep its first episode ${prev.firstEpisode} and extend past ${prev.lastEpisode}`);
+    if (w.firstEpisode !== prev.firstEpisode || w.lastEpisode < prev.lastEpisode) {
+      throw conflict(`an update of row ${w.replaces} must keep its first episode ${prev.firstEpisode} and reach at least ${prev.lastEpisode}`);
+    }
+  } else if (target) {
+    if (w.firstEpisode !== target.first || w.lastEpisode !== target.last) {
+      throw conflict(`row ${w.replaces} is not the latest row: a rewrite must keep its range ${target.first}-${target.last}`);
     }
   } else {
-    throw conflict(`row ${w.replaces} is not the session's latest row`);
+    throw conflict(`row ${w.replaces} is not in the session's active chain`);
   }
 }
 
@@ -146,12 +156,15 @@ export class MemoryStore {
     const s = this.#get(session);
     if (!s) throw new AbridgeError('invalid-input', `no session '${session}' in the store`);
     const prev = s.rows[s.rows.length - 1];
-    checkChain(session, s.episodes.length, prev, w);
+    const at = w.replaces === undefined ? -1 : s.rows.findIndex((r) => r.id === w.replaces);
+    const target = at < 0 ? undefined : { first: s.rows[at].firstEpisode, last: s.rows[at].lastEpisode };
+    checkChain(session, s.episodes.length, prev, target, w);
     if (w.replaces !== undefined) {
-      s.rows[s.rows.length - 1] = rowFrom(w, prev.id, prev.createdMs);
-    } else {
-      s.rows.push(rowFrom(w, ++this.#nextRow, w.nowMs));
+      const old = s.rows[at];
+      s.rows[at] = { ...rowFrom(w, old.id, old.createdMs), level: old.level };
+      return { ...s.rows[at] };
     }
+    s.rows.push(rowFrom(w, ++this.#nextRow, w.nowMs));
     return { ...s.rows[s.rows.length - 1] };
   }
 
@@ -301,6 +314,7 @@ export class SqliteStore {
               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
       update: p('UPDATE summaries SET last_episode = ?, content = ?, tokens = ?, prompt_tokens = ?, output_tokens = ?, model = ?, updated_ms = ?, skipped = ?, ledger = ?, ledger_dropped = ?, sealed = ? WHERE id = ?'),
       placeOf: p('SELECT level, first_episode AS first FROM summaries WHERE id = ?'),
+      spanOf: p('SELECT first_episode AS first, last_episode AS last FROM summaries WHERE id = ? AND session = ? AND compacted_into IS NULL'),
       sessions: p('SELECT id FROM sessions ORDER BY changed_seq DESC, id'),
       calibration: p('SELECT estimated, reported FROM calibration WHERE model = ?'),
       partial: p('SELECT text, prompt_tokens AS promptTokens, output_tokens AS outputTokens, sealed FROM partials WHERE key = ?'),
@@ -475,7 +489,8 @@ export class SqliteStore {
       const stats = s.stats.get(session);
       if (!stats) throw new AbridgeError('invalid-input', `no session '${session}' in the store`);
       const prev = this.#row(session, s.latest.get(session));
-      checkChain(session, stats.episodes, prev, w);
+      const span = w.replaces === undefined ? undefined : s.spanOf.get(w.replaces, session);
+      checkChain(session, stats.episodes, prev, span ? { first: span.first, last: span.last } : undefined, w);
       let id;
       if (w.replaces === undefined) {
         const [content, ledger, sealed] = this.#sealSummary(session, 0, w.firstEpisode, w.content, w.ledger);

@@ -606,3 +606,73 @@ fn chunk_tokens_caps_map_chunks() {
         "derived {derived} chunks, capped {capped}"
     );
 }
+
+/// A first run without a model writes offline summaries; the first run with one rewrites them
+/// in place (same rows, same ranges, the model's prose) instead of answering "every episode
+/// is already covered". `refresh --upgrade` does it for every session; without a model it
+/// says what to do.
+#[test]
+fn offline_summaries_are_rewritten_by_the_model_once_one_is_reachable() {
+    let server = TestServer::start();
+    let offline = Env::new().with("EXTRACTION_URL", &closed_port_url());
+    offline
+        .run(&["summarize", &fixture("chat.jsonl")])
+        .assert_ok();
+    offline
+        .run(&["summarize", &fixture("openai.json")])
+        .assert_ok();
+    let rows_of = |env: &Env, s: &str| -> Vec<(u64, u64, u64, String)> {
+        env.chain(s).unwrap()["summaries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_u64().unwrap(),
+                    r["first_episode"].as_u64().unwrap(),
+                    r["last_episode"].as_u64().unwrap(),
+                    r["model"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let before = rows_of(&offline, "chat");
+    assert!(before.iter().all(|r| r.3 == "extractive"), "{before:?}");
+    // Asking for an upgrade with no model reachable says how to get one.
+    offline
+        .run(&["refresh", "--upgrade"])
+        .assert_fails(2, &["no model is reachable", "start Ollama"]);
+    // The same database, now with a model: summarize rewrites the offline rows.
+    let mut online = Env::new().with("EXTRACTION_URL", &server.url());
+    online.dir = offline.dir;
+    let r = online.run(&["summarize", &fixture("chat.jsonl")]);
+    r.assert_ok();
+    assert!(r.stderr.contains("0 new"), "{}", r.stderr);
+    let after = rows_of(&online, "chat");
+    assert_eq!(
+        after.iter().map(|r| (r.0, r.1, r.2)).collect::<Vec<_>>(),
+        before.iter().map(|r| (r.0, r.1, r.2)).collect::<Vec<_>>(),
+        "the same rows over the same ranges"
+    );
+    assert!(after.iter().all(|r| r.3 == "qwen2.5:3b"), "{after:?}");
+    assert_covers(&online.chain("chat").unwrap(), 12);
+    let calls = server.generations().len();
+    assert!(calls >= 1);
+    // Again: nothing left to rewrite, no model call.
+    online
+        .run(&["summarize", &fixture("chat.jsonl")])
+        .assert_ok();
+    assert_eq!(server.generations().len(), calls);
+    // The other session waits for `refresh --upgrade`, which takes every session.
+    let other = rows_of(&online, "openai");
+    assert!(other.iter().all(|r| r.3 == "extractive"), "{other:?}");
+    let r = online.run(&["refresh", "--upgrade"]);
+    r.assert_ok();
+    assert!(r.stderr.contains("1 of 2 session(s)"), "{}", r.stderr);
+    let other_after = rows_of(&online, "openai");
+    assert!(
+        other_after.iter().all(|r| r.3 == "qwen2.5:3b"),
+        "{other_after:?}"
+    );
+    assert_eq!(other_after.len(), other.len());
+}

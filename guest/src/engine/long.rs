@@ -61,15 +61,52 @@ pub(super) fn map_reduce_if_long(
     let Some(budget) = long_path(cfg, f, latest.as_ref(), backlog)? else {
         return Ok(None);
     };
-    let at = |id: u64| &eps[(id - covered - 1) as usize];
+    h.log(
+        Level::Info,
+        &format!(
+            "session {session}: {} new episodes (~{backlog} tokens) exceed one prompt; map-reduce",
+            eps.len()
+        ),
+    );
+    let g = map_reduce(h, session, cfg, f, &eps, budget)?;
+    // A summarized session gets a new row for the new part; the old rows stay as they are.
+    let strategy = if latest.is_some() {
+        Strategy::NewRow
+    } else {
+        Strategy::Fresh
+    };
+    let last = covered + eps.len() as u64;
+    let ledger = row_ledger(cfg, None, eps.iter().map(|e| (e.id, e.content.as_str())));
+    write(h, session, cfg, &strategy, covered, last, g, ledger).map(Some)
+}
+
+/// Summarize `eps` (consecutive episodes of one session) from scratch: token-budgeted chunks
+/// of at most `budget` summarized concurrently, then merged in order, level by level, into
+/// one text. One chunk is one fresh summary. A chunk that fails after the host's retries is
+/// skipped and recorded, within `max-skipped-percent`.
+pub(super) fn map_reduce(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    f: f64,
+    eps: &[Episode],
+    budget: u32,
+) -> Result<Generated, Error> {
+    let base = eps.first().map_or(1, |e| e.id);
+    let at = |id: u64| &eps[(id - base) as usize];
     let chunks = plan::plan_chunks(
         eps.iter().map(|e| (e.id, e.tokens)),
         chunk_cap(cfg, budget),
         |id| at(id).content.clone(),
     );
     h.log(
-        Level::Info,
-        &format!("session {session}: {} new episodes (~{backlog} tokens) exceed one prompt; map-reduce over {} chunks", eps.len(), chunks.len()),
+        Level::Debug,
+        &format!(
+            "session {session}: episodes {}-{} in {} chunks",
+            base,
+            base + eps.len() as u64 - 1,
+            chunks.len()
+        ),
     );
     let mut parts_of: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
     let mut reqs = Vec::with_capacity(chunks.len());
@@ -201,19 +238,10 @@ pub(super) fn map_reduce_if_long(
             })
             .collect();
     }
-    let g = Generated {
+    Ok(Generated {
         text: partials.remove(0).text,
         prompt_tokens: spent.0,
         output_tokens: spent.1,
         skipped: merge_ranges(skipped),
-    };
-    // A summarized session gets a new row for the new part; the old rows stay as they are.
-    let strategy = if latest.is_some() {
-        Strategy::NewRow
-    } else {
-        Strategy::Fresh
-    };
-    let last = covered + eps.len() as u64;
-    let ledger = row_ledger(cfg, None, eps.iter().map(|e| (e.id, e.content.as_str())));
-    write(h, session, cfg, &strategy, covered, last, g, ledger).map(Some)
+    })
 }

@@ -22,6 +22,7 @@ mod expand;
 mod long;
 mod planning;
 mod refresh;
+mod upgrade;
 
 pub use batches::*;
 pub(crate) use calibration::*;
@@ -31,6 +32,7 @@ pub use expand::*;
 use long::*;
 pub use planning::*;
 pub use refresh::*;
+pub use upgrade::*;
 
 /// Episodes fetched from the store per read.
 const PAGE: u32 = 256;

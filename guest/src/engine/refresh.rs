@@ -50,6 +50,11 @@ pub(super) fn freshness_and_marker(
     };
     let marker = h.failure(session)?;
     let now_ms = h.now_ms();
+    let fallback_rows = if cfg.engine == Engine::Llm {
+        fallback_rows(&h.summaries(session)?, cfg)
+    } else {
+        0
+    };
     let f = crate::freshness::verdict(
         crate::freshness::Inputs {
             stats,
@@ -60,6 +65,7 @@ pub(super) fn freshness_and_marker(
             now_ms,
             marker: marker.clone(),
             window,
+            fallback_rows,
         },
         cfg,
     );
@@ -245,7 +251,17 @@ pub(super) fn catch_up(
         inner: h,
         pending: Vec::new(),
     };
+    // What the offline summarizer wrote is rewritten by the model first, so that new
+    // episodes fold into the model's prose.
+    let upgraded = upgrade_fallback_rows(&mut d, session, cfg)?;
     let mut out = catch_up_now(&mut d, session, cfg, upto)?;
+    if !upgraded.is_empty() {
+        out.triggered = true;
+        out.passes += upgraded.len() as u32;
+        let mut all = upgraded;
+        all.append(&mut out.written);
+        out.written = all;
+    }
     // The second level: keep the active chain within its budget.
     match compact_chain(&mut d, session, cfg, cfg.summary_budget_tokens) {
         Ok(rows) => out.written.extend(rows),

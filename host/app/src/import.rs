@@ -93,8 +93,10 @@ impl Scoped {
             job: None,
             failure: None,
         };
-        if stats.last_episode <= self.covered(session).await? {
-            return Ok(out);
+        match bring {
+            Bring::Later => return Ok(out),
+            Bring::Now(cfg) if !self.needs_summary(session, cfg).await? => return Ok(out),
+            _ => {}
         }
         match bring {
             Bring::Now(cfg) => match self.run_or_join(session, stats.last_episode, cfg).await {
@@ -103,7 +105,9 @@ impl Scoped {
             },
             Bring::Queue => {
                 let cfg = self.session_config(session).await?;
-                out.job = Some(self.enqueue(session, stats.last_episode, &cfg).await?);
+                if self.needs_summary(session, &cfg).await? {
+                    out.job = Some(self.enqueue(session, stats.last_episode, &cfg).await?);
+                }
             }
             Bring::Later => {}
         }

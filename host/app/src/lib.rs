@@ -511,6 +511,16 @@ impl Scoped {
             .map_or(0, |r| r.last_episode))
     }
 
+    /// Whether a summary job under `cfg` has work in `session`: episodes beyond the chain, or
+    /// rows the offline summarizer wrote that `cfg`'s model rewrites (the guest's count).
+    pub async fn needs_summary(&self, session: &str, cfg: &Config) -> AppResult<bool> {
+        let stats = self.store().stats(session).await?;
+        if stats.last_episode > self.covered(session).await? {
+            return Ok(true);
+        }
+        Ok(self.engine().freshness(session, cfg).await?.fallback_rows > 0)
+    }
+
     /// A session's figures; an unknown session is [`ErrorKind::NotFound`].
     async fn known(&self, session: &str) -> AppResult<crate::types::SessionStats> {
         check_session(session)?;
@@ -915,10 +925,10 @@ impl Scoped {
     /// is already covered.
     pub async fn refresh(&self, session: &str) -> AppResult<Option<JobView>> {
         let stats = self.known(session).await?;
-        if stats.last_episode <= self.covered(session).await? {
+        let cfg = self.session_config(session).await?;
+        if !self.needs_summary(session, &cfg).await? {
             return Ok(None);
         }
-        let cfg = self.session_config(session).await?;
         let job = self.enqueue(session, stats.last_episode, &cfg).await?;
         Ok(Some(self.job_view(&job)))
     }

@@ -115,17 +115,23 @@ impl Scoped {
         if self.store().stats(name).await?.episodes > 0 {
             return Ok(name.to_string());
         }
-        let mut hits: Vec<String> = self
-            .store()
-            .sessions()
-            .await?
-            .into_iter()
+        let all = self.store().sessions().await?;
+        let mut hits: Vec<String> = all
+            .iter()
             .filter(|s| s.starts_with(name))
+            .cloned()
             .collect();
         hits.sort();
         match hits.len() {
-            0 => Err(AppError::not_found(format!("no session '{name}'"))
-                .hint("`abridge status` lists the sessions")),
+            0 => {
+                let hint = if all.is_empty() {
+                    "there are no sessions yet".to_string()
+                } else {
+                    let shown: Vec<&str> = all.iter().take(LISTED).map(String::as_str).collect();
+                    format!("known sessions: {}", shown.join(", "))
+                };
+                Err(AppError::not_found(format!("no session '{name}'")).hint(hint))
+            }
             1 => Ok(hits.remove(0)),
             n => {
                 let shown: Vec<&str> = hits.iter().take(LISTED).map(String::as_str).collect();

@@ -519,14 +519,16 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
 
 pub async fn summaries(s: &Settings, mut a: SummariesArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
-    a.session = local
-        .resolve(&a.session)
-        .await
-        .map_err(|e| super::app::fail(s, e))?;
-    let listed = if a.all {
-        local.summary_history(&a.session).await
-    } else {
-        local.summaries(&a.session).await
+    let listed = match local.resolve(&a.session).await {
+        Ok(name) => {
+            a.session = name;
+            if a.all {
+                local.summary_history(&a.session).await
+            } else {
+                local.summaries(&a.session).await
+            }
+        }
+        Err(e) => Err(e),
     };
     let rows = match listed {
         Ok(rows) => rows,

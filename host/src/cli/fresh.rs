@@ -44,9 +44,13 @@ pub struct ContextArgs {
 
 #[derive(Args, Debug)]
 pub struct RefreshArgs {
-    /// Session id
-    #[arg(value_parser = super::session_id)]
-    session: String,
+    /// Session id (or a unique prefix); with --upgrade and no session, every session
+    #[arg(value_parser = super::session_id, required_unless_present = "upgrade")]
+    session: Option<String>,
+    /// Rewrite with the model the summary rows the offline summarizer wrote while no model
+    /// was reachable (each keeps its range); needs a model. A plain refresh does this too
+    #[arg(long)]
+    upgrade: bool,
     /// Print the chain as JSON
     #[arg(long)]
     json: bool,
@@ -386,37 +390,75 @@ pub async fn reset(s: &Settings, mut a: ResetArgs) -> Result<(), Failure> {
 }
 
 /// Summarize a stored session now, whatever its mode or backoff (a success clears its failure
-/// marker), through its job.
-pub async fn refresh(s: &Settings, mut a: RefreshArgs) -> Result<(), Failure> {
+/// marker), through its job; rows the offline summarizer wrote are rewritten by the model
+/// first. `--upgrade` without a session does that for every session.
+pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
     let backend = choose_backend(s).await?;
+    let cfg = engine_config(s, &backend);
+    if a.upgrade && cfg.engine != abridge_engine::types::Engine::Llm {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!(
+                "--upgrade rewrites offline summaries with a model, and no model is reachable ({} backend); start Ollama (or pass --backend ollama/openai with its address) and run it again",
+                backend.name
+            ),
+        ));
+    }
     let local = super::app::local(s, Some(&backend))?;
-    a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
-    let view = local.session(&a.session).await.map_err(|e| fail(s, e))?;
-    if view.episodes > view.covered {
-        let mode = super::progress::Mode::detect(a.json, s.quiet);
-        let cfg = engine_config(s, &backend);
-        super::app::run_or_join(
-            s,
-            &local,
-            (&a.session, view.episodes),
-            &cfg,
-            super::app::Show::Own(mode),
-        )
-        .await?;
-    } else {
+    let sessions = match &a.session {
+        Some(x) => vec![local.resolve(x).await.map_err(|e| fail(s, e))?],
+        None => local.session_ids().await?,
+    };
+    let mode = super::progress::Mode::detect(a.json, s.quiet);
+    let mut upgraded = 0usize;
+    for session in &sessions {
+        let view = local.session(session).await.map_err(|e| fail(s, e))?;
+        if local.needs_summary(session, &cfg).await? {
+            super::app::run_or_join(
+                s,
+                &local,
+                (session, view.episodes),
+                &cfg,
+                super::app::Show::Own(mode),
+            )
+            .await?;
+            upgraded += 1;
+        } else if a.session.is_some() {
+            let why = if cfg.engine == abridge_engine::types::Engine::Llm {
+                "every episode is already covered, by the model"
+            } else {
+                "every episode is already covered"
+            };
+            note(s, &format!("session {session}: {why}"));
+        }
+        if a.session.is_none() {
+            continue;
+        }
+        let chain = local.summaries(session).await?;
+        if a.json {
+            println!(
+                "{}",
+                json!({"session": session, "episodes": view.episodes, "summaries": chain})
+            );
+        } else if let Some(r) = chain.last() {
+            println!("{}", r.content);
+        }
+    }
+    if a.session.is_none() {
         note(
             s,
-            &format!("session {}: every episode is already covered", a.session),
+            &format!(
+                "{upgraded} of {} session(s) had offline summaries or new episodes; each is summarized by {} now",
+                sessions.len(),
+                cfg.model
+            ),
         );
-    }
-    let chain = local.summaries(&a.session).await?;
-    if a.json {
-        println!(
-            "{}",
-            json!({"session": a.session, "episodes": view.episodes, "summaries": chain})
-        );
-    } else if let Some(r) = chain.last() {
-        println!("{}", r.content);
+        if a.json {
+            println!(
+                "{}",
+                json!({"sessions": sessions.len(), "refreshed": upgraded})
+            );
+        }
     }
     Ok(())
 }

@@ -197,7 +197,11 @@ impl Store for MemoryStore {
             let s = sessions.get_mut(session).ok_or_else(|| {
                 Error::InvalidInput(format!("no session '{session}' in the store"))
             })?;
-            check_chain(session, s.episodes.len() as u64, s.rows.last(), &w)?;
+            let at = w
+                .replaces
+                .and_then(|id| s.rows.iter().position(|r| r.id == id));
+            let target = at.map(|i| (s.rows[i].first_episode, s.rows[i].last_episode));
+            check_chain(session, s.episodes.len() as u64, s.rows.last(), target, &w)?;
             let row = SummaryRow {
                 id: 0,
                 first_episode: w.first_episode,
@@ -217,13 +221,14 @@ impl Store for MemoryStore {
             };
             match w.replaces {
                 Some(id) => {
-                    let last = s.rows.last_mut().expect("check_chain saw a latest row");
-                    *last = SummaryRow {
+                    let r = &mut s.rows[at.expect("check_chain saw the row")];
+                    *r = SummaryRow {
                         id,
-                        created_ms: last.created_ms,
+                        created_ms: r.created_ms,
+                        level: r.level,
                         ..row
                     };
-                    Ok(last.clone())
+                    Ok(r.clone())
                 }
                 None => {
                     *next_id += 1;

@@ -16,12 +16,19 @@ use crate::types::{
 // ---- The summary chain ------------------------------------------------------------------
 
 /// The chain rule every store enforces before writing: rows of a session cover episodes
-/// `1..=n` exactly once, in order. `episodes` is the session's episode count and `prev` its
-/// latest row.
+/// `1..=n` exactly once, in order. `episodes` is the session's episode count, `prev` its
+/// latest row, and `target` the first and last episode of the active row `w.replaces` names
+/// (`None` when no active row of this session has that id).
+///
+/// A write is one of three kinds: a new row starting right after the latest; an update of the
+/// latest row that keeps its first episode and extends (or keeps) its end; or a rewrite of any
+/// other active row that keeps its range exactly (a better summarizer rewriting what a fallback
+/// wrote: the chain's coverage does not change).
 pub fn check_chain(
     session: &str,
     episodes: u64,
     prev: Option<&SummaryRow>,
+    target: Option<(u64, u64)>,
     w: &SummaryWrite,
 ) -> Result<(), Error> {
     let conflict =
@@ -43,18 +50,27 @@ pub fn check_chain(
             }
         }
         (Some(id), Some(p)) if p.id == id => {
-            if w.first_episode != p.first_episode || w.last_episode <= p.last_episode {
+            if w.first_episode != p.first_episode || w.last_episode < p.last_episode {
                 return Err(conflict(format!(
-                    "an update of row {id} must keep its first episode {} and extend past {}",
+                    "an update of row {id} must keep its first episode {} and reach at least {}",
                     p.first_episode, p.last_episode
                 )));
             }
         }
-        (Some(id), _) => {
-            return Err(conflict(format!(
-                "row {id} is not the session's latest row"
-            )));
-        }
+        (Some(id), _) => match target {
+            Some((first, last)) => {
+                if (w.first_episode, w.last_episode) != (first, last) {
+                    return Err(conflict(format!(
+                        "row {id} is not the latest row: a rewrite must keep its range {first}-{last}"
+                    )));
+                }
+            }
+            None => {
+                return Err(conflict(format!(
+                    "row {id} is not in the session's active chain"
+                )));
+            }
+        },
     }
     Ok(())
 }

@@ -582,7 +582,18 @@ impl Store for SqliteStore {
                 .map_err(db_err)?
                 .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))? as u64;
             let prev = self.latest(&tx, session)?;
-            crate::rules::check_chain(session, episodes, prev.as_ref(), &w)?;
+            let target = match w.replaces {
+                Some(id) => tx
+                    .query_row(
+                        "SELECT first_episode, last_episode FROM summaries WHERE id = ?1 AND session = ?2 AND compacted_into IS NULL",
+                        params![id as i64, session],
+                        |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+                    )
+                    .optional()
+                    .map_err(db_err)?,
+                None => None,
+            };
+            crate::rules::check_chain(session, episodes, prev.as_ref(), target, &w)?;
             let id = match w.replaces {
                 None => {
                     let (content, ledger, sealed) =

@@ -64,7 +64,37 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         .write_summary("s", write(None, 3, 3, "two"))
         .await
         .unwrap();
-    assert!(conflict(s.write_summary("s", write(Some(r1.id), 1, 4, "x")).await).contains("latest"));
+    // A row that is not the latest keeps its range: a rewrite (a model replacing what the
+    // offline summarizer wrote) may change its text only.
+    assert!(
+        conflict(s.write_summary("s", write(Some(r1.id), 1, 4, "x")).await)
+            .contains("must keep its range 1-2")
+    );
+    let mut better = write(Some(r1.id), 1, 2, "one, rewritten");
+    better.model = "qwen2.5:3b".into();
+    let r1b = s.write_summary("s", better).await.unwrap();
+    assert_eq!(
+        (r1b.id, r1b.first_episode, r1b.last_episode, r1b.level),
+        (r1.id, 1, 2, 0),
+        "{name}"
+    );
+    assert_eq!(
+        (r1b.content.as_str(), r1b.model.as_str(), r1b.created_ms),
+        ("one, rewritten", "qwen2.5:3b", r1.created_ms),
+        "{name}"
+    );
+    assert!(
+        conflict(s.write_summary("s", write(Some(9_999), 1, 2, "x")).await)
+            .contains("not in the session's active chain")
+    );
+    // The latest row may be rewritten in place too, but never shrunk.
+    s.write_summary("s", write(Some(r2.id), 3, 3, "two, rewritten"))
+        .await
+        .unwrap();
+    assert!(
+        conflict(s.write_summary("s", write(Some(r2.id), 2, 3, "x")).await)
+            .contains("first episode")
+    );
     let r2b = s
         .write_summary("s", write(Some(r2.id), 3, 4, "two+"))
         .await

@@ -652,7 +652,30 @@ impl Store for PgStore {
             .await?
             .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))?;
         let prev = self.latest_in(&tx, session).await?;
-        crate::rules::check_chain(session, episodes, prev.as_ref(), &w)?;
+        let target = match w.replaces {
+            Some(id) => tx
+                .query_opt(
+                    "SELECT first_episode, last_episode, level FROM summaries WHERE id = $1 AND session = $2 AND compacted_into IS NULL",
+                    &[&(id as i64), &session],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+                .map(|r| {
+                    (
+                        r.get::<_, i64>(0) as u64,
+                        r.get::<_, i64>(1) as u64,
+                        r.get::<_, i64>(2) as u32,
+                    )
+                }),
+            None => None,
+        };
+        crate::rules::check_chain(
+            session,
+            episodes,
+            prev.as_ref(),
+            target.map(|(a, b, _)| (a, b)),
+            &w,
+        )?;
         // A new row is keyed by its session, an update by the row it replaces; the values
         // are the same (an update keeps its first episode: the chain check said so).
         let replaces = w.replaces.map(|id| id as i64);
@@ -662,10 +685,7 @@ impl Store for PgStore {
             w.now_ms as i64,
         );
         // The row keeps its level and first episode (the chain check said so): its name.
-        let level = match (&prev, w.replaces) {
-            (Some(p), Some(id)) if p.id == id => p.level,
-            _ => 0,
-        };
+        let level = target.map_or(0, |(_, _, level)| level);
         let (content, ledger, sealed) = self
             .sealed_summary(
                 &tx,
