@@ -76,6 +76,13 @@ fn kind_in(k: store::IdentifierKind) -> ledger::Kind {
         K::Date => ledger::Kind::Date,
         K::Email => ledger::Kind::Email,
         K::Ticket => ledger::Kind::Ticket,
+        K::Request => ledger::Kind::Request,
+        K::Created => ledger::Kind::Created,
+        K::Edited => ledger::Kind::Edited,
+        K::Read => ledger::Kind::Read,
+        K::Ran => ledger::Kind::Ran,
+        K::Failed => ledger::Kind::Failed,
+        K::Todo => ledger::Kind::Todo,
         K::Name => ledger::Kind::Name,
     }
 }
@@ -92,6 +99,13 @@ fn kind_out(k: ledger::Kind) -> store::IdentifierKind {
         ledger::Kind::Date => K::Date,
         ledger::Kind::Email => K::Email,
         ledger::Kind::Ticket => K::Ticket,
+        ledger::Kind::Request => K::Request,
+        ledger::Kind::Created => K::Created,
+        ledger::Kind::Edited => K::Edited,
+        ledger::Kind::Read => K::Read,
+        ledger::Kind::Ran => K::Ran,
+        ledger::Kind::Failed => K::Failed,
+        ledger::Kind::Todo => K::Todo,
         ledger::Kind::Name => K::Name,
     }
 }

@@ -61,7 +61,31 @@ pub(crate) fn cost(text: &str) -> u32 {
 /// ("Episodes 1-40 (earlier summary):" for a compacted row). Chat-template tokens a transcript
 /// carried into a summary (an extractive one quotes it) are neutralized: the next model call
 /// must not see a turn boundary inside its system message. The ledger follows the prose.
-fn summary_text(rows: &[SummaryRow], ledger: &str) -> String {
+/// With `digest_below`, a row whose prose is an offline digest (the
+/// offline summary of a coding session) is named, not repeated: the session's digest below
+/// holds all of it and more.
+fn summary_text(rows: &[SummaryRow], ledger: &str, digest_below: bool) -> String {
+    let offline = |r: &SummaryRow| digest_below && r.content.starts_with(crate::digest::HEADING);
+    let rows_shown: Vec<SummaryRow>;
+    let rows = if rows.iter().any(offline) {
+        rows_shown = rows
+            .iter()
+            .map(|r| {
+                if offline(r) {
+                    let mut r = r.clone();
+                    r.content =
+                        "(the offline summary of these episodes is the session digest below)"
+                            .into();
+                    r
+                } else {
+                    r.clone()
+                }
+            })
+            .collect();
+        &rows_shown[..]
+    } else {
+        rows
+    };
     let body = if rows.len() == 1 && rows[0].level == 0 {
         crate::prompt::neutralize(&rows[0].content)
     } else {
@@ -105,6 +129,8 @@ pub struct Parts<'a> {
     pub pairs: u32,
     /// The ledger's budget in the window (0: no ledger).
     pub ledger_budget: u32,
+    /// The coding-session digest's entries for the whole session (empty for a chat).
+    pub digest: &'a [crate::ledger::Entry],
 }
 
 /// Build the window.
@@ -143,6 +169,17 @@ pub fn assemble(p: &Parts) -> Window {
             pins.push(e);
         }
     }
+    // Then the coding-session digest (the requests verbatim, the files edited, the open
+    // error and to-dos), which no summary prose may drop: up to half the room left.
+    let digest_room = budget.saturating_sub(used) / 2;
+    let mut digest = crate::digest::render(p.digest, digest_room.saturating_sub(MESSAGE_COST));
+    if !digest.is_empty() {
+        if used.saturating_add(cost(&digest)) <= budget {
+            used += cost(&digest);
+        } else {
+            digest.clear();
+        }
+    }
     // Then the summary and its ledger (within its slice): all rows if they fit, else the
     // newest that do.
     let all = if p.ledger_budget == 0 {
@@ -162,7 +199,11 @@ pub fn assemble(p: &Parts) -> Window {
             if !with_ledger && ledger_text.is_empty() {
                 continue;
             }
-            let text = summary_text(&p.rows[from..], if with_ledger { &ledger_text } else { "" });
+            let text = summary_text(
+                &p.rows[from..],
+                if with_ledger { &ledger_text } else { "" },
+                !digest.is_empty(),
+            );
             if used.saturating_add(cost(&text)) <= budget {
                 summary = Some((text, from, with_ledger && !ledger_text.is_empty()));
                 break 'rows;
@@ -206,17 +247,23 @@ pub fn assemble(p: &Parts) -> Window {
     // Last, the room left is the ledger's: entries the slice left out are added (frequent and
     // recent first, by the ledger's one policy) while the summary still fits the budget.
     if let Some((text, from, with_ledger)) = &mut summary
-        && ledger.entries.len() < all.entries.len()
+        && crate::ledger::identifiers(&ledger).count() < crate::ledger::identifiers(&all).count()
         && used < budget
     {
         let before = cost(text);
         let mut room = p.ledger_budget + (budget - used);
         for _ in 0..6 {
             let wider = crate::ledger::budgeted(&all, room);
-            if wider.entries.len() <= ledger.entries.len() {
+            if crate::ledger::identifiers(&wider).count()
+                <= crate::ledger::identifiers(&ledger).count()
+            {
                 break;
             }
-            let candidate = summary_text(&p.rows[*from..], &crate::ledger::render(&wider));
+            let candidate = summary_text(
+                &p.rows[*from..],
+                &crate::ledger::render(&wider),
+                !digest.is_empty(),
+            );
             let c = cost(&candidate);
             if used - before + c <= budget {
                 used = used - before + c;
@@ -227,6 +274,20 @@ pub fn assemble(p: &Parts) -> Window {
             }
             // Rendering costs more than the entries' estimate: shrink by the excess.
             room = room.saturating_sub(used - before + c - budget + 4);
+        }
+    }
+    // And the digest gets the rest of the room if its budget left entries out.
+    if (digest.contains(crate::digest::LEFT_OUT) || (digest.is_empty() && !p.digest.is_empty()))
+        && used < budget
+    {
+        let before = if digest.is_empty() { 0 } else { cost(&digest) };
+        let wider = crate::digest::render(
+            p.digest,
+            (before + budget - used).saturating_sub(MESSAGE_COST),
+        );
+        if used - before + cost(&wider) <= budget {
+            used = used - before + cost(&wider);
+            digest = wider;
         }
     }
     let included: &[SummaryRow] = match &summary {
@@ -263,12 +324,17 @@ pub fn assemble(p: &Parts) -> Window {
     };
     let level = included.iter().map(|r| r.level).max().unwrap_or(0);
     let identifiers = match &summary {
-        Some((_, _, true)) => ledger.entries.len() as u32,
+        Some((_, _, true)) => crate::ledger::identifiers(&ledger).count() as u32,
         _ => 0,
     };
     let mut messages = Vec::with_capacity(recent.len() + pins.len() + 1);
-    if let Some((text, _, _)) = summary {
-        messages.push(Message::new(Role::System, text));
+    match summary {
+        Some((text, _, _)) if !digest.is_empty() => {
+            messages.push(Message::new(Role::System, format!("{text}\n\n{digest}")));
+        }
+        Some((text, _, _)) => messages.push(Message::new(Role::System, text)),
+        None if !digest.is_empty() => messages.push(Message::new(Role::System, digest)),
+        None => {}
     }
     let mut verbatim: Vec<&Episode> = pins.iter().chain(recent.iter()).copied().collect();
     verbatim.sort_by_key(|e| e.id);
@@ -335,6 +401,7 @@ mod tests {
             budget,
             pairs,
             ledger_budget: 300,
+            digest: &[],
         })
     }
 
@@ -378,7 +445,7 @@ mod tests {
         assert_eq!((w.covered, w.recent, w.omitted), (16, 8, 0));
         assert!(is_own_output(&w.messages[0].content));
         // A tight budget keeps the newest message and the summary, then what else fits.
-        let tight = cost(&tail[9].content) + cost(&summary_text(&[row(1, 16, 30)], "")) + 30;
+        let tight = cost(&tail[9].content) + cost(&summary_text(&[row(1, 16, 30)], "", false)) + 30;
         let w = assemble(&[row(1, 16, 30)], &tail, 20, tight, 4);
         assert!(w.tokens <= tight);
         assert_eq!(w.messages[0].role, Role::System);

@@ -1742,3 +1742,112 @@ fn rows_the_offline_summarizer_wrote_are_rewritten_by_the_model_keeping_their_ra
     let fr = freshness(&mut f, "s", &model).unwrap();
     assert_eq!((fr.state, fr.fallback_rows), (FreshState::Fresh, 0));
 }
+
+#[test]
+fn a_coding_session_keeps_its_digest_through_folds_and_shows_it_in_the_context() {
+    use crate::digest::{action_line, failure_line};
+    let mut f = Fake::forgetful();
+    let c = Config {
+        min_episodes_since: 2,
+        threshold_tokens: 0,
+        ..cfg()
+    };
+    f.push(
+        Role::User,
+        "Rule: never push to main. Fix the flaky checkout test.",
+    );
+    f.push(Role::Assistant, "Looking at it.");
+    for i in 1..=30 {
+        f.push(
+            Role::Tool,
+            &action_line("Read", Some(&format!("src/mod{i}.rs"))),
+        );
+        f.push(
+            Role::Tool,
+            &action_line("Edit", Some(&format!("src/mod{i}.rs"))),
+        );
+        f.push(Role::Assistant, &format!("Changed module {i}."));
+        after_episode_written(&mut f, "s", &c).unwrap();
+    }
+    f.push(Role::Tool, &action_line("Bash", Some("cargo test")));
+    f.push(
+        Role::Tool,
+        &failure_line(
+            &action_line("Bash", Some("cargo test")),
+            "error: test checkout_retries failed",
+        ),
+    );
+    f.push(
+        Role::User,
+        "Now make the retry count configurable, default 3.",
+    );
+    // The rows carry the digest; the model's prose (which keeps only the last exchange) does not.
+    assert!(
+        f.rows
+            .iter()
+            .any(|r| crate::digest::is_coding(&r.ledger.entries))
+    );
+    let req = ContextRequest {
+        budget: 3000,
+        pairs: 1,
+        refresh_after: u32::MAX,
+        pins: vec![],
+    };
+    let w = context(&mut f, "s", req, &c).unwrap();
+    let text = context_text(&w);
+    assert!(w.window.tokens <= 3000);
+    assert!(
+        text.contains("Latest request (#")
+            && text.contains("Now make the retry count configurable, default 3."),
+        "{text}"
+    );
+    assert!(
+        text.contains("First request (#1): Rule: never push to main. Fix the flaky checkout test."),
+        "{text}"
+    );
+    for i in 1..=30 {
+        assert!(
+            text.contains(&format!("src/mod{i}.rs (#")),
+            "src/mod{i}.rs missing: {text}"
+        );
+    }
+    assert!(
+        text.contains("Unresolved error (#")
+            && text.contains("error: test checkout_retries failed"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_offline_summary_of_a_coding_session_is_its_digest() {
+    use crate::digest::action_line;
+    let mut f = Fake::default();
+    let c = Config {
+        engine: Engine::Extractive,
+        ..cfg()
+    };
+    f.push(Role::User, "Add a --json flag to the status command.");
+    f.push(Role::Assistant, "Pros: easy. Cons: none.");
+    f.push(Role::Tool, &action_line("Edit", Some("src/cli/status.rs")));
+    f.push(Role::Tool, &action_line("Bash", Some("cargo test status")));
+    f.push(
+        Role::Assistant,
+        "Done: status --json prints one object per session.",
+    );
+    summarize_now(&mut f, "s", &c).unwrap();
+    let row = &f.rows[0];
+    assert!(
+        row.content.starts_with(crate::digest::HEADING),
+        "{}",
+        row.content
+    );
+    assert!(
+        row.content
+            .contains("Latest request (#1): Add a --json flag to the status command.")
+    );
+    assert!(row.content.contains("Files edited: src/cli/status.rs (#3)"));
+    assert!(
+        row.content
+            .contains("Commands (newest first): Bash: cargo test status (#4)")
+    );
+}

@@ -57,6 +57,20 @@ pub enum Kind {
     Ticket,
     /// A quoted name.
     Name,
+    /// Digest: a user's request, verbatim.
+    Request,
+    /// Digest: a file created.
+    Created,
+    /// Digest: a file edited.
+    Edited,
+    /// Digest: a file read.
+    Read,
+    /// Digest: a command or tool run.
+    Ran,
+    /// Digest: a failed tool call and its error.
+    Failed,
+    /// Digest: a to-do item.
+    Todo,
 }
 
 impl Kind {
@@ -73,6 +87,41 @@ impl Kind {
             Kind::Email => "email",
             Kind::Ticket => "ticket",
             Kind::Name => "name",
+            Kind::Request => "request",
+            Kind::Created => "created",
+            Kind::Edited => "edited",
+            Kind::Read => "read",
+            Kind::Ran => "ran",
+            Kind::Failed => "failed",
+            Kind::Todo => "todo",
+        }
+    }
+
+    /// Whether the kind belongs to the coding-session digest (not an identifier).
+    pub fn is_digest(self) -> bool {
+        matches!(
+            self,
+            Kind::Request
+                | Kind::Created
+                | Kind::Edited
+                | Kind::Read
+                | Kind::Ran
+                | Kind::Failed
+                | Kind::Todo
+        )
+    }
+
+    /// The group an entry is keyed in with its text: identifiers share one; a file's three
+    /// kinds share one (a file read, then edited, is one entry); every other digest kind is
+    /// its own.
+    pub fn group(self) -> u8 {
+        match self {
+            Kind::Created | Kind::Edited | Kind::Read => 1,
+            Kind::Request => 2,
+            Kind::Ran => 3,
+            Kind::Failed => 4,
+            Kind::Todo => 5,
+            _ => 0,
         }
     }
 }
@@ -406,11 +455,29 @@ pub fn of_episodes<'a>(episodes: impl IntoIterator<Item = (u64, &'a str)>) -> Le
     l
 }
 
-fn add(entries: &mut Vec<Entry>, kind: Kind, text: String, episode: u64, count: u32) {
-    match entries.iter_mut().find(|e| e.text == text) {
+/// A file's kinds by precedence: a file the session created stays "created" when it is
+/// edited later, and one it edited stays "edited" when it is read again.
+fn file_rank(k: Kind) -> u8 {
+    match k {
+        Kind::Created => 3,
+        Kind::Edited => 2,
+        _ => 1,
+    }
+}
+
+pub(crate) fn add(entries: &mut Vec<Entry>, kind: Kind, text: String, episode: u64, count: u32) {
+    match entries
+        .iter_mut()
+        .find(|e| e.kind.group() == kind.group() && e.text == text)
+    {
         Some(e) => {
             e.count = e.count.saturating_add(count);
-            if episode >= e.episode {
+            if kind.group() == 1 {
+                if file_rank(kind) > file_rank(e.kind) {
+                    e.kind = kind;
+                }
+                e.episode = e.episode.max(episode);
+            } else if episode >= e.episode {
                 e.episode = episode;
                 e.kind = kind;
             }
@@ -438,9 +505,12 @@ pub fn merge(a: &Ledger, b: &Ledger) -> Ledger {
 /// transcript, not a budget (budgets apply when the ledger is read).
 pub const STORED_TOKENS: u32 = 16_000;
 
-/// The ledger a row stores: whole, unless it passes [`STORED_TOKENS`].
+/// The ledger a row stores: whole, unless its identifiers pass [`STORED_TOKENS`] (the digest's
+/// entries have their own bound, [`crate::digest::bounded`]).
 pub fn stored(l: Ledger) -> Ledger {
-    budgeted(&l, STORED_TOKENS)
+    let mut out = budgeted(&l, STORED_TOKENS);
+    out.entries = crate::digest::bounded(out.entries);
+    out
 }
 
 /// The ledger as a prompt shows it: within the configured slice (`0`: none).
@@ -459,14 +529,21 @@ pub fn entry_cost(e: &Entry) -> u32 {
 /// `l` kept within `budget` tokens by the policy in the module docs; what is dropped is added
 /// to `dropped`. Entries stay in first-seen order.
 pub fn budgeted(l: &Ledger, budget: u32) -> Ledger {
-    let total: u32 = l.entries.iter().map(entry_cost).sum();
+    // The budget is the identifiers'; the digest's entries pass through (the digest is
+    // budgeted when it is rendered, see [`crate::digest::render`]).
+    let total: u32 = l
+        .entries
+        .iter()
+        .filter(|e| !e.kind.is_digest())
+        .map(entry_cost)
+        .sum();
     if total <= budget {
         return l.clone();
     }
-    let mut keep = vec![false; l.entries.len()];
+    let mut keep: Vec<bool> = l.entries.iter().map(|e| e.kind.is_digest()).collect();
     let mut used = 0u32;
     let mut frequent: Vec<usize> = (0..l.entries.len())
-        .filter(|&i| l.entries[i].count >= FREQUENT)
+        .filter(|&i| !keep[i] && l.entries[i].count >= FREQUENT)
         .collect();
     frequent.sort_by(|&a, &b| {
         let (x, y) = (&l.entries[a], &l.entries[b]);
@@ -507,15 +584,19 @@ pub fn budgeted(l: &Ledger, budget: u32) -> Ledger {
 /// The heading of the ledger block in prompts and contexts.
 pub const HEADING: &str = "Identifiers mentioned (verbatim; episode last seen):";
 
-/// The ledger as one block of text (empty for an empty ledger): identifiers separated by
-/// ` · `, each with the episode it was last seen in.
+/// The identifiers of a ledger (not the digest's entries).
+pub fn identifiers(l: &Ledger) -> impl Iterator<Item = &Entry> {
+    l.entries.iter().filter(|e| !e.kind.is_digest())
+}
+
+/// The ledger's identifiers as one block of text (empty when there are none): separated by
+/// ` · `, each with the episode it was last seen in. The digest's entries are rendered by
+/// [`crate::digest::render`].
 pub fn render(l: &Ledger) -> String {
-    if l.entries.is_empty() {
+    if identifiers(l).next().is_none() {
         return String::new();
     }
-    let items: Vec<String> = l
-        .entries
-        .iter()
+    let items: Vec<String> = identifiers(l)
         .map(|e| format!("{} (#{})", crate::prompt::neutralize(&e.text), e.episode))
         .collect();
     let mut s = format!("{HEADING}\n{}", items.join(" · "));

@@ -13,7 +13,7 @@
 //! (unless `skip_invalid`), except a partial last line with no newline, which a live Claude
 //! Code session is still writing: it is skipped with a warning.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -284,6 +284,9 @@ struct LineState {
     held: Option<ParsedEpisode>,
     /// Whether id/title changed since the last batch.
     meta_dirty: bool,
+    /// Claude Code: the action line of each tool call seen, by tool-use id, so a failed
+    /// result can say which call failed (bounded: the oldest are forgotten).
+    calls: BTreeMap<String, String>,
 }
 
 /// Detection's progress through the first value: the scanner's state, how many held bytes it
@@ -1468,6 +1471,8 @@ fn claude_code_line(
     };
     let mut texts = Vec::new();
     let mut tool_results = Vec::new();
+    // Tool calls and failed results as digest lines (see `crate::digest`), in order.
+    let mut actions: Vec<String> = Vec::new();
     match msg.get("content") {
         Some(Value::String(s)) => texts.push(s.clone()),
         Some(Value::Array(blocks)) => {
@@ -1476,14 +1481,30 @@ fn claude_code_line(
                     Some("text") => {
                         texts.extend(b.get("text").and_then(Value::as_str).map(str::to_string))
                     }
-                    Some("tool_use") if include_tools => {
+                    Some("tool_use") => {
                         let name = b.get("name").and_then(Value::as_str).unwrap_or("tool");
-                        let input = b.get("input").map(Value::to_string).unwrap_or_default();
-                        texts.push(format!("[tool call {name}: {input}]"));
+                        let line = claude_code_action(name, b.get("input"));
+                        if let Some(id) = b.get("id").and_then(Value::as_str) {
+                            if st.calls.len() >= MAX_OPEN_CALLS
+                                && let Some(k) = st.calls.keys().next().cloned()
+                            {
+                                st.calls.remove(&k);
+                            }
+                            st.calls.insert(id.to_string(), line.clone());
+                        }
+                        actions.push(line);
                     }
-                    Some("tool_result") if include_tools => {
+                    Some("tool_result") => {
                         let c = content_text(b.get("content"));
-                        if !c.trim().is_empty() {
+                        if b.get("is_error").and_then(Value::as_bool) == Some(true) {
+                            let call = b
+                                .get("tool_use_id")
+                                .and_then(Value::as_str)
+                                .and_then(|id| st.calls.get(id))
+                                .map_or("a tool call", String::as_str);
+                            actions.push(crate::digest::failure_line(call, &c));
+                        }
+                        if include_tools && !c.trim().is_empty() {
                             tool_results.push(c);
                         }
                     }
@@ -1510,6 +1531,43 @@ fn claude_code_line(
             speaker: None,
         });
         count += 1;
+    }
+    if !actions.is_empty() {
+        // Text before the calls is its own episode; the calls follow it, in order.
+        if !text.is_empty() {
+            out.extend(st.held.take());
+            let source_key = if uuid.is_empty() {
+                position_key(count, role, &text)
+            } else {
+                uuid.clone()
+            };
+            out.push(ParsedEpisode {
+                role,
+                content: text,
+                timestamp_ms: ts,
+                source_key,
+                speaker: None,
+            });
+            count += 1;
+        }
+        st.open_turn = None;
+        out.extend(st.held.take());
+        for (k, a) in actions.into_iter().enumerate() {
+            let source_key = if uuid.is_empty() {
+                position_key(count, Role::Tool, &a)
+            } else {
+                format!("{uuid}#act{k}")
+            };
+            out.push(ParsedEpisode {
+                role: Role::Tool,
+                content: a,
+                timestamp_ms: ts,
+                source_key,
+                speaker: None,
+            });
+            count += 1;
+        }
+        return out;
     }
     if text.is_empty() {
         return out;
@@ -1546,6 +1604,41 @@ fn claude_code_line(
         out.push(ep);
     }
     out
+}
+
+/// Tool calls remembered per conversation to name a failed result's call.
+const MAX_OPEN_CALLS: usize = 256;
+
+/// A Claude Code tool call as a digest action line: the file a file tool touched, the command
+/// a shell ran, the to-do list a `TodoWrite` set, the pattern, URL or query of the others.
+fn claude_code_action(name: &str, input: Option<&Value>) -> String {
+    let field = |k: &str| input.and_then(|i| i.get(k)).and_then(Value::as_str);
+    if name == "TodoWrite" {
+        let items: Vec<String> = input
+            .and_then(|i| i.get("todos"))
+            .and_then(Value::as_array)
+            .map(|todos| {
+                todos
+                    .iter()
+                    .filter_map(|t| {
+                        let content = t.get("content").and_then(Value::as_str)?;
+                        let status = t.get("status").and_then(Value::as_str).unwrap_or("pending");
+                        Some(format!("[{status}] {}", content.replace("; ", ", ")))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        return crate::digest::action_line(name, Some(&items.join("; ")));
+    }
+    let arg = field("file_path")
+        .or_else(|| field("notebook_path"))
+        .or_else(|| field("command"))
+        .or_else(|| field("pattern"))
+        .or_else(|| field("url"))
+        .or_else(|| field("query"))
+        .or_else(|| field("path"))
+        .or_else(|| field("description"));
+    crate::digest::action_line(name, arg)
 }
 
 /// One OpenAI message at position `i`, if it carries text.

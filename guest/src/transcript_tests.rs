@@ -277,9 +277,12 @@ fn claude_code_merges_split_assistant_turns_and_drops_noise() {
         vec![
             (Role::User, "Why does CI fail?"),
             (Role::Assistant, "Let me look."),
+            // A tool call is an action line for the digest (see `crate::digest`).
+            (Role::Tool, "[action] Bash: ls"),
             (Role::Assistant, "The lockfile is stale.")
         ]
     );
+    assert_eq!(c.episodes[2].source_key, "a3#act0");
     let with_tools = same_in_every_chunking(
         text.as_bytes(),
         Options {
@@ -289,12 +292,45 @@ fn claude_code_merges_split_assistant_turns_and_drops_noise() {
     )
     .unwrap();
     let c = &with_tools.conversations[0];
-    assert!(
-        c.episodes[1]
-            .content
-            .contains("[tool call Bash: {\"command\":\"ls\"}]")
+    assert_eq!(c.episodes[2].content, "[action] Bash: ls");
+    // With tools, the result is kept too.
+    assert_eq!(
+        (c.episodes[3].role, c.episodes[3].content.as_str()),
+        (Role::Tool, "a b")
     );
-    assert_eq!(c.episodes[2].role, Role::Tool);
+}
+
+#[test]
+fn claude_code_tool_calls_become_digest_lines_and_failures_name_their_call() {
+    let lines = [
+        r#"{"type":"user","uuid":"u1","sessionId":"S","message":{"role":"user","content":"Fix the build."}}"#,
+        r#"{"type":"assistant","uuid":"a1","sessionId":"S","message":{"id":"m1","role":"assistant","content":[{"type":"text","text":"Running it."},{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"cargo build","description":"Build"}}]}}"#,
+        r#"{"type":"user","uuid":"u2","sessionId":"S","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","is_error":true,"content":"   Compiling x\nerror[E0425]: cannot find value `y`\n"}]}}"#,
+        r#"{"type":"assistant","uuid":"a2","sessionId":"S","message":{"id":"m2","role":"assistant","content":[{"type":"tool_use","id":"t2","name":"Edit","input":{"file_path":"src/lib.rs","old_string":"a","new_string":"b"}},{"type":"tool_use","id":"t3","name":"TodoWrite","input":{"todos":[{"content":"Fix build","status":"completed"},{"content":"Run tests; then docs","status":"pending"}]}}]}}"#,
+    ];
+    let text = lines.join(
+        "
+",
+    ) + "
+";
+    let p = same_in_every_chunking(text.as_bytes(), opts()).unwrap();
+    assert_eq!(
+        texts(&p),
+        vec![
+            (Role::User, "Fix the build."),
+            (Role::Assistant, "Running it."),
+            (Role::Tool, "[action] Bash: cargo build"),
+            (
+                Role::Tool,
+                "[failed] Bash: cargo build → error[E0425]: cannot find value `y`"
+            ),
+            (Role::Tool, "[action] Edit src/lib.rs"),
+            (
+                Role::Tool,
+                "[action] TodoWrite: [completed] Fix build; [pending] Run tests, then docs"
+            ),
+        ]
+    );
 }
 
 #[test]

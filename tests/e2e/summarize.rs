@@ -182,7 +182,8 @@ fn every_format_imports_the_right_episodes() {
         (
             "claude-code.jsonl",
             "0a1b2c3d-0000-4000-8000-000000000001",
-            7,
+            // Seven messages and one tool call (an action line for the digest).
+            8,
         ),
         ("openai.json", "openai", 7),
         ("chatgpt.json", "chatgpt-fixture-1", 3),

@@ -41,9 +41,6 @@ pub fn compact_chain(
         };
         let f = calibration_factor(h, cfg)?;
         let merged_of = |rs: &[SummaryRow]| {
-            if cfg.ledger_tokens == 0 {
-                return Ledger::default();
-            }
             let all = rs
                 .iter()
                 .fold(Ledger::default(), |acc, r| ledger::merge(&acc, &r.ledger));
@@ -92,6 +89,9 @@ pub fn compact_chain(
             ),
         );
         let g = match cfg.engine {
+            Engine::Extractive if crate::digest::is_coding(&merged_ledger.entries) => {
+                offline_digest(cfg, &merged_ledger).expect("an offline coding digest")
+            }
             Engine::Extractive => {
                 let joined = group
                     .iter()

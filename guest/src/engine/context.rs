@@ -195,6 +195,30 @@ pub fn context(
             ),
         }
     }
+    // The coding-session digest of the whole session: the rows' digests, and what the
+    // episodes after the chain add (the latest request is usually among them).
+    let mut digest = Ledger::default();
+    for r in &rows {
+        let own = Ledger {
+            entries: r
+                .ledger
+                .entries
+                .iter()
+                .filter(|e| e.kind.is_digest())
+                .cloned()
+                .collect(),
+            dropped: 0,
+        };
+        digest = ledger::merge(&digest, &own);
+    }
+    let newer = episodes_after_all(h, session, rows.last().map_or(0, |r| r.last_episode))?;
+    let coding = crate::digest::is_coding(&digest.entries);
+    for e in crate::digest::entries(
+        newer.iter().map(|e| (e.id, e.role, e.content.as_str())),
+        coding,
+    ) {
+        ledger::add(&mut digest.entries, e.kind, e.text, e.episode, e.count);
+    }
     let window = crate::context::assemble(&crate::context::Parts {
         rows: &rows,
         tail: &tail,
@@ -203,6 +227,7 @@ pub fn context(
         budget: req.budget,
         pairs,
         ledger_budget: cfg.ledger_tokens,
+        digest: &digest.entries,
     });
     Ok(ContextWindow {
         window,

@@ -76,7 +76,12 @@ pub(super) fn map_reduce_if_long(
         Strategy::Fresh
     };
     let last = covered + eps.len() as u64;
-    let ledger = row_ledger(cfg, None, eps.iter().map(|e| (e.id, e.content.as_str())));
+    let ledger = row_ledger(
+        cfg,
+        None,
+        coding_before(latest.as_ref()),
+        eps.iter().map(|e| (e.id, e.role, e.content.as_str())),
+    );
     write(h, session, cfg, &strategy, covered, last, g, ledger).map(Some)
 }
 

@@ -352,21 +352,51 @@ pub(super) fn catch_up_now(
 }
 
 /// The ledger a row carries: `base` (the row it updates, if any) merged with the identifiers
-/// of `episodes`, whole (budgets apply when it is read; empty when the ledger is off).
+/// and the coding-session digest entries of `episodes`, whole (budgets apply when it is read).
+/// Identifiers are left out when the ledger is off; the digest never is. `coding` says the
+/// session's earlier rows hold a digest (so this range's requests are collected even without
+/// an action of its own).
 pub(super) fn row_ledger<'a>(
     cfg: &Config,
     base: Option<&Ledger>,
-    episodes: impl IntoIterator<Item = (u64, &'a str)>,
+    coding: bool,
+    episodes: impl IntoIterator<Item = (u64, crate::types::Role, &'a str)>,
 ) -> Ledger {
-    if cfg.ledger_tokens == 0 {
-        return Ledger::default();
+    let eps: Vec<(u64, crate::types::Role, &str)> = episodes.into_iter().collect();
+    let mut new = if cfg.ledger_tokens == 0 {
+        Ledger::default()
+    } else {
+        ledger::of_episodes(eps.iter().map(|(id, _, t)| (*id, *t)))
+    };
+    let coding = coding || base.is_some_and(|b| crate::digest::is_coding(&b.entries));
+    for e in crate::digest::entries(eps.iter().copied(), coding) {
+        ledger::add(&mut new.entries, e.kind, e.text, e.episode, e.count);
     }
-    let new = ledger::of_episodes(episodes);
     let merged = match base {
         Some(b) => ledger::merge(b, &new),
         None => new,
     };
     ledger::stored(merged)
+}
+
+/// Whether the session's chain so far (its newest row) holds a coding-session digest.
+pub(super) fn coding_before(latest: Option<&SummaryRow>) -> bool {
+    latest.is_some_and(|r| crate::digest::is_coding(&r.ledger.entries))
+}
+
+/// The offline summary of a coding session's row: its digest, as readable sections (see
+/// [`crate::digest::render`]); `None` for a chat.
+pub(super) fn offline_digest(cfg: &Config, ledger: &Ledger) -> Option<Generated> {
+    if cfg.engine != Engine::Extractive || !crate::digest::is_coding(&ledger.entries) {
+        return None;
+    }
+    let text = crate::digest::render(&ledger.entries, cfg.max_output_tokens.max(200));
+    Some(Generated {
+        text,
+        prompt_tokens: 0,
+        output_tokens: 0,
+        skipped: Vec::new(),
+    })
 }
 
 /// The prompt extras of a fold into `strategy`'s row: that row's ledger (as facts to keep),
@@ -450,13 +480,17 @@ pub(super) fn pass(
     let ledger = row_ledger(
         cfg,
         base,
-        selected.iter().map(|e| (e.id, e.content.as_str())),
+        coding_before(latest.as_ref()),
+        selected.iter().map(|e| (e.id, e.role, e.content.as_str())),
     );
     let conversation: Vec<Message> = selected
         .into_iter()
         .map(|e| Message::new(e.role, e.content).by(e.speaker))
         .collect();
-    let generated = generate(h, cfg, &conversation, previous.as_deref(), &extras)?;
+    let generated = match offline_digest(cfg, &ledger) {
+        Some(g) => g,
+        None => generate(h, cfg, &conversation, previous.as_deref(), &extras)?,
+    };
     write(h, session, cfg, &strategy, covered, last, generated, ledger).map(Some)
 }
 
@@ -521,7 +555,8 @@ pub(super) fn oversized(
         Strategy::Update(r) => Some(&r.ledger),
         _ => None,
     };
-    let ledger = row_ledger(cfg, base, [(ep.id, ep.content.as_str())]);
+    let coding = base.is_some_and(|b| crate::digest::is_coding(&b.entries));
+    let ledger = row_ledger(cfg, base, coding, [(ep.id, ep.role, ep.content.as_str())]);
     write(h, session, cfg, strategy, covered, ep.id, spent, ledger)
 }
 

@@ -78,7 +78,12 @@ pub(super) fn upgrade_fallback_rows(
             )));
         }
         let g = map_reduce(h, session, &strict, f, &eps, budget)?;
-        let ledger = row_ledger(cfg, None, eps.iter().map(|e| (e.id, e.content.as_str())));
+        let ledger = row_ledger(
+            cfg,
+            None,
+            crate::digest::is_coding(&r.ledger.entries),
+            eps.iter().map(|e| (e.id, e.role, e.content.as_str())),
+        );
         let now_ms = h.now_ms();
         let w = SummaryWrite {
             replaces: Some(r.id),

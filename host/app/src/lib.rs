@@ -16,6 +16,7 @@ pub mod backfill;
 pub mod db;
 pub mod error;
 pub mod events;
+pub mod hook;
 mod import;
 pub mod jobs;
 pub mod limits;

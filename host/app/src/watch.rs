@@ -413,84 +413,15 @@ impl Watcher {
                 f
             }
         };
-        if len < f.offset {
-            self.note(WatchNote::Shrank { file: name.clone() });
-            f.offset = 0;
-            f.lines = Some(0);
+        let followed = self
+            .local
+            .import_appended(&mut f, path, &name, self.opts.include_tools)
+            .await?;
+        for n in followed.notes {
+            self.note(n);
         }
-        // Episode keys carry the file's own line numbers: a record from an older abridge has
-        // no count yet, so count the lines before its offset once; then keep count.
-        let first_line = match f.lines {
-            Some(n) => n,
-            None if f.offset == 0 => 0,
-            None => match read_from(path, 0) {
-                Ok(b) => count_lines(&b[..(f.offset as usize).min(b.len())]),
-                Err(e) => return cannot(self, e),
-            },
-        };
-        // Only what was appended since the last read, up to its last complete line.
-        let bytes = match read_from(path, f.offset) {
-            Ok(b) => b,
-            Err(e) => return cannot(self, e),
-        };
-        let chunk = &bytes[..complete_lines(&bytes)];
-        if chunk.is_empty() {
-            return Ok(0);
-        }
-        let complete = f.offset + chunk.len() as u64;
-        let format = match f.format.as_deref() {
-            Some("claude-code") => Some(Format::ClaudeCode),
-            Some(_) => Some(Format::Jsonl),
-            None => None,
-        };
-        let opts = Options {
-            include_tools: self.opts.include_tools,
-            skip_invalid: true,
-            first_line: first_line as usize,
-            ..Options::default()
-        };
-        let engine = self.local.engine().clone();
-        let mut added = 0u64;
-        match transcript::parse_bytes(&engine, &name, chunk, format, opts).await {
-            Ok(parsed) => {
-                for w in parsed.warnings {
-                    self.note(WatchNote::Warning(w));
-                }
-                f.format = Some(format_name(parsed.format).into());
-                for conv in parsed.conversations {
-                    let session = match f.session.clone() {
-                        Some(s) => s,
-                        None => {
-                            let base = naming::base(conv.id.as_deref(), path, None);
-                            self.local.session_for(&base, Some(path)).await?
-                        }
-                    };
-                    f.session = Some(session.clone());
-                    let mark = naming::file_key(path);
-                    let source = SourceFile {
-                        path: &mark,
-                        bytes: complete,
-                    };
-                    let done = self
-                        .local
-                        .import_conversation(&session, &conv.episodes, Some(source), Bring::Later)
-                        .await?;
-                    added += u64::from(done.added);
-                    self.pending.insert(session);
-                }
-            }
-            // Only tool traffic or metadata so far: nothing to import, but the bytes are read.
-            Err(TranscriptError::Empty { .. } | TranscriptError::EmptyFile { .. }) => {}
-            Err(TranscriptError::UnknownFormat { .. }) => {
-                self.note(WatchNote::NotTranscript { file: name.clone() })
-            }
-            Err(e) => self.note(WatchNote::Warning(format!("{e}; skipping these lines"))),
-        }
-        // The episodes are stored before the offset moves: a crash in between re-reads the
-        // same lines, which append skips by their keys.
-        f.offset = complete;
-        f.lines = Some(first_line + count_lines(chunk));
-        self.watched.put(&f, self.local.app().now_ms()).await?;
+        self.pending.extend(followed.sessions);
+        let added = followed.added;
         if added > 0 {
             self.imported += added;
             self.note(WatchNote::Imported {
@@ -567,5 +498,136 @@ mod tests {
         assert_eq!(complete_lines(b"a\nb\npartial"), 4);
         assert_eq!(complete_lines(b"partial"), 0);
         assert_eq!(count_lines(b"a\nb\nc"), 2);
+    }
+}
+
+/// What importing a file's appended lines did.
+#[derive(Debug, Default)]
+pub struct Followed {
+    /// Episodes added.
+    pub added: u64,
+    /// Sessions the lines went to.
+    pub sessions: Vec<String>,
+    /// What to tell the user.
+    pub notes: Vec<WatchNote>,
+}
+
+impl Scoped {
+    /// Import the complete lines appended to `path` since `f` (its record) was last read, and
+    /// record how far it is read: the one incremental import, for `watch` and `abridge hook`.
+    /// A file shorter than its offset was replaced and is read again from the start; episode
+    /// keys carry the file's own line numbers, so nothing is imported twice. The episodes are
+    /// stored before the offset moves.
+    pub async fn import_appended(
+        &self,
+        f: &mut WatchedFile,
+        path: &Path,
+        name: &str,
+        include_tools: bool,
+    ) -> AppResult<Followed> {
+        let mut notes = Vec::new();
+        let cannot = |e: std::io::Error| {
+            Ok(Followed {
+                notes: vec![WatchNote::CannotRead {
+                    file: name.to_string(),
+                    error: e.to_string(),
+                }],
+                ..Followed::default()
+            })
+        };
+        let len = match std::fs::metadata(path) {
+            Ok(m) => m.len(),
+            Err(e) => return cannot(e),
+        };
+        if len < f.offset {
+            notes.push(WatchNote::Shrank {
+                file: name.to_string(),
+            });
+            f.offset = 0;
+            f.lines = Some(0);
+        }
+        // Episode keys carry the file's own line numbers: a record from an older abridge has
+        // no count yet, so count the lines before its offset once; then keep count.
+        let first_line = match f.lines {
+            Some(n) => n,
+            None if f.offset == 0 => 0,
+            None => match read_from(path, 0) {
+                Ok(b) => count_lines(&b[..(f.offset as usize).min(b.len())]),
+                Err(e) => return cannot(e),
+            },
+        };
+        // Only what was appended since the last read, up to its last complete line.
+        let bytes = match read_from(path, f.offset) {
+            Ok(b) => b,
+            Err(e) => return cannot(e),
+        };
+        let chunk = &bytes[..complete_lines(&bytes)];
+        if chunk.is_empty() {
+            return Ok(Followed {
+                notes,
+                ..Followed::default()
+            });
+        }
+        let complete = f.offset + chunk.len() as u64;
+        let format = match f.format.as_deref() {
+            Some("claude-code") => Some(Format::ClaudeCode),
+            Some(_) => Some(Format::Jsonl),
+            None => None,
+        };
+        let opts = Options {
+            include_tools,
+            skip_invalid: true,
+            first_line: first_line as usize,
+            ..Options::default()
+        };
+        let engine = self.engine().clone();
+        let mut added = 0u64;
+        let mut sessions = Vec::new();
+        match transcript::parse_bytes(&engine, name, chunk, format, opts).await {
+            Ok(parsed) => {
+                for w in parsed.warnings {
+                    notes.push(WatchNote::Warning(w));
+                }
+                f.format = Some(format_name(parsed.format).into());
+                for conv in parsed.conversations {
+                    let session = match f.session.clone() {
+                        Some(s) => s,
+                        None => {
+                            let base = naming::base(conv.id.as_deref(), path, None);
+                            self.session_for(&base, Some(path)).await?
+                        }
+                    };
+                    f.session = Some(session.clone());
+                    let mark = naming::file_key(path);
+                    let source = SourceFile {
+                        path: &mark,
+                        bytes: complete,
+                    };
+                    let done = self
+                        .import_conversation(&session, &conv.episodes, Some(source), Bring::Later)
+                        .await?;
+                    added += u64::from(done.added);
+                    sessions.push(session);
+                }
+            }
+            // Only tool traffic or metadata so far: nothing to import, but the bytes are read.
+            Err(TranscriptError::Empty { .. } | TranscriptError::EmptyFile { .. }) => {}
+            Err(TranscriptError::UnknownFormat { .. }) => notes.push(WatchNote::NotTranscript {
+                file: name.to_string(),
+            }),
+            Err(e) => notes.push(WatchNote::Warning(format!("{e}; skipping these lines"))),
+        }
+        // The episodes are stored before the offset moves: a crash in between re-reads the
+        // same lines, which append skips by their keys.
+        f.offset = complete;
+        f.lines = Some(first_line + count_lines(chunk));
+        Watched::new(self.app.store())
+            .put(f, self.app.now_ms())
+            .await?;
+        Ok(Followed {
+            added,
+            sessions,
+            notes,
+        })
     }
 }

@@ -216,6 +216,13 @@ impl IdentifierKind {
             IdentifierKind::Email => "email",
             IdentifierKind::Ticket => "ticket",
             IdentifierKind::Name => "name",
+            IdentifierKind::Request => "request",
+            IdentifierKind::Created => "created",
+            IdentifierKind::Edited => "edited",
+            IdentifierKind::Read => "read",
+            IdentifierKind::Ran => "ran",
+            IdentifierKind::Failed => "failed",
+            IdentifierKind::Todo => "todo",
         }
     }
 }

@@ -15,6 +15,7 @@ mod backfill;
 mod commands;
 mod component;
 mod fresh;
+mod hook;
 mod jobs;
 mod memory;
 mod progress;
@@ -136,6 +137,10 @@ enum Cmd {
     Mode(fresh::ModeArgs),
     /// Show or set a session's focus instructions, added to every fold prompt.
     Focus(fresh::FocusArgs),
+    /// Run as a Claude Code hook: read its JSON payload on stdin; SessionStart prints the
+    /// session's context, PreCompact/Stop/SessionEnd import the transcript's new lines and
+    /// summarize within the budget. Never blocks or fails the agent's turn.
+    Hook(hook::HookArgs),
     /// Pin an episode (always in the context verbatim, within the budget), unpin it, or list
     /// the pins.
     Pin(fresh::PinArgs),
@@ -238,6 +243,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Mode(a) => fresh::mode(&settings, a).await,
         Cmd::Focus(a) => fresh::focus(&settings, a).await,
         Cmd::Pin(a) => fresh::pin(&settings, a).await,
+        Cmd::Hook(a) => hook::hook(&settings, a).await,
         Cmd::Expand(a) => fresh::expand(&settings, a).await,
         Cmd::Reset(a) => fresh::reset(&settings, a).await,
         Cmd::Watch(a) => watch::watch(&settings, a).await,

@@ -70,6 +70,13 @@ pub fn kind_of(name: &str) -> IdentifierKind {
         "date" => IdentifierKind::Date,
         "email" => IdentifierKind::Email,
         "ticket" => IdentifierKind::Ticket,
+        "request" => IdentifierKind::Request,
+        "created" => IdentifierKind::Created,
+        "edited" => IdentifierKind::Edited,
+        "read" => IdentifierKind::Read,
+        "ran" => IdentifierKind::Ran,
+        "failed" => IdentifierKind::Failed,
+        "todo" => IdentifierKind::Todo,
         "name" => IdentifierKind::Name,
         _ => IdentifierKind::Code,
     }

@@ -1,0 +1,578 @@
+//! The coding-session digest: what no compaction keeps, taken from the transcript's structure
+//! deterministically (no model): the user's requests verbatim, the files the session created,
+//! edited and read (with the episode each was last touched in), the commands it ran and how
+//! they ended, the last error still unresolved, and the open to-do list.
+//!
+//! **Where it comes from.** A coding agent's transcript parser (Claude Code, Codex) turns each
+//! tool call into an *action episode* (role `tool`) whose content is one line starting with
+//! [`ACTION`] (`[action] Edit src/main.rs`, `[action] Bash: cargo test`, `[action] TodoWrite:
+//! [in_progress] Fix the test; [pending] Docs`), and each failed tool result into a line
+//! starting with [`FAILED`] (`[failed] Bash: cargo test → error[E0432]: unresolved import`).
+//! Those lines are real episodes: `expand` leads from a digest entry to its episode.
+//!
+//! **How it is carried.** Like the facts ledger: the entries ([`crate::ledger::Kind`]'s digest
+//! kinds) live in each summary row's ledger, merged across folds and kept whole; budgets apply
+//! when the digest is rendered ([`render`]). A session without action episodes has no digest
+//! (its requests are not collected: it is a chat, summarized as one).
+
+use std::collections::BTreeMap;
+
+use crate::ledger::{Entry, Kind};
+use crate::tokens::estimate_tokens;
+use crate::types::Role;
+
+/// The start of an action episode's content.
+pub const ACTION: &str = "[action] ";
+/// The start of a failed tool result's content.
+pub const FAILED: &str = "[failed] ";
+/// Between a failed action and its error.
+pub const ARROW: &str = " → ";
+
+/// Longest action line kept (characters): a command or pattern beyond it is cut with `…`.
+const MAX_ACTION: usize = 240;
+/// Most to-do items kept from one list.
+const MAX_TODOS: usize = 100;
+/// Longest error line kept (characters).
+const MAX_ERROR: usize = 240;
+/// Most digest entries of one kind a row keeps: requests, files, commands and failures beyond
+/// it drop the oldest (a bound against hostile input, far above a real session).
+const MAX_PER_KIND: usize = 2_000;
+
+fn cut(s: &str, max: usize) -> String {
+    let s = s.trim();
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max).collect();
+    out.push('…');
+    out
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A tool call as one action line: `[action] Edit src/main.rs`. `name` is the tool's name;
+/// `arg` what it acted on (a path, a command, a pattern, a URL, or the to-do list already
+/// rendered); `None` when the call named nothing.
+pub fn action_line(name: &str, arg: Option<&str>) -> String {
+    let name = one_line(name);
+    match arg.map(one_line).filter(|a| !a.is_empty()) {
+        Some(a) if is_file_tool(&name) => cut(&format!("{ACTION}{name} {a}"), MAX_ACTION + 20),
+        // A to-do list is kept whole (each item is cut instead).
+        Some(a) if name == "TodoWrite" => format!(
+            "{ACTION}{name}: {}",
+            a.split("; ")
+                .map(|i| cut(i, MAX_ACTION))
+                .take(MAX_TODOS)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        Some(a) => format!("{ACTION}{name}: {}", cut(&a, MAX_ACTION)),
+        None => format!("{ACTION}{name}"),
+    }
+}
+
+/// A failed tool call as one line: `[failed] Bash: cargo test → error: …`. `action` is the
+/// call's action line (or its text after [`ACTION`]); `output` the tool's result.
+pub fn failure_line(action: &str, output: &str) -> String {
+    let what = action.strip_prefix(ACTION).unwrap_or(action);
+    format!("{FAILED}{what}{ARROW}{}", error_line(output))
+}
+
+/// The line of a tool's output that says what went wrong: the first line naming an error or
+/// a failure, else the first line with a letter in it; markup (`<tool_use_error>`) and box
+/// drawing removed.
+pub fn error_line(output: &str) -> String {
+    let clean = |l: &str| -> String {
+        let mut t = l.to_string();
+        for tag in ["<tool_use_error>", "</tool_use_error>"] {
+            t = t.replace(tag, "");
+        }
+        let t: String = t
+            .chars()
+            .filter(|c| !('\u{2500}'..='\u{257f}').contains(c))
+            .collect();
+        one_line(&t)
+    };
+    let lines: Vec<String> = output.lines().map(clean).collect();
+    let said = lines.iter().find(|l| {
+        let low = l.to_lowercase();
+        [
+            "error",
+            "fail",
+            "panic",
+            "exception",
+            "denied",
+            "not found",
+            "exit code",
+        ]
+        .iter()
+        .any(|w| low.contains(w))
+    });
+    let any = lines.iter().find(|l| l.chars().any(char::is_alphabetic));
+    cut(
+        said.or(any).map_or("(no output)", String::as_str),
+        MAX_ERROR,
+    )
+}
+
+/// Tools whose argument is a file path.
+pub fn is_file_tool(name: &str) -> bool {
+    matches!(
+        name,
+        "Read" | "Edit" | "MultiEdit" | "Write" | "NotebookEdit" | "NotebookRead" | "apply_patch"
+    )
+}
+
+/// The digest kind of a file tool's call: `Write` creates (unless the file was touched before,
+/// which merging decides), the editing tools edit, the rest read.
+fn file_kind(name: &str) -> Kind {
+    match name {
+        "Write" => Kind::Created,
+        "Edit" | "MultiEdit" | "NotebookEdit" | "apply_patch" => Kind::Edited,
+        _ => Kind::Read,
+    }
+}
+
+/// Digest entries of `episodes` (id, role, content), in order: action and failure lines, and
+/// (when any action is among them, or `coding` says the session already has some) the user's
+/// requests verbatim.
+pub fn entries<'a>(
+    episodes: impl IntoIterator<Item = (u64, Role, &'a str)>,
+    coding: bool,
+) -> Vec<Entry> {
+    let mut out: Vec<Entry> = Vec::new();
+    let mut requests: Vec<Entry> = Vec::new();
+    let mut any_action = false;
+    let entry = |kind, text: String, episode| Entry {
+        text,
+        kind,
+        episode,
+        count: 1,
+    };
+    for (id, role, content) in episodes {
+        match role {
+            Role::User => {
+                let t = content.trim();
+                // Claude Code's own notes in the user's turn are not requests.
+                if !t.is_empty() && !t.starts_with("[Request interrupted") {
+                    requests.push(entry(Kind::Request, t.to_string(), id));
+                }
+            }
+            Role::Tool => {
+                if let Some(rest) = content.strip_prefix(ACTION) {
+                    any_action = true;
+                    let rest = rest.trim();
+                    if let Some((name, list)) = rest.split_once(": ")
+                        && name == "TodoWrite"
+                    {
+                        for item in list.split("; ").filter(|i| !i.trim().is_empty()) {
+                            out.push(entry(Kind::Todo, item.trim().to_string(), id));
+                        }
+                        continue;
+                    }
+                    let (name, arg) = match rest.split_once(' ') {
+                        Some((n, a)) if is_file_tool(n) => (n, Some(a)),
+                        _ => (rest.split(':').next().unwrap_or(rest), None),
+                    };
+                    match arg {
+                        Some(path) => out.push(entry(file_kind(name), path.to_string(), id)),
+                        None => out.push(entry(Kind::Ran, rest.to_string(), id)),
+                    }
+                } else if let Some(rest) = content.strip_prefix(FAILED) {
+                    any_action = true;
+                    out.push(entry(Kind::Failed, rest.trim().to_string(), id));
+                }
+            }
+            _ => {}
+        }
+    }
+    if any_action || coding {
+        out.extend(requests);
+    }
+    out
+}
+
+/// `entries` within [`MAX_PER_KIND`] per kind (the newest kept), order kept.
+pub fn bounded(entries: Vec<Entry>) -> Vec<Entry> {
+    let mut per: BTreeMap<&'static str, Vec<(u64, usize)>> = BTreeMap::new();
+    for (i, e) in entries.iter().enumerate() {
+        if e.kind.is_digest() {
+            per.entry(e.kind.as_str()).or_default().push((e.episode, i));
+        }
+    }
+    let mut drop = vec![false; entries.len()];
+    for (_, mut v) in per {
+        if v.len() > MAX_PER_KIND {
+            v.sort();
+            for (_, i) in &v[..v.len() - MAX_PER_KIND] {
+                drop[*i] = true;
+            }
+        }
+    }
+    entries
+        .into_iter()
+        .zip(drop)
+        .filter(|(_, d)| !d)
+        .map(|(e, _)| e)
+        .collect()
+}
+
+/// Whether `entries` hold a coding session's digest (any action).
+pub fn is_coding(entries: &[Entry]) -> bool {
+    entries
+        .iter()
+        .any(|e| e.kind.is_digest() && e.kind != Kind::Request)
+}
+
+/// What the last line of a digest says when its budget left entries out.
+pub const LEFT_OUT: &str = "more digest entries left out for the budget";
+
+/// The heading of the digest block in contexts and offline summaries.
+pub const HEADING: &str = "Session digest (from the transcript; #N = episode last touched):";
+
+/// What the digest shows, by section, from the entries of a ledger.
+struct View<'a> {
+    requests: Vec<&'a Entry>,
+    edited: Vec<&'a Entry>,
+    read: Vec<&'a Entry>,
+    ran: Vec<&'a Entry>,
+    unresolved: Option<&'a Entry>,
+    todos: Vec<&'a Entry>,
+}
+
+fn view(entries: &[Entry]) -> View<'_> {
+    let of = |k: Kind| -> Vec<&Entry> {
+        let mut v: Vec<&Entry> = entries.iter().filter(|e| e.kind == k).collect();
+        v.sort_by_key(|e| e.episode);
+        v
+    };
+    let requests = of(Kind::Request);
+    let mut edited: Vec<&Entry> = entries
+        .iter()
+        .filter(|e| matches!(e.kind, Kind::Created | Kind::Edited))
+        .collect();
+    edited.sort_by_key(|e| std::cmp::Reverse(e.episode));
+    let mut read = of(Kind::Read);
+    read.reverse();
+    let mut ran = of(Kind::Ran);
+    ran.reverse();
+    // The newest failure is unresolved unless the same action ran again after it.
+    let unresolved = of(Kind::Failed).into_iter().next_back().filter(|f| {
+        let action = f.text.split(ARROW).next().unwrap_or("");
+        let again = ran
+            .iter()
+            .any(|r| r.text == action && r.episode > f.episode);
+        // A failed file tool is resolved by a later touch of the same file.
+        let touched = action.split_once(' ').is_some_and(|(tool, path)| {
+            is_file_tool(tool)
+                && entries
+                    .iter()
+                    .any(|e| e.kind.group() == 1 && e.text == path && e.episode > f.episode)
+        });
+        !again && !touched
+    });
+    // The to-do list is the newest snapshot.
+    let todos_all = of(Kind::Todo);
+    let newest = todos_all.last().map_or(0, |e| e.episode);
+    let todos = todos_all
+        .into_iter()
+        .filter(|e| e.episode == newest)
+        .collect();
+    View {
+        requests,
+        edited,
+        read,
+        ran,
+        unresolved,
+        todos,
+    }
+}
+
+/// The outcome of the newest run of `r`: its failure, when the newest failure of that action
+/// came after it.
+fn outcome<'a>(r: &Entry, entries: &'a [Entry]) -> Option<&'a str> {
+    entries
+        .iter()
+        .filter(|e| e.kind == Kind::Failed && e.episode > r.episode)
+        .filter(|e| e.text.split(ARROW).next() == Some(r.text.as_str()))
+        .min_by_key(|e| e.episode)
+        .and_then(|e| e.text.split_once(ARROW).map(|(_, err)| err))
+}
+
+/// The digest of `entries` as readable sections within `budget` tokens (empty when the
+/// entries hold no coding session). What fits first: the latest request verbatim, the last
+/// unresolved error, every edited or created file, the open to-dos, the first request, earlier
+/// requests (newest first), the commands (newest first, with their outcome), the files read.
+/// What the budget leaves out is counted on the last line.
+pub fn render(entries: &[Entry], budget: u32) -> String {
+    if !is_coding(entries) {
+        return String::new();
+    }
+    let v = view(entries);
+    let mut used = estimate_tokens(HEADING) + 2;
+    let mut left_out = 0usize;
+    let fits = |text: &str, used: &mut u32| -> bool {
+        let c = estimate_tokens(text) + 2;
+        if *used + c <= budget {
+            *used += c;
+            true
+        } else {
+            false
+        }
+    };
+    // Sections in display order, filled in priority order.
+    let mut latest = None;
+    let mut first = None;
+    let mut earlier: Vec<String> = Vec::new();
+    let mut unresolved = None;
+    let mut files: Vec<String> = Vec::new();
+    let mut todos: Vec<String> = Vec::new();
+    let mut commands: Vec<String> = Vec::new();
+    let mut reads: Vec<String> = Vec::new();
+    if let Some(r) = v.requests.last() {
+        let t = format!("Latest request (#{}): {}", r.episode, r.text);
+        if fits(&t, &mut used) {
+            latest = Some(t);
+        } else {
+            // Too long for the budget whole: its start, within at most 60% of the budget,
+            // says that it was cut.
+            let room = (budget.saturating_sub(used) * 3 / 5).saturating_sub(16);
+            let mut chars = (room as usize) * 3;
+            while chars > 40 {
+                let head: String = r.text.chars().take(chars).collect();
+                let t = format!(
+                    "Latest request (#{}, first {} of {} characters): {head} …",
+                    r.episode,
+                    head.chars().count(),
+                    r.text.chars().count()
+                );
+                if fits(&t, &mut used) {
+                    latest = Some(t);
+                    break;
+                }
+                chars = chars * 4 / 5;
+            }
+            if latest.is_none() {
+                left_out += 1;
+            }
+        }
+    }
+    if let Some(f) = v.unresolved {
+        let t = format!("Unresolved error (#{}): {}", f.episode, f.text);
+        if fits(&t, &mut used) {
+            unresolved = Some(t);
+        } else {
+            left_out += 1;
+        }
+    }
+    for e in &v.edited {
+        let new = if e.kind == Kind::Created { ", new" } else { "" };
+        let t = format!("{} (#{}{new})", e.text, e.episode);
+        if fits(&t, &mut used) {
+            files.push(t);
+        } else {
+            left_out += 1;
+        }
+    }
+    for e in &v.todos {
+        if fits(&e.text, &mut used) {
+            todos.push(e.text.clone());
+        } else {
+            left_out += 1;
+        }
+    }
+    if v.requests.len() > 1 {
+        let r = v.requests[0];
+        let t = format!("First request (#{}): {}", r.episode, r.text);
+        if fits(&t, &mut used) {
+            first = Some(t);
+        } else {
+            left_out += 1;
+        }
+    }
+    if v.requests.len() > 2 {
+        for r in v.requests[1..v.requests.len() - 1].iter().rev() {
+            let t = format!("(#{}) {}", r.episode, r.text);
+            if fits(&t, &mut used) {
+                earlier.push(t);
+            } else {
+                left_out += 1;
+            }
+        }
+        earlier.reverse();
+    }
+    for r in &v.ran {
+        let t = match outcome(r, entries) {
+            Some(err) => format!("{} (#{}) → failed: {err}", r.text, r.episode),
+            None => format!("{} (#{})", r.text, r.episode),
+        };
+        if fits(&t, &mut used) {
+            commands.push(t);
+        } else {
+            left_out += 1;
+        }
+    }
+    for e in &v.read {
+        let t = format!("{} (#{})", e.text, e.episode);
+        if fits(&t, &mut used) {
+            reads.push(t);
+        } else {
+            left_out += 1;
+        }
+    }
+    let mut out = vec![HEADING.to_string()];
+    out.extend(first);
+    if !earlier.is_empty() {
+        out.push(format!("Earlier requests: {}", earlier.join(" | ")));
+    }
+    out.extend(latest);
+    out.extend(unresolved);
+    if !files.is_empty() {
+        out.push(format!("Files edited: {}", files.join(" · ")));
+    }
+    if !todos.is_empty() {
+        out.push(format!("To-do list: {}", todos.join(" · ")));
+    }
+    if !commands.is_empty() {
+        out.push(format!("Commands (newest first): {}", commands.join(" · ")));
+    }
+    if !reads.is_empty() {
+        out.push(format!("Files read (newest first): {}", reads.join(" · ")));
+    }
+    if left_out > 0 {
+        out.push(format!("({left_out} {LEFT_OUT})"));
+    }
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> Vec<(u64, Role, String)> {
+        vec![
+            (1, Role::User, "Fix the flaky checkout test, please.".into()),
+            (2, Role::Assistant, "Looking.".into()),
+            (3, Role::Tool, action_line("Read", Some("src/checkout.rs"))),
+            (
+                4,
+                Role::Tool,
+                action_line("Bash", Some("cargo test checkout")),
+            ),
+            (
+                5,
+                Role::Tool,
+                failure_line(
+                    &action_line("Bash", Some("cargo test checkout")),
+                    "running 3 tests\nerror[E0432]: unresolved import `foo`\n",
+                ),
+            ),
+            (6, Role::Tool, action_line("Edit", Some("src/checkout.rs"))),
+            (7, Role::Tool, action_line("Write", Some("tests/retry.rs"))),
+            (
+                8,
+                Role::Tool,
+                action_line(
+                    "TodoWrite",
+                    Some("[completed] Find the cause; [in_progress] Add a retry test"),
+                ),
+            ),
+            (9, Role::User, "Also keep the timeout at 30 s.".into()),
+        ]
+    }
+
+    fn digest_of(eps: &[(u64, Role, String)]) -> Vec<Entry> {
+        let mut l = crate::ledger::Ledger::default();
+        for e in entries(eps.iter().map(|(i, r, c)| (*i, *r, c.as_str())), false) {
+            crate::ledger::add(&mut l.entries, e.kind, e.text, e.episode, e.count);
+        }
+        l.entries
+    }
+
+    #[test]
+    fn lines_are_one_line_and_bounded() {
+        assert_eq!(
+            action_line("Edit", Some("src/a.rs")),
+            "[action] Edit src/a.rs"
+        );
+        assert_eq!(
+            action_line("Bash", Some("cargo test\n  --workspace")),
+            "[action] Bash: cargo test --workspace"
+        );
+        assert_eq!(action_line("WebSearch", None), "[action] WebSearch");
+        assert!(action_line("Bash", Some(&"x".repeat(1000))).chars().count() < 300);
+        assert_eq!(
+            error_line("╭──╮\n│ lefthook │\nerror: hook failed\n"),
+            "error: hook failed"
+        );
+        assert_eq!(
+            error_line("<tool_use_error>File has not been read yet.</tool_use_error>"),
+            "File has not been read yet."
+        );
+    }
+
+    #[test]
+    fn the_digest_has_every_section_and_the_failure_until_it_is_fixed() {
+        let mut eps = session();
+        let d = render(&digest_of(&eps), 10_000);
+        assert!(d.starts_with(HEADING), "{d}");
+        assert!(
+            d.contains("First request (#1): Fix the flaky checkout test, please."),
+            "{d}"
+        );
+        assert!(
+            d.contains("Latest request (#9): Also keep the timeout at 30 s."),
+            "{d}"
+        );
+        assert!(
+            d.contains("Unresolved error (#5): Bash: cargo test checkout → error[E0432]"),
+            "{d}"
+        );
+        assert!(
+            d.contains("Files edited: tests/retry.rs (#7, new) · src/checkout.rs (#6)"),
+            "{d}"
+        );
+        assert!(
+            d.contains("To-do list: [completed] Find the cause · [in_progress] Add a retry test"),
+            "{d}"
+        );
+        assert!(
+            d.contains("Bash: cargo test checkout (#4) → failed: error[E0432]"),
+            "{d}"
+        );
+        // Read, then edited: one entry, "edited".
+        assert!(!d.contains("Files read"), "{d}");
+        // The same command run again fixes it.
+        eps.push((
+            10,
+            Role::Tool,
+            action_line("Bash", Some("cargo test checkout")),
+        ));
+        let d = render(&digest_of(&eps), 10_000);
+        assert!(!d.contains("Unresolved error"), "{d}");
+        assert!(d.contains("Bash: cargo test checkout (#10)"), "{d}");
+    }
+
+    #[test]
+    fn a_small_budget_keeps_the_latest_request_and_edited_files_first() {
+        let d = render(&digest_of(&session()), 60);
+        assert!(d.contains("Latest request (#9)"), "{d}");
+        assert!(
+            d.contains("more digest entries left out for the budget"),
+            "{d}"
+        );
+        assert!(!d.contains("First request"), "{d}");
+    }
+
+    #[test]
+    fn a_chat_has_no_digest() {
+        let eps = [
+            (1, Role::User, "hi".to_string()),
+            (2, Role::Assistant, "hello".into()),
+        ];
+        assert!(digest_of(&eps).is_empty());
+        assert_eq!(render(&digest_of(&eps), 1000), "");
+    }
+}

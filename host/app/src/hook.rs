@@ -1,0 +1,196 @@
+//! Coding agents' lifecycle hooks (`abridge hook`): what a hook payload asks for and how it is
+//! answered. A Claude Code command hook gets one JSON object on standard input
+//! (`session_id`, `transcript_path`, `cwd`, `hook_event_name`, and per event `source`,
+//! `trigger`, `reason`, …). `SessionStart` (startup, resume, clear, compact) answers with the
+//! session's context as additional context for the model; `PreCompact`, `Stop` and
+//! `SessionEnd` import the transcript's new lines (the same incremental import as `watch`:
+//! stored offsets, whole lines) and bring the summary up to date within the hook's budget —
+//! what is not done stays queued for the next hook, `watch` or a worker. Front ends only read
+//! stdin and print what this module answers.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{AppError, AppResult, Scoped};
+use crate::sources::{Watched, WatchedFile};
+use crate::watch::Followed;
+
+/// Largest payload read (Claude Code's are a few hundred bytes).
+pub const MAX_PAYLOAD: usize = 1 << 20;
+
+/// Claude Code caps a hook's additional context at 10,000 characters; the context is kept
+/// under this many.
+pub const MAX_CONTEXT_CHARS: usize = 9_500;
+
+/// A hook payload, as Claude Code sends it (unknown fields are ignored; Codex's notify payload
+/// shares the names it has).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Payload {
+    /// The agent's session id (a Claude Code transcript's `sessionId`).
+    pub session_id: Option<String>,
+    /// The transcript file.
+    pub transcript_path: Option<PathBuf>,
+    /// The project directory.
+    pub cwd: Option<String>,
+    /// `SessionStart`, `PreCompact`, `Stop`, `SessionEnd`, …
+    pub hook_event_name: String,
+    /// SessionStart: `startup`, `resume`, `clear` or `compact`.
+    pub source: Option<String>,
+    /// PreCompact: `manual` or `auto`.
+    pub trigger: Option<String>,
+    /// SessionEnd: why.
+    pub reason: Option<String>,
+}
+
+/// What a hook event asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// Print the session's context for the model (SessionStart).
+    Context,
+    /// Import the transcript's new lines and summarize what the budget allows.
+    Import,
+    /// Nothing abridge acts on.
+    Nothing,
+}
+
+impl Payload {
+    /// Parse a payload; an error says what is wrong (the hook then exits non-zero without
+    /// blocking the agent).
+    pub fn parse(bytes: &[u8]) -> AppResult<Payload> {
+        if bytes.len() > MAX_PAYLOAD {
+            return Err(AppError::invalid(format!(
+                "the hook payload is over {MAX_PAYLOAD} bytes; abridge hook reads the JSON object Claude Code sends on standard input"
+            )));
+        }
+        let p: Payload = serde_json::from_slice(bytes).map_err(|e| {
+            AppError::invalid(format!("the hook payload is not the JSON object a hook receives ({e})"))
+                .hint("run abridge hook from a Claude Code hook (abridge setup claude-code installs them)")
+        })?;
+        if p.hook_event_name.trim().is_empty() {
+            return Err(AppError::invalid("the hook payload has no hook_event_name"));
+        }
+        Ok(p)
+    }
+
+    /// What the event asks for.
+    pub fn ask(&self) -> Ask {
+        match self.hook_event_name.as_str() {
+            "SessionStart" => Ask::Context,
+            "PreCompact" | "PostCompact" | "Stop" | "SubagentStop" | "SessionEnd"
+            | "UserPromptSubmit" => Ask::Import,
+            _ => Ask::Nothing,
+        }
+    }
+
+    /// The session the payload names, as abridge names it (a Claude Code session is its id).
+    pub fn session(&self) -> Option<String> {
+        self.session_id
+            .as_deref()
+            .and_then(crate::text::session_id_from)
+            .or_else(|| {
+                self.transcript_path
+                    .as_deref()
+                    .map(|p| crate::naming::base(None, p, None).plain())
+            })
+    }
+}
+
+impl Scoped {
+    /// Import what is new in a hook's transcript (the whole file the first time abridge sees
+    /// it: a hook's file is never baselined). `Ok(None)` when the file does not exist (yet:
+    /// Claude Code writes it lazily).
+    pub async fn hook_import(&self, transcript: &Path) -> AppResult<Option<Followed>> {
+        if !transcript.is_file() {
+            return Ok(None);
+        }
+        let key = crate::naming::file_key(transcript);
+        let watched = Watched::new(self.app.store());
+        let mut f = watched
+            .all()
+            .await?
+            .into_iter()
+            .find(|f| f.path == key)
+            .unwrap_or(WatchedFile {
+                path: key,
+                session: None,
+                format: None,
+                offset: 0,
+                lines: Some(0),
+            });
+        let name = transcript.file_name().map_or_else(
+            || transcript.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        self.import_appended(&mut f, transcript, &name, false)
+            .await
+            .map(Some)
+    }
+}
+
+/// A context as the text a hook hands the model: the summary, digest and ledger message, then
+/// the pinned and recent messages, labelled, within [`MAX_CONTEXT_CHARS`] (cut at a line).
+pub fn context_text(v: &crate::ContextView) -> String {
+    let mut out = String::from(
+        "abridge: what this session has done so far (summary, digest of requests, files and commands, pinned messages) — kept outside the agent's own context, so it survives compaction.\n",
+    );
+    for m in &v.messages {
+        let label = match m.role.as_str() {
+            "system" => String::new(),
+            "user" => "User: ".into(),
+            "assistant" => "Assistant: ".into(),
+            other => format!("{other}: "),
+        };
+        out.push('\n');
+        out.push_str(&label);
+        out.push_str(m.content.trim());
+        out.push('\n');
+    }
+    if out.chars().count() > MAX_CONTEXT_CHARS {
+        let cut: String = out.chars().take(MAX_CONTEXT_CHARS).collect();
+        let at = cut.rfind('\n').unwrap_or(cut.len());
+        out = format!("{}\n(cut at {MAX_CONTEXT_CHARS} characters)", &cut[..at]);
+    }
+    out
+}
+
+/// The JSON a SessionStart hook prints to add `context` for the model.
+pub fn session_start_output(context: &str) -> serde_json::Value {
+    serde_json::json!({
+        "hookSpecificOutput": {
+            "hookEventName": "SessionStart",
+            "additionalContext": context,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads() {
+        let p = Payload::parse(
+            br#"{"session_id":"abc-1","transcript_path":"/t/abc-1.jsonl","cwd":"/p","hook_event_name":"SessionStart","source":"compact","extra":1}"#,
+        )
+        .unwrap();
+        assert_eq!(p.ask(), Ask::Context);
+        assert_eq!(p.session().as_deref(), Some("abc-1"));
+        assert_eq!(p.source.as_deref(), Some("compact"));
+        let p = Payload::parse(br#"{"hook_event_name":"PreCompact","transcript_path":"/t/x.jsonl","trigger":"auto","custom_instructions":null}"#).unwrap();
+        assert_eq!((p.ask(), p.session().as_deref()), (Ask::Import, Some("x")));
+        assert_eq!(
+            Payload::parse(br#"{"hook_event_name":"Notification"}"#)
+                .unwrap()
+                .ask(),
+            Ask::Nothing
+        );
+        assert!(
+            Payload::parse(b"not json")
+                .unwrap_err()
+                .message
+                .contains("not the JSON object")
+        );
+        assert!(Payload::parse(br#"{"hook_event_name":""}"#).is_err());
+    }
+}

@@ -1,0 +1,154 @@
+//! `abridge hook`: a thin shell over `abridge_app::hook` for Claude Code's command hooks.
+//! It never fails the agent's turn and never blocks it past its budget: errors go to a log
+//! (and a one-line note on stderr), the exit is 0 unless the payload is unusable (then 1,
+//! which Claude Code shows as a non-blocking hook error — never 2, which would block a
+//! compaction).
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::anyhow;
+use clap::Args;
+
+use abridge_app::hook::{self, Ask, Payload};
+use abridge_engine::types::FreshState;
+
+use super::commands::{choose_backend, engine_config};
+use super::{Exit, Failure, Settings};
+
+#[derive(Args, Debug)]
+pub struct HookArgs {
+    /// Longest the hook may take, in seconds; what is not done by then stays queued for the
+    /// next hook, `abridge watch` or a worker
+    #[arg(long, default_value_t = 5.0)]
+    budget_secs: f64,
+    /// Tokens of context a SessionStart hook prints (Claude Code keeps up to 10,000
+    /// characters of it)
+    #[arg(long, default_value_t = 2000)]
+    context_tokens: u32,
+    /// Where errors are written [env: ABRIDGE_HOOK_LOG] [default: hook.log beside the
+    /// database]
+    #[arg(long, value_name = "PATH")]
+    log: Option<PathBuf>,
+}
+
+/// Append a line to the hook log (best effort: a hook must not fail on its log).
+fn log(s: &Settings, a: &HookArgs, line: &str) {
+    let path = a
+        .log
+        .clone()
+        .or_else(|| std::env::var_os("ABRIDGE_HOOK_LOG").map(PathBuf::from))
+        .unwrap_or_else(|| s.db.with_file_name("hook.log"));
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+    {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let _ = writeln!(f, "{at} {line}");
+    }
+}
+
+pub async fn hook(s: &Settings, a: HookArgs) -> Result<(), Failure> {
+    let started = Instant::now();
+    let budget = Duration::from_secs_f64(a.budget_secs.clamp(0.1, 600.0));
+    let mut input = Vec::new();
+    let read = std::io::stdin()
+        .take(hook::MAX_PAYLOAD as u64 + 1)
+        .read_to_end(&mut input);
+    let payload = match read
+        .map_err(|e| abridge_app::AppError::invalid(format!("cannot read the hook payload: {e}")))
+        .and_then(|_| Payload::parse(&input))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            log(s, &a, &format!("unusable payload: {}", e.message));
+            // 1: a non-blocking hook error (2 would block a compaction).
+            return Err(Failure::new(Exit::Internal, anyhow!("{}", e.message)));
+        }
+    };
+    let event = payload.hook_event_name.clone();
+    let work = run(s, &a, payload, started + budget);
+    match tokio::time::timeout(budget, work).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            log(s, &a, &format!("{event}: {e:#}"));
+            eprintln!("abridge hook ({event}): {e:#} (logged; the agent goes on)");
+            Ok(())
+        }
+        Err(_) => {
+            log(
+                s,
+                &a,
+                &format!("{event}: the {budget:?} budget ran out; the rest stays queued"),
+            );
+            Ok(())
+        }
+    }
+}
+
+async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyhow::Result<()> {
+    let ask = p.ask();
+    if ask == Ask::Nothing {
+        return Ok(());
+    }
+    let backend = choose_backend(s).await.map_err(|f| f.error)?;
+    let cfg = engine_config(s, &backend);
+    let local = super::app::local(s, Some(&backend)).map_err(|f| f.error)?;
+    // Every event first takes in what the transcript gained (the same rules as `watch`).
+    let mut imported = Vec::new();
+    if let Some(t) = &p.transcript_path
+        && let Some(f) = local.hook_import(t).await?
+    {
+        imported = f.sessions;
+    }
+    let session = imported.first().cloned().or_else(|| p.session());
+    let Some(session) = session else {
+        return Ok(());
+    };
+    match ask {
+        Ask::Context => {
+            let known = local.session(&session).await.is_ok();
+            if !known {
+                return Ok(());
+            }
+            let v = local
+                .context(&session, a.context_tokens.max(64), 1, u32::MAX, None)
+                .await?;
+            let text = hook::context_text(&v);
+            let out = hook::session_start_output(&text);
+            println!("{out}");
+        }
+        Ask::Import => {
+            // Summarize what the budget allows; a job stopped at the deadline goes back to
+            // the queue with the answers it received.
+            if !local.needs_summary(&session, &cfg).await? {
+                return Ok(());
+            }
+            let f = local.engine().freshness(&session, &cfg).await?;
+            if f.state == FreshState::Empty {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let timer = tokio::spawn(async move {
+                // Leave a little of the budget to hand the job back.
+                tokio::time::sleep(left.saturating_sub(Duration::from_millis(300))).await;
+                let _ = stop_tx.send(true);
+            });
+            let done = local
+                .run_or_join_until(&session, f.fold_upto, &cfg, Some(stop_rx))
+                .await;
+            timer.abort();
+            done?;
+        }
+        Ask::Nothing => {}
+    }
+    Ok(())
+}
