@@ -263,7 +263,7 @@ fn view(entries: &[Entry]) -> View<'_> {
         let action = f.text.split(ARROW).next().unwrap_or("");
         let again = ran
             .iter()
-            .any(|r| r.text == action && r.episode > f.episode);
+            .any(|r| r.episode > f.episode && same_action(&r.text, action));
         // A failed file tool is resolved by a later touch of the same file.
         let touched = action.split_once(' ').is_some_and(|(tool, path)| {
             is_file_tool(tool)
@@ -288,6 +288,33 @@ fn view(entries: &[Entry]) -> View<'_> {
         unresolved,
         todos,
     }
+}
+
+/// Whether a later run `later` retries the failed action `failed`: the same tool, and at least
+/// half of the words of the two commands in common (`cargo test` then `cargo test -p x`, or a
+/// loop of 20 runs then one of 50; not `cargo test` then `cargo build` or `ls`).
+fn same_action(later: &str, failed: &str) -> bool {
+    if later == failed {
+        return true;
+    }
+    let split = |s: &str| -> Option<(String, std::collections::BTreeSet<String>)> {
+        let (tool, rest) = s.split_once(": ")?;
+        let words = rest
+            .split(|c: char| c.is_whitespace() || c == ';')
+            .filter(|w| !w.is_empty())
+            .map(str::to_string)
+            .collect();
+        Some((tool.to_string(), words))
+    };
+    let (Some((t1, w1)), Some((t2, w2))) = (split(later), split(failed)) else {
+        return false;
+    };
+    if t1 != t2 || w1.is_empty() || w2.is_empty() {
+        return false;
+    }
+    let common = w1.intersection(&w2).count();
+    let union = w1.union(&w2).count();
+    common * 2 >= union
 }
 
 /// The outcome of the newest run of `r`: its failure, when the newest failure of that action
@@ -553,6 +580,18 @@ mod tests {
         let d = render(&digest_of(&eps), 10_000);
         assert!(!d.contains("Unresolved error"), "{d}");
         assert!(d.contains("Bash: cargo test checkout (#10)"), "{d}");
+    }
+
+    #[test]
+    fn a_retry_resolves_a_failure_but_another_command_does_not() {
+        assert!(same_action("Bash: cargo test -p x", "Bash: cargo test"));
+        assert!(same_action(
+            "Bash: for i in $(seq 50); do npm test; done",
+            "Bash: for i in $(seq 20); do npm test; done"
+        ));
+        assert!(!same_action("Bash: cargo build", "Bash: cargo test"));
+        assert!(!same_action("Bash: ls", "Bash: cargo test"));
+        assert!(!same_action("Grep: cargo test", "Bash: cargo test"));
     }
 
     #[test]
