@@ -170,8 +170,9 @@ pub fn assemble(p: &Parts) -> Window {
         }
     }
     // Then the coding-session digest (the requests verbatim, the files edited, the open
-    // error and to-dos), which no summary prose may drop: up to half the room left.
-    let digest_room = budget.saturating_sub(used) / 2;
+    // error and to-dos), which no summary prose may drop: its essential sections may take the
+    // room left, the rest of it a third of what they leave (see `digest::render`).
+    let digest_room = budget.saturating_sub(used);
     let mut digest = crate::digest::render(p.digest, digest_room.saturating_sub(MESSAGE_COST));
     if !digest.is_empty() {
         if used.saturating_add(cost(&digest)) <= budget {

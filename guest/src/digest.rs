@@ -317,6 +317,30 @@ fn same_action(later: &str, failed: &str) -> bool {
     common * 2 >= union
 }
 
+/// The folder every one of `paths` lies under, ending in `/`, when there are at least two
+/// paths and it is at least two folders deep (`/home/me/project/`); `None` otherwise.
+fn common_dir<'a>(paths: impl Iterator<Item = &'a str>) -> Option<String> {
+    let mut n = 0usize;
+    let mut common: Option<Vec<&str>> = None;
+    for p in paths {
+        n += 1;
+        let mut parts: Vec<&str> = p.split('/').collect();
+        parts.pop(); // the file's own name
+        common = Some(match common {
+            None => parts,
+            Some(c) => c
+                .iter()
+                .zip(&parts)
+                .take_while(|(a, b)| a == b)
+                .map(|(a, _)| *a)
+                .collect(),
+        });
+    }
+    let c = common?;
+    let depth = c.iter().filter(|x| !x.is_empty()).count();
+    (n >= 2 && depth >= 2).then(|| format!("{}/", c.join("/")))
+}
+
 /// The outcome of the newest run of `r`: its failure, when the newest failure of that action
 /// came after it.
 fn outcome<'a>(r: &Entry, entries: &'a [Entry]) -> Option<&'a str> {
@@ -330,9 +354,10 @@ fn outcome<'a>(r: &Entry, entries: &'a [Entry]) -> Option<&'a str> {
 
 /// The digest of `entries` as readable sections within `budget` tokens (empty when the
 /// entries hold no coding session). What fits first: the latest request verbatim, the last
-/// unresolved error, every edited or created file, the open to-dos, the first request, earlier
-/// requests (newest first), the commands (newest first, with their outcome), the files read.
-/// What the budget leaves out is counted on the last line.
+/// unresolved error, every edited or created file, the open to-dos (these may take the whole
+/// budget); then, within a third of what they leave, the first request, earlier requests
+/// (newest first), the commands (newest first, with their outcome), the files read. What the
+/// budget leaves out is counted on the last line.
 pub fn render(entries: &[Entry], budget: u32) -> String {
     if !is_coding(entries) {
         return String::new();
@@ -340,9 +365,13 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
     let v = view(entries);
     let mut used = estimate_tokens(HEADING) + 2;
     let mut left_out = 0usize;
-    let fits = |text: &str, used: &mut u32| -> bool {
+    // The essential sections (the latest request, the open error, the edited files, the
+    // to-dos) may take the whole budget; the rest at most a third of what they leave, so a
+    // context keeps room for the summary prose.
+    let mut cap = budget;
+    let fits = |text: &str, used: &mut u32, cap: u32| -> bool {
         let c = estimate_tokens(text) + 2;
-        if *used + c <= budget {
+        if *used + c <= cap {
             *used += c;
             true
         } else {
@@ -360,7 +389,7 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
     let mut reads: Vec<String> = Vec::new();
     if let Some(r) = v.requests.last() {
         let t = format!("Latest request (#{}): {}", r.episode, r.text);
-        if fits(&t, &mut used) {
+        if fits(&t, &mut used, cap) {
             latest = Some(t);
         } else {
             // Too long for the budget whole: its start, within at most 60% of the budget,
@@ -375,7 +404,7 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
                     head.chars().count(),
                     r.text.chars().count()
                 );
-                if fits(&t, &mut used) {
+                if fits(&t, &mut used, cap) {
                     latest = Some(t);
                     break;
                 }
@@ -388,32 +417,46 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
     }
     if let Some(f) = v.unresolved {
         let t = format!("Unresolved error (#{}): {}", f.episode, f.text);
-        if fits(&t, &mut used) {
+        if fits(&t, &mut used, cap) {
             unresolved = Some(t);
         } else {
             left_out += 1;
         }
     }
+    // Paths under one folder are shown relative to it, the folder once.
+    let root = common_dir(v.edited.iter().chain(&v.read).map(|e| e.text.as_str()));
+    let shown = |p: &str| -> String {
+        match &root {
+            Some(r) => p.strip_prefix(r.as_str()).unwrap_or(p).to_string(),
+            None => p.to_string(),
+        }
+    };
+    let under = root
+        .as_ref()
+        .map(|r| format!(" (under {r})"))
+        .unwrap_or_default();
+    used += estimate_tokens(&under) * 2;
     for e in &v.edited {
         let new = if e.kind == Kind::Created { ", new" } else { "" };
-        let t = format!("{} (#{}{new})", e.text, e.episode);
-        if fits(&t, &mut used) {
+        let t = format!("{} (#{}{new})", shown(&e.text), e.episode);
+        if fits(&t, &mut used, cap) {
             files.push(t);
         } else {
             left_out += 1;
         }
     }
     for e in &v.todos {
-        if fits(&e.text, &mut used) {
+        if fits(&e.text, &mut used, cap) {
             todos.push(e.text.clone());
         } else {
             left_out += 1;
         }
     }
+    cap = used + budget.saturating_sub(used) / 3;
     if v.requests.len() > 1 {
         let r = v.requests[0];
         let t = format!("First request (#{}): {}", r.episode, r.text);
-        if fits(&t, &mut used) {
+        if fits(&t, &mut used, cap) {
             first = Some(t);
         } else {
             left_out += 1;
@@ -422,7 +465,7 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
     if v.requests.len() > 2 {
         for r in v.requests[1..v.requests.len() - 1].iter().rev() {
             let t = format!("(#{}) {}", r.episode, r.text);
-            if fits(&t, &mut used) {
+            if fits(&t, &mut used, cap) {
                 earlier.push(t);
             } else {
                 left_out += 1;
@@ -435,15 +478,15 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
             Some(err) => format!("{} (#{}) → failed: {err}", r.text, r.episode),
             None => format!("{} (#{})", r.text, r.episode),
         };
-        if fits(&t, &mut used) {
+        if fits(&t, &mut used, cap) {
             commands.push(t);
         } else {
             left_out += 1;
         }
     }
     for e in &v.read {
-        let t = format!("{} (#{})", e.text, e.episode);
-        if fits(&t, &mut used) {
+        let t = format!("{} (#{})", shown(&e.text), e.episode);
+        if fits(&t, &mut used, cap) {
             reads.push(t);
         } else {
             left_out += 1;
@@ -457,7 +500,7 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
     out.extend(latest);
     out.extend(unresolved);
     if !files.is_empty() {
-        out.push(format!("Files edited: {}", files.join(" · ")));
+        out.push(format!("Files edited{under}: {}", files.join(" · ")));
     }
     if !todos.is_empty() {
         out.push(format!("To-do list: {}", todos.join(" · ")));
@@ -466,7 +509,10 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
         out.push(format!("Commands (newest first): {}", commands.join(" · ")));
     }
     if !reads.is_empty() {
-        out.push(format!("Files read (newest first): {}", reads.join(" · ")));
+        out.push(format!(
+            "Files read (newest first){under}: {}",
+            reads.join(" · ")
+        ));
     }
     if left_out > 0 {
         out.push(format!("({left_out} {LEFT_OUT})"));

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `abridge` binary against the project's own Ollama-compatible
 //! test server on a free loopback port, with a real SQLite file.
 
+mod agents;
 mod app;
 mod backfill;
 mod bad_input;

@@ -25,7 +25,7 @@ pub struct HookArgs {
     budget_secs: f64,
     /// Tokens of context a SessionStart hook prints (Claude Code keeps up to 10,000
     /// characters of it)
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2200)]
     context_tokens: u32,
     /// Where errors are written [env: ABRIDGE_HOOK_LOG] [default: hook.log beside the
     /// database]

@@ -1,0 +1,264 @@
+//! Coding agents: `abridge hook` driven as Claude Code drives it, on the real Claude Code
+//! transcripts in ../shared/data/transcripts (skipped, with a note, when absent).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+const REAL: [&str; 3] = [
+    "claude_code/obra-episodic-memory/large-conversation.jsonl",
+    "claude_code/obra-episodic-memory/long-conversation.jsonl",
+    "claude_code/simonw-claude-code-transcripts/sample_session.jsonl",
+];
+
+/// Run `abridge hook` with `payload` on stdin; the run and how long it took.
+fn hook(env: &Env, args: &[&str], payload: &Value) -> (Run, Duration) {
+    let mut all = vec!["hook"];
+    all.extend_from_slice(args);
+    let started = Instant::now();
+    let mut child = env
+        .command(&all)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(payload.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (Run::from(out), started.elapsed())
+}
+
+fn payload(event: &str, session: &str, transcript: &Path, extra: Value) -> Value {
+    let mut p = json!({
+        "session_id": session,
+        "transcript_path": transcript,
+        "cwd": "/project",
+        "hook_event_name": event,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        p[k] = v.clone();
+    }
+    p
+}
+
+/// The session id, and every path the transcript's Edit, Write and MultiEdit calls touched.
+fn facts(lines: &[&str]) -> (String, Vec<String>) {
+    let mut session = String::new();
+    let mut edited: Vec<String> = Vec::new();
+    for l in lines {
+        let Ok(v) = serde_json::from_str::<Value>(l) else {
+            continue;
+        };
+        if session.is_empty()
+            && let Some(s) = v["sessionId"].as_str()
+        {
+            session = s.to_string();
+        }
+        for b in v["message"]["content"].as_array().into_iter().flatten() {
+            if b["type"] == "tool_use"
+                && matches!(
+                    b["name"].as_str(),
+                    Some("Edit" | "Write" | "MultiEdit" | "NotebookEdit")
+                )
+                && let Some(p) = b["input"]["file_path"].as_str()
+                && !edited.iter().any(|e| e == p)
+            {
+                edited.push(p.to_string());
+            }
+        }
+    }
+    (session, edited)
+}
+
+/// Whether `ctx` names the file `path`: whole, or relative to a folder it names once
+/// (`Files edited (under /home/me/project/): src/main.rs (#12)`).
+fn mentions(ctx: &str, path: &str) -> bool {
+    if ctx.contains(path) {
+        return true;
+    }
+    ctx.match_indices("(under ").any(|(i, _)| {
+        let rest = &ctx[i + "(under ".len()..];
+        let Some(end) = rest.find("):") else {
+            return false;
+        };
+        let root = &rest[..end];
+        path.strip_prefix(root).is_some_and(|rel| {
+            ctx[i..].contains(&format!(" {rel} (#")) || ctx[i..].contains(&format!(": {rel} (#"))
+        })
+    })
+}
+
+/// Every stored episode of `session` (through `expand` of each summary row): (id, role, text).
+fn episodes(env: &Env, session: &str) -> Vec<(u64, String, String)> {
+    let chain = env.chain(session).expect("a summary chain");
+    let mut out = Vec::new();
+    for r in chain["summaries"].as_array().unwrap() {
+        let id = r["id"].as_u64().unwrap().to_string();
+        let x = env
+            .run(&["expand", session, &id, "--json"])
+            .assert_ok()
+            .json();
+        for e in x["episodes"].as_array().unwrap() {
+            out.push((
+                e["id"].as_u64().unwrap(),
+                e["role"].as_str().unwrap().to_string(),
+                e["content"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// The acceptance test of issue #25's hooks: a real session is imported through the hooks in
+/// two steps (PreCompact half-way, Stop at the end); then, after a compaction, SessionStart
+/// prints a context that holds the pinned rule, the last request verbatim and every file the
+/// session edited — within Claude Code's 10,000 characters and the hook's budget.
+#[test]
+fn after_a_compaction_session_start_restores_the_rule_the_last_request_and_every_edited_file() {
+    let server = TestServer::start();
+    for rel in REAL {
+        let Some(src) = shared(rel) else { return };
+        let env = Env::new().with("EXTRACTION_URL", &server.url());
+        let text = std::fs::read_to_string(&src).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let (session, edited) = facts(&lines);
+        assert!(!session.is_empty(), "{rel}");
+        let dir: PathBuf = env.dir.path().join(".claude/projects/-project");
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("{session}.jsonl"));
+        // The first half, then PreCompact: imported, summarized within the budget.
+        let half = lines.len() / 2;
+        std::fs::write(&file, lines[..half].join("\n") + "\n").unwrap();
+        let (r, took) = hook(
+            &env,
+            &[],
+            &payload("PreCompact", &session, &file, json!({"trigger": "auto"})),
+        );
+        r.assert_ok();
+        assert!(r.stdout.trim().is_empty(), "{rel}: {}", r.stdout);
+        assert!(took < Duration::from_secs(8), "{rel}: {took:?}");
+        // The rest arrives; Stop imports only the new lines.
+        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+        let (r, _) = hook(&env, &[], &payload("Stop", &session, &file, json!({})));
+        r.assert_ok();
+        let eps = episodes(&env, &session);
+        let n = eps.len() as u64;
+        assert_covers(&env.chain(&session).unwrap(), n);
+        // The user's rule: pin their first request.
+        let (rule_id, _, rule) = eps.iter().find(|e| e.1 == "user").cloned().unwrap();
+        env.run(&["pin", &session, &rule_id.to_string()])
+            .assert_ok();
+        let last = eps.iter().rev().find(|e| e.1 == "user").unwrap().2.clone();
+        // Claude Code compacts; the next SessionStart restores what matters.
+        let (r, took) = hook(
+            &env,
+            &[],
+            &payload(
+                "SessionStart",
+                &session,
+                &file,
+                json!({"source": "compact"}),
+            ),
+        );
+        r.assert_ok();
+        assert!(took < Duration::from_secs(8), "{rel}: {took:?}");
+        let out: Value = serde_json::from_str(r.stdout.trim())
+            .unwrap_or_else(|e| panic!("{rel}: {e}: {}", r.stdout));
+        assert_eq!(out["hookSpecificOutput"]["hookEventName"], "SessionStart");
+        let ctx = out["hookSpecificOutput"]["additionalContext"]
+            .as_str()
+            .unwrap();
+        assert!(ctx.chars().count() <= 10_000, "{rel}: {}", ctx.len());
+        assert!(
+            ctx.contains(rule.trim()),
+            "{rel}: the pinned rule is missing:\n{ctx}"
+        );
+        assert!(
+            ctx.contains(last.trim()),
+            "{rel}: the last request is missing ({} chars):\n{ctx}",
+            last.len()
+        );
+        for p in &edited {
+            assert!(mentions(ctx, p), "{rel}: {p} is missing:\n{ctx}");
+        }
+        eprintln!(
+            "{rel}: {} episodes, {} edited paths, context {} chars",
+            n,
+            edited.len(),
+            ctx.chars().count()
+        );
+    }
+}
+
+#[test]
+fn a_hook_never_fails_the_agents_turn_and_keeps_to_its_budget() {
+    let server = TestServer::start();
+    let env = Env::new().with("EXTRACTION_URL", &server.url());
+    // An unusable payload: exit 1 (a non-blocking hook error; never 2, which blocks a
+    // compaction), a message that says what is wrong, nothing on stdout.
+    let mut child = env
+        .command(&["hook"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"not json").unwrap();
+    let r = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("not the JSON object a hook receives"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.is_empty());
+    // A transcript that does not exist yet, an event abridge does not act on: exit 0, quiet.
+    let missing = env.dir.path().join("nope.jsonl");
+    for event in ["SessionStart", "Stop", "Notification"] {
+        let (r, _) = hook(&env, &[], &payload(event, "s-1", &missing, json!({})));
+        r.assert_ok();
+        assert!(r.stdout.trim().is_empty(), "{event}: {}", r.stdout);
+    }
+    // A slow model: the hook returns within its budget, exit 0; the work stays queued and
+    // the next hook (with a model that answers) finishes it.
+    let file = env.dir.path().join("slow.jsonl");
+    let mut text = String::new();
+    for i in 0..40 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        text.push_str(
+            &json!({"type": role, "uuid": format!("u{i}"), "sessionId": "slow-1",
+                "message": {"role": role, "content": format!("Message {i} about the release plan and its risks.")}})
+            .to_string(),
+        );
+        text.push('\n');
+    }
+    std::fs::write(&file, &text).unwrap();
+    server.set_delay(Duration::from_secs(30));
+    let (r, took) = hook(
+        &env,
+        &["--budget-secs", "2"],
+        &payload("PreCompact", "slow-1", &file, json!({"trigger": "auto"})),
+    );
+    r.assert_ok();
+    assert!(took < Duration::from_secs(6), "the hook took {took:?}");
+    let chain = env.chain("slow-1").unwrap();
+    assert_eq!(chain["episodes"], 40);
+    assert!(chain["summaries"].as_array().unwrap().is_empty());
+    server.set_delay(Duration::ZERO);
+    let (r, _) = hook(&env, &[], &payload("Stop", "slow-1", &file, json!({})));
+    r.assert_ok();
+    assert_covers(&env.chain("slow-1").unwrap(), 40);
+    // Errors went to the log, not to the agent.
+    let log = std::fs::read_to_string(env.dir.path().join("hook.log")).unwrap_or_default();
+    assert!(log.contains("not the JSON object"), "{log}");
+}
