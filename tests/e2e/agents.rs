@@ -262,3 +262,81 @@ fn a_hook_never_fails_the_agents_turn_and_keeps_to_its_budget() {
     let log = std::fs::read_to_string(env.dir.path().join("hook.log")).unwrap_or_default();
     assert!(log.contains("not the JSON object"), "{log}");
 }
+
+#[test]
+fn setup_merges_into_the_agents_settings_keeps_a_backup_is_idempotent_and_removes_cleanly() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let home = env.dir.path();
+    let settings = home.join(".claude/settings.json");
+    std::fs::create_dir_all(settings.parent().unwrap()).unwrap();
+    let mine = r#"{"model": "opus", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "say done"}]}]}}"#;
+    std::fs::write(&settings, mine).unwrap();
+    // A dry run shows the diff and changes nothing.
+    let r = env.run(&["setup", "claude-code", "--dry-run"]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("+++ ") && r.stdout.contains("hook"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("would change"), "{}", r.stdout);
+    assert_eq!(std::fs::read_to_string(&settings).unwrap(), mine);
+    assert!(!home.join(".claude.json").exists());
+    // Applied: every other setting kept, a backup, the MCP server registered.
+    let r = env.run(&["setup", "claude-code"]);
+    r.assert_ok();
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&settings).unwrap()).unwrap();
+    assert_eq!(v["model"], "opus");
+    assert_eq!(v["hooks"]["Stop"][0]["hooks"][0]["command"], "say done");
+    assert_eq!(
+        std::fs::read_to_string(home.join(".claude/settings.json.abridge-backup")).unwrap(),
+        mine
+    );
+    let mcp: Value =
+        serde_json::from_str(&std::fs::read_to_string(home.join(".claude.json")).unwrap()).unwrap();
+    let args = mcp["mcpServers"]["abridge"]["args"].as_array().unwrap();
+    assert_eq!(args.last().unwrap(), "mcp");
+    // Idempotent.
+    let r = env.run(&["setup", "claude-code"]);
+    r.assert_ok();
+    assert_eq!(r.stdout.matches("unchanged").count(), 2, "{}", r.stdout);
+    // The installed command runs, as Claude Code runs it (through a shell).
+    let command = v["hooks"]["SessionStart"][0]["hooks"][0]["command"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo '{{\"hook_event_name\":\"Notification\"}}' | {command}"
+        ))
+        .env("HOME", home)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Removed: the settings are what they were.
+    env.run(&["setup", "claude-code", "--remove"]).assert_ok();
+    let back: Value = serde_json::from_str(&std::fs::read_to_string(&settings).unwrap()).unwrap();
+    assert_eq!(back, serde_json::from_str::<Value>(mine).unwrap());
+    let mcp: Value =
+        serde_json::from_str(&std::fs::read_to_string(home.join(".claude.json")).unwrap()).unwrap();
+    assert!(mcp.get("mcpServers").is_none(), "{mcp}");
+    // Codex: config.toml keeps its comments.
+    let codex = home.join("codex-home");
+    std::fs::create_dir_all(&codex).unwrap();
+    std::fs::write(codex.join("config.toml"), "# mine\nmodel = \"o4\"\n").unwrap();
+    let env = env.with("CODEX_HOME", &codex.display().to_string());
+    env.run(&["setup", "codex"]).assert_ok();
+    let t = std::fs::read_to_string(codex.join("config.toml")).unwrap();
+    assert!(t.starts_with("# mine\nmodel = \"o4\"\n"), "{t}");
+    assert!(t.contains("[mcp_servers.abridge]"), "{t}");
+    env.run(&["setup", "codex", "--remove"]).assert_ok();
+    assert_eq!(
+        std::fs::read_to_string(codex.join("config.toml")).unwrap(),
+        "# mine\nmodel = \"o4\"\n"
+    );
+}

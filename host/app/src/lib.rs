@@ -23,6 +23,7 @@ pub mod limits;
 pub mod memories;
 pub mod naming;
 mod run;
+pub mod setup;
 pub mod sources;
 pub mod tokens;
 pub mod transcript;

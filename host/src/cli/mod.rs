@@ -21,6 +21,7 @@ mod memory;
 mod progress;
 mod serve;
 mod settings;
+mod setup;
 mod watch;
 
 use std::process::ExitCode;
@@ -141,6 +142,10 @@ enum Cmd {
     /// session's context, PreCompact/Stop/SessionEnd import the transcript's new lines and
     /// summarize within the budget. Never blocks or fails the agent's turn.
     Hook(hook::HookArgs),
+    /// Install abridge into a coding agent: Claude Code's hooks and MCP server, or Codex's
+    /// MCP server (merged into its settings, a backup kept; --dry-run shows the diff,
+    /// --remove takes it out again).
+    Setup(setup::SetupArgs),
     /// Pin an episode (always in the context verbatim, within the budget), unpin it, or list
     /// the pins.
     Pin(fresh::PinArgs),
@@ -244,6 +249,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Focus(a) => fresh::focus(&settings, a).await,
         Cmd::Pin(a) => fresh::pin(&settings, a).await,
         Cmd::Hook(a) => hook::hook(&settings, a).await,
+        Cmd::Setup(a) => setup::setup_cmd(&settings, a).await,
         Cmd::Expand(a) => fresh::expand(&settings, a).await,
         Cmd::Reset(a) => fresh::reset(&settings, a).await,
         Cmd::Watch(a) => watch::watch(&settings, a).await,

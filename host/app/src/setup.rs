@@ -1,0 +1,292 @@
+//! `abridge setup`: installing abridge into a coding agent's configuration — Claude Code's
+//! hooks (`settings.json`) and MCP server (`~/.claude.json` or `.mcp.json`), Codex's MCP
+//! server (`config.toml`). Each change is a merge: every other setting is kept, abridge's own
+//! entries are recognised (a command that runs `abridge … hook` or `… mcp`) and replaced, so a
+//! second run changes nothing; `remove` takes out only abridge's entries. The functions here
+//! are pure (text in, text out); the front end reads, backs up and writes the files.
+
+use serde_json::{Map, Value, json};
+
+use super::{AppError, AppResult};
+
+/// The Claude Code hook events abridge installs, with their matchers (`None`: every source).
+pub const CLAUDE_EVENTS: [(&str, Option<&str>); 4] = [
+    ("SessionStart", Some("startup|resume|clear|compact")),
+    ("PreCompact", None),
+    ("Stop", None),
+    ("SessionEnd", None),
+];
+
+/// Seconds Claude Code gives a hook command before it gives up on it (the hook keeps to its
+/// own 5 s budget well within it).
+const HOOK_TIMEOUT_SECS: u64 = 15;
+
+/// `s` quoted for a POSIX shell when it needs it.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+:=@%,".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// How abridge is run from an agent: the executable and the global arguments (the database).
+#[derive(Clone, Debug)]
+pub struct Invocation {
+    /// The `abridge` executable, absolute.
+    pub program: String,
+    /// Arguments before the subcommand (`--db PATH`).
+    pub global: Vec<String>,
+}
+
+impl Invocation {
+    /// A shell command line running `sub` (for hook commands).
+    pub fn command_line(&self, sub: &[&str]) -> String {
+        let mut parts = vec![shell_quote(&self.program)];
+        parts.extend(self.global.iter().map(|a| shell_quote(a)));
+        parts.extend(sub.iter().map(|a| shell_quote(a)));
+        parts.join(" ")
+    }
+
+    /// The arguments after the program for `sub` (for MCP server entries).
+    pub fn args(&self, sub: &[&str]) -> Vec<String> {
+        let mut a = self.global.clone();
+        a.extend(sub.iter().map(|s| s.to_string()));
+        a
+    }
+}
+
+/// Whether a hook command is one abridge installed.
+fn is_ours(command: &str) -> bool {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    words
+        .first()
+        .is_some_and(|p| p.trim_matches('\'').ends_with("abridge"))
+        && words.iter().any(|w| *w == "hook")
+}
+
+fn parse_object(text: &str, what: &str) -> AppResult<Map<String, Value>> {
+    if text.trim().is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(AppError::invalid(format!("{what} is not a JSON object"))),
+        Err(e) => Err(AppError::invalid(format!(
+            "{what} is not valid JSON ({e}); fix it or move it aside, then run setup again"
+        ))),
+    }
+}
+
+fn pretty(v: &Map<String, Value>) -> String {
+    let mut s = serde_json::to_string_pretty(v).expect("JSON serializes");
+    s.push('\n');
+    s
+}
+
+/// Claude Code's `settings.json` with abridge's hooks merged in (or, with `remove`, taken
+/// out). `text` is the file as it is (empty when it does not exist).
+pub fn claude_settings(text: &str, how: &Invocation, remove: bool) -> AppResult<String> {
+    let mut root = parse_object(text, "the Claude Code settings file")?;
+    let hooks = root
+        .entry("hooks")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(hooks) = hooks else {
+        return Err(AppError::invalid(
+            "the settings file's \"hooks\" is not an object; fix it, then run setup again",
+        ));
+    };
+    for (event, matcher) in CLAUDE_EVENTS {
+        let groups = hooks
+            .entry(event)
+            .or_insert_with(|| Value::Array(Vec::new()));
+        let Value::Array(groups) = groups else {
+            return Err(AppError::invalid(format!(
+                "the settings file's hooks.{event} is not an array; fix it, then run setup again"
+            )));
+        };
+        // Take out abridge's handlers wherever they are; drop groups left empty by it.
+        groups.retain_mut(|g| {
+            let Some(list) = g.get_mut("hooks").and_then(Value::as_array_mut) else {
+                return true;
+            };
+            let before = list.len();
+            list.retain(|h| {
+                !h.get("command")
+                    .and_then(Value::as_str)
+                    .is_some_and(is_ours)
+            });
+            !(before > 0 && list.is_empty())
+        });
+        if !remove {
+            let mut group = Map::new();
+            if let Some(m) = matcher {
+                group.insert("matcher".into(), json!(m));
+            }
+            group.insert(
+                "hooks".into(),
+                json!([{
+                    "type": "command",
+                    "command": how.command_line(&["hook"]),
+                    "timeout": HOOK_TIMEOUT_SECS,
+                }]),
+            );
+            groups.push(Value::Object(group));
+        }
+    }
+    hooks.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
+    if hooks.is_empty() {
+        root.remove("hooks");
+    }
+    Ok(pretty(&root))
+}
+
+/// An MCP configuration (`~/.claude.json`, `.mcp.json`) with abridge's server under
+/// `mcpServers.abridge` (or, with `remove`, without it).
+pub fn claude_mcp(text: &str, how: &Invocation, remove: bool) -> AppResult<String> {
+    let mut root = parse_object(text, "the MCP configuration file")?;
+    let servers = root
+        .entry("mcpServers")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(servers) = servers else {
+        return Err(AppError::invalid(
+            "the file's \"mcpServers\" is not an object; fix it, then run setup again",
+        ));
+    };
+    if remove {
+        servers.remove("abridge");
+    } else {
+        servers.insert(
+            "abridge".into(),
+            json!({
+                "type": "stdio",
+                "command": how.program,
+                "args": how.args(&["mcp"]),
+            }),
+        );
+    }
+    if servers.is_empty() {
+        root.remove("mcpServers");
+    }
+    Ok(pretty(&root))
+}
+
+/// Codex's `config.toml` with abridge's MCP server as `[mcp_servers.abridge]` (or, with
+/// `remove`, without it); comments and formatting of everything else are kept.
+pub fn codex_config(text: &str, how: &Invocation, remove: bool) -> AppResult<String> {
+    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e| {
+        AppError::invalid(format!(
+            "the Codex configuration is not valid TOML ({e}); fix it, then run setup again"
+        ))
+    })?;
+    let servers = doc.entry("mcp_servers").or_insert_with(|| {
+        let mut t = toml_edit::Table::new();
+        t.set_implicit(true);
+        toml_edit::Item::Table(t)
+    });
+    let Some(servers) = servers.as_table_mut() else {
+        return Err(AppError::invalid(
+            "the Codex configuration's mcp_servers is not a table; fix it, then run setup again",
+        ));
+    };
+    if remove {
+        servers.remove("abridge");
+    } else {
+        let mut t = toml_edit::Table::new();
+        t["command"] = toml_edit::value(how.program.clone());
+        let mut args = toml_edit::Array::new();
+        for a in how.args(&["mcp"]) {
+            args.push(a);
+        }
+        t["args"] = toml_edit::value(args);
+        t["startup_timeout_sec"] = toml_edit::value(20);
+        servers.insert("abridge", toml_edit::Item::Table(t));
+    }
+    if servers.is_empty() {
+        doc.remove("mcp_servers");
+    }
+    Ok(doc.to_string())
+}
+
+/// A unified diff of `old` → `new` labelled with `path` (empty when they are the same).
+pub fn diff(path: &str, old: &str, new: &str) -> String {
+    if old == new {
+        return String::new();
+    }
+    similar::TextDiff::from_lines(old, new)
+        .unified_diff()
+        .context_radius(3)
+        .header(&format!("{path} (now)"), &format!("{path} (after setup)"))
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn how() -> Invocation {
+        Invocation {
+            program: "/usr/local/bin/abridge".into(),
+            global: vec!["--db".into(), "/home/me/my db/abridge.db".into()],
+        }
+    }
+
+    #[test]
+    fn claude_settings_are_merged_idempotently_and_removed_cleanly() {
+        let mine = r#"{"model": "opus", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "say done"}]}]}}"#;
+        let once = claude_settings(mine, &how(), false).unwrap();
+        let v: Value = serde_json::from_str(&once).unwrap();
+        assert_eq!(v["model"], "opus");
+        assert_eq!(v["hooks"]["Stop"].as_array().unwrap().len(), 2);
+        assert_eq!(v["hooks"]["Stop"][0]["hooks"][0]["command"], "say done");
+        assert_eq!(
+            v["hooks"]["SessionStart"][0]["matcher"],
+            "startup|resume|clear|compact"
+        );
+        assert_eq!(
+            v["hooks"]["PreCompact"][0]["hooks"][0]["command"],
+            "/usr/local/bin/abridge --db '/home/me/my db/abridge.db' hook"
+        );
+        let twice = claude_settings(&once, &how(), false).unwrap();
+        assert_eq!(once, twice, "a second run changes nothing");
+        let removed = claude_settings(&twice, &how(), true).unwrap();
+        let r: Value = serde_json::from_str(&removed).unwrap();
+        assert_eq!(r, serde_json::from_str::<Value>(mine).unwrap());
+        assert!(
+            claude_settings("{", &how(), false)
+                .unwrap_err()
+                .message
+                .contains("not valid JSON")
+        );
+    }
+
+    #[test]
+    fn mcp_servers_and_codex() {
+        let mcp = claude_mcp(
+            r#"{"mcpServers": {"other": {"command": "x"}}, "theme": "dark"}"#,
+            &how(),
+            false,
+        )
+        .unwrap();
+        let v: Value = serde_json::from_str(&mcp).unwrap();
+        assert_eq!(
+            v["mcpServers"]["abridge"]["args"],
+            json!(["--db", "/home/me/my db/abridge.db", "mcp"])
+        );
+        assert_eq!(v["mcpServers"]["other"]["command"], "x");
+        assert_eq!(claude_mcp(&mcp, &how(), false).unwrap(), mcp);
+        let back: Value = serde_json::from_str(&claude_mcp(&mcp, &how(), true).unwrap()).unwrap();
+        assert!(back["mcpServers"].get("abridge").is_none());
+        let toml = "# my settings\nmodel = \"o4\"\n\n[mcp_servers.other]\ncommand = \"x\"\n";
+        let once = codex_config(toml, &how(), false).unwrap();
+        assert!(once.starts_with("# my settings\nmodel = \"o4\""), "{once}");
+        assert!(once.contains("[mcp_servers.abridge]"), "{once}");
+        assert_eq!(codex_config(&once, &how(), false).unwrap(), once);
+        assert_eq!(codex_config(&once, &how(), true).unwrap(), toml);
+        assert!(!diff("f", "a\n", "b\n").is_empty());
+        assert!(diff("f", "a\n", "a\n").is_empty());
+    }
+}
