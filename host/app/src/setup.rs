@@ -65,7 +65,7 @@ fn is_ours(command: &str) -> bool {
     words
         .first()
         .is_some_and(|p| p.trim_matches('\'').ends_with("abridge"))
-        && words.iter().any(|w| *w == "hook")
+        && words.contains(&"hook")
 }
 
 fn parse_object(text: &str, what: &str) -> AppResult<Map<String, Value>> {
