@@ -16,6 +16,7 @@ mod hostile;
 mod hostile_web;
 mod ingest;
 mod jobs;
+mod mcp;
 mod memories;
 mod model_output;
 mod postgres;

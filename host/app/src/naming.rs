@@ -78,6 +78,19 @@ pub fn file_key(file: &Path) -> String {
         .to_string()
 }
 
+/// A session [`Scoped::search_sessions`] found.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SessionHit {
+    /// Its id.
+    pub session: String,
+    /// Episodes stored.
+    pub episodes: u64,
+    /// Episodes its summary covers.
+    pub covered: u64,
+    /// What matched, in a line.
+    pub matched: String,
+}
+
 /// How many candidates an ambiguous prefix lists.
 const LISTED: usize = 5;
 
@@ -147,6 +160,62 @@ impl Scoped {
                 .hint("give more of the session's id"))
             }
         }
+    }
+
+    /// Sessions that match `query` (words, all of them, ignoring case) in their id, their
+    /// summary, or their ledger and digest (file paths, commands, requests), most recently
+    /// changed first, at most `limit`: each with the line that matched.
+    pub async fn search_sessions(&self, query: &str, limit: usize) -> AppResult<Vec<SessionHit>> {
+        let words: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
+        if words.is_empty() {
+            return Err(AppError::invalid(
+                "the query is empty; give words to look for (an id, a file path, a topic)",
+            ));
+        }
+        let all = |text: &str| {
+            let t = text.to_lowercase();
+            words.iter().all(|w| t.contains(w.as_str()))
+        };
+        let mut out = Vec::new();
+        for session in self.store().sessions().await? {
+            if out.len() >= limit {
+                break;
+            }
+            let rows = self.store().summaries(&session).await?;
+            let stats = self.store().stats(&session).await?;
+            let mut matched = if all(&session) {
+                Some(format!("id {session}"))
+            } else {
+                None
+            };
+            for r in rows.iter().rev() {
+                if matched.is_some() {
+                    break;
+                }
+                if let Some(e) = r.ledger.iter().find(|e| all(&e.text)) {
+                    matched = Some(format!("{} (#{}): {}", e.kind.as_str(), e.episode, e.text));
+                } else if all(&r.content) {
+                    let line = r
+                        .content
+                        .lines()
+                        .find(|l| words.iter().any(|w| l.to_lowercase().contains(w.as_str())))
+                        .unwrap_or(&r.content);
+                    matched = Some(format!(
+                        "summary of {}-{}: {line}",
+                        r.first_episode, r.last_episode
+                    ));
+                }
+            }
+            if let Some(m) = matched {
+                out.push(SessionHit {
+                    session,
+                    episodes: stats.episodes,
+                    covered: rows.last().map_or(0, |r| r.last_episode),
+                    matched: m.chars().take(400).collect(),
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// [`Scoped::resolve`], or `name` itself when no session matches (for commands that

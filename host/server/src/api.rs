@@ -1223,7 +1223,19 @@ fn api_routes(srv: &Srv, opts: &ServeOptions) -> Router<Srv> {
     for (_, path, r) in service_table() {
         service = service.route(path, r);
     }
-    service.merge(authed)
+    // MCP over Streamable HTTP, for coding agents: the same tokens and tenants; the Host and
+    // Origin checks are the server's own guard (every route has them), and rmcp refuses any
+    // browser Origin besides the --cors-origin ones.
+    let mcp: Router<Srv> = Router::new()
+        .nest_service(
+            "/mcp",
+            abridge_mcp::http_service(Vec::new(), opts.cors_origins.clone()),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            srv.clone(),
+            auth::authenticate,
+        ));
+    service.merge(authed).merge(mcp)
 }
 
 pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {

@@ -17,6 +17,7 @@ mod component;
 mod fresh;
 mod hook;
 mod jobs;
+mod mcp;
 mod memory;
 mod progress;
 mod serve;
@@ -146,6 +147,10 @@ enum Cmd {
     /// MCP server (merged into its settings, a backup kept; --dry-run shows the diff,
     /// --remove takes it out again).
     Setup(setup::SetupArgs),
+    /// Serve the MCP tools (context, search_sessions, expand, recall, remember, forget, pin)
+    /// over standard input and output, for a coding agent; `abridge serve` offers them at
+    /// /mcp over HTTP.
+    Mcp(mcp::McpArgs),
     /// Pin an episode (always in the context verbatim, within the budget), unpin it, or list
     /// the pins.
     Pin(fresh::PinArgs),
@@ -250,6 +255,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Pin(a) => fresh::pin(&settings, a).await,
         Cmd::Hook(a) => hook::hook(&settings, a).await,
         Cmd::Setup(a) => setup::setup_cmd(&settings, a).await,
+        Cmd::Mcp(a) => mcp::mcp_cmd(&settings, a).await,
         Cmd::Expand(a) => fresh::expand(&settings, a).await,
         Cmd::Reset(a) => fresh::reset(&settings, a).await,
         Cmd::Watch(a) => watch::watch(&settings, a).await,

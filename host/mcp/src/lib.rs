@@ -1,0 +1,537 @@
+//! abridge's MCP server: a thin shell over the app layer ([`abridge_app::Scoped`]) for coding
+//! agents, with the official Rust SDK (`rmcp`). Seven tools, each described so an agent calls
+//! it unprompted; every result fits the `budget_tokens` it is given; a bad argument is a tool
+//! error that says how to fix it (never a protocol error).
+//!
+//! Over stdio (`abridge mcp`) every call acts for the local database's default tenant. Over
+//! Streamable HTTP (`/mcp` on `abridge serve`) the server's own edge authenticates the request
+//! first (the same tokens as the HTTP API, the Host and Origin checks) and hands the tenant's
+//! [`Scoped`] to the tool in the request's extensions: a session of another tenant is not
+//! found, as everywhere else.
+
+use std::sync::Arc;
+
+use abridge_app::{AppError, ErrorKind, Scoped};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+pub use rmcp;
+
+/// Default and largest `budget_tokens` of a tool result.
+const DEFAULT_BUDGET: u32 = 2_000;
+const MAX_BUDGET: u32 = 20_000;
+
+/// What the server tells an agent about itself at initialization.
+const INSTRUCTIONS: &str = "abridge keeps exact, provenance-linked summaries of your coding sessions (Claude Code, Codex) and of any conversation, outside your context window, so nothing is lost when you compact. Call `context` at the start of a task or after a compaction to get back what the session asked for, the files it edited, the commands it ran and the pinned rules. Call `search_sessions` to find an earlier session by topic or file path, and `expand` to read the exact messages behind a summary line. `remember`/`recall`/`forget` keep durable facts (decisions, preferences, conventions) across sessions.";
+
+/// Where tools find the tenant they act for.
+#[derive(Clone)]
+enum Tenancy {
+    /// One tenant for every call (stdio).
+    Fixed(Scoped),
+    /// The tenant the HTTP edge authenticated, in the request's extensions.
+    PerRequest,
+}
+
+/// The MCP server.
+#[derive(Clone)]
+pub struct AbridgeMcp {
+    tenancy: Arc<Tenancy>,
+}
+
+impl AbridgeMcp {
+    /// A server whose every call acts for `scoped` (stdio).
+    pub fn fixed(scoped: Scoped) -> Self {
+        AbridgeMcp {
+            tenancy: Arc::new(Tenancy::Fixed(scoped)),
+        }
+    }
+
+    /// A server that acts for the tenant the HTTP edge put in each request's extensions.
+    pub fn per_request() -> Self {
+        AbridgeMcp {
+            tenancy: Arc::new(Tenancy::PerRequest),
+        }
+    }
+
+    fn scoped(&self, ctx: &RequestContext<RoleServer>) -> Result<Scoped, ErrorData> {
+        match &*self.tenancy {
+            Tenancy::Fixed(s) => Ok(s.clone()),
+            Tenancy::PerRequest => ctx
+                .extensions
+                .get::<http::request::Parts>()
+                .and_then(|p| p.extensions.get::<Scoped>())
+                .cloned()
+                .ok_or_else(|| {
+                    ErrorData::internal_error("the request carries no authenticated tenant", None)
+                }),
+        }
+    }
+}
+
+/// A tool error: the message and its hint, as text the agent reads.
+fn tool_error(e: AppError) -> CallToolResult {
+    let mut text = e.message.clone();
+    if let Some(h) = &e.hint {
+        text.push_str(" — ");
+        text.push_str(h);
+    }
+    if matches!(e.kind, ErrorKind::NotFound) && !text.contains("search_sessions") {
+        text.push_str(" (search_sessions lists sessions)");
+    }
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+fn bad(message: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(message.into())])
+}
+
+/// `text` within `budget` tokens (about four characters each), cut at a line, saying so.
+fn fit(text: String, budget: Option<u32>) -> Result<String, CallToolResult> {
+    let b = budget.unwrap_or(DEFAULT_BUDGET);
+    if !(64..=MAX_BUDGET).contains(&b) {
+        return Err(bad(format!(
+            "budget_tokens {b} is out of range; give 64 to {MAX_BUDGET} (default {DEFAULT_BUDGET})"
+        )));
+    }
+    let max = b as usize * 4;
+    if text.chars().count() <= max {
+        return Ok(text);
+    }
+    let cut: String = text.chars().take(max).collect();
+    let at = cut
+        .rfind('\n')
+        .filter(|&i| i > max / 2)
+        .unwrap_or(cut.len());
+    Ok(format!(
+        "{}\n(cut to fit budget_tokens {b}; ask with a larger budget_tokens for more)",
+        &cut[..at]
+    ))
+}
+
+fn ok(text: String, budget: Option<u32>) -> CallToolResult {
+    match fit(text, budget) {
+        Ok(t) => CallToolResult::success(vec![ContentBlock::text(t)]),
+        Err(e) => e,
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ContextArgs {
+    /// The session: its id or a unique prefix of it (a Claude Code session is its session id).
+    /// Leave out for the most recently active session.
+    pub session: Option<String>,
+    /// Most tokens the answer may take (64 to 20000; default 2000).
+    pub budget_tokens: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchArgs {
+    /// Words to look for, all of them: a topic, a file path, a command, an id.
+    pub query: String,
+    /// Most sessions to list (1 to 50; default 10).
+    pub limit: Option<u32>,
+    /// Most tokens the answer may take (64 to 20000; default 2000).
+    pub budget_tokens: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExpandArgs {
+    /// The session: its id or a unique prefix of it.
+    pub session: String,
+    /// A summary row's id (from `context` or `search_sessions`): its exact messages.
+    pub row: Option<u64>,
+    /// An episode number (the `#N` of a digest or ledger line): that message and the two
+    /// around it.
+    pub episode: Option<u64>,
+    /// With `row`: only the message this ledger identifier was last seen in.
+    pub identifier: Option<String>,
+    /// Most tokens the answer may take (64 to 20000; default 2000).
+    pub budget_tokens: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecallArgs {
+    /// What you want to know ("how do we deploy", "the user's test conventions").
+    pub query: String,
+    /// Only memories of this project.
+    pub project: Option<String>,
+    /// Most memories (1 to 50; default 8).
+    pub k: Option<u32>,
+    /// Most tokens the answer may take (64 to 20000; default 2000).
+    pub budget_tokens: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RememberArgs {
+    /// The fact, in one or two sentences ("Releases are cut from the release/* branches").
+    pub text: String,
+    /// The project it belongs to (default: none).
+    pub project: Option<String>,
+    /// What kind of fact: preference, decision, convention, fact, … (default: fact).
+    pub kind: Option<String>,
+    /// Its subject: a person, a component, a topic (default: general).
+    pub key: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForgetArgs {
+    /// The memory's id (from `recall` or `remember`).
+    pub id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PinArgs {
+    /// The session: its id or a unique prefix of it.
+    pub session: String,
+    /// The episode to pin (the `#N` of a message): pinned messages are in every context
+    /// verbatim, so a rule the user set survives every compaction.
+    pub episode: u64,
+    /// Unpin it instead.
+    pub unpin: Option<bool>,
+}
+
+/// The user memories are kept for over MCP (one user per tenant).
+const MCP_USER: &str = "agent";
+
+#[tool_router]
+impl AbridgeMcp {
+    #[tool(
+        name = "context",
+        description = "Get back what a coding session has done so far, from outside your context window: its summary, the digest (the user's requests verbatim, the files it edited, the commands it ran and the last unresolved error, the to-do list), the identifiers it mentioned, the pinned messages and the latest turns — within budget_tokens. Call it at the start of a task and after every compaction. Without `session`, the most recently active session."
+    )]
+    async fn context(
+        &self,
+        Parameters(a): Parameters<ContextArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let s = self.scoped(&ctx)?;
+        let budget = a.budget_tokens.unwrap_or(DEFAULT_BUDGET);
+        if !(64..=MAX_BUDGET).contains(&budget) {
+            return Ok(bad(format!(
+                "budget_tokens {budget} is out of range; give 64 to {MAX_BUDGET} (default {DEFAULT_BUDGET})"
+            )));
+        }
+        let session = match &a.session {
+            Some(name) => match s.resolve(name).await {
+                Ok(x) => x,
+                Err(e) => return Ok(tool_error(e)),
+            },
+            None => match s.session_ids().await {
+                Ok(ids) => match ids.into_iter().next() {
+                    Some(x) => x,
+                    None => {
+                        return Ok(bad(
+                            "there are no sessions yet; import one (abridge backfill, abridge watch or the hooks of abridge setup)",
+                        ));
+                    }
+                },
+                Err(e) => return Ok(tool_error(e)),
+            },
+        };
+        // The answer's own framing takes a little of the budget.
+        let v = match s
+            .context(
+                &session,
+                budget.saturating_sub(40).max(32),
+                2,
+                u32::MAX,
+                None,
+            )
+            .await
+        {
+            Ok(v) => v,
+            Err(e) => return Ok(tool_error(e)),
+        };
+        let mut text = format!(
+            "Session {session} (~{} tokens of history; the summary covers messages 1-{}).\n",
+            v.full_tokens, v.covered
+        );
+        text.push_str(&abridge_app::hook::context_text(&v));
+        Ok(ok(text, Some(budget)))
+    }
+
+    #[tool(
+        name = "search_sessions",
+        description = "Find earlier sessions (coding sessions and conversations) by words in their id, summary, requests, file paths or commands — e.g. a file you are about to change, or a topic the user mentions. Lists each session with what matched; then call `context` or `expand` on it."
+    )]
+    async fn search_sessions(
+        &self,
+        Parameters(a): Parameters<SearchArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let s = self.scoped(&ctx)?;
+        let limit = a.limit.unwrap_or(10);
+        if !(1..=50).contains(&limit) {
+            return Ok(bad(format!("limit {limit} is out of range; give 1 to 50")));
+        }
+        let hits = match s.search_sessions(&a.query, limit as usize).await {
+            Ok(h) => h,
+            Err(e) => return Ok(tool_error(e)),
+        };
+        if hits.is_empty() {
+            return Ok(ok(
+                format!(
+                    "No session matches \"{}\". Try fewer or other words.",
+                    a.query
+                ),
+                a.budget_tokens,
+            ));
+        }
+        let mut text = format!("{} session(s) match \"{}\":\n", hits.len(), a.query);
+        for h in hits {
+            text.push_str(&format!(
+                "- {} ({} messages, {} summarized): {}\n",
+                h.session, h.episodes, h.covered, h.matched
+            ));
+        }
+        Ok(ok(text, a.budget_tokens))
+    }
+
+    #[tool(
+        name = "expand",
+        description = "Read the exact messages behind a summary: give `row` (a summary row id) for every message it covers, or `episode` (the #N of a digest or ledger line) for that message and the two around it. Use it before relying on a summarized detail."
+    )]
+    async fn expand(
+        &self,
+        Parameters(a): Parameters<ExpandArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let s = self.scoped(&ctx)?;
+        let session = match s.resolve(&a.session).await {
+            Ok(x) => x,
+            Err(e) => return Ok(tool_error(e)),
+        };
+        let mut text = String::new();
+        match (a.row, a.episode) {
+            (Some(row), None) => {
+                let x = match s
+                    .expand(&session, row, a.identifier.as_deref(), 0, 1000)
+                    .await
+                {
+                    Ok(x) => x,
+                    Err(e) => return Ok(tool_error(e)),
+                };
+                text.push_str(&format!(
+                    "Row {} of session {session} covers messages {}-{}:\n",
+                    x.row.id, x.row.first_episode, x.row.last_episode
+                ));
+                for e in x.episodes {
+                    text.push_str(&format!("\n#{} {}: {}\n", e.id, e.role, e.content));
+                }
+            }
+            (None, Some(ep)) => {
+                if ep == 0 {
+                    return Ok(bad("episode numbers start at 1"));
+                }
+                let page = match s.messages(&session, ep.saturating_sub(2), 3).await {
+                    Ok(p) => p,
+                    Err(e) => return Ok(tool_error(e)),
+                };
+                if !page.messages.iter().any(|m| m.id == ep) {
+                    return Ok(bad(format!(
+                        "session {session} has no message #{ep} (it has {}); give a number from a digest or ledger line",
+                        page.total
+                    )));
+                }
+                for m in page.messages {
+                    text.push_str(&format!("\n#{} {}: {}\n", m.id, m.role, m.content));
+                }
+            }
+            _ => {
+                return Ok(bad(
+                    "give exactly one of `row` (a summary row id) or `episode` (a message number #N)",
+                ));
+            }
+        }
+        Ok(ok(text, a.budget_tokens))
+    }
+
+    #[tool(
+        name = "recall",
+        description = "Recall durable facts stored with `remember` (decisions, conventions, the user's preferences), most relevant first, each with its id and the memories it comes from. Call it before making a choice the user may have made before."
+    )]
+    async fn recall(
+        &self,
+        Parameters(a): Parameters<RecallArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let s = self.scoped(&ctx)?;
+        let k = a.k.unwrap_or(8);
+        if !(1..=50).contains(&k) {
+            return Ok(bad(format!("k {k} is out of range; give 1 to 50")));
+        }
+        let f = abridge_app::memories::filter(
+            Some(MCP_USER.into()),
+            a.project.clone(),
+            None,
+            None,
+            None,
+        );
+        let hits = match s.recall(&a.query, &f, k).await {
+            Ok(h) => h,
+            Err(e) => return Ok(tool_error(e)),
+        };
+        if hits.is_empty() {
+            return Ok(ok("Nothing remembered matches.".into(), a.budget_tokens));
+        }
+        let mut text = String::new();
+        for h in hits {
+            text.push_str(&format!("- [{} {}] {}\n", h.kind, h.id, h.text));
+        }
+        Ok(ok(text, a.budget_tokens))
+    }
+
+    #[tool(
+        name = "remember",
+        description = "Store a durable fact for later sessions: a decision, a convention, a preference, a hard-won finding. One or two sentences each; it is recalled by meaning with `recall`. Returns its id."
+    )]
+    async fn remember(
+        &self,
+        Parameters(a): Parameters<RememberArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let s = self.scoped(&ctx)?;
+        if a.text.trim().is_empty() {
+            return Ok(bad("text is empty; give the fact to remember"));
+        }
+        let m = abridge_engine::types::MemoryIn {
+            id: String::new(),
+            scope: abridge_app::memories::scope(
+                MCP_USER,
+                a.project.as_deref().unwrap_or(""),
+                "",
+                a.kind.as_deref().unwrap_or("fact"),
+                a.key.as_deref().unwrap_or("general"),
+            ),
+            text: a.text.clone(),
+            importance: None,
+        };
+        let r = match s.remember(vec![m]).await {
+            Ok(r) => r,
+            Err(e) => return Ok(tool_error(e)),
+        };
+        let due: Vec<u64> = r.iter().filter(|m| m.due).map(|m| m.cluster).collect();
+        // Cluster summaries are a refinement; a failing model does not fail the write.
+        let _ = s.summarize_due(&due).await;
+        let m = &r[0];
+        Ok(ok(
+            format!(
+                "Remembered as {}{}.",
+                m.id,
+                if m.created { "" } else { " (already stored)" }
+            ),
+            None,
+        ))
+    }
+
+    #[tool(
+        name = "forget",
+        description = "Delete a remembered fact by its id (from `recall` or `remember`), when it is wrong or outdated. It is gone from disk."
+    )]
+    async fn forget(
+        &self,
+        Parameters(a): Parameters<ForgetArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let s = self.scoped(&ctx)?;
+        match s.forget(&a.id).await {
+            Ok(_) => Ok(ok(format!("Forgot {}.", a.id), None)),
+            Err(e) => Ok(tool_error(e)),
+        }
+    }
+
+    #[tool(
+        name = "pin",
+        description = "Pin a message of a session (the #N of a message, e.g. a rule the user set) so it is in every context verbatim and survives every compaction; `unpin: true` takes it out."
+    )]
+    async fn pin(
+        &self,
+        Parameters(a): Parameters<PinArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let s = self.scoped(&ctx)?;
+        let session = match s.resolve(&a.session).await {
+            Ok(x) => x,
+            Err(e) => return Ok(tool_error(e)),
+        };
+        match s.pin(&session, a.episode, !a.unpin.unwrap_or(false)).await {
+            Ok(pins) => Ok(ok(
+                format!(
+                    "Session {session} pins: {}.",
+                    pins.iter()
+                        .map(|p| format!("#{p}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None,
+            )),
+            Err(e) => Ok(tool_error(e)),
+        }
+    }
+}
+
+#[tool_handler]
+impl ServerHandler for AbridgeMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("abridge", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+}
+
+/// Serve `scoped` over standard input and output until the client goes (`abridge mcp`).
+/// Nothing but protocol messages is written to stdout.
+pub async fn serve_stdio(scoped: Scoped) -> anyhow::Result<()> {
+    use rmcp::ServiceExt;
+    let running = AbridgeMcp::fixed(scoped)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| anyhow::anyhow!("the MCP client did not initialize: {e}"))?;
+    running.waiting().await?;
+    Ok(())
+}
+
+/// The Streamable HTTP service for `/mcp` (the caller authenticates first and puts the
+/// tenant's [`Scoped`] in the request's extensions). `hosts`: the Host values accepted (none:
+/// the caller checks Host); `origins`: the browser origins accepted (none: every request that
+/// carries an Origin is refused).
+pub fn http_service(
+    hosts: Vec<String>,
+    origins: Vec<String>,
+) -> rmcp::transport::streamable_http_server::StreamableHttpService<
+    AbridgeMcp,
+    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+> {
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    };
+    let mut config = StreamableHttpServerConfig::default().with_max_request_body_bytes(1 << 20);
+    config = if hosts.is_empty() {
+        // The caller checks Host itself (abridge serve's guard does, on every route).
+        config.disable_allowed_hosts()
+    } else {
+        config.with_allowed_hosts(hosts)
+    };
+    config = if origins.is_empty() {
+        config.enforce_origin_validation()
+    } else {
+        config.with_allowed_origins(origins)
+    };
+    StreamableHttpService::new(
+        || Ok(AbridgeMcp::per_request()),
+        LocalSessionManager::default().into(),
+        config,
+    )
+}

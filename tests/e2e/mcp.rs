@@ -1,0 +1,291 @@
+//! The MCP server driven by the official MCP Python SDK (PyPI `mcp`, pinned in
+//! tests/mcp/requirements.txt; `.ci/run` installs it into a virtualenv and names its python in
+//! ABRIDGE_MCP_PYTHON), over stdio (`abridge mcp`) and over Streamable HTTP (`/mcp` on
+//! `abridge serve`). Skipped with a note where the SDK is missing, unless
+//! ABRIDGE_REQUIRE_MCP is set.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::harness::*;
+use crate::serve::{Server, extractive, messages, post_messages, request_with, token};
+
+/// A Python with the `mcp` package, or `None` (and a note, or a failure when required).
+fn python() -> Option<PathBuf> {
+    let candidates: Vec<PathBuf> = std::env::var_os("ABRIDGE_MCP_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(
+            std::env::var_os("HOME")
+                .map(|h| Path::new(&h).join(".cache/abridge/mcp-venv/bin/python")),
+        )
+        .chain([PathBuf::from("python3")])
+        .collect();
+    for p in candidates {
+        let ok = std::process::Command::new(&p)
+            .args(["-c", "import mcp, httpx2"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(p);
+        }
+    }
+    assert!(
+        std::env::var_os("ABRIDGE_REQUIRE_MCP").is_none(),
+        "ABRIDGE_REQUIRE_MCP is set but no python with the mcp package was found (pip install -r tests/mcp/requirements.txt, or set ABRIDGE_MCP_PYTHON)"
+    );
+    eprintln!(
+        "SKIPPED: the MCP tests need the MCP Python SDK (pip install -r tests/mcp/requirements.txt, or set ABRIDGE_MCP_PYTHON)"
+    );
+    None
+}
+
+fn client_script() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/mcp/client.py")
+        .display()
+        .to_string()
+}
+
+/// Run the SDK client with `plan` (tool calls); its report.
+fn drive(env: &Env, py: &Path, plan: &Value, transport: &[&str]) -> Value {
+    let plan_file = env.write("plan.json", plan.to_string());
+    let mut cmd = std::process::Command::new(py);
+    cmd.arg(client_script())
+        .arg(transport[0])
+        .arg(&plan_file)
+        .args(&transport[1..])
+        .env("HOME", env.dir.path())
+        .env("ABRIDGE_DB", env.db())
+        .env("ABRIDGE_CACHE_DIR", cache_dir());
+    for (k, v) in &env.vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("running the MCP client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {stdout}\n--- stderr\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        v.get("exception").is_none(),
+        "{v}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    v
+}
+
+fn call(name: &str, arguments: Value) -> Value {
+    json!({"name": name, "arguments": arguments})
+}
+
+/// Every tool is listed with a description an agent acts on and an input schema.
+fn check_tools(v: &Value) {
+    let tools = v["tools"].as_array().unwrap();
+    let mut names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "context",
+            "expand",
+            "forget",
+            "pin",
+            "recall",
+            "remember",
+            "search_sessions"
+        ]
+    );
+    assert!(tools.len() <= 8);
+    for t in tools {
+        assert!(t["description"].as_str().unwrap().len() > 80, "{t}");
+        assert_eq!(t["schema"]["type"], "object", "{t}");
+    }
+}
+
+#[test]
+fn over_stdio_every_tool_answers_and_a_bad_argument_is_a_tool_error_that_says_how_to_fix_it() {
+    let Some(py) = python() else { return };
+    let env = extractive();
+    env.run(&["summarize", &fixture("claude-code.jsonl")])
+        .assert_ok();
+    let session = "0a1b2c3d-0000-4000-8000-000000000001";
+    let row = env.chain(session).unwrap()["summaries"][0]["id"]
+        .as_u64()
+        .unwrap();
+    let plan = json!([
+        call("context", json!({})),
+        call("context", json!({"session": "0a1b", "budget_tokens": 300})),
+        call("search_sessions", json!({"query": "checkout"})),
+        call("expand", json!({"session": "0a1b", "episode": 3})),
+        call("expand", json!({"session": "0a1b", "row": row})),
+        call(
+            "remember",
+            json!({"text": "Releases are cut from the release branches.", "kind": "convention"})
+        ),
+        call("recall", json!({"query": "how are releases cut"})),
+        call("pin", json!({"session": "0a1b", "episode": 1})),
+        call("context", json!({"session": session})),
+        // Bad arguments: tool errors that say what to give.
+        call("context", json!({"session": "nope"})),
+        call("context", json!({"budget_tokens": 5})),
+        call("expand", json!({"session": session})),
+        call("expand", json!({"session": session, "episode": 999})),
+        call("context", json!({"bogus": 1})),
+        call("forget", json!({"id": "no-such-memory"})),
+    ]);
+    let exe = env!("CARGO_BIN_EXE_abridge");
+    let v = drive(&env, &py, &plan, &["stdio", "--", exe, "mcp"]);
+    check_tools(&v);
+    let calls = v["calls"].as_array().unwrap();
+    let text = |i: usize| calls[i]["text"].as_str().unwrap().to_string();
+    for (i, c) in calls.iter().enumerate().take(9) {
+        assert_eq!(c["is_error"], false, "call {i}: {}", text(i));
+    }
+    // The newest session by default; the digest's latest request, verbatim.
+    assert!(text(0).contains(session), "{}", text(0));
+    assert!(
+        text(0).contains("Latest request (#7): Great, please also add a note about the health check to the testing guide."),
+        "{}",
+        text(0)
+    );
+    // A budget is kept (about four characters a token).
+    assert!(text(1).chars().count() <= 300 * 4 + 120, "{}", text(1));
+    assert!(
+        text(2).contains(session) && text(2).contains("checkout"),
+        "{}",
+        text(2)
+    );
+    assert!(text(3).contains("#3 tool: [action] Bash:"), "{}", text(3));
+    assert!(
+        text(4).contains(&format!("Row {row}")) && text(4).contains("#1 user:"),
+        "{}",
+        text(4)
+    );
+    let id = text(5)
+        .strip_prefix("Remembered as ")
+        .unwrap()
+        .trim_end_matches('.')
+        .to_string();
+    assert!(
+        text(6).contains(&id) && text(6).contains("release branches"),
+        "{}",
+        text(6)
+    );
+    assert!(text(7).contains("#1"), "{}", text(7));
+    assert!(
+        text(8).contains("The checkout integration test fails about one run in ten"),
+        "{}",
+        text(8)
+    );
+    for (i, says) in [
+        (9, "no session 'nope'"),
+        (10, "give 64 to 20000"),
+        (11, "give exactly one of `row`"),
+        (12, "has no message #999"),
+        (13, "unknown field `bogus`"),
+        (14, "no memory 'no-such-memory'"),
+    ] {
+        assert_eq!(calls[i]["is_error"], true, "call {i}: {}", text(i));
+        assert!(text(i).contains(says), "call {i}: {}", text(i));
+    }
+    // The memory can be forgotten.
+    let v = drive(
+        &env,
+        &py,
+        &json!([call("forget", json!({"id": id}))]),
+        &["stdio", "--", exe, "mcp"],
+    );
+    assert_eq!(v["calls"][0]["is_error"], false, "{v}");
+}
+
+#[test]
+fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
+    let Some(py) = python() else { return };
+    let env = extractive();
+    let acme = token(&env, "acme", &[]);
+    let globex = token(&env, "globex", &[]);
+    let srv = Server::start(&env, &[]);
+    let addr = srv.addr.as_str();
+    let r = post_messages(addr, Some(&acme), "deploy-1", &messages("deploy", 6, false));
+    assert!(r.status < 300, "{}", r.body);
+    let url = format!("http://{addr}/mcp");
+    let plan = json!([
+        call("search_sessions", json!({"query": "billing"})),
+        call("context", json!({"session": "deploy-1"})),
+        call(
+            "remember",
+            json!({"text": "The billing cluster moves on Friday."})
+        ),
+    ]);
+    let v = drive(&env, &py, &plan, &["http", &url, &acme]);
+    check_tools(&v);
+    let calls = v["calls"].as_array().unwrap();
+    for c in calls {
+        assert_eq!(c["is_error"], false, "{c}");
+    }
+    assert!(calls[0]["text"].as_str().unwrap().contains("deploy-1"));
+    assert!(
+        calls[1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("billing service")
+    );
+    // Another tenant sees none of it: the session is not found, the memory not recalled.
+    let plan = json!([
+        call("context", json!({"session": "deploy-1"})),
+        call("search_sessions", json!({"query": "billing"})),
+        call("recall", json!({"query": "billing cluster"})),
+    ]);
+    let v = drive(&env, &py, &plan, &["http", &url, &globex]);
+    let calls = v["calls"].as_array().unwrap();
+    assert_eq!(calls[0]["is_error"], true, "{v}");
+    assert!(
+        calls[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("no session 'deploy-1'"),
+        "{v}"
+    );
+    assert!(
+        calls[1]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("No session matches"),
+        "{v}"
+    );
+    assert!(
+        !calls[2]["text"].as_str().unwrap().contains("Friday"),
+        "{v}"
+    );
+    // Without a token: 401. From a web page of another origin: 403.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+    .to_string();
+    let accept = ("Accept", "application/json, text/event-stream");
+    let json_ct = ("Content-Type", "application/json");
+    let r = request_with(addr, "POST", "/mcp", &[json_ct, accept], init.as_bytes());
+    assert_eq!(r.status, 401, "{}", r.body);
+    let bearer = format!("Bearer {acme}");
+    let auth = ("Authorization", bearer.as_str());
+    let r = request_with(
+        addr,
+        "POST",
+        "/mcp",
+        &[json_ct, accept, auth, ("Origin", "https://evil.example")],
+        init.as_bytes(),
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    let r = request_with(
+        addr,
+        "POST",
+        "/mcp",
+        &[json_ct, accept, auth],
+        init.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    drop(srv);
+}
