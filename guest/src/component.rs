@@ -774,6 +774,7 @@ fn format_in(f: tx::Format) -> transcript::Format {
         tx::Format::Openai => transcript::Format::OpenAi,
         tx::Format::ClaudeCode => transcript::Format::ClaudeCode,
         tx::Format::Chatgpt => transcript::Format::ChatGpt,
+        tx::Format::Codex => transcript::Format::Codex,
     }
 }
 
@@ -783,6 +784,7 @@ fn format_out(f: transcript::Format) -> tx::Format {
         transcript::Format::OpenAi => tx::Format::Openai,
         transcript::Format::ClaudeCode => tx::Format::ClaudeCode,
         transcript::Format::ChatGpt => tx::Format::Chatgpt,
+        transcript::Format::Codex => tx::Format::Codex,
     }
 }
 

@@ -267,7 +267,7 @@ export interface CachedAnswer {
 }
 
 /** A transcript format. */
-export type TranscriptFormat = 'jsonl' | 'openai' | 'claude-code' | 'chatgpt';
+export type TranscriptFormat = 'jsonl' | 'openai' | 'claude-code' | 'chatgpt' | 'codex';
 
 /** How to parse a transcript (see the WIT `transcripts.parse-options`). */
 export interface ParseOptions {

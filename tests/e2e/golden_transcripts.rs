@@ -17,6 +17,7 @@ fn format_name(f: TranscriptFormat) -> &'static str {
         TranscriptFormat::Openai => "openai",
         TranscriptFormat::ClaudeCode => "claude-code",
         TranscriptFormat::Chatgpt => "chatgpt",
+        TranscriptFormat::Codex => "codex",
     }
 }
 

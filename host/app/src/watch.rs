@@ -178,6 +178,7 @@ fn count_lines(bytes: &[u8]) -> u64 {
 fn format_name(f: Format) -> &'static str {
     match f {
         Format::ClaudeCode => "claude-code",
+        Format::Codex => "codex",
         _ => "jsonl",
     }
 }
@@ -571,6 +572,7 @@ impl Scoped {
         let complete = f.offset + chunk.len() as u64;
         let format = match f.format.as_deref() {
             Some("claude-code") => Some(Format::ClaudeCode),
+            Some("codex") => Some(Format::Codex),
             Some(_) => Some(Format::Jsonl),
             None => None,
         };

@@ -236,9 +236,10 @@ impl TranscriptFormat {
             "openai" => TranscriptFormat::Openai,
             "claude-code" => TranscriptFormat::ClaudeCode,
             "chatgpt" => TranscriptFormat::Chatgpt,
+            "codex" => TranscriptFormat::Codex,
             other => {
                 return Err(format!(
-                    "unknown format '{other}'; use auto, jsonl, openai, claude-code or chatgpt"
+                    "unknown format '{other}'; use auto, jsonl, openai, claude-code, chatgpt or codex"
                 ));
             }
         }))
@@ -252,6 +253,7 @@ impl std::fmt::Display for TranscriptFormat {
             TranscriptFormat::Openai => "openai",
             TranscriptFormat::ClaudeCode => "claude-code",
             TranscriptFormat::Chatgpt => "chatgpt",
+            TranscriptFormat::Codex => "codex",
         })
     }
 }
