@@ -188,7 +188,11 @@ fn every_format_imports_the_right_episodes() {
         ("openai.json", "openai", 7),
         ("chatgpt.json", "chatgpt-fixture-1", 3),
         // Two prompts, one answer, four tool calls (one patch of two files) and a failure.
-        ("codex-rollout.jsonl", "5f0c2a8e-1111-4222-8333-444455556666", 8),
+        (
+            "codex-rollout.jsonl",
+            "5f0c2a8e-1111-4222-8333-444455556666",
+            8,
+        ),
     ];
     for (file, session, episodes) in cases {
         let r = env.run(&["summarize", &fixture(file), "--json"]);

@@ -12,6 +12,7 @@ macro_rules! print {
 
 mod app;
 mod backfill;
+mod bench;
 mod commands;
 mod component;
 mod fresh;
@@ -151,6 +152,9 @@ enum Cmd {
     /// over standard input and output, for a coding agent; `abridge serve` offers them at
     /// /mcp over HTTP.
     Mcp(mcp::McpArgs),
+    /// Measure on real transcripts (`agents`: context vs transcript tokens, edited files and
+    /// requests kept after a compaction, hook latency). `cargo bench` runs the others.
+    Bench(bench::BenchArgs),
     /// Pin an episode (always in the context verbatim, within the budget), unpin it, or list
     /// the pins.
     Pin(fresh::PinArgs),
@@ -256,6 +260,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Hook(a) => hook::hook(&settings, a).await,
         Cmd::Setup(a) => setup::setup_cmd(&settings, a).await,
         Cmd::Mcp(a) => mcp::mcp_cmd(&settings, a).await,
+        Cmd::Bench(a) => bench::bench_cmd(&settings, a).await,
         Cmd::Expand(a) => fresh::expand(&settings, a).await,
         Cmd::Reset(a) => fresh::reset(&settings, a).await,
         Cmd::Watch(a) => watch::watch(&settings, a).await,
