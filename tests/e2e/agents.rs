@@ -340,3 +340,52 @@ fn setup_merges_into_the_agents_settings_keeps_a_backup_is_idempotent_and_remove
         "# mine\nmodel = \"o4\"\n"
     );
 }
+
+/// Issue #25's fallback-upgrade test on a real session: summarized without a model first,
+/// then with one — the offline rows are rewritten in place (same ids and ranges), and a second
+/// run with the model calls it no more.
+#[test]
+fn a_real_session_summarized_offline_is_rewritten_by_the_model_when_it_comes() {
+    let Some(src) = shared("claude_code/obra-episodic-memory/long-conversation.jsonl") else {
+        return;
+    };
+    let server = TestServer::start();
+    let offline = Env::new().with("EXTRACTION_URL", &closed_port_url());
+    let r = offline.run(&["summarize", &src, "--json"]);
+    r.assert_ok();
+    let session = r.json()["session"].as_str().unwrap().to_string();
+    let spans = |env: &Env| -> Vec<(u64, u64, u64, String)> {
+        env.chain(&session).unwrap()["summaries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_u64().unwrap(),
+                    r["first_episode"].as_u64().unwrap(),
+                    r["last_episode"].as_u64().unwrap(),
+                    r["model"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let before = spans(&offline);
+    assert!(before.iter().all(|r| r.3 == "extractive"), "{before:?}");
+    let first = offline.chain(&session).unwrap()["summaries"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(first.starts_with("Session digest"), "the offline summary of a coding session is its digest: {first}");
+    let mut online = Env::new().with("EXTRACTION_URL", &server.url());
+    online.dir = offline.dir;
+    online.run(&["refresh", &session[..8]]).assert_ok();
+    let after = spans(&online);
+    assert_eq!(
+        after.iter().map(|r| (r.0, r.1, r.2)).collect::<Vec<_>>(),
+        before.iter().map(|r| (r.0, r.1, r.2)).collect::<Vec<_>>()
+    );
+    assert!(after.iter().all(|r| r.3 == "qwen2.5:3b"), "{after:?}");
+    let calls = server.generations().len();
+    online.run(&["summarize", &src]).assert_ok();
+    assert_eq!(server.generations().len(), calls, "nothing left to rewrite");
+}
