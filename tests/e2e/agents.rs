@@ -375,7 +375,10 @@ fn a_real_session_summarized_offline_is_rewritten_by_the_model_when_it_comes() {
         .as_str()
         .unwrap()
         .to_string();
-    assert!(first.starts_with("Session digest"), "the offline summary of a coding session is its digest: {first}");
+    assert!(
+        first.starts_with("Session digest"),
+        "the offline summary of a coding session is its digest: {first}"
+    );
     let mut online = Env::new().with("EXTRACTION_URL", &server.url());
     online.dir = offline.dir;
     online.run(&["refresh", &session[..8]]).assert_ok();
@@ -388,4 +391,35 @@ fn a_real_session_summarized_offline_is_rewritten_by_the_model_when_it_comes() {
     let calls = server.generations().len();
     online.run(&["summarize", &src]).assert_ok();
     assert_eq!(server.generations().len(), calls, "nothing left to rewrite");
+}
+
+/// Titles and project folders are display names: shown by `status`, `summaries` and the API,
+/// found by search, never part of the id.
+#[test]
+fn a_title_and_a_project_folder_are_display_names_not_ids() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let dir = env.dir.path().join("projects/-home-me-shop");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("0a1b2c3d-0000-4000-8000-000000000001.jsonl");
+    std::fs::copy(fixture("claude-code.jsonl"), &file).unwrap();
+    env.run(&["summarize", &file.display().to_string()])
+        .assert_ok();
+    let session = "0a1b2c3d-0000-4000-8000-000000000001";
+    let r = env.run(&["status"]);
+    r.assert_ok();
+    assert!(
+        r.stdout
+            .contains("\"Flaky integration test\" in -home-me-shop"),
+        "{}",
+        r.stdout
+    );
+    let v = env
+        .run(&["summaries", session, "--json"])
+        .assert_ok()
+        .json();
+    assert_eq!(v["title"], "Flaky integration test");
+    assert_eq!(v["project"], "-home-me-shop");
+    let st = env.run(&["status", "0a1b", "--json"]).assert_ok().json();
+    assert_eq!(st[0]["session"], session);
+    assert_eq!(st[0]["title"], "Flaky integration test");
 }

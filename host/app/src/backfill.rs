@@ -458,6 +458,8 @@ impl Scoped {
                 continue;
             }
             let session = self.session_for(&base, Some(&f.path)).await?;
+            self.label_session(&session, conv.title.as_deref(), Some(&f.path))
+                .await?;
             sessions.push(session.clone());
             let source = SourceFile {
                 path: &mark,

@@ -597,17 +597,19 @@ impl Scoped {
             .iter()
             .map(|r| u64::from(r.tokens))
             .sum();
-        Ok(SessionView::new(
+        let mut v = SessionView::new(
             session,
             &f,
             (cfg.mode, own.is_some()),
             active.map(|j| j.id),
             (history, chain),
-        ))
+        );
+        (v.title, v.project) = self.label(session).await?;
+        Ok(v)
     }
 
     /// Sessions, most recently changed first, `limit` from `offset`; and the total. With
-    /// `search`, only sessions whose id contains it (ignoring case).
+    /// `search`, only sessions whose id, title or project folder contains it (ignoring case).
     pub async fn sessions(
         &self,
         offset: usize,
@@ -617,7 +619,18 @@ impl Scoped {
         let mut all = self.store().sessions().await?;
         if let Some(q) = search.map(str::trim).filter(|q| !q.is_empty()) {
             let q = q.to_lowercase();
-            all.retain(|s| s.to_lowercase().contains(&q));
+            let mut kept = Vec::with_capacity(all.len());
+            for s in all {
+                let (title, project) = self.label(&s).await?;
+                let hit = [Some(s.as_str()), title.as_deref(), project.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|x| x.to_lowercase().contains(&q));
+                if hit {
+                    kept.push(s);
+                }
+            }
+            all = kept;
         }
         let mut out = Vec::new();
         for s in all.iter().skip(offset).take(limit) {
@@ -1008,6 +1021,7 @@ impl Scoped {
             let done = self
                 .import_conversation(&id, &conv.episodes, None, Bring::Queue)
                 .await?;
+            self.label_session(&id, conv.title.as_deref(), None).await?;
             out.push(Imported {
                 session: id,
                 title: conv.title,

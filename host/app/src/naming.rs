@@ -91,6 +91,20 @@ pub struct SessionHit {
     pub matched: String,
 }
 
+/// The project folder a transcript file lies in (its parent folder's name: a Claude Code
+/// project's encoded path, a repository's folder), if any.
+pub fn project_of(file: &Path) -> Option<String> {
+    if file.as_os_str() == "-" {
+        return None;
+    }
+    let canonical = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    canonical
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| !n.is_empty())
+}
+
 /// How many candidates an ambiguous prefix lists.
 const LISTED: usize = 5;
 
@@ -118,6 +132,42 @@ impl Scoped {
             Some(p) if p != key => Ok(set_apart(stem, *index, &key)),
             _ => Ok(plain),
         }
+    }
+
+    /// Record a session's display names: the conversation's `title` and the project folder
+    /// of `file` (each kept when the new one is absent).
+    pub async fn label_session(
+        &self,
+        session: &str,
+        title: Option<&str>,
+        file: Option<&Path>,
+    ) -> AppResult<()> {
+        let project = file.and_then(project_of);
+        let title = title.map(str::trim).filter(|t| !t.is_empty());
+        if title.is_none() && project.is_none() {
+            return Ok(());
+        }
+        let (old_title, old_project) = self.label(session).await?;
+        let new_title = title
+            .map(|t| t.chars().take(300).collect::<String>())
+            .or(old_title.clone());
+        let new_project = project.or(old_project.clone());
+        if (new_title.as_ref(), new_project.as_ref()) == (old_title.as_ref(), old_project.as_ref())
+        {
+            return Ok(());
+        }
+        let json = serde_json::json!({"title": new_title, "project": new_project}).to_string();
+        Ok(self.tables.set_session_label(session, Some(&json)).await?)
+    }
+
+    /// A session's display names: (title, project folder).
+    pub async fn label(&self, session: &str) -> AppResult<(Option<String>, Option<String>)> {
+        let Some(json) = self.tables.session_label(session).await? else {
+            return Ok((None, None));
+        };
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
+        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+        Ok((field("title"), field("project")))
     }
 
     /// The session a user means by `name`: the session of that id, else the one session whose
@@ -183,8 +233,22 @@ impl Scoped {
             }
             let rows = self.store().summaries(&session).await?;
             let stats = self.store().stats(&session).await?;
-            let mut matched = if all(&session) {
-                Some(format!("id {session}"))
+            let (title, project) = self.label(&session).await?;
+            let named = format!(
+                "{session} {} {}",
+                title.as_deref().unwrap_or(""),
+                project.as_deref().unwrap_or("")
+            );
+            let mut matched = if all(&named) {
+                Some(format!(
+                    "id {session}{}{}",
+                    title
+                        .map(|t| format!(", title \"{t}\""))
+                        .unwrap_or_default(),
+                    project
+                        .map(|p| format!(", project {p}"))
+                        .unwrap_or_default()
+                ))
             } else {
                 None
             };

@@ -183,6 +183,11 @@ pub struct SessionView {
     /// Tokens a context saves against the whole history: what the chain covers, less the
     /// chain itself.
     pub tokens_saved: u64,
+    /// The conversation's title (a Claude Code summary line, a ChatGPT title), when it has
+    /// one: a display name, never part of the id.
+    pub title: Option<String>,
+    /// The project folder its transcript file lies in, when it came from one.
+    pub project: Option<String>,
 }
 
 impl SessionView {
@@ -213,6 +218,8 @@ impl SessionView {
             history_tokens,
             summary_tokens,
             tokens_saved: covered_tokens.saturating_sub(summary_tokens),
+            title: None,
+            project: None,
         }
     }
 }

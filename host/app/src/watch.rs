@@ -600,6 +600,8 @@ impl Scoped {
                         }
                     };
                     f.session = Some(session.clone());
+                    self.label_session(&session, conv.title.as_deref(), Some(path))
+                        .await?;
                     let mark = naming::file_key(path);
                     let source = SourceFile {
                         path: &mark,

@@ -264,6 +264,13 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             }
         };
         let total = conv.episodes.len();
+        local
+            .label_session(
+                &session,
+                conv.title.as_deref(),
+                (source != "-").then_some(a.file.as_path()),
+            )
+            .await?;
         let file = (source != "-").then_some(SourceFile {
             path: &source,
             bytes: parsed.bytes,
@@ -577,14 +584,22 @@ pub async fn summaries(s: &Settings, mut a: SummariesArgs) -> Result<(), Failure
             v
         })
         .collect();
+    let (title, project) = local.label(&a.session).await?;
     if a.json {
         let v = json!({
             "session": a.session,
+            "title": title,
+            "project": project,
             "episodes": stats.episodes,
             "summaries": full,
         });
         println!("{v}");
         return Ok(());
+    }
+    if title.is_some() || project.is_some() {
+        let t = title.map(|t| format!("\"{t}\"")).unwrap_or_default();
+        let p = project.map(|p| format!(" in {p}")).unwrap_or_default();
+        println!("{}", format!("{t}{p}").trim());
     }
     let covered = rows
         .iter()

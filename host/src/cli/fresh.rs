@@ -168,6 +168,17 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
             ms_text(r.last_activity_ms),
             r.reason
         );
+        // Display names, never part of the id.
+        let label = match (&r.title, &r.project) {
+            (Some(t), Some(p)) => format!("\"{t}\" in {p}"),
+            (Some(t), None) => format!("\"{t}\""),
+            (None, Some(p)) => format!("in {p}"),
+            (None, None) => String::new(),
+        };
+        if !label.is_empty() {
+            let label: String = label.chars().take(100).collect();
+            println!("  {label}");
+        }
     }
     let stuck = rows
         .iter()

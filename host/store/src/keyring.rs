@@ -212,6 +212,9 @@ pub(crate) mod place {
     pub const EVENT: &str = "events";
     /// A session's focus text: table `session_focus`, row the session key.
     pub const FOCUS: &str = "session_focus";
+    /// A session's display names (JSON `{"title", "project"}`): table `session_labels`, row
+    /// the session key.
+    pub const LABEL: &str = "session_labels";
 
     /// The row name of episode `id` of the session stored as `key`.
     pub fn episode(key: &str, id: u64) -> String {

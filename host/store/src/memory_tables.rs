@@ -25,6 +25,7 @@ pub(super) struct Tables {
     marks: BTreeMap<(String, String, u64), u64>,
     modes: BTreeMap<String, SessionMode>,
     focus: BTreeMap<String, String>,
+    labels: BTreeMap<String, String>,
     pins: BTreeMap<String, std::collections::BTreeSet<u64>>,
     /// Token rows with their hashes.
     tokens: Vec<(TokenRow, String)>,
@@ -47,6 +48,7 @@ impl Tables {
                         .retain(|_, f| f.session.as_deref() != Some(session)),
                     "session_modes" => drop(self.modes.remove(session)),
                     "session_focus" => drop(self.focus.remove(session)),
+                    "session_labels" => drop(self.labels.remove(session)),
                     "session_pins" => drop(self.pins.remove(session)),
                     "events" => {
                         for log in self.events.values_mut() {
@@ -392,6 +394,18 @@ impl SourceStore for MemoryStore {
 
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
         Ok(self.tables(|t| t.focus.get(session).cloned()))
+    }
+
+    async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
+        Ok(self.tables(|t| t.labels.get(session).cloned()))
+    }
+
+    async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
+        self.tables(|t| match label {
+            None => t.labels.remove(session),
+            Some(l) => t.labels.insert(session.to_string(), l.to_string()),
+        });
+        Ok(())
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {

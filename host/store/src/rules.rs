@@ -249,6 +249,10 @@ pub const RESET_CASCADE: &[ResetStep] = &[
         column: "session",
     },
     ResetStep::Rows {
+        table: "session_labels",
+        column: "session",
+    },
+    ResetStep::Rows {
         table: "session_pins",
         column: "session",
     },

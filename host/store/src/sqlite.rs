@@ -40,6 +40,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/020-usage-days.sql"),
     include_str!("migrations/021-jobs-active.sql"),
     include_str!("migrations/022-sealed-session-text.sql"),
+    include_str!("migrations/023-session-labels.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -77,6 +78,7 @@ const OWN_TABLES: &[&str] = &[
     "usage_days",
     "session_focus",
     "session_pins",
+    "session_labels",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.

@@ -504,6 +504,39 @@ impl SourceStore for SqliteStore {
         })
     }
 
+    async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
+        self.with(|c| {
+            let raw = c
+                .query_row(
+                    "SELECT label, sealed FROM session_labels WHERE session = ?1",
+                    [session],
+                    |r| stored(r, 0, r.get(1)?),
+                )
+                .optional()
+                .map_err(db_err)?;
+            raw.map(|f| self.reveal(c, &place::tenant_of(session), place::LABEL, session, f))
+                .transpose()
+        })
+    }
+
+    async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
+        self.with(|c| {
+            match label {
+                None => c.execute("DELETE FROM session_labels WHERE session = ?1", [session]),
+                Some(l) => {
+                    let (label, sealed) =
+                        self.seal_value(c, &place::tenant_of(session), place::LABEL, session, l)?;
+                    c.execute(
+                        "INSERT OR REPLACE INTO session_labels (session, label, sealed) VALUES (?1, ?2, ?3)",
+                        params![session, label, sealed],
+                    )
+                }
+            }
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
         self.with(|c| {
             let mut st = c

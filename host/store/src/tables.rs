@@ -149,6 +149,11 @@ pub trait SourceStore: Send + Sync {
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error>;
     /// Set (`Some`) or clear (`None`) a session's focus.
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error>;
+    /// A session's display names as stored (JSON `{"title", "project"}`), sealed like the
+    /// focus.
+    async fn session_label(&self, session: &str) -> Result<Option<String>, Error>;
+    /// Set (`Some`) or clear (`None`) a session's display names.
+    async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error>;
     /// A session's pinned episodes, ascending.
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error>;
     /// Pin (`true`) or unpin (`false`) one episode; returns whether anything changed.

@@ -271,6 +271,16 @@ impl TenantTables {
         self.db.set_session_focus(&self.k(session), focus).await
     }
 
+    /// A session's display names (JSON), if set.
+    pub async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
+        self.db.session_label(&self.k(session)).await
+    }
+
+    /// Set (`Some`) or clear (`None`) a session's display names (JSON).
+    pub async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
+        self.db.set_session_label(&self.k(session), label).await
+    }
+
     /// A session's pinned episodes, ascending.
     pub async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
         self.db.pins(&self.k(session)).await

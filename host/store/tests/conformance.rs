@@ -185,6 +185,14 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         s.session_mode("s").await.unwrap().unwrap().quiescence_secs,
         Some(30)
     );
+    s.set_session_label("s", Some(r#"{"title":"Fix CI"}"#))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.session_label("s").await.unwrap().as_deref(),
+        Some(r#"{"title":"Fix CI"}"#),
+        "{name}"
+    );
     s.set_session_focus("s", Some("paths")).await.unwrap();
     assert_eq!(
         s.session_focus("s").await.unwrap().as_deref(),
@@ -231,6 +239,7 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     assert!(s.source("/x.jsonl").await.unwrap().is_none(), "{name}");
     assert!(s.pins("s").await.unwrap().is_empty(), "{name}");
     assert!(s.session_mode("s").await.unwrap().is_none(), "{name}");
+    assert!(s.session_label("s").await.unwrap().is_none(), "{name}");
     assert_eq!(s.sessions().await.unwrap(), vec!["t"], "{name}");
 
     // Jobs: one active per key, claims, the tenant cap, leases. (Whether a lease is live is

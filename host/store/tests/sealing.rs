@@ -62,6 +62,10 @@ async fn write_all(db: Arc<dyn AppStore>) {
             .set_session_focus("s", Some(&format!("{CANARY} focus")))
             .await
             .unwrap();
+        tables
+            .set_session_label("s", Some(&format!("{{\"title\":\"{CANARY} title\"}}")))
+            .await
+            .unwrap();
         let ev = EventRow::new(
             &tenant,
             "summary.written",
@@ -93,6 +97,8 @@ async fn read_all(db: Arc<dyn AppStore>) -> Result<(), String> {
         assert_eq!(p.text, format!("{CANARY} partial"));
         let f = tables.session_focus("s").await.map_err(e)?;
         assert_eq!(f.unwrap(), format!("{CANARY} focus"));
+        let l = tables.session_label("s").await.map_err(e)?;
+        assert!(l.unwrap().contains(&format!("{CANARY} title")));
         let evs = db.events_after(tenant.name(), 0, 10).await.map_err(e)?;
         assert!(evs[0].data.contains(&format!("{CANARY} event")));
     }

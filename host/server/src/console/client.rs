@@ -147,6 +147,21 @@ pub(crate) struct Session {
     pub history_tokens: u64,
     pub summary_tokens: u64,
     pub tokens_saved: u64,
+    /// Display names (not part of the id).
+    pub title: Option<String>,
+    pub project: Option<String>,
+}
+
+impl Session {
+    /// The display names as one line (`"Fix CI" in -home-me-shop`), empty without them.
+    pub fn label(&self) -> String {
+        match (&self.title, &self.project) {
+            (Some(t), Some(p)) => format!("“{t}” in {p}"),
+            (Some(t), None) => format!("“{t}”"),
+            (None, Some(p)) => format!("in {p}"),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 /// `GET /v1/sessions/{id}/summaries?coverage=true`.

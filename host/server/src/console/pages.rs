@@ -97,6 +97,8 @@ pub(crate) fn session_href(id: &str) -> String {
 /// One line of the sessions list.
 pub(crate) struct SessionLine {
     pub id: String,
+    /// Title and project folder, when known.
+    pub label: String,
     pub href: String,
     pub state: String,
     pub state_text: String,
@@ -112,6 +114,7 @@ impl SessionLine {
     pub fn new(s: &client::Session, now: u64) -> Self {
         SessionLine {
             id: s.id.clone(),
+            label: s.label(),
             href: session_href(&s.id),
             state: s.state.clone(),
             state_text: state_text(s, now),

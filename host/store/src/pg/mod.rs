@@ -35,6 +35,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("002-usage-days.sql"),
     include_str!("003-summaries-session.sql"),
     include_str!("004-sealed-session-text.sql"),
+    include_str!("005-session-labels.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
@@ -54,6 +55,7 @@ const OWN_TABLES: &[&str] = &[
     "session_modes",
     "session_focus",
     "session_pins",
+    "session_labels",
     "tokens",
     "events",
     "clusters",

@@ -559,6 +559,52 @@ impl SourceStore for PgStore {
         Ok(())
     }
 
+    async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
+        let c = self.client().await?;
+        let Some(r) = c
+            .query_opt(
+                "SELECT label, sealed FROM session_labels WHERE session = $1",
+                &[&session],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(None);
+        };
+        let label = Stored {
+            bytes: r.get(0),
+            sealed: g32(&r, 1),
+        };
+        self.reveal(&c, &place::tenant_of(session), place::LABEL, session, label)
+            .await
+            .map(Some)
+    }
+
+    async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
+        match label {
+            None => {
+                self.exec("DELETE FROM session_labels WHERE session = $1", &[&session])
+                    .await?
+            }
+            Some(l) => {
+                let c = self.client().await?;
+                let (label, sealed) = self.sealer(&c, &place::tenant_of(session)).await?.seal(
+                    place::LABEL,
+                    session,
+                    l,
+                )?;
+                c.execute(
+                    "INSERT INTO session_labels (session, label, sealed) VALUES ($1, $2, $3)
+                     ON CONFLICT (session) DO UPDATE SET label = excluded.label, sealed = excluded.sealed",
+                    &[&session, &label, &i64::from(sealed)],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+            }
+        };
+        Ok(())
+    }
+
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
         Ok(self
             .rows(
