@@ -354,21 +354,7 @@ fn a_real_session_summarized_offline_is_rewritten_by_the_model_when_it_comes() {
     let r = offline.run(&["summarize", &src, "--json"]);
     r.assert_ok();
     let session = r.json()["session"].as_str().unwrap().to_string();
-    let spans = |env: &Env| -> Vec<(u64, u64, u64, String)> {
-        env.chain(&session).unwrap()["summaries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["id"].as_u64().unwrap(),
-                    r["first_episode"].as_u64().unwrap(),
-                    r["last_episode"].as_u64().unwrap(),
-                    r["model"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
-    };
+    let spans = |env: &Env| row_spans(env, &session);
     let before = spans(&offline);
     assert!(before.iter().all(|r| r.3 == "extractive"), "{before:?}");
     let first = offline.chain(&session).unwrap()["summaries"][0]["content"]

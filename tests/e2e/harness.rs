@@ -213,6 +213,23 @@ pub fn shared(rel: &str) -> Option<String> {
     }
 }
 
+/// Each active summary row of `session`: (id, first episode, last episode, model).
+pub fn row_spans(env: &Env, session: &str) -> Vec<(u64, u64, u64, String)> {
+    env.chain(session).expect("a summary chain")["summaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_u64().unwrap(),
+                r["first_episode"].as_u64().unwrap(),
+                r["last_episode"].as_u64().unwrap(),
+                r["model"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
 /// A loopback port with nothing listening.
 pub fn closed_port_url() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

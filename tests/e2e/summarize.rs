@@ -628,21 +628,7 @@ fn offline_summaries_are_rewritten_by_the_model_once_one_is_reachable() {
     offline
         .run(&["summarize", &fixture("openai.json")])
         .assert_ok();
-    let rows_of = |env: &Env, s: &str| -> Vec<(u64, u64, u64, String)> {
-        env.chain(s).unwrap()["summaries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["id"].as_u64().unwrap(),
-                    r["first_episode"].as_u64().unwrap(),
-                    r["last_episode"].as_u64().unwrap(),
-                    r["model"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
-    };
+    let rows_of = row_spans;
     let before = rows_of(&offline, "chat");
     assert!(before.iter().all(|r| r.3 == "extractive"), "{before:?}");
     // Asking for an upgrade with no model reachable says how to get one.

@@ -472,69 +472,19 @@ impl SourceStore for SqliteStore {
     }
 
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
-        self.with(|c| {
-            let raw = c
-                .query_row(
-                    "SELECT focus, sealed FROM session_focus WHERE session = ?1",
-                    [session],
-                    |r| stored(r, 0, r.get(1)?),
-                )
-                .optional()
-                .map_err(db_err)?;
-            raw.map(|f| self.reveal(c, &place::tenant_of(session), place::FOCUS, session, f))
-                .transpose()
-        })
+        self.session_text(SessionText::FOCUS, session)
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
-        self.with(|c| {
-            match focus {
-                None => c.execute("DELETE FROM session_focus WHERE session = ?1", [session]),
-                Some(f) => {
-                    let (focus, sealed) =
-                        self.seal_value(c, &place::tenant_of(session), place::FOCUS, session, f)?;
-                    c.execute(
-                        "INSERT OR REPLACE INTO session_focus (session, focus, sealed) VALUES (?1, ?2, ?3)",
-                        params![session, focus, sealed],
-                    )
-                }
-            }
-            .map(drop)
-            .map_err(db_err)
-        })
+        self.set_session_text(SessionText::FOCUS, session, focus)
     }
 
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
-        self.with(|c| {
-            let raw = c
-                .query_row(
-                    "SELECT label, sealed FROM session_labels WHERE session = ?1",
-                    [session],
-                    |r| stored(r, 0, r.get(1)?),
-                )
-                .optional()
-                .map_err(db_err)?;
-            raw.map(|f| self.reveal(c, &place::tenant_of(session), place::LABEL, session, f))
-                .transpose()
-        })
+        self.session_text(SessionText::LABEL, session)
     }
 
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
-        self.with(|c| {
-            match label {
-                None => c.execute("DELETE FROM session_labels WHERE session = ?1", [session]),
-                Some(l) => {
-                    let (label, sealed) =
-                        self.seal_value(c, &place::tenant_of(session), place::LABEL, session, l)?;
-                    c.execute(
-                        "INSERT OR REPLACE INTO session_labels (session, label, sealed) VALUES (?1, ?2, ?3)",
-                        params![session, label, sealed],
-                    )
-                }
-            }
-            .map(drop)
-            .map_err(db_err)
-        })
+        self.set_session_text(SessionText::LABEL, session, label)
     }
 
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
@@ -797,3 +747,72 @@ impl SqliteStore {
 
 /// One process: its own semaphores bound model requests (the defaults grant every slot).
 impl super::tables::SlotStore for SqliteStore {}
+
+/// A per-session text kept in a table of its own, sealed at rest: the focus, the labels.
+struct SessionText {
+    table: &'static str,
+    column: &'static str,
+    place: &'static str,
+}
+
+impl SessionText {
+    const FOCUS: SessionText = SessionText {
+        table: "session_focus",
+        column: "focus",
+        place: place::FOCUS,
+    };
+    const LABEL: SessionText = SessionText {
+        table: "session_labels",
+        column: "label",
+        place: place::LABEL,
+    };
+}
+
+impl SqliteStore {
+    fn session_text(&self, t: SessionText, session: &str) -> Result<Option<String>, Error> {
+        self.with(|c| {
+            let raw = c
+                .query_row(
+                    &format!(
+                        "SELECT {}, sealed FROM {} WHERE session = ?1",
+                        t.column, t.table
+                    ),
+                    [session],
+                    |r| stored(r, 0, r.get(1)?),
+                )
+                .optional()
+                .map_err(db_err)?;
+            raw.map(|f| self.reveal(c, &place::tenant_of(session), t.place, session, f))
+                .transpose()
+        })
+    }
+
+    fn set_session_text(
+        &self,
+        t: SessionText,
+        session: &str,
+        text: Option<&str>,
+    ) -> Result<(), Error> {
+        self.with(|c| {
+            match text {
+                None => c.execute(
+                    &format!("DELETE FROM {} WHERE session = ?1", t.table),
+                    [session],
+                ),
+                Some(v) => {
+                    let (v, sealed) =
+                        self.seal_value(c, &place::tenant_of(session), t.place, session, v)?;
+                    c.execute(
+                        &format!(
+                            "INSERT OR REPLACE INTO {} (session, {}, sealed) VALUES (?1, ?2, ?3)",
+                            t.table, t.column
+                        ),
+                        params![session, v, sealed],
+                    )
+                }
+            }
+            .map(drop)
+            .map_err(db_err)
+        })
+    }
+}

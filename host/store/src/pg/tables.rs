@@ -514,95 +514,21 @@ impl SourceStore for PgStore {
     }
 
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
-        let c = self.client().await?;
-        let Some(r) = c
-            .query_opt(
-                "SELECT focus, sealed FROM session_focus WHERE session = $1",
-                &[&session],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-        else {
-            return Ok(None);
-        };
-        let focus = Stored {
-            bytes: r.get(0),
-            sealed: g32(&r, 1),
-        };
-        self.reveal(&c, &place::tenant_of(session), place::FOCUS, session, focus)
-            .await
-            .map(Some)
+        self.session_text(SessionText::FOCUS, session).await
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
-        match focus {
-            None => {
-                self.exec("DELETE FROM session_focus WHERE session = $1", &[&session])
-                    .await?
-            }
-            Some(f) => {
-                let c = self.client().await?;
-                let (focus, sealed) = self.sealer(&c, &place::tenant_of(session)).await?.seal(
-                    place::FOCUS,
-                    session,
-                    f,
-                )?;
-                c.execute(
-                    "INSERT INTO session_focus (session, focus, sealed) VALUES ($1, $2, $3)
-                     ON CONFLICT (session) DO UPDATE SET focus = excluded.focus, sealed = excluded.sealed",
-                    &[&session, &focus, &i64::from(sealed)],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-            }
-        };
-        Ok(())
+        self.set_session_text(SessionText::FOCUS, session, focus)
+            .await
     }
 
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
-        let c = self.client().await?;
-        let Some(r) = c
-            .query_opt(
-                "SELECT label, sealed FROM session_labels WHERE session = $1",
-                &[&session],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-        else {
-            return Ok(None);
-        };
-        let label = Stored {
-            bytes: r.get(0),
-            sealed: g32(&r, 1),
-        };
-        self.reveal(&c, &place::tenant_of(session), place::LABEL, session, label)
-            .await
-            .map(Some)
+        self.session_text(SessionText::LABEL, session).await
     }
 
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
-        match label {
-            None => {
-                self.exec("DELETE FROM session_labels WHERE session = $1", &[&session])
-                    .await?
-            }
-            Some(l) => {
-                let c = self.client().await?;
-                let (label, sealed) = self.sealer(&c, &place::tenant_of(session)).await?.seal(
-                    place::LABEL,
-                    session,
-                    l,
-                )?;
-                c.execute(
-                    "INSERT INTO session_labels (session, label, sealed) VALUES ($1, $2, $3)
-                     ON CONFLICT (session) DO UPDATE SET label = excluded.label, sealed = excluded.sealed",
-                    &[&session, &label, &i64::from(sealed)],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-            }
-        };
-        Ok(())
+        self.set_session_text(SessionText::LABEL, session, label)
+            .await
     }
 
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
@@ -961,5 +887,87 @@ impl SlotStore for PgStore {
         )
         .await
         .map(drop)
+    }
+}
+
+/// A per-session text kept in a table of its own, sealed at rest: the focus, the labels.
+struct SessionText {
+    table: &'static str,
+    column: &'static str,
+    place: &'static str,
+}
+
+impl SessionText {
+    const FOCUS: SessionText = SessionText {
+        table: "session_focus",
+        column: "focus",
+        place: place::FOCUS,
+    };
+    const LABEL: SessionText = SessionText {
+        table: "session_labels",
+        column: "label",
+        place: place::LABEL,
+    };
+}
+
+impl PgStore {
+    async fn session_text(&self, t: SessionText, session: &str) -> Result<Option<String>, Error> {
+        let c = self.client().await?;
+        let Some(r) = c
+            .query_opt(
+                &format!(
+                    "SELECT {}, sealed FROM {} WHERE session = $1",
+                    t.column, t.table
+                ),
+                &[&session],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(None);
+        };
+        let text = Stored {
+            bytes: r.get(0),
+            sealed: g32(&r, 1),
+        };
+        self.reveal(&c, &place::tenant_of(session), t.place, session, text)
+            .await
+            .map(Some)
+    }
+
+    async fn set_session_text(
+        &self,
+        t: SessionText,
+        session: &str,
+        text: Option<&str>,
+    ) -> Result<(), Error> {
+        match text {
+            None => {
+                self.exec(
+                    &format!("DELETE FROM {} WHERE session = $1", t.table),
+                    &[&session],
+                )
+                .await?
+            }
+            Some(v) => {
+                let c = self.client().await?;
+                let (v, sealed) = self
+                    .sealer(&c, &place::tenant_of(session))
+                    .await?
+                    .seal(t.place, session, v)?;
+                c.execute(
+                    &format!(
+                        "INSERT INTO {table} (session, {col}, sealed) VALUES ($1, $2, $3)
+                         ON CONFLICT (session) DO UPDATE SET {col} = excluded.{col}, sealed = excluded.sealed",
+                        table = t.table,
+                        col = t.column
+                    ),
+                    &[&session, &v, &i64::from(sealed)],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+            }
+        };
+        Ok(())
     }
 }
