@@ -472,19 +472,19 @@ impl SourceStore for SqliteStore {
     }
 
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
-        self.session_text(SessionText::FOCUS, session)
+        self.session_text(crate::tables::SessionText::FOCUS, session)
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
-        self.set_session_text(SessionText::FOCUS, session, focus)
+        self.set_session_text(crate::tables::SessionText::FOCUS, session, focus)
     }
 
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
-        self.session_text(SessionText::LABEL, session)
+        self.session_text(crate::tables::SessionText::LABEL, session)
     }
 
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
-        self.set_session_text(SessionText::LABEL, session, label)
+        self.set_session_text(crate::tables::SessionText::LABEL, session, label)
     }
 
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
@@ -748,28 +748,12 @@ impl SqliteStore {
 /// One process: its own semaphores bound model requests (the defaults grant every slot).
 impl super::tables::SlotStore for SqliteStore {}
 
-/// A per-session text kept in a table of its own, sealed at rest: the focus, the labels.
-struct SessionText {
-    table: &'static str,
-    column: &'static str,
-    place: &'static str,
-}
-
-impl SessionText {
-    const FOCUS: SessionText = SessionText {
-        table: "session_focus",
-        column: "focus",
-        place: place::FOCUS,
-    };
-    const LABEL: SessionText = SessionText {
-        table: "session_labels",
-        column: "label",
-        place: place::LABEL,
-    };
-}
-
 impl SqliteStore {
-    fn session_text(&self, t: SessionText, session: &str) -> Result<Option<String>, Error> {
+    fn session_text(
+        &self,
+        t: crate::tables::SessionText,
+        session: &str,
+    ) -> Result<Option<String>, Error> {
         self.with(|c| {
             let raw = c
                 .query_row(
@@ -789,7 +773,7 @@ impl SqliteStore {
 
     fn set_session_text(
         &self,
-        t: SessionText,
+        t: crate::tables::SessionText,
         session: &str,
         text: Option<&str>,
     ) -> Result<(), Error> {

@@ -331,3 +331,29 @@ impl<T: Store + JobStore + SourceStore + TokenStore + EventStore + SlotStore + s
     AppStore for T
 {
 }
+
+/// A per-session text kept in a table of its own and sealed at rest (the focus, the display
+/// names): where each SQL store finds it.
+pub(crate) struct SessionText {
+    /// The table.
+    pub table: &'static str,
+    /// Its text column.
+    pub column: &'static str,
+    /// The sealing place ([`crate::keyring::place`]).
+    pub place: &'static str,
+}
+
+impl SessionText {
+    /// The focus instructions.
+    pub const FOCUS: SessionText = SessionText {
+        table: "session_focus",
+        column: "focus",
+        place: crate::keyring::place::FOCUS,
+    };
+    /// The display names.
+    pub const LABEL: SessionText = SessionText {
+        table: "session_labels",
+        column: "label",
+        place: crate::keyring::place::LABEL,
+    };
+}

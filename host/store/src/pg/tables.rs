@@ -514,20 +514,22 @@ impl SourceStore for PgStore {
     }
 
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
-        self.session_text(SessionText::FOCUS, session).await
+        self.session_text(crate::tables::SessionText::FOCUS, session)
+            .await
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
-        self.set_session_text(SessionText::FOCUS, session, focus)
+        self.set_session_text(crate::tables::SessionText::FOCUS, session, focus)
             .await
     }
 
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
-        self.session_text(SessionText::LABEL, session).await
+        self.session_text(crate::tables::SessionText::LABEL, session)
+            .await
     }
 
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
-        self.set_session_text(SessionText::LABEL, session, label)
+        self.set_session_text(crate::tables::SessionText::LABEL, session, label)
             .await
     }
 
@@ -890,28 +892,12 @@ impl SlotStore for PgStore {
     }
 }
 
-/// A per-session text kept in a table of its own, sealed at rest: the focus, the labels.
-struct SessionText {
-    table: &'static str,
-    column: &'static str,
-    place: &'static str,
-}
-
-impl SessionText {
-    const FOCUS: SessionText = SessionText {
-        table: "session_focus",
-        column: "focus",
-        place: place::FOCUS,
-    };
-    const LABEL: SessionText = SessionText {
-        table: "session_labels",
-        column: "label",
-        place: place::LABEL,
-    };
-}
-
 impl PgStore {
-    async fn session_text(&self, t: SessionText, session: &str) -> Result<Option<String>, Error> {
+    async fn session_text(
+        &self,
+        t: crate::tables::SessionText,
+        session: &str,
+    ) -> Result<Option<String>, Error> {
         let c = self.client().await?;
         let Some(r) = c
             .query_opt(
@@ -937,7 +923,7 @@ impl PgStore {
 
     async fn set_session_text(
         &self,
-        t: SessionText,
+        t: crate::tables::SessionText,
         session: &str,
         text: Option<&str>,
     ) -> Result<(), Error> {
