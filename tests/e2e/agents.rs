@@ -80,24 +80,6 @@ fn facts(lines: &[&str]) -> (String, Vec<String>) {
     (session, edited)
 }
 
-/// Whether `ctx` names the file `path`: whole, or relative to a folder it names once
-/// (`Files edited (under /home/me/project/): src/main.rs (#12)`).
-fn mentions(ctx: &str, path: &str) -> bool {
-    if ctx.contains(path) {
-        return true;
-    }
-    ctx.match_indices("(under ").any(|(i, _)| {
-        let rest = &ctx[i + "(under ".len()..];
-        let Some(end) = rest.find("):") else {
-            return false;
-        };
-        let root = &rest[..end];
-        path.strip_prefix(root).is_some_and(|rel| {
-            ctx[i..].contains(&format!(" {rel} (#")) || ctx[i..].contains(&format!(": {rel} (#"))
-        })
-    })
-}
-
 /// Every stored episode of `session` (through `expand` of each summary row): (id, role, text).
 fn episodes(env: &Env, session: &str) -> Vec<(u64, String, String)> {
     let chain = env.chain(session).expect("a summary chain");
@@ -189,7 +171,10 @@ fn after_a_compaction_session_start_restores_the_rule_the_last_request_and_every
             last.len()
         );
         for p in &edited {
-            assert!(mentions(ctx, p), "{rel}: {p} is missing:\n{ctx}");
+            assert!(
+                abridge_app::hook::names_file(ctx, p),
+                "{rel}: {p} is missing:\n{ctx}"
+            );
         }
         eprintln!(
             "{rel}: {} episodes, {} edited paths, context {} chars",

@@ -154,6 +154,21 @@ pub fn context_text(v: &crate::ContextView) -> String {
     out
 }
 
+/// Whether a context `ctx` names the file `path`: whole, or relative to the folder the
+/// digest names once (`Files edited (under /home/me/shop/): src/cart.rs (#6)`).
+pub fn names_file(ctx: &str, path: &str) -> bool {
+    ctx.contains(path)
+        || ctx.match_indices("(under ").any(|(i, _)| {
+            let rest = &ctx[i + "(under ".len()..];
+            rest.find("):").is_some_and(|end| {
+                path.strip_prefix(&rest[..end]).is_some_and(|rel| {
+                    let after = &ctx[i..];
+                    after.contains(&format!(" {rel} (#")) || after.contains(&format!(": {rel} (#"))
+                })
+            })
+        })
+}
+
 /// The JSON a SessionStart hook prints to add `context` for the model.
 pub fn session_start_output(context: &str) -> serde_json::Value {
     serde_json::json!({

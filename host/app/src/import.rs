@@ -95,7 +95,9 @@ impl Scoped {
         };
         match bring {
             Bring::Later => return Ok(out),
-            Bring::Now(cfg) if !self.needs_summary(session, cfg).await? => return Ok(out),
+            Bring::Now(cfg) if !self.needs_summary(session, stats.last_episode, cfg).await? => {
+                return Ok(out);
+            }
             _ => {}
         }
         match bring {
@@ -105,7 +107,10 @@ impl Scoped {
             },
             Bring::Queue => {
                 let cfg = self.session_config(session).await?;
-                if self.needs_summary(session, &cfg).await? {
+                if self
+                    .needs_summary(session, stats.last_episode, &cfg)
+                    .await?
+                {
                     out.job = Some(self.enqueue(session, stats.last_episode, &cfg).await?);
                 }
             }

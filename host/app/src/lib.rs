@@ -513,11 +513,16 @@ impl Scoped {
             .map_or(0, |r| r.last_episode))
     }
 
-    /// Whether a summary job under `cfg` has work in `session`: episodes beyond the chain, or
-    /// rows the offline summarizer wrote that `cfg`'s model rewrites (the guest's count).
-    pub async fn needs_summary(&self, session: &str, cfg: &Config) -> AppResult<bool> {
-        let stats = self.store().stats(session).await?;
-        if stats.last_episode > self.covered(session).await? {
+    /// Whether a summary job under `cfg` has work in `session`, whose newest episode is
+    /// `last_episode`: episodes beyond the chain, or rows the offline summarizer wrote that
+    /// `cfg`'s model rewrites (the guest's count, asked only when everything is covered).
+    pub async fn needs_summary(
+        &self,
+        session: &str,
+        last_episode: u64,
+        cfg: &Config,
+    ) -> AppResult<bool> {
+        if last_episode > self.covered(session).await? {
             return Ok(true);
         }
         Ok(self.engine().freshness(session, cfg).await?.fallback_rows > 0)
@@ -941,7 +946,10 @@ impl Scoped {
     pub async fn refresh(&self, session: &str) -> AppResult<Option<JobView>> {
         let stats = self.known(session).await?;
         let cfg = self.session_config(session).await?;
-        if !self.needs_summary(session, &cfg).await? {
+        if !self
+            .needs_summary(session, stats.last_episode, &cfg)
+            .await?
+        {
             return Ok(None);
         }
         let job = self.enqueue(session, stats.last_episode, &cfg).await?;

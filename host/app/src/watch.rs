@@ -175,11 +175,12 @@ fn count_lines(bytes: &[u8]) -> u64 {
     bytes.iter().filter(|&&b| b == b'\n').count() as u64
 }
 
-fn format_name(f: Format) -> &'static str {
+/// The name a followed file's format is recorded under: a line format's own name; anything
+/// else is read on as JSON lines.
+fn format_name(f: Format) -> String {
     match f {
-        Format::ClaudeCode => "claude-code",
-        Format::Codex => "codex",
-        _ => "jsonl",
+        Format::ClaudeCode | Format::Codex => f.to_string(),
+        _ => Format::Jsonl.to_string(),
     }
 }
 
@@ -570,12 +571,10 @@ impl Scoped {
             });
         }
         let complete = f.offset + chunk.len() as u64;
-        let format = match f.format.as_deref() {
-            Some("claude-code") => Some(Format::ClaudeCode),
-            Some("codex") => Some(Format::Codex),
-            Some(_) => Some(Format::Jsonl),
-            None => None,
-        };
+        let format = f
+            .format
+            .as_deref()
+            .map(|n| Format::parse(n).ok().flatten().unwrap_or(Format::Jsonl));
         let opts = Options {
             include_tools,
             skip_invalid: true,
@@ -590,7 +589,7 @@ impl Scoped {
                 for w in parsed.warnings {
                     notes.push(WatchNote::Warning(w));
                 }
-                f.format = Some(format_name(parsed.format).into());
+                f.format = Some(format_name(parsed.format));
                 for conv in parsed.conversations {
                     let session = match f.session.clone() {
                         Some(s) => s,

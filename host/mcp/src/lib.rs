@@ -90,14 +90,21 @@ fn bad(message: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message.into())])
 }
 
+/// A `budget_tokens` argument, or the tool error that says what to give.
+fn budget_of(given: Option<u32>) -> Result<u32, CallToolResult> {
+    let b = given.unwrap_or(DEFAULT_BUDGET);
+    if (64..=MAX_BUDGET).contains(&b) {
+        Ok(b)
+    } else {
+        Err(bad(format!(
+            "budget_tokens {b} is out of range; give 64 to {MAX_BUDGET} (default {DEFAULT_BUDGET})"
+        )))
+    }
+}
+
 /// `text` within `budget` tokens (about four characters each), cut at a line, saying so.
 fn fit(text: String, budget: Option<u32>) -> Result<String, CallToolResult> {
-    let b = budget.unwrap_or(DEFAULT_BUDGET);
-    if !(64..=MAX_BUDGET).contains(&b) {
-        return Err(bad(format!(
-            "budget_tokens {b} is out of range; give 64 to {MAX_BUDGET} (default {DEFAULT_BUDGET})"
-        )));
-    }
+    let b = budget_of(budget)?;
     let max = b as usize * 4;
     if text.chars().count() <= max {
         return Ok(text);
@@ -217,12 +224,10 @@ impl AbridgeMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let s = self.scoped(&ctx)?;
-        let budget = a.budget_tokens.unwrap_or(DEFAULT_BUDGET);
-        if !(64..=MAX_BUDGET).contains(&budget) {
-            return Ok(bad(format!(
-                "budget_tokens {budget} is out of range; give 64 to {MAX_BUDGET} (default {DEFAULT_BUDGET})"
-            )));
-        }
+        let budget = match budget_of(a.budget_tokens) {
+            Ok(b) => b,
+            Err(e) => return Ok(e),
+        };
         let session = match &a.session {
             Some(name) => match s.resolve(name).await {
                 Ok(x) => x,
@@ -503,12 +508,11 @@ pub async fn serve_stdio(scoped: Scoped) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The Streamable HTTP service for `/mcp` (the caller authenticates first and puts the
-/// tenant's [`Scoped`] in the request's extensions). `hosts`: the Host values accepted (none:
-/// the caller checks Host); `origins`: the browser origins accepted (none: every request that
+/// The Streamable HTTP service for `/mcp`. The caller authenticates first, puts the tenant's
+/// [`Scoped`] in the request's extensions, and checks `Host` itself (abridge serve's guard does,
+/// on every route); `origins` are the browser origins accepted (none: every request that
 /// carries an Origin is refused).
 pub fn http_service(
-    hosts: Vec<String>,
     origins: Vec<String>,
 ) -> rmcp::transport::streamable_http_server::StreamableHttpService<
     AbridgeMcp,
@@ -517,14 +521,10 @@ pub fn http_service(
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
     };
-    let mut config = StreamableHttpServerConfig::default().with_max_request_body_bytes(1 << 20);
-    config = if hosts.is_empty() {
-        // The caller checks Host itself (abridge serve's guard does, on every route).
-        config.disable_allowed_hosts()
-    } else {
-        config.with_allowed_hosts(hosts)
-    };
-    config = if origins.is_empty() {
+    let config = StreamableHttpServerConfig::default()
+        .with_max_request_body_bytes(1 << 20)
+        .disable_allowed_hosts();
+    let config = if origins.is_empty() {
         config.enforce_origin_validation()
     } else {
         config.with_allowed_origins(origins)

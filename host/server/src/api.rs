@@ -1227,10 +1227,7 @@ fn api_routes(srv: &Srv, opts: &ServeOptions) -> Router<Srv> {
     // Origin checks are the server's own guard (every route has them), and rmcp refuses any
     // browser Origin besides the --cors-origin ones.
     let mcp: Router<Srv> = Router::new()
-        .nest_service(
-            "/mcp",
-            abridge_mcp::http_service(Vec::new(), opts.cors_origins.clone()),
-        )
+        .nest_service("/mcp", abridge_mcp::http_service(opts.cors_origins.clone()))
         .layer(axum::middleware::from_fn_with_state(
             srv.clone(),
             auth::authenticate,

@@ -42,30 +42,16 @@ struct Row {
     p99_ms: f64,
 }
 
+/// The session files named: files as given, folders walked (the walk `backfill` uses).
 fn files(paths: &[PathBuf]) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for p in paths {
         if p.is_dir() {
-            let mut found: Vec<PathBuf> = walk(p);
-            found.sort();
-            out.extend(found);
+            if let Ok(w) = abridge_app::walk::transcript_files(p, &["jsonl"], false) {
+                out.extend(w.files.into_iter().map(|f| f.path));
+            }
         } else {
             out.push(p.clone());
-        }
-    }
-    out
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else if p.extension().is_some_and(|x| x == "jsonl") {
-                out.push(p);
-            }
         }
     }
     out
@@ -102,18 +88,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
-}
-
-/// Whether `ctx` names `path` whole, or relative to a folder it names once (`(under DIR/)`).
-fn mentions(ctx: &str, path: &str) -> bool {
-    ctx.contains(path)
-        || ctx.match_indices("(under ").any(|(i, _)| {
-            let rest = &ctx[i + 7..];
-            rest.find("):").is_some_and(|end| {
-                path.strip_prefix(&rest[..end])
-                    .is_some_and(|rel| ctx[i..].contains(&format!("{rel} (#")))
-            })
-        })
 }
 
 async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::Result<Row> {
@@ -197,7 +171,10 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
         transcript_tokens,
         context_tokens,
         edited: (
-            edited.iter().filter(|p| mentions(&ctx, p)).count(),
+            edited
+                .iter()
+                .filter(|p| abridge_app::hook::names_file(&ctx, p))
+                .count(),
             edited.len(),
         ),
         requests: (

@@ -424,7 +424,7 @@ pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
     let mut upgraded = 0usize;
     for session in &sessions {
         let view = local.session(session).await.map_err(|e| fail(s, e))?;
-        if local.needs_summary(session, &cfg).await? {
+        if local.needs_summary(session, view.episodes, &cfg).await? {
             super::app::run_or_join(
                 s,
                 &local,

@@ -114,13 +114,15 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
     };
     match ask {
         Ask::Context => {
-            let known = local.session(&session).await.is_ok();
-            if !known {
-                return Ok(());
-            }
-            let v = local
+            let v = match local
                 .context(&session, a.context_tokens.max(64), 1, u32::MAX, None)
-                .await?;
+                .await
+            {
+                Ok(v) => v,
+                // Nothing imported for this session yet: no context to add.
+                Err(e) if matches!(e.kind, abridge_app::ErrorKind::NotFound) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
             let text = hook::context_text(&v);
             let out = hook::session_start_output(&text);
             println!("{out}");
@@ -128,11 +130,9 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
         Ask::Import => {
             // Summarize what the budget allows; a job stopped at the deadline goes back to
             // the queue with the answers it received.
-            if !local.needs_summary(&session, &cfg).await? {
-                return Ok(());
-            }
+            // One verdict from the guest: episodes beyond the chain, or offline rows to rewrite.
             let f = local.engine().freshness(&session, &cfg).await?;
-            if f.state == FreshState::Empty {
+            if f.state == FreshState::Empty || (f.episodes <= f.covered && f.fallback_rows == 0) {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
