@@ -129,7 +129,7 @@ impl Scoped {
 }
 
 /// A context as the text a hook hands the model: the summary, digest and ledger message, then
-/// the pinned and recent messages, labelled, within [`MAX_CONTEXT_CHARS`] (cut at a line).
+/// the pinned and recent messages, labelled (each caller fits it to its own limit).
 pub fn context_text(v: &crate::ContextView) -> String {
     let mut out = String::from(
         "abridge: what this session has done so far (summary, digest of requests, files and commands, pinned messages) — kept outside the agent's own context, so it survives compaction.\n",
@@ -145,11 +145,6 @@ pub fn context_text(v: &crate::ContextView) -> String {
         out.push_str(&label);
         out.push_str(m.content.trim());
         out.push('\n');
-    }
-    if out.chars().count() > MAX_CONTEXT_CHARS {
-        let cut: String = out.chars().take(MAX_CONTEXT_CHARS).collect();
-        let at = cut.rfind('\n').unwrap_or(cut.len());
-        out = format!("{}\n(cut at {MAX_CONTEXT_CHARS} characters)", &cut[..at]);
     }
     out
 }
@@ -170,7 +165,15 @@ pub fn names_file(ctx: &str, path: &str) -> bool {
 }
 
 /// The JSON a SessionStart hook prints to add `context` for the model.
+/// The context is cut at a line to [`MAX_CONTEXT_CHARS`] (Claude Code's cap), saying so.
 pub fn session_start_output(context: &str) -> serde_json::Value {
+    let context = if context.chars().count() > MAX_CONTEXT_CHARS {
+        let cut: String = context.chars().take(MAX_CONTEXT_CHARS).collect();
+        let at = cut.rfind('\n').unwrap_or(cut.len());
+        format!("{}\n(cut at {MAX_CONTEXT_CHARS} characters)", &cut[..at])
+    } else {
+        context.to_string()
+    };
     serde_json::json!({
         "hookSpecificOutput": {
             "hookEventName": "SessionStart",
