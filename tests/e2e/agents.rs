@@ -394,3 +394,124 @@ fn a_title_and_a_project_folder_are_display_names_not_ids() {
     assert_eq!(st[0]["session"], session);
     assert_eq!(st[0]["title"], "Flaky integration test");
 }
+
+/// Codex: `abridge setup codex` installs the hooks in config.toml as Codex reads them, and the
+/// installed command, run through a shell with Codex's payloads, imports the rollout (Stop,
+/// PreCompact) and, after a compaction, gives back the last request and every patched file.
+#[test]
+fn codex_hooks_import_the_rollout_and_restore_the_session_after_a_compaction() {
+    let server = TestServer::start();
+    let env = Env::new().with("EXTRACTION_URL", &server.url());
+    let codex = env.dir.path().join("codex-home");
+    let env = env.with("CODEX_HOME", &codex.display().to_string());
+    env.run(&["setup", "codex"]).assert_ok();
+    let config: toml::Value =
+        toml::from_str(&std::fs::read_to_string(codex.join("config.toml")).unwrap()).unwrap();
+    let command = |event: &str| {
+        let groups = config["hooks"][event].as_array().unwrap();
+        assert_eq!(groups.len(), 1, "{event}");
+        groups[0]["hooks"][0]["command"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        config["hooks"]["SessionStart"][0]["matcher"].as_str(),
+        Some("startup|resume|clear|compact")
+    );
+    // Codex runs a hook command through the user's shell, the payload on stdin.
+    let run = |event: &str, payload: &Value| {
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(command(event))
+            .env("HOME", env.dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(payload.to_string().as_bytes())
+            .unwrap();
+        let r = Run::from(child.wait_with_output().unwrap());
+        r.assert_ok();
+        r
+    };
+    let thread = "5f0c2a8e-1111-4222-8333-444455556666";
+    let dir = codex.join("sessions/2026/03/02");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("rollout-2026-03-02T10-00-00-{thread}.jsonl"));
+    let fixture = std::fs::read_to_string(fixture("codex-rollout.jsonl")).unwrap();
+    let lines: Vec<&str> = fixture.lines().collect();
+    let codex_payload = |event: &str, transcript: Value, extra: Value| {
+        let mut p = json!({
+            "session_id": thread, "turn_id": "turn-1", "transcript_path": transcript,
+            "cwd": "/home/dev/shop", "hook_event_name": event, "model": "gpt-5-codex",
+            "permission_mode": "default",
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        p
+    };
+    // A new session whose rollout does not exist yet: nothing to say, exit 0.
+    let r = run(
+        "SessionStart",
+        &codex_payload("SessionStart", Value::Null, json!({"source": "startup"})),
+    );
+    assert!(r.stdout.trim().is_empty(), "{}", r.stdout);
+    // The first turns, then Stop at the end of a turn: imported.
+    let cut = lines
+        .iter()
+        .position(|l| l.contains("Keep the old behaviour"))
+        .unwrap();
+    std::fs::write(&file, lines[..cut].join("\n") + "\n").unwrap();
+    run(
+        "Stop",
+        &codex_payload(
+            "Stop",
+            json!(file),
+            json!({"stop_hook_active": false, "last_assistant_message": null}),
+        ),
+    );
+    let first = env.chain(thread).expect("the rollout was imported");
+    let before = first["episodes"].as_u64().unwrap();
+    assert!(before > 0);
+    // The rest, then PreCompact: only the new lines come in.
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    run(
+        "PreCompact",
+        &codex_payload("PreCompact", json!(file), json!({"trigger": "auto"})),
+    );
+    let chain = env.chain(thread).unwrap();
+    let n = chain["episodes"].as_u64().unwrap();
+    assert!(n > before, "{n} <= {before}");
+    assert_covers(&chain, n);
+    // After the compaction, SessionStart gives the model what the compaction dropped.
+    let r = run(
+        "SessionStart",
+        &codex_payload("SessionStart", json!(file), json!({"source": "compact"})),
+    );
+    let out: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(out["hookSpecificOutput"]["hookEventName"], "SessionStart");
+    let ctx = out["hookSpecificOutput"]["additionalContext"]
+        .as_str()
+        .unwrap();
+    assert!(
+        ctx.contains("Keep the old behaviour for gift cards."),
+        "{ctx}"
+    );
+    assert!(ctx.contains("off by one cent"), "{ctx}");
+    for p in ["src/cart/total.ts", "src/cart/round.ts"] {
+        assert!(abridge_app::hook::names_file(ctx, p), "{p}:\n{ctx}");
+    }
+    assert!(ctx.contains("npm test -- cart"), "{ctx}");
+    // The rollout was imported once, under its thread id: no second session for the file.
+    let st = env.run(&["status", "--json"]).assert_ok().json();
+    let all = st.as_array().unwrap();
+    assert_eq!(all.len(), 1, "{st}");
+    assert_eq!(all[0]["session"], thread);
+}

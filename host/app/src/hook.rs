@@ -1,7 +1,8 @@
 //! Coding agents' lifecycle hooks (`abridge hook`): what a hook payload asks for and how it is
-//! answered. A Claude Code command hook gets one JSON object on standard input
-//! (`session_id`, `transcript_path`, `cwd`, `hook_event_name`, and per event `source`,
-//! `trigger`, `reason`, …). `SessionStart` (startup, resume, clear, compact) answers with the
+//! answered. A Claude Code or Codex command hook gets one JSON object on standard input
+//! (`session_id`, `transcript_path` — Codex's rollout file, or null —, `cwd`,
+//! `hook_event_name`, and per event `source`, `trigger`, `reason`, …); both agents read the
+//! same answer. `SessionStart` (startup, resume, clear, compact) answers with the
 //! session's context as additional context for the model; `PreCompact`, `Stop` and
 //! `SessionEnd` import the transcript's new lines (the same incremental import as `watch`:
 //! stored offsets, whole lines) and bring the summary up to date within the hook's budget —
@@ -23,13 +24,12 @@ pub const MAX_PAYLOAD: usize = 1 << 20;
 /// under this many.
 pub const MAX_CONTEXT_CHARS: usize = 9_500;
 
-/// A hook payload, as Claude Code sends it (unknown fields are ignored; Codex's notify payload
-/// shares the names it has).
+/// A hook payload, as Claude Code and Codex send it (unknown fields are ignored).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct Payload {
     /// The agent's session id (a Claude Code transcript's `sessionId`).
     pub session_id: Option<String>,
-    /// The transcript file.
+    /// The transcript file (Codex may send null before its rollout exists).
     pub transcript_path: Option<PathBuf>,
     /// The project directory.
     pub cwd: Option<String>,
@@ -210,5 +210,16 @@ mod tests {
                 .contains("not the JSON object")
         );
         assert!(Payload::parse(br#"{"hook_event_name":""}"#).is_err());
+        // Codex: a thread id, a null transcript before the rollout exists, its own fields.
+        let p = Payload::parse(
+            br#"{"session_id":"5f0c2a8e-1111-4222-8333-444455556666","transcript_path":null,"cwd":"/p","hook_event_name":"SessionStart","model":"gpt-5-codex","permission_mode":"default","source":"startup"}"#,
+        )
+        .unwrap();
+        assert_eq!(p.ask(), Ask::Context);
+        assert_eq!(p.transcript_path, None);
+        assert_eq!(
+            p.session().as_deref(),
+            Some("5f0c2a8e-1111-4222-8333-444455556666")
+        );
     }
 }

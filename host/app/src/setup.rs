@@ -1,6 +1,7 @@
 //! `abridge setup`: installing abridge into a coding agent's configuration — Claude Code's
-//! hooks (`settings.json`) and MCP server (`~/.claude.json` or `.mcp.json`), Codex's MCP
-//! server (`config.toml`). Each change is a merge: every other setting is kept, abridge's own
+//! hooks (`settings.json`) and MCP server (`~/.claude.json` or `.mcp.json`), Codex's hooks
+//! and MCP server (`config.toml`: `[hooks]`, which Codex reads like Claude Code's, and
+//! `[mcp_servers]`). Each change is a merge: every other setting is kept, abridge's own
 //! entries are recognised (a command that runs `abridge … hook` or `… mcp`) and replaced, so a
 //! second run changes nothing; `remove` takes out only abridge's entries. The functions here
 //! are pure (text in, text out); the front end reads, backs up and writes the files.
@@ -15,6 +16,14 @@ pub const CLAUDE_EVENTS: [(&str, Option<&str>); 4] = [
     ("PreCompact", None),
     ("Stop", None),
     ("SessionEnd", None),
+];
+
+/// The Codex hook events abridge installs. Codex has no `SessionEnd`; its `Stop` ends each
+/// turn, and `SessionStart` fires with the same four sources as Claude Code's.
+pub const CODEX_EVENTS: [(&str, Option<&str>); 3] = [
+    ("SessionStart", Some("startup|resume|clear|compact")),
+    ("PreCompact", None),
+    ("Stop", None),
 ];
 
 /// Seconds Claude Code gives a hook command before it gives up on it (the hook keeps to its
@@ -174,19 +183,18 @@ pub fn claude_mcp(text: &str, how: &Invocation, remove: bool) -> AppResult<Strin
     Ok(pretty(&root))
 }
 
-/// Codex's `config.toml` with abridge's MCP server as `[mcp_servers.abridge]` (or, with
-/// `remove`, without it); comments and formatting of everything else are kept.
+/// Codex's `config.toml` with abridge's hooks (`[[hooks.SessionStart]]`, …) and MCP server
+/// (`[mcp_servers.abridge]`) merged in (or, with `remove`, taken out); comments, formatting
+/// and every other entry — other hooks, `[hooks.state]` with the trust Codex records — are
+/// kept.
 pub fn codex_config(text: &str, how: &Invocation, remove: bool) -> AppResult<String> {
     let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e| {
         AppError::invalid(format!(
             "the Codex configuration is not valid TOML ({e}); fix it, then run setup again"
         ))
     })?;
-    let servers = doc.entry("mcp_servers").or_insert_with(|| {
-        let mut t = toml_edit::Table::new();
-        t.set_implicit(true);
-        toml_edit::Item::Table(t)
-    });
+    codex_hooks(&mut doc, how, remove)?;
+    let servers = doc.entry("mcp_servers").or_insert_with(implicit_table);
     let Some(servers) = servers.as_table_mut() else {
         return Err(AppError::invalid(
             "the Codex configuration's mcp_servers is not a table; fix it, then run setup again",
@@ -209,6 +217,126 @@ pub fn codex_config(text: &str, how: &Invocation, remove: bool) -> AppResult<Str
         doc.remove("mcp_servers");
     }
     Ok(doc.to_string())
+}
+
+fn implicit_table() -> toml_edit::Item {
+    let mut t = toml_edit::Table::new();
+    t.set_implicit(true);
+    toml_edit::Item::Table(t)
+}
+
+/// Take abridge's handlers out of one hook group's `hooks` list (an array of tables or an
+/// inline array); whether the group held handlers and now holds none.
+fn drop_ours(group: &mut dyn toml_edit::TableLike) -> bool {
+    let ours = |t: &dyn toml_edit::TableLike| {
+        t.get("command")
+            .and_then(toml_edit::Item::as_str)
+            .is_some_and(is_ours)
+    };
+    let (before, after) = match group.get_mut("hooks") {
+        Some(toml_edit::Item::ArrayOfTables(list)) => {
+            let before = list.len();
+            list.retain(|t| !ours(t));
+            (before, list.len())
+        }
+        Some(toml_edit::Item::Value(toml_edit::Value::Array(list))) => {
+            let before = list.len();
+            list.retain(|v| !v.as_inline_table().is_some_and(|t| ours(t)));
+            (before, list.len())
+        }
+        _ => (0, 0),
+    };
+    before > 0 && after == 0
+}
+
+/// Codex's `[hooks]`: every event in [`CODEX_EVENTS`] runs `abridge … hook` once.
+fn codex_hooks(doc: &mut toml_edit::DocumentMut, how: &Invocation, remove: bool) -> AppResult<()> {
+    let command = how.command_line(&["hook"]);
+    let hooks = doc.entry("hooks").or_insert_with(implicit_table);
+    let Some(hooks) = hooks.as_table_mut() else {
+        return Err(AppError::invalid(
+            "the Codex configuration's hooks is not a table; fix it, then run setup again",
+        ));
+    };
+    for (event, matcher) in CODEX_EVENTS {
+        let not_array = || {
+            AppError::invalid(format!(
+                "the Codex configuration's hooks.{event} is not an array of hook groups; fix it, then run setup again"
+            ))
+        };
+        match hooks.get_mut(event) {
+            None => {}
+            Some(toml_edit::Item::ArrayOfTables(groups)) => {
+                groups.retain(|g| {
+                    let mut g = g.clone();
+                    !drop_ours(&mut g)
+                });
+                for g in groups.iter_mut() {
+                    drop_ours(g);
+                }
+            }
+            Some(toml_edit::Item::Value(toml_edit::Value::Array(groups))) => {
+                groups.retain(|g| {
+                    g.as_inline_table().is_none_or(|t| {
+                        let mut t = t.clone();
+                        !drop_ours(&mut t)
+                    })
+                });
+                for g in groups.iter_mut() {
+                    if let Some(t) = g.as_inline_table_mut() {
+                        drop_ours(t);
+                    }
+                }
+            }
+            Some(_) => return Err(not_array()),
+        }
+        if !remove {
+            let mut handler = toml_edit::Table::new();
+            handler["type"] = toml_edit::value("command");
+            handler["command"] = toml_edit::value(command.clone());
+            handler["timeout"] = toml_edit::value(HOOK_TIMEOUT_SECS as i64);
+            let mut group = toml_edit::Table::new();
+            if let Some(m) = matcher {
+                group["matcher"] = toml_edit::value(m);
+            }
+            match hooks.get_mut(event) {
+                Some(toml_edit::Item::Value(toml_edit::Value::Array(groups))) => {
+                    let mut inline = group.into_inline_table();
+                    inline.insert(
+                        "hooks",
+                        toml_edit::Value::Array(toml_edit::Array::from_iter([
+                            toml_edit::Value::InlineTable(handler.into_inline_table()),
+                        ])),
+                    );
+                    groups.push(inline);
+                }
+                _ => {
+                    let mut list = toml_edit::ArrayOfTables::new();
+                    list.push(handler);
+                    group.insert("hooks", toml_edit::Item::ArrayOfTables(list));
+                    let groups = hooks
+                        .entry(event)
+                        .or_insert_with(|| toml_edit::Item::ArrayOfTables(Default::default()));
+                    let Some(groups) = groups.as_array_of_tables_mut() else {
+                        return Err(not_array());
+                    };
+                    groups.push(group);
+                }
+            }
+        }
+        let empty = match hooks.get(event) {
+            Some(toml_edit::Item::ArrayOfTables(g)) => g.is_empty(),
+            Some(toml_edit::Item::Value(toml_edit::Value::Array(g))) => g.is_empty(),
+            _ => false,
+        };
+        if empty {
+            hooks.remove(event);
+        }
+    }
+    if hooks.is_empty() {
+        doc.remove("hooks");
+    }
+    Ok(())
 }
 
 /// A unified diff of `old` → `new` labelled with `path` (empty when they are the same).
@@ -286,6 +414,73 @@ mod tests {
         assert!(once.contains("[mcp_servers.abridge]"), "{once}");
         assert_eq!(codex_config(&once, &how(), false).unwrap(), once);
         assert_eq!(codex_config(&once, &how(), true).unwrap(), toml);
+    }
+
+    /// Codex's hooks, read back the way Codex reads them: `hooks.<Event>` is a list of groups,
+    /// each with an optional `matcher` and a list of `{type, command, timeout}` handlers.
+    fn codex_handlers(text: &str, event: &str) -> Vec<(Option<String>, String)> {
+        let v: toml::Value = toml::from_str(text).unwrap();
+        let mut out = Vec::new();
+        for g in v["hooks"]
+            .get(event)
+            .and_then(|e| e.as_array())
+            .into_iter()
+            .flatten()
+        {
+            for h in g["hooks"].as_array().unwrap() {
+                assert_eq!(h["type"].as_str(), Some("command"));
+                out.push((
+                    g.get("matcher").and_then(|m| m.as_str()).map(String::from),
+                    h["command"].as_str().unwrap().to_string(),
+                ));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn codex_hooks_are_merged_beside_the_users_own_and_their_trust() {
+        // The user's own hooks in both TOML spellings, and the trust Codex recorded.
+        let mine = "model = \"o4\"\n\n[[hooks.Stop]]\n[[hooks.Stop.hooks]]\ntype = \"command\"\ncommand = \"say done\"\n\n[hooks]\nSessionStart = [{ hooks = [{ type = \"command\", command = \"/other/start\" }] }]\n\n[hooks.state.\"/home/me/.codex/config.toml:stop:0:0\"]\ntrusted_hash = \"sha256:00\"\n";
+        let before: toml::Value = toml::from_str(mine).unwrap();
+        let once = codex_config(mine, &how(), false).unwrap();
+        let ours = "/usr/local/bin/abridge --db '/home/me/my db/abridge.db' hook".to_string();
+        assert_eq!(
+            codex_handlers(&once, "Stop"),
+            [(None, "say done".into()), (None, ours.clone())],
+            "{once}"
+        );
+        assert_eq!(
+            codex_handlers(&once, "SessionStart"),
+            [
+                (None, "/other/start".into()),
+                (Some("startup|resume|clear|compact".into()), ours.clone())
+            ],
+            "{once}"
+        );
+        assert_eq!(codex_handlers(&once, "PreCompact"), [(None, ours.clone())]);
+        let after: toml::Value = toml::from_str(&once).unwrap();
+        assert_eq!(after["hooks"]["state"], before["hooks"]["state"]);
+        assert_eq!(after["model"].as_str(), Some("o4"));
+        // Idempotent, and removed cleanly.
+        assert_eq!(codex_config(&once, &how(), false).unwrap(), once);
+        let removed = codex_config(&once, &how(), true).unwrap();
+        assert_eq!(toml::from_str::<toml::Value>(&removed).unwrap(), before);
+        // From nothing: the hooks in tables Codex reads, and nothing left after --remove.
+        let fresh = codex_config("", &how(), false).unwrap();
+        assert!(fresh.contains("[[hooks.SessionStart]]"), "{fresh}");
+        assert_eq!(codex_handlers(&fresh, "Stop"), [(None, ours)]);
+        assert_eq!(codex_config(&fresh, &how(), true).unwrap().trim(), "");
+        assert!(
+            codex_config("hooks = 3\n", &how(), false)
+                .unwrap_err()
+                .message
+                .contains("hooks is not a table")
+        );
+    }
+
+    #[test]
+    fn diffs() {
         assert!(!diff("f", "a\n", "b\n").is_empty());
         assert!(diff("f", "a\n", "a\n").is_empty());
     }

@@ -41,10 +41,16 @@ pub struct BenchArgs {
     /// Repetitions for the per-call and summary-pass figures
     #[arg(long, default_value_t = 2_000)]
     calls: usize,
-    /// Also score the extractive summarizer on this DialogSum JSONL file (ROUGE F1 against
-    /// the human summaries, with a lead-3 baseline), e.g. ../shared/data/dialogsum_test.jsonl
+    /// Also score the extractive summarizer on this dialogue set (ROUGE F1 against the human
+    /// summaries, beside the LEAD-3 and LONGEST-3 baselines); repeat for several sets. JSON
+    /// lines or one JSON array of objects with `dialogue` ("Speaker: text" lines) and
+    /// `summary`, `summaries` or `summary1`..`summary3`: DialogSum's and SAMSum's files,
+    /// e.g. ../shared/data/dialogsum_test.jsonl
     #[arg(long, value_name = "PATH")]
-    dialogsum: Option<std::path::PathBuf>,
+    dialogsum: Vec<std::path::PathBuf>,
+    /// Run only the summary-quality figures (every --dialogsum set)
+    #[arg(long)]
+    summaries_only: bool,
     /// Also compare with the JavaScript host (needs Node >= 24 as `node` or $ABRIDGE_NODE,
     /// and `npm run build` done in this folder)
     #[arg(long, value_name = "JS_DIR", num_args = 0..=1, default_missing_value = "js")]
@@ -200,7 +206,7 @@ pub(crate) fn from_root(p: &std::path::Path) -> std::path::PathBuf {
 fn main() -> std::process::ExitCode {
     let mut a = BenchArgs::parse();
     a.transcript = from_root(&a.transcript);
-    a.dialogsum = a.dialogsum.as_deref().map(from_root);
+    a.dialogsum = a.dialogsum.iter().map(|p| from_root(p)).collect();
     a.js = a.js.as_deref().map(from_root);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -281,6 +287,18 @@ async fn run(a: BenchArgs) -> Result<(), Failure> {
     if a.drift_only {
         let rt = Runtime::load(&ComponentSource::Embedded, None).map_err(fail)?;
         return drift::run(Arc::new(rt)).await;
+    }
+    if a.summaries_only {
+        if a.dialogsum.is_empty() {
+            return Err(anyhow!(
+                "--summaries-only scores the --dialogsum sets; name at least one, e.g. --dialogsum ../shared/data/dialogsum_test.jsonl"
+            ));
+        }
+        let rt = Arc::new(Runtime::load(&ComponentSource::Embedded, None).map_err(fail)?);
+        for path in &a.dialogsum {
+            dialogsum(rt.clone(), path).await?;
+        }
+        return Ok(());
     }
 
     // 1. Component start: cold compile vs the on-disk cache.
@@ -424,7 +442,7 @@ async fn run(a: BenchArgs) -> Result<(), Failure> {
     fresh::run(engine.runtime().clone(), a.turns).await?;
     drift::run(engine.runtime().clone()).await?;
 
-    if let Some(path) = &a.dialogsum {
+    for path in &a.dialogsum {
         dialogsum(engine.runtime().clone(), path).await?;
     }
     if let Some(dir) = &a.js {
@@ -668,11 +686,32 @@ fn rouge(cand: &[String], refs: &[Vec<String>]) -> [f64; 3] {
     ]
 }
 
-/// Score the extractive engine on DialogSum: ROUGE-1/2/L F1 against each dialogue's human
-/// summaries (best of the references), next to the lead-3 baseline (the first three turns).
-async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), Failure> {
+/// The records of a dialogue set: JSON lines, or one JSON array (SAMSum's files).
+fn dialogue_records(path: &std::path::Path) -> Result<Vec<serde_json::Value>, Failure> {
     let text =
         std::fs::read_to_string(path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
+    if text.trim_start().starts_with('[') {
+        return serde_json::from_str(&text).map_err(|e| {
+            anyhow!(
+                "{}: {e} (expected a JSON array of dialogues, or JSON lines)",
+                path.display()
+            )
+        });
+    }
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| anyhow!("{}:{}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// Score the extractive engine on a dialogue set: ROUGE-1/2/L F1 against each dialogue's human
+/// summaries (best of the references), next to the LEAD-3 baseline (the first three turns)
+/// and LONGEST-3 (the three longest).
+async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), Failure> {
+    let records = dialogue_records(path)?;
     let store = Arc::new(SqliteStore::in_memory().map_err(fail)?);
     let engine = Abridge::builder()
         .runtime(runtime)
@@ -685,40 +724,43 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
     };
     let (mut ours, mut lead, mut longest, mut n, mut out_words) =
         ([0.0f64; 3], [0.0f64; 3], [0.0f64; 3], 0usize, 0usize);
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| anyhow!("{}:{}: {e}", path.display(), i + 1))?;
+    for (i, v) in records.iter().enumerate() {
         let mut refs: Vec<Vec<String>> = v["summaries"]
             .as_array()
             .map(|a| a.iter().filter_map(|s| s.as_str()).map(words).collect())
             .unwrap_or_default();
-        refs.extend(v["summary"].as_str().map(words));
+        for key in ["summary", "summary1", "summary2", "summary3"] {
+            refs.extend(v[key].as_str().map(words));
+        }
         if refs.is_empty() {
             continue;
         }
-        // "#Person1#: …" lines, each turn attributed to its named speaker; Person2 plays the
-        // assistant.
-        let turns: Vec<(Role, String, String)> = v["dialogue"]
+        // "Speaker: text" lines ("#Person1#: …" in DialogSum, "Amanda: …" in SAMSum), each turn
+        // attributed to its named speaker; whoever speaks first plays the user.
+        let said_lines: Vec<(&str, &str)> = v["dialogue"]
             .as_str()
             .unwrap_or("")
             .lines()
             .filter_map(|l| l.split_once(": "))
+            .collect();
+        let first = said_lines.first().map(|(who, _)| who.trim()).unwrap_or("");
+        let turns: Vec<(Role, String, String)> = said_lines
+            .iter()
             .map(|(who, said)| {
                 (
-                    if who.contains("Person2") {
-                        Role::Assistant
-                    } else {
+                    if who.trim() == first {
                         Role::User
+                    } else {
+                        Role::Assistant
                     },
                     said.trim().to_string(),
                     who.trim().to_string(),
                 )
             })
             .collect();
+        if turns.is_empty() {
+            continue;
+        }
         let episodes: Vec<NewEpisode> = turns
             .iter()
             .enumerate()
@@ -779,7 +821,10 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
     }
     let pct = |x: f64| 100.0 * x / n as f64;
     println!(
-        "dialogsum         {n} dialogues, ROUGE F1 R-1/R-2/R-L: extractive {:.1}/{:.1}/{:.1} ({} words avg) | lead-3 {:.1}/{:.1}/{:.1} | longest-3 {:.1}/{:.1}/{:.1} | beats both on all three: {}",
+        "dialogues         {} ({n} dialogues), ROUGE F1 R-1/R-2/R-L: extractive {:.1}/{:.1}/{:.1} ({} words avg) | lead-3 {:.1}/{:.1}/{:.1} | longest-3 {:.1}/{:.1}/{:.1} | beats both on all three: {}",
+        path.file_name().map_or(path.display().to_string(), |f| f
+            .to_string_lossy()
+            .into_owned()),
         pct(ours[0]),
         pct(ours[1]),
         pct(ours[2]),

@@ -1,4 +1,5 @@
-//! `abridge hook`: a thin shell over `abridge_app::hook` for Claude Code's command hooks.
+//! `abridge hook`: a thin shell over `abridge_app::hook` for Claude Code's and Codex's command
+//! hooks.
 //! It never fails the agent's turn and never blocks it past its budget: errors go to a log
 //! (and a one-line note on stderr), the exit is 0 unless the payload is unusable (then 1,
 //! which Claude Code shows as a non-blocking hook error — never 2, which would block a

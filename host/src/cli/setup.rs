@@ -15,7 +15,7 @@ use super::{Exit, Failure, Settings};
 pub enum Agent {
     /// Claude Code: hooks in settings.json, the MCP server in ~/.claude.json (or .mcp.json)
     ClaudeCode,
-    /// Codex CLI: the MCP server in config.toml
+    /// Codex CLI: hooks and the MCP server in config.toml
     Codex,
 }
 
@@ -157,7 +157,7 @@ pub async fn setup_cmd(s: &Settings, a: SetupArgs) -> Result<(), Failure> {
                 "Claude Code now loads each session's context at start and after a compaction, imports the transcript as it grows, and offers the abridge MCP tools; start a new session and work as usual"
             }
             Agent::Codex => {
-                "Codex now offers the abridge MCP tools; start a new session and work as usual"
+                "Codex now offers the abridge MCP tools and, once you trust its hooks (Codex runs a new hook only after you review it: type /hooks in Codex and trust the three abridge hooks), loads each session's context at start and after a compaction and imports the rollout as it grows; start a new session and work as usual"
             }
         };
         println!("{what} (database: {})", db.display());
