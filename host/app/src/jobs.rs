@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock};
@@ -47,6 +48,9 @@ fn owner_is_dead(owner: &str) -> bool {
         })
 }
 
+/// How often a process applies the finished-job retention (at most; after finishing a job).
+const PRUNE_EVERY_MS: u64 = 10 * 60 * 1000;
+
 /// The durable jobs of a store, worked by this process.
 #[derive(Clone)]
 pub struct Jobs {
@@ -54,6 +58,9 @@ pub struct Jobs {
     owner: String,
     lease: Duration,
     clock: Arc<dyn Clock>,
+    retention: (Duration, u32),
+    /// When this process last applied the retention (ms; 0: not yet).
+    last_prune: Arc<AtomicU64>,
 }
 
 impl Jobs {
@@ -64,6 +71,47 @@ impl Jobs {
             owner: owner_name(),
             lease,
             clock: Arc::new(SystemClock),
+            retention: (
+                crate::limits::JOB_RETENTION,
+                crate::limits::JOB_RETENTION_COUNT,
+            ),
+            last_prune: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The same jobs, keeping finished ones for `age` and each tenant's newest `count`.
+    pub fn with_retention(mut self, age: Duration, count: u32) -> Self {
+        self.retention = (age, count);
+        self
+    }
+
+    /// Apply the retention now: finished jobs older than it, and each tenant's beyond its
+    /// count, go with their events. How many went.
+    pub async fn prune(&self) -> Result<u64, Error> {
+        let now = self.now_ms();
+        self.last_prune.store(now.max(1), Ordering::Relaxed);
+        let (age, count) = self.retention;
+        self.db
+            .jobs_prune(now.saturating_sub(age.as_millis() as u64), count)
+            .await
+    }
+
+    /// [`Self::prune`] when this process has not for [`PRUNE_EVERY_MS`] (one caller wins).
+    async fn prune_if_due(&self) {
+        let now = self.now_ms();
+        let last = self.last_prune.load(Ordering::Relaxed);
+        if last != 0 && now < last.saturating_add(PRUNE_EVERY_MS) {
+            return;
+        }
+        if self
+            .last_prune
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        if let Err(e) = self.prune().await {
+            tracing::warn!(error = %crate::types::describe(&e), "cannot prune finished jobs");
         }
     }
 
@@ -112,26 +160,22 @@ impl Jobs {
         tenant.job_active_for(session).await
     }
 
-    /// How many jobs the tenant has queued, and its queued job of `session`, if any.
+    /// How many jobs the tenant has queued, and its queued job of `session`, if any (`""`:
+    /// none asked). Two indexed reads, whatever the size of the queue.
     pub async fn queued_of(
         &self,
         tenant: &TenantTables,
         session: &str,
     ) -> Result<(usize, Option<Job>), Error> {
-        let t = tenant.tenant();
-        let (mut n, mut mine) = (0, None);
-        for j in self.db.jobs_active().await? {
-            if j.state != JobState::Queued {
-                continue;
-            }
-            let Some(s) = t.session_of(&j.session) else {
-                continue;
-            };
-            n += 1;
-            if s == session && mine.is_none() {
-                mine = Some(j);
-            }
-        }
+        let n = tenant.jobs_queued().await? as usize;
+        let mine = if session.is_empty() {
+            None
+        } else {
+            tenant
+                .job_active_for(session)
+                .await?
+                .filter(|j| j.state == JobState::Queued)
+        };
         Ok((n, mine))
     }
 
@@ -210,7 +254,10 @@ impl Jobs {
 
     /// Put a job in a final state and release its lease.
     pub async fn finish(&self, id: u64, state: JobState, error: Option<&str>) -> Result<(), Error> {
-        self.db.job_finish(id, state, error, self.now_ms()).await
+        self.db.job_finish(id, state, error, self.now_ms()).await?;
+        // Finished jobs do not pile up: the retention runs now and then, after one ends.
+        self.prune_if_due().await;
+        Ok(())
     }
 
     /// Cancel a job: a queued one at once, a running one by asking its worker (which stops
@@ -407,6 +454,46 @@ mod tests {
         match c {
             Claim::Taken(j) => j,
             other => panic!("not taken: {other:?}"),
+        }
+    }
+
+    /// Finished jobs do not pile up: finishing a job applies the retention, at most once per
+    /// ten minutes of the clock, and never touches a queued job.
+    #[tokio::test]
+    async fn finishing_a_job_now_and_then_prunes_the_old_finished_ones() {
+        for (name, db) in stores() {
+            let clock = Arc::new(ManualClock::at(1_000));
+            let j = jobs(&db, &clock, "w", 60_000).with_retention(Duration::from_secs(3600), 1_000);
+            let t = TenantTables::new(db.clone(), Tenant::local());
+            let cfg = Config::default();
+            let mut run = |s: &'static str| {
+                let (j, t, cfg) = (j.clone(), t.clone(), cfg.clone());
+                async move {
+                    let (job, _) = j.enqueue(&t, s, 1, &cfg).await.unwrap();
+                    assert!(matches!(j.claim(job.id).await.unwrap(), Claim::Taken(_)));
+                    j.finish(job.id, JobState::Succeeded, None).await.unwrap();
+                    job.id
+                }
+            };
+            let old = run("a").await;
+            let (waiting, _) = j.enqueue(&t, "q", 1, &cfg).await.unwrap();
+            // Two hours on: the first finish after ten minutes prunes what finished an hour
+            // before it.
+            clock.advance(2 * 3600 * 1000);
+            let new = run("b").await;
+            assert!(j.get(old).await.unwrap().is_none(), "{name}");
+            assert!(j.get(new).await.unwrap().is_some(), "{name}");
+            assert!(j.get(waiting.id).await.unwrap().is_some(), "{name}");
+            // Within ten minutes, finishing does not prune again.
+            clock.advance(2 * 3600 * 1000);
+            let third = run("c").await;
+            clock.advance(60_000);
+            run("d").await;
+            assert!(
+                j.get(new).await.unwrap().is_none(),
+                "{name}: pruned at the third finish"
+            );
+            assert!(j.get(third).await.unwrap().is_some(), "{name}");
         }
     }
 

@@ -160,7 +160,9 @@ impl App {
     /// Get ready over a store of the caller's choosing (`cfg.db` is then only a name):
     /// [`crate::MemoryStore`] for tests and embedders, or any other [`AppStore`].
     pub fn open_with(cfg: AppConfig, db: Arc<dyn AppStore>) -> AppResult<App> {
-        let jobs = Jobs::new(db.clone(), cfg.job_lease).with_clock(cfg.clock.clone());
+        let jobs = Jobs::new(db.clone(), cfg.job_lease)
+            .with_clock(cfg.clock.clone())
+            .with_retention(cfg.limits.job_retention, cfg.limits.job_retention_count);
         let slots = db.slots_shared().then(|| {
             Arc::new(limits::SharedSlots {
                 store: db.clone(),

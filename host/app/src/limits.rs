@@ -39,7 +39,17 @@ pub struct Limits {
     pub sweep_cooldown_ms: u64,
     /// Monthly model budget per tenant for cluster summaries (`None`: none).
     pub ceiling: Option<Ceiling>,
+    /// How long finished jobs (and their events) are kept.
+    pub job_retention: Duration,
+    /// How many finished jobs each tenant keeps at most (its newest).
+    pub job_retention_count: u32,
 }
+
+/// The finished-job retention every process applies unless told otherwise: a week, and each
+/// tenant's newest 1,000.
+pub const JOB_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// See [`JOB_RETENTION`].
+pub const JOB_RETENTION_COUNT: u32 = 1_000;
 
 /// A monthly budget per tenant, in tokens, money, or both (whichever is reached first).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -92,6 +102,8 @@ impl Default for Limits {
             // The server's default sweep interval: a tenant is swept at most that often.
             sweep_cooldown_ms: 120_000,
             ceiling: None,
+            job_retention: JOB_RETENTION,
+            job_retention_count: JOB_RETENTION_COUNT,
         }
     }
 }
@@ -112,6 +124,9 @@ impl Limits {
             cluster_jobs_per_tenant: Semaphore::MAX_PERMITS,
             sweep_cooldown_ms: 0,
             ceiling: None,
+            // Not a limit on work: one user's database still forgets old jobs.
+            job_retention: JOB_RETENTION,
+            job_retention_count: JOB_RETENTION_COUNT,
         }
     }
 }

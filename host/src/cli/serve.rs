@@ -65,6 +65,12 @@ pub struct ServeArgs {
     /// with Retry-After (0: unlimited)
     #[arg(long, default_value_t = Limits::default().queued_per_tenant)]
     tenant_queue: usize,
+    /// Days finished jobs (and their events) are kept; older ones are deleted
+    #[arg(long, default_value_t = 7)]
+    job_retention_days: u64,
+    /// Finished jobs each tenant keeps at most (its newest; older ones are deleted)
+    #[arg(long, default_value_t = Limits::default().job_retention_count)]
+    job_retention_count: u32,
     /// Model requests one tenant may have in flight
     #[arg(long, default_value_t = Limits::default().model_per_tenant)]
     tenant_model_requests: usize,
@@ -181,6 +187,8 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
         cluster_jobs_per_tenant: a.tenant_cluster_jobs,
         sweep_cooldown_ms: a.sweep_secs.saturating_mul(1000),
         ceiling: super::memory::ceiling()?,
+        job_retention: Duration::from_secs(a.job_retention_days.saturating_mul(24 * 3600)),
+        job_retention_count: a.job_retention_count,
     };
     let app = open_app(s, &backend, limits)?;
     let opts = ServeOptions {

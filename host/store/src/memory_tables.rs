@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use super::MemoryStore;
 use super::tables::{
     EventRow, EventStore, JobScope, JobStore, Liveness, SourceStore, TenantCap, TokenRow,
-    TokenStore,
+    TokenStore, in_scope,
 };
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
@@ -328,6 +328,46 @@ impl JobStore for MemoryStore {
                 *by.entry(j.state.as_str().to_string()).or_default() += 1;
             }
             by.into_iter().collect()
+        }))
+    }
+
+    async fn jobs_queued(&self, scope: JobScope<'_>) -> Result<u64, Error> {
+        Ok(self.tables(|t| {
+            t.jobs
+                .values()
+                .filter(|j| j.state == JobState::Queued && in_scope(scope, &j.session))
+                .count() as u64
+        }))
+    }
+
+    async fn jobs_prune(
+        &self,
+        finished_before_ms: u64,
+        keep_per_tenant: u32,
+    ) -> Result<u64, Error> {
+        Ok(self.tables(|t| {
+            let mut kept: BTreeMap<&str, u32> = BTreeMap::new();
+            let mut gone = std::collections::BTreeSet::new();
+            for (id, j) in t.jobs.iter().rev() {
+                if j.state.is_active() {
+                    continue;
+                }
+                if j.finished_ms.is_some_and(|f| f < finished_before_ms) {
+                    gone.insert(*id);
+                    continue;
+                }
+                let tenant = j.session.split_once('\u{1f}').map_or("", |(t, _)| t);
+                let n = kept.entry(tenant).or_default();
+                *n += 1;
+                if *n > keep_per_tenant {
+                    gone.insert(*id);
+                }
+            }
+            t.jobs.retain(|id, _| !gone.contains(id));
+            for log in t.events.values_mut() {
+                log.retain(|e| e.job.is_none_or(|j| !gone.contains(&j)));
+            }
+            gone.len() as u64
         }))
     }
 }

@@ -41,6 +41,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/021-jobs-active.sql"),
     include_str!("migrations/022-sealed-session-text.sql"),
     include_str!("migrations/023-session-labels.sql"),
+    include_str!("migrations/024-scale-indexes.sql"),
 ];
 
 /// A SQLite-backed [`Store`].

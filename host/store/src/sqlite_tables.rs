@@ -140,6 +140,7 @@ impl JobStore for SqliteStore {
                 params![job.session, id as i64],
             )?;
             let running = match cap {
+                // From the index of running jobs: every tenant's queue stays out of it.
                 Some(cap) => jobs_where(
                     &tx,
                     "state = 'running' AND id != ?1 AND lease_until_ms > ?2",
@@ -303,6 +304,79 @@ impl JobStore for SqliteStore {
                 "id < ?1 AND session >= ?3 AND session < ?4 ORDER BY id DESC LIMIT ?2",
                 params![before, limit, lo, hi],
             ),
+        })
+    }
+
+    async fn jobs_queued(&self, scope: JobScope<'_>) -> Result<u64, Error> {
+        self.with(|c| {
+            let n: i64 = match scope {
+                JobScope::Local => c.query_row(
+                    "SELECT COUNT(*) FROM jobs WHERE state IN ('queued','running') AND state = 'queued' AND instr(session, char(31)) = 0",
+                    [],
+                    |r| r.get(0),
+                ),
+                JobScope::Keys(lo, hi) => c.query_row(
+                    "SELECT COUNT(*) FROM jobs INDEXED BY jobs_active_session WHERE state IN ('queued','running') AND state = 'queued' AND session >= ?1 AND session < ?2",
+                    params![lo, hi],
+                    |r| r.get(0),
+                ),
+            }
+            .map_err(db_err)?;
+            Ok(n as u64)
+        })
+    }
+
+    async fn jobs_prune(
+        &self,
+        finished_before_ms: u64,
+        keep_per_tenant: u32,
+    ) -> Result<u64, Error> {
+        self.with(|c| {
+            let tx = c
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let mut gone: Vec<i64> = Vec::new();
+            {
+                let mut old = tx
+                    .prepare(
+                        "DELETE FROM jobs WHERE state IN ('succeeded','failed','cancelled') AND finished_ms < ?1 RETURNING id",
+                    )
+                    .map_err(db_err)?;
+                let ids = old
+                    .query_map([finished_before_ms as i64], |r| r.get::<_, i64>(0))
+                    .map_err(db_err)?;
+                for id in ids {
+                    gone.push(id.map_err(db_err)?);
+                }
+                // Each tenant's newest `keep_per_tenant` finished jobs stay (the tenant is the
+                // key's part before the separator; the local tenant's keys have none).
+                let mut over = tx
+                    .prepare(
+                        "DELETE FROM jobs WHERE id IN (
+                           SELECT id FROM (
+                             SELECT id, ROW_NUMBER() OVER (
+                               PARTITION BY substr(session, 1, instr(session, char(31)))
+                               ORDER BY id DESC) AS n
+                             FROM jobs WHERE state IN ('succeeded','failed','cancelled'))
+                           WHERE n > ?1)
+                         RETURNING id",
+                    )
+                    .map_err(db_err)?;
+                let ids = over
+                    .query_map([i64::from(keep_per_tenant)], |r| r.get::<_, i64>(0))
+                    .map_err(db_err)?;
+                for id in ids {
+                    gone.push(id.map_err(db_err)?);
+                }
+                let mut events = tx
+                    .prepare("DELETE FROM events WHERE job = ?1")
+                    .map_err(db_err)?;
+                for id in &gone {
+                    events.execute([id]).map_err(db_err)?;
+                }
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(gone.len() as u64)
         })
     }
 

@@ -114,6 +114,14 @@ pub trait JobStore: Send + Sync {
     ) -> Result<Vec<Job>, Error>;
     /// Jobs by state, ordered by state name.
     async fn job_counts(&self) -> Result<Vec<(String, u64)>, Error>;
+    /// How many jobs of `scope` are queued (read from the scope's own part of the active set).
+    async fn jobs_queued(&self, scope: JobScope<'_>) -> Result<u64, Error>;
+    /// Retention: delete finished jobs (succeeded, failed, cancelled) that finished before
+    /// `finished_before_ms`, and each tenant's finished jobs beyond its newest `keep_per_tenant`,
+    /// with the events that name them; queued and running jobs are never touched. How many
+    /// jobs went.
+    async fn jobs_prune(&self, finished_before_ms: u64, keep_per_tenant: u32)
+    -> Result<u64, Error>;
 }
 
 /// Imported files, watched files, how far summaries reach into files, per-session modes.

@@ -343,6 +343,12 @@ impl TenantTables {
         self.db.jobs_list(Some(bounds.scope()), before, limit).await
     }
 
+    /// How many of the tenant's jobs are queued.
+    pub async fn jobs_queued(&self) -> Result<u64, Error> {
+        let bounds = self.tenant.job_bounds();
+        self.db.jobs_queued(bounds.scope()).await
+    }
+
     /// The session id of one of the tenant's jobs (`None` for another tenant's).
     pub fn session_of<'a>(&self, job: &'a Job) -> Option<&'a str> {
         self.tenant.session_of(&job.session)

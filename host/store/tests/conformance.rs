@@ -588,6 +588,86 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         "{name}"
     );
     assert_eq!(s.usage("other", "2026-11").await.unwrap(), (4, 4, 4));
+
+    // Retention: finished jobs past the age, or past their tenant's count, go with their
+    // events; queued jobs and other tenants' newest stay.
+    let mut ids = Vec::new();
+    for (k, session) in [
+        "ret\u{1f}a",
+        "ret\u{1f}b",
+        "ret\u{1f}c",
+        "oth\u{1f}a",
+        "ret\u{1f}d",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (j, _) = s
+            .job_enqueue(session, 1, "{}", 10_000 + k as u64)
+            .await
+            .unwrap();
+        ids.push(j.id);
+    }
+    let ret = JobScope::Keys("ret\u{1f}", "ret\u{20}");
+    assert_eq!(s.jobs_queued(ret).await.unwrap(), 4, "{name}");
+    s.job_finish(ids[0], JobState::Succeeded, None, 20_000)
+        .await
+        .unwrap();
+    s.job_finish(ids[1], JobState::Failed, Some("x"), 90_000)
+        .await
+        .unwrap();
+    s.job_finish(ids[3], JobState::Cancelled, None, 90_000)
+        .await
+        .unwrap();
+    assert_eq!(s.jobs_queued(ret).await.unwrap(), 2, "{name}");
+    let done = EventRow {
+        tenant: "ret".into(),
+        id: 0,
+        kind: "job.finished".into(),
+        at_ms: 1,
+        session_key: None,
+        job: Some(ids[0]),
+        data: "{}".into(),
+    };
+    let other = EventRow {
+        job: Some(ids[1]),
+        ..done.clone()
+    };
+    s.append_events("ret", 0, &[done, other], 100)
+        .await
+        .unwrap();
+    assert!(s.jobs_prune(50_000, 1_000).await.unwrap() >= 1, "{name}");
+    let left = |id: u64| {
+        let s = s.clone();
+        async move { s.job_get(id).await.unwrap().is_some() }
+    };
+    assert!(!left(ids[0]).await, "{name}: finished before the cut");
+    assert!(left(ids[1]).await && left(ids[2]).await && left(ids[3]).await);
+    let events: Vec<Option<u64>> = s
+        .events_after("ret", 0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.job)
+        .collect();
+    assert_eq!(
+        events,
+        vec![Some(ids[1])],
+        "{name}: the gone job's events went"
+    );
+    // Past the count: each tenant keeps its newest finished job.
+    s.job_finish(ids[4], JobState::Succeeded, None, 95_000)
+        .await
+        .unwrap();
+    s.jobs_prune(0, 1).await.unwrap();
+    assert!(
+        !left(ids[1]).await,
+        "{name}: the older of ret's two finished jobs"
+    );
+    assert!(left(ids[4]).await && left(ids[3]).await, "{name}");
+    assert!(left(ids[2]).await, "{name}: a queued job is never pruned");
+    assert_eq!(s.jobs_queued(ret).await.unwrap(), 1, "{name}");
+    assert!(s.events_after("ret", 0, 10).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

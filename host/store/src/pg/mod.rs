@@ -36,6 +36,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("003-summaries-session.sql"),
     include_str!("004-sealed-session-text.sql"),
     include_str!("005-session-labels.sql"),
+    include_str!("006-scale-indexes.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table

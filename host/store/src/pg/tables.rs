@@ -367,6 +367,68 @@ impl JobStore for PgStore {
             .map(|r| (r.get(0), g64(r, 1)))
             .collect())
     }
+
+    async fn jobs_queued(&self, scope: JobScope<'_>) -> Result<u64, Error> {
+        let mut args: Vec<&str> = Vec::new();
+        let filter = scope_sql(scope, 1, &mut args);
+        let params: Vec<P<'_>> = args.iter().map(|a| a as P<'_>).collect();
+        let rows = self
+            .rows(
+                &format!(
+                    "SELECT COUNT(*) FROM jobs WHERE state IN ('queued','running') AND state = 'queued' AND {filter}"
+                ),
+                &params,
+            )
+            .await?;
+        Ok(rows.first().map_or(0, |r| g64(r, 0)))
+    }
+
+    async fn jobs_prune(
+        &self,
+        finished_before_ms: u64,
+        keep_per_tenant: u32,
+    ) -> Result<u64, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        let before = finished_before_ms.min(i64::MAX as u64) as i64;
+        let keep = i64::from(keep_per_tenant);
+        let mut gone: Vec<i64> = tx
+            .query(
+                "DELETE FROM jobs WHERE state IN ('succeeded','failed','cancelled') AND finished_ms < $1 RETURNING id",
+                &[&before],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        // Each tenant's newest `keep` finished jobs stay (the tenant is the key's part before
+        // the separator; the local tenant's keys have none).
+        gone.extend(
+            tx.query(
+                "DELETE FROM jobs WHERE id IN (
+                   SELECT id FROM (
+                     SELECT id, ROW_NUMBER() OVER (
+                       PARTITION BY substr(session, 1, strpos(session, chr(31)))
+                       ORDER BY id DESC) AS n
+                     FROM jobs WHERE state IN ('succeeded','failed','cancelled')) ranked
+                   WHERE n > $1)
+                 RETURNING id",
+                &[&keep],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .iter()
+            .map(|r| r.get::<_, i64>(0)),
+        );
+        if !gone.is_empty() {
+            tx.execute("DELETE FROM events WHERE job = ANY($1)", &[&gone])
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(gone.len() as u64)
+    }
 }
 
 #[async_trait]

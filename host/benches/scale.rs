@@ -1,0 +1,298 @@
+//! Costs that stay flat as the data grows (issue #26): each path is measured on a SQLite file
+//! at a size and at ten times that size, in one run, and printed with its growth exponent —
+//! log10(cost at 10× ÷ cost at 1×): 0 is flat, 1 is linear.
+//!
+//! ```text
+//! cargo bench --bench scale -- [--sessions 1000] [--jobs 10000] [--calls 2000]
+//! ```
+//!
+//! Paths measured so far:
+//! - append to a caught-up session beside N other sessions (the change number an append
+//!   takes was a `MAX` over every session);
+//! - a tenant's queue check (its queued count and its session's queued job), job enqueue and
+//!   job claim beside N finished jobs and N/10 queued jobs of other tenants;
+//! - the finished-job retention (`jobs_prune`) bringing the table back to its bound.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use abridge_engine::types::{NewEpisode, Role};
+use abridge_store::jobs::{Claim, JobState};
+use abridge_store::tenant::Tenant;
+use abridge_store::{JobStore, SqliteStore, Store, TenantCap};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Accepted and ignored: `cargo bench` passes it to every benchmark target
+    #[arg(long, hide = true)]
+    bench: bool,
+    /// Sessions beside the measured one at 1× (10× is ten times this)
+    #[arg(long, default_value_t = 1_000)]
+    sessions: usize,
+    /// Finished jobs at 1× (10× is ten times this)
+    #[arg(long, default_value_t = 10_000)]
+    jobs: usize,
+    /// Calls timed per path and size
+    #[arg(long, default_value_t = 2_000)]
+    calls: usize,
+}
+
+fn ep(key: &str) -> NewEpisode {
+    NewEpisode {
+        role: Role::User,
+        content: "a message of a caught-up session".into(),
+        timestamp_ms: None,
+        source_key: key.into(),
+        tokens: 8,
+        speaker: None,
+    }
+}
+
+/// Median of `xs` in microseconds.
+fn p50(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn exponent(small: f64, large: f64) -> f64 {
+    (large / small).log10()
+}
+
+/// One path's figures; `target` is `None` for the cost as it was before the fix (shown for
+/// comparison, measured in the same run).
+fn row(path: &str, unit: &str, small: f64, large: f64, n: usize, target: Option<f64>) {
+    let e = exponent(small, large);
+    let verdict = match target {
+        Some(t) => format!("target <= {t}: {}", if e <= t { "ok" } else { "MISSED" }),
+        None => "as it was before the fix".into(),
+    };
+    println!(
+        "{path:<44} {small:>9.1} {unit} at {n:>7} | {large:>9.1} {unit} at {:>7} | exponent {e:>5.2} ({verdict})",
+        n * 10,
+    );
+}
+
+/// A store with `n` sessions of one episode each, beside the session the bench appends to.
+async fn with_sessions(dir: &std::path::Path, n: usize) -> Arc<SqliteStore> {
+    let s = Arc::new(SqliteStore::open(&dir.join(format!("sessions-{n}.db"))).unwrap());
+    for i in 0..n {
+        s.append_episodes(&format!("other-{i}"), vec![ep("k")])
+            .await
+            .unwrap();
+    }
+    s
+}
+
+/// p50 of appending one episode to a caught-up session.
+async fn append_cost(s: &SqliteStore, calls: usize) -> f64 {
+    let mut t = Vec::with_capacity(calls);
+    for i in 0..calls {
+        let e = ep(&format!("m{i}"));
+        let started = Instant::now();
+        s.append_episodes("measured", vec![e]).await.unwrap();
+        t.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    p50(t)
+}
+
+/// A store with `n` finished jobs and `n / 10` queued ones spread over 100 tenants (written
+/// in one transaction, as if the server had run them).
+fn with_jobs(dir: &std::path::Path, n: usize) -> Arc<SqliteStore> {
+    let path = dir.join(format!("jobs-{n}.db"));
+    drop(SqliteStore::open(&path).unwrap());
+    let mut c = rusqlite::Connection::open(&path).unwrap();
+    let tx = c.transaction().unwrap();
+    {
+        let mut st = tx
+            .prepare(
+                "INSERT INTO jobs (id, session, target, key, state, config, created_ms, updated_ms, finished_ms) VALUES (?1, ?2, 1, ?3, 'succeeded', '{}', ?4, ?4, ?4)",
+            )
+            .unwrap();
+        for i in 0..n {
+            let session = format!("t{}\u{1f}s{i}", i % 100);
+            st.execute(rusqlite::params![
+                i as i64 + 1,
+                session,
+                format!("{session}@1"),
+                1_000 + i as i64
+            ])
+            .unwrap();
+        }
+    }
+    {
+        // Other tenants' queues: a tenth as many queued jobs, over the same 100 tenants.
+        let mut st = tx
+            .prepare(
+                "INSERT INTO jobs (id, session, target, key, state, config, created_ms, updated_ms) VALUES (?1, ?2, 1, ?3, 'queued', '{}', ?4, ?4)",
+            )
+            .unwrap();
+        for i in 0..n / 10 {
+            let session = format!("t{}\u{1f}q{i}", i % 100);
+            st.execute(rusqlite::params![
+                (n + i) as i64 + 1,
+                session,
+                format!("{session}@1"),
+                1_000 + i as i64
+            ])
+            .unwrap();
+        }
+    }
+    tx.commit().unwrap();
+    drop(c);
+    Arc::new(SqliteStore::open(&path).unwrap())
+}
+
+/// p50s of a tenant's queue check, an enqueue, and a claim (with the tenant cap), beside the
+/// store's finished jobs.
+async fn job_costs(s: &SqliteStore, calls: usize) -> (f64, f64, f64) {
+    let tenant = Tenant::new("busy").unwrap();
+    let bounds = tenant.job_bounds();
+    let (mut queue, mut enqueue, mut claim) = (Vec::new(), Vec::new(), Vec::new());
+    let live = |_: &abridge_store::jobs::Job| false;
+    for i in 0..calls {
+        // The tenant's stored session key (`tenant` + U+001F + id).
+        let session = format!("busy\u{1f}s{}", i % 50);
+        let started = Instant::now();
+        let n = s.jobs_queued(bounds.scope()).await.unwrap();
+        let mine = s.job_active_for(&session).await.unwrap();
+        queue.push(started.elapsed().as_secs_f64() * 1e6);
+        assert!(n <= 50 && mine.is_none_or(|j| j.session == session));
+        let started = Instant::now();
+        let (job, _) = s
+            .job_enqueue(&session, 10 + i as u64, "{}", 2_000_000 + i as u64)
+            .await
+            .unwrap();
+        enqueue.push(started.elapsed().as_secs_f64() * 1e6);
+        let cap = TenantCap {
+            scope: bounds.scope(),
+            max: 2,
+        };
+        let now = 2_000_000 + i as u64;
+        let started = Instant::now();
+        let got = s
+            .job_claim(job.id, "bench:1", now, now + 60_000, &live, Some(cap))
+            .await
+            .unwrap();
+        claim.push(started.elapsed().as_secs_f64() * 1e6);
+        if let Claim::Taken(j) = got {
+            s.job_finish(j.id, JobState::Succeeded, None, now)
+                .await
+                .unwrap();
+        }
+    }
+    (p50(queue), p50(enqueue), p50(claim))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let a = Args::parse();
+    if cfg!(debug_assertions) {
+        println!("warning: a debug build; run `cargo bench --bench scale` for meaningful figures");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    println!(
+        "abridge scale bench: each path at 1x and 10x in one run; exponent = log10(cost at 10x / cost at 1x)\n"
+    );
+
+    let small = with_sessions(dir.path(), a.sessions).await;
+    let large = with_sessions(dir.path(), a.sessions * 10).await;
+    let (s1, s10) = (
+        append_cost(&small, a.calls).await,
+        append_cost(&large, a.calls).await,
+    );
+    row(
+        "append, caught up (sessions beside it)",
+        "us",
+        s1,
+        s10,
+        a.sessions,
+        Some(0.15),
+    );
+    // The same without migration 24's index (as before it): the change number is a scan.
+    for n in [a.sessions, a.sessions * 10] {
+        rusqlite::Connection::open(dir.path().join(format!("sessions-{n}.db")))
+            .unwrap()
+            .execute_batch("DROP INDEX sessions_by_change")
+            .unwrap();
+    }
+    let (b1, b10) = (
+        append_cost(&small, a.calls).await,
+        append_cost(&large, a.calls).await,
+    );
+    row(
+        "  before (no index on the change number)",
+        "us",
+        b1,
+        b10,
+        a.sessions,
+        None,
+    );
+
+    let small = with_jobs(dir.path(), a.jobs);
+    let large = with_jobs(dir.path(), a.jobs * 10);
+    let (q1, e1, c1) = job_costs(&small, a.calls).await;
+    let (q10, e10, c10) = job_costs(&large, a.calls).await;
+    row(
+        "tenant queue check (others' jobs beside it)",
+        "us",
+        q1,
+        q10,
+        a.jobs,
+        Some(0.15),
+    );
+    // Before: the queue check read every tenant's active jobs and counted in the app.
+    let mut before = [0.0; 2];
+    for (k, s) in [&small, &large].iter().enumerate() {
+        let mut t = Vec::new();
+        for _ in 0..a.calls.min(200) {
+            let started = Instant::now();
+            let all = s.jobs_active().await.unwrap();
+            let n = all
+                .iter()
+                .filter(|j| j.state == JobState::Queued && j.session.starts_with("busy\u{1f}"))
+                .count();
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+            assert!(n <= 50);
+        }
+        before[k] = p50(t);
+    }
+    row(
+        "  before (every tenant's active jobs read)",
+        "us",
+        before[0],
+        before[1],
+        a.jobs,
+        None,
+    );
+    row(
+        "job enqueue (others' jobs beside it)",
+        "us",
+        e1,
+        e10,
+        a.jobs,
+        Some(0.15),
+    );
+    row(
+        "job claim, tenant cap (others' jobs)",
+        "us",
+        c1,
+        c10,
+        a.jobs,
+        Some(0.15),
+    );
+
+    // Retention: the 10x table back to each tenant's newest 1,000 finished jobs, and what a
+    // second pass costs once it is there.
+    let before = large.job_counts().await.unwrap();
+    let started = Instant::now();
+    let gone = large.jobs_prune(0, 1_000).await.unwrap();
+    let first = started.elapsed().as_secs_f64() * 1e3;
+    let started = Instant::now();
+    let again = large.jobs_prune(0, 1_000).await.unwrap();
+    let second = started.elapsed().as_secs_f64() * 1e3;
+    let after = large.job_counts().await.unwrap();
+    println!(
+        "retention (each tenant's newest 1,000)       {before:?} -> {after:?}: {gone} deleted in {first:.1} ms; a second pass deletes {again} in {second:.1} ms"
+    );
+}
