@@ -151,6 +151,7 @@ fn episode_in(e: store::Episode) -> types::Episode {
         tokens: e.tokens,
         timestamp_ms: e.timestamp_ms,
         speaker: e.speaker,
+        tokens_through: e.tokens_through,
     }
 }
 
@@ -162,6 +163,7 @@ fn episode_out(e: types::Episode) -> store::Episode {
         tokens: e.tokens,
         timestamp_ms: e.timestamp_ms,
         speaker: e.speaker,
+        tokens_through: e.tokens_through,
     }
 }
 

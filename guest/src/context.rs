@@ -374,6 +374,7 @@ mod tests {
             tokens: 0,
             timestamp_ms: None,
             speaker: None,
+            tokens_through: 0,
         }
     }
 

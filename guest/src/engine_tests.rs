@@ -61,13 +61,16 @@ impl Fake {
 
     fn push(&mut self, role: Role, content: &str) {
         let id = self.episodes.len() as u64 + 1;
+        let tokens = estimate_tokens(content);
+        let before = self.episodes.last().map_or(0, |e| e.tokens_through);
         self.episodes.push(Episode {
             id,
             role,
             content: content.into(),
-            tokens: estimate_tokens(content),
+            tokens,
             timestamp_ms: Some(self.now as i64),
             speaker: None,
+            tokens_through: before + u64::from(tokens),
         });
     }
 

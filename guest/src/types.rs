@@ -106,6 +106,8 @@ pub struct Episode {
     pub timestamp_ms: Option<i64>,
     /// The speaker's name, if the transcript gave one.
     pub speaker: Option<String>,
+    /// Sum of `tokens` over the session's episodes 1..=`id` (kept by the store).
+    pub tokens_through: u64,
 }
 
 /// Why automatic refreshes are held back (mirrors the WIT `failure-marker`).

@@ -11,12 +11,15 @@
 //!   takes was a `MAX` over every session);
 //! - a tenant's queue check (its queued count and its session's queued job), job enqueue and
 //!   job claim beside N finished jobs and N/10 queued jobs of other tenants;
+//! - the freshness verdict of a session with N unsummarized episodes beyond its summary
+//!   (idle mode's backlog; every append and every `context` asks it);
 //! - the finished-job retention (`jobs_prune`) bringing the table back to its bound.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use abridge_engine::types::{NewEpisode, Role};
+use abridge_engine::types::{Config, Engine, Mode, NewEpisode, Role};
+use abridge_engine::{Abridge, ComponentSource, Runtime};
 use abridge_store::jobs::{Claim, JobState};
 use abridge_store::tenant::Tenant;
 use abridge_store::{JobStore, SqliteStore, Store, TenantCap};
@@ -36,6 +39,9 @@ struct Args {
     /// Calls timed per path and size
     #[arg(long, default_value_t = 2_000)]
     calls: usize,
+    /// Unsummarized episodes beyond a session's summary at 1× (10× is ten times this)
+    #[arg(long, default_value_t = 1_000)]
+    backlog: usize,
 }
 
 fn ep(key: &str) -> NewEpisode {
@@ -226,6 +232,86 @@ async fn main() {
         b1,
         b10,
         a.sessions,
+        None,
+    );
+
+    // The idle backlog: a summary over the first 20 episodes, then N more.
+    let runtime = Arc::new(Runtime::load(&ComponentSource::Embedded, None).unwrap());
+    let cfg = Config {
+        engine: Engine::Extractive,
+        mode: Mode::Idle,
+        ..Config::default()
+    };
+    let mut verdict = [0.0; 2];
+    let mut read_all = [0.0; 2];
+    for (k, n) in [a.backlog, a.backlog * 10].into_iter().enumerate() {
+        let store =
+            Arc::new(SqliteStore::open(&dir.path().join(format!("backlog-{n}.db"))).unwrap());
+        let engine = Abridge::builder()
+            .runtime(runtime.clone())
+            .store(store.clone())
+            .build()
+            .unwrap();
+        let turn = |i: usize| NewEpisode {
+            role: if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            },
+            content: format!(
+                "turn {i}: the deploy of service {} moves to friday after the review",
+                i % 7
+            ),
+            timestamp_ms: Some(1_000 + i as i64),
+            source_key: format!("t{i}"),
+            tokens: 0,
+            speaker: None,
+        };
+        let first: Vec<NewEpisode> = (0..20).map(turn).collect();
+        engine.append("s", &first).await.unwrap();
+        engine.summarize_now("s", &cfg).await.unwrap();
+        let rest: Vec<NewEpisode> = (20..20 + n).map(turn).collect();
+        for chunk in rest.chunks(5_000) {
+            engine.append("s", chunk).await.unwrap();
+        }
+        let mut t = Vec::new();
+        for _ in 0..a.calls.min(500) {
+            let started = Instant::now();
+            let f = engine.freshness("s", &cfg).await.unwrap();
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+            assert!(f.episodes > f.covered);
+        }
+        verdict[k] = p50(t);
+        // Before: the verdict paged through every unsummarized episode to sum its tokens.
+        let mut t = Vec::new();
+        for _ in 0..a.calls.min(50) {
+            let started = Instant::now();
+            let (mut after, mut sum) = (20u64, 0u64);
+            loop {
+                let page = store.episodes_after("s", after, 256).await.unwrap();
+                let Some(last) = page.last() else { break };
+                after = last.id;
+                sum += page.iter().map(|e| u64::from(e.tokens)).sum::<u64>();
+            }
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+            assert!(sum > 0);
+        }
+        read_all[k] = p50(t);
+    }
+    row(
+        "freshness, idle backlog beyond the summary",
+        "us",
+        verdict[0],
+        verdict[1],
+        a.backlog,
+        Some(0.15),
+    );
+    row(
+        "  before (the backlog read to sum it)",
+        "us",
+        read_all[0],
+        read_all[1],
+        a.backlog,
         None,
     );
 

@@ -22,7 +22,11 @@ export interface Message { role: Role; content: string }
 export interface NewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string | number; speaker?: string }
 
 export interface StoredNewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string; tokens: number; speaker?: string }
-export interface Episode { id: number; role: Role; content: string; timestampMs?: number; tokens: number; speaker?: string }
+export interface Episode {
+  id: number; role: Role; content: string; timestampMs?: number; tokens: number; speaker?: string;
+  /** Sum of `tokens` over the session's episodes 1..=id (kept by the store). */
+  tokensThrough: number;
+}
 export interface SessionStats { episodes: number; totalTokens: number; lastEpisode: number }
 
 export interface SummaryRow {

@@ -218,7 +218,12 @@ export class Engine {
         appendEpisodes: (s, eps) => storeCall(() => store.appendEpisodes(s, eps.map(epToJs))),
         stats: (s) => statsToWit(storeCall(() => store.stats(s))),
         episodesAfter: (s, after, limit) =>
-          storeCall(() => store.episodesAfter(s, num(after), limit)).map((e) => ({ ...e, id: big(e.id), timestampMs: big(e.timestampMs) })),
+          storeCall(() => store.episodesAfter(s, num(after), limit)).map((e) => {
+            if (typeof e.tokensThrough !== 'number' && typeof e.tokensThrough !== 'bigint') {
+              throw new AbridgeError('storage', "the store's episodesAfter returned an episode without tokensThrough (the sum of tokens of the session's episodes 1..=id); a custom store must keep it as episodes arrive");
+            }
+            return { ...e, id: big(e.id), timestampMs: big(e.timestampMs), tokensThrough: big(e.tokensThrough) };
+          }),
         latestSummary: (s) => {
           const r = storeCall(() => store.latestSummary(s));
           return r ? rowToWit(r) : undefined;

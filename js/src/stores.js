@@ -105,8 +105,8 @@ export class MemoryStore {
     for (const e of episodes) {
       if (s.keys.has(e.sourceKey)) continue;
       s.keys.add(e.sourceKey);
-      s.episodes.push({ id: s.episodes.length + 1, role: e.role, content: e.content, timestampMs: e.timestampMs, tokens: e.tokens, speaker: e.speaker ?? undefined });
       s.totalTokens += e.tokens;
+      s.episodes.push({ id: s.episodes.length + 1, role: e.role, content: e.content, timestampMs: e.timestampMs, tokens: e.tokens, speaker: e.speaker ?? undefined, tokensThrough: s.totalTokens });
       added++;
     }
     if (added) s.changed = ++this.#changes;
@@ -298,11 +298,11 @@ export class SqliteStore {
     const p = (sql) => db.prepare(sql);
     this.#st = {
       ensure: p('INSERT OR IGNORE INTO sessions (id) VALUES (?)'),
-      next: p('SELECT episodes + 1 AS next, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) AS seq FROM sessions WHERE id = ?'),
-      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)'),
+      next: p('SELECT episodes + 1 AS next, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) AS seq, total_tokens AS through FROM sessions WHERE id = ?'),
+      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)'),
       bump: p('UPDATE sessions SET episodes = episodes + ?, total_tokens = total_tokens + ?, changed_seq = ? WHERE id = ?'),
       stats: p('SELECT episodes, total_tokens AS totalTokens FROM sessions WHERE id = ?'),
-      after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens, speaker, sealed FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
+      after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens, speaker, sealed, tokens_through AS tokensThrough FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
       latest: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1`),
       all: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? AND compacted_into IS NULL ORDER BY first_episode`),
       history: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY first_episode, level DESC, id`),
@@ -434,18 +434,19 @@ export class SqliteStore {
     return this.#wrap(() => this.#tx(() => {
       const s = this.#st;
       s.ensure.run(session);
-      let { next, seq } = s.next.get(session);
+      let { next, seq, through } = s.next.get(session);
       let added = 0;
       let tokens = 0;
       for (const e of episodes) {
         const name = episodeRow(session, next);
         const [content, sealed] = this.#seal(session, PLACE.episode, name, e.content);
         const speaker = e.speaker == null ? null : this.#seal(session, PLACE.speaker, name, e.speaker)[0];
-        const r = s.insert.run(session, next, e.role, content, e.timestampMs ?? null, e.sourceKey, e.tokens, speaker, sealed);
+        const r = s.insert.run(session, next, e.role, content, e.timestampMs ?? null, e.sourceKey, e.tokens, speaker, sealed, through + e.tokens);
         if (r.changes === 1) {
           next++;
           added++;
           tokens += e.tokens;
+          through += e.tokens;
         }
       }
       if (added) s.bump.run(added, tokens, seq, session);

@@ -18,30 +18,25 @@ pub(super) fn freshness_and_marker(
     let stats = h.stats(session)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
-    let last_activity_ms = timestamp_of(h, session, stats.last_episode)?;
-    let covered_until_ms = timestamp_of(h, session, covered)?;
+    let newest = episode_at(h, session, stats.last_episode)?;
+    let last_activity_ms = newest.as_ref().and_then(|e| e.timestamp_ms);
+    let covered_ep = episode_at(h, session, covered)?;
+    let covered_until_ms = covered_ep.as_ref().and_then(|e| e.timestamp_ms);
+    let through = |e: &Option<Episode>| e.as_ref().map_or(0, |e| e.tokens_through);
     let window = cfg.mode == policy::Mode::Window;
     let edge = stats
         .last_episode
         .saturating_sub(u64::from(cfg.window_messages));
-    let mut left = 0u64;
-    let backlog_tokens = if covered == 0 && !window {
-        stats.total_tokens
+    // The store keeps each episode's running token total, so what lies after the summary is
+    // a subtraction, whatever the backlog's length (never a read of the backlog).
+    let backlog_tokens = stats.total_tokens.saturating_sub(through(&covered_ep));
+    // Window mode: what has left the recent window and is not yet summarized, each episode
+    // with its message overhead (ids are dense, so the count is a difference too).
+    let left = if window && edge > covered {
+        let at_edge = episode_at(h, session, edge)?;
+        through(&at_edge).saturating_sub(through(&covered_ep)) + 3 * (edge - covered)
     } else {
-        let mut sum = 0u64;
-        let mut after = covered;
-        loop {
-            let page = h.episodes_after(session, after, PAGE)?;
-            let Some(last) = page.last() else { break };
-            after = last.id;
-            sum += page.iter().map(|e| u64::from(e.tokens)).sum::<u64>();
-            left += page
-                .iter()
-                .filter(|e| e.id <= edge)
-                .map(|e| u64::from(e.tokens) + 3)
-                .sum::<u64>();
-        }
-        sum
+        0
     };
     let window = if window {
         Some((left, u64::from(window_batch(h, cfg, latest.as_ref())?)))
@@ -105,18 +100,19 @@ pub(super) fn refresh_upto(cfg: &Config, last_episode: u64) -> u64 {
     }
 }
 
-/// The timestamp of episode `id` (none for id 0 or an episode without one).
-pub(super) fn timestamp_of(
+/// Episode `id` of the session (`None` for 0 or a missing one): one store read.
+pub(super) fn episode_at(
     h: &mut impl Host,
     session: &str,
     id: u64,
-) -> Result<Option<i64>, Error> {
+) -> Result<Option<Episode>, Error> {
     if id == 0 {
         return Ok(None);
     }
     Ok(h.episodes_after(session, id - 1, 1)?
-        .first()
-        .and_then(|e| e.timestamp_ms))
+        .into_iter()
+        .next()
+        .filter(|e| e.id == id))
 }
 
 /// Refresh the session if it is due under `cfg.mode`; a failure records a marker with a

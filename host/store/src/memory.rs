@@ -85,6 +85,7 @@ impl Store for MemoryStore {
                     timestamp_ms: e.timestamp_ms,
                     tokens: e.tokens,
                     speaker: e.speaker,
+                    tokens_through: s.total_tokens,
                 });
                 added += 1;
             }

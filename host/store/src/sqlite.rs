@@ -42,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/022-sealed-session-text.sql"),
     include_str!("migrations/023-session-labels.sql"),
     include_str!("migrations/024-scale-indexes.sql"),
+    include_str!("migrations/025-episode-running-tokens.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -420,9 +421,9 @@ impl Store for SqliteStore {
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
             tx.execute("INSERT OR IGNORE INTO sessions (id) VALUES (?1)", [session]).map_err(db_err)?;
-            let (mut next, seq): (i64, i64) = tx
-                .query_row("SELECT episodes + 1, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) FROM sessions WHERE id = ?1", [session], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
+            let (mut next, seq, mut through): (i64, i64, i64) = tx
+                .query_row("SELECT episodes + 1, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions), total_tokens FROM sessions WHERE id = ?1", [session], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                 })
                 .map_err(db_err)?;
             let mut added = 0u32;
@@ -430,8 +431,8 @@ impl Store for SqliteStore {
             {
                 let mut ins = tx
                     .prepare_cached(
-                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                     )
                     .map_err(db_err)?;
                 let sealer = self.sealer(&tx, &place::tenant_of(session))?;
@@ -442,13 +443,15 @@ impl Store for SqliteStore {
                         Some(sp) => Some(as_value(sealer.seal(place::SPEAKER, &name, sp)?).0),
                         None => None,
                     };
+                    let upto = through + i64::from(e.tokens);
                     let n = ins
-                        .execute(params![session, next, role_str(e.role), content, e.timestamp_ms, e.source_key, e.tokens, speaker, sealed])
+                        .execute(params![session, next, role_str(e.role), content, e.timestamp_ms, e.source_key, e.tokens, speaker, sealed, upto])
                         .map_err(db_err)?;
                     if n == 1 {
                         next += 1;
                         added += 1;
                         tokens += i64::from(e.tokens);
+                        through = upto;
                     }
                 }
             }
@@ -492,7 +495,7 @@ impl Store for SqliteStore {
         self.with(|conn| {
             let mut st = conn
                 .prepare_cached(
-                    "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed FROM episodes
+                    "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed, tokens_through FROM episodes
                      WHERE session = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
                 )
                 .map_err(db_err)?;
@@ -507,6 +510,7 @@ impl Store for SqliteStore {
                             timestamp_ms: r.get(3)?,
                             tokens: r.get(4)?,
                             speaker: None,
+                            tokens_through: r.get::<_, i64>(7)? as u64,
                         },
                         stored(r, 2, sealed)?,
                         bytes_or_null(r, 5)?.map(|bytes| Stored { bytes, sealed }),
@@ -846,6 +850,53 @@ mod tests {
                 .pragma_query_value(None, "user_version", |r| r.get(0))
                 .unwrap();
             assert_eq!(version as usize, MIGRATIONS.len());
+        }
+    }
+
+    /// Migration 25 fills in the running token totals of episodes stored before it.
+    #[tokio::test]
+    async fn episodes_stored_before_migration_25_get_their_running_totals() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let s = SqliteStore::open(&path).unwrap();
+        for (session, tokens) in [("a", [3u32, 4, 5]), ("b", [7, 1, 2])] {
+            let eps = tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| NewEpisode {
+                    role: Role::User,
+                    content: format!("m{i}"),
+                    timestamp_ms: None,
+                    source_key: format!("k{i}"),
+                    tokens: *t,
+                    speaker: None,
+                })
+                .collect();
+            s.append_episodes(session, eps).await.unwrap();
+        }
+        drop(s);
+        // As a database written before migration 25 holds them.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("UPDATE episodes SET tokens_through = 0")
+            .unwrap();
+        let at = MIGRATIONS
+            .iter()
+            .position(|m| m.contains("tokens_through"))
+            .unwrap();
+        conn.pragma_update(None, "user_version", at as i64).unwrap();
+        conn.execute_batch("ALTER TABLE episodes DROP COLUMN tokens_through")
+            .unwrap();
+        drop(conn);
+        let s = SqliteStore::open(&path).unwrap();
+        for (session, want) in [("a", [3u64, 7, 12]), ("b", [7, 8, 10])] {
+            let got: Vec<u64> = s
+                .episodes_after(session, 0, 10)
+                .await
+                .unwrap()
+                .iter()
+                .map(|e| e.tokens_through)
+                .collect();
+            assert_eq!(got, want, "{session}");
         }
     }
 }

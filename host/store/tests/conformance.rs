@@ -49,6 +49,14 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         "{name}"
     );
     assert_eq!(after[0].timestamp_ms, Some(1_003), "{name}");
+    // Each episode carries the running token total through it, across appends and past the
+    // duplicates that were not stored.
+    let all = s.episodes_after("s", 0, 10).await.unwrap();
+    assert_eq!(
+        all.iter().map(|e| e.tokens_through).collect::<Vec<_>>(),
+        vec![10, 20, 30, 40, 50],
+        "{name}"
+    );
     assert_eq!(s.stats("nobody").await.unwrap().episodes, 0, "{name}");
 
     // The chain rule: new rows start after the last, updates extend the latest.

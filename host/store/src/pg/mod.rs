@@ -37,6 +37,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("004-sealed-session-text.sql"),
     include_str!("005-session-labels.sql"),
     include_str!("006-scale-indexes.sql"),
+    include_str!("007-episode-running-tokens.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
@@ -505,10 +506,19 @@ impl Store for PgStore {
         .await
         .map_err(|e| self.err(e))?;
         let mut next = self.lock_session(&tx, session).await?.unwrap_or(0) as i64 + 1;
+        // The running token total the new episodes continue (the session row is locked).
+        let mut through: i64 = tx
+            .query_one(
+                "SELECT total_tokens FROM sessions WHERE id = $1",
+                &[&session],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
         let ins = tx
             .prepare_cached(
-                "INSERT INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+                "INSERT INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING",
             )
             .await
             .map_err(|e| self.err(e))?;
@@ -534,6 +544,7 @@ impl Store for PgStore {
                         &i64::from(e.tokens),
                         &speaker,
                         &i64::from(sealed),
+                        &(through + i64::from(e.tokens)),
                     ],
                 )
                 .await
@@ -542,6 +553,7 @@ impl Store for PgStore {
                 next += 1;
                 added += 1;
                 tokens += i64::from(e.tokens);
+                through += i64::from(e.tokens);
             }
         }
         if added > 0 {
@@ -580,7 +592,7 @@ impl Store for PgStore {
         let c = self.client().await?;
         let rows = c
             .query(
-                "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed FROM episodes
+                "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed, tokens_through FROM episodes
                  WHERE session = $1 AND id > $2 ORDER BY id LIMIT $3",
                 &[
                     &session,
@@ -616,6 +628,7 @@ impl Store for PgStore {
                 timestamp_ms: r.get(3),
                 tokens: g32(r, 4),
                 speaker,
+                tokens_through: g64(r, 7),
             });
         }
         Ok(out)
