@@ -253,7 +253,7 @@ async fn main() {
             .build()
             .unwrap();
         let turn = |i: usize| NewEpisode {
-            role: if i % 2 == 0 {
+            role: if i.is_multiple_of(2) {
                 Role::User
             } else {
                 Role::Assistant
