@@ -57,6 +57,27 @@ pub(crate) fn cost(text: &str) -> u32 {
     estimate_tokens(text).saturating_add(MESSAGE_COST)
 }
 
+/// The whole history as the context, every episode verbatim in order (what a caller would
+/// send without abridge): chosen when it fits the budget and costs less than a summary with
+/// the recent turns.
+pub fn whole_history(episodes: &[Episode]) -> Window {
+    Window {
+        messages: episodes
+            .iter()
+            .map(|e| Message::new(e.role, e.content.clone()))
+            .collect(),
+        tokens: episodes.iter().map(|e| cost(&e.content)).sum(),
+        covered: 0,
+        recent: episodes.len() as u32,
+        omitted: 0,
+        omitted_ranges: Vec::new(),
+        covered_from: 1,
+        level: 0,
+        identifiers: 0,
+        pinned: 0,
+    }
+}
+
 /// The summary rows as the system message's text: one row as is, several labelled by range
 /// ("Episodes 1-40 (earlier summary):" for a compacted row). Chat-template tokens a transcript
 /// carried into a summary (an extractive one quotes it) are neutralized: the next model call

@@ -1854,3 +1854,38 @@ fn the_offline_summary_of_a_coding_session_is_its_digest() {
             .contains("Commands (newest first): Bash: cargo test status (#4)")
     );
 }
+
+/// A context never costs more than the raw history: when the whole history fits the budget
+/// and is cheaper than the summary with the recent turns, the history is returned as it is;
+/// otherwise the summary serves.
+#[test]
+fn a_context_never_costs_more_than_the_history_it_stands_for() {
+    let mut f = Fake::with_episodes(10, 3);
+    let long = "the planning covered many details at great length ".repeat(30);
+    f.rows
+        .push(SummaryRow::plain(1, 1, 6, &long, estimate_tokens(&long)));
+    let req = ContextRequest {
+        budget: 2000,
+        pairs: 2,
+        refresh_after: u32::MAX,
+        pins: vec![],
+    };
+    let w = context(&mut f, "s", req.clone(), &cfg()).unwrap();
+    assert_eq!(w.window.messages.len(), 10, "{:?}", w.window.messages);
+    assert!(w.window.messages.iter().all(|m| m.role != Role::System));
+    assert_eq!(u64::from(w.window.tokens), w.full_tokens);
+    assert_eq!((w.window.omitted, w.window.covered_from), (0, 1));
+    // A budget the history does not fit: the summary and the recent turns, as before.
+    let small = ContextRequest {
+        budget: 60,
+        ..req.clone()
+    };
+    let w = context(&mut f, "s", small, &cfg()).unwrap();
+    assert!(u64::from(w.window.tokens) <= 60);
+    assert!(w.window.messages.len() < 10);
+    // A short summary is cheaper than the history: it serves.
+    f.rows[0] = SummaryRow::plain(1, 1, 6, "Planned the deploy.", 5);
+    let w = context(&mut f, "s", req, &cfg()).unwrap();
+    assert_eq!(w.window.messages[0].role, Role::System);
+    assert!(u64::from(w.window.tokens) < w.full_tokens);
+}

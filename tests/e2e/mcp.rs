@@ -145,15 +145,24 @@ fn over_stdio_every_tool_answers_and_a_bad_argument_is_a_tool_error_that_says_ho
     for (i, c) in calls.iter().enumerate().take(9) {
         assert_eq!(c["is_error"], false, "call {i}: {}", text(i));
     }
-    // The newest session by default; the digest's latest request, verbatim.
+    // The newest session by default. Its whole history fits the default budget and costs less
+    // than a summary with the recent turns, so the history itself is the context (never more
+    // than the history); the latest request is in it verbatim.
     assert!(text(0).contains(session), "{}", text(0));
     assert!(
-        text(0).contains("Latest request (#7): Great, please also add a note about the health check to the testing guide."),
+        text(0)
+            .contains("Great, please also add a note about the health check to the testing guide."),
         "{}",
         text(0)
     );
-    // A budget is kept (about four characters a token).
+    // A budget is kept (about four characters a token); at 300 tokens the summary and the
+    // digest, with the latest request, are cheaper than the history.
     assert!(text(1).chars().count() <= 300 * 4 + 120, "{}", text(1));
+    assert!(
+        text(1).contains("Latest request (#7): Great, please also add a note about the health check to the testing guide."),
+        "{}",
+        text(1)
+    );
     assert!(
         text(2).contains(session) && text(2).contains("checkout"),
         "{}",

@@ -527,8 +527,19 @@ fn reposting_with_client_ids_is_idempotent_and_bad_bodies_get_honest_statuses() 
     let job = r["conversations"][0]["job"]["id"].as_u64().unwrap();
     assert_eq!(wait_job(addr, None, job)["state"], "succeeded");
     let ctx = get(addr, "/v1/sessions/imported/context?budget=500", None).expect(200);
-    assert_eq!(ctx["messages"][0]["role"], "system");
     assert!(!ctx["refresh_pending"].as_bool().unwrap());
+    // Never more than the history: the whole history when it fits and is cheaper.
+    let full = ctx["full_tokens"].as_u64().unwrap();
+    assert!(ctx["tokens"].as_u64().unwrap() <= full, "{ctx}");
+    assert!(ctx["saving_percent"].as_f64().unwrap() >= 0.0, "{ctx}");
+    // A budget the history does not fit: the summary serves.
+    let ctx = get(
+        addr,
+        &format!("/v1/sessions/imported/context?budget={}", full - 1),
+        None,
+    )
+    .expect(200);
+    assert_eq!(ctx["messages"][0]["role"], "system", "{ctx}");
 
     // The OpenAPI document lists every route the server answers.
     let doc = get(addr, "/openapi.json", None).expect(200);

@@ -42,33 +42,22 @@ pub struct ContextWindow {
     pub refresh_due: bool,
 }
 
-/// Most unsummarized episodes `context` reads to decide whether they fit its budget; more
-/// than this never fit a context.
-pub(super) const CONTEXT_SCAN: u64 = 4 * PAGE as u64;
-
-/// Estimated context tokens of the unsummarized episodes after `covered` (message costs
-/// included), read up to [`CONTEXT_SCAN`] episodes; `u64::MAX` beyond that.
+/// Estimated context tokens of the unsummarized episodes after `covered` through `last`
+/// (message costs included): a subtraction of the two episodes' running token totals, two
+/// reads whatever the backlog's length.
 pub(super) fn backlog_cost(
     h: &mut impl Host,
     session: &str,
     covered: u64,
     last: u64,
 ) -> Result<u64, Error> {
-    if last.saturating_sub(covered) > CONTEXT_SCAN {
-        return Ok(u64::MAX);
+    if last <= covered {
+        return Ok(0);
     }
-    let mut sum = 0u64;
-    let mut after = covered;
-    loop {
-        let page = h.episodes_after(session, after, PAGE)?;
-        let Some(l) = page.last() else { break };
-        after = l.id;
-        sum += page
-            .iter()
-            .map(|e| u64::from(e.tokens) + u64::from(plan::MESSAGE_COST))
-            .sum::<u64>();
-    }
-    Ok(sum)
+    let through = |e: Option<Episode>| e.map_or(0, |e| e.tokens_through);
+    let upto = through(episode_at(h, session, last)?);
+    let before = through(episode_at(h, session, covered)?);
+    Ok(upto.saturating_sub(before) + u64::from(plan::MESSAGE_COST) * (last - covered))
 }
 
 /// The context for the next model call (see the WIT `context`).
@@ -229,9 +218,18 @@ pub fn context(
         ledger_budget: cfg.ledger_tokens,
         digest: &digest.entries,
     });
+    let full_tokens = stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes;
+    // A context never costs more than the history it stands for: when the whole history fits
+    // the budget and costs less than the summary with the recent turns, the history is the
+    // context (read whole: it fits the budget, so it is small).
+    let window = if full_tokens <= u64::from(req.budget) && full_tokens < u64::from(window.tokens) {
+        crate::context::whole_history(&episodes_after_all(h, session, 0)?)
+    } else {
+        window
+    };
     Ok(ContextWindow {
         window,
-        full_tokens: stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes,
+        full_tokens,
         refreshed,
         refresh_due,
     })
