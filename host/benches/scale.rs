@@ -13,6 +13,8 @@
 //!   job claim beside N finished jobs and N/10 queued jobs of other tenants;
 //! - the freshness verdict of a session with N unsummarized episodes beyond its summary
 //!   (idle mode's backlog; every append and every `context` asks it);
+//! - the event bus's start (every CLI command and server opens one) beside N tenants' retained
+//!   events;
 //! - the finished-job retention (`jobs_prune`) bringing the table back to its bound.
 
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use abridge_engine::types::{Config, Engine, Mode, NewEpisode, Role};
 use abridge_engine::{Abridge, ComponentSource, Runtime};
 use abridge_store::jobs::{Claim, JobState};
 use abridge_store::tenant::Tenant;
-use abridge_store::{JobStore, SqliteStore, Store, TenantCap};
+use abridge_store::{EventRow, EventStore, JobStore, SqliteStore, Store, TenantCap};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -312,6 +314,62 @@ async fn main() {
         read_all[0],
         read_all[1],
         a.backlog,
+        None,
+    );
+
+    // The event bus's start beside 10 and 100 tenants' retained logs (1,000 events each).
+    let mut start = [0.0; 2];
+    let mut read_all = [0.0; 2];
+    for (k, tenants) in [10usize, 100].into_iter().enumerate() {
+        let store =
+            Arc::new(SqliteStore::open(&dir.path().join(format!("events-{tenants}.db"))).unwrap());
+        for t in 0..tenants {
+            let name = format!("t{t}");
+            let rows: Vec<EventRow> = (0..1_000)
+                .map(|i| EventRow {
+                    tenant: name.clone(),
+                    id: 0,
+                    kind: "job.progress".into(),
+                    at_ms: i,
+                    session_key: None,
+                    job: Some(i),
+                    data: r#"{"stage":"map","level":0,"done":1,"total":9,"answers":1}"#.into(),
+                })
+                .collect();
+            store.append_events(&name, 0, &rows, 1_000).await.unwrap();
+        }
+        let mut t = Vec::new();
+        for _ in 0..50 {
+            let started = Instant::now();
+            let bus = abridge_app::events::EventBus::new(1_000, store.clone(), Arc::new(|_, _| {}));
+            bus.flush().await;
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+        start[k] = p50(t);
+        // Before: the start read every tenant's retained events.
+        let mut t = Vec::new();
+        for _ in 0..10 {
+            let started = Instant::now();
+            let all = store.recent_events(1_000).await.unwrap();
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(all.len(), tenants * 1_000);
+        }
+        read_all[k] = p50(t);
+    }
+    row(
+        "event bus start (tenants' logs beside it)",
+        "us",
+        start[0],
+        start[1],
+        10,
+        Some(0.15),
+    );
+    row(
+        "  before (every retained event read)",
+        "us",
+        read_all[0],
+        read_all[1],
+        10,
         None,
     );
 

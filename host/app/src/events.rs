@@ -253,6 +253,55 @@ struct Backlog {
     /// Each tenant's newest id.
     last: BTreeMap<Tenant, u64>,
     kept: BTreeMap<Tenant, VecDeque<Event>>,
+    /// Tenants whose retained events were read from the store (each on first need: a
+    /// subscriber, or an event to write), so a start reads no tenant's log.
+    loaded: std::collections::BTreeSet<Tenant>,
+}
+
+impl Backlog {
+    /// Take in `tenant`'s retained events read from the store, beside any this process sent
+    /// meanwhile (once: a second load finds it done).
+    fn take_loaded(&mut self, tenant: &Tenant, rows: Vec<Event>, keep: usize) {
+        if !self.loaded.insert(tenant.clone()) {
+            return;
+        }
+        let kept = self.kept.entry(tenant.clone()).or_default();
+        let mut all: Vec<Event> = rows;
+        all.extend(kept.drain(..));
+        all.sort_by_key(|e| e.id);
+        all.dedup_by_key(|e| e.id);
+        let skip = all.len().saturating_sub(keep);
+        kept.extend(all.into_iter().skip(skip));
+        if let Some(newest) = kept.back().map(|e| e.id) {
+            let last = self.last.entry(tenant.clone()).or_default();
+            *last = (*last).max(newest);
+        }
+    }
+}
+
+/// Read `tenant`'s retained events into `backlog` unless they are there (the store keeps at
+/// most `keep` per tenant, so this is one bounded read, once per tenant and process).
+async fn ensure_loaded(
+    backlog: &Mutex<Backlog>,
+    store: &dyn EventStore,
+    tenant: &Tenant,
+    keep: usize,
+) -> Result<(), crate::types::Error> {
+    if backlog
+        .lock()
+        .expect("event backlog lock")
+        .loaded
+        .contains(tenant)
+    {
+        return Ok(());
+    }
+    let rows = store.events_after(tenant.name(), 0, keep).await?;
+    let events: Vec<Event> = rows.into_iter().filter_map(from_row).collect();
+    backlog
+        .lock()
+        .expect("event backlog lock")
+        .take_loaded(tenant, events, keep);
+    Ok(())
 }
 
 /// What the writer is asked to do, in order.
@@ -269,6 +318,9 @@ pub struct EventBus {
     backlog: Arc<Mutex<Backlog>>,
     queue: mpsc::UnboundedSender<Msg>,
     ready: watch::Receiver<bool>,
+    store: Arc<dyn EventStore>,
+    keep: usize,
+    log: LogFn,
 }
 
 /// A subscription: what was missed, then live events.
@@ -322,13 +374,14 @@ impl EventBus {
         let backlog = Arc::new(Mutex::new(Backlog {
             last: BTreeMap::new(),
             kept: BTreeMap::new(),
+            loaded: Default::default(),
         }));
         let writer = Writer {
             tx: tx.clone(),
             backlog: backlog.clone(),
-            store,
+            store: store.clone(),
             keep,
-            log,
+            log: log.clone(),
         };
         let spawned = std::thread::Builder::new()
             .name("abridge-events".into())
@@ -347,6 +400,9 @@ impl EventBus {
             backlog,
             queue,
             ready,
+            store,
+            keep,
+            log,
         }
     }
 
@@ -409,9 +465,17 @@ impl EventBus {
     /// Subscribe to `tenant`'s events: with `Some(after)`, first the retained ones with a
     /// larger id (`Some(0)`: all retained); with `None`, only events from now on.
     pub async fn subscribe(&self, tenant: &Tenant, after: Option<u64>) -> Subscription {
-        // The retained events are loaded from the store first.
         let mut ready = self.ready.clone();
         let _ = ready.wait_for(|r| *r).await;
+        // The tenant's retained events are read from the store on its first subscriber.
+        if after.is_some()
+            && let Err(e) = ensure_loaded(&self.backlog, &*self.store, tenant, self.keep).await
+        {
+            (self.log)(
+                Level::Warn,
+                &format!("cannot read the retained events of tenant {tenant} ({e})"),
+            );
+        }
         let b = self.backlog.lock().expect("event backlog lock");
         let live = self.tx.subscribe();
         let (mut missed, mut gap_before) = (Vec::new(), None);
@@ -444,19 +508,9 @@ struct Writer {
 
 impl Writer {
     async fn run(self, mut rx: mpsc::UnboundedReceiver<Msg>, ready: watch::Sender<bool>) {
-        match self.store.recent_events(self.keep).await {
-            Ok(rows) => {
-                let mut b = self.backlog.lock().expect("event backlog lock");
-                for ev in rows.into_iter().filter_map(from_row) {
-                    b.last.insert(ev.tenant.clone(), ev.id);
-                    b.kept.entry(ev.tenant.clone()).or_default().push_back(ev);
-                }
-            }
-            Err(e) => (self.log)(
-                Level::Warn,
-                &format!("cannot read the retained events ({e}); event ids start afresh"),
-            ),
-        }
+        // Nothing is read at start: a tenant's retained events are read when it first needs
+        // them (a subscriber, or an event to write), so starting costs the same whatever the
+        // log holds.
         let _ = ready.send(true);
         let mut failing = false;
         // A store other processes write to (PostgreSQL shared by several instances): what
@@ -509,6 +563,12 @@ impl Writer {
                 }
             }
             for (t, mut mine) in by_tenant {
+                if let Err(e) = ensure_loaded(&self.backlog, &*self.store, &t, self.keep).await {
+                    (self.log)(
+                        Level::Warn,
+                        &format!("cannot read the retained events of tenant {t} ({e})"),
+                    );
+                }
                 let rows: Vec<EventRow> = mine.iter().map(to_row).collect();
                 let floor = self
                     .backlog
@@ -582,6 +642,16 @@ impl Writer {
         };
         for (name, head) in heads {
             let Ok(t) = Tenant::new(&name) else { continue };
+            // A tenant no one here has needed yet: its first need reads the store.
+            if !self
+                .backlog
+                .lock()
+                .expect("event backlog lock")
+                .loaded
+                .contains(&t)
+            {
+                continue;
+            }
             let last = self.delivered(&t);
             if head > last {
                 self.deliver_stored(&t, last, head).await;
@@ -707,6 +777,45 @@ mod tests {
             .map(|e| e.id)
             .collect();
         assert_eq!(ids, vec![6]);
+    }
+
+    /// Starting reads no tenant's log: each tenant's retained events are read on its first
+    /// need (a subscriber asking for them, or an event to write), once.
+    #[tokio::test]
+    async fn a_start_reads_no_log_and_each_tenant_is_read_on_first_need() {
+        let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+        let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
+        let first = bus(10, store.clone());
+        for t in [&a, &b] {
+            for i in 0..4 {
+                first.publish(t, &What::queued(1), i, Some("s"), Some(i));
+            }
+        }
+        first.flush().await;
+        let again = bus(10, store.clone());
+        again.flush().await;
+        let loaded = |bus: &EventBus| bus.backlog.lock().unwrap().loaded.clone();
+        assert!(loaded(&again).is_empty());
+        let s = again.subscribe(&a, Some(0)).await;
+        assert_eq!(
+            s.missed.iter().map(|e| e.id).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4]
+        );
+        assert_eq!(
+            loaded(&again).into_iter().collect::<Vec<_>>(),
+            vec![a.clone()]
+        );
+        // b's first event here continues its ids, and its log is read then.
+        let mut live = again.subscribe(&b, None).await.live;
+        again.publish(&b, &What::SessionReset {}, 9, None, None);
+        again.flush().await;
+        assert_eq!(live.recv().await.unwrap().id, 5);
+        assert!(loaded(&again).contains(&b));
+        let s = again.subscribe(&b, Some(3)).await;
+        assert_eq!(
+            s.missed.iter().map(|e| e.id).collect::<Vec<_>>(),
+            vec![4, 5]
+        );
     }
 
     #[tokio::test]
