@@ -740,3 +740,44 @@ async fn deleting_a_tenant_destroys_its_data_keys_and_leaves_others_alone() {
         3
     );
 }
+
+/// Usage counts every call the model served: a session's summary as well as a cluster's, so
+/// the monthly ceiling sees what the model spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_counts_session_summaries_as_well_as_cluster_summaries() {
+    let (app, llm) = open_on(Arc::new(MemoryStore::new()), Duration::ZERO);
+    let me = app.local();
+    let episodes: Vec<abridge_engine::types::NewEpisode> = (0..12)
+        .map(|i| abridge_engine::types::NewEpisode {
+            role: if i % 2 == 0 {
+                abridge_engine::types::Role::User
+            } else {
+                abridge_engine::types::Role::Assistant
+            },
+            content: format!("fact {i}: the deploy of service {i} moves to friday"),
+            timestamp_ms: None,
+            source_key: format!("k{i}"),
+            tokens: 0,
+            speaker: None,
+        })
+        .collect();
+    me.append("chat", episodes, Vec::new()).await.unwrap();
+    let cfg = Config {
+        model: "restating".into(),
+        ..Config::default()
+    };
+    me.run_or_join("chat", u64::MAX, &cfg).await.unwrap();
+    let session_calls = llm.calls.load(Ordering::SeqCst) as u64;
+    assert!(session_calls >= 1);
+    let u = me.usage().await.unwrap();
+    assert_eq!(
+        (u.calls, u.prompt_tokens, u.output_tokens),
+        (session_calls, 100 * session_calls, 40 * session_calls),
+        "{u:?}"
+    );
+    let r = me.remember(cluster_of("a", 3)).await.unwrap();
+    me.summarize_cluster(r[2].cluster).await.unwrap().unwrap();
+    let u = me.usage().await.unwrap();
+    assert_eq!(u.calls, llm.calls.load(Ordering::SeqCst) as u64, "{u:?}");
+    assert!(u.calls > session_calls);
+}

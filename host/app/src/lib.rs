@@ -275,6 +275,11 @@ impl App {
                     self.inner.model_global.clone(),
                     self.inner.model.clone(),
                 );
+                guarded = guarded.counting(
+                    self.inner.db.clone() as Arc<dyn crate::store::RecallStore>,
+                    t.name(),
+                    c.clock.clone(),
+                );
                 if let Some(slots) = &self.inner.slots {
                     guarded = guarded.shared(
                         slots.clone(),

@@ -252,6 +252,15 @@ pub struct Guarded {
     /// Slots shared with other instances: the shared slots, the tenant's pool and its bound,
     /// and the overall bound.
     shared: Option<(Arc<SharedSlots>, String, usize, usize)>,
+    /// Where each call the model served is counted: the tenant's usage, by day.
+    usage: Option<Usage>,
+}
+
+/// A tenant's usage ledger, written once per model call.
+struct Usage {
+    store: Arc<dyn crate::store::RecallStore>,
+    tenant: String,
+    clock: Arc<dyn crate::clock::Clock>,
 }
 
 impl Guarded {
@@ -268,7 +277,26 @@ impl Guarded {
             global,
             metrics,
             shared: None,
+            usage: None,
         }
+    }
+
+    /// Count every call the model serves in `tenant`'s usage in `store` (the day from
+    /// `clock`): session summaries, cluster summaries, retries and answers a quality gate then
+    /// discards alike — what the model spent, so a monthly ceiling cannot be passed by calls
+    /// that did not end in a summary.
+    pub fn counting(
+        mut self,
+        store: Arc<dyn crate::store::RecallStore>,
+        tenant: &str,
+        clock: Arc<dyn crate::clock::Clock>,
+    ) -> Self {
+        self.usage = Some(Usage {
+            store,
+            tenant: tenant.to_string(),
+            clock,
+        });
+        self
     }
 
     /// Also hold one of `tenant_max` slots of `tenant`'s pool and one of `total` overall in
@@ -333,6 +361,23 @@ impl LlmBackend for Guarded {
             }
             Err(_) => {
                 m.failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // A call the model served counts, whatever became of its answer; one that never
+        // reached it (no connection) does not.
+        if let Some(u) = &self.usage
+            && !matches!(r, Err(Error::Unreachable(_)))
+        {
+            let (prompt, output) = match &r {
+                Ok(resp) => (
+                    u64::from(resp.prompt_tokens.unwrap_or(0)),
+                    u64::from(resp.output_tokens.unwrap_or(0)),
+                ),
+                Err(_) => (0, 0),
+            };
+            let day = crate::memories::day_of(u.clock.now_ms());
+            if let Err(e) = u.store.add_usage(&u.tenant, &day, 1, prompt, output).await {
+                tracing::warn!(error = %crate::types::describe(&e), "cannot record model usage");
             }
         }
         r

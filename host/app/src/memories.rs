@@ -480,18 +480,8 @@ impl Scoped {
         };
         store.release_cluster(cluster, &owner).await?;
         settled?;
-        if let Ok(o) = &result
-            && o.calls > 0
-        {
-            store
-                .add_usage(
-                    &day_of(self.app.now_ms()),
-                    u64::from(o.calls),
-                    u64::from(o.prompt_tokens),
-                    u64::from(o.output_tokens),
-                )
-                .await?;
-        }
+        // The model's calls were counted in the tenant's usage as they were made (see
+        // `limits::Guarded::counting`), whatever became of their answers.
         match result {
             Ok(o) => {
                 if !matches!(o.action, ClusterAction::Unchanged | ClusterAction::TooFew) {
