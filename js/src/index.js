@@ -138,6 +138,8 @@ export class Engine {
   #llm;
   #store;
   #clock;
+  /** Model calls served and not yet written to the usage table: [promptTokens, outputTokens]. */
+  #pendingUsage = [];
   #log;
   #batch;
   #modules;
@@ -186,8 +188,21 @@ export class Engine {
     });
     // A complete answer to a request with a cache key is cached the moment it arrives, so an
     // interrupted map-reduce loses no finished answer (see the WIT `llm.request.cache-key`).
+    // Every call the model serves counts in the month's usage as it returns (session and
+    // cluster summaries, retries, answers a gate then discards); one that never reached it
+    // (unreachable) does not — as the Rust host counts.
+    // Written, dated, at the engine's next clock reading (the guest reads the clock as it
+    // writes what the calls produced; `usage()` reads it too), so counting adds no reading.
+    const count = (promptTokens, outputTokens) => this.#pendingUsage.push([promptTokens ?? 0, outputTokens ?? 0]);
     const cached = async ({ cacheKey, ...req }) => {
-      const resp = await llm.generate(req);
+      let resp;
+      try {
+        resp = await llm.generate(req);
+      } catch (e) {
+        if (e?.kind !== 'unreachable') count(0, 0);
+        throw e;
+      }
+      count(resp.promptTokens, resp.outputTokens);
       if (cacheKey !== undefined && resp.finishReason === 'stop') {
         try {
           store.putPartial(cacheKey, { text: resp.text, promptTokens: resp.promptTokens ?? 0, outputTokens: resp.outputTokens ?? 0 });
@@ -199,7 +214,13 @@ export class Engine {
     };
     return {
       'abridge:engine/types': {},
-      'abridge:engine/clock': { nowMs: () => BigInt(Math.floor(this.#clock())) },
+      'abridge:engine/clock': {
+        nowMs: () => {
+          const now = Math.floor(this.#clock());
+          this.#flushUsage(now);
+          return BigInt(now);
+        },
+      },
       'abridge:engine/log': {
         write: (level, message) => this.#log(level, message),
         progress: (level, done, total) => this.#progress({ level, done, total }),
@@ -328,14 +349,28 @@ export class Engine {
     return this.#clusterSlots(async () => {
       const g = await this.#guest();
       const o = await exportCall(() => g.memories.summarizeCluster(BigInt(cluster), { ...defaultConfig, ...config }, this.#memoryConfig(memoryConfig)));
-      if (o.calls > 0) this.#store.recall.addUsage(monthOf(this.#clock()).day, o.calls, o.promptTokens, o.outputTokens);
       return { ...o, summary: sumToJs(o.summary) };
     });
   }
 
-  /** This month's model usage for cluster summaries, against `limits.ceiling`. */
+  /** Write the model calls counted since the last clock reading, dated by `now`. */
+  #flushUsage(now) {
+    if (!this.#pendingUsage.length) return;
+    const calls = this.#pendingUsage.length;
+    const [p, o] = this.#pendingUsage.reduce(([a, b], [x, y]) => [a + x, b + y], [0, 0]);
+    this.#pendingUsage = [];
+    try {
+      this.#store.recall?.addUsage(monthOf(now).day, calls, p, o);
+    } catch (e) {
+      this.#log('warn', `recording model usage failed: ${e.message}`);
+    }
+  }
+
+  /** This month's model usage (every call the model served), against `limits.ceiling`. */
   usage() {
-    const { month, resetsAtMs } = monthOf(this.#clock());
+    const now = this.#clock();
+    this.#flushUsage(now);
+    const { month, resetsAtMs } = monthOf(now);
     const u = this.#store.recall.usage(month);
     const c = this.#limits.ceiling;
     const costOf = (p, o) => (c ? (p * (c.priceInput ?? 0) + o * (c.priceOutput ?? 0)) / 1e6 : 0);

@@ -162,6 +162,25 @@ test('guards: at most limits.clusterJobs at once, and the monthly ceiling refuse
   assert.equal((await engine.summarizeCluster(r[2].cluster)).action, 'created');
 });
 
+test('usage counts every call the model served: a session summary the gate discarded as well as a cluster summary', async () => {
+  const llm = restating(0);
+  const engine = await createEngine({ store: new MemoryStore(), llm, clock: () => Date.UTC(2026, 0, 15) });
+  const episodes = Array.from({ length: 12 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: `fact ${i}: the deploy of service ${i} moves to friday`, sourceKey: `k${i}` }));
+  await engine.append('chat', episodes);
+  // This model restates "- " lines only: a session prompt gets an empty answer, which the
+  // quality gate discards — the call was still served, and counts.
+  await assert.rejects(engine.summarizeNow('chat', {}), /rejected/);
+  const sessionCalls = llm.calls;
+  assert.ok(sessionCalls >= 1);
+  let u = engine.usage();
+  assert.deepEqual([u.calls, u.promptTokens, u.outputTokens], [sessionCalls, 100 * sessionCalls, 40 * sessionCalls]);
+  const r = await engine.remember(EDITOR.map((text, i) => ({ id: `a${i}`, scope: { ...scope, key: 'a' }, text })));
+  await engine.summarizeCluster(r[2].cluster);
+  u = engine.usage();
+  assert.equal(u.calls, llm.calls);
+  assert.ok(u.calls > sessionCalls);
+});
+
 test('session text is sealed too: episodes, speakers, summaries, ledgers and partial answers, readable by the other host', async () => {
   const { execFileSync } = await import('node:child_process');
   const { existsSync, readFileSync: read } = await import('node:fs');
