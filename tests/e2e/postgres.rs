@@ -688,15 +688,15 @@ async fn pgvector_recall_agrees_with_the_exact_scan() {
         pg.put_memory(tenant, m.clone()).await.unwrap();
         exact.put_memory(tenant, m).await.unwrap();
     }
+    let ids = |hits: Vec<abridge_engine::types::Hit>| -> Vec<String> {
+        hits.into_iter()
+            .filter(|h| h.kind == abridge_engine::types::HitKind::Memory)
+            .map(|h| h.id)
+            .collect()
+    };
     let (mut agree, mut total) = (0, 0);
     for _ in 0..20 {
         let q: Vec<f32> = (0..16).map(|_| next()).collect();
-        let ids = |hits: Vec<abridge_engine::types::Hit>| -> Vec<String> {
-            hits.into_iter()
-                .filter(|h| h.kind == abridge_engine::types::HitKind::Memory)
-                .map(|h| h.id)
-                .collect()
-        };
         let a = ids(pg
             .search("acme", &q, "emb", &MemoryFilter::default(), 5)
             .await
@@ -720,12 +720,6 @@ async fn pgvector_recall_agrees_with_the_exact_scan() {
     let (mut agree, mut total) = (0, 0);
     for _ in 0..20 {
         let q: Vec<f32> = (0..16).map(|_| next()).collect();
-        let ids = |hits: Vec<abridge_engine::types::Hit>| -> Vec<String> {
-            hits.into_iter()
-                .filter(|h| h.kind == abridge_engine::types::HitKind::Memory)
-                .map(|h| h.id)
-                .collect()
-        };
         let a = ids(pg.search("acme", &q, "emb", &only, 10).await.unwrap());
         let b = ids(exact.search("acme", &q, "emb", &only, 10).await.unwrap());
         assert_eq!(a.len(), 10, "a filter must not cut the results");
