@@ -466,7 +466,7 @@ mod tests {
             let j = jobs(&db, &clock, "w", 60_000).with_retention(Duration::from_secs(3600), 1_000);
             let t = TenantTables::new(db.clone(), Tenant::local());
             let cfg = Config::default();
-            let mut run = |s: &'static str| {
+            let run = |s: &'static str| {
                 let (j, t, cfg) = (j.clone(), t.clone(), cfg.clone());
                 async move {
                     let (job, _) = j.enqueue(&t, s, 1, &cfg).await.unwrap();
