@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::LogFn;
 use crate::store::{EventRow, EventStore};
@@ -280,28 +280,36 @@ impl Backlog {
 }
 
 /// Read `tenant`'s retained events into `backlog` unless they are there (the store keeps at
-/// most `keep` per tenant, so this is one bounded read, once per tenant and process).
+/// most `keep` per tenant, so this is one bounded read, once per tenant and process). A read
+/// that fails is logged; the tenant's events still flow, and the next need tries again.
 async fn ensure_loaded(
     backlog: &Mutex<Backlog>,
     store: &dyn EventStore,
     tenant: &Tenant,
     keep: usize,
-) -> Result<(), crate::types::Error> {
+    log: &LogFn,
+) {
     if backlog
         .lock()
         .expect("event backlog lock")
         .loaded
         .contains(tenant)
     {
-        return Ok(());
+        return;
     }
-    let rows = store.events_after(tenant.name(), 0, keep).await?;
-    let events: Vec<Event> = rows.into_iter().filter_map(from_row).collect();
-    backlog
-        .lock()
-        .expect("event backlog lock")
-        .take_loaded(tenant, events, keep);
-    Ok(())
+    match store.events_after(tenant.name(), 0, keep).await {
+        Ok(rows) => {
+            let events: Vec<Event> = rows.into_iter().filter_map(from_row).collect();
+            backlog
+                .lock()
+                .expect("event backlog lock")
+                .take_loaded(tenant, events, keep);
+        }
+        Err(e) => log(
+            Level::Warn,
+            &format!("cannot read the retained events of tenant {tenant} ({e})"),
+        ),
+    }
 }
 
 /// What the writer is asked to do, in order.
@@ -317,7 +325,6 @@ pub struct EventBus {
     tx: broadcast::Sender<Event>,
     backlog: Arc<Mutex<Backlog>>,
     queue: mpsc::UnboundedSender<Msg>,
-    ready: watch::Receiver<bool>,
     store: Arc<dyn EventStore>,
     keep: usize,
     log: LogFn,
@@ -370,7 +377,6 @@ impl EventBus {
         let keep = keep.max(1);
         let (tx, _) = broadcast::channel(4096);
         let (queue, rx) = mpsc::unbounded_channel();
-        let (ready_tx, ready) = watch::channel(false);
         let backlog = Arc::new(Mutex::new(Backlog {
             last: BTreeMap::new(),
             kept: BTreeMap::new(),
@@ -390,7 +396,7 @@ impl EventBus {
                     .enable_all()
                     .build()
                     .expect("a current-thread runtime builds");
-                rt.block_on(writer.run(rx, ready_tx));
+                rt.block_on(writer.run(rx));
             });
         if let Err(e) = spawned {
             panic!("cannot start the event writer thread: {e}");
@@ -399,7 +405,6 @@ impl EventBus {
             tx,
             backlog,
             queue,
-            ready,
             store,
             keep,
             log,
@@ -465,16 +470,9 @@ impl EventBus {
     /// Subscribe to `tenant`'s events: with `Some(after)`, first the retained ones with a
     /// larger id (`Some(0)`: all retained); with `None`, only events from now on.
     pub async fn subscribe(&self, tenant: &Tenant, after: Option<u64>) -> Subscription {
-        let mut ready = self.ready.clone();
-        let _ = ready.wait_for(|r| *r).await;
         // The tenant's retained events are read from the store on its first subscriber.
-        if after.is_some()
-            && let Err(e) = ensure_loaded(&self.backlog, &*self.store, tenant, self.keep).await
-        {
-            (self.log)(
-                Level::Warn,
-                &format!("cannot read the retained events of tenant {tenant} ({e})"),
-            );
+        if after.is_some() {
+            ensure_loaded(&self.backlog, &*self.store, tenant, self.keep, &self.log).await;
         }
         let b = self.backlog.lock().expect("event backlog lock");
         let live = self.tx.subscribe();
@@ -507,11 +505,10 @@ struct Writer {
 }
 
 impl Writer {
-    async fn run(self, mut rx: mpsc::UnboundedReceiver<Msg>, ready: watch::Sender<bool>) {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         // Nothing is read at start: a tenant's retained events are read when it first needs
         // them (a subscriber, or an event to write), so starting costs the same whatever the
         // log holds.
-        let _ = ready.send(true);
         let mut failing = false;
         // A store other processes write to (PostgreSQL shared by several instances): what
         // they write is read back, on their notification or at the latest every second.
@@ -563,12 +560,7 @@ impl Writer {
                 }
             }
             for (t, mut mine) in by_tenant {
-                if let Err(e) = ensure_loaded(&self.backlog, &*self.store, &t, self.keep).await {
-                    (self.log)(
-                        Level::Warn,
-                        &format!("cannot read the retained events of tenant {t} ({e})"),
-                    );
-                }
+                ensure_loaded(&self.backlog, &*self.store, &t, self.keep, &self.log).await;
                 let rows: Vec<EventRow> = mine.iter().map(to_row).collect();
                 let floor = self
                     .backlog

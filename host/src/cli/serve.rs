@@ -66,7 +66,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = Limits::default().queued_per_tenant)]
     tenant_queue: usize,
     /// Days finished jobs (and their events) are kept; older ones are deleted
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = abridge_app::limits::JOB_RETENTION.as_secs() / 86_400)]
     job_retention_days: u64,
     /// Finished jobs each tenant keeps at most (its newest; older ones are deleted)
     #[arg(long, default_value_t = Limits::default().job_retention_count)]
