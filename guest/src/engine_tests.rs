@@ -372,8 +372,13 @@ impl Host for Fake {
     }
 }
 
+/// The eager trigger these tests are written against (the default is window mode, tested
+/// on its own below).
 fn cfg() -> Config {
-    Config::default()
+    Config {
+        mode: crate::policy::Mode::Eager,
+        ..Config::default()
+    }
 }
 
 #[test]
@@ -1368,11 +1373,27 @@ fn a_small_ledger_slice_bounds_the_prompt_and_the_context_but_the_row_keeps_ever
     let row = f.rows.last().unwrap();
     assert_eq!(row.ledger.entries.len(), 120);
     assert_eq!(row.ledger.dropped, 0);
-    // A fold prompt shows the slice: the newest stays, the oldest goes, the rest is counted.
+    // A fold prompt shows only the entries the summary it updates mentions (so its fixed
+    // part follows the summary, not the conversation); the rest stays in the row.
     let prompt = Fake::prompt_text(f.requests.last().unwrap());
-    assert!(prompt.contains("src/mod29.rs"), "{prompt}");
-    assert!(!prompt.contains("src/mod1.rs "), "{prompt}");
-    assert!(prompt.contains("older identifiers left out for the budget"));
+    let (summary, rest) = prompt
+        .split_once("Current summary:")
+        .and_then(|(_, r)| r.split_once("New exchanges:"))
+        .expect("an update prompt");
+    let facts = rest
+        .split_once("Identifiers mentioned")
+        .map_or("", |(_, f)| f);
+    assert!(!prompt.contains("older identifiers left out"), "{prompt}");
+    for e in &row.ledger.entries {
+        if facts.contains(&format!("{} (#", e.text)) {
+            assert!(
+                summary.contains(e.text.as_str()),
+                "{} is not in the summary",
+                e.text
+            );
+        }
+    }
+    assert!(!facts.contains("src/mod1.rs "), "{prompt}");
     // A small context shows the slice and says how many it left out ...
     let texts: Vec<String> = f.episodes.iter().map(|e| e.content.clone()).collect();
     let small = ContextRequest {

@@ -268,22 +268,30 @@ mod tests {
 
     #[test]
     fn a_context_makes_an_eager_backlog_beyond_its_limit_due() {
-        let mut f = verdict(inputs(10, 7, None, 0), &Config::default());
+        let mut f = verdict(inputs(10, 7, None, 0), &eager());
         assert_eq!(f.state, State::Waiting);
         f.covered = 0;
-        let eager = Config::default();
-        assert_eq!(for_context(f.clone(), &eager, 20).state, State::Waiting);
-        let due = for_context(f.clone(), &eager, 8);
+        let e = eager();
+        assert_eq!(for_context(f.clone(), &e, 20).state, State::Waiting);
+        let due = for_context(f.clone(), &e, 8);
         assert_eq!(due.state, State::Due);
         assert!(due.reason.contains("more than the 8"), "{}", due.reason);
         let idle = Config {
             mode: Mode::Idle,
-            ..Config::default()
+            ..eager()
         };
         assert_eq!(for_context(f, &idle, 8).state, State::Waiting);
     }
 
     const H: u64 = 3_600_000;
+
+    /// Eager mode (the default is window).
+    fn eager() -> Config {
+        Config {
+            mode: Mode::Eager,
+            ..Config::default()
+        }
+    }
 
     fn inputs(episodes: u64, covered: u64, last: Option<i64>, now: u64) -> Inputs {
         Inputs {
@@ -306,13 +314,13 @@ mod tests {
     fn idle() -> Config {
         Config {
             mode: Mode::Idle,
-            ..Config::default()
+            ..eager()
         }
     }
 
     #[test]
     fn eager_follows_the_trigger() {
-        let c = Config::default();
+        let c = eager();
         assert_eq!(verdict(inputs(0, 0, None, 0), &c).state, State::Empty);
         assert_eq!(verdict(inputs(10, 10, None, 0), &c).state, State::Fresh);
         assert_eq!(verdict(inputs(10, 7, None, 0), &c).state, State::Waiting);
@@ -362,7 +370,7 @@ mod tests {
 
     #[test]
     fn a_large_backlog_is_due_whatever_its_count_and_window_mode_waits_for_a_batch() {
-        let c = Config::default();
+        let c = eager();
         // Two messages of 3,500 tokens each: under min-episodes, over the backlog limit.
         let big = Inputs {
             stats: Stats {
@@ -377,7 +385,7 @@ mod tests {
         assert_eq!(v.state, State::Due, "{}", v.reason);
         let w = Config {
             mode: Mode::Window,
-            ..Config::default()
+            ..eager()
         };
         let at = |left, batch| {
             verdict(
@@ -395,7 +403,7 @@ mod tests {
 
     #[test]
     fn failures_back_off_then_give_up() {
-        let c = Config::default();
+        let c = eager();
         assert_eq!(retry_after(0, 1, &c), 60_000);
         assert_eq!(retry_after(0, 3, &c), 240_000);
         assert_eq!(retry_after(0, 40, &c), MAX_BACKOFF_MS);

@@ -95,7 +95,7 @@ impl Default for Config {
             max_summary_tokens: 800,
             max_skipped_percent: 50,
             chunk_tokens: 0,
-            mode: Mode::Eager,
+            mode: Mode::Window,
             quiescence_secs: 3600,
             provisional_tokens: 0,
             max_attempts: 5,
@@ -147,11 +147,16 @@ pub fn backlog_over(backlog_tokens: u64, cfg: &Config) -> bool {
     cfg.max_backlog_tokens > 0 && backlog_tokens >= u64::from(cfg.max_backlog_tokens)
 }
 
-/// Window mode's fold size: tokens that must have left the recent window before a fold, four
-/// times the fold's fixed part (instructions, summary, ledger) so its overhead is at most a
-/// quarter of what it folds, within the conversation budget of one prompt `budget`.
+/// How many times the fold's fixed part a window-mode fold must carry: its overhead is then
+/// at most a tenth of what it folds.
+pub const WINDOW_BATCH_FACTOR: u32 = 10;
+
+/// Window mode's fold size: tokens that must have left the recent window before a fold,
+/// [`WINDOW_BATCH_FACTOR`] times the fold's fixed part (instructions, summary, the ledger
+/// entries the summary mentions) so its overhead is at most a tenth of what it folds, within
+/// the conversation budget of one prompt `budget`.
 pub fn window_batch(fixed: u32, budget: u32) -> u32 {
-    fixed.saturating_mul(4).min(budget).max(1)
+    fixed.saturating_mul(WINDOW_BATCH_FACTOR).min(budget).max(1)
 }
 
 /// Pick the strategy for the next pass. Only an episode summary (level 0) is updated in place.
@@ -254,7 +259,7 @@ mod tests {
         assert!(!should_trigger(&stats(2, 7000), None, 999, &cfg));
         assert!(should_trigger(&stats(2, 7000), None, 7000, &cfg));
         assert!(backlog_over(1000, &cfg) && !backlog_over(999, &cfg));
-        assert_eq!(window_batch(300, 2000), 1200);
+        assert_eq!(window_batch(150, 2000), 1500);
         assert_eq!(window_batch(600, 2000), 2000, "capped by one prompt");
     }
 

@@ -99,7 +99,7 @@ export interface Config {
   maxSkippedPercent: number;
   /** Map-reduce: cap on a chunk's estimated tokens; 0 derives it from the context (default). */
   chunkTokens: number;
-  /** When automatic refreshes summarize (default 'eager'). */
+  /** When automatic refreshes summarize (default 'window'). */
   mode: 'eager' | 'idle' | 'window';
   /** Idle mode: quiet seconds after the last message's own timestamp (default 3600). */
   quiescenceSecs: number;

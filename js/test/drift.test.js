@@ -15,7 +15,7 @@ const turn = (i) => [
 test('ledger, compaction, expand and pins: coverage from episode 1 within a small budget', async () => {
   for (const [name, store] of await stores()) {
     const engine = await createEngine({ store });
-    const config = { engine: 'extractive', maxSummaryTokens: 20, summaryBudgetTokens: 250, ledgerTokens: 2000 };
+    const config = { engine: 'extractive', mode: 'eager', maxSummaryTokens: 20, summaryBudgetTokens: 250, ledgerTokens: 2000 };
     for (let i = 1; i <= 60; i++) {
       await engine.append('s', turn(i));
       await engine.afterEpisodeWritten('s', config);

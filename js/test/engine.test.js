@@ -23,14 +23,16 @@ const long = 'The deployment pipeline builds the container image, runs the unit 
 test('the trigger waits for enough episodes, then summarizes and updates through Ollama', async () => {
   await server.reset();
   const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url, retry: fast }) });
+  // The eager trigger (the default is window mode).
+  const eager = { mode: 'eager' };
   for (let i = 0; i < 4; i++) {
     await engine.append('s', [turn(i, `${long} Step ${i}.`)]);
-    const out = await engine.afterEpisodeWritten('s');
+    const out = await engine.afterEpisodeWritten('s', eager);
     assert.equal(out.triggered, false);
   }
   assert.equal((await server.generations()).length, 0);
   await engine.append('s', [turn(4, 'And the rollback plan?')]);
-  const out = await engine.afterEpisodeWritten('s');
+  const out = await engine.afterEpisodeWritten('s', eager);
   assert.equal(out.passes, 1);
   assert.deepEqual([out.written[0].firstEpisode, out.written[0].lastEpisode], [1, 5]);
   const gen = (await server.generations())[0];
@@ -38,7 +40,7 @@ test('the trigger waits for enough episodes, then summarizes and updates through
   assert.equal(gen.body.truncate, false);
   assert.equal(gen.body.options.num_ctx, 4096);
   for (let i = 5; i < 10; i++) await engine.append('s', [turn(i, `Rollback step ${i}: redeploy the previous tag.`)]);
-  await engine.afterEpisodeWritten('s');
+  await engine.afterEpisodeWritten('s', eager);
   const chain = await engine.chain('s');
   assert.equal(chain.length, 1);
   assertCovers(assert, chain, 10);

@@ -425,6 +425,8 @@ fn codex_hooks_import_the_rollout_and_restore_the_session_after_a_compaction() {
             .arg("-c")
             .arg(command(event))
             .env("HOME", env.dir.path())
+            // As in every other suite, the eager trigger (the harness's setting).
+            .env("ABRIDGE_MODE", "eager")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

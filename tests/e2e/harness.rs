@@ -22,6 +22,8 @@ pub const SMALL: &[&str] = &[
 pub struct Env {
     pub dir: tempfile::TempDir,
     pub vars: Vec<(String, String)>,
+    /// Leave `ABRIDGE_MODE` unset: the product's default mode.
+    pub default_mode: bool,
 }
 
 impl Env {
@@ -29,6 +31,7 @@ impl Env {
         Env {
             dir: tempfile::tempdir().expect("temp dir"),
             vars: Vec::new(),
+            default_mode: false,
         }
     }
 
@@ -49,13 +52,25 @@ impl Env {
             .env("ABRIDGE_DB", self.db())
             // Keep retry backoff short in tests; the policy itself is unit-tested.
             .env("ABRIDGE_RETRY_BASE_MS", "5")
+            // Most suites are written against the eager trigger (a fold every 5 messages);
+            // the default, window mode, has its own tests (`Env::with_default_mode`).
+            .env("ABRIDGE_MODE", "eager")
             .current_dir(self.dir.path())
             .args(args)
             .stdin(Stdio::null());
+        if self.default_mode {
+            c.env_remove("ABRIDGE_MODE");
+        }
         for (k, v) in &self.vars {
             c.env(k, v);
         }
         c
+    }
+
+    /// This environment with the product's default mode (no `ABRIDGE_MODE`).
+    pub fn with_default_mode(mut self) -> Env {
+        self.default_mode = true;
+        self
     }
 
     pub fn run(&self, args: &[&str]) -> Run {

@@ -221,3 +221,48 @@ fn context_runs_a_due_refresh_first_and_says_when_one_waits() {
     let jobs = env.run(&["jobs", "--json"]).json();
     assert_eq!(jobs[0]["state"], "succeeded", "{jobs}");
 }
+
+#[test]
+fn the_default_mode_folds_only_what_left_the_recent_window_and_the_context_misses_nothing() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with_default_mode()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    // Sixty messages fed one at a time, a context read after each.
+    let long = "The deployment pipeline builds the container image, runs the unit and integration tests, scans the image for known vulnerabilities, signs it, and pushes it to the staging registry.";
+    let mut calls_before = 0;
+    for i in 0..60 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        env.run_stdin(
+            &["ingest", "--session", "s1"],
+            line(role, &format!("{long} Step {i}.")).as_bytes(),
+        )
+        .assert_ok();
+        let c = env.run(&["context", "s1", "--budget", "100000", "--json"]);
+        c.assert_ok();
+        let w = c.json();
+        assert_eq!(w["omitted"].as_u64(), Some(0), "message {i}: {w}");
+        let calls = server.generations().len();
+        if calls > calls_before {
+            // A fold never takes the newest 8 messages, and takes a batch at once.
+            let last = env.chain("s1").unwrap()["summaries"]
+                .as_array()
+                .unwrap()
+                .last()
+                .unwrap()["last_episode"]
+                .as_u64()
+                .unwrap();
+            assert!(last <= i as u64 + 1 - 8, "message {i}: folded up to {last}");
+            calls_before = calls;
+        }
+    }
+    let r = env.run(&["mode", "s1"]);
+    r.assert_ok();
+    assert!(r.stdout.contains("window mode"), "{}", r.stdout);
+    let calls = server.generations().len();
+    assert!(
+        (1..=6).contains(&calls),
+        "60 messages folded in a few batches, not every 5 messages: {calls} calls"
+    );
+}

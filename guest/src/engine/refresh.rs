@@ -67,7 +67,7 @@ pub(super) fn freshness_and_marker(
     Ok((f, marker))
 }
 
-/// Window mode's fold size for a session whose newest row is `latest`: four times the fold
+/// Window mode's fold size for a session whose newest row is `latest`: ten times the fold
 /// prompt's fixed part (instructions, the summary, its ledger, the focus), within one prompt.
 pub(super) fn window_batch(
     h: &mut impl Host,
@@ -399,7 +399,10 @@ pub(super) fn offline_digest(cfg: &Config, ledger: &Ledger) -> Option<Generated>
 /// within the prompt's own slice of `cfg.ledger_tokens`.
 pub(super) fn fold_ledger(strategy: &Strategy, cfg: &Config) -> String {
     match strategy {
-        Strategy::Update(r) => ledger::for_prompt(&r.ledger, cfg.ledger_tokens),
+        Strategy::Update(r) => ledger::for_prompt(
+            &ledger::mentioned_in(&r.ledger, &r.content),
+            cfg.ledger_tokens,
+        ),
         _ => String::new(),
     }
 }

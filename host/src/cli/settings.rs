@@ -384,15 +384,13 @@ impl Settings {
                 file.chunk_tokens,
                 d.chunk_tokens
             ),
-            mode: match pick!(
-                common.mode,
-                env_enum(env, "ABRIDGE_MODE")?,
-                file.mode,
-                ModeChoice::Eager
-            ) {
-                ModeChoice::Eager => Mode::Eager,
-                ModeChoice::Idle => Mode::Idle,
-                ModeChoice::Window => Mode::Window,
+            // Unset: the component's default (window, the cheapest mode that keeps every
+            // message in the context).
+            mode: match common.mode.or(env_enum(env, "ABRIDGE_MODE")?).or(file.mode) {
+                Some(ModeChoice::Eager) => Mode::Eager,
+                Some(ModeChoice::Idle) => Mode::Idle,
+                Some(ModeChoice::Window) => Mode::Window,
+                None => d.mode,
             },
             quiescence_secs: pick!(
                 common.quiescence_secs,
