@@ -34,6 +34,7 @@ fn filter_in(f: ms::Filter) -> memory::Filter {
         environment: f.environment,
         kind: f.kind,
         key: f.key,
+        exact: f.exact,
     }
 }
 
@@ -44,6 +45,7 @@ fn filter_out(f: &memory::Filter) -> ms::Filter {
         environment: f.environment.clone(),
         kind: f.kind.clone(),
         key: f.key.clone(),
+        exact: f.exact,
     }
 }
 

@@ -64,6 +64,8 @@ pub struct Filter {
     pub kind: Option<String>,
     /// Key.
     pub key: Option<String>,
+    /// The exact scan, never an approximate index (passed to the store as it is).
+    pub exact: bool,
 }
 
 /// Vectors from the embedder.

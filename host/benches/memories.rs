@@ -215,6 +215,80 @@ async fn recalls(me: &Scoped, n: usize) -> ((f64, f64), (f64, f64)) {
     )
 }
 
+/// The recall query `q` of the benchmark.
+fn query(q: usize) -> String {
+    format!(
+        "{} {}",
+        SUBJECTS[q % SUBJECTS.len()],
+        DETAILS[(q * 5) % DETAILS.len()]
+    )
+}
+
+/// The index against the exact scan on the same tenant: p50/p99 of each, and recall@10 of the index's memories against the exact scan's,
+/// over `n` queries with no filter and with one key's filter (2 % of the tenant); then a
+/// recall right after each of `n` writes (the index folds the new row in first).
+async fn index_vs_exact(me: &Scoped, n: usize, from: usize) {
+    let memories = |r: Vec<abridge_app::memories::RecallView>| -> Vec<String> {
+        r.into_iter()
+            .filter(|h| h.kind == "memory")
+            .map(|h| h.id)
+            .collect()
+    };
+    for (label, f) in [
+        ("whole tenant", MemoryFilter::default()),
+        (
+            "one key of 50 (2 %)",
+            MemoryFilter {
+                key: Some("topic7".into()),
+                ..MemoryFilter::default()
+            },
+        ),
+    ] {
+        let fx = MemoryFilter {
+            exact: true,
+            ..f.clone()
+        };
+        let (mut ann, mut ex) = (Vec::new(), Vec::new());
+        let (mut agree, mut total) = (0usize, 0usize);
+        for q in 0..n {
+            let t = Instant::now();
+            let a = memories(me.recall(&query(q), &f, 10).await.unwrap());
+            ann.push(t.elapsed().as_secs_f64() * 1000.0);
+            let t = Instant::now();
+            let b = memories(me.recall(&query(q), &fx, 10).await.unwrap());
+            ex.push(t.elapsed().as_secs_f64() * 1000.0);
+            total += b.len();
+            agree += b.iter().filter(|id| a.contains(id)).count();
+        }
+        println!(
+            "  recall, {label}: index p50 {:.2} ms p99 {:.2} ms | exact scan p50 {:.1} ms p99 {:.1} ms | p50 exact ÷ index {:.0}× | recall@10 vs exact {:.3} ({agree}/{total})",
+            pct(&mut ann, 0.5),
+            pct(&mut ann, 0.99),
+            pct(&mut ex, 0.5),
+            pct(&mut ex, 0.99),
+            pct(&mut ex, 0.5) / pct(&mut ann, 0.5),
+            agree as f64 / total.max(1) as f64
+        );
+    }
+    // A write then a recall, n times: the recall folds the new memory in.
+    let mut after = Vec::new();
+    let t0 = Instant::now();
+    for q in 0..n {
+        me.remember(vec![memory(from + q)]).await.unwrap();
+        let t = Instant::now();
+        me.recall(&query(q), &MemoryFilter::default(), 10)
+            .await
+            .unwrap();
+        after.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!(
+        "  recall right after a write: p50 {:.2} ms p99 {:.2} ms ({:.0} write+recall pairs/s)",
+        pct(&mut after, 0.5),
+        pct(&mut after, 0.99),
+        n as f64 / t0.elapsed().as_secs_f64()
+    );
+}
+
 /// Twenty distinct facts about one subject.
 const EDITOR_FACTS: [&str; 20] = [
     "Alice prefers the dark theme in her editor",
@@ -312,11 +386,32 @@ async fn main() {
             println!("  {label}: {w:>8.0} writes/s with {size} memories in the tenant");
             rows.push((label, size, w));
         }
+        let t = Instant::now();
+        me.recall(&query(0), &MemoryFilter::default(), 5)
+            .await
+            .unwrap();
+        println!(
+            "  {label}: first recall at {held} (reads every vector and builds the index): {:.0} ms",
+            t.elapsed().as_secs_f64() * 1000.0
+        );
         let ((p50, p99), (u50, u99)) = recalls(&me, a.queries).await;
         println!(
             "  {label}: recall at {held}: whole tenant p50 {p50:.1} ms p99 {p99:.1} ms; one user p50 {u50:.1} ms p99 {u99:.1} ms"
         );
         rows.push((label, usize::MAX, p50));
+        index_vs_exact(&me, a.queries, extra).await;
+        extra += a.queries;
+        // Writes once the index exists (it takes new rows at the next recall, so a write
+        // costs what it did).
+        let w = writes(&me, extra, a.writes).await;
+        let before = rows
+            .iter()
+            .find(|r| r.0 == label && r.1 == held)
+            .map_or(f64::NAN, |r| r.2);
+        println!(
+            "  {label}: {w:>8.0} writes/s with the index built ({:.2}× the writes/s before it)",
+            w / before
+        );
     }
     let w = |label: &str, size: usize| {
         rows.iter()

@@ -310,7 +310,7 @@ export interface ClusterOutcome {
   action: 'unchanged' | 'created' | 'refreshed' | 'deleted' | 'too-few' | 'lost-race';
   summary?: ClusterSummary; calls: number; promptTokens: number; outputTokens: number;
 }
-export interface MemoryFilter { user?: string; project?: string; environment?: string; kind?: string; key?: string }
+export interface MemoryFilter { user?: string; project?: string; environment?: string; kind?: string; key?: string; /** Exact scan instead of an index (the JS stores always scan exactly). */ exact?: boolean }
 export interface Recalled { kind: 'memory' | 'summary'; id: string; text: string; score: number; similarity: number; importance: number; cluster: number; sources: string[] }
 export interface Embedder { embed(texts: string[]): Promise<{ model: string; dim: number; vectors: number[][]; tokens?: number }> }
 

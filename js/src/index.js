@@ -403,7 +403,7 @@ export class Engine {
     const g = await this.#guest();
     // Over the ceiling, recall falls back to the raw memories.
     const summaries = !this.usage().exhausted;
-    const r = await exportCall(() => g.memories.recall(query, filter, k, summaries, this.#memoryConfig(memoryConfig)));
+    const r = await exportCall(() => g.memories.recall(query, { ...filter, exact: !!filter.exact }, k, summaries, this.#memoryConfig(memoryConfig)));
     return r.map((x) => ({ ...x, cluster: num(x.cluster) }));
   }
 

@@ -170,7 +170,7 @@ export class RecallTables {
   static inMemory() {
     const { DatabaseSync } = process.getBuiltinModule('node:sqlite');
     const db = new DatabaseSync(':memory:');
-    const migration = ['016-memories.sql', '018-usage.sql', '020-usage-days.sql'].map((n) => readFileSync(new URL(`../dist/migrations/${n}`, import.meta.url), 'utf8')).join('\n');
+    const migration = ['016-memories.sql', '018-usage.sql', '020-usage-days.sql', '026-memory-marks.sql'].map((n) => readFileSync(new URL(`../dist/migrations/${n}`, import.meta.url), 'utf8')).join('\n');
     const tx = (f) => {
       db.exec('BEGIN IMMEDIATE');
       try {
@@ -263,6 +263,7 @@ export class RecallTables {
       const r = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
       if (!r) return undefined;
       this.#run('DELETE FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
+      this.#markDelete();
       const c = this.#get('SELECT model, sum, members FROM clusters WHERE tenant = ? AND id = ?', TENANT, r.cluster);
       const sum = Float32Array.from(this.#vout(SUM, r.cluster, c.sum));
       const left = Math.max(c.members - 1, 0);
@@ -295,7 +296,14 @@ export class RecallTables {
       }
       this.#run('UPDATE clusters SET model = ?, sum = ? WHERE tenant = ? AND id = ?', model, this.#vin(SUM, cluster, sum), TENANT, cluster);
       this.#bump(cluster);
+      this.#markDelete();
     });
+  }
+
+  /** Count a deletion or re-embedding: a Rust process's vector index of this file rebuilds
+   * when the count moves under it (host/store/src/ann.rs). */
+  #markDelete() {
+    this.#run('INSERT INTO memory_marks (tenant, deletes) VALUES (?, 1) ON CONFLICT (tenant) DO UPDATE SET deletes = deletes + 1', TENANT);
   }
 
   summary(cluster) {

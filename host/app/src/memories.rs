@@ -317,6 +317,7 @@ pub fn filter(
         environment,
         kind,
         key,
+        exact: false,
     }
 }
 

@@ -198,6 +198,7 @@ impl Default for MemoryFilter {
             environment: None,
             kind: None,
             key: None,
+            exact: false,
         }
     }
 }

@@ -251,6 +251,11 @@ pub struct RecallBody {
     key: Option<String>,
     /// How many results (default 5, at most 100).
     k: Option<u32>,
+    /// Rank by the exact scan of every matching vector instead of the approximate index
+    /// (default false): slower on a large tenant, and what the index's answers are measured
+    /// against.
+    #[serde(default)]
+    exact: bool,
 }
 
 /// Recall results, best first.
@@ -270,7 +275,8 @@ pub(crate) async fn post_recall(
 ) -> ApiResult<Json<RecallResults>> {
     let b = body(b, srv.body_limit)?;
     let q: RecallBody = parse_json(&b)?;
-    let f = filter(q.user, q.project, q.environment, q.kind, q.key);
+    let mut f = filter(q.user, q.project, q.environment, q.kind, q.key);
+    f.exact = q.exact;
     let results = t.recall(&q.query, &f, q.k.unwrap_or(5)).await?;
     Ok(Json(RecallResults { results }))
 }

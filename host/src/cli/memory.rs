@@ -113,6 +113,10 @@ pub struct RecallArgs {
     /// How many results
     #[arg(short, long, default_value_t = 5)]
     k: u32,
+    /// Rank by the exact scan of every matching vector instead of the approximate index
+    /// (slower on a large tenant; what the index is measured against)
+    #[arg(long)]
+    exact: bool,
     /// Print JSON
     #[arg(long)]
     json: bool,
@@ -551,8 +555,10 @@ fn not_found(s: &Settings, e: AppError) -> Failure {
 
 pub async fn recall_cmd(s: &Settings, a: RecallArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
+    let mut f = a.scope.filter();
+    f.exact = a.exact;
     let r = local
-        .recall(&a.query, &a.scope.filter(), a.k)
+        .recall(&a.query, &f, a.k)
         .await
         .map_err(|e| fail(s, e))?;
     if a.json {

@@ -12,6 +12,7 @@ use abridge_engine::{clock, control, text, types};
 
 use crate::types::{EpisodeRange, Error, IdentifierKind, LedgerEntry};
 
+pub mod ann;
 pub mod crypto;
 pub mod jobs;
 pub(crate) mod keyring;

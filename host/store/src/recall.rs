@@ -67,6 +67,8 @@ struct TenantTables {
     summaries: BTreeMap<u64, (ClusterSummary, String, Vec<f32>)>, // by cluster: row, vector model, vector
     next_summary: u64,
     seq: u64,
+    /// Memory ids by `seq` (what a vector index folds in since it was last used).
+    by_seq: BTreeMap<u64, String>,
 }
 
 /// The in-memory tables (inside [`super::MemoryStore`]).
@@ -75,6 +77,8 @@ pub struct RecallTables {
     tenants: BTreeMap<String, TenantTables>,
     /// By tenant and period: a month (`YYYY-MM`) or a day (`YYYY-MM-DD`).
     usage: BTreeMap<(String, String), (u64, u64, u64)>,
+    /// Recall's vector indexes (see `ann.rs`).
+    ann: crate::ann::AnnIndexes,
 }
 
 fn mean(c: &ClusterState) -> Vec<f32> {
@@ -160,6 +164,7 @@ impl RecallTables {
         c.sum = sum;
         c.members.insert(m.id.clone());
         let members = c.members.len() as u32;
+        t.by_seq.insert(seq, m.id.clone());
         t.memories.insert(
             m.id.clone(),
             MemRow {
@@ -188,13 +193,81 @@ impl RecallTables {
     fn delete(&mut self, tenant: &str, id: &str) -> Option<Memory> {
         let t = self.t(tenant);
         let r = t.memories.remove(id)?;
+        t.by_seq.remove(&r.seq);
         if let Some(c) = t.clusters.get_mut(&r.m.cluster) {
             c.members.remove(id);
             let sum = std::mem::take(&mut c.sum);
             c.sum = rules::left_sum(sum, c.members.len() as u32, &c.model, &r.model, &r.vector);
         }
         t.bump(r.m.cluster);
+        if let Some(i) = self.ann.get(tenant, &r.model) {
+            // Removing from a graph that holds it cannot fail short of a broken index,
+            // which is then dropped (and rebuilt on next need).
+            if crate::ann::locked(&i).remove(id).is_err() {
+                self.ann.drop_tenant(tenant, Some(&r.model));
+            }
+        }
         Some(r.m)
+    }
+
+    /// Rank the tenant's memories of `model` through its vector index, built on first need
+    /// once the tenant holds [`crate::ann::ANN_MIN`] of them and fed the rows written since
+    /// it was last used; `false` when the tenant is too small (the caller scans exactly).
+    fn ann_memories(
+        &mut self,
+        tenant: &str,
+        q: &[f32],
+        model: &str,
+        f: &MemoryFilter,
+        ranking: &mut Ranking,
+        limit: u32,
+    ) -> Result<bool, Error> {
+        use crate::ann::{ANN_MIN, Meta, TenantIndex, locked};
+        let index = match self.ann.get(tenant, model) {
+            Some(i) => i,
+            None => {
+                let t = self.t(tenant);
+                if t.memories.values().filter(|r| r.model == model).count() < ANN_MIN {
+                    return Ok(false);
+                }
+                self.ann.put(tenant, model, TenantIndex::new(q.len())?)
+            }
+        };
+        let t = self.t(tenant);
+        let mut g = locked(&index);
+        let newer: Vec<&String> = t.by_seq.range(g.seq + 1..).map(|(_, id)| id).collect();
+        for id in newer {
+            let Some(r) = t.memories.get(id) else {
+                continue;
+            };
+            if r.model != model {
+                continue;
+            }
+            if r.vector.len() != q.len() {
+                drop(g);
+                self.ann.drop_tenant(tenant, Some(model));
+                return Ok(false);
+            }
+            let meta = Meta {
+                id: r.m.id.clone(),
+                scope: r.m.scope.clone(),
+                importance: r.m.importance,
+                cluster: r.m.cluster,
+            };
+            g.add(meta, &r.vector)?;
+        }
+        g.seq = t.seq;
+        for (similarity, m) in g.search(q, f, limit as usize)? {
+            ranking.memory_at(similarity, || {
+                let text = t
+                    .memories
+                    .get(&m.id)
+                    .map(|r| r.m.text.clone())
+                    .unwrap_or_default();
+                (m.id.clone(), text, m.importance, m.cluster)
+            });
+        }
+        Ok(true)
     }
 
     fn search(
@@ -204,10 +277,11 @@ impl RecallTables {
         model: &str,
         f: &MemoryFilter,
         limit: u32,
-    ) -> Vec<Hit> {
-        let t = self.t(tenant);
+    ) -> Result<Vec<Hit>, Error> {
         let mut ranking = Ranking::new(limit);
-        for r in t.memories.values() {
+        let indexed = !f.exact && self.ann_memories(tenant, q, model, f, &mut ranking, limit)?;
+        let t = self.t(tenant);
+        for r in t.memories.values().filter(|_| !indexed) {
             if r.model != model || !matches(f, &r.m.scope) {
                 continue;
             }
@@ -237,7 +311,7 @@ impl RecallTables {
         }
         let (mut out, sums) = ranking.into_hits();
         out.extend(sums);
-        out
+        Ok(out)
     }
 }
 
@@ -271,6 +345,8 @@ impl RecallStore for super::MemoryStore {
         vectors: Vec<(String, Vec<f32>)>,
     ) -> Result<(), Error> {
         self.recall(|r| {
+            // Vectors change model: the tenant's indexes are rebuilt on next need.
+            r.ann.drop_tenant(tenant, None);
             let t = r.t(tenant);
             let mut reached = Vec::new();
             for (id, v) in &vectors {
@@ -368,7 +444,7 @@ impl RecallStore for super::MemoryStore {
         filter: &MemoryFilter,
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
-        Ok(self.recall(|r| r.search(tenant, query, model, filter, limit)))
+        self.recall(|r| r.search(tenant, query, model, filter, limit))
     }
 
     async fn list_memories(
@@ -549,6 +625,7 @@ impl RecallStore for super::MemoryStore {
         self.recall(|r| {
             r.tenants.remove(tenant);
             r.usage.retain(|(t, _), _| t != tenant);
+            r.ann.drop_tenant(tenant, None);
         });
         Ok(())
     }

@@ -723,6 +723,7 @@ mod tests {
                 environment: None,
                 kind: Some("fact".into()),
                 key: None,
+                exact: false,
             },
             "c.",
         );

@@ -43,6 +43,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/023-session-labels.sql"),
     include_str!("migrations/024-scale-indexes.sql"),
     include_str!("migrations/025-episode-running-tokens.sql"),
+    include_str!("migrations/026-memory-marks.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -54,6 +55,8 @@ pub struct SqliteStore {
     pub(super) keys: Option<super::keyring::Keyring>,
     /// Whether vectors are sealed too (with a master key; see `with_sealed_vectors`).
     pub(super) seal_vectors: bool,
+    /// Recall's vector indexes, per tenant and model, built on first need (see `ann.rs`).
+    pub(super) ann: crate::ann::AnnIndexes,
 }
 
 /// Tables of the abridge schema: a database holding any other table belongs to another
@@ -78,6 +81,7 @@ const OWN_TABLES: &[&str] = &[
     "data_keys",
     "usage",
     "usage_days",
+    "memory_marks",
     "session_focus",
     "session_pins",
     "session_labels",
@@ -260,6 +264,7 @@ impl SqliteStore {
             name: name.to_string(),
             keys: None,
             seal_vectors: false,
+            ann: Default::default(),
         })
     }
 
@@ -805,6 +810,7 @@ mod tests {
             name: path.display().to_string(),
             keys: None,
             seal_vectors: false,
+            ann: Default::default(),
         };
         let e = store
             .with(|c| {
@@ -884,8 +890,11 @@ mod tests {
             .position(|m| m.contains("tokens_through"))
             .unwrap();
         conn.pragma_update(None, "user_version", at as i64).unwrap();
-        conn.execute_batch("ALTER TABLE episodes DROP COLUMN tokens_through")
-            .unwrap();
+        // (and without the tables later migrations add)
+        conn.execute_batch(
+            "ALTER TABLE episodes DROP COLUMN tokens_through; DROP TABLE memory_marks",
+        )
+        .unwrap();
         drop(conn);
         let s = SqliteStore::open(&path).unwrap();
         for (session, want) in [("a", [3u64, 7, 12]), ("b", [7, 8, 10])] {

@@ -386,8 +386,17 @@ impl RecallStore for SqliteStore {
             )
             .map_err(db_err)?;
             bump(&tx, tenant, m.cluster)?;
+            let deletes = mark_delete(&tx, tenant)?;
             tx.commit().map_err(db_err)?;
             crate::sqlite::scrub(conn);
+            // This process's index follows at once (another process's rebuilds: the count).
+            if let Some(i) = self.ann.get(tenant, &model) {
+                let mut g = crate::ann::locked(&i);
+                if g.deletes + 1 == deletes {
+                    g.remove(id)?;
+                    g.deletes = deletes;
+                }
+            }
             Ok(Some(m))
         })
     }
@@ -423,7 +432,11 @@ impl RecallStore for SqliteStore {
             )
             .map_err(db_err)?;
             bump(&tx, tenant, cluster)?;
-            tx.commit().map_err(db_err)
+            // Vectors changed model: every index of the tenant is rebuilt on next need.
+            mark_delete(&tx, tenant)?;
+            tx.commit().map_err(db_err)?;
+            self.ann.drop_tenant(tenant, None);
+            Ok(())
         })
     }
 
@@ -558,7 +571,9 @@ impl RecallStore for SqliteStore {
             let (fsql, mut args) = filter_sql(tenant, filter, "");
             args.push(model.to_string());
             let mut ranking = Ranking::new(limit);
-            {
+            let indexed = !filter.exact
+                && self.ann_memories(c, &vk, tenant, model, query, filter, limit, &mut ranking)?;
+            if !indexed {
                 let mut st = c
                     .prepare(&format!(
                         "SELECT id, vector, importance, cluster FROM memories{} WHERE tenant = ?1{fsql} AND model = ?{}",
@@ -873,13 +888,129 @@ impl RecallStore for SqliteStore {
                 "data_keys",
                 "usage",
                 "usage_days",
+                "memory_marks",
             ] {
                 tx.execute(&format!("DELETE FROM {t} WHERE tenant = ?1"), [tenant])
                     .map_err(db_err)?;
             }
             tx.commit().map_err(db_err)?;
             crate::sqlite::scrub(conn);
+            self.ann.drop_tenant(tenant, None);
             Ok(())
         })
+    }
+}
+
+/// Count one deletion (or re-embedding) of the tenant's memories; the new count.
+fn mark_delete(c: &Connection, tenant: &str) -> Result<u64, Error> {
+    c.query_row(
+        "INSERT INTO memory_marks (tenant, deletes) VALUES (?1, 1) ON CONFLICT (tenant) DO UPDATE SET deletes = deletes + 1 RETURNING deletes",
+        [tenant],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n as u64)
+    .map_err(db_err)
+}
+
+impl SqliteStore {
+    /// Rank the tenant's memories of `model` through its vector index (see `ann.rs`): built on
+    /// first need once the tenant holds [`crate::ann::ANN_MIN`] of them, rows written since it
+    /// was last used folded in, rebuilt when another process deleted rows. `false` when the
+    /// tenant is too small for an index (the caller scans exactly).
+    #[allow(clippy::too_many_arguments)]
+    fn ann_memories(
+        &self,
+        c: &Connection,
+        vk: &VectorKeys,
+        tenant: &str,
+        model: &str,
+        query: &[f32],
+        filter: &MemoryFilter,
+        limit: u32,
+        ranking: &mut Ranking,
+    ) -> Result<bool, Error> {
+        use crate::ann::{ANN_MIN, Meta, TenantIndex, locked};
+        let max_seq: i64 = c
+            .query_row(
+                "SELECT COALESCE(MAX(seq), 0) FROM memories WHERE tenant = ?1",
+                [tenant],
+                |r| r.get(0),
+            )
+            .map_err(db_err)?;
+        let max_seq = max_seq as u64;
+        let deletes: i64 = c
+            .query_row(
+                "SELECT deletes FROM memory_marks WHERE tenant = ?1",
+                [tenant],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(db_err)?
+            .unwrap_or(0);
+        let deletes = deletes as u64;
+        let current = self.ann.get(tenant, model).filter(|i| {
+            let g = locked(i);
+            g.deletes == deletes && g.seq <= max_seq
+        });
+        let index = match current {
+            Some(i) => i,
+            None => {
+                let n: i64 = c
+                    .query_row(
+                        "SELECT COUNT(*) FROM memories WHERE tenant = ?1 AND model = ?2",
+                        params![tenant, model],
+                        |r| r.get(0),
+                    )
+                    .map_err(db_err)?;
+                if (n as usize) < ANN_MIN {
+                    self.ann.drop_tenant(tenant, Some(model));
+                    return Ok(false);
+                }
+                let mut t = TenantIndex::new(query.len())?;
+                t.deletes = deletes;
+                self.ann.put(tenant, model, t)
+            }
+        };
+        let mut g = locked(&index);
+        if g.seq < max_seq {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT id, user, project, environment, kind, key, importance, cluster, vector, seq FROM memories WHERE tenant = ?1 AND seq > ?2 AND model = ?3 ORDER BY seq",
+                )
+                .map_err(db_err)?;
+            let mut rows = st
+                .query(params![tenant, g.seq as i64, model])
+                .map_err(db_err)?;
+            while let Some(r) = rows.next().map_err(db_err)? {
+                let id: String = r.get(0).map_err(db_err)?;
+                let blob = r
+                    .get_ref(8)
+                    .map_err(db_err)?
+                    .as_blob()
+                    .map_err(|e| Error::Storage(e.to_string()))?;
+                let v = vk.open(VECTOR, &id, blob)?;
+                let meta = Meta {
+                    scope: scope_from(r, 1).map_err(db_err)?,
+                    importance: r.get::<_, f64>(6).map_err(db_err)? as f32,
+                    cluster: r.get::<_, i64>(7).map_err(db_err)? as u64,
+                    id,
+                };
+                if v.len() != query.len() {
+                    // Another dimension under the same model name: the index cannot
+                    // answer; the exact scan does.
+                    drop(g);
+                    self.ann.drop_tenant(tenant, Some(model));
+                    return Ok(false);
+                }
+                g.add(meta, &v)?;
+            }
+            g.seq = max_seq;
+        }
+        for (similarity, m) in g.search(query, filter, limit as usize)? {
+            ranking.memory_at(similarity, || {
+                (m.id.clone(), String::new(), m.importance, m.cluster)
+            });
+        }
+        Ok(true)
     }
 }

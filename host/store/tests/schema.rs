@@ -21,6 +21,12 @@ struct Schema {
 /// What one dialect has and the other lacks, on purpose: (dialect, kind, name, why).
 const ONLY_IN: &[(&str, &str, &str, &str)] = &[
     (
+        "sqlite",
+        "table",
+        "memory_marks",
+        "deletions counted for the in-process HNSW recall index of SQLite (PostgreSQL's index is pgvector, kept by the server)",
+    ),
+    (
         "postgres",
         "table",
         "abridge_schema",

@@ -768,8 +768,9 @@ impl RecallStore for PgStore {
         args.push(model.to_string());
         let mut ranking = Ranking::new(limit);
         let vk = self.vector_keys(&c, tenant).await?;
-        // Sealed vectors have no pgvector copy: search scans and opens them.
-        let found = if self.seal_vectors {
+        // Sealed vectors have no pgvector copy: search scans and opens them; `exact` asks
+        // for the scan.
+        let found = if self.seal_vectors || filter.exact {
             None
         } else {
             self.ann_search(&c, query, model, &fsql, &args[..args.len() - 1], limit)
