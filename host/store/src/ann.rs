@@ -128,6 +128,59 @@ impl TenantIndex {
         Ok(())
     }
 
+    /// Add many memories at once (a first build, or a large catch-up): the graph inserts run
+    /// on every core. Vectors of another dimension are refused before any is added.
+    pub fn add_many(&mut self, rows: Vec<(Meta, Vec<f32>)>) -> Result<(), Error> {
+        if rows.len() < 256 {
+            for (m, v) in rows {
+                self.add(m, &v)?;
+            }
+            return Ok(());
+        }
+        if let Some((m, v)) = rows.iter().find(|(_, v)| v.len() != self.dim) {
+            return Err(ann_err(format!(
+                "memory {} has {} dimensions, the index {}",
+                m.id,
+                v.len(),
+                self.dim
+            )));
+        }
+        for (m, _) in &rows {
+            self.remove(&m.id)?;
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let want = self.index.size() + rows.len();
+        self.index
+            .reserve_capacity_and_threads(want.max(self.index.capacity()), threads)
+            .map_err(ann_err)?;
+        let first = self.next_key;
+        self.next_key += rows.len() as u64;
+        let index = &self.index;
+        let failed = std::sync::Mutex::new(None);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (rows, failed) = (&rows, &failed);
+                s.spawn(move || {
+                    for (i, (_, v)) in rows.iter().enumerate().skip(t).step_by(threads) {
+                        if let Err(e) = index.add(first + i as u64, v) {
+                            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(ann_err(e));
+        }
+        for (i, (m, _)) in rows.into_iter().enumerate() {
+            let key = first + i as u64;
+            self.keys.insert(m.id.clone(), key);
+            self.metas.insert(key, m);
+        }
+        Ok(())
+    }
+
     /// Take a memory out (nothing when it is not held).
     pub fn remove(&mut self, id: &str) -> Result<(), Error> {
         if let Some(key) = self.keys.remove(id) {
@@ -340,9 +393,19 @@ mod tests {
         let (n, dim) = (6_000, 48);
         let data = vectors(n, dim);
         let mut idx = TenantIndex::new(dim).unwrap();
-        for (i, v) in data.iter().enumerate() {
+        // Half one by one, half in one batch on every core.
+        for (i, v) in data.iter().enumerate().take(n / 2) {
             idx.add(meta(i), v).unwrap();
         }
+        idx.add_many(
+            data.iter()
+                .enumerate()
+                .skip(n / 2)
+                .map(|(i, v)| (meta(i), v.clone()))
+                .collect(),
+        )
+        .unwrap();
+        assert_eq!(idx.len(), n);
         let gone: Vec<usize> = (0..n).step_by(9).collect();
         for &i in &gone {
             idx.remove(&format!("m{i}")).unwrap();

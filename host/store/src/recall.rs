@@ -236,6 +236,7 @@ impl RecallTables {
         let t = self.t(tenant);
         let mut g = locked(&index);
         let newer: Vec<&String> = t.by_seq.range(g.seq + 1..).map(|(_, id)| id).collect();
+        let mut batch = Vec::new();
         for id in newer {
             let Some(r) = t.memories.get(id) else {
                 continue;
@@ -254,8 +255,9 @@ impl RecallTables {
                 importance: r.m.importance,
                 cluster: r.m.cluster,
             };
-            g.add(meta, &r.vector)?;
+            batch.push((meta, r.vector.clone()));
         }
+        g.add_many(batch)?;
         g.seq = t.seq;
         for (similarity, m) in g.search(q, f, limit as usize)? {
             ranking.memory_at(similarity, || {

@@ -981,6 +981,7 @@ impl SqliteStore {
             let mut rows = st
                 .query(params![tenant, g.seq as i64, model])
                 .map_err(db_err)?;
+            let mut batch = Vec::new();
             while let Some(r) = rows.next().map_err(db_err)? {
                 let id: String = r.get(0).map_err(db_err)?;
                 let blob = r
@@ -1002,8 +1003,9 @@ impl SqliteStore {
                     self.ann.drop_tenant(tenant, Some(model));
                     return Ok(false);
                 }
-                g.add(meta, &v)?;
+                batch.push((meta, v));
             }
+            g.add_many(batch)?;
             g.seq = max_seq;
         }
         for (similarity, m) in g.search(query, filter, limit as usize)? {
