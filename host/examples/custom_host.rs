@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use abridge_app::{App, AppConfig, Limits};
 use abridge_engine::types::{
-    Config, Error, FinishReason, Level, NewEpisode, Prompt, Request, Response, Role,
+    Config, Error, FinishReason, Level, Mode, NewEpisode, Prompt, Request, Response, Role,
 };
 use abridge_engine::{Clock, ComponentSource, LlmBackend, Runtime};
 
@@ -83,6 +83,9 @@ async fn main() -> anyhow::Result<()> {
         db: dir.path().join("memory.db"),
         config: Config {
             threshold_tokens: 20,
+            // The eager trigger (a fold every five messages), to show each message's effect;
+            // the default, window mode, folds only what left the recent eight.
+            mode: Mode::Eager,
             ..Config::default()
         },
         llm: Arc::new(Scripted),
