@@ -301,13 +301,11 @@ pub async fn run(runtime: Arc<Runtime>) -> Result<(), Failure> {
 
 /// The chat's message `i` with its time: a message a minute, two quiet hours after every 100.
 fn timed(i: usize) -> (u64, NewEpisode) {
-    let at = T0 + i as u64 * 60_000 + (i / 100) as u64 * 2 * 3_600_000;
+    let at = crate::fresh::turn_time(i);
     let mut ep = chat(i);
     ep.timestamp_ms = Some(at as i64);
     (at, ep)
 }
-
-const T0: u64 = 1_750_000_000_000;
 
 /// One row of the fold-cost table: each mode (the default first) keeps a `turns`-message chat
 /// summarized message by message, with a context read after every message; prompt characters
@@ -342,7 +340,7 @@ async fn fold_cost(
             mode,
             ..defaults.clone()
         };
-        let clock = Arc::new(ManualClock::at(T0));
+        let clock = Arc::new(ManualClock::at(crate::fresh::T0));
         let e = Abridge::builder()
             .runtime(runtime.clone())
             .store(Arc::new(MemoryStore::new()))
@@ -365,7 +363,7 @@ async fn fold_cost(
             missing += w.omitted;
             if i % 100 == 99 {
                 // The quiet hours: what a scheduler's idle pass would do.
-                clock.set(at + 2 * 3_600_000 - 1);
+                clock.set(at + 2 * crate::fresh::HOUR - 1);
                 e.after_episode_written("w", &cfg)
                     .await
                     .map_err(crate::fail)?;

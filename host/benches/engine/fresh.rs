@@ -54,13 +54,18 @@ impl CountingModel {
 }
 
 const MINUTE: u64 = 60_000;
-const HOUR: u64 = 60 * MINUTE;
-const T0: u64 = 1_767_225_600_000;
+pub(crate) const HOUR: u64 = 60 * MINUTE;
+pub(crate) const T0: u64 = 1_767_225_600_000;
 
-/// Turn `i` of a synthetic conversation: a turn a minute, and a two-hour pause after every
-/// hundred turns (ten bursts of activity).
+/// When turn `i` of the synthetic conversations arrives: a turn a minute, and a two-hour
+/// pause after every hundred turns (bursts of activity).
+pub(crate) fn turn_time(i: usize) -> u64 {
+    T0 + i as u64 * MINUTE + (i / 100) as u64 * 2 * HOUR
+}
+
+/// Turn `i` of a synthetic conversation, at [`turn_time`].
 fn turn(i: usize) -> (u64, NewEpisode) {
-    let at = T0 + i as u64 * MINUTE + (i / 100) as u64 * 2 * HOUR;
+    let at = turn_time(i);
     let topic = [
         "the schema migration",
         "the replica lag",

@@ -225,26 +225,22 @@ impl TenantIndex {
             && filter.environment.is_none()
             && filter.kind.is_none()
             && filter.key.is_none();
-        let matching = if unfiltered {
-            self.metas.len()
-        } else {
+        // What the filter matches, found once (the selective test and the scan both use it).
+        let matched: Option<Vec<u64>> = (!unfiltered).then(|| {
             self.metas
-                .values()
-                .filter(|m| matches(filter, &m.scope))
-                .count()
-        };
+                .iter()
+                .filter(|(_, m)| matches(filter, &m.scope))
+                .map(|(k, _)| *k)
+                .collect()
+        });
+        let matching = matched.as_ref().map_or(self.metas.len(), Vec::len);
         if matching == 0 {
             return Ok(Vec::new());
         }
         // A selective filter: the exact scan of what it matches.
-        let exact = || {
-            let keys = self
-                .metas
-                .iter()
-                .filter(|(_, m)| matches(filter, &m.scope))
-                .map(|(k, _)| *k)
-                .collect::<Vec<_>>();
-            self.scored(query, keys.into_iter())
+        let exact = || match &matched {
+            Some(keys) => self.scored(query, keys.iter().copied()),
+            None => self.scored(query, self.metas.keys().copied()),
         };
         if !unfiltered && matching <= ANN_MIN.max(self.metas.len() / SELECTIVE) {
             return Ok(exact());
@@ -303,15 +299,6 @@ impl AnnIndexes {
     pub fn drop_tenant(&self, tenant: &str, model: Option<&str>) {
         self.lock()
             .retain(|(t, m), _| t != tenant || model.is_some_and(|x| x != m));
-    }
-
-    /// The models `tenant` has indexes for.
-    pub fn models(&self, tenant: &str) -> Vec<String> {
-        self.lock()
-            .keys()
-            .filter(|(t, _)| t == tenant)
-            .map(|(_, m)| m.clone())
-            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ByTenant> {
