@@ -138,9 +138,27 @@ fn file_kind(name: &str) -> Kind {
 /// Digest entries of `episodes` (id, role, content), in order: action and failure lines, and
 /// (when any action is among them, or `coding` says the session already has some) the user's
 /// requests verbatim.
-pub fn entries<'a>(
-    episodes: impl IntoIterator<Item = (u64, Role, &'a str)>,
+pub fn entries<S: AsRef<str>>(
+    episodes: impl IntoIterator<Item = (u64, Role, S)>,
     coding: bool,
+) -> Vec<Entry> {
+    entries_with(episodes, coding, true)
+}
+
+/// Whether an episode is an action of a coding session (a tool call, or one that failed):
+/// a range's requests are part of its digest only when the range holds one, or the session
+/// is a coding session.
+pub fn is_action(role: Role, content: &str) -> bool {
+    role == Role::Tool && (content.starts_with(ACTION) || content.starts_with(FAILED))
+}
+
+/// [`entries`], told whether requests can be kept at all (`requests`: false when the caller
+/// knows the range holds no action and the session is no coding session), so a long chat's
+/// user messages are not gathered only to be dropped.
+pub fn entries_with<S: AsRef<str>>(
+    episodes: impl IntoIterator<Item = (u64, Role, S)>,
+    coding: bool,
+    requests_kept: bool,
 ) -> Vec<Entry> {
     let mut out: Vec<Entry> = Vec::new();
     let mut requests: Vec<Entry> = Vec::new();
@@ -152,11 +170,12 @@ pub fn entries<'a>(
         count: 1,
     };
     for (id, role, content) in episodes {
+        let content = content.as_ref();
         match role {
             Role::User => {
                 let t = content.trim();
                 // Claude Code's own notes in the user's turn are not requests.
-                if !t.is_empty() && !t.starts_with("[Request interrupted") {
+                if requests_kept && !t.is_empty() && !t.starts_with("[Request interrupted") {
                     requests.push(entry(Kind::Request, t.to_string(), id));
                 }
             }

@@ -845,6 +845,56 @@ fn a_failed_map_reduce_resumes_with_only_the_missing_chunks() {
 }
 
 #[test]
+fn a_map_stage_longer_than_one_wave_reads_its_text_wave_by_wave_and_misses_nothing() {
+    // ~600 chunks: more than two waves of 240 chunks (BATCH), each wave's text read when its
+    // prompts are built.
+    let n = 3_000;
+    let mut f = Fake::with_episodes(n, 100);
+    // Short fixed answers (a model that counts as we estimate), so the reduce levels fit.
+    f.count_ratio = Some(1.0);
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let out = summarize_now(&mut f, "s", &c).unwrap();
+    assert_eq!((out.passes, out.unsummarized), (1, 0));
+    f.assert_chain();
+    assert_eq!(
+        (
+            f.rows.len(),
+            f.rows[0].first_episode,
+            f.rows[0].last_episode
+        ),
+        (1, 1, n as u64)
+    );
+    let maps: Vec<String> = f
+        .requests
+        .iter()
+        .map(Fake::prompt_text)
+        .filter(|p| p.starts_with("You write summaries"))
+        .collect();
+    assert!(maps.len() > 2 * 240, "{} map chunks", maps.len());
+    let mut seen = std::collections::BTreeMap::<u64, u32>::new();
+    for w in maps.iter().flat_map(|m| m.split_whitespace()) {
+        if let Some(i) = w.strip_prefix("ep").and_then(|d| d.parse::<u64>().ok()) {
+            *seen.entry(i).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), n, "every episode is in a map prompt");
+    assert!(seen.values().all(|&k| k == 1), "each in exactly one");
+    // The map stage's progress counts over every wave: monotonic, out of all chunks, and
+    // complete at the end.
+    let stage: Vec<_> = f.progress.iter().filter(|p| p.0 == 0).collect();
+    assert!(
+        stage.iter().all(|p| p.2 as usize == maps.len()),
+        "{stage:?}"
+    );
+    assert!(stage.windows(2).all(|w| w[0].1 <= w[1].1), "{stage:?}");
+    assert_eq!(stage.last().unwrap().1 as usize, maps.len());
+}
+
+#[test]
 fn map_reduce_reports_progress_per_stage_and_caches_each_answer_with_its_key() {
     let c = Config {
         context_length: 1024,

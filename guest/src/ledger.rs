@@ -445,10 +445,10 @@ fn is_path(t: &str) -> bool {
 }
 
 /// The ledger of `episodes` (`(id, text)`, in order), unbudgeted.
-pub fn of_episodes<'a>(episodes: impl IntoIterator<Item = (u64, &'a str)>) -> Ledger {
+pub fn of_episodes<S: AsRef<str>>(episodes: impl IntoIterator<Item = (u64, S)>) -> Ledger {
     let mut l = Ledger::default();
     for (id, text) in episodes {
-        for (kind, t) in extract(text) {
+        for (kind, t) in extract(text.as_ref()) {
             add(&mut l.entries, kind, t, id, 1);
         }
     }

@@ -53,6 +53,92 @@ struct Args {
     /// Memories of one tenant at 1× for recall (10× is ten times this)
     #[arg(long, default_value_t = 10_000)]
     memories: usize,
+    /// Transcript size in MB at 1× for `summarize`'s peak memory (10× is ten times this;
+    /// 0 skips it)
+    #[arg(long, default_value_t = 25)]
+    summarize_mb: u64,
+}
+
+/// A JSON-lines transcript of about `mb` megabytes: alternating turns of ~60 words.
+fn transcript(path: &std::path::Path, mb: u64) {
+    use std::io::Write;
+    let words = [
+        "the",
+        "deploy",
+        "of",
+        "service",
+        "moves",
+        "to",
+        "friday",
+        "after",
+        "review",
+        "we",
+        "agreed",
+        "database",
+        "migration",
+        "needs",
+        "a",
+        "rollback",
+        "plan",
+        "and",
+        "tests",
+        "pass",
+        "on",
+        "staging",
+    ];
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let (mut size, mut i, mut x) = (0u64, 0u64, 7u64);
+    while size < mb << 20 {
+        let mut text = format!("turn {i}:");
+        for _ in 0..60 {
+            // A small LCG: the same file every run.
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            text.push(' ');
+            text.push_str(words[(x >> 33) as usize % words.len()]);
+        }
+        let role = if i.is_multiple_of(2) {
+            "user"
+        } else {
+            "assistant"
+        };
+        let line = serde_json::json!({"role": role, "content": text}).to_string() + "\n";
+        f.write_all(line.as_bytes()).unwrap();
+        size += line.len() as u64;
+        i += 1;
+    }
+    f.flush().unwrap();
+}
+
+/// Peak resident memory (KB) of `abridge summarize FILE` against the test model server at
+/// `url`, from the kernel's accounting of the finished child (`wait4`), and its wall time.
+fn summarize_peak(dir: &std::path::Path, file: &std::path::Path, url: &str) -> (f64, f64) {
+    let db = dir.join(format!(
+        "summarize-{}.db",
+        file.file_stem().unwrap().to_string_lossy()
+    ));
+    let started = Instant::now();
+    // Reaped by `wait4` below, which also reports its peak memory.
+    #[allow(clippy::zombie_processes)]
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
+        .args(["--db", db.to_str().unwrap(), "--backend", "ollama", "-q"])
+        .arg("summarize")
+        .arg(file)
+        .env("EXTRACTION_URL", url)
+        .env("HOME", dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is valid; wait4 fills it for the child this process spawned.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "abridge summarize {} failed ({status})",
+        file.display()
+    );
+    (usage.ru_maxrss as f64, started.elapsed().as_secs_f64())
 }
 
 /// No model: the app runs with the extractive summarizer.
@@ -666,6 +752,46 @@ async fn main() {
         a.jobs,
         Some(0.15),
     );
+
+    // `summarize`'s peak memory on a transcript of N and 10N MB, against the test model server
+    // (the map-reduce path): the file is read twice, a megabyte at a time, and stored as it
+    // is parsed; planning reads sizes, the map stage one wave of chunks at a time.
+    if a.summarize_mb > 0 {
+        let llm = abridge_test_llm::TestServer::start();
+        // A first run compiles the component into the cache (a one-off cost, not measured).
+        let warm = dir.path().join("warm.jsonl");
+        transcript(&warm, 1);
+        summarize_peak(dir.path(), &warm, &llm.url());
+        let mut peak = [0.0; 2];
+        for (k, mb) in [a.summarize_mb, a.summarize_mb * 10]
+            .into_iter()
+            .enumerate()
+        {
+            let file = dir.path().join(format!("t{mb}.jsonl"));
+            transcript(&file, mb);
+            let (kb, secs) = summarize_peak(dir.path(), &file, &llm.url());
+            std::fs::remove_file(&file).unwrap();
+            println!(
+                "  summarize {mb:>4} MB transcript: peak RSS {:.1} MB in {secs:.1} s",
+                kb / 1024.0
+            );
+            peak[k] = kb / 1024.0;
+        }
+        row(
+            "summarize peak RSS (transcript MB)",
+            "MB",
+            peak[0],
+            peak[1],
+            a.summarize_mb as usize,
+            Some(0.15),
+        );
+        println!(
+            "summarize peak RSS at {} MB: {:.1} MB (target <= 80 MB: {})",
+            a.summarize_mb * 10,
+            peak[1],
+            if peak[1] <= 80.0 { "ok" } else { "MISSED" }
+        );
+    }
 
     // Retention: the 10x table back to each tenant's newest 1,000 finished jobs, and what a
     // second pass costs once it is there.

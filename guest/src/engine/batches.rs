@@ -105,7 +105,8 @@ pub fn request_key(req: &Request) -> String {
     format!("{:016x}{:016x}", h[0], h[1])
 }
 
-/// Answers for stage `level`: cached partial summaries where present (checked again by the
+/// Answers for stage `level` (these requests are the ones after `before` of the stage's
+/// `grand` in all, for its progress): cached partial summaries where present (checked again by the
 /// quality gate); the rest go to the model with their cache key, so the host caches each
 /// complete answer as it arrives and a retried, resumed or cancelled map-reduce asks only for
 /// what is missing.
@@ -114,6 +115,7 @@ pub(super) fn cached_batch(
     cfg: &Config,
     reqs: Vec<Request>,
     (level, what): (u32, &str),
+    (before, grand): (usize, usize),
     spent: &mut (u32, u32),
 ) -> Result<Vec<Result<String, Error>>, Error> {
     let total = reqs.len();
@@ -156,7 +158,7 @@ pub(super) fn cached_batch(
         todo_at.push(i);
     }
     let reused = total - todo.len();
-    h.progress(level, reused as u32, total as u32);
+    h.progress(level, (before + reused) as u32, grand as u32);
     if reused > 0 {
         h.log(
             Level::Info,
@@ -172,7 +174,7 @@ pub(super) fn cached_batch(
         todo,
         what,
         spent,
-        (level, reused, total),
+        (level, before + reused, grand),
         Some(&mut rejected),
     );
     let mut again = Vec::new();
@@ -194,7 +196,15 @@ pub(super) fn cached_batch(
         );
         let (at, reqs): (Vec<usize>, Vec<Request>) = again.into_iter().unzip();
         let n = reqs.len();
-        let answers = run_batch(h, cfg, reqs, what, spent, (level, total - n, total), None);
+        let answers = run_batch(
+            h,
+            cfg,
+            reqs,
+            what,
+            spent,
+            (level, before + total - n, grand),
+            None,
+        );
         for (i, r) in at.into_iter().zip(answers) {
             out[i] = Some(r);
         }

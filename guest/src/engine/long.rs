@@ -52,12 +52,9 @@ pub(super) fn map_reduce_if_long(
     if covered >= stats.last_episode.min(upto) {
         return Ok(None);
     }
-    let mut eps = episodes_after_all(h, session, covered)?;
-    eps.retain(|e| e.id <= upto);
-    let backlog: u64 = eps
-        .iter()
-        .map(|e| u64::from(e.tokens) + u64::from(plan::MESSAGE_COST))
-        .sum();
+    // Sizes only: the text is read chunk by chunk as the map stage asks for it.
+    let eps = sizes_after(h, session, covered, upto)?;
+    let backlog = eps.backlog();
     let Some(budget) = long_path(cfg, f, latest.as_ref(), backlog)? else {
         return Ok(None);
     };
@@ -69,121 +66,135 @@ pub(super) fn map_reduce_if_long(
         ),
     );
     let g = map_reduce(h, session, cfg, f, &eps, budget)?;
+    let last = covered + eps.len() as u64;
+    drop(eps);
     // A summarized session gets a new row for the new part; the old rows stay as they are.
     let strategy = if latest.is_some() {
         Strategy::NewRow
     } else {
         Strategy::Fresh
     };
-    let last = covered + eps.len() as u64;
-    let ledger = row_ledger(
+    let ledger = row_ledger_paged(
+        h,
         cfg,
         None,
         coding_before(latest.as_ref()),
-        eps.iter().map(|e| (e.id, e.role, e.content.as_str())),
-    );
+        (session, covered, last),
+    )?;
     write(h, session, cfg, &strategy, covered, last, g, ledger).map(Some)
 }
 
-/// Summarize `eps` (consecutive episodes of one session) from scratch: token-budgeted chunks
-/// of at most `budget` summarized concurrently, then merged in order, level by level, into
-/// one text. One chunk is one fresh summary. A chunk that fails after the host's retries is
-/// skipped and recorded, within `max-skipped-percent`.
+/// Summarize the episodes whose `(id, tokens)` are `sizes` (consecutive episodes of one
+/// session) from scratch: token-budgeted chunks of at most `budget` summarized concurrently,
+/// then merged in order, level by level, into one text. One chunk is one fresh summary. A
+/// chunk that fails after the host's retries is skipped and recorded, within
+/// `max-skipped-percent`. The text is read from the store a wave of [`BATCH`] chunks at a
+/// time, so memory holds one wave's prompts whatever the length of the range.
 pub(super) fn map_reduce(
     h: &mut impl Host,
     session: &str,
     cfg: &Config,
     f: f64,
-    eps: &[Episode],
+    sizes: &Sizes,
     budget: u32,
 ) -> Result<Generated, Error> {
-    let base = eps.first().map_or(1, |e| e.id);
-    let at = |id: u64| &eps[(id - base) as usize];
-    let chunks = plan::plan_chunks(
-        eps.iter().map(|e| (e.id, e.tokens)),
-        chunk_cap(cfg, budget),
-        |id| at(id).content.clone(),
-    );
+    let chunks = chunks_of(h, session, sizes, chunk_cap(cfg, budget))?;
     h.log(
         Level::Debug,
         &format!(
             "session {session}: episodes {}-{} in {} chunks",
-            base,
-            base + eps.len() as u64 - 1,
+            sizes.iter().next().map_or(0, |e| e.0),
+            sizes.iter().last().map_or(0, |e| e.0),
             chunks.len()
         ),
     );
-    let mut parts_of: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
-    let mut reqs = Vec::with_capacity(chunks.len());
-    for c in &chunks {
-        let conversation: Vec<Message> = match c.part {
-            None => (c.first..=c.last)
-                .map(|id| {
-                    Message::new(at(id).role, at(id).content.clone()).by(at(id).speaker.clone())
-                })
-                .collect(),
-            Some((i, n)) => {
-                let e = at(c.first);
-                let parts = parts_of.entry(e.id).or_insert_with(|| {
-                    plan::split_parts(&e.content, chunk_cap(cfg, budget))
-                        .into_iter()
-                        .map(str::to_string)
-                        .collect()
-                });
-                vec![Message::new(
-                    e.role,
-                    format!(
-                        "(part {i} of {n} of one long message)\n{}",
-                        parts[(i - 1) as usize]
-                    ),
-                )]
-            }
-        };
-        reqs.push(request(
-            cfg,
-            prompt::build_x(&conversation, None, &focus_only(cfg)),
-        ));
-    }
     let mut spent = (0u32, 0u32);
-    let results = cached_batch(
-        h,
-        cfg,
-        reqs,
-        (0, &format!("session {session}: map")),
-        &mut spent,
-    )?;
-    // A chunk that still fails after the host's retries is skipped and recorded, unless too
-    // many fail: then the call fails rather than writing a thin summary.
     let mut partials: Vec<Partial> = Vec::new();
     let mut skipped = Vec::new();
     let mut last_error = None;
-    // A chunk the model refused as over-long is not skipped: the estimator was recalibrated
-    // and the whole session is re-planned with smaller chunks.
-    if let Some(Err(e)) = results
-        .iter()
-        .find(|r| matches!(r, Err(Error::ContextOverflow(_))))
-    {
-        return Err(e.clone());
-    }
-    for (c, r) in chunks.iter().zip(results) {
-        match r {
-            Ok(text) => partials.push(Partial {
-                first: c.first,
-                last: c.last,
-                text,
-            }),
-            Err(e) => {
-                h.log(
-                    Level::Warn,
-                    &format!(
-                        "session {session}: skipping episodes {}-{}: {}",
-                        c.first,
-                        c.last,
-                        error_text(&e)
-                    ),
-                );
-                skipped.push((c.first, c.last));
-                last_error = Some(e);
+    for (w, wave) in chunks.chunks(BATCH).enumerate() {
+        let (first, last) = (wave[0].first, wave[wave.len() - 1].last);
+        let mut it = Paged::new(h, session, first - 1, last);
+        let eps: Vec<Episode> = (&mut it).collect();
+        it.check()?;
+        if eps.len() as u64 != last - first + 1 {
+            return Err(Error::Storage(format!(
+                "episodes {first}-{last} of session {session}: the store returned {} of them",
+                eps.len()
+            )));
+        }
+        let at = |id: u64| &eps[(id - first) as usize];
+        let mut parts_of: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+        let mut reqs = Vec::with_capacity(wave.len());
+        for c in wave {
+            let conversation: Vec<Message> = match c.part {
+                None => (c.first..=c.last)
+                    .map(|id| {
+                        Message::new(at(id).role, at(id).content.clone()).by(at(id).speaker.clone())
+                    })
+                    .collect(),
+                Some((i, n)) => {
+                    let e = at(c.first);
+                    let parts = parts_of.entry(e.id).or_insert_with(|| {
+                        plan::split_parts(&e.content, chunk_cap(cfg, budget))
+                            .into_iter()
+                            .map(str::to_string)
+                            .collect()
+                    });
+                    vec![Message::new(
+                        e.role,
+                        format!(
+                            "(part {i} of {n} of one long message)\n{}",
+                            parts[(i - 1) as usize]
+                        ),
+                    )]
+                }
+            };
+            reqs.push(request(
+                cfg,
+                prompt::build_x(&conversation, None, &focus_only(cfg)),
+            ));
+        }
+        drop(parts_of);
+        drop(eps);
+        let results = cached_batch(
+            h,
+            cfg,
+            reqs,
+            (0, &format!("session {session}: map")),
+            (w * BATCH, chunks.len()),
+            &mut spent,
+        )?;
+        // A chunk the model refused as over-long is not skipped: the estimator was
+        // recalibrated and the whole session is re-planned with smaller chunks.
+        if let Some(Err(e)) = results
+            .iter()
+            .find(|r| matches!(r, Err(Error::ContextOverflow(_))))
+        {
+            return Err(e.clone());
+        }
+        // A chunk that still fails after the host's retries is skipped and recorded, unless
+        // too many fail: then the call fails rather than writing a thin summary.
+        for (c, r) in wave.iter().zip(results) {
+            match r {
+                Ok(text) => partials.push(Partial {
+                    first: c.first,
+                    last: c.last,
+                    text,
+                }),
+                Err(e) => {
+                    h.log(
+                        Level::Warn,
+                        &format!(
+                            "session {session}: skipping episodes {}-{}: {}",
+                            c.first,
+                            c.last,
+                            error_text(&e)
+                        ),
+                    );
+                    skipped.push((c.first, c.last));
+                    last_error = Some(e);
+                }
             }
         }
     }
@@ -229,6 +240,7 @@ pub(super) fn map_reduce(
             cfg,
             reqs,
             (level, &format!("session {session}: reduce level {level}")),
+            (0, groups.len()),
             &mut spent,
         )?
         .into_iter()

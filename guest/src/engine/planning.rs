@@ -37,6 +37,149 @@ pub struct PlanReport {
     pub output_tokens: u64,
 }
 
+/// Episodes `after+1..=upto` of a session, read from the host a page at a time: a caller that
+/// walks a long session holds one page of text, not the session. A store error ends the walk;
+/// [`check`](Self::check) reports it.
+pub(super) struct Paged<'h, H: Host> {
+    h: &'h mut H,
+    session: &'h str,
+    after: u64,
+    upto: u64,
+    page: std::collections::VecDeque<Episode>,
+    done: bool,
+    err: Option<Error>,
+}
+
+impl<'h, H: Host> Paged<'h, H> {
+    pub(super) fn new(h: &'h mut H, session: &'h str, after: u64, upto: u64) -> Self {
+        Paged {
+            h,
+            session,
+            after,
+            upto,
+            page: Default::default(),
+            done: false,
+            err: None,
+        }
+    }
+
+    /// The store error that ended the walk early, if any.
+    pub(super) fn check(self) -> Result<(), Error> {
+        self.err.map_or(Ok(()), Err)
+    }
+}
+
+impl<H: Host> Iterator for Paged<'_, H> {
+    type Item = Episode;
+
+    fn next(&mut self) -> Option<Episode> {
+        if self.page.is_empty() && !self.done {
+            match self.h.episodes_after(self.session, self.after, PAGE) {
+                Ok(page) if page.is_empty() => self.done = true,
+                Ok(page) => self.page.extend(page),
+                Err(e) => {
+                    self.err = Some(e);
+                    self.done = true;
+                }
+            }
+        }
+        let e = self.page.pop_front()?;
+        if e.id > self.upto {
+            self.page.clear();
+            self.done = true;
+            return None;
+        }
+        self.after = e.id;
+        Some(e)
+    }
+}
+
+/// The token counts of consecutive episodes from `first`: what planning needs, 4 bytes an
+/// episode, read without keeping any text.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Sizes {
+    first: u64,
+    tokens: Vec<u32>,
+}
+
+impl Sizes {
+    /// Of episodes given as `(id, tokens)`, consecutive.
+    pub(super) fn of(eps: impl IntoIterator<Item = (u64, u32)>) -> Sizes {
+        let mut s = Sizes::default();
+        for (id, t) in eps {
+            if s.tokens.is_empty() {
+                s.first = id;
+            }
+            debug_assert_eq!(id, s.first + s.tokens.len() as u64, "consecutive ids");
+            s.tokens.push(t);
+        }
+        s
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// `(id, tokens)` in order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        (self.first..).zip(self.tokens.iter().copied())
+    }
+
+    /// Their tokens, message costs included.
+    pub(super) fn backlog(&self) -> u64 {
+        self.tokens
+            .iter()
+            .map(|&t| u64::from(t) + u64::from(plan::MESSAGE_COST))
+            .sum()
+    }
+}
+
+/// The sizes of episodes `after+1..=upto`, read a page at a time without keeping any text.
+pub(super) fn sizes_after(
+    h: &mut impl Host,
+    session: &str,
+    after: u64,
+    upto: u64,
+) -> Result<Sizes, Error> {
+    let mut it = Paged::new(h, session, after, upto);
+    let sizes = Sizes::of((&mut it).map(|e| (e.id, e.tokens)));
+    it.check()?;
+    Ok(sizes)
+}
+
+/// One episode's text (planning splits an episode larger than a chunk exactly as execution
+/// will).
+pub(super) fn content_of(h: &mut impl Host, session: &str, id: u64) -> Result<String, Error> {
+    match h.episodes_after(session, id.saturating_sub(1), 1)?.pop() {
+        Some(e) if e.id == id => Ok(e.content),
+        _ => Err(Error::Storage(format!(
+            "episode {id} of session {session} is missing"
+        ))),
+    }
+}
+
+/// Plan map chunks over `sizes`, reading the text of an episode only when it is larger than
+/// a chunk.
+pub(super) fn chunks_of(
+    h: &mut impl Host,
+    session: &str,
+    sizes: &Sizes,
+    cap: u32,
+) -> Result<Vec<plan::Chunk>, Error> {
+    let mut failed = None;
+    let chunks = plan::plan_chunks(sizes.iter(), cap, |id| {
+        content_of(h, session, id).unwrap_or_else(|e| {
+            failed.get_or_insert(e);
+            String::new()
+        })
+    });
+    failed.map_or(Ok(chunks), Err)
+}
+
 /// Every episode after `after`, read page by page.
 pub(super) fn episodes_after_all(
     h: &mut impl Host,
@@ -76,11 +219,9 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
     validate(session, cfg)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
-    let eps = episodes_after_all(h, session, covered)?;
-    let backlog: u64 = eps
-        .iter()
-        .map(|e| u64::from(e.tokens) + u64::from(plan::MESSAGE_COST))
-        .sum();
+    // Sizes only: a long session's text is never held at once.
+    let eps = sizes_after(h, session, covered, u64::MAX)?;
+    let backlog = eps.backlog();
     let out = u64::from(cfg.max_output_tokens);
     let llm = cfg.engine == Engine::Llm;
     let mut report = PlanReport {
@@ -103,12 +244,7 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
     let budget = policy::input_budget_f(cfg, f, fixed).map_err(Error::InvalidInput)?;
     if let Some(map_budget) = long_path(cfg, f, latest.as_ref(), backlog)? {
         let budget = map_budget;
-        let first = eps[0].id;
-        let chunks = plan::plan_chunks(
-            eps.iter().map(|e| (e.id, e.tokens)),
-            chunk_cap(cfg, budget),
-            |id| eps[(id - first) as usize].content.clone(),
-        );
+        let chunks = chunks_of(h, session, &eps, chunk_cap(cfg, budget))?;
         let reduce_budget =
             policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens_x(&focus_only(cfg)))
                 .map_err(Error::InvalidInput)?;

@@ -327,7 +327,12 @@ pub(super) fn catch_up_now(
         out.triggered = true;
         out.passes += 1;
         let reached = row.last_episode;
-        out.written.push(row);
+        // A row updated by successive passes is reported once, as it stands (a long backlog
+        // folds thousands of times into one row).
+        match out.written.last_mut() {
+            Some(last) if last.id == row.id => *last = row,
+            _ => out.written.push(row),
+        }
         // Episodes that arrive while this call runs (a chat app keeps posting) are the next
         // call's work: a call covers what the session held when it started, and ends.
         if reached >= end {
@@ -359,13 +364,51 @@ pub(super) fn row_ledger<'a>(
     episodes: impl IntoIterator<Item = (u64, crate::types::Role, &'a str)>,
 ) -> Ledger {
     let eps: Vec<(u64, crate::types::Role, &str)> = episodes.into_iter().collect();
-    let mut new = if cfg.ledger_tokens == 0 {
-        Ledger::default()
-    } else {
-        ledger::of_episodes(eps.iter().map(|(id, _, t)| (*id, *t)))
-    };
+    let ids = (cfg.ledger_tokens > 0)
+        .then(|| ledger::of_episodes(eps.iter().map(|(id, _, t)| (*id, *t))));
     let coding = coding || base.is_some_and(|b| crate::digest::is_coding(&b.entries));
-    for e in crate::digest::entries(eps.iter().copied(), coding) {
+    let digest = crate::digest::entries(eps.iter().copied(), coding);
+    ledger_of(base, ids, digest)
+}
+
+/// [`row_ledger`] of episodes `after+1..=upto` of the session, read from the store a page at
+/// a time (twice: identifiers, then the digest), so a long range's text is never held at once.
+pub(super) fn row_ledger_paged(
+    h: &mut impl Host,
+    cfg: &Config,
+    base: Option<&Ledger>,
+    coding: bool,
+    (session, after, upto): (&str, u64, u64),
+) -> Result<Ledger, Error> {
+    // The first walk: identifiers, and whether the range holds an action (a chat's requests
+    // are then never gathered).
+    let mut acts = false;
+    let mut it = Paged::new(h, session, after, upto);
+    let l = ledger::of_episodes((&mut it).map(|e| {
+        acts = acts || crate::digest::is_action(e.role, &e.content);
+        let text = if cfg.ledger_tokens > 0 {
+            e.content
+        } else {
+            String::new()
+        };
+        (e.id, text)
+    }));
+    it.check()?;
+    let ids = (cfg.ledger_tokens > 0).then_some(l);
+    let coding = coding || base.is_some_and(|b| crate::digest::is_coding(&b.entries));
+    let mut it = Paged::new(h, session, after, upto);
+    let digest = crate::digest::entries_with(
+        (&mut it).map(|e| (e.id, e.role, e.content)),
+        coding,
+        coding || acts,
+    );
+    it.check()?;
+    Ok(ledger_of(base, ids, digest))
+}
+
+fn ledger_of(base: Option<&Ledger>, ids: Option<Ledger>, digest: Vec<ledger::Entry>) -> Ledger {
+    let mut new = ids.unwrap_or_default();
+    for e in digest {
         ledger::add(&mut new.entries, e.kind, e.text, e.episode, e.count);
     }
     let merged = match base {

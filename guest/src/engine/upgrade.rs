@@ -77,7 +77,8 @@ pub(super) fn upgrade_fallback_rows(
                 eps.len()
             )));
         }
-        let g = map_reduce(h, session, &strict, f, &eps, budget)?;
+        let sizes = Sizes::of(eps.iter().map(|e| (e.id, e.tokens)));
+        let g = map_reduce(h, session, &strict, f, &sizes, budget)?;
         let ledger = row_ledger(
             cfg,
             None,

@@ -7,6 +7,7 @@
 
 use super::{AppError, AppResult, Scoped};
 use crate::jobs::Job;
+use crate::transcript;
 use crate::types::{Config, NewEpisode};
 
 /// The file a conversation was read from, so a summary can say how far into it it reaches.
@@ -80,7 +81,55 @@ impl Scoped {
         bring: Bring<'_>,
     ) -> AppResult<ConversationImport> {
         super::check_session(session)?;
-        let added = self.engine().append(session, episodes).await?;
+        let added = if episodes.is_empty() {
+            0
+        } else {
+            self.engine().append(session, episodes).await?
+        };
+        self.finish_import(session, added, source, bring).await
+    }
+
+    /// Store the episodes of a [`scan`](transcript::scan)ned transcript, reading it a second
+    /// time one read at a time: conversation `i` of `scanned` goes to `sessions[i]`. Returns
+    /// the episodes new to each session. Memory holds one read's episodes, whatever the size
+    /// of the input; each session is then finished with [`finish_import`](Self::finish_import).
+    pub async fn store_scanned(
+        &self,
+        name: &str,
+        input: &mut transcript::Input<'_>,
+        scanned: &transcript::Scanned,
+        sessions: &[String],
+        opts: transcript::Options,
+    ) -> AppResult<Vec<u32>> {
+        debug_assert_eq!(sessions.len(), scanned.conversations.len());
+        for s in sessions {
+            super::check_session(s)?;
+        }
+        let mut added = vec![0u32; sessions.len()];
+        let mut stream = transcript::Stream::new(self.engine(), name, input, scanned, opts).await?;
+        while let Some(parts) = stream.next().await? {
+            for p in parts {
+                let Some(i) = scanned.position(p.index) else {
+                    continue;
+                };
+                if p.episodes.is_empty() {
+                    continue;
+                }
+                added[i] += self.engine().append(&sessions[i], &p.episodes).await?;
+            }
+        }
+        Ok(added)
+    }
+
+    /// After a conversation's episodes are stored (`added` of them new): record how far into
+    /// `source` the session reaches, and bring the summary up to date as `bring` asks.
+    pub async fn finish_import(
+        &self,
+        session: &str,
+        added: u32,
+        source: Option<SourceFile<'_>>,
+        bring: Bring<'_>,
+    ) -> AppResult<ConversationImport> {
         let stats = self.store().stats(session).await?;
         if let Some(f) = source {
             self.mark_source(session, f.path, stats.last_episode, f.bytes)

@@ -982,8 +982,10 @@ impl Scoped {
             max_episodes: limits.episodes_per_upload,
             ..opts
         };
-        let parsed = transcript::parse_bytes(self.engine(), name, bytes, format, opts).await?;
-        let n = parsed.conversations.len();
+        let mut input = transcript::Input::Bytes(bytes);
+        let scanned =
+            transcript::scan(self.engine(), name, &mut input, format, opts, u64::MAX).await?;
+        let n = scanned.conversations.len();
         if limits.conversations_per_upload > 0 && n > limits.conversations_per_upload {
             return Err(AppError::new(
                 ErrorKind::TooLarge,
@@ -1019,33 +1021,37 @@ impl Scoped {
         if many && session.is_some() {
             return Err(AppError::invalid(format!(
                 "{name} holds {} conversations, which are imported as one session each; leave the session out",
-                parsed.conversations.len()
+                n
             )));
         }
-        let mut out = Vec::new();
-        for (i, conv) in parsed.conversations.into_iter().enumerate() {
-            let id = match session {
+        // The second pass stores the episodes, once every session is named.
+        let mut sessions = Vec::with_capacity(n);
+        for (i, conv) in scanned.conversations.iter().enumerate() {
+            sessions.push(match session {
                 Some(s) => s.to_string(),
                 None => {
                     let file = std::path::Path::new(name);
                     let base = naming::base(conv.id.as_deref(), file, many.then_some(i));
                     self.session_for(&base, None).await?
                 }
-            };
-            let total = conv.episodes.len() as u64;
-            let done = self
-                .import_conversation(&id, &conv.episodes, None, Bring::Queue)
-                .await?;
+            });
+        }
+        let added = self
+            .store_scanned(name, &mut input, &scanned, &sessions, opts)
+            .await?;
+        let mut out = Vec::new();
+        for ((conv, id), added) in scanned.conversations.into_iter().zip(sessions).zip(added) {
+            let done = self.finish_import(&id, added, None, Bring::Queue).await?;
             self.label_session(&id, conv.title.as_deref(), None).await?;
             out.push(Imported {
                 session: id,
                 title: conv.title,
-                episodes: total,
+                episodes: conv.episodes,
                 stored: u64::from(done.added),
                 job: done.job.map(|j| self.job_view(&j)),
             });
         }
-        Ok((out, parsed.warnings))
+        Ok((out, scanned.warnings))
     }
 
     /// The context for the next model call, from what is summarized now. Never waits for the

@@ -45,6 +45,20 @@ pub struct Conversation {
     pub episodes: Vec<NewEpisode>,
 }
 
+/// Episodes of one conversation completed by one read (streaming parse).
+#[derive(Clone, Debug)]
+pub struct Part {
+    /// The conversation's position in the file as the parser counts it (0 for
+    /// single-conversation formats).
+    pub index: u32,
+    /// Its own id, once known.
+    pub id: Option<String>,
+    /// Its title, once known.
+    pub title: Option<String>,
+    /// Its episodes completed by this read.
+    pub episodes: Vec<NewEpisode>,
+}
+
 /// A parsed file.
 #[derive(Clone, Debug)]
 pub struct Parsed {
@@ -215,6 +229,269 @@ pub async fn read_file(
     feeder.finish().await
 }
 
+/// A transcript that is read twice — once to check it, once to store it — so that neither
+/// pass holds more of it than one read ([`scan`], then [`Stream`]).
+pub enum Input<'a> {
+    /// A file, reopened for each pass (the second reads only the bytes the first checked).
+    Path(&'a Path),
+    /// Bytes already in memory (a request body, bounded by the server's body limit).
+    Bytes(&'a [u8]),
+    /// Standard input (or any stream), spooled to an unnamed temporary file that is gone when
+    /// this is dropped.
+    Spooled(std::fs::File),
+}
+
+impl<'a> Input<'a> {
+    /// The file at `path` (`-` is standard input, spooled), refused when over `max_bytes`
+    /// or a directory.
+    pub fn open(path: &'a Path, max_bytes: u64) -> Result<Input<'a>, TranscriptError> {
+        let name = path.display().to_string();
+        let io = |source| TranscriptError::Io {
+            path: name.clone(),
+            source,
+        };
+        if name == "-" {
+            return Self::spool(&name, &mut std::io::stdin().lock(), max_bytes);
+        }
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.is_dir() {
+            return Err(io(std::io::Error::other(
+                "it is a directory, not a transcript file",
+            )));
+        }
+        if meta.is_file() && meta.len() > max_bytes {
+            return Err(TranscriptError::TooLarge {
+                path: name,
+                size: meta.len(),
+                limit: max_bytes,
+            });
+        }
+        if !meta.is_file() {
+            // A FIFO or a device reads once: spool it.
+            let mut f = std::fs::File::open(path).map_err(io)?;
+            return Self::spool(&name, &mut f, max_bytes);
+        }
+        Ok(Input::Path(path))
+    }
+
+    /// Copy at most `max_bytes` of `r` to an unnamed temporary file (one byte more is
+    /// [`TranscriptError::TooLarge`]); memory holds one copy buffer.
+    pub fn spool(
+        name: &str,
+        r: &mut impl std::io::Read,
+        max_bytes: u64,
+    ) -> Result<Input<'a>, TranscriptError> {
+        let io = |source| TranscriptError::Io {
+            path: name.to_string(),
+            source,
+        };
+        let mut f = tempfile::tempfile().map_err(io)?;
+        let n = std::io::copy(
+            &mut std::io::Read::take(&mut *r, max_bytes.saturating_add(1)),
+            &mut f,
+        )
+        .map_err(io)?;
+        if n > max_bytes {
+            return Err(TranscriptError::TooLarge {
+                path: name.to_string(),
+                size: n,
+                limit: max_bytes,
+            });
+        }
+        Ok(Input::Spooled(f))
+    }
+
+    /// A reader from the start.
+    fn reader(&mut self) -> std::io::Result<Box<dyn std::io::Read + Send + '_>> {
+        Ok(match self {
+            Input::Path(p) => Box::new(std::fs::File::open(p)?),
+            Input::Bytes(b) => Box::new(*b),
+            Input::Spooled(f) => {
+                std::io::Seek::rewind(f)?;
+                Box::new(&*f)
+            }
+        })
+    }
+}
+
+/// One conversation of a checked transcript: what naming and planning need, without its
+/// episodes.
+#[derive(Clone, Debug)]
+pub struct Outline {
+    /// The parser's index of the conversation (see [`Part::index`]).
+    pub index: u32,
+    /// The conversation's own id (Claude Code `sessionId`, ChatGPT conversation id).
+    pub id: Option<String>,
+    /// A title, when the format carries one.
+    pub title: Option<String>,
+    /// Its episodes.
+    pub episodes: u64,
+}
+
+/// A checked transcript ([`scan`]): every line parsed, nothing kept but the outline.
+#[derive(Clone, Debug)]
+pub struct Scanned {
+    /// The format read.
+    pub format: Format,
+    /// Its conversations with episodes, in file order.
+    pub conversations: Vec<Outline>,
+    /// Lines skipped, and why.
+    pub warnings: Vec<String>,
+    /// Bytes read (the second pass reads these and no more).
+    pub bytes: u64,
+}
+
+impl Scanned {
+    /// The position in [`conversations`](Self::conversations) of the parser's index.
+    pub fn position(&self, index: u32) -> Option<usize> {
+        self.conversations.iter().position(|c| c.index == index)
+    }
+}
+
+/// Read chunks of `reader` (at most `max_bytes`) into `feeder`, handing each read's parts to
+/// `each`; ends the parse at the end of the input.
+async fn pump(
+    feeder: &mut Feeder<'_>,
+    reader: &mut (dyn std::io::Read + Send + '_),
+    max_bytes: u64,
+    each: &mut (dyn FnMut(Vec<Part>) + Send),
+) -> Result<(), TranscriptError> {
+    let mut buf = vec![0u8; FEED_BYTES];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(TranscriptError::Io {
+                    path: feeder.name.clone(),
+                    source: e,
+                });
+            }
+        };
+        if feeder.bytes + n as u64 > max_bytes {
+            return Err(TranscriptError::TooLarge {
+                path: feeder.name.clone(),
+                size: feeder.bytes + n as u64,
+                limit: max_bytes,
+            });
+        }
+        feeder.feed(&buf[..n]).await?;
+        each(feeder.drain_parts());
+    }
+    feeder.end().await?;
+    each(feeder.drain_parts());
+    Ok(())
+}
+
+/// The first pass: parse the whole input in the sandbox, one read at a time, keeping only
+/// each conversation's id, title and episode count. A malformed line (unless skipped), an
+/// input over `max_bytes` or over `opts.max_episodes` episodes is refused here, before
+/// anything is stored.
+pub async fn scan(
+    engine: &Abridge,
+    name: &str,
+    input: &mut Input<'_>,
+    format: Option<Format>,
+    opts: Options,
+    max_bytes: u64,
+) -> Result<Scanned, TranscriptError> {
+    let mut feeder = Feeder::streaming(engine, name, format, opts).await?;
+    let mut reader = input.reader().map_err(|source| TranscriptError::Io {
+        path: name.to_string(),
+        source,
+    })?;
+    let mut seen: Vec<Outline> = Vec::new();
+    pump(&mut feeder, &mut *reader, max_bytes, &mut |parts| {
+        for p in parts {
+            let o = match seen.iter_mut().rev().find(|o| o.index == p.index) {
+                Some(o) => o,
+                None => {
+                    seen.push(Outline {
+                        index: p.index,
+                        id: None,
+                        title: None,
+                        episodes: 0,
+                    });
+                    seen.last_mut().expect("just pushed")
+                }
+            };
+            o.id = p.id.or(o.id.take());
+            o.title = p.title.or(o.title.take());
+            o.episodes += p.episodes.len() as u64;
+        }
+    })
+    .await?;
+    seen.retain(|o| o.episodes > 0);
+    seen.sort_by_key(|o| o.index);
+    Ok(Scanned {
+        format: feeder.format().unwrap_or(Format::Jsonl),
+        conversations: seen,
+        warnings: feeder.finish_warnings(),
+        bytes: feeder.bytes,
+    })
+}
+
+/// The second pass over a [`scan`]ned input: its episodes, one read at a time, for the
+/// caller to store as they come.
+pub struct Stream<'i, 'e> {
+    feeder: Feeder<'e>,
+    reader: Box<dyn std::io::Read + Send + 'i>,
+    buf: Vec<u8>,
+    ended: bool,
+}
+
+impl<'i, 'e> Stream<'i, 'e> {
+    /// Read `input` again, in the format and up to the length `scanned` found.
+    pub async fn new(
+        engine: &'e Abridge,
+        name: &str,
+        input: &'i mut Input<'_>,
+        scanned: &Scanned,
+        opts: Options,
+    ) -> Result<Stream<'i, 'e>, TranscriptError> {
+        let feeder = Feeder::streaming(engine, name, Some(scanned.format), opts).await?;
+        let reader = input.reader().map_err(|source| TranscriptError::Io {
+            path: name.to_string(),
+            source,
+        })?;
+        Ok(Stream {
+            feeder,
+            reader: Box::new(std::io::Read::take(reader, scanned.bytes)),
+            buf: vec![0u8; FEED_BYTES],
+            ended: false,
+        })
+    }
+
+    /// The parts completed by the next read; `None` once the input is done. (An error here
+    /// means the file changed since it was checked.)
+    pub async fn next(&mut self) -> Result<Option<Vec<Part>>, TranscriptError> {
+        if self.ended {
+            return Ok(None);
+        }
+        loop {
+            match self.reader.read(&mut self.buf) {
+                Ok(0) => {
+                    self.ended = true;
+                    self.feeder.end().await?;
+                    return Ok(Some(self.feeder.drain_parts()));
+                }
+                Ok(n) => {
+                    self.feeder.feed(&self.buf[..n]).await?;
+                    return Ok(Some(self.feeder.drain_parts()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(TranscriptError::Io {
+                        path: self.feeder.name.clone(),
+                        source: e,
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// Parse bytes named `name` (used in messages).
 pub async fn parse_bytes(
     engine: &Abridge,
@@ -263,8 +540,9 @@ pub struct Feeder<'a> {
     name: String,
     format: Option<Format>,
     conversations: Vec<Conversation>,
-    /// Streaming: the episodes completed since the last [`drain`](Self::drain).
-    episodes: Vec<NewEpisode>,
+    /// Streaming: the conversations' episodes completed since the last
+    /// [`drain`](Self::drain).
+    parts: Vec<Part>,
     streaming: bool,
     warnings: Vec<String>,
     /// Bytes fed so far.
@@ -319,7 +597,7 @@ impl<'a> Feeder<'a> {
             name: name.to_string(),
             format,
             conversations: Vec::new(),
-            episodes: Vec::new(),
+            parts: Vec::new(),
             streaming: !whole,
             warnings: Vec::new(),
             bytes: 0,
@@ -339,12 +617,7 @@ impl<'a> Feeder<'a> {
 
     /// End of input: everything parsed.
     pub async fn finish(mut self) -> Result<Parsed, TranscriptError> {
-        let r = self
-            .parser
-            .finish()
-            .await
-            .map_err(|e| sandbox(&self.name, e))?;
-        self.take(r).await?;
+        self.end().await?;
         // The guest refuses a file without messages (`no-messages`) and never delivers an
         // empty conversation.
         Ok(Parsed {
@@ -355,6 +628,22 @@ impl<'a> Feeder<'a> {
         })
     }
 
+    /// End of input, keeping the feeder: the last episodes are [`drain`](Self::drain)ed
+    /// after it.
+    pub async fn end(&mut self) -> Result<(), TranscriptError> {
+        let r = self
+            .parser
+            .finish()
+            .await
+            .map_err(|e| sandbox(&self.name, e))?;
+        self.take(r).await
+    }
+
+    /// The format read (once known).
+    pub fn format(&self) -> Option<Format> {
+        self.format
+    }
+
     /// The warnings gathered so far (skipped lines), taken out of the feeder.
     pub fn finish_warnings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.warnings)
@@ -362,7 +651,16 @@ impl<'a> Feeder<'a> {
 
     /// Take the episodes completed so far out of a [`streaming`](Self::streaming) feeder.
     pub fn drain(&mut self) -> Vec<NewEpisode> {
-        std::mem::take(&mut self.episodes)
+        std::mem::take(&mut self.parts)
+            .into_iter()
+            .flat_map(|p| p.episodes)
+            .collect()
+    }
+
+    /// Take the conversations' episodes completed so far out of a
+    /// [`streaming`](Self::streaming) feeder, each with its conversation.
+    pub fn drain_parts(&mut self) -> Vec<Part> {
+        std::mem::take(&mut self.parts)
     }
 
     async fn take(&mut self, r: Result<ParseBatch, ParseError>) -> Result<(), TranscriptError> {
@@ -384,7 +682,12 @@ impl<'a> Feeder<'a> {
                 speaker: e.speaker,
             });
             if self.streaming {
-                self.episodes.extend(episodes);
+                self.parts.push(Part {
+                    index: part.index,
+                    id: part.id,
+                    title: part.title,
+                    episodes: episodes.collect(),
+                });
             } else {
                 self.conversations.push(Conversation {
                     id: part.id,

@@ -260,6 +260,22 @@ macro_rules! summarizer {
     }};
 }
 
+/// A `summarizer` call that works through a session's episodes (catching up, planning): its
+/// CPU budget grows with the session, [`FUEL_PER_TOKEN`] per stored token on top of the
+/// per-call budget, so a long transcript is not cut off by a limit meant for runaway loops.
+macro_rules! summarizer_sized {
+    ($self:ident, $session:expr, $control:expr, $method:ident($($arg:expr),*)) => {{
+        let fuel = $self.fuel_for($session).await;
+        let (mut store, g) = $self.instance_with($control).await?;
+        store.set_fuel(fuel).map_err(|e| $self.trap(e))?;
+        g.abridge_engine_summarizer()
+            .$method(&mut store, $($arg),*)
+            .await
+            .map_err(|e| $self.trap_with(e, fuel))?
+            .map_err(CallError::Engine)
+    }};
+}
+
 /// One call of a `memories` export in a fresh instance.
 macro_rules! memories {
     ($self:ident, $method:ident($($arg:expr),*)) => {{
@@ -419,8 +435,26 @@ impl Abridge {
         Ok((store, guest))
     }
 
+    /// The CPU budget of a call that works through `session`: the per-call budget plus
+    /// [`FUEL_PER_TOKEN`] per token the session holds (the per-call budget alone when its
+    /// figures cannot be read; the call itself then reports the store's error).
+    async fn fuel_for(&self, session: &str) -> u64 {
+        let tokens = self
+            .store
+            .stats(session)
+            .await
+            .map_or(0, |s| s.total_tokens);
+        self.fuel
+            .saturating_add(tokens.saturating_mul(crate::sandbox::FUEL_PER_TOKEN))
+    }
+
     /// Turn a trap into an error that names the limit it hit, if any.
     fn trap(&self, e: wasmtime::Error) -> CallError {
+        self.trap_with(e, self.fuel)
+    }
+
+    /// [`trap`](Self::trap) for a call that was given `fuel`.
+    fn trap_with(&self, e: wasmtime::Error, fuel: u64) -> CallError {
         let e = anyhow::Error::from(e);
         if e.downcast_ref::<Cancelled>().is_some() {
             return CallError::Cancelled;
@@ -430,8 +464,7 @@ impl Abridge {
             Some(wasmtime::Trap::OutOfFuel)
         ) {
             return CallError::Host(e.context(format!(
-                "the engine used up its CPU budget of {} fuel units in one call; raise it with AbridgeBuilder::fuel",
-                self.fuel
+                "the engine used up its CPU budget of {fuel} fuel units in one call; raise it with AbridgeBuilder::fuel"
             )));
         }
         // StoreLimits with trap_on_grow_failure says "forcing trap when growing memory".
@@ -512,7 +545,12 @@ impl Abridge {
         session: &str,
         cfg: &Config,
     ) -> Result<Outcome, CallError> {
-        summarizer!(self, None, call_after_episode_written(session, cfg))
+        summarizer_sized!(
+            self,
+            session,
+            None,
+            call_after_episode_written(session, cfg)
+        )
     }
 
     /// Summarize now, ignoring the trigger, until every episode is covered.
@@ -528,7 +566,7 @@ impl Abridge {
         cfg: &Config,
         control: Option<Arc<CallControl>>,
     ) -> Result<Outcome, CallError> {
-        summarizer!(self, control, call_summarize_now(session, cfg))
+        summarizer_sized!(self, session, control, call_summarize_now(session, cfg))
     }
 
     /// Summarize until episode `upto` is covered, whatever the trigger, the mode or a backoff
@@ -541,12 +579,12 @@ impl Abridge {
         upto: u64,
         control: Option<Arc<CallControl>>,
     ) -> Result<Outcome, CallError> {
-        summarizer!(self, control, call_catch_up(session, cfg, upto))
+        summarizer_sized!(self, session, control, call_catch_up(session, cfg, upto))
     }
 
     /// What `summarize_now` would do, without calling the model or writing anything.
     pub async fn plan(&self, session: &str, cfg: &Config) -> Result<PlanReport, CallError> {
-        summarizer!(self, None, call_plan(session, cfg))
+        summarizer_sized!(self, session, None, call_plan(session, cfg))
     }
 
     /// The session's freshness under `cfg` (mode, backoff), from the clock; no model call.
@@ -586,7 +624,7 @@ impl Abridge {
         cfg: &Config,
         control: Option<Arc<CallControl>>,
     ) -> Result<Outcome, CallError> {
-        summarizer!(self, control, call_refresh(session, cfg))
+        summarizer_sized!(self, session, control, call_refresh(session, cfg))
     }
 
     /// The context for the next model call: the summary plus recent turns within a budget.

@@ -219,31 +219,36 @@ pub(super) fn row_json(r: &SummaryRow) -> serde_json::Value {
 }
 
 /// The base of conversation `i`'s session name (see [`abridge_app::naming`]).
-fn base_for(conv: &transcript::Conversation, file: &Path, i: usize, many: bool) -> naming::Base {
-    naming::base(conv.id.as_deref(), file, many.then_some(i))
+fn base_for(id: Option<&str>, file: &Path, i: usize, many: bool) -> naming::Base {
+    naming::base(id, file, many.then_some(i))
 }
 
 pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let format = Format::parse(&a.format).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
     let parser = pure_engine(s)?;
-    let parsed =
-        transcript::read_file(&parser, &a.file, format, a.read.options(), a.read.max_bytes).await?;
-    for w in &parsed.warnings {
+    let name = a.file.display().to_string();
+    let opts = a.read.options();
+    // Two passes, neither holding the file: the first checks every line and counts, the
+    // second stores one read at a time (standard input is spooled to a temporary file).
+    let mut input = transcript::Input::open(&a.file, a.read.max_bytes)?;
+    let scanned =
+        transcript::scan(&parser, &name, &mut input, format, opts, a.read.max_bytes).await?;
+    for w in &scanned.warnings {
         note(s, w);
     }
-    let many = parsed.conversations.len() > 1;
+    let many = scanned.conversations.len() > 1;
     if many && a.session.is_some() {
         return Err(Failure::new(
             Exit::Input,
             anyhow!(
                 "{} holds {} conversations, which are imported as one session each; drop --session",
                 a.file.display(),
-                parsed.conversations.len()
+                scanned.conversations.len()
             ),
         ));
     }
     if a.dry_run {
-        return dry_run(s, &a, &parser, parsed.conversations).await;
+        return dry_run(s, &a, &parser, &mut input, &scanned).await;
     }
     let source = std::fs::canonicalize(&a.file)
         .unwrap_or_else(|_| a.file.clone())
@@ -255,15 +260,22 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let local = super::app::local(s, Some(&backend))?;
     let engine = local.engine();
     let model = backend.model_name(&cfg);
-    for (i, conv) in parsed.conversations.into_iter().enumerate() {
-        let session = match &a.session {
+    let mut sessions = Vec::with_capacity(scanned.conversations.len());
+    for (i, conv) in scanned.conversations.iter().enumerate() {
+        sessions.push(match &a.session {
             Some(given) => given.clone(),
             None => {
-                let base = base_for(&conv, &a.file, i, many);
+                let base = base_for(conv.id.as_deref(), &a.file, i, many);
                 local.session_for(&base, Some(&a.file)).await?
             }
-        };
-        let total = conv.episodes.len();
+        });
+    }
+    let added = local
+        .store_scanned(&name, &mut input, &scanned, &sessions, opts)
+        .await?;
+    drop(input);
+    for ((conv, session), added) in scanned.conversations.iter().zip(sessions).zip(added) {
+        let total = conv.episodes;
         local
             .label_session(
                 &session,
@@ -273,22 +285,21 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
             .await?;
         let file = (source != "-").then_some(SourceFile {
             path: &source,
-            bytes: parsed.bytes,
+            bytes: scanned.bytes,
         });
         let done = shown(
             s,
             &local,
             Some(&session),
             Show::Own(mode),
-            local.import_conversation(&session, &conv.episodes, file, Bring::Now(&cfg)),
+            local.finish_import(&session, added, file, Bring::Now(&cfg)),
         )
         .await?;
-        let added = done.added;
         note(
             s,
             &format!(
                 "session {session}: {total} episodes read ({}), {added} new",
-                parsed.format
+                scanned.format
             ),
         );
         if let Some(e) = done.failure {
@@ -344,7 +355,8 @@ async fn dry_run(
     s: &Settings,
     a: &SummarizeArgs,
     engine: &Abridge,
-    conversations: Vec<transcript::Conversation>,
+    input: &mut transcript::Input<'_>,
+    scanned: &transcript::Scanned,
 ) -> Result<(), Failure> {
     let mut cfg = s.config.clone();
     cfg.engine = if s.backend == BackendChoice::Extractive {
@@ -352,13 +364,29 @@ async fn dry_run(
     } else {
         Engine::Llm
     };
-    let many = conversations.len() > 1;
-    for (i, conv) in conversations.into_iter().enumerate() {
-        let session = a
-            .session
-            .clone()
-            .unwrap_or_else(|| base_for(&conv, &a.file, i, many).plain());
-        engine.append(&session, &conv.episodes).await?;
+    let many = scanned.conversations.len() > 1;
+    let sessions: Vec<String> = scanned
+        .conversations
+        .iter()
+        .enumerate()
+        .map(|(i, conv)| {
+            a.session
+                .clone()
+                .unwrap_or_else(|| base_for(conv.id.as_deref(), &a.file, i, many).plain())
+        })
+        .collect();
+    // The plan reads stored counts: the episodes go to the in-memory store, one read at a time.
+    let name = a.file.display().to_string();
+    let mut stream =
+        transcript::Stream::new(engine, &name, input, scanned, a.read.options()).await?;
+    while let Some(parts) = stream.next().await? {
+        for p in parts {
+            if let Some(i) = scanned.position(p.index) {
+                engine.append(&sessions[i], &p.episodes).await?;
+            }
+        }
+    }
+    for session in sessions {
         let p = engine.plan(&session, &cfg).await?;
         let path = match p.path {
             abridge_engine::types::PlanPath::Nothing => "nothing",
