@@ -261,8 +261,9 @@ macro_rules! summarizer {
 }
 
 /// A `summarizer` call that works through a session's episodes (catching up, planning): its
-/// CPU budget grows with the session, [`FUEL_PER_TOKEN`] per stored token on top of the
-/// per-call budget, so a long transcript is not cut off by a limit meant for runaway loops.
+/// CPU budget grows with the session (one more per-call budget per
+/// [`TOKENS_PER_BUDGET`](crate::sandbox::TOKENS_PER_BUDGET) stored tokens), so a long
+/// transcript is not cut off by a limit meant for runaway loops.
 macro_rules! summarizer_sized {
     ($self:ident, $session:expr, $control:expr, $method:ident($($arg:expr),*)) => {{
         let fuel = $self.fuel_for($session).await;
@@ -435,17 +436,20 @@ impl Abridge {
         Ok((store, guest))
     }
 
-    /// The CPU budget of a call that works through `session`: the per-call budget plus
-    /// [`FUEL_PER_TOKEN`] per token the session holds (the per-call budget alone when its
-    /// figures cannot be read; the call itself then reports the store's error).
+    /// The CPU budget of a call that works through `session`: the per-call budget, once more
+    /// per [`TOKENS_PER_BUDGET`](crate::sandbox::TOKENS_PER_BUDGET) tokens the session holds
+    /// (the per-call budget alone when its figures cannot be read; the call itself then
+    /// reports the store's error).
     async fn fuel_for(&self, session: &str) -> u64 {
         let tokens = self
             .store
             .stats(session)
             .await
             .map_or(0, |s| s.total_tokens);
+        let extra = u128::from(self.fuel) * u128::from(tokens)
+            / u128::from(crate::sandbox::TOKENS_PER_BUDGET);
         self.fuel
-            .saturating_add(tokens.saturating_mul(crate::sandbox::FUEL_PER_TOKEN))
+            .saturating_add(u64::try_from(extra).unwrap_or(u64::MAX))
     }
 
     /// Turn a trap into an error that names the limit it hit, if any.

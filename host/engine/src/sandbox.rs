@@ -22,11 +22,12 @@ pub const DEFAULT_MEMORY_LIMIT: usize = 256 << 20;
 /// 10 million) but a hard stop for a runaway loop.
 pub const DEFAULT_FUEL: u64 = 200_000_000_000;
 
-/// Fuel added per token a session holds, for the calls that work through its episodes
-/// (catching up, planning). Measured: folding takes up to ~8,000 units per token (the
-/// extractive summarizer), map-reduce ~4,000; this leaves room for twice the worst, so a
-/// 256 MiB transcript (~60 million tokens) is summarized in one call.
-pub const FUEL_PER_TOKEN: u64 = 16_000;
+/// Tokens of a session per additional per-call budget, for the calls that work through its
+/// episodes (catching up, planning): such a call gets `fuel × (1 + tokens / this)`. At the
+/// default budget that is 16,000 units per token. Measured: folding takes up to ~8,000 units
+/// per token (the extractive summarizer), map-reduce ~4,000, so a 256 MiB transcript (~60
+/// million tokens) is summarized in one call. A tighter `fuel` stays proportionally tight.
+pub const TOKENS_PER_BUDGET: u64 = 12_500_000;
 
 /// A context that grants the guest nothing.
 pub fn empty_ctx() -> WasiCtx {
