@@ -602,6 +602,7 @@ async fn main() {
     // session list, recall.
     let mut ctx = [0.0; 2];
     let mut cov = [0.0; 2];
+    let mut cov_before = [0.0; 2];
     for (k, n) in [a.backlog, a.backlog * 10].into_iter().enumerate() {
         let store = Arc::new(SqliteStore::open(&dir.path().join(format!("app-{n}.db"))).unwrap());
         let app = app_on(store, runtime.clone());
@@ -641,6 +642,21 @@ async fn main() {
             t.push(started.elapsed().as_secs_f64() * 1e6);
         }
         cov[k] = p50(t);
+        // Before: coverage read every episode of the session to sum its bytes.
+        let mut t = Vec::new();
+        for _ in 0..a.calls.min(20) {
+            let started = Instant::now();
+            let (mut after, mut bytes) = (0u64, 0u64);
+            loop {
+                let page = app.store().episodes_after("s", after, 1000).await.unwrap();
+                let Some(last) = page.last() else { break };
+                after = last.id;
+                bytes += page.iter().map(|e| e.content.len() as u64).sum::<u64>();
+            }
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+            assert!(bytes > 0);
+        }
+        cov_before[k] = p50(t);
     }
     row(
         "context, caught up (episodes in the session)",
@@ -657,6 +673,14 @@ async fn main() {
         cov[1],
         a.backlog,
         Some(0.15),
+    );
+    row(
+        "  before (every episode read to sum its bytes)",
+        "us",
+        cov_before[0],
+        cov_before[1],
+        a.backlog,
+        None,
     );
     let mut list = [0.0; 2];
     let mut search = [0.0; 2];

@@ -299,7 +299,8 @@ export class SqliteStore {
     this.#st = {
       ensure: p('INSERT OR IGNORE INTO sessions (id) VALUES (?)'),
       next: p('SELECT episodes + 1 AS next, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) AS seq, total_tokens AS through FROM sessions WHERE id = ?'),
-      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)'),
+      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)'),
+      lastBytes: p('SELECT COALESCE((SELECT bytes_through FROM episodes WHERE session = ? ORDER BY id DESC LIMIT 1), 0) AS bytes'),
       bump: p('UPDATE sessions SET episodes = episodes + ?, total_tokens = total_tokens + ?, changed_seq = ? WHERE id = ?'),
       stats: p('SELECT episodes, total_tokens AS totalTokens FROM sessions WHERE id = ?'),
       after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens, speaker, sealed, tokens_through AS tokensThrough FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
@@ -435,18 +436,22 @@ export class SqliteStore {
       const s = this.#st;
       s.ensure.run(session);
       let { next, seq, through } = s.next.get(session);
+      // The running byte total the Rust host's coverage figures subtract (migration 27).
+      let { bytes } = s.lastBytes.get(session);
       let added = 0;
       let tokens = 0;
       for (const e of episodes) {
         const name = episodeRow(session, next);
         const [content, sealed] = this.#seal(session, PLACE.episode, name, e.content);
         const speaker = e.speaker == null ? null : this.#seal(session, PLACE.speaker, name, e.speaker)[0];
-        const r = s.insert.run(session, next, e.role, content, e.timestampMs ?? null, e.sourceKey, e.tokens, speaker, sealed, through + e.tokens);
+        const upto = bytes + Buffer.byteLength(e.content, 'utf8');
+        const r = s.insert.run(session, next, e.role, content, e.timestampMs ?? null, e.sourceKey, e.tokens, speaker, sealed, through + e.tokens, upto);
         if (r.changes === 1) {
           next++;
           added++;
           tokens += e.tokens;
           through += e.tokens;
+          bytes = upto;
         }
       }
       if (added) s.bump.run(added, tokens, seq, session);

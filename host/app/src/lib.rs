@@ -691,31 +691,15 @@ impl Scoped {
     }
 
     /// What each row covers of the transcript: its last exchange's time, the bytes and the
-    /// number of its messages (one pass over the session's episodes).
+    /// number of its messages (from the running byte totals the store keeps per episode).
     pub async fn with_coverage(
         &self,
         session: &str,
         mut rows: Vec<SummaryView>,
     ) -> AppResult<Vec<SummaryView>> {
-        // Prefix sums of bytes by episode id, and each episode's time.
-        let mut bytes = vec![0u64];
-        let mut times: Vec<Option<i64>> = vec![None];
-        let mut after = 0;
-        loop {
-            let page = self.store().episodes_after(session, after, 1000).await?;
-            let Some(last) = page.last() else { break };
-            after = last.id;
-            for e in &page {
-                // Ids are dense from 1; a gap (never expected) still keeps the sums aligned.
-                while (bytes.len() as u64) < e.id {
-                    bytes.push(*bytes.last().expect("starts non-empty"));
-                    times.push(None);
-                }
-                bytes.push(bytes.last().expect("starts non-empty") + e.content.len() as u64);
-                times.push(e.timestamp_ms);
-            }
-        }
-        let top = bytes.len() as u64 - 1;
+        // Two reads per row: the running byte totals at its ends (and its last episode's
+        // time), whatever the length of the session.
+        let top = self.store().stats(session).await?.last_episode;
         for r in &mut rows {
             let (first, last) = (
                 r.first_episode.clamp(1, top.max(1)),
@@ -728,10 +712,20 @@ impl Scoped {
                     path: m.path,
                     bytes: m.bytes,
                 });
-            r.coverage = Some(if last >= first && top > 0 {
+            let ends = if last >= first && top > 0 {
+                let end = self.store().bytes_through(session, last).await?;
+                let start = match first {
+                    1 => Some((0, None)),
+                    _ => self.store().bytes_through(session, first - 1).await?,
+                };
+                start.zip(end)
+            } else {
+                None
+            };
+            r.coverage = Some(if let Some(((before, _), (through, at))) = ends {
                 CoverageView {
-                    last_exchange_ms: times[last as usize],
-                    transcript_bytes: bytes[last as usize] - bytes[first as usize - 1],
+                    last_exchange_ms: at,
+                    transcript_bytes: through.saturating_sub(before),
                     messages: last - first + 1,
                     source,
                 }

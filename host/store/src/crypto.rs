@@ -21,6 +21,10 @@ const FORMAT: u8 = 1;
 const NONCE: usize = 24;
 const TAG: usize = 16;
 
+/// Bytes a sealed value adds to its text (format, nonce, tag): SQLite migration 27 and
+/// PostgreSQL 8 count a sealed episode's text bytes with it.
+pub const SEALED_OVERHEAD: usize = 1 + NONCE + TAG;
+
 /// Why something could not be sealed or opened, or a key not loaded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CryptoError {
@@ -275,6 +279,12 @@ mod tests {
             open(&key, &here, &sealed[..20]),
             Err(CryptoError::Malformed)
         );
+        // A sealed value is its text plus a fixed overhead (the migrations rely on it).
+        assert_eq!(
+            seal(&key, &here, b"twelve bytes").unwrap().len(),
+            12 + SEALED_OVERHEAD
+        );
+        assert_eq!(SEALED_OVERHEAD, 41);
         // The same text sealed twice differs (random nonces).
         assert_ne!(
             seal(&key, &here, b"x").unwrap(),

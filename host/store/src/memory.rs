@@ -17,6 +17,8 @@ struct Session {
     episodes: Vec<Episode>,
     keys: std::collections::BTreeSet<String>,
     total_tokens: u64,
+    /// The running content bytes through each episode (index = id - 1).
+    bytes_through: Vec<u64>,
     /// The active chain.
     rows: Vec<SummaryRow>,
     /// Rows compacted out of the active chain (kept, never deleted).
@@ -78,6 +80,8 @@ impl Store for MemoryStore {
                 }
                 let id = s.episodes.len() as u64 + 1;
                 s.total_tokens += u64::from(e.tokens);
+                let before = s.bytes_through.last().copied().unwrap_or(0);
+                s.bytes_through.push(before + e.content.len() as u64);
                 s.episodes.push(Episode {
                     id,
                     role: e.role,
@@ -94,6 +98,18 @@ impl Store for MemoryStore {
                 s.changed = *counter;
             }
             added
+        }))
+    }
+
+    async fn bytes_through(
+        &self,
+        session: &str,
+        id: u64,
+    ) -> Result<Option<(u64, Option<i64>)>, Error> {
+        Ok(self.with(|sessions, _, _| {
+            let s = sessions.get(session)?;
+            let i = usize::try_from(id.checked_sub(1)?).ok()?;
+            Some((*s.bytes_through.get(i)?, s.episodes.get(i)?.timestamp_ms))
         }))
     }
 

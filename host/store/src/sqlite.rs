@@ -44,6 +44,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/024-scale-indexes.sql"),
     include_str!("migrations/025-episode-running-tokens.sql"),
     include_str!("migrations/026-memory-marks.sql"),
+    include_str!("migrations/027-episode-running-bytes.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -433,11 +434,18 @@ impl Store for SqliteStore {
                 .map_err(db_err)?;
             let mut added = 0u32;
             let mut tokens = 0i64;
+            let mut bytes: i64 = tx
+                .query_row(
+                    "SELECT COALESCE((SELECT bytes_through FROM episodes WHERE session = ?1 ORDER BY id DESC LIMIT 1), 0)",
+                    [session],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
             {
                 let mut ins = tx
                     .prepare_cached(
-                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                     )
                     .map_err(db_err)?;
                 let sealer = self.sealer(&tx, &place::tenant_of(session))?;
@@ -449,14 +457,16 @@ impl Store for SqliteStore {
                         None => None,
                     };
                     let upto = through + i64::from(e.tokens);
+                    let upto_bytes = bytes + e.content.len() as i64;
                     let n = ins
-                        .execute(params![session, next, role_str(e.role), content, e.timestamp_ms, e.source_key, e.tokens, speaker, sealed, upto])
+                        .execute(params![session, next, role_str(e.role), content, e.timestamp_ms, e.source_key, e.tokens, speaker, sealed, upto, upto_bytes])
                         .map_err(db_err)?;
                     if n == 1 {
                         next += 1;
                         added += 1;
                         tokens += i64::from(e.tokens);
                         through = upto;
+                        bytes = upto_bytes;
                     }
                 }
             }
@@ -469,6 +479,25 @@ impl Store for SqliteStore {
             }
             tx.commit().map_err(db_err)?;
             Ok(added)
+        })
+    }
+
+    async fn bytes_through(
+        &self,
+        session: &str,
+        id: u64,
+    ) -> Result<Option<(u64, Option<i64>)>, Error> {
+        self.with(|conn| {
+            conn.prepare_cached(
+                "SELECT bytes_through, timestamp_ms FROM episodes WHERE session = ?1 AND id = ?2",
+            )
+            .and_then(|mut q| {
+                q.query_row(params![session, id as i64], |r| {
+                    Ok((r.get::<_, i64>(0)? as u64, r.get::<_, Option<i64>>(1)?))
+                })
+                .optional()
+            })
+            .map_err(db_err)
         })
     }
 
@@ -859,6 +888,61 @@ mod tests {
         }
     }
 
+    /// Migration 27 fills in the running byte totals of episodes stored before it, plain or
+    /// sealed (UTF-8 bytes of the text, not of what is on disk).
+    #[tokio::test]
+    async fn episodes_stored_before_migration_27_get_their_running_byte_totals() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = crate::crypto::Secret::random().unwrap();
+        for sealed in [false, true] {
+            let path = dir.path().join(format!("old-{sealed}.db"));
+            let open = || {
+                let s = SqliteStore::open(&path).unwrap();
+                if sealed {
+                    s.with_master_key(key.clone())
+                } else {
+                    s
+                }
+            };
+            let s = open();
+            let texts = ["ab", "héllo €", "😀 x"];
+            let eps = texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| NewEpisode {
+                    role: Role::User,
+                    content: t.to_string(),
+                    timestamp_ms: Some(i as i64),
+                    source_key: format!("k{i}"),
+                    tokens: 1,
+                    speaker: None,
+                })
+                .collect();
+            s.append_episodes("a", eps).await.unwrap();
+            drop(s);
+            let conn = Connection::open(&path).unwrap();
+            let at = MIGRATIONS
+                .iter()
+                .position(|m| m.contains("bytes_through"))
+                .unwrap();
+            conn.pragma_update(None, "user_version", at as i64).unwrap();
+            conn.execute_batch("ALTER TABLE episodes DROP COLUMN bytes_through")
+                .unwrap();
+            drop(conn);
+            let s = open();
+            let mut sum = 0;
+            for (i, t) in texts.iter().enumerate() {
+                sum += t.len() as u64;
+                assert_eq!(
+                    s.bytes_through("a", i as u64 + 1).await.unwrap(),
+                    Some((sum, Some(i as i64))),
+                    "sealed {sealed}, episode {}",
+                    i + 1
+                );
+            }
+        }
+    }
+
     /// Migration 25 fills in the running token totals of episodes stored before it.
     #[tokio::test]
     async fn episodes_stored_before_migration_25_get_their_running_totals() {
@@ -892,7 +976,7 @@ mod tests {
         conn.pragma_update(None, "user_version", at as i64).unwrap();
         // (and without the tables later migrations add)
         conn.execute_batch(
-            "ALTER TABLE episodes DROP COLUMN tokens_through; DROP TABLE memory_marks",
+            "ALTER TABLE episodes DROP COLUMN tokens_through; DROP TABLE memory_marks; ALTER TABLE episodes DROP COLUMN bytes_through",
         )
         .unwrap();
         drop(conn);

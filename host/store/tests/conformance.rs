@@ -57,6 +57,42 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         vec![10, 20, 30, 40, 50],
         "{name}"
     );
+    // And the running total of its text's bytes (UTF-8, whatever is sealed at rest), with
+    // its time: coverage figures are subtractions of these.
+    let mut sum = 0u64;
+    for e in &all {
+        sum += e.content.len() as u64;
+        assert_eq!(
+            s.bytes_through("s", e.id).await.unwrap(),
+            Some((sum, e.timestamp_ms)),
+            "{name}: episode {}",
+            e.id
+        );
+    }
+    assert_eq!(s.bytes_through("s", 6).await.unwrap(), None, "{name}");
+    assert_eq!(s.bytes_through("nobody", 1).await.unwrap(), None, "{name}");
+    let wide = NewEpisode {
+        content: "héllo wörld €😀".into(),
+        ..ep(1, "wide")
+    };
+    s.append_episodes(
+        "wide",
+        vec![
+            wide.clone(),
+            NewEpisode {
+                source_key: "wide2".into(),
+                ..wide
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.bytes_through("wide", 2).await.unwrap().map(|b| b.0),
+        Some(2 * "héllo wörld €😀".len() as u64),
+        "{name}"
+    );
+    s.reset_session("wide").await.unwrap();
     assert_eq!(s.stats("nobody").await.unwrap().episodes, 0, "{name}");
 
     // The chain rule: new rows start after the last, updates extend the latest.

@@ -38,6 +38,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("005-session-labels.sql"),
     include_str!("006-scale-indexes.sql"),
     include_str!("007-episode-running-tokens.sql"),
+    include_str!("008-episode-running-bytes.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
@@ -515,10 +516,19 @@ impl Store for PgStore {
             .await
             .map_err(|e| self.err(e))?
             .get(0);
+        // And the running byte total.
+        let mut bytes: i64 = tx
+            .query_one(
+                "SELECT COALESCE((SELECT bytes_through FROM episodes WHERE session = $1 ORDER BY id DESC LIMIT 1), 0)",
+                &[&session],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
         let ins = tx
             .prepare_cached(
-                "INSERT INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING",
+                "INSERT INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
             )
             .await
             .map_err(|e| self.err(e))?;
@@ -545,6 +555,7 @@ impl Store for PgStore {
                         &speaker,
                         &i64::from(sealed),
                         &(through + i64::from(e.tokens)),
+                        &(bytes + e.content.len() as i64),
                     ],
                 )
                 .await
@@ -554,6 +565,7 @@ impl Store for PgStore {
                 added += 1;
                 tokens += i64::from(e.tokens);
                 through += i64::from(e.tokens);
+                bytes += e.content.len() as i64;
             }
         }
         if added > 0 {
@@ -566,6 +578,20 @@ impl Store for PgStore {
         }
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(added)
+    }
+
+    async fn bytes_through(
+        &self,
+        session: &str,
+        id: u64,
+    ) -> Result<Option<(u64, Option<i64>)>, Error> {
+        let r = self
+            .row(
+                "SELECT bytes_through, timestamp_ms FROM episodes WHERE session = $1 AND id = $2",
+                &[&session, &(id as i64)],
+            )
+            .await?;
+        Ok(r.map(|r| (g64(&r, 0), r.get::<_, Option<i64>>(1))))
     }
 
     async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
