@@ -122,6 +122,9 @@ impl Store for TimedStore {
     async fn episodes_after(&self, s: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
         timed!(self, self.inner.episodes_after(s, after, limit))
     }
+    async fn bytes_through(&self, s: &str, id: u64) -> Result<Option<(u64, Option<i64>)>, Error> {
+        timed!(self, self.inner.bytes_through(s, id))
+    }
     async fn latest_summary(&self, s: &str) -> Result<Option<SummaryRow>, Error> {
         timed!(self, self.inner.latest_summary(s))
     }

@@ -83,6 +83,9 @@ impl Store for NoStore {
     async fn episodes_after(&self, _: &str, _: u64, _: u32) -> Result<Vec<Episode>, Error> {
         none()
     }
+    async fn bytes_through(&self, _: &str, _: u64) -> Result<Option<(u64, Option<i64>)>, Error> {
+        none()
+    }
     async fn latest_summary(&self, _: &str) -> Result<Option<SummaryRow>, Error> {
         none()
     }

@@ -29,29 +29,12 @@ pub trait Store: Send + Sync {
     ) -> Result<Vec<Episode>, Error>;
     /// The transcript bytes (UTF-8 content) of episodes `1..=id` and the time of episode `id`,
     /// `None` for an episode not stored: what a summary row covers is a subtraction of two of
-    /// these (coverage figures). The stores keep the running total per episode; this default
-    /// reads the session up to `id`.
+    /// these (coverage figures). Every store keeps the running total per episode.
     async fn bytes_through(
         &self,
         session: &str,
         id: u64,
-    ) -> Result<Option<(u64, Option<i64>)>, Error> {
-        let (mut after, mut bytes) = (0u64, 0u64);
-        while after < id {
-            let page = self
-                .episodes_after(session, after, (id - after).min(1000) as u32)
-                .await?;
-            let Some(last) = page.last() else {
-                return Ok(None);
-            };
-            after = last.id;
-            bytes += page.iter().map(|e| e.content.len() as u64).sum::<u64>();
-            if after == id {
-                return Ok(Some((bytes, last.timestamp_ms)));
-            }
-        }
-        Ok(None)
-    }
+    ) -> Result<Option<(u64, Option<i64>)>, Error>;
     /// The newest summary row.
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error>;
     /// The active chain (rows not compacted), oldest first.

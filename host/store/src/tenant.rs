@@ -162,6 +162,13 @@ impl Store for TenantStore {
             .episodes_after(&self.k(session), after, limit)
             .await
     }
+    async fn bytes_through(
+        &self,
+        session: &str,
+        id: u64,
+    ) -> Result<Option<(u64, Option<i64>)>, Error> {
+        self.inner.bytes_through(&self.k(session), id).await
+    }
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
         self.inner.latest_summary(&self.k(session)).await
     }
