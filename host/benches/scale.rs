@@ -16,9 +16,11 @@
 //! - the event bus's start (every CLI command and server opens one) beside N tenants' retained
 //!   events;
 //! - the finished-job retention (`jobs_prune`) bringing the table back to its bound;
-//! - measured as they are, not yet fixed (issue #26 stays open on them): `context` and
-//!   `summaries?coverage=true` of a session with N episodes, the first page of the session
-//!   list (and a search) beside N sessions, and whole-tenant recall over N memories.
+//! - `context` and `summaries?coverage=true` of a session with N episodes (coverage beside
+//!   the full read it replaced), whole-tenant recall over N memories (beside the exact scan);
+//! - `abridge summarize`'s peak memory on a transcript of N and 10N MB (measured first);
+//! - measured as they are (issue #26 stays open on it): the first page of the session list,
+//!   and a search, beside N sessions.
 
 use std::sync::Arc;
 use std::time::Instant;

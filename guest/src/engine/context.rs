@@ -200,12 +200,17 @@ pub fn context(
         };
         digest = ledger::merge(&digest, &own);
     }
-    let newer = episodes_after_all(h, session, rows.last().map_or(0, |r| r.last_episode))?;
+    // What lies beyond the summary, walked a page at a time (its text is never held whole).
     let coding = crate::digest::is_coding(&digest.entries);
-    for e in crate::digest::entries(
-        newer.iter().map(|e| (e.id, e.role, e.content.as_str())),
-        coding,
-    ) {
+    let mut newer = Paged::new(
+        h,
+        session,
+        rows.last().map_or(0, |r| r.last_episode),
+        u64::MAX,
+    );
+    let entries = crate::digest::entries((&mut newer).map(|e| (e.id, e.role, e.content)), coding);
+    newer.check()?;
+    for e in entries {
         ledger::add(&mut digest.entries, e.kind, e.text, e.episode, e.count);
     }
     let window = crate::context::assemble(&crate::context::Parts {

@@ -174,9 +174,10 @@ pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
 /// Bytes fed to the guest parser per call.
 pub const FEED_BYTES: usize = 1 << 20;
 
-/// Read and parse a file (`-` reads standard input), in chunks: the host holds no more of the
-/// file than one chunk, and stops one byte past `max_bytes` whatever the source (a FIFO, an
-/// endless stdin, a growing file).
+/// Read and parse a file (`-` reads standard input) into memory, every conversation whole: for
+/// callers that need them all at once (`abridge bench`). It reads in chunks and stops one byte
+/// past `max_bytes` whatever the source (a FIFO, an endless stdin, a growing file); imports
+/// that store what they read use [`scan`] and [`Stream`] instead and never hold the file.
 pub async fn read_file(
     engine: &Abridge,
     path: &Path,
@@ -209,24 +210,8 @@ pub async fn read_file(
         Box::new(std::fs::File::open(path).map_err(io)?)
     };
     let mut feeder = Feeder::new(engine, &name, format, opts).await?;
-    let mut buf = vec![0u8; FEED_BYTES];
-    loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io(e)),
-        };
-        if feeder.bytes + n as u64 > max_bytes {
-            return Err(TranscriptError::TooLarge {
-                path: name,
-                size: feeder.bytes + n as u64,
-                limit: max_bytes,
-            });
-        }
-        feeder.feed(&buf[..n]).await?;
-    }
-    feeder.finish().await
+    pump(&mut feeder, &mut *reader, max_bytes, &mut |_| {}).await?;
+    Ok(feeder.parsed())
 }
 
 /// A transcript that is read twice — once to check it, once to store it — so that neither
@@ -618,14 +603,19 @@ impl<'a> Feeder<'a> {
     /// End of input: everything parsed.
     pub async fn finish(mut self) -> Result<Parsed, TranscriptError> {
         self.end().await?;
+        Ok(self.parsed())
+    }
+
+    /// What a feeder that has [`end`](Self::end)ed gathered.
+    fn parsed(self) -> Parsed {
         // The guest refuses a file without messages (`no-messages`) and never delivers an
         // empty conversation.
-        Ok(Parsed {
+        Parsed {
             format: self.format.unwrap_or(Format::Jsonl),
             conversations: self.conversations,
             warnings: self.warnings,
             bytes: self.bytes,
-        })
+        }
     }
 
     /// End of input, keeping the feeder: the last episodes are [`drain`](Self::drain)ed
