@@ -103,8 +103,8 @@ pub(super) fn map_reduce(
         Level::Debug,
         &format!(
             "session {session}: episodes {}-{} in {} chunks",
-            sizes.iter().next().map_or(0, |e| e.0),
-            sizes.iter().last().map_or(0, |e| e.0),
+            sizes.range().map_or(0, |r| r.0),
+            sizes.range().map_or(0, |r| r.1),
             chunks.len()
         ),
     );

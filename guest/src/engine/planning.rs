@@ -124,6 +124,11 @@ impl Sizes {
         self.tokens.is_empty()
     }
 
+    /// The first and last ids (`None` when empty).
+    pub(super) fn range(&self) -> Option<(u64, u64)> {
+        (!self.is_empty()).then(|| (self.first, self.first + self.len() as u64 - 1))
+    }
+
     /// `(id, tokens)` in order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         (self.first..).zip(self.tokens.iter().copied())

@@ -101,24 +101,10 @@ impl Scoped {
         sessions: &[String],
         opts: transcript::Options,
     ) -> AppResult<Vec<u32>> {
-        debug_assert_eq!(sessions.len(), scanned.conversations.len());
         for s in sessions {
             super::check_session(s)?;
         }
-        let mut added = vec![0u32; sessions.len()];
-        let mut stream = transcript::Stream::new(self.engine(), name, input, scanned, opts).await?;
-        while let Some(parts) = stream.next().await? {
-            for p in parts {
-                let Some(i) = scanned.position(p.index) else {
-                    continue;
-                };
-                if p.episodes.is_empty() {
-                    continue;
-                }
-                added[i] += self.engine().append(&sessions[i], &p.episodes).await?;
-            }
-        }
-        Ok(added)
+        transcript::store(self.engine(), name, input, scanned, sessions, opts).await
     }
 
     /// After a conversation's episodes are stored (`added` of them new): record how far into

@@ -186,32 +186,11 @@ pub async fn read_file(
     max_bytes: u64,
 ) -> Result<Parsed, TranscriptError> {
     let name = path.display().to_string();
-    let io = |source| TranscriptError::Io {
-        path: name.clone(),
-        source,
-    };
-    let mut reader: Box<dyn std::io::Read + Send> = if name == "-" {
-        Box::new(std::io::stdin())
-    } else {
-        let meta = std::fs::metadata(path).map_err(io)?;
-        if meta.is_dir() {
-            return Err(TranscriptError::Io {
-                path: name,
-                source: std::io::Error::other("it is a directory, not a transcript file"),
-            });
-        }
-        if meta.is_file() && meta.len() > max_bytes {
-            return Err(TranscriptError::TooLarge {
-                path: name,
-                size: meta.len(),
-                limit: max_bytes,
-            });
-        }
-        Box::new(std::fs::File::open(path).map_err(io)?)
-    };
-    let mut feeder = Feeder::new(engine, &name, format, opts).await?;
-    pump(&mut feeder, &mut *reader, max_bytes, &mut |_| {}).await?;
-    Ok(feeder.parsed())
+    let mut input = Input::open(path, max_bytes)?;
+    let feeder = Feeder::new(engine, &name, format, opts).await?;
+    let mut stream = Stream::over(feeder, &mut input, u64::MAX, max_bytes)?;
+    while stream.next().await?.is_some() {}
+    Ok(stream.feeder.parsed())
 }
 
 /// A transcript that is read twice — once to check it, once to store it — so that neither
@@ -327,46 +306,13 @@ pub struct Scanned {
 }
 
 impl Scanned {
-    /// The position in [`conversations`](Self::conversations) of the parser's index.
+    /// The position in [`conversations`](Self::conversations) (sorted by index) of the
+    /// parser's index.
     pub fn position(&self, index: u32) -> Option<usize> {
-        self.conversations.iter().position(|c| c.index == index)
+        self.conversations
+            .binary_search_by_key(&index, |c| c.index)
+            .ok()
     }
-}
-
-/// Read chunks of `reader` (at most `max_bytes`) into `feeder`, handing each read's parts to
-/// `each`; ends the parse at the end of the input.
-async fn pump(
-    feeder: &mut Feeder<'_>,
-    reader: &mut (dyn std::io::Read + Send + '_),
-    max_bytes: u64,
-    each: &mut (dyn FnMut(Vec<Part>) + Send),
-) -> Result<(), TranscriptError> {
-    let mut buf = vec![0u8; FEED_BYTES];
-    loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(TranscriptError::Io {
-                    path: feeder.name.clone(),
-                    source: e,
-                });
-            }
-        };
-        if feeder.bytes + n as u64 > max_bytes {
-            return Err(TranscriptError::TooLarge {
-                path: feeder.name.clone(),
-                size: feeder.bytes + n as u64,
-                limit: max_bytes,
-            });
-        }
-        feeder.feed(&buf[..n]).await?;
-        each(feeder.drain_parts());
-    }
-    feeder.end().await?;
-    each(feeder.drain_parts());
-    Ok(())
 }
 
 /// The first pass: parse the whole input in the sandbox, one read at a time, keeping only
@@ -381,13 +327,10 @@ pub async fn scan(
     opts: Options,
     max_bytes: u64,
 ) -> Result<Scanned, TranscriptError> {
-    let mut feeder = Feeder::streaming(engine, name, format, opts).await?;
-    let mut reader = input.reader().map_err(|source| TranscriptError::Io {
-        path: name.to_string(),
-        source,
-    })?;
+    let feeder = Feeder::streaming(engine, name, format, opts).await?;
+    let mut stream = Stream::over(feeder, input, u64::MAX, max_bytes)?;
     let mut seen: Vec<Outline> = Vec::new();
-    pump(&mut feeder, &mut *reader, max_bytes, &mut |parts| {
+    while let Some(parts) = stream.next().await? {
         for p in parts {
             let o = match seen.iter_mut().rev().find(|o| o.index == p.index) {
                 Some(o) => o,
@@ -405,8 +348,8 @@ pub async fn scan(
             o.title = p.title.or(o.title.take());
             o.episodes += p.episodes.len() as u64;
         }
-    })
-    .await?;
+    }
+    let mut feeder = stream.feeder;
     seen.retain(|o| o.episodes > 0);
     seen.sort_by_key(|o| o.index);
     Ok(Scanned {
@@ -417,11 +360,14 @@ pub async fn scan(
     })
 }
 
-/// The second pass over a [`scan`]ned input: its episodes, one read at a time, for the
-/// caller to store as they come.
+/// An input read one chunk at a time through the sandboxed parser: the one read loop of
+/// [`scan`] (the first pass), the second pass over a scanned input ([`Stream::new`]) and
+/// [`read_file`].
 pub struct Stream<'i, 'e> {
     feeder: Feeder<'e>,
     reader: Box<dyn std::io::Read + Send + 'i>,
+    /// Most bytes the input may hold: one more is [`TranscriptError::TooLarge`].
+    max_bytes: u64,
     buf: Vec<u8>,
     ended: bool,
 }
@@ -436,20 +382,32 @@ impl<'i, 'e> Stream<'i, 'e> {
         opts: Options,
     ) -> Result<Stream<'i, 'e>, TranscriptError> {
         let feeder = Feeder::streaming(engine, name, Some(scanned.format), opts).await?;
+        Self::over(feeder, input, scanned.bytes, u64::MAX)
+    }
+
+    /// `input` from its start through `feeder`, reading at most `take` bytes and refusing
+    /// more than `max_bytes`.
+    fn over(
+        feeder: Feeder<'e>,
+        input: &'i mut Input<'_>,
+        take: u64,
+        max_bytes: u64,
+    ) -> Result<Stream<'i, 'e>, TranscriptError> {
         let reader = input.reader().map_err(|source| TranscriptError::Io {
-            path: name.to_string(),
+            path: feeder.name.clone(),
             source,
         })?;
         Ok(Stream {
             feeder,
-            reader: Box::new(std::io::Read::take(reader, scanned.bytes)),
+            reader: Box::new(std::io::Read::take(reader, take)),
+            max_bytes,
             buf: vec![0u8; FEED_BYTES],
             ended: false,
         })
     }
 
-    /// The parts completed by the next read; `None` once the input is done. (An error here
-    /// means the file changed since it was checked.)
+    /// The parts completed by the next read; `None` once the input is done. (In a second
+    /// pass, an error means the file changed since it was checked.)
     pub async fn next(&mut self) -> Result<Option<Vec<Part>>, TranscriptError> {
         if self.ended {
             return Ok(None);
@@ -462,6 +420,14 @@ impl<'i, 'e> Stream<'i, 'e> {
                     return Ok(Some(self.feeder.drain_parts()));
                 }
                 Ok(n) => {
+                    let size = self.feeder.bytes + n as u64;
+                    if size > self.max_bytes {
+                        return Err(TranscriptError::TooLarge {
+                            path: self.feeder.name.clone(),
+                            size,
+                            limit: self.max_bytes,
+                        });
+                    }
                     self.feeder.feed(&self.buf[..n]).await?;
                     return Ok(Some(self.feeder.drain_parts()));
                 }
@@ -475,6 +441,30 @@ impl<'i, 'e> Stream<'i, 'e> {
             }
         }
     }
+}
+
+/// The second pass: store the episodes of a [`scan`]ned input through `engine`, conversation
+/// `i` of `scanned` into `sessions[i]`, one read at a time. Returns the episodes new to each
+/// session. (The app's import and the command line's dry run, into its in-memory store.)
+pub async fn store(
+    engine: &Abridge,
+    name: &str,
+    input: &mut Input<'_>,
+    scanned: &Scanned,
+    sessions: &[String],
+    opts: Options,
+) -> Result<Vec<u32>, crate::AppError> {
+    debug_assert_eq!(sessions.len(), scanned.conversations.len());
+    let mut added = vec![0u32; sessions.len()];
+    let mut stream = Stream::new(engine, name, input, scanned, opts).await?;
+    while let Some(parts) = stream.next().await? {
+        for p in parts {
+            if let Some(i) = scanned.position(p.index).filter(|_| !p.episodes.is_empty()) {
+                added[i] += engine.append(&sessions[i], &p.episodes).await?;
+            }
+        }
+    }
+    Ok(added)
 }
 
 /// Parse bytes named `name` (used in messages).

@@ -377,15 +377,7 @@ async fn dry_run(
         .collect();
     // The plan reads stored counts: the episodes go to the in-memory store, one read at a time.
     let name = a.file.display().to_string();
-    let mut stream =
-        transcript::Stream::new(engine, &name, input, scanned, a.read.options()).await?;
-    while let Some(parts) = stream.next().await? {
-        for p in parts {
-            if let Some(i) = scanned.position(p.index) {
-                engine.append(&sessions[i], &p.episodes).await?;
-            }
-        }
-    }
+    transcript::store(engine, &name, input, scanned, &sessions, a.read.options()).await?;
     for session in sessions {
         let p = engine.plan(&session, &cfg).await?;
         let path = match p.path {
