@@ -636,10 +636,12 @@ impl summarizer::Guest for Component {
         session: String,
         cfg: summarizer::Config,
         refresh_after: u32,
+        budget: u32,
     ) -> Result<summarizer::FreshnessReport, wit::Error> {
-        let cfg = cfg_in(cfg);
-        let f = engine::freshness(&mut Imports, &session, &cfg).map_err(err_out)?;
-        Ok(fresh_out(freshness::for_context(f, &cfg, refresh_after)))
+        let f =
+            engine::context_freshness(&mut Imports, &session, &cfg_in(cfg), refresh_after, budget)
+                .map_err(err_out)?;
+        Ok(fresh_out(f))
     }
 
     fn refresh(

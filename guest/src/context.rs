@@ -190,6 +190,25 @@ pub fn assemble(p: &Parts) -> Window {
             pins.push(e);
         }
     }
+    // Then the messages no summary covers yet, newest first, within half the budget: they
+    // are the only copy of what they say (a refresh keeps them within that half, see
+    // `engine::overflow_cut`), and the other half stays the summary's and the digest's.
+    let covered = p.rows.last().map_or(0, |r| r.last_episode);
+    let mut next = recent.len();
+    for e in candidates.iter().rev().skip(next) {
+        if e.id <= covered {
+            break;
+        }
+        if !pins.iter().any(|x| x.id == e.id) {
+            let c = cost(&e.content);
+            if used.saturating_add(c) > budget / 2 {
+                break;
+            }
+            used += c;
+            recent.push(e);
+        }
+        next += 1;
+    }
     // Then the coding-session digest (the requests verbatim, the files edited, the open
     // error and to-dos), which no summary prose may drop: its essential sections may take the
     // room left, the rest of it a third of what they leave (see `digest::render`).
@@ -254,7 +273,7 @@ pub fn assemble(p: &Parts) -> Window {
         used += cost(text);
     }
     // Then earlier recent messages, newest first, while they fit.
-    for e in candidates.iter().rev().skip(recent.len()) {
+    for e in candidates.iter().rev().skip(next) {
         if pins.iter().any(|x| x.id == e.id) {
             continue;
         }
@@ -475,6 +494,50 @@ mod tests {
         assert!(w.messages.last().unwrap().content.starts_with("turn 20 "));
         assert!(w.recent >= 1 && w.recent < 8);
         assert_eq!(w.omitted, 20 - 16 - u64::from(w.recent));
+    }
+
+    #[test]
+    fn messages_no_summary_covers_come_before_a_digest_that_would_fill_the_budget() {
+        let rows = [row(1, 16, 30)];
+        let tail: Vec<Episode> = (11..=20).map(|i| ep(i, 40)).collect();
+        // A pasted request as the latest: the digest's essential part could take every token
+        // the newest message leaves.
+        let entry = |text: String, kind, episode| crate::ledger::Entry {
+            text,
+            kind,
+            episode,
+            count: 1,
+        };
+        let digest = [
+            entry(
+                format!("review this: {}", "long pasted review text ".repeat(40)),
+                crate::ledger::Kind::Request,
+                15,
+            ),
+            entry("src/main.rs".into(), crate::ledger::Kind::Edited, 14),
+        ];
+        let budget = 400;
+        let w = super::assemble(&Parts {
+            rows: &rows,
+            tail: &tail,
+            pinned: &[],
+            last_episode: 20,
+            budget,
+            pairs: 10,
+            ledger_budget: 300,
+            digest: &digest,
+        });
+        assert!(w.tokens <= budget);
+        assert_eq!(w.omitted, 0, "{:?}: {:#?}", w.omitted_ranges, w.messages);
+        assert!(w.messages[0].content.contains("review this:"));
+        for i in 17..=20 {
+            assert!(
+                w.messages
+                    .iter()
+                    .any(|m| m.content.starts_with(&format!("turn {i} "))),
+                "turn {i} left out"
+            );
+        }
     }
 
     #[test]

@@ -1752,6 +1752,102 @@ fn window_mode_folds_what_left_the_window_and_never_misses_a_message() {
 }
 
 #[test]
+fn a_job_host_folds_what_a_small_context_cannot_carry_in_window_and_eager_modes() {
+    // A host that runs refreshes as jobs asks `context_freshness` with the context's budget,
+    // runs `catch_up` to its `fold_upto`, then reads the context without refreshing inline.
+    for mode in [policy::Mode::Window, policy::Mode::Eager] {
+        let mut f = Fake::default();
+        let c = Config {
+            mode,
+            // Far above this chat: only the budget can make a fold due.
+            threshold_tokens: 1_000_000,
+            ..cfg()
+        };
+        let req = ContextRequest {
+            budget: 600,
+            pairs: 4,
+            refresh_after: u32::MAX,
+            pins: vec![],
+        };
+        let mut folds = 0;
+        for i in 1..=40usize {
+            // Tool output now and then, which a context never shows: window mode folds it.
+            let role = match i % 7 {
+                0 => Role::Tool,
+                r if r % 2 == 1 => Role::User,
+                _ => Role::Assistant,
+            };
+            f.push(
+                role,
+                &format!("message {i}: {}", "words and more words ".repeat(12)),
+            );
+            let fr = context_freshness(&mut f, "s", &c, u32::MAX, req.budget).unwrap();
+            if fr.state == FreshState::Due {
+                folds += 1;
+                catch_up(&mut f, "s", &c, fr.fold_upto).unwrap();
+            }
+            let w = context(&mut f, "s", req.clone(), &c).unwrap();
+            assert!(
+                w.window.omitted_ranges.is_empty(),
+                "{mode:?} turn {i}: {:?} (fold_upto {})",
+                w.window.omitted_ranges,
+                fr.fold_upto
+            );
+            assert!(w.window.tokens <= req.budget, "{mode:?} turn {i}");
+            // The newest message is always verbatim (when the context shows its kind).
+            if role != Role::Tool {
+                assert!(
+                    context_text(&w).contains(&format!("message {i}:")),
+                    "{mode:?} turn {i}"
+                );
+            }
+        }
+        assert!(folds >= 2, "{mode:?}: {folds}");
+        if mode == policy::Mode::Window {
+            // Each fold takes a batch (down to a quarter of the budget), not one message.
+            assert!(folds <= 14, "{folds} folds for 40 messages");
+        }
+        // Without a budget nothing is due below the threshold.
+        let fr = context_freshness(&mut f, "s", &c, u32::MAX, 0).unwrap();
+        assert_ne!(fr.state, FreshState::Due, "{mode:?}");
+    }
+}
+
+#[test]
+fn a_newest_message_larger_than_the_context_is_folded_into_the_summary() {
+    let mut f = Fake::default();
+    let c = Config {
+        mode: policy::Mode::Window,
+        threshold_tokens: 1_000_000,
+        ..cfg()
+    };
+    f.push(Role::User, "please review the attached log");
+    let big = (0..200)
+        .map(|i| format!("Sentence number {i} talks about the rollout plan."))
+        .collect::<Vec<_>>()
+        .join(" ");
+    f.push(Role::Assistant, &big);
+    let fr = context_freshness(&mut f, "s", &c, u32::MAX, 600).unwrap();
+    assert_eq!(fr.state, FreshState::Due, "{}", fr.reason);
+    assert_eq!(fr.fold_upto, 2);
+    catch_up(&mut f, "s", &c, fr.fold_upto).unwrap();
+    let req = ContextRequest {
+        budget: 600,
+        pairs: 4,
+        refresh_after: u32::MAX,
+        pins: vec![],
+    };
+    let w = context(&mut f, "s", req, &c).unwrap();
+    assert_eq!(w.window.covered_from, 1);
+    assert!(
+        w.window.omitted_ranges.is_empty(),
+        "{:?}",
+        w.window.omitted_ranges
+    );
+    assert!(w.window.covered >= 2);
+}
+
+#[test]
 fn rows_the_offline_summarizer_wrote_are_rewritten_by_the_model_keeping_their_ranges() {
     let mut f = Fake::default();
     let offline = Config {

@@ -108,16 +108,65 @@ fn minutes(ms: u64) -> String {
     }
 }
 
+/// What a context of some budget cannot carry beside the summary (see
+/// [`crate::engine::overflow_cut`]): the estimated cost of what lies beyond the summary, and
+/// the episode a fold must reach so the rest fits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overflow {
+    /// Estimated context tokens beyond the summary.
+    pub tokens: u64,
+    /// The context's budget.
+    pub budget: u32,
+    /// The newest episode a fold must cover.
+    pub upto: u64,
+}
+
 /// The verdict `f` as a context that keeps at most `refresh_after` messages beyond the summary
 /// sees it: in eager mode, more than that many waiting messages are due now (the context
-/// would otherwise drop them), whatever the trigger thresholds say.
-pub fn for_context(mut f: Freshness, cfg: &Config, refresh_after: u32) -> Freshness {
+/// would otherwise drop them), whatever the trigger thresholds say. In eager and window
+/// modes, a backlog the context's budget cannot carry (`overflow`) is due too, folding at
+/// least up to `overflow.upto`. Idle mode waits for quiet (the caller sees `refresh-due`);
+/// backing off and giving up stay as they are.
+pub fn for_context(
+    mut f: Freshness,
+    cfg: &Config,
+    refresh_after: u32,
+    overflow: Option<Overflow>,
+    unshown: Option<u64>,
+) -> Freshness {
     let waiting = f.episodes.saturating_sub(f.covered);
     if cfg.mode == Mode::Eager && f.state == State::Waiting && waiting > u64::from(refresh_after) {
         f.state = State::Due;
         f.reason = format!(
             "{waiting} messages wait beyond the summary, more than the {refresh_after} a context keeps"
         );
+    }
+    if let Some(o) = overflow
+        && cfg.mode != Mode::Idle
+        && matches!(f.state, State::Waiting | State::Due)
+    {
+        if f.state == State::Waiting {
+            f.state = State::Due;
+            f.reason = format!(
+                "{} tokens wait beyond the summary, more than half of a {}-token context",
+                o.tokens, o.budget
+            );
+        }
+        f.fold_upto = f.fold_upto.max(o.upto);
+    }
+    // Window mode promises the recent turns verbatim, but a context shows only the dialogue:
+    // tool output beyond the summary is folded rather than left out.
+    if let Some(upto) = unshown
+        && cfg.mode == Mode::Window
+        && matches!(f.state, State::Waiting | State::Due)
+    {
+        if f.state == State::Waiting {
+            f.state = State::Due;
+            f.reason = format!(
+                "tool output up to episode {upto} lies beyond the summary, and a context shows only the dialogue"
+            );
+        }
+        f.fold_upto = f.fold_upto.max(upto);
     }
     f
 }
@@ -272,15 +321,83 @@ mod tests {
         assert_eq!(f.state, State::Waiting);
         f.covered = 0;
         let e = eager();
-        assert_eq!(for_context(f.clone(), &e, 20).state, State::Waiting);
-        let due = for_context(f.clone(), &e, 8);
+        assert_eq!(
+            for_context(f.clone(), &e, 20, None, None).state,
+            State::Waiting
+        );
+        let due = for_context(f.clone(), &e, 8, None, None);
         assert_eq!(due.state, State::Due);
         assert!(due.reason.contains("more than the 8"), "{}", due.reason);
         let idle = Config {
             mode: Mode::Idle,
             ..eager()
         };
-        assert_eq!(for_context(f, &idle, 8).state, State::Waiting);
+        assert_eq!(for_context(f, &idle, 8, None, None).state, State::Waiting);
+    }
+
+    #[test]
+    fn a_backlog_the_budget_cannot_carry_is_due_in_eager_and_window_modes() {
+        let over = Overflow {
+            tokens: 3_000,
+            budget: 2_000,
+            upto: 9,
+        };
+        for mode in [Mode::Eager, Mode::Window] {
+            let cfg = Config {
+                mode,
+                threshold_tokens: 100_000,
+                ..Config::default()
+            };
+            let f = verdict(inputs(10, 0, None, 0), &cfg);
+            assert_eq!(f.state, State::Waiting, "{mode:?}: under the threshold");
+            assert_eq!(
+                for_context(f.clone(), &cfg, u32::MAX, None, None).state,
+                State::Waiting
+            );
+            let due = for_context(f, &cfg, u32::MAX, Some(over), None);
+            assert_eq!(due.state, State::Due, "{mode:?}");
+            assert!(due.reason.contains("2000-token context"), "{}", due.reason);
+            assert!(due.fold_upto >= 9, "{mode:?}: {}", due.fold_upto);
+        }
+        // Tool output beyond the summary: window mode folds it, eager mode's count decides.
+        let cfg = Config {
+            threshold_tokens: 100_000,
+            ..Config::default()
+        };
+        let f = verdict(inputs(10, 0, None, 0), &cfg);
+        let due = for_context(f.clone(), &cfg, u32::MAX, None, Some(7));
+        assert_eq!(
+            (due.state, due.fold_upto >= 7),
+            (State::Due, true),
+            "{}",
+            due.reason
+        );
+        assert_eq!(
+            for_context(f, &eager(), u32::MAX, None, Some(7)).state,
+            State::Waiting
+        );
+        // Idle mode waits for quiet; a failing model's backoff holds.
+        let idle = Config {
+            mode: Mode::Idle,
+            ..Config::default()
+        };
+        let f = verdict(inputs(10, 0, Some(0), 0), &idle);
+        assert_eq!(
+            for_context(f, &idle, u32::MAX, Some(over), Some(5)).state,
+            State::Waiting
+        );
+        let mut backing = inputs(10, 0, None, 0);
+        backing.marker = Some(FailureMarker {
+            failures: 1,
+            last_error: "down".into(),
+            retry_after_ms: 60_000,
+            failed_ms: 0,
+        });
+        let f = verdict(backing, &Config::default());
+        assert_eq!(
+            for_context(f, &Config::default(), u32::MAX, Some(over), Some(5)).state,
+            State::BackingOff
+        );
     }
 
     const H: u64 = 3_600_000;

@@ -108,9 +108,15 @@ fn episodes(env: &Env, session: &str) -> Vec<(u64, String, String)> {
 #[test]
 fn after_a_compaction_session_start_restores_the_rule_the_last_request_and_every_edited_file() {
     let server = TestServer::start();
-    for rel in REAL {
+    // In the product's default mode (window) and in eager mode, which folds everything.
+    for (rel, default_mode) in REAL.iter().flat_map(|r| [(*r, true), (*r, false)]) {
         let Some(src) = shared(rel) else { return };
         let env = Env::new().with("EXTRACTION_URL", &server.url());
+        let env = if default_mode {
+            env.with_default_mode()
+        } else {
+            env
+        };
         let text = std::fs::read_to_string(&src).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         let (session, edited) = facts(&lines);
@@ -135,7 +141,27 @@ fn after_a_compaction_session_start_restores_the_rule_the_last_request_and_every
         r.assert_ok();
         let eps = episodes(&env, &session);
         let n = eps.len() as u64;
-        assert_covers(&env.chain(&session).unwrap(), n);
+        if default_mode {
+            // Window mode keeps the newest turns verbatim; what the hook's context (2,200
+            // tokens) could not carry beside the summary is folded: nothing is left out.
+            let v = env
+                .run(&[
+                    "context",
+                    &session,
+                    "--budget",
+                    "2200",
+                    "--pairs",
+                    "1",
+                    "--refresh-after",
+                    "4294967295",
+                    "--json",
+                ])
+                .json();
+            assert_eq!(v["omitted"].as_u64(), Some(0), "{rel}: {v:#}");
+            assert!(v["tokens"].as_u64().unwrap() <= 2200, "{rel}: {v:#}");
+        } else {
+            assert_covers(&env.chain(&session).unwrap(), n);
+        }
         // The user's rule: pin their first request.
         let (rule_id, _, rule) = eps.iter().find(|e| e.1 == "user").cloned().unwrap();
         env.run(&["pin", &session, &rule_id.to_string()])
@@ -177,7 +203,12 @@ fn after_a_compaction_session_start_restores_the_rule_the_last_request_and_every
             );
         }
         eprintln!(
-            "{rel}: {} episodes, {} edited paths, context {} chars",
+            "{rel} ({}): {} episodes, {} edited paths, context {} chars",
+            if default_mode {
+                "default mode"
+            } else {
+                "eager"
+            },
             n,
             edited.len(),
             ctx.chars().count()

@@ -42,22 +42,109 @@ pub struct ContextWindow {
     pub refresh_due: bool,
 }
 
-/// Estimated context tokens of the unsummarized episodes after `covered` through `last`
-/// (message costs included): a subtraction of the two episodes' running token totals, two
-/// reads whatever the backlog's length.
-pub(super) fn backlog_cost(
+/// What a context of `budget` tokens cannot carry beside the summary covering `covered`:
+/// `None` while what lies beyond it (through `last`, message costs included) fits half the
+/// budget, the rest being the summary's and the ledger's. Otherwise the newest episode a fold
+/// must cover: every one in eager and idle modes; in window mode the first whose successors
+/// fit a quarter of the budget (folding a batch, not one message per context), found by a
+/// binary search over the running token totals (O(log n) reads). A newest message that
+/// alone exceeds the quarter is folded too: the summary then carries it.
+pub fn overflow_cut(
     h: &mut impl Host,
     session: &str,
+    cfg: &Config,
     covered: u64,
     last: u64,
-) -> Result<u64, Error> {
-    if last <= covered {
-        return Ok(0);
+    budget: u32,
+) -> Result<Option<crate::freshness::Overflow>, Error> {
+    if budget == 0 || last <= covered {
+        return Ok(None);
     }
-    let through = |e: Option<Episode>| e.map_or(0, |e| e.tokens_through);
-    let upto = through(episode_at(h, session, last)?);
-    let before = through(episode_at(h, session, covered)?);
-    Ok(upto.saturating_sub(before) + u64::from(plan::MESSAGE_COST) * (last - covered))
+    // Context tokens of the episodes after `from` through `last`: a subtraction of running
+    // token totals (one read each), whatever lies between.
+    let through = |h: &mut _, id| -> Result<u64, Error> {
+        Ok(episode_at(h, session, id)?.map_or(0, |e| e.tokens_through))
+    };
+    let upto = through(h, last)?;
+    let cost = |before: u64, from: u64| {
+        upto.saturating_sub(before) + u64::from(plan::MESSAGE_COST) * (last - from)
+    };
+    let tokens = cost(through(h, covered)?, covered);
+    if tokens <= u64::from(budget / 2) {
+        return Ok(None);
+    }
+    if cfg.mode != policy::Mode::Window {
+        return Ok(Some(crate::freshness::Overflow {
+            tokens,
+            budget,
+            upto: last,
+        }));
+    }
+    // The smallest cut in (covered, last] whose successors fit a quarter of the budget; the
+    // cost of what follows a cut only falls as the cut moves on.
+    let quarter = u64::from(budget / 4);
+    let (mut lo, mut hi) = (covered + 1, last);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if cost(through(h, mid)?, mid) <= quarter {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Ok(Some(crate::freshness::Overflow {
+        tokens,
+        budget,
+        upto: lo,
+    }))
+}
+
+/// The session's freshness as a context of `budget` tokens keeping at most `refresh_after`
+/// messages beyond the summary sees it (see the WIT `context-freshness`).
+pub fn context_freshness(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    refresh_after: u32,
+    budget: u32,
+) -> Result<Freshness, Error> {
+    let f = freshness(h, session, cfg)?;
+    let overflow = overflow_cut(h, session, cfg, f.covered, f.episodes, budget)?;
+    let unshown = unshown_upto(h, session, cfg, f.covered, f.episodes)?;
+    Ok(crate::freshness::for_context(
+        f,
+        cfg,
+        refresh_after,
+        overflow,
+        unshown,
+    ))
+}
+
+/// Window mode: the newest episode after `covered` (through `last`) that a context cannot
+/// show: tool output or a stored system message (a context's messages are the dialogue). Walks what lies beyond the
+/// summary a page at a time, which window mode keeps to the recent window and one batch.
+pub fn unshown_upto(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    covered: u64,
+    last: u64,
+) -> Result<Option<u64>, Error> {
+    if cfg.mode != policy::Mode::Window || last <= covered {
+        return Ok(None);
+    }
+    let mut walk = Paged::new(h, session, covered, last);
+    let newest = (&mut walk)
+        .filter(|e| {
+            !matches!(
+                e.role,
+                crate::types::Role::User | crate::types::Role::Assistant
+            )
+        })
+        .map(|e| e.id)
+        .last();
+    walk.check()?;
+    Ok(newest)
 }
 
 /// The context for the next model call (see the WIT `context`).
@@ -82,9 +169,17 @@ pub fn context(
     let inline = req.refresh_after != u32::MAX;
     // Unsummarized episodes that would not fit beside the summary are due whatever their
     // count: a context must not silently lose the middle of the conversation.
-    let overflow = inline
-        && beyond > 0
-        && backlog_cost(h, session, covered, stats.last_episode)? > u64::from(req.budget / 2);
+    let cut = if inline {
+        overflow_cut(h, session, cfg, covered, stats.last_episode, req.budget)?
+    } else {
+        None
+    };
+    let overflow = cut.is_some();
+    let unshown = if inline && window_mode {
+        unshown_upto(h, session, cfg, covered, stats.last_episode)?
+    } else {
+        None
+    };
     let wants = inline
         && if window_mode {
             beyond > 0
@@ -97,16 +192,17 @@ pub fn context(
         let run = match cfg.mode {
             policy::Mode::Eager => may,
             // The window is folded when a batch has left it, or when it no longer fits.
-            policy::Mode::Window => f.state == FreshState::Due || (may && overflow),
+            policy::Mode::Window => {
+                f.state == FreshState::Due || (may && (overflow || unshown.is_some()))
+            }
             policy::Mode::Idle => false,
         };
         if run {
             validate(session, cfg)?;
-            let upto = if overflow {
-                u64::MAX
-            } else {
-                refresh_upto(cfg, stats.last_episode)
-            };
+            // Far enough that the rest fits the budget (window mode keeps its recent turns).
+            let upto = refresh_upto(cfg, stats.last_episode)
+                .max(cut.map_or(0, |c| c.upto))
+                .max(unshown.unwrap_or(0));
             match guarded(h, session, cfg, marker, upto) {
                 Ok(out) => refreshed = out.passes > 0,
                 // The previous summary serves; the caller sees that a refresh is due.

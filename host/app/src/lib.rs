@@ -873,14 +873,15 @@ impl Scoped {
     }
 
     /// Queue a refresh of `session` when its freshness says one is due (or, with
-    /// `beyond_limit`, when more episodes than that lie beyond the summary in eager mode).
+    /// `for_context` = (refresh-after, budget), when such a context could not carry what lies
+    /// beyond the summary: see the WIT `context-freshness`).
     /// An active job of the session already covers the work.
     /// Returns the job (queued now, or already active) and the session's episode count.
     async fn queue_if_due(
         &self,
         session: &str,
         cfg: &Config,
-        beyond_limit: Option<u64>,
+        for_context: Option<(u32, u32)>,
     ) -> AppResult<(Option<Job>, u64)> {
         // An active job already covers the work: skip the verdict (a guest call) then.
         if let Some(j) = self
@@ -894,10 +895,11 @@ impl Scoped {
         }
         // The guest decides: its verdict, as a context with this limit sees it when there is
         // one.
-        let f = match beyond_limit {
-            Some(n) => {
-                let n = u32::try_from(n).unwrap_or(u32::MAX);
-                self.engine().context_freshness(session, cfg, n).await?
+        let f = match for_context {
+            Some((refresh_after, budget)) => {
+                self.engine()
+                    .context_freshness(session, cfg, refresh_after, budget)
+                    .await?
             }
             None => self.engine().freshness(session, cfg).await?,
         };
@@ -1067,7 +1069,7 @@ impl Scoped {
         self.known(session).await?;
         let cfg = self.session_config(session).await?;
         let (mut job, episodes) = self
-            .queue_if_due(session, &cfg, Some(u64::from(refresh_after)))
+            .queue_if_due(session, &cfg, Some((refresh_after, budget)))
             .await?;
         let mut waited = false;
         if let (Some(limit), Some(j)) = (wait, &job) {

@@ -600,18 +600,20 @@ impl Abridge {
         summarizer!(self, None, call_freshness(session, cfg))
     }
 
-    /// The session's freshness as a context keeping at most `refresh_after` messages beyond
-    /// the summary sees it (see the WIT `context-freshness`).
+    /// The session's freshness as a context of `budget` tokens keeping at most
+    /// `refresh_after` messages beyond the summary sees it: what that context could not carry
+    /// is due (see the WIT `context-freshness`; `budget` 0 checks no budget).
     pub async fn context_freshness(
         &self,
         session: &str,
         cfg: &Config,
         refresh_after: u32,
+        budget: u32,
     ) -> Result<FreshnessReport, CallError> {
         summarizer!(
             self,
             None,
-            call_context_freshness(session, cfg, refresh_after)
+            call_context_freshness(session, cfg, refresh_after, budget)
         )
     }
 

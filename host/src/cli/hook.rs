@@ -131,8 +131,13 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
         Ask::Import => {
             // Summarize what the budget allows; a job stopped at the deadline goes back to
             // the queue with the answers it received.
-            // One verdict from the guest: episodes beyond the chain, or offline rows to rewrite.
-            let f = local.engine().freshness(&session, &cfg).await?;
+            // One verdict from the guest, as the next SessionStart's context sees it: episodes
+            // beyond the chain (what that context could not carry, whatever the mode's
+            // trigger), or offline rows to rewrite.
+            let f = local
+                .engine()
+                .context_freshness(&session, &cfg, u32::MAX, a.context_tokens.max(64))
+                .await?;
             if f.state == FreshState::Empty || (f.episodes <= f.covered && f.fallback_rows == 0) {
                 return Ok(());
             }
