@@ -37,6 +37,9 @@ const MAX_ERROR: usize = 240;
 /// Most digest entries of one kind a row keeps: requests, files, commands and failures beyond
 /// it drop the oldest (a bound against hostile input, far above a real session).
 const MAX_PER_KIND: usize = 2_000;
+/// The kinds an action walk gathers besides requests (created, edited, read, ran, failed,
+/// to-do): how far its list may grow before it is bounded again.
+const GATHERED_KINDS: usize = 6;
 
 fn cut(s: &str, max: usize) -> String {
     let s = s.trim();
@@ -171,6 +174,15 @@ pub fn entries_with<S: AsRef<str>>(
     };
     for (id, role, content) in episodes {
         let content = content.as_ref();
+        // What is gathered stays within the bound the row keeps (each identifier once, the
+        // newest `MAX_PER_KIND` of each kind, see `bounded`), applied as it grows: a long
+        // coding session's walk never holds all of its requests or commands.
+        if requests.len() >= 2 * MAX_PER_KIND {
+            requests = bounded(crate::ledger::deduplicated(std::mem::take(&mut requests)));
+        }
+        if out.len() >= 2 * MAX_PER_KIND * GATHERED_KINDS {
+            out = bounded(crate::ledger::deduplicated(std::mem::take(&mut out)));
+        }
         match role {
             Role::User => {
                 let t = content.trim();
@@ -581,6 +593,46 @@ mod tests {
             crate::ledger::add(&mut l.entries, e.kind, e.text, e.episode, e.count);
         }
         l.entries
+    }
+
+    #[test]
+    fn a_long_walk_holds_no_more_than_the_row_keeps_and_keeps_the_same_entries() {
+        // 9,000 requests (every third the same "yes") and a command per turn.
+        let mut eps: Vec<(u64, Role, String)> = Vec::new();
+        for i in 0..9_000u64 {
+            let text = if i % 3 == 0 {
+                "yes".to_string()
+            } else {
+                format!("request {i}")
+            };
+            eps.push((2 * i + 1, Role::User, text));
+            eps.push((
+                2 * i + 2,
+                Role::Tool,
+                format!("{ACTION}Bash: make step{}", i % 2_500),
+            ));
+        }
+        let got = entries_with(eps.iter().map(|(i, r, t)| (*i, *r, t.as_str())), true, true);
+        let requests: Vec<&Entry> = got.iter().filter(|e| e.kind == Kind::Request).collect();
+        // Each identifier once, then the newest per kind: what the row's ledger keeps.
+        let mut whole = Vec::new();
+        for (id, _, t) in eps.iter().filter(|e| e.1 == Role::User) {
+            crate::ledger::add(&mut whole, Kind::Request, t.clone(), *id, 1);
+        }
+        let want: Vec<u64> = bounded(whole).iter().map(|e| e.episode).collect();
+        let mut have: Vec<u64> = bounded(crate::ledger::deduplicated(
+            requests.iter().map(|e| (*e).clone()).collect(),
+        ))
+        .iter()
+        .map(|e| e.episode)
+        .collect();
+        have.sort_unstable();
+        let mut want = want;
+        want.sort_unstable();
+        assert_eq!(have, want);
+        // Bounded as it went: never the 9,000 requests at once.
+        assert!(requests.len() < 2 * MAX_PER_KIND, "{}", requests.len());
+        assert!(got.len() < 2 * MAX_PER_KIND * (GATHERED_KINDS + 1));
     }
 
     #[test]

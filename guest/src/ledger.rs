@@ -465,23 +465,44 @@ fn file_rank(k: Kind) -> u8 {
     }
 }
 
+/// One more sighting of `e`'s identifier (as `kind`, in `episode`, `count` times): counts
+/// summed, the newest episode kept, a file's strongest kind kept.
+fn seen_again(e: &mut Entry, kind: Kind, episode: u64, count: u32) {
+    e.count = e.count.saturating_add(count);
+    if kind.group() == 1 {
+        if file_rank(kind) > file_rank(e.kind) {
+            e.kind = kind;
+        }
+        e.episode = e.episode.max(episode);
+    } else if episode >= e.episode {
+        e.episode = episode;
+        e.kind = kind;
+    }
+}
+
+/// `entries` with each identifier once (merged as [`add`] merges them), first-seen order
+/// kept: O(n log n), for lists gathered in bulk.
+pub(crate) fn deduplicated(entries: Vec<Entry>) -> Vec<Entry> {
+    let mut at: BTreeMap<(u8, String), usize> = BTreeMap::new();
+    let mut out: Vec<Entry> = Vec::with_capacity(entries.len());
+    for e in entries {
+        match at.get(&(e.kind.group(), e.text.clone())) {
+            Some(&i) => seen_again(&mut out[i], e.kind, e.episode, e.count),
+            None => {
+                at.insert((e.kind.group(), e.text.clone()), out.len());
+                out.push(e);
+            }
+        }
+    }
+    out
+}
+
 pub(crate) fn add(entries: &mut Vec<Entry>, kind: Kind, text: String, episode: u64, count: u32) {
     match entries
         .iter_mut()
         .find(|e| e.kind.group() == kind.group() && e.text == text)
     {
-        Some(e) => {
-            e.count = e.count.saturating_add(count);
-            if kind.group() == 1 {
-                if file_rank(kind) > file_rank(e.kind) {
-                    e.kind = kind;
-                }
-                e.episode = e.episode.max(episode);
-            } else if episode >= e.episode {
-                e.episode = episode;
-                e.kind = kind;
-            }
-        }
+        Some(e) => seen_again(e, kind, episode, count),
         None => entries.push(Entry {
             text,
             kind,
