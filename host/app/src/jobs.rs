@@ -273,13 +273,16 @@ impl Jobs {
         self.db.job_release(id, &self.owner, self.now_ms()).await
     }
 
-    /// Jobs a worker could take now: queued ones, and running ones whose worker is gone.
-    pub async fn runnable(&self) -> Result<Vec<Job>, Error> {
+    /// Jobs a worker could take now, oldest first: queued ones, and running ones whose
+    /// worker is gone. With `per_tenant`, only each tenant's oldest that many queued jobs
+    /// (what a worker's poll can start; it reads no more of a long queue); `None`: all.
+    pub async fn runnable(&self, per_tenant: Option<u32>) -> Result<Vec<Job>, Error> {
         let now = self.now_ms();
-        Ok(self
-            .db
-            .jobs_active()
-            .await?
+        let jobs = match per_tenant {
+            Some(n) => self.db.jobs_runnable(n).await?,
+            None => self.db.jobs_active().await?,
+        };
+        Ok(jobs
             .into_iter()
             .filter(|j| {
                 j.state == JobState::Queued
@@ -432,7 +435,7 @@ mod tests {
                 .map(|x| x.session.clone())
                 .collect()
         };
-        let all = j.runnable().await.unwrap();
+        let all = j.runnable(None).await.unwrap();
         let key = |t: &Tenant, s: &str| {
             if t.is_local() {
                 s.to_string()
@@ -586,7 +589,8 @@ mod tests {
                 "{name}"
             );
             clock.advance(5);
-            assert_eq!(b.runnable().await.unwrap().len(), 2, "{name}");
+            assert_eq!(b.runnable(None).await.unwrap().len(), 2, "{name}");
+            assert_eq!(b.runnable(Some(1)).await.unwrap().len(), 2, "{name}");
             assert!(!b.session_busy(&here, "s").await.unwrap(), "{name}");
             let j = taken(b.claim(j.id).await.unwrap());
             assert_eq!(j.attempts, 2, "{name}");

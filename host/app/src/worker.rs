@@ -90,7 +90,13 @@ async fn schedule(
         if app.draining() {
             return;
         }
-        let runnable = match app.jobs().runnable().await {
+        // Each tenant's next few jobs (a tenant never starts more than its cap here), not
+        // the whole queue: a poll's cost does not grow with a flooding tenant's backlog.
+        let runnable = match app
+            .jobs()
+            .runnable(Some(u32::try_from(per_tenant).unwrap_or(u32::MAX)))
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %crate::types::describe(&e), "cannot read the job queue");

@@ -198,7 +198,8 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
             Ok(())
         }
         Some(JobsCmd::Run { json }) => {
-            let runnable = jobs.runnable().await.map_err(storage)?;
+            // Every runnable job (an explicit run of the queue).
+            let runnable = jobs.runnable(None).await.map_err(storage)?;
             if runnable.is_empty() {
                 super::commands::note(s, "no queued or interrupted jobs");
                 return Ok(());

@@ -272,6 +272,28 @@ impl JobStore for MemoryStore {
         }))
     }
 
+    async fn jobs_runnable(&self, per_tenant: u32) -> Result<Vec<Job>, Error> {
+        // In memory: one pass over the jobs (a test and embedding store).
+        Ok(self.tables(|t| {
+            let mut taken: BTreeMap<&str, u32> = BTreeMap::new();
+            t.jobs
+                .values()
+                .filter(|j| match j.state {
+                    JobState::Running => true,
+                    JobState::Queued => {
+                        let n = taken
+                            .entry(crate::tenant::job_tenant(&j.session))
+                            .or_default();
+                        *n += 1;
+                        *n <= per_tenant.max(1)
+                    }
+                    _ => false,
+                })
+                .cloned()
+                .collect()
+        }))
+    }
+
     async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error> {
         Ok(self.tables(|t| {
             t.jobs

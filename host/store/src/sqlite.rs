@@ -45,6 +45,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/025-episode-running-tokens.sql"),
     include_str!("migrations/026-memory-marks.sql"),
     include_str!("migrations/027-episode-running-bytes.sql"),
+    include_str!("migrations/028-jobs-tenant.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -888,6 +889,43 @@ mod tests {
         }
     }
 
+    /// Migration 28 names the tenant of every job stored before it, so a worker's poll finds
+    /// their queued jobs by tenant.
+    #[tokio::test]
+    async fn jobs_stored_before_migration_28_are_found_by_tenant() {
+        use crate::tables::JobStore;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let s = SqliteStore::open(&path).unwrap();
+        for (i, session) in ["acme\u{1f}a", "acme\u{1f}b", "local-one", "beta\u{1f}c"]
+            .iter()
+            .enumerate()
+        {
+            s.job_enqueue(session, 1, "{}", 1_000 + i as u64)
+                .await
+                .unwrap();
+        }
+        drop(s);
+        let conn = Connection::open(&path).unwrap();
+        let at = MIGRATIONS
+            .iter()
+            .position(|m| m.contains("jobs_runnable"))
+            .unwrap();
+        conn.pragma_update(None, "user_version", at as i64).unwrap();
+        conn.execute_batch("DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant")
+            .unwrap();
+        drop(conn);
+        let s = SqliteStore::open(&path).unwrap();
+        let sessions: Vec<String> = s
+            .jobs_runnable(1)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|j| j.session)
+            .collect();
+        assert_eq!(sessions, ["acme\u{1f}a", "local-one", "beta\u{1f}c"]);
+    }
+
     /// Migration 27 fills in the running byte totals of episodes stored before it, plain or
     /// sealed (UTF-8 bytes of the text, not of what is on disk).
     #[tokio::test]
@@ -926,8 +964,10 @@ mod tests {
                 .position(|m| m.contains("bytes_through"))
                 .unwrap();
             conn.pragma_update(None, "user_version", at as i64).unwrap();
-            conn.execute_batch("ALTER TABLE episodes DROP COLUMN bytes_through")
-                .unwrap();
+            conn.execute_batch(
+                "ALTER TABLE episodes DROP COLUMN bytes_through; DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant",
+            )
+            .unwrap();
             drop(conn);
             let s = open();
             let mut sum = 0;
@@ -976,7 +1016,7 @@ mod tests {
         conn.pragma_update(None, "user_version", at as i64).unwrap();
         // (and without the tables later migrations add)
         conn.execute_batch(
-            "ALTER TABLE episodes DROP COLUMN tokens_through; DROP TABLE memory_marks; ALTER TABLE episodes DROP COLUMN bytes_through",
+            "ALTER TABLE episodes DROP COLUMN tokens_through; DROP TABLE memory_marks; ALTER TABLE episodes DROP COLUMN bytes_through; DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant",
         )
         .unwrap();
         drop(conn);

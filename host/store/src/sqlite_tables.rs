@@ -56,7 +56,7 @@ fn jobs_where(
     args: impl rusqlite::Params,
 ) -> Result<Vec<Job>, Error> {
     let mut st = c
-        .prepare(&format!("SELECT {COLS} FROM jobs WHERE {filter}"))
+        .prepare_cached(&format!("SELECT {COLS} FROM jobs WHERE {filter}"))
         .map_err(db_err)?;
     st.query_map(args, job_from)
         .map_err(db_err)?
@@ -99,8 +99,8 @@ impl JobStore for SqliteStore {
                 let id = crate::rules::new_job_id(now_ms, newest.map(|n| n as u64));
                 let n = tx
                     .execute(
-                        "INSERT OR IGNORE INTO jobs (id, session, target, key, state, config, created_ms, updated_ms) VALUES (?6, ?1, ?2, ?3, 'queued', ?4, ?5, ?5)",
-                        params![session, target as i64, key, config, now_ms as i64, id as i64],
+                        "INSERT OR IGNORE INTO jobs (id, session, target, key, state, config, created_ms, updated_ms, tenant) VALUES (?6, ?1, ?2, ?3, 'queued', ?4, ?5, ?5, ?7)",
+                        params![session, target as i64, key, config, now_ms as i64, id as i64, crate::tenant::job_tenant(session)],
                     )
                     .map_err(db_err)?;
                 if n == 1 {
@@ -252,6 +252,37 @@ impl JobStore for SqliteStore {
 
     async fn jobs_active(&self) -> Result<Vec<Job>, Error> {
         self.with(|c| jobs_where(c, "state IN ('queued','running') ORDER BY id", []))
+    }
+
+    async fn jobs_runnable(&self, per_tenant: u32) -> Result<Vec<Job>, Error> {
+        self.with(|c| {
+            // The tenants with active jobs, one index seek each (a skip scan); each one's
+            // oldest queued jobs from the same index; and every running job (a lease may
+            // have run out). One statement.
+            jobs_where(
+                c,
+                "id IN (
+                    WITH RECURSIVE t(name) AS (
+                        SELECT (SELECT tenant FROM jobs INDEXED BY jobs_runnable
+                                WHERE state IN ('queued','running') ORDER BY tenant LIMIT 1)
+                        UNION ALL
+                        SELECT (SELECT tenant FROM jobs INDEXED BY jobs_runnable
+                                WHERE state IN ('queued','running') AND tenant > t.name
+                                ORDER BY tenant LIMIT 1)
+                        FROM t WHERE t.name IS NOT NULL
+                    )
+                    SELECT q.id FROM t, jobs q
+                    WHERE t.name IS NOT NULL AND q.id IN (
+                        SELECT id FROM jobs INDEXED BY jobs_runnable
+                        WHERE tenant = t.name AND state IN ('queued','running')
+                            AND state = 'queued'
+                        ORDER BY id LIMIT ?1)
+                    UNION ALL
+                    SELECT id FROM jobs INDEXED BY jobs_running WHERE state = 'running'
+                ) ORDER BY id",
+                [per_tenant.max(1)],
+            )
+        })
     }
 
     async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error> {

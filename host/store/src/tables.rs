@@ -101,6 +101,10 @@ pub trait JobStore: Send + Sync {
     async fn job_release(&self, id: u64, owner: &str, now_ms: u64) -> Result<bool, Error>;
     /// Queued and running jobs, oldest first.
     async fn jobs_active(&self) -> Result<Vec<Job>, Error>;
+    /// A worker's candidates, oldest first: every running job (the caller checks whose lease
+    /// ran out) and each tenant's oldest `per_tenant` queued jobs. Reads about (tenants with
+    /// active jobs × `per_tenant` + running jobs) rows, however long a tenant's queue is.
+    async fn jobs_runnable(&self, per_tenant: u32) -> Result<Vec<Job>, Error>;
     /// The newest active job of a session.
     async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error>;
     /// Lease owners of the session's running jobs whose lease lasts past `now_ms`.

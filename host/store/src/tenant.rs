@@ -101,6 +101,12 @@ impl Tenant {
     }
 }
 
+/// The `tenant` column of a job whose session is the stored key `key`: the tenant's name, ''
+/// for the local tenant (keys without a separator).
+pub(crate) fn job_tenant(key: &str) -> &str {
+    key.split_once(SEP).map_or("", |(t, _)| t)
+}
+
 /// The stored keys of one tenant's jobs: `[T\x1f, T\x20)` for tenant T, the keys without a
 /// separator for the local tenant.
 #[derive(Clone, Debug)]

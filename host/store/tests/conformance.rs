@@ -394,6 +394,53 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         other => panic!("{name}: {other:?}"),
     }
     assert_eq!(s.jobs_active().await.unwrap().len(), 2, "{name}");
+    // A worker's candidates: every running job, and each tenant's oldest queued few —
+    // however long one tenant's queue is.
+    let mut flood = Vec::new();
+    for i in 0..12 {
+        let (j, _) = s
+            .job_enqueue(&format!("flood\u{1f}s{i}"), 1, "{}", 50_000 + i)
+            .await
+            .unwrap();
+        flood.push(j.id);
+    }
+    let (calm, _) = s.job_enqueue("calm\u{1f}s", 1, "{}", 60_000).await.unwrap();
+    let (own, _) = s.job_enqueue("local-s", 1, "{}", 60_001).await.unwrap();
+    let active = s.jobs_active().await.unwrap();
+    let running: Vec<u64> = active
+        .iter()
+        .filter(|j| j.state == JobState::Running)
+        .map(|j| j.id)
+        .collect();
+    for per in [1u32, 2] {
+        let got: Vec<u64> = s
+            .jobs_runnable(per)
+            .await
+            .unwrap()
+            .iter()
+            .map(|j| j.id)
+            .collect();
+        let mut want: Vec<u64> = running.clone();
+        want.extend(&flood[..per as usize]);
+        want.extend([calm.id, own.id]);
+        let mut got_sorted = got.clone();
+        got_sorted.sort_unstable();
+        assert_eq!(got, got_sorted, "{name}: oldest first");
+        for id in &want {
+            assert!(
+                got.contains(id),
+                "{name} per {per}: {id} missing from {got:?}"
+            );
+        }
+        assert_eq!(
+            got.iter().filter(|id| flood.contains(id)).count(),
+            per as usize,
+            "{name}: the flooding tenant's oldest {per} only"
+        );
+    }
+    for id in flood.iter().chain([&calm.id, &own.id]) {
+        s.job_cancel(*id, 70_000).await.unwrap();
+    }
     let counts = s.job_counts().await.unwrap();
     assert!(
         counts.contains(&("succeeded".to_string(), 1)),

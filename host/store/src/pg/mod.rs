@@ -39,6 +39,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("006-scale-indexes.sql"),
     include_str!("007-episode-running-tokens.sql"),
     include_str!("008-episode-running-bytes.sql"),
+    include_str!("009-jobs-tenant.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table

@@ -105,10 +105,10 @@ impl JobStore for PgStore {
             let made = self
                 .row(
                     &format!(
-                        "INSERT INTO jobs (id, session, target, key, state, config, created_ms, updated_ms) VALUES ($6, $1, $2, $3, 'queued', $4, $5, $5)
+                        "INSERT INTO jobs (id, session, target, key, state, config, created_ms, updated_ms, tenant) VALUES ($6, $1, $2, $3, 'queued', $4, $5, $5, $7)
                          ON CONFLICT DO NOTHING RETURNING {COLS}"
                     ),
-                    &[&session, &(target as i64), &key, &config, &(now_ms as i64), &(crate::rules::new_job_id(now_ms, newest) as i64)],
+                    &[&session, &(target as i64), &key, &config, &(now_ms as i64), &(crate::rules::new_job_id(now_ms, newest) as i64), &crate::tenant::job_tenant(session)],
                 )
                 .await?;
             if let Some(r) = made {
@@ -307,6 +307,34 @@ impl JobStore for PgStore {
     async fn jobs_active(&self) -> Result<Vec<Job>, Error> {
         self.jobs_where("state IN ('queued','running') ORDER BY id", &[])
             .await
+    }
+
+    async fn jobs_runnable(&self, per_tenant: u32) -> Result<Vec<Job>, Error> {
+        // The tenants with active jobs, one index seek each (a skip scan); each one's oldest
+        // queued jobs from the same index; and every running job (a lease may have run
+        // out). One statement.
+        self.jobs_where(
+            "id IN (
+                WITH RECURSIVE t(name) AS (
+                    SELECT (SELECT tenant FROM jobs WHERE state IN ('queued','running')
+                            ORDER BY tenant LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT tenant FROM jobs WHERE state IN ('queued','running')
+                            AND tenant > t.name ORDER BY tenant LIMIT 1)
+                    FROM t WHERE t.name IS NOT NULL
+                )
+                SELECT q.id FROM t CROSS JOIN LATERAL (
+                    SELECT id FROM jobs
+                    WHERE tenant = t.name AND state IN ('queued','running') AND state = 'queued'
+                    ORDER BY id LIMIT $1
+                ) q
+                WHERE t.name IS NOT NULL
+                UNION ALL
+                SELECT id FROM jobs WHERE state = 'running'
+            ) ORDER BY id",
+            &[&i64::from(per_tenant.max(1))],
+        )
+        .await
     }
 
     async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error> {
