@@ -622,34 +622,46 @@ impl Scoped {
 
     /// Sessions, most recently changed first, `limit` from `offset`; and the total. With
     /// `search`, only sessions whose id, title or project folder contains it (ignoring case).
+    /// Only this tenant's part of the store is read: a page from its index, a search through
+    /// its sessions and their (opened) names in one read.
     pub async fn sessions(
         &self,
         offset: usize,
         limit: usize,
         search: Option<&str>,
     ) -> AppResult<(Vec<SessionView>, usize)> {
-        let mut all = self.store().sessions().await?;
-        if let Some(q) = search.map(str::trim).filter(|q| !q.is_empty()) {
-            let q = q.to_lowercase();
-            let mut kept = Vec::with_capacity(all.len());
-            for s in all {
-                let (title, project) = self.label(&s).await?;
-                let hit = [Some(s.as_str()), title.as_deref(), project.as_deref()]
-                    .into_iter()
-                    .flatten()
-                    .any(|x| x.to_lowercase().contains(&q));
-                if hit {
-                    kept.push(s);
-                }
+        let limit32 = u32::try_from(limit).unwrap_or(u32::MAX);
+        let (page, total) = match search.map(str::trim).filter(|q| !q.is_empty()) {
+            None => {
+                let (page, total) = self.tables.sessions_page(offset as u64, limit32).await?;
+                (page, usize::try_from(total).unwrap_or(usize::MAX))
             }
-            all = kept;
-        }
-        let mut out = Vec::new();
-        for s in all.iter().skip(offset).take(limit) {
+            Some(q) => {
+                let q = q.to_lowercase();
+                let hits: Vec<String> = self
+                    .tables
+                    .sessions_labelled()
+                    .await?
+                    .into_iter()
+                    .filter(|(s, json)| {
+                        let (title, project) = naming::parse_label(json.as_deref());
+                        [Some(s.as_str()), title.as_deref(), project.as_deref()]
+                            .into_iter()
+                            .flatten()
+                            .any(|x| x.to_lowercase().contains(&q))
+                    })
+                    .map(|(s, _)| s)
+                    .collect();
+                let total = hits.len();
+                (hits.into_iter().skip(offset).take(limit).collect(), total)
+            }
+        };
+        let mut out = Vec::with_capacity(page.len());
+        for s in &page {
             let stats = self.store().stats(s).await?;
             out.push(self.view(s, stats).await?);
         }
-        Ok((out, all.len()))
+        Ok((out, total))
     }
 
     /// A page of the session's messages (`limit` after episode `after`), each with the active

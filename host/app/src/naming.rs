@@ -162,12 +162,9 @@ impl Scoped {
 
     /// A session's display names: (title, project folder).
     pub async fn label(&self, session: &str) -> AppResult<(Option<String>, Option<String>)> {
-        let Some(json) = self.tables.session_label(session).await? else {
-            return Ok((None, None));
-        };
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
-        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
-        Ok((field("title"), field("project")))
+        Ok(parse_label(
+            self.tables.session_label(session).await?.as_deref(),
+        ))
     }
 
     /// The session a user means by `name`: the session of that id, else the one session whose
@@ -291,6 +288,16 @@ impl Scoped {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Display names as stored (JSON `{"title", "project"}`): (title, project folder).
+pub(crate) fn parse_label(json: Option<&str>) -> (Option<String>, Option<String>) {
+    let Some(json) = json else {
+        return (None, None);
+    };
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+    (field("title"), field("project"))
 }
 
 #[cfg(test)]

@@ -458,6 +458,42 @@ impl SourceStore for MemoryStore {
         Ok(self.tables(|t| t.focus.get(session).cloned()))
     }
 
+    async fn sessions_page(
+        &self,
+        tenant: &str,
+        offset: u64,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), Error> {
+        let all: Vec<String> = abridge_engine::Store::sessions(self)
+            .await?
+            .into_iter()
+            .filter(|k| crate::tenant::job_tenant(k) == tenant)
+            .collect();
+        let total = all.len() as u64;
+        let page = all
+            .into_iter()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .take(limit as usize)
+            .collect();
+        Ok((page, total))
+    }
+
+    async fn sessions_labelled(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<(String, Option<String>)>, Error> {
+        let all = abridge_engine::Store::sessions(self).await?;
+        Ok(self.tables(|t| {
+            all.into_iter()
+                .filter(|k| crate::tenant::job_tenant(k) == tenant)
+                .map(|k| {
+                    let label = t.labels.get(&k).cloned();
+                    (k, label)
+                })
+                .collect()
+        }))
+    }
+
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
         Ok(self.tables(|t| t.labels.get(session).cloned()))
     }

@@ -46,6 +46,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/026-memory-marks.sql"),
     include_str!("migrations/027-episode-running-bytes.sql"),
     include_str!("migrations/028-jobs-tenant.sql"),
+    include_str!("migrations/029-sessions-tenant.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -427,7 +428,7 @@ impl Store for SqliteStore {
     ) -> Result<u32, Error> {
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-            tx.execute("INSERT OR IGNORE INTO sessions (id) VALUES (?1)", [session]).map_err(db_err)?;
+            tx.execute("INSERT OR IGNORE INTO sessions (id, tenant) VALUES (?1, ?2)", [session, crate::tenant::job_tenant(session)]).map_err(db_err)?;
             let (mut next, seq, mut through): (i64, i64, i64) = tx
                 .query_row("SELECT episodes + 1, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions), total_tokens FROM sessions WHERE id = ?1", [session], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -912,7 +913,7 @@ mod tests {
             .position(|m| m.contains("jobs_runnable"))
             .unwrap();
         conn.pragma_update(None, "user_version", at as i64).unwrap();
-        conn.execute_batch("DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant")
+        conn.execute_batch("DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant; DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant")
             .unwrap();
         drop(conn);
         let s = SqliteStore::open(&path).unwrap();
@@ -924,6 +925,56 @@ mod tests {
             .map(|j| j.session)
             .collect();
         assert_eq!(sessions, ["acme\u{1f}a", "local-one", "beta\u{1f}c"]);
+    }
+
+    /// Migration 29 names the tenant of every session stored before it, so a tenant's list
+    /// reads its own.
+    #[tokio::test]
+    async fn sessions_stored_before_migration_29_are_listed_by_tenant() {
+        use crate::tables::SourceStore;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let s = SqliteStore::open(&path).unwrap();
+        for session in ["acme\u{1f}a", "local-one", "acme\u{1f}b", "beta\u{1f}c"] {
+            s.append_episodes(
+                session,
+                vec![NewEpisode {
+                    role: Role::User,
+                    content: "hi".into(),
+                    timestamp_ms: None,
+                    source_key: "k".into(),
+                    tokens: 1,
+                    speaker: None,
+                }],
+            )
+            .await
+            .unwrap();
+        }
+        drop(s);
+        let conn = Connection::open(&path).unwrap();
+        let at = MIGRATIONS
+            .iter()
+            .position(|m| m.contains("sessions_tenant_change"))
+            .unwrap();
+        conn.pragma_update(None, "user_version", at as i64).unwrap();
+        conn.execute_batch(
+            "DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant",
+        )
+        .unwrap();
+        drop(conn);
+        let s = SqliteStore::open(&path).unwrap();
+        let page = |t: &'static str| {
+            let s = &s;
+            async move { s.sessions_page(t, 0, 10).await.unwrap() }
+        };
+        assert_eq!(
+            page("acme").await,
+            (
+                vec!["acme\u{1f}b".to_string(), "acme\u{1f}a".to_string()],
+                2
+            )
+        );
+        assert_eq!(page("").await, (vec!["local-one".to_string()], 1));
     }
 
     /// Migration 27 fills in the running byte totals of episodes stored before it, plain or
@@ -965,7 +1016,7 @@ mod tests {
                 .unwrap();
             conn.pragma_update(None, "user_version", at as i64).unwrap();
             conn.execute_batch(
-                "ALTER TABLE episodes DROP COLUMN bytes_through; DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant",
+                "ALTER TABLE episodes DROP COLUMN bytes_through; DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant; DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant",
             )
             .unwrap();
             drop(conn);
@@ -1016,7 +1067,7 @@ mod tests {
         conn.pragma_update(None, "user_version", at as i64).unwrap();
         // (and without the tables later migrations add)
         conn.execute_batch(
-            "ALTER TABLE episodes DROP COLUMN tokens_through; DROP TABLE memory_marks; ALTER TABLE episodes DROP COLUMN bytes_through; DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant",
+            "ALTER TABLE episodes DROP COLUMN tokens_through; DROP TABLE memory_marks; ALTER TABLE episodes DROP COLUMN bytes_through; DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant; DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant",
         )
         .unwrap();
         drop(conn);

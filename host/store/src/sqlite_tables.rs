@@ -592,6 +592,67 @@ impl SourceStore for SqliteStore {
         self.set_session_text(crate::tables::SessionText::LABEL, session, label)
     }
 
+    async fn sessions_page(
+        &self,
+        tenant: &str,
+        offset: u64,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), Error> {
+        self.with(|c| {
+            let total: i64 = c
+                .query_row(
+                    "SELECT COUNT(*) FROM sessions INDEXED BY sessions_tenant_change WHERE tenant = ?1",
+                    [tenant],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            let mut st = c
+                .prepare_cached(
+                    "SELECT id FROM sessions INDEXED BY sessions_tenant_change WHERE tenant = ?1 ORDER BY changed_seq DESC, id LIMIT ?2 OFFSET ?3",
+                )
+                .map_err(db_err)?;
+            let ids = st
+                .query_map(params![tenant, limit, offset as i64], |r| r.get(0))
+                .map_err(db_err)?
+                .collect::<Result<Vec<String>, _>>()
+                .map_err(db_err)?;
+            Ok((ids, total as u64))
+        })
+    }
+
+    async fn sessions_labelled(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<(String, Option<String>)>, Error> {
+        let t = crate::tables::SessionText::LABEL;
+        self.with(|c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT s.id, l.label, l.sealed FROM sessions s INDEXED BY sessions_tenant_change LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = ?1 ORDER BY s.changed_seq DESC, s.id",
+                )
+                .map_err(db_err)?;
+            let rows = st
+                .query_map([tenant], |r| {
+                    let label = match r.get_ref(1)? {
+                        rusqlite::types::ValueRef::Null => None,
+                        _ => Some(stored(r, 1, r.get(2)?)?),
+                    };
+                    Ok((r.get::<_, String>(0)?, label))
+                })
+                .map_err(db_err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db_err)?;
+            rows.into_iter()
+                .map(|(id, label)| {
+                    let label = label
+                        .map(|f| self.reveal(c, &place::tenant_of(&id), t.place, &id, f))
+                        .transpose()?;
+                    Ok((id, label))
+                })
+                .collect()
+        })
+    }
+
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
         self.with(|c| {
             let mut st = c

@@ -166,6 +166,19 @@ pub trait SourceStore: Send + Sync {
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error>;
     /// Set (`Some`) or clear (`None`) a session's display names.
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error>;
+    /// One tenant's sessions (`tenant`: its column value, '' for the local tenant), most
+    /// recently changed first: `limit` from `offset`, and how many it has. Read from the
+    /// tenant's part of an index, never another tenant's sessions.
+    async fn sessions_page(
+        &self,
+        tenant: &str,
+        offset: u64,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), Error>;
+    /// One tenant's sessions with their display names as stored (opened), most recently
+    /// changed first, in one read: what a search by title or project looks through.
+    async fn sessions_labelled(&self, tenant: &str)
+    -> Result<Vec<(String, Option<String>)>, Error>;
     /// A session's pinned episodes, ascending.
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error>;
     /// Pin (`true`) or unpin (`false`) one episode; returns whether anything changed.

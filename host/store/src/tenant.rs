@@ -101,8 +101,8 @@ impl Tenant {
     }
 }
 
-/// The `tenant` column of a job whose session is the stored key `key`: the tenant's name, ''
-/// for the local tenant (keys without a separator).
+/// The `tenant` column of a session or a job whose session is the stored key `key`: the
+/// tenant's name, '' for the local tenant (keys without a separator).
 pub(crate) fn job_tenant(key: &str) -> &str {
     key.split_once(SEP).map_or("", |(t, _)| t)
 }
@@ -246,6 +246,13 @@ pub struct TenantTables {
 }
 
 impl TenantTables {
+    /// Stored keys back to this tenant's session ids (another tenant's never pass).
+    fn ids(&self, keys: Vec<String>) -> Vec<String> {
+        keys.iter()
+            .filter_map(|k| self.tenant.session_of(k).map(str::to_string))
+            .collect()
+    }
+
     /// `tenant`'s view of `db`.
     pub fn new(db: Arc<dyn AppStore>, tenant: Tenant) -> Self {
         TenantTables { db, tenant }
@@ -292,6 +299,30 @@ impl TenantTables {
     /// Set (`Some`) or clear (`None`) a session's display names (JSON).
     pub async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
         self.db.set_session_label(&self.k(session), label).await
+    }
+
+    /// This tenant's sessions, most recently changed first: `limit` from `offset`, and how
+    /// many it has (from its own part of the store).
+    pub async fn sessions_page(
+        &self,
+        offset: u64,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), Error> {
+        let (keys, total) = self
+            .db
+            .sessions_page(job_tenant(&self.k("")), offset, limit)
+            .await?;
+        Ok((self.ids(keys), total))
+    }
+
+    /// This tenant's sessions with their display names (JSON, if set), most recently changed
+    /// first.
+    pub async fn sessions_labelled(&self) -> Result<Vec<(String, Option<String>)>, Error> {
+        let rows = self.db.sessions_labelled(job_tenant(&self.k(""))).await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(k, l)| self.tenant.session_of(&k).map(|s| (s.to_string(), l)))
+            .collect())
     }
 
     /// A session's pinned episodes, ascending.

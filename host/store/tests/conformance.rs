@@ -759,6 +759,59 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     assert!(left(ids[2]).await, "{name}: a queued job is never pruned");
     assert_eq!(s.jobs_queued(ret).await.unwrap(), 1, "{name}");
     assert!(s.events_after("ret", 0, 10).await.unwrap().is_empty());
+
+    let strs = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    // A tenant's session list: its own sessions only, most recently changed first, a page
+    // from an offset with the total; a search's read brings each one's opened names.
+    let lists = [
+        TenantTables::new(s.clone(), Tenant::new("lista").unwrap()),
+        TenantTables::new(s.clone(), Tenant::new("listb").unwrap()),
+    ];
+    for (t, n) in lists.iter().zip([5u64, 2]) {
+        for i in 0..n {
+            let key = format!("{}\u{1f}s{i}", t.tenant().name());
+            s.append_episodes(&key, vec![ep(1, "k1")]).await.unwrap();
+        }
+    }
+    // s1 changes last: first in the list.
+    s.append_episodes("lista\u{1f}s1", vec![ep(2, "k2")])
+        .await
+        .unwrap();
+    lists[0]
+        .set_session_label("s3", Some(r#"{"title":"Überblick"}"#))
+        .await
+        .unwrap();
+    let (page, total) = lists[0].sessions_page(0, 3).await.unwrap();
+    assert_eq!((page, total), (strs(&["s1", "s4", "s3"]), 5), "{name}");
+    let (page, total) = lists[0].sessions_page(3, 10).await.unwrap();
+    assert_eq!((page, total), (strs(&["s2", "s0"]), 5), "{name}");
+    let (page, total) = lists[1].sessions_page(0, 10).await.unwrap();
+    assert_eq!((page, total), (strs(&["s1", "s0"]), 2), "{name}");
+    let labelled = lists[0].sessions_labelled().await.unwrap();
+    assert_eq!(labelled.len(), 5, "{name}");
+    assert_eq!(labelled[0].0, "s1", "{name}");
+    assert_eq!(
+        labelled
+            .iter()
+            .find(|(s, _)| s == "s3")
+            .unwrap()
+            .1
+            .as_deref(),
+        Some(r#"{"title":"Überblick"}"#),
+        "{name}"
+    );
+    assert!(
+        labelled.iter().all(|(s, l)| s == "s3" || l.is_none()),
+        "{name}"
+    );
+    // The local tenant's sessions (keys without a separator) are a list of their own.
+    let local = TenantTables::new(s.clone(), Tenant::local());
+    s.append_episodes("local-list", vec![ep(1, "k1")])
+        .await
+        .unwrap();
+    let (page, _) = local.sessions_page(0, 100).await.unwrap();
+    assert_eq!(page.first().map(String::as_str), Some("local-list"), "{name}");
+    assert!(page.iter().all(|p| !p.contains('\u{1f}')), "{name}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

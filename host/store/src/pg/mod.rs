@@ -40,6 +40,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("007-episode-running-tokens.sql"),
     include_str!("008-episode-running-bytes.sql"),
     include_str!("009-jobs-tenant.sql"),
+    include_str!("010-sessions-tenant.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
@@ -502,8 +503,8 @@ impl Store for PgStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
         tx.execute(
-            "INSERT INTO sessions (id) VALUES ($1) ON CONFLICT (id) DO NOTHING",
-            &[&session],
+            "INSERT INTO sessions (id, tenant) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+            &[&session, &crate::tenant::job_tenant(session)],
         )
         .await
         .map_err(|e| self.err(e))?;

@@ -603,6 +603,65 @@ impl SourceStore for PgStore {
         Ok(())
     }
 
+    async fn sessions_page(
+        &self,
+        tenant: &str,
+        offset: u64,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), Error> {
+        let total: i64 = self
+            .row(
+                "SELECT COUNT(*) FROM sessions WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await?
+            .map_or(0, |r| r.get(0));
+        let ids = self
+            .rows(
+                "SELECT id FROM sessions WHERE tenant = $1 ORDER BY changed_seq DESC, id LIMIT $2 OFFSET $3",
+                &[&tenant, &i64::from(limit), &(offset as i64)],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        Ok((ids, total as u64))
+    }
+
+    async fn sessions_labelled(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<(String, Option<String>)>, Error> {
+        let t = crate::tables::SessionText::LABEL;
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT s.id, l.label, l.sealed FROM sessions s LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = $1 ORDER BY s.changed_seq DESC, s.id",
+                &[&tenant],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let id: String = r.get(0);
+            let label = match r.get::<_, Option<Vec<u8>>>(1) {
+                None => None,
+                Some(bytes) => {
+                    let text = Stored {
+                        bytes,
+                        sealed: g32(r, 2),
+                    };
+                    Some(
+                        self.reveal(&c, &place::tenant_of(&id), t.place, &id, text)
+                            .await?,
+                    )
+                }
+            };
+            out.push((id, label));
+        }
+        Ok(out)
+    }
+
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
         self.session_text(crate::tables::SessionText::FOCUS, session)
             .await
