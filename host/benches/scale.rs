@@ -130,17 +130,27 @@ fn transcript(path: &std::path::Path, mb: u64) {
 /// Peak resident memory (KB) of `abridge summarize FILE` against the test model server at
 /// `url`, from the kernel's accounting of the finished child (`wait4`), and its wall time.
 fn summarize_peak(dir: &std::path::Path, file: &std::path::Path, url: &str) -> (f64, f64) {
+    peak_of("summarize", dir, file, url)
+}
+
+/// Peak RSS (KB) and seconds of `abridge backfill` of the folder that holds `file`.
+fn backfill_peak(dir: &std::path::Path, file: &std::path::Path, url: &str) -> (f64, f64) {
+    peak_of("backfill", dir, file.parent().unwrap(), url)
+}
+
+/// Peak RSS (KB) and seconds of `abridge COMMAND PATH` against the model at `url`.
+fn peak_of(command: &str, dir: &std::path::Path, path: &std::path::Path, url: &str) -> (f64, f64) {
     let db = dir.join(format!(
-        "summarize-{}.db",
-        file.file_stem().unwrap().to_string_lossy()
+        "{command}-{}.db",
+        path.file_stem().unwrap().to_string_lossy()
     ));
     let started = Instant::now();
     // Reaped by `wait4` below, which also reports its peak memory.
     #[allow(clippy::zombie_processes)]
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
         .args(["--db", db.to_str().unwrap(), "--backend", "ollama", "-q"])
-        .arg("summarize")
-        .arg(file)
+        .arg(command)
+        .arg(path)
         .env("EXTRACTION_URL", url)
         .env("HOME", dir)
         .stdout(std::process::Stdio::null())
@@ -153,8 +163,8 @@ fn summarize_peak(dir: &std::path::Path, file: &std::path::Path, url: &str) -> (
     assert_eq!(pid, child.id() as i32, "wait4");
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "abridge summarize {} failed ({status})",
-        file.display()
+        "abridge {command} {} failed ({status})",
+        path.display()
     );
     (usage.ru_maxrss as f64, started.elapsed().as_secs_f64())
 }
@@ -405,20 +415,27 @@ async fn main() {
         transcript(&warm, 1);
         summarize_peak(dir.path(), &warm, &url);
         let mut peak = [0.0; 2];
+        let mut backfill = [0.0; 2];
         for (k, mb) in [a.summarize_mb, a.summarize_mb * 10]
             .into_iter()
             .enumerate()
         {
-            let file = dir.path().join(format!("t{mb}.jsonl"));
+            // Alone in a folder: `backfill` takes the folder.
+            let folder = dir.path().join(format!("t{mb}"));
+            std::fs::create_dir_all(&folder).unwrap();
+            let file = folder.join(format!("t{mb}.jsonl"));
             transcript(&file, mb);
             let floor = own_rss_kb() / 1024.0;
             let (kb, secs) = summarize_peak(dir.path(), &file, &url);
+            let (bkb, bsecs) = backfill_peak(dir.path(), &file, &url);
             std::fs::remove_file(&file).unwrap();
             println!(
-                "  summarize {mb:>4} MB transcript: peak RSS {:.1} MB in {secs:.1} s (this process held {floor:.1} MB when it spawned it: a floor on the figure)",
-                kb / 1024.0
+                "  summarize {mb:>4} MB transcript: peak RSS {:.1} MB in {secs:.1} s; backfill of it {:.1} MB in {bsecs:.1} s (this process held {floor:.1} MB when it spawned them: a floor on the figures)",
+                kb / 1024.0,
+                bkb / 1024.0
             );
             peak[k] = kb / 1024.0;
+            backfill[k] = bkb / 1024.0;
         }
         server.kill().unwrap();
         server.wait().unwrap();
@@ -427,6 +444,14 @@ async fn main() {
             "MB",
             peak[0],
             peak[1],
+            a.summarize_mb as usize,
+            Some(0.15),
+        );
+        row(
+            "backfill peak RSS (transcript MB)",
+            "MB",
+            backfill[0],
+            backfill[1],
             a.summarize_mb as usize,
             Some(0.15),
         );

@@ -12,7 +12,7 @@ use super::{AppError, AppResult, Bring, Scoped, SourceFile, naming};
 use crate::runtime::Abridge;
 use crate::sources::{Source, Sources};
 use crate::store::SourceStore;
-use crate::transcript::{self, Conversation, Options, TranscriptError};
+use crate::transcript::{self, Options, TranscriptError};
 use crate::types::{Config, PlanReport};
 
 /// Why a JSON file that holds no conversation is skipped.
@@ -147,11 +147,6 @@ pub fn since_ms(s: &str, now: u64) -> Result<u64, String> {
         })
 }
 
-/// The hex SHA-256 of a file's content.
-pub fn content_hash(bytes: &[u8]) -> String {
-    crate::text::hex(&Sha256::digest(bytes))
-}
-
 /// Whether what is recorded of a file says it needs no reading: same size and time, and it
 /// was summarized, was too small (and still would be), or was not a transcript.
 pub fn unchanged(known: &Source, f: &ScannedFile, min_episodes: u64) -> bool {
@@ -163,35 +158,56 @@ pub fn unchanged(known: &Source, f: &ScannedFile, min_episodes: u64) -> bool {
         && (known.status == "ok" || still_small || known.detail.as_deref() == Some(NOT_TRANSCRIPT))
 }
 
-/// Read a file with a bound (the size the walk saw is only a hint: a file may grow).
-pub fn read(f: &ScannedFile, max_bytes: u64) -> Result<Vec<u8>, String> {
-    std::fs::File::open(&f.path)
-        .map_err(|e| format!("cannot read it: {e}"))
-        .and_then(|mut file| {
-            transcript::read_bounded(&f.rel, &mut file, max_bytes).map_err(|e| e.to_string())
-        })
+/// The hex SHA-256 of a file's content, read a megabyte at a time and never held; more than
+/// `max_bytes` is refused (the size the walk saw is only a hint: a file may grow).
+pub fn hash_file(f: &ScannedFile, max_bytes: u64) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(&f.path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut limited = file.take(max_bytes.saturating_add(1));
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = limited
+            .read(&mut buf)
+            .map_err(|e| format!("cannot read it: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        h.update(&buf[..n]);
+    }
+    if total > max_bytes {
+        return Err(TranscriptError::TooLarge {
+            path: f.rel.clone(),
+            size: total,
+            limit: max_bytes,
+        }
+        .to_string());
+    }
+    Ok(crate::text::hex(&h.finalize()))
 }
 
-/// A file's conversations, each with the base of its session name (see
-/// [`crate::naming`]), and what the parser noted.
+/// A file's conversations (checked, not kept: [`transcript::scan`]), each with the base of
+/// its session name (see [`crate::naming`]), and what the parser noted.
 #[derive(Debug)]
 pub struct Named {
-    /// (name's base, conversation), in file order.
-    pub conversations: Vec<(naming::Base, Conversation)>,
-    /// The parser's warnings.
-    pub warnings: Vec<String>,
+    /// (name's base, conversation's outline), in file order.
+    pub conversations: Vec<(naming::Base, transcript::Outline)>,
+    /// The checked transcript, for the pass that stores it.
+    pub scanned: transcript::Scanned,
 }
 
-/// Parse a file in the sandbox and take the bases of its sessions' names; or why it is
-/// not taken: `("skipped", NOT_TRANSCRIPT)` (no known format, no messages) or
+/// Parse a file in the sandbox, a read at a time, and take the bases of its sessions' names;
+/// or why it is not taken: `("skipped", NOT_TRANSCRIPT)` (no known format, no messages) or
 /// `("failed", why)`.
 pub async fn conversations(
     engine: &Abridge,
     f: &ScannedFile,
-    bytes: &[u8],
-    read: Options,
+    input: &mut transcript::Input<'_>,
+    o: &BackfillOptions,
 ) -> Result<Named, (&'static str, String)> {
-    let parsed = match transcript::parse_bytes(engine, &f.rel, bytes, None, read).await {
+    let scanned = match transcript::scan(engine, &f.rel, input, None, o.read, o.max_bytes).await {
         Ok(p) => p,
         Err(
             TranscriptError::UnknownFormat { .. }
@@ -200,20 +216,26 @@ pub async fn conversations(
         ) => return Err(("skipped", NOT_TRANSCRIPT.into())),
         Err(e) => return Err(("failed", e.to_string())),
     };
-    let many = parsed.conversations.len() > 1;
-    let conversations = parsed
+    let many = scanned.conversations.len() > 1;
+    let conversations = scanned
         .conversations
-        .into_iter()
+        .iter()
         .enumerate()
         .map(|(i, conv)| {
             let name = naming::base(conv.id.as_deref(), Path::new(&f.rel), many.then_some(i));
-            (name, conv)
+            (name, conv.clone())
         })
         .collect();
     Ok(Named {
         conversations,
-        warnings: parsed.warnings,
+        scanned,
     })
+}
+
+/// A file opened for the passes over it (refused when over `max_bytes`).
+fn input_of(f: &ScannedFile, max_bytes: u64) -> Result<transcript::Input<'_>, FileOutcome> {
+    transcript::Input::open(&f.path, max_bytes)
+        .map_err(|e| FileOutcome::new("failed", Vec::new(), 0, e.to_string()))
 }
 
 /// How to take each file.
@@ -261,8 +283,8 @@ enum Opened {
     Unchanged(FileOutcome, bool),
     /// It could not be read.
     Failed(FileOutcome),
-    /// Its bytes and their hash.
-    Read(Vec<u8>, String),
+    /// It changed: its content's hash (the file itself is read by the passes that follow).
+    Read(String),
 }
 
 /// The one rule, for the run and the dry run, for whether a file must be read and parsed.
@@ -280,11 +302,10 @@ fn open_file(known: Option<&Source>, f: &ScannedFile, o: &BackfillOptions) -> Op
             false,
         );
     }
-    let bytes = match read(f, o.max_bytes) {
-        Ok(b) => b,
+    let sha = match hash_file(f, o.max_bytes) {
+        Ok(sha) => sha,
         Err(e) => return Opened::Failed(FileOutcome::new("failed", Vec::new(), 0, e)),
     };
-    let sha = content_hash(&bytes);
     match known {
         Some(k) if k.sha256 == sha && k.status == "ok" => Opened::Unchanged(
             FileOutcome::new(
@@ -295,7 +316,7 @@ fn open_file(known: Option<&Source>, f: &ScannedFile, o: &BackfillOptions) -> Op
             ),
             true,
         ),
-        _ => Opened::Read(bytes, sha),
+        _ => Opened::Read(sha),
     }
 }
 
@@ -351,28 +372,49 @@ impl DryRun {
             outcome,
             sessions: Vec::new(),
         };
-        let bytes = match open_file(known.as_ref(), f, o) {
-            Opened::Unchanged(out, _) | Opened::Failed(out) => return Ok(alone(out)),
-            Opened::Read(bytes, _) => bytes,
+        if let Opened::Unchanged(out, _) | Opened::Failed(out) = open_file(known.as_ref(), f, o) {
+            return Ok(alone(out));
+        }
+        let mut input = match input_of(f, o.max_bytes) {
+            Ok(i) => i,
+            Err(out) => return Ok(alone(out)),
         };
-        let named = match conversations(&self.engine, f, &bytes, o.read).await {
+        let named = match conversations(&self.engine, f, &mut input, o).await {
             Ok(n) => n,
             Err((status, why)) => return Ok(alone(FileOutcome::new(status, Vec::new(), 0, why))),
         };
+        // The small conversations are left out (an empty name: not stored).
+        let sessions: Vec<String> = named
+            .conversations
+            .iter()
+            .map(|(base, conv)| {
+                if conv.episodes < o.min_episodes {
+                    String::new()
+                } else {
+                    base.plain()
+                }
+            })
+            .collect();
+        transcript::store(
+            &self.engine,
+            &f.rel,
+            &mut input,
+            &named.scanned,
+            &sessions,
+            o.read,
+        )
+        .await?;
         let mut planned = Vec::new();
         let mut episodes = 0u64;
-        for (base, conv) in named.conversations {
-            let n = conv.episodes.len() as u64;
-            episodes += n;
-            if n < o.min_episodes {
+        for ((_, conv), session) in named.conversations.iter().zip(sessions) {
+            episodes += conv.episodes;
+            if session.is_empty() {
                 continue;
             }
-            let session = base.plain();
-            self.engine.append(&session, &conv.episodes).await?;
             let plan = self.engine.plan(&session, cfg).await?;
             planned.push(PlannedSession {
                 session,
-                episodes: n,
+                episodes: conv.episodes,
                 plan,
             });
         }
@@ -388,7 +430,7 @@ impl DryRun {
             let detail = format!("{} session(s)", names.len());
             FileOutcome::new("planned", names, episodes, detail)
         };
-        outcome.warnings = named.warnings;
+        outcome.warnings = named.scanned.warnings;
         Ok(FilePlan {
             outcome,
             sessions: planned,
@@ -429,7 +471,7 @@ impl Scoped {
             };
             sources.put(&s, now).await
         };
-        let (bytes, sha) = match open_file(known.as_ref(), f, o) {
+        let sha = match open_file(known.as_ref(), f, o) {
             Opened::Unchanged(out, touched) => {
                 if touched && let Some(k) = &known {
                     // Touched but not changed: remember the new time, do nothing else.
@@ -438,9 +480,17 @@ impl Scoped {
                 return Ok(out);
             }
             Opened::Failed(out) => return Ok(out),
-            Opened::Read(bytes, sha) => (bytes, sha),
+            Opened::Read(sha) => sha,
         };
-        let named = match conversations(self.engine(), f, &bytes, o.read).await {
+        let mut input = match input_of(f, o.max_bytes) {
+            Ok(i) => i,
+            Err(out) => {
+                record(&sha, "failed", &[], 0, Some(&out.detail)).await?;
+                return Ok(out);
+            }
+        };
+        // The first pass checks every line and keeps only the outline.
+        let named = match conversations(self.engine(), f, &mut input, o).await {
             Ok(n) => n,
             Err((status, why)) => {
                 record(&sha, status, &[], 0, Some(&why)).await?;
@@ -450,23 +500,36 @@ impl Scoped {
         let mut sessions = Vec::new();
         let (mut episodes, mut failure, mut small) = (0u64, None, 0usize);
         let mark = naming::file_key(&f.path);
-        for (base, conv) in named.conversations {
-            let n = conv.episodes.len() as u64;
-            episodes += n;
-            if n < o.min_episodes {
+        // Every session named first (a small conversation gets an empty name: not stored).
+        let mut names = Vec::with_capacity(named.conversations.len());
+        for (base, conv) in &named.conversations {
+            episodes += conv.episodes;
+            if conv.episodes < o.min_episodes {
                 small += 1;
+                names.push(String::new());
                 continue;
             }
-            let session = self.session_for(&base, Some(&f.path)).await?;
+            let session = self.session_for(base, Some(&f.path)).await?;
             self.label_session(&session, conv.title.as_deref(), Some(&f.path))
                 .await?;
+            names.push(session);
+        }
+        // The second pass stores the episodes a read at a time; then each session is marked
+        // and summarized through its job.
+        let added = self
+            .store_scanned(&f.rel, &mut input, &named.scanned, &names, o.read)
+            .await?;
+        for (session, added) in names.iter().zip(added) {
+            if session.is_empty() {
+                continue;
+            }
             sessions.push(session.clone());
             let source = SourceFile {
                 path: &mark,
                 bytes: f.size,
             };
             let done = self
-                .import_conversation(&session, &conv.episodes, Some(source), Bring::Now(cfg))
+                .finish_import(session, added, Some(source), Bring::Now(cfg))
                 .await?;
             if let Some(e) = done.failure {
                 failure = Some(format!(
@@ -500,7 +563,7 @@ impl Scoped {
                 FileOutcome::new("ok", sessions, episodes, detail)
             }
         };
-        out.warnings = named.warnings;
+        out.warnings = named.scanned.warnings;
         Ok(out)
     }
 }

@@ -90,7 +90,8 @@ impl Scoped {
     }
 
     /// Store the episodes of a [`scan`](transcript::scan)ned transcript, reading it a second
-    /// time one read at a time: conversation `i` of `scanned` goes to `sessions[i]`. Returns
+    /// time one read at a time: conversation `i` of `scanned` goes to `sessions[i]` (an
+    /// empty name leaves it out). Returns
     /// the episodes new to each session. Memory holds one read's episodes, whatever the size
     /// of the input; each session is then finished with [`finish_import`](Self::finish_import).
     pub async fn store_scanned(
@@ -101,7 +102,8 @@ impl Scoped {
         sessions: &[String],
         opts: transcript::Options,
     ) -> AppResult<Vec<u32>> {
-        for s in sessions {
+        // An empty name leaves its conversation out (see `transcript::store`).
+        for s in sessions.iter().filter(|s| !s.is_empty()) {
             super::check_session(s)?;
         }
         transcript::store(self.engine(), name, input, scanned, sessions, opts).await

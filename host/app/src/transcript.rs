@@ -444,8 +444,9 @@ impl<'i, 'e> Stream<'i, 'e> {
 }
 
 /// The second pass: store the episodes of a [`scan`]ned input through `engine`, conversation
-/// `i` of `scanned` into `sessions[i]`, one read at a time. Returns the episodes new to each
-/// session. (The app's import and the command line's dry run, into its in-memory store.)
+/// `i` of `scanned` into `sessions[i]` (an empty name leaves it out), one read at a time.
+/// Returns the episodes new to each session. (The app's import, backfill, and the command
+/// line's dry runs, into their in-memory stores.)
 pub async fn store(
     engine: &Abridge,
     name: &str,
@@ -459,7 +460,11 @@ pub async fn store(
     let mut stream = Stream::new(engine, name, input, scanned, opts).await?;
     while let Some(parts) = stream.next().await? {
         for p in parts {
-            if let Some(i) = scanned.position(p.index).filter(|_| !p.episodes.is_empty()) {
+            // An empty session name leaves its conversation out.
+            if let Some(i) = scanned
+                .position(p.index)
+                .filter(|&i| !p.episodes.is_empty() && !sessions[i].is_empty())
+            {
                 added[i] += engine.append(&sessions[i], &p.episodes).await?;
             }
         }
@@ -480,29 +485,6 @@ pub async fn parse_bytes(
         feeder.feed(chunk).await?;
     }
     feeder.finish().await
-}
-
-/// Read at most `max_bytes` from `r`: memory stays bounded however much (or however long) the
-/// source writes; one byte more is [`TranscriptError::TooLarge`].
-pub fn read_bounded(
-    name: &str,
-    r: &mut impl std::io::Read,
-    max_bytes: u64,
-) -> Result<Vec<u8>, TranscriptError> {
-    let mut buf = Vec::new();
-    let mut limited = std::io::Read::take(&mut *r, max_bytes.saturating_add(1));
-    std::io::Read::read_to_end(&mut limited, &mut buf).map_err(|source| TranscriptError::Io {
-        path: name.to_string(),
-        source,
-    })?;
-    if buf.len() as u64 > max_bytes {
-        return Err(TranscriptError::TooLarge {
-            path: name.to_string(),
-            size: buf.len() as u64,
-            limit: max_bytes,
-        });
-    }
-    Ok(buf)
 }
 
 /// Feeds a file to the guest parser and keeps what it yields: whole conversations as the

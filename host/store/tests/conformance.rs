@@ -810,7 +810,11 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         .await
         .unwrap();
     let (page, _) = local.sessions_page(0, 100).await.unwrap();
-    assert_eq!(page.first().map(String::as_str), Some("local-list"), "{name}");
+    assert_eq!(
+        page.first().map(String::as_str),
+        Some("local-list"),
+        "{name}"
+    );
     assert!(page.iter().all(|p| !p.contains('\u{1f}')), "{name}");
 }
 
