@@ -721,6 +721,7 @@ async fn main() {
     let mut search = [0.0; 2];
     let mut small = [0.0; 2];
     let mut small_before = [0.0; 2];
+    let mut unknown = [0.0; 2];
     for (k, n) in [a.sessions, a.sessions * 10].into_iter().enumerate() {
         let fresh = dir.path().join("list");
         std::fs::create_dir_all(&fresh).unwrap();
@@ -729,7 +730,7 @@ async fn main() {
         let me = app.local();
         let mine = app.tenant(&Tenant::new("mine").unwrap());
         let (mut t, mut q) = (Vec::new(), Vec::new());
-        let (mut x, mut y) = (Vec::new(), Vec::new());
+        let (mut x, mut y, mut z) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.calls.min(50) {
             // A small tenant's whole list beside the others' sessions, and what reading it
             // cost before (every tenant's session ids, then its own picked out).
@@ -742,6 +743,10 @@ async fn main() {
             let own = all.iter().filter(|k| k.starts_with("mine\u{1f}")).count();
             y.push(started.elapsed().as_secs_f64() * 1e6);
             assert_eq!(own, 20);
+            // A session id nobody has (any client can ask): a 404 from a key range.
+            let started = Instant::now();
+            assert!(me.resolve("no-such-session").await.is_err());
+            z.push(started.elapsed().as_secs_f64() * 1e6);
             let started = Instant::now();
             let (page, total) = me.sessions(0, 20, None).await.unwrap();
             t.push(started.elapsed().as_secs_f64() * 1e6);
@@ -754,7 +759,16 @@ async fn main() {
         search[k] = p50(q);
         small[k] = p50(x);
         small_before[k] = p50(y);
+        unknown[k] = p50(z);
     }
+    row(
+        "an unknown session id, 404 (sessions)",
+        "us",
+        unknown[0],
+        unknown[1],
+        a.sessions,
+        Some(0.15),
+    );
     row(
         "a tenant's list of 20 (others' sessions)",
         "us",

@@ -633,7 +633,8 @@ impl Scoped {
         let limit32 = u32::try_from(limit).unwrap_or(u32::MAX);
         let (page, total) = match search.map(str::trim).filter(|q| !q.is_empty()) {
             None => {
-                let (page, total) = self.tables.sessions_page(offset as u64, limit32).await?;
+                let page = self.tables.sessions_page(offset as u64, limit32).await?;
+                let total = self.tables.sessions_count().await?;
                 (page, usize::try_from(total).unwrap_or(usize::MAX))
             }
             Some(q) => {
@@ -753,9 +754,10 @@ impl Scoped {
         Ok(rows)
     }
 
-    /// Every session id, most recently changed first.
+    /// Every session id of this tenant, most recently changed first (from its own part of
+    /// the store).
     pub async fn session_ids(&self) -> AppResult<Vec<String>> {
-        Ok(self.store().sessions().await?)
+        Ok(self.tables.sessions_page(0, u32::MAX).await?)
     }
 
     /// A session's summary chain, oldest first.

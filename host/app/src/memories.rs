@@ -625,7 +625,7 @@ impl Scoped {
         let mut out = TenantDeleted::default();
         let (_, total) = self.memories(&MemoryFilter::default(), 0, 1).await?;
         out.memories = total;
-        for s in self.store().sessions().await? {
+        for s in self.session_ids().await? {
             self.reset(&s).await?;
             out.sessions += 1;
         }

@@ -175,28 +175,23 @@ impl Scoped {
         if self.store().stats(name).await?.episodes > 0 {
             return Ok(name.to_string());
         }
-        let all = self.store().sessions().await?;
-        let mut hits: Vec<String> = all
-            .iter()
-            .filter(|s| s.starts_with(name))
-            .cloned()
-            .collect();
-        hits.sort();
-        match hits.len() {
+        // The sessions whose id starts with it, from a key range (never every session).
+        let (mut hits, n) = self.tables.sessions_prefixed(name, LISTED as u32).await?;
+        match n {
             0 => {
-                let hint = if all.is_empty() {
+                let recent = self.tables.sessions_page(0, LISTED as u32).await?;
+                let hint = if recent.is_empty() {
                     "there are no sessions yet".to_string()
                 } else {
-                    let shown: Vec<&str> = all.iter().take(LISTED).map(String::as_str).collect();
-                    format!("known sessions: {}", shown.join(", "))
+                    format!("known sessions: {}", recent.join(", "))
                 };
                 Err(AppError::not_found(format!("no session '{name}'")).hint(hint))
             }
             1 => Ok(hits.remove(0)),
             n => {
                 let shown: Vec<&str> = hits.iter().take(LISTED).map(String::as_str).collect();
-                let more = if n > LISTED {
-                    format!(" and {} more", n - LISTED)
+                let more = if n > LISTED as u64 {
+                    format!(" and {} more", n - LISTED as u64)
                 } else {
                     String::new()
                 };
@@ -224,7 +219,8 @@ impl Scoped {
             words.iter().all(|w| t.contains(w.as_str()))
         };
         let mut out = Vec::new();
-        for session in self.store().sessions().await? {
+        // This tenant's sessions only (its own part of the store), most recently changed first.
+        for session in self.tables.sessions_page(0, u32::MAX).await? {
             if out.len() >= limit {
                 break;
             }

@@ -458,24 +458,44 @@ impl SourceStore for MemoryStore {
         Ok(self.tables(|t| t.focus.get(session).cloned()))
     }
 
+    async fn sessions_count(&self, tenant: &str) -> Result<u64, Error> {
+        Ok(abridge_engine::Store::sessions(self)
+            .await?
+            .iter()
+            .filter(|k| crate::tenant::job_tenant(k) == tenant)
+            .count() as u64)
+    }
+
     async fn sessions_page(
         &self,
         tenant: &str,
         offset: u64,
         limit: u32,
-    ) -> Result<(Vec<String>, u64), Error> {
-        let all: Vec<String> = abridge_engine::Store::sessions(self)
+    ) -> Result<Vec<String>, Error> {
+        Ok(abridge_engine::Store::sessions(self)
             .await?
             .into_iter()
             .filter(|k| crate::tenant::job_tenant(k) == tenant)
-            .collect();
-        let total = all.len() as u64;
-        let page = all
-            .into_iter()
             .skip(usize::try_from(offset).unwrap_or(usize::MAX))
             .take(limit as usize)
+            .collect())
+    }
+
+    async fn sessions_prefixed(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), Error> {
+        let mut all: Vec<String> = abridge_engine::Store::sessions(self)
+            .await?
+            .into_iter()
+            .filter(|k| crate::tenant::job_tenant(k) == tenant && k.starts_with(prefix))
             .collect();
-        Ok((page, total))
+        all.sort();
+        let total = all.len() as u64;
+        all.truncate(limit as usize);
+        Ok((all, total))
     }
 
     async fn sessions_labelled(

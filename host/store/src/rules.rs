@@ -731,3 +731,43 @@ mod tests {
         assert_eq!(args, vec!["acme", "ann", "fact"]);
     }
 }
+
+/// The smallest string above every string that starts with `prefix` (`None`: no bound, for
+/// an empty prefix or one of only `char::MAX`): a key range `[prefix, bound)` holds exactly
+/// the keys with that prefix, in byte order (UTF-8 orders as code points do).
+pub fn prefix_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The next scalar value (skipping the surrogate gap).
+        let next = match last as u32 {
+            0xD7FF => Some('\u{E000}'),
+            c => char::from_u32(c + 1),
+        };
+        if let Some(n) = next {
+            chars.push(n);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod prefix_tests {
+    use super::prefix_bound;
+
+    #[test]
+    fn a_prefix_range_holds_exactly_the_keys_with_the_prefix() {
+        assert_eq!(prefix_bound("ab").as_deref(), Some("ac"));
+        assert_eq!(prefix_bound("a\u{1f}").as_deref(), Some("a\u{20}"));
+        assert_eq!(prefix_bound("x\u{D7FF}").as_deref(), Some("x\u{E000}"));
+        assert_eq!(prefix_bound("é\u{10FFFF}").as_deref(), Some("ê"));
+        assert_eq!(prefix_bound(""), None);
+        let bound = prefix_bound("ab").unwrap();
+        for k in ["ab", "ab\u{10FFFF}\u{10FFFF}", "abz"] {
+            assert!(k >= "ab" && k < bound.as_str(), "{k}");
+        }
+        for k in ["aa", "ac", "b"] {
+            assert!(!(k >= "ab" && k < bound.as_str()), "{k}");
+        }
+    }
+}

@@ -965,7 +965,12 @@ mod tests {
         let s = SqliteStore::open(&path).unwrap();
         let page = |t: &'static str| {
             let s = &s;
-            async move { s.sessions_page(t, 0, 10).await.unwrap() }
+            async move {
+                (
+                    s.sessions_page(t, 0, 10).await.unwrap(),
+                    s.sessions_count(t).await.unwrap(),
+                )
+            }
         };
         assert_eq!(
             page("acme").await,

@@ -592,27 +592,62 @@ impl SourceStore for SqliteStore {
         self.set_session_text(crate::tables::SessionText::LABEL, session, label)
     }
 
+    async fn sessions_count(&self, tenant: &str) -> Result<u64, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM sessions INDEXED BY sessions_tenant_change WHERE tenant = ?1",
+                [tenant],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(db_err)
+        })
+    }
+
     async fn sessions_page(
         &self,
         tenant: &str,
         offset: u64,
         limit: u32,
-    ) -> Result<(Vec<String>, u64), Error> {
+    ) -> Result<Vec<String>, Error> {
         self.with(|c| {
-            let total: i64 = c
-                .query_row(
-                    "SELECT COUNT(*) FROM sessions INDEXED BY sessions_tenant_change WHERE tenant = ?1",
-                    [tenant],
-                    |r| r.get(0),
-                )
-                .map_err(db_err)?;
             let mut st = c
                 .prepare_cached(
                     "SELECT id FROM sessions INDEXED BY sessions_tenant_change WHERE tenant = ?1 ORDER BY changed_seq DESC, id LIMIT ?2 OFFSET ?3",
                 )
                 .map_err(db_err)?;
+            st.query_map(params![tenant, limit, offset as i64], |r| r.get(0))
+                .map_err(db_err)?
+                .collect::<Result<Vec<String>, _>>()
+                .map_err(db_err)
+        })
+    }
+
+    async fn sessions_prefixed(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), Error> {
+        // The key range [prefix, bound) of the primary key (`+tenant`: the tenant's index,
+        // which would read every session of the tenant, is not the one to use).
+        let bound = crate::rules::prefix_bound(prefix);
+        let bound = bound.as_deref().unwrap_or("\u{10FFFF}\u{10FFFF}");
+        self.with(|c| {
+            let total: i64 = c
+                .query_row(
+                    "SELECT COUNT(*) FROM sessions WHERE id >= ?1 AND id < ?2 AND +tenant = ?3",
+                    params![prefix, bound, tenant],
+                    |r| r.get(0),
+                )
+                .map_err(db_err)?;
+            let mut st = c
+                .prepare_cached(
+                    "SELECT id FROM sessions WHERE id >= ?1 AND id < ?2 AND +tenant = ?3 ORDER BY id LIMIT ?4",
+                )
+                .map_err(db_err)?;
             let ids = st
-                .query_map(params![tenant, limit, offset as i64], |r| r.get(0))
+                .query_map(params![prefix, bound, tenant, limit], |r| r.get(0))
                 .map_err(db_err)?
                 .collect::<Result<Vec<String>, _>>()
                 .map_err(db_err)?;

@@ -167,12 +167,23 @@ pub trait SourceStore: Send + Sync {
     /// Set (`Some`) or clear (`None`) a session's display names.
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error>;
     /// One tenant's sessions (`tenant`: its column value, '' for the local tenant), most
-    /// recently changed first: `limit` from `offset`, and how many it has. Read from the
-    /// tenant's part of an index, never another tenant's sessions.
+    /// recently changed first: `limit` from `offset`. Read from the tenant's part of an
+    /// index, never another tenant's sessions.
     async fn sessions_page(
         &self,
         tenant: &str,
         offset: u64,
+        limit: u32,
+    ) -> Result<Vec<String>, Error>;
+    /// How many sessions one tenant has (counted in its part of the index).
+    async fn sessions_count(&self, tenant: &str) -> Result<u64, Error>;
+    /// One tenant's sessions whose stored key starts with `prefix` (a key prefix: the
+    /// tenant's key of what a user typed), in key order: the first `limit`, and how many
+    /// there are. Read from a key range of an index, never the tenant's other sessions.
+    async fn sessions_prefixed(
+        &self,
+        tenant: &str,
+        prefix: &str,
         limit: u32,
     ) -> Result<(Vec<String>, u64), Error>;
     /// One tenant's sessions with their display names as stored (opened), most recently

@@ -301,16 +301,31 @@ impl TenantTables {
         self.db.set_session_label(&self.k(session), label).await
     }
 
-    /// This tenant's sessions, most recently changed first: `limit` from `offset`, and how
-    /// many it has (from its own part of the store).
-    pub async fn sessions_page(
+    /// This tenant's sessions, most recently changed first: `limit` from `offset` (from its
+    /// own part of the store).
+    pub async fn sessions_page(&self, offset: u64, limit: u32) -> Result<Vec<String>, Error> {
+        let keys = self
+            .db
+            .sessions_page(job_tenant(&self.k("")), offset, limit)
+            .await?;
+        Ok(self.ids(keys))
+    }
+
+    /// How many sessions this tenant has.
+    pub async fn sessions_count(&self) -> Result<u64, Error> {
+        self.db.sessions_count(job_tenant(&self.k(""))).await
+    }
+
+    /// This tenant's sessions whose id starts with `prefix`, in id order: the first `limit`
+    /// and how many there are (read from a key range of an index).
+    pub async fn sessions_prefixed(
         &self,
-        offset: u64,
+        prefix: &str,
         limit: u32,
     ) -> Result<(Vec<String>, u64), Error> {
         let (keys, total) = self
             .db
-            .sessions_page(job_tenant(&self.k("")), offset, limit)
+            .sessions_prefixed(job_tenant(&self.k("")), &self.k(prefix), limit)
             .await?;
         Ok((self.ids(keys), total))
     }

@@ -4,3 +4,5 @@
 ALTER TABLE sessions ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
 UPDATE sessions SET tenant = split_part(id, chr(31), 1) WHERE strpos(id, chr(31)) > 0;
 CREATE INDEX sessions_tenant_change ON sessions(tenant, changed_seq DESC, id);
+-- A session named by the start of its id: its tenant's ids by pattern (byte order).
+CREATE INDEX sessions_tenant_id ON sessions(tenant, id text_pattern_ops);

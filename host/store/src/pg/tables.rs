@@ -603,23 +603,58 @@ impl SourceStore for PgStore {
         Ok(())
     }
 
-    async fn sessions_page(
-        &self,
-        tenant: &str,
-        offset: u64,
-        limit: u32,
-    ) -> Result<(Vec<String>, u64), Error> {
-        let total: i64 = self
+    async fn sessions_count(&self, tenant: &str) -> Result<u64, Error> {
+        Ok(self
             .row(
                 "SELECT COUNT(*) FROM sessions WHERE tenant = $1",
                 &[&tenant],
             )
             .await?
-            .map_or(0, |r| r.get(0));
-        let ids = self
+            .map_or(0, |r| r.get::<_, i64>(0)) as u64)
+    }
+
+    async fn sessions_page(
+        &self,
+        tenant: &str,
+        offset: u64,
+        limit: u32,
+    ) -> Result<Vec<String>, Error> {
+        Ok(self
             .rows(
                 "SELECT id FROM sessions WHERE tenant = $1 ORDER BY changed_seq DESC, id LIMIT $2 OFFSET $3",
                 &[&tenant, &i64::from(limit), &(offset as i64)],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    async fn sessions_prefixed(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), Error> {
+        // LIKE with the prefix escaped, on an index of the ids by pattern (byte order).
+        let pattern = format!(
+            "{}%",
+            prefix
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+        );
+        let total: i64 = self
+            .row(
+                "SELECT COUNT(*) FROM sessions WHERE tenant = $1 AND id LIKE $2",
+                &[&tenant, &pattern],
+            )
+            .await?
+            .map_or(0, |r| r.get(0));
+        let ids = self
+            .rows(
+                "SELECT id FROM sessions WHERE tenant = $1 AND id LIKE $2 ORDER BY id COLLATE \"C\" LIMIT $3",
+                &[&tenant, &pattern, &i64::from(limit)],
             )
             .await?
             .iter()
