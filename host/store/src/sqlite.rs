@@ -807,6 +807,48 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
 
+    /// What undoes each migration a test takes a database back over, by a word only that
+    /// migration's SQL (and later ones) holds; a new migration that tests go back over adds
+    /// its line.
+    const UNDO: &[(&str, &str)] = &[
+        (
+            "tokens_through",
+            "ALTER TABLE episodes DROP COLUMN tokens_through",
+        ),
+        ("memory_marks", "DROP TABLE memory_marks"),
+        (
+            "bytes_through",
+            "ALTER TABLE episodes DROP COLUMN bytes_through",
+        ),
+        (
+            "jobs_runnable",
+            "DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant",
+        ),
+        (
+            "sessions_tenant_change",
+            "DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant",
+        ),
+    ];
+
+    /// Take the database at `path` back to before the migration whose SQL holds `marker`: its
+    /// version number, and that migration and every later one undone.
+    fn back_before(path: &Path, marker: &str) {
+        let index = |word: &str| MIGRATIONS.iter().position(|m| m.contains(word)).unwrap();
+        let at = index(marker);
+        assert_eq!(
+            UNDO.last().map(|(w, _)| index(w)),
+            Some(MIGRATIONS.len() - 1),
+            "the newest migration needs its line in UNDO"
+        );
+        let conn = Connection::open(path).unwrap();
+        conn.pragma_update(None, "user_version", at as i64).unwrap();
+        for (word, sql) in UNDO.iter().rev() {
+            if index(word) >= at {
+                conn.execute_batch(sql).unwrap();
+            }
+        }
+    }
+
     #[test]
     fn database_errors_name_the_file_and_the_fix() {
         let cases = [
@@ -907,15 +949,7 @@ mod tests {
                 .unwrap();
         }
         drop(s);
-        let conn = Connection::open(&path).unwrap();
-        let at = MIGRATIONS
-            .iter()
-            .position(|m| m.contains("jobs_runnable"))
-            .unwrap();
-        conn.pragma_update(None, "user_version", at as i64).unwrap();
-        conn.execute_batch("DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant; DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant")
-            .unwrap();
-        drop(conn);
+        back_before(&path, "jobs_runnable");
         let s = SqliteStore::open(&path).unwrap();
         let sessions: Vec<String> = s
             .jobs_runnable(1)
@@ -951,17 +985,7 @@ mod tests {
             .unwrap();
         }
         drop(s);
-        let conn = Connection::open(&path).unwrap();
-        let at = MIGRATIONS
-            .iter()
-            .position(|m| m.contains("sessions_tenant_change"))
-            .unwrap();
-        conn.pragma_update(None, "user_version", at as i64).unwrap();
-        conn.execute_batch(
-            "DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant",
-        )
-        .unwrap();
-        drop(conn);
+        back_before(&path, "sessions_tenant_change");
         let s = SqliteStore::open(&path).unwrap();
         let page = |t: &'static str| {
             let s = &s;
@@ -1014,17 +1038,7 @@ mod tests {
                 .collect();
             s.append_episodes("a", eps).await.unwrap();
             drop(s);
-            let conn = Connection::open(&path).unwrap();
-            let at = MIGRATIONS
-                .iter()
-                .position(|m| m.contains("bytes_through"))
-                .unwrap();
-            conn.pragma_update(None, "user_version", at as i64).unwrap();
-            conn.execute_batch(
-                "ALTER TABLE episodes DROP COLUMN bytes_through; DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant; DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant",
-            )
-            .unwrap();
-            drop(conn);
+            back_before(&path, "bytes_through");
             let s = open();
             let mut sum = 0;
             for (i, t) in texts.iter().enumerate() {
@@ -1062,20 +1076,7 @@ mod tests {
         }
         drop(s);
         // As a database written before migration 25 holds them.
-        let conn = Connection::open(&path).unwrap();
-        conn.execute_batch("UPDATE episodes SET tokens_through = 0")
-            .unwrap();
-        let at = MIGRATIONS
-            .iter()
-            .position(|m| m.contains("tokens_through"))
-            .unwrap();
-        conn.pragma_update(None, "user_version", at as i64).unwrap();
-        // (and without the tables later migrations add)
-        conn.execute_batch(
-            "ALTER TABLE episodes DROP COLUMN tokens_through; DROP TABLE memory_marks; ALTER TABLE episodes DROP COLUMN bytes_through; DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant; DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant",
-        )
-        .unwrap();
-        drop(conn);
+        back_before(&path, "tokens_through");
         let s = SqliteStore::open(&path).unwrap();
         for (session, want) in [("a", [3u64, 7, 12]), ("b", [7, 8, 10])] {
             let got: Vec<u64> = s
