@@ -193,3 +193,60 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
         "indexes only in PostgreSQL"
     );
 }
+
+/// PostgreSQL migrations 9 and 10 name the tenant of the jobs and sessions stored before them:
+/// a database taken back to version 8 is migrated again, and a worker's poll and a tenant's
+/// session list find what it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
+    use abridge_store::tenant::{Tenant, TenantTables};
+    use abridge_store::{JobStore, Store};
+    use std::sync::Arc;
+    let Some(pg) = abridge_test_llm::pg::shared() else {
+        return;
+    };
+    let url = pg.database("tenant_columns");
+    let s = PgStore::connect(&url).await.expect("connect");
+    for (key, episodes) in [("acme\u{1f}a", 1), ("local-one", 1), ("acme\u{1f}b", 1)] {
+        let ep = abridge_engine::types::NewEpisode {
+            role: abridge_engine::types::Role::User,
+            content: "hi".into(),
+            timestamp_ms: None,
+            source_key: format!("k{episodes}"),
+            tokens: 1,
+            speaker: None,
+        };
+        s.append_episodes(key, vec![ep]).await.unwrap();
+        s.job_enqueue(key, 1, "{}", 1_000).await.unwrap();
+    }
+    drop(s);
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    c.batch_execute(
+        "DROP INDEX sessions_tenant_change; DROP INDEX sessions_tenant_id; ALTER TABLE sessions DROP COLUMN tenant;
+         DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant;
+         UPDATE abridge_schema SET version = 8",
+    )
+    .await
+    .unwrap();
+    let s = Arc::new(PgStore::connect(&url).await.expect("migrates again"));
+    let mut polled: Vec<String> = s
+        .jobs_runnable(1)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.session)
+        .collect();
+    polled.sort();
+    // Each tenant's oldest: acme's two jobs are one tenant's, the local one another's.
+    assert_eq!(polled, ["acme\u{1f}a", "local-one"]);
+    let acme = TenantTables::new(s.clone(), Tenant::new("acme").unwrap());
+    let mut listed = acme.sessions_page(0, 10).await.unwrap();
+    listed.sort();
+    assert_eq!(listed, ["a", "b"]);
+    assert_eq!(acme.sessions_prefixed("b", 5).await.unwrap().1, 1);
+    let local = TenantTables::new(s.clone(), Tenant::local());
+    assert_eq!(local.sessions_page(0, 10).await.unwrap(), ["local-one"]);
+}
