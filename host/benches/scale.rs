@@ -804,6 +804,7 @@ async fn main() {
     let mut recall = [0.0; 2];
     let mut exact = [0.0; 2];
     let mut build = [0.0; 2];
+    let mut first = [0.0; 2];
     for (k, n) in [a.memories, a.memories * 10].into_iter().enumerate() {
         let store = SqliteStore::open(&dir.path().join(format!("memories-{n}.db"))).unwrap();
         for i in 0..n {
@@ -847,8 +848,14 @@ async fn main() {
                 started.elapsed().as_secs_f64() * 1e6
             }
         };
-        // The first search reads every vector and builds the index.
-        build[k] = search(MemoryFilter::default()).await;
+        // The first search starts the index's build on a thread of its own and answers by
+        // the exact scan; the build's time is until the index is ready.
+        let started = Instant::now();
+        first[k] = search(MemoryFilter::default()).await;
+        while !store.ann_ready("acme", "abridge-lexical-v1") {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        build[k] = started.elapsed().as_secs_f64() * 1e6;
         let mut t = Vec::new();
         let mut x = Vec::new();
         for _ in 0..a.calls.min(50) {
@@ -881,8 +888,16 @@ async fn main() {
         None,
     );
     println!(
-        "{:<44} {:>9.1} ms at {:>7} | {:>9.1} ms at {:>7} | once per process and tenant",
-        "  the first recall (reads, builds the index)",
+        "{:<44} {:>9.1} ms at {:>7} | {:>9.1} ms at {:>7} | answered by the exact scan while the index builds",
+        "  the first recall",
+        first[0] / 1000.0,
+        a.memories,
+        first[1] / 1000.0,
+        a.memories * 10
+    );
+    println!(
+        "{:<44} {:>9.1} ms at {:>7} | {:>9.1} ms at {:>7} | once per process and tenant, on a thread of its own",
+        "  the index's build (until it answers)",
         build[0] / 1000.0,
         a.memories,
         build[1] / 1000.0,

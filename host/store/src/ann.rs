@@ -10,6 +10,9 @@
 //! and an insert is a graph walk (~0.1–0.3 ms), which is why inserts are not made on the write
 //! path: a store folds new rows in at the next search (see [`TenantIndex::seq`]).
 //!
+//! A build of more than [`BUILD_INLINE`] rows runs on a thread of its own (SQLite: with a read
+//! connection of its own) while searches answer by the exact scan.
+//!
 //! One index per tenant and embedding model, built on the first search of a tenant that holds
 //! at least [`ANN_MIN`] vectors (below that the exact scan is as fast), kept in memory only —
 //! vectors may be sealed at rest, and an index on disk would hold them in clear. Every answer
@@ -18,7 +21,7 @@
 //! selective filter is answered by an exact scan of the matching vectors, and an index answer
 //! shorter than the matching set allows is replaced by one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
@@ -28,6 +31,12 @@ use crate::types::{Error, MemoryFilter, Scope};
 
 /// Vectors a tenant must hold (for one model) before an index is built.
 pub const ANN_MIN: usize = 2_000;
+
+/// Most rows a search folds into an index itself (a build, or the rows written since the
+/// index was last used; ~0.2 s at 384 dimensions). More is built on a thread of its own while
+/// searches answer by the exact scan: no search waits for a large build (17 s at 100,000
+/// memories), and the store is not held meanwhile.
+pub const BUILD_INLINE: usize = 2_500;
 
 /// A filter matching at most this share of the index (or [`ANN_MIN`] vectors, whichever is
 /// more) is answered by an exact scan of the matching vectors: a graph walk under a selective
@@ -273,10 +282,12 @@ impl TenantIndex {
 /// Indexes by tenant and model.
 type ByTenant = BTreeMap<(String, String), Arc<Mutex<TenantIndex>>>;
 
-/// Every tenant's indexes in one process, by tenant and model.
-#[derive(Default)]
+/// Every tenant's indexes in one process, by tenant and model, and the builds under way (a
+/// clone shares them, for a build's thread).
+#[derive(Clone, Default)]
 pub struct AnnIndexes {
-    map: Mutex<ByTenant>,
+    map: Arc<Mutex<ByTenant>>,
+    building: Arc<Mutex<BTreeSet<(String, String)>>>,
 }
 
 impl AnnIndexes {
@@ -299,6 +310,30 @@ impl AnnIndexes {
     pub fn drop_tenant(&self, tenant: &str, model: Option<&str>) {
         self.lock()
             .retain(|(t, m), _| t != tenant || model.is_some_and(|x| x != m));
+    }
+
+    /// Mark a build of `tenant`'s index of `model` as started; false when one already is.
+    pub fn start_build(&self, tenant: &str, model: &str) -> bool {
+        self.building
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((tenant.to_string(), model.to_string()))
+    }
+
+    /// A build of `tenant`'s index of `model` ended (done or given up).
+    pub fn end_build(&self, tenant: &str, model: &str) {
+        self.building
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(tenant.to_string(), model.to_string()));
+    }
+
+    /// Whether a build of `tenant`'s index of `model` is under way.
+    pub fn building(&self, tenant: &str, model: &str) -> bool {
+        self.building
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(tenant.to_string(), model.to_string()))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ByTenant> {

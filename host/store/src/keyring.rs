@@ -276,6 +276,7 @@ pub(crate) fn lexical_key_of(k: &Secret) -> Vec<u8> {
 /// A sealed vector is the key version (4 bytes, little-endian) then the sealed `f32` bytes
 /// (format byte, nonce, ciphertext, tag): its length is 1 more than a multiple of 4, so it
 /// is told from a plain vector (a multiple of 4) by its length alone.
+#[derive(Clone)]
 pub(crate) struct VectorKeys {
     tenant: String,
     /// Seal with this (version, key); `None`: store plain.

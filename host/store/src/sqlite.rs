@@ -53,13 +53,15 @@ const MIGRATIONS: &[&str] = &[
 pub struct SqliteStore {
     conn: Mutex<Connection>,
     /// The file's path, named in every error.
-    name: String,
+    pub(super) name: String,
     /// The master key, when memory and summary text is sealed at rest.
     pub(super) keys: Option<super::keyring::Keyring>,
     /// Whether vectors are sealed too (with a master key; see `with_sealed_vectors`).
     pub(super) seal_vectors: bool,
     /// Recall's vector indexes, per tenant and model, built on first need (see `ann.rs`).
     pub(super) ann: crate::ann::AnnIndexes,
+    /// Most rows a search folds into an index itself (see [`crate::ann::BUILD_INLINE`]).
+    pub(super) ann_inline: usize,
 }
 
 /// Tables of the abridge schema: a database holding any other table belongs to another
@@ -225,6 +227,18 @@ impl SqliteStore {
         self
     }
 
+    /// Fold at most `rows` into a recall index within a search; a larger build runs on a
+    /// thread of its own (default [`crate::ann::BUILD_INLINE`]; tests and benchmarks set it).
+    pub fn with_ann_inline(mut self, rows: usize) -> Self {
+        self.ann_inline = rows;
+        self
+    }
+
+    /// Whether `tenant`'s recall index of `model` is built and no build of it is under way.
+    pub fn ann_ready(&self, tenant: &str, model: &str) -> bool {
+        self.ann.get(tenant, model).is_some() && !self.ann.building(tenant, model)
+    }
+
     /// Rotate the master key: re-wrap every tenant's data keys under `new` and start a new
     /// data key version per tenant (rows are re-sealed under it when next written). Returns
     /// the tenants whose keys were rotated.
@@ -268,6 +282,7 @@ impl SqliteStore {
             keys: None,
             seal_vectors: false,
             ann: Default::default(),
+            ann_inline: crate::ann::BUILD_INLINE,
         })
     }
 
@@ -884,6 +899,7 @@ mod tests {
             keys: None,
             seal_vectors: false,
             ann: Default::default(),
+            ann_inline: crate::ann::BUILD_INLINE,
         };
         let e = store
             .with(|c| {

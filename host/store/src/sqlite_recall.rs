@@ -912,11 +912,102 @@ fn mark_delete(c: &Connection, tenant: &str) -> Result<u64, Error> {
     .map_err(db_err)
 }
 
+/// Rows as an index takes them: what it keeps of each memory, and its vector.
+type IndexRows = Vec<(crate::ann::Meta, Vec<f32>)>;
+
+/// The tenant's memories of `model` with `after < seq <= upto`, as an index takes them (their
+/// vectors opened); `None` when one has another dimension than `dim` (the index cannot answer
+/// for the model; the exact scan does).
+fn index_rows(
+    c: &Connection,
+    vk: &VectorKeys,
+    (tenant, model): (&str, &str),
+    (after, upto): (u64, u64),
+    dim: usize,
+) -> Result<Option<IndexRows>, Error> {
+    let mut st = c
+        .prepare_cached(
+            "SELECT id, user, project, environment, kind, key, importance, cluster, vector, seq FROM memories WHERE tenant = ?1 AND seq > ?2 AND seq <= ?4 AND model = ?3 ORDER BY seq",
+        )
+        .map_err(db_err)?;
+    let mut rows = st
+        .query(params![tenant, after as i64, model, upto as i64])
+        .map_err(db_err)?;
+    let mut batch = Vec::new();
+    while let Some(r) = rows.next().map_err(db_err)? {
+        let id: String = r.get(0).map_err(db_err)?;
+        let blob = r
+            .get_ref(8)
+            .map_err(db_err)?
+            .as_blob()
+            .map_err(|e| Error::Storage(e.to_string()))?;
+        let v = vk.open(VECTOR, &id, blob)?;
+        if v.len() != dim {
+            return Ok(None);
+        }
+        let meta = crate::ann::Meta {
+            scope: scope_from(r, 1).map_err(db_err)?,
+            importance: r.get::<_, f64>(6).map_err(db_err)? as f32,
+            cluster: r.get::<_, i64>(7).map_err(db_err)? as u64,
+            id,
+        };
+        batch.push((meta, v));
+    }
+    Ok(Some(batch))
+}
+
+/// Build `tenant`'s index of `model` (every row through `upto`, `deletes` as counted when it
+/// started) on a thread of its own, with a read connection of its own to the file, and keep
+/// it; searches meanwhile answer by the exact scan. A failure is logged and leaves no index
+/// (the next search tries again).
+fn build_in_background(
+    path: std::path::PathBuf,
+    ann: crate::ann::AnnIndexes,
+    vk: VectorKeys,
+    (tenant, model): (String, String),
+    (upto, deletes, dim): (u64, u64, usize),
+) {
+    let (t, m, a) = (tenant.clone(), model.clone(), ann.clone());
+    let undo = (tenant.clone(), model.clone(), ann.clone());
+    let run = move || -> Result<(), Error> {
+        let c = Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(db_err)?;
+        c.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(db_err)?;
+        let Some(rows) = index_rows(&c, &vk, (&tenant, &model), (0, upto), dim)? else {
+            return Ok(());
+        };
+        let mut t = crate::ann::TenantIndex::new(dim)?;
+        t.add_many(rows)?;
+        t.seq = upto;
+        t.deletes = deletes;
+        ann.put(&tenant, &model, t);
+        Ok(())
+    };
+    let spawned = std::thread::Builder::new()
+        .name("abridge-ann-build".into())
+        .spawn(move || {
+            if let Err(e) = run() {
+                tracing::warn!(tenant = %t, model = %m, error = %e, "building the recall index failed; recall scans exactly and tries again later");
+            }
+            a.end_build(&t, &m);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start a thread to build the recall index; recall scans exactly");
+        undo.2.end_build(&undo.0, &undo.1);
+    }
+}
+
 impl SqliteStore {
     /// Rank the tenant's memories of `model` through its vector index (see `ann.rs`): built on
     /// first need once the tenant holds [`crate::ann::ANN_MIN`] of them, rows written since it
-    /// was last used folded in, rebuilt when another process deleted rows. `false` when the
-    /// tenant is too small for an index (the caller scans exactly).
+    /// was last used folded in, rebuilt when another process deleted rows. A build (or a
+    /// catch-up) of more than [`crate::ann::BUILD_INLINE`] rows runs on a thread of its own.
+    /// `false` when the index cannot answer now (too small a tenant, a build under way): the
+    /// caller scans exactly.
     #[allow(clippy::too_many_arguments)]
     fn ann_memories(
         &self,
@@ -929,7 +1020,10 @@ impl SqliteStore {
         limit: u32,
         ranking: &mut Ranking,
     ) -> Result<bool, Error> {
-        use crate::ann::{ANN_MIN, Meta, TenantIndex, locked};
+        use crate::ann::{ANN_MIN, TenantIndex, locked};
+        if self.ann.building(tenant, model) {
+            return Ok(false);
+        }
         let max_seq: i64 = c
             .query_row(
                 "SELECT COALESCE(MAX(seq), 0) FROM memories WHERE tenant = ?1",
@@ -952,20 +1046,35 @@ impl SqliteStore {
             let g = locked(i);
             g.deletes == deletes && g.seq <= max_seq
         });
+        // Rows the index lacks: all of them when there is none.
+        let after = current.as_ref().map_or(0, |i| locked(i).seq);
+        let missing: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM memories WHERE tenant = ?1 AND seq > ?2 AND model = ?3",
+                params![tenant, after as i64, model],
+                |r| r.get(0),
+            )
+            .map_err(db_err)?;
+        let missing = missing as usize;
+        if current.is_none() && missing < ANN_MIN {
+            self.ann.drop_tenant(tenant, Some(model));
+            return Ok(false);
+        }
+        if missing > self.ann_inline && self.name != ":memory:" {
+            if self.ann.start_build(tenant, model) {
+                build_in_background(
+                    std::path::PathBuf::from(&self.name),
+                    self.ann.clone(),
+                    vk.clone(),
+                    (tenant.to_string(), model.to_string()),
+                    (max_seq, deletes, query.len()),
+                );
+            }
+            return Ok(false);
+        }
         let index = match current {
             Some(i) => i,
             None => {
-                let n: i64 = c
-                    .query_row(
-                        "SELECT COUNT(*) FROM memories WHERE tenant = ?1 AND model = ?2",
-                        params![tenant, model],
-                        |r| r.get(0),
-                    )
-                    .map_err(db_err)?;
-                if (n as usize) < ANN_MIN {
-                    self.ann.drop_tenant(tenant, Some(model));
-                    return Ok(false);
-                }
                 let mut t = TenantIndex::new(query.len())?;
                 t.deletes = deletes;
                 self.ann.put(tenant, model, t)
@@ -973,38 +1082,12 @@ impl SqliteStore {
         };
         let mut g = locked(&index);
         if g.seq < max_seq {
-            let mut st = c
-                .prepare_cached(
-                    "SELECT id, user, project, environment, kind, key, importance, cluster, vector, seq FROM memories WHERE tenant = ?1 AND seq > ?2 AND model = ?3 ORDER BY seq",
-                )
-                .map_err(db_err)?;
-            let mut rows = st
-                .query(params![tenant, g.seq as i64, model])
-                .map_err(db_err)?;
-            let mut batch = Vec::new();
-            while let Some(r) = rows.next().map_err(db_err)? {
-                let id: String = r.get(0).map_err(db_err)?;
-                let blob = r
-                    .get_ref(8)
-                    .map_err(db_err)?
-                    .as_blob()
-                    .map_err(|e| Error::Storage(e.to_string()))?;
-                let v = vk.open(VECTOR, &id, blob)?;
-                let meta = Meta {
-                    scope: scope_from(r, 1).map_err(db_err)?,
-                    importance: r.get::<_, f64>(6).map_err(db_err)? as f32,
-                    cluster: r.get::<_, i64>(7).map_err(db_err)? as u64,
-                    id,
-                };
-                if v.len() != query.len() {
-                    // Another dimension under the same model name: the index cannot
-                    // answer; the exact scan does.
-                    drop(g);
-                    self.ann.drop_tenant(tenant, Some(model));
-                    return Ok(false);
-                }
-                batch.push((meta, v));
-            }
+            let Some(batch) = index_rows(c, vk, (tenant, model), (g.seq, max_seq), query.len())?
+            else {
+                drop(g);
+                self.ann.drop_tenant(tenant, Some(model));
+                return Ok(false);
+            };
             g.add_many(batch)?;
             g.seq = max_seq;
         }

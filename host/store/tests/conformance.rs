@@ -997,17 +997,18 @@ async fn recall_through_an_index_agrees_with_the_exact_scan_on_every_store() {
     let dir = tempfile::tempdir().unwrap();
     indexed_recall("memory", Arc::new(MemoryStore::new()), None).await;
     let path = dir.path().join("ann.db");
+    // Builds within the search here (a build on its own thread: the next test).
+    let inline = |p: &std::path::Path| SqliteStore::open(p).unwrap().with_ann_inline(usize::MAX);
     indexed_recall(
         "sqlite",
-        Arc::new(SqliteStore::open(&path).unwrap()),
-        Some(Arc::new(SqliteStore::open(&path).unwrap())),
+        Arc::new(inline(&path)),
+        Some(Arc::new(inline(&path))),
     )
     .await;
     let key = abridge_store::crypto::Secret::random().unwrap();
     let sealed = dir.path().join("ann-sealed.db");
     let open = || {
-        SqliteStore::open(&sealed)
-            .unwrap()
+        inline(&sealed)
             .with_master_key(key.clone())
             .with_sealed_vectors()
     };
@@ -1019,5 +1020,85 @@ async fn recall_through_an_index_agrees_with_the_exact_scan_on_every_store() {
     .await;
     if let Some((pg, _)) = pg("ann").await {
         indexed_recall("postgres", Arc::new(pg), None).await;
+    }
+}
+
+/// A tenant whose index is larger than a search builds itself: the build runs on a thread of
+/// its own, with its own read connection, while recall answers by the exact scan; then the
+/// index answers (sealed vectors opened by the build as well), and what is written after it
+/// is folded in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_index_is_built_on_its_own_thread_while_recall_scans_exactly() {
+    use abridge_store::RecallStore;
+    let dir = tempfile::tempdir().unwrap();
+    let key = abridge_store::crypto::Secret::random().unwrap();
+    for sealed in [false, true] {
+        let path = dir.path().join(format!("background-{sealed}.db"));
+        let mut s = SqliteStore::open(&path).unwrap().with_ann_inline(100);
+        if sealed {
+            s = s.with_master_key(key.clone()).with_sealed_vectors();
+        }
+        let s = Arc::new(s);
+        let n = (abridge_store::ann::ANN_MIN + 1_000) as u64;
+        for i in 0..n {
+            s.put_memory("big", big_memory(i)).await.unwrap();
+        }
+        let ids = |hits: Vec<abridge_engine::types::Hit>| -> Vec<String> {
+            hits.into_iter()
+                .filter(|h| h.kind == abridge_engine::types::HitKind::Memory)
+                .map(|h| h.id)
+                .collect()
+        };
+        let exact = MemoryFilter {
+            exact: true,
+            ..MemoryFilter::default()
+        };
+        let q = clustered(2_000_000, 32);
+        let want = ids(s.search("big", &q, "emb", &exact, 10).await.unwrap());
+        // The first search starts the build and answers by the exact scan.
+        assert!(!s.ann_ready("big", "emb"), "sealed {sealed}");
+        let first = ids(s
+            .search("big", &q, "emb", &MemoryFilter::default(), 10)
+            .await
+            .unwrap());
+        assert_eq!(first, want, "sealed {sealed}: the exact answer meanwhile");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !s.ann_ready("big", "emb") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sealed {sealed}: the build never finished"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let (mut agree, mut total) = (0, 0);
+        for i in 0..30 {
+            let q = clustered(3_000_000 + i, 32);
+            let a = ids(s
+                .search("big", &q, "emb", &MemoryFilter::default(), 10)
+                .await
+                .unwrap());
+            let b = ids(s.search("big", &q, "emb", &exact, 10).await.unwrap());
+            total += b.len();
+            agree += b.iter().filter(|id| a.contains(id)).count();
+        }
+        assert!(
+            agree as f64 >= 0.95 * total as f64,
+            "sealed {sealed}: recall@10 {agree}/{total}"
+        );
+        // Written after the build: folded in by the next search (one row, within it).
+        let mut late = big_memory(n + 7);
+        late.id = "late".into();
+        late.vector = clustered(4_000_000, 32);
+        s.put_memory("big", late.clone()).await.unwrap();
+        let hits = ids(s
+            .search("big", &late.vector, "emb", &MemoryFilter::default(), 3)
+            .await
+            .unwrap());
+        assert_eq!(
+            hits.first().map(String::as_str),
+            Some("late"),
+            "sealed {sealed}"
+        );
+        assert!(s.ann_ready("big", "emb"), "sealed {sealed}");
     }
 }
