@@ -1046,12 +1046,14 @@ impl SqliteStore {
             let g = locked(i);
             g.deletes == deletes && g.seq <= max_seq
         });
-        // Rows the index lacks: all of them when there is none.
+        // Rows the index lacks (all of them when there is none), counted only as far as the
+        // decisions need: whether a build is worth it, and whether it is made here.
         let after = current.as_ref().map_or(0, |i| locked(i).seq);
+        let enough = ANN_MIN.max(self.ann_inline).saturating_add(1);
         let missing: i64 = c
             .query_row(
-                "SELECT COUNT(*) FROM memories WHERE tenant = ?1 AND seq > ?2 AND model = ?3",
-                params![tenant, after as i64, model],
+                "SELECT COUNT(*) FROM (SELECT 1 FROM memories WHERE tenant = ?1 AND seq > ?2 AND model = ?3 LIMIT ?4)",
+                params![tenant, after as i64, model, i64::try_from(enough).unwrap_or(i64::MAX)],
                 |r| r.get(0),
             )
             .map_err(db_err)?;
