@@ -141,32 +141,37 @@ pub fn for_context(
             "{waiting} messages wait beyond the summary, more than the {refresh_after} a context keeps"
         );
     }
+    // What a context could not show is due now (when nothing holds refreshes back), folded
+    // at least as far as `upto`.
+    let mut fold = |upto: u64, why: &dyn Fn() -> String| {
+        if matches!(f.state, State::Waiting | State::Due) {
+            if f.state == State::Waiting {
+                f.state = State::Due;
+                f.reason = why();
+            }
+            f.fold_upto = f.fold_upto.max(upto);
+        }
+    };
     if let Some(o) = overflow
         && cfg.mode != Mode::Idle
-        && matches!(f.state, State::Waiting | State::Due)
     {
-        if f.state == State::Waiting {
-            f.state = State::Due;
-            f.reason = format!(
+        fold(o.upto, &|| {
+            format!(
                 "{} tokens wait beyond the summary, more than half of a {}-token context",
                 o.tokens, o.budget
-            );
-        }
-        f.fold_upto = f.fold_upto.max(o.upto);
+            )
+        });
     }
     // Window mode promises the recent turns verbatim, but a context shows only the dialogue:
     // tool output beyond the summary is folded rather than left out.
     if let Some(upto) = unshown
         && cfg.mode == Mode::Window
-        && matches!(f.state, State::Waiting | State::Due)
     {
-        if f.state == State::Waiting {
-            f.state = State::Due;
-            f.reason = format!(
+        fold(upto, &|| {
+            format!(
                 "tool output up to episode {upto} lies beyond the summary, and a context shows only the dialogue"
-            );
-        }
-        f.fold_upto = f.fold_upto.max(upto);
+            )
+        });
     }
     f
 }

@@ -282,7 +282,7 @@ impl JobStore for MemoryStore {
                     JobState::Running => true,
                     JobState::Queued => {
                         let n = taken
-                            .entry(crate::tenant::job_tenant(&j.session))
+                            .entry(crate::tenant::tenant_column(&j.session))
                             .or_default();
                         *n += 1;
                         *n <= per_tenant.max(1)
@@ -459,11 +459,7 @@ impl SourceStore for MemoryStore {
     }
 
     async fn sessions_count(&self, tenant: &str) -> Result<u64, Error> {
-        Ok(abridge_engine::Store::sessions(self)
-            .await?
-            .iter()
-            .filter(|k| crate::tenant::job_tenant(k) == tenant)
-            .count() as u64)
+        Ok(self.sessions_of(tenant).await?.len() as u64)
     }
 
     async fn sessions_page(
@@ -472,10 +468,10 @@ impl SourceStore for MemoryStore {
         offset: u64,
         limit: u32,
     ) -> Result<Vec<String>, Error> {
-        Ok(abridge_engine::Store::sessions(self)
+        Ok(self
+            .sessions_of(tenant)
             .await?
             .into_iter()
-            .filter(|k| crate::tenant::job_tenant(k) == tenant)
             .skip(usize::try_from(offset).unwrap_or(usize::MAX))
             .take(limit as usize)
             .collect())
@@ -487,11 +483,8 @@ impl SourceStore for MemoryStore {
         prefix: &str,
         limit: u32,
     ) -> Result<(Vec<String>, u64), Error> {
-        let mut all: Vec<String> = abridge_engine::Store::sessions(self)
-            .await?
-            .into_iter()
-            .filter(|k| crate::tenant::job_tenant(k) == tenant && k.starts_with(prefix))
-            .collect();
+        let mut all = self.sessions_of(tenant).await?;
+        all.retain(|k| k.starts_with(prefix));
         all.sort();
         let total = all.len() as u64;
         all.truncate(limit as usize);
@@ -502,10 +495,9 @@ impl SourceStore for MemoryStore {
         &self,
         tenant: &str,
     ) -> Result<Vec<(String, Option<String>)>, Error> {
-        let all = abridge_engine::Store::sessions(self).await?;
+        let all = self.sessions_of(tenant).await?;
         Ok(self.tables(|t| {
             all.into_iter()
-                .filter(|k| crate::tenant::job_tenant(k) == tenant)
                 .map(|k| {
                     let label = t.labels.get(&k).cloned();
                     (k, label)
@@ -687,3 +679,12 @@ impl EventStore for MemoryStore {
 
 /// One process: its own semaphores bound model requests (the defaults grant every slot).
 impl super::tables::SlotStore for MemoryStore {}
+
+impl MemoryStore {
+    /// One tenant's session keys (`tenant`: its column value), most recently changed first.
+    async fn sessions_of(&self, tenant: &str) -> Result<Vec<String>, Error> {
+        let mut all = abridge_engine::Store::sessions(self).await?;
+        all.retain(|k| crate::tenant::tenant_column(k) == tenant);
+        Ok(all)
+    }
+}

@@ -443,7 +443,7 @@ impl Store for SqliteStore {
     ) -> Result<u32, Error> {
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-            tx.execute("INSERT OR IGNORE INTO sessions (id, tenant) VALUES (?1, ?2)", [session, crate::tenant::job_tenant(session)]).map_err(db_err)?;
+            tx.execute("INSERT OR IGNORE INTO sessions (id, tenant) VALUES (?1, ?2)", [session, crate::tenant::tenant_column(session)]).map_err(db_err)?;
             let (mut next, seq, mut through): (i64, i64, i64) = tx
                 .query_row("SELECT episodes + 1, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions), total_tokens FROM sessions WHERE id = ?1", [session], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))

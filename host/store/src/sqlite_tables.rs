@@ -100,7 +100,7 @@ impl JobStore for SqliteStore {
                 let n = tx
                     .execute(
                         "INSERT OR IGNORE INTO jobs (id, session, target, key, state, config, created_ms, updated_ms, tenant) VALUES (?6, ?1, ?2, ?3, 'queued', ?4, ?5, ?5, ?7)",
-                        params![session, target as i64, key, config, now_ms as i64, id as i64, crate::tenant::job_tenant(session)],
+                        params![session, target as i64, key, config, now_ms as i64, id as i64, crate::tenant::tenant_column(session)],
                     )
                     .map_err(db_err)?;
                 if n == 1 {

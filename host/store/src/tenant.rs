@@ -103,7 +103,7 @@ impl Tenant {
 
 /// The `tenant` column of a session or a job whose session is the stored key `key`: the
 /// tenant's name, '' for the local tenant (keys without a separator).
-pub(crate) fn job_tenant(key: &str) -> &str {
+pub(crate) fn tenant_column(key: &str) -> &str {
     key.split_once(SEP).map_or("", |(t, _)| t)
 }
 
@@ -306,14 +306,14 @@ impl TenantTables {
     pub async fn sessions_page(&self, offset: u64, limit: u32) -> Result<Vec<String>, Error> {
         let keys = self
             .db
-            .sessions_page(job_tenant(&self.k("")), offset, limit)
+            .sessions_page(tenant_column(&self.k("")), offset, limit)
             .await?;
         Ok(self.ids(keys))
     }
 
     /// How many sessions this tenant has.
     pub async fn sessions_count(&self) -> Result<u64, Error> {
-        self.db.sessions_count(job_tenant(&self.k(""))).await
+        self.db.sessions_count(tenant_column(&self.k(""))).await
     }
 
     /// This tenant's sessions whose id starts with `prefix`, in id order: the first `limit`
@@ -325,7 +325,7 @@ impl TenantTables {
     ) -> Result<(Vec<String>, u64), Error> {
         let (keys, total) = self
             .db
-            .sessions_prefixed(job_tenant(&self.k("")), &self.k(prefix), limit)
+            .sessions_prefixed(tenant_column(&self.k("")), &self.k(prefix), limit)
             .await?;
         Ok((self.ids(keys), total))
     }
@@ -333,7 +333,10 @@ impl TenantTables {
     /// This tenant's sessions with their display names (JSON, if set), most recently changed
     /// first.
     pub async fn sessions_labelled(&self) -> Result<Vec<(String, Option<String>)>, Error> {
-        let rows = self.db.sessions_labelled(job_tenant(&self.k(""))).await?;
+        let rows = self
+            .db
+            .sessions_labelled(tenant_column(&self.k("")))
+            .await?;
         Ok(rows
             .into_iter()
             .filter_map(|(k, l)| self.tenant.session_of(&k).map(|s| (s.to_string(), l)))

@@ -504,7 +504,7 @@ impl Store for PgStore {
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
         tx.execute(
             "INSERT INTO sessions (id, tenant) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
-            &[&session, &crate::tenant::job_tenant(session)],
+            &[&session, &crate::tenant::tenant_column(session)],
         )
         .await
         .map_err(|e| self.err(e))?;

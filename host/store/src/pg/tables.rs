@@ -108,7 +108,7 @@ impl JobStore for PgStore {
                         "INSERT INTO jobs (id, session, target, key, state, config, created_ms, updated_ms, tenant) VALUES ($6, $1, $2, $3, 'queued', $4, $5, $5, $7)
                          ON CONFLICT DO NOTHING RETURNING {COLS}"
                     ),
-                    &[&session, &(target as i64), &key, &config, &(now_ms as i64), &(crate::rules::new_job_id(now_ms, newest) as i64), &crate::tenant::job_tenant(session)],
+                    &[&session, &(target as i64), &key, &config, &(now_ms as i64), &(crate::rules::new_job_id(now_ms, newest) as i64), &crate::tenant::tenant_column(session)],
                 )
                 .await?;
             if let Some(r) = made {
