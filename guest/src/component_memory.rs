@@ -58,7 +58,12 @@ fn memory_in(m: ms::Memory) -> memory::Memory {
         tokens: m.tokens,
         created_ms: m.created_ms,
         cluster: m.cluster,
+        seq: m.seq,
     }
+}
+
+fn members_in(v: Vec<ms::Memory>) -> Vec<memory::Memory> {
+    v.into_iter().map(memory_in).collect()
 }
 
 fn summary_in(s: ms::ClusterSummary) -> memory::ClusterSummary {
@@ -67,7 +72,8 @@ fn summary_in(s: ms::ClusterSummary) -> memory::ClusterSummary {
         cluster: s.cluster,
         text: s.text,
         member_hash: s.member_hash,
-        sources: s.sources,
+        covered_seq: s.covered_seq,
+        covered: s.covered,
         importance: s.importance,
         tokens: s.tokens,
         model: s.model,
@@ -85,7 +91,8 @@ fn summary_out(s: memory::ClusterSummary) -> ms::ClusterSummary {
         cluster: s.cluster,
         text: s.text,
         member_hash: s.member_hash,
-        sources: s.sources,
+        covered_seq: s.covered_seq,
+        covered: s.covered,
         importance: s.importance,
         tokens: s.tokens,
         model: s.model,
@@ -177,12 +184,32 @@ impl MemoryHost for Imports {
         })
     }
 
-    fn members(&mut self, cluster: u64) -> Result<Vec<memory::Memory>, types::Error> {
-        Ok(ms::members(cluster)
-            .map_err(err_in)?
-            .into_iter()
-            .map(memory_in)
-            .collect())
+    fn members_after(
+        &mut self,
+        cluster: u64,
+        after_seq: u64,
+    ) -> Result<memory::MemberSet, types::Error> {
+        let s = ms::members_after(cluster, after_seq).map_err(err_in)?;
+        Ok(memory::MemberSet {
+            version: s.version,
+            count: s.count,
+            members: members_in(s.members),
+        })
+    }
+
+    fn top_members(
+        &mut self,
+        cluster: u64,
+        offset: u32,
+        limit: u32,
+    ) -> Result<Vec<memory::Memory>, types::Error> {
+        Ok(members_in(
+            ms::top_members(cluster, offset, limit).map_err(err_in)?,
+        ))
+    }
+
+    fn member_ids(&mut self, cluster: u64, upto_seq: u64) -> Result<Vec<String>, types::Error> {
+        ms::member_ids(cluster, upto_seq).map_err(err_in)
     }
 
     fn delete_memory(&mut self, id: &str) -> Result<Option<memory::Memory>, types::Error> {
@@ -207,7 +234,9 @@ impl MemoryHost for Imports {
             cluster: w.cluster,
             expect: w.expect,
             member_hash: w.member_hash,
-            sources: w.sources,
+            covered_seq: w.covered_seq,
+            covered: w.covered,
+            version: w.version,
             text: w.text,
             tokens: w.tokens,
             importance: w.importance,
@@ -247,7 +276,8 @@ impl MemoryHost for Imports {
                 similarity: h.similarity,
                 importance: h.importance,
                 cluster: h.cluster,
-                sources: h.sources,
+                covered_seq: h.covered_seq,
+                covered: h.covered,
             })
             .collect())
     }

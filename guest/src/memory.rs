@@ -145,6 +145,19 @@ pub struct Memory {
     pub created_ms: u64,
     /// Cluster.
     pub cluster: u64,
+    /// Place in the tenant's write order.
+    pub seq: u64,
+}
+
+/// Some of a cluster's members and the cluster's figures (the `member-set` record).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemberSet {
+    /// Membership version.
+    pub version: u64,
+    /// Active members, all of them.
+    pub count: u32,
+    /// The members asked for, oldest first.
+    pub members: Vec<Memory>,
 }
 
 /// A cluster summary row.
@@ -158,8 +171,10 @@ pub struct ClusterSummary {
     pub text: String,
     /// Hash of the member set it covers.
     pub member_hash: String,
-    /// Ids it covers.
-    pub sources: Vec<String>,
+    /// It covers the members with `seq <= covered_seq`.
+    pub covered_seq: u64,
+    /// How many it covers.
+    pub covered: u32,
     /// Importance.
     pub importance: f32,
     /// Estimated tokens.
@@ -187,8 +202,12 @@ pub struct SummaryWrite {
     pub expect: Option<String>,
     /// Hash of the member set.
     pub member_hash: String,
-    /// Ids covered.
-    pub sources: Vec<String>,
+    /// The newest member covered.
+    pub covered_seq: u64,
+    /// Members covered.
+    pub covered: u32,
+    /// Membership version the members were read at.
+    pub version: u64,
     /// Text.
     pub text: String,
     /// Estimated tokens.
@@ -235,8 +254,10 @@ pub struct Hit {
     pub importance: f32,
     /// Cluster.
     pub cluster: u64,
-    /// Sources of a summary.
-    pub sources: Vec<String>,
+    /// A summary's newest covered member (0 for a memory).
+    pub covered_seq: u64,
+    /// Members a summary covers (0 for a memory).
+    pub covered: u32,
 }
 
 /// The I/O memory calls need (the `memory-store` import, plus the model, clock and log).
@@ -247,8 +268,13 @@ pub trait MemoryHost {
     fn centroids(&mut self, scope: &Scope) -> Result<Vec<Centroid>, Error>;
     /// Store a memory.
     fn put_memory(&mut self, m: NewMemory) -> Result<Stored, Error>;
-    /// A cluster's active members, oldest first.
-    fn members(&mut self, cluster: u64) -> Result<Vec<Memory>, Error>;
+    /// A cluster's active members after `after_seq` (0: all), oldest first, with its
+    /// membership version and member count.
+    fn members_after(&mut self, cluster: u64, after_seq: u64) -> Result<MemberSet, Error>;
+    /// A cluster's members by rank (importance, then oldest, then id), `limit` from `offset`.
+    fn top_members(&mut self, cluster: u64, offset: u32, limit: u32) -> Result<Vec<Memory>, Error>;
+    /// Ids of a cluster's members with `seq <= upto_seq`, oldest first.
+    fn member_ids(&mut self, cluster: u64, upto_seq: u64) -> Result<Vec<String>, Error>;
     /// Delete a memory.
     fn delete_memory(&mut self, id: &str) -> Result<Option<Memory>, Error>;
     /// Replace a cluster's vectors.
@@ -281,6 +307,13 @@ pub trait MemoryHost {
     /// A log line.
     fn log(&mut self, level: Level, msg: &str);
 }
+
+/// A `seq` past every member's (`members-after` then reads only the cluster's figures). The
+/// largest a signed 64-bit column holds, so no store needs to clamp it.
+pub const PAST_NEWEST: u64 = i64::MAX as u64;
+
+/// How many ranked members an extractive summary reads at a time.
+const RANK_PAGE: u32 = 32;
 
 /// The importance of a memory written without one.
 pub const DEFAULT_IMPORTANCE: f32 = 0.5;
@@ -575,18 +608,35 @@ pub fn nearest(centroids: &[Centroid], model: &str, vector: &[f32], min: f32) ->
     best.map(|(_, id)| id)
 }
 
-/// The hash a summary is keyed by: SHA-256 of the sorted member ids (hex, 32 digits).
-pub fn member_hash(ids: &[String]) -> String {
-    let set: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
-    let mut h = Sha256::new();
-    for id in set {
-        h.update(id.as_bytes());
-        h.update([0u8]);
+/// The hash a summary is keyed by: the XOR of each member id's SHA-256 (its first 16 bytes,
+/// in hex). Order does not matter, and a member added is folded into a hash without the
+/// others (`member_hash_with`).
+pub fn member_hash<S: AsRef<str>>(ids: &[S]) -> String {
+    hex(&ids.iter().fold([0u8; 16], |acc, id| xor(acc, id.as_ref())))
+}
+
+/// A member hash with `ids` added to it (a hash that is not 32 hex digits, as an older one,
+/// counts as the empty set's: a set then gets a new identity, never a false match).
+pub fn member_hash_with<S: AsRef<str>>(hash: &str, ids: &[S]) -> String {
+    let mut acc = [0u8; 16];
+    if hash.len() == 32 {
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = u8::from_str_radix(&hash[2 * i..2 * i + 2], 16).unwrap_or(0);
+        }
     }
-    h.finalize()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&ids.iter().fold(acc, |acc, id| xor(acc, id.as_ref())))
+}
+
+fn xor(mut acc: [u8; 16], id: &str) -> [u8; 16] {
+    let d = Sha256::digest(id.as_bytes());
+    for (a, b) in acc.iter_mut().zip(&d[..16]) {
+        *a ^= b;
+    }
+    acc
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A summary's importance: the largest of its members'.
@@ -617,7 +667,7 @@ fn current_centroids(
         return Ok(cs);
     }
     for cluster in stale {
-        let members = h.members(cluster)?;
+        let members = h.members_after(cluster, 0)?.members;
         let texts: Vec<String> = members.iter().map(|m| m.text.clone()).collect();
         let e = embed_texts(h, cfg, &texts)?;
         h.log(
@@ -713,13 +763,11 @@ pub fn forget(
         return Ok(None);
     };
     let summary = h.summary(gone.cluster)?;
-    let covered = summary
-        .as_ref()
-        .is_some_and(|s| s.sources.iter().any(|x| x == id));
+    let covered = summary.as_ref().is_some_and(|s| gone.seq <= s.covered_seq);
     if covered {
         h.delete_summary(gone.cluster)?;
     }
-    let left = h.members(gone.cluster)?.len() as u32;
+    let left = h.members_after(gone.cluster, PAST_NEWEST)?.count;
     Ok(Some(Forgotten {
         cluster: gone.cluster,
         summary_deleted: covered,
@@ -933,19 +981,14 @@ fn group(sizes: &[u32], room: u32) -> Vec<std::ops::Range<usize>> {
 
 /// The summary without a model: the distinct facts, most important first, as sentences, up to
 /// the output limit; facts beyond it are counted in a closing sentence, not dropped silently.
-pub fn extractive_summary(members: &[Memory], max_tokens: u32) -> String {
-    let mut order: Vec<&Memory> = members.iter().collect();
-    order.sort_by(|a, b| {
-        b.importance
-            .total_cmp(&a.importance)
-            .then(a.created_ms.cmp(&b.created_ms))
-            .then(a.id.cmp(&b.id))
-    });
+/// `ranked` is the cluster's best members in rank order (`rank_order`), `total` its member
+/// count: members not in `ranked` are counted as not shown.
+pub fn extractive_summary(ranked: &[Memory], total: u32, max_tokens: u32) -> String {
     let mut seen = BTreeSet::new();
     let mut lines: Vec<String> = Vec::new();
     let mut used = 0u32;
-    let mut left = 0usize;
-    for m in order {
+    let mut left = (total as usize).saturating_sub(ranked.len());
+    for m in ranked {
         let flat: Vec<&str> = m.text.split_whitespace().collect();
         let mut s = flat.join(" ");
         if !seen.insert(s.to_lowercase()) {
@@ -972,6 +1015,38 @@ pub fn extractive_summary(members: &[Memory], max_tokens: u32) -> String {
     out
 }
 
+/// The order an extractive summary takes members in: importance (highest first), then
+/// oldest, then id (`top-members` returns them so).
+pub fn rank_order(members: &mut [Memory]) {
+    members.sort_by(|a, b| {
+        b.importance
+            .total_cmp(&a.importance)
+            .then(a.created_ms.cmp(&b.created_ms))
+            .then(a.id.cmp(&b.id))
+    });
+}
+
+/// Read a cluster's best members, a page at a time, until they hold twice what an extractive
+/// summary of `max_tokens` can show (or the cluster ends). Members further down could only
+/// fill what little room is left; they are counted as not shown.
+fn ranked_members(
+    h: &mut impl MemoryHost,
+    cluster: u64,
+    max_tokens: u32,
+) -> Result<Vec<Memory>, Error> {
+    let mut out: Vec<Memory> = Vec::new();
+    let mut tokens = 0u64;
+    loop {
+        let page = h.top_members(cluster, out.len() as u32, RANK_PAGE)?;
+        let short = (page.len() as u32) < RANK_PAGE;
+        tokens += page.iter().map(|m| u64::from(m.tokens) + 1).sum::<u64>();
+        out.extend(page);
+        if short || tokens > 2 * u64::from(max_tokens) {
+            return Ok(out);
+        }
+    }
+}
+
 /// The centroid of a cluster (from its scope's centroids), if it has one of `model`.
 fn centroid_of(
     h: &mut impl MemoryHost,
@@ -986,6 +1061,13 @@ fn centroid_of(
 }
 
 /// Bring a cluster's summary to its current member set.
+///
+/// The cost follows the members written since the summary, not the cluster's size: the store
+/// returns the members after the summary's `covered_seq` with the cluster's count and
+/// membership version, the member hash takes the new ids in, and a model folds only the new
+/// facts into the current text (the extractive summary reads the best-ranked members a page
+/// at a time). Only when the summary is missing, or its count no longer adds up, is it written
+/// from every member.
 pub fn summarize_cluster(
     h: &mut impl MemoryHost,
     cluster: u64,
@@ -993,7 +1075,6 @@ pub fn summarize_cluster(
     mcfg: &MemoryConfig,
 ) -> Result<ClusterOutcome, Error> {
     check_config(mcfg)?;
-    let members = h.members(cluster)?;
     let current = h.summary(cluster)?;
     let done = |action, summary, spent: Spent| ClusterOutcome {
         action,
@@ -1002,7 +1083,9 @@ pub fn summarize_cluster(
         prompt_tokens: spent.prompt_tokens,
         output_tokens: spent.output_tokens,
     };
-    if (members.len() as u32) < mcfg.min_cluster_items {
+    let after = current.as_ref().map_or(0, |s| s.covered_seq);
+    let mut set = h.members_after(cluster, after)?;
+    if set.count < mcfg.min_cluster_items {
         return Ok(match current {
             Some(_) => {
                 h.delete_summary(cluster)?;
@@ -1011,40 +1094,48 @@ pub fn summarize_cluster(
             None => done(Action::TooFew, None, Spent::default()),
         });
     }
-    let ids: Vec<String> = members.iter().map(|m| m.id.clone()).collect();
-    let hash = member_hash(&ids);
-    if let Some(s) = &current
-        && s.member_hash == hash
+    // Fold only the new members in when every covered member is still here (a delete of one
+    // deletes the summary, so the count adds up); otherwise start over from every member.
+    let incremental = current
+        .as_ref()
+        .filter(|s| u64::from(s.covered) + set.members.len() as u64 == u64::from(set.count));
+    if let Some(s) = incremental
+        && set.members.is_empty()
     {
-        return Ok(done(Action::Unchanged, current, Spent::default()));
+        return Ok(done(Action::Unchanged, Some(s.clone()), Spent::default()));
     }
-    // Fold only new members in when every covered member is still here; otherwise start over
-    // from the survivors, so nothing of a deleted memory survives.
-    let incremental = current.as_ref().filter(|s| {
-        let have: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
-        s.sources.iter().all(|x| have.contains(x.as_str()))
-    });
+    if incremental.is_none() && after > 0 {
+        set = h.members_after(cluster, 0)?;
+        if set.count < mcfg.min_cluster_items {
+            // Deleted meanwhile: the next run sees it.
+            return Ok(done(Action::LostRace, current, Spent::default()));
+        }
+    }
+    let new = &set.members;
+    let Some(newest) = new.last() else {
+        return Ok(done(Action::LostRace, current, Spent::default()));
+    };
+    let (hash, importance) = match incremental {
+        Some(s) => (
+            member_hash_with(&s.member_hash, &ids_of(new)),
+            s.importance.max(propagated_importance(new)),
+        ),
+        None => (member_hash(&ids_of(new)), propagated_importance(new)),
+    };
+    let covered_seq = newest.seq;
+    let scope = newest.scope.clone();
     let mut spent = Spent::default();
     let (text, model) = match cfg.engine {
-        Engine::Extractive => (
-            extractive_summary(&members, cfg.max_output_tokens),
-            "extractive".to_string(),
-        ),
+        Engine::Extractive => {
+            let ranked = ranked_members(h, cluster, cfg.max_output_tokens)?;
+            (
+                extractive_summary(&ranked, set.count, cfg.max_output_tokens),
+                "extractive".to_string(),
+            )
+        }
         Engine::Llm => {
-            let (facts, previous): (Vec<&str>, Option<&str>) = match incremental {
-                Some(s) => {
-                    let covered: BTreeSet<&str> = s.sources.iter().map(String::as_str).collect();
-                    (
-                        members
-                            .iter()
-                            .filter(|m| !covered.contains(m.id.as_str()))
-                            .map(|m| m.text.as_str())
-                            .collect(),
-                        Some(s.text.as_str()),
-                    )
-                }
-                None => (members.iter().map(|m| m.text.as_str()).collect(), None),
-            };
+            let facts: Vec<&str> = new.iter().map(|m| m.text.as_str()).collect();
+            let previous = incremental.map(|s| s.text.as_str());
             let b = budget(cfg, mcfg);
             let text = model_summary(h, cfg, b, &facts, previous, &mut spent).inspect_err(|e| {
                 if let Error::RejectedOutput(why) = e {
@@ -1057,7 +1148,7 @@ pub fn summarize_cluster(
     // The semantic check: the summary must be about what its members are about.
     let e = embed_texts(h, mcfg, std::slice::from_ref(&text))?;
     let vector = e.vectors.into_iter().next().unwrap_or_default();
-    match centroid_of(h, &members[0].scope, cluster, &e.model)? {
+    match centroid_of(h, &scope, cluster, &e.model)? {
         Some(c) => {
             let sim = cosine(&c, &vector);
             if sim < mcfg.summary_min_similarity {
@@ -1085,11 +1176,13 @@ pub fn summarize_cluster(
     let w = SummaryWrite {
         cluster,
         expect: current.as_ref().map(|s| s.member_hash.clone()),
-        member_hash: hash.clone(),
-        sources: ids,
+        member_hash: hash,
+        covered_seq,
+        covered: set.count,
+        version: set.version,
         tokens: estimate_tokens(&text),
         text,
-        importance: propagated_importance(&members),
+        importance,
         model,
         vector_model: e.model,
         vector,
@@ -1110,6 +1203,10 @@ pub fn summarize_cluster(
         Action::Created
     };
     Ok(done(action, stored, spent))
+}
+
+fn ids_of(members: &[Memory]) -> Vec<&str> {
+    members.iter().map(|m| m.id.as_str()).collect()
 }
 
 /// The `k` best memories and summaries for `query`.
@@ -1136,30 +1233,41 @@ pub fn recall(
     let q = e.vectors.into_iter().next().unwrap_or_default();
     // More candidates than asked for: importance can lift one from further down.
     let hits = h.search(&q, &e.model, filter, k.saturating_mul(4).max(20))?;
-    let mut out: Vec<Recalled> = hits
+    let mut ranked: Vec<(Recalled, u64)> = hits
         .into_iter()
         .filter(|x| match x.kind {
             HitKind::Memory => true,
-            HitKind::Summary => summaries && x.sources.len() as u32 >= cfg.min_cluster_items,
+            HitKind::Summary => summaries && x.covered >= cfg.min_cluster_items,
         })
-        .map(|x| Recalled {
-            score: score(x.similarity, x.importance),
-            kind: x.kind,
-            id: x.id,
-            text: x.text,
-            similarity: x.similarity,
-            importance: x.importance,
-            cluster: x.cluster,
-            sources: x.sources,
+        .map(|x| {
+            let r = Recalled {
+                score: score(x.similarity, x.importance),
+                kind: x.kind,
+                id: x.id,
+                text: x.text,
+                similarity: x.similarity,
+                importance: x.importance,
+                cluster: x.cluster,
+                sources: Vec::new(),
+            };
+            (r, x.covered_seq)
         })
         .collect();
-    out.sort_by(|a, b| {
+    ranked.sort_by(|(a, _), (b, _)| {
         b.score
             .total_cmp(&a.score)
             .then((a.kind == HitKind::Memory).cmp(&(b.kind == HitKind::Memory)))
             .then(a.id.cmp(&b.id))
     });
-    out.truncate(k as usize);
+    ranked.truncate(k as usize);
+    // A summary's sources, read for the summaries returned only.
+    let mut out = Vec::with_capacity(ranked.len());
+    for (mut r, covered_seq) in ranked {
+        if r.kind == HitKind::Summary {
+            r.sources = h.member_ids(r.cluster, covered_seq)?;
+        }
+        out.push(r);
+    }
     Ok(out)
 }
 

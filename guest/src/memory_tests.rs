@@ -27,6 +27,23 @@ struct Fake {
     /// A rival writer's summary slipped in before the next write.
     rival: bool,
     now: u64,
+    /// The last `seq` given.
+    seq: u64,
+    /// Membership versions by cluster.
+    versions: BTreeMap<u64, u64>,
+    /// Member rows the store handed out (what a summarize run read).
+    read: usize,
+    /// The cluster's membership changes just before the next summary write.
+    sneak: bool,
+}
+
+impl Fake {
+    fn of(&self, cluster: u64) -> impl Iterator<Item = &Row> {
+        self.rows.iter().filter(move |r| r.m.cluster == cluster)
+    }
+    fn bump(&mut self, cluster: u64) {
+        *self.versions.entry(cluster).or_default() += 1;
+    }
 }
 
 fn prompt_text(r: &Request) -> String {
@@ -155,10 +172,15 @@ impl MemoryHost for Fake {
                 tokens: m.tokens,
                 created_ms: m.created_ms,
                 cluster,
+                seq: {
+                    self.seq += 1;
+                    self.seq
+                },
             },
             vector: m.vector,
             model: m.model,
         });
+        self.bump(cluster);
         let n = self.rows.iter().filter(|r| r.m.cluster == cluster).count() as u32;
         Ok(Stored {
             cluster,
@@ -166,21 +188,48 @@ impl MemoryHost for Fake {
             members: n,
         })
     }
-    fn members(&mut self, cluster: u64) -> Result<Vec<Memory>, Error> {
-        Ok(self
-            .rows
-            .iter()
-            .filter(|r| r.m.cluster == cluster)
+    fn members_after(&mut self, cluster: u64, after_seq: u64) -> Result<MemberSet, Error> {
+        let members: Vec<Memory> = self
+            .of(cluster)
+            .filter(|r| r.m.seq > after_seq)
             .map(|r| r.m.clone())
+            .collect();
+        self.read += members.len();
+        Ok(MemberSet {
+            version: self.versions.get(&cluster).copied().unwrap_or(0),
+            count: self.of(cluster).count() as u32,
+            members,
+        })
+    }
+    fn top_members(&mut self, cluster: u64, offset: u32, limit: u32) -> Result<Vec<Memory>, Error> {
+        let mut all: Vec<Memory> = self.of(cluster).map(|r| r.m.clone()).collect();
+        rank_order(&mut all);
+        let page: Vec<Memory> = all
+            .into_iter()
+            .skip(offset as usize)
+            .take(limit as usize)
+            .collect();
+        self.read += page.len();
+        Ok(page)
+    }
+    fn member_ids(&mut self, cluster: u64, upto_seq: u64) -> Result<Vec<String>, Error> {
+        Ok(self
+            .of(cluster)
+            .filter(|r| r.m.seq <= upto_seq)
+            .map(|r| r.m.id.clone())
             .collect())
     }
     fn delete_memory(&mut self, id: &str) -> Result<Option<Memory>, Error> {
         let i = self.rows.iter().position(|r| r.m.id == id);
-        Ok(i.map(|i| self.rows.remove(i).m))
+        let gone = i.map(|i| self.rows.remove(i).m);
+        if let Some(m) = &gone {
+            self.bump(m.cluster);
+        }
+        Ok(gone)
     }
     fn set_vectors(
         &mut self,
-        _cluster: u64,
+        cluster: u64,
         model: &str,
         vectors: Vec<(String, Vec<f32>)>,
     ) -> Result<(), Error> {
@@ -189,12 +238,16 @@ impl MemoryHost for Fake {
             r.vector = v;
             r.model = model.into();
         }
+        self.bump(cluster);
         Ok(())
     }
     fn summary(&mut self, cluster: u64) -> Result<Option<ClusterSummary>, Error> {
         Ok(self.summaries.get(&cluster).map(|s| s.0.clone()))
     }
     fn write_summary(&mut self, w: SummaryWrite) -> Result<bool, Error> {
+        if std::mem::take(&mut self.sneak) {
+            self.bump(w.cluster);
+        }
         if self.rival {
             self.rival = false;
             self.next_summary += 1;
@@ -207,7 +260,8 @@ impl MemoryHost for Fake {
                     cluster: w.cluster,
                     text: "rival".into(),
                     member_hash: String::new(),
-                    sources: Vec::new(),
+                    covered_seq: 0,
+                    covered: 0,
                     importance: 0.0,
                     tokens: 1,
                     model: "m".into(),
@@ -218,13 +272,15 @@ impl MemoryHost for Fake {
                     updated_ms: 0,
                 });
             s.member_hash = w.member_hash.clone();
+            s.covered_seq = w.covered_seq;
+            s.covered = w.covered;
             self.summaries.insert(w.cluster, (s, Vec::new()));
         }
         let cur = self
             .summaries
             .get(&w.cluster)
             .map(|s| s.0.member_hash.clone());
-        if cur != w.expect {
+        if cur != w.expect || self.versions.get(&w.cluster).copied().unwrap_or(0) != w.version {
             return Ok(false);
         }
         let id = match self.summaries.get(&w.cluster) {
@@ -242,7 +298,8 @@ impl MemoryHost for Fake {
                     cluster: w.cluster,
                     text: w.text,
                     member_hash: w.member_hash,
-                    sources: w.sources,
+                    covered_seq: w.covered_seq,
+                    covered: w.covered,
                     importance: w.importance,
                     tokens: w.tokens,
                     model: w.model,
@@ -287,7 +344,8 @@ impl MemoryHost for Fake {
                 similarity: cosine(query, &r.vector),
                 importance: r.m.importance,
                 cluster: r.m.cluster,
-                sources: Vec::new(),
+                covered_seq: 0,
+                covered: 0,
             })
             .collect();
         for (s, v) in self.summaries.values() {
@@ -299,7 +357,8 @@ impl MemoryHost for Fake {
                     similarity: cosine(query, v),
                     importance: s.importance,
                     cluster: s.cluster,
-                    sources: s.sources.clone(),
+                    covered_seq: s.covered_seq,
+                    covered: s.covered,
                 });
             }
         }
@@ -369,6 +428,11 @@ fn three(h: &mut Fake, cfg: &MemoryConfig) -> Vec<Remembered> {
     remember(h, &items, cfg).unwrap()
 }
 
+/// A summary's sources as a host reads them.
+fn sources(h: &mut Fake, s: &ClusterSummary) -> Vec<String> {
+    h.member_ids(s.cluster, s.covered_seq).unwrap()
+}
+
 #[test]
 fn three_related_facts_make_one_due_cluster() {
     let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
@@ -390,7 +454,8 @@ fn summary_names_its_sources_refreshes_in_place_and_skips_a_known_set() {
     let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
     assert_eq!((o.action, o.calls), (Action::Created, 1));
     let s = o.summary.unwrap();
-    assert_eq!(s.sources, ["m1", "m2", "m3"]);
+    assert_eq!(sources(&mut h, &s), ["m1", "m2", "m3"]);
+    assert_eq!(s.covered, 3);
     for t in &EDITOR[..3] {
         assert!(s.text.contains(t), "{}", s.text);
     }
@@ -404,7 +469,9 @@ fn summary_names_its_sources_refreshes_in_place_and_skips_a_known_set() {
     assert!(!last.contains(&format!("- {}", EDITOR[0])), "{last}");
     let s2 = o.summary.unwrap();
     assert_eq!(s2.id, s.id);
-    assert_eq!(s2.sources.len(), 4);
+    assert_eq!(sources(&mut h, &s2).len(), 4);
+    assert_eq!(s2.covered, 4);
+    assert_eq!(s2.member_hash, member_hash(&["m4", "m3", "m2", "m1"]));
     // The same member set: no call.
     let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
     assert_eq!((o.action, o.calls), (Action::Unchanged, 0));
@@ -432,7 +499,7 @@ fn deletes_never_resurface_and_under_the_minimum_the_summary_goes() {
     let s = o.summary.unwrap();
     assert!(!s.text.contains(EDITOR[1]), "{}", s.text);
     assert!(!h.prompts.last().unwrap().contains(EDITOR[1]));
-    assert_eq!(s.sources, ["m1", "m3", "m4"]);
+    assert_eq!(sources(&mut h, &s), ["m1", "m3", "m4"]);
     // Two deletes: under three members, no summary, and recall returns raw memories only.
     forget(&mut h, "m1", &cfg).unwrap();
     let f = forget(&mut h, "m3", &cfg).unwrap().unwrap();
@@ -676,8 +743,9 @@ fn the_extractive_engine_states_the_facts_without_a_model() {
     }
     assert!(h.prompts.is_empty());
     // Over its output limit it says how many facts it left out.
-    let members = h.members(c).unwrap();
-    let short = extractive_summary(&members, 12);
+    let mut members = h.members_after(c, 0).unwrap().members;
+    rank_order(&mut members);
+    let short = extractive_summary(&members, 3, 12);
     assert!(
         short.ends_with("(2 more related facts not shown.)"),
         "{short}"
@@ -746,14 +814,99 @@ fn a_changed_embedding_model_re_embeds_the_cluster() {
 }
 
 #[test]
-fn member_hash_ignores_order() {
-    let a = member_hash(&["b".into(), "a".into()]);
-    assert_eq!(a, member_hash(&["a".into(), "b".into()]));
-    assert_ne!(a, member_hash(&["a".into(), "b".into(), "c".into()]));
-    assert_ne!(
-        member_hash(&["ab".into()]),
-        member_hash(&["a".into(), "b".into()])
-    );
+fn member_hash_ignores_order_and_takes_members_in_one_at_a_time() {
+    let a = member_hash(&["b", "a"]);
+    assert_eq!(a, member_hash(&["a", "b"]));
+    assert_ne!(a, member_hash(&["a", "b", "c"]));
+    assert_ne!(member_hash(&["ab"]), member_hash(&["a", "b"]));
     assert_eq!(a.len(), 32);
+    assert_eq!(member_hash_with(&a, &["c"]), member_hash(&["c", "a", "b"]));
+    assert_eq!(
+        member_hash_with(&member_hash::<&str>(&[]), &["x"]),
+        member_hash(&["x"])
+    );
+    // An older hash (another format) is not folded into: the set gets a fresh identity.
+    assert_eq!(member_hash_with("0f3a", &["a", "b"]), a);
     let _ = Finish::Stop;
+}
+
+/// Grow cluster `c` to `n` members.
+fn grow(h: &mut Fake, cfg: &MemoryConfig, c: u64, n: usize) {
+    let have = h.of(c).count();
+    let items: Vec<MemoryIn> = (have..n)
+        .map(|i| {
+            // Words of their own, so no two facts (nor a summary of them) repeat phrases.
+            let word = |k: usize| -> String {
+                let s = [
+                    "ka", "mo", "ri", "te", "su", "no", "ba", "le", "fi", "go", "pu",
+                ];
+                (0..3).map(|j| s[(k / 11usize.pow(j)) % 11]).collect()
+            };
+            let text = format!(
+                "Alice {} {} {} the dark editor theme {}.",
+                word(i * 3),
+                word(i * 3 + 1),
+                word(i * 3 + 2),
+                word(i + 1000)
+            );
+            mem(&format!("g{i}"), "editor", &text)
+        })
+        .collect();
+    for r in remember(h, &items, cfg).unwrap() {
+        assert_eq!(r.cluster, c);
+    }
+}
+
+#[test]
+fn a_hot_cluster_reads_only_what_changed_whatever_its_size() {
+    for engine in [Engine::Llm, Engine::Extractive] {
+        let cfg = MemoryConfig {
+            min_similarity: 0.0,
+            ..MemoryConfig::default()
+        };
+        let run = Config { engine, ..llm() };
+        let mut reads = Vec::new();
+        for n in [400, 4000] {
+            let mut h = Fake::default();
+            let c = three(&mut h, &cfg)[0].cluster;
+            grow(&mut h, &cfg, c, n);
+            let first = Config {
+                engine: Engine::Extractive,
+                ..llm()
+            };
+            summarize_cluster(&mut h, c, &first, &cfg).unwrap();
+            // One more member, then the refresh: it reads the new one (and, extractive, a
+            // bounded page of the best ranked), never the cluster.
+            grow(&mut h, &cfg, c, n + 1);
+            h.read = 0;
+            let o = summarize_cluster(&mut h, c, &run, &cfg).unwrap();
+            assert_eq!(o.action, Action::Refreshed, "{engine:?}");
+            let s = o.summary.unwrap();
+            assert_eq!(s.covered as usize, n + 1);
+            let all: Vec<String> = h.of(c).map(|r| r.m.id.clone()).collect();
+            assert_eq!(s.member_hash, member_hash(&all), "the hash kept up");
+            assert_eq!(sources(&mut h, &s), all);
+            reads.push(h.read);
+        }
+        assert_eq!(
+            reads[0], reads[1],
+            "{engine:?}: rows read at 400 and 4,000 members"
+        );
+        if engine == Engine::Llm {
+            assert_eq!(reads[0], 1);
+        }
+    }
+}
+
+#[test]
+fn a_summary_of_a_set_that_changed_meanwhile_is_not_written() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let c = three(&mut h, &cfg)[0].cluster;
+    // Another writer adds a member between the read and the write: the version moved.
+    h.sneak = true;
+    let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert_eq!(o.action, Action::LostRace);
+    assert!(h.summaries.is_empty());
+    let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
+    assert_eq!(o.action, Action::Created);
 }

@@ -303,7 +303,8 @@ export interface MemoryConfig { embedder: string; minSimilarity: number; minClus
 export const defaultMemoryConfig: Readonly<MemoryConfig>;
 export interface Remembered { id: string; cluster: number; created: boolean; members: number; due: boolean }
 export interface ClusterSummary {
-  id: number; cluster: number; text: string; memberHash: string; sources: string[]; importance: number; tokens: number;
+  /** It covers the cluster's members with `seq <= coveredSeq`, `covered` of them (`summarySources` lists them). */
+  id: number; cluster: number; text: string; memberHash: string; coveredSeq: number; covered: number; importance: number; tokens: number;
   model: string; calls: number; promptTokens: number; outputTokens: number; createdMs: number; updatedMs: number;
 }
 export interface ClusterOutcome {
@@ -321,8 +322,10 @@ export class Engine {
   summarizeCluster(cluster: number, config?: Partial<Config>, memoryConfig?: Partial<MemoryConfig>): Promise<ClusterOutcome>;
   forget(id: string, memoryConfig?: Partial<MemoryConfig>): Promise<{ cluster: number; summaryDeleted: boolean; due: boolean } | undefined>;
   recall(query: string, filter?: MemoryFilter, k?: number, memoryConfig?: Partial<MemoryConfig>): Promise<Recalled[]>;
-  memory(id: string): { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number } | undefined;
+  memory(id: string): { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number; seq: number } | undefined;
   memories(filter?: MemoryFilter, page?: { offset?: number; limit?: number }): { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number }[];
+  /** The ids of the memories a cluster summary covers, oldest first. */
+  summarySources(summary: ClusterSummary): string[];
   clusters(): { id: number; scope: MemoryScope; members: string[]; summary?: number; note?: string }[];
   embedLexical(texts: string[]): Promise<number[][]>;
   /** This month's usage for cluster summaries against the ceiling. */

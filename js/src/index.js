@@ -103,10 +103,10 @@ function slots(n) {
   };
 }
 
-const memToWit = (m) => (m ? { ...m, createdMs: big(m.createdMs), cluster: big(m.cluster) } : undefined);
-const memToJs = (m) => ({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster) });
-const sumToWit = (s) => (s ? { ...s, id: big(s.id), cluster: big(s.cluster), createdMs: big(s.createdMs), updatedMs: big(s.updatedMs) } : undefined);
-const sumToJs = (s) => (s ? { ...s, id: num(s.id), cluster: num(s.cluster), createdMs: num(s.createdMs), updatedMs: num(s.updatedMs) } : undefined);
+const memToWit = (m) => (m ? { ...m, createdMs: big(m.createdMs), cluster: big(m.cluster), seq: big(m.seq) } : undefined);
+const memToJs = (m) => ({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster), seq: num(m.seq) });
+const sumToWit = (s) => (s ? { ...s, id: big(s.id), cluster: big(s.cluster), coveredSeq: big(s.coveredSeq), createdMs: big(s.createdMs), updatedMs: big(s.updatedMs) } : undefined);
+const sumToJs = (s) => (s ? { ...s, id: num(s.id), cluster: num(s.cluster), coveredSeq: num(s.coveredSeq), createdMs: num(s.createdMs), updatedMs: num(s.updatedMs) } : undefined);
 
 /** Store calls: engine errors go to the guest as WIT errors, anything else is a storage error. */
 function storeCall(f) {
@@ -295,7 +295,12 @@ export class Engine {
           const r = storeCall(() => store.recall.putMemory({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster) }));
           return { ...r, cluster: big(r.cluster) };
         },
-        members: (cluster) => storeCall(() => store.recall.members(num(cluster))).map(memToWit),
+        membersAfter: (cluster, after) => {
+          const s = storeCall(() => store.recall.membersAfter(num(cluster), after));
+          return { version: big(s.version), count: s.count, members: s.members.map(memToWit) };
+        },
+        topMembers: (cluster, offset, limit) => storeCall(() => store.recall.topMembers(num(cluster), offset, limit)).map(memToWit),
+        memberIds: (cluster, upto) => storeCall(() => store.recall.memberIds(num(cluster), upto)),
         deleteMemory: (id) => memToWit(storeCall(() => store.recall.deleteMemory(id))),
         setVectors: (cluster, model, vectors) => storeCall(() => store.recall.setVectors(num(cluster), model, vectors)),
         summary: (cluster) => sumToWit(storeCall(() => store.recall.summary(num(cluster)))),
@@ -303,7 +308,7 @@ export class Engine {
         deleteSummary: (cluster) => storeCall(() => store.recall.deleteSummary(num(cluster))),
         setClusterNote: (cluster, note) => storeCall(() => store.recall.setClusterNote(num(cluster), note)),
         search: (query, model, filter, limit) =>
-          storeCall(() => store.recall.search(query, model, filter, limit)).map((h) => ({ ...h, cluster: big(h.cluster) })),
+          storeCall(() => store.recall.search(query, model, filter, limit)).map((h) => ({ ...h, cluster: big(h.cluster), coveredSeq: big(h.coveredSeq) })),
       },
       ...wasiImports,
     };
@@ -416,6 +421,12 @@ export class Engine {
   /** Memories under a filter `{user?, project?, environment?, kind?, key?}`, oldest first. */
   memories(filter = {}, { offset = 0, limit = 100 } = {}) {
     return this.#store.recall.list(filter, offset, limit).map((m) => memToJs(memToWit(m)));
+  }
+
+  /** The ids of the memories a cluster summary covers, oldest first (it keeps two numbers,
+   * `coveredSeq` and `covered`, rather than the list). */
+  summarySources(summary) {
+    return this.#store.recall.memberIds(summary.cluster, BigInt(summary.coveredSeq));
   }
 
   /** Clusters with their member ids and summary id. */

@@ -22,6 +22,13 @@ const text = (b) => (typeof b === 'string' ? b : new TextDecoder().decode(b));
 
 const utf8 = (s) => new TextEncoder().encode(s);
 
+/** A `seq` bound as SQL compares it (a signed 64-bit column), as rules::seq_arg does. */
+const I64_MAX = 9223372036854775807n;
+const seqArg = (b) => {
+  const v = BigInt(b ?? 0);
+  return v > I64_MAX ? I64_MAX : v;
+};
+
 /** Cosine similarity, summed in double precision (as the Rust host does). */
 export function cosine(a, b) {
   if (a.length !== b.length || a.length === 0) return 0;
@@ -61,6 +68,7 @@ const memFrom = (r, body) => ({
   tokens: r.tokens,
   createdMs: r.created_ms,
   cluster: r.cluster,
+  seq: r.seq,
 });
 
 const sumFrom = (r, body) => ({
@@ -68,7 +76,8 @@ const sumFrom = (r, body) => ({
   cluster: r.cluster,
   text: body,
   memberHash: r.member_hash,
-  sources: JSON.parse(r.sources),
+  coveredSeq: r.covered_seq,
+  covered: r.covered,
   importance: r.importance,
   tokens: r.tokens,
   model: r.model,
@@ -170,7 +179,7 @@ export class RecallTables {
   static inMemory() {
     const { DatabaseSync } = process.getBuiltinModule('node:sqlite');
     const db = new DatabaseSync(':memory:');
-    const migration = ['016-memories.sql', '018-usage.sql', '020-usage-days.sql', '026-memory-marks.sql'].map((n) => readFileSync(new URL(`../dist/migrations/${n}`, import.meta.url), 'utf8')).join('\n');
+    const migration = ['016-memories.sql', '018-usage.sql', '020-usage-days.sql', '026-memory-marks.sql', '030-summary-coverage.sql'].map((n) => readFileSync(new URL(`../dist/migrations/${n}`, import.meta.url), 'utf8')).join('\n');
     const tx = (f) => {
       db.exec('BEGIN IMMEDIATE');
       try {
@@ -258,6 +267,27 @@ export class RecallTables {
     return this.#all('SELECT * FROM memories WHERE tenant = ? AND cluster = ? ORDER BY seq', TENANT, cluster).map((r) => this.#mem(r));
   }
 
+  /** A cluster's members with `seq > after` (oldest first), its member count and membership
+   * version, in one snapshot; `after` is a BigInt (the guest's u64). */
+  membersAfter(cluster, after) {
+    return this.#tx(() => {
+      const c = this.#get('SELECT version, members FROM clusters WHERE tenant = ? AND id = ?', TENANT, cluster);
+      if (!c) return { version: 0, count: 0, members: [] };
+      const rows = this.#all('SELECT * FROM memories WHERE tenant = ? AND cluster = ? AND seq > ? ORDER BY seq', TENANT, cluster, seqArg(after));
+      return { version: c.version, count: c.members, members: rows.map((r) => this.#mem(r)) };
+    });
+  }
+
+  /** A cluster's members by rank: importance (highest first), then oldest, then id. */
+  topMembers(cluster, offset, limit) {
+    return this.#all('SELECT * FROM memories WHERE tenant = ? AND cluster = ? ORDER BY importance DESC, created_ms, id LIMIT ? OFFSET ?', TENANT, cluster, limit, offset).map((r) => this.#mem(r));
+  }
+
+  /** The ids of a cluster's members with `seq <= upto` (a BigInt), oldest first. */
+  memberIds(cluster, upto) {
+    return this.#all('SELECT id FROM memories WHERE tenant = ? AND cluster = ? AND seq <= ? ORDER BY seq', TENANT, cluster, seqArg(upto)).map((r) => r.id);
+  }
+
   deleteMemory(id) {
     const out = this.#tx(() => {
       const r = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
@@ -314,18 +344,19 @@ export class RecallTables {
   writeSummary(w) {
     return this.#tx(() => {
       const cur = this.#get('SELECT id, member_hash FROM cluster_summaries WHERE tenant = ? AND cluster = ?', TENANT, w.cluster);
+      // The same rule as the Rust stores (rules::summary_write_allowed): the summary it
+      // replaces, and the membership version its members were read at.
       if ((cur ? cur.member_hash : undefined) !== (w.expect ?? undefined)) return false;
-      const members = new Set(this.#all('SELECT id FROM memories WHERE tenant = ? AND cluster = ?', TENANT, w.cluster).map((m) => m.id));
-      const sources = new Set(w.sources);
-      if (sources.size !== members.size || [...members].some((m) => !sources.has(m))) return false;
-      const src = JSON.stringify(w.sources);
+      const c = this.#get('SELECT version FROM clusters WHERE tenant = ? AND id = ?', TENANT, w.cluster);
+      if (!c || BigInt(c.version) !== BigInt(w.version)) return false;
+      const coveredSeq = seqArg(w.coveredSeq);
       if (cur) {
         const [body, sealed] = this.#seal('cluster_summaries', cur.id, w.text);
-        this.#run('UPDATE cluster_summaries SET text = ?, sealed = ?, member_hash = ?, sources = ?, importance = ?, tokens = ?, model = ?, calls = ?, prompt_tokens = ?, output_tokens = ?, vector_model = ?, vector = ?, updated_ms = ? WHERE tenant = ? AND id = ?', body, sealed, w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, this.#vin(SUMMARY_VECTOR, cur.id, w.vector), w.nowMs, TENANT, cur.id);
+        this.#run('UPDATE cluster_summaries SET text = ?, sealed = ?, member_hash = ?, covered_seq = ?, covered = ?, importance = ?, tokens = ?, model = ?, calls = ?, prompt_tokens = ?, output_tokens = ?, vector_model = ?, vector = ?, updated_ms = ? WHERE tenant = ? AND id = ?', body, sealed, w.memberHash, coveredSeq, w.covered, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, this.#vin(SUMMARY_VECTOR, cur.id, w.vector), w.nowMs, TENANT, cur.id);
       } else {
         const id = this.#get('SELECT COALESCE(MAX(id), 0) + 1 AS id FROM cluster_summaries WHERE tenant = ?', TENANT).id;
         const [body, sealed] = this.#seal('cluster_summaries', id, w.text);
-        this.#run('INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, id, w.cluster, body, sealed, w.memberHash, src, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, this.#vin(SUMMARY_VECTOR, id, w.vector), w.nowMs, w.nowMs);
+        this.#run('INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, covered_seq, covered, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, id, w.cluster, body, sealed, w.memberHash, coveredSeq, w.covered, w.importance, w.tokens, w.model, w.calls, w.promptTokens, w.outputTokens, w.vectorModel, this.#vin(SUMMARY_VECTOR, id, w.vector), w.nowMs, w.nowMs);
       }
       return true;
     });
@@ -343,12 +374,12 @@ export class RecallTables {
     const f = filterSql(filter, '');
     const mems = topK(limit);
     for (const r of this.#all(`SELECT id, vector, importance, cluster, text, sealed FROM memories WHERE tenant = ?${f.sql} AND model = ?`, TENANT, ...f.args, model)) {
-      mems.offer(cosine(query, this.#vout(VECTOR, r.id, r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: this.#open('memories', r.id, r), similarity, importance: r.importance, cluster: r.cluster, sources: [] }));
+      mems.offer(cosine(query, this.#vout(VECTOR, r.id, r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: this.#open('memories', r.id, r), similarity, importance: r.importance, cluster: r.cluster, coveredSeq: 0, covered: 0 }));
     }
     const g = filterSql(filter, 'c.');
     const sums = topK(limit);
-    for (const r of this.#all(`SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?${g.sql} AND s.vector_model = ?`, TENANT, ...g.args, model)) {
-      sums.offer(cosine(query, this.#vout(SUMMARY_VECTOR, r.id, r.vector)), (similarity) => ({ kind: 'summary', id: String(r.id), text: this.#open('cluster_summaries', r.id, r), similarity, importance: r.importance, cluster: r.cluster, sources: JSON.parse(r.sources) }));
+    for (const r of this.#all(`SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.covered_seq, s.covered, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?${g.sql} AND s.vector_model = ?`, TENANT, ...g.args, model)) {
+      sums.offer(cosine(query, this.#vout(SUMMARY_VECTOR, r.id, r.vector)), (similarity) => ({ kind: 'summary', id: String(r.id), text: this.#open('cluster_summaries', r.id, r), similarity, importance: r.importance, cluster: r.cluster, coveredSeq: r.covered_seq, covered: r.covered }));
     }
     return [...mems.hits, ...sums.hits];
   }

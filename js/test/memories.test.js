@@ -42,7 +42,8 @@ test('three facts make one summary with its sources; a delete drops it and its t
   assert.deepEqual(r.map((x) => x.due), [false, false, true]);
   const o = await engine.summarizeCluster(r[2].cluster, { engine: 'extractive' });
   assert.equal(o.action, 'created');
-  assert.deepEqual(o.summary.sources, ['m0', 'm1', 'm2']);
+  assert.equal(o.summary.covered, 3);
+  assert.deepEqual(engine.summarySources(o.summary), ['m0', 'm1', 'm2']);
   for (const t of EDITOR) assert.ok(o.summary.text.includes(t), o.summary.text);
   const again = await engine.summarizeCluster(r[2].cluster, { engine: 'extractive' });
   assert.equal(again.action, 'unchanged');

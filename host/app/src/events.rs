@@ -185,8 +185,8 @@ pub enum What {
         action: String,
         /// The summary's id.
         summary: Option<u64>,
-        /// The memories it was made from.
-        sources: Option<Vec<String>>,
+        /// How many memories it covers (`GET /v1/summaries/{id}/sources` lists them).
+        covered: Option<u32>,
         /// Model calls.
         calls: u32,
         /// Prompt tokens.

@@ -93,13 +93,14 @@ pub struct ClusterSummaryView {
     pub updated_ms: u64,
 }
 
-impl From<ClusterSummary> for ClusterSummaryView {
-    fn from(s: ClusterSummary) -> Self {
+impl ClusterSummaryView {
+    /// A summary row and the ids of the memories it covers.
+    fn new(s: ClusterSummary, sources: Vec<String>) -> Self {
         ClusterSummaryView {
             id: s.id,
             cluster: s.cluster,
             text: s.text,
-            sources: s.sources,
+            sources,
             importance: s.importance,
             model: s.model,
             calls: s.calls,
@@ -491,7 +492,7 @@ impl Scoped {
                             cluster,
                             action: action_name(o.action).to_string(),
                             summary: o.summary.as_ref().map(|s| s.id),
-                            sources: o.summary.as_ref().map(|s| s.sources.clone()),
+                            covered: o.summary.as_ref().map(|s| s.covered),
                             calls: o.calls,
                             prompt_tokens: o.prompt_tokens,
                         },
@@ -583,26 +584,25 @@ impl Scoped {
             .collect())
     }
 
-    /// A cluster summary by id.
-    pub async fn cluster_summary(&self, id: u64) -> AppResult<ClusterSummaryView> {
+    async fn summary_row(&self, id: u64) -> AppResult<ClusterSummary> {
         self.recall_store()
             .summary_by_id(id)
             .await?
-            .map(ClusterSummaryView::from)
             .ok_or_else(|| AppError::not_found(format!("no summary {id}")))
     }
 
-    /// The memories a summary covers, in its order.
+    /// A cluster summary by id, with the ids of the memories it covers.
+    pub async fn cluster_summary(&self, id: u64) -> AppResult<ClusterSummaryView> {
+        let s = self.summary_row(id).await?;
+        let sources = self.recall_store().summary_sources(&s).await?;
+        Ok(ClusterSummaryView::new(s, sources))
+    }
+
+    /// The memories a summary covers, oldest first.
     pub async fn summary_sources(&self, id: u64) -> AppResult<Vec<MemoryView>> {
-        let s = self.cluster_summary(id).await?;
-        let store = self.recall_store();
-        let mut out = Vec::new();
-        for src in &s.sources {
-            if let Some(m) = store.get_memory(src).await? {
-                out.push(MemoryView::from(m));
-            }
-        }
-        Ok(out)
+        let s = self.summary_row(id).await?;
+        let members = self.recall_store().summary_members(&s).await?;
+        Ok(members.into_iter().map(MemoryView::from).collect())
     }
 }
 

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 
 use crate::types::{
     CachedAnswer, Calibration, Centroid, ClusterSummary, ClusterSummaryWrite, Compaction, Episode,
-    Error, FailureMarker, Hit, Memory, MemoryFilter, NewEpisode, NewMemory, Scope, SessionStats,
-    StoredMemory, SummaryRow, SummaryWrite,
+    Error, FailureMarker, Hit, MemberSet, Memory, MemoryFilter, NewEpisode, NewMemory, Scope,
+    SessionStats, StoredMemory, SummaryRow, SummaryWrite,
 };
 
 /// What the engine stores. Implementations must write each call atomically and enforce the
@@ -136,6 +136,27 @@ pub trait RecallStore: Send + Sync {
     async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error>;
     /// A cluster's members, oldest first.
     async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error>;
+    /// A cluster's members with `seq > after` (oldest first), its member count and membership
+    /// version; a cluster that does not exist is an empty set at version 0. Its cost follows
+    /// the members returned, not the cluster's size.
+    async fn members_after(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        after: u64,
+    ) -> Result<MemberSet, Error>;
+    /// A cluster's members by rank: importance (highest first), then oldest, then id; `limit`
+    /// of them from `offset`.
+    async fn top_members(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        offset: u32,
+        limit: u32,
+    ) -> Result<Vec<Memory>, Error>;
+    /// The ids of a cluster's members with `seq <= upto`, oldest first.
+    async fn member_ids(&self, tenant: &str, cluster: u64, upto: u64)
+    -> Result<Vec<String>, Error>;
     /// Delete a memory, updating its centroid.
     async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error>;
     /// Replace a cluster's vectors (a new embedding model).
@@ -154,7 +175,8 @@ pub trait RecallStore: Send + Sync {
     ) -> Result<Option<ClusterSummary>, Error>;
     /// A summary by id.
     async fn summary_by_id(&self, tenant: &str, id: u64) -> Result<Option<ClusterSummary>, Error>;
-    /// Write a cluster summary if the current one's member hash is `w.expect`.
+    /// Write a cluster summary if the current one's member hash is `w.expect` and the
+    /// cluster's membership version is `w.version` (`rules::summary_write_allowed`).
     async fn write_cluster_summary(
         &self,
         tenant: &str,

@@ -3,8 +3,8 @@
 pub use crate::bindings::abridge::engine::llm::{FinishReason, Prompt, Request, Response};
 pub use crate::bindings::abridge::engine::log::Level;
 pub use crate::bindings::abridge::engine::memory_store::{
-    Centroid, ClusterSummary, Embedding, Filter as MemoryFilter, Hit, HitKind, Memory, NewMemory,
-    Scope, StoredMemory, SummaryWrite as ClusterSummaryWrite,
+    Centroid, ClusterSummary, Embedding, Filter as MemoryFilter, Hit, HitKind, MemberSet, Memory,
+    NewMemory, Scope, StoredMemory, SummaryWrite as ClusterSummaryWrite,
 };
 pub use crate::bindings::abridge::engine::store::{
     CachedAnswer, CalibrationTotals as Calibration, Compaction, Episode, EpisodeRange,

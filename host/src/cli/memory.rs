@@ -357,9 +357,7 @@ async fn summarize(s: &Settings, local: &Scoped, clusters: Vec<u64>) {
                         s,
                         &format!(
                             "cluster {c}: summary {} {what} from {} memories ({} model calls)",
-                            sum.id,
-                            sum.sources.len(),
-                            o.calls
+                            sum.id, sum.covered, o.calls
                         ),
                     ),
                     None => note(s, &format!("cluster {c}: {what}")),

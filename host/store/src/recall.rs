@@ -15,8 +15,8 @@ use async_trait::async_trait;
 pub use abridge_engine::store::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 
 use crate::types::{
-    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, Memory, MemoryFilter, NewMemory,
-    Scope, StoredMemory,
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
+    NewMemory, Scope, StoredMemory,
 };
 
 /// Text as stored when not sealed (invalid UTF-8 is replaced, never refused).
@@ -86,14 +86,23 @@ fn mean(c: &ClusterState) -> Vec<f32> {
 }
 
 impl TenantTables {
-    fn members(&self, cluster: u64) -> Vec<Memory> {
-        let mut v: Vec<&MemRow> = self
-            .memories
-            .values()
-            .filter(|r| r.m.cluster == cluster)
+    /// A cluster's rows, oldest first.
+    fn rows_of(&self, cluster: u64) -> Vec<&MemRow> {
+        let ids = self.clusters.get(&cluster).map(|c| &c.members);
+        let mut v: Vec<&MemRow> = ids
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.memories.get(id))
             .collect();
         v.sort_by_key(|r| r.seq);
-        v.into_iter().map(|r| r.m.clone()).collect()
+        v
+    }
+
+    fn members(&self, cluster: u64) -> Vec<Memory> {
+        self.rows_of(cluster)
+            .into_iter()
+            .map(|r| r.m.clone())
+            .collect()
     }
 
     fn bump(&mut self, cluster: u64) {
@@ -176,6 +185,7 @@ impl RecallTables {
                     tokens: m.tokens,
                     created_ms: m.created_ms,
                     cluster,
+                    seq,
                 },
                 model: m.model,
                 vector: m.vector,
@@ -308,7 +318,8 @@ impl RecallTables {
                 text: s.text.clone(),
                 importance: s.importance,
                 cluster: *cluster,
-                sources: s.sources.clone(),
+                covered_seq: s.covered_seq,
+                covered: s.covered,
             });
         }
         let (mut out, sums) = ranking.into_hits();
@@ -333,6 +344,60 @@ impl RecallStore for super::MemoryStore {
 
     async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
         Ok(self.recall(|r| r.t(tenant).members(cluster)))
+    }
+
+    async fn members_after(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        after: u64,
+    ) -> Result<MemberSet, Error> {
+        Ok(self.recall(|r| {
+            let t = r.t(tenant);
+            let rows = t.rows_of(cluster);
+            MemberSet {
+                version: t.clusters.get(&cluster).map_or(0, |c| c.version),
+                count: rows.len() as u32,
+                members: rows
+                    .into_iter()
+                    .filter(|r| r.seq > after)
+                    .map(|r| r.m.clone())
+                    .collect(),
+            }
+        }))
+    }
+
+    async fn top_members(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        offset: u32,
+        limit: u32,
+    ) -> Result<Vec<Memory>, Error> {
+        Ok(self.recall(|r| {
+            let mut v = r.t(tenant).members(cluster);
+            rules::rank_members(&mut v);
+            v.into_iter()
+                .skip(offset as usize)
+                .take(limit as usize)
+                .collect()
+        }))
+    }
+
+    async fn member_ids(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        upto: u64,
+    ) -> Result<Vec<String>, Error> {
+        Ok(self.recall(|r| {
+            r.t(tenant)
+                .rows_of(cluster)
+                .into_iter()
+                .filter(|r| r.seq <= upto)
+                .map(|r| r.m.id.clone())
+                .collect()
+        }))
     }
 
     async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
@@ -400,7 +465,7 @@ impl RecallStore for super::MemoryStore {
                 return false;
             };
             let hash = current.map(|s| s.0.member_hash.as_str());
-            if !rules::summary_write_allowed(hash, &w, &c.members) {
+            if !rules::summary_write_allowed(hash, &w, Some(c.version)) {
                 return false;
             }
             let current = current.map(|s| (s.0.id, s.0.created_ms));

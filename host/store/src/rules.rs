@@ -4,8 +4,6 @@
 //! reset on its own. The conformance suite (`tests/conformance.rs`) proves that the in-memory
 //! store, SQLite and PostgreSQL keep them alike.
 
-use std::collections::BTreeSet;
-
 use crate::jobs::{Claim, Job, JobState};
 use crate::tables::{Liveness, TenantCap, in_scope};
 use crate::types::{
@@ -450,20 +448,32 @@ fn add_into(sum: &mut [f32], v: &[f32], sign: f32) {
     }
 }
 
+/// A `seq` bound as SQL compares it (a signed 64-bit column).
+pub fn seq_arg(seq: u64) -> i64 {
+    seq.min(i64::MAX as u64) as i64
+}
+
+/// The order of `top-members`: importance (highest first), then oldest, then id (the SQL
+/// stores' `ORDER BY importance DESC, created_ms, id`).
+pub fn rank_members(v: &mut [Memory]) {
+    v.sort_by(|a, b| {
+        b.importance
+            .total_cmp(&a.importance)
+            .then(a.created_ms.cmp(&b.created_ms))
+            .then(a.id.cmp(&b.id))
+    });
+}
+
 /// Whether a cluster summary write may land: the summary it replaces is the one it expects
-/// (`current_hash`, the stored summary's member hash), and its sources are exactly the
-/// cluster's members now. The guest read both in this run; a change since then means the
-/// write is for an old set, and it is refused like a lost race.
+/// (`current_hash`, the stored summary's member hash), and the cluster's membership version
+/// (`version`, `None` for a cluster that is gone) is the one the guest read the members at. A
+/// change since then means the write is for an old set, and it is refused like a lost race.
 pub fn summary_write_allowed(
     current_hash: Option<&str>,
     w: &ClusterSummaryWrite,
-    members: &BTreeSet<String>,
+    version: Option<u64>,
 ) -> bool {
-    if current_hash != w.expect.as_deref() {
-        return false;
-    }
-    let sources: BTreeSet<&String> = w.sources.iter().collect();
-    sources.len() == members.len() && members.iter().all(|m| sources.contains(m))
+    current_hash == w.expect.as_deref() && version == Some(w.version)
 }
 
 /// The summary row a write leaves: `current` is the row it replaces (its id and creation time
@@ -479,7 +489,8 @@ pub fn summary_written(
         cluster: w.cluster,
         text: w.text.clone(),
         member_hash: w.member_hash.clone(),
-        sources: w.sources.clone(),
+        covered_seq: w.covered_seq,
+        covered: w.covered,
         importance: w.importance,
         tokens: w.tokens,
         model: w.model.clone(),
@@ -578,7 +589,8 @@ impl Ranking {
                 similarity: s,
                 importance,
                 cluster,
-                sources: Vec::new(),
+                covered_seq: 0,
+                covered: 0,
             }
         });
     }
@@ -594,7 +606,8 @@ impl Ranking {
                 similarity: s,
                 importance: h.importance,
                 cluster: h.cluster,
-                sources: h.sources,
+                covered_seq: h.covered_seq,
+                covered: h.covered,
             }
         });
     }
@@ -615,8 +628,10 @@ pub struct SummaryHit {
     pub importance: f32,
     /// The cluster it summarizes.
     pub cluster: u64,
-    /// The ids of the memories it was made from.
-    pub sources: Vec<String>,
+    /// The newest member it covers.
+    pub covered_seq: u64,
+    /// How many members it covers.
+    pub covered: u32,
 }
 
 /// Cosine similarity (0 for mismatched or zero vectors): the guest's own, summed in f64.

@@ -47,6 +47,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/027-episode-running-bytes.sql"),
     include_str!("migrations/028-jobs-tenant.sql"),
     include_str!("migrations/029-sessions-tenant.sql"),
+    include_str!("migrations/030-summary-coverage.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -843,6 +844,10 @@ mod tests {
             "sessions_tenant_change",
             "DROP INDEX sessions_tenant_change; ALTER TABLE sessions DROP COLUMN tenant",
         ),
+        (
+            "memories_rank",
+            "DROP INDEX memories_rank; ALTER TABLE cluster_summaries ADD COLUMN sources TEXT NOT NULL DEFAULT '[]'; ALTER TABLE cluster_summaries DROP COLUMN covered_seq; ALTER TABLE cluster_summaries DROP COLUMN covered",
+        ),
     ];
 
     /// Take the database at `path` back to before the migration whose SQL holds `marker`: its
@@ -1020,6 +1025,76 @@ mod tests {
             )
         );
         assert_eq!(page("").await, (vec!["local-one".to_string()], 1));
+    }
+
+    /// Migration 30 gives each summary stored before it what it covers in two numbers, from
+    /// its list of ids: a summary that had not yet taken in a newer member still folds it in.
+    #[tokio::test]
+    async fn summaries_stored_before_migration_30_keep_what_they_cover() {
+        use crate::recall::RecallStore;
+        use crate::types::{ClusterSummaryWrite, NewMemory, Scope};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let s = SqliteStore::open(&path).unwrap();
+        let mut cluster = None;
+        for id in ["m1", "m2", "m3", "m4"] {
+            let m = NewMemory {
+                id: id.into(),
+                scope: Scope {
+                    user: "u".into(),
+                    project: "p".into(),
+                    environment: "e".into(),
+                    kind: "fact".into(),
+                    key: "k".into(),
+                },
+                text: format!("fact {id}"),
+                importance: 0.5,
+                tokens: 2,
+                created_ms: 1,
+                model: "emb".into(),
+                vector: vec![1.0, 0.0],
+                cluster,
+            };
+            cluster = Some(s.put_memory("acme", m).await.unwrap().cluster);
+        }
+        let cluster = cluster.unwrap();
+        let set = s.members_after("acme", cluster, 0).await.unwrap();
+        let seq3 = set.members[2].seq;
+        let w = ClusterSummaryWrite {
+            cluster,
+            expect: None,
+            member_hash: "h".into(),
+            covered_seq: 1,
+            covered: 1,
+            version: set.version,
+            text: "facts".into(),
+            tokens: 1,
+            importance: 0.5,
+            model: "m".into(),
+            vector_model: "emb".into(),
+            vector: vec![1.0, 0.0],
+            calls: 1,
+            prompt_tokens: 1,
+            output_tokens: 1,
+            now_ms: 1,
+        };
+        assert!(s.write_cluster_summary("acme", w).await.unwrap());
+        drop(s);
+        back_before(&path, "memories_rank");
+        // As an older version kept it: the ids of the first three.
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(r#"UPDATE cluster_summaries SET sources = '["m1","m2","m3"]'"#)
+            .unwrap();
+        let s = SqliteStore::open(&path).unwrap();
+        let sum = s.cluster_summary("acme", cluster).await.unwrap().unwrap();
+        assert_eq!((sum.covered_seq, sum.covered), (seq3, 3));
+        let newer = s
+            .members_after("acme", cluster, sum.covered_seq)
+            .await
+            .unwrap();
+        assert_eq!(newer.members.len(), 1);
+        assert_eq!((newer.members[0].id.as_str(), newer.count), ("m4", 4));
     }
 
     /// Migration 27 fills in the running byte totals of episodes stored before it, plain or

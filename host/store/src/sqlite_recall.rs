@@ -1,7 +1,5 @@
 //! [`RecallStore`] in the SQLite database (tables of migration 016).
 
-use std::collections::BTreeSet;
-
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, params_from_iter};
 
@@ -9,8 +7,8 @@ use super::SqliteStore;
 use super::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect, Ranking, SummaryHit};
 use crate::types::{
-    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, Memory, MemoryFilter, NewMemory,
-    Scope, StoredMemory,
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
+    NewMemory, Scope, StoredMemory,
 };
 
 fn db_err(e: rusqlite::Error) -> Error {
@@ -75,7 +73,7 @@ fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<Stri
     rules::filter_sql(Dialect::Sqlite, tenant, f, prefix)
 }
 
-const MEM_COLS: &str = "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed";
+const MEM_COLS: &str = "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed, seq";
 
 /// The scope in columns `at`.. `at + 4` (user, project, environment, kind, key) of a row.
 fn scope_from(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Scope> {
@@ -97,6 +95,7 @@ fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Memory, Stored)> {
         tokens: r.get(8)?,
         created_ms: r.get::<_, i64>(9)? as u64,
         cluster: r.get::<_, i64>(10)? as u64,
+        seq: r.get::<_, i64>(12)? as u64,
     };
     Ok((
         m,
@@ -107,41 +106,66 @@ fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Memory, Stored)> {
     ))
 }
 
-const SUM_COLS: &str = "id, cluster, text, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms, sealed";
+const SUM_COLS: &str = "id, cluster, text, member_hash, covered_seq, covered, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms, sealed";
 
 fn summary_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ClusterSummary, Stored)> {
     let stored = Stored {
         bytes: r.get(2)?,
-        sealed: r.get(13)?,
+        sealed: r.get(14)?,
     };
     let s = ClusterSummary {
         id: r.get::<_, i64>(0)? as u64,
         cluster: r.get::<_, i64>(1)? as u64,
         text: String::new(),
         member_hash: r.get(3)?,
-        sources: serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
-        importance: r.get::<_, f64>(5)? as f32,
-        tokens: r.get(6)?,
-        model: r.get(7)?,
-        calls: r.get(8)?,
-        prompt_tokens: r.get(9)?,
-        output_tokens: r.get(10)?,
-        created_ms: r.get::<_, i64>(11)? as u64,
-        updated_ms: r.get::<_, i64>(12)? as u64,
+        covered_seq: r.get::<_, i64>(4)? as u64,
+        covered: r.get(5)?,
+        importance: r.get::<_, f64>(6)? as f32,
+        tokens: r.get(7)?,
+        model: r.get(8)?,
+        calls: r.get(9)?,
+        prompt_tokens: r.get(10)?,
+        output_tokens: r.get(11)?,
+        created_ms: r.get::<_, i64>(12)? as u64,
+        updated_ms: r.get::<_, i64>(13)? as u64,
     };
     Ok((s, stored))
 }
 
-fn members_raw(c: &Connection, tenant: &str, cluster: u64) -> Result<Vec<(Memory, Stored)>, Error> {
+/// A cluster's members with `seq > after`, oldest first (the `memories_cluster` index).
+fn members_raw(
+    c: &Connection,
+    tenant: &str,
+    cluster: u64,
+    after: u64,
+) -> Result<Vec<(Memory, Stored)>, Error> {
     let mut st = c
         .prepare_cached(&format!(
-            "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND cluster = ?2 ORDER BY seq"
+            "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND cluster = ?2 AND seq > ?3 ORDER BY seq"
         ))
         .map_err(db_err)?;
-    st.query_map(params![tenant, cluster as i64], memory_from)
-        .map_err(db_err)?
-        .collect::<Result<_, _>>()
-        .map_err(db_err)
+    st.query_map(
+        params![tenant, cluster as i64, rules::seq_arg(after)],
+        memory_from,
+    )
+    .map_err(db_err)?
+    .collect::<Result<_, _>>()
+    .map_err(db_err)
+}
+
+/// A cluster's membership version (`None`: no such cluster) and member count.
+fn cluster_figures(
+    c: &Connection,
+    tenant: &str,
+    cluster: u64,
+) -> Result<Option<(u64, u32)>, Error> {
+    c.query_row(
+        "SELECT version, members FROM clusters WHERE tenant = ?1 AND id = ?2",
+        params![tenant, cluster as i64],
+        |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
+    )
+    .optional()
+    .map_err(db_err)
 }
 
 fn summary_raw(
@@ -329,8 +353,75 @@ impl RecallStore for SqliteStore {
 
     async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
         self.with(|c| {
-            let raw = members_raw(c, tenant, cluster)?;
+            let raw = members_raw(c, tenant, cluster, 0)?;
             self.memories_revealed(c, tenant, raw)
+        })
+    }
+
+    async fn members_after(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        after: u64,
+    ) -> Result<MemberSet, Error> {
+        self.with(|conn| {
+            // One snapshot: the figures and the rows agree.
+            let tx = conn.transaction().map_err(db_err)?;
+            let Some((version, count)) = cluster_figures(&tx, tenant, cluster)? else {
+                return Ok(MemberSet {
+                    version: 0,
+                    count: 0,
+                    members: Vec::new(),
+                });
+            };
+            let raw = members_raw(&tx, tenant, cluster, after)?;
+            let members = self.memories_revealed(&tx, tenant, raw)?;
+            tx.commit().map_err(db_err)?;
+            Ok(MemberSet {
+                version,
+                count,
+                members,
+            })
+        })
+    }
+
+    async fn top_members(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        offset: u32,
+        limit: u32,
+    ) -> Result<Vec<Memory>, Error> {
+        self.with(|c| {
+            // The `memories_rank` index: a page costs what it returns (plus the offset).
+            let raw = c
+                .prepare_cached(&format!(
+                    "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND cluster = ?2 ORDER BY importance DESC, created_ms, id LIMIT ?3 OFFSET ?4"
+                ))
+                .map_err(db_err)?
+                .query_map(params![tenant, cluster as i64, limit, offset], memory_from)
+                .map_err(db_err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db_err)?;
+            self.memories_revealed(c, tenant, raw)
+        })
+    }
+
+    async fn member_ids(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        upto: u64,
+    ) -> Result<Vec<String>, Error> {
+        self.with(|c| {
+            c.prepare_cached(
+                "SELECT id FROM memories WHERE tenant = ?1 AND cluster = ?2 AND seq <= ?3 ORDER BY seq",
+            )
+            .map_err(db_err)?
+            .query_map(params![tenant, cluster as i64, rules::seq_arg(upto)], |r| r.get(0))
+            .map_err(db_err)?
+            .collect::<Result<_, _>>()
+            .map_err(db_err)
         })
     }
 
@@ -346,7 +437,7 @@ impl RecallStore for SqliteStore {
                         "SELECT {MEM_COLS}, model, vector FROM memories WHERE tenant = ?1 AND id = ?2"
                     ),
                     params![tenant, id],
-                    |r| Ok((memory_from(r)?, r.get::<_, String>(12)?, r.get::<_, Vec<u8>>(13)?)),
+                    |r| Ok((memory_from(r)?, r.get::<_, String>(13)?, r.get::<_, Vec<u8>>(14)?)),
                 )
                 .optional()
                 .map_err(db_err)?;
@@ -482,25 +573,21 @@ impl RecallStore for SqliteStore {
             let vk = self.vector_keys(&tx, tenant)?;
             // The hash decides; the current text is not needed.
             let current = summary_raw(&tx, tenant, w.cluster)?.map(|r| r.0);
-            let members: BTreeSet<String> = members_raw(&tx, tenant, w.cluster)?
-                .into_iter()
-                .map(|m| m.0.id)
-                .collect();
+            let version = cluster_figures(&tx, tenant, w.cluster)?.map(|f| f.0);
             let hash = current.as_ref().map(|s| s.member_hash.as_str());
-            if !rules::summary_write_allowed(hash, &w, &members) {
+            if !rules::summary_write_allowed(hash, &w, version) {
                 return Ok(false);
             }
-            let sources = serde_json::to_string(&w.sources).map_err(|e| Error::Storage(e.to_string()))?;
             match current {
                 Some(s) => {
                     let (text, sealed) =
                         self.seal(&tx, tenant, "cluster_summaries", &s.id.to_string(), &w.text)?;
                     tx.execute(
-                        "UPDATE cluster_summaries SET text = ?3, sealed = ?15, member_hash = ?4, sources = ?5, importance = ?6, tokens = ?7, model = ?8, calls = ?9, prompt_tokens = ?10, output_tokens = ?11, vector_model = ?12, vector = ?13, updated_ms = ?14 WHERE tenant = ?1 AND id = ?2",
+                        "UPDATE cluster_summaries SET text = ?3, sealed = ?15, member_hash = ?4, covered_seq = ?5, covered = ?16, importance = ?6, tokens = ?7, model = ?8, calls = ?9, prompt_tokens = ?10, output_tokens = ?11, vector_model = ?12, vector = ?13, updated_ms = ?14 WHERE tenant = ?1 AND id = ?2",
                         params![
-                            tenant, s.id as i64, text, w.member_hash, sources,
+                            tenant, s.id as i64, text, w.member_hash, rules::seq_arg(w.covered_seq),
                             f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
-                            w.output_tokens, w.vector_model, vk.seal(SUMMARY_VECTOR, &s.id.to_string(), &w.vector)?, w.now_ms as i64, sealed
+                            w.output_tokens, w.vector_model, vk.seal(SUMMARY_VECTOR, &s.id.to_string(), &w.vector)?, w.now_ms as i64, sealed, w.covered
                         ],
                     )
                     .map_err(db_err)?;
@@ -516,11 +603,11 @@ impl RecallStore for SqliteStore {
                     let (text, sealed) =
                         self.seal(&tx, tenant, "cluster_summaries", &id.to_string(), &w.text)?;
                     tx.execute(
-                        "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?16, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)",
+                        "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, covered_seq, covered, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?16, ?5, ?6, ?17, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)",
                         params![
-                            tenant, id, w.cluster as i64, text, w.member_hash, sources,
+                            tenant, id, w.cluster as i64, text, w.member_hash, rules::seq_arg(w.covered_seq),
                             f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
-                            w.output_tokens, w.vector_model, vk.seal(SUMMARY_VECTOR, &id.to_string(), &w.vector)?, w.now_ms as i64, sealed
+                            w.output_tokens, w.vector_model, vk.seal(SUMMARY_VECTOR, &id.to_string(), &w.vector)?, w.now_ms as i64, sealed, w.covered
                         ],
                     )
                     .map_err(db_err)?;
@@ -602,7 +689,7 @@ impl RecallStore for SqliteStore {
             {
                 let mut st = c
                     .prepare(&format!(
-                        "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{}",
+                        "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.covered_seq, s.sealed, s.covered FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{}",
                         args.len()
                     ))
                     .map_err(db_err)?;
@@ -616,11 +703,11 @@ impl RecallStore for SqliteStore {
                         bytes: r.get(4).map_err(db_err)?,
                         sealed: r.get(6).map_err(db_err)?,
                     };
-                    let sources: Vec<String> =
-                        serde_json::from_str(&r.get::<_, String>(5).map_err(db_err)?).unwrap_or_default();
+                    let covered_seq = r.get::<_, i64>(5).map_err(db_err)? as u64;
+                    let covered: u32 = r.get(7).map_err(db_err)?;
                     ranking.summary(query, &v, || {
                         texts.insert(id, stored);
-                        SummaryHit { id, text: String::new(), importance, cluster, sources }
+                        SummaryHit { id, text: String::new(), importance, cluster, covered_seq, covered }
                     });
                 }
             }

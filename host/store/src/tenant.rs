@@ -461,6 +461,18 @@ impl TenantRecall {
         self.db.summary_by_id(self.t(), id).await
     }
 
+    /// The ids of the memories a summary covers, oldest first.
+    pub async fn summary_sources(&self, s: &ClusterSummary) -> Result<Vec<String>, Error> {
+        self.db.member_ids(self.t(), s.cluster, s.covered_seq).await
+    }
+
+    /// The memories a summary covers, oldest first.
+    pub async fn summary_members(&self, s: &ClusterSummary) -> Result<Vec<Memory>, Error> {
+        let mut v = self.db.cluster_members(self.t(), s.cluster).await?;
+        v.retain(|m| m.seq <= s.covered_seq);
+        Ok(v)
+    }
+
     /// Claim a cluster for `owner` until `until_ms` (see [`RecallStore::claim_cluster`]).
     pub async fn claim_cluster(
         &self,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use abridge_engine::types::{
     CachedAnswer, ClusterSummaryWrite, Error, FailureMarker, MemoryFilter, Mode, NewEpisode,
+    NewMemory,
 };
 use abridge_store::jobs::{Claim, Job, JobState};
 use abridge_store::sources::{SessionMode, Source, WatchedFile};
@@ -539,11 +540,40 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         s.centroids("globex", &scope("k")).await.unwrap().is_empty(),
         "{name}"
     );
-    let w = |expect: Option<String>, sources: Vec<&str>| ClusterSummaryWrite {
+    // A cluster's members after a seq, its count and version, read in one snapshot.
+    let set = s.members_after("acme", a.cluster, 0).await.unwrap();
+    let ids: Vec<&str> = set.members.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!((ids, set.count), (vec!["m1", "m2"], 2), "{name}");
+    let (seq1, seq2) = (set.members[0].seq, set.members[1].seq);
+    assert!(seq1 < seq2, "{name}: seq follows the write order");
+    let later = s.members_after("acme", a.cluster, seq1).await.unwrap();
+    assert_eq!(later.members.len(), 1, "{name}");
+    assert_eq!(
+        (later.members[0].id.as_str(), later.version),
+        ("m2", set.version)
+    );
+    let none = s.members_after("acme", a.cluster, u64::MAX).await.unwrap();
+    assert_eq!((none.members.len(), none.count), (0, 2), "{name}");
+    let foreign = s.members_after("globex", a.cluster, 0).await.unwrap();
+    assert_eq!((foreign.members.len(), foreign.count), (0, 0), "{name}");
+    assert_eq!(
+        s.member_ids("acme", a.cluster, seq1).await.unwrap(),
+        ["m1"],
+        "{name}"
+    );
+    assert!(
+        s.member_ids("globex", a.cluster, seq2)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let w = |expect: Option<String>, version: u64| ClusterSummaryWrite {
         cluster: a.cluster,
         expect,
         member_hash: "h1".into(),
-        sources: sources.into_iter().map(String::from).collect(),
+        covered_seq: seq2,
+        covered: 2,
+        version,
         text: "ports 8080 and 8081".into(),
         tokens: 5,
         importance: 0.5,
@@ -555,31 +585,42 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         output_tokens: 5,
         now_ms: 20,
     };
+    // Members read at an older version: the set changed since, nothing is written.
     assert!(
-        !s.write_cluster_summary("acme", w(None, vec!["m1"]))
+        !s.write_cluster_summary("acme", w(None, set.version - 1))
             .await
             .unwrap(),
         "{name}"
     );
     assert!(
-        s.write_cluster_summary("acme", w(None, vec!["m1", "m2"]))
+        !s.write_cluster_summary("globex", w(None, set.version))
+            .await
+            .unwrap(),
+        "{name}: another tenant's cluster"
+    );
+    assert!(
+        s.write_cluster_summary("acme", w(None, set.version))
             .await
             .unwrap()
     );
     assert!(
-        !s.write_cluster_summary("acme", w(None, vec!["m1", "m2"]))
+        !s.write_cluster_summary("acme", w(None, set.version))
             .await
             .unwrap()
     );
     let sum = s.cluster_summary("acme", a.cluster).await.unwrap().unwrap();
     assert_eq!(sum.text, "ports 8080 and 8081", "{name}");
+    assert_eq!((sum.covered_seq, sum.covered), (seq2, 2), "{name}");
     let hits = s
         .search("acme", &[1.0, 0.0, 0.0], "emb", &MemoryFilter::default(), 5)
         .await
         .unwrap();
     assert_eq!(hits[0].id, "m1", "{name}");
     assert_eq!(hits[0].text, "the port is 8080", "{name}");
-    assert!(hits.iter().any(|h| h.sources.len() == 2), "{name}");
+    assert!(
+        hits.iter().any(|h| (h.covered, h.covered_seq) == (2, seq2)),
+        "{name}"
+    );
     assert!(
         s.search(
             "globex",
@@ -820,6 +861,44 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         "{name}"
     );
     assert!(page.iter().all(|p| !p.contains('\u{1f}')), "{name}");
+
+    // A cluster's members by rank: importance, then oldest, then id; paged.
+    let mut cluster = None;
+    for (id, importance, created_ms) in [
+        ("r1", 0.2, 1),
+        ("r2", 0.9, 2),
+        ("r4", 0.5, 1),
+        ("r3", 0.9, 3),
+        ("r0", 0.9, 3),
+    ] {
+        let m = NewMemory {
+            importance,
+            created_ms,
+            ..memory(id, id, [1.0, 0.0, 0.0], cluster)
+        };
+        cluster = Some(s.put_memory("initech", m).await.unwrap().cluster);
+    }
+    let cluster = cluster.unwrap();
+    let page = |offset, limit| {
+        let s = s.clone();
+        async move {
+            let v = s
+                .top_members("initech", cluster, offset, limit)
+                .await
+                .unwrap();
+            v.into_iter().map(|m| m.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(page(0, 3).await, ["r2", "r0", "r3"], "{name}");
+    assert_eq!(page(3, 3).await, ["r4", "r1"], "{name}");
+    assert!(
+        s.top_members("globex", cluster, 0, 9)
+            .await
+            .unwrap()
+            .is_empty(),
+        "{name}: another tenant's cluster"
+    );
+    s.forget_tenant("initech").await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -194,9 +194,10 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
     );
 }
 
-/// PostgreSQL migrations 9 and 10 name the tenant of the jobs and sessions stored before them:
-/// a database taken back to version 8 is migrated again, and a worker's poll and a tenant's
-/// session list find what it held.
+/// PostgreSQL migrations 9 and 10 name the tenant of the jobs and sessions stored before them,
+/// and 11 gives a cluster summary what it covers in two numbers from its id list: a database
+/// taken back to version 8 is migrated again, and a worker's poll, a tenant's session list and
+/// the summary find what it held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
     use abridge_store::tenant::{Tenant, TenantTables};
@@ -219,15 +220,60 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
         s.append_episodes(key, vec![ep]).await.unwrap();
         s.job_enqueue(key, 1, "{}", 1_000).await.unwrap();
     }
+    use abridge_store::recall::RecallStore;
+    let mut cluster = None;
+    for id in ["m1", "m2", "m3"] {
+        let m = abridge_engine::types::NewMemory {
+            id: id.into(),
+            scope: abridge_engine::types::Scope {
+                user: "u".into(),
+                project: "p".into(),
+                environment: "e".into(),
+                kind: "fact".into(),
+                key: "k".into(),
+            },
+            text: format!("fact {id}"),
+            importance: 0.5,
+            tokens: 2,
+            created_ms: 1,
+            model: "emb".into(),
+            vector: vec![1.0, 0.0],
+            cluster,
+        };
+        cluster = Some(s.put_memory("acme", m).await.unwrap().cluster);
+    }
+    let cluster = cluster.unwrap();
+    let set = s.members_after("acme", cluster, 0).await.unwrap();
+    let w = abridge_engine::types::ClusterSummaryWrite {
+        cluster,
+        expect: None,
+        member_hash: "h".into(),
+        covered_seq: 1,
+        covered: 1,
+        version: set.version,
+        text: "facts".into(),
+        tokens: 1,
+        importance: 0.5,
+        model: "m".into(),
+        vector_model: "emb".into(),
+        vector: vec![1.0, 0.0],
+        calls: 1,
+        prompt_tokens: 1,
+        output_tokens: 1,
+        now_ms: 1,
+    };
+    assert!(s.write_cluster_summary("acme", w).await.unwrap());
     drop(s);
     let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .expect("connect");
     tokio::spawn(conn);
     c.batch_execute(
-        "DROP INDEX sessions_tenant_change; DROP INDEX sessions_tenant_id; ALTER TABLE sessions DROP COLUMN tenant;
+        r#"DROP INDEX memories_rank; ALTER TABLE cluster_summaries ADD COLUMN sources TEXT NOT NULL DEFAULT '["m1","m2"]';
+         ALTER TABLE cluster_summaries DROP COLUMN covered_seq; ALTER TABLE cluster_summaries DROP COLUMN covered;
+         DROP INDEX sessions_tenant_change; DROP INDEX sessions_tenant_id; ALTER TABLE sessions DROP COLUMN tenant;
          DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant;
-         UPDATE abridge_schema SET version = 8",
+         UPDATE abridge_schema SET version = 8"#,
     )
     .await
     .unwrap();
@@ -249,4 +295,13 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
     assert_eq!(acme.sessions_prefixed("b", 5).await.unwrap().1, 1);
     let local = TenantTables::new(s.clone(), Tenant::local());
     assert_eq!(local.sessions_page(0, 10).await.unwrap(), ["local-one"]);
+    // The summary covered the first two of the three: the third is still to fold in.
+    let sum = s.cluster_summary("acme", cluster).await.unwrap().unwrap();
+    assert_eq!((sum.covered_seq, sum.covered), (set.members[1].seq, 2));
+    let newer = s
+        .members_after("acme", cluster, sum.covered_seq)
+        .await
+        .unwrap();
+    assert_eq!(newer.members.len(), 1);
+    assert_eq!(newer.members[0].id, "m3");
 }

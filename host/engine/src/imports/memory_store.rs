@@ -8,8 +8,8 @@ use crate::bindings::abridge::engine::memory_store::Host;
 use crate::embedder::Embedder;
 use crate::store::RecallStore;
 use crate::types::{
-    Centroid, ClusterSummary, ClusterSummaryWrite, Embedding, Error, Hit, Memory, MemoryFilter,
-    NewMemory, Scope, StoredMemory,
+    Centroid, ClusterSummary, ClusterSummaryWrite, Embedding, Error, Hit, MemberSet, Memory,
+    MemoryFilter, NewMemory, Scope, StoredMemory,
 };
 
 /// What the memory import reaches: one tenant's rows and the embedder.
@@ -60,9 +60,26 @@ impl Host for HostState {
         b.store.put_memory(&b.tenant, m).await
     }
 
-    async fn members(&mut self, cluster: u64) -> Result<Vec<Memory>, Error> {
+    async fn members_after(&mut self, cluster: u64, after_seq: u64) -> Result<MemberSet, Error> {
         let b = self.recall()?;
-        b.store.cluster_members(&b.tenant, cluster).await
+        b.store.members_after(&b.tenant, cluster, after_seq).await
+    }
+
+    async fn top_members(
+        &mut self,
+        cluster: u64,
+        offset: u32,
+        limit: u32,
+    ) -> Result<Vec<Memory>, Error> {
+        let b = self.recall()?;
+        b.store
+            .top_members(&b.tenant, cluster, offset, limit.min(1_000))
+            .await
+    }
+
+    async fn member_ids(&mut self, cluster: u64, upto_seq: u64) -> Result<Vec<String>, Error> {
+        let b = self.recall()?;
+        b.store.member_ids(&b.tenant, cluster, upto_seq).await
     }
 
     async fn delete_memory(&mut self, id: String) -> Result<Option<Memory>, Error> {

@@ -41,6 +41,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("008-episode-running-bytes.sql"),
     include_str!("009-jobs-tenant.sql"),
     include_str!("010-sessions-tenant.sql"),
+    include_str!("011-summary-coverage.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table

@@ -7,7 +7,6 @@
 //! whenever the index cannot answer fully) scans the tenant's vectors exactly, the same
 //! ranking as SQLite's.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -20,8 +19,8 @@ use crate::keyring::{Revealed, Sealer, Stored, VectorKeys, now_ms, open_under};
 use crate::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect, Ranking, SummaryHit};
 use crate::types::{
-    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, Memory, MemoryFilter, NewMemory,
-    Scope, StoredMemory,
+    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
+    NewMemory, Scope, StoredMemory,
 };
 
 /// The vector columns, as named in a sealed vector's associated data.
@@ -224,7 +223,7 @@ fn params(args: &[String]) -> Vec<P<'_>> {
     args.iter().map(|a| a as P<'_>).collect()
 }
 
-const MEM_COLS: &str = "id, \"user\", project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed";
+const MEM_COLS: &str = "id, \"user\", project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed, seq";
 
 fn scope_from(r: &Row) -> Scope {
     scope_at(r, 1)
@@ -251,6 +250,7 @@ fn memory_from(r: &Row) -> (Memory, Stored) {
             tokens: g32(r, 8),
             created_ms: g64(r, 9),
             cluster: g64(r, 10),
+            seq: g64(r, 12),
         },
         Stored {
             bytes: r.get(6),
@@ -259,7 +259,7 @@ fn memory_from(r: &Row) -> (Memory, Stored) {
     )
 }
 
-const SUM_COLS: &str = "id, cluster, text, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms, sealed";
+const SUM_COLS: &str = "id, cluster, text, member_hash, covered_seq, covered, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms, sealed";
 
 fn summary_from(r: &Row) -> (ClusterSummary, Stored) {
     (
@@ -268,35 +268,38 @@ fn summary_from(r: &Row) -> (ClusterSummary, Stored) {
             cluster: g64(r, 1),
             text: String::new(),
             member_hash: r.get(3),
-            sources: serde_json::from_str(&r.get::<_, String>(4)).unwrap_or_default(),
-            importance: r.get::<_, f64>(5) as f32,
-            tokens: g32(r, 6),
-            model: r.get(7),
-            calls: g32(r, 8),
-            prompt_tokens: g32(r, 9),
-            output_tokens: g32(r, 10),
-            created_ms: g64(r, 11),
-            updated_ms: g64(r, 12),
+            covered_seq: g64(r, 4),
+            covered: g32(r, 5),
+            importance: r.get::<_, f64>(6) as f32,
+            tokens: g32(r, 7),
+            model: r.get(8),
+            calls: g32(r, 9),
+            prompt_tokens: g32(r, 10),
+            output_tokens: g32(r, 11),
+            created_ms: g64(r, 12),
+            updated_ms: g64(r, 13),
         },
         Stored {
             bytes: r.get(2),
-            sealed: g32(r, 13),
+            sealed: g32(r, 14),
         },
     )
 }
 
 impl PgStore {
+    /// A cluster's members with `seq > after`, oldest first (the `memories_cluster` index).
     async fn members_raw<C: GenericClient + Sync>(
         &self,
         c: &C,
         tenant: &str,
         cluster: u64,
+        after: u64,
     ) -> Result<Vec<(Memory, Stored)>, Error> {
         Ok(c.query(
             &format!(
-                "SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND cluster = $2 ORDER BY seq"
+                "SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND cluster = $2 AND seq > $3 ORDER BY seq"
             ),
-            &[&tenant, &(cluster as i64)],
+            &[&tenant, &(cluster as i64), &rules::seq_arg(after)],
         )
         .await
         .map_err(|e| self.err(e))?
@@ -341,6 +344,22 @@ impl PgStore {
             .await
             .map_err(|e| self.err(e))?;
         Ok(())
+    }
+
+    /// A cluster's membership version (`None`: no such cluster) and member count.
+    async fn cluster_figures<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+        cluster: u64,
+    ) -> Result<Option<(u64, u32)>, Error> {
+        Ok(c.query_opt(
+            "SELECT version, members FROM clusters WHERE tenant = $1 AND id = $2",
+            &[&tenant, &(cluster as i64)],
+        )
+        .await
+        .map_err(|e| self.err(e))?
+        .map(|r| (g64(&r, 0), g32(&r, 1))))
     }
 
     async fn members_count<C: GenericClient + Sync>(
@@ -512,8 +531,82 @@ impl RecallStore for PgStore {
 
     async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
         let c = self.client().await?;
-        let raw = self.members_raw(&c, tenant, cluster).await?;
+        let raw = self.members_raw(&c, tenant, cluster, 0).await?;
         self.memories_revealed(&c, tenant, raw).await
+    }
+
+    async fn members_after(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        after: u64,
+    ) -> Result<MemberSet, Error> {
+        let mut c = self.client().await?;
+        // One snapshot: the figures and the rows agree.
+        let tx = c
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(|e| self.err(e))?;
+        let Some((version, count)) = self.cluster_figures(&tx, tenant, cluster).await? else {
+            return Ok(MemberSet {
+                version: 0,
+                count: 0,
+                members: Vec::new(),
+            });
+        };
+        let raw = self.members_raw(&tx, tenant, cluster, after).await?;
+        let members = self.memories_revealed(&tx, tenant, raw).await?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(MemberSet {
+            version,
+            count,
+            members,
+        })
+    }
+
+    async fn top_members(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        offset: u32,
+        limit: u32,
+    ) -> Result<Vec<Memory>, Error> {
+        let c = self.client().await?;
+        // The `memories_rank` index: a page costs what it returns (plus the offset).
+        let raw: Vec<(Memory, Stored)> = c
+            .query(
+                &format!(
+                    "SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND cluster = $2 ORDER BY importance DESC, created_ms, id LIMIT $3 OFFSET $4"
+                ),
+                &[&tenant, &(cluster as i64), &i64::from(limit), &i64::from(offset)],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .iter()
+            .map(memory_from)
+            .collect();
+        self.memories_revealed(&c, tenant, raw).await
+    }
+
+    async fn member_ids(
+        &self,
+        tenant: &str,
+        cluster: u64,
+        upto: u64,
+    ) -> Result<Vec<String>, Error> {
+        let c = self.client().await?;
+        Ok(c.query(
+            "SELECT id FROM memories WHERE tenant = $1 AND cluster = $2 AND seq <= $3 ORDER BY seq",
+            &[&tenant, &(cluster as i64), &rules::seq_arg(upto)],
+        )
+        .await
+        .map_err(|e| self.err(e))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
     }
 
     async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
@@ -533,7 +626,7 @@ impl RecallStore for PgStore {
             return Ok(None);
         };
         let (raw_m, raw_s) = memory_from(&row);
-        let (model, vector): (String, Vec<u8>) = (row.get(12), row.get(13));
+        let (model, vector): (String, Vec<u8>) = (row.get(13), row.get(14));
         // The text is given back; a row that no longer opens is deleted all the same.
         let m = match self
             .memories_revealed(&tx, tenant, vec![(raw_m.clone(), raw_s)])
@@ -663,18 +756,15 @@ impl RecallStore for PgStore {
         // Under the tenant's lock no member can come or go between the check and the write.
         self.lock_tenant(&tx, tenant).await?;
         let current = self.summary_raw(&tx, tenant, w.cluster).await?.map(|r| r.0);
-        let members: BTreeSet<String> = self
-            .members_raw(&tx, tenant, w.cluster)
+        let version = self
+            .cluster_figures(&tx, tenant, w.cluster)
             .await?
-            .into_iter()
-            .map(|m| m.0.id)
-            .collect();
+            .map(|f| f.0);
         let hash = current.as_ref().map(|s| s.member_hash.as_str());
-        if !rules::summary_write_allowed(hash, &w, &members) {
+        if !rules::summary_write_allowed(hash, &w, version) {
             return Ok(false);
         }
-        let sources =
-            serde_json::to_string(&w.sources).map_err(|e| Error::Storage(e.to_string()))?;
+        let (covered_seq, covered) = (rules::seq_arg(w.covered_seq), i64::from(w.covered));
         let common = (
             f64::from(w.importance),
             i64::from(w.tokens),
@@ -690,13 +780,13 @@ impl RecallStore for PgStore {
                     .seal(&tx, tenant, "cluster_summaries", &s.id.to_string(), &w.text)
                     .await?;
                 tx.execute(
-                    "UPDATE cluster_summaries SET text = $3, sealed = $15, member_hash = $4, sources = $5, importance = $6, tokens = $7, model = $8, calls = $9, prompt_tokens = $10, output_tokens = $11, vector_model = $12, vector = $13, updated_ms = $14 WHERE tenant = $1 AND id = $2",
+                    "UPDATE cluster_summaries SET text = $3, sealed = $15, member_hash = $4, covered_seq = $5, covered = $16, importance = $6, tokens = $7, model = $8, calls = $9, prompt_tokens = $10, output_tokens = $11, vector_model = $12, vector = $13, updated_ms = $14 WHERE tenant = $1 AND id = $2",
                     &[
-                        &tenant, &(s.id as i64), &text, &w.member_hash, &sources,
+                        &tenant, &(s.id as i64), &text, &w.member_hash, &covered_seq,
                         &common.0, &common.1, &w.model, &common.2, &common.3,
                         &common.4, &w.vector_model,
                         &vk.seal(SUMMARY_VECTOR, &s.id.to_string(), &w.vector)?, &common.5,
-                        &i64::from(sealed),
+                        &i64::from(sealed), &covered,
                     ],
                 )
                 .await
@@ -715,13 +805,13 @@ impl RecallStore for PgStore {
                     .seal(&tx, tenant, "cluster_summaries", &id.to_string(), &w.text)
                     .await?;
                 tx.execute(
-                    "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, sources, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES ($1, $2, $3, $4, $16, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15)",
+                    "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, covered_seq, covered, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES ($1, $2, $3, $4, $16, $5, $6, $17, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15)",
                     &[
-                        &tenant, &id, &(w.cluster as i64), &text, &w.member_hash, &sources,
+                        &tenant, &id, &(w.cluster as i64), &text, &w.member_hash, &covered_seq,
                         &common.0, &common.1, &w.model, &common.2, &common.3,
                         &common.4, &w.vector_model,
                         &vk.seal(SUMMARY_VECTOR, &id.to_string(), &w.vector)?, &common.5,
-                        &i64::from(sealed),
+                        &i64::from(sealed), &covered,
                     ],
                 )
                 .await
@@ -804,7 +894,7 @@ impl RecallStore for PgStore {
         let rows = c
             .query(
                 &format!(
-                    "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.sources, s.sealed FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = $1{fsql} AND s.vector_model = ${}",
+                    "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.covered_seq, s.sealed, s.covered FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = $1{fsql} AND s.vector_model = ${}",
                     args.len()
                 ),
                 &params(&args),
@@ -827,7 +917,8 @@ impl RecallStore for PgStore {
                     text: String::new(),
                     importance: r.get::<_, f64>(2) as f32,
                     cluster: g64(r, 3),
-                    sources: serde_json::from_str(&r.get::<_, String>(5)).unwrap_or_default(),
+                    covered_seq: g64(r, 5),
+                    covered: g32(r, 7),
                 }
             });
         }
