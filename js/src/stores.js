@@ -233,7 +233,7 @@ function loadMigrations() {
 }
 
 /** Tables of the abridge schema (the same list as the Rust store's). */
-const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events', 'clusters', 'memories', 'cluster_summaries', 'data_keys', 'usage', 'usage_days', 'memory_marks', 'session_focus', 'session_pins', 'session_labels'];
+const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events', 'clusters', 'memories', 'cluster_summaries', 'data_keys', 'usage', 'usage_days', 'memory_marks', 'session_focus', 'session_pins', 'session_labels', 'session_grams'];
 
 const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped, level, compacted_into AS compactedInto, ledger, ledger_dropped AS ledgerDropped, sealed';
 
@@ -334,6 +334,7 @@ export class SqliteStore {
         'DELETE FROM session_modes WHERE session = ?',
         'DELETE FROM session_focus WHERE session = ?',
         'DELETE FROM session_labels WHERE session = ?',
+        'DELETE FROM session_grams WHERE session = ?',
         'DELETE FROM session_pins WHERE session = ?',
         'DELETE FROM events WHERE session_key = ?',
         "DELETE FROM jobs WHERE session = ? AND state != 'running'",

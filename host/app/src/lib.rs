@@ -622,8 +622,9 @@ impl Scoped {
 
     /// Sessions, most recently changed first, `limit` from `offset`; and the total. With
     /// `search`, only sessions whose id, title or project folder contains it (ignoring case).
-    /// Only this tenant's part of the store is read: a page from its index, a search through
-    /// its sessions and their (opened) names in one read.
+    /// Only this tenant's part of the store is read: a page from its index; a search from its
+    /// trigram index (the sessions holding the query's rarest trigrams), each candidate checked
+    /// against its id and opened names.
     pub async fn sessions(
         &self,
         offset: usize,
@@ -639,9 +640,10 @@ impl Scoped {
             }
             Some(q) => {
                 let q = q.to_lowercase();
+                // The candidates come from the store's trigram index; each is checked here.
                 let hits: Vec<String> = self
                     .tables
-                    .sessions_labelled()
+                    .sessions_labelled(&q)
                     .await?
                     .into_iter()
                     .filter(|(s, json)| {

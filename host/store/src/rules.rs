@@ -251,6 +251,10 @@ pub const RESET_CASCADE: &[ResetStep] = &[
         column: "session",
     },
     ResetStep::Rows {
+        table: "session_grams",
+        column: "session",
+    },
+    ResetStep::Rows {
         table: "session_pins",
         column: "session",
     },
@@ -448,6 +452,72 @@ fn add_into(sum: &mut [f32], v: &[f32], sign: f32) {
     }
 }
 
+/// The character trigrams of `text` lowercased: a session search for `q` looks only at
+/// sessions holding every trigram of `q` (a text that contains `q` holds them all).
+pub fn trigrams(text: &str) -> std::collections::BTreeSet<String> {
+    let chars: Vec<char> = text.to_lowercase().chars().collect();
+    chars.windows(3).map(|w| w.iter().collect()).collect()
+}
+
+/// What a session search matches a session on: its id as its tenant sees it, and every string
+/// in its label (JSON `{"title", "project"}`; a label that is not JSON counts as one string).
+pub fn searchable(key: &str, label: Option<&str>) -> Vec<String> {
+    fn strings(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|x| strings(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = vec![key.split_once('\u{1f}').map_or(key, |(_, s)| s).to_string()];
+    if let Some(l) = label {
+        match serde_json::from_str::<serde_json::Value>(l) {
+            Ok(v) => strings(&v, &mut out),
+            Err(_) => out.push(l.to_string()),
+        }
+    }
+    out
+}
+
+/// A session's trigrams as its tenant's search index keeps them: keyed hashes, so the index
+/// says nothing of sealed names without the tenant's key (`key`: derived from the tenant's
+/// data key when there is a master key, else a fixed one — names are stored plain then).
+pub fn gram_hashes<'a>(
+    key: &[u8],
+    texts: impl IntoIterator<Item = &'a str>,
+) -> std::collections::BTreeSet<i64> {
+    texts
+        .into_iter()
+        .flat_map(trigrams)
+        .map(|g| gram_hash(key, &g))
+        .collect()
+}
+
+/// One trigram's keyed hash: the first 8 bytes of HMAC-SHA-256.
+pub fn gram_hash(key: &[u8], gram: &str) -> i64 {
+    use hmac::Mac;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");
+    m.update(gram.as_bytes());
+    let d = m.finalize().into_bytes();
+    i64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+/// The key of a tenant's session search index: from its lexical key (derived from its first
+/// data key, see `RecallStore::lexical_key`), or a fixed one without a master key.
+pub fn grams_key(lexical: Option<&[u8]>) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::new()
+        .chain_update(b"abridge session search grams v1\0")
+        .chain_update(lexical.unwrap_or_default())
+        .finalize()
+        .to_vec()
+}
+
+/// How many of a query's trigram hashes a search looks up (the rarest first): enough to make
+/// the candidates few; every candidate is checked against the whole query anyway.
+pub const QUERY_GRAMS: usize = 6;
+
 /// A `seq` bound as SQL compares it (a signed 64-bit column).
 pub fn seq_arg(seq: u64) -> i64 {
     seq.min(i64::MAX as u64) as i64
@@ -640,6 +710,34 @@ pub use abridge_guest::embed::cosine;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_that_holds_a_query_holds_every_trigram_of_it() {
+        let key = grams_key(Some(b"tenant key"));
+        let texts = searchable(
+            "acme\u{1f}Deploy-Notes",
+            Some(r#"{"title":"Überblick: \"Q3\" plan","project":"web"}"#),
+        );
+        assert_eq!(texts, ["Deploy-Notes", "web", "Überblick: \"Q3\" plan"]);
+        let held = gram_hashes(&key, texts.iter().map(String::as_str));
+        for q in ["deploy", "LOY-n", "überb", "\"q3\"", "web"] {
+            assert!(
+                gram_hashes(&key, [q]).is_subset(&held),
+                "{q} is in the texts, so are its trigrams"
+            );
+        }
+        assert!(!gram_hashes(&key, ["xyz"]).is_subset(&held));
+        assert!(
+            gram_hashes(&key, ["ab"]).is_empty(),
+            "under three characters: no trigram"
+        );
+        // Another tenant's key gives other hashes: the index says nothing across tenants.
+        let other = grams_key(Some(b"another key"));
+        assert!(gram_hashes(&other, ["deploy"]).is_disjoint(&held));
+        assert_ne!(grams_key(None), key);
+        // A label that is not JSON is searched as it stands.
+        assert_eq!(searchable("s", Some("plain")), ["s", "plain"]);
+    }
 
     #[test]
     fn job_ids_order_by_time_and_hide_counts() {

@@ -48,6 +48,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/028-jobs-tenant.sql"),
     include_str!("migrations/029-sessions-tenant.sql"),
     include_str!("migrations/030-summary-coverage.sql"),
+    include_str!("migrations/031-session-grams.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -91,6 +92,7 @@ const OWN_TABLES: &[&str] = &[
     "session_focus",
     "session_pins",
     "session_labels",
+    "session_grams",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.
@@ -848,6 +850,10 @@ mod tests {
             "memories_rank",
             "DROP INDEX memories_rank; ALTER TABLE cluster_summaries ADD COLUMN sources TEXT NOT NULL DEFAULT '[]'; ALTER TABLE cluster_summaries DROP COLUMN covered_seq; ALTER TABLE cluster_summaries DROP COLUMN covered",
         ),
+        (
+            "sessions_ungrammed",
+            "DROP INDEX sessions_ungrammed; ALTER TABLE sessions DROP COLUMN grams; DROP TABLE session_grams",
+        ),
     ];
 
     /// Take the database at `path` back to before the migration whose SQL holds `marker`: its
@@ -1025,6 +1031,71 @@ mod tests {
             )
         );
         assert_eq!(page("").await, (vec!["local-one".to_string()], 1));
+    }
+
+    /// Migration 31: sessions stored before it (and their names) enter the search index at
+    /// the first search.
+    #[tokio::test]
+    async fn sessions_stored_before_migration_31_are_found_by_search() {
+        use crate::tables::SourceStore;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let s = SqliteStore::open(&path).unwrap();
+        for session in [
+            "acme\u{1f}weekly-review",
+            "acme\u{1f}other",
+            "beta\u{1f}weekly-plan",
+        ] {
+            s.append_episodes(
+                session,
+                vec![NewEpisode {
+                    role: Role::User,
+                    content: "hi".into(),
+                    timestamp_ms: None,
+                    source_key: "k".into(),
+                    tokens: 1,
+                    speaker: None,
+                }],
+            )
+            .await
+            .unwrap();
+        }
+        s.set_session_label("acme\u{1f}other", Some(r#"{"title":"Weekly sync"}"#))
+            .await
+            .unwrap();
+        drop(s);
+        back_before(&path, "sessions_ungrammed");
+        let s = SqliteStore::open(&path).unwrap();
+        let mut found: Vec<String> = s
+            .sessions_labelled("acme", "weekly")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|x| x.0)
+            .collect();
+        found.sort();
+        assert_eq!(found, ["acme\u{1f}other", "acme\u{1f}weekly-review"]);
+        // More than one batch of sessions to add: all of them are found.
+        for i in 0..1_100 {
+            s.append_episodes(
+                &format!("acme\u{1f}bulk-{i}"),
+                vec![NewEpisode {
+                    role: Role::User,
+                    content: "hi".into(),
+                    timestamp_ms: None,
+                    source_key: "k".into(),
+                    tokens: 1,
+                    speaker: None,
+                }],
+            )
+            .await
+            .unwrap();
+        }
+        for q in ["bulk-0", "bulk-1099"] {
+            let found = s.sessions_labelled("acme", q).await.unwrap();
+            assert_eq!(found.len(), 1, "{q}");
+            assert_eq!(found[0].0, format!("acme\u{1f}{q}"));
+        }
     }
 
     /// Migration 30 gives each summary stored before it what it covers in two numbers, from

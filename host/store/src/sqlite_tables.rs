@@ -11,9 +11,14 @@ use super::tables::{
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
 use crate::keyring::{Stored, place};
+use crate::rules;
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
 use crate::sqlite_keys::stored;
+use crate::tenant::Tenant;
 use crate::types::{Error, Mode};
+
+/// Sessions added to the search index per write.
+const INDEX_BATCH: u32 = 500;
 
 fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
@@ -658,16 +663,52 @@ impl SourceStore for SqliteStore {
     async fn sessions_labelled(
         &self,
         tenant: &str,
+        q: &str,
     ) -> Result<Vec<(String, Option<String>)>, Error> {
         let t = crate::tables::SessionText::LABEL;
+        let name = if tenant.is_empty() {
+            Tenant::LOCAL
+        } else {
+            tenant
+        };
+        let lexical = crate::RecallStore::lexical_key(self, name).await?;
+        let key = rules::grams_key(lexical.as_deref());
+        let query: Vec<i64> = rules::gram_hashes(&key, [q]).into_iter().collect();
         self.with(|c| {
-            let mut st = c
-                .prepare_cached(
-                    "SELECT s.id, l.label, l.sealed FROM sessions s INDEXED BY sessions_tenant_change LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = ?1 ORDER BY s.changed_seq DESC, s.id",
-                )
-                .map_err(db_err)?;
+            self.index_sessions(c, tenant, &key)?;
+            let mut args: Vec<rusqlite::types::Value> = vec![tenant.to_string().into()];
+            let sql = if query.is_empty() {
+                "SELECT s.id, l.label, l.sealed FROM sessions s INDEXED BY sessions_tenant_change LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = ?1 ORDER BY s.changed_seq DESC, s.id".to_string()
+            } else {
+                // The rarest trigrams first (counted only as far as telling them apart needs):
+                // the first gives the candidates, the others must be held by each.
+                let mut counted = Vec::with_capacity(query.len());
+                for &g in &query {
+                    let n: i64 = c
+                        .prepare_cached("SELECT COUNT(*) FROM (SELECT 1 FROM session_grams WHERE tenant = ?1 AND gram = ?2 LIMIT 1024)")
+                        .map_err(db_err)?
+                        .query_row(params![tenant, g], |r| r.get(0))
+                        .map_err(db_err)?;
+                    if n == 0 {
+                        return Ok(Vec::new());
+                    }
+                    counted.push((n, g));
+                }
+                counted.sort_unstable();
+                counted.truncate(rules::QUERY_GRAMS);
+                let mut sql = String::from("SELECT s.id, l.label, l.sealed FROM session_grams g0 JOIN sessions s ON s.id = g0.session LEFT JOIN session_labels l ON l.session = s.id WHERE g0.tenant = ?1 AND g0.gram = ?2");
+                for (k, (_, g)) in counted.iter().enumerate() {
+                    args.push((*g).into());
+                    if k > 0 {
+                        sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM session_grams g WHERE g.tenant = ?1 AND g.gram = ?{} AND g.session = g0.session)", k + 2));
+                    }
+                }
+                sql.push_str(" ORDER BY s.changed_seq DESC, s.id");
+                sql
+            };
+            let mut st = c.prepare_cached(&sql).map_err(db_err)?;
             let rows = st
-                .query_map([tenant], |r| {
+                .query_map(rusqlite::params_from_iter(args), |r| {
                     let label = match r.get_ref(1)? {
                         rusqlite::types::ValueRef::Null => None,
                         _ => Some(stored(r, 1, r.get(2)?)?),
@@ -972,6 +1013,68 @@ impl SqliteStore {
         })
     }
 
+    /// Add the tenant's sessions not yet in the search index (new, or renamed since), with
+    /// the trigrams of their ids and opened names, [`INDEX_BATCH`] to a write (writers wait
+    /// for one batch, never for a whole backlog). The steady state costs one lookup in a
+    /// partial index of the pending ones.
+    fn index_sessions(
+        &self,
+        c: &mut rusqlite::Connection,
+        tenant: &str,
+        key: &[u8],
+    ) -> Result<(), Error> {
+        let pending = |c: &rusqlite::Connection| -> Result<Vec<(String, Option<Stored>)>, Error> {
+            c.prepare_cached("SELECT s.id, l.label, l.sealed FROM sessions s INDEXED BY sessions_ungrammed LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = ?1 AND s.grams = 0 LIMIT ?2")
+                .map_err(db_err)?
+                .query_map(params![tenant, INDEX_BATCH], |r| {
+                    let label = match r.get_ref(1)? {
+                        rusqlite::types::ValueRef::Null => None,
+                        _ => Some(stored(r, 1, r.get(2)?)?),
+                    };
+                    Ok((r.get::<_, String>(0)?, label))
+                })
+                .map_err(db_err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db_err)
+        };
+        while !pending(c)?.is_empty() {
+            let tx = c
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            // Read again under the write lock: a rename meanwhile is indexed as it now stands.
+            self.index_batch(&tx, tenant, key, pending(&tx)?)?;
+            tx.commit().map_err(db_err)?;
+        }
+        Ok(())
+    }
+
+    fn index_batch(
+        &self,
+        tx: &rusqlite::Connection,
+        tenant: &str,
+        key: &[u8],
+        batch: Vec<(String, Option<Stored>)>,
+    ) -> Result<(), Error> {
+        let t = crate::tables::SessionText::LABEL;
+        for (id, label) in batch {
+            let label = label
+                .map(|f| self.reveal(tx, &place::tenant_of(&id), t.place, &id, f))
+                .transpose()?;
+            let texts = rules::searchable(&id, label.as_deref());
+            for g in rules::gram_hashes(key, texts.iter().map(String::as_str)) {
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO session_grams (tenant, gram, session) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(db_err)?
+                .execute(params![tenant, g, id])
+                .map_err(db_err)?;
+            }
+            tx.execute("UPDATE sessions SET grams = 1 WHERE id = ?1", [&id])
+                .map_err(db_err)?;
+        }
+        Ok(())
+    }
+
     fn set_session_text(
         &self,
         t: crate::tables::SessionText,
@@ -979,25 +1082,45 @@ impl SqliteStore {
         text: Option<&str>,
     ) -> Result<(), Error> {
         self.with(|c| {
-            match text {
-                None => c.execute(
-                    &format!("DELETE FROM {} WHERE session = ?1", t.table),
-                    [session],
-                ),
-                Some(v) => {
-                    let (v, sealed) =
-                        self.seal_value(c, &place::tenant_of(session), t.place, session, v)?;
-                    c.execute(
-                        &format!(
-                            "INSERT OR REPLACE INTO {} (session, {}, sealed) VALUES (?1, ?2, ?3)",
-                            t.table, t.column
-                        ),
-                        params![session, v, sealed],
-                    )
-                }
+            if t.table == crate::tables::SessionText::LABEL.table {
+                // Renamed: out of the search index until the next search adds it again.
+                let tx = c.transaction().map_err(db_err)?;
+                tx.execute("DELETE FROM session_grams WHERE session = ?1", [session])
+                    .map_err(db_err)?;
+                tx.execute("UPDATE sessions SET grams = 0 WHERE id = ?1", [session])
+                    .map_err(db_err)?;
+                self.write_session_text(&tx, t, session, text)?;
+                return tx.commit().map_err(db_err);
             }
-            .map(drop)
-            .map_err(db_err)
+            self.write_session_text(c, t, session, text)
         })
+    }
+
+    fn write_session_text(
+        &self,
+        c: &rusqlite::Connection,
+        t: crate::tables::SessionText,
+        session: &str,
+        text: Option<&str>,
+    ) -> Result<(), Error> {
+        match text {
+            None => c.execute(
+                &format!("DELETE FROM {} WHERE session = ?1", t.table),
+                [session],
+            ),
+            Some(v) => {
+                let (v, sealed) =
+                    self.seal_value(c, &place::tenant_of(session), t.place, session, v)?;
+                c.execute(
+                    &format!(
+                        "INSERT OR REPLACE INTO {} (session, {}, sealed) VALUES (?1, ?2, ?3)",
+                        t.table, t.column
+                    ),
+                    params![session, v, sealed],
+                )
+            }
+        }
+        .map(drop)
+        .map_err(db_err)
     }
 }

@@ -186,10 +186,17 @@ pub trait SourceStore: Send + Sync {
         prefix: &str,
         limit: u32,
     ) -> Result<(Vec<String>, u64), Error>;
-    /// One tenant's sessions with their display names as stored (opened), most recently
-    /// changed first, in one read: what a search by title or project looks through.
-    async fn sessions_labelled(&self, tenant: &str)
-    -> Result<Vec<(String, Option<String>)>, Error>;
+    /// One tenant's sessions that may match a search for `q`, with their display names as
+    /// stored (opened), most recently changed first: every session whose id (as its tenant
+    /// sees it) or a name contains `q`, ignoring case, and perhaps others (the caller checks
+    /// each). The SQL stores read a trigram index (`rules::gram_hashes`) and only the sessions
+    /// holding every looked-up trigram of `q`; a `q` of fewer than three characters has none,
+    /// and then every session of the tenant is returned.
+    async fn sessions_labelled(
+        &self,
+        tenant: &str,
+        q: &str,
+    ) -> Result<Vec<(String, Option<String>)>, Error>;
     /// A session's pinned episodes, ascending.
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error>;
     /// Pin (`true`) or unpin (`false`) one episode; returns whether anything changed.

@@ -330,12 +330,13 @@ impl TenantTables {
         Ok((self.ids(keys), total))
     }
 
-    /// This tenant's sessions with their display names (JSON, if set), most recently changed
-    /// first.
-    pub async fn sessions_labelled(&self) -> Result<Vec<(String, Option<String>)>, Error> {
+    /// This tenant's sessions that may match a search for `q`, with their display names
+    /// (JSON, if set), most recently changed first (see [`SourceStore::sessions_labelled`]:
+    /// every match, perhaps more).
+    pub async fn sessions_labelled(&self, q: &str) -> Result<Vec<(String, Option<String>)>, Error> {
         let rows = self
             .db
-            .sessions_labelled(tenant_column(&self.k("")))
+            .sessions_labelled(tenant_column(&self.k("")), q)
             .await?;
         Ok(rows
             .into_iter()

@@ -832,7 +832,7 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         lists[1].sessions_count().await.unwrap(),
     );
     assert_eq!((page, total), (strs(&["s1", "s0"]), 2), "{name}");
-    let labelled = lists[0].sessions_labelled().await.unwrap();
+    let labelled = lists[0].sessions_labelled("").await.unwrap();
     assert_eq!(labelled.len(), 5, "{name}");
     assert_eq!(labelled[0].0, "s1", "{name}");
     assert_eq!(
@@ -847,6 +847,62 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     );
     assert!(
         labelled.iter().all(|(s, l)| s == "s3" || l.is_none()),
+        "{name}"
+    );
+    // A search: every session whose id or name holds the query (any case) is a candidate;
+    // the SQL stores read their trigram index and return those only (the in-memory store
+    // returns every session, and its caller checks each).
+    let indexed = name != "memory";
+    let search = |t: usize, q: &'static str| {
+        let l = &lists[t];
+        async move {
+            let v = l.sessions_labelled(q).await.unwrap();
+            v.into_iter().map(|(s, _)| s).collect::<Vec<_>>()
+        }
+    };
+    let hit = search(0, "üBERb").await;
+    assert!(hit.contains(&"s3".to_string()), "{name}: {hit:?}");
+    if indexed {
+        assert_eq!(hit, ["s3"], "{name}");
+        assert!(search(0, "nowhere-at-all").await.is_empty(), "{name}");
+    }
+    s.append_episodes("lista\u{1f}deploy-notes", vec![ep(1, "k1")])
+        .await
+        .unwrap();
+    s.append_episodes("listb\u{1f}deploy-plans", vec![ep(1, "k1")])
+        .await
+        .unwrap();
+    let hit = search(0, "LOY-n").await;
+    assert!(hit.contains(&"deploy-notes".to_string()), "{name}: {hit:?}");
+    if indexed {
+        assert_eq!(hit, ["deploy-notes"], "{name}: its own tenant's only");
+        assert_eq!(search(1, "deploy").await, ["deploy-plans"], "{name}");
+    }
+    // Renamed: found by the new name, not by the old.
+    lists[0]
+        .set_session_label(
+            "s3",
+            Some(r#"{"title":"Zusammenfassung","project":"a \"quoted\" one"}"#),
+        )
+        .await
+        .unwrap();
+    assert!(
+        search(0, "zusammen").await.contains(&"s3".to_string()),
+        "{name}"
+    );
+    assert!(
+        search(0, "\"quoted\"").await.contains(&"s3".to_string()),
+        "{name}"
+    );
+    if indexed {
+        assert!(search(0, "überb").await.is_empty(), "{name}");
+    }
+    // Gone with its session.
+    s.reset_session("lista\u{1f}deploy-notes").await.unwrap();
+    assert!(
+        !search(0, "loy-n")
+            .await
+            .contains(&"deploy-notes".to_string()),
         "{name}"
     );
     // The local tenant's sessions (keys without a separator) are a list of their own.

@@ -195,9 +195,9 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
 }
 
 /// PostgreSQL migrations 9 and 10 name the tenant of the jobs and sessions stored before them,
-/// and 11 gives a cluster summary what it covers in two numbers from its id list: a database
-/// taken back to version 8 is migrated again, and a worker's poll, a tenant's session list and
-/// the summary find what it held.
+/// 11 gives a cluster summary what it covers in two numbers from its id list, and 12 indexes
+/// sessions for search: a database taken back to version 8 is migrated again, and a worker's
+/// poll, a tenant's session list and search, and the summary find what it held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
     use abridge_store::tenant::{Tenant, TenantTables};
@@ -269,7 +269,8 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
         .expect("connect");
     tokio::spawn(conn);
     c.batch_execute(
-        r#"DROP INDEX memories_rank; ALTER TABLE cluster_summaries ADD COLUMN sources TEXT NOT NULL DEFAULT '["m1","m2"]';
+        r#"DROP INDEX sessions_ungrammed; ALTER TABLE sessions DROP COLUMN grams; DROP TABLE session_grams;
+         DROP INDEX memories_rank; ALTER TABLE cluster_summaries ADD COLUMN sources TEXT NOT NULL DEFAULT '["m1","m2"]';
          ALTER TABLE cluster_summaries DROP COLUMN covered_seq; ALTER TABLE cluster_summaries DROP COLUMN covered;
          DROP INDEX sessions_tenant_change; DROP INDEX sessions_tenant_id; ALTER TABLE sessions DROP COLUMN tenant;
          DROP INDEX jobs_runnable; ALTER TABLE jobs DROP COLUMN tenant;
@@ -295,6 +296,10 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
     assert_eq!(acme.sessions_prefixed("b", 5).await.unwrap().1, 1);
     let local = TenantTables::new(s.clone(), Tenant::local());
     assert_eq!(local.sessions_page(0, 10).await.unwrap(), ["local-one"]);
+    // Migration 12: sessions stored before it enter the search index at the first search.
+    let found = local.sessions_labelled("CAL-o").await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].0, "local-one");
     // The summary covered the first two of the three: the third is still to fold in.
     let sum = s.cluster_summary("acme", cluster).await.unwrap().unwrap();
     assert_eq!((sum.covered_seq, sum.covered), (set.members[1].seq, 2));

@@ -42,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("009-jobs-tenant.sql"),
     include_str!("010-sessions-tenant.sql"),
     include_str!("011-summary-coverage.sql"),
+    include_str!("012-session-grams.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
@@ -62,6 +63,7 @@ const OWN_TABLES: &[&str] = &[
     "session_focus",
     "session_pins",
     "session_labels",
+    "session_grams",
     "tokens",
     "events",
     "clusters",

@@ -8,11 +8,13 @@ use super::{LOCK, P, PgStore, g32, g64, gopt};
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
 use crate::keyring::{Stored, place};
+use crate::rules;
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
 use crate::tables::{
     EventRow, EventStore, JobScope, JobStore, Liveness, SlotStore, SourceStore, TenantCap,
     TokenRow, TokenStore,
 };
+use crate::tenant::Tenant;
 use crate::types::{Error, Mode};
 
 const COLS: &str = "id, session, target, state, config, cancel_requested, level, done, total, calls_planned, answers, attempts, error, lease_owner, lease_until_ms, created_ms, started_ms, updated_ms, finished_ms";
@@ -666,16 +668,54 @@ impl SourceStore for PgStore {
     async fn sessions_labelled(
         &self,
         tenant: &str,
+        q: &str,
     ) -> Result<Vec<(String, Option<String>)>, Error> {
         let t = crate::tables::SessionText::LABEL;
+        let name = if tenant.is_empty() {
+            Tenant::LOCAL
+        } else {
+            tenant
+        };
+        let lexical = crate::RecallStore::lexical_key(self, name).await?;
+        let key = rules::grams_key(lexical.as_deref());
+        self.index_sessions(tenant, &key).await?;
+        let query: Vec<i64> = rules::gram_hashes(&key, [q]).into_iter().collect();
         let c = self.client().await?;
-        let rows = c
-            .query(
+        let rows = if query.is_empty() {
+            c.query(
                 "SELECT s.id, l.label, l.sealed FROM sessions s LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = $1 ORDER BY s.changed_seq DESC, s.id",
                 &[&tenant],
             )
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.err(e))?
+        } else {
+            // The rarest trigrams first (counted only as far as telling them apart needs):
+            // the first gives the candidates, the others must be held by each.
+            let mut counted = Vec::with_capacity(query.len());
+            for g in &query {
+                let n: i64 = c
+                    .query_one(
+                        "SELECT COUNT(*) FROM (SELECT 1 FROM session_grams WHERE tenant = $1 AND gram = $2 LIMIT 1024) x",
+                        &[&tenant, g],
+                    )
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .get(0);
+                if n == 0 {
+                    return Ok(Vec::new());
+                }
+                counted.push((n, *g));
+            }
+            counted.sort_unstable();
+            counted.truncate(rules::QUERY_GRAMS);
+            let grams: Vec<i64> = counted.iter().map(|x| x.1).collect();
+            c.query(
+                "SELECT s.id, l.label, l.sealed FROM session_grams g0 JOIN sessions s ON s.id = g0.session LEFT JOIN session_labels l ON l.session = s.id WHERE g0.tenant = $1 AND g0.gram = $2 AND NOT EXISTS (SELECT 1 FROM unnest($3::bigint[]) w(gram) WHERE NOT EXISTS (SELECT 1 FROM session_grams g WHERE g.tenant = $1 AND g.gram = w.gram AND g.session = g0.session)) ORDER BY s.changed_seq DESC, s.id",
+                &[&tenant, &grams[0], &grams[1..].to_vec()],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+        };
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
             let id: String = r.get(0);
@@ -1105,7 +1145,106 @@ impl PgStore {
             .map(Some)
     }
 
+    /// Add the tenant's sessions not yet in the search index (new, or renamed since), with
+    /// the trigrams of their ids and opened names, 500 to a transaction. The rows are locked
+    /// (in id order) while they are read and indexed, so a rename (written first, then the
+    /// index reset) is never lost and two searches never index one session at once.
+    async fn index_sessions(&self, tenant: &str, key: &[u8]) -> Result<(), Error> {
+        let mut c = self.client().await?;
+        loop {
+            let pending = c
+                .query_opt(
+                    "SELECT 1 FROM sessions WHERE tenant = $1 AND grams = 0 LIMIT 1",
+                    &[&tenant],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            if pending.is_none() {
+                return Ok(());
+            }
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            let rows = tx
+                .query(
+                    "SELECT s.id, l.label, l.sealed FROM sessions s LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = $1 AND s.grams = 0 ORDER BY s.id LIMIT 500 FOR UPDATE OF s",
+                    &[&tenant],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            if rows.is_empty() {
+                // Another search added them meanwhile (a locked row is read again once its
+                // lock is released, and skipped when it no longer matches).
+                return Ok(());
+            }
+            self.index_batch(&tx, tenant, key, &rows).await?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+        }
+    }
+
+    async fn index_batch(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        tenant: &str,
+        key: &[u8],
+        rows: &[Row],
+    ) -> Result<(), Error> {
+        let t = crate::tables::SessionText::LABEL;
+        for r in rows {
+            let id: String = r.get(0);
+            let label = match r.get::<_, Option<Vec<u8>>>(1) {
+                None => None,
+                Some(bytes) => {
+                    let text = Stored {
+                        bytes,
+                        sealed: g32(r, 2),
+                    };
+                    Some(
+                        self.reveal(tx, &place::tenant_of(&id), t.place, &id, text)
+                            .await?,
+                    )
+                }
+            };
+            let texts = rules::searchable(&id, label.as_deref());
+            let grams: Vec<i64> = rules::gram_hashes(key, texts.iter().map(String::as_str))
+                .into_iter()
+                .collect();
+            tx.execute(
+                "INSERT INTO session_grams (tenant, gram, session) SELECT $1, g, $3 FROM unnest($2::bigint[]) g ON CONFLICT DO NOTHING",
+                &[&tenant, &grams, &id],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+            tx.execute("UPDATE sessions SET grams = 1 WHERE id = $1", &[&id])
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
     async fn set_session_text(
+        &self,
+        t: crate::tables::SessionText,
+        session: &str,
+        text: Option<&str>,
+    ) -> Result<(), Error> {
+        let label = t.table == crate::tables::SessionText::LABEL.table;
+        self.write_session_text(t, session, text).await?;
+        if label {
+            // Renamed: out of the search index until the next search adds it again (after the
+            // write: a search that read the old name is undone here).
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            tx.execute("UPDATE sessions SET grams = 0 WHERE id = $1", &[&session])
+                .await
+                .map_err(|e| self.err(e))?;
+            tx.execute("DELETE FROM session_grams WHERE session = $1", &[&session])
+                .await
+                .map_err(|e| self.err(e))?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    async fn write_session_text(
         &self,
         t: crate::tables::SessionText,
         session: &str,
