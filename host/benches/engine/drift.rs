@@ -294,8 +294,11 @@ pub async fn run(runtime: Arc<Runtime>) -> Result<(), Failure> {
     // 3. Prompt characters per transcript character, a chat fed message by message in each
     // mode, at 200 and 2,000 turns: a message a minute, two quiet hours every 100 messages.
     for turns in [200usize, 2000] {
-        fold_cost(&runtime, &model, turns).await?;
+        fold_cost(&runtime, &model, turns, 4096).await?;
     }
+    // The window target needs folds large beside their fixed part (instructions and summary):
+    // the same chat with a model context of 8,192 tokens.
+    fold_cost(&runtime, &model, 2000, 8192).await?;
     Ok(())
 }
 
@@ -314,6 +317,7 @@ async fn fold_cost(
     runtime: &Arc<Runtime>,
     model: &Arc<Model>,
     turns: usize,
+    context_length: u32,
 ) -> Result<(), Failure> {
     let transcript: u64 = (0..turns)
         .map(|i| chat(i).content.chars().count() as u64)
@@ -327,9 +331,15 @@ async fn fold_cost(
     // The defaults (300-token ledger in every fold prompt), with a model configured.
     let defaults = Config {
         engine: Engine::Llm,
+        context_length,
         ..Config::default()
     };
-    let mut modes = vec![Mode::Eager, Mode::Idle, Mode::Window];
+    // At another context than the default's, window mode alone.
+    let mut modes = if context_length == Config::default().context_length {
+        vec![Mode::Eager, Mode::Idle, Mode::Window]
+    } else {
+        vec![Mode::Window]
+    };
     modes.sort_by_key(|m| *m != defaults.mode);
     let mut cells = Vec::new();
     let mut default_ratio = f64::MAX;
@@ -391,6 +401,14 @@ async fn fold_cost(
         cells.push(format!(
             "{name}{tag} {ratio:.2} ({calls} calls, {missing} missing)"
         ));
+    }
+    if context_length != Config::default().context_length {
+        println!(
+            "fold cost         {turns}-turn chat at a {context_length}-token model context, prompt chars per transcript char: {} | target window <= 1.10: {}",
+            cells.join(" | "),
+            crate::verdict(window_ratio <= 1.10)
+        );
+        return Ok(());
     }
     println!(
         "fold cost         {turns}-turn chat ({:.1}k transcript chars), prompt chars per transcript char: {} | targets default <= 1.30 with none missing, window <= 1.10: {}",

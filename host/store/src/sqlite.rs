@@ -856,6 +856,18 @@ mod tests {
         ),
     ];
 
+    /// One short user message.
+    fn hi() -> Vec<NewEpisode> {
+        vec![NewEpisode {
+            role: Role::User,
+            content: "hi".into(),
+            timestamp_ms: None,
+            source_key: "k".into(),
+            tokens: 1,
+            speaker: None,
+        }]
+    }
+
     /// Take the database at `path` back to before the migration whose SQL holds `marker`: its
     /// version number, and that migration and every later one undone.
     fn back_before(path: &Path, marker: &str) {
@@ -997,19 +1009,7 @@ mod tests {
         let path = dir.path().join("old.db");
         let s = SqliteStore::open(&path).unwrap();
         for session in ["acme\u{1f}a", "local-one", "acme\u{1f}b", "beta\u{1f}c"] {
-            s.append_episodes(
-                session,
-                vec![NewEpisode {
-                    role: Role::User,
-                    content: "hi".into(),
-                    timestamp_ms: None,
-                    source_key: "k".into(),
-                    tokens: 1,
-                    speaker: None,
-                }],
-            )
-            .await
-            .unwrap();
+            s.append_episodes(session, hi()).await.unwrap();
         }
         drop(s);
         back_before(&path, "sessions_tenant_change");
@@ -1046,19 +1046,7 @@ mod tests {
             "acme\u{1f}other",
             "beta\u{1f}weekly-plan",
         ] {
-            s.append_episodes(
-                session,
-                vec![NewEpisode {
-                    role: Role::User,
-                    content: "hi".into(),
-                    timestamp_ms: None,
-                    source_key: "k".into(),
-                    tokens: 1,
-                    speaker: None,
-                }],
-            )
-            .await
-            .unwrap();
+            s.append_episodes(session, hi()).await.unwrap();
         }
         s.set_session_label("acme\u{1f}other", Some(r#"{"title":"Weekly sync"}"#))
             .await
@@ -1077,19 +1065,9 @@ mod tests {
         assert_eq!(found, ["acme\u{1f}other", "acme\u{1f}weekly-review"]);
         // More than one batch of sessions to add: all of them are found.
         for i in 0..1_100 {
-            s.append_episodes(
-                &format!("acme\u{1f}bulk-{i}"),
-                vec![NewEpisode {
-                    role: Role::User,
-                    content: "hi".into(),
-                    timestamp_ms: None,
-                    source_key: "k".into(),
-                    tokens: 1,
-                    speaker: None,
-                }],
-            )
-            .await
-            .unwrap();
+            s.append_episodes(&format!("acme\u{1f}bulk-{i}"), hi())
+                .await
+                .unwrap();
         }
         for q in ["bulk-0", "bulk-1099"] {
             let found = s.sessions_labelled("acme", q).await.unwrap();

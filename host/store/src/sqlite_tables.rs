@@ -17,6 +17,15 @@ use crate::sqlite_keys::stored;
 use crate::tenant::Tenant;
 use crate::types::{Error, Mode};
 
+/// A session and its label as stored (`SELECT id, label, sealed`).
+fn label_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, Option<Stored>)> {
+    let label = match r.get_ref(1)? {
+        rusqlite::types::ValueRef::Null => None,
+        _ => Some(stored(r, 1, r.get(2)?)?),
+    };
+    Ok((r.get::<_, String>(0)?, label))
+}
+
 /// Sessions added to the search index per write.
 const INDEX_BATCH: u32 = 500;
 
@@ -708,13 +717,7 @@ impl SourceStore for SqliteStore {
             };
             let mut st = c.prepare_cached(&sql).map_err(db_err)?;
             let rows = st
-                .query_map(rusqlite::params_from_iter(args), |r| {
-                    let label = match r.get_ref(1)? {
-                        rusqlite::types::ValueRef::Null => None,
-                        _ => Some(stored(r, 1, r.get(2)?)?),
-                    };
-                    Ok((r.get::<_, String>(0)?, label))
-                })
+                .query_map(rusqlite::params_from_iter(args), label_row)
                 .map_err(db_err)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(db_err)?;
@@ -1026,13 +1029,7 @@ impl SqliteStore {
         let pending = |c: &rusqlite::Connection| -> Result<Vec<(String, Option<Stored>)>, Error> {
             c.prepare_cached("SELECT s.id, l.label, l.sealed FROM sessions s INDEXED BY sessions_ungrammed LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = ?1 AND s.grams = 0 LIMIT ?2")
                 .map_err(db_err)?
-                .query_map(params![tenant, INDEX_BATCH], |r| {
-                    let label = match r.get_ref(1)? {
-                        rusqlite::types::ValueRef::Null => None,
-                        _ => Some(stored(r, 1, r.get(2)?)?),
-                    };
-                    Ok((r.get::<_, String>(0)?, label))
-                })
+                .query_map(params![tenant, INDEX_BATCH], label_row)
                 .map_err(db_err)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(db_err)

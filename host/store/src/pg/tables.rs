@@ -670,7 +670,6 @@ impl SourceStore for PgStore {
         tenant: &str,
         q: &str,
     ) -> Result<Vec<(String, Option<String>)>, Error> {
-        let t = crate::tables::SessionText::LABEL;
         let name = if tenant.is_empty() {
             Tenant::LOCAL
         } else {
@@ -718,21 +717,7 @@ impl SourceStore for PgStore {
         };
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
-            let id: String = r.get(0);
-            let label = match r.get::<_, Option<Vec<u8>>>(1) {
-                None => None,
-                Some(bytes) => {
-                    let text = Stored {
-                        bytes,
-                        sealed: g32(r, 2),
-                    };
-                    Some(
-                        self.reveal(&c, &place::tenant_of(&id), t.place, &id, text)
-                            .await?,
-                    )
-                }
-            };
-            out.push((id, label));
+            out.push(self.label_row(&c, r).await?);
         }
         Ok(out)
     }
@@ -1145,6 +1130,30 @@ impl PgStore {
             .map(Some)
     }
 
+    /// A session and its opened label from a row of `SELECT id, label, sealed`.
+    async fn label_row<C: deadpool_postgres::GenericClient + Sync>(
+        &self,
+        c: &C,
+        r: &Row,
+    ) -> Result<(String, Option<String>), Error> {
+        let t = crate::tables::SessionText::LABEL;
+        let id: String = r.get(0);
+        let label = match r.get::<_, Option<Vec<u8>>>(1) {
+            None => None,
+            Some(bytes) => {
+                let text = Stored {
+                    bytes,
+                    sealed: g32(r, 2),
+                };
+                Some(
+                    self.reveal(c, &place::tenant_of(&id), t.place, &id, text)
+                        .await?,
+                )
+            }
+        };
+        Ok((id, label))
+    }
+
     /// Add the tenant's sessions not yet in the search index (new, or renamed since), with
     /// the trigrams of their ids and opened names, 500 to a transaction. The rows are locked
     /// (in id order) while they are read and indexed, so a rename (written first, then the
@@ -1187,22 +1196,8 @@ impl PgStore {
         key: &[u8],
         rows: &[Row],
     ) -> Result<(), Error> {
-        let t = crate::tables::SessionText::LABEL;
         for r in rows {
-            let id: String = r.get(0);
-            let label = match r.get::<_, Option<Vec<u8>>>(1) {
-                None => None,
-                Some(bytes) => {
-                    let text = Stored {
-                        bytes,
-                        sealed: g32(r, 2),
-                    };
-                    Some(
-                        self.reveal(tx, &place::tenant_of(&id), t.place, &id, text)
-                            .await?,
-                    )
-                }
-            };
+            let (id, label) = self.label_row(tx, r).await?;
             let texts = rules::searchable(&id, label.as_deref());
             let grams: Vec<i64> = rules::gram_hashes(key, texts.iter().map(String::as_str))
                 .into_iter()
