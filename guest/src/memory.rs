@@ -981,7 +981,7 @@ fn group(sizes: &[u32], room: u32) -> Vec<std::ops::Range<usize>> {
 
 /// The summary without a model: the distinct facts, most important first, as sentences, up to
 /// the output limit; facts beyond it are counted in a closing sentence, not dropped silently.
-/// `ranked` is the cluster's best members in rank order (`rank_order`), `total` its member
+/// `ranked` is the cluster's best members in the order `top-members` returns, `total` its member
 /// count: members not in `ranked` are counted as not shown.
 pub fn extractive_summary(ranked: &[Memory], total: u32, max_tokens: u32) -> String {
     let mut seen = BTreeSet::new();
@@ -1013,17 +1013,6 @@ pub fn extractive_summary(ranked: &[Memory], total: u32, max_tokens: u32) -> Str
         ));
     }
     out
-}
-
-/// The order an extractive summary takes members in: importance (highest first), then
-/// oldest, then id (`top-members` returns them so).
-pub fn rank_order(members: &mut [Memory]) {
-    members.sort_by(|a, b| {
-        b.importance
-            .total_cmp(&a.importance)
-            .then(a.created_ms.cmp(&b.created_ms))
-            .then(a.id.cmp(&b.id))
-    });
 }
 
 /// Read a cluster's best members, a page at a time, until they hold twice what an extractive

@@ -428,6 +428,17 @@ fn three(h: &mut Fake, cfg: &MemoryConfig) -> Vec<Remembered> {
     remember(h, &items, cfg).unwrap()
 }
 
+/// The order `top-members` returns a cluster's members in: importance (highest first), then
+/// oldest, then id.
+fn rank_order(members: &mut [Memory]) {
+    members.sort_by(|a, b| {
+        b.importance
+            .total_cmp(&a.importance)
+            .then(a.created_ms.cmp(&b.created_ms))
+            .then(a.id.cmp(&b.id))
+    });
+}
+
 /// A summary's sources as a host reads them.
 fn sources(h: &mut Fake, s: &ClusterSummary) -> Vec<String> {
     h.member_ids(s.cluster, s.covered_seq).unwrap()

@@ -189,7 +189,7 @@ impl Scoped {
             }
             1 => Ok(hits.remove(0)),
             n => {
-                let shown: Vec<&str> = hits.iter().take(LISTED).map(String::as_str).collect();
+                let shown: Vec<&str> = hits.iter().map(String::as_str).collect();
                 let more = if n > LISTED as u64 {
                     format!(" and {} more", n - LISTED as u64)
                 } else {
@@ -219,8 +219,7 @@ impl Scoped {
             words.iter().all(|w| t.contains(w.as_str()))
         };
         let mut out = Vec::new();
-        // This tenant's sessions only (its own part of the store), most recently changed first.
-        for session in self.tables.sessions_page(0, u32::MAX).await? {
+        for session in self.session_ids().await? {
             if out.len() >= limit {
                 break;
             }

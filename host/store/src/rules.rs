@@ -470,7 +470,10 @@ pub fn searchable(key: &str, label: Option<&str>) -> Vec<String> {
             _ => {}
         }
     }
-    let mut out = vec![key.split_once('\u{1f}').map_or(key, |(_, s)| s).to_string()];
+    let id = crate::tenant::Tenant::of_key(key)
+        .session_of(key)
+        .unwrap_or(key);
+    let mut out = vec![id.to_string()];
     if let Some(l) = label {
         match serde_json::from_str::<serde_json::Value>(l) {
             Ok(v) => strings(&v, &mut out),
@@ -517,6 +520,20 @@ pub fn grams_key(lexical: Option<&[u8]>) -> Vec<u8> {
 /// How many of a query's trigram hashes a search looks up (the rarest first): enough to make
 /// the candidates few; every candidate is checked against the whole query anyway.
 pub const QUERY_GRAMS: usize = 6;
+
+/// Postings a search counts of one trigram, at most: enough to tell the rare from the common.
+pub const GRAM_COUNT_CAP: u32 = 1024;
+
+/// The trigram hashes a search looks up, rarest first, from `(postings, hash)` pairs (counted
+/// up to [`GRAM_COUNT_CAP`]): `None` when one has no posting (nothing can match).
+pub fn rarest_grams(mut counted: Vec<(i64, i64)>) -> Option<Vec<i64>> {
+    if counted.iter().any(|(n, _)| *n == 0) {
+        return None;
+    }
+    counted.sort_unstable();
+    counted.truncate(QUERY_GRAMS);
+    Some(counted.into_iter().map(|(_, g)| g).collect())
+}
 
 /// A `seq` bound as SQL compares it (a signed 64-bit column).
 pub fn seq_arg(seq: u64) -> i64 {
@@ -704,6 +721,25 @@ pub struct SummaryHit {
     pub covered: u32,
 }
 
+/// The smallest string above every string that starts with `prefix` (`None`: no bound, for
+/// an empty prefix or one of only `char::MAX`): a key range `[prefix, bound)` holds exactly
+/// the keys with that prefix, in byte order (UTF-8 orders as code points do).
+pub fn prefix_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The next scalar value (skipping the surrogate gap).
+        let next = match last as u32 {
+            0xD7FF => Some('\u{E000}'),
+            c => char::from_u32(c + 1),
+        };
+        if let Some(n) = next {
+            chars.push(n);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// Cosine similarity (0 for mismatched or zero vectors): the guest's own, summed in f64.
 pub use abridge_guest::embed::cosine;
 
@@ -737,6 +773,12 @@ mod tests {
         assert_ne!(grams_key(None), key);
         // A label that is not JSON is searched as it stands.
         assert_eq!(searchable("s", Some("plain")), ["s", "plain"]);
+        // The local tenant's keys have no tenant part.
+        assert_eq!(searchable("notes", None), ["notes"]);
+        // A search looks up the rarest trigrams, and none when one has no posting.
+        let counted: Vec<(i64, i64)> = (0..9).map(|g| (100 - g, g)).collect();
+        assert_eq!(rarest_grams(counted), Some(vec![8, 7, 6, 5, 4, 3]));
+        assert_eq!(rarest_grams(vec![(3, 1), (0, 2)]), None);
     }
 
     #[test]
@@ -843,30 +885,6 @@ mod tests {
         assert_eq!(sql, " AND c.\"user\" = $2 AND c.kind = $3");
         assert_eq!(args, vec!["acme", "ann", "fact"]);
     }
-}
-
-/// The smallest string above every string that starts with `prefix` (`None`: no bound, for
-/// an empty prefix or one of only `char::MAX`): a key range `[prefix, bound)` holds exactly
-/// the keys with that prefix, in byte order (UTF-8 orders as code points do).
-pub fn prefix_bound(prefix: &str) -> Option<String> {
-    let mut chars: Vec<char> = prefix.chars().collect();
-    while let Some(last) = chars.pop() {
-        // The next scalar value (skipping the surrogate gap).
-        let next = match last as u32 {
-            0xD7FF => Some('\u{E000}'),
-            c => char::from_u32(c + 1),
-        };
-        if let Some(n) = next {
-            chars.push(n);
-            return Some(chars.into_iter().collect());
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-mod prefix_tests {
-    use super::prefix_bound;
 
     #[test]
     fn a_prefix_range_holds_exactly_the_keys_with_the_prefix() {

@@ -244,13 +244,7 @@ impl RecallStore for SqliteStore {
             };
             if let Some(e) = existing {
                 rules::check_same_memory(&e, &m)?;
-                let members: u32 = tx
-                    .query_row(
-                        "SELECT members FROM clusters WHERE tenant = ?1 AND id = ?2",
-                        params![tenant, e.cluster as i64],
-                        |r| r.get(0),
-                    )
-                    .map_err(db_err)?;
+                let members = cluster_figures(&tx, tenant, e.cluster)?.map_or(0, |f| f.1);
                 return Ok(StoredMemory {
                     cluster: e.cluster,
                     created: false,
@@ -319,13 +313,7 @@ impl RecallStore for SqliteStore {
             )
             .map_err(db_err)?;
             bump(&tx, tenant, cluster)?;
-            let members: u32 = tx
-                .query_row(
-                    "SELECT members FROM clusters WHERE tenant = ?1 AND id = ?2",
-                    params![tenant, cluster as i64],
-                    |r| r.get(0),
-                )
-                .map_err(db_err)?;
+            let members = cluster_figures(&tx, tenant, cluster)?.map_or(0, |f| f.1);
             tx.commit().map_err(db_err)?;
             Ok(StoredMemory {
                 cluster,
@@ -832,16 +820,7 @@ impl RecallStore for SqliteStore {
     }
 
     async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
-        self.with(|c| {
-            c.query_row(
-                "SELECT version FROM clusters WHERE tenant = ?1 AND id = ?2",
-                params![tenant, cluster as i64],
-                |r| r.get::<_, i64>(0),
-            )
-            .optional()
-            .map(|v| v.map(|v| v as u64))
-            .map_err(db_err)
-        })
+        self.with(|c| Ok(cluster_figures(c, tenant, cluster)?.map(|f| f.0)))
     }
 
     async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {

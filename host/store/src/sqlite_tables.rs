@@ -14,7 +14,6 @@ use crate::keyring::{Stored, place};
 use crate::rules;
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
 use crate::sqlite_keys::stored;
-use crate::tenant::Tenant;
 use crate::types::{Error, Mode};
 
 /// A session and its label as stored (`SELECT id, label, sealed`).
@@ -675,14 +674,7 @@ impl SourceStore for SqliteStore {
         q: &str,
     ) -> Result<Vec<(String, Option<String>)>, Error> {
         let t = crate::tables::SessionText::LABEL;
-        let name = if tenant.is_empty() {
-            Tenant::LOCAL
-        } else {
-            tenant
-        };
-        let lexical = crate::RecallStore::lexical_key(self, name).await?;
-        let key = rules::grams_key(lexical.as_deref());
-        let query: Vec<i64> = rules::gram_hashes(&key, [q]).into_iter().collect();
+        let (key, query) = crate::tables::search_grams(self, tenant, q).await?;
         self.with(|c| {
             self.index_sessions(c, tenant, &key)?;
             let mut args: Vec<rusqlite::types::Value> = vec![tenant.to_string().into()];
@@ -694,20 +686,18 @@ impl SourceStore for SqliteStore {
                 let mut counted = Vec::with_capacity(query.len());
                 for &g in &query {
                     let n: i64 = c
-                        .prepare_cached("SELECT COUNT(*) FROM (SELECT 1 FROM session_grams WHERE tenant = ?1 AND gram = ?2 LIMIT 1024)")
+                        .prepare_cached("SELECT COUNT(*) FROM (SELECT 1 FROM session_grams WHERE tenant = ?1 AND gram = ?2 LIMIT ?3)")
                         .map_err(db_err)?
-                        .query_row(params![tenant, g], |r| r.get(0))
+                        .query_row(params![tenant, g, rules::GRAM_COUNT_CAP], |r| r.get(0))
                         .map_err(db_err)?;
-                    if n == 0 {
-                        return Ok(Vec::new());
-                    }
                     counted.push((n, g));
                 }
-                counted.sort_unstable();
-                counted.truncate(rules::QUERY_GRAMS);
+                let Some(grams) = rules::rarest_grams(counted) else {
+                    return Ok(Vec::new());
+                };
                 let mut sql = String::from("SELECT s.id, l.label, l.sealed FROM session_grams g0 JOIN sessions s ON s.id = g0.session LEFT JOIN session_labels l ON l.session = s.id WHERE g0.tenant = ?1 AND g0.gram = ?2");
-                for (k, (_, g)) in counted.iter().enumerate() {
-                    args.push((*g).into());
+                for (k, g) in grams.into_iter().enumerate() {
+                    args.push(g.into());
                     if k > 0 {
                         sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM session_grams g WHERE g.tenant = ?1 AND g.gram = ?{} AND g.session = g0.session)", k + 2));
                     }
@@ -1026,20 +1016,25 @@ impl SqliteStore {
         tenant: &str,
         key: &[u8],
     ) -> Result<(), Error> {
-        let pending = |c: &rusqlite::Connection| -> Result<Vec<(String, Option<Stored>)>, Error> {
-            c.prepare_cached("SELECT s.id, l.label, l.sealed FROM sessions s INDEXED BY sessions_ungrammed LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = ?1 AND s.grams = 0 LIMIT ?2")
+        let any_pending = |c: &rusqlite::Connection| -> Result<bool, Error> {
+            c.prepare_cached("SELECT 1 FROM sessions INDEXED BY sessions_ungrammed WHERE tenant = ?1 AND grams = 0 LIMIT 1")
+                .map_err(db_err)?
+                .exists([tenant])
+                .map_err(db_err)
+        };
+        while any_pending(c)? {
+            let tx = c
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            // Read under the write lock: a rename meanwhile is indexed as it now stands.
+            let batch = tx
+                .prepare_cached("SELECT s.id, l.label, l.sealed FROM sessions s INDEXED BY sessions_ungrammed LEFT JOIN session_labels l ON l.session = s.id WHERE s.tenant = ?1 AND s.grams = 0 LIMIT ?2")
                 .map_err(db_err)?
                 .query_map(params![tenant, INDEX_BATCH], label_row)
                 .map_err(db_err)?
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(db_err)
-        };
-        while !pending(c)?.is_empty() {
-            let tx = c
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            // Read again under the write lock: a rename meanwhile is indexed as it now stands.
-            self.index_batch(&tx, tenant, key, pending(&tx)?)?;
+            self.index_batch(&tx, tenant, key, batch)?;
             tx.commit().map_err(db_err)?;
         }
         Ok(())

@@ -375,6 +375,25 @@ impl<T: Store + JobStore + SourceStore + TokenStore + EventStore + SlotStore + s
 {
 }
 
+/// A tenant's session search key and a query's trigram hashes under it (`tenant`: the
+/// sessions' `tenant` column, '' for the local tenant). The key comes from the tenant's
+/// lexical key, so the SQL stores derive it the one way `RecallStore::lexical_key` does.
+pub(crate) async fn search_grams<S: crate::RecallStore + ?Sized>(
+    s: &S,
+    tenant: &str,
+    q: &str,
+) -> Result<(Vec<u8>, Vec<i64>), Error> {
+    let name = if tenant.is_empty() {
+        crate::tenant::Tenant::LOCAL
+    } else {
+        tenant
+    };
+    let lexical = s.lexical_key(name).await?;
+    let key = crate::rules::grams_key(lexical.as_deref());
+    let query = crate::rules::gram_hashes(&key, [q]).into_iter().collect();
+    Ok((key, query))
+}
+
 /// A per-session text kept in a table of its own and sealed at rest (the focus, the display
 /// names): where each SQL store finds it.
 pub(crate) struct SessionText {

@@ -368,15 +368,10 @@ impl PgStore {
         tenant: &str,
         cluster: u64,
     ) -> Result<u32, Error> {
-        Ok(g32(
-            &c.query_one(
-                "SELECT members FROM clusters WHERE tenant = $1 AND id = $2",
-                &[&tenant, &(cluster as i64)],
-            )
-            .await
-            .map_err(|e| self.err(e))?,
-            0,
-        ))
+        Ok(self
+            .cluster_figures(c, tenant, cluster)
+            .await?
+            .map_or(0, |f| f.1))
     }
 }
 
@@ -1051,13 +1046,11 @@ impl RecallStore for PgStore {
     }
 
     async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
+        let c = self.client().await?;
         Ok(self
-            .row(
-                "SELECT version FROM clusters WHERE tenant = $1 AND id = $2",
-                &[&tenant, &(cluster as i64)],
-            )
+            .cluster_figures(&c, tenant, cluster)
             .await?
-            .map(|r| g64(&r, 0)))
+            .map(|f| f.0))
     }
 
     async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {

@@ -14,7 +14,6 @@ use crate::tables::{
     EventRow, EventStore, JobScope, JobStore, Liveness, SlotStore, SourceStore, TenantCap,
     TokenRow, TokenStore,
 };
-use crate::tenant::Tenant;
 use crate::types::{Error, Mode};
 
 const COLS: &str = "id, session, target, state, config, cancel_requested, level, done, total, calls_planned, answers, attempts, error, lease_owner, lease_until_ms, created_ms, started_ms, updated_ms, finished_ms";
@@ -670,15 +669,8 @@ impl SourceStore for PgStore {
         tenant: &str,
         q: &str,
     ) -> Result<Vec<(String, Option<String>)>, Error> {
-        let name = if tenant.is_empty() {
-            Tenant::LOCAL
-        } else {
-            tenant
-        };
-        let lexical = crate::RecallStore::lexical_key(self, name).await?;
-        let key = rules::grams_key(lexical.as_deref());
+        let (key, query) = crate::tables::search_grams(self, tenant, q).await?;
         self.index_sessions(tenant, &key).await?;
-        let query: Vec<i64> = rules::gram_hashes(&key, [q]).into_iter().collect();
         let c = self.client().await?;
         let rows = if query.is_empty() {
             c.query(
@@ -694,20 +686,17 @@ impl SourceStore for PgStore {
             for g in &query {
                 let n: i64 = c
                     .query_one(
-                        "SELECT COUNT(*) FROM (SELECT 1 FROM session_grams WHERE tenant = $1 AND gram = $2 LIMIT 1024) x",
-                        &[&tenant, g],
+                        "SELECT COUNT(*) FROM (SELECT 1 FROM session_grams WHERE tenant = $1 AND gram = $2 LIMIT $3) x",
+                        &[&tenant, g, &i64::from(rules::GRAM_COUNT_CAP)],
                     )
                     .await
                     .map_err(|e| self.err(e))?
                     .get(0);
-                if n == 0 {
-                    return Ok(Vec::new());
-                }
                 counted.push((n, *g));
             }
-            counted.sort_unstable();
-            counted.truncate(rules::QUERY_GRAMS);
-            let grams: Vec<i64> = counted.iter().map(|x| x.1).collect();
+            let Some(grams) = rules::rarest_grams(counted) else {
+                return Ok(Vec::new());
+            };
             c.query(
                 "SELECT s.id, l.label, l.sealed FROM session_grams g0 JOIN sessions s ON s.id = g0.session LEFT JOIN session_labels l ON l.session = s.id WHERE g0.tenant = $1 AND g0.gram = $2 AND NOT EXISTS (SELECT 1 FROM unnest($3::bigint[]) w(gram) WHERE NOT EXISTS (SELECT 1 FROM session_grams g WHERE g.tenant = $1 AND g.gram = w.gram AND g.session = g0.session)) ORDER BY s.changed_seq DESC, s.id",
                 &[&tenant, &grams[0], &grams[1..].to_vec()],
