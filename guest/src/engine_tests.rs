@@ -1731,10 +1731,9 @@ fn window_mode_folds_what_left_the_window_and_never_misses_a_message() {
         refresh_after: 8,
         pins: vec![],
     };
-    let mut folds = 0;
-    for i in 1..=100usize {
+    for i in 1..=400usize {
         planted(&mut f, i, i);
-        folds += after_episode_written(&mut f, "s", &c).unwrap().passes;
+        after_episode_written(&mut f, "s", &c).unwrap();
         let w = context(&mut f, "s", req.clone(), &c).unwrap();
         assert!(
             w.window.omitted_ranges.is_empty(),
@@ -1746,9 +1745,54 @@ fn window_mode_folds_what_left_the_window_and_never_misses_a_message() {
         let covered = f.rows.last().map_or(0, |r| r.last_episode);
         assert!(covered + u64::from(c.window_messages) <= f.episodes.len() as u64 || covered == 0);
     }
+    // Each fold (after a write, or when the context's half fills) takes a batch of many
+    // messages in one call: far fewer calls than eager's one per five messages.
+    let folds = f.requests.len();
     assert!(folds >= 2, "{folds}");
-    // Each fold takes a batch several times its fixed part: far fewer folds than eager.
-    assert!(folds < 20, "{folds} folds for 200 messages");
+    assert!(folds < 20, "{folds} folds for 400 messages");
+}
+
+#[test]
+fn a_window_fold_goes_in_whole_prompts_and_leaves_less_than_a_batch_waiting() {
+    let mut f = Fake::forgetful();
+    let c = Config {
+        mode: policy::Mode::Window,
+        threshold_tokens: 0,
+        context_length: 2048,
+        ..cfg()
+    };
+    let mut smallest = u32::MAX;
+    let mut batch = 0;
+    for i in 1..=300usize {
+        planted(&mut f, i, i);
+        let before = f.requests.len();
+        let latest = f.rows.last().cloned();
+        let b = window_batch(&mut f, &c, latest.as_ref()).unwrap();
+        after_episode_written(&mut f, "s", &c).unwrap();
+        for r in &f.requests[before..] {
+            let text = Fake::prompt_text(r);
+            if let Some(conversation) = text.split("New exchanges:").nth(1) {
+                smallest = smallest.min(estimate_tokens(conversation));
+                batch = b;
+            }
+        }
+    }
+    assert!(batch > 0, "no fold into a summary");
+    // Every fold carried a batch: none spent a call with the whole fixed part on the few
+    // messages one prompt left over (they waited for the next batch).
+    assert!(
+        smallest >= batch * 9 / 10,
+        "a fold of {smallest} tokens, a batch is {batch}"
+    );
+    // What waits beyond the window is less than a batch and one message.
+    let covered = f.rows.last().unwrap().last_episode;
+    let edge = f.episodes.len() as u64 - u64::from(c.window_messages);
+    let through = |id: u64| f.episodes[id as usize - 1].tokens_through;
+    let rest = through(edge) - through(covered) + u64::from(plan::MESSAGE_COST) * (edge - covered);
+    assert!(
+        rest < u64::from(batch) + 60,
+        "{rest} tokens wait, a batch is {batch}"
+    );
 }
 
 #[test]
@@ -1784,7 +1828,7 @@ fn a_job_host_folds_what_a_small_context_cannot_carry_in_window_and_eager_modes(
             let fr = context_freshness(&mut f, "s", &c, u32::MAX, req.budget).unwrap();
             if fr.state == FreshState::Due {
                 folds += 1;
-                catch_up(&mut f, "s", &c, fr.fold_upto).unwrap();
+                catch_up(&mut f, "s", &c, Reach::to(fr.fold_upto)).unwrap();
             }
             let w = context(&mut f, "s", req.clone(), &c).unwrap();
             assert!(
@@ -1830,7 +1874,7 @@ fn a_newest_message_larger_than_the_context_is_folded_into_the_summary() {
     let fr = context_freshness(&mut f, "s", &c, u32::MAX, 600).unwrap();
     assert_eq!(fr.state, FreshState::Due, "{}", fr.reason);
     assert_eq!(fr.fold_upto, 2);
-    catch_up(&mut f, "s", &c, fr.fold_upto).unwrap();
+    catch_up(&mut f, "s", &c, Reach::to(fr.fold_upto)).unwrap();
     let req = ContextRequest {
         budget: 600,
         pairs: 4,

@@ -148,15 +148,24 @@ pub fn backlog_over(backlog_tokens: u64, cfg: &Config) -> bool {
 }
 
 /// How many times the fold's fixed part a window-mode fold must carry: its overhead is then
-/// at most a tenth of what it folds.
-pub const WINDOW_BATCH_FACTOR: u32 = 10;
+/// at most a twentieth of what it folds.
+pub const WINDOW_BATCH_FACTOR: u32 = 20;
+
+/// The most tokens a window-mode fold waits for beyond the recent window. What waits is shown
+/// verbatim in every context beside the summary, so a batch that grew with a long ledger or a
+/// large model context would crowd the summary out of an ordinary one (with the recent window,
+/// 4,000 tokens leave a 6,000-token context room for the summary and its ledger).
+pub const WINDOW_BATCH_MAX: u32 = 4_000;
 
 /// Window mode's fold size: tokens that must have left the recent window before a fold,
 /// [`WINDOW_BATCH_FACTOR`] times the fold's fixed part (instructions, summary, the ledger
-/// entries the summary mentions) so its overhead is at most a tenth of what it folds, within
-/// the conversation budget of one prompt `budget`.
+/// entries the summary mentions) so its overhead is at most a twentieth of what it folds,
+/// within the conversation budget of one prompt `budget` and [`WINDOW_BATCH_MAX`].
 pub fn window_batch(fixed: u32, budget: u32) -> u32 {
-    fixed.saturating_mul(WINDOW_BATCH_FACTOR).min(budget).max(1)
+    fixed
+        .saturating_mul(WINDOW_BATCH_FACTOR)
+        .min(budget)
+        .clamp(1, WINDOW_BATCH_MAX)
 }
 
 /// Pick the strategy for the next pass. Only an episode summary (level 0) is updated in place.
@@ -259,8 +268,13 @@ mod tests {
         assert!(!should_trigger(&stats(2, 7000), None, 999, &cfg));
         assert!(should_trigger(&stats(2, 7000), None, 7000, &cfg));
         assert!(backlog_over(1000, &cfg) && !backlog_over(999, &cfg));
-        assert_eq!(window_batch(150, 2000), 1500);
-        assert_eq!(window_batch(600, 2000), 2000, "capped by one prompt");
+        assert_eq!(window_batch(60, 2000), 1200);
+        assert_eq!(window_batch(150, 2000), 2000, "capped by one prompt");
+        assert_eq!(
+            window_batch(400, 7000),
+            WINDOW_BATCH_MAX,
+            "capped for the context"
+        );
     }
 
     #[test]

@@ -14,12 +14,9 @@ summary text.";
 
 /// Instructions for folding new exchanges into an existing summary.
 pub const UPDATE_SYSTEM: &str = "You maintain the running summary of a conversation for a \
-memory system. You are given the current summary and the exchanges that followed it. Write \
-one updated summary of 3 to 5 sentences that covers both: keep what still matters from the \
-current summary, add what is new, and drop what the new exchanges made obsolete. Write in \
-the third person (\"The user ...\", \"The assistant ...\") and paraphrase instead of quoting. \
-Report only what was said, never as an instruction, and quote only exact words. Do not greet, \
-do not comment on the task, and do not add filler. Output only the updated summary text.";
+memory system. Fold the new exchanges into it: 3 to 5 sentences, third person, paraphrased; \
+keep what matters, drop what is obsolete, report what was said, never as an instruction. \
+Output only the summary.";
 
 /// Instructions for merging partial summaries of consecutive parts of one conversation.
 pub const REDUCE_SYSTEM: &str = "You merge partial summaries of consecutive parts of one \
@@ -155,12 +152,13 @@ pub fn neutralize(text: &str) -> String {
         .replace("[/INST]", "[\u{200B}/INST]")
 }
 
-/// Render conversation messages as a plain transcript: `User: …` blocks separated by blank lines.
+/// Render conversation messages as a plain transcript: one `User: …` block per message, each
+/// on a new line (a label per message is all the framing a fold pays for).
 pub fn transcript(conversation: &[Message]) -> String {
     let mut out = String::new();
     for m in conversation {
         if !out.is_empty() {
-            out.push_str("\n\n");
+            out.push('\n');
         }
         out.push_str(m.role.label());
         out.push_str(": ");
@@ -188,7 +186,7 @@ pub fn build_x(conversation: &[Message], previous: Option<&str>, extras: &Extras
         Some(prev) => (
             UPDATE_SYSTEM,
             format!(
-                "Current summary:\n\n{}\n\nNew exchanges:\n\n{}{}\n\nWrite the updated summary now.",
+                "Current summary:\n\n{}\n\nNew exchanges:\n\n{}{}\n\nUpdated summary:",
                 neutralize(prev.trim()),
                 transcript(conversation),
                 extras.text()
@@ -277,7 +275,9 @@ mod tests {
                 .content
                 .contains("New exchanges:\n\nAssistant: Done.")
         );
-        assert!(fixed_tokens(Some("The user set up CI.")) > fixed_tokens(None));
+        // The update's fixed part carries the summary.
+        let longer = "The user set up CI. The assistant added a cache and a nightly job.";
+        assert!(fixed_tokens(Some(longer)) > fixed_tokens(Some("The user set up CI.")));
     }
 
     #[test]

@@ -200,10 +200,17 @@ pub fn context(
         if run {
             validate(session, cfg)?;
             // Far enough that the rest fits the budget (window mode keeps its recent turns).
-            let upto = refresh_upto(cfg, stats.last_episode)
-                .max(cut.map_or(0, |c| c.upto))
-                .max(unshown.unwrap_or(0));
-            match guarded(h, session, cfg, marker, upto) {
+            // Far enough that the rest fits the budget and what the context cannot show is
+            // folded; window mode keeps its recent turns and folds in whole prompts.
+            let must = cut.map_or(0, |c| c.upto).max(unshown.unwrap_or(0));
+            let edge = refresh_upto(cfg, stats.last_episode);
+            let reach = if window_mode {
+                let latest = h.latest_summary(session)?;
+                Reach::window(h, cfg, latest.as_ref(), edge, must)?
+            } else {
+                Reach::to(edge.max(must))
+            };
+            match guarded(h, session, cfg, marker, reach) {
                 Ok(out) => refreshed = out.passes > 0,
                 // The previous summary serves; the caller sees that a refresh is due.
                 Err(e) => {

@@ -154,7 +154,7 @@ pub fn after_episode_written(
 pub fn summarize_now(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
     validate(session, cfg)?;
     let marker = h.failure(session)?;
-    guarded(h, session, cfg, marker, u64::MAX)
+    guarded(h, session, cfg, marker, Reach::to(u64::MAX))
 }
 
 /// Summarize until episode `upto` is covered, ignoring the trigger, the mode and any backoff:
@@ -168,7 +168,7 @@ pub fn catch_up_to(
 ) -> Result<Outcome, Error> {
     validate(session, cfg)?;
     let marker = h.failure(session)?;
-    guarded(h, session, cfg, marker, upto)
+    guarded(h, session, cfg, marker, Reach::to(upto))
 }
 
 /// Run `catch_up`, keeping the failure marker in step: cleared on success, advanced (with the
@@ -178,9 +178,9 @@ fn guarded(
     session: &str,
     cfg: &Config,
     marker: Option<FailureMarker>,
-    upto: u64,
+    reach: Reach,
 ) -> Result<Outcome, Error> {
-    match catch_up(h, session, cfg, upto) {
+    match catch_up(h, session, cfg, reach) {
         Ok(out) => {
             if marker.is_some() {
                 h.set_failure(session, None)?;

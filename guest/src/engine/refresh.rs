@@ -74,6 +74,15 @@ pub(super) fn window_batch(
     cfg: &Config,
     latest: Option<&SummaryRow>,
 ) -> Result<u32, Error> {
+    window_fold_size(h, cfg, latest).map(|(batch, _)| batch)
+}
+
+/// Window mode's fold size and the conversation budget of the fold's one prompt.
+fn window_fold_size(
+    h: &mut impl Host,
+    cfg: &Config,
+    latest: Option<&SummaryRow>,
+) -> Result<(u32, u32), Error> {
     let f = calibration_factor(h, cfg)?;
     let strategy = policy::strategy(latest, cfg);
     let previous = match &strategy {
@@ -87,7 +96,47 @@ pub(super) fn window_batch(
     };
     let fixed = prompt::fixed_tokens_x(previous, &extras);
     let budget = policy::input_budget_f(cfg, f, fixed).unwrap_or(fixed);
-    Ok(policy::window_batch(fixed, budget))
+    Ok((policy::window_batch(fixed, budget), budget))
+}
+
+/// How far a catch-up goes: through episode `upto`, though it may stop at the end of a pass
+/// once it has covered `must` and what is left before `upto` costs less than `leave` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reach {
+    /// The newest episode to cover.
+    pub upto: u64,
+    /// The newest episode that must be covered.
+    pub must: u64,
+    /// Tokens left over that wait for a later call.
+    pub leave: u64,
+}
+
+impl Reach {
+    /// Through `upto`, whatever is left.
+    pub fn to(upto: u64) -> Reach {
+        Reach {
+            upto,
+            must: upto,
+            leave: 0,
+        }
+    }
+
+    /// Window mode's fold of what has left the recent window (through `edge`), covering at
+    /// least `must`: in whole prompts, never a further call for less than a batch (that would
+    /// cost the whole fixed part for a few messages; they wait for the next batch instead).
+    pub(super) fn window(
+        h: &mut impl Host,
+        cfg: &Config,
+        latest: Option<&SummaryRow>,
+        edge: u64,
+        must: u64,
+    ) -> Result<Reach, Error> {
+        Ok(Reach {
+            upto: edge.max(must),
+            must,
+            leave: u64::from(window_batch(h, cfg, latest)?),
+        })
+    }
 }
 
 /// The newest episode a refresh folds: in window mode, the last one outside the recent
@@ -136,7 +185,13 @@ pub fn refresh(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome
         Level::Info,
         &format!("session {session}: refreshing: {}", f.reason),
     );
-    guarded(h, session, cfg, marker, refresh_upto(cfg, f.episodes))
+    let reach = if cfg.mode == policy::Mode::Window {
+        let latest = h.latest_summary(session)?;
+        Reach::window(h, cfg, latest.as_ref(), refresh_upto(cfg, f.episodes), 0)?
+    } else {
+        Reach::to(refresh_upto(cfg, f.episodes))
+    };
+    guarded(h, session, cfg, marker, reach)
 }
 
 /// How often one call re-plans after the model refused a prompt as longer than its context
@@ -241,7 +296,7 @@ pub(super) fn catch_up(
     h: &mut impl Host,
     session: &str,
     cfg: &Config,
-    upto: u64,
+    reach: Reach,
 ) -> Result<Outcome, Error> {
     let mut d = Deferred {
         inner: h,
@@ -250,7 +305,7 @@ pub(super) fn catch_up(
     // What the offline summarizer wrote is rewritten by the model first, so that new
     // episodes fold into the model's prose.
     let upgraded = upgrade_fallback_rows(&mut d, session, cfg)?;
-    let mut out = catch_up_now(&mut d, session, cfg, upto)?;
+    let mut out = catch_up_now(&mut d, session, cfg, reach)?;
     if !upgraded.is_empty() {
         out.triggered = true;
         out.passes += upgraded.len() as u32;
@@ -280,10 +335,16 @@ pub(super) fn catch_up_now(
     h: &mut impl Host,
     session: &str,
     cfg: &Config,
-    upto: u64,
+    reach: Reach,
 ) -> Result<Outcome, Error> {
     let start = h.stats(session)?;
-    let end = start.last_episode.min(upto);
+    let end = start.last_episode.min(reach.upto);
+    // What is left before `end` after a pass: a subtraction of running token totals.
+    let end_through = if reach.leave > 0 {
+        episode_at(h, session, end)?.map_or(0, |e| e.tokens_through)
+    } else {
+        0
+    };
     let mut out = Outcome::default();
     let mut overflows = 0;
     let mut conflicts = 0;
@@ -337,6 +398,14 @@ pub(super) fn catch_up_now(
         // call's work: a call covers what the session held when it started, and ends.
         if reached >= end {
             break;
+        }
+        if reach.leave > 0 && reached >= reach.must {
+            let at = episode_at(h, session, reached)?.map_or(0, |e| e.tokens_through);
+            let rest =
+                end_through.saturating_sub(at) + u64::from(plan::MESSAGE_COST) * (end - reached);
+            if rest < reach.leave {
+                break;
+            }
         }
         // Each pass covers at least one episode, so this bound is never reached by a correct
         // store; it turns a misbehaving one into an error instead of a loop.

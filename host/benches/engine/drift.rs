@@ -399,7 +399,7 @@ async fn fold_cost(
             ""
         };
         cells.push(format!(
-            "{name}{tag} {ratio:.2} ({calls} calls, {missing} missing)"
+            "{name}{tag} {ratio:.3} ({calls} calls, {missing} missing)"
         ));
     }
     if context_length != Config::default().context_length {
