@@ -20,6 +20,7 @@ mod mcp;
 mod memories;
 mod model_output;
 mod postgres;
+mod python;
 mod readme;
 mod real_data;
 mod sandbox;

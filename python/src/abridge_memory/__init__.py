@@ -1,0 +1,51 @@
+"""abridge from Python: a typed client of ``abridge serve``.
+
+>>> from abridge_memory import Client
+>>> with Client() as ab:
+...     ab.add_messages("chat-1", [("user", "hi"), ("assistant", "hello")])
+...     ctx = ab.context("chat-1", budget=2000)
+...     openai_messages = ctx.to_openai()
+"""
+
+__version__ = "0.1.0"
+
+from ._client import AsyncClient, Client
+from ._errors import (
+    AbridgeError,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    ModelFailed,
+    NotFound,
+    QuotaExhausted,
+    RateLimited,
+    ServerUnreachable,
+    TooLarge,
+    Unauthenticated,
+    Unavailable,
+    Unprocessable,
+)
+from ._models import (
+    Appended,
+    Context,
+    Episode,
+    Event,
+    Expansion,
+    Hit,
+    Imported,
+    Job,
+    Memory,
+    Message,
+    Session,
+    Summary,
+    Usage,
+    Written,
+)
+
+__all__ = [
+    "AbridgeError", "Appended", "AsyncClient", "Client", "Conflict", "Context", "Episode",
+    "Event", "Expansion", "Forbidden", "Hit", "Imported", "InvalidInput", "Job", "Memory",
+    "Message", "ModelFailed", "NotFound", "QuotaExhausted", "RateLimited", "ServerUnreachable",
+    "Session", "Summary", "TooLarge", "Unauthenticated", "Unavailable", "Unprocessable", "Usage",
+    "Written", "__version__",
+]

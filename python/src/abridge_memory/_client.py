@@ -1,0 +1,393 @@
+"""`Client` and `AsyncClient`: the same calls (``_core``), run over httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Iterable, Iterator, Optional, TypeVar
+
+import httpx
+
+from . import _core as c
+from . import _models as m
+from ._errors import AbridgeError
+
+T = TypeVar("T")
+
+
+class _Base:
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+    ) -> None:
+        self.url = c.base_url(url)
+        self.max_retries = max_retries
+        self._headers = c.auth_headers(token)
+        self._timeout = timeout
+
+
+class Client(_Base):
+    """A synchronous client of an abridge server (``abridge serve``).
+
+    ``url`` defaults to ``$ABRIDGE_URL``, then ``http://127.0.0.1:8377``; ``token`` to
+    ``$ABRIDGE_TOKEN``. Rate limits (429) and an unavailable server (503) are retried with
+    backoff, honouring ``Retry-After``, up to ``max_retries`` times; so are dropped connections
+    for requests that are safe to repeat.
+    """
+
+    def __init__(self, url: Optional[str] = None, **kw: Any) -> None:
+        super().__init__(url, **kw)
+        self._http = httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, call: c.Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                r = self._http.request(
+                    call.method, call.path, params=call.params, json=call.json, content=call.content
+                )
+                return call.read(c.check(r.status_code, r.text, r.headers))
+            except httpx.TransportError as e:
+                err: AbridgeError = c.unreachable(self.url, e)
+            except AbridgeError as e:
+                err = e
+            if not c.should_retry(err, call, attempt, self.max_retries):
+                raise err
+            time.sleep(c.backoff(err, attempt))
+            attempt += 1
+
+    # sessions
+    def add_messages(self, session: str, messages: Iterable[c.MessageLike]) -> m.Appended:
+        """Store messages (``{"role", "content"}`` dicts or ``(role, content)`` pairs)."""
+        return self._run(c.add_messages(session, messages))
+
+    def context(
+        self,
+        session: str,
+        *,
+        budget: Optional[int] = None,
+        pairs: Optional[int] = None,
+        refresh_after: Optional[int] = None,
+        wait_ms: Optional[int] = None,
+    ) -> m.Context:
+        """The compact context for the next model call, within ``budget`` tokens."""
+        return self._run(c.context(session, budget, pairs, refresh_after, wait_ms))
+
+    def summaries(self, session: str, *, all: bool = False, coverage: bool = False) -> list[m.Summary]:
+        return self._run(c.summaries(session, all, coverage))
+
+    def expand(
+        self, session: str, row: int, *, identifier: Optional[str] = None,
+        after: Optional[int] = None, limit: Optional[int] = None,
+    ) -> m.Expansion:
+        return self._run(c.expand(session, row, identifier, after, limit))
+
+    def session(self, session: str) -> m.Session:
+        return self._run(c.session(session))
+
+    def sessions(
+        self, *, q: Optional[str] = None, offset: Optional[int] = None, limit: Optional[int] = None
+    ) -> list[m.Session]:
+        return self._run(c.sessions(q, offset, limit))
+
+    def messages(self, session: str, *, after: int = 0, limit: Optional[int] = None) -> list[m.Episode]:
+        return self._run(c.messages(session, after, limit))
+
+    def set_focus(self, session: str, focus: Optional[str]) -> None:
+        return self._run(c.set_focus(session, focus))
+
+    def set_mode(self, session: str, mode: str, *, quiet_secs: Optional[int] = None) -> None:
+        return self._run(c.set_mode(session, mode, quiet_secs))
+
+    def pins(self, session: str) -> list[int]:
+        return self._run(c.pins(session))
+
+    def pin(self, session: str, episode: int) -> None:
+        return self._run(c.pin(session, episode, True))
+
+    def unpin(self, session: str, episode: int) -> None:
+        return self._run(c.pin(session, episode, False))
+
+    def refresh(self, session: str) -> Optional[m.Job]:
+        """Queue a refresh; the job, or None when every message is already covered."""
+        return self._run(c.refresh(session))
+
+    def reset(self, session: str) -> None:
+        """Delete the session: its messages, summaries and pins."""
+        return self._run(c.reset(session))
+
+    def import_transcript(
+        self, data: bytes, *, format: Optional[str] = None, session: Optional[str] = None,
+        name: Optional[str] = None, include_tools: bool = False,
+    ) -> list[m.Imported]:
+        return self._run(c.import_transcript(data, format, session, name, include_tools))
+
+    # memories
+    def remember(
+        self, text: str, *, user: Optional[str] = None, type: str = "fact", key: Optional[str] = None,
+        project: Optional[str] = None, environment: Optional[str] = None,
+        importance: Optional[float] = None, id: Optional[str] = None,
+    ) -> m.Written:
+        """Store a memory for ``user`` (``remember("likes tea", user="alice")``)."""
+        body = c.memory_body(text, user, type, key, project, environment, importance, id)
+        return self._run(c.remember(body))
+
+    def recall(
+        self, query: str, *, user: Optional[str] = None, project: Optional[str] = None,
+        environment: Optional[str] = None, type: Optional[str] = None, key: Optional[str] = None,
+        k: Optional[int] = None, exact: bool = False,
+    ) -> list[m.Hit]:
+        body = dict(query=query, user=user, project=project, environment=environment, type=type,
+                    key=key, k=k, exact=exact)
+        return self._run(c.recall(body))
+
+    def memory(self, id: str) -> m.Memory:
+        return self._run(c.memory(id))
+
+    def forget(self, id: str) -> None:
+        return self._run(c.forget(id))
+
+    # jobs and usage
+    def job(self, id: int) -> m.Job:
+        return self._run(c.job(id))
+
+    def cancel_job(self, id: int) -> m.Job:
+        return self._run(c.cancel_job(id))
+
+    def job_events(self, id: int, *, last_event_id: Optional[int] = None) -> Iterator[m.Event]:
+        """The job's events as they happen, until it finishes. A dropped stream is resumed
+        with ``Last-Event-ID``, so no event is missed while the server retains it."""
+        failures = 0
+        while True:
+            headers = {"accept": "text/event-stream"}
+            if last_event_id is not None:
+                headers["last-event-id"] = str(last_event_id)
+            try:
+                with self._http.stream(
+                    "GET", f"/v1/jobs/{int(id)}/events", headers=headers,
+                    timeout=httpx.Timeout(self._timeout, read=None),
+                ) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        c.check(r.status_code, r.text, r.headers)
+                    p = c.SseParser()
+                    for line in r.iter_lines():
+                        ev = p.line(line)
+                        if ev is None:
+                            continue
+                        failures = 0
+                        if ev.id is not None:
+                            last_event_id = ev.id
+                        yield ev
+                        if c.terminal(ev):
+                            return
+            except httpx.TransportError as e:
+                failures += 1
+                if failures > self.max_retries:
+                    raise c.unreachable(self.url, e) from e
+                time.sleep(c.backoff(c.unreachable(self.url, e), failures))
+                continue
+            # The stream ended without a final event: ask once more where the job stands.
+            if self.job(id).finished:
+                j = self.job(id)
+                yield m.Event(id=last_event_id, event="job.state", data=j.__dict__)
+                return
+
+    def wait_job(self, id: int, *, timeout: float = 600.0) -> m.Job:
+        """Block until the job finishes (by its event stream); its final state."""
+        deadline = time.monotonic() + timeout
+        for _ in self.job_events(id):
+            if time.monotonic() > deadline:
+                break
+        return self.job(id)
+
+    def usage(self) -> m.Usage:
+        return self._run(c.usage())
+
+
+class AsyncClient(_Base):
+    """The asynchronous twin of :class:`Client` (same calls, awaited)."""
+
+    def __init__(self, url: Optional[str] = None, **kw: Any) -> None:
+        super().__init__(url, **kw)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=self._timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run(self, call: c.Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                r = await self._http.request(
+                    call.method, call.path, params=call.params, json=call.json, content=call.content
+                )
+                return call.read(c.check(r.status_code, r.text, r.headers))
+            except httpx.TransportError as e:
+                err: AbridgeError = c.unreachable(self.url, e)
+            except AbridgeError as e:
+                err = e
+            if not c.should_retry(err, call, attempt, self.max_retries):
+                raise err
+            await asyncio.sleep(c.backoff(err, attempt))
+            attempt += 1
+
+    async def add_messages(self, session: str, messages: Iterable[c.MessageLike]) -> m.Appended:
+        return await self._run(c.add_messages(session, messages))
+
+    async def context(
+        self, session: str, *, budget: Optional[int] = None, pairs: Optional[int] = None,
+        refresh_after: Optional[int] = None, wait_ms: Optional[int] = None,
+    ) -> m.Context:
+        return await self._run(c.context(session, budget, pairs, refresh_after, wait_ms))
+
+    async def summaries(
+        self, session: str, *, all: bool = False, coverage: bool = False
+    ) -> list[m.Summary]:
+        return await self._run(c.summaries(session, all, coverage))
+
+    async def expand(
+        self, session: str, row: int, *, identifier: Optional[str] = None,
+        after: Optional[int] = None, limit: Optional[int] = None,
+    ) -> m.Expansion:
+        return await self._run(c.expand(session, row, identifier, after, limit))
+
+    async def session(self, session: str) -> m.Session:
+        return await self._run(c.session(session))
+
+    async def sessions(
+        self, *, q: Optional[str] = None, offset: Optional[int] = None, limit: Optional[int] = None
+    ) -> list[m.Session]:
+        return await self._run(c.sessions(q, offset, limit))
+
+    async def messages(
+        self, session: str, *, after: int = 0, limit: Optional[int] = None
+    ) -> list[m.Episode]:
+        return await self._run(c.messages(session, after, limit))
+
+    async def set_focus(self, session: str, focus: Optional[str]) -> None:
+        return await self._run(c.set_focus(session, focus))
+
+    async def set_mode(self, session: str, mode: str, *, quiet_secs: Optional[int] = None) -> None:
+        return await self._run(c.set_mode(session, mode, quiet_secs))
+
+    async def pins(self, session: str) -> list[int]:
+        return await self._run(c.pins(session))
+
+    async def pin(self, session: str, episode: int) -> None:
+        return await self._run(c.pin(session, episode, True))
+
+    async def unpin(self, session: str, episode: int) -> None:
+        return await self._run(c.pin(session, episode, False))
+
+    async def refresh(self, session: str) -> Optional[m.Job]:
+        return await self._run(c.refresh(session))
+
+    async def reset(self, session: str) -> None:
+        return await self._run(c.reset(session))
+
+    async def import_transcript(
+        self, data: bytes, *, format: Optional[str] = None, session: Optional[str] = None,
+        name: Optional[str] = None, include_tools: bool = False,
+    ) -> list[m.Imported]:
+        return await self._run(c.import_transcript(data, format, session, name, include_tools))
+
+    async def remember(
+        self, text: str, *, user: Optional[str] = None, type: str = "fact", key: Optional[str] = None,
+        project: Optional[str] = None, environment: Optional[str] = None,
+        importance: Optional[float] = None, id: Optional[str] = None,
+    ) -> m.Written:
+        body = c.memory_body(text, user, type, key, project, environment, importance, id)
+        return await self._run(c.remember(body))
+
+    async def recall(
+        self, query: str, *, user: Optional[str] = None, project: Optional[str] = None,
+        environment: Optional[str] = None, type: Optional[str] = None, key: Optional[str] = None,
+        k: Optional[int] = None, exact: bool = False,
+    ) -> list[m.Hit]:
+        body = dict(query=query, user=user, project=project, environment=environment, type=type,
+                    key=key, k=k, exact=exact)
+        return await self._run(c.recall(body))
+
+    async def memory(self, id: str) -> m.Memory:
+        return await self._run(c.memory(id))
+
+    async def forget(self, id: str) -> None:
+        return await self._run(c.forget(id))
+
+    async def job(self, id: int) -> m.Job:
+        return await self._run(c.job(id))
+
+    async def cancel_job(self, id: int) -> m.Job:
+        return await self._run(c.cancel_job(id))
+
+    async def job_events(
+        self, id: int, *, last_event_id: Optional[int] = None
+    ) -> AsyncIterator[m.Event]:
+        failures = 0
+        while True:
+            headers = {"accept": "text/event-stream"}
+            if last_event_id is not None:
+                headers["last-event-id"] = str(last_event_id)
+            try:
+                async with self._http.stream(
+                    "GET", f"/v1/jobs/{int(id)}/events", headers=headers,
+                    timeout=httpx.Timeout(self._timeout, read=None),
+                ) as r:
+                    if r.status_code >= 400:
+                        await r.aread()
+                        c.check(r.status_code, r.text, r.headers)
+                    p = c.SseParser()
+                    async for line in r.aiter_lines():
+                        ev = p.line(line)
+                        if ev is None:
+                            continue
+                        failures = 0
+                        if ev.id is not None:
+                            last_event_id = ev.id
+                        yield ev
+                        if c.terminal(ev):
+                            return
+            except httpx.TransportError as e:
+                failures += 1
+                if failures > self.max_retries:
+                    raise c.unreachable(self.url, e) from e
+                await asyncio.sleep(c.backoff(c.unreachable(self.url, e), failures))
+                continue
+            j = await self.job(id)
+            if j.finished:
+                yield m.Event(id=last_event_id, event="job.state", data=j.__dict__)
+                return
+
+    async def wait_job(self, id: int, *, timeout: float = 600.0) -> m.Job:
+        async def drain() -> None:
+            async for _ in self.job_events(id):
+                pass
+
+        try:
+            await asyncio.wait_for(drain(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return await self.job(id)
+
+    async def usage(self) -> m.Usage:
+        return await self._run(c.usage())

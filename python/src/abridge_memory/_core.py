@@ -1,0 +1,375 @@
+"""What a call sends and how its answer is read, written once for both clients."""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, Mapping, Optional, TypeVar, Union
+from urllib.parse import quote
+
+from . import _models as m
+from ._errors import AbridgeError, RateLimited, ServerUnreachable, Unavailable, error_from_response
+
+T = TypeVar("T")
+
+DEFAULT_URL = "http://127.0.0.1:8377"
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+MessageLike = Union[Mapping[str, Any], tuple[str, str]]
+
+
+@dataclass
+class Call(Generic[T]):
+    """One request and the reader of its JSON answer."""
+
+    method: str
+    path: str
+    read: Callable[[Any], T]
+    params: Optional[dict[str, Any]] = None
+    json: Any = None
+    content: Optional[bytes] = None
+    # Safe to send again after a dropped connection (reads, and writes keyed by ids).
+    idempotent: bool = False
+
+
+def seg(s: Union[str, int]) -> str:
+    """One path segment, percent-encoded (session ids may hold any character)."""
+    return quote(str(s), safe="")
+
+
+def params(**kw: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in kw.items():
+        if v is None:
+            continue
+        out[k] = ("true" if v else "false") if isinstance(v, bool) else v
+    return out
+
+
+def message_body(messages: Iterable[MessageLike]) -> list[dict[str, Any]]:
+    """Messages for a post, each with an id (a retried post then stores nothing twice)."""
+    out = []
+    for msg in messages:
+        if isinstance(msg, tuple):
+            role, content = msg
+            d: dict[str, Any] = {"role": role, "content": content}
+        else:
+            d = {k: v for k, v in msg.items() if v is not None}
+            if "role" not in d or "content" not in d:
+                raise ValueError(
+                    "each message needs a role and content, e.g. {'role': 'user', 'content': 'hi'}"
+                )
+        d.setdefault("id", f"py-{uuid.uuid4().hex}")
+        out.append(d)
+    return out
+
+
+def base_url(url: Optional[str]) -> str:
+    return (url or os.environ.get("ABRIDGE_URL") or DEFAULT_URL).rstrip("/")
+
+
+def auth_headers(token: Optional[str]) -> dict[str, str]:
+    from . import __version__
+
+    h = {"user-agent": f"abridge-memory-python/{__version__}"}
+    token = token if token is not None else os.environ.get("ABRIDGE_TOKEN")
+    if token:
+        h["authorization"] = f"Bearer {token}"
+    return h
+
+
+def retry_after(headers: Mapping[str, str]) -> Optional[float]:
+    v = headers.get("retry-after")
+    try:
+        return max(0.0, float(v)) if v is not None else None
+    except ValueError:
+        return None
+
+
+def body_of(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return text
+
+
+def check(status: int, text: str, headers: Mapping[str, str]) -> Any:
+    """The answer's JSON, or the typed error it stands for."""
+    body = body_of(text)
+    if status >= 400:
+        raise error_from_response(status, body, retry_after(headers))
+    return body
+
+
+def should_retry(e: AbridgeError, call: Call[Any], attempt: int, max_retries: int) -> bool:
+    if attempt >= max_retries:
+        return False
+    if isinstance(e, RateLimited) or isinstance(e, Unavailable):
+        return True
+    return isinstance(e, ServerUnreachable) and call.idempotent
+
+
+def backoff(e: AbridgeError, attempt: int) -> float:
+    """Seconds before the next attempt: the server's Retry-After, else jittered doubling."""
+    if isinstance(e, RateLimited) and e.retry_after is not None:
+        return min(e.retry_after, 60.0)
+    return min(8.0, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
+
+
+def unreachable(url: str, err: Exception) -> ServerUnreachable:
+    return ServerUnreachable(
+        f"cannot reach abridge at {url}: {err}",
+        hint="start it with `abridge serve` (or abridge_memory.local() from Python), "
+        "or pass the right url= / set ABRIDGE_URL",
+    )
+
+
+# ---- the calls -------------------------------------------------------------------------
+
+
+def add_messages(session: str, messages: Iterable[MessageLike]) -> Call[m.Appended]:
+    return Call(
+        "POST",
+        f"/v1/sessions/{seg(session)}/messages",
+        lambda b: m.from_dict(m.Appended, b),
+        json={"messages": message_body(messages)},
+        idempotent=True,
+    )
+
+
+def context(
+    session: str,
+    budget: Optional[int],
+    pairs: Optional[int],
+    refresh_after: Optional[int],
+    wait_ms: Optional[int],
+) -> Call[m.Context]:
+    return Call(
+        "GET",
+        f"/v1/sessions/{seg(session)}/context",
+        lambda b: m.from_dict(m.Context, b),
+        params=params(budget=budget, pairs=pairs, refresh_after=refresh_after, wait=wait_ms),
+        idempotent=True,
+    )
+
+
+def summaries(session: str, all: bool, coverage: bool) -> Call[list[m.Summary]]:
+    return Call(
+        "GET",
+        f"/v1/sessions/{seg(session)}/summaries",
+        lambda b: [m.from_dict(m.Summary, r) for r in b["summaries"]],
+        params=params(all=all or None, coverage=coverage or None),
+        idempotent=True,
+    )
+
+
+def expand(
+    session: str, row: int, identifier: Optional[str], after: Optional[int], limit: Optional[int]
+) -> Call[m.Expansion]:
+    return Call(
+        "GET",
+        f"/v1/sessions/{seg(session)}/summaries/{int(row)}/expand",
+        lambda b: m.from_dict(m.Expansion, b),
+        params=params(identifier=identifier, after=after, limit=limit),
+        idempotent=True,
+    )
+
+
+def session(session: str) -> Call[m.Session]:
+    return Call(
+        "GET", f"/v1/sessions/{seg(session)}", lambda b: m.from_dict(m.Session, b), idempotent=True
+    )
+
+
+def sessions(q: Optional[str], offset: Optional[int], limit: Optional[int]) -> Call[list[m.Session]]:
+    return Call(
+        "GET",
+        "/v1/sessions",
+        lambda b: [m.from_dict(m.Session, s) for s in b["sessions"]],
+        params=params(q=q, offset=offset, limit=limit),
+        idempotent=True,
+    )
+
+
+def messages(session: str, after: int, limit: Optional[int]) -> Call[list[m.Episode]]:
+    return Call(
+        "GET",
+        f"/v1/sessions/{seg(session)}/messages",
+        lambda b: [m.from_dict(m.Episode, e) for e in b["messages"]],
+        params=params(after=after, limit=limit),
+        idempotent=True,
+    )
+
+
+def set_focus(session: str, focus: Optional[str]) -> Call[None]:
+    return Call(
+        "PUT", f"/v1/sessions/{seg(session)}/focus", lambda b: None, json={"focus": focus},
+        idempotent=True,
+    )
+
+
+def set_mode(session: str, mode: str, quiet_secs: Optional[int]) -> Call[None]:
+    return Call(
+        "PUT",
+        f"/v1/sessions/{seg(session)}/mode",
+        lambda b: None,
+        json={k: v for k, v in {"mode": mode, "quiet_secs": quiet_secs}.items() if v is not None},
+        idempotent=True,
+    )
+
+
+def pins(session: str) -> Call[list[int]]:
+    return Call(
+        "GET", f"/v1/sessions/{seg(session)}/pins", lambda b: list(b["pins"]), idempotent=True
+    )
+
+
+def pin(session: str, episode: int, on: bool) -> Call[None]:
+    return Call(
+        "PUT" if on else "DELETE",
+        f"/v1/sessions/{seg(session)}/pins/{int(episode)}",
+        lambda b: None,
+        idempotent=True,
+    )
+
+
+def refresh(session: str) -> Call[Optional[m.Job]]:
+    def read(b: Any) -> Optional[m.Job]:
+        return m.from_dict(m.Job, b) if isinstance(b, dict) and "state" in b else None
+
+    return Call("POST", f"/v1/sessions/{seg(session)}/refresh", read)
+
+
+def reset(session: str) -> Call[None]:
+    return Call("DELETE", f"/v1/sessions/{seg(session)}", lambda b: None, idempotent=True)
+
+
+def import_transcript(
+    data: bytes, format: Optional[str], session: Optional[str], name: Optional[str],
+    include_tools: bool,
+) -> Call[list[m.Imported]]:
+    return Call(
+        "POST",
+        "/v1/transcripts",
+        lambda b: [m.from_dict(m.Imported, c) for c in b["conversations"]],
+        params=params(format=format, session=session, name=name, include_tools=include_tools or None),
+        content=data,
+    )
+
+
+def remember(body: dict[str, Any]) -> Call[m.Written]:
+    body = {k: v for k, v in body.items() if v is not None}
+    body.setdefault("id", f"py-{uuid.uuid4().hex}")
+    return Call(
+        "POST",
+        "/v1/memories",
+        lambda b: m.from_dict(m.Written, b["memories"][0]),
+        json=body,
+        idempotent=True,
+    )
+
+
+def recall(body: dict[str, Any]) -> Call[list[m.Hit]]:
+    return Call(
+        "POST",
+        "/v1/recall",
+        lambda b: [m.from_dict(m.Hit, h) for h in b["results"]],
+        json={k: v for k, v in body.items() if v is not None},
+        idempotent=True,
+    )
+
+
+def memory(id: str) -> Call[m.Memory]:
+    return Call("GET", f"/v1/memories/{seg(id)}", lambda b: m.from_dict(m.Memory, b), idempotent=True)
+
+
+def forget(id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/memories/{seg(id)}", lambda b: None, idempotent=True)
+
+
+def job(id: int) -> Call[m.Job]:
+    return Call("GET", f"/v1/jobs/{int(id)}", lambda b: m.from_dict(m.Job, b), idempotent=True)
+
+
+def cancel_job(id: int) -> Call[m.Job]:
+    return Call("POST", f"/v1/jobs/{int(id)}/cancel", lambda b: m.from_dict(m.Job, b), idempotent=True)
+
+
+def usage() -> Call[m.Usage]:
+    return Call("GET", "/v1/usage", lambda b: m.from_dict(m.Usage, b), idempotent=True)
+
+
+def memory_body(
+    text: str,
+    user: Optional[str],
+    type: str,
+    key: Optional[str],
+    project: Optional[str],
+    environment: Optional[str],
+    importance: Optional[float],
+    id: Optional[str],
+) -> dict[str, Any]:
+    if not user:
+        raise ValueError("remember needs the user the memory belongs to, e.g. user='alice'")
+    return {
+        "id": id,
+        "text": text,
+        "user": user,
+        "type": type,
+        # The mem0-style shortcut: without a key, the text's own words key it (one fact a key).
+        "key": key if key is not None else default_key(text),
+        "project": project,
+        "environment": environment,
+        "importance": importance,
+    }
+
+
+def default_key(text: str) -> str:
+    import hashlib
+
+    return "py-" + hashlib.sha256(" ".join(text.lower().split()).encode()).hexdigest()[:16]
+
+
+# ---- server-sent events ----------------------------------------------------------------
+
+
+class SseParser:
+    """Incremental `text/event-stream` parsing: feed lines, take whole events."""
+
+    def __init__(self) -> None:
+        self.id: Optional[int] = None
+        self.event = "message"
+        self.data: list[str] = []
+
+    def line(self, line: str) -> Optional[m.Event]:
+        line = line.rstrip("\r\n")
+        if not line:
+            if not self.data:
+                self.event = "message"
+                return None
+            ev = m.Event(id=self.id, event=self.event, data=body_of("\n".join(self.data)))
+            self.event, self.data = "message", []
+            return ev
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            self.data.append(value)
+        elif name == "event":
+            self.event = value
+        elif name == "id":
+            try:
+                self.id = int(value)
+            except ValueError:
+                pass
+        return None
+
+
+def terminal(ev: m.Event) -> bool:
+    """Whether a job event ends its stream (the job has finished)."""
+    return isinstance(ev.data, dict) and ev.data.get("state") in TERMINAL

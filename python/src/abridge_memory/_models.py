@@ -1,0 +1,315 @@
+"""Typed results. Each dataclass mirrors one schema of the server's OpenAPI document
+(``SCHEMA``); ``tests/test_openapi.py`` compares their fields so they cannot drift."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional, TypeVar, Union, get_args, get_origin, get_type_hints
+
+T = TypeVar("T")
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = get_origin(tp)
+    if origin is Union:
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        return _convert(inner[0], value) if len(inner) == 1 else value
+    if origin is list:
+        (item,) = get_args(tp)
+        return [_convert(item, v) for v in value]
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        return from_dict(tp, value)  # type: ignore[type-var]
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """``cls`` from a JSON object; keys the class does not know (a newer server) are ignored."""
+    hints = get_type_hints(cls)
+    kw = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kw[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kw)
+
+
+@dataclass
+class Message:
+    """One message of a context, ready to send to a model."""
+
+    SCHEMA: ClassVar[str] = "ContextMessage"
+    role: str
+    content: str
+
+
+@dataclass
+class Progress:
+    SCHEMA: ClassVar[str] = "ProgressView"
+    stage: str
+    level: int
+    done: int
+    total: int
+
+
+@dataclass
+class Job:
+    """A durable summarization job."""
+
+    SCHEMA: ClassVar[str] = "JobView"
+    id: int
+    session: str
+    target: int
+    state: str
+    progress: Progress
+    calls_planned: int
+    answers: int
+    attempts: int
+    cancel_requested: bool
+    created_ms: int
+    error: Optional[str] = None
+    started_ms: Optional[int] = None
+    finished_ms: Optional[int] = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job has ended (succeeded, failed or cancelled)."""
+        return self.state not in ("queued", "running")
+
+
+@dataclass
+class Appended:
+    """What a post of messages stored."""
+
+    SCHEMA: ClassVar[str] = "Appended"
+    session: str
+    ids: list[str]
+    received: int
+    stored: int
+    duplicates: int
+    episodes: int
+    job: Optional[Job] = None
+
+
+@dataclass
+class Context:
+    """A compact context: the summary with its ledger, pins and recent turns, within a budget."""
+
+    SCHEMA: ClassVar[str] = "ContextView"
+    session: str
+    messages: list[Message]
+    tokens: int
+    full_tokens: int
+    saving_percent: float
+    covered: int
+    recent: int
+    omitted: int
+    omitted_ranges: list[list[int]]
+    covered_from: int
+    level: int
+    identifiers: int
+    pinned: int
+    refresh_pending: bool
+    refresh_due: bool
+    waited: bool
+    job: Optional[Job] = None
+
+    def to_openai(self) -> list[dict[str, str]]:
+        """Messages for the OpenAI chat API (``messages=``): the summary as a system message."""
+        return [{"role": m.role, "content": m.content} for m in self.messages]
+
+    def to_anthropic(self) -> tuple[str, list[dict[str, str]]]:
+        """``(system, messages)`` for Anthropic's Messages API: system text apart, and turns
+        that alternate and start with the user (adjacent same-role turns are joined)."""
+        system = "\n\n".join(m.content for m in self.messages if m.role == "system")
+        turns: list[dict[str, str]] = []
+        for m in self.messages:
+            if m.role == "system":
+                continue
+            role = "assistant" if m.role == "assistant" else "user"
+            if turns and turns[-1]["role"] == role:
+                turns[-1]["content"] += "\n\n" + m.content
+            else:
+                turns.append({"role": role, "content": m.content})
+        if turns and turns[0]["role"] == "assistant":
+            turns.insert(0, {"role": "user", "content": "(earlier turns are summarized above)"})
+        return system, turns
+
+
+@dataclass
+class LedgerEntry:
+    SCHEMA: ClassVar[str] = "LedgerView"
+    text: str
+    kind: str
+    episode: int
+    count: int
+
+
+@dataclass
+class SourceMark:
+    SCHEMA: ClassVar[str] = "SourceMarkView"
+    path: str
+    bytes: int
+
+
+@dataclass
+class Coverage:
+    SCHEMA: ClassVar[str] = "CoverageView"
+    transcript_bytes: int
+    messages: int
+    last_exchange_ms: Optional[int] = None
+    source: Optional[SourceMark] = None
+
+
+@dataclass
+class Summary:
+    """One row of a session's summary chain: what it says and exactly which episodes."""
+
+    SCHEMA: ClassVar[str] = "SummaryView"
+    id: int
+    first_episode: int
+    last_episode: int
+    tokens: int
+    content: str
+    model: str
+    prompt_tokens: int
+    output_tokens: int
+    skipped: list[Any]
+    level: int
+    ledger: list[LedgerEntry]
+    ledger_dropped: int
+    compacted_into: Optional[int] = None
+    coverage: Optional[Coverage] = None
+
+
+@dataclass
+class Session:
+    """A session's state: freshness, coverage and what its summary saves."""
+
+    SCHEMA: ClassVar[str] = "SessionView"
+    id: str
+    state: str
+    reason: str
+    mode: str
+    own_mode: bool
+    episodes: int
+    covered: int
+    backlog_tokens: int
+    failures: int
+    history_tokens: int
+    summary_tokens: int
+    tokens_saved: int
+    last_activity_ms: Optional[int] = None
+    covered_until_ms: Optional[int] = None
+    due_at_ms: Optional[int] = None
+    last_error: Optional[str] = None
+    active_job: Optional[int] = None
+    title: Optional[str] = None
+    project: Optional[str] = None
+
+
+@dataclass
+class Episode:
+    SCHEMA: ClassVar[str] = "EpisodeView"
+    id: int
+    role: str
+    content: str
+    timestamp_ms: Optional[int] = None
+
+
+@dataclass
+class Expansion:
+    """A summary row and exactly the episodes it covers."""
+
+    SCHEMA: ClassVar[str] = "ExpansionView"
+    row: Summary
+    episodes: list[Episode]
+    compacted: list[Summary]
+    next_after: Optional[int] = None
+
+
+@dataclass
+class Imported:
+    SCHEMA: ClassVar[str] = "Imported"
+    session: str
+    episodes: int
+    stored: int
+    title: Optional[str] = None
+    job: Optional[Job] = None
+
+
+@dataclass
+class Memory:
+    SCHEMA: ClassVar[str] = "MemoryView"
+    id: str
+    user: str
+    project: str
+    environment: str
+    type: str
+    key: str
+    text: str
+    importance: float
+    created_ms: int
+    cluster: int
+
+
+@dataclass
+class Written:
+    """A memory written: its id, its cluster and whether it was new."""
+
+    SCHEMA: ClassVar[str] = "WrittenMemory"
+    id: str
+    cluster: int
+    created: bool
+    members: int
+    summarizing: bool
+
+
+@dataclass
+class Hit:
+    """One recall result: a memory or a cluster summary, with the memories it stands for."""
+
+    SCHEMA: ClassVar[str] = "RecallView"
+    kind: str
+    id: str
+    text: str
+    score: float
+    importance: float
+    sources: list[str]
+
+
+@dataclass
+class UsageDay:
+    SCHEMA: ClassVar[str] = "UsageDayView"
+    day: str
+    calls: int
+    prompt_tokens: int
+    output_tokens: int
+    cost: float
+
+
+@dataclass
+class Usage:
+    """The tenant's model usage this month and its ceiling."""
+
+    SCHEMA: ClassVar[str] = "UsageView"
+    month: str
+    calls: int
+    prompt_tokens: int
+    output_tokens: int
+    cost: float
+    exhausted: bool
+    resets_at_ms: int
+    days: list[UsageDay]
+    limit_tokens: Optional[int] = None
+    limit_cost: Optional[float] = None
+
+
+@dataclass
+class Event:
+    """One server-sent event of a job's stream."""
+
+    id: Optional[int]
+    event: str
+    data: Any

@@ -1,0 +1,213 @@
+"""The clients against the real server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+import abridge_memory as ab
+from conftest import Server
+
+
+def chat(n: int, start: int = 0) -> list[tuple[str, str]]:
+    out = []
+    for i in range(start, start + n):
+        out.append(("user", f"Turn {i}: can you check why job {i * 13} in services/worker{i % 9}/queue.rs retries before release v3.{i % 17}.0?"))
+        out.append(("assistant", f"Turn {i}: the worker retries because the lease expires; I raised the lease to {30 + i} seconds and noted it for the release."))
+    return out
+
+
+def test_messages_context_and_ready_to_send_lists(server: Server) -> None:
+    with ab.Client(server.url) as c:
+        r = c.add_messages("chat-1", chat(3))
+        assert (r.received, r.stored, r.duplicates, r.episodes) == (6, 6, 0, 6)
+        ctx = c.context("chat-1", budget=2000)
+        assert isinstance(ctx, ab.Context) and ctx.session == "chat-1"
+        assert [m.role for m in ctx.messages][-2:] == ["user", "assistant"]
+        assert ctx.to_openai()[-1] == {"role": "assistant", "content": ctx.messages[-1].content}
+        system, turns = ctx.to_anthropic()
+        assert turns[0]["role"] == "user"
+        assert all(a["role"] != b["role"] for a, b in zip(turns, turns[1:]))
+        assert isinstance(system, str)
+
+
+def test_a_retried_post_stores_nothing_twice(server: Server) -> None:
+    with ab.Client(server.url) as c:
+        msgs = [{"role": "user", "content": "hello", "id": "m-1"}, {"role": "assistant", "content": "hi", "id": "m-2"}]
+        assert c.add_messages("s", msgs).stored == 2
+        again = c.add_messages("s", msgs)
+        assert (again.stored, again.duplicates, again.episodes) == (0, 2, 2)
+
+
+def test_a_refresh_is_a_job_whose_events_end_with_its_state(server: Server) -> None:
+    with ab.Client(server.url) as c:
+        posted = c.add_messages("long", chat(30))
+        c.set_mode("long", "eager")
+        # The refresh's job, or the one the post queued and the refresh found active.
+        job = c.refresh("long") or posted.job
+        assert job is not None
+        events = list(c.job_events(job.id))
+        assert events and events[-1].data["state"] == "succeeded", events
+        assert c.job(job.id).finished
+        if c.refresh("long") is not None:
+            pytest.fail("a second refresh found work left")
+        rows = c.summaries("long", coverage=True)
+        assert rows and rows[-1].last_episode == 60
+        assert rows[0].first_episode == 1 and rows[0].coverage is not None
+        x = c.expand("long", rows[0].id)
+        assert x.row.id == rows[0].id and x.episodes[0].id == rows[0].first_episode
+        ctx = c.context("long", budget=800)
+        assert ctx.covered == 60 and ctx.tokens <= 800 and ctx.omitted == 0
+        assert c.session("long").episodes == 60
+        assert "long" in [s.id for s in c.sessions()]
+
+
+def test_focus_pins_mode_and_reset(server: Server) -> None:
+    with ab.Client(server.url) as c:
+        c.add_messages("p", chat(2))
+        c.pin("p", 1)
+        assert c.pins("p") == [1]
+        c.unpin("p", 1)
+        assert c.pins("p") == []
+        c.set_focus("p", "keep file paths")
+        c.set_mode("p", "idle", quiet_secs=60)
+        assert c.session("p").mode == "idle"
+        c.reset("p")
+        with pytest.raises(ab.NotFound):
+            c.session("p")
+
+
+def test_memories_remember_recall_and_forget(server: Server) -> None:
+    with ab.Client(server.url) as c:
+        w = c.remember("Alice prefers dark mode in every editor.", user="alice")
+        assert w.created and w.id
+        c.remember("Alice's team deploys on Thursdays.", user="alice")
+        hits = c.recall("dark mode", user="alice")
+        assert hits and hits[0].id == w.id and "dark mode" in hits[0].text
+        assert c.recall("dark mode", user="bob") == []
+        assert c.memory(w.id).user == "alice"
+        c.forget(w.id)
+        with pytest.raises(ab.NotFound) as e:
+            c.memory(w.id)
+        assert e.value.status == 404 and e.value.hint
+        assert c.usage().month
+
+
+def test_errors_are_typed_and_keep_the_servers_hint(server: Server) -> None:
+    with ab.Client(server.url) as c:
+        with pytest.raises(ab.NotFound) as e:
+            c.context("no-such-session")
+        assert e.value.code == "not_found" and e.value.hint
+        with pytest.raises(ValueError, match="role and content"):
+            c.add_messages("s", [{"content": "no role"}])
+        with pytest.raises(ValueError, match="user="):
+            c.remember("no user")
+
+
+def test_an_unreachable_server_says_how_to_start_one() -> None:
+    with ab.Client("http://127.0.0.1:9", max_retries=0) as c:
+        with pytest.raises(ab.ServerUnreachable) as e:
+            c.usage()
+    assert "abridge serve" in str(e.value)
+
+
+def test_a_bad_token_is_unauthenticated(model_url: str, tmp_path) -> None:
+    from conftest import start_server
+
+    proc, srv = start_server(model_url, tmp_path)
+    proc.kill()
+    proc.wait()
+    token = srv.cli("tokens", "create", "--tenant", "acme")
+    proc, srv = start_server(model_url, tmp_path)
+    try:
+        with ab.Client(srv.url, token="not-a-token") as c:
+            with pytest.raises(ab.Unauthenticated) as e:
+                c.usage()
+            assert e.value.status == 401
+        with ab.Client(srv.url, token=token) as c:
+            c.add_messages("t", [("user", "hi")])
+            assert c.session("t").episodes == 1
+        # Another tenant's session is not found, not forbidden: ids do not leak.
+        other = srv.cli("tokens", "create", "--tenant", "globex")
+        with ab.Client(srv.url, token=other) as c, pytest.raises(ab.NotFound):
+            c.session("t")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """Answers 429 (Retry-After: 0), then 503, then 200: what the retry policy must ride out."""
+
+    answers: list[tuple[int, dict]] = []
+    seen: list[float] = []
+
+    def do_GET(self) -> None:  # noqa: N802
+        _Flaky.seen.append(time.monotonic())
+        status, body = _Flaky.answers.pop(0)
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        if status == 429:
+            self.send_header("retry-after", "0")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+def _flaky(answers: list[tuple[int, dict]]) -> http.server.HTTPServer:
+    _Flaky.answers, _Flaky.seen = list(answers), []
+    srv = http.server.HTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+USAGE = {"month": "2026-11", "calls": 1, "prompt_tokens": 2, "output_tokens": 3, "cost": 0.0,
+         "exhausted": False, "resets_at_ms": 0, "days": []}
+
+
+def test_rate_limits_and_unavailability_are_retried_with_backoff() -> None:
+    limited = {"error": {"code": "rate_limited", "message": "slow down"}}
+    down = {"error": {"code": "unavailable", "message": "shutting down"}}
+    srv = _flaky([(429, limited), (503, down), (200, USAGE)])
+    try:
+        with ab.Client(f"http://127.0.0.1:{srv.server_port}") as c:
+            assert c.usage().calls == 1
+        assert len(_Flaky.seen) == 3
+    finally:
+        srv.shutdown()
+
+
+def test_a_spent_quota_is_not_retried_and_says_when_it_resets() -> None:
+    body = {"error": {"code": "quota_exhausted", "message": "the monthly budget is spent",
+                      "hint": "raise it with abridge tenants", "quota": {"spent": 1000, "limit": 1000, "resets_at_ms": 1796083200000}}}
+    srv = _flaky([(429, body), (200, USAGE)])
+    try:
+        with ab.Client(f"http://127.0.0.1:{srv.server_port}") as c, pytest.raises(ab.QuotaExhausted) as e:
+            c.usage()
+        assert (e.value.spent, e.value.limit, e.value.resets_at) == (1000, 1000, 1796083200000)
+        assert len(_Flaky.seen) == 1
+    finally:
+        srv.shutdown()
+
+
+async def test_the_async_client_does_the_same(server: Server) -> None:
+    async with ab.AsyncClient(server.url) as c:
+        r = await c.add_messages("a", chat(10))
+        assert r.stored == 20
+        await c.set_mode("a", "eager")
+        job = await c.refresh("a") or r.job
+        assert job is not None
+        states = [e.data.get("state") async for e in c.job_events(job.id)]
+        assert states[-1] == "succeeded"
+        ctx = await c.context("a", budget=1000)
+        assert ctx.covered == 20 and ctx.to_openai()
+        w = await c.remember("Bob likes green tea.", user="bob")
+        assert [h.id for h in await c.recall("green tea", user="bob")][:1] == [w.id]

@@ -1,0 +1,63 @@
+//! The Python package (`python/`, PyPI `abridge-memory`): its pytest suite against this build's
+//! `abridge` binary and the test model server started here. `.ci/run` installs it with its
+//! pinned test dependencies into a virtualenv and names its python in ABRIDGE_PYTHON. Skipped
+//! with a note where no such python exists, unless ABRIDGE_REQUIRE_PYTHON is set.
+
+use std::path::{Path, PathBuf};
+
+use abridge_test_llm::TestServer;
+
+/// A Python with the package and pytest, or `None` (and a note, or a failure when required).
+fn python() -> Option<PathBuf> {
+    let candidates: Vec<PathBuf> = std::env::var_os("ABRIDGE_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(
+            std::env::var_os("HOME")
+                .map(|h| Path::new(&h).join(".cache/abridge/py-venv/bin/python")),
+        )
+        .collect();
+    for p in candidates {
+        let ok = std::process::Command::new(&p)
+            .args(["-c", "import abridge_memory, pytest"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(p);
+        }
+    }
+    let how = "python3 -m venv ~/.cache/abridge/py-venv && ~/.cache/abridge/py-venv/bin/pip install -e 'python[test]', or set ABRIDGE_PYTHON";
+    assert!(
+        std::env::var_os("ABRIDGE_REQUIRE_PYTHON").is_none(),
+        "ABRIDGE_REQUIRE_PYTHON is set but no python with abridge_memory and pytest was found ({how})"
+    );
+    eprintln!("SKIPPED: the Python package's tests need a virtualenv with it installed ({how})");
+    None
+}
+
+#[test]
+fn the_python_package_passes_its_suite_against_the_real_server() {
+    let Some(py) = python() else { return };
+    let model = TestServer::start();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(&py)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp"])
+        .arg(tmp.path())
+        .arg(&dir)
+        .current_dir(&dir)
+        .env("ABRIDGE_BIN", env!("CARGO_BIN_EXE_abridge"))
+        .env("ABRIDGE_TEST_MODEL_URL", model.url())
+        // Inside the suite, a missing piece fails instead of skipping.
+        .env("ABRIDGE_REQUIRE_PYTHON", "1")
+        .output()
+        .expect("running pytest");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "pytest failed:\n{stdout}\n{stderr}");
+    assert!(
+        !stdout.contains("skipped"),
+        "the Python suite skipped tests:\n{stdout}"
+    );
+    eprintln!("{}", stdout.lines().last().unwrap_or(""));
+}
