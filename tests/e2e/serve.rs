@@ -555,6 +555,30 @@ fn reposting_with_client_ids_is_idempotent_and_bad_bodies_get_honest_statuses() 
     ] {
         assert!(paths.iter().any(|x| *x == p), "{p} missing from {paths:?}");
     }
+    // A parameter documented "in: path" is a segment of its route; the rest are queries
+    // (a client generated from the document must send them where the server reads them).
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            for p in op["parameters"].as_array().into_iter().flatten() {
+                let name = p["name"].as_str().unwrap();
+                let segment = path.contains(&format!("{{{name}}}"));
+                let place = p["in"].as_str().unwrap();
+                assert!(
+                    (place == "path") == segment && matches!(place, "path" | "query" | "header"),
+                    "{method} {path}: {name} is documented in {place}"
+                );
+            }
+        }
+    }
+    let ctx_params = &doc["paths"]["/v1/sessions/{id}/context"]["get"]["parameters"];
+    assert!(
+        ctx_params
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "budget" && p["in"] == "query"),
+        "{ctx_params}"
+    );
     let m = get(addr, "/metrics", None);
     assert_eq!(m.status, 200);
     assert!(m.body.contains("abridge_http_requests_total{method=\"POST\",route=\"/v1/sessions/{id}/messages\",status=\"202\"}"), "{}", m.body);

@@ -344,6 +344,7 @@ async fn post_messages(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct TranscriptQuery {
     /// `jsonl`, `openai`, `claude-code` or `chatgpt` (default: detected).
     format: Option<String>,
@@ -400,6 +401,7 @@ async fn post_transcript(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct Page {
     /// Skip this many (default 0).
     #[serde(default)]
@@ -471,6 +473,7 @@ pub struct SummariesBody {
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct SummariesQuery {
     /// Every row ever written, rows compacted into "earlier" rows included (default false).
     all: Option<bool>,
@@ -504,6 +507,7 @@ async fn get_summaries(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct MessagesQuery {
     /// Messages after this episode id (paging; default 0: from the first).
     #[serde(default)]
@@ -529,6 +533,7 @@ async fn get_messages(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ExpandQuery {
     /// Only the episode this ledger identifier was last seen in.
     identifier: Option<String>,
@@ -634,6 +639,7 @@ async fn delete_pin(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ContextQuery {
     /// Most tokens the messages may take (default 2000).
     budget: Option<u32>,
@@ -725,6 +731,7 @@ async fn put_mode(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct JobsQuery {
     /// Only jobs with an id below this (the previous page's `next_before`).
     before: Option<u64>,

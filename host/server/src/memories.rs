@@ -156,6 +156,7 @@ pub(crate) async fn post_memories(
 
 /// Which memories (every field given must match), and a page.
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct MemoryQuery {
     user: Option<String>,
     project: Option<String>,
