@@ -157,6 +157,14 @@ class Client(_Base):
     def memory(self, id: str) -> m.Memory:
         return self._run(c.memory(id))
 
+    def memories(
+        self, *, user: Optional[str] = None, project: Optional[str] = None,
+        environment: Optional[str] = None, type: Optional[str] = None, key: Optional[str] = None,
+        offset: int = 0, limit: int = 100,
+    ) -> list[m.Memory]:
+        """Memories in a scope, oldest first (a page: ``offset``, ``limit`` ≤ 1000)."""
+        return self._run(c.memories(user, project, environment, type, key, offset, limit))
+
     def forget(self, id: str) -> None:
         return self._run(c.forget(id))
 
@@ -330,6 +338,13 @@ class AsyncClient(_Base):
 
     async def memory(self, id: str) -> m.Memory:
         return await self._run(c.memory(id))
+
+    async def memories(
+        self, *, user: Optional[str] = None, project: Optional[str] = None,
+        environment: Optional[str] = None, type: Optional[str] = None, key: Optional[str] = None,
+        offset: int = 0, limit: int = 100,
+    ) -> list[m.Memory]:
+        return await self._run(c.memories(user, project, environment, type, key, offset, limit))
 
     async def forget(self, id: str) -> None:
         return await self._run(c.forget(id))

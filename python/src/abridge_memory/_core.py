@@ -287,6 +287,20 @@ def memory(id: str) -> Call[m.Memory]:
     return Call("GET", f"/v1/memories/{seg(id)}", lambda b: m.from_dict(m.Memory, b), idempotent=True)
 
 
+def memories(
+    user: Optional[str], project: Optional[str], environment: Optional[str], type: Optional[str],
+    key: Optional[str], offset: int, limit: int,
+) -> Call[list[m.Memory]]:
+    return Call(
+        "GET",
+        "/v1/memories",
+        lambda b: [m.from_dict(m.Memory, x) for x in b["memories"]],
+        params=params(user=user, project=project, environment=environment, type=type, key=key,
+                      offset=offset, limit=limit),
+        idempotent=True,
+    )
+
+
 def forget(id: str) -> Call[None]:
     return Call("DELETE", f"/v1/memories/{seg(id)}", lambda b: None, idempotent=True)
 

@@ -1,0 +1,264 @@
+"""LangGraph adapters (``pip install 'abridge-memory[langgraph]'``).
+
+- :class:`AbridgeStore`: a LangGraph ``BaseStore`` kept as abridge memories. A namespace
+  ``(a, b, …)`` is the memory scope user ``a``, project ``b/…``; ``search(query=…)`` is recall;
+  ``put``/``get``/``delete``/``list_namespaces`` work on the items. TTL is refused clearly
+  (``supports_ttl`` is false), as LangGraph does for any store without it.
+- :class:`ContextHook`: a pre-model hook that sends the model abridge's compact context of a
+  thread (summary with its ledger, recent turns) within a token budget, with the current turn
+  (the last user message and any tool calls after it) verbatim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from datetime import datetime, timezone
+from typing import Any, Iterable, Optional
+
+try:
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+    from langgraph.store.base import (
+        BaseStore,
+        GetOp,
+        Item,
+        ListNamespacesOp,
+        Op,
+        PutOp,
+        Result,
+        SearchItem,
+        SearchOp,
+    )
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the LangGraph adapters need langgraph: pip install 'abridge-memory[langgraph]'"
+    ) from e
+
+from ._client import Client
+from ._errors import NotFound
+from .langchain import context_to_langchain
+
+TYPE = "langgraph"
+TYPE_UNINDEXED = "langgraph-unindexed"
+PAGE = 1000
+
+
+def item_id(namespace: tuple[str, ...], key: str) -> str:
+    """The memory id of an item: the same for the same namespace and key, so a put replaces."""
+    h = hashlib.sha256(json.dumps([list(namespace), key]).encode()).hexdigest()[:32]
+    return f"lg-{h}"
+
+
+def _scope(namespace: tuple[str, ...]) -> tuple[str, str]:
+    if not namespace or not namespace[0]:
+        raise ValueError("a namespace needs at least one non-empty label, e.g. ('memories', user_id)")
+    return namespace[0], "/".join(namespace[1:])
+
+
+def _time(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def _envelope(text: str) -> Optional[dict[str, Any]]:
+    try:
+        e = json.loads(text)
+    except ValueError:
+        return None
+    ok = isinstance(e, dict) and isinstance(e.get("namespace"), list) and "value" in e
+    return e if ok else None
+
+
+def _matches(ns: tuple[str, ...], cond: Any) -> bool:
+    path = tuple(cond.path)
+    seg = ns[: len(path)] if cond.match_type == "prefix" else ns[-len(path):] if path else ()
+    if len(ns) < len(path):
+        return False
+    return all(p == "*" or p == s for p, s in zip(path, seg))
+
+
+class AbridgeStore(BaseStore):
+    """A LangGraph store whose items are abridge memories (see the module)."""
+
+    supports_ttl = False
+
+    def __init__(self, client: Optional[Client] = None, *, url: Optional[str] = None,
+                 token: Optional[str] = None) -> None:
+        self.client = client or Client(url, token=token)
+
+    # --- operations ---
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        return [self._one(op) for op in ops]
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        return await asyncio.get_running_loop().run_in_executor(None, self.batch, ops)
+
+    def _one(self, op: Op) -> Result:
+        if isinstance(op, GetOp):
+            return self._get(op.namespace, op.key)
+        if isinstance(op, PutOp):
+            return self._put(op)
+        if isinstance(op, SearchOp):
+            return self._search(op)
+        if isinstance(op, ListNamespacesOp):
+            return self._list_namespaces(op)
+        raise ValueError(f"unknown store operation {type(op).__name__}")
+
+    def _item(self, mem: Any, score: Optional[float] = None) -> Optional[Any]:
+        e = _envelope(mem.text)
+        if e is None:
+            return None
+        ns, key = tuple(e["namespace"]), str(e["key"])
+        created = _time(mem.created_ms)
+        if score is None:
+            return Item(value=e["value"], key=key, namespace=ns, created_at=created,
+                        updated_at=created)
+        return SearchItem(namespace=ns, key=key, value=e["value"], created_at=created,
+                          updated_at=created, score=score)
+
+    def _get(self, namespace: tuple[str, ...], key: str) -> Optional[Item]:
+        try:
+            return self._item(self.client.memory(item_id(namespace, key)))
+        except NotFound:
+            return None
+
+    def _put(self, op: PutOp) -> None:
+        if op.ttl is not None:
+            raise NotImplementedError(
+                "TTL is not supported by AbridgeStore: abridge keeps a memory until it is "
+                "deleted; pass ttl=None (or delete the item yourself)"
+            )
+        user, project = _scope(op.namespace)
+        id = item_id(op.namespace, op.key)
+        # A put replaces: the old item goes first (a memory id is written once).
+        try:
+            self.client.forget(id)
+        except NotFound:
+            pass
+        if op.value is None:
+            return None
+        text = json.dumps({"namespace": list(op.namespace), "key": op.key, "value": op.value},
+                          ensure_ascii=False, sort_keys=True)
+        self.client.remember(
+            text, user=user, project=project, type=TYPE if op.index is not False else TYPE_UNINDEXED,
+            key=op.key, id=id,
+        )
+        return None
+
+    def _all(self, user: Optional[str], project: Optional[str]) -> list[Any]:
+        out: list[Any] = []
+        for t in (TYPE, TYPE_UNINDEXED):
+            offset = 0
+            while True:
+                page = self.client.memories(user=user, project=project, type=t, offset=offset,
+                                            limit=PAGE)
+                out.extend(page)
+                if len(page) < PAGE:
+                    break
+                offset += PAGE
+        return out
+
+    def _search(self, op: SearchOp) -> list[SearchItem]:
+        prefix = tuple(op.namespace_prefix)
+        user = prefix[0] if prefix else None
+
+        def wanted(item: Any) -> bool:
+            if item is None or tuple(item.namespace[: len(prefix)]) != prefix:
+                return False
+            return all(item.value.get(k) == v for k, v in (op.filter or {}).items())
+
+        if op.query:
+            k = min(100, (op.offset + op.limit) * 4 + 10)
+            hits = self.client.recall(op.query, user=user, type=TYPE, k=k)
+            items = []
+            for h in hits:
+                if h.kind != "memory" or not h.id.startswith("lg-"):
+                    continue
+                e = _envelope(h.text)
+                if e is None:
+                    continue
+                mem = self.client.memory(h.id)
+                items.append(self._item(mem, score=h.score))
+            found = [i for i in items if wanted(i)]
+        else:
+            mems = self._all(user, None)
+            found = [i for i in (self._item(x, score=None) for x in mems) if wanted(i)]
+            found = [SearchItem(namespace=i.namespace, key=i.key, value=i.value,
+                                created_at=i.created_at, updated_at=i.updated_at) for i in found]
+        return found[op.offset: op.offset + op.limit]
+
+    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        seen: set[tuple[str, ...]] = set()
+        for mem in self._all(None, None):
+            e = _envelope(mem.text)
+            if e is None:
+                continue
+            ns = tuple(e["namespace"])
+            if op.match_conditions and not all(_matches(ns, c) for c in op.match_conditions):
+                continue
+            seen.add(ns[: op.max_depth] if op.max_depth is not None else ns)
+        return sorted(seen)[op.offset: op.offset + op.limit]
+
+
+def _text(m: BaseMessage) -> str:
+    c = m.content
+    text = c if isinstance(c, str) else "\n".join(
+        p if isinstance(p, str) else str(p.get("text", "")) for p in c
+    )
+    calls = getattr(m, "tool_calls", None) or []
+    for call in calls:
+        text += f"\n[called {call.get('name')} with {json.dumps(call.get('args'), sort_keys=True)}]"
+    return text.strip() or "(empty)"
+
+
+def _role(m: BaseMessage) -> str:
+    if isinstance(m, HumanMessage):
+        return "user"
+    if isinstance(m, AIMessage):
+        return "assistant"
+    if isinstance(m, ToolMessage):
+        return "tool"
+    return "system"
+
+
+class ContextHook:
+    """A LangGraph pre-model hook: ``create_react_agent(..., pre_model_hook=ContextHook(client))``
+    or a node of your own graph. Each call stores the thread's finished turns in abridge
+    (session = the thread id, each message under its LangChain id, so nothing is stored twice)
+    and returns ``{"llm_input_messages": …}``: the compact context within ``budget`` tokens,
+    then the current turn verbatim (the last user message and the tool calls after it)."""
+
+    def __init__(self, client: Client, *, budget: int = 2000, prefix: str = "") -> None:
+        self.client = client
+        self.budget = budget
+        self.prefix = prefix
+        self._posted: dict[str, int] = {}
+
+    def session(self, config: Optional[dict[str, Any]]) -> str:
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
+        if thread is None:
+            raise ValueError("the graph runs without a thread id: invoke it with "
+                             "config={'configurable': {'thread_id': ...}}")
+        return f"{self.prefix}{thread}"
+
+    def __call__(self, state: dict[str, Any], config: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        msgs: list[BaseMessage] = list(state["messages"])
+        session = self.session(config)
+        start = max((i for i, m in enumerate(msgs) if isinstance(m, HumanMessage)), default=0)
+        history, turn = msgs[:start], msgs[start:]
+        posted = self._posted.get(session, 0)
+        new = history[posted:] if posted <= len(history) else history
+        if new:
+            self.client.add_messages(session, [
+                {"role": _role(m), "content": _text(m), "id": m.id} for m in new
+            ])
+            self._posted[session] = len(history)
+        if not history:
+            return {"llm_input_messages": turn}
+        turn_cost = sum(len(_text(m)) // 3 + 4 for m in turn)
+        try:
+            ctx = self.client.context(session, budget=max(64, self.budget - turn_cost))
+        except NotFound:
+            return {"llm_input_messages": history + turn}
+        return {"llm_input_messages": context_to_langchain(ctx) + turn}

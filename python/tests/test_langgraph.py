@@ -1,0 +1,115 @@
+"""The LangGraph adapters against the real server: the store's documented contract
+(``BaseStore``: put replaces, get, delete, search with and without a query, filters,
+list_namespaces with prefixes and depth, TTL refused) and the pre-model hook in a graph."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+
+import abridge_memory as ab
+from abridge_memory.langgraph import AbridgeStore, ContextHook
+from conftest import Server
+
+
+def test_put_get_replace_and_delete(server: Server) -> None:
+    s = AbridgeStore(url=server.url)
+    ns = ("memories", "alice")
+    assert s.get(ns, "theme") is None
+    s.put(ns, "theme", {"text": "Alice prefers the dark theme", "since": 2024})
+    item = s.get(ns, "theme")
+    assert item is not None and item.value == {"text": "Alice prefers the dark theme", "since": 2024}
+    assert item.namespace == ns and item.key == "theme" and item.created_at.year >= 2026
+    s.put(ns, "theme", {"text": "Alice switched to the light theme"})
+    assert s.get(ns, "theme").value == {"text": "Alice switched to the light theme"}
+    assert len(s.search(ns)) == 1, "a put replaces the item"
+    s.delete(ns, "theme")
+    assert s.get(ns, "theme") is None and s.search(ns) == []
+
+
+def test_search_by_query_filter_prefix_and_page(server: Server) -> None:
+    s = AbridgeStore(url=server.url)
+    s.put(("memories", "alice"), "deploy", {"text": "Alice deploys billing on Thursdays", "team": "billing"})
+    s.put(("memories", "alice"), "editor", {"text": "Alice uses the dark editor theme", "team": "billing"})
+    s.put(("memories", "alice", "work"), "laptop", {"text": "Alice's laptop runs Debian", "team": "infra"})
+    s.put(("memories", "bob"), "editor", {"text": "Bob uses the light editor theme", "team": "infra"})
+    hits = s.search(("memories", "alice"), query="which editor theme")
+    assert hits and hits[0].key == "editor" and hits[0].score is not None
+    assert all(h.namespace[:2] == ("memories", "alice") for h in hits)
+    assert {h.key for h in s.search(("memories",), filter={"team": "infra"})} == {"laptop", "editor"}
+    assert [h.key for h in s.search(("memories", "alice", "work"))] == ["laptop"]
+    assert len(s.search(("memories",), limit=2)) == 2
+    assert len(s.search(("memories",), limit=10, offset=3)) == 1
+    # Not indexed: listed, never found by a query.
+    s.put(("memories", "alice"), "secret", {"text": "Alice's dark editor theme is solarized"}, index=False)
+    assert s.get(("memories", "alice"), "secret") is not None
+    assert "secret" not in {h.key for h in s.search(("memories", "alice"), query="dark editor theme")}
+    assert "secret" in {h.key for h in s.search(("memories", "alice"))}
+
+
+def test_list_namespaces_with_prefix_suffix_and_depth(server: Server) -> None:
+    s = AbridgeStore(url=server.url)
+    for ns in [("a", "x", "1"), ("a", "y"), ("b", "x")]:
+        s.put(ns, "k", {"v": 1})
+    assert s.list_namespaces() == [("a", "x", "1"), ("a", "y"), ("b", "x")]
+    assert s.list_namespaces(prefix=("a",)) == [("a", "x", "1"), ("a", "y")]
+    assert s.list_namespaces(suffix=("x",)) == [("b", "x")]
+    assert s.list_namespaces(max_depth=1) == [("a",), ("b",)]
+    assert s.list_namespaces(limit=1, offset=1) == [("a", "y")]
+
+
+def test_ttl_is_refused_clearly(server: Server) -> None:
+    s = AbridgeStore(url=server.url)
+    with pytest.raises(NotImplementedError, match="TTL"):
+        s.put(("m", "u"), "k", {"v": 1}, ttl=5)
+
+
+async def test_the_async_operations(server: Server) -> None:
+    s = AbridgeStore(url=server.url)
+    await s.aput(("m", "u"), "k", {"v": 2})
+    assert (await s.aget(("m", "u"), "k")).value == {"v": 2}
+    assert [i.key for i in await s.asearch(("m",))] == ["k"]
+    await s.adelete(("m", "u"), "k")
+    assert await s.aget(("m", "u"), "k") is None
+
+
+def test_the_hook_keeps_each_model_call_within_budget_as_the_thread_grows(server: Server) -> None:
+    client = ab.Client(server.url)
+    hook = ContextHook(client, budget=1200)
+    seen: list[list] = []
+
+    def model(state: MessagesState, config) -> dict:
+        msgs = hook(state, config)["llm_input_messages"]
+        seen.append(msgs)
+        last = state["messages"][-1].content
+        return {"messages": [AIMessage(f"Answer to {last}: the worker's lease is raised to {len(seen) + 30} s.")]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("model", model)
+    g.add_edge(START, "model")
+    app = g.compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "lg-thread"}}
+    for i in range(40):
+        app.invoke({"messages": [HumanMessage(f"Turn {i}: why does job {i * 13} in services/worker{i % 9}/queue.rs retry before release v3.{i % 17}.0?")]}, cfg)
+    # Every finished turn was stored once; each model call saw the context and the new turn.
+    assert client.session("lg-thread").episodes == 78
+    last = seen[-1]
+    assert isinstance(last[-1], HumanMessage) and last[-1].content.startswith("Turn 39")
+    assert isinstance(last[0], SystemMessage), "the summary leads the context"
+    sizes = [sum(len(m.content) for m in s) for s in seen]
+    assert max(sizes[20:]) < 1200 * 4, sizes
+    assert sizes[-1] < sum(len(m.content) for m in app.get_state(cfg).values["messages"]) / 3
+
+
+def test_the_hook_keeps_the_current_turns_tool_calls_verbatim(server: Server) -> None:
+    hook = ContextHook(ab.Client(server.url), budget=800)
+    cfg = {"configurable": {"thread_id": "tools"}}
+    earlier = [HumanMessage("hello", id="h1"), AIMessage("hi", id="a1")]
+    call = AIMessage("", id="a2", tool_calls=[{"name": "lookup", "args": {"q": "lease"}, "id": "c1"}])
+    turn = [HumanMessage("check the lease", id="h2"), call, ToolMessage("30 s", tool_call_id="c1", id="t1")]
+    out = hook({"messages": earlier + turn}, cfg)["llm_input_messages"]
+    assert out[-3:] == turn
+    with pytest.raises(ValueError, match="thread_id"):
+        hook({"messages": earlier + turn}, {})
