@@ -10,6 +10,7 @@ import time
 import pytest
 
 import abridge_memory as ab
+import abridge_memory._core
 from conftest import Server
 
 
@@ -145,6 +146,7 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
 
     answers: list[tuple[int, dict]] = []
     seen: list[float] = []
+    version: str = ab.__version__
 
     def do_GET(self) -> None:  # noqa: N802
         _Flaky.seen.append(time.monotonic())
@@ -155,6 +157,8 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(data)))
         if status == 429:
             self.send_header("retry-after", "0")
+        if _Flaky.version:
+            self.send_header("abridge-version", _Flaky.version)
         self.end_headers()
         self.wfile.write(data)
 
@@ -162,8 +166,8 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _flaky(answers: list[tuple[int, dict]]) -> http.server.HTTPServer:
-    _Flaky.answers, _Flaky.seen = list(answers), []
+def _flaky(answers: list[tuple[int, dict]], version: str = ab.__version__) -> http.server.HTTPServer:
+    _Flaky.answers, _Flaky.seen, _Flaky.version = list(answers), [], version
     srv = http.server.HTTPServer(("127.0.0.1", 0), _Flaky)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
@@ -211,3 +215,31 @@ async def test_the_async_client_does_the_same(server: Server) -> None:
         assert ctx.covered == 20 and ctx.to_openai()
         w = await c.remember("Bob likes green tea.", user="bob")
         assert [h.id for h in await c.recall("green tea", user="bob")][:1] == [w.id]
+
+
+def test_a_server_of_another_version_is_named_with_the_fix() -> None:
+    for version, fix in [("0.9.0", "pip install 'abridge-memory==0.9.0'"), ("", "upgrade the server")]:
+        srv = _flaky([(200, USAGE)], version=version)
+        try:
+            with ab.Client(f"http://127.0.0.1:{srv.server_port}") as c, pytest.raises(ab.VersionMismatch) as e:
+                c.usage()
+            assert fix in str(e.value)
+        finally:
+            srv.shutdown()
+    assert ab._core.compatible("0.1.0", "0.1.7") and not ab._core.compatible("0.1.0", "0.2.0")
+    assert ab._core.compatible("1.2.0", "1.9.1") and not ab._core.compatible("1.2.0", "2.0.0")
+
+
+def test_local_starts_a_private_server_and_stops_it(model_url: str) -> None:
+    from conftest import _require
+
+    exe = _require("ABRIDGE_BIN", "abridge", "cargo build -p abridge")
+    with ab.local(exe, env={"EXTRACTION_URL": model_url}) as c:
+        c.add_messages("nb", [("user", "hello from a notebook")])
+        assert c.session("nb").episodes == 1
+        url = c.url
+    with ab.Client(url, max_retries=0) as c, pytest.raises(ab.ServerUnreachable):
+        c.usage()
+    with pytest.raises(ab.ServerUnreachable, match="ABRIDGE_BIN"):
+        with ab.local("/nonexistent/abridge"):
+            pass

@@ -541,8 +541,16 @@ fn reposting_with_client_ids_is_idempotent_and_bad_bodies_get_honest_statuses() 
     .expect(200);
     assert_eq!(ctx["messages"][0]["role"], "system", "{ctx}");
 
-    // The OpenAPI document lists every route the server answers.
-    let doc = get(addr, "/openapi.json", None).expect(200);
+    // The OpenAPI document lists every route the server answers; every answer names the
+    // server's version (what a client checks its own against).
+    let r = get(addr, "/openapi.json", None);
+    let version = format!("abridge-version: {}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        r.headers.to_ascii_lowercase().contains(&version),
+        "{}",
+        r.headers
+    );
+    let doc = r.expect(200);
     let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
     for p in [
         "/v1/sessions/{id}/messages",

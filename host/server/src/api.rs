@@ -1288,6 +1288,12 @@ pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {
             super::guard::check,
         ))
         .layer(TraceLayer::new_for_http())
+        // Every answer says which server gave it, so a client can tell a version mismatch
+        // from a bug (`abridge-version`, the package version).
+        .layer(tower_http::set_header::SetResponseHeaderLayer::overriding(
+            header::HeaderName::from_static("abridge-version"),
+            HeaderValue::from_static(env!("CARGO_PKG_VERSION")),
+        ))
         .with_state(srv)
 }
 

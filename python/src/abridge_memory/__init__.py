@@ -10,6 +10,7 @@
 __version__ = "0.1.0"
 
 from ._client import AsyncClient, Client
+from ._local import local
 from ._errors import (
     AbridgeError,
     Conflict,
@@ -24,6 +25,7 @@ from ._errors import (
     Unauthenticated,
     Unavailable,
     Unprocessable,
+    VersionMismatch,
 )
 from ._models import (
     Appended,
@@ -47,5 +49,5 @@ __all__ = [
     "Event", "Expansion", "Forbidden", "Hit", "Imported", "InvalidInput", "Job", "Memory",
     "Message", "ModelFailed", "NotFound", "QuotaExhausted", "RateLimited", "ServerUnreachable",
     "Session", "Summary", "TooLarge", "Unauthenticated", "Unavailable", "Unprocessable", "Usage",
-    "Written", "__version__",
+    "VersionMismatch", "Written", "__version__", "local",
 ]

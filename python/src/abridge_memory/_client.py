@@ -28,6 +28,12 @@ class _Base:
         self.max_retries = max_retries
         self._headers = c.auth_headers(token)
         self._timeout = timeout
+        self._version_checked = False
+
+    def _seen(self, r: "httpx.Response") -> None:
+        if not self._version_checked:
+            c.check_version(r.headers, self.url)
+            self._version_checked = True
 
 
 class Client(_Base):
@@ -59,6 +65,7 @@ class Client(_Base):
                 r = self._http.request(
                     call.method, call.path, params=call.params, json=call.json, content=call.content
                 )
+                self._seen(r)
                 return call.read(c.check(r.status_code, r.text, r.headers))
             except httpx.TransportError as e:
                 err: AbridgeError = c.unreachable(self.url, e)
@@ -188,6 +195,7 @@ class Client(_Base):
                     "GET", f"/v1/jobs/{int(id)}/events", headers=headers,
                     timeout=httpx.Timeout(self._timeout, read=None),
                 ) as r:
+                    self._seen(r)
                     if r.status_code >= 400:
                         r.read()
                         c.check(r.status_code, r.text, r.headers)
@@ -249,6 +257,7 @@ class AsyncClient(_Base):
                 r = await self._http.request(
                     call.method, call.path, params=call.params, json=call.json, content=call.content
                 )
+                self._seen(r)
                 return call.read(c.check(r.status_code, r.text, r.headers))
             except httpx.TransportError as e:
                 err: AbridgeError = c.unreachable(self.url, e)
@@ -368,6 +377,7 @@ class AsyncClient(_Base):
                     "GET", f"/v1/jobs/{int(id)}/events", headers=headers,
                     timeout=httpx.Timeout(self._timeout, read=None),
                 ) as r:
+                    self._seen(r)
                     if r.status_code >= 400:
                         await r.aread()
                         c.check(r.status_code, r.text, r.headers)

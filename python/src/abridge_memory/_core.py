@@ -10,7 +10,14 @@ from typing import Any, Callable, Generic, Iterable, Mapping, Optional, TypeVar,
 from urllib.parse import quote
 
 from . import _models as m
-from ._errors import AbridgeError, RateLimited, ServerUnreachable, Unavailable, error_from_response
+from ._errors import (
+    AbridgeError,
+    RateLimited,
+    ServerUnreachable,
+    Unavailable,
+    VersionMismatch,
+    error_from_response,
+)
 
 T = TypeVar("T")
 
@@ -103,6 +110,34 @@ def check(status: int, text: str, headers: Mapping[str, str]) -> Any:
     if status >= 400:
         raise error_from_response(status, body, retry_after(headers))
     return body
+
+
+def compatible(client: str, server: str) -> bool:
+    """Whether a client speaks to a server: the same major version (and, before 1.0, the
+    same minor version, as semantic versioning allows breaking changes there)."""
+    a, b = client.split(".")[:2], server.split(".")[:2]
+    return a == b if a[0] == "0" else a[0] == b[0]
+
+
+def check_version(headers: Mapping[str, str], url: str) -> None:
+    """Refuse a server this client does not speak to, saying what to do."""
+    from . import __version__
+
+    server = headers.get("abridge-version")
+    if server is None:
+        raise VersionMismatch(
+            f"the server at {url} did not say which abridge version it runs; it is older than "
+            f"this client ({__version__}) or not abridge",
+            hint="upgrade the server (`abridge serve` reports its version in every answer), "
+            "or check the url",
+        )
+    if not compatible(__version__, server):
+        raise VersionMismatch(
+            f"the server at {url} runs abridge {server}; this client ({__version__}) speaks to "
+            f"{'.'.join(__version__.split('.')[:2])}.x",
+            server_version=server,
+            hint=f"install the matching client: pip install 'abridge-memory=={server}'",
+        )
 
 
 def should_retry(e: AbridgeError, call: Call[Any], attempt: int, max_retries: int) -> bool:

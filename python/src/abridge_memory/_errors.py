@@ -92,6 +92,14 @@ class Unavailable(AbridgeError):
     """503: the service is shutting down, overloaded or a dependency is down."""
 
 
+class VersionMismatch(AbridgeError):
+    """The server's version (``server_version``) is not one this client speaks to."""
+
+    def __init__(self, message: str, *, server_version: Optional[str] = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.server_version = server_version
+
+
 class ServerUnreachable(AbridgeError):
     """No response: nothing listens at the address, or the connection broke."""
 
