@@ -60,4 +60,28 @@ fn the_python_package_passes_its_suite_against_the_real_server() {
         "the Python suite skipped tests:\n{stdout}"
     );
     eprintln!("{}", stdout.lines().last().unwrap_or(""));
+
+    // The examples, as a user runs them: each starts its own server from this build.
+    let example = dir.join("examples/langgraph_agent.py");
+    let out = std::process::Command::new(&py)
+        .arg(&example)
+        .args([
+            "--turns",
+            "50",
+            "--budget",
+            "1500",
+            "--model-url",
+            &model.url(),
+        ])
+        .args(["--binary", env!("CARGO_BIN_EXE_abridge")])
+        .output()
+        .expect("running the LangGraph example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && stdout.contains("50 turns, every prompt within the 1500-token budget"),
+        "{}: {stdout}\n{}",
+        example.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
