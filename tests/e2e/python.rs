@@ -62,26 +62,32 @@ fn the_python_package_passes_its_suite_against_the_real_server() {
     eprintln!("{}", stdout.lines().last().unwrap_or(""));
 
     // The examples, as a user runs them: each starts its own server from this build.
-    let example = dir.join("examples/langgraph_agent.py");
-    let out = std::process::Command::new(&py)
-        .arg(&example)
-        .args([
-            "--turns",
-            "50",
-            "--budget",
-            "1500",
-            "--model-url",
-            &model.url(),
-        ])
-        .args(["--binary", env!("CARGO_BIN_EXE_abridge")])
-        .output()
-        .expect("running the LangGraph example");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success()
-            && stdout.contains("50 turns, every prompt within the 1500-token budget"),
-        "{}: {stdout}\n{}",
-        example.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for (file, args, done) in [
+        (
+            "examples/langgraph_agent.py",
+            &["--turns", "50", "--budget", "1500"][..],
+            "50 turns, every prompt within the 1500-token budget",
+        ),
+        (
+            "examples/langchain_chat.py",
+            &["--turns", "30", "--budget", "1200"][..],
+            "30 turns, the largest prompt",
+        ),
+    ] {
+        let example = dir.join(file);
+        let out = std::process::Command::new(&py)
+            .arg(&example)
+            .args(args)
+            .args(["--model-url", &model.url()])
+            .args(["--binary", env!("CARGO_BIN_EXE_abridge")])
+            .output()
+            .expect("running an example");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(done),
+            "{}: {stdout}\n{}",
+            example.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
