@@ -243,3 +243,48 @@ def test_local_starts_a_private_server_and_stops_it(model_url: str) -> None:
     with pytest.raises(ab.ServerUnreachable, match="ABRIDGE_BIN"):
         with ab.local("/nonexistent/abridge"):
             pass
+
+
+class _Sse(http.server.BaseHTTPRequestHandler):
+    """A job stream that breaks after its first event, then resumes where Last-Event-ID says."""
+
+    resumed_from: list = []
+
+    def do_GET(self) -> None:  # noqa: N802
+        last = self.headers.get("last-event-id")
+        _Sse.resumed_from.append(last)
+        if self.path.startswith("/v1/jobs/7/events"):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("abridge-version", ab.__version__)
+            self.end_headers()
+            if last is None:
+                self.wfile.write(b'id: 1\nevent: job.running\ndata: {"id": 7, "state": "running"}\n\n')
+            else:
+                self.wfile.write(b': keep-alive\n\nid: 2\nevent: job.succeeded\ndata: {"id": 7, "state": "succeeded"}\n\n')
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+def test_a_dropped_event_stream_resumes_from_the_last_event() -> None:
+    _Sse.resumed_from = []
+    srv = http.server.HTTPServer(("127.0.0.1", 0), _Sse)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        c = ab.Client(f"http://127.0.0.1:{srv.server_port}")
+        job = {"id": 7, "session": "s", "target": 1, "state": "running", "progress": {"stage": "map", "level": 0, "done": 0, "total": 0},
+               "calls_planned": 0, "answers": 0, "attempts": 1, "cancel_requested": False, "created_ms": 0}
+        # The first stream closes without a final event: the client asks where the job stands
+        # (still running), then resumes from event 1.
+        c.job = lambda id: ab.Job(**{**job, "progress": ab._models.Progress(**job["progress"])})  # type: ignore[method-assign]
+        events = list(c.job_events(7))
+        assert [(e.id, e.event) for e in events] == [(1, "job.running"), (2, "job.succeeded")]
+        assert _Sse.resumed_from == [None, "1"]
+    finally:
+        srv.shutdown()

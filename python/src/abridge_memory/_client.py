@@ -185,42 +185,29 @@ class Client(_Base):
     def job_events(self, id: int, *, last_event_id: Optional[int] = None) -> Iterator[m.Event]:
         """The job's events as they happen, until it finishes. A dropped stream is resumed
         with ``Last-Event-ID``, so no event is missed while the server retains it."""
-        failures = 0
-        while True:
-            headers = {"accept": "text/event-stream"}
-            if last_event_id is not None:
-                headers["last-event-id"] = str(last_event_id)
+        s = c.JobStream(id, last_event_id, self.max_retries)
+        timeout = httpx.Timeout(self._timeout, read=None)
+        while not s.done:
             try:
-                with self._http.stream(
-                    "GET", f"/v1/jobs/{int(id)}/events", headers=headers,
-                    timeout=httpx.Timeout(self._timeout, read=None),
-                ) as r:
+                with self._http.stream("GET", s.path, headers=s.headers(), timeout=timeout) as r:
                     self._seen(r)
                     if r.status_code >= 400:
                         r.read()
                         c.check(r.status_code, r.text, r.headers)
-                    p = c.SseParser()
                     for line in r.iter_lines():
-                        ev = p.line(line)
-                        if ev is None:
-                            continue
-                        failures = 0
-                        if ev.id is not None:
-                            last_event_id = ev.id
-                        yield ev
-                        if c.terminal(ev):
+                        ev = s.feed(line)
+                        if ev is not None:
+                            yield ev
+                        if s.done:
                             return
             except httpx.TransportError as e:
-                failures += 1
-                if failures > self.max_retries:
-                    raise c.unreachable(self.url, e) from e
-                time.sleep(c.backoff(c.unreachable(self.url, e), failures))
+                time.sleep(s.dropped(self.url, e))
                 continue
-            # The stream ended without a final event: ask once more where the job stands.
-            if self.job(id).finished:
-                j = self.job(id)
-                yield m.Event(id=last_event_id, event="job.state", data=j.__dict__)
-                return
+            ev = s.ended(self.job(id))
+            if ev is not None:
+                yield ev
+            else:
+                time.sleep(s.pause())
 
     def wait_job(self, id: int, *, timeout: float = 600.0) -> m.Job:
         """Block until the job finishes (by its event stream); its final state."""
@@ -367,41 +354,31 @@ class AsyncClient(_Base):
     async def job_events(
         self, id: int, *, last_event_id: Optional[int] = None
     ) -> AsyncIterator[m.Event]:
-        failures = 0
-        while True:
-            headers = {"accept": "text/event-stream"}
-            if last_event_id is not None:
-                headers["last-event-id"] = str(last_event_id)
+        s = c.JobStream(id, last_event_id, self.max_retries)
+        timeout = httpx.Timeout(self._timeout, read=None)
+        while not s.done:
             try:
                 async with self._http.stream(
-                    "GET", f"/v1/jobs/{int(id)}/events", headers=headers,
-                    timeout=httpx.Timeout(self._timeout, read=None),
+                    "GET", s.path, headers=s.headers(), timeout=timeout
                 ) as r:
                     self._seen(r)
                     if r.status_code >= 400:
                         await r.aread()
                         c.check(r.status_code, r.text, r.headers)
-                    p = c.SseParser()
                     async for line in r.aiter_lines():
-                        ev = p.line(line)
-                        if ev is None:
-                            continue
-                        failures = 0
-                        if ev.id is not None:
-                            last_event_id = ev.id
-                        yield ev
-                        if c.terminal(ev):
+                        ev = s.feed(line)
+                        if ev is not None:
+                            yield ev
+                        if s.done:
                             return
             except httpx.TransportError as e:
-                failures += 1
-                if failures > self.max_retries:
-                    raise c.unreachable(self.url, e) from e
-                await asyncio.sleep(c.backoff(c.unreachable(self.url, e), failures))
+                await asyncio.sleep(s.dropped(self.url, e))
                 continue
-            j = await self.job(id)
-            if j.finished:
-                yield m.Event(id=last_event_id, event="job.state", data=j.__dict__)
-                return
+            ev = s.ended(await self.job(id))
+            if ev is not None:
+                yield ev
+            else:
+                await asyncio.sleep(s.pause())
 
     async def wait_job(self, id: int, *, timeout: float = 600.0) -> m.Job:
         async def drain() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import uuid
@@ -422,3 +423,54 @@ class SseParser:
 def terminal(ev: m.Event) -> bool:
     """Whether a job event ends its stream (the job has finished)."""
     return isinstance(ev.data, dict) and ev.data.get("state") in TERMINAL
+
+
+class JobStream:
+    """A job's event stream across reconnections: where to resume (``Last-Event-ID``), when
+    to give up, and when the stream is over. Both clients drive it."""
+
+    def __init__(self, id: int, last_event_id: Optional[int], max_retries: int) -> None:
+        self.path = f"/v1/jobs/{int(id)}/events"
+        self.last = last_event_id
+        self.max_retries = max_retries
+        self.failures = 0
+        self.done = False
+        self.parser = SseParser()
+
+    def headers(self) -> dict[str, str]:
+        """Headers for the next connection (a new parser starts with it)."""
+        self.parser = SseParser()
+        h = {"accept": "text/event-stream"}
+        if self.last is not None:
+            h["last-event-id"] = str(self.last)
+        return h
+
+    def feed(self, line: str) -> Optional[m.Event]:
+        ev = self.parser.line(line)
+        if ev is not None:
+            self.failures = 0
+            if ev.id is not None:
+                self.last = ev.id
+            self.done = terminal(ev)
+        return ev
+
+    def dropped(self, url: str, err: Exception) -> float:
+        """A broken connection: seconds to wait before resuming, or the error when it keeps
+        breaking."""
+        self.failures += 1
+        e = unreachable(url, err)
+        if self.failures > self.max_retries:
+            raise e from err
+        return backoff(e, self.failures)
+
+    def ended(self, job: m.Job) -> Optional[m.Event]:
+        """The stream closed without a final event: the job's state if it has finished (the
+        stream is then over), else None (resume after :meth:`pause`)."""
+        if job.finished:
+            self.done = True
+            return m.Event(id=self.last, event="job.state", data=dataclasses.asdict(job))
+        self.failures += 1
+        return None
+
+    def pause(self) -> float:
+        return min(8.0, 0.25 * 2 ** min(self.failures, 5))
