@@ -288,3 +288,18 @@ def test_a_dropped_event_stream_resumes_from_the_last_event() -> None:
         assert _Sse.resumed_from == [None, "1"]
     finally:
         srv.shutdown()
+
+
+def test_a_transcript_is_imported_as_a_session(server: Server) -> None:
+    from conftest import ROOT
+
+    data = (ROOT / "tests" / "fixtures" / "claude-code.jsonl").read_bytes()
+    with ab.Client(server.url) as c:
+        got = c.import_transcript(data, session="imported")
+        assert len(got) == 1 and got[0].session == "imported" and got[0].episodes > 0
+        assert c.session("imported").episodes == got[0].episodes
+        again = c.import_transcript(data, session="imported")
+        assert again[0].stored == 0, "an import of the same file stores nothing twice"
+        with pytest.raises(ab.AbridgeError) as e:
+            c.import_transcript(b"\x00not a transcript", session="bad")
+        assert e.value.status == 400 and "format" in str(e.value)

@@ -63,7 +63,8 @@ class Client(_Base):
         while True:
             try:
                 r = self._http.request(
-                    call.method, call.path, params=call.params, json=call.json, content=call.content
+                    call.method, call.path, params=call.params, json=call.json, content=call.content,
+                    headers=call.headers,
                 )
                 self._seen(r)
                 return call.read(c.check(r.status_code, r.text, r.headers))
@@ -242,7 +243,8 @@ class AsyncClient(_Base):
         while True:
             try:
                 r = await self._http.request(
-                    call.method, call.path, params=call.params, json=call.json, content=call.content
+                    call.method, call.path, params=call.params, json=call.json, content=call.content,
+                    headers=call.headers,
                 )
                 self._seen(r)
                 return call.read(c.check(r.status_code, r.text, r.headers))

@@ -38,6 +38,7 @@ class Call(Generic[T]):
     params: Optional[dict[str, Any]] = None
     json: Any = None
     content: Optional[bytes] = None
+    headers: Optional[dict[str, str]] = None
     # Safe to send again after a dropped connection (reads, and writes keyed by ids).
     idempotent: bool = False
 
@@ -294,6 +295,8 @@ def import_transcript(
         lambda b: [m.from_dict(m.Imported, c) for c in b["conversations"]],
         params=params(format=format, session=session, name=name, include_tools=include_tools or None),
         content=data,
+        # The server detects the format (or takes `format`) from the bytes themselves.
+        headers={"content-type": "application/octet-stream"},
     )
 
 
