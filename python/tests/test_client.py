@@ -303,3 +303,34 @@ def test_a_transcript_is_imported_as_a_session(server: Server) -> None:
         with pytest.raises(ab.AbridgeError) as e:
             c.import_transcript(b"\x00not a transcript", session="bad")
         assert e.value.status == 400 and "format" in str(e.value)
+
+
+def test_related_memories_are_summarized_and_the_summary_names_its_sources(model_url: str, tmp_path) -> None:
+    from conftest import start_server
+
+    # A write that lands while its cluster is being summarized leaves the cluster unsettled
+    # for the sweeper (every 120 s by default; every second here).
+    proc, server = start_server(model_url, tmp_path, {"ABRIDGE_SWEEP_SECS": "1"})
+    try:
+        with ab.Client(server.url) as c:
+            facts = ["Alice prefers the dark theme in her editor",
+                     "Alice uses a dark theme with large fonts in the editor",
+                     "Alice wants the editor theme dark at night",
+                     "Alice likes a dark editor theme with high contrast"]
+            ids = [c.remember(f, user="alice", key="editor").id for f in facts]
+            deadline = time.monotonic() + 60
+            while True:
+                cl = [x for x in c.clusters(user="alice") if x.summary is not None]
+                if cl or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert cl, c.clusters(user="alice")
+            s = c.cluster_summary(cl[0].summary)
+            assert s.cluster == cl[0].id and set(s.sources) <= set(ids) and len(s.sources) >= 3
+            assert {m.id for m in c.summary_sources(s.id)} == set(s.sources)
+            hits = c.recall("dark editor theme", user="alice")
+            summary_hits = [h for h in hits if h.kind == "summary"]
+            assert summary_hits and set(summary_hits[0].sources) == set(s.sources)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -29,6 +29,8 @@ from ._errors import (
 )
 from ._models import (
     Appended,
+    Cluster,
+    ClusterSummary,
     Context,
     Episode,
     Event,
@@ -45,7 +47,7 @@ from ._models import (
 )
 
 __all__ = [
-    "AbridgeError", "Appended", "AsyncClient", "Client", "Conflict", "Context", "Episode",
+    "AbridgeError", "Appended", "Cluster", "ClusterSummary", "AsyncClient", "Client", "Conflict", "Context", "Episode",
     "Event", "Expansion", "Forbidden", "Hit", "Imported", "InvalidInput", "Job", "Memory",
     "Message", "ModelFailed", "NotFound", "QuotaExhausted", "RateLimited", "ServerUnreachable",
     "Session", "Summary", "TooLarge", "Unauthenticated", "Unavailable", "Unprocessable", "Usage",

@@ -173,6 +173,21 @@ class Client(_Base):
         """Memories in a scope, oldest first (a page: ``offset``, ``limit`` ≤ 1000)."""
         return self._run(c.memories(user, project, environment, type, key, offset, limit))
 
+    def clusters(
+        self, *, user: Optional[str] = None, project: Optional[str] = None,
+        environment: Optional[str] = None, type: Optional[str] = None, key: Optional[str] = None,
+        offset: int = 0, limit: int = 100,
+    ) -> list[m.Cluster]:
+        return self._run(c.clusters(user, project, environment, type, key, offset, limit))
+
+    def cluster_summary(self, id: int) -> m.ClusterSummary:
+        """A cluster summary (a recall hit of kind ``summary`` names it)."""
+        return self._run(c.cluster_summary(id))
+
+    def summary_sources(self, id: int) -> list[m.Memory]:
+        """The memories a cluster summary covers."""
+        return self._run(c.summary_sources(id))
+
     def forget(self, id: str) -> None:
         return self._run(c.forget(id))
 
@@ -343,6 +358,19 @@ class AsyncClient(_Base):
         offset: int = 0, limit: int = 100,
     ) -> list[m.Memory]:
         return await self._run(c.memories(user, project, environment, type, key, offset, limit))
+
+    async def clusters(
+        self, *, user: Optional[str] = None, project: Optional[str] = None,
+        environment: Optional[str] = None, type: Optional[str] = None, key: Optional[str] = None,
+        offset: int = 0, limit: int = 100,
+    ) -> list[m.Cluster]:
+        return await self._run(c.clusters(user, project, environment, type, key, offset, limit))
+
+    async def cluster_summary(self, id: int) -> m.ClusterSummary:
+        return await self._run(c.cluster_summary(id))
+
+    async def summary_sources(self, id: int) -> list[m.Memory]:
+        return await self._run(c.summary_sources(id))
 
     async def forget(self, id: str) -> None:
         return await self._run(c.forget(id))

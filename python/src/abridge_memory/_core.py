@@ -340,6 +340,30 @@ def memories(
     )
 
 
+def clusters(
+    user: Optional[str], project: Optional[str], environment: Optional[str], type: Optional[str],
+    key: Optional[str], offset: int, limit: int,
+) -> Call[list[m.Cluster]]:
+    return Call(
+        "GET",
+        "/v1/clusters",
+        lambda b: [m.from_dict(m.Cluster, x) for x in b["clusters"]],
+        params=params(user=user, project=project, environment=environment, type=type, key=key,
+                      offset=offset, limit=limit),
+        idempotent=True,
+    )
+
+
+def cluster_summary(id: int) -> Call[m.ClusterSummary]:
+    return Call("GET", f"/v1/summaries/{int(id)}", lambda b: m.from_dict(m.ClusterSummary, b),
+                idempotent=True)
+
+
+def summary_sources(id: int) -> Call[list[m.Memory]]:
+    return Call("GET", f"/v1/summaries/{int(id)}/sources",
+                lambda b: [m.from_dict(m.Memory, x) for x in b["sources"]], idempotent=True)
+
+
 def forget(id: str) -> Call[None]:
     return Call("DELETE", f"/v1/memories/{seg(id)}", lambda b: None, idempotent=True)
 

@@ -280,6 +280,41 @@ class Hit:
 
 
 @dataclass
+class Cluster:
+    """Memories of one scope that lie near each other, and the summary that stands for them."""
+
+    SCHEMA: ClassVar[str] = "ClusterView"
+    id: int
+    user: str
+    project: str
+    environment: str
+    type: str
+    key: str
+    members: list[str]
+    settled: bool
+    summary: Optional[int] = None
+    note: Optional[str] = None
+
+
+@dataclass
+class ClusterSummary:
+    """A cluster's summary, with the ids of the memories it covers."""
+
+    SCHEMA: ClassVar[str] = "ClusterSummaryView"
+    id: int
+    cluster: int
+    text: str
+    sources: list[str]
+    importance: float
+    model: str
+    calls: int
+    prompt_tokens: int
+    output_tokens: int
+    created_ms: int
+    updated_ms: int
+
+
+@dataclass
 class UsageDay:
     SCHEMA: ClassVar[str] = "UsageDayView"
     day: str
