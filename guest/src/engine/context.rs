@@ -187,7 +187,8 @@ pub fn context(
             beyond > u64::from(req.refresh_after) || overflow
         };
     if wants {
-        let (f, marker) = freshness_and_marker(h, session, cfg)?;
+        let v = freshness_and_marker(h, session, cfg)?;
+        let f = &v.freshness;
         let may = matches!(f.state, FreshState::Due | FreshState::Waiting);
         let run = match cfg.mode {
             policy::Mode::Eager => may,
@@ -199,18 +200,11 @@ pub fn context(
         };
         if run {
             validate(session, cfg)?;
-            // Far enough that the rest fits the budget (window mode keeps its recent turns).
             // Far enough that the rest fits the budget and what the context cannot show is
             // folded; window mode keeps its recent turns and folds in whole prompts.
             let must = cut.map_or(0, |c| c.upto).max(unshown.unwrap_or(0));
-            let edge = refresh_upto(cfg, stats.last_episode);
-            let reach = if window_mode {
-                let latest = h.latest_summary(session)?;
-                Reach::window(h, cfg, latest.as_ref(), edge, must)?
-            } else {
-                Reach::to(edge.max(must))
-            };
-            match guarded(h, session, cfg, marker, reach) {
+            let reach = v.reach(cfg, stats.last_episode, must);
+            match guarded(h, session, cfg, v.marker, reach) {
                 Ok(out) => refreshed = out.passes > 0,
                 // The previous summary serves; the caller sees that a refresh is due.
                 Err(e) => {

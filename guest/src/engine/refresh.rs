@@ -5,16 +5,42 @@ use super::*;
 
 /// The session's freshness under `cfg` (no model call).
 pub fn freshness(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Freshness, Error> {
-    freshness_and_marker(h, session, cfg).map(|(f, _)| f)
+    freshness_and_marker(h, session, cfg).map(|v| v.freshness)
 }
 
-/// The freshness verdict and the failure marker it was computed from (which a refresh then
-/// advances or clears, without reading it again).
+/// A verdict with what it was computed from that a refresh goes on to use.
+pub(super) struct Verdict {
+    pub(super) freshness: Freshness,
+    /// The failure marker (which a refresh then advances or clears, without reading it again).
+    pub(super) marker: Option<FailureMarker>,
+    /// Window mode's fold size (`None` in the other modes).
+    pub(super) batch: Option<u32>,
+}
+
+impl Verdict {
+    /// How far a refresh of this verdict goes, the newest episode being `last`: window mode
+    /// folds what has left the recent window in whole prompts, never a further call for less
+    /// than a batch (that would cost the whole fixed part for a few messages; they wait for
+    /// the next batch), covering at least `must`; the other modes fold everything.
+    pub(super) fn reach(&self, cfg: &Config, last: u64, must: u64) -> Reach {
+        let edge = refresh_upto(cfg, last);
+        match self.batch {
+            Some(batch) => Reach {
+                upto: edge.max(must),
+                must,
+                leave: u64::from(batch),
+            },
+            None => Reach::to(edge.max(must)),
+        }
+    }
+}
+
+/// The freshness verdict, with the failure marker and the window batch it was computed from.
 pub(super) fn freshness_and_marker(
     h: &mut impl Host,
     session: &str,
     cfg: &Config,
-) -> Result<(Freshness, Option<FailureMarker>), Error> {
+) -> Result<Verdict, Error> {
     let stats = h.stats(session)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
@@ -38,11 +64,12 @@ pub(super) fn freshness_and_marker(
     } else {
         0
     };
-    let window = if window {
-        Some((left, u64::from(window_batch(h, cfg, latest.as_ref())?)))
+    let batch = if window {
+        Some(window_batch(h, cfg, latest.as_ref())?)
     } else {
         None
     };
+    let window = batch.map(|b| (left, u64::from(b)));
     let marker = h.failure(session)?;
     let now_ms = h.now_ms();
     let fallback_rows = if cfg.engine == Engine::Llm {
@@ -64,7 +91,11 @@ pub(super) fn freshness_and_marker(
         },
         cfg,
     );
-    Ok((f, marker))
+    Ok(Verdict {
+        freshness: f,
+        marker,
+        batch,
+    })
 }
 
 /// Window mode's fold size for a session whose newest row is `latest`: ten times the fold
@@ -74,15 +105,6 @@ pub(super) fn window_batch(
     cfg: &Config,
     latest: Option<&SummaryRow>,
 ) -> Result<u32, Error> {
-    window_fold_size(h, cfg, latest).map(|(batch, _)| batch)
-}
-
-/// Window mode's fold size and the conversation budget of the fold's one prompt.
-fn window_fold_size(
-    h: &mut impl Host,
-    cfg: &Config,
-    latest: Option<&SummaryRow>,
-) -> Result<(u32, u32), Error> {
     let f = calibration_factor(h, cfg)?;
     let strategy = policy::strategy(latest, cfg);
     let previous = match &strategy {
@@ -96,7 +118,7 @@ fn window_fold_size(
     };
     let fixed = prompt::fixed_tokens_x(previous, &extras);
     let budget = policy::input_budget_f(cfg, f, fixed).unwrap_or(fixed);
-    Ok((policy::window_batch(fixed, budget), budget))
+    Ok(policy::window_batch(fixed, budget))
 }
 
 /// How far a catch-up goes: through episode `upto`, though it may stop at the end of a pass
@@ -119,23 +141,6 @@ impl Reach {
             must: upto,
             leave: 0,
         }
-    }
-
-    /// Window mode's fold of what has left the recent window (through `edge`), covering at
-    /// least `must`: in whole prompts, never a further call for less than a batch (that would
-    /// cost the whole fixed part for a few messages; they wait for the next batch instead).
-    pub(super) fn window(
-        h: &mut impl Host,
-        cfg: &Config,
-        latest: Option<&SummaryRow>,
-        edge: u64,
-        must: u64,
-    ) -> Result<Reach, Error> {
-        Ok(Reach {
-            upto: edge.max(must),
-            must,
-            leave: u64::from(window_batch(h, cfg, latest)?),
-        })
     }
 }
 
@@ -168,7 +173,8 @@ pub(super) fn episode_at(
 /// backoff and keeps the previous summary.
 pub fn refresh(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome, Error> {
     validate(session, cfg)?;
-    let (f, marker) = freshness_and_marker(h, session, cfg)?;
+    let v = freshness_and_marker(h, session, cfg)?;
+    let f = &v.freshness;
     if f.state != FreshState::Due {
         if f.state != FreshState::Fresh && f.state != FreshState::Empty {
             h.log(
@@ -185,13 +191,8 @@ pub fn refresh(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome
         Level::Info,
         &format!("session {session}: refreshing: {}", f.reason),
     );
-    let reach = if cfg.mode == policy::Mode::Window {
-        let latest = h.latest_summary(session)?;
-        Reach::window(h, cfg, latest.as_ref(), refresh_upto(cfg, f.episodes), 0)?
-    } else {
-        Reach::to(refresh_upto(cfg, f.episodes))
-    };
-    guarded(h, session, cfg, marker, reach)
+    let reach = v.reach(cfg, f.episodes, 0);
+    guarded(h, session, cfg, v.marker, reach)
 }
 
 /// How often one call re-plans after the model refused a prompt as longer than its context

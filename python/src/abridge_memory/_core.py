@@ -23,7 +23,6 @@ from ._errors import (
 T = TypeVar("T")
 
 DEFAULT_URL = "http://127.0.0.1:8377"
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 MessageLike = Union[Mapping[str, Any], tuple[str, str]]
 
@@ -326,32 +325,35 @@ def memory(id: str) -> Call[m.Memory]:
     return Call("GET", f"/v1/memories/{seg(id)}", lambda b: m.from_dict(m.Memory, b), idempotent=True)
 
 
-def memories(
-    user: Optional[str], project: Optional[str], environment: Optional[str], type: Optional[str],
-    key: Optional[str], offset: int, limit: int,
-) -> Call[list[m.Memory]]:
+def _scope_page(
+    path: str, key_of_list: str, cls: type[T], user: Optional[str], project: Optional[str],
+    environment: Optional[str], type: Optional[str], key: Optional[str], offset: int, limit: int,
+) -> Call[list[T]]:
+    """A page of a scope's memories or clusters (every field given must match)."""
     return Call(
         "GET",
-        "/v1/memories",
-        lambda b: [m.from_dict(m.Memory, x) for x in b["memories"]],
+        path,
+        lambda b: [m.from_dict(cls, x) for x in b[key_of_list]],
         params=params(user=user, project=project, environment=environment, type=type, key=key,
                       offset=offset, limit=limit),
         idempotent=True,
     )
+
+
+def memories(
+    user: Optional[str], project: Optional[str], environment: Optional[str], type: Optional[str],
+    key: Optional[str], offset: int, limit: int,
+) -> Call[list[m.Memory]]:
+    return _scope_page("/v1/memories", "memories", m.Memory, user, project, environment, type,
+                       key, offset, limit)
 
 
 def clusters(
     user: Optional[str], project: Optional[str], environment: Optional[str], type: Optional[str],
     key: Optional[str], offset: int, limit: int,
 ) -> Call[list[m.Cluster]]:
-    return Call(
-        "GET",
-        "/v1/clusters",
-        lambda b: [m.from_dict(m.Cluster, x) for x in b["clusters"]],
-        params=params(user=user, project=project, environment=environment, type=type, key=key,
-                      offset=offset, limit=limit),
-        idempotent=True,
-    )
+    return _scope_page("/v1/clusters", "clusters", m.Cluster, user, project, environment, type,
+                       key, offset, limit)
 
 
 def cluster_summary(id: int) -> Call[m.ClusterSummary]:
@@ -449,7 +451,7 @@ class SseParser:
 
 def terminal(ev: m.Event) -> bool:
     """Whether a job event ends its stream (the job has finished)."""
-    return isinstance(ev.data, dict) and ev.data.get("state") in TERMINAL
+    return isinstance(ev.data, dict) and ev.data.get("state") in m.FINISHED
 
 
 class JobStream:

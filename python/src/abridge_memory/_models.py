@@ -44,6 +44,10 @@ class Message:
     content: str
 
 
+# The states a job ends in.
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
 @dataclass
 class Progress:
     SCHEMA: ClassVar[str] = "ProgressView"
@@ -75,7 +79,7 @@ class Job:
     @property
     def finished(self) -> bool:
         """Whether the job has ended (succeeded, failed or cancelled)."""
-        return self.state not in ("queued", "running")
+        return self.state in FINISHED
 
 
 @dataclass

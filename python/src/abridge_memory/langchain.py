@@ -52,7 +52,8 @@ def context_to_langchain(ctx: Context) -> list[BaseMessage]:
     return [to_langchain(m.role, m.content) for m in ctx.messages]
 
 
-def _text(message: BaseMessage) -> str:
+def message_text(message: BaseMessage) -> str:
+    """A message's text (the text parts of a multi-part message, joined)."""
     c = message.content
     if isinstance(c, str):
         return c
@@ -100,7 +101,7 @@ class AbridgeChatMessageHistory(BaseChatMessageHistory):
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         if messages:
             self.client.add_messages(
-                self.session_id, [(role_of(m), _text(m)) for m in messages]
+                self.session_id, [(role_of(m), message_text(m)) for m in messages]
             )
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
@@ -109,7 +110,7 @@ class AbridgeChatMessageHistory(BaseChatMessageHistory):
         if self.async_client is None:
             return self.add_messages(messages)
         await self.async_client.add_messages(
-            self.session_id, [(role_of(m), _text(m)) for m in messages]
+            self.session_id, [(role_of(m), message_text(m)) for m in messages]
         )
 
     def clear(self) -> None:

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
 try:
-    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+    from langchain_core.messages import BaseMessage, HumanMessage
     from langgraph.store.base import (
         BaseStore,
         GetOp,
@@ -37,7 +37,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from ._client import Client
 from ._errors import NotFound
-from .langchain import context_to_langchain
+from .langchain import context_to_langchain, message_text, role_of
 
 TYPE = "langgraph"
 TYPE_UNINDEXED = "langgraph-unindexed"
@@ -175,9 +175,7 @@ class AbridgeStore(BaseStore):
             for h in hits:
                 if h.kind != "memory" or not h.id.startswith("lg-"):
                     continue
-                e = _envelope(h.text)
-                if e is None:
-                    continue
+                # The hit has no time; the item's comes from the memory.
                 mem = self.client.memory(h.id)
                 items.append(self._item(mem, score=h.score))
             found = [i for i in items if wanted(i)]
@@ -202,24 +200,11 @@ class AbridgeStore(BaseStore):
 
 
 def _text(m: BaseMessage) -> str:
-    c = m.content
-    text = c if isinstance(c, str) else "\n".join(
-        p if isinstance(p, str) else str(p.get("text", "")) for p in c
-    )
-    calls = getattr(m, "tool_calls", None) or []
-    for call in calls:
+    """A message's text with its tool calls written out (a call's arguments matter later)."""
+    text = message_text(m)
+    for call in getattr(m, "tool_calls", None) or []:
         text += f"\n[called {call.get('name')} with {json.dumps(call.get('args'), sort_keys=True)}]"
     return text.strip() or "(empty)"
-
-
-def _role(m: BaseMessage) -> str:
-    if isinstance(m, HumanMessage):
-        return "user"
-    if isinstance(m, AIMessage):
-        return "assistant"
-    if isinstance(m, ToolMessage):
-        return "tool"
-    return "system"
 
 
 class ContextHook:
@@ -251,7 +236,7 @@ class ContextHook:
         new = history[posted:] if posted <= len(history) else history
         if new:
             self.client.add_messages(session, [
-                {"role": _role(m), "content": _text(m), "id": m.id} for m in new
+                {"role": role_of(m), "content": _text(m), "id": m.id} for m in new
             ])
             self._posted[session] = len(history)
         if not history:
