@@ -166,6 +166,9 @@ impl Store for TimedStore {
     async fn reset_session(&self, s: &str) -> Result<(), Error> {
         timed!(self, self.inner.reset_session(s))
     }
+    async fn pop_episode(&self, s: &str) -> Result<Option<abridge_engine::Popped>, Error> {
+        timed!(self, self.inner.pop_episode(s))
+    }
     async fn put_partial(
         &self,
         k: &str,

@@ -113,6 +113,9 @@ impl Store for NoStore {
     async fn reset_session(&self, _: &str) -> Result<(), Error> {
         none()
     }
+    async fn pop_episode(&self, _: &str) -> Result<Option<crate::store::Popped>, Error> {
+        none()
+    }
     async fn partial(&self, _: &str) -> Result<Option<CachedAnswer>, Error> {
         none()
     }

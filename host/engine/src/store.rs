@@ -10,6 +10,17 @@ use crate::types::{
     SessionStats, StoredMemory, SummaryRow, SummaryWrite,
 };
 
+/// What removing a session's newest episode did (see [`Store::pop_episode`]).
+#[derive(Clone, Debug)]
+pub struct Popped {
+    /// The episode removed.
+    pub episode: Episode,
+    /// Summary rows deleted because they covered it.
+    pub dropped: Vec<u64>,
+    /// Rows those had folded, active again.
+    pub reopened: Vec<u64>,
+}
+
 /// What the engine stores. Implementations must write each call atomically and enforce the
 /// chain rule of [`SummaryWrite`]: rows of a session cover every episode exactly once, in
 /// order.
@@ -54,6 +65,11 @@ pub trait Store: Send + Sync {
     async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error>;
     /// Delete the session's episodes, summaries and failure marker.
     async fn reset_session(&self, session: &str) -> Result<(), Error>;
+    /// Remove the session's newest episode in one transaction: the summary rows covering it
+    /// go and the rows they had folded become active again (the store rule `pop_plan`), its
+    /// pin and the session's `summary.written` events go, and a running job of the session is
+    /// asked to stop. `None` for a session without episodes.
+    async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error>;
     /// A cached partial summary by key, with what it cost (see the WIT `store.partial`).
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error>;
     /// Cache a partial summary and what it cost.

@@ -34,7 +34,7 @@ mod sqlite_tables;
 pub mod tables;
 pub mod tenant;
 
-pub use abridge_engine::store::{ClusterRow, RecallStore, Store, Unsettled, UsageDay};
+pub use abridge_engine::store::{ClusterRow, Popped, RecallStore, Store, Unsettled, UsageDay};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use pg::PgStore;

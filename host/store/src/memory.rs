@@ -16,6 +16,8 @@ use crate::types::{
 struct Session {
     episodes: Vec<Episode>,
     keys: std::collections::BTreeSet<String>,
+    /// Each episode's source key (index = id - 1), so a pop frees it.
+    episode_keys: Vec<String>,
     total_tokens: u64,
     /// The running content bytes through each episode (index = id - 1).
     bytes_through: Vec<u64>,
@@ -75,9 +77,10 @@ impl Store for MemoryStore {
             let s = sessions.entry(session.to_string()).or_default();
             let mut added = 0;
             for e in episodes {
-                if !s.keys.insert(e.source_key) {
+                if !s.keys.insert(e.source_key.clone()) {
                     continue;
                 }
+                s.episode_keys.push(e.source_key);
                 let id = s.episodes.len() as u64 + 1;
                 s.total_tokens += u64::from(e.tokens);
                 let before = s.bytes_through.last().copied().unwrap_or(0);
@@ -296,6 +299,49 @@ impl Store for MemoryStore {
             .0
             .remove(session);
         Ok(())
+    }
+
+    async fn pop_episode(&self, session: &str) -> Result<Option<super::Popped>, Error> {
+        let popped = self.with(|sessions, _, counter| {
+            let s = sessions.get_mut(session)?;
+            let episode = s.episodes.pop()?;
+            if let Some(key) = s.episode_keys.pop() {
+                s.keys.remove(&key);
+            }
+            s.bytes_through.pop();
+            s.total_tokens -= u64::from(episode.tokens);
+            let mut history: Vec<SummaryRow> =
+                s.rows.drain(..).chain(s.compacted.drain(..)).collect();
+            let plan = crate::rules::pop_plan(&history, episode.id);
+            history.retain(|r| plan.drop.binary_search(&r.id).is_err());
+            for r in history {
+                if plan.reopen.binary_search(&r.id).is_ok() {
+                    s.rows.push(SummaryRow {
+                        compacted_into: None,
+                        ..r
+                    });
+                } else if r.compacted_into.is_some() {
+                    s.compacted.push(r);
+                } else {
+                    s.rows.push(r);
+                }
+            }
+            s.rows.sort_by_key(|r| r.first_episode);
+            *counter += 1;
+            s.changed = *counter;
+            Some(super::Popped {
+                episode,
+                dropped: plan.drop,
+                reopened: plan.reopen,
+            })
+        });
+        if let Some(p) = &popped {
+            self.tables
+                .lock()
+                .expect("the store's lock is poisoned by an earlier panic")
+                .pop_side(session, p.episode.id);
+        }
+        Ok(popped)
     }
 
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {

@@ -79,6 +79,38 @@ impl Tables {
     }
 }
 
+impl Tables {
+    /// Walk the pop cascade ([`crate::rules::POP_CASCADE`]) for episode `episode`.
+    pub(super) fn pop_side(&mut self, session: &str, episode: u64) {
+        use crate::rules::PopStep;
+        for step in crate::rules::POP_CASCADE {
+            match *step {
+                PopStep::Pin => {
+                    if let Some(set) = self.pins.get_mut(session) {
+                        set.remove(&episode);
+                    }
+                }
+                PopStep::SummaryEvents => {
+                    for log in self.events.values_mut() {
+                        log.retain(|e| {
+                            e.session_key.as_deref() != Some(session) || e.kind != "summary.written"
+                        });
+                    }
+                }
+                PopStep::CancelRunningJob => {
+                    for j in self
+                        .jobs
+                        .values_mut()
+                        .filter(|j| j.session == session && j.state == JobState::Running)
+                    {
+                        j.cancel_requested = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl MemoryStore {
     fn tables<T>(&self, f: impl FnOnce(&mut Tables) -> T) -> T {
         f(&mut self

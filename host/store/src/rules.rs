@@ -105,6 +105,80 @@ pub fn check_compaction(
     ))
 }
 
+/// What removing a session's newest episode `last` does to its summary rows (`history`: every
+/// row, compacted ones included). Rows are ranges of a prefix, so only a row ending at `last`
+/// covers it: every such row goes (`drop`: the latest active row, and each compaction that
+/// folded it), and the rows those had folded that end before `last` become active again
+/// (`reopen`). The chain rule holds after: the active rows cover `1..=k` for some `k < last`,
+/// and the next refresh folds `k+1..last-1` again, without the removed episode.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PopPlan {
+    /// Rows deleted, ids ascending.
+    pub drop: Vec<u64>,
+    /// Rows made active again (their `compacted_into` cleared), ids ascending.
+    pub reopen: Vec<u64>,
+}
+
+/// The plan for removing episode `last` (see [`PopPlan`]).
+pub fn pop_plan(history: &[SummaryRow], last: u64) -> PopPlan {
+    let mut drop: Vec<u64> = history
+        .iter()
+        .filter(|r| r.last_episode >= last)
+        .map(|r| r.id)
+        .collect();
+    drop.sort_unstable();
+    let mut reopen: Vec<u64> = history
+        .iter()
+        .filter(|r| r.last_episode < last)
+        .filter(|r| {
+            r.compacted_into
+                .is_some_and(|c| drop.binary_search(&c).is_ok())
+        })
+        .map(|r| r.id)
+        .collect();
+    reopen.sort_unstable();
+    PopPlan { drop, reopen }
+}
+
+/// One step of removing a session's newest episode besides its summary rows (see
+/// [`POP_CASCADE`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PopStep {
+    /// Unpin the episode.
+    Pin,
+    /// Delete the session's `summary.written` events: they carry the text of rows that may
+    /// have folded the episode in.
+    SummaryEvents,
+    /// Ask the session's running job to stop: it may have read the episode, and the next
+    /// message takes the same id.
+    CancelRunningJob,
+}
+
+/// What removing a session's newest episode touches outside the summary chain, in the same
+/// transaction. Every store walks this list.
+pub const POP_CASCADE: &[PopStep] = &[
+    PopStep::Pin,
+    PopStep::SummaryEvents,
+    PopStep::CancelRunningJob,
+];
+
+/// A pop step as one SQL statement: the session's key is parameter 1; when the flag is set,
+/// the episode id is parameter 2.
+pub fn pop_sql(step: PopStep, d: Dialect) -> (String, bool) {
+    let (p1, p2) = (d.param(1), d.param(2));
+    match step {
+        PopStep::Pin => (
+            format!("DELETE FROM session_pins WHERE session = {p1} AND episode = {p2}"),
+            true,
+        ),
+        PopStep::SummaryEvents => (
+            format!("DELETE FROM events WHERE session_key = {p1} AND kind = 'summary.written'"),
+            false,
+        ),
+        PopStep::CancelRunningJob => (reset_sql(ResetStep::CancelRunningJob, d), false),
+    }
+}
+
 // ---- Job claims -------------------------------------------------------------------------
 
 /// Why a claim does not take a job.
@@ -853,6 +927,61 @@ mod tests {
             let e = check_named_cluster(3, found, &m).unwrap_err();
             assert!(matches!(e, Error::Conflict(m) if m.contains("cluster 3 changed")));
         }
+    }
+
+    fn row(id: u64, first: u64, last: u64, level: u32, into: Option<u64>) -> SummaryRow {
+        SummaryRow {
+            id,
+            first_episode: first,
+            last_episode: last,
+            content: String::new(),
+            tokens: 0,
+            prompt_tokens: 0,
+            output_tokens: 0,
+            model: String::new(),
+            created_ms: 0,
+            updated_ms: 0,
+            skipped: Vec::new(),
+            level,
+            compacted_into: into,
+            ledger: Vec::new(),
+            ledger_dropped: 0,
+        }
+    }
+
+    #[test]
+    fn a_pop_drops_every_row_ending_at_the_episode_and_reopens_what_they_folded() {
+        // 1-4, 5-8 folded into 9 (1-8); 9 and 10 (9-12) folded into 11 (1-12); 12 is 13-20.
+        let history = vec![
+            row(1, 1, 4, 0, Some(3)),
+            row(2, 5, 8, 0, Some(3)),
+            row(3, 1, 8, 1, Some(5)),
+            row(4, 9, 12, 0, Some(5)),
+            row(5, 1, 12, 2, None),
+            row(6, 13, 20, 0, None),
+        ];
+        assert_eq!(
+            pop_plan(&history, 20),
+            PopPlan {
+                drop: vec![6],
+                reopen: vec![]
+            }
+        );
+        // The compaction 5 and the row 4 both end at 12: both go; 3 becomes active (1-8).
+        let history: Vec<SummaryRow> = history.into_iter().filter(|r| r.id != 6).collect();
+        assert_eq!(
+            pop_plan(&history, 12),
+            PopPlan {
+                drop: vec![4, 5],
+                reopen: vec![3]
+            }
+        );
+        assert_eq!(pop_plan(&[], 3), PopPlan::default());
+        // A row ending before the episode stays as it is.
+        assert_eq!(pop_plan(&[row(1, 1, 4, 0, None)], 5), PopPlan::default());
+        let (sql, binds) = pop_sql(PopStep::Pin, Dialect::Postgres);
+        assert!(binds && sql.ends_with("episode = $2"), "{sql}");
+        assert!(!pop_sql(PopStep::SummaryEvents, Dialect::Sqlite).1);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Store;
+use crate::Popped;
 use crate::keyring::{Stored, place};
 use crate::sqlite_keys::{as_value, bytes_at, bytes_or_null, stored};
 use crate::types::{
@@ -370,6 +371,53 @@ impl SqliteStore {
     }
 
     /// Summary rows read by `sql` (one parameter: the session), opened.
+    /// Episodes with `id > after`, ascending, at most `limit`, revealed.
+    fn read_episodes(
+        &self,
+        conn: &Connection,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Episode>, Error> {
+        let mut st = conn
+            .prepare_cached(
+                "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed, tokens_through FROM episodes
+                 WHERE session = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+            )
+            .map_err(db_err)?;
+        let rows = st
+            .query_map(params![session, after as i64, limit], |r| {
+                let sealed: u32 = r.get(6)?;
+                Ok((
+                    Episode {
+                        id: r.get::<_, i64>(0)? as u64,
+                        role: role_from(&r.get::<_, String>(1)?),
+                        content: String::new(),
+                        timestamp_ms: r.get(3)?,
+                        tokens: r.get(4)?,
+                        speaker: None,
+                        tokens_through: r.get::<_, i64>(7)? as u64,
+                    },
+                    stored(r, 2, sealed)?,
+                    bytes_or_null(r, 5)?.map(|bytes| Stored { bytes, sealed }),
+                ))
+            })
+            .map_err(db_err)?;
+        let raws = rows.collect::<Result<Vec<_>, _>>().map_err(db_err)?;
+        let tenant = place::tenant_of(session);
+        raws.into_iter()
+            .map(|(mut e, content, speaker)| {
+                let name = place::episode(session, e.id);
+                e.content = self.reveal(conn, &tenant, place::EPISODE, &name, content)?;
+                e.speaker = match speaker {
+                    Some(sp) => Some(self.reveal(conn, &tenant, place::SPEAKER, &name, sp)?),
+                    None => None,
+                };
+                Ok(e)
+            })
+            .collect()
+    }
+
     fn summary_rows(
         &self,
         c: &Connection,
@@ -546,45 +594,7 @@ impl Store for SqliteStore {
         after: u64,
         limit: u32,
     ) -> Result<Vec<Episode>, Error> {
-        self.with(|conn| {
-            let mut st = conn
-                .prepare_cached(
-                    "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed, tokens_through FROM episodes
-                     WHERE session = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
-                )
-                .map_err(db_err)?;
-            let rows = st
-                .query_map(params![session, after as i64, limit], |r| {
-                    let sealed: u32 = r.get(6)?;
-                    Ok((
-                        Episode {
-                            id: r.get::<_, i64>(0)? as u64,
-                            role: role_from(&r.get::<_, String>(1)?),
-                            content: String::new(),
-                            timestamp_ms: r.get(3)?,
-                            tokens: r.get(4)?,
-                            speaker: None,
-                            tokens_through: r.get::<_, i64>(7)? as u64,
-                        },
-                        stored(r, 2, sealed)?,
-                        bytes_or_null(r, 5)?.map(|bytes| Stored { bytes, sealed }),
-                    ))
-                })
-                .map_err(db_err)?;
-            let raws = rows.collect::<Result<Vec<_>, _>>().map_err(db_err)?;
-            let tenant = place::tenant_of(session);
-            raws.into_iter()
-                .map(|(mut e, content, speaker)| {
-                    let name = place::episode(session, e.id);
-                    e.content = self.reveal(conn, &tenant, place::EPISODE, &name, content)?;
-                    e.speaker = match speaker {
-                        Some(sp) => Some(self.reveal(conn, &tenant, place::SPEAKER, &name, sp)?),
-                        None => None,
-                    };
-                    Ok(e)
-                })
-                .collect()
-        })
+        self.with(|conn| self.read_episodes(conn, session, after, limit))
     }
 
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
@@ -733,6 +743,54 @@ impl Store for SqliteStore {
             tx.commit().map_err(db_err)?;
             scrub(conn);
             Ok(())
+        })
+    }
+
+    async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
+        self.with(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
+            let last: u64 = tx
+                .query_row("SELECT episodes FROM sessions WHERE id = ?1", [session], |r| r.get::<_, i64>(0))
+                .optional()
+                .map_err(db_err)?
+                .unwrap_or(0) as u64;
+            if last == 0 {
+                return Ok(None);
+            }
+            let episode = self
+                .read_episodes(&tx, session, last - 1, 1)?
+                .pop()
+                .ok_or_else(|| Error::Storage(format!("session '{session}' counts {last} episodes but episode {last} is not stored")))?;
+            let history = self.summary_rows(
+                &tx,
+                session,
+                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = ?1"),
+            )?;
+            let plan = crate::rules::pop_plan(&history, last);
+            for id in &plan.drop {
+                tx.execute("DELETE FROM summaries WHERE id = ?1 AND session = ?2", params![*id as i64, session]).map_err(db_err)?;
+            }
+            for id in &plan.reopen {
+                tx.execute("UPDATE summaries SET compacted_into = NULL WHERE id = ?1 AND session = ?2", params![*id as i64, session]).map_err(db_err)?;
+            }
+            tx.execute("DELETE FROM episodes WHERE session = ?1 AND id = ?2", params![session, last as i64]).map_err(db_err)?;
+            tx.execute(
+                "UPDATE sessions SET episodes = episodes - 1, total_tokens = total_tokens - ?2, changed_seq = (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) WHERE id = ?1",
+                params![session, episode.tokens],
+            )
+            .map_err(db_err)?;
+            for step in crate::rules::POP_CASCADE {
+                let (sql, binds) = crate::rules::pop_sql(*step, crate::rules::Dialect::Sqlite);
+                if binds {
+                    tx.execute(&sql, params![session, last as i64])
+                } else {
+                    tx.execute(&sql, [session])
+                }
+                .map_err(db_err)?;
+            }
+            tx.commit().map_err(db_err)?;
+            scrub(conn);
+            Ok(Some(Popped { episode, dropped: plan.drop, reopened: plan.reopen }))
         })
     }
 

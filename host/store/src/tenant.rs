@@ -18,7 +18,7 @@ use crate::types::{
     CachedAnswer, Calibration, ClusterSummary, Episode, Error, FailureMarker, Memory, MemoryFilter,
     NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
-use crate::{AppStore, ClusterRow, JobScope, RecallStore, Store, UsageDay};
+use crate::{AppStore, ClusterRow, JobScope, Popped, RecallStore, Store, UsageDay};
 
 /// The separator between a tenant's name and a session id in a stored key.
 const SEP: char = '\u{1f}';
@@ -211,6 +211,9 @@ impl Store for TenantStore {
     }
     async fn reset_session(&self, session: &str) -> Result<(), Error> {
         self.inner.reset_session(&self.k(session)).await
+    }
+    async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
+        self.inner.pop_episode(&self.k(session)).await
     }
     // The partial-answer cache is per tenant: an answer is only ever reused for the tenant
     // whose transcript produced it.

@@ -955,6 +955,119 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         "{name}: another tenant's cluster"
     );
     s.forget_tenant("initech").await.unwrap();
+    pops(name, &s).await;
+}
+
+/// Removing a session's newest episode: the rows covering it go, the rows they folded come
+/// back, its pin and the session's summary events go, its source key is free again.
+async fn pops(name: &str, s: &Arc<dyn AppStore>) {
+    assert!(s.pop_episode("p").await.unwrap().is_none(), "{name}: empty");
+    let eps: Vec<NewEpisode> = (1..=6).map(|i| ep(i, &format!("p{i}"))).collect();
+    s.append_episodes("p", eps).await.unwrap();
+    let a = s.write_summary("p", write(None, 1, 2, "a")).await.unwrap();
+    let b = s.write_summary("p", write(None, 3, 4, "b")).await.unwrap();
+    let c = s
+        .compact_summaries("p", compaction(vec![a.id, b.id], 6_000))
+        .await
+        .unwrap();
+    let d = s.write_summary("p", write(None, 5, 6, "d")).await.unwrap();
+    s.set_pin("p", 6, true).await.unwrap();
+    s.set_pin("p", 2, true).await.unwrap();
+    let ev = |kind: &str| EventRow {
+        tenant: "acme".into(),
+        id: 0,
+        kind: kind.into(),
+        at_ms: 1,
+        session_key: Some("p".into()),
+        job: None,
+        data: "{}".into(),
+    };
+    s.append_events(
+        "acme",
+        0,
+        &[ev("summary.written"), ev("job.succeeded")],
+        100,
+    )
+    .await
+    .unwrap();
+    let popped = s.pop_episode("p").await.unwrap().unwrap();
+    assert_eq!(
+        (popped.episode.id, popped.episode.content.as_str()),
+        (6, "message 6 about /srv/app/6.toml"),
+        "{name}"
+    );
+    assert_eq!(
+        (popped.dropped, popped.reopened),
+        (vec![d.id], vec![]),
+        "{name}"
+    );
+    let st = s.stats("p").await.unwrap();
+    assert_eq!(
+        (st.episodes, st.total_tokens, st.last_episode),
+        (5, 50, 5),
+        "{name}"
+    );
+    let active: Vec<u64> = s
+        .summaries("p")
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(active, vec![c.id], "{name}");
+    assert_eq!(
+        s.pins("p").await.unwrap(),
+        vec![2],
+        "{name}: the popped pin went"
+    );
+    let kinds: Vec<String> = s
+        .events_after("acme", 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.session_key.as_deref() == Some("p"))
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, vec!["job.succeeded"], "{name}: summary text went");
+    // Its source key is free: the same message comes back with the same id.
+    assert_eq!(
+        s.append_episodes("p", vec![ep(6, "p6")]).await.unwrap(),
+        1,
+        "{name}"
+    );
+    assert_eq!(
+        s.pop_episode("p").await.unwrap().unwrap().episode.id,
+        6,
+        "{name}"
+    );
+    assert_eq!(
+        s.pop_episode("p").await.unwrap().unwrap().episode.id,
+        5,
+        "{name}"
+    );
+    // Episode 4 ends row b, folded into c (1-4): both go, a comes back, the chain holds.
+    let popped = s.pop_episode("p").await.unwrap().unwrap();
+    assert_eq!(
+        (popped.dropped, popped.reopened),
+        (vec![b.id, c.id], vec![a.id]),
+        "{name}"
+    );
+    let active = s.summaries("p").await.unwrap();
+    assert_eq!(
+        active
+            .iter()
+            .map(|r| (r.id, r.first_episode, r.last_episode, r.compacted_into))
+            .collect::<Vec<_>>(),
+        vec![(a.id, 1, 2, None)],
+        "{name}"
+    );
+    assert_eq!(s.summary_history("p").await.unwrap().len(), 1, "{name}");
+    // The chain rule: the next row starts right after the reopened one.
+    assert!(conflict(s.write_summary("p", write(None, 4, 3, "x")).await).contains("outside"));
+    s.write_summary("p", write(None, 3, 3, "c again"))
+        .await
+        .unwrap();
+    s.reset_session("p").await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -418,6 +418,58 @@ impl PgStore {
     }
 
     /// Summary rows read by `sql` (one parameter: the session), opened.
+    /// Episodes with `id > after`, ascending, at most `limit`, revealed.
+    async fn read_episodes<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Episode>, Error> {
+        let rows = c
+            .query(
+                "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed, tokens_through FROM episodes
+                 WHERE session = $1 AND id > $2 ORDER BY id LIMIT $3",
+                &[
+                    &session,
+                    &(after.min(i64::MAX as u64) as i64),
+                    &i64::from(limit),
+                ],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let tenant = place::tenant_of(session);
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let id = g64(r, 0);
+            let sealed = g32(r, 6);
+            let name = place::episode(session, id);
+            let content = Stored {
+                bytes: r.get(2),
+                sealed,
+            };
+            let speaker = match r.get::<_, Option<Vec<u8>>>(5) {
+                Some(bytes) => Some(
+                    self.reveal(c, &tenant, place::SPEAKER, &name, Stored { bytes, sealed })
+                        .await?,
+                ),
+                None => None,
+            };
+            out.push(Episode {
+                id,
+                role: role_from(&r.get::<_, String>(1)),
+                content: self
+                    .reveal(c, &tenant, place::EPISODE, &name, content)
+                    .await?,
+                timestamp_ms: r.get(3),
+                tokens: g32(r, 4),
+                speaker,
+                tokens_through: g64(r, 7),
+            });
+        }
+        Ok(out)
+    }
+
     async fn summary_rows<C: GenericClient + Sync>(
         &self,
         c: &C,
@@ -621,48 +673,7 @@ impl Store for PgStore {
         limit: u32,
     ) -> Result<Vec<Episode>, Error> {
         let c = self.client().await?;
-        let rows = c
-            .query(
-                "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed, tokens_through FROM episodes
-                 WHERE session = $1 AND id > $2 ORDER BY id LIMIT $3",
-                &[
-                    &session,
-                    &(after.min(i64::MAX as u64) as i64),
-                    &i64::from(limit),
-                ],
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        let tenant = place::tenant_of(session);
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let id = g64(r, 0);
-            let sealed = g32(r, 6);
-            let name = place::episode(session, id);
-            let content = Stored {
-                bytes: r.get(2),
-                sealed,
-            };
-            let speaker = match r.get::<_, Option<Vec<u8>>>(5) {
-                Some(bytes) => Some(
-                    self.reveal(&c, &tenant, place::SPEAKER, &name, Stored { bytes, sealed })
-                        .await?,
-                ),
-                None => None,
-            };
-            out.push(Episode {
-                id,
-                role: role_from(&r.get::<_, String>(1)),
-                content: self
-                    .reveal(&c, &tenant, place::EPISODE, &name, content)
-                    .await?,
-                timestamp_ms: r.get(3),
-                tokens: g32(r, 4),
-                speaker,
-                tokens_through: g64(r, 7),
-            });
-        }
-        Ok(out)
+        self.read_episodes(&c, session, after, limit).await
     }
 
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
@@ -878,6 +889,74 @@ impl Store for PgStore {
                 .map_err(|e| self.err(e))?;
         }
         tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    async fn pop_episode(&self, session: &str) -> Result<Option<crate::Popped>, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        // The session's writers are waited for (and wait) on its row.
+        let last = self.lock_session(&tx, session).await?.unwrap_or(0);
+        if last == 0 {
+            return Ok(None);
+        }
+        let episode = self
+            .read_episodes(&tx, session, last - 1, 1)
+            .await?
+            .pop()
+            .ok_or_else(|| {
+                Error::Storage(format!(
+                    "session '{session}' counts {last} episodes but episode {last} is not stored"
+                ))
+            })?;
+        let history = self
+            .summary_rows(
+                &tx,
+                session,
+                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = $1"),
+            )
+            .await?;
+        let plan = crate::rules::pop_plan(&history, last);
+        let ids = |v: &[u64]| v.iter().map(|x| *x as i64).collect::<Vec<i64>>();
+        tx.execute(
+            "DELETE FROM summaries WHERE session = $1 AND id = ANY($2)",
+            &[&session, &ids(&plan.drop)],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        tx.execute(
+            "UPDATE summaries SET compacted_into = NULL WHERE session = $1 AND id = ANY($2)",
+            &[&session, &ids(&plan.reopen)],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        let last_arg = last as i64;
+        tx.execute(
+            "DELETE FROM episodes WHERE session = $1 AND id = $2",
+            &[&session, &last_arg],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        tx.execute(
+            "UPDATE sessions SET episodes = episodes - 1, total_tokens = total_tokens - $2, changed_seq = nextval('sessions_changed') WHERE id = $1",
+            &[&session, &i64::from(episode.tokens)],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        for step in crate::rules::POP_CASCADE {
+            let (sql, binds) = crate::rules::pop_sql(*step, crate::rules::Dialect::Postgres);
+            if binds {
+                tx.execute(&sql, &[&session, &last_arg]).await
+            } else {
+                tx.execute(&sql, &[&session]).await
+            }
+            .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(Some(crate::Popped {
+            episode,
+            dropped: plan.drop,
+            reopened: plan.reopen,
+        }))
     }
 
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
