@@ -1125,3 +1125,79 @@ fn what_the_console_reads_search_messages_with_their_row_coverage_and_pages_with
     );
     assert_eq!(html("/sessions/nope").status, 404);
 }
+
+#[test]
+fn removing_the_newest_message_refolds_the_row_that_covered_it_and_frees_its_id() {
+    let llm = TestServer::start();
+    let env = Env::new()
+        .with("ABRIDGE_BACKEND", "ollama")
+        .with("EXTRACTION_URL", &llm.url());
+    let srv = Server::start(&env, &["--threshold-tokens", "100000"]);
+    let addr = srv.addr.as_str();
+    let mut ms = messages("pop", 20, true);
+    let last = ms["messages"].as_array_mut().unwrap().last_mut().unwrap();
+    last["content"] = json!("zebracorn launch codes are in the vault, said by mistake");
+    post_messages(addr, None, "s", &ms).expect(202);
+    let job = request(addr, "POST", "/v1/sessions/s/refresh", None, b"").expect(202);
+    wait_job(addr, None, job["id"].as_u64().unwrap());
+    let chain = get(addr, "/v1/sessions/s/summaries", None).expect(200);
+    let row = chain["summaries"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(row["last_episode"], 20, "{chain}");
+    assert!(
+        row["content"].as_str().unwrap().contains("zebracorn"),
+        "{row}"
+    );
+
+    // The newest message goes with the row that covered it; a refresh folds the rest again.
+    let gone = request(addr, "DELETE", "/v1/sessions/s/messages/last", None, b"").expect(200);
+    assert_eq!(gone["message"]["id"], 20, "{gone}");
+    assert!(
+        gone["message"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("zebracorn")
+    );
+    assert_eq!(gone["dropped_rows"], json!([row["id"]]), "{gone}");
+    assert_eq!(gone["episodes"], 19, "{gone}");
+    let job = gone["job"]["id"].as_u64().expect("a refold is queued");
+    assert_eq!(gone["job_links"]["url"], format!("/v1/jobs/{job}"));
+    assert_eq!(wait_job(addr, None, job)["state"], "succeeded");
+    let chain = get(addr, "/v1/sessions/s/summaries?all=true", None).expect(200);
+    let rows = chain["summaries"].as_array().unwrap();
+    assert_eq!(rows.last().unwrap()["last_episode"], 19, "{chain}");
+    assert!(!chain.to_string().contains("zebracorn"), "{chain}");
+    let page = get(addr, "/v1/sessions/s/messages?after=0&limit=100", None).expect(200);
+    assert_eq!(page["total"], 19);
+    assert!(!page.to_string().contains("zebracorn"));
+    // No summary event still carries it.
+    let evs = sse(addr, "/v1/events", None, Some(0), |k| {
+        k == "message.removed"
+    });
+    assert!(!format!("{evs:?}").contains("zebracorn"), "{evs:?}");
+    // Its client id is free: posted again, it comes back as message 20.
+    let again = json!({"messages": [ms["messages"][19].clone()]});
+    let r = post_messages(addr, None, "s", &again).expect(202);
+    assert_eq!(
+        (r["stored"].as_u64(), r["episodes"].as_u64()),
+        (Some(1), Some(20)),
+        "{r}"
+    );
+    // An unknown session is a 404; removing the only message removes the session.
+    request(
+        addr,
+        "DELETE",
+        "/v1/sessions/nobody/messages/last",
+        None,
+        b"",
+    )
+    .expect(404);
+    post_messages(addr, None, "one", &messages("one", 1, false)).expect(202);
+    let gone = request(addr, "DELETE", "/v1/sessions/one/messages/last", None, b"").expect(200);
+    assert_eq!(gone["episodes"], 0, "{gone}");
+    get(addr, "/v1/sessions/one", None).expect(404);
+}

@@ -154,6 +154,14 @@ pub enum What {
     /// The session was reset.
     #[serde(rename = "session.reset")]
     SessionReset {},
+    /// The session's newest message was removed (and the summary rows that covered it).
+    #[serde(rename = "message.removed")]
+    MessageRemoved {
+        /// Its id (the next message takes it again).
+        message: u64,
+        /// Summary rows deleted with it.
+        dropped: Vec<u64>,
+    },
     /// A memory was stored.
     #[serde(rename = "memory.written")]
     MemoryWritten {
@@ -464,6 +472,17 @@ impl EventBus {
         let mut b = self.backlog.lock().expect("event backlog lock");
         if let Some(kept) = b.kept.get_mut(tenant) {
             kept.retain(|e| e.session.as_deref() != Some(session));
+        }
+    }
+
+    /// Drop `tenant`'s retained `summary.written` events of `session` (their text may hold a
+    /// removed message): those still queued are written first, so the store's delete that
+    /// follows reaches them.
+    pub async fn forget_summaries(&self, tenant: &Tenant, session: &str) {
+        self.flush().await;
+        let mut b = self.backlog.lock().expect("event backlog lock");
+        if let Some(kept) = b.kept.get_mut(tenant) {
+            kept.retain(|e| e.session.as_deref() != Some(session) || e.kind != "summary.written");
         }
     }
 

@@ -47,7 +47,8 @@ pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
     Appended, ContextView, CoverageView, EpisodeView, ExpansionView, Imported, JobView, LedgerView,
-    MessageIn, MessageView, MessagesView, SessionView, SourceMarkView, SummaryView, state_name,
+    MessageIn, MessageView, MessagesView, RemovedView, SessionView, SourceMarkView, SummaryView,
+    state_name,
 };
 pub use worker::Workers;
 
@@ -1156,6 +1157,12 @@ impl Scoped {
     /// mode, the files it was imported from); returns how many episodes it had.
     pub async fn reset(&self, session: &str) -> AppResult<u64> {
         let stats = self.known(session).await?;
+        self.reset_quietly(session).await?;
+        self.publish(What::SessionReset {}, Some(session), None);
+        Ok(stats.episodes)
+    }
+
+    async fn reset_quietly(&self, session: &str) -> AppResult<()> {
         // Its events first: those still queued are written, then dropped with the rest.
         self.app
             .inner
@@ -1163,8 +1170,77 @@ impl Scoped {
             .forget_session(&self.tenant, session)
             .await;
         self.engine().reset(session).await?;
-        self.publish(What::SessionReset {}, Some(session), None);
-        Ok(stats.episodes)
+        Ok(())
+    }
+
+    /// Remove the session's newest message (an undo: an agent framework's `pop`). In one
+    /// store transaction the message goes with every summary row that covered it, and the rows
+    /// an earlier compaction had folded into those come back; the chain rule holds after. A
+    /// refresh then folds again what the deleted rows covered besides the message, when the
+    /// session's mode would have kept it folded. Removing a session's only message removes the
+    /// session. Its id is free again: the next message takes it.
+    pub async fn pop(&self, session: &str) -> AppResult<RemovedView> {
+        self.known(session).await?;
+        if self.read_only {
+            return Err(AppError::new(
+                ErrorKind::Forbidden,
+                "a read-only token cannot remove messages",
+            )
+            .hint("use a token created without --read-only"));
+        }
+        let before = self.covered(session).await?;
+        // Summary events still queued are written before the store deletes them.
+        self.app
+            .inner
+            .events
+            .forget_summaries(&self.tenant, session)
+            .await;
+        let popped = self
+            .store()
+            .pop_episode(session)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("no session '{session}'")))?;
+        let e = popped.episode;
+        let left = self.store().stats(session).await?.episodes;
+        let job = if left == 0 {
+            self.reset_quietly(session).await?;
+            None
+        } else if !popped.dropped.is_empty() {
+            // What the dropped rows covered, without the message.
+            let target = before.min(e.id - 1);
+            let cfg = self.session_config(session).await?;
+            if target > self.covered(session).await? {
+                Some(self.job_view(&self.enqueue(session, target, &cfg).await?))
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        self.publish(
+            What::MessageRemoved {
+                message: e.id,
+                dropped: popped.dropped.clone(),
+            },
+            Some(session),
+            None,
+        );
+        Ok(RemovedView {
+            session: session.to_string(),
+            message: MessageView {
+                id: e.id,
+                role: e.role.as_str().to_string(),
+                content: e.content,
+                timestamp_ms: e.timestamp_ms,
+                speaker: e.speaker,
+                tokens: e.tokens,
+                covered_by: None,
+            },
+            dropped_rows: popped.dropped,
+            reopened_rows: popped.reopened,
+            episodes: left,
+            job,
+        })
     }
 
     /// The tenant's newest jobs (ids below `before`), newest first.

@@ -293,6 +293,24 @@ pub struct MessagesView {
     pub next_after: Option<u64>,
 }
 
+/// What removing a session's newest message did.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct RemovedView {
+    /// The session.
+    pub session: String,
+    /// The message removed (its id is free: the next message takes it).
+    pub message: MessageView,
+    /// Summary rows deleted because they covered it (a row of several messages is folded
+    /// again without it by the refresh in `job`).
+    pub dropped_rows: Vec<u64>,
+    /// Rows that an earlier compaction had folded into a deleted row, active again.
+    pub reopened_rows: Vec<u64>,
+    /// Messages the session holds now (0: the session is gone with its last message).
+    pub episodes: u64,
+    /// The refresh that folds again what the deleted rows covered, if any.
+    pub job: Option<JobView>,
+}
+
 /// One stored message and the summary row that covers it.
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct MessageView {

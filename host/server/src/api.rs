@@ -23,7 +23,7 @@ use super::{ServeOptions, Srv, auth, metrics};
 use crate::app::Tenant;
 use crate::app::{
     AppError, Appended, ContextView, ErrorKind, Event, ExpansionView, Imported, JobView, MessageIn,
-    MessagesView, Scoped, SessionView, SummaryView,
+    MessagesView, RemovedView, Scoped, SessionView, SummaryView,
 };
 use crate::sources::SessionMode;
 use crate::transcript::{Format, Options};
@@ -462,6 +462,34 @@ async fn delete_session(
 ) -> ApiResult<Json<serde_json::Value>> {
     let n = t.reset(&id).await?;
     Ok(Json(json!({"session": id, "deleted_episodes": n})))
+}
+
+/// The answer to removing a session's newest message.
+#[derive(Serialize, ToSchema)]
+pub struct RemovedBody {
+    #[serde(flatten)]
+    removed: RemovedView,
+    /// Where to follow the refresh that folds the rest again: `{"id", "url", "events"}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    job_links: Option<serde_json::Value>,
+}
+
+/// Remove the session's newest message (an undo). Every summary row that covered it is
+/// deleted in the same transaction, rows an earlier compaction had folded into those are
+/// active again, and a refresh folds the rest again without it (named in `job`). The message's
+/// id is free again. Removing the only message removes the session.
+#[utoipa::path(delete, path = "/v1/sessions/{id}/messages/last", tag = "sessions",
+    params(("id" = String, Path, description = "Session id (percent-encode '/')")),
+    responses((status = 200, body = RemovedBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
+async fn delete_last_message(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<RemovedBody>> {
+    let removed = t.pop(&id).await?;
+    let job_links = removed.job.as_ref().map(job_links);
+    Ok(Json(RemovedBody { removed, job_links }))
 }
 
 /// A session's summary chain.
@@ -1123,7 +1151,7 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "abridge", description = "Summaries of conversation memory, per tenant."),
-    paths(post_messages, get_messages, post_transcript, list_sessions, get_session, delete_session,
+    paths(post_messages, get_messages, delete_last_message, post_transcript, list_sessions, get_session, delete_session,
         get_summaries, get_expand, put_focus, get_pins, put_pin, delete_pin,
         get_context, post_refresh, put_mode, list_jobs, get_job, cancel_job,
         job_events, all_events, healthz, readyz, metrics_text, openapi,
@@ -1131,6 +1159,7 @@ impl utoipa::Modify for BearerAuth {
         mem::post_recall, mem::list_clusters, mem::get_summary, mem::get_summary_sources,
         mem::get_usage),
     components(schemas(ErrorBody, ErrorDetail, MessagesBody, MessageIn, AppendedBody, Appended,
+        RemovedBody, RemovedView,
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
         ExpansionView, crate::app::EpisodeView, MessagesView, crate::app::MessageView,
         crate::app::CoverageView, crate::app::SourceMarkView, crate::app::memories::UsageDayView, crate::app::LedgerView, FocusBody, PinsBody,
@@ -1149,6 +1178,11 @@ pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv
     vec![
         ("post", "/v1/sessions/{id}/messages", post(post_messages)),
         ("get", "/v1/sessions/{id}/messages", get(get_messages)),
+        (
+            "delete",
+            "/v1/sessions/{id}/messages/last",
+            delete(delete_last_message),
+        ),
         ("post", "/v1/transcripts", post(post_transcript)),
         ("get", "/v1/sessions", get(list_sessions)),
         ("get", "/v1/sessions/{id}", get(get_session)),
