@@ -1201,3 +1201,80 @@ fn removing_the_newest_message_refolds_the_row_that_covered_it_and_frees_its_id(
     assert_eq!(gone["episodes"], 0, "{gone}");
     get(addr, "/v1/sessions/one", None).expect(404);
 }
+
+#[test]
+fn a_tenant_manages_its_own_tokens_over_http_and_never_sees_another_tenants() {
+    let env = extractive();
+    let a = token(&env, "acme", &[]);
+    let b = token(&env, "globex", &[]);
+    let srv = Server::start(&env, &[]);
+    let addr = srv.addr.as_str();
+    let theirs = get(addr, "/v1/tokens", Some(&b)).expect(200)["tokens"][0]["id"]
+        .as_u64()
+        .unwrap();
+    // A new read-only token: shown once; listed after by its prefix only.
+    let made = post(
+        addr,
+        "/v1/tokens",
+        Some(&a),
+        &json!({"read_only": true, "label": "dashboard"}),
+    )
+    .expect(201);
+    let ro = made["token"].as_str().unwrap().to_string();
+    assert!(
+        ro.starts_with("abr_") && made["read_only"] == true,
+        "{made}"
+    );
+    let listed = get(addr, "/v1/tokens", Some(&ro)).expect(200);
+    let tokens = listed["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 2, "{listed}");
+    assert!(!listed.to_string().contains(&ro[10..]), "{listed}");
+    assert!(!listed.to_string().contains(&a[10..]), "{listed}");
+    assert!(tokens.iter().all(|t| t["id"] != theirs), "{listed}");
+    // The read-only token reads but cannot make or revoke tokens.
+    let r = post(addr, "/v1/tokens", Some(&ro), &json!({}));
+    assert_eq!(r.status, 403, "{}", r.body);
+    let r = request(
+        addr,
+        "DELETE",
+        &format!("/v1/tokens/{}", made["id"]),
+        Some(&ro),
+        b"",
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    // Another tenant's token is not found, and stays live.
+    let r = request(
+        addr,
+        "DELETE",
+        &format!("/v1/tokens/{theirs}"),
+        Some(&a),
+        b"",
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
+    get(addr, "/v1/sessions", Some(&b)).expect(200);
+    // A body of the wrong shape is a 422 that names the fields; a bad label a 400.
+    let r = post(addr, "/v1/tokens", Some(&a), &json!({"readonly": true}));
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert!(r.body.contains("read_only"), "{}", r.body);
+    let r = post(addr, "/v1/tokens", Some(&a), &json!({"label": "a\u{7}b"}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    // Revoked: gone at once, and a second revoke is a 404.
+    let gone = request(
+        addr,
+        "DELETE",
+        &format!("/v1/tokens/{}", made["id"]),
+        Some(&a),
+        b"",
+    )
+    .expect(200);
+    assert!(gone["revoked_ms"].as_u64().is_some(), "{gone}");
+    assert_eq!(get(addr, "/v1/sessions", Some(&ro)).status, 401);
+    let r = request(
+        addr,
+        "DELETE",
+        &format!("/v1/tokens/{}", made["id"]),
+        Some(&a),
+        b"",
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
+}

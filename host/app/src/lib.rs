@@ -1243,6 +1243,73 @@ impl Scoped {
         })
     }
 
+    /// The tenant's API tokens, live and revoked, oldest first (never the tokens themselves).
+    pub async fn tokens(&self) -> AppResult<Vec<tokens::TokenView>> {
+        Ok(self
+            .tables
+            .tokens()
+            .await?
+            .into_iter()
+            .map(tokens::TokenView::from)
+            .collect())
+    }
+
+    /// Create an API token for this tenant (a read-only caller cannot); the answer is the only
+    /// place the token is ever shown.
+    pub async fn create_token(
+        &self,
+        read_only: bool,
+        label: Option<&str>,
+    ) -> AppResult<tokens::CreatedToken> {
+        if self.read_only {
+            return Err(AppError::new(
+                ErrorKind::Forbidden,
+                "a read-only token cannot create tokens",
+            )
+            .hint("use a token created without --read-only"));
+        }
+        if let Some(l) = label {
+            tokens::check_label(l)?;
+        }
+        let (token, id) = self
+            .app
+            .tokens()
+            .create(&self.tenant, read_only, label, self.app.now_ms())
+            .await?;
+        let info = self
+            .tables
+            .tokens()
+            .await?
+            .into_iter()
+            .find(|r| r.id == id)
+            .map(tokens::TokenView::from)
+            .ok_or_else(|| AppError::new(ErrorKind::Internal, "the new token is not listed"))?;
+        Ok(tokens::CreatedToken { token, info })
+    }
+
+    /// Revoke this tenant's live token `id`; another tenant's token, or one already revoked,
+    /// is not found.
+    pub async fn revoke_token(&self, id: u64) -> AppResult<tokens::TokenView> {
+        if self.read_only {
+            return Err(AppError::new(
+                ErrorKind::Forbidden,
+                "a read-only token cannot revoke tokens",
+            )
+            .hint("use a token created without --read-only"));
+        }
+        if !self.tables.revoke_token(id, self.app.now_ms()).await? {
+            return Err(AppError::not_found(format!("no live token {id}"))
+                .hint("GET /v1/tokens lists this tenant's tokens"));
+        }
+        self.tables
+            .tokens()
+            .await?
+            .into_iter()
+            .find(|r| r.id == id)
+            .map(tokens::TokenView::from)
+            .ok_or_else(|| AppError::not_found(format!("no token {id}")))
+    }
+
     /// The tenant's newest jobs (ids below `before`), newest first.
     pub async fn list_jobs(&self, before: Option<u64>, limit: u32) -> AppResult<Vec<JobView>> {
         Ok(self

@@ -22,6 +22,56 @@ pub struct Grant {
 /// A token as listed (never the token itself).
 pub type TokenInfo = TokenRow;
 
+/// One of a tenant's API tokens as the API shows it: never the token itself.
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TokenView {
+    /// Its id (what revoking takes).
+    pub id: u64,
+    /// The token's first characters, to recognise it.
+    pub prefix: String,
+    /// Whether it may only read.
+    pub read_only: bool,
+    /// The label given at creation.
+    pub label: Option<String>,
+    /// Created, ms since the epoch.
+    pub created_ms: u64,
+    /// Revoked, ms since the epoch; none while it is live.
+    pub revoked_ms: Option<u64>,
+}
+
+impl From<TokenRow> for TokenView {
+    fn from(r: TokenRow) -> Self {
+        TokenView {
+            id: r.id,
+            prefix: r.prefix,
+            read_only: r.read_only,
+            label: r.label,
+            created_ms: r.created_ms,
+            revoked_ms: r.revoked_ms,
+        }
+    }
+}
+
+/// A token just created: the only answer that holds the token itself.
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct CreatedToken {
+    /// The bearer token. Shown once: only its hash is kept.
+    pub token: String,
+    /// What listing it shows.
+    #[serde(flatten)]
+    pub info: TokenView,
+}
+
+/// Check a token's label: at most 200 characters, no control characters.
+pub fn check_label(label: &str) -> AppResult<()> {
+    if label.chars().count() > 200 || label.chars().any(char::is_control) {
+        return Err(AppError::invalid(
+            "a token label is at most 200 characters without control characters",
+        ));
+    }
+    Ok(())
+}
+
 fn hash(token: &str) -> String {
     crate::text::hex(&Sha256::digest(token.as_bytes()))
 }

@@ -21,6 +21,7 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use super::memories as mem;
 use super::{ServeOptions, Srv, auth, metrics};
 use crate::app::Tenant;
+use crate::app::tokens::{CreatedToken, TokenView};
 use crate::app::{
     AppError, Appended, ContextView, ErrorKind, Event, ExpansionView, Imported, JobView, MessageIn,
     MessagesView, RemovedView, Scoped, SessionView, SummaryView,
@@ -490,6 +491,75 @@ async fn delete_last_message(
     let removed = t.pop(&id).await?;
     let job_links = removed.job.as_ref().map(job_links);
     Ok(Json(RemovedBody { removed, job_links }))
+}
+
+/// This tenant's API tokens.
+#[derive(Serialize, ToSchema)]
+pub struct TokensBody {
+    /// Live and revoked, oldest first; never the tokens themselves.
+    tokens: Vec<TokenView>,
+}
+
+/// A token to create.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewTokenBody {
+    /// Whether it may only read (default false).
+    #[serde(default)]
+    read_only: bool,
+    /// A label to recognise it by (at most 200 characters).
+    label: Option<String>,
+}
+
+/// The calling tenant's API tokens (never the tokens: their first characters).
+#[utoipa::path(get, path = "/v1/tokens", tag = "tokens",
+    responses((status = 200, body = TokensBody)))]
+async fn list_tokens(Extension(t): Extension<Scoped>) -> ApiResult<Json<TokensBody>> {
+    Ok(Json(TokensBody {
+        tokens: t.tokens().await?,
+    }))
+}
+
+/// Create a token for the calling tenant (not with a read-only token). The answer is the
+/// only time the token is shown: only its hash is kept.
+#[utoipa::path(post, path = "/v1/tokens", tag = "tokens", request_body = NewTokenBody,
+    responses((status = 201, body = CreatedToken), (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody)))]
+async fn post_token(
+    State(srv): State<Srv>,
+    Extension(t): Extension<Scoped>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let b = body(b, srv.body_limit)?;
+    let n: NewTokenBody = if b.is_empty() {
+        NewTokenBody {
+            read_only: false,
+            label: None,
+        }
+    } else {
+        parse_json(&b)?
+    };
+    let created = t.create_token(n.read_only, n.label.as_deref()).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Revoke one of the calling tenant's tokens (the one in use too). Another tenant's token is
+/// a 404.
+#[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens",
+    params(("id" = u64, Path, description = "Token id")),
+    responses((status = 200, body = TokenView), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+async fn delete_token(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<TokenView>> {
+    let id: u64 = id.parse().map_err(|_| {
+        ApiError(
+            AppError::not_found(format!("no token '{id}'"))
+                .hint("token ids are numbers: GET /v1/tokens"),
+        )
+    })?;
+    Ok(Json(t.revoke_token(id).await?))
 }
 
 /// A session's summary chain.
@@ -1157,7 +1227,7 @@ impl utoipa::Modify for BearerAuth {
         job_events, all_events, healthz, readyz, metrics_text, openapi,
         mem::post_memories, mem::list_memories, mem::get_memory, mem::delete_memory,
         mem::post_recall, mem::list_clusters, mem::get_summary, mem::get_summary_sources,
-        mem::get_usage),
+        mem::get_usage, list_tokens, post_token, delete_token),
     components(schemas(ErrorBody, ErrorDetail, MessagesBody, MessageIn, AppendedBody, Appended,
         RemovedBody, RemovedView,
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
@@ -1167,7 +1237,8 @@ impl utoipa::Modify for BearerAuth {
         mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
         mem::RecallResults, crate::app::memories::RecallView, mem::ClustersBody,
         crate::app::memories::ClusterView, crate::app::memories::ClusterSummaryView,
-        mem::SourcesBody, crate::app::memories::UsageView)),
+        mem::SourcesBody, crate::app::memories::UsageView, TokensBody, NewTokenBody, TokenView,
+        CreatedToken)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -1222,6 +1293,9 @@ pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv
             get(mem::get_summary_sources),
         ),
         ("get", "/v1/usage", get(mem::get_usage)),
+        ("get", "/v1/tokens", get(list_tokens)),
+        ("post", "/v1/tokens", post(post_token)),
+        ("delete", "/v1/tokens/{id}", delete(delete_token)),
     ]
 }
 

@@ -419,6 +419,24 @@ impl TenantTables {
     pub fn session_of<'a>(&self, job: &'a Job) -> Option<&'a str> {
         self.tenant.session_of(&job.session)
     }
+
+    /// The tenant's API tokens (live and revoked), oldest first; another tenant's never.
+    pub async fn tokens(&self) -> Result<Vec<crate::tables::TokenRow>, Error> {
+        let mut rows = self.db.tokens().await?;
+        rows.retain(|r| r.tenant == self.tenant.name());
+        Ok(rows)
+    }
+
+    /// Revoke the tenant's live token `id`; false when the tenant has no such live token
+    /// (another tenant's token is never touched).
+    pub async fn revoke_token(&self, id: u64, now_ms: u64) -> Result<bool, Error> {
+        let mine = self
+            .tokens()
+            .await?
+            .iter()
+            .any(|r| r.id == id && r.revoked_ms.is_none());
+        Ok(mine && self.db.revoke_token(id, now_ms).await?)
+    }
 }
 
 /// One tenant's view of the memories and their clusters ([`RecallStore`] calls with the
@@ -597,5 +615,26 @@ mod tests {
         a.put_partial("k", &answer).await.unwrap();
         assert!(a.partial("k").await.unwrap().is_some());
         assert!(b.partial("k").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_tenant_lists_and_revokes_only_its_own_tokens() {
+        use crate::tables::TokenStore;
+        let db: Arc<dyn AppStore> = Arc::new(MemoryStore::new());
+        let mine = db
+            .insert_token("acme", "h1", "abr_1", false, None, 1)
+            .await
+            .unwrap();
+        let theirs = db
+            .insert_token("globex", "h2", "abr_2", false, None, 1)
+            .await
+            .unwrap();
+        let acme = TenantTables::new(db.clone(), Tenant::new("acme").unwrap());
+        let ids: Vec<u64> = acme.tokens().await.unwrap().iter().map(|r| r.id).collect();
+        assert_eq!(ids, vec![mine]);
+        assert!(!acme.revoke_token(theirs, 2).await.unwrap());
+        assert!(db.live_token("h2").await.unwrap().is_some());
+        assert!(acme.revoke_token(mine, 2).await.unwrap());
+        assert!(!acme.revoke_token(mine, 3).await.unwrap());
     }
 }
