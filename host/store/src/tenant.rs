@@ -619,7 +619,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_tenant_lists_and_revokes_only_its_own_tokens() {
-        use crate::tables::TokenStore;
         let db: Arc<dyn AppStore> = Arc::new(MemoryStore::new());
         let mine = db
             .insert_token("acme", "h1", "abr_1", false, None, 1)
