@@ -334,3 +334,62 @@ def test_related_memories_are_summarized_and_the_summary_names_its_sources(model
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_popping_the_newest_message_refolds_its_row_and_frees_its_id(server: Server) -> None:
+    with ab.Client(server.url) as c:
+        msgs = [{"role": r, "content": t, "id": f"m-{i}"} for i, (r, t) in enumerate(chat(8))]
+        msgs[-1]["content"] = "zebracorn: a message sent by mistake"
+        c.add_messages("undo", msgs)
+        c.set_mode("undo", "eager")
+        job = c.refresh("undo")
+        assert job is not None and c.wait_job(job.id).state == "succeeded"
+        row = c.summaries("undo")[-1]
+        assert row.last_episode == 16 and "zebracorn" in row.content
+        gone = c.pop_message("undo")
+        assert isinstance(gone, ab.Removed) and isinstance(gone.message, ab.StoredMessage)
+        assert (gone.message.id, gone.message.role, gone.episodes) == (16, "assistant", 15)
+        assert gone.message.content.startswith("zebracorn") and gone.dropped_rows == [row.id]
+        assert gone.job is not None and c.wait_job(gone.job.id).state == "succeeded"
+        rows = c.summaries("undo", all=True)
+        assert rows[-1].last_episode == 15
+        assert not any("zebracorn" in r.content for r in rows)
+        assert [m.id for m in c.messages("undo")][-1] == 15
+        # The same client id posts again: the message comes back as 16.
+        again = c.add_messages("undo", [msgs[-1]])
+        assert (again.stored, again.episodes) == (1, 16)
+        with pytest.raises(ab.NotFound):
+            c.pop_message("no-such-session")
+
+
+def test_a_tenant_lists_creates_and_revokes_its_own_tokens(model_url: str, tmp_path) -> None:
+    from conftest import start_server
+
+    proc, srv = start_server(model_url, tmp_path)
+    proc.kill()
+    proc.wait()
+    acme = srv.cli("tokens", "create", "--tenant", "acme")
+    srv.cli("tokens", "create", "--tenant", "globex")
+    proc, srv = start_server(model_url, tmp_path)
+    try:
+        with ab.Client(srv.url, token=acme) as c:
+            mine = c.tokens()
+            assert len(mine) == 1 and acme.startswith(mine[0].prefix)
+            made = c.create_token(read_only=True, label="dashboard")
+            assert isinstance(made, ab.CreatedToken) and made.token.startswith("abr_")
+            listed = c.tokens()
+            assert [t.label for t in listed] == [None, "dashboard"]
+            assert all(t.revoked_ms is None for t in listed)
+            with ab.Client(srv.url, token=made.token) as ro:
+                assert len(ro.tokens()) == 2
+                with pytest.raises(ab.Forbidden) as e:
+                    ro.create_token()
+                assert e.value.status == 403
+            with pytest.raises(ab.NotFound):
+                c.revoke_token(made.id + 1000)
+            assert c.revoke_token(made.id).revoked_ms is not None
+            with ab.Client(srv.url, token=made.token) as ro, pytest.raises(ab.Unauthenticated):
+                ro.tokens()
+    finally:
+        proc.kill()
+        proc.wait()

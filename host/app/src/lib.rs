@@ -1271,20 +1271,21 @@ impl Scoped {
         if let Some(l) = label {
             tokens::check_label(l)?;
         }
+        let now = self.app.now_ms();
         let (token, id) = self
             .app
             .tokens()
-            .create(&self.tenant, read_only, label, self.app.now_ms())
+            .create(&self.tenant, read_only, label, now)
             .await?;
-        let info = self
-            .tables
-            .tokens()
-            .await?
-            .into_iter()
-            .find(|r| r.id == id)
-            .map(tokens::TokenView::from)
-            .ok_or_else(|| AppError::new(ErrorKind::Internal, "the new token is not listed"))?;
-        Ok(tokens::CreatedToken { token, info })
+        let prefix = tokens::prefix_of(&token);
+        Ok(tokens::CreatedToken {
+            token,
+            id,
+            prefix,
+            read_only,
+            label: label.map(str::to_string),
+            created_ms: now,
+        })
     }
 
     /// Revoke this tenant's live token `id`; another tenant's token, or one already revoked,

@@ -57,9 +57,21 @@ impl From<TokenRow> for TokenView {
 pub struct CreatedToken {
     /// The bearer token. Shown once: only its hash is kept.
     pub token: String,
-    /// What listing it shows.
-    #[serde(flatten)]
-    pub info: TokenView,
+    /// Its id (what revoking takes).
+    pub id: u64,
+    /// The token's first characters, as listings show them.
+    pub prefix: String,
+    /// Whether it may only read.
+    pub read_only: bool,
+    /// The label given.
+    pub label: Option<String>,
+    /// Created, ms since the epoch.
+    pub created_ms: u64,
+}
+
+/// The first characters of a token, kept in clear to recognise it by.
+pub fn prefix_of(token: &str) -> String {
+    token.chars().take(10).collect()
 }
 
 /// Check a token's label: at most 200 characters, no control characters.
@@ -104,7 +116,7 @@ impl Tokens {
             )
         })?;
         let token = format!("abr_{}", crate::text::hex(&raw));
-        let prefix: String = token.chars().take(10).collect();
+        let prefix = prefix_of(&token);
         let id = self
             .db
             .insert_token(

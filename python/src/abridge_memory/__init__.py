@@ -32,6 +32,7 @@ from ._models import (
     Cluster,
     ClusterSummary,
     Context,
+    CreatedToken,
     Episode,
     Event,
     Expansion,
@@ -40,14 +41,18 @@ from ._models import (
     Job,
     Memory,
     Message,
+    Removed,
     Session,
+    StoredMessage,
     Summary,
+    Token,
     Usage,
     Written,
 )
 
 __all__ = [
-    "AbridgeError", "Appended", "Cluster", "ClusterSummary", "AsyncClient", "Client", "Conflict", "Context", "Episode",
+    "AbridgeError", "Appended", "Cluster", "ClusterSummary", "AsyncClient", "Client", "Conflict",
+    "Context", "CreatedToken", "Episode", "Removed", "StoredMessage", "Token",
     "Event", "Expansion", "Forbidden", "Hit", "Imported", "InvalidInput", "Job", "Memory",
     "Message", "ModelFailed", "NotFound", "QuotaExhausted", "RateLimited", "ServerUnreachable",
     "Session", "Summary", "TooLarge", "Unauthenticated", "Unavailable", "Unprocessable", "Usage",

@@ -111,8 +111,17 @@ class Client(_Base):
     ) -> list[m.Session]:
         return self._run(c.sessions(q, offset, limit))
 
-    def messages(self, session: str, *, after: int = 0, limit: Optional[int] = None) -> list[m.Episode]:
+    def messages(
+        self, session: str, *, after: int = 0, limit: Optional[int] = None
+    ) -> list[m.StoredMessage]:
+        """A page of the session's stored messages (ids after ``after``), oldest first."""
         return self._run(c.messages(session, after, limit))
+
+    def pop_message(self, session: str) -> m.Removed:
+        """Remove the session's newest message (an undo). The summary rows that covered it go
+        with it and are folded again without it; its id is free again. Removing the only
+        message removes the session."""
+        return self._run(c.pop_message(session))
 
     def set_focus(self, session: str, focus: Optional[str]) -> None:
         return self._run(c.set_focus(session, focus))
@@ -236,6 +245,18 @@ class Client(_Base):
     def usage(self) -> m.Usage:
         return self._run(c.usage())
 
+    def tokens(self) -> list[m.Token]:
+        """The tenant's API tokens, live and revoked (never the tokens themselves)."""
+        return self._run(c.tokens())
+
+    def create_token(self, *, read_only: bool = False, label: Optional[str] = None) -> m.CreatedToken:
+        """A new token for this tenant (not with a read-only token); ``.token`` is shown once."""
+        return self._run(c.create_token(read_only, label))
+
+    def revoke_token(self, id: int) -> m.Token:
+        """Revoke one of the tenant's tokens; another tenant's is :class:`NotFound`."""
+        return self._run(c.revoke_token(id))
+
 
 class AsyncClient(_Base):
     """The asynchronous twin of :class:`Client` (same calls, awaited)."""
@@ -302,8 +323,11 @@ class AsyncClient(_Base):
 
     async def messages(
         self, session: str, *, after: int = 0, limit: Optional[int] = None
-    ) -> list[m.Episode]:
+    ) -> list[m.StoredMessage]:
         return await self._run(c.messages(session, after, limit))
+
+    async def pop_message(self, session: str) -> m.Removed:
+        return await self._run(c.pop_message(session))
 
     async def set_focus(self, session: str, focus: Optional[str]) -> None:
         return await self._run(c.set_focus(session, focus))
@@ -423,3 +447,14 @@ class AsyncClient(_Base):
 
     async def usage(self) -> m.Usage:
         return await self._run(c.usage())
+
+    async def tokens(self) -> list[m.Token]:
+        return await self._run(c.tokens())
+
+    async def create_token(
+        self, *, read_only: bool = False, label: Optional[str] = None
+    ) -> m.CreatedToken:
+        return await self._run(c.create_token(read_only, label))
+
+    async def revoke_token(self, id: int) -> m.Token:
+        return await self._run(c.revoke_token(id))

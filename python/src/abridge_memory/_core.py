@@ -40,6 +40,9 @@ class Call(Generic[T]):
     headers: Optional[dict[str, str]] = None
     # Safe to send again after a dropped connection (reads, and writes keyed by ids).
     idempotent: bool = False
+    # Never sent twice unless the server refused it before doing anything (429): a 503 may
+    # come after the work was done.
+    at_most_once: bool = False
 
 
 def seg(s: Union[str, int]) -> str:
@@ -144,8 +147,10 @@ def check_version(headers: Mapping[str, str], url: str) -> None:
 def should_retry(e: AbridgeError, call: Call[Any], attempt: int, max_retries: int) -> bool:
     if attempt >= max_retries:
         return False
-    if isinstance(e, RateLimited) or isinstance(e, Unavailable):
+    if isinstance(e, RateLimited):
         return True
+    if isinstance(e, Unavailable):
+        return not call.at_most_once
     return isinstance(e, ServerUnreachable) and call.idempotent
 
 
@@ -231,13 +236,23 @@ def sessions(q: Optional[str], offset: Optional[int], limit: Optional[int]) -> C
     )
 
 
-def messages(session: str, after: int, limit: Optional[int]) -> Call[list[m.Episode]]:
+def messages(session: str, after: int, limit: Optional[int]) -> Call[list[m.StoredMessage]]:
     return Call(
         "GET",
         f"/v1/sessions/{seg(session)}/messages",
-        lambda b: [m.from_dict(m.Episode, e) for e in b["messages"]],
+        lambda b: [m.from_dict(m.StoredMessage, e) for e in b["messages"]],
         params=params(after=after, limit=limit),
         idempotent=True,
+    )
+
+
+def pop_message(session: str) -> Call[m.Removed]:
+    # Sent twice, it removes two messages.
+    return Call(
+        "DELETE",
+        f"/v1/sessions/{seg(session)}/messages/last",
+        lambda b: m.from_dict(m.Removed, b),
+        at_most_once=True,
     )
 
 
@@ -376,6 +391,22 @@ def job(id: int) -> Call[m.Job]:
 
 def cancel_job(id: int) -> Call[m.Job]:
     return Call("POST", f"/v1/jobs/{int(id)}/cancel", lambda b: m.from_dict(m.Job, b), idempotent=True)
+
+
+def tokens() -> Call[list[m.Token]]:
+    return Call("GET", "/v1/tokens", lambda b: [m.from_dict(m.Token, t) for t in b["tokens"]],
+                idempotent=True)
+
+
+def create_token(read_only: bool, label: Optional[str]) -> Call[m.CreatedToken]:
+    body: dict[str, Any] = {"read_only": read_only}
+    if label is not None:
+        body["label"] = label
+    return Call("POST", "/v1/tokens", lambda b: m.from_dict(m.CreatedToken, b), json=body)
+
+
+def revoke_token(id: int) -> Call[m.Token]:
+    return Call("DELETE", f"/v1/tokens/{int(id)}", lambda b: m.from_dict(m.Token, b))
 
 
 def usage() -> Call[m.Usage]:

@@ -223,6 +223,59 @@ class Episode:
 
 
 @dataclass
+class StoredMessage:
+    """A stored message of a session and the summary row that covers it, if any."""
+
+    SCHEMA: ClassVar[str] = "MessageView"
+    id: int
+    role: str
+    content: str
+    tokens: int
+    timestamp_ms: Optional[int] = None
+    speaker: Optional[str] = None
+    covered_by: Optional[int] = None
+
+
+@dataclass
+class Removed:
+    """What removing a session's newest message did (:meth:`Client.pop_message`)."""
+
+    SCHEMA: ClassVar[str] = "RemovedView"
+    session: str
+    message: StoredMessage
+    dropped_rows: list[int]
+    reopened_rows: list[int]
+    episodes: int
+    job: Optional[Job] = None
+
+
+@dataclass
+class Token:
+    """One of the tenant's API tokens (never the token itself: its first characters)."""
+
+    SCHEMA: ClassVar[str] = "TokenView"
+    id: int
+    prefix: str
+    read_only: bool
+    created_ms: int
+    label: Optional[str] = None
+    revoked_ms: Optional[int] = None
+
+
+@dataclass
+class CreatedToken:
+    """A token just created: ``token`` is shown this once (the server keeps its hash)."""
+
+    SCHEMA: ClassVar[str] = "CreatedToken"
+    token: str
+    id: int
+    prefix: str
+    read_only: bool
+    created_ms: int
+    label: Optional[str] = None
+
+
+@dataclass
 class Expansion:
     """A summary row and exactly the episodes it covers."""
 
