@@ -73,6 +73,11 @@ fn the_python_package_passes_its_suite_against_the_real_server() {
             &["--turns", "30", "--budget", "1200"][..],
             "30 turns, the largest prompt",
         ),
+        (
+            "examples/agents_session.py",
+            &["--turns", "40", "--budget", "1200"][..],
+            "40 turns, every prompt within the 1200-token budget",
+        ),
     ] {
         let example = dir.join(file);
         let out = std::process::Command::new(&py)

@@ -1187,6 +1187,22 @@ fn removing_the_newest_message_refolds_the_row_that_covered_it_and_frees_its_id(
         (Some(1), Some(20)),
         "{r}"
     );
+    // A posted tool result is kept (not taken for a duplicate), and can be taken back.
+    let tool = json!({"role": "tool", "content": "exit status 0"});
+    let r = post_messages(addr, None, "s", &tool).expect(202);
+    assert_eq!(
+        (r["stored"].as_u64(), r["duplicates"].as_u64()),
+        (Some(1), Some(0)),
+        "{r}"
+    );
+    let gone = request(addr, "DELETE", "/v1/sessions/s/messages/last", None, b"").expect(200);
+    assert_eq!(
+        (
+            gone["message"]["id"].as_u64(),
+            gone["message"]["role"].as_str()
+        ),
+        (Some(21), Some("tool"))
+    );
     // An unknown session is a 404; removing the only message removes the session.
     request(
         addr,

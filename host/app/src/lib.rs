@@ -787,6 +787,9 @@ impl Scoped {
             Some(Format::Jsonl),
             Options {
                 max_episodes: self.app.inner.cfg.limits.messages_per_request,
+                // Each posted message was sent to be kept: a tool result too (a transcript
+                // file's tool lines are the ones an import may leave out).
+                include_tools: true,
                 ..Options::default()
             },
         )

@@ -1,0 +1,161 @@
+"""OpenAI Agents SDK adapter (``pip install 'abridge-memory[agents]'``).
+
+:class:`AbridgeSession` is an Agents SDK ``Session`` kept in abridge. The runner reads the
+history with ``get_items`` before each turn and gets abridge's compact context instead of every
+item: the summary (with its facts ledger) as one system message, then the recent turns
+verbatim, within ``budget`` tokens. ``add_items`` stores the turn's items as messages;
+``pop_item`` removes the newest (the summary rows that covered it are folded again without it);
+``clear_session`` deletes the session.
+
+Items are kept as text. A message keeps its role and text (input and output text parts; an image
+or a file as a short placeholder); a function call is stored as the assistant's
+``[called NAME(ARGUMENTS)]`` and its output as a tool message; reasoning items (opaque, and
+often encrypted) are not stored. So what ``get_items`` and ``pop_item`` return are plain
+``{"role", "content"}`` input items, never the original objects.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+try:
+    from agents.memory import SessionSettings
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the Agents SDK adapter needs openai-agents: pip install 'abridge-memory[agents]'"
+    ) from e
+
+from ._client import AsyncClient
+from ._errors import NotFound
+
+# Roles of the Responses API's input messages; abridge's own roles map onto them.
+_ITEM_ROLE = {"system": "system", "user": "user", "assistant": "assistant", "tool": "user"}
+
+
+def _as_dict(item: Any) -> dict[str, Any]:
+    if isinstance(item, dict):
+        return item
+    dump = getattr(item, "model_dump", None)
+    if callable(dump):
+        return dump(exclude_none=True)
+    raise TypeError(f"not an input item: {type(item).__name__}")
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    p = _as_dict(part)
+    kind = p.get("type", "")
+    if kind in ("input_text", "output_text", "text"):
+        return str(p.get("text", ""))
+    if kind == "refusal":
+        return str(p.get("refusal", ""))
+    if kind == "input_image":
+        return "[image]"
+    if kind == "input_file":
+        return f"[file {p.get('filename') or p.get('file_id') or ''}]".replace(" ]", "]")
+    if kind == "input_audio":
+        return "[audio]"
+    return ""
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(t for t in (_part_text(p) for p in content) if t)
+
+
+def item_message(item: Any) -> Optional[tuple[str, str]]:
+    """The ``(role, text)`` abridge keeps for one input item, or None for an item with
+    nothing to keep (reasoning, an empty message)."""
+    d = _as_dict(item)
+    kind = d.get("type")
+    if kind in (None, "message") and "role" in d:
+        role = {"developer": "system"}.get(d["role"], d["role"])
+        text = _text(d.get("content"))
+        return (role, text) if text.strip() else None
+    if kind == "function_call":
+        return ("assistant", f"[called {d.get('name', '?')}({d.get('arguments', '')})]")
+    if kind in ("function_call_output", "custom_tool_call_output", "computer_call_output"):
+        out = d.get("output")
+        text = out if isinstance(out, str) else _text(out) if isinstance(out, list) else json.dumps(out)
+        return ("tool", text) if text.strip() else None
+    if kind == "reasoning" or kind == "compaction":
+        return None
+    # Any other tool call or result (web search, file search, shell, MCP…): its fields as
+    # JSON, without ids, so a summary can say what was done.
+    rest = {k: v for k, v in d.items() if k not in ("id", "status", "encrypted_content")}
+    return ("tool", json.dumps(rest, default=str, sort_keys=True))
+
+
+class AbridgeSession:
+    """An Agents SDK ``Session`` whose history is abridge's compact context.
+
+    ``budget`` bounds what ``get_items`` returns (abridge's token estimate of the summary and
+    the recent turns); ``pairs`` is how many recent exchanges to show verbatim at most;
+    ``refresh_after`` how many tokens may lie beyond the summary before a context read folds
+    them; ``wait_ms`` how long a read may wait for a refresh under way (see
+    ``GET /v1/sessions/{id}/context``). ``limit`` given to ``get_items`` (or through
+    ``session_settings``) keeps only the newest items of that context.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        client: AsyncClient,
+        *,
+        budget: int = 2000,
+        pairs: Optional[int] = None,
+        refresh_after: Optional[int] = None,
+        wait_ms: Optional[int] = None,
+        session_settings: Optional[SessionSettings] = None,
+    ) -> None:
+        self.session_id = session_id
+        self.client = client
+        self.budget = budget
+        self.pairs = pairs
+        self.refresh_after = refresh_after
+        self.wait_ms = wait_ms
+        self.session_settings = session_settings
+
+    async def get_items(self, limit: Optional[int] = None) -> list[Any]:
+        """The compact context as input items, oldest first (``[]`` for a new session)."""
+        try:
+            ctx = await self.client.context(
+                self.session_id, budget=self.budget, pairs=self.pairs,
+                refresh_after=self.refresh_after, wait_ms=self.wait_ms,
+            )
+        except NotFound:
+            return []
+        items: list[Any] = [
+            {"role": _ITEM_ROLE.get(m.role, "user"), "content": m.content} for m in ctx.messages
+        ]
+        if limit is not None:
+            items = items[-limit:] if limit > 0 else []
+        return items
+
+    async def add_items(self, items: list[Any]) -> None:
+        """Store the items as messages, in order (an item with nothing to keep is skipped)."""
+        messages = [m for m in (item_message(i) for i in items) if m is not None]
+        if messages:
+            await self.client.add_messages(self.session_id, messages)
+
+    async def pop_item(self) -> Optional[Any]:
+        """Remove the newest message and return it as an input item; None when the session is
+        empty. The summary rows that covered it are folded again without it."""
+        try:
+            removed = await self.client.pop_message(self.session_id)
+        except NotFound:
+            return None
+        m = removed.message
+        return {"role": _ITEM_ROLE.get(m.role, "user"), "content": m.content}
+
+    async def clear_session(self) -> None:
+        """Delete the session: its messages, summaries and pins."""
+        try:
+            await self.client.reset(self.session_id)
+        except NotFound:
+            pass
