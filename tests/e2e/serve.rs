@@ -514,6 +514,25 @@ fn reposting_with_client_ids_is_idempotent_and_bad_bodies_get_honest_statuses() 
     );
     assert_eq!(r.status, 400, "{}", r.body);
 
+    // A body in no format it knows: the message names the query parameter that fixes it.
+    let r = request(
+        addr,
+        "POST",
+        "/v1/transcripts",
+        None,
+        b"{\"neither\": 1}\n{\"nor\": 2}\n",
+    );
+    let said = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        r.status >= 400 && said.contains("?format=") && !said.contains("--format"),
+        "{} {}",
+        r.status,
+        r.body
+    );
+
     // A transcript in another format: one job per conversation.
     let t = std::fs::read(fixture("claude-code.jsonl")).unwrap();
     let r = request(

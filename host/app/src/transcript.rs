@@ -32,6 +32,9 @@ pub struct Options {
     pub first_line: usize,
     /// Most messages the input may hold (0: no limit): one request's cost stays bounded.
     pub max_episodes: u64,
+    /// How the caller names a format, in messages that ask for one (`None`: the command
+    /// line's `--format`; the service says `?format=`).
+    pub format_flag: Option<&'static str>,
 }
 
 /// One conversation read from a file.
@@ -496,6 +499,7 @@ pub struct Feeder<'a> {
     parser: TranscriptParser<'a>,
     name: String,
     format: Option<Format>,
+    format_flag: &'static str,
     conversations: Vec<Conversation>,
     /// Streaming: the conversations' episodes completed since the last
     /// [`drain`](Self::drain).
@@ -553,6 +557,7 @@ impl<'a> Feeder<'a> {
             parser,
             name: name.to_string(),
             format,
+            format_flag: opts.format_flag.unwrap_or("--format"),
             conversations: Vec::new(),
             parts: Vec::new(),
             streaming: !whole,
@@ -628,7 +633,11 @@ impl<'a> Feeder<'a> {
     async fn take(&mut self, r: Result<ParseBatch, ParseError>) -> Result<(), TranscriptError> {
         let b = match r {
             Ok(b) => b,
-            Err(e) => return Err(parse_error(self.engine, &self.name, self.format, e).await),
+            Err(e) => {
+                return Err(
+                    parse_error(self.engine, &self.name, self.format, self.format_flag, e).await,
+                );
+            }
         };
         if let Some(f) = b.format {
             self.format = Some(f);
@@ -669,12 +678,13 @@ fn sandbox(name: &str, e: crate::runtime::CallError) -> TranscriptError {
     }
 }
 
-/// The typed error for a parse error, with the guest's wording (`--format` is how the
-/// command line names a format; the service's messages say the same).
+/// The typed error for a parse error, with the guest's wording (`format_flag` is how the
+/// caller names a format: `--format` on the command line, `?format=` over HTTP).
 async fn parse_error(
     engine: &Abridge,
     name: &str,
     format: Option<Format>,
+    format_flag: &str,
     e: ParseError,
 ) -> TranscriptError {
     let path = name.to_string();
@@ -683,7 +693,7 @@ async fn parse_error(
         ParseError::NoMessages(f) => ParseError::NoMessages(format.unwrap_or(f)),
         other => other,
     };
-    let said = match engine.describe_parse_error(name, &e, "--format").await {
+    let said = match engine.describe_parse_error(name, &e, format_flag).await {
         Ok(s) => s,
         Err(c) => return sandbox(name, c),
     };

@@ -387,6 +387,7 @@ async fn post_transcript(
     let name = q.name.as_deref().unwrap_or("upload");
     let opts = Options {
         include_tools: q.include_tools,
+        format_flag: Some("?format="),
         ..Options::default()
     };
     let (conversations, warnings) = t

@@ -65,6 +65,7 @@ impl ReadArgs {
             first_line: 0,
             // A file on the command line is bounded by --max-bytes.
             max_episodes: 0,
+            format_flag: None,
         }
     }
 }
