@@ -453,3 +453,32 @@ fn two_ingests_of_one_session_both_succeed_and_lose_nothing() {
     st.assert_ok();
     assert_eq!(st.json()[0]["failures"], 0, "{}", st.stdout);
 }
+
+#[test]
+fn pop_takes_the_newest_message_back_and_refolds_what_covered_it() {
+    let env = extractive();
+    let mut lines = chat_lines(10, "cache");
+    lines.push_str("{\"role\":\"assistant\",\"content\":\"zebracorn: pasted by mistake.\"}\n");
+    let file = env.write("chat.jsonl", &lines);
+    env.run(&[
+        "summarize",
+        &file.display().to_string(),
+        "--session",
+        "chat",
+    ])
+    .assert_ok();
+    let chain = env.chain("chat").unwrap();
+    assert!(chain.to_string().contains("zebracorn"), "{chain}");
+    let r = env.run(&["pop", "chat", "--json"]);
+    r.assert_ok();
+    let gone = r.json();
+    assert_eq!(gone["message"]["id"], 11, "{gone}");
+    assert_eq!(gone["episodes"], 10, "{gone}");
+    assert_eq!(gone["job"]["state"], "succeeded", "{gone}");
+    // The refold ran here: the chain covers the 10 left, and nothing of the message.
+    let chain = env.chain("chat").unwrap();
+    assert_covers(&chain, 10);
+    assert!(!chain.to_string().contains("zebracorn"), "{chain}");
+    env.run(&["pop", "nobody"])
+        .assert_fails(2, &["no session 'nobody'"]);
+}

@@ -118,6 +118,16 @@ pub struct ResetArgs {
     session: String,
 }
 
+#[derive(Args, Debug)]
+pub struct PopArgs {
+    /// Session id
+    #[arg(value_parser = super::session_id)]
+    session: String,
+    /// Print JSON
+    #[arg(long)]
+    json: bool,
+}
+
 fn ms_text(ms: Option<i64>) -> String {
     ms.map_or_else(|| "-".into(), |t| utc_text(t.max(0) as u64))
 }
@@ -397,6 +407,63 @@ pub async fn reset(s: &Settings, mut a: ResetArgs) -> Result<(), Failure> {
         "session {}: {episodes} episodes and its summaries deleted",
         a.session
     );
+    Ok(())
+}
+
+/// Take a session's newest message back: it goes with the summary rows that covered it, and
+/// what those covered besides it is folded again here and now.
+pub async fn pop(s: &Settings, mut a: PopArgs) -> Result<(), Failure> {
+    let backend = choose_backend(s).await?;
+    let cfg = engine_config(s, &backend);
+    let local = super::app::local(s, Some(&backend))?;
+    a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
+    let mut gone = local.pop(&a.session).await.map_err(|e| fail(s, e))?;
+    if let Some(j) = &gone.job {
+        let mode = super::progress::Mode::detect(a.json, s.quiet);
+        let done = super::app::run_or_join(
+            s,
+            &local,
+            (&a.session, j.target),
+            &cfg,
+            super::app::Show::Own(mode),
+        )
+        .await?;
+        gone.job = Some(local.job_view(&done));
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_value(&gone).expect("a removal serializes")
+        );
+        return Ok(());
+    }
+    let m = &gone.message;
+    println!("[{} {}]\n{}\n", m.id, m.role, m.content);
+    if gone.episodes == 0 {
+        note(
+            s,
+            &format!(
+                "session {}: that was its only message; the session is gone",
+                a.session
+            ),
+        );
+    } else if gone.dropped_rows.is_empty() {
+        note(
+            s,
+            &format!(
+                "session {}: {} messages left; no summary covered it",
+                a.session, gone.episodes
+            ),
+        );
+    } else {
+        note(
+            s,
+            &format!(
+                "session {}: {} messages left; summary rows {:?} covered it and were folded again without it",
+                a.session, gone.episodes, gone.dropped_rows
+            ),
+        );
+    }
     Ok(())
 }
 

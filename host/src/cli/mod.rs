@@ -163,6 +163,9 @@ enum Cmd {
     Expand(fresh::ExpandArgs),
     /// Delete a session's episodes and summaries.
     Reset(fresh::ResetArgs),
+    /// Take a session's newest message back (an undo): the summary rows that covered it are
+    /// deleted and what they covered besides it is folded again.
+    Pop(fresh::PopArgs),
     /// Follow a directory of Claude Code / JSON-lines transcripts: import appended lines and
     /// keep each session's summary fresh (per --mode) until Ctrl-C.
     Watch(watch::WatchArgs),
@@ -263,6 +266,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Bench(a) => bench::bench_cmd(&settings, a).await,
         Cmd::Expand(a) => fresh::expand(&settings, a).await,
         Cmd::Reset(a) => fresh::reset(&settings, a).await,
+        Cmd::Pop(a) => fresh::pop(&settings, a).await,
         Cmd::Watch(a) => watch::watch(&settings, a).await,
         Cmd::Jobs(a) => jobs::jobs(&settings, a).await,
         Cmd::Serve(a) => serve::serve_cmd(&settings, a).await,
