@@ -683,19 +683,14 @@ impl Scoped {
             .filter(|&last| last < stats.last_episode);
         let messages = page
             .into_iter()
-            .map(|e| MessageView {
+            .map(|e| {
                 // The chain is in episode order: the candidate is the last row starting at or
                 // before the message.
-                covered_by: rows[..rows.partition_point(|r| r.first_episode <= e.id)]
+                let covered_by = rows[..rows.partition_point(|r| r.first_episode <= e.id)]
                     .last()
                     .filter(|r| e.id <= r.last_episode)
-                    .map(|r| r.id),
-                id: e.id,
-                role: e.role.as_str().to_string(),
-                content: e.content,
-                timestamp_ms: e.timestamp_ms,
-                speaker: e.speaker,
-                tokens: e.tokens,
+                    .map(|r| r.id);
+                MessageView::of(e, covered_by)
             })
             .collect();
         Ok(MessagesView {
@@ -1230,15 +1225,7 @@ impl Scoped {
         );
         Ok(RemovedView {
             session: session.to_string(),
-            message: MessageView {
-                id: e.id,
-                role: e.role.as_str().to_string(),
-                content: e.content,
-                timestamp_ms: e.timestamp_ms,
-                speaker: e.speaker,
-                tokens: e.tokens,
-                covered_by: None,
-            },
+            message: MessageView::of(e, None),
             dropped_rows: popped.dropped,
             reopened_rows: popped.reopened,
             episodes: left,

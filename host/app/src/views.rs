@@ -330,6 +330,21 @@ pub struct MessageView {
     pub covered_by: Option<u64>,
 }
 
+impl MessageView {
+    /// A stored episode as a message, with the row that covers it (if any).
+    pub fn of(e: crate::types::Episode, covered_by: Option<u64>) -> Self {
+        MessageView {
+            id: e.id,
+            role: e.role.as_str().to_string(),
+            content: e.content,
+            timestamp_ms: e.timestamp_ms,
+            speaker: e.speaker,
+            tokens: e.tokens,
+            covered_by,
+        }
+    }
+}
+
 /// One identifier of a summary row's facts ledger.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct LedgerView {
