@@ -465,24 +465,16 @@ impl EventBus {
         }
     }
 
-    /// Drop a session's events from what is kept in memory, after writing those still
-    /// queued (so a reset of the session that follows removes them from the store too).
-    pub async fn forget_session(&self, tenant: &Tenant, session: &str) {
+    /// Drop a session's events (of `kind` only, with `Some`) from what is kept in memory,
+    /// after writing those still queued, so the store's delete that follows (a reset, or a pop
+    /// dropping `summary.written`, whose text may quote the removed message) reaches them too.
+    pub async fn forget_session(&self, tenant: &Tenant, session: &str, kind: Option<&str>) {
         self.flush().await;
         let mut b = self.backlog.lock().expect("event backlog lock");
         if let Some(kept) = b.kept.get_mut(tenant) {
-            kept.retain(|e| e.session.as_deref() != Some(session));
-        }
-    }
-
-    /// Drop `tenant`'s retained `summary.written` events of `session` (their text may hold a
-    /// removed message): those still queued are written first, so the store's delete that
-    /// follows reaches them.
-    pub async fn forget_summaries(&self, tenant: &Tenant, session: &str) {
-        self.flush().await;
-        let mut b = self.backlog.lock().expect("event backlog lock");
-        if let Some(kept) = b.kept.get_mut(tenant) {
-            kept.retain(|e| e.session.as_deref() != Some(session) || e.kind != "summary.written");
+            kept.retain(|e| {
+                e.session.as_deref() != Some(session) || kind.is_some_and(|k| e.kind != k)
+            });
         }
     }
 
@@ -874,7 +866,7 @@ mod tests {
         use crate::store::Store;
         let scoped = crate::tenant::TenantStore::new(store.clone(), a.clone());
         scoped.reset_session("s").await.unwrap();
-        bus.forget_session(&a, "s").await;
+        bus.forget_session(&a, "s", None).await;
         let left: Vec<u64> = bus
             .subscribe(&a, Some(0))
             .await

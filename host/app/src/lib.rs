@@ -1165,9 +1165,22 @@ impl Scoped {
         self.app
             .inner
             .events
-            .forget_session(&self.tenant, session)
+            .forget_session(&self.tenant, session, None)
             .await;
         self.engine().reset(session).await?;
+        Ok(())
+    }
+
+    /// Refuse `what` to a read-only caller (the server's middleware refuses its writes before
+    /// they get here; other front ends meet this).
+    fn writing(&self, what: &str) -> AppResult<()> {
+        if self.read_only {
+            return Err(AppError::new(
+                ErrorKind::Forbidden,
+                format!("a read-only token cannot {what}"),
+            )
+            .hint("use a token created without --read-only"));
+        }
         Ok(())
     }
 
@@ -1179,19 +1192,13 @@ impl Scoped {
     /// session. Its id is free again: the next message takes it.
     pub async fn pop(&self, session: &str) -> AppResult<RemovedView> {
         self.known(session).await?;
-        if self.read_only {
-            return Err(AppError::new(
-                ErrorKind::Forbidden,
-                "a read-only token cannot remove messages",
-            )
-            .hint("use a token created without --read-only"));
-        }
+        self.writing("remove messages")?;
         let before = self.covered(session).await?;
         // Summary events still queued are written before the store deletes them.
         self.app
             .inner
             .events
-            .forget_summaries(&self.tenant, session)
+            .forget_session(&self.tenant, session, Some("summary.written"))
             .await;
         let popped = self
             .store()
@@ -1251,13 +1258,7 @@ impl Scoped {
         read_only: bool,
         label: Option<&str>,
     ) -> AppResult<tokens::CreatedToken> {
-        if self.read_only {
-            return Err(AppError::new(
-                ErrorKind::Forbidden,
-                "a read-only token cannot create tokens",
-            )
-            .hint("use a token created without --read-only"));
-        }
+        self.writing("create tokens")?;
         if let Some(l) = label {
             tokens::check_label(l)?;
         }
@@ -1281,24 +1282,15 @@ impl Scoped {
     /// Revoke this tenant's live token `id`; another tenant's token, or one already revoked,
     /// is not found.
     pub async fn revoke_token(&self, id: u64) -> AppResult<tokens::TokenView> {
-        if self.read_only {
-            return Err(AppError::new(
-                ErrorKind::Forbidden,
-                "a read-only token cannot revoke tokens",
-            )
-            .hint("use a token created without --read-only"));
-        }
-        if !self.tables.revoke_token(id, self.app.now_ms()).await? {
-            return Err(AppError::not_found(format!("no live token {id}"))
-                .hint("GET /v1/tokens lists this tenant's tokens"));
-        }
+        self.writing("revoke tokens")?;
         self.tables
-            .tokens()
+            .revoke_token(id, self.app.now_ms())
             .await?
-            .into_iter()
-            .find(|r| r.id == id)
             .map(tokens::TokenView::from)
-            .ok_or_else(|| AppError::not_found(format!("no token {id}")))
+            .ok_or_else(|| {
+                AppError::not_found(format!("no live token {id}"))
+                    .hint("GET /v1/tokens lists this tenant's tokens")
+            })
     }
 
     /// The tenant's newest jobs (ids below `before`), newest first.

@@ -427,15 +427,29 @@ impl TenantTables {
         Ok(rows)
     }
 
-    /// Revoke the tenant's live token `id`; false when the tenant has no such live token
-    /// (another tenant's token is never touched).
-    pub async fn revoke_token(&self, id: u64, now_ms: u64) -> Result<bool, Error> {
-        let mine = self
+    /// Revoke the tenant's live token `id`: the row as revoked, or `None` when the tenant has
+    /// no such live token (another tenant's token is never touched).
+    pub async fn revoke_token(
+        &self,
+        id: u64,
+        now_ms: u64,
+    ) -> Result<Option<crate::tables::TokenRow>, Error> {
+        let Some(row) = self
             .tokens()
             .await?
-            .iter()
-            .any(|r| r.id == id && r.revoked_ms.is_none());
-        Ok(mine && self.db.revoke_token(id, now_ms).await?)
+            .into_iter()
+            .find(|r| r.id == id && r.revoked_ms.is_none())
+        else {
+            return Ok(None);
+        };
+        Ok(self
+            .db
+            .revoke_token(id, now_ms)
+            .await?
+            .then_some(crate::tables::TokenRow {
+                revoked_ms: Some(now_ms),
+                ..row
+            }))
     }
 }
 
@@ -631,9 +645,10 @@ mod tests {
         let acme = TenantTables::new(db.clone(), Tenant::new("acme").unwrap());
         let ids: Vec<u64> = acme.tokens().await.unwrap().iter().map(|r| r.id).collect();
         assert_eq!(ids, vec![mine]);
-        assert!(!acme.revoke_token(theirs, 2).await.unwrap());
+        assert!(acme.revoke_token(theirs, 2).await.unwrap().is_none());
         assert!(db.live_token("h2").await.unwrap().is_some());
-        assert!(acme.revoke_token(mine, 2).await.unwrap());
-        assert!(!acme.revoke_token(mine, 3).await.unwrap());
+        let gone = acme.revoke_token(mine, 2).await.unwrap().unwrap();
+        assert_eq!((gone.id, gone.revoked_ms), (mine, Some(2)));
+        assert!(acme.revoke_token(mine, 3).await.unwrap().is_none());
     }
 }
