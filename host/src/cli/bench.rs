@@ -19,7 +19,8 @@ use super::{Exit, Failure, Settings};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// What to measure (`agents`)
+    /// What to measure: `agents` (coding-agent sessions) or `context` (what a context keeps
+    /// of a long chat, on LoCoMo conversations)
     what: String,
     /// Session files, or folders searched for `.jsonl` files
     #[arg(required = true)]
@@ -82,7 +83,8 @@ fn hook(exe: &Path, db: &Path, payload: &Value) -> anyhow::Result<(String, Durat
     Ok((String::from_utf8_lossy(&out.stdout).into_owned(), took))
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// The `p` quantile of `sorted` (nearest rank).
+pub(super) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -188,11 +190,14 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
 }
 
 pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
+    if a.what == "context" {
+        return super::bench_context::run(s, &a.paths, a.runs).await;
+    }
     if a.what != "agents" {
         return Err(Failure::new(
             Exit::Input,
             anyhow!(
-                "unknown benchmark '{}'; abridge bench agents FILE|DIR… (cargo bench runs the others)",
+                "unknown benchmark '{}'; abridge bench agents FILE|DIR… or abridge bench context FILE… (cargo bench runs the others)",
                 a.what
             ),
         ));

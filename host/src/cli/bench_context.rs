@@ -1,0 +1,489 @@
+//! `abridge bench context FILE…`: what a context keeps of a long chat, measured on a
+//! long-conversation QA set (LoCoMo's JSON: `speaker_a`, `speaker_b`, `session_N` turns with
+//! `speaker`, `text` and sometimes a photo's `blip_caption`, `session_N_date_time`, and `qa`).
+//!
+//! Each conversation is written as JSON lines (one message per turn, the first speaker as the
+//! user, each turn dated by its session's date) and imported with `abridge summarize` into a
+//! fresh database, as a user would; then the context is asked for at each budget. For every
+//! question with an answer (categories 1–4) the answer words (the content words and numbers
+//! of the gold answer) are looked up in the context's words; the figure is their mean share.
+//! Beside it, at the same budget and by the same estimator: the most recent turns, evenly
+//! spaced turns, and (a reference that knows the question) the turns that best match the
+//! question by BM25. Then the context's p50 and p99 time (in process, the app's own call).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context as _, anyhow};
+use serde_json::{Value, json};
+
+use super::bench::percentile;
+use super::{Exit, Failure, Settings};
+
+/// The budgets measured.
+const BUDGETS: [u32; 3] = [1000, 2000, 4000];
+/// Tokens a message costs beyond its content (the guest's `MESSAGE_COST`).
+const MESSAGE_COST: u32 = 3;
+
+/// Words that carry no answer.
+const STOP: &[&str] = &[
+    "a", "an", "the", "of", "in", "on", "at", "to", "for", "and", "or", "is", "was", "were", "be",
+    "been", "by", "with", "from", "as", "that", "this", "it", "its", "i", "my", "me", "we", "our",
+    "you", "your", "he", "she", "his", "her", "they", "them", "their", "what", "when", "where",
+    "who", "how", "which", "did", "do", "does", "has", "have", "had", "not", "no", "yes",
+];
+
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+fn answer_words(answer: &str) -> Vec<String> {
+    words(answer)
+        .into_iter()
+        .filter(|w| !STOP.contains(&w.as_str()))
+        .collect()
+}
+
+/// A conversation of the set.
+struct Conversation {
+    /// (speaker, text, ms).
+    turns: Vec<(String, String, i64)>,
+    first: String,
+    /// (question, answer words).
+    qa: Vec<(String, Vec<String>)>,
+}
+
+/// "1:56 pm on 8 May, 2023" as ms since the epoch (UTC).
+fn session_time(s: &str) -> Option<i64> {
+    let (time, date) = s.split_once(" on ")?;
+    let (hm, ampm) = time.trim().split_once(' ')?;
+    let (h, m) = hm.split_once(':')?;
+    let mut h: i64 = h.parse().ok()?;
+    let m: i64 = m.parse().ok()?;
+    match ampm.to_lowercase().as_str() {
+        "pm" if h < 12 => h += 12,
+        "am" if h == 12 => h = 0,
+        _ => {}
+    }
+    let parts: Vec<&str> = date
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|x| !x.is_empty())
+        .collect();
+    let [day, month, year] = parts[..] else {
+        return None;
+    };
+    let months = [
+        "january",
+        "february",
+        "march",
+        "april",
+        "may",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+    ];
+    let month = months.iter().position(|x| *x == month.to_lowercase())? as i8 + 1;
+    let d = jiff::civil::date(year.parse().ok()?, month, day.parse().ok()?);
+    let t = d.at(h as i8, m as i8, 0, 0);
+    let epoch = jiff::civil::date(1970, 1, 1).at(0, 0, 0, 0);
+    Some(t.duration_since(epoch).as_millis() as i64)
+}
+
+fn load(path: &Path) -> anyhow::Result<Conversation> {
+    let v: Value = serde_json::from_slice(&std::fs::read(path)?)
+        .with_context(|| format!("{} is not JSON", path.display()))?;
+    let c = v.get("conversation").unwrap_or(&v);
+    let first = c["speaker_a"]
+        .as_str()
+        .ok_or_else(|| {
+            anyhow!(
+                "{}: no speaker_a (not a LoCoMo conversation)",
+                path.display()
+            )
+        })?
+        .to_string();
+    let mut turns = Vec::new();
+    let mut n = 1;
+    while let Some(session) = c.get(format!("session_{n}")).and_then(Value::as_array) {
+        let at = c[format!("session_{n}_date_time")]
+            .as_str()
+            .and_then(session_time)
+            .ok_or_else(|| anyhow!("session_{n}_date_time is not a date"))?;
+        for (i, t) in session.iter().enumerate() {
+            let mut text = t["text"].as_str().unwrap_or("").to_string();
+            if let Some(cap) = t["blip_caption"].as_str() {
+                text.push_str(&format!(" [shares a photo: {cap}]"));
+            }
+            let speaker = t["speaker"].as_str().unwrap_or("").to_string();
+            turns.push((speaker, text, at + i as i64 * 30_000));
+        }
+        n += 1;
+    }
+    let qa = v["qa"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|q| matches!(q["category"].as_i64(), Some(1..=4)))
+        .filter_map(|q| {
+            let answer = match &q["answer"] {
+                Value::String(s) => s.clone(),
+                Value::Null => return None,
+                other => other.to_string(),
+            };
+            let aw = answer_words(&answer);
+            (!aw.is_empty()).then(|| (q["question"].as_str().unwrap_or("").to_string(), aw))
+        })
+        .collect();
+    Ok(Conversation { turns, first, qa })
+}
+
+/// The mean share of each question's answer words found among `text`'s words.
+fn kept(text: &str, qa: &[(String, Vec<String>)]) -> f64 {
+    let have: BTreeSet<String> = words(text).into_iter().collect();
+    let sum: f64 = qa
+        .iter()
+        .map(|(_, aw)| aw.iter().filter(|w| have.contains(*w)).count() as f64 / aw.len() as f64)
+        .sum();
+    sum / qa.len().max(1) as f64
+}
+
+/// The turns `order` names, taken while they fit `budget`, joined in conversation order.
+fn cut(turns: &[(String, u32)], order: impl Iterator<Item = usize>, budget: u32) -> String {
+    let mut used = 0;
+    let mut taken = Vec::new();
+    for i in order {
+        let c = turns[i].1 + MESSAGE_COST;
+        if used + c > budget {
+            continue;
+        }
+        used += c;
+        taken.push(i);
+    }
+    taken.sort_unstable();
+    taken
+        .iter()
+        .map(|&i| turns[i].0.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The most evenly spaced turns that fit `budget` (the largest count that fits).
+fn even(turns: &[(String, u32)], budget: u32) -> String {
+    let n = turns.len();
+    let pick = |k: usize| -> Vec<usize> {
+        let mut v: Vec<usize> = (0..k).map(|i| (i * (n - 1)) / (k - 1).max(1)).collect();
+        v.dedup();
+        v
+    };
+    let (mut lo, mut hi, mut best) = (1, n, Vec::new());
+    while lo <= hi {
+        let k = (lo + hi) / 2;
+        let idx = pick(k);
+        if idx.iter().map(|&i| turns[i].1 + MESSAGE_COST).sum::<u32>() <= budget {
+            best = idx;
+            lo = k + 1;
+        } else {
+            hi = k - 1;
+        }
+    }
+    best.iter()
+        .map(|&i| turns[i].0.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Turn indices by BM25 score against `query` (k1 1.2, b 0.75), best first.
+fn bm25(docs: &[Vec<String>], query: &str) -> Vec<usize> {
+    let n = docs.len() as f64;
+    let avg = docs.iter().map(Vec::len).sum::<usize>() as f64 / n.max(1.0);
+    let mut df: BTreeMap<&str, f64> = BTreeMap::new();
+    for d in docs {
+        for w in d.iter().collect::<BTreeSet<_>>() {
+            *df.entry(w.as_str()).or_insert(0.0) += 1.0;
+        }
+    }
+    let q: BTreeSet<String> = answer_words(query).into_iter().collect();
+    let mut scored: Vec<(f64, usize)> = docs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let len = d.len() as f64;
+            let s: f64 = q
+                .iter()
+                .map(|w| {
+                    let tf = d.iter().filter(|x| *x == w).count() as f64;
+                    let df = df.get(w.as_str()).copied().unwrap_or(0.0);
+                    let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
+                    idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len / avg.max(1.0)))
+                })
+                .sum();
+            (s, i)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    scored.into_iter().map(|(_, i)| i).collect()
+}
+
+/// One conversation's figures at one budget.
+struct Figures {
+    abridge: f64,
+    used: u32,
+    recent: f64,
+    even: f64,
+    bm25: f64,
+}
+
+async fn measure(
+    s: &Settings,
+    exe: &Path,
+    file: &Path,
+    runs: usize,
+) -> anyhow::Result<(Vec<(u32, Figures)>, f64, f64, usize, u64)> {
+    let conv = load(file)?;
+    let tmp = tempfile::tempdir()?;
+    let jsonl = tmp.path().join("conversation.jsonl");
+    let mut lines = String::new();
+    for (speaker, text, ms) in &conv.turns {
+        let role = if *speaker == conv.first {
+            "user"
+        } else {
+            "assistant"
+        };
+        lines.push_str(
+            &json!({"role": role, "content": text, "name": speaker, "timestamp": ms}).to_string(),
+        );
+        lines.push('\n');
+    }
+    std::fs::write(&jsonl, lines)?;
+    let db = tmp.path().join("bench.db");
+    let session = "bench-context";
+    let run = |args: &[&str]| -> anyhow::Result<()> {
+        let out = Command::new(exe)
+            .arg("--db")
+            .arg(&db)
+            .args(["-q", "--backend", "extractive"])
+            .args(args)
+            .output()
+            .context("running abridge")?;
+        if !out.status.success() {
+            return Err(anyhow!(
+                "abridge {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(())
+    };
+    let path = jsonl.display().to_string();
+    run(&[
+        "summarize",
+        &path,
+        "--format",
+        "jsonl",
+        "--session",
+        session,
+    ])?;
+    // As a user asks: the command line's context runs the refresh it needs first.
+    for b in BUDGETS {
+        run(&["context", session, "--budget", &b.to_string(), "--json"])?;
+    }
+    let mut local_settings = s.clone();
+    local_settings.db = db.clone();
+    local_settings.quiet = true;
+    let local = super::app::local(&local_settings, None).map_err(|f| f.error)?;
+    let engine = super::commands::pure_engine(s).map_err(|f| f.error)?;
+    let mut turns: Vec<(String, u32)> = Vec::with_capacity(conv.turns.len());
+    let mut full = 0u64;
+    for (_, text, _) in &conv.turns {
+        let t = engine.estimate_tokens(text).await?;
+        full += u64::from(t + MESSAGE_COST);
+        turns.push((text.clone(), t));
+    }
+    let docs: Vec<Vec<String>> = turns.iter().map(|(t, _)| words(t)).collect();
+    let mut out = Vec::new();
+    let mut times = Vec::new();
+    for budget in BUDGETS {
+        let mut text = String::new();
+        let mut used = 0;
+        for _ in 0..runs.max(1) {
+            let started = Instant::now();
+            let w = local
+                .context(session, budget, 4, u32::MAX, None)
+                .await
+                .map_err(|e| anyhow!("{e}"))?;
+            times.push(started.elapsed().as_secs_f64() * 1000.0);
+            used = w.tokens;
+            text = w
+                .messages
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+        }
+        let n = turns.len();
+        let bm = conv
+            .qa
+            .iter()
+            .map(|(q, aw)| {
+                let ctx = cut(&turns, bm25(&docs, q).into_iter(), budget);
+                kept(&ctx, &[(q.clone(), aw.clone())])
+            })
+            .sum::<f64>()
+            / conv.qa.len().max(1) as f64;
+        out.push((
+            budget,
+            Figures {
+                abridge: kept(&text, &conv.qa),
+                used,
+                recent: kept(&cut(&turns, (0..n).rev(), budget), &conv.qa),
+                even: kept(&even(&turns, budget), &conv.qa),
+                bm25: bm,
+            },
+        ));
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((
+        out,
+        percentile(&times, 0.5),
+        percentile(&times, 0.99),
+        conv.qa.len(),
+        full,
+    ))
+}
+
+/// `abridge bench context FILE…`.
+pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Failure> {
+    let exe = std::env::current_exe().map_err(|e| Failure::new(Exit::Internal, e))?;
+    println!(
+        "{:<10} {:>6} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7}",
+        "file", "budget", "abridge", "used", "recent", "even", "bm25(q)", "p50 ms", "p99 ms"
+    );
+    let mut sums: BTreeMap<u32, [f64; 5]> = BTreeMap::new();
+    let mut measured = 0;
+    for f in paths {
+        match measure(s, &exe, f, runs).await {
+            Ok((figures, p50, p99, questions, full)) => {
+                measured += 1;
+                let name: String = f
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+                    .chars()
+                    .take(10)
+                    .collect();
+                for (b, x) in &figures {
+                    println!(
+                        "{:<10} {:>6} {:>7.3} {:>9} {:>7.3} {:>7.3} {:>7.3} {:>7.1} {:>7.1}",
+                        name,
+                        b,
+                        x.abridge,
+                        format!("{:.0} %", f64::from(x.used) * 100.0 / f64::from(*b)),
+                        x.recent,
+                        x.even,
+                        x.bm25,
+                        p50,
+                        p99
+                    );
+                    let e = sums.entry(*b).or_default();
+                    for (k, v) in [
+                        x.abridge,
+                        f64::from(x.used) / f64::from(*b),
+                        x.recent,
+                        x.even,
+                        x.bm25,
+                    ]
+                    .into_iter()
+                    .enumerate()
+                    {
+                        e[k] += v;
+                    }
+                }
+                println!("{name:<10} {questions} questions, {full} tokens of history");
+            }
+            Err(e) => println!("{}: not measured ({e:#})", f.display()),
+        }
+    }
+    if measured > 1 {
+        for (b, e) in &sums {
+            let m = measured as f64;
+            println!(
+                "{:<10} {:>6} {:>7.3} {:>9} {:>7.3} {:>7.3} {:>7.3}",
+                "mean",
+                b,
+                e[0] / m,
+                format!("{:.0} %", e[1] * 100.0 / m),
+                e[2] / m,
+                e[3] / m,
+                e[4] / m
+            );
+        }
+    }
+    println!(
+        "abridge, recent, even, bm25(q): mean share of each question's answer words in the context (categories 1-4); used: context tokens / budget; bm25(q) knows the question (a reference); times: the app's context call, {runs} runs per budget"
+    );
+    if measured == 0 {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!("no conversation was measured"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_dates_are_read_as_written() {
+        // 8 May 2023, 13:56 UTC.
+        assert_eq!(
+            session_time("1:56 pm on 8 May, 2023"),
+            Some(1_683_554_160_000)
+        );
+        assert_eq!(
+            session_time("12:09 am on 13 September, 2023"),
+            Some(1_694_563_740_000)
+        );
+        assert_eq!(session_time("on a Tuesday"), None);
+    }
+
+    #[test]
+    fn the_share_of_answer_words_kept() {
+        let qa = vec![
+            ("When?".to_string(), answer_words("7 May 2023")),
+            ("What?".to_string(), answer_words("Adoption agencies")),
+        ];
+        assert_eq!(qa[0].1, ["7", "may", "2023"]);
+        // All of the first answer, half of the second.
+        let k = kept("On 7 May 2023 she called the adoption office.", &qa);
+        assert!((k - 0.75).abs() < 1e-9, "{k}");
+        assert_eq!(kept("", &qa), 0.0);
+    }
+
+    #[test]
+    fn baselines_stay_within_the_budget() {
+        let turns: Vec<(String, u32)> = (0..50)
+            .map(|i| (format!("turn {i} about the garden"), 7))
+            .collect();
+        // Ten turns of 7 + 3 tokens fit 100.
+        let recent = cut(&turns, (0..50).rev(), 100);
+        assert_eq!(recent.lines().count(), 10);
+        assert!(recent.starts_with("turn 40 "));
+        let spread = even(&turns, 100);
+        assert_eq!(spread.lines().count(), 10);
+        assert!(spread.starts_with("turn 0 ") && spread.ends_with("turn 49 about the garden"));
+        let docs: Vec<Vec<String>> = ["the cat sat", "a dog ran in the park", "the park"]
+            .iter()
+            .map(|t| words(t))
+            .collect();
+        assert_eq!(bm25(&docs, "Which park did the dog visit?")[0], 1);
+    }
+}
