@@ -60,40 +60,10 @@ struct Conversation {
 
 /// "1:56 pm on 8 May, 2023" as ms since the epoch (UTC).
 fn session_time(s: &str) -> Option<i64> {
-    let (time, date) = s.split_once(" on ")?;
-    let (hm, ampm) = time.trim().split_once(' ')?;
-    let (h, m) = hm.split_once(':')?;
-    let mut h: i64 = h.parse().ok()?;
-    let m: i64 = m.parse().ok()?;
-    match ampm.to_lowercase().as_str() {
-        "pm" if h < 12 => h += 12,
-        "am" if h == 12 => h = 0,
-        _ => {}
-    }
-    let parts: Vec<&str> = date
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .filter(|x| !x.is_empty())
-        .collect();
-    let [day, month, year] = parts[..] else {
-        return None;
-    };
-    let months = [
-        "january",
-        "february",
-        "march",
-        "april",
-        "may",
-        "june",
-        "july",
-        "august",
-        "september",
-        "october",
-        "november",
-        "december",
-    ];
-    let month = months.iter().position(|x| *x == month.to_lowercase())? as i8 + 1;
-    let d = jiff::civil::date(year.parse().ok()?, month, day.parse().ok()?);
-    let t = d.at(h as i8, m as i8, 0, 0);
+    let t = jiff::fmt::strtime::parse("%I:%M %p on %d %B, %Y", s)
+        .ok()?
+        .to_datetime()
+        .ok()?;
     let epoch = jiff::civil::date(1970, 1, 1).at(0, 0, 0, 0);
     Some(t.duration_since(epoch).as_millis() as i64)
 }
@@ -201,53 +171,93 @@ fn even(turns: &[(String, u32)], budget: u32) -> String {
         .join("\n")
 }
 
-/// Turn indices by BM25 score against `query` (k1 1.2, b 0.75), best first.
-fn bm25(docs: &[Vec<String>], query: &str) -> Vec<usize> {
-    let n = docs.len() as f64;
-    let avg = docs.iter().map(Vec::len).sum::<usize>() as f64 / n.max(1.0);
-    let mut df: BTreeMap<&str, f64> = BTreeMap::new();
-    for d in docs {
-        for w in d.iter().collect::<BTreeSet<_>>() {
-            *df.entry(w.as_str()).or_insert(0.0) += 1.0;
-        }
+/// The turns as BM25 sees them (k1 1.2, b 0.75): each turn's term counts and length, and
+/// each term's document frequency, counted once per conversation.
+struct Bm25 {
+    docs: Vec<(BTreeMap<String, f64>, f64)>,
+    df: BTreeMap<String, f64>,
+    avg: f64,
+}
+
+impl Bm25 {
+    fn new(turns: &[(String, u32)]) -> Bm25 {
+        let mut df: BTreeMap<String, f64> = BTreeMap::new();
+        let docs: Vec<(BTreeMap<String, f64>, f64)> = turns
+            .iter()
+            .map(|(t, _)| {
+                let mut tf: BTreeMap<String, f64> = BTreeMap::new();
+                let ws = words(t);
+                for w in &ws {
+                    *tf.entry(w.clone()).or_insert(0.0) += 1.0;
+                }
+                for w in tf.keys() {
+                    *df.entry(w.clone()).or_insert(0.0) += 1.0;
+                }
+                (tf, ws.len() as f64)
+            })
+            .collect();
+        let avg = docs.iter().map(|(_, l)| l).sum::<f64>() / (docs.len().max(1) as f64);
+        Bm25 { docs, df, avg }
     }
-    let q: BTreeSet<String> = answer_words(query).into_iter().collect();
-    let mut scored: Vec<(f64, usize)> = docs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let len = d.len() as f64;
-            let s: f64 = q
-                .iter()
-                .map(|w| {
-                    let tf = d.iter().filter(|x| *x == w).count() as f64;
-                    let df = df.get(w.as_str()).copied().unwrap_or(0.0);
-                    let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
-                    idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len / avg.max(1.0)))
-                })
-                .sum();
-            (s, i)
-        })
-        .collect();
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    scored.into_iter().map(|(_, i)| i).collect()
+
+    /// Turn indices by score against `query`, best first (ties: the earlier turn).
+    fn rank(&self, query: &str) -> Vec<usize> {
+        let n = self.docs.len() as f64;
+        let q: BTreeSet<String> = answer_words(query).into_iter().collect();
+        let mut scored: Vec<(f64, usize)> = self
+            .docs
+            .iter()
+            .enumerate()
+            .map(|(i, (tf, len))| {
+                let s: f64 = q
+                    .iter()
+                    .filter_map(|w| Some((tf.get(w)?, self.df.get(w)?)))
+                    .map(|(tf, df)| {
+                        let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
+                        idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len / self.avg.max(1.0)))
+                    })
+                    .sum();
+                (s, i)
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        scored.into_iter().map(|(_, i)| i).collect()
+    }
 }
 
-/// One conversation's figures at one budget.
-struct Figures {
-    abridge: f64,
-    used: u32,
-    recent: f64,
-    even: f64,
-    bm25: f64,
+/// One conversation's figures at one budget, in the table's column order: abridge, the
+/// share of the budget it used, recent turns, evenly spaced turns, BM25 with the question.
+type Figures = [f64; 5];
+
+/// What one conversation measured.
+struct Measured {
+    /// Figures per budget.
+    figures: Vec<(u32, Figures)>,
+    p50_ms: f64,
+    p99_ms: f64,
+    questions: usize,
+    history_tokens: u64,
 }
 
-async fn measure(
-    s: &Settings,
-    exe: &Path,
-    file: &Path,
-    runs: usize,
-) -> anyhow::Result<(Vec<(u32, Figures)>, f64, f64, usize, u64)> {
+/// One row of the table (no times on the mean's rows).
+fn print_row(name: &str, budget: u32, x: &Figures, times: Option<(f64, f64)>) {
+    let mut line = format!(
+        "{:<10} {:>6} {:>7.3} {:>9} {:>7.3} {:>7.3} {:>7.3}",
+        name,
+        budget,
+        x[0],
+        format!("{:.0} %", x[1] * 100.0),
+        x[2],
+        x[3],
+        x[4]
+    );
+    if let Some((p50, p99)) = times {
+        line.push_str(&format!(" {p50:>7.1} {p99:>7.1}"));
+    }
+    println!("{line}");
+}
+
+async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::Result<Measured> {
     let conv = load(file)?;
     let tmp = tempfile::tempdir()?;
     let jsonl = tmp.path().join("conversation.jsonl");
@@ -307,7 +317,9 @@ async fn measure(
         full += u64::from(t + MESSAGE_COST);
         turns.push((text.clone(), t));
     }
-    let docs: Vec<Vec<String>> = turns.iter().map(|(t, _)| words(t)).collect();
+    // The reference's order for each question, ranked once for every budget.
+    let index = Bm25::new(&turns);
+    let ranked: Vec<Vec<usize>> = conv.qa.iter().map(|(q, _)| index.rank(q)).collect();
     let mut out = Vec::new();
     let mut times = Vec::new();
     for budget in BUDGETS {
@@ -332,31 +344,34 @@ async fn measure(
         let bm = conv
             .qa
             .iter()
-            .map(|(q, aw)| {
-                let ctx = cut(&turns, bm25(&docs, q).into_iter(), budget);
-                kept(&ctx, &[(q.clone(), aw.clone())])
+            .zip(&ranked)
+            .map(|(qa, order)| {
+                kept(
+                    &cut(&turns, order.iter().copied(), budget),
+                    std::slice::from_ref(qa),
+                )
             })
             .sum::<f64>()
             / conv.qa.len().max(1) as f64;
         out.push((
             budget,
-            Figures {
-                abridge: kept(&text, &conv.qa),
-                used,
-                recent: kept(&cut(&turns, (0..n).rev(), budget), &conv.qa),
-                even: kept(&even(&turns, budget), &conv.qa),
-                bm25: bm,
-            },
+            [
+                kept(&text, &conv.qa),
+                f64::from(used) / f64::from(budget),
+                kept(&cut(&turns, (0..n).rev(), budget), &conv.qa),
+                kept(&even(&turns, budget), &conv.qa),
+                bm,
+            ],
         ));
     }
     times.sort_by(f64::total_cmp);
-    Ok((
-        out,
-        percentile(&times, 0.5),
-        percentile(&times, 0.99),
-        conv.qa.len(),
-        full,
-    ))
+    Ok(Measured {
+        figures: out,
+        p50_ms: percentile(&times, 0.5),
+        p99_ms: percentile(&times, 0.99),
+        questions: conv.qa.len(),
+        history_tokens: full,
+    })
 }
 
 /// `abridge bench context FILE…`.
@@ -366,11 +381,11 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
         "{:<10} {:>6} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7}",
         "file", "budget", "abridge", "used", "recent", "even", "bm25(q)", "p50 ms", "p99 ms"
     );
-    let mut sums: BTreeMap<u32, [f64; 5]> = BTreeMap::new();
+    let mut sums: BTreeMap<u32, Figures> = BTreeMap::new();
     let mut measured = 0;
     for f in paths {
         match measure(s, &exe, f, runs).await {
-            Ok((figures, p50, p99, questions, full)) => {
+            Ok(m) => {
                 measured += 1;
                 let name: String = f
                     .file_name()
@@ -378,51 +393,24 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
                     .chars()
                     .take(10)
                     .collect();
-                for (b, x) in &figures {
-                    println!(
-                        "{:<10} {:>6} {:>7.3} {:>9} {:>7.3} {:>7.3} {:>7.3} {:>7.1} {:>7.1}",
-                        name,
-                        b,
-                        x.abridge,
-                        format!("{:.0} %", f64::from(x.used) * 100.0 / f64::from(*b)),
-                        x.recent,
-                        x.even,
-                        x.bm25,
-                        p50,
-                        p99
-                    );
+                for (b, x) in &m.figures {
+                    print_row(&name, *b, x, Some((m.p50_ms, m.p99_ms)));
                     let e = sums.entry(*b).or_default();
-                    for (k, v) in [
-                        x.abridge,
-                        f64::from(x.used) / f64::from(*b),
-                        x.recent,
-                        x.even,
-                        x.bm25,
-                    ]
-                    .into_iter()
-                    .enumerate()
-                    {
-                        e[k] += v;
+                    for (sum, v) in e.iter_mut().zip(x) {
+                        *sum += v;
                     }
                 }
-                println!("{name:<10} {questions} questions, {full} tokens of history");
+                println!(
+                    "{name:<10} {} questions, {} tokens of history",
+                    m.questions, m.history_tokens
+                );
             }
             Err(e) => println!("{}: not measured ({e:#})", f.display()),
         }
     }
     if measured > 1 {
         for (b, e) in &sums {
-            let m = measured as f64;
-            println!(
-                "{:<10} {:>6} {:>7.3} {:>9} {:>7.3} {:>7.3} {:>7.3}",
-                "mean",
-                b,
-                e[0] / m,
-                format!("{:.0} %", e[1] * 100.0 / m),
-                e[2] / m,
-                e[3] / m,
-                e[4] / m
-            );
+            print_row("mean", *b, &e.map(|v| v / measured as f64), None);
         }
     }
     println!(
@@ -480,10 +468,10 @@ mod tests {
         let spread = even(&turns, 100);
         assert_eq!(spread.lines().count(), 10);
         assert!(spread.starts_with("turn 0 ") && spread.ends_with("turn 49 about the garden"));
-        let docs: Vec<Vec<String>> = ["the cat sat", "a dog ran in the park", "the park"]
+        let docs: Vec<(String, u32)> = ["the cat sat", "a dog ran in the park", "the park"]
             .iter()
-            .map(|t| words(t))
+            .map(|t| (t.to_string(), 0))
             .collect();
-        assert_eq!(bm25(&docs, "Which park did the dog visit?")[0], 1);
+        assert_eq!(Bm25::new(&docs).rank("Which park did the dog visit?")[0], 1);
     }
 }
