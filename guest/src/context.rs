@@ -152,6 +152,34 @@ pub struct Parts<'a> {
     pub ledger_budget: u32,
     /// The coding-session digest's entries for the whole session (empty for a chat).
     pub digest: &'a [crate::ledger::Entry],
+    /// The newest message pairs always kept verbatim (before the summary).
+    pub min_pairs: u32,
+    /// The history spans more than one day: each verbatim turn that opens a day is marked
+    /// with it.
+    pub spans_days: bool,
+    /// Sentences of the episodes no summary covers yet (an offline chain or none), taken on
+    /// read: those of episodes the window cannot show verbatim join the chain's lines.
+    pub pending: &'a [crate::extractive::Line],
+}
+
+/// The lines of an offline summary chain (each row's sentences with their days), when every
+/// row is made of them; `None` for a model's prose or a digest.
+pub fn chain_lines(rows: &[SummaryRow]) -> Option<Vec<crate::extractive::Line>> {
+    let mut all = Vec::new();
+    for r in rows {
+        if r.model != crate::engine::FALLBACK_MODEL {
+            return None;
+        }
+        all.extend(crate::extractive::parse_lines(&r.content)?);
+    }
+    (!all.is_empty()).then_some(all)
+}
+
+/// The mark a verbatim turn that opens a day carries ("[8 May 2023] ").
+fn day_mark(e: &Episode) -> Option<String> {
+    e.timestamp_ms
+        .filter(|&t| t > 0)
+        .map(|t| format!("[{}] ", crate::dates::Day::of_ms(t).render()))
 }
 
 /// Build the window.
@@ -194,9 +222,10 @@ pub fn assemble(p: &Parts) -> Window {
     // are the only copy of what they say (a refresh keeps them within that half, see
     // `engine::overflow_cut`), and the other half stays the summary's and the digest's.
     let covered = p.rows.last().map_or(0, |r| r.last_episode);
+    let min_recent = (p.min_pairs as usize * 2).max(1);
     let mut next = recent.len();
     for e in candidates.iter().rev().skip(next) {
-        if e.id <= covered {
+        if e.id <= covered && next >= min_recent {
             break;
         }
         if !pins.iter().any(|x| x.id == e.id) {
@@ -235,7 +264,53 @@ pub fn assemble(p: &Parts) -> Window {
     let mut ledger = crate::ledger::budgeted(&all, p.ledger_budget);
     let ledger_text = crate::ledger::render(&ledger);
     let mut summary: Option<(String, usize, bool)> = None; // text, first row, ledger included
+    // An offline chain is made of dated sentences: it shows as many of them as the room left
+    // beside the ledger holds, every stretch of time in proportion (see `extractive::pick`).
+    let lines = {
+        let shown: Vec<u64> = recent.iter().chain(pins.iter()).map(|e| e.id).collect();
+        let pending = p
+            .pending
+            .iter()
+            .filter(|l| !shown.contains(&l.episode))
+            .cloned();
+        match chain_lines(p.rows) {
+            Some(mut l) => {
+                l.extend(pending);
+                Some(l)
+            }
+            None if p.rows.is_empty() => {
+                Some(pending.collect::<Vec<_>>()).filter(|l| !l.is_empty())
+            }
+            None => None,
+        }
+    };
+    if let Some(lines) = &lines {
+        let with_ledger = !ledger_text.is_empty()
+            && used.saturating_add(cost(&ledger_text) + cost(SUMMARY_HEADER) + 16) <= budget;
+        let fixed = cost(SUMMARY_HEADER)
+            + if with_ledger {
+                estimate_tokens(&ledger_text) + 1
+            } else {
+                0
+            };
+        let room = budget.saturating_sub(used).saturating_sub(fixed);
+        let picked = crate::extractive::pick(lines, room, None);
+        if !picked.is_empty() {
+            let body = crate::prompt::neutralize(&picked);
+            let text = if with_ledger {
+                format!("{SUMMARY_HEADER}\n{body}\n\n{ledger_text}")
+            } else {
+                format!("{SUMMARY_HEADER}\n{body}")
+            };
+            if used.saturating_add(cost(&text)) <= budget {
+                summary = Some((text, 0, with_ledger));
+            }
+        }
+    }
     'rows: for from in 0..p.rows.len() {
+        if summary.is_some() {
+            break;
+        }
         for with_ledger in [true, false] {
             if !with_ledger && ledger_text.is_empty() {
                 continue;
@@ -272,19 +347,51 @@ pub fn assemble(p: &Parts) -> Window {
     if let Some((text, _, _)) = &summary {
         used += cost(text);
     }
-    // Then earlier recent messages, newest first, while they fit.
-    for e in candidates.iter().rev().skip(next) {
-        if pins.iter().any(|x| x.id == e.id) {
-            continue;
+    // Then earlier recent messages, newest first, while they fit (an offline chain's lines
+    // come first: only once all are shown do older turns take the rest).
+    // (What the lines leave is room they could not use: every line shown, or none fitting.)
+    {
+        for e in dialogue[..dialogue.len() - next].iter().rev() {
+            if pins.iter().any(|x| x.id == e.id) {
+                continue;
+            }
+            let c = cost(&e.content);
+            if used.saturating_add(c) > budget {
+                break;
+            }
+            used += c;
+            recent.push(e);
         }
-        let c = cost(&e.content);
-        if used.saturating_add(c) > budget {
-            break;
-        }
-        used += c;
-        recent.push(e);
     }
     recent.reverse();
+    // A history over several days: the first shown turn of each day carries the day, paid
+    // from the room; the oldest turns give way if the marks do not fit.
+    let mut marked: Vec<bool> = vec![false; recent.len()];
+    if p.spans_days {
+        loop {
+            let mut day: Option<String> = None;
+            let mut extra = 0u32;
+            for (i, e) in recent.iter().enumerate() {
+                let d = day_mark(e);
+                marked[i] = d.is_some() && d != day;
+                if marked[i] {
+                    extra += estimate_tokens(d.as_deref().unwrap_or(""));
+                }
+                day = d;
+            }
+            if used + extra <= budget || recent.len() <= 1 {
+                if used + extra <= budget {
+                    used += extra;
+                } else {
+                    marked.iter_mut().for_each(|m| *m = false);
+                }
+                break;
+            }
+            used -= cost(&recent[0].content);
+            recent.remove(0);
+            marked.remove(0);
+        }
+    }
     // Last, the room left is the ledger's: entries the slice left out are added (frequent and
     // recent first, by the ledger's one policy) while the summary still fits the budget.
     if let Some((text, from, with_ledger)) = &mut summary
@@ -377,13 +484,18 @@ pub fn assemble(p: &Parts) -> Window {
         None if !digest.is_empty() => messages.push(Message::new(Role::System, digest)),
         None => {}
     }
+    let marks: std::collections::BTreeMap<u64, String> = recent
+        .iter()
+        .zip(&marked)
+        .filter(|(_, m)| **m)
+        .filter_map(|(e, _)| day_mark(e).map(|d| (e.id, d)))
+        .collect();
     let mut verbatim: Vec<&Episode> = pins.iter().chain(recent.iter()).copied().collect();
     verbatim.sort_by_key(|e| e.id);
-    messages.extend(
-        verbatim
-            .iter()
-            .map(|e| Message::new(e.role, e.content.clone())),
-    );
+    messages.extend(verbatim.iter().map(|e| match marks.get(&e.id) {
+        Some(d) => Message::new(e.role, format!("{d}{}", e.content)),
+        None => Message::new(e.role, e.content.clone()),
+    }));
     Window {
         messages,
         tokens: used,
@@ -444,6 +556,9 @@ mod tests {
             pairs,
             ledger_budget: 300,
             digest: &[],
+            min_pairs: pairs,
+            spans_days: false,
+            pending: &[],
         })
     }
 
@@ -526,6 +641,9 @@ mod tests {
             pairs: 10,
             ledger_budget: 300,
             digest: &digest,
+            min_pairs: 1,
+            spans_days: false,
+            pending: &[],
         });
         assert!(w.tokens <= budget);
         assert_eq!(w.omitted, 0, "{:?}: {:#?}", w.omitted_ranges, w.messages);

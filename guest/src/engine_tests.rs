@@ -2100,3 +2100,96 @@ fn a_context_never_costs_more_than_the_history_it_stands_for() {
     assert_eq!(w.window.messages[0].role, Role::System);
     assert!(u64::from(w.window.tokens) < w.full_tokens);
 }
+
+/// A long chat over many dated sessions, facts planted among small talk: a context of a
+/// small budget must hold the facts (and the day each was said, with relative dates
+/// resolved), spend most of its budget, and never cost more than it.
+#[test]
+fn a_long_dated_chat_keeps_its_planted_facts_in_a_small_context() {
+    const DAY: u64 = 86_400_000;
+    let start = 1_683_554_160_000u64; // 8 May 2023, 13:56 UTC
+    let small_talk = [
+        "Wow, that sounds amazing!",
+        "Thanks so much, that means a lot to me.",
+        "Haha, totally agree with you.",
+        "Good to see you again!",
+        "That's so cool, I love that.",
+        "Awesome, glad to hear it.",
+    ];
+    let facts = [
+        "I adopted a beagle called Pepper from the Riverside shelter yesterday.",
+        "My sister Mara moved to Lisbon for a job at the aquarium.",
+        "I finished the Ashford half marathon in 2 hours 14 minutes last Saturday.",
+        "We booked a cabin at Lake Tahoe for the second week of August.",
+        "I started pottery classes at the Clayhouse studio on Pine Street.",
+        "My grandmother turned 90 and we threw a party at the Harbor Inn.",
+        "I signed up for a Spanish course at the community college downtown.",
+        "Our band Static Tides plays at the Blue Lantern next month.",
+    ];
+    let mut f = Fake::default();
+    for (session, fact) in facts.iter().enumerate() {
+        let at = start + session as u64 * 9 * DAY;
+        for turn in 0..24u64 {
+            let role = if turn % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            };
+            let text = if turn == 11 {
+                (*fact).to_string()
+            } else {
+                small_talk[(turn as usize + session) % small_talk.len()].to_string()
+            };
+            f.push_at(role, &text, at + turn * 60_000);
+        }
+    }
+    let c = Config {
+        engine: Engine::Extractive,
+        ..cfg()
+    };
+    summarize_now(&mut f, "s", &c).unwrap();
+    let budget = 450;
+    let req = ContextRequest {
+        budget,
+        pairs: 2,
+        refresh_after: u32::MAX,
+        pins: vec![],
+    };
+    let w = context(&mut f, "s", req, &c).unwrap();
+    let text: String = w
+        .window
+        .messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(w.window.tokens <= budget, "{} > {budget}", w.window.tokens);
+    assert!(
+        w.window.tokens * 10 >= budget * 9,
+        "{} of {budget} used:\n{text}",
+        w.window.tokens
+    );
+    for planted in [
+        "Pepper",
+        "Lisbon",
+        "Ashford",
+        "Tahoe",
+        "Clayhouse",
+        "Harbor Inn",
+        "Spanish",
+        "Static Tides",
+    ] {
+        assert!(text.contains(planted), "{planted} left out:\n{text}");
+    }
+    // The day each fact was said, and its relative dates resolved against it.
+    assert!(text.contains("yesterday (= 7 May 2023)"), "{text}");
+    assert!(text.contains("last Saturday (= 20 May 2023)"), "{text}");
+    for praise in ["Wow, that sounds amazing", "Thanks so much"] {
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("- ") && l.contains(praise)),
+            "small talk chosen:\n{text}"
+        );
+    }
+}

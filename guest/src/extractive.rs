@@ -10,20 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::tokens::estimate_tokens;
 use crate::types::{Message, Role};
 
-/// Most sentences in a summary.
-pub const MAX_SENTENCES: usize = 5;
-
-/// Sentences to select from `candidates`: the square root, rounded up, between 2 and
-/// [`MAX_SENTENCES`] — a summary that grows with the conversation but ever more slowly, a rule
-/// chosen for that shape, not fitted to a data set. When updating, the summary may grow by one
-/// sentence (up to the maximum) so that new exchanges can enter without displacing what is
-/// already there.
-pub fn sentence_budget(candidates: usize, previous_lines: usize) -> usize {
-    let root = (candidates as f64).sqrt().ceil() as usize;
-    root.max(previous_lines + usize::from(previous_lines > 0))
-        .clamp(2, MAX_SENTENCES)
-}
-
 /// Words too common to say what a conversation is about.
 const STOPWORDS: &[&str] = &[
     "about", "above", "after", "again", "all", "also", "and", "any", "are", "because", "been",
@@ -38,22 +24,6 @@ const STOPWORDS: &[&str] = &[
     "want", "get", "got", "going", "one", "see", "thing", "things", "sure", "thanks", "thank",
     "please", "hello", "hey", "right", "good", "great", "lot", "may",
 ];
-
-#[derive(Debug)]
-struct Candidate {
-    /// Rendered line without the leading "- ".
-    line: String,
-    /// Content words.
-    words: BTreeSet<String>,
-    /// Word count of the sentence.
-    len: usize,
-    /// Order in the conversation (earlier summary lines come first).
-    position: usize,
-    /// Score multiplier.
-    boost: f64,
-    /// Always selected: the opening request of a fresh summary usually names the topic.
-    pinned: bool,
-}
 
 fn content_words(text: &str) -> Vec<String> {
     text.split(|c: char| !c.is_alphanumeric() && c != '\'')
@@ -225,111 +195,377 @@ fn is_prose(s: &str) -> bool {
     wordish * 10 >= total * 8
 }
 
-/// Summarize `conversation` (optionally folding in an earlier extractive summary) in at most
-/// `max_tokens` estimated tokens. Returns an empty string when there is nothing to select.
-pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u32) -> String {
-    let mut cands = Vec::new();
-    let mut position = 0;
-    if let Some(prev) = previous {
-        for line in prev.lines() {
-            let line = line.trim().trim_start_matches("- ").trim();
-            if line.is_empty() {
-                continue;
-            }
-            let words = content_words(line);
-            let len = line.split_whitespace().count();
-            cands.push(Candidate {
-                line: line.to_string(),
-                words: words.into_iter().collect(),
-                len,
-                position,
-                boost: 1.2,
-                pinned: false,
-            });
-            position += 1;
-        }
-    }
-    for strict in [true, false] {
-        let before = cands.len();
-        let mut first_user = true;
-        let mut pos = position;
-        for m in conversation {
-            if matches!(m.role, Role::System | Role::Tool) {
-                continue;
-            }
-            for s in sentences(&m.content) {
-                pos += 1;
-                let len = s.split_whitespace().count();
-                if strict && (!(4..=50).contains(&len) || !is_prose(&s)) {
-                    continue;
-                }
-                let pinned = m.role == Role::User && first_user && previous.is_none();
-                if m.role == Role::User {
-                    first_user = false;
-                }
-                let words = content_words(&s);
-                cands.push(Candidate {
-                    line: format!("{}: {}", m.who(), s),
-                    words: words.into_iter().collect(),
-                    len,
-                    position: pos,
-                    boost: 1.0,
-                    pinned,
-                });
-            }
-        }
-        if cands.len() > before {
-            break;
-        }
-    }
-    select(cands, position, max_tokens)
+/// Share of a fold's source tokens its new lines may take: what a row keeps of a stretch of
+/// the conversation, so every stretch is represented in proportion to its length and a
+/// context can choose among more lines than it shows.
+pub const KEEP_RATE: f64 = 0.3;
+
+/// Fewest tokens of new lines a fold may add (a short batch still gets a line or two).
+const MIN_NEW_TOKENS: u32 = 40;
+
+/// Words of praise, thanks, greeting and backchannel: a sentence made only of these (and
+/// stopwords) says nothing a later question could ask about.
+const SOCIAL: &[&str] = &[
+    "wow",
+    "amazing",
+    "awesome",
+    "cool",
+    "nice",
+    "great",
+    "glad",
+    "thanks",
+    "thank",
+    "congrats",
+    "congratulations",
+    "proud",
+    "love",
+    "lovely",
+    "beautiful",
+    "gorgeous",
+    "sounds",
+    "sound",
+    "hope",
+    "hey",
+    "hello",
+    "bye",
+    "yeah",
+    "yes",
+    "totally",
+    "absolutely",
+    "definitely",
+    "incredible",
+    "fantastic",
+    "wonderful",
+    "happy",
+    "super",
+    "inspiring",
+    "appreciate",
+    "cheers",
+    "sweet",
+    "agreed",
+    "agree",
+    "exactly",
+    "true",
+    "good",
+    "fun",
+    "awesome",
+    "omg",
+    "haha",
+    "lol",
+    "brilliant",
+    "stunning",
+    "impressive",
+    "excited",
+    "exciting",
+    "cute",
+    "adorable",
+    "talk",
+    "soon",
+    "care",
+    "luck",
+    "keep",
+    "it",
+    "wish",
+    "feel",
+    "feels",
+    "share",
+    "sharing",
+    "chat",
+    "chatting",
+    "catch",
+    "bet",
+    "mean",
+    "means",
+    "lots",
+];
+
+/// A sentence worth keeping, with what its score needs.
+#[derive(Debug, Clone)]
+pub struct Line {
+    /// "Speaker: sentence".
+    pub text: String,
+    /// The day it was said ("8 May 2023"), if known.
+    pub day: Option<String>,
+    /// Estimated tokens of the rendered line.
+    pub cost: u32,
+    /// Content words (no stopwords, no social words).
+    words: BTreeSet<String>,
+    /// Capitalised words past the first, and numbers.
+    marks: u32,
+    /// A question (its answer is usually the next turn's).
+    question: bool,
+    /// The episode it was taken from on read (0: a stored summary's line).
+    pub episode: u64,
 }
 
-fn select(cands: Vec<Candidate>, previous_lines: usize, max_tokens: u32) -> String {
-    let mut tf: BTreeMap<&str, u32> = BTreeMap::new();
-    for c in &cands {
-        for w in &c.words {
-            *tf.entry(w.as_str()).or_insert(0) += 1;
+impl Line {
+    /// A line of `speaker` saying `sentence` (already cleaned) on `day`.
+    fn new(text: String, day: Option<String>) -> Line {
+        let said = text.split_once(": ").map_or(text.as_str(), |(_, s)| s);
+        let words: BTreeSet<String> = content_words(said)
+            .into_iter()
+            .filter(|w| !SOCIAL.contains(&w.as_str()))
+            .collect();
+        let mut marks = 0u32;
+        for (i, w) in said.split_whitespace().enumerate() {
+            let w = w.trim_matches(|c: char| !c.is_alphanumeric());
+            if w.chars().any(|c| c.is_ascii_digit()) {
+                marks += 1;
+            } else if i > 0
+                && w.chars().next().is_some_and(char::is_uppercase)
+                && !STOPWORDS.contains(&w.to_lowercase().as_str())
+                && w != "I"
+            {
+                marks += 1;
+            }
+        }
+        Line {
+            cost: estimate_tokens(&text) + 2,
+            question: said.trim_end().ends_with('?'),
+            text,
+            day,
+            words,
+            marks,
+            episode: 0,
         }
     }
-    let score = |c: &Candidate| {
-        let sum: u32 = c.words.iter().map(|w| tf[w.as_str()]).sum();
-        c.boost * f64::from(sum) / (c.len.max(1) as f64).sqrt()
-    };
-    let mut order: Vec<(bool, f64, usize)> = cands
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.pinned, score(c), i))
-        .collect();
-    // Pinned first, then highest score; ties go to the earlier sentence (deterministic).
-    order.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)));
-    let mut chosen: Vec<usize> = Vec::new();
-    let mut tokens = 0u32;
-    for (_, _, i) in order {
-        if chosen.len() >= sentence_budget(cands.len(), previous_lines) {
-            break;
+
+    /// The same line, taken on read from episode `id`.
+    pub fn of(mut self, id: u64) -> Line {
+        self.episode = id;
+        self
+    }
+
+    /// Small talk: fewer than two content words once praise, thanks and greetings are gone.
+    pub fn is_small_talk(&self) -> bool {
+        self.words.len() < 2
+    }
+}
+
+/// Each line's score: the rarity of its content words (inverse document frequency over
+/// `lines`) plus its names and numbers, a question's at a third, per square root of its cost
+/// (so a long sentence must carry more to win). Small talk scores nothing.
+fn scores(lines: &[Line]) -> Vec<f64> {
+    let mut df: BTreeMap<&str, u32> = BTreeMap::new();
+    for l in lines {
+        for w in &l.words {
+            *df.entry(w.as_str()).or_insert(0) += 1;
         }
-        let c = &cands[i];
-        let redundant = chosen.iter().any(|&j| {
-            let o = &cands[j];
-            // Overlap coefficient: a sentence mostly contained in a chosen one adds nothing.
-            let inter = c.words.intersection(&o.words).count();
-            let smaller = c.words.len().min(o.words.len());
-            smaller > 0 && inter * 10 > smaller * 6
+    }
+    let n = lines.len().max(1) as f64;
+    lines
+        .iter()
+        .map(|l| {
+            if l.is_small_talk() {
+                return 0.0;
+            }
+            let info: f64 = l
+                .words
+                .iter()
+                .map(|w| (n / f64::from(df[w.as_str()])).ln() + 0.5)
+                .sum();
+            let q = if l.question { 0.3 } else { 1.0 };
+            q * (info + 1.5 * f64::from(l.marks)) / f64::from(l.cost.max(1)).sqrt()
+        })
+        .collect()
+}
+
+/// Day header line of a rendered summary.
+fn header(day: &str) -> String {
+    format!("[{day}]")
+}
+
+/// The lines of `lines` (in conversation order) that fit `room` tokens, rendered: every day
+/// (each stretch a header names, or the whole when there are none) gets a share of the room
+/// in proportion to its lines' tokens, filled by score; what a share leaves goes to the best
+/// lines left anywhere. Never small talk; no line mostly contained in a chosen one. Day headers
+/// are counted in the room. `after_day`: the day the text this continues ended on.
+pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>) -> String {
+    let score = scores(lines);
+    let mut days: Vec<(Option<&str>, u64)> = Vec::new();
+    let mut group_of = Vec::with_capacity(lines.len());
+    for l in lines {
+        let d = l.day.as_deref();
+        if days.last().is_none_or(|(x, _)| *x != d) {
+            days.push((d, 0));
+        }
+        let last = days.len() - 1;
+        days[last].1 += u64::from(l.cost);
+        group_of.push(last);
+    }
+    let total: u64 = days.iter().map(|(_, t)| t).sum::<u64>().max(1);
+    let header_cost = |g: usize| match days[g].0 {
+        Some(d) if Some(d) != after_day || g > 0 => estimate_tokens(&header(d)) + 1,
+        _ => 0,
+    };
+    let mut chosen = vec![false; lines.len()];
+    let mut opened = vec![false; days.len()];
+    let mut used = 0u32;
+    let mut order: Vec<usize> = (0..lines.len()).filter(|&i| score[i] > 0.0).collect();
+    order.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+    let mut kept: Vec<usize> = Vec::new();
+    // Line `i` if it fits `limit` (its day's header counted when it opens the day) and is not
+    // mostly contained in a chosen line: its cost, else 0.
+    let mut take = |i: usize, spent: u32, limit: u32, chosen: &mut [bool]| -> u32 {
+        let g = group_of[i];
+        let c = lines[i].cost + if opened[g] { 0 } else { header_cost(g) };
+        if spent + c > limit {
+            return 0;
+        }
+        let redundant = kept.iter().any(|&j| {
+            let (a, b) = (&lines[i].words, &lines[j].words);
+            let smaller = a.len().min(b.len());
+            smaller > 0 && a.intersection(b).count() * 10 > smaller * 7
         });
-        let cost = estimate_tokens(&c.line) + 2;
-        if redundant || tokens + cost > max_tokens {
+        if redundant {
+            return 0;
+        }
+        opened[g] = true;
+        chosen[i] = true;
+        kept.push(i);
+        c
+    };
+    // Each day's share, filled by score.
+    for (g, (_, tokens)) in days.iter().enumerate() {
+        let share = (u64::from(room) * tokens / total) as u32;
+        let mut spent = 0u32;
+        for &i in order.iter().filter(|&&i| group_of[i] == g) {
+            let c = take(i, spent, share, &mut chosen);
+            spent += c;
+            used += c;
+        }
+    }
+    // The room the shares left, to the best lines anywhere.
+    for &i in &order {
+        if !chosen[i] {
+            used += take(i, used, room, &mut chosen);
+        }
+    }
+    render(lines, &chosen, after_day)
+}
+
+/// The chosen lines in order, each day's under its header.
+fn render(lines: &[Line], chosen: &[bool], after_day: Option<&str>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut day = after_day.map(str::to_string);
+    for (l, _) in lines.iter().zip(chosen).filter(|(_, c)| **c) {
+        if let Some(d) = &l.day
+            && day.as_deref() != Some(d.as_str())
+        {
+            out.push(header(d));
+            day = Some(d.clone());
+        }
+        out.push(format!("- {}", l.text));
+    }
+    out.join("\n")
+}
+
+/// The lines of a summary this engine wrote (day headers give the lines after them their
+/// day), or `None` when `text` is not made of such lines (a model's prose, a digest).
+pub fn parse_lines(text: &str) -> Option<Vec<Line>> {
+    let mut out = Vec::new();
+    let mut day: Option<String> = None;
+    for raw in text.lines() {
+        let l = raw.trim();
+        if l.is_empty() {
             continue;
         }
-        tokens += cost;
-        chosen.push(i);
+        if let Some(d) = l.strip_prefix('[').and_then(|x| x.strip_suffix(']')) {
+            day = Some(d.to_string());
+        } else if let Some(line) = l.strip_prefix("- ") {
+            out.push(Line::new(line.to_string(), day.clone()));
+        } else {
+            return None;
+        }
     }
-    chosen.sort_by_key(|&i| cands[i].position);
-    chosen
+    (!out.is_empty()).then_some(out)
+}
+
+/// The day the rendered `text` ends on (its last header).
+fn last_day(text: &str) -> Option<String> {
+    text.lines().rev().find_map(|l| {
+        l.trim()
+            .strip_prefix('[')
+            .and_then(|x| x.strip_suffix(']'))
+            .map(str::to_string)
+    })
+}
+
+/// The candidate lines of `conversation`: each sentence of a user's or assistant's message
+/// with its speaker, its relative dates resolved against the message's time, and its day.
+/// Strict first (prose of 4–50 words, see [`is_prose`]); when that leaves nothing, any
+/// sentence.
+pub fn candidates(conversation: &[Message], strict: bool) -> Vec<Line> {
+    let mut out = Vec::new();
+    for m in conversation {
+        if matches!(m.role, Role::System | Role::Tool) {
+            continue;
+        }
+        // A time of 0 or before is a missing one (a store default), not 1 January 1970.
+        let day = m
+            .timestamp_ms
+            .filter(|&t| t > 0)
+            .map(|t| crate::dates::Day::of_ms(t).render());
+        for s in sentences(&m.content) {
+            let len = s.split_whitespace().count();
+            if strict && (!(4..=50).contains(&len) || !is_prose(&s)) {
+                continue;
+            }
+            let said = crate::dates::resolve(&s, m.timestamp_ms.filter(|&t| t > 0));
+            out.push(Line::new(format!("{}: {said}", m.who()), day.clone()));
+        }
+    }
+    out
+}
+
+/// Summarize `conversation` after an earlier summary of this engine (`previous`), in
+/// `max_tokens` for what it adds. The new part's lines take [`KEEP_RATE`] of the
+/// conversation's tokens (at least [`MIN_NEW_TOKENS`], at most `max_tokens`), chosen by
+/// [`pick`]; the earlier lines stay as they are, so each stretch of a long chat keeps its
+/// share. With no conversation, `previous` itself is cut to `max_tokens` by [`pick`] (the
+/// second level's merge). Returns an empty string when there is nothing to select.
+pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u32) -> String {
+    let previous = previous.map(str::trim).filter(|p| !p.is_empty());
+    if conversation.is_empty() {
+        let Some(prev) = previous else {
+            return String::new();
+        };
+        return match parse_lines(prev) {
+            Some(lines) => pick(&lines, max_tokens, None),
+            None => prev.to_string(),
+        };
+    }
+    let source: u32 = conversation
         .iter()
-        .map(|&i| format!("- {}", cands[i].line))
-        .collect::<Vec<_>>()
-        .join("\n")
+        .filter(|m| !matches!(m.role, Role::System | Role::Tool))
+        .map(|m| estimate_tokens(&m.content))
+        .sum();
+    let room = ((f64::from(source) * KEEP_RATE) as u32).clamp(MIN_NEW_TOKENS, max_tokens.max(1));
+    let after = previous.and_then(last_day);
+    let mut added = pick(&candidates(conversation, true), room, after.as_deref());
+    if added.is_empty() {
+        // Nothing but small talk or debris: the best sentence there is, so the summary is
+        // never empty while there was text.
+        let loose = candidates(conversation, false);
+        let mut all: Vec<Line> = loose.clone();
+        for l in &mut all {
+            l.words = content_words(l.text.split_once(": ").map_or(&l.text, |(_, s)| s))
+                .into_iter()
+                .collect();
+            if l.words.len() < 2 {
+                l.words.insert(l.text.clone());
+                l.words.insert(String::new());
+            }
+        }
+        // At least the best line, whatever its length.
+        let widest = all.iter().map(|l| l.cost).max().unwrap_or(0);
+        added = pick(&all, room.max(widest + 8), after.as_deref());
+    }
+    match previous {
+        Some(prev) if !added.is_empty() => format!("{prev}\n{added}"),
+        Some(prev) => prev.to_string(),
+        None => added,
+    }
 }
 
 #[cfg(test)]
@@ -362,7 +598,7 @@ mod tests {
     fn selects_verbatim_sentences_in_order() {
         let s = summarize(&conv(), None, 500);
         let lines: Vec<&str> = s.lines().collect();
-        assert!((2..=MAX_SENTENCES).contains(&lines.len()), "{s}");
+        assert!(!lines.is_empty(), "{s}");
         assert!(
             lines[0].starts_with("- User: I need to migrate our Postgres database"),
             "{s}"
@@ -382,7 +618,10 @@ mod tests {
     #[test]
     fn respects_the_token_budget_and_is_deterministic() {
         let s = summarize(&conv(), None, 40);
-        assert!(estimate_tokens(&s) <= 40 + 2 * MAX_SENTENCES as u32, "{s}");
+        assert!(
+            s.lines().map(|l| estimate_tokens(l) + 2).sum::<u32>() <= 40,
+            "{s}"
+        );
         assert_eq!(s, summarize(&conv(), None, 40));
     }
 

@@ -8,6 +8,7 @@
 
 pub mod chunk;
 pub mod context;
+pub mod dates;
 pub mod digest;
 pub mod embed;
 pub mod engine;

@@ -44,6 +44,9 @@ pub struct Message {
     pub content: String,
     /// The speaker's name, when the transcript gave one (not sent to models as a field).
     pub speaker: Option<String>,
+    /// When it was said, ms since the epoch, if known (not sent to models as a field; the
+    /// offline summary dates its lines and resolves relative dates with it).
+    pub timestamp_ms: Option<i64>,
 }
 
 impl Message {
@@ -53,7 +56,14 @@ impl Message {
             role,
             content: content.into(),
             speaker: None,
+            timestamp_ms: None,
         }
+    }
+
+    /// The same message, said at `timestamp_ms` (if known).
+    pub fn at(mut self, timestamp_ms: Option<i64>) -> Self {
+        self.timestamp_ms = timestamp_ms;
+        self
     }
 
     /// The same message, said by `speaker` (if any).

@@ -99,6 +99,31 @@ pub fn overflow_cut(
     }))
 }
 
+/// `rows` (the active chain) with each compacted row replaced by the rows it folded, down
+/// to level 0, from `history` (every row the session has, compacted ones included). A row
+/// whose sources are not all there stays as it is.
+pub fn finest_rows(rows: &[SummaryRow], history: &[SummaryRow]) -> Vec<SummaryRow> {
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut sources: Vec<SummaryRow> = history
+            .iter()
+            .filter(|x| x.compacted_into == Some(r.id))
+            .cloned()
+            .collect();
+        sources.sort_by_key(|x| x.first_episode);
+        let whole = r.level > 0
+            && !sources.is_empty()
+            && sources.first().map(|x| x.first_episode) == Some(r.first_episode)
+            && sources.last().map(|x| x.last_episode) == Some(r.last_episode);
+        if whole {
+            out.extend(finest_rows(&sources, history));
+        } else {
+            out.push(r.clone());
+        }
+    }
+    out
+}
+
 /// The session's freshness as a context of `budget` tokens keeping at most `refresh_after`
 /// messages beyond the summary sees it (see the WIT `context-freshness`).
 pub fn context_freshness(
@@ -250,11 +275,41 @@ pub fn context(
         let want = u64::from(req.pairs.max(1)) * 4 + 8;
         (stats.last_episode.saturating_sub(want), req.pairs)
     };
+    // Far enough back that recent turns can fill the whole budget when the summary leaves
+    // room: the first episode whose successors pass the budget (running token totals, a
+    // binary search of O(log n) reads).
+    let from = {
+        let upto = episode_at(h, session, stats.last_episode)?.map_or(0, |e| e.tokens_through);
+        let (mut lo, mut hi) = (0u64, from);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            let before = episode_at(h, session, mid)?.map_or(0, |e| e.tokens_through);
+            let cost = upto.saturating_sub(before)
+                + u64::from(plan::MESSAGE_COST) * (stats.last_episode - mid);
+            if cost > u64::from(req.budget) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    };
     let tail = h.episodes_after(
         session,
         from,
         (stats.last_episode - from).min(u64::from(u32::MAX)) as u32,
     )?;
+    let spans_days = {
+        let day = |e: Option<&Episode>| {
+            e.and_then(|e| e.timestamp_ms)
+                .map(|t| crate::dates::Day::of_ms(t))
+        };
+        let first = h.episodes_after(session, 0, 1)?;
+        match (day(first.first()), day(tail.last())) {
+            (Some(a), Some(b)) => a != b,
+            _ => false,
+        }
+    };
     // The second level on demand: a chain that cannot fit this budget beside the newest
     // message and the pins is compacted further (when the mode lets the model be called).
     let newest = tail.last().map_or(0, |e| crate::context::cost(&e.content));
@@ -268,7 +323,22 @@ pub fn context(
         .saturating_sub(pins_cost)
         .saturating_sub(cfg.ledger_tokens.min(req.budget / 4))
         .saturating_sub(crate::context::cost(crate::context::SUMMARY_HEADER));
-    if inline && rows.len() >= 2 && chain_tokens(&rows) > share && cfg.mode != policy::Mode::Idle {
+    // The finest rows: an offline chain is read at level 0 whatever its compaction (its
+    // context picks sentences within the budget); a model's chain where those rows fit.
+    if rows.iter().any(|r| r.level > 0) {
+        let history = h.summary_history(session)?;
+        let finest = finest_rows(&rows, &history);
+        if crate::context::chain_lines(&finest).is_some() || chain_tokens(&finest) <= share {
+            rows = finest;
+        }
+    }
+    let offline = crate::context::chain_lines(&rows).is_some();
+    if inline
+        && !offline
+        && rows.len() >= 2
+        && chain_tokens(&rows) > share
+        && cfg.mode != policy::Mode::Idle
+    {
         match compact_chain(h, session, cfg, share.min(cfg.summary_budget_tokens)) {
             Ok(written) if !written.is_empty() => rows = h.summaries(session)?,
             Ok(_) => {}
@@ -305,7 +375,27 @@ pub fn context(
         rows.last().map_or(0, |r| r.last_episode),
         u64::MAX,
     );
-    let entries = crate::digest::entries((&mut newer).map(|e| (e.id, e.role, e.content)), coding);
+    // Beside an offline chain (or none yet), the sentences of what no fold has covered are
+    // taken on read by the offline summary's own rules, so a context that cannot show those
+    // messages verbatim still carries what they say.
+    let on_read = rows.is_empty() || offline;
+    let mut pending: Vec<crate::extractive::Line> = Vec::new();
+    let entries = crate::digest::entries(
+        (&mut newer).map(|e| {
+            if on_read {
+                let m = Message::new(e.role, e.content.clone())
+                    .by(e.speaker.clone())
+                    .at(e.timestamp_ms);
+                pending.extend(
+                    crate::extractive::candidates(std::slice::from_ref(&m), true)
+                        .into_iter()
+                        .map(|l| l.of(e.id)),
+                );
+            }
+            (e.id, e.role, e.content)
+        }),
+        coding,
+    );
     newer.check()?;
     for e in entries {
         ledger::add(&mut digest.entries, e.kind, e.text, e.episode, e.count);
@@ -319,6 +409,9 @@ pub fn context(
         pairs,
         ledger_budget: cfg.ledger_tokens,
         digest: &digest.entries,
+        min_pairs: req.pairs,
+        spans_days,
+        pending: &pending,
     });
     let full_tokens = stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes;
     // A context never costs more than the history it stands for: when the whole history fits

@@ -130,7 +130,9 @@ pub(super) fn map_reduce(
             let conversation: Vec<Message> = match c.part {
                 None => (c.first..=c.last)
                     .map(|id| {
-                        Message::new(at(id).role, at(id).content.clone()).by(at(id).speaker.clone())
+                        Message::new(at(id).role, at(id).content.clone())
+                            .by(at(id).speaker.clone())
+                            .at(at(id).timestamp_ms)
                     })
                     .collect(),
                 Some((i, n)) => {

@@ -597,7 +597,11 @@ pub(super) fn pass(
     );
     let conversation: Vec<Message> = selected
         .into_iter()
-        .map(|e| Message::new(e.role, e.content).by(e.speaker))
+        .map(|e| {
+            Message::new(e.role, e.content)
+                .by(e.speaker)
+                .at(e.timestamp_ms)
+        })
         .collect();
     let generated = match offline_digest(cfg, &ledger) {
         Some(g) => g,
@@ -653,7 +657,9 @@ pub(super) fn oversized(
         let g = generate(
             h,
             cfg,
-            &[Message::new(ep.role, content).by(ep.speaker.clone())],
+            &[Message::new(ep.role, content)
+                .by(ep.speaker.clone())
+                .at(ep.timestamp_ms)],
             current.as_deref(),
             &extras,
         )?;
