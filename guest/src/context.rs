@@ -347,6 +347,38 @@ pub fn assemble(p: &Parts) -> Window {
     if let Some((text, _, _)) = &summary {
         used += cost(text);
     }
+    // Then the ledger may take the room: entries the slice left out are added (frequent and
+    // recent first, by the ledger's one policy) while the summary still fits the budget.
+    if let Some((text, from, with_ledger)) = &mut summary
+        && crate::ledger::identifiers(&ledger).count() < crate::ledger::identifiers(&all).count()
+        && used < budget
+    {
+        let before = cost(text);
+        let mut room = p.ledger_budget + (budget - used);
+        for _ in 0..6 {
+            let wider = crate::ledger::budgeted(&all, room);
+            if crate::ledger::identifiers(&wider).count()
+                <= crate::ledger::identifiers(&ledger).count()
+            {
+                break;
+            }
+            let candidate = summary_text(
+                &p.rows[*from..],
+                &crate::ledger::render(&wider),
+                !digest.is_empty(),
+            );
+            let c = cost(&candidate);
+            if used - before + c <= budget {
+                used = used - before + c;
+                *text = candidate;
+                ledger = wider;
+                *with_ledger = true;
+                break;
+            }
+            // Rendering costs more than the entries' estimate: shrink by the excess.
+            room = room.saturating_sub(used - before + c - budget + 4);
+        }
+    }
     // Then earlier recent messages, newest first, while they fit (an offline chain's lines
     // come first: only once all are shown do older turns take the rest).
     // (What the lines leave is room they could not use: every line shown, or none fitting.)
@@ -390,38 +422,6 @@ pub fn assemble(p: &Parts) -> Window {
             used -= cost(&recent[0].content);
             recent.remove(0);
             marked.remove(0);
-        }
-    }
-    // Last, the room left is the ledger's: entries the slice left out are added (frequent and
-    // recent first, by the ledger's one policy) while the summary still fits the budget.
-    if let Some((text, from, with_ledger)) = &mut summary
-        && crate::ledger::identifiers(&ledger).count() < crate::ledger::identifiers(&all).count()
-        && used < budget
-    {
-        let before = cost(text);
-        let mut room = p.ledger_budget + (budget - used);
-        for _ in 0..6 {
-            let wider = crate::ledger::budgeted(&all, room);
-            if crate::ledger::identifiers(&wider).count()
-                <= crate::ledger::identifiers(&ledger).count()
-            {
-                break;
-            }
-            let candidate = summary_text(
-                &p.rows[*from..],
-                &crate::ledger::render(&wider),
-                !digest.is_empty(),
-            );
-            let c = cost(&candidate);
-            if used - before + c <= budget {
-                used = used - before + c;
-                *text = candidate;
-                ledger = wider;
-                *with_ledger = true;
-                break;
-            }
-            // Rendering costs more than the entries' estimate: shrink by the excess.
-            room = room.saturating_sub(used - before + c - budget + 4);
         }
     }
     // And the digest gets the rest of the room if its budget left entries out.
@@ -594,11 +594,19 @@ mod tests {
     #[test]
     fn summary_then_recent_pairs_within_budget() {
         let tail: Vec<Episode> = (11..=20).map(|i| ep(i, 10)).collect();
+        // Room to spare: after the summary and the four pairs, the older turns it was given.
         let w = assemble(&[row(1, 16, 30)], &tail, 20, 10_000, 4);
-        assert_eq!(w.messages.len(), 9);
+        assert_eq!(w.messages.len(), 11);
         assert_eq!(w.messages[0].role, Role::System);
         assert!(w.messages[0].content.starts_with(SUMMARY_HEADER));
-        assert!(w.messages[1].content.starts_with("turn 13 "));
+        assert!(w.messages[1].content.starts_with("turn 11 "));
+        assert_eq!((w.covered, w.recent, w.omitted), (16, 10, 0));
+        // Room for the summary and the pairs only: the pairs are the minimum.
+        let snug = cost(&summary_text(&[row(1, 16, 30)], "", false))
+            + tail[13 - 11..].iter().map(|e| cost(&e.content)).sum::<u32>();
+        let w = assemble(&[row(1, 16, 30)], &tail, 20, snug, 4);
+        assert!(w.tokens <= snug);
+        assert!(w.messages[1].content.starts_with("turn 13 "), "{:?}", w.messages[1]);
         assert_eq!((w.covered, w.recent, w.omitted), (16, 8, 0));
         assert!(is_own_output(&w.messages[0].content));
         // A tight budget keeps the newest message and the summary, then what else fits.

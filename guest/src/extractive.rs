@@ -200,8 +200,8 @@ fn is_prose(s: &str) -> bool {
 /// context can choose among more lines than it shows.
 pub const KEEP_RATE: f64 = 0.3;
 
-/// Fewest tokens of new lines a fold may add (a short batch still gets a line or two).
-const MIN_NEW_TOKENS: u32 = 40;
+/// Fewest tokens of new lines a fold may add (a short batch still gets its few best lines).
+const MIN_NEW_TOKENS: u32 = 100;
 
 /// Words of praise, thanks, greeting and backchannel: a sentence made only of these (and
 /// stopwords) says nothing a later question could ask about.
@@ -540,7 +540,9 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
         .filter(|m| !matches!(m.role, Role::System | Role::Tool))
         .map(|m| estimate_tokens(&m.content))
         .sum();
-    let room = ((f64::from(source) * KEEP_RATE) as u32).clamp(MIN_NEW_TOKENS, max_tokens.max(1));
+    let room = ((f64::from(source) * KEEP_RATE) as u32)
+        .max(MIN_NEW_TOKENS)
+        .min(max_tokens.max(1));
     let after = previous.and_then(last_day);
     let mut added = pick(&candidates(conversation, true), room, after.as_deref());
     if added.is_empty() {
@@ -618,10 +620,8 @@ mod tests {
     #[test]
     fn respects_the_token_budget_and_is_deterministic() {
         let s = summarize(&conv(), None, 40);
-        assert!(
-            s.lines().map(|l| estimate_tokens(l) + 2).sum::<u32>() <= 40,
-            "{s}"
-        );
+        assert!(estimate_tokens(&s) <= 40, "{s}");
+        assert!(s.lines().count() >= 2, "{s}");
         assert_eq!(s, summarize(&conv(), None, 40));
     }
 

@@ -414,10 +414,10 @@ pub fn context(
         pending: &pending,
     });
     let full_tokens = stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes;
-    // A context never costs more than the history it stands for: when the whole history fits
-    // the budget and costs less than the summary with the recent turns, the history is the
-    // context (read whole: it fits the budget, so it is small).
-    let window = if full_tokens <= u64::from(req.budget) && full_tokens < u64::from(window.tokens) {
+    // When the whole history fits the budget, the history is the context, verbatim (read
+    // whole: it fits the budget, so it is small); so a context never costs more than the
+    // history it stands for.
+    let window = if full_tokens <= u64::from(req.budget) {
         crate::context::whole_history(&episodes_after_all(h, session, 0)?)
     } else {
         window
