@@ -679,6 +679,15 @@ impl summarizer::Guest for Component {
             omitted_ranges: ranges_out(c.window.omitted_ranges),
             identifiers: c.window.identifiers,
             pinned: c.window.pinned,
+            budget: c.window.budget,
+            parts: summarizer::ContextParts {
+                summary: c.window.parts.summary,
+                ledger: c.window.parts.ledger,
+                digest: c.window.parts.digest,
+                pinned: c.window.parts.pinned,
+                recent: c.window.parts.recent,
+                days: c.window.parts.days,
+            },
         })
     }
 

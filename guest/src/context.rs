@@ -50,6 +50,28 @@ pub struct Window {
     pub identifiers: u32,
     /// Pinned episodes included (beyond the recent messages).
     pub pinned: u32,
+    /// The budget it was built for.
+    pub budget: u32,
+    /// The tokens of each part; they add up to `tokens`.
+    pub parts: Spent,
+}
+
+/// The estimated tokens each part of a window takes (message costs included), adding up to
+/// its total.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Spent {
+    /// The summary's text (its rows, or an offline chain's chosen lines).
+    pub summary: u32,
+    /// The ledger of identifiers beside it.
+    pub ledger: u32,
+    /// A coding session's digest.
+    pub digest: u32,
+    /// Pinned episodes.
+    pub pinned: u32,
+    /// Recent turns, verbatim.
+    pub recent: u32,
+    /// The day marks before the turns that open a day.
+    pub days: u32,
 }
 
 /// Estimated tokens `text` costs as one message of a context.
@@ -60,13 +82,14 @@ pub(crate) fn cost(text: &str) -> u32 {
 /// The whole history as the context, every episode verbatim in order (what a caller would
 /// send without abridge): chosen when it fits the budget and costs less than a summary with
 /// the recent turns.
-pub fn whole_history(episodes: &[Episode]) -> Window {
+pub fn whole_history(episodes: &[Episode], budget: u32) -> Window {
+    let tokens = episodes.iter().map(|e| cost(&e.content)).sum();
     Window {
         messages: episodes
             .iter()
             .map(|e| Message::new(e.role, e.content.clone()))
             .collect(),
-        tokens: episodes.iter().map(|e| cost(&e.content)).sum(),
+        tokens,
         covered: 0,
         recent: episodes.len() as u32,
         omitted: 0,
@@ -75,6 +98,11 @@ pub fn whole_history(episodes: &[Episode]) -> Window {
         level: 0,
         identifiers: 0,
         pinned: 0,
+        budget,
+        parts: Spent {
+            recent: tokens,
+            ..Spent::default()
+        },
     }
 }
 
@@ -475,6 +503,22 @@ pub fn assemble(p: &Parts) -> Window {
         Some((_, _, true)) => crate::ledger::identifiers(&ledger).count() as u32,
         _ => 0,
     };
+    let mut parts = Spent {
+        digest: if digest.is_empty() { 0 } else { cost(&digest) },
+        pinned: pins.iter().map(|e| cost(&e.content)).sum(),
+        recent: recent.iter().map(|e| cost(&e.content)).sum(),
+        ..Spent::default()
+    };
+    if let Some((text, _, with_ledger)) = &summary {
+        let all = cost(text);
+        parts.ledger = if *with_ledger {
+            (estimate_tokens(&crate::ledger::render(&ledger)) + 1).min(all)
+        } else {
+            0
+        };
+        parts.summary = all - parts.ledger;
+    }
+
     let mut messages = Vec::with_capacity(recent.len() + pins.len() + 1);
     match summary {
         Some((text, _, _)) if !digest.is_empty() => {
@@ -490,6 +534,7 @@ pub fn assemble(p: &Parts) -> Window {
         .filter(|(_, m)| **m)
         .filter_map(|(e, _)| day_mark(e).map(|d| (e.id, d)))
         .collect();
+    parts.days = marks.values().map(|d| estimate_tokens(d)).sum();
     let mut verbatim: Vec<&Episode> = pins.iter().chain(recent.iter()).copied().collect();
     verbatim.sort_by_key(|e| e.id);
     messages.extend(verbatim.iter().map(|e| match marks.get(&e.id) {
@@ -507,6 +552,8 @@ pub fn assemble(p: &Parts) -> Window {
         level,
         identifiers,
         pinned: pins.len() as u32,
+        budget,
+        parts,
     }
 }
 
@@ -601,12 +648,26 @@ mod tests {
         assert!(w.messages[0].content.starts_with(SUMMARY_HEADER));
         assert!(w.messages[1].content.starts_with("turn 11 "));
         assert_eq!((w.covered, w.recent, w.omitted), (16, 10, 0));
+        let p = w.parts;
+        assert_eq!(
+            p.summary + p.ledger + p.digest + p.pinned + p.recent + p.days,
+            w.tokens
+        );
+        assert_eq!(p.recent, tail.iter().map(|e| cost(&e.content)).sum::<u32>());
+        assert_eq!(w.budget, 10_000);
         // Room for the summary and the pairs only: the pairs are the minimum.
         let snug = cost(&summary_text(&[row(1, 16, 30)], "", false))
-            + tail[13 - 11..].iter().map(|e| cost(&e.content)).sum::<u32>();
+            + tail[13 - 11..]
+                .iter()
+                .map(|e| cost(&e.content))
+                .sum::<u32>();
         let w = assemble(&[row(1, 16, 30)], &tail, 20, snug, 4);
         assert!(w.tokens <= snug);
-        assert!(w.messages[1].content.starts_with("turn 13 "), "{:?}", w.messages[1]);
+        assert!(
+            w.messages[1].content.starts_with("turn 13 "),
+            "{:?}",
+            w.messages[1]
+        );
         assert_eq!((w.covered, w.recent, w.omitted), (16, 8, 0));
         assert!(is_own_output(&w.messages[0].content));
         // A tight budget keeps the newest message and the summary, then what else fits.

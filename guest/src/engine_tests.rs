@@ -1354,6 +1354,16 @@ fn planted(f: &mut Fake, from: usize, to: usize) {
     }
 }
 
+/// The window's parts add up to its tokens.
+fn assert_parts_add_up(w: &ContextWindow) {
+    let p = w.window.parts;
+    assert_eq!(
+        p.summary + p.ledger + p.digest + p.pinned + p.recent + p.days,
+        w.window.tokens,
+        "{p:?}"
+    );
+}
+
 fn context_text(w: &ContextWindow) -> String {
     w.window
         .messages
@@ -1474,6 +1484,8 @@ fn a_small_ledger_slice_bounds_the_prompt_and_the_context_but_the_row_keeps_ever
     let (all, kept) = ledger::retention(texts.iter().map(String::as_str), &context_text(&w));
     assert_eq!(kept, all, "every identifier, in {} tokens", w.window.tokens);
     assert_eq!(w.window.identifiers, 120, "of {} tokens", w.full_tokens);
+    assert_parts_add_up(&w);
+    assert!(w.window.parts.ledger > 0 && w.window.parts.summary > 0);
 }
 
 #[test]
@@ -1562,7 +1574,11 @@ fn the_second_level_keeps_episode_one_in_a_small_context_over_a_thousand_turns()
     // The context reads an offline chain at its finest level and picks its lines within the
     // budget, so more room shows more detail rather than the compacted text.
     assert_eq!(w.window.level, 0);
-    assert!(w.window.tokens >= 700 * 9 / 10, "{} of 700", w.window.tokens);
+    assert!(
+        w.window.tokens >= 700 * 9 / 10,
+        "{} of 700",
+        w.window.tokens
+    );
     assert!(chain_tokens(&f.rows) <= 300 + 200);
     // Nothing was deleted: the history still holds every row, each range covered once per
     // level, and the active chain covers 1..n exactly once.
@@ -2015,6 +2031,8 @@ fn a_coding_session_keeps_its_digest_through_folds_and_shows_it_in_the_context()
     };
     let w = context(&mut f, "s", req, &c).unwrap();
     let text = context_text(&w);
+    assert_parts_add_up(&w);
+    assert!(w.window.parts.digest > 0, "{:?}", w.window.parts);
     // The history does not fit, so the digest stands for what the context leaves out.
     assert!(
         w.window.tokens <= 1000 && u64::from(w.window.tokens) < w.full_tokens,
@@ -2197,6 +2215,8 @@ fn a_long_dated_chat_keeps_its_planted_facts_in_a_small_context() {
     // The day each fact was said, and its relative dates resolved against it.
     assert!(text.contains("yesterday (= 7 May 2023)"), "{text}");
     assert!(text.contains("last Saturday (= 20 May 2023)"), "{text}");
+    assert_parts_add_up(&w);
+    assert!(w.window.parts.summary > 0 && w.window.parts.recent > 0 && w.window.parts.days > 0);
     for praise in ["Wow, that sounds amazing", "Thanks so much"] {
         assert!(
             !text

@@ -170,6 +170,26 @@ export interface ContextWindow {
   identifiers: number;
   /** Pinned episodes included. */
   pinned: number;
+  /** The budget it was built for (`tokens` is at most this). */
+  budget: number;
+  /** The estimated tokens of each part; they add up to `tokens`. */
+  parts: ContextParts;
+}
+
+/** The estimated tokens of each part of a context window (message costs included). */
+export interface ContextParts {
+  /** The summary's text: its rows, or the chosen lines of an offline summary. */
+  summary: number;
+  /** The ledger of identifiers beside it. */
+  ledger: number;
+  /** A coding session's digest. */
+  digest: number;
+  /** Pinned episodes. */
+  pinned: number;
+  /** Recent turns, verbatim. */
+  recent: number;
+  /** The day marks before the turns that open a new day. */
+  days: number;
 }
 
 export interface PlanReport {

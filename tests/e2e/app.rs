@@ -112,6 +112,7 @@ async fn idle_mode_waits_for_the_quiet_window_on_the_manual_clock_then_a_worker_
     // so, without waiting for it.
     clock.advance(61_000);
     let c = me.context("s", 2_000, 2, 8, None).await.unwrap();
+    let whole = c.full_tokens;
     assert!(c.refresh_pending && c.covered == 0, "{c:?}");
     let job = c.job.expect("a due refresh is queued");
     assert_eq!(me.session("s").await.unwrap().active_job, Some(job.id));
@@ -135,7 +136,8 @@ async fn idle_mode_waits_for_the_quiet_window_on_the_manual_clock_then_a_worker_
         }
     }
     assert!(kinds.contains(&"summary.written".to_string()), "{kinds:?}");
-    let c = me.context("s", 2_000, 2, 8, None).await.unwrap();
+    // A budget the whole history does not fit (one that does gets the history verbatim).
+    let c = me.context("s", whole as u32 - 1, 2, 8, None).await.unwrap();
     assert_eq!((c.covered, c.refresh_pending), (10, false));
     assert!(
         c.messages[0].content.contains("rollback plan"),

@@ -218,14 +218,24 @@ fn backfill_and_idle_mode_in_one_pass() {
     quick.extend(["--quiescence-secs", "1"]);
     env.run(&quick).assert_ok();
     assert_eq!(coverage(&env, "live"), Some((6, 6)));
-    // The context for the next call fits its budget and saves tokens.
+    // A history that fits the budget is the context, verbatim; one that does not gets the
+    // summary first, within the budget, and saves tokens.
     let r = env.run(&[
-        "context", "live", "--budget", "200", "--pairs", "1", "--json",
+        "context", "live", "--budget", "2000", "--pairs", "1", "--json",
     ]);
     r.assert_ok();
     let c = r.json();
-    assert!(c["tokens"].as_u64().unwrap() <= 200);
-    assert_eq!(c["messages"][0]["role"], "system");
+    let whole = c["full_tokens"].as_u64().unwrap();
+    assert_eq!(c["tokens"].as_u64(), Some(whole), "{c}");
+    assert_ne!(c["messages"][0]["role"], "system");
+    let budget = (whole - 1).to_string();
+    let r = env.run(&[
+        "context", "live", "--budget", &budget, "--pairs", "1", "--json",
+    ]);
+    r.assert_ok();
+    let c = r.json();
+    assert!(c["tokens"].as_u64().unwrap() < whole, "{c}");
+    assert_eq!(c["messages"][0]["role"], "system", "{c}");
     // reset clears the session.
     env.run(&["reset", "live"]).assert_ok();
     assert!(env.chain("live").is_none());

@@ -317,9 +317,27 @@ pub fn context(
         .iter()
         .map(|e| crate::context::cost(&e.content))
         .sum();
+    // The turns shown before the summary: the newest pairs, and the messages no row covers
+    // (at most half the budget, as `context::assemble` shows them).
+    let min_turns = (req.pairs.max(1) as usize) * 2;
+    let before_summary: u32 = tail
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.role,
+                crate::types::Role::User | crate::types::Role::Assistant
+            )
+        })
+        .rev()
+        .enumerate()
+        .filter(|(i, e)| *i < min_turns || e.id > covered)
+        .map(|(_, e)| crate::context::cost(&e.content))
+        .sum::<u32>()
+        .min(req.budget / 2)
+        .max(newest);
     let share = req
         .budget
-        .saturating_sub(newest)
+        .saturating_sub(before_summary)
         .saturating_sub(pins_cost)
         .saturating_sub(cfg.ledger_tokens.min(req.budget / 4))
         .saturating_sub(crate::context::cost(crate::context::SUMMARY_HEADER));
@@ -418,7 +436,7 @@ pub fn context(
     // whole: it fits the budget, so it is small); so a context never costs more than the
     // history it stands for.
     let window = if full_tokens <= u64::from(req.budget) {
-        crate::context::whole_history(&episodes_after_all(h, session, 0)?)
+        crate::context::whole_history(&episodes_after_all(h, session, 0)?, req.budget)
     } else {
         window
     };

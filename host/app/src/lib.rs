@@ -46,9 +46,9 @@ pub use import::{Bring, ConversationImport, SourceFile};
 pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
-    Appended, ContextView, CoverageView, EpisodeView, ExpansionView, Imported, JobView, LedgerView,
-    MessageIn, MessageView, MessagesView, RemovedView, SessionView, SourceMarkView, SummaryView,
-    state_name,
+    Appended, ContextParts, ContextView, CoverageView, EpisodeView, ExpansionView, Imported,
+    JobView, LedgerView, MessageIn, MessageView, MessagesView, RemovedView, SessionView,
+    SourceMarkView, SummaryView, state_name,
 };
 pub use worker::Workers;
 

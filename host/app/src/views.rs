@@ -444,6 +444,23 @@ pub struct ContextMessage {
     pub content: String,
 }
 
+/// The estimated tokens of each part of a context (message costs included).
+#[derive(Clone, Copy, Debug, Default, Serialize, ToSchema)]
+pub struct ContextParts {
+    /// The summary's text: its rows, or the chosen lines of an offline summary.
+    pub summary: u32,
+    /// The ledger of identifiers beside it.
+    pub ledger: u32,
+    /// A coding session's digest.
+    pub digest: u32,
+    /// Pinned episodes.
+    pub pinned: u32,
+    /// Recent turns, verbatim.
+    pub recent: u32,
+    /// The day marks before the turns that open a new day.
+    pub days: u32,
+}
+
 /// The context for a chat app's next model call.
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ContextView {
@@ -474,6 +491,12 @@ pub struct ContextView {
     pub identifiers: u32,
     /// Pinned episodes included verbatim.
     pub pinned: u32,
+    /// The budget asked for (`tokens` is at most this).
+    pub budget: u32,
+    /// Percent of the budget used.
+    pub budget_used_percent: f64,
+    /// The estimated tokens of each part; they add up to `tokens`.
+    pub parts: ContextParts,
     /// Whether a refresh is queued or running now (this context is from the summary as it is).
     pub refresh_pending: bool,
     /// Whether episodes left out of this context are waiting for a refresh that is not
@@ -520,6 +543,20 @@ impl ContextView {
             level: w.level,
             identifiers: w.identifiers,
             pinned: w.pinned,
+            budget: w.budget,
+            budget_used_percent: if w.budget == 0 {
+                0.0
+            } else {
+                (1000.0 * f64::from(w.tokens) / f64::from(w.budget)).round() / 10.0
+            },
+            parts: ContextParts {
+                summary: w.parts.summary,
+                ledger: w.parts.ledger,
+                digest: w.parts.digest,
+                pinned: w.parts.pinned,
+                recent: w.parts.recent,
+                days: w.parts.days,
+            },
             refresh_due,
             refresh_pending,
             waited,

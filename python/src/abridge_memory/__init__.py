@@ -32,6 +32,7 @@ from ._models import (
     Cluster,
     ClusterSummary,
     Context,
+    ContextParts,
     CreatedToken,
     Episode,
     Event,
@@ -52,7 +53,7 @@ from ._models import (
 
 __all__ = [
     "AbridgeError", "Appended", "Cluster", "ClusterSummary", "AsyncClient", "Client", "Conflict",
-    "Context", "CreatedToken", "Episode", "Removed", "StoredMessage", "Token",
+    "Context", "ContextParts", "CreatedToken", "Episode", "Removed", "StoredMessage", "Token",
     "Event", "Expansion", "Forbidden", "Hit", "Imported", "InvalidInput", "Job", "Memory",
     "Message", "ModelFailed", "NotFound", "QuotaExhausted", "RateLimited", "ServerUnreachable",
     "Session", "Summary", "TooLarge", "Unauthenticated", "Unavailable", "Unprocessable", "Usage",

@@ -97,6 +97,19 @@ class Appended:
 
 
 @dataclass
+class ContextParts:
+    """The estimated tokens of each part of a context; they add up to its ``tokens``."""
+
+    SCHEMA: ClassVar[str] = "ContextParts"
+    summary: int
+    ledger: int
+    digest: int
+    pinned: int
+    recent: int
+    days: int
+
+
+@dataclass
 class Context:
     """A compact context: the summary with its ledger, pins and recent turns, within a budget."""
 
@@ -114,6 +127,9 @@ class Context:
     level: int
     identifiers: int
     pinned: int
+    budget: int
+    budget_used_percent: float
+    parts: ContextParts
     refresh_pending: bool
     refresh_due: bool
     waited: bool
