@@ -242,6 +242,17 @@ pub fn resolve(text: &str, ms: Option<i64>) -> String {
     out
 }
 
+/// A month's or weekday's name ("May", "Saturday"): a date's word, not a name's.
+pub fn is_calendar_word(w: &str) -> bool {
+    month_of(w).is_some() || weekday_of(w).is_some()
+}
+
+/// The weekday a weekday's name names ("Saturday", "saturday"; not abbreviations).
+fn weekday_of(w: &str) -> Option<usize> {
+    let w = w.to_lowercase();
+    WEEKDAYS.iter().position(|d| *d == w || format!("{d}s") == w)
+}
+
 /// The month a capitalised month name or abbreviation names ("May", "Sept.", "Jan").
 fn month_of(w: &str) -> Option<u32> {
     if !w.chars().next().is_some_and(char::is_uppercase) {

@@ -15,7 +15,13 @@
 //! * `date`: `2026-11-24`, or `24/11/2026`-style day-month-year numbers;
 //! * `number`: a number with a unit (`250 ms`, `16 GB`, `12%`, `$4.50`, `3 replicas`);
 //! * `ticket`: `#123`, `ABC-123`, `GH-7`;
-//! * `name`: a quoted name of one to six words (`"Project Falcon"`, `“Blue Harbor”`).
+//! * `name`: a quoted name of one to six words (`"Project Falcon"`, `“Blue Harbor”`), or a
+//!   run of capitalised words that does not open a sentence (people, places, organisations,
+//!   titles: `Caroline`, `Harbor Inn`, `Bank of America`); a word that opens a sentence
+//!   counts when the same text also uses it inside one;
+//! * `date` also takes dates written out (`8 May, 2023`, `May 8th`, `March 2022`), and a
+//!   relative date resolved against the message's time (`yesterday (= 7 May 2023)` gives
+//!   `7 May 2023`, see [`crate::dates`]).
 //!
 //! Merging and the budget: entries are keyed by their text; merging sums the mention counts
 //! and keeps the newest episode seen. A ledger is kept within a token budget by one
@@ -287,6 +293,10 @@ pub fn extract(text: &str) -> Vec<(Kind, String)> {
     }
     plain.push_str(rest);
     quoted_names(&plain, &mut out);
+    for d in crate::dates::written(&plain) {
+        push(&mut out, Kind::Date, &d);
+    }
+    capitalised_names(&plain, &mut out);
     let words: Vec<&str> = plain.split_whitespace().collect();
     for (i, raw) in words.iter().enumerate() {
         let t = trim_token(raw);
@@ -323,6 +333,147 @@ fn quoted_names(text: &str, out: &mut Vec<(Kind, String)>) {
             push(out, Kind::Name, &inner);
         }
     }
+}
+
+/// Capitalised words that are not names: the pronoun, and words a sentence often starts
+/// with after a colon or a quote.
+const NOT_NAMES: &[&str] = &[
+    "i", "i'm", "i've", "i'd", "i'll", "ok", "okay", "mr", "mrs", "ms", "dr", "st", "oh", "hi",
+    "hey", "yes", "no", "the", "a", "an", "and", "but", "or", "so", "if", "it", "it's", "we",
+    "you", "he", "she", "they", "this", "that", "my", "our", "your", "thanks", "thank",
+];
+
+/// Lower-case words that may join two capitalised ones inside a name ("Bank of America").
+const NAME_JOINERS: &[&str] = &["of", "the", "de", "and", "du", "von", "van"];
+
+/// A capitalised word of a name: `Lisbon`, `PostGIS`, `O'Neill`, `Jean-Luc` (a possessive
+/// `'s` is not part of it); not a month or weekday (dates are their own rule).
+fn name_word(raw: &str) -> Option<&str> {
+    let t = trim_token(raw);
+    let t = t
+        .strip_suffix("'s")
+        .or_else(|| t.strip_suffix("’s"))
+        .unwrap_or(t);
+    let mut chars = t.chars();
+    let first = chars.next()?;
+    let ok = first.is_uppercase()
+        && t.chars().count() >= 2
+        && t.chars()
+            .all(|c| c.is_alphabetic() || c == '-' || c == '\'' || c == '’')
+        && t.chars().any(char::is_lowercase)
+        && !NOT_NAMES.contains(&t.to_lowercase().as_str())
+        && !crate::dates::is_calendar_word(t);
+    ok.then_some(t)
+}
+
+/// People, places, organisations and titles: runs of one to five capitalised words (lower-case
+/// joiners inside) that do not open a sentence, line, list item or heading. A word that opens
+/// a sentence counts where the same text also uses it inside one (a name that recurs).
+fn capitalised_names(text: &str, out: &mut Vec<(Kind, String)>) {
+    let mut found: Vec<String> = Vec::new();
+    let mut openers: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let l = line.trim();
+        if l.starts_with('#') || l.starts_with('|') {
+            continue;
+        }
+        let words: Vec<&str> = l.split_whitespace().collect();
+        // A title-case line is a heading, not a sentence.
+        let alpha: Vec<&&str> = words
+            .iter()
+            .filter(|w| w.chars().next().is_some_and(char::is_alphabetic))
+            .collect();
+        let capital = alpha
+            .iter()
+            .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+            .count();
+        if alpha.len() >= 3 && capital * 10 >= alpha.len() * 7 {
+            continue;
+        }
+        let mut opens = true;
+        let mut i = 0;
+        while i < words.len() {
+            let raw = words[i];
+            let marker = matches!(raw, "-" | "*" | "•" | "–" | "—")
+                || raw.trim_end_matches(['.', ')']).chars().all(|c| c.is_ascii_digit());
+            if marker {
+                opens = true;
+                i += 1;
+                continue;
+            }
+            let Some(first) = name_word(raw) else {
+                opens = ends_sentence(raw);
+                i += 1;
+                continue;
+            };
+            if raw.starts_with(['"', '“', '(', '[']) {
+                opens = true;
+            }
+            // The run: capitalised words, joiners between them, until punctuation ends it.
+            let mut run = vec![first.to_string()];
+            let mut last = i;
+            let mut j = i + 1;
+            let mut stop = raw != trim_token(raw) && !raw.ends_with("'s") && !raw.ends_with("’s");
+            while !stop && j < words.len() && run.len() < 5 {
+                let w = words[j];
+                if NAME_JOINERS.contains(&w)
+                    && let Some(next) = words.get(j + 1).and_then(|n| name_word(n))
+                {
+                    run.push(w.to_string());
+                    run.push(next.to_string());
+                    stop = words[j + 1] != trim_token(words[j + 1]);
+                    last = j + 1;
+                    j += 2;
+                    continue;
+                }
+                match name_word(w) {
+                    Some(n) => {
+                        run.push(n.to_string());
+                        stop = w != trim_token(w);
+                        last = j;
+                        j += 1;
+                    }
+                    None => break,
+                }
+            }
+            let name = run.join(" ");
+            if opens {
+                // Only the words after the first may stand as a name by themselves.
+                openers.push(first.to_string());
+                if run.len() > 1 && !NAME_JOINERS.contains(&run[1].as_str()) {
+                    found.push(run[1..].join(" "));
+                }
+            } else {
+                found.push(name);
+            }
+            opens = ends_sentence(words[last]);
+            i = last + 1;
+        }
+    }
+    for o in openers {
+        if found.iter().any(|f| f == &o) {
+            continue;
+        }
+        let recurs = found.iter().any(|f| f.split(' ').any(|w| w == o));
+        if recurs {
+            found.push(o);
+        }
+    }
+    for n in found {
+        // Part of a quoted name already taken ("Harbor" of "Blue Harbor").
+        let quoted = out
+            .iter()
+            .any(|(k, t)| *k == Kind::Name && t != &n && t.contains(n.as_str()));
+        if !quoted {
+            push(out, Kind::Name, &n);
+        }
+    }
+}
+
+/// Whether a word ends a sentence (or a clause that starts a new one: a colon).
+fn ends_sentence(raw: &str) -> bool {
+    let t = raw.trim_end_matches(['"', '\'', '”', '’', ')', ']', '*']);
+    t.ends_with(['.', '!', '?', ':'])
 }
 
 fn is_number(t: &str) -> bool {
@@ -748,5 +899,51 @@ mod tests {
         assert_eq!(b.dropped as usize, 40 - b.entries.len());
         let r = render(&b);
         assert!(r.starts_with(HEADING) && r.contains("left out"), "{r}");
+    }
+}
+#[cfg(test)]
+mod names_tests {
+    use super::*;
+
+    fn names(text: &str) -> Vec<String> {
+        extract(text)
+            .into_iter()
+            .filter(|(k, _)| *k == Kind::Name)
+            .map(|(_, t)| t)
+            .collect()
+    }
+
+    fn dates(text: &str) -> Vec<String> {
+        extract(text)
+            .into_iter()
+            .filter(|(k, _)| *k == Kind::Date)
+            .map(|(_, t)| t)
+            .collect()
+    }
+
+    #[test]
+    fn people_places_and_titles_inside_sentences_are_names() {
+        assert_eq!(
+            names("We stayed at the Harbor Inn in Lisbon, and Melanie loved it. Then we met Caroline's sister."),
+            ["Harbor Inn", "Lisbon", "Melanie", "Caroline"]
+        );
+        assert_eq!(names("I read a book by the Bank of America chairman."), ["Bank of America"]);
+        // A sentence's first word is not a name by itself, unless the text uses it as one.
+        assert!(names("Thanks! Great to hear.").is_empty());
+        assert_eq!(names("Caroline is here. I told Caroline."), ["Caroline"]);
+        // Nor are the pronoun, months and weekdays, headings or list markers' words.
+        assert!(names("Yes I will go on Saturday in May.").is_empty());
+        assert!(names("## Critical Issue Add Buffer Protection\n- Fixed it.").is_empty());
+        assert!(names("Sure: Done. OK then.").is_empty());
+    }
+
+    #[test]
+    fn dates_as_people_write_them_and_relative_dates_resolved() {
+        assert_eq!(
+            dates("(conversation of 1:56 pm on 8 May, 2023) We met on May 8th and in March 2022, and on 2023-05-08."),
+            ["8 May, 2023", "May 8th", "March 2022", "2023-05-08"]
+        );
+        let said = crate::dates::resolve("I went there yesterday.", Some(1_683_554_160_000));
+        assert_eq!(dates(&said), ["7 May 2023"]);
     }
 }

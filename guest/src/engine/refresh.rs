@@ -456,8 +456,10 @@ pub(super) fn row_ledger_paged(
     let mut it = Paged::new(h, session, after, upto);
     let l = ledger::of_episodes((&mut it).map(|e| {
         acts = acts || crate::digest::is_action(e.role, &e.content);
+        // Relative dates are resolved against the message's time, so the ledger holds the
+        // day ("yesterday (= 7 May 2023)" gives 7 May 2023).
         let text = if cfg.ledger_tokens > 0 {
-            e.content
+            crate::dates::resolve(&e.content, e.timestamp_ms.filter(|&t| t > 0))
         } else {
             String::new()
         };
