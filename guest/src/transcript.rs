@@ -23,7 +23,8 @@ use crate::types::Role;
 /// A transcript format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
-    /// One JSON object per line: `{"role", "content", "timestamp"?, "id"?}`.
+    /// One JSON object per line: `{"role", "content", "timestamp"?, "id"?}` (the time may
+    /// also be `created_at`, `time`, `create_time` or `created`).
     Jsonl,
     /// An OpenAI messages array, or `{"messages": [...]}`.
     OpenAi,
@@ -1320,6 +1321,14 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
     Some((((days * 24 + h) * 60 + mi - offset_min) * 60 + sec) * 1000 + ms)
 }
 
+/// A message's time from whichever field its format names it by: `timestamp`, `created_at`
+/// (OpenAI-style objects), `time`, `create_time` (ChatGPT) or `created`.
+fn message_time(v: &Value) -> Option<i64> {
+    ["timestamp", "created_at", "time", "create_time", "created"]
+        .iter()
+        .find_map(|k| timestamp_value(v.get(*k)))
+}
+
 /// A timestamp field: an RFC 3339 string, or epoch seconds / milliseconds as a number.
 fn timestamp_value(v: Option<&Value>) -> Option<i64> {
     match v? {
@@ -1432,7 +1441,7 @@ fn jsonl_episode(n: u32, v: &Value, include_tools: bool) -> Result<Option<Parsed
     Ok(Some(ParsedEpisode {
         role,
         content,
-        timestamp_ms: timestamp_value(v.get("timestamp")),
+        timestamp_ms: message_time(v),
         source_key,
         speaker: speaker_name(v.get("name")),
     }))
@@ -1910,7 +1919,7 @@ fn openai_message(opts: &Options, i: u32, m: &Value) -> Result<Option<ParsedEpis
     Ok(Some(ParsedEpisode {
         role,
         content,
-        timestamp_ms: None,
+        timestamp_ms: message_time(m),
         source_key,
         speaker: speaker_name(m.get("name")),
     }))

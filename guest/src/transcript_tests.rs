@@ -514,3 +514,28 @@ fn an_input_past_the_episode_limit_is_refused_whole() {
     let e = describe("big.jsonl", &ParseError::TooManyEpisodes(3), "--format");
     assert!(e.contains("split it into parts of at most 3"), "{e}");
 }
+
+#[test]
+fn every_format_keeps_the_time_it_names() {
+    // JSON lines: `timestamp`, `created_at` or `time`; epoch seconds or RFC 3339.
+    let jsonl = concat!(
+        "{\"role\":\"user\",\"content\":\"a\",\"created_at\":\"2023-05-08T13:56:00Z\"}\n",
+        "{\"role\":\"assistant\",\"content\":\"b\",\"time\":1683554160}\n",
+    );
+    let p = same_in_every_chunking(jsonl.as_bytes(), opts()).unwrap();
+    let times: Vec<Option<i64>> = p.conversations[0]
+        .episodes
+        .iter()
+        .map(|e| e.timestamp_ms)
+        .collect();
+    assert_eq!(times, [Some(1_683_554_160_000), Some(1_683_554_160_000)]);
+    // OpenAI-style messages with `created_at`.
+    let openai = r#"{"messages":[{"role":"user","content":"a","created_at":1683554160},{"role":"assistant","content":"b"}]}"#;
+    let p = same_in_every_chunking(openai.as_bytes(), opts()).unwrap();
+    assert_eq!(p.format, Some(Format::OpenAi));
+    assert_eq!(
+        p.conversations[0].episodes[0].timestamp_ms,
+        Some(1_683_554_160_000)
+    );
+    assert_eq!(p.conversations[0].episodes[1].timestamp_ms, None);
+}

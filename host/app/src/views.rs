@@ -15,8 +15,9 @@ pub struct MessageIn {
     pub role: String,
     /// The text.
     pub content: String,
-    /// When it was said: ms since the epoch, or an RFC 3339 string.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// When it was said: ms since the epoch, or an RFC 3339 string (`created_at` is taken
+    /// too).
+    #[serde(default, alias = "created_at", skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub timestamp: Option<serde_json::Value>,
     /// A client id: a message whose id the session already holds is skipped, so posting
