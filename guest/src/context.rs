@@ -188,6 +188,9 @@ pub struct Parts<'a> {
     /// Sentences of the episodes no summary covers yet (an offline chain or none), taken on
     /// read: those of episodes the window cannot show verbatim join the chain's lines.
     pub pending: &'a [crate::extractive::Line],
+    /// The ledger entries of the episodes no summary covers yet, taken on read: those of
+    /// episodes the window cannot show verbatim join its ledger.
+    pub unfolded: &'a [crate::ledger::Entry],
 }
 
 /// The lines of an offline summary chain (each row's sentences with their days), when every
@@ -283,11 +286,17 @@ pub fn assemble(p: &Parts) -> Window {
     let all = if p.ledger_budget == 0 {
         crate::ledger::Ledger::default()
     } else {
-        p.rows
+        let mut all = p
+            .rows
             .iter()
             .fold(crate::ledger::Ledger::default(), |acc, r| {
                 crate::ledger::merge(&acc, &r.ledger)
-            })
+            });
+        let shown = |id: u64| recent.iter().chain(pins.iter()).any(|e| e.id == id);
+        for e in p.unfolded.iter().filter(|e| !shown(e.episode)) {
+            crate::ledger::add(&mut all.entries, e.kind, e.text.clone(), e.episode, e.count);
+        }
+        all
     };
     let mut ledger = crate::ledger::budgeted(&all, p.ledger_budget);
     let ledger_text = crate::ledger::render(&ledger);
@@ -606,6 +615,7 @@ mod tests {
             min_pairs: pairs,
             spans_days: false,
             pending: &[],
+            unfolded: &[],
         })
     }
 
@@ -713,6 +723,7 @@ mod tests {
             min_pairs: 1,
             spans_days: false,
             pending: &[],
+            unfolded: &[],
         });
         assert!(w.tokens <= budget);
         assert_eq!(w.omitted, 0, "{:?}: {:#?}", w.omitted_ranges, w.messages);

@@ -250,7 +250,9 @@ pub fn is_calendar_word(w: &str) -> bool {
 /// The weekday a weekday's name names ("Saturday", "saturday"; not abbreviations).
 fn weekday_of(w: &str) -> Option<usize> {
     let w = w.to_lowercase();
-    WEEKDAYS.iter().position(|d| *d == w || format!("{d}s") == w)
+    WEEKDAYS
+        .iter()
+        .position(|d| *d == w || format!("{d}s") == w)
 }
 
 /// The month a capitalised month name or abbreviation names ("May", "Sept.", "Jan").

@@ -2226,3 +2226,56 @@ fn a_long_dated_chat_keeps_its_planted_facts_in_a_small_context() {
         );
     }
 }
+
+/// Posted messages no fold has covered yet (a service's hot path runs no fold inline): a
+/// context that cannot show them verbatim still carries their identifiers and sentences, and
+/// the verdict it is read with makes the fold due.
+#[test]
+fn a_context_before_any_fold_keeps_the_identifiers_of_what_it_cannot_show() {
+    let mut f = Fake::forgetful();
+    let c = Config {
+        mode: policy::Mode::Window,
+        ..Config::default()
+    };
+    for i in 1..=60 {
+        let text = if i == 8 {
+            "The outage is tracked as INC-4471; the on-call lead is Priya Raman in Toronto."
+                .to_string()
+        } else {
+            format!(
+                "Message {i}: we went over the release checklist again and it still looks fine to everyone here."
+            )
+        };
+        f.push(
+            if i % 2 == 1 {
+                Role::User
+            } else {
+                Role::Assistant
+            },
+            &text,
+        );
+    }
+    let req = ContextRequest {
+        budget: 1500,
+        pairs: 4,
+        refresh_after: u32::MAX,
+        pins: vec![],
+    };
+    let w = context(&mut f, "s", req, &c).unwrap();
+    let text = context_text(&w);
+    assert!(
+        w.window.tokens <= 1500 && w.window.omitted > 0,
+        "{:?}",
+        w.window
+    );
+    assert!(f.requests.is_empty(), "no model call on the hot path");
+    for planted in ["INC-4471", "Priya Raman", "Toronto"] {
+        assert!(text.contains(planted), "{planted} left out:\n{text}");
+    }
+    assert!(w.window.identifiers >= 3, "{:?}", w.window);
+    assert_parts_add_up(&w);
+    // The verdict a context of this budget is read with: the fold is due.
+    let v = context_freshness(&mut f, "s", &c, u32::MAX, 1500).unwrap();
+    assert_eq!(v.state, FreshState::Due, "{v:?}");
+    assert!(v.fold_upto >= 8, "{v:?}");
+}

@@ -395,7 +395,10 @@ fn capitalised_names(text: &str, out: &mut Vec<(Kind, String)>) {
         while i < words.len() {
             let raw = words[i];
             let marker = matches!(raw, "-" | "*" | "•" | "–" | "—")
-                || raw.trim_end_matches(['.', ')']).chars().all(|c| c.is_ascii_digit());
+                || raw
+                    .trim_end_matches(['.', ')'])
+                    .chars()
+                    .all(|c| c.is_ascii_digit());
             if marker {
                 opens = true;
                 i += 1;
@@ -924,10 +927,15 @@ mod names_tests {
     #[test]
     fn people_places_and_titles_inside_sentences_are_names() {
         assert_eq!(
-            names("We stayed at the Harbor Inn in Lisbon, and Melanie loved it. Then we met Caroline's sister."),
+            names(
+                "We stayed at the Harbor Inn in Lisbon, and Melanie loved it. Then we met Caroline's sister."
+            ),
             ["Harbor Inn", "Lisbon", "Melanie", "Caroline"]
         );
-        assert_eq!(names("I read a book by the Bank of America chairman."), ["Bank of America"]);
+        assert_eq!(
+            names("I read a book by the Bank of America chairman."),
+            ["Bank of America"]
+        );
         // A sentence's first word is not a name by itself, unless the text uses it as one.
         assert!(names("Thanks! Great to hear.").is_empty());
         assert_eq!(names("Caroline is here. I told Caroline."), ["Caroline"]);
@@ -940,7 +948,9 @@ mod names_tests {
     #[test]
     fn dates_as_people_write_them_and_relative_dates_resolved() {
         assert_eq!(
-            dates("(conversation of 1:56 pm on 8 May, 2023) We met on May 8th and in March 2022, and on 2023-05-08."),
+            dates(
+                "(conversation of 1:56 pm on 8 May, 2023) We met on May 8th and in March 2022, and on 2023-05-08."
+            ),
             ["8 May, 2023", "May 8th", "March 2022", "2023-05-08"]
         );
         let said = crate::dates::resolve("I went there yesterday.", Some(1_683_554_160_000));

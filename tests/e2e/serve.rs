@@ -1315,3 +1315,44 @@ fn a_tenant_manages_its_own_tokens_over_http_and_never_sees_another_tenants() {
     );
     assert_eq!(r.status, 404, "{}", r.body);
 }
+
+/// Messages posted in window mode that no fold covers yet: a context that cannot show them
+/// all keeps the identifiers of what it leaves out (computed on read by the guest's rules),
+/// queues the fold it needs, and reports its budget and parts.
+#[test]
+fn a_context_that_must_omit_messages_keeps_their_identifiers_and_queues_the_fold() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let srv = Server::start(&env, &["--mode", "window"]);
+    let addr = srv.addr.as_str();
+    let mut body = messages("talk", 60, false);
+    body["messages"][7]["content"] =
+        json!("The outage is tracked as INC-4471; the on-call lead is Priya Raman.");
+    body["messages"][7]["created_at"] = json!("2023-05-08T13:56:00Z");
+    post_messages(addr, None, "s", &body).expect(202);
+    let c = get(addr, "/v1/sessions/s/context?budget=1500", None).expect(200);
+    let text: String = c["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(c["omitted"].as_u64().unwrap() > 0, "{c}");
+    for planted in ["INC-4471", "Priya Raman"] {
+        assert!(text.contains(planted), "{planted} left out: {c}");
+    }
+    assert!(c["identifiers"].as_u64().unwrap() > 0, "{c}");
+    assert!(
+        !c["job"].is_null() || c["covered"].as_u64() > Some(0),
+        "{c}"
+    );
+    let tokens = c["tokens"].as_u64().unwrap();
+    let parts = &c["parts"];
+    let sum: u64 = ["summary", "ledger", "digest", "pinned", "recent", "days"]
+        .iter()
+        .map(|k| parts[k].as_u64().unwrap())
+        .sum();
+    assert_eq!(sum, tokens, "{c}");
+    assert_eq!(c["budget"], 1500);
+    assert!(tokens <= 1500 && tokens * 10 >= 1500 * 9, "{c}");
+}

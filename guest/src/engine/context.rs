@@ -398,8 +398,17 @@ pub fn context(
     // messages verbatim still carries what they say.
     let on_read = rows.is_empty() || offline;
     let mut pending: Vec<crate::extractive::Line> = Vec::new();
+    // And the identifiers of every episode beyond the chain, by the ledger's own rules: those
+    // of the episodes the window cannot show join its ledger.
+    let mut unfolded = ledger::Ledger::default();
     let entries = crate::digest::entries(
         (&mut newer).map(|e| {
+            if cfg.ledger_tokens > 0 {
+                let text = crate::dates::resolve(&e.content, e.timestamp_ms.filter(|&t| t > 0));
+                for (kind, t) in ledger::extract(&text) {
+                    ledger::add(&mut unfolded.entries, kind, t, e.id, 1);
+                }
+            }
             if on_read {
                 let m = Message::new(e.role, e.content.clone())
                     .by(e.speaker.clone())
@@ -430,6 +439,7 @@ pub fn context(
         min_pairs: req.pairs,
         spans_days,
         pending: &pending,
+        unfolded: &unfolded.entries,
     });
     let full_tokens = stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes;
     // When the whole history fits the budget, the history is the context, verbatim (read
