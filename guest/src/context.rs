@@ -331,7 +331,7 @@ pub fn assemble(p: &Parts) -> Window {
                 0
             };
         let room = budget.saturating_sub(used).saturating_sub(fixed);
-        let picked = crate::extractive::pick(lines, room, None);
+        let picked = crate::extractive::pick(lines, room, None, crate::extractive::Aim::Recall);
         if !picked.is_empty() {
             let body = crate::prompt::neutralize(&picked);
             let text = if with_ledger {

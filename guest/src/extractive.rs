@@ -201,7 +201,7 @@ fn is_prose(s: &str) -> bool {
 pub const KEEP_RATE: f64 = 0.3;
 
 /// Fewest tokens of new lines a fold may add (a short batch still gets its few best lines).
-const MIN_NEW_TOKENS: u32 = 100;
+const MIN_NEW_TOKENS: u32 = 80;
 
 /// Words of praise, thanks, greeting and backchannel: a sentence made only of these (and
 /// stopwords) says nothing a later question could ask about.
@@ -296,6 +296,8 @@ pub struct Line {
     question: bool,
     /// The episode it was taken from on read (0: a stored summary's line).
     pub episode: u64,
+    /// The user's first sentence of a conversation: a fresh summary opens with it.
+    lead: bool,
 }
 
 impl Line {
@@ -327,12 +329,14 @@ impl Line {
             words,
             marks,
             episode: 0,
+            lead: false,
         }
     }
 
     /// The same line, taken on read from episode `id`.
     pub fn of(mut self, id: u64) -> Line {
         self.episode = id;
+        self.lead = false;
         self
     }
 
@@ -342,10 +346,13 @@ impl Line {
     }
 }
 
-/// Each line's score: the rarity of its content words (inverse document frequency over
-/// `lines`) plus its names and numbers, a question's at a third, per square root of its cost
-/// (so a long sentence must carry more to win). Small talk scores nothing.
-fn scores(lines: &[Line]) -> Vec<f64> {
+/// Each line's score, per square root of its cost (so a long sentence must carry more to
+/// win), plus its names and numbers. For a summary, its content words weigh by how often the
+/// stretch uses them (1 + ln of the lines that do: what it is mostly about), a question at
+/// 0.6; for a context, by their rarity (inverse document frequency over `lines`: what only
+/// this sentence says, which a later question may ask about), a question at 0.3. Small talk
+/// scores nothing.
+fn scores(lines: &[Line], aim: Aim) -> Vec<f64> {
     let mut df: BTreeMap<&str, u32> = BTreeMap::new();
     for l in lines {
         for w in &l.words {
@@ -362,12 +369,33 @@ fn scores(lines: &[Line]) -> Vec<f64> {
             let info: f64 = l
                 .words
                 .iter()
-                .map(|w| (n / f64::from(df[w.as_str()])).ln() + 0.5)
+                .map(|w| {
+                    let d = f64::from(df[w.as_str()]);
+                    match aim {
+                        // What the stretch is about: its recurring words.
+                        Aim::Summary => 1.0 + d.ln(),
+                        // What only this sentence says.
+                        Aim::Recall => (n / d).ln() + 0.5,
+                    }
+                })
                 .sum();
-            let q = if l.question { 0.3 } else { 1.0 };
+            let q = match (l.question, aim) {
+                (false, _) => 1.0,
+                (true, Aim::Summary) => 0.6,
+                (true, Aim::Recall) => 0.3,
+            };
             q * (info + 1.5 * f64::from(l.marks)) / f64::from(l.cost.max(1)).sqrt()
         })
         .collect()
+}
+
+/// What a choice of lines is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Aim {
+    /// A summary of a stretch: what it is mostly about.
+    Summary,
+    /// A context: the specific facts a later question may ask about.
+    Recall,
 }
 
 /// Day header line of a rendered summary.
@@ -380,8 +408,14 @@ fn header(day: &str) -> String {
 /// in proportion to its lines' tokens, filled by score; what a share leaves goes to the best
 /// lines left anywhere. Never small talk; no line mostly contained in a chosen one. Day headers
 /// are counted in the room. `after_day`: the day the text this continues ended on.
-pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>) -> String {
-    let score = scores(lines);
+pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>, aim: Aim) -> String {
+    let score = scores(lines, aim);
+    // A line mostly contained in a chosen one (its share of content words in common, in
+    // tenths): a summary tolerates less overlap than a context of facts.
+    let overlap = match aim {
+        Aim::Summary => 6,
+        Aim::Recall => 7,
+    };
     let mut days: Vec<(Option<&str>, u64)> = Vec::new();
     let mut group_of = Vec::with_capacity(lines.len());
     for l in lines {
@@ -401,6 +435,8 @@ pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>) -> String {
     let mut chosen = vec![false; lines.len()];
     let mut opened = vec![false; days.len()];
     let mut used = 0u32;
+    // The lead line first (a fresh summary opens with the user's first request).
+    let lead = lines.iter().position(|l| l.lead && !l.is_small_talk());
     let mut order: Vec<usize> = (0..lines.len()).filter(|&i| score[i] > 0.0).collect();
     order.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
     let mut kept: Vec<usize> = Vec::new();
@@ -415,7 +451,7 @@ pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>) -> String {
         let redundant = kept.iter().any(|&j| {
             let (a, b) = (&lines[i].words, &lines[j].words);
             let smaller = a.len().min(b.len());
-            smaller > 0 && a.intersection(b).count() * 10 > smaller * 7
+            smaller > 0 && a.intersection(b).count() * 10 > smaller * overlap
         });
         if redundant {
             return 0;
@@ -425,10 +461,17 @@ pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>) -> String {
         kept.push(i);
         c
     };
+    if let Some(i) = lead {
+        used += take(i, 0, room, &mut chosen);
+    }
     // Each day's share, filled by score.
     for (g, (_, tokens)) in days.iter().enumerate() {
         let share = (u64::from(room) * tokens / total) as u32;
-        let mut spent = 0u32;
+        let mut spent = if lead.is_some_and(|i| chosen[i] && group_of[i] == g) {
+            lines[lead.unwrap_or(0)].cost
+        } else {
+            0
+        };
         for &i in order.iter().filter(|&&i| group_of[i] == g) {
             let c = take(i, spent, share, &mut chosen);
             spent += c;
@@ -496,7 +539,8 @@ fn last_day(text: &str) -> Option<String> {
 /// Strict first (prose of 4–50 words, see [`is_prose`]); when that leaves nothing, any
 /// sentence.
 pub fn candidates(conversation: &[Message], strict: bool) -> Vec<Line> {
-    let mut out = Vec::new();
+    let mut out: Vec<Line> = Vec::new();
+    let mut lead = true;
     for m in conversation {
         if matches!(m.role, Role::System | Role::Tool) {
             continue;
@@ -512,7 +556,12 @@ pub fn candidates(conversation: &[Message], strict: bool) -> Vec<Line> {
                 continue;
             }
             let said = crate::dates::resolve(&s, m.timestamp_ms.filter(|&t| t > 0));
-            out.push(Line::new(format!("{}: {said}", m.who()), day.clone()));
+            let mut line = Line::new(format!("{}: {said}", m.who()), day.clone());
+            if m.role == Role::User && lead {
+                line.lead = true;
+                lead = false;
+            }
+            out.push(line);
         }
     }
     out
@@ -531,7 +580,7 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
             return String::new();
         };
         return match parse_lines(prev) {
-            Some(lines) => pick(&lines, max_tokens, None),
+            Some(lines) => pick(&lines, max_tokens, None, Aim::Summary),
             None => prev.to_string(),
         };
     }
@@ -544,7 +593,11 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
         .max(MIN_NEW_TOKENS)
         .min(max_tokens.max(1));
     let after = previous.and_then(last_day);
-    let mut added = pick(&candidates(conversation, true), room, after.as_deref());
+    let mut fresh = candidates(conversation, true);
+    if previous.is_some() {
+        fresh.iter_mut().for_each(|l| l.lead = false);
+    }
+    let mut added = pick(&fresh, room, after.as_deref(), Aim::Summary);
     if added.is_empty() {
         // Nothing but small talk or debris: the best sentence there is, so the summary is
         // never empty while there was text.
@@ -561,7 +614,7 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
         }
         // At least the best line, whatever its length.
         let widest = all.iter().map(|l| l.cost).max().unwrap_or(0);
-        added = pick(&all, room.max(widest + 8), after.as_deref());
+        added = pick(&all, room.max(widest + 8), after.as_deref(), Aim::Summary);
     }
     match previous {
         Some(prev) if !added.is_empty() => format!("{prev}\n{added}"),

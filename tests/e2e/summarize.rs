@@ -17,7 +17,7 @@ fn without_ollama_it_announces_and_uses_the_extractive_summarizer() {
     );
     assert!(
         r.stdout
-            .starts_with("- User: We need to move the orders database"),
+            .starts_with("[2 March 2026]\n- User: We need to move the orders database"),
         "{}",
         r.stdout
     );
