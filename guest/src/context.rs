@@ -321,26 +321,41 @@ pub fn assemble(p: &Parts) -> Window {
             None => None,
         }
     };
+    let mut from_lines = false;
     if let Some(lines) = &lines {
-        let with_ledger = !ledger_text.is_empty()
-            && used.saturating_add(cost(&ledger_text) + cost(SUMMARY_HEADER) + 16) <= budget;
+        // The ledger's slice, within half the room left (the lines take the rest).
+        let left = budget.saturating_sub(used);
+        let (slice, slice_text) = if cost(&ledger_text) + cost(SUMMARY_HEADER) + 16 <= left / 2
+        {
+            (ledger.clone(), ledger_text.clone())
+        } else {
+            let l = crate::ledger::budgeted(&all, p.ledger_budget.min(left / 2));
+            let t = crate::ledger::render(&l);
+            (l, t)
+        };
+        let with_ledger =
+            !slice_text.is_empty() && cost(&slice_text) + cost(SUMMARY_HEADER) + 16 <= left;
         let fixed = cost(SUMMARY_HEADER)
             + if with_ledger {
-                estimate_tokens(&ledger_text) + 1
+                estimate_tokens(&slice_text) + 1
             } else {
                 0
             };
-        let room = budget.saturating_sub(used).saturating_sub(fixed);
+        let room = left.saturating_sub(fixed);
         let picked = crate::extractive::pick(lines, room, None, crate::extractive::Aim::Recall);
         if !picked.is_empty() {
             let body = crate::prompt::neutralize(&picked);
             let text = if with_ledger {
-                format!("{SUMMARY_HEADER}\n{body}\n\n{ledger_text}")
+                format!("{SUMMARY_HEADER}\n{body}\n\n{slice_text}")
             } else {
                 format!("{SUMMARY_HEADER}\n{body}")
             };
             if used.saturating_add(cost(&text)) <= budget {
                 summary = Some((text, 0, with_ledger));
+                from_lines = true;
+                if with_ledger {
+                    ledger = slice;
+                }
             }
         }
     }
@@ -387,6 +402,7 @@ pub fn assemble(p: &Parts) -> Window {
     // Then the ledger may take the room: entries the slice left out are added (frequent and
     // recent first, by the ledger's one policy) while the summary still fits the budget.
     if let Some((text, from, with_ledger)) = &mut summary
+        && !from_lines
         && crate::ledger::identifiers(&ledger).count() < crate::ledger::identifiers(&all).count()
         && used < budget
     {
