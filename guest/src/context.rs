@@ -325,8 +325,7 @@ pub fn assemble(p: &Parts) -> Window {
     if let Some(lines) = &lines {
         // The ledger's slice, within half the room left (the lines take the rest).
         let left = budget.saturating_sub(used);
-        let (slice, slice_text) = if cost(&ledger_text) + cost(SUMMARY_HEADER) + 16 <= left / 2
-        {
+        let (slice, slice_text) = if cost(&ledger_text) + cost(SUMMARY_HEADER) + 16 <= left / 2 {
             (ledger.clone(), ledger_text.clone())
         } else {
             let l = crate::ledger::budgeted(&all, p.ledger_budget.min(left / 2));

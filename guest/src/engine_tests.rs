@@ -2279,3 +2279,51 @@ fn a_context_before_any_fold_keeps_the_identifiers_of_what_it_cannot_show() {
     assert_eq!(v.state, FreshState::Due, "{v:?}");
     assert!(v.fold_upto >= 8, "{v:?}");
 }
+
+#[test]
+fn a_models_chain_is_read_at_the_finest_level_that_fits() {
+    let row = |id, first, last, tokens, level, into: Option<u64>| {
+        let mut r = SummaryRow::plain(id, first, last, &format!("rows {first}-{last}"), tokens);
+        r.level = level;
+        r.compacted_into = into;
+        r
+    };
+    let history = vec![
+        row(1, 1, 10, 100, 0, Some(5)),
+        row(2, 11, 20, 100, 0, Some(5)),
+        row(3, 21, 30, 100, 0, Some(6)),
+        row(4, 31, 40, 100, 0, Some(6)),
+        row(5, 1, 20, 60, 1, Some(7)),
+        row(6, 21, 40, 60, 1, Some(7)),
+        row(7, 1, 40, 40, 2, None),
+    ];
+    let active = vec![history[6].clone()];
+    let ids = |rows: Vec<SummaryRow>| rows.iter().map(|r| r.id).collect::<Vec<_>>();
+    let cost = |ids: &[u64]| {
+        chain_tokens(
+            &history
+                .iter()
+                .filter(|r| ids.contains(&r.id))
+                .cloned()
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(
+        ids(finer_rows_within(&active, &history, cost(&[5, 6]) - 1)),
+        [7]
+    );
+    assert_eq!(
+        ids(finer_rows_within(&active, &history, cost(&[5, 6]))),
+        [5, 6]
+    );
+    // The newest part is read finer first.
+    assert_eq!(
+        ids(finer_rows_within(&active, &history, cost(&[5, 3, 4]))),
+        [5, 3, 4]
+    );
+    assert_eq!(
+        ids(finer_rows_within(&active, &history, cost(&[1, 2, 3, 4]))),
+        [1, 2, 3, 4]
+    );
+    assert_eq!(ids(finest_rows(&active, &history)), [1, 2, 3, 4]);
+}

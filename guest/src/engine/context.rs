@@ -99,26 +99,57 @@ pub fn overflow_cut(
     }))
 }
 
+/// The rows it folded, in order, when `r` is a compacted row whose sources `history` holds
+/// whole (they cover exactly its range).
+fn sources_of(r: &SummaryRow, history: &[SummaryRow]) -> Option<Vec<SummaryRow>> {
+    let mut sources: Vec<SummaryRow> = history
+        .iter()
+        .filter(|x| x.compacted_into == Some(r.id))
+        .cloned()
+        .collect();
+    sources.sort_by_key(|x| x.first_episode);
+    let whole = r.level > 0
+        && !sources.is_empty()
+        && sources.first().map(|x| x.first_episode) == Some(r.first_episode)
+        && sources.last().map(|x| x.last_episode) == Some(r.last_episode);
+    whole.then_some(sources)
+}
+
+/// `rows` at the finest level that fits `share` tokens: compacted rows are replaced by the rows
+/// they folded, the newest first, one level at a time, while the chain still fits. (A chain
+/// that does not fit even as it is stays as it is.)
+pub fn finer_rows_within(
+    rows: &[SummaryRow],
+    history: &[SummaryRow],
+    share: u32,
+) -> Vec<SummaryRow> {
+    let mut out = rows.to_vec();
+    'finer: loop {
+        for i in (0..out.len()).rev() {
+            let Some(sources) = sources_of(&out[i], history) else {
+                continue;
+            };
+            let mut next = out[..i].to_vec();
+            next.extend(sources);
+            next.extend_from_slice(&out[i + 1..]);
+            if chain_tokens(&next) <= share {
+                out = next;
+                continue 'finer;
+            }
+        }
+        return out;
+    }
+}
+
 /// `rows` (the active chain) with each compacted row replaced by the rows it folded, down
 /// to level 0, from `history` (every row the session has, compacted ones included). A row
 /// whose sources are not all there stays as it is.
 pub fn finest_rows(rows: &[SummaryRow], history: &[SummaryRow]) -> Vec<SummaryRow> {
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
-        let mut sources: Vec<SummaryRow> = history
-            .iter()
-            .filter(|x| x.compacted_into == Some(r.id))
-            .cloned()
-            .collect();
-        sources.sort_by_key(|x| x.first_episode);
-        let whole = r.level > 0
-            && !sources.is_empty()
-            && sources.first().map(|x| x.first_episode) == Some(r.first_episode)
-            && sources.last().map(|x| x.last_episode) == Some(r.last_episode);
-        if whole {
-            out.extend(finest_rows(&sources, history));
-        } else {
-            out.push(r.clone());
+        match sources_of(r, history) {
+            Some(sources) => out.extend(finest_rows(&sources, history)),
+            None => out.push(r.clone()),
         }
     }
     out
@@ -346,9 +377,11 @@ pub fn context(
     if rows.iter().any(|r| r.level > 0) {
         let history = h.summary_history(session)?;
         let finest = finest_rows(&rows, &history);
-        if crate::context::chain_lines(&finest).is_some() || chain_tokens(&finest) <= share {
-            rows = finest;
-        }
+        rows = if crate::context::chain_lines(&finest).is_some() {
+            finest
+        } else {
+            finer_rows_within(&rows, &history, share)
+        };
     }
     let offline = crate::context::chain_lines(&rows).is_some();
     if inline

@@ -259,9 +259,23 @@ impl AbridgeMcp {
             Ok(v) => v,
             Err(e) => return Ok(tool_error(e)),
         };
+        let covers = if v.covered == 0 {
+            "no summary covers any message yet".to_string()
+        } else {
+            format!("the summary covers messages 1-{}", v.covered)
+        };
+        let p = &v.parts;
         let mut text = format!(
-            "Session {session} (~{} tokens of history; the summary covers messages 1-{}).\n",
-            v.full_tokens, v.covered
+            "Session {session} (~{} tokens of history; {covers}). This context: {} of {} tokens (summary {}, ledger {}, digest {}, pinned {}, recent turns {}, day marks {}).\n",
+            v.full_tokens,
+            v.tokens,
+            v.budget,
+            p.summary,
+            p.ledger,
+            p.digest,
+            p.pinned,
+            p.recent,
+            p.days
         );
         text.push_str(&abridge_app::hook::context_text(&v));
         Ok(ok(text, Some(budget)))
