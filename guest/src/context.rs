@@ -213,12 +213,15 @@ fn day_mark(e: &Episode) -> Option<String> {
         .map(|t| format!("[{}] ", crate::dates::Day::of_ms(t).render()))
 }
 
-/// Build the window.
+/// Build the window: one policy shares the budget's room (docs/context.md).
 ///
 /// Priority within the budget: the newest message, then the pinned episodes, then the
-/// summary with its ledger (dropping the oldest rows, then the ledger, then cutting the
-/// newest row, only if it must — every drop is reported in `omitted_ranges`), then more
-/// recent messages, newest first.
+/// newest pairs and the messages no summary covers (within half the budget), then the digest,
+/// then the summary with its ledger (an offline chain's lines as many as fit beside the
+/// ledger's slice; a model's rows dropping the oldest rows, then the ledger, then cutting the
+/// newest row, only if it must — every drop is reported in `omitted_ranges`), then the rest of
+/// the ledger, then older turns, newest first; last, the day marks (the oldest turns give way
+/// to them).
 pub fn assemble(p: &Parts) -> Window {
     let dialogue: Vec<&Episode> = p
         .tail
@@ -449,7 +452,15 @@ pub fn assemble(p: &Parts) -> Window {
     }
     recent.reverse();
     // A history over several days: the first shown turn of each day carries the day, paid
-    // from the room; the oldest turns give way if the marks do not fit.
+    // from the room; the oldest turns give way if the marks do not fit, as long as the summary
+    // shown covers them (else the marks go: a turn is never lost to a date).
+    let summarized = |id: u64| {
+        summary.as_ref().is_some_and(|(_, from, _)| {
+            p.rows[*from..]
+                .iter()
+                .any(|r| r.first_episode <= id && id <= r.last_episode)
+        })
+    };
     let mut marked: Vec<bool> = vec![false; recent.len()];
     if p.spans_days {
         loop {
@@ -463,7 +474,7 @@ pub fn assemble(p: &Parts) -> Window {
                 }
                 day = d;
             }
-            if used + extra <= budget || recent.len() <= 1 {
+            if used + extra <= budget || recent.len() <= 1 || !summarized(recent[0].id) {
                 if used + extra <= budget {
                     used += extra;
                 } else {

@@ -2327,3 +2327,62 @@ fn a_models_chain_is_read_at_the_finest_level_that_fits() {
     );
     assert_eq!(ids(finest_rows(&active, &history)), [1, 2, 3, 4]);
 }
+
+/// Window mode with a model, a context read after every message of a chat that crosses
+/// midnight: the day marks never cost a message (every one is summarized or shown).
+#[test]
+fn day_marks_never_cost_a_message() {
+    let mut f = Fake::forgetful();
+    let c = Config {
+        mode: policy::Mode::Window,
+        ..Config::default()
+    };
+    let start = 1_767_222_000_000u64; // 31 December 2025, 23:00 UTC
+    let req = ContextRequest {
+        budget: 6000,
+        pairs: 4,
+        refresh_after: u32::MAX,
+        pins: vec![],
+    };
+    let mut missing = 0;
+    let mut marked = false;
+    for i in 0..200u64 {
+        let text = if i % 2 == 0 {
+            format!(
+                "Can you check why job {} in services/worker{}/queue.rs retries {} times before it gives up?",
+                i * 13,
+                i % 9,
+                3 + i % 4
+            )
+        } else {
+            format!(
+                "The retry loop reads its limit from the environment, so the deploy changed it: the old value was {} and the new one is {}. I would set it back, add a test that pins the limit, and watch the p99 latency, which went from {} ms to {} ms after that release. Ticket OPS-{} tracks the follow-up.",
+                3 + i % 4,
+                5 + i % 4,
+                120 + i,
+                180 + i,
+                400 + i
+            )
+        };
+        f.push_at(
+            if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            },
+            &text,
+            start + i * 60_000,
+        );
+        f.now = start + i * 60_000;
+        after_episode_written(&mut f, "s", &c).unwrap();
+        let w = context(&mut f, "s", req.clone(), &c).unwrap();
+        assert!(w.window.tokens <= 6000);
+        missing += w.window.omitted;
+        marked |= w.window.parts.days > 0;
+    }
+    assert!(
+        marked,
+        "the history crosses midnight: some context marks a day"
+    );
+    assert_eq!(missing, 0);
+}

@@ -541,21 +541,28 @@ fn last_day(text: &str) -> Option<String> {
 pub fn candidates(conversation: &[Message], strict: bool) -> Vec<Line> {
     let mut out: Vec<Line> = Vec::new();
     let mut lead = true;
+    // A time three or more messages share is the moment a batch without times of its own was
+    // stored (an import stamps its arrival), not when they were said: no day, nothing
+    // resolved against it.
+    let mut shared: BTreeMap<i64, u32> = BTreeMap::new();
+    for t in conversation.iter().filter_map(|m| m.timestamp_ms) {
+        *shared.entry(t).or_insert(0) += 1;
+    }
     for m in conversation {
         if matches!(m.role, Role::System | Role::Tool) {
             continue;
         }
         // A time of 0 or before is a missing one (a store default), not 1 January 1970.
-        let day = m
+        let said_at = m
             .timestamp_ms
-            .filter(|&t| t > 0)
-            .map(|t| crate::dates::Day::of_ms(t).render());
+            .filter(|&t| t > 0 && shared.get(&t).is_none_or(|&n| n < 3));
+        let day = said_at.map(|t| crate::dates::Day::of_ms(t).render());
         for s in sentences(&m.content) {
             let len = s.split_whitespace().count();
             if strict && (!(4..=50).contains(&len) || !is_prose(&s)) {
                 continue;
             }
-            let said = crate::dates::resolve(&s, m.timestamp_ms.filter(|&t| t > 0));
+            let said = crate::dates::resolve(&s, said_at);
             let mut line = Line::new(format!("{}: {said}", m.who()), day.clone());
             if m.role == Role::User && lead {
                 line.lead = true;
@@ -597,7 +604,13 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
     if previous.is_some() {
         fresh.iter_mut().for_each(|l| l.lead = false);
     }
-    let mut added = pick(&fresh, room, after.as_deref(), Aim::Summary);
+    // The room is the lines': the header of the day they open with is not taken from it.
+    let opening = fresh
+        .first()
+        .and_then(|l| l.day.as_deref())
+        .filter(|d| Some(*d) != after.as_deref())
+        .map_or(0, |d| estimate_tokens(&header(d)) + 1);
+    let mut added = pick(&fresh, room + opening, after.as_deref(), Aim::Summary);
     if added.is_empty() {
         // Nothing but small talk or debris: the best sentence there is, so the summary is
         // never empty while there was text.
@@ -747,6 +760,30 @@ mod tests {
         let s = summarize(&conv, None, 500);
         assert!(s.contains("- #Person1#: Could you book"), "{s}");
         assert!(s.contains("- #Person2#: The meeting room is booked"), "{s}");
+    }
+
+    #[test]
+    fn a_batch_stamped_at_once_has_no_day_but_messages_said_apart_do() {
+        let said = |ms: [i64; 3]| {
+            let texts = [
+                "We moved the launch review to the big room yesterday afternoon.",
+                "The launch review needs the new budget figures from finance.",
+                "Finance sends the budget figures to the launch team on Friday.",
+            ];
+            texts
+                .iter()
+                .zip(ms)
+                .map(|(t, at)| Message::new(Role::User, *t).at(Some(at)))
+                .collect::<Vec<_>>()
+        };
+        // Stored together without times of their own: one arrival stamp for all.
+        let s = summarize(&said([1_683_554_160_000; 3]), None, 500);
+        assert!(!s.contains('[') && s.contains("yesterday afternoon"), "{s}");
+        // Said a minute apart: dated, and "yesterday" resolved against the time said.
+        let apart = [1_683_554_160_000, 1_683_554_220_000, 1_683_554_280_000];
+        let s = summarize(&said(apart), None, 500);
+        assert!(s.starts_with("[8 May 2023]\n"), "{s}");
+        assert!(s.contains("yesterday (= 7 May 2023)"), "{s}");
     }
 
     #[test]
