@@ -107,7 +107,7 @@ test('golden chains: the same summary chain and model requests as the Rust host'
       clock: () => (now += 1000) - 1000,
     });
     const config = Object.fromEntries(Object.entries(input.config).map(([k, v]) => [camel(k), v]));
-    const episodes = input.episodes.map((e, i) => ({ role: e.role, content: e.content, sourceKey: String(i) }));
+    const episodes = input.episodes.map((e, i) => ({ role: e.role, content: e.content, sourceKey: String(i), timestampMs: e.timestamp_ms, speaker: e.speaker }));
     if (input.mode === 'ingest') {
       for (const e of episodes) {
         await engine.append('golden', [e]);
@@ -125,6 +125,17 @@ test('golden chains: the same summary chain and model requests as the Rust host'
     requests.sort((a, b) => (JSON.stringify(a) < JSON.stringify(b) ? -1 : JSON.stringify(a) > JSON.stringify(b) ? 1 : 0));
     assert.deepEqual(chain, want.chain, `${dir}: chain`);
     assert.deepEqual(requests, want.requests, `${dir}: model requests`);
+    for (const [i, budget] of (input.contexts ?? []).entries()) {
+      const c = await engine.context('golden', { budget, pairs: 2, refreshAfter: 4294967295 }, config);
+      const got = {
+        budget: c.budget,
+        tokens: c.tokens,
+        parts: c.parts,
+        omitted_ranges: c.omittedRanges,
+        messages: c.messages.map((m) => ({ role: m.role, content: m.content })),
+      };
+      assert.deepEqual(got, want.contexts[i], `${dir}: context at ${budget}`);
+    }
   }
 });
 

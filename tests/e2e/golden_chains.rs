@@ -1,5 +1,6 @@
 //! Golden summary chains (tests/golden/chains): conversation and settings in; the exact
-//! chain and the model requests out, against the deterministic test server. The JS host runs
+//! chain and the model requests out (and the contexts at the budgets a case names), against
+//! the deterministic test server. The JS host runs
 //! the same cases (js/test/golden.test.js). `ABRIDGE_BLESS=1` rewrites `expected.json`.
 
 use std::path::{Path, PathBuf};
@@ -62,10 +63,10 @@ async fn run_case(dir: &Path) -> Value {
         .map(|(i, e)| NewEpisode {
             role: Role::parse(e["role"].as_str().unwrap()).unwrap(),
             content: e["content"].as_str().unwrap().to_string(),
-            timestamp_ms: None,
+            timestamp_ms: e["timestamp_ms"].as_i64(),
             source_key: i.to_string(),
             tokens: 0,
-            speaker: None,
+            speaker: e["speaker"].as_str().map(str::to_string),
         })
         .collect();
     match input["mode"].as_str() {
@@ -97,7 +98,31 @@ async fn run_case(dir: &Path) -> Value {
         .map(|r| json!({"path": r.path, "body": r.body}))
         .collect();
     requests.sort_by_key(|r| r.to_string());
-    json!({"chain": chain, "requests": requests})
+    let mut out = json!({"chain": chain, "requests": requests});
+    // Contexts at the budgets the case asks for: the messages and each part's tokens.
+    if let Some(budgets) = input["contexts"].as_array() {
+        let mut contexts = Vec::new();
+        for b in budgets {
+            let req = abridge_engine::types::ContextRequest {
+                budget: b.as_u64().unwrap() as u32,
+                pairs: 2,
+                refresh_after: u32::MAX,
+                pins: vec![],
+            };
+            let w = engine.context(session, req, &cfg).await.unwrap();
+            let p = &w.parts;
+            contexts.push(json!({
+                "budget": w.budget,
+                "tokens": w.tokens,
+                "parts": {"summary": p.summary, "ledger": p.ledger, "digest": p.digest,
+                    "pinned": p.pinned, "recent": p.recent, "days": p.days},
+                "omitted_ranges": w.omitted_ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>(),
+                "messages": w.messages.iter().map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect::<Vec<_>>(),
+            }));
+        }
+        out["contexts"] = Value::Array(contexts);
+    }
+    out
 }
 
 #[tokio::test]
