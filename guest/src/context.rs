@@ -401,6 +401,21 @@ pub fn assemble(p: &Parts) -> Window {
     if let Some((text, _, _)) = &summary {
         used += cost(text);
     }
+    // Then the messages no summary covers that did not fit the first half, newest first: they
+    // are the only copy of what they say, so they come before the rest of the ledger.
+    let mut rest = dialogue.len() - next;
+    while rest > 0 && dialogue[rest - 1].id > covered {
+        let e = dialogue[rest - 1];
+        if !pins.iter().any(|x| x.id == e.id) {
+            let c = cost(&e.content);
+            if used.saturating_add(c) > budget {
+                break;
+            }
+            used += c;
+            recent.push(e);
+        }
+        rest -= 1;
+    }
     // Then the ledger may take the room: entries the slice left out are added (frequent and
     // recent first, by the ledger's one policy) while the summary still fits the budget.
     if let Some((text, from, with_ledger)) = &mut summary
@@ -435,20 +450,18 @@ pub fn assemble(p: &Parts) -> Window {
         }
     }
     // Then earlier recent messages, newest first, while they fit (an offline chain's lines
-    // come first: only once all are shown do older turns take the rest).
-    // (What the lines leave is room they could not use: every line shown, or none fitting.)
-    {
-        for e in dialogue[..dialogue.len() - next].iter().rev() {
-            if pins.iter().any(|x| x.id == e.id) {
-                continue;
-            }
-            let c = cost(&e.content);
-            if used.saturating_add(c) > budget {
-                break;
-            }
-            used += c;
-            recent.push(e);
+    // come first: only once all are shown do older turns take the rest). (What the lines
+    // leave is room they could not use: every line shown, or none fitting.)
+    for e in dialogue[..rest].iter().rev() {
+        if pins.iter().any(|x| x.id == e.id) {
+            continue;
         }
+        let c = cost(&e.content);
+        if used.saturating_add(c) > budget {
+            break;
+        }
+        used += c;
+        recent.push(e);
     }
     recent.reverse();
     // A history over several days: the first shown turn of each day carries the day, paid

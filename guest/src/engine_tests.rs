@@ -2329,9 +2329,10 @@ fn a_models_chain_is_read_at_the_finest_level_that_fits() {
 }
 
 /// Window mode with a model, a context read after every message of a chat that crosses
-/// midnight: the day marks never cost a message (every one is summarized or shown).
+/// midnight: neither the day marks nor the ledger ever cost a message (every one is
+/// summarized or shown).
 #[test]
-fn day_marks_never_cost_a_message() {
+fn neither_day_marks_nor_the_ledger_cost_a_message() {
     let mut f = Fake::forgetful();
     let c = Config {
         mode: policy::Mode::Window,
@@ -2349,14 +2350,17 @@ fn day_marks_never_cost_a_message() {
     for i in 0..200u64 {
         let text = if i % 2 == 0 {
             format!(
-                "Can you check why job {} in services/worker{}/queue.rs retries {} times before it gives up?",
+                "Can you check why job {} in services/worker{}/queue.rs retries {} times before it gives up? It started after release v3.{}.0.",
                 i * 13,
                 i % 9,
-                3 + i % 4
+                3 + i % 4,
+                i % 17
             )
         } else {
             format!(
-                "The retry loop reads its limit from the environment, so the deploy changed it: the old value was {} and the new one is {}. I would set it back, add a test that pins the limit, and watch the p99 latency, which went from {} ms to {} ms after that release. Ticket OPS-{} tracks the follow-up.",
+                "The retry loop reads its limit from the environment, so the deploy on 2026-{:02}-{:02} changed it: the old value was {} and the new one is {}. I would set it back, add a test that pins the limit, and watch the p99 latency, which went from {} ms to {} ms after that release. Ticket OPS-{} tracks the follow-up.",
+                1 + i % 12,
+                1 + i % 28,
                 3 + i % 4,
                 5 + i % 4,
                 120 + i,

@@ -1,9 +1,12 @@
 //! The extractive engine: an honest summary that needs no model.
 //!
-//! It selects the most representative sentences of the conversation (word-frequency scoring
-//! with a redundancy check) and lists them verbatim, in conversation order, each tagged with
-//! its speaker. It never invents text. When it updates an earlier extractive summary, the
-//! earlier lines compete with the new sentences on equal terms.
+//! It keeps sentences verbatim, in conversation order, each with its speaker, grouped under
+//! the day they were said (`[8 May 2023]`), relative dates resolved against that time. It
+//! never invents text. A fold adds the lines of the stretch it covers after the earlier
+//! ones, in a share that follows the stretch's length ([`KEEP_RATE`]), so every stretch of a
+//! long chat is represented; a context then picks among all of a chain's lines within its
+//! room ([`pick`] with [`Aim::Recall`]). Small talk (greetings, thanks, praise, backchannel)
+//! is never chosen.
 
 use std::collections::{BTreeMap, BTreeSet};
 
