@@ -150,11 +150,18 @@ async fn retention_run(
         e.after_episode_written("r", cfg).await.map_err(fail)?;
     }
     e.summarize_now("r", cfg).await.map_err(fail)?;
+    // A context of half the history's tokens: one the history does not fit (a history that
+    // fits is the context verbatim, which would measure nothing).
     let req = ContextRequest {
         budget: 1_000_000,
         pairs: 1,
         refresh_after: 8,
         pins: vec![],
+    };
+    let whole = e.context("r", req.clone(), cfg).await.map_err(fail)?;
+    let req = ContextRequest {
+        budget: (whole.full_tokens / 2).clamp(64, u64::from(u32::MAX)) as u32,
+        ..req
     };
     let w = e.context("r", req, cfg).await.map_err(fail)?;
     let (all, with_ledger) = retention(&e, &texts, &text_of(&w)).await?;
@@ -232,7 +239,7 @@ pub async fn run(runtime: Arc<Runtime>) -> Result<(), Failure> {
     let (all, kept, prose, in_ctx, rows) =
         retention_run(&runtime, &model, synthetic, &base).await?;
     println!(
-        "ledger retention  300-message chat with planted identifiers, test model that keeps only topics and the last words: identifiers in the context {kept}/{all} = {:.1} % (ledger {in_ctx} entries, budget 4,000 tokens) vs the prose alone {prose}/{all} = {:.1} % ({rows} summary rows) | target 100 % within budget: {}",
+        "ledger retention  300-message chat with planted identifiers, test model that keeps only topics and the last words: identifiers in a context of half the history's tokens {kept}/{all} = {:.1} % (ledger {in_ctx} entries, ledger budget 4,000 tokens) vs the prose alone {prose}/{all} = {:.1} % ({rows} summary rows) | target 100 % within budget: {}",
         100.0 * kept as f64 / all.max(1) as f64,
         100.0 * prose as f64 / all.max(1) as f64,
         crate::verdict(kept == all)
@@ -248,7 +255,7 @@ pub async fn run(runtime: Arc<Runtime>) -> Result<(), Failure> {
         let n = eps.len();
         let (all, kept, prose, in_ctx, _) = retention_run(&runtime, &model, eps, &base).await?;
         println!(
-            "ledger retention  {name} ({n} episodes): context {kept}/{all} = {:.1} % (ledger {in_ctx} entries) vs prose alone {prose}/{all} = {:.1} %",
+            "ledger retention  {name} ({n} episodes): a context of half the history's tokens {kept}/{all} = {:.1} % (ledger {in_ctx} entries) vs prose alone {prose}/{all} = {:.1} %",
             100.0 * kept as f64 / all.max(1) as f64,
             100.0 * prose as f64 / all.max(1) as f64,
         );
