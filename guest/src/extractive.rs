@@ -583,14 +583,19 @@ pub fn candidates(conversation: &[Message], strict: bool) -> Vec<Line> {
 /// [`pick`]; the earlier lines stay as they are, so each stretch of a long chat keeps its
 /// share. With no conversation, `previous` itself is cut to `max_tokens` by [`pick`] (the
 /// second level's merge). Returns an empty string when there is nothing to select.
-pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u32) -> String {
+pub fn summarize(
+    conversation: &[Message],
+    previous: Option<&str>,
+    max_tokens: u32,
+    aim: Aim,
+) -> String {
     let previous = previous.map(str::trim).filter(|p| !p.is_empty());
     if conversation.is_empty() {
         let Some(prev) = previous else {
             return String::new();
         };
         return match parse_lines(prev) {
-            Some(lines) => pick(&lines, max_tokens, None, Aim::Summary),
+            Some(lines) => pick(&lines, max_tokens, None, aim),
             None => prev.to_string(),
         };
     }
@@ -613,7 +618,7 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
         .and_then(|l| l.day.as_deref())
         .filter(|d| Some(*d) != after.as_deref())
         .map_or(0, |d| estimate_tokens(&header(d)) + 1);
-    let mut added = pick(&fresh, room + opening, after.as_deref(), Aim::Summary);
+    let mut added = pick(&fresh, room + opening, after.as_deref(), aim);
     if added.is_empty() {
         // Nothing but small talk or debris: the best sentence there is, so the summary is
         // never empty while there was text.
@@ -630,7 +635,7 @@ pub fn summarize(conversation: &[Message], previous: Option<&str>, max_tokens: u
         }
         // At least the best line, whatever its length.
         let widest = all.iter().map(|l| l.cost).max().unwrap_or(0);
-        added = pick(&all, room.max(widest + 8), after.as_deref(), Aim::Summary);
+        added = pick(&all, room.max(widest + 8), after.as_deref(), aim);
     }
     match previous {
         Some(prev) if !added.is_empty() => format!("{prev}\n{added}"),
@@ -667,7 +672,7 @@ mod tests {
 
     #[test]
     fn selects_verbatim_sentences_in_order() {
-        let s = summarize(&conv(), None, 500);
+        let s = summarize(&conv(), None, 500, Aim::Summary);
         let lines: Vec<&str> = s.lines().collect();
         assert!(!lines.is_empty(), "{s}");
         assert!(
@@ -688,20 +693,20 @@ mod tests {
 
     #[test]
     fn respects_the_token_budget_and_is_deterministic() {
-        let s = summarize(&conv(), None, 40);
+        let s = summarize(&conv(), None, 40, Aim::Summary);
         assert!(estimate_tokens(&s) <= 40, "{s}");
         assert!(s.lines().count() >= 2, "{s}");
-        assert_eq!(s, summarize(&conv(), None, 40));
+        assert_eq!(s, summarize(&conv(), None, 40, Aim::Summary));
     }
 
     #[test]
     fn update_keeps_earlier_lines_competing() {
-        let first = summarize(&conv()[..2], None, 500);
+        let first = summarize(&conv()[..2], None, 500, Aim::Summary);
         let more = vec![Message::new(
             Role::User,
             "After the upgrade the PostGIS functions fail with a version mismatch error on every query.",
         )];
-        let updated = summarize(&more, Some(&first), 500);
+        let updated = summarize(&more, Some(&first), 500, Aim::Summary);
         assert!(updated.contains("version mismatch"), "{updated}");
         assert!(
             updated.contains("migrate our Postgres database"),
@@ -721,7 +726,7 @@ mod tests {
                 "## Critical Issue #3: Add Buffer Overflow Protection\n- **Computer use tools** are more robust than `Playwright` for this agent, so we keep them.\n`src/computer-use/browser.ts` - Coordinate-based interaction layer\nthis.sendToSession(session, \"error\", { message: \"AI streaming error\" });\n<summary>The team agreed to ship the agent after the security review next week.</summary>",
             ),
         ];
-        let s = summarize(&conv, None, 500);
+        let s = summarize(&conv, None, 500, Aim::Summary);
         for debris in [
             "**",
             "`",
@@ -760,7 +765,7 @@ mod tests {
             )
             .by(Some("#Person2#".into())),
         ];
-        let s = summarize(&conv, None, 500);
+        let s = summarize(&conv, None, 500, Aim::Summary);
         assert!(s.contains("- #Person1#: Could you book"), "{s}");
         assert!(s.contains("- #Person2#: The meeting room is booked"), "{s}");
     }
@@ -780,13 +785,32 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         // Stored together without times of their own: one arrival stamp for all.
-        let s = summarize(&said([1_683_554_160_000; 3]), None, 500);
+        let s = summarize(&said([1_683_554_160_000; 3]), None, 500, Aim::Summary);
         assert!(!s.contains('[') && s.contains("yesterday afternoon"), "{s}");
         // Said a minute apart: dated, and "yesterday" resolved against the time said.
         let apart = [1_683_554_160_000, 1_683_554_220_000, 1_683_554_280_000];
-        let s = summarize(&said(apart), None, 500);
+        let s = summarize(&said(apart), None, 500, Aim::Summary);
         assert!(s.starts_with("[8 May 2023]\n"), "{s}");
         assert!(s.contains("yesterday (= 7 May 2023)"), "{s}");
+    }
+
+    #[test]
+    fn a_summary_keeps_what_the_stretch_is_about_and_a_context_what_only_one_line_says() {
+        let conv: Vec<Message> = [
+            "The billing migration moves the billing tables to the new cluster.",
+            "The billing tables need a migration window on the new cluster.",
+            "After the migration the billing cluster serves the tables again.",
+            "Priya adopted a parrot named Kiwi from the Elm shelter.",
+        ]
+        .iter()
+        .map(|t| Message::new(Role::Assistant, *t))
+        .collect();
+        let lines = candidates(&conv, true);
+        let one = lines.iter().map(|l| l.cost).max().unwrap();
+        let summary = pick(&lines, one, None, Aim::Summary);
+        let recall = pick(&lines, one, None, Aim::Recall);
+        assert!(summary.contains("billing"), "{summary}");
+        assert!(recall.contains("Kiwi"), "{recall}");
     }
 
     #[test]
@@ -798,6 +822,7 @@ mod tests {
             ],
             None,
             100,
+            Aim::Summary,
         );
         assert_eq!(s, "- User: hi\n- Assistant: Hello there");
     }

@@ -4,17 +4,20 @@
 use super::*;
 
 /// Produce summary text for `conversation` (folding into `previous` if given), with the
-/// prompt's `extras` (the ledger to keep, the focus).
+/// prompt's `extras` (the ledger to keep, the focus). `aim`: what an offline summary's lines
+/// are chosen for (a whole conversation's summary, or a stretch of a longer one whose lines a
+/// context will pick from).
 pub(super) fn generate(
     h: &mut impl Host,
     cfg: &Config,
     conversation: &[Message],
     previous: Option<&str>,
     extras: &prompt::Extras,
+    aim: extractive::Aim,
 ) -> Result<Generated, Error> {
     match cfg.engine {
         Engine::Extractive => {
-            let text = extractive::summarize(conversation, previous, cfg.max_output_tokens);
+            let text = extractive::summarize(conversation, previous, cfg.max_output_tokens, aim);
             if text.is_empty() {
                 return Err(Error::RejectedOutput(
                     "the episodes contain no text to select from".into(),

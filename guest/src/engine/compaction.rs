@@ -98,7 +98,12 @@ pub fn compact_chain(
                     .map(|r| r.content.as_str())
                     .collect::<Vec<_>>()
                     .join("\n");
-                let text = extractive::summarize(&[], Some(&joined), cfg.max_output_tokens);
+                let text = extractive::summarize(
+                    &[],
+                    Some(&joined),
+                    cfg.max_output_tokens,
+                    extractive::Aim::Summary,
+                );
                 Generated {
                     text,
                     prompt_tokens: 0,

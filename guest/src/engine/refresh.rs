@@ -553,9 +553,12 @@ pub(super) fn pass(
     let mut selected: Vec<Episode> = Vec::new();
     let mut used = 0u32;
     let mut after = covered;
+    // Whether the fold reaches the session's newest episode.
+    let mut to_the_end = false;
     'fill: loop {
         let page = h.episodes_after(session, after, PAGE)?;
         if page.is_empty() {
+            to_the_end = true;
             break;
         }
         for ep in page {
@@ -607,7 +610,16 @@ pub(super) fn pass(
         .collect();
     let generated = match offline_digest(cfg, &ledger) {
         Some(g) => g,
-        None => generate(h, cfg, &conversation, previous.as_deref(), &extras)?,
+        // A fold of the whole conversation is its summary; a stretch of a longer one keeps the
+        // lines a later question may ask about (a context picks among them).
+        None => {
+            let aim = if covered == 0 && to_the_end {
+                crate::extractive::Aim::Summary
+            } else {
+                crate::extractive::Aim::Recall
+            };
+            generate(h, cfg, &conversation, previous.as_deref(), &extras, aim)?
+        }
     };
     write(h, session, cfg, &strategy, covered, last, generated, ledger).map(Some)
 }
@@ -664,6 +676,7 @@ pub(super) fn oversized(
                 .at(ep.timestamp_ms)],
             current.as_deref(),
             &extras,
+            crate::extractive::Aim::Recall,
         )?;
         spent.prompt_tokens = spent.prompt_tokens.saturating_add(g.prompt_tokens);
         spent.output_tokens = spent.output_tokens.saturating_add(g.output_tokens);
