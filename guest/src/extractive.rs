@@ -311,19 +311,19 @@ impl Line {
             .into_iter()
             .filter(|w| !SOCIAL.contains(&w.as_str()))
             .collect();
-        let mut marks = 0u32;
-        for (i, w) in said.split_whitespace().enumerate() {
-            let w = w.trim_matches(|c: char| !c.is_alphanumeric());
-            if w.chars().any(|c| c.is_ascii_digit()) {
-                marks += 1;
-            } else if i > 0
-                && w.chars().next().is_some_and(char::is_uppercase)
-                && !STOPWORDS.contains(&w.to_lowercase().as_str())
-                && w != "I"
-            {
-                marks += 1;
-            }
-        }
+        // Numbers, and capitalised words past the first (names, places, titles).
+        let marks = said
+            .split_whitespace()
+            .enumerate()
+            .filter(|(i, w)| {
+                let w = w.trim_matches(|c: char| !c.is_alphanumeric());
+                w.chars().any(|c| c.is_ascii_digit())
+                    || (*i > 0
+                        && w.chars().next().is_some_and(char::is_uppercase)
+                        && !STOPWORDS.contains(&w.to_lowercase().as_str())
+                        && w != "I")
+            })
+            .count() as u32;
         Line {
             cost: estimate_tokens(&text) + 2,
             question: said.trim_end().ends_with('?'),

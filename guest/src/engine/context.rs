@@ -331,10 +331,8 @@ pub fn context(
         (stats.last_episode - from).min(u64::from(u32::MAX)) as u32,
     )?;
     let spans_days = {
-        let day = |e: Option<&Episode>| {
-            e.and_then(|e| e.timestamp_ms)
-                .map(|t| crate::dates::Day::of_ms(t))
-        };
+        let day =
+            |e: Option<&Episode>| e.and_then(|e| e.timestamp_ms).map(crate::dates::Day::of_ms);
         let first = h.episodes_after(session, 0, 1)?;
         match (day(first.first()), day(tail.last())) {
             (Some(a), Some(b)) => a != b,
