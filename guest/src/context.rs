@@ -380,6 +380,33 @@ pub fn assemble(p: &Parts) -> Window {
             }
         }
     }
+    // Rows that left no room for the ledger's whole slice keep as much of it as fits beside
+    // them (the summary comes before the ledger, but a smaller ledger beats none).
+    if let Some((text, from, with_ledger)) = &mut summary
+        && !*with_ledger
+        && !from_lines
+        && !ledger_text.is_empty()
+    {
+        let mut room = budget.saturating_sub(used).saturating_sub(cost(text));
+        for _ in 0..8 {
+            let smaller = crate::ledger::budgeted(&all, room);
+            if crate::ledger::identifiers(&smaller).next().is_none() {
+                break;
+            }
+            let candidate = summary_text(
+                &p.rows[*from..],
+                &crate::ledger::render(&smaller),
+                !digest.is_empty(),
+            );
+            if used.saturating_add(cost(&candidate)) <= budget {
+                *text = candidate;
+                *with_ledger = true;
+                ledger = smaller;
+                break;
+            }
+            room = room * 3 / 4;
+        }
+    }
     if summary.is_none() && !p.rows.is_empty() {
         // Even the newest row alone is too long: keep its start, cut at a boundary.
         let room = budget
@@ -656,6 +683,35 @@ mod tests {
             pending: &[],
             unfolded: &[],
         })
+    }
+
+    #[test]
+    fn rows_that_leave_no_room_for_the_whole_ledger_slice_keep_part_of_it() {
+        let mut r = row(1, 16, 120);
+        for i in 0..60u64 {
+            crate::ledger::add(
+                &mut r.ledger.entries,
+                crate::ledger::Kind::Ticket,
+                format!("OPS-{}", 1000 + i),
+                i / 4 + 1,
+                1,
+            );
+        }
+        let tail: Vec<Episode> = (13..=20).map(|i| ep(i, 10)).collect();
+        let rows = [r];
+        let whole = cost(&summary_text(
+            &rows,
+            &crate::ledger::render(&rows[0].ledger),
+            false,
+        ));
+        let bare = cost(&summary_text(&rows, "", false));
+        let recent: u32 = tail[4..].iter().map(|e| cost(&e.content)).sum();
+        // Room for the rows, the two pairs and about half of the ledger.
+        let budget = bare + recent + (whole - bare) / 2;
+        let w = assemble(&rows, &tail, 20, budget, 2);
+        assert!(w.tokens <= budget);
+        assert!(w.identifiers > 0 && w.identifiers < 60, "{w:?}");
+        assert!(w.messages[0].content.contains(crate::ledger::HEADING));
     }
 
     #[test]

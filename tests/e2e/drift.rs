@@ -91,7 +91,7 @@ fn compacted_rows_stay_readable_and_every_row_expands_to_its_exact_episodes() {
     assert_eq!(c["covered_from"], 1, "{c}");
     assert_eq!(c["omitted_ranges"], serde_json::json!([]), "{c}");
     assert!(c["tokens"].as_u64().unwrap() <= 1500);
-    assert!(c["identifiers"].as_u64().unwrap() > 0);
+    assert!(c["identifiers"].as_u64().unwrap() > 0, "{c}");
     assert!(c["level"].as_u64().unwrap() >= 1);
 }
 
