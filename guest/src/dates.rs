@@ -242,9 +242,15 @@ pub fn resolve(text: &str, ms: Option<i64>) -> String {
     out
 }
 
-/// A month's or weekday's name ("May", "Saturday"): a date's word, not a name's.
+/// A month's or weekday's name or abbreviation ("May", "Saturday", "Fri", "Tues"): a date's
+/// word, not a name's.
 pub fn is_calendar_word(w: &str) -> bool {
-    month_of(w).is_some() || weekday_of(w).is_some()
+    const SHORT: &[&str] = &[
+        "mon", "tue", "tues", "wed", "thu", "thur", "thurs", "fri", "sat", "sun",
+    ];
+    month_of(w).is_some()
+        || weekday_of(w).is_some()
+        || SHORT.contains(&w.to_lowercase().trim_end_matches('.'))
 }
 
 /// The weekday a weekday's name names ("Saturday", "saturday"; not abbreviations).

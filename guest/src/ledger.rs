@@ -941,6 +941,7 @@ mod names_tests {
         assert_eq!(names("Caroline is here. I told Caroline."), ["Caroline"]);
         // Nor are the pronoun, months and weekdays, headings or list markers' words.
         assert!(names("Yes I will go on Saturday in May.").is_empty());
+        assert!(names("See you on Fri, or else Tues.").is_empty());
         assert!(names("## Critical Issue Add Buffer Protection\n- Fixed it.").is_empty());
         assert!(names("Sure: Done. OK then.").is_empty());
     }
