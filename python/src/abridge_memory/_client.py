@@ -79,7 +79,9 @@ class Client(_Base):
 
     # sessions
     def add_messages(self, session: str, messages: Iterable[c.MessageLike]) -> m.Appended:
-        """Store messages (``{"role", "content"}`` dicts or ``(role, content)`` pairs)."""
+        """Store messages (``{"role", "content"}`` dicts or ``(role, content)`` pairs). A dict
+        may carry when it was said (``timestamp`` or ``created_at``: epoch ms or RFC 3339), so
+        a context can resolve "yesterday" and mark each new day."""
         return self._run(c.add_messages(session, messages))
 
     def context(
