@@ -315,6 +315,14 @@ pub fn assemble(p: &Parts) -> Window {
             .cloned();
         match chain_lines(p.rows) {
             Some(mut l) => {
+                // A line the turns shown verbatim already say is not repeated.
+                l.retain(|line| {
+                    let said = line.text.split_once(": ").map_or(line.text.as_str(), |x| x.1);
+                    !recent
+                        .iter()
+                        .chain(pins.iter())
+                        .any(|t| t.content.contains(said))
+                });
                 l.extend(pending);
                 Some(l)
             }
@@ -712,6 +720,25 @@ mod tests {
         assert!(w.tokens <= budget);
         assert!(w.identifiers > 0 && w.identifiers < 60, "{w:?}");
         assert!(w.messages[0].content.contains(crate::ledger::HEADING));
+    }
+
+    #[test]
+    fn an_offline_line_the_turns_shown_already_say_is_not_repeated() {
+        let mut r = SummaryRow::plain(
+            1,
+            1,
+            16,
+            "- User: We moved the launch review to the big room on Friday.\n- Assistant: The launch review needs the new budget figures from finance.",
+            30,
+        );
+        r.model = crate::engine::FALLBACK_MODEL.into();
+        let mut tail: Vec<Episode> = (17..=20).map(|i| ep(i, 3)).collect();
+        tail[3].content = "The launch review needs the new budget figures from finance.".into();
+        let w = assemble(&[r], &tail, 20, 1000, 2);
+        let system = &w.messages[0].content;
+        assert!(system.contains("big room on Friday"), "{system}");
+        assert!(!system.contains("budget figures"), "{system}");
+        assert!(w.messages.iter().any(|m| m.content.contains("budget figures")));
     }
 
     #[test]
