@@ -317,7 +317,10 @@ pub fn assemble(p: &Parts) -> Window {
             Some(mut l) => {
                 // A line the turns shown verbatim already say is not repeated.
                 l.retain(|line| {
-                    let said = line.text.split_once(": ").map_or(line.text.as_str(), |x| x.1);
+                    let said = line
+                        .text
+                        .split_once(": ")
+                        .map_or(line.text.as_str(), |x| x.1);
                     !recent
                         .iter()
                         .chain(pins.iter())
@@ -738,7 +741,11 @@ mod tests {
         let system = &w.messages[0].content;
         assert!(system.contains("big room on Friday"), "{system}");
         assert!(!system.contains("budget figures"), "{system}");
-        assert!(w.messages.iter().any(|m| m.content.contains("budget figures")));
+        assert!(
+            w.messages
+                .iter()
+                .any(|m| m.content.contains("budget figures"))
+        );
     }
 
     #[test]

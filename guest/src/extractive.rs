@@ -407,9 +407,9 @@ fn header(day: &str) -> String {
 }
 
 /// The lines of `lines` (in conversation order) that fit `room` tokens, rendered: every day
-/// (each stretch a header names, or the whole when there are none) gets a share of the room
-/// in proportion to its lines' tokens, filled by score; what a share leaves goes to the best
-/// lines left anywhere. Never small talk; no line mostly contained in a chosen one. Day headers
+/// (each stretch a header names, or the whole when there are none) gets its best line first
+/// when one line a day fits half the room, then a share of the room in proportion to its
+/// lines' tokens, filled by score; what the shares leave goes to the best lines left anywhere. Never small talk; no line mostly contained in a chosen one. Day headers
 /// are counted in the room. `after_day`: the day the text this continues ended on.
 pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>, aim: Aim) -> String {
     let score = scores(lines, aim);
@@ -464,17 +464,36 @@ pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>, aim: Aim) -> Str
         kept.push(i);
         c
     };
+    let mut day_spent = vec![0u32; days.len()];
     if let Some(i) = lead {
-        used += take(i, 0, room, &mut chosen);
+        let c = take(i, 0, room, &mut chosen);
+        used += c;
+        day_spent[group_of[i]] += c;
+    }
+    // Every day its best line first, when one each fits half the room: no stretch of the
+    // history goes unrepresented.
+    if days.len() > 1 {
+        let best: Vec<usize> = (0..days.len())
+            .filter_map(|g| order.iter().copied().find(|&i| group_of[i] == g))
+            .collect();
+        let need: u32 = best
+            .iter()
+            .map(|&i| lines[i].cost + header_cost(group_of[i]))
+            .sum();
+        if used + need <= room / 2 {
+            for i in best {
+                if !chosen[i] {
+                    let c = take(i, used, room, &mut chosen);
+                    used += c;
+                    day_spent[group_of[i]] += c;
+                }
+            }
+        }
     }
     // Each day's share, filled by score.
     for (g, (_, tokens)) in days.iter().enumerate() {
         let share = (u64::from(room) * tokens / total) as u32;
-        let mut spent = if lead.is_some_and(|i| chosen[i] && group_of[i] == g) {
-            lines[lead.unwrap_or(0)].cost
-        } else {
-            0
-        };
+        let mut spent = day_spent[g];
         for &i in order.iter().filter(|&&i| group_of[i] == g) {
             let c = take(i, spent, share, &mut chosen);
             spent += c;
@@ -811,6 +830,46 @@ mod tests {
         let recall = pick(&lines, one, None, Aim::Recall);
         assert!(summary.contains("billing"), "{summary}");
         assert!(recall.contains("Kiwi"), "{recall}");
+    }
+
+    #[test]
+    fn every_day_gets_its_best_line_when_one_a_day_fits() {
+        let day = 86_400_000i64;
+        let start = 1_683_554_160_000i64;
+        // A quiet first day whose words recur nowhere (a summary rates it low), then a long
+        // second day about the office team that outscores it line by line.
+        let mut conv = vec![
+            Message::new(
+                Role::Assistant,
+                "It was a quiet and rather ordinary afternoon at home with tea.",
+            )
+            .at(Some(start)),
+        ];
+        let done = [
+            "booked flights",
+            "fixed payroll",
+            "moved desks",
+            "renewed contracts",
+            "answered invoices",
+            "replaced projectors",
+            "ordered laptops",
+            "migrated servers",
+            "signed leases",
+            "hired tutors",
+            "scheduled audits",
+            "upgraded databases",
+        ];
+        for (i, d) in done.iter().enumerate() {
+            conv.push(
+                Message::new(Role::Assistant, format!("The office team {d} this week."))
+                    .at(Some(start + day + i as i64 * 60_000)),
+            );
+        }
+        let lines = candidates(&conv, true);
+        let room = lines.iter().map(|l| l.cost).max().unwrap() * 7;
+        let s = pick(&lines, room, None, Aim::Summary);
+        assert!(s.contains("[8 May 2023]") && s.contains("quiet"), "{s}");
+        assert!(s.contains("[9 May 2023]"), "{s}");
     }
 
     #[test]
