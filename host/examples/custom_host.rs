@@ -153,7 +153,11 @@ async fn main() -> anyhow::Result<()> {
             anyhow::ensure!(ev.kind != "job.failed", "the job failed: {}", ev.data);
         }
     }
-    let context = me.context("service", 2_000, 2, 8, None).await?;
+    // A history that fits the budget is sent whole; one that does not gets the summary.
+    let whole = me.context("service", 2_000, 2, 8, None).await?;
+    assert_eq!(u64::from(whole.tokens), whole.full_tokens);
+    let budget = u32::try_from(whole.full_tokens - 1)?;
+    let context = me.context("service", budget, 2, 8, None).await?;
     assert_eq!(context.covered, 10);
     println!(
         "ok: the context holds the summary and {} recent messages in {} tokens",
