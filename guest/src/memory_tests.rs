@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::types::{Finish, Prompt};
+use crate::types::Prompt;
 
 struct Row {
     m: Memory,
@@ -838,7 +838,6 @@ fn member_hash_ignores_order_and_takes_members_in_one_at_a_time() {
     );
     // An older hash (another format) is not folded into: the set gets a fresh identity.
     assert_eq!(member_hash_with("0f3a", &["a", "b"]), a);
-    let _ = Finish::Stop;
 }
 
 /// Grow cluster `c` to `n` members.

@@ -212,7 +212,9 @@ pub fn fixture(name: &str) -> String {
         .to_string()
 }
 
-/// A real transcript from ../shared/data/transcripts, or `None` (and a note) when absent.
+/// A real transcript from ../shared/data/transcripts, or `None` (and a note) when absent — a
+/// failure instead when `ABRIDGE_REQUIRE_DATA` is set (CI sets it where ../shared is beside
+/// the clone, so a real-data test cannot pass by skipping there).
 pub fn shared(rel: &str) -> Option<String> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/data/transcripts")
@@ -220,6 +222,11 @@ pub fn shared(rel: &str) -> Option<String> {
     if p.exists() {
         Some(p.display().to_string())
     } else {
+        assert!(
+            std::env::var_os("ABRIDGE_REQUIRE_DATA").is_none(),
+            "ABRIDGE_REQUIRE_DATA is set but {} is not there (put ../shared beside the clone)",
+            p.display()
+        );
         eprintln!(
             "SKIPPED: {} not found (real-data test; CI provides ../shared)",
             p.display()
