@@ -1108,7 +1108,14 @@ impl Scoped {
         let behind = episodes.saturating_sub(w.covered) > u64::from(refresh_after);
         let due = !pending && (w.refresh_due || behind);
         let job = job.map(|j| self.job_view(&j));
-        Ok(ContextView::new(session, &w, job, (pending, due), waited))
+        Ok(ContextView::new(
+            session,
+            &w,
+            job,
+            (pending, due),
+            waited,
+            episodes,
+        ))
     }
 
     /// Wait until job `id` ends or `limit` passes; the job as it then stands.

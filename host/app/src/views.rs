@@ -473,6 +473,8 @@ pub struct ContextView {
     pub tokens: u32,
     /// Estimated tokens of the whole history sent verbatim.
     pub full_tokens: u64,
+    /// Episodes the session holds.
+    pub episodes: u64,
     /// Percent saved against the full history.
     pub saving_percent: f64,
     /// Episodes the included summary covers.
@@ -517,6 +519,7 @@ impl ContextView {
         job: Option<JobView>,
         (refresh_pending, refresh_due): (bool, bool),
         waited: bool,
+        episodes: u64,
     ) -> Self {
         let saving = if w.full_tokens == 0 {
             0.0
@@ -535,6 +538,7 @@ impl ContextView {
                 .collect(),
             tokens: w.tokens,
             full_tokens: w.full_tokens,
+            episodes,
             saving_percent: (saving * 10.0).round() / 10.0,
             covered: w.covered,
             recent: w.recent,

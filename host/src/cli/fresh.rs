@@ -9,7 +9,6 @@ use abridge_engine::types::{FreshState, Mode};
 
 use super::app::fail;
 use super::commands::{choose_backend, engine_config, note};
-use super::jobs::storage;
 use super::progress::utc_text;
 use super::{Exit, Failure, Settings};
 
@@ -244,13 +243,7 @@ pub async fn context(s: &Settings, mut a: ContextArgs) -> Result<(), Failure> {
         v["refreshed"] = refreshed.into();
         println!("{v}");
     } else {
-        let episodes = local
-            .engine()
-            .store()
-            .stats(&a.session)
-            .await
-            .map_err(storage)?
-            .episodes;
+        let episodes = w.episodes;
         for m in &w.messages {
             println!("[{}]\n{}\n", m.role, m.content);
         }

@@ -118,6 +118,7 @@ class Context:
     messages: list[Message]
     tokens: int
     full_tokens: int
+    episodes: int
     saving_percent: float
     covered: int
     recent: int
