@@ -228,6 +228,12 @@ impl App {
         &self.inner.jobs
     }
 
+    /// How many jobs the table holds in each state (every tenant's: for readiness checks and
+    /// metrics).
+    pub async fn job_counts(&self) -> AppResult<Vec<(String, u64)>> {
+        Ok(self.inner.jobs.counts().await?)
+    }
+
     /// API tokens.
     pub fn tokens(&self) -> &Tokens {
         &self.inner.tokens

@@ -1071,11 +1071,7 @@ async fn readyz(State(srv): State<Srv>, headers: HeaderMap) -> ApiResult<Json<se
             "shutting down",
         )));
     }
-    srv.app
-        .jobs()
-        .counts()
-        .await
-        .map_err(|e| ApiError(e.into()))?;
+    srv.app.job_counts().await.map_err(ApiError)?;
     srv.app.config().llm.ready().await.map_err(|e| {
         ApiError(AppError::new(
             ErrorKind::Unavailable,

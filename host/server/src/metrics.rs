@@ -72,7 +72,7 @@ pub(crate) async fn render(srv: &Srv) -> String {
         );
     }
     out.push_str("# HELP abridge_jobs Jobs in the table by state.\n# TYPE abridge_jobs gauge\n");
-    let counts = app.jobs().counts().await.unwrap_or_default();
+    let counts = app.job_counts().await.unwrap_or_default();
     let mut queued = 0;
     for state in ["queued", "running", "succeeded", "failed", "cancelled"] {
         let n = counts
