@@ -66,7 +66,7 @@ use crate::transcript::{Format, Options};
 
 /// Longest focus instruction a session may carry (characters): it goes into every fold prompt.
 pub const MAX_FOCUS_CHARS: usize = 500;
-use crate::types::{Config, ContextRequest, FreshState, Level, NewEpisode};
+use crate::types::{Config, ContextRequest, FreshState, FreshnessReport, Level, NewEpisode};
 
 /// A log sink for engine messages.
 pub type LogFn = Arc<dyn Fn(Level, &str) + Send + Sync>;
@@ -762,6 +762,26 @@ impl Scoped {
     /// the store).
     pub async fn session_ids(&self) -> AppResult<Vec<String>> {
         Ok(self.tables.sessions_page(0, u32::MAX).await?)
+    }
+
+    /// The guest's freshness verdict for `session` under `cfg` (no model call).
+    pub async fn freshness(&self, session: &str, cfg: &Config) -> AppResult<FreshnessReport> {
+        Ok(self.engine().freshness(session, cfg).await?)
+    }
+
+    /// The verdict as a context of `budget` tokens keeping at most `refresh_after` messages
+    /// beyond the summary sees it (what that context could not carry is due).
+    pub async fn context_freshness(
+        &self,
+        session: &str,
+        cfg: &Config,
+        refresh_after: u32,
+        budget: u32,
+    ) -> AppResult<FreshnessReport> {
+        Ok(self
+            .engine()
+            .context_freshness(session, cfg, refresh_after, budget)
+            .await?)
     }
 
     /// A session's summary chain, oldest first.

@@ -526,7 +526,7 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
         ),
     );
     // Say why nothing was summarized when a failure holds refreshes back.
-    let f = local.engine().freshness(&a.session, &cfg).await?;
+    let f = local.freshness(&a.session, &cfg).await?;
     if matches!(
         f.state,
         abridge_engine::types::FreshState::BackingOff | abridge_engine::types::FreshState::GaveUp
@@ -586,11 +586,7 @@ pub async fn summaries(s: &Settings, mut a: SummariesArgs) -> Result<(), Failure
         }
         Err(e) => return Err(e.into()),
     };
-    let store = local.engine().store();
-    let stats = store
-        .stats(&a.session)
-        .await
-        .map_err(|e| Failure::new(Exit::Storage, anyhow!(describe(&e))))?;
+    let episodes = local.session(&a.session).await?.episodes;
     // What each row covers (the app's coverage: its last exchange's time, and how far into
     // the transcript file it reaches when the session came from one), under the names this
     // command has always printed.
@@ -611,7 +607,7 @@ pub async fn summaries(s: &Settings, mut a: SummariesArgs) -> Result<(), Failure
             "session": a.session,
             "title": title,
             "project": project,
-            "episodes": stats.episodes,
+            "episodes": episodes,
             "summaries": full,
         });
         println!("{v}");
@@ -631,14 +627,14 @@ pub async fn summaries(s: &Settings, mut a: SummariesArgs) -> Result<(), Failure
     println!(
         "session {}: {} episodes, {} summary rows{}, {} unsummarized",
         a.session,
-        stats.episodes,
+        episodes,
         rows.len(),
         if a.all {
             " (compacted ones included)"
         } else {
             ""
         },
-        stats.episodes - covered
+        episodes - covered
     );
     for (r, v) in rows.iter().zip(&full) {
         let mut extra = String::new();

@@ -135,7 +135,6 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
             // beyond the chain (what that context could not carry, whatever the mode's
             // trigger), or offline rows to rewrite.
             let f = local
-                .engine()
                 .context_freshness(&session, &cfg, u32::MAX, a.context_tokens.max(64))
                 .await?;
             if f.state == FreshState::Empty || (f.episodes <= f.covered && f.fallback_rows == 0) {
