@@ -259,7 +259,6 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let backend = choose_backend(s).await?;
     let cfg = engine_config(s, &backend);
     let local = super::app::local(s, Some(&backend))?;
-    let engine = local.engine();
     let model = backend.model_name(&cfg);
     let mut sessions = Vec::with_capacity(scanned.conversations.len());
     for (i, conv) in scanned.conversations.iter().enumerate() {
@@ -322,7 +321,7 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                 ),
             );
         }
-        let chain = engine.chain(&session).await?;
+        let chain = local.summaries(&session).await?;
         if a.json {
             let v = json!({
                 "session": session,
@@ -330,7 +329,7 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                 "model": model,
                 "episodes": done.episodes,
                 "new_episodes": added,
-                "summaries": chain.iter().map(row_json).collect::<Vec<_>>(),
+                "summaries": chain,
             });
             println!("{v}");
         } else {
