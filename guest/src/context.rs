@@ -185,6 +185,8 @@ pub struct Parts<'a> {
     /// The history spans more than one day: each verbatim turn that opens a day is marked
     /// with it.
     pub spans_days: bool,
+    /// The lines of `rows` when they are an offline chain ([`chain_lines`]), else `None`.
+    pub chain: Option<&'a [crate::extractive::Line]>,
     /// Sentences of the episodes no summary covers yet (an offline chain or none), taken on
     /// read: those of episodes the window cannot show verbatim join the chain's lines.
     pub pending: &'a [crate::extractive::Line],
@@ -313,8 +315,9 @@ pub fn assemble(p: &Parts) -> Window {
             .iter()
             .filter(|l| !shown.contains(&l.episode))
             .cloned();
-        match chain_lines(p.rows) {
-            Some(mut l) => {
+        match p.chain {
+            Some(chain) => {
+                let mut l = chain.to_vec();
                 // A line the turns shown verbatim already say is not repeated.
                 l.retain(|line| {
                     let said = line
@@ -680,6 +683,7 @@ mod tests {
         budget: u32,
         pairs: u32,
     ) -> Window {
+        let chain = chain_lines(rows);
         super::assemble(&Parts {
             rows,
             tail,
@@ -691,6 +695,7 @@ mod tests {
             digest: &[],
             min_pairs: pairs,
             spans_days: false,
+            chain: chain.as_deref(),
             pending: &[],
             unfolded: &[],
         })
@@ -851,6 +856,7 @@ mod tests {
             digest: &digest,
             min_pairs: 1,
             spans_days: false,
+            chain: None,
             pending: &[],
             unfolded: &[],
         });

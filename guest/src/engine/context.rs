@@ -278,6 +278,18 @@ pub fn context(
             refresh_due = true;
         }
     }
+    // When the whole history fits the budget, the history is the context, verbatim (read
+    // whole: it fits the budget, so it is small), and nothing else need be read or built; so
+    // a context never costs more than the history it stands for.
+    let full_tokens = stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes;
+    if full_tokens <= u64::from(req.budget) {
+        return Ok(ContextWindow {
+            window: crate::context::whole_history(&episodes_after_all(h, session, 0)?, req.budget),
+            full_tokens,
+            refreshed,
+            refresh_due,
+        });
+    }
     // Pinned episodes, in order, each once.
     let mut pin_ids: Vec<u64> = req
         .pins
@@ -372,16 +384,24 @@ pub fn context(
         .saturating_sub(crate::context::cost(crate::context::SUMMARY_HEADER));
     // The finest rows: an offline chain is read at level 0 whatever its compaction (its
     // context picks sentences within the budget); a model's chain where those rows fit.
-    if rows.iter().any(|r| r.level > 0) {
+    // (An offline chain's lines are parsed here, once.)
+    let chain = if rows.iter().any(|r| r.level > 0) {
         let history = h.summary_history(session)?;
         let finest = finest_rows(&rows, &history);
-        rows = if crate::context::chain_lines(&finest).is_some() {
-            finest
-        } else {
-            finer_rows_within(&rows, &history, share)
-        };
-    }
-    let offline = crate::context::chain_lines(&rows).is_some();
+        match crate::context::chain_lines(&finest) {
+            Some(lines) => {
+                rows = finest;
+                Some(lines)
+            }
+            None => {
+                rows = finer_rows_within(&rows, &history, share);
+                None
+            }
+        }
+    } else {
+        crate::context::chain_lines(&rows)
+    };
+    let offline = chain.is_some();
     if inline
         && !offline
         && rows.len() >= 2
@@ -469,18 +489,10 @@ pub fn context(
         digest: &digest.entries,
         min_pairs: req.pairs,
         spans_days,
+        chain: chain.as_deref(),
         pending: &pending,
         unfolded: &unfolded.entries,
     });
-    let full_tokens = stats.total_tokens + u64::from(plan::MESSAGE_COST) * stats.episodes;
-    // When the whole history fits the budget, the history is the context, verbatim (read
-    // whole: it fits the budget, so it is small); so a context never costs more than the
-    // history it stands for.
-    let window = if full_tokens <= u64::from(req.budget) {
-        crate::context::whole_history(&episodes_after_all(h, session, 0)?, req.budget)
-    } else {
-        window
-    };
     Ok(ContextWindow {
         window,
         full_tokens,
