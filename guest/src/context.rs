@@ -210,8 +210,7 @@ pub fn chain_lines(rows: &[SummaryRow]) -> Option<Vec<crate::extractive::Line>> 
 
 /// The mark a verbatim turn that opens a day carries ("[8 May 2023] ").
 fn day_mark(e: &Episode) -> Option<String> {
-    e.timestamp_ms
-        .filter(|&t| t > 0)
+    crate::dates::known(e.timestamp_ms)
         .map(|t| format!("[{}] ", crate::dates::Day::of_ms(t).render()))
 }
 

@@ -214,6 +214,12 @@ fn relative_at(w: &[Word], i: usize, day: Day) -> Option<(usize, String)> {
     }
 }
 
+/// A message's time when it has one: a time of 0 or before is a missing one (a store
+/// default), not 1 January 1970.
+pub fn known(ms: Option<i64>) -> Option<i64> {
+    ms.filter(|&t| t > 0)
+}
+
 /// `text` with each relative date it names followed by the absolute one it stands for, as
 /// said at `ms`: "I went yesterday" → "I went yesterday (= 7 May 2023)". Unchanged without a
 /// time.

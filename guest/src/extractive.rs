@@ -574,10 +574,8 @@ pub fn candidates(conversation: &[Message], strict: bool) -> Vec<Line> {
         if matches!(m.role, Role::System | Role::Tool) {
             continue;
         }
-        // A time of 0 or before is a missing one (a store default), not 1 January 1970.
-        let said_at = m
-            .timestamp_ms
-            .filter(|&t| t > 0 && shared.get(&t).is_none_or(|&n| n < 3));
+        let said_at =
+            crate::dates::known(m.timestamp_ms).filter(|t| shared.get(t).is_none_or(|&n| n < 3));
         let day = said_at.map(|t| crate::dates::Day::of_ms(t).render());
         for s in sentences(&m.content) {
             let len = s.split_whitespace().count();

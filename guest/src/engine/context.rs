@@ -343,8 +343,10 @@ pub fn context(
         (stats.last_episode - from).min(u64::from(u32::MAX)) as u32,
     )?;
     let spans_days = {
-        let day =
-            |e: Option<&Episode>| e.and_then(|e| e.timestamp_ms).map(crate::dates::Day::of_ms);
+        let day = |e: Option<&Episode>| {
+            e.and_then(|e| crate::dates::known(e.timestamp_ms))
+                .map(crate::dates::Day::of_ms)
+        };
         let first = h.episodes_after(session, 0, 1)?;
         match (day(first.first()), day(tail.last())) {
             (Some(a), Some(b)) => a != b,
@@ -455,7 +457,7 @@ pub fn context(
     let entries = crate::digest::entries(
         (&mut newer).map(|e| {
             if cfg.ledger_tokens > 0 {
-                let text = crate::dates::resolve(&e.content, e.timestamp_ms.filter(|&t| t > 0));
+                let text = crate::dates::resolve(&e.content, crate::dates::known(e.timestamp_ms));
                 for (kind, t) in ledger::extract(&text) {
                     ledger::add(&mut unfolded.entries, kind, t, e.id, 1);
                 }

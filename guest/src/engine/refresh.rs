@@ -459,7 +459,7 @@ pub(super) fn row_ledger_paged(
         // Relative dates are resolved against the message's time, so the ledger holds the
         // day ("yesterday (= 7 May 2023)" gives 7 May 2023).
         let text = if cfg.ledger_tokens > 0 {
-            crate::dates::resolve(&e.content, e.timestamp_ms.filter(|&t| t > 0))
+            crate::dates::resolve(&e.content, crate::dates::known(e.timestamp_ms))
         } else {
             String::new()
         };
