@@ -462,6 +462,16 @@ pub struct ContextParts {
     pub days: u32,
 }
 
+impl ContextParts {
+    /// The parts as a front end words them: "summary 1198, ledger 333, …, day marks 10".
+    pub fn describe(&self) -> String {
+        format!(
+            "summary {}, ledger {}, digest {}, pinned {}, recent turns {}, day marks {}",
+            self.summary, self.ledger, self.digest, self.pinned, self.recent, self.days
+        )
+    }
+}
+
 /// The context for a chat app's next model call.
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ContextView {

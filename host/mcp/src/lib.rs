@@ -264,18 +264,12 @@ impl AbridgeMcp {
         } else {
             format!("the summary covers messages 1-{}", v.covered)
         };
-        let p = &v.parts;
         let mut text = format!(
-            "Session {session} (~{} tokens of history; {covers}). This context: {} of {} tokens (summary {}, ledger {}, digest {}, pinned {}, recent turns {}, day marks {}).\n",
+            "Session {session} (~{} tokens of history; {covers}). This context: {} of {} tokens ({}).\n",
             v.full_tokens,
             v.tokens,
             v.budget,
-            p.summary,
-            p.ledger,
-            p.digest,
-            p.pinned,
-            p.recent,
-            p.days
+            v.parts.describe()
         );
         text.push_str(&abridge_app::hook::context_text(&v));
         Ok(ok(text, Some(budget)))

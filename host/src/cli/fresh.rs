@@ -255,17 +255,11 @@ pub async fn context(s: &Settings, mut a: ContextArgs) -> Result<(), Failure> {
             episodes,
             w.saving_percent
         );
-        let p = &w.parts;
         println!(
-            "budget {} tokens, {:.1} % used: summary {}, ledger {}, digest {}, pinned {}, recent turns {}, day marks {}",
+            "budget {} tokens, {:.1} % used: {}",
             w.budget,
             w.budget_used_percent,
-            p.summary,
-            p.ledger,
-            p.digest,
-            p.pinned,
-            p.recent,
-            p.days
+            w.parts.describe()
         );
         let ranges: Vec<String> = w
             .omitted_ranges
