@@ -301,6 +301,9 @@ pub struct Line {
     pub episode: u64,
     /// The user's first sentence of a conversation: a fresh summary opens with it.
     lead: bool,
+    /// Any sentence will do (a conversation of nothing but small talk): never small talk,
+    /// and its social words count.
+    loose: bool,
 }
 
 impl Line {
@@ -333,6 +336,7 @@ impl Line {
             marks,
             episode: 0,
             lead: false,
+            loose: false,
         }
     }
 
@@ -343,9 +347,21 @@ impl Line {
         self
     }
 
+    /// The same line when any sentence will do: its social words count, and it always
+    /// scores.
+    fn loosened(mut self) -> Line {
+        let said = self
+            .text
+            .split_once(": ")
+            .map_or(self.text.as_str(), |(_, s)| s);
+        self.words = content_words(said).into_iter().collect();
+        self.loose = true;
+        self
+    }
+
     /// Small talk: fewer than two content words once praise, thanks and greetings are gone.
     pub fn is_small_talk(&self) -> bool {
-        self.words.len() < 2
+        !self.loose && self.words.len() < 2
     }
 }
 
@@ -381,7 +397,8 @@ fn scores(lines: &[Line], aim: Aim) -> Vec<f64> {
                         Aim::Recall => (n / d).ln() + 0.5,
                     }
                 })
-                .sum();
+                .sum::<f64>()
+                + if l.loose { 1.0 } else { 0.0 };
             let q = match (l.question, aim) {
                 (false, _) => 1.0,
                 (true, Aim::Summary) => 0.6,
@@ -639,17 +656,10 @@ pub fn summarize(
     if added.is_empty() {
         // Nothing but small talk or debris: the best sentence there is, so the summary is
         // never empty while there was text.
-        let loose = candidates(conversation, false);
-        let mut all: Vec<Line> = loose.clone();
-        for l in &mut all {
-            l.words = content_words(l.text.split_once(": ").map_or(&l.text, |(_, s)| s))
-                .into_iter()
-                .collect();
-            if l.words.len() < 2 {
-                l.words.insert(l.text.clone());
-                l.words.insert(String::new());
-            }
-        }
+        let all: Vec<Line> = candidates(conversation, false)
+            .into_iter()
+            .map(Line::loosened)
+            .collect();
         // At least the best line, whatever its length.
         let widest = all.iter().map(|l| l.cost).max().unwrap_or(0);
         added = pick(&all, room.max(widest + 8), after.as_deref(), aim);
