@@ -287,6 +287,8 @@ pub fn assemble(p: &Parts) -> Window {
     }
     // Then the summary and its ledger (within its slice): all rows if they fit, else the
     // newest that do.
+    // The episodes shown verbatim so far (what the summary part need not repeat).
+    let shown: Vec<u64> = recent.iter().chain(pins.iter()).map(|e| e.id).collect();
     let all = if p.ledger_budget == 0 {
         crate::ledger::Ledger::default()
     } else {
@@ -296,8 +298,7 @@ pub fn assemble(p: &Parts) -> Window {
             .fold(crate::ledger::Ledger::default(), |acc, r| {
                 crate::ledger::merge(&acc, &r.ledger)
             });
-        let shown = |id: u64| recent.iter().chain(pins.iter()).any(|e| e.id == id);
-        for e in p.unfolded.iter().filter(|e| !shown(e.episode)) {
+        for e in p.unfolded.iter().filter(|e| !shown.contains(&e.episode)) {
             crate::ledger::add(&mut all.entries, e.kind, e.text.clone(), e.episode, e.count);
         }
         all
@@ -308,7 +309,6 @@ pub fn assemble(p: &Parts) -> Window {
     // An offline chain is made of dated sentences: it shows as many of them as the room left
     // beside the ledger holds, every stretch of time in proportion (see `extractive::pick`).
     let lines = {
-        let shown: Vec<u64> = recent.iter().chain(pins.iter()).map(|e| e.id).collect();
         let pending = p
             .pending
             .iter()
