@@ -43,8 +43,9 @@ const WEEKDAYS: [&str; 7] = [
 
 const MS_PER_DAY: i64 = 86_400_000;
 
-/// Days since 1970-01-01 of a civil date (Howard Hinnant's `days_from_civil`).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+/// Days since 1970-01-01 of a civil date (Howard Hinnant's `days_from_civil`); the one copy
+/// of it (the transcript's timestamp reader uses it too).
+pub(crate) fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;

@@ -113,13 +113,7 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
         }
         _ => return None,
     };
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let doy = (153 * (if mo > 2 { mo - 3 } else { mo + 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
+    let days = crate::dates::days_from_civil(y, mo as u32, d as u32);
     Some((((days * 24 + h) * 60 + mi - offset_min) * 60 + sec) * 1000 + ms)
 }
 
