@@ -282,6 +282,26 @@ const SOCIAL: &[&str] = &[
     "lots",
 ];
 
+/// Greetings and sign-offs whose words are common on their own ("long", "time", "see").
+const GREETINGS: &[&str] = &[
+    "long time no talk",
+    "long time no see",
+    "long time no chat",
+    "good to see you",
+    "nice to see you",
+    "great to see you",
+    "nice to meet you",
+    "how have you been",
+    "how are you",
+    "how's it going",
+    "what's up",
+    "see you later",
+    "see you soon",
+    "talk to you later",
+    "take care",
+    "have a good one",
+];
+
 /// A sentence worth keeping, with what its score needs.
 #[derive(Debug, Clone)]
 pub struct Line {
@@ -310,9 +330,16 @@ impl Line {
     /// A line of `speaker` saying `sentence` (already cleaned) on `day`.
     fn new(text: String, day: Option<String>) -> Line {
         let said = text.split_once(": ").map_or(text.as_str(), |(_, s)| s);
+        // A greeting's words say nothing, whatever they are on their own.
+        let lower = said.to_lowercase();
+        let greeting: BTreeSet<&str> = GREETINGS
+            .iter()
+            .filter(|g| lower.contains(*g))
+            .flat_map(|g| g.split(' '))
+            .collect();
         let words: BTreeSet<String> = content_words(said)
             .into_iter()
-            .filter(|w| !SOCIAL.contains(&w.as_str()))
+            .filter(|w| !SOCIAL.contains(&w.as_str()) && !greeting.contains(w.as_str()))
             .collect();
         // Numbers, and capitalised words past the first (names, places, titles).
         let marks = said
@@ -768,6 +795,11 @@ mod tests {
             assert!(!s.contains(debris), "{debris:?} in {s}");
         }
         assert!(s.contains("- User: We should rebuild the image"), "{s}");
+        // Greetings are small talk, whatever their words.
+        for greeting in ["Long time no talk.", "Hey, how have you been lately?"] {
+            let l = candidates(&[Message::new(Role::User, greeting)], false);
+            assert!(l.iter().all(Line::is_small_talk), "{greeting}");
+        }
         // Markdown marks go, their words stay.
         assert_eq!(
             demarkdown(
