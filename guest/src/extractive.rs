@@ -146,6 +146,20 @@ const NOISE: &[&str] = &[
     "segmentation fault",
 ];
 
+/// A heading in title case ("Critical Issue 3 Add Buffer Overflow Protection"): of three or
+/// more words that start with a letter, at least seven in ten start with a capital.
+pub(crate) fn is_title_case(words: &[&str]) -> bool {
+    let alpha: Vec<&&str> = words
+        .iter()
+        .filter(|w| w.chars().next().is_some_and(char::is_alphabetic))
+        .collect();
+    let capital = alpha
+        .iter()
+        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+        .count();
+    alpha.len() >= 3 && capital * 10 >= alpha.len() * 7
+}
+
 /// Prose rather than code, markup, paths, headings or log and tool noise.
 fn is_prose(s: &str) -> bool {
     let code_like = ["<", "{", "[", "//", "$ ", "#!"]
@@ -178,20 +192,8 @@ fn is_prose(s: &str) -> bool {
     }) {
         return false;
     }
-    // A heading in title case ("Critical Issue 3 Add Buffer Overflow Protection").
-    let alpha: Vec<&str> = words
-        .iter()
-        .copied()
-        .filter(|w| w.chars().next().is_some_and(char::is_alphabetic))
-        .collect();
-    if alpha.len() >= 3 {
-        let capital = alpha
-            .iter()
-            .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
-            .count();
-        if capital * 10 >= alpha.len() * 7 {
-            return false;
-        }
+    if is_title_case(&words) {
+        return false;
     }
     let total = s.chars().count().max(1);
     let wordish = s.chars().filter(|c| c.is_alphabetic() || *c == ' ').count();

@@ -379,15 +379,7 @@ fn capitalised_names(text: &str, out: &mut Vec<(Kind, String)>) {
         }
         let words: Vec<&str> = l.split_whitespace().collect();
         // A title-case line is a heading, not a sentence.
-        let alpha: Vec<&&str> = words
-            .iter()
-            .filter(|w| w.chars().next().is_some_and(char::is_alphabetic))
-            .collect();
-        let capital = alpha
-            .iter()
-            .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
-            .count();
-        if alpha.len() >= 3 && capital * 10 >= alpha.len() * 7 {
+        if crate::extractive::is_title_case(&words) {
             continue;
         }
         let mut opens = true;
