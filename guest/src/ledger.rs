@@ -431,7 +431,6 @@ fn capitalised_names(text: &str, out: &mut Vec<(Kind, String)>) {
                     None => break,
                 }
             }
-            let name = run.join(" ");
             if opens {
                 // Only the words after the first may stand as a name by themselves.
                 openers.push(first.to_string());
@@ -439,18 +438,15 @@ fn capitalised_names(text: &str, out: &mut Vec<(Kind, String)>) {
                     found.push(run[1..].join(" "));
                 }
             } else {
-                found.push(name);
+                found.push(run.join(" "));
             }
             opens = ends_sentence(words[last]);
             i = last + 1;
         }
     }
+    // (`push` below keeps each name once.)
     for o in openers {
-        if found.iter().any(|f| f == &o) {
-            continue;
-        }
-        let recurs = found.iter().any(|f| f.split(' ').any(|w| w == o));
-        if recurs {
+        if found.iter().any(|f| f.split(' ').any(|w| w == o)) {
             found.push(o);
         }
     }
