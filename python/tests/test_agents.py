@@ -148,4 +148,8 @@ async def test_the_model_sees_the_sessions_context_not_the_whole_history(
         text = "\n".join(str(x) for x in contents)
         assert "What was decided about worker39?" in text
         assert "worker39" in text.split("What was decided")[0], "the newest turns are there"
-        assert "Turn 0:" not in text, "the oldest turns are summarized, not sent"
+        oldest = turns(1)
+        assert not any(m.get("content") in (o["content"] for o in oldest) for m in body["messages"]), (
+            "the oldest turns are summarized, not sent as turns"
+        )
+        assert len(body["messages"]) < 80, "the history is not sent whole"

@@ -211,8 +211,10 @@ async def test_the_async_client_does_the_same(server: Server) -> None:
         assert job is not None
         states = [e.data.get("state") async for e in c.job_events(job.id)]
         assert states[-1] == "succeeded"
-        ctx = await c.context("a", budget=1000)
-        assert ctx.covered == 20 and ctx.to_openai()
+        ctx = await c.context("a", budget=300)
+        assert ctx.covered == 20 and ctx.parts.summary > 0 and ctx.to_openai()
+        whole = await c.context("a", budget=4000)
+        assert whole.covered == 0 and len(whole.messages) == 20, "a history that fits is sent verbatim"
         w = await c.remember("Bob likes green tea.", user="bob")
         assert [h.id for h in await c.recall("green tea", user="bob")][:1] == [w.id]
 
