@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::{AppError, AppResult, Bring, Scoped, SourceFile, naming};
+use super::{AppError, AppResult, Bring, ImportError, ImportRequest, Scoped, naming};
 use crate::runtime::Abridge;
 use crate::sources::{Source, Sources};
 use crate::store::SourceStore;
@@ -439,6 +439,18 @@ impl DryRun {
 }
 
 impl Scoped {
+    /// A dry run of backfill against this app's database: its own in-memory copy and no
+    /// model, passing over what the database says is unchanged (and writing nothing to it).
+    pub fn backfill_dry_run(&self) -> AppResult<DryRun> {
+        let engine = Abridge::builder()
+            .runtime(self.engine().runtime().clone())
+            .store(crate::db::in_memory())
+            .llm(Arc::new(abridge_engine::NoModel))
+            .build()
+            .map_err(|e| AppError::new(crate::ErrorKind::Internal, format!("{e:#}")))?;
+        Ok(DryRun::new(engine, Some(self.app.store())))
+    }
+
     /// Bring one file's conversations into their sessions and summarize what is new, each
     /// session through its job (run here). A file unchanged since the last run is passed over
     /// without reading; one touched but with the same content is not parsed again. What was
@@ -482,63 +494,50 @@ impl Scoped {
             Opened::Failed(out) => return Ok(out),
             Opened::Read(sha) => sha,
         };
-        let mut input = match input_of(f, o.max_bytes) {
+        let input = match input_of(f, o.max_bytes) {
             Ok(i) => i,
             Err(out) => {
                 record(&sha, "failed", &[], 0, Some(&out.detail)).await?;
                 return Ok(out);
             }
         };
-        // The first pass checks every line and keeps only the outline.
-        let named = match conversations(self.engine(), f, &mut input, o).await {
-            Ok(n) => n,
-            Err((status, why)) => {
+        let req = ImportRequest {
+            format: None,
+            file: Some(&f.path),
+            reach: Some(f.size),
+            opts: o.read,
+            min_episodes: o.min_episodes,
+            max_bytes: o.max_bytes,
+            ..ImportRequest::new(&f.rel, input)
+        };
+        let done = match self.import(req, Bring::Now(cfg)).await {
+            Ok(done) => done,
+            Err(ImportError::Read(e)) => {
+                let (status, why) = match e {
+                    TranscriptError::UnknownFormat { .. }
+                    | TranscriptError::Empty { .. }
+                    | TranscriptError::EmptyFile { .. } => ("skipped", NOT_TRANSCRIPT.to_string()),
+                    e => ("failed", e.to_string()),
+                };
                 record(&sha, status, &[], 0, Some(&why)).await?;
                 return Ok(FileOutcome::new(status, Vec::new(), 0, why));
             }
+            Err(ImportError::App(e)) => return Err(e),
         };
-        let mut sessions = Vec::new();
-        let (mut episodes, mut failure, mut small) = (0u64, None, 0usize);
-        let mark = naming::file_key(&f.path);
-        // Every session named first (a small conversation gets an empty name: not stored).
-        let mut names = Vec::with_capacity(named.conversations.len());
-        for (base, conv) in &named.conversations {
-            episodes += conv.episodes;
-            if conv.episodes < o.min_episodes {
-                small += 1;
-                names.push(String::new());
-                continue;
-            }
-            let session = self.session_for(base, Some(&f.path)).await?;
-            self.label_session(&session, conv.title.as_deref(), Some(&f.path))
-                .await?;
-            names.push(session);
-        }
-        // The second pass stores the episodes a read at a time; then each session is marked
-        // and summarized through its job.
-        let added = self
-            .store_scanned(&f.rel, &mut input, &named.scanned, &names, o.read)
-            .await?;
-        for (session, added) in names.iter().zip(added) {
-            if session.is_empty() {
-                continue;
-            }
-            sessions.push(session.clone());
-            let source = SourceFile {
-                path: &mark,
-                bytes: f.size,
-            };
-            let done = self
-                .finish_import(session, added, Some(source), Bring::Now(cfg))
-                .await?;
-            if let Some(e) = done.failure {
-                failure = Some(format!(
-                    "session {session}: {} ({} new episodes stored)",
-                    e.message, done.added
-                ));
-                break;
-            }
-        }
+        let sessions: Vec<String> = done
+            .conversations
+            .iter()
+            .map(|c| c.session.clone())
+            .collect();
+        let failure = done.conversations.iter().find_map(|c| {
+            c.failure.as_ref().map(|e| {
+                format!(
+                    "session {}: {} ({} new episodes stored)",
+                    c.session, e.message, c.added
+                )
+            })
+        });
+        let (episodes, small) = (done.episodes, done.small);
         let mut out = match failure {
             Some(why) => {
                 record(&sha, "failed", &sessions, episodes, Some(&why)).await?;
@@ -563,7 +562,7 @@ impl Scoped {
                 FileOutcome::new("ok", sessions, episodes, detail)
             }
         };
-        out.warnings = named.scanned.warnings;
+        out.warnings = done.warnings;
         Ok(out)
     }
 }

@@ -64,6 +64,18 @@ pub struct Imported {
     pub job: Option<JobView>,
 }
 
+impl From<crate::ConversationImport> for Imported {
+    fn from(c: crate::ConversationImport) -> Self {
+        Imported {
+            session: c.session,
+            title: c.title,
+            episodes: c.read,
+            stored: u64::from(c.added),
+            job: c.job,
+        }
+    }
+}
+
 /// A job's progress.
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ProgressView {
@@ -106,6 +118,23 @@ pub struct JobView {
     pub started_ms: Option<u64>,
     /// Reached its final state.
     pub finished_ms: Option<u64>,
+    /// Last changed.
+    pub updated_ms: u64,
+    /// The model it summarizes with.
+    pub model: String,
+    /// That model's context length, in tokens.
+    pub context_length: u32,
+    /// The worker that holds it while it runs (`host:pid`), and until when.
+    pub lease: Option<LeaseView>,
+}
+
+/// Who holds a running job.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct LeaseView {
+    /// The worker, `host:pid`.
+    pub worker: String,
+    /// Its lease ends then (ms since the epoch) unless it beats again.
+    pub until_ms: Option<u64>,
 }
 
 impl JobView {
@@ -130,6 +159,17 @@ impl JobView {
             created_ms: j.created_ms,
             started_ms: j.started_ms,
             finished_ms: j.finished_ms,
+            updated_ms: j.updated_ms,
+            model: j.config.model.clone(),
+            context_length: j.config.context_length,
+            lease: j
+                .lease_owner
+                .as_ref()
+                .filter(|_| j.state == JobState::Running)
+                .map(|w| LeaseView {
+                    worker: w.clone(),
+                    until_ms: j.lease_until_ms,
+                }),
         }
     }
 }

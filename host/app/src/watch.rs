@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{AppError, AppResult, Bring, Scoped, SourceFile, naming};
+use super::{AppError, AppResult, Bring, ImportError, ImportRequest, Reason, Scoped};
 use crate::sources::{Watched, WatchedFile};
 use crate::transcript::{self, Format, Options, TranscriptError};
 use crate::types::FreshState;
@@ -449,12 +449,11 @@ impl Watcher {
                 continue;
             }
             let cfg = self.local.session_config(&session).await?;
-            let f = engine.freshness(&session, &cfg).await?;
-            if f.state == FreshState::Due {
+            if let Some(target) = self.local.due(&session, &cfg, Reason::Append).await? {
                 let stop = self.stopper.signal.subscribe();
                 match self
                     .local
-                    .run_or_join_until(&session, f.fold_upto, &cfg, Some(stop))
+                    .run_or_join_until(&session, target, &cfg, Some(stop))
                     .await
                 {
                     // Stopped: the job went back to the queue.
@@ -581,44 +580,44 @@ impl Scoped {
             first_line: first_line as usize,
             ..Options::default()
         };
-        let engine = self.engine().clone();
         let mut added = 0u64;
         let mut sessions = Vec::new();
-        match transcript::parse_bytes(&engine, name, chunk, format, opts).await {
-            Ok(parsed) => {
-                for w in parsed.warnings {
+        // A file is one session once named: a later read (with no id of its own) goes on it.
+        let req = ImportRequest {
+            format,
+            session: f.session.as_deref(),
+            file: Some(path),
+            reach: Some(complete),
+            opts,
+            ..ImportRequest::new(name, transcript::Input::Bytes(chunk))
+        };
+        match self.import(req, Bring::Later).await {
+            Ok(done) => {
+                for w in done.warnings {
                     notes.push(WatchNote::Warning(w));
                 }
-                f.format = Some(format_name(parsed.format));
-                for conv in parsed.conversations {
-                    let session = match f.session.clone() {
-                        Some(s) => s,
-                        None => {
-                            let base = naming::base(conv.id.as_deref(), path, None);
-                            self.session_for(&base, Some(path)).await?
-                        }
-                    };
-                    f.session = Some(session.clone());
-                    self.label_session(&session, conv.title.as_deref(), Some(path))
-                        .await?;
-                    let mark = naming::file_key(path);
-                    let source = SourceFile {
-                        path: &mark,
-                        bytes: complete,
-                    };
-                    let done = self
-                        .import_conversation(&session, &conv.episodes, Some(source), Bring::Later)
-                        .await?;
-                    added += u64::from(done.added);
-                    sessions.push(session);
+                f.format = Some(format_name(done.format));
+                for conv in done.conversations {
+                    added += u64::from(conv.added);
+                    sessions.push(conv.session);
+                }
+                if f.session.is_none() {
+                    f.session = sessions.first().cloned();
                 }
             }
             // Only tool traffic or metadata so far: nothing to import, but the bytes are read.
-            Err(TranscriptError::Empty { .. } | TranscriptError::EmptyFile { .. }) => {}
-            Err(TranscriptError::UnknownFormat { .. }) => notes.push(WatchNote::NotTranscript {
-                file: name.to_string(),
-            }),
-            Err(e) => notes.push(WatchNote::Warning(format!("{e}; skipping these lines"))),
+            Err(ImportError::Read(
+                TranscriptError::Empty { .. } | TranscriptError::EmptyFile { .. },
+            )) => {}
+            Err(ImportError::Read(TranscriptError::UnknownFormat { .. })) => {
+                notes.push(WatchNote::NotTranscript {
+                    file: name.to_string(),
+                })
+            }
+            Err(ImportError::Read(e)) => {
+                notes.push(WatchNote::Warning(format!("{e}; skipping these lines")))
+            }
+            Err(ImportError::App(e)) => return Err(e),
         }
         // The episodes are stored before the offset moves: a crash in between re-reads the
         // same lines, which append skips by their keys.

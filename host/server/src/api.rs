@@ -23,11 +23,11 @@ use super::{ServeOptions, Srv, auth, metrics};
 use crate::app::Tenant;
 use crate::app::tokens::{CreatedToken, TokenView};
 use crate::app::{
-    AppError, Appended, ContextView, ErrorKind, Event, ExpansionView, Imported, JobView, MessageIn,
-    MessagesView, RemovedView, Scoped, SessionView, SummaryView,
+    AppError, Appended, Bring, ContextView, ErrorKind, Event, ExpansionView, ImportRequest,
+    Imported, JobView, MessageIn, MessagesView, RemovedView, Scoped, SessionView, SummaryView,
 };
 use crate::sources::SessionMode;
-use crate::transcript::{Format, Options};
+use crate::transcript::{Format, Input, Options};
 use crate::types::Mode;
 
 /// An app error on its way out: status, JSON body, `Retry-After` when rate limited.
@@ -313,19 +313,7 @@ async fn post_messages(
             "no messages in the body",
         )));
     }
-    let most = srv.app.config().limits.messages_per_request;
-    if most > 0 && messages.len() as u64 > most {
-        return Err(ApiError(
-            AppError::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "the body holds {} messages, more than one request takes ({most})",
-                    messages.len()
-                ),
-            )
-            .hint(format!("post them in requests of at most {most} messages")),
-        ));
-    }
+    t.check_message_count(messages.len())?;
     // The messages go through the sandboxed parser as JSON lines: the same rules as
     // `abridge ingest`.
     let mut lines = Vec::with_capacity(body_len + messages.len());
@@ -390,14 +378,18 @@ async fn post_transcript(
         format_flag: Some("?format="),
         ..Options::default()
     };
-    let (conversations, warnings) = t
-        .import(name, &b, format, q.session.as_deref(), opts)
-        .await?;
+    let req = ImportRequest {
+        format,
+        session: q.session.as_deref(),
+        opts,
+        ..ImportRequest::new(name, Input::Bytes(&b))
+    };
+    let done = t.import(req, Bring::Queue).await.map_err(AppError::from)?;
     Ok((
         StatusCode::ACCEPTED,
         Json(ImportedBody {
-            conversations,
-            warnings,
+            conversations: done.conversations.into_iter().map(Imported::from).collect(),
+            warnings: done.warnings,
         }),
     ))
 }
@@ -1230,7 +1222,7 @@ impl utoipa::Modify for BearerAuth {
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
         ExpansionView, crate::app::EpisodeView, MessagesView, crate::app::MessageView,
         crate::app::CoverageView, crate::app::SourceMarkView, crate::app::memories::UsageDayView, crate::app::LedgerView, FocusBody, PinsBody,
-        ContextView, crate::app::ContextParts, ModeBody, JobsBody, JobView, Event, mem::MemoryBody, mem::MemoriesBody,
+        ContextView, crate::app::ContextParts, ModeBody, JobsBody, JobView, Event, crate::app::memories::MemoryInput, mem::MemoriesBody,
         mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
         mem::RecallResults, crate::app::memories::RecallView, mem::ClustersBody,
         crate::app::memories::ClusterView, crate::app::memories::ClusterSummaryView,

@@ -9,7 +9,7 @@ use clap::Args;
 use serde_json::json;
 
 use abridge_app::transcript::{self, Format, Options};
-use abridge_app::{Bring, SourceFile, naming};
+use abridge_app::{AppError, Bring, ImportRequest, naming};
 use abridge_backend::{LlmBackend, NoModel};
 use abridge_engine::types::{Config, Engine, Error, Level, SummaryRow, describe};
 use abridge_engine::{Abridge, Store};
@@ -226,83 +226,48 @@ fn base_for(id: Option<&str>, file: &Path, i: usize, many: bool) -> naming::Base
 
 pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let format = Format::parse(&a.format).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
-    let parser = pure_engine(s)?;
     let name = a.file.display().to_string();
     let opts = a.read.options();
     // Two passes, neither holding the file: the first checks every line and counts, the
     // second stores one read at a time (standard input is spooled to a temporary file).
-    let mut input = transcript::Input::open(&a.file, a.read.max_bytes)?;
-    let scanned =
-        transcript::scan(&parser, &name, &mut input, format, opts, a.read.max_bytes).await?;
-    for w in &scanned.warnings {
-        note(s, w);
-    }
-    let many = scanned.conversations.len() > 1;
-    if many && a.session.is_some() {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!(
-                "{} holds {} conversations, which are imported as one session each; drop --session",
-                a.file.display(),
-                scanned.conversations.len()
-            ),
-        ));
-    }
+    let input = transcript::Input::open(&a.file, a.read.max_bytes)?;
     if a.dry_run {
-        return dry_run(s, &a, &parser, &mut input, &scanned).await;
+        return dry_run(s, &a, input, format).await;
     }
-    let source = std::fs::canonicalize(&a.file)
-        .unwrap_or_else(|_| a.file.clone())
-        .display()
-        .to_string();
     let mode = Mode::detect(a.json, s.quiet);
     let backend = choose_backend(s).await?;
     let cfg = engine_config(s, &backend);
     let local = super::app::local(s, Some(&backend))?;
     let model = backend.model_name(&cfg);
-    let mut sessions = Vec::with_capacity(scanned.conversations.len());
-    for (i, conv) in scanned.conversations.iter().enumerate() {
-        sessions.push(match &a.session {
-            Some(given) => given.clone(),
-            None => {
-                let base = base_for(conv.id.as_deref(), &a.file, i, many);
-                local.session_for(&base, Some(&a.file)).await?
-            }
-        });
-    }
-    let added = local
-        .store_scanned(&name, &mut input, &scanned, &sessions, opts)
-        .await?;
-    drop(input);
-    for ((conv, session), added) in scanned.conversations.iter().zip(sessions).zip(added) {
-        let total = conv.episodes;
+    let req = ImportRequest {
+        format,
+        session: a.session.as_deref(),
+        file: Some(&a.file),
+        opts,
+        max_bytes: a.read.max_bytes,
+        ..ImportRequest::new(&name, input)
+    };
+    let done = shown(s, &local, a.session.as_deref(), Show::Own(mode), async {
         local
-            .label_session(
-                &session,
-                conv.title.as_deref(),
-                (source != "-").then_some(a.file.as_path()),
-            )
-            .await?;
-        let file = (source != "-").then_some(SourceFile {
-            path: &source,
-            bytes: scanned.bytes,
-        });
-        let done = shown(
-            s,
-            &local,
-            Some(&session),
-            Show::Own(mode),
-            local.finish_import(&session, added, file, Bring::Now(&cfg)),
-        )
-        .await?;
+            .import(req, Bring::Now(&cfg))
+            .await
+            .map_err(AppError::from)
+    })
+    .await?;
+    for w in &done.warnings {
+        note(s, w);
+    }
+    let many = done.conversations.len() > 1;
+    for conv in done.conversations {
+        let (session, added) = (conv.session, conv.added);
         note(
             s,
             &format!(
-                "session {session}: {total} episodes read ({}), {added} new",
-                scanned.format
+                "session {session}: {} episodes read ({}), {added} new",
+                conv.read, done.format
             ),
         );
-        if let Some(e) = done.failure {
+        if let Some(e) = conv.failure {
             let f = super::app::run_failure(e);
             return Err(Failure::new(
                 f.exit,
@@ -312,7 +277,7 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                 ),
             ));
         }
-        if let Some(job) = done.job {
+        if let Some(job) = conv.job {
             note(
                 s,
                 &format!(
@@ -327,7 +292,7 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                 "session": session,
                 "backend": backend.name,
                 "model": model,
-                "episodes": done.episodes,
+                "episodes": conv.episodes,
                 "new_episodes": added,
                 "summaries": chain,
             });
@@ -354,10 +319,24 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
 async fn dry_run(
     s: &Settings,
     a: &SummarizeArgs,
-    engine: &Abridge,
-    input: &mut transcript::Input<'_>,
-    scanned: &transcript::Scanned,
+    mut input: transcript::Input<'_>,
+    format: Option<Format>,
 ) -> Result<(), Failure> {
+    let engine = pure_engine(s)?;
+    let name = a.file.display().to_string();
+    let scanned = transcript::scan(
+        &engine,
+        &name,
+        &mut input,
+        format,
+        a.read.options(),
+        a.read.max_bytes,
+    )
+    .await?;
+    for w in &scanned.warnings {
+        note(s, w);
+    }
+    abridge_app::one_session(&name, scanned.conversations.len(), a.session.as_deref())?;
     let mut cfg = s.config.clone();
     cfg.engine = if s.backend == BackendChoice::Extractive {
         Engine::Extractive
@@ -376,8 +355,15 @@ async fn dry_run(
         })
         .collect();
     // The plan reads stored counts: the episodes go to the in-memory store, one read at a time.
-    let name = a.file.display().to_string();
-    transcript::store(engine, &name, input, scanned, &sessions, a.read.options()).await?;
+    transcript::store(
+        &engine,
+        &name,
+        &mut input,
+        &scanned,
+        &sessions,
+        a.read.options(),
+    )
+    .await?;
     for session in sessions {
         let p = engine.plan(&session, &cfg).await?;
         let path = match p.path {
@@ -559,30 +545,6 @@ pub async fn summaries(s: &Settings, mut a: SummariesArgs) -> Result<(), Failure
     };
     let rows = match listed {
         Ok(rows) => rows,
-        Err(e) if e.kind == abridge_app::ErrorKind::NotFound => {
-            let known = local.session_ids().await.unwrap_or_default();
-            let hint = if known.is_empty() {
-                "the database has no sessions yet".to_string()
-            } else {
-                format!(
-                    "known sessions: {}",
-                    known
-                        .iter()
-                        .take(10)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            };
-            return Err(Failure::new(
-                Exit::Input,
-                anyhow!(
-                    "no session '{}' in {} ({hint})",
-                    a.session,
-                    abridge_app::db::shown(&s.db)
-                ),
-            ));
-        }
         Err(e) => return Err(e.into()),
     };
     let episodes = local.session(&a.session).await?.episodes;
