@@ -189,6 +189,64 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
+    /// The golden cosines (`tests/golden/cosine/cases.json`): the stores' own arithmetic (Rust
+    /// and JS) is proven equal to this one, bit for bit. `ABRIDGE_BLESS=1` writes them anew.
+    #[test]
+    fn golden_cosines() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/golden/cosine/cases.json"
+        );
+        let texts = [
+            (
+                "Alice prefers the dark theme in her editor",
+                "Alice switched her editor to a dark color theme",
+            ),
+            (
+                "The deploy runs on Fridays after the freeze",
+                "deploys run each friday",
+            ),
+            (
+                "the lease expires before release v3.2",
+                "raise the lease to 45 seconds",
+            ),
+            (
+                "Caroline went to the LGBTQ support group",
+                "Melanie painted a sunrise last year",
+            ),
+            ("", "x y"),
+        ];
+        let mut cases = Vec::new();
+        for (a, b) in texts {
+            let (va, vb) = (lexical(a, 64), lexical(b, 64));
+            cases.push(serde_json::json!({"a": va, "b": vb, "bits": cosine(&va, &vb).to_bits()}));
+        }
+        // Vectors that are not unit length, a zero vector and a mismatch.
+        let odd: Vec<f32> = (0..17).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let other: Vec<f32> = (0..17)
+            .map(|i| (i as f32 * 0.11 + 1.0).cos() * 0.5)
+            .collect();
+        for (a, b) in [
+            (odd.clone(), other.clone()),
+            (odd.clone(), vec![0.0; 17]),
+            (odd, vec![1.0; 3]),
+        ] {
+            cases.push(serde_json::json!({"a": a, "b": b, "bits": cosine(&a, &b).to_bits()}));
+        }
+        let now =
+            serde_json::to_string_pretty(&serde_json::json!({ "cases": cases })).unwrap() + "\n";
+        if std::env::var_os("ABRIDGE_BLESS").is_some() {
+            std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
+            std::fs::write(path, &now).unwrap();
+        }
+        let kept = std::fs::read_to_string(path)
+            .expect("the golden cosines (ABRIDGE_BLESS=1 writes them)");
+        assert_eq!(
+            kept, now,
+            "the guest's cosine changed; the stores must change with it (ABRIDGE_BLESS=1)"
+        );
+    }
+
     #[test]
     fn related_facts_are_closer_than_unrelated_ones() {
         let e = |t: &str| lexical(t, LEXICAL_DIM);

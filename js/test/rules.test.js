@@ -114,3 +114,17 @@ test('golden store rules: the same outcomes as the Rust stores, in both JS store
   const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
   run('sqlite', await SqliteStore.open(join(dir, 'rules.db')));
 });
+
+test('the JS cosine equals the guest\'s, bit for bit, on the golden cases', async () => {
+  const { cosine } = await import('../src/recall.js');
+  const { cases } = JSON.parse(readFileSync(join(GOLDEN, 'cosine', 'cases.json'), 'utf8'));
+  assert.ok(cases.length >= 8);
+  const bits = (x) => {
+    const v = new DataView(new ArrayBuffer(4));
+    v.setFloat32(0, x);
+    return v.getUint32(0);
+  };
+  for (const c of cases) {
+    assert.equal(bits(cosine(Float32Array.from(c.a), Float32Array.from(c.b))), c.bits, JSON.stringify(c));
+  }
+});

@@ -814,8 +814,26 @@ pub fn prefix_bound(prefix: &str) -> Option<String> {
     None
 }
 
-/// Cosine similarity (0 for mismatched or zero vectors): the guest's own, summed in f64.
-pub use abridge_guest::embed::cosine;
+/// Cosine similarity (0 for mismatched or zero vectors), summed in f64: every step is exactly
+/// rounded, so it equals the guest's bit for bit (`tests/golden/cosine`, checked by the
+/// guest's, this crate's and the JS host's tests).
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() || a.is_empty() {
+        return 0.0;
+    }
+    let (dot, na, nb) = a
+        .iter()
+        .zip(b)
+        .fold((0f64, 0f64, 0f64), |(d, p, q), (x, y)| {
+            let (x, y) = (f64::from(*x), f64::from(*y));
+            (d + x * y, p + x * x, q + y * y)
+        });
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        (dot / (na.sqrt() * nb.sqrt())) as f32
+    }
+}
 
 #[cfg(test)]
 mod tests {

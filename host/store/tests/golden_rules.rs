@@ -250,3 +250,27 @@ async fn the_golden_store_rules_hold_on_the_memory_and_sqlite_stores() {
     )
     .await;
 }
+
+/// The store's cosine is its own arithmetic: bit for bit the guest's on the golden cases
+/// (`tests/golden/cosine/cases.json`, written by the guest's test).
+#[test]
+fn the_stores_cosine_equals_the_guests_on_the_golden_cases() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/golden/cosine/cases.json"
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let vector = |x: &Value| -> Vec<f32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let cases = v["cases"].as_array().unwrap();
+    assert!(cases.len() >= 8);
+    for c in cases {
+        let got = abridge_store::rules::cosine(&vector(&c["a"]), &vector(&c["b"]));
+        assert_eq!(got.to_bits() as u64, c["bits"].as_u64().unwrap(), "{c}");
+    }
+}
