@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use abridge_app::memories::scope;
+use abridge_app::memories::{Summaries, scope};
 use abridge_app::{App, AppConfig, Limits, Scoped};
 use abridge_engine::types::{
     Config, Error, FinishReason, MemoryFilter, MemoryIn, Request, Response,
@@ -163,7 +163,7 @@ async fn fill(me: &Scoped, from: usize, to: usize) {
     let mut i = from;
     while i < to {
         let n = (to - i).min(500);
-        me.remember((i..i + n).map(memory).collect())
+        me.remember((i..i + n).map(memory).collect(), Summaries::Leave)
             .await
             .expect("a batch is stored");
         i += n;
@@ -174,7 +174,7 @@ async fn fill(me: &Scoped, from: usize, to: usize) {
 async fn writes(me: &Scoped, from: usize, n: usize) -> f64 {
     let t = Instant::now();
     for i in from..from + n {
-        me.remember(vec![memory(i)])
+        me.remember(vec![memory(i)], Summaries::Leave)
             .await
             .expect("a write is stored");
     }
@@ -274,7 +274,9 @@ async fn index_vs_exact(me: &Scoped, n: usize, from: usize) {
     let mut after = Vec::new();
     let t0 = Instant::now();
     for q in 0..n {
-        me.remember(vec![memory(from + q)]).await.unwrap();
+        me.remember(vec![memory(from + q)], Summaries::Leave)
+            .await
+            .unwrap();
         let t = Instant::now();
         me.recall(&query(q), &MemoryFilter::default(), 10)
             .await
@@ -322,14 +324,18 @@ async fn refreshes(runtime: &Arc<Runtime>, scratch: bool, max: usize) -> (u64, u
     let mut summaries = 0;
     for i in 0..max {
         let r = me
-            .remember(vec![MemoryIn {
-                id: format!("f{i}"),
-                scope: scope("alice", "web", "prod", "preference", "editor"),
-                text: format!("{} (setting {i})", EDITOR_FACTS[i % EDITOR_FACTS.len()]),
-                importance: Some(0.5),
-            }])
+            .remember(
+                vec![MemoryIn {
+                    id: format!("f{i}"),
+                    scope: scope("alice", "web", "prod", "preference", "editor"),
+                    text: format!("{} (setting {i})", EDITOR_FACTS[i % EDITOR_FACTS.len()]),
+                    importance: Some(0.5),
+                }],
+                Summaries::Leave,
+            )
             .await
-            .unwrap();
+            .unwrap()
+            .memories;
         if r[0].due {
             if scratch {
                 // Forget the summary first: the whole cluster is summarized again.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use abridge_app::memories::scope;
+use abridge_app::memories::{Summaries, scope};
 use abridge_app::{App, AppConfig, Limits};
 use abridge_engine::types::{
     ClusterAction, Config, Error, FinishReason, MemoryFilter, MemoryIn, Request, Response,
@@ -145,14 +145,22 @@ async fn three_facts_one_summary_refreshed_in_place_and_deletes_never_resurface(
     let me = app.local();
     // Two facts: no summary, recall returns the raw memories.
     let r = me
-        .remember(vec![fact("m1", EDITOR[0]), fact("m2", EDITOR[1])])
+        .remember(
+            vec![fact("m1", EDITOR[0]), fact("m2", EDITOR[1])],
+            Summaries::Leave,
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .memories;
     assert!(r.iter().all(|x| !x.due));
     // Written without an importance, a memory has the guest's default.
     assert_eq!(me.memory("m1").await.unwrap().importance, 0.5);
     // The third is due; its summary names all three sources, in one call.
-    let r = me.remember(vec![fact("m3", EDITOR[2])]).await.unwrap();
+    let r = me
+        .remember(vec![fact("m3", EDITOR[2])], Summaries::Leave)
+        .await
+        .unwrap()
+        .memories;
     assert!(r[0].due);
     let c = r[0].cluster;
     let o = me.summarize_due(&[c]).await.remove(0).unwrap().unwrap();
@@ -188,7 +196,11 @@ async fn three_facts_one_summary_refreshed_in_place_and_deletes_never_resurface(
     );
 
     // A fourth: refreshed in place with one call; the same member set again: no call.
-    let r = me.remember(vec![fact("m4", EDITOR[3])]).await.unwrap();
+    let r = me
+        .remember(vec![fact("m4", EDITOR[3])], Summaries::Leave)
+        .await
+        .unwrap()
+        .memories;
     let o = me
         .summarize_due(&[r[0].cluster])
         .await
@@ -198,14 +210,18 @@ async fn three_facts_one_summary_refreshed_in_place_and_deletes_never_resurface(
     assert_eq!(o.action, ClusterAction::Refreshed);
     assert_eq!(o.summary.as_ref().unwrap().id, s.id);
     assert_eq!(calls(&llm), 2);
-    let again = me.remember(vec![fact("m4", EDITOR[3])]).await.unwrap();
+    let again = me
+        .remember(vec![fact("m4", EDITOR[3])], Summaries::Leave)
+        .await
+        .unwrap()
+        .memories;
     assert!(!again[0].created && !again[0].due);
     let o = me.summarize_cluster(c).await.unwrap().unwrap();
     assert_eq!(o.action, ClusterAction::Unchanged);
     assert_eq!(calls(&llm), 2);
 
     // Deleting a source drops it and its text at once, and the rebuild leaves it out.
-    let f = me.forget("m2").await.unwrap();
+    let f = me.forget("m2", Summaries::Leave).await.unwrap();
     assert!(f.summary_deleted && f.due);
     let hits = me
         .recall("dark theme large fonts", &MemoryFilter::default(), 10)
@@ -228,7 +244,7 @@ async fn three_facts_one_summary_refreshed_in_place_and_deletes_never_resurface(
         ["m1", "m3", "m4"]
     );
     // Under three: the summary goes and recall falls back to the raw memories.
-    me.forget("m1").await.unwrap();
+    me.forget("m1", Summaries::Leave).await.unwrap();
     let o = me.summarize_cluster(c).await.unwrap().unwrap();
     assert!(matches!(
         o.action,
@@ -241,7 +257,7 @@ async fn three_facts_one_summary_refreshed_in_place_and_deletes_never_resurface(
     assert!(hits.iter().all(|h| h.kind == "memory"));
     assert_eq!(hits.len(), 2);
     assert_eq!(
-        me.forget("m1").await.unwrap_err().kind,
+        me.forget("m1", Summaries::Leave).await.unwrap_err().kind,
         abridge_app::ErrorKind::NotFound
     );
 }
@@ -255,10 +271,10 @@ async fn two_tenants_with_identical_memories_never_see_each_other() {
     );
     for t in [&a, &b] {
         let items = (0..3).map(|i| fact(&format!("m{i}"), EDITOR[i])).collect();
-        let r = t.remember(items).await.unwrap();
+        let r = t.remember(items, Summaries::Leave).await.unwrap().memories;
         t.summarize_due(&[r[2].cluster]).await.remove(0).unwrap();
     }
-    a.forget("m0").await.unwrap();
+    a.forget("m0", Summaries::Leave).await.unwrap();
     // b's cluster and summary are untouched by a's delete.
     let bc = b.clusters(&MemoryFilter::default()).await.unwrap();
     assert_eq!(bc.len(), 1);
@@ -291,7 +307,7 @@ async fn the_inline_path_and_the_sweeper_racing_make_one_summary() {
     let (app, llm) = open_on(store, Duration::from_millis(300));
     let me = app.local();
     let items = (0..3).map(|i| fact(&format!("m{i}"), EDITOR[i])).collect();
-    let r = me.remember(items).await.unwrap();
+    let r = me.remember(items, Summaries::Leave).await.unwrap().memories;
     let c = r[2].cluster;
     let (inline, sweep) = tokio::join!(me.summarize_cluster(c), app.sweep(None, 20));
     let inline = inline.unwrap();
@@ -321,7 +337,7 @@ async fn the_sweeper_caps_each_scope_per_run_and_settles_what_it_did() {
                 importance: Some(0.5),
             })
             .collect();
-        me.remember(items).await.unwrap();
+        me.remember(items, Summaries::Leave).await.unwrap();
     }
     let r = app.sweep(None, 4).await.unwrap();
     assert_eq!((r.clusters, r.written, r.deferred), (4, 4, 6), "{r:?}");
@@ -344,20 +360,24 @@ async fn decisions(app: &App) -> Value {
         let v: Value = serde_json::from_str(line).unwrap();
         let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
         let r = me
-            .remember(vec![MemoryIn {
-                id: s("id"),
-                scope: scope(
-                    &s("user"),
-                    &s("project"),
-                    &s("environment"),
-                    &s("type"),
-                    &s("key"),
-                ),
-                text: s("text"),
-                importance: Some(0.5),
-            }])
+            .remember(
+                vec![MemoryIn {
+                    id: s("id"),
+                    scope: scope(
+                        &s("user"),
+                        &s("project"),
+                        &s("environment"),
+                        &s("type"),
+                        &s("key"),
+                    ),
+                    text: s("text"),
+                    importance: Some(0.5),
+                }],
+                Summaries::Leave,
+            )
             .await
-            .unwrap();
+            .unwrap()
+            .memories;
         out.insert(
             s("id"),
             serde_json::json!({"cluster": r[0].cluster, "created": r[0].created, "due": r[0].due}),
@@ -577,7 +597,11 @@ async fn the_monthly_ceiling_turns_summaries_off_and_recall_still_answers() {
     let me = app.local();
     // Each call spends 100 prompt + 40 output tokens: two summaries reach 280 of 250.
     for key in ["a", "b"] {
-        let r = me.remember(cluster_of(key, 3)).await.unwrap();
+        let r = me
+            .remember(cluster_of(key, 3), Summaries::Leave)
+            .await
+            .unwrap()
+            .memories;
         me.summarize_cluster(r[2].cluster).await.unwrap().unwrap();
     }
     let u = me.usage().await.unwrap();
@@ -586,7 +610,11 @@ async fn the_monthly_ceiling_turns_summaries_off_and_recall_still_answers() {
         (2, 200, 80, true)
     );
     assert_eq!(u.month, "2026-01");
-    let r = me.remember(cluster_of("c", 3)).await.unwrap();
+    let r = me
+        .remember(cluster_of("c", 3), Summaries::Leave)
+        .await
+        .unwrap()
+        .memories;
     assert!(r[2].due, "the write itself is stored and reported");
     let e = me.summarize_cluster(r[2].cluster).await.unwrap_err();
     match e.kind {
@@ -632,7 +660,13 @@ async fn a_tenant_runs_at_most_its_share_of_cluster_summaries_and_the_sweeper_co
     let me = app.local();
     let mut clusters = Vec::new();
     for key in ["a", "b", "c"] {
-        clusters.push(me.remember(cluster_of(key, 3)).await.unwrap()[2].cluster);
+        clusters.push(
+            me.remember(cluster_of(key, 3), Summaries::Leave)
+                .await
+                .unwrap()
+                .memories[2]
+                .cluster,
+        );
     }
     let runs = clusters.iter().map(|&c| me.summarize_cluster(c));
     for r in futures::future::join_all(runs).await {
@@ -645,10 +679,14 @@ async fn a_tenant_runs_at_most_its_share_of_cluster_summaries_and_the_sweeper_co
         "one at a time for the tenant"
     );
     // The periodic sweeper leaves a tenant alone for the cooldown after sweeping it.
-    me.remember(cluster_of("d", 3)).await.unwrap();
+    me.remember(cluster_of("d", 3), Summaries::Leave)
+        .await
+        .unwrap();
     let first = app.sweep_periodic(20).await.unwrap();
     assert_eq!(first.written, 1, "{first:?}");
-    me.remember(cluster_of("e", 3)).await.unwrap();
+    me.remember(cluster_of("e", 3), Summaries::Leave)
+        .await
+        .unwrap();
     let cooling = app.sweep_periodic(20).await.unwrap();
     assert_eq!((cooling.clusters, cooling.cooling), (0, 1), "{cooling:?}");
     clock.advance(121_000);
@@ -714,7 +752,11 @@ async fn deleting_a_tenant_destroys_its_data_keys_and_leaves_others_alone() {
         app.tenant(&Tenant::new("globex").unwrap()),
     );
     for t in [&a, &b] {
-        let r = t.remember(cluster_of("editor", 3)).await.unwrap();
+        let r = t
+            .remember(cluster_of("editor", 3), Summaries::Leave)
+            .await
+            .unwrap()
+            .memories;
         t.summarize_cluster(r[2].cluster).await.unwrap();
     }
     let keys = |tenant: &str| -> i64 {
@@ -782,7 +824,11 @@ async fn usage_counts_session_summaries_as_well_as_cluster_summaries() {
         (session_calls, 100 * session_calls, 40 * session_calls),
         "{u:?}"
     );
-    let r = me.remember(cluster_of("a", 3)).await.unwrap();
+    let r = me
+        .remember(cluster_of("a", 3), Summaries::Leave)
+        .await
+        .unwrap()
+        .memories;
     me.summarize_cluster(r[2].cluster).await.unwrap().unwrap();
     let u = me.usage().await.unwrap();
     assert_eq!(u.calls, llm.calls.load(Ordering::SeqCst) as u64, "{u:?}");

@@ -10,14 +10,15 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::{App, AppError, AppResult, ErrorKind, Scoped, What};
 use crate::store::{ClusterRow, RecallStore};
 use crate::tenant::TenantRecall;
 use crate::types::{
-    ClusterAction, ClusterOutcome, ClusterSummary, Forgotten, HitKind, Memory, MemoryFilter,
-    MemoryIn, Recalled, Remembered, Scope,
+    ClusterAction, ClusterOutcome, ClusterSummary, HitKind, Memory, MemoryFilter, MemoryIn,
+    Recalled, Remembered, Scope,
 };
 
 /// How long a summarize run's claim on a cluster lasts.
@@ -339,18 +340,81 @@ impl Scoped {
         )
     }
 
-    /// Store memories (ids are made for those without one); clusters that are due come back
-    /// `due` — pass the result to [`Scoped::summarize_due`] (after acknowledging the write).
-    pub async fn remember(&self, mut items: Vec<MemoryIn>) -> AppResult<Vec<Remembered>> {
+    /// Store memories (ids are made for those without one), a bounded batch at a time, then
+    /// summarize the clusters they left due as `summaries` says, unless the tenant's monthly
+    /// ceiling is reached (the memories are stored all the same; the refusal is returned).
+    /// The one write for every front end.
+    pub async fn remember<M: Into<MemoryIn>>(
+        &self,
+        items: Vec<M>,
+        summaries: Summaries,
+    ) -> AppResult<Written> {
         if items.is_empty() {
             return Err(AppError::invalid("no memories given; send at least one"));
         }
-        if items.len() > 1000 {
+        let most = self.app.inner.cfg.limits.messages_per_request as usize;
+        if most > 0 && items.len() > most {
             return Err(AppError::invalid(format!(
-                "{} memories in one write; send at most 1000 at a time",
+                "{} memories in one write, more than one write takes ({most})",
                 items.len()
-            )));
+            ))
+            .hint(format!("send at most {most} at a time")));
         }
+        let items: Vec<MemoryIn> = items.into_iter().map(Into::into).collect();
+        let mut memories = Vec::with_capacity(items.len());
+        for chunk in items.chunks(BATCH) {
+            memories.extend(self.remember_batch(chunk.to_vec()).await?);
+        }
+        let mut due: Vec<u64> = Vec::new();
+        for m in memories.iter().filter(|m| m.due) {
+            if !due.contains(&m.cluster) {
+                due.push(m.cluster);
+            }
+        }
+        let refused = if due.is_empty() || summaries == Summaries::Leave {
+            None
+        } else {
+            self.over_ceiling().await?
+        };
+        let mut out = Written {
+            memories,
+            summarizing: refused.is_none() && !due.is_empty() && summaries != Summaries::Leave,
+            refused,
+            outcomes: Vec::new(),
+        };
+        if out.refused.is_some() {
+            return Ok(out);
+        }
+        out.outcomes = self.summarize_after(due, summaries).await;
+        Ok(out)
+    }
+
+    /// Summarize the clusters a write or delete left due, as `summaries` says; the outcomes
+    /// of those summarized here.
+    async fn summarize_after(
+        &self,
+        due: Vec<u64>,
+        summaries: Summaries,
+    ) -> Vec<(u64, AppResult<Option<ClusterOutcome>>)> {
+        match summaries {
+            Summaries::Now => {
+                let results = self.summarize_due(&due).await;
+                due.into_iter().zip(results).collect()
+            }
+            Summaries::Later if !due.is_empty() => {
+                let me = self.clone();
+                tokio::spawn(async move {
+                    // Failures are published as `cluster.failed` events, noted on the
+                    // cluster and retried by the sweeper.
+                    let _ = me.summarize_due(&due).await;
+                });
+                Vec::new()
+            }
+            Summaries::Later | Summaries::Leave => Vec::new(),
+        }
+    }
+
+    async fn remember_batch(&self, mut items: Vec<MemoryIn>) -> AppResult<Vec<Remembered>> {
         for m in &mut items {
             if m.id.is_empty() {
                 m.id = self.app.unique_id();
@@ -539,7 +603,7 @@ impl Scoped {
 
     /// Delete a memory; a summary that covered it goes at once, and the cluster is left due
     /// when it still has enough members (pass `due` clusters to [`Scoped::summarize_due`]).
-    pub async fn forget(&self, id: &str) -> AppResult<Forgotten> {
+    pub async fn forget(&self, id: &str, summaries: Summaries) -> AppResult<Deleted> {
         let f = self
             .engine()
             .forget(id, &self.memory_config().await?)
@@ -554,7 +618,17 @@ impl Scoped {
             None,
             None,
         );
-        Ok(f)
+        let outcomes = if f.due {
+            self.summarize_after(vec![f.cluster], summaries).await
+        } else {
+            Vec::new()
+        };
+        Ok(Deleted {
+            cluster: f.cluster,
+            summary_deleted: f.summary_deleted,
+            due: f.due,
+            outcomes,
+        })
     }
 
     /// The best memories and summaries for a query.
@@ -756,6 +830,86 @@ impl App {
         }
         Ok(report)
     }
+}
+
+/// Memories the engine stores in one call.
+const BATCH: usize = 500;
+
+/// One memory to store: the one input record of the HTTP body, the CLI's `memory add` and
+/// `memory import` lines, and the MCP `remember` tool.
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+pub struct MemoryInput {
+    /// A client id: writing it again is a no-op (default: one is made).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Whose memory.
+    pub user: String,
+    /// The project (default empty).
+    #[serde(default)]
+    pub project: String,
+    /// The environment (default empty).
+    #[serde(default)]
+    pub environment: String,
+    /// The type of fact: `preference`, `fact`, `relationship`, ….
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The subject: a person, topic or entity.
+    pub key: String,
+    /// The fact.
+    pub text: String,
+    /// 0 to 1 (default 0.5).
+    #[serde(default)]
+    pub importance: Option<f32>,
+}
+
+impl From<MemoryInput> for MemoryIn {
+    fn from(m: MemoryInput) -> Self {
+        MemoryIn {
+            id: m.id.unwrap_or_default(),
+            scope: scope(&m.user, &m.project, &m.environment, &m.kind, &m.key),
+            text: m.text,
+            importance: m.importance,
+        }
+    }
+}
+
+/// What deleting a memory did.
+#[derive(Debug)]
+pub struct Deleted {
+    /// The cluster it was in.
+    pub cluster: u64,
+    /// Whether a summary that covered it was deleted with it.
+    pub summary_deleted: bool,
+    /// Whether the cluster's summary is to be rebuilt from the remaining members.
+    pub due: bool,
+    /// How the rebuild went ([`Summaries::Now`]).
+    pub outcomes: Vec<(u64, AppResult<Option<ClusterOutcome>>)>,
+}
+
+/// When a write's due clusters are summarized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Summaries {
+    /// Here, before the write returns, with each outcome (the command line, the MCP tool).
+    Now,
+    /// In the background, after the write is acknowledged (the service: follow it with the
+    /// events).
+    Later,
+    /// Not by this write: the sweeper (or [`Scoped::summarize_due`]) takes them.
+    Leave,
+}
+
+/// What a write did.
+#[derive(Debug)]
+pub struct Written {
+    /// Each memory, in the order given.
+    pub memories: Vec<Remembered>,
+    /// Whether the clusters it left due are being (or were) summarized.
+    pub summarizing: bool,
+    /// Why no cluster is summarized: the tenant's monthly ceiling is reached (the memories
+    /// are stored).
+    pub refused: Option<AppError>,
+    /// Each due cluster and how its summary went ([`Summaries::Now`]).
+    pub outcomes: Vec<(u64, AppResult<Option<ClusterOutcome>>)>,
 }
 
 /// A scope from its five fields.

@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use abridge_app::memories::{MemoryInput, Summaries};
 use abridge_app::{AppError, ErrorKind, Scoped};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
@@ -419,25 +420,21 @@ impl AbridgeMcp {
         if a.text.trim().is_empty() {
             return Ok(bad("text is empty; give the fact to remember"));
         }
-        let m = abridge_engine::types::MemoryIn {
-            id: String::new(),
-            scope: abridge_app::memories::scope(
-                MCP_USER,
-                a.project.as_deref().unwrap_or(""),
-                "",
-                a.kind.as_deref().unwrap_or("fact"),
-                a.key.as_deref().unwrap_or("general"),
-            ),
+        let m = MemoryInput {
+            id: None,
+            user: MCP_USER.into(),
+            project: a.project.clone().unwrap_or_default(),
+            environment: String::new(),
+            kind: a.kind.clone().unwrap_or_else(|| "fact".into()),
+            key: a.key.clone().unwrap_or_else(|| "general".into()),
             text: a.text.clone(),
             importance: None,
         };
-        let r = match s.remember(vec![m]).await {
-            Ok(r) => r,
+        // Cluster summaries are a refinement: a failing model does not fail the write.
+        let r = match s.remember(vec![m], Summaries::Now).await {
+            Ok(w) => w.memories,
             Err(e) => return Ok(tool_error(e)),
         };
-        let due: Vec<u64> = r.iter().filter(|m| m.due).map(|m| m.cluster).collect();
-        // Cluster summaries are a refinement; a failing model does not fail the write.
-        let _ = s.summarize_due(&due).await;
         let m = &r[0];
         Ok(ok(
             format!(
@@ -459,7 +456,7 @@ impl AbridgeMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let s = self.scoped(&ctx)?;
-        match s.forget(&a.id).await {
+        match s.forget(&a.id, Summaries::Now).await {
             Ok(_) => Ok(ok(format!("Forgot {}.", a.id), None)),
             Err(e) => Ok(tool_error(e)),
         }

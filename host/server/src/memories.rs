@@ -13,34 +13,10 @@ use utoipa::{IntoParams, ToSchema};
 use super::Srv;
 use super::api::{ApiError, ApiResult, ErrorBody, body, parse_json};
 use crate::app::memories::{
-    ClusterSummaryView, ClusterView, MemoryView, RecallView, filter, scope,
+    ClusterSummaryView, ClusterView, MemoryInput, MemoryView, RecallView, Summaries, filter,
 };
 use crate::app::{AppError, ErrorKind, Scoped};
-use crate::types::{MemoryFilter, MemoryIn};
-
-/// One memory to store.
-#[derive(Deserialize, ToSchema)]
-pub struct MemoryBody {
-    /// A client id: writing it again is a no-op (default: one is made).
-    id: Option<String>,
-    /// Whose memory.
-    user: String,
-    /// The project (default empty).
-    #[serde(default)]
-    project: String,
-    /// The environment (default empty).
-    #[serde(default)]
-    environment: String,
-    /// The type of fact: `preference`, `fact`, `relationship`, ….
-    #[serde(rename = "type")]
-    kind: String,
-    /// The subject: a person, topic or entity.
-    key: String,
-    /// The fact.
-    text: String,
-    /// 0 to 1 (default 0.5).
-    importance: Option<f32>,
-}
+use crate::types::MemoryFilter;
 
 /// `{"memories": [...]}` or one memory.
 #[derive(Deserialize, ToSchema)]
@@ -49,10 +25,10 @@ pub enum MemoriesBody {
     /// Many.
     Many {
         /// The memories.
-        memories: Vec<MemoryBody>,
+        memories: Vec<MemoryInput>,
     },
     /// One.
-    One(MemoryBody),
+    One(MemoryInput),
 }
 
 /// What a write stored.
@@ -80,19 +56,6 @@ pub struct WrittenBody {
     summaries_refused: Option<serde_json::Value>,
 }
 
-/// Summarize clusters in the background, after the answer.
-fn summarize_later(t: &Scoped, clusters: Vec<u64>) {
-    if clusters.is_empty() {
-        return;
-    }
-    let t = t.clone();
-    tokio::spawn(async move {
-        // Failures are published as `cluster.failed` events, noted on the cluster and
-        // retried by the sweeper.
-        let _ = t.summarize_due(&clusters).await;
-    });
-}
-
 /// Store memories; each joins its cluster. A cluster brought to the minimum (or changed) is
 /// summarized after the answer; follow it with `GET /v1/events`.
 #[utoipa::path(post, path = "/v1/memories", tag = "memories", request_body = MemoriesBody,
@@ -108,24 +71,10 @@ pub(crate) async fn post_memories(
         MemoriesBody::Many { memories } => memories,
         MemoriesBody::One(m) => vec![m],
     };
-    let items: Vec<MemoryIn> = list
-        .into_iter()
-        .map(|m| MemoryIn {
-            id: m.id.unwrap_or_default(),
-            scope: scope(&m.user, &m.project, &m.environment, &m.kind, &m.key),
-            text: m.text,
-            importance: m.importance,
-        })
-        .collect();
-    let r = t.remember(items).await?;
-    let refused = t.over_ceiling().await?;
-    let due: Vec<u64> = if refused.is_some() {
-        Vec::new()
-    } else {
-        r.iter().filter(|m| m.due).map(|m| m.cluster).collect()
-    };
-    let summarizing = refused.is_none();
-    let memories = r
+    let w = t.remember(list, Summaries::Later).await?;
+    let summarizing = w.summarizing;
+    let memories = w
+        .memories
         .into_iter()
         .map(|m| WrittenMemory {
             summarizing: m.due && summarizing,
@@ -135,7 +84,7 @@ pub(crate) async fn post_memories(
             members: m.members,
         })
         .collect();
-    summarize_later(&t, due);
+    let refused = w.refused;
     let summaries_refused = refused.map(|e| match e.kind {
         ErrorKind::QuotaExhausted {
             spent,
@@ -230,10 +179,7 @@ pub(crate) async fn delete_memory(
     Extension(t): Extension<Scoped>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let f = t.forget(&id).await?;
-    if f.due {
-        summarize_later(&t, vec![f.cluster]);
-    }
+    let f = t.forget(&id, Summaries::Later).await?;
     Ok(Json(json!({
         "id": id, "cluster": f.cluster, "summary_deleted": f.summary_deleted, "summarizing": f.due
     })))

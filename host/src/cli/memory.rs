@@ -6,9 +6,11 @@ use std::io::BufRead;
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
 
-use abridge_app::memories::{ClusterView, MemoryView, action_name, filter, scope};
+use abridge_app::memories::{
+    ClusterView, MemoryInput, MemoryView, Summaries, Written, action_name, filter,
+};
 use abridge_app::{AppError, Scoped};
-use abridge_engine::types::{MemoryConfig, MemoryFilter, MemoryIn};
+use abridge_engine::types::{ClusterOutcome, MemoryConfig, MemoryFilter};
 
 use super::app::fail;
 use super::commands::{choose_backend, note};
@@ -346,9 +348,9 @@ fn show_memory(m: &MemoryView) -> String {
     )
 }
 
-/// Summarize the due clusters here and say what happened.
-async fn summarize(s: &Settings, local: &Scoped, clusters: Vec<u64>) {
-    for (c, r) in clusters.iter().zip(local.summarize_due(&clusters).await) {
+/// Say how the clusters a write or delete left due were summarized here.
+fn said(s: &Settings, outcomes: Vec<(u64, Result<Option<ClusterOutcome>, AppError>)>) {
+    for (c, r) in outcomes {
         match r {
             Ok(Some(o)) => {
                 let what = action_name(o.action);
@@ -375,30 +377,24 @@ async fn summarize(s: &Settings, local: &Scoped, clusters: Vec<u64>) {
     }
 }
 
-fn parse_line(line: &str, n: usize) -> Result<MemoryIn, String> {
-    let v: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| format!("line {n}: not JSON ({e})"))?;
-    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
-    // Without one the guest gives its default.
-    let importance = match v.get("importance") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(x) => Some(
-            x.as_f64()
-                .ok_or_else(|| format!("line {n}: importance must be a number from 0 to 1"))?
-                as f32,
-        ),
-    };
-    Ok(MemoryIn {
-        id: s("id"),
-        scope: scope(
-            &s("user"),
-            &s("project"),
-            &s("environment"),
-            &s("type"),
-            &s("key"),
-        ),
-        text: s("text"),
-        importance,
+/// The refusal of a write's summaries (the tenant's ceiling), said; the memories are stored.
+fn refused(s: &Settings, w: &Written) {
+    if let Some(e) = &w.refused {
+        note(
+            s,
+            &format!(
+                "no cluster summarized: {} — the memories are stored",
+                e.message
+            ),
+        );
+    }
+}
+
+fn parse_line(line: &str, n: usize) -> Result<MemoryInput, String> {
+    serde_json::from_str(line).map_err(|e| {
+        format!(
+            "line {n}: {e} (one JSON object a line: user, type, key and text, with project, environment, id and importance optional)"
+        )
     })
 }
 
@@ -417,16 +413,23 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
             let backend = choose_backend(s).await?;
             let local = super::app::local(s, Some(&backend))?;
             warn_plaintext(s, &local);
-            let r = local
-                .remember(vec![MemoryIn {
-                    id: id.unwrap_or_default(),
-                    scope: scope(&user, &project, &environment, &kind, &key),
-                    text,
-                    importance,
-                }])
+            let w = local
+                .remember(
+                    vec![MemoryInput {
+                        id,
+                        user,
+                        project,
+                        environment,
+                        kind,
+                        key,
+                        text,
+                        importance,
+                    }],
+                    Summaries::Now,
+                )
                 .await
                 .map_err(|e| fail(s, e))?;
-            for m in &r {
+            for m in &w.memories {
                 println!(
                     "{}  cluster {} ({} memories){}",
                     m.id,
@@ -435,8 +438,8 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
                     if m.created { "" } else { "  already stored" }
                 );
             }
-            let due: Vec<u64> = r.iter().filter(|m| m.due).map(|m| m.cluster).collect();
-            summarize(s, &local, due).await;
+            refused(s, &w);
+            said(s, w.outcomes);
         }
         MemoryCmd::Import { file } => {
             let reader: Box<dyn BufRead> = if file == "-" {
@@ -476,21 +479,18 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
             let backend = choose_backend(s).await?;
             let local = super::app::local(s, Some(&backend))?;
             warn_plaintext(s, &local);
-            let mut due = Vec::new();
-            let (mut stored, total) = (0usize, items.len());
-            for chunk in items.chunks(500) {
-                let r = local
-                    .remember(chunk.to_vec())
-                    .await
-                    .map_err(|e| fail(s, e))?;
-                stored += r.iter().filter(|m| m.created).count();
-                due.extend(r.iter().filter(|m| m.due).map(|m| m.cluster));
-            }
+            let total = items.len();
+            let w = local
+                .remember(items, Summaries::Now)
+                .await
+                .map_err(|e| fail(s, e))?;
+            let stored = w.memories.iter().filter(|m| m.created).count();
             println!(
                 "{stored} of {total} memories stored ({} already were)",
                 total - stored
             );
-            summarize(s, &local, due).await;
+            refused(s, &w);
+            said(s, w.outcomes);
         }
         MemoryCmd::List { scope, limit, json } => {
             let local = super::app::local(s, None)?;
@@ -517,7 +517,10 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
         MemoryCmd::Delete { id } => {
             let backend = choose_backend(s).await?;
             let local = super::app::local(s, Some(&backend))?;
-            let f = local.forget(&id).await.map_err(|e| not_found(s, e))?;
+            let f = local
+                .forget(&id, Summaries::Now)
+                .await
+                .map_err(|e| not_found(s, e))?;
             println!(
                 "memory {id} deleted{}",
                 if f.summary_deleted {
@@ -529,9 +532,7 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
                     String::new()
                 }
             );
-            if f.due {
-                summarize(s, &local, vec![f.cluster]).await;
-            }
+            said(s, f.outcomes);
         }
     }
     Ok(())
