@@ -164,20 +164,19 @@ async fn run(a: &Args, llm_url: &str, runtime: Arc<Runtime>, background: bool) -
     for s in local.session_ids().await.unwrap() {
         f.stored += local.session(&s).await.unwrap().episodes;
     }
-    for (state, n) in app.jobs().counts().await.unwrap() {
+    for (state, n) in app.job_counts().await.unwrap() {
         match state.as_str() {
             "succeeded" => f.jobs_succeeded += n,
             "failed" => f.jobs_failed += n,
             _ => {}
         }
     }
-    if let Some(j) = app
-        .jobs()
-        .list(1000)
+    if let Some(j) = local
+        .list_jobs(None, 1000)
         .await
         .unwrap()
         .iter()
-        .find(|j| j.state == abridge_app::jobs::JobState::Failed)
+        .find(|j| j.state == "failed")
     {
         println!("  a failed job: {}", j.error.as_deref().unwrap_or("?"));
     }

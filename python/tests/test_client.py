@@ -281,7 +281,8 @@ def test_a_dropped_event_stream_resumes_from_the_last_event() -> None:
     try:
         c = ab.Client(f"http://127.0.0.1:{srv.server_port}")
         job = {"id": 7, "session": "s", "target": 1, "state": "running", "progress": {"stage": "map", "level": 0, "done": 0, "total": 0},
-               "calls_planned": 0, "answers": 0, "attempts": 1, "cancel_requested": False, "created_ms": 0}
+               "calls_planned": 0, "answers": 0, "attempts": 1, "cancel_requested": False, "created_ms": 0,
+               "updated_ms": 0, "model": "m", "context_length": 8192}
         # The first stream closes without a final event: the client asks where the job stands
         # (still running), then resumes from event 1.
         c.job = lambda id: ab.Job(**{**job, "progress": ab._models.Progress(**job["progress"])})  # type: ignore[method-assign]

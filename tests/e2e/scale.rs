@@ -101,5 +101,8 @@ fn a_100k_episode_session_is_covered_exactly_once_or_listed_as_skipped() {
     );
     let job = env.run(&["jobs", "--json"]).json();
     assert_eq!(job[0]["state"], "succeeded");
-    assert!(job[0]["level"].as_u64().unwrap() >= 2, "{job:#}");
+    assert!(
+        job[0]["progress"]["level"].as_u64().unwrap() >= 2,
+        "{job:#}"
+    );
 }

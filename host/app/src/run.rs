@@ -3,6 +3,7 @@
 //! date through [`Scoped::run_or_join`]. Everything that happens is published as events, so
 //! the server's event streams and the CLI's progress display are two subscribers.
 
+use crate::JobView;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,16 +108,18 @@ impl Scoped {
 
     /// Run job `id` here unless a live worker holds it (`Ok(None)` then); a job that already
     /// ended is returned as it stands, or as the error that ended it.
-    pub async fn run_job(&self, id: u64) -> AppResult<Option<Job>> {
+    pub async fn run_job(&self, id: u64) -> AppResult<Option<JobView>> {
         self.job(id).await?;
         match self.app.inner.jobs.claim(id).await? {
             Claim::Taken(job) => self
                 .execute(job, None)
                 .await
                 .expect("without a stop signal a run always ends")
-                .map(Some),
+                .map(|j| Some(self.job_view(&j))),
             Claim::Busy(_) => Ok(None),
-            Claim::Finished(job) if job.state == JobState::Succeeded => Ok(Some(job)),
+            Claim::Finished(job) if job.state == JobState::Succeeded => {
+                Ok(Some(self.job_view(&job)))
+            }
             Claim::Finished(job) => Err(unsuccessful(&job)),
         }
     }

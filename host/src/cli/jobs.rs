@@ -5,7 +5,7 @@ use clap::{Args, Subcommand};
 
 use std::time::Duration;
 
-use abridge_app::jobs::{Job, JobState};
+use abridge_app::{ErrorKind, JobView};
 use abridge_engine::types::describe;
 
 use super::app::{Show, shown};
@@ -52,15 +52,16 @@ pub fn storage(e: abridge_engine::types::Error) -> Failure {
     Failure::new(Exit::Storage, anyhow!(describe(&e)))
 }
 
-fn row(j: &Job) -> String {
-    let progress = match j.state {
-        JobState::Running | JobState::Failed | JobState::Cancelled if j.total > 0 => {
-            let stage = if j.level == 0 {
+fn row(j: &JobView) -> String {
+    let p = &j.progress;
+    let progress = match j.state.as_str() {
+        "running" | "failed" | "cancelled" if p.total > 0 => {
+            let stage = if p.level == 0 {
                 "map".to_string()
             } else {
-                format!("reduce {}", j.level)
+                format!("reduce {}", p.level)
             };
-            format!("{stage} {}/{}", j.done, j.total)
+            format!("{stage} {}/{}", p.done, p.total)
         }
         _ => String::new(),
     };
@@ -72,7 +73,7 @@ fn row(j: &Job) -> String {
     format!(
         "{:>5}  {:<10} {:<24} {:>8}  {:>3}  {:<16} {:>7}  {}{}",
         j.id,
-        j.state.as_str(),
+        j.state,
         truncate(&j.session, 24),
         j.target,
         j.attempts,
@@ -87,28 +88,29 @@ fn row(j: &Job) -> String {
 }
 
 /// A job in full, one field per line.
-fn show(j: &Job) -> String {
+fn show(j: &JobView) -> String {
     let t = |ms: Option<u64>| ms.map_or_else(|| "-".to_string(), utc_text);
-    let stage = if j.level == 0 {
+    let p = &j.progress;
+    let stage = if p.level == 0 {
         "map".to_string()
     } else {
-        format!("reduce level {}", j.level)
+        format!("reduce level {}", p.level)
     };
     let mut out = format!(
         "job {}\n  session:   {}\n  target:    episode {}\n  state:     {}{}\n  model:     {} ({}-token context)\n  progress:  {stage}, {}/{} answers; {} model answers in all, {} calls planned\n  attempts:  {}\n  created:   {}\n  started:   {}\n  updated:   {}\n  finished:  {}\n",
         j.id,
         j.session,
         j.target,
-        j.state.as_str(),
-        if j.cancel_requested && j.state == JobState::Running {
+        j.state,
+        if j.cancel_requested {
             " (cancel requested)"
         } else {
             ""
         },
-        j.config.model,
-        j.config.context_length,
-        j.done,
-        j.total,
+        j.model,
+        j.context_length,
+        p.done,
+        p.total,
         j.answers,
         j.calls_planned,
         j.attempts,
@@ -117,10 +119,11 @@ fn show(j: &Job) -> String {
         utc_text(j.updated_ms),
         t(j.finished_ms),
     );
-    if let Some(owner) = &j.lease_owner {
+    if let Some(l) = &j.lease {
         out.push_str(&format!(
-            "  lease:     {owner} until {}\n",
-            t(j.lease_until_ms)
+            "  lease:     {} until {}\n",
+            l.worker,
+            t(l.until_ms)
         ));
     }
     if let Some(e) = &j.error {
@@ -141,12 +144,12 @@ fn truncate(s: &str, n: usize) -> String {
 
 pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
-    let jobs = local.app().jobs();
+    let json_of = |j: &JobView| serde_json::to_value(j).expect("a job serializes");
     match a.cmd {
         None => {
-            let list = jobs.list(a.limit).await.map_err(storage)?;
+            let list = local.list_jobs(None, a.limit).await?;
             if a.json {
-                let v: Vec<_> = list.iter().map(Job::to_json).collect();
+                let v: Vec<_> = list.iter().map(json_of).collect();
                 println!("{}", serde_json::Value::from(v));
             } else if list.is_empty() {
                 println!("no jobs in {}", abridge_app::db::shown(&s.db));
@@ -162,51 +165,40 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
             Ok(())
         }
         Some(JobsCmd::Show { id, json }) => {
-            let j = jobs
-                .get(id)
-                .await
-                .map_err(storage)?
-                .ok_or_else(|| no_job(s, id))?;
+            let j = local.job(id).await.map_err(|e| known(s, id, e))?;
             if json {
-                println!("{}", j.to_json());
+                println!("{}", json_of(&j));
             } else {
                 print!("{}", show(&j));
             }
             Ok(())
         }
         Some(JobsCmd::Cancel { id }) => {
-            let j = jobs
-                .cancel(id)
-                .await
-                .map_err(storage)?
-                .ok_or_else(|| no_job(s, id))?;
-            match j.state {
-                JobState::Cancelled if j.started_ms.is_none() => {
-                    println!("job {id} cancelled (it had not started)")
+            let j = local.cancel_job(id).await.map_err(|e| match e.kind {
+                // Nothing to cancel is the caller's mistake, not the database's.
+                ErrorKind::Conflict => {
+                    Failure::new(Exit::Input, anyhow!("{}; nothing to cancel", e.message))
                 }
-                JobState::Running => println!(
+                _ => known(s, id, e),
+            })?;
+            match j.state.as_str() {
+                "cancelled" => println!("job {id} cancelled (it had not started)"),
+                _ => println!(
                     "job {id}: cancel requested; its worker ({}) stops within a second and writes nothing",
-                    j.lease_owner.as_deref().unwrap_or("unknown")
+                    j.lease.as_ref().map_or("unknown", |l| l.worker.as_str())
                 ),
-                state => {
-                    return Err(Failure::new(
-                        Exit::Input,
-                        anyhow!("job {id} is already {}; nothing to cancel", state.as_str()),
-                    ));
-                }
             }
             Ok(())
         }
         Some(JobsCmd::Run { json }) => {
             // Every runnable job (an explicit run of the queue).
-            let runnable = jobs.runnable(None).await.map_err(storage)?;
+            let runnable = local.runnable_jobs().await?;
             if runnable.is_empty() {
                 super::commands::note(s, "no queued or interrupted jobs");
                 return Ok(());
             }
             let backend = super::commands::choose_backend(s).await?;
             let local = super::app::local(s, Some(&backend))?;
-            let jobs = local.app().jobs();
             let mode = Mode::detect(json, s.quiet);
             let mut failed = 0;
             for j in runnable {
@@ -217,7 +209,7 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
                     }
                     Ok(Some(j)) => {
                         if json {
-                            println!("{}", j.to_json());
+                            println!("{}", json_of(&j));
                         } else {
                             println!(
                                 "job {}: succeeded (session {}, up to episode {})",
@@ -228,8 +220,8 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
                     Err(f) => {
                         failed += 1;
                         eprintln!("abridge: job {}: {:#}", j.id, f.error);
-                        if json && let Some(j) = jobs.get(j.id).await.map_err(storage)? {
-                            println!("{}", j.to_json());
+                        if json && let Ok(j) = local.job(j.id).await {
+                            println!("{}", json_of(&j));
                         }
                     }
                 }
@@ -245,7 +237,11 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
     }
 }
 
-fn no_job(s: &Settings, id: u64) -> Failure {
+/// An app error about job `id`, a missing job said with the database and how to list them.
+fn known(s: &Settings, id: u64, e: abridge_app::AppError) -> Failure {
+    if e.kind != ErrorKind::NotFound {
+        return e.into();
+    }
     Failure::new(
         Exit::Input,
         anyhow!(

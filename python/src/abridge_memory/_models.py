@@ -58,6 +58,15 @@ class Progress:
 
 
 @dataclass
+class Lease:
+    """Who holds a running job."""
+
+    SCHEMA: ClassVar[str] = "LeaseView"
+    worker: str
+    until_ms: Optional[int] = None
+
+
+@dataclass
 class Job:
     """A durable summarization job."""
 
@@ -72,9 +81,13 @@ class Job:
     attempts: int
     cancel_requested: bool
     created_ms: int
+    updated_ms: int
+    model: str
+    context_length: int
     error: Optional[str] = None
     started_ms: Optional[int] = None
     finished_ms: Optional[int] = None
+    lease: Optional[Lease] = None
 
     @property
     def finished(self) -> bool:
