@@ -27,6 +27,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use abridge_app::memories::Summaries;
 use abridge_engine::types::{Config, Engine, Mode, NewEpisode, Role};
 use abridge_engine::types::{MemoryFilter, MemoryIn, NewMemory, Scope};
 use abridge_engine::{Abridge, ComponentSource, LlmBackend, Runtime};
@@ -698,10 +699,16 @@ async fn main() {
             let started = Instant::now();
             let (mut after, mut bytes) = (0u64, 0u64);
             loop {
-                let page = app.store().episodes_after("s", after, 1000).await.unwrap();
-                let Some(last) = page.last() else { break };
+                let page = me.messages("s", after, 1000).await.unwrap();
+                let Some(last) = page.messages.last() else {
+                    break;
+                };
                 after = last.id;
-                bytes += page.iter().map(|e| e.content.len() as u64).sum::<u64>();
+                bytes += page
+                    .messages
+                    .iter()
+                    .map(|e| e.content.len() as u64)
+                    .sum::<u64>();
             }
             t.push(started.elapsed().as_secs_f64() * 1e6);
             assert!(bytes > 0);
@@ -757,9 +764,13 @@ async fn main() {
         let mut cluster = None;
         for start in (0..n).step_by(100) {
             for r in me
-                .remember((start..(start + 100).min(n)).map(fact).collect())
+                .remember(
+                    (start..(start + 100).min(n)).map(fact).collect(),
+                    Summaries::Leave,
+                )
                 .await
                 .unwrap()
+                .memories
             {
                 assert_eq!(*cluster.get_or_insert(r.cluster), r.cluster, "one cluster");
             }
@@ -769,7 +780,11 @@ async fn main() {
         let mut t = Vec::new();
         for i in n..n + a.calls.min(300) {
             let started = Instant::now();
-            let r = me.remember(vec![fact(i)]).await.unwrap();
+            let r = me
+                .remember(vec![fact(i)], Summaries::Leave)
+                .await
+                .unwrap()
+                .memories;
             assert!(r[0].cluster == cluster && r[0].due);
             for o in me.summarize_due(&[cluster]).await {
                 let o = o.unwrap().unwrap();

@@ -250,14 +250,7 @@ async fn backfill_in_process_passes_over_unchanged_files_and_reset_brings_a_sess
     };
     // A dry run first: plans on its own in-memory copy, stores nothing, calls no model.
     let dry_pass = async || {
-        let engine = abridge_engine::Abridge::builder()
-            .runtime(me.engine().runtime().clone())
-            .store(Arc::new(MemoryStore::new()))
-            .llm(Arc::new(abridge_engine::NoModel))
-            .build()
-            .unwrap();
-        let known: Arc<dyn abridge_store::SourceStore> = app.store();
-        let dry = backfill::DryRun::new(engine, Some(known));
+        let dry = me.backfill_dry_run().unwrap();
         let scan = backfill::scan(dir.path(), &ScanFilter::default()).unwrap();
         let mut out = Vec::new();
         for f in &scan.files {
@@ -450,5 +443,46 @@ async fn events_published_by_a_short_lived_app_are_written_when_it_is_dropped() 
         rows.iter()
             .any(|r| r.kind == "job.queued" && r.job == Some(job.id)),
         "{rows:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_and_a_post_of_the_same_messages_queue_the_same_target() {
+    use abridge_app::{Bring, ImportRequest};
+    // Window mode folds what falls out of its window: the verdict's fold point is not the
+    // last episode, so a rule that queued "everything" for an upload would differ here.
+    let (_clock, app) = open(Mode::Window);
+    let me = app.local();
+    let lines = jsonl(400, "the index rebuild");
+    let posted = me
+        .append_jsonl("posted", lines.clone().into_bytes())
+        .await
+        .unwrap();
+    let req = ImportRequest {
+        session: Some("uploaded"),
+        ..ImportRequest::new(
+            "upload.jsonl",
+            abridge_app::transcript::Input::Bytes(lines.as_bytes()),
+        )
+    };
+    let uploaded = me.import(req, Bring::Queue).await.unwrap();
+    let post_job = posted
+        .job
+        .expect("400 messages in window mode queue a fold");
+    let upload_job = uploaded.conversations[0]
+        .job
+        .clone()
+        .expect("the same messages uploaded queue a fold");
+    assert_eq!(post_job.target, upload_job.target);
+    assert!(
+        post_job.target < 400,
+        "the window's newest messages stay unfolded: {}",
+        post_job.target
+    );
+    // Asked for (a refresh), every episode is the work.
+    let asked = me.refresh("uploaded").await.unwrap().unwrap();
+    assert_eq!(
+        asked.id, upload_job.id,
+        "a queued refresh of the session coalesces"
     );
 }

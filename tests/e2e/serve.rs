@@ -1337,7 +1337,12 @@ fn a_context_that_must_omit_messages_keeps_their_identifiers_and_queues_the_fold
         .map(|m| m["content"].as_str().unwrap().to_string())
         .collect::<Vec<_>>()
         .join("\n");
-    assert!(c["omitted"].as_u64().unwrap() > 0, "{c}");
+    // The fold the context queues may already have run by the time it is read (a worker is
+    // quick): then its summary covers what would have been omitted.
+    assert!(
+        c["omitted"].as_u64().unwrap() > 0 || c["covered"].as_u64() > Some(0),
+        "{c}"
+    );
     for planted in ["INC-4471", "Priya Raman"] {
         assert!(text.contains(planted), "{planted} left out: {c}");
     }

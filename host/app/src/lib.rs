@@ -42,12 +42,14 @@ use tokio::sync::{Notify, Semaphore};
 
 pub use error::{AppError, AppResult, ErrorKind};
 pub use events::{Event, EventBus, What};
-pub use import::{Bring, ConversationImport, SourceFile};
+pub use import::{
+    Bring, ConversationImport, Import, ImportError, ImportRequest, SourceFile, one_session,
+};
 pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
     Appended, ContextParts, ContextView, CoverageView, EpisodeView, ExpansionView, Imported,
-    JobView, LedgerView, MessageIn, MessageView, MessagesView, RemovedView, SessionView,
+    JobView, LeaseView, LedgerView, MessageIn, MessageView, MessagesView, RemovedView, SessionView,
     SourceMarkView, SummaryView, state_name,
 };
 pub use worker::Workers;
@@ -212,9 +214,8 @@ impl App {
         })
     }
 
-    /// Everything the app keeps (the engine's store and the app's tables), untenanted: for
-    /// front ends' own bookkeeping tables (imported and watched files).
-    pub fn store(&self) -> Arc<dyn AppStore> {
+    /// Everything the app keeps (the engine's store and the app's tables), untenanted.
+    pub(crate) fn store(&self) -> Arc<dyn AppStore> {
         self.inner.db.clone()
     }
 
@@ -223,8 +224,8 @@ impl App {
         &self.inner.cfg
     }
 
-    /// The job table (unscoped: for workers and the local CLI).
-    pub fn jobs(&self) -> &Jobs {
+    /// The job table (unscoped: for workers).
+    pub(crate) fn jobs(&self) -> &Jobs {
         &self.inner.jobs
     }
 
@@ -359,6 +360,26 @@ pub struct InlineAppend {
     pub failure: Option<AppError>,
 }
 
+/// Why the due rule ([`Scoped::due`]) is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Messages arrived (posted, ingested, watched or uploaded): the mode's trigger, and the
+    /// fold point it names.
+    Append,
+    /// A context of `budget` tokens that keeps at most `refresh_after` messages beyond the
+    /// summary is read: what it could not carry is due, whatever the mode (see the WIT
+    /// `context-freshness`).
+    Context {
+        /// Messages beyond the summary such a context keeps.
+        refresh_after: u32,
+        /// Its budget in tokens (0: none).
+        budget: u32,
+    },
+    /// A user asked for a summary (`summarize`, `backfill`, a refresh, an upgrade): every
+    /// episode beyond the chain, and offline rows the model rewrites.
+    Asked,
+}
+
 /// One tenant's view of the app. Every operation is scoped to the tenant.
 #[derive(Clone)]
 pub struct Scoped {
@@ -395,7 +416,7 @@ impl Scoped {
     }
 
     /// The tenant's engine (its store is the tenant's view).
-    pub fn engine(&self) -> &Arc<Abridge> {
+    pub(crate) fn engine(&self) -> &Arc<Abridge> {
         &self.state.engine
     }
 
@@ -527,19 +548,32 @@ impl Scoped {
             .map_or(0, |r| r.last_episode))
     }
 
-    /// Whether a summary job under `cfg` has work in `session`, whose newest episode is
-    /// `last_episode`: episodes beyond the chain, or rows the offline summarizer wrote that
-    /// `cfg`'s model rewrites (the guest's count, asked only when everything is covered).
-    pub async fn needs_summary(
-        &self,
-        session: &str,
-        last_episode: u64,
-        cfg: &Config,
-    ) -> AppResult<bool> {
-        if last_episode > self.covered(session).await? {
-            return Ok(true);
-        }
-        Ok(self.engine().freshness(session, cfg).await?.fallback_rows > 0)
+    /// The one due rule: the episode a refresh of `session` under `cfg` must bring it to, or
+    /// `None` when nothing is due, for `reason`. Every decision to queue or run a refresh
+    /// asks here; the verdicts are the guest's.
+    pub async fn due(&self, session: &str, cfg: &Config, reason: Reason) -> AppResult<Option<u64>> {
+        let f = match reason {
+            Reason::Append => self.engine().freshness(session, cfg).await?,
+            Reason::Context {
+                refresh_after,
+                budget,
+            } => {
+                self.engine()
+                    .context_freshness(session, cfg, refresh_after, budget)
+                    .await?
+            }
+            Reason::Asked => {
+                let last = self.store().stats(session).await?.last_episode;
+                if last > self.covered(session).await? {
+                    return Ok(Some(last));
+                }
+                // Everything is covered: rows the offline summarizer wrote that `cfg`'s model
+                // rewrites (the guest's count) are the work.
+                let f = self.engine().freshness(session, cfg).await?;
+                return Ok((f.fallback_rows > 0).then_some(last));
+            }
+        };
+        Ok((f.state == FreshState::Due).then_some(f.fold_upto))
     }
 
     /// A session's figures; an unknown session is [`ErrorKind::NotFound`].
@@ -769,21 +803,6 @@ impl Scoped {
         Ok(self.engine().freshness(session, cfg).await?)
     }
 
-    /// The verdict as a context of `budget` tokens keeping at most `refresh_after` messages
-    /// beyond the summary sees it (what that context could not carry is due).
-    pub async fn context_freshness(
-        &self,
-        session: &str,
-        cfg: &Config,
-        refresh_after: u32,
-        budget: u32,
-    ) -> AppResult<FreshnessReport> {
-        Ok(self
-            .engine()
-            .context_freshness(session, cfg, refresh_after, budget)
-            .await?)
-    }
-
     /// A session's summary chain, oldest first.
     pub async fn summaries(&self, session: &str) -> AppResult<Vec<SummaryView>> {
         self.known(session).await?;
@@ -794,6 +813,20 @@ impl Scoped {
             .iter()
             .map(SummaryView::from)
             .collect())
+    }
+
+    /// Refuse a request of more messages than one request takes (the service's limit; the
+    /// parser holds the same bound for what it is given).
+    pub fn check_message_count(&self, n: usize) -> AppResult<()> {
+        let most = self.app.inner.cfg.limits.messages_per_request;
+        if most > 0 && n as u64 > most {
+            return Err(AppError::new(
+                ErrorKind::TooLarge,
+                format!("the body holds {n} messages, more than one request takes ({most})"),
+            )
+            .hint(format!("post them in requests of at most {most} messages")));
+        }
+        Ok(())
     }
 
     /// Append messages given as JSON lines (`{"role","content","timestamp"?,"id"?,"name"?}`),
@@ -863,12 +896,11 @@ impl Scoped {
         {
             return Ok(out);
         }
-        let f = self.engine().freshness(session, cfg).await?;
-        if f.state != FreshState::Due {
+        let Some(target) = self.due(session, cfg, Reason::Append).await? else {
             return Ok(out);
-        }
+        };
         let before = self.store().summaries(session).await?;
-        match self.run_or_join(session, f.fold_upto, cfg).await {
+        match self.run_or_join(session, target, cfg).await {
             Ok(_) => {
                 // What the job wrote: the rows that are new or reach further than before.
                 out.written = self
@@ -936,20 +968,18 @@ impl Scoped {
         }
         // The guest decides: its verdict, as a context with this limit sees it when there is
         // one.
-        let f = match for_context {
-            Some((refresh_after, budget)) => {
-                self.engine()
-                    .context_freshness(session, cfg, refresh_after, budget)
-                    .await?
-            }
-            None => self.engine().freshness(session, cfg).await?,
+        let reason = match for_context {
+            Some((refresh_after, budget)) => Reason::Context {
+                refresh_after,
+                budget,
+            },
+            None => Reason::Append,
         };
-        let job = if f.state == FreshState::Due && !self.read_only {
-            Some(self.enqueue(session, f.fold_upto, cfg).await?)
-        } else {
-            None
+        let job = match self.due(session, cfg, reason).await? {
+            Some(target) if !self.read_only => Some(self.enqueue(session, target, cfg).await?),
+            _ => None,
         };
-        Ok((job, f.episodes))
+        Ok((job, self.store().stats(session).await?.episodes))
     }
 
     async fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
@@ -988,107 +1018,13 @@ impl Scoped {
     /// Queue a refresh now, whatever the session's mode or backoff. `None` when every episode
     /// is already covered.
     pub async fn refresh(&self, session: &str) -> AppResult<Option<JobView>> {
-        let stats = self.known(session).await?;
+        self.known(session).await?;
         let cfg = self.session_config(session).await?;
-        if !self
-            .needs_summary(session, stats.last_episode, &cfg)
-            .await?
-        {
+        let Some(target) = self.due(session, &cfg, Reason::Asked).await? else {
             return Ok(None);
-        }
-        let job = self.enqueue(session, stats.last_episode, &cfg).await?;
-        Ok(Some(self.job_view(&job)))
-    }
-
-    /// Import a transcript (any supported format, parsed in the sandbox): one session per
-    /// conversation, named by `session` or by the one naming rule, each with a refresh job
-    /// when anything is left to summarize.
-    pub async fn import(
-        &self,
-        name: &str,
-        bytes: &[u8],
-        format: Option<Format>,
-        session: Option<&str>,
-        opts: Options,
-    ) -> AppResult<(Vec<Imported>, Vec<String>)> {
-        if let Some(s) = session {
-            check_session(s)?;
-        }
-        let limits = &self.app.inner.cfg.limits;
-        let opts = Options {
-            max_episodes: limits.episodes_per_upload,
-            ..opts
         };
-        let mut input = transcript::Input::Bytes(bytes);
-        let scanned =
-            transcript::scan(self.engine(), name, &mut input, format, opts, u64::MAX).await?;
-        let n = scanned.conversations.len();
-        if limits.conversations_per_upload > 0 && n > limits.conversations_per_upload {
-            return Err(AppError::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "{name} holds {n} conversations, more than one upload takes ({})",
-                    limits.conversations_per_upload
-                ),
-            )
-            .hint(format!(
-                "split the export into parts of at most {} conversations",
-                limits.conversations_per_upload
-            )));
-        }
-        // Each conversation queues a refresh: refuse up front what the tenant's queue cannot
-        // take, rather than store half of it.
-        if limits.queued_per_tenant > 0 {
-            let (queued, _) = self.app.inner.jobs.queued_of(&self.tables, "").await?;
-            let room = limits.queued_per_tenant.saturating_sub(queued);
-            if n > room {
-                return Err(AppError::new(
-                    ErrorKind::RateLimited {
-                        retry_after_secs: 30,
-                    },
-                    format!(
-                        "{name} holds {n} conversations, each a refresh to queue, and this tenant may queue {room} more now (the limit is {})",
-                        limits.queued_per_tenant
-                    ),
-                )
-                .hint("upload fewer conversations at once, or wait for the queue to drain (GET /v1/jobs)"));
-            }
-        }
-        let many = n > 1;
-        if many && session.is_some() {
-            return Err(AppError::invalid(format!(
-                "{name} holds {} conversations, which are imported as one session each; leave the session out",
-                n
-            )));
-        }
-        // The second pass stores the episodes, once every session is named.
-        let mut sessions = Vec::with_capacity(n);
-        for (i, conv) in scanned.conversations.iter().enumerate() {
-            sessions.push(match session {
-                Some(s) => s.to_string(),
-                None => {
-                    let file = std::path::Path::new(name);
-                    let base = naming::base(conv.id.as_deref(), file, many.then_some(i));
-                    self.session_for(&base, None).await?
-                }
-            });
-        }
-        let added = self
-            .store_scanned(name, &mut input, &scanned, &sessions, opts)
-            .await?;
-        let mut out = Vec::new();
-        for ((conv, id), added) in scanned.conversations.into_iter().zip(sessions).zip(added) {
-            let done = self.finish_import(&id, added, None, Bring::Queue).await?;
-            self.label_session(&id, conv.title.as_deref(), None).await?;
-            out.push(Imported {
-                session: id,
-                title: conv.title,
-                episodes: conv.episodes,
-                stored: u64::from(done.added),
-                job: done.job.map(|j| self.job_view(&j)),
-            });
-        }
-        Ok((out, scanned.warnings))
+        let job = self.enqueue(session, target, &cfg).await?;
+        Ok(Some(self.job_view(&job)))
     }
 
     /// The context for the next model call, from what is summarized now. Never waits for the
@@ -1335,6 +1271,21 @@ impl Scoped {
             .list_for(&self.tables, before, limit)
             .await?
             .iter()
+            .map(|j| self.job_view(j))
+            .collect())
+    }
+
+    /// The tenant's jobs a worker could take now, oldest first: queued ones, and running
+    /// ones whose worker is gone (after a crash or kill).
+    pub async fn runnable_jobs(&self) -> AppResult<Vec<JobView>> {
+        Ok(self
+            .app
+            .inner
+            .jobs
+            .runnable(None)
+            .await?
+            .iter()
+            .filter(|j| self.tenant.session_of(&j.session).is_some())
             .map(|j| self.job_view(j))
             .collect())
     }

@@ -4,6 +4,7 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
+use abridge_app::Reason;
 use abridge_app::state_name;
 use abridge_engine::types::{FreshState, Mode};
 
@@ -490,11 +491,11 @@ pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
     let mut upgraded = 0usize;
     for session in &sessions {
         let view = local.session(session).await.map_err(|e| fail(s, e))?;
-        if local.needs_summary(session, view.episodes, &cfg).await? {
+        if let Some(target) = local.due(session, &cfg, Reason::Asked).await? {
             super::app::run_or_join(
                 s,
                 &local,
-                (session, view.episodes),
+                (session, target),
                 &cfg,
                 super::app::Show::Own(mode),
             )

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 use clap::Args;
 
+use abridge_app::Reason;
 use abridge_app::hook::{self, Ask, Payload};
-use abridge_engine::types::FreshState;
 
 use super::commands::{choose_backend, engine_config};
 use super::{Exit, Failure, Settings};
@@ -131,15 +131,11 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
         Ask::Import => {
             // Summarize what the budget allows; a job stopped at the deadline goes back to
             // the queue with the answers it received.
-            // One verdict from the guest, as the next SessionStart's context sees it: episodes
-            // beyond the chain (what that context could not carry, whatever the mode's
+            // The app's due rule, as asked for: episodes beyond the chain (whatever the mode's
             // trigger), or offline rows to rewrite.
-            let f = local
-                .context_freshness(&session, &cfg, u32::MAX, a.context_tokens.max(64))
-                .await?;
-            if f.state == FreshState::Empty || (f.episodes <= f.covered && f.fallback_rows == 0) {
+            let Some(target) = local.due(&session, &cfg, Reason::Asked).await? else {
                 return Ok(());
-            }
+            };
             let left = deadline.saturating_duration_since(Instant::now());
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             let timer = tokio::spawn(async move {
@@ -148,7 +144,7 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
                 let _ = stop_tx.send(true);
             });
             let done = local
-                .run_or_join_until(&session, f.fold_upto, &cfg, Some(stop_rx))
+                .run_or_join_until(&session, target, &cfg, Some(stop_rx))
                 .await;
             timer.abort();
             done?;
