@@ -162,7 +162,7 @@ trait Look {
 }
 
 struct PgLook<'a> {
-    srv: &'a abridge_test_llm::pg::Server,
+    srv: &'a abridge_test_pg::Server,
     db: String,
 }
 
@@ -347,10 +347,10 @@ fn main() {
         &a,
         &llm.url(),
     ));
-    match abridge_test_llm::pg::shared() {
+    match abridge_test_pg::shared() {
         None => println!(
             "SKIPPED: the PostgreSQL runs (install: {})",
-            abridge_test_llm::pg::INSTALL
+            abridge_test_pg::INSTALL
         ),
         Some(srv) => {
             for k in 1..=3 {
@@ -387,7 +387,7 @@ fn main() {
             r.label
         );
     }
-    if let Some(srv) = abridge_test_llm::pg::shared() {
+    if let Some(srv) = abridge_test_pg::shared() {
         claims(srv);
     }
     if runs.len() == 4 {
@@ -403,7 +403,7 @@ fn main() {
 
 /// The claim itself: three workers (three connection pools, as three instances) take 300
 /// queued jobs at once through `FOR UPDATE SKIP LOCKED`; each claim call is timed.
-fn claims(srv: &abridge_test_llm::pg::Server) {
+fn claims(srv: &abridge_test_pg::Server) {
     use abridge_app::jobs::{Claim, Jobs};
     let url = srv.database("claims");
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -155,6 +155,17 @@ pub(crate) fn sse(
     last_id: Option<u64>,
     stop: impl Fn(&str) -> bool,
 ) -> Vec<(String, Value)> {
+    sse_until(addr, path, token, last_id, |k, _| stop(k))
+}
+
+/// [`sse`] that stops on an event of a kind and data `stop` accepts.
+pub(crate) fn sse_until(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    last_id: Option<u64>,
+    stop: impl Fn(&str, &Value) -> bool,
+) -> Vec<(String, Value)> {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let auth = token
@@ -185,7 +196,7 @@ pub(crate) fn sse(
             data = d.to_string();
         } else if l.is_empty() && !kind.is_empty() {
             let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-            let done = stop(&kind);
+            let done = stop(&kind, &v);
             events.push((std::mem::take(&mut kind), v));
             if done {
                 return events;

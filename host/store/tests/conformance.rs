@@ -1122,7 +1122,7 @@ async fn the_store_conformance_suite_passes_on_sqlite_memory_and_postgres() {
 
 /// A PostgreSQL store on a new database (`None`, after SKIPPED, without PostgreSQL).
 async fn pg(label: &str) -> Option<(PgStore, String)> {
-    let url = abridge_test_llm::pg::shared()?.database(label);
+    let url = abridge_test_pg::shared()?.database(label);
     Some((PgStore::connect(&url).await.expect("connect"), url))
 }
 

@@ -100,7 +100,7 @@ fn sqlite_schema() -> Schema {
 }
 
 async fn postgres_schema() -> Option<Schema> {
-    let url = abridge_test_llm::pg::shared()?.database("schema");
+    let url = abridge_test_pg::shared()?.database("schema");
     drop(PgStore::connect(&url).await.expect("connect"));
     let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
@@ -203,7 +203,7 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
     use abridge_store::tenant::{Tenant, TenantTables};
     use abridge_store::{JobStore, Store};
     use std::sync::Arc;
-    let Some(pg) = abridge_test_llm::pg::shared() else {
+    let Some(pg) = abridge_test_pg::shared() else {
         return;
     };
     let url = pg.database("tenant_columns");

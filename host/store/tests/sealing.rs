@@ -175,7 +175,7 @@ async fn sqlite_seals_every_text_column() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_seals_every_text_column() {
-    let Some(pg) = abridge_test_llm::pg::shared() else {
+    let Some(pg) = abridge_test_pg::shared() else {
         return;
     };
     let url = pg.database("sealing");
@@ -319,7 +319,7 @@ async fn sqlite_seals_vectors_when_asked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_seals_vectors_when_asked() {
-    let Some(pg) = abridge_test_llm::pg::shared() else {
+    let Some(pg) = abridge_test_pg::shared() else {
         return;
     };
     let url = pg.database("sealing_vectors");

@@ -1108,4 +1108,3 @@ mod tests {
         );
     }
 }
-pub mod pg;
