@@ -1,4 +1,4 @@
-//! The app layer in process, on the in-memory store with a manual clock: what the CLI and
+//! The app layer in process, on a SQLite store in memory with a manual clock: what the CLI and
 //! `abridge serve` do, tested without subprocesses or sleeps.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use abridge_engine::types::{
     Config, Error, FinishReason, Mode, NewEpisode, Request, Response, Role,
 };
 use abridge_engine::{Clock, ComponentSource, LlmBackend, ManualClock, Runtime};
-use abridge_store::MemoryStore;
+use abridge_store::SqliteStore;
 
 /// A model that says how many conversation lines it was shown.
 struct Scripted;
@@ -34,14 +34,18 @@ impl LlmBackend for Scripted {
     }
 }
 
-/// An app in `mode` on the in-memory store, with a manual clock at 2026-01-01.
+/// An app in `mode` on a SQLite store in memory, with a manual clock at 2026-01-01.
 fn open(mode: Mode) -> (Arc<ManualClock>, App) {
     let clock = Arc::new(ManualClock::at(1_767_225_600_000));
-    let app = open_on(clock.clone(), mode, Arc::new(MemoryStore::new()));
+    let app = open_on(
+        clock.clone(),
+        mode,
+        Arc::new(SqliteStore::in_memory().unwrap()),
+    );
     (clock, app)
 }
 
-fn open_on(clock: Arc<ManualClock>, mode: Mode, store: Arc<MemoryStore>) -> App {
+fn open_on(clock: Arc<ManualClock>, mode: Mode, store: Arc<SqliteStore>) -> App {
     let runtime = Runtime::load(
         &ComponentSource::Embedded,
         Some(&crate::harness::cache_dir()),
@@ -427,7 +431,7 @@ async fn watch_in_process_baselines_waits_for_whole_lines_and_idle_quiet_then_re
 async fn events_published_by_a_short_lived_app_are_written_when_it_is_dropped() {
     use abridge_store::EventStore;
     let clock = Arc::new(ManualClock::at(1_767_225_600_000));
-    let store = Arc::new(MemoryStore::new());
+    let store = Arc::new(SqliteStore::in_memory().unwrap());
     let app = open_on(clock.clone(), Mode::Eager, store.clone());
     let me = app.local();
     let now = clock.now_ms() as i64;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use abridge_backend::Ollama;
 use abridge_engine::types::{Config, NewEpisode, Role, SummaryRow};
 use abridge_engine::{Abridge, Clock};
-use abridge_store::MemoryStore;
+use abridge_store::SqliteStore;
 use serde_json::{Value, json};
 
 use crate::harness::TestServer;
@@ -43,7 +43,7 @@ async fn run_case(dir: &Path) -> Value {
         serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap()).unwrap();
     let server = TestServer::start();
     let engine = Abridge::builder()
-        .store(Arc::new(MemoryStore::new()))
+        .store(Arc::new(SqliteStore::in_memory().unwrap()))
         .llm(Arc::new(
             Ollama::new(&server.url(), Duration::from_secs(30)).unwrap(),
         ))

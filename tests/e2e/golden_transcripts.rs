@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use abridge_engine::Abridge;
 use abridge_engine::types::{ParseBatch, ParseError, ParseOptions, TranscriptFormat};
-use abridge_store::MemoryStore;
+use abridge_store::SqliteStore;
 use serde_json::{Value, json};
 
 fn format_name(f: TranscriptFormat) -> &'static str {
@@ -99,7 +99,7 @@ fn options(dir: &Path, name: &str) -> ParseOptions {
 #[tokio::test]
 async fn golden_transcripts_parse_the_same_whatever_the_chunking() {
     let engine = Abridge::builder()
-        .store(Arc::new(MemoryStore::new()))
+        .store(Arc::new(SqliteStore::in_memory().unwrap()))
         .cache_dir(Some(
             PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("abridge-component-cache"),
         ))

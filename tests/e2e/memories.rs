@@ -1,4 +1,4 @@
-//! Memories and cluster summaries: the app layer in process (in-memory store and a real SQLite
+//! Memories and cluster summaries: the app layer in process (SQLite in memory and in a real
 //! file) with a model that restates the facts it is shown, and the CLI.
 
 use std::collections::BTreeMap;
@@ -13,8 +13,8 @@ use abridge_engine::types::{
 };
 use abridge_engine::{ComponentSource, LlmBackend, ManualClock, Runtime};
 use abridge_store::AppStore;
+use abridge_store::SqliteStore;
 use abridge_store::tenant::Tenant;
-use abridge_store::{MemoryStore, SqliteStore};
 use serde_json::Value;
 
 /// The test server's model in process (it restates every fact line and the current summary it
@@ -99,7 +99,7 @@ fn open_limited(
 }
 
 fn open() -> (App, Arc<Restating>) {
-    open_on(Arc::new(MemoryStore::new()), Duration::ZERO)
+    open_on(Arc::new(SqliteStore::in_memory().unwrap()), Duration::ZERO)
 }
 
 const EDITOR: [&str; 4] = [
@@ -400,7 +400,7 @@ async fn golden_cluster_decisions() {
     assert_eq!(
         decisions(&sql).await,
         got,
-        "the SQLite and in-memory stores agree"
+        "SQLite in memory and in a file agree"
     );
     if std::env::var_os("ABRIDGE_BLESS").is_some() {
         std::fs::write(&path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
@@ -593,7 +593,11 @@ async fn the_monthly_ceiling_turns_summaries_off_and_recall_still_answers() {
         }),
         ..Limits::default()
     };
-    let (app, llm, clock) = open_limited(Arc::new(MemoryStore::new()), Duration::ZERO, limits);
+    let (app, llm, clock) = open_limited(
+        Arc::new(SqliteStore::in_memory().unwrap()),
+        Duration::ZERO,
+        limits,
+    );
     let me = app.local();
     // Each call spends 100 prompt + 40 output tokens: two summaries reach 280 of 250.
     for key in ["a", "b"] {
@@ -653,7 +657,7 @@ async fn a_tenant_runs_at_most_its_share_of_cluster_summaries_and_the_sweeper_co
         ..Limits::default()
     };
     let (app, llm, clock) = open_limited(
-        Arc::new(MemoryStore::new()),
+        Arc::new(SqliteStore::in_memory().unwrap()),
         Duration::from_millis(100),
         limits,
     );
@@ -794,7 +798,7 @@ async fn deleting_a_tenant_destroys_its_data_keys_and_leaves_others_alone() {
 /// the monthly ceiling sees what the model spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_counts_session_summaries_as_well_as_cluster_summaries() {
-    let (app, llm) = open_on(Arc::new(MemoryStore::new()), Duration::ZERO);
+    let (app, llm) = open_on(Arc::new(SqliteStore::in_memory().unwrap()), Duration::ZERO);
     let me = app.local();
     let episodes: Vec<abridge_engine::types::NewEpisode> = (0..12)
         .map(|i| abridge_engine::types::NewEpisode {

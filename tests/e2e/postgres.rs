@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use abridge_engine::types::{MemoryFilter, NewMemory};
-use abridge_store::{MemoryStore, PgStore, RecallStore, Store};
+use abridge_store::{PgStore, RecallStore, SqliteStore, Store};
 
 /// The shared test server, or `None` (SKIPPED is printed once).
 fn server() -> Option<&'static abridge_test_pg::Server> {
@@ -305,7 +305,7 @@ mod instances {
             // Instance C dies (kill -9) a third of the way, with jobs in hand: the model
             // slows down until C holds a running job, then C is killed.
             if i == N / 3 {
-                llm.set_delay(Duration::from_millis(1500));
+                llm.set_delay(Duration::from_millis(3000));
                 let c = servers[2].take().unwrap();
                 let pid = c.pid();
                 let held = format!(
@@ -314,12 +314,7 @@ mod instances {
                 let deadline = Instant::now() + Duration::from_secs(30);
                 let mut k = 0;
                 loop {
-                    let ids = pg.psql(&db, &held).unwrap();
-                    if !ids.is_empty() {
-                        held_by_c = ids
-                            .split(',')
-                            .filter_map(|x| x.parse::<u64>().ok())
-                            .collect();
+                    if !pg.psql(&db, &held).unwrap().is_empty() {
                         break;
                     }
                     assert!(Instant::now() < deadline, "C never took a job");
@@ -333,6 +328,15 @@ mod instances {
                     .args(["-9", &pid.to_string()])
                     .status()
                     .unwrap();
+                // What C held when it died: the rows still running under its lease (a job it
+                // finished between the look and the kill is not among them).
+                held_by_c = pg
+                    .psql(&db, &held)
+                    .unwrap()
+                    .split(',')
+                    .filter_map(|x| x.parse::<u64>().ok())
+                    .collect();
+                assert!(!held_by_c.is_empty(), "C died holding no job");
                 drop(c);
                 llm.set_delay(Duration::from_millis(15));
             }
@@ -680,7 +684,7 @@ async fn pgvector_recall_agrees_with_the_exact_scan() {
         return;
     }
     let (pg, url) = pg_store("ann").await.unwrap();
-    let exact = MemoryStore::new();
+    let exact = SqliteStore::in_memory().unwrap();
     // Deterministic vectors in 16 dimensions, two tenants.
     let mut seed = 7u64;
     let mut next = || {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use abridge_engine::sandbox::{ALLOWED_IMPORTS, empty_ctx};
 use abridge_engine::types::{Config, Engine, NewEpisode, Role};
 use abridge_engine::{Abridge, CallError, ComponentSource, Runtime, Store};
-use abridge_store::MemoryStore;
+use abridge_store::SqliteStore;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::cli::WasiCliCtxView;
 use wasmtime_wasi::p2::bindings::cli::environment::Host as _;
@@ -82,7 +82,7 @@ fn the_granted_context_holds_no_environment_arguments_or_directory() {
 #[tokio::test]
 async fn a_runaway_call_ends_with_a_clear_error_and_the_engine_keeps_working() {
     let rt = runtime();
-    let store = Arc::new(MemoryStore::new());
+    let store = Arc::new(SqliteStore::in_memory().unwrap());
     let cfg = Config {
         engine: Engine::Extractive,
         ..Config::default()
@@ -117,7 +117,7 @@ async fn a_runaway_call_ends_with_a_clear_error_and_the_engine_keeps_working() {
 
 #[tokio::test]
 async fn the_memory_cap_is_an_error_not_an_abort() {
-    let store = Arc::new(MemoryStore::new());
+    let store = Arc::new(SqliteStore::in_memory().unwrap());
     let engine = Abridge::builder()
         .runtime(runtime())
         .store(store.clone())

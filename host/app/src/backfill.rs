@@ -444,7 +444,7 @@ impl Scoped {
     pub fn backfill_dry_run(&self) -> AppResult<DryRun> {
         let engine = Abridge::builder()
             .runtime(self.engine().runtime().clone())
-            .store(crate::db::in_memory())
+            .store(crate::db::in_memory()?)
             .llm(Arc::new(abridge_engine::NoModel))
             .build()
             .map_err(|e| AppError::new(crate::ErrorKind::Internal, format!("{e:#}")))?;

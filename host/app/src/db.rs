@@ -29,9 +29,10 @@ pub async fn rotate_master_key(db: &Path, current: Secret, new: &Secret) -> Resu
     abridge_store::rotate_master_key(db, current, new).await
 }
 
-/// A store in memory, for an engine that only parses or plans and keeps nothing.
-pub fn in_memory() -> Arc<dyn abridge_engine::Store> {
-    Arc::new(abridge_store::MemoryStore::new())
+/// A SQLite store in memory, gone with the process: for an engine that only parses or plans
+/// (a dry run stores a transcript's episodes to plan them) and keeps nothing.
+pub fn in_memory() -> Result<Arc<dyn abridge_engine::Store>, Error> {
+    Ok(Arc::new(abridge_store::SqliteStore::in_memory()?))
 }
 
 /// The imported-file records of `db` when it exists (a PostgreSQL URL always does), for a dry

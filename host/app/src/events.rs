@@ -707,7 +707,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{MemoryStore, SqliteStore};
+    use crate::store::SqliteStore;
 
     fn bus(keep: usize, store: Arc<dyn EventStore>) -> EventBus {
         EventBus::new(keep, store, Arc::new(|_, _| {}))
@@ -749,7 +749,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reconnecting_subscriber_misses_nothing_retained_and_sees_only_its_tenant() {
-        let bus = bus(3, Arc::new(MemoryStore::new()));
+        let bus = bus(3, Arc::new(SqliteStore::in_memory().unwrap()));
         let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
         for i in 0..5 {
             bus.publish(&a, &What::queued(1), i, Some("s"), Some(i));
@@ -786,7 +786,7 @@ mod tests {
     /// need (a subscriber asking for them, or an event to write), once.
     #[tokio::test]
     async fn a_start_reads_no_log_and_each_tenant_is_read_on_first_need() {
-        let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+        let store: Arc<dyn EventStore> = Arc::new(SqliteStore::in_memory().unwrap());
         let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
         let first = bus(10, store.clone());
         for t in [&a, &b] {

@@ -401,14 +401,11 @@ pub fn fair_order(jobs: Vec<Job>, served: &BTreeMap<Tenant, u64>) -> Vec<Job> {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::store::{AppStore, MemoryStore, SqliteStore};
+    use crate::store::{AppStore, SqliteStore};
 
     /// The stores every job test runs against: the same rules whatever keeps the rows.
     fn stores() -> Vec<(&'static str, Arc<dyn AppStore>)> {
-        vec![
-            ("sqlite", Arc::new(SqliteStore::in_memory().unwrap())),
-            ("memory", Arc::new(MemoryStore::new())),
-        ]
+        vec![("sqlite", Arc::new(SqliteStore::in_memory().unwrap()))]
     }
 
     fn jobs(db: &Arc<dyn AppStore>, clock: &Arc<ManualClock>, owner: &str, lease_ms: u64) -> Jobs {
@@ -419,7 +416,7 @@ mod tests {
 
     #[tokio::test]
     async fn tenants_take_turns_and_the_longest_waiting_goes_first() {
-        let db: Arc<dyn AppStore> = Arc::new(MemoryStore::new());
+        let db: Arc<dyn AppStore> = Arc::new(SqliteStore::in_memory().unwrap());
         let clock = Arc::new(ManualClock::at(1_000));
         let j = jobs(&db, &clock, "w", 60_000);
         let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());

@@ -161,7 +161,8 @@ impl App {
     }
 
     /// Get ready over a store of the caller's choosing (`cfg.db` is then only a name):
-    /// [`crate::MemoryStore`] for tests and embedders, or any other [`AppStore`].
+    /// a SQLite store in memory for tests and embedders that keep nothing, or any other
+    /// [`AppStore`].
     pub fn open_with(cfg: AppConfig, db: Arc<dyn AppStore>) -> AppResult<App> {
         let jobs = Jobs::new(db.clone(), cfg.job_lease)
             .with_clock(cfg.clock.clone())

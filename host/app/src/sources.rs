@@ -71,13 +71,10 @@ pub fn with_mode(cfg: &crate::types::Config, m: Option<&SessionMode>) -> crate::
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{MemoryStore, SqliteStore};
+    use crate::store::SqliteStore;
 
     fn stores() -> Vec<(&'static str, Arc<dyn SourceStore>)> {
-        vec![
-            ("sqlite", Arc::new(SqliteStore::in_memory().unwrap())),
-            ("memory", Arc::new(MemoryStore::new())),
-        ]
+        vec![("sqlite", Arc::new(SqliteStore::in_memory().unwrap()))]
     }
 
     #[tokio::test]

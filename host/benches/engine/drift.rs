@@ -13,7 +13,7 @@ use abridge_engine::types::{
     Response, Role,
 };
 use abridge_engine::{Abridge, LlmBackend, ManualClock, Runtime};
-use abridge_store::MemoryStore;
+use abridge_store::SqliteStore;
 
 use crate::Failure;
 
@@ -58,7 +58,7 @@ impl Model {
 fn engine(runtime: &Arc<Runtime>, model: &Arc<Model>) -> Result<Abridge, Failure> {
     Abridge::builder()
         .runtime(runtime.clone())
-        .store(Arc::new(MemoryStore::new()))
+        .store(Arc::new(SqliteStore::in_memory().unwrap()))
         .llm(model.clone())
         .build()
         .map_err(crate::fail)
@@ -360,7 +360,7 @@ async fn fold_cost(
         let clock = Arc::new(ManualClock::at(crate::fresh::T0));
         let e = Abridge::builder()
             .runtime(runtime.clone())
-            .store(Arc::new(MemoryStore::new()))
+            .store(Arc::new(SqliteStore::in_memory().unwrap()))
             .llm(model.clone())
             .clock(clock.clone())
             .build()

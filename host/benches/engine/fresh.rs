@@ -10,7 +10,7 @@ use abridge_engine::types::{
     Config, ContextRequest, Engine, Error, FinishReason, Mode, NewEpisode, Request, Response, Role,
 };
 use abridge_engine::{Abridge, LlmBackend, ManualClock, Runtime};
-use abridge_store::MemoryStore;
+use abridge_store::SqliteStore;
 
 use crate::Failure;
 
@@ -102,7 +102,7 @@ fn engine(
 ) -> Result<Abridge, Failure> {
     Abridge::builder()
         .runtime(runtime.clone())
-        .store(Arc::new(MemoryStore::new()))
+        .store(Arc::new(SqliteStore::in_memory().unwrap()))
         .llm(model.clone())
         .clock(clock.clone())
         .build()

@@ -548,7 +548,7 @@ async fn js_comparison(
         // A fresh store per run: cached partial summaries and calibration must not carry over.
         let engine = Abridge::builder()
             .runtime(engine.runtime().clone())
-            .store(Arc::new(abridge_store::MemoryStore::new()))
+            .store(Arc::new(abridge_store::SqliteStore::in_memory().unwrap()))
             .llm(engine.llm().clone())
             .build()
             .map_err(fail)?;
@@ -857,7 +857,7 @@ async fn timed_map_reduce(
     let sink = lines.clone();
     let engine = Abridge::builder()
         .runtime(runtime)
-        .store(Arc::new(abridge_store::MemoryStore::new()))
+        .store(Arc::new(abridge_store::SqliteStore::in_memory().unwrap()))
         .llm(Arc::new(
             abridge_backend::Ollama::new(&server.url(), Duration::from_secs(60)).map_err(fail)?,
         ))
@@ -956,7 +956,7 @@ async fn long_transcripts(
     // Planning a 100,000-episode session (the guest reads every episode through the store).
     let engine = Abridge::builder()
         .runtime(runtime)
-        .store(Arc::new(abridge_store::MemoryStore::new()))
+        .store(Arc::new(abridge_store::SqliteStore::in_memory().unwrap()))
         .build()
         .map_err(fail)?;
     let big = synthetic(100_000, |i| 12 + i % 20);

@@ -384,7 +384,8 @@ async fn dry_run(
     totals: &mut Totals,
 ) -> Result<(), Failure> {
     let known = abridge_app::db::sources_if_present(&s.db).map_err(storage)?;
-    let engine = build(s, abridge_app::db::in_memory(), Arc::new(NoModel))?;
+    let store = abridge_app::db::in_memory().map_err(storage)?;
+    let engine = build(s, store, Arc::new(NoModel))?;
     let dry = bf::DryRun::new(engine, known);
     for f in files {
         let plan = dry.plan_file(f, opts, cfg).await?;

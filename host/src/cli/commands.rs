@@ -184,9 +184,10 @@ pub(super) fn runtime() -> Result<Arc<abridge_engine::Runtime>, Failure> {
         .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))
 }
 
-/// An engine for the pure calls (parsing, planning): an in-memory store and no model.
+/// An engine for the pure calls (parsing, planning): a SQLite store in memory and no model.
 pub(super) fn pure_engine(s: &Settings) -> Result<Abridge, Failure> {
-    build(s, abridge_app::db::in_memory(), Arc::new(NoModel))
+    let store = abridge_app::db::in_memory().map_err(super::jobs::storage)?;
+    build(s, store, Arc::new(NoModel))
 }
 
 pub(super) fn build(

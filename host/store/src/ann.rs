@@ -1,5 +1,5 @@
-//! Approximate nearest-neighbour search over a tenant's memory vectors, for the SQLite and
-//! in-memory stores (PostgreSQL has pgvector, `pg/ann.rs`).
+//! Approximate nearest-neighbour search over a tenant's memory vectors, for the SQLite store,
+//! in a file or in memory (PostgreSQL has pgvector, `pg/ann.rs`).
 //!
 //! The index is an HNSW graph from `usearch` (Unum's single-header library, Apache-2.0),
 //! chosen over the pure-Rust crates because it is the one maintained HNSW that supports all

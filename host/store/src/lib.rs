@@ -1,4 +1,5 @@
-//! abridge's storage: every store trait's implementations (in memory, SQLite, PostgreSQL),
+//! abridge's storage: every store trait's implementations (SQLite, in a file or in memory, and
+//! PostgreSQL),
 //! the records they keep (jobs, sources, marks, modes, tokens, events), tenancy, sealing, and
 //! the rules every store enforces. The traits the engine's imports need ([`Store`],
 //! [`RecallStore`]) are the engine's and re-exported here.
@@ -16,8 +17,6 @@ pub mod ann;
 pub mod crypto;
 pub mod jobs;
 pub(crate) mod keyring;
-mod memory;
-mod memory_tables;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod recall;
@@ -35,7 +34,6 @@ pub mod tables;
 pub mod tenant;
 
 pub use abridge_engine::store::{ClusterRow, Popped, RecallStore, Store, Unsettled, UsageDay};
-pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use pg::PgStore;
 #[cfg(feature = "sqlite")]

@@ -1,7 +1,7 @@
 //! The app's own tables behind traits, beside the engine's [`Store`]: durable jobs, imported
 //! files and their marks, watched files, per-session modes and API tokens. Every store
-//! implements all of them ([`super::SqliteStore`], [`super::MemoryStore`]; a shared server
-//! store later), so the app runs on any of them and a session's state lives in one place:
+//! implements all of them ([`super::SqliteStore`], in a file or in memory, and the PostgreSQL
+//! store), so the app runs on any of them and a session's state lives in one place:
 //! [`Store::reset_session`] clears all of it.
 //!
 //! Each call is atomic. Policy stays out of the stores: which lease is live and whose owner is

@@ -571,10 +571,10 @@ impl TenantRecall {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
-    use crate::MemoryStore;
+    use crate::SqliteStore;
     use crate::types::Role;
 
     fn ep(key: &str) -> NewEpisode {
@@ -605,7 +605,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_same_session_id_in_two_tenants_is_two_sessions() {
-        let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let inner: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().unwrap());
         let a = TenantStore::new(inner.clone(), Tenant::new("a").unwrap());
         let b = TenantStore::new(inner.clone(), Tenant::new("b").unwrap());
         let local = TenantStore::new(inner.clone(), Tenant::local());
@@ -633,7 +633,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_tenant_lists_and_revokes_only_its_own_tokens() {
-        let db: Arc<dyn AppStore> = Arc::new(MemoryStore::new());
+        let db: Arc<dyn AppStore> = Arc::new(SqliteStore::in_memory().unwrap());
         let mine = db
             .insert_token("acme", "h1", "abr_1", false, None, 1)
             .await

@@ -1,5 +1,5 @@
 //! The store conformance suite: every store trait (`Store`, `RecallStore`, and the app's
-//! tables) behaves the same on the in-memory store, SQLite and PostgreSQL. It runs in every
+//! tables) behaves the same on SQLite (in a file and in memory) and PostgreSQL. It runs in every
 //! `cargo test`; PostgreSQL is started by the harness and reported SKIPPED when it is not
 //! installed (`ABRIDGE_REQUIRE_PG=1`, as in CI, makes that a failure).
 
@@ -12,7 +12,7 @@ use abridge_engine::types::{
 use abridge_store::jobs::{Claim, Job, JobState};
 use abridge_store::sources::{SessionMode, Source, WatchedFile};
 use abridge_store::tenant::{Tenant, TenantTables};
-use abridge_store::{AppStore, EventRow, JobScope, MemoryStore, PgStore, SqliteStore, TenantCap};
+use abridge_store::{AppStore, EventRow, JobScope, PgStore, SqliteStore, TenantCap};
 
 mod common;
 use common::{compaction, ep, memory, scope, write};
@@ -850,9 +850,7 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         "{name}"
     );
     // A search: every session whose id or name holds the query (any case) is a candidate;
-    // the SQL stores read their trigram index and return those only (the in-memory store
-    // returns every session, and its caller checks each).
-    let indexed = name != "memory";
+    // the stores read their trigram index and return those only.
     let search = |t: usize, q: &'static str| {
         let l = &lists[t];
         async move {
@@ -861,11 +859,8 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         }
     };
     let hit = search(0, "üBERb").await;
-    assert!(hit.contains(&"s3".to_string()), "{name}: {hit:?}");
-    if indexed {
-        assert_eq!(hit, ["s3"], "{name}");
-        assert!(search(0, "nowhere-at-all").await.is_empty(), "{name}");
-    }
+    assert_eq!(hit, ["s3"], "{name}");
+    assert!(search(0, "nowhere-at-all").await.is_empty(), "{name}");
     s.append_episodes("lista\u{1f}deploy-notes", vec![ep(1, "k1")])
         .await
         .unwrap();
@@ -873,11 +868,8 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         .await
         .unwrap();
     let hit = search(0, "LOY-n").await;
-    assert!(hit.contains(&"deploy-notes".to_string()), "{name}: {hit:?}");
-    if indexed {
-        assert_eq!(hit, ["deploy-notes"], "{name}: its own tenant's only");
-        assert_eq!(search(1, "deploy").await, ["deploy-plans"], "{name}");
-    }
+    assert_eq!(hit, ["deploy-notes"], "{name}: its own tenant's only");
+    assert_eq!(search(1, "deploy").await, ["deploy-plans"], "{name}");
     // Renamed: found by the new name, not by the old.
     lists[0]
         .set_session_label(
@@ -894,9 +886,7 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         search(0, "\"quoted\"").await.contains(&"s3".to_string()),
         "{name}"
     );
-    if indexed {
-        assert!(search(0, "überb").await.is_empty(), "{name}");
-    }
+    assert!(search(0, "überb").await.is_empty(), "{name}");
     // Gone with its session.
     s.reset_session("lista\u{1f}deploy-notes").await.unwrap();
     assert!(
@@ -1073,7 +1063,11 @@ async fn pops(name: &str, s: &Arc<dyn AppStore>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_conformance_suite_passes_on_sqlite_memory_and_postgres() {
     let dir = tempfile::tempdir().unwrap();
-    conformance("memory", Arc::new(MemoryStore::new())).await;
+    conformance(
+        "sqlite in memory",
+        Arc::new(SqliteStore::in_memory().unwrap()),
+    )
+    .await;
     conformance(
         "sqlite",
         Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap()),
@@ -1153,7 +1147,7 @@ fn big_memory(i: u64) -> abridge_engine::types::NewMemory {
     m
 }
 
-/// Recall through an index (SQLite's and the in-memory store's HNSW, PostgreSQL's pgvector)
+/// Recall through an index (SQLite's HNSW, PostgreSQL's pgvector)
 /// agrees with the exact scan (`exact: true`): recall@10 ≥ 0.95 with and without filters, a
 /// filter never cuts the results, and forgotten memories are never returned while new ones
 /// are (`other` is a second handle on the same data: another process's writes).
@@ -1243,7 +1237,12 @@ async fn indexed_recall(name: &str, s: Arc<dyn AppStore>, other: Option<Arc<dyn 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recall_through_an_index_agrees_with_the_exact_scan_on_every_store() {
     let dir = tempfile::tempdir().unwrap();
-    indexed_recall("memory", Arc::new(MemoryStore::new()), None).await;
+    indexed_recall(
+        "sqlite in memory",
+        Arc::new(SqliteStore::in_memory().unwrap()),
+        None,
+    )
+    .await;
     let path = dir.path().join("ann.db");
     // Builds within the search here (a build on its own thread: the next test).
     let inline = |p: &std::path::Path| SqliteStore::open(p).unwrap().with_ann_inline(usize::MAX);

@@ -1,5 +1,5 @@
 //! The store rules' golden script (`tests/golden/store-rules/steps.json`): every write in it,
-//! with its exact outcome, on the in-memory store and SQLite. The JS host runs the same
+//! with its exact outcome, on SQLite, in memory and in a file. The JS host runs the same
 //! script on its own stores (`js/test/rules.test.js`), so where the JS host still keeps a
 //! rule of its own, both hosts are proven to decide alike, message for message.
 
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use abridge_engine::types::{
     Error, MemoryFilter, NewEpisode, NewMemory, Role, Scope, SummaryWrite,
 };
-use abridge_store::{AppStore, MemoryStore, SqliteStore};
+use abridge_store::{AppStore, SqliteStore};
 
 mod common;
 use serde_json::Value;
@@ -241,8 +241,12 @@ async fn run(name: &str, s: Arc<dyn AppStore>) {
 }
 
 #[tokio::test]
-async fn the_golden_store_rules_hold_on_the_memory_and_sqlite_stores() {
-    run("memory", Arc::new(MemoryStore::new())).await;
+async fn the_golden_store_rules_hold_on_sqlite_in_a_file_and_in_memory() {
+    run(
+        "sqlite in memory",
+        Arc::new(SqliteStore::in_memory().unwrap()),
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     run(
         "sqlite",
