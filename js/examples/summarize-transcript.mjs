@@ -5,11 +5,11 @@
 // Without --url it uses the extractive engine (no model).
 import { createReadStream } from 'node:fs';
 import { basename } from 'node:path';
-import { MemoryStore, createEngine, ollama } from '../src/index.js';
+import { createEngine, ollama } from '../src/index.js';
 
 const [file, flag, url] = process.argv.slice(2);
 if (!file) throw new Error('usage: node examples/summarize-transcript.mjs FILE [--url URL]');
-const engine = await createEngine({ store: new MemoryStore(), llm: flag === '--url' ? ollama({ url }) : undefined });
+const engine = await createEngine({ llm: flag === '--url' ? ollama({ url }) : undefined });
 const parsed = await engine.parseTranscript(createReadStream(file), { name: basename(file) });
 for (const w of parsed.warnings) console.error(w);
 for (const conv of parsed.conversations) {

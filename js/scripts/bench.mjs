@@ -1,6 +1,6 @@
 // The JS half of `cargo bench --bench engine -- --js`: the same measurements as the Rust half, printed as
 // one JSON line. Usage: node scripts/bench.mjs --url URL [--episodes N] [--runs N]
-import { MemoryStore, createEngine, ollama } from '../src/index.js';
+import { createEngine, ollama } from '../src/index.js';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith('--') ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
 const url = args.url;
@@ -9,7 +9,7 @@ const runs = Number(args.runs ?? 3);
 const median = (xs) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const now = () => performance.now();
 
-const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url }) });
+const engine = await createEngine({ llm: ollama({ url }) });
 
 // Instantiate only, and a fresh instance plus an export call with a 50 KiB string.
 const N = 300;
@@ -30,7 +30,7 @@ const times = [];
 let passes = 0;
 for (let r = 0; r < runs; r++) {
   // A fresh store per run: cached partial summaries and calibration must not carry over.
-  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url }) });
+  const engine = await createEngine({ llm: ollama({ url }) });
   const session = `bench-${r}`;
   await engine.append(session, Array.from({ length: episodes }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: sentence(i, 60), sourceKey: String(i) })));
   t = now();

@@ -250,17 +250,12 @@ export function ollama(options?: { url?: string; timeoutMs?: number; retry?: Ret
 export function openai(options: { baseUrl: string; apiKey?: string; timeoutMs?: number; retry?: RetryPolicy }): LlmBackend;
 export const noModel: LlmBackend;
 
-/** Everything in memory. */
-export interface MemoryStore extends Store {}
-export class MemoryStore {
-  constructor();
-}
-
-/** SQLite through node:sqlite, with the Rust host's schema (the two can share a file). */
+/** SQLite through node:sqlite, with the Rust host's schema (the two can share a file);
+ * `SqliteStore.open(':memory:')` keeps a database in memory, gone with the process. */
 export interface SqliteStore extends Store {}
 export class SqliteStore {
   /** `masterKey`: 64 hex digits (the Rust host's ABRIDGE_MASTER_KEY_FILE) to seal memory text at rest. */
-  static open(path: string, options?: { masterKey?: string }): Promise<SqliteStore>;
+  static open(path: string, options?: { masterKey?: string; sealVectors?: boolean }): Promise<SqliteStore>;
   close(): void;
 }
 
@@ -268,7 +263,8 @@ export function checkChain(session: string, episodes: number, prev: SummaryRow |
 export function describe(kind: ErrorKind, message: string): string;
 
 export interface EngineOptions {
-  store: Store;
+  /** Default: a SQLite database in memory (`await SqliteStore.open(':memory:')`). */
+  store?: Store;
   llm?: LlmBackend;
   /** Milliseconds since the epoch; default Date.now. */
   clock?: () => number;
@@ -379,4 +375,4 @@ export class Engine {
   instantiateOnly(): Promise<void>;
 }
 
-export function createEngine(options: EngineOptions): Promise<Engine>;
+export function createEngine(options?: EngineOptions): Promise<Engine>;

@@ -6,10 +6,10 @@ import { readFile } from 'node:fs/promises';
 import { instantiate } from '../dist/guest/abridge.js';
 import { AbridgeError, describe, toGuest } from './errors.js';
 import { defaultRetry, noModel, ollama, openai, slidingWindow } from './llm.js';
-import { MemoryStore, SqliteStore, checkChain } from './stores.js';
+import { SqliteStore, checkChain } from './stores.js';
 import { wasiImports } from './wasi.js';
 
-export { AbridgeError, MemoryStore, SqliteStore, checkChain, defaultRetry, describe, noModel, ollama, openai };
+export { AbridgeError, SqliteStore, checkChain, defaultRetry, describe, noModel, ollama, openai };
 
 // The documented defaults (`defaultConfig`, `defaultContextRequest`, `defaultMemoryConfig`)
 // are read from the component itself, their one source (`default-config` and
@@ -663,18 +663,19 @@ export class Engine {
 }
 
 /**
- * Create an engine. `store` is required (`new MemoryStore()` or `await SqliteStore.open(path)`);
+ * Create an engine. `store` defaults to a SQLite database in memory, gone with the process
+ * (`await SqliteStore.open(path)` keeps one in a file, the same schema as the Rust host's);
  * `llm` defaults to no model (extractive engine only).
  */
 export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, onProgress = () => {}, batchConcurrency = 6, embedder, limits } = {}) {
-  if (!store) throw new TypeError('createEngine needs a store: new MemoryStore() or await SqliteStore.open(path)');
+  store ??= await SqliteStore.open(':memory:');
   const modules = await coreModules();
   return new Engine({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder, limits });
 }
 
-// The defaults, from the component (see the top of this file): an engine with no store
-// and no model asks the exports once, while this module loads.
-const read = await (await createEngine({ store: new MemoryStore() })).defaults();
+// The defaults, from the component (see the top of this file): an engine with no model asks
+// the exports once, while this module loads (they need no store: an empty one is never read).
+const read = await (await createEngine({ store: {} })).defaults();
 
 /** The documented engine defaults, as the component exports them (`default-config`). */
 export const defaultConfig = Object.freeze(read.config);

@@ -1,9 +1,7 @@
 // Memories, clusters and cluster summaries for the JavaScript host: the same tables and rules
 // as the Rust host's RecallStore (host/store/src/sqlite_recall.rs), on node:sqlite. The
-// SqliteStore shares its database file; the MemoryStore keeps a private in-memory database.
+// SqliteStore shares its database file (or a database in memory: `SqliteStore.open(':memory:')`).
 // Every call is the local tenant's (the JavaScript host has no tenants).
-import { readFileSync } from 'node:fs';
-
 import { AbridgeError } from './errors.js';
 
 const TENANT = 'local';
@@ -173,25 +171,6 @@ export class RecallTables {
 
   #sum(r) {
     return sumFrom(r, this.#open('cluster_summaries', r.id, r));
-  }
-
-  /** A private in-memory database with the memory tables. */
-  static inMemory() {
-    const { DatabaseSync } = process.getBuiltinModule('node:sqlite');
-    const db = new DatabaseSync(':memory:');
-    const migration = ['016-memories.sql', '018-usage.sql', '020-usage-days.sql', '026-memory-marks.sql', '030-summary-coverage.sql'].map((n) => readFileSync(new URL(`../dist/migrations/${n}`, import.meta.url), 'utf8')).join('\n');
-    const tx = (f) => {
-      db.exec('BEGIN IMMEDIATE');
-      try {
-        const r = f();
-        db.exec('COMMIT');
-        return r;
-      } catch (e) {
-        db.exec('ROLLBACK');
-        throw e;
-      }
-    };
-    return new RecallTables(db, tx, migration);
   }
 
   #all(sql, ...args) {

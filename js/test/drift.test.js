@@ -3,9 +3,9 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { MemoryStore, SqliteStore, createEngine } from '../src/index.js';
+import { SqliteStore, createEngine } from '../src/index.js';
 
-const stores = async () => [['memory', new MemoryStore()], ['sqlite', await SqliteStore.open(':memory:')]];
+const stores = async () => [['sqlite in memory', await SqliteStore.open(':memory:')]];
 
 const turn = (i) => [
   { role: 'user', content: `Turn ${i}: look at src/mod${i}.rs for ticket #${1000 + i} before v2.${i}.0 ships.`, sourceKey: `u${i}` },
@@ -58,7 +58,7 @@ test('ledger, compaction, expand and pins: coverage from episode 1 within a smal
 });
 
 test('window mode folds only what left the recent window and never misses a message', async () => {
-  const engine = await createEngine({ store: new MemoryStore() });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:') });
   const config = { engine: 'extractive', mode: 'window', thresholdTokens: 0, windowMessages: 8 };
   for (let i = 1; i <= 60; i++) {
     await engine.append('w', turn(i));

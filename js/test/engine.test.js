@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 
-import { AbridgeError, MemoryStore, SqliteStore, createEngine, ollama, openai } from '../src/index.js';
+import { AbridgeError, SqliteStore, createEngine, ollama, openai } from '../src/index.js';
 import { wasiImports } from '../src/wasi.js';
 import { ROOT, assertCovers, closedPortUrl, startServer } from './helpers.js';
 
@@ -22,7 +22,7 @@ const long = 'The deployment pipeline builds the container image, runs the unit 
 
 test('the trigger waits for enough episodes, then summarizes and updates through Ollama', async () => {
   await server.reset();
-  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url, retry: fast }) });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:'), llm: ollama({ url: server.url, retry: fast }) });
   // The eager trigger (the default is window mode).
   const eager = { mode: 'eager' };
   for (let i = 0; i < 4; i++) {
@@ -49,7 +49,7 @@ test('the trigger waits for enough episodes, then summarizes and updates through
 
 test('appends are idempotent by source key, in both stores', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
-  for (const store of [new MemoryStore(), await SqliteStore.open(join(dir, 'a.db'))]) {
+  for (const store of [await SqliteStore.open(':memory:'), await SqliteStore.open(join(dir, 'a.db'))]) {
     const engine = await createEngine({ store });
     const eps = [turn(0, 'first message here'), turn(1, 'second message here')];
     assert.equal(await engine.append('s', eps), 2);
@@ -120,7 +120,7 @@ test("another program's database is refused and left untouched", async () => {
 
 test('model failures are AbridgeErrors and leave the chain unchanged', async () => {
   await server.reset();
-  const store = new MemoryStore();
+  const store = await SqliteStore.open(':memory:');
   const engine = await createEngine({ store, llm: ollama({ url: server.url, retry: fast }) });
   await engine.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
   await engine.summarizeNow('s');
@@ -148,7 +148,7 @@ test('model failures are AbridgeErrors and leave the chain unchanged', async () 
 
 test('raw ChatML through /api/generate and the OpenAI-compatible backend', async () => {
   await server.reset();
-  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url, retry: fast }) });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:'), llm: ollama({ url: server.url, retry: fast }) });
   await engine.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
   await engine.summarizeNow('s', { rendering: 'chatml' });
   const gen = (await server.generations())[0];
@@ -156,7 +156,7 @@ test('raw ChatML through /api/generate and the OpenAI-compatible backend', async
   assert.equal(gen.body.raw, true);
   assert.deepEqual(gen.body.options.stop, ['<|im_end|>', '<|im_start|>']);
 
-  const oa = await createEngine({ store: new MemoryStore(), llm: openai({ baseUrl: `${server.url}/v1`, apiKey: 'sk-test' }) });
+  const oa = await createEngine({ store: await SqliteStore.open(':memory:'), llm: openai({ baseUrl: `${server.url}/v1`, apiKey: 'sk-test' }) });
   await oa.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
   const out = await oa.summarizeNow('s', { model: 'llama3.2:1b' });
   assert.equal(out.written[0].model, 'llama3.2:1b');
@@ -172,13 +172,17 @@ test('the guest sees no environment, arguments or working directory, and cannot 
   assert.throws(() => wasiImports['wasi:cli/exit'].exit({ tag: 'ok' }), /tried to exit/);
 });
 
-test('createEngine without a store is refused with a hint', async () => {
-  await assert.rejects(createEngine({}), /needs a store/);
+test('createEngine without a store keeps its rows in a SQLite database in memory', async () => {
+  const a = await createEngine({});
+  const b = await createEngine({});
+  assert.equal(await a.append('s', [turn(0, 'kept here'), turn(1, 'and here')]), 2);
+  assert.equal((await a.freshness('s')).episodes, 2);
+  assert.equal((await b.freshness('s')).episodes, 0, 'each engine has a database of its own');
 });
 
 test('transient faults are retried with backoff; a missing model is not', async () => {
   await server.reset();
-  const engine = await createEngine({ store: new MemoryStore(), llm: ollama({ url: server.url, retry: fast }) });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:'), llm: ollama({ url: server.url, retry: fast }) });
   await engine.append('s', Array.from({ length: 6 }, (_, i) => turn(i, long)));
   await server.faults([{ kind: 'status', code: 503, message: 'busy' }, { kind: 'disconnect' }]);
   const out = await engine.summarizeNow('s');
@@ -205,7 +209,7 @@ function chatFixture() {
 test('a failed map chunk is skipped and recorded; too many fail the call', async () => {
   const { chat, once, small } = chatFixture();
   await server.reset();
-  const store = new MemoryStore();
+  const store = await SqliteStore.open(':memory:');
   const engine = await createEngine({ store, llm: ollama({ url: server.url, retry: once }) });
   await engine.append('s', chat.map(({ role, content, sourceKey }) => ({ role, content, sourceKey })));
   await server.faults([{ kind: 'status', code: 500, message: 'boom' }, { kind: 'status', code: 500, message: 'boom' }]);
@@ -220,7 +224,7 @@ test('a failed map chunk is skipped and recorded; too many fail the call', async
 test('answers are cached as they arrive and progress is reported per stage', async () => {
   const { chat, once, small } = chatFixture();
   await server.reset();
-  const store = new MemoryStore();
+  const store = await SqliteStore.open(':memory:');
   const progress = [];
   const engine = await createEngine({ store, llm: ollama({ url: server.url, retry: once }), onProgress: (p) => progress.push(p) });
   await engine.append('s', chat.map(({ role, content, sourceKey }) => ({ role, content, sourceKey })));

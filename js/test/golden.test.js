@@ -6,7 +6,7 @@ import { readFileSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 
-import { MemoryStore, createEngine, ollama } from '../src/index.js';
+import { SqliteStore, createEngine, ollama } from '../src/index.js';
 import { GOLDEN, startServer } from './helpers.js';
 
 const cases = (kind) => readdirSync(join(GOLDEN, kind)).map((d) => join(GOLDEN, kind, d)).filter((p) => statSync(p).isDirectory()).sort();
@@ -19,7 +19,7 @@ before(async () => {
 after(() => server.close());
 
 test('golden prompts: chat messages and ChatML, byte for byte', async () => {
-  const engine = await createEngine({ store: new MemoryStore() });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:') });
   for (const dir of cases('prompts')) {
     const input = JSON.parse(read(join(dir, 'input.json')));
     // Reduce prompts have no text export of their own; the chain goldens below compare them
@@ -34,14 +34,14 @@ test('golden prompts: chat messages and ChatML, byte for byte', async () => {
 });
 
 test('golden stripping, byte for byte', async () => {
-  const engine = await createEngine({ store: new MemoryStore() });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:') });
   for (const dir of cases('strip')) {
     assert.equal(await engine.stripTemplateTokens(read(join(dir, 'input.txt'))), read(join(dir, 'expected.txt')), dir);
   }
 });
 
 test('golden transcripts: the same episodes as the Rust host, whole and in 7-byte chunks', async () => {
-  const engine = await createEngine({ store: new MemoryStore() });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:') });
   const dirs = cases('transcripts');
   assert.ok(dirs.length >= 15, 'golden transcripts missing');
   for (const dir of dirs) {
@@ -102,7 +102,7 @@ test('golden chains: the same summary chain and model requests as the Rust host'
     await server.reset();
     let now = 1_767_225_600_000;
     const engine = await createEngine({
-      store: new MemoryStore(),
+      store: await SqliteStore.open(':memory:'),
       llm: ollama({ url: server.url, timeoutMs: 30_000 }),
       clock: () => (now += 1000) - 1000,
     });
@@ -140,7 +140,7 @@ test('golden chains: the same summary chain and model requests as the Rust host'
 });
 
 test('golden ledger: the same identifiers as the Rust host', async () => {
-  const engine = await createEngine({ store: new MemoryStore() });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:') });
   const expected = JSON.parse(read(join(GOLDEN, 'ledger', 'expected.json')));
   assert.ok(expected.length >= 10);
   for (const c of expected) {

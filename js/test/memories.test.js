@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 
-import { MemoryStore, SqliteStore, createEngine } from '../src/index.js';
+import { SqliteStore, createEngine } from '../src/index.js';
 import { GOLDEN } from './helpers.js';
 
 async function decisions(store) {
@@ -22,9 +22,9 @@ async function decisions(store) {
   return out;
 }
 
-test('golden cluster decisions: the same as the Rust host, in both stores', async () => {
+test('golden cluster decisions: the same as the Rust host, in SQLite in memory and in a file', async () => {
   const want = JSON.parse(readFileSync(join(GOLDEN, 'clusters', 'expected.json'), 'utf8'));
-  assert.deepEqual(await decisions(new MemoryStore()), want);
+  assert.deepEqual(await decisions(await SqliteStore.open(':memory:')), want);
   const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
   const store = await SqliteStore.open(join(dir, 'g.db'));
   assert.deepEqual(await decisions(store), want);
@@ -65,7 +65,7 @@ test('three facts make one summary with its sources; a delete drops it and its t
 });
 
 test('bad memories are refused with what to fix', async () => {
-  const engine = await createEngine({ store: new MemoryStore() });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:') });
   await assert.rejects(engine.remember([{ id: 'x', scope, text: 't', importance: 3 }]), /from 0 to 1/);
   await assert.rejects(engine.remember([{ id: 'x', scope: { ...scope, key: '' }, text: 't' }]), /key is empty/);
   await assert.rejects(engine.remember([{ id: 'x', scope, text: 't' }], { embedder: 'nomic-embed-text' }), /no embedding backend/);
@@ -140,7 +140,7 @@ function restating(delayMs = 0) {
 test('guards: at most limits.clusterJobs at once, and the monthly ceiling refuses summaries while recall answers', async () => {
   let now = Date.UTC(2026, 0, 15);
   const llm = restating(50);
-  const engine = await createEngine({ store: new MemoryStore(), llm, clock: () => now, limits: { clusterJobs: 1, ceiling: { tokens: 250 } } });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:'), llm, clock: () => now, limits: { clusterJobs: 1, ceiling: { tokens: 250 } } });
   const clusters = [];
   for (const key of ['a', 'b']) {
     const r = await engine.remember(EDITOR.map((text, i) => ({ id: `${key}${i}`, scope: { ...scope, key }, text })));
@@ -165,7 +165,7 @@ test('guards: at most limits.clusterJobs at once, and the monthly ceiling refuse
 
 test('usage counts every call the model served: a session summary the gate discarded as well as a cluster summary', async () => {
   const llm = restating(0);
-  const engine = await createEngine({ store: new MemoryStore(), llm, clock: () => Date.UTC(2026, 0, 15) });
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:'), llm, clock: () => Date.UTC(2026, 0, 15) });
   const episodes = Array.from({ length: 12 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: `fact ${i}: the deploy of service ${i} moves to friday`, sourceKey: `k${i}` }));
   await engine.append('chat', episodes);
   // This model restates "- " lines only: a session prompt gets an empty answer, which the
