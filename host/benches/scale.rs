@@ -359,7 +359,9 @@ async fn job_costs(s: &SqliteStore, calls: usize) -> (f64, f64, f64) {
         let n = s.jobs_queued(bounds.scope()).await.unwrap();
         let mine = s.job_active_for(&session).await.unwrap();
         queue.push(started.elapsed().as_secs_f64() * 1e6);
-        assert!(n <= 50 && mine.is_none_or(|j| j.session == session));
+        assert!(
+            n <= 50 && mine.is_none_or(|j| j.tenant == tenant && session.ends_with(&j.session))
+        );
         let started = Instant::now();
         let (job, _) = s
             .job_enqueue(&session, 10 + i as u64, "{}", 2_000_000 + i as u64)
@@ -1049,7 +1051,7 @@ async fn main() {
             let all = s.jobs_active().await.unwrap();
             let n = all
                 .iter()
-                .filter(|j| j.state == JobState::Queued && j.session.starts_with("busy\u{1f}"))
+                .filter(|j| j.state == JobState::Queued && j.tenant.name() == "busy")
                 .count();
             t.push(started.elapsed().as_secs_f64() * 1e6);
             assert!(n <= 50);

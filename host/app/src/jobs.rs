@@ -374,7 +374,7 @@ fn result_text(r: &Result<Outcome, CallError>) -> String {
 pub fn fair_order(jobs: Vec<Job>, served: &BTreeMap<Tenant, u64>) -> Vec<Job> {
     let mut groups: Vec<(Tenant, Vec<Job>)> = Vec::new();
     for j in jobs {
-        let t = Tenant::of_key(&j.session);
+        let t = j.tenant.clone();
         match groups.iter_mut().find(|(g, _)| *g == t) {
             Some((_, v)) => v.push(j),
             None => groups.push((t, vec![j])),
@@ -426,13 +426,6 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let order = |served: &BTreeMap<Tenant, u64>, jobs: Vec<Job>| -> Vec<String> {
-            fair_order(jobs, served)
-                .iter()
-                .map(|x| x.session.clone())
-                .collect()
-        };
-        let all = j.runnable(None).await.unwrap();
         let key = |t: &Tenant, s: &str| {
             if t.is_local() {
                 s.to_string()
@@ -440,6 +433,13 @@ mod tests {
                 format!("{}\u{1f}{s}", t.name())
             }
         };
+        let order = |served: &BTreeMap<Tenant, u64>, jobs: Vec<Job>| -> Vec<String> {
+            fair_order(jobs, served)
+                .iter()
+                .map(|x| key(&x.tenant, &x.session))
+                .collect()
+        };
+        let all = j.runnable(None).await.unwrap();
         // Never served: the oldest first, then turns.
         assert_eq!(
             order(&BTreeMap::new(), all.clone()),

@@ -1286,7 +1286,7 @@ impl Scoped {
             .runnable(None)
             .await?
             .iter()
-            .filter(|j| self.tenant.session_of(&j.session).is_some())
+            .filter(|j| j.tenant == self.tenant)
             .map(|j| self.job_view(j))
             .collect())
     }
@@ -1302,7 +1302,7 @@ impl Scoped {
             .jobs
             .get(id)
             .await?
-            .filter(|j| self.tenant.session_of(&j.session).is_some())
+            .filter(|j| j.tenant == self.tenant)
             .ok_or_else(|| AppError::not_found(format!("no job {id}")))
     }
 
@@ -1323,17 +1323,13 @@ impl Scoped {
             .await?
             .ok_or_else(|| AppError::not_found(format!("no job {id}")))?;
         if now.state == crate::jobs::JobState::Cancelled {
-            self.publish(
-                What::cancelled(),
-                self.tenant.session_of(&now.session),
-                Some(id),
-            );
+            self.publish(What::cancelled(), Some(now.session.as_str()), Some(id));
         }
         Ok(self.job_view(&now))
     }
 
     /// A job as callers see it (the session id without the tenant).
     pub fn job_view(&self, j: &Job) -> JobView {
-        JobView::new(j, self.tenant.session_of(&j.session).unwrap_or(&j.session))
+        JobView::from(j)
     }
 }

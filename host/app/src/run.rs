@@ -133,9 +133,10 @@ impl Scoped {
         stop: Option<watch::Receiver<bool>>,
     ) -> Option<AppResult<Job>> {
         let app = &self.app;
-        let Some(session) = self.tenant.session_of(&job.session).map(str::to_string) else {
+        if job.tenant != self.tenant {
             return Some(Err(AppError::not_found(format!("no job {}", job.id))));
-        };
+        }
+        let session = job.session.clone();
         let publish = {
             let (me, session) = (self.clone(), session.clone());
             move |what: What| me.publish(what, Some(&session), Some(job.id))
@@ -158,8 +159,6 @@ impl Scoped {
                 .map(|p| p.path == crate::types::PlanPath::MapReduce),
         });
         tracing::info!(job = job.id, tenant = %self.tenant, session = %session, attempt = job.attempts, "job running");
-        let mut scoped_job = job.clone();
-        scoped_job.session = session.clone();
         let observer: crate::control::Observer = {
             let publish = publish.clone();
             Arc::new(move |p: &Progress| {
@@ -172,7 +171,7 @@ impl Scoped {
                 });
             })
         };
-        let run = app.jobs().run(&engine, &scoped_job, Some(observer));
+        let run = app.jobs().run(&engine, &job, Some(observer));
         let result = match stop {
             Some(mut stop) => tokio::select! {
                 r = run => Some(r),

@@ -137,12 +137,12 @@ pub struct LeaseView {
     pub until_ms: Option<u64>,
 }
 
-impl JobView {
-    /// `j` with its session shown as `session`.
-    pub fn new(j: &Job, session: &str) -> Self {
+impl From<&Job> for JobView {
+    /// The job as its tenant sees it (its session by the tenant's own id).
+    fn from(j: &Job) -> Self {
         JobView {
             id: j.id,
-            session: session.to_string(),
+            session: j.session.clone(),
             target: j.target,
             state: j.state.as_str().to_string(),
             progress: ProgressView {

@@ -104,7 +104,7 @@ async fn schedule(
             }
         };
         for job in crate::jobs::fair_order(runnable, &served) {
-            let tenant = Tenant::of_key(&job.session);
+            let tenant = job.tenant.clone();
             // This process's own count first (no store call when it alone is at the cap);
             // the claim then counts every process's.
             {

@@ -1,7 +1,7 @@
 //! Durable summarization jobs as stored: a job's state, its record, and the answers of the
 //! store's claim and heartbeat calls. The job service that runs them is the app's.
 
-use serde_json::json;
+use crate::tenant::Tenant;
 
 use abridge_engine::types::Config;
 
@@ -54,7 +54,9 @@ impl JobState {
 pub struct Job {
     /// Row id.
     pub id: u64,
-    /// The session it summarizes.
+    /// The tenant whose session it summarizes.
+    pub tenant: Tenant,
+    /// The session it summarizes (the tenant's own id for it).
     pub session: String,
     /// The last episode id it must cover.
     pub target: u64,
@@ -94,20 +96,17 @@ pub struct Job {
 }
 
 impl Job {
-    /// The job as JSON (for `abridge jobs --json`).
-    pub fn to_json(&self) -> serde_json::Value {
-        json!({
-            "id": self.id, "session": self.session, "target": self.target,
-            "state": self.state.as_str(), "cancel_requested": self.cancel_requested,
-            "level": self.level, "done": self.done, "total": self.total,
-            "calls_planned": self.calls_planned, "answers": self.answers,
-            "attempts": self.attempts, "error": self.error,
-            "lease_owner": self.lease_owner, "lease_until_ms": self.lease_until_ms,
-            "created_ms": self.created_ms, "started_ms": self.started_ms,
-            "updated_ms": self.updated_ms, "finished_ms": self.finished_ms,
-            "model": self.config.model, "context_length": self.config.context_length,
-        })
+    /// The session's key in the tables: the tenant's and the session's id in one column.
+    pub(crate) fn key(&self) -> String {
+        self.tenant.key(&self.session)
     }
+}
+
+/// The tenant and the session of a job row's session column.
+pub(crate) fn tenant_and_session(key: &str) -> (Tenant, String) {
+    let tenant = Tenant::of_key(key);
+    let session = tenant.session_of(key).unwrap_or(key).to_string();
+    (tenant, session)
 }
 
 /// The outcome of trying to take a job.

@@ -248,7 +248,7 @@ pub fn counts_against_cap(other: &Job, id: u64, now_ms: u64, cap: TenantCap<'_>)
     other.id != id
         && other.state == JobState::Running
         && other.lease_until_ms.is_some_and(|u| u > now_ms)
-        && in_scope(cap.scope, &other.session)
+        && in_scope(cap.scope, &other.key())
 }
 
 /// A job as a claim leaves it: running under `owner`'s lease until `until_ms`, one more

@@ -1053,7 +1053,7 @@ mod tests {
             .await
             .unwrap()
             .into_iter()
-            .map(|j| j.session)
+            .map(|j| j.key())
             .collect();
         assert_eq!(sessions, ["acme\u{1f}a", "local-one", "beta\u{1f}c"]);
     }

@@ -38,9 +38,11 @@ fn job_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
     let opt_u64 = |i: usize| -> rusqlite::Result<Option<u64>> {
         Ok(r.get::<_, Option<i64>>(i)?.map(|x| x as u64))
     };
+    let (tenant, session) = crate::jobs::tenant_and_session(&r.get::<_, String>(1)?);
     Ok(Job {
         id: r.get::<_, i64>(0)? as u64,
-        session: r.get(1)?,
+        tenant,
+        session,
         target: r.get::<_, i64>(2)? as u64,
         state: JobState::parse(&r.get::<_, String>(3)?),
         config: crate::types::config_from_json(
@@ -150,7 +152,7 @@ impl JobStore for SqliteStore {
             let others = jobs_where(
                 &tx,
                 "session = ?1 AND id != ?2 AND state = 'running'",
-                params![job.session, id as i64],
+                params![job.key(), id as i64],
             )?;
             let running = match cap {
                 // From the index of running jobs: every tenant's queue stays out of it.

@@ -284,11 +284,11 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
         .await
         .unwrap()
         .into_iter()
-        .map(|j| j.session)
+        .map(|j| format!("{}/{}", j.tenant, j.session))
         .collect();
     polled.sort();
     // Each tenant's oldest: acme's two jobs are one tenant's, the local one another's.
-    assert_eq!(polled, ["acme\u{1f}a", "local-one"]);
+    assert_eq!(polled, ["acme/a", "local/local-one"]);
     let acme = TenantTables::new(s.clone(), Tenant::new("acme").unwrap());
     let mut listed = acme.sessions_page(0, 10).await.unwrap();
     listed.sort();

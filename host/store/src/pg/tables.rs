@@ -19,9 +19,11 @@ use crate::types::{Error, Mode};
 const COLS: &str = "id, session, target, state, config, cancel_requested, level, done, total, calls_planned, answers, attempts, error, lease_owner, lease_until_ms, created_ms, started_ms, updated_ms, finished_ms";
 
 fn job_from(r: &Row) -> Job {
+    let (tenant, session) = crate::jobs::tenant_and_session(r.get::<_, &str>(1));
     Job {
         id: g64(r, 0),
-        session: r.get(1),
+        tenant,
+        session,
         target: g64(r, 2),
         state: JobState::parse(&r.get::<_, String>(3)),
         config: crate::types::config_from_json(
@@ -172,7 +174,8 @@ impl JobStore for PgStore {
         }
         // One running job per session, and the tenant's cap, across instances: the session's
         // and then the tenant's lock (always in that order) make check and claim one step.
-        tx.execute(LOCK, &[&format!("job-session:{}", job.session)])
+        let key = job.key();
+        tx.execute(LOCK, &[&format!("job-session:{key}")])
             .await
             .map_err(|e| self.err(e))?;
         let others: Vec<Job> = tx
@@ -180,7 +183,7 @@ impl JobStore for PgStore {
                 &format!(
                     "SELECT {COLS} FROM jobs WHERE session = $1 AND id != $2 AND state = 'running'"
                 ),
-                &[&job.session, &(id as i64)],
+                &[&key, &(id as i64)],
             )
             .await
             .map_err(|e| self.err(e))?
