@@ -1,5 +1,7 @@
 //! [`RecallStore`] in the SQLite database (tables of migration 016).
 
+use std::collections::BTreeSet;
+
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, params_from_iter};
 
@@ -646,8 +648,12 @@ impl RecallStore for SqliteStore {
             let (fsql, mut args) = filter_sql(tenant, filter, "");
             args.push(model.to_string());
             let mut ranking = Ranking::new(limit);
+            // Through the index, the clusters of the memories it found name the summaries to
+            // rank (a summary's text is its members': one no candidate belongs to is not
+            // near the query); the exact scan ranks every summary.
+            let mut near: BTreeSet<u64> = BTreeSet::new();
             let indexed = !filter.exact
-                && self.ann_memories(c, &vk, tenant, model, query, filter, limit, &mut ranking)?;
+                && self.ann_memories(c, &vk, (tenant, model), query, filter, limit, &mut ranking, &mut near)?;
             if !indexed {
                 let mut st = c
                     .prepare(&format!(
@@ -673,12 +679,17 @@ impl RecallStore for SqliteStore {
             }
             let (fsql, mut args) = filter_sql(tenant, filter, "c.");
             args.push(model.to_string());
-            let mut texts: std::collections::BTreeMap<u64, Stored> = Default::default();
+            let among = if indexed {
+                args.push(serde_json::to_string(&near).expect("ids serialize"));
+                format!(" AND s.cluster IN (SELECT value FROM json_each(?{}))", args.len())
+            } else {
+                String::new()
+            };
             {
                 let mut st = c
                     .prepare(&format!(
-                        "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.covered_seq, s.sealed, s.covered FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{}",
-                        args.len()
+                        "SELECT s.id, s.vector, s.importance, s.cluster, s.covered_seq, s.covered FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{}{among}",
+                        args.len() - usize::from(indexed)
                     ))
                     .map_err(db_err)?;
                 let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
@@ -687,14 +698,9 @@ impl RecallStore for SqliteStore {
                     let v = vk.open(SUMMARY_VECTOR, &id.to_string(), &r.get::<_, Vec<u8>>(1).map_err(db_err)?)?;
                     let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
                     let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
-                    let stored = Stored {
-                        bytes: r.get(4).map_err(db_err)?,
-                        sealed: r.get(6).map_err(db_err)?,
-                    };
-                    let covered_seq = r.get::<_, i64>(5).map_err(db_err)? as u64;
-                    let covered: u32 = r.get(7).map_err(db_err)?;
+                    let covered_seq = r.get::<_, i64>(4).map_err(db_err)? as u64;
+                    let covered: u32 = r.get(5).map_err(db_err)?;
                     ranking.summary(query, &v, || {
-                        texts.insert(id, stored);
                         SummaryHit { id, text: String::new(), importance, cluster, covered_seq, covered }
                     });
                 }
@@ -711,10 +717,16 @@ impl RecallStore for SqliteStore {
                     .map_err(db_err)?;
                 h.text = self.reveal(c, tenant, "memories", &h.id, Stored { bytes, sealed })?;
             }
+            // Only the summaries kept are opened too.
             for mut h in sums {
-                if let Some(st) = h.id.parse().ok().and_then(|id| texts.remove(&id)) {
-                    h.text = self.reveal(c, tenant, "cluster_summaries", &h.id, st)?;
-                }
+                let (bytes, sealed): (Vec<u8>, u32) = c
+                    .query_row(
+                        "SELECT text, sealed FROM cluster_summaries WHERE tenant = ?1 AND id = ?2",
+                        params![tenant, h.id.parse::<i64>().unwrap_or(-1)],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .map_err(db_err)?;
+                h.text = self.reveal(c, tenant, "cluster_summaries", &h.id, Stored { bytes, sealed })?;
                 hits.push(h);
             }
             Ok(hits)
@@ -1079,12 +1091,12 @@ impl SqliteStore {
         &self,
         c: &Connection,
         vk: &VectorKeys,
-        tenant: &str,
-        model: &str,
+        (tenant, model): (&str, &str),
         query: &[f32],
         filter: &MemoryFilter,
         limit: u32,
         ranking: &mut Ranking,
+        near: &mut BTreeSet<u64>,
     ) -> Result<bool, Error> {
         use crate::ann::{ANN_MIN, TenantIndex, locked};
         if self.ann.building(tenant, model) {
@@ -1160,6 +1172,7 @@ impl SqliteStore {
             g.seq = max_seq;
         }
         for (similarity, m) in g.search(query, filter, limit as usize)? {
+            near.insert(m.cluster);
             ranking.memory_at(similarity, || {
                 (m.id.clone(), String::new(), m.importance, m.cluster)
             });

@@ -861,8 +861,13 @@ impl RecallStore for PgStore {
             self.ann_search(&c, query, model, &fsql, &args[..args.len() - 1], limit)
                 .await
         };
+        // Through the index, the clusters of the memories it found name the summaries to rank
+        // (a summary's text is its members'); the exact scan ranks every summary.
+        let mut near: Option<std::collections::BTreeSet<u64>> = None;
         if let Some(found) = found {
+            let clusters = near.insert(Default::default());
             for (id, importance, cluster, sim) in found {
+                clusters.insert(cluster);
                 ranking.memory_at(sim, || (id, String::new(), importance, cluster));
             }
         } else {
@@ -885,12 +890,22 @@ impl RecallStore for PgStore {
         }
         let (fsql, mut args) = filter_sql(tenant, filter, "c.");
         args.push(model.to_string());
-        let mut texts: std::collections::BTreeMap<u64, Stored> = Default::default();
+        let model_at = args.len();
+        let among = match &near {
+            Some(clusters) => {
+                let list: Vec<String> = clusters.iter().map(u64::to_string).collect();
+                args.push(list.join(","));
+                format!(
+                    " AND s.cluster = ANY(string_to_array(NULLIF(${}, ''), ',')::bigint[])",
+                    args.len()
+                )
+            }
+            None => String::new(),
+        };
         let rows = c
             .query(
                 &format!(
-                    "SELECT s.id, s.vector, s.importance, s.cluster, s.text, s.covered_seq, s.sealed, s.covered FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = $1{fsql} AND s.vector_model = ${}",
-                    args.len()
+                    "SELECT s.id, s.vector, s.importance, s.cluster, s.covered_seq, s.covered FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = $1{fsql} AND s.vector_model = ${model_at}{among}"
                 ),
                 &params(&args),
             )
@@ -899,22 +914,13 @@ impl RecallStore for PgStore {
         for r in &rows {
             let id = g64(r, 0);
             let v = vk.open(SUMMARY_VECTOR, &id.to_string(), r.get::<_, &[u8]>(1))?;
-            ranking.summary(query, &v, || {
-                texts.insert(
-                    id,
-                    Stored {
-                        bytes: r.get(4),
-                        sealed: g32(r, 6),
-                    },
-                );
-                SummaryHit {
-                    id,
-                    text: String::new(),
-                    importance: r.get::<_, f64>(2) as f32,
-                    cluster: g64(r, 3),
-                    covered_seq: g64(r, 5),
-                    covered: g32(r, 7),
-                }
+            ranking.summary(query, &v, || SummaryHit {
+                id,
+                text: String::new(),
+                importance: r.get::<_, f64>(2) as f32,
+                cluster: g64(r, 3),
+                covered_seq: g64(r, 4),
+                covered: g32(r, 5),
             });
         }
         // Only the hits kept are opened.
@@ -933,12 +939,22 @@ impl RecallStore for PgStore {
             };
             h.text = self.reveal(&c, tenant, "memories", &h.id, st).await?;
         }
+        // Only the summaries kept are opened too.
         for mut h in sums {
-            if let Some(st) = h.id.parse().ok().and_then(|id| texts.remove(&id)) {
-                h.text = self
-                    .reveal(&c, tenant, "cluster_summaries", &h.id, st)
-                    .await?;
-            }
+            let r = c
+                .query_one(
+                    "SELECT text, sealed FROM cluster_summaries WHERE tenant = $1 AND id = $2",
+                    &[&tenant, &h.id.parse::<i64>().unwrap_or(-1)],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            let st = Stored {
+                bytes: r.get(0),
+                sealed: g32(&r, 1),
+            };
+            h.text = self
+                .reveal(&c, tenant, "cluster_summaries", &h.id, st)
+                .await?;
             hits.push(h);
         }
         Ok(hits)
