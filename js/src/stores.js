@@ -99,7 +99,7 @@ function loadMigrations() {
 }
 
 /** Tables of the abridge schema (the same list as the Rust store's). */
-const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events', 'clusters', 'memories', 'cluster_summaries', 'data_keys', 'usage', 'usage_days', 'memory_marks', 'session_focus', 'session_pins', 'session_labels', 'session_grams'];
+const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events', 'clusters', 'memories', 'cluster_summaries', 'data_keys', 'usage', 'usage_days', 'memory_marks', 'session_focus', 'session_pins', 'session_labels', 'session_grams', 'ann_graphs'];
 
 const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped, level, compacted_into AS compactedInto, ledger, ledger_dropped AS ledgerDropped, sealed';
 

@@ -72,6 +72,20 @@ pub struct TenantIndex {
     /// The tenant's deletion count this index reflects: a store that sees another count (a
     /// deletion by another process) rebuilds.
     pub deletes: u64,
+    /// Rows folded in (or taken out) since the graph was last saved; `None` when it is saved
+    /// as it is (see [`TenantIndex::saved`]).
+    pub unsaved: Option<usize>,
+}
+
+/// Rows changed since the last save after which a store saves the graph again.
+pub const SAVE_AFTER: usize = 1_000;
+
+/// A graph as saved: the HNSW graph with its vectors, and which memory each key stands for.
+pub struct Saved {
+    /// The serialized graph (usearch's own format).
+    pub graph: Vec<u8>,
+    /// `[[key, memory id], ...]` as JSON.
+    pub keys: String,
 }
 
 fn ann_err(e: impl std::fmt::Display) -> Error {
@@ -101,7 +115,70 @@ impl TenantIndex {
             next_key: 1,
             seq: 0,
             deletes: 0,
+            unsaved: Some(0),
         })
+    }
+
+    /// The graph and its keys, to save (a copy of the graph's memory: quick, under the lock).
+    pub fn saved(&self) -> Result<Saved, Error> {
+        let mut graph = vec![0u8; self.index.serialized_length()];
+        self.index.save_to_buffer(&mut graph).map_err(ann_err)?;
+        let keys: Vec<(u64, &str)> = self
+            .metas
+            .iter()
+            .map(|(k, m)| (*k, m.id.as_str()))
+            .collect();
+        Ok(Saved {
+            graph,
+            keys: serde_json::to_string(&keys).expect("keys serialize"),
+        })
+    }
+
+    /// An index back from a saved graph of `dim`-dimension vectors: `keys` as [`Saved::keys`]
+    /// wrote them, and each memory's meta (read again from its row; a memory without one is
+    /// gone, and the graph is not used). `None` when the graph does not load.
+    pub fn restore(
+        dim: usize,
+        graph: &[u8],
+        keys: &str,
+        mut metas: BTreeMap<String, Meta>,
+    ) -> Result<Option<TenantIndex>, Error> {
+        let Ok(keys) = serde_json::from_str::<Vec<(u64, String)>>(keys) else {
+            return Ok(None);
+        };
+        let mut t = TenantIndex::new(dim)?;
+        if t.index.load_from_buffer(graph).is_err() || t.index.dimensions() != dim {
+            return Ok(None);
+        }
+        for (key, id) in keys {
+            let Some(meta) = metas.remove(&id) else {
+                return Ok(None);
+            };
+            t.next_key = t.next_key.max(key + 1);
+            t.keys.insert(id, key);
+            t.metas.insert(key, meta);
+        }
+        if t.metas.len() != t.index.size() {
+            return Ok(None);
+        }
+        t.unsaved = None;
+        Ok(Some(t))
+    }
+
+    /// Note `n` rows changed since the last save.
+    pub fn changed(&mut self, n: usize) {
+        self.unsaved = Some(self.unsaved.unwrap_or(0).saturating_add(n));
+    }
+
+    /// Whether the graph is to be saved: [`SAVE_AFTER`] rows changed since the last save, or
+    /// there is no saved graph (built here, or the saved one went with a deletion).
+    pub fn save_due(&self) -> bool {
+        self.unsaved.is_some_and(|n| n >= SAVE_AFTER)
+    }
+
+    /// There is no saved graph to load: save this one at the next chance.
+    pub fn unsaved_whole(&mut self) {
+        self.unsaved = Some(SAVE_AFTER);
     }
 
     /// Vectors held.

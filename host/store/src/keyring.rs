@@ -319,6 +319,59 @@ impl VectorKeys {
         Ok(out)
     }
 
+    /// `bytes` as stored in `table` for `row`: sealed with the newest data key when vectors
+    /// are sealed, with that key's version (0: plain).
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn seal_bytes(
+        &self,
+        table: &str,
+        row: &str,
+        bytes: Vec<u8>,
+    ) -> Result<(Vec<u8>, u32), Error> {
+        let Some((version, k)) = &self.seal_with else {
+            return Ok((bytes, 0));
+        };
+        let place = Place {
+            tenant: &self.tenant,
+            table,
+            row,
+            key_version: *version,
+        };
+        let sealed = crypto::seal(k, &place, &bytes).map_err(|e| Error::Storage(e.to_string()))?;
+        Ok((sealed, *version))
+    }
+
+    /// Bytes [`seal_bytes`](Self::seal_bytes) stored, back (`version` 0: plain).
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn open_bytes(
+        &self,
+        table: &str,
+        row: &str,
+        version: u32,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, Error> {
+        if version == 0 {
+            return Ok(bytes.to_vec());
+        }
+        let k = self.open_with.get(&version).ok_or_else(|| {
+            Error::Storage(format!(
+                "{table} row '{row}' is encrypted and its key (version {version}) is not at hand: set ABRIDGE_MASTER_KEY_FILE (or ABRIDGE_MASTER_KEY) to the key it was written with"
+            ))
+        })?;
+        let place = Place {
+            tenant: &self.tenant,
+            table,
+            row,
+            key_version: version,
+        };
+        crypto::open(k, &place, bytes).map_err(|e| {
+            Error::Storage(format!(
+                "{table} row '{row}' of tenant '{}' does not decrypt ({e}); the database was altered",
+                self.tenant
+            ))
+        })
+    }
+
     /// A stored vector back, sealed or plain.
     pub(crate) fn open(&self, table: &str, row: &str, b: &[u8]) -> Result<Vec<f32>, Error> {
         if b.len() % 4 != 1 || b.len() < 5 {

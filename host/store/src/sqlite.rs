@@ -50,6 +50,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/029-sessions-tenant.sql"),
     include_str!("migrations/030-summary-coverage.sql"),
     include_str!("migrations/031-session-grams.sql"),
+    include_str!("migrations/032-ann-graphs.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -94,6 +95,7 @@ const OWN_TABLES: &[&str] = &[
     "session_pins",
     "session_labels",
     "session_grams",
+    "ann_graphs",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.
@@ -912,6 +914,7 @@ mod tests {
             "sessions_ungrammed",
             "DROP INDEX sessions_ungrammed; ALTER TABLE sessions DROP COLUMN grams; DROP TABLE session_grams",
         ),
+        ("ann_graphs", "DROP TABLE ann_graphs"),
     ];
 
     /// One short user message.

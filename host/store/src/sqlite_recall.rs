@@ -476,6 +476,8 @@ impl RecallStore for SqliteStore {
                 if g.deletes + 1 == deletes {
                     g.remove(id)?;
                     g.deletes = deletes;
+                    // The saved graph went with the deletion: save this one anew.
+                    g.unsaved_whole();
                 }
             }
             Ok(Some(m))
@@ -967,6 +969,7 @@ impl RecallStore for SqliteStore {
                 "usage",
                 "usage_days",
                 "memory_marks",
+                "ann_graphs",
             ] {
                 tx.execute(&format!("DELETE FROM {t} WHERE tenant = ?1"), [tenant])
                     .map_err(db_err)?;
@@ -979,8 +982,11 @@ impl RecallStore for SqliteStore {
     }
 }
 
-/// Count one deletion (or re-embedding) of the tenant's memories; the new count.
+/// Count one deletion (or re-embedding) of the tenant's memories; the new count. The saved
+/// recall graphs go too: they hold the vector taken out.
 fn mark_delete(c: &Connection, tenant: &str) -> Result<u64, Error> {
+    c.execute("DELETE FROM ann_graphs WHERE tenant = ?1", [tenant])
+        .map_err(db_err)?;
     c.query_row(
         "INSERT INTO memory_marks (tenant, deletes) VALUES (?1, 1) ON CONFLICT (tenant) DO UPDATE SET deletes = deletes + 1 RETURNING deletes",
         [tenant],
@@ -1062,8 +1068,11 @@ fn build_in_background(
         t.add_many(rows)?;
         t.seq = upto;
         t.deletes = deletes;
+        let saved = t.saved()?;
+        t.unsaved = None;
         ann.put(&tenant, &model, t);
-        Ok(())
+        drop(c);
+        save_graph(&path, &vk, (&tenant, &model), (upto, deletes, dim), saved)
     };
     let spawned = std::thread::Builder::new()
         .name("abridge-ann-build".into())
@@ -1077,6 +1086,124 @@ fn build_in_background(
         tracing::warn!(error = %e, "cannot start a thread to build the recall index; recall scans exactly");
         undo.2.end_build(&undo.0, &undo.1);
     }
+}
+
+/// Where a saved graph is sealed (its table and column).
+const GRAPH: &str = "ann_graphs.graph";
+
+/// Save `tenant`'s graph of `model` (through `seq`, reflecting `deletes`) with a connection of
+/// its own, unless a deletion came since (the graph holds the vector taken out).
+fn save_graph(
+    path: &std::path::Path,
+    vk: &VectorKeys,
+    (tenant, model): (&str, &str),
+    (seq, deletes, dim): (u64, u64, usize),
+    saved: crate::ann::Saved,
+) -> Result<(), Error> {
+    let (graph, sealed) = vk.seal_bytes(GRAPH, model, saved.graph)?;
+    let mut c = Connection::open(path).map_err(db_err)?;
+    c.busy_timeout(std::time::Duration::from_secs(30))
+        .map_err(db_err)?;
+    c.pragma_update(None, "secure_delete", "ON")
+        .map_err(db_err)?;
+    let tx = c
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(db_err)?;
+    let now: i64 = tx
+        .query_row(
+            "SELECT COALESCE((SELECT deletes FROM memory_marks WHERE tenant = ?1), 0)",
+            [tenant],
+            |r| r.get(0),
+        )
+        .map_err(db_err)?;
+    if now as u64 != deletes {
+        return Ok(());
+    }
+    tx.execute(
+        "INSERT OR REPLACE INTO ann_graphs (tenant, model, seq, deletes, dim, graph, keys, sealed) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![tenant, model, seq as i64, deletes as i64, dim as i64, graph, saved.keys, sealed],
+    )
+    .map_err(db_err)?;
+    tx.commit().map_err(db_err)
+}
+
+/// Save a graph on a thread of its own (a failure is logged; the graph is saved again later).
+fn save_in_background(
+    path: std::path::PathBuf,
+    vk: VectorKeys,
+    (tenant, model): (String, String),
+    at: (u64, u64, usize),
+    saved: crate::ann::Saved,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("abridge-ann-save".into())
+        .spawn(move || {
+            if let Err(e) = save_graph(&path, &vk, (&tenant, &model), at, saved) {
+                tracing::warn!(tenant = %tenant, model = %model, error = %e, "saving the recall index failed; a restart builds it again");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start a thread to save the recall index");
+    }
+}
+
+/// `tenant`'s saved graph of `model` when it holds no memory deleted since (`deletes`) and
+/// nothing past `max_seq`: loaded, each key's memory read again from its row.
+fn load_graph(
+    c: &Connection,
+    vk: &VectorKeys,
+    (tenant, model): (&str, &str),
+    (deletes, max_seq, dim): (u64, u64, usize),
+) -> Result<Option<crate::ann::TenantIndex>, Error> {
+    let row = c
+        .query_row(
+            "SELECT seq, deletes, dim, graph, keys, sealed FROM ann_graphs WHERE tenant = ?1 AND model = ?2",
+            [tenant, model],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, i64>(1)? as u64,
+                    r.get::<_, i64>(2)? as usize,
+                    r.get::<_, Vec<u8>>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, u32>(5)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(db_err)?;
+    let Some((seq, was, d, graph, keys, sealed)) = row else {
+        return Ok(None);
+    };
+    if was != deletes || seq > max_seq || d != dim {
+        return Ok(None);
+    }
+    let graph = vk.open_bytes(GRAPH, model, sealed, &graph)?;
+    let mut st = c
+        .prepare_cached(
+            "SELECT id, user, project, environment, kind, key, importance, cluster FROM memories WHERE tenant = ?1 AND model = ?2 AND seq <= ?3",
+        )
+        .map_err(db_err)?;
+    let mut rows = st
+        .query(params![tenant, model, seq as i64])
+        .map_err(db_err)?;
+    let mut metas = std::collections::BTreeMap::new();
+    while let Some(r) = rows.next().map_err(db_err)? {
+        let id: String = r.get(0).map_err(db_err)?;
+        let meta = crate::ann::Meta {
+            scope: scope_from(r, 1).map_err(db_err)?,
+            importance: r.get::<_, f64>(6).map_err(db_err)? as f32,
+            cluster: r.get::<_, i64>(7).map_err(db_err)? as u64,
+            id: id.clone(),
+        };
+        metas.insert(id, meta);
+    }
+    let Some(mut t) = crate::ann::TenantIndex::restore(dim, &graph, &keys, metas)? else {
+        return Ok(None);
+    };
+    t.seq = seq;
+    t.deletes = deletes;
+    Ok(Some(t))
 }
 
 impl SqliteStore {
@@ -1120,10 +1247,17 @@ impl SqliteStore {
             .map_err(db_err)?
             .unwrap_or(0);
         let deletes = deletes as u64;
-        let current = self.ann.get(tenant, model).filter(|i| {
+        let mut current = self.ann.get(tenant, model).filter(|i| {
             let g = locked(i);
             g.deletes == deletes && g.seq <= max_seq
         });
+        // None in this process yet: the graph saved by the last one, when it still holds.
+        if current.is_none()
+            && self.name != ":memory:"
+            && let Some(t) = load_graph(c, vk, (tenant, model), (deletes, max_seq, query.len()))?
+        {
+            current = Some(self.ann.put(tenant, model, t));
+        }
         // Rows the index lacks (all of them when there is none), counted only as far as the
         // decisions need: whether a build is worth it, and whether it is made here.
         let after = current.as_ref().map_or(0, |i| locked(i).seq);
@@ -1157,6 +1291,7 @@ impl SqliteStore {
             None => {
                 let mut t = TenantIndex::new(query.len())?;
                 t.deletes = deletes;
+                t.unsaved_whole();
                 self.ann.put(tenant, model, t)
             }
         };
@@ -1168,8 +1303,21 @@ impl SqliteStore {
                 self.ann.drop_tenant(tenant, Some(model));
                 return Ok(false);
             };
+            let n = batch.len();
             g.add_many(batch)?;
             g.seq = max_seq;
+            g.changed(n);
+        }
+        if g.save_due() && self.name != ":memory:" {
+            let saved = g.saved()?;
+            g.unsaved = None;
+            save_in_background(
+                std::path::PathBuf::from(&self.name),
+                vk.clone(),
+                (tenant.to_string(), model.to_string()),
+                (g.seq, g.deletes, query.len()),
+                saved,
+            );
         }
         for (similarity, m) in g.search(query, filter, limit as usize)? {
             near.insert(m.cluster);

@@ -1349,3 +1349,86 @@ async fn a_large_index_is_built_on_its_own_thread_while_recall_scans_exactly() {
         assert!(s.ann_ready("big", "emb"), "sealed {sealed}");
     }
 }
+
+/// SQLite's recall graph outlives the process: once built it is saved (sealed under a master
+/// key, as the vectors are), and a store opened later on the file loads it at its first
+/// search instead of building it again; a deletion takes the saved graph away (it holds the
+/// deleted vector) until it is saved anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recall_graph_is_saved_and_a_new_store_loads_it_instead_of_building() {
+    use abridge_engine::types::MemoryFilter;
+    use abridge_store::RecallStore;
+    let dir = tempfile::tempdir().unwrap();
+    for sealed in [false, true] {
+        let path = dir.path().join(format!("graph-{sealed}.db"));
+        let key = abridge_store::crypto::Secret::random().unwrap();
+        let open = |inline: usize| {
+            let s = SqliteStore::open(&path).unwrap().with_ann_inline(inline);
+            if sealed {
+                s.with_master_key(key.clone()).with_sealed_vectors()
+            } else {
+                s
+            }
+        };
+        let saved = || -> Option<(i64, i64)> {
+            let c = rusqlite::Connection::open(&path).unwrap();
+            c.query_row(
+                "SELECT seq, sealed FROM ann_graphs WHERE tenant = 'big' AND model = 'emb'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .ok()
+        };
+        // More rows than a store builds within a search by default (a restart would build
+        // on a thread and scan meanwhile); this one builds within its first search.
+        let n = (abridge_store::ann::BUILD_INLINE + 500) as u64;
+        let first = open(usize::MAX);
+        for i in 0..n {
+            first.put_memory("big", big_memory(i)).await.unwrap();
+        }
+        let q = clustered(3_000_000, 32);
+        let all = MemoryFilter::default();
+        let before = first.search("big", &q, "emb", &all, 10).await.unwrap();
+        assert!(first.ann_ready("big", "emb"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while saved().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the graph was never saved"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let (seq, seal) = saved().unwrap();
+        assert_eq!(seq, n as i64);
+        assert_eq!(seal != 0, sealed, "sealed exactly when vectors are");
+        drop(first);
+        // A new store (the default build-within-a-search limit, below the tenant's size):
+        // ready at once after its first search, with the same answer.
+        let second = open(abridge_store::ann::BUILD_INLINE);
+        let after = second.search("big", &q, "emb", &all, 10).await.unwrap();
+        assert!(second.ann_ready("big", "emb"), "loaded, not building");
+        let ids =
+            |h: &[abridge_engine::types::Hit]| h.iter().map(|x| x.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&after), ids(&before));
+        // A deletion: the saved graph is gone with it, and saved again without the row.
+        second
+            .delete_memory("big", &after[0].id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(saved().is_none(), "a saved graph holding a deleted vector");
+        let again = second.search("big", &q, "emb", &all, 10).await.unwrap();
+        assert!(!ids(&again).contains(&after[0].id));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while saved().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the graph was never saved again"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // Forgetting the tenant leaves no graph.
+        second.forget_tenant("big").await.unwrap();
+        assert!(saved().is_none());
+    }
+}

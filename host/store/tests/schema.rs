@@ -21,6 +21,12 @@ struct Schema {
 /// What one dialect has and the other lacks, on purpose: (dialect, kind, name, why).
 const ONLY_IN: &[(&str, &str, &str, &str)] = &[
     (
+        "sqlite",
+        "table",
+        "ann_graphs",
+        "SQLite's recall index is an HNSW graph in the process, saved here so a restart loads it; PostgreSQL's is pgvector's index, inside the database",
+    ),
+    (
         "postgres",
         "index",
         "sessions_tenant_id",
