@@ -681,17 +681,22 @@ impl RecallStore for SqliteStore {
             }
             let (fsql, mut args) = filter_sql(tenant, filter, "c.");
             args.push(model.to_string());
-            let among = if indexed {
+            let model_at = args.len();
+            // The candidates' clusters first, each summary found by its cluster (a list in a
+            // subquery would read every summary of the tenant).
+            let from = if indexed {
                 args.push(serde_json::to_string(&near).expect("ids serialize"));
-                format!(" AND s.cluster IN (SELECT value FROM json_each(?{}))", args.len())
+                format!(
+                    "json_each(?{}) j CROSS JOIN cluster_summaries s ON s.tenant = ?1 AND s.cluster = j.value",
+                    args.len()
+                )
             } else {
-                String::new()
+                "cluster_summaries s".to_string()
             };
             {
                 let mut st = c
                     .prepare(&format!(
-                        "SELECT s.id, s.vector, s.importance, s.cluster, s.covered_seq, s.covered FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{}{among}",
-                        args.len() - usize::from(indexed)
+                        "SELECT s.id, s.vector, s.importance, s.cluster, s.covered_seq, s.covered FROM {from} JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{model_at}"
                     ))
                     .map_err(db_err)?;
                 let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
