@@ -58,6 +58,10 @@ struct Args {
     /// Memories of one tenant at 1× for recall (10× is ten times this)
     #[arg(long, default_value_t = 10_000)]
     memories: usize,
+    /// Memories of one tenant at 1× for recall over HTTP against `abridge serve` (10× is ten
+    /// times this; 0 skips it)
+    #[arg(long, default_value_t = 5_000)]
+    http_memories: usize,
     /// Transcript size in MB at 1× for `summarize`'s peak memory (10× is ten times this;
     /// 0 skips it)
     #[arg(long, default_value_t = 25)]
@@ -170,6 +174,146 @@ fn peak_of(command: &str, dir: &std::path::Path, path: &std::path::Path, url: &s
         path.display()
     );
     (usage.ru_maxrss as f64, started.elapsed().as_secs_f64())
+}
+
+/// Recall over HTTP, as a client of `abridge serve` sees it: `n` and `10 n` memories of one
+/// tenant imported with `abridge memory import` (ten to a subject, so each subject's cluster
+/// has its summary), then `POST /v1/recall` (whole tenant, k = 10) on a fresh server (which
+/// builds the recall graph and saves it) and on a restarted one (which loads it). Prints the
+/// steady p50 at each size, its ratio, the first recall, and the time from the server's start
+/// until recall is at its steady cost.
+async fn http_recall(dir: &std::path::Path, n: usize) {
+    let bin = env!("CARGO_BIN_EXE_abridge");
+    let services = [
+        "billing",
+        "search",
+        "auth",
+        "payments",
+        "ingest",
+        "reports",
+        "mailer",
+        "gateway",
+        "cache",
+        "scheduler",
+    ];
+    let days = ["monday", "tuesday", "wednesday", "thursday", "friday"];
+    let queries = [
+        "which host runs service 42 on friday",
+        "billing deploys on monday",
+        "where does the gateway run",
+        "review 7 of the cache service",
+        "auth service host-3",
+    ];
+    let client = reqwest::Client::new();
+    let mut steady = [0.0; 2];
+    let mut timeline = Vec::new();
+    for (k, n) in [n, n * 10].into_iter().enumerate() {
+        let file = dir.join(format!("http-memories-{n}.jsonl"));
+        let mut text = String::new();
+        for i in 0..n {
+            let g = i / 10;
+            let line = serde_json::json!({
+                "id": format!("m{i}"), "user": format!("u{}", g % 10), "project": "p",
+                "environment": "e", "type": "fact", "key": format!("k{g}"),
+                "text": format!(
+                    "fact {i}: the {} service {} runs on host-{} and deploys on {} after review {}",
+                    services[g % 10], g % 97, g % 13, days[i % 5], i % 31
+                ),
+            });
+            text.push_str(&line.to_string());
+            text.push('\n');
+        }
+        std::fs::write(&file, text).unwrap();
+        let db = dir.join(format!("http-{n}.db"));
+        let status = std::process::Command::new(bin)
+            .args(["--db", db.to_str().unwrap(), "-q", "memory", "import"])
+            .arg(&file)
+            .env("ABRIDGE_BACKEND", "extractive")
+            .env("HOME", dir)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "memory import of {n}");
+        for (run, secs) in [("first start", 40.0), ("restart", 15.0)] {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let started = Instant::now();
+            let mut server = std::process::Command::new(bin)
+                .args(["--db", db.to_str().unwrap(), "serve", "--listen"])
+                .arg(format!("127.0.0.1:{port}"))
+                .env("ABRIDGE_BACKEND", "extractive")
+                .env("HOME", dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let url = format!("http://127.0.0.1:{port}");
+            while client.get(format!("{url}/healthz")).send().await.is_err() {
+                assert!(
+                    started.elapsed().as_secs() < 60,
+                    "abridge serve did not start"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let mut calls: Vec<(f64, f64)> = Vec::new();
+            let mut i = 0;
+            while started.elapsed().as_secs_f64() < secs {
+                let t = Instant::now();
+                let r = client
+                    .post(format!("{url}/v1/recall"))
+                    .json(&serde_json::json!({"query": queries[i % queries.len()], "k": 10}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success(), "recall: {}", r.status());
+                r.bytes().await.unwrap();
+                calls.push((
+                    started.elapsed().as_secs_f64(),
+                    t.elapsed().as_secs_f64() * 1e3,
+                ));
+                i += 1;
+            }
+            let _ = server.kill();
+            let _ = server.wait();
+            let tail: Vec<f64> = calls.iter().rev().take(50).map(|c| c.1).collect();
+            let p = p50(tail);
+            // Steady from the first call after which five in a row cost at most 1.5× it.
+            let from = calls
+                .windows(5)
+                .find(|w| w.iter().all(|c| c.1 <= 1.5 * p))
+                .map_or(f64::NAN, |w| w[0].0);
+            if run == "restart" {
+                steady[k] = p;
+            }
+            timeline.push((n, run, calls[0].1, p, from));
+        }
+    }
+    row(
+        "recall over HTTP, whole tenant, k=10 (memories)",
+        "ms",
+        steady[0],
+        steady[1],
+        n,
+        Some(0.3),
+    );
+    println!(
+        "{:<44} {:>9.2} (target <= 2: {})",
+        "  ratio, 10x / 1x",
+        steady[1] / steady[0],
+        if steady[1] <= 2.0 * steady[0] {
+            "ok"
+        } else {
+            "MISSED"
+        }
+    );
+    for (n, run, first, p, from) in timeline {
+        println!(
+            "  {n:>6} memories, {run:<11}: first recall {first:>7.1} ms, steady p50 {p:>6.2} ms from {from:>5.1} s after the start"
+        );
+    }
 }
 
 /// No model: the app runs with the extractive summarizer.
@@ -479,6 +623,10 @@ async fn main() {
             peak[1],
             if peak[1] <= 80.0 { "ok" } else { "MISSED" }
         );
+    }
+
+    if a.http_memories > 0 {
+        http_recall(dir.path(), a.http_memories).await;
     }
 
     let small = with_sessions(dir.path(), a.sessions).await;
