@@ -204,6 +204,8 @@ async fn http_recall(dir: &std::path::Path, n: usize) {
         "review 7 of the cache service",
         "auth service host-3",
     ];
+    // Plain HTTP on loopback; reqwest still wants a TLS provider chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let mut steady = [0.0; 2];
     let mut timeline = Vec::new();
