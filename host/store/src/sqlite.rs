@@ -245,6 +245,21 @@ impl SqliteStore {
         self.ann.get(tenant, model).is_some() && !self.ann.building(tenant, model)
     }
 
+    /// How far `tenant`'s saved recall graph of `model` reaches (its memories' sequence
+    /// number), if one is saved: what the next process loads instead of building.
+    pub fn ann_saved(&self, tenant: &str, model: &str) -> Result<Option<u64>, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT seq FROM ann_graphs WHERE tenant = ?1 AND model = ?2",
+                [tenant, model],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .map(|s| s.map(|s| s as u64))
+            .map_err(db_err)
+        })
+    }
+
     /// Rotate the master key: re-wrap every tenant's data keys under `new` and start a new
     /// data key version per tenant (rows are re-sealed under it when next written). Returns
     /// the tenants whose keys were rotated.
