@@ -1134,7 +1134,10 @@ async fn main() {
         build[k] = started.elapsed().as_secs_f64() * 1e6;
         // The built graph is saved on a thread of its own: measured after, not beside it.
         while n >= abridge_store::ann::ANN_MIN
-            && store.ann_saved("acme", "abridge-lexical-v1").unwrap().is_none()
+            && store
+                .ann_saved("acme", "abridge-lexical-v1")
+                .unwrap()
+                .is_none()
         {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }

@@ -301,19 +301,13 @@ impl VectorKeys {
         VectorKeys::new(tenant, BTreeMap::new(), false)
     }
 
-    /// `v` as stored in `table` (`memories.vector`, …) for `row`.
+    /// `v` as stored in `table` (`memories.vector`, …) for `row`: plain, or the data key's
+    /// version and the sealed bytes.
     pub(crate) fn seal(&self, table: &str, row: &str, v: &[f32]) -> Result<Vec<u8>, Error> {
-        let bytes = crate::recall::vector_bytes(v);
-        let Some((version, k)) = &self.seal_with else {
-            return Ok(bytes);
-        };
-        let place = Place {
-            tenant: &self.tenant,
-            table,
-            row,
-            key_version: *version,
-        };
-        let sealed = crypto::seal(k, &place, &bytes).map_err(|e| Error::Storage(e.to_string()))?;
+        let (sealed, version) = self.seal_bytes(table, row, crate::recall::vector_bytes(v))?;
+        if version == 0 {
+            return Ok(sealed);
+        }
         let mut out = version.to_le_bytes().to_vec();
         out.extend(sealed);
         Ok(out)
@@ -321,7 +315,6 @@ impl VectorKeys {
 
     /// `bytes` as stored in `table` for `row`: sealed with the newest data key when vectors
     /// are sealed, with that key's version (0: plain).
-    #[cfg(feature = "sqlite")]
     pub(crate) fn seal_bytes(
         &self,
         table: &str,
@@ -342,7 +335,6 @@ impl VectorKeys {
     }
 
     /// Bytes [`seal_bytes`](Self::seal_bytes) stored, back (`version` 0: plain).
-    #[cfg(feature = "sqlite")]
     pub(crate) fn open_bytes(
         &self,
         table: &str,
@@ -378,23 +370,7 @@ impl VectorKeys {
             return Ok(crate::recall::vector_from(b));
         }
         let version = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let k = self.open_with.get(&version).ok_or_else(|| {
-            Error::Storage(format!(
-                "{table} row '{row}' is encrypted and its key (version {version}) is not at hand: set ABRIDGE_MASTER_KEY_FILE (or ABRIDGE_MASTER_KEY) to the key it was written with"
-            ))
-        })?;
-        let place = Place {
-            tenant: &self.tenant,
-            table,
-            row,
-            key_version: version,
-        };
-        let plain = crypto::open(k, &place, &b[4..]).map_err(|e| {
-            Error::Storage(format!(
-                "{table} row '{row}' of tenant '{}' does not decrypt ({e}); the database was altered",
-                self.tenant
-            ))
-        })?;
+        let plain = self.open_bytes(table, row, version, &b[4..])?;
         Ok(crate::recall::vector_from(&plain))
     }
 }

@@ -1324,8 +1324,12 @@ impl SqliteStore {
                 saved,
             );
         }
-        for (similarity, m) in g.search(query, filter, limit as usize)? {
-            near.insert(m.cluster);
+        let mut found = g.search(query, filter, limit as usize)?;
+        // The clusters of the best `limit` name the summaries to rank (the oversampled rest
+        // ranks no summary better than they do).
+        found.sort_by(|a, b| b.0.total_cmp(&a.0));
+        near.extend(found.iter().take(limit as usize).map(|(_, m)| m.cluster));
+        for (similarity, m) in found {
             ranking.memory_at(similarity, || {
                 (m.id.clone(), String::new(), m.importance, m.cluster)
             });
