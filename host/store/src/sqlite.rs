@@ -171,6 +171,10 @@ fn prepare(conn: &mut Connection, name: &str) -> Result<(), Init> {
     // Deleted means gone: freed content is overwritten with zeros (and `scrub` empties the
     // WAL after a delete).
     conn.pragma_update(None, "secure_delete", "ON")?;
+    // The store reads through one connection: a page cache of 32 MB (SQLite's default is 2)
+    // keeps what recall and the context read again (summaries' vectors, memory rows) in
+    // memory instead of copying it from the file on every call.
+    conn.pragma_update(None, "cache_size", -32_000)?;
     // Two processes may open a new database at once: each migration step runs in a write
     // transaction taken before the version is read, so the second waits for the first and
     // then finds the work done.
