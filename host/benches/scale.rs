@@ -280,7 +280,7 @@ async fn http_recall(dir: &std::path::Path, n: usize) {
             }
             let _ = server.kill();
             let _ = server.wait();
-            let tail: Vec<f64> = calls.iter().rev().take(50).map(|c| c.1).collect();
+            let tail: Vec<f64> = calls.iter().rev().take(300).map(|c| c.1).collect();
             let p = p50(tail);
             // Steady from the first call after which five in a row cost at most 1.5× it.
             let from = calls
