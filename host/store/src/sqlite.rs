@@ -175,6 +175,9 @@ fn prepare(conn: &mut Connection, name: &str) -> Result<(), Init> {
     // keeps what recall and the context read again (summaries' vectors, memory rows) in
     // memory instead of copying it from the file on every call.
     conn.pragma_update(None, "cache_size", -32_000)?;
+    // And the file is read through a memory map (up to 256 MB), not copied by a system call
+    // per page.
+    conn.pragma_update(None, "mmap_size", 268_435_456)?;
     // Two processes may open a new database at once: each migration step runs in a write
     // transaction taken before the version is read, so the second waits for the first and
     // then finds the work done.
