@@ -1350,6 +1350,18 @@ async fn a_large_index_is_built_on_its_own_thread_while_recall_scans_exactly() {
     }
 }
 
+/// What `saved` finds once the graph's save (on a thread of its own) is done, within a minute.
+async fn saved_soon<T>(saved: &impl Fn() -> Option<T>, why: &str) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(x) = saved() {
+            return x;
+        }
+        assert!(std::time::Instant::now() < deadline, "{why}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// SQLite's recall graph outlives the process: once built it is saved (sealed under a master
 /// key, as the vectors are), and a store opened later on the file loads it at its first
 /// search instead of building it again; a deletion takes the saved graph away (it holds the
@@ -1390,15 +1402,7 @@ async fn the_recall_graph_is_saved_and_a_new_store_loads_it_instead_of_building(
         let all = MemoryFilter::default();
         let before = first.search("big", &q, "emb", &all, 10).await.unwrap();
         assert!(first.ann_ready("big", "emb"));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while saved().is_none() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the graph was never saved"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        let (seq, seal) = saved().unwrap();
+        let (seq, seal) = saved_soon(&saved, "the graph was never saved").await;
         assert_eq!(seq, n as i64);
         assert_eq!(seal != 0, sealed, "sealed exactly when vectors are");
         drop(first);
@@ -1419,14 +1423,7 @@ async fn the_recall_graph_is_saved_and_a_new_store_loads_it_instead_of_building(
         assert!(saved().is_none(), "a saved graph holding a deleted vector");
         let again = second.search("big", &q, "emb", &all, 10).await.unwrap();
         assert!(!ids(&again).contains(&after[0].id));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while saved().is_none() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the graph was never saved again"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        saved_soon(&saved, "the graph was never saved again").await;
         // Forgetting the tenant leaves no graph.
         second.forget_tenant("big").await.unwrap();
         assert!(saved().is_none());
