@@ -191,6 +191,10 @@ fn compile_cached(
             // that includes the wasmtime version and engine configuration; wasmtime also
             // validates its header and refuses incompatible artifacts.
             if let Ok(c) = unsafe { Component::deserialize(engine, &data) } {
+                // In use: newest again, so pruning keeps it.
+                if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                    let _ = f.set_modified(std::time::SystemTime::now());
+                }
                 return Ok((c, true));
             }
         }
@@ -214,8 +218,70 @@ fn compile_cached(
         }
         let _ = std::fs::remove_file(&tmp_sum);
         let _ = std::fs::remove_file(&tmp_art);
+        prune_cache(dir, CACHE_KEPT);
     }
     Ok((component, false))
+}
+
+/// Compiled components kept in the cache (each about 30 MB): the most recently used ones.
+const CACHE_KEPT: usize = 4;
+
+/// Remove all but the `keep` most recently used compiled components (and their hashes) from
+/// the cache: every upgrade or new build adds one, and nothing else would take them away.
+fn prune_cache(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut found: Vec<(std::time::SystemTime, std::path::PathBuf)> = entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("abridge-guest-") && name.ends_with(".cwasm")
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    for (_, path) in found.into_iter().skip(keep) {
+        let _ = std::fs::remove_file(&path);
+        let mut sum = path.into_os_string();
+        sum.push(".sha256");
+        let _ = std::fs::remove_file(sum);
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::prune_cache;
+
+    #[test]
+    fn the_cache_keeps_the_most_recently_used_components_and_nothing_else_of_theirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = std::time::SystemTime::now();
+        for i in 0..6u64 {
+            let name = format!("abridge-guest-48.0.8-0-{i}.cwasm");
+            let f = std::fs::File::create(dir.path().join(&name)).unwrap();
+            f.set_modified(now - std::time::Duration::from_secs(600 - i * 60))
+                .unwrap();
+            std::fs::write(dir.path().join(format!("{name}.sha256")), "x").unwrap();
+        }
+        std::fs::write(dir.path().join("other.txt"), "kept").unwrap();
+        prune_cache(dir.path(), 4);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut want: Vec<String> = (2..6u64)
+            .flat_map(|i| {
+                let n = format!("abridge-guest-48.0.8-0-{i}.cwasm");
+                [n.clone(), format!("{n}.sha256")]
+            })
+            .collect();
+        want.push("other.txt".into());
+        want.sort();
+        assert_eq!(left, want);
+    }
 }
 
 /// What can go wrong calling the engine.
