@@ -241,7 +241,7 @@ fn prune_cache(dir: &Path, keep: usize) {
         })
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|e| std::cmp::Reverse(e.0));
     for (_, path) in found.into_iter().skip(keep) {
         let _ = std::fs::remove_file(&path);
         let mut sum = path.into_os_string();
