@@ -553,6 +553,16 @@ impl Scoped {
     /// `None` when nothing is due, for `reason`. Every decision to queue or run a refresh
     /// asks here; the verdicts are the guest's.
     pub async fn due(&self, session: &str, cfg: &Config, reason: Reason) -> AppResult<Option<u64>> {
+        Ok(self.verdict(session, cfg, reason).await?.0)
+    }
+
+    /// [`Scoped::due`]'s answer, and the session's episode count the verdict saw.
+    async fn verdict(
+        &self,
+        session: &str,
+        cfg: &Config,
+        reason: Reason,
+    ) -> AppResult<(Option<u64>, u64)> {
         let f = match reason {
             Reason::Append => self.engine().freshness(session, cfg).await?,
             Reason::Context {
@@ -564,17 +574,21 @@ impl Scoped {
                     .await?
             }
             Reason::Asked => {
-                let last = self.store().stats(session).await?.last_episode;
+                let stats = self.store().stats(session).await?;
+                let last = stats.last_episode;
                 if last > self.covered(session).await? {
-                    return Ok(Some(last));
+                    return Ok((Some(last), stats.episodes));
                 }
                 // Everything is covered: rows the offline summarizer wrote that `cfg`'s model
                 // rewrites (the guest's count) are the work.
                 let f = self.engine().freshness(session, cfg).await?;
-                return Ok((f.fallback_rows > 0).then_some(last));
+                return Ok(((f.fallback_rows > 0).then_some(last), stats.episodes));
             }
         };
-        Ok((f.state == FreshState::Due).then_some(f.fold_upto))
+        Ok((
+            (f.state == FreshState::Due).then_some(f.fold_upto),
+            f.episodes,
+        ))
     }
 
     /// A session's figures; an unknown session is [`ErrorKind::NotFound`].
@@ -976,11 +990,12 @@ impl Scoped {
             },
             None => Reason::Append,
         };
-        let job = match self.due(session, cfg, reason).await? {
+        let (due, episodes) = self.verdict(session, cfg, reason).await?;
+        let job = match due {
             Some(target) if !self.read_only => Some(self.enqueue(session, target, cfg).await?),
             _ => None,
         };
-        Ok((job, self.store().stats(session).await?.episodes))
+        Ok((job, episodes))
     }
 
     async fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {

@@ -415,11 +415,6 @@ impl TenantTables {
         self.db.jobs_queued(bounds.scope()).await
     }
 
-    /// The session id of one of the tenant's jobs (`None` for another tenant's).
-    pub fn session_of<'a>(&self, job: &'a Job) -> Option<&'a str> {
-        (job.tenant == self.tenant).then_some(job.session.as_str())
-    }
-
     /// The tenant's API tokens (live and revoked), oldest first; another tenant's never.
     pub async fn tokens(&self) -> Result<Vec<crate::tables::TokenRow>, Error> {
         let mut rows = self.db.tokens().await?;
