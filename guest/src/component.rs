@@ -213,6 +213,25 @@ fn msg_out(m: types::Message) -> wit::Message {
     }
 }
 
+/// A plan as the WIT spells it.
+fn plan_out(p: engine::PlanReport) -> wit::PlanReport {
+    wit::PlanReport {
+        path: match p.path {
+            engine::PlanPath::Nothing => wit::Path::Nothing,
+            engine::PlanPath::Single => wit::Path::Single,
+            engine::PlanPath::Rolling => wit::Path::Rolling,
+            engine::PlanPath::MapReduce => wit::Path::MapReduce,
+        },
+        episodes: p.episodes,
+        backlog_tokens: p.backlog_tokens,
+        chunks: p.chunks,
+        levels: p.levels,
+        calls: p.calls,
+        input_tokens: p.input_tokens,
+        output_tokens: p.output_tokens,
+    }
+}
+
 fn cfg_in(c: summarizer::Config) -> policy::Config {
     policy::Config {
         engine: match c.engine {
@@ -457,6 +476,10 @@ impl engine::Host for Imports {
         log::progress(level, done, total);
     }
 
+    fn planned(&mut self, report: &engine::PlanReport) {
+        log::planned(&plan_out(report.clone()));
+    }
+
     fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, types::Error> {
         Ok(store::calibration(model)
             .map_err(err_in)?
@@ -598,26 +621,10 @@ impl summarizer::Guest for Component {
             .map_err(err_out)
     }
 
-    fn plan(
-        session: String,
-        cfg: summarizer::Config,
-    ) -> Result<summarizer::PlanReport, wit::Error> {
-        let p = engine::plan_report(&mut Imports, &session, &cfg_in(cfg)).map_err(err_out)?;
-        Ok(summarizer::PlanReport {
-            path: match p.path {
-                engine::PlanPath::Nothing => summarizer::Path::Nothing,
-                engine::PlanPath::Single => summarizer::Path::Single,
-                engine::PlanPath::Rolling => summarizer::Path::Rolling,
-                engine::PlanPath::MapReduce => summarizer::Path::MapReduce,
-            },
-            episodes: p.episodes,
-            backlog_tokens: p.backlog_tokens,
-            chunks: p.chunks,
-            levels: p.levels,
-            calls: p.calls,
-            input_tokens: p.input_tokens,
-            output_tokens: p.output_tokens,
-        })
+    fn plan(session: String, cfg: summarizer::Config) -> Result<wit::PlanReport, wit::Error> {
+        engine::plan_report(&mut Imports, &session, &cfg_in(cfg))
+            .map(plan_out)
+            .map_err(err_out)
     }
 
     fn chain(session: String) -> Result<Vec<store::SummaryRow>, wit::Error> {

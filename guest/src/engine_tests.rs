@@ -20,6 +20,8 @@ struct Fake {
     refused: u32,
     partials: std::collections::BTreeMap<String, Cached>,
     progress: Vec<(u32, u32, u32)>,
+    /// Each plan the call reported, with the model requests made before it.
+    plans: Vec<(PlanReport, usize)>,
     marker: Option<FailureMarker>,
     /// Writes that another process wins: it stores the same coverage first, and this write
     /// is refused as a conflict.
@@ -344,6 +346,9 @@ impl Host for Fake {
     fn progress(&mut self, level: u32, done: u32, total: u32) {
         assert!(done <= total, "progress {done}/{total}");
         self.progress.push((level, done, total));
+    }
+    fn planned(&mut self, report: &PlanReport) {
+        self.plans.push((report.clone(), self.requests.len()));
     }
     fn summaries(&mut self, _session: &str) -> Result<Vec<SummaryRow>, Error> {
         Ok(self.rows.clone())
@@ -768,6 +773,8 @@ fn plans_match_what_execution_does() {
         plan_report(&mut f, "s", &c).unwrap().path,
         PlanPath::Nothing
     );
+    // The call planned once, before its first model call, and told the host the same plan.
+    assert_eq!(f.plans, vec![(plan.clone(), 0)]);
 
     let mut small = Fake::with_episodes(5, 20);
     let p = plan_report(&mut small, "s", &cfg()).unwrap();
@@ -800,6 +807,21 @@ fn a_model_that_counts_more_than_we_estimate_is_calibrated_and_never_overflowed(
         policy::factor(Some((e, r))) > 1.5,
         "calibrated: {e} estimated, {r} reported"
     );
+    // Each refusal re-planned the call, and the host was told each plan; the last one is
+    // what ran (its map chunks are the prompts after it).
+    // (one wave's refusals recalibrate once: several refused prompts, one re-plan).
+    let plans = f.plans.len() as u32;
+    assert!(
+        (2..=1 + MAX_OVERFLOW_REPLANS).contains(&plans),
+        "{plans} plans"
+    );
+    assert!(f.plans[0].0.chunks < f.plans[1].0.chunks, "{:?}", f.plans);
+    let (last, before) = f.plans.last().unwrap().clone();
+    let maps = f.requests[before..]
+        .iter()
+        .filter(|r| !Fake::prompt_text(r).starts_with("You merge"))
+        .count();
+    assert_eq!(last.chunks as usize, maps, "{last:?}");
     // A second session planned with the stored calibration is not refused at all.
     let refused = f.refused;
     let mut g = Fake::with_episodes(60, 100);
@@ -2389,4 +2411,32 @@ fn neither_day_marks_nor_the_ledger_cost_a_message() {
         "the history crosses midnight: some context marks a day"
     );
     assert_eq!(missing, 0);
+}
+
+#[test]
+fn a_call_up_to_a_target_plans_and_reports_that_target_only() {
+    let c = Config {
+        context_length: 1024,
+        max_output_tokens: 200,
+        ..cfg()
+    };
+    let mut f = Fake::with_episodes(60, 100);
+    catch_up_to(&mut f, "s", &c, 40).unwrap();
+    f.assert_chain();
+    assert_eq!(f.rows.last().unwrap().last_episode, 40);
+    let [(plan, 0)] = f.plans.as_slice() else {
+        panic!("one plan before any model call: {:?}", f.plans);
+    };
+    assert_eq!((plan.path, plan.episodes), (PlanPath::MapReduce, 40));
+    // The rest, planned from where the chain stands: a summarized session's new part.
+    let before = f.requests.len();
+    catch_up_to(&mut f, "s", &c, u64::MAX).unwrap();
+    let (next, at) = f.plans.last().unwrap();
+    assert_eq!((next.episodes, *at), (20, before));
+    assert_ne!(next.path, PlanPath::Nothing);
+    // Nothing left: the plan says so and no model is called.
+    let before = f.requests.len();
+    catch_up_to(&mut f, "s", &c, u64::MAX).unwrap();
+    assert_eq!(f.plans.last().unwrap().0.path, PlanPath::Nothing);
+    assert_eq!(f.requests.len(), before);
 }

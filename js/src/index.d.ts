@@ -271,6 +271,8 @@ export interface EngineOptions {
   log?: (level: 'debug' | 'info' | 'warn', message: string) => void;
   /** Progress of a map-reduce stage (level 0: map; 1 and up: reduce levels). */
   onProgress?: (p: { level: number; done: number; total: number }) => void;
+  /** What a summarize call is about to do: once before its first model call, again if it re-plans. */
+  onPlan?: (plan: PlanReport) => void;
   /** Most batch requests in flight at once; default 6. */
   batchConcurrency?: number;
   /** An embedding backend for memory embedders other than the offline `abridge-lexical-v1`. */

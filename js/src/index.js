@@ -144,12 +144,13 @@ export class Engine {
   #batch;
   #modules;
   #progress;
+  #onPlan;
 
   #embedder;
   #limits;
   #clusterSlots;
 
-  constructor({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder, limits }) {
+  constructor({ llm, store, clock, log, onProgress, onPlan, batchConcurrency, modules, embedder, limits }) {
     this.#embedder = embedder;
     this.#limits = { clusterJobs: 3, ...limits };
     this.#clusterSlots = slots(Math.max(1, this.#limits.clusterJobs));
@@ -158,6 +159,7 @@ export class Engine {
     this.#clock = clock;
     this.#log = log;
     this.#progress = onProgress;
+    this.#onPlan = onPlan;
     this.#batch = batchConcurrency;
     this.#modules = modules;
   }
@@ -224,6 +226,7 @@ export class Engine {
       'abridge:engine/log': {
         write: (level, message) => this.#log(level, message),
         progress: (level, done, total) => this.#progress({ level, done, total }),
+        planned: (report) => this.#onPlan(planToJs(report)),
       },
       'abridge:engine/llm': {
         generate: async (req) => {
@@ -471,7 +474,7 @@ export class Engine {
   async plan(session, config = {}) {
     const g = await this.#guest();
     const p = await exportCall(() => g.summarizer.plan(session, { ...defaultConfig, ...config }));
-    return { ...p, episodes: num(p.episodes), backlogTokens: num(p.backlogTokens), inputTokens: num(p.inputTokens), outputTokens: num(p.outputTokens) };
+    return planToJs(p);
   }
 
   /** The summary chain, oldest first. */
@@ -667,10 +670,15 @@ export class Engine {
  * (`await SqliteStore.open(path)` keeps one in a file, the same schema as the Rust host's);
  * `llm` defaults to no model (extractive engine only).
  */
-export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, onProgress = () => {}, batchConcurrency = 6, embedder, limits } = {}) {
+/** A plan report with plain numbers. */
+function planToJs(p) {
+  return { ...p, episodes: num(p.episodes), backlogTokens: num(p.backlogTokens), inputTokens: num(p.inputTokens), outputTokens: num(p.outputTokens) };
+}
+
+export async function createEngine({ llm = noModel, store, clock = () => Date.now(), log = () => {}, onProgress = () => {}, onPlan = () => {}, batchConcurrency = 6, embedder, limits } = {}) {
   store ??= await SqliteStore.open(':memory:');
   const modules = await coreModules();
-  return new Engine({ llm, store, clock, log, onProgress, batchConcurrency, modules, embedder, limits });
+  return new Engine({ llm, store, clock, log, onProgress, onPlan, batchConcurrency, modules, embedder, limits });
 }
 
 // The defaults, from the component (see the top of this file): an engine with no model asks

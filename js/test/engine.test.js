@@ -226,7 +226,8 @@ test('answers are cached as they arrive and progress is reported per stage', asy
   await server.reset();
   const store = await SqliteStore.open(':memory:');
   const progress = [];
-  const engine = await createEngine({ store, llm: ollama({ url: server.url, retry: once }), onProgress: (p) => progress.push(p) });
+  const plans = [];
+  const engine = await createEngine({ store, llm: ollama({ url: server.url, retry: once }), onProgress: (p) => progress.push(p), onPlan: (p) => plans.push(p) });
   await engine.append('s', chat.map(({ role, content, sourceKey }) => ({ role, content, sourceKey })));
   // Two of three map chunks fail: nothing is written, but the good answer was cached.
   await server.faults([{ kind: 'status', code: 500, message: 'boom' }, { kind: 'status', code: 500, message: 'boom' }]);
@@ -234,8 +235,15 @@ test('answers are cached as they arrive and progress is reported per stage', asy
   const asked = (await server.generations()).length;
   assert.equal(asked, 3);
   // The rerun asks only for the two failed chunks, then merges.
+  // The call planned once, before its first model call, as plan() would.
+  assert.equal(plans.length, 1);
+  assert.equal(plans[0].path, 'map-reduce');
+  assert.equal(plans[0].chunks, 3);
   progress.length = 0;
+  plans.length = 0;
+  const planned = await engine.plan('s', small);
   await engine.summarizeNow('s', small);
+  assert.deepEqual(plans, [planned]);
   const again = (await server.generations()).slice(asked);
   const maps = again.filter((r) => r.body.messages[0].content.startsWith('You write summaries'));
   assert.equal(maps.length, 2);

@@ -670,6 +670,25 @@ fn a_refresh_streams_queued_running_progress_and_success_with_the_summary() {
     assert!(pos("job.running") < pos("job.progress"));
     assert!(pos("job.progress") < pos("summary.written"));
     assert!(pos("summary.written") < pos("job.succeeded"));
+    // `job.running` carries the plan the call made (once), and the map stage runs it: the
+    // job's planned calls are its chunks and estimated reduce calls.
+    let running = &evs[pos("job.running")].1["data"];
+    assert_eq!(running["map_reduce"], true, "{running}");
+    let chunks = running["chunks"].as_u64().unwrap();
+    let reduces: u64 = running["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_u64().unwrap())
+        .sum();
+    let map_total = evs[pos("job.progress")].1["data"]["total"].as_u64();
+    assert_eq!(map_total, Some(chunks), "{running}");
+    let view = get(addr, &format!("/v1/jobs/{id}"), None).expect(200);
+    assert_eq!(
+        view["calls_planned"].as_u64(),
+        Some(chunks + reduces),
+        "{view}"
+    );
     let done = &evs.last().unwrap().1;
     let chain = get(addr, "/v1/sessions/s/summaries", None).expect(200);
     let last = chain["summaries"]

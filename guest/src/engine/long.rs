@@ -33,39 +33,35 @@ pub(super) fn long_path(
     Ok((backlog > limit).then_some(map_budget))
 }
 
-/// Map-reduce for a long backlog (see [`long_path`]): token-budgeted chunks summarized
-/// concurrently, then merged in order, level by level, into one row covering every new
-/// episode. `None` when the rolling path fits.
-pub(super) fn map_reduce_if_long(
+/// Map-reduce for a long backlog (see [`long_path`]), as `plan` laid it out: token-budgeted
+/// chunks summarized concurrently, then merged in order, level by level, into one row
+/// covering every new episode. `None` when the plan takes the rolling path.
+pub(super) fn map_reduce_planned(
     h: &mut impl Host,
     session: &str,
     cfg: &Config,
-    stats: &Stats,
-    upto: u64,
+    plan: Plan,
 ) -> Result<Option<SummaryRow>, Error> {
-    let f = calibration_factor(h, cfg)?;
-    if cfg.engine != Engine::Llm || stats.episodes == 0 {
-        return Ok(None);
-    }
-    let latest = h.latest_summary(session)?;
-    let covered = latest.as_ref().map_or(0, |r| r.last_episode);
-    if covered >= stats.last_episode.min(upto) {
-        return Ok(None);
-    }
-    // Sizes only: the text is read chunk by chunk as the map stage asks for it.
-    let eps = sizes_after(h, session, covered, upto)?;
-    let backlog = eps.backlog();
-    let Some(budget) = long_path(cfg, f, latest.as_ref(), backlog)? else {
+    let Plan {
+        f,
+        latest,
+        sizes: eps,
+        map,
+        ..
+    } = plan;
+    let Some((budget, chunks)) = map else {
         return Ok(None);
     };
+    let covered = latest.as_ref().map_or(0, |r| r.last_episode);
     h.log(
         Level::Info,
         &format!(
-            "session {session}: {} new episodes (~{backlog} tokens) exceed one prompt; map-reduce",
-            eps.len()
+            "session {session}: {} new episodes (~{} tokens) exceed one prompt; map-reduce",
+            eps.len(),
+            eps.backlog()
         ),
     );
-    let g = map_reduce(h, session, cfg, f, &eps, budget)?;
+    let g = map_reduce_chunks(h, session, cfg, f, (&eps, chunks), budget)?;
     let last = covered + eps.len() as u64;
     drop(eps);
     // A summarized session gets a new row for the new part; the old rows stay as they are.
@@ -99,6 +95,18 @@ pub(super) fn map_reduce(
     budget: u32,
 ) -> Result<Generated, Error> {
     let chunks = chunks_of(h, session, sizes, chunk_cap(cfg, budget))?;
+    map_reduce_chunks(h, session, cfg, f, (sizes, chunks), budget)
+}
+
+/// [`map_reduce`] over chunks already planned.
+pub(super) fn map_reduce_chunks(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    f: f64,
+    (sizes, chunks): (&Sizes, Vec<plan::Chunk>),
+    budget: u32,
+) -> Result<Generated, Error> {
     h.log(
         Level::Debug,
         &format!(

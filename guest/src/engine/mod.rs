@@ -67,6 +67,8 @@ pub trait Host {
     fn partial(&mut self, key: &str) -> Result<Option<Cached>, Error>;
     /// Progress of a map-reduce stage: `done` of `total` answers at `level` (0: map).
     fn progress(&mut self, level: u32, done: u32, total: u32);
+    /// What the call will do, before it does it (again after a re-plan within the call).
+    fn planned(&mut self, report: &PlanReport);
     /// Calibration totals `(estimated, reported)` for a model.
     fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, Error>;
     /// Add one measured prompt to a model's calibration totals.

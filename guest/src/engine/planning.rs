@@ -220,12 +220,38 @@ pub(super) fn expected_partial(cfg: &Config) -> u32 {
 
 /// Plan `summarize_now` without calling the model or writing anything.
 pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<PlanReport, Error> {
-    let f = calibration_factor(h, cfg)?;
     validate(session, cfg)?;
+    plan_upto(h, session, cfg, u64::MAX).map(|p| p.report)
+}
+
+/// A plan for bringing a session up to an episode: the report the host sees and what
+/// execution needs of it, so a call plans once (and again only when a refusal recalibrates
+/// the estimator or another writer moved the chain).
+pub(super) struct Plan {
+    /// What the host is told.
+    pub report: PlanReport,
+    /// The calibration factor it was made with.
+    pub f: f64,
+    /// The newest row when it was made.
+    pub latest: Option<SummaryRow>,
+    /// The sizes of the episodes it covers.
+    pub sizes: Sizes,
+    /// Map-reduce: the map budget and the chunks.
+    pub map: Option<(u32, Vec<plan::Chunk>)>,
+}
+
+/// Plan bringing the session up to episode `upto` (the newest, when beyond it).
+pub(super) fn plan_upto(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    upto: u64,
+) -> Result<Plan, Error> {
+    let f = calibration_factor(h, cfg)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
     // Sizes only: a long session's text is never held at once.
-    let eps = sizes_after(h, session, covered, u64::MAX)?;
+    let eps = sizes_after(h, session, covered, upto)?;
     let backlog = eps.backlog();
     let out = u64::from(cfg.max_output_tokens);
     let llm = cfg.engine == Engine::Llm;
@@ -239,17 +265,21 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
         input_tokens: 0,
         output_tokens: 0,
     };
-    if eps.is_empty() {
-        return Ok(report);
+    let mut plan = Plan {
+        report: report.clone(),
+        f,
+        latest,
+        sizes: eps,
+        map: None,
+    };
+    if plan.sizes.is_empty() {
+        return Ok(plan);
     }
-    let fixed = prompt::fixed_tokens_x(
-        latest.as_ref().map(|r| r.content.as_str()),
-        &focus_only(cfg),
-    );
+    let (eps, latest) = (&plan.sizes, plan.latest.as_ref());
+    let fixed = prompt::fixed_tokens_x(latest.map(|r| r.content.as_str()), &focus_only(cfg));
     let budget = policy::input_budget_f(cfg, f, fixed).map_err(Error::InvalidInput)?;
-    if let Some(map_budget) = long_path(cfg, f, latest.as_ref(), backlog)? {
-        let budget = map_budget;
-        let chunks = chunks_of(h, session, &eps, chunk_cap(cfg, budget))?;
+    if let Some(map_budget) = long_path(cfg, f, latest, backlog)? {
+        let chunks = chunks_of(h, session, eps, chunk_cap(cfg, map_budget))?;
         let reduce_budget =
             policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens_x(&focus_only(cfg)))
                 .map_err(Error::InvalidInput)?;
@@ -287,7 +317,9 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
         report.calls = calls as u32;
         report.input_tokens = map_in + reduce_in;
         report.output_tokens = calls as u64 * out;
-        return Ok(report);
+        plan.report = report;
+        plan.map = Some((map_budget, chunks));
+        return Ok(plan);
     }
     let passes = backlog.div_ceil(u64::from(budget)).max(1);
     report.path = if latest.is_none() && passes == 1 {
@@ -301,5 +333,6 @@ pub fn plan_report(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Pla
         report.input_tokens = backlog + passes * u64::from(fixed);
         report.output_tokens = passes * out;
     }
-    Ok(report)
+    plan.report = report;
+    Ok(plan)
 }

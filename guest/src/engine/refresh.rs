@@ -242,6 +242,9 @@ impl<H: Host> Host for Deferred<'_, H> {
     fn progress(&mut self, level: u32, done: u32, total: u32) {
         self.inner.progress(level, done, total)
     }
+    fn planned(&mut self, report: &PlanReport) {
+        self.inner.planned(report)
+    }
     fn calibration(&mut self, model: &str) -> Result<Option<(u64, u64)>, Error> {
         // Within the call the measurements count as before.
         let (mut e, mut r) = self.inner.calibration(model)?.unwrap_or((0, 0));
@@ -350,11 +353,15 @@ pub(super) fn catch_up_now(
     let mut overflows = 0;
     let mut conflicts = 0;
     let mut long_path_done = false;
+    // The call plans once, and tells the host what it will do; it plans again only after a
+    // refusal recalibrated the estimator or another writer moved the chain.
     loop {
         let step = if long_path_done {
             pass(h, session, cfg, end)
         } else {
-            map_reduce_if_long(h, session, cfg, &start, end)
+            let plan = plan_upto(h, session, cfg, end)?;
+            h.planned(&plan.report);
+            map_reduce_planned(h, session, cfg, plan)
         };
         let row = match step {
             Err(Error::ContextOverflow(m)) if overflows < MAX_OVERFLOW_REPLANS => {

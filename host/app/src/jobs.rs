@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock};
-use crate::control::{CallControl, Observer, Progress};
+use crate::control::{CallControl, Progress};
 use crate::runtime::{Abridge, CallError};
 use crate::store::{JobStore, TenantCap};
 use crate::tenant::{Tenant, TenantTables};
@@ -300,19 +300,26 @@ impl Jobs {
     }
 
     /// Run a job this worker has taken: summarize its session with a heartbeat that renews the
-    /// lease, records progress and watches for cancellation. `watch` sees each progress
-    /// change. The job ends succeeded, failed (with the error) or cancelled.
+    /// lease, records progress and the call's plan, and watches for cancellation. `control`'s
+    /// observers see each progress change and plan. The job ends succeeded, failed (with the
+    /// error) or cancelled.
     pub async fn run(
         &self,
         engine: &Abridge,
         job: &Job,
-        watch: Option<Observer>,
+        control: CallControl,
     ) -> Result<Outcome, CallError> {
-        let control = Arc::new(match watch {
-            Some(w) => CallControl::observed(w),
-            None => CallControl::new(),
-        });
+        let control = Arc::new(control);
         let prior = job.answers;
+        // The plan the guest reports is the job's label (its planned calls); recorded here,
+        // off the call's task, each time it changes.
+        let mut recorded = 0;
+        let record_plan = |recorded: &mut u32| {
+            let (plan, n) = control.plan();
+            let new = (n > *recorded).then_some(plan).flatten();
+            *recorded = n;
+            new
+        };
         // The job brings its session up to its target: everything for a summarize, what the
         // mode folds for a due refresh (its target is the verdict's fold-upto).
         let call =
@@ -326,6 +333,9 @@ impl Jobs {
             tokio::select! {
                 r = &mut call => break r,
                 _ = tick.tick() => {
+                    if let Some(plan) = record_plan(&mut recorded) {
+                        let _ = self.set_planned(job.id, plan.calls).await;
+                    }
                     let p = control.progress();
                     if last_beat.elapsed() >= beat_every {
                         last_beat = Instant::now();
@@ -346,6 +356,9 @@ impl Jobs {
         let p = control.progress();
         if lost {
             return result;
+        }
+        if let Some(plan) = record_plan(&mut recorded) {
+            let _ = self.set_planned(job.id, plan.calls).await;
         }
         let _ = self.heartbeat(job.id, &p, prior + p.answers).await;
         let (state, error) = match &result {

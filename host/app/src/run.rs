@@ -10,10 +10,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::{AppError, AppResult, ErrorKind, Scoped, SummaryView, What};
-use crate::control::Progress;
+use crate::control::{CallControl, Progress};
 use crate::jobs::{Claim, Job, JobState};
 use crate::runtime::CallError;
-use crate::types::Config;
+use crate::types::{Config, PlanReport};
 
 /// How a job that this process ran or waited for ended, when it did not succeed.
 fn unsuccessful(job: &Job) -> AppError {
@@ -142,22 +142,28 @@ impl Scoped {
             move |what: What| me.publish(what, Some(&session), Some(job.id))
         };
         let engine = self.engine().clone();
-        let plan = engine.plan(&session, &job.config).await.ok();
-        if let Some(p) = &plan {
-            let _ = app.jobs().set_planned(job.id, p.calls).await;
-        }
-        publish(What::JobRunning {
-            state: "running".into(),
-            attempt: job.attempts,
-            target: job.target,
-            resumed: job.attempts > 1,
-            worker: app.jobs().owner().to_string(),
-            levels: plan.as_ref().map(|p| p.levels.clone()),
-            chunks: plan.as_ref().map(|p| p.chunks),
-            map_reduce: plan
-                .as_ref()
-                .map(|p| p.path == crate::types::PlanPath::MapReduce),
-        });
+        // `job.running` carries the plan the guest reports before its first model call (the
+        // call plans once); a call that ends before planning still says it ran.
+        let running = {
+            let (publish, job) = (publish.clone(), job.clone());
+            let worker = app.jobs().owner().to_string();
+            let said = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            move |plan: Option<&PlanReport>| {
+                if said.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                publish(What::JobRunning {
+                    state: "running".into(),
+                    attempt: job.attempts,
+                    target: job.target,
+                    resumed: job.attempts > 1,
+                    worker: worker.clone(),
+                    levels: plan.map(|p| p.levels.clone()),
+                    chunks: plan.map(|p| p.chunks),
+                    map_reduce: plan.map(|p| p.path == crate::types::PlanPath::MapReduce),
+                });
+            }
+        };
         tracing::info!(job = job.id, tenant = %self.tenant, session = %session, attempt = job.attempts, "job running");
         let observer: crate::control::Observer = {
             let publish = publish.clone();
@@ -171,7 +177,11 @@ impl Scoped {
                 });
             })
         };
-        let run = app.jobs().run(&engine, &job, Some(observer));
+        let control = CallControl::observed(observer).on_plan({
+            let running = running.clone();
+            Arc::new(move |p: &PlanReport| running(Some(p)))
+        });
+        let run = app.jobs().run(&engine, &job, control);
         let result = match stop {
             Some(mut stop) => tokio::select! {
                 r = run => Some(r),
@@ -179,6 +189,7 @@ impl Scoped {
             },
             None => Some(run.await),
         };
+        running(None);
         let Some(result) = result else {
             // Shutdown ran out of grace: give the job back; the next start resumes it.
             let _ = app.jobs().release(job.id).await;

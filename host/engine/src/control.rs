@@ -1,7 +1,9 @@
 //! Watching and steering one long engine call from outside it: live progress, and
 //! cancellation.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crate::types::PlanReport;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -23,6 +25,9 @@ pub struct Progress {
 /// Sees every progress change of a call, as it happens.
 pub type Observer = Arc<dyn Fn(&Progress) + Send + Sync>;
 
+/// Sees each plan a call reports: once before its first model call, again if it re-plans.
+pub type PlanObserver = Arc<dyn Fn(&PlanReport) + Send + Sync>;
+
 /// Shared between the caller and a running call (see [`crate::Abridge::summarize_now_with`]).
 #[derive(Default)]
 pub struct CallControl {
@@ -32,6 +37,9 @@ pub struct CallControl {
     answers: AtomicU64,
     cancelled: AtomicBool,
     observer: Option<Observer>,
+    plan: Mutex<Option<PlanReport>>,
+    plans: AtomicU32,
+    plan_observer: Option<PlanObserver>,
 }
 
 /// The error a cancelled call traps with.
@@ -52,6 +60,27 @@ impl CallControl {
             observer: Some(observer),
             ..Self::default()
         }
+    }
+
+    /// The same control, whose call's plans are passed to `observer` as they are reported.
+    pub fn on_plan(mut self, observer: PlanObserver) -> Self {
+        self.plan_observer = Some(observer);
+        self
+    }
+
+    /// The plan the call reported last, and how many it reported (a re-plan counts again).
+    pub fn plan(&self) -> (Option<PlanReport>, u32) {
+        let plan = self.plan.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (plan, self.plans.load(Ordering::SeqCst))
+    }
+
+    /// The guest's plan, before its first model call or after a re-plan.
+    pub(crate) fn planned(&self, report: PlanReport) {
+        if let Some(o) = &self.plan_observer {
+            o(&report);
+        }
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+        self.plans.fetch_add(1, Ordering::SeqCst);
     }
 
     fn notify(&self) {

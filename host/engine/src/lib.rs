@@ -23,7 +23,7 @@ pub mod types;
 
 pub use adaptive::Adaptive;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use control::{CallControl, Cancelled, Progress};
+pub use control::{CallControl, Cancelled, PlanObserver, Progress};
 pub use embedder::{Embedder, Vectors};
 pub use imports::RecallBinding;
 pub use llm::{LlmBackend, NoModel};

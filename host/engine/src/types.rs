@@ -10,13 +10,15 @@ pub use crate::bindings::abridge::engine::store::{
     CachedAnswer, CalibrationTotals as Calibration, Compaction, Episode, EpisodeRange,
     FailureMarker, IdentifierKind, LedgerEntry, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
 };
-pub use crate::bindings::abridge::engine::types::{Error, Message, Role};
+pub use crate::bindings::abridge::engine::types::{
+    Error, Message, Path as PlanPath, PlanReport, Role,
+};
 pub use crate::bindings::exports::abridge::engine::memories::{
     ClusterAction, ClusterOutcome, Forgotten, MemoryConfig, MemoryIn, Recalled, Remembered,
 };
 pub use crate::bindings::exports::abridge::engine::summarizer::{
     Config, ContextRequest, ContextWindow, Engine, Expansion, FreshState, FreshnessReport, Mode,
-    Outcome, Path as PlanPath, PlanReport, Rendering,
+    Outcome, Rendering,
 };
 pub use crate::bindings::exports::abridge::engine::transcripts::{
     Batch as ParseBatch, ConversationPart, Format as TranscriptFormat, ParseError, ParseOptions,

@@ -2,6 +2,7 @@
 
 use super::HostState;
 use crate::bindings::abridge::engine::log::{Host, Level};
+use crate::bindings::abridge::engine::types::PlanReport;
 
 impl Host for HostState {
     async fn write(&mut self, level: Level, message: String) {
@@ -11,6 +12,12 @@ impl Host for HostState {
     async fn progress(&mut self, level: u32, done: u32, total: u32) {
         if let Some(c) = &self.control {
             c.stage(level, done, total);
+        }
+    }
+
+    async fn planned(&mut self, report: PlanReport) {
+        if let Some(c) = &self.control {
+            c.planned(report);
         }
     }
 }
