@@ -30,8 +30,9 @@ pub async fn rotate_master_key(db: &Path, current: Secret, new: &Secret) -> Resu
 }
 
 /// A SQLite store in memory, gone with the process: for an engine that only parses or plans
-/// (a dry run stores a transcript's episodes to plan them) and keeps nothing.
-pub fn in_memory() -> Result<Arc<dyn abridge_engine::Store>, Error> {
+/// (a dry run stores a transcript's episodes to plan them) and keeps nothing; an engine's
+/// store or an app's.
+pub fn in_memory() -> Result<Arc<abridge_store::SqliteStore>, Error> {
     Ok(Arc::new(abridge_store::SqliteStore::in_memory()?))
 }
 

@@ -818,6 +818,12 @@ impl Scoped {
         Ok(self.engine().freshness(session, cfg).await?)
     }
 
+    /// What summarizing `session` now under `cfg` would do and cost (no model call, nothing
+    /// written): a dry run's answer.
+    pub async fn plan(&self, session: &str, cfg: &Config) -> AppResult<types::PlanReport> {
+        Ok(self.engine().plan(session, cfg).await?)
+    }
+
     /// A session's summary chain, oldest first.
     pub async fn summaries(&self, session: &str) -> AppResult<Vec<SummaryView>> {
         self.known(session).await?;

@@ -76,6 +76,23 @@ pub fn open(
     limits: Limits,
     log: abridge_app::LogFn,
 ) -> Result<App, Failure> {
+    Ok(App::open(app_config(s, backend, limits, log)?)?)
+}
+
+/// The app over a database in memory with no model: a dry run imports and plans there, by
+/// the same rules as a real run, and keeps nothing.
+pub fn in_memory(s: &Settings) -> Result<Scoped, Failure> {
+    let cfg = app_config(s, &Backend::none(), Limits::unlimited(), stderr_log(s))?;
+    let db = abridge_app::db::in_memory().map_err(super::jobs::storage)?;
+    Ok(App::open_with(cfg, db)?.local())
+}
+
+fn app_config(
+    s: &Settings,
+    backend: &Backend,
+    limits: Limits,
+    log: abridge_app::LogFn,
+) -> Result<AppConfig, Failure> {
     let embedder = super::memory::embedder(s)?;
     // The monthly ceiling holds for every front end.
     let mut limits = limits;
@@ -106,7 +123,7 @@ pub fn open(
         // Vectors are sealed too when asked (ABRIDGE_SEAL_VECTORS=1; needs the master key).
         seal_vectors: std::env::var("ABRIDGE_SEAL_VECTORS").is_ok_and(|v| v == "1" || v == "true"),
     };
-    Ok(App::open(cfg)?)
+    Ok(cfg)
 }
 
 /// Engine messages on stderr, as `-v`/`-q` ask.

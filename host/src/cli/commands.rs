@@ -1,7 +1,7 @@
 //! The commands.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::anyhow;
@@ -9,7 +9,7 @@ use clap::Args;
 use serde_json::json;
 
 use abridge_app::transcript::{self, Format, Options};
-use abridge_app::{AppError, Bring, ImportRequest, naming};
+use abridge_app::{AppError, Bring, ImportRequest};
 use abridge_backend::{LlmBackend, NoModel};
 use abridge_engine::types::{Config, Engine, Error, Level, SummaryRow, describe};
 use abridge_engine::{Abridge, Store};
@@ -220,11 +220,6 @@ pub(super) fn row_json(r: &SummaryRow) -> serde_json::Value {
     serde_json::to_value(abridge_app::SummaryView::from(r)).expect("a summary row serializes")
 }
 
-/// The base of conversation `i`'s session name (see [`abridge_app::naming`]).
-fn base_for(id: Option<&str>, file: &Path, i: usize, many: bool) -> naming::Base {
-    naming::base(id, file, many.then_some(i))
-}
-
 pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     let format = Format::parse(&a.format).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
     let name = a.file.display().to_string();
@@ -316,57 +311,39 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The plan for summarizing each conversation from scratch: an in-memory store, no model.
+/// The plan for summarizing each conversation from scratch: imported into a database in
+/// memory by the same rules as a real run, planned there, no model called.
 async fn dry_run(
     s: &Settings,
     a: &SummarizeArgs,
-    mut input: transcript::Input<'_>,
+    input: transcript::Input<'_>,
     format: Option<Format>,
 ) -> Result<(), Failure> {
-    let engine = pure_engine(s)?;
+    let scratch = super::app::in_memory(s)?;
     let name = a.file.display().to_string();
-    let scanned = transcript::scan(
-        &engine,
-        &name,
-        &mut input,
+    let req = ImportRequest {
         format,
-        a.read.options(),
-        a.read.max_bytes,
-    )
-    .await?;
-    for w in &scanned.warnings {
+        session: a.session.as_deref(),
+        file: Some(&a.file),
+        opts: a.read.options(),
+        max_bytes: a.read.max_bytes,
+        ..ImportRequest::new(&name, input)
+    };
+    let done = scratch
+        .import(req, Bring::Later)
+        .await
+        .map_err(AppError::from)?;
+    for w in &done.warnings {
         note(s, w);
     }
-    abridge_app::one_session(&name, scanned.conversations.len(), a.session.as_deref())?;
     let mut cfg = s.config.clone();
     cfg.engine = if s.backend == BackendChoice::Extractive {
         Engine::Extractive
     } else {
         Engine::Llm
     };
-    let many = scanned.conversations.len() > 1;
-    let sessions: Vec<String> = scanned
-        .conversations
-        .iter()
-        .enumerate()
-        .map(|(i, conv)| {
-            a.session
-                .clone()
-                .unwrap_or_else(|| base_for(conv.id.as_deref(), &a.file, i, many).plain())
-        })
-        .collect();
-    // The plan reads stored counts: the episodes go to the in-memory store, one read at a time.
-    transcript::store(
-        &engine,
-        &name,
-        &mut input,
-        &scanned,
-        &sessions,
-        a.read.options(),
-    )
-    .await?;
-    for session in sessions {
-        let p = engine.plan(&session, &cfg).await?;
+    for session in done.conversations.into_iter().map(|c| c.session) {
+        let p = scratch.plan(&session, &cfg).await?;
         let path = match p.path {
             abridge_engine::types::PlanPath::Nothing => "nothing",
             abridge_engine::types::PlanPath::Single => "single",
