@@ -21,6 +21,8 @@ pub(crate) mod keyring;
 pub mod pg;
 pub mod recall;
 pub mod rules;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod search;
 pub mod sources;
 #[cfg(feature = "sqlite")]
 mod sqlite;

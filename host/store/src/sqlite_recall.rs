@@ -1,13 +1,14 @@
 //! [`RecallStore`] in the SQLite database (tables of migration 016).
 
-use std::collections::BTreeSet;
-
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, params_from_iter};
 
 use super::SqliteStore;
 use super::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
-use crate::rules::{self, Dialect, Ranking, SummaryHit};
+use crate::rules::{self, Dialect};
+use crate::search::{
+    Candidate, MemoryRow, SUMMARY_VECTOR, SearchRows, SummaryRow as SearchSummary, VECTOR,
+};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
     NewMemory, Scope, StoredMemory,
@@ -19,9 +20,7 @@ fn db_err(e: rusqlite::Error) -> Error {
 
 use crate::keyring::{Stored, VectorKeys};
 
-/// The vector columns, as named in a sealed vector's associated data.
-const VECTOR: &str = "memories.vector";
-const SUMMARY_VECTOR: &str = "cluster_summaries.vector";
+/// The clusters' vector sums, as named in a sealed vector's associated data.
 const SUM: &str = "clusters.sum";
 
 impl SqliteStore {
@@ -645,99 +644,12 @@ impl RecallStore for SqliteStore {
         filter: &MemoryFilter,
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
-        self.with(|c| {
-            let vk = self.vector_keys(c, tenant)?;
-            let (fsql, mut args) = filter_sql(tenant, filter, "");
-            args.push(model.to_string());
-            let mut ranking = Ranking::new(limit);
-            // Through the index, the clusters of the memories it found name the summaries to
-            // rank (a summary's text is its members': one no candidate belongs to is not
-            // near the query); the exact scan ranks every summary.
-            let mut near: BTreeSet<u64> = BTreeSet::new();
-            let indexed = !filter.exact
-                && self.ann_memories(c, &vk, (tenant, model), query, filter, limit, &mut ranking, &mut near)?;
-            if !indexed {
-                let mut st = c
-                    .prepare(&format!(
-                        "SELECT id, vector, importance, cluster FROM memories{} WHERE tenant = ?1{fsql} AND model = ?{}",
-                        // Without statistics SQLite prefers scanning the tenant's primary
-                        // key over the user index once a column outside it is read.
-                        if filter.user.is_some() { " INDEXED BY memories_user" } else { "" },
-                        args.len()
-                    ))
-                    .map_err(db_err)?;
-                let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
-                while let Some(r) = rows.next().map_err(db_err)? {
-                    let id: String = r.get(0).map_err(db_err)?;
-                    let v = vk.open(
-                        VECTOR,
-                        &id,
-                        r.get_ref(1).map_err(db_err)?.as_blob().map_err(|e| Error::Storage(e.to_string()))?,
-                    )?;
-                    let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
-                    let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
-                    ranking.memory(query, &v, || (id, String::new(), importance, cluster));
-                }
-            }
-            let (fsql, mut args) = filter_sql(tenant, filter, "c.");
-            args.push(model.to_string());
-            let model_at = args.len();
-            // The candidates' clusters first, each summary found by its cluster (a list in a
-            // subquery would read every summary of the tenant).
-            let from = if indexed {
-                args.push(serde_json::to_string(&near).expect("ids serialize"));
-                format!(
-                    "json_each(?{}) j CROSS JOIN cluster_summaries s ON s.tenant = ?1 AND s.cluster = j.value",
-                    args.len()
-                )
-            } else {
-                "cluster_summaries s".to_string()
-            };
-            {
-                let mut st = c
-                    .prepare(&format!(
-                        "SELECT s.id, s.vector, s.importance, s.cluster, s.covered_seq, s.covered FROM {from} JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = ?1{fsql} AND s.vector_model = ?{model_at}"
-                    ))
-                    .map_err(db_err)?;
-                let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
-                while let Some(r) = rows.next().map_err(db_err)? {
-                    let id = r.get::<_, i64>(0).map_err(db_err)? as u64;
-                    let v = vk.open(SUMMARY_VECTOR, &id.to_string(), &r.get::<_, Vec<u8>>(1).map_err(db_err)?)?;
-                    let importance = r.get::<_, f64>(2).map_err(db_err)? as f32;
-                    let cluster = r.get::<_, i64>(3).map_err(db_err)? as u64;
-                    let covered_seq = r.get::<_, i64>(4).map_err(db_err)? as u64;
-                    let covered: u32 = r.get(5).map_err(db_err)?;
-                    ranking.summary(query, &v, || {
-                        SummaryHit { id, text: String::new(), importance, cluster, covered_seq, covered }
-                    });
-                }
-            }
-            // Only the hits kept are opened.
-            let (mut hits, sums) = ranking.into_hits();
-            for h in &mut hits {
-                let (bytes, sealed): (Vec<u8>, u32) = c
-                    .query_row(
-                        "SELECT text, sealed FROM memories WHERE tenant = ?1 AND id = ?2",
-                        params![tenant, h.id],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .map_err(db_err)?;
-                h.text = self.reveal(c, tenant, "memories", &h.id, Stored { bytes, sealed })?;
-            }
-            // Only the summaries kept are opened too.
-            for mut h in sums {
-                let (bytes, sealed): (Vec<u8>, u32) = c
-                    .query_row(
-                        "SELECT text, sealed FROM cluster_summaries WHERE tenant = ?1 AND id = ?2",
-                        params![tenant, h.id.parse::<i64>().unwrap_or(-1)],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .map_err(db_err)?;
-                h.text = self.reveal(c, tenant, "cluster_summaries", &h.id, Stored { bytes, sealed })?;
-                hits.push(h);
-            }
-            Ok(hits)
-        })
+        let mut rows = SqliteRows {
+            store: self,
+            tenant,
+            model,
+        };
+        crate::search::search(&mut rows, tenant, query, model, filter, limit).await
     }
 
     async fn list_memories(
@@ -987,6 +899,106 @@ impl RecallStore for SqliteStore {
     }
 }
 
+/// The SQLite store's rows for the one search body ([`crate::search`]).
+struct SqliteRows<'a> {
+    store: &'a SqliteStore,
+    tenant: &'a str,
+    model: &'a str,
+}
+
+impl SearchRows for SqliteRows<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    async fn vector_keys(&mut self) -> Result<VectorKeys, Error> {
+        self.store.with(|c| self.store.vector_keys(c, self.tenant))
+    }
+
+    async fn indexed(
+        &mut self,
+        vk: &VectorKeys,
+        query: &[f32],
+        filter: &MemoryFilter,
+        _: (&str, &[String]),
+        limit: u32,
+    ) -> Result<Option<Vec<Candidate>>, Error> {
+        let s = self.store;
+        s.with(|c| s.ann_memories(c, vk, (self.tenant, self.model), query, filter, limit))
+    }
+
+    async fn memories(
+        &mut self,
+        sql: &str,
+        args: &[String],
+        each: &mut (dyn FnMut(MemoryRow<'_>) -> Result<(), Error> + Send),
+    ) -> Result<(), Error> {
+        self.store.with(|c| {
+            let mut st = c.prepare(sql).map_err(db_err)?;
+            let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
+            while let Some(r) = rows.next().map_err(db_err)? {
+                let bytes = r
+                    .get_ref(1)
+                    .map_err(db_err)?
+                    .as_blob()
+                    .map_err(|e| Error::Storage(e.to_string()))?;
+                each((
+                    r.get(0).map_err(db_err)?,
+                    bytes,
+                    r.get::<_, f64>(2).map_err(db_err)? as f32,
+                    r.get::<_, i64>(3).map_err(db_err)? as u64,
+                ))?;
+            }
+            Ok(())
+        })
+    }
+
+    async fn summaries(
+        &mut self,
+        sql: &str,
+        args: &[String],
+        each: &mut (dyn FnMut(SearchSummary<'_>) -> Result<(), Error> + Send),
+    ) -> Result<(), Error> {
+        self.store.with(|c| {
+            let mut st = c.prepare(sql).map_err(db_err)?;
+            let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
+            while let Some(r) = rows.next().map_err(db_err)? {
+                let bytes = r
+                    .get_ref(1)
+                    .map_err(db_err)?
+                    .as_blob()
+                    .map_err(|e| Error::Storage(e.to_string()))?;
+                each((
+                    r.get::<_, i64>(0).map_err(db_err)? as u64,
+                    bytes,
+                    r.get::<_, f64>(2).map_err(db_err)? as f32,
+                    r.get::<_, i64>(3).map_err(db_err)? as u64,
+                    r.get::<_, i64>(4).map_err(db_err)? as u64,
+                    r.get(5).map_err(db_err)?,
+                ))?;
+            }
+            Ok(())
+        })
+    }
+
+    async fn stored(&mut self, sql: &str, args: &[String]) -> Result<Stored, Error> {
+        self.store.with(|c| {
+            c.query_row(sql, params_from_iter(args.iter()), |r| {
+                Ok(Stored {
+                    bytes: r.get(0)?,
+                    sealed: r.get(1)?,
+                })
+            })
+            .map_err(db_err)
+        })
+    }
+
+    async fn reveal(&mut self, table: &str, id: &str, stored: Stored) -> Result<String, Error> {
+        let s = self.store;
+        s.with(|c| s.reveal(c, self.tenant, table, id, stored))
+    }
+}
+
 /// Count one deletion (or re-embedding) of the tenant's memories; the new count. The saved
 /// recall graphs go too: they hold the vector taken out.
 fn mark_delete(c: &Connection, tenant: &str) -> Result<u64, Error> {
@@ -1227,12 +1239,10 @@ impl SqliteStore {
         query: &[f32],
         filter: &MemoryFilter,
         limit: u32,
-        ranking: &mut Ranking,
-        near: &mut BTreeSet<u64>,
-    ) -> Result<bool, Error> {
+    ) -> Result<Option<Vec<Candidate>>, Error> {
         use crate::ann::{ANN_MIN, TenantIndex, locked};
         if self.ann.building(tenant, model) {
-            return Ok(false);
+            return Ok(None);
         }
         let max_seq: i64 = c
             .query_row(
@@ -1277,7 +1287,7 @@ impl SqliteStore {
         let missing = missing as usize;
         if current.is_none() && missing < ANN_MIN {
             self.ann.drop_tenant(tenant, Some(model));
-            return Ok(false);
+            return Ok(None);
         }
         if missing > self.ann_inline && self.name != ":memory:" {
             if self.ann.start_build(tenant, model) {
@@ -1289,7 +1299,7 @@ impl SqliteStore {
                     (max_seq, deletes, query.len()),
                 );
             }
-            return Ok(false);
+            return Ok(None);
         }
         let index = match current {
             Some(i) => i,
@@ -1306,7 +1316,7 @@ impl SqliteStore {
             else {
                 drop(g);
                 self.ann.drop_tenant(tenant, Some(model));
-                return Ok(false);
+                return Ok(None);
             };
             let n = batch.len();
             g.add_many(batch)?;
@@ -1324,16 +1334,17 @@ impl SqliteStore {
                 saved,
             );
         }
-        let mut found = g.search(query, filter, limit as usize)?;
-        // The clusters of the best `limit` name the summaries to rank (the oversampled rest
-        // ranks no summary better than they do).
-        found.sort_by(|a, b| b.0.total_cmp(&a.0));
-        near.extend(found.iter().take(limit as usize).map(|(_, m)| m.cluster));
-        for (similarity, m) in found {
-            ranking.memory_at(similarity, || {
-                (m.id.clone(), String::new(), m.importance, m.cluster)
-            });
-        }
-        Ok(true)
+        let found = g.search(query, filter, limit as usize)?;
+        Ok(Some(
+            found
+                .into_iter()
+                .map(|(similarity, m)| Candidate {
+                    similarity,
+                    id: m.id.clone(),
+                    importance: m.importance,
+                    cluster: m.cluster,
+                })
+                .collect(),
+        ))
     }
 }

@@ -17,15 +17,16 @@ use super::{LOCK, P, PgStore, g32, g64};
 use crate::crypto::Secret;
 use crate::keyring::{Revealed, Sealer, Stored, VectorKeys, now_ms, open_under};
 use crate::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
-use crate::rules::{self, Dialect, Ranking, SummaryHit};
+use crate::rules::{self, Dialect};
+use crate::search::{
+    Candidate, MemoryRow, SUMMARY_VECTOR, SearchRows, SummaryRow as SearchSummary, VECTOR,
+};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
     NewMemory, Scope, StoredMemory,
 };
 
-/// The vector columns, as named in a sealed vector's associated data.
-const VECTOR: &str = "memories.vector";
-const SUMMARY_VECTOR: &str = "cluster_summaries.vector";
+/// The clusters' vector sums, as named in a sealed vector's associated data.
 const SUM: &str = "clusters.sum";
 
 impl PgStore {
@@ -848,116 +849,13 @@ impl RecallStore for PgStore {
         filter: &MemoryFilter,
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
-        let c = self.client().await?;
-        let (fsql, mut args) = filter_sql(tenant, filter, "");
-        args.push(model.to_string());
-        let mut ranking = Ranking::new(limit);
-        let vk = self.vector_keys(&c, tenant).await?;
-        // Sealed vectors have no pgvector copy: search scans and opens them; `exact` asks
-        // for the scan.
-        let found = if self.seal_vectors || filter.exact {
-            None
-        } else {
-            self.ann_search(&c, query, model, &fsql, &args[..args.len() - 1], limit)
-                .await
+        let mut rows = PgRows {
+            store: self,
+            client: self.client().await?,
+            tenant,
+            model,
         };
-        // Through the index, the clusters of the memories it found name the summaries to rank
-        // (a summary's text is its members'); the exact scan ranks every summary.
-        let mut near: Option<std::collections::BTreeSet<u64>> = None;
-        if let Some(found) = found {
-            let clusters = near.insert(Default::default());
-            for (id, importance, cluster, sim) in found {
-                clusters.insert(cluster);
-                ranking.memory_at(sim, || (id, String::new(), importance, cluster));
-            }
-        } else {
-            let rows = c
-                .query(
-                    &format!(
-                        "SELECT id, vector, importance, cluster FROM memories WHERE tenant = $1{fsql} AND model = ${}",
-                        args.len()
-                    ),
-                    &params(&args),
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-            for r in &rows {
-                let id: String = r.get(0);
-                let v = vk.open(VECTOR, &id, r.get::<_, &[u8]>(1))?;
-                let (importance, cluster) = (r.get::<_, f64>(2) as f32, g64(r, 3));
-                ranking.memory(query, &v, || (r.get(0), String::new(), importance, cluster));
-            }
-        }
-        let (fsql, mut args) = filter_sql(tenant, filter, "c.");
-        args.push(model.to_string());
-        let model_at = args.len();
-        let among = match &near {
-            Some(clusters) => {
-                let list: Vec<String> = clusters.iter().map(u64::to_string).collect();
-                args.push(list.join(","));
-                format!(
-                    " AND s.cluster = ANY(string_to_array(NULLIF(${}, ''), ',')::bigint[])",
-                    args.len()
-                )
-            }
-            None => String::new(),
-        };
-        let rows = c
-            .query(
-                &format!(
-                    "SELECT s.id, s.vector, s.importance, s.cluster, s.covered_seq, s.covered FROM cluster_summaries s JOIN clusters c ON c.tenant = s.tenant AND c.id = s.cluster WHERE s.tenant = $1{fsql} AND s.vector_model = ${model_at}{among}"
-                ),
-                &params(&args),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        for r in &rows {
-            let id = g64(r, 0);
-            let v = vk.open(SUMMARY_VECTOR, &id.to_string(), r.get::<_, &[u8]>(1))?;
-            ranking.summary(query, &v, || SummaryHit {
-                id,
-                text: String::new(),
-                importance: r.get::<_, f64>(2) as f32,
-                cluster: g64(r, 3),
-                covered_seq: g64(r, 4),
-                covered: g32(r, 5),
-            });
-        }
-        // Only the hits kept are opened.
-        let (mut hits, sums) = ranking.into_hits();
-        for h in &mut hits {
-            let r = c
-                .query_one(
-                    "SELECT text, sealed FROM memories WHERE tenant = $1 AND id = $2",
-                    &[&tenant, &h.id],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-            let st = Stored {
-                bytes: r.get(0),
-                sealed: g32(&r, 1),
-            };
-            h.text = self.reveal(&c, tenant, "memories", &h.id, st).await?;
-        }
-        // Only the summaries kept are opened too.
-        for mut h in sums {
-            let r = c
-                .query_one(
-                    "SELECT text, sealed FROM cluster_summaries WHERE tenant = $1 AND id = $2",
-                    &[&tenant, &h.id.parse::<i64>().unwrap_or(-1)],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-            let st = Stored {
-                bytes: r.get(0),
-                sealed: g32(&r, 1),
-            };
-            h.text = self
-                .reveal(&c, tenant, "cluster_summaries", &h.id, st)
-                .await?;
-            hits.push(h);
-        }
-        Ok(hits)
+        crate::search::search(&mut rows, tenant, query, model, filter, limit).await
     }
 
     async fn list_memories(
@@ -1211,5 +1109,124 @@ impl RecallStore for PgStore {
         )
         .await
         .map_err(|e| self.err(e))
+    }
+}
+
+/// The PostgreSQL store's rows for the one search body ([`crate::search`]).
+struct PgRows<'a> {
+    store: &'a PgStore,
+    client: deadpool_postgres::Object,
+    tenant: &'a str,
+    model: &'a str,
+}
+
+impl SearchRows for PgRows<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    async fn vector_keys(&mut self) -> Result<VectorKeys, Error> {
+        self.store.vector_keys(&self.client, self.tenant).await
+    }
+
+    async fn indexed(
+        &mut self,
+        _: &VectorKeys,
+        query: &[f32],
+        _: &MemoryFilter,
+        (fsql, args): (&str, &[String]),
+        limit: u32,
+    ) -> Result<Option<Vec<Candidate>>, Error> {
+        // Sealed vectors have no pgvector copy: search scans and opens them.
+        if self.store.seal_vectors {
+            return Ok(None);
+        }
+        // The index query names the model itself: the filter's parameters without it.
+        let found = self
+            .store
+            .ann_search(
+                &self.client,
+                query,
+                self.model,
+                fsql,
+                &args[..args.len() - 1],
+                limit,
+            )
+            .await;
+        Ok(found.map(|found| {
+            found
+                .into_iter()
+                .map(|(id, importance, cluster, similarity)| Candidate {
+                    similarity,
+                    id,
+                    importance,
+                    cluster,
+                })
+                .collect()
+        }))
+    }
+
+    async fn memories(
+        &mut self,
+        sql: &str,
+        args: &[String],
+        each: &mut (dyn FnMut(MemoryRow<'_>) -> Result<(), Error> + Send),
+    ) -> Result<(), Error> {
+        let rows = self
+            .client
+            .query(sql, &params(args))
+            .await
+            .map_err(|e| self.store.err(e))?;
+        for r in &rows {
+            each((
+                r.get(0),
+                r.get::<_, &[u8]>(1),
+                r.get::<_, f64>(2) as f32,
+                g64(r, 3),
+            ))?;
+        }
+        Ok(())
+    }
+
+    async fn summaries(
+        &mut self,
+        sql: &str,
+        args: &[String],
+        each: &mut (dyn FnMut(SearchSummary<'_>) -> Result<(), Error> + Send),
+    ) -> Result<(), Error> {
+        let rows = self
+            .client
+            .query(sql, &params(args))
+            .await
+            .map_err(|e| self.store.err(e))?;
+        for r in &rows {
+            each((
+                g64(r, 0),
+                r.get::<_, &[u8]>(1),
+                r.get::<_, f64>(2) as f32,
+                g64(r, 3),
+                g64(r, 4),
+                g32(r, 5),
+            ))?;
+        }
+        Ok(())
+    }
+
+    async fn stored(&mut self, sql: &str, args: &[String]) -> Result<Stored, Error> {
+        let r = self
+            .client
+            .query_one(sql, &params(args))
+            .await
+            .map_err(|e| self.store.err(e))?;
+        Ok(Stored {
+            bytes: r.get(0),
+            sealed: g32(&r, 1),
+        })
+    }
+
+    async fn reveal(&mut self, table: &str, id: &str, stored: Stored) -> Result<String, Error> {
+        self.store
+            .reveal(&self.client, self.tenant, table, id, stored)
+            .await
     }
 }
