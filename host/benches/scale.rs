@@ -180,8 +180,9 @@ fn peak_of(command: &str, dir: &std::path::Path, path: &std::path::Path, url: &s
 /// tenant imported with `abridge memory import` (ten to a subject, so each subject's cluster
 /// has its summary), then `POST /v1/recall` (whole tenant, k = 10) on a fresh server (which
 /// builds the recall graph and saves it) and on a restarted one (which loads it). Prints the
-/// steady p50 at each size, its ratio, the first recall, and the time from the server's start
-/// until recall is at its steady cost.
+/// steady p50 at each size, its ratio, the time from the server's start until it is ready
+/// (`/readyz`: the saved graphs loaded), the first recall after that, and the time until
+/// recall is at its steady cost.
 async fn http_recall(dir: &std::path::Path, n: usize) {
     let bin = env!("CARGO_BIN_EXE_abridge");
     let services = [
@@ -260,6 +261,20 @@ async fn http_recall(dir: &std::path::Path, n: usize) {
                 );
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
+            // Ready once the recall indexes the last run saved are loaded (what a load
+            // balancer waits for).
+            loop {
+                let r = client.get(format!("{url}/readyz")).send().await;
+                if r.is_ok_and(|r| r.status().is_success()) {
+                    break;
+                }
+                assert!(
+                    started.elapsed().as_secs() < 60,
+                    "abridge serve never got ready"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let ready = started.elapsed().as_secs_f64();
             let mut calls: Vec<(f64, f64)> = Vec::new();
             let mut i = 0;
             while started.elapsed().as_secs_f64() < secs {
@@ -290,7 +305,7 @@ async fn http_recall(dir: &std::path::Path, n: usize) {
             if run == "restart" {
                 steady[k] = p;
             }
-            timeline.push((n, run, calls[0].1, p, from));
+            timeline.push((n, run, ready, calls[0].1, p, from));
         }
     }
     row(
@@ -311,9 +326,10 @@ async fn http_recall(dir: &std::path::Path, n: usize) {
             "MISSED"
         }
     );
-    for (n, run, first, p, from) in timeline {
+    for (n, run, ready, first, p, from) in timeline {
         println!(
-            "  {n:>6} memories, {run:<11}: first recall {first:>7.1} ms, steady p50 {p:>6.2} ms from {from:>5.1} s after the start"
+            "  {n:>6} memories, {run:<11}: ready {ready:>4.1} s after the start, first recall {first:>7.1} ms ({:.1}x steady), steady p50 {p:>6.2} ms from {from:>5.1} s",
+            first / p
         );
     }
 }

@@ -131,6 +131,8 @@ struct Inner {
     wake: Notify,
     /// Set when the service stops taking work.
     draining: AtomicBool,
+    /// Recall's saved indexes: `Some(false)` while they load, `Some(true)` once loaded.
+    warming: Mutex<Option<bool>>,
     /// Numbers messages posted without a client id.
     seq: AtomicU64,
     /// Random, per opening: ids made here differ from those of another process.
@@ -200,6 +202,7 @@ impl App {
                 tenants: Mutex::new(BTreeMap::new()),
                 wake: Notify::new(),
                 draining: AtomicBool::new(false),
+                warming: Mutex::new(None),
                 seq: AtomicU64::new(0),
                 swept: Mutex::new(BTreeMap::new()),
                 instance: {
@@ -271,6 +274,28 @@ impl App {
     /// Whether [`App::drain`] was called.
     pub fn draining(&self) -> bool {
         self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    /// Load the recall indexes the last run saved, in the background, so the first recall
+    /// after a restart costs what the others do (a service calls this as it starts; until
+    /// it is done, [`App::warming`] is true).
+    pub fn start_warming(&self) {
+        *self.inner.warming.lock().expect("warming lock") = Some(false);
+        let app = self.clone();
+        tokio::spawn(async move {
+            match app.inner.db.warm().await {
+                Ok(n) => tracing::info!(indexes = n, "recall indexes loaded"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "loading the saved recall indexes failed; each is built again at its tenant's first recall")
+                }
+            }
+            *app.inner.warming.lock().expect("warming lock") = Some(true);
+        });
+    }
+
+    /// Whether the recall indexes started by [`App::start_warming`] are still loading.
+    pub fn warming(&self) -> bool {
+        *self.inner.warming.lock().expect("warming lock") == Some(false)
     }
 
     fn state(&self, t: &Tenant) -> Arc<TenantState> {

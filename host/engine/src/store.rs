@@ -267,4 +267,10 @@ pub trait RecallStore: Send + Sync {
     async fn lexical_key(&self, _tenant: &str) -> Result<Option<Vec<u8>>, Error> {
         Ok(None)
     }
+    /// Load what makes recall fast before the first recall asks for it (the vector indexes a
+    /// store saved, once per tenant and model); how many were loaded. A store whose index
+    /// lives in its database loads nothing.
+    async fn warm(&self) -> Result<usize, Error> {
+        Ok(0)
+    }
 }

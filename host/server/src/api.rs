@@ -1052,7 +1052,8 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// Readiness: the database answers and the model server is reachable.
+/// Readiness: recall's saved indexes are loaded, the database answers and the model server is
+/// reachable.
 #[utoipa::path(get, path = "/readyz", tag = "service",
     responses((status = 200, body = Object), (status = 503, body = ErrorBody)))]
 async fn readyz(State(srv): State<Srv>, headers: HeaderMap) -> ApiResult<Json<serde_json::Value>> {
@@ -1061,6 +1062,19 @@ async fn readyz(State(srv): State<Srv>, headers: HeaderMap) -> ApiResult<Json<se
         return Err(ApiError(AppError::new(
             ErrorKind::Unavailable,
             "shutting down",
+        )));
+    }
+    // A small database loads in a moment: a probe right after the start waits for it.
+    for _ in 0..100 {
+        if !srv.app.warming() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    if srv.app.warming() {
+        return Err(ApiError(AppError::new(
+            ErrorKind::Unavailable,
+            "loading the recall indexes saved by the last run",
         )));
     }
     srv.app.job_counts().await.map_err(ApiError)?;

@@ -162,6 +162,8 @@ impl Bound {
             open_local,
         } = self;
         let (tx, shutdown) = watch::channel(false);
+        // Recall's saved indexes load while the server answers; `/readyz` waits for them.
+        app.start_warming();
         let workers = app.start_workers(opts.workers);
         let events = app.events().clone();
         let sweeper = (!opts.sweep_every.is_zero())

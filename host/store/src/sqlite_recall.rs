@@ -873,6 +873,43 @@ impl RecallStore for SqliteStore {
         })
     }
 
+    async fn warm(&self) -> Result<usize, Error> {
+        if self.name == ":memory:" {
+            return Ok(0);
+        }
+        let saved: Vec<(String, String, i64)> = self.with(|c| {
+            c.prepare("SELECT tenant, model, dim FROM ann_graphs")
+                .and_then(|mut st| {
+                    st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                        .collect()
+                })
+                .map_err(db_err)
+        })?;
+        let mut loaded = 0;
+        // One graph at a time, each under the store's lock for its read only: requests go on
+        // between them (a recall of a tenant not loaded yet loads its graph itself).
+        for (tenant, model, dim) in saved {
+            if self.ann.get(&tenant, &model).is_some() || self.ann.building(&tenant, &model) {
+                continue;
+            }
+            let t = self.with(|c| {
+                if self.ann.get(&tenant, &model).is_some() {
+                    return Ok(None);
+                }
+                let vk = self.vector_keys(c, &tenant)?;
+                let (deletes, max_seq) = marks(c, &tenant)?;
+                load_graph(c, &vk, (&tenant, &model), (deletes, max_seq, dim as usize))
+            })?;
+            if let Some(t) = t
+                && self.ann.get(&tenant, &model).is_none()
+            {
+                self.ann.put(&tenant, &model, t);
+                loaded += 1;
+            }
+        }
+        Ok(loaded)
+    }
+
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
         self.with(|conn| {
             let tx = conn
@@ -1164,6 +1201,28 @@ fn save_in_background(
     }
 }
 
+/// A tenant's deletion count and newest memory sequence number: what a vector index must
+/// reflect to be used.
+fn marks(c: &Connection, tenant: &str) -> Result<(u64, u64), Error> {
+    let max_seq: i64 = c
+        .query_row(
+            "SELECT COALESCE(MAX(seq), 0) FROM memories WHERE tenant = ?1",
+            [tenant],
+            |r| r.get(0),
+        )
+        .map_err(db_err)?;
+    let deletes: i64 = c
+        .query_row(
+            "SELECT deletes FROM memory_marks WHERE tenant = ?1",
+            [tenant],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(db_err)?
+        .unwrap_or(0);
+    Ok((deletes as u64, max_seq as u64))
+}
+
 /// `tenant`'s saved graph of `model` when it holds no memory deleted since (`deletes`) and
 /// nothing past `max_seq`: loaded, each key's memory read again from its row.
 fn load_graph(
@@ -1244,24 +1303,7 @@ impl SqliteStore {
         if self.ann.building(tenant, model) {
             return Ok(None);
         }
-        let max_seq: i64 = c
-            .query_row(
-                "SELECT COALESCE(MAX(seq), 0) FROM memories WHERE tenant = ?1",
-                [tenant],
-                |r| r.get(0),
-            )
-            .map_err(db_err)?;
-        let max_seq = max_seq as u64;
-        let deletes: i64 = c
-            .query_row(
-                "SELECT deletes FROM memory_marks WHERE tenant = ?1",
-                [tenant],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(db_err)?
-            .unwrap_or(0);
-        let deletes = deletes as u64;
+        let (deletes, max_seq) = marks(c, tenant)?;
         let mut current = self.ann.get(tenant, model).filter(|i| {
             let g = locked(i);
             g.deletes == deletes && g.seq <= max_seq

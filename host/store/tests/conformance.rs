@@ -1364,7 +1364,7 @@ async fn saved_soon<T>(saved: &impl Fn() -> Option<T>, why: &str) -> T {
 
 /// SQLite's recall graph outlives the process: once built it is saved (sealed under a master
 /// key, as the vectors are), and a store opened later on the file loads it at its first
-/// search instead of building it again; a deletion takes the saved graph away (it holds the
+/// search (or when warmed, as a service starts) instead of building it again; a deletion takes the saved graph away (it holds the
 /// deleted vector) until it is saved anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_recall_graph_is_saved_and_a_new_store_loads_it_instead_of_building() {
@@ -1414,6 +1414,15 @@ async fn the_recall_graph_is_saved_and_a_new_store_loads_it_instead_of_building(
         let ids =
             |h: &[abridge_engine::types::Hit]| h.iter().map(|x| x.id.clone()).collect::<Vec<_>>();
         assert_eq!(ids(&after), ids(&before));
+        // A store warmed as a service starts has the graph before any search asks for it.
+        let third = open(abridge_store::ann::BUILD_INLINE);
+        assert!(!third.ann_ready("big", "emb"));
+        assert_eq!(third.warm().await.unwrap(), 1);
+        assert!(third.ann_ready("big", "emb"), "warmed");
+        assert_eq!(third.warm().await.unwrap(), 0, "a loaded graph is not loaded again");
+        let warmed = third.search("big", &q, "emb", &all, 10).await.unwrap();
+        assert_eq!(ids(&warmed), ids(&before));
+        drop(third);
         // A deletion: the saved graph is gone with it, and saved again without the row.
         second
             .delete_memory("big", &after[0].id)
