@@ -175,9 +175,10 @@ fn prepare(conn: &mut Connection, name: &str) -> Result<(), Init> {
     // keeps what recall and the context read again (summaries' vectors, memory rows) in
     // memory instead of copying it from the file on every call.
     conn.pragma_update(None, "cache_size", -32_000)?;
-    // And the file is read through a memory map (up to 256 MB), not copied by a system call
-    // per page.
-    conn.pragma_update(None, "mmap_size", 268_435_456)?;
+    // And the file is read through a memory map (up to the 2 GB SQLite allows), not copied
+    // by a system call per page: a recall's rows past the first 256 MB of a large file (a
+    // saved graph takes 80 MB at 50,000 memories) were read that way.
+    conn.pragma_update(None, "mmap_size", 2_147_418_112i64)?;
     // Two processes may open a new database at once: each migration step runs in a write
     // transaction taken before the version is read, so the second waits for the first and
     // then finds the work done.

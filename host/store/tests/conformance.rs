@@ -1419,7 +1419,11 @@ async fn the_recall_graph_is_saved_and_a_new_store_loads_it_instead_of_building(
         assert!(!third.ann_ready("big", "emb"));
         assert_eq!(third.warm().await.unwrap(), 1);
         assert!(third.ann_ready("big", "emb"), "warmed");
-        assert_eq!(third.warm().await.unwrap(), 0, "a loaded graph is not loaded again");
+        assert_eq!(
+            third.warm().await.unwrap(),
+            0,
+            "a loaded graph is not loaded again"
+        );
         let warmed = third.search("big", &q, "emb", &all, 10).await.unwrap();
         assert_eq!(ids(&warmed), ids(&before));
         drop(third);
