@@ -24,6 +24,8 @@ pub mod rules;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod search;
 pub mod sources;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "sqlite")]
@@ -34,6 +36,8 @@ mod sqlite_recall;
 mod sqlite_tables;
 pub mod tables;
 pub mod tenant;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod writes;
 
 pub use abridge_engine::store::{ClusterRow, Popped, RecallStore, Store, Unsettled, UsageDay};
 #[cfg(feature = "postgres")]

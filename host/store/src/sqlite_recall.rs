@@ -9,6 +9,7 @@ use crate::rules::{self, Dialect};
 use crate::search::{
     Candidate, MemoryRow, SUMMARY_VECTOR, SearchRows, SummaryRow as SearchSummary, VECTOR,
 };
+use crate::sql::{Row as SqlRow, Tx, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
     NewMemory, Scope, StoredMemory,
@@ -230,97 +231,13 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            let vk = self.vector_keys(&tx, tenant)?;
-            let existing = tx
-                .query_row(
-                    &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND id = ?2"),
-                    params![tenant, m.id],
-                    memory_from,
-                )
-                .optional()
-                .map_err(db_err)?;
-            let existing = match existing {
-                Some(raw) => self.memories_revealed(&tx, tenant, vec![raw])?.pop(),
-                None => None,
+            let mut t = SqliteTx {
+                store: self,
+                c: &tx,
             };
-            if let Some(e) = existing {
-                rules::check_same_memory(&e, &m)?;
-                let members = cluster_figures(&tx, tenant, e.cluster)?.map_or(0, |f| f.1);
-                return Ok(StoredMemory {
-                    cluster: e.cluster,
-                    created: false,
-                    members,
-                });
-            }
-            let s = &m.scope;
-            let (cluster, sum) = match m.cluster {
-                Some(id) => {
-                    let row: Option<(Vec<u8>, String, Scope)> = tx
-                        .query_row(
-                            "SELECT sum, model, user, project, environment, kind, key FROM clusters WHERE tenant = ?1 AND id = ?2",
-                            params![tenant, id as i64],
-                            |r| Ok((r.get(0)?, r.get(1)?, scope_from(r, 2)?)),
-                        )
-                        .optional()
-                        .map_err(db_err)?;
-                    rules::check_named_cluster(
-                        id,
-                        row.as_ref().map(|(_, model, scope)| (scope, model.as_str())),
-                        &m,
-                    )?;
-                    let sum = match row {
-                        Some(r) => vk.open(SUM, &id.to_string(), &r.0)?,
-                        None => Vec::new(),
-                    };
-                    (id, sum)
-                }
-                None => {
-                    let id: i64 = tx
-                        .query_row(
-                            "SELECT COALESCE(MAX(id), 0) + 1 FROM clusters WHERE tenant = ?1",
-                            [tenant],
-                            |r| r.get(0),
-                        )
-                        .map_err(db_err)?;
-                    tx.execute(
-                        "INSERT INTO clusters (tenant, id, user, project, environment, kind, key, model, sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                        params![tenant, id, s.user, s.project, s.environment, s.kind, s.key, m.model, vk.seal(SUM, &id.to_string(), &vec![0f32; m.vector.len()])?],
-                    )
-                    .map_err(db_err)?;
-                    (id as u64, Vec::new())
-                }
-            };
-            let sum = rules::joined_sum(cluster, sum, &m)?;
-            let seq: i64 = tx
-                .query_row(
-                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = ?1",
-                    [tenant],
-                    |r| r.get(0),
-                )
-                .map_err(db_err)?;
-            let (text, sealed) = self.seal(&tx, tenant, "memories", &m.id, &m.text)?;
-            tx.execute(
-                "INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?16, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-                params![
-                    tenant, m.id, s.user, s.project, s.environment, s.kind, s.key,
-                    text, f64::from(m.importance), m.tokens, m.created_ms as i64,
-                    cluster as i64, m.model, vk.seal(VECTOR, &m.id, &m.vector)?, seq, sealed
-                ],
-            )
-            .map_err(db_err)?;
-            tx.execute(
-                "UPDATE clusters SET sum = ?3, members = members + 1 WHERE tenant = ?1 AND id = ?2",
-                params![tenant, cluster as i64, vk.seal(SUM, &cluster.to_string(), &sum)?],
-            )
-            .map_err(db_err)?;
-            bump(&tx, tenant, cluster)?;
-            let members = cluster_figures(&tx, tenant, cluster)?.map_or(0, |f| f.1);
+            let stored = futures::executor::block_on(crate::writes::put_memory(&mut t, tenant, m))?;
             tx.commit().map_err(db_err)?;
-            Ok(StoredMemory {
-                cluster,
-                created: true,
-                members,
-            })
+            Ok(stored)
         })
     }
 
@@ -933,6 +850,98 @@ impl RecallStore for SqliteStore {
             self.ann.drop_tenant(tenant, None);
             Ok(())
         })
+    }
+}
+
+/// The SQLite store's open transaction for the bodies written once ([`crate::sql`]). Its
+/// statements run at once: a body's future never waits, so the store runs it to the end with
+/// `block_on` inside its lock.
+struct SqliteTx<'a> {
+    store: &'a SqliteStore,
+    c: &'a Connection,
+}
+
+fn val_in(v: rusqlite::types::ValueRef<'_>) -> Val {
+    use rusqlite::types::ValueRef;
+    match v {
+        ValueRef::Null => Val::Null,
+        ValueRef::Integer(i) => Val::Int(i),
+        ValueRef::Real(f) => Val::Real(f),
+        ValueRef::Text(t) => Val::Text(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Val::Bytes(b.to_vec()),
+    }
+}
+
+fn val_out(v: &Val) -> rusqlite::types::Value {
+    use rusqlite::types::Value;
+    match v {
+        Val::Null => Value::Null,
+        Val::Int(i) => Value::Integer(*i),
+        Val::Real(f) => Value::Real(*f),
+        Val::Text(t) => Value::Text(t.clone()),
+        Val::Bytes(b) => Value::Blob(b.clone()),
+    }
+}
+
+impl Tx for SqliteTx<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    async fn rows(&mut self, sql: &str, args: &[Val]) -> Result<Vec<SqlRow>, Error> {
+        let mut st = self.c.prepare_cached(sql).map_err(db_err)?;
+        let n = st.column_count();
+        let mut rows = st
+            .query(params_from_iter(args.iter().map(val_out)))
+            .map_err(db_err)?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(db_err)? {
+            let mut row = Vec::with_capacity(n);
+            for i in 0..n {
+                row.push(val_in(r.get_ref(i).map_err(db_err)?));
+            }
+            out.push(SqlRow(row));
+        }
+        Ok(out)
+    }
+
+    async fn exec(&mut self, sql: &str, args: &[Val]) -> Result<u64, Error> {
+        let mut st = self.c.prepare_cached(sql).map_err(db_err)?;
+        st.execute(params_from_iter(args.iter().map(val_out)))
+            .map(|n| n as u64)
+            .map_err(db_err)
+    }
+
+    async fn vector_keys(&mut self, tenant: &str) -> Result<VectorKeys, Error> {
+        self.store.vector_keys(self.c, tenant)
+    }
+
+    async fn seal(
+        &mut self,
+        tenant: &str,
+        table: &str,
+        id: &str,
+        text: &str,
+    ) -> Result<(Vec<u8>, u32), Error> {
+        self.store.seal(self.c, tenant, table, id, text)
+    }
+
+    async fn reveal(
+        &mut self,
+        tenant: &str,
+        table: &str,
+        id: &str,
+        stored: Stored,
+    ) -> Result<String, Error> {
+        self.store.reveal(self.c, tenant, table, id, stored)
+    }
+
+    async fn lock_clusters(&mut self, _: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn memory_written(&mut self, _: &str, _: &str, _: &[f32]) -> Result<(), Error> {
+        Ok(())
     }
 }
 

@@ -21,6 +21,7 @@ use crate::rules::{self, Dialect};
 use crate::search::{
     Candidate, MemoryRow, SUMMARY_VECTOR, SearchRows, SummaryRow as SearchSummary, VECTOR,
 };
+use crate::sql::{Row as SqlRow, Tx, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
     NewMemory, Scope, StoredMemory,
@@ -362,18 +363,6 @@ impl PgStore {
         .map_err(|e| self.err(e))?
         .map(|r| (g64(&r, 0), g32(&r, 1))))
     }
-
-    async fn members_count<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        tenant: &str,
-        cluster: u64,
-    ) -> Result<u32, Error> {
-        Ok(self
-            .cluster_figures(c, tenant, cluster)
-            .await?
-            .map_or(0, |f| f.1))
-    }
 }
 
 #[async_trait]
@@ -405,109 +394,15 @@ impl RecallStore for PgStore {
     async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        self.lock_tenant(&tx, tenant).await?;
-        let vk = self.vector_keys(&tx, tenant).await?;
-        let existing = tx
-            .query_opt(
-                &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND id = $2"),
-                &[&tenant, &m.id],
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        if let Some(raw) = existing {
-            let e = self
-                .memories_revealed(&tx, tenant, vec![memory_from(&raw)])
-                .await?
-                .pop()
-                .expect("one row");
-            rules::check_same_memory(&e, &m)?;
-            let members = self.members_count(&tx, tenant, e.cluster).await?;
-            return Ok(StoredMemory {
-                cluster: e.cluster,
-                created: false,
-                members,
-            });
-        }
-        let s = &m.scope;
-        let (cluster, sum) = match m.cluster {
-            Some(id) => {
-                let row = tx
-                    .query_opt(
-                        "SELECT sum, model, \"user\", project, environment, kind, key FROM clusters WHERE tenant = $1 AND id = $2",
-                        &[&tenant, &(id as i64)],
-                    )
-                    .await
-                    .map_err(|e| self.err(e))?
-                    .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, String>(1), scope_at(&r, 2)));
-                rules::check_named_cluster(
-                    id,
-                    row.as_ref()
-                        .map(|(_, model, scope)| (scope, model.as_str())),
-                    &m,
-                )?;
-                let sum = match row {
-                    Some(r) => vk.open(SUM, &id.to_string(), &r.0)?,
-                    None => Vec::new(),
-                };
-                (id, sum)
-            }
-            None => {
-                let id: i64 = tx
-                    .query_one(
-                        "SELECT COALESCE(MAX(id), 0) + 1 FROM clusters WHERE tenant = $1",
-                        &[&tenant],
-                    )
-                    .await
-                    .map_err(|e| self.err(e))?
-                    .get(0);
-                tx.execute(
-                    "INSERT INTO clusters (tenant, id, \"user\", project, environment, kind, key, model, sum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                    &[&tenant, &id, &s.user, &s.project, &s.environment, &s.kind, &s.key, &m.model, &vk.seal(SUM, &id.to_string(), &vec![0f32; m.vector.len()])?],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-                (id as u64, Vec::new())
-            }
+        let stored = {
+            let mut t = PgTx {
+                store: self,
+                c: &tx,
+            };
+            crate::writes::put_memory(&mut t, tenant, m).await?
         };
-        let sum = rules::joined_sum(cluster, sum, &m)?;
-        let seq: i64 = tx
-            .query_one(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = $1",
-                &[&tenant],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-            .get(0);
-        let (text, sealed) = self.seal(&tx, tenant, "memories", &m.id, &m.text).await?;
-        tx.execute(
-            "INSERT INTO memories (tenant, id, \"user\", project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $16, $9, $10, $11, $12, $13, $14, $15)",
-            &[
-                &tenant, &m.id, &s.user, &s.project, &s.environment, &s.kind, &s.key,
-                &text, &f64::from(m.importance), &i64::from(m.tokens), &(m.created_ms as i64),
-                &(cluster as i64), &m.model, &vk.seal(VECTOR, &m.id, &m.vector)?, &seq, &i64::from(sealed),
-            ],
-        )
-        .await
-        .map_err(|e| self.err(e))?;
-        self.set_embedding(&tx, tenant, &m.id, &m.vector).await?;
-        tx.execute(
-            "UPDATE clusters SET sum = $3, members = members + 1 WHERE tenant = $1 AND id = $2",
-            &[
-                &tenant,
-                &(cluster as i64),
-                &vk.seal(SUM, &cluster.to_string(), &sum)?,
-            ],
-        )
-        .await
-        .map_err(|e| self.err(e))?;
-        self.bump(&tx, tenant, cluster).await?;
-        let members = self.members_count(&tx, tenant, cluster).await?;
         tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(StoredMemory {
-            cluster,
-            created: true,
-            members,
-        })
+        Ok(stored)
     }
 
     async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
@@ -1228,5 +1123,135 @@ impl SearchRows for PgRows<'_> {
         self.store
             .reveal(&self.client, self.tenant, table, id, stored)
             .await
+    }
+}
+
+/// A value as a PostgreSQL parameter: the two schemas' columns are BIGINT, DOUBLE
+/// PRECISION, TEXT and BYTEA, which these carry as they are.
+impl tokio_postgres::types::ToSql for Val {
+    fn to_sql(
+        &self,
+        ty: &tokio_postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Val::Null => Ok(tokio_postgres::types::IsNull::Yes),
+            Val::Int(v) => v.to_sql(ty, out),
+            Val::Real(v) => v.to_sql(ty, out),
+            Val::Text(v) => v.to_sql(ty, out),
+            Val::Bytes(v) => v.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &tokio_postgres::types::Type) -> bool {
+        true
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// A PostgreSQL row's column as a value, by its type.
+fn val_at(r: &Row, i: usize) -> Result<Val, Error> {
+    use tokio_postgres::types::Type;
+    let ty = r.columns()[i].type_().clone();
+    let bad = |e: tokio_postgres::Error| Error::Storage(format!("column {i}: {e}"));
+    Ok(match ty {
+        Type::INT8 => r
+            .try_get::<_, Option<i64>>(i)
+            .map_err(bad)?
+            .map_or(Val::Null, Val::Int),
+        Type::INT4 => r
+            .try_get::<_, Option<i32>>(i)
+            .map_err(bad)?
+            .map_or(Val::Null, |v| Val::Int(i64::from(v))),
+        Type::FLOAT8 => r
+            .try_get::<_, Option<f64>>(i)
+            .map_err(bad)?
+            .map_or(Val::Null, Val::Real),
+        Type::BYTEA => r
+            .try_get::<_, Option<Vec<u8>>>(i)
+            .map_err(bad)?
+            .map_or(Val::Null, Val::Bytes),
+        _ => r
+            .try_get::<_, Option<String>>(i)
+            .map_err(bad)?
+            .map_or(Val::Null, Val::Text),
+    })
+}
+
+/// The PostgreSQL store's open transaction for the bodies written once ([`crate::sql`]).
+struct PgTx<'a> {
+    store: &'a PgStore,
+    c: &'a deadpool_postgres::Transaction<'a>,
+}
+
+impl Tx for PgTx<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    async fn rows(&mut self, sql: &str, args: &[Val]) -> Result<Vec<SqlRow>, Error> {
+        let params: Vec<P<'_>> = args.iter().map(|a| a as P<'_>).collect();
+        let rows = self
+            .c
+            .query(sql, &params)
+            .await
+            .map_err(|e| self.store.err(e))?;
+        rows.iter()
+            .map(|r| {
+                (0..r.len())
+                    .map(|i| val_at(r, i))
+                    .collect::<Result<_, _>>()
+                    .map(SqlRow)
+            })
+            .collect()
+    }
+
+    async fn exec(&mut self, sql: &str, args: &[Val]) -> Result<u64, Error> {
+        let params: Vec<P<'_>> = args.iter().map(|a| a as P<'_>).collect();
+        self.c
+            .execute(sql, &params)
+            .await
+            .map_err(|e| self.store.err(e))
+    }
+
+    async fn vector_keys(&mut self, tenant: &str) -> Result<VectorKeys, Error> {
+        self.store.vector_keys(self.c, tenant).await
+    }
+
+    async fn seal(
+        &mut self,
+        tenant: &str,
+        table: &str,
+        id: &str,
+        text: &str,
+    ) -> Result<(Vec<u8>, u32), Error> {
+        self.store.seal(self.c, tenant, table, id, text).await
+    }
+
+    async fn reveal(
+        &mut self,
+        tenant: &str,
+        table: &str,
+        id: &str,
+        stored: Stored,
+    ) -> Result<String, Error> {
+        self.store.reveal(self.c, tenant, table, id, stored).await
+    }
+
+    async fn lock_clusters(&mut self, tenant: &str) -> Result<(), Error> {
+        self.store.lock_tenant(self.c, tenant).await
+    }
+
+    async fn memory_written(
+        &mut self,
+        tenant: &str,
+        id: &str,
+        vector: &[f32],
+    ) -> Result<(), Error> {
+        self.store
+            .set_embedding(self.c, tenant, id, vector)
+            .await
+            .map(drop)
     }
 }

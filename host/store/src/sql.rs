@@ -1,0 +1,212 @@
+//! Transactions written once for both SQL stores: a body runs its statements through [`Tx`]
+//! with the SQL in the store's [`Dialect`], and each store gives only its plumbing (running a
+//! statement in its open transaction, its keys, and what it keeps beside a row). SQLite runs a
+//! body inside its write transaction (the body never waits on anything but its statements,
+//! which SQLite answers at once); PostgreSQL awaits it on its pooled connection.
+//!
+//! Every value crosses as a [`Val`]: the two schemas use 64-bit integers, doubles, text and
+//! bytes for every column a body touches (`tests/schema.rs` keeps the tables alike).
+
+use crate::keyring::{Stored, VectorKeys};
+use crate::rules::Dialect;
+use crate::types::{Error, Memory, Scope};
+
+/// One SQL value.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Val {
+    /// NULL.
+    Null,
+    /// An integer.
+    Int(i64),
+    /// A double.
+    Real(f64),
+    /// Text.
+    Text(String),
+    /// Bytes.
+    Bytes(Vec<u8>),
+}
+
+impl From<&str> for Val {
+    fn from(s: &str) -> Val {
+        Val::Text(s.to_string())
+    }
+}
+
+impl From<String> for Val {
+    fn from(s: String) -> Val {
+        Val::Text(s)
+    }
+}
+
+impl From<i64> for Val {
+    fn from(v: i64) -> Val {
+        Val::Int(v)
+    }
+}
+
+impl From<u64> for Val {
+    fn from(v: u64) -> Val {
+        Val::Int(v as i64)
+    }
+}
+
+impl From<u32> for Val {
+    fn from(v: u32) -> Val {
+        Val::Int(i64::from(v))
+    }
+}
+
+impl From<f32> for Val {
+    fn from(v: f32) -> Val {
+        Val::Real(f64::from(v))
+    }
+}
+
+impl From<Vec<u8>> for Val {
+    fn from(v: Vec<u8>) -> Val {
+        Val::Bytes(v)
+    }
+}
+
+/// One row of a query.
+#[derive(Clone, Debug)]
+pub(crate) struct Row(pub Vec<Val>);
+
+impl Row {
+    fn at(&self, i: usize) -> Result<&Val, Error> {
+        self.0
+            .get(i)
+            .ok_or_else(|| Error::Storage(format!("the row has no column {i}")))
+    }
+
+    fn wrong(&self, i: usize, want: &str) -> Error {
+        Error::Storage(format!("column {i} is {:?}, not {want}", self.0.get(i)))
+    }
+
+    /// Column `i` as an integer.
+    pub fn int(&self, i: usize) -> Result<i64, Error> {
+        match self.at(i)? {
+            Val::Int(v) => Ok(*v),
+            _ => Err(self.wrong(i, "an integer")),
+        }
+    }
+
+    /// Column `i` as a non-negative integer.
+    pub fn u64(&self, i: usize) -> Result<u64, Error> {
+        self.int(i).map(|v| v as u64)
+    }
+
+    /// Column `i` as a double.
+    pub fn real(&self, i: usize) -> Result<f64, Error> {
+        match self.at(i)? {
+            Val::Real(v) => Ok(*v),
+            Val::Int(v) => Ok(*v as f64),
+            _ => Err(self.wrong(i, "a number")),
+        }
+    }
+
+    /// Column `i` as text.
+    pub fn text(&self, i: usize) -> Result<String, Error> {
+        match self.at(i)? {
+            Val::Text(v) => Ok(v.clone()),
+            _ => Err(self.wrong(i, "text")),
+        }
+    }
+
+    /// Column `i` as bytes (a text value gives its UTF-8).
+    pub fn bytes(&self, i: usize) -> Result<Vec<u8>, Error> {
+        match self.at(i)? {
+            Val::Bytes(v) => Ok(v.clone()),
+            Val::Text(v) => Ok(v.as_bytes().to_vec()),
+            _ => Err(self.wrong(i, "bytes")),
+        }
+    }
+
+    /// The scope in columns `at`.. `at + 4` (user, project, environment, kind, key).
+    pub fn scope(&self, at: usize) -> Result<Scope, Error> {
+        Ok(Scope {
+            user: self.text(at)?,
+            project: self.text(at + 1)?,
+            environment: self.text(at + 2)?,
+            kind: self.text(at + 3)?,
+            key: self.text(at + 4)?,
+        })
+    }
+}
+
+/// A store's open transaction, as a body written once sees it.
+pub(crate) trait Tx {
+    /// The dialect its SQL is written in.
+    fn dialect(&self) -> Dialect;
+
+    /// The rows of `sql` with `args`.
+    async fn rows(&mut self, sql: &str, args: &[Val]) -> Result<Vec<Row>, Error>;
+
+    /// Run `sql` with `args`; the rows it changed.
+    async fn exec(&mut self, sql: &str, args: &[Val]) -> Result<u64, Error>;
+
+    /// The tenant's vector keys.
+    async fn vector_keys(&mut self, tenant: &str) -> Result<VectorKeys, Error>;
+
+    /// `text` as stored in `table`'s row `id`: sealed with the tenant's current data key when
+    /// there is a master key; and the key's version (0: plain).
+    async fn seal(
+        &mut self,
+        tenant: &str,
+        table: &str,
+        id: &str,
+        text: &str,
+    ) -> Result<(Vec<u8>, u32), Error>;
+
+    /// A stored text of `table`'s row `id`, opened.
+    async fn reveal(
+        &mut self,
+        tenant: &str,
+        table: &str,
+        id: &str,
+        stored: Stored,
+    ) -> Result<String, Error>;
+
+    /// Before a write that changes the tenant's clusters: PostgreSQL takes the tenant's
+    /// advisory lock (writers on several instances); SQLite's write transaction already holds
+    /// the file.
+    async fn lock_clusters(&mut self, tenant: &str) -> Result<(), Error>;
+
+    /// After a memory's row is written: PostgreSQL keeps its vector's pgvector copy for the
+    /// index; SQLite keeps nothing beside it.
+    async fn memory_written(&mut self, tenant: &str, id: &str, vector: &[f32])
+    -> Result<(), Error>;
+
+    /// The first row of `sql` with `args`, if any.
+    async fn row(&mut self, sql: &str, args: &[Val]) -> Result<Option<Row>, Error> {
+        Ok(self.rows(sql, args).await?.into_iter().next())
+    }
+}
+
+/// The memory columns a [`memory_from`] row holds, in the dialect's spelling.
+pub(crate) fn memory_cols(d: Dialect) -> String {
+    format!(
+        "id, {}, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed, seq",
+        d.user_column()
+    )
+}
+
+/// A memory row of [`memory_cols`], its text still as stored.
+pub(crate) fn memory_from(r: &Row) -> Result<(Memory, Stored), Error> {
+    Ok((
+        Memory {
+            id: r.text(0)?,
+            scope: r.scope(1)?,
+            text: String::new(),
+            importance: r.real(7)? as f32,
+            tokens: r.int(8)? as u32,
+            created_ms: r.u64(9)?,
+            cluster: r.u64(10)?,
+            seq: r.u64(12)?,
+        },
+        Stored {
+            bytes: r.bytes(6)?,
+            sealed: r.int(11)? as u32,
+        },
+    ))
+}

@@ -1,0 +1,195 @@
+//! Recall's writes, written once for both SQL stores (see [`crate::sql`]): each runs in the
+//! store's open transaction, its SQL in the store's dialect, its rules from
+//! [`crate::rules`].
+
+use crate::rules::{self, Dialect};
+use crate::search::VECTOR;
+use crate::sql::{Tx, memory_cols, memory_from};
+use crate::types::{Error, NewMemory, StoredMemory};
+
+/// The clusters' vector sums, as named in a sealed vector's associated data.
+pub(crate) const SUM: &str = "clusters.sum";
+
+/// The next change number of the clusters (the sweeper's cursor).
+fn next_changed(d: Dialect) -> &'static str {
+    match d {
+        Dialect::Sqlite => "(SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM clusters)",
+        Dialect::Postgres => "nextval('clusters_changed')",
+    }
+}
+
+/// A membership change of `cluster`: its version moves (a summary of the old members is
+/// stale), and the sweeper sees it.
+pub(crate) async fn bump(tx: &mut impl Tx, tenant: &str, cluster: u64) -> Result<(), Error> {
+    let d = tx.dialect();
+    let sql = format!(
+        "UPDATE clusters SET version = version + 1, changed_seq = {} WHERE tenant = {} AND id = {}",
+        next_changed(d),
+        d.param(1),
+        d.param(2)
+    );
+    tx.exec(&sql, &[tenant.into(), cluster.into()]).await?;
+    Ok(())
+}
+
+/// A cluster's member count (0: no such cluster).
+pub(crate) async fn members(tx: &mut impl Tx, tenant: &str, cluster: u64) -> Result<u32, Error> {
+    let d = tx.dialect();
+    let sql = format!(
+        "SELECT members FROM clusters WHERE tenant = {} AND id = {}",
+        d.param(1),
+        d.param(2)
+    );
+    match tx.row(&sql, &[tenant.into(), cluster.into()]).await? {
+        Some(r) => Ok(r.int(0)? as u32),
+        None => Ok(0),
+    }
+}
+
+/// Store a memory into its cluster (the one named, or a new one), keeping the cluster's
+/// vector sum and count; a memory already stored under its id is checked to be the same
+/// one and left as it is.
+pub(crate) async fn put_memory(
+    tx: &mut impl Tx,
+    tenant: &str,
+    m: NewMemory,
+) -> Result<StoredMemory, Error> {
+    let d = tx.dialect();
+    let p = |n: usize| d.param(n);
+    tx.lock_clusters(tenant).await?;
+    let vk = tx.vector_keys(tenant).await?;
+    let existing = tx
+        .row(
+            &format!(
+                "SELECT {} FROM memories WHERE tenant = {} AND id = {}",
+                memory_cols(d),
+                p(1),
+                p(2)
+            ),
+            &[tenant.into(), m.id.as_str().into()],
+        )
+        .await?;
+    if let Some(raw) = existing {
+        let (mut e, stored) = memory_from(&raw)?;
+        e.text = tx.reveal(tenant, "memories", &e.id, stored).await?;
+        rules::check_same_memory(&e, &m)?;
+        let members = members(tx, tenant, e.cluster).await?;
+        return Ok(StoredMemory {
+            cluster: e.cluster,
+            created: false,
+            members,
+        });
+    }
+    let s = &m.scope;
+    let (cluster, sum) = match m.cluster {
+        Some(id) => {
+            let sql = format!(
+                "SELECT sum, model, {}, project, environment, kind, key FROM clusters WHERE tenant = {} AND id = {}",
+                d.user_column(),
+                p(1),
+                p(2)
+            );
+            let row = match tx.row(&sql, &[tenant.into(), id.into()]).await? {
+                Some(r) => Some((r.bytes(0)?, r.text(1)?, r.scope(2)?)),
+                None => None,
+            };
+            rules::check_named_cluster(
+                id,
+                row.as_ref()
+                    .map(|(_, model, scope)| (scope, model.as_str())),
+                &m,
+            )?;
+            let sum = match row {
+                Some(r) => vk.open(SUM, &id.to_string(), &r.0)?,
+                None => Vec::new(),
+            };
+            (id, sum)
+        }
+        None => {
+            let next = format!(
+                "SELECT COALESCE(MAX(id), 0) + 1 FROM clusters WHERE tenant = {}",
+                p(1)
+            );
+            let id = match tx.row(&next, &[tenant.into()]).await? {
+                Some(r) => r.u64(0)?,
+                None => 1,
+            };
+            let sql = format!(
+                "INSERT INTO clusters (tenant, id, {}, project, environment, kind, key, model, sum) VALUES ({})",
+                d.user_column(),
+                (1..=9).map(p).collect::<Vec<_>>().join(", ")
+            );
+            let zero = vk.seal(SUM, &id.to_string(), &vec![0f32; m.vector.len()])?;
+            tx.exec(
+                &sql,
+                &[
+                    tenant.into(),
+                    id.into(),
+                    s.user.as_str().into(),
+                    s.project.as_str().into(),
+                    s.environment.as_str().into(),
+                    s.kind.as_str().into(),
+                    s.key.as_str().into(),
+                    m.model.as_str().into(),
+                    zero.into(),
+                ],
+            )
+            .await?;
+            (id, Vec::new())
+        }
+    };
+    let sum = rules::joined_sum(cluster, sum, &m)?;
+    let next = format!(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM memories WHERE tenant = {}",
+        p(1)
+    );
+    let seq = match tx.row(&next, &[tenant.into()]).await? {
+        Some(r) => r.int(0)?,
+        None => 1,
+    };
+    let (text, sealed) = tx.seal(tenant, "memories", &m.id, &m.text).await?;
+    let sql = format!(
+        "INSERT INTO memories (tenant, id, {}, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES ({})",
+        d.user_column(),
+        (1..=16).map(p).collect::<Vec<_>>().join(", ")
+    );
+    tx.exec(
+        &sql,
+        &[
+            tenant.into(),
+            m.id.as_str().into(),
+            s.user.as_str().into(),
+            s.project.as_str().into(),
+            s.environment.as_str().into(),
+            s.kind.as_str().into(),
+            s.key.as_str().into(),
+            text.into(),
+            sealed.into(),
+            m.importance.into(),
+            m.tokens.into(),
+            m.created_ms.into(),
+            cluster.into(),
+            m.model.as_str().into(),
+            vk.seal(VECTOR, &m.id, &m.vector)?.into(),
+            seq.into(),
+        ],
+    )
+    .await?;
+    tx.memory_written(tenant, &m.id, &m.vector).await?;
+    let sql = format!(
+        "UPDATE clusters SET sum = {}, members = members + 1 WHERE tenant = {} AND id = {}",
+        p(3),
+        p(1),
+        p(2)
+    );
+    let sealed_sum = vk.seal(SUM, &cluster.to_string(), &sum)?;
+    tx.exec(&sql, &[tenant.into(), cluster.into(), sealed_sum.into()])
+        .await?;
+    bump(tx, tenant, cluster).await?;
+    let members = members(tx, tenant, cluster).await?;
+    Ok(StoredMemory {
+        cluster,
+        created: true,
+        members,
+    })
+}
