@@ -336,53 +336,15 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            let vk = self.vector_keys(&tx, tenant)?;
-            let row = tx
-                .query_row(
-                    &format!(
-                        "SELECT {MEM_COLS}, model, vector FROM memories WHERE tenant = ?1 AND id = ?2"
-                    ),
-                    params![tenant, id],
-                    |r| Ok((memory_from(r)?, r.get::<_, String>(13)?, r.get::<_, Vec<u8>>(14)?)),
-                )
-                .optional()
-                .map_err(db_err)?;
-            let Some((raw, model, vector)) = row else {
+            let mut t = SqliteTx {
+                store: self,
+                c: &tx,
+            };
+            let Some((m, model)) =
+                futures::executor::block_on(crate::writes::delete_memory(&mut t, tenant, id))?
+            else {
                 return Ok(None);
             };
-            // The text is given back to the caller; a row that no longer opens is deleted
-            // all the same (with its text unknown).
-            let m = match self.memories_revealed(&tx, tenant, vec![(raw.0.clone(), raw.1)]) {
-                Ok(mut v) => v.pop().unwrap_or(raw.0),
-                Err(_) => raw.0,
-            };
-            tx.execute(
-                "DELETE FROM memories WHERE tenant = ?1 AND id = ?2",
-                params![tenant, id],
-            )
-            .map_err(db_err)?;
-            let (cmodel, sum, members): (String, Vec<u8>, u32) = tx
-                .query_row(
-                    "SELECT model, sum, members FROM clusters WHERE tenant = ?1 AND id = ?2",
-                    params![tenant, m.cluster as i64],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )
-                .map_err(db_err)?;
-            let left = members.saturating_sub(1);
-            let cid = m.cluster.to_string();
-            let sum = rules::left_sum(
-                vk.open(SUM, &cid, &sum)?,
-                left,
-                &cmodel,
-                &model,
-                &vk.open(VECTOR, id, &vector)?,
-            );
-            tx.execute(
-                "UPDATE clusters SET sum = ?3, members = ?4 WHERE tenant = ?1 AND id = ?2",
-                params![tenant, m.cluster as i64, vk.seal(SUM, &cid, &sum)?, left],
-            )
-            .map_err(db_err)?;
-            bump(&tx, tenant, m.cluster)?;
             let deletes = mark_delete(&tx, tenant)?;
             tx.commit().map_err(db_err)?;
             crate::sqlite::scrub(conn);

@@ -5,7 +5,7 @@
 use crate::rules::{self, Dialect};
 use crate::search::VECTOR;
 use crate::sql::{Tx, memory_cols, memory_from};
-use crate::types::{Error, NewMemory, StoredMemory};
+use crate::types::{Error, Memory, NewMemory, StoredMemory};
 
 /// The clusters' vector sums, as named in a sealed vector's associated data.
 pub(crate) const SUM: &str = "clusters.sum";
@@ -192,4 +192,83 @@ pub(crate) async fn put_memory(
         created: true,
         members,
     })
+}
+
+/// Delete a memory, taking its vector out of its cluster's sum; the memory as it was (its
+/// text opened, or as stored when it no longer opens: it is deleted all the same) and its
+/// embedding model, or `None` when there was none.
+pub(crate) async fn delete_memory(
+    tx: &mut impl Tx,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<(Memory, String)>, Error> {
+    let d = tx.dialect();
+    let p = |n: usize| d.param(n);
+    tx.lock_clusters(tenant).await?;
+    let sql = format!(
+        "SELECT {}, model, vector FROM memories WHERE tenant = {} AND id = {}",
+        memory_cols(d),
+        p(1),
+        p(2)
+    );
+    let Some(row) = tx.row(&sql, &[tenant.into(), id.into()]).await? else {
+        return Ok(None);
+    };
+    let (raw, stored) = memory_from(&row)?;
+    let (model, vector) = (row.text(13)?, row.bytes(14)?);
+    let m = match tx.reveal(tenant, "memories", &raw.id, stored).await {
+        Ok(text) => Memory { text, ..raw },
+        Err(_) => raw,
+    };
+    let sql = format!(
+        "DELETE FROM memories WHERE tenant = {} AND id = {}",
+        p(1),
+        p(2)
+    );
+    tx.exec(&sql, &[tenant.into(), id.into()]).await?;
+    let sql = format!(
+        "SELECT model, sum, members FROM clusters WHERE tenant = {} AND id = {}",
+        p(1),
+        p(2)
+    );
+    let r = tx
+        .row(&sql, &[tenant.into(), m.cluster.into()])
+        .await?
+        .ok_or_else(|| {
+            Error::Storage(format!(
+                "memory {id} belongs to cluster {}, which is missing",
+                m.cluster
+            ))
+        })?;
+    let (cmodel, sum, members) = (r.text(0)?, r.bytes(1)?, r.int(2)? as u32);
+    let left = members.saturating_sub(1);
+    let vk = tx.vector_keys(tenant).await?;
+    let cid = m.cluster.to_string();
+    let sum = rules::left_sum(
+        vk.open(SUM, &cid, &sum)?,
+        left,
+        &cmodel,
+        &model,
+        &vk.open(VECTOR, id, &vector)?,
+    );
+    let sql = format!(
+        "UPDATE clusters SET sum = {}, members = {} WHERE tenant = {} AND id = {}",
+        p(3),
+        p(4),
+        p(1),
+        p(2)
+    );
+    let sealed_sum = vk.seal(SUM, &cid, &sum)?;
+    tx.exec(
+        &sql,
+        &[
+            tenant.into(),
+            m.cluster.into(),
+            sealed_sum.into(),
+            left.into(),
+        ],
+    )
+    .await?;
+    bump(tx, tenant, m.cluster).await?;
+    Ok(Some((m, model)))
 }

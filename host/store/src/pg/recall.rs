@@ -503,67 +503,15 @@ impl RecallStore for PgStore {
     async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        self.lock_tenant(&tx, tenant).await?;
-        let row = tx
-            .query_opt(
-                &format!(
-                    "SELECT {MEM_COLS}, model, vector FROM memories WHERE tenant = $1 AND id = $2"
-                ),
-                &[&tenant, &id],
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        let Some(row) = row else {
-            return Ok(None);
+        let gone = {
+            let mut t = PgTx {
+                store: self,
+                c: &tx,
+            };
+            crate::writes::delete_memory(&mut t, tenant, id).await?
         };
-        let (raw_m, raw_s) = memory_from(&row);
-        let (model, vector): (String, Vec<u8>) = (row.get(13), row.get(14));
-        // The text is given back; a row that no longer opens is deleted all the same.
-        let m = match self
-            .memories_revealed(&tx, tenant, vec![(raw_m.clone(), raw_s)])
-            .await
-        {
-            Ok(mut v) => v.pop().unwrap_or(raw_m),
-            Err(_) => raw_m,
-        };
-        tx.execute(
-            "DELETE FROM memories WHERE tenant = $1 AND id = $2",
-            &[&tenant, &id],
-        )
-        .await
-        .map_err(|e| self.err(e))?;
-        let r = tx
-            .query_one(
-                "SELECT model, sum, members FROM clusters WHERE tenant = $1 AND id = $2",
-                &[&tenant, &(m.cluster as i64)],
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        let (cmodel, sum, members): (String, Vec<u8>, u32) = (r.get(0), r.get(1), g32(&r, 2));
-        let left = members.saturating_sub(1);
-        let vk = self.vector_keys(&tx, tenant).await?;
-        let cid = m.cluster.to_string();
-        let sum = rules::left_sum(
-            vk.open(SUM, &cid, &sum)?,
-            left,
-            &cmodel,
-            &model,
-            &vk.open(VECTOR, id, &vector)?,
-        );
-        tx.execute(
-            "UPDATE clusters SET sum = $3, members = $4 WHERE tenant = $1 AND id = $2",
-            &[
-                &tenant,
-                &(m.cluster as i64),
-                &vk.seal(SUM, &cid, &sum)?,
-                &i64::from(left),
-            ],
-        )
-        .await
-        .map_err(|e| self.err(e))?;
-        self.bump(&tx, tenant, m.cluster).await?;
         tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(Some(m))
+        Ok(gone.map(|(m, _)| m))
     }
 
     async fn set_vectors(
