@@ -6,9 +6,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, param
 use super::SqliteStore;
 use super::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect};
-use crate::search::{
-    Candidate, MemoryRow, SUMMARY_VECTOR, SearchRows, SummaryRow as SearchSummary, VECTOR,
-};
+use crate::search::{Candidate, MemoryRow, SearchRows, SummaryRow as SearchSummary, VECTOR};
 use crate::sql::{Row as SqlRow, Tx, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
@@ -440,51 +438,15 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            let vk = self.vector_keys(&tx, tenant)?;
-            // The hash decides; the current text is not needed.
-            let current = summary_raw(&tx, tenant, w.cluster)?.map(|r| r.0);
-            let version = cluster_figures(&tx, tenant, w.cluster)?.map(|f| f.0);
-            let hash = current.as_ref().map(|s| s.member_hash.as_str());
-            if !rules::summary_write_allowed(hash, &w, version) {
-                return Ok(false);
-            }
-            match current {
-                Some(s) => {
-                    let (text, sealed) =
-                        self.seal(&tx, tenant, "cluster_summaries", &s.id.to_string(), &w.text)?;
-                    tx.execute(
-                        "UPDATE cluster_summaries SET text = ?3, sealed = ?15, member_hash = ?4, covered_seq = ?5, covered = ?16, importance = ?6, tokens = ?7, model = ?8, calls = ?9, prompt_tokens = ?10, output_tokens = ?11, vector_model = ?12, vector = ?13, updated_ms = ?14 WHERE tenant = ?1 AND id = ?2",
-                        params![
-                            tenant, s.id as i64, text, w.member_hash, rules::seq_arg(w.covered_seq),
-                            f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
-                            w.output_tokens, w.vector_model, vk.seal(SUMMARY_VECTOR, &s.id.to_string(), &w.vector)?, w.now_ms as i64, sealed, w.covered
-                        ],
-                    )
-                    .map_err(db_err)?;
-                }
-                None => {
-                    let id: i64 = tx
-                        .query_row(
-                            "SELECT COALESCE(MAX(id), 0) + 1 FROM cluster_summaries WHERE tenant = ?1",
-                            [tenant],
-                            |r| r.get(0),
-                        )
-                        .map_err(db_err)?;
-                    let (text, sealed) =
-                        self.seal(&tx, tenant, "cluster_summaries", &id.to_string(), &w.text)?;
-                    tx.execute(
-                        "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, covered_seq, covered, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?16, ?5, ?6, ?17, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)",
-                        params![
-                            tenant, id, w.cluster as i64, text, w.member_hash, rules::seq_arg(w.covered_seq),
-                            f64::from(w.importance), w.tokens, w.model, w.calls, w.prompt_tokens,
-                            w.output_tokens, w.vector_model, vk.seal(SUMMARY_VECTOR, &id.to_string(), &w.vector)?, w.now_ms as i64, sealed, w.covered
-                        ],
-                    )
-                    .map_err(db_err)?;
-                }
-            }
+            let mut t = SqliteTx {
+                store: self,
+                c: &tx,
+            };
+            let written = futures::executor::block_on(crate::writes::write_cluster_summary(
+                &mut t, tenant, w,
+            ))?;
             tx.commit().map_err(db_err)?;
-            Ok(true)
+            Ok(written)
         })
     }
 

@@ -3,9 +3,9 @@
 //! [`crate::rules`].
 
 use crate::rules::{self, Dialect};
-use crate::search::VECTOR;
-use crate::sql::{Tx, memory_cols, memory_from};
-use crate::types::{Error, Memory, NewMemory, StoredMemory};
+use crate::search::{SUMMARY_VECTOR, VECTOR};
+use crate::sql::{Tx, Val, memory_cols, memory_from};
+use crate::types::{ClusterSummaryWrite, Error, Memory, NewMemory, StoredMemory};
 
 /// The clusters' vector sums, as named in a sealed vector's associated data.
 pub(crate) const SUM: &str = "clusters.sum";
@@ -271,4 +271,107 @@ pub(crate) async fn delete_memory(
     .await?;
     bump(tx, tenant, m.cluster).await?;
     Ok(Some((m, model)))
+}
+
+/// Write a cluster's summary (a new row, or its row updated in place) unless the rule of
+/// [`rules::summary_write_allowed`] refuses it (members changed since they were read, or the
+/// summary already covers these members); whether it was written.
+pub(crate) async fn write_cluster_summary(
+    tx: &mut impl Tx,
+    tenant: &str,
+    w: ClusterSummaryWrite,
+) -> Result<bool, Error> {
+    let d = tx.dialect();
+    let p = |n: usize| d.param(n);
+    // Under the tenant's lock no member can come or go between the check and the write.
+    tx.lock_clusters(tenant).await?;
+    let sql = format!(
+        "SELECT id, member_hash FROM cluster_summaries WHERE tenant = {} AND cluster = {}",
+        p(1),
+        p(2)
+    );
+    let current = match tx.row(&sql, &[tenant.into(), w.cluster.into()]).await? {
+        Some(r) => Some((r.u64(0)?, r.text(1)?)),
+        None => None,
+    };
+    let sql = format!(
+        "SELECT version FROM clusters WHERE tenant = {} AND id = {}",
+        p(1),
+        p(2)
+    );
+    let version = match tx.row(&sql, &[tenant.into(), w.cluster.into()]).await? {
+        Some(r) => Some(r.u64(0)?),
+        None => None,
+    };
+    let hash = current.as_ref().map(|(_, h)| h.as_str());
+    if !rules::summary_write_allowed(hash, &w, version) {
+        return Ok(false);
+    }
+    let (id, update) = match current {
+        Some((id, _)) => (id, true),
+        None => {
+            let sql = format!(
+                "SELECT COALESCE(MAX(id), 0) + 1 FROM cluster_summaries WHERE tenant = {}",
+                p(1)
+            );
+            let id = match tx.row(&sql, &[tenant.into()]).await? {
+                Some(r) => r.u64(0)?,
+                None => 1,
+            };
+            (id, false)
+        }
+    };
+    let vk = tx.vector_keys(tenant).await?;
+    let rid = id.to_string();
+    let (text, sealed) = tx.seal(tenant, "cluster_summaries", &rid, &w.text).await?;
+    let vector = vk.seal(SUMMARY_VECTOR, &rid, &w.vector)?;
+    // Parameters 1 and 2 find the row; 3 on are its columns.
+    let columns = [
+        ("text", Val::from(text)),
+        ("sealed", sealed.into()),
+        ("member_hash", w.member_hash.into()),
+        ("covered_seq", rules::seq_arg(w.covered_seq).into()),
+        ("covered", w.covered.into()),
+        ("importance", w.importance.into()),
+        ("tokens", w.tokens.into()),
+        ("model", w.model.into()),
+        ("calls", w.calls.into()),
+        ("prompt_tokens", w.prompt_tokens.into()),
+        ("output_tokens", w.output_tokens.into()),
+        ("vector_model", w.vector_model.into()),
+        ("vector", vector.into()),
+        ("updated_ms", w.now_ms.into()),
+    ];
+    let mut args: Vec<Val> = vec![tenant.into(), id.into()];
+    let sql = if update {
+        let set: Vec<String> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, (c, _))| format!("{c} = {}", p(i + 3)))
+            .collect();
+        format!(
+            "UPDATE cluster_summaries SET {} WHERE tenant = {} AND id = {}",
+            set.join(", "),
+            p(1),
+            p(2)
+        )
+    } else {
+        let names: Vec<&str> = columns.iter().map(|(c, _)| *c).collect();
+        let at: Vec<String> = (3..=columns.len() + 4).map(p).collect();
+        args.push(w.cluster.into());
+        args.push(w.now_ms.into());
+        format!(
+            "INSERT INTO cluster_summaries (tenant, id, {}, cluster, created_ms) VALUES ({}, {}, {})",
+            names.join(", "),
+            p(1),
+            p(2),
+            at.join(", ")
+        )
+    };
+    // The columns' values go between the key and the insert's two extra columns.
+    let extra = args.split_off(2);
+    args.extend(columns.into_iter().map(|(_, v)| v));
+    args.extend(extra);
+    tx.exec(&sql, &args).await?;
+    Ok(true)
 }

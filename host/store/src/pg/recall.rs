@@ -18,9 +18,7 @@ use crate::crypto::Secret;
 use crate::keyring::{Revealed, Sealer, Stored, VectorKeys, now_ms, open_under};
 use crate::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect};
-use crate::search::{
-    Candidate, MemoryRow, SUMMARY_VECTOR, SearchRows, SummaryRow as SearchSummary, VECTOR,
-};
+use crate::search::{Candidate, MemoryRow, SearchRows, SummaryRow as SearchSummary, VECTOR};
 use crate::sql::{Row as SqlRow, Tx, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
@@ -592,73 +590,15 @@ impl RecallStore for PgStore {
     ) -> Result<bool, Error> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        // Under the tenant's lock no member can come or go between the check and the write.
-        self.lock_tenant(&tx, tenant).await?;
-        let current = self.summary_raw(&tx, tenant, w.cluster).await?.map(|r| r.0);
-        let version = self
-            .cluster_figures(&tx, tenant, w.cluster)
-            .await?
-            .map(|f| f.0);
-        let hash = current.as_ref().map(|s| s.member_hash.as_str());
-        if !rules::summary_write_allowed(hash, &w, version) {
-            return Ok(false);
-        }
-        let (covered_seq, covered) = (rules::seq_arg(w.covered_seq), i64::from(w.covered));
-        let common = (
-            f64::from(w.importance),
-            i64::from(w.tokens),
-            i64::from(w.calls),
-            i64::from(w.prompt_tokens),
-            i64::from(w.output_tokens),
-            w.now_ms as i64,
-        );
-        let vk = self.vector_keys(&tx, tenant).await?;
-        match current {
-            Some(s) => {
-                let (text, sealed) = self
-                    .seal(&tx, tenant, "cluster_summaries", &s.id.to_string(), &w.text)
-                    .await?;
-                tx.execute(
-                    "UPDATE cluster_summaries SET text = $3, sealed = $15, member_hash = $4, covered_seq = $5, covered = $16, importance = $6, tokens = $7, model = $8, calls = $9, prompt_tokens = $10, output_tokens = $11, vector_model = $12, vector = $13, updated_ms = $14 WHERE tenant = $1 AND id = $2",
-                    &[
-                        &tenant, &(s.id as i64), &text, &w.member_hash, &covered_seq,
-                        &common.0, &common.1, &w.model, &common.2, &common.3,
-                        &common.4, &w.vector_model,
-                        &vk.seal(SUMMARY_VECTOR, &s.id.to_string(), &w.vector)?, &common.5,
-                        &i64::from(sealed), &covered,
-                    ],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-            }
-            None => {
-                let id: i64 = tx
-                    .query_one(
-                        "SELECT COALESCE(MAX(id), 0) + 1 FROM cluster_summaries WHERE tenant = $1",
-                        &[&tenant],
-                    )
-                    .await
-                    .map_err(|e| self.err(e))?
-                    .get(0);
-                let (text, sealed) = self
-                    .seal(&tx, tenant, "cluster_summaries", &id.to_string(), &w.text)
-                    .await?;
-                tx.execute(
-                    "INSERT INTO cluster_summaries (tenant, id, cluster, text, sealed, member_hash, covered_seq, covered, importance, tokens, model, calls, prompt_tokens, output_tokens, vector_model, vector, created_ms, updated_ms) VALUES ($1, $2, $3, $4, $16, $5, $6, $17, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15)",
-                    &[
-                        &tenant, &id, &(w.cluster as i64), &text, &w.member_hash, &covered_seq,
-                        &common.0, &common.1, &w.model, &common.2, &common.3,
-                        &common.4, &w.vector_model,
-                        &vk.seal(SUMMARY_VECTOR, &id.to_string(), &w.vector)?, &common.5,
-                        &i64::from(sealed), &covered,
-                    ],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-            }
-        }
+        let written = {
+            let mut t = PgTx {
+                store: self,
+                c: &tx,
+            };
+            crate::writes::write_cluster_summary(&mut t, tenant, w).await?
+        };
         tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(true)
+        Ok(written)
     }
 
     async fn delete_cluster_summary(&self, tenant: &str, cluster: u64) -> Result<(), Error> {
@@ -1084,7 +1024,13 @@ impl tokio_postgres::types::ToSql for Val {
     ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
         match self {
             Val::Null => Ok(tokio_postgres::types::IsNull::Yes),
+            Val::Int(v) if *ty == tokio_postgres::types::Type::INT4 => {
+                i32::try_from(*v)?.to_sql(ty, out)
+            }
             Val::Int(v) => v.to_sql(ty, out),
+            Val::Real(v) if *ty == tokio_postgres::types::Type::FLOAT4 => {
+                (*v as f32).to_sql(ty, out)
+            }
             Val::Real(v) => v.to_sql(ty, out),
             Val::Text(v) => v.to_sql(ty, out),
             Val::Bytes(v) => v.to_sql(ty, out),
