@@ -182,16 +182,6 @@ fn summary_raw(
     .map_err(db_err)
 }
 
-/// Bump a cluster's version and change order.
-fn bump(c: &Connection, tenant: &str, cluster: u64) -> Result<(), Error> {
-    c.execute(
-        "UPDATE clusters SET version = version + 1, changed_seq = (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM clusters) WHERE tenant = ?1 AND id = ?2",
-        params![tenant, cluster as i64],
-    )
-    .map_err(db_err)?;
-    Ok(())
-}
-
 #[async_trait]
 impl RecallStore for SqliteStore {
     async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
@@ -371,26 +361,13 @@ impl RecallStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            let vk = self.vector_keys(&tx, tenant)?;
-            let mut reached = Vec::new();
-            for (id, v) in &vectors {
-                let n = tx
-                    .execute(
-                        "UPDATE memories SET model = ?4, vector = ?5 WHERE tenant = ?1 AND id = ?2 AND cluster = ?3",
-                        params![tenant, id, cluster as i64, model, vk.seal(VECTOR, id, v)?],
-                    )
-                    .map_err(db_err)?;
-                if n == 1 {
-                    reached.push(v.as_slice());
-                }
-            }
-            let sum = rules::sum_of(reached);
-            tx.execute(
-                "UPDATE clusters SET model = ?3, sum = ?4 WHERE tenant = ?1 AND id = ?2",
-                params![tenant, cluster as i64, model, vk.seal(SUM, &cluster.to_string(), &sum)?],
-            )
-            .map_err(db_err)?;
-            bump(&tx, tenant, cluster)?;
+            let mut t = SqliteTx {
+                store: self,
+                c: &tx,
+            };
+            futures::executor::block_on(crate::writes::set_vectors(
+                &mut t, tenant, cluster, model, &vectors,
+            ))?;
             // Vectors changed model: every index of the tenant is rebuilt on next need.
             mark_delete(&tx, tenant)?;
             tx.commit().map_err(db_err)?;

@@ -375,3 +375,60 @@ pub(crate) async fn write_cluster_summary(
     tx.exec(&sql, &args).await?;
     Ok(true)
 }
+
+/// Re-embed a cluster's members under `model`: each member named in `vectors` gets its new
+/// vector, and the cluster's sum becomes theirs (a member not named is left out of it).
+pub(crate) async fn set_vectors(
+    tx: &mut impl Tx,
+    tenant: &str,
+    cluster: u64,
+    model: &str,
+    vectors: &[(String, Vec<f32>)],
+) -> Result<(), Error> {
+    let d = tx.dialect();
+    let p = |n: usize| d.param(n);
+    tx.lock_clusters(tenant).await?;
+    let vk = tx.vector_keys(tenant).await?;
+    let sql = format!(
+        "UPDATE memories SET model = {}, vector = {} WHERE tenant = {} AND id = {} AND cluster = {}",
+        p(4),
+        p(5),
+        p(1),
+        p(2),
+        p(3)
+    );
+    let mut reached = Vec::new();
+    for (id, v) in vectors {
+        let args = [
+            tenant.into(),
+            id.as_str().into(),
+            cluster.into(),
+            model.into(),
+            vk.seal(VECTOR, id, v)?.into(),
+        ];
+        if tx.exec(&sql, &args).await? == 1 {
+            tx.memory_written(tenant, id, v).await?;
+            reached.push(v.as_slice());
+        }
+    }
+    let sum = rules::sum_of(reached);
+    let sql = format!(
+        "UPDATE clusters SET model = {}, sum = {} WHERE tenant = {} AND id = {}",
+        p(3),
+        p(4),
+        p(1),
+        p(2)
+    );
+    let sealed_sum = vk.seal(SUM, &cluster.to_string(), &sum)?;
+    tx.exec(
+        &sql,
+        &[
+            tenant.into(),
+            cluster.into(),
+            model.into(),
+            sealed_sum.into(),
+        ],
+    )
+    .await?;
+    bump(tx, tenant, cluster).await
+}

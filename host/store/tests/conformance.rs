@@ -680,6 +680,39 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         s.centroids("acme", &scope("k")).await.unwrap()[0].vector,
         vec![1.0, 0.0, 0.0]
     );
+    // Re-embedding a cluster under another model: the members named get their new vectors
+    // (an id that is not a member changes nothing), the sum becomes theirs, the membership
+    // version moves, and search finds them under the new model only.
+    let version = s.members_after("acme", a.cluster, 0).await.unwrap().version;
+    s.set_vectors(
+        "acme",
+        a.cluster,
+        "emb-2",
+        vec![
+            ("m1".into(), vec![0.0, 0.0, 1.0]),
+            ("nobody".into(), vec![1.0, 1.0, 1.0]),
+        ],
+    )
+    .await
+    .unwrap();
+    let c = s.centroids("acme", &scope("k")).await.unwrap();
+    assert_eq!(
+        (c[0].model.as_str(), c[0].vector.clone(), c[0].members),
+        ("emb-2", vec![0.0, 0.0, 1.0], 1),
+        "{name}"
+    );
+    assert!(s.members_after("acme", a.cluster, 0).await.unwrap().version > version);
+    let memories_found = |hits: Vec<abridge_engine::types::Hit>| -> Vec<String> {
+        hits.into_iter()
+            .filter(|h| h.kind == abridge_engine::types::HitKind::Memory)
+            .map(|h| h.id)
+            .collect()
+    };
+    let all = abridge_engine::types::MemoryFilter::default();
+    let found = s.search("acme", &[0.0, 0.0, 1.0], "emb-2", &all, 5).await;
+    assert_eq!(memories_found(found.unwrap()), vec!["m1"], "{name}");
+    let found = s.search("acme", &[1.0, 0.0, 0.0], "emb", &all, 5).await;
+    assert!(memories_found(found.unwrap()).is_empty(), "{name}");
     s.add_usage("acme", "2026-11-03", 1, 10, 5).await.unwrap();
     s.add_usage("acme", "2026-11-03", 1, 10, 5).await.unwrap();
     s.add_usage("acme", "2026-11-21", 3, 7, 1).await.unwrap();

@@ -18,7 +18,7 @@ use crate::crypto::Secret;
 use crate::keyring::{Revealed, Sealer, Stored, VectorKeys, now_ms, open_under};
 use crate::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect};
-use crate::search::{Candidate, MemoryRow, SearchRows, SummaryRow as SearchSummary, VECTOR};
+use crate::search::{Candidate, MemoryRow, SearchRows, SummaryRow as SearchSummary};
 use crate::sql::{Row as SqlRow, Tx, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
@@ -324,21 +324,6 @@ impl PgStore {
         .map(summary_from))
     }
 
-    async fn bump<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        tenant: &str,
-        cluster: u64,
-    ) -> Result<(), Error> {
-        c.execute(
-            "UPDATE clusters SET version = version + 1, changed_seq = nextval('clusters_changed') WHERE tenant = $1 AND id = $2",
-            &[&tenant, &(cluster as i64)],
-        )
-        .await
-        .map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
     async fn lock_tenant<C: GenericClient + Sync>(&self, c: &C, tenant: &str) -> Result<(), Error> {
         c.execute(LOCK, &[&format!("clusters:{tenant}")])
             .await
@@ -521,35 +506,13 @@ impl RecallStore for PgStore {
     ) -> Result<(), Error> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        self.lock_tenant(&tx, tenant).await?;
-        let vk = self.vector_keys(&tx, tenant).await?;
-        let mut reached = Vec::new();
-        for (id, v) in &vectors {
-            let n = tx
-                .execute(
-                    "UPDATE memories SET model = $4, vector = $5 WHERE tenant = $1 AND id = $2 AND cluster = $3",
-                    &[&tenant, id, &(cluster as i64), &model, &vk.seal(VECTOR, id, v)?],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-            if n == 1 {
-                self.set_embedding(&tx, tenant, id, v).await?;
-                reached.push(v.as_slice());
-            }
+        {
+            let mut t = PgTx {
+                store: self,
+                c: &tx,
+            };
+            crate::writes::set_vectors(&mut t, tenant, cluster, model, &vectors).await?;
         }
-        let sum = rules::sum_of(reached);
-        tx.execute(
-            "UPDATE clusters SET model = $3, sum = $4 WHERE tenant = $1 AND id = $2",
-            &[
-                &tenant,
-                &(cluster as i64),
-                &model,
-                &vk.seal(SUM, &cluster.to_string(), &sum)?,
-            ],
-        )
-        .await
-        .map_err(|e| self.err(e))?;
-        self.bump(&tx, tenant, cluster).await?;
         tx.commit().await.map_err(|e| self.err(e))
     }
 
