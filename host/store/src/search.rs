@@ -1,12 +1,13 @@
 //! Recall's search, written once for both databases: the candidates (through the store's
 //! index, or an exact scan), the summaries of the candidates' clusters, and the texts of the
-//! hits kept, with the SQL in the store's [`Dialect`]. A store supplies only its row plumbing
-//! ([`SearchRows`]): how it runs a statement, reads its index and opens a sealed text.
+//! hits kept, with the SQL in the store's [`Dialect`]. A store supplies only its plumbing
+//! ([`Tx`]): how it runs a statement, reads its index and opens a sealed text.
 
 use std::collections::BTreeSet;
 
-use crate::keyring::{Stored, VectorKeys};
+use crate::keyring::Stored;
 use crate::rules::{Dialect, Ranking, SummaryHit, filter_sql};
+use crate::sql::{Tx, Val};
 use crate::types::{Error, Hit, MemoryFilter};
 
 /// The vector columns, as named in a sealed vector's associated data.
@@ -25,61 +26,10 @@ pub(crate) struct Candidate {
     pub cluster: u64,
 }
 
-/// A memory row of a scan: its id, stored vector, importance and cluster.
-pub(crate) type MemoryRow<'a> = (String, &'a [u8], f32, u64);
-
-/// A summary row of a scan: its id, stored vector, importance, cluster, newest covered
-/// member and how many members it covers.
-pub(crate) type SummaryRow<'a> = (u64, &'a [u8], f32, u64, u64, u32);
-
-/// What a store gives the search: its statements' rows, its index and its sealing.
-pub(crate) trait SearchRows {
-    /// The dialect its SQL is written in.
-    fn dialect(&self) -> Dialect;
-
-    /// The tenant's vector keys for this call.
-    async fn vector_keys(&mut self) -> Result<VectorKeys, Error>;
-
-    /// The index's candidates for `query` among the rows the filter (`fsql` with `args`, the
-    /// model last) selects, at least the best `limit`; `None` when the index does not answer
-    /// (too few rows, being built, vectors sealed, or none on this store) and the search
-    /// scans.
-    async fn indexed(
-        &mut self,
-        vk: &VectorKeys,
-        query: &[f32],
-        filter: &MemoryFilter,
-        filter_sql: (&str, &[String]),
-        limit: u32,
-    ) -> Result<Option<Vec<Candidate>>, Error>;
-
-    /// Each memory row of `sql` with `args`.
-    async fn memories(
-        &mut self,
-        sql: &str,
-        args: &[String],
-        each: &mut (dyn FnMut(MemoryRow<'_>) -> Result<(), Error> + Send),
-    ) -> Result<(), Error>;
-
-    /// Each summary row of `sql` with `args`.
-    async fn summaries(
-        &mut self,
-        sql: &str,
-        args: &[String],
-        each: &mut (dyn FnMut(SummaryRow<'_>) -> Result<(), Error> + Send),
-    ) -> Result<(), Error>;
-
-    /// The stored text of the one row of `sql` with `args`.
-    async fn stored(&mut self, sql: &str, args: &[String]) -> Result<Stored, Error>;
-
-    /// A stored text of `table`'s row `id`, opened.
-    async fn reveal(&mut self, table: &str, id: &str, stored: Stored) -> Result<String, Error>;
-}
-
 /// The `limit` memories nearest `query` and the `limit` nearest summaries of their clusters
 /// (of every cluster, when the search scanned), texts opened for the hits kept only.
-pub(crate) async fn search<R: SearchRows + Send>(
-    rows: &mut R,
+pub(crate) async fn search(
+    rows: &mut impl Tx,
     tenant: &str,
     query: &[f32],
     model: &str,
@@ -88,14 +38,15 @@ pub(crate) async fn search<R: SearchRows + Send>(
 ) -> Result<Vec<Hit>, Error> {
     let d = rows.dialect();
     let p = |n: usize| d.param(n);
-    let vk = rows.vector_keys().await?;
+    let vk = rows.vector_keys(tenant).await?;
     let mut ranking = Ranking::new(limit);
-    let (fsql, mut args) = filter_sql(d, tenant, filter, "");
-    args.push(model.to_string());
+    let (fsql, args) = filter_sql(d, tenant, filter, "");
+    let mut args: Vec<Val> = args.into_iter().map(Val::from).collect();
+    args.push(model.into());
     let found = if filter.exact {
         None
     } else {
-        rows.indexed(&vk, query, filter, (&fsql, &args), limit)
+        rows.indexed(&vk, (tenant, model), query, filter, (&fsql, &args), limit)
             .await?
     };
     // Through the index, the clusters of the best `limit` name the summaries to rank (a
@@ -128,8 +79,10 @@ pub(crate) async fn search<R: SearchRows + Send>(
                 p(1),
                 p(args.len())
             );
-            rows.memories(&sql, &args, &mut |(id, bytes, importance, cluster)| {
-                let v = vk.open(VECTOR, &id, bytes)?;
+            rows.each(&sql, &args, &mut |r| {
+                let id = r.text(0)?;
+                let v = vk.open(VECTOR, &id, r.blob(1)?)?;
+                let (importance, cluster) = (r.real(2)? as f32, r.u64(3)?);
                 ranking.memory(query, &v, || (id, String::new(), importance, cluster));
                 Ok(())
             })
@@ -137,15 +90,16 @@ pub(crate) async fn search<R: SearchRows + Send>(
             None
         }
     };
-    let (fsql, mut args) = filter_sql(d, tenant, filter, "c.");
-    args.push(model.to_string());
+    let (fsql, args) = filter_sql(d, tenant, filter, "c.");
+    let mut args: Vec<Val> = args.into_iter().map(Val::from).collect();
+    args.push(model.into());
     let model_at = args.len();
     // Each summary found by its cluster (a list in a subquery would read every summary of
     // the tenant).
     let (from, among) = match (&near, d) {
         (None, _) => ("cluster_summaries s".to_string(), String::new()),
         (Some(near), Dialect::Sqlite) => {
-            args.push(serde_json::to_string(near).expect("ids serialize"));
+            args.push(serde_json::to_string(near).expect("ids serialize").into());
             let from = format!(
                 "json_each({}) j CROSS JOIN cluster_summaries s ON s.tenant = {} AND s.cluster = j.value",
                 p(args.len()),
@@ -155,7 +109,7 @@ pub(crate) async fn search<R: SearchRows + Send>(
         }
         (Some(near), Dialect::Postgres) => {
             let list: Vec<String> = near.iter().map(u64::to_string).collect();
-            args.push(list.join(","));
+            args.push(list.join(",").into());
             let among = format!(
                 " AND s.cluster = ANY(string_to_array(NULLIF({}, ''), ',')::bigint[])",
                 p(args.len())
@@ -168,23 +122,18 @@ pub(crate) async fn search<R: SearchRows + Send>(
         p(1),
         p(model_at)
     );
-    rows.summaries(&sql, &args, &mut |(
-        id,
-        bytes,
-        importance,
-        cluster,
-        covered_seq,
-        covered,
-    )| {
-        let v = vk.open(SUMMARY_VECTOR, &id.to_string(), bytes)?;
-        ranking.summary(query, &v, || SummaryHit {
+    rows.each(&sql, &args, &mut |r| {
+        let id = r.u64(0)?;
+        let v = vk.open(SUMMARY_VECTOR, &id.to_string(), r.blob(1)?)?;
+        let hit = SummaryHit {
             id,
             text: String::new(),
-            importance,
-            cluster,
-            covered_seq,
-            covered,
-        });
+            importance: r.real(2)? as f32,
+            cluster: r.u64(3)?,
+            covered_seq: r.u64(4)?,
+            covered: r.int(5)? as u32,
+        };
+        ranking.summary(query, &v, || hit);
         Ok(())
     })
     .await?;
@@ -199,10 +148,8 @@ pub(crate) async fn search<R: SearchRows + Send>(
     };
     let memory_sql = text_of("memories", &p(2));
     for h in &mut hits {
-        let st = rows
-            .stored(&memory_sql, &[tenant.to_string(), h.id.clone()])
-            .await?;
-        h.text = rows.reveal("memories", &h.id, st).await?;
+        let st = stored(rows, &memory_sql, &[tenant.into(), h.id.as_str().into()]).await?;
+        h.text = rows.reveal(tenant, "memories", &h.id, st).await?;
     }
     // A summary's id is a number (PostgreSQL takes the parameter as text and converts it).
     let summary_sql = text_of(
@@ -213,11 +160,21 @@ pub(crate) async fn search<R: SearchRows + Send>(
         },
     );
     for mut h in sums {
-        let st = rows
-            .stored(&summary_sql, &[tenant.to_string(), h.id.clone()])
-            .await?;
-        h.text = rows.reveal("cluster_summaries", &h.id, st).await?;
+        let st = stored(rows, &summary_sql, &[tenant.into(), h.id.as_str().into()]).await?;
+        h.text = rows.reveal(tenant, "cluster_summaries", &h.id, st).await?;
         hits.push(h);
     }
     Ok(hits)
+}
+
+/// The stored text of the one row of `sql` (columns: text, sealed).
+async fn stored(rows: &mut impl Tx, sql: &str, args: &[Val]) -> Result<Stored, Error> {
+    let r = rows
+        .row(sql, args)
+        .await?
+        .ok_or_else(|| Error::Storage("a hit's row vanished during the search".into()))?;
+    Ok(Stored {
+        bytes: r.bytes(0)?,
+        sealed: r.int(1)? as u32,
+    })
 }

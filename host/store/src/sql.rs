@@ -9,7 +9,8 @@
 
 use crate::keyring::{Stored, VectorKeys};
 use crate::rules::Dialect;
-use crate::types::{Error, Memory, Scope};
+use crate::search::Candidate;
+use crate::types::{Error, Memory, MemoryFilter, Scope};
 
 /// One SQL value.
 #[derive(Clone, Debug, PartialEq)]
@@ -122,6 +123,15 @@ impl Row {
         }
     }
 
+    /// Column `i` as bytes, borrowed.
+    pub fn blob(&self, i: usize) -> Result<&[u8], Error> {
+        match self.at(i)? {
+            Val::Bytes(v) => Ok(v),
+            Val::Text(v) => Ok(v.as_bytes()),
+            _ => Err(self.wrong(i, "bytes")),
+        }
+    }
+
     /// The scope in columns `at`.. `at + 4` (user, project, environment, kind, key).
     pub fn scope(&self, at: usize) -> Result<Scope, Error> {
         Ok(Scope {
@@ -176,6 +186,28 @@ pub(crate) trait Tx {
     /// index; SQLite keeps nothing beside it.
     async fn memory_written(&mut self, tenant: &str, id: &str, vector: &[f32])
     -> Result<(), Error>;
+
+    /// Each row of `sql` with `args`, one at a time (a scan of many rows is never held).
+    async fn each(
+        &mut self,
+        sql: &str,
+        args: &[Val],
+        f: &mut (dyn FnMut(&Row) -> Result<(), Error> + Send),
+    ) -> Result<(), Error>;
+
+    /// The index's candidates for `query` among the tenant's memories of `model` that the
+    /// filter (`filter_sql`: its fragment and arguments, the model last) selects, at least the
+    /// best `limit`; `None` when the index does not answer (too few rows, being built, vectors
+    /// sealed, or none on this store) and the search scans.
+    async fn indexed(
+        &mut self,
+        vk: &VectorKeys,
+        tenant_model: (&str, &str),
+        query: &[f32],
+        filter: &MemoryFilter,
+        filter_sql: (&str, &[Val]),
+        limit: u32,
+    ) -> Result<Option<Vec<Candidate>>, Error>;
 
     /// The first row of `sql` with `args`, if any.
     async fn row(&mut self, sql: &str, args: &[Val]) -> Result<Option<Row>, Error> {

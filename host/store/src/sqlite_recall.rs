@@ -6,7 +6,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, param
 use super::SqliteStore;
 use super::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect};
-use crate::search::{Candidate, MemoryRow, SearchRows, SummaryRow as SearchSummary, VECTOR};
+use crate::search::{Candidate, VECTOR};
 use crate::sql::{Row as SqlRow, Tx, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
@@ -462,12 +462,12 @@ impl RecallStore for SqliteStore {
         filter: &MemoryFilter,
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
-        let mut rows = SqliteRows {
-            store: self,
-            tenant,
-            model,
-        };
-        crate::search::search(&mut rows, tenant, query, model, filter, limit).await
+        self.with(|c| {
+            let mut t = SqliteTx { store: self, c };
+            futures::executor::block_on(crate::search::search(
+                &mut t, tenant, query, model, filter, limit,
+            ))
+        })
     }
 
     async fn list_memories(
@@ -790,19 +790,12 @@ impl Tx for SqliteTx<'_> {
     }
 
     async fn rows(&mut self, sql: &str, args: &[Val]) -> Result<Vec<SqlRow>, Error> {
-        let mut st = self.c.prepare_cached(sql).map_err(db_err)?;
-        let n = st.column_count();
-        let mut rows = st
-            .query(params_from_iter(args.iter().map(val_out)))
-            .map_err(db_err)?;
         let mut out = Vec::new();
-        while let Some(r) = rows.next().map_err(db_err)? {
-            let mut row = Vec::with_capacity(n);
-            for i in 0..n {
-                row.push(val_in(r.get_ref(i).map_err(db_err)?));
-            }
-            out.push(SqlRow(row));
-        }
+        self.each(sql, args, &mut |r| {
+            out.push(r.clone());
+            Ok(())
+        })
+        .await?;
         Ok(out)
     }
 
@@ -837,112 +830,54 @@ impl Tx for SqliteTx<'_> {
         self.store.reveal(self.c, tenant, table, id, stored)
     }
 
+    async fn each(
+        &mut self,
+        sql: &str,
+        args: &[Val],
+        f: &mut (dyn FnMut(&SqlRow) -> Result<(), Error> + Send),
+    ) -> Result<(), Error> {
+        let mut st = self.c.prepare_cached(sql).map_err(db_err)?;
+        let n = st.column_count();
+        let mut rows = st
+            .query(params_from_iter(args.iter().map(val_out)))
+            .map_err(db_err)?;
+        // One row's values, their buffers reused from row to row (a scan reads every vector).
+        let mut row = SqlRow(vec![Val::Null; n]);
+        while let Some(r) = rows.next().map_err(db_err)? {
+            for (i, v) in row.0.iter_mut().enumerate() {
+                let got = r.get_ref(i).map_err(db_err)?;
+                match (got, &mut *v) {
+                    (rusqlite::types::ValueRef::Blob(b), Val::Bytes(buf)) => {
+                        buf.clear();
+                        buf.extend_from_slice(b);
+                    }
+                    (got, v) => *v = val_in(got),
+                }
+            }
+            f(&row)?;
+        }
+        Ok(())
+    }
+
+    async fn indexed(
+        &mut self,
+        vk: &VectorKeys,
+        at: (&str, &str),
+        query: &[f32],
+        filter: &MemoryFilter,
+        _: (&str, &[Val]),
+        limit: u32,
+    ) -> Result<Option<Vec<Candidate>>, Error> {
+        self.store
+            .ann_memories(self.c, vk, at, query, filter, limit)
+    }
+
     async fn lock_clusters(&mut self, _: &str) -> Result<(), Error> {
         Ok(())
     }
 
     async fn memory_written(&mut self, _: &str, _: &str, _: &[f32]) -> Result<(), Error> {
         Ok(())
-    }
-}
-
-/// The SQLite store's rows for the one search body ([`crate::search`]).
-struct SqliteRows<'a> {
-    store: &'a SqliteStore,
-    tenant: &'a str,
-    model: &'a str,
-}
-
-impl SearchRows for SqliteRows<'_> {
-    fn dialect(&self) -> Dialect {
-        Dialect::Sqlite
-    }
-
-    async fn vector_keys(&mut self) -> Result<VectorKeys, Error> {
-        self.store.with(|c| self.store.vector_keys(c, self.tenant))
-    }
-
-    async fn indexed(
-        &mut self,
-        vk: &VectorKeys,
-        query: &[f32],
-        filter: &MemoryFilter,
-        _: (&str, &[String]),
-        limit: u32,
-    ) -> Result<Option<Vec<Candidate>>, Error> {
-        let s = self.store;
-        s.with(|c| s.ann_memories(c, vk, (self.tenant, self.model), query, filter, limit))
-    }
-
-    async fn memories(
-        &mut self,
-        sql: &str,
-        args: &[String],
-        each: &mut (dyn FnMut(MemoryRow<'_>) -> Result<(), Error> + Send),
-    ) -> Result<(), Error> {
-        self.store.with(|c| {
-            let mut st = c.prepare(sql).map_err(db_err)?;
-            let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
-            while let Some(r) = rows.next().map_err(db_err)? {
-                let bytes = r
-                    .get_ref(1)
-                    .map_err(db_err)?
-                    .as_blob()
-                    .map_err(|e| Error::Storage(e.to_string()))?;
-                each((
-                    r.get(0).map_err(db_err)?,
-                    bytes,
-                    r.get::<_, f64>(2).map_err(db_err)? as f32,
-                    r.get::<_, i64>(3).map_err(db_err)? as u64,
-                ))?;
-            }
-            Ok(())
-        })
-    }
-
-    async fn summaries(
-        &mut self,
-        sql: &str,
-        args: &[String],
-        each: &mut (dyn FnMut(SearchSummary<'_>) -> Result<(), Error> + Send),
-    ) -> Result<(), Error> {
-        self.store.with(|c| {
-            let mut st = c.prepare(sql).map_err(db_err)?;
-            let mut rows = st.query(params_from_iter(args.iter())).map_err(db_err)?;
-            while let Some(r) = rows.next().map_err(db_err)? {
-                let bytes = r
-                    .get_ref(1)
-                    .map_err(db_err)?
-                    .as_blob()
-                    .map_err(|e| Error::Storage(e.to_string()))?;
-                each((
-                    r.get::<_, i64>(0).map_err(db_err)? as u64,
-                    bytes,
-                    r.get::<_, f64>(2).map_err(db_err)? as f32,
-                    r.get::<_, i64>(3).map_err(db_err)? as u64,
-                    r.get::<_, i64>(4).map_err(db_err)? as u64,
-                    r.get(5).map_err(db_err)?,
-                ))?;
-            }
-            Ok(())
-        })
-    }
-
-    async fn stored(&mut self, sql: &str, args: &[String]) -> Result<Stored, Error> {
-        self.store.with(|c| {
-            c.query_row(sql, params_from_iter(args.iter()), |r| {
-                Ok(Stored {
-                    bytes: r.get(0)?,
-                    sealed: r.get(1)?,
-                })
-            })
-            .map_err(db_err)
-        })
-    }
-
-    async fn reveal(&mut self, table: &str, id: &str, stored: Stored) -> Result<String, Error> {
-        let s = self.store;
-        s.with(|c| s.reveal(c, self.tenant, table, id, stored))
     }
 }
 

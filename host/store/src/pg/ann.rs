@@ -137,7 +137,7 @@ impl PgStore {
         query: &[f32],
         model: &str,
         fsql: &str,
-        args: &[String],
+        args: &[crate::sql::Val],
         limit: u32,
     ) -> Option<Vec<AnnHit>> {
         if !self.ann {

@@ -18,7 +18,7 @@ use crate::crypto::Secret;
 use crate::keyring::{Revealed, Sealer, Stored, VectorKeys, now_ms, open_under};
 use crate::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect};
-use crate::search::{Candidate, MemoryRow, SearchRows, SummaryRow as SearchSummary};
+use crate::search::Candidate;
 use crate::sql::{Row as SqlRow, Tx, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
@@ -595,13 +595,9 @@ impl RecallStore for PgStore {
         filter: &MemoryFilter,
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
-        let mut rows = PgRows {
-            store: self,
-            client: self.client().await?,
-            tenant,
-            model,
-        };
-        crate::search::search(&mut rows, tenant, query, model, filter, limit).await
+        let c = self.client().await?;
+        let mut t = PgTx { store: self, c: &c };
+        crate::search::search(&mut t, tenant, query, model, filter, limit).await
     }
 
     async fn list_memories(
@@ -858,125 +854,6 @@ impl RecallStore for PgStore {
     }
 }
 
-/// The PostgreSQL store's rows for the one search body ([`crate::search`]).
-struct PgRows<'a> {
-    store: &'a PgStore,
-    client: deadpool_postgres::Object,
-    tenant: &'a str,
-    model: &'a str,
-}
-
-impl SearchRows for PgRows<'_> {
-    fn dialect(&self) -> Dialect {
-        Dialect::Postgres
-    }
-
-    async fn vector_keys(&mut self) -> Result<VectorKeys, Error> {
-        self.store.vector_keys(&self.client, self.tenant).await
-    }
-
-    async fn indexed(
-        &mut self,
-        _: &VectorKeys,
-        query: &[f32],
-        _: &MemoryFilter,
-        (fsql, args): (&str, &[String]),
-        limit: u32,
-    ) -> Result<Option<Vec<Candidate>>, Error> {
-        // Sealed vectors have no pgvector copy: search scans and opens them.
-        if self.store.seal_vectors {
-            return Ok(None);
-        }
-        // The index query names the model itself: the filter's parameters without it.
-        let found = self
-            .store
-            .ann_search(
-                &self.client,
-                query,
-                self.model,
-                fsql,
-                &args[..args.len() - 1],
-                limit,
-            )
-            .await;
-        Ok(found.map(|found| {
-            found
-                .into_iter()
-                .map(|(id, importance, cluster, similarity)| Candidate {
-                    similarity,
-                    id,
-                    importance,
-                    cluster,
-                })
-                .collect()
-        }))
-    }
-
-    async fn memories(
-        &mut self,
-        sql: &str,
-        args: &[String],
-        each: &mut (dyn FnMut(MemoryRow<'_>) -> Result<(), Error> + Send),
-    ) -> Result<(), Error> {
-        let rows = self
-            .client
-            .query(sql, &params(args))
-            .await
-            .map_err(|e| self.store.err(e))?;
-        for r in &rows {
-            each((
-                r.get(0),
-                r.get::<_, &[u8]>(1),
-                r.get::<_, f64>(2) as f32,
-                g64(r, 3),
-            ))?;
-        }
-        Ok(())
-    }
-
-    async fn summaries(
-        &mut self,
-        sql: &str,
-        args: &[String],
-        each: &mut (dyn FnMut(SearchSummary<'_>) -> Result<(), Error> + Send),
-    ) -> Result<(), Error> {
-        let rows = self
-            .client
-            .query(sql, &params(args))
-            .await
-            .map_err(|e| self.store.err(e))?;
-        for r in &rows {
-            each((
-                g64(r, 0),
-                r.get::<_, &[u8]>(1),
-                r.get::<_, f64>(2) as f32,
-                g64(r, 3),
-                g64(r, 4),
-                g32(r, 5),
-            ))?;
-        }
-        Ok(())
-    }
-
-    async fn stored(&mut self, sql: &str, args: &[String]) -> Result<Stored, Error> {
-        let r = self
-            .client
-            .query_one(sql, &params(args))
-            .await
-            .map_err(|e| self.store.err(e))?;
-        Ok(Stored {
-            bytes: r.get(0),
-            sealed: g32(&r, 1),
-        })
-    }
-
-    async fn reveal(&mut self, table: &str, id: &str, stored: Stored) -> Result<String, Error> {
-        self.store
-            .reveal(&self.client, self.tenant, table, id, stored)
-            .await
-    }
-}
-
 /// A value as a PostgreSQL parameter: the two schemas' columns are BIGINT, DOUBLE
 /// PRECISION, TEXT and BYTEA, which these carry as they are.
 impl tokio_postgres::types::ToSql for Val {
@@ -1037,12 +914,12 @@ fn val_at(r: &Row, i: usize) -> Result<Val, Error> {
 }
 
 /// The PostgreSQL store's open transaction for the bodies written once ([`crate::sql`]).
-struct PgTx<'a> {
+struct PgTx<'a, C> {
     store: &'a PgStore,
-    c: &'a deadpool_postgres::Transaction<'a>,
+    c: &'a C,
 }
 
-impl Tx for PgTx<'_> {
+impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
     }
@@ -1094,6 +971,50 @@ impl Tx for PgTx<'_> {
         stored: Stored,
     ) -> Result<String, Error> {
         self.store.reveal(self.c, tenant, table, id, stored).await
+    }
+
+    async fn each(
+        &mut self,
+        sql: &str,
+        args: &[Val],
+        f: &mut (dyn FnMut(&SqlRow) -> Result<(), Error> + Send),
+    ) -> Result<(), Error> {
+        for r in self.rows(sql, args).await? {
+            f(&r)?;
+        }
+        Ok(())
+    }
+
+    async fn indexed(
+        &mut self,
+        _: &VectorKeys,
+        (_, model): (&str, &str),
+        query: &[f32],
+        _: &MemoryFilter,
+        (fsql, args): (&str, &[Val]),
+        limit: u32,
+    ) -> Result<Option<Vec<Candidate>>, Error> {
+        // Sealed vectors have no pgvector copy: search scans and opens them.
+        if self.store.seal_vectors {
+            return Ok(None);
+        }
+        // The index query names the model itself: the filter's arguments without it.
+        let args = &args[..args.len() - 1];
+        let found = self
+            .store
+            .ann_search(self.c, query, model, fsql, args, limit)
+            .await;
+        Ok(found.map(|found| {
+            found
+                .into_iter()
+                .map(|(id, importance, cluster, similarity)| Candidate {
+                    similarity,
+                    id,
+                    importance,
+                    cluster,
+                })
+                .collect()
+        }))
     }
 
     async fn lock_clusters(&mut self, tenant: &str) -> Result<(), Error> {
