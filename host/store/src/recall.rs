@@ -1,7 +1,8 @@
 //! Memories, their clusters and cluster summaries behind one trait ([`RecallStore`]), with
 //! every call scoped to a tenant: a row of another tenant is simply not found. The SQLite
-//! implementation is in `sqlite_recall.rs`, the PostgreSQL one in `pg/recall.rs`; the stored
-//! forms of text and vectors they share are here.
+//! implementation is in `sqlite_recall.rs`, the PostgreSQL one in `pg/recall.rs`; the bodies
+//! they share (search, and the writes that move a cluster's sum) in `search.rs` and
+//! `writes.rs`; the stored forms of text and vectors here.
 //!
 //! A cluster keeps the sum of its members' vectors and their count, so its centroid updates
 //! incrementally (add on write, subtract on delete). A membership change bumps the cluster's
