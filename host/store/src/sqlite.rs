@@ -51,6 +51,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/030-summary-coverage.sql"),
     include_str!("migrations/031-session-grams.sql"),
     include_str!("migrations/032-ann-graphs.sql"),
+    include_str!("migrations/033-rowid-memories.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -938,6 +939,8 @@ mod tests {
             "DROP INDEX sessions_ungrammed; ALTER TABLE sessions DROP COLUMN grams; DROP TABLE session_grams",
         ),
         ("ann_graphs", "DROP TABLE ann_graphs"),
+        // A layout change: the tables read and write the same either way.
+        ("memories_rowid", "SELECT 1"),
     ];
 
     /// One short user message.
@@ -1228,6 +1231,115 @@ mod tests {
             .unwrap();
         assert_eq!(newer.members.len(), 1);
         assert_eq!((newer.members[0].id.as_str(), newer.count), ("m4", 4));
+    }
+
+    /// Migration 33 moves memories and cluster summaries from WITHOUT ROWID tables to rowid
+    /// tables: every row, plain or sealed, reads back the same, and recall finds them.
+    #[tokio::test]
+    async fn memories_stored_without_rowid_survive_migration_33() {
+        use crate::recall::RecallStore;
+        use crate::types::{ClusterSummaryWrite, Memory, NewMemory, Scope};
+        let dir = tempfile::tempdir().unwrap();
+        let key = crate::crypto::Secret::random().unwrap();
+        for sealed in [false, true] {
+            let path = dir.path().join(format!("rowid-{sealed}.db"));
+            let open = || {
+                let s = SqliteStore::open(&path).unwrap();
+                if sealed {
+                    s.with_master_key(key.clone()).with_sealed_vectors()
+                } else {
+                    s
+                }
+            };
+            let s = open();
+            for (i, v) in [[1.0f32, 0.0], [0.9, 0.1], [0.0, 1.0]].iter().enumerate() {
+                let m = NewMemory {
+                    id: format!("m{i}"),
+                    scope: Scope {
+                        user: "u".into(),
+                        project: "p".into(),
+                        environment: "e".into(),
+                        kind: "fact".into(),
+                        key: "k".into(),
+                    },
+                    text: format!("fact number {i}"),
+                    importance: 0.5,
+                    tokens: 3,
+                    created_ms: i as u64,
+                    model: "emb".into(),
+                    vector: v.to_vec(),
+                    cluster: (i > 0).then_some(1),
+                };
+                s.put_memory("acme", m).await.unwrap();
+            }
+            let set = s.members_after("acme", 1, 0).await.unwrap();
+            let w = ClusterSummaryWrite {
+                cluster: 1,
+                expect: None,
+                member_hash: "h".into(),
+                covered_seq: set.members.last().unwrap().seq,
+                covered: set.count,
+                version: set.version,
+                text: "the facts".into(),
+                tokens: 2,
+                importance: 0.5,
+                model: "m".into(),
+                vector_model: "emb".into(),
+                vector: vec![1.0, 0.0],
+                calls: 1,
+                prompt_tokens: 1,
+                output_tokens: 1,
+                now_ms: 1,
+            };
+            assert!(s.write_cluster_summary("acme", w).await.unwrap());
+            let (before, _) = s
+                .list_memories("acme", &Default::default(), 0, 10)
+                .await
+                .unwrap();
+            drop(s);
+            // Back to the layout before: both tables WITHOUT ROWID, as migration 16 made them.
+            back_before(&path, "memories_rowid");
+            let undo = MIGRATIONS[32]
+                .replace("memories_rowid", "memories_old")
+                .replace("cluster_summaries_rowid", "cluster_summaries_old")
+                .replace(
+                    "    PRIMARY KEY (tenant, id)\n);",
+                    "    PRIMARY KEY (tenant, id)\n) WITHOUT ROWID;",
+                );
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(&undo).unwrap();
+            let layout = |c: &Connection| -> String {
+                c.query_row(
+                    "SELECT sql FROM sqlite_master WHERE name = 'memories'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap()
+            };
+            assert!(layout(&c).contains("WITHOUT ROWID"));
+            drop(c);
+            let s = open();
+            let c = Connection::open(&path).unwrap();
+            assert!(!layout(&c).contains("WITHOUT ROWID"), "migrated");
+            let (after, _) = s
+                .list_memories("acme", &Default::default(), 0, 10)
+                .await
+                .unwrap();
+            let ids = |v: &[Memory]| {
+                v.iter()
+                    .map(|m| (m.id.clone(), m.text.clone(), m.seq))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(ids(&after), ids(&before));
+            let sum = s.cluster_summary("acme", 1).await.unwrap().unwrap();
+            assert_eq!(sum.text, "the facts");
+            let hits = s
+                .search("acme", &[1.0, 0.0], "emb", &Default::default(), 2)
+                .await
+                .unwrap();
+            assert_eq!(hits[0].id, "m0");
+            assert!(hits.iter().any(|h| h.text == "the facts"), "{hits:?}");
+        }
     }
 
     /// Migration 27 fills in the running byte totals of episodes stored before it, plain or
