@@ -710,14 +710,20 @@ impl RecallStore for SqliteStore {
             if self.ann.get(&tenant, &model).is_some() || self.ann.building(&tenant, &model) {
                 continue;
             }
-            let t = self.with(|c| {
+            let saved = self.with(|c| {
                 if self.ann.get(&tenant, &model).is_some() {
                     return Ok(None);
                 }
                 let vk = self.vector_keys(c, &tenant)?;
                 let (deletes, max_seq) = marks(c, &tenant)?;
-                load_graph(c, &vk, (&tenant, &model), (deletes, max_seq, dim as usize))
+                read_graph(c, &vk, (&tenant, &model), (deletes, max_seq, dim as usize))
             })?;
+            // Loaded without the store's lock (rows written meanwhile are folded in at the
+            // next recall, as for any graph).
+            let t = match saved {
+                Some(saved) => saved.load()?,
+                None => None,
+            };
             if let Some(t) = t
                 && self.ann.get(&tenant, &model).is_none()
             {
@@ -1068,14 +1074,51 @@ fn marks(c: &Connection, tenant: &str) -> Result<(u64, u64), Error> {
     Ok((deletes as u64, max_seq as u64))
 }
 
+/// A saved graph as read from the database, not yet loaded (see [`Saved::load`]).
+struct Saved {
+    dim: usize,
+    graph: Vec<u8>,
+    keys: String,
+    metas: std::collections::BTreeMap<String, crate::ann::Meta>,
+    seq: u64,
+    deletes: u64,
+}
+
+impl Saved {
+    /// The graph loaded (`None` when it does not load, or a memory it holds is gone).
+    fn load(self) -> Result<Option<crate::ann::TenantIndex>, Error> {
+        let Some(mut t) =
+            crate::ann::TenantIndex::restore(self.dim, &self.graph, &self.keys, self.metas)?
+        else {
+            return Ok(None);
+        };
+        t.seq = self.seq;
+        t.deletes = self.deletes;
+        Ok(Some(t))
+    }
+}
+
 /// `tenant`'s saved graph of `model` when it holds no memory deleted since (`deletes`) and
 /// nothing past `max_seq`: loaded, each key's memory read again from its row.
 fn load_graph(
     c: &Connection,
     vk: &VectorKeys,
+    at: (&str, &str),
+    marks: (u64, u64, usize),
+) -> Result<Option<crate::ann::TenantIndex>, Error> {
+    match read_graph(c, vk, at, marks)? {
+        Some(saved) => saved.load(),
+        None => Ok(None),
+    }
+}
+
+/// What [`load_graph`] reads: the saved graph (opened) and each key's memory's meta.
+fn read_graph(
+    c: &Connection,
+    vk: &VectorKeys,
     (tenant, model): (&str, &str),
     (deletes, max_seq, dim): (u64, u64, usize),
-) -> Result<Option<crate::ann::TenantIndex>, Error> {
+) -> Result<Option<Saved>, Error> {
     let row = c
         .query_row(
             "SELECT seq, deletes, dim, graph, keys, sealed FROM ann_graphs WHERE tenant = ?1 AND model = ?2",
@@ -1119,12 +1162,14 @@ fn load_graph(
         };
         metas.insert(id, meta);
     }
-    let Some(mut t) = crate::ann::TenantIndex::restore(dim, &graph, &keys, metas)? else {
-        return Ok(None);
-    };
-    t.seq = seq;
-    t.deletes = deletes;
-    Ok(Some(t))
+    Ok(Some(Saved {
+        dim,
+        graph,
+        keys,
+        metas,
+        seq,
+        deletes,
+    }))
 }
 
 impl SqliteStore {
