@@ -42,14 +42,8 @@ pub(super) fn map_reduce_planned(
     cfg: &Config,
     plan: Plan,
 ) -> Result<Option<SummaryRow>, Error> {
-    let Plan {
-        f,
-        latest,
-        sizes: eps,
-        map,
-        ..
-    } = plan;
-    let Some((budget, chunks)) = map else {
+    let Plan { f, latest, map, .. } = plan;
+    let Some((budget, eps, chunks)) = map else {
         return Ok(None);
     };
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);

@@ -234,13 +234,13 @@ pub(super) struct Plan {
     pub f: f64,
     /// The newest row when it was made.
     pub latest: Option<SummaryRow>,
-    /// The sizes of the episodes it covers.
-    pub sizes: Sizes,
-    /// Map-reduce: the map budget and the chunks.
-    pub map: Option<(u32, Vec<plan::Chunk>)>,
+    /// Map-reduce: the map budget, the sizes of the episodes it covers and its chunks.
+    pub map: Option<(u32, Sizes, Vec<plan::Chunk>)>,
 }
 
-/// Plan bringing the session up to episode `upto` (the newest, when beyond it).
+/// Plan bringing the session up to episode `upto` (the newest, when beyond it). The backlog
+/// comes from the running token totals (two reads); only a map-reduce reads the episodes'
+/// sizes, to cut its chunks.
 pub(super) fn plan_upto(
     h: &mut impl Host,
     session: &str,
@@ -250,14 +250,20 @@ pub(super) fn plan_upto(
     let f = calibration_factor(h, cfg)?;
     let latest = h.latest_summary(session)?;
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
-    // Sizes only: a long session's text is never held at once.
-    let eps = sizes_after(h, session, covered, upto)?;
-    let backlog = eps.backlog();
+    let last = h.stats(session)?.last_episode.min(upto);
+    let n = last.saturating_sub(covered);
+    let backlog = if n == 0 {
+        0
+    } else {
+        let mut through =
+            |id| episode_at(h, session, id).map(|e| e.map_or(0, |e| e.tokens_through));
+        through(last)?.saturating_sub(through(covered)?) + u64::from(plan::MESSAGE_COST) * n
+    };
     let out = u64::from(cfg.max_output_tokens);
     let llm = cfg.engine == Engine::Llm;
     let mut report = PlanReport {
         path: PlanPath::Nothing,
-        episodes: eps.len() as u64,
+        episodes: n,
         backlog_tokens: backlog,
         chunks: 0,
         levels: Vec::new(),
@@ -269,17 +275,19 @@ pub(super) fn plan_upto(
         report: report.clone(),
         f,
         latest,
-        sizes: eps,
         map: None,
     };
-    if plan.sizes.is_empty() {
+    if n == 0 {
         return Ok(plan);
     }
-    let (eps, latest) = (&plan.sizes, plan.latest.as_ref());
+    let latest = plan.latest.as_ref();
     let fixed = prompt::fixed_tokens_x(latest.map(|r| r.content.as_str()), &focus_only(cfg));
     let budget = policy::input_budget_f(cfg, f, fixed).map_err(Error::InvalidInput)?;
     if let Some(map_budget) = long_path(cfg, f, latest, backlog)? {
-        let chunks = chunks_of(h, session, eps, chunk_cap(cfg, map_budget))?;
+        // Sizes only: a long session's text is never held at once.
+        let eps = sizes_after(h, session, covered, last)?;
+        debug_assert_eq!(eps.backlog(), backlog, "running totals and sizes agree");
+        let chunks = chunks_of(h, session, &eps, chunk_cap(cfg, map_budget))?;
         let reduce_budget =
             policy::input_budget_f(cfg, f, prompt::reduce_fixed_tokens_x(&focus_only(cfg)))
                 .map_err(Error::InvalidInput)?;
@@ -318,7 +326,7 @@ pub(super) fn plan_upto(
         report.input_tokens = map_in + reduce_in;
         report.output_tokens = calls as u64 * out;
         plan.report = report;
-        plan.map = Some((map_budget, chunks));
+        plan.map = Some((map_budget, eps, chunks));
         return Ok(plan);
     }
     let passes = backlog.div_ceil(u64::from(budget)).max(1);
