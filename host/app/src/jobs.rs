@@ -312,12 +312,12 @@ impl Jobs {
         let control = Arc::new(control);
         let prior = job.answers;
         // The plan the guest reports is the job's label (its planned calls); recorded here,
-        // off the call's task, each time it changes.
-        let mut recorded = 0;
-        let record_plan = |recorded: &mut u32| {
-            let (plan, n) = control.plan();
-            let new = (n > *recorded).then_some(plan).flatten();
-            *recorded = n;
+        // off the call's task, when it changes.
+        let mut recorded = None;
+        let record_plan = |recorded: &mut Option<u32>| {
+            let calls = control.plan().map(|p| p.calls);
+            let new = calls.filter(|_| calls != *recorded);
+            *recorded = calls;
             new
         };
         // The job brings its session up to its target: everything for a summarize, what the
@@ -333,8 +333,8 @@ impl Jobs {
             tokio::select! {
                 r = &mut call => break r,
                 _ = tick.tick() => {
-                    if let Some(plan) = record_plan(&mut recorded) {
-                        let _ = self.set_planned(job.id, plan.calls).await;
+                    if let Some(calls) = record_plan(&mut recorded) {
+                        let _ = self.set_planned(job.id, calls).await;
                     }
                     let p = control.progress();
                     if last_beat.elapsed() >= beat_every {
@@ -357,8 +357,8 @@ impl Jobs {
         if lost {
             return result;
         }
-        if let Some(plan) = record_plan(&mut recorded) {
-            let _ = self.set_planned(job.id, plan.calls).await;
+        if let Some(calls) = record_plan(&mut recorded) {
+            let _ = self.set_planned(job.id, calls).await;
         }
         let _ = self.heartbeat(job.id, &p, prior + p.answers).await;
         let (state, error) = match &result {

@@ -131,8 +131,8 @@ struct Inner {
     wake: Notify,
     /// Set when the service stops taking work.
     draining: AtomicBool,
-    /// Recall's saved indexes: `Some(false)` while they load, `Some(true)` once loaded.
-    warming: Mutex<Option<bool>>,
+    /// Whether recall's saved indexes are loaded (false while [`App::start_warming`] runs).
+    warm: tokio::sync::watch::Sender<bool>,
     /// Numbers messages posted without a client id.
     seq: AtomicU64,
     /// Random, per opening: ids made here differ from those of another process.
@@ -202,7 +202,7 @@ impl App {
                 tenants: Mutex::new(BTreeMap::new()),
                 wake: Notify::new(),
                 draining: AtomicBool::new(false),
-                warming: Mutex::new(None),
+                warm: tokio::sync::watch::Sender::new(true),
                 seq: AtomicU64::new(0),
                 swept: Mutex::new(BTreeMap::new()),
                 instance: {
@@ -280,7 +280,7 @@ impl App {
     /// after a restart costs what the others do (a service calls this as it starts; until
     /// it is done, [`App::warming`] is true).
     pub fn start_warming(&self) {
-        *self.inner.warming.lock().expect("warming lock") = Some(false);
+        self.inner.warm.send_replace(false);
         let app = self.clone();
         tokio::spawn(async move {
             match app.inner.db.warm().await {
@@ -289,13 +289,18 @@ impl App {
                     tracing::warn!(error = %e, "loading the saved recall indexes failed; each is built again at its tenant's first recall")
                 }
             }
-            *app.inner.warming.lock().expect("warming lock") = Some(true);
+            app.inner.warm.send_replace(true);
         });
     }
 
     /// Whether the recall indexes started by [`App::start_warming`] are still loading.
     pub fn warming(&self) -> bool {
-        *self.inner.warming.lock().expect("warming lock") == Some(false)
+        !*self.inner.warm.borrow()
+    }
+
+    /// Resolves once the recall indexes are loaded (at once when none are loading).
+    pub async fn warmed(&self) {
+        let _ = self.inner.warm.subscribe().wait_for(|w| *w).await;
     }
 
     fn state(&self, t: &Tenant) -> Arc<TenantState> {

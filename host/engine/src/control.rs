@@ -1,11 +1,11 @@
 //! Watching and steering one long engine call from outside it: live progress, and
 //! cancellation.
 
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::types::PlanReport;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
 
 /// Where a call stands. `level` 0 is the map phase, 1 and up the reduce levels; `done` of
 /// `total` answers of that stage are in hand (cached ones count); `answers` counts every model
@@ -38,7 +38,6 @@ pub struct CallControl {
     cancelled: AtomicBool,
     observer: Option<Observer>,
     plan: Mutex<Option<PlanReport>>,
-    plans: AtomicU32,
     plan_observer: Option<PlanObserver>,
 }
 
@@ -68,10 +67,9 @@ impl CallControl {
         self
     }
 
-    /// The plan the call reported last, and how many it reported (a re-plan counts again).
-    pub fn plan(&self) -> (Option<PlanReport>, u32) {
-        let plan = self.plan.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        (plan, self.plans.load(Ordering::SeqCst))
+    /// The plan the call reported last (`None` before it planned).
+    pub fn plan(&self) -> Option<PlanReport> {
+        self.plan.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The guest's plan, before its first model call or after a re-plan.
@@ -80,7 +78,6 @@ impl CallControl {
             o(&report);
         }
         *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
-        self.plans.fetch_add(1, Ordering::SeqCst);
     }
 
     fn notify(&self) {

@@ -1064,14 +1064,9 @@ async fn readyz(State(srv): State<Srv>, headers: HeaderMap) -> ApiResult<Json<se
             "shutting down",
         )));
     }
-    // A small database loads in a moment: a probe right after the start waits for it.
-    for _ in 0..100 {
-        if !srv.app.warming() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    if srv.app.warming() {
+    // A small database loads in a moment: a probe right after the start waits up to a second.
+    let loaded = tokio::time::timeout(std::time::Duration::from_secs(1), srv.app.warmed()).await;
+    if loaded.is_err() {
         return Err(ApiError(AppError::new(
             ErrorKind::Unavailable,
             "loading the recall indexes saved by the last run",
