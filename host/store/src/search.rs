@@ -7,12 +7,8 @@ use std::collections::BTreeSet;
 
 use crate::keyring::Stored;
 use crate::rules::{Dialect, Ranking, SummaryHit, filter_sql};
-use crate::sql::{Tx, Val};
+use crate::sql::{SUMMARY_VECTOR, Tx, VECTOR, Val};
 use crate::types::{Error, Hit, MemoryFilter};
-
-/// The vector columns, as named in a sealed vector's associated data.
-pub(crate) const VECTOR: &str = "memories.vector";
-pub(crate) const SUMMARY_VECTOR: &str = "cluster_summaries.vector";
 
 /// A memory the index found, with its similarity to the query.
 pub(crate) struct Candidate {

@@ -12,6 +12,11 @@ use crate::rules::Dialect;
 use crate::search::Candidate;
 use crate::types::{Error, Memory, MemoryFilter, Scope};
 
+/// The vector columns, as named in a sealed vector's associated data.
+pub(crate) const VECTOR: &str = "memories.vector";
+pub(crate) const SUMMARY_VECTOR: &str = "cluster_summaries.vector";
+pub(crate) const SUM: &str = "clusters.sum";
+
 /// One SQL value.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Val {

@@ -6,8 +6,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, param
 use super::SqliteStore;
 use super::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect};
-use crate::search::{Candidate, VECTOR};
-use crate::sql::{Row as SqlRow, Tx, Val};
+use crate::search::Candidate;
+use crate::sql::{Row as SqlRow, SUM, Tx, VECTOR, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
     NewMemory, Scope, StoredMemory,
@@ -18,9 +18,6 @@ fn db_err(e: rusqlite::Error) -> Error {
 }
 
 use crate::keyring::{Stored, VectorKeys};
-
-/// The clusters' vector sums, as named in a sealed vector's associated data.
-const SUM: &str = "clusters.sum";
 
 impl SqliteStore {
     /// The tenant's keys for its vectors in this call (see [`VectorKeys`]).
@@ -1074,8 +1071,8 @@ fn marks(c: &Connection, tenant: &str) -> Result<(u64, u64), Error> {
     Ok((deletes as u64, max_seq as u64))
 }
 
-/// A saved graph as read from the database, not yet loaded (see [`Saved::load`]).
-struct Saved {
+/// A saved graph as read from the database, not yet loaded (see [`GraphRow::load`]).
+struct GraphRow {
     dim: usize,
     graph: Vec<u8>,
     keys: String,
@@ -1084,7 +1081,7 @@ struct Saved {
     deletes: u64,
 }
 
-impl Saved {
+impl GraphRow {
     /// The graph loaded (`None` when it does not load, or a memory it holds is gone).
     fn load(self) -> Result<Option<crate::ann::TenantIndex>, Error> {
         let Some(mut t) =
@@ -1118,7 +1115,7 @@ fn read_graph(
     vk: &VectorKeys,
     (tenant, model): (&str, &str),
     (deletes, max_seq, dim): (u64, u64, usize),
-) -> Result<Option<Saved>, Error> {
+) -> Result<Option<GraphRow>, Error> {
     let row = c
         .query_row(
             "SELECT seq, deletes, dim, graph, keys, sealed FROM ann_graphs WHERE tenant = ?1 AND model = ?2",
@@ -1162,7 +1159,7 @@ fn read_graph(
         };
         metas.insert(id, meta);
     }
-    Ok(Some(Saved {
+    Ok(Some(GraphRow {
         dim,
         graph,
         keys,

@@ -3,12 +3,8 @@
 //! [`crate::rules`].
 
 use crate::rules::{self, Dialect};
-use crate::search::{SUMMARY_VECTOR, VECTOR};
-use crate::sql::{Tx, Val, memory_cols, memory_from};
+use crate::sql::{SUM, SUMMARY_VECTOR, Tx, VECTOR, Val, memory_cols, memory_from};
 use crate::types::{ClusterSummaryWrite, Error, Memory, NewMemory, StoredMemory};
-
-/// The clusters' vector sums, as named in a sealed vector's associated data.
-pub(crate) const SUM: &str = "clusters.sum";
 
 /// The next change number of the clusters (the sweeper's cursor).
 fn next_changed(d: Dialect) -> &'static str {

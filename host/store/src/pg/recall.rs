@@ -19,14 +19,11 @@ use crate::keyring::{Revealed, Sealer, Stored, VectorKeys, now_ms, open_under};
 use crate::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect};
 use crate::search::Candidate;
-use crate::sql::{Row as SqlRow, Tx, Val};
+use crate::sql::{Row as SqlRow, SUM, Tx, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
     NewMemory, Scope, StoredMemory,
 };
-
-/// The clusters' vector sums, as named in a sealed vector's associated data.
-const SUM: &str = "clusters.sum";
 
 impl PgStore {
     async fn data_key<C: GenericClient + Sync>(
