@@ -368,6 +368,30 @@ fn response_in(r: llm::Response) -> types::Response {
 }
 
 impl engine::Host for Imports {
+    fn search_episodes(
+        &mut self,
+        session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<crate::search::Matches, types::Error> {
+        let m = store::search_episodes(session, terms, limit).map_err(err_in)?;
+        Ok(crate::search::Matches {
+            docs: m.docs,
+            length: m.length,
+            df: m.df,
+            matches: m
+                .matches
+                .into_iter()
+                .map(|x| crate::search::Match {
+                    session: x.session,
+                    episode: x.episode,
+                    length: x.length,
+                    counts: x.counts,
+                })
+                .collect(),
+        })
+    }
+
     fn stats(&mut self, session: &str) -> Result<types::Stats, types::Error> {
         let s = store::stats(session).map_err(err_in)?;
         Ok(types::Stats {
@@ -574,6 +598,7 @@ impl summarizer::Guest for Component {
             .map(|mut e| {
                 e.tokens = tokens::estimate_tokens(&e.content);
                 e.timestamp_ms = e.timestamp_ms.or(Some(now));
+                e.terms = crate::search::doc(e.speaker.as_deref(), &e.content);
                 e
             })
             .collect();
@@ -607,6 +632,7 @@ impl summarizer::Guest for Component {
                 pairs: r.pairs,
                 refresh_after: r.refresh_after,
                 pins: r.pins,
+                query: r.query,
             },
         )
     }
@@ -670,6 +696,7 @@ impl summarizer::Guest for Component {
             pairs: req.pairs,
             refresh_after: req.refresh_after,
             pins: req.pins,
+            query: req.query,
         };
         let c = engine::context(&mut Imports, &session, req, &cfg_in(cfg)).map_err(err_out)?;
         Ok(summarizer::ContextWindow {
@@ -686,6 +713,7 @@ impl summarizer::Guest for Component {
             omitted_ranges: ranges_out(c.window.omitted_ranges),
             identifiers: c.window.identifiers,
             pinned: c.window.pinned,
+            found: c.window.found,
             budget: c.window.budget,
             parts: summarizer::ContextParts {
                 summary: c.window.parts.summary,
@@ -694,7 +722,31 @@ impl summarizer::Guest for Component {
                 pinned: c.window.parts.pinned,
                 recent: c.window.parts.recent,
                 days: c.window.parts.days,
+                found: c.window.parts.found,
             },
+        })
+    }
+
+    fn search(
+        session: Option<String>,
+        query: String,
+        offset: u32,
+        limit: u32,
+    ) -> Result<summarizer::SearchPage, wit::Error> {
+        let page = engine::search(&mut Imports, session.as_deref(), &query, offset, limit)
+            .map_err(err_out)?;
+        Ok(summarizer::SearchPage {
+            hits: page
+                .hits
+                .into_iter()
+                .map(|h| summarizer::SearchHit {
+                    session: h.session,
+                    episode: episode_out(h.episode),
+                    score: h.score,
+                    excerpt: h.excerpt,
+                })
+                .collect(),
+            more: page.more,
         })
     }
 
@@ -753,6 +805,13 @@ impl text::Guest for Component {
 
     fn strip_template_tokens(text: String) -> String {
         strip::strip_template_tokens(&text)
+    }
+
+    fn index_terms(episodes: Vec<(Option<String>, String)>) -> Vec<String> {
+        episodes
+            .iter()
+            .map(|(speaker, content)| crate::search::doc(speaker.as_deref(), content))
+            .collect()
     }
 
     fn identifiers(text: String) -> Vec<store::LedgerEntry> {

@@ -9,6 +9,15 @@ use crate::types::{Episode, Message, Role, SummaryRow};
 /// as abridge's own output: `append` skips episodes that carry it.
 pub const SUMMARY_HEADER: &str = "[abridge] Summary of the earlier conversation:";
 
+/// The first line of the part of the system message that holds the earlier turns a query
+/// found (it marks abridge's own output too).
+pub const FOUND_HEADER: &str =
+    "[abridge] Earlier turns that match the question, verbatim, in the order they were said:";
+
+/// The share of the budget, in percent, the earlier turns a query found may take (after the
+/// newest message, the pins and the newest pairs); with no query it goes to the rest.
+pub const FOUND_SHARE: u32 = 50;
+
 /// Openings of abridge's own prompts (fresh, update, reduce): episodes that start with one
 /// are prompts fed back in, and `append` skips them.
 pub const PROMPT_OPENINGS: &[&str] = &[
@@ -24,7 +33,9 @@ pub fn is_own_output(text: &str) -> bool {
         .strip_prefix("<|im_start|>system")
         .unwrap_or(t)
         .trim_start();
-    t.starts_with(SUMMARY_HEADER) || PROMPT_OPENINGS.iter().any(|p| t.starts_with(p))
+    t.starts_with(SUMMARY_HEADER)
+        || t.starts_with(FOUND_HEADER)
+        || PROMPT_OPENINGS.iter().any(|p| t.starts_with(p))
 }
 
 /// An assembled window (mirrors the WIT `context-window`, without the refresh flags).
@@ -50,6 +61,8 @@ pub struct Window {
     pub identifiers: u32,
     /// Pinned episodes included (beyond the recent messages).
     pub pinned: u32,
+    /// Earlier turns included because the query found them (their replies included).
+    pub found: u32,
     /// The budget it was built for.
     pub budget: u32,
     /// The tokens of each part; they add up to `tokens`.
@@ -72,6 +85,8 @@ pub struct Spent {
     pub recent: u32,
     /// The day marks before the turns that open a day.
     pub days: u32,
+    /// The earlier turns the query found.
+    pub found: u32,
 }
 
 /// Estimated tokens `text` costs as one message of a context.
@@ -98,6 +113,7 @@ pub fn whole_history(episodes: &[Episode], budget: u32) -> Window {
         level: 0,
         identifiers: 0,
         pinned: 0,
+        found: 0,
         budget,
         parts: Spent {
             recent: tokens,
@@ -193,6 +209,32 @@ pub struct Parts<'a> {
     /// The ledger entries of the episodes no summary covers yet, taken on read: those of
     /// episodes the window cannot show verbatim join its ledger.
     pub unfolded: &'a [crate::ledger::Entry],
+    /// The earlier turns a query found, best first (empty without a query).
+    pub found: &'a [crate::engine::Found],
+}
+
+/// A found turn as the context shows it: its episode number, its day and time (UTC), its
+/// speaker, and its text with each relative date followed by the day it names.
+fn found_line(e: &Episode) -> String {
+    let who = e
+        .speaker
+        .clone()
+        .unwrap_or_else(|| e.role.label().to_string());
+    let text = crate::dates::resolve(&e.content, crate::dates::known(e.timestamp_ms));
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match crate::dates::known(e.timestamp_ms) {
+        Some(ms) => {
+            let minute = ms.div_euclid(60_000).rem_euclid(24 * 60);
+            format!(
+                "#{} ({}, {:02}:{:02}) {who}: {text}",
+                e.id,
+                crate::dates::Day::of_ms(ms).render(),
+                minute / 60,
+                minute % 60
+            )
+        }
+        None => format!("#{} {who}: {text}", e.id),
+    }
 }
 
 /// The lines of an offline summary chain (each row's sentences with their days), when every
@@ -273,6 +315,49 @@ pub fn assemble(p: &Parts) -> Window {
         }
         next += 1;
     }
+    // Then the earlier turns the query found, best first, within their share of the budget,
+    // each with its short reply; shown in the order they were said.
+    let mut found: Vec<&Episode> = Vec::new();
+    let mut found_used = 0u32;
+    if !p.found.is_empty() {
+        let room = budget
+            .saturating_sub(used)
+            .min(budget / 100 * FOUND_SHARE)
+            .saturating_sub(cost(FOUND_HEADER));
+        let taken = |id: u64, found: &[&Episode]| {
+            recent.iter().chain(pins.iter()).any(|e| e.id == id) || found.iter().any(|e| e.id == id)
+        };
+        let mut spent = 0u32;
+        for f in p.found {
+            if taken(f.turn.id, &found) {
+                continue;
+            }
+            let mut add = vec![&f.turn];
+            if let Some(r) = &f.reply
+                && !taken(r.id, &found)
+            {
+                add.push(r);
+            }
+            let c: u32 = add
+                .iter()
+                .map(|e| estimate_tokens(&found_line(e)) + 1)
+                .sum();
+            if spent + c > room {
+                continue;
+            }
+            spent += c;
+            found.extend(add);
+        }
+        if !found.is_empty() {
+            found_used = spent + cost(FOUND_HEADER);
+            used += found_used;
+        }
+    }
+    found.sort_by_key(|e| e.id);
+    let found_text = (!found.is_empty()).then(|| {
+        let lines: Vec<String> = found.iter().map(|e| found_line(e)).collect();
+        crate::prompt::neutralize(&format!("{FOUND_HEADER}\n{}", lines.join("\n")))
+    });
     // Then the coding-session digest (the requests verbatim, the files edited, the open
     // error and to-dos), which no summary prose may drop: its essential sections may take the
     // room left, the rest of it a third of what they leave (see `digest::render`).
@@ -288,7 +373,12 @@ pub fn assemble(p: &Parts) -> Window {
     // Then the summary and its ledger (within its slice): all rows if they fit, else the
     // newest that do.
     // The episodes shown verbatim so far (what the summary part need not repeat).
-    let shown: Vec<u64> = recent.iter().chain(pins.iter()).map(|e| e.id).collect();
+    let shown: Vec<u64> = recent
+        .iter()
+        .chain(pins.iter())
+        .chain(found.iter())
+        .map(|e| e.id)
+        .collect();
     let all = if p.ledger_budget == 0 {
         crate::ledger::Ledger::default()
     } else {
@@ -326,6 +416,7 @@ pub fn assemble(p: &Parts) -> Window {
                     !recent
                         .iter()
                         .chain(pins.iter())
+                        .chain(found.iter())
                         .any(|t| t.content.contains(said))
                 });
                 l.extend(pending);
@@ -446,7 +537,7 @@ pub fn assemble(p: &Parts) -> Window {
     let mut rest = dialogue.len() - next;
     while rest > 0 && dialogue[rest - 1].id > covered {
         let e = dialogue[rest - 1];
-        if !pins.iter().any(|x| x.id == e.id) {
+        if !pins.iter().chain(found.iter()).any(|x| x.id == e.id) {
             let c = cost(&e.content);
             if used.saturating_add(c) > budget {
                 break;
@@ -493,7 +584,7 @@ pub fn assemble(p: &Parts) -> Window {
     // come first: only once all are shown do older turns take the rest). (What the lines
     // leave is room they could not use: every line shown, or none fitting.)
     for e in dialogue[..rest].iter().rev() {
-        if pins.iter().any(|x| x.id == e.id) {
+        if pins.iter().chain(found.iter()).any(|x| x.id == e.id) {
             continue;
         }
         let c = cost(&e.content);
@@ -568,7 +659,7 @@ pub fn assemble(p: &Parts) -> Window {
     if first_recent <= p.last_episode {
         reflected.push((first_recent, p.last_episode));
     }
-    reflected.extend(pins.iter().map(|e| (e.id, e.id)));
+    reflected.extend(pins.iter().chain(found.iter()).map(|e| (e.id, e.id)));
     reflected.sort_unstable();
     let mut omitted_ranges = Vec::new();
     let mut next = 1u64;
@@ -592,6 +683,7 @@ pub fn assemble(p: &Parts) -> Window {
         _ => 0,
     };
     let mut parts = Spent {
+        found: found_used,
         digest: if digest.is_empty() { 0 } else { cost(&digest) },
         pinned: pins.iter().map(|e| cost(&e.content)).sum(),
         recent: recent.iter().map(|e| cost(&e.content)).sum(),
@@ -608,13 +700,17 @@ pub fn assemble(p: &Parts) -> Window {
     }
 
     let mut messages = Vec::with_capacity(recent.len() + pins.len() + 1);
-    match summary {
-        Some((text, _, _)) if !digest.is_empty() => {
-            messages.push(Message::new(Role::System, format!("{text}\n\n{digest}")));
-        }
-        Some((text, _, _)) => messages.push(Message::new(Role::System, text)),
-        None if !digest.is_empty() => messages.push(Message::new(Role::System, digest)),
-        None => {}
+    // One system message: the summary, the turns found, the digest (those there are).
+    let system: Vec<String> = [
+        summary.map(|(text, _, _)| text),
+        found_text,
+        (!digest.is_empty()).then_some(digest),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !system.is_empty() {
+        messages.push(Message::new(Role::System, system.join("\n\n")));
     }
     let marks: std::collections::BTreeMap<u64, String> = recent
         .iter()
@@ -640,6 +736,7 @@ pub fn assemble(p: &Parts) -> Window {
         level,
         identifiers,
         pinned: pins.len() as u32,
+        found: found.len() as u32,
         budget,
         parts,
     }
@@ -684,6 +781,7 @@ mod tests {
     ) -> Window {
         let chain = chain_lines(rows);
         super::assemble(&Parts {
+            found: &[],
             rows,
             tail,
             pinned: &[],
@@ -845,6 +943,7 @@ mod tests {
         ];
         let budget = 400;
         let w = super::assemble(&Parts {
+            found: &[],
             rows: &rows,
             tail: &tail,
             pinned: &[],

@@ -366,6 +366,47 @@ impl Host for Fake {
         self.marker = None;
         Ok(())
     }
+    fn search_episodes(
+        &mut self,
+        _session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<crate::search::Matches, Error> {
+        // The index as a store keeps it: each episode's terms, counted (one session here).
+        let docs: Vec<(u64, Vec<String>)> = self
+            .episodes
+            .iter()
+            .map(|e| {
+                let d = crate::search::doc(e.speaker.as_deref(), &e.content);
+                (e.id, d.split_whitespace().map(String::from).collect())
+            })
+            .collect();
+        let df = terms
+            .iter()
+            .map(|t| docs.iter().filter(|(_, d)| d.contains(t)).count() as u64)
+            .collect();
+        let matches = docs
+            .iter()
+            .rev()
+            .filter(|(_, d)| terms.iter().any(|t| d.contains(t)))
+            .take(limit as usize)
+            .map(|(id, d)| crate::search::Match {
+                session: "s".into(),
+                episode: *id,
+                length: d.len() as u32,
+                counts: terms
+                    .iter()
+                    .map(|t| d.iter().filter(|x| *x == t).count() as u32)
+                    .collect(),
+            })
+            .collect();
+        Ok(crate::search::Matches {
+            docs: docs.len() as u64,
+            length: docs.iter().map(|(_, d)| d.len() as u64).sum(),
+            df,
+            matches,
+        })
+    }
     fn now_ms(&mut self) -> u64 {
         self.now += 1;
         self.now
@@ -1170,6 +1211,7 @@ fn context_fits_the_budget_refreshes_when_far_behind_and_reset_clears() {
         );
     }
     let req = ContextRequest {
+        query: None,
         budget: 400,
         pairs: 4,
         refresh_after: 8,
@@ -1412,6 +1454,7 @@ fn identifiers_survive_fifty_folds_of_a_model_that_keeps_only_the_last_exchange(
     assert!(folds >= 49, "{folds} folds");
     let texts: Vec<String> = f.episodes.iter().map(|e| e.content.clone()).collect();
     let req = ContextRequest {
+        query: None,
         budget: 20_000,
         pairs: 1,
         refresh_after: 8,
@@ -1483,6 +1526,7 @@ fn a_small_ledger_slice_bounds_the_prompt_and_the_context_but_the_row_keeps_ever
     // A small context shows the slice and says how many it left out ...
     let texts: Vec<String> = f.episodes.iter().map(|e| e.content.clone()).collect();
     let small = ContextRequest {
+        query: None,
         budget: 400,
         pairs: 1,
         refresh_after: 8,
@@ -1496,6 +1540,7 @@ fn a_small_ledger_slice_bounds_the_prompt_and_the_context_but_the_row_keeps_ever
     // ... and one with room (not quite the whole history's 1,965 tokens) fills it with every
     // identifier.
     let roomy = ContextRequest {
+        query: None,
         budget: 1900,
         pairs: 1,
         refresh_after: 8,
@@ -1518,6 +1563,7 @@ fn two_huge_messages_are_folded_and_a_context_that_leaves_anything_out_says_so()
     // What a caller that runs refreshes itself sees first: nothing summarized, and the
     // context says which episodes it left out.
     let hot = ContextRequest {
+        query: None,
         budget: 2000,
         pairs: 4,
         refresh_after: u32::MAX,
@@ -1550,6 +1596,7 @@ fn the_second_level_keeps_episode_one_in_a_small_context_over_a_thousand_turns()
         ..cfg()
     };
     let req = ContextRequest {
+        query: None,
         budget: 700,
         pairs: 2,
         refresh_after: 8,
@@ -1724,6 +1771,7 @@ fn pinned_messages_stay_in_the_context_whatever_their_age() {
     };
     summarize_now(&mut f, "s", &c).unwrap();
     let req = ContextRequest {
+        query: None,
         budget: 400,
         pairs: 2,
         refresh_after: 8,
@@ -1770,6 +1818,7 @@ fn window_mode_folds_what_left_the_window_and_never_misses_a_message() {
         ..cfg()
     };
     let req = ContextRequest {
+        query: None,
         budget: 6000,
         pairs: 4,
         refresh_after: 8,
@@ -1852,6 +1901,7 @@ fn a_job_host_folds_what_a_small_context_cannot_carry_in_window_and_eager_modes(
             ..cfg()
         };
         let req = ContextRequest {
+            query: None,
             budget: 600,
             pairs: 4,
             refresh_after: u32::MAX,
@@ -1920,6 +1970,7 @@ fn a_newest_message_larger_than_the_context_is_folded_into_the_summary() {
     assert_eq!(fr.fold_upto, 2);
     catch_up(&mut f, "s", &c, Reach::to(fr.fold_upto)).unwrap();
     let req = ContextRequest {
+        query: None,
         budget: 600,
         pairs: 4,
         refresh_after: u32::MAX,
@@ -2046,6 +2097,7 @@ fn a_coding_session_keeps_its_digest_through_folds_and_shows_it_in_the_context()
             .any(|r| crate::digest::is_coding(&r.ledger.entries))
     );
     let req = ContextRequest {
+        query: None,
         budget: 1000,
         pairs: 1,
         refresh_after: u32::MAX,
@@ -2128,6 +2180,7 @@ fn a_context_never_costs_more_than_the_history_it_stands_for() {
     f.rows
         .push(SummaryRow::plain(1, 1, 6, &long, estimate_tokens(&long)));
     let req = ContextRequest {
+        query: None,
         budget: 2000,
         pairs: 2,
         refresh_after: u32::MAX,
@@ -2203,6 +2256,7 @@ fn a_long_dated_chat_keeps_its_planted_facts_in_a_small_context() {
     summarize_now(&mut f, "s", &c).unwrap();
     let budget = 450;
     let req = ContextRequest {
+        query: None,
         budget,
         pairs: 2,
         refresh_after: u32::MAX,
@@ -2278,6 +2332,7 @@ fn a_context_before_any_fold_keeps_the_identifiers_of_what_it_cannot_show() {
         );
     }
     let req = ContextRequest {
+        query: None,
         budget: 1500,
         pairs: 4,
         refresh_after: u32::MAX,
@@ -2362,6 +2417,7 @@ fn neither_day_marks_nor_the_ledger_cost_a_message() {
     };
     let start = 1_767_222_000_000u64; // 31 December 2025, 23:00 UTC
     let req = ContextRequest {
+        query: None,
         budget: 6000,
         pairs: 4,
         refresh_after: u32::MAX,

@@ -20,6 +20,7 @@ pub mod plan;
 pub mod policy;
 pub mod prompt;
 pub mod quality;
+pub mod search;
 pub mod strip;
 pub mod tokens;
 pub mod transcript;

@@ -383,6 +383,7 @@ fn app_on(store: Arc<SqliteStore>, runtime: Arc<Runtime>) -> abridge_app::App {
 
 fn ep(key: &str) -> NewEpisode {
     NewEpisode {
+        terms: String::new(),
         role: Role::User,
         content: "a message of a caught-up session".into(),
         timestamp_ms: None,
@@ -699,6 +700,7 @@ async fn main() {
             .build()
             .unwrap();
         let turn = |i: usize| NewEpisode {
+            terms: String::new(),
             role: if i.is_multiple_of(2) {
                 Role::User
             } else {
@@ -828,6 +830,7 @@ async fn main() {
         let me = app.local();
         let eps: Vec<NewEpisode> = (0..n)
             .map(|i| NewEpisode {
+                terms: String::new(),
                 role: if i.is_multiple_of(2) {
                     Role::User
                 } else {
@@ -849,7 +852,9 @@ async fn main() {
         let mut t = Vec::new();
         for _ in 0..a.calls.min(100) {
             let started = Instant::now();
-            me.context("s", 2_000, 4, u32::MAX, None).await.unwrap();
+            me.context("s", 2_000, 4, u32::MAX, None, None)
+                .await
+                .unwrap();
             t.push(started.elapsed().as_secs_f64() * 1e6);
         }
         ctx[k] = p50(t);

@@ -61,6 +61,7 @@ impl Clock for Fixed {
 
 fn episode(i: u64) -> NewEpisode {
     NewEpisode {
+        terms: String::new(),
         role: if i % 2 == 1 {
             Role::User
         } else {
@@ -154,10 +155,10 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     // A history that fits the budget is sent whole; one that does not gets the summary.
-    let whole = me.context("service", 2_000, 2, 8, None).await?;
+    let whole = me.context("service", 2_000, 2, 8, None, None).await?;
     assert_eq!(u64::from(whole.tokens), whole.full_tokens);
     let budget = u32::try_from(whole.full_tokens - 1)?;
-    let context = me.context("service", budget, 2, 8, None).await?;
+    let context = me.context("service", budget, 2, 8, None, None).await?;
     assert_eq!(context.covered, 10);
     println!(
         "ok: the context holds the summary and {} recent messages in {} tokens",

@@ -21,6 +21,7 @@ async fn main() -> anyhow::Result<()> {
         .build()?;
     let cfg = Config::default();
     let message = NewEpisode {
+        terms: String::new(),
         role: Role::User,
         content: "Book the small meeting room for Thursday at 10.".into(),
         timestamp_ms: None,
@@ -31,6 +32,7 @@ async fn main() -> anyhow::Result<()> {
     engine.append("session-1", &[message]).await?;
     engine.after_episode_written("session-1", &cfg).await?;
     let request = ContextRequest {
+        query: None,
         budget: 2000,
         pairs: 4,
         refresh_after: 8,

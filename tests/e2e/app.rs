@@ -82,6 +82,7 @@ fn open_on(clock: Arc<ManualClock>, mode: Mode, store: Arc<SqliteStore>) -> App 
 fn episodes(from: u64, n: u64, at_ms: i64) -> Vec<NewEpisode> {
     (from..from + n)
         .map(|i| NewEpisode {
+            terms: String::new(),
             role: if i % 2 == 1 {
                 Role::User
             } else {
@@ -115,7 +116,7 @@ async fn idle_mode_waits_for_the_quiet_window_on_the_manual_clock_then_a_worker_
     // A minute of quiet on the manual clock: the next context queues the refresh and says
     // so, without waiting for it.
     clock.advance(61_000);
-    let c = me.context("s", 2_000, 2, 8, None).await.unwrap();
+    let c = me.context("s", 2_000, 2, 8, None, None).await.unwrap();
     let whole = c.full_tokens;
     assert!(c.refresh_pending && c.covered == 0, "{c:?}");
     let job = c.job.expect("a due refresh is queued");
@@ -141,7 +142,10 @@ async fn idle_mode_waits_for_the_quiet_window_on_the_manual_clock_then_a_worker_
     }
     assert!(kinds.contains(&"summary.written".to_string()), "{kinds:?}");
     // A budget the whole history does not fit (one that does gets the history verbatim).
-    let c = me.context("s", whole as u32 - 1, 2, 8, None).await.unwrap();
+    let c = me
+        .context("s", whole as u32 - 1, 2, 8, None, None)
+        .await
+        .unwrap();
     assert_eq!((c.covered, c.refresh_pending), (10, false));
     assert!(
         c.messages[0].content.contains("rollback plan"),

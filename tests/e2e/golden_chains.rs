@@ -61,6 +61,7 @@ async fn run_case(dir: &Path) -> Value {
         .iter()
         .enumerate()
         .map(|(i, e)| NewEpisode {
+            terms: String::new(),
             role: Role::parse(e["role"].as_str().unwrap()).unwrap(),
             content: e["content"].as_str().unwrap().to_string(),
             timestamp_ms: e["timestamp_ms"].as_i64(),
@@ -104,6 +105,7 @@ async fn run_case(dir: &Path) -> Value {
         let mut contexts = Vec::new();
         for b in budgets {
             let req = abridge_engine::types::ContextRequest {
+                query: None,
                 budget: b.as_u64().unwrap() as u32,
                 pairs: 2,
                 refresh_after: u32::MAX,

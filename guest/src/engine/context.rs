@@ -14,6 +14,8 @@ pub struct ContextRequest {
     pub refresh_after: u32,
     /// Pinned episodes, always included verbatim within the budget.
     pub pins: Vec<u64>,
+    /// What the next call is about: the earlier turns matching it are included.
+    pub query: Option<String>,
 }
 
 impl Default for ContextRequest {
@@ -25,6 +27,7 @@ impl Default for ContextRequest {
             pairs: 4,
             refresh_after: 8,
             pins: Vec::new(),
+            query: None,
         }
     }
 }
@@ -480,6 +483,11 @@ pub fn context(
     for e in entries {
         ledger::add(&mut digest.entries, e.kind, e.text, e.episode, e.count);
     }
+    // The earlier turns the query finds, best first (the room policy decides how many show).
+    let found = match req.query.as_deref() {
+        Some(q) if !q.trim().is_empty() => found_turns(h, session, q)?,
+        _ => Vec::new(),
+    };
     let window = crate::context::assemble(&crate::context::Parts {
         rows: &rows,
         tail: &tail,
@@ -494,6 +502,7 @@ pub fn context(
         chain: chain.as_deref(),
         pending: &pending,
         unfolded: &unfolded.entries,
+        found: &found,
     });
     Ok(ContextWindow {
         window,

@@ -19,6 +19,7 @@ mod calibration;
 mod compaction;
 mod context;
 mod expand;
+mod found;
 mod long;
 mod planning;
 mod refresh;
@@ -29,6 +30,7 @@ pub(crate) use calibration::*;
 pub use compaction::*;
 pub use context::*;
 pub use expand::*;
+pub use found::*;
 use long::*;
 pub use planning::*;
 pub use refresh::*;
@@ -95,6 +97,14 @@ pub trait Host {
     fn set_failure(&mut self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error>;
     /// Delete the session's episodes, summaries and marker.
     fn reset_session(&mut self, session: &str) -> Result<(), Error>;
+    /// The full-text index's episodes holding any of `terms` (see [`crate::search`]), in
+    /// `session` or in every session of the store's tenant, at most `limit`.
+    fn search_episodes(
+        &mut self,
+        session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<crate::search::Matches, Error>;
     /// Wall-clock ms.
     fn now_ms(&mut self) -> u64;
     /// A log line.

@@ -288,6 +288,14 @@ impl<H: Host> Host for Deferred<'_, H> {
     fn reset_session(&mut self, session: &str) -> Result<(), Error> {
         self.inner.reset_session(session)
     }
+    fn search_episodes(
+        &mut self,
+        session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<crate::search::Matches, Error> {
+        self.inner.search_episodes(session, terms, limit)
+    }
     fn now_ms(&mut self) -> u64 {
         self.inner.now_ms()
     }

@@ -49,8 +49,8 @@ pub use limits::{Ceiling, Limits, ModelMetrics};
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
     Appended, ContextParts, ContextView, CoverageView, EpisodeView, ExpansionView, Imported,
-    JobView, LeaseView, LedgerView, MessageIn, MessageView, MessagesView, RemovedView, SessionView,
-    SourceMarkView, SummaryView, state_name,
+    JobView, LeaseView, LedgerView, MessageIn, MessageView, MessagesView, RemovedView,
+    SearchHitView, SearchView, SessionView, SourceMarkView, SummaryView, state_name,
 };
 pub use worker::Workers;
 
@@ -65,6 +65,12 @@ use crate::sources::SessionMode;
 use crate::store::{AppStore, Store};
 use crate::tenant::{TenantStore, TenantTables};
 use crate::transcript::{Format, Options};
+
+/// Messages indexed per transaction when older sessions are brought into the full-text index.
+pub const INDEX_BATCH: u32 = 500;
+
+/// Deepest a search pages (its offset): a query whose answer lies further is too broad.
+pub const SEARCH_MAX_OFFSET: u32 = 1000;
 
 /// Longest focus instruction a session may carry (characters): it goes into every fold prompt.
 pub const MAX_FOCUS_CHARS: usize = 500;
@@ -133,6 +139,8 @@ struct Inner {
     draining: AtomicBool,
     /// Whether recall's saved indexes are loaded (false while [`App::start_warming`] runs).
     warm: tokio::sync::watch::Sender<bool>,
+    /// Whether messages stored before the full-text index are still being indexed.
+    indexing: AtomicBool,
     /// Numbers messages posted without a client id.
     seq: AtomicU64,
     /// Random, per opening: ids made here differ from those of another process.
@@ -203,6 +211,7 @@ impl App {
                 wake: Notify::new(),
                 draining: AtomicBool::new(false),
                 warm: tokio::sync::watch::Sender::new(true),
+                indexing: AtomicBool::new(false),
                 seq: AtomicU64::new(0),
                 swept: Mutex::new(BTreeMap::new()),
                 instance: {
@@ -291,6 +300,81 @@ impl App {
             }
             app.inner.warm.send_replace(true);
         });
+    }
+
+    /// Index, in batches of [`INDEX_BATCH`], the messages of sessions stored before the
+    /// full-text index existed (a database that migration 34 / 13 brought up to date); each
+    /// batch is one transaction, its terms from the guest. `progress(done, total)` follows
+    /// each batch. Returns the messages indexed (0 at once when none wait). Sessions stored
+    /// since are indexed as their messages arrive.
+    pub async fn index_pending(
+        &self,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+    ) -> AppResult<u64> {
+        let db = &self.inner.db;
+        let (_, total) = db.unindexed().await?;
+        if total == 0 {
+            return Ok(0);
+        }
+        self.inner.indexing.store(true, Ordering::SeqCst);
+        let engine = self.state(&Tenant::local()).engine.clone();
+        let result = async {
+            let mut done = 0u64;
+            while let Some(session) = db.next_unindexed().await? {
+                let mut after = 0;
+                loop {
+                    let page = db.episodes_after(&session, after, INDEX_BATCH).await?;
+                    let last = page.len() < INDEX_BATCH as usize;
+                    let texts: Vec<(Option<String>, String)> = page
+                        .iter()
+                        .map(|e| (e.speaker.clone(), e.content.clone()))
+                        .collect();
+                    let terms = engine.index_terms(&texts).await?;
+                    let docs: Vec<(u64, String)> = page.iter().map(|e| e.id).zip(terms).collect();
+                    db.index_episodes(&session, &docs, last).await?;
+                    after = page.last().map_or(after, |e| e.id);
+                    done += page.len() as u64;
+                    progress(done.min(total), total);
+                    if last {
+                        break;
+                    }
+                }
+            }
+            Ok::<u64, AppError>(done)
+        }
+        .await;
+        self.inner.indexing.store(false, Ordering::SeqCst);
+        result
+    }
+
+    /// [`App::index_pending`] in the background, logging its progress (a service calls this
+    /// as it starts; searches meanwhile say they are not complete).
+    pub fn start_indexing(&self) {
+        let app = self.clone();
+        tokio::spawn(async move {
+            let step = AtomicU64::new(0);
+            let log = |done: u64, total: u64| {
+                // About every tenth of the way.
+                let tenth = done * 10 / total.max(1);
+                if step.swap(tenth, Ordering::Relaxed) != tenth {
+                    tracing::info!(done, total, "indexing stored messages for full-text search");
+                }
+            };
+            match app.index_pending(&log).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(messages = n, "stored messages indexed for full-text search")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "indexing stored messages for full-text search failed; the next start tries again")
+                }
+            }
+        });
+    }
+
+    /// Whether messages stored before the full-text index are still being indexed.
+    pub fn indexing(&self) -> bool {
+        self.inner.indexing.load(Ordering::SeqCst)
     }
 
     /// Whether the recall indexes started by [`App::start_warming`] are still loading.
@@ -1082,6 +1166,9 @@ impl Scoped {
     /// The context for the next model call, from what is summarized now. Never waits for the
     /// model unless `wait` is given: a refresh that is due is queued and reported. With
     /// `wait`, a due refresh is queued and waited for (up to that long) first.
+    ///
+    /// With a `query` (usually the user's newest message), the earlier turns that best match it
+    /// are included verbatim beside the summary, within their share of the budget.
     pub async fn context(
         &self,
         session: &str,
@@ -1089,6 +1176,7 @@ impl Scoped {
         pairs: u32,
         refresh_after: u32,
         wait: Option<Duration>,
+        query: Option<&str>,
     ) -> AppResult<ContextView> {
         if budget < 16 {
             return Err(AppError::invalid(format!(
@@ -1114,6 +1202,7 @@ impl Scoped {
             // The hot path never summarizes inline: refreshes run as jobs.
             refresh_after: u32::MAX,
             pins,
+            query: query.map(str::to_string),
         };
         let w = self.engine().context(session, req, &cfg).await?;
         let pending = job.as_ref().is_some_and(|j| j.state.is_active());
@@ -1130,6 +1219,36 @@ impl Scoped {
             waited,
             episodes,
         ))
+    }
+
+    /// Full-text search of the tenant's messages (of one session, with `session`): the
+    /// `limit` best (at most 100) after the first `offset`, ranked by BM25. A query's
+    /// punctuation and operators are words or nothing; a query of no searchable word finds
+    /// nothing.
+    pub async fn search(
+        &self,
+        query: &str,
+        session: Option<&str>,
+        offset: u32,
+        limit: u32,
+    ) -> AppResult<SearchView> {
+        if let Some(s) = session {
+            self.known(s).await?;
+        }
+        if offset > SEARCH_MAX_OFFSET {
+            return Err(AppError::invalid(format!(
+                "offset {offset} is beyond the deepest page ({SEARCH_MAX_OFFSET}); add words to the query to narrow it"
+            )));
+        }
+        let limit = limit.clamp(1, 100);
+        let page = self.engine().search(session, query, offset, limit).await?;
+        Ok(SearchView {
+            query: query.to_string(),
+            session: session.map(str::to_string),
+            hits: page.hits.iter().map(SearchHitView::new).collect(),
+            next_offset: page.more.then_some(offset + limit),
+            complete: !self.app.indexing(),
+        })
     }
 
     /// Wait until job `id` ends or `limit` passes; the job as it then stands.

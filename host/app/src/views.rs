@@ -500,14 +500,16 @@ pub struct ContextParts {
     pub recent: u32,
     /// The day marks before the turns that open a new day.
     pub days: u32,
+    /// The earlier turns the query found, with their episode numbers and times.
+    pub found: u32,
 }
 
 impl ContextParts {
     /// The parts as a front end words them: "summary 1198, ledger 333, …, day marks 10".
     pub fn describe(&self) -> String {
         format!(
-            "summary {}, ledger {}, digest {}, pinned {}, recent turns {}, day marks {}",
-            self.summary, self.ledger, self.digest, self.pinned, self.recent, self.days
+            "summary {}, ledger {}, digest {}, pinned {}, found turns {}, recent turns {}, day marks {}",
+            self.summary, self.ledger, self.digest, self.pinned, self.found, self.recent, self.days
         )
     }
 }
@@ -544,6 +546,8 @@ pub struct ContextView {
     pub identifiers: u32,
     /// Pinned episodes included verbatim.
     pub pinned: u32,
+    /// Earlier turns included because they match the query (their short replies included).
+    pub found: u32,
     /// The budget asked for (`tokens` is at most this).
     pub budget: u32,
     /// Percent of the budget used.
@@ -598,6 +602,7 @@ impl ContextView {
             level: w.level,
             identifiers: w.identifiers,
             pinned: w.pinned,
+            found: w.found,
             budget: w.budget,
             budget_used_percent: if w.budget == 0 {
                 0.0
@@ -611,6 +616,7 @@ impl ContextView {
                 pinned: w.parts.pinned,
                 recent: w.parts.recent,
                 days: w.parts.days,
+                found: w.parts.found,
             },
             refresh_due,
             refresh_pending,
@@ -618,4 +624,76 @@ impl ContextView {
             job,
         }
     }
+}
+
+/// One message a search found.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct SearchHitView {
+    /// Its session.
+    pub session: String,
+    /// Its episode id.
+    pub episode: u64,
+    /// Who said it: `user`, `assistant`, `system` or `tool`.
+    pub role: String,
+    /// The speaker's name, when the transcript gave one.
+    pub speaker: Option<String>,
+    /// When it was said, ms since the Unix epoch, if known.
+    pub timestamp_ms: Option<i64>,
+    /// Its BM25 score against the query (higher is better).
+    pub score: f64,
+    /// Its text around the matches, each matching word between `**`.
+    pub excerpt: String,
+    /// Where to read it in full with its neighbours: the session's messages from two before
+    /// it (`GET` this path).
+    pub expand: String,
+}
+
+/// A page of search results.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct SearchView {
+    /// The query as asked.
+    pub query: String,
+    /// The session searched, or none for every session.
+    pub session: Option<String>,
+    /// The hits, best first.
+    pub hits: Vec<SearchHitView>,
+    /// The offset of the next page, when more hits follow.
+    pub next_offset: Option<u32>,
+    /// False while messages stored before the index existed are still being indexed (they
+    /// are not found yet).
+    pub complete: bool,
+}
+
+impl SearchHitView {
+    /// The view of a hit.
+    pub fn new(h: &crate::types::SearchHit) -> Self {
+        let e = &h.episode;
+        SearchHitView {
+            session: h.session.clone(),
+            episode: e.id,
+            role: e.role.as_str().into(),
+            speaker: e.speaker.clone(),
+            timestamp_ms: e.timestamp_ms,
+            score: (h.score * 1000.0).round() / 1000.0,
+            excerpt: h.excerpt.clone(),
+            expand: format!(
+                "/v1/sessions/{}/messages?after={}&limit=5",
+                percent_encode(&h.session),
+                e.id.saturating_sub(3)
+            ),
+        }
+    }
+}
+
+/// `s` as one URL path segment.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

@@ -66,6 +66,7 @@ fn engine(runtime: &Arc<Runtime>, model: &Arc<Model>) -> Result<Abridge, Failure
 
 fn episode(i: usize, role: Role, content: String) -> NewEpisode {
     NewEpisode {
+        terms: String::new(),
         role,
         content,
         timestamp_ms: None,
@@ -153,6 +154,7 @@ async fn retention_run(
     // A context of half the history's tokens: one the history does not fit (a history that
     // fits is the context verbatim, which would measure nothing).
     let req = ContextRequest {
+        query: None,
         budget: 1_000_000,
         pairs: 1,
         refresh_after: 8,
@@ -274,6 +276,7 @@ pub async fn run(runtime: Arc<Runtime>) -> Result<(), Failure> {
         e.after_episode_written("c", &cfg).await.map_err(fail)?;
     }
     let req = ContextRequest {
+        query: None,
         budget: 2000,
         pairs: 4,
         refresh_after: 8,
@@ -330,6 +333,7 @@ async fn fold_cost(
         .map(|i| chat(i).content.chars().count() as u64)
         .sum();
     let ctx = ContextRequest {
+        query: None,
         budget: 6000,
         pairs: 4,
         refresh_after: u32::MAX,

@@ -81,6 +81,7 @@ fn turn(i: usize) -> (u64, NewEpisode) {
     (
         at,
         NewEpisode {
+            terms: String::new(),
             role: if i.is_multiple_of(2) {
                 Role::User
             } else {
@@ -140,6 +141,7 @@ pub async fn run(runtime: Arc<Runtime>, turns: usize) -> Result<(), Failure> {
         .context(
             "s",
             ContextRequest {
+                query: None,
                 budget: 2000,
                 pairs: 4,
                 refresh_after: 8,

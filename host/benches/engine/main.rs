@@ -185,6 +185,15 @@ impl Store for TimedStore {
     async fn record_calibration(&self, m: &str, e: u32, r: u32) -> Result<(), Error> {
         timed!(self, self.inner.record_calibration(m, e, r))
     }
+    async fn search_episodes(
+        &self,
+        t: Option<&str>,
+        s: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<abridge_engine::types::TermMatches, Error> {
+        timed!(self, self.inner.search_episodes(t, s, terms, limit))
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -231,6 +240,7 @@ fn main() -> std::process::ExitCode {
 fn synthetic(n: usize, words: impl Fn(usize) -> usize) -> Vec<NewEpisode> {
     (0..n)
         .map(|i| NewEpisode {
+            terms: String::new(),
             role: if i % 2 == 0 {
                 Role::User
             } else {
@@ -557,6 +567,7 @@ async fn js_comparison(
         // summarize identical sessions.
         let eps: Vec<NewEpisode> = (0..episodes)
             .map(|i| NewEpisode {
+                terms: String::new(),
                 role: if i % 2 == 1 {
                     Role::Assistant
                 } else {
@@ -771,6 +782,7 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
             .iter()
             .enumerate()
             .map(|(k, (role, said, who))| NewEpisode {
+                terms: String::new(),
                 role: *role,
                 content: said.clone(),
                 timestamp_ms: None,

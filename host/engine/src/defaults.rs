@@ -128,4 +128,13 @@ impl Store for NoStore {
     async fn record_calibration(&self, _: &str, _: u32, _: u32) -> Result<(), Error> {
         none()
     }
+    async fn search_episodes(
+        &self,
+        _: Option<&str>,
+        _: Option<&str>,
+        _: &[String],
+        _: u32,
+    ) -> Result<crate::types::TermMatches, Error> {
+        none()
+    }
 }

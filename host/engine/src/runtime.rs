@@ -709,6 +709,31 @@ impl Abridge {
         summarizer!(self, None, call_context(session, &req, cfg))
     }
 
+    /// Full-text search of `session`'s messages, or of every session the store holds: the
+    /// `limit` best hits after the first `offset` (see the WIT `summarizer.search`).
+    pub async fn search(
+        &self,
+        session: Option<&str>,
+        query: &str,
+        offset: u32,
+        limit: u32,
+    ) -> Result<crate::types::SearchPage, CallError> {
+        summarizer!(self, None, call_search(session, query, offset, limit))
+    }
+
+    /// The full-text index's terms of each `(speaker, content)`, as `append` stores them
+    /// (for indexing episodes stored before the index existed).
+    pub async fn index_terms(
+        &self,
+        episodes: &[(Option<String>, String)],
+    ) -> Result<Vec<String>, CallError> {
+        let (mut store, g) = self.instance().await?;
+        g.abridge_engine_text()
+            .call_index_terms(&mut store, episodes)
+            .await
+            .map_err(|e| self.trap(e))
+    }
+
     /// Delete the session's episodes, summaries and failure marker.
     pub async fn reset(&self, session: &str) -> Result<(), CallError> {
         summarizer!(self, None, call_reset(session))

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use crate::types::{
     CachedAnswer, Calibration, Centroid, ClusterSummary, ClusterSummaryWrite, Compaction, Episode,
     Error, FailureMarker, Hit, MemberSet, Memory, MemoryFilter, NewEpisode, NewMemory, Scope,
-    SessionStats, StoredMemory, SummaryRow, SummaryWrite,
+    SessionStats, StoredMemory, SummaryRow, SummaryWrite, TermMatches,
 };
 
 /// What removing a session's newest episode did (see [`Store::pop_episode`]).
@@ -76,6 +76,17 @@ pub trait Store: Send + Sync {
     async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error>;
     /// Calibration totals for a model (see the WIT `store.calibration`).
     async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error>;
+    /// The full-text index's episodes holding any of `terms` (the guest's
+    /// `text.index-terms`), in `session` or, without one, in every session of `tenant` (a
+    /// tenant's name; `None`: the store's own scope, the local tenant for a store that is not
+    /// a tenant's view), at most `limit` (see the WIT `store.search-episodes`).
+    async fn search_episodes(
+        &self,
+        tenant: Option<&str>,
+        session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<TermMatches, Error>;
     /// Add one measured prompt to a model's calibration totals.
     async fn record_calibration(
         &self,

@@ -9,6 +9,7 @@ pub use crate::bindings::abridge::engine::memory_store::{
 pub use crate::bindings::abridge::engine::store::{
     CachedAnswer, CalibrationTotals as Calibration, Compaction, Episode, EpisodeRange,
     FailureMarker, IdentifierKind, LedgerEntry, NewEpisode, SessionStats, SummaryRow, SummaryWrite,
+    TermMatch, TermMatches,
 };
 pub use crate::bindings::abridge::engine::types::{
     Error, Message, Path as PlanPath, PlanReport, Role,
@@ -18,7 +19,7 @@ pub use crate::bindings::exports::abridge::engine::memories::{
 };
 pub use crate::bindings::exports::abridge::engine::summarizer::{
     Config, ContextRequest, ContextWindow, Engine, Expansion, FreshState, FreshnessReport, Mode,
-    Outcome, Rendering,
+    Outcome, Rendering, SearchHit, SearchPage,
 };
 pub use crate::bindings::exports::abridge::engine::transcripts::{
     Batch as ParseBatch, ConversationPart, Format as TranscriptFormat, ParseError, ParseOptions,

@@ -27,7 +27,7 @@ const DEFAULT_BUDGET: u32 = 2_000;
 const MAX_BUDGET: u32 = 20_000;
 
 /// What the server tells an agent about itself at initialization.
-const INSTRUCTIONS: &str = "abridge keeps exact, provenance-linked summaries of your coding sessions (Claude Code, Codex) and of any conversation, outside your context window, so nothing is lost when you compact. Call `context` at the start of a task or after a compaction to get back what the session asked for, the files it edited, the commands it ran and the pinned rules. Call `search_sessions` to find an earlier session by topic or file path, and `expand` to read the exact messages behind a summary line. `remember`/`recall`/`forget` keep durable facts (decisions, preferences, conventions) across sessions.";
+const INSTRUCTIONS: &str = "abridge keeps exact, provenance-linked summaries of your coding sessions (Claude Code, Codex) and of any conversation, outside your context window, so nothing is lost when you compact. Call `context` at the start of a task or after a compaction to get back what the session asked for, the files it edited, the commands it ran and the pinned rules. Call `context` with `query` set to what you are about to do to get the earlier messages about it too. Call `search` to find earlier sessions and the exact messages about a topic, file path or error, and `expand` to read the exact messages behind a summary line. `remember`/`recall`/`forget` keep durable facts (decisions, preferences, conventions) across sessions.";
 
 /// Where tools find the tenant they act for.
 #[derive(Clone)]
@@ -81,8 +81,8 @@ fn tool_error(e: AppError) -> CallToolResult {
         text.push_str(" — ");
         text.push_str(h);
     }
-    if matches!(e.kind, ErrorKind::NotFound) && !text.contains("search_sessions") {
-        text.push_str(" (search_sessions lists sessions)");
+    if matches!(e.kind, ErrorKind::NotFound) && !text.contains("`search`") {
+        text.push_str(" (`search` finds sessions)");
     }
     CallToolResult::error(vec![ContentBlock::text(text)])
 }
@@ -136,14 +136,20 @@ pub struct ContextArgs {
     pub session: Option<String>,
     /// Most tokens the answer may take (64 to 20000; default 2000).
     pub budget_tokens: Option<u32>,
+    /// What you are about to work on or were asked (usually the user's newest message): the
+    /// earlier messages that best match it are included verbatim, with their numbers.
+    pub query: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchArgs {
-    /// Words to look for, all of them: a topic, a file path, a command, an id.
+    /// Words to look for: a topic, a file path, a command, an error, an id.
     pub query: String,
-    /// Most sessions to list (1 to 50; default 10).
+    /// Only this session's messages (its id or a unique prefix); leave out to search every
+    /// session.
+    pub session: Option<String>,
+    /// Most messages (and sessions) to list (1 to 50; default 10).
     pub limit: Option<u32>,
     /// Most tokens the answer may take (64 to 20000; default 2000).
     pub budget_tokens: Option<u32>,
@@ -254,6 +260,7 @@ impl AbridgeMcp {
                 2,
                 u32::MAX,
                 None,
+                a.query.as_deref(),
             )
             .await
         {
@@ -277,10 +284,10 @@ impl AbridgeMcp {
     }
 
     #[tool(
-        name = "search_sessions",
-        description = "Find earlier sessions (coding sessions and conversations) by words in their id, summary, requests, file paths or commands — e.g. a file you are about to change, or a topic the user mentions. Lists each session with what matched; then call `context` or `expand` on it."
+        name = "search",
+        description = "Search earlier sessions (coding sessions and conversations): the sessions whose id, summary, requests, file paths or commands hold the words, and the exact messages that best match them (full-text, every message) — e.g. a file you are about to change, an error, or a topic the user mentions. Each message comes with its session and number; call `expand` with `episode` to read it with its neighbours, or `context` on its session."
     )]
-    async fn search_sessions(
+    async fn search(
         &self,
         Parameters(a): Parameters<SearchArgs>,
         ctx: RequestContext<RoleServer>,
@@ -290,25 +297,61 @@ impl AbridgeMcp {
         if !(1..=50).contains(&limit) {
             return Ok(bad(format!("limit {limit} is out of range; give 1 to 50")));
         }
-        let hits = match s.search_sessions(&a.query, limit as usize).await {
-            Ok(h) => h,
+        let session = match &a.session {
+            Some(name) => match s.resolve(name).await {
+                Ok(x) => Some(x),
+                Err(e) => return Ok(tool_error(e)),
+            },
+            None => None,
+        };
+        let sessions = match &session {
+            Some(_) => Vec::new(),
+            None => match s.search_sessions(&a.query, limit as usize).await {
+                Ok(h) => h,
+                Err(e) => return Ok(tool_error(e)),
+            },
+        };
+        let found = match s.search(&a.query, session.as_deref(), 0, limit).await {
+            Ok(v) => v,
             Err(e) => return Ok(tool_error(e)),
         };
-        if hits.is_empty() {
+        if sessions.is_empty() && found.hits.is_empty() {
             return Ok(ok(
-                format!(
-                    "No session matches \"{}\". Try fewer or other words.",
-                    a.query
-                ),
+                format!("Nothing matches \"{}\". Try fewer or other words.", a.query),
                 a.budget_tokens,
             ));
         }
-        let mut text = format!("{} session(s) match \"{}\":\n", hits.len(), a.query);
-        for h in hits {
+        let mut text = String::new();
+        if !sessions.is_empty() {
             text.push_str(&format!(
-                "- {} ({} messages, {} summarized): {}\n",
-                h.session, h.episodes, h.covered, h.matched
+                "{} session(s) match \"{}\":\n",
+                sessions.len(),
+                a.query
             ));
+            for h in sessions {
+                text.push_str(&format!(
+                    "- {} ({} messages, {} summarized): {}\n",
+                    h.session, h.episodes, h.covered, h.matched
+                ));
+            }
+        }
+        if !found.hits.is_empty() {
+            text.push_str(&format!(
+                "Messages that best match \"{}\" (best first; expand with session and episode):\n",
+                a.query
+            ));
+            for h in &found.hits {
+                let who = h.speaker.clone().unwrap_or_else(|| h.role.clone());
+                text.push_str(&format!(
+                    "- {} #{} {who}: {}\n",
+                    h.session, h.episode, h.excerpt
+                ));
+            }
+            if !found.complete {
+                text.push_str(
+                    "(older messages are still being indexed; search again shortly for them)\n",
+                );
+            }
         }
         Ok(ok(text, a.budget_tokens))
     }

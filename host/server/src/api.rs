@@ -24,7 +24,8 @@ use crate::app::Tenant;
 use crate::app::tokens::{CreatedToken, TokenView};
 use crate::app::{
     AppError, Appended, Bring, ContextView, ErrorKind, Event, ExpansionView, ImportRequest,
-    Imported, JobView, MessageIn, MessagesView, RemovedView, Scoped, SessionView, SummaryView,
+    Imported, JobView, MessageIn, MessagesView, RemovedView, Scoped, SearchView, SessionView,
+    SummaryView,
 };
 use crate::sources::SessionMode;
 use crate::transcript::{Format, Input, Options};
@@ -740,6 +741,9 @@ struct ContextQuery {
     refresh_after: Option<u32>,
     /// Wait up to this many seconds (at most 60) for a due refresh first.
     wait: Option<u64>,
+    /// What the next call is about (usually the user's newest message): the earlier turns
+    /// that best match it are included verbatim beside the summary.
+    query: Option<String>,
 }
 
 /// The context for the next model call: a system message with the summary, then the recent
@@ -761,9 +765,51 @@ async fn get_context(
             q.pairs.unwrap_or(4),
             q.refresh_after.unwrap_or(8),
             q.wait.map(|s| Duration::from_secs(s.min(60))),
+            q.query.as_deref(),
         )
         .await?;
     Ok(Json(v))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct SearchQuery {
+    /// The words to look for. Quotes, operators and punctuation are not a query language:
+    /// they separate words.
+    q: String,
+    /// Only this session's messages.
+    session: Option<String>,
+    /// Hits per page (1 to 100; default 20).
+    limit: Option<u32>,
+    /// Hits to skip (a previous page's `next_offset`; at most 1000).
+    offset: Option<u32>,
+}
+
+/// Full-text search of the tenant's messages: the best matches by BM25, each with its
+/// session, episode, time, the matching text (matches between `**`) and a link to read it
+/// with its neighbours. Paged by `offset`.
+#[utoipa::path(get, path = "/v1/search", tag = "sessions",
+    params(SearchQuery),
+    responses((status = 200, body = SearchView), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+async fn get_search(
+    Extension(t): Extension<Scoped>,
+    Query(q): Query<SearchQuery>,
+) -> ApiResult<Json<SearchView>> {
+    let session = match &q.session {
+        Some(s) => Some(t.resolve(s).await?),
+        None => None,
+    };
+    let limit = q.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(
+            AppError::invalid(format!("limit {limit} is out of range; give 1 to 100")).into(),
+        );
+    }
+    Ok(Json(
+        t.search(&q.q, session.as_deref(), q.offset.unwrap_or(0), limit)
+            .await?,
+    ))
 }
 
 /// Summarize the session now, whatever its mode or backoff: `202` with the job, or `200`
@@ -1221,7 +1267,7 @@ impl utoipa::Modify for BearerAuth {
     info(title = "abridge", description = "Summaries of conversation memory, per tenant."),
     paths(post_messages, get_messages, delete_last_message, post_transcript, list_sessions, get_session, delete_session,
         get_summaries, get_expand, put_focus, get_pins, put_pin, delete_pin,
-        get_context, post_refresh, put_mode, list_jobs, get_job, cancel_job,
+        get_context, get_search, post_refresh, put_mode, list_jobs, get_job, cancel_job,
         job_events, all_events, healthz, readyz, metrics_text, openapi,
         mem::post_memories, mem::list_memories, mem::get_memory, mem::delete_memory,
         mem::post_recall, mem::list_clusters, mem::get_summary, mem::get_summary_sources,
@@ -1231,7 +1277,7 @@ impl utoipa::Modify for BearerAuth {
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
         ExpansionView, crate::app::EpisodeView, MessagesView, crate::app::MessageView,
         crate::app::CoverageView, crate::app::SourceMarkView, crate::app::memories::UsageDayView, crate::app::LedgerView, FocusBody, PinsBody,
-        ContextView, crate::app::ContextParts, ModeBody, JobsBody, JobView, Event, crate::app::memories::MemoryInput, mem::MemoriesBody,
+        ContextView, crate::app::ContextParts, crate::app::SearchView, crate::app::SearchHitView, ModeBody, JobsBody, JobView, Event, crate::app::memories::MemoryInput, mem::MemoriesBody,
         mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
         mem::RecallResults, crate::app::memories::RecallView, mem::ClustersBody,
         crate::app::memories::ClusterView, crate::app::memories::ClusterSummaryView,
@@ -1271,6 +1317,7 @@ pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv
             delete(delete_pin),
         ),
         ("get", "/v1/sessions/{id}/context", get(get_context)),
+        ("get", "/v1/search", get(get_search)),
         ("post", "/v1/sessions/{id}/refresh", post(post_refresh)),
         ("put", "/v1/sessions/{id}/mode", put(put_mode)),
         ("get", "/v1/jobs", get(list_jobs)),

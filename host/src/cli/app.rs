@@ -336,3 +336,21 @@ pub fn run_failure(mut e: AppError) -> Failure {
     }
     e.into()
 }
+
+/// Bring the messages stored before the full-text index existed into it (once per database),
+/// saying how far it has got on stderr unless quiet.
+pub async fn index_pending(s: &Settings, app: &abridge_app::App) -> Result<(), Failure> {
+    let quiet = s.quiet;
+    let shown = std::sync::atomic::AtomicU64::new(u64::MAX);
+    let progress = |done: u64, total: u64| {
+        let pct = done * 100 / total.max(1);
+        if !quiet && shown.swap(pct, std::sync::atomic::Ordering::Relaxed) != pct {
+            eprint!("\rindexing stored messages for search: {done} of {total} ({pct} %)");
+            if done >= total {
+                eprintln!();
+            }
+        }
+    };
+    app.index_pending(&progress).await?;
+    Ok(())
+}

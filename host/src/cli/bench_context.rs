@@ -9,7 +9,9 @@
 //! of the gold answer) are looked up in the context's words; the figure is their mean share.
 //! Beside it, at the same budget and by the same estimator: the most recent turns, evenly
 //! spaced turns, and (a reference that knows the question) the turns that best match the
-//! question by BM25. Then the context's p50 and p99 time (in process, the app's own call).
+//! question by BM25, and abridge's context with the question passed as its query (what a
+//! chat app does with the user's newest message). Then the context's p50 and p99 time (in
+//! process, the app's own call), without and with the query.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -226,8 +228,9 @@ impl Bm25 {
 }
 
 /// One conversation's figures at one budget, in the table's column order: abridge, the
-/// share of the budget it used, recent turns, evenly spaced turns, BM25 with the question.
-type Figures = [f64; 5];
+/// share of the budget it used, recent turns, evenly spaced turns, BM25 with the question,
+/// abridge with the question as its query.
+type Figures = [f64; 6];
 
 /// What one conversation measured.
 struct Measured {
@@ -235,24 +238,28 @@ struct Measured {
     figures: Vec<(u32, Figures)>,
     p50_ms: f64,
     p99_ms: f64,
+    /// With the question as the query.
+    p50_q_ms: f64,
+    p99_q_ms: f64,
     questions: usize,
     history_tokens: u64,
 }
 
 /// One row of the table (no times on the mean's rows).
-fn print_row(name: &str, budget: u32, x: &Figures, times: Option<(f64, f64)>) {
+fn print_row(name: &str, budget: u32, x: &Figures, times: Option<(f64, f64, f64, f64)>) {
     let mut line = format!(
-        "{:<10} {:>6} {:>7.3} {:>9} {:>7.3} {:>7.3} {:>7.3}",
+        "{:<10} {:>6} {:>7.3} {:>9} {:>7.3} {:>7.3} {:>7.3} {:>10.3}",
         name,
         budget,
         x[0],
         format!("{:.0} %", x[1] * 100.0),
         x[2],
         x[3],
-        x[4]
+        x[4],
+        x[5]
     );
-    if let Some((p50, p99)) = times {
-        line.push_str(&format!(" {p50:>7.1} {p99:>7.1}"));
+    if let Some((p50, p99, p50q, p99q)) = times {
+        line.push_str(&format!(" {p50:>7.1} {p99:>7.1} {p50q:>7.1} {p99q:>7.1}"));
     }
     println!("{line}");
 }
@@ -322,13 +329,14 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
     let ranked: Vec<Vec<usize>> = conv.qa.iter().map(|(q, _)| index.rank(q)).collect();
     let mut out = Vec::new();
     let mut times = Vec::new();
+    let mut times_q = Vec::new();
     for budget in BUDGETS {
         let mut text = String::new();
         let mut used = 0;
         for _ in 0..runs.max(1) {
             let started = Instant::now();
             let w = local
-                .context(session, budget, 4, u32::MAX, None)
+                .context(session, budget, 4, u32::MAX, None, None)
                 .await
                 .map_err(|e| anyhow!("{e}"))?;
             times.push(started.elapsed().as_secs_f64() * 1000.0);
@@ -340,6 +348,24 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
                 .collect::<Vec<_>>()
                 .join("\n");
         }
+        // With each question as the query, that question's answer words.
+        let mut with_q = 0.0;
+        for qa in &conv.qa {
+            let started = Instant::now();
+            let w = local
+                .context(session, budget, 4, u32::MAX, None, Some(&qa.0))
+                .await
+                .map_err(|e| anyhow!("{e}"))?;
+            times_q.push(started.elapsed().as_secs_f64() * 1000.0);
+            let text = w
+                .messages
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+            with_q += kept(&text, std::slice::from_ref(qa));
+        }
+        let with_q = with_q / conv.qa.len().max(1) as f64;
         let n = turns.len();
         let bm = conv
             .qa
@@ -361,14 +387,18 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
                 kept(&cut(&turns, (0..n).rev(), budget), &conv.qa),
                 kept(&even(&turns, budget), &conv.qa),
                 bm,
+                with_q,
             ],
         ));
     }
     times.sort_by(f64::total_cmp);
+    times_q.sort_by(f64::total_cmp);
     Ok(Measured {
         figures: out,
         p50_ms: percentile(&times, 0.5),
         p99_ms: percentile(&times, 0.99),
+        p50_q_ms: percentile(&times_q, 0.5),
+        p99_q_ms: percentile(&times_q, 0.99),
         questions: conv.qa.len(),
         history_tokens: full,
     })
@@ -378,8 +408,19 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
 pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure::new(Exit::Internal, e))?;
     println!(
-        "{:<10} {:>6} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7}",
-        "file", "budget", "abridge", "used", "recent", "even", "bm25(q)", "p50 ms", "p99 ms"
+        "{:<10} {:>6} {:>7} {:>9} {:>7} {:>7} {:>7} {:>10} {:>7} {:>7} {:>7} {:>7}",
+        "file",
+        "budget",
+        "abridge",
+        "used",
+        "recent",
+        "even",
+        "bm25(q)",
+        "abridge(q)",
+        "p50 ms",
+        "p99 ms",
+        "p50(q)",
+        "p99(q)"
     );
     let mut sums: BTreeMap<u32, Figures> = BTreeMap::new();
     let mut measured = 0;
@@ -394,7 +435,12 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
                     .take(10)
                     .collect();
                 for (b, x) in &m.figures {
-                    print_row(&name, *b, x, Some((m.p50_ms, m.p99_ms)));
+                    print_row(
+                        &name,
+                        *b,
+                        x,
+                        Some((m.p50_ms, m.p99_ms, m.p50_q_ms, m.p99_q_ms)),
+                    );
                     let e = sums.entry(*b).or_default();
                     for (sum, v) in e.iter_mut().zip(x) {
                         *sum += v;
@@ -414,7 +460,7 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
         }
     }
     println!(
-        "abridge, recent, even, bm25(q): mean share of each question's answer words in the context (categories 1-4); used: context tokens / budget; bm25(q) knows the question (a reference); times: the app's context call, {runs} runs per budget"
+        "abridge, recent, even, bm25(q), abridge(q): mean share of each question's answer words in the context (categories 1-4); used: context tokens / budget (abridge without a query); bm25(q) knows the question (a reference: the best-matching turns cut to the budget); abridge(q): abridge's context with the question as its query; times: the app's context call, {runs} runs per budget, and once per question with its query"
     );
     if measured == 0 {
         return Err(Failure::new(

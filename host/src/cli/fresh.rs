@@ -40,6 +40,28 @@ pub struct ContextArgs {
     /// Print JSON: {"messages": [...], "tokens", "full_tokens", "saving", ...}
     #[arg(long)]
     json: bool,
+    /// What the next model call is about (usually the user's newest message): the earlier
+    /// turns that best match it are included verbatim beside the summary
+    #[arg(long, value_name = "TEXT")]
+    query: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct SearchArgs {
+    /// The words to look for (quotes and operators are words, not a query language)
+    query: String,
+    /// Only this session's messages (its id or a unique prefix)
+    #[arg(long, value_parser = super::session_id)]
+    session: Option<String>,
+    /// Hits to show (1 to 100)
+    #[arg(short = 'k', long = "limit", default_value_t = 10)]
+    k: u32,
+    /// Hits to skip (the previous page's next offset)
+    #[arg(long, default_value_t = 0)]
+    offset: u32,
+    /// Print JSON: {"hits": [{"session", "episode", "excerpt", "expand", ...}], "next_offset"}
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -102,7 +124,11 @@ pub struct ExpandArgs {
     #[arg(value_parser = super::session_id)]
     session: String,
     /// Summary row id (as 'abridge summaries SESSION --all' lists them)
-    row: u64,
+    #[arg(required_unless_present = "episode", conflicts_with = "episode")]
+    row: Option<u64>,
+    /// Instead of a row: this episode (a search hit's number) and the two on each side
+    #[arg(long)]
+    episode: Option<u64>,
     /// Only the episode this ledger identifier was last seen in
     #[arg(long)]
     identifier: Option<String>,
@@ -218,7 +244,19 @@ pub async fn context(s: &Settings, mut a: ContextArgs) -> Result<(), Failure> {
     let backend = choose_backend(s).await?;
     let local = super::app::local(s, Some(&backend))?;
     a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
-    let get = |refresh_after| local.context(&a.session, a.budget, a.pairs, refresh_after, None);
+    if a.query.is_some() {
+        super::app::index_pending(s, local.app()).await?;
+    }
+    let get = |refresh_after| {
+        local.context(
+            &a.session,
+            a.budget,
+            a.pairs,
+            refresh_after,
+            None,
+            a.query.as_deref(),
+        )
+    };
     // The app queues a refresh when one is due; the command line runs it here and waits.
     let mut w = get(a.refresh_after).await.map_err(|e| fail(s, e))?;
     let mut refreshed = false;
@@ -347,14 +385,100 @@ pub async fn pin(s: &Settings, mut a: PinArgs) -> Result<(), Failure> {
 }
 
 /// Provenance: a summary row and exactly the episodes it covers.
+/// `abridge search QUERY`.
+pub async fn search(s: &Settings, a: SearchArgs) -> Result<(), Failure> {
+    if !(1..=100).contains(&a.k) {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!("-k {} is out of range; give 1 to 100", a.k),
+        ));
+    }
+    let local = super::app::local(s, None)?;
+    super::app::index_pending(s, local.app()).await?;
+    let session = match &a.session {
+        Some(x) => Some(local.resolve(x).await.map_err(|e| fail(s, e))?),
+        None => None,
+    };
+    let v = local
+        .search(&a.query, session.as_deref(), a.offset, a.k)
+        .await
+        .map_err(|e| fail(s, e))?;
+    if a.json {
+        println!("{}", serde_json::to_value(&v).expect("a search serializes"));
+        return Ok(());
+    }
+    if v.hits.is_empty() {
+        println!("nothing matches \"{}\"; try other or fewer words", a.query);
+        return Ok(());
+    }
+    for h in &v.hits {
+        let when = h
+            .timestamp_ms
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+            .map(|t| format!(" {}", t.strftime("%Y-%m-%d %H:%M")))
+            .unwrap_or_default();
+        let who = h.speaker.clone().unwrap_or_else(|| h.role.clone());
+        println!("{} #{}{when} {who}: {}", h.session, h.episode, h.excerpt);
+        println!(
+            "    abridge expand {} --episode {}",
+            shell_word(&h.session),
+            h.episode
+        );
+    }
+    if let Some(next) = v.next_offset {
+        println!("more: --offset {next}");
+    }
+    Ok(())
+}
+
+/// `s` as one shell word.
+fn shell_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:/@".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
 pub async fn expand(s: &Settings, mut a: ExpandArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
     a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
+    let Some(row) = a.row else {
+        let ep = a.episode.unwrap_or(0);
+        let page = local
+            .messages(&a.session, ep.saturating_sub(3), 5)
+            .await
+            .map_err(|e| fail(s, e))?;
+        if !page.messages.iter().any(|m| m.id == ep) {
+            return Err(Failure::new(
+                Exit::Input,
+                anyhow!(
+                    "session {} has no episode {ep} (it has {}); give a number 'abridge search' listed",
+                    a.session,
+                    page.total
+                ),
+            ));
+        }
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_value(&page).expect("messages serialize")
+            );
+        } else {
+            for m in page.messages {
+                println!("#{} {}: {}\n", m.id, m.role, m.content);
+            }
+        }
+        return Ok(());
+    };
     let mut after = 0u64;
     let mut first = true;
     loop {
         let x = local
-            .expand(&a.session, a.row, a.identifier.as_deref(), after, 1000)
+            .expand(&a.session, row, a.identifier.as_deref(), after, 1000)
             .await
             .map_err(|e| fail(s, e))?;
         if a.json {

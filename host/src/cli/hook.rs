@@ -116,7 +116,7 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
     match ask {
         Ask::Context => {
             let v = match local
-                .context(&session, a.context_tokens.max(64), 1, u32::MAX, None)
+                .context(&session, a.context_tokens.max(64), 1, u32::MAX, None, None)
                 .await
             {
                 Ok(v) => v,

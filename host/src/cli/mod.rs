@@ -134,6 +134,9 @@ enum Cmd {
     /// Print the context for the next model call: a system message with the summary, then the
     /// latest turns, within a token budget, and the saving against the full history.
     Context(fresh::ContextArgs),
+    /// Full-text search of every stored message (or one session's): the best matches, each
+    /// with its session, episode number, time and the matching words marked.
+    Search(fresh::SearchArgs),
     /// Summarize a stored session now, whatever its mode or backoff.
     Refresh(fresh::RefreshArgs),
     /// Show or set a session's own refresh mode (eager, idle or window), overriding the
@@ -149,7 +152,7 @@ enum Cmd {
     /// MCP server (merged into its settings, a backup kept; --dry-run shows the diff,
     /// --remove takes it out again).
     Setup(setup::SetupArgs),
-    /// Serve the MCP tools (context, search_sessions, expand, recall, remember, forget, pin)
+    /// Serve the MCP tools (context, search, expand, recall, remember, forget, pin)
     /// over standard input and output, for a coding agent; `abridge serve` offers them at
     /// /mcp over HTTP.
     Mcp(mcp::McpArgs),
@@ -257,6 +260,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Backfill(a) => backfill::backfill(&settings, a).await,
         Cmd::Status(a) => fresh::status(&settings, a).await,
         Cmd::Context(a) => fresh::context(&settings, a).await,
+        Cmd::Search(a) => fresh::search(&settings, a).await,
         Cmd::Refresh(a) => fresh::refresh(&settings, a).await,
         Cmd::Mode(a) => fresh::mode(&settings, a).await,
         Cmd::Focus(a) => fresh::focus(&settings, a).await,

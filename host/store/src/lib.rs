@@ -37,6 +37,8 @@ mod sqlite_tables;
 pub mod tables;
 pub mod tenant;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod terms;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod writes;
 
 pub use abridge_engine::store::{ClusterRow, Popped, RecallStore, Store, Unsettled, UsageDay};
@@ -45,8 +47,8 @@ pub use pg::PgStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tables::{
-    AppStore, EventRow, EventStore, JobScope, JobStore, SlotStore, SourceStore, TenantCap,
-    TokenRow, TokenStore,
+    AppStore, EventRow, EventStore, IndexStore, JobScope, JobStore, SlotStore, SourceStore,
+    TenantCap, TokenRow, TokenStore,
 };
 
 /// Skipped ranges as stored: JSON `[[first, last], ...]` (the same in every store).

@@ -152,6 +152,10 @@ pub enum PopStep {
     /// Ask the session's running job to stop: it may have read the episode, and the next
     /// message takes the same id.
     CancelRunningJob,
+    /// Take the episode out of its tenant's full-text totals.
+    SearchTotals,
+    /// Take the episode out of the full-text index.
+    Terms,
 }
 
 /// What removing a session's newest episode touches outside the summary chain, in the same
@@ -160,6 +164,8 @@ pub const POP_CASCADE: &[PopStep] = &[
     PopStep::Pin,
     PopStep::SummaryEvents,
     PopStep::CancelRunningJob,
+    PopStep::SearchTotals,
+    PopStep::Terms,
 ];
 
 /// A pop step as one SQL statement: the session's key is parameter 1; when the flag is set,
@@ -176,6 +182,16 @@ pub fn pop_sql(step: PopStep, d: Dialect) -> (String, bool) {
             false,
         ),
         PopStep::CancelRunningJob => (reset_sql(ResetStep::CancelRunningJob, d), false),
+        PopStep::SearchTotals => (
+            format!(
+                "UPDATE search_totals SET docs = search_totals.docs - 1, length = search_totals.length - t.total FROM (SELECT tenant, length AS total FROM episode_terms WHERE session = {p1} AND episode = {p2}) AS t WHERE search_totals.tenant = t.tenant"
+            ),
+            true,
+        ),
+        PopStep::Terms => (
+            format!("DELETE FROM episode_terms WHERE session = {p1} AND episode = {p2}"),
+            true,
+        ),
     }
 }
 
@@ -284,6 +300,8 @@ pub enum ResetStep {
     /// Ask the session's running job to stop (its write would fail the chain rule against the
     /// emptied session anyway).
     CancelRunningJob,
+    /// Take the session's episodes out of its tenant's full-text totals.
+    SearchTotals,
 }
 
 /// Everything a reset forgets, in order, in one transaction: the session's summaries and
@@ -291,6 +309,11 @@ pub enum ResetStep {
 /// mode, focus and pins, its events (they carry its summaries' text), its jobs, and the
 /// session row itself. Every store walks this list; none keeps its own.
 pub const RESET_CASCADE: &[ResetStep] = &[
+    ResetStep::SearchTotals,
+    ResetStep::Rows {
+        table: "episode_terms",
+        column: "session",
+    },
     ResetStep::Rows {
         table: "summaries",
         column: "session",
@@ -390,6 +413,9 @@ pub fn reset_sql(step: ResetStep, d: Dialect) -> String {
                 "UPDATE jobs SET cancel_requested = 1 WHERE session = {p} AND state = 'running'"
             )
         }
+        ResetStep::SearchTotals => format!(
+            "UPDATE search_totals SET docs = search_totals.docs - t.n, length = search_totals.length - t.total FROM (SELECT tenant, COUNT(*) AS n, SUM(length) AS total FROM episode_terms WHERE session = {p} GROUP BY tenant) AS t WHERE search_totals.tenant = t.tenant"
+        ),
     }
 }
 
@@ -1013,8 +1039,8 @@ mod tests {
             .map(|s| reset_sql(*s, Dialect::Postgres))
             .collect();
         assert_eq!(lite.len(), pg.len());
-        assert_eq!(lite[0], "DELETE FROM summaries WHERE session = ?1");
-        assert_eq!(pg[0], "DELETE FROM summaries WHERE session = $1");
+        assert_eq!(lite[2], "DELETE FROM summaries WHERE session = ?1");
+        assert_eq!(pg[2], "DELETE FROM summaries WHERE session = $1");
         assert!(lite.last().unwrap().contains("FROM sessions WHERE id"));
         let (sql, args) = filter_sql(
             Dialect::Postgres,

@@ -52,6 +52,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/031-session-grams.sql"),
     include_str!("migrations/032-ann-graphs.sql"),
     include_str!("migrations/033-rowid-memories.sql"),
+    include_str!("migrations/034-episode-terms.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -97,6 +98,15 @@ const OWN_TABLES: &[&str] = &[
     "session_labels",
     "session_grams",
     "ann_graphs",
+    "episode_terms",
+    "episode_fts",
+    "episode_fts_data",
+    "episode_fts_idx",
+    "episode_fts_config",
+    "episode_fts_content",
+    "episode_fts_docsize",
+    "episode_vocab",
+    "search_totals",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.
@@ -520,7 +530,8 @@ impl Store for SqliteStore {
     ) -> Result<u32, Error> {
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-            tx.execute("INSERT OR IGNORE INTO sessions (id, tenant) VALUES (?1, ?2)", [session, crate::tenant::tenant_column(session)]).map_err(db_err)?;
+            // A session new to the index is indexed as its episodes arrive.
+            tx.execute("INSERT OR IGNORE INTO sessions (id, tenant, indexed) VALUES (?1, ?2, 1)", [session, crate::tenant::tenant_column(session)]).map_err(db_err)?;
             let (mut next, seq, mut through): (i64, i64, i64) = tx
                 .query_row("SELECT episodes + 1, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions), total_tokens FROM sessions WHERE id = ?1", [session], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -528,6 +539,7 @@ impl Store for SqliteStore {
                 .map_err(db_err)?;
             let mut added = 0u32;
             let mut tokens = 0i64;
+            let mut docs: Vec<(u64, String)> = Vec::new();
             let mut bytes: i64 = tx
                 .query_row(
                     "SELECT COALESCE((SELECT bytes_through FROM episodes WHERE session = ?1 ORDER BY id DESC LIMIT 1), 0)",
@@ -556,6 +568,9 @@ impl Store for SqliteStore {
                         .execute(params![session, next, role_str(e.role), content, e.timestamp_ms, e.source_key, e.tokens, speaker, sealed, upto, upto_bytes])
                         .map_err(db_err)?;
                     if n == 1 {
+                        if !e.terms.trim().is_empty() {
+                            docs.push((next as u64, e.terms.clone()));
+                        }
                         next += 1;
                         added += 1;
                         tokens += i64::from(e.tokens);
@@ -563,6 +578,9 @@ impl Store for SqliteStore {
                         bytes = upto_bytes;
                     }
                 }
+            }
+            if !docs.is_empty() {
+                self.index_terms_on(&tx, session, &docs)?;
             }
             if added > 0 {
                 tx.execute(
@@ -894,6 +912,17 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn search_episodes(
+        &self,
+        tenant: Option<&str>,
+        session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<crate::types::TermMatches, Error> {
+        let column = crate::terms::scope_column(tenant, session);
+        self.with(|c| self.search_terms_on(c, &column, session, terms, limit))
+    }
+
     async fn sessions(&self) -> Result<Vec<String>, Error> {
         self.with(|conn| {
             let mut st = conn
@@ -941,11 +970,16 @@ mod tests {
         ("ann_graphs", "DROP TABLE ann_graphs"),
         // A layout change: the tables read and write the same either way.
         ("memories_rowid", "SELECT 1"),
+        (
+            "sessions_unindexed",
+            "DROP INDEX sessions_unindexed; ALTER TABLE sessions DROP COLUMN indexed; DROP TABLE search_totals; DROP TRIGGER episode_terms_indexed; DROP TRIGGER episode_terms_removed; DROP TABLE episode_vocab; DROP TABLE episode_fts; DROP TABLE episode_terms",
+        ),
     ];
 
     /// One short user message.
     fn hi() -> Vec<NewEpisode> {
         vec![NewEpisode {
+            terms: String::new(),
             role: Role::User,
             content: "hi".into(),
             timestamp_ms: None,
@@ -1364,6 +1398,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, t)| NewEpisode {
+                    terms: String::new(),
                     role: Role::User,
                     content: t.to_string(),
                     timestamp_ms: Some(i as i64),
@@ -1400,6 +1435,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, t)| NewEpisode {
+                    terms: String::new(),
                     role: Role::User,
                     content: format!("m{i}"),
                     timestamp_ms: None,

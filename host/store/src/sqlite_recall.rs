@@ -669,23 +669,10 @@ impl RecallStore for SqliteStore {
     }
 
     async fn lexical_key(&self, tenant: &str) -> Result<Option<Vec<u8>>, Error> {
-        let Some(keys) = &self.keys else {
+        if self.keys.is_none() {
             return Ok(None);
-        };
-        self.with(|c| {
-            let first: Option<u32> = c
-                .query_row(
-                    "SELECT MIN(version) FROM data_keys WHERE tenant = ?1",
-                    [tenant],
-                    |r| r.get(0),
-                )
-                .map_err(db_err)?;
-            let k = match first {
-                Some(v) => keys.key(c, tenant, v)?,
-                None => keys.current(c, tenant)?.1,
-            };
-            Ok(Some(crate::keyring::lexical_key_of(&k)))
-        })
+        }
+        self.with(|c| self.lexical_key_on(c, tenant))
     }
 
     async fn warm(&self) -> Result<usize, Error> {
@@ -754,6 +741,72 @@ impl RecallStore for SqliteStore {
             self.ann.drop_tenant(tenant, None);
             Ok(())
         })
+    }
+}
+
+impl SqliteStore {
+    /// A tenant's lexical key (see `RecallStore::lexical_key`), read on an open connection.
+    pub(crate) fn lexical_key_on(
+        &self,
+        c: &Connection,
+        tenant: &str,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        let Some(keys) = &self.keys else {
+            return Ok(None);
+        };
+        let first: Option<u32> = c
+            .query_row(
+                "SELECT MIN(version) FROM data_keys WHERE tenant = ?1",
+                [tenant],
+                |r| r.get(0),
+            )
+            .map_err(db_err)?;
+        let k = match first {
+            Some(v) => keys.key(c, tenant, v)?,
+            None => keys.current(c, tenant)?.1,
+        };
+        Ok(Some(crate::keyring::lexical_key_of(&k)))
+    }
+
+    /// The full-text key of the tenant whose sessions' `tenant` column is `column`.
+    pub(crate) fn terms_key_on(&self, c: &Connection, column: &str) -> Result<Vec<u8>, Error> {
+        let name = if column.is_empty() {
+            crate::tenant::Tenant::LOCAL
+        } else {
+            column
+        };
+        Ok(crate::terms::terms_key(
+            name,
+            self.lexical_key_on(c, name)?.as_deref(),
+        ))
+    }
+
+    /// Index episodes of `session` (`(episode, terms)`) in the open transaction `c`.
+    pub(crate) fn index_terms_on(
+        &self,
+        c: &Connection,
+        session: &str,
+        docs: &[(u64, String)],
+    ) -> Result<u32, Error> {
+        let key = self.terms_key_on(c, crate::tenant::tenant_column(session))?;
+        let mut t = SqliteTx { store: self, c };
+        futures::executor::block_on(crate::terms::index(&mut t, &key, session, docs))
+    }
+
+    /// The full-text index's matches (see `Store::search_episodes`), on an open connection.
+    pub(crate) fn search_terms_on(
+        &self,
+        c: &Connection,
+        column: &str,
+        session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<crate::types::TermMatches, Error> {
+        let key = self.terms_key_on(c, column)?;
+        let mut t = SqliteTx { store: self, c };
+        futures::executor::block_on(crate::terms::search(
+            &mut t, &key, column, session, terms, limit,
+        ))
     }
 }
 

@@ -1118,3 +1118,49 @@ impl SqliteStore {
         .map_err(db_err)
     }
 }
+
+#[async_trait]
+impl super::tables::IndexStore for SqliteStore {
+    async fn unindexed(&self) -> Result<(u64, u64), Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*), COALESCE(SUM(episodes), 0) FROM sessions WHERE indexed = 0",
+                [],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+            )
+            .map_err(db_err)
+        })
+    }
+
+    async fn next_unindexed(&self) -> Result<Option<String>, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT id FROM sessions WHERE indexed = 0 ORDER BY id LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(db_err)
+        })
+    }
+
+    async fn index_episodes(
+        &self,
+        session: &str,
+        docs: &[(u64, String)],
+        done: bool,
+    ) -> Result<u32, Error> {
+        self.with(|conn| {
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(db_err)?;
+            let added = self.index_terms_on(&tx, session, docs)?;
+            if done {
+                tx.execute("UPDATE sessions SET indexed = 1 WHERE id = ?1", [session])
+                    .map_err(db_err)?;
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(added)
+        })
+    }
+}

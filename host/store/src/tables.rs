@@ -364,14 +364,49 @@ pub trait SlotStore: Send + Sync {
     }
 }
 
+/// The full-text index's catch-up: sessions stored before the index existed (SQLite's
+/// migration 34, PostgreSQL's 13) are indexed by the app in batches, their terms from the
+/// guest. A session stored since is indexed as its episodes arrive.
+#[async_trait]
+pub trait IndexStore: Send + Sync {
+    /// Sessions not yet indexed, and their episodes.
+    async fn unindexed(&self) -> Result<(u64, u64), Error>;
+    /// The next session not yet indexed (a stored key), if any.
+    async fn next_unindexed(&self) -> Result<Option<String>, Error>;
+    /// Index episodes of `session` (`(episode, terms)`, the guest's terms: the store keeps
+    /// their keyed hashes), skipping those indexed already or no longer stored, in one
+    /// transaction; with `done`, the session is indexed from then on. Returns those added.
+    async fn index_episodes(
+        &self,
+        session: &str,
+        docs: &[(u64, String)],
+        done: bool,
+    ) -> Result<u32, Error>;
+}
+
 /// Everything the app keeps: the engine's store and the app's tables, in one place.
 pub trait AppStore:
-    Store + JobStore + SourceStore + TokenStore + EventStore + SlotStore + super::RecallStore
+    Store
+    + JobStore
+    + SourceStore
+    + TokenStore
+    + EventStore
+    + SlotStore
+    + IndexStore
+    + super::RecallStore
 {
 }
 
-impl<T: Store + JobStore + SourceStore + TokenStore + EventStore + SlotStore + super::RecallStore>
-    AppStore for T
+impl<
+    T: Store
+        + JobStore
+        + SourceStore
+        + TokenStore
+        + EventStore
+        + SlotStore
+        + IndexStore
+        + super::RecallStore,
+> AppStore for T
 {
 }
 

@@ -227,6 +227,30 @@ impl Store for TenantStore {
     async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error> {
         self.inner.calibration(model).await
     }
+    async fn search_episodes(
+        &self,
+        _tenant: Option<&str>,
+        session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<crate::types::TermMatches, Error> {
+        // This tenant's sessions only, by its name and its keys; ids back as it names them.
+        let key = session.map(|s| self.k(s));
+        let mut m = self
+            .inner
+            .search_episodes(Some(self.tenant.name()), key.as_deref(), terms, limit)
+            .await?;
+        m.matches
+            .retain_mut(|x| match self.tenant.session_of(&x.session) {
+                Some(id) => {
+                    x.session = id.to_string();
+                    true
+                }
+                None => false,
+            });
+        Ok(m)
+    }
+
     async fn record_calibration(
         &self,
         model: &str,
@@ -574,6 +598,7 @@ mod tests {
 
     fn ep(key: &str) -> NewEpisode {
         NewEpisode {
+            terms: String::new(),
             role: Role::User,
             content: format!("message {key}"),
             timestamp_ms: None,

@@ -23,6 +23,42 @@ const ONLY_IN: &[(&str, &str, &str, &str)] = &[
     (
         "sqlite",
         "table",
+        "episode_fts",
+        "SQLite's full-text index of the hashed terms (FTS5 and its own tables, and the vocabulary view that counts a term's episodes); PostgreSQL's is the GIN index episode_terms_fts",
+    ),
+    (
+        "sqlite",
+        "table",
+        "episode_fts_config",
+        "SQLite's full-text index of the hashed terms (FTS5 and its own tables, and the vocabulary view that counts a term's episodes); PostgreSQL's is the GIN index episode_terms_fts",
+    ),
+    (
+        "sqlite",
+        "table",
+        "episode_fts_data",
+        "SQLite's full-text index of the hashed terms (FTS5 and its own tables, and the vocabulary view that counts a term's episodes); PostgreSQL's is the GIN index episode_terms_fts",
+    ),
+    (
+        "sqlite",
+        "table",
+        "episode_fts_idx",
+        "SQLite's full-text index of the hashed terms (FTS5 and its own tables, and the vocabulary view that counts a term's episodes); PostgreSQL's is the GIN index episode_terms_fts",
+    ),
+    (
+        "sqlite",
+        "table",
+        "episode_vocab",
+        "SQLite's full-text index of the hashed terms (FTS5 and its own tables, and the vocabulary view that counts a term's episodes); PostgreSQL's is the GIN index episode_terms_fts",
+    ),
+    (
+        "postgres",
+        "index",
+        "episode_terms_fts",
+        "PostgreSQL's full-text index: GIN over the simple tsvector of the hashed terms; SQLite's is the FTS5 table episode_fts",
+    ),
+    (
+        "sqlite",
+        "table",
         "ann_graphs",
         "SQLite's recall index is an HNSW graph in the process, saved here so a restart loads it; PostgreSQL's is pgvector's index, inside the database",
     ),
@@ -216,6 +252,7 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
     let s = PgStore::connect(&url).await.expect("connect");
     for (key, episodes) in [("acme\u{1f}a", 1), ("local-one", 1), ("acme\u{1f}b", 1)] {
         let ep = abridge_engine::types::NewEpisode {
+            terms: String::new(),
             role: abridge_engine::types::Role::User,
             content: "hi".into(),
             timestamp_ms: None,

@@ -21,6 +21,7 @@ const CANARY: &str = "CANARY-7f3a";
 
 fn episode(i: u64) -> NewEpisode {
     NewEpisode {
+        terms: String::new(),
         role: Role::User,
         content: format!("{CANARY} episode {i}: my password is hunter{i}"),
         timestamp_ms: None,

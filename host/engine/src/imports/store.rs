@@ -4,7 +4,7 @@ use super::HostState;
 use crate::bindings::abridge::engine::store::Host;
 use crate::types::{
     CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, NewEpisode, SessionStats,
-    SummaryRow, SummaryWrite,
+    SummaryRow, SummaryWrite, TermMatches,
 };
 
 impl Host for HostState {
@@ -78,6 +78,17 @@ impl Host for HostState {
         write: SummaryWrite,
     ) -> Result<SummaryRow, Error> {
         self.store.write_summary(&session, write).await
+    }
+
+    async fn search_episodes(
+        &mut self,
+        session: Option<String>,
+        terms: Vec<String>,
+        limit: u32,
+    ) -> Result<TermMatches, Error> {
+        self.store
+            .search_episodes(None, session.as_deref(), &terms, limit)
+            .await
     }
 
     async fn summary_history(&mut self, session: String) -> Result<Vec<SummaryRow>, Error> {

@@ -43,6 +43,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("010-sessions-tenant.sql"),
     include_str!("011-summary-coverage.sql"),
     include_str!("012-session-grams.sql"),
+    include_str!("013-episode-terms.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
@@ -64,6 +65,8 @@ const OWN_TABLES: &[&str] = &[
     "session_pins",
     "session_labels",
     "session_grams",
+    "episode_terms",
+    "search_totals",
     "tokens",
     "events",
     "clusters",
@@ -558,7 +561,7 @@ impl Store for PgStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
         tx.execute(
-            "INSERT INTO sessions (id, tenant) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO sessions (id, tenant, indexed) VALUES ($1, $2, 1) ON CONFLICT (id) DO NOTHING",
             &[&session, &crate::tenant::tenant_column(session)],
         )
         .await
@@ -591,6 +594,7 @@ impl Store for PgStore {
             .map_err(|e| self.err(e))?;
         let sealer = self.sealer(&tx, &place::tenant_of(session)).await?;
         let (mut added, mut tokens) = (0u32, 0i64);
+        let mut docs: Vec<(u64, String)> = Vec::new();
         for e in &episodes {
             let name = place::episode(session, next as u64);
             let (content, sealed) = sealer.seal(place::EPISODE, &name, &e.content)?;
@@ -618,12 +622,18 @@ impl Store for PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
             if n == 1 {
+                if !e.terms.trim().is_empty() {
+                    docs.push((next as u64, e.terms.clone()));
+                }
                 next += 1;
                 added += 1;
                 tokens += i64::from(e.tokens);
                 through += i64::from(e.tokens);
                 bytes += e.content.len() as i64;
             }
+        }
+        if !docs.is_empty() {
+            self.index_terms_in(&tx, session, &docs).await?;
         }
         if added > 0 {
             tx.execute(
@@ -1017,6 +1027,19 @@ impl Store for PgStore {
                 estimated: g64(&r, 0),
                 reported: g64(&r, 1),
             }))
+    }
+
+    async fn search_episodes(
+        &self,
+        tenant: Option<&str>,
+        session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<crate::types::TermMatches, Error> {
+        let column = crate::terms::scope_column(tenant, session);
+        let c = self.client().await?;
+        self.search_terms_in(&c, &column, session, terms, limit)
+            .await
     }
 
     async fn record_calibration(

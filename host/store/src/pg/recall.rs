@@ -26,6 +26,80 @@ use crate::types::{
 };
 
 impl PgStore {
+    /// A tenant's lexical key (see `RecallStore::lexical_key`), read on `c`.
+    pub(super) async fn lexical_key_on<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        tenant: &str,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        if self.keys.is_none() {
+            return Ok(None);
+        }
+        let first: Option<i64> = c
+            .query_one(
+                "SELECT MIN(version) FROM data_keys WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .get(0);
+        let v = match first {
+            Some(v) => v as u32,
+            None => {
+                // Made on first use, like a data key for sealing.
+                self.sealer(c, tenant).await?;
+                1
+            }
+        };
+        let k = self.data_key(c, tenant, v).await?;
+        Ok(Some(crate::keyring::lexical_key_of(&k)))
+    }
+
+    /// The full-text key of the tenant whose sessions' `tenant` column is `column`.
+    async fn terms_key_on<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        column: &str,
+    ) -> Result<Vec<u8>, Error> {
+        let name = if column.is_empty() {
+            crate::tenant::Tenant::LOCAL
+        } else {
+            column
+        };
+        Ok(crate::terms::terms_key(
+            name,
+            self.lexical_key_on(c, name).await?.as_deref(),
+        ))
+    }
+
+    /// Index episodes of `session` (`(episode, terms)`) in the open transaction `c`.
+    pub(super) async fn index_terms_in<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        session: &str,
+        docs: &[(u64, String)],
+    ) -> Result<u32, Error> {
+        let key = self
+            .terms_key_on(c, crate::tenant::tenant_column(session))
+            .await?;
+        let mut t = PgTx { store: self, c };
+        crate::terms::index(&mut t, &key, session, docs).await
+    }
+
+    /// The full-text index's matches (see `Store::search_episodes`) on `c`.
+    pub(super) async fn search_terms_in<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        column: &str,
+        session: Option<&str>,
+        terms: &[String],
+        limit: u32,
+    ) -> Result<crate::types::TermMatches, Error> {
+        let key = self.terms_key_on(c, column).await?;
+        let mut t = PgTx { store: self, c };
+        crate::terms::search(&mut t, &key, column, session, terms, limit).await
+    }
+
     async fn data_key<C: GenericClient + Sync>(
         &self,
         c: &C,
@@ -803,24 +877,7 @@ impl RecallStore for PgStore {
             return Ok(None);
         }
         let c = self.client().await?;
-        let first: Option<i64> = c
-            .query_one(
-                "SELECT MIN(version) FROM data_keys WHERE tenant = $1",
-                &[&tenant],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-            .get(0);
-        let v = match first {
-            Some(v) => v as u32,
-            None => {
-                // Made on first use, like a data key for sealing.
-                self.sealer(&c, tenant).await?;
-                1
-            }
-        };
-        let k = self.data_key(&c, tenant, v).await?;
-        Ok(Some(crate::keyring::lexical_key_of(&k)))
+        self.lexical_key_on(&c, tenant).await
     }
 
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {

@@ -1267,3 +1267,44 @@ impl PgStore {
         Ok(())
     }
 }
+
+#[async_trait]
+impl crate::tables::IndexStore for PgStore {
+    async fn unindexed(&self) -> Result<(u64, u64), Error> {
+        let r = self
+            .rows(
+                "SELECT COUNT(*), COALESCE(SUM(episodes), 0)::BIGINT FROM sessions WHERE indexed = 0",
+                &[],
+            )
+            .await?;
+        Ok(r.first().map_or((0, 0), |r| (g64(r, 0), g64(r, 1))))
+    }
+
+    async fn next_unindexed(&self) -> Result<Option<String>, Error> {
+        let r = self
+            .rows(
+                "SELECT id FROM sessions WHERE indexed = 0 ORDER BY id LIMIT 1",
+                &[],
+            )
+            .await?;
+        Ok(r.first().map(|r| r.get(0)))
+    }
+
+    async fn index_episodes(
+        &self,
+        session: &str,
+        docs: &[(u64, String)],
+        done: bool,
+    ) -> Result<u32, Error> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| self.err(e))?;
+        let added = self.index_terms_in(&tx, session, docs).await?;
+        if done {
+            tx.execute("UPDATE sessions SET indexed = 1 WHERE id = $1", &[&session])
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(added)
+    }
+}

@@ -1,0 +1,129 @@
+//! Full-text search of a session's or a tenant's messages, and the earlier turns a context's
+//! query finds. The store's index answers which episodes hold the query's terms; what ranks
+//! first, how many are shown and what stands beside them is decided here.
+
+#[allow(unused_imports)]
+use super::*;
+use crate::search;
+
+/// Most hits one search page holds.
+pub const PAGE_MAX: u32 = 100;
+/// Most earlier turns a query adds to a context (before the budget's share cuts them).
+pub const FOUND_MAX: usize = 40;
+/// A reply shown beside a found turn: at most this many tokens (a short answer, an
+/// acknowledgement that dates it).
+pub const REPLY_TOKENS: u32 = 60;
+
+/// One episode a search found (mirrors the WIT `search-hit`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchHit {
+    /// Its session.
+    pub session: String,
+    /// The episode.
+    pub episode: Episode,
+    /// Its BM25 score.
+    pub score: f64,
+    /// Its text around the matches, the matches marked.
+    pub excerpt: String,
+}
+
+/// A page of hits (mirrors the WIT `search-page`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SearchPage {
+    /// The hits, best first.
+    pub hits: Vec<SearchHit>,
+    /// Whether more follow.
+    pub more: bool,
+}
+
+/// Full-text search of `session`'s messages, or of every session the store holds (see the
+/// WIT `search`).
+pub fn search(
+    h: &mut impl Host,
+    session: Option<&str>,
+    q: &str,
+    offset: u32,
+    limit: u32,
+) -> Result<SearchPage, Error> {
+    if session.is_some_and(|s| s.trim().is_empty()) {
+        return Err(Error::InvalidInput(
+            "the session id is empty; pass a session id, or none to search every session".into(),
+        ));
+    }
+    let terms = search::query(q);
+    if terms.is_empty() {
+        return Ok(SearchPage::default());
+    }
+    let limit = limit.clamp(1, PAGE_MAX);
+    let want = (u64::from(offset) + u64::from(limit) + 1).min(u64::from(u32::MAX)) as u32;
+    let m = h.search_episodes(session, &terms, search::CANDIDATES.max(want))?;
+    let ranked = search::rank(&m);
+    let more = ranked.len() > offset as usize + limit as usize;
+    let mut hits = Vec::new();
+    for (score, i) in ranked
+        .into_iter()
+        .skip(offset as usize)
+        .take(limit as usize)
+    {
+        let x = &m.matches[i];
+        // An episode popped since the index answered is gone: it is not a hit.
+        let Some(e) = episode_at(h, &x.session, x.episode)? else {
+            continue;
+        };
+        hits.push(SearchHit {
+            session: x.session.clone(),
+            excerpt: search::excerpt(&e.content, &terms, search::EXCERPT_CHARS),
+            episode: e,
+            score,
+        });
+    }
+    Ok(SearchPage { hits, more })
+}
+
+/// An earlier turn a context's query found, and the short reply to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Found {
+    /// The turn.
+    pub turn: Episode,
+    /// The next turn, when it is the other side's and short.
+    pub reply: Option<Episode>,
+}
+
+/// The session's turns that best match `q`, best first (at most [`FOUND_MAX`]), each with its
+/// short reply: what a context with a query shows beside the summary, as far as its share of
+/// the budget goes (`context::assemble`). Only dialogue is found (a context shows no tool
+/// output verbatim).
+pub fn found_turns(h: &mut impl Host, session: &str, q: &str) -> Result<Vec<Found>, Error> {
+    let terms = search::query(q);
+    if terms.is_empty() {
+        return Ok(Vec::new());
+    }
+    let m = h.search_episodes(Some(session), &terms, search::CANDIDATES)?;
+    let dialogue = |e: &Episode| {
+        matches!(
+            e.role,
+            crate::types::Role::User | crate::types::Role::Assistant
+        )
+    };
+    let mut out: Vec<Found> = Vec::new();
+    for (_, i) in search::rank(&m) {
+        if out.len() >= FOUND_MAX {
+            break;
+        }
+        let x = &m.matches[i];
+        let mut two = h.episodes_after(session, x.episode.saturating_sub(1), 2)?;
+        two.retain(|e| e.id >= x.episode);
+        let mut two = two.into_iter();
+        let Some(turn) = two.next().filter(|e| e.id == x.episode && dialogue(e)) else {
+            continue;
+        };
+        let reply = two.next().filter(|r| {
+            dialogue(r)
+                && r.id == turn.id + 1
+                && (r.role != turn.role || r.speaker != turn.speaker)
+                && r.tokens <= REPLY_TOKENS
+        });
+        out.push(Found { turn, reply });
+    }
+    Ok(out)
+}
