@@ -16,7 +16,7 @@ pub const FOUND_HEADER: &str =
 
 /// The share of the budget, in percent, the earlier turns a query found may take (after the
 /// newest message, the pins and the newest pairs); with no query it goes to the rest.
-pub const FOUND_SHARE: u32 = 50;
+pub const FOUND_SHARE: u32 = 70;
 
 /// Openings of abridge's own prompts (fresh, update, reduce): episodes that start with one
 /// are prompts fed back in, and `append` skips them.

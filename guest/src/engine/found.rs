@@ -9,7 +9,11 @@ use crate::search;
 /// Most hits one search page holds.
 pub const PAGE_MAX: u32 = 100;
 /// Most earlier turns a query adds to a context (before the budget's share cuts them).
-pub const FOUND_MAX: usize = 40;
+pub const FOUND_MAX: usize = 80;
+/// A turn is found only when it scores at least this share (percent) of the best turn's
+/// score: below it a turn matches the query's commonest words alone (a name said in every
+/// other turn), and the room is the summary's.
+pub const FOUND_FLOOR: u32 = 30;
 /// A reply shown beside a found turn: at most this many tokens (a short answer, an
 /// acknowledgement that dates it).
 pub const REPLY_TOKENS: u32 = 60;
@@ -106,8 +110,12 @@ pub fn found_turns(h: &mut impl Host, session: &str, q: &str) -> Result<Vec<Foun
         )
     };
     let mut out: Vec<Found> = Vec::new();
-    for (_, i) in search::rank(&m) {
-        if out.len() >= FOUND_MAX {
+    let ranked = search::rank(&m);
+    let floor = ranked
+        .first()
+        .map_or(0.0, |(best, _)| best * f64::from(FOUND_FLOOR) / 100.0);
+    for (score, i) in ranked {
+        if out.len() >= FOUND_MAX || score < floor {
             break;
         }
         let x = &m.matches[i];
