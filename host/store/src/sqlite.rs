@@ -1269,6 +1269,66 @@ mod tests {
 
     /// Migration 33 moves memories and cluster summaries from WITHOUT ROWID tables to rowid
     /// tables: every row, plain or sealed, reads back the same, and recall finds them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_stored_before_the_index_are_indexed_in_batches_after_migration_34() {
+        use crate::tables::IndexStore;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.db");
+        let said = |i: usize, terms: &str| NewEpisode {
+            terms: terms.into(),
+            content: format!("m{i}"),
+            source_key: format!("k{i}"),
+            ..hi().remove(0)
+        };
+        {
+            let s = SqliteStore::open(&path).unwrap();
+            s.append_episodes("a", vec![said(1, "deploy key"), said(2, "garden")])
+                .await
+                .unwrap();
+            s.append_episodes("acme\u{1f}b", vec![said(1, "deploy")])
+                .await
+                .unwrap();
+        }
+        back_before(&path, "sessions_unindexed");
+        let s = SqliteStore::open(&path).unwrap();
+        assert_eq!(s.unindexed().await.unwrap(), (2, 3));
+        let deploy = vec!["deploy".to_string()];
+        let m = s.search_episodes(None, None, &deploy, 10).await.unwrap();
+        assert!(m.matches.is_empty(), "nothing indexed yet");
+        // A message arriving meanwhile is indexed as it arrives; the catch-up skips it.
+        s.append_episodes("a", vec![said(3, "deploy again")])
+            .await
+            .unwrap();
+        while let Some(session) = s.next_unindexed().await.unwrap() {
+            let eps = s.episodes_after(&session, 0, 100).await.unwrap();
+            // The terms the guest would give for each message (here: the first words above).
+            let docs: Vec<(u64, String)> = eps
+                .iter()
+                .map(|e| {
+                    let t = match (session.as_str(), e.id) {
+                        ("a", 1) => "deploy key",
+                        ("a", 2) => "garden",
+                        ("a", _) => "deploy again",
+                        _ => "deploy",
+                    };
+                    (e.id, t.to_string())
+                })
+                .collect();
+            s.index_episodes(&session, &docs, true).await.unwrap();
+        }
+        assert_eq!(s.unindexed().await.unwrap(), (0, 0));
+        let m = s.search_episodes(None, None, &deploy, 10).await.unwrap();
+        assert_eq!((m.docs, m.df.clone()), (3, vec![2]), "the local tenant's");
+        let mut ids: Vec<u64> = m.matches.iter().map(|x| x.episode).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [1, 3]);
+        let t = s
+            .search_episodes(Some("acme"), None, &deploy, 10)
+            .await
+            .unwrap();
+        assert_eq!((t.docs, t.matches.len()), (1, 1));
+    }
+
     #[tokio::test]
     async fn memories_stored_without_rowid_survive_migration_33() {
         use crate::recall::RecallStore;
