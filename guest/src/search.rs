@@ -199,10 +199,9 @@ pub fn excerpt(text: &str, q: &[String], chars: usize) -> String {
             s -= 1;
         }
         // From a word's start, not its middle.
-        match ws.iter().find(|(w, _)| w.end > s) {
-            Some((w, _)) if w.start < r.start => w.start.max(s).min(r.start),
-            _ => s,
-        }
+        ws.iter()
+            .find(|(w, _)| w.start >= s)
+            .map_or(s, |(w, _)| w.start.min(r.start))
     };
     let best = hits
         .iter()

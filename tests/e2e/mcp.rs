@@ -90,13 +90,7 @@ fn check_tools(v: &Value) {
     assert_eq!(
         names,
         [
-            "context",
-            "expand",
-            "forget",
-            "pin",
-            "recall",
-            "remember",
-            "search_sessions"
+            "context", "expand", "forget", "pin", "recall", "remember", "search"
         ]
     );
     assert!(tools.len() <= 8);
@@ -119,7 +113,7 @@ fn over_stdio_every_tool_answers_and_a_bad_argument_is_a_tool_error_that_says_ho
     let plan = json!([
         call("context", json!({})),
         call("context", json!({"session": "0a1b", "budget_tokens": 200})),
-        call("search_sessions", json!({"query": "checkout"})),
+        call("search", json!({"query": "checkout"})),
         call("expand", json!({"session": "0a1b", "episode": 3})),
         call("expand", json!({"session": "0a1b", "row": row})),
         call(
@@ -136,6 +130,20 @@ fn over_stdio_every_tool_answers_and_a_bad_argument_is_a_tool_error_that_says_ho
         call("expand", json!({"session": session, "episode": 999})),
         call("context", json!({"bogus": 1})),
         call("forget", json!({"id": "no-such-memory"})),
+        // One session's messages; a hostile query is words; a context with a query.
+        call(
+            "search",
+            json!({"query": "health check", "session": "0a1b", "limit": 3})
+        ),
+        call(
+            "search",
+            json!({"query": "\"NEAR(checkout* -test)\" OR content:fails"})
+        ),
+        call(
+            "context",
+            json!({"session": session, "budget_tokens": 290, "query": "the flaky checkout test"})
+        ),
+        call("search", json!({"query": "checkout", "limit": 0})),
     ]);
     let exe = env!("CARGO_BIN_EXE_abridge");
     let v = drive(&env, &py, &plan, &["stdio", "--", exe, "mcp"]);
@@ -163,8 +171,12 @@ fn over_stdio_every_tool_answers_and_a_bad_argument_is_a_tool_error_that_says_ho
         "{}",
         text(1)
     );
+    // The session by its words, and the messages that hold them, the matches marked.
     assert!(
-        text(2).contains(session) && text(2).contains("checkout"),
+        text(2).contains(session)
+            && text(2).contains("session(s) match")
+            && text(2).contains("Messages that best match")
+            && text(2).contains("**checkout**"),
         "{}",
         text(2)
     );
@@ -197,10 +209,25 @@ fn over_stdio_every_tool_answers_and_a_bad_argument_is_a_tool_error_that_says_ho
         (12, "has no message #999"),
         (13, "unknown field `bogus`"),
         (14, "no memory 'no-such-memory'"),
+        (18, "give 1 to 50"),
     ] {
         assert_eq!(calls[i]["is_error"], true, "call {i}: {}", text(i));
         assert!(text(i).contains(says), "call {i}: {}", text(i));
     }
+    for i in 15..=17 {
+        assert_eq!(calls[i]["is_error"], false, "call {i}: {}", text(i));
+    }
+    // One session's messages only, best first, no session list.
+    assert!(
+        !text(15).contains("session(s) match") && text(15).contains("**health** **check**"),
+        "{}",
+        text(15)
+    );
+    // Quotes, NEAR, *, -, OR and a column filter are words: the checkout messages.
+    assert!(text(16).contains("**checkout**"), "{}", text(16));
+    // The context takes a query (this short session's matching turns are all shown already:
+    // pinned or recent; `tests/e2e/serve.rs` checks the turns a longer one finds).
+    assert!(text(17).contains("found turns 0"), "{}", text(17));
     // The memory can be forgotten.
     let v = drive(
         &env,
@@ -223,7 +250,7 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
     assert!(r.status < 300, "{}", r.body);
     let url = format!("http://{addr}/mcp");
     let plan = json!([
-        call("search_sessions", json!({"query": "billing"})),
+        call("search", json!({"query": "billing"})),
         call("context", json!({"session": "deploy-1"})),
         call(
             "remember",
@@ -246,7 +273,7 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
     // Another tenant sees none of it: the session is not found, the memory not recalled.
     let plan = json!([
         call("context", json!({"session": "deploy-1"})),
-        call("search_sessions", json!({"query": "billing"})),
+        call("search", json!({"query": "billing"})),
         call("recall", json!({"query": "billing cluster"})),
     ]);
     let v = drive(&env, &py, &plan, &["http", &url, &globex]);
@@ -263,7 +290,7 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
         calls[1]["text"]
             .as_str()
             .unwrap()
-            .starts_with("No session matches"),
+            .starts_with("Nothing matches"),
         "{v}"
     );
     assert!(

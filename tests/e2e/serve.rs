@@ -1391,3 +1391,127 @@ fn a_context_that_must_omit_messages_keeps_their_identifiers_and_queues_the_fold
     assert_eq!(c["budget"], 1500);
     assert!(tokens <= 1500 && tokens * 10 >= 1500 * 9, "{c}");
 }
+
+/// `s` as a URL query value.
+fn q_enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn search_finds_every_message_of_the_tenant_and_hostile_queries_are_words() {
+    let env = extractive();
+    let acme = token(&env, "acme", &[]);
+    let globex = token(&env, "globex", &[]);
+    let srv = Server::start(&env, &[]);
+    let addr = srv.addr.as_str();
+    let mut ms: Vec<Value> = (1..=40)
+        .map(|i| {
+            json!({"role": if i % 2 == 1 { "user" } else { "assistant" },
+                "content": format!("Turn {i}: we talked about the weather and the garden, nothing more.")})
+        })
+        .collect();
+    ms[4] = json!({"role": "user", "content": "The launch code for the Zephyr project is 7741."});
+    ms[5] = json!({"role": "assistant", "content": "Noted: 7741."});
+    let r = post_messages(addr, Some(&acme), "chat", &json!({ "messages": ms }));
+    assert!(r.status < 300, "{}", r.body);
+    let r = post_messages(
+        addr,
+        Some(&globex),
+        "theirs",
+        &json!({"messages": [{"role": "user", "content": "Globex's Zephyr plans are secret."}]}),
+    );
+    assert!(r.status < 300, "{}", r.body);
+    // The message, its session, number and time, the match marked, and where to read it.
+    let v = get(addr, "/v1/search?q=zephyr%20launch", Some(&acme)).expect(200);
+    let hits = v["hits"].as_array().unwrap();
+    assert_eq!(hits.len(), 1, "{v}");
+    let h = &hits[0];
+    assert_eq!(
+        (h["session"].as_str(), h["episode"].as_u64()),
+        (Some("chat"), Some(5)),
+        "{v}"
+    );
+    assert!(h["timestamp_ms"].as_i64().is_some(), "{v}");
+    assert!(h["excerpt"].as_str().unwrap().contains("**launch**"), "{v}");
+    assert!(h["excerpt"].as_str().unwrap().contains("**Zephyr**"), "{v}");
+    let link = h["expand"].as_str().unwrap();
+    let read = get(addr, link, Some(&acme)).expect(200);
+    assert!(read.to_string().contains("launch code"), "{read}");
+    assert_eq!(v["complete"], true);
+    // The other tenant finds its own message only.
+    let v = get(addr, "/v1/search?q=zephyr", Some(&globex)).expect(200);
+    let sessions: Vec<&str> = v["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["session"].as_str().unwrap())
+        .collect();
+    assert_eq!(sessions, ["theirs"], "{v}");
+    // Paged: one at a time.
+    let v = get(addr, "/v1/search?q=garden&limit=1", Some(&acme)).expect(200);
+    assert_eq!(v["hits"].as_array().unwrap().len(), 1);
+    assert_eq!(v["next_offset"], 1, "{v}");
+    let first = v["hits"][0]["episode"].clone();
+    let v = get(addr, "/v1/search?q=garden&limit=1&offset=1", Some(&acme)).expect(200);
+    assert_ne!(v["hits"][0]["episode"], first, "{v}");
+    // Hostile queries are words: each a 200, the launch message found by its words.
+    let long = "zephyr ".repeat(3000);
+    for q in [
+        "\"zephyr launch\"",
+        "NEAR(zephyr launch, 2)",
+        "zephyr*",
+        "-zephyr",
+        "content:zephyr",
+        "zephyr AND OR NOT",
+        "zephyr)) ((( \" ' ;--",
+        "zephyr & !launch | (a <-> b):*",
+        long.as_str(),
+    ] {
+        let v = get(addr, &format!("/v1/search?q={}", q_enc(q)), Some(&acme)).expect(200);
+        assert_eq!(v["hits"][0]["episode"], 5, "{q:.40}: {v}");
+    }
+    for q in ["", "\"\" () *", "the and of"] {
+        let v = get(addr, &format!("/v1/search?q={}", q_enc(q)), Some(&acme)).expect(200);
+        assert!(v["hits"].as_array().unwrap().is_empty(), "{q}: {v}");
+    }
+    // Honest refusals.
+    get(addr, "/v1/search?q=zephyr&limit=0", Some(&acme)).expect(400);
+    get(addr, "/v1/search?q=zephyr&offset=5000", Some(&acme)).expect(400);
+    get(addr, "/v1/search?q=zephyr&session=theirs", Some(&acme)).expect(404);
+    get(addr, "/v1/search?limit=3", Some(&acme)).expect(400);
+    get(addr, "/v1/search?q=zephyr", None).expect(401);
+    // One session's messages.
+    let v = get(addr, "/v1/search?q=zephyr&session=chat", Some(&acme)).expect(200);
+    assert_eq!(v["hits"][0]["episode"], 5, "{v}");
+    // A context with a query carries the earlier turn that answers it, with its number.
+    let v = get(
+        addr,
+        &format!(
+            "/v1/sessions/chat/context?budget=300&query={}",
+            q_enc("What is the Zephyr launch code?")
+        ),
+        Some(&acme),
+    )
+    .expect(200);
+    let system = v["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        system.contains("Earlier turns that match the question"),
+        "{v}"
+    );
+    assert!(system.contains("#5 (") && system.contains("7741"), "{v}");
+    assert!(v["found"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["parts"]["found"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["tokens"].as_u64().unwrap() <= 300, "{v}");
+    // Without the query the share goes to the rest: no found turns.
+    let v = get(addr, "/v1/sessions/chat/context?budget=300", Some(&acme)).expect(200);
+    assert_eq!(v["found"], 0, "{v}");
+    drop(srv);
+}

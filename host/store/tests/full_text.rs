@@ -98,12 +98,7 @@ async fn searched(name: &str, db: Arc<dyn AppStore>) -> Vec<Shape> {
     // The rarest term's postings first (key: newest first), then deploy's new ones.
     assert_eq!(
         found,
-        [
-            ("beta", 3),
-            ("alpha", 2),
-            ("beta", 1),
-            ("alpha", 1)
-        ],
+        [("beta", 3), ("alpha", 2), ("beta", 1), ("alpha", 1)],
         "{name}"
     );
     let two = everywhere
@@ -115,7 +110,12 @@ async fn searched(name: &str, db: Arc<dyn AppStore>) -> Vec<Shape> {
     out.push(shape(&everywhere));
     // One session's only, by its token.
     let one = acme
-        .search_episodes(None, Some("alpha"), &q(&["kubernetes", "tomato", "nowhere"]), 10)
+        .search_episodes(
+            None,
+            Some("alpha"),
+            &q(&["kubernetes", "tomato", "nowhere"]),
+            10,
+        )
         .await
         .unwrap();
     assert_eq!(one.df, vec![2, 2, 0], "{name}: counts are the tenant's");
