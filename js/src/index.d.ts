@@ -21,7 +21,34 @@ export interface Message { role: Role; content: string }
 /** `speaker`: the speaker's name when the transcript gives one (summaries attribute to it). */
 export interface NewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string | number; speaker?: string }
 
-export interface StoredNewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string; tokens: number; speaker?: string }
+export interface StoredNewEpisode {
+  role: Role; content: string; timestampMs?: number; sourceKey: string; tokens: number; speaker?: string;
+  /** The episode's full-text index terms, space separated (filled in by the guest). */
+  terms: string;
+}
+
+/** What a store's full-text index answers for a query's terms (the WIT `term-matches`). */
+export interface TermMatches {
+  docs: number;
+  length: number;
+  df: number[];
+  matches: Array<{ session: string; episode: number; length: number; counts: number[] }>;
+}
+
+/** One message a search found. */
+export interface SearchHit {
+  session: string;
+  episode: number;
+  role: Role;
+  speaker?: string;
+  timestampMs?: number;
+  /** The whole message. */
+  content: string;
+  /** BM25 score (higher is better). */
+  score: number;
+  /** The text around the matches, each matching word between `**`. */
+  excerpt: string;
+}
 export interface Episode {
   id: number; role: Role; content: string; timestampMs?: number; tokens: number; speaker?: string;
   /** Sum of `tokens` over the session's episodes 1..=id (kept by the store). */
@@ -148,6 +175,9 @@ export interface ContextRequest {
   refreshAfter: number;
   /** Episodes always included verbatim, within the budget. */
   pins: number[];
+  /** What the next call is about (usually the user's newest message): the earlier turns that
+   * best match it are included verbatim beside the summary. */
+  query?: string;
 }
 export const defaultContextRequest: Readonly<ContextRequest>;
 
@@ -170,6 +200,8 @@ export interface ContextWindow {
   identifiers: number;
   /** Pinned episodes included. */
   pinned: number;
+  /** Earlier turns included because they match the query (their short replies included). */
+  found: number;
   /** The budget it was built for (`tokens` is at most this). */
   budget: number;
   /** The estimated tokens of each part; they add up to `tokens`. */
@@ -190,6 +222,8 @@ export interface ContextParts {
   recent: number;
   /** The day marks before the turns that open a new day. */
   days: number;
+  /** The earlier turns the query found. */
+  found: number;
 }
 
 export interface PlanReport {
@@ -241,6 +275,9 @@ export interface Store {
   failure(session: string): FailureMarker | undefined;
   setFailure(session: string, marker: FailureMarker | undefined): void;
   resetSession(session: string): void;
+  /** The full-text index's episodes holding any of `terms` (in `session`, or every session);
+   * optional: a store without it cannot search. */
+  searchEpisodes?(session: string | undefined, terms: string[], limit: number): TermMatches;
 }
 
 /** Retries of transient failures (timeouts, connection errors, 429/5xx, unparseable answers). */
@@ -369,6 +406,10 @@ export class Engine {
   freshness(session: string, config?: Partial<Config>): Promise<Freshness>;
   refresh(session: string, config?: Partial<Config>): Promise<Outcome>;
   context(session: string, request?: Partial<ContextRequest>, config?: Partial<Config>): Promise<ContextWindow>;
+  /** Full-text search of every message (of one session with `session`), best first. */
+  search(query: string, options?: { session?: string; offset?: number; limit?: number }): Promise<{ hits: SearchHit[]; more: boolean }>;
+  /** Index the messages stored before the full-text index existed; the messages indexed. */
+  indexPending(onProgress?: (p: { done: number; total: number }) => void): Promise<number>;
   reset(session: string): Promise<void>;
   estimateTokens(text: string): Promise<number>;
   buildPrompt(conversation: Message[], previousSummary?: string): Promise<{ messages: Message[]; chatml: string }>;

@@ -177,7 +177,7 @@ export class Engine {
   #imports() {
     const llm = this.#llm;
     const store = this.#store;
-    const epToJs = (e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, tokens: e.tokens, speaker: e.speaker });
+    const epToJs = (e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, tokens: e.tokens, speaker: e.speaker, terms: e.terms });
     const statsToWit = (s) => ({ episodes: big(s.episodes), totalTokens: big(s.totalTokens), lastEpisode: big(s.lastEpisode) });
     const writeToJs = (w) => ({
       ...w,
@@ -275,6 +275,18 @@ export class Engine {
         setFailure: (s, m) =>
           storeCall(() => store.setFailure(s, m ? { failures: m.failures, lastError: m.lastError, retryAfterMs: num(m.retryAfterMs), failedMs: num(m.failedMs) } : undefined)),
         resetSession: (s) => storeCall(() => store.resetSession(s)),
+        searchEpisodes: (s, terms, limit) => {
+          if (typeof store.searchEpisodes !== 'function') {
+            throw toGuest(new AbridgeError('storage', 'this store keeps no full-text index: a custom store implements searchEpisodes(session, terms, limit) to search (see SqliteStore)'));
+          }
+          const m = storeCall(() => store.searchEpisodes(s ?? undefined, terms, limit));
+          return {
+            docs: big(m.docs),
+            length: big(m.length),
+            df: BigUint64Array.from(m.df.map((d) => BigInt(d))),
+            matches: m.matches.map((x) => ({ session: x.session, episode: big(x.episode), length: x.length, counts: Uint32Array.from(x.counts) })),
+          };
+        },
         calibration: (model) => {
           const c = storeCall(() => store.calibration(model));
           return c ? { estimated: big(c.estimated), reported: big(c.reported) } : undefined;
@@ -453,7 +465,7 @@ export class Engine {
    * tokens. Returns how many were new (known source keys are skipped).
    */
   async append(session, episodes) {
-    const eps = episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0, speaker: e.speaker ?? undefined }));
+    const eps = episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0, speaker: e.speaker ?? undefined, terms: '' }));
     const g = await this.#guest();
     return exportCall(() => g.summarizer.append(session, eps));
   }
@@ -510,6 +522,8 @@ export class Engine {
     const g = await this.#guest();
     const req = { ...defaultContextRequest, ...request };
     req.pins = (req.pins ?? []).map((p) => BigInt(p));
+    req.query = req.query == null || req.query === '' ? undefined : String(req.query);
+    if (req.query !== undefined) await this.indexPending();
     const c = await exportCall(() => g.summarizer.context(session, req, { ...defaultConfig, ...config }));
     return {
       ...c,
@@ -519,6 +533,60 @@ export class Engine {
       coveredFrom: num(c.coveredFrom),
       omittedRanges: c.omittedRanges.map((r) => [num(r.first), num(r.last)]),
     };
+  }
+
+  /**
+   * Full-text search of every message the store holds (of one session with `session`): the
+   * `limit` best (1 to 100) after the first `offset`, ranked by BM25 — the same guest and the
+   * same index as the Rust host, so the same hits. Returns `{hits: [{session, episode, role,
+   * speaker, timestampMs, score, excerpt}], more}`; each excerpt marks the matching words
+   * between `**`. Messages stored before the index existed are indexed first.
+   */
+  async search(query, { session, offset = 0, limit = 20 } = {}) {
+    const g = await this.#guest();
+    await this.indexPending();
+    const page = await exportCall(() => g.summarizer.search(session ?? undefined, String(query), offset, limit));
+    return {
+      hits: page.hits.map((h) => ({
+        session: h.session,
+        episode: num(h.episode.id),
+        role: h.episode.role,
+        speaker: h.episode.speaker,
+        timestampMs: num(h.episode.timestampMs),
+        content: h.episode.content,
+        score: h.score,
+        excerpt: h.excerpt,
+      })),
+      more: page.more,
+    };
+  }
+
+  /**
+   * Index, in batches of 500, the messages stored before the full-text index existed (a
+   * database from an older version); `onProgress({done, total})` follows each batch. Returns
+   * the messages indexed (0 at once when none wait).
+   */
+  async indexPending(onProgress = () => {}) {
+    const store = this.#store;
+    if (typeof store.unindexed !== 'function') return 0;
+    const { episodes: total } = store.unindexed();
+    if (!total) return 0;
+    const g = await this.#guest();
+    let done = 0;
+    for (let session = store.nextUnindexed(); session !== undefined; session = store.nextUnindexed()) {
+      let after = 0;
+      for (;;) {
+        const page = store.episodesAfter(session, after, 500);
+        const last = page.length < 500;
+        const terms = await exportCall(() => g.text.indexTerms(page.map((e) => [e.speaker ?? undefined, e.content])));
+        store.indexEpisodes(session, page.map((e, i) => [e.id, terms[i]]), last);
+        after = page.length ? page[page.length - 1].id : after;
+        done += page.length;
+        onProgress({ done: Math.min(done, total), total });
+        if (last) break;
+      }
+    }
+    return done;
   }
 
   /** Every summary row of the session, rows compacted into "earlier" rows included. */

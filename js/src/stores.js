@@ -2,6 +2,7 @@
 // the same rules as the Rust stores: episode ids are 1-based per session, source keys make appends idempotent, and summary rows cover every
 // episode exactly once, in order. Store methods are synchronous (node:sqlite is), and take
 // and return plain numbers.
+import { createHash, createHmac } from 'node:crypto';
 import { readFileSync, readdirSync } from 'node:fs';
 
 import { AbridgeError } from './errors.js';
@@ -99,7 +100,7 @@ function loadMigrations() {
 }
 
 /** Tables of the abridge schema (the same list as the Rust store's). */
-const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events', 'clusters', 'memories', 'cluster_summaries', 'data_keys', 'usage', 'usage_days', 'memory_marks', 'session_focus', 'session_pins', 'session_labels', 'session_grams', 'ann_graphs'];
+const OWN_TABLES = ['sessions', 'episodes', 'summaries', 'calibration', 'partials', 'jobs', 'sources', 'failure_markers', 'watched_files', 'source_marks', 'session_modes', 'tokens', 'events', 'clusters', 'memories', 'cluster_summaries', 'data_keys', 'usage', 'usage_days', 'memory_marks', 'session_focus', 'session_pins', 'session_labels', 'session_grams', 'ann_graphs', 'episode_terms', 'episode_fts', 'episode_fts_data', 'episode_fts_idx', 'episode_fts_config', 'episode_fts_content', 'episode_fts_docsize', 'episode_vocab', 'search_totals'];
 
 const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode, content, tokens, prompt_tokens AS promptTokens, output_tokens AS outputTokens, model, created_ms AS createdMs, updated_ms AS updatedMs, skipped, level, compacted_into AS compactedInto, ledger, ledger_dropped AS ledgerDropped, sealed';
 
@@ -111,6 +112,37 @@ const summaryRow = (key, level, first) => `${key}#${level}:${first}`;
 const rowOut = (r) => (r ? { ...r, skipped: JSON.parse(r.skipped), compactedInto: r.compactedInto ?? undefined, ledger: ledgerParse(r.ledger) } : undefined);
 /** The tenant whose data key seals a session's rows: the part of its key before U+001F. */
 const tenantOf = (key) => (key.includes('\u001f') ? key.slice(0, key.indexOf('\u001f')) : 'local');
+
+/** The sessions' `tenant` column of a stored key: its tenant's name, '' for the local one. */
+const tenantColumn = (key) => (key.includes('\u001f') ? key.slice(0, key.indexOf('\u001f')) : '');
+
+/** Episodes holding a term are counted up to this many (the Rust store's `terms::DF_CAP`). */
+const DF_CAP = 10000;
+
+/** The key of a tenant's full-text terms (the Rust store's `terms::terms_key`). */
+function termsKey(tenant, lexical) {
+  return createHash('sha256')
+    .update(Buffer.from('abridge episode terms v1\0'))
+    .update(lexical ? Buffer.from(lexical) : Buffer.alloc(0))
+    .update(Buffer.from('\0'))
+    .update(Buffer.from(tenant, 'utf8'))
+    .digest();
+}
+
+/** One term as the index keeps it: the first 8 bytes of HMAC-SHA-256, as 13 letters a–z (the
+ * Rust store's `terms::token`). */
+function termToken(key, term) {
+  const d = createHmac('sha256', key).update(Buffer.from(term, 'utf8')).digest();
+  let v = d.readBigUInt64LE(0);
+  const out = new Array(13);
+  for (let i = 12; i >= 0; i--) {
+    out[i] = String.fromCharCode(97 + Number(v % 26n));
+    v /= 26n;
+  }
+  return out.join('');
+}
+
+const sessionToken = (key, session) => termToken(key, `\0session\0${session}`);
 
 /** A SQLite file through Node's built-in node:sqlite (no native addon). */
 export class SqliteStore {
@@ -163,7 +195,17 @@ export class SqliteStore {
     }
     const p = (sql) => db.prepare(sql);
     this.#st = {
-      ensure: p('INSERT OR IGNORE INTO sessions (id) VALUES (?)'),
+      // A session new to the index is indexed as its episodes arrive.
+      ensure: p('INSERT OR IGNORE INTO sessions (id, tenant, indexed) VALUES (?, ?, 1)'),
+      // The full-text index (the Rust store's `terms` module: the same statements).
+      termsInsert: p('INSERT INTO episode_terms (session, episode, tenant, terms, length) SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM episodes WHERE session = ?1 AND id = ?2) AND NOT EXISTS (SELECT 1 FROM episode_terms WHERE session = ?1 AND episode = ?2)'),
+      termsTotals: p('INSERT INTO search_totals (tenant, docs, length) VALUES (?1, ?2, ?3) ON CONFLICT (tenant) DO UPDATE SET docs = search_totals.docs + excluded.docs, length = search_totals.length + excluded.length'),
+      totals: p('SELECT docs, length FROM search_totals WHERE tenant = ?'),
+      vocab: p('SELECT doc FROM episode_vocab WHERE term = ?'),
+      postings: p('SELECT t.doc AS doc, t.session AS session, t.episode AS episode, t.terms AS terms FROM episode_fts JOIN episode_terms t ON t.doc = episode_fts.rowid WHERE episode_fts MATCH ?1 AND t.tenant = ?2 ORDER BY episode_fts.rowid DESC LIMIT ?3'),
+      unindexed: p('SELECT COUNT(*) AS sessions, COALESCE(SUM(episodes), 0) AS episodes FROM sessions WHERE indexed = 0'),
+      nextUnindexed: p('SELECT id FROM sessions WHERE indexed = 0 ORDER BY id LIMIT 1'),
+      markIndexed: p('UPDATE sessions SET indexed = 1 WHERE id = ?'),
       next: p('SELECT episodes + 1 AS next, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) AS seq, total_tokens AS through FROM sessions WHERE id = ?'),
       insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)'),
       lastBytes: p('SELECT COALESCE((SELECT bytes_through FROM episodes WHERE session = ? ORDER BY id DESC LIMIT 1), 0) AS bytes'),
@@ -191,6 +233,8 @@ export class SqliteStore {
       clearFailure: p('DELETE FROM failure_markers WHERE session = ?'),
       // Everything kept for the session, as the Rust host's reset clears it (shared tables).
       reset: [
+        'UPDATE search_totals SET docs = search_totals.docs - t.n, length = search_totals.length - t.total FROM (SELECT tenant, COUNT(*) AS n, SUM(length) AS total FROM episode_terms WHERE session = ?1 GROUP BY tenant) AS t WHERE search_totals.tenant = t.tenant',
+        'DELETE FROM episode_terms WHERE session = ?',
         'DELETE FROM summaries WHERE session = ?',
         'DELETE FROM episodes WHERE session = ?',
         'DELETE FROM failure_markers WHERE session = ?',
@@ -301,8 +345,9 @@ export class SqliteStore {
   appendEpisodes(session, episodes) {
     return this.#wrap(() => this.#tx(() => {
       const s = this.#st;
-      s.ensure.run(session);
+      s.ensure.run(session, tenantColumn(session));
       let { next, seq, through } = s.next.get(session);
+      const docs = [];
       // The running byte total the Rust host's coverage figures subtract (migration 27).
       let { bytes } = s.lastBytes.get(session);
       let added = 0;
@@ -314,6 +359,7 @@ export class SqliteStore {
         const upto = bytes + Buffer.byteLength(e.content, 'utf8');
         const r = s.insert.run(session, next, e.role, content, e.timestampMs ?? null, e.sourceKey, e.tokens, speaker, sealed, through + e.tokens, upto);
         if (r.changes === 1) {
+          if (e.terms && e.terms.trim()) docs.push([next, e.terms]);
           next++;
           added++;
           tokens += e.tokens;
@@ -321,9 +367,104 @@ export class SqliteStore {
           bytes = upto;
         }
       }
+      if (docs.length) this.#index(session, docs);
       if (added) s.bump.run(added, tokens, seq, session);
       return added;
     }));
+  }
+
+  #termsKeys = new Map();
+
+  /** The full-text key of the tenant whose sessions' `tenant` column is `column`. */
+  #termsKey(column) {
+    const name = column || 'local';
+    if (!this.#termsKeys.has(name)) {
+      this.#termsKeys.set(name, termsKey(name, this.#keyring ? this.#keyring.lexicalKey(name) : undefined));
+    }
+    return this.#termsKeys.get(name);
+  }
+
+  /** Index episodes `[[id, terms]]` of `session` in the open transaction, skipping those
+   * indexed already or no longer stored; add them to the tenant's totals. */
+  #index(session, docs) {
+    const s = this.#st;
+    const tenant = tenantColumn(session);
+    const key = this.#termsKey(tenant);
+    let added = 0;
+    let length = 0;
+    for (const [id, terms] of docs) {
+      const words = terms.split(/\s+/).filter((t) => t);
+      if (!words.length) continue;
+      const text = [sessionToken(key, session), ...words.map((t) => termToken(key, t))].join(' ');
+      if (s.termsInsert.run(session, id, tenant, text, words.length).changes === 1) {
+        added++;
+        length += words.length;
+      }
+    }
+    if (added) s.termsTotals.run(tenant, added, length);
+    return added;
+  }
+
+  /**
+   * The full-text index's episodes holding any of `terms` (the guest's index terms), in
+   * `session` or in every session of the tenant (`tenant`: its name, or the local one), at
+   * most `limit`: `{docs, length, df, matches: [{session, episode, length, counts}]}` (the
+   * WIT `store.search-episodes`, answered as the Rust stores answer it).
+   */
+  searchEpisodes(session, terms, limit, tenant = undefined) {
+    return this.#wrap(() => {
+      const s = this.#st;
+      const column = session !== undefined ? tenantColumn(session) : tenant && tenant !== 'local' ? tenant : '';
+      const key = this.#termsKey(column);
+      const hashes = terms.map((t) => termToken(key, t));
+      const totals = s.totals.get(column);
+      const df = hashes.map((h) => Math.min(Number(s.vocab.get(h)?.doc ?? 0), DF_CAP));
+      const order = hashes.map((_, i) => i).filter((i) => df[i] > 0);
+      order.sort((a, b) => df[a] - df[b] || a - b);
+      const scope = session !== undefined ? sessionToken(key, session) : undefined;
+      const found = [];
+      const seen = new Set();
+      for (const i of order) {
+        if (found.length >= limit) break;
+        const match = scope ? `"${scope}" AND "${hashes[i]}"` : `"${hashes[i]}"`;
+        for (const r of s.postings.all(match, column, limit)) {
+          if (found.length < limit && !seen.has(r.doc)) {
+            seen.add(r.doc);
+            found.push(r);
+          }
+        }
+      }
+      const matches = found.map((r) => {
+        const tokens = r.terms.split(' ').slice(1);
+        return { session: r.session, episode: Number(r.episode), length: tokens.length, counts: hashes.map((h) => tokens.filter((t) => t === h).length) };
+      });
+      return { docs: Number(totals?.docs ?? 0), length: Number(totals?.length ?? 0), df, matches };
+    });
+  }
+
+  /** Sessions stored before the full-text index existed: `{sessions, episodes}` not indexed. */
+  unindexed() {
+    return this.#wrap(() => {
+      const r = this.#st.unindexed.get();
+      return { sessions: Number(r.sessions), episodes: Number(r.episodes) };
+    });
+  }
+
+  /** The next session not yet indexed, if any. */
+  nextUnindexed() {
+    return this.#wrap(() => this.#st.nextUnindexed.get()?.id);
+  }
+
+  /** Index episodes `[[id, terms]]` of `session` in one transaction; with `done`, the session
+   * is indexed from then on. Returns those added. */
+  indexEpisodes(session, docs, done) {
+    return this.#wrap(() =>
+      this.#tx(() => {
+        const added = this.#index(session, docs);
+        if (done) this.#st.markIndexed.run(session);
+        return added;
+      }),
+    );
   }
 
   stats(session) {

@@ -318,3 +318,57 @@ test('idle mode by the clock, failure markers with backoff, context within budge
   assert.equal(store.stats('s').episodes, 0);
   store.close();
 });
+
+test('search: every message, hostile queries as words, the same hits as the Rust host, older messages indexed', async (t) => {
+  const path = join(mkdtempSync(join(tmpdir(), 'abridge-js-')), 'search.db');
+  const store = await SqliteStore.open(path);
+  const engine = await createEngine({ store });
+  const said = Array.from({ length: 30 }, (_, i) => turn(i, `Turn ${i}: the weather and the garden, nothing more.`));
+  said[4] = turn(4, 'The launch code for the Zephyr project is 7741.');
+  await engine.append('chat', said);
+  await engine.append('other', [turn(0, 'Zephyr plans for the other chat.')]);
+  const r = await engine.search('zephyr launch');
+  assert.deepEqual(r.hits.map((h) => [h.session, h.episode]), [['chat', 5], ['other', 1]]);
+  assert.match(r.hits[0].excerpt, /\*\*launch\*\*.*\*\*Zephyr\*\*/);
+  // One session; paged.
+  assert.deepEqual((await engine.search('zephyr', { session: 'other' })).hits.map((h) => h.episode), [1]);
+  const page = await engine.search('garden', { limit: 2 });
+  assert.equal(page.hits.length, 2);
+  assert.equal(page.more, true);
+  // Quotes, operators, column filters and wildcards are words.
+  for (const q of ['"zephyr launch"', 'NEAR(zephyr launch, 2)', 'zephyr*', '-zephyr', 'content:zephyr', "zephyr'; DROP TABLE episodes; --", 'zephyr '.repeat(3000)]) {
+    assert.ok((await engine.search(q)).hits.some((h) => h.session === 'chat' && h.episode === 5), q.slice(0, 40));
+  }
+  assert.deepEqual((await engine.search('"" () *')).hits, []);
+  // A context with a query carries the matching turn, numbered and dated.
+  const c = await engine.context('chat', { budget: 200, pairs: 2, refreshAfter: 4294967295, query: 'What is the Zephyr launch code?' }, { engine: 'extractive' });
+  assert.ok(c.found >= 1 && c.parts.found > 0, JSON.stringify(c.parts));
+  assert.match(c.messages[0].content, /Earlier turns that match the question[\s\S]*#5 .*7741/);
+  // Messages stored before the index existed are indexed on the next search, in batches.
+  const { DatabaseSync } = await import('node:sqlite');
+  store.close();
+  const raw = new DatabaseSync(path);
+  raw.exec('DELETE FROM episode_terms; DELETE FROM search_totals; UPDATE sessions SET indexed = 0');
+  raw.close();
+  const again = await SqliteStore.open(path);
+  const engine2 = await createEngine({ store: again });
+  assert.deepEqual(again.unindexed(), { sessions: 2, episodes: 31 });
+  const seen = [];
+  assert.equal(await engine2.indexPending((p) => seen.push(p)), 31);
+  assert.deepEqual(seen.at(-1), { done: 31, total: 31 });
+  const js = await engine2.search('zephyr launch');
+  assert.deepEqual(js.hits.map((h) => [h.session, h.episode]), [['chat', 5], ['other', 1]]);
+  again.close();
+  // The Rust host reads the same index and ranks alike.
+  const { existsSync } = await import('node:fs');
+  const { execFileSync } = await import('node:child_process');
+  const bin = join(ROOT, 'target', 'debug', 'abridge');
+  if (!existsSync(bin)) {
+    assert.ok(!process.env.ABRIDGE_REQUIRE_BINARY, `ABRIDGE_REQUIRE_BINARY is set but ${bin} is not built (run cargo test first)`);
+    t.skip(`SKIPPED: ${bin} not built (cargo test builds it)`);
+    return;
+  }
+  const out = JSON.parse(execFileSync(bin, ['search', 'zephyr launch', '--json', '--db', path], { encoding: 'utf8', env: { HOME: tmpdir() } }));
+  assert.deepEqual(out.hits.map((h) => [h.session, h.episode, h.excerpt]), js.hits.map((h) => [h.session, h.episode, h.excerpt]));
+  assert.deepEqual(out.hits.map((h) => Math.round(h.score * 1000) / 1000), js.hits.map((h) => Math.round(h.score * 1000) / 1000));
+});

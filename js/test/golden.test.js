@@ -125,8 +125,10 @@ test('golden chains: the same summary chain and model requests as the Rust host'
     requests.sort((a, b) => (JSON.stringify(a) < JSON.stringify(b) ? -1 : JSON.stringify(a) > JSON.stringify(b) ? 1 : 0));
     assert.deepEqual(chain, want.chain, `${dir}: chain`);
     assert.deepEqual(requests, want.requests, `${dir}: model requests`);
-    for (const [i, budget] of (input.contexts ?? []).entries()) {
-      const c = await engine.context('golden', { budget, pairs: 2, refreshAfter: 4294967295 }, config);
+    for (const [i, at] of (input.contexts ?? []).entries()) {
+      // A budget, or {budget, query}: a context with a query.
+      const { budget, query } = typeof at === 'number' ? { budget: at } : at;
+      const c = await engine.context('golden', { budget, pairs: 2, refreshAfter: 4294967295, query }, config);
       const got = {
         budget: c.budget,
         tokens: c.tokens,

@@ -104,9 +104,17 @@ async fn run_case(dir: &Path) -> Value {
     if let Some(budgets) = input["contexts"].as_array() {
         let mut contexts = Vec::new();
         for b in budgets {
+            // A budget, or {"budget", "query"}: a context with a query.
+            let (budget, query) = match b.as_u64() {
+                Some(n) => (n, None),
+                None => (
+                    b["budget"].as_u64().unwrap(),
+                    b["query"].as_str().map(str::to_string),
+                ),
+            };
             let req = abridge_engine::types::ContextRequest {
-                query: None,
-                budget: b.as_u64().unwrap() as u32,
+                query,
+                budget: budget as u32,
                 pairs: 2,
                 refresh_after: u32::MAX,
                 pins: vec![],
@@ -117,7 +125,7 @@ async fn run_case(dir: &Path) -> Value {
                 "budget": w.budget,
                 "tokens": w.tokens,
                 "parts": {"summary": p.summary, "ledger": p.ledger, "digest": p.digest,
-                    "pinned": p.pinned, "recent": p.recent, "days": p.days},
+                    "pinned": p.pinned, "recent": p.recent, "days": p.days, "found": p.found},
                 "omitted_ranges": w.omitted_ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>(),
                 "messages": w.messages.iter().map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect::<Vec<_>>(),
             }));
