@@ -14,9 +14,9 @@ pub const SUMMARY_HEADER: &str = "[abridge] Summary of the earlier conversation:
 pub const FOUND_HEADER: &str =
     "[abridge] Earlier turns that match the question, verbatim, in the order they were said:";
 
-/// The share of the budget, in percent, the earlier turns a query found may take (after the
-/// newest message, the pins and the newest pairs); with no query it goes to the rest.
-pub const FOUND_SHARE: u32 = 70;
+/// The share, in percent, of the room the newest message, the pins and the newest pairs leave
+/// that the earlier turns a query found may take; with no query it goes to the rest.
+pub const FOUND_SHARE: u32 = 80;
 
 /// Openings of abridge's own prompts (fresh, update, reduce): episodes that start with one
 /// are prompts fed back in, and `append` skips them.
@@ -320,9 +320,18 @@ pub fn assemble(p: &Parts) -> Window {
     let mut found: Vec<&Episode> = Vec::new();
     let mut found_used = 0u32;
     if !p.found.is_empty() {
-        let room = budget
-            .saturating_sub(used)
-            .min(budget / 100 * FOUND_SHARE)
+        // Their share of the room the newest turns and the pins leave; the rest stays the
+        // summary's. A model's rows do not shrink to fit as an offline summary's lines do:
+        // they keep what they cost, up to half that room.
+        let left = budget.saturating_sub(used);
+        let rows_need = if p.chain.is_none() && !p.rows.is_empty() {
+            let text: u32 = p.rows.iter().map(|r| estimate_tokens(&r.content) + 8).sum();
+            (text + cost(SUMMARY_HEADER)).min(left / 2)
+        } else {
+            0
+        };
+        let room = (left / 100 * FOUND_SHARE)
+            .min(left.saturating_sub(rows_need))
             .saturating_sub(cost(FOUND_HEADER));
         let taken = |id: u64, found: &[&Episode]| {
             recent.iter().chain(pins.iter()).any(|e| e.id == id) || found.iter().any(|e| e.id == id)
@@ -338,10 +347,12 @@ pub fn assemble(p: &Parts) -> Window {
             {
                 add.push(r);
             }
-            let c: u32 = add
-                .iter()
-                .map(|e| estimate_tokens(&found_line(e)) + 1)
-                .sum();
+            let line = |e: &Episode| estimate_tokens(&found_line(e)) + 1;
+            let mut c: u32 = add.iter().map(|e| line(e)).sum();
+            if spent + c > room && add.len() > 1 {
+                // The turn without its reply, when both do not fit.
+                c -= line(add.pop().expect("two"));
+            }
             if spent + c > room {
                 continue;
             }

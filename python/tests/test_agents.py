@@ -153,3 +153,16 @@ async def test_the_model_sees_the_sessions_context_not_the_whole_history(
             "the oldest turns are summarized, not sent as turns"
         )
         assert len(body["messages"]) < 80, "the history is not sent whole"
+
+
+async def test_the_context_carries_the_turns_that_answer_the_newest_user_message(server: Server) -> None:
+    async with ab.AsyncClient(server.url) as c:
+        items: list[Any] = [{"role": "user", "content": "The launch code for the Zephyr project is 7741."},
+                            {"role": "assistant", "content": "Noted."}]
+        items += turns(20)
+        items.append({"role": "user", "content": "What was the Zephyr launch code?"})
+        await AbridgeSession("agents-query", c).add_items(items)
+        on = await AbridgeSession("agents-query", c, budget=300).get_items()
+        assert "Earlier turns that match the question" in on[0]["content"] and "7741" in on[0]["content"]
+        off = await AbridgeSession("agents-query", c, budget=300, query=False).get_items()
+        assert not any("Earlier turns that match" in i["content"] for i in off)

@@ -399,3 +399,33 @@ def test_a_tenant_lists_creates_and_revokes_its_own_tokens(model_url: str, tmp_p
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_search_and_a_context_with_a_query(server: Server) -> None:
+    with ab.Client(server.url) as c:
+        said = [("user" if i % 2 == 0 else "assistant", f"Turn {i}: the weather and the garden, nothing more.")
+                for i in range(30)]
+        said[4] = ("user", "The launch code for the Zephyr project is 7741.")
+        c.add_messages("search-1", said)
+        r = c.search("zephyr launch code")
+        assert isinstance(r, ab.SearchResults) and r.complete
+        hit = r.hits[0]
+        assert isinstance(hit, ab.SearchHit)
+        assert (hit.session, hit.episode, hit.role) == ("search-1", 5, "user")
+        assert "**launch**" in hit.excerpt and hit.timestamp_ms
+        assert hit.expand.startswith("/v1/sessions/search-1/messages")
+        # Quotes and operators are words; paging; one session.
+        assert c.search('"zephyr" NEAR(launch*) -code content:x').hits[0].episode == 5
+        page = c.search("garden", limit=2)
+        assert len(page.hits) == 2 and page.next_offset == 2
+        assert c.search("garden", session="search-1", offset=2, limit=2).hits[0].episode != page.hits[0].episode
+        with pytest.raises(ab.NotFound):
+            c.search("garden", session="nobody")
+        with pytest.raises(ab.InvalidInput):
+            c.search("garden", limit=0)
+        # The context with the question carries the turn that answers it.
+        ctx = c.context("search-1", budget=200, query="What is the Zephyr launch code?")
+        assert ctx.found >= 1 and ctx.parts.found > 0
+        assert "7741" in ctx.messages[0].content
+        assert c.context("search-1", budget=200).found == 0
+        assert c.newest_user_message("search-1") == said[28][1]

@@ -96,3 +96,18 @@ def test_the_context_stays_within_budget_as_the_history_grows(server: Server) ->
     assert ctx.tokens <= 1500 and ctx.omitted == 0, ctx
     assert isinstance(msgs[0], SystemMessage) and len(msgs) < 200
     assert sum(len(m.content) for m in msgs) < sum(len(m.content) for m in h.messages) / 3
+
+
+def test_the_context_carries_the_turns_that_answer_the_newest_user_message(server: Server) -> None:
+    h = AbridgeChatMessageHistory("lc-query", url=server.url)
+    said = [("user", "The launch code for the Zephyr project is 7741."), ("assistant", "Noted.")]
+    said += [("user" if i % 2 == 0 else "assistant", f"Turn {i}: the weather and the garden.") for i in range(40)]
+    said.append(("user", "What was the Zephyr launch code again?"))
+    with ab.Client(server.url) as c:
+        c.add_messages("lc-query", said)
+    by_default = "\n".join(m.content for m in h.context_messages(budget=300))
+    assert "Earlier turns that match the question" in by_default and "7741" in by_default
+    given = "\n".join(m.content for m in h.context_messages(budget=300, query="zephyr launch code"))
+    assert "7741" in given
+    off = "\n".join(m.content for m in h.context_messages(budget=300, query=False))
+    assert "Earlier turns that match the question" not in off

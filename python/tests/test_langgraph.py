@@ -113,3 +113,22 @@ def test_the_hook_keeps_the_current_turns_tool_calls_verbatim(server: Server) ->
     assert out[-3:] == turn
     with pytest.raises(ValueError, match="thread_id"):
         hook({"messages": earlier + turn}, {})
+
+
+def test_the_hook_asks_the_context_for_the_turns_that_answer_the_new_message(server: Server) -> None:
+    client = ab.Client(server.url)
+    seen: dict[bool, list] = {}
+    for query in (True, False):
+        hook = ContextHook(client, budget=400, prefix=f"q{query}-", query=query)
+        cfg = {"configurable": {"thread_id": "recall"}}
+        history: list = [HumanMessage("The launch code for the Zephyr project is 7741.", id="z1"),
+                         AIMessage("Noted.", id="z2")]
+        for i in range(30):
+            history += [HumanMessage(f"Turn {i}: the weather and the garden.", id=f"h{i}"),
+                        AIMessage(f"Turn {i}: nothing more to say.", id=f"a{i}")]
+        out = hook({"messages": history + [HumanMessage("What was the Zephyr launch code?")]}, cfg)
+        seen[query] = out["llm_input_messages"]
+    system = seen[True][0]
+    assert isinstance(system, SystemMessage)
+    assert "Earlier turns that match the question" in system.content and "7741" in system.content
+    assert not any("Earlier turns that match" in m.content for m in seen[False])

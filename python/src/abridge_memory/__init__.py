@@ -43,6 +43,8 @@ from ._models import (
     Memory,
     Message,
     Removed,
+    SearchHit,
+    SearchResults,
     Session,
     StoredMessage,
     Summary,
@@ -53,7 +55,8 @@ from ._models import (
 
 __all__ = [
     "AbridgeError", "Appended", "Cluster", "ClusterSummary", "AsyncClient", "Client", "Conflict",
-    "Context", "ContextParts", "CreatedToken", "Episode", "Removed", "StoredMessage", "Token",
+    "Context", "ContextParts", "CreatedToken", "Episode", "Removed", "SearchHit", "SearchResults",
+    "StoredMessage", "Token",
     "Event", "Expansion", "Forbidden", "Hit", "Imported", "InvalidInput", "Job", "Memory",
     "Message", "ModelFailed", "NotFound", "QuotaExhausted", "RateLimited", "ServerUnreachable",
     "Session", "Summary", "TooLarge", "Unauthenticated", "Unavailable", "Unprocessable", "Usage",

@@ -92,9 +92,27 @@ class Client(_Base):
         pairs: Optional[int] = None,
         refresh_after: Optional[int] = None,
         wait_ms: Optional[int] = None,
+        query: Optional[str] = None,
     ) -> m.Context:
-        """The compact context for the next model call, within ``budget`` tokens."""
-        return self._run(c.context(session, budget, pairs, refresh_after, wait_ms))
+        """The compact context for the next model call, within ``budget`` tokens. With
+        ``query`` (usually the user's newest message), the earlier turns that best match it are
+        included verbatim beside the summary, numbered and dated."""
+        return self._run(c.context(session, budget, pairs, refresh_after, wait_ms, query))
+
+    def newest_user_message(self, session: str) -> Optional[str]:
+        """The text of the session's newest stored user message (what the adapters pass as a
+        context's query by default), or None."""
+        n = self.session(session).episodes
+        page = self.messages(session, after=max(0, n - 16), limit=16)
+        return next((e.content for e in reversed(page) if e.role == "user"), None)
+
+    def search(
+        self, query: str, *, session: Optional[str] = None, offset: Optional[int] = None,
+        limit: Optional[int] = None,
+    ) -> m.SearchResults:
+        """Full-text search of every stored message of the tenant (of one ``session``), best
+        first. Quotes and operators are words, not a query language."""
+        return self._run(c.search(query, session, offset, limit))
 
     def summaries(self, session: str, *, all: bool = False, coverage: bool = False) -> list[m.Summary]:
         return self._run(c.summaries(session, all, coverage))
@@ -301,8 +319,21 @@ class AsyncClient(_Base):
     async def context(
         self, session: str, *, budget: Optional[int] = None, pairs: Optional[int] = None,
         refresh_after: Optional[int] = None, wait_ms: Optional[int] = None,
+        query: Optional[str] = None,
     ) -> m.Context:
-        return await self._run(c.context(session, budget, pairs, refresh_after, wait_ms))
+        return await self._run(c.context(session, budget, pairs, refresh_after, wait_ms, query))
+
+    async def search(
+        self, query: str, *, session: Optional[str] = None, offset: Optional[int] = None,
+        limit: Optional[int] = None,
+    ) -> m.SearchResults:
+        return await self._run(c.search(query, session, offset, limit))
+
+    async def newest_user_message(self, session: str) -> Optional[str]:
+        """The text of the session's newest stored user message, or None."""
+        n = (await self.session(session)).episodes
+        page = await self.messages(session, after=max(0, n - 16), limit=16)
+        return next((e.content for e in reversed(page) if e.role == "user"), None)
 
     async def summaries(
         self, session: str, *, all: bool = False, coverage: bool = False

@@ -188,12 +188,28 @@ def context(
     pairs: Optional[int],
     refresh_after: Optional[int],
     wait_ms: Optional[int],
+    query: Optional[str] = None,
 ) -> Call[m.Context]:
     return Call(
         "GET",
         f"/v1/sessions/{seg(session)}/context",
         lambda b: m.from_dict(m.Context, b),
-        params=params(budget=budget, pairs=pairs, refresh_after=refresh_after, wait=wait_ms),
+        params=params(
+            budget=budget, pairs=pairs, refresh_after=refresh_after, wait=wait_ms,
+            query=query or None,
+        ),
+        idempotent=True,
+    )
+
+
+def search(
+    q: str, session: Optional[str], offset: Optional[int], limit: Optional[int]
+) -> Call[m.SearchResults]:
+    return Call(
+        "GET",
+        "/v1/search",
+        lambda b: m.from_dict(m.SearchResults, b),
+        params=params(q=q, session=session, offset=offset, limit=limit),
         idempotent=True,
     )
 

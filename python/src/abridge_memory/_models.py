@@ -120,6 +120,36 @@ class ContextParts:
     pinned: int
     recent: int
     days: int
+    found: int
+
+
+@dataclass
+class SearchHit:
+    """One message a search found: its session, number, time, and the matching words marked
+    between ``**`` in ``excerpt``; ``expand`` is the path that reads it with its neighbours."""
+
+    SCHEMA: ClassVar[str] = "SearchHitView"
+    session: str
+    episode: int
+    role: str
+    score: float
+    excerpt: str
+    expand: str
+    speaker: Optional[str] = None
+    timestamp_ms: Optional[int] = None
+
+
+@dataclass
+class SearchResults:
+    """A page of search hits, best first; ``next_offset`` pages on (``None``: the last page);
+    ``complete`` is false while older messages are still being indexed."""
+
+    SCHEMA: ClassVar[str] = "SearchView"
+    query: str
+    hits: list[SearchHit]
+    complete: bool
+    session: Optional[str] = None
+    next_offset: Optional[int] = None
 
 
 @dataclass
@@ -141,6 +171,7 @@ class Context:
     level: int
     identifiers: int
     pinned: int
+    found: int
     budget: int
     budget_used_percent: float
     parts: ContextParts

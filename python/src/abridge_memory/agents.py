@@ -100,6 +100,11 @@ class AbridgeSession:
     them; ``wait_ms`` how long a read may wait for a refresh under way (see
     ``GET /v1/sessions/{id}/context``). ``limit`` given to ``get_items`` (or through
     ``session_settings``) keeps only the newest items of that context.
+
+    The context's query (the earlier turns that best match it are included beside the
+    summary) is the newest user message stored: the SDK reads a session's history before it
+    stores the new input, so that is the newest this session can see. ``query=False`` turns it
+    off.
     """
 
     def __init__(
@@ -112,6 +117,7 @@ class AbridgeSession:
         refresh_after: Optional[int] = None,
         wait_ms: Optional[int] = None,
         session_settings: Optional[SessionSettings] = None,
+        query: bool = True,
     ) -> None:
         self.session_id = session_id
         self.client = client
@@ -120,13 +126,15 @@ class AbridgeSession:
         self.refresh_after = refresh_after
         self.wait_ms = wait_ms
         self.session_settings = session_settings
+        self.query = query
 
     async def get_items(self, limit: Optional[int] = None) -> list[Any]:
         """The compact context as input items, oldest first (``[]`` for a new session)."""
         try:
+            asked = await self.client.newest_user_message(self.session_id) if self.query else None
             ctx = await self.client.context(
                 self.session_id, budget=self.budget, pairs=self.pairs,
-                refresh_after=self.refresh_after, wait_ms=self.wait_ms,
+                refresh_after=self.refresh_after, wait_ms=self.wait_ms, query=asked,
             )
         except NotFound:
             return []

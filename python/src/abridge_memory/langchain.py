@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 try:
     from langchain_core.callbacks import (
@@ -121,12 +121,22 @@ class AbridgeChatMessageHistory(BaseChatMessageHistory):
         except NotFound:
             pass
 
-    def context_messages(self, budget: int = 2000, *, pairs: Optional[int] = None) -> list[BaseMessage]:
-        """The compact context as LangChain messages, within ``budget`` tokens."""
+    def context_messages(
+        self, budget: int = 2000, *, pairs: Optional[int] = None, query: Union[str, bool] = True,
+    ) -> list[BaseMessage]:
+        """The compact context as LangChain messages, within ``budget`` tokens.
+
+        ``query`` is what the next call is about: the earlier turns that best match it are
+        included verbatim beside the summary. By default (``True``) it is the newest user
+        message stored; pass the user's new message as a string when it is not stored yet, or
+        ``False`` to turn it off."""
         from ._errors import NotFound
 
         try:
-            return context_to_langchain(self.client.context(self.session_id, budget=budget, pairs=pairs))
+            q = self.client.newest_user_message(self.session_id) if query is True else query or None
+            return context_to_langchain(
+                self.client.context(self.session_id, budget=budget, pairs=pairs, query=q)
+            )
         except NotFound:
             return []
 

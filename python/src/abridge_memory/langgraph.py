@@ -212,12 +212,17 @@ class ContextHook:
     or a node of your own graph. Each call stores the thread's finished turns in abridge
     (session = the thread id, each message under its LangChain id, so nothing is stored twice)
     and returns ``{"llm_input_messages": …}``: the compact context within ``budget`` tokens,
-    then the current turn verbatim (the last user message and the tool calls after it)."""
+    then the current turn verbatim (the last user message and the tool calls after it). The
+    context's query is that user message, so the earlier turns that best answer it are in the
+    context too; ``query=False`` turns it off."""
 
-    def __init__(self, client: Client, *, budget: int = 2000, prefix: str = "") -> None:
+    def __init__(
+        self, client: Client, *, budget: int = 2000, prefix: str = "", query: bool = True
+    ) -> None:
         self.client = client
         self.budget = budget
         self.prefix = prefix
+        self.query = query
         self._posted: dict[str, int] = {}
 
     def session(self, config: Optional[dict[str, Any]]) -> str:
@@ -242,8 +247,11 @@ class ContextHook:
         if not history:
             return {"llm_input_messages": turn}
         turn_cost = sum(len(_text(m)) // 3 + 4 for m in turn)
+        asked = _text(turn[0]) if self.query and turn and isinstance(turn[0], HumanMessage) else None
         try:
-            ctx = self.client.context(session, budget=max(64, self.budget - turn_cost))
+            ctx = self.client.context(
+                session, budget=max(64, self.budget - turn_cost), query=asked
+            )
         except NotFound:
             return {"llm_input_messages": history + turn}
         return {"llm_input_messages": context_to_langchain(ctx) + turn}
