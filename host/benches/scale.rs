@@ -66,6 +66,10 @@ struct Args {
     /// 0 skips it)
     #[arg(long, default_value_t = 25)]
     summarize_mb: u64,
+    /// Messages of one tenant at 1× for full-text search and a context with a query (10× and
+    /// 100× are ten and a hundred times this; 0 skips it)
+    #[arg(long, default_value_t = 1_000)]
+    messages: usize,
     /// Internal: serve the test model in this process (the bench runs it as a child, so the
     /// answers it keeps do not count in the figures)
     #[arg(long, hide = true)]
@@ -684,6 +688,9 @@ async fn main() {
 
     // The idle backlog: a summary over the first 20 episodes, then N more.
     let runtime = Arc::new(Runtime::load(&ComponentSource::Embedded, None).unwrap());
+    if a.messages > 0 {
+        full_text(dir.path(), runtime.clone(), a.messages, a.calls).await;
+    }
     let cfg = Config {
         engine: Engine::Extractive,
         mode: Mode::Idle,
@@ -1311,5 +1318,235 @@ async fn main() {
     let after = large.job_counts().await.unwrap();
     println!(
         "retention (each tenant's newest 1,000)       {before:?} -> {after:?}: {gone} deleted in {first:.1} ms; a second pass deletes {again} in {second:.1} ms"
+    );
+}
+
+/// A deterministic xorshift generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A rank in `0..n` by Zipf's law (exponent 1), as words are used.
+    fn zipf(&mut self, n: usize) -> usize {
+        // Inverse of the harmonic CDF, approximately: n^u - 1.
+        let u = (self.next() % 1_000_000) as f64 / 1_000_000.0;
+        ((n as f64).powf(u) - 1.0).min(n as f64 - 1.0) as usize
+    }
+}
+
+/// The `i`-th word of a synthetic vocabulary: pronounceable, distinct.
+fn word(i: usize) -> String {
+    const ON: &[&str] = &[
+        "b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "st", "tr",
+    ];
+    const NU: &[&str] = &["a", "e", "i", "o", "u", "ai", "ou"];
+    let mut w = String::new();
+    let mut x = i + 1;
+    while x > 0 {
+        w.push_str(ON[x % ON.len()]);
+        x /= ON.len();
+        w.push_str(NU[x % NU.len()]);
+        x /= NU.len();
+    }
+    w
+}
+
+/// A message of 8 to 30 words drawn by Zipf's law from a 20,000-word vocabulary.
+fn sentence(r: &mut Rng) -> String {
+    let n = 8 + (r.next() % 23) as usize;
+    (0..n)
+        .map(|_| word(r.zipf(20_000)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Full-text search of a tenant's messages and a context with a query, at 1×, 10× and 100×
+/// messages (sessions of 1,000): p50 and p99 of each, the growth exponent per tenfold, the
+/// index's size per message, and what a posted message costs with the index against without.
+async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, calls: usize) {
+    println!(
+        "\nfull-text search and a context with a query, {base} / {} / {} messages in one tenant (sessions of 1,000):",
+        base * 10,
+        base * 100
+    );
+    let sizes = [base, base * 10, base * 100];
+    let mut search = [(0.0, 0.0); 3];
+    let mut context = [(0.0, 0.0); 3];
+    let mut queries_rng = Rng(0x5eed_cafe);
+    let queries: Vec<String> = (0..200)
+        .map(|_| {
+            let n = 3 + (queries_rng.next() % 4) as usize;
+            let words: Vec<String> = (0..n).map(|_| word(queries_rng.zipf(20_000))).collect();
+            format!("What did we say about {}?", words.join(" "))
+        })
+        .collect();
+    let mut per_message = 0.0;
+    let mut write = (0.0, 0.0, 0.0, 0.0);
+    for (k, n) in sizes.into_iter().enumerate() {
+        let store = Arc::new(SqliteStore::open(&dir.join(format!("fts-{n}.db"))).unwrap());
+        let app = app_on(store.clone(), runtime.clone());
+        let me = app.local();
+        let mut r = Rng(0x1234_5678 + n as u64);
+        let mut written = 0usize;
+        let mut session = 0usize;
+        while written < n {
+            let m = (n - written).min(1_000);
+            let eps: Vec<NewEpisode> = (0..m)
+                .map(|i| NewEpisode {
+                    terms: String::new(),
+                    role: if i.is_multiple_of(2) {
+                        Role::User
+                    } else {
+                        Role::Assistant
+                    },
+                    content: sentence(&mut r),
+                    timestamp_ms: Some(1_767_225_600_000 + (written + i) as i64 * 60_000),
+                    source_key: format!("m{i}"),
+                    tokens: 0,
+                    speaker: None,
+                })
+                .collect();
+            me.append(&format!("s{session}"), eps, Vec::new())
+                .await
+                .unwrap();
+            written += m;
+            session += 1;
+        }
+        // The session a context is asked of: summarized (offline), as a chat app's would be.
+        me.run_or_join("s0", u64::MAX, &app.config().config.clone())
+            .await
+            .unwrap();
+        let (mut ts, mut tc) = (Vec::new(), Vec::new());
+        for i in 0..calls.min(400) {
+            let q = &queries[i % queries.len()];
+            let started = Instant::now();
+            let hits = me.search(q, None, 0, 10).await.unwrap();
+            ts.push(started.elapsed().as_secs_f64() * 1e3);
+            assert!(hits.complete);
+            let started = Instant::now();
+            me.context("s0", 2_000, 4, u32::MAX, None, Some(q))
+                .await
+                .unwrap();
+            tc.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        search[k] = (p50(ts.clone()), p99(ts));
+        context[k] = (p50(tc.clone()), p99(tc));
+        println!(
+            "  {n:>7} messages: search p50 {:.2} ms, p99 {:.2} ms; context with a query p50 {:.2} ms, p99 {:.2} ms",
+            search[k].0, search[k].1, context[k].0, context[k].1
+        );
+        if k == 1 {
+            // What the index holds per message: its hashed terms and FTS5's blocks.
+            per_message = store.index_bytes().await.unwrap() as f64 / n as f64;
+            // A posted message, through the app (the guest takes its terms, the store indexes
+            // them in the same transaction), against the same without the index: the store's
+            // append with and without terms on this database, and the guest's terms alone.
+            let mut app_t = Vec::new();
+            for i in 0..calls.min(500) {
+                let e = NewEpisode {
+                    terms: String::new(),
+                    role: Role::User,
+                    content: sentence(&mut r),
+                    timestamp_ms: None,
+                    source_key: format!("w{i}"),
+                    tokens: 0,
+                    speaker: None,
+                };
+                let started = Instant::now();
+                me.append("posted", vec![e], Vec::new()).await.unwrap();
+                app_t.push(started.elapsed().as_secs_f64() * 1e6);
+            }
+            let engine = Abridge::builder()
+                .runtime(runtime.clone())
+                .store(store.clone())
+                .build()
+                .unwrap();
+            let mut with = Vec::new();
+            let mut without = Vec::new();
+            let mut guest = Vec::new();
+            for i in 0..calls.min(500) {
+                let content = sentence(&mut r);
+                let started = Instant::now();
+                let terms = engine
+                    .index_terms(&[(None, content.clone())])
+                    .await
+                    .unwrap();
+                guest.push(started.elapsed().as_secs_f64() * 1e6);
+                for (label, t, into) in [
+                    ("a", terms[0].clone(), &mut with),
+                    ("b", String::new(), &mut without),
+                ] {
+                    let e = NewEpisode {
+                        terms: t,
+                        role: Role::User,
+                        content: content.clone(),
+                        timestamp_ms: None,
+                        source_key: format!("{label}{i}"),
+                        tokens: 10,
+                        speaker: None,
+                    };
+                    let started = Instant::now();
+                    store
+                        .append_episodes(&format!("direct-{label}"), vec![e])
+                        .await
+                        .unwrap();
+                    into.push(started.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            // The guest's call without terms to take: its overhead, not the index's.
+            let mut call = Vec::new();
+            for _ in 0..calls.min(500) {
+                let started = Instant::now();
+                engine.index_terms(&[]).await.unwrap();
+                call.push(started.elapsed().as_secs_f64() * 1e6);
+            }
+            write = (
+                p50(app_t),
+                p50(with),
+                p50(without),
+                (p50(guest) - p50(call)).max(0.0),
+            );
+        }
+    }
+    let decades =
+        |xs: &[(f64, f64); 3], p: fn(&(f64, f64)) -> f64| exponent(p(&xs[0]), p(&xs[2])) / 2.0;
+    println!(
+        "  search: exponent per tenfold {:.2} (p50), {:.2} (p99); target p50 <= 20 ms at {} and exponent <= 0.15: {}",
+        decades(&search, |x| x.0),
+        decades(&search, |x| x.1),
+        base * 100,
+        if search[2].0 <= 20.0 && decades(&search, |x| x.0) <= 0.15 {
+            "ok"
+        } else {
+            "MISSED"
+        }
+    );
+    println!(
+        "  context with a query: exponent per tenfold {:.2} (p50), {:.2} (p99); target p50 <= 20 ms at {} and exponent <= 0.15: {}",
+        decades(&context, |x| x.0),
+        decades(&context, |x| x.1),
+        base * 100,
+        if context[2].0 <= 20.0 && decades(&context, |x| x.0) <= 0.15 {
+            "ok"
+        } else {
+            "MISSED"
+        }
+    );
+    let (app_t, with, without, guest) = write;
+    let index_cost = (with - without) + guest;
+    let ratio = app_t / (app_t - index_cost).max(1.0);
+    println!(
+        "  index size: {per_message:.0} bytes per message (hashed terms and FTS5 blocks, at {} messages)",
+        base * 10
+    );
+    println!(
+        "  a posted message (app): {app_t:.1} us; the index's part: store {with:.1} us with terms vs {without:.1} us without, guest's terms {guest:.1} us; with / without the index {ratio:.2} (target <= 1.3: {})",
+        if ratio <= 1.3 { "ok" } else { "MISSED" }
     );
 }

@@ -768,6 +768,20 @@ impl SqliteStore {
         Ok(Some(crate::keyring::lexical_key_of(&k)))
     }
 
+    /// Bytes the full-text index holds: the hashed terms of each message (and its row's keys)
+    /// and FTS5's blocks (what the scale bench reports per message).
+    pub async fn index_bytes(&self) -> Result<u64, Error> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT (SELECT COALESCE(SUM(length(terms) + length(session) + 24), 0) FROM episode_terms) + (SELECT COALESCE(SUM(length(block)), 0) FROM episode_fts_data)",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(db_err)
+        })
+    }
+
     /// The full-text key of the tenant whose sessions' `tenant` column is `column`.
     pub(crate) fn terms_key_on(&self, c: &Connection, column: &str) -> Result<Vec<u8>, Error> {
         let name = if column.is_empty() {
