@@ -27,7 +27,7 @@ const K1: f64 = 1.2;
 const B: f64 = 0.75;
 
 /// Words no query is about: English function words, and what an apostrophe leaves behind
-/// ("it's" → "it", "s").
+/// ("it's" → "it", "s"). Sorted (looked up by binary search).
 const STOP: &[&str] = &[
     "a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be",
     "been", "before", "being", "but", "by", "can", "could", "d", "did", "do", "does", "doing",
@@ -62,14 +62,27 @@ pub fn words(text: &str) -> Vec<(Range<usize>, &str)> {
 /// A word as the index keeps it: lower case, cut to [`TERM_CHARS`] characters, its English
 /// stem (Snowball); `None` for a stop word.
 pub fn term(word: &str) -> Option<String> {
-    let lower: String = word.to_lowercase().chars().take(TERM_CHARS).collect();
-    if lower.is_empty() || STOP.contains(&lower.as_str()) {
+    term_with(&english(), word)
+}
+
+fn english() -> rust_stemmers::Stemmer {
+    rust_stemmers::Stemmer::create(rust_stemmers::Algorithm::English)
+}
+
+/// [`term`] with a stemmer made once for many words.
+fn term_with(stemmer: &rust_stemmers::Stemmer, word: &str) -> Option<String> {
+    let lower: String = if word.len() <= TERM_CHARS && word.bytes().all(|b| b.is_ascii()) {
+        word.to_ascii_lowercase()
+    } else {
+        word.to_lowercase().chars().take(TERM_CHARS).collect()
+    };
+    if lower.is_empty() || STOP.binary_search(&lower.as_str()).is_ok() {
         return None;
     }
-    if lower.chars().all(|c| c.is_ascii_digit()) {
+    if lower.bytes().all(|b| b.is_ascii_digit()) {
         return Some(lower);
     }
-    let stem = rust_stemmers::Stemmer::create(rust_stemmers::Algorithm::English).stem(&lower);
+    let stem = stemmer.stem(&lower);
     Some(if stem.is_empty() {
         lower
     } else {
@@ -79,9 +92,10 @@ pub fn term(word: &str) -> Option<String> {
 
 /// The index's terms of `text`, in order, at most [`DOC_TERMS`].
 pub fn terms(text: &str) -> Vec<String> {
+    let stemmer = english();
     words(text)
         .into_iter()
-        .filter_map(|(_, w)| term(w))
+        .filter_map(|(_, w)| term_with(&stemmer, w))
         .take(DOC_TERMS)
         .collect()
 }
@@ -262,6 +276,11 @@ pub fn excerpt(text: &str, q: &[String], chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stop_words_are_sorted() {
+        assert!(STOP.windows(2).all(|w| w[0] < w[1]));
+    }
 
     #[test]
     fn words_become_stems_without_stop_words() {

@@ -70,6 +70,9 @@ struct Args {
     /// 100× are ten and a hundred times this; 0 skips it)
     #[arg(long, default_value_t = 1_000)]
     messages: usize,
+    /// Measure full-text search and a context with a query only
+    #[arg(long)]
+    only_full_text: bool,
     /// Internal: serve the test model in this process (the bench runs it as a child, so the
     /// answers it keeps do not count in the figures)
     #[arg(long, hide = true)]
@@ -570,6 +573,11 @@ async fn main() {
         println!("warning: a debug build; run `cargo bench --bench scale` for meaningful figures");
     }
     let dir = tempfile::tempdir().unwrap();
+    if a.only_full_text {
+        let runtime = Arc::new(Runtime::load(&ComponentSource::Embedded, None).unwrap());
+        full_text(dir.path(), runtime, a.messages.max(1), a.calls).await;
+        return;
+    }
     println!(
         "abridge scale bench: each path at 1x and 10x in one run; exponent = log10(cost at 10x / cost at 1x)\n"
     );

@@ -43,10 +43,30 @@ pub fn scope_column(tenant: Option<&str>, session: Option<&str>) -> String {
 
 /// One term as the index keeps it: the first 8 bytes of HMAC-SHA-256, as 13 letters a–z.
 pub fn token(key: &[u8], term: &str) -> String {
-    use hmac::Mac;
-    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");
-    m.update(term.as_bytes());
-    let d = m.finalize().into_bytes();
+    Hasher::new(key).token(term)
+}
+
+/// [`token`] for many terms under one key: the key's HMAC state is made once.
+pub struct Hasher(hmac::Hmac<sha2::Sha256>);
+
+impl Hasher {
+    /// The hasher of `key`.
+    pub fn new(key: &[u8]) -> Hasher {
+        use hmac::Mac;
+        Hasher(hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length"))
+    }
+
+    /// The token of `term`.
+    pub fn token(&self, term: &str) -> String {
+        use hmac::Mac;
+        let mut m = self.0.clone();
+        m.update(term.as_bytes());
+        letters(&m.finalize().into_bytes())
+    }
+}
+
+/// The first 8 bytes of a digest as 13 letters a–z.
+fn letters(d: &[u8]) -> String {
     let mut v = u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
     let mut out = [b'a'; 13];
     for c in out.iter_mut().rev() {
@@ -66,11 +86,17 @@ pub fn session_token(key: &[u8], session: &str) -> String {
 /// separated): the session's token, then each term's; and the number of terms. `None` for an
 /// episode without terms (nothing to index).
 pub fn doc(key: &[u8], session: &str, terms: &str) -> Option<(String, u32)> {
-    let mut out = session_token(key, session);
+    doc_with(&Hasher::new(key), session, terms)
+}
+
+/// [`doc`] with a hasher made once for many episodes (each distinct term hashed once).
+pub fn doc_with(h: &Hasher, session: &str, terms: &str) -> Option<(String, u32)> {
+    let mut out = h.token(&format!("\0session\0{session}"));
     let mut n = 0u32;
+    let mut seen: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
     for t in terms.split_whitespace() {
         out.push(' ');
-        out.push_str(&token(key, t));
+        out.push_str(seen.entry(t).or_insert_with(|| h.token(t)));
         n += 1;
     }
     (n > 0).then_some((out, n))
@@ -116,9 +142,10 @@ pub(crate) async fn index(
     let d = rows.dialect();
     let tenant = crate::tenant::tenant_column(session).to_string();
     let sql = insert_sql(d);
+    let hasher = Hasher::new(key);
     let (mut added, mut length) = (0u32, 0u64);
     for (episode, terms) in docs {
-        let Some((text, n)) = doc(key, session, terms) else {
+        let Some((text, n)) = doc_with(&hasher, session, terms) else {
             continue;
         };
         let args: [Val; 5] = [
