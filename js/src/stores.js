@@ -199,6 +199,7 @@ export class SqliteStore {
       ensure: p('INSERT OR IGNORE INTO sessions (id, tenant, indexed) VALUES (?, ?, 1)'),
       // The full-text index (the Rust store's `terms` module: the same statements).
       termsInsert: p('INSERT INTO episode_terms (session, episode, tenant, terms, length) SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM episodes WHERE session = ?1 AND id = ?2) AND NOT EXISTS (SELECT 1 FROM episode_terms WHERE session = ?1 AND episode = ?2)'),
+      termsAppend: p('INSERT INTO episode_terms (session, episode, tenant, terms, length) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (session, episode) DO NOTHING'),
       termsTotals: p('INSERT INTO search_totals (tenant, docs, length) VALUES (?1, ?2, ?3) ON CONFLICT (tenant) DO UPDATE SET docs = search_totals.docs + excluded.docs, length = search_totals.length + excluded.length'),
       totals: p('SELECT docs, length FROM search_totals WHERE tenant = ?'),
       vocab: p('SELECT doc FROM episode_vocab WHERE term = ?'),
@@ -367,7 +368,7 @@ export class SqliteStore {
           bytes = upto;
         }
       }
-      if (docs.length) this.#index(session, docs);
+      if (docs.length) this.#index(session, docs, true);
       if (added) s.bump.run(added, tokens, seq, session);
       return added;
     }));
@@ -385,9 +386,11 @@ export class SqliteStore {
   }
 
   /** Index episodes `[[id, terms]]` of `session` in the open transaction, skipping those
-   * indexed already or no longer stored; add them to the tenant's totals. */
-  #index(session, docs) {
+   * indexed already (and, unless `fresh`: written just now, those no longer stored); add
+   * them to the tenant's totals. */
+  #index(session, docs, fresh = false) {
     const s = this.#st;
+    const insert = fresh ? s.termsAppend : s.termsInsert;
     const tenant = tenantColumn(session);
     const key = this.#termsKey(tenant);
     let added = 0;
@@ -396,7 +399,7 @@ export class SqliteStore {
       const words = terms.split(/\s+/).filter((t) => t);
       if (!words.length) continue;
       const text = [sessionToken(key, session), ...words.map((t) => termToken(key, t))].join(' ');
-      if (s.termsInsert.run(session, id, tenant, text, words.length).changes === 1) {
+      if (insert.run(session, id, tenant, text, words.length).changes === 1) {
         added++;
         length += words.length;
       }

@@ -580,7 +580,7 @@ impl Store for SqliteStore {
                 }
             }
             if !docs.is_empty() {
-                self.index_terms_on(&tx, session, &docs)?;
+                self.index_terms_on(&tx, session, &docs, true)?;
             }
             if added > 0 {
                 tx.execute(

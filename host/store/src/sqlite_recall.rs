@@ -801,10 +801,11 @@ impl SqliteStore {
         c: &Connection,
         session: &str,
         docs: &[(u64, String)],
+        fresh: bool,
     ) -> Result<u32, Error> {
         let key = self.terms_key_on(c, crate::tenant::tenant_column(session))?;
         let mut t = SqliteTx { store: self, c };
-        futures::executor::block_on(crate::terms::index(&mut t, &key, session, docs))
+        futures::executor::block_on(crate::terms::index(&mut t, &key, session, docs, fresh))
     }
 
     /// The full-text index's matches (see `Store::search_episodes`), on an open connection.

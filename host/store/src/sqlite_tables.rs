@@ -1154,7 +1154,7 @@ impl super::tables::IndexStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            let added = self.index_terms_on(&tx, session, docs)?;
+            let added = self.index_terms_on(&tx, session, docs, false)?;
             if done {
                 tx.execute("UPDATE sessions SET indexed = 1 WHERE id = ?1", [session])
                     .map_err(db_err)?;

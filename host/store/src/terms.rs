@@ -120,6 +120,20 @@ pub fn insert_sql(d: Dialect) -> String {
     )
 }
 
+/// The statement that indexes a message as it is stored (the same parameters as
+/// [`insert_sql`]): the episode row was written just before it in the same transaction.
+pub fn append_sql(d: Dialect) -> String {
+    let p = |n| d.param(n);
+    format!(
+        "INSERT INTO episode_terms (session, episode, tenant, terms, length) VALUES ({}, {}, {}, {}, {}) ON CONFLICT (session, episode) DO NOTHING",
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5)
+    )
+}
+
 /// The statement that adds to a tenant's totals: tenant column, episodes, terms.
 pub fn totals_sql(d: Dialect) -> String {
     let p = |n| d.param(n);
@@ -131,17 +145,19 @@ pub fn totals_sql(d: Dialect) -> String {
     )
 }
 
-/// Index episodes of one session (`(episode, terms)`), skipping those indexed already or no
-/// longer stored, and add them to the tenant's totals: in the caller's transaction.
+/// Index episodes of one session (`(episode, terms)`), skipping those indexed already (and,
+/// unless `fresh`: the episodes were written just now in this transaction, those no longer
+/// stored), and add them to the tenant's totals: in the caller's transaction.
 pub(crate) async fn index(
     rows: &mut impl Tx,
     key: &[u8],
     session: &str,
     docs: &[(u64, String)],
+    fresh: bool,
 ) -> Result<u32, Error> {
     let d = rows.dialect();
     let tenant = crate::tenant::tenant_column(session).to_string();
-    let sql = insert_sql(d);
+    let sql = if fresh { append_sql(d) } else { insert_sql(d) };
     let hasher = Hasher::new(key);
     let (mut added, mut length) = (0u32, 0u64);
     for (episode, terms) in docs {
@@ -323,6 +339,10 @@ mod tests {
         assert_eq!(
             totals_sql(Dialect::Sqlite).replace('?', "$"),
             totals_sql(Dialect::Postgres)
+        );
+        assert_eq!(
+            append_sql(Dialect::Sqlite).replace('?', "$"),
+            append_sql(Dialect::Postgres)
         );
     }
 }

@@ -633,7 +633,7 @@ impl Store for PgStore {
             }
         }
         if !docs.is_empty() {
-            self.index_terms_in(&tx, session, &docs).await?;
+            self.index_terms_in(&tx, session, &docs, true).await?;
         }
         if added > 0 {
             tx.execute(

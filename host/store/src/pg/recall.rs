@@ -78,12 +78,13 @@ impl PgStore {
         c: &C,
         session: &str,
         docs: &[(u64, String)],
+        fresh: bool,
     ) -> Result<u32, Error> {
         let key = self
             .terms_key_on(c, crate::tenant::tenant_column(session))
             .await?;
         let mut t = PgTx { store: self, c };
-        crate::terms::index(&mut t, &key, session, docs).await
+        crate::terms::index(&mut t, &key, session, docs, fresh).await
     }
 
     /// The full-text index's matches (see `Store::search_episodes`) on `c`.

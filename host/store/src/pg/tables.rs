@@ -1298,7 +1298,7 @@ impl crate::tables::IndexStore for PgStore {
     ) -> Result<u32, Error> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        let added = self.index_terms_in(&tx, session, docs).await?;
+        let added = self.index_terms_in(&tx, session, docs, false).await?;
         if done {
             tx.execute("UPDATE sessions SET indexed = 1 WHERE id = $1", &[&session])
                 .await
