@@ -1456,7 +1456,7 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
             // them in the same transaction), against the same without the index: the store's
             // append with and without terms on this database, and the guest's terms alone.
             let mut app_t = Vec::new();
-            for i in 0..calls.min(500) {
+            for i in 0..2_000 {
                 let e = NewEpisode {
                     terms: String::new(),
                     role: Role::User,
@@ -1477,7 +1477,7 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
                 .unwrap();
             let mut with = Vec::new();
             let mut without = Vec::new();
-            for i in 0..calls.min(500) {
+            for i in 0..2_000 {
                 let content = sentence(&mut r);
                 let terms = engine
                     .index_terms(&[(None, content.clone())])
@@ -1514,7 +1514,9 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
                 engine.index_terms(&batch).await.unwrap();
                 guest.push(started.elapsed().as_secs_f64() * 1e6 / batch.len() as f64);
             }
-            write = (p50(app_t), p50(with), p50(without), p50(guest));
+            // Means: a write's cost includes the merges and checkpoints it sets off now and then.
+            let mean = |xs: Vec<f64>| xs.iter().sum::<f64>() / xs.len() as f64;
+            write = (mean(app_t), mean(with), mean(without), p50(guest));
         }
     }
     let decades =
@@ -1549,7 +1551,7 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
         base * 10
     );
     println!(
-        "  a posted message (app): {app_t:.1} us; the index's part: store {with:.1} us with terms vs {without:.1} us without, guest's terms {guest:.1} us; with / without the index {ratio:.2} (target <= 1.3: {})",
+        "  a posted message (app, mean of 2,000): {app_t:.1} us; the index's part: the store's append {with:.1} us with terms vs {without:.1} us without (means), the guest's terms {guest:.1} us; with / without the index {ratio:.2} (target <= 1.3: {})",
         if ratio <= 1.3 { "ok" } else { "MISSED" }
     );
 }
