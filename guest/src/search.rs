@@ -18,7 +18,7 @@ pub const QUERY_TERMS: usize = 32;
 /// cut to it.
 pub const TERM_CHARS: usize = 40;
 /// Matches a search asks its store for (more only to reach a deeper page).
-pub const CANDIDATES: u32 = 400;
+pub const CANDIDATES: u32 = 200;
 /// Characters of a hit's excerpt, about.
 pub const EXCERPT_CHARS: usize = 240;
 /// BM25's term-frequency saturation.
