@@ -21,22 +21,24 @@ async fn main() -> anyhow::Result<()> {
         .build()?;
     let cfg = Config::default();
     let message = NewEpisode {
-        terms: String::new(),
         role: Role::User,
         content: "Book the small meeting room for Thursday at 10.".into(),
         timestamp_ms: None,
         source_key: "m1".into(),
-        tokens: 0,
         speaker: None,
+        // Filled in by the engine as it appends (its token estimate and index terms).
+        tokens: 0,
+        terms: String::new(),
     };
     engine.append("session-1", &[message]).await?;
     engine.after_episode_written("session-1", &cfg).await?;
     let request = ContextRequest {
-        query: None,
         budget: 2000,
         pairs: 4,
         refresh_after: 8,
         pins: vec![],
+        // What the next call is about: the earlier turns that match it are included too.
+        query: Some("When is the meeting room booked?".into()),
     };
     let window = engine.context("session-1", request, &cfg).await?;
     let (n, tokens) = (window.messages.len(), window.tokens);

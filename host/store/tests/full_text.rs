@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use abridge_engine::types::{NewEpisode, Role, TermMatches};
 use abridge_store::tenant::{Tenant, TenantStore};
-use abridge_store::{AppStore, IndexStore, PgStore, SqliteStore, Store};
+use abridge_store::{AppStore, PgStore, SqliteStore, Store};
 
 /// A message whose index terms are `terms` (the guest's `text.index-terms` would give them).
 fn said(i: usize, terms: &str) -> NewEpisode {
@@ -232,4 +232,35 @@ async fn a_sealed_tenants_words_are_in_neither_the_database_nor_its_wal() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_session_leaves_no_term_of_it_in_the_index_on_disk() {
+    // Without a master key the terms' key is derived from the tenant's name alone, so a
+    // word's token is computable: a deleted message's tokens must be gone from the file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plain.db");
+    let db: Arc<dyn AppStore> = Arc::new(SqliteStore::open(&path).unwrap());
+    let canary = "quetzalcanary";
+    let token = abridge_store::terms::token(&abridge_store::terms::terms_key("local", None), canary);
+    let many: Vec<NewEpisode> = (1..=50)
+        .map(|i| said(i, &format!("{canary} filler{i} words{i}")))
+        .collect();
+    db.append_episodes("gone", many).await.unwrap();
+    db.append_episodes("kept", vec![said(1, "other words")])
+        .await
+        .unwrap();
+    let held = |p: &std::path::Path| {
+        std::fs::read(p).is_ok_and(|b| b.windows(token.len()).any(|w| w == token.as_bytes()))
+    };
+    assert!(
+        held(&path) || held(&dir.path().join("plain.db-wal")),
+        "the token is on disk while the messages are"
+    );
+    db.reset_session("gone").await.unwrap();
+    for f in [path.clone(), dir.path().join("plain.db-wal")] {
+        assert!(!held(&f), "{} still holds a deleted message's term", f.display());
+    }
+    let m = db.search_episodes(None, None, &q(&["other"]), 10).await.unwrap();
+    assert_eq!((m.docs, m.matches.len()), (1, 1));
 }

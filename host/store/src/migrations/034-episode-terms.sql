@@ -17,6 +17,8 @@ CREATE UNIQUE INDEX episode_terms_episode ON episode_terms (session, episode);
 CREATE VIRTUAL TABLE episode_fts USING fts5(
     terms, content='episode_terms', content_rowid='doc', detail='none', columnsize=0
 );
+-- A deleted message leaves the index at once (not when its segment is next merged).
+INSERT INTO episode_fts (episode_fts, rank) VALUES ('secure-delete', 1);
 CREATE VIRTUAL TABLE episode_vocab USING fts5vocab(episode_fts, 'row');
 CREATE TRIGGER episode_terms_indexed AFTER INSERT ON episode_terms BEGIN
     INSERT INTO episode_fts (rowid, terms) VALUES (new.doc, new.terms);

@@ -902,7 +902,7 @@ impl RecallStore for PgStore {
         // space (new rows then overwrite it; VACUUM FULL rewrites the files at once, under an
         // exclusive lock). A tenant's deletion is rare: vacuum what held its text now.
         c.batch_execute(
-            "VACUUM episodes, summaries, partials, events, session_focus, session_labels, memories, cluster_summaries, clusters, data_keys",
+            "VACUUM episodes, episode_terms, summaries, partials, events, session_focus, session_labels, memories, cluster_summaries, clusters, data_keys",
         )
         .await
         .map_err(|e| self.err(e))
