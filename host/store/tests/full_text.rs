@@ -55,8 +55,11 @@ fn q(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()
 }
 
+/// A search's answer as two stores can compare it: totals, counts and the matches in order.
+type Shape = (u64, u64, Vec<u64>, Vec<(String, u64, u32, Vec<u32>)>);
+
 /// What a search answered, in a form two stores can be compared by.
-fn shape(m: &TermMatches) -> (u64, u64, Vec<u64>, Vec<(String, u64, u32, Vec<u32>)>) {
+fn shape(m: &TermMatches) -> Shape {
     (
         m.docs,
         m.length,
@@ -67,8 +70,6 @@ fn shape(m: &TermMatches) -> (u64, u64, Vec<u64>, Vec<(String, u64, u32, Vec<u32
             .collect(),
     )
 }
-
-type Shape = (u64, u64, Vec<u64>, Vec<(String, u64, u32, Vec<u32>)>);
 
 /// The corpus written through a tenant's view, then searched; the answers, in order.
 async fn searched(name: &str, db: Arc<dyn AppStore>) -> Vec<Shape> {
@@ -242,7 +243,8 @@ async fn a_reset_session_leaves_no_term_of_it_in_the_index_on_disk() {
     let path = dir.path().join("plain.db");
     let db: Arc<dyn AppStore> = Arc::new(SqliteStore::open(&path).unwrap());
     let canary = "quetzalcanary";
-    let token = abridge_store::terms::token(&abridge_store::terms::terms_key("local", None), canary);
+    let token =
+        abridge_store::terms::token(&abridge_store::terms::terms_key("local", None), canary);
     let many: Vec<NewEpisode> = (1..=50)
         .map(|i| said(i, &format!("{canary} filler{i} words{i}")))
         .collect();
@@ -259,8 +261,15 @@ async fn a_reset_session_leaves_no_term_of_it_in_the_index_on_disk() {
     );
     db.reset_session("gone").await.unwrap();
     for f in [path.clone(), dir.path().join("plain.db-wal")] {
-        assert!(!held(&f), "{} still holds a deleted message's term", f.display());
+        assert!(
+            !held(&f),
+            "{} still holds a deleted message's term",
+            f.display()
+        );
     }
-    let m = db.search_episodes(None, None, &q(&["other"]), 10).await.unwrap();
+    let m = db
+        .search_episodes(None, None, &q(&["other"]), 10)
+        .await
+        .unwrap();
     assert_eq!((m.docs, m.matches.len()), (1, 1));
 }
