@@ -211,6 +211,9 @@ pub struct Parts<'a> {
     pub unfolded: &'a [crate::ledger::Entry],
     /// The earlier turns a query found, best first (empty without a query).
     pub found: &'a [crate::engine::Found],
+    /// The query's terms (the full-text index's; empty without a query): an offline chain's
+    /// lines holding them come first.
+    pub query: &'a [String],
 }
 
 /// A found turn as the context shows it: its episode number, its day and time (UTC), its
@@ -459,7 +462,8 @@ pub fn assemble(p: &Parts) -> Window {
                 0
             };
         let room = left.saturating_sub(fixed);
-        let picked = crate::extractive::pick(lines, room, None, crate::extractive::Aim::Recall);
+        let picked =
+            crate::extractive::pick_for(lines, room, None, crate::extractive::Aim::Recall, p.query);
         if !picked.is_empty() {
             let body = crate::prompt::neutralize(&picked);
             let text = if with_ledger {
@@ -792,6 +796,7 @@ mod tests {
     ) -> Window {
         let chain = chain_lines(rows);
         super::assemble(&Parts {
+            query: &[],
             found: &[],
             rows,
             tail,
@@ -954,6 +959,7 @@ mod tests {
         ];
         let budget = 400;
         let w = super::assemble(&Parts {
+            query: &[],
             found: &[],
             rows: &rows,
             tail: &tail,

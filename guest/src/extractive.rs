@@ -458,7 +458,37 @@ fn header(day: &str) -> String {
 /// lines' tokens, filled by score; what the shares leave goes to the best lines left anywhere. Never small talk; no line mostly contained in a chosen one. Day headers
 /// are counted in the room. `after_day`: the day the text this continues ended on.
 pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>, aim: Aim) -> String {
-    let score = scores(lines, aim);
+    pick_for(lines, room, after_day, aim, &[])
+}
+
+/// How many of `terms` (the full-text index's terms of a query) a line holds.
+pub fn holds(line: &Line, terms: &[String]) -> usize {
+    if terms.is_empty() {
+        return 0;
+    }
+    crate::search::terms(&line.text)
+        .into_iter()
+        .collect::<BTreeSet<String>>()
+        .iter()
+        .filter(|t| terms.contains(t))
+        .count()
+}
+
+/// [`pick`] for a context with a query: a line holding `k` of the query's `terms` scores
+/// `1 + k` times as much (the lines a later question asks about first).
+pub fn pick_for(
+    lines: &[Line],
+    room: u32,
+    after_day: Option<&str>,
+    aim: Aim,
+    terms: &[String],
+) -> String {
+    let mut score = scores(lines, aim);
+    if !terms.is_empty() {
+        for (s, l) in score.iter_mut().zip(lines) {
+            *s *= 1.0 + holds(l, terms) as f64;
+        }
+    }
     // A line mostly contained in a chosen one (its share of content words in common, in
     // tenths): a summary tolerates less overlap than a context of facts.
     let overlap = match aim {
@@ -724,6 +754,37 @@ mod tests {
             ),
             Message::new(Role::Tool, "exit code 0"),
         ]
+    }
+
+    #[test]
+    fn a_query_puts_the_lines_that_hold_its_words_first() {
+        let lines = candidates(&conv(), true);
+        let target = lines
+            .iter()
+            .find(|l| l.text.contains("matching package"))
+            .unwrap();
+        // Room for the opening request (a context's lines start with it) and one more line.
+        let room = lines[0].cost + target.cost + 6;
+        let terms = crate::search::query("Which package does PostGIS need?");
+        let asked = pick_for(&lines, room, None, Aim::Recall, &terms);
+        assert!(
+            asked.contains("PostGIS needs the matching package"),
+            "{asked}"
+        );
+        let plain = pick(&lines, room, None, Aim::Recall);
+        assert!(
+            !plain.contains("PostGIS needs the matching package"),
+            "{plain}"
+        );
+        assert_eq!(
+            pick_for(&lines, room, None, Aim::Recall, &[]),
+            pick(&lines, room, None, Aim::Recall)
+        );
+        let line = lines
+            .iter()
+            .find(|l| l.text.contains("matching package"))
+            .unwrap();
+        assert_eq!(holds(line, &terms), 3, "postgi, need, packag");
     }
 
     #[test]

@@ -488,6 +488,11 @@ pub fn context(
         Some(q) if !q.trim().is_empty() => found_turns(h, session, q)?,
         _ => Vec::new(),
     };
+    let query = req
+        .query
+        .as_deref()
+        .map(crate::search::query)
+        .unwrap_or_default();
     let window = crate::context::assemble(&crate::context::Parts {
         rows: &rows,
         tail: &tail,
@@ -503,6 +508,7 @@ pub fn context(
         pending: &pending,
         unfolded: &unfolded.entries,
         found: &found,
+        query: &query,
     });
     Ok(ContextWindow {
         window,
