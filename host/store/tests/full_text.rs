@@ -142,6 +142,19 @@ async fn searched(name: &str, db: Arc<dyn AppStore>) -> Vec<Shape> {
         "{name}"
     );
     assert_eq!(after_pop.matches.len(), 1, "{name}");
+    // The catch-up's insert skips a message indexed already and one no longer stored.
+    let added = db
+        .index_episodes(
+            "acme\u{1f}alpha",
+            &[
+                (1, "deploy again".into()),
+                (5, "kubernetes upgrad fail".into()),
+            ],
+            true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(added, 0, "{name}");
     out.push(shape(&after_pop));
     // A reset session leaves it whole; the other tenant's copy stays.
     acme.reset_session("beta").await.unwrap();
