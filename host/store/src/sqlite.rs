@@ -126,6 +126,9 @@ fn explain(name: &str, msg: &str) -> String {
     format!("database {name}: {msg} — {remedy}")
 }
 
+/// Prepared statements a connection keeps.
+const STATEMENT_CACHE: usize = 256;
+
 /// How long one connection waits for another's lock before giving up.
 const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -299,6 +302,9 @@ impl SqliteStore {
     fn init(mut conn: Connection, name: &str) -> Result<Self, Error> {
         let fail = |e: rusqlite::Error| Error::Storage(explain(name, &e.to_string()));
         conn.busy_timeout(BUSY_TIMEOUT).map_err(fail)?;
+        // Every statement of a message's path stays prepared (rusqlite keeps 16 by default,
+        // fewer than one append, its index and the freshness verdict use).
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         // SQLite waits out another connection's lock (the busy timeout) except where waiting
         // could deadlock: two new openers both switching the file to WAL get SQLITE_BUSY at
         // once. Every step below is safe to repeat, so the whole sequence is tried again,
