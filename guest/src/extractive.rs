@@ -463,15 +463,32 @@ pub fn pick(lines: &[Line], room: u32, after_day: Option<&str>, aim: Aim) -> Str
 
 /// How many of `terms` (the full-text index's terms of a query) a line holds.
 pub fn holds(line: &Line, terms: &[String]) -> usize {
+    holds_with(line, terms, &mut BTreeMap::new())
+}
+
+/// [`holds`] with the index terms of words already seen (`stems`), for many lines.
+fn holds_with(
+    line: &Line,
+    terms: &[String],
+    stems: &mut BTreeMap<String, Option<String>>,
+) -> usize {
     if terms.is_empty() {
         return 0;
     }
-    crate::search::terms(&line.text)
-        .into_iter()
-        .collect::<BTreeSet<String>>()
-        .iter()
-        .filter(|t| terms.contains(t))
-        .count()
+    // The speaker's name (before ": ") and the line's content words.
+    let speaker = line.text.split_once(": ").map(|(s, _)| s.to_lowercase());
+    let mut held = BTreeSet::new();
+    for w in line.words.iter().chain(speaker.iter()) {
+        let t = stems
+            .entry(w.clone())
+            .or_insert_with(|| crate::search::term(w));
+        if let Some(t) = t
+            && terms.contains(t)
+        {
+            held.insert(t.clone());
+        }
+    }
+    held.len()
 }
 
 /// [`pick`] for a context with a query: a line holding `k` of the query's `terms` scores
@@ -485,8 +502,9 @@ pub fn pick_for(
 ) -> String {
     let mut score = scores(lines, aim);
     if !terms.is_empty() {
+        let mut stems = BTreeMap::new();
         for (s, l) in score.iter_mut().zip(lines) {
-            *s *= 1.0 + holds(l, terms) as f64;
+            *s *= 1.0 + holds_with(l, terms, &mut stems) as f64;
         }
     }
     // A line mostly contained in a chosen one (its share of content words in common, in
