@@ -478,7 +478,12 @@ fn holds_with(
     // The speaker's name (before ": ") and the line's content words.
     let speaker = line.text.split_once(": ").map(|(s, _)| s.to_lowercase());
     let mut held = BTreeSet::new();
+    // A word's stem starts as the word does: only words that open like a term are stemmed.
+    let opens = |w: &str, t: &str| w.chars().take(2).eq(t.chars().take(2));
     for w in line.words.iter().chain(speaker.iter()) {
+        if !terms.iter().any(|t| opens(w, t)) {
+            continue;
+        }
         let t = stems
             .entry(w.clone())
             .or_insert_with(|| crate::search::term(w));
