@@ -1515,3 +1515,41 @@ fn search_finds_every_message_of_the_tenant_and_hostile_queries_are_words() {
     assert_eq!(v["found"], 0, "{v}");
     drop(srv);
 }
+
+#[test]
+fn messages_stored_before_the_index_are_indexed_by_search_and_by_serve() {
+    let env = extractive();
+    env.run(&["summarize", &fixture("claude-code.jsonl")])
+        .assert_ok();
+    // As a database written before migration 34 looks once it has run.
+    let unindex = || {
+        let c = rusqlite::Connection::open(env.db()).unwrap();
+        c.execute_batch(
+            "DELETE FROM episode_terms; DELETE FROM search_totals; UPDATE sessions SET indexed = 0",
+        )
+        .unwrap();
+    };
+    unindex();
+    let r = env.run(&["search", "health check", "--json"]);
+    r.assert_ok();
+    assert!(r.stderr.contains("indexing stored messages for search: 8 of 8"), "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(v["hits"].as_array().unwrap().len() >= 2, "{v}");
+    assert_eq!(v["complete"], true);
+    // A second search has nothing left to index.
+    let r = env.run(&["search", "health check"]);
+    assert!(!r.stderr.contains("indexing"), "{}", r.stderr);
+    // `serve` indexes them in the background as it starts.
+    unindex();
+    let srv = Server::start(&env, &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = get(&srv.addr, "/v1/search?q=health", None).expect(200);
+        if v["complete"] == true && !v["hits"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "serve never indexed the stored messages: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(srv);
+}

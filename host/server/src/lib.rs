@@ -164,6 +164,8 @@ impl Bound {
         let (tx, shutdown) = watch::channel(false);
         // Recall's saved indexes load while the server answers; `/readyz` waits for them.
         app.start_warming();
+        // Messages stored before the full-text index are indexed in the background.
+        app.start_indexing();
         let workers = app.start_workers(opts.workers);
         let events = app.events().clone();
         let sweeper = (!opts.sweep_every.is_zero())
