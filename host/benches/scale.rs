@@ -245,42 +245,8 @@ async fn http_recall(dir: &std::path::Path, n: usize) {
             .unwrap();
         assert!(status.success(), "memory import of {n}");
         for (run, secs) in [("first start", 40.0), ("restart", 15.0)] {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
             let started = Instant::now();
-            let mut server = std::process::Command::new(bin)
-                .args(["--db", db.to_str().unwrap(), "serve", "--listen"])
-                .arg(format!("127.0.0.1:{port}"))
-                .env("ABRIDGE_BACKEND", "extractive")
-                .env("HOME", dir)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
-            let url = format!("http://127.0.0.1:{port}");
-            while client.get(format!("{url}/healthz")).send().await.is_err() {
-                assert!(
-                    started.elapsed().as_secs() < 60,
-                    "abridge serve did not start"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            // Ready once the recall indexes the last run saved are loaded (what a load
-            // balancer waits for).
-            loop {
-                let r = client.get(format!("{url}/readyz")).send().await;
-                if r.is_ok_and(|r| r.status().is_success()) {
-                    break;
-                }
-                assert!(
-                    started.elapsed().as_secs() < 60,
-                    "abridge serve never got ready"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
+            let (mut server, url) = serve(dir, &db, &client, &[]).await;
             let ready = started.elapsed().as_secs_f64();
             let mut calls: Vec<(f64, f64)> = Vec::new();
             let mut i = 0;
@@ -1566,37 +1532,9 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
 /// The mean time of `POST /v1/sessions/{id}/messages` with one message, 2,000 times, against
 /// `abridge serve` on `db` (idle mode: no refresh runs beside the writes), in microseconds.
 async fn posted_over_http(dir: &std::path::Path, db: &std::path::Path, r: &mut Rng) -> f64 {
-    let bin = env!("CARGO_BIN_EXE_abridge");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut server = std::process::Command::new(bin)
-        .args(["--db", db.to_str().unwrap(), "serve", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .env("ABRIDGE_BACKEND", "extractive")
-        .env("ABRIDGE_MODE", "idle")
-        .env("HOME", dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let url = format!("http://127.0.0.1:{port}");
-    let started = Instant::now();
-    loop {
-        let r = client.get(format!("{url}/readyz")).send().await;
-        if r.is_ok_and(|r| r.status().is_success()) {
-            break;
-        }
-        assert!(
-            started.elapsed().as_secs() < 60,
-            "abridge serve never got ready"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let (mut server, url) = serve(dir, db, &client, &[("ABRIDGE_MODE", "idle")]).await;
     let mut t = Vec::new();
     for _ in 0..2_000 {
         let body = serde_json::json!({"messages": [{"role": "user", "content": sentence(r)}]});
@@ -1614,4 +1552,45 @@ async fn posted_over_http(dir: &std::path::Path, db: &std::path::Path, r: &mut R
     let _ = server.kill();
     let _ = server.wait();
     t.iter().sum::<f64>() / t.len() as f64
+}
+
+/// `abridge serve` on `db` (extractive, `HOME` in `dir`, `env` besides) on a free loopback
+/// port, once `/readyz` answers (the recall indexes the last run saved are loaded: what a load
+/// balancer waits for); the child and its URL, which the caller kills and waits for.
+#[allow(clippy::zombie_processes)] // the child is returned, or killed and waited for
+async fn serve(
+    dir: &std::path::Path,
+    db: &std::path::Path,
+    client: &reqwest::Client,
+    env: &[(&str, &str)],
+) -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
+        .args(["--db", db.to_str().unwrap(), "serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .env("ABRIDGE_BACKEND", "extractive")
+        .env("HOME", dir)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    loop {
+        let r = client.get(format!("{url}/readyz")).send().await;
+        if r.is_ok_and(|r| r.status().is_success()) {
+            return (server, url);
+        }
+        if started.elapsed().as_secs() >= 60 {
+            let _ = server.kill();
+            let _ = server.wait();
+            panic!("abridge serve never got ready");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

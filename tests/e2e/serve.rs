@@ -1532,7 +1532,12 @@ fn messages_stored_before_the_index_are_indexed_by_search_and_by_serve() {
     unindex();
     let r = env.run(&["search", "health check", "--json"]);
     r.assert_ok();
-    assert!(r.stderr.contains("indexing stored messages for search: 8 of 8"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("indexing stored messages for search: 8 of 8"),
+        "{}",
+        r.stderr
+    );
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
     assert!(v["hits"].as_array().unwrap().len() >= 2, "{v}");
     assert_eq!(v["complete"], true);
@@ -1548,7 +1553,10 @@ fn messages_stored_before_the_index_are_indexed_by_search_and_by_serve() {
         if v["complete"] == true && !v["hits"].as_array().unwrap().is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "serve never indexed the stored messages: {v}");
+        assert!(
+            Instant::now() < deadline,
+            "serve never indexed the stored messages: {v}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(srv);

@@ -484,15 +484,12 @@ pub fn context(
         ledger::add(&mut digest.entries, e.kind, e.text, e.episode, e.count);
     }
     // The earlier turns the query finds, best first (the room policy decides how many show).
-    let found = match req.query.as_deref() {
-        Some(q) if !q.trim().is_empty() => found_turns(h, session, q)?,
-        _ => Vec::new(),
-    };
     let query = req
         .query
         .as_deref()
         .map(crate::search::query)
         .unwrap_or_default();
+    let found = found_turns(h, session, &query)?;
     let window = crate::context::assemble(&crate::context::Parts {
         rows: &rows,
         tail: &tail,

@@ -93,16 +93,19 @@ pub struct Found {
     pub reply: Option<Episode>,
 }
 
-/// The session's turns that best match `q`, best first (at most [`FOUND_MAX`]), each with its
+/// The session's turns that best match a query's `terms` ([`search::query`]), best first (at most [`FOUND_MAX`]), each with its
 /// short reply: what a context with a query shows beside the summary, as far as its share of
 /// the budget goes (`context::assemble`). Only dialogue is found (a context shows no tool
 /// output verbatim).
-pub fn found_turns(h: &mut impl Host, session: &str, q: &str) -> Result<Vec<Found>, Error> {
-    let terms = search::query(q);
+pub fn found_turns(
+    h: &mut impl Host,
+    session: &str,
+    terms: &[String],
+) -> Result<Vec<Found>, Error> {
     if terms.is_empty() {
         return Ok(Vec::new());
     }
-    let m = h.search_episodes(Some(session), &terms, search::CANDIDATES)?;
+    let m = h.search_episodes(Some(session), terms, search::CANDIDATES)?;
     let dialogue = |e: &Episode| {
         matches!(
             e.role,

@@ -69,6 +69,9 @@ use crate::transcript::{Format, Options};
 /// Messages indexed per transaction when older sessions are brought into the full-text index.
 pub const INDEX_BATCH: u32 = 500;
 
+/// Most hits one search page holds (the guest's page limit).
+pub const SEARCH_MAX_LIMIT: u32 = 100;
+
 /// Deepest a search pages (its offset): a query whose answer lies further is too broad.
 pub const SEARCH_MAX_OFFSET: u32 = 1000;
 
@@ -1240,7 +1243,11 @@ impl Scoped {
                 "offset {offset} is beyond the deepest page ({SEARCH_MAX_OFFSET}); add words to the query to narrow it"
             )));
         }
-        let limit = limit.clamp(1, 100);
+        if !(1..=SEARCH_MAX_LIMIT).contains(&limit) {
+            return Err(AppError::invalid(format!(
+                "limit {limit} is out of range; give 1 to {SEARCH_MAX_LIMIT}"
+            )));
+        }
         let page = self.engine().search(session, query, offset, limit).await?;
         Ok(SearchView {
             query: query.to_string(),

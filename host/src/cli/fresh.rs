@@ -387,12 +387,6 @@ pub async fn pin(s: &Settings, mut a: PinArgs) -> Result<(), Failure> {
 /// Provenance: a summary row and exactly the episodes it covers.
 /// `abridge search QUERY`.
 pub async fn search(s: &Settings, a: SearchArgs) -> Result<(), Failure> {
-    if !(1..=100).contains(&a.k) {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!("-k {} is out of range; give 1 to 100", a.k),
-        ));
-    }
     let local = super::app::local(s, None)?;
     super::app::index_pending(s, local.app()).await?;
     let session = match &a.session {

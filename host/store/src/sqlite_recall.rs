@@ -784,11 +784,7 @@ impl SqliteStore {
 
     /// The full-text key of the tenant whose sessions' `tenant` column is `column`.
     pub(crate) fn terms_key_on(&self, c: &Connection, column: &str) -> Result<Vec<u8>, Error> {
-        let name = if column.is_empty() {
-            crate::tenant::Tenant::LOCAL
-        } else {
-            column
-        };
+        let name = crate::tenant::name_of_column(column);
         Ok(crate::terms::terms_key(
             name,
             self.lexical_key_on(c, name)?.as_deref(),

@@ -418,11 +418,7 @@ pub(crate) async fn search_grams<S: crate::RecallStore + ?Sized>(
     tenant: &str,
     q: &str,
 ) -> Result<(Vec<u8>, Vec<i64>), Error> {
-    let name = if tenant.is_empty() {
-        crate::tenant::Tenant::LOCAL
-    } else {
-        tenant
-    };
+    let name = crate::tenant::name_of_column(tenant);
     let lexical = s.lexical_key(name).await?;
     let key = crate::rules::grams_key(lexical.as_deref());
     let query = crate::rules::gram_hashes(&key, [q]).into_iter().collect();

@@ -101,6 +101,15 @@ impl Tenant {
     }
 }
 
+/// The tenant's name of a `tenant` column ('' is the local tenant's).
+pub(crate) fn name_of_column(column: &str) -> &str {
+    if column.is_empty() {
+        Tenant::LOCAL
+    } else {
+        column
+    }
+}
+
 /// The `tenant` column of a session or a job whose session is the stored key `key`: the
 /// tenant's name, '' for the local tenant (keys without a separator).
 pub(crate) fn tenant_column(key: &str) -> &str {

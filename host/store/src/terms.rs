@@ -56,6 +56,11 @@ impl Hasher {
         Hasher(hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length"))
     }
 
+    /// The token of `session` (see [`session_token`]).
+    pub fn session(&self, session: &str) -> String {
+        self.token(&format!("\0session\0{session}"))
+    }
+
     /// The token of `term`.
     pub fn token(&self, term: &str) -> String {
         use hmac::Mac;
@@ -79,7 +84,7 @@ fn letters(d: &[u8]) -> String {
 /// The token that marks a session's episodes (a session's search asks for it beside the
 /// terms); never equal to a term's, whose hash input has no NUL.
 pub fn session_token(key: &[u8], session: &str) -> String {
-    token(key, &format!("\0session\0{session}"))
+    Hasher::new(key).session(session)
 }
 
 /// What `episode_terms` keeps for an episode of `session` whose terms are `terms` (space
@@ -91,7 +96,7 @@ pub fn doc(key: &[u8], session: &str, terms: &str) -> Option<(String, u32)> {
 
 /// [`doc`] with a hasher made once for many episodes (each distinct term hashed once).
 pub fn doc_with(h: &Hasher, session: &str, terms: &str) -> Option<(String, u32)> {
-    let mut out = h.token(&format!("\0session\0{session}"));
+    let mut out = h.session(session);
     let mut n = 0u32;
     let mut seen: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
     for t in terms.split_whitespace() {

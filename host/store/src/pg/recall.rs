@@ -61,11 +61,7 @@ impl PgStore {
         c: &C,
         column: &str,
     ) -> Result<Vec<u8>, Error> {
-        let name = if column.is_empty() {
-            crate::tenant::Tenant::LOCAL
-        } else {
-            column
-        };
+        let name = crate::tenant::name_of_column(column);
         Ok(crate::terms::terms_key(
             name,
             self.lexical_key_on(c, name).await?.as_deref(),
