@@ -1,6 +1,8 @@
 //! The context window for the next model call: the summary chain as one system message, then
 //! the latest message pairs verbatim, within a token budget. Pure.
 
+use std::collections::BTreeSet;
+
 use crate::plan::MESSAGE_COST;
 use crate::tokens::estimate_tokens;
 use crate::types::{Episode, Message, Role, SummaryRow};
@@ -216,8 +218,14 @@ pub struct Parts<'a> {
     pub query: &'a [String],
 }
 
-/// A found turn as the context shows it: its episode number, its day and time (UTC), its
-/// speaker, and its text with each relative date followed by the day it names.
+/// The day a found turn was said on, as the context shows it ("8 May 2023"), when known.
+fn found_day(e: &Episode) -> Option<String> {
+    crate::dates::known(e.timestamp_ms).map(|ms| crate::dates::Day::of_ms(ms).render())
+}
+
+/// A found turn as the context shows it, under its day's mark (see [`found_day`]): its
+/// episode number, its time (UTC), its speaker, and its text with each relative date
+/// followed by the day it names.
 fn found_line(e: &Episode) -> String {
     let who = e
         .speaker
@@ -229,15 +237,29 @@ fn found_line(e: &Episode) -> String {
         Some(ms) => {
             let minute = ms.div_euclid(60_000).rem_euclid(24 * 60);
             format!(
-                "#{} ({}, {:02}:{:02}) {who}: {text}",
+                "#{} {:02}:{:02} {who}: {text}",
                 e.id,
-                crate::dates::Day::of_ms(ms).render(),
                 minute / 60,
                 minute % 60
             )
         }
         None => format!("#{} {who}: {text}", e.id),
     }
+}
+
+/// The found turns' lines in the order they were said, each day's turns under its mark.
+fn found_lines(found: &[&Episode]) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut day: Option<String> = None;
+    for e in found {
+        let d = found_day(e);
+        if d.is_some() && d != day {
+            lines.push(format!("[{}]", d.as_deref().unwrap_or_default()));
+        }
+        day = d;
+        lines.push(found_line(e));
+    }
+    lines
 }
 
 /// The lines of an offline summary chain (each row's sentences with their days), when every
@@ -340,6 +362,8 @@ pub fn assemble(p: &Parts) -> Window {
             recent.iter().chain(pins.iter()).any(|e| e.id == id) || found.iter().any(|e| e.id == id)
         };
         let mut spent = 0u32;
+        // The days that have a mark so far (a turn of a new day pays for its mark).
+        let mut days: BTreeSet<String> = BTreeSet::new();
         for f in p.found {
             if taken(f.turn.id, &found) {
                 continue;
@@ -350,16 +374,31 @@ pub fn assemble(p: &Parts) -> Window {
             {
                 add.push(r);
             }
-            let line = |e: &Episode| estimate_tokens(&found_line(e)) + 1;
-            let mut c: u32 = add.iter().map(|e| line(e)).sum();
+            let line = |e: &Episode, days: &BTreeSet<String>| {
+                let mark = found_day(e)
+                    .filter(|d| !days.contains(d))
+                    .map_or(0, |d| estimate_tokens(&d) + 3);
+                estimate_tokens(&found_line(e)) + 1 + mark
+            };
+            // A reply said the same day pays no mark of its own.
+            let mut c: u32 = line(add[0], &days)
+                + add.get(1).map_or(0, |r| {
+                    if found_day(r) == found_day(add[0]) {
+                        estimate_tokens(&found_line(r)) + 1
+                    } else {
+                        line(r, &days)
+                    }
+                });
             if spent + c > room && add.len() > 1 {
                 // The turn without its reply, when both do not fit.
-                c -= line(add.pop().expect("two"));
+                add.pop();
+                c = line(add[0], &days);
             }
             if spent + c > room {
                 continue;
             }
             spent += c;
+            days.extend(add.iter().filter_map(|e| found_day(e)));
             found.extend(add);
         }
         if !found.is_empty() {
@@ -369,7 +408,7 @@ pub fn assemble(p: &Parts) -> Window {
     }
     found.sort_by_key(|e| e.id);
     let found_text = (!found.is_empty()).then(|| {
-        let lines: Vec<String> = found.iter().map(|e| found_line(e)).collect();
+        let lines = found_lines(&found);
         crate::prompt::neutralize(&format!("{FOUND_HEADER}\n{}", lines.join("\n")))
     });
     // Then the coding-session digest (the requests verbatim, the files edited, the open
@@ -812,6 +851,73 @@ mod tests {
             pending: &[],
             unfolded: &[],
         })
+    }
+
+    #[test]
+    fn found_turns_are_shown_in_order_under_their_days_marks() {
+        const DAY: i64 = 86_400_000;
+        let at = 1_683_554_160_000i64; // 8 May 2023, 13:56 UTC
+        let said = |id: u64, ms: i64, text: &str| Episode {
+            timestamp_ms: Some(ms),
+            speaker: Some(if id % 2 == 1 { "Ana" } else { "Ben" }.into()),
+            content: text.into(),
+            ..ep(id, 0)
+        };
+        let found = [
+            crate::engine::Found {
+                turn: said(41, at + 9 * DAY, "We booked a cabin at Lake Tahoe."),
+                reply: Some(said(42, at + 9 * DAY + 60_000, "Lovely!")),
+            },
+            crate::engine::Found {
+                turn: said(3, at + 120_000, "I adopted Pepper yesterday."),
+                reply: None,
+            },
+            crate::engine::Found {
+                turn: said(5, at + 240_000, "Pepper loves the beach."),
+                reply: None,
+            },
+        ];
+        let tail: Vec<Episode> = (60..=61).map(|i| said(i, at + 20 * DAY, "hi")).collect();
+        let w = super::assemble(&Parts {
+            query: &[],
+            found: &found,
+            rows: &[],
+            tail: &tail,
+            pinned: &[],
+            last_episode: 61,
+            budget: 2000,
+            pairs: 1,
+            ledger_budget: 300,
+            digest: &[],
+            min_pairs: 1,
+            spans_days: false,
+            chain: None,
+            pending: &[],
+            unfolded: &[],
+        });
+        assert_eq!(w.found, 4);
+        let system = &w.messages[0].content;
+        let shown = &system[system.find(FOUND_HEADER).expect("found turns") + FOUND_HEADER.len()..];
+        assert_eq!(
+            shown.trim(),
+            "[8 May 2023]\n\
+             #3 13:58 Ana: I adopted Pepper yesterday (= 7 May 2023).\n\
+             #5 14:00 Ana: Pepper loves the beach.\n\
+             [17 May 2023]\n\
+             #41 13:56 Ana: We booked a cabin at Lake Tahoe.\n\
+             #42 13:57 Ben: Lovely!"
+        );
+        // What they cost is what they are: their lines and their days' marks.
+        assert_eq!(
+            w.parts.found,
+            shown
+                .trim()
+                .lines()
+                .map(|l| estimate_tokens(l) + 1)
+                .sum::<u32>()
+                + cost(FOUND_HEADER),
+            "{shown}"
+        );
     }
 
     #[test]
