@@ -113,7 +113,15 @@ def test_an_unreachable_server_says_how_to_start_one() -> None:
     with ab.Client("http://127.0.0.1:9", max_retries=0) as c:
         with pytest.raises(ab.ServerUnreachable) as e:
             c.usage()
-    assert "abridge serve" in str(e.value)
+    # It names the URL it tried and the one `abridge serve` uses by default.
+    assert "http://127.0.0.1:9" in str(e.value)
+    assert "abridge serve` listens on http://127.0.0.1:8787 by default" in str(e.value)
+
+
+def test_the_default_url_is_where_serve_listens(monkeypatch) -> None:
+    monkeypatch.delenv("ABRIDGE_URL", raising=False)
+    with ab.Client() as c:
+        assert c.url == "http://127.0.0.1:8787"
 
 
 def test_a_bad_token_is_unauthenticated(model_url: str, tmp_path) -> None:

@@ -131,3 +131,18 @@ fn the_readme_starts_with_the_user_and_stays_short() {
         }
     }
 }
+
+/// One default address: the Python client's default URL is where `abridge serve` listens
+/// when no `--listen` is given.
+#[test]
+fn the_python_client_defaults_to_where_serve_listens() {
+    let core = std::fs::read_to_string(root().join("python/src/abridge_memory/_core.py"))
+        .expect("read the Python client");
+    let url = core
+        .lines()
+        .find_map(|l| l.strip_prefix("DEFAULT_URL = \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("the Python client has a DEFAULT_URL");
+    let listen = abridge_server::ServeOptions::default().listen;
+    assert_eq!(url, format!("http://{listen}"));
+}

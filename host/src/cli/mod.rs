@@ -107,7 +107,12 @@ impl From<abridge_app::transcript::TranscriptError> for Failure {
 
 /// abridge keeps accurate, bounded summaries of conversation history, local-first against Ollama.
 #[derive(Parser, Debug)]
-#[command(name = "abridge", version, about, long_about = None)]
+#[command(
+    name = "abridge",
+    version,
+    about = "Summarization engine for conversation memory: keeps accurate, bounded summaries of a chat's or a coding agent's history, with exact provenance, and hands back a compact context for the next model call (local-first, against Ollama or with no model at all)",
+    long_about = None
+)]
 pub struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -176,7 +181,7 @@ enum Cmd {
     /// List summarization jobs, show or cancel one, or run the queued and interrupted ones.
     Jobs(jobs::JobsArgs),
     /// Run the HTTP service: per-tenant sessions, messages, context, jobs and live events
-    /// (see README: Serve). Stops cleanly on SIGTERM or Ctrl-C.
+    /// (see docs/serve.md). Stops cleanly on SIGTERM or Ctrl-C.
     Serve(serve::ServeArgs),
     /// Create, list or revoke the API tokens `abridge serve` accepts.
     Tokens(serve::TokensArgs),
@@ -217,8 +222,89 @@ fn init_logs(cli: &Cli) {
     };
 }
 
+/// The help of the command `argv` names, with the global options (the database, the model
+/// and the refresh settings) listed once, by `abridge --help`: a subcommand's help names them
+/// in a line instead of repeating thirty of them (they are accepted anywhere on the line all
+/// the same). Parsing uses the plain command; this one only shows help.
+fn help_for(argv: &[String]) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    cmd.build();
+    let globals: Vec<clap::Id> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .map(|a| a.get_id().clone())
+        .collect();
+    // The subcommands named, in order ("abridge help jobs show" names them too), past the
+    // options and their values.
+    let mut path: Vec<String> = Vec::new();
+    {
+        let mut at = &cmd;
+        let mut words = argv.iter().skip(1);
+        while let Some(w) = words.next() {
+            if let Some(flag) = w.strip_prefix('-') {
+                let takes_value = |a: &clap::Arg| a.get_action().takes_values();
+                let arg = match flag.strip_prefix('-') {
+                    Some(long) if !long.contains('=') => {
+                        at.get_arguments().find(|a| a.get_long() == Some(long))
+                    }
+                    Some(_) => None,
+                    None if flag.chars().count() == 1 => {
+                        let c = flag.chars().next();
+                        at.get_arguments().find(|a| a.get_short() == c)
+                    }
+                    None => None,
+                };
+                if arg.is_some_and(takes_value) {
+                    words.next();
+                }
+                continue;
+            }
+            if path.is_empty() && w == "help" {
+                continue;
+            }
+            match at.find_subcommand(w) {
+                Some(sc) => {
+                    path.push(sc.get_name().to_string());
+                    at = sc;
+                }
+                None => break,
+            }
+        }
+    }
+    let long = argv.iter().any(|w| w == "--help" || w == "help");
+    let mut at = cmd;
+    for name in &path {
+        let mut sc = at.find_subcommand(name).expect("found above").clone();
+        for id in &globals {
+            if sc.get_arguments().any(|a| a.get_id() == id) {
+                sc = sc.mut_arg(id.clone(), |a| a.hide(true));
+            }
+        }
+        at = sc;
+    }
+    if !path.is_empty() {
+        at = at.after_help(
+            "Global options (--db, --config, --backend, --model, --url, --mode, the trigger and refresh settings, --log-format, -q…) work here too: see `abridge --help`.",
+        );
+    }
+    if long {
+        at.render_long_help().to_string()
+    } else {
+        at.render_help().to_string()
+    }
+}
+
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<String> = std::env::args().collect();
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => {
+            print!("{}", help_for(&argv));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => e.exit(),
+    };
     init_logs(&cli);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -324,5 +410,59 @@ mod tests {
             <super::Cli as clap::Parser>::try_parse_from(argv)
                 .unwrap_or_else(|e| panic!("{args:?}: {e}"));
         }
+    }
+
+    #[test]
+    fn help_tells_the_truth_and_lists_the_global_options_once() {
+        let help = |args: &[&str]| {
+            let argv: Vec<String> = std::iter::once("abridge")
+                .chain(args.iter().copied())
+                .map(String::from)
+                .collect();
+            super::help_for(&argv)
+        };
+        let top = help(&["--help"]);
+        assert!(
+            top.starts_with("Summarization engine for conversation memory"),
+            "{top}"
+        );
+        assert!(
+            top.contains("--temperature") && top.contains("--db <PATH>"),
+            "{top}"
+        );
+        assert!(
+            top.contains("[env: ABRIDGE_MODE] [default: window]"),
+            "{top}"
+        );
+        assert!(!top.contains("README: Serve"), "{top}");
+        for args in [
+            &["summarize", "--help"][..],
+            &["summarize", "-h"],
+            &["help", "context"],
+            &["jobs", "show", "--help"],
+            &["--db", "x.db", "memory", "add", "-h"],
+        ] {
+            let h = help(args);
+            assert!(!h.contains("--temperature"), "{args:?}: {h}");
+            assert!(h.contains("see `abridge --help`"), "{args:?}: {h}");
+            let name = args
+                .iter()
+                .find(|a| !a.starts_with('-') && **a != "help" && **a != "x.db");
+            assert!(
+                h.contains(&format!("Usage: abridge {}", name.unwrap())),
+                "{args:?}: {h}"
+            );
+        }
+        // Still accepted after the subcommand.
+        let cli = <super::Cli as clap::Parser>::try_parse_from([
+            "abridge",
+            "status",
+            "--temperature",
+            "0.1",
+            "--db",
+            "x.db",
+        ])
+        .expect("globals parse after the subcommand");
+        assert_eq!(cli.common.db.as_deref(), Some(std::path::Path::new("x.db")));
     }
 }

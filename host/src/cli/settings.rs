@@ -120,7 +120,7 @@ pub struct Common {
     pub retries: Option<u32>,
     /// When automatic refreshes summarize: eager (after each write, under the trigger), idle
     /// (once the conversation is quiet) or window (only what left the context's recent
-    /// window, in bounded-overhead batches) [env: ABRIDGE_MODE] [default: eager]
+    /// window, in bounded-overhead batches) [env: ABRIDGE_MODE] [default: window]
     #[arg(long, global = true)]
     pub mode: Option<ModeChoice>,
     /// Idle mode: quiet seconds, from the last message's own timestamp, before summarizing

@@ -39,7 +39,7 @@ class _Base:
 class Client(_Base):
     """A synchronous client of an abridge server (``abridge serve``).
 
-    ``url`` defaults to ``$ABRIDGE_URL``, then ``http://127.0.0.1:8377``; ``token`` to
+    ``url`` defaults to ``$ABRIDGE_URL``, then ``http://127.0.0.1:8787`` (where ``abridge serve`` listens by default); ``token`` to
     ``$ABRIDGE_TOKEN``. Rate limits (429) and an unavailable server (503) are retried with
     backoff, honouring ``Retry-After``, up to ``max_retries`` times; so are dropped connections
     for requests that are safe to repeat.

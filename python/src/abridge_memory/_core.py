@@ -22,7 +22,8 @@ from ._errors import (
 
 T = TypeVar("T")
 
-DEFAULT_URL = "http://127.0.0.1:8377"
+# The address `abridge serve` listens on by default (host/server/src/lib.rs).
+DEFAULT_URL = "http://127.0.0.1:8787"
 
 MessageLike = Union[Mapping[str, Any], tuple[str, str]]
 
@@ -164,8 +165,8 @@ def backoff(e: AbridgeError, attempt: int) -> float:
 def unreachable(url: str, err: Exception) -> ServerUnreachable:
     return ServerUnreachable(
         f"cannot reach abridge at {url}: {err}",
-        hint="start it with `abridge serve` (or abridge_memory.local() from Python), "
-        "or pass the right url= / set ABRIDGE_URL",
+        hint=f"`abridge serve` listens on {DEFAULT_URL} by default: start it, "
+        "or use abridge_memory.local() from Python, or pass the right url= / set ABRIDGE_URL",
     )
 
 
