@@ -131,4 +131,13 @@ fn ensure_wasm_target() {
 fn copy(from: &Path, to: &Path) {
     std::fs::copy(from, to)
         .unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), to.display()));
+    // The component's SHA-256, for `abridge --version` (computed once, here, not at every
+    // start).
+    use sha2::Digest;
+    let bytes = std::fs::read(to).unwrap_or_else(|e| panic!("reading {}: {e}", to.display()));
+    let sum: String = sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    println!("cargo:rustc-env=ABRIDGE_COMPONENT_SHA256={sum}");
 }

@@ -1,5 +1,8 @@
 // Build the JS package: compile the guest with cargo (sharing the host build's target
-// directory) and transpile it with jco in JSPI async mode into dist/guest/.
+// directory) and transpile it with jco in JSPI async mode into dist/guest/. With
+// ABRIDGE_GUEST_WASM set (the component `abridge component --out DIR` writes, or one built
+// elsewhere), no cargo runs. The packed package (`npm pack`) ships dist/: installing it needs
+// no build at all.
 import { execFileSync } from 'node:child_process';
 import { cpSync, existsSync, rmSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
@@ -8,13 +11,30 @@ import { dirname, join } from 'node:path';
 const js = dirname(dirname(fileURLToPath(import.meta.url)));
 const root = dirname(js);
 const targetDir = join(root, 'target', 'guest');
-const wasm = join(targetDir, 'wasm32-wasip2', 'guest-release', 'abridge_guest.wasm');
+const given = process.env.ABRIDGE_GUEST_WASM;
+const wasm = given || join(targetDir, 'wasm32-wasip2', 'guest-release', 'abridge_guest.wasm');
 
-execFileSync('cargo', ['build', '-q', '-p', 'abridge-guest', '--target', 'wasm32-wasip2', '--profile', 'guest-release', '--target-dir', targetDir], {
-  cwd: root,
-  stdio: 'inherit',
-});
-if (!existsSync(wasm)) throw new Error(`cargo did not produce ${wasm}`);
+if (given) {
+  if (!existsSync(given)) throw new Error(`ABRIDGE_GUEST_WASM=${given}: no such file`);
+} else {
+  try {
+    execFileSync('cargo', ['build', '-q', '-p', 'abridge-guest', '--target', 'wasm32-wasip2', '--profile', 'guest-release', '--target-dir', targetDir], {
+      cwd: root,
+      stdio: 'inherit',
+    });
+  } catch (e) {
+    if (e.code === 'ENOENT') {
+      console.error(
+        'npm run build compiles the guest with cargo, which is not on the PATH. Without Rust: install the packed ' +
+          'package (npm pack in a clone with Rust, or a release tarball), which ships dist/ built; or set ' +
+          'ABRIDGE_GUEST_WASM to the component `abridge component --out DIR` writes (DIR/abridge_guest.wasm).',
+      );
+      process.exit(1);
+    }
+    throw e;
+  }
+  if (!existsSync(wasm)) throw new Error(`cargo did not produce ${wasm}`);
+}
 
 const P = 'abridge:engine';
 const out = join(js, 'dist', 'guest');

@@ -1,6 +1,9 @@
 // @abridge/engine: the abridge guest component in JavaScript (jco, JSPI), with hosts for
 // the model (Ollama, OpenAI-compatible), the store (memory, node:sqlite), clock and logging.
 // Each call runs in a fresh instance of the component, as in the Rust host.
+// First: on a Node without JSPI this stops with the fix, before the component's glue loads.
+import './node-check.js';
+
 import { readFile } from 'node:fs/promises';
 
 import { instantiate } from '../dist/guest/abridge.js';

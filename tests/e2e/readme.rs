@@ -146,3 +146,35 @@ fn the_python_client_defaults_to_where_serve_listens() {
     let listen = abridge_server::ServeOptions::default().listen;
     assert_eq!(url, format!("http://{listen}"));
 }
+
+/// `abridge --version` names the component the binary embeds, as `abridge component` writes
+/// it.
+#[test]
+fn the_version_names_the_embedded_component() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_abridge"))
+            .args(args)
+            .output()
+            .expect("run abridge");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let out = dir.path().join("c");
+    let written: serde_json::Value = serde_json::from_str(&run(&[
+        "component",
+        "--out",
+        out.to_str().expect("utf-8 path"),
+        "--json",
+    ]))
+    .expect("JSON");
+    let sha = written["sha256"].as_str().expect("a sha256");
+    let version = run(&["--version"]);
+    assert_eq!(
+        version.trim(),
+        format!(
+            "abridge {} (component sha256 {sha})",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}

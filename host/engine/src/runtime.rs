@@ -40,6 +40,10 @@ pub fn export_names(runtime: &Runtime) -> Vec<String> {
         .collect()
 }
 
+/// SHA-256 of the embedded component, hex, as the build computed it (`abridge --version`
+/// names it).
+pub const EMBEDDED_SHA256: &str = env!("ABRIDGE_COMPONENT_SHA256");
+
 /// SHA-256 of the embedded component, hex: what a host that loads it should check.
 pub fn embedded_sha256() -> String {
     crate::text::hex(&Sha256::digest(EMBEDDED_COMPONENT))
@@ -253,6 +257,12 @@ fn prune_cache(dir: &Path, keep: usize) {
 #[cfg(test)]
 mod cache_tests {
     use super::prune_cache;
+
+    #[test]
+    fn the_hash_the_build_computed_is_the_embedded_components() {
+        assert_eq!(super::EMBEDDED_SHA256, super::embedded_sha256());
+        assert_eq!(super::EMBEDDED_SHA256.len(), 64);
+    }
 
     #[test]
     fn the_cache_keeps_the_most_recently_used_components_and_nothing_else_of_theirs() {

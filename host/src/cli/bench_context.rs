@@ -70,6 +70,13 @@ fn session_time(s: &str) -> Option<i64> {
     Some(t.duration_since(epoch).as_millis() as i64)
 }
 
+/// "8 May 2023" for ms since the epoch (UTC).
+fn day_of(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.strftime("%-d %B %Y").to_string())
+        .unwrap_or_default()
+}
+
 fn load(path: &Path) -> anyhow::Result<Conversation> {
     let v: Value = serde_json::from_slice(&std::fs::read(path)?)
         .with_context(|| format!("{} is not JSON", path.display()))?;
@@ -243,6 +250,9 @@ struct Measured {
     p99_q_ms: f64,
     questions: usize,
     history_tokens: u64,
+    /// The share of answer words the history itself holds (each turn with its speaker and its
+    /// day): a context quoting the history can hold no more (only resolved dates add words).
+    ceiling: f64,
 }
 
 /// One row of the table (no times on the mean's rows).
@@ -393,7 +403,14 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
     }
     times.sort_by(f64::total_cmp);
     times_q.sort_by(f64::total_cmp);
+    let whole: String = conv
+        .turns
+        .iter()
+        .map(|(speaker, text, ms)| format!("{} {speaker}: {text}", day_of(*ms)))
+        .collect::<Vec<_>>()
+        .join("\n");
     Ok(Measured {
+        ceiling: kept(&whole, &conv.qa),
         figures: out,
         p50_ms: percentile(&times, 0.5),
         p99_ms: percentile(&times, 0.99),
@@ -424,6 +441,7 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
     );
     let mut sums: BTreeMap<u32, Figures> = BTreeMap::new();
     let mut measured = 0;
+    let mut ceiling = 0.0;
     for f in paths {
         match measure(s, &exe, f, runs).await {
             Ok(m) => {
@@ -446,9 +464,10 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
                         *sum += v;
                     }
                 }
+                ceiling += m.ceiling;
                 println!(
-                    "{name:<10} {} questions, {} tokens of history",
-                    m.questions, m.history_tokens
+                    "{name:<10} {} questions, {} tokens of history; ceiling {:.3} (answer words anywhere in the history)",
+                    m.questions, m.history_tokens, m.ceiling
                 );
             }
             Err(e) => println!("{}: not measured ({e:#})", f.display()),
@@ -458,6 +477,10 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
         for (b, e) in &sums {
             print_row("mean", *b, &e.map(|v| v / measured as f64), None);
         }
+        println!(
+            "mean ceiling {:.3} (the share of answer words the history itself holds, each turn with its day: a context that quotes it holds no more, but for the words of resolved dates)",
+            ceiling / measured as f64
+        );
     }
     println!(
         "abridge, recent, even, bm25(q), abridge(q): mean share of each question's answer words in the context (categories 1-4); used: context tokens / budget (abridge without a query); bm25(q) knows the question (a reference: the best-matching turns cut to the budget); abridge(q): abridge's context with the question as its query; times: the app's context call, {runs} runs per budget, and once per question with its query"
@@ -500,6 +523,7 @@ mod tests {
         let k = kept("On 7 May 2023 she called the adoption office.", &qa);
         assert!((k - 0.75).abs() < 1e-9, "{k}");
         assert_eq!(kept("", &qa), 0.0);
+        assert_eq!(day_of(1_683_554_160_000), "8 May 2023");
     }
 
     #[test]

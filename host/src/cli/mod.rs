@@ -109,7 +109,7 @@ impl From<abridge_app::transcript::TranscriptError> for Failure {
 #[derive(Parser, Debug)]
 #[command(
     name = "abridge",
-    version,
+    version = version_line(),
     about = "Summarization engine for conversation memory: keeps accurate, bounded summaries of a chat's or a coding agent's history, with exact provenance, and hands back a compact context for the next model call (local-first, against Ollama or with no model at all)",
     long_about = None
 )]
@@ -220,6 +220,18 @@ fn init_logs(cli: &Cli) {
         settings::LogFormat::Json => b.json().try_init(),
         settings::LogFormat::Text => b.with_ansi(false).try_init(),
     };
+}
+
+/// `abridge --version`: the release and the exact component it embeds.
+fn version_line() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| {
+        format!(
+            "{} (component sha256 {})",
+            env!("CARGO_PKG_VERSION"),
+            abridge_engine::runtime::EMBEDDED_SHA256
+        )
+    })
 }
 
 /// The help of the command `argv` names, with the global options (the database, the model

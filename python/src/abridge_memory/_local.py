@@ -14,6 +14,24 @@ from ._client import Client
 from ._errors import ServerUnreachable
 
 
+def installed_binary() -> Optional[str]:
+    """The ``abridge`` command the platform wheel installed beside this Python (its
+    environment's scripts, or the user's with ``pip install --user``), else the one on PATH."""
+    import sys
+    import sysconfig
+
+    name = "abridge.exe" if sys.platform == "win32" else "abridge"
+    schemes = [sysconfig.get_path("scripts")]
+    try:
+        schemes.append(sysconfig.get_path("scripts", f"{os.name}_user"))
+    except KeyError:
+        pass
+    for folder in schemes:
+        if folder and (Path(folder) / name).is_file():
+            return str(Path(folder) / name)
+    return shutil.which("abridge")
+
+
 @contextmanager
 def local(
     binary: Optional[Union[str, Path]] = None,
@@ -26,16 +44,18 @@ def local(
     """Start ``abridge serve`` on a free loopback port and yield a :class:`Client` of it; the
     server stops when the block ends.
 
-    ``binary`` defaults to ``$ABRIDGE_BIN``, then ``abridge`` on PATH; ``db`` to a temporary
+    ``binary`` defaults to ``$ABRIDGE_BIN``, then the ``abridge`` the wheel installed beside
+    this Python, then ``abridge`` on PATH; ``db`` to a temporary
     file deleted afterwards (give a path to keep the data). ``env`` adds variables (the model:
     ``EXTRACTION_URL``, ``ABRIDGE_BACKEND=extractive`` for none).
     """
-    exe = str(binary or os.environ.get("ABRIDGE_BIN") or shutil.which("abridge") or "")
+    exe = str(binary or os.environ.get("ABRIDGE_BIN") or installed_binary() or "")
     if not exe or not Path(exe).exists():
         raise ServerUnreachable(
             "no abridge binary to start",
-            hint="install it (cargo install --path host, or a release binary) and put it on "
-            "PATH, or pass local(binary=...) / set ABRIDGE_BIN",
+            hint="install the wheel that carries it (pip install abridge-memory on Linux "
+            "x86_64/aarch64, macOS or Windows), or build it (cargo install --path host) and put "
+            "it on PATH, or pass local(binary=...) / set ABRIDGE_BIN",
         )
     tmp = tempfile.TemporaryDirectory(prefix="abridge-") if db is None else None
     path = Path(db) if db is not None else Path(tmp.name) / "abridge.db"  # type: ignore[union-attr]
