@@ -23,7 +23,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = ServeOptions::default().listen, env = "ABRIDGE_LISTEN")]
     listen: SocketAddr,
     /// Jobs run at once
-    #[arg(long, default_value_t = ServeOptions::default().workers)]
+    #[arg(long, default_value_t = ServeOptions::default().workers, env = "ABRIDGE_WORKERS")]
     workers: usize,
     /// On SIGTERM/Ctrl-C, seconds running jobs get to finish before they are released to
     /// the queue (the next start resumes them)
@@ -79,11 +79,21 @@ pub struct ServeArgs {
     model_requests: usize,
     /// A name the server is reached by besides its listen address and loopback names (a
     /// proxy's or DNS name; repeatable): requests whose Host is another name are refused
-    #[arg(long = "public-host", value_name = "NAME")]
+    #[arg(
+        long = "public-host",
+        value_name = "NAME",
+        env = "ABRIDGE_PUBLIC_HOSTS",
+        value_delimiter = ','
+    )]
     public_hosts: Vec<String>,
     /// An origin (scheme://host[:port]) whose web pages may call the API (CORS;
     /// repeatable); none by default, so no page on another origin can
-    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    #[arg(
+        long = "cors-origin",
+        value_name = "ORIGIN",
+        env = "ABRIDGE_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
     cors_origins: Vec<String>,
     /// A token /metrics and /readyz require (sent as 'Authorization: Bearer TOKEN'); without
     /// it they are open. Prefer the environment variable: flags show in process lists
