@@ -82,6 +82,26 @@ def test_focus_pins_mode_and_reset(server: Server) -> None:
             c.session("p")
 
 
+def test_facts_without_a_key_cluster_and_get_one_summary(server: Server) -> None:
+    # The mem0-style call, no key: related facts still cluster (by meaning, under the default
+    # key) and the cluster gets a summary with its sources.
+    with ab.Client(server.url) as c:
+        facts = ["Alice prefers the dark theme in her editor",
+                 "Alice uses a dark theme with large fonts in the editor",
+                 "Alice wants the editor theme dark at night"]
+        ids = [c.remember(f, user="alice2").id for f in facts]
+        assert len({c.memory(i).cluster for i in ids}) == 1
+        assert c.memory(ids[0]).key == "general" and c.memory(ids[0]).type == "fact"
+        deadline = time.monotonic() + 60
+        while True:
+            cl = [x for x in c.clusters(user="alice2") if x.summary is not None]
+            s = c.cluster_summary(cl[0].summary) if cl else None
+            if (s is not None and set(s.sources) == set(ids)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert s is not None and set(s.sources) == set(ids), c.clusters(user="alice2")
+
+
 def test_memories_remember_recall_and_forget(server: Server) -> None:
     with ab.Client(server.url) as c:
         w = c.remember("Alice prefers dark mode in every editor.", user="alice")

@@ -288,3 +288,59 @@ fn transient_faults_are_retried_with_backoff() {
         .assert_fails(3, &["ollama pull"]);
     assert_eq!(server.generations().len(), before + 1);
 }
+
+/// The papercuts of the first five minutes: a read creates no database, a missing file's
+/// error is said once, a not-found error carries one hint.
+#[test]
+fn a_read_creates_nothing_and_errors_say_each_thing_once() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let nowhere = env.dir.path().join("no/such/dir/x.db");
+    let db = nowhere.to_str().unwrap();
+    for args in [
+        &["status"][..],
+        &["summaries", "s"],
+        &["search", "anything"],
+        &["memory", "list"],
+        &["recall", "anything"],
+        &["usage"],
+    ] {
+        let mut all = vec!["--db", db];
+        all.extend_from_slice(args);
+        let _ = env.run(&all);
+        assert!(
+            !env.dir.path().join("no").exists(),
+            "{args:?} created folders for a database it only reads"
+        );
+    }
+    env.run(&["--db", db, "status"]).assert_ok();
+
+    let r = env.run(&["summarize", "missing.jsonl"]);
+    r.assert_fails(2, &["cannot read missing.jsonl", "check the path"]);
+    assert_eq!(
+        r.stderr.matches("No such file or directory").count(),
+        1,
+        "{}",
+        r.stderr
+    );
+
+    env.run_stdin(
+        &["ingest", "--session", "s", "-"],
+        b"{\"role\": \"user\", \"content\": \"hello\"}\n",
+    )
+    .assert_ok();
+    for args in [&["expand", "s", "99"][..], &["pin", "s", "99"]] {
+        let r = env.run(args);
+        r.assert_fails(2, &["99"]);
+        assert!(
+            r.stderr.matches("list").count() <= 1,
+            "{args:?}: {}",
+            r.stderr
+        );
+        assert!(
+            r.stderr.matches("'abridge ").count() <= 1,
+            "{args:?}: {}",
+            r.stderr
+        );
+        assert_eq!(r.stderr.matches(".db").count(), 1, "{args:?}: {}", r.stderr);
+    }
+}

@@ -323,5 +323,24 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
         init.as_bytes(),
     );
     assert_eq!(r.status, 200, "{}", r.body);
+    // Ending the session is a 204 (the official SDKs log a 202 as a failed termination).
+    let id = r
+        .headers
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_string())
+        })
+        .expect("an mcp-session-id header");
+    let r = request_with(
+        addr,
+        "DELETE",
+        "/mcp",
+        &[accept, auth, ("Mcp-Session-Id", id.as_str())],
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.body);
     drop(srv);
 }

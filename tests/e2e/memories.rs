@@ -453,6 +453,31 @@ fn the_cli_adds_lists_recalls_and_deletes_memories() {
         .assert_fails(2, &["line 1"]);
 }
 
+/// The CLI's smallest memory is its text and its user, as over HTTP and MCP: related facts
+/// without a key cluster by meaning and get one summary; a message without content is an
+/// error, not a silent nothing.
+#[test]
+fn the_cli_takes_a_memory_without_a_key_and_refuses_a_message_without_content() {
+    let env = crate::harness::Env::new().with("ABRIDGE_BACKEND", "extractive");
+    for t in &EDITOR[..3] {
+        env.run(&["memory", "add", t, "--user", "alice"])
+            .assert_ok();
+    }
+    let v = env
+        .run(&["recall", "dark editor theme", "--json", "-k", "10"])
+        .json();
+    let summary = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["kind"] == "summary")
+        .expect("the three facts made one cluster and its summary");
+    assert_eq!(summary["sources"].as_array().unwrap().len(), 3);
+    let lines = env.write("m.jsonl", "{\"role\": \"user\", \"text\": \"hi\"}\n");
+    env.run(&["ingest", "--session", "s", lines.to_str().unwrap()])
+        .assert_fails(2, &["needs \"content\"", "name that field \"content\""]);
+}
+
 #[test]
 fn cluster_summaries_over_http_with_the_test_server() {
     let server = abridge_test_llm::TestServer::start();

@@ -878,6 +878,73 @@ fn a_tenant_over_its_request_rate_gets_429_with_retry_after() {
     assert_eq!(get(&srv.addr, "/healthz", None).status, 200);
 }
 
+/// One memory contract: `{user, text}` is a memory (type `fact`, key `general`), and a body
+/// of the wrong shape is a 422 that names the field and shows the smallest memory; a message
+/// without `content` is a 422 that shows a message's shape.
+#[test]
+fn the_smallest_memory_is_user_and_text_and_wrong_bodies_say_what_to_send() {
+    let env = extractive();
+    let t = token(&env, "acme", &[]);
+    let srv = Server::start(&env, &[]);
+    let w = post(
+        &srv.addr,
+        "/v1/memories",
+        Some(&t),
+        &json!({"user": "alice", "text": "Alice prefers the dark theme in her editor"}),
+    )
+    .expect(202);
+    let id = w["memories"][0]["id"].as_str().unwrap().to_string();
+    let m = get(&srv.addr, &format!("/v1/memories/{id}"), Some(&t)).expect(200);
+    assert_eq!(
+        (m["type"].as_str(), m["key"].as_str()),
+        (Some("fact"), Some("general"))
+    );
+    for (body, field) in [
+        (json!({"text": "no user"}), "missing field `user`"),
+        (json!({"user": "alice"}), "missing field `text`"),
+        (
+            json!({"memories": [{"user": "a", "text": "ok"}, {"user": "a"}]}),
+            "memories[1]: missing field `text`",
+        ),
+        (json!({"user": "alice", "text": 5}), "invalid type"),
+        (json!({"memories": 3}), "\"memories\" is not a list"),
+        (json!(["x"]), "not a JSON object"),
+    ] {
+        let r = post(&srv.addr, "/v1/memories", Some(&t), &body);
+        let e = r.expect(422);
+        let all = format!(
+            "{} {}",
+            e["error"]["message"].as_str().unwrap_or_default(),
+            e["error"]["hint"].as_str().unwrap_or_default()
+        );
+        assert!(all.contains(field), "{body}: {all}");
+        assert!(
+            all.contains(r#"{"user": "alice", "text": "#),
+            "{body}: {all}"
+        );
+    }
+    let r = post(
+        &srv.addr,
+        "/v1/sessions/s/messages",
+        Some(&t),
+        &json!({"messages": [{"role": "user", "text": "hi"}]}),
+    );
+    let e = r.expect(422);
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("messages[0]: missing field `content`")
+            && message.contains("name that field \"content\""),
+        "{e}"
+    );
+    assert!(
+        e["error"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains(r#"{"role": "user", "content": "#),
+        "{e}"
+    );
+}
+
 #[test]
 fn memories_over_http_cluster_summarize_recall_with_sources_and_stay_per_tenant() {
     let env = extractive();
@@ -1506,7 +1573,7 @@ fn search_finds_every_message_of_the_tenant_and_hostile_queries_are_words() {
         system.contains("Earlier turns that match the question"),
         "{v}"
     );
-    assert!(system.contains("#5 (") && system.contains("7741"), "{v}");
+    assert!(system.contains("\n#5 ") && system.contains("7741"), "{v}");
     assert!(v["found"].as_u64().unwrap() >= 1, "{v}");
     assert!(v["parts"]["found"].as_u64().unwrap() > 0, "{v}");
     assert!(v["tokens"].as_u64().unwrap() <= 300, "{v}");

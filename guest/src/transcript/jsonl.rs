@@ -25,7 +25,17 @@ pub(super) fn jsonl_episode(
     if role == Role::Tool && !include_tools {
         return Ok(None);
     }
-    let content = content_text(v.get("content"));
+    let Some(raw) = v.get("content") else {
+        let hint = if v.get("text").is_some() {
+            " (it has \"text\": name that field \"content\")"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "a message needs \"content\" beside \"role\"{hint}, e.g. {{\"role\": \"user\", \"content\": \"Book the room for Thursday\"}}"
+        ));
+    };
+    let content = content_text(Some(raw));
     if content.trim().is_empty() {
         return Ok(None);
     }

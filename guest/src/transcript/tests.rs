@@ -117,6 +117,36 @@ fn timestamps() {
 }
 
 #[test]
+fn a_message_without_content_is_an_error_that_shows_the_shape() {
+    for (line, hint) in [
+        ("{\"role\":\"user\"}\n", false),
+        ("{\"role\":\"user\",\"text\":\"hi\"}\n", true),
+    ] {
+        match parse(line) {
+            Err(ParseError::Malformed { line: 1, message }) => {
+                assert!(message.contains("needs \"content\""), "{message}");
+                assert!(
+                    message.contains("{\"role\": \"user\", \"content\": "),
+                    "{message}"
+                );
+                assert_eq!(
+                    message.contains("name that field \"content\""),
+                    hint,
+                    "{message}"
+                );
+            }
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+    // An empty or null content is a message with nothing to keep, as before.
+    let p = parse(
+        "{\"role\":\"assistant\",\"content\":null}\n{\"role\":\"user\",\"content\":\"hi\"}\n",
+    )
+    .unwrap();
+    assert_eq!(p.conversations[0].episodes.len(), 1);
+}
+
+#[test]
 fn jsonl_with_errors_reported_by_line() {
     let ok = "{\"role\":\"user\",\"content\":\"hi\"}\n\n{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"hello\"}],\"timestamp\":\"2025-01-01T00:00:00Z\"}\n";
     let p = same_in_every_chunking(ok.as_bytes(), opts()).unwrap();

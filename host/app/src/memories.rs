@@ -835,8 +835,25 @@ impl App {
 /// Memories the engine stores in one call.
 const BATCH: usize = 500;
 
+/// The type of a memory written without one.
+pub const DEFAULT_TYPE: &str = "fact";
+/// The key of a memory written without one: one subject for the user's (and project's)
+/// unkeyed facts, within which related ones cluster by meaning (a key made of the text would
+/// put every fact in a cluster of its own, and no cluster summary would ever form).
+pub const DEFAULT_KEY: &str = "general";
+/// An example of the smallest memory, for the messages that show the shape.
+pub const EXAMPLE: &str = r#"{"user": "alice", "text": "Prefers dark mode in every editor"}"#;
+
+fn default_type() -> String {
+    DEFAULT_TYPE.into()
+}
+
+fn default_key() -> String {
+    DEFAULT_KEY.into()
+}
+
 /// One memory to store: the one input record of the HTTP body, the CLI's `memory add` and
-/// `memory import` lines, and the MCP `remember` tool.
+/// `memory import` lines, and the MCP `remember` tool. Only `user` and `text` are needed.
 #[derive(Clone, Debug, Deserialize, ToSchema)]
 pub struct MemoryInput {
     /// A client id: writing it again is a no-op (default: one is made).
@@ -850,10 +867,12 @@ pub struct MemoryInput {
     /// The environment (default empty).
     #[serde(default)]
     pub environment: String,
-    /// The type of fact: `preference`, `fact`, `relationship`, ….
-    #[serde(rename = "type")]
+    /// The type of fact: `preference`, `fact`, `relationship`, … (default `fact`).
+    #[serde(rename = "type", default = "default_type")]
     pub kind: String,
-    /// The subject: a person, topic or entity.
+    /// The subject: a person, topic or entity (default `general`; related facts cluster by
+    /// meaning within a key).
+    #[serde(default = "default_key")]
     pub key: String,
     /// The fact.
     pub text: String,

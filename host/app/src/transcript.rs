@@ -79,12 +79,12 @@ pub struct Parsed {
 #[derive(Debug, thiserror::Error)]
 pub enum TranscriptError {
     /// The file could not be opened or read.
-    #[error("cannot read {path}: {source} — check the path")]
+    #[error("cannot read {path}: {cause} — check the path")]
     Io {
         /// File.
         path: String,
-        /// Cause.
-        source: std::io::Error,
+        /// Cause (in the message once: not a `source`, which a report would print again).
+        cause: std::io::Error,
     },
     /// The file is over the size limit.
     #[error(
@@ -213,9 +213,9 @@ impl<'a> Input<'a> {
     /// or a directory.
     pub fn open(path: &'a Path, max_bytes: u64) -> Result<Input<'a>, TranscriptError> {
         let name = path.display().to_string();
-        let io = |source| TranscriptError::Io {
+        let io = |cause| TranscriptError::Io {
             path: name.clone(),
-            source,
+            cause,
         };
         if name == "-" {
             return Self::spool(&name, &mut std::io::stdin().lock(), max_bytes);
@@ -248,9 +248,9 @@ impl<'a> Input<'a> {
         r: &mut impl std::io::Read,
         max_bytes: u64,
     ) -> Result<Input<'a>, TranscriptError> {
-        let io = |source| TranscriptError::Io {
+        let io = |cause| TranscriptError::Io {
             path: name.to_string(),
-            source,
+            cause,
         };
         let mut f = tempfile::tempfile().map_err(io)?;
         let n = std::io::copy(
@@ -396,9 +396,9 @@ impl<'i, 'e> Stream<'i, 'e> {
         take: u64,
         max_bytes: u64,
     ) -> Result<Stream<'i, 'e>, TranscriptError> {
-        let reader = input.reader().map_err(|source| TranscriptError::Io {
+        let reader = input.reader().map_err(|cause| TranscriptError::Io {
             path: feeder.name.clone(),
-            source,
+            cause,
         })?;
         Ok(Stream {
             feeder,
@@ -438,7 +438,7 @@ impl<'i, 'e> Stream<'i, 'e> {
                 Err(e) => {
                     return Err(TranscriptError::Io {
                         path: self.feeder.name.clone(),
-                        source: e,
+                        cause: e,
                     });
                 }
             }

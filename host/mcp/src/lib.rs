@@ -76,15 +76,28 @@ impl AbridgeMcp {
 
 /// A tool error: the message and its hint, as text the agent reads.
 fn tool_error(e: AppError) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(error_text(&e))])
+}
+
+/// A tool error's text: the app's message, its hint, and what lists the kind of thing not
+/// found.
+fn error_text(e: &AppError) -> String {
     let mut text = e.message.clone();
     if let Some(h) = &e.hint {
         text.push_str(" — ");
         text.push_str(h);
     }
-    if matches!(e.kind, ErrorKind::NotFound) && !text.contains("`search`") {
-        text.push_str(" (`search` finds sessions)");
+    // What lists the kind of thing not found: memories by `recall`, sessions by `search`.
+    if matches!(e.kind, ErrorKind::NotFound) {
+        if e.message.contains("memory") || e.message.contains("cluster") {
+            if !text.contains("`recall`") {
+                text.push_str(" (`recall` finds memories)");
+            }
+        } else if e.message.contains("session") && !text.contains("`search`") {
+            text.push_str(" (`search` finds sessions)");
+        }
     }
-    CallToolResult::error(vec![ContentBlock::text(text)])
+    text
 }
 
 fn bad(message: impl Into<String>) -> CallToolResult {
@@ -468,8 +481,14 @@ impl AbridgeMcp {
             user: MCP_USER.into(),
             project: a.project.clone().unwrap_or_default(),
             environment: String::new(),
-            kind: a.kind.clone().unwrap_or_else(|| "fact".into()),
-            key: a.key.clone().unwrap_or_else(|| "general".into()),
+            kind: a
+                .kind
+                .clone()
+                .unwrap_or_else(|| abridge_app::memories::DEFAULT_TYPE.into()),
+            key: a
+                .key
+                .clone()
+                .unwrap_or_else(|| abridge_app::memories::DEFAULT_KEY.into()),
             text: a.text.clone(),
             importance: None,
         };
@@ -582,4 +601,22 @@ pub fn http_service(
         LocalSessionManager::default().into(),
         config,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_not_found_error_points_at_what_lists_its_kind() {
+        let t = error_text(&AppError::not_found("no memory 'm9'"));
+        assert!(
+            t.contains("`recall` finds memories") && !t.contains("search"),
+            "{t}"
+        );
+        let t = error_text(&AppError::not_found("no session 'chat-9'"));
+        assert!(t.contains("`search` finds sessions"), "{t}");
+        let t = error_text(&AppError::invalid("budget out of range"));
+        assert!(!t.contains('('), "{t}");
+    }
 }

@@ -257,9 +257,81 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor<'_> {
     }
 }
 
-/// Messages to store: `{"messages": [...]}`, a bare array, or one message object.
+/// What a body of records looks like, for the 422 that shows it.
+pub(crate) struct Shape {
+    /// The key of the wrapped list (`{"messages": [...]}`).
+    pub(crate) key: &'static str,
+    /// What one record needs.
+    pub(crate) needs: &'static str,
+    /// The smallest record.
+    pub(crate) example: &'static str,
+    /// Its optional fields.
+    pub(crate) optional: &'static str,
+    /// Fields clients often send under another name: (theirs, ours).
+    pub(crate) renamed: &'static [(&'static str, &'static str)],
+}
+
+/// The records of a body that is `{"KEY": [...]}`, a bare array, or one record. A record of
+/// the wrong shape is a 422 naming it (`messages[1]: missing field ...`) and the field at
+/// fault, with the smallest record as the hint.
+pub(crate) fn several_or_one<T: serde::de::DeserializeOwned>(
+    b: &[u8],
+    shape: &Shape,
+) -> ApiResult<Vec<T>> {
+    let v: serde_json::Value = parse_json(b)?;
+    let wrong = |what: String, item: Option<&serde_json::Value>| {
+        let renamed: String = shape
+            .renamed
+            .iter()
+            .filter(|(theirs, ours)| {
+                item.and_then(|i| i.as_object())
+                    .is_some_and(|o| o.contains_key(*theirs) && !o.contains_key(*ours))
+            })
+            .map(|(theirs, ours)| format!(" (it has \"{theirs}\": name that field \"{ours}\")"))
+            .collect();
+        ApiError(
+            AppError::new(
+                ErrorKind::Unprocessable,
+                format!("{what}{renamed}; {}, the rest is optional", shape.needs),
+            )
+            .hint(format!(
+                "send {}, or {{\"{}\": [ … ]}} for several (optional: {})",
+                shape.example, shape.key, shape.optional
+            )),
+        )
+    };
+    let one = |i: Option<usize>, item: serde_json::Value| -> ApiResult<T> {
+        let at = i.map_or(String::new(), |i| format!("{}[{i}]: ", shape.key));
+        if !item.is_object() {
+            return Err(wrong(format!("{at}not a JSON object"), None));
+        }
+        serde_json::from_value(item.clone()).map_err(|e| wrong(format!("{at}{e}"), Some(&item)))
+    };
+    let many = |items: Vec<serde_json::Value>| {
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| one(Some(i), m))
+            .collect::<ApiResult<Vec<T>>>()
+    };
+    match v {
+        serde_json::Value::Object(mut o) if o.contains_key(shape.key) => {
+            match o.remove(shape.key) {
+                Some(serde_json::Value::Array(items)) => many(items),
+                _ => Err(wrong(format!("\"{}\" is not a list", shape.key), None)),
+            }
+        }
+        serde_json::Value::Array(items) => many(items),
+        v @ serde_json::Value::Object(_) => Ok(vec![one(None, v)?]),
+        _ => Err(wrong("the body is not a JSON object".into(), None)),
+    }
+}
+
+/// Messages to store: `{"messages": [...]}`, a bare array, or one message object (the
+/// schema in the OpenAPI document; [`several_or_one`] reads it).
 #[derive(Deserialize, ToSchema)]
 #[serde(untagged)]
+#[allow(dead_code)]
 pub enum MessagesBody {
     /// `{"messages": [...]}`.
     Wrapped {
@@ -301,10 +373,16 @@ async fn post_messages(
     b: Result<Bytes, BytesRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let b = body(b, srv.body_limit)?;
-    let messages = match parse_json::<MessagesBody>(&b)? {
-        MessagesBody::Wrapped { messages } | MessagesBody::List(messages) => messages,
-        MessagesBody::One(m) => vec![m],
-    };
+    let messages: Vec<MessageIn> = several_or_one(
+        &b,
+        &Shape {
+            key: "messages",
+            needs: "a message needs \"role\" and \"content\" (strings)",
+            example: r#"{"role": "user", "content": "Book the room for Thursday", "id": "m1"}"#,
+            optional: "timestamp, id, name",
+            renamed: &[("text", "content")],
+        },
+    )?;
     // Each copy of a large body costs its size: the raw bytes go as soon as they are read.
     let body_len = b.len();
     drop(b);
@@ -1383,11 +1461,27 @@ fn api_routes(srv: &Srv, opts: &ServeOptions) -> Router<Srv> {
     // browser Origin besides the --cors-origin ones.
     let mcp: Router<Srv> = Router::new()
         .nest_service("/mcp", abridge_mcp::http_service(opts.cors_origins.clone()))
+        .layer(axum::middleware::from_fn(session_ended))
         .layer(axum::middleware::from_fn_with_state(
             srv.clone(),
             auth::authenticate,
         ));
     service.merge(authed).merge(mcp)
+}
+
+/// `DELETE /mcp` ends an MCP session: answered 204 (the transport's 202 reads as a failed
+/// termination to the official SDKs).
+async fn session_ended(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let delete = req.method() == axum::http::Method::DELETE;
+    let mut res = next.run(req).await;
+    if delete && res.status() == StatusCode::ACCEPTED {
+        *res.status_mut() = StatusCode::NO_CONTENT;
+        *res.body_mut() = axum::body::Body::empty();
+    }
+    res
 }
 
 pub(crate) fn routes(srv: Srv, opts: &ServeOptions) -> Router {

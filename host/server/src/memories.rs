@@ -11,16 +11,18 @@ use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
 use super::Srv;
-use super::api::{ApiError, ApiResult, ErrorBody, body, parse_json};
+use super::api::{ApiError, ApiResult, ErrorBody, Shape, body, parse_json, several_or_one};
 use crate::app::memories::{
     ClusterSummaryView, ClusterView, MemoryInput, MemoryView, RecallView, Summaries, filter,
 };
 use crate::app::{AppError, ErrorKind, Scoped};
 use crate::types::MemoryFilter;
 
-/// `{"memories": [...]}` or one memory.
+/// `{"memories": [...]}` or one memory: the body's schema in the OpenAPI document
+/// ([`several_or_one`] reads it, to name the field at fault).
 #[derive(Deserialize, ToSchema)]
 #[serde(untagged)]
+#[allow(dead_code)]
 pub enum MemoriesBody {
     /// Many.
     Many {
@@ -67,10 +69,16 @@ pub(crate) async fn post_memories(
     b: Result<Bytes, BytesRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let b = body(b, srv.body_limit)?;
-    let list = match parse_json::<MemoriesBody>(&b)? {
-        MemoriesBody::Many { memories } => memories,
-        MemoriesBody::One(m) => vec![m],
-    };
+    let list: Vec<MemoryInput> = several_or_one(
+        &b,
+        &Shape {
+            key: "memories",
+            needs: "a memory needs \"user\" and \"text\" (strings)",
+            example: crate::app::memories::EXAMPLE,
+            optional: "type, key, project, environment, importance, id",
+            renamed: &[("content", "text")],
+        },
+    )?;
     let w = t.remember(list, Summaries::Later).await?;
     let summarizing = w.summarizing;
     let memories = w

@@ -58,13 +58,21 @@ pub fn fail(s: &Settings, e: AppError) -> Failure {
     } else {
         "abridge status"
     };
+    not_found_in(s, &e.message, list)
+}
+
+/// "no THING in DB — list them with 'COMMAND'"; a message that already says how to find what
+/// is there (or is not about a missing thing) gets only the database (one hint, never two
+/// glued together).
+pub fn not_found_in(s: &Settings, message: &str, list: &str) -> Failure {
+    let db = abridge_app::db::shown(&s.db);
     Failure::new(
         Exit::Input,
-        anyhow!(
-            "{} in {} — list them with '{list}'",
-            e.message,
-            abridge_app::db::shown(&s.db)
-        ),
+        if message.contains("'abridge ") || !message.starts_with("no ") {
+            anyhow!("{message} (database {db})")
+        } else {
+            anyhow!("{message} in {db} — list them with '{list}'")
+        },
     )
 }
 
@@ -152,6 +160,16 @@ pub fn local(s: &Settings, backend: Option<&Backend>) -> Result<Scoped, Failure>
         stderr_log(s),
     )?;
     Ok(app.local())
+}
+
+/// The local tenant's side of the app for a command that only reads: a database file that
+/// does not exist yet reads as empty, and nothing (no file, no folder) is created for it.
+pub fn local_read(s: &Settings) -> Result<Scoped, Failure> {
+    let url = abridge_app::db::is_url(&s.db.to_string_lossy());
+    if !url && !s.db.exists() {
+        return in_memory(s);
+    }
+    local(s, None)
 }
 
 /// Shows one session's job from its events: notes on stderr, then progress.

@@ -509,7 +509,7 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
 }
 
 pub async fn summaries(s: &Settings, mut a: SummariesArgs) -> Result<(), Failure> {
-    let local = super::app::local(s, None)?;
+    let local = super::app::local_read(s)?;
     let listed = match local.resolve(&a.session).await {
         Ok(name) => {
             a.session = name;

@@ -160,7 +160,7 @@ fn ms_text(ms: Option<i64>) -> String {
 
 pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
     // Freshness needs no model: the app only reads the store and the clock.
-    let local = super::app::local(s, None)?;
+    let local = super::app::local_read(s)?;
     let rows = match &a.session {
         Some(x) => {
             let x = local.resolve(x).await.map_err(|e| fail(s, e))?;
@@ -387,7 +387,7 @@ pub async fn pin(s: &Settings, mut a: PinArgs) -> Result<(), Failure> {
 /// Provenance: a summary row and exactly the episodes it covers.
 /// `abridge search QUERY`.
 pub async fn search(s: &Settings, a: SearchArgs) -> Result<(), Failure> {
-    let local = super::app::local(s, None)?;
+    let local = super::app::local_read(s)?;
     super::app::index_pending(s, local.app()).await?;
     let session = match &a.session {
         Some(x) => Some(local.resolve(x).await.map_err(|e| fail(s, e))?),
@@ -438,7 +438,7 @@ fn shell_word(s: &str) -> String {
 }
 
 pub async fn expand(s: &Settings, mut a: ExpandArgs) -> Result<(), Failure> {
-    let local = super::app::local(s, None)?;
+    let local = super::app::local_read(s)?;
     a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
     let Some(row) = a.row else {
         let ep = a.episode.unwrap_or(0);

@@ -65,10 +65,10 @@ enum MemoryCmd {
         #[arg(long, default_value = "")]
         environment: String,
         /// The type of fact (preference, fact, relationship, …)
-        #[arg(long = "type", default_value = "fact")]
+        #[arg(long = "type", default_value = abridge_app::memories::DEFAULT_TYPE)]
         kind: String,
-        /// The subject (a person, topic or entity)
-        #[arg(long)]
+        /// The subject (a person, topic or entity); related facts cluster by meaning within it
+        #[arg(long, default_value = abridge_app::memories::DEFAULT_KEY)]
         key: String,
         /// 0 to 1 [default: the engine's, 0.5]
         #[arg(long)]
@@ -77,8 +77,8 @@ enum MemoryCmd {
         #[arg(long)]
         id: Option<String>,
     },
-    /// Store many memories from JSON lines ({"id"?, "user", "project"?, "environment"?,
-    /// "type", "key", "text", "importance"?}) in FILE, or stdin with '-'.
+    /// Store many memories from JSON lines ({"user", "text", "type"?, "key"?, "project"?,
+    /// "environment"?, "importance"?, "id"?}) in FILE, or stdin with '-'.
     Import {
         /// The file
         file: String,
@@ -218,7 +218,7 @@ pub fn ceiling() -> Result<Option<abridge_app::Ceiling>, Failure> {
 
 /// `abridge usage`: this month's model usage for cluster summaries, against the ceiling.
 pub async fn usage_cmd(s: &Settings, a: UsageArgs) -> Result<(), Failure> {
-    let local = super::app::local(s, None)?;
+    let local = super::app::local_read(s)?;
     let u = local.usage().await.map_err(|e| fail(s, e))?;
     if a.json {
         println!("{}", serde_json::to_string(&u).expect("serialize"));
@@ -493,7 +493,7 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
             said(s, w.outcomes);
         }
         MemoryCmd::List { scope, limit, json } => {
-            let local = super::app::local(s, None)?;
+            let local = super::app::local_read(s)?;
             let (rows, total) = local
                 .memories(&scope.filter(), 0, limit)
                 .await
@@ -510,7 +510,7 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
             }
         }
         MemoryCmd::Show { id } => {
-            let local = super::app::local(s, None)?;
+            let local = super::app::local_read(s)?;
             let m = local.memory(&id).await.map_err(|e| not_found(s, e))?;
             println!("{}", show_memory(&m));
         }
@@ -540,20 +540,13 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
 
 fn not_found(s: &Settings, e: AppError) -> Failure {
     if e.kind == abridge_app::ErrorKind::NotFound {
-        return Failure::new(
-            Exit::Input,
-            anyhow!(
-                "{} in {} — list them with 'abridge memory list'",
-                e.message,
-                abridge_app::db::shown(&s.db)
-            ),
-        );
+        return super::app::not_found_in(s, &e.message, "abridge memory list");
     }
     fail(s, e)
 }
 
 pub async fn recall_cmd(s: &Settings, a: RecallArgs) -> Result<(), Failure> {
-    let local = super::app::local(s, None)?;
+    let local = super::app::local_read(s)?;
     let mut f = a.scope.filter();
     f.exact = a.exact;
     let r = local
@@ -610,7 +603,7 @@ fn show_cluster(c: &ClusterView) -> String {
 pub async fn clusters_cmd(s: &Settings, a: ClustersArgs) -> Result<(), Failure> {
     match a.cmd {
         ClustersCmd::List { scope, json } => {
-            let local = super::app::local(s, None)?;
+            let local = super::app::local_read(s)?;
             let list = local
                 .clusters(&scope.filter())
                 .await
@@ -653,7 +646,7 @@ pub async fn clusters_cmd(s: &Settings, a: ClustersArgs) -> Result<(), Failure> 
             }
         }
         ClustersCmd::Show { id } => {
-            let local = super::app::local(s, None)?;
+            let local = super::app::local_read(s)?;
             let sum = local.cluster_summary(id).await.map_err(|e| fail(s, e))?;
             let sources = local.summary_sources(id).await.map_err(|e| fail(s, e))?;
             println!(

@@ -442,23 +442,14 @@ def memory_body(
 ) -> dict[str, Any]:
     if not user:
         raise ValueError("remember needs the user the memory belongs to, e.g. user='alice'")
-    return {
-        "id": id,
-        "text": text,
-        "user": user,
-        "type": type,
-        # The mem0-style shortcut: without a key, the text's own words key it (one fact a key).
-        "key": key if key is not None else default_key(text),
-        "project": project,
-        "environment": environment,
-        "importance": importance,
-    }
-
-
-def default_key(text: str) -> str:
-    import hashlib
-
-    return "py-" + hashlib.sha256(" ".join(text.lower().split()).encode()).hexdigest()[:16]
+    body: dict[str, Any] = {"user": user, "text": text, "type": type}
+    # Without a key the server's default (`general`) keys it: the user's related facts then
+    # cluster by meaning, and their clusters get summaries.
+    for name, value in (("key", key), ("project", project), ("environment", environment),
+                        ("importance", importance), ("id", id)):
+        if value is not None:
+            body[name] = value
+    return body
 
 
 # ---- server-sent events ----------------------------------------------------------------
