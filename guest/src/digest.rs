@@ -51,6 +51,55 @@ fn cut(s: &str, max: usize) -> String {
     out
 }
 
+/// A request is kept as at most this many lines: a longer one is a pasted log or listing,
+/// shown as its first [`REQUEST_HEAD_LINES`] and a count.
+const REQUEST_MAX_LINES: usize = 12;
+/// The lines a long request keeps.
+const REQUEST_HEAD_LINES: usize = 8;
+/// A request is kept as at most this many characters (then its start and a count).
+pub const REQUEST_MAX_CHARS: usize = 1_000;
+
+/// A user's turn as the digest keeps it as a request: padding trimmed (each line's runs of
+/// spaces and tabs made one, blank lines at most one in a row), a pasted log or listing as
+/// its first lines and a count, at most [`REQUEST_MAX_CHARS`]; `None` for a one-word turn
+/// ("A", "ok", "yes"), which is an answer, not a request.
+pub fn request_text(raw: &str) -> Option<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for line in raw.lines() {
+        let l = line.split_whitespace().collect::<Vec<_>>().join(" ");
+        if l.is_empty() && lines.last().is_none_or(|p: &String| p.is_empty()) {
+            continue;
+        }
+        lines.push(l);
+    }
+    while lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    let words: usize = lines
+        .iter()
+        .map(|l| l.split(' ').filter(|w| !w.is_empty()).count())
+        .sum();
+    if words < 2 {
+        return None;
+    }
+    let total = lines.len();
+    if total > REQUEST_MAX_LINES {
+        lines.truncate(REQUEST_HEAD_LINES);
+        lines.push(format!("… ({} more lines)", total - REQUEST_HEAD_LINES));
+    }
+    let text = lines.join("\n");
+    let n = text.chars().count();
+    if n <= REQUEST_MAX_CHARS {
+        return Some(text);
+    }
+    let head: String = text.chars().take(REQUEST_MAX_CHARS - 40).collect();
+    Some(format!(
+        "{} … ({} more characters)",
+        head.trim_end(),
+        n - (REQUEST_MAX_CHARS - 40)
+    ))
+}
+
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -167,7 +216,7 @@ pub fn entries_with<S: AsRef<str>>(
     let mut requests: Vec<Entry> = Vec::new();
     let mut any_action = false;
     let entry = |kind, text: String, episode| Entry {
-        text,
+        text: crate::ledger::bounded_text(text),
         kind,
         episode,
         count: 1,
@@ -187,8 +236,11 @@ pub fn entries_with<S: AsRef<str>>(
             Role::User => {
                 let t = content.trim();
                 // Claude Code's own notes in the user's turn are not requests.
-                if requests_kept && !t.is_empty() && !t.starts_with("[Request interrupted") {
-                    requests.push(entry(Kind::Request, t.to_string(), id));
+                if requests_kept
+                    && !t.starts_with("[Request interrupted")
+                    && let Some(r) = request_text(t)
+                {
+                    requests.push(entry(Kind::Request, r, id));
                 }
             }
             Role::Tool => {
@@ -597,7 +649,7 @@ mod tests {
 
     #[test]
     fn a_long_walk_holds_no_more_than_the_row_keeps_and_keeps_the_same_entries() {
-        // 9,000 requests (every third the same "yes") and a command per turn.
+        // 9,000 user turns (every third the same "yes") and a command per turn.
         let mut eps: Vec<(u64, Role, String)> = Vec::new();
         for i in 0..9_000u64 {
             let text = if i % 3 == 0 {
@@ -616,8 +668,11 @@ mod tests {
         let requests: Vec<&Entry> = got.iter().filter(|e| e.kind == Kind::Request).collect();
         // Each identifier once, then the newest per kind: what the row's ledger keeps.
         let mut whole = Vec::new();
+        // (A one-word "yes" is an answer, not a request: it takes no line.)
         for (id, _, t) in eps.iter().filter(|e| e.1 == Role::User) {
-            crate::ledger::add(&mut whole, Kind::Request, t.clone(), *id, 1);
+            if let Some(t) = request_text(t) {
+                crate::ledger::add(&mut whole, Kind::Request, t, *id, 1);
+            }
         }
         let want: Vec<u64> = bounded(whole).iter().map(|e| e.episode).collect();
         let mut have: Vec<u64> = bounded(crate::ledger::deduplicated(
@@ -720,6 +775,39 @@ mod tests {
             "{d}"
         );
         assert!(!d.contains("First request"), "{d}");
+    }
+
+    #[test]
+    fn requests_are_trimmed_one_word_answers_left_out_and_a_pasted_log_shown_as_its_start() {
+        assert_eq!(request_text("A"), None);
+        assert_eq!(request_text("  ok \n\n"), None);
+        assert_eq!(
+            request_text("  fix   the\tbuild   \n\n\n\nplease      "),
+            Some("fix the build\n\nplease".into())
+        );
+        let log: String = (0..40)
+            .map(|i| format!("{i:>4}   ERROR   worker-{i}   {}\n", " ".repeat(60)))
+            .collect();
+        let r = request_text(&format!("why does CI fail?\n{log}")).unwrap();
+        assert_eq!(r.lines().count(), REQUEST_HEAD_LINES + 1, "{r}");
+        assert!(r.starts_with("why does CI fail?\n0 ERROR worker-0"), "{r}");
+        assert!(r.ends_with("… (33 more lines)"), "{r}");
+        let long = "word ".repeat(600);
+        let r = request_text(&long).unwrap();
+        assert!(
+            r.chars().count() <= REQUEST_MAX_CHARS,
+            "{}",
+            r.chars().count()
+        );
+        assert!(r.ends_with("more characters)"), "{r}");
+        // As the digest gathers them: the one-word turn takes no line.
+        let e = digest_of(&[
+            (1, Role::User, "Add a --json flag to status".into()),
+            (2, Role::Tool, format!("{ACTION}Edit src/status.rs")),
+            (3, Role::User, "ok".into()),
+        ]);
+        let requests: Vec<_> = e.iter().filter(|x| x.kind == Kind::Request).collect();
+        assert_eq!(requests.len(), 1, "{e:?}");
     }
 
     #[test]

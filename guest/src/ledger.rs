@@ -640,6 +640,7 @@ pub(crate) fn deduplicated(entries: Vec<Entry>) -> Vec<Entry> {
 }
 
 pub(crate) fn add(entries: &mut Vec<Entry>, kind: Kind, text: String, episode: u64, count: u32) {
+    let text = bounded_text(text);
     match entries
         .iter_mut()
         .find(|e| e.kind.group() == kind.group() && e.text == text)
@@ -652,6 +653,20 @@ pub(crate) fn add(entries: &mut Vec<Entry>, kind: Kind, text: String, episode: u
             count,
         }),
     }
+}
+
+/// The longest entry a ledger keeps, in characters: identifiers are short (at most 200), a
+/// digest's request is at most [`crate::digest::REQUEST_MAX_CHARS`]; anything longer (a row
+/// written before these bounds, a babbling model) is cut to it.
+pub const MAX_ENTRY_CHARS: usize = 1_000;
+
+pub(crate) fn bounded_text(text: String) -> String {
+    if text.chars().count() <= MAX_ENTRY_CHARS {
+        return text;
+    }
+    let mut t: String = text.chars().take(MAX_ENTRY_CHARS - 1).collect();
+    t.push('…');
+    t
 }
 
 /// `a` and `b` merged (b is newer): counts summed, newest episode kept, drops added.

@@ -93,3 +93,65 @@ fn backfill_of_the_real_transcripts_directory_plans_then_summarizes_then_rests()
     assert_eq!(r.json()["counts"]["unchanged"].as_u64().unwrap(), ok);
     assert_eq!(server.generations().len(), calls, "a re-run calls no model");
 }
+
+/// The digest and ledger of real coding sessions hold identifiers and short requests, never
+/// paragraphs or logs: every entry within the ledger's bound, no one-word request, no padding;
+/// and the largest session's context still has room for its identifiers.
+#[test]
+fn real_coding_sessions_keep_ledger_entries_short_and_requests_clean() {
+    let max = abridge_guest::ledger::MAX_ENTRY_CHARS;
+    for rel in [
+        "claude_code/obra-episodic-memory/tiny-conversation.jsonl",
+        "claude_code/obra-episodic-memory/short-conversation.jsonl",
+        "claude_code/obra-episodic-memory/long-conversation.jsonl",
+        "claude_code/obra-episodic-memory/large-conversation.jsonl",
+        "claude_code/simonw-claude-code-transcripts/sample_session.jsonl",
+    ] {
+        let Some(path) = shared(rel) else { return };
+        let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+        let v = env.run(&["summarize", &path, "--json"]).assert_ok().json();
+        let session = v["session"].as_str().unwrap().to_string();
+        let rows = env
+            .run(&["summaries", &session, "--json"])
+            .assert_ok()
+            .json();
+        let mut entries = 0;
+        for row in rows["summaries"].as_array().unwrap() {
+            for e in row["ledger"].as_array().into_iter().flatten() {
+                entries += 1;
+                let text = e["text"].as_str().unwrap();
+                let n = text.chars().count();
+                assert!(
+                    n <= max,
+                    "{rel}: a {} entry of {n} characters: {}",
+                    e["kind"],
+                    &text[..200.min(text.len())]
+                );
+                if e["kind"] == "request" {
+                    assert!(
+                        text.split_whitespace().count() >= 2,
+                        "{rel}: one-word request {text:?}"
+                    );
+                    assert!(
+                        !text.contains("  ") && text == text.trim(),
+                        "{rel}: padding in {text:?}"
+                    );
+                    assert!(
+                        text.lines().count() <= 13,
+                        "{rel}: {} lines",
+                        text.lines().count()
+                    );
+                }
+            }
+        }
+        assert!(entries > 0, "{rel}: no ledger");
+        if rel.contains("large") {
+            let c = env.run(&["context", &session, "--json"]).assert_ok().json();
+            assert!(
+                c["identifiers"].as_u64().unwrap() > 0,
+                "{rel}: {}",
+                c["parts"]
+            );
+        }
+    }
+}
