@@ -247,3 +247,31 @@ fn progress_goes_to_stderr_as_lines_off_a_terminal_and_not_with_json() {
     assert!(!r.stderr.contains("chunks"), "{}", r.stderr);
     assert_covers(&r.json(), 120);
 }
+
+/// `abridge jobs` aligns its id column with the widest id, and `jobs show` names no model for
+/// an extractive run.
+#[test]
+fn the_job_list_is_aligned_and_an_extractive_job_names_no_model() {
+    let env = crate::harness::Env::new().with("ABRIDGE_BACKEND", "extractive");
+    env.run_stdin(
+        &["ingest", "--session", "mine", "-"],
+        b"{\"role\": \"user\", \"content\": \"deploy the api on friday\"}\n",
+    )
+    .assert_ok();
+    env.run(&["refresh", "mine"]).assert_ok();
+    let out = env.run(&["jobs"]).assert_ok().stdout.clone();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() >= 2, "{out}");
+    let state_at = |l: &str, w: &str| l.find(w).unwrap_or_else(|| panic!("{w} in {l}"));
+    assert_eq!(
+        state_at(lines[0], "state"),
+        state_at(lines[1], "succeeded"),
+        "{out}"
+    );
+    let id = lines[1].split_whitespace().next().unwrap();
+    let show = env.run(&["jobs", "show", id]).assert_ok().stdout.clone();
+    assert!(show.contains("model:     none (extractive"), "{show}");
+    assert!(!show.contains("qwen"), "{show}");
+    let v = env.run(&["jobs", "show", id, "--json"]).assert_ok().json();
+    assert_eq!(v["model"], "extractive");
+}

@@ -24,6 +24,19 @@ fn without_ollama_it_announces_and_uses_the_extractive_summarizer() {
     let chain = env.chain("chat").unwrap();
     assert_covers(&chain, 12);
     assert_eq!(chain["summaries"][0]["model"], "extractive");
+    // Said once a day on this machine, not on every run.
+    let r = env.run(&["summarize", &fixture("chat.jsonl")]);
+    r.assert_ok();
+    assert!(!r.stderr.contains("is not reachable"), "{}", r.stderr);
+    // A new day (the mark holds another day) says it again.
+    let mark = env
+        .dir
+        .path()
+        .join(".local/state/abridge/notices/ollama-unreachable");
+    assert!(mark.exists());
+    std::fs::write(&mark, "1").unwrap();
+    let r = env.run(&["summarize", &fixture("chat.jsonl")]);
+    assert!(r.stderr.contains("is not reachable"), "{}", r.stderr);
 }
 
 #[test]

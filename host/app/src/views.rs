@@ -120,7 +120,7 @@ pub struct JobView {
     pub finished_ms: Option<u64>,
     /// Last changed.
     pub updated_ms: u64,
-    /// The model it summarizes with.
+    /// The model it summarizes with (`extractive`: no model, sentence selection).
     pub model: String,
     /// That model's context length, in tokens.
     pub context_length: u32,
@@ -160,7 +160,11 @@ impl From<&Job> for JobView {
             started_ms: j.started_ms,
             finished_ms: j.finished_ms,
             updated_ms: j.updated_ms,
-            model: j.config.model.clone(),
+            // An extractive run calls no model: it names none.
+            model: match j.config.engine {
+                crate::types::Engine::Extractive => "extractive".into(),
+                crate::types::Engine::Llm => j.config.model.clone(),
+            },
             context_length: j.config.context_length,
             lease: j
                 .lease_owner

@@ -166,10 +166,39 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
     let opened = abridge_backend::open(&settings)
         .await
         .map_err(model_failure)?;
-    for n in &opened.notes {
-        note(s, n);
+    // Auto fell back to the extractive summarizer: its notice is said once a day on this
+    // machine, not on every ingest, hook and MCP start.
+    let fallback = matches!(s.backend, BackendChoice::Auto) && opened.engine == Engine::Extractive;
+    if !(fallback && said_today("ollama-unreachable")) {
+        for n in &opened.notes {
+            note(s, n);
+        }
     }
     Ok(opened)
+}
+
+/// Whether the notice `name` was said already today (UTC) to this user on this machine; if
+/// not, it is marked as said now (`$XDG_STATE_HOME/abridge/notices/NAME`, else
+/// `~/.local/state/abridge/notices/NAME`, holding the day). Without either every notice is
+/// said.
+fn said_today(name: &str) -> bool {
+    use abridge_engine::Clock;
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".local/state"))
+        });
+    let Some(dir) = state.map(|d| d.join("abridge/notices")) else {
+        return false;
+    };
+    let day = (abridge_engine::SystemClock.now_ms() / 86_400_000).to_string();
+    let file = dir.join(name);
+    if std::fs::read_to_string(&file).is_ok_and(|d| d.trim() == day) {
+        return true;
+    }
+    let _ = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, &day));
+    false
 }
 
 /// The engine configuration for the chosen backend.

@@ -52,7 +52,7 @@ pub fn storage(e: abridge_engine::types::Error) -> Failure {
     Failure::new(Exit::Storage, anyhow!(describe(&e)))
 }
 
-fn row(j: &JobView) -> String {
+fn row(j: &JobView, id_width: usize) -> String {
     let p = &j.progress;
     let progress = match j.state.as_str() {
         "running" | "failed" | "cancelled" if p.total > 0 => {
@@ -71,7 +71,7 @@ fn row(j: &JobView) -> String {
         _ => String::new(),
     };
     format!(
-        "{:>5}  {:<10} {:<24} {:>8}  {:>3}  {:<16} {:>7}  {}{}",
+        "{:>id_width$}  {:<10} {:<24} {:>8}  {:>3}  {:<16} {:>7}  {}{}",
         j.id,
         j.state,
         truncate(&j.session, 24),
@@ -97,7 +97,7 @@ fn show(j: &JobView) -> String {
         format!("reduce level {}", p.level)
     };
     let mut out = format!(
-        "job {}\n  session:   {}\n  target:    episode {}\n  state:     {}{}\n  model:     {} ({}-token context)\n  progress:  {stage}, {}/{} answers; {} model answers in all, {} calls planned\n  attempts:  {}\n  created:   {}\n  started:   {}\n  updated:   {}\n  finished:  {}\n",
+        "job {}\n  session:   {}\n  target:    episode {}\n  state:     {}{}\n  model:     {}\n  progress:  {stage}, {}/{} answers; {} model answers in all, {} calls planned\n  attempts:  {}\n  created:   {}\n  started:   {}\n  updated:   {}\n  finished:  {}\n",
         j.id,
         j.session,
         j.target,
@@ -107,8 +107,11 @@ fn show(j: &JobView) -> String {
         } else {
             ""
         },
-        j.model,
-        j.context_length,
+        if j.model == "extractive" {
+            "none (extractive: sentence selection)".to_string()
+        } else {
+            format!("{} ({}-token context)", j.model, j.context_length)
+        },
         p.done,
         p.total,
         j.answers,
@@ -154,12 +157,19 @@ pub async fn jobs(s: &Settings, a: JobsArgs) -> Result<(), Failure> {
             } else if list.is_empty() {
                 println!("no jobs in {}", abridge_app::db::shown(&s.db));
             } else {
+                // The id column as wide as the widest id.
+                let w = list
+                    .iter()
+                    .map(|j| j.id.to_string().len())
+                    .max()
+                    .unwrap_or(2)
+                    .max(2);
                 println!(
-                    "{:>5}  {:<10} {:<24} {:>8}  {:>3}  {:<16} {:>7}  when (UTC)",
+                    "{:>w$}  {:<10} {:<24} {:>8}  {:>3}  {:<16} {:>7}  when (UTC)",
                     "id", "state", "session", "target", "try", "progress", "took"
                 );
                 for j in &list {
-                    println!("{}", row(j));
+                    println!("{}", row(j, w));
                 }
             }
             Ok(())
