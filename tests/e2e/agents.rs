@@ -548,3 +548,88 @@ fn codex_hooks_import_the_rollout_and_restore_the_session_after_a_compaction() {
     assert_eq!(all.len(), 1, "{st}");
     assert_eq!(all[0]["session"], thread);
 }
+
+/// A fresh session (`SessionStart` with `source: startup`) in a project abridge knows starts
+/// with the rules pinned to the project, the last session's summary and digest (its last
+/// request, the files it edited), the earlier sessions a line each and the memories kept for
+/// the project; in a project abridge does not know it gets nothing.
+#[test]
+fn a_fresh_session_in_a_known_project_starts_with_what_the_project_knows() {
+    let Some(src) = shared("claude_code/obra-episodic-memory/large-conversation.jsonl") else {
+        return;
+    };
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let cwd = "/work/my_shop.v2";
+    // Claude Code's folder for that cwd: every non-alphanumeric character a dash.
+    let dir = env.dir.path().join(".claude/projects/-work-my-shop-v2");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(&src).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let (session, edited) = facts(&lines);
+    let file = dir.join(format!("{session}.jsonl"));
+    std::fs::write(&file, &text).unwrap();
+    let mut p = payload("Stop", &session, &file, json!({}));
+    p["cwd"] = json!(cwd);
+    hook(&env, &[], &p).0.assert_ok();
+    // The user's rule, pinned to the project; a fact remembered for it.
+    let eps = episodes(&env, &session);
+    let (rule_id, _, rule) = eps.iter().find(|e| e.1 == "user").cloned().unwrap();
+    let r = env.run(&["pin", &session, &rule_id.to_string(), "--project"]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("project -work-my-shop-v2: 1 pinned"),
+        "{}",
+        r.stdout
+    );
+    env.run(&[
+        "memory",
+        "add",
+        "The staging database is reset every Monday",
+        "--user",
+        "agent",
+        "--project=-work-my-shop-v2",
+    ])
+    .assert_ok();
+    // A new session starts there.
+    let start = json!({"session_id": "5f0c2a8e-1111-4222-8333-444455556666",
+        "transcript_path": dir.join("5f0c2a8e-1111-4222-8333-444455556666.jsonl"),
+        "cwd": cwd, "hook_event_name": "SessionStart", "source": "startup"});
+    let (r, _) = hook(&env, &[], &start);
+    r.assert_ok();
+    let out: Value = serde_json::from_str(r.stdout.trim()).expect("JSON on stdout");
+    let ctx = out["hookSpecificOutput"]["additionalContext"]
+        .as_str()
+        .unwrap();
+    assert!(ctx.chars().count() <= 10_000);
+    assert!(ctx.contains("Pinned for this project:"), "{ctx}");
+    let head: String = rule
+        .split_whitespace()
+        .take(6)
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        ctx.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .contains(&head),
+        "the pinned rule {head:?} in {ctx}"
+    );
+    assert!(ctx.contains("The last session here"), "{ctx}");
+    assert!(ctx.contains(&session), "{ctx}");
+    assert!(ctx.contains("Latest request"), "{ctx}");
+    let named = edited
+        .iter()
+        .filter(|f| abridge_app::hook::names_file(ctx, f))
+        .count();
+    assert!(named > 0, "no edited file of {edited:?} in {ctx}");
+    assert!(
+        ctx.contains("The staging database is reset every Monday"),
+        "{ctx}"
+    );
+    // A project abridge does not know: nothing.
+    let mut other = start.clone();
+    other["cwd"] = json!("/somewhere/else");
+    let (r, _) = hook(&env, &[], &other);
+    r.assert_ok();
+    assert!(r.stdout.trim().is_empty(), "{}", r.stdout);
+}

@@ -128,6 +128,254 @@ impl Scoped {
     }
 }
 
+/// The user a coding agent's memories belong to (the MCP tools' and the hooks').
+pub const AGENT_USER: &str = "agent";
+/// The memory type of a rule pinned to a project.
+pub const PIN_TYPE: &str = "pin";
+/// Earlier sessions of a project a start names, one line each (besides the newest).
+const EARLIER_SESSIONS: usize = 5;
+/// Memories of a project a start lists at most.
+const START_MEMORIES: usize = 12;
+/// Sessions of a project looked at for a start (the most recently active are shown).
+const PROJECT_CANDIDATES: usize = 200;
+
+/// A project as abridge names it: its folder's path the way Claude Code names its
+/// transcripts' folder (every character not an ASCII letter or digit becomes `-`), so a
+/// session imported from `~/.claude/projects/<that>/` and a hook's `cwd` name the same
+/// project.
+pub fn project_key(cwd: &str) -> String {
+    cwd.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
+}
+
+/// The id of the memory that pins `episode` of `session` to its project.
+pub fn project_pin_id(session: &str, episode: u64) -> String {
+    format!("pin:{session}:{episode}")
+}
+
+fn cut_chars(s: &str, max: usize) -> String {
+    let one: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one.chars().count() <= max {
+        return one;
+    }
+    let mut t: String = one.chars().take(max.saturating_sub(1)).collect();
+    t.push('…');
+    t
+}
+
+fn day_of(ms: Option<i64>) -> String {
+    ms.and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map(|t| t.strftime("%Y-%m-%d").to_string())
+        .unwrap_or_else(|| "?".into())
+}
+
+impl Scoped {
+    /// Record that `session` belongs to `project` (see [`project_key`]): a hook's `cwd` names
+    /// it, for an agent (Codex) whose transcript folder does not.
+    pub async fn label_project(&self, session: &str, project: &str) -> AppResult<()> {
+        let (title, old) = self.label(session).await?;
+        if old.as_deref() == Some(project) {
+            return Ok(());
+        }
+        let json = serde_json::json!({"title": title, "project": project}).to_string();
+        Ok(self.tables.set_session_label(session, Some(&json)).await?)
+    }
+
+    /// The rules pinned to `project`, oldest first.
+    pub async fn project_pins(&self, project: &str) -> AppResult<Vec<crate::memories::MemoryView>> {
+        let f = crate::memories::filter(
+            Some(AGENT_USER.into()),
+            Some(project.into()),
+            None,
+            Some(PIN_TYPE.into()),
+            None,
+        );
+        Ok(self.memories(&f, 0, 100).await?.0)
+    }
+
+    /// Pin `episode` of `session` to the session's project (or unpin it): it then opens every
+    /// new agent session there. The project is the session's (its transcript's folder or the
+    /// `cwd` a hook gave).
+    pub async fn pin_to_project(
+        &self,
+        session: &str,
+        episode: u64,
+        pinned: bool,
+    ) -> AppResult<String> {
+        let (_, project) = self.label(session).await?;
+        let project = project.ok_or_else(|| {
+            AppError::invalid(format!("session '{session}' has no project"))
+                .hint("a session imported from an agent's project folder, or named by a hook's cwd, has one; pin it to the session instead")
+        })?;
+        let id = project_pin_id(session, episode);
+        if !pinned {
+            self.forget(&id, crate::memories::Summaries::Leave).await?;
+            return Ok(project);
+        }
+        let e = self
+            .store()
+            .episodes_after(session, episode.saturating_sub(1), 1)
+            .await?
+            .into_iter()
+            .find(|e| e.id == episode)
+            .ok_or_else(|| {
+                AppError::not_found(format!("session '{session}' has no episode {episode}"))
+            })?;
+        let m = crate::memories::MemoryInput {
+            id: Some(id),
+            user: AGENT_USER.into(),
+            project: project.clone(),
+            environment: String::new(),
+            kind: PIN_TYPE.into(),
+            key: "pinned".into(),
+            text: cut_chars(&e.content, crate::memories::PIN_CHARS),
+            importance: Some(1.0),
+        };
+        self.remember(vec![m], crate::memories::Summaries::Leave)
+            .await?;
+        Ok(project)
+    }
+
+    /// What a new agent session in the project at `cwd` starts with, within about
+    /// `budget_tokens`: the rules pinned to the project, the newest earlier session's summary
+    /// and digest (its last request, files edited, open error and to-dos), the older ones a
+    /// line each, and the memories kept for the project and the agent. `None` for a project
+    /// abridge knows nothing of. `current` (the starting session) is left out.
+    pub async fn project_start(
+        &self,
+        cwd: &str,
+        current: Option<&str>,
+        budget_tokens: u32,
+    ) -> AppResult<Option<String>> {
+        let project = project_key(cwd);
+        let mut room = (budget_tokens as usize)
+            .saturating_mul(4)
+            .min(MAX_CONTEXT_CHARS);
+        let mut parts: Vec<String> = Vec::new();
+        let mut take = |text: String, room: &mut usize| -> bool {
+            let n = text.chars().count() + 1;
+            if n > *room {
+                return false;
+            }
+            *room -= n;
+            parts.push(text);
+            true
+        };
+        // The sessions of this project, most recently active first.
+        let (hits, _) = self.sessions(0, PROJECT_CANDIDATES, Some(&project)).await?;
+        let mut earlier: Vec<crate::SessionView> = hits
+            .into_iter()
+            .filter(|v| v.project.as_deref() == Some(project.as_str()))
+            .filter(|v| Some(v.id.as_str()) != current && v.episodes > 0)
+            .collect();
+        earlier.sort_by(|a, b| {
+            b.last_activity_ms
+                .cmp(&a.last_activity_ms)
+                .then(a.id.cmp(&b.id))
+        });
+        let pins = self.project_pins(&project).await?;
+        let f = crate::memories::filter(
+            Some(AGENT_USER.into()),
+            Some(project.clone()),
+            None,
+            None,
+            None,
+        );
+        let (_, total) = self.memories(&f, 0, 0).await?;
+        let (mems, _) = self
+            .memories(
+                &f,
+                total.saturating_sub(START_MEMORIES * 2),
+                START_MEMORIES * 2,
+            )
+            .await?;
+        let mems: Vec<_> = mems
+            .into_iter()
+            .rev()
+            .filter(|m| m.kind != PIN_TYPE)
+            .take(START_MEMORIES)
+            .collect();
+        if earlier.is_empty() && pins.is_empty() && mems.is_empty() {
+            return Ok(None);
+        }
+        take(
+            format!(
+                "abridge: what this project ({cwd}) already knows, from its earlier agent sessions and what was pinned and remembered for it."
+            ),
+            &mut room,
+        );
+        if !pins.is_empty() {
+            let mut t = String::from("\nPinned for this project:");
+            for p in &pins {
+                t.push_str(&format!("\n- {}", p.text));
+            }
+            take(t, &mut room);
+        }
+        if let Some(last) = earlier.first() {
+            // Its summary and digest: at most 60 % of what is left.
+            let share = (room * 3 / 5 / 4) as u32;
+            if share >= 64 {
+                let v = self
+                    .context(&last.id, share, 1, u32::MAX, None, None)
+                    .await?;
+                let system: Vec<&str> = v
+                    .messages
+                    .iter()
+                    .filter(|m| m.role == "system")
+                    .map(|m| m.content.trim())
+                    .collect();
+                let name = last.title.clone().unwrap_or_else(|| last.id.clone());
+                let mut t = format!(
+                    "\nThe last session here ({name}, session {}, {}):",
+                    last.id,
+                    day_of(last.last_activity_ms)
+                );
+                if system.is_empty() {
+                    t.push_str(&format!(" {} messages, no summary yet.", last.episodes));
+                } else {
+                    t.push('\n');
+                    t.push_str(&system.join("\n"));
+                }
+                take(t, &mut room);
+            }
+        }
+        if earlier.len() > 1 {
+            let mut t = String::from("\nEarlier sessions here:");
+            for v in earlier.iter().skip(1).take(EARLIER_SESSIONS) {
+                let name = v.title.clone().unwrap_or_else(|| v.id.clone());
+                t.push_str(&format!(
+                    "\n- {} {} (session {}, {} messages)",
+                    day_of(v.last_activity_ms),
+                    cut_chars(&name, 80),
+                    v.id,
+                    v.episodes
+                ));
+            }
+            if earlier.len() > 1 + EARLIER_SESSIONS {
+                t.push_str(&format!(
+                    "\n- … and {} more (abridge status)",
+                    earlier.len() - 1 - EARLIER_SESSIONS
+                ));
+            }
+            take(t, &mut room);
+        }
+        if !mems.is_empty() {
+            let mut t = String::from("\nRemembered for this project:");
+            for m in &mems {
+                t.push_str(&format!(
+                    "\n- {} ({}, {})",
+                    cut_chars(&m.text, 200),
+                    m.kind,
+                    m.key
+                ));
+            }
+            take(t, &mut room);
+        }
+        Ok(Some(parts.join("\n")))
+    }
+}
+
 /// A context as the text a hook hands the model: the summary, digest and ledger message, then
 /// the pinned and recent messages, labelled (each caller fits it to its own limit).
 pub fn context_text(v: &crate::ContextView) -> String {

@@ -841,6 +841,8 @@ pub const DEFAULT_TYPE: &str = "fact";
 /// unkeyed facts, within which related ones cluster by meaning (a key made of the text would
 /// put every fact in a cluster of its own, and no cluster summary would ever form).
 pub const DEFAULT_KEY: &str = "general";
+/// The longest text a pinned rule keeps, in characters.
+pub const PIN_CHARS: usize = 1_000;
 /// An example of the smallest memory, for the messages that show the shape.
 pub const EXAMPLE: &str = r#"{"user": "alice", "text": "Prefers dark mode in every editor"}"#;
 

@@ -227,10 +227,13 @@ pub struct PinArgs {
     pub episode: u64,
     /// Unpin it instead.
     pub unpin: Option<bool>,
+    /// `project` pins it to the session's project (it then opens every new session there),
+    /// `session` (the default) to this session.
+    pub scope: Option<String>,
 }
 
 /// The user memories are kept for over MCP (one user per tenant).
-const MCP_USER: &str = "agent";
+const MCP_USER: &str = abridge_app::hook::AGENT_USER;
 
 #[tool_router]
 impl AbridgeMcp {
@@ -526,7 +529,7 @@ impl AbridgeMcp {
 
     #[tool(
         name = "pin",
-        description = "Pin a message of a session (the #N of a message, e.g. a rule the user set) so it is in every context verbatim and survives every compaction; `unpin: true` takes it out."
+        description = "Pin a message of a session (the #N of a message, e.g. a rule the user set) so it is in every context verbatim and survives every compaction; `scope: \"project\"` pins it to the session's project instead, so it opens every new session there; `unpin: true` takes it out."
     )]
     async fn pin(
         &self,
@@ -538,6 +541,27 @@ impl AbridgeMcp {
             Ok(x) => x,
             Err(e) => return Ok(tool_error(e)),
         };
+        if a.scope.as_deref() == Some("project") {
+            return match s
+                .pin_to_project(&session, a.episode, !a.unpin.unwrap_or(false))
+                .await
+            {
+                Ok(project) => match s.project_pins(&project).await {
+                    Ok(pins) => Ok(ok(
+                        format!(
+                            "Project {project}: {} pinned (they open every new session there).",
+                            pins.len()
+                        ),
+                        None,
+                    )),
+                    Err(e) => Ok(tool_error(e)),
+                },
+                Err(e) => Ok(tool_error(e)),
+            };
+        }
+        if a.scope.as_deref().is_some_and(|x| x != "session") {
+            return Ok(bad("scope is `session` (the default) or `project`"));
+        }
         match s.pin(&session, a.episode, !a.unpin.unwrap_or(false)).await {
             Ok(pins) => Ok(ok(
                 format!(

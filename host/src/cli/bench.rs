@@ -179,10 +179,23 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
                 .count(),
             edited.len(),
         ),
-        requests: (
-            requests.iter().filter(|r| ctx.contains(r.as_str())).count(),
-            requests.len(),
-        ),
+        // A request is kept when its opening is in the context: the digest keeps a request
+        // trimmed of padding, a pasted log as its first lines (whitespace aside, the same
+        // words).
+        requests: {
+            let norm = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+            let have = norm(&ctx);
+            (
+                requests
+                    .iter()
+                    .filter(|r| {
+                        let r: String = norm(r).chars().take(120).collect();
+                        have.contains(&r)
+                    })
+                    .count(),
+                requests.len(),
+            )
+        },
         import_ms: import.as_secs_f64() * 1000.0,
         p50_ms: percentile(&times, 0.5),
         p99_ms: percentile(&times, 0.99),
@@ -223,8 +236,8 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
         "p50 ms",
         "p99 ms"
     );
-    for f in files {
-        match measure(s, &exe, &f, a.runs).await {
+    for f in &files {
+        match measure(s, &exe, f, a.runs).await {
             Ok(r) => {
                 let name: String = r.name.chars().take(36).collect();
                 println!(
@@ -248,5 +261,158 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
         "transcript/context: estimated tokens; edited, requests: present in the SessionStart context after a compaction ÷ in the session; latency: abridge hook as a new process, {} runs",
         a.runs
     );
+    next_sessions(s, &exe, &files)
+        .await
+        .map_err(|e| Failure::new(Exit::Internal, e))?;
+    Ok(())
+}
+
+/// A session file's first user request (its text as abridge parses it) and when the session
+/// began.
+async fn first_request(
+    engine: &abridge_engine::Abridge,
+    file: &Path,
+) -> anyhow::Result<Option<(Option<i64>, String, String)>> {
+    let parsed = abridge_app::transcript::read_file(
+        engine,
+        file,
+        None,
+        abridge_app::transcript::Options::default(),
+        1 << 30,
+    )
+    .await
+    .map_err(|e| anyhow!("{e}"))?;
+    let Some(conv) = parsed.conversations.first() else {
+        return Ok(None);
+    };
+    let began = conv.episodes.iter().find_map(|e| e.timestamp_ms);
+    let first = conv.episodes.iter().find(|e| {
+        e.role == abridge_engine::types::Role::User
+            && !e.content.starts_with("[Request interrupted")
+            && !e.content.trim().is_empty()
+    });
+    Ok(first.map(|e| {
+        (
+            began,
+            conv.id.clone().unwrap_or_else(|| "bench".into()),
+            e.content.clone(),
+        )
+    }))
+}
+
+/// A session of a project: when it began, its id, its first request and its file.
+type Started = (Option<i64>, String, String, PathBuf);
+
+/// "A new session in the project": the sessions of each folder (one project), oldest first;
+/// for each but the first, the earlier ones are imported through `abridge hook` (Stop, with
+/// the project's cwd) into a fresh database, a new session starts there (SessionStart,
+/// `startup`), and the next session's first request is looked up in what the start
+/// injected: the share of its files and identifiers (the ledger's rules) found there.
+async fn next_sessions(s: &Settings, exe: &Path, files: &[PathBuf]) -> anyhow::Result<()> {
+    let engine = super::commands::pure_engine(s).map_err(|f| f.error)?;
+    let mut projects: std::collections::BTreeMap<PathBuf, Vec<Started>> = Default::default();
+    for f in files {
+        if let Some((began, id, first)) = first_request(&engine, f).await? {
+            let dir = f.parent().map(Path::to_path_buf).unwrap_or_default();
+            projects
+                .entry(dir)
+                .or_default()
+                .push((began, id, first, f.clone()));
+        }
+    }
+    println!();
+    println!(
+        "{:<36} {:<36} {:>11} {:>9} {:>8}",
+        "next session (project)", "after", "identifiers", "injected", "p50 ms"
+    );
+    let (mut found_all, mut total_all) = (0usize, 0usize);
+    for (dir, mut sessions) in projects {
+        if sessions.len() < 2 {
+            continue;
+        }
+        sessions.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        let cwd = format!(
+            "/bench/{}",
+            dir.file_name().map_or("p".into(), |n| n.to_string_lossy())
+        );
+        for k in 1..sessions.len() {
+            let tmp =
+                std::env::temp_dir().join(format!("abridge-bench-next-{}-{k}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            std::fs::create_dir_all(&tmp)?;
+            let db = tmp.join("bench.db");
+            for (_, id, _, f) in &sessions[..k] {
+                hook(
+                    exe,
+                    &db,
+                    &json!({"session_id": id, "transcript_path": f, "cwd": cwd, "hook_event_name": "Stop"}),
+                )?;
+            }
+            let mut times = Vec::new();
+            let mut injected = String::new();
+            for _ in 0..5 {
+                let (out, took) = hook(
+                    exe,
+                    &db,
+                    &json!({"session_id": "00000000-0000-4000-8000-000000000000", "cwd": cwd,
+                            "hook_event_name": "SessionStart", "source": "startup"}),
+                )?;
+                times.push(took.as_secs_f64() * 1000.0);
+                injected = serde_json::from_str::<Value>(out.trim())
+                    .ok()
+                    .and_then(|v| {
+                        v["hookSpecificOutput"]["additionalContext"]
+                            .as_str()
+                            .map(String::from)
+                    })
+                    .unwrap_or_default();
+            }
+            times.sort_by(f64::total_cmp);
+            let (_, id, first, f) = &sessions[k];
+            let wanted = engine.identifiers(first).await?;
+            let found = wanted
+                .iter()
+                .filter(|e| {
+                    injected.contains(&e.text) || abridge_app::hook::names_file(&injected, &e.text)
+                })
+                .count();
+            found_all += found;
+            total_all += wanted.len();
+            let name: String = f
+                .file_name()
+                .map_or_else(|| id.clone(), |n| n.to_string_lossy().into_owned())
+                .chars()
+                .take(36)
+                .collect();
+            let after: String = sessions[..k]
+                .iter()
+                .map(|x| {
+                    x.3.file_name()
+                        .map_or(String::new(), |n| n.to_string_lossy().into_owned())
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+                .chars()
+                .take(36)
+                .collect();
+            println!(
+                "{name:<36} {after:<36} {:>11} {:>9} {:>8.0}",
+                format!("{found}/{}", wanted.len()),
+                engine.estimate_tokens(&injected).await?,
+                percentile(&times, 0.5)
+            );
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+    }
+    if total_all > 0 {
+        println!(
+            "next session: {found_all}/{total_all} = {:.2} of the files and identifiers of a next session's first request are in what its start injected (SessionStart, source startup; injected: estimated tokens)",
+            found_all as f64 / total_all as f64
+        );
+    } else {
+        println!(
+            "next session: no folder holds two sessions with a first request (one project's sessions share a folder)"
+        );
+    }
     Ok(())
 }

@@ -116,6 +116,10 @@ pub struct PinArgs {
     /// Unpin it instead
     #[arg(long, requires = "episode")]
     remove: bool,
+    /// Pin it to the session's project instead: it then opens every new agent session there
+    /// (the SessionStart hook); without an episode, list the project's pins
+    #[arg(long)]
+    project: bool,
 }
 
 #[derive(Args, Debug)]
@@ -366,6 +370,26 @@ pub async fn focus(s: &Settings, mut a: FocusArgs) -> Result<(), Failure> {
 pub async fn pin(s: &Settings, mut a: PinArgs) -> Result<(), Failure> {
     let local = super::app::local(s, None)?;
     a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
+    if a.project {
+        let project = match a.episode {
+            Some(e) => local.pin_to_project(&a.session, e, !a.remove).await,
+            None => local.label(&a.session).await.and_then(|(_, p)| {
+                p.ok_or_else(|| {
+                    abridge_app::AppError::invalid(format!(
+                        "session '{}' has no project",
+                        a.session
+                    ))
+                })
+            }),
+        }
+        .map_err(|e| fail(s, e))?;
+        let pins = local.project_pins(&project).await.map_err(|e| fail(s, e))?;
+        println!("project {project}: {} pinned", pins.len());
+        for p in &pins {
+            println!("- {} ({})", p.text, p.id);
+        }
+        return Ok(());
+    }
     let pins = match a.episode {
         Some(e) => local.pin(&a.session, e, !a.remove).await,
         None => local.pins(&a.session).await,

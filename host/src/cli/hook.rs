@@ -110,21 +110,61 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
         imported = f.sessions;
     }
     let session = imported.first().cloned().or_else(|| p.session());
+    // The project the agent works in (its `cwd`), as abridge names it: recorded on the
+    // session, so a later session there starts with what this one did.
+    let project = p.cwd.as_deref().filter(|c| !c.trim().is_empty());
+    if let (Some(session), Some(cwd)) = (&session, project)
+        && !imported.is_empty()
+    {
+        local
+            .label_project(session, &hook::project_key(cwd))
+            .await?;
+    }
+    let budget = a.context_tokens.max(64);
+    // A session abridge holds nothing of yet (a new one, in a project it may know): what the
+    // project's earlier sessions, pins and memories say.
+    let local_ref = &local;
+    let start = |session: Option<String>| async move {
+        let local = local_ref;
+        let Some(cwd) = project else {
+            return Ok::<_, anyhow::Error>(());
+        };
+        if let Some(text) = local.project_start(cwd, session.as_deref(), budget).await? {
+            println!("{}", hook::session_start_output(&text));
+        }
+        Ok(())
+    };
     let Some(session) = session else {
+        if ask == Ask::Context {
+            start(None).await?;
+        }
         return Ok(());
     };
     match ask {
         Ask::Context => {
             let v = match local
-                .context(&session, a.context_tokens.max(64), 1, u32::MAX, None, None)
+                .context(&session, budget, 1, u32::MAX, None, None)
                 .await
             {
                 Ok(v) => v,
-                // Nothing imported for this session yet: no context to add.
-                Err(e) if matches!(e.kind, abridge_app::ErrorKind::NotFound) => return Ok(()),
+                // Nothing imported for this session yet: the project's start instead.
+                Err(e) if matches!(e.kind, abridge_app::ErrorKind::NotFound) => {
+                    return start(Some(session)).await;
+                }
                 Err(e) => return Err(e.into()),
             };
-            let text = hook::context_text(&v);
+            let mut text = hook::context_text(&v);
+            // The rules pinned to the project open every session in it.
+            if let Some(cwd) = project {
+                let pins = local.project_pins(&hook::project_key(cwd)).await?;
+                if !pins.is_empty() {
+                    let mut head = String::from("Pinned for this project:");
+                    for p in &pins {
+                        head.push_str(&format!("\n- {}", p.text));
+                    }
+                    text = format!("{head}\n\n{text}");
+                }
+            }
             let out = hook::session_start_output(&text);
             println!("{out}");
         }

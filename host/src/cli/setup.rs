@@ -161,6 +161,9 @@ pub async fn setup_cmd(s: &Settings, a: SetupArgs) -> Result<(), Failure> {
             }
         };
         println!("{what} (database: {})", db.display());
+        println!(
+            "A new session in a project abridge knows starts with what its earlier sessions did (the last one's summary and digest), the rules pinned to the project ('abridge pin SESSION N --project', or the MCP pin tool with scope \"project\") and the memories kept for it."
+        );
     }
     Ok(())
 }
