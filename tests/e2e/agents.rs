@@ -191,8 +191,12 @@ fn after_a_compaction_session_start_restores_the_rule_the_last_request_and_every
             ctx.contains(rule.trim()),
             "{rel}: the pinned rule is missing:\n{ctx}"
         );
+        // The last request as the digest keeps it: padding made one space, a pasted log as
+        // its first lines and a count; so its opening words, in order.
+        let words = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+        let opening: String = words(&last).chars().take(200).collect();
         assert!(
-            ctx.contains(last.trim()),
+            words(ctx).contains(&opening),
             "{rel}: the last request is missing ({} chars):\n{ctx}",
             last.len()
         );

@@ -380,7 +380,10 @@ fn sign_in_find_a_session_watch_its_refresh_live_and_reset_it_after_confirming()
             json!(80)
         );
         let figures = b.text("#context-figures").await;
-        assert!(figures.contains("tokens against"), "{figures}");
+        // One figure for the history's size on the page: the facts' "History"; the preview
+        // says what it saves against it.
+        assert!(figures.contains("less than the whole history"), "{figures}");
+        assert!(!figures.contains("for the full history"), "{figures}");
         b.shots("session").await;
         b.page(&format!("{base}/jobs")).await;
         assert!(b.text("#jobs").await.contains("succeeded"));
@@ -498,8 +501,31 @@ fn memories_with_expandable_sources_recall_usage_against_the_ceiling_and_forms_f
         .await;
         let results = b.text("#recall-results").await;
         assert!(results.contains("dark"), "{results}");
-        // Usage: the chart, today's row and the ceiling.
+        // Every memory, flat, with its text, user, key and cluster; one is deleted from here.
+        b.page(&format!("{base}/memories")).await;
+        let flat = b.text("#all-memories").await;
+        for f in facts {
+            assert!(flat.contains(f), "{f} missing from {flat}");
+        }
+        assert!(flat.contains("alice") && flat.contains("preference · editor"), "{flat}");
+        assert!(flat.contains("Invoices go out on the first Monday"), "{flat}");
+        b.click("#memory-lonely button.danger").await;
+        b.until(
+            "the deletion notice",
+            "return document.querySelector('.notice') && document.querySelector('.notice').textContent.includes('deleted');",
+        )
+        .await;
+        assert!(!b.text("#all-memories").await.contains("Invoices go out"));
+        get(addr, "/v1/memories/lonely", Some(&acme)).expect(404);
+        // Usage: the chart with its date axis, today's row and the ceiling.
         b.page(&format!("{base}/usage")).await;
+        assert!(
+            b.js("return document.querySelectorAll('svg.chart g.dates text').length;")
+                .await
+                .as_u64()
+                .unwrap()
+                >= 4
+        );
         assert!(
             b.js("return document.querySelectorAll('svg.chart rect.day').length;")
                 .await

@@ -1194,7 +1194,10 @@ fn what_the_console_reads_search_messages_with_their_row_coverage_and_pages_with
         6
     );
     assert_eq!(page.body.matches("not summarized yet").count(), 2);
-    assert!(page.body.contains("tokens against"), "the context preview");
+    assert!(
+        page.body.contains("tokens for the next model call"),
+        "the context preview"
+    );
     // Everything a page loads comes from this server: no fonts, CDNs or other hosts.
     let css = html("/assets/console.css");
     let js = html("/assets/console.js");
@@ -1627,4 +1630,53 @@ fn messages_stored_before_the_index_are_indexed_by_search_and_by_serve() {
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(srv);
+}
+
+/// The database's first token is announced: a server running without tokens now refuses
+/// requests that carry none.
+#[test]
+fn the_first_token_says_the_open_door_closes() {
+    let env = extractive();
+    let r = env.run(&["tokens", "create", "--tenant", "acme"]);
+    r.assert_ok();
+    assert!(
+        r.stderr.contains("this is the database's first token"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.trim().starts_with("abr_"), "{}", r.stdout);
+    let r = env.run(&["tokens", "create", "--tenant", "globex"]);
+    r.assert_ok();
+    assert!(!r.stderr.contains("first token"), "{}", r.stderr);
+}
+
+/// A console visitor who never signed in, on a server started without tokens that has one
+/// now, gets a plain sign-in, not "your token is no longer accepted".
+#[test]
+fn the_consoles_first_visit_is_a_plain_sign_in() {
+    let env = extractive();
+    let srv = Server::start(&env, &[]);
+    env.run(&["tokens", "create", "--tenant", "acme"])
+        .assert_ok();
+    let r = request(&srv.addr, "GET", "/", None, b"");
+    assert!(
+        r.status == 303 || r.status == 302 || r.status == 307,
+        "{} {}",
+        r.status,
+        r.headers
+    );
+    let location = r
+        .headers
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("location: ")
+                .or_else(|| l.strip_prefix("Location: "))
+        })
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    assert_eq!(location, "/login", "{}", r.headers);
+    let page = request(&srv.addr, "GET", "/login", None, b"");
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("no longer accepted"), "{}", page.body);
 }

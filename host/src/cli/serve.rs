@@ -252,6 +252,7 @@ pub async fn tokens_cmd(s: &Settings, a: TokensArgs) -> Result<(), Failure> {
             label,
         } => {
             let t = Tenant::new(&tenant).map_err(|e| Failure::new(Exit::Input, anyhow!(e)))?;
+            let first = !tokens.any_live().await?;
             let (token, id) = tokens
                 .create(&t, read_only, label.as_deref(), now())
                 .await?;
@@ -263,6 +264,14 @@ pub async fn tokens_cmd(s: &Settings, a: TokensArgs) -> Result<(), Failure> {
                     if read_only { " (read-only)" } else { "" }
                 ),
             );
+            if first {
+                // The open door closes: an `abridge serve` that started with no tokens (every
+                // request the `local` tenant's) now refuses requests without one.
+                super::commands::note(
+                    s,
+                    "this is the database's first token: an 'abridge serve' running on it without tokens now refuses requests that carry none (the CLI keeps using the 'local' tenant; a token for it: abridge tokens create --tenant local)",
+                );
+            }
         }
         TokensCmd::List { json } => {
             let list = tokens.list().await?;

@@ -197,7 +197,6 @@ pub(crate) struct Message {
 pub(crate) struct Context {
     pub messages: Vec<ContextMessage>,
     pub tokens: u32,
-    pub full_tokens: u64,
     pub saving_percent: f64,
     pub covered: u64,
     pub recent: u32,
@@ -287,6 +286,21 @@ pub(crate) struct Memory {
     pub text: String,
     pub importance: f32,
     pub created_ms: u64,
+    #[serde(default)]
+    pub user: String,
+    #[serde(default, rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub cluster: u64,
+}
+
+/// `GET /v1/memories`.
+#[derive(Deserialize)]
+pub(crate) struct Memories {
+    pub memories: Vec<Memory>,
+    pub total: usize,
 }
 
 /// `POST /v1/recall`.

@@ -34,6 +34,8 @@ const CSS: &str = include_str!("../../assets/console.css");
 const JS: &str = include_str!("../../assets/console.js");
 /// Sessions per page of the list.
 const PAGE: usize = 25;
+/// Memories the flat list of the memories view shows (the newest).
+pub(crate) const MEMORIES: usize = 200;
 /// Clusters per page of the memories view.
 const CLUSTERS: usize = 30;
 /// Messages per page of a session.
@@ -69,6 +71,7 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
         .route("/jobs/{id}/cancel", post(cancel))
         .route("/jobs/{id}/events", get(job_events))
         .route("/memories", get(memories_page))
+        .route("/memories/{id}/delete", post(delete_memory))
         .route("/usage", get(usage_page))
         .route("/events", get(events))
         .route("/assets/console.css", get(css))
@@ -241,10 +244,16 @@ fn error_page(layout: Layout, status: StatusCode, message: &str, hint: Option<&s
     )
 }
 
-/// An API failure as a page: a token that stopped working sends the visitor to sign in.
+/// An API failure as a page: a token that stopped working sends the visitor to sign in (a
+/// visitor who never signed in, to a plain sign-in: the server now asks for a token).
 fn failed(v: &Visitor, f: Failure) -> Response {
     if f.status == StatusCode::UNAUTHORIZED {
-        return Redirect::to("/login?expired=1").into_response();
+        return Redirect::to(if v.token.is_some() {
+            "/login?expired=1"
+        } else {
+            "/login"
+        })
+        .into_response();
     }
     let title = if f.status == StatusCode::NOT_FOUND {
         "Not found"
@@ -297,6 +306,7 @@ fn notice_text(n: Option<&str>) -> Option<String> {
             "refresh" => "A refresh was queued; it shows under Jobs and on this page when done.",
             "covered" => "Nothing to refresh: every message is already covered.",
             "cancel" => "The job was cancelled.",
+            "forgotten" => "The memory was deleted (from disk; a summary that covered it is rebuilt without it).",
             _ => return None,
         }
         .to_string(),
@@ -673,6 +683,7 @@ async fn cancel(
 
 #[derive(Deserialize)]
 struct MemoriesQuery {
+    notice: Option<String>,
     #[serde(default)]
     user: String,
     #[serde(default)]
@@ -705,6 +716,30 @@ async fn memories_page(
         Ok(c) => c,
         Err(f) => return failed(&v, f),
     };
+    // The flat list: every memory of the filter, newest first.
+    let sep = if filter.is_empty() { "?" } else { "&" };
+    let count: client::Memories = match api.get(&format!("/v1/memories{filter}{sep}limit=1")).await
+    {
+        Ok(m) => m,
+        Err(f) => return failed(&v, f),
+    };
+    let from = count.total.saturating_sub(MEMORIES);
+    let flat: client::Memories = match api
+        .get(&format!(
+            "/v1/memories{filter}{sep}offset={from}&limit={MEMORIES}"
+        ))
+        .await
+    {
+        Ok(m) => m,
+        Err(f) => return failed(&v, f),
+    };
+    let all_total = flat.total;
+    let flat: Vec<FlatMemory> = flat
+        .memories
+        .iter()
+        .rev()
+        .map(|m| FlatMemory::new(m, now))
+        .collect();
     let total = all.clusters.len();
     let mut groups: BTreeMap<(String, String, String), ScopeGroup> = BTreeMap::new();
     let shown: Vec<&client::Cluster> = all.clusters.iter().skip(q.offset).take(CLUSTERS).collect();
@@ -821,7 +856,7 @@ async fn memories_page(
     let next = q.offset + shown.len();
     html(
         &MemoriesPage {
-            layout: v.layout("Memories", "memories", None),
+            layout: v.layout("Memories", "memories", notice_text(q.notice.as_deref())),
             more: (next < total).then(|| {
                 format!(
                     "/memories?user={}&project={}&offset={next}",
@@ -837,9 +872,42 @@ async fn memories_page(
             shown: shown.len(),
             recall,
             recall_error,
+            all: flat,
+            all_total,
         },
         StatusCode::OK,
     )
+}
+
+async fn delete_memory(
+    State(c): State<Console>,
+    v: Visitor,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<Plain>,
+) -> Response {
+    let uri = format!("/v1/memories/{}", enc(&id));
+    act(
+        &c,
+        &v,
+        &headers,
+        &f.csrf,
+        (Method::DELETE, &uri, None),
+        "/memories?notice=forgotten",
+    )
+    .await
+}
+
+/// The month `YYYY-MM` as the chart's axis names it ("Nov").
+fn month_abbr(month: &str) -> String {
+    const NAMES: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    month
+        .split_once('-')
+        .and_then(|(_, m)| m.parse::<usize>().ok())
+        .and_then(|m| NAMES.get(m.wrapping_sub(1)))
+        .map_or_else(String::new, |n| (*n).to_string())
 }
 
 /// Days in the month `YYYY-MM`.
@@ -878,7 +946,12 @@ async fn usage_page(State(c): State<Console>, v: Visitor) -> Response {
     html(
         &UsagePage {
             layout: v.layout("Usage", "usage", None),
-            chart: Chart::new(&days, month_len(&u.month), u.limit_tokens),
+            chart: Chart::new(
+                &days,
+                month_len(&u.month),
+                u.limit_tokens,
+                &month_abbr(&u.month),
+            ),
             calls: num(u.calls),
             tokens: format!(
                 "{} ({} prompt, {} output)",
@@ -1078,6 +1151,8 @@ mod tests {
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
         assert!(check_form(&h, &v, &v.csrf).is_err());
         assert_eq!(month_len("2026-02"), 28);
+        assert_eq!(month_abbr("2026-11"), "Nov");
+        assert_eq!(month_abbr("junk"), "");
         assert_eq!(month_len("2026-11"), 30);
     }
 }

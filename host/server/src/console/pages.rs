@@ -224,7 +224,6 @@ pub(crate) struct MessageLine {
 /// The context preview.
 pub(crate) struct Preview {
     pub tokens: String,
-    pub full_tokens: String,
     pub saving: String,
     pub covered: u64,
     pub recent: u32,
@@ -237,7 +236,6 @@ impl Preview {
     pub fn new(c: &client::Context) -> Self {
         Preview {
             tokens: num(u64::from(c.tokens)),
-            full_tokens: num(c.full_tokens),
             saving: format!("{:.1}", c.saving_percent),
             covered: c.covered,
             recent: c.recent,
@@ -384,6 +382,34 @@ impl MemoryLine {
     }
 }
 
+/// A memory in the flat list: its text, whose it is, its key and cluster.
+pub(crate) struct FlatMemory {
+    pub id: String,
+    pub text: String,
+    pub user: String,
+    pub kind: String,
+    pub key: String,
+    pub cluster: u64,
+    pub created: String,
+    /// The delete form's action.
+    pub delete: String,
+}
+
+impl FlatMemory {
+    pub fn new(m: &client::Memory, now: u64) -> Self {
+        FlatMemory {
+            delete: format!("/memories/{}/delete", enc(&m.id)),
+            id: m.id.clone(),
+            text: m.text.clone(),
+            user: m.user.clone(),
+            kind: m.kind.clone(),
+            key: m.key.clone(),
+            cluster: m.cluster,
+            created: when(Some(m.created_ms as i64), now),
+        }
+    }
+}
+
 /// A cluster with its summary and sources.
 pub(crate) struct ClusterCard {
     pub id: u64,
@@ -428,6 +454,10 @@ pub(crate) struct MemoriesPage {
     pub more: Option<String>,
     pub recall: Option<Vec<RecallLine>>,
     pub recall_error: Option<String>,
+    /// Every memory of the filter, newest first (at most [`super::MEMORIES`]), and how many
+    /// there are.
+    pub all: Vec<FlatMemory>,
+    pub all_total: usize,
 }
 
 /// A bar of the usage chart, in SVG user units.
@@ -477,11 +507,21 @@ pub(crate) struct Chart {
     pub ceiling_y: Option<u32>,
     pub max_label: String,
     pub summary: String,
+    /// The date axis: a tick under the 1st, 8th, 15th, 22nd and the last day, labelled
+    /// ("1 Nov").
+    pub ticks: Vec<Tick>,
+}
+
+/// A date on the usage chart's axis.
+pub(crate) struct Tick {
+    pub x: u32,
+    pub label: String,
 }
 
 impl Chart {
-    /// Chart `days` (day of month 1..=31, tokens) of a month of `len` days under `ceiling`.
-    pub fn new(days: &[(u32, u64)], len: u32, ceiling: Option<u64>) -> Self {
+    /// Chart `days` (day of month 1..=31, tokens) of a month of `len` days under `ceiling`;
+    /// `month` names it on the date axis ("Nov").
+    pub fn new(days: &[(u32, u64)], len: u32, ceiling: Option<u64>, month: &str) -> Self {
         let (width, height, top, base) = (640u32, 240u32, 16u32, 220u32);
         let step = width / len.max(1);
         let total: u64 = days.iter().map(|d| d.1).sum();
@@ -505,7 +545,18 @@ impl Chart {
             run += v;
             line.push_str(&format!(" {},{}", d * step, base - scale(run)));
         }
+        let mut ticks: Vec<Tick> = [1, 8, 15, 22]
+            .into_iter()
+            .filter(|&d| d + 3 < len)
+            .chain(std::iter::once(len.max(1)))
+            .map(|d| Tick {
+                x: (d - 1) * step + step / 2,
+                label: format!("{d} {month}"),
+            })
+            .collect();
+        ticks.dedup_by_key(|t| t.x);
         Chart {
+            ticks,
             width,
             height,
             bars,
@@ -563,7 +614,10 @@ mod tests {
 
     #[test]
     fn the_chart_puts_the_running_total_and_the_ceiling_on_one_scale() {
-        let c = Chart::new(&[(1, 100), (3, 300)], 30, Some(800));
+        let c = Chart::new(&[(1, 100), (3, 300)], 30, Some(800), "Nov");
+        let labels: Vec<&str> = c.ticks.iter().map(|t| t.label.as_str()).collect();
+        assert_eq!(labels, ["1 Nov", "8 Nov", "15 Nov", "22 Nov", "30 Nov"]);
+        assert!(c.ticks.windows(2).all(|w| w[0].x < w[1].x));
         assert_eq!(c.bars.len(), 2);
         // The ceiling is the largest value: it reaches the top.
         assert_eq!(c.ceiling_y, Some(16));
@@ -575,7 +629,7 @@ mod tests {
             c.line
         );
         assert_eq!(c.bars[1].h, 77);
-        let none = Chart::new(&[], 31, None);
+        let none = Chart::new(&[], 31, None, "Dec");
         assert!(none.bars.is_empty() && none.ceiling_y.is_none());
     }
 }
