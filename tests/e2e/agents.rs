@@ -338,10 +338,20 @@ fn setup_merges_into_the_agents_settings_keeps_a_backup_is_idempotent_and_remove
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Removed: the settings are what they were.
+    // Removed: the settings are what they were, "model" still first; the backup is still
+    // the user's original (not the file abridge had changed).
     env.run(&["setup", "claude-code", "--remove"]).assert_ok();
-    let back: Value = serde_json::from_str(&std::fs::read_to_string(&settings).unwrap()).unwrap();
+    let text = std::fs::read_to_string(&settings).unwrap();
+    let back: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(back, serde_json::from_str::<Value>(mine).unwrap());
+    assert!(
+        text.find("\"model\"").unwrap() < text.find("\"hooks\"").unwrap(),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join(".claude/settings.json.abridge-backup")).unwrap(),
+        mine
+    );
     let mcp: Value =
         serde_json::from_str(&std::fs::read_to_string(home.join(".claude.json")).unwrap()).unwrap();
     assert!(mcp.get("mcpServers").is_none(), "{mcp}");

@@ -923,6 +923,44 @@ fn the_smallest_memory_is_user_and_text_and_wrong_bodies_say_what_to_send() {
             "{body}: {all}"
         );
     }
+    // Every other body names its field and shows one that would do.
+    for (method, path, body, field, example) in [
+        (
+            "POST",
+            "/v1/recall",
+            json!({"user": "alice"}),
+            "missing field `query`",
+            r#""query": "#,
+        ),
+        (
+            "PUT",
+            "/v1/sessions/s/mode",
+            json!({"quiet_secs": 5}),
+            "missing field `mode`",
+            r#""mode": "idle""#,
+        ),
+        (
+            "POST",
+            "/v1/tokens",
+            json!({"read_only": "yes"}),
+            "invalid type",
+            r#""read_only": false"#,
+        ),
+    ] {
+        let r = request(
+            &srv.addr,
+            method,
+            path,
+            Some(&t),
+            body.to_string().as_bytes(),
+        );
+        let e = r.expect(422);
+        let (m, h) = (
+            e["error"]["message"].as_str().unwrap_or_default(),
+            e["error"]["hint"].as_str().unwrap_or_default(),
+        );
+        assert!(m.contains(field) && h.contains(example), "{path}: {e}");
+    }
     let r = post(
         &srv.addr,
         "/v1/sessions/s/messages",

@@ -90,8 +90,123 @@ fn parse_object(text: &str, what: &str) -> AppResult<Map<String, Value>> {
     }
 }
 
-fn pretty(v: &Map<String, Value>) -> String {
-    let mut s = serde_json::to_string_pretty(v).expect("JSON serializes");
+/// The key order of a JSON text: each object's keys as written, nested alike.
+#[derive(Debug, Default)]
+enum Order {
+    #[default]
+    Leaf,
+    Object(Vec<(String, Order)>),
+    Array(Vec<Order>),
+}
+
+impl<'de> serde::Deserialize<'de> for Order {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Order, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Order;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Order, A::Error> {
+                let mut keys = Vec::new();
+                while let Some((k, v)) = m.next_entry::<String, Order>()? {
+                    keys.push((k, v));
+                }
+                Ok(Order::Object(keys))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> Result<Order, A::Error> {
+                let mut items = Vec::new();
+                while let Some(x) = s.next_element::<Order>()? {
+                    items.push(x);
+                }
+                Ok(Order::Array(items))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Order, E> {
+                Ok(Order::Leaf)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Order, E> {
+                Ok(Order::Leaf)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Order, E> {
+                Ok(Order::Leaf)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Order, E> {
+                Ok(Order::Leaf)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Order, E> {
+                Ok(Order::Leaf)
+            }
+            fn visit_unit<E>(self) -> Result<Order, E> {
+                Ok(Order::Leaf)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `v` serialized with its objects' keys in `order` (keys the text did not have after them,
+/// in their own order).
+struct Ordered<'a>(&'a Value, &'a Order);
+
+impl serde::Serialize for Ordered<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        static LEAF: Order = Order::Leaf;
+        match (self.0, self.1) {
+            (Value::Object(m), order) => {
+                let known: &[(String, Order)] = match order {
+                    Order::Object(k) => k,
+                    _ => &[],
+                };
+                let mut out = s.serialize_map(Some(m.len()))?;
+                for (k, o) in known {
+                    if let Some(v) = m.get(k) {
+                        out.serialize_entry(k, &Ordered(v, o))?;
+                    }
+                }
+                for (k, v) in m {
+                    if !known.iter().any(|(x, _)| x == k) {
+                        out.serialize_entry(k, &Ordered(v, &LEAF))?;
+                    }
+                }
+                out.end()
+            }
+            (Value::Array(items), order) => {
+                let orders: &[Order] = match order {
+                    Order::Array(o) => o,
+                    _ => &[],
+                };
+                let mut out = s.serialize_seq(Some(items.len()))?;
+                for (i, v) in items.iter().enumerate() {
+                    out.serialize_element(&Ordered(v, orders.get(i).unwrap_or(&LEAF)))?;
+                }
+                out.end()
+            }
+            (v, _) => v.serialize(s),
+        }
+    }
+}
+
+/// The indentation of a JSON text: its first indented line's (two spaces when none).
+fn indent_of(text: &str) -> String {
+    text.lines()
+        .map(|l| &l[..l.len() - l.trim_start_matches([' ', '\t']).len()])
+        .find(|w| !w.is_empty())
+        .unwrap_or("  ")
+        .to_string()
+}
+
+/// `v` written the way the user's file `original` is: its keys in the order they were, its
+/// indentation, a final newline.
+fn pretty_like(v: &Map<String, Value>, original: &str) -> String {
+    let order: Order = serde_json::from_str(original).unwrap_or_default();
+    let indent = indent_of(original);
+    let mut out = Vec::new();
+    let fmt = serde_json::ser::PrettyFormatter::with_indent(indent.as_bytes());
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+    serde::Serialize::serialize(&Ordered(&Value::Object(v.clone()), &order), &mut ser)
+        .expect("JSON serializes");
+    let mut s = String::from_utf8(out).expect("JSON is UTF-8");
     s.push('\n');
     s
 }
@@ -150,7 +265,7 @@ pub fn claude_settings(text: &str, how: &Invocation, remove: bool) -> AppResult<
     if hooks.is_empty() {
         root.remove("hooks");
     }
-    Ok(pretty(&root))
+    Ok(pretty_like(&root, text))
 }
 
 /// An MCP configuration (`~/.claude.json`, `.mcp.json`) with abridge's server under
@@ -180,7 +295,7 @@ pub fn claude_mcp(text: &str, how: &Invocation, remove: bool) -> AppResult<Strin
     if servers.is_empty() {
         root.remove("mcpServers");
     }
-    Ok(pretty(&root))
+    Ok(pretty_like(&root, text))
 }
 
 /// Codex's `config.toml` with abridge's hooks (`[[hooks.SessionStart]]`, …) and MCP server
@@ -388,6 +503,30 @@ mod tests {
                 .unwrap_err()
                 .message
                 .contains("not valid JSON")
+        );
+    }
+
+    #[test]
+    fn the_users_key_order_and_indentation_are_kept() {
+        let mine = "{\n    \"zeta\": 1,\n    \"model\": \"opus\",\n    \"alpha\": {\"b\": 2, \"a\": 1},\n    \"hooks\": {\"Stop\": [{\"hooks\": [{\"type\": \"command\", \"command\": \"say done\"}]}]}\n}\n";
+        let once = claude_settings(mine, &how(), false).unwrap();
+        let keys: Vec<&str> = once
+            .lines()
+            .filter(|l| l.starts_with("    \"") && !l.starts_with("     "))
+            .map(|l| l.trim().split('"').nth(1).unwrap())
+            .collect();
+        assert_eq!(keys, ["zeta", "model", "alpha", "hooks"], "{once}");
+        assert!(
+            once.contains("\n        \"b\": 2,\n        \"a\": 1\n"),
+            "{once}"
+        );
+        // Taken out again: the user's file as it was, but for the whitespace of one line.
+        let removed = claude_settings(&once, &how(), true).unwrap();
+        let back: Value = serde_json::from_str(&removed).unwrap();
+        assert_eq!(back, serde_json::from_str::<Value>(mine).unwrap());
+        assert!(
+            removed.starts_with("{\n    \"zeta\": 1,\n    \"model\""),
+            "{removed}"
         );
     }
 

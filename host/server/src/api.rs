@@ -257,6 +257,18 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor<'_> {
     }
 }
 
+/// A JSON body of type `T`; a body of the wrong shape is a 422 that names the field (serde's
+/// message) and shows `example`, a body that would do.
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(b: &[u8], example: &str) -> ApiResult<T> {
+    parse_json(b).map_err(|ApiError(e)| {
+        if e.kind == ErrorKind::Unprocessable && e.hint.is_none() {
+            ApiError(e.hint(format!("send e.g. {example}")))
+        } else {
+            ApiError(e)
+        }
+    })
+}
+
 /// What a body of records looks like, for the 422 that shows it.
 pub(crate) struct Shape {
     /// The key of the wrapped list (`{"messages": [...]}`).
@@ -609,7 +621,7 @@ async fn post_token(
             label: None,
         }
     } else {
-        parse_json(&b)?
+        parse_body(&b, r#"{"read_only": false, "label": "ci"}"#)?
     };
     let created = t.create_token(n.read_only, n.label.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(created)))
@@ -754,7 +766,10 @@ async fn put_focus(
     Path(id): Path<String>,
     b: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<FocusBody>> {
-    let f: FocusBody = parse_json(&body(b, srv.body_limit)?)?;
+    let f: FocusBody = parse_body(
+        &body(b, srv.body_limit)?,
+        r#"{"focus": "Keep the decisions about the database schema"}"#,
+    )?;
     let focus = t.set_focus(&id, f.focus.as_deref()).await?;
     Ok(Json(FocusBody { focus }))
 }
@@ -923,7 +938,10 @@ async fn put_mode(
     Path(id): Path<String>,
     b: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<SessionView>> {
-    let m: ModeBody = parse_json(&body(b, srv.body_limit)?)?;
+    let m: ModeBody = parse_body(
+        &body(b, srv.body_limit)?,
+        r#"{"mode": "idle", "quiet_secs": 600}"#,
+    )?;
     let own = match m.mode.as_str() {
         "default" => None,
         "eager" | "idle" | "window" => Some(SessionMode {

@@ -11,7 +11,7 @@ use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
 use super::Srv;
-use super::api::{ApiError, ApiResult, ErrorBody, Shape, body, parse_json, several_or_one};
+use super::api::{ApiError, ApiResult, ErrorBody, Shape, body, parse_body, several_or_one};
 use crate::app::memories::{
     ClusterSummaryView, ClusterView, MemoryInput, MemoryView, RecallView, Summaries, filter,
 };
@@ -229,7 +229,10 @@ pub(crate) async fn post_recall(
     b: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<RecallResults>> {
     let b = body(b, srv.body_limit)?;
-    let q: RecallBody = parse_json(&b)?;
+    let q: RecallBody = parse_body(
+        &b,
+        r#"{"query": "which editor theme", "user": "alice", "k": 5}"#,
+    )?;
     let mut f = filter(q.user, q.project, q.environment, q.kind, q.key);
     f.exact = q.exact;
     let results = t.recall(&q.query, &f, q.k.unwrap_or(5)).await?;

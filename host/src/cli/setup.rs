@@ -133,17 +133,26 @@ pub async fn setup_cmd(s: &Settings, a: SetupArgs) -> Result<(), Failure> {
             continue;
         }
         if !old.is_empty() {
+            // The backup is the user's file as it was before abridge first changed it: never
+            // overwritten (not by a second setup, not by --remove).
             let backup = PathBuf::from(format!("{shown}.abridge-backup"));
-            std::fs::write(&backup, &old).map_err(|e| {
-                Failure::new(
-                    Exit::Storage,
-                    anyhow!("cannot write the backup {}: {e}", backup.display()),
-                )
-            })?;
-            println!(
-                "{shown}: updated (the previous version is in {})",
-                backup.display()
-            );
+            if backup.exists() {
+                println!(
+                    "{shown}: updated (your original stays in {})",
+                    backup.display()
+                );
+            } else {
+                std::fs::write(&backup, &old).map_err(|e| {
+                    Failure::new(
+                        Exit::Storage,
+                        anyhow!("cannot write the backup {}: {e}", backup.display()),
+                    )
+                })?;
+                println!(
+                    "{shown}: updated (the previous version is in {})",
+                    backup.display()
+                );
+            }
         } else {
             println!("{shown}: created");
         }
