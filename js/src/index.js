@@ -337,7 +337,8 @@ export class Engine {
   }
 
   /**
-   * Store memories `{id?, scope: {user, project, environment, kind, key}, text, importance?}`,
+   * Store memories `{user, text}` (and optionally `type`, `key`, `project`, `environment`,
+   * `importance`, `id`; or the scope as `scope: {user, project, environment, kind, key}`),
    * each in its cluster; clusters that are due come back `due` (summarize them with
    * `summarizeCluster`). Memories without an id get one.
    */
@@ -349,13 +350,18 @@ export class Engine {
   }
 
   async remember(items, memoryConfig = {}) {
-    const list = items.map((m, i) => ({
+    const list = items.map((m, i) => {
+      // `{user, text}` is a memory, as in every front end: the scope may also be given flat,
+      // with `type` (default `fact`) and `key` (default `general`).
+      const s = m.scope ?? m;
+      return {
       id: m.id ?? `m${Date.now()}-${process.pid}-${i}-${Math.random().toString(16).slice(2, 10)}`,
-      scope: { user: m.scope.user, project: m.scope.project ?? '', environment: m.scope.environment ?? '', kind: m.scope.kind, key: m.scope.key },
+      scope: { user: s.user, project: s.project ?? '', environment: s.environment ?? '', kind: s.kind ?? s.type ?? 'fact', key: s.key ?? 'general' },
       text: m.text,
       // Without one the guest gives its default.
       importance: m.importance ?? undefined,
-    }));
+      };
+    });
     const g = await this.#guest();
     const r = await exportCall(() => g.memories.remember(list, this.#memoryConfig(memoryConfig)));
     return r.map((x) => ({ ...x, cluster: num(x.cluster) }));

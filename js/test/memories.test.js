@@ -34,6 +34,15 @@ test('golden cluster decisions: the same as the Rust host, in SQLite in memory a
 const EDITOR = ['Alice prefers the dark theme in her editor', 'Alice uses a dark theme with large fonts in the editor', 'Alice wants the editor theme dark at night'];
 const scope = { user: 'alice', project: 'web', environment: 'prod', kind: 'preference', key: 'editor' };
 
+test('the smallest memory is {user, text}: related facts without a key cluster and come due together', async () => {
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:') });
+  const r = await engine.remember(EDITOR.map((text) => ({ user: 'alice', text })));
+  assert.equal(new Set(r.map((x) => x.cluster)).size, 1);
+  assert.deepEqual(r.map((x) => x.due), [false, false, true]);
+  const m = engine.memory(r[0].id);
+  assert.equal(m.scope?.key ?? m.key, 'general');
+});
+
 test('three facts make one summary with its sources; a delete drops it and its text', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'abridge-js-'));
   const store = await SqliteStore.open(join(dir, 'm.db'));
