@@ -560,6 +560,21 @@ fn metrics_stay_small_under_made_up_methods_and_can_require_a_token() {
     assert!(!m.body.contains("acme"), "a tenant is named in /metrics");
     assert!(m.body.len() < 16 << 10, "{} bytes", m.body.len());
     assert_eq!(request_with(a, "GET", "/healthz", &[], b"").status, 200);
+    drop(srv);
+    // Token mode without a metrics token: /metrics tells no one the service's activity.
+    let env = extractive();
+    let tenant = crate::serve::token(&env, "acme", &[]);
+    let srv = Server::start(&env, &[]);
+    let auth = format!("Bearer {tenant}");
+    for headers in [&[][..], &[("Authorization", auth.as_str())]] {
+        let r = request_with(&srv.addr, "GET", "/metrics", headers, b"");
+        assert_eq!(r.status, 401, "{}", r.body);
+        assert!(r.body.contains("--metrics-token"), "{}", r.body);
+    }
+    assert_eq!(
+        request_with(&srv.addr, "GET", "/healthz", &[], b"").status,
+        200
+    );
 }
 
 fn long_chat(n: usize) -> serde_json::Value {

@@ -323,7 +323,9 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
         init.as_bytes(),
     );
     assert_eq!(r.status, 200, "{}", r.body);
-    // Ending the session is a 204 (the official SDKs log a 202 as a failed termination).
+    // The session is the tenant's that opened it: another tenant's token cannot use or end
+    // it (404); ending it is a 204 (the official SDKs log a 202 as a failed termination), and
+    // an unknown or ended one is a 404.
     let id = r
         .headers
         .lines()
@@ -334,6 +336,25 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
                 .then(|| v.trim().to_string())
         })
         .expect("an mcp-session-id header");
+    let other = format!("Bearer {globex}");
+    let other = ("Authorization", other.as_str());
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}).to_string();
+    let r = request_with(
+        addr,
+        "POST",
+        "/mcp",
+        &[json_ct, accept, other, ("Mcp-Session-Id", id.as_str())],
+        list.as_bytes(),
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
+    let r = request_with(
+        addr,
+        "DELETE",
+        "/mcp",
+        &[accept, other, ("Mcp-Session-Id", id.as_str())],
+        b"",
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
     let r = request_with(
         addr,
         "DELETE",
@@ -342,5 +363,13 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
         b"",
     );
     assert_eq!(r.status, 204, "{}", r.body);
+    let r = request_with(
+        addr,
+        "DELETE",
+        "/mcp",
+        &[accept, auth, ("Mcp-Session-Id", id.as_str())],
+        b"",
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
     drop(srv);
 }

@@ -146,11 +146,17 @@ fn ok(text: String, budget: Option<u32>) -> CallToolResult {
 pub struct ContextArgs {
     /// The session: its id or a unique prefix of it (a Claude Code session is its session id).
     /// Leave out for the most recently active session.
+    #[serde(default)]
+    #[schemars(with = "String")]
     pub session: Option<String>,
     /// Most tokens the answer may take (64 to 20000; default 2000).
+    #[serde(default)]
+    #[schemars(with = "u32", range(min = 64, max = 20_000))]
     pub budget_tokens: Option<u32>,
     /// What you are about to work on or were asked (usually the user's newest message): the
     /// earlier messages that best match it are included verbatim, with their numbers.
+    #[serde(default)]
+    #[schemars(with = "String")]
     pub query: Option<String>,
 }
 
@@ -161,10 +167,16 @@ pub struct SearchArgs {
     pub query: String,
     /// Only this session's messages (its id or a unique prefix); leave out to search every
     /// session.
+    #[serde(default)]
+    #[schemars(with = "String")]
     pub session: Option<String>,
     /// Most messages (and sessions) to list (1 to 50; default 10).
+    #[serde(default)]
+    #[schemars(with = "u32", range(min = 1, max = 50))]
     pub limit: Option<u32>,
     /// Most tokens the answer may take (64 to 20000; default 2000).
+    #[serde(default)]
+    #[schemars(with = "u32", range(min = 64, max = 20_000))]
     pub budget_tokens: Option<u32>,
 }
 
@@ -173,14 +185,22 @@ pub struct SearchArgs {
 pub struct ExpandArgs {
     /// The session: its id or a unique prefix of it.
     pub session: String,
-    /// A summary row's id (from `context` or `search_sessions`): its exact messages.
+    /// A summary row's id (from `context` or `search`): its exact messages.
+    #[serde(default)]
+    #[schemars(with = "u64")]
     pub row: Option<u64>,
     /// An episode number (the `#N` of a digest or ledger line): that message and the two
     /// around it.
+    #[serde(default)]
+    #[schemars(with = "u64")]
     pub episode: Option<u64>,
     /// With `row`: only the message this ledger identifier was last seen in.
+    #[serde(default)]
+    #[schemars(with = "String")]
     pub identifier: Option<String>,
     /// Most tokens the answer may take (64 to 20000; default 2000).
+    #[serde(default)]
+    #[schemars(with = "u32", range(min = 64, max = 20_000))]
     pub budget_tokens: Option<u32>,
 }
 
@@ -190,10 +210,16 @@ pub struct RecallArgs {
     /// What you want to know ("how do we deploy", "the user's test conventions").
     pub query: String,
     /// Only memories of this project.
+    #[serde(default)]
+    #[schemars(with = "String")]
     pub project: Option<String>,
     /// Most memories (1 to 50; default 8).
+    #[serde(default)]
+    #[schemars(with = "u32", range(min = 1, max = 50))]
     pub k: Option<u32>,
     /// Most tokens the answer may take (64 to 20000; default 2000).
+    #[serde(default)]
+    #[schemars(with = "u32", range(min = 64, max = 20_000))]
     pub budget_tokens: Option<u32>,
 }
 
@@ -203,10 +229,16 @@ pub struct RememberArgs {
     /// The fact, in one or two sentences ("Releases are cut from the release/* branches").
     pub text: String,
     /// The project it belongs to (default: none).
+    #[serde(default)]
+    #[schemars(with = "String")]
     pub project: Option<String>,
     /// What kind of fact: preference, decision, convention, fact, … (default: fact).
+    #[serde(default)]
+    #[schemars(with = "String")]
     pub kind: Option<String>,
     /// Its subject: a person, a component, a topic (default: general).
+    #[serde(default)]
+    #[schemars(with = "String")]
     pub key: Option<String>,
 }
 
@@ -226,9 +258,13 @@ pub struct PinArgs {
     /// verbatim, so a rule the user set survives every compaction.
     pub episode: u64,
     /// Unpin it instead.
+    #[serde(default)]
+    #[schemars(with = "bool")]
     pub unpin: Option<bool>,
     /// `project` pins it to the session's project (it then opens every new session there),
     /// `session` (the default) to this session.
+    #[serde(default)]
+    #[schemars(with = "String")]
     pub scope: Option<String>,
 }
 
@@ -630,6 +666,37 @@ pub fn http_service(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_schemas_use_plain_types_and_the_real_bounds() {
+        let schemas = [
+            serde_json::to_value(schemars::schema_for!(ContextArgs)).unwrap(),
+            serde_json::to_value(schemars::schema_for!(SearchArgs)).unwrap(),
+            serde_json::to_value(schemars::schema_for!(ExpandArgs)).unwrap(),
+            serde_json::to_value(schemars::schema_for!(RecallArgs)).unwrap(),
+            serde_json::to_value(schemars::schema_for!(RememberArgs)).unwrap(),
+            serde_json::to_value(schemars::schema_for!(PinArgs)).unwrap(),
+        ];
+        for s in &schemas {
+            for (name, p) in s["properties"].as_object().unwrap() {
+                assert!(!p["type"].is_array(), "{name}: {p}");
+            }
+        }
+        let b = &schemas[0]["properties"]["budget_tokens"];
+        assert_eq!(
+            (b["minimum"].as_u64(), b["maximum"].as_u64()),
+            (Some(64), Some(20_000)),
+            "{b}"
+        );
+        assert_eq!(schemas[3]["properties"]["k"]["maximum"], 50);
+        assert!(
+            schemas[0]["required"]
+                .as_array()
+                .is_none_or(|r| r.is_empty()),
+            "{}",
+            schemas[0]
+        );
+    }
 
     #[test]
     fn a_not_found_error_points_at_what_lists_its_kind() {

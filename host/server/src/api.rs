@@ -1229,6 +1229,18 @@ async fn readyz(State(srv): State<Srv>, headers: HeaderMap) -> ApiResult<Json<se
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 async fn metrics_text(State(srv): State<Srv>, headers: HeaderMap) -> ApiResult<Response> {
     operator(&srv, &headers)?;
+    // In token mode the service's activity is no one's business but its operator's: without
+    // a metrics token to send, /metrics is closed (open only on a tokenless loopback server,
+    // which says so as it starts).
+    if srv.metrics_token.is_none() && !matches!(srv.app.tokens().any_live().await, Ok(false)) {
+        return Err(ApiError(
+            AppError::new(
+                ErrorKind::Unauthenticated,
+                "/metrics needs the metrics token on a server that takes API tokens",
+            )
+            .hint("start abridge serve with --metrics-token TOKEN (or ABRIDGE_METRICS_TOKEN) and send 'Authorization: Bearer TOKEN'"),
+        ));
+    }
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         metrics::render(&srv).await,
@@ -1477,9 +1489,10 @@ fn api_routes(srv: &Srv, opts: &ServeOptions) -> Router<Srv> {
     // MCP over Streamable HTTP, for coding agents: the same tokens and tenants; the Host and
     // Origin checks are the server's own guard (every route has them), and rmcp refuses any
     // browser Origin besides the --cors-origin ones.
+    let sessions = std::sync::Arc::new(McpSessions::default());
     let mcp: Router<Srv> = Router::new()
         .nest_service("/mcp", abridge_mcp::http_service(opts.cors_origins.clone()))
-        .layer(axum::middleware::from_fn(session_ended))
+        .layer(axum::middleware::from_fn_with_state(sessions, mcp_guard))
         .layer(axum::middleware::from_fn_with_state(
             srv.clone(),
             auth::authenticate,
@@ -1487,17 +1500,69 @@ fn api_routes(srv: &Srv, opts: &ServeOptions) -> Router<Srv> {
     service.merge(authed).merge(mcp)
 }
 
-/// `DELETE /mcp` ends an MCP session: answered 204 (the transport's 202 reads as a failed
-/// termination to the official SDKs).
-async fn session_ended(
+/// The MCP sessions this server opened over HTTP, each with the tenant that opened it.
+#[derive(Default)]
+pub(crate) struct McpSessions(std::sync::Mutex<std::collections::BTreeMap<String, String>>);
+
+/// Sessions remembered at most (the oldest ids are forgotten first; a forgotten one is then
+/// unknown, a 404 the client answers by opening another).
+const MCP_SESSIONS: usize = 10_000;
+
+/// The MCP session id a request or answer carries.
+fn mcp_session(h: &HeaderMap) -> Option<String> {
+    h.get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// MCP over HTTP, as the specification says: a session id belongs to the tenant that opened
+/// it — any other caller gets a 404 and cannot end it —, `DELETE` of a session answers 204
+/// (the transport's 202 reads as a failed termination to the official SDKs), and of an
+/// unknown id 404.
+async fn mcp_guard(
+    State(sessions): State<std::sync::Arc<McpSessions>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let delete = req.method() == axum::http::Method::DELETE;
+    let tenant = req
+        .extensions()
+        .get::<Scoped>()
+        .map(|s| s.tenant().name().to_string())
+        .unwrap_or_default();
+    let delete = req.method() == Method::DELETE;
+    let asked = mcp_session(req.headers());
+    if let Some(id) = &asked {
+        let owner = sessions.0.lock().expect("not poisoned").get(id).cloned();
+        // Another tenant's session, or one this server does not know, is no session.
+        if owner.as_deref() != Some(tenant.as_str()) {
+            return ApiError(
+                AppError::not_found(format!("no MCP session {id}"))
+                    .hint("open a session with an initialize request"),
+            )
+            .into_response();
+        }
+    }
     let mut res = next.run(req).await;
-    if delete && res.status() == StatusCode::ACCEPTED {
-        *res.status_mut() = StatusCode::NO_CONTENT;
-        *res.body_mut() = axum::body::Body::empty();
+    let mut map = sessions.0.lock().expect("not poisoned");
+    if let Some(id) = mcp_session(res.headers())
+        && asked.is_none()
+        && res.status().is_success()
+    {
+        if map.len() >= MCP_SESSIONS
+            && let Some(first) = map.keys().next().cloned()
+        {
+            map.remove(&first);
+        }
+        map.insert(id, tenant);
+    }
+    if delete && res.status().is_success() {
+        if let Some(id) = &asked {
+            map.remove(id);
+        }
+        if res.status() == StatusCode::ACCEPTED {
+            *res.status_mut() = StatusCode::NO_CONTENT;
+            *res.body_mut() = axum::body::Body::empty();
+        }
     }
     res
 }

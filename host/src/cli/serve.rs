@@ -223,7 +223,7 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
     println!("listening on http://{addr}");
     if server.open_local() {
         tracing::warn!(
-            "no API tokens: every request acts as the single local tenant (loopback only); create one with 'abridge tokens create --tenant NAME' to require tokens"
+            "no API tokens: every request acts as the single local tenant (loopback only), and /metrics is open; create one with 'abridge tokens create --tenant NAME' to require tokens (then /metrics needs --metrics-token)"
         );
     }
     tracing::info!(%addr, backend = backend.name, db = %abridge_app::db::shown(&s.db), workers = a.workers, "abridge serve started");
