@@ -166,3 +166,35 @@ async def test_the_context_carries_the_turns_that_answer_the_newest_user_message
         assert "Earlier turns that match the question" in on[0]["content"] and "7741" in on[0]["content"]
         off = await AbridgeSession("agents-query", c, budget=300, query=False).get_items()
         assert not any("Earlier turns that match" in i["content"] for i in off)
+
+
+def test_one_session_from_two_threads_and_their_event_loops(server: Server) -> None:
+    # Runner.run_sync from worker threads: each thread runs its own event loop; one session
+    # (and its client) serves them all, as the SDK's SQLiteSession does.
+    import asyncio
+    import threading
+
+    session = AbridgeSession("threads", url=server.url, budget=4000)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            asyncio.run(session.add_items(turns(1, i)))
+            asyncio.run(session.get_items())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(asyncio.run(session.get_items())) == 4
+
+
+async def test_the_session_settings_limit_applies(server: Server) -> None:
+    s = AbridgeSession("limited", url=server.url, budget=4000, session_settings=SessionSettings(limit=3))
+    await s.add_items(turns(3))
+    assert len(await s.get_items()) == 3
+    assert len(await s.get_items(limit=1)) == 1

@@ -111,3 +111,27 @@ def test_the_context_carries_the_turns_that_answer_the_newest_user_message(serve
     assert "7741" in given
     off = "\n".join(m.content for m in h.context_messages(budget=300, query=False))
     assert "Earlier turns that match the question" not in off
+
+
+async def test_the_async_methods_never_block_the_event_loop(server: Server) -> None:
+    # Without an async client the sync client works in a worker thread, never on the loop
+    # (LangChain's guard drops a turn whose history blocks it).
+    import threading
+
+    from langchain_core.messages import HumanMessage
+
+    h = AbridgeChatMessageHistory("no-block", url=server.url)
+    loop_thread = threading.current_thread()
+    seen: list[threading.Thread] = []
+    original = h.client.add_messages
+
+    def add(*a, **k):  # type: ignore[no-untyped-def]
+        seen.append(threading.current_thread())
+        return original(*a, **k)
+
+    h.client.add_messages = add  # type: ignore[method-assign]
+    await h.aadd_messages([HumanMessage("We ship on Friday.")])
+    assert seen and all(t is not loop_thread for t in seen)
+    assert [m.content for m in await h.aget_messages()] == ["We ship on Friday."]
+    await h.aclear()
+    assert await h.aget_messages() == []

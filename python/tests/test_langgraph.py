@@ -49,6 +49,27 @@ def test_search_by_query_filter_prefix_and_page(server: Server) -> None:
     assert "secret" in {h.key for h in s.search(("memories", "alice"))}
 
 
+def test_search_filters_compare_as_langgraphs_own_store_does(server: Server) -> None:
+    from langgraph.store.memory import InMemoryStore
+
+    items = [("a", {"score": 4.5, "tags": ["x", "y"], "meta": {"lang": "en"}}),
+             ("b", {"score": 3.0, "tags": ["x"], "meta": {"lang": "fr"}}),
+             ("c", {"score": 2.0, "tags": [], "meta": {"lang": "en"}})]
+    ns = ("filters",)
+    mine, theirs = AbridgeStore(url=server.url), InMemoryStore()
+    for s in (mine, theirs):
+        for k, v in items:
+            s.put(ns, k, v)
+    for f in [{"score": {"$gt": 3.2}}, {"score": {"$gte": 3.0}}, {"score": {"$lt": 3.0}},
+              {"score": {"$lte": 3.0, "$ne": 2.0}}, {"score": {"$eq": 4.5}},
+              {"meta": {"lang": "en"}}, {"tags": ["x"]}, {"score": 3.0}]:
+        got = sorted(h.key for h in mine.search(ns, filter=f))
+        want = sorted(h.key for h in theirs.search(ns, filter=f))
+        assert got == want, f"{f}: abridge {got}, InMemoryStore {want}"
+    with pytest.raises(ValueError, match="Unsupported operator"):
+        mine.search(ns, filter={"score": {"$near": 1}})
+
+
 def test_list_namespaces_with_prefix_suffix_and_depth(server: Server) -> None:
     s = AbridgeStore(url=server.url)
     for ns in [("a", "x", "1"), ("a", "y"), ("b", "x")]:

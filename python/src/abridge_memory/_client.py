@@ -279,14 +279,39 @@ class Client(_Base):
 
 
 class AsyncClient(_Base):
-    """The asynchronous twin of :class:`Client` (same calls, awaited)."""
+    """The asynchronous twin of :class:`Client` (same calls, awaited).
+
+    One client may be used from any event loop and thread: each loop gets its own connection
+    pool (an httpx pool belongs to the loop that opened it), made on first use there."""
 
     def __init__(self, url: Optional[str] = None, **kw: Any) -> None:
+        import threading
+        import weakref
+
         super().__init__(url, **kw)
-        self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=self._timeout)
+        self._pools: "weakref.WeakKeyDictionary[Any, httpx.AsyncClient]" = weakref.WeakKeyDictionary()
+        self._pools_lock = threading.Lock()
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        with self._pools_lock:
+            pool = self._pools.get(loop)
+            if pool is None:
+                pool = httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=self._timeout)
+                self._pools[loop] = pool
+            return pool
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        """Close this loop's connections (another loop's close with that loop)."""
+        import asyncio
+
+        with self._pools_lock:
+            pool = self._pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.aclose()
 
     async def __aenter__(self) -> "AsyncClient":
         return self

@@ -110,8 +110,10 @@ class AbridgeSession:
     def __init__(
         self,
         session_id: str,
-        client: AsyncClient,
+        client: Optional[AsyncClient] = None,
         *,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
         budget: int = 2000,
         pairs: Optional[int] = None,
         refresh_after: Optional[int] = None,
@@ -120,7 +122,9 @@ class AbridgeSession:
         query: bool = True,
     ) -> None:
         self.session_id = session_id
-        self.client = client
+        # Usable from any event loop and thread (``Runner.run_sync`` from worker threads): the
+        # client keeps a connection pool per loop.
+        self.client = client or AsyncClient(url, token=token)
         self.budget = budget
         self.pairs = pairs
         self.refresh_after = refresh_after
@@ -129,7 +133,10 @@ class AbridgeSession:
         self.query = query
 
     async def get_items(self, limit: Optional[int] = None) -> list[Any]:
-        """The compact context as input items, oldest first (``[]`` for a new session)."""
+        """The compact context as input items, oldest first (``[]`` for a new session); at
+        most ``limit`` (else the session settings' ``limit``) of the newest."""
+        if limit is None and self.session_settings is not None:
+            limit = getattr(self.session_settings, "limit", None)
         try:
             asked = await self.client.newest_user_message(self.session_id) if self.query else None
             ctx = await self.client.context(

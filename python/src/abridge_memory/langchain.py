@@ -108,10 +108,32 @@ class AbridgeChatMessageHistory(BaseChatMessageHistory):
         if not messages:
             return
         if self.async_client is None:
-            return self.add_messages(messages)
+            # No blocking call on the event loop: the sync client runs in a worker thread.
+            import asyncio
+
+            await asyncio.to_thread(self.add_messages, messages)
+            return
         await self.async_client.add_messages(
             self.session_id, [(role_of(m), message_text(m)) for m in messages]
         )
+
+    async def aget_messages(self) -> list[BaseMessage]:
+        import asyncio
+
+        return await asyncio.to_thread(lambda: self.messages)
+
+    async def aclear(self) -> None:
+        import asyncio
+
+        if self.async_client is not None:
+            from ._errors import NotFound
+
+            try:
+                await self.async_client.reset(self.session_id)
+            except NotFound:
+                pass
+            return
+        await asyncio.to_thread(self.clear)
 
     def clear(self) -> None:
         from ._errors import NotFound

@@ -77,6 +77,48 @@ def _matches(ns: tuple[str, ...], cond: Any) -> bool:
     return all(p == "*" or p == s for p, s in zip(path, seg))
 
 
+
+_COMPARISONS = {
+    "$gt": lambda a, b: a > b,
+    "$gte": lambda a, b: a >= b,
+    "$lt": lambda a, b: a < b,
+    "$lte": lambda a, b: a <= b,
+}
+
+
+def filter_matches(value: Any, wanted: Any) -> bool:
+    """Whether an item's ``value`` meets a search filter's ``wanted``, with the semantics of
+    LangGraph's own stores: a dict of ``$eq $ne $gt $gte $lt $lte`` operators (the ordered
+    ones compare as numbers), a nested dict matched key by key, a list element by element,
+    anything else by equality. An unknown operator is a ``ValueError``."""
+    if isinstance(wanted, dict):
+        if any(k.startswith("$") for k in wanted):
+            return all(_apply(value, op, operand) for op, operand in wanted.items())
+        return isinstance(value, dict) and all(
+            filter_matches(value.get(k), v) for k, v in wanted.items()
+        )
+    if isinstance(wanted, (list, tuple)):
+        return (
+            isinstance(value, (list, tuple))
+            and len(value) == len(wanted)
+            and all(filter_matches(a, b) for a, b in zip(value, wanted))
+        )
+    return value == wanted
+
+
+def _apply(value: Any, op: str, operand: Any) -> bool:
+    if op == "$eq":
+        return value == operand
+    if op == "$ne":
+        return value != operand
+    compare = _COMPARISONS.get(op)
+    if compare is None:
+        raise ValueError(f"Unsupported operator: {op}")
+    try:
+        return bool(compare(float(value), float(operand)))
+    except (TypeError, ValueError):
+        return False
+
 class AbridgeStore(BaseStore):
     """A LangGraph store whose items are abridge memories (see the module)."""
 
@@ -166,7 +208,7 @@ class AbridgeStore(BaseStore):
         def wanted(item: Any) -> bool:
             if item is None or tuple(item.namespace[: len(prefix)]) != prefix:
                 return False
-            return all(item.value.get(k) == v for k, v in (op.filter or {}).items())
+            return all(filter_matches(item.value.get(k), v) for k, v in (op.filter or {}).items())
 
         if op.query:
             k = min(100, (op.offset + op.limit) * 4 + 10)
