@@ -70,6 +70,16 @@ def test_search_filters_compare_as_langgraphs_own_store_does(server: Server) -> 
         mine.search(ns, filter={"score": {"$near": 1}})
 
 
+def test_labels_with_control_characters_are_stored_as_langgraph_allows(server: Server) -> None:
+    s = AbridgeStore(url=server.url)
+    ns = ("mem\tories", "al\x01ice", "50%")
+    s.put(ns, "k\ney", {"text": "a value"})
+    item = s.get(ns, "k\ney")
+    assert item is not None and item.namespace == ns and item.key == "k\ney"
+    assert [h.key for h in s.search(ns[:2])] == ["k\ney"]
+    assert ns in s.list_namespaces(prefix=ns[:1])
+
+
 def test_list_namespaces_with_prefix_suffix_and_depth(server: Server) -> None:
     s = AbridgeStore(url=server.url)
     for ns in [("a", "x", "1"), ("a", "y"), ("b", "x")]:

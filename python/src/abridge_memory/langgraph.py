@@ -50,10 +50,19 @@ def item_id(namespace: tuple[str, ...], key: str) -> str:
     return f"lg-{h}"
 
 
+def _label(s: str) -> str:
+    """A namespace label or key as abridge's scope fields keep it: control characters (which
+    the server refuses in a user, project or key) and `%` percent-encoded, so any label
+    LangGraph accepts is stored; the item keeps its namespace and key as given."""
+    return "".join(
+        f"%{ord(c):02X}" if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or c == "%" else c for c in s
+    )
+
+
 def _scope(namespace: tuple[str, ...]) -> tuple[str, str]:
     if not namespace or not namespace[0]:
         raise ValueError("a namespace needs at least one non-empty label, e.g. ('memories', user_id)")
-    return namespace[0], "/".join(namespace[1:])
+    return _label(namespace[0]), "/".join(_label(x) for x in namespace[1:])
 
 
 def _time(ms: int) -> datetime:
@@ -184,7 +193,7 @@ class AbridgeStore(BaseStore):
                           ensure_ascii=False, sort_keys=True)
         self.client.remember(
             text, user=user, project=project, type=TYPE if op.index is not False else TYPE_UNINDEXED,
-            key=op.key, id=id,
+            key=_label(op.key), id=id,
         )
         return None
 
@@ -203,7 +212,7 @@ class AbridgeStore(BaseStore):
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
-        user = prefix[0] if prefix else None
+        user = _label(prefix[0]) if prefix else None
 
         def wanted(item: Any) -> bool:
             if item is None or tuple(item.namespace[: len(prefix)]) != prefix:
