@@ -323,6 +323,21 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
         init.as_bytes(),
     );
     assert_eq!(r.status, 200, "{}", r.body);
+    // A body that is not JSON: a JSON-RPC parse error, not a bare 415.
+    let bad = request_with(
+        addr,
+        "POST",
+        "/mcp",
+        &[json_ct, accept, auth],
+        b"not json {",
+    );
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    let e: Value = serde_json::from_str(&bad.body).unwrap();
+    assert_eq!(
+        (e["error"]["code"].as_i64(), e["id"].is_null()),
+        (Some(-32700), true),
+        "{e}"
+    );
     // The session is the tenant's that opened it: another tenant's token cannot use or end
     // it (404); ending it is a 204 (the official SDKs log a 202 as a failed termination), and
     // an unknown or ended one is a 404.
@@ -372,4 +387,40 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
     );
     assert_eq!(r.status, 404, "{}", r.body);
     drop(srv);
+}
+
+/// Over stdio a line that is not JSON gets a JSON-RPC parse error (-32700, id null), and the
+/// session goes on: the next request is answered.
+#[test]
+fn a_line_that_is_not_json_gets_a_parse_error_and_the_session_goes_on() {
+    use std::io::{BufRead, BufReader, Write};
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let mut child = env
+        .command(&["mcp"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("abridge mcp");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut next = || {
+        let mut line = String::new();
+        out.read_line(&mut line).expect("a line");
+        serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    writeln!(stdin, "this is not json {{").unwrap();
+    stdin.flush().unwrap();
+    let e = next();
+    assert_eq!(e["error"]["code"], -32700, "{e}");
+    assert!(e["id"].is_null(), "{e}");
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    writeln!(stdin, "{init}").unwrap();
+    stdin.flush().unwrap();
+    let r = next();
+    assert_eq!(r["id"], 1, "{r}");
+    assert!(r["result"]["serverInfo"]["name"] == "abridge", "{r}");
+    drop(stdin);
+    let _ = child.wait();
 }

@@ -623,15 +623,81 @@ impl ServerHandler for AbridgeMcp {
     }
 }
 
+/// The JSON-RPC answer to a line that is not JSON (its id cannot be known: null).
+pub fn parse_error_line(e: &serde_json::Error) -> String {
+    serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32700, "message": format!("Parse error: the line is not JSON ({e})")},
+    })
+    .to_string()
+}
+
 /// Serve `scoped` over standard input and output until the client goes (`abridge mcp`).
-/// Nothing but protocol messages is written to stdout.
+/// Nothing but protocol messages is written to stdout; a line that is not JSON gets a
+/// JSON-RPC parse error (-32700, id null), as the specification asks, and the session goes on.
 pub async fn serve_stdio(scoped: Scoped) -> anyhow::Result<()> {
     use rmcp::ServiceExt;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    // Lines go through here: JSON ones on to the protocol, the rest answered here; the
+    // protocol's answers and ours share stdout a whole line at a time.
+    let (mut to_server, server_in) = tokio::io::duplex(1 << 20);
+    let (server_out, from_server) = tokio::io::duplex(1 << 20);
+    let stdout = std::sync::Arc::new(tokio::sync::Mutex::new(tokio::io::stdout()));
+    let write_line = |out: std::sync::Arc<tokio::sync::Mutex<tokio::io::Stdout>>, line: String| async move {
+        let mut o = out.lock().await;
+        o.write_all(line.as_bytes()).await?;
+        o.write_all(b"\n").await?;
+        o.flush().await
+    };
+    let reader = {
+        let stdout = stdout.clone();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                match serde_json::from_str::<serde_json::Value>(&line) {
+                    Ok(_) => {
+                        if to_server.write_all(line.as_bytes()).await.is_err()
+                            || to_server.write_all(b"\n").await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        if write_line(stdout.clone(), parse_error_line(&e))
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                }
+            }
+            // End of input: the protocol sees it too.
+            let _ = to_server.shutdown().await;
+        })
+    };
+    let writer = {
+        let stdout = stdout.clone();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(from_server).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if write_line(stdout.clone(), line).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
     let running = AbridgeMcp::fixed(scoped)
-        .serve(rmcp::transport::stdio())
+        .serve((server_in, server_out))
         .await
         .map_err(|e| anyhow::anyhow!("the MCP client did not initialize: {e}"))?;
     running.waiting().await?;
+    reader.abort();
+    let _ = writer.await;
     Ok(())
 }
 

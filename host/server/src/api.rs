@@ -1529,6 +1529,25 @@ async fn mcp_guard(
         .get::<Scoped>()
         .map(|s| s.tenant().name().to_string())
         .unwrap_or_default();
+    // A body that is not JSON gets a JSON-RPC parse error (id null), not the transport's 415.
+    let req = if req.method() == Method::POST {
+        let (parts, body) = req.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, 2 << 20).await else {
+            return ApiError(
+                AppError::new(ErrorKind::TooLarge, "the MCP request is over 2 MiB")
+                    .hint("send smaller requests"),
+            )
+            .into_response();
+        };
+        if let Err(e) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+            let body = serde_json::json!({"jsonrpc": "2.0", "id": null,
+                "error": {"code": -32700, "message": format!("Parse error: the body is not JSON ({e})")}});
+            return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+        }
+        axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))
+    } else {
+        req
+    };
     let delete = req.method() == Method::DELETE;
     let asked = mcp_session(req.headers());
     if let Some(id) = &asked {
