@@ -873,6 +873,47 @@ fn slow_and_idle_connections_are_let_go_and_healthz_answers_at_the_cap() {
     assert!(log.contains("accepting connections"), "{log}");
 }
 
+/// One client that opens many connections, sends a request on each and leaves them idle
+/// (kept alive) does not keep the others out: at the cap the idle ones give way, and another
+/// client's posts succeed.
+#[test]
+fn idle_kept_alive_connections_make_room_for_other_clients_at_the_cap() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+    let env = extractive();
+    let srv = Server::start(&env, &["--max-connections", "32"]);
+    let a = &srv.addr;
+    // 400 connections, each with one answered request, then left idle (kept alive).
+    let mut idle = Vec::new();
+    for _ in 0..400 {
+        let Ok(mut c) = TcpStream::connect(a) else {
+            continue;
+        };
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        if c.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .is_err()
+        {
+            continue;
+        }
+        let mut buf = [0u8; 512];
+        let _ = c.read(&mut buf);
+        idle.push(c);
+    }
+    assert!(idle.len() >= 380, "{}", idle.len());
+    // Another client: every post is stored.
+    for i in 0..40 {
+        let r = crate::serve::post_messages(
+            a,
+            None,
+            "other-client",
+            &json!({"role": "user", "content": format!("message {i}"), "id": format!("m{i}")}),
+        );
+        assert_eq!(r.status, 202, "post {i}: {}", r.body);
+    }
+    drop(idle);
+}
+
 /// How many of `secret`'s words rank in the top `secret.len()` of `guesses` against a stored
 /// vector, ranking each guess by its unkeyed lexical embedding (what an attacker with the
 /// file and the public code can compute).

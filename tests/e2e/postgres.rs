@@ -311,7 +311,7 @@ mod instances {
                 let held = format!(
                     "SELECT string_agg(id::text, ',') FROM jobs WHERE state = 'running' AND lease_owner LIKE '%:{pid}'"
                 );
-                let deadline = Instant::now() + Duration::from_secs(30);
+                let deadline = Instant::now() + Duration::from_secs(90);
                 let mut k = 0;
                 loop {
                     if !pg.psql(&db, &held).unwrap().is_empty() {

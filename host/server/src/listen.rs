@@ -11,11 +11,17 @@
 //!   `/healthz` (so probes see a live process) and `503` with `Retry-After` to anything else,
 //!   then closes; past those, a connection is closed at once. Accepting never stops, so the
 //!   listen queue cannot fill up behind idle clients.
+//! - **Idle connections make room.** At the cap, a kept-alive connection waiting for its next
+//!   request is closed to let a new one in: the oldest idle one of the peer address that holds
+//!   the most connections (so one client holding many idle connections cannot keep the others
+//!   out). A connection streaming events is busy, never idle.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -24,7 +30,6 @@ use axum::http::{Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -38,6 +43,100 @@ const SPARE: usize = 256;
 /// How long an over-the-cap connection may take to send its request: a probe sends at once;
 /// an idle client holding a spare slot is let go quickly.
 const SPARE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How long a new connection at the cap waits for the slot an idle one gives up.
+const EVICT_WAIT: Duration = Duration::from_millis(300);
+
+/// One served connection, as the cap sees it.
+struct Conn {
+    peer: IpAddr,
+    /// Requests (or event streams) under way.
+    busy: usize,
+    /// Since when it has waited for a next request (none while busy).
+    idle_since: Option<Instant>,
+    /// Asks it to close once idle (hyper's graceful shutdown closes an idle one at once).
+    close: Arc<tokio::sync::Notify>,
+}
+
+/// The served connections.
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    conns: BTreeMap<u64, Conn>,
+}
+
+type Shared = Arc<Mutex<Registry>>;
+
+fn lock(r: &Shared) -> std::sync::MutexGuard<'_, Registry> {
+    r.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Registry {
+    fn add(&mut self, peer: IpAddr) -> (u64, Arc<tokio::sync::Notify>) {
+        self.next += 1;
+        let close = Arc::new(tokio::sync::Notify::new());
+        self.conns.insert(
+            self.next,
+            Conn {
+                peer,
+                busy: 0,
+                idle_since: Some(Instant::now()),
+                close: close.clone(),
+            },
+        );
+        (self.next, close)
+    }
+
+    fn busy(&mut self, id: u64) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.busy += 1;
+            c.idle_since = None;
+        }
+    }
+
+    fn done(&mut self, id: u64) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.busy = c.busy.saturating_sub(1);
+            if c.busy == 0 {
+                c.idle_since = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Ask the oldest idle connection of the peer holding the most connections to close;
+    /// whether there was one.
+    fn evict(&mut self) -> bool {
+        let mut per: BTreeMap<IpAddr, usize> = BTreeMap::new();
+        for c in self.conns.values() {
+            *per.entry(c.peer).or_default() += 1;
+        }
+        let victim = self
+            .conns
+            .iter()
+            .filter_map(|(id, c)| c.idle_since.map(|t| (per[&c.peer], t, *id)))
+            // The most connections first, then the longest idle.
+            .min_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)))
+            .map(|(_, _, id)| id);
+        match victim.and_then(|id| self.conns.get_mut(&id)) {
+            Some(c) => {
+                // Not idle any more as far as choosing goes: one eviction per connection.
+                c.idle_since = None;
+                c.close.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Marks a connection idle again when dropped (its response, or its event stream, is done).
+struct Done(Shared, u64);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        lock(&self.0).done(self.1);
+    }
+}
 
 /// How connections are bounded.
 #[derive(Clone, Debug)]
@@ -135,7 +234,8 @@ pub(crate) async fn serve(
     );
     let main = Arc::new(Semaphore::new(cap));
     let spare = Arc::new(Semaphore::new(SPARE));
-    let graceful = GracefulShutdown::new();
+    let registry: Shared = Arc::default();
+    let (stopping, stop_rx) = tokio::sync::watch::channel(false);
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -162,35 +262,103 @@ pub(crate) async fn serve(
             _ = &mut stop => break,
         };
         let _ = stream.set_nodelay(true);
-        if let Ok(permit) = main.clone().try_acquire_owned() {
-            let svc = router
-                .clone()
-                .layer(axum::Extension(ConnectInfo(remote)))
-                .map_request(|r: Request<Incoming>| r.map(Body::new));
+        let permit = match main.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            // At the cap: an idle connection makes room, if there is one.
+            Err(_) if lock(&registry).evict() => None,
+            Err(_) => {
+                overflow(&spare, &spare_builder, stream);
+                continue;
+            }
+        };
+        let (main, spare, spare_builder, builder) = (
+            main.clone(),
+            spare.clone(),
+            spare_builder.clone(),
+            builder.clone(),
+        );
+        let (router, registry, mut stop_rx) = (router.clone(), registry.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let permit = match permit {
+                Some(p) => p,
+                None => match tokio::time::timeout(EVICT_WAIT, main.acquire_owned()).await {
+                    Ok(Ok(p)) => p,
+                    _ => {
+                        overflow(&spare, &spare_builder, stream);
+                        return;
+                    }
+                },
+            };
+            let (id, close) = lock(&registry).add(remote.ip());
+            let reg = registry.clone();
+            let svc = tower::service_fn(move |req: Request<Incoming>| {
+                lock(&reg).busy(id);
+                let done = Done(reg.clone(), id);
+                let router = router.clone().layer(axum::Extension(ConnectInfo(remote)));
+                async move {
+                    let res = router.oneshot(req.map(Body::new)).await?;
+                    // An event stream is busy until it ends; any other answer is done.
+                    let streaming = res
+                        .headers()
+                        .get(header::CONTENT_TYPE)
+                        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+                    Ok::<_, Infallible>(if streaming {
+                        use futures::StreamExt;
+                        res.map(|b| {
+                            Body::from_stream(b.into_data_stream().map(move |x| {
+                                let _ = &done;
+                                x
+                            }))
+                        })
+                    } else {
+                        drop(done);
+                        res
+                    })
+                }
+            });
             let conn =
                 builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
-            let fut = graceful.watch(conn);
-            tokio::spawn(async move {
-                let _ = fut.await;
-                drop(permit);
-            });
-        } else if let Ok(permit) = spare.clone().try_acquire_owned() {
-            let conn = spare_builder
-                .serve_connection(TokioIo::new(stream), hyper::service::service_fn(overloaded));
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(SPARE_TIMEOUT * 2, conn).await;
-                drop(permit);
-            });
-        } else {
-            drop(stream);
-        }
+            let mut conn = std::pin::pin!(conn);
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    _ = conn.as_mut() => break,
+                    _ = close.notified(), if !closing => {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    _ = stop_rx.changed(), if !closing => {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+            lock(&registry).conns.remove(&id);
+            drop(permit);
+        });
     }
     drop(listener);
     on_stop();
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let _ = stopping.send(true);
+    let drained = async {
+        while !lock(&registry).conns.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(drain, drained).await.is_err() {
         tracing::warn!("connections still open after the drain time are closed");
+    }
+}
+
+/// A connection over the cap: a spare slot answers `/healthz` (or 503) and closes; past the
+/// spares it is closed at once.
+fn overflow(spare: &Arc<Semaphore>, spare_builder: &http1::Builder, stream: tokio::net::TcpStream) {
+    if let Ok(permit) = spare.clone().try_acquire_owned() {
+        let conn = spare_builder
+            .serve_connection(TokioIo::new(stream), hyper::service::service_fn(overloaded));
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(SPARE_TIMEOUT * 2, conn).await;
+            drop(permit);
+        });
     }
 }
