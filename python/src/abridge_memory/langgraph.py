@@ -15,7 +15,7 @@ import asyncio
 import hashlib
 import json
 from datetime import datetime, timezone
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 try:
     from langchain_core.messages import BaseMessage, HumanMessage
@@ -197,18 +197,20 @@ class AbridgeStore(BaseStore):
         )
         return None
 
-    def _all(self, user: Optional[str], project: Optional[str]) -> list[Any]:
-        out: list[Any] = []
+    def _pages(self, user: Optional[str], project: Optional[str]) -> Iterator[Any]:
+        """The items' memories, a page at a time (read only as far as the caller goes)."""
         for t in (TYPE, TYPE_UNINDEXED):
             offset = 0
             while True:
                 page = self.client.memories(user=user, project=project, type=t, offset=offset,
                                             limit=PAGE)
-                out.extend(page)
+                yield from page
                 if len(page) < PAGE:
                     break
                 offset += PAGE
-        return out
+
+    def _all(self, user: Optional[str], project: Optional[str]) -> list[Any]:
+        return list(self._pages(user, project))
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
@@ -231,8 +233,14 @@ class AbridgeStore(BaseStore):
                 items.append(self._item(mem, score=h.score))
             found = [i for i in items if wanted(i)]
         else:
-            mems = self._all(user, None)
-            found = [i for i in (self._item(x, score=None) for x in mems) if wanted(i)]
+            # Read only as far as the page asked for needs.
+            found = []
+            for x in self._pages(user, None):
+                i = self._item(x, score=None)
+                if wanted(i):
+                    found.append(i)
+                    if len(found) >= op.offset + op.limit:
+                        break
             found = [SearchItem(namespace=i.namespace, key=i.key, value=i.value,
                                 created_at=i.created_at, updated_at=i.updated_at) for i in found]
         return found[op.offset: op.offset + op.limit]
