@@ -275,3 +275,44 @@ fn the_job_list_is_aligned_and_an_extractive_job_names_no_model() {
     let v = env.run(&["jobs", "show", id, "--json"]).assert_ok().json();
     assert_eq!(v["model"], "extractive");
 }
+
+/// The command line is the `local` tenant: `abridge jobs` lists its jobs only, never another
+/// tenant's (nor the separator of tenant-scoped names).
+#[test]
+fn the_job_list_shows_the_local_tenants_jobs_only() {
+    let env = crate::serve::extractive();
+    let acme = crate::serve::token(&env, "acme", &[]);
+    let srv = crate::serve::Server::start(&env, &[]);
+    crate::serve::post_messages(
+        &srv.addr,
+        Some(&acme),
+        "big1",
+        &serde_json::json!({"role": "user", "content": "deploy the api on friday"}),
+    )
+    .expect(202);
+    crate::serve::request(
+        &srv.addr,
+        "POST",
+        "/v1/sessions/big1/refresh",
+        Some(&acme),
+        b"{}",
+    );
+    // The other tenant has a job in the same database.
+    let theirs = crate::serve::get(&srv.addr, "/v1/jobs", Some(&acme)).expect(200);
+    assert!(!theirs["jobs"].as_array().unwrap().is_empty(), "{theirs}");
+    drop(srv);
+    env.run_stdin(
+        &["ingest", "--session", "mine", "-"],
+        b"{\"role\": \"user\", \"content\": \"a local message\"}\n",
+    )
+    .assert_ok();
+    env.run(&["refresh", "mine"]).assert_ok();
+    let out = env.run(&["jobs"]).assert_ok().stdout.clone();
+    assert!(out.contains("mine"), "{out}");
+    assert!(!out.contains("big1") && !out.contains('\u{1f}'), "{out}");
+    let v = env.run(&["jobs", "--json"]).assert_ok().json();
+    assert!(
+        v.as_array().unwrap().iter().all(|j| j["session"] == "mine"),
+        "{v}"
+    );
+}
