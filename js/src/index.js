@@ -6,13 +6,22 @@ import './node-check.js';
 
 import { readFile } from 'node:fs/promises';
 
-import { instantiate } from '../dist/guest/abridge.js';
 import { AbridgeError, describe, toGuest } from './errors.js';
 import { defaultRetry, noModel, ollama, openai, slidingWindow } from './llm.js';
 import { SqliteStore, checkChain } from './stores.js';
 import { wasiImports } from './wasi.js';
 
 export { AbridgeError, SqliteStore, checkChain, defaultRetry, describe, noModel, ollama, openai };
+
+// The component's glue, loaded after the Node check above (a static import would be linked,
+// and fail, before that check could say what to fix); a package not built says so.
+let instantiate;
+try {
+  ({ instantiate } = await import('../dist/guest/abridge.js'));
+} catch (e) {
+  if (e?.code !== 'ERR_MODULE_NOT_FOUND') throw e;
+  throw new Error(`@abridge/engine is not built (${e.message}); run 'npm run build' in js/, or install the packed package, which ships it built`);
+}
 
 // The documented defaults (`defaultConfig`, `defaultContextRequest`, `defaultMemoryConfig`)
 // are read from the component itself, their one source (`default-config` and
