@@ -374,25 +374,19 @@ pub fn assemble(p: &Parts) -> Window {
             {
                 add.push(r);
             }
-            let line = |e: &Episode, days: &BTreeSet<String>| {
+            // A line's cost, and its day's mark when no turn shown (nor `beside`, said just
+            // before it) opened that day.
+            let line = |e: &Episode, beside: Option<&Episode>| {
                 let mark = found_day(e)
-                    .filter(|d| !days.contains(d))
+                    .filter(|d| !days.contains(d) && beside.and_then(found_day).as_ref() != Some(d))
                     .map_or(0, |d| estimate_tokens(&d) + 3);
                 estimate_tokens(&found_line(e)) + 1 + mark
             };
-            // A reply said the same day pays no mark of its own.
-            let mut c: u32 = line(add[0], &days)
-                + add.get(1).map_or(0, |r| {
-                    if found_day(r) == found_day(add[0]) {
-                        estimate_tokens(&found_line(r)) + 1
-                    } else {
-                        line(r, &days)
-                    }
-                });
+            let mut c: u32 = line(add[0], None) + add.get(1).map_or(0, |r| line(r, Some(add[0])));
             if spent + c > room && add.len() > 1 {
                 // The turn without its reply, when both do not fit.
                 add.pop();
-                c = line(add[0], &days);
+                c = line(add[0], None);
             }
             if spent + c > room {
                 continue;

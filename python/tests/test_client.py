@@ -6,6 +6,7 @@ import http.server
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -82,6 +83,18 @@ def test_focus_pins_mode_and_reset(server: Server) -> None:
             c.session("p")
 
 
+def settled_summary(c: ab.Client, user: str, ids: list[str]) -> tuple[list, Any]:
+    """The user's summarized clusters and the first one's summary, once it covers ``ids``
+    (summaries are made after the write is answered; at most a minute)."""
+    deadline = time.monotonic() + 60
+    while True:
+        cl = [x for x in c.clusters(user=user) if x.summary is not None]
+        s = c.cluster_summary(cl[0].summary) if cl else None
+        if (s is not None and set(s.sources) == set(ids)) or time.monotonic() > deadline:
+            return cl, s
+        time.sleep(0.2)
+
+
 def test_facts_without_a_key_cluster_and_get_one_summary(server: Server) -> None:
     # The mem0-style call, no key: related facts still cluster (by meaning, under the default
     # key) and the cluster gets a summary with its sources.
@@ -92,13 +105,7 @@ def test_facts_without_a_key_cluster_and_get_one_summary(server: Server) -> None
         ids = [c.remember(f, user="alice2").id for f in facts]
         assert len({c.memory(i).cluster for i in ids}) == 1
         assert c.memory(ids[0]).key == "general" and c.memory(ids[0]).type == "fact"
-        deadline = time.monotonic() + 60
-        while True:
-            cl = [x for x in c.clusters(user="alice2") if x.summary is not None]
-            s = c.cluster_summary(cl[0].summary) if cl else None
-            if (s is not None and set(s.sources) == set(ids)) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        _, s = settled_summary(c, "alice2", ids)
         assert s is not None and set(s.sources) == set(ids), c.clusters(user="alice2")
 
 
@@ -351,14 +358,7 @@ def test_related_memories_are_summarized_and_the_summary_names_its_sources(model
             ids = [c.remember(f, user="alice", key="editor").id for f in facts]
             # Settled: one summary covering all four (a summary written while the last writes
             # landed covers fewer, until the sweeper refolds it).
-            deadline = time.monotonic() + 60
-            s = None
-            while True:
-                cl = [x for x in c.clusters(user="alice") if x.summary is not None]
-                s = c.cluster_summary(cl[0].summary) if cl else None
-                if (s is not None and set(s.sources) == set(ids)) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
+            cl, s = settled_summary(c, "alice", ids)
             assert cl and s is not None, c.clusters(user="alice")
             assert s.cluster == cl[0].id and set(s.sources) == set(ids), s
             assert {m.id for m in c.summary_sources(s.id)} == set(s.sources)

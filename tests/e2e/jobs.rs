@@ -248,17 +248,22 @@ fn progress_goes_to_stderr_as_lines_off_a_terminal_and_not_with_json() {
     assert_covers(&r.json(), 120);
 }
 
-/// `abridge jobs` aligns its id column with the widest id, and `jobs show` names no model for
-/// an extractive run.
-#[test]
-fn the_job_list_is_aligned_and_an_extractive_job_names_no_model() {
-    let env = crate::harness::Env::new().with("ABRIDGE_BACKEND", "extractive");
+/// A job of the local tenant (the command line's): a message in session `mine`, refreshed.
+fn local_job(env: &crate::harness::Env) {
     env.run_stdin(
         &["ingest", "--session", "mine", "-"],
         b"{\"role\": \"user\", \"content\": \"deploy the api on friday\"}\n",
     )
     .assert_ok();
     env.run(&["refresh", "mine"]).assert_ok();
+}
+
+/// `abridge jobs` aligns its id column with the widest id, and `jobs show` names no model for
+/// an extractive run.
+#[test]
+fn the_job_list_is_aligned_and_an_extractive_job_names_no_model() {
+    let env = crate::harness::Env::new().with("ABRIDGE_BACKEND", "extractive");
+    local_job(&env);
     let out = env.run(&["jobs"]).assert_ok().stdout.clone();
     let lines: Vec<&str> = out.lines().collect();
     assert!(lines.len() >= 2, "{out}");
@@ -301,12 +306,7 @@ fn the_job_list_shows_the_local_tenants_jobs_only() {
     let theirs = crate::serve::get(&srv.addr, "/v1/jobs", Some(&acme)).expect(200);
     assert!(!theirs["jobs"].as_array().unwrap().is_empty(), "{theirs}");
     drop(srv);
-    env.run_stdin(
-        &["ingest", "--session", "mine", "-"],
-        b"{\"role\": \"user\", \"content\": \"a local message\"}\n",
-    )
-    .assert_ok();
-    env.run(&["refresh", "mine"]).assert_ok();
+    local_job(&env);
     let out = env.run(&["jobs"]).assert_ok().stdout.clone();
     assert!(out.contains("mine"), "{out}");
     assert!(!out.contains("big1") && !out.contains('\u{1f}'), "{out}");

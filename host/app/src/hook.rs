@@ -154,6 +154,17 @@ pub fn project_pin_id(session: &str, episode: u64) -> String {
     format!("pin:{session}:{episode}")
 }
 
+/// The rules pinned to a project as a start or a context shows them; `None` without any.
+pub fn pins_text(pins: &[crate::memories::MemoryView]) -> Option<String> {
+    (!pins.is_empty()).then(|| {
+        let mut t = String::from("Pinned for this project:");
+        for p in pins {
+            t.push_str(&format!("\n- {}", p.text));
+        }
+        t
+    })
+}
+
 fn cut_chars(s: &str, max: usize) -> String {
     let one: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
     if one.chars().count() <= max {
@@ -178,8 +189,8 @@ impl Scoped {
         if old.as_deref() == Some(project) {
             return Ok(());
         }
-        let json = serde_json::json!({"title": title, "project": project}).to_string();
-        Ok(self.tables.set_session_label(session, Some(&json)).await?)
+        self.set_label(session, title.as_deref(), Some(project))
+            .await
     }
 
     /// The rules pinned to `project`, oldest first.
@@ -305,12 +316,8 @@ impl Scoped {
             ),
             &mut room,
         );
-        if !pins.is_empty() {
-            let mut t = String::from("\nPinned for this project:");
-            for p in &pins {
-                t.push_str(&format!("\n- {}", p.text));
-            }
-            take(t, &mut room);
+        if let Some(t) = pins_text(&pins) {
+            take(format!("\n{t}"), &mut room);
         }
         if let Some(last) = earlier.first() {
             // Its summary and digest: at most 60 % of what is left.

@@ -156,7 +156,18 @@ impl Scoped {
         {
             return Ok(());
         }
-        let json = serde_json::json!({"title": new_title, "project": new_project}).to_string();
+        self.set_label(session, new_title.as_deref(), new_project.as_deref())
+            .await
+    }
+
+    /// Store a session's display names as they are kept (JSON `{"title", "project"}`).
+    pub(crate) async fn set_label(
+        &self,
+        session: &str,
+        title: Option<&str>,
+        project: Option<&str>,
+    ) -> AppResult<()> {
+        let json = serde_json::json!({"title": title, "project": project}).to_string();
         Ok(self.tables.set_session_label(session, Some(&json)).await?)
     }
 

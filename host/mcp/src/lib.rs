@@ -623,14 +623,14 @@ impl ServerHandler for AbridgeMcp {
     }
 }
 
-/// The JSON-RPC answer to a line that is not JSON (its id cannot be known: null).
-pub fn parse_error_line(e: &serde_json::Error) -> String {
+/// The JSON-RPC answer to a message that is not JSON (its id cannot be known: null), over
+/// stdio and over HTTP.
+pub fn parse_error(e: &serde_json::Error) -> serde_json::Value {
     serde_json::json!({
         "jsonrpc": "2.0",
         "id": null,
-        "error": {"code": -32700, "message": format!("Parse error: the line is not JSON ({e})")},
+        "error": {"code": -32700, "message": format!("Parse error: the message is not JSON ({e})")},
     })
-    .to_string()
 }
 
 /// Serve `scoped` over standard input and output until the client goes (`abridge mcp`).
@@ -658,7 +658,7 @@ pub async fn serve_stdio(scoped: Scoped) -> anyhow::Result<()> {
                 if line.trim().is_empty() {
                     continue;
                 }
-                match serde_json::from_str::<serde_json::Value>(&line) {
+                match serde_json::from_str::<serde::de::IgnoredAny>(&line) {
                     Ok(_) => {
                         if to_server.write_all(line.as_bytes()).await.is_err()
                             || to_server.write_all(b"\n").await.is_err()
@@ -667,7 +667,7 @@ pub async fn serve_stdio(scoped: Scoped) -> anyhow::Result<()> {
                         }
                     }
                     Err(e) => {
-                        if write_line(stdout.clone(), parse_error_line(&e))
+                        if write_line(stdout.clone(), parse_error(&e).to_string())
                             .await
                             .is_err()
                         {

@@ -1539,10 +1539,8 @@ async fn mcp_guard(
             )
             .into_response();
         };
-        if let Err(e) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-            let body = serde_json::json!({"jsonrpc": "2.0", "id": null,
-                "error": {"code": -32700, "message": format!("Parse error: the body is not JSON ({e})")}});
-            return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+            return (StatusCode::BAD_REQUEST, Json(abridge_mcp::parse_error(&e))).into_response();
         }
         axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))
     } else {

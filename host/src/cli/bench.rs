@@ -103,15 +103,7 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
     let db = tmp.join("bench.db");
     // The transcript as abridge parses it: its episodes, edited files and requests.
     let engine = super::commands::pure_engine(s).map_err(|f| f.error)?;
-    let parsed = abridge_app::transcript::read_file(
-        &engine,
-        file,
-        None,
-        abridge_app::transcript::Options::default(),
-        1 << 30,
-    )
-    .await
-    .map_err(|e| anyhow!("{e}"))?;
+    let parsed = parse(&engine, file).await?;
     let conv = parsed
         .conversations
         .first()
@@ -267,13 +259,12 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A session file's first user request (its text as abridge parses it) and when the session
-/// began.
-async fn first_request(
+/// A session file as abridge parses it (whatever its format).
+async fn parse(
     engine: &abridge_engine::Abridge,
     file: &Path,
-) -> anyhow::Result<Option<(Option<i64>, String, String)>> {
-    let parsed = abridge_app::transcript::read_file(
+) -> anyhow::Result<abridge_app::transcript::Parsed> {
+    abridge_app::transcript::read_file(
         engine,
         file,
         None,
@@ -281,7 +272,16 @@ async fn first_request(
         1 << 30,
     )
     .await
-    .map_err(|e| anyhow!("{e}"))?;
+    .map_err(|e| anyhow!("{e}"))
+}
+
+/// A session file's first user request (its text as abridge parses it) and when the session
+/// began.
+async fn first_request(
+    engine: &abridge_engine::Abridge,
+    file: &Path,
+) -> anyhow::Result<Option<(Option<i64>, String, String)>> {
+    let parsed = parse(engine, file).await?;
     let Some(conv) = parsed.conversations.first() else {
         return Ok(None);
     };

@@ -157,11 +157,7 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
             // The rules pinned to the project open every session in it.
             if let Some(cwd) = project {
                 let pins = local.project_pins(&hook::project_key(cwd)).await?;
-                if !pins.is_empty() {
-                    let mut head = String::from("Pinned for this project:");
-                    for p in &pins {
-                        head.push_str(&format!("\n- {}", p.text));
-                    }
+                if let Some(head) = hook::pins_text(&pins) {
                     text = format!("{head}\n\n{text}");
                 }
             }

@@ -286,7 +286,7 @@ fn load_file(common: &Common, env: &dyn Env) -> Result<FileConfig> {
         .with_context(|| format!("reading the configuration file {}", path.display()))?;
     toml::from_str(&text).with_context(|| {
         format!(
-            "{} is not a valid abridge.toml (see README: Configure)",
+            "{} is not a valid abridge.toml (see docs/configure.md)",
             path.display()
         )
     })
