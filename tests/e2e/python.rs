@@ -96,3 +96,50 @@ fn the_python_package_passes_its_suite_against_the_real_server() {
         );
     }
 }
+
+/// The frameworks' own published test suites (LangGraph's store tests, the Agents SDK's
+/// session tests, langchain-core's chat-history tests) against the adapters, each against a
+/// fresh `abridge serve` of this build (`python/upstream/`). `.ci/run` fetches their sources
+/// from PyPI (`run.py --fetch`); without them this says SKIPPED, or fails when required.
+#[test]
+fn the_frameworks_own_suites_pass_against_the_adapters() {
+    let Some(py) = python() else { return };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/upstream");
+    let fetched = std::process::Command::new(&py)
+        .arg(dir.join("run.py"))
+        .arg("--check")
+        .output()
+        .expect("running run.py --check");
+    if !fetched.status.success() {
+        let how = "python python/upstream/run.py --fetch";
+        assert!(
+            std::env::var_os("ABRIDGE_REQUIRE_PYTHON").is_none(),
+            "ABRIDGE_REQUIRE_PYTHON is set but the frameworks' suites are not fetched ({how}):\n{}",
+            String::from_utf8_lossy(&fetched.stderr)
+        );
+        eprintln!("SKIPPED: the frameworks' own suites are not fetched ({how})");
+        return;
+    }
+    let model = TestServer::start();
+    let out = std::process::Command::new(&py)
+        .arg(dir.join("run.py"))
+        .env("ABRIDGE_BIN", env!("CARGO_BIN_EXE_abridge"))
+        .env("ABRIDGE_TEST_MODEL_URL", model.url())
+        .output()
+        .expect("running the frameworks' suites");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = stdout
+        .split("The frameworks' own suites against abridge's adapters:")
+        .nth(1)
+        .unwrap_or("");
+    assert!(
+        out.status.success(),
+        "an applicable test of a framework's own suite failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The counts and the named not-applicable lists, in the test's output.
+    for line in stdout.lines().filter(|l| l.contains("not applicable")) {
+        eprintln!("{line}");
+    }
+    eprintln!("{summary}");
+}

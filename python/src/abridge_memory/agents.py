@@ -17,10 +17,11 @@ often encrypted) are not stored. So what ``get_items`` and ``pop_item`` return a
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 try:
     from agents.memory import SessionSettings
+    from agents.memory.session_settings import coerce_session_settings
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "the Agents SDK adapter needs openai-agents: pip install 'abridge-memory[agents]'"
@@ -118,25 +119,42 @@ class AbridgeSession:
         pairs: Optional[int] = None,
         refresh_after: Optional[int] = None,
         wait_ms: Optional[int] = None,
-        session_settings: Optional[SessionSettings] = None,
+        session_settings: Union[SessionSettings, dict[str, Any], None] = None,
         query: bool = True,
     ) -> None:
         self.session_id = session_id
         # Usable from any event loop and thread (``Runner.run_sync`` from worker threads): the
         # client keeps a connection pool per loop.
+        self._own_client = client is None
         self.client = client or AsyncClient(url, token=token)
+        self._closed = False
         self.budget = budget
         self.pairs = pairs
         self.refresh_after = refresh_after
         self.wait_ms = wait_ms
-        self.session_settings = session_settings
+        # As the SDK's own sessions: a dict is checked and turned into settings (unknown
+        # fields are a TypeError), None is the defaults.
+        self.session_settings = (
+            coerce_session_settings(session_settings) if session_settings is not None
+            else SessionSettings()
+        )
         self.query = query
+
+    def close(self) -> None:
+        """End the session object (the stored session stays): later calls raise
+        ``RuntimeError``. Connections the session opened itself close with their event loops."""
+        self._closed = True
+
+    def _open(self) -> None:
+        if self._closed:
+            raise RuntimeError("AbridgeSession is closed")
 
     async def get_items(self, limit: Optional[int] = None) -> list[Any]:
         """The compact context as input items, oldest first (``[]`` for a new session); at
         most ``limit`` (else the session settings' ``limit``) of the newest."""
-        if limit is None and self.session_settings is not None:
-            limit = getattr(self.session_settings, "limit", None)
+        self._open()
+        if limit is None:
+            limit = self.session_settings.limit
         try:
             asked = await self.client.newest_user_message(self.session_id) if self.query else None
             ctx = await self.client.context(
@@ -154,6 +172,7 @@ class AbridgeSession:
 
     async def add_items(self, items: list[Any]) -> None:
         """Store the items as messages, in order (an item with nothing to keep is skipped)."""
+        self._open()
         messages = [m for m in (item_message(i) for i in items) if m is not None]
         if messages:
             await self.client.add_messages(self.session_id, messages)
@@ -161,6 +180,7 @@ class AbridgeSession:
     async def pop_item(self) -> Optional[Any]:
         """Remove the newest message and return it as an input item; None when the session is
         empty. The summary rows that covered it are folded again without it."""
+        self._open()
         try:
             removed = await self.client.pop_message(self.session_id)
         except NotFound:
@@ -170,6 +190,7 @@ class AbridgeSession:
 
     async def clear_session(self) -> None:
         """Delete the session: its messages, summaries and pins."""
+        self._open()
         try:
             await self.client.reset(self.session_id)
         except NotFound:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
+import weakref
 from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator, Optional
 
@@ -30,6 +32,10 @@ try:
         SearchItem,
         SearchOp,
     )
+    try:
+        from langgraph.store.base import validate_op_namespace as _validate_op_namespace
+    except ImportError:  # pragma: no cover - LangGraph releases before it checked ops
+        _validate_op_namespace = None
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "the LangGraph adapters need langgraph: pip install 'abridge-memory[langgraph]'"
@@ -128,6 +134,81 @@ def _apply(value: Any, op: str, operand: Any) -> bool:
     except (TypeError, ValueError):
         return False
 
+def _validate(op: Op) -> None:
+    """An operation's namespace labels checked as LangGraph checks them before a store runs it
+    (``InvalidNamespaceError``), also for operations given to ``batch`` directly."""
+    if _validate_op_namespace is not None:
+        _validate_op_namespace(op)
+
+
+def _op_key(op: Op) -> Any:
+    """What makes two operations the same: equal reads are made once, writes of one item
+    (a put or a delete) collapse to the last."""
+    if isinstance(op, PutOp):
+        return ("put", tuple(op.namespace), op.key)
+    if isinstance(op, SearchOp):
+        return ("search", tuple(op.namespace_prefix), json.dumps(op.filter, sort_keys=True, default=str),
+                op.limit, op.offset, op.query)
+    return (type(op).__name__, op)
+
+
+def dedupe_ops(ops: list[Op]) -> tuple[list[int], list[Op]]:
+    """The distinct operations, in order of first appearance (a put in place of its item's
+    first write, with its last value), and for each given operation the index of its result."""
+    index: dict[Any, int] = {}
+    unique: list[Op] = []
+    listen: list[int] = []
+    for op in ops:
+        k = _op_key(op)
+        i = index.get(k)
+        if i is None:
+            i = index[k] = len(unique)
+            unique.append(op)
+        elif isinstance(op, PutOp):
+            unique[i] = op
+        listen.append(i)
+    return listen, unique
+
+
+async def _run_batches(queue: "asyncio.Queue[Any]", store_ref: "weakref.ref[AbridgeStore]") -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        first = await queue.get()
+        calls = [first]
+        while not queue.empty():
+            calls.append(queue.get_nowait())
+        calls = [(f, ops) for f, ops in calls if not f.done()]
+        store = store_ref()
+        if store is None:
+            for f, _ in calls:
+                f.set_exception(RuntimeError("the store was dropped"))
+            return
+        ops = [op for _, call_ops in calls for op in call_ops]
+        listen, unique = dedupe_ops(ops)
+        try:
+            done = await loop.run_in_executor(None, store._run_each, unique)
+        except BaseException as e:  # noqa: BLE001 - every waiting call hears of it
+            for f, _ in calls:
+                if not f.done():
+                    f.set_exception(e)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            continue
+        finally:
+            del store
+        at = 0
+        for f, call_ops in calls:
+            mine = [done[listen[at + j]] for j in range(len(call_ops))]
+            at += len(call_ops)
+            if f.done():
+                continue
+            error = next((v for ok, v in mine if not ok), None)
+            if error is not None:
+                f.set_exception(error)
+            else:
+                f.set_result([v for _, v in mine])
+
+
 class AbridgeStore(BaseStore):
     """A LangGraph store whose items are abridge memories (see the module)."""
 
@@ -136,14 +217,48 @@ class AbridgeStore(BaseStore):
     def __init__(self, client: Optional[Client] = None, *, url: Optional[str] = None,
                  token: Optional[str] = None) -> None:
         self.client = client or Client(url, token=token)
+        self._batchers: "weakref.WeakKeyDictionary[Any, asyncio.Queue[Any]]" = weakref.WeakKeyDictionary()
+        self._batchers_lock = threading.Lock()
 
     # --- operations ---
     def batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        for op in ops:
+            _validate(op)
         return [self._one(op) for op in ops]
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run the operations off the event loop. The operations of calls made in the same
+        tick of a loop (``asyncio.gather`` of many ``aput``/``aget``/``asearch`` calls) run as
+        one batch, with repeated reads made once and repeated writes of one item collapsed
+        to the last, as LangGraph's own batched stores do; each call gets its own result or
+        its own error."""
         ops = list(ops)
-        return await asyncio.get_running_loop().run_in_executor(None, self.batch, ops)
+        for op in ops:
+            _validate(op)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._batcher(loop).put_nowait((fut, ops))
+        return await fut
+
+    def _batcher(self, loop: asyncio.AbstractEventLoop) -> "asyncio.Queue[Any]":
+        with self._batchers_lock:
+            q = self._batchers.get(loop)
+            if q is None:
+                q = asyncio.Queue()
+                self._batchers[loop] = q
+                # The task holds the store weakly: a dropped store ends its batcher.
+                loop.create_task(_run_batches(q, weakref.ref(self)))
+            return q
+
+    def _run_each(self, ops: list[Op]) -> list[tuple[bool, Any]]:
+        out: list[tuple[bool, Any]] = []
+        for op in ops:
+            try:
+                out.append((True, self._one(op)))
+            except Exception as e:  # noqa: BLE001 - handed to the caller that asked for it
+                out.append((False, e))
+        return out
 
     def _one(self, op: Op) -> Result:
         if isinstance(op, GetOp):

@@ -1,0 +1,233 @@
+"""A pytest plugin that runs a framework's own tests against abridge's adapters.
+
+Loaded by ``run.py`` (``-p plugin``) in the folder of one suite (``ABRIDGE_UPSTREAM_SUITE``):
+
+- every test gets a fresh ``abridge serve`` (its own database, open on loopback) summarizing
+  with the project's Ollama-compatible test model server;
+- the suite's modules are imported unchanged, then the one name that builds the store or
+  session (``Suite.swap``) is pointed at the abridge adapter;
+- the tests that cannot apply by design (``Suite.not_applicable``) are deselected, by name,
+  and listed with their reasons at the end; a name in that list that the suite no longer has
+  is an error, so the list cannot go stale;
+- no blocking call runs on an event loop inside ``abridge_memory`` (blockbuster, as
+  langchain-core's own suite guards itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suites import SUITES, Suite  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE: Suite = next(s for s in SUITES if s.name == os.environ["ABRIDGE_UPSTREAM_SUITE"])
+URL: Optional[str] = None
+DESELECTED: dict[str, str] = {}
+
+
+def _binary(env: str, name: str) -> str:
+    given = os.environ.get(env) or str(ROOT / "target" / "debug" / name)
+    if not Path(given).exists():
+        raise RuntimeError(f"{name} not found at {given}: build it (cargo build -p {name}) or set {env}")
+    return given
+
+
+def _listening(proc: subprocess.Popen, what: str) -> str:
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise RuntimeError(f"{what} did not start: {line!r}")
+    return line[len("listening on "):]
+
+
+@pytest.fixture(scope="session")
+def _abridge_model() -> Iterator[str]:
+    given = os.environ.get("ABRIDGE_TEST_MODEL_URL")
+    if given:
+        yield given
+        return
+    proc = subprocess.Popen([_binary("ABRIDGE_TEST_LLM_BIN", "abridge-test-llm")],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        yield _listening(proc, "abridge-test-llm")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def _abridge_server(_abridge_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A fresh `abridge serve` for each test: the state one in-memory store or SQLite file
+    would start with."""
+    global URL
+    d = tmp_path_factory.mktemp("abridge")
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(d), "ABRIDGE_DB": str(d / "abridge.db"),
+           "EXTRACTION_URL": _abridge_model, "ABRIDGE_RETRY_BASE_MS": "5"}
+    with open(d / "serve.log", "w") as err:
+        proc = subprocess.Popen([_binary("ABRIDGE_BIN", "abridge"), "serve", "--listen", "127.0.0.1:0"],
+                                env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=d)
+    URL = _listening(proc, "abridge serve")
+    try:
+        yield URL
+    finally:
+        URL = None
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def _no_blocking_calls_on_the_loop() -> Iterator[None]:
+    """abridge_memory never blocks an event loop (a blocking call inside it fails the test)."""
+    from blockbuster import blockbuster_ctx
+
+    with blockbuster_ctx("abridge_memory") as bb:
+        # A sync method blocks by contract, wherever its caller runs it (the suites call the
+        # sync API from async tests too); the async methods never reach these frames on a loop.
+        for f in bb.functions.values():
+            for file, names in SYNC_ENTRY_POINTS:
+                f.can_block_in(file, names)
+        yield
+
+
+# The adapters' sync entry points (each blocks by contract).
+SYNC_ENTRY_POINTS = [
+    ("abridge_memory/langgraph.py", {"batch"}),
+    ("abridge_memory/langchain.py", {"messages", "add_messages", "clear", "context_messages",
+                                     "_get_relevant_documents"}),
+]
+
+
+# --- what replaces the framework's own store or session ---
+
+def _url() -> str:
+    if URL is None:
+        raise RuntimeError("no abridge server: the store was built outside a test")
+    return URL
+
+
+def langgraph_store_class() -> type:
+    from abridge_memory.langgraph import AbridgeStore
+
+    class Store(AbridgeStore):
+        """``InMemoryStore(...)`` for the suite: an AbridgeStore on this test's server."""
+
+        def __init__(self, *, index: Any = None, ttl: Any = None) -> None:
+            if index is not None or ttl is not None:
+                raise NotImplementedError("index= and ttl= are not applicable (see suites.py)")
+            super().__init__(url=_url())
+
+    return Store
+
+
+def langgraph_store_fixture() -> Any:
+    from abridge_memory.langgraph import AbridgeStore
+
+    @pytest.fixture
+    async def store() -> Any:
+        yield AbridgeStore(url=_url())
+
+    return store
+
+
+def agents_session_factory() -> Any:
+    from abridge_memory.agents import AbridgeSession
+
+    def make(session_id: str, db_path: Any = ":memory:", *, session_settings: Any = None,
+             **_: Any) -> AbridgeSession:
+        # A db_path names a separate database for SQLiteSession; sessions of one test share
+        # this test's server, as sessions of one file share that file.
+        return AbridgeSession(session_id, url=_url(), session_settings=session_settings)
+
+    return make
+
+
+def langchain_history_factory() -> Any:
+    from abridge_memory.langchain import AbridgeChatMessageHistory
+
+    def make(messages: Any = None, **_: Any) -> AbridgeChatMessageHistory:
+        h = AbridgeChatMessageHistory(f"history-{uuid.uuid4().hex}", url=_url())
+        if messages:
+            h.add_messages(messages)
+        return h
+
+    return make
+
+
+REPLACEMENT = {
+    "InMemoryStore": langgraph_store_class,
+    "store": langgraph_store_fixture,
+    "SQLiteSession": agents_session_factory,
+    "InMemoryChatMessageHistory": langchain_history_factory,
+}
+
+
+def _rel(path: Path) -> str:
+    return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+
+
+class _Swapped(pytest.Module):
+    """The suite's module as it is, with the one name swapped after import."""
+
+    def _getobj(self) -> Any:
+        mod = super()._getobj()
+        for file, name in SUITE.swap:
+            if file == _rel(self.path):
+                if not hasattr(mod, name):
+                    raise RuntimeError(f"{file} has no {name}: the suite changed, update suites.py")
+                setattr(mod, name, REPLACEMENT[name]())
+        return mod
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: Any) -> Any:
+    if _rel(module_path) in {f for f, _ in SUITE.swap}:
+        return _Swapped.from_parent(parent, path=module_path)
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        if name in SUITE.not_applicable:
+            DESELECTED[item.nodeid] = SUITE.not_applicable[name]
+            drop.append(item)
+        else:
+            keep.append(item)
+    seen = {getattr(i, "originalname", i.name) for i in items}
+    stale = sorted(set(SUITE.not_applicable) - seen)
+    whole = not any("::" in a for a in config.args)
+    if stale and whole and not (items and items[0].session.testsfailed):
+        raise pytest.UsageError(f"suites.py lists tests {SUITE.name} does not have: {stale}")
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    stats = terminalreporter.stats
+    passed = len([r for r in stats.get("passed", []) if r.when == "call"])
+    failed = len(stats.get("failed", [])) + len(stats.get("error", []))
+    w = terminalreporter.write_line
+    w(f"{SUITE.name} ({SUITE.sdist}): {passed} passed, {failed} failed, "
+      f"{len(DESELECTED)} not applicable")
+    by_reason: dict[str, list[str]] = {}
+    for nodeid, reason in DESELECTED.items():
+        by_reason.setdefault(reason, []).append(nodeid.split("::")[-1])
+    for reason, names in by_reason.items():
+        w(f"  not applicable ({reason}): {', '.join(sorted(names))}")
+    out = os.environ.get("ABRIDGE_UPSTREAM_REPORT")
+    if out:
+        Path(out).write_text(json.dumps({"suite": SUITE.name, "sdist": SUITE.sdist,
+                                         "passed": passed, "failed": failed,
+                                         "not_applicable": DESELECTED}))
