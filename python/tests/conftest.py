@@ -112,5 +112,14 @@ def server(model_url: str, tmp_path: Path) -> Iterator[Server]:
         proc.wait()
 
 
+@pytest.fixture(autouse=True)
+def no_blocking_calls_on_the_loop() -> Iterator[None]:
+    """No async path of the package blocks an event loop (blocking_guard.py)."""
+    from blocking_guard import no_blocking_calls_on_the_loop as guard
+
+    with guard():
+        yield
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"abridge binaries from {ROOT / 'target' / 'debug'} (python {sys.version.split()[0]})"]

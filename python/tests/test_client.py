@@ -457,3 +457,14 @@ def test_search_and_a_context_with_a_query(server: Server) -> None:
         assert "7741" in ctx.messages[0].content
         assert c.context("search-1", budget=200).found == 0
         assert c.newest_user_message("search-1") == said[28][1]
+
+
+async def test_the_blocking_call_guard_fails_a_sync_call_made_on_the_event_loop(server: Server) -> None:
+    """The suite's guard (conftest.no_blocking_calls_on_the_loop) is live: the sync client
+    used inside a coroutine is caught, so an async path of the package that did the same
+    would fail its test."""
+    from blockbuster import BlockingError
+
+    with ab.Client(server.url) as c:
+        with pytest.raises(BlockingError):
+            c.sessions()

@@ -26,12 +26,15 @@ from typing import Any, Iterator, Optional
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from blocking_guard import no_blocking_calls_on_the_loop  # noqa: E402
 from suites import SUITES, Suite  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE: Suite = next(s for s in SUITES if s.name == os.environ["ABRIDGE_UPSTREAM_SUITE"])
 URL: Optional[str] = None
 DESELECTED: dict[str, str] = {}
+KNOWN: dict[str, str] = {}
 
 
 def _binary(env: str, name: str) -> str:
@@ -87,24 +90,9 @@ def _abridge_server(_abridge_model: str, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(autouse=True)
 def _no_blocking_calls_on_the_loop() -> Iterator[None]:
-    """abridge_memory never blocks an event loop (a blocking call inside it fails the test)."""
-    from blockbuster import blockbuster_ctx
-
-    with blockbuster_ctx("abridge_memory") as bb:
-        # A sync method blocks by contract, wherever its caller runs it (the suites call the
-        # sync API from async tests too); the async methods never reach these frames on a loop.
-        for f in bb.functions.values():
-            for file, names in SYNC_ENTRY_POINTS:
-                f.can_block_in(file, names)
+    """abridge_memory never blocks an event loop (python/tests/blocking_guard.py)."""
+    with no_blocking_calls_on_the_loop():
         yield
-
-
-# The adapters' sync entry points (each blocks by contract).
-SYNC_ENTRY_POINTS = [
-    ("abridge_memory/langgraph.py", {"batch"}),
-    ("abridge_memory/langchain.py", {"messages", "add_messages", "clear", "context_messages",
-                                     "_get_relevant_documents"}),
-]
 
 
 # --- what replaces the framework's own store or session ---
@@ -199,13 +187,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep, drop = [], []
     for item in items:
         name = getattr(item, "originalname", item.name)
+        if name in SUITE.known_failures:
+            KNOWN[item.nodeid] = SUITE.known_failures[name]
+            item.add_marker(pytest.mark.xfail(strict=True, reason=SUITE.known_failures[name]))
         if name in SUITE.not_applicable:
             DESELECTED[item.nodeid] = SUITE.not_applicable[name]
             drop.append(item)
         else:
             keep.append(item)
     seen = {getattr(i, "originalname", i.name) for i in items}
-    stale = sorted(set(SUITE.not_applicable) - seen)
+    stale = sorted((set(SUITE.not_applicable) | set(SUITE.known_failures)) - seen)
     whole = not any("::" in a for a in config.args)
     if stale and whole and not (items and items[0].session.testsfailed):
         raise pytest.UsageError(f"suites.py lists tests {SUITE.name} does not have: {stale}")
@@ -219,15 +210,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     passed = len([r for r in stats.get("passed", []) if r.when == "call"])
     failed = len(stats.get("failed", [])) + len(stats.get("error", []))
     w = terminalreporter.write_line
+    known = len(stats.get("xfailed", []))
     w(f"{SUITE.name} ({SUITE.sdist}): {passed} passed, {failed} failed, "
-      f"{len(DESELECTED)} not applicable")
+      f"{len(DESELECTED)} not applicable, {known} known failures")
     by_reason: dict[str, list[str]] = {}
     for nodeid, reason in DESELECTED.items():
         by_reason.setdefault(reason, []).append(nodeid.split("::")[-1])
     for reason, names in by_reason.items():
         w(f"  not applicable ({reason}): {', '.join(sorted(names))}")
+    known_by_reason: dict[str, list[str]] = {}
+    for nodeid, reason in KNOWN.items():
+        known_by_reason.setdefault(reason, []).append(nodeid.split("::")[-1])
+    for reason, names in known_by_reason.items():
+        w(f"  known failure ({reason}): {', '.join(sorted(names))}")
     out = os.environ.get("ABRIDGE_UPSTREAM_REPORT")
     if out:
         Path(out).write_text(json.dumps({"suite": SUITE.name, "sdist": SUITE.sdist,
-                                         "passed": passed, "failed": failed,
+                                         "passed": passed, "failed": failed, "known_failures": KNOWN,
                                          "not_applicable": DESELECTED}))

@@ -128,7 +128,9 @@ def main() -> None:
         crashed = r["failed"] < 0
         bad |= crashed or r["failed"] > 0
         status = "did not run" if crashed else f"{r['passed']} passed, {r['failed']} failed"
-        print(f"  {r['suite']} ({r['sdist']}): {status}, {len(r['not_applicable'])} not applicable")
+        known = len(r.get("known_failures", {}))
+        print(f"  {r['suite']} ({r['sdist']}): {status}, {len(r['not_applicable'])} not applicable"
+              + (f", {known} known failures" if known else ""))
     sys.exit(1 if bad else 0)
 
 

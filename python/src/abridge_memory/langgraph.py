@@ -324,9 +324,6 @@ class AbridgeStore(BaseStore):
                     break
                 offset += PAGE
 
-    def _all(self, user: Optional[str], project: Optional[str]) -> list[Any]:
-        return list(self._pages(user, project))
-
     def _search(self, op: SearchOp) -> list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
         user = _label(prefix[0]) if prefix else None
@@ -361,8 +358,9 @@ class AbridgeStore(BaseStore):
         return found[op.offset: op.offset + op.limit]
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        # The items are read a page at a time; what is kept is one entry per namespace.
         seen: set[tuple[str, ...]] = set()
-        for mem in self._all(None, None):
+        for mem in self._pages(None, None):
             e = _envelope(mem.text)
             if e is None:
                 continue
