@@ -1529,6 +1529,22 @@ async fn mcp_guard(
         .get::<Scoped>()
         .map(|s| s.tenant().name().to_string())
         .unwrap_or_default();
+    // A request from this server's own origin (the Origin is the Host the guard accepted) is
+    // not a foreign page's: the transport, which knows only the --cors-origin list, refuses
+    // any Origin, so it does not see this one.
+    let mut req = req;
+    let own_origin = {
+        let h = req.headers();
+        let host = h
+            .get(axum::http::header::HOST)
+            .and_then(|v| v.to_str().ok());
+        h.get(axum::http::header::ORIGIN)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|o| super::guard::same_origin(o, host, h))
+    };
+    if own_origin {
+        req.headers_mut().remove(axum::http::header::ORIGIN);
+    }
     // A body that is not JSON gets a JSON-RPC parse error (id null), not the transport's 415.
     let req = if req.method() == Method::POST {
         let (parts, body) = req.into_parts();
