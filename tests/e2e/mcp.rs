@@ -323,6 +323,17 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
         init.as_bytes(),
     );
     assert_eq!(r.status, 200, "{}", r.body);
+    // From this server's own origin (a page it served; the MCP conformance suite's
+    // DNS-rebinding scenario sends one): accepted.
+    let own = format!("http://{addr}");
+    let r = request_with(
+        addr,
+        "POST",
+        "/mcp",
+        &[json_ct, accept, auth, ("Origin", own.as_str())],
+        init.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
     // A body that is not JSON: a JSON-RPC parse error, not a bare 415.
     let bad = request_with(
         addr,
