@@ -19,6 +19,7 @@ mod jobs;
 mod mcp;
 mod memories;
 mod model_output;
+mod plugin;
 mod postgres;
 mod python;
 mod readme;

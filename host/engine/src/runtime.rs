@@ -26,9 +26,21 @@ use crate::types::{
 pub static EMBEDDED_COMPONENT: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/abridge_guest.wasm"));
 
-/// The WIT package the component implements (`abridge:engine@0.1.0`), as embedded: what a
-/// host of the component implements (its imports) and calls (its exports).
-pub static WIT_PACKAGE: &str = include_str!("../../../wit/abridge.wit");
+/// The WIT the component implements, as embedded (paths under `wit/`): the package
+/// `abridge:engine@0.1.0` — what a host implements (its imports) and calls (its exports) —
+/// and, in `deps/`, the few WASI 0.2.6 interfaces the component also imports (its `component`
+/// world names them all).
+pub static WIT_FILES: &[(&str, &str)] = &[
+    ("abridge.wit", include_str!("../../../wit/abridge.wit")),
+    (
+        "deps/wasi-io.wit",
+        include_str!("../../../wit/deps/wasi-io.wit"),
+    ),
+    (
+        "deps/wasi-cli.wit",
+        include_str!("../../../wit/deps/wasi-cli.wit"),
+    ),
+];
 
 /// The component's exports, by name (`abridge:engine/summarizer@0.1.0`, …).
 pub fn export_names(runtime: &Runtime) -> Vec<String> {

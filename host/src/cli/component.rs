@@ -7,12 +7,13 @@ use anyhow::{Context, anyhow};
 use clap::Args;
 
 use super::{Exit, Failure};
-use abridge_engine::runtime::{self, EMBEDDED_COMPONENT, WIT_PACKAGE};
+use abridge_engine::runtime::{self, EMBEDDED_COMPONENT, WIT_FILES};
 
 #[derive(Args, Debug)]
 pub struct ComponentArgs {
-    /// The directory to write `abridge_guest.wasm` and `wit/abridge.wit` into (created if
-    /// missing; existing files of those names are replaced)
+    /// The directory to write `abridge_guest.wasm` and its WIT (`wit/abridge.wit`, and the
+    /// WASI interfaces it imports in `wit/deps/`) into (created if missing; existing files of
+    /// those names are replaced)
     #[arg(long)]
     out: PathBuf,
     /// Print what was written as one JSON object
@@ -24,15 +25,18 @@ pub async fn component_cmd(a: ComponentArgs) -> Result<(), Failure> {
     let io = |e: anyhow::Error| Failure::new(Exit::Input, e);
     let wasm = a.out.join("abridge_guest.wasm");
     let wit = a.out.join("wit").join("abridge.wit");
-    std::fs::create_dir_all(a.out.join("wit"))
+    std::fs::create_dir_all(a.out.join("wit").join("deps"))
         .with_context(|| format!("cannot create {}; pass a writable --out", a.out.display()))
         .map_err(io)?;
     std::fs::write(&wasm, EMBEDDED_COMPONENT)
         .with_context(|| format!("cannot write {}", wasm.display()))
         .map_err(io)?;
-    std::fs::write(&wit, WIT_PACKAGE)
-        .with_context(|| format!("cannot write {}", wit.display()))
-        .map_err(io)?;
+    for (name, text) in WIT_FILES {
+        let path = a.out.join("wit").join(name);
+        std::fs::write(&path, text)
+            .with_context(|| format!("cannot write {}", path.display()))
+            .map_err(io)?;
+    }
     let rt = super::commands::runtime()?;
     let imports = rt.import_names();
     let exports = runtime::export_names(&rt);
