@@ -724,6 +724,7 @@ impl summarizer::Guest for Component {
                 days: c.window.parts.days,
                 found: c.window.parts.found,
             },
+            shown: c.window.shown,
         })
     }
 
@@ -890,6 +891,7 @@ fn batch_out(
                             timestamp_ms: e.timestamp_ms,
                             source_key: e.source_key,
                             speaker: e.speaker,
+                            item: e.item,
                         })
                         .collect(),
                 })

@@ -69,6 +69,9 @@ pub struct Window {
     pub budget: u32,
     /// The tokens of each part; they add up to `tokens`.
     pub parts: Spent,
+    /// The episode each message after the system message is (pinned and recent, oldest
+    /// first).
+    pub shown: Vec<u64>,
 }
 
 /// The estimated tokens each part of a window takes (message costs included), adding up to
@@ -121,6 +124,7 @@ pub fn whole_history(episodes: &[Episode], budget: u32) -> Window {
             recent: tokens,
             ..Spent::default()
         },
+        shown: episodes.iter().map(|e| e.id).collect(),
     }
 }
 
@@ -773,6 +777,7 @@ pub fn assemble(p: &Parts) -> Window {
         Some(d) => Message::new(e.role, format!("{d}{}", e.content)),
         None => Message::new(e.role, e.content.clone()),
     }));
+    let shown = verbatim.iter().map(|e| e.id).collect();
     Window {
         messages,
         tokens: used,
@@ -787,6 +792,7 @@ pub fn assemble(p: &Parts) -> Window {
         found: found.len() as u32,
         budget,
         parts,
+        shown,
     }
 }
 

@@ -356,6 +356,7 @@ fn app_on(store: Arc<SqliteStore>, runtime: Arc<Runtime>) -> abridge_app::App {
 
 fn ep(key: &str) -> NewEpisode {
     NewEpisode {
+        item: None,
         terms: String::new(),
         role: Role::User,
         content: "a message of a caught-up session".into(),
@@ -681,6 +682,7 @@ async fn main() {
             .build()
             .unwrap();
         let turn = |i: usize| NewEpisode {
+            item: None,
             terms: String::new(),
             role: if i.is_multiple_of(2) {
                 Role::User
@@ -811,6 +813,7 @@ async fn main() {
         let me = app.local();
         let eps: Vec<NewEpisode> = (0..n)
             .map(|i| NewEpisode {
+                item: None,
                 terms: String::new(),
                 role: if i.is_multiple_of(2) {
                     Role::User
@@ -1374,6 +1377,7 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
             let m = (n - written).min(1_000);
             let eps: Vec<NewEpisode> = (0..m)
                 .map(|i| NewEpisode {
+                    item: None,
                     terms: String::new(),
                     role: if i.is_multiple_of(2) {
                         Role::User
@@ -1425,6 +1429,7 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
             let mut app_t = Vec::new();
             for i in 0..2_000 {
                 let e = NewEpisode {
+                    item: None,
                     terms: String::new(),
                     role: Role::User,
                     content: sentence(&mut r),
@@ -1455,6 +1460,7 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
                     ("b", String::new(), &mut without),
                 ] {
                     let e = NewEpisode {
+                        item: None,
                         terms: t,
                         role: Role::User,
                         content: content.clone(),

@@ -61,6 +61,7 @@ impl Clock for Fixed {
 
 fn episode(i: u64) -> NewEpisode {
     NewEpisode {
+        item: None,
         terms: String::new(),
         role: if i % 2 == 1 {
             Role::User

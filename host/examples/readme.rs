@@ -21,6 +21,7 @@ async fn main() -> anyhow::Result<()> {
         .build()?;
     let cfg = Config::default();
     let message = NewEpisode {
+        item: None,
         role: Role::User,
         content: "Book the small meeting room for Thursday at 10.".into(),
         timestamp_ms: None,

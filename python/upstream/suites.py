@@ -41,8 +41,6 @@ EMBED = "builds the store with its own embedding function (index={'embed': ...})
 SPY_INTERNAL = "spies on the in-memory store class's internals"
 SQLITE_INTERNAL = "checks SQLiteSession's own SQLite file, connections or locks"
 CORRUPT_ROWS = "writes corrupt rows straight into SQLiteSession's SQLite file"
-ITEMS_AS_TEXT = ("reads an output message's content parts or a function call output back: "
-                 "AbridgeSession returns items as role and text, not the dicts that were added")
 POOL = "checks the PostgreSQL store's connection pool"
 SYNC_IN_LOOP = "expects the PostgreSQL store's sync methods to refuse the event loop thread (AbridgeStore's sync methods work anywhere)"
 
@@ -126,11 +124,7 @@ SUITES = [
             "test_sqlite_session_closed_rejects_empty_add_items":
                 "matches the error text 'SQLiteSession is closed' (AbridgeSession says 'AbridgeSession is closed')",
         },
-        known_failures={t: ITEMS_AS_TEXT for t in (
-            "test_session_limit_parameter",
-            "test_session_limit_larger_than_history",
-            "test_session_limit_drops_unmatched_history_function_call_output",
-        )},
+
     ),
     Suite(
         name="langchain-chat-history",

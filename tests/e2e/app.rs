@@ -82,6 +82,7 @@ fn open_on(clock: Arc<ManualClock>, mode: Mode, store: Arc<SqliteStore>) -> App 
 fn episodes(from: u64, n: u64, at_ms: i64) -> Vec<NewEpisode> {
     (from..from + n)
         .map(|i| NewEpisode {
+            item: None,
             terms: String::new(),
             role: if i % 2 == 1 {
                 Role::User

@@ -61,6 +61,7 @@ async fn run_case(dir: &Path) -> Value {
         .iter()
         .enumerate()
         .map(|(i, e)| NewEpisode {
+            item: None,
             terms: String::new(),
             role: Role::parse(e["role"].as_str().unwrap()).unwrap(),
             content: e["content"].as_str().unwrap().to_string(),

@@ -827,6 +827,7 @@ async fn usage_counts_session_summaries_as_well_as_cluster_summaries() {
     let me = app.local();
     let episodes: Vec<abridge_engine::types::NewEpisode> = (0..12)
         .map(|i| abridge_engine::types::NewEpisode {
+            item: None,
             terms: String::new(),
             role: if i % 2 == 0 {
                 abridge_engine::types::Role::User

@@ -18,6 +18,7 @@ fn runtime() -> Arc<Runtime> {
 fn episodes(n: usize) -> Vec<NewEpisode> {
     (0..n)
         .map(|i| NewEpisode {
+            item: None,
             terms: String::new(),
             role: if i % 2 == 0 {
                 Role::User

@@ -1718,3 +1718,62 @@ fn the_consoles_first_visit_is_a_plain_sign_in() {
     assert_eq!(page.status, 200);
     assert!(!page.body.contains("no longer accepted"), "{}", page.body);
 }
+
+/// A message's `item` (the client's own record of it: an agent framework's item) comes back
+/// as it was posted from the message list, the context (beside the message it belongs to)
+/// and the removal of the newest message; summaries never see it; one over 256 KiB is a 400
+/// that says what to do.
+#[test]
+fn a_message_item_comes_back_as_posted_and_is_never_summarized() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let srv = Server::start(&env, &[]);
+    let addr = srv.addr.as_str();
+    let call = json!({"type": "function_call", "call_id": "call_7", "name": "lookup",
+        "arguments": "{\"job\": 7, \"secret\": \"quokkasauce\"}"});
+    let out = json!({"type": "function_call_output", "call_id": "call_7", "output": "3 retries"});
+    let body = json!({"messages": [
+        {"role": "user", "content": "How often did job 7 retry?"},
+        {"role": "assistant", "content": "[called lookup({\"job\": 7})]", "item": call},
+        {"role": "tool", "content": "3 retries", "item": out},
+    ]});
+    post_messages(addr, None, "it", &body).expect(202);
+    let page = get(addr, "/v1/sessions/it/messages?after=0&limit=10", None).expect(200);
+    let items: Vec<&serde_json::Value> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["item"])
+        .collect();
+    assert_eq!(items, vec![&serde_json::Value::Null, &call, &out], "{page}");
+    let ctx = get(addr, "/v1/sessions/it/context?budget=2000", None).expect(200);
+    let shown: Vec<(serde_json::Value, serde_json::Value)> = ctx["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["episode"].clone(), m["item"].clone()))
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            (json!(1), serde_json::Value::Null),
+            (json!(2), call.clone()),
+            (json!(3), out.clone())
+        ],
+        "{ctx}"
+    );
+    // Summaries read the text only.
+    let job = request(addr, "POST", "/v1/sessions/it/refresh", None, b"").expect(202);
+    wait_job(addr, None, job["id"].as_u64().unwrap());
+    let chain = get(addr, "/v1/sessions/it/summaries", None).expect(200);
+    assert!(!chain.to_string().contains("quokkasauce"), "{chain}");
+    let gone = request(addr, "DELETE", "/v1/sessions/it/messages/last", None, b"").expect(200);
+    assert_eq!(gone["message"]["item"], out, "{gone}");
+    // Too large: refused, nothing stored.
+    let big = json!({"role": "user", "content": "big", "item": {"blob": "x".repeat(300 * 1024)}});
+    let r = post_messages(addr, None, "it", &big);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("at most 262144"), "{}", r.body);
+    assert!(!r.body.contains("--skip-invalid"), "{}", r.body);
+    let page = get(addr, "/v1/sessions/it/messages?after=0&limit=10", None).expect(200);
+    assert_eq!(page["total"], 2, "{page}");
+}

@@ -123,6 +123,7 @@ pub(super) fn chatgpt_conversation(
             str::to_string,
         );
         episodes.push(ParsedEpisode {
+            item: None,
             role,
             content,
             timestamp_ms: timestamp_value(m.get("create_time")),

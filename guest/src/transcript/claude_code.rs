@@ -104,6 +104,7 @@ pub(super) fn claude_code_line(
         st.open_turn = None;
         out.extend(st.held.take());
         out.push(ParsedEpisode {
+            item: None,
             role: Role::Tool,
             content: r,
             timestamp_ms: ts,
@@ -122,6 +123,7 @@ pub(super) fn claude_code_line(
                 uuid.clone()
             };
             out.push(ParsedEpisode {
+                item: None,
                 role,
                 content: text,
                 timestamp_ms: ts,
@@ -139,6 +141,7 @@ pub(super) fn claude_code_line(
                 format!("{uuid}#act{k}")
             };
             out.push(ParsedEpisode {
+                item: None,
                 role: Role::Tool,
                 content: a,
                 timestamp_ms: ts,
@@ -170,6 +173,7 @@ pub(super) fn claude_code_line(
         uuid
     };
     let ep = ParsedEpisode {
+        item: None,
         role,
         content: text,
         timestamp_ms: ts,

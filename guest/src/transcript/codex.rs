@@ -33,6 +33,7 @@ pub(super) fn codex_line(
     };
     let push = |out: &mut Vec<ParsedEpisode>, role: Role, content: String, source_key: String| {
         out.push(ParsedEpisode {
+            item: None,
             role,
             content,
             timestamp_ms: ts,

@@ -44,11 +44,25 @@ pub(super) fn jsonl_episode(
         Some(Value::Number(x)) => format!("id:{x}"),
         _ => position_key(u64::from(n), role, &content),
     };
+    let item = match v.get("item") {
+        None | Some(Value::Null) => None,
+        Some(it) => {
+            let text = it.to_string();
+            if text.len() > MAX_ITEM_BYTES {
+                return Err(format!(
+                    "the message's \"item\" is {} bytes of JSON; at most {MAX_ITEM_BYTES} are kept: store a smaller record (or none) with it",
+                    text.len()
+                ));
+            }
+            Some(text)
+        }
+    };
     Ok(Some(ParsedEpisode {
         role,
         content,
         timestamp_ms: message_time(v),
         source_key,
         speaker: speaker_name(v.get("name")),
+        item,
     }))
 }

@@ -116,7 +116,12 @@ pub struct ParsedEpisode {
     pub source_key: String,
     /// The speaker's name, when the format gives one.
     pub speaker: Option<String>,
+    /// A JSON-lines message's `item`, as compact JSON (see the WIT `parsed-episode.item`).
+    pub item: Option<String>,
 }
+
+/// The largest `item` a message may carry, in bytes of compact JSON.
+pub const MAX_ITEM_BYTES: usize = 256 * 1024;
 
 /// Episodes of one conversation found in a chunk.
 #[derive(Clone, Debug, PartialEq)]
@@ -1180,6 +1185,7 @@ fn emit(
     for (i, piece) in pieces.into_iter().enumerate() {
         *count += 1;
         part.episodes.push(ParsedEpisode {
+            item: None,
             role: ep.role,
             content: piece.to_string(),
             timestamp_ms: ep.timestamp_ms,

@@ -42,6 +42,7 @@ pub(super) fn openai_message(
     }
     let source_key = position_key(u64::from(i), role, &content);
     Ok(Some(ParsedEpisode {
+        item: None,
         role,
         content,
         timestamp_ms: message_time(m),

@@ -853,6 +853,8 @@ impl Scoped {
             .last()
             .map(|e| e.id)
             .filter(|&last| last < stats.last_episode);
+        let ids: Vec<u64> = page.iter().map(|e| e.id).collect();
+        let mut items = self.store().items(session, &ids).await?;
         let messages = page
             .into_iter()
             .map(|e| {
@@ -862,7 +864,11 @@ impl Scoped {
                     .last()
                     .filter(|r| e.id <= r.last_episode)
                     .map(|r| r.id);
-                MessageView::of(e, covered_by)
+                let item = items.remove(&e.id).map(views::item_value);
+                MessageView {
+                    item,
+                    ..MessageView::of(e, covered_by)
+                }
             })
             .collect();
         Ok(MessagesView {
@@ -987,9 +993,14 @@ impl Scoped {
         )
         .await
         .map_err(|e| match e {
-            // The body's own lines are messages: say "message N", not a file name.
+            // The body's own lines are messages: say "message N", not a file name; and the
+            // command line's advice (`--skip-invalid`) is no fix for a request.
             transcript::TranscriptError::Malformed { line, message, .. } => {
-                AppError::invalid(format!("message {line}: {message}"))
+                let what = message
+                    .rsplit_once(" — ")
+                    .filter(|(_, fix)| fix.contains("--skip-invalid"))
+                    .map_or(message.as_str(), |(what, _)| what);
+                AppError::invalid(format!("message {line}: {what}"))
             }
             other => other.into(),
         })?;
@@ -1214,14 +1225,15 @@ impl Scoped {
         let behind = episodes.saturating_sub(w.covered) > u64::from(refresh_after);
         let due = !pending && (w.refresh_due || behind);
         let job = job.map(|j| self.job_view(&j));
-        Ok(ContextView::new(
-            session,
-            &w,
-            job,
-            (pending, due),
-            waited,
-            episodes,
-        ))
+        let mut view = ContextView::new(session, &w, job, (pending, due), waited, episodes);
+        // The items clients stored with the messages shown, handed back as given.
+        let mut items = self.store().items(session, &w.shown).await?;
+        for m in &mut view.messages {
+            if let Some(text) = m.episode.and_then(|id| items.remove(&id)) {
+                m.item = Some(views::item_value(text));
+            }
+        }
+        Ok(view)
     }
 
     /// Full-text search of the tenant's messages (of one session, with `session`): the
@@ -1379,7 +1391,10 @@ impl Scoped {
         );
         Ok(RemovedView {
             session: session.to_string(),
-            message: MessageView::of(e, None),
+            message: MessageView {
+                item: popped.item.clone().map(views::item_value),
+                ..MessageView::of(e, None)
+            },
             dropped_rows: popped.dropped,
             reopened_rows: popped.reopened,
             episodes: left,

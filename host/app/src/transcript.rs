@@ -645,6 +645,7 @@ impl<'a> Feeder<'a> {
         self.warnings.extend(b.warnings);
         for part in b.conversations {
             let episodes = part.episodes.into_iter().map(|e| NewEpisode {
+                item: e.item,
                 terms: String::new(),
                 role: e.role,
                 content: e.content,

@@ -28,6 +28,13 @@ pub struct MessageIn {
     /// The speaker's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The client's own record of the message (any JSON, at most 256 KiB compact: an agent
+    /// framework's item with its type, ids and content parts). Stored beside the message,
+    /// sealed like its text, never summarized, and handed back as given by the message
+    /// list, the context and the removal of the newest message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub item: Option<serde_json::Value>,
 }
 
 /// What storing messages did.
@@ -373,6 +380,15 @@ pub struct MessageView {
     pub tokens: u32,
     /// The active summary row that covers it; none while it lies beyond the summary.
     pub covered_by: Option<u64>,
+    /// The item its client stored with it, as given (see `MessageIn.item`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub item: Option<serde_json::Value>,
+}
+
+/// A stored item as the JSON value its client gave (text that no longer parses, as a string).
+pub fn item_value(text: String) -> serde_json::Value {
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
 }
 
 impl MessageView {
@@ -386,6 +402,7 @@ impl MessageView {
             speaker: e.speaker,
             tokens: e.tokens,
             covered_by,
+            item: None,
         }
     }
 }
@@ -487,6 +504,13 @@ pub struct ContextMessage {
     pub role: String,
     /// The text.
     pub content: String,
+    /// The stored message this is (none for the summary's system message).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub episode: Option<u64>,
+    /// The item its client stored with it, as given (see `MessageIn.item`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub item: Option<serde_json::Value>,
 }
 
 /// The estimated tokens of each part of a context (message costs included).
@@ -584,14 +608,21 @@ impl ContextView {
         } else {
             100.0 * (1.0 - f64::from(w.tokens) / w.full_tokens as f64)
         };
+        // The messages after the system message are the shown episodes, in order.
+        let first_shown = w.messages.len().saturating_sub(w.shown.len());
         ContextView {
             session: session.to_string(),
             messages: w
                 .messages
                 .iter()
-                .map(|m| ContextMessage {
+                .enumerate()
+                .map(|(i, m)| ContextMessage {
                     role: m.role.as_str().into(),
                     content: m.content.clone(),
+                    episode: i
+                        .checked_sub(first_shown)
+                        .and_then(|k| w.shown.get(k).copied()),
+                    item: None,
                 })
                 .collect(),
             tokens: w.tokens,

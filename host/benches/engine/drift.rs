@@ -66,6 +66,7 @@ fn engine(runtime: &Arc<Runtime>, model: &Arc<Model>) -> Result<Abridge, Failure
 
 fn episode(i: usize, role: Role, content: String) -> NewEpisode {
     NewEpisode {
+        item: None,
         terms: String::new(),
         role,
         content,

@@ -81,6 +81,7 @@ fn turn(i: usize) -> (u64, NewEpisode) {
     (
         at,
         NewEpisode {
+            item: None,
             terms: String::new(),
             role: if i.is_multiple_of(2) {
                 Role::User

@@ -169,6 +169,13 @@ impl Store for TimedStore {
     async fn pop_episode(&self, s: &str) -> Result<Option<abridge_engine::Popped>, Error> {
         timed!(self, self.inner.pop_episode(s))
     }
+    async fn items(
+        &self,
+        s: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        timed!(self, self.inner.items(s, ids))
+    }
     async fn put_partial(
         &self,
         k: &str,
@@ -240,6 +247,7 @@ fn main() -> std::process::ExitCode {
 fn synthetic(n: usize, words: impl Fn(usize) -> usize) -> Vec<NewEpisode> {
     (0..n)
         .map(|i| NewEpisode {
+            item: None,
             terms: String::new(),
             role: if i % 2 == 0 {
                 Role::User
@@ -567,6 +575,7 @@ async fn js_comparison(
         // summarize identical sessions.
         let eps: Vec<NewEpisode> = (0..episodes)
             .map(|i| NewEpisode {
+                item: None,
                 terms: String::new(),
                 role: if i % 2 == 1 {
                     Role::Assistant
@@ -782,6 +791,7 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
             .iter()
             .enumerate()
             .map(|(k, (role, said, who))| NewEpisode {
+                item: None,
                 terms: String::new(),
                 role: *role,
                 content: said.clone(),

@@ -116,6 +116,13 @@ impl Store for NoStore {
     async fn pop_episode(&self, _: &str) -> Result<Option<crate::store::Popped>, Error> {
         none()
     }
+    async fn items(
+        &self,
+        _: &str,
+        _: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        none()
+    }
     async fn partial(&self, _: &str) -> Result<Option<CachedAnswer>, Error> {
         none()
     }

@@ -15,6 +15,8 @@ use crate::types::{
 pub struct Popped {
     /// The episode removed.
     pub episode: Episode,
+    /// The item its client stored with it (JSON text), if any.
+    pub item: Option<String>,
     /// Summary rows deleted because they covered it.
     pub dropped: Vec<u64>,
     /// Rows those had folded, active again.
@@ -70,6 +72,13 @@ pub trait Store: Send + Sync {
     /// pin and the session's `summary.written` events go, and a running job of the session is
     /// asked to stop. `None` for a session without episodes.
     async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error>;
+    /// The items clients stored with episodes `ids` of `session` (the WIT `new-episode.item`),
+    /// by episode; an episode stored without one, or not stored, is absent.
+    async fn items(
+        &self,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error>;
     /// A cached partial summary by key, with what it cost (see the WIT `store.partial`).
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error>;
     /// Cache a partial summary and what it cost.

@@ -391,7 +391,7 @@ async fn post_messages(
             key: "messages",
             needs: "a message needs \"role\" and \"content\" (strings)",
             example: r#"{"role": "user", "content": "Book the room for Thursday", "id": "m1"}"#,
-            optional: "timestamp, id, name",
+            optional: "timestamp, id, name, item",
             renamed: &[("text", "content")],
         },
     )?;

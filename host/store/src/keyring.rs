@@ -201,6 +201,8 @@ pub(crate) mod place {
     pub const EPISODE: &str = "episodes";
     /// An episode's speaker: table `episodes.speaker`, row `KEY#ID`.
     pub const SPEAKER: &str = "episodes.speaker";
+    /// The client's item stored with an episode (JSON): table `episodes.item`, row `KEY#ID`.
+    pub const ITEM: &str = "episodes.item";
     /// Summary prose: table `summaries`, row `KEY#LEVEL:FIRST` (a row grows in place, so its
     /// last episode is not part of its name; a level and a first episode name one row).
     pub const SUMMARY: &str = "summaries";

@@ -53,6 +53,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/032-ann-graphs.sql"),
     include_str!("migrations/033-rowid-memories.sql"),
     include_str!("migrations/034-episode-terms.sql"),
+    include_str!("migrations/035-episode-items.sql"),
 ];
 
 /// A SQLite-backed [`Store`].
@@ -414,6 +415,35 @@ impl SqliteStore {
 
     /// Summary rows read by `sql` (one parameter: the session), opened.
     /// Episodes with `id > after`, ascending, at most `limit`, revealed.
+    /// The items stored with episodes `ids` of `session`, opened (those stored without one
+    /// are absent).
+    fn read_items(
+        &self,
+        conn: &Connection,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        let mut st = conn
+            .prepare_cached("SELECT item, sealed FROM episodes WHERE session = ?1 AND id = ?2 AND item IS NOT NULL")
+            .map_err(db_err)?;
+        let tenant = place::tenant_of(session);
+        let mut out = std::collections::BTreeMap::new();
+        for &id in ids {
+            let raw = st
+                .query_row(params![session, id as i64], |r| {
+                    let sealed: u32 = r.get(1)?;
+                    stored(r, 0, sealed)
+                })
+                .optional()
+                .map_err(db_err)?;
+            if let Some(raw) = raw {
+                let name = place::episode(session, id);
+                out.insert(id, self.reveal(conn, &tenant, place::ITEM, &name, raw)?);
+            }
+        }
+        Ok(out)
+    }
+
     fn read_episodes(
         &self,
         conn: &Connection,
@@ -556,8 +586,8 @@ impl Store for SqliteStore {
             {
                 let mut ins = tx
                     .prepare_cached(
-                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through, item)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                     )
                     .map_err(db_err)?;
                 let sealer = self.sealer(&tx, &place::tenant_of(session))?;
@@ -568,10 +598,14 @@ impl Store for SqliteStore {
                         Some(sp) => Some(as_value(sealer.seal(place::SPEAKER, &name, sp)?).0),
                         None => None,
                     };
+                    let item = match &e.item {
+                        Some(it) => Some(as_value(sealer.seal(place::ITEM, &name, it)?).0),
+                        None => None,
+                    };
                     let upto = through + i64::from(e.tokens);
                     let upto_bytes = bytes + e.content.len() as i64;
                     let n = ins
-                        .execute(params![session, next, role_str(e.role), content, e.timestamp_ms, e.source_key, e.tokens, speaker, sealed, upto, upto_bytes])
+                        .execute(params![session, next, role_str(e.role), content, e.timestamp_ms, e.source_key, e.tokens, speaker, sealed, upto, upto_bytes, item])
                         .map_err(db_err)?;
                     if n == 1 {
                         if !e.terms.trim().is_empty() {
@@ -811,6 +845,7 @@ impl Store for SqliteStore {
                 .read_episodes(&tx, session, last - 1, 1)?
                 .pop()
                 .ok_or_else(|| Error::Storage(format!("session '{session}' counts {last} episodes but episode {last} is not stored")))?;
+            let item = self.read_items(&tx, session, &[last])?.remove(&last);
             let history = self.summary_rows(
                 &tx,
                 session,
@@ -840,8 +875,16 @@ impl Store for SqliteStore {
             }
             tx.commit().map_err(db_err)?;
             scrub(conn);
-            Ok(Some(Popped { episode, dropped: plan.drop, reopened: plan.reopen }))
+            Ok(Some(Popped { episode, item, dropped: plan.drop, reopened: plan.reopen }))
         })
+    }
+
+    async fn items(
+        &self,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        self.with(|conn| self.read_items(conn, session, ids))
     }
 
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
@@ -980,11 +1023,13 @@ mod tests {
             "sessions_unindexed",
             "DROP INDEX sessions_unindexed; ALTER TABLE sessions DROP COLUMN indexed; DROP TABLE search_totals; DROP TRIGGER episode_terms_indexed; DROP TRIGGER episode_terms_removed; DROP TABLE episode_vocab; DROP TABLE episode_fts; DROP TABLE episode_terms",
         ),
+        ("COLUMN item", "ALTER TABLE episodes DROP COLUMN item"),
     ];
 
     /// One short user message.
     fn hi() -> Vec<NewEpisode> {
         vec![NewEpisode {
+            item: None,
             terms: String::new(),
             role: Role::User,
             content: "hi".into(),
@@ -1464,6 +1509,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, t)| NewEpisode {
+                    item: None,
                     terms: String::new(),
                     role: Role::User,
                     content: t.to_string(),
@@ -1501,6 +1547,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, t)| NewEpisode {
+                    item: None,
                     terms: String::new(),
                     role: Role::User,
                     content: format!("m{i}"),

@@ -224,6 +224,13 @@ impl Store for TenantStore {
     async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
         self.inner.pop_episode(&self.k(session)).await
     }
+    async fn items(
+        &self,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        self.inner.items(&self.k(session), ids).await
+    }
     // The partial-answer cache is per tenant: an answer is only ever reused for the tenant
     // whose transcript produced it.
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
@@ -607,6 +614,7 @@ mod tests {
 
     fn ep(key: &str) -> NewEpisode {
         NewEpisode {
+            item: None,
             terms: String::new(),
             role: Role::User,
             content: format!("message {key}"),

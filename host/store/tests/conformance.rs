@@ -1091,6 +1091,40 @@ async fn pops(name: &str, s: &Arc<dyn AppStore>) {
         .await
         .unwrap();
     s.reset_session("p").await.unwrap();
+    items(name, s).await;
+}
+
+/// The item a client stores with a message comes back as given (by id, for those stored with
+/// one), goes with the message it belongs to, and with its session.
+async fn items(name: &str, s: &Arc<dyn AppStore>) {
+    let item = r#"{"type":"function_call_output","call_id":"call_1","output":"sunny ☀"}"#;
+    let mut eps: Vec<NewEpisode> = (1..=3).map(|i| ep(i, &format!("it{i}"))).collect();
+    eps[0].item = Some(item.into());
+    eps[2].item = Some(r#"{"role":"user","content":[{"type":"input_text","text":"hi"}]}"#.into());
+    s.append_episodes("it", eps).await.unwrap();
+    let got = s.items("it", &[1, 2, 3, 9]).await.unwrap();
+    assert_eq!(
+        got.keys().copied().collect::<Vec<_>>(),
+        vec![1, 3],
+        "{name}"
+    );
+    assert_eq!(got[&1], item, "{name}");
+    assert!(
+        s.items("other", &[1]).await.unwrap().is_empty(),
+        "{name}: another session's"
+    );
+    let popped = s.pop_episode("it").await.unwrap().unwrap();
+    assert_eq!(popped.episode.id, 3, "{name}");
+    assert!(popped.item.unwrap().contains("input_text"), "{name}");
+    assert!(
+        !s.items("it", &[3]).await.unwrap().contains_key(&3),
+        "{name}: gone with its message"
+    );
+    s.reset_session("it").await.unwrap();
+    assert!(
+        s.items("it", &[1]).await.unwrap().is_empty(),
+        "{name}: gone with the session"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

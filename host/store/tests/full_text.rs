@@ -13,6 +13,7 @@ use abridge_store::{AppStore, PgStore, SqliteStore, Store};
 /// A message whose index terms are `terms` (the guest's `text.index-terms` would give them).
 fn said(i: usize, terms: &str) -> NewEpisode {
     NewEpisode {
+        item: None,
         role: if i.is_multiple_of(2) {
             Role::User
         } else {

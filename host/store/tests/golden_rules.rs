@@ -90,6 +90,7 @@ async fn run(name: &str, s: Arc<dyn AppStore>) {
             "append" => {
                 let eps = (1..=u(&step["episodes"]))
                     .map(|i| NewEpisode {
+                        item: None,
                         terms: String::new(),
                         role: Role::User,
                         content: format!("message {i}"),

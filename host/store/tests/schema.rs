@@ -252,6 +252,7 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
     let s = PgStore::connect(&url).await.expect("connect");
     for (key, episodes) in [("acme\u{1f}a", 1), ("local-one", 1), ("acme\u{1f}b", 1)] {
         let ep = abridge_engine::types::NewEpisode {
+            item: None,
             terms: String::new(),
             role: abridge_engine::types::Role::User,
             content: "hi".into(),

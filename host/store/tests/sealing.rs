@@ -1,5 +1,5 @@
 //! Sealed means sealed: with a master key, every column that holds a tenant's text (episode
-//! content and speakers, summary prose and ledgers, cached partial answers, event data,
+//! content, speakers and items, summary prose and ledgers, cached partial answers, event data,
 //! focus text, memories and cluster summaries) is stored encrypted, in SQLite and in
 //! PostgreSQL. A canary written through the stores is found in none of the database's bytes
 //! (SQLite: the file and its WAL; PostgreSQL: every row of every table as text), reads back
@@ -21,6 +21,9 @@ const CANARY: &str = "CANARY-7f3a";
 
 fn episode(i: u64) -> NewEpisode {
     NewEpisode {
+        item: Some(format!(
+            r#"{{"type":"message","text":"{CANARY} item {i}"}}"#
+        )),
         terms: String::new(),
         role: Role::User,
         content: format!("{CANARY} episode {i}: my password is hunter{i}"),
@@ -91,6 +94,8 @@ async fn read_all(db: Arc<dyn AppStore>) -> Result<(), String> {
         assert_eq!(eps.len(), 2);
         assert_eq!(eps[1].content, episode(2).content);
         assert_eq!(eps[0].speaker, episode(1).speaker);
+        let items = store.items("s", &[1, 2]).await.map_err(e)?;
+        assert_eq!(items.get(&2), episode(2).item.as_ref());
         let rows = store.summaries("s").await.map_err(e)?;
         assert_eq!(rows[0].content, format!("{CANARY} summary"));
         assert_eq!(rows[0].ledger[0].text, format!("/srv/{CANARY}.toml"));

@@ -42,6 +42,10 @@ class Message:
     SCHEMA: ClassVar[str] = "ContextMessage"
     role: str
     content: str
+    # The stored message this is (None for the summary's system message), and the item its
+    # client stored with it, as given.
+    episode: Optional[int] = None
+    item: Optional[Any] = None
 
 
 # The states a job ends in.
@@ -295,6 +299,8 @@ class StoredMessage:
     timestamp_ms: Optional[int] = None
     speaker: Optional[str] = None
     covered_by: Optional[int] = None
+    # The item its client stored with it, as given (``add_messages`` with ``item``).
+    item: Optional[Any] = None
 
 
 @dataclass

@@ -7,11 +7,13 @@ verbatim, within ``budget`` tokens. ``add_items`` stores the turn's items as mes
 ``pop_item`` removes the newest (the summary rows that covered it are folded again without it);
 ``clear_session`` deletes the session.
 
-Items are kept as text. A message keeps its role and text (input and output text parts; an image
-or a file as a short placeholder); a function call is stored as the assistant's
-``[called NAME(ARGUMENTS)]`` and its output as a tool message; reasoning items (opaque, and
-often encrypted) are not stored. So what ``get_items`` and ``pop_item`` return are plain
-``{"role", "content"}`` input items, never the original objects.
+Each item is stored as a message abridge can summarize — a message's role and text (input and
+output text parts; an image or a file as a short placeholder), a function call as the
+assistant's ``[called NAME(ARGUMENTS)]``, its output as a tool message — and, beside it, the
+item itself (as the JSON dict the SDK gave, or ``model_dump`` of a model object). So the items
+``get_items`` returns for the recent turns, and ``pop_item``, are the dicts that were added;
+the summary of the earlier turns comes first as a ``{"role": "system", "content"}`` message.
+Reasoning items (opaque, and often encrypted) are not stored.
 """
 
 from __future__ import annotations
@@ -163,8 +165,12 @@ class AbridgeSession:
             )
         except NotFound:
             return []
+        # The stored messages come back as the items that were added; the summary (and a
+        # message posted without an item) as a plain input message.
         items: list[Any] = [
-            {"role": _ITEM_ROLE.get(m.role, "user"), "content": m.content} for m in ctx.messages
+            m.item if m.item is not None
+            else {"role": _ITEM_ROLE.get(m.role, "user"), "content": m.content}
+            for m in ctx.messages
         ]
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
@@ -173,7 +179,12 @@ class AbridgeSession:
     async def add_items(self, items: list[Any]) -> None:
         """Store the items as messages, in order (an item with nothing to keep is skipped)."""
         self._open()
-        messages = [m for m in (item_message(i) for i in items) if m is not None]
+        messages = []
+        for item in items:
+            kept = item_message(item)
+            if kept is not None:
+                role, text = kept
+                messages.append({"role": role, "content": text, "item": _as_dict(item)})
         if messages:
             await self.client.add_messages(self.session_id, messages)
 
@@ -186,6 +197,8 @@ class AbridgeSession:
         except NotFound:
             return None
         m = removed.message
+        if m.item is not None:
+            return m.item
         return {"role": _ITEM_ROLE.get(m.role, "user"), "content": m.content}
 
     async def clear_session(self) -> None:

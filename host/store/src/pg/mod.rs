@@ -44,6 +44,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("011-summary-coverage.sql"),
     include_str!("012-session-grams.sql"),
     include_str!("013-episode-terms.sql"),
+    include_str!("014-episode-items.sql"),
 ];
 
 /// Tables of the abridge schema (and the version table): a schema holding any other table
@@ -422,6 +423,36 @@ impl PgStore {
 
     /// Summary rows read by `sql` (one parameter: the session), opened.
     /// Episodes with `id > after`, ascending, at most `limit`, revealed.
+    /// The items stored with episodes `ids` of `session`, opened (those stored without one
+    /// are absent).
+    async fn read_items<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        let wanted: Vec<i64> = ids.iter().map(|&i| i.min(i64::MAX as u64) as i64).collect();
+        let rows = c
+            .query(
+                "SELECT id, item, sealed FROM episodes WHERE session = $1 AND id = ANY($2) AND item IS NOT NULL",
+                &[&session, &wanted],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let tenant = place::tenant_of(session);
+        let mut out = std::collections::BTreeMap::new();
+        for r in &rows {
+            let id = g64(r, 0);
+            let raw = Stored {
+                bytes: r.get(1),
+                sealed: g32(r, 2),
+            };
+            let name = place::episode(session, id);
+            out.insert(id, self.reveal(c, &tenant, place::ITEM, &name, raw).await?);
+        }
+        Ok(out)
+    }
+
     async fn read_episodes<C: GenericClient + Sync>(
         &self,
         c: &C,
@@ -587,8 +618,8 @@ impl Store for PgStore {
             .get(0);
         let ins = tx
             .prepare_cached(
-                "INSERT INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
+                "INSERT INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through, item)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING",
             )
             .await
             .map_err(|e| self.err(e))?;
@@ -600,6 +631,10 @@ impl Store for PgStore {
             let (content, sealed) = sealer.seal(place::EPISODE, &name, &e.content)?;
             let speaker = match &e.speaker {
                 Some(sp) => Some(sealer.seal(place::SPEAKER, &name, sp)?.0),
+                None => None,
+            };
+            let item = match &e.item {
+                Some(it) => Some(sealer.seal(place::ITEM, &name, it)?.0),
                 None => None,
             };
             let n = tx
@@ -617,6 +652,7 @@ impl Store for PgStore {
                         &i64::from(sealed),
                         &(through + i64::from(e.tokens)),
                         &(bytes + e.content.len() as i64),
+                        &item,
                     ],
                 )
                 .await
@@ -918,6 +954,7 @@ impl Store for PgStore {
                     "session '{session}' counts {last} episodes but episode {last} is not stored"
                 ))
             })?;
+        let item = self.read_items(&tx, session, &[last]).await?.remove(&last);
         let history = self
             .summary_rows(
                 &tx,
@@ -964,9 +1001,19 @@ impl Store for PgStore {
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(Some(crate::Popped {
             episode,
+            item,
             dropped: plan.drop,
             reopened: plan.reopen,
         }))
+    }
+
+    async fn items(
+        &self,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        let c = self.client().await?;
+        self.read_items(&c, session, ids).await
     }
 
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {

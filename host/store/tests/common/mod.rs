@@ -7,6 +7,7 @@ use abridge_engine::types::{Compaction, NewEpisode, NewMemory, Role, Scope, Summ
 
 pub fn ep(i: usize, key: &str) -> NewEpisode {
     NewEpisode {
+        item: None,
         terms: String::new(),
         role: if i.is_multiple_of(2) {
             Role::User
