@@ -206,6 +206,8 @@ export interface ContextWindow {
   budget: number;
   /** The estimated tokens of each part; they add up to `tokens`. */
   parts: ContextParts;
+  /** The episode each message after the system message is (pinned and recent, oldest first). */
+  shown: number[];
 }
 
 /** The estimated tokens of each part of a context window (message costs included). */

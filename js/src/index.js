@@ -550,6 +550,7 @@ export class Engine {
       omitted: num(c.omitted),
       coveredFrom: num(c.coveredFrom),
       omittedRanges: c.omittedRanges.map((r) => [num(r.first), num(r.last)]),
+      shown: Array.from(c.shown, num),
     };
   }
 

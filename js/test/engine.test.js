@@ -311,6 +311,10 @@ test('idle mode by the clock, failure markers with backoff, context within budge
   assert.equal(w.messages[0].role, 'system');
   assert.ok(w.messages[0].content.startsWith('[abridge] Summary'));
   assert.ok(w.fullTokens > w.tokens);
+  // The messages after it name their episodes: the newest, in order.
+  assert.equal(w.shown.length, w.messages.length - 1);
+  assert.equal(w.shown.at(-1), store.stats('s').episodes);
+  assert.ok(w.shown.every((id, i) => i === 0 || id > w.shown[i - 1]));
   // Feeding that system message back in is refused as abridge's own output.
   assert.equal(await engine.append('s', [{ role: 'system', content: w.messages[0].content, sourceKey: 'echo' }]), 0);
   await engine.reset('s');
