@@ -235,7 +235,7 @@ enum Mode {
     Lines {
         format: Format,
         carry: Carry,
-        state: LineState,
+        state: Box<LineState>,
     },
     /// A top-level array, one element at a time.
     Array {
@@ -559,7 +559,7 @@ impl Parser {
         let lines = || Mode::Lines {
             format: Format::Jsonl,
             carry: Carry::default(),
-            state: LineState::default(),
+            state: Box::default(),
         };
         let array = |format| Mode::Array {
             format,
@@ -575,7 +575,7 @@ impl Parser {
                 Format::Jsonl | Format::ClaudeCode | Format::Codex => Mode::Lines {
                     format: f,
                     carry: Carry::default(),
-                    state: LineState::default(),
+                    state: Box::default(),
                 },
                 Format::OpenAi | Format::ChatGpt => {
                     match held.iter().find(|b| !b.is_ascii_whitespace()) {
@@ -633,7 +633,7 @@ impl Parser {
                             Some(LineOrDoc::Line(format)) => Mode::Lines {
                                 format,
                                 carry: Carry::default(),
-                                state: LineState::default(),
+                                state: Box::default(),
                             },
                             _ => lines(),
                         })
@@ -1071,7 +1071,7 @@ impl Parser {
                 self.mode = Mode::Lines {
                     format: f,
                     carry: Carry::default(),
-                    state: LineState::default(),
+                    state: Box::default(),
                 };
                 return self.line_value(self.opts.first_line + 1, v);
             }
@@ -1119,7 +1119,7 @@ fn line_or_doc(f: LineOrDoc) -> Mode {
         LineOrDoc::Line(format) => Mode::Lines {
             format,
             carry: Carry::default(),
-            state: LineState::default(),
+            state: Box::default(),
         },
         LineOrDoc::Doc => Mode::Object {
             held: Vec::new(),
