@@ -21,12 +21,13 @@ async fn main() -> anyhow::Result<()> {
         .build()?;
     let cfg = Config::default();
     let message = NewEpisode {
-        item: None,
         role: Role::User,
         content: "Book the small meeting room for Thursday at 10.".into(),
         timestamp_ms: None,
         source_key: "m1".into(),
         speaker: None,
+        // The client's own record of the message (JSON), handed back as given; optional.
+        item: None,
         // Filled in by the engine as it appends (its token estimate and index terms).
         tokens: 0,
         terms: String::new(),

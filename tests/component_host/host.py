@@ -64,6 +64,7 @@ class MemoryStore:
         self.next_row = 1
         self.failures: dict[str, wc.Record] = {}
         self.calibrations: dict[str, tuple[int, int]] = {}
+        self.items: dict[tuple[str, int], str] = {}
 
     def append_episodes(self, session: str, eps: list[Any]) -> int:
         have = self.episodes.setdefault(session, [])
@@ -78,6 +79,9 @@ class MemoryStore:
             have.append(rec(id=len(have) + 1, role=e.role, content=e.content,
                             timestamp_ms=get(e, "timestamp_ms"), tokens=e.tokens,
                             speaker=e.speaker, tokens_through=through))
+            if e.item is not None:
+                # The client's own record of the message, kept beside it (never read here).
+                self.items[(session, len(have))] = e.item
             added += 1
         return added
 
@@ -149,6 +153,7 @@ class MemoryStore:
     def reset_session(self, session: str) -> None:
         for table in (self.episodes, self.keys, self.rows, self.failures):
             table.pop(session, None)
+        self.items = {k: v for k, v in self.items.items() if k[0] != session}
 
     def search_episodes(self, session: Any, terms: list[str], limit: int) -> wc.Record:
         # This host keeps no full-text index: nothing matches (the context then has no found
@@ -321,7 +326,8 @@ def main() -> None:
         ("assistant", "Noted: ledger to Postgres 16 next week; keep the E4012 runbook at hand."),
     ]
     episodes = [rec(role=role, content=text, timestamp_ms=None, source_key=f"turn-{i}",
-                    tokens=0, speaker=None, terms="") for i, (role, text) in enumerate(turns)]
+                    tokens=0, speaker=None, terms="", item=None)
+                for i, (role, text) in enumerate(turns)]
     appended = unwrap(e.call("summarizer", "append", session, episodes), "append")
     outcome = unwrap(e.call("summarizer", "summarize-now", session, cfg), "summarize-now")
     written = list(outcome.written)
