@@ -128,18 +128,24 @@ fn the_frameworks_own_suites_pass_against_the_adapters() {
         .output()
         .expect("running the frameworks' suites");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let summary = stdout
-        .split("The frameworks' own suites against abridge's adapters:")
-        .nth(1)
-        .unwrap_or("");
+    const MARK: &str = "The frameworks' own suites against abridge's adapters:";
+    let summary = stdout.split(MARK).nth(1).unwrap_or("");
     assert!(
         out.status.success(),
         "an applicable test of a framework's own suite failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // The counts and the named not-applicable lists, in the test's output.
-    for line in stdout.lines().filter(|l| l.contains("not applicable")) {
-        eprintln!("{line}");
-    }
-    eprintln!("{summary}");
+    // The counts and the named not-applicable lists: in the test's output, and in
+    // target/upstream-suites.txt, which .ci/run prints after the tests.
+    let runs = stdout.split(MARK).next().unwrap_or("");
+    let report: String = runs
+        .lines()
+        .filter(|l| l.contains("not applicable"))
+        .chain(std::iter::once(MARK))
+        .chain(summary.lines())
+        .map(|l| format!("{l}\n"))
+        .collect();
+    eprintln!("{report}");
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/upstream-suites.txt");
+    std::fs::write(&out, &report).expect("write target/upstream-suites.txt");
 }
