@@ -19,33 +19,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def _binary(env: str, name: str) -> Optional[Path]:
-    given = os.environ.get(env)
-    if given:
-        return Path(given)
-    p = ROOT / "target" / "debug" / name
-    return p if p.exists() else None
+from processes import binary, start_model, start_serve  # noqa: E402
 
 
 def _require(env: str, name: str, build: str) -> Path:
-    p = _binary(env, name)
-    if p is None or not p.exists():
+    p = binary(env, name)
+    if p is None:
         msg = f"{name} not found; build it with `{build}` or set {env}"
         if os.environ.get("ABRIDGE_REQUIRE_PYTHON") == "1":
             pytest.fail(msg)
         pytest.skip(msg)
     return p
-
-
-def _listening(proc: subprocess.Popen, what: str, log: Path) -> str:
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    prefix = "listening on "
-    if not line.startswith(prefix):
-        proc.kill()
-        raise RuntimeError(f"{what} did not start: {line!r}\n{log.read_text() if log.exists() else ''}")
-    return line[len(prefix):]
 
 
 @dataclass
@@ -72,11 +56,9 @@ def model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield given
         return
     llm = _require("ABRIDGE_TEST_LLM_BIN", "abridge-test-llm", "cargo build -p abridge-test-llm")
-    log = tmp_path_factory.mktemp("llm") / "llm.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([str(llm)], stdout=subprocess.PIPE, stderr=err, text=True)
+    proc, url = start_model(llm, tmp_path_factory.mktemp("llm"))
     try:
-        yield _listening(proc, "abridge-test-llm", log)
+        yield url
     finally:
         proc.kill()
         proc.wait()
@@ -84,21 +66,8 @@ def model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def start_server(model_url: str, dir: Path, extra_env: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen, Server]:
     bin = _require("ABRIDGE_BIN", "abridge", "cargo build -p abridge")
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(dir),
-        "ABRIDGE_DB": str(dir / "abridge.db"),
-        "EXTRACTION_URL": model_url,
-        "ABRIDGE_RETRY_BASE_MS": "5",
-    }
-    env.update(extra_env or {})
-    log = dir / "serve.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen(
-            [str(bin), "serve", "--listen", "127.0.0.1:0"], env=env, stdout=subprocess.PIPE,
-            stderr=err, text=True, cwd=dir,
-        )
-    return proc, Server(url=_listening(proc, "abridge serve", log), dir=dir, bin=bin, env=env)
+    proc, url, env = start_serve(bin, model_url, dir, extra_env)
+    return proc, Server(url=url, dir=dir, bin=bin, env=env)
 
 
 @pytest.fixture()

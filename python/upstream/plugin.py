@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -28,41 +27,32 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from blocking_guard import no_blocking_calls_on_the_loop  # noqa: E402
+from processes import binary, start_model, start_serve  # noqa: E402
 from suites import SUITES, Suite  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 SUITE: Suite = next(s for s in SUITES if s.name == os.environ["ABRIDGE_UPSTREAM_SUITE"])
 URL: Optional[str] = None
 DESELECTED: dict[str, str] = {}
 KNOWN: dict[str, str] = {}
 
 
-def _binary(env: str, name: str) -> str:
-    given = os.environ.get(env) or str(ROOT / "target" / "debug" / name)
-    if not Path(given).exists():
-        raise RuntimeError(f"{name} not found at {given}: build it (cargo build -p {name}) or set {env}")
-    return given
-
-
-def _listening(proc: subprocess.Popen, what: str) -> str:
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise RuntimeError(f"{what} did not start: {line!r}")
-    return line[len("listening on "):]
+def _binary(env: str, name: str) -> Path:
+    p = binary(env, name)
+    if p is None:
+        raise RuntimeError(f"{name} not found: build it (cargo build -p {name}) or set {env}")
+    return p
 
 
 @pytest.fixture(scope="session")
-def _abridge_model() -> Iterator[str]:
+def _abridge_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     given = os.environ.get("ABRIDGE_TEST_MODEL_URL")
     if given:
         yield given
         return
-    proc = subprocess.Popen([_binary("ABRIDGE_TEST_LLM_BIN", "abridge-test-llm")],
-                            stdout=subprocess.PIPE, text=True)
+    proc, url = start_model(_binary("ABRIDGE_TEST_LLM_BIN", "abridge-test-llm"),
+                            tmp_path_factory.mktemp("llm"))
     try:
-        yield _listening(proc, "abridge-test-llm")
+        yield url
     finally:
         proc.kill()
         proc.wait()
@@ -73,13 +63,8 @@ def _abridge_server(_abridge_model: str, tmp_path_factory: pytest.TempPathFactor
     """A fresh `abridge serve` for each test: the state one in-memory store or SQLite file
     would start with."""
     global URL
-    d = tmp_path_factory.mktemp("abridge")
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(d), "ABRIDGE_DB": str(d / "abridge.db"),
-           "EXTRACTION_URL": _abridge_model, "ABRIDGE_RETRY_BASE_MS": "5"}
-    with open(d / "serve.log", "w") as err:
-        proc = subprocess.Popen([_binary("ABRIDGE_BIN", "abridge"), "serve", "--listen", "127.0.0.1:0"],
-                                env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=d)
-    URL = _listening(proc, "abridge serve")
+    proc, URL, _ = start_serve(_binary("ABRIDGE_BIN", "abridge"), _abridge_model,
+                               tmp_path_factory.mktemp("abridge"))
     try:
         yield URL
     finally:
