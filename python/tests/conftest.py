@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from processes import binary, start_model, start_serve  # noqa: E402
+from processes import binary, killed_after, start_model, start_serve  # noqa: E402
 
 
 def _require(env: str, name: str, build: str) -> Path:
@@ -57,11 +57,8 @@ def model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     llm = _require("ABRIDGE_TEST_LLM_BIN", "abridge-test-llm", "cargo build -p abridge-test-llm")
     proc, url = start_model(llm, tmp_path_factory.mktemp("llm"))
-    try:
+    with killed_after(proc):
         yield url
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def start_server(model_url: str, dir: Path, extra_env: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen, Server]:
@@ -74,11 +71,8 @@ def start_server(model_url: str, dir: Path, extra_env: Optional[dict[str, str]] 
 def server(model_url: str, tmp_path: Path) -> Iterator[Server]:
     """A fresh `abridge serve` with its own database (open on loopback: no tokens)."""
     proc, srv = start_server(model_url, tmp_path)
-    try:
+    with killed_after(proc):
         yield srv
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,3 +57,13 @@ def start_serve(bin: Path, model_url: str, dir: Path,
             stderr=err, text=True, cwd=dir,
         )
     return proc, listening(proc, "abridge serve", log), env
+
+
+@contextmanager
+def killed_after(proc: subprocess.Popen) -> Iterator[None]:
+    """Run the block, then end the process (whatever the block did)."""
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()

@@ -27,7 +27,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from blocking_guard import no_blocking_calls_on_the_loop  # noqa: E402
-from processes import binary, start_model, start_serve  # noqa: E402
+from processes import binary, killed_after, start_model, start_serve  # noqa: E402
 from suites import SUITES, Suite  # noqa: E402
 
 SUITE: Suite = next(s for s in SUITES if s.name == os.environ["ABRIDGE_UPSTREAM_SUITE"])
@@ -51,11 +51,8 @@ def _abridge_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     proc, url = start_model(_binary("ABRIDGE_TEST_LLM_BIN", "abridge-test-llm"),
                             tmp_path_factory.mktemp("llm"))
-    try:
+    with killed_after(proc):
         yield url
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(autouse=True)
@@ -65,12 +62,9 @@ def _abridge_server(_abridge_model: str, tmp_path_factory: pytest.TempPathFactor
     global URL
     proc, URL, _ = start_serve(_binary("ABRIDGE_BIN", "abridge"), _abridge_model,
                                tmp_path_factory.mktemp("abridge"))
-    try:
+    with killed_after(proc):
         yield URL
-    finally:
-        URL = None
-        proc.kill()
-        proc.wait()
+    URL = None
 
 
 @pytest.fixture(autouse=True)
