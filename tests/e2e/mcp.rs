@@ -307,32 +307,19 @@ fn over_http_tokens_and_tenants_hold_and_a_foreign_origin_is_refused() {
     assert_eq!(r.status, 401, "{}", r.body);
     let bearer = format!("Bearer {acme}");
     let auth = ("Authorization", bearer.as_str());
-    let r = request_with(
-        addr,
-        "POST",
-        "/mcp",
-        &[json_ct, accept, auth, ("Origin", "https://evil.example")],
-        init.as_bytes(),
-    );
+    // An authorized initialize, with an Origin or none.
+    let initialize = |origin: Option<&str>| {
+        let mut h = vec![json_ct, accept, auth];
+        h.extend(origin.map(|o| ("Origin", o)));
+        request_with(addr, "POST", "/mcp", &h, init.as_bytes())
+    };
+    let r = initialize(Some("https://evil.example"));
     assert_eq!(r.status, 403, "{}", r.body);
-    let r = request_with(
-        addr,
-        "POST",
-        "/mcp",
-        &[json_ct, accept, auth],
-        init.as_bytes(),
-    );
+    let r = initialize(None);
     assert_eq!(r.status, 200, "{}", r.body);
     // From this server's own origin (a page it served; the MCP conformance suite's
     // DNS-rebinding scenario sends one): accepted.
-    let own = format!("http://{addr}");
-    let r = request_with(
-        addr,
-        "POST",
-        "/mcp",
-        &[json_ct, accept, auth, ("Origin", own.as_str())],
-        init.as_bytes(),
-    );
+    let r = initialize(Some(&format!("http://{addr}")));
     assert_eq!(r.status, 200, "{}", r.body);
     // A body that is not JSON: a JSON-RPC parse error, not a bare 415.
     let bad = request_with(

@@ -423,23 +423,35 @@ impl SqliteStore {
         session: &str,
         ids: &[u64],
     ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        // One range query per run of consecutive ids: a page of messages is one run, a
+        // context's shown episodes its pins and its recent tail.
         let mut st = conn
-            .prepare_cached("SELECT item, sealed FROM episodes WHERE session = ?1 AND id = ?2 AND item IS NOT NULL")
+            .prepare_cached(
+                "SELECT id, item, sealed FROM episodes
+                 WHERE session = ?1 AND id BETWEEN ?2 AND ?3 AND item IS NOT NULL",
+            )
             .map_err(db_err)?;
+        let mut sorted = ids.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut raws = Vec::new();
+        for run in sorted.chunk_by(|a, b| b == &(a + 1)) {
+            let (first, last) = (run[0], run[run.len() - 1]);
+            let rows = st
+                .query_map(params![session, first as i64, last as i64], |r| {
+                    let sealed: u32 = r.get(2)?;
+                    Ok((r.get::<_, i64>(0)? as u64, stored(r, 1, sealed)?))
+                })
+                .map_err(db_err)?;
+            for row in rows {
+                raws.push(row.map_err(db_err)?);
+            }
+        }
         let tenant = place::tenant_of(session);
         let mut out = std::collections::BTreeMap::new();
-        for &id in ids {
-            let raw = st
-                .query_row(params![session, id as i64], |r| {
-                    let sealed: u32 = r.get(1)?;
-                    stored(r, 0, sealed)
-                })
-                .optional()
-                .map_err(db_err)?;
-            if let Some(raw) = raw {
-                let name = place::episode(session, id);
-                out.insert(id, self.reveal(conn, &tenant, place::ITEM, &name, raw)?);
-            }
+        for (id, raw) in raws {
+            let name = place::episode(session, id);
+            out.insert(id, self.reveal(conn, &tenant, place::ITEM, &name, raw)?);
         }
         Ok(out)
     }
