@@ -580,6 +580,15 @@ impl summarizer::Guest for Component {
         // abridge's own output fed back in is never stored (nor summarized); an episode
         // without a timestamp is stamped with its arrival time (idle mode measures from it).
         let now = clock::now_ms() as i64;
+        // A newest message given back with the per-call note a context put on it is stored
+        // as the message itself.
+        let mut episodes = episodes;
+        for e in &mut episodes {
+            let bare = context::without_note(&e.content);
+            if bare.len() != e.content.len() {
+                e.content = bare.to_string();
+            }
+        }
         let own = episodes
             .iter()
             .filter(|e| context::is_own_output(&e.content))
@@ -725,6 +734,11 @@ impl summarizer::Guest for Component {
                 found: c.window.parts.found,
             },
             shown: c.window.shown,
+            stable: summarizer::StablePrefix {
+                messages: c.window.stable.messages,
+                chars: c.window.stable.chars,
+            },
+            note: c.window.note,
         })
     }
 

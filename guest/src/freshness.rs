@@ -157,8 +157,10 @@ pub fn for_context(
     {
         fold(o.upto, &|| {
             format!(
-                "{} tokens wait beyond the summary, more than half of a {}-token context",
-                o.tokens, o.budget
+                "{} tokens wait beyond the summary, more than the {} % of a {}-token context the turns since a fold may take",
+                o.tokens,
+                crate::context::TAIL_HIGH,
+                o.budget
             )
         });
     }

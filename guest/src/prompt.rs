@@ -55,8 +55,22 @@ impl Extras<'_> {
         focus: "",
     };
 
-    /// The extras as text appended before the closing request (empty for none).
-    fn text(&self) -> String {
+    /// The instructions with the session's focus after them: the part of a fold prompt that
+    /// stays the same from one fold to the next, so it comes first (a runner's KV cache
+    /// keeps it across chained folds).
+    fn system(&self, instructions: &str) -> String {
+        if self.focus.trim().is_empty() {
+            instructions.to_string()
+        } else {
+            format!(
+                "{instructions}\n\nFocus for this conversation's summary: {}",
+                neutralize(self.focus.trim())
+            )
+        }
+    }
+
+    /// The ledger as text (empty for none): after the previous summary, before what is new.
+    fn facts(&self) -> String {
         let mut s = String::new();
         if !self.ledger.trim().is_empty() {
             s.push_str(
@@ -64,10 +78,6 @@ impl Extras<'_> {
                         exactly as written.\n",
             );
             s.push_str(self.ledger.trim());
-        }
-        if !self.focus.trim().is_empty() {
-            s.push_str("\n\nFocus for this conversation's summary: ");
-            s.push_str(&neutralize(self.focus.trim()));
         }
         s
     }
@@ -89,10 +99,10 @@ pub fn build_reduce_x(partials: &[Partial], extras: &Extras) -> Built {
         };
         body.push_str(&format!("\n\n{range}:\n{}", neutralize(p.text.trim())));
     }
-    body.push_str(&extras.text());
+    body.push_str(&extras.facts());
     body.push_str("\n\nWrite the merged summary now.");
     let messages = vec![
-        Message::new(Role::System, REDUCE_SYSTEM),
+        Message::new(Role::System, extras.system(REDUCE_SYSTEM)),
         Message::new(Role::User, body),
     ];
     let chatml = render_chatml(&messages);
@@ -174,22 +184,27 @@ pub fn build(conversation: &[Message], previous: Option<&str>) -> Built {
 
 /// [`build`] with a ledger and focus.
 pub fn build_x(conversation: &[Message], previous: Option<&str>, extras: &Extras) -> Built {
+    // What stays from one fold to the next comes first (the instructions and the focus, then
+    // the previous summary and its facts), the new episodes last.
     let (system, user) = match previous {
-        None => (
-            FRESH_SYSTEM,
+        None => (extras.system(FRESH_SYSTEM), {
+            let facts = extras.facts();
+            let facts = match facts.trim_start() {
+                "" => String::new(),
+                f => format!("{f}\n\n"),
+            };
             format!(
-                "Conversation:\n\n{}{}\n\nWrite the summary now.",
+                "{facts}Conversation:\n\n{}\n\nWrite the summary now.",
                 transcript(conversation),
-                extras.text()
-            ),
-        ),
+            )
+        }),
         Some(prev) => (
-            UPDATE_SYSTEM,
+            extras.system(UPDATE_SYSTEM),
             format!(
-                "Current summary:\n\n{}\n\nNew exchanges:\n\n{}{}\n\nUpdated summary:",
+                "Current summary:\n\n{}{}\n\nNew exchanges:\n\n{}\n\nUpdated summary:",
                 neutralize(prev.trim()),
+                extras.facts(),
                 transcript(conversation),
-                extras.text()
             ),
         ),
     };

@@ -208,6 +208,20 @@ export interface ContextWindow {
   parts: ContextParts;
   /** The episode each message after the system message is (pinned and recent, oldest first). */
   shown: number[];
+  /** The leading messages every later context begins with, byte for byte, until the next
+   * fold: put a prompt cache's breakpoint at the end of them. */
+  stable: StablePrefix;
+  /** The per-call part the newest message carries before its own text (the turns a query
+   * found, a coding session's digest, what unshown newer turns say), given apart. */
+  note?: string;
+}
+
+/** The stable prefix of a context window. */
+export interface StablePrefix {
+  /** How many leading messages stay the same until the next fold. */
+  messages: number;
+  /** Their contents' characters (Unicode scalar values), added up. */
+  chars: number;
 }
 
 /** The estimated tokens of each part of a context window (message costs included). */

@@ -551,6 +551,8 @@ export class Engine {
       coveredFrom: num(c.coveredFrom),
       omittedRanges: c.omittedRanges.map((r) => [num(r.first), num(r.last)]),
       shown: Array.from(c.shown, num),
+      stable: { messages: c.stable.messages, chars: num(c.stable.chars) },
+      note: c.note ?? undefined,
     };
   }
 

@@ -35,7 +35,8 @@ test('ledger, compaction, expand and pins: coverage from episode 1 within a smal
     const text = c.messages.map((m) => m.content).join('\n');
     // The pinned first turn, the newest identifiers, and a ledger that says what it left out.
     for (const id of ['src/mod1.rs', 'v2.59.0', 'older identifiers left out']) assert.ok(text.includes(id), `${name}: ${id}`);
-    assert.ok(c.identifiers > 20 && p.ledger > 0, `${name}: ${c.identifiers}`);
+    // The ledger's slice is at most a quarter of the stable head (docs/context.md).
+    assert.ok(c.identifiers > 10 && p.ledger > 0, `${name}: ${c.identifiers}`);
     // Nothing is deleted: the history has the compacted rows, and each row expands to
     // exactly its episodes.
     const history = await engine.history('s');

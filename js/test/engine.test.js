@@ -347,7 +347,10 @@ test('search: every message, hostile queries as words, the same hits as the Rust
   // A context with a query carries the matching turn, numbered and dated.
   const c = await engine.context('chat', { budget: 200, pairs: 2, refreshAfter: 4294967295, query: 'What is the Zephyr launch code?' }, { engine: 'extractive' });
   assert.ok(c.found >= 1 && c.parts.found > 0, JSON.stringify(c.parts));
-  assert.match(c.messages[0].content, /Earlier turns that match the question[\s\S]*#5 .*7741/);
+  // They change every call, so they ride on the newest message, after the stable prefix.
+  assert.match(c.note, /Earlier turns that match the question[\s\S]*#5 .*7741/);
+  assert.ok(c.messages.at(-1).content.startsWith(c.note));
+  assert.ok(c.stable.messages < c.messages.length, JSON.stringify(c.stable));
   // Messages stored before the index existed are indexed on the next search, in batches.
   const { DatabaseSync } = await import('node:sqlite');
   store.close();

@@ -135,6 +135,7 @@ test('golden chains: the same summary chain and model requests as the Rust host'
         parts: c.parts,
         omitted_ranges: c.omittedRanges,
         messages: c.messages.map((m) => ({ role: m.role, content: m.content })),
+        stable: c.stable,
       };
       assert.deepEqual(got, want.contexts[i], `${dir}: context at ${budget}`);
     }

@@ -170,7 +170,11 @@ async def test_the_context_carries_the_turns_that_answer_the_newest_user_message
         items.append({"role": "user", "content": "What was the Zephyr launch code?"})
         await AbridgeSession("agents-query", c).add_items(items)
         on = await AbridgeSession("agents-query", c, budget=300).get_items()
-        assert "Earlier turns that match the question" in on[0]["content"] and "7741" in on[0]["content"]
+        # The per-call note is its own system item, just before the newest (added as it was).
+        note = on[-2]
+        assert note["role"] == "system", on
+        assert "Earlier turns that match the question" in note["content"] and "7741" in note["content"]
+        assert on[-1] == items[-1]
         off = await AbridgeSession("agents-query", c, budget=300, query=False).get_items()
         assert not any("Earlier turns that match" in i["content"] for i in off)
 

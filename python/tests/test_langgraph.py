@@ -127,7 +127,8 @@ def test_the_hook_keeps_each_model_call_within_budget_as_the_thread_grows(server
     # Every finished turn was stored once; each model call saw the context and the new turn.
     assert client.session("lg-thread").episodes == 78
     last = seen[-1]
-    assert isinstance(last[-1], HumanMessage) and last[-1].content.startswith("Turn 39")
+    # The new turn, with the turns its query found before it (the per-call note).
+    assert isinstance(last[-1], HumanMessage) and last[-1].content.split("follows:\n")[-1].startswith("Turn 39")
     assert isinstance(last[0], SystemMessage), "the summary leads the context"
     sizes = [sum(len(m.content) for m in s) for s in seen]
     assert max(sizes[20:]) < 1200 * 4, sizes
@@ -159,7 +160,9 @@ def test_the_hook_asks_the_context_for_the_turns_that_answer_the_new_message(ser
                         AIMessage(f"Turn {i}: nothing more to say.", id=f"a{i}")]
         out = hook({"messages": history + [HumanMessage("What was the Zephyr launch code?")]}, cfg)
         seen[query] = out["llm_input_messages"]
-    system = seen[True][0]
-    assert isinstance(system, SystemMessage)
-    assert "Earlier turns that match the question" in system.content and "7741" in system.content
+    # The turns found ride on the user's new turn, after the stable prefix of the context.
+    turn = seen[True][-1]
+    assert isinstance(turn, HumanMessage) and turn.content.endswith("What was the Zephyr launch code?")
+    assert "Earlier turns that match the question" in turn.content and "7741" in turn.content
+    assert not any("Earlier turns that match" in m.content for m in seen[True][:-1])
     assert not any("Earlier turns that match" in m.content for m in seen[False])

@@ -95,6 +95,47 @@ fn compacted_rows_stay_readable_and_every_row_expands_to_its_exact_episodes() {
     assert!(c["level"].as_u64().unwrap() >= 1);
 }
 
+/// A fold prompt puts what stays from one fold to the next first (the instructions and the
+/// session's focus, then the previous summary) and the new episodes last, so a local runner's
+/// KV cache serves chained folds: each fold after the first shares at least the instructions
+/// and the focus with the one before, and its new episodes come after every shared character.
+#[test]
+fn chained_fold_prompts_share_what_stays_first() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    env.run_stdin(&["ingest", "--session", "k"], turns(1, 6).as_bytes())
+        .assert_ok();
+    let focus = "keep every decision about the release and the file paths it touches";
+    env.run(&["focus", "k", focus]).assert_ok();
+    let before = server.generations().len();
+    for (a, b) in [(7, 20), (21, 34), (35, 48), (49, 62)] {
+        env.run_stdin(&["ingest", "--session", "k"], turns(a, b).as_bytes())
+            .assert_ok();
+    }
+    let gens = server.generations();
+    let shares = server.prefix_shares();
+    assert!(gens.len() >= before + 3, "{} folds", gens.len() - before);
+    for (g, s) in gens.iter().zip(&shares).skip(before + 1) {
+        let system = g.body["messages"][0]["content"].as_str().unwrap();
+        let user = g.body["messages"][1]["content"].as_str().unwrap();
+        // The focus is part of the instructions, not after the conversation.
+        assert!(system.ends_with(focus), "{system}");
+        assert!(
+            s.shared > system.chars().count(),
+            "a fold shares {} of {} characters with the one before: {system}",
+            s.shared,
+            s.total
+        );
+        // The new exchanges are last: the shared prefix ends before them.
+        if let Some(at) = user.find("New exchanges:") {
+            let new_from = system.chars().count() + 1 + user[..at].chars().count();
+            assert!(s.shared <= new_from, "{} > {new_from}", s.shared);
+        }
+    }
+}
+
 #[test]
 fn focus_reaches_the_fold_prompt_and_pins_stay_in_the_context() {
     let server = TestServer::start();

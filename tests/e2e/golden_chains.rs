@@ -129,6 +129,7 @@ async fn run_case(dir: &Path) -> Value {
                     "pinned": p.pinned, "recent": p.recent, "days": p.days, "found": p.found},
                 "omitted_ranges": w.omitted_ranges.iter().map(|r| [r.first, r.last]).collect::<Vec<_>>(),
                 "messages": w.messages.iter().map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect::<Vec<_>>(),
+                "stable": {"messages": w.stable.messages, "chars": w.stable.chars},
             }));
         }
         out["contexts"] = Value::Array(contexts);

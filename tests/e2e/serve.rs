@@ -564,14 +564,16 @@ fn reposting_with_client_ids_is_idempotent_and_bad_bodies_get_honest_statuses() 
     let full = ctx["full_tokens"].as_u64().unwrap();
     assert!(ctx["tokens"].as_u64().unwrap() <= full, "{ctx}");
     assert!(ctx["saving_percent"].as_f64().unwrap() >= 0.0, "{ctx}");
-    // A budget the history does not fit: the summary serves.
+    // A budget the history does not fit: within it, every turn reflected (the dialogue since
+    // the last fold is shown verbatim; a context shows no tool output).
     let ctx = get(
         addr,
         &format!("/v1/sessions/imported/context?budget={}", full - 1),
         None,
     )
     .expect(200);
-    assert_eq!(ctx["messages"][0]["role"], "system", "{ctx}");
+    assert!(ctx["tokens"].as_u64().unwrap() < full, "{ctx}");
+    assert_eq!(ctx["omitted"], 0, "{ctx}");
 
     // The OpenAPI document lists every route the server answers; every answer names the
     // server's version (what a client checks its own against).
@@ -1609,12 +1611,21 @@ fn search_finds_every_message_of_the_tenant_and_hostile_queries_are_words() {
         Some(&acme),
     )
     .expect(200);
-    let system = v["messages"][0]["content"].as_str().unwrap();
+    // They change every call, so they ride on the newest message, after the stable prefix.
+    let messages = v["messages"].as_array().unwrap();
+    let newest = messages.last().unwrap()["content"].as_str().unwrap();
+    let note = v["note"].as_str().expect("a note");
+    assert!(newest.starts_with(note), "{v}");
     assert!(
-        system.contains("Earlier turns that match the question"),
+        note.contains("Earlier turns that match the question"),
         "{v}"
     );
-    assert!(system.contains("\n#5 ") && system.contains("7741"), "{v}");
+    assert!(note.contains("\n#5 ") && note.contains("7741"), "{v}");
+    // The message that carries it is never part of the stable prefix.
+    assert!(
+        v["stable"]["messages"].as_u64().unwrap() < messages.len() as u64,
+        "{v}"
+    );
     assert!(v["found"].as_u64().unwrap() >= 1, "{v}");
     assert!(v["parts"]["found"].as_u64().unwrap() > 0, "{v}");
     assert!(v["tokens"].as_u64().unwrap() <= 300, "{v}");

@@ -46,12 +46,14 @@ pub struct ContextWindow {
 }
 
 /// What a context of `budget` tokens cannot carry beside the summary covering `covered`:
-/// `None` while what lies beyond it (through `last`, message costs included) fits half the
-/// budget, the rest being the summary's and the ledger's. Otherwise the newest episode a fold
-/// must cover: every one in eager and idle modes; in window mode the first whose successors
-/// fit a quarter of the budget (folding a batch, not one message per context), found by a
-/// binary search over the running token totals (O(log n) reads). A newest message that
-/// alone exceeds the quarter is folded too: the summary then carries it.
+/// `None` while what lies beyond it (through `last`, message costs included) fits the tail's
+/// high-water mark ([`crate::context::TAIL_HIGH`] of the budget; the stable head has the
+/// rest). Otherwise the newest episode a fold must cover: every one in eager and idle modes;
+/// in window mode the first whose successors fit the low-water mark
+/// ([`crate::context::TAIL_LOW`]), so the turns that follow append to an unchanged prefix
+/// for a while (folding a batch, not one message per context), found by a binary search over
+/// the running token totals (O(log n) reads). A newest message that alone exceeds the
+/// low-water mark is folded too: the summary then carries it.
 pub fn overflow_cut(
     h: &mut impl Host,
     session: &str,
@@ -73,7 +75,8 @@ pub fn overflow_cut(
         upto.saturating_sub(before) + u64::from(plan::MESSAGE_COST) * (last - from)
     };
     let tokens = cost(through(h, covered)?, covered);
-    if tokens <= u64::from(budget / 2) {
+    // (Nine tenths of it: the day marks a context adds to the turns are not counted here.)
+    if tokens <= u64::from(crate::context::share_of(budget, crate::context::TAIL_HIGH)) * 9 / 10 {
         return Ok(None);
     }
     if cfg.mode != policy::Mode::Window {
@@ -83,9 +86,9 @@ pub fn overflow_cut(
             upto: last,
         }));
     }
-    // The smallest cut in (covered, last] whose successors fit a quarter of the budget; the
-    // cost of what follows a cut only falls as the cut moves on.
-    let quarter = u64::from(budget / 4);
+    // The smallest cut in (covered, last] whose successors fit the low-water mark; the cost
+    // of what follows a cut only falls as the cut moves on.
+    let quarter = u64::from(crate::context::share_of(budget, crate::context::TAIL_LOW));
     let (mut lo, mut hi) = (covered + 1, last);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
@@ -309,24 +312,22 @@ pub fn context(
     let mut rows = h.summaries(session)?;
     // Where the chain ends now (a refresh above may have moved it).
     let covered = rows.last().map_or(0, |r| r.last_episode);
-    let (from, pairs) = if window_mode {
-        // Every unsummarized message, and at least the usual recent pairs.
-        let from = covered.min(
-            stats
-                .last_episode
-                .saturating_sub(u64::from(req.pairs.max(1)) * 2),
-        );
-        (from, (stats.last_episode - from).div_ceil(2) as u32 + 1)
+    // The turns shown verbatim: every one since the fold (window mode folds whole batches
+    // and keeps its recent turns), and in the other modes the newest pairs the fold covered
+    // too. Fixed until the next fold, so the turns only append.
+    // The newest message is always among them, even when a fold covered it.
+    let tail_from = if window_mode {
+        covered
     } else {
-        let want = u64::from(req.pairs.max(1)) * 4 + 8;
-        (stats.last_episode.saturating_sub(want), req.pairs)
-    };
-    // Far enough back that recent turns can fill the whole budget when the summary leaves
-    // room: the first episode whose successors pass the budget (running token totals, a
-    // binary search of O(log n) reads).
+        covered.saturating_sub(u64::from(req.pairs.max(1)) * 2)
+    }
+    .min(stats.last_episode.saturating_sub(1));
+    // Read no further back than turns that fill the whole budget could reach: the first
+    // episode whose successors pass the budget (running token totals, a binary search of
+    // O(log n) reads).
     let from = {
         let upto = episode_at(h, session, stats.last_episode)?.map_or(0, |e| e.tokens_through);
-        let (mut lo, mut hi) = (0u64, from);
+        let (mut lo, mut hi) = (0u64, stats.last_episode);
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
             let before = episode_at(h, session, mid)?.map_or(0, |e| e.tokens_through);
@@ -345,45 +346,18 @@ pub fn context(
         from,
         (stats.last_episode - from).min(u64::from(u32::MAX)) as u32,
     )?;
-    let spans_days = {
-        let day = |e: Option<&Episode>| {
-            e.and_then(|e| crate::dates::known(e.timestamp_ms))
-                .map(crate::dates::Day::of_ms)
-        };
-        let first = h.episodes_after(session, 0, 1)?;
-        match (day(first.first()), day(tail.last())) {
-            (Some(a), Some(b)) => a != b,
-            _ => false,
-        }
-    };
-    // The second level on demand: a chain that cannot fit this budget beside the newest
-    // message and the pins is compacted further (when the mode lets the model be called).
-    let newest = tail.last().map_or(0, |e| crate::context::cost(&e.content));
+    let first_ms = h
+        .episodes_after(session, 0, 1)?
+        .first()
+        .and_then(|e| crate::dates::known(e.timestamp_ms));
+    let with_query = req.query.as_deref().is_some_and(|q| !q.trim().is_empty());
+    // The second level on demand: a chain that cannot fit the stable head's share of this
+    // budget beside the pins is compacted further (when the mode lets the model be called).
     let pins_cost: u32 = pinned
         .iter()
         .map(|e| crate::context::cost(&e.content))
         .sum();
-    // The turns shown before the summary: the newest pairs, and the messages no row covers
-    // (at most half the budget, as `context::assemble` shows them).
-    let min_turns = (req.pairs.max(1) as usize) * 2;
-    let before_summary: u32 = tail
-        .iter()
-        .filter(|e| {
-            matches!(
-                e.role,
-                crate::types::Role::User | crate::types::Role::Assistant
-            )
-        })
-        .rev()
-        .enumerate()
-        .filter(|(i, e)| *i < min_turns || e.id > covered)
-        .map(|(_, e)| crate::context::cost(&e.content))
-        .sum::<u32>()
-        .min(req.budget / 2)
-        .max(newest);
-    let share = req
-        .budget
-        .saturating_sub(before_summary)
+    let share = crate::context::share_of(req.budget, crate::context::HEAD_SHARE)
         .saturating_sub(pins_cost)
         .saturating_sub(cfg.ledger_tokens.min(req.budget / 4))
         .saturating_sub(crate::context::cost(crate::context::SUMMARY_HEADER));
@@ -496,15 +470,15 @@ pub fn context(
         pinned: &pinned,
         last_episode: stats.last_episode,
         budget: req.budget,
-        pairs,
+        tail_from,
         ledger_budget: cfg.ledger_tokens,
         digest: &digest.entries,
-        min_pairs: req.pairs,
-        spans_days,
+        first_ms,
         chain: chain.as_deref(),
         pending: &pending,
         unfolded: &unfolded.entries,
         found: &found,
+        with_query,
         query: &query,
     });
     Ok(ContextWindow {

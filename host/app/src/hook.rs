@@ -326,11 +326,13 @@ impl Scoped {
                 let v = self
                     .context(&last.id, share, 1, u32::MAX, None, None)
                     .await?;
+                // The summary, and the per-call note that carries a coding session's digest.
                 let system: Vec<&str> = v
                     .messages
                     .iter()
                     .filter(|m| m.role == "system")
                     .map(|m| m.content.trim())
+                    .chain(v.note.as_deref().map(str::trim))
                     .collect();
                 let name = last.title.clone().unwrap_or_else(|| last.id.clone());
                 let mut t = format!(

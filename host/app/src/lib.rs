@@ -50,7 +50,7 @@ pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
     Appended, ContextParts, ContextView, CoverageView, EpisodeView, ExpansionView, Imported,
     JobView, LeaseView, LedgerView, MessageIn, MessageView, MessagesView, RemovedView,
-    SearchHitView, SearchView, SessionView, SourceMarkView, SummaryView, state_name,
+    SearchHitView, SearchView, SessionView, SourceMarkView, StableView, SummaryView, state_name,
 };
 pub use worker::Workers;
 

@@ -582,6 +582,13 @@ pub struct ContextView {
     pub budget_used_percent: f64,
     /// The estimated tokens of each part; they add up to `tokens`.
     pub parts: ContextParts,
+    /// The leading messages every later context begins with, byte for byte, until the next
+    /// fold: a prompt cache's breakpoint goes at the end of them (docs/context.md).
+    pub stable: StableView,
+    /// The per-call part the newest message carries before its own text (the turns a query
+    /// found, a coding session's digest, what unshown newer turns say), given apart for a
+    /// client that keeps its own copy of each message; none when there is none.
+    pub note: Option<String>,
     /// Whether a refresh is queued or running now (this context is from the summary as it is).
     pub refresh_pending: bool,
     /// Whether episodes left out of this context are waiting for a refresh that is not
@@ -653,12 +660,26 @@ impl ContextView {
                 days: w.parts.days,
                 found: w.parts.found,
             },
+            stable: StableView {
+                messages: w.stable.messages,
+                chars: w.stable.chars,
+            },
+            note: w.note.clone(),
             refresh_due,
             refresh_pending,
             waited,
             job,
         }
     }
+}
+
+/// The stable prefix of a context: what a prompt cache may keep until the next fold.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct StableView {
+    /// How many leading messages stay the same until the next fold.
+    pub messages: u32,
+    /// Their contents' characters (Unicode scalar values), added up.
+    pub chars: u64,
 }
 
 /// One message a search found.

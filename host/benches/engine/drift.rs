@@ -333,11 +333,14 @@ async fn fold_cost(
     let transcript: u64 = (0..turns)
         .map(|i| chat(i).content.chars().count() as u64)
         .sum();
+    // The context runs the fold its own verdict makes due first (as every front end does: the
+    // command line inline, a service as a job it may wait for), so the turns since the last
+    // fold stay within the context's high-water mark.
     let ctx = ContextRequest {
         query: None,
         budget: 6000,
         pairs: 4,
-        refresh_after: u32::MAX,
+        refresh_after: 8,
         pins: vec![],
     };
     // The defaults (300-token ledger in every fold prompt), with a model configured.

@@ -325,11 +325,14 @@ impl AbridgeMcp {
             format!("the summary covers messages 1-{}", v.covered)
         };
         let mut text = format!(
-            "Session {session} (~{} tokens of history; {covers}). This context: {} of {} tokens ({}).\n",
+            "Session {session} (~{} tokens of history; {covers}). This context: {} of {} tokens ({}); stable until the next fold: the first {} of {} messages ({} characters).\n",
             v.full_tokens,
             v.tokens,
             v.budget,
-            v.parts.describe()
+            v.parts.describe(),
+            v.stable.messages,
+            v.messages.len(),
+            v.stable.chars
         );
         text.push_str(&abridge_app::hook::context_text(&v));
         Ok(ok(text, Some(budget)))

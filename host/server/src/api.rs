@@ -1380,7 +1380,7 @@ impl utoipa::Modify for BearerAuth {
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
         ExpansionView, crate::app::EpisodeView, MessagesView, crate::app::MessageView,
         crate::app::CoverageView, crate::app::SourceMarkView, crate::app::memories::UsageDayView, crate::app::LedgerView, FocusBody, PinsBody,
-        ContextView, crate::app::ContextParts, crate::app::SearchView, crate::app::SearchHitView, ModeBody, JobsBody, JobView, Event, crate::app::memories::MemoryInput, mem::MemoriesBody,
+        ContextView, crate::app::ContextParts, crate::app::StableView, crate::app::SearchView, crate::app::SearchHitView, ModeBody, JobsBody, JobView, Event, crate::app::memories::MemoryInput, mem::MemoriesBody,
         mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
         mem::RecallResults, crate::app::memories::RecallView, mem::ClustersBody,
         crate::app::memories::ClusterView, crate::app::memories::ClusterSummaryView,

@@ -19,8 +19,9 @@ use super::{Exit, Failure, Settings};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// What to measure: `agents` (coding-agent sessions) or `context` (what a context keeps
-    /// of a long chat, on LoCoMo conversations)
+    /// What to measure: `agents` (coding-agent sessions), `context` (what a context keeps of
+    /// a long chat, on LoCoMo conversations) or `cache` (what a context sent on every turn
+    /// costs with prompt caching, on LoCoMo conversations and a generated chat)
     what: String,
     /// Session files, or folders searched for `.jsonl` files
     #[arg(required = true)]
@@ -198,11 +199,14 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
     if a.what == "context" {
         return super::bench_context::run(s, &a.paths, a.runs).await;
     }
+    if a.what == "cache" {
+        return super::bench_cache::run(s, &a.paths).await;
+    }
     if a.what != "agents" {
         return Err(Failure::new(
             Exit::Input,
             anyhow!(
-                "unknown benchmark '{}'; abridge bench agents FILE|DIR… or abridge bench context FILE… (cargo bench runs the others)",
+                "unknown benchmark '{}'; abridge bench agents FILE|DIR…, abridge bench context FILE… or abridge bench cache FILE… (cargo bench runs the others)",
                 a.what
             ),
         ));

@@ -52,12 +52,12 @@ fn answer_words(answer: &str) -> Vec<String> {
 }
 
 /// A conversation of the set.
-struct Conversation {
+pub(super) struct Conversation {
     /// (speaker, text, ms).
-    turns: Vec<(String, String, i64)>,
-    first: String,
+    pub(super) turns: Vec<(String, String, i64)>,
+    pub(super) first: String,
     /// (question, answer words).
-    qa: Vec<(String, Vec<String>)>,
+    pub(super) qa: Vec<(String, Vec<String>)>,
 }
 
 /// "1:56 pm on 8 May, 2023" as ms since the epoch (UTC).
@@ -77,7 +77,7 @@ fn day_of(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn load(path: &Path) -> anyhow::Result<Conversation> {
+pub(super) fn load(path: &Path) -> anyhow::Result<Conversation> {
     let v: Value = serde_json::from_slice(&std::fs::read(path)?)
         .with_context(|| format!("{} is not JSON", path.display()))?;
     let c = v.get("conversation").unwrap_or(&v);
@@ -126,7 +126,7 @@ fn load(path: &Path) -> anyhow::Result<Conversation> {
 }
 
 /// The mean share of each question's answer words found among `text`'s words.
-fn kept(text: &str, qa: &[(String, Vec<String>)]) -> f64 {
+pub(super) fn kept(text: &str, qa: &[(String, Vec<String>)]) -> f64 {
     let have: BTreeSet<String> = words(text).into_iter().collect();
     let sum: f64 = qa
         .iter()

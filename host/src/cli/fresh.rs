@@ -304,6 +304,12 @@ pub async fn context(s: &Settings, mut a: ContextArgs) -> Result<(), Failure> {
             w.budget_used_percent,
             w.parts.describe()
         );
+        println!(
+            "stable until the next fold: the first {} of {} messages ({} characters), what a prompt cache keeps",
+            w.stable.messages,
+            w.messages.len(),
+            w.stable.chars
+        );
         let ranges: Vec<String> = w
             .omitted_ranges
             .iter()

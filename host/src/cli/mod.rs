@@ -13,6 +13,7 @@ macro_rules! print {
 mod app;
 mod backfill;
 mod bench;
+mod bench_cache;
 mod bench_context;
 mod commands;
 mod component;

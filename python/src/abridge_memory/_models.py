@@ -128,6 +128,16 @@ class ContextParts:
 
 
 @dataclass
+class StablePrefix:
+    """The leading messages of a context that every later context begins with, byte for byte,
+    until the next fold: a prompt cache's breakpoint goes at the end of them."""
+
+    SCHEMA: ClassVar[str] = "StableView"
+    messages: int
+    chars: int
+
+
+@dataclass
 class SearchHit:
     """One message a search found: its session, number, time, and the matching words marked
     between ``**`` in ``excerpt``; ``expand`` is the path that reads it with its neighbours."""
@@ -179,30 +189,71 @@ class Context:
     budget: int
     budget_used_percent: float
     parts: ContextParts
+    stable: StablePrefix
     refresh_pending: bool
     refresh_due: bool
     waited: bool
+    note: Optional[str] = None
     job: Optional[Job] = None
 
+    def split_note(self) -> tuple[list[Message], str]:
+        """The messages with the per-call note taken off the newest one, and that note as the
+        newest message carried it (the note, then the line that ends it): for a caller that
+        puts the note on a message of its own (the user's new turn)."""
+        msgs = list(self.messages)
+        if not self.note or not msgs or not msgs[-1].content.startswith(self.note):
+            return msgs, ""
+        last = msgs[-1]
+        rest = last.content[len(self.note):].lstrip("\n")
+        _, _, bare = rest.partition("\n")
+        block = last.content[: len(last.content) - len(bare)]
+        msgs[-1] = dataclasses.replace(last, content=bare)
+        return msgs, block
+
     def to_openai(self) -> list[dict[str, str]]:
-        """Messages for the OpenAI chat API (``messages=``): the summary as a system message."""
+        """Messages for the OpenAI chat API (``messages=``): the summary as a system message.
+        The first ``stable.messages`` are the same on every call until the next fold, so the
+        provider's automatic prefix cache keeps them (pass the session id as
+        ``prompt_cache_key``)."""
         return [{"role": m.role, "content": m.content} for m in self.messages]
 
-    def to_anthropic(self) -> tuple[str, list[dict[str, str]]]:
+    def to_anthropic(self, cache: bool = False) -> tuple[Any, list[dict[str, Any]]]:
         """``(system, messages)`` for Anthropic's Messages API: system text apart, and turns
-        that alternate and start with the user (adjacent same-role turns are joined)."""
-        system = "\n\n".join(m.content for m in self.messages if m.role == "system")
-        turns: list[dict[str, str]] = []
-        for m in self.messages:
+        that alternate and start with the user (adjacent same-role turns are joined).
+
+        With ``cache=True`` the system text and the messages are content blocks, with a
+        ``cache_control`` breakpoint on the system block and on the block that ends the
+        stable prefix (``stable.messages``), so the part that stays the same until the next
+        fold is read from Anthropic's prompt cache."""
+        stable = self.stable.messages
+        system_parts = [m.content for i, m in enumerate(self.messages) if m.role == "system"]
+        system_text = "\n\n".join(system_parts)
+        turns: list[dict[str, Any]] = []
+        # (turn index, block index) of the last block of the stable prefix.
+        mark: Optional[tuple[int, int]] = None
+        for i, m in enumerate(self.messages):
             if m.role == "system":
                 continue
             role = "assistant" if m.role == "assistant" else "user"
-            if turns and turns[-1]["role"] == role:
-                turns[-1]["content"] += "\n\n" + m.content
-            else:
-                turns.append({"role": role, "content": m.content})
+            if not turns or turns[-1]["role"] != role:
+                turns.append({"role": role, "content": []})
+            turns[-1]["content"].append({"type": "text", "text": m.content})
+            if i < stable:
+                mark = (len(turns) - 1, len(turns[-1]["content"]) - 1)
         if turns and turns[0]["role"] == "assistant":
-            turns.insert(0, {"role": "user", "content": "(earlier turns are summarized above)"})
+            turns.insert(0, {"role": "user", "content": [
+                {"type": "text", "text": "(earlier turns are summarized above)"}]})
+            if mark is not None:
+                mark = (mark[0] + 1, mark[1])
+        if not cache:
+            plain = [{"role": t["role"], "content": "\n\n".join(b["text"] for b in t["content"])}
+                     for t in turns]
+            return system_text, plain
+        if mark is not None:
+            turns[mark[0]]["content"][mark[1]]["cache_control"] = {"type": "ephemeral"}
+        system: list[dict[str, Any]] = []
+        if system_text:
+            system.append({"type": "text", "text": system_text, "cache_control": {"type": "ephemeral"}})
         return system, turns
 
 

@@ -141,6 +141,8 @@ class AbridgeSession:
             else SessionSettings()
         )
         self.query = query
+        # The context get_items read last (its ``stable`` prefix: what a prompt cache keeps).
+        self.last_context: Optional[Any] = None
 
     def close(self) -> None:
         """End the session object (the stored session stays): later calls raise
@@ -167,11 +169,17 @@ class AbridgeSession:
             return []
         # The stored messages come back as the items that were added; the summary (and a
         # message posted without an item) as a plain input message.
+        self.last_context = ctx
+        # The per-call note (the turns the query found) is its own system item before the
+        # newest one, whose item comes back as it was added.
+        msgs, note = ctx.split_note()
         items: list[Any] = [
             m.item if m.item is not None
             else {"role": _ITEM_ROLE.get(m.role, "user"), "content": m.content}
-            for m in ctx.messages
+            for m in msgs
         ]
+        if note:
+            items.insert(len(items) - 1, {"role": "system", "content": note.rstrip()})
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
         return items

@@ -47,9 +47,22 @@ def to_langchain(role: str, content: str) -> BaseMessage:
     return HumanMessage(content=content)
 
 
-def context_to_langchain(ctx: Context) -> list[BaseMessage]:
-    """A context's messages as LangChain messages (the summary is a system message)."""
-    return [to_langchain(m.role, m.content) for m in ctx.messages]
+def context_to_langchain(ctx: Context, cache_control: bool = False) -> list[BaseMessage]:
+    """A context's messages as LangChain messages (the summary is a system message).
+
+    With ``cache_control`` the system message and the message that ends the stable prefix
+    (``ctx.stable.messages``: what stays the same until the next fold) are text blocks with
+    Anthropic's ``cache_control`` breakpoint (LangChain's Anthropic chat model sends them)."""
+    out = [to_langchain(m.role, m.content) for m in ctx.messages]
+    if cache_control:
+        marks = {i for i, m in enumerate(ctx.messages) if m.role == "system" and i < ctx.stable.messages}
+        if ctx.stable.messages > 0:
+            marks.add(ctx.stable.messages - 1)
+        for i in sorted(marks):
+            text = ctx.messages[i].content
+            out[i] = to_langchain(ctx.messages[i].role, "")
+            out[i].content = [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]
+    return out
 
 
 def message_text(message: BaseMessage) -> str:
@@ -81,6 +94,8 @@ class AbridgeChatMessageHistory(BaseChatMessageHistory):
         self.session_id = session_id
         self.client = client or Client(url, token=token)
         self.async_client = async_client
+        # The context :meth:`context_messages` read last (its ``stable`` prefix, its note).
+        self.last_context: Optional[Context] = None
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
@@ -145,20 +160,23 @@ class AbridgeChatMessageHistory(BaseChatMessageHistory):
 
     def context_messages(
         self, budget: int = 2000, *, pairs: Optional[int] = None, query: Union[str, bool] = True,
+        cache_control: bool = False,
     ) -> list[BaseMessage]:
         """The compact context as LangChain messages, within ``budget`` tokens.
 
         ``query`` is what the next call is about: the earlier turns that best match it are
         included verbatim beside the summary. By default (``True``) it is the newest user
         message stored; pass the user's new message as a string when it is not stored yet, or
-        ``False`` to turn it off."""
+        ``False`` to turn it off. The first ``last_context.stable.messages`` messages stay the
+        same until the next fold (a prompt cache keeps them); ``cache_control`` marks their end
+        with Anthropic's breakpoint (see :func:`context_to_langchain`)."""
         from ._errors import NotFound
 
         try:
             q = self.client.newest_user_message(self.session_id) if query is True else query or None
-            return context_to_langchain(
-                self.client.context(self.session_id, budget=budget, pairs=pairs, query=q)
-            )
+            ctx = self.client.context(self.session_id, budget=budget, pairs=pairs, query=q)
+            self.last_context = ctx
+            return context_to_langchain(ctx, cache_control)
         except NotFound:
             return []
 

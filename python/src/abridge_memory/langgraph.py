@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import threading
@@ -386,15 +387,22 @@ class ContextHook:
     and returns ``{"llm_input_messages": …}``: the compact context within ``budget`` tokens,
     then the current turn verbatim (the last user message and the tool calls after it). The
     context's query is that user message, so the earlier turns that best answer it are in the
-    context too; ``query=False`` turns it off."""
+    context too; ``query=False`` turns it off. What the query finds changes every call, so it
+    rides on that user message, after the part of the context that stays the same until the
+    next fold (``last_context[session].stable``); ``cache_control=True`` marks the end of that
+    part with Anthropic's breakpoint."""
 
     def __init__(
-        self, client: Client, *, budget: int = 2000, prefix: str = "", query: bool = True
+        self, client: Client, *, budget: int = 2000, prefix: str = "", query: bool = True,
+        cache_control: bool = False,
     ) -> None:
         self.client = client
         self.budget = budget
         self.prefix = prefix
         self.query = query
+        self.cache_control = cache_control
+        # The context read last per session (its ``stable`` prefix: what a prompt cache keeps).
+        self.last_context: dict[str, Any] = {}
         self._posted: dict[str, int] = {}
 
     def session(self, config: Optional[dict[str, Any]]) -> str:
@@ -426,4 +434,11 @@ class ContextHook:
             )
         except NotFound:
             return {"llm_input_messages": history + turn}
-        return {"llm_input_messages": context_to_langchain(ctx) + turn}
+        self.last_context[session] = ctx
+        # The per-call note (the turns the query found) rides on the user's new turn, after
+        # the stable prefix; the context's own newest message goes back to what was said.
+        msgs, note = ctx.split_note()
+        if note and turn and isinstance(turn[0], HumanMessage):
+            ctx = dataclasses.replace(ctx, messages=msgs)
+            turn = [HumanMessage(content=note + _text(turn[0]), id=turn[0].id)] + turn[1:]
+        return {"llm_input_messages": context_to_langchain(ctx, self.cache_control) + turn}

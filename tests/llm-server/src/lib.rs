@@ -121,6 +121,19 @@ struct State {
     started: std::time::Instant,
     /// Generation requests being processed now (for `Options::slots`).
     busy: usize,
+    /// The last generation request's prompt, and what each one shared with the one before.
+    last_prompt: String,
+    shares: Vec<PrefixShare>,
+}
+
+/// What a generation request's prompt shares with the one before it, as a local runner's KV
+/// cache would reuse it (llama.cpp keeps the longest common prefix; Ollama runs llama.cpp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixShare {
+    /// Characters of the prompt the previous prompt began with too.
+    pub shared: usize,
+    /// Characters of the prompt.
+    pub total: usize,
 }
 
 /// A generation slot, held while a request is processed.
@@ -201,6 +214,8 @@ impl TestServer {
             log: Vec::new(),
             started: std::time::Instant::now(),
             busy: 0,
+            last_prompt: String::new(),
+            shares: Vec::new(),
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, sp) = (state.clone(), stop.clone());
@@ -247,6 +262,12 @@ impl TestServer {
     /// All requests so far.
     pub fn requests(&self) -> Vec<LoggedRequest> {
         self.state.lock().unwrap().log.clone()
+    }
+
+    /// For each generation request so far, the prefix its prompt shares with the one before
+    /// (what a runner's KV cache would not evaluate again).
+    pub fn prefix_shares(&self) -> Vec<PrefixShare> {
+        self.state.lock().unwrap().shares.clone()
     }
 
     /// Generation requests so far (chat, generate, completions).
@@ -382,6 +403,17 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             body: body.clone(),
             at_ms,
         });
+        if is_generation(&req.path) {
+            let prompt = prompt_text(&req.path, &body);
+            let shared = prompt
+                .chars()
+                .zip(st.last_prompt.chars())
+                .take_while(|(a, b)| a == b)
+                .count();
+            let total = prompt.chars().count();
+            st.shares.push(PrefixShare { shared, total });
+            st.last_prompt = prompt;
+        }
         let fault = if is_generation(&req.path) || is_embedding(&req.path) {
             st.faults.pop_front()
         } else {
