@@ -419,10 +419,7 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
         if left >= 24 {
             let rest: Vec<crate::extractive::Line> = chain
                 .iter()
-                .filter(|l| {
-                    let said = l.text.split_once(": ").map_or(l.text.as_str(), |x| x.1);
-                    !body.contains(said) && !pins.iter().any(|t| t.content.contains(said))
-                })
+                .filter(|l| !body.contains(said(l)) && !said_by(pins, l))
                 .cloned()
                 .collect();
             let more =
@@ -536,6 +533,18 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
     None
 }
 
+/// What an offline summary's line says, without its speaker.
+fn said(line: &crate::extractive::Line) -> &str {
+    line.text
+        .split_once(": ")
+        .map_or(line.text.as_str(), |x| x.1)
+}
+
+/// Whether one of `turns` already says what `line` says.
+fn said_by(turns: &[&Episode], line: &crate::extractive::Line) -> bool {
+    turns.iter().any(|t| t.content.contains(said(line)))
+}
+
 /// What a day's header line costs beside a row's lines (`[8 May 2023]`).
 const DAY_HEADER: u32 = 8;
 
@@ -554,20 +563,13 @@ pub const EPOCH_SHARE: u32 = 75;
 /// row, or rewrites the newest, leaves everything before that row where it was, byte for
 /// byte, so a prompt cache keeps it.
 fn offline_body(rows: &[SummaryRow], room: u32, pins: &[&Episode]) -> String {
-    let said_by_pin = |line: &crate::extractive::Line| {
-        let said = line
-            .text
-            .split_once(": ")
-            .map_or(line.text.as_str(), |x| x.1);
-        pins.iter().any(|t| t.content.contains(said))
-    };
     let lines: Vec<Vec<crate::extractive::Line>> = rows
         .iter()
         .map(|r| {
             crate::extractive::parse_lines(&r.content)
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|l| !said_by_pin(l))
+                .filter(|l| !said_by(pins, l))
                 .collect()
         })
         .collect();
@@ -860,10 +862,7 @@ pub fn assemble(p: &Parts) -> Window {
     if let (Some(chain), false, Some(h)) = (p.chain, p.query.is_empty(), &head) {
         let rest: Vec<crate::extractive::Line> = chain
             .iter()
-            .filter(|l| {
-                let said = l.text.split_once(": ").map_or(l.text.as_str(), |x| x.1);
-                !h.text.contains(said) && !is_shown_text(said)
-            })
+            .filter(|l| !h.text.contains(said(l)) && !is_shown_text(said(l)))
             .cloned()
             .collect();
         let room = left.saturating_sub(estimate_tokens(MATCHING_HEADER) + 2);
