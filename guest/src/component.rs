@@ -570,48 +570,68 @@ impl engine::Host for Imports {
     }
 }
 
+/// Store episodes: `stamp` dates an episode without a timestamp with its arrival (a message
+/// as it arrives), not an imported one.
+fn append(
+    session: String,
+    episodes: Vec<store::NewEpisode>,
+    stamp: bool,
+) -> Result<u32, wit::Error> {
+    if session.trim().is_empty() {
+        return Err(wit::Error::InvalidInput(
+            "the session id is empty; pass a session id".into(),
+        ));
+    }
+    // abridge's own output fed back in is never stored (nor summarized); with `stamp`, an
+    // episode without a timestamp is stamped with its arrival time (idle mode measures from
+    // it).
+    let now = clock::now_ms() as i64;
+    // A newest message given back with the per-call note a context put on it is stored
+    // as the message itself.
+    let mut episodes = episodes;
+    for e in &mut episodes {
+        let bare = context::without_note(&e.content);
+        if bare.len() != e.content.len() {
+            e.content = bare.to_string();
+        }
+    }
+    let own = episodes
+        .iter()
+        .filter(|e| context::is_own_output(&e.content))
+        .count();
+    if own > 0 {
+        log::write(
+            log::Level::Warn,
+            &format!(
+                "session {session}: skipped {own} episode(s) that are abridge's own summaries or prompts"
+            ),
+        );
+    }
+    let episodes: Vec<store::NewEpisode> = episodes
+        .into_iter()
+        .filter(|e| !context::is_own_output(&e.content))
+        .map(|mut e| {
+            e.tokens = tokens::estimate_tokens(&e.content);
+            if stamp {
+                e.timestamp_ms = e.timestamp_ms.or(Some(now));
+            }
+            e.terms = crate::search::doc(e.speaker.as_deref(), &e.content);
+            e
+        })
+        .collect();
+    store::append_episodes(&session, &episodes)
+}
+
 impl summarizer::Guest for Component {
     fn append(session: String, episodes: Vec<store::NewEpisode>) -> Result<u32, wit::Error> {
-        if session.trim().is_empty() {
-            return Err(wit::Error::InvalidInput(
-                "the session id is empty; pass a session id".into(),
-            ));
-        }
-        // abridge's own output fed back in is never stored (nor summarized); an episode
-        // without a timestamp is stamped with its arrival time (idle mode measures from it).
-        let now = clock::now_ms() as i64;
-        // A newest message given back with the per-call note a context put on it is stored
-        // as the message itself.
-        let mut episodes = episodes;
-        for e in &mut episodes {
-            let bare = context::without_note(&e.content);
-            if bare.len() != e.content.len() {
-                e.content = bare.to_string();
-            }
-        }
-        let own = episodes
-            .iter()
-            .filter(|e| context::is_own_output(&e.content))
-            .count();
-        if own > 0 {
-            log::write(
-                log::Level::Warn,
-                &format!(
-                    "session {session}: skipped {own} episode(s) that are abridge's own summaries or prompts"
-                ),
-            );
-        }
-        let episodes: Vec<store::NewEpisode> = episodes
-            .into_iter()
-            .filter(|e| !context::is_own_output(&e.content))
-            .map(|mut e| {
-                e.tokens = tokens::estimate_tokens(&e.content);
-                e.timestamp_ms = e.timestamp_ms.or(Some(now));
-                e.terms = crate::search::doc(e.speaker.as_deref(), &e.content);
-                e
-            })
-            .collect();
-        store::append_episodes(&session, &episodes)
+        append(session, episodes, true)
+    }
+
+    fn append_imported(
+        session: String,
+        episodes: Vec<store::NewEpisode>,
+    ) -> Result<u32, wit::Error> {
+        append(session, episodes, false)
     }
 
     fn after_episode_written(

@@ -1,7 +1,7 @@
 //! The context window for the next model call: the summary chain as one system message, then
 //! the latest message pairs verbatim, within a token budget. Pure.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::plan::MESSAGE_COST;
 use crate::tokens::estimate_tokens;
@@ -244,10 +244,19 @@ pub struct Parts<'a> {
     /// Whether the call has a query: the stable head then leaves most of the room to the
     /// turns it finds (the share is the call's, so it is the same on every call that asks).
     pub with_query: bool,
+    /// The head's share of the budget without a query ([`head_share`] of the engine that
+    /// folds).
+    pub head_share: u32,
     /// The query's terms (the full-text index's; empty without a query): beside an offline
     /// chain, its lines that hold them and the head does not show join the per-call note.
     pub query: &'a [String],
 }
+
+/// A found turn longer than this share of the found turns' room (its inverse) is shown by its
+/// matching sentences ([`found_excerpt`]).
+pub const FOUND_TURN_SHARE: u32 = 8;
+/// ... but never cut below this many tokens.
+pub const FOUND_TURN_MIN: u32 = 60;
 
 /// The first line of the part of the per-call note that holds more of an offline summary's
 /// lines, those that match the query.
@@ -259,14 +268,14 @@ fn found_day(e: &Episode) -> Option<String> {
 }
 
 /// A found turn as the context shows it, under its day's mark (see [`found_day`]): its
-/// episode number, its time (UTC), its speaker, and its text with each relative date
-/// followed by the day it names.
-fn found_line(e: &Episode) -> String {
+/// episode number, its time (UTC) when known, its speaker, and `text` (the turn, or its
+/// [`found_excerpt`]) with each relative date followed by the day it names.
+fn found_line(e: &Episode, text: &str) -> String {
     let who = e
         .speaker
         .clone()
         .unwrap_or_else(|| e.role.label().to_string());
-    let text = crate::dates::resolve(&e.content, crate::dates::known(e.timestamp_ms));
+    let text = crate::dates::resolve(text, crate::dates::known(e.timestamp_ms));
     let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
     match crate::dates::known(e.timestamp_ms) {
         Some(ms) => {
@@ -282,8 +291,9 @@ fn found_line(e: &Episode) -> String {
     }
 }
 
-/// The found turns' lines in the order they were said, each day's turns under its mark.
-fn found_lines(found: &[&Episode]) -> Vec<String> {
+/// The found turns' lines in the order they were said, each day's turns under its mark, each
+/// turn as `shown` gives it.
+fn found_lines(found: &[&Episode], shown: &BTreeMap<u64, String>) -> Vec<String> {
     let mut lines = Vec::new();
     let mut day: Option<String> = None;
     for e in found {
@@ -292,9 +302,73 @@ fn found_lines(found: &[&Episode]) -> Vec<String> {
             lines.push(format!("[{}]", d.as_deref().unwrap_or_default()));
         }
         day = d;
-        lines.push(found_line(e));
+        let text = shown.get(&e.id).map_or(e.content.as_str(), String::as_str);
+        lines.push(found_line(e, text));
     }
     lines
+}
+
+/// What marks the gap between two sentences of a turn's excerpt.
+pub const EXCERPT_GAP: &str = " … ";
+
+/// A found turn of more than `cap` tokens, shown by its sentences that hold the most of the
+/// query's `terms` (the full-text index's), in the order said, a gap between two that are not
+/// neighbours marked [`EXCERPT_GAP`], within `cap`: a long turn's matching part costs what a
+/// short turn does, so the room holds more of what the query finds. `None` when the turn is
+/// shown whole (it fits, there is no query, or no sentence of it fits).
+pub fn found_excerpt(text: &str, terms: &[String], cap: u32) -> Option<String> {
+    if terms.is_empty() || estimate_tokens(text) <= cap {
+        return None;
+    }
+    let sentences = crate::extractive::sentences(text);
+    let wanted: BTreeSet<&str> = terms.iter().map(String::as_str).collect();
+    let mut scored: Vec<(usize, usize, u32)> = sentences
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let held: BTreeSet<String> = crate::search::terms(s)
+                .into_iter()
+                .filter(|t| wanted.contains(t.as_str()))
+                .collect();
+            (i, held.len(), estimate_tokens(s) + 1)
+        })
+        .collect();
+    // Most terms first; among equals, the earlier sentence.
+    scored.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let gap = estimate_tokens(EXCERPT_GAP);
+    let mut used = 0u32;
+    let mut chosen: Vec<usize> = Vec::new();
+    for (i, held, c) in scored {
+        // Past the matching sentences, only while nothing matched (the speaker's name did).
+        if held == 0 && !chosen.is_empty() {
+            break;
+        }
+        if used + c + gap <= cap {
+            used += c + gap;
+            chosen.push(i);
+        }
+    }
+    if chosen.is_empty() {
+        return None;
+    }
+    chosen.sort_unstable();
+    let mut out = String::new();
+    for (k, &i) in chosen.iter().enumerate() {
+        if k == 0 {
+            if i > 0 {
+                out.push_str(EXCERPT_GAP.trim_start());
+            }
+        } else if chosen[k - 1] + 1 == i {
+            out.push(' ');
+        } else {
+            out.push_str(EXCERPT_GAP);
+        }
+        out.push_str(&sentences[i]);
+    }
+    if chosen.last().is_some_and(|&i| i + 1 < sentences.len()) {
+        out.push_str(EXCERPT_GAP.trim_end());
+    }
+    Some(out)
 }
 
 /// The lines of an offline summary chain (each row's sentences with their days), when every
@@ -317,20 +391,37 @@ fn day_mark(e: &Episode) -> Option<String> {
 }
 
 /// The share, in percent, of the budget the stable head (the summary and its ledger) may
-/// take when the call has no query: what a fold decides, sent unchanged until the next fold.
+/// take when the call has no query and folds are offline (the extractive engine: a fold costs
+/// no model call): what a fold decides, sent unchanged until the next fold.
 pub const HEAD_SHARE: u32 = 80;
+
+/// The head's share when a model folds. Each fold is then a model call that re-sends the
+/// instructions, the summary and its facts, so the turns since a fold may take more of the
+/// context: folds come half as often and each folds a larger batch (window mode's fold spend
+/// stays within 1.10x the transcript, `cargo bench --bench engine -- --drift-only`).
+pub const HEAD_SHARE_MODEL: u32 = 50;
 
 /// The head's share with a query, or beside a coding session's digest: the per-call note (the
 /// turns found, the digest) takes the rest of the room.
 pub const HEAD_SHARE_NOTE: u32 = 25;
 
+/// The head's share (no query) for folds by `engine`.
+pub fn head_share(engine: crate::policy::Engine) -> u32 {
+    match engine {
+        crate::policy::Engine::Extractive => HEAD_SHARE,
+        crate::policy::Engine::Llm => HEAD_SHARE_MODEL,
+    }
+}
+
 /// The share, in percent, of the budget the verbatim turns since the last fold may reach
 /// before a fold is due (beside the head, the context then reaches the budget).
-pub const TAIL_HIGH: u32 = 100 - HEAD_SHARE;
+pub fn tail_high(engine: crate::policy::Engine) -> u32 {
+    100 - head_share(engine)
+}
 
 /// The share of the budget a fold leaves verbatim (the low-water mark is the head's share
 /// plus this): the turns that follow append to an unchanged prefix until the tail reaches
-/// [`TAIL_HIGH`] again.
+/// [`tail_high`] again.
 pub const TAIL_LOW: u32 = 5;
 
 /// The share, in percent, of the budget the turns since the fold leave to the per-call note
@@ -656,7 +747,7 @@ fn marks(shown: &[&Episode], first_ms: Option<i64>) -> Vec<Option<String>> {
 /// between two folds the context of the next call begins with this one's, byte for byte.
 ///
 /// 1. The stable head, one system message: the summary with the ledger's slice, within
-///    [`HEAD_SHARE`] of the budget ([`HEAD_SHARE_NOTE`] with a query or a digest), less the
+///    [`Parts::head_share`] of the budget ([`HEAD_SHARE_NOTE`] with a query or a digest), less the
 ///    pins and the newest message. It depends on the chain, the budget and the pins only.
 /// 2. The pinned episodes older than the turns since the fold, verbatim.
 /// 3. Every turn since the fold, verbatim, in order, each day's first marked: between folds
@@ -698,7 +789,7 @@ pub fn assemble(p: &Parts) -> Window {
     let share = if p.with_query || crate::digest::is_coding(p.digest) {
         HEAD_SHARE_NOTE
     } else {
-        HEAD_SHARE
+        p.head_share
     };
     let room = share_of(budget, share).min(budget.saturating_sub(used + reserve));
     let mut head = head(p, room, &pins);
@@ -781,6 +872,19 @@ pub fn assemble(p: &Parts) -> Window {
         shown.drain(..n);
         dropped += n;
     }
+    // Where the newest turn alone leaves too little for the note, the head gives way to it.
+    if let Some(h) = &head
+        && used + tail_cost(&shown) > ceiling
+    {
+        let without = used - cost(&h.text);
+        let smaller = ceiling
+            .saturating_sub(without)
+            .saturating_sub(tail_cost(&shown));
+        let h2 = self::head(p, smaller, &pins);
+        used = without + h2.as_ref().map_or(0, |h| cost(&h.text));
+        head = h2;
+        shrunk = true;
+    }
     // The turns before the fold that stayed are part of the stable head.
     let older_kept = fixed.saturating_sub(dropped);
     let marked = marks(&shown, p.first_ms);
@@ -800,11 +904,21 @@ pub fn assemble(p: &Parts) -> Window {
     };
     // The turns a query found, best first, each with its short reply; shown in order.
     let mut found: Vec<&Episode> = Vec::new();
+    let mut excerpts: BTreeMap<u64, String> = BTreeMap::new();
     let mut found_used = 0u32;
     // A coding session's digest comes first: its essential sections, then the rest.
-    let mut digest = crate::digest::render(p.digest, left.saturating_sub(MESSAGE_COST));
-    if !digest.is_empty() && estimate_tokens(&digest) + 2 > left {
-        digest.clear();
+    // (A digest that leaves entries out says so in a line of its own; where that line takes
+    // it past the room, it is rendered again within less.)
+    let mut room = left.saturating_sub(MESSAGE_COST);
+    let mut digest = crate::digest::render(p.digest, room);
+    while !digest.is_empty() && estimate_tokens(&digest) + 2 > left {
+        let over = estimate_tokens(&digest) + 2 - left;
+        if room <= over {
+            digest.clear();
+            break;
+        }
+        room -= over;
+        digest = crate::digest::render(p.digest, room);
     }
     let digest_cost = if digest.is_empty() {
         0
@@ -814,6 +928,8 @@ pub fn assemble(p: &Parts) -> Window {
     left -= digest_cost;
     if !p.found.is_empty() {
         let room = left.saturating_sub(estimate_tokens(FOUND_HEADER) + 2);
+        // A long turn gives its matching sentences within a share of the room.
+        let cap = (room / FOUND_TURN_SHARE).max(FOUND_TURN_MIN);
         let mut spent = 0u32;
         let mut days: BTreeSet<String> = BTreeSet::new();
         for f in p.found {
@@ -828,11 +944,19 @@ pub fn assemble(p: &Parts) -> Window {
             {
                 add.push(r);
             }
+            for e in &add {
+                if let Some(x) = found_excerpt(&e.content, p.query, cap) {
+                    excerpts.insert(e.id, x);
+                }
+            }
             let line = |e: &Episode, beside: Option<&Episode>| {
                 let mark = found_day(e)
                     .filter(|d| !days.contains(d) && beside.and_then(found_day).as_ref() != Some(d))
                     .map_or(0, |d| estimate_tokens(&d) + 3);
-                estimate_tokens(&found_line(e)) + 1 + mark
+                let text = excerpts
+                    .get(&e.id)
+                    .map_or(e.content.as_str(), String::as_str);
+                estimate_tokens(&found_line(e, text)) + 1 + mark
             };
             let mut c: u32 = line(add[0], None) + add.get(1).map_or(0, |r| line(r, Some(add[0])));
             if spent + c > room && add.len() > 1 {
@@ -853,7 +977,7 @@ pub fn assemble(p: &Parts) -> Window {
     }
     found.sort_by_key(|e| e.id);
     let found_text = (!found.is_empty()).then(|| {
-        let lines = found_lines(&found);
+        let lines = found_lines(&found, &excerpts);
         crate::prompt::neutralize(&format!("{FOUND_HEADER}\n{}", lines.join("\n")))
     });
     // Beside an offline chain, its lines that hold the query's words and the head does not
@@ -1135,6 +1259,7 @@ mod tests {
             unfolded: &[],
             found: &[],
             with_query: false,
+            head_share: HEAD_SHARE,
             query: &[],
         }
     }
@@ -1432,6 +1557,65 @@ mod tests {
         let note = w.note.as_deref().expect("the digest");
         assert!(note.contains("src/main.rs"), "{note}");
         assert!(w.parts.digest > 0);
+    }
+
+    #[test]
+    fn a_digest_that_leaves_entries_out_keeps_the_latest_request_at_any_budget() {
+        let rows = [row(1, 16, 30)];
+        let tail: Vec<Episode> = (17..=18).map(|i| ep(i, 40)).collect();
+        let entry = |text: String, kind, episode| crate::ledger::Entry {
+            text,
+            kind,
+            episode,
+            count: 1,
+        };
+        let mut digest = vec![entry(
+            "please also add a note about the health check to the testing guide".into(),
+            crate::ledger::Kind::Request,
+            15,
+        )];
+        for i in 0..12 {
+            digest.push(entry(
+                format!("src/module_{i}/a_rather_long_file_name.rs"),
+                crate::ledger::Kind::Edited,
+                14,
+            ));
+        }
+        for budget in (120..400).step_by(7) {
+            let mut p = parts(&rows, &tail, None, budget);
+            p.digest = &digest;
+            let w = super::assemble(&p);
+            assert!(w.tokens <= budget, "{budget}: {}", w.tokens);
+            let note = w.note.as_deref().unwrap_or_default();
+            assert!(
+                note.contains("Latest request (#15)"),
+                "{budget}: {note:?} {:#?}",
+                w.messages
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_found_turn_is_shown_by_its_matching_sentences_within_its_cap() {
+        let filler = "The weather was mild and we talked about nothing in particular.";
+        let text = format!(
+            "{f} {f} My first sprint ends on March 29 and the retro is after it. {f} {f} {f} The sprint board lives in Jira. {f}",
+            f = filler
+        );
+        let terms = crate::search::query("When does my first sprint end?");
+        let x = found_excerpt(&text, &terms, 30).expect("an excerpt");
+        assert!(x.contains("My first sprint ends on March 29"), "{x}");
+        assert!(!x.contains("weather"), "{x}");
+        assert!(x.starts_with("…") && x.ends_with("…"), "{x}");
+        assert!(estimate_tokens(&x) <= 30, "{x}");
+        // A turn that fits is shown whole; without a query nothing is cut.
+        assert_eq!(found_excerpt(filler, &terms, 30), None);
+        assert_eq!(found_excerpt(&text, &[], 30), None);
+        // Two matching sentences apart: the gap between them is marked.
+        let terms = crate::search::query("sprint Jira board");
+        let x = found_excerpt(&text, &terms, 60).unwrap();
+        assert!(x.contains("March 29") && x.contains("Jira"), "{x}");
+        assert!(x.contains(" … The sprint board"), "{x}");
     }
 
     #[test]

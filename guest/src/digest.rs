@@ -498,6 +498,9 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
             }
         }
     }
+    // The sections after the latest request leave room for the line that says what was left
+    // out.
+    cap = budget.saturating_sub(estimate_tokens(&format!("(99 {LEFT_OUT})")) + 1);
     if let Some(f) = v.unresolved {
         let t = format!("Unresolved error (#{}): {}", f.episode, f.text);
         if fits(&t, &mut used, cap) {
@@ -535,7 +538,7 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
             left_out += 1;
         }
     }
-    cap = used + budget.saturating_sub(used) / 3;
+    cap = cap.min(used + budget.saturating_sub(used) / 3);
     if v.requests.len() > 1 {
         let r = v.requests[0];
         let t = format!("First request (#{}): {}", r.episode, r.text);
@@ -597,8 +600,10 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
             reads.join(" · ")
         ));
     }
-    if left_out > 0 {
-        out.push(format!("({left_out} {LEFT_OUT})"));
+    // What was left out is said where the budget has room for the line.
+    let said = format!("({left_out} {LEFT_OUT})");
+    if left_out > 0 && used + estimate_tokens(&said) < budget {
+        out.push(said);
     }
     out.join("\n")
 }

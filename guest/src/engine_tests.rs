@@ -1557,7 +1557,7 @@ fn a_small_ledger_slice_bounds_the_prompt_and_the_context_but_the_row_keeps_ever
     // The ledger widens into the stable head's share (the rest is the turns since the fold).
     let head = w.window.parts.summary + w.window.parts.ledger;
     assert!(
-        head * 4 >= crate::context::share_of(1900, crate::context::HEAD_SHARE) * 3,
+        head * 4 >= crate::context::share_of(1900, crate::context::head_share(c.engine)) * 3,
         "{} identifiers in {head} tokens: {:?}",
         w.window.identifiers,
         w.window.parts
@@ -1655,7 +1655,7 @@ fn the_second_level_keeps_episode_one_in_a_small_context_over_a_thousand_turns()
     // budget, so more room shows more detail rather than the compacted text.
     assert_eq!(w.window.level, 0);
     assert!(
-        w.window.tokens * 100 >= 700 * crate::context::HEAD_SHARE,
+        w.window.tokens * 100 >= 700 * crate::context::head_share(c.engine),
         "{} of 700",
         w.window.tokens
     );
@@ -2288,7 +2288,7 @@ fn a_long_dated_chat_keeps_its_planted_facts_in_a_small_context() {
     assert!(w.window.tokens <= budget, "{} > {budget}", w.window.tokens);
     // At least the low-water mark: the stable head's share.
     assert!(
-        w.window.tokens * 100 >= budget * crate::context::HEAD_SHARE,
+        w.window.tokens * 100 >= budget * crate::context::head_share(c.engine),
         "{} of {budget} used:\n{text}",
         w.window.tokens
     );

@@ -159,7 +159,7 @@ pub fn for_context(
             format!(
                 "{} tokens wait beyond the summary, more than the {} % of a {}-token context the turns since a fold may take",
                 o.tokens,
-                crate::context::TAIL_HIGH,
+                crate::context::tail_high(cfg.engine),
                 o.budget
             )
         });

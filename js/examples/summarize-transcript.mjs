@@ -14,7 +14,7 @@ const parsed = await engine.parseTranscript(createReadStream(file), { name: base
 for (const w of parsed.warnings) console.error(w);
 for (const conv of parsed.conversations) {
   const session = conv.id ?? basename(file);
-  await engine.append(session, conv.episodes);
+  await engine.appendImported(session, conv.episodes);
   const out = await engine.summarizeNow(session, { engine: flag === '--url' ? 'llm' : 'extractive' });
   console.log(`${session} (${parsed.format}): ${conv.episodes.length} episodes, ${out.passes} pass(es)\n${out.written.at(-1).content}`);
 }

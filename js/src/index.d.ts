@@ -408,6 +408,8 @@ export class Engine {
   ): Promise<ParsedTranscript>;
   readonly store: Store;
   append(session: string, episodes: NewEpisode[]): Promise<number>;
+  /** `append` for an imported transcript: an episode without a timestamp stays undated. */
+  appendImported(session: string, episodes: NewEpisode[]): Promise<number>;
   afterEpisodeWritten(session: string, config?: Partial<Config>): Promise<Outcome>;
   summarizeNow(session: string, config?: Partial<Config>): Promise<Outcome>;
   chain(session: string): Promise<SummaryRow[]>;

@@ -50,6 +50,9 @@ function coreModules() {
 }
 
 const big = (n) => (n === undefined || n === null ? undefined : BigInt(n));
+/** Episodes as the guest's `new-episode` records (the guest fills in tokens and terms). */
+const newEpisodes = (episodes) =>
+  episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0, speaker: e.speaker ?? undefined, terms: '' }));
 const num = (b) => (b === undefined || b === null ? undefined : Number(b));
 
 const rowToJs = (r) => ({
@@ -483,9 +486,17 @@ export class Engine {
    * tokens. Returns how many were new (known source keys are skipped).
    */
   async append(session, episodes) {
-    const eps = episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0, speaker: e.speaker ?? undefined, terms: '' }));
     const g = await this.#guest();
-    return exportCall(() => g.summarizer.append(session, eps));
+    return exportCall(() => g.summarizer.append(session, newEpisodes(episodes)));
+  }
+
+  /**
+   * `append` for an imported transcript (what `parseTranscript` returns): an episode without
+   * a timestamp stays undated, since the import's clock is not when it was said.
+   */
+  async appendImported(session, episodes) {
+    const g = await this.#guest();
+    return exportCall(() => g.summarizer.appendImported(session, newEpisodes(episodes)));
   }
 
   /** Run the trigger after an episode write; summarize until caught up if it holds. */
@@ -650,7 +661,7 @@ export class Engine {
    * `fs.createReadStream(path)`. Options: `format` (`jsonl`, `openai`, `claude-code`,
    * `chatgpt`; default: detect), `includeTools`, `skipInvalid`, `firstLine`, `name`,
    * `maxEpisodeBytes`, `maxEpisodes` (most messages the input may hold; 0: no limit). Returns `{format, conversations: [{index, id, title, episodes}],
-   * warnings}`; episodes are `{role, content, timestampMs, sourceKey}`, ready for `append`.
+   * warnings}`; episodes are `{role, content, timestampMs, sourceKey}`, ready for `appendImported`.
    * A bad file throws an AbridgeError whose `kind` is the WIT parse-error case.
    */
   async parseTranscript(source, options = {}) {

@@ -58,6 +58,20 @@ test('appends are idempotent by source key, in both stores', async () => {
   }
 });
 
+test('an imported transcript keeps no invented times; an appended message its arrival', async () => {
+  const store = await SqliteStore.open(':memory:');
+  const engine = await createEngine({ store });
+  assert.equal(await engine.appendImported('imported', [turn(0, 'yesterday I moved to Lyon')]), 1);
+  assert.equal(await engine.append('live', [turn(0, 'yesterday I moved to Lyon')]), 1);
+  const [imported] = store.episodesAfter('imported', 0, 10);
+  const [live] = store.episodesAfter('live', 0, 10);
+  assert.equal(imported.timestampMs ?? null, null);
+  assert.equal(typeof live.timestampMs, 'number');
+  // Nothing in the context dates the imported message.
+  const w = await engine.context('imported', { budget: 200 });
+  assert.doesNotMatch(w.messages.map((m) => m.content).join('\n'), /\(= |20\d\d/);
+});
+
 test('node:sqlite data survives a new engine and the chain rule is enforced', async () => {
   const path = join(mkdtempSync(join(tmpdir(), 'abridge-js-')), 'chain.db');
   let store = await SqliteStore.open(path);

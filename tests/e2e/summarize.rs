@@ -682,3 +682,106 @@ fn offline_summaries_are_rewritten_by_the_model_once_one_is_reachable() {
     );
     assert_eq!(other_after.len(), other.len());
 }
+
+#[test]
+fn an_imported_transcript_without_times_gets_no_invented_dates_and_a_posted_message_its_arrival() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let lines: String = (1..=40)
+        .map(|i| {
+            let (role, text) = if i % 2 == 1 {
+                (
+                    "user",
+                    format!("Turn {i}: yesterday I bought {i} apples at the Porto market."),
+                )
+            } else {
+                (
+                    "assistant",
+                    format!("Reply {i}: lovely, what else was at the market?"),
+                )
+            };
+            format!("{}\n", serde_json::json!({"role": role, "content": text}))
+        })
+        .collect();
+    let file = env.write("untimed.jsonl", lines);
+    env.run(&["summarize", file.to_str().unwrap(), "--session", "u"])
+        .assert_ok();
+    // Neither the context (its summary, day marks, the found turns and their times) nor a
+    // stored episode says a date nobody said: no year, no month, no time of day, and
+    // "yesterday" is left as said.
+    let months = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    for args in [
+        &["context", "u", "--budget", "300", "--json"][..],
+        &[
+            "context",
+            "u",
+            "--budget",
+            "300",
+            "--query",
+            "how many apples on turn 7",
+            "--json",
+        ],
+    ] {
+        let v = env.run(args).assert_ok().json();
+        let text: String = v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(text.contains("Turn "), "{text}");
+        for m in months {
+            assert!(!text.contains(m), "{args:?} invented a date ({m}): {text}");
+        }
+        assert!(
+            !text.contains("(= "),
+            "{args:?} resolved a relative day: {text}"
+        );
+        assert!(
+            !text.split_whitespace().any(|w| w.len() == 5
+                && w.as_bytes()[2] == b':'
+                && w.chars().filter(|c| c.is_ascii_digit()).count() == 4),
+            "{args:?} invented a time of day: {text}"
+        );
+        assert_eq!(v["parts"]["days"], 0, "{v}");
+    }
+    let stored = |session: &str, episode: &str| -> Vec<Value> {
+        env.run(&["expand", session, "--episode", episode, "--json"])
+            .assert_ok()
+            .json()["messages"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let around = stored("u", "7");
+    assert!(
+        around
+            .iter()
+            .any(|m| m["content"].as_str().unwrap().starts_with("Turn 7"))
+    );
+    assert!(
+        around.iter().all(|m| m["timestamp_ms"].is_null()),
+        "{around:?}"
+    );
+    // Messages fed as they arrive (a chat app's ingest) keep their arrival time.
+    env.run_stdin(
+        &["ingest", "--session", "live"],
+        b"{\"role\": \"user\", \"content\": \"Book the room for Thursday.\"}\n",
+    )
+    .assert_ok();
+    let live = stored("live", "1");
+    assert!(live[0]["timestamp_ms"].as_i64().is_some(), "{live:?}");
+}

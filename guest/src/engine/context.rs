@@ -47,7 +47,7 @@ pub struct ContextWindow {
 
 /// What a context of `budget` tokens cannot carry beside the summary covering `covered`:
 /// `None` while what lies beyond it (through `last`, message costs included) fits the tail's
-/// high-water mark ([`crate::context::TAIL_HIGH`] of the budget; the stable head has the
+/// high-water mark ([`crate::context::tail_high`] of the budget; the stable head has the
 /// rest). Otherwise the newest episode a fold must cover: every one in eager and idle modes;
 /// in window mode the first whose successors fit the low-water mark
 /// ([`crate::context::TAIL_LOW`]), so the turns that follow append to an unchanged prefix
@@ -76,7 +76,8 @@ pub fn overflow_cut(
     };
     let tokens = cost(through(h, covered)?, covered);
     // (Nine tenths of it: the day marks a context adds to the turns are not counted here.)
-    if tokens <= u64::from(crate::context::share_of(budget, crate::context::TAIL_HIGH)) * 9 / 10 {
+    let high = crate::context::tail_high(cfg.engine);
+    if tokens <= u64::from(crate::context::share_of(budget, high)) * 9 / 10 {
         return Ok(None);
     }
     if cfg.mode != policy::Mode::Window {
@@ -357,7 +358,7 @@ pub fn context(
         .iter()
         .map(|e| crate::context::cost(&e.content))
         .sum();
-    let share = crate::context::share_of(req.budget, crate::context::HEAD_SHARE)
+    let share = crate::context::share_of(req.budget, crate::context::head_share(cfg.engine))
         .saturating_sub(pins_cost)
         .saturating_sub(cfg.ledger_tokens.min(req.budget / 4))
         .saturating_sub(crate::context::cost(crate::context::SUMMARY_HEADER));
@@ -479,6 +480,7 @@ pub fn context(
         unfolded: &unfolded.entries,
         found: &found,
         with_query,
+        head_share: crate::context::head_share(cfg.engine),
         query: &query,
     });
     Ok(ContextWindow {

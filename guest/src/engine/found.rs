@@ -9,7 +9,7 @@ use crate::search;
 /// Most hits one search page holds.
 pub const PAGE_MAX: u32 = 100;
 /// Most earlier turns a query adds to a context (before the budget's share cuts them).
-pub const FOUND_MAX: usize = 40;
+pub const FOUND_MAX: usize = 100;
 /// A turn is found only when it scores at least this share (percent) of the best turn's
 /// score: below it a turn matches the query's commonest words alone (a name said in every
 /// other turn), and the room is the summary's.

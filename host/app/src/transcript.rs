@@ -35,6 +35,10 @@ pub struct Options {
     /// How the caller names a format, in messages that ask for one (`None`: the command
     /// line's `--format`; the service says `?format=`).
     pub format_flag: Option<&'static str>,
+    /// The messages arrive as they are read (a watched file's new lines): one without a time is
+    /// dated by its arrival. Otherwise (a file imported whole) it stays undated: the import's
+    /// clock is not when it was said.
+    pub arrived: bool,
 }
 
 /// One conversation read from a file.
@@ -468,7 +472,11 @@ pub async fn store(
                 .position(p.index)
                 .filter(|&i| !p.episodes.is_empty() && !sessions[i].is_empty())
             {
-                added[i] += engine.append(&sessions[i], &p.episodes).await?;
+                added[i] += if opts.arrived {
+                    engine.append(&sessions[i], &p.episodes).await?
+                } else {
+                    engine.append_imported(&sessions[i], &p.episodes).await?
+                };
             }
         }
     }

@@ -578,6 +578,9 @@ impl Scoped {
             include_tools,
             skip_invalid: true,
             first_line: first_line as usize,
+            // A watched file is followed live: a line without a time is dated by when the
+            // watcher read it (idle mode waits for quiet from it).
+            arrived: true,
             ..Options::default()
         };
         let mut added = 0u64;

@@ -631,6 +631,16 @@ impl Abridge {
         summarizer!(self, None, call_append(session, episodes))
     }
 
+    /// Append an imported transcript's episodes: as [`append`](Self::append), but an episode
+    /// without a timestamp stays without one (an import's clock is not a message's time).
+    pub async fn append_imported(
+        &self,
+        session: &str,
+        episodes: &[NewEpisode],
+    ) -> Result<u32, CallError> {
+        summarizer!(self, None, call_append_imported(session, episodes))
+    }
+
     /// Run the trigger after an episode write; summarize until caught up if it holds.
     pub async fn after_episode_written(
         &self,

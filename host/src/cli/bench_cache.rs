@@ -186,12 +186,13 @@ fn generated() -> Conversation {
             t
         };
         let speaker = if i % 2 == 0 { "Ana" } else { "Assistant" };
-        turns.push((speaker.to_string(), text, at));
+        turns.push((speaker.to_string(), text, Some(at)));
     }
     Conversation {
         turns,
         first: "Ana".into(),
         qa: Vec::new(),
+        set: "generated",
     }
 }
 
@@ -226,7 +227,10 @@ async fn measure(
         } else {
             "assistant"
         };
-        let line = json!({"role": role, "content": text, "name": speaker, "timestamp": ms});
+        let mut line = json!({"role": role, "content": text, "name": speaker});
+        if let Some(ms) = ms {
+            line["timestamp"] = json!(ms);
+        }
         let posted = local
             .append_jsonl(session, format!("{line}\n").into_bytes())
             .await

@@ -53,16 +53,23 @@ fn answer_words(answer: &str) -> Vec<String> {
 
 /// A conversation of the set.
 pub(super) struct Conversation {
-    /// (speaker, text, ms).
-    pub(super) turns: Vec<(String, String, i64)>,
+    /// (speaker, text, ms): a set without times (BEAM) has none, and none is invented.
+    pub(super) turns: Vec<(String, String, Option<i64>)>,
     pub(super) first: String,
     /// (question, answer words).
     pub(super) qa: Vec<(String, Vec<String>)>,
+    /// The set it is from ("LoCoMo", "REALTALK", "BEAM"), for the per-set means.
+    pub(super) set: &'static str,
 }
 
 /// "1:56 pm on 8 May, 2023" as ms since the epoch (UTC).
 fn session_time(s: &str) -> Option<i64> {
-    let t = jiff::fmt::strtime::parse("%I:%M %p on %d %B, %Y", s)
+    parse_time("%I:%M %p on %d %B, %Y", s)
+}
+
+/// `s` in `format` as ms since the epoch (UTC).
+fn parse_time(format: &str, s: &str) -> Option<i64> {
+    let t = jiff::fmt::strtime::parse(format, s)
         .ok()?
         .to_datetime()
         .ok()?;
@@ -77,15 +84,45 @@ fn day_of(ms: i64) -> String {
         .unwrap_or_default()
 }
 
+/// A question's answer words, when it has an answer with any.
+fn qa_of(question: &Value, answer: &Value) -> Option<(String, Vec<String>)> {
+    let answer = match answer {
+        Value::String(s) => s.clone(),
+        Value::Null => return None,
+        other => other.to_string(),
+    };
+    let aw = answer_words(&answer);
+    (!aw.is_empty()).then(|| (question.as_str().unwrap_or("").to_string(), aw))
+}
+
+/// A conversation of one of the sets `bench context` reads, told apart by its layout:
+/// - LoCoMo: `speaker_a`, `session_N` turns (`speaker`, `text`, a photo's `blip_caption`),
+///   `session_N_date_time`, and `qa` (categories 1–4 have answers);
+/// - REALTALK (LoCoMo's layout for two people's messaging-app chats): `name.speaker_1`,
+///   `session_N` turns with `clean_text` and their own `date_time` ("29.12.2023, 22:42:04");
+/// - BEAM (long user–assistant chats without times): a folder (or its `chat.json`) of batches
+///   of turns (`role`, `content`), with `probing_questions.json` beside it or in
+///   `probing_questions/`; the questions with a stated answer (`answer`, `ideal_answer` or
+///   `ideal_summary`) count, not those that test abstention or how a reply is written.
 pub(super) fn load(path: &Path) -> anyhow::Result<Conversation> {
-    let v: Value = serde_json::from_slice(&std::fs::read(path)?)
+    if path.is_dir() {
+        return load_beam(&path.join("chat.json"));
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("{} is not JSON", path.display()))?;
+    if v.is_array() {
+        return load_beam(path);
+    }
+    if let Some(first) = v["name"]["speaker_1"].as_str() {
+        return load_realtalk(&v, first);
+    }
     let c = v.get("conversation").unwrap_or(&v);
     let first = c["speaker_a"]
         .as_str()
         .ok_or_else(|| {
             anyhow!(
-                "{}: no speaker_a (not a LoCoMo conversation)",
+                "{}: neither LoCoMo (speaker_a), REALTALK (name.speaker_1) nor BEAM (a list of batches of turns)",
                 path.display()
             )
         })?
@@ -103,7 +140,7 @@ pub(super) fn load(path: &Path) -> anyhow::Result<Conversation> {
                 text.push_str(&format!(" [shares a photo: {cap}]"));
             }
             let speaker = t["speaker"].as_str().unwrap_or("").to_string();
-            turns.push((speaker, text, at + i as i64 * 30_000));
+            turns.push((speaker, text, Some(at + i as i64 * 30_000)));
         }
         n += 1;
     }
@@ -112,17 +149,101 @@ pub(super) fn load(path: &Path) -> anyhow::Result<Conversation> {
         .into_iter()
         .flatten()
         .filter(|q| matches!(q["category"].as_i64(), Some(1..=4)))
-        .filter_map(|q| {
-            let answer = match &q["answer"] {
-                Value::String(s) => s.clone(),
-                Value::Null => return None,
-                other => other.to_string(),
-            };
-            let aw = answer_words(&answer);
-            (!aw.is_empty()).then(|| (q["question"].as_str().unwrap_or("").to_string(), aw))
-        })
+        .filter_map(|q| qa_of(&q["question"], &q["answer"]))
         .collect();
-    Ok(Conversation { turns, first, qa })
+    Ok(Conversation {
+        turns,
+        first,
+        qa,
+        set: "LoCoMo",
+    })
+}
+
+fn load_realtalk(v: &Value, first: &str) -> anyhow::Result<Conversation> {
+    let mut turns = Vec::new();
+    let mut n = 1;
+    while let Some(session) = v.get(format!("session_{n}")).and_then(Value::as_array) {
+        for t in session {
+            let mut text = t["clean_text"].as_str().unwrap_or("").to_string();
+            if let Some(cap) = t["blip_caption"].as_str() {
+                text.push_str(&format!(" [shares a photo: {cap}]"));
+            }
+            let at = t["date_time"]
+                .as_str()
+                .and_then(|d| parse_time("%d.%m.%Y, %H:%M:%S", d));
+            let speaker = t["speaker"].as_str().unwrap_or("").to_string();
+            turns.push((speaker, text, at));
+        }
+        n += 1;
+    }
+    if turns.is_empty() {
+        return Err(anyhow!("no session_1 turns (not a REALTALK conversation)"));
+    }
+    let qa = v["qa"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|q| qa_of(&q["question"], &q["answer"]))
+        .collect();
+    Ok(Conversation {
+        turns,
+        first: first.to_string(),
+        qa,
+        set: "REALTALK",
+    })
+}
+
+fn load_beam(chat: &Path) -> anyhow::Result<Conversation> {
+    let v: Value = serde_json::from_slice(
+        &std::fs::read(chat).with_context(|| format!("reading {}", chat.display()))?,
+    )
+    .with_context(|| format!("{} is not JSON", chat.display()))?;
+    let mut turns = Vec::new();
+    for batch in v.as_array().into_iter().flatten() {
+        for turn in batch["turns"].as_array().into_iter().flatten() {
+            for m in turn.as_array().into_iter().flatten() {
+                let role = m["role"].as_str().unwrap_or("user").to_string();
+                let text = m["content"].as_str().unwrap_or("").to_string();
+                turns.push((role, text, None));
+            }
+        }
+    }
+    if turns.is_empty() {
+        return Err(anyhow!(
+            "{}: no batches of turns (not a BEAM chat)",
+            chat.display()
+        ));
+    }
+    let dir = chat.parent().unwrap_or(Path::new("."));
+    let questions = [
+        dir.join("probing_questions.json"),
+        dir.join("probing_questions").join("probing_questions.json"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .ok_or_else(|| anyhow!("{}: no probing_questions.json beside it", chat.display()))?;
+    let q: Value = serde_json::from_slice(&std::fs::read(&questions)?)
+        .with_context(|| format!("{} is not JSON", questions.display()))?;
+    let mut qa = Vec::new();
+    for list in q.as_object().into_iter().flat_map(|o| o.values()) {
+        for item in list.as_array().into_iter().flatten() {
+            let answer = ["answer", "ideal_answer", "ideal_summary"]
+                .iter()
+                .map(|k| &item[*k])
+                .find(|a| !a.is_null());
+            if let Some(a) = answer
+                && let Some(x) = qa_of(&item["question"], a)
+            {
+                qa.push(x);
+            }
+        }
+    }
+    Ok(Conversation {
+        turns,
+        first: "user".to_string(),
+        qa,
+        set: "BEAM",
+    })
 }
 
 /// The mean share of each question's answer words found among `text`'s words.
@@ -250,6 +371,8 @@ struct Measured {
     p99_q_ms: f64,
     questions: usize,
     history_tokens: u64,
+    /// The set the conversation is from.
+    set: &'static str,
     /// The share of answer words the history itself holds (each turn with its speaker and its
     /// day): a context quoting the history can hold no more (only resolved dates add words).
     ceiling: f64,
@@ -285,9 +408,11 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
         } else {
             "assistant"
         };
-        lines.push_str(
-            &json!({"role": role, "content": text, "name": speaker, "timestamp": ms}).to_string(),
-        );
+        let mut line = json!({"role": role, "content": text, "name": speaker});
+        if let Some(ms) = ms {
+            line["timestamp"] = json!(ms);
+        }
+        lines.push_str(&line.to_string());
         lines.push('\n');
     }
     std::fs::write(&jsonl, lines)?;
@@ -406,7 +531,10 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
     let whole: String = conv
         .turns
         .iter()
-        .map(|(speaker, text, ms)| format!("{} {speaker}: {text}", day_of(*ms)))
+        .map(|(speaker, text, ms)| match ms {
+            Some(ms) => format!("{} {speaker}: {text}", day_of(*ms)),
+            None => format!("{speaker}: {text}"),
+        })
         .collect::<Vec<_>>()
         .join("\n");
     Ok(Measured {
@@ -418,6 +546,7 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
         p99_q_ms: percentile(&times_q, 0.99),
         questions: conv.qa.len(),
         history_tokens: full,
+        set: conv.set,
     })
 }
 
@@ -440,6 +569,8 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
         "p99(q)"
     );
     let mut sums: BTreeMap<u32, Figures> = BTreeMap::new();
+    // Per set: (conversations, figures summed per budget).
+    let mut per_set: BTreeMap<&'static str, (usize, BTreeMap<u32, Figures>)> = BTreeMap::new();
     let mut measured = 0;
     let mut ceiling = 0.0;
     for f in paths {
@@ -463,7 +594,12 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
                     for (sum, v) in e.iter_mut().zip(x) {
                         *sum += v;
                     }
+                    let e = per_set.entry(m.set).or_default().1.entry(*b).or_default();
+                    for (sum, v) in e.iter_mut().zip(x) {
+                        *sum += v;
+                    }
                 }
+                per_set.entry(m.set).or_default().0 += 1;
                 ceiling += m.ceiling;
                 println!(
                     "{name:<10} {} questions, {} tokens of history; ceiling {:.3} (answer words anywhere in the history)",
@@ -471,6 +607,14 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
                 );
             }
             Err(e) => println!("{}: not measured ({e:#})", f.display()),
+        }
+    }
+    // The mean of each set, when the run has more than one set or more than one of a set.
+    if per_set.len() > 1 || per_set.values().any(|(n, _)| *n > 1) {
+        for (set, (n, figures)) in &per_set {
+            for (b, e) in figures {
+                print_row(set, *b, &e.map(|v| v / *n as f64), None);
+            }
         }
     }
     if measured > 1 {
@@ -510,6 +654,78 @@ mod tests {
             Some(1_694_563_740_000)
         );
         assert_eq!(session_time("on a Tuesday"), None);
+    }
+
+    #[test]
+    fn realtalk_and_beam_layouts_are_read_and_a_chat_without_times_gets_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let realtalk = dir.path().join("Chat_1_A_B.json");
+        std::fs::write(
+            &realtalk,
+            json!({
+                "name": {"speaker_1": "Emi", "speaker_2": "elise"},
+                "session_1": [
+                    {"clean_text": "I teach at UCLA.", "speaker": "Emi", "date_time": "29.12.2023, 22:42:04"},
+                    {"clean_text": "Nice!", "speaker": "elise", "date_time": "30.12.2023, 00:32:20",
+                     "blip_caption": "a campus"}
+                ],
+                "session_1_date_time": "29.12.2023, 22:42:04",
+                "qa": [{"question": "Where does Emi teach?", "answer": "UCLA", "category": 1}]
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let c = load(&realtalk).unwrap();
+        assert_eq!(
+            (c.set, c.first.as_str(), c.turns.len()),
+            ("REALTALK", "Emi", 2)
+        );
+        assert_eq!(c.turns[0].2, Some(1_703_889_724_000));
+        assert!(c.turns[1].1.contains("[shares a photo: a campus]"));
+        assert_eq!(
+            c.qa,
+            vec![(
+                "Where does Emi teach?".to_string(),
+                vec!["ucla".to_string()]
+            )]
+        );
+
+        let beam = dir.path().join("1");
+        std::fs::create_dir_all(beam.join("probing_questions")).unwrap();
+        std::fs::write(
+            beam.join("chat.json"),
+            json!([{"batch_number": 1, "turns": [[
+                {"role": "user", "id": 0, "content": "My sprint ends on March 29."},
+                {"role": "assistant", "id": 1, "content": "Noted."}
+            ]]}])
+            .to_string(),
+        )
+        .unwrap();
+        std::fs::write(
+            beam.join("probing_questions").join("probing_questions.json"),
+            json!({
+                "information_extraction": [{"question": "When does my sprint end?", "answer": "March 29"}],
+                "summarization": [{"question": "Summarize.", "ideal_summary": "A sprint plan"}],
+                "abstention": [{"question": "Who is my boss?", "ideal_response": "Not said."}],
+                "preference_following": [{"question": "Suggest a tool.", "rubric": ["lightweight"]}]
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let c = load(&beam).unwrap();
+        assert_eq!(
+            (c.set, c.first.as_str(), c.turns.len()),
+            ("BEAM", "user", 2)
+        );
+        assert!(c.turns.iter().all(|t| t.2.is_none()), "no invented times");
+        let questions: Vec<&str> = c.qa.iter().map(|q| q.0.as_str()).collect();
+        assert_eq!(questions, ["When does my sprint end?", "Summarize."]);
+        assert!(load(&beam.join("chat.json")).is_ok());
+        let err = load(&dir.path().join("missing"))
+            .err()
+            .expect("a missing file is an error")
+            .to_string();
+        assert!(err.contains("reading") && err.contains("missing"), "{err}");
     }
 
     #[test]

@@ -66,6 +66,8 @@ impl ReadArgs {
             // A file on the command line is bounded by --max-bytes.
             max_episodes: 0,
             format_flag: None,
+            // A file read whole: its messages are dated by themselves, not by the import.
+            arrived: false,
         }
     }
 }
