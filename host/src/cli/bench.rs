@@ -20,10 +20,11 @@ use super::{Exit, Failure, Settings};
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// What to measure: `agents` (coding-agent sessions), `context` (what a context keeps of
-    /// a long chat, on LoCoMo conversations) or `cache` (what a context sent on every turn
-    /// costs with prompt caching, on LoCoMo conversations and a generated chat)
+    /// a long chat, on LoCoMo, REALTALK or BEAM conversations) or `cache` (what a context sent
+    /// on every turn costs with prompt caching, on such conversations and a generated chat)
     what: String,
-    /// Session files, or folders searched for `.jsonl` files
+    /// Session files, or folders searched for `.jsonl` files (`agents`); conversation files,
+    /// or a BEAM chat's folder (`context`, `cache`)
     #[arg(required = true)]
     paths: Vec<PathBuf>,
     /// SessionStart runs per session (for the latency percentiles)
