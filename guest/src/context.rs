@@ -841,22 +841,27 @@ pub fn assemble(p: &Parts) -> Window {
     } else {
         budget
     };
+    // The head re-picked within what `target` leaves beside the rest (`used` less the head,
+    // and `tail` tokens of turns), when that is at least `floor`; `used` follows. Whether it was.
+    let refit = |head: &mut Option<Head>, used: &mut u32, target: u32, tail: u32, floor: u32| {
+        let Some(h) = head.as_ref() else {
+            return false;
+        };
+        let without = *used - cost(&h.text);
+        let smaller = target.saturating_sub(without).saturating_sub(tail);
+        if smaller < floor {
+            return false;
+        }
+        let h2 = self::head(p, smaller, &pins);
+        *used = without + h2.as_ref().map_or(0, |h| cost(&h.text));
+        *head = h2;
+        true
+    };
     // Turns since the fold that outgrow the room the head leaves (a fold is due but has not
     // run) first shrink the head, down to a quarter of its share, then give way.
     let mut shrunk = false;
-    if let Some(h) = &head
-        && used + tail_cost(&shown) > limit
-    {
-        let without = used - cost(&h.text);
-        let smaller = limit
-            .saturating_sub(without)
-            .saturating_sub(tail_cost(&shown));
-        if smaller >= room / 4 {
-            let h2 = self::head(p, smaller, &pins);
-            used = without + h2.as_ref().map_or(0, |h| cost(&h.text));
-            head = h2;
-            shrunk = true;
-        }
+    if used + tail_cost(&shown) > limit {
+        shrunk = refit(&mut head, &mut used, limit, tail_cost(&shown), room / 4);
     }
     let mut dropped = 0usize;
     // Turns that give way leave a tenth of the budget to the note that says what they said.
@@ -873,17 +878,8 @@ pub fn assemble(p: &Parts) -> Window {
         dropped += n;
     }
     // Where the newest turn alone leaves too little for the note, the head gives way to it.
-    if let Some(h) = &head
-        && used + tail_cost(&shown) > ceiling
-    {
-        let without = used - cost(&h.text);
-        let smaller = ceiling
-            .saturating_sub(without)
-            .saturating_sub(tail_cost(&shown));
-        let h2 = self::head(p, smaller, &pins);
-        used = without + h2.as_ref().map_or(0, |h| cost(&h.text));
-        head = h2;
-        shrunk = true;
+    if used + tail_cost(&shown) > ceiling {
+        shrunk |= refit(&mut head, &mut used, ceiling, tail_cost(&shown), 0);
     }
     // The turns before the fold that stayed are part of the stable head.
     let older_kept = fixed.saturating_sub(dropped);
@@ -907,18 +903,9 @@ pub fn assemble(p: &Parts) -> Window {
     let mut excerpts: BTreeMap<u64, String> = BTreeMap::new();
     let mut found_used = 0u32;
     // A coding session's digest comes first: its essential sections, then the rest.
-    // (A digest that leaves entries out says so in a line of its own; where that line takes
-    // it past the room, it is rendered again within less.)
-    let mut room = left.saturating_sub(MESSAGE_COST);
-    let mut digest = crate::digest::render(p.digest, room);
-    while !digest.is_empty() && estimate_tokens(&digest) + 2 > left {
-        let over = estimate_tokens(&digest) + 2 - left;
-        if room <= over {
-            digest.clear();
-            break;
-        }
-        room -= over;
-        digest = crate::digest::render(p.digest, room);
+    let mut digest = crate::digest::render(p.digest, left.saturating_sub(MESSAGE_COST));
+    if !digest.is_empty() && estimate_tokens(&digest) + 2 > left {
+        digest.clear();
     }
     let digest_cost = if digest.is_empty() {
         0

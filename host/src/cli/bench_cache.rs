@@ -18,7 +18,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
-use serde_json::json;
 
 use super::bench_context::{Conversation, kept, load};
 use super::settings::BackendChoice;
@@ -218,19 +217,12 @@ async fn measure(
     let mut full = Meter::new();
     let mut recent = Meter::new();
     // The whole history as a chat app would send it, and each turn's rendering.
-    let mut history: Vec<(String, String, u64)> = Vec::new();
+    let mut history: Vec<(String, u64)> = Vec::new();
     let mut folds = 0u64;
     let mut last_view = None;
-    for (speaker, text, ms) in &conv.turns {
-        let role = if *speaker == conv.first {
-            "user"
-        } else {
-            "assistant"
-        };
-        let mut line = json!({"role": role, "content": text, "name": speaker});
-        if let Some(ms) = ms {
-            line["timestamp"] = json!(ms);
-        }
+    for turn in &conv.turns {
+        let line = conv.message(turn);
+        let role = line["role"].as_str().unwrap_or("user");
         let posted = local
             .append_jsonl(session, format!("{line}\n").into_bytes())
             .await
@@ -262,21 +254,21 @@ async fn measure(
         let tokens = est(prompt.clone()).await?;
         abridge.turn(prompt, tokens, shared);
         // The whole history.
-        let one = render([(role, text.as_str())]);
+        let one = render([(role, turn.1.as_str())]);
         let t = est(one.clone()).await?;
-        history.push((role.to_string(), one, t));
-        let prompt: String = history.iter().map(|(_, r, _)| r.as_str()).collect();
-        let tokens: u64 = history.iter().map(|(_, _, t)| t).sum();
+        history.push((one, t));
+        let prompt: String = history.iter().map(|(r, _)| r.as_str()).collect();
+        let tokens: u64 = history.iter().map(|(_, t)| t).sum();
         let shared = tokens - t;
         full.turn(prompt, tokens, shared);
         // The most recent turns cut to the budget.
         let mut used = 0u64;
         let mut from = history.len();
-        while from > 0 && used + history[from - 1].2 <= u64::from(budget) {
-            used += history[from - 1].2;
+        while from > 0 && used + history[from - 1].1 <= u64::from(budget) {
+            used += history[from - 1].1;
             from -= 1;
         }
-        let prompt: String = history[from..].iter().map(|(_, r, _)| r.as_str()).collect();
+        let prompt: String = history[from..].iter().map(|(r, _)| r.as_str()).collect();
         let at = shared_prefix(&recent.previous, &prompt);
         let shared = est(prompt[..at].to_string()).await?;
         recent.turn(prompt, used, shared);

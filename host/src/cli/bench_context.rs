@@ -62,6 +62,23 @@ pub(super) struct Conversation {
     pub(super) set: &'static str,
 }
 
+impl Conversation {
+    /// A turn as a posted message (`{role, content, name, timestamp?}`): the first speaker
+    /// is the user; a turn without a time is posted without one.
+    pub(super) fn message(&self, (speaker, text, ms): &(String, String, Option<i64>)) -> Value {
+        let role = if *speaker == self.first {
+            "user"
+        } else {
+            "assistant"
+        };
+        let mut line = json!({"role": role, "content": text, "name": speaker});
+        if let Some(ms) = ms {
+            line["timestamp"] = json!(ms);
+        }
+        line
+    }
+}
+
 /// "1:56 pm on 8 May, 2023" as ms since the epoch (UTC).
 fn session_time(s: &str) -> Option<i64> {
     parse_time("%I:%M %p on %d %B, %Y", s)
@@ -402,17 +419,8 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
     let tmp = tempfile::tempdir()?;
     let jsonl = tmp.path().join("conversation.jsonl");
     let mut lines = String::new();
-    for (speaker, text, ms) in &conv.turns {
-        let role = if *speaker == conv.first {
-            "user"
-        } else {
-            "assistant"
-        };
-        let mut line = json!({"role": role, "content": text, "name": speaker});
-        if let Some(ms) = ms {
-            line["timestamp"] = json!(ms);
-        }
-        lines.push_str(&line.to_string());
+    for turn in &conv.turns {
+        lines.push_str(&conv.message(turn).to_string());
         lines.push('\n');
     }
     std::fs::write(&jsonl, lines)?;
