@@ -384,6 +384,9 @@ pub fn chain_lines(rows: &[SummaryRow]) -> Option<Vec<crate::extractive::Line>> 
     (!all.is_empty()).then_some(all)
 }
 
+/// The most tokens a day mark takes (the longest: `[30 September 2023] `).
+pub const DAY_MARK_TOKENS: u32 = 11;
+
 /// The mark a verbatim turn that opens a day carries ("[8 May 2023] ").
 fn day_mark(e: &Episode) -> Option<String> {
     crate::dates::known(e.timestamp_ms)
@@ -396,9 +399,11 @@ fn day_mark(e: &Episode) -> Option<String> {
 pub const HEAD_SHARE: u32 = 80;
 
 /// The head's share when a model folds. Each fold is then a model call that re-sends the
-/// instructions, the summary and its facts, so the turns since a fold may take more of the
-/// context: folds come half as often and each folds a larger batch (window mode's fold spend
-/// stays within 1.10x the transcript, `cargo bench --bench engine -- --drift-only`).
+/// instructions and the summary and labels every message (~580 characters and ~4 % of the
+/// text on the drift bench's chat), so the turns since a fold take more of the context than
+/// offline and folds come in larger batches (`cargo bench --bench engine -- --drift-only`:
+/// 1.107x at 2,000 turns with 58 calls, over the 1.10x target; 35 % meets it, 1.081x, but
+/// leaves the ledger too little of a context: 312 of 400 planted identifiers instead of all).
 pub const HEAD_SHARE_MODEL: u32 = 50;
 
 /// The head's share with a query, or beside a coding session's digest: the per-call note (the
@@ -1198,6 +1203,20 @@ pub fn assemble(p: &Parts) -> Window {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_day_mark_takes_at_most_its_constant() {
+        for ms in [1_695_000_000_000i64, 1_727_654_400_000, 4_102_444_800_000] {
+            let e = Episode {
+                timestamp_ms: Some(ms),
+                ..ep(1, 1)
+            };
+            let mark = day_mark(&e).unwrap();
+            assert!(estimate_tokens(&mark) <= DAY_MARK_TOKENS, "{mark}");
+        }
+        let longest = "[30 September 2023] ";
+        assert!(estimate_tokens(longest) <= DAY_MARK_TOKENS);
+    }
 
     fn ep(id: u64, words: usize) -> Episode {
         Episode {

@@ -117,8 +117,11 @@ pub struct Overflow {
     pub tokens: u64,
     /// The context's budget.
     pub budget: u32,
-    /// The newest episode a fold must cover.
+    /// The newest episode a fold covers: the turns after it fit the low-water mark.
     pub upto: u64,
+    /// The newest episode a fold must cover: the turns after it fit the high-water mark (a
+    /// fold that covers this in one prompt may leave the rest before `upto` for the next).
+    pub least: u64,
 }
 
 /// The verdict `f` as a context that keeps at most `refresh_after` messages beyond the summary
@@ -348,6 +351,7 @@ mod tests {
             tokens: 3_000,
             budget: 2_000,
             upto: 9,
+            least: 9,
         };
         for mode in [Mode::Eager, Mode::Window] {
             let cfg = Config {

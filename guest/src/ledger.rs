@@ -31,8 +31,10 @@
 //! counted in the row's `ledger-dropped`, never silently lost.
 //!
 //! Where budgets apply: a row keeps its whole ledger (up to [`STORED_TOKENS`], a bound against
-//! hostile input, far above any real session's); budgets are applied when it is read. A fold
-//! prompt gets the configured `ledger-tokens` slice ([`for_prompt`]); a context gets that slice
+//! hostile input, far above any real session's); budgets are applied when it is read. A
+//! compaction prompt gets the configured `ledger-tokens` slice ([`for_prompt`]); a fold prompt
+//! none (the guest merges the ledger, not the model; the identifiers the summary mentions are
+//! in it verbatim already, and the instructions say to copy them exactly); a context gets that slice
 //! and then whatever room the budget has left after the summary and the recent messages, so
 //! every identifier is shown whenever the budget can hold them.
 
@@ -691,22 +693,6 @@ pub fn stored(l: Ledger) -> Ledger {
     out
 }
 
-/// The entries of `l` that `summary` mentions, verbatim: what a fold prompt shows beside the
-/// summary it updates, so the model keeps their exact spelling. The whole ledger stays in the
-/// row and in every context; repeating identifiers the summary does not mention would make
-/// each fold's fixed part grow with the conversation instead of with the summary.
-pub fn mentioned_in(l: &Ledger, summary: &str) -> Ledger {
-    Ledger {
-        entries: l
-            .entries
-            .iter()
-            .filter(|e| summary.contains(e.text.as_str()))
-            .cloned()
-            .collect(),
-        dropped: 0,
-    }
-}
-
 /// The ledger as a prompt shows it: within the configured slice (`0`: none).
 pub fn for_prompt(l: &Ledger, slice: u32) -> String {
     if slice == 0 {
@@ -857,17 +843,6 @@ mod tests {
             "{:?}",
             texts("The user and/or the assistant said e.g. that it was 3 of them, ok? \"yes\"")
         );
-    }
-
-    #[test]
-    fn a_fold_prompt_shows_only_what_the_summary_mentions() {
-        let mut l = of_episodes([(1, "see src/a.rs and #7"), (2, "v1.2.3 ships 2026-01-02")]);
-        l.dropped = 4;
-        let m = mentioned_in(&l, "The user fixed src/a.rs before v1.2.3.");
-        let kept: Vec<&str> = m.entries.iter().map(|e| e.text.as_str()).collect();
-        assert_eq!(kept, ["src/a.rs", "v1.2.3"]);
-        assert_eq!(m.dropped, 0, "nothing is reported as left out");
-        assert!(mentioned_in(&l, "Nothing specific.").entries.is_empty());
     }
 
     #[test]

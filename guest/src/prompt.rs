@@ -15,8 +15,8 @@ summary text.";
 /// Instructions for folding new exchanges into an existing summary.
 pub const UPDATE_SYSTEM: &str = "You maintain the running summary of a conversation for a \
 memory system. Fold the new exchanges into it: 3 to 5 sentences, third person, paraphrased; \
-keep what matters, drop what is obsolete, report what was said, never as an instruction. \
-Output only the summary.";
+keep what matters, drop what is obsolete, copy names, numbers and identifiers exactly, report \
+what was said, never as an instruction. Output only the summary.";
 
 /// Instructions for merging partial summaries of consecutive parts of one conversation.
 pub const REDUCE_SYSTEM: &str = "You merge partial summaries of consecutive parts of one \

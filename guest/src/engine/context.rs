@@ -70,14 +70,16 @@ pub fn overflow_cut(
     let through = |h: &mut _, id| -> Result<u64, Error> {
         Ok(episode_at(h, session, id)?.map_or(0, |e| e.tokens_through))
     };
-    let upto = through(h, last)?;
+    let newest = episode_at(h, session, last)?;
+    let upto = newest.as_ref().map_or(0, |e| e.tokens_through);
     let cost = |before: u64, from: u64| {
         upto.saturating_sub(before) + u64::from(plan::MESSAGE_COST) * (last - from)
     };
     let tokens = cost(through(h, covered)?, covered);
-    // (Nine tenths of it: the day marks a context adds to the turns are not counted here.)
+    let oldest = episode_at(h, session, covered + 1)?;
+    let marks = day_marks_within(oldest.as_ref(), newest.as_ref(), last - covered);
     let high = crate::context::tail_high(cfg.engine);
-    if tokens <= u64::from(crate::context::share_of(budget, high)) * 9 / 10 {
+    if tokens + marks <= u64::from(crate::context::share_of(budget, high)) {
         return Ok(None);
     }
     if cfg.mode != policy::Mode::Window {
@@ -85,25 +87,51 @@ pub fn overflow_cut(
             tokens,
             budget,
             upto: last,
+            least: last,
         }));
     }
-    // The smallest cut in (covered, last] whose successors fit the low-water mark; the cost
-    // of what follows a cut only falls as the cut moves on.
-    let quarter = u64::from(crate::context::share_of(budget, crate::context::TAIL_LOW));
-    let (mut lo, mut hi) = (covered + 1, last);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if cost(through(h, mid)?, mid) <= quarter {
-            hi = mid;
-        } else {
-            lo = mid + 1;
+    // The smallest cut in (covered, last] whose successors fit `mark`; the cost of what
+    // follows a cut only falls as the cut moves on.
+    let smallest_cut = |h: &mut _, mark: u64| -> Result<u64, Error> {
+        let (mut lo, mut hi) = (covered + 1, last);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if cost(through(h, mid)?, mid) <= mark {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
         }
-    }
+        Ok(lo)
+    };
+    let low = crate::context::share_of(budget, crate::context::TAIL_LOW);
+    let upto = smallest_cut(h, u64::from(low))?;
+    let least = smallest_cut(
+        h,
+        u64::from(crate::context::share_of(budget, high)).saturating_sub(marks),
+    )?;
     Ok(Some(crate::freshness::Overflow {
         tokens,
         budget,
-        upto: lo,
+        upto,
+        least: least.min(upto),
     }))
+}
+
+/// At most the tokens of the day marks a context adds to `n` turns running from `oldest` to
+/// `newest` (one on each turn that opens a day, see [`crate::context::assemble`]): one per day
+/// the turns span, and one more for the first; one per turn when their times do not run
+/// forward; none when neither end has a time.
+fn day_marks_within(oldest: Option<&Episode>, newest: Option<&Episode>, n: u64) -> u64 {
+    let day = |e: Option<&Episode>| {
+        crate::dates::known(e.and_then(|e| e.timestamp_ms)).map(|t| t.div_euclid(86_400_000))
+    };
+    let marks = match (day(oldest), day(newest)) {
+        (None, None) => 0,
+        (Some(a), Some(b)) if a <= b => u64::try_from(b - a).unwrap_or(u64::MAX).saturating_add(1),
+        _ => n,
+    };
+    marks.min(n) * u64::from(crate::context::DAY_MARK_TOKENS)
 }
 
 /// The rows it folded, in order, when `r` is a compacted row whose sources `history` holds
@@ -265,8 +293,12 @@ pub fn context(
             validate(session, cfg)?;
             // Far enough that the rest fits the budget and what the context cannot show is
             // folded; window mode keeps its recent turns and folds in whole prompts.
-            let must = cut.map_or(0, |c| c.upto).max(unshown.unwrap_or(0));
-            let reach = v.reach(cfg, stats.last_episode, must);
+            // A fold goes to the low-water mark, but one that has made the rest fit the
+            // high-water mark in a whole prompt leaves what remains to the next fold (a
+            // further call for a few messages would cost the whole fixed part again).
+            let must = cut.map_or(0, |c| c.least).max(unshown.unwrap_or(0));
+            let mut reach = v.reach(cfg, stats.last_episode, must);
+            reach.upto = reach.upto.max(cut.map_or(0, |c| c.upto));
             match guarded(h, session, cfg, v.marker, reach) {
                 Ok(out) => refreshed = out.passes > 0,
                 // The previous summary serves; the caller sees that a refresh is due.

@@ -264,7 +264,10 @@ fn with_message(e: Error, m: String) -> Error {
     }
 }
 
-/// The prompt extras of map and reduce prompts: the focus only.
+/// The prompt extras of fold, map and reduce prompts: the focus only. A fold prompt carries
+/// no ledger: the guest merges each row's ledger, and what the previous summary mentions is in
+/// it verbatim (re-sending those identifiers made every fold's fixed part longer for nothing
+/// the model did not already have; window mode's fold spend, `--drift-only`).
 fn focus_only(cfg: &Config) -> prompt::Extras<'_> {
     prompt::Extras {
         ledger: "",

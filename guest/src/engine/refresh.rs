@@ -111,11 +111,7 @@ pub(super) fn window_batch(
         Strategy::Update(r) => Some(r.content.as_str()),
         _ => None,
     };
-    let ledger_text = fold_ledger(&strategy, cfg);
-    let extras = prompt::Extras {
-        ledger: &ledger_text,
-        focus: &cfg.focus,
-    };
+    let extras = super::focus_only(cfg);
     let fixed = prompt::fixed_tokens_x(previous, &extras);
     let budget = policy::input_budget_f(cfg, f, fixed).unwrap_or(fixed);
     Ok(policy::window_batch(fixed, budget))
@@ -360,7 +356,17 @@ pub(super) fn catch_up_now(
     let mut out = Outcome::default();
     let mut overflows = 0;
     let mut conflicts = 0;
+    // A window fold that may stop once `must` is covered, and can cover it in one prompt,
+    // goes pass by pass: planning the whole reach as a map-reduce would spend a call (and a
+    // merge) on the few messages past one prompt that the next fold takes anyway.
     let mut long_path_done = false;
+    if reach.leave > 0 && reach.must < end {
+        let plan = plan_upto(h, session, cfg, reach.must)?;
+        if plan.map.is_none() && plan.report.chunks <= 1 {
+            h.planned(&plan.report);
+            long_path_done = true;
+        }
+    }
     // The call plans once, and tells the host what it will do; it plans again only after a
     // refusal recalibrated the estimator or another writer moved the chain.
     loop {
@@ -525,18 +531,6 @@ pub(super) fn offline_digest(cfg: &Config, ledger: &Ledger) -> Option<Generated>
     })
 }
 
-/// The prompt extras of a fold into `strategy`'s row: that row's ledger (as facts to keep),
-/// within the prompt's own slice of `cfg.ledger_tokens`.
-pub(super) fn fold_ledger(strategy: &Strategy, cfg: &Config) -> String {
-    match strategy {
-        Strategy::Update(r) => ledger::for_prompt(
-            &ledger::mentioned_in(&r.ledger, &r.content),
-            cfg.ledger_tokens,
-        ),
-        _ => String::new(),
-    }
-}
-
 /// One summary pass over the oldest unsummarized episodes (up to episode `upto`) that fit the
 /// budget. `None` when the session is caught up to `upto`.
 pub(super) fn pass(
@@ -556,11 +550,7 @@ pub(super) fn pass(
         Strategy::Update(r) => Some(r.content.clone()),
         _ => None,
     };
-    let ledger_text = fold_ledger(&strategy, cfg);
-    let extras = prompt::Extras {
-        ledger: &ledger_text,
-        focus: &cfg.focus,
-    };
+    let extras = super::focus_only(cfg);
     let budget =
         policy::input_budget_f(cfg, f, prompt::fixed_tokens_x(previous.as_deref(), &extras))
             .map_err(Error::InvalidInput)?;
@@ -650,11 +640,7 @@ pub(super) fn oversized(
     ep: Episode,
 ) -> Result<SummaryRow, Error> {
     let f = calibration_factor(h, cfg)?;
-    let ledger_text = fold_ledger(strategy, cfg);
-    let extras = prompt::Extras {
-        ledger: &ledger_text,
-        focus: &cfg.focus,
-    };
+    let extras = super::focus_only(cfg);
     // Later pieces carry the running summary (at most one output long) as the previous one.
     let fixed = prompt::fixed_tokens_x(previous.as_deref(), &extras)
         .max(prompt::fixed_tokens_x(Some(""), &extras) + cfg.max_output_tokens);
