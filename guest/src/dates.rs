@@ -41,7 +41,8 @@ const WEEKDAYS: [&str; 7] = [
     "saturday",
 ];
 
-const MS_PER_DAY: i64 = 86_400_000;
+/// Milliseconds in a day.
+pub const MS_PER_DAY: i64 = 86_400_000;
 
 /// Days since 1970-01-01 of a civil date (Howard Hinnant's `days_from_civil`); the one copy
 /// of it (the transcript's timestamp reader uses it too).

@@ -124,7 +124,8 @@ pub fn overflow_cut(
 /// forward; none when neither end has a time.
 fn day_marks_within(oldest: Option<&Episode>, newest: Option<&Episode>, n: u64) -> u64 {
     let day = |e: Option<&Episode>| {
-        crate::dates::known(e.and_then(|e| e.timestamp_ms)).map(|t| t.div_euclid(86_400_000))
+        crate::dates::known(e.and_then(|e| e.timestamp_ms))
+            .map(|t| t.div_euclid(crate::dates::MS_PER_DAY))
     };
     let marks = match (day(oldest), day(newest)) {
         (None, None) => 0,
@@ -297,8 +298,8 @@ pub fn context(
             // high-water mark in a whole prompt leaves what remains to the next fold (a
             // further call for a few messages would cost the whole fixed part again).
             let must = cut.map_or(0, |c| c.least).max(unshown.unwrap_or(0));
-            let mut reach = v.reach(cfg, stats.last_episode, must);
-            reach.upto = reach.upto.max(cut.map_or(0, |c| c.upto));
+            let aim = cut.map_or(0, |c| c.upto);
+            let reach = v.reach(cfg, stats.last_episode, must, aim);
             match guarded(h, session, cfg, v.marker, reach) {
                 Ok(out) => refreshed = out.passes > 0,
                 // The previous summary serves; the caller sees that a refresh is due.

@@ -19,18 +19,19 @@ pub(super) struct Verdict {
 
 impl Verdict {
     /// How far a refresh of this verdict goes, the newest episode being `last`: window mode
-    /// folds what has left the recent window in whole prompts, never a further call for less
-    /// than a batch (that would cost the whole fixed part for a few messages; they wait for
-    /// the next batch), covering at least `must`; the other modes fold everything.
-    pub(super) fn reach(&self, cfg: &Config, last: u64, must: u64) -> Reach {
-        let edge = refresh_upto(cfg, last);
+    /// folds what has left the recent window (and at least through `aim`) in whole prompts,
+    /// never a further call for less than a batch (that would cost the whole fixed part for a
+    /// few messages; they wait for the next batch), covering at least `must`; the other modes
+    /// fold everything.
+    pub(super) fn reach(&self, cfg: &Config, last: u64, must: u64, aim: u64) -> Reach {
+        let upto = refresh_upto(cfg, last).max(must).max(aim);
         match self.batch {
             Some(batch) => Reach {
-                upto: edge.max(must),
+                upto,
                 must,
                 leave: u64::from(batch),
             },
-            None => Reach::to(edge.max(must)),
+            None => Reach::to(upto),
         }
     }
 }
@@ -187,7 +188,7 @@ pub fn refresh(h: &mut impl Host, session: &str, cfg: &Config) -> Result<Outcome
         Level::Info,
         &format!("session {session}: refreshing: {}", f.reason),
     );
-    let reach = v.reach(cfg, f.episodes, 0);
+    let reach = v.reach(cfg, f.episodes, 0, 0);
     guarded(h, session, cfg, v.marker, reach)
 }
 
@@ -356,13 +357,13 @@ pub(super) fn catch_up_now(
     let mut out = Outcome::default();
     let mut overflows = 0;
     let mut conflicts = 0;
-    // A window fold that may stop once `must` is covered, and can cover it in one prompt,
-    // goes pass by pass: planning the whole reach as a map-reduce would spend a call (and a
-    // merge) on the few messages past one prompt that the next fold takes anyway.
+    // A window fold that must cover something, may stop once it has, and can cover it in one
+    // prompt, goes pass by pass: planning the whole reach as a map-reduce would spend a call
+    // (and a merge) on the few messages past one prompt that the next fold takes anyway.
     let mut long_path_done = false;
     if reach.leave > 0 && reach.must < end {
         let plan = plan_upto(h, session, cfg, reach.must)?;
-        if plan.map.is_none() && plan.report.chunks <= 1 {
+        if plan.map.is_none() && plan.report.chunks == 1 {
             h.planned(&plan.report);
             long_path_done = true;
         }
