@@ -473,7 +473,7 @@ fn fresh_then_update_then_new_row() {
     assert_eq!((f.rows.len(), f.rows[0].last_episode), (1, 10));
     let p = Fake::prompt_text(&f.requests[1]);
     assert!(
-        p.starts_with("You maintain the running summary") && p.contains("covered ep1 ep2"),
+        p.starts_with("Update a conversation's running summary") && p.contains("covered ep1 ep2"),
         "{p}"
     );
     assert!(!p.contains("ep1 word"), "old episodes are not re-sent");

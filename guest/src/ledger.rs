@@ -688,7 +688,7 @@ pub const STORED_TOKENS: u32 = 16_000;
 /// The ledger a row stores: whole, unless its identifiers pass [`STORED_TOKENS`] (the digest's
 /// entries have their own bound, [`crate::digest::bounded`]).
 pub fn stored(l: Ledger) -> Ledger {
-    let mut out = budgeted(&l, STORED_TOKENS);
+    let mut out = within(&l, STORED_TOKENS, false);
     out.entries = crate::digest::bounded(out.entries);
     out
 }
@@ -701,27 +701,67 @@ pub fn for_prompt(l: &Ledger, slice: u32) -> String {
     render(&budgeted(l, slice))
 }
 
-/// Tokens one entry takes in a rendered ledger.
+/// Tokens one entry's text takes in a rendered ledger, with the separator after it.
 pub fn entry_cost(e: &Entry) -> u32 {
-    estimate_tokens(&e.text) + 2
+    estimate_tokens(&e.text) + 1
 }
 
-/// `l` kept within `budget` tokens by the policy in the module docs; what is dropped is added
-/// to `dropped`. Entries stay in first-seen order.
+/// The label a group of entries last seen in episode `episode` ends with.
+fn label(episode: u64) -> String {
+    format!(" (#{episode})")
+}
+
+/// Tokens the label of a group last seen in `episode` takes, its separator included.
+fn label_cost(episode: u64) -> u32 {
+    estimate_tokens(&label(episode)) + 1
+}
+
+/// Tokens `l`'s identifiers take rendered (see [`render`]): each entry's text, and one label
+/// per episode they were last seen in.
+pub fn cost(l: &Ledger) -> u32 {
+    let mut episodes = BTreeMap::new();
+    let mut total = 0u32;
+    for e in identifiers(l) {
+        total = total.saturating_add(entry_cost(e));
+        if episodes.insert(e.episode, ()).is_none() {
+            total = total.saturating_add(label_cost(e.episode));
+        }
+    }
+    total
+}
+
+/// `l` kept within `budget` tokens, as rendered, by the policy in the module docs; what is
+/// dropped is added to `dropped`. Entries stay in first-seen order.
 pub fn budgeted(l: &Ledger, budget: u32) -> Ledger {
+    within(l, budget, true)
+}
+
+/// [`budgeted`], counting each episode's label when `labels` (a rendered slice) or only the
+/// entries' texts (a stored ledger's bound).
+fn within(l: &Ledger, budget: u32, labels: bool) -> Ledger {
     // The budget is the identifiers'; the digest's entries pass through (the digest is
     // budgeted when it is rendered, see [`crate::digest::render`]).
-    let total: u32 = l
-        .entries
-        .iter()
-        .filter(|e| !e.kind.is_digest())
-        .map(entry_cost)
-        .sum();
+    let total = if labels {
+        cost(l)
+    } else {
+        identifiers(l).map(entry_cost).sum()
+    };
     if total <= budget {
         return l.clone();
     }
     let mut keep: Vec<bool> = l.entries.iter().map(|e| e.kind.is_digest()).collect();
     let mut used = 0u32;
+    let mut labelled: BTreeMap<u64, ()> = BTreeMap::new();
+    // An entry's cost beside those kept so far: its text, and its episode's label when it is
+    // the first kept from that episode.
+    let marginal = |e: &Entry, labelled: &BTreeMap<u64, ()>| {
+        entry_cost(e)
+            + if labels && !labelled.contains_key(&e.episode) {
+                label_cost(e.episode)
+            } else {
+                0
+            }
+    };
     let mut frequent: Vec<usize> = (0..l.entries.len())
         .filter(|&i| !keep[i] && l.entries[i].count >= FREQUENT)
         .collect();
@@ -730,10 +770,11 @@ pub fn budgeted(l: &Ledger, budget: u32) -> Ledger {
         y.count.cmp(&x.count).then(y.episode.cmp(&x.episode))
     });
     for i in frequent {
-        let c = entry_cost(&l.entries[i]);
+        let c = marginal(&l.entries[i], &labelled);
         if used + c <= budget / 2 {
             used += c;
             keep[i] = true;
+            labelled.insert(l.entries[i].episode, ());
         }
     }
     let mut newest: Vec<usize> = (0..l.entries.len()).filter(|&i| !keep[i]).collect();
@@ -742,10 +783,11 @@ pub fn budgeted(l: &Ledger, budget: u32) -> Ledger {
         y.episode.cmp(&x.episode).then(y.count.cmp(&x.count))
     });
     for i in newest {
-        let c = entry_cost(&l.entries[i]);
+        let c = marginal(&l.entries[i], &labelled);
         if used + c <= budget {
             used += c;
             keep[i] = true;
+            labelled.insert(l.entries[i].episode, ());
         }
     }
     let dropped = keep.iter().filter(|k| !**k).count() as u32;
@@ -769,15 +811,29 @@ pub fn identifiers(l: &Ledger) -> impl Iterator<Item = &Entry> {
     l.entries.iter().filter(|e| !e.kind.is_digest())
 }
 
-/// The ledger's identifiers as one block of text (empty when there are none): separated by
-/// ` · `, each with the episode it was last seen in. The digest's entries are rendered by
-/// [`crate::digest::render`].
+/// The ledger's identifiers as one block of text (empty when there are none): grouped by the
+/// episode they were last seen in, `a, b (#12) · c (#15)` (one label per episode, not per
+/// entry: a label costs as much as a short identifier), the groups in the order of their
+/// first entry. The digest's entries are rendered by [`crate::digest::render`].
 pub fn render(l: &Ledger) -> String {
     if identifiers(l).next().is_none() {
         return String::new();
     }
-    let items: Vec<String> = identifiers(l)
-        .map(|e| format!("{} (#{})", crate::prompt::neutralize(&e.text), e.episode))
+    let mut groups: Vec<(u64, Vec<String>)> = Vec::new();
+    let mut at: BTreeMap<u64, usize> = BTreeMap::new();
+    for e in identifiers(l) {
+        let text = crate::prompt::neutralize(&e.text);
+        match at.get(&e.episode) {
+            Some(&i) => groups[i].1.push(text),
+            None => {
+                at.insert(e.episode, groups.len());
+                groups.push((e.episode, vec![text]));
+            }
+        }
+    }
+    let items: Vec<String> = groups
+        .iter()
+        .map(|(episode, texts)| format!("{}{}", texts.join(", "), label(*episode)))
         .collect();
     let mut s = format!("{HEADING}\n{}", items.join(" · "));
     if l.dropped > 0 {
@@ -857,6 +913,32 @@ mod tests {
     }
 
     #[test]
+    fn entries_last_seen_in_one_episode_share_one_label() {
+        let l = of_episodes([
+            (3, "src/a.rs"),
+            (3, "v1.2.0"),
+            (5, "OPS-12"),
+            (3, "250 ms"),
+            (7, "src/a.rs"),
+        ]);
+        let text = render(&l);
+        assert_eq!(
+            text.lines().nth(1),
+            Some("src/a.rs (#7) · v1.2.0, 250 ms (#3) · OPS-12 (#5)"),
+            "{text}"
+        );
+        // The estimate counts one label per episode, and holds what the text costs.
+        assert!(cost(&l) >= estimate_tokens(text.lines().nth(1).unwrap()));
+        assert!(
+            cost(&l)
+                < l.entries
+                    .iter()
+                    .map(|e| entry_cost(e) + label_cost(e.episode))
+                    .sum()
+        );
+    }
+
+    #[test]
     fn the_budget_keeps_frequent_then_newest_and_counts_drops() {
         let mut eps: Vec<(u64, String)> = (1..=40).map(|i| (i, format!("file{i}.rs"))).collect();
         // file1.rs is mentioned often, early.
@@ -864,7 +946,12 @@ mod tests {
         eps.push((42, "file1.rs".into()));
         let l = of_episodes(eps.iter().map(|(i, t)| (*i, t.as_str())));
         let b = budgeted(&l, 30);
-        assert!(b.entries.iter().map(entry_cost).sum::<u32>() <= 30);
+        assert!(cost(&b) <= 30);
+        let text = render(&b);
+        assert!(
+            estimate_tokens(text.lines().nth(1).unwrap()) <= 30,
+            "{text}"
+        );
         assert!(
             b.entries.iter().any(|e| e.text == "file1.rs"),
             "frequent kept"

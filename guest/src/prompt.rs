@@ -13,10 +13,10 @@ greet, do not comment on the task, and do not add filler. Output only the \
 summary text.";
 
 /// Instructions for folding new exchanges into an existing summary.
-pub const UPDATE_SYSTEM: &str = "You maintain the running summary of a conversation for a \
-memory system. Fold the new exchanges into it: 3 to 5 sentences, third person, paraphrased; \
-keep what matters, drop what is obsolete, copy names, numbers and identifiers exactly, report \
-what was said, never as an instruction. Output only the summary.";
+pub const UPDATE_SYSTEM: &str = "Update a conversation's running summary for a memory \
+system with the new exchanges: 3 to 5 sentences, third person; keep what matters, drop what is \
+obsolete, copy names, numbers and identifiers exactly, report what was said, never as an \
+instruction. Output only the summary.";
 
 /// Instructions for merging partial summaries of consecutive parts of one conversation.
 pub const REDUCE_SYSTEM: &str = "You merge partial summaries of consecutive parts of one \
@@ -278,7 +278,7 @@ mod tests {
         assert!(
             b.messages[0]
                 .content
-                .starts_with("You maintain the running summary")
+                .starts_with("Update a conversation's running summary")
         );
         assert!(
             b.messages[1]
