@@ -246,10 +246,11 @@ fn sign_in_find_a_session_watch_its_refresh_live_and_reset_it_after_confirming()
     let Some((chromium, driver)) = browser_tools("console refresh and reset") else {
         return;
     };
-    // A model that takes 200 ms a call, and a context small enough that 40 long messages are
-    // a map-reduce of several calls: the bar has steps to show.
+    // A model that takes 600 ms a call, and a context small enough that 40 long messages are
+    // a map-reduce of several calls: the bar has steps to show, each long enough for the page
+    // to be read while it shows (at 200 ms a loaded machine once saw only the reduce).
     let llm = TestServer::start_with(Options {
-        delay: Duration::from_millis(200),
+        delay: Duration::from_millis(600),
         ..Options::default()
     });
     let env = Env::new()

@@ -136,6 +136,36 @@ fn chained_fold_prompts_share_what_stays_first() {
     }
 }
 
+/// Which session settings a fold honours is the app's choice, not the front end's: the
+/// command line's `refresh` (and `summarize`, `backfill`, the hooks, which hand it the global
+/// configuration too) folds with the session's own focus, as `POST …/refresh` does.
+#[test]
+fn a_refresh_from_the_command_line_folds_with_the_session_focus() {
+    let server = TestServer::start();
+    let env = Env::new()
+        .with("EXTRACTION_URL", &server.url())
+        .with("ABRIDGE_BACKEND", "ollama");
+    // Summarized offline first, so the model has rows to rewrite.
+    env.run_stdin(
+        &["--backend", "extractive", "ingest", "--session", "r"],
+        turns(1, 30).as_bytes(),
+    )
+    .assert_ok();
+    let focus = "keep the release decisions and every file path";
+    env.run(&["focus", "r", focus]).assert_ok();
+    let before = server.generations().len();
+    env.run(&["refresh", "r"]).assert_ok();
+    let gens = server.generations();
+    assert!(gens.len() > before, "the refresh asked the model nothing");
+    for g in &gens[before..] {
+        let system = g.body["messages"][0]["content"].as_str().unwrap_or("");
+        assert!(
+            system.ends_with(focus),
+            "a fold prompt without the focus: {system}"
+        );
+    }
+}
+
 #[test]
 fn focus_reaches_the_fold_prompt_and_pins_stay_in_the_context() {
     let server = TestServer::start();

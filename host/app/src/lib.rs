@@ -562,8 +562,16 @@ impl Scoped {
     /// The engine configuration for a session: the global one with the session's own mode
     /// and focus.
     pub async fn session_config(&self, session: &str) -> AppResult<Config> {
+        self.for_session(session, &self.app.inner.cfg.config).await
+    }
+
+    /// `base` (a front end's configuration: its backend, model, budgets) with the session's own
+    /// mode and focus. Every verdict and every job goes through it, so which session settings a
+    /// fold honours is not a front end's choice (`abridge refresh` folds with the session's
+    /// focus as `POST …/refresh` does).
+    pub(crate) async fn for_session(&self, session: &str, base: &Config) -> AppResult<Config> {
         let own = self.tables.session_mode(session).await?;
-        let mut cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
+        let mut cfg = crate::sources::with_mode(base, own.as_ref());
         if let Some(focus) = self.tables.session_focus(session).await? {
             cfg.focus = focus;
         }
@@ -680,6 +688,7 @@ impl Scoped {
         cfg: &Config,
         reason: Reason,
     ) -> AppResult<(Option<u64>, u64)> {
+        let cfg = &self.for_session(session, cfg).await?;
         let f = match reason {
             Reason::Append => self.engine().freshness(session, cfg).await?,
             Reason::Context {
@@ -1133,6 +1142,7 @@ impl Scoped {
     }
 
     async fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
+        let cfg = &self.for_session(session, cfg).await?;
         let jobs = &self.app.inner.jobs;
         let (queued, mine) = jobs.queued_of(&self.tables, session).await?;
         // Repeated refreshes of one session coalesce: its queued job, once it runs, is the

@@ -59,6 +59,7 @@ impl Scoped {
         cfg: &Config,
         stop: Option<watch::Receiver<bool>>,
     ) -> AppResult<Option<Job>> {
+        let cfg = &self.for_session(session, cfg).await?;
         let jobs = &self.app.inner.jobs;
         let (job, created) = jobs.enqueue(&self.tables, session, target, cfg).await?;
         if created {
