@@ -38,7 +38,7 @@
 //! and then whatever room the budget has left after the summary and the recent messages, so
 //! every identifier is shown whenever the budget can hold them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::tokens::estimate_tokens;
 
@@ -719,11 +719,11 @@ fn label_cost(episode: u64) -> u32 {
 /// Tokens `l`'s identifiers take rendered (see [`render`]): each entry's text, and one label
 /// per episode they were last seen in.
 pub fn cost(l: &Ledger) -> u32 {
-    let mut episodes = BTreeMap::new();
+    let mut episodes = BTreeSet::new();
     let mut total = 0u32;
     for e in identifiers(l) {
         total = total.saturating_add(entry_cost(e));
-        if episodes.insert(e.episode, ()).is_none() {
+        if episodes.insert(e.episode) {
             total = total.saturating_add(label_cost(e.episode));
         }
     }
@@ -751,12 +751,12 @@ fn within(l: &Ledger, budget: u32, labels: bool) -> Ledger {
     }
     let mut keep: Vec<bool> = l.entries.iter().map(|e| e.kind.is_digest()).collect();
     let mut used = 0u32;
-    let mut labelled: BTreeMap<u64, ()> = BTreeMap::new();
+    let mut labelled: BTreeSet<u64> = BTreeSet::new();
     // An entry's cost beside those kept so far: its text, and its episode's label when it is
     // the first kept from that episode.
-    let marginal = |e: &Entry, labelled: &BTreeMap<u64, ()>| {
+    let marginal = |e: &Entry, labelled: &BTreeSet<u64>| {
         entry_cost(e)
-            + if labels && !labelled.contains_key(&e.episode) {
+            + if labels && !labelled.contains(&e.episode) {
                 label_cost(e.episode)
             } else {
                 0
@@ -774,7 +774,7 @@ fn within(l: &Ledger, budget: u32, labels: bool) -> Ledger {
         if used + c <= budget / 2 {
             used += c;
             keep[i] = true;
-            labelled.insert(l.entries[i].episode, ());
+            labelled.insert(l.entries[i].episode);
         }
     }
     let mut newest: Vec<usize> = (0..l.entries.len()).filter(|&i| !keep[i]).collect();
@@ -787,7 +787,7 @@ fn within(l: &Ledger, budget: u32, labels: bool) -> Ledger {
         if used + c <= budget {
             used += c;
             keep[i] = true;
-            labelled.insert(l.entries[i].episode, ());
+            labelled.insert(l.entries[i].episode);
         }
     }
     let dropped = keep.iter().filter(|k| !**k).count() as u32;

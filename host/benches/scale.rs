@@ -830,9 +830,8 @@ async fn main() {
         for chunk in eps.chunks(5_000) {
             me.append("s", chunk.to_vec(), Vec::new()).await.unwrap();
         }
-        me.run_or_join("s", u64::MAX, &app.config().config.clone())
-            .await
-            .unwrap();
+        let cfg = me.session_config("s").await.unwrap();
+        me.run_or_join("s", u64::MAX, &cfg).await.unwrap();
         let mut t = Vec::new();
         for _ in 0..a.calls.min(100) {
             let started = Instant::now();
@@ -1398,9 +1397,8 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
             session += 1;
         }
         // The session a context is asked of: summarized (offline), as a chat app's would be.
-        me.run_or_join("s0", u64::MAX, &app.config().config.clone())
-            .await
-            .unwrap();
+        let cfg = me.session_config("s0").await.unwrap();
+        me.run_or_join("s0", u64::MAX, &cfg).await.unwrap();
         let (mut ts, mut tc) = (Vec::new(), Vec::new());
         for i in 0..calls.min(400) {
             let q = &queries[i % queries.len()];

@@ -846,6 +846,7 @@ async fn usage_counts_session_summaries_as_well_as_cluster_summaries() {
         model: "restating".into(),
         ..Config::default()
     };
+    let cfg = me.for_session("chat", &cfg).await.unwrap();
     me.run_or_join("chat", u64::MAX, &cfg).await.unwrap();
     let session_calls = llm.calls.load(Ordering::SeqCst) as u64;
     assert!(session_calls >= 1);

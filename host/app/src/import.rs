@@ -347,9 +347,10 @@ impl Scoped {
         };
         match bring {
             Bring::Later => {}
-            Bring::Now(cfg) => {
-                if let Some(target) = self.due(session, cfg, Reason::Asked).await? {
-                    match self.run_or_join(session, target, cfg).await {
+            Bring::Now(base) => {
+                let cfg = self.for_session(session, base).await?;
+                if let Some(target) = self.due(session, &cfg, Reason::Asked).await? {
+                    match self.run_or_join(session, target, &cfg).await {
                         Ok(job) => out.job = Some(self.job_view(&job)),
                         Err(e) => out.failure = Some(e),
                     }

@@ -82,6 +82,19 @@ use crate::types::{Config, ContextRequest, FreshState, FreshnessReport, Level, N
 /// A log sink for engine messages.
 pub type LogFn = Arc<dyn Fn(Level, &str) + Send + Sync>;
 
+/// A configuration with a session's own mode and focus laid over it, made only by
+/// [`Scoped::for_session`] (or [`Scoped::session_config`]): the only kind a verdict or a job
+/// takes, so no front end can start a fold without the session's settings.
+#[derive(Clone, Debug)]
+pub struct SessionConfig(Config);
+
+impl std::ops::Deref for SessionConfig {
+    type Target = Config;
+    fn deref(&self) -> &Config {
+        &self.0
+    }
+}
+
 /// Everything an [`App`] is opened with (resolved by the front end: flags, environment, file).
 #[derive(Clone)]
 pub struct AppConfig {
@@ -561,21 +574,21 @@ impl Scoped {
 
     /// The engine configuration for a session: the global one with the session's own mode
     /// and focus.
-    pub async fn session_config(&self, session: &str) -> AppResult<Config> {
+    pub async fn session_config(&self, session: &str) -> AppResult<SessionConfig> {
         self.for_session(session, &self.app.inner.cfg.config).await
     }
 
     /// `base` (a front end's configuration: its backend, model, budgets) with the session's own
-    /// mode and focus. Every verdict and every job goes through it, so which session settings a
-    /// fold honours is not a front end's choice (`abridge refresh` folds with the session's
-    /// focus as `POST …/refresh` does).
-    pub(crate) async fn for_session(&self, session: &str, base: &Config) -> AppResult<Config> {
+    /// mode and focus: the only configuration a verdict or a job takes, so which session
+    /// settings a fold honours is not a front end's choice (`abridge refresh` folds with the
+    /// session's focus as `POST …/refresh` does).
+    pub async fn for_session(&self, session: &str, base: &Config) -> AppResult<SessionConfig> {
         let own = self.tables.session_mode(session).await?;
         let mut cfg = crate::sources::with_mode(base, own.as_ref());
         if let Some(focus) = self.tables.session_focus(session).await? {
             cfg.focus = focus;
         }
-        Ok(cfg)
+        Ok(SessionConfig(cfg))
     }
 
     /// Set (`Some`) or clear (`None`) a session's focus instructions (added to every fold
@@ -677,7 +690,12 @@ impl Scoped {
     /// The one due rule: the episode a refresh of `session` under `cfg` must bring it to, or
     /// `None` when nothing is due, for `reason`. Every decision to queue or run a refresh
     /// asks here; the verdicts are the guest's.
-    pub async fn due(&self, session: &str, cfg: &Config, reason: Reason) -> AppResult<Option<u64>> {
+    pub async fn due(
+        &self,
+        session: &str,
+        cfg: &SessionConfig,
+        reason: Reason,
+    ) -> AppResult<Option<u64>> {
         Ok(self.verdict(session, cfg, reason).await?.0)
     }
 
@@ -685,10 +703,9 @@ impl Scoped {
     async fn verdict(
         &self,
         session: &str,
-        cfg: &Config,
+        cfg: &SessionConfig,
         reason: Reason,
     ) -> AppResult<(Option<u64>, u64)> {
-        let cfg = &self.for_session(session, cfg).await?;
         let f = match reason {
             Reason::Append => self.engine().freshness(session, cfg).await?,
             Reason::Context {
@@ -1035,7 +1052,7 @@ impl Scoped {
         &self,
         session: &str,
         episodes: &[NewEpisode],
-        cfg: &Config,
+        cfg: &SessionConfig,
     ) -> AppResult<InlineAppend> {
         check_session(session)?;
         let stored = self.engine().append(session, episodes).await?;
@@ -1111,7 +1128,7 @@ impl Scoped {
     async fn queue_if_due(
         &self,
         session: &str,
-        cfg: &Config,
+        cfg: &SessionConfig,
         for_context: Option<(u32, u32)>,
     ) -> AppResult<(Option<Job>, u64)> {
         // An active job already covers the work: skip the verdict (a guest call) then.
@@ -1141,8 +1158,7 @@ impl Scoped {
         Ok((job, episodes))
     }
 
-    async fn enqueue(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
-        let cfg = &self.for_session(session, cfg).await?;
+    async fn enqueue(&self, session: &str, target: u64, cfg: &SessionConfig) -> AppResult<Job> {
         let jobs = &self.app.inner.jobs;
         let (queued, mine) = jobs.queued_of(&self.tables, session).await?;
         // Repeated refreshes of one session coalesce: its queued job, once it runs, is the

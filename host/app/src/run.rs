@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{AppError, AppResult, ErrorKind, Scoped, SummaryView, What};
+use super::{AppError, AppResult, ErrorKind, Scoped, SessionConfig, SummaryView, What};
 use crate::control::{CallControl, Progress};
 use crate::jobs::{Claim, Job, JobState};
 use crate::runtime::CallError;
-use crate::types::{Config, PlanReport};
+use crate::types::PlanReport;
 
 /// How a job that this process ran or waited for ended, when it did not succeed.
 fn unsuccessful(job: &Job) -> AppError {
@@ -43,7 +43,12 @@ impl Scoped {
     /// already existed, `job.waiting` while another worker holds it, then `job.running` with
     /// the plan, `job.progress`, `summary.written` and the end); subscribe first to see them.
     /// A job that does not succeed is an error that says why.
-    pub async fn run_or_join(&self, session: &str, target: u64, cfg: &Config) -> AppResult<Job> {
+    pub async fn run_or_join(
+        &self,
+        session: &str,
+        target: u64,
+        cfg: &SessionConfig,
+    ) -> AppResult<Job> {
         self.run_or_join_until(session, target, cfg, None)
             .await
             .map(|j| j.expect("without a stop signal a run always ends"))
@@ -56,10 +61,9 @@ impl Scoped {
         &self,
         session: &str,
         target: u64,
-        cfg: &Config,
+        cfg: &SessionConfig,
         stop: Option<watch::Receiver<bool>>,
     ) -> AppResult<Option<Job>> {
-        let cfg = &self.for_session(session, cfg).await?;
         let jobs = &self.app.inner.jobs;
         let (job, created) = jobs.enqueue(&self.tables, session, target, cfg).await?;
         if created {

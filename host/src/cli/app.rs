@@ -8,9 +8,11 @@ use std::time::Instant;
 use anyhow::anyhow;
 
 use abridge_app::jobs::Job;
-use abridge_app::{App, AppConfig, AppError, ErrorKind, Event, Limits, Scoped, What};
+use abridge_app::{
+    App, AppConfig, AppError, ErrorKind, Event, Limits, Scoped, SessionConfig, What,
+};
 use abridge_engine::Progress;
-use abridge_engine::types::{Config, Level};
+use abridge_engine::types::Level;
 
 use super::commands::{Backend, engine_config, runtime};
 use super::progress::{JobProgress, Mode, duration_text};
@@ -290,7 +292,7 @@ pub async fn run_or_join(
     s: &Settings,
     app: &Scoped,
     (session, target): (&str, u64),
-    cfg: &Config,
+    cfg: &SessionConfig,
     show: Show,
 ) -> Result<Job, Failure> {
     shown(

@@ -568,6 +568,7 @@ pub async fn pop(s: &Settings, mut a: PopArgs) -> Result<(), Failure> {
     let mut gone = local.pop(&a.session).await.map_err(|e| fail(s, e))?;
     if let Some(j) = &gone.job {
         let mode = super::progress::Mode::detect(a.json, s.quiet);
+        let cfg = local.for_session(&a.session, &cfg).await?;
         let done = super::app::run_or_join(
             s,
             &local,
@@ -639,12 +640,13 @@ pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
     let mut upgraded = 0usize;
     for session in &sessions {
         let view = local.session(session).await.map_err(|e| fail(s, e))?;
-        if let Some(target) = local.due(session, &cfg, Reason::Asked).await? {
+        let own = local.for_session(session, &cfg).await?;
+        if let Some(target) = local.due(session, &own, Reason::Asked).await? {
             super::app::run_or_join(
                 s,
                 &local,
                 (session, target),
-                &cfg,
+                &own,
                 super::app::Show::Own(mode),
             )
             .await?;

@@ -169,6 +169,7 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
             // the queue with the answers it received.
             // The app's due rule, as asked for: episodes beyond the chain (whatever the mode's
             // trigger), or offline rows to rewrite.
+            let cfg = local.for_session(&session, &cfg).await?;
             let Some(target) = local.due(&session, &cfg, Reason::Asked).await? else {
                 return Ok(());
             };
