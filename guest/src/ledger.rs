@@ -388,7 +388,15 @@ fn capitalised_names(text: &str, out: &mut Vec<(Kind, String)>) {
         let mut i = 0;
         while i < words.len() {
             let raw = words[i];
+            // A list marker, a number, a tag (`[completed]`, `[action]`) or a symbol (`✅`,
+            // `→`): what follows opens an item, like a sentence.
+            let tag = raw.len() > 2
+                && raw.starts_with('[')
+                && raw.ends_with([']', ':'])
+                && !raw[1..].contains('[');
             let marker = matches!(raw, "-" | "*" | "•" | "–" | "—")
+                || tag
+                || !raw.chars().any(char::is_alphanumeric)
                 || raw
                     .trim_end_matches(['.', ')'])
                     .chars()
@@ -1009,6 +1017,15 @@ mod names_tests {
         assert!(names("See you on Fri, or else Tues.").is_empty());
         assert!(names("## Critical Issue Add Buffer Protection\n- Fixed it.").is_empty());
         assert!(names("Sure: Done. OK then.").is_empty());
+        // A coding agent's records open items with tags and symbols: the tool's name and
+        // the verb after them open the item, as a list marker's word does.
+        assert!(names("[action] Bash: chmod +x run.sh").is_empty());
+        assert_eq!(
+            names("[action] TodoWrite: [completed] Research frameworks; [pending] Set up Docker"),
+            ["Docker"]
+        );
+        assert!(names("✅ Fixed the build → Push failed twice").is_empty());
+        assert_eq!(names("✅ We moved to Lisbon."), ["Lisbon"]);
     }
 
     #[test]

@@ -192,6 +192,7 @@ fn generated() -> Conversation {
         first: "Ana".into(),
         qa: Vec::new(),
         set: "generated",
+        source: None,
     }
 }
 

@@ -12,6 +12,11 @@
 //! question by BM25, and abridge's context with the question passed as its query (what a
 //! chat app does with the user's newest message). Then the context's p50 and p99 time (in
 //! process, the app's own call), without and with the query.
+//!
+//! A coding session's transcript (`.jsonl`, such as Claude Code's) has no questions: it is
+//! cut at 50, 60, 70, 80 and 90 % of its lines, the part before each cut imported as it is,
+//! and the identifiers the requests after it go back to are the answers (see
+//! [`load_session`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -58,8 +63,12 @@ pub(super) struct Conversation {
     pub(super) first: String,
     /// (question, answer words).
     pub(super) qa: Vec<(String, Vec<String>)>,
-    /// The set it is from ("LoCoMo", "REALTALK", "BEAM"), for the per-set means.
+    /// The set it is from ("LoCoMo", "REALTALK", "BEAM", "coding"), for the per-set means.
     pub(super) set: &'static str,
+    /// A coding session's history as its own transcript file, imported as it is (its format
+    /// detected); its answers are identifiers, each looked up whole in the context's text
+    /// rather than word by word. `None`: the turns are imported as JSON lines.
+    pub(super) source: Option<PathBuf>,
 }
 
 impl Conversation {
@@ -173,6 +182,7 @@ pub(super) fn load(path: &Path) -> anyhow::Result<Conversation> {
         first,
         qa,
         set: "LoCoMo",
+        source: None,
     })
 }
 
@@ -207,6 +217,7 @@ fn load_realtalk(v: &Value, first: &str) -> anyhow::Result<Conversation> {
         first: first.to_string(),
         qa,
         set: "REALTALK",
+        source: None,
     })
 }
 
@@ -260,6 +271,7 @@ fn load_beam(chat: &Path) -> anyhow::Result<Conversation> {
         first: "user".to_string(),
         qa,
         set: "BEAM",
+        source: None,
     })
 }
 
@@ -271,6 +283,165 @@ pub(super) fn kept(text: &str, qa: &[(String, Vec<String>)]) -> f64 {
         .map(|(_, aw)| aw.iter().filter(|w| have.contains(*w)).count() as f64 / aw.len() as f64)
         .sum();
     sum / qa.len().max(1) as f64
+}
+
+/// [`kept`] for `conv`'s questions: a coding session's answers (identifiers) are looked up
+/// whole in `text`.
+fn kept_of(conv: &Conversation, text: &str, qa: &[(String, Vec<String>)]) -> f64 {
+    if conv.source.is_none() {
+        return kept(text, qa);
+    }
+    let sum: f64 = qa
+        .iter()
+        .map(|(_, ids)| {
+            ids.iter().filter(|id| text.contains(id.as_str())).count() as f64 / ids.len() as f64
+        })
+        .sum();
+    sum / qa.len().max(1) as f64
+}
+
+/// The identifiers of `text` as a coding session names things: paths, file names, dotted,
+/// snake_case and camelCase names, `::` paths, flags (`--release`); at least 4 characters
+/// and 3 letters, trimmed of the punctuation around them. Plain words and numbers are not
+/// identifiers.
+fn code_ids(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let split = |c: char| c.is_whitespace() || "`'\"()[]{}<>,;|=".contains(c);
+    for raw in text.split(split) {
+        let w = raw.trim_matches(|c: char| ".:!?*".contains(c));
+        let letters = w.chars().filter(|c| c.is_alphabetic()).count();
+        if w.chars().count() < 4 || letters < 3 {
+            continue;
+        }
+        let chars: Vec<char> = w.chars().collect();
+        let inner = |c: char| {
+            chars
+                .windows(3)
+                .any(|x| x[1] == c && x[0].is_alphanumeric() && x[2].is_alphanumeric())
+        };
+        let camel = chars
+            .windows(2)
+            .any(|x| x[0].is_lowercase() && x[1].is_uppercase());
+        let flag = w.starts_with("--") && w[2..].chars().all(|c| c.is_alphanumeric() || c == '-');
+        let id = w.contains('/') || w.contains("::") || inner('_') || inner('.') || camel || flag;
+        if id && !out.iter().any(|o| o == w) {
+            out.push(w.to_string());
+        }
+    }
+    out
+}
+
+/// The turns of a transcript file as `abridge summarize` reads it (whatever its format; the
+/// longest conversation when it holds several): tool calls and results are left out, as an
+/// import leaves them out by default.
+async fn session_turns(
+    engine: &abridge_engine::Abridge,
+    path: &Path,
+) -> anyhow::Result<Vec<(String, String, Option<i64>)>> {
+    use abridge_engine::types::Role;
+    let parsed = abridge_app::transcript::read_file(
+        engine,
+        path,
+        None,
+        abridge_app::transcript::Options::default(),
+        1 << 30,
+    )
+    .await
+    .map_err(|e| anyhow!("{e}"))?;
+    Ok(parsed
+        .conversations
+        .into_iter()
+        .max_by_key(|c| c.episodes.len())
+        .map(|c| c.episodes)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| matches!(e.role, Role::User | Role::Assistant) && !e.content.trim().is_empty())
+        .map(|e| {
+            let who = if e.role == Role::User {
+                "user"
+            } else {
+                "assistant"
+            };
+            (who.to_string(), e.content, e.timestamp_ms)
+        })
+        .collect())
+}
+
+/// Where a coding session is cut, in percent of its lines: the history up to each cut, and
+/// the requests up to the next cut as its questions.
+pub(super) const CUTS: [usize; 5] = [50, 60, 70, 80, 90];
+
+/// A coding session's transcript (a JSON-lines format `abridge summarize` reads, such as
+/// Claude Code's), which has no questions: the file's lines before `cut` (a share of them, in
+/// percent) are the history, imported as they are (written to `dir`), and each request after
+/// it (up to `cut + 10` %) is a question whose answers are the identifiers (see [`code_ids`])
+/// that request and the replies up to the next request name and the history already held:
+/// what the session went back to. The request is the question's text.
+async fn load_session(
+    engine: &abridge_engine::Abridge,
+    path: &Path,
+    dir: &Path,
+    cut: usize,
+) -> anyhow::Result<Conversation> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let split = lines.len() * cut / 100;
+    let end = (lines.len() * (cut + 10) / 100).min(lines.len());
+    let prefix = dir.join("history.jsonl");
+    let suffix = dir.join("later.jsonl");
+    std::fs::write(&prefix, lines[..split].join("\n") + "\n")?;
+    std::fs::write(&suffix, lines[split..end].join("\n") + "\n")?;
+    let history = session_turns(engine, &prefix).await?;
+    let later = session_turns(engine, &suffix).await?;
+    if history.len() < 10 {
+        return Err(anyhow!(
+            "{}: {} messages in its first {cut} %; a coding session needs at least 10 there",
+            path.display(),
+            history.len()
+        ));
+    }
+    let held: String = history
+        .iter()
+        .map(|t| t.1.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut qa = Vec::new();
+    let mut i = 0;
+    while i < later.len() {
+        if later[i].0 != "user" || later[i].1.starts_with("[Request interrupted") {
+            i += 1;
+            continue;
+        }
+        let mut said = later[i].1.clone();
+        let mut j = i + 1;
+        while j < later.len() && later[j].0 != "user" {
+            said.push('\n');
+            said.push_str(&later[j].1);
+            j += 1;
+        }
+        let ids: Vec<String> = code_ids(&said)
+            .into_iter()
+            .filter(|id| held.contains(id.as_str()))
+            .collect();
+        if !ids.is_empty() {
+            qa.push((later[i].1.chars().take(500).collect(), ids));
+        }
+        i = j;
+    }
+    if qa.is_empty() {
+        return Err(anyhow!(
+            "{}: no request after {cut} % goes back to an identifier before it",
+            path.display()
+        ));
+    }
+    Ok(Conversation {
+        turns: history,
+        first: "user".to_string(),
+        qa,
+        set: "coding",
+        source: Some(prefix),
+    })
 }
 
 /// The turns `order` names, taken while they fit `budget`, joined in conversation order.
@@ -414,16 +585,25 @@ fn print_row(name: &str, budget: u32, x: &Figures, times: Option<(f64, f64, f64,
     println!("{line}");
 }
 
-async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::Result<Measured> {
-    let conv = load(file)?;
+/// Whether `file` is a coding session's transcript (JSON lines), measured at each of [`CUTS`].
+fn is_session(file: &Path) -> bool {
+    file.extension().is_some_and(|x| x == "jsonl")
+}
+
+/// One conversation's figures: `file`'s, or a coding session's cut at `cut` % of its lines.
+async fn measure(
+    s: &Settings,
+    exe: &Path,
+    file: &Path,
+    at: Option<usize>,
+    runs: usize,
+) -> anyhow::Result<Measured> {
+    let engine = super::commands::pure_engine(s).map_err(|f| f.error)?;
     let tmp = tempfile::tempdir()?;
-    let jsonl = tmp.path().join("conversation.jsonl");
-    let mut lines = String::new();
-    for turn in &conv.turns {
-        lines.push_str(&conv.message(turn).to_string());
-        lines.push('\n');
-    }
-    std::fs::write(&jsonl, lines)?;
+    let conv = match at {
+        Some(at) => load_session(&engine, file, tmp.path(), at).await?,
+        None => load(file)?,
+    };
     let db = tmp.path().join("bench.db");
     let session = "bench-context";
     let run = |args: &[&str]| -> anyhow::Result<()> {
@@ -442,15 +622,27 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
         }
         Ok(())
     };
-    let path = jsonl.display().to_string();
-    run(&[
-        "summarize",
-        &path,
-        "--format",
-        "jsonl",
-        "--session",
-        session,
-    ])?;
+    // A coding session's history is its own file, read as an import reads it; a chat's turns
+    // are written as JSON lines.
+    let path = match &conv.source {
+        Some(p) => p.display().to_string(),
+        None => {
+            let jsonl = tmp.path().join("conversation.jsonl");
+            let mut lines = String::new();
+            for turn in &conv.turns {
+                lines.push_str(&conv.message(turn).to_string());
+                lines.push('\n');
+            }
+            std::fs::write(&jsonl, lines)?;
+            jsonl.display().to_string()
+        }
+    };
+    let format: &[&str] = if conv.source.is_some() {
+        &[]
+    } else {
+        &["--format", "jsonl"]
+    };
+    run(&[&["summarize", &path][..], format, &["--session", session]].concat())?;
     // As a user asks: the command line's context runs the refresh it needs first.
     for b in BUDGETS {
         run(&["context", session, "--budget", &b.to_string(), "--json"])?;
@@ -459,7 +651,6 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
     local_settings.db = db.clone();
     local_settings.quiet = true;
     let local = super::app::local(&local_settings, None).map_err(|f| f.error)?;
-    let engine = super::commands::pure_engine(s).map_err(|f| f.error)?;
     let mut turns: Vec<(String, u32)> = Vec::with_capacity(conv.turns.len());
     let mut full = 0u64;
     for (_, text, _) in &conv.turns {
@@ -506,7 +697,7 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
                 .map(|m| m.content.as_str())
                 .collect::<Vec<_>>()
                 .join("\n");
-            with_q += kept(&text, std::slice::from_ref(qa));
+            with_q += kept_of(&conv, &text, std::slice::from_ref(qa));
         }
         let with_q = with_q / conv.qa.len().max(1) as f64;
         let n = turns.len();
@@ -515,7 +706,8 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
             .iter()
             .zip(&ranked)
             .map(|(qa, order)| {
-                kept(
+                kept_of(
+                    &conv,
                     &cut(&turns, order.iter().copied(), budget),
                     std::slice::from_ref(qa),
                 )
@@ -525,10 +717,10 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
         out.push((
             budget,
             [
-                kept(&text, &conv.qa),
+                kept_of(&conv, &text, &conv.qa),
                 f64::from(used) / f64::from(budget),
-                kept(&cut(&turns, (0..n).rev(), budget), &conv.qa),
-                kept(&even(&turns, budget), &conv.qa),
+                kept_of(&conv, &cut(&turns, (0..n).rev(), budget), &conv.qa),
+                kept_of(&conv, &even(&turns, budget), &conv.qa),
                 bm,
                 with_q,
             ],
@@ -546,7 +738,7 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
         .collect::<Vec<_>>()
         .join("\n");
     Ok(Measured {
-        ceiling: kept(&whole, &conv.qa),
+        ceiling: kept_of(&conv, &whole, &conv.qa),
         figures: out,
         p50_ms: percentile(&times, 0.5),
         p99_ms: percentile(&times, 0.99),
@@ -581,16 +773,27 @@ pub async fn run(s: &Settings, paths: &[PathBuf], runs: usize) -> Result<(), Fai
     let mut per_set: BTreeMap<&'static str, (usize, BTreeMap<u32, Figures>)> = BTreeMap::new();
     let mut measured = 0;
     let mut ceiling = 0.0;
-    for f in paths {
-        match measure(s, &exe, f, runs).await {
+    // Each file once; a coding session at each cut.
+    let runs_of: Vec<(&PathBuf, Option<usize>)> = paths
+        .iter()
+        .flat_map(|f| match is_session(f) {
+            true => CUTS.iter().map(|c| (f, Some(*c))).collect::<Vec<_>>(),
+            false => vec![(f, None)],
+        })
+        .collect();
+    for (f, cut) in runs_of {
+        match measure(s, &exe, f, cut, runs).await {
             Ok(m) => {
                 measured += 1;
-                let name: String = f
+                let mut name: String = f
                     .file_name()
                     .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
                     .chars()
-                    .take(10)
+                    .take(if cut.is_some() { 7 } else { 10 })
                     .collect();
+                if let Some(c) = cut {
+                    name.push_str(&format!("@{c}"));
+                }
                 for (b, x) in &m.figures {
                     print_row(
                         &name,
@@ -748,6 +951,42 @@ mod tests {
         assert!((k - 0.75).abs() < 1e-9, "{k}");
         assert_eq!(kept("", &qa), 0.0);
         assert_eq!(day_of(1_683_554_160_000), "8 May 2023");
+    }
+
+    #[test]
+    fn a_coding_session_names_paths_and_code_not_words() {
+        let ids = code_ids(
+            "Edit `src/lib/stream.ts` so sendToSession calls JSON.stringify, then run \
+             cargo test --release (see docs/README.md, rate_limit and std::fs). Took 1.3s, v2.",
+        );
+        assert_eq!(
+            ids,
+            [
+                "src/lib/stream.ts",
+                "sendToSession",
+                "JSON.stringify",
+                "--release",
+                "docs/README.md",
+                "rate_limit",
+                "std::fs"
+            ]
+        );
+        let conv = Conversation {
+            turns: Vec::new(),
+            first: "user".into(),
+            qa: Vec::new(),
+            set: "coding",
+            source: Some(PathBuf::from("history.jsonl")),
+        };
+        let qa = vec![(
+            "fix it".to_string(),
+            vec!["src/lib/stream.ts".to_string(), "rate_limit".to_string()],
+        )];
+        // Looked up whole: `rate` and `limit` apart are not `rate_limit`.
+        assert_eq!(
+            kept_of(&conv, "in src/lib/stream.ts at the rate limit", &qa),
+            0.5
+        );
     }
 
     #[test]
