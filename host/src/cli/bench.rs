@@ -266,7 +266,7 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
 }
 
 /// A session file as abridge parses it (whatever its format).
-async fn parse(
+pub(super) async fn parse(
     engine: &abridge_engine::Abridge,
     file: &Path,
 ) -> anyhow::Result<abridge_app::transcript::Parsed> {

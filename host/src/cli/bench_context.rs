@@ -303,7 +303,8 @@ fn kept_of(conv: &Conversation, text: &str, qa: &[(String, Vec<String>)]) -> f64
 /// The identifiers of `text` as a coding session names things: paths, file names, dotted,
 /// snake_case and camelCase names, `::` paths, flags (`--release`); at least 4 characters
 /// and 3 letters, trimmed of the punctuation around them. Plain words and numbers are not
-/// identifiers.
+/// identifiers. A rule of the bench's own, not the guest's ledger rule, so the ledger is not
+/// graded by the rule that fills it.
 fn code_ids(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let split = |c: char| c.is_whitespace() || "`'\"()[]{}<>,;|=".contains(c);
@@ -339,15 +340,7 @@ async fn session_turns(
     path: &Path,
 ) -> anyhow::Result<Vec<(String, String, Option<i64>)>> {
     use abridge_engine::types::Role;
-    let parsed = abridge_app::transcript::read_file(
-        engine,
-        path,
-        None,
-        abridge_app::transcript::Options::default(),
-        1 << 30,
-    )
-    .await
-    .map_err(|e| anyhow!("{e}"))?;
+    let parsed = super::bench::parse(engine, path).await?;
     Ok(parsed
         .conversations
         .into_iter()
@@ -624,8 +617,8 @@ async fn measure(
     };
     // A coding session's history is its own file, read as an import reads it; a chat's turns
     // are written as JSON lines.
-    let path = match &conv.source {
-        Some(p) => p.display().to_string(),
+    let (path, format): (String, &[&str]) = match &conv.source {
+        Some(p) => (p.display().to_string(), &[]),
         None => {
             let jsonl = tmp.path().join("conversation.jsonl");
             let mut lines = String::new();
@@ -634,13 +627,8 @@ async fn measure(
                 lines.push('\n');
             }
             std::fs::write(&jsonl, lines)?;
-            jsonl.display().to_string()
+            (jsonl.display().to_string(), &["--format", "jsonl"])
         }
-    };
-    let format: &[&str] = if conv.source.is_some() {
-        &[]
-    } else {
-        &["--format", "jsonl"]
     };
     run(&[&["summarize", &path][..], format, &["--session", session]].concat())?;
     // As a user asks: the command line's context runs the refresh it needs first.
