@@ -302,14 +302,18 @@ fn kept_of(conv: &Conversation, text: &str, qa: &[(String, Vec<String>)]) -> f64
 
 /// The identifiers of `text` as a coding session names things: paths, file names, dotted,
 /// snake_case and camelCase names, `::` paths, flags (`--release`); at least 4 characters
-/// and 3 letters, trimmed of the punctuation around them. Plain words and numbers are not
+/// and 3 letters, trimmed of the punctuation around them (`./run.sh` is `run.sh`). Plain words and numbers are not
 /// identifiers. A rule of the bench's own, not the guest's ledger rule, so the ledger is not
 /// graded by the rule that fills it.
 fn code_ids(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let split = |c: char| c.is_whitespace() || "`'\"()[]{}<>,;|=".contains(c);
     for raw in text.split(split) {
-        let w = raw.trim_matches(|c: char| ".:!?*".contains(c));
+        // Sentence punctuation after it, emphasis around it, and a `./` that adds nothing.
+        let w = raw
+            .trim_end_matches(|c: char| ".:!?*".contains(c))
+            .trim_start_matches('*');
+        let w = w.strip_prefix("./").unwrap_or(w);
         let letters = w.chars().filter(|c| c.is_alphabetic()).count();
         if w.chars().count() < 4 || letters < 3 {
             continue;
@@ -945,7 +949,8 @@ mod tests {
     fn a_coding_session_names_paths_and_code_not_words() {
         let ids = code_ids(
             "Edit `src/lib/stream.ts` so sendToSession calls JSON.stringify, then run \
-             cargo test --release (see docs/README.md, rate_limit and std::fs). Took 1.3s, v2.",
+             cargo test --release (see docs/README.md, rate_limit and std::fs). Took 1.3s, v2. \
+             Then **./run.sh**.",
         );
         assert_eq!(
             ids,
@@ -956,7 +961,8 @@ mod tests {
                 "--release",
                 "docs/README.md",
                 "rate_limit",
-                "std::fs"
+                "std::fs",
+                "run.sh"
             ]
         );
         let conv = Conversation {
