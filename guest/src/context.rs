@@ -410,9 +410,15 @@ pub const HEAD_SHARE: u32 = 80;
 /// where a fold is then as large as one prompt holds).
 pub const HEAD_SHARE_MODEL: u32 = 40;
 
-/// The head's share with a query, or beside a coding session's digest: the per-call note (the
-/// turns found, the digest) takes the rest of the room.
+/// The head's share with a query: the per-call note (the turns found, and a coding session's
+/// digest) takes the rest of the room.
 pub const HEAD_SHARE_NOTE: u32 = 25;
+
+/// The head's share beside a coding session's digest (no query): its ledger slice holds the
+/// identifiers a session goes back to (`abridge bench context` on coding transcripts,
+/// docs/benchmarks.md). The digest, per call, takes what the head and the turns leave; the
+/// turns since the fold stop at [`NOTE_ROOM`], so the head is never re-picked between folds.
+pub const HEAD_SHARE_CODING: u32 = 40;
 
 /// The head's share (no query) for folds by `engine`.
 pub fn head_share(engine: crate::policy::Engine) -> u32 {
@@ -756,8 +762,9 @@ fn marks(shown: &[&Episode], first_ms: Option<i64>) -> Vec<Option<String>> {
 /// between two folds the context of the next call begins with this one's, byte for byte.
 ///
 /// 1. The stable head, one system message: the summary with the ledger's slice, within
-///    [`Parts::head_share`] of the budget ([`HEAD_SHARE_NOTE`] with a query or a digest), less the
-///    pins and the newest message. It depends on the chain, the budget and the pins only.
+///    [`Parts::head_share`] of the budget ([`HEAD_SHARE_NOTE`] with a query,
+///    [`HEAD_SHARE_CODING`] beside a digest), less the pins and the newest message. It
+///    depends on the chain, the budget and the pins only.
 /// 2. The pinned episodes older than the turns since the fold, verbatim.
 /// 3. Every turn since the fold, verbatim, in order, each day's first marked: between folds
 ///    they only append. (When they no longer fit — a fold is pending — the oldest give way,
@@ -795,8 +802,10 @@ pub fn assemble(p: &Parts) -> Window {
         }
     }
     // The head, within its share.
-    let share = if p.with_query || crate::digest::is_coding(p.digest) {
+    let share = if p.with_query {
         HEAD_SHARE_NOTE
+    } else if crate::digest::is_coding(p.digest) {
+        HEAD_SHARE_CODING
     } else {
         p.head_share
     };

@@ -448,8 +448,8 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
     let v = view(entries);
     let mut used = estimate_tokens(HEADING) + 2;
     let mut left_out = 0usize;
-    // The essential sections (the latest request, the open error, the edited files, the
-    // to-dos) may take the whole budget; the rest at most a third of what they leave, so a
+    // The essential sections (the latest request, the open error, the first request, the
+    // edited files, the to-dos) may take the whole budget; the rest at most a third of what they leave, so a
     // context keeps room for the summary prose.
     let mut cap = budget;
     let fits = |text: &str, used: &mut u32, cap: u32| -> bool {
@@ -509,6 +509,16 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
             left_out += 1;
         }
     }
+    // The first request (where a session's standing rules are said) before the files.
+    if v.requests.len() > 1 {
+        let r = v.requests[0];
+        let t = format!("First request (#{}): {}", r.episode, r.text);
+        if fits(&t, &mut used, cap) {
+            first = Some(t);
+        } else {
+            left_out += 1;
+        }
+    }
     // Paths under one folder are shown relative to it, the folder once.
     let root = common_dir(v.edited.iter().chain(&v.read).map(|e| e.text.as_str()));
     let shown = |p: &str| -> String {
@@ -539,15 +549,6 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
         }
     }
     cap = cap.min(used + budget.saturating_sub(used) / 3);
-    if v.requests.len() > 1 {
-        let r = v.requests[0];
-        let t = format!("First request (#{}): {}", r.episode, r.text);
-        if fits(&t, &mut used, cap) {
-            first = Some(t);
-        } else {
-            left_out += 1;
-        }
-    }
     if v.requests.len() > 2 {
         for r in v.requests[1..v.requests.len() - 1].iter().rev() {
             let t = format!("(#{}) {}", r.episode, r.text);
