@@ -417,7 +417,8 @@ pub const HEAD_SHARE_NOTE: u32 = 25;
 /// The head's share beside a coding session's digest (no query): its ledger slice holds the
 /// identifiers a session goes back to (`abridge bench context` on coding transcripts,
 /// docs/benchmarks.md). The digest, per call, takes what the head and the turns leave; the
-/// turns since the fold stop at [`NOTE_ROOM`], so the head is never re-picked between folds.
+/// turns since the fold stop at [`DIGEST_ROOM`] (a fold is due there, [`tail_high`]), so the
+/// head is never re-picked between folds.
 pub const HEAD_SHARE_CODING: u32 = 40;
 
 /// The head's share (no query) for folds by `engine`.
@@ -428,10 +429,22 @@ pub fn head_share(engine: crate::policy::Engine) -> u32 {
     }
 }
 
+/// The share, in percent, of the budget a coding session's digest keeps for itself beside
+/// its head and the turns since the fold (the digest changes on every call, so it is the
+/// per-call note; while the turns are few it has their room too).
+pub const DIGEST_ROOM: u32 = 20;
+
 /// The share, in percent, of the budget the verbatim turns since the last fold may reach
-/// before a fold is due (beside the head, the context then reaches the budget).
-pub fn tail_high(engine: crate::policy::Engine) -> u32 {
-    100 - head_share(engine)
+/// before a fold is due (beside the head, the context then reaches the budget). A coding
+/// session's (`coding`: its chain holds a digest) is what its head and its digest leave,
+/// whoever folds: its turns are long, and a fold every turn or two would rewrite its head
+/// on nearly every call (`abridge bench cache` on a coding transcript).
+pub fn tail_high(engine: crate::policy::Engine, coding: bool) -> u32 {
+    if coding {
+        100 - HEAD_SHARE_CODING - DIGEST_ROOM
+    } else {
+        100 - head_share(engine)
+    }
 }
 
 /// The share of the budget a fold leaves verbatim (the low-water mark is the head's share
@@ -854,8 +867,16 @@ pub fn assemble(p: &Parts) -> Window {
     };
     // The note a query's turns or a coding session's digest need is kept from the turns
     // (the head's share with either leaves the turns room to the high-water mark).
-    let limit = if !p.found.is_empty() || crate::digest::is_coding(p.digest) {
+    let limit = if !p.found.is_empty() {
         budget.saturating_sub(share_of(budget, NOTE_ROOM))
+    } else if crate::digest::is_coding(p.digest) {
+        // At least the room its latest request takes whole, up to the note's room.
+        let room = share_of(budget, DIGEST_ROOM)
+            .max(
+                crate::digest::latest_cost(p.digest) + estimate_tokens(NOTE_END) + 2 + MESSAGE_COST,
+            )
+            .min(share_of(budget, NOTE_ROOM));
+        budget.saturating_sub(room)
     } else {
         budget
     };

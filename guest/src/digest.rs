@@ -435,6 +435,18 @@ fn outcome<'a>(r: &Entry, entries: &'a [Entry]) -> Option<&'a str> {
         .and_then(|e| e.text.split_once(ARROW).map(|(_, err)| err))
 }
 
+/// The tokens a digest of `entries` needs to show its latest request whole (0 without a
+/// coding session): the room a context keeps for it at least.
+pub fn latest_cost(entries: &[Entry]) -> u32 {
+    if !is_coding(entries) {
+        return 0;
+    }
+    let latest = view(entries).requests.last().map_or(0, |r| {
+        estimate_tokens(&format!("Latest request (#{}): {}", r.episode, r.text)) + 2
+    });
+    estimate_tokens(HEADING) + 2 + latest
+}
+
 /// The digest of `entries` as readable sections within `budget` tokens (empty when the
 /// entries hold no coding session). What fits first: the latest request verbatim, the last
 /// unresolved error, every edited or created file, the open to-dos (these may take the whole

@@ -2505,3 +2505,104 @@ fn a_call_up_to_a_target_plans_and_reports_that_target_only() {
     assert_eq!(f.plans.last().unwrap().0.path, PlanPath::Nothing);
     assert_eq!(f.requests.len(), before);
 }
+
+#[test]
+fn a_coding_sessions_tool_calls_make_no_fold_due_and_its_turns_append_to_one_prefix() {
+    use crate::digest::action_line;
+    let mut f = Fake::default();
+    let c = Config {
+        mode: policy::Mode::Window,
+        engine: Engine::Extractive,
+        threshold_tokens: 1_000_000,
+        ..cfg()
+    };
+    f.push(
+        Role::User,
+        "Rule: keep the public API stable. Add retries to fetch.",
+    );
+    for i in 1..=12 {
+        f.push(
+            Role::Tool,
+            &action_line("Edit", Some(&format!("src/net{i}.rs"))),
+        );
+        f.push(
+            Role::Assistant,
+            &format!(
+                "Changed src/net{i}.rs: the retry loop now backs off {i} times. {}",
+                "The old loop gave up at once. ".repeat(30)
+            ),
+        );
+    }
+    summarize_now(&mut f, "s", &c).unwrap();
+    assert!(crate::digest::is_coding(
+        &f.rows.last().unwrap().ledger.entries
+    ));
+    let budget = 2000;
+    let read = |f: &mut Fake| {
+        let req = ContextRequest {
+            query: None,
+            budget,
+            pairs: 4,
+            refresh_after: u32::MAX,
+            pins: vec![],
+        };
+        context(f, "s", req, &c).unwrap()
+    };
+    // Tool calls after the fold are in the digest the context carries: nothing is due for
+    // them (a chat's tool output would be folded), and each context begins with the one
+    // before until the turns since the fold pass the coding high-water mark.
+    let mut before: Option<ContextWindow> = None;
+    let mut n = 0;
+    loop {
+        n += 1;
+        f.push(
+            Role::Tool,
+            &action_line("Bash", Some(&format!("cargo test net{n}"))),
+        );
+        f.push(
+            Role::User,
+            &format!("Step {n}: now handle timeouts in module {n} too."),
+        );
+        f.push(
+            Role::Assistant,
+            &format!(
+                "Done with step {n}: timeouts in module {n} retry like the rest. {}",
+                "ok ".repeat(20)
+            ),
+        );
+        let fr = context_freshness(&mut f, "s", &c, u32::MAX, budget).unwrap();
+        if fr.state == FreshState::Due {
+            // The turns since the fold made it due, at the coding high-water mark.
+            let high = crate::context::tail_high(c.engine, true);
+            assert_eq!(high, 40);
+            assert!(fr.reason.contains("40 %"), "{}", fr.reason);
+            break;
+        }
+        let w = read(&mut f);
+        assert!(w.window.tokens <= budget);
+        assert!(w.window.parts.digest > 0, "{:?}", w.window.parts);
+        let text = context_text(&w);
+        assert!(
+            text.contains(&format!(
+                "Latest request (#{}): Step {n}:",
+                f.episodes.len() - 1
+            )),
+            "{text}"
+        );
+        if let Some(b) = &before {
+            let k = b.window.stable.messages as usize;
+            assert!(k > 0);
+            assert_eq!(
+                w.window.messages[..k],
+                b.window.messages[..k],
+                "call {n} rewrote the prefix"
+            );
+        }
+        before = Some(w);
+        assert!(n < 100, "never due");
+    }
+    assert!(
+        n > 5,
+        "due after {n} calls: a coding session folds in batches"
+    );
+}

@@ -117,6 +117,8 @@ pub struct Overflow {
     pub tokens: u64,
     /// The context's budget.
     pub budget: u32,
+    /// The share of it, in percent, the turns since a fold may take (the high-water mark).
+    pub high: u32,
     /// The newest episode a fold covers: the turns after it fit the low-water mark.
     pub upto: u64,
     /// The newest episode a fold must cover: the turns after it fit the high-water mark (a
@@ -161,9 +163,7 @@ pub fn for_context(
         fold(o.upto, &|| {
             format!(
                 "{} tokens wait beyond the summary, more than the {} % of a {}-token context the turns since a fold may take",
-                o.tokens,
-                crate::context::tail_high(cfg.engine),
-                o.budget
+                o.tokens, o.high, o.budget
             )
         });
     }
@@ -350,6 +350,7 @@ mod tests {
         let over = Overflow {
             tokens: 3_000,
             budget: 2_000,
+            high: 20,
             upto: 9,
             least: 9,
         };

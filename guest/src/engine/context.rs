@@ -58,7 +58,7 @@ pub fn overflow_cut(
     h: &mut impl Host,
     session: &str,
     cfg: &Config,
-    covered: u64,
+    (covered, coding): (u64, bool),
     last: u64,
     budget: u32,
 ) -> Result<Option<crate::freshness::Overflow>, Error> {
@@ -78,7 +78,7 @@ pub fn overflow_cut(
     let tokens = cost(through(h, covered)?, covered);
     let oldest = episode_at(h, session, covered + 1)?;
     let marks = day_marks_within(oldest.as_ref(), newest.as_ref(), last - covered);
-    let high = crate::context::tail_high(cfg.engine);
+    let high = crate::context::tail_high(cfg.engine, coding);
     if tokens + marks <= u64::from(crate::context::share_of(budget, high)) {
         return Ok(None);
     }
@@ -86,6 +86,7 @@ pub fn overflow_cut(
         return Ok(Some(crate::freshness::Overflow {
             tokens,
             budget,
+            high,
             upto: last,
             least: last,
         }));
@@ -113,6 +114,7 @@ pub fn overflow_cut(
     Ok(Some(crate::freshness::Overflow {
         tokens,
         budget,
+        high,
         upto,
         least: least.min(upto),
     }))
@@ -201,8 +203,12 @@ pub fn context_freshness(
     budget: u32,
 ) -> Result<Freshness, Error> {
     let f = freshness(h, session, cfg)?;
-    let overflow = overflow_cut(h, session, cfg, f.covered, f.episodes, budget)?;
-    let unshown = unshown_upto(h, session, cfg, f.covered, f.episodes)?;
+    let at = (
+        f.covered,
+        super::refresh::coding_before(h.latest_summary(session)?.as_ref()),
+    );
+    let overflow = overflow_cut(h, session, cfg, at, f.episodes, budget)?;
+    let unshown = unshown_upto(h, session, cfg, at, f.episodes)?;
     Ok(crate::freshness::for_context(
         f,
         cfg,
@@ -219,10 +225,15 @@ pub fn unshown_upto(
     h: &mut impl Host,
     session: &str,
     cfg: &Config,
-    covered: u64,
+    (covered, coding): (u64, bool),
     last: u64,
 ) -> Result<Option<u64>, Error> {
     if cfg.mode != policy::Mode::Window || last <= covered {
+        return Ok(None);
+    }
+    // A coding session's context carries what its tool calls did in its digest, whether a
+    // fold covers them or not: they need no fold of their own.
+    if coding {
         return Ok(None);
     }
     let mut walk = Paged::new(h, session, covered, last);
@@ -252,7 +263,9 @@ pub fn context(
         ));
     }
     let stats = h.stats(session)?;
-    let covered = h.latest_summary(session)?.map_or(0, |r| r.last_episode);
+    let latest = h.latest_summary(session)?;
+    let covered = latest.as_ref().map_or(0, |r| r.last_episode);
+    let at = (covered, super::refresh::coding_before(latest.as_ref()));
     let beyond = stats.last_episode - covered;
     let (mut refreshed, mut refresh_due) = (false, false);
     let window_mode = cfg.mode == policy::Mode::Window;
@@ -262,13 +275,13 @@ pub fn context(
     // Unsummarized episodes that would not fit beside the summary are due whatever their
     // count: a context must not silently lose the middle of the conversation.
     let cut = if inline {
-        overflow_cut(h, session, cfg, covered, stats.last_episode, req.budget)?
+        overflow_cut(h, session, cfg, at, stats.last_episode, req.budget)?
     } else {
         None
     };
     let overflow = cut.is_some();
     let unshown = if inline && window_mode {
-        unshown_upto(h, session, cfg, covered, stats.last_episode)?
+        unshown_upto(h, session, cfg, at, stats.last_episode)?
     } else {
         None
     };

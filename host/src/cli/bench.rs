@@ -21,11 +21,12 @@ use super::{Exit, Failure, Settings};
 pub struct BenchArgs {
     /// What to measure: `agents` (coding-agent sessions), `context` (what a context keeps of
     /// a long chat, on LoCoMo, REALTALK or BEAM conversations and coding sessions' `.jsonl`
-    /// transcripts) or `cache` (what a context sent
-    /// on every turn costs with prompt caching, on such conversations and a generated chat)
+    /// transcripts) or `cache` (what a context sent on every turn costs with prompt caching,
+    /// on such conversations, coding sessions written a line at a time, and a generated chat)
     what: String,
     /// Session files, or folders searched for `.jsonl` files (`agents`); conversation files,
-    /// or a BEAM chat's folder (`context`, `cache`), or a coding session's `.jsonl` (`context`)
+    /// or a BEAM chat's folder (`context`, `cache`), or a coding session's `.jsonl` (`context`,
+    /// `cache`)
     #[arg(required = true)]
     paths: Vec<PathBuf>,
     /// SessionStart runs per session (for the latency percentiles)

@@ -1,6 +1,7 @@
 //! `abridge bench cache FILE…`: what a context costs as it is really billed, when a chat app
 //! sends it on every turn. Each conversation (LoCoMo's JSON, as `bench context` reads it, and
-//! a generated 200-turn chat) is posted one message at a time to the app in process, with the
+//! a generated 200-turn chat; a coding session's `.jsonl` transcript is written a line at a
+//! time and imported as the hook imports it, see [`measure_session`]) is posted one message at a time to the app in process, with the
 //! extractive summarizer, as `abridge serve` takes it: a fold the post or the context read
 //! makes due runs as its job before the context is read (a client that waits for it, as
 //! `wait_ms` does). After every message the context is read at 1,000, 2,000 and 4,000 tokens
@@ -196,49 +197,52 @@ fn generated() -> Conversation {
     }
 }
 
-async fn measure(
-    s: &Settings,
-    conv: &Conversation,
+/// The three policies' meters over one conversation, fed a turn at a time.
+struct Run<'a> {
+    engine: &'a abridge_engine::Abridge,
     budget: u32,
-    engine: &abridge_engine::Abridge,
-) -> anyhow::Result<Measured> {
-    let tmp = tempfile::tempdir()?;
-    let mut ls = s.clone();
-    ls.db = tmp.path().join("bench.db");
-    ls.quiet = true;
-    ls.backend = BackendChoice::Extractive;
-    ls.config.engine = abridge_engine::types::Engine::Extractive;
-    let backend = super::commands::choose_backend(&ls)
-        .await
-        .map_err(|f| f.error)?;
-    let local = super::app::local(&ls, Some(&backend)).map_err(|f| f.error)?;
-    let session = "bench-cache";
-    let est = |text: String| async move { engine.estimate_tokens(&text).await.map(u64::from) };
-    let mut abridge = Meter::new();
-    let mut full = Meter::new();
-    let mut recent = Meter::new();
-    // The whole history as a chat app would send it, and each turn's rendering.
-    let mut history: Vec<(String, u64)> = Vec::new();
-    let mut folds = 0u64;
-    let mut last_view = None;
-    for turn in &conv.turns {
-        let line = conv.message(turn);
-        let role = line["role"].as_str().unwrap_or("user");
-        let posted = local
-            .append_jsonl(session, format!("{line}\n").into_bytes())
-            .await
-            .map_err(|e| anyhow!("{e}"))?;
-        if let Some(j) = posted.job {
-            local.run_job(j.id).await.map_err(|e| anyhow!("{e}"))?;
-            folds += 1;
+    abridge: Meter,
+    full: Meter,
+    recent: Meter,
+    /// The whole history as a chat app would send it: each turn's rendering and tokens.
+    history: Vec<(String, u64)>,
+    folds: u64,
+}
+
+impl<'a> Run<'a> {
+    fn new(engine: &'a abridge_engine::Abridge, budget: u32) -> Run<'a> {
+        Run {
+            engine,
+            budget,
+            abridge: Meter::new(),
+            full: Meter::new(),
+            recent: Meter::new(),
+            history: Vec::new(),
+            folds: 0,
         }
+    }
+
+    async fn est(&self, text: &str) -> anyhow::Result<u64> {
+        Ok(self.engine.estimate_tokens(text).await.map(u64::from)?)
+    }
+
+    /// The turn after `said` ((role, text) messages) reached `session`: the context is read
+    /// (a fold it makes due runs first, as a client that waits for it) and each policy's
+    /// prompt metered. The context read.
+    async fn turn(
+        &mut self,
+        local: &abridge_app::Scoped,
+        session: &str,
+        said: &[(&str, &str)],
+    ) -> anyhow::Result<abridge_app::ContextView> {
+        let budget = self.budget;
         let mut view = local
             .context(session, budget, 4, 8, None, None)
             .await
             .map_err(|e| anyhow!("{e}"))?;
         if let Some(j) = &view.job {
             local.run_job(j.id).await.map_err(|e| anyhow!("{e}"))?;
-            folds += 1;
+            self.folds += 1;
             view = local
                 .context(session, budget, 4, 8, None, None)
                 .await
@@ -250,30 +254,88 @@ async fn measure(
                 .iter()
                 .map(|m| (m.role.as_str(), m.content.as_str())),
         );
-        let at = shared_prefix(&abridge.previous, &prompt);
-        let shared = est(prompt[..at].to_string()).await?;
-        let tokens = est(prompt.clone()).await?;
-        abridge.turn(prompt, tokens, shared);
+        let at = shared_prefix(&self.abridge.previous, &prompt);
+        let shared = self.est(&prompt[..at]).await?;
+        let tokens = self.est(&prompt).await?;
+        self.abridge.turn(prompt, tokens, shared);
         // The whole history.
-        let one = render([(role, turn.1.as_str())]);
-        let t = est(one.clone()).await?;
-        history.push((one, t));
-        let prompt: String = history.iter().map(|(r, _)| r.as_str()).collect();
-        let tokens: u64 = history.iter().map(|(_, t)| t).sum();
-        let shared = tokens - t;
-        full.turn(prompt, tokens, shared);
+        let mut added = 0;
+        for (role, text) in said {
+            let one = render([(*role, *text)]);
+            let t = self.est(&one).await?;
+            added += t;
+            self.history.push((one, t));
+        }
+        let prompt: String = self.history.iter().map(|(r, _)| r.as_str()).collect();
+        let tokens: u64 = self.history.iter().map(|(_, t)| t).sum();
+        self.full.turn(prompt, tokens, tokens - added);
         // The most recent turns cut to the budget.
         let mut used = 0u64;
-        let mut from = history.len();
-        while from > 0 && used + history[from - 1].1 <= u64::from(budget) {
-            used += history[from - 1].1;
+        let mut from = self.history.len();
+        while from > 0 && used + self.history[from - 1].1 <= u64::from(budget) {
+            used += self.history[from - 1].1;
             from -= 1;
         }
-        let prompt: String = history[from..].iter().map(|(r, _)| r.as_str()).collect();
-        let at = shared_prefix(&recent.previous, &prompt);
-        let shared = est(prompt[..at].to_string()).await?;
-        recent.turn(prompt, used, shared);
-        last_view = Some(view);
+        let prompt: String = self.history[from..]
+            .iter()
+            .map(|(r, _)| r.as_str())
+            .collect();
+        let at = shared_prefix(&self.recent.previous, &prompt);
+        let shared = self.est(&prompt[..at]).await?;
+        self.recent.turn(prompt, used, shared);
+        Ok(view)
+    }
+
+    fn measured(self, recall: Option<(f64, f64)>) -> Measured {
+        Measured {
+            abridge: self.abridge.totals,
+            full: self.full.totals,
+            recent: self.recent.totals,
+            folds: self.folds,
+            recall,
+        }
+    }
+}
+
+/// The app in process over a fresh database in `dir`, folding with the extractive summarizer.
+async fn bench_app(s: &Settings, dir: &Path) -> anyhow::Result<abridge_app::Scoped> {
+    let mut ls = s.clone();
+    ls.db = dir.join("bench.db");
+    ls.quiet = true;
+    ls.backend = BackendChoice::Extractive;
+    ls.config.engine = abridge_engine::types::Engine::Extractive;
+    let backend = super::commands::choose_backend(&ls)
+        .await
+        .map_err(|f| f.error)?;
+    super::app::local(&ls, Some(&backend)).map_err(|f| f.error)
+}
+
+async fn measure(
+    s: &Settings,
+    conv: &Conversation,
+    budget: u32,
+    engine: &abridge_engine::Abridge,
+) -> anyhow::Result<Measured> {
+    let tmp = tempfile::tempdir()?;
+    let local = bench_app(s, tmp.path()).await?;
+    let session = "bench-cache";
+    let mut run = Run::new(engine, budget);
+    let mut last_view = None;
+    for turn in &conv.turns {
+        let line = conv.message(turn);
+        let role = line["role"].as_str().unwrap_or("user");
+        let posted = local
+            .append_jsonl(session, format!("{line}\n").into_bytes())
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        if let Some(j) = posted.job {
+            local.run_job(j.id).await.map_err(|e| anyhow!("{e}"))?;
+            run.folds += 1;
+        }
+        last_view = Some(
+            run.turn(&local, session, &[(role, turn.1.as_str())])
+                .await?,
+        );
     }
     let recall = match (&last_view, conv.qa.is_empty()) {
         (Some(view), false) => {
@@ -297,13 +359,124 @@ async fn measure(
         }
         _ => None,
     };
-    Ok(Measured {
-        abridge: abridge.totals,
-        full: full.totals,
-        recent: recent.totals,
-        folds,
-        recall,
-    })
+    Ok(run.measured(recall))
+}
+
+/// A coding session's transcript (`.jsonl`, Claude Code's records) as its agent writes it: a
+/// line at a time, imported as `abridge hook` imports it (format detected, tool calls read into
+/// the digest). The agent calls the model after each line it sends as the user (a request or a
+/// tool's result), so the context is read after each of those. The whole history it is billed
+/// against is every record's text, tool calls and tool results as the agent re-sends them
+/// (thinking and attached documents left out, so the history is if anything understated).
+async fn measure_session(
+    s: &Settings,
+    lines: &[SessionLine],
+    budget: u32,
+    engine: &abridge_engine::Abridge,
+) -> anyhow::Result<Measured> {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir()?;
+    let local = bench_app(s, tmp.path()).await?;
+    let file = tmp.path().join("session.jsonl");
+    let mut out = std::fs::File::create(&file)?;
+    let mut run = Run::new(engine, budget);
+    let mut since: Vec<(&str, &str)> = Vec::new();
+    let mut session: Option<String> = None;
+    for line in lines {
+        writeln!(out, "{}", line.raw)?;
+        if !line.sent.is_empty() {
+            since.push((line.role, line.sent.as_str()));
+        }
+        if line.role != "user" || line.sent.is_empty() {
+            continue;
+        }
+        out.flush()?;
+        let followed = local
+            .hook_import(&file)
+            .await
+            .map_err(|e| anyhow!("{e}"))?
+            .ok_or_else(|| anyhow!("{} vanished", file.display()))?;
+        if let Some(s) = followed.sessions.first() {
+            session = Some(s.clone());
+        }
+        let Some(session) = &session else {
+            continue;
+        };
+        run.turn(&local, session, &since).await?;
+        since.clear();
+    }
+    if run.abridge.totals.turns == 0 {
+        return Err(anyhow!("no model call in it (no line from the user)"));
+    }
+    Ok(run.measured(None))
+}
+
+/// A transcript line: as written, who sends it, and what the agent re-sends of it on every
+/// later call.
+struct SessionLine {
+    raw: String,
+    role: &'static str,
+    sent: String,
+}
+
+/// The lines of the Claude Code transcript at `path` (a line that is not a message record is
+/// still written, and sends nothing).
+fn session_lines(path: &Path) -> anyhow::Result<Vec<SessionLine>> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for raw in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(raw).unwrap_or_default();
+        let message = &v["message"];
+        let role = match message["role"].as_str() {
+            Some("user") => "user",
+            Some("assistant") => "assistant",
+            _ => "",
+        };
+        let mut sent = Vec::new();
+        match &message["content"] {
+            serde_json::Value::String(t) => sent.push(t.clone()),
+            serde_json::Value::Array(blocks) => {
+                for b in blocks {
+                    match b["type"].as_str() {
+                        Some("text") => sent.push(b["text"].as_str().unwrap_or("").to_string()),
+                        Some("tool_use") => sent.push(format!(
+                            "{} {}",
+                            b["name"].as_str().unwrap_or(""),
+                            b["input"]
+                        )),
+                        Some("tool_result") => sent.push(match &b["content"] {
+                            serde_json::Value::String(t) => t.clone(),
+                            serde_json::Value::Array(parts) => parts
+                                .iter()
+                                .filter_map(|p| p["text"].as_str())
+                                .collect::<Vec<_>>()
+                                .join("\n"),
+                            _ => String::new(),
+                        }),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+        out.push(SessionLine {
+            raw: raw.to_string(),
+            role,
+            sent: if role.is_empty() {
+                String::new()
+            } else {
+                sent.join("\n")
+            },
+        });
+    }
+    if !out.iter().any(|l| l.role == "user" && !l.sent.is_empty()) {
+        return Err(anyhow!(
+            "{}: no message from the user in it (Claude Code's records are read)",
+            path.display()
+        ));
+    }
+    Ok(out)
 }
 
 fn print_row(name: &str, budget: u32, m: &Measured) {
@@ -332,17 +505,29 @@ fn print_row(name: &str, budget: u32, m: &Measured) {
     );
 }
 
-/// `abridge bench cache FILE…`: the LoCoMo conversations named, then the generated chat.
+/// A conversation the bench posts: a chat's turns, or a coding session's transcript lines.
+enum Chat {
+    Turns(Conversation),
+    Session(Vec<SessionLine>),
+}
+
+/// `abridge bench cache FILE…`: the conversations named (LoCoMo's JSON, or a coding session's
+/// `.jsonl` transcript), then the generated chat.
 pub async fn run(s: &Settings, paths: &[PathBuf]) -> Result<(), Failure> {
     let engine = super::commands::pure_engine(s)?;
-    let mut convs: Vec<(String, Conversation)> = Vec::new();
+    let mut convs: Vec<(String, Chat)> = Vec::new();
     for p in paths {
-        match load(p) {
+        let read = if super::bench_context::is_session(p) {
+            session_lines(p).map(Chat::Session)
+        } else {
+            load(p).map(Chat::Turns)
+        };
+        match read {
             Ok(c) => convs.push((short(p), c)),
             Err(e) => println!("{}: not measured ({e:#})", p.display()),
         }
     }
-    convs.push(("generated".into(), generated()));
+    convs.push(("generated".into(), Chat::Turns(generated())));
     println!(
         "{:<10} {:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>7} {:>7}",
         "chat",
@@ -363,9 +548,11 @@ pub async fn run(s: &Settings, paths: &[PathBuf]) -> Result<(), Failure> {
         std::collections::BTreeMap::new();
     for (name, conv) in &convs {
         for budget in BUDGETS {
-            let m = measure(s, conv, budget, &engine)
-                .await
-                .map_err(|e| Failure::new(Exit::Internal, e))?;
+            let m = match conv {
+                Chat::Turns(c) => measure(s, c, budget, &engine).await,
+                Chat::Session(lines) => measure_session(s, lines, budget, &engine).await,
+            }
+            .map_err(|e| Failure::new(Exit::Internal, e))?;
             print_row(name, budget, &m);
             let e = sums.entry(budget).or_default();
             e.0 += m.abridge.reused as f64 / m.abridge.turns.max(1) as f64;
@@ -401,6 +588,35 @@ fn short(p: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_line_sends_its_texts_tool_calls_and_results_and_the_user_calls_the_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.jsonl");
+        let lines = [
+            r#"{"type":"file-history-snapshot","snapshot":{}}"#,
+            r#"{"type":"user","message":{"role":"user","content":"Fix the build"}}"#,
+            r#"{"type":"assistant","message":{"role":"assistant","content":[{"type":"thinking","thinking":"hmm"},{"type":"text","text":"Looking."},{"type":"tool_use","name":"Bash","input":{"command":"cargo build"}}]}}"#,
+            r#"{"type":"user","message":{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"error[E0308]"}]}]}}"#,
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let read = session_lines(&path).unwrap();
+        let got: Vec<(&str, &str)> = read.iter().map(|l| (l.role, l.sent.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("", ""),
+                ("user", "Fix the build"),
+                ("assistant", "Looking.\nBash {\"command\":\"cargo build\"}"),
+                ("user", "error[E0308]"),
+            ]
+        );
+        assert_eq!(read[2].raw, lines[2]);
+        // A file with nothing from the user is refused with what the bench reads.
+        std::fs::write(&path, lines[0]).unwrap();
+        let e = session_lines(&path).err().unwrap().to_string();
+        assert!(e.contains("no message from the user"), "{e}");
+    }
 
     #[test]
     fn a_prefix_is_shared_up_to_the_first_difference() {

@@ -583,7 +583,7 @@ fn print_row(name: &str, budget: u32, x: &Figures, times: Option<(f64, f64, f64,
 }
 
 /// Whether `file` is a coding session's transcript (JSON lines), measured at each of [`CUTS`].
-fn is_session(file: &Path) -> bool {
+pub(super) fn is_session(file: &Path) -> bool {
     file.extension().is_some_and(|x| x == "jsonl")
 }
 
