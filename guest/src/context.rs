@@ -159,31 +159,19 @@ pub fn whole_history(episodes: &[Episode], budget: u32) -> Window {
 /// ("Episodes 1-40 (earlier summary):" for a compacted row). Chat-template tokens a transcript
 /// carried into a summary (an extractive one quotes it) are neutralized: the next model call
 /// must not see a turn boundary inside its system message. The ledger follows the prose.
-/// With `digest_below`, a row whose prose is an offline digest (the
-/// offline summary of a coding session) is named, not repeated: the session's digest below
-/// holds all of it and more.
-fn summary_text(rows: &[SummaryRow], ledger: &str, digest_below: bool) -> String {
-    let offline = |r: &SummaryRow| digest_below && r.content.starts_with(crate::digest::HEADING);
-    let rows_shown: Vec<SummaryRow>;
+/// With `digest`, the rows whose prose is an offline digest (the offline summary of a coding
+/// session) give way to it, once, after the others: the session's digest as of the fold.
+fn summary_text(rows: &[SummaryRow], ledger: &str, digest: Option<&str>) -> String {
+    let offline =
+        |r: &SummaryRow| digest.is_some() && r.content.starts_with(crate::digest::HEADING);
+    let kept: Vec<SummaryRow>;
     let rows = if rows.iter().any(offline) {
-        rows_shown = rows
-            .iter()
-            .map(|r| {
-                if offline(r) {
-                    let mut r = r.clone();
-                    r.content =
-                        "(the offline summary of these episodes is the session digest below)"
-                            .into();
-                    r
-                } else {
-                    r.clone()
-                }
-            })
-            .collect();
-        &rows_shown[..]
+        kept = rows.iter().filter(|r| !offline(r)).cloned().collect();
+        &kept[..]
     } else {
         rows
     };
+    let digest = digest.map(crate::prompt::neutralize).unwrap_or_default();
     let body = if rows.len() == 1 && rows[0].level == 0 {
         crate::prompt::neutralize(&rows[0].content)
     } else {
@@ -203,6 +191,11 @@ fn summary_text(rows: &[SummaryRow], ledger: &str, digest_below: bool) -> String
             })
             .collect::<Vec<_>>()
             .join("\n\n")
+    };
+    let body = match (body.is_empty(), digest.is_empty()) {
+        (_, true) => body,
+        (true, false) => digest,
+        (false, false) => format!("{body}\n\n{digest}"),
     };
     if ledger.is_empty() {
         format!("{SUMMARY_HEADER}\n{body}")
@@ -230,6 +223,9 @@ pub struct Parts<'a> {
     pub ledger_budget: u32,
     /// The coding-session digest's entries for the whole session (empty for a chat).
     pub digest: &'a [crate::ledger::Entry],
+    /// Its entries as the chain's rows hold them (as of the last fold): the stable head shows
+    /// these, and the per-call note what the episodes after the chain add.
+    pub fold_digest: &'a [crate::ledger::Entry],
     /// When the session's first episode was said (ms), if known: a verbatim turn of another
     /// day is marked with its day.
     pub first_ms: Option<i64>,
@@ -414,12 +410,17 @@ pub const HEAD_SHARE_MODEL: u32 = 40;
 /// digest) takes the rest of the room.
 pub const HEAD_SHARE_NOTE: u32 = 25;
 
-/// The head's share beside a coding session's digest (no query): its ledger slice holds the
-/// identifiers a session goes back to (`abridge bench context` on coding transcripts,
-/// docs/benchmarks.md). The digest, per call, takes what the head and the turns leave; the
-/// turns since the fold stop at [`DIGEST_ROOM`] (a fold is due there, [`tail_high`]), so the
-/// head is never re-picked between folds.
-pub const HEAD_SHARE_CODING: u32 = 40;
+/// The head's share for a coding session (no query): it holds the digest as of the fold and a
+/// ledger slice of the identifiers a session goes back to (`abridge bench context` and `bench
+/// cache` on coding transcripts, docs/benchmarks.md). The per-call note holds what the digest
+/// gained since the fold, within what the head and the turns leave; the turns since the fold
+/// stop at [`DIGEST_ROOM`] (a fold is due there, [`tail_high`]), so the head is never
+/// re-picked between folds.
+pub const HEAD_SHARE_CODING: u32 = 60;
+
+/// The head's share beside a coding session's digest with a query: the head holds the digest
+/// as of the fold, the turns found take the rest.
+pub const HEAD_SHARE_CODING_NOTE: u32 = 40;
 
 /// The head's share (no query) for folds by `engine`.
 pub fn head_share(engine: crate::policy::Engine) -> u32 {
@@ -432,7 +433,11 @@ pub fn head_share(engine: crate::policy::Engine) -> u32 {
 /// The share, in percent, of the budget a coding session's digest keeps for itself beside
 /// its head and the turns since the fold (the digest changes on every call, so it is the
 /// per-call note; while the turns are few it has their room too).
-pub const DIGEST_ROOM: u32 = 20;
+pub const DIGEST_ROOM: u32 = 10;
+
+/// The share, in percent, of the head's room its coding digest (as of the fold) may take;
+/// the ledger has the rest.
+pub const DIGEST_HEAD_SHARE: u32 = 75;
 
 /// The share, in percent, of the budget the verbatim turns since the last fold may reach
 /// before a fold is due (beside the head, the context then reaches the budget). A coding
@@ -483,6 +488,8 @@ struct Head {
     from: usize,
     /// The ledger shown beside it (empty: none).
     ledger: crate::ledger::Ledger,
+    /// Whether it shows the chain's coding digest.
+    digest: bool,
 }
 
 fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
@@ -494,6 +501,24 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
             .fold(crate::ledger::Ledger::default(), |acc, r| {
                 crate::ledger::merge(&acc, &r.ledger)
             })
+    };
+    // A coding session's digest as of the fold, within its share of the room (before the
+    // ledger: its files, requests and commands are what a session goes back to).
+    let digest_text = crate::digest::is_coding(p.fold_digest)
+        .then(|| crate::digest::render_folded(p.fold_digest, share_of(room, DIGEST_HEAD_SHARE)));
+    let digest = digest_text.as_deref();
+    // The ledger leaves out what the digest beside it names (a path it shows under its
+    // folder included).
+    let all = match digest {
+        Some(d) => crate::ledger::Ledger {
+            entries: all
+                .entries
+                .into_iter()
+                .filter(|e| !names(d, &e.text))
+                .collect(),
+            dropped: all.dropped,
+        },
+        None => all,
     };
     let ledger = crate::ledger::budgeted(&all, p.ledger_budget);
     let ledger_text = crate::ledger::render(&ledger);
@@ -571,6 +596,7 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
             text,
             from: 0,
             ledger: slice,
+            digest: false,
         });
     }
     // A model's rows: all of them if they fit with the ledger, else the newest that do.
@@ -582,7 +608,7 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
             let text = summary_text(
                 &p.rows[from..],
                 if with_ledger { &ledger_text } else { "" },
-                crate::digest::is_coding(p.digest),
+                digest,
             );
             if !fits(&text) {
                 continue;
@@ -595,6 +621,7 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
                 } else {
                     crate::ledger::Ledger::default()
                 },
+                digest: digest.is_some(),
             };
             // Rows that left no room for the ledger's whole slice keep as much of it as
             // fits; rows that leave room widen it (frequent and recent entries first).
@@ -617,11 +644,7 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
                 if crate::ledger::identifiers(&l).next().is_none() {
                     break;
                 }
-                let candidate = summary_text(
-                    &p.rows[from..],
-                    &crate::ledger::render(&l),
-                    crate::digest::is_coding(p.digest),
-                );
+                let candidate = summary_text(&p.rows[from..], &crate::ledger::render(&l), digest);
                 if fits(&candidate) {
                     h.text = candidate;
                     h.ledger = l;
@@ -646,10 +669,21 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
                 text,
                 from: at,
                 ledger: crate::ledger::Ledger::default(),
+                digest: false,
             });
         }
     }
     None
+}
+
+/// Whether `text` names `id`: whole, or a path by its part under a folder (`src/a.rs` for
+/// `/home/me/app/src/a.rs`).
+fn names(text: &str, id: &str) -> bool {
+    text.contains(id)
+        || id
+            .match_indices('/')
+            .map(|(at, _)| &id[at + 1..])
+            .any(|rest| rest.contains('/') && text.contains(rest))
 }
 
 /// What an offline summary's line says, without its speaker.
@@ -815,9 +849,12 @@ pub fn assemble(p: &Parts) -> Window {
         }
     }
     // The head, within its share.
-    let share = if p.with_query {
+    let coding = crate::digest::is_coding(p.digest);
+    let share = if p.with_query && coding {
+        HEAD_SHARE_CODING_NOTE
+    } else if p.with_query {
         HEAD_SHARE_NOTE
-    } else if crate::digest::is_coding(p.digest) {
+    } else if coding {
         HEAD_SHARE_CODING
     } else {
         p.head_share
@@ -942,7 +979,30 @@ pub fn assemble(p: &Parts) -> Window {
     let mut excerpts: BTreeMap<u64, String> = BTreeMap::new();
     let mut found_used = 0u32;
     // A coding session's digest comes first: its essential sections, then the rest.
-    let mut digest = crate::digest::render(p.digest, left.saturating_sub(MESSAGE_COST));
+    // Beside a head that shows the chain's digest, what the episodes after it added or touched.
+    // The latest request is always in the context: in the note when the head's digest could
+    // not show it.
+    let mut digest = if let Some(h) = head.as_ref().filter(|h| h.digest) {
+        let latest = crate::digest::latest_request(p.digest);
+        let since: Vec<crate::ledger::Entry> = p
+            .digest
+            .iter()
+            .filter(|e| {
+                let folded = p
+                    .fold_digest
+                    .iter()
+                    .any(|f| f.kind == e.kind && f.episode == e.episode && f.text == e.text);
+                let unseen = latest.is_some_and(|l| std::ptr::eq(l, *e))
+                    && !h.text.contains(&format!("(#{}):", e.episode))
+                    && !h.text.contains(&format!("(#{},", e.episode));
+                !folded || unseen
+            })
+            .cloned()
+            .collect();
+        crate::digest::render_since(&since, left.saturating_sub(MESSAGE_COST))
+    } else {
+        crate::digest::render(p.digest, left.saturating_sub(MESSAGE_COST))
+    };
     if !digest.is_empty() && estimate_tokens(&digest) + 2 > left {
         digest.clear();
     }
@@ -1293,6 +1353,7 @@ mod tests {
             tail_from: rows.last().map_or(0, |r| r.last_episode),
             ledger_budget: 300,
             digest: &[],
+            fold_digest: &[],
             first_ms: None,
             chain,
             pending: &[],
@@ -1490,9 +1551,9 @@ mod tests {
         let whole = cost(&summary_text(
             &rows,
             &crate::ledger::render(&rows[0].ledger),
-            false,
+            None,
         ));
-        let bare = cost(&summary_text(&rows, "", false));
+        let bare = cost(&summary_text(&rows, "", None));
         // A head's share with room for the rows and about half of the ledger.
         let budget = (bare + (whole - bare) / 2) * 100 / HEAD_SHARE;
         let w = assemble(&rows, &tail, budget);

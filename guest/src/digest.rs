@@ -435,6 +435,14 @@ fn outcome<'a>(r: &Entry, entries: &'a [Entry]) -> Option<&'a str> {
         .and_then(|e| e.text.split_once(ARROW).map(|(_, err)| err))
 }
 
+/// The newest request among `entries`.
+pub fn latest_request(entries: &[Entry]) -> Option<&Entry> {
+    entries
+        .iter()
+        .filter(|e| e.kind == Kind::Request)
+        .max_by_key(|e| e.episode)
+}
+
 /// The tokens a digest of `entries` needs to show its latest request whole (0 without a
 /// coding session): the room a context keeps for it at least.
 pub fn latest_cost(entries: &[Entry]) -> u32 {
@@ -457,8 +465,48 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
     if !is_coding(entries) {
         return String::new();
     }
+    render_under(HEADING, entries, budget, Part::Whole)
+}
+
+/// The digest as of the chain's last fold, as the stable head shows it beside a per-call note
+/// that holds what came after ([`render_since`]): its newest request is the latest as of the
+/// summary (a lone one is the first).
+pub fn render_folded(entries: &[Entry], budget: u32) -> String {
+    if !is_coding(entries) {
+        return String::new();
+    }
+    render_under(HEADING, entries, budget, Part::Folded)
+}
+
+/// Which part of a session a digest renders.
+#[derive(Clone, Copy, PartialEq)]
+enum Part {
+    Whole,
+    Folded,
+    Since,
+}
+
+/// The heading of the digest of what happened after the summary a context's head shows.
+pub const SINCE_HEADING: &str = "Session digest since the summary above (#N = episode):";
+
+/// The digest of `entries`, those added or touched again after the summary's digest (which the
+/// context's head shows), as [`render`] lays it out (empty when there are none): its first
+/// request is not the session's, so none is called that.
+pub fn render_since(entries: &[Entry], budget: u32) -> String {
+    if !entries.iter().any(|e| e.kind.is_digest()) {
+        return String::new();
+    }
+    render_under(SINCE_HEADING, entries, budget, Part::Since)
+}
+
+fn render_under(heading: &str, entries: &[Entry], budget: u32, part: Part) -> String {
     let v = view(entries);
-    let mut used = estimate_tokens(HEADING) + 2;
+    let latest_label = match (part, v.requests.len()) {
+        (Part::Folded, 1) => "First request",
+        (Part::Folded, _) => "Latest request as of the summary",
+        _ => "Latest request",
+    };
+    let mut used = estimate_tokens(heading) + 2;
     let mut left_out = 0usize;
     // The essential sections (the latest request, the open error, the first request, the
     // edited files, the to-dos) may take the whole budget; the rest at most a third of what they leave, so a
@@ -483,7 +531,7 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
     let mut commands: Vec<String> = Vec::new();
     let mut reads: Vec<String> = Vec::new();
     if let Some(r) = v.requests.last() {
-        let t = format!("Latest request (#{}): {}", r.episode, r.text);
+        let t = format!("{latest_label} (#{}): {}", r.episode, r.text);
         if fits(&t, &mut used, cap) {
             latest = Some(t);
         } else {
@@ -494,7 +542,7 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
             while chars > 40 {
                 let head: String = r.text.chars().take(chars).collect();
                 let t = format!(
-                    "Latest request (#{}, first {} of {} characters): {head} …",
+                    "{latest_label} (#{}, first {} of {} characters): {head} …",
                     r.episode,
                     head.chars().count(),
                     r.text.chars().count()
@@ -522,7 +570,7 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
         }
     }
     // The first request (where a session's standing rules are said) before the files.
-    if v.requests.len() > 1 {
+    if part != Part::Since && v.requests.len() > 1 {
         let r = v.requests[0];
         let t = format!("First request (#{}): {}", r.episode, r.text);
         if fits(&t, &mut used, cap) {
@@ -561,8 +609,9 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
         }
     }
     cap = cap.min(used + budget.saturating_sub(used) / 3);
-    if v.requests.len() > 2 {
-        for r in v.requests[1..v.requests.len() - 1].iter().rev() {
+    let from = usize::from(part != Part::Since);
+    if v.requests.len() > from + 1 {
+        for r in v.requests[from..v.requests.len() - 1].iter().rev() {
             let t = format!("(#{}) {}", r.episode, r.text);
             if fits(&t, &mut used, cap) {
                 earlier.push(t);
@@ -591,7 +640,7 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
             left_out += 1;
         }
     }
-    let mut out = vec![HEADING.to_string()];
+    let mut out = vec![heading.to_string()];
     out.extend(first);
     if !earlier.is_empty() {
         out.push(format!("Earlier requests: {}", earlier.join(" | ")));

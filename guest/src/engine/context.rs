@@ -462,6 +462,7 @@ pub fn context(
         };
         digest = ledger::merge(&digest, &own);
     }
+    let fold_digest = digest.entries.clone();
     // What lies beyond the summary, walked a page at a time (its text is never held whole).
     let coding = crate::digest::is_coding(&digest.entries);
     let mut newer = Paged::new(
@@ -520,6 +521,7 @@ pub fn context(
         tail_from,
         ledger_budget: cfg.ledger_tokens,
         digest: &digest.entries,
+        fold_digest: &fold_digest,
         first_ms,
         chain: chain.as_deref(),
         pending: &pending,
