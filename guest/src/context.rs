@@ -406,8 +406,8 @@ pub const HEAD_SHARE: u32 = 80;
 /// where a fold is then as large as one prompt holds).
 pub const HEAD_SHARE_MODEL: u32 = 40;
 
-/// The head's share with a query: the per-call note (the turns found, and a coding session's
-/// digest) takes the rest of the room.
+/// The head's share with a query (a chat's; a coding session's is [`HEAD_SHARE_CODING_NOTE`]):
+/// the turns found, in the per-call note, take the rest of the room.
 pub const HEAD_SHARE_NOTE: u32 = 25;
 
 /// The head's share for a coding session (no query): it holds the digest as of the fold and a
@@ -430,9 +430,9 @@ pub fn head_share(engine: crate::policy::Engine) -> u32 {
     }
 }
 
-/// The share, in percent, of the budget a coding session's digest keeps for itself beside
-/// its head and the turns since the fold (the digest changes on every call, so it is the
-/// per-call note; while the turns are few it has their room too).
+/// The share, in percent, of the budget a coding session's per-call note keeps beside its head
+/// and the turns since the fold: what the digest gained since the fold (it changes on every
+/// call; while the turns are few it has their room too).
 pub const DIGEST_ROOM: u32 = 10;
 
 /// The share, in percent, of the head's room its coding digest (as of the fold) may take;
@@ -488,8 +488,9 @@ struct Head {
     from: usize,
     /// The ledger shown beside it (empty: none).
     ledger: crate::ledger::Ledger,
-    /// Whether it shows the chain's coding digest.
-    digest: bool,
+    /// Whether it shows the chain's coding digest, and the episode of the newest request that
+    /// digest shows.
+    digest: (bool, Option<u64>),
 }
 
 fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
@@ -504,9 +505,13 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
     };
     // A coding session's digest as of the fold, within its share of the room (before the
     // ledger: its files, requests and commands are what a session goes back to).
-    let digest_text = crate::digest::is_coding(p.fold_digest)
+    let folded = crate::digest::is_coding(p.fold_digest)
         .then(|| crate::digest::render_folded(p.fold_digest, share_of(room, DIGEST_HEAD_SHARE)));
-    let digest = digest_text.as_deref();
+    let digest = folded.as_ref().map(|(text, _)| text.as_str());
+    let digest_shown = (
+        digest.is_some(),
+        folded.as_ref().and_then(|(_, latest)| *latest),
+    );
     // The ledger leaves out what the digest beside it names (a path it shows under its
     // folder included).
     let all = match digest {
@@ -596,7 +601,7 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
             text,
             from: 0,
             ledger: slice,
-            digest: false,
+            digest: (false, None),
         });
     }
     // A model's rows: all of them if they fit with the ledger, else the newest that do.
@@ -621,7 +626,7 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
                 } else {
                     crate::ledger::Ledger::default()
                 },
-                digest: digest.is_some(),
+                digest: digest_shown,
             };
             // Rows that left no room for the ledger's whole slice keep as much of it as
             // fits; rows that leave room widen it (frequent and recent entries first).
@@ -669,7 +674,7 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
                 text,
                 from: at,
                 ledger: crate::ledger::Ledger::default(),
-                digest: false,
+                digest: (false, None),
             });
         }
     }
@@ -982,20 +987,17 @@ pub fn assemble(p: &Parts) -> Window {
     // Beside a head that shows the chain's digest, what the episodes after it added or touched.
     // The latest request is always in the context: in the note when the head's digest could
     // not show it.
-    let mut digest = if let Some(h) = head.as_ref().filter(|h| h.digest) {
-        let latest = crate::digest::latest_request(p.digest);
+    let mut digest = if let Some((true, head_latest)) = head.as_ref().map(|h| h.digest) {
+        let covered = p.rows.last().map_or(0, |r| r.last_episode);
+        let latest = crate::digest::latest_request(p.digest).map(|e| e.episode);
         let since: Vec<crate::ledger::Entry> = p
             .digest
             .iter()
             .filter(|e| {
-                let folded = p
-                    .fold_digest
-                    .iter()
-                    .any(|f| f.kind == e.kind && f.episode == e.episode && f.text == e.text);
-                let unseen = latest.is_some_and(|l| std::ptr::eq(l, *e))
-                    && !h.text.contains(&format!("(#{}):", e.episode))
-                    && !h.text.contains(&format!("(#{},", e.episode));
-                !folded || unseen
+                e.episode > covered
+                    || (e.kind == crate::ledger::Kind::Request
+                        && Some(e.episode) == latest
+                        && head_latest != latest)
             })
             .cloned()
             .collect();

@@ -449,7 +449,7 @@ pub fn latest_cost(entries: &[Entry]) -> u32 {
     if !is_coding(entries) {
         return 0;
     }
-    let latest = view(entries).requests.last().map_or(0, |r| {
+    let latest = latest_request(entries).map_or(0, |r| {
         estimate_tokens(&format!("Latest request (#{}): {}", r.episode, r.text)) + 2
     });
     estimate_tokens(HEADING) + 2 + latest
@@ -465,15 +465,15 @@ pub fn render(entries: &[Entry], budget: u32) -> String {
     if !is_coding(entries) {
         return String::new();
     }
-    render_under(HEADING, entries, budget, Part::Whole)
+    render_under(HEADING, entries, budget, Part::Whole).0
 }
 
 /// The digest as of the chain's last fold, as the stable head shows it beside a per-call note
 /// that holds what came after ([`render_since`]): its newest request is the latest as of the
-/// summary (a lone one is the first).
-pub fn render_folded(entries: &[Entry], budget: u32) -> String {
+/// summary (a lone one is the first). With the episode of that request when the text shows it.
+pub fn render_folded(entries: &[Entry], budget: u32) -> (String, Option<u64>) {
     if !is_coding(entries) {
-        return String::new();
+        return (String::new(), None);
     }
     render_under(HEADING, entries, budget, Part::Folded)
 }
@@ -496,10 +496,16 @@ pub fn render_since(entries: &[Entry], budget: u32) -> String {
     if !entries.iter().any(|e| e.kind.is_digest()) {
         return String::new();
     }
-    render_under(SINCE_HEADING, entries, budget, Part::Since)
+    render_under(SINCE_HEADING, entries, budget, Part::Since).0
 }
 
-fn render_under(heading: &str, entries: &[Entry], budget: u32, part: Part) -> String {
+/// The digest's text, and the episode of its newest request when the text shows it.
+fn render_under(
+    heading: &str,
+    entries: &[Entry],
+    budget: u32,
+    part: Part,
+) -> (String, Option<u64>) {
     let v = view(entries);
     let latest_label = match (part, v.requests.len()) {
         (Part::Folded, 1) => "First request",
@@ -640,6 +646,10 @@ fn render_under(heading: &str, entries: &[Entry], budget: u32, part: Part) -> St
             left_out += 1;
         }
     }
+    let shown = latest
+        .is_some()
+        .then(|| v.requests.last().map(|r| r.episode))
+        .flatten();
     let mut out = vec![heading.to_string()];
     out.extend(first);
     if !earlier.is_empty() {
@@ -667,7 +677,7 @@ fn render_under(heading: &str, entries: &[Entry], budget: u32, part: Part) -> St
     if left_out > 0 && used + estimate_tokens(&said) < budget {
         out.push(said);
     }
-    out.join("\n")
+    (out.join("\n"), shown)
 }
 
 #[cfg(test)]
