@@ -17,6 +17,8 @@ pub mod ann;
 pub mod crypto;
 pub mod jobs;
 pub(crate) mod keyring;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod once;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod recall;
@@ -32,8 +34,6 @@ mod sqlite;
 mod sqlite_keys;
 #[cfg(feature = "sqlite")]
 mod sqlite_recall;
-#[cfg(feature = "sqlite")]
-mod sqlite_tables;
 pub mod tables;
 pub mod tenant;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

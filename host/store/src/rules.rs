@@ -385,6 +385,14 @@ impl Dialect {
         }
     }
 
+    /// Where the tenant separator (U+001F) first is in text column `col` (1-based; 0: none).
+    pub fn separator_at(self, col: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("instr({col}, char(31))"),
+            Dialect::Postgres => format!("strpos({col}, chr(31))"),
+        }
+    }
+
     /// The memories' and clusters' `user` column (a reserved word in PostgreSQL).
     pub fn user_column(self) -> &'static str {
         match self {

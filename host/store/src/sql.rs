@@ -68,6 +68,18 @@ impl From<f32> for Val {
     }
 }
 
+impl From<bool> for Val {
+    fn from(v: bool) -> Val {
+        Val::Int(i64::from(v))
+    }
+}
+
+impl<T: Into<Val>> From<Option<T>> for Val {
+    fn from(v: Option<T>) -> Val {
+        v.map_or(Val::Null, Into::into)
+    }
+}
+
 impl From<Vec<u8>> for Val {
     fn from(v: Vec<u8>) -> Val {
         Val::Bytes(v)
@@ -119,6 +131,22 @@ impl Row {
         }
     }
 
+    /// Column `i` as an integer, or `None` for NULL.
+    pub fn opt_int(&self, i: usize) -> Result<Option<i64>, Error> {
+        match self.at(i)? {
+            Val::Null => Ok(None),
+            _ => self.int(i).map(Some),
+        }
+    }
+
+    /// Column `i` as text, or `None` for NULL.
+    pub fn opt_text(&self, i: usize) -> Result<Option<String>, Error> {
+        match self.at(i)? {
+            Val::Null => Ok(None),
+            _ => self.text(i).map(Some),
+        }
+    }
+
     /// Column `i` as bytes (a text value gives its UTF-8).
     pub fn bytes(&self, i: usize) -> Result<Vec<u8>, Error> {
         match self.at(i)? {
@@ -149,62 +177,92 @@ impl Row {
     }
 }
 
-/// A store's open transaction, as a body written once sees it.
-pub(crate) trait Tx {
+/// A store's open transaction, as a body written once sees it. Its futures are `Send`, so a
+/// body written once is a `Send` future on either store (the store traits' methods are).
+///
+/// SQL is written in PostgreSQL's spelling of parameters (`$1`, `$2`, …); SQLite's
+/// transaction reads them as its own `?1`, `?2`, …. Where the dialects differ beyond that
+/// ([`Tx::dialect`]), a body picks the statement.
+pub(crate) trait Tx: Send {
     /// The dialect its SQL is written in.
     fn dialect(&self) -> Dialect;
 
     /// The rows of `sql` with `args`.
-    async fn rows(&mut self, sql: &str, args: &[Val]) -> Result<Vec<Row>, Error>;
+    fn rows(
+        &mut self,
+        sql: &str,
+        args: &[Val],
+    ) -> impl Future<Output = Result<Vec<Row>, Error>> + Send;
 
     /// Run `sql` with `args`; the rows it changed.
-    async fn exec(&mut self, sql: &str, args: &[Val]) -> Result<u64, Error>;
+    fn exec(&mut self, sql: &str, args: &[Val]) -> impl Future<Output = Result<u64, Error>> + Send;
 
     /// The tenant's vector keys.
-    async fn vector_keys(&mut self, tenant: &str) -> Result<VectorKeys, Error>;
+    fn vector_keys(
+        &mut self,
+        tenant: &str,
+    ) -> impl Future<Output = Result<VectorKeys, Error>> + Send;
 
     /// `text` as stored in `table`'s row `id`: sealed with the tenant's current data key when
     /// there is a master key; and the key's version (0: plain).
-    async fn seal(
+    fn seal(
         &mut self,
         tenant: &str,
         table: &str,
         id: &str,
         text: &str,
-    ) -> Result<(Vec<u8>, u32), Error>;
+    ) -> impl Future<Output = Result<(Vec<u8>, u32), Error>> + Send;
 
     /// A stored text of `table`'s row `id`, opened.
-    async fn reveal(
+    fn reveal(
         &mut self,
         tenant: &str,
         table: &str,
         id: &str,
         stored: Stored,
-    ) -> Result<String, Error>;
+    ) -> impl Future<Output = Result<String, Error>> + Send;
 
     /// Before a write that changes the tenant's clusters: PostgreSQL takes the tenant's
     /// advisory lock (writers on several instances); SQLite's write transaction already holds
     /// the file.
-    async fn lock_clusters(&mut self, tenant: &str) -> Result<(), Error>;
+    fn lock_clusters(&mut self, tenant: &str) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Writers holding the same `key` take turns until they commit: PostgreSQL takes a
+    /// transaction's advisory lock on it (writers on several instances); SQLite's write
+    /// transaction already holds the file.
+    fn take_turn(&mut self, key: &str) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Tell `channel`'s listeners `payload` when the transaction commits (PostgreSQL's
+    /// NOTIFY; a SQLite file has no listeners beside its one process, which polls).
+    fn notify(
+        &mut self,
+        channel: &str,
+        payload: &str,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// After a memory's row is written: PostgreSQL keeps its vector's pgvector copy for the
     /// index; SQLite keeps nothing beside it.
-    async fn memory_written(&mut self, tenant: &str, id: &str, vector: &[f32])
-    -> Result<(), Error>;
+    fn memory_written(
+        &mut self,
+        tenant: &str,
+        id: &str,
+        vector: &[f32],
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Each row of `sql` with `args`, one at a time (a scan of many rows is never held).
-    async fn each(
+    fn each(
         &mut self,
         sql: &str,
         args: &[Val],
         f: &mut (dyn FnMut(&Row) -> Result<(), Error> + Send),
-    ) -> Result<(), Error>;
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// The index's candidates for `query` among the tenant's memories of `model` that the
     /// filter (`filter_sql`: its fragment and arguments, the model last) selects, at least the
     /// best `limit`; `None` when the index does not answer (too few rows, being built, vectors
     /// sealed, or none on this store) and the search scans.
-    async fn indexed(
+    #[allow(clippy::too_many_arguments)]
+    fn indexed(
         &mut self,
         vk: &VectorKeys,
         tenant_model: (&str, &str),
@@ -212,12 +270,69 @@ pub(crate) trait Tx {
         filter: &MemoryFilter,
         filter_sql: (&str, &[Val]),
         limit: u32,
-    ) -> Result<Option<Vec<Candidate>>, Error>;
+    ) -> impl Future<Output = Result<Option<Vec<Candidate>>, Error>> + Send;
 
     /// The first row of `sql` with `args`, if any.
-    async fn row(&mut self, sql: &str, args: &[Val]) -> Result<Option<Row>, Error> {
-        Ok(self.rows(sql, args).await?.into_iter().next())
+    fn row(
+        &mut self,
+        sql: &str,
+        args: &[Val],
+    ) -> impl Future<Output = Result<Option<Row>, Error>> + Send {
+        async move { Ok(self.rows(sql, args).await?.into_iter().next()) }
     }
+}
+
+/// A transaction a [`Backend`] opened: its statements are applied by [`Txn::commit`]; one
+/// dropped before that (an error, a cancelled request) is rolled back.
+pub(crate) trait Txn: Tx {
+    /// Apply the transaction's statements.
+    fn commit(self) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// What a SQL store supplies beside its SQL: transactions. The store traits are written once
+/// over it (`crate::once`): SQLite and PostgreSQL give only this, their migrations and their
+/// index mechanisms.
+pub(crate) trait Backend: Send + Sync {
+    /// An open transaction.
+    type Txn<'a>: Txn
+    where
+        Self: 'a;
+
+    /// Open a transaction; a `write` one takes the store's write lock at once (SQLite's
+    /// `BEGIN IMMEDIATE`), so two writers never both read and then both write.
+    fn begin(&self, write: bool) -> impl Future<Output = Result<Self::Txn<'_>, Error>> + Send;
+
+    /// Whether other processes write the same tables (PostgreSQL, shared by instances): their
+    /// events reach this one through [`Backend::listen`].
+    fn shared(&self) -> bool;
+
+    /// The payloads of notifications on `channel` ([`Tx::notify`]), when other processes
+    /// send them.
+    fn listen(&self, channel: &'static str)
+    -> Option<tokio::sync::mpsc::UnboundedReceiver<String>>;
+}
+
+/// `sql` with PostgreSQL's parameters (`$1`) spelled as SQLite's (`?1`). A `$` inside a
+/// quoted literal is left alone.
+#[cfg(feature = "sqlite")]
+pub(crate) fn sqlite_params(sql: &str) -> std::borrow::Cow<'_, str> {
+    if !sql.contains('$') {
+        return std::borrow::Cow::Borrowed(sql);
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        if c == '$' && !quoted && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The memory columns a [`memory_from`] row holds, in the dialect's spelling.
@@ -246,4 +361,25 @@ pub(crate) fn memory_from(r: &Row) -> Result<(Memory, Stored), Error> {
             sealed: r.int(11)? as u32,
         },
     ))
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::sqlite_params;
+
+    #[test]
+    fn postgres_parameters_read_as_sqlites_and_literals_keep_their_dollars() {
+        assert_eq!(
+            sqlite_params("SELECT a FROM t WHERE b = $1 AND c IN ($12, $2)"),
+            "SELECT a FROM t WHERE b = ?1 AND c IN (?12, ?2)"
+        );
+        assert_eq!(
+            sqlite_params("SELECT '$1 costs', x FROM t WHERE y = $1"),
+            "SELECT '$1 costs', x FROM t WHERE y = ?1"
+        );
+        assert!(matches!(
+            sqlite_params("SELECT 1"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 }

@@ -1,7 +1,6 @@
 //! The SQLite store: one file, WAL journal, versioned schema migrations.
 
 use std::path::Path;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
 use rusqlite::types::Value;
@@ -10,6 +9,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use super::Store;
 use crate::Popped;
 use crate::keyring::{Stored, place};
+use crate::sql::Txn;
 use crate::sqlite_keys::{as_value, bytes_at, bytes_or_null, stored};
 use crate::types::{
     CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, LedgerEntry, NewEpisode,
@@ -58,7 +58,9 @@ const MIGRATIONS: &[&str] = &[
 
 /// A SQLite-backed [`Store`].
 pub struct SqliteStore {
-    conn: Mutex<Connection>,
+    /// The one connection: a `tokio` lock, so a transaction holds it across a body's
+    /// statements (which never wait on anything else).
+    conn: tokio::sync::Mutex<Connection>,
     /// The file's path, named in every error.
     pub(super) name: String,
     /// The master key, when memory and summary text is sealed at rest.
@@ -324,7 +326,7 @@ impl SqliteStore {
             }
         }
         Ok(SqliteStore {
-            conn: Mutex::new(conn),
+            conn: tokio::sync::Mutex::new(conn),
             name: name.to_string(),
             keys: None,
             seal_vectors: false,
@@ -339,26 +341,65 @@ impl SqliteStore {
     ) -> Result<T, Error> {
         // SQLite blocks: on a multi-threaded runtime the worker thread hands its other tasks
         // to the rest of the pool while this call waits for the lock and the disk.
-        let run = || {
-            let mut conn = self
-                .conn
-                .lock()
-                .expect("the store's lock is poisoned by an earlier panic");
+        let result = blocking(|| {
+            let mut conn = self.conn_blocking()?;
             f(&mut conn)
-        };
-        let blocking_ok = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let result = if blocking_ok {
-            tokio::task::block_in_place(run)
-        } else {
-            run()
-        };
+        });
         result.map_err(|e| match e {
             Error::Storage(msg) if !msg.starts_with("database ") => {
                 Error::Storage(explain(&self.name, &msg))
             }
             other => other,
         })
+    }
+
+    /// The connection, waited for from synchronous code (inside [`blocking`]).
+    fn conn_blocking(&self) -> Result<tokio::sync::MutexGuard<'_, Connection>, Error> {
+        match tokio::runtime::Handle::try_current() {
+            // One thread runs every task: a transaction never waits while it holds the lock
+            // (its statements answer at once), so the lock is free whenever this runs.
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread => {
+                self.conn.try_lock().map_err(|_| {
+                    Error::Storage(
+                        "the store's connection is held by a task that is waiting; this is a bug"
+                            .into(),
+                    )
+                })
+            }
+            _ => Ok(self.conn.blocking_lock()),
+        }
+    }
+
+    /// The connection, awaited.
+    pub(crate) async fn conn_lock(&self) -> tokio::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().await
+    }
+
+    /// A store error as reported: SQLite's own named with the file and the fix.
+    pub(crate) fn explain_err(&self, e: Error) -> Error {
+        match e {
+            Error::Storage(msg) if !msg.starts_with("database ") => {
+                Error::Storage(explain(&self.name, &msg))
+            }
+            other => other,
+        }
+    }
+
+    /// A SQLite error as the store reports it (the file named, the fix said).
+    pub(crate) fn explained(&self, e: rusqlite::Error) -> Error {
+        Error::Storage(explain(&self.name, &e.to_string()))
+    }
+}
+
+/// Run `f`, which blocks on SQLite (its lock, the disk): on a multi-threaded runtime the
+/// worker hands its other tasks to the rest of the pool meanwhile.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    let blocking_ok = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if blocking_ok {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
     }
 }
 
@@ -569,6 +610,9 @@ impl SqliteStore {
     }
 }
 
+/// One process: its own semaphores bound model requests (the defaults grant every slot).
+impl crate::tables::SlotStore for SqliteStore {}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn append_episodes(
@@ -576,8 +620,9 @@ impl Store for SqliteStore {
         session: &str,
         episodes: Vec<NewEpisode>,
     ) -> Result<u32, Error> {
-        self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
+        let mut t = self.begin_txn(true).await?;
+        let (added, docs) = blocking(|| -> Result<_, Error> {
+            let tx = t.conn();
             // A session new to the index is indexed as its episodes arrive.
             tx.execute("INSERT OR IGNORE INTO sessions (id, tenant, indexed) VALUES (?1, ?2, 1)", [session, crate::tenant::tenant_column(session)]).map_err(db_err)?;
             let (mut next, seq, mut through): (i64, i64, i64) = tx
@@ -602,7 +647,7 @@ impl Store for SqliteStore {
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                     )
                     .map_err(db_err)?;
-                let sealer = self.sealer(&tx, &place::tenant_of(session))?;
+                let sealer = self.sealer(tx, &place::tenant_of(session))?;
                 for e in &episodes {
                     let name = place::episode(session, next as u64);
                     let (content, sealed) = as_value(sealer.seal(place::EPISODE, &name, &e.content)?);
@@ -631,9 +676,6 @@ impl Store for SqliteStore {
                     }
                 }
             }
-            if !docs.is_empty() {
-                self.index_terms_on(&tx, session, &docs, true)?;
-            }
             if added > 0 {
                 tx.execute(
                     "UPDATE sessions SET episodes = episodes + ?2, total_tokens = total_tokens + ?3, changed_seq = ?4 WHERE id = ?1",
@@ -641,9 +683,14 @@ impl Store for SqliteStore {
                 )
                 .map_err(db_err)?;
             }
-            tx.commit().map_err(db_err)?;
-            Ok(added)
+            Ok((added, docs))
         })
+        .map_err(|e| self.explain_err(e))?;
+        if !docs.is_empty() {
+            self.index_terms(&mut t, session, &docs, true).await?;
+        }
+        t.commit().await?;
+        Ok(added)
     }
 
     async fn bytes_through(
@@ -981,7 +1028,9 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<crate::types::TermMatches, Error> {
         let column = crate::terms::scope_column(tenant, session);
-        self.with(|c| self.search_terms_on(c, &column, session, terms, limit))
+        let mut t = self.begin_txn(false).await?;
+        self.search_terms(&mut t, &column, session, terms, limit)
+            .await
     }
 
     async fn sessions(&self) -> Result<Vec<String>, Error> {
@@ -1101,7 +1150,7 @@ mod tests {
         let conn =
             Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
         let store = SqliteStore {
-            conn: Mutex::new(conn),
+            conn: tokio::sync::Mutex::new(conn),
             name: path.display().to_string(),
             keys: None,
             seal_vectors: false,

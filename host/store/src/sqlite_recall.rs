@@ -7,7 +7,7 @@ use super::SqliteStore;
 use super::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect};
 use crate::search::Candidate;
-use crate::sql::{Row as SqlRow, SUM, Tx, VECTOR, Val};
+use crate::sql::{Row as SqlRow, SUM, Tx, Txn, VECTOR, Val};
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
     NewMemory, Scope, StoredMemory,
@@ -212,18 +212,10 @@ impl RecallStore for SqliteStore {
     }
 
     async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
-        self.with(|conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
-            let mut t = SqliteTx {
-                store: self,
-                c: &tx,
-            };
-            let stored = futures::executor::block_on(crate::writes::put_memory(&mut t, tenant, m))?;
-            tx.commit().map_err(db_err)?;
-            Ok(stored)
-        })
+        let mut t = self.begin_txn(true).await?;
+        let stored = crate::writes::put_memory(&mut t, tenant, m).await?;
+        t.commit().await?;
+        Ok(stored)
     }
 
     async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
@@ -317,34 +309,24 @@ impl RecallStore for SqliteStore {
     }
 
     async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
-        self.with(|conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
-            let mut t = SqliteTx {
-                store: self,
-                c: &tx,
-            };
-            let Some((m, model)) =
-                futures::executor::block_on(crate::writes::delete_memory(&mut t, tenant, id))?
-            else {
-                return Ok(None);
-            };
-            let deletes = mark_delete(&tx, tenant)?;
-            tx.commit().map_err(db_err)?;
-            crate::sqlite::scrub(conn);
-            // This process's index follows at once (another process's rebuilds: the count).
-            if let Some(i) = self.ann.get(tenant, &model) {
-                let mut g = crate::ann::locked(&i);
-                if g.deletes + 1 == deletes {
-                    g.remove(id)?;
-                    g.deletes = deletes;
-                    // The saved graph went with the deletion: save this one anew.
-                    g.unsaved_whole();
-                }
+        let mut t = self.begin_txn(true).await?;
+        let Some((m, model)) = crate::writes::delete_memory(&mut t, tenant, id).await? else {
+            return Ok(None);
+        };
+        let deletes = mark_delete(t.conn(), tenant)?;
+        t.commit_here().await?;
+        crate::sqlite::scrub(t.conn());
+        // This process's index follows at once (another process's rebuilds: the count).
+        if let Some(i) = self.ann.get(tenant, &model) {
+            let mut g = crate::ann::locked(&i);
+            if g.deletes + 1 == deletes {
+                g.remove(id)?;
+                g.deletes = deletes;
+                // The saved graph went with the deletion: save this one anew.
+                g.unsaved_whole();
             }
-            Ok(Some(m))
-        })
+        }
+        Ok(Some(m))
     }
 
     async fn set_vectors(
@@ -354,23 +336,13 @@ impl RecallStore for SqliteStore {
         model: &str,
         vectors: Vec<(String, Vec<f32>)>,
     ) -> Result<(), Error> {
-        self.with(|conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
-            let mut t = SqliteTx {
-                store: self,
-                c: &tx,
-            };
-            futures::executor::block_on(crate::writes::set_vectors(
-                &mut t, tenant, cluster, model, &vectors,
-            ))?;
-            // Vectors changed model: every index of the tenant is rebuilt on next need.
-            mark_delete(&tx, tenant)?;
-            tx.commit().map_err(db_err)?;
-            self.ann.drop_tenant(tenant, None);
-            Ok(())
-        })
+        let mut t = self.begin_txn(true).await?;
+        crate::writes::set_vectors(&mut t, tenant, cluster, model, &vectors).await?;
+        // Vectors changed model: every index of the tenant is rebuilt on next need.
+        mark_delete(t.conn(), tenant)?;
+        t.commit().await?;
+        self.ann.drop_tenant(tenant, None);
+        Ok(())
     }
 
     async fn cluster_summary(
@@ -408,20 +380,10 @@ impl RecallStore for SqliteStore {
         tenant: &str,
         w: ClusterSummaryWrite,
     ) -> Result<bool, Error> {
-        self.with(|conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
-            let mut t = SqliteTx {
-                store: self,
-                c: &tx,
-            };
-            let written = futures::executor::block_on(crate::writes::write_cluster_summary(
-                &mut t, tenant, w,
-            ))?;
-            tx.commit().map_err(db_err)?;
-            Ok(written)
-        })
+        let mut t = self.begin_txn(true).await?;
+        let written = crate::writes::write_cluster_summary(&mut t, tenant, w).await?;
+        t.commit().await?;
+        Ok(written)
     }
 
     async fn delete_cluster_summary(&self, tenant: &str, cluster: u64) -> Result<(), Error> {
@@ -459,12 +421,8 @@ impl RecallStore for SqliteStore {
         filter: &MemoryFilter,
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
-        self.with(|c| {
-            let mut t = SqliteTx { store: self, c };
-            futures::executor::block_on(crate::search::search(
-                &mut t, tenant, query, model, filter, limit,
-            ))
-        })
+        let mut t = self.begin_txn(false).await?;
+        crate::search::search(&mut t, tenant, query, model, filter, limit).await
     }
 
     async fn list_memories(
@@ -791,42 +749,116 @@ impl SqliteStore {
         ))
     }
 
-    /// Index episodes of `session` (`(episode, terms)`) in the open transaction `c`.
-    pub(crate) fn index_terms_on(
+    /// Index episodes of `session` (`(episode, terms)`) in the open transaction `t`.
+    pub(crate) async fn index_terms(
         &self,
-        c: &Connection,
+        t: &mut SqliteTxn<'_>,
         session: &str,
         docs: &[(u64, String)],
         fresh: bool,
     ) -> Result<u32, Error> {
-        let key = self.terms_key_on(c, crate::tenant::tenant_column(session))?;
-        let mut t = SqliteTx { store: self, c };
-        futures::executor::block_on(crate::terms::index(&mut t, &key, session, docs, fresh))
+        let key = self.terms_key_on(t.conn(), crate::tenant::tenant_column(session))?;
+        crate::terms::index(t, &key, session, docs, fresh).await
     }
 
-    /// The full-text index's matches (see `Store::search_episodes`), on an open connection.
-    pub(crate) fn search_terms_on(
+    /// The full-text index's matches (see `Store::search_episodes`), in `t`.
+    pub(crate) async fn search_terms(
         &self,
-        c: &Connection,
+        t: &mut SqliteTxn<'_>,
         column: &str,
         session: Option<&str>,
         terms: &[String],
         limit: u32,
     ) -> Result<crate::types::TermMatches, Error> {
-        let key = self.terms_key_on(c, column)?;
-        let mut t = SqliteTx { store: self, c };
-        futures::executor::block_on(crate::terms::search(
-            &mut t, &key, column, session, terms, limit,
-        ))
+        let key = self.terms_key_on(t.conn(), column)?;
+        crate::terms::search(t, &key, column, session, terms, limit).await
     }
 }
 
-/// The SQLite store's open transaction for the bodies written once ([`crate::sql`]). Its
-/// statements run at once: a body's future never waits, so the store runs it to the end with
-/// `block_on` inside its lock.
-struct SqliteTx<'a> {
+/// The SQLite store's connection as the bodies written once ([`crate::sql`]) see it: held
+/// for the body (`C` is the store's lock, or a connection a caller already holds), its
+/// statements run at once. One [`SqliteStore::begin`] opened holds a transaction until
+/// [`Txn::commit`], or rolls it back when dropped.
+pub(crate) struct SqliteTx<'a, C: std::ops::DerefMut<Target = Connection> + Send> {
     store: &'a SqliteStore,
-    c: &'a Connection,
+    c: C,
+    open: bool,
+}
+
+/// A transaction of [`SqliteStore::begin`]: the store's lock, held.
+pub(crate) type SqliteTxn<'a> = SqliteTx<'a, tokio::sync::MutexGuard<'a, Connection>>;
+
+impl<'a, C: std::ops::DerefMut<Target = Connection> + Send> SqliteTx<'a, C> {
+    /// Statements on `c`, which the caller holds (and whose transaction it ends).
+    pub(crate) fn on(store: &'a SqliteStore, c: C) -> Self {
+        SqliteTx {
+            store,
+            c,
+            open: false,
+        }
+    }
+
+    /// The connection, for SQLite's own statements beside a body's.
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.c
+    }
+}
+
+impl SqliteStore {
+    /// Open a transaction on the store's connection (see [`crate::sql::Backend::begin`]).
+    pub(crate) async fn begin_txn(&self, write: bool) -> Result<SqliteTxn<'_>, Error> {
+        let c = self.conn_lock().await;
+        let mut t = SqliteTx::on(self, c);
+        if write {
+            crate::sqlite::blocking(|| t.c.execute_batch("BEGIN IMMEDIATE"))
+                .map_err(|e| self.explained(e))?;
+            t.open = true;
+        }
+        Ok(t)
+    }
+}
+
+impl<C: std::ops::DerefMut<Target = Connection> + Send> Drop for SqliteTx<'_, C> {
+    fn drop(&mut self) {
+        if self.open {
+            // Not committed (an error, or the caller went away): nothing of it stays.
+            let _ = self.c.execute_batch("ROLLBACK");
+        }
+    }
+}
+
+impl SqliteTxn<'_> {
+    /// Commit, keeping the connection (for what SQLite does after a commit).
+    pub(crate) async fn commit_here(&mut self) -> Result<(), Error> {
+        if self.open {
+            crate::sqlite::blocking(|| self.c.execute_batch("COMMIT"))
+                .map_err(|e| self.store.explained(e))?;
+            self.open = false;
+        }
+        Ok(())
+    }
+}
+
+impl crate::sql::Txn for SqliteTxn<'_> {
+    async fn commit(mut self) -> Result<(), Error> {
+        self.commit_here().await
+    }
+}
+
+impl crate::sql::Backend for SqliteStore {
+    type Txn<'a> = SqliteTxn<'a>;
+
+    async fn begin(&self, write: bool) -> Result<SqliteTxn<'_>, Error> {
+        self.begin_txn(write).await
+    }
+
+    fn shared(&self) -> bool {
+        false
+    }
+
+    fn listen(&self, _: &'static str) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        None
+    }
 }
 
 fn val_in(v: rusqlite::types::ValueRef<'_>) -> Val {
@@ -851,7 +883,7 @@ fn val_out(v: &Val) -> rusqlite::types::Value {
     }
 }
 
-impl Tx for SqliteTx<'_> {
+impl<C: std::ops::DerefMut<Target = Connection> + Send> Tx for SqliteTx<'_, C> {
     fn dialect(&self) -> Dialect {
         Dialect::Sqlite
     }
@@ -867,14 +899,18 @@ impl Tx for SqliteTx<'_> {
     }
 
     async fn exec(&mut self, sql: &str, args: &[Val]) -> Result<u64, Error> {
-        let mut st = self.c.prepare_cached(sql).map_err(db_err)?;
-        st.execute(params_from_iter(args.iter().map(val_out)))
-            .map(|n| n as u64)
-            .map_err(db_err)
+        let sql = crate::sql::sqlite_params(sql);
+        let c = &*self.c;
+        crate::sqlite::blocking(|| {
+            let mut st = c.prepare_cached(&sql)?;
+            st.execute(params_from_iter(args.iter().map(val_out)))
+        })
+        .map(|n| n as u64)
+        .map_err(|e| self.store.explained(e))
     }
 
     async fn vector_keys(&mut self, tenant: &str) -> Result<VectorKeys, Error> {
-        self.store.vector_keys(self.c, tenant)
+        self.store.vector_keys(&self.c, tenant)
     }
 
     async fn seal(
@@ -884,7 +920,7 @@ impl Tx for SqliteTx<'_> {
         id: &str,
         text: &str,
     ) -> Result<(Vec<u8>, u32), Error> {
-        self.store.seal(self.c, tenant, table, id, text)
+        self.store.seal(&self.c, tenant, table, id, text)
     }
 
     async fn reveal(
@@ -894,7 +930,7 @@ impl Tx for SqliteTx<'_> {
         id: &str,
         stored: Stored,
     ) -> Result<String, Error> {
-        self.store.reveal(self.c, tenant, table, id, stored)
+        self.store.reveal(&self.c, tenant, table, id, stored)
     }
 
     async fn each(
@@ -903,27 +939,32 @@ impl Tx for SqliteTx<'_> {
         args: &[Val],
         f: &mut (dyn FnMut(&SqlRow) -> Result<(), Error> + Send),
     ) -> Result<(), Error> {
-        let mut st = self.c.prepare_cached(sql).map_err(db_err)?;
-        let n = st.column_count();
-        let mut rows = st
-            .query(params_from_iter(args.iter().map(val_out)))
-            .map_err(db_err)?;
-        // One row's values, their buffers reused from row to row (a scan reads every vector).
-        let mut row = SqlRow(vec![Val::Null; n]);
-        while let Some(r) = rows.next().map_err(db_err)? {
-            for (i, v) in row.0.iter_mut().enumerate() {
-                let got = r.get_ref(i).map_err(db_err)?;
-                match (got, &mut *v) {
-                    (rusqlite::types::ValueRef::Blob(b), Val::Bytes(buf)) => {
-                        buf.clear();
-                        buf.extend_from_slice(b);
+        let sql = crate::sql::sqlite_params(sql);
+        let c = &*self.c;
+        crate::sqlite::blocking(|| {
+            let mut st = c.prepare_cached(&sql).map_err(db_err)?;
+            let n = st.column_count();
+            let mut rows = st
+                .query(params_from_iter(args.iter().map(val_out)))
+                .map_err(db_err)?;
+            // One row's values, their buffers reused from row to row (a scan reads every vector).
+            let mut row = SqlRow(vec![Val::Null; n]);
+            while let Some(r) = rows.next().map_err(db_err)? {
+                for (i, v) in row.0.iter_mut().enumerate() {
+                    let got = r.get_ref(i).map_err(db_err)?;
+                    match (got, &mut *v) {
+                        (rusqlite::types::ValueRef::Blob(b), Val::Bytes(buf)) => {
+                            buf.clear();
+                            buf.extend_from_slice(b);
+                        }
+                        (got, v) => *v = val_in(got),
                     }
-                    (got, v) => *v = val_in(got),
                 }
+                f(&row)?;
             }
-            f(&row)?;
-        }
-        Ok(())
+            Ok(())
+        })
+        .map_err(|e| self.store.explain_err(e))
     }
 
     async fn indexed(
@@ -936,10 +977,18 @@ impl Tx for SqliteTx<'_> {
         limit: u32,
     ) -> Result<Option<Vec<Candidate>>, Error> {
         self.store
-            .ann_memories(self.c, vk, at, query, filter, limit)
+            .ann_memories(&self.c, vk, at, query, filter, limit)
     }
 
     async fn lock_clusters(&mut self, _: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn take_turn(&mut self, _: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn notify(&mut self, _: &str, _: &str) -> Result<(), Error> {
         Ok(())
     }
 

@@ -427,6 +427,7 @@ pub(crate) async fn search_grams<S: crate::RecallStore + ?Sized>(
 
 /// A per-session text kept in a table of its own and sealed at rest (the focus, the display
 /// names): where each SQL store finds it.
+#[derive(Clone, Copy)]
 pub(crate) struct SessionText {
     /// The table.
     pub table: &'static str,

@@ -949,6 +949,10 @@ fn val_at(r: &Row, i: usize) -> Result<Val, Error> {
             .try_get::<_, Option<i32>>(i)
             .map_err(bad)?
             .map_or(Val::Null, |v| Val::Int(i64::from(v))),
+        Type::BOOL => r
+            .try_get::<_, Option<bool>>(i)
+            .map_err(bad)?
+            .map_or(Val::Null, |v| Val::Int(i64::from(v))),
         Type::FLOAT8 => r
             .try_get::<_, Option<f64>>(i)
             .map_err(bad)?
@@ -1072,6 +1076,22 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
         self.store.lock_tenant(self.c, tenant).await
     }
 
+    async fn take_turn(&mut self, key: &str) -> Result<(), Error> {
+        self.c
+            .execute(LOCK, &[&key])
+            .await
+            .map(drop)
+            .map_err(|e| self.store.err(e))
+    }
+
+    async fn notify(&mut self, channel: &str, payload: &str) -> Result<(), Error> {
+        self.c
+            .execute("SELECT pg_notify($1, $2)", &[&channel, &payload])
+            .await
+            .map(drop)
+            .map_err(|e| self.store.err(e))
+    }
+
     async fn memory_written(
         &mut self,
         tenant: &str,
@@ -1082,5 +1102,162 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
             .set_embedding(self.c, tenant, id, vector)
             .await
             .map(drop)
+    }
+}
+
+/// A transaction of [`PgStore`]'s [`Backend::begin`](crate::sql::Backend::begin): a pooled
+/// connection, inside `BEGIN` when it writes. Dropped before its commit, the connection
+/// leaves the pool and closes, so the server rolls the transaction back.
+pub(crate) struct PgTxn<'a> {
+    store: &'a PgStore,
+    c: Option<deadpool_postgres::Object>,
+    open: bool,
+}
+
+impl PgTxn<'_> {
+    /// The transaction as a body sees it.
+    fn tx(&mut self) -> PgTx<'_, deadpool_postgres::Object> {
+        PgTx {
+            store: self.store,
+            c: self
+                .c
+                .as_ref()
+                .expect("a transaction keeps its connection until dropped"),
+        }
+    }
+}
+
+impl Drop for PgTxn<'_> {
+    fn drop(&mut self) {
+        if self.open
+            && let Some(c) = self.c.take()
+        {
+            drop(deadpool_postgres::Object::take(c));
+        }
+    }
+}
+
+impl Tx for PgTxn<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    async fn rows(&mut self, sql: &str, args: &[Val]) -> Result<Vec<SqlRow>, Error> {
+        self.tx().rows(sql, args).await
+    }
+
+    async fn exec(&mut self, sql: &str, args: &[Val]) -> Result<u64, Error> {
+        self.tx().exec(sql, args).await
+    }
+
+    async fn vector_keys(&mut self, tenant: &str) -> Result<VectorKeys, Error> {
+        self.tx().vector_keys(tenant).await
+    }
+
+    async fn seal(
+        &mut self,
+        tenant: &str,
+        table: &str,
+        id: &str,
+        text: &str,
+    ) -> Result<(Vec<u8>, u32), Error> {
+        self.tx().seal(tenant, table, id, text).await
+    }
+
+    async fn reveal(
+        &mut self,
+        tenant: &str,
+        table: &str,
+        id: &str,
+        stored: Stored,
+    ) -> Result<String, Error> {
+        self.tx().reveal(tenant, table, id, stored).await
+    }
+
+    async fn lock_clusters(&mut self, tenant: &str) -> Result<(), Error> {
+        self.tx().lock_clusters(tenant).await
+    }
+
+    async fn take_turn(&mut self, key: &str) -> Result<(), Error> {
+        self.tx().take_turn(key).await
+    }
+
+    async fn notify(&mut self, channel: &str, payload: &str) -> Result<(), Error> {
+        self.tx().notify(channel, payload).await
+    }
+
+    async fn memory_written(
+        &mut self,
+        tenant: &str,
+        id: &str,
+        vector: &[f32],
+    ) -> Result<(), Error> {
+        self.tx().memory_written(tenant, id, vector).await
+    }
+
+    async fn each(
+        &mut self,
+        sql: &str,
+        args: &[Val],
+        f: &mut (dyn FnMut(&SqlRow) -> Result<(), Error> + Send),
+    ) -> Result<(), Error> {
+        self.tx().each(sql, args, f).await
+    }
+
+    async fn indexed(
+        &mut self,
+        vk: &VectorKeys,
+        at: (&str, &str),
+        query: &[f32],
+        filter: &MemoryFilter,
+        filter_sql: (&str, &[Val]),
+        limit: u32,
+    ) -> Result<Option<Vec<Candidate>>, Error> {
+        self.tx()
+            .indexed(vk, at, query, filter, filter_sql, limit)
+            .await
+    }
+}
+
+impl crate::sql::Txn for PgTxn<'_> {
+    async fn commit(mut self) -> Result<(), Error> {
+        if self.open {
+            let c = self
+                .c
+                .as_ref()
+                .expect("an open transaction keeps its connection");
+            c.batch_execute("COMMIT")
+                .await
+                .map_err(|e| self.store.err(e))?;
+            self.open = false;
+        }
+        Ok(())
+    }
+}
+
+impl crate::sql::Backend for PgStore {
+    type Txn<'a> = PgTxn<'a>;
+
+    async fn begin(&self, write: bool) -> Result<PgTxn<'_>, Error> {
+        let c = self.client().await?;
+        if write {
+            c.batch_execute("BEGIN").await.map_err(|e| self.err(e))?;
+        }
+        Ok(PgTxn {
+            store: self,
+            c: Some(c),
+            open: write,
+        })
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn listen(
+        &self,
+        channel: &'static str,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        Some(PgStore::listen(self, channel))
     }
 }
