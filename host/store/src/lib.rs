@@ -18,7 +18,7 @@ pub mod crypto;
 pub mod jobs;
 pub(crate) mod keyring;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod once;
+pub mod once;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod recall;
@@ -42,10 +42,12 @@ pub mod terms;
 mod writes;
 
 pub use abridge_engine::store::{ClusterRow, Popped, RecallStore, Store, Unsettled, UsageDay};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use once::Sql;
 #[cfg(feature = "postgres")]
-pub use pg::PgStore;
+pub use pg::{PgDb, PgStore};
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteDb, SqliteStore};
 pub use tables::{
     AppStore, EventRow, EventStore, IndexStore, JobScope, JobStore, SlotStore, SourceStore,
     TenantCap, TokenRow, TokenStore,

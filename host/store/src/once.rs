@@ -19,6 +19,18 @@ use crate::tables::{
 use crate::types::Error;
 use crate::types::Mode;
 
+/// A SQL store: a backend's transactions ([`Backend`]), with every store trait written once
+/// over them. [`crate::SqliteStore`] and [`crate::PgStore`] are this over their backends.
+pub struct Sql<B>(pub(crate) B);
+
+impl<B> std::ops::Deref for Sql<B> {
+    type Target = B;
+
+    fn deref(&self) -> &B {
+        &self.0
+    }
+}
+
 /// A sealed text as a column value: SQLite keeps a plain text as TEXT (its columns that hold
 /// user text are TEXT-declared), PostgreSQL's are BYTEA.
 pub(crate) fn sealed_val(d: Dialect, (bytes, version): (Vec<u8>, u32)) -> Val {
@@ -45,8 +57,8 @@ macro_rules! reading {
 }
 
 /// A write: the body's statements (an async block's: its value, a `?` or a `return` is its
-/// `Result`) in one transaction, committed when it is `Ok`; an error drops the transaction,
-/// which rolls it back.
+/// `Result`) in one transaction, committed when it is `Ok` and rolled back (its locks
+/// released before the next request) when it is not.
 macro_rules! writing {
     ($store:expr, |$t:ident| $body:expr) => {{
         let mut $t = $store.begin(true).await?;
@@ -54,10 +66,14 @@ macro_rules! writing {
         let r: Result<_, Error> = async { $body }.await;
         if r.is_ok() {
             $t.commit().await?;
+        } else {
+            $t.rollback().await;
         }
         r
     }};
 }
+
+mod store;
 
 const TOKEN_COLS: &str = "id, tenant, prefix, read_only, label, created_ms, revoked_ms";
 
@@ -74,7 +90,7 @@ fn token_from(r: &Row) -> Result<TokenRow, Error> {
 }
 
 #[async_trait]
-impl<B: Backend> TokenStore for B {
+impl<B: Backend> TokenStore for Sql<B> {
     async fn insert_token(
         &self,
         tenant: &str,
@@ -172,7 +188,7 @@ async fn events(t: &mut impl Tx, sql: &str, args: &[Val]) -> Result<Vec<EventRow
 }
 
 #[async_trait]
-impl<B: Backend> EventStore for B {
+impl<B: Backend> EventStore for Sql<B> {
     async fn append_events(
         &self,
         tenant: &str,
@@ -345,7 +361,7 @@ fn big(v: u64) -> Val {
 }
 
 #[async_trait]
-impl<B: Backend> JobStore for B {
+impl<B: Backend> JobStore for Sql<B> {
     async fn job_enqueue(
         &self,
         session: &str,
@@ -432,7 +448,7 @@ impl<B: Backend> JobStore for B {
             )
             .await?;
         let Some(row) = locked else {
-            drop(t);
+            t.rollback().await;
             let job = self
                 .job_get(id)
                 .await?
@@ -445,6 +461,7 @@ impl<B: Backend> JobStore for B {
         };
         let job = job_from(&row)?;
         if let Some(no) = crate::rules::claim_first(&job, live) {
+            t.rollback().await;
             return Ok(no.answer(job));
         }
         // One running job per session, and the tenant's cap, across instances: the session's
@@ -476,6 +493,7 @@ impl<B: Backend> JobStore for B {
             .count();
         }
         if let Some(no) = crate::rules::claim_rest(&others, live, running, cap) {
+            t.rollback().await;
             return Ok(no.answer(job));
         }
         let r = t
@@ -966,7 +984,10 @@ async fn set_session_text<B: Backend>(
 }
 
 #[async_trait]
-impl<B: Backend + crate::RecallStore> SourceStore for B {
+impl<B: Backend> SourceStore for Sql<B>
+where
+    Sql<B>: crate::RecallStore,
+{
     async fn source(&self, path: &str) -> Result<Option<Source>, Error> {
         reading!(self, |t| {
             match t
@@ -1139,7 +1160,7 @@ impl<B: Backend + crate::RecallStore> SourceStore for B {
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
-        set_session_text(self, SessionText::FOCUS, session, focus).await
+        set_session_text(&self.0, SessionText::FOCUS, session, focus).await
     }
 
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
@@ -1148,7 +1169,7 @@ impl<B: Backend + crate::RecallStore> SourceStore for B {
     }
 
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
-        set_session_text(self, SessionText::LABEL, session, label).await
+        set_session_text(&self.0, SessionText::LABEL, session, label).await
     }
 
     async fn sessions_count(&self, tenant: &str) -> Result<u64, Error> {
@@ -1256,7 +1277,7 @@ impl<B: Backend + crate::RecallStore> SourceStore for B {
         q: &str,
     ) -> Result<Vec<(String, Option<String>)>, Error> {
         let (key, query) = crate::tables::search_grams(self, tenant, q).await?;
-        index_sessions(self, tenant, &key).await?;
+        index_sessions(&self.0, tenant, &key).await?;
         reading!(self, |t| {
             let rows = if query.is_empty() {
                 let hint = indexed_by(t.dialect(), "sessions_tenant_change");
@@ -1352,7 +1373,10 @@ pub(crate) async fn terms_key<B: crate::RecallStore + ?Sized>(
 }
 
 #[async_trait]
-impl<B: Backend + crate::RecallStore> crate::tables::IndexStore for B {
+impl<B: Backend> crate::tables::IndexStore for Sql<B>
+where
+    Sql<B>: crate::RecallStore,
+{
     async fn unindexed(&self) -> Result<(u64, u64), Error> {
         reading!(self, |t| {
             match t
@@ -1444,15 +1468,67 @@ mod tests {
     async fn a_write_is_kept_only_when_committed_on_either_store() {
         let dir = tempfile::tempdir().unwrap();
         let file = crate::SqliteStore::open(&dir.path().join("a.db")).unwrap();
-        commits_and_rollbacks("sqlite file", &file).await.unwrap();
+        commits_and_rollbacks("sqlite file", &file.0).await.unwrap();
         let memory = crate::SqliteStore::in_memory().unwrap();
-        commits_and_rollbacks("sqlite in memory", &memory)
+        commits_and_rollbacks("sqlite in memory", &memory.0)
             .await
             .unwrap();
         if let Some(pg) = abridge_test_pg::shared() {
             let url = pg.database("once_commits");
             let store = crate::PgStore::connect(&url).await.unwrap();
-            commits_and_rollbacks("postgres", &store).await.unwrap();
+            commits_and_rollbacks("postgres", &store.0).await.unwrap();
+        }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod sqlite_tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::types::{MemoryFilter, NewEpisode, Role};
+    use crate::{RecallStore, SqliteStore, Store};
+
+    fn said(i: usize) -> NewEpisode {
+        NewEpisode {
+            item: None,
+            terms: format!("word{i}"),
+            role: Role::User,
+            content: format!("message {i}"),
+            timestamp_ms: None,
+            source_key: format!("k{i}"),
+            tokens: 3,
+            speaker: None,
+        }
+    }
+
+    /// Tasks that each wait for the connection both ways at once (a transaction's read beside
+    /// a call that blocks for it), among writers, all finish: the connection's lock queues no
+    /// waiter that only a blocked task could take its turn for.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readers_and_writers_waiting_both_ways_at_once_all_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(SqliteStore::open(&dir.path().join("a.db")).unwrap());
+        let mut tasks = Vec::new();
+        for n in 0..8 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..40 {
+                    let session = format!("s{n}");
+                    s.append_episodes(&session, vec![said(i)]).await.unwrap();
+                    let filter = MemoryFilter::default();
+                    let (stats, listed) =
+                        tokio::join!(s.stats(&session), s.list_memories("acme", &filter, 0, 5));
+                    assert!(stats.unwrap().episodes > 0);
+                    listed.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("every task finishes")
+                .unwrap();
         }
     }
 }

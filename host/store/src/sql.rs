@@ -147,6 +147,14 @@ impl Row {
         }
     }
 
+    /// Column `i` as bytes (a text value gives its UTF-8), or `None` for NULL.
+    pub fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, Error> {
+        match self.at(i)? {
+            Val::Null => Ok(None),
+            _ => self.bytes(i).map(Some),
+        }
+    }
+
     /// Column `i` as bytes (a text value gives its UTF-8).
     pub fn bytes(&self, i: usize) -> Result<Vec<u8>, Error> {
         match self.at(i)? {
@@ -287,6 +295,10 @@ pub(crate) trait Tx: Send {
 pub(crate) trait Txn: Tx {
     /// Apply the transaction's statements.
     fn commit(self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Undo the transaction's statements now, its locks released before the next request
+    /// (a dropped transaction is rolled back too, but without waiting for it).
+    fn rollback(self) -> impl Future<Output = ()> + Send;
 }
 
 /// What a SQL store supplies beside its SQL: transactions. The store traits are written once
@@ -305,6 +317,10 @@ pub(crate) trait Backend: Send + Sync {
     /// Whether other processes write the same tables (PostgreSQL, shared by instances): their
     /// events reach this one through [`Backend::listen`].
     fn shared(&self) -> bool;
+
+    /// After rows were deleted: SQLite copies its WAL into the file and truncates it, so the
+    /// deleted rows' old page images leave the disk too; PostgreSQL's own vacuum does that.
+    fn scrub(&self) -> impl Future<Output = ()> + Send;
 
     /// The payloads of notifications on `channel` ([`Tx::notify`]), when other processes
     /// send them.

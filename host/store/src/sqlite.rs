@@ -2,19 +2,9 @@
 
 use std::path::Path;
 
-use async_trait::async_trait;
-use rusqlite::types::Value;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
-use super::Store;
-use crate::Popped;
-use crate::keyring::{Stored, place};
-use crate::sql::Txn;
-use crate::sqlite_keys::{as_value, bytes_at, bytes_or_null, stored};
-use crate::types::{
-    CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, LedgerEntry, NewEpisode,
-    Role, SessionStats, SummaryRow, SummaryWrite,
-};
+use crate::types::Error;
 
 /// Schema migrations, shared with the JavaScript host (its build copies these files);
 /// `PRAGMA user_version` records how many have run.
@@ -56,11 +46,46 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/035-episode-items.sql"),
 ];
 
-/// A SQLite-backed [`Store`].
-pub struct SqliteStore {
-    /// The one connection: a `tokio` lock, so a transaction holds it across a body's
-    /// statements (which never wait on anything else).
-    conn: tokio::sync::Mutex<Connection>,
+/// The SQLite store: a file (or memory), every store trait written once over its
+/// transactions ([`crate::once`]).
+pub type SqliteStore = crate::once::Sql<SqliteDb>;
+
+impl SqliteStore {
+    /// Open (creating if needed) the database file at `path` and bring its schema up to date.
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        SqliteDb::open(path).map(crate::once::Sql)
+    }
+
+    /// An in-memory database (for tests and benchmarks).
+    pub fn in_memory() -> Result<Self, Error> {
+        SqliteDb::in_memory().map(crate::once::Sql)
+    }
+
+    /// Seal memory and cluster summary text at rest (see [`SqliteDb::with_master_key`]).
+    pub fn with_master_key(self, master: crate::crypto::Secret) -> Self {
+        crate::once::Sql(self.0.with_master_key(master))
+    }
+
+    /// Seal stored vectors as well (see [`SqliteDb::with_sealed_vectors`]).
+    pub fn with_sealed_vectors(self) -> Self {
+        crate::once::Sql(self.0.with_sealed_vectors())
+    }
+
+    /// Fold at most `rows` into a recall index within a search (see
+    /// [`SqliteDb::with_ann_inline`]).
+    pub fn with_ann_inline(self, rows: usize) -> Self {
+        crate::once::Sql(self.0.with_ann_inline(rows))
+    }
+}
+
+/// A SQLite database: its connection, keys and recall indexes (what [`SqliteStore`] runs on).
+pub struct SqliteDb {
+    /// The one connection. Its lock blocks (SQLite's statements do), and a transaction holds
+    /// it across its body's statements, which never wait on anything else (so the guard may
+    /// cross their `.await`s: `send_guard`). An async lock would queue waiters that only
+    /// their own task can take their turn for, and a task blocked beside its own waiter
+    /// would never give it that turn.
+    conn: parking_lot::Mutex<Connection>,
     /// The file's path, named in every error.
     pub(super) name: String,
     /// The master key, when memory and summary text is sealed at rest.
@@ -221,15 +246,7 @@ fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
 }
 
-fn role_str(r: Role) -> &'static str {
-    r.as_str()
-}
-
-fn role_from(s: &str) -> Role {
-    Role::parse(s).unwrap_or(Role::User)
-}
-
-impl SqliteStore {
+impl SqliteDb {
     /// Open (creating if needed) the database file at `path` and bring its schema up to date.
     pub fn open(path: &Path) -> Result<Self, Error> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -325,8 +342,8 @@ impl SqliteStore {
                 Err(Init::Refused(e)) => return Err(e),
             }
         }
-        Ok(SqliteStore {
-            conn: tokio::sync::Mutex::new(conn),
+        Ok(SqliteDb {
+            conn: parking_lot::Mutex::new(conn),
             name: name.to_string(),
             keys: None,
             seal_vectors: false,
@@ -354,25 +371,13 @@ impl SqliteStore {
     }
 
     /// The connection, waited for from synchronous code (inside [`blocking`]).
-    fn conn_blocking(&self) -> Result<tokio::sync::MutexGuard<'_, Connection>, Error> {
-        match tokio::runtime::Handle::try_current() {
-            // One thread runs every task: a transaction never waits while it holds the lock
-            // (its statements answer at once), so the lock is free whenever this runs.
-            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread => {
-                self.conn.try_lock().map_err(|_| {
-                    Error::Storage(
-                        "the store's connection is held by a task that is waiting; this is a bug"
-                            .into(),
-                    )
-                })
-            }
-            _ => Ok(self.conn.blocking_lock()),
-        }
+    fn conn_blocking(&self) -> Result<parking_lot::MutexGuard<'_, Connection>, Error> {
+        Ok(self.conn.lock())
     }
 
-    /// The connection, awaited.
-    pub(crate) async fn conn_lock(&self) -> tokio::sync::MutexGuard<'_, Connection> {
-        self.conn.lock().await
+    /// The connection, for a transaction (waited for as [`blocking`] waits).
+    pub(crate) fn conn_lock(&self) -> parking_lot::MutexGuard<'_, Connection> {
+        blocking(|| self.conn.lock())
     }
 
     /// A store error as reported: SQLite's own named with the file and the fix.
@@ -403,650 +408,14 @@ pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped, sealed";
-
-/// A summary row as read: its prose and ledger still as stored (see [`SqliteStore::opened`]).
-struct RawRow {
-    row: SummaryRow,
-    content: Vec<u8>,
-    ledger: Vec<u8>,
-    sealed: u32,
-}
-
-fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
-    Ok(RawRow {
-        row: SummaryRow {
-            id: r.get::<_, i64>(0)? as u64,
-            first_episode: r.get::<_, i64>(1)? as u64,
-            last_episode: r.get::<_, i64>(2)? as u64,
-            content: String::new(),
-            tokens: r.get(4)?,
-            prompt_tokens: r.get(5)?,
-            output_tokens: r.get(6)?,
-            model: r.get(7)?,
-            created_ms: r.get::<_, i64>(8)? as u64,
-            updated_ms: r.get::<_, i64>(9)? as u64,
-            skipped: super::skipped_from_json(&r.get::<_, String>(10)?),
-            level: r.get(11)?,
-            compacted_into: r.get::<_, Option<i64>>(12)?.map(|x| x as u64),
-            ledger: Vec::new(),
-            ledger_dropped: r.get(14)?,
-        },
-        content: bytes_at(r, 3)?,
-        ledger: bytes_at(r, 13)?,
-        sealed: r.get(15)?,
-    })
-}
-
-impl SqliteStore {
-    /// A summary row with its prose and ledger opened.
-    fn opened(&self, c: &Connection, session: &str, raw: RawRow) -> Result<SummaryRow, Error> {
-        let tenant = place::tenant_of(session);
-        let name = place::summary(session, raw.row.level, raw.row.first_episode);
-        let mut row = raw.row;
-        let stored = |bytes| Stored {
-            bytes,
-            sealed: raw.sealed,
-        };
-        row.content = self.reveal(c, &tenant, place::SUMMARY, &name, stored(raw.content))?;
-        let ledger = self.reveal(c, &tenant, place::LEDGER, &name, stored(raw.ledger))?;
-        row.ledger = super::ledger_from_json(&ledger);
-        Ok(row)
-    }
-
-    /// Summary rows read by `sql` (one parameter: the session), opened.
-    /// Episodes with `id > after`, ascending, at most `limit`, revealed.
-    /// The items stored with episodes `ids` of `session`, opened (those stored without one
-    /// are absent).
-    fn read_items(
-        &self,
-        conn: &Connection,
-        session: &str,
-        ids: &[u64],
-    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
-        // One range query per run of consecutive ids: a page of messages is one run, a
-        // context's shown episodes its pins and its recent tail.
-        let mut st = conn
-            .prepare_cached(
-                "SELECT id, item, sealed FROM episodes
-                 WHERE session = ?1 AND id BETWEEN ?2 AND ?3 AND item IS NOT NULL",
-            )
-            .map_err(db_err)?;
-        let mut sorted = ids.to_vec();
-        sorted.sort_unstable();
-        sorted.dedup();
-        let mut raws = Vec::new();
-        for run in sorted.chunk_by(|a, b| b == &(a + 1)) {
-            let (first, last) = (run[0], run[run.len() - 1]);
-            let rows = st
-                .query_map(params![session, first as i64, last as i64], |r| {
-                    let sealed: u32 = r.get(2)?;
-                    Ok((r.get::<_, i64>(0)? as u64, stored(r, 1, sealed)?))
-                })
-                .map_err(db_err)?;
-            for row in rows {
-                raws.push(row.map_err(db_err)?);
-            }
-        }
-        let tenant = place::tenant_of(session);
-        let mut out = std::collections::BTreeMap::new();
-        for (id, raw) in raws {
-            let name = place::episode(session, id);
-            out.insert(id, self.reveal(conn, &tenant, place::ITEM, &name, raw)?);
-        }
-        Ok(out)
-    }
-
-    fn read_episodes(
-        &self,
-        conn: &Connection,
-        session: &str,
-        after: u64,
-        limit: u32,
-    ) -> Result<Vec<Episode>, Error> {
-        let mut st = conn
-            .prepare_cached(
-                "SELECT id, role, content, timestamp_ms, tokens, speaker, sealed, tokens_through FROM episodes
-                 WHERE session = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
-            )
-            .map_err(db_err)?;
-        let rows = st
-            .query_map(params![session, after as i64, limit], |r| {
-                let sealed: u32 = r.get(6)?;
-                Ok((
-                    Episode {
-                        id: r.get::<_, i64>(0)? as u64,
-                        role: role_from(&r.get::<_, String>(1)?),
-                        content: String::new(),
-                        timestamp_ms: r.get(3)?,
-                        tokens: r.get(4)?,
-                        speaker: None,
-                        tokens_through: r.get::<_, i64>(7)? as u64,
-                    },
-                    stored(r, 2, sealed)?,
-                    bytes_or_null(r, 5)?.map(|bytes| Stored { bytes, sealed }),
-                ))
-            })
-            .map_err(db_err)?;
-        let raws = rows.collect::<Result<Vec<_>, _>>().map_err(db_err)?;
-        let tenant = place::tenant_of(session);
-        raws.into_iter()
-            .map(|(mut e, content, speaker)| {
-                let name = place::episode(session, e.id);
-                e.content = self.reveal(conn, &tenant, place::EPISODE, &name, content)?;
-                e.speaker = match speaker {
-                    Some(sp) => Some(self.reveal(conn, &tenant, place::SPEAKER, &name, sp)?),
-                    None => None,
-                };
-                Ok(e)
-            })
-            .collect()
-    }
-
-    fn summary_rows(
-        &self,
-        c: &Connection,
-        session: &str,
-        sql: &str,
-    ) -> Result<Vec<SummaryRow>, Error> {
-        let raws = {
-            let mut st = c.prepare_cached(sql).map_err(db_err)?;
-            let rows = st.query_map([session], row_from).map_err(db_err)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)?
-        };
-        raws.into_iter()
-            .map(|raw| self.opened(c, session, raw))
-            .collect()
-    }
-
-    fn active_chain(&self, c: &Connection, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        self.summary_rows(
-            c,
-            session,
-            &format!(
-                "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 AND compacted_into IS NULL ORDER BY first_episode"
-            ),
-        )
-    }
-
-    fn latest(&self, c: &Connection, session: &str) -> Result<Option<SummaryRow>, Error> {
-        Ok(self
-            .summary_rows(
-                c,
-                session,
-                &format!(
-                    "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1"
-                ),
-            )?
-            .pop())
-    }
-
-    fn summary_by_id(&self, c: &Connection, session: &str, id: i64) -> Result<SummaryRow, Error> {
-        let raw = c
-            .query_row(
-                &format!("SELECT {ROW_COLS} FROM summaries WHERE id = ?1"),
-                [id],
-                row_from,
-            )
-            .map_err(db_err)?;
-        self.opened(c, session, raw)
-    }
-
-    /// A summary's prose and ledger as stored, and their key version.
-    fn sealed_summary(
-        &self,
-        c: &Connection,
-        session: &str,
-        (level, first): (u32, u64),
-        content: &str,
-        ledger: &[LedgerEntry],
-    ) -> Result<(Value, Value, u32), Error> {
-        let tenant = place::tenant_of(session);
-        let name = place::summary(session, level, first);
-        let (content, v) = self.seal_value(c, &tenant, place::SUMMARY, &name, content)?;
-        let ledger = super::ledger_to_json(ledger);
-        let (ledger, _) = self.seal_value(c, &tenant, place::LEDGER, &name, &ledger)?;
-        Ok((content, ledger, v))
-    }
-}
-
 /// One process: its own semaphores bound model requests (the defaults grant every slot).
 impl crate::tables::SlotStore for SqliteStore {}
-
-#[async_trait]
-impl Store for SqliteStore {
-    async fn append_episodes(
-        &self,
-        session: &str,
-        episodes: Vec<NewEpisode>,
-    ) -> Result<u32, Error> {
-        let mut t = self.begin_txn(true).await?;
-        let (added, docs) = blocking(|| -> Result<_, Error> {
-            let tx = t.conn();
-            // A session new to the index is indexed as its episodes arrive.
-            tx.execute("INSERT OR IGNORE INTO sessions (id, tenant, indexed) VALUES (?1, ?2, 1)", [session, crate::tenant::tenant_column(session)]).map_err(db_err)?;
-            let (mut next, seq, mut through): (i64, i64, i64) = tx
-                .query_row("SELECT episodes + 1, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions), total_tokens FROM sessions WHERE id = ?1", [session], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })
-                .map_err(db_err)?;
-            let mut added = 0u32;
-            let mut tokens = 0i64;
-            let mut docs: Vec<(u64, String)> = Vec::new();
-            let mut bytes: i64 = tx
-                .query_row(
-                    "SELECT COALESCE((SELECT bytes_through FROM episodes WHERE session = ?1 ORDER BY id DESC LIMIT 1), 0)",
-                    [session],
-                    |r| r.get(0),
-                )
-                .map_err(db_err)?;
-            {
-                let mut ins = tx
-                    .prepare_cached(
-                        "INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through, item)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-                    )
-                    .map_err(db_err)?;
-                let sealer = self.sealer(tx, &place::tenant_of(session))?;
-                for e in &episodes {
-                    let name = place::episode(session, next as u64);
-                    let (content, sealed) = as_value(sealer.seal(place::EPISODE, &name, &e.content)?);
-                    let speaker = match &e.speaker {
-                        Some(sp) => Some(as_value(sealer.seal(place::SPEAKER, &name, sp)?).0),
-                        None => None,
-                    };
-                    let item = match &e.item {
-                        Some(it) => Some(as_value(sealer.seal(place::ITEM, &name, it)?).0),
-                        None => None,
-                    };
-                    let upto = through + i64::from(e.tokens);
-                    let upto_bytes = bytes + e.content.len() as i64;
-                    let n = ins
-                        .execute(params![session, next, role_str(e.role), content, e.timestamp_ms, e.source_key, e.tokens, speaker, sealed, upto, upto_bytes, item])
-                        .map_err(db_err)?;
-                    if n == 1 {
-                        if !e.terms.trim().is_empty() {
-                            docs.push((next as u64, e.terms.clone()));
-                        }
-                        next += 1;
-                        added += 1;
-                        tokens += i64::from(e.tokens);
-                        through = upto;
-                        bytes = upto_bytes;
-                    }
-                }
-            }
-            if added > 0 {
-                tx.execute(
-                    "UPDATE sessions SET episodes = episodes + ?2, total_tokens = total_tokens + ?3, changed_seq = ?4 WHERE id = ?1",
-                    params![session, added, tokens, seq],
-                )
-                .map_err(db_err)?;
-            }
-            Ok((added, docs))
-        })
-        .map_err(|e| self.explain_err(e))?;
-        if !docs.is_empty() {
-            self.index_terms(&mut t, session, &docs, true).await?;
-        }
-        t.commit().await?;
-        Ok(added)
-    }
-
-    async fn bytes_through(
-        &self,
-        session: &str,
-        id: u64,
-    ) -> Result<Option<(u64, Option<i64>)>, Error> {
-        self.with(|conn| {
-            conn.prepare_cached(
-                "SELECT bytes_through, timestamp_ms FROM episodes WHERE session = ?1 AND id = ?2",
-            )
-            .and_then(|mut q| {
-                q.query_row(params![session, id as i64], |r| {
-                    Ok((r.get::<_, i64>(0)? as u64, r.get::<_, Option<i64>>(1)?))
-                })
-                .optional()
-            })
-            .map_err(db_err)
-        })
-    }
-
-    async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
-        self.with(|conn| {
-            let s = conn
-                .query_row(
-                    "SELECT episodes, total_tokens FROM sessions WHERE id = ?1",
-                    [session],
-                    |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
-                )
-                .optional()
-                .map_err(db_err)?;
-            let (episodes, total_tokens) = s.unwrap_or((0, 0));
-            Ok(SessionStats {
-                episodes,
-                total_tokens,
-                last_episode: episodes,
-            })
-        })
-    }
-
-    async fn episodes_after(
-        &self,
-        session: &str,
-        after: u64,
-        limit: u32,
-    ) -> Result<Vec<Episode>, Error> {
-        self.with(|conn| self.read_episodes(conn, session, after, limit))
-    }
-
-    async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
-        self.with(|conn| self.latest(conn, session))
-    }
-
-    async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        self.with(|conn| self.active_chain(conn, session))
-    }
-
-    async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        self.with(|conn| {
-            self.summary_rows(
-                conn,
-                session,
-                &format!(
-                    "SELECT {ROW_COLS} FROM summaries WHERE session = ?1 ORDER BY first_episode, level DESC, id"
-                ),
-            )
-        })
-    }
-
-    async fn compact_summaries(&self, session: &str, c: Compaction) -> Result<SummaryRow, Error> {
-        self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-            let active = self.active_chain(&tx, session)?;
-            let (first, last, level) = crate::rules::check_compaction(session, &active, &c)?;
-            let (content, ledger, sealed) =
-                self.sealed_summary(&tx, session, (level, first), &c.content, &c.ledger)?;
-            tx.execute(
-                "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, ledger, ledger_dropped, sealed)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14)",
-                params![session, first as i64, last as i64, content, c.tokens, c.prompt_tokens, c.output_tokens, c.model, c.now_ms as i64, super::skipped_to_json(&c.skipped), level, ledger, c.ledger_dropped, sealed],
-            )
-            .map_err(db_err)?;
-            let id = tx.last_insert_rowid();
-            for r in &c.rows {
-                tx.execute(
-                    "UPDATE summaries SET compacted_into = ?2 WHERE id = ?1 AND session = ?3",
-                    params![*r as i64, id, session],
-                )
-                .map_err(db_err)?;
-            }
-            let row = self.summary_by_id(&tx, session, id)?;
-            tx.commit().map_err(db_err)?;
-            Ok(row)
-        })
-    }
-
-    async fn write_summary(&self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
-        self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-            let episodes: u64 = tx
-                .query_row("SELECT episodes FROM sessions WHERE id = ?1", [session], |r| r.get::<_, i64>(0))
-                .optional()
-                .map_err(db_err)?
-                .ok_or_else(|| Error::InvalidInput(format!("no session '{session}' in the store")))? as u64;
-            let prev = self.latest(&tx, session)?;
-            let target = match w.replaces {
-                Some(id) => tx
-                    .query_row(
-                        "SELECT first_episode, last_episode FROM summaries WHERE id = ?1 AND session = ?2 AND compacted_into IS NULL",
-                        params![id as i64, session],
-                        |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
-                    )
-                    .optional()
-                    .map_err(db_err)?,
-                None => None,
-            };
-            crate::rules::check_chain(session, episodes, prev.as_ref(), target, &w)?;
-            let id = match w.replaces {
-                None => {
-                    let (content, ledger, sealed) =
-                        self.sealed_summary(&tx, session, (0, w.first_episode), &w.content, &w.ledger)?;
-                    tx.execute(
-                        "INSERT INTO summaries (session, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, ledger, ledger_dropped, sealed)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)",
-                        params![session, w.first_episode as i64, w.last_episode as i64, content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, super::skipped_to_json(&w.skipped), ledger, w.ledger_dropped, sealed],
-                    )
-                    .map_err(db_err)?;
-                    tx.last_insert_rowid()
-                }
-                Some(id) => {
-                    // The row keeps its level and first episode: its name stays the same.
-                    let (level, first): (u32, i64) = tx
-                        .query_row("SELECT level, first_episode FROM summaries WHERE id = ?1", [id as i64], |r| Ok((r.get(0)?, r.get(1)?)))
-                        .map_err(db_err)?;
-                    let (content, ledger, sealed) =
-                        self.sealed_summary(&tx, session, (level, first as u64), &w.content, &w.ledger)?;
-                    tx.execute(
-                        "UPDATE summaries SET last_episode = ?2, content = ?3, tokens = ?4, prompt_tokens = ?5, output_tokens = ?6, model = ?7, updated_ms = ?8, skipped = ?9, ledger = ?10, ledger_dropped = ?11, sealed = ?12 WHERE id = ?1",
-                        params![id as i64, w.last_episode as i64, content, w.tokens, w.prompt_tokens, w.output_tokens, w.model, w.now_ms as i64, super::skipped_to_json(&w.skipped), ledger, w.ledger_dropped, sealed],
-                    )
-                    .map_err(db_err)?;
-                    id as i64
-                }
-            };
-            let row = self.summary_by_id(&tx, session, id)?;
-            tx.commit().map_err(db_err)?;
-            Ok(row)
-        })
-    }
-
-    async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
-        self.with(|conn| {
-            conn.query_row(
-                "SELECT failures, last_error, retry_after_ms, failed_ms FROM failure_markers WHERE session = ?1",
-                [session],
-                |r| {
-                    Ok(FailureMarker {
-                        failures: r.get(0)?,
-                        last_error: r.get(1)?,
-                        retry_after_ms: r.get::<_, i64>(2)? as u64,
-                        failed_ms: r.get::<_, i64>(3)? as u64,
-                    })
-                },
-            )
-            .optional()
-            .map_err(db_err)
-        })
-    }
-
-    async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
-        self.with(|conn| {
-            match marker {
-                None => conn.execute("DELETE FROM failure_markers WHERE session = ?1", [session]),
-                Some(m) => conn.execute(
-                    "INSERT OR REPLACE INTO failure_markers (session, failures, last_error, retry_after_ms, failed_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![session, m.failures, m.last_error, m.retry_after_ms as i64, m.failed_ms as i64],
-                ),
-            }
-            .map(drop)
-            .map_err(db_err)
-        })
-    }
-
-    async fn reset_session(&self, session: &str) -> Result<(), Error> {
-        self.with(|conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
-            for step in crate::rules::RESET_CASCADE {
-                let sql = crate::rules::reset_sql(*step, crate::rules::Dialect::Sqlite);
-                tx.execute(&sql, [session]).map_err(db_err)?;
-            }
-            tx.commit().map_err(db_err)?;
-            scrub(conn);
-            Ok(())
-        })
-    }
-
-    async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
-        self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-            let last: u64 = tx
-                .query_row("SELECT episodes FROM sessions WHERE id = ?1", [session], |r| r.get::<_, i64>(0))
-                .optional()
-                .map_err(db_err)?
-                .unwrap_or(0) as u64;
-            if last == 0 {
-                return Ok(None);
-            }
-            let episode = self
-                .read_episodes(&tx, session, last - 1, 1)?
-                .pop()
-                .ok_or_else(|| Error::Storage(format!("session '{session}' counts {last} episodes but episode {last} is not stored")))?;
-            let item = self.read_items(&tx, session, &[last])?.remove(&last);
-            let history = self.summary_rows(
-                &tx,
-                session,
-                &format!("SELECT {ROW_COLS} FROM summaries WHERE session = ?1"),
-            )?;
-            let plan = crate::rules::pop_plan(&history, last);
-            for id in &plan.drop {
-                tx.execute("DELETE FROM summaries WHERE id = ?1 AND session = ?2", params![*id as i64, session]).map_err(db_err)?;
-            }
-            for id in &plan.reopen {
-                tx.execute("UPDATE summaries SET compacted_into = NULL WHERE id = ?1 AND session = ?2", params![*id as i64, session]).map_err(db_err)?;
-            }
-            tx.execute("DELETE FROM episodes WHERE session = ?1 AND id = ?2", params![session, last as i64]).map_err(db_err)?;
-            tx.execute(
-                "UPDATE sessions SET episodes = episodes - 1, total_tokens = total_tokens - ?2, changed_seq = (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) WHERE id = ?1",
-                params![session, episode.tokens],
-            )
-            .map_err(db_err)?;
-            for step in crate::rules::POP_CASCADE {
-                let (sql, binds) = crate::rules::pop_sql(*step, crate::rules::Dialect::Sqlite);
-                if binds {
-                    tx.execute(&sql, params![session, last as i64])
-                } else {
-                    tx.execute(&sql, [session])
-                }
-                .map_err(db_err)?;
-            }
-            tx.commit().map_err(db_err)?;
-            scrub(conn);
-            Ok(Some(Popped { episode, item, dropped: plan.drop, reopened: plan.reopen }))
-        })
-    }
-
-    async fn items(
-        &self,
-        session: &str,
-        ids: &[u64],
-    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
-        self.with(|conn| self.read_items(conn, session, ids))
-    }
-
-    async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
-        self.with(|conn| {
-            let raw = conn
-                .query_row(
-                    "SELECT text, prompt_tokens, output_tokens, sealed FROM partials WHERE key = ?1",
-                    [key],
-                    |r| {
-                        Ok((
-                            stored(r, 0, r.get(3)?)?,
-                            CachedAnswer {
-                                text: String::new(),
-                                prompt_tokens: r.get::<_, i64>(1)?.clamp(0, u32::MAX as i64) as u32,
-                                output_tokens: r.get::<_, i64>(2)?.clamp(0, u32::MAX as i64) as u32,
-                            },
-                        ))
-                    },
-                )
-                .optional()
-                .map_err(db_err)?;
-            raw.map(|(text, mut a)| {
-                a.text = self.reveal(conn, &place::tenant_of(key), place::PARTIAL, key, text)?;
-                Ok(a)
-            })
-            .transpose()
-        })
-    }
-
-    async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error> {
-        self.with(|conn| {
-            let (text, sealed) =
-                self.seal_value(conn, &place::tenant_of(key), place::PARTIAL, key, &answer.text)?;
-            conn.execute(
-                "INSERT OR REPLACE INTO partials (key, text, prompt_tokens, output_tokens, sealed) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![key, text, answer.prompt_tokens, answer.output_tokens, sealed],
-            )
-            .map(drop)
-            .map_err(db_err)
-        })
-    }
-
-    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error> {
-        self.with(|conn| {
-            conn.query_row(
-                "SELECT estimated, reported FROM calibration WHERE model = ?1",
-                [model],
-                |r| {
-                    Ok(Calibration {
-                        estimated: r.get::<_, i64>(0)? as u64,
-                        reported: r.get::<_, i64>(1)? as u64,
-                    })
-                },
-            )
-            .optional()
-            .map_err(db_err)
-        })
-    }
-
-    async fn record_calibration(
-        &self,
-        model: &str,
-        estimated: u32,
-        reported: u32,
-    ) -> Result<(), Error> {
-        self.with(|conn| {
-            conn.execute(
-                "INSERT INTO calibration (model, estimated, reported) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(model) DO UPDATE SET estimated = estimated + excluded.estimated, reported = reported + excluded.reported",
-                params![model, estimated, reported],
-            )
-            .map(drop)
-            .map_err(db_err)
-        })
-    }
-
-    async fn search_episodes(
-        &self,
-        tenant: Option<&str>,
-        session: Option<&str>,
-        terms: &[String],
-        limit: u32,
-    ) -> Result<crate::types::TermMatches, Error> {
-        let column = crate::terms::scope_column(tenant, session);
-        let mut t = self.begin_txn(false).await?;
-        self.search_terms(&mut t, &column, session, terms, limit)
-            .await
-    }
-
-    async fn sessions(&self) -> Result<Vec<String>, Error> {
-        self.with(|conn| {
-            let mut st = conn
-                .prepare("SELECT id FROM sessions ORDER BY changed_seq DESC, id")
-                .map_err(db_err)?;
-            let rows = st.query_map([], |r| r.get(0)).map_err(db_err)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
-        })
-    }
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Store;
+    use crate::types::{NewEpisode, Role};
 
     /// What undoes each migration a test takes a database back over, by a word only that
     /// migration's SQL (and later ones) holds; a new migration that tests go back over adds
@@ -1149,8 +518,8 @@ mod tests {
         drop(SqliteStore::open(&path).unwrap());
         let conn =
             Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
-        let store = SqliteStore {
-            conn: tokio::sync::Mutex::new(conn),
+        let store = SqliteDb {
+            conn: parking_lot::Mutex::new(conn),
             name: path.display().to_string(),
             keys: None,
             seal_vectors: false,

@@ -6,14 +6,12 @@ use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use rusqlite::types::Value;
-
-use crate::SqliteStore;
 use crate::crypto::Secret;
 use crate::keyring::{Keyring, Revealed, Sealer, Stored, new_wrapped_under, now_ms, open_under};
+use crate::sqlite::SqliteDb;
 use crate::types::Error;
 
-impl SqliteStore {
+impl SqliteDb {
     /// The bytes and key version to store `text` under (sealed when a master key is set).
     pub(crate) fn seal(
         &self,
@@ -24,19 +22,6 @@ impl SqliteStore {
         text: &str,
     ) -> Result<(Vec<u8>, u32), Error> {
         self.sealer(c, tenant)?.seal(table, row, text)
-    }
-
-    /// `text` for a TEXT-declared column: as it is without a master key, a sealed BLOB with
-    /// one; and the key version.
-    pub(crate) fn seal_value(
-        &self,
-        c: &Connection,
-        tenant: &str,
-        table: &str,
-        row: &str,
-        text: &str,
-    ) -> Result<(Value, u32), Error> {
-        self.sealer(c, tenant)?.seal(table, row, text).map(as_value)
     }
 
     /// `tenant`'s current data key (made on first use) for sealing a batch of rows; plain
@@ -68,42 +53,6 @@ impl SqliteStore {
                 version,
             } => keys.open(c, tenant, table, row, &bytes, version),
         }
-    }
-}
-
-/// Sealed bytes as a BLOB; plain text (version 0) as TEXT, readable as it was before sealing.
-pub(crate) fn as_value((bytes, v): (Vec<u8>, u32)) -> (Value, u32) {
-    if v == 0 {
-        match String::from_utf8(bytes) {
-            Ok(t) => (Value::Text(t), 0),
-            Err(e) => (Value::Blob(e.into_bytes()), 0),
-        }
-    } else {
-        (Value::Blob(bytes), v)
-    }
-}
-
-/// Column `at` as stored (TEXT or BLOB), sealed under key version `version` (0: plain).
-pub(crate) fn stored(r: &rusqlite::Row<'_>, at: usize, version: u32) -> rusqlite::Result<Stored> {
-    Ok(Stored {
-        bytes: bytes_at(r, at)?,
-        sealed: version,
-    })
-}
-
-/// Column `at`'s bytes, TEXT or BLOB.
-pub(crate) fn bytes_at(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Vec<u8>> {
-    let v = r.get_ref(at)?;
-    v.as_bytes()
-        .map(<[u8]>::to_vec)
-        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(at, v.data_type(), Box::new(e)))
-}
-
-/// Column `at`'s bytes when it is not NULL.
-pub(crate) fn bytes_or_null(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Option<Vec<u8>>> {
-    match r.get_ref(at)? {
-        rusqlite::types::ValueRef::Null => Ok(None),
-        _ => bytes_at(r, at).map(Some),
     }
 }
 

@@ -8,6 +8,7 @@ use super::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
 use crate::rules::{self, Dialect};
 use crate::search::Candidate;
 use crate::sql::{Row as SqlRow, SUM, Tx, Txn, VECTOR, Val};
+use crate::sqlite::SqliteDb;
 use crate::types::{
     Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
     NewMemory, Scope, StoredMemory,
@@ -19,7 +20,7 @@ fn db_err(e: rusqlite::Error) -> Error {
 
 use crate::keyring::{Stored, VectorKeys};
 
-impl SqliteStore {
+impl SqliteDb {
     /// The tenant's keys for its vectors in this call (see [`VectorKeys`]).
     fn vector_keys(&self, c: &Connection, tenant: &str) -> Result<VectorKeys, Error> {
         let Some(keys) = &self.keys else {
@@ -702,7 +703,7 @@ impl RecallStore for SqliteStore {
     }
 }
 
-impl SqliteStore {
+impl SqliteDb {
     /// A tenant's lexical key (see `RecallStore::lexical_key`), read on an open connection.
     pub(crate) fn lexical_key_on(
         &self,
@@ -739,40 +740,6 @@ impl SqliteStore {
             .map_err(db_err)
         })
     }
-
-    /// The full-text key of the tenant whose sessions' `tenant` column is `column`.
-    pub(crate) fn terms_key_on(&self, c: &Connection, column: &str) -> Result<Vec<u8>, Error> {
-        let name = crate::tenant::name_of_column(column);
-        Ok(crate::terms::terms_key(
-            name,
-            self.lexical_key_on(c, name)?.as_deref(),
-        ))
-    }
-
-    /// Index episodes of `session` (`(episode, terms)`) in the open transaction `t`.
-    pub(crate) async fn index_terms(
-        &self,
-        t: &mut SqliteTxn<'_>,
-        session: &str,
-        docs: &[(u64, String)],
-        fresh: bool,
-    ) -> Result<u32, Error> {
-        let key = self.terms_key_on(t.conn(), crate::tenant::tenant_column(session))?;
-        crate::terms::index(t, &key, session, docs, fresh).await
-    }
-
-    /// The full-text index's matches (see `Store::search_episodes`), in `t`.
-    pub(crate) async fn search_terms(
-        &self,
-        t: &mut SqliteTxn<'_>,
-        column: &str,
-        session: Option<&str>,
-        terms: &[String],
-        limit: u32,
-    ) -> Result<crate::types::TermMatches, Error> {
-        let key = self.terms_key_on(t.conn(), column)?;
-        crate::terms::search(t, &key, column, session, terms, limit).await
-    }
 }
 
 /// The SQLite store's connection as the bodies written once ([`crate::sql`]) see it: held
@@ -780,17 +747,17 @@ impl SqliteStore {
 /// statements run at once. One [`SqliteStore::begin`] opened holds a transaction until
 /// [`Txn::commit`], or rolls it back when dropped.
 pub(crate) struct SqliteTx<'a, C: std::ops::DerefMut<Target = Connection> + Send> {
-    store: &'a SqliteStore,
+    store: &'a SqliteDb,
     c: C,
     open: bool,
 }
 
 /// A transaction of [`SqliteStore::begin`]: the store's lock, held.
-pub(crate) type SqliteTxn<'a> = SqliteTx<'a, tokio::sync::MutexGuard<'a, Connection>>;
+pub(crate) type SqliteTxn<'a> = SqliteTx<'a, parking_lot::MutexGuard<'a, Connection>>;
 
 impl<'a, C: std::ops::DerefMut<Target = Connection> + Send> SqliteTx<'a, C> {
     /// Statements on `c`, which the caller holds (and whose transaction it ends).
-    pub(crate) fn on(store: &'a SqliteStore, c: C) -> Self {
+    pub(crate) fn on(store: &'a SqliteDb, c: C) -> Self {
         SqliteTx {
             store,
             c,
@@ -804,10 +771,10 @@ impl<'a, C: std::ops::DerefMut<Target = Connection> + Send> SqliteTx<'a, C> {
     }
 }
 
-impl SqliteStore {
+impl SqliteDb {
     /// Open a transaction on the store's connection (see [`crate::sql::Backend::begin`]).
     pub(crate) async fn begin_txn(&self, write: bool) -> Result<SqliteTxn<'_>, Error> {
-        let c = self.conn_lock().await;
+        let c = self.conn_lock();
         let mut t = SqliteTx::on(self, c);
         if write {
             crate::sqlite::blocking(|| t.c.execute_batch("BEGIN IMMEDIATE"))
@@ -843,9 +810,14 @@ impl crate::sql::Txn for SqliteTxn<'_> {
     async fn commit(mut self) -> Result<(), Error> {
         self.commit_here().await
     }
+
+    async fn rollback(self) {
+        // Dropping it rolls it back, at once.
+        drop(self);
+    }
 }
 
-impl crate::sql::Backend for SqliteStore {
+impl crate::sql::Backend for SqliteDb {
     type Txn<'a> = SqliteTxn<'a>;
 
     async fn begin(&self, write: bool) -> Result<SqliteTxn<'_>, Error> {
@@ -854,6 +826,13 @@ impl crate::sql::Backend for SqliteStore {
 
     fn shared(&self) -> bool {
         false
+    }
+
+    async fn scrub(&self) {
+        let _ = self.with(|c| {
+            crate::sqlite::scrub(c);
+            Ok(())
+        });
     }
 
     fn listen(&self, _: &'static str) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
@@ -1282,7 +1261,7 @@ fn read_graph(
     }))
 }
 
-impl SqliteStore {
+impl SqliteDb {
     /// Rank the tenant's memories of `model` through its vector index (see `ann.rs`): built on
     /// first need once the tenant holds [`crate::ann::ANN_MIN`] of them, rows written since it
     /// was last used folded in, rebuilt when another process deleted rows. A build (or a

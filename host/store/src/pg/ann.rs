@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use deadpool_postgres::GenericClient;
 use sha2::{Digest, Sha256};
 
-use super::{P, PgStore, g64};
+use super::{P, PgDb, g64};
 use crate::types::Error;
 
 /// A memory the index found: id, importance, cluster and cosine similarity.
@@ -38,7 +38,7 @@ fn index_name(model: &str, dim: usize) -> String {
     format!("memories_ann_{hex}")
 }
 
-impl PgStore {
+impl PgDb {
     /// Use pgvector when the server has it (and this user may create it): add the
     /// `embedding` column and fill it for rows written before. Returns whether it is on.
     pub(super) async fn enable_ann(&self) -> Result<bool, Error> {

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
-use super::{LOCK, P, PgStore, g32, g64};
+use super::{LOCK, P, PgDb, PgStore, g32, g64};
 use crate::crypto::Secret;
 use crate::keyring::{Revealed, Sealer, Stored, VectorKeys, now_ms, open_under};
 use crate::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
@@ -25,7 +25,7 @@ use crate::types::{
     NewMemory, Scope, StoredMemory,
 };
 
-impl PgStore {
+impl PgDb {
     /// A tenant's lexical key (see `RecallStore::lexical_key`), read on `c`.
     pub(super) async fn lexical_key_on<C: GenericClient + Sync>(
         &self,
@@ -53,48 +53,6 @@ impl PgStore {
         };
         let k = self.data_key(c, tenant, v).await?;
         Ok(Some(crate::keyring::lexical_key_of(&k)))
-    }
-
-    /// The full-text key of the tenant whose sessions' `tenant` column is `column`.
-    async fn terms_key_on<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        column: &str,
-    ) -> Result<Vec<u8>, Error> {
-        let name = crate::tenant::name_of_column(column);
-        Ok(crate::terms::terms_key(
-            name,
-            self.lexical_key_on(c, name).await?.as_deref(),
-        ))
-    }
-
-    /// Index episodes of `session` (`(episode, terms)`) in the open transaction `c`.
-    pub(super) async fn index_terms_in<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        session: &str,
-        docs: &[(u64, String)],
-        fresh: bool,
-    ) -> Result<u32, Error> {
-        let key = self
-            .terms_key_on(c, crate::tenant::tenant_column(session))
-            .await?;
-        let mut t = PgTx { store: self, c };
-        crate::terms::index(&mut t, &key, session, docs, fresh).await
-    }
-
-    /// The full-text index's matches (see `Store::search_episodes`) on `c`.
-    pub(super) async fn search_terms_in<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        column: &str,
-        session: Option<&str>,
-        terms: &[String],
-        limit: u32,
-    ) -> Result<crate::types::TermMatches, Error> {
-        let key = self.terms_key_on(c, column).await?;
-        let mut t = PgTx { store: self, c };
-        crate::terms::search(&mut t, &key, column, session, terms, limit).await
     }
 
     async fn data_key<C: GenericClient + Sync>(
@@ -354,7 +312,7 @@ fn summary_from(r: &Row) -> (ClusterSummary, Stored) {
     )
 }
 
-impl PgStore {
+impl PgDb {
     /// A cluster's members with `seq > after`, oldest first (the `memories_cluster` index).
     async fn members_raw<C: GenericClient + Sync>(
         &self,
@@ -970,7 +928,7 @@ fn val_at(r: &Row, i: usize) -> Result<Val, Error> {
 
 /// The PostgreSQL store's open transaction for the bodies written once ([`crate::sql`]).
 struct PgTx<'a, C> {
-    store: &'a PgStore,
+    store: &'a PgDb,
     c: &'a C,
 }
 
@@ -1109,7 +1067,7 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
 /// connection, inside `BEGIN` when it writes. Dropped before its commit, the connection
 /// leaves the pool and closes, so the server rolls the transaction back.
 pub(crate) struct PgTxn<'a> {
-    store: &'a PgStore,
+    store: &'a PgDb,
     c: Option<deadpool_postgres::Object>,
     open: bool,
 }
@@ -1132,7 +1090,19 @@ impl Drop for PgTxn<'_> {
         if self.open
             && let Some(c) = self.c.take()
         {
-            drop(deadpool_postgres::Object::take(c));
+            // Rolled back on its own connection, which then goes back to the pool; without a
+            // runtime to do that, the connection leaves the pool and closes (the server rolls
+            // back when it notices).
+            match tokio::runtime::Handle::try_current() {
+                Ok(h) => {
+                    h.spawn(async move {
+                        if c.batch_execute("ROLLBACK").await.is_err() {
+                            drop(deadpool_postgres::Object::take(c));
+                        }
+                    });
+                }
+                Err(_) => drop(deadpool_postgres::Object::take(c)),
+            }
         }
     }
 }
@@ -1220,6 +1190,17 @@ impl Tx for PgTxn<'_> {
 }
 
 impl crate::sql::Txn for PgTxn<'_> {
+    async fn rollback(mut self) {
+        if self.open
+            && let Some(c) = self.c.take()
+        {
+            self.open = false;
+            if c.batch_execute("ROLLBACK").await.is_err() {
+                drop(deadpool_postgres::Object::take(c));
+            }
+        }
+    }
+
     async fn commit(mut self) -> Result<(), Error> {
         if self.open {
             let c = self
@@ -1235,7 +1216,7 @@ impl crate::sql::Txn for PgTxn<'_> {
     }
 }
 
-impl crate::sql::Backend for PgStore {
+impl crate::sql::Backend for PgDb {
     type Txn<'a> = PgTxn<'a>;
 
     async fn begin(&self, write: bool) -> Result<PgTxn<'_>, Error> {
@@ -1254,10 +1235,12 @@ impl crate::sql::Backend for PgStore {
         true
     }
 
+    async fn scrub(&self) {}
+
     fn listen(
         &self,
         channel: &'static str,
     ) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
-        Some(PgStore::listen(self, channel))
+        Some(PgDb::listen(self, channel))
     }
 }

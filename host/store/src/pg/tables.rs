@@ -3,11 +3,11 @@
 
 use async_trait::async_trait;
 
-use super::{LOCK, PgStore};
+use super::{LOCK, PgDb, PgStore};
 use crate::tables::SlotStore;
 use crate::types::Error;
 
-impl PgStore {
+impl PgDb {
     /// Payloads of notifications on `channel`, from a connection of its own that is opened
     /// again (after a pause) whenever it is lost; ends when the receiver is dropped.
     pub fn listen(&self, channel: &'static str) -> tokio::sync::mpsc::UnboundedReceiver<String> {
