@@ -868,24 +868,33 @@ impl<C: std::ops::DerefMut<Target = Connection> + Send> Tx for SqliteTx<'_, C> {
     }
 
     async fn rows(&mut self, sql: &str, args: &[Val]) -> Result<Vec<SqlRow>, Error> {
-        let mut out = Vec::new();
-        self.each(sql, args, &mut |r| {
-            out.push(r.clone());
-            Ok(())
-        })
-        .await?;
-        Ok(out)
+        // A statement answers at once (the file's lock was taken by BEGIN): it runs in place;
+        // only a scan ([`Tx::each`]) hands the worker's other tasks on meanwhile.
+        let sql = crate::sql::sqlite_params(sql);
+        let read = || -> Result<Vec<SqlRow>, rusqlite::Error> {
+            let mut st = self.c.prepare_cached(&sql)?;
+            let n = st.column_count();
+            let mut rows = st.query(params_from_iter(args.iter().map(val_out)))?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next()? {
+                let mut row = Vec::with_capacity(n);
+                for i in 0..n {
+                    row.push(val_in(r.get_ref(i)?));
+                }
+                out.push(SqlRow(row));
+            }
+            Ok(out)
+        };
+        read().map_err(|e| self.store.explained(e))
     }
 
     async fn exec(&mut self, sql: &str, args: &[Val]) -> Result<u64, Error> {
         let sql = crate::sql::sqlite_params(sql);
-        let c = &*self.c;
-        crate::sqlite::blocking(|| {
-            let mut st = c.prepare_cached(&sql)?;
-            st.execute(params_from_iter(args.iter().map(val_out)))
-        })
-        .map(|n| n as u64)
-        .map_err(|e| self.store.explained(e))
+        self.c
+            .prepare_cached(&sql)
+            .and_then(|mut st| st.execute(params_from_iter(args.iter().map(val_out))))
+            .map(|n| n as u64)
+            .map_err(|e| self.store.explained(e))
     }
 
     async fn vector_keys(&mut self, tenant: &str) -> Result<VectorKeys, Error> {
