@@ -61,8 +61,6 @@ impl Clock for Fixed {
 
 fn episode(i: u64) -> NewEpisode {
     NewEpisode {
-        item: None,
-        terms: String::new(),
         role: if i % 2 == 1 {
             Role::User
         } else {
@@ -73,8 +71,8 @@ fn episode(i: u64) -> NewEpisode {
         ),
         timestamp_ms: None,
         source_key: i.to_string(),
-        tokens: 0,
-        speaker: None,
+        // The rest (speaker, the client's item, and what the engine fills in) left empty.
+        ..Default::default()
     }
 }
 

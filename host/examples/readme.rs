@@ -23,14 +23,10 @@ async fn main() -> anyhow::Result<()> {
     let message = NewEpisode {
         role: Role::User,
         content: "Book the small meeting room for Thursday at 10.".into(),
-        timestamp_ms: None,
         source_key: "m1".into(),
-        speaker: None,
-        // The client's own record of the message (JSON), handed back as given; optional.
-        item: None,
-        // Filled in by the engine as it appends (its token estimate and index terms).
-        tokens: 0,
-        terms: String::new(),
+        // The rest left as it comes: no time or speaker, no client item (the client's own
+        // record, handed back as given), and what the engine fills in as it appends.
+        ..Default::default()
     };
     engine.append("session-1", &[message]).await?;
     engine.after_episode_written("session-1", &cfg).await?;

@@ -192,6 +192,24 @@ impl Default for MemoryConfig {
     }
 }
 
+impl Default for NewEpisode {
+    /// A user's message with nothing in it: an embedder names what it has and leaves the rest
+    /// (`NewEpisode { content, source_key, ..Default::default() }`), so a field the WIT adds
+    /// later (optional, or filled in by the engine) does not touch it.
+    fn default() -> Self {
+        NewEpisode {
+            role: Role::User,
+            content: String::new(),
+            timestamp_ms: None,
+            source_key: String::new(),
+            tokens: 0,
+            speaker: None,
+            terms: String::new(),
+            item: None,
+        }
+    }
+}
+
 impl Default for MemoryFilter {
     /// Every memory of the tenant.
     fn default() -> Self {
