@@ -1359,6 +1359,80 @@ where
     }
 }
 
+#[async_trait]
+impl<B: Backend> crate::tables::SlotStore for Sql<B> {
+    /// Slots are kept in the store when other processes share it (PostgreSQL); one process
+    /// (SQLite) bounds model requests with its own semaphores, and the store grants every slot.
+    fn slots_shared(&self) -> bool {
+        self.shared()
+    }
+
+    async fn slot_take(
+        &self,
+        pool: &str,
+        owner: &str,
+        max: usize,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<Option<u64>, Error> {
+        if !self.shared() {
+            return Ok(Some(0));
+        }
+        writing!(self, |t| {
+            // Takers of one pool take turns, so the count and the insert are one step.
+            t.take_turn(&format!("slots:{pool}")).await?;
+            t.exec(
+                "DELETE FROM model_slots WHERE tenant = $1 AND until_ms <= $2",
+                &[pool.into(), big(now_ms)],
+            )
+            .await?;
+            let held = match t
+                .row(
+                    "SELECT COUNT(*) FROM model_slots WHERE tenant = $1",
+                    &[pool.into()],
+                )
+                .await?
+            {
+                Some(r) => r.u64(0)?,
+                None => 0,
+            };
+            if held as usize >= max {
+                return Ok(None);
+            }
+            t.row(
+                "INSERT INTO model_slots (tenant, owner, until_ms) VALUES ($1, $2, $3) RETURNING id",
+                &[pool.into(), owner.into(), big(until_ms)],
+            )
+            .await?
+            .map(|r| r.u64(0))
+            .transpose()
+        })
+    }
+
+    async fn slot_release(&self, id: u64) -> Result<(), Error> {
+        if !self.shared() {
+            return Ok(());
+        }
+        writing!(self, |t| t
+            .exec("DELETE FROM model_slots WHERE id = $1", &[big(id)])
+            .await
+            .map(drop))
+    }
+
+    async fn slot_renew(&self, owner: &str, until_ms: u64) -> Result<(), Error> {
+        if !self.shared() {
+            return Ok(());
+        }
+        writing!(self, |t| t
+            .exec(
+                "UPDATE model_slots SET until_ms = $2 WHERE owner = $1",
+                &[owner.into(), big(until_ms)],
+            )
+            .await
+            .map(drop))
+    }
+}
+
 /// The full-text index's key of the tenant whose sessions' `tenant` column is `column` (read
 /// before a transaction: the lexical key may be made on first use).
 pub(crate) async fn terms_key<B: crate::RecallStore + ?Sized>(

@@ -408,8 +408,6 @@ pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// One process: its own semaphores bound model requests (the defaults grant every slot).
-impl crate::tables::SlotStore for SqliteStore {}
 
 #[cfg(test)]
 mod tests {
