@@ -18,13 +18,17 @@ export class AbridgeError extends Error {
 export interface Message { role: Role; content: string }
 
 /** An episode to append. `sourceKey` makes appends idempotent (a known key is skipped). */
-/** `speaker`: the speaker's name when the transcript gives one (summaries attribute to it). */
-export interface NewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string | number; speaker?: string }
+/** `speaker`: the speaker's name when the transcript gives one (summaries attribute to it).
+ * `item`: the client's own record of the message (JSON text, or a value kept as its JSON),
+ * stored beside it and handed back as given. */
+export interface NewEpisode { role: Role; content: string; timestampMs?: number; sourceKey: string | number; speaker?: string; item?: unknown }
 
 export interface StoredNewEpisode {
   role: Role; content: string; timestampMs?: number; sourceKey: string; tokens: number; speaker?: string;
   /** The episode's full-text index terms, space separated (filled in by the guest). */
   terms: string;
+  /** The client's own record of the message (JSON text): a store keeps it beside the episode. */
+  item?: string;
 }
 
 /** What a store's full-text index answers for a query's terms (the WIT `term-matches`). */
@@ -309,6 +313,9 @@ export interface SqliteStore extends Store {}
 export class SqliteStore {
   /** `masterKey`: 64 hex digits (the Rust host's ABRIDGE_MASTER_KEY_FILE) to seal memory text at rest. */
   static open(path: string, options?: { masterKey?: string; sealVectors?: boolean }): Promise<SqliteStore>;
+  /** The items (the clients' own records) stored with episodes `ids` of `session`, by id;
+   * those stored without one are absent. */
+  items(session: string, ids: number[]): Map<number, string>;
   close(): void;
 }
 

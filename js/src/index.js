@@ -50,9 +50,12 @@ function coreModules() {
 }
 
 const big = (n) => (n === undefined || n === null ? undefined : BigInt(n));
+/** A message's `item` (the client's own record of it) as the JSON text the store keeps: a
+ * string as given, any other value as its JSON. */
+const itemText = (item) => (item === undefined || item === null ? undefined : typeof item === 'string' ? item : JSON.stringify(item));
 /** Episodes as the guest's `new-episode` records (the guest fills in tokens and terms). */
 const newEpisodes = (episodes) =>
-  episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0, speaker: e.speaker ?? undefined, terms: '' }));
+  episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0, speaker: e.speaker ?? undefined, terms: '', item: itemText(e.item) }));
 const num = (b) => (b === undefined || b === null ? undefined : Number(b));
 
 const rowToJs = (r) => ({
@@ -192,7 +195,7 @@ export class Engine {
   #imports() {
     const llm = this.#llm;
     const store = this.#store;
-    const epToJs = (e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, tokens: e.tokens, speaker: e.speaker, terms: e.terms });
+    const epToJs = (e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, tokens: e.tokens, speaker: e.speaker, terms: e.terms, item: e.item });
     const statsToWit = (s) => ({ episodes: big(s.episodes), totalTokens: big(s.totalTokens), lastEpisode: big(s.lastEpisode) });
     const writeToJs = (w) => ({
       ...w,
@@ -684,7 +687,7 @@ export class Engine {
       format = b.format ?? format;
       warnings.push(...b.warnings);
       for (const c of b.conversations) {
-        const episodes = c.episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, speaker: e.speaker }));
+        const episodes = c.episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: num(e.timestampMs), sourceKey: e.sourceKey, speaker: e.speaker, item: e.item }));
         conversations.push({ index: c.index, id: c.id, title: c.title, episodes });
       }
     };

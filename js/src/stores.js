@@ -106,7 +106,7 @@ const ROW_COLS = 'id, first_episode AS firstEpisode, last_episode AS lastEpisode
 
 // How sealed columns and their rows are named in the associated data: the Rust store's
 // `keyring::place`, so a value sealed by either host opens in the other.
-const PLACE = { episode: 'episodes', speaker: 'episodes.speaker', summary: 'summaries', ledger: 'summaries.ledger', partial: 'partials' };
+const PLACE = { episode: 'episodes', speaker: 'episodes.speaker', item: 'episodes.item', summary: 'summaries', ledger: 'summaries.ledger', partial: 'partials' };
 const episodeRow = (key, id) => `${key}#${id}`;
 const summaryRow = (key, level, first) => `${key}#${level}:${first}`;
 const rowOut = (r) => (r ? { ...r, skipped: JSON.parse(r.skipped), compactedInto: r.compactedInto ?? undefined, ledger: ledgerParse(r.ledger) } : undefined);
@@ -208,7 +208,8 @@ export class SqliteStore {
       nextUnindexed: p('SELECT id FROM sessions WHERE indexed = 0 ORDER BY id LIMIT 1'),
       markIndexed: p('UPDATE sessions SET indexed = 1 WHERE id = ?'),
       next: p('SELECT episodes + 1 AS next, (SELECT COALESCE(MAX(changed_seq), 0) + 1 FROM sessions) AS seq, total_tokens AS through FROM sessions WHERE id = ?'),
-      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)'),
+      insert: p('INSERT OR IGNORE INTO episodes (session, id, role, content, timestamp_ms, source_key, tokens, speaker, sealed, tokens_through, bytes_through, item) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)'),
+      items: p('SELECT id, item, sealed FROM episodes WHERE session = ? AND id BETWEEN ? AND ? AND item IS NOT NULL'),
       lastBytes: p('SELECT COALESCE((SELECT bytes_through FROM episodes WHERE session = ? ORDER BY id DESC LIMIT 1), 0) AS bytes'),
       bump: p('UPDATE sessions SET episodes = episodes + ?, total_tokens = total_tokens + ?, changed_seq = ? WHERE id = ?'),
       stats: p('SELECT episodes, total_tokens AS totalTokens FROM sessions WHERE id = ?'),
@@ -357,8 +358,10 @@ export class SqliteStore {
         const name = episodeRow(session, next);
         const [content, sealed] = this.#seal(session, PLACE.episode, name, e.content);
         const speaker = e.speaker == null ? null : this.#seal(session, PLACE.speaker, name, e.speaker)[0];
+        // The client's own record of the message (the WIT's `new-episode.item`), kept beside it.
+        const item = e.item == null ? null : this.#seal(session, PLACE.item, name, e.item)[0];
         const upto = bytes + Buffer.byteLength(e.content, 'utf8');
-        const r = s.insert.run(session, next, e.role, content, e.timestampMs ?? null, e.sourceKey, e.tokens, speaker, sealed, through + e.tokens, upto);
+        const r = s.insert.run(session, next, e.role, content, e.timestampMs ?? null, e.sourceKey, e.tokens, speaker, sealed, through + e.tokens, upto, item);
         if (r.changes === 1) {
           if (e.terms && e.terms.trim()) docs.push([next, e.terms]);
           next++;
@@ -474,6 +477,27 @@ export class SqliteStore {
     return this.#wrap(() => {
       const r = this.#st.stats.get(session);
       return r ? { episodes: r.episodes, totalTokens: r.totalTokens, lastEpisode: r.episodes } : { episodes: 0, totalTokens: 0, lastEpisode: 0 };
+    });
+  }
+
+  /**
+   * The items stored with episodes `ids` of `session` (a `Map` from id to the item's JSON
+   * text, opened), those stored without one absent: what the Rust store's `items` answers.
+   * One range query per run of consecutive ids.
+   */
+  items(session, ids) {
+    return this.#wrap(() => {
+      const sorted = [...new Set(ids.map(Number))].sort((a, b) => a - b);
+      const out = new Map();
+      for (let i = 0; i < sorted.length; ) {
+        let j = i;
+        while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) j++;
+        for (const r of this.#st.items.all(session, sorted[i], sorted[j])) {
+          out.set(r.id, this.#open(session, PLACE.item, episodeRow(session, r.id), r.item, r.sealed));
+        }
+        i = j + 1;
+      }
+      return out;
     });
   }
 

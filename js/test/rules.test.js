@@ -71,6 +71,13 @@ function run(name, s) {
         }
         break;
       }
+      case 'items': {
+        const eps = step.items.map((item, i) => ({ role: 'user', content: `message ${i + 1}`, sourceKey: `k${i + 1}`, tokens: 10, item: item ?? undefined }));
+        s.appendEpisodes(session, eps);
+        const got = Object.fromEntries([...s.items(session, step.ask)].map(([id, item]) => [String(id), item]));
+        assert.deepEqual(got, expect, at);
+        break;
+      }
       case 'chain':
         assert.deepEqual(s.summaries(session).map((r) => [r.firstEpisode, r.lastEpisode, r.level ?? 0]), expect, at);
         break;

@@ -703,6 +703,9 @@ impl Scoped {
             self.reset(&s).await?;
             out.sessions += 1;
         }
+        // The events published so far are written first: one written after would seal its
+        // data under a data key made anew for the tenant being deleted.
+        self.app.events().flush().await;
         self.recall_store().forget_tenant().await?;
         let now = self.app.now_ms();
         for t in self.app.tokens().list().await? {

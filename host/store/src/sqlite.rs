@@ -408,7 +408,6 @@ pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -150,6 +150,33 @@ async fn run(name: &str, s: Arc<dyn AppStore>) {
                     }
                 }
             }
+            "items" => {
+                let eps = step["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| NewEpisode {
+                        content: format!("message {}", i + 1),
+                        source_key: format!("k{}", i + 1),
+                        tokens: 10,
+                        item: item.as_str().map(str::to_string),
+                        ..Default::default()
+                    })
+                    .collect();
+                s.append_episodes(session, eps).await.unwrap();
+                let ask: Vec<u64> = serde_json::from_value(step["ask"].clone()).unwrap();
+                let got: BTreeMap<String, String> = s
+                    .items(session, &ask)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|(id, item)| (id.to_string(), item))
+                    .collect();
+                let want: BTreeMap<String, String> =
+                    serde_json::from_value(expect.clone()).unwrap();
+                assert_eq!(got, want, "{at}");
+            }
             "chain" => {
                 let got: Vec<[u64; 3]> = s
                     .summaries(session)
