@@ -303,8 +303,8 @@ fn kept_of(conv: &Conversation, text: &str, qa: &[(String, Vec<String>)]) -> f64
 /// The identifiers of `text` as a coding session names things: paths, file names, dotted,
 /// snake_case and camelCase names, `::` paths, flags (`--release`); at least 4 characters
 /// and 3 letters, trimmed of the punctuation around them (`./run.sh` is `run.sh`). Plain words
-/// and numbers are not identifiers. A rule of the bench's own, not the guest's ledger rule, so the ledger is not
-/// graded by the rule that fills it.
+/// and numbers are not identifiers. A rule of the bench's own, not the guest's ledger rule, so
+/// the ledger is not graded by the rule that fills it.
 fn code_ids(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let split = |c: char| c.is_whitespace() || "`'\"()[]{}<>,;|=".contains(c);

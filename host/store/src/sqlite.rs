@@ -85,7 +85,7 @@ pub struct SqliteDb {
     /// cross their `.await`s: `send_guard`). An async lock would queue waiters that only
     /// their own task can take their turn for, and a task blocked beside its own waiter
     /// would never give it that turn.
-    conn: parking_lot::Mutex<Connection>,
+    pub(crate) conn: parking_lot::Mutex<Connection>,
     /// The file's path, named in every error.
     pub(super) name: String,
     /// The master key, when memory and summary text is sealed at rest.
@@ -358,26 +358,7 @@ impl SqliteDb {
     ) -> Result<T, Error> {
         // SQLite blocks: on a multi-threaded runtime the worker thread hands its other tasks
         // to the rest of the pool while this call waits for the lock and the disk.
-        let result = blocking(|| {
-            let mut conn = self.conn_blocking()?;
-            f(&mut conn)
-        });
-        result.map_err(|e| match e {
-            Error::Storage(msg) if !msg.starts_with("database ") => {
-                Error::Storage(explain(&self.name, &msg))
-            }
-            other => other,
-        })
-    }
-
-    /// The connection, waited for from synchronous code (inside [`blocking`]).
-    fn conn_blocking(&self) -> Result<parking_lot::MutexGuard<'_, Connection>, Error> {
-        Ok(self.conn.lock())
-    }
-
-    /// The connection, for a transaction (waited for as [`blocking`] waits).
-    pub(crate) fn conn_lock(&self) -> parking_lot::MutexGuard<'_, Connection> {
-        blocking(|| self.conn.lock())
+        blocking(|| f(&mut self.conn.lock())).map_err(|e| self.explain_err(e))
     }
 
     /// A store error as reported: SQLite's own named with the file and the fix.

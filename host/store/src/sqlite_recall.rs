@@ -742,29 +742,16 @@ impl SqliteDb {
     }
 }
 
-/// The SQLite store's connection as the bodies written once ([`crate::sql`]) see it: held
-/// for the body (`C` is the store's lock, or a connection a caller already holds), its
-/// statements run at once. One [`SqliteStore::begin`] opened holds a transaction until
-/// [`Txn::commit`], or rolls it back when dropped.
-pub(crate) struct SqliteTx<'a, C: std::ops::DerefMut<Target = Connection> + Send> {
+/// A transaction of the SQLite store, as the bodies written once ([`crate::sql`]) see it: the
+/// store's connection, its lock held for the body, whose statements run at once. A write
+/// transaction lasts until [`Txn::commit`] and is rolled back when dropped before it.
+pub(crate) struct SqliteTxn<'a> {
     store: &'a SqliteDb,
-    c: C,
+    c: parking_lot::MutexGuard<'a, Connection>,
     open: bool,
 }
 
-/// A transaction of [`SqliteStore::begin`]: the store's lock, held.
-pub(crate) type SqliteTxn<'a> = SqliteTx<'a, parking_lot::MutexGuard<'a, Connection>>;
-
-impl<'a, C: std::ops::DerefMut<Target = Connection> + Send> SqliteTx<'a, C> {
-    /// Statements on `c`, which the caller holds (and whose transaction it ends).
-    pub(crate) fn on(store: &'a SqliteDb, c: C) -> Self {
-        SqliteTx {
-            store,
-            c,
-            open: false,
-        }
-    }
-
+impl SqliteTxn<'_> {
     /// The connection, for SQLite's own statements beside a body's.
     pub(crate) fn conn(&self) -> &Connection {
         &self.c
@@ -772,10 +759,15 @@ impl<'a, C: std::ops::DerefMut<Target = Connection> + Send> SqliteTx<'a, C> {
 }
 
 impl SqliteDb {
-    /// Open a transaction on the store's connection (see [`crate::sql::Backend::begin`]).
+    /// Open a transaction on the store's connection (see [`crate::sql::Backend::begin`]); the
+    /// lock, and a write's `BEGIN IMMEDIATE`, are waited for as [`crate::sqlite::blocking`]
+    /// waits.
     pub(crate) async fn begin_txn(&self, write: bool) -> Result<SqliteTxn<'_>, Error> {
-        let c = self.conn_lock();
-        let mut t = SqliteTx::on(self, c);
+        let mut t = SqliteTxn {
+            store: self,
+            c: crate::sqlite::blocking(|| self.conn.lock()),
+            open: false,
+        };
         if write {
             crate::sqlite::blocking(|| t.c.execute_batch("BEGIN IMMEDIATE"))
                 .map_err(|e| self.explained(e))?;
@@ -785,7 +777,7 @@ impl SqliteDb {
     }
 }
 
-impl<C: std::ops::DerefMut<Target = Connection> + Send> Drop for SqliteTx<'_, C> {
+impl Drop for SqliteTxn<'_> {
     fn drop(&mut self) {
         if self.open {
             // Not committed (an error, or the caller went away): nothing of it stays.
@@ -862,7 +854,7 @@ fn val_out(v: &Val) -> rusqlite::types::Value {
     }
 }
 
-impl<C: std::ops::DerefMut<Target = Connection> + Send> Tx for SqliteTx<'_, C> {
+impl Tx for SqliteTxn<'_> {
     fn dialect(&self) -> Dialect {
         Dialect::Sqlite
     }

@@ -926,13 +926,19 @@ fn val_at(r: &Row, i: usize) -> Result<Val, Error> {
     })
 }
 
-/// The PostgreSQL store's open transaction for the bodies written once ([`crate::sql`]).
-struct PgTx<'a, C> {
+/// The PostgreSQL store's open transaction for the bodies written once ([`crate::sql`]): its
+/// statements on `c`, a transaction a caller holds (`&Transaction`) or one
+/// [`Backend::begin`](crate::sql::Backend::begin) opened ([`PgTxn`]).
+pub(crate) struct PgTx<'a, C> {
     store: &'a PgDb,
-    c: &'a C,
+    c: C,
 }
 
-impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
+impl<C> Tx for PgTx<'_, C>
+where
+    C: std::ops::Deref + Send + Sync,
+    C::Target: GenericClient + Sync + Sized,
+{
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
     }
@@ -963,7 +969,7 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
     }
 
     async fn vector_keys(&mut self, tenant: &str) -> Result<VectorKeys, Error> {
-        self.store.vector_keys(self.c, tenant).await
+        self.store.vector_keys(&*self.c, tenant).await
     }
 
     async fn seal(
@@ -973,7 +979,7 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
         id: &str,
         text: &str,
     ) -> Result<(Vec<u8>, u32), Error> {
-        self.store.seal(self.c, tenant, table, id, text).await
+        self.store.seal(&*self.c, tenant, table, id, text).await
     }
 
     async fn reveal(
@@ -983,7 +989,7 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
         id: &str,
         stored: Stored,
     ) -> Result<String, Error> {
-        self.store.reveal(self.c, tenant, table, id, stored).await
+        self.store.reveal(&*self.c, tenant, table, id, stored).await
     }
 
     async fn each(
@@ -1015,7 +1021,7 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
         let args = &args[..args.len() - 1];
         let found = self
             .store
-            .ann_search(self.c, query, model, fsql, args, limit)
+            .ann_search(&*self.c, query, model, fsql, args, limit)
             .await;
         Ok(found.map(|found| {
             found
@@ -1031,7 +1037,7 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
     }
 
     async fn lock_clusters(&mut self, tenant: &str) -> Result<(), Error> {
-        self.store.lock_tenant(self.c, tenant).await
+        self.store.lock_tenant(&*self.c, tenant).await
     }
 
     async fn take_turn(&mut self, key: &str) -> Result<(), Error> {
@@ -1057,42 +1063,51 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
         vector: &[f32],
     ) -> Result<(), Error> {
         self.store
-            .set_embedding(self.c, tenant, id, vector)
+            .set_embedding(&*self.c, tenant, id, vector)
             .await
             .map(drop)
     }
 }
 
-/// A transaction of [`PgStore`]'s [`Backend::begin`](crate::sql::Backend::begin): a pooled
-/// connection, inside `BEGIN` when it writes. Dropped before its commit, the connection
-/// leaves the pool and closes, so the server rolls the transaction back.
-pub(crate) struct PgTxn<'a> {
-    store: &'a PgDb,
+/// The pooled connection a transaction of [`Backend::begin`](crate::sql::Backend::begin)
+/// holds, inside `BEGIN` when it writes. Dropped before its commit, it is rolled back on its
+/// own connection, which then goes back to the pool (without a runtime to do that, the
+/// connection leaves the pool and closes, and the server rolls back when it notices).
+pub(crate) struct Held {
     c: Option<deadpool_postgres::Object>,
     open: bool,
 }
 
-impl PgTxn<'_> {
-    /// The transaction as a body sees it.
-    fn tx(&mut self) -> PgTx<'_, deadpool_postgres::Object> {
-        PgTx {
-            store: self.store,
-            c: self
-                .c
-                .as_ref()
-                .expect("a transaction keeps its connection until dropped"),
+impl std::ops::Deref for Held {
+    type Target = deadpool_postgres::Object;
+
+    fn deref(&self) -> &deadpool_postgres::Object {
+        self.c
+            .as_ref()
+            .expect("a transaction keeps its connection until it ends")
+    }
+}
+
+impl Held {
+    /// Roll back now when still open; the connection goes back to the pool (or leaves it when
+    /// the rollback fails).
+    async fn roll_back(&mut self) {
+        if self.open
+            && let Some(c) = self.c.take()
+        {
+            self.open = false;
+            if c.batch_execute("ROLLBACK").await.is_err() {
+                drop(deadpool_postgres::Object::take(c));
+            }
         }
     }
 }
 
-impl Drop for PgTxn<'_> {
+impl Drop for Held {
     fn drop(&mut self) {
         if self.open
             && let Some(c) = self.c.take()
         {
-            // Rolled back on its own connection, which then goes back to the pool; without a
-            // runtime to do that, the connection leaves the pool and closes (the server rolls
-            // back when it notices).
             match tokio::runtime::Handle::try_current() {
                 Ok(h) => {
                     h.spawn(async move {
@@ -1107,110 +1122,21 @@ impl Drop for PgTxn<'_> {
     }
 }
 
-impl Tx for PgTxn<'_> {
-    fn dialect(&self) -> Dialect {
-        Dialect::Postgres
-    }
-
-    async fn rows(&mut self, sql: &str, args: &[Val]) -> Result<Vec<SqlRow>, Error> {
-        self.tx().rows(sql, args).await
-    }
-
-    async fn exec(&mut self, sql: &str, args: &[Val]) -> Result<u64, Error> {
-        self.tx().exec(sql, args).await
-    }
-
-    async fn vector_keys(&mut self, tenant: &str) -> Result<VectorKeys, Error> {
-        self.tx().vector_keys(tenant).await
-    }
-
-    async fn seal(
-        &mut self,
-        tenant: &str,
-        table: &str,
-        id: &str,
-        text: &str,
-    ) -> Result<(Vec<u8>, u32), Error> {
-        self.tx().seal(tenant, table, id, text).await
-    }
-
-    async fn reveal(
-        &mut self,
-        tenant: &str,
-        table: &str,
-        id: &str,
-        stored: Stored,
-    ) -> Result<String, Error> {
-        self.tx().reveal(tenant, table, id, stored).await
-    }
-
-    async fn lock_clusters(&mut self, tenant: &str) -> Result<(), Error> {
-        self.tx().lock_clusters(tenant).await
-    }
-
-    async fn take_turn(&mut self, key: &str) -> Result<(), Error> {
-        self.tx().take_turn(key).await
-    }
-
-    async fn notify(&mut self, channel: &str, payload: &str) -> Result<(), Error> {
-        self.tx().notify(channel, payload).await
-    }
-
-    async fn memory_written(
-        &mut self,
-        tenant: &str,
-        id: &str,
-        vector: &[f32],
-    ) -> Result<(), Error> {
-        self.tx().memory_written(tenant, id, vector).await
-    }
-
-    async fn each(
-        &mut self,
-        sql: &str,
-        args: &[Val],
-        f: &mut (dyn FnMut(&SqlRow) -> Result<(), Error> + Send),
-    ) -> Result<(), Error> {
-        self.tx().each(sql, args, f).await
-    }
-
-    async fn indexed(
-        &mut self,
-        vk: &VectorKeys,
-        at: (&str, &str),
-        query: &[f32],
-        filter: &MemoryFilter,
-        filter_sql: (&str, &[Val]),
-        limit: u32,
-    ) -> Result<Option<Vec<Candidate>>, Error> {
-        self.tx()
-            .indexed(vk, at, query, filter, filter_sql, limit)
-            .await
-    }
-}
+/// A transaction of [`PgStore`]'s [`Backend::begin`](crate::sql::Backend::begin).
+pub(crate) type PgTxn<'a> = PgTx<'a, Held>;
 
 impl crate::sql::Txn for PgTxn<'_> {
     async fn rollback(mut self) {
-        if self.open
-            && let Some(c) = self.c.take()
-        {
-            self.open = false;
-            if c.batch_execute("ROLLBACK").await.is_err() {
-                drop(deadpool_postgres::Object::take(c));
-            }
-        }
+        self.c.roll_back().await;
     }
 
     async fn commit(mut self) -> Result<(), Error> {
-        if self.open {
-            let c = self
-                .c
-                .as_ref()
-                .expect("an open transaction keeps its connection");
-            c.batch_execute("COMMIT")
+        if self.c.open {
+            self.c
+                .batch_execute("COMMIT")
                 .await
                 .map_err(|e| self.store.err(e))?;
-            self.open = false;
+            self.c.open = false;
         }
         Ok(())
     }
@@ -1224,10 +1150,12 @@ impl crate::sql::Backend for PgDb {
         if write {
             c.batch_execute("BEGIN").await.map_err(|e| self.err(e))?;
         }
-        Ok(PgTxn {
+        Ok(PgTx {
             store: self,
-            c: Some(c),
-            open: write,
+            c: Held {
+                c: Some(c),
+                open: write,
+            },
         })
     }
 
