@@ -136,34 +136,127 @@ fn chained_fold_prompts_share_what_stays_first() {
     }
 }
 
-/// Which session settings a fold honours is the app's choice, not the front end's: the
-/// command line's `refresh` (and `summarize`, `backfill`, the hooks, which hand it the global
-/// configuration too) folds with the session's own focus, as `POST …/refresh` does.
+/// Which session settings a fold honours is the app's choice, not the front end's: `refresh`,
+/// `summarize`, `backfill` and the hooks (which hand the app a configuration of their own) and
+/// `POST …/refresh` all fold with the session's own focus. Each session is summarized offline
+/// first and given a focus; then each front end, with the model, folds it (rewriting the
+/// offline rows, or folding what was added since), and every prompt it sends ends with the
+/// focus.
 #[test]
-fn a_refresh_from_the_command_line_folds_with_the_session_focus() {
+fn every_front_end_folds_with_the_session_focus() {
+    use crate::serve::{Server, request, wait_job};
     let server = TestServer::start();
     let env = Env::new()
         .with("EXTRACTION_URL", &server.url())
         .with("ABRIDGE_BACKEND", "ollama");
-    // Summarized offline first, so the model has rows to rewrite.
+    let offline = |args: &[&str]| {
+        let mut all = vec!["--backend", "extractive"];
+        all.extend_from_slice(args);
+        env.run(&all).assert_ok().stdout.clone()
+    };
+    let focus = |session: &str| {
+        let f = format!("keep the release decisions of {session} and every file path");
+        env.run(&["focus", session, &f]).assert_ok();
+        f
+    };
+    // Every prompt sent since `before` ends with the focus, and there was one at least.
+    let folded_with = |what: &str, before: usize, focus: &str| {
+        let gens = server.generations();
+        assert!(gens.len() > before, "{what} asked the model nothing");
+        for g in &gens[before..] {
+            let system = g.body["messages"][0]["content"].as_str().unwrap_or("");
+            assert!(
+                system.ends_with(focus),
+                "{what} sent a fold prompt without the session's focus: {system}"
+            );
+        }
+    };
+    let claude = |session: &str, from: usize, to: usize| -> String {
+        (from..=to)
+            .map(|i| {
+                let role = if i % 2 == 1 { "user" } else { "assistant" };
+                serde_json::json!({"type": role, "uuid": format!("{session}-{i}"), "sessionId": session,
+                    "message": {"role": role, "content": format!("Message {i}: src/mod{i}.rs for ticket #{} ships in v1.{i}.0.", 500 + i)}})
+                .to_string()
+                    + "\n"
+            })
+            .collect()
+    };
+    let append = |path: &std::path::Path, text: &str| {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+    };
+
+    // `abridge refresh`: the offline rows rewritten by the model.
     env.run_stdin(
         &["--backend", "extractive", "ingest", "--session", "r"],
         turns(1, 30).as_bytes(),
     )
     .assert_ok();
-    let focus = "keep the release decisions and every file path";
-    env.run(&["focus", "r", focus]).assert_ok();
+    let f = focus("r");
     let before = server.generations().len();
     env.run(&["refresh", "r"]).assert_ok();
-    let gens = server.generations();
-    assert!(gens.len() > before, "the refresh asked the model nothing");
-    for g in &gens[before..] {
-        let system = g.body["messages"][0]["content"].as_str().unwrap_or("");
-        assert!(
-            system.ends_with(focus),
-            "a fold prompt without the focus: {system}"
-        );
-    }
+    folded_with("abridge refresh", before, &f);
+
+    // `abridge summarize FILE`: run again once the file has grown.
+    let file = env.write("sum.jsonl", turns(1, 30));
+    let path = file.display().to_string();
+    offline(&["summarize", &path, "--session", "sum"]);
+    let f = focus("sum");
+    append(&file, &turns(31, 50));
+    let before = server.generations().len();
+    env.run(&["summarize", &path, "--session", "sum"])
+        .assert_ok();
+    folded_with("abridge summarize", before, &f);
+
+    // `abridge backfill DIR`: run again once a transcript in it has grown.
+    let dir = env.dir.path().join("projects/-home-me-app");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bf-1.jsonl");
+    std::fs::write(&file, claude("bf-1", 1, 30)).unwrap();
+    let root = env.dir.path().join("projects").display().to_string();
+    let v: Value = serde_json::from_str(offline(&["backfill", &root, "--json"]).trim()).unwrap();
+    let session = v["results"][0]["session"].as_str().unwrap().to_string();
+    let f = focus(&session);
+    append(&file, &claude("bf-1", 31, 50));
+    let before = server.generations().len();
+    env.run(&["backfill", &root]).assert_ok();
+    folded_with("abridge backfill", before, &f);
+
+    // `abridge hook` (Claude Code's PreCompact): the transcript summarized offline by an
+    // earlier hook, then grown.
+    let file = env.write("hook-1.jsonl", claude("hook-1", 1, 30));
+    let payload = |event: &str| {
+        serde_json::json!({"session_id": "hook-1", "transcript_path": file, "cwd": "/project",
+            "hook_event_name": event})
+        .to_string()
+    };
+    env.run_stdin(
+        &["--backend", "extractive", "hook"],
+        payload("Stop").as_bytes(),
+    )
+    .assert_ok();
+    let f = focus("hook-1");
+    append(&file, &claude("hook-1", 31, 50));
+    let before = server.generations().len();
+    env.run_stdin(&["hook"], payload("PreCompact").as_bytes())
+        .assert_ok();
+    folded_with("abridge hook", before, &f);
+
+    // `POST /v1/sessions/{id}/refresh` on `abridge serve`.
+    env.run_stdin(
+        &["--backend", "extractive", "ingest", "--session", "p"],
+        turns(1, 30).as_bytes(),
+    )
+    .assert_ok();
+    let f = focus("p");
+    let before = server.generations().len();
+    let srv = Server::start(&env, &[]);
+    let job = request(&srv.addr, "POST", "/v1/sessions/p/refresh", None, b"").expect(202);
+    let done = wait_job(&srv.addr, None, job["id"].as_u64().unwrap());
+    assert_eq!(done["state"], "succeeded", "{done}");
+    folded_with("POST …/refresh", before, &f);
 }
 
 #[test]
