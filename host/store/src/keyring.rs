@@ -217,6 +217,10 @@ pub(crate) mod place {
     /// A session's display names (JSON `{"title", "project"}`): table `session_labels`, row
     /// the session key.
     pub const LABEL: &str = "session_labels";
+    /// A memory's text: table `memories`, row its id.
+    pub const MEMORY: &str = "memories";
+    /// A cluster summary's text: table `cluster_summaries`, row its id.
+    pub const CLUSTER_SUMMARY: &str = "cluster_summaries";
 
     /// The row name of episode `id` of the session stored as `key`.
     pub fn episode(key: &str, id: u64) -> String {

@@ -73,6 +73,7 @@ macro_rules! writing {
     }};
 }
 
+mod recall;
 mod store;
 
 const TOKEN_COLS: &str = "id, tenant, prefix, read_only, label, created_ms, revoked_ms";
@@ -984,10 +985,7 @@ async fn set_session_text<B: Backend>(
 }
 
 #[async_trait]
-impl<B: Backend> SourceStore for Sql<B>
-where
-    Sql<B>: crate::RecallStore,
-{
+impl<B: Backend> SourceStore for Sql<B> {
     async fn source(&self, path: &str) -> Result<Option<Source>, Error> {
         reading!(self, |t| {
             match t
@@ -1447,10 +1445,7 @@ pub(crate) async fn terms_key<B: crate::RecallStore + ?Sized>(
 }
 
 #[async_trait]
-impl<B: Backend> crate::tables::IndexStore for Sql<B>
-where
-    Sql<B>: crate::RecallStore,
-{
+impl<B: Backend> crate::tables::IndexStore for Sql<B> {
     async fn unindexed(&self) -> Result<(u64, u64), Error> {
         reading!(self, |t| {
             match t

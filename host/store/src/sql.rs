@@ -280,6 +280,17 @@ pub(crate) trait Tx: Send {
         limit: u32,
     ) -> impl Future<Output = Result<Option<Vec<Candidate>>, Error>> + Send;
 
+    /// The tenant's lexical key (`RecallStore::lexical_key`), made on first use.
+    fn lexical_key(
+        &mut self,
+        tenant: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, Error>> + Send;
+
+    /// After a memory of the tenant was deleted in this transaction: SQLite counts the
+    /// deletion (its vector graphs of other processes rebuild when the count moves past
+    /// theirs) and gives the new count; PostgreSQL's index follows its rows (0).
+    fn deleted(&mut self, tenant: &str) -> impl Future<Output = Result<u64, Error>> + Send;
+
     /// The first row of `sql` with `args`, if any.
     fn row(
         &mut self,
@@ -326,6 +337,32 @@ pub(crate) trait Backend: Send + Sync {
     /// send them.
     fn listen(&self, channel: &'static str)
     -> Option<tokio::sync::mpsc::UnboundedReceiver<String>>;
+
+    /// A read that sees one snapshot across its statements (PostgreSQL: a repeatable-read,
+    /// read-only transaction; SQLite's reader holds the connection, which no one writes
+    /// meanwhile).
+    fn snapshot(&self) -> impl Future<Output = Result<Self::Txn<'_>, Error>> + Send;
+
+    /// Whether texts are sealed (a master key is set).
+    fn sealing(&self) -> bool;
+
+    /// Load the saved vector indexes, so the first recalls do not wait (SQLite's graphs;
+    /// PostgreSQL's index lives in the server): how many were loaded.
+    fn warm(&self) -> impl Future<Output = Result<usize, Error>> + Send;
+
+    /// After a memory's deletion committed (`mark`: [`Tx::deleted`]'s count): SQLite's
+    /// graph of the tenant's `model` vectors drops it, and the deleted text leaves the WAL.
+    fn memory_deleted(
+        &self,
+        tenant: &str,
+        model: &str,
+        id: &str,
+        mark: u64,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// After a tenant's memories, clusters and keys were deleted: the rows leave the disk
+    /// (SQLite's WAL scrubbed and its graphs dropped; PostgreSQL vacuums the tables).
+    fn tenant_forgotten(&self, tenant: &str) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// `sql` with PostgreSQL's parameters (`$1`) spelled as SQLite's (`?1`). A `$` inside a

@@ -1,18 +1,14 @@
-//! [`RecallStore`] in the SQLite database (tables of migration 016).
+//! SQLite's transactions ([`crate::sql::Backend`] for [`SqliteDb`]) and its index of
+//! memory vectors: the in-process graph (`crate::ann`), saved in the database and followed as
+//! rows change. `RecallStore` itself is written once (`crate::once`).
 
-use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, params_from_iter};
 
-use super::SqliteStore;
-use super::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
-use crate::rules::{self, Dialect};
+use crate::rules::Dialect;
 use crate::search::Candidate;
-use crate::sql::{Row as SqlRow, SUM, Tx, Txn, VECTOR, Val};
+use crate::sql::{Row as SqlRow, Tx, VECTOR, Val};
 use crate::sqlite::SqliteDb;
-use crate::types::{
-    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
-    NewMemory, Scope, StoredMemory,
-};
+use crate::types::{Error, MemoryFilter, Scope};
 
 fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
@@ -40,38 +36,7 @@ impl SqliteDb {
         }
         Ok(VectorKeys::new(tenant, all, self.seal_vectors))
     }
-
-    fn memories_revealed(
-        &self,
-        c: &Connection,
-        tenant: &str,
-        rows: Vec<(Memory, Stored)>,
-    ) -> Result<Vec<Memory>, Error> {
-        rows.into_iter()
-            .map(|(mut m, s)| {
-                m.text = self.reveal(c, tenant, "memories", &m.id, s)?;
-                Ok(m)
-            })
-            .collect()
-    }
-
-    fn summary_revealed(
-        &self,
-        c: &Connection,
-        tenant: &str,
-        (mut s, st): (ClusterSummary, Stored),
-    ) -> Result<ClusterSummary, Error> {
-        s.text = self.reveal(c, tenant, "cluster_summaries", &s.id.to_string(), st)?;
-        Ok(s)
-    }
 }
-
-/// The filter's `WHERE` fragment in SQLite's dialect (see [`rules::filter_sql`]).
-fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
-    rules::filter_sql(Dialect::Sqlite, tenant, f, prefix)
-}
-
-const MEM_COLS: &str = "id, user, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed, seq";
 
 /// The scope in columns `at`.. `at + 4` (user, project, environment, kind, key) of a row.
 fn scope_from(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Scope> {
@@ -82,625 +47,6 @@ fn scope_from(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Scope> {
         kind: r.get(at + 3)?,
         key: r.get(at + 4)?,
     })
-}
-
-fn memory_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Memory, Stored)> {
-    let m = Memory {
-        id: r.get(0)?,
-        scope: scope_from(r, 1)?,
-        text: String::new(),
-        importance: r.get::<_, f64>(7)? as f32,
-        tokens: r.get(8)?,
-        created_ms: r.get::<_, i64>(9)? as u64,
-        cluster: r.get::<_, i64>(10)? as u64,
-        seq: r.get::<_, i64>(12)? as u64,
-    };
-    Ok((
-        m,
-        Stored {
-            bytes: r.get(6)?,
-            sealed: r.get(11)?,
-        },
-    ))
-}
-
-const SUM_COLS: &str = "id, cluster, text, member_hash, covered_seq, covered, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms, sealed";
-
-fn summary_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ClusterSummary, Stored)> {
-    let stored = Stored {
-        bytes: r.get(2)?,
-        sealed: r.get(14)?,
-    };
-    let s = ClusterSummary {
-        id: r.get::<_, i64>(0)? as u64,
-        cluster: r.get::<_, i64>(1)? as u64,
-        text: String::new(),
-        member_hash: r.get(3)?,
-        covered_seq: r.get::<_, i64>(4)? as u64,
-        covered: r.get(5)?,
-        importance: r.get::<_, f64>(6)? as f32,
-        tokens: r.get(7)?,
-        model: r.get(8)?,
-        calls: r.get(9)?,
-        prompt_tokens: r.get(10)?,
-        output_tokens: r.get(11)?,
-        created_ms: r.get::<_, i64>(12)? as u64,
-        updated_ms: r.get::<_, i64>(13)? as u64,
-    };
-    Ok((s, stored))
-}
-
-/// A cluster's members with `seq > after`, oldest first (the `memories_cluster` index).
-fn members_raw(
-    c: &Connection,
-    tenant: &str,
-    cluster: u64,
-    after: u64,
-) -> Result<Vec<(Memory, Stored)>, Error> {
-    let mut st = c
-        .prepare_cached(&format!(
-            "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND cluster = ?2 AND seq > ?3 ORDER BY seq"
-        ))
-        .map_err(db_err)?;
-    st.query_map(
-        params![tenant, cluster as i64, rules::seq_arg(after)],
-        memory_from,
-    )
-    .map_err(db_err)?
-    .collect::<Result<_, _>>()
-    .map_err(db_err)
-}
-
-/// A cluster's membership version (`None`: no such cluster) and member count.
-fn cluster_figures(
-    c: &Connection,
-    tenant: &str,
-    cluster: u64,
-) -> Result<Option<(u64, u32)>, Error> {
-    c.query_row(
-        "SELECT version, members FROM clusters WHERE tenant = ?1 AND id = ?2",
-        params![tenant, cluster as i64],
-        |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
-    )
-    .optional()
-    .map_err(db_err)
-}
-
-fn summary_raw(
-    c: &Connection,
-    tenant: &str,
-    cluster: u64,
-) -> Result<Option<(ClusterSummary, Stored)>, Error> {
-    c.query_row(
-        &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = ?1 AND cluster = ?2"),
-        params![tenant, cluster as i64],
-        summary_from,
-    )
-    .optional()
-    .map_err(db_err)
-}
-
-#[async_trait]
-impl RecallStore for SqliteStore {
-    async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
-        self.with(|c| {
-            let vk = self.vector_keys(c, tenant)?;
-            let mut st = c
-                .prepare_cached(
-                    "SELECT id, model, sum, members FROM clusters WHERE tenant = ?1 AND user = ?2 AND project = ?3 AND environment = ?4 AND kind = ?5 AND key = ?6 AND members > 0 ORDER BY id",
-                )
-                .map_err(db_err)?;
-            let raw: Vec<(u64, String, Vec<u8>, u32)> = st
-                .query_map(
-                    params![tenant, scope.user, scope.project, scope.environment, scope.kind, scope.key],
-                    |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?, r.get(3)?)),
-                )
-                .map_err(db_err)?
-                .collect::<Result<_, _>>()
-                .map_err(db_err)?;
-            raw.into_iter()
-                .map(|(id, model, sum, n)| {
-                    let sum = vk.open(SUM, &id.to_string(), &sum)?;
-                    Ok(Centroid {
-                        cluster: id,
-                        model,
-                        vector: rules::centroid(&sum, n),
-                        members: n,
-                    })
-                })
-                .collect()
-        })
-    }
-
-    async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
-        let mut t = self.begin_txn(true).await?;
-        let stored = crate::writes::put_memory(&mut t, tenant, m).await?;
-        t.commit().await?;
-        Ok(stored)
-    }
-
-    async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
-        self.with(|c| {
-            let raw = c
-                .query_row(
-                    &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND id = ?2"),
-                    params![tenant, id],
-                    memory_from,
-                )
-                .optional()
-                .map_err(db_err)?;
-            Ok(self
-                .memories_revealed(c, tenant, raw.into_iter().collect())?
-                .pop())
-        })
-    }
-
-    async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
-        self.with(|c| {
-            let raw = members_raw(c, tenant, cluster, 0)?;
-            self.memories_revealed(c, tenant, raw)
-        })
-    }
-
-    async fn members_after(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        after: u64,
-    ) -> Result<MemberSet, Error> {
-        self.with(|conn| {
-            // One snapshot: the figures and the rows agree.
-            let tx = conn.transaction().map_err(db_err)?;
-            let Some((version, count)) = cluster_figures(&tx, tenant, cluster)? else {
-                return Ok(MemberSet {
-                    version: 0,
-                    count: 0,
-                    members: Vec::new(),
-                });
-            };
-            let raw = members_raw(&tx, tenant, cluster, after)?;
-            let members = self.memories_revealed(&tx, tenant, raw)?;
-            tx.commit().map_err(db_err)?;
-            Ok(MemberSet {
-                version,
-                count,
-                members,
-            })
-        })
-    }
-
-    async fn top_members(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        offset: u32,
-        limit: u32,
-    ) -> Result<Vec<Memory>, Error> {
-        self.with(|c| {
-            // The `memories_rank` index: a page costs what it returns (plus the offset).
-            let raw = c
-                .prepare_cached(&format!(
-                    "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1 AND cluster = ?2 ORDER BY importance DESC, created_ms, id LIMIT ?3 OFFSET ?4"
-                ))
-                .map_err(db_err)?
-                .query_map(params![tenant, cluster as i64, limit, offset], memory_from)
-                .map_err(db_err)?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(db_err)?;
-            self.memories_revealed(c, tenant, raw)
-        })
-    }
-
-    async fn member_ids(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        upto: u64,
-    ) -> Result<Vec<String>, Error> {
-        self.with(|c| {
-            c.prepare_cached(
-                "SELECT id FROM memories WHERE tenant = ?1 AND cluster = ?2 AND seq <= ?3 ORDER BY seq",
-            )
-            .map_err(db_err)?
-            .query_map(params![tenant, cluster as i64, rules::seq_arg(upto)], |r| r.get(0))
-            .map_err(db_err)?
-            .collect::<Result<_, _>>()
-            .map_err(db_err)
-        })
-    }
-
-    async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
-        let mut t = self.begin_txn(true).await?;
-        let Some((m, model)) = crate::writes::delete_memory(&mut t, tenant, id).await? else {
-            return Ok(None);
-        };
-        let deletes = mark_delete(t.conn(), tenant)?;
-        t.commit_here().await?;
-        crate::sqlite::scrub(t.conn());
-        // This process's index follows at once (another process's rebuilds: the count).
-        if let Some(i) = self.ann.get(tenant, &model) {
-            let mut g = crate::ann::locked(&i);
-            if g.deletes + 1 == deletes {
-                g.remove(id)?;
-                g.deletes = deletes;
-                // The saved graph went with the deletion: save this one anew.
-                g.unsaved_whole();
-            }
-        }
-        Ok(Some(m))
-    }
-
-    async fn set_vectors(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        model: &str,
-        vectors: Vec<(String, Vec<f32>)>,
-    ) -> Result<(), Error> {
-        let mut t = self.begin_txn(true).await?;
-        crate::writes::set_vectors(&mut t, tenant, cluster, model, &vectors).await?;
-        // Vectors changed model: every index of the tenant is rebuilt on next need.
-        mark_delete(t.conn(), tenant)?;
-        t.commit().await?;
-        self.ann.drop_tenant(tenant, None);
-        Ok(())
-    }
-
-    async fn cluster_summary(
-        &self,
-        tenant: &str,
-        cluster: u64,
-    ) -> Result<Option<ClusterSummary>, Error> {
-        self.with(|c| match summary_raw(c, tenant, cluster)? {
-            Some(raw) => self.summary_revealed(c, tenant, raw).map(Some),
-            None => Ok(None),
-        })
-    }
-
-    async fn summary_by_id(&self, tenant: &str, id: u64) -> Result<Option<ClusterSummary>, Error> {
-        self.with(|c| {
-            let raw = c
-                .query_row(
-                    &format!(
-                        "SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = ?1 AND id = ?2"
-                    ),
-                    params![tenant, id as i64],
-                    summary_from,
-                )
-                .optional()
-                .map_err(db_err)?;
-            match raw {
-                Some(raw) => self.summary_revealed(c, tenant, raw).map(Some),
-                None => Ok(None),
-            }
-        })
-    }
-
-    async fn write_cluster_summary(
-        &self,
-        tenant: &str,
-        w: ClusterSummaryWrite,
-    ) -> Result<bool, Error> {
-        let mut t = self.begin_txn(true).await?;
-        let written = crate::writes::write_cluster_summary(&mut t, tenant, w).await?;
-        t.commit().await?;
-        Ok(written)
-    }
-
-    async fn delete_cluster_summary(&self, tenant: &str, cluster: u64) -> Result<(), Error> {
-        self.with(|c| {
-            c.execute(
-                "DELETE FROM cluster_summaries WHERE tenant = ?1 AND cluster = ?2",
-                params![tenant, cluster as i64],
-            )
-            .map_err(db_err)?;
-            Ok(())
-        })
-    }
-
-    async fn set_cluster_note(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        note: Option<String>,
-    ) -> Result<(), Error> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE clusters SET note = ?3 WHERE tenant = ?1 AND id = ?2",
-                params![tenant, cluster as i64, note],
-            )
-            .map_err(db_err)?;
-            Ok(())
-        })
-    }
-
-    async fn search(
-        &self,
-        tenant: &str,
-        query: &[f32],
-        model: &str,
-        filter: &MemoryFilter,
-        limit: u32,
-    ) -> Result<Vec<Hit>, Error> {
-        let mut t = self.begin_txn(false).await?;
-        crate::search::search(&mut t, tenant, query, model, filter, limit).await
-    }
-
-    async fn list_memories(
-        &self,
-        tenant: &str,
-        filter: &MemoryFilter,
-        offset: usize,
-        limit: usize,
-    ) -> Result<(Vec<Memory>, usize), Error> {
-        self.with(|c| {
-            let (fsql, args) = filter_sql(tenant, filter, "");
-            let total: i64 = c
-                .query_row(
-                    &format!("SELECT COUNT(*) FROM memories WHERE tenant = ?1{fsql}"),
-                    params_from_iter(args.iter()),
-                    |r| r.get(0),
-                )
-                .map_err(db_err)?;
-            let mut st = c
-                .prepare(&format!(
-                    "SELECT {MEM_COLS} FROM memories WHERE tenant = ?1{fsql} ORDER BY seq LIMIT {} OFFSET {}",
-                    limit.min(i64::MAX as usize),
-                    offset
-                ))
-                .map_err(db_err)?;
-            let rows: Vec<(Memory, Stored)> = st
-                .query_map(params_from_iter(args.iter()), memory_from)
-                .map_err(db_err)?
-                .collect::<Result<_, _>>()
-                .map_err(db_err)?;
-            Ok((self.memories_revealed(c, tenant, rows)?, total as usize))
-        })
-    }
-
-    async fn clusters(
-        &self,
-        tenant: &str,
-        filter: &MemoryFilter,
-    ) -> Result<Vec<ClusterRow>, Error> {
-        self.with(|c| {
-            let (fsql, args) = filter_sql(tenant, filter, "c.");
-            let mut st = c
-                .prepare(&format!(
-                    "SELECT c.id, c.user, c.project, c.environment, c.kind, c.key, c.members, c.note, c.model, c.version, c.settled, s.id FROM clusters c LEFT JOIN cluster_summaries s ON s.tenant = c.tenant AND s.cluster = c.id WHERE c.tenant = ?1{fsql} AND c.members > 0 ORDER BY c.id"
-                ))
-                .map_err(db_err)?;
-            let mut rows: Vec<ClusterRow> = st
-                .query_map(params_from_iter(args.iter()), |r| {
-                    Ok(ClusterRow {
-                        id: r.get::<_, i64>(0)? as u64,
-                        scope: scope_from(r, 1)?,
-                        members: r.get(6)?,
-                        member_ids: Vec::new(),
-                        note: r.get(7)?,
-                        model: r.get(8)?,
-                        version: r.get::<_, i64>(9)? as u64,
-                        settled: r.get::<_, i64>(10)? as u64,
-                        summary: r.get::<_, Option<i64>>(11)?.map(|x| x as u64),
-                    })
-                })
-                .map_err(db_err)?
-                .collect::<Result<_, _>>()
-                .map_err(db_err)?;
-            let mut ids = c
-                .prepare_cached("SELECT id FROM memories WHERE tenant = ?1 AND cluster = ?2 ORDER BY seq")
-                .map_err(db_err)?;
-            for row in &mut rows {
-                row.member_ids = ids
-                    .query_map(params![tenant, row.id as i64], |r| r.get(0))
-                    .map_err(db_err)?
-                    .collect::<Result<_, _>>()
-                    .map_err(db_err)?;
-            }
-            Ok(rows)
-        })
-    }
-
-    async fn unsettled(&self, tenant: Option<&str>, limit: usize) -> Result<Vec<Unsettled>, Error> {
-        self.with(|c| {
-            let mut st = c
-                .prepare(&format!(
-                    "SELECT tenant, id, version, user, project FROM clusters WHERE version > settled AND (?1 IS NULL OR tenant = ?1) ORDER BY changed_seq LIMIT {}",
-                    limit.min(i64::MAX as usize)
-                ))
-                .map_err(db_err)?;
-            st.query_map(params![tenant], |r| {
-                Ok(Unsettled {
-                    tenant: r.get(0)?,
-                    cluster: r.get::<_, i64>(1)? as u64,
-                    version: r.get::<_, i64>(2)? as u64,
-                    user: r.get(3)?,
-                    project: r.get(4)?,
-                })
-            })
-            .map_err(db_err)?
-            .collect::<Result<_, _>>()
-            .map_err(db_err)
-        })
-    }
-
-    async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
-        self.with(|c| Ok(cluster_figures(c, tenant, cluster)?.map(|f| f.0)))
-    }
-
-    async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE clusters SET settled = MAX(settled, ?3) WHERE tenant = ?1 AND id = ?2",
-                params![tenant, cluster as i64, version as i64],
-            )
-            .map_err(db_err)?;
-            Ok(())
-        })
-    }
-
-    async fn claim_cluster(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        owner: &str,
-        now_ms: u64,
-        until_ms: u64,
-    ) -> Result<bool, Error> {
-        self.with(|c| {
-            let n = c
-                .execute(
-                    "UPDATE clusters SET claim_owner = ?3, claim_until_ms = ?5 WHERE tenant = ?1 AND id = ?2 AND (claim_owner IS NULL OR claim_owner = ?3 OR claim_until_ms <= ?4)",
-                    params![tenant, cluster as i64, owner, now_ms as i64, until_ms as i64],
-                )
-                .map_err(db_err)?;
-            Ok(n == 1)
-        })
-    }
-
-    async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE clusters SET claim_owner = NULL, claim_until_ms = NULL WHERE tenant = ?1 AND id = ?2 AND claim_owner = ?3",
-                params![tenant, cluster as i64, owner],
-            )
-            .map_err(db_err)?;
-            Ok(())
-        })
-    }
-
-    async fn add_usage(
-        &self,
-        tenant: &str,
-        day: &str,
-        calls: u64,
-        prompt_tokens: u64,
-        output_tokens: u64,
-    ) -> Result<(), Error> {
-        self.with(|conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
-            let values = params![tenant, month_of_day(day), day, calls as i64, prompt_tokens as i64, output_tokens as i64];
-            tx.execute(
-                "INSERT INTO usage (tenant, month, calls, prompt_tokens, output_tokens) VALUES (?1, ?2, ?4, ?5, ?6) ON CONFLICT (tenant, month) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens",
-                values,
-            )
-            .map_err(db_err)?;
-            tx.execute(
-                "INSERT INTO usage_days (tenant, day, calls, prompt_tokens, output_tokens) VALUES (?1, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, day) DO UPDATE SET calls = calls + excluded.calls, prompt_tokens = prompt_tokens + excluded.prompt_tokens, output_tokens = output_tokens + excluded.output_tokens",
-                values,
-            )
-            .map_err(db_err)?;
-            tx.commit().map_err(db_err)
-        })
-    }
-
-    async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error> {
-        self.with(|c| {
-            let mut st = c
-                .prepare("SELECT day, calls, prompt_tokens, output_tokens FROM usage_days WHERE tenant = ?1 AND day LIKE ?2 || '-%' ORDER BY day")
-                .map_err(db_err)?;
-            st.query_map(params![tenant, month], |r| {
-                Ok(UsageDay {
-                    day: r.get(0)?,
-                    calls: r.get::<_, i64>(1)? as u64,
-                    prompt_tokens: r.get::<_, i64>(2)? as u64,
-                    output_tokens: r.get::<_, i64>(3)? as u64,
-                })
-            })
-            .and_then(Iterator::collect)
-            .map_err(db_err)
-        })
-    }
-
-    async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {
-        self.with(|c| {
-            c.query_row(
-                "SELECT calls, prompt_tokens, output_tokens FROM usage WHERE tenant = ?1 AND month = ?2",
-                params![tenant, month],
-                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64)),
-            )
-            .optional()
-            .map(Option::unwrap_or_default)
-            .map_err(db_err)
-        })
-    }
-
-    async fn lexical_key(&self, tenant: &str) -> Result<Option<Vec<u8>>, Error> {
-        if self.keys.is_none() {
-            return Ok(None);
-        }
-        self.with(|c| self.lexical_key_on(c, tenant))
-    }
-
-    async fn warm(&self) -> Result<usize, Error> {
-        if self.name == ":memory:" {
-            return Ok(0);
-        }
-        let saved: Vec<(String, String, i64)> = self.with(|c| {
-            c.prepare("SELECT tenant, model, dim FROM ann_graphs")
-                .and_then(|mut st| {
-                    st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                        .collect()
-                })
-                .map_err(db_err)
-        })?;
-        let mut loaded = 0;
-        // One graph at a time, each under the store's lock for its read only: requests go on
-        // between them (a recall of a tenant not loaded yet loads its graph itself).
-        for (tenant, model, dim) in saved {
-            if self.ann.get(&tenant, &model).is_some() || self.ann.building(&tenant, &model) {
-                continue;
-            }
-            let saved = self.with(|c| {
-                if self.ann.get(&tenant, &model).is_some() {
-                    return Ok(None);
-                }
-                let vk = self.vector_keys(c, &tenant)?;
-                let (deletes, max_seq) = marks(c, &tenant)?;
-                read_graph(c, &vk, (&tenant, &model), (deletes, max_seq, dim as usize))
-            })?;
-            // Loaded without the store's lock (rows written meanwhile are folded in at the
-            // next recall, as for any graph).
-            let t = match saved {
-                Some(saved) => saved.load()?,
-                None => None,
-            };
-            if let Some(t) = t
-                && self.ann.get(&tenant, &model).is_none()
-            {
-                self.ann.put(&tenant, &model, t);
-                loaded += 1;
-            }
-        }
-        Ok(loaded)
-    }
-
-    async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
-        self.with(|conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err)?;
-            for t in [
-                "memories",
-                "cluster_summaries",
-                "clusters",
-                "data_keys",
-                "usage",
-                "usage_days",
-                "memory_marks",
-                "ann_graphs",
-            ] {
-                tx.execute(&format!("DELETE FROM {t} WHERE tenant = ?1"), [tenant])
-                    .map_err(db_err)?;
-            }
-            tx.commit().map_err(db_err)?;
-            crate::sqlite::scrub(conn);
-            self.ann.drop_tenant(tenant, None);
-            Ok(())
-        })
-    }
 }
 
 impl SqliteDb {
@@ -751,12 +97,7 @@ pub(crate) struct SqliteTxn<'a> {
     open: bool,
 }
 
-impl SqliteTxn<'_> {
-    /// The connection, for SQLite's own statements beside a body's.
-    pub(crate) fn conn(&self) -> &Connection {
-        &self.c
-    }
-}
+impl SqliteTxn<'_> {}
 
 impl SqliteDb {
     /// Open a transaction on the store's connection (see [`crate::sql::Backend::begin`]); the
@@ -825,6 +166,84 @@ impl crate::sql::Backend for SqliteDb {
             crate::sqlite::scrub(c);
             Ok(())
         });
+    }
+
+    async fn snapshot(&self) -> Result<SqliteTxn<'_>, Error> {
+        self.begin_txn(false).await
+    }
+
+    fn sealing(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    async fn warm(&self) -> Result<usize, Error> {
+        if self.name == ":memory:" {
+            return Ok(0);
+        }
+        let saved: Vec<(String, String, i64)> = self.with(|c| {
+            c.prepare("SELECT tenant, model, dim FROM ann_graphs")
+                .and_then(|mut st| {
+                    st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                        .collect()
+                })
+                .map_err(db_err)
+        })?;
+        let mut loaded = 0;
+        // One graph at a time, each under the store's lock for its read only: requests go on
+        // between them (a recall of a tenant not loaded yet loads its graph itself).
+        for (tenant, model, dim) in saved {
+            if self.ann.get(&tenant, &model).is_some() || self.ann.building(&tenant, &model) {
+                continue;
+            }
+            let saved = self.with(|c| {
+                if self.ann.get(&tenant, &model).is_some() {
+                    return Ok(None);
+                }
+                let vk = self.vector_keys(c, &tenant)?;
+                let (deletes, max_seq) = marks(c, &tenant)?;
+                read_graph(c, &vk, (&tenant, &model), (deletes, max_seq, dim as usize))
+            })?;
+            // Loaded without the store's lock (rows written meanwhile are folded in at the
+            // next recall, as for any graph).
+            let t = match saved {
+                Some(saved) => saved.load()?,
+                None => None,
+            };
+            if let Some(t) = t
+                && self.ann.get(&tenant, &model).is_none()
+            {
+                self.ann.put(&tenant, &model, t);
+                loaded += 1;
+            }
+        }
+        Ok(loaded)
+    }
+
+    async fn memory_deleted(
+        &self,
+        tenant: &str,
+        model: &str,
+        id: &str,
+        mark: u64,
+    ) -> Result<(), Error> {
+        self.scrub().await;
+        // This process's index follows at once (another process's rebuilds: the count).
+        if let Some(i) = self.ann.get(tenant, model) {
+            let mut g = crate::ann::locked(&i);
+            if g.deletes + 1 == mark {
+                g.remove(id)?;
+                g.deletes = mark;
+                // The saved graph went with the deletion: save this one anew.
+                g.unsaved_whole();
+            }
+        }
+        Ok(())
+    }
+
+    async fn tenant_forgotten(&self, tenant: &str) -> Result<(), Error> {
+        self.scrub().await;
+        self.ann.drop_tenant(tenant, None);
+        Ok(())
     }
 
     fn listen(&self, _: &'static str) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
@@ -962,6 +381,14 @@ impl Tx for SqliteTxn<'_> {
 
     async fn lock_clusters(&mut self, _: &str) -> Result<(), Error> {
         Ok(())
+    }
+
+    async fn lexical_key(&mut self, tenant: &str) -> Result<Option<Vec<u8>>, Error> {
+        self.store.lexical_key_on(&self.c, tenant)
+    }
+
+    async fn deleted(&mut self, tenant: &str) -> Result<u64, Error> {
+        mark_delete(&self.c, tenant)
     }
 
     async fn take_turn(&mut self, _: &str) -> Result<(), Error> {

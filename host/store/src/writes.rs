@@ -67,7 +67,9 @@ pub(crate) async fn put_memory(
         .await?;
     if let Some(raw) = existing {
         let (mut e, stored) = memory_from(&raw)?;
-        e.text = tx.reveal(tenant, "memories", &e.id, stored).await?;
+        e.text = tx
+            .reveal(tenant, crate::keyring::place::MEMORY, &e.id, stored)
+            .await?;
         rules::check_same_memory(&e, &m)?;
         let members = members(tx, tenant, e.cluster).await?;
         return Ok(StoredMemory {
@@ -143,7 +145,9 @@ pub(crate) async fn put_memory(
         Some(r) => r.int(0)?,
         None => 1,
     };
-    let (text, sealed) = tx.seal(tenant, "memories", &m.id, &m.text).await?;
+    let (text, sealed) = tx
+        .seal(tenant, crate::keyring::place::MEMORY, &m.id, &m.text)
+        .await?;
     let sql = format!(
         "INSERT INTO memories (tenant, id, {}, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES ({})",
         d.user_column(),
@@ -212,7 +216,10 @@ pub(crate) async fn delete_memory(
     };
     let (raw, stored) = memory_from(&row)?;
     let (model, vector) = (row.text(13)?, row.bytes(14)?);
-    let m = match tx.reveal(tenant, "memories", &raw.id, stored).await {
+    let m = match tx
+        .reveal(tenant, crate::keyring::place::MEMORY, &raw.id, stored)
+        .await
+    {
         Ok(text) => Memory { text, ..raw },
         Err(_) => raw,
     };
@@ -319,7 +326,14 @@ pub(crate) async fn write_cluster_summary(
     };
     let vk = tx.vector_keys(tenant).await?;
     let rid = id.to_string();
-    let (text, sealed) = tx.seal(tenant, "cluster_summaries", &rid, &w.text).await?;
+    let (text, sealed) = tx
+        .seal(
+            tenant,
+            crate::keyring::place::CLUSTER_SUMMARY,
+            &rid,
+            &w.text,
+        )
+        .await?;
     let vector = vk.seal(SUMMARY_VECTOR, &rid, &w.vector)?;
     // Parameters 1 and 2 find the row; 3 on are its columns.
     let columns = [

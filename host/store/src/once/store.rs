@@ -5,6 +5,7 @@ use async_trait::async_trait;
 
 use super::{big, sealed_val, terms_key};
 use crate::Popped;
+use crate::Store;
 use crate::keyring::{Stored, place};
 use crate::rules::Dialect;
 use crate::sql::{Backend, Row, Tx, Txn, Val};
@@ -12,7 +13,6 @@ use crate::types::{
     CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, LedgerEntry, NewEpisode,
     Role, SessionStats, SummaryRow, SummaryWrite, TermMatches,
 };
-use crate::{RecallStore, Store};
 
 const ROW_COLS: &str = "id, first_episode, last_episode, content, tokens, prompt_tokens, output_tokens, model, created_ms, updated_ms, skipped, level, compacted_into, ledger, ledger_dropped, sealed";
 
@@ -222,10 +222,7 @@ async fn read_items(
 }
 
 #[async_trait]
-impl<B: Backend> Store for super::Sql<B>
-where
-    super::Sql<B>: RecallStore,
-{
+impl<B: Backend> Store for super::Sql<B> {
     async fn append_episodes(
         &self,
         session: &str,

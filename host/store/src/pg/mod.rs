@@ -333,25 +333,6 @@ impl PgDb {
         }
     }
 
-    /// Run `sql` with `params` (helpers for single statements).
-    pub(super) async fn exec(&self, sql: &str, params: &[P<'_>]) -> Result<u64, Error> {
-        let c = self.client().await?;
-        let st = c.prepare_cached(sql).await.map_err(|e| self.err(e))?;
-        c.execute(&st, params).await.map_err(|e| self.err(e))
-    }
-
-    pub(super) async fn rows(&self, sql: &str, params: &[P<'_>]) -> Result<Vec<Row>, Error> {
-        let c = self.client().await?;
-        let st = c.prepare_cached(sql).await.map_err(|e| self.err(e))?;
-        c.query(&st, params).await.map_err(|e| self.err(e))
-    }
-
-    pub(super) async fn row(&self, sql: &str, params: &[P<'_>]) -> Result<Option<Row>, Error> {
-        let c = self.client().await?;
-        let st = c.prepare_cached(sql).await.map_err(|e| self.err(e))?;
-        c.query_opt(&st, params).await.map_err(|e| self.err(e))
-    }
-
     /// Empty every table (tests: one server, a fresh store per test).
     pub async fn truncate_all(&self) -> Result<(), Error> {
         let c = self.client().await?;

@@ -1,7 +1,8 @@
-//! [`RecallStore`] in PostgreSQL: memories, clusters and cluster summaries, sealed at rest
-//! the same way as in SQLite. Writes that change a tenant's clusters take the tenant's
-//! advisory lock first, so the cluster rules (incremental sums, one summary covering exactly
-//! its members, dense ids) hold with writers on several instances.
+//! PostgreSQL's transactions ([`crate::sql::Backend`] for [`PgDb`]): its keys, sealing the
+//! same way as SQLite's, and its locks. Writes that change a tenant's clusters take the
+//! tenant's advisory lock first ([`Tx::lock_clusters`]), so the cluster rules (incremental
+//! sums, one summary covering exactly its members, dense ids) hold with writers on several
+//! instances. `RecallStore` itself is written once (`crate::once`).
 //!
 //! Recall asks pgvector's index when the server has the extension (`ann.rs`), else (and
 //! whenever the index cannot answer fully) scans the tenant's vectors exactly, the same
@@ -9,21 +10,16 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
-use super::{LOCK, P, PgDb, PgStore, g32, g64};
+use super::{LOCK, P, PgDb, g32, g64};
 use crate::crypto::Secret;
 use crate::keyring::{Revealed, Sealer, Stored, VectorKeys, now_ms, open_under};
-use crate::recall::{ClusterRow, RecallStore, Unsettled, UsageDay, month_of_day};
-use crate::rules::{self, Dialect};
+use crate::rules::Dialect;
 use crate::search::Candidate;
-use crate::sql::{Row as SqlRow, SUM, Tx, Val};
-use crate::types::{
-    Centroid, ClusterSummary, ClusterSummaryWrite, Error, Hit, MemberSet, Memory, MemoryFilter,
-    NewMemory, Scope, StoredMemory,
-};
+use crate::sql::{Row as SqlRow, Tx, Val};
+use crate::types::{Error, MemoryFilter};
 
 impl PgDb {
     /// A tenant's lexical key (see `RecallStore::lexical_key`), read on `c`.
@@ -169,32 +165,6 @@ impl PgDb {
         Ok(VectorKeys::new(tenant, all, self.seal_vectors))
     }
 
-    async fn memories_revealed<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        tenant: &str,
-        rows: Vec<(Memory, Stored)>,
-    ) -> Result<Vec<Memory>, Error> {
-        let mut out = Vec::with_capacity(rows.len());
-        for (mut m, s) in rows {
-            m.text = self.reveal(c, tenant, "memories", &m.id, s).await?;
-            out.push(m);
-        }
-        Ok(out)
-    }
-
-    async fn summary_revealed<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        tenant: &str,
-        (mut s, st): (ClusterSummary, Stored),
-    ) -> Result<ClusterSummary, Error> {
-        s.text = self
-            .reveal(c, tenant, "cluster_summaries", &s.id.to_string(), st)
-            .await?;
-        Ok(s)
-    }
-
     /// Rotate the master key (see [`crate::SqliteStore::rotate_master_key`]).
     pub async fn rotate_master_key(&self, new: &Secret) -> Result<usize, Error> {
         let keys = self.keys.as_ref().ok_or_else(|| {
@@ -240,626 +210,12 @@ impl PgDb {
     }
 }
 
-/// The filter's `WHERE` fragment in PostgreSQL's dialect (see [`rules::filter_sql`]).
-fn filter_sql(tenant: &str, f: &MemoryFilter, prefix: &str) -> (String, Vec<String>) {
-    rules::filter_sql(Dialect::Postgres, tenant, f, prefix)
-}
-
-fn params(args: &[String]) -> Vec<P<'_>> {
-    args.iter().map(|a| a as P<'_>).collect()
-}
-
-const MEM_COLS: &str = "id, \"user\", project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed, seq";
-
-fn scope_from(r: &Row) -> Scope {
-    scope_at(r, 1)
-}
-
-/// The scope in columns `at`.. `at + 4` (user, project, environment, kind, key) of a row.
-fn scope_at(r: &Row, at: usize) -> Scope {
-    Scope {
-        user: r.get(at),
-        project: r.get(at + 1),
-        environment: r.get(at + 2),
-        kind: r.get(at + 3),
-        key: r.get(at + 4),
-    }
-}
-
-fn memory_from(r: &Row) -> (Memory, Stored) {
-    (
-        Memory {
-            id: r.get(0),
-            scope: scope_from(r),
-            text: String::new(),
-            importance: r.get::<_, f64>(7) as f32,
-            tokens: g32(r, 8),
-            created_ms: g64(r, 9),
-            cluster: g64(r, 10),
-            seq: g64(r, 12),
-        },
-        Stored {
-            bytes: r.get(6),
-            sealed: g32(r, 11),
-        },
-    )
-}
-
-const SUM_COLS: &str = "id, cluster, text, member_hash, covered_seq, covered, importance, tokens, model, calls, prompt_tokens, output_tokens, created_ms, updated_ms, sealed";
-
-fn summary_from(r: &Row) -> (ClusterSummary, Stored) {
-    (
-        ClusterSummary {
-            id: g64(r, 0),
-            cluster: g64(r, 1),
-            text: String::new(),
-            member_hash: r.get(3),
-            covered_seq: g64(r, 4),
-            covered: g32(r, 5),
-            importance: r.get::<_, f64>(6) as f32,
-            tokens: g32(r, 7),
-            model: r.get(8),
-            calls: g32(r, 9),
-            prompt_tokens: g32(r, 10),
-            output_tokens: g32(r, 11),
-            created_ms: g64(r, 12),
-            updated_ms: g64(r, 13),
-        },
-        Stored {
-            bytes: r.get(2),
-            sealed: g32(r, 14),
-        },
-    )
-}
-
 impl PgDb {
-    /// A cluster's members with `seq > after`, oldest first (the `memories_cluster` index).
-    async fn members_raw<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        tenant: &str,
-        cluster: u64,
-        after: u64,
-    ) -> Result<Vec<(Memory, Stored)>, Error> {
-        Ok(c.query(
-            &format!(
-                "SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND cluster = $2 AND seq > $3 ORDER BY seq"
-            ),
-            &[&tenant, &(cluster as i64), &rules::seq_arg(after)],
-        )
-        .await
-        .map_err(|e| self.err(e))?
-        .iter()
-        .map(memory_from)
-        .collect())
-    }
-
-    async fn summary_raw<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        tenant: &str,
-        cluster: u64,
-    ) -> Result<Option<(ClusterSummary, Stored)>, Error> {
-        Ok(c.query_opt(
-            &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = $1 AND cluster = $2"),
-            &[&tenant, &(cluster as i64)],
-        )
-        .await
-        .map_err(|e| self.err(e))?
-        .as_ref()
-        .map(summary_from))
-    }
-
     async fn lock_tenant<C: GenericClient + Sync>(&self, c: &C, tenant: &str) -> Result<(), Error> {
         c.execute(LOCK, &[&format!("clusters:{tenant}")])
             .await
             .map_err(|e| self.err(e))?;
         Ok(())
-    }
-
-    /// A cluster's membership version (`None`: no such cluster) and member count.
-    async fn cluster_figures<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        tenant: &str,
-        cluster: u64,
-    ) -> Result<Option<(u64, u32)>, Error> {
-        Ok(c.query_opt(
-            "SELECT version, members FROM clusters WHERE tenant = $1 AND id = $2",
-            &[&tenant, &(cluster as i64)],
-        )
-        .await
-        .map_err(|e| self.err(e))?
-        .map(|r| (g64(&r, 0), g32(&r, 1))))
-    }
-}
-
-#[async_trait]
-impl RecallStore for PgStore {
-    async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
-        let c = self.client().await?;
-        let vk = self.vector_keys(&c, tenant).await?;
-        c.query(
-            "SELECT id, model, sum, members FROM clusters WHERE tenant = $1 AND \"user\" = $2 AND project = $3 AND environment = $4 AND kind = $5 AND key = $6 AND members > 0 ORDER BY id",
-            &[&tenant, &scope.user, &scope.project, &scope.environment, &scope.kind, &scope.key],
-        )
-        .await
-        .map_err(|e| self.err(e))?
-        .iter()
-        .map(|r| {
-            let n = g32(r, 3);
-            let id = g64(r, 0);
-            let sum = vk.open(SUM, &id.to_string(), &r.get::<_, Vec<u8>>(2))?;
-            Ok(Centroid {
-                cluster: id,
-                model: r.get(1),
-                vector: rules::centroid(&sum, n),
-                members: n,
-            })
-        })
-        .collect()
-    }
-
-    async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        let stored = {
-            let mut t = PgTx {
-                store: self,
-                c: &tx,
-            };
-            crate::writes::put_memory(&mut t, tenant, m).await?
-        };
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(stored)
-    }
-
-    async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
-        let c = self.client().await?;
-        let raw = c
-            .query_opt(
-                &format!("SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND id = $2"),
-                &[&tenant, &id],
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(self
-            .memories_revealed(&c, tenant, raw.iter().map(memory_from).collect())
-            .await?
-            .pop())
-    }
-
-    async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
-        let c = self.client().await?;
-        let raw = self.members_raw(&c, tenant, cluster, 0).await?;
-        self.memories_revealed(&c, tenant, raw).await
-    }
-
-    async fn members_after(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        after: u64,
-    ) -> Result<MemberSet, Error> {
-        let mut c = self.client().await?;
-        // One snapshot: the figures and the rows agree.
-        let tx = c
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await
-            .map_err(|e| self.err(e))?;
-        let Some((version, count)) = self.cluster_figures(&tx, tenant, cluster).await? else {
-            return Ok(MemberSet {
-                version: 0,
-                count: 0,
-                members: Vec::new(),
-            });
-        };
-        let raw = self.members_raw(&tx, tenant, cluster, after).await?;
-        let members = self.memories_revealed(&tx, tenant, raw).await?;
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(MemberSet {
-            version,
-            count,
-            members,
-        })
-    }
-
-    async fn top_members(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        offset: u32,
-        limit: u32,
-    ) -> Result<Vec<Memory>, Error> {
-        let c = self.client().await?;
-        // The `memories_rank` index: a page costs what it returns (plus the offset).
-        let raw: Vec<(Memory, Stored)> = c
-            .query(
-                &format!(
-                    "SELECT {MEM_COLS} FROM memories WHERE tenant = $1 AND cluster = $2 ORDER BY importance DESC, created_ms, id LIMIT $3 OFFSET $4"
-                ),
-                &[&tenant, &(cluster as i64), &i64::from(limit), &i64::from(offset)],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-            .iter()
-            .map(memory_from)
-            .collect();
-        self.memories_revealed(&c, tenant, raw).await
-    }
-
-    async fn member_ids(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        upto: u64,
-    ) -> Result<Vec<String>, Error> {
-        let c = self.client().await?;
-        Ok(c.query(
-            "SELECT id FROM memories WHERE tenant = $1 AND cluster = $2 AND seq <= $3 ORDER BY seq",
-            &[&tenant, &(cluster as i64), &rules::seq_arg(upto)],
-        )
-        .await
-        .map_err(|e| self.err(e))?
-        .iter()
-        .map(|r| r.get(0))
-        .collect())
-    }
-
-    async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        let gone = {
-            let mut t = PgTx {
-                store: self,
-                c: &tx,
-            };
-            crate::writes::delete_memory(&mut t, tenant, id).await?
-        };
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(gone.map(|(m, _)| m))
-    }
-
-    async fn set_vectors(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        model: &str,
-        vectors: Vec<(String, Vec<f32>)>,
-    ) -> Result<(), Error> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        {
-            let mut t = PgTx {
-                store: self,
-                c: &tx,
-            };
-            crate::writes::set_vectors(&mut t, tenant, cluster, model, &vectors).await?;
-        }
-        tx.commit().await.map_err(|e| self.err(e))
-    }
-
-    async fn cluster_summary(
-        &self,
-        tenant: &str,
-        cluster: u64,
-    ) -> Result<Option<ClusterSummary>, Error> {
-        let c = self.client().await?;
-        match self.summary_raw(&c, tenant, cluster).await? {
-            Some(raw) => self.summary_revealed(&c, tenant, raw).await.map(Some),
-            None => Ok(None),
-        }
-    }
-
-    async fn summary_by_id(&self, tenant: &str, id: u64) -> Result<Option<ClusterSummary>, Error> {
-        let c = self.client().await?;
-        let raw = c
-            .query_opt(
-                &format!("SELECT {SUM_COLS} FROM cluster_summaries WHERE tenant = $1 AND id = $2"),
-                &[&tenant, &(id as i64)],
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        match raw {
-            Some(r) => self
-                .summary_revealed(&c, tenant, summary_from(&r))
-                .await
-                .map(Some),
-            None => Ok(None),
-        }
-    }
-
-    async fn write_cluster_summary(
-        &self,
-        tenant: &str,
-        w: ClusterSummaryWrite,
-    ) -> Result<bool, Error> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        let written = {
-            let mut t = PgTx {
-                store: self,
-                c: &tx,
-            };
-            crate::writes::write_cluster_summary(&mut t, tenant, w).await?
-        };
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(written)
-    }
-
-    async fn delete_cluster_summary(&self, tenant: &str, cluster: u64) -> Result<(), Error> {
-        self.exec(
-            "DELETE FROM cluster_summaries WHERE tenant = $1 AND cluster = $2",
-            &[&tenant, &(cluster as i64)],
-        )
-        .await
-        .map(drop)
-    }
-
-    async fn set_cluster_note(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        note: Option<String>,
-    ) -> Result<(), Error> {
-        self.exec(
-            "UPDATE clusters SET note = $3 WHERE tenant = $1 AND id = $2",
-            &[&tenant, &(cluster as i64), &note],
-        )
-        .await
-        .map(drop)
-    }
-
-    async fn search(
-        &self,
-        tenant: &str,
-        query: &[f32],
-        model: &str,
-        filter: &MemoryFilter,
-        limit: u32,
-    ) -> Result<Vec<Hit>, Error> {
-        let c = self.client().await?;
-        let mut t = PgTx { store: self, c: &c };
-        crate::search::search(&mut t, tenant, query, model, filter, limit).await
-    }
-
-    async fn list_memories(
-        &self,
-        tenant: &str,
-        filter: &MemoryFilter,
-        offset: usize,
-        limit: usize,
-    ) -> Result<(Vec<Memory>, usize), Error> {
-        let c = self.client().await?;
-        let (fsql, args) = filter_sql(tenant, filter, "");
-        let total: i64 = c
-            .query_one(
-                &format!("SELECT COUNT(*) FROM memories WHERE tenant = $1{fsql}"),
-                &params(&args),
-            )
-            .await
-            .map_err(|e| self.err(e))?
-            .get(0);
-        let rows = c
-            .query(
-                &format!(
-                    "SELECT {MEM_COLS} FROM memories WHERE tenant = $1{fsql} ORDER BY seq LIMIT {} OFFSET {}",
-                    limit.min(i64::MAX as usize),
-                    offset.min(i64::MAX as usize)
-                ),
-                &params(&args),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        let raw = rows.iter().map(memory_from).collect();
-        Ok((
-            self.memories_revealed(&c, tenant, raw).await?,
-            total as usize,
-        ))
-    }
-
-    async fn clusters(
-        &self,
-        tenant: &str,
-        filter: &MemoryFilter,
-    ) -> Result<Vec<ClusterRow>, Error> {
-        let c = self.client().await?;
-        let (fsql, args) = filter_sql(tenant, filter, "c.");
-        let rows = c
-            .query(
-                &format!(
-                    "SELECT c.id, c.\"user\", c.project, c.environment, c.kind, c.key, c.members, c.note, c.model, c.version, c.settled, s.id FROM clusters c LEFT JOIN cluster_summaries s ON s.tenant = c.tenant AND s.cluster = c.id WHERE c.tenant = $1{fsql} AND c.members > 0 ORDER BY c.id"
-                ),
-                &params(&args),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        let mut out: Vec<ClusterRow> = rows
-            .iter()
-            .map(|r| ClusterRow {
-                id: g64(r, 0),
-                scope: scope_from(r),
-                members: g32(r, 6),
-                member_ids: Vec::new(),
-                note: r.get(7),
-                model: r.get(8),
-                version: g64(r, 9),
-                settled: g64(r, 10),
-                summary: r.get::<_, Option<i64>>(11).map(|x| x as u64),
-            })
-            .collect();
-        for row in &mut out {
-            row.member_ids = c
-                .query(
-                    "SELECT id FROM memories WHERE tenant = $1 AND cluster = $2 ORDER BY seq",
-                    &[&tenant, &(row.id as i64)],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-        }
-        Ok(out)
-    }
-
-    async fn unsettled(&self, tenant: Option<&str>, limit: usize) -> Result<Vec<Unsettled>, Error> {
-        Ok(self
-            .rows(
-                &format!(
-                    "SELECT tenant, id, version, \"user\", project FROM clusters WHERE version > settled AND ($1::text IS NULL OR tenant = $1) ORDER BY changed_seq LIMIT {}",
-                    limit.min(i64::MAX as usize)
-                ),
-                &[&tenant],
-            )
-            .await?
-            .iter()
-            .map(|r| Unsettled {
-                tenant: r.get(0),
-                cluster: g64(r, 1),
-                version: g64(r, 2),
-                user: r.get(3),
-                project: r.get(4),
-            })
-            .collect())
-    }
-
-    async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
-        let c = self.client().await?;
-        Ok(self
-            .cluster_figures(&c, tenant, cluster)
-            .await?
-            .map(|f| f.0))
-    }
-
-    async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {
-        self.exec(
-            "UPDATE clusters SET settled = GREATEST(settled, $3) WHERE tenant = $1 AND id = $2",
-            &[&tenant, &(cluster as i64), &(version as i64)],
-        )
-        .await
-        .map(drop)
-    }
-
-    async fn claim_cluster(
-        &self,
-        tenant: &str,
-        cluster: u64,
-        owner: &str,
-        now_ms: u64,
-        until_ms: u64,
-    ) -> Result<bool, Error> {
-        Ok(self
-            .exec(
-                "UPDATE clusters SET claim_owner = $3, claim_until_ms = $5 WHERE tenant = $1 AND id = $2 AND (claim_owner IS NULL OR claim_owner = $3 OR claim_until_ms <= $4)",
-                &[&tenant, &(cluster as i64), &owner, &(now_ms as i64), &(until_ms as i64)],
-            )
-            .await?
-            == 1)
-    }
-
-    async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error> {
-        self.exec(
-            "UPDATE clusters SET claim_owner = NULL, claim_until_ms = NULL WHERE tenant = $1 AND id = $2 AND claim_owner = $3",
-            &[&tenant, &(cluster as i64), &owner],
-        )
-        .await
-        .map(drop)
-    }
-
-    async fn add_usage(
-        &self,
-        tenant: &str,
-        day: &str,
-        calls: u64,
-        prompt_tokens: u64,
-        output_tokens: u64,
-    ) -> Result<(), Error> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        let (calls, prompt, output) = (calls as i64, prompt_tokens as i64, output_tokens as i64);
-        for (table, column, period) in [
-            ("usage", "month", month_of_day(day)),
-            ("usage_days", "day", day),
-        ] {
-            tx.execute(
-                &format!(
-                    "INSERT INTO {table} (tenant, {column}, calls, prompt_tokens, output_tokens) VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (tenant, {column}) DO UPDATE SET calls = {table}.calls + excluded.calls, prompt_tokens = {table}.prompt_tokens + excluded.prompt_tokens, output_tokens = {table}.output_tokens + excluded.output_tokens"
-                ),
-                &[&tenant, &period, &calls, &prompt, &output],
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        }
-        tx.commit().await.map_err(|e| self.err(e))
-    }
-
-    async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error> {
-        let pattern = format!("{month}-%");
-        Ok(self
-            .rows(
-                "SELECT day, calls, prompt_tokens, output_tokens FROM usage_days WHERE tenant = $1 AND day LIKE $2 ORDER BY day",
-                &[&tenant, &pattern],
-            )
-            .await?
-            .iter()
-            .map(|r| UsageDay {
-                day: r.get(0),
-                calls: g64(r, 1),
-                prompt_tokens: g64(r, 2),
-                output_tokens: g64(r, 3),
-            })
-            .collect())
-    }
-
-    async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {
-        Ok(self
-            .row(
-                "SELECT calls, prompt_tokens, output_tokens FROM usage WHERE tenant = $1 AND month = $2",
-                &[&tenant, &month],
-            )
-            .await?
-            .map(|r| (g64(&r, 0), g64(&r, 1), g64(&r, 2)))
-            .unwrap_or_default())
-    }
-
-    async fn lexical_key(&self, tenant: &str) -> Result<Option<Vec<u8>>, Error> {
-        if self.keys.is_none() {
-            return Ok(None);
-        }
-        let c = self.client().await?;
-        self.lexical_key_on(&c, tenant).await
-    }
-
-    async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(|e| self.err(e))?;
-        self.lock_tenant(&tx, tenant).await?;
-        for t in [
-            "memories",
-            "cluster_summaries",
-            "clusters",
-            "data_keys",
-            "usage",
-            "usage_days",
-        ] {
-            tx.execute(&format!("DELETE FROM {t} WHERE tenant = $1"), &[&tenant])
-                .await
-                .map_err(|e| self.err(e))?;
-        }
-        tx.commit().await.map_err(|e| self.err(e))?;
-        // Deleted rows stay in the table files as dead tuples until VACUUM reclaims their
-        // space (new rows then overwrite it; VACUUM FULL rewrites the files at once, under an
-        // exclusive lock). A tenant's deletion is rare: vacuum what held its text now.
-        c.batch_execute(
-            "VACUUM episodes, episode_terms, summaries, partials, events, session_focus, session_labels, memories, cluster_summaries, clusters, data_keys",
-        )
-        .await
-        .map_err(|e| self.err(e))
     }
 }
 
@@ -1040,6 +396,14 @@ where
         self.store.lock_tenant(&*self.c, tenant).await
     }
 
+    async fn lexical_key(&mut self, tenant: &str) -> Result<Option<Vec<u8>>, Error> {
+        self.store.lexical_key_on(&*self.c, tenant).await
+    }
+
+    async fn deleted(&mut self, _: &str) -> Result<u64, Error> {
+        Ok(0)
+    }
+
     async fn take_turn(&mut self, key: &str) -> Result<(), Error> {
         self.c
             .execute(LOCK, &[&key])
@@ -1164,6 +528,45 @@ impl crate::sql::Backend for PgDb {
     }
 
     async fn scrub(&self) {}
+
+    async fn snapshot(&self) -> Result<PgTxn<'_>, Error> {
+        let c = self.client().await?;
+        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(PgTx {
+            store: self,
+            c: Held {
+                c: Some(c),
+                open: true,
+            },
+        })
+    }
+
+    fn sealing(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    async fn warm(&self) -> Result<usize, Error> {
+        Ok(0)
+    }
+
+    async fn memory_deleted(&self, _: &str, _: &str, _: &str, _: u64) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn tenant_forgotten(&self, _: &str) -> Result<(), Error> {
+        // Deleted rows stay in the table files as dead tuples until VACUUM reclaims their
+        // space (new rows then overwrite it; VACUUM FULL rewrites the files at once, under an
+        // exclusive lock). A tenant's deletion is rare: vacuum what held its text now.
+        self.client()
+            .await?
+            .batch_execute(
+                "VACUUM episodes, episode_terms, summaries, partials, events, session_focus, session_labels, memories, cluster_summaries, clusters, data_keys",
+            )
+            .await
+            .map_err(|e| self.err(e))
+    }
 
     fn listen(
         &self,
