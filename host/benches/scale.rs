@@ -835,9 +835,15 @@ async fn main() {
         let mut t = Vec::new();
         for _ in 0..a.calls.min(100) {
             let started = Instant::now();
-            me.context("s", 2_000, 4, u32::MAX, None, None)
-                .await
-                .unwrap();
+            me.context(
+                "s",
+                abridge_app::ContextAsk {
+                    refresh_after: u32::MAX,
+                    ..abridge_app::ContextAsk::new(2_000)
+                },
+            )
+            .await
+            .unwrap();
             t.push(started.elapsed().as_secs_f64() * 1e6);
         }
         ctx[k] = p50(t);
@@ -1407,9 +1413,16 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
             ts.push(started.elapsed().as_secs_f64() * 1e3);
             assert!(hits.complete);
             let started = Instant::now();
-            me.context("s0", 2_000, 4, u32::MAX, None, Some(q))
-                .await
-                .unwrap();
+            me.context(
+                "s0",
+                abridge_app::ContextAsk {
+                    refresh_after: u32::MAX,
+                    query: Some(q),
+                    ..abridge_app::ContextAsk::new(2_000)
+                },
+            )
+            .await
+            .unwrap();
             tc.push(started.elapsed().as_secs_f64() * 1e3);
         }
         search[k] = (p50(ts.clone()), p99(ts));

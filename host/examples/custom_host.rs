@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use abridge_app::{App, AppConfig, Limits};
+use abridge_app::{App, AppConfig, ContextAsk, Limits};
 use abridge_engine::types::{
     Config, Error, FinishReason, Level, Mode, NewEpisode, Prompt, Request, Response, Role,
 };
@@ -154,10 +154,26 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     // A history that fits the budget is sent whole; one that does not gets the summary.
-    let whole = me.context("service", 2_000, 2, 8, None, None).await?;
+    let whole = me
+        .context(
+            "service",
+            ContextAsk {
+                pairs: 2,
+                ..ContextAsk::new(2_000)
+            },
+        )
+        .await?;
     assert_eq!(u64::from(whole.tokens), whole.full_tokens);
     let budget = u32::try_from(whole.full_tokens - 1)?;
-    let context = me.context("service", budget, 2, 8, None, None).await?;
+    let context = me
+        .context(
+            "service",
+            ContextAsk {
+                pairs: 2,
+                ..ContextAsk::new(budget)
+            },
+        )
+        .await?;
     assert_eq!(context.covered, 10);
     println!(
         "ok: the context holds the summary and {} recent messages in {} tokens",

@@ -117,7 +117,16 @@ async fn idle_mode_waits_for_the_quiet_window_on_the_manual_clock_then_a_worker_
     // A minute of quiet on the manual clock: the next context queues the refresh and says
     // so, without waiting for it.
     clock.advance(61_000);
-    let c = me.context("s", 2_000, 2, 8, None, None).await.unwrap();
+    let c = me
+        .context(
+            "s",
+            abridge_app::ContextAsk {
+                pairs: 2,
+                ..abridge_app::ContextAsk::new(2_000)
+            },
+        )
+        .await
+        .unwrap();
     let whole = c.full_tokens;
     assert!(c.refresh_pending && c.covered == 0, "{c:?}");
     let job = c.job.expect("a due refresh is queued");
@@ -144,7 +153,13 @@ async fn idle_mode_waits_for_the_quiet_window_on_the_manual_clock_then_a_worker_
     assert!(kinds.contains(&"summary.written".to_string()), "{kinds:?}");
     // A budget the whole history does not fit (one that does gets the history verbatim).
     let c = me
-        .context("s", whole as u32 - 1, 2, 8, None, None)
+        .context(
+            "s",
+            abridge_app::ContextAsk {
+                pairs: 2,
+                ..abridge_app::ContextAsk::new(whole as u32 - 1)
+            },
+        )
         .await
         .unwrap();
     assert_eq!((c.covered, c.refresh_pending), (10, false));

@@ -324,7 +324,14 @@ impl Scoped {
             let share = (room * 3 / 5 / 4) as u32;
             if share >= 64 {
                 let v = self
-                    .context(&last.id, share, 1, u32::MAX, None, None)
+                    .context(
+                        &last.id,
+                        crate::ContextAsk {
+                            pairs: 1,
+                            refresh_after: u32::MAX,
+                            ..crate::ContextAsk::new(share)
+                        },
+                    )
                     .await?;
                 // The summary, and the per-call note that carries a coding session's digest.
                 let system: Vec<&str> = v

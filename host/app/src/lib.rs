@@ -491,6 +491,66 @@ pub struct InlineAppend {
     pub failure: Option<AppError>,
 }
 
+/// The smallest context budget (tokens): what holds one message.
+pub const MIN_CONTEXT_BUDGET: u32 = 16;
+
+/// What a context read asks for ([`Scoped::context`]), with every front end's defaults
+/// written here once: `ContextAsk { query, ..ContextAsk::new(budget) }`.
+#[derive(Clone, Copy, Debug)]
+pub struct ContextAsk<'a> {
+    /// Tokens the context may take (at least [`MIN_CONTEXT_BUDGET`]).
+    pub budget: u32,
+    /// Recent message pairs kept verbatim.
+    pub pairs: u32,
+    /// A refresh is due when more than this many messages lie beyond the summary
+    /// (`u32::MAX`: only when the session's mode says so).
+    pub refresh_after: u32,
+    /// Wait up to this long for a due refresh first (`None`: never wait).
+    pub wait: Option<Duration>,
+    /// What the next call is about (usually the user's newest message): the earlier turns
+    /// that best match it are included verbatim.
+    pub query: Option<&'a str>,
+}
+
+impl ContextAsk<'_> {
+    /// The budget when none is given.
+    pub const DEFAULT_BUDGET: u32 = 2000;
+    /// The recent pairs kept verbatim when none are given.
+    pub const DEFAULT_PAIRS: u32 = 4;
+    /// The messages beyond the summary a context waits for before a refresh is due.
+    pub const DEFAULT_REFRESH_AFTER: u32 = 8;
+
+    /// A context of `budget` tokens with the other defaults.
+    pub fn new(budget: u32) -> Self {
+        ContextAsk {
+            budget,
+            pairs: Self::DEFAULT_PAIRS,
+            refresh_after: Self::DEFAULT_REFRESH_AFTER,
+            wait: None,
+            query: None,
+        }
+    }
+}
+
+impl ContextAsk<'_> {
+    /// Whether the ask can be answered (a front end may check it before it opens anything).
+    pub fn check(&self) -> AppResult<()> {
+        if self.budget < MIN_CONTEXT_BUDGET {
+            return Err(AppError::invalid(format!(
+                "budget {} is too small to hold a message; give at least {MIN_CONTEXT_BUDGET} tokens",
+                self.budget
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Default for ContextAsk<'_> {
+    fn default() -> Self {
+        ContextAsk::new(Self::DEFAULT_BUDGET)
+    }
+}
+
 /// Why the due rule ([`Scoped::due`]) is asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
@@ -1204,25 +1264,20 @@ impl Scoped {
     }
 
     /// The context for the next model call, from what is summarized now. Never waits for the
-    /// model unless `wait` is given: a refresh that is due is queued and reported. With
+    /// model unless `ask.wait` is given: a refresh that is due is queued and reported. With
     /// `wait`, a due refresh is queued and waited for (up to that long) first.
     ///
     /// With a `query` (usually the user's newest message), the earlier turns that best match it
     /// are included verbatim beside the summary, within their share of the budget.
-    pub async fn context(
-        &self,
-        session: &str,
-        budget: u32,
-        pairs: u32,
-        refresh_after: u32,
-        wait: Option<Duration>,
-        query: Option<&str>,
-    ) -> AppResult<ContextView> {
-        if budget < 16 {
-            return Err(AppError::invalid(format!(
-                "budget {budget} is too small to hold a message; give at least 16 tokens"
-            )));
-        }
+    pub async fn context(&self, session: &str, ask: ContextAsk<'_>) -> AppResult<ContextView> {
+        ask.check()?;
+        let ContextAsk {
+            budget,
+            pairs,
+            refresh_after,
+            wait,
+            query,
+        } = ask;
         self.known(session).await?;
         let cfg = self.session_config(session).await?;
         let (mut job, episodes) = self

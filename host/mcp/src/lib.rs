@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use abridge_app::memories::{MemoryInput, Summaries};
-use abridge_app::{AppError, ErrorKind, Scoped};
+use abridge_app::{AppError, ContextAsk, ErrorKind, Scoped};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
@@ -77,6 +77,39 @@ impl AbridgeMcp {
 /// A tool error: the message and its hint, as text the agent reads.
 fn tool_error(e: AppError) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(error_text(&e))])
+}
+
+/// Why a tool's body stopped early: a tool error, which the model reads and may act on (an
+/// app error, or an argument it can fix), or a protocol error (no tenant on the request).
+enum Stop {
+    Tool(CallToolResult),
+    Protocol(ErrorData),
+}
+
+impl From<AppError> for Stop {
+    fn from(e: AppError) -> Stop {
+        Stop::Tool(tool_error(e))
+    }
+}
+
+impl From<CallToolResult> for Stop {
+    fn from(r: CallToolResult) -> Stop {
+        Stop::Tool(r)
+    }
+}
+
+impl From<ErrorData> for Stop {
+    fn from(e: ErrorData) -> Stop {
+        Stop::Protocol(e)
+    }
+}
+
+/// A tool body's result as the protocol answers it: a tool error is an answer.
+fn answered(r: Result<CallToolResult, Stop>) -> Result<CallToolResult, ErrorData> {
+    match r {
+        Ok(answer) | Err(Stop::Tool(answer)) => Ok(answer),
+        Err(Stop::Protocol(e)) => Err(e),
+    }
 }
 
 /// A tool error's text: the app's message, its hint, and what lists the kind of thing not
@@ -282,60 +315,46 @@ impl AbridgeMcp {
         Parameters(a): Parameters<ContextArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let s = self.scoped(&ctx)?;
-        let budget = match budget_of(a.budget_tokens) {
-            Ok(b) => b,
-            Err(e) => return Ok(e),
-        };
-        let session = match &a.session {
-            Some(name) => match s.resolve(name).await {
-                Ok(x) => x,
-                Err(e) => return Ok(tool_error(e)),
-            },
-            None => match s.session_ids().await {
-                Ok(ids) => match ids.into_iter().next() {
-                    Some(x) => x,
-                    None => {
-                        return Ok(bad(
-                            "there are no sessions yet; import one (abridge backfill, abridge watch or the hooks of abridge setup)",
-                        ));
-                    }
-                },
-                Err(e) => return Ok(tool_error(e)),
-            },
-        };
-        // The answer's own framing takes a little of the budget.
-        let v = match s
-            .context(
-                &session,
-                budget.saturating_sub(40).max(32),
-                2,
-                u32::MAX,
-                None,
-                a.query.as_deref(),
-            )
-            .await
-        {
-            Ok(v) => v,
-            Err(e) => return Ok(tool_error(e)),
-        };
-        let covers = if v.covered == 0 {
-            "no summary covers any message yet".to_string()
-        } else {
-            format!("the summary covers messages 1-{}", v.covered)
-        };
-        let mut text = format!(
-            "Session {session} (~{} tokens of history; {covers}). This context: {} of {} tokens ({}); stable until the next fold: the first {} of {} messages ({} characters).\n",
-            v.full_tokens,
-            v.tokens,
-            v.budget,
-            v.parts.describe(),
-            v.stable.messages,
-            v.messages.len(),
-            v.stable.chars
-        );
-        text.push_str(&abridge_app::hook::context_text(&v));
-        Ok(ok(text, Some(budget)))
+        answered(async {
+            let s = self.scoped(&ctx)?;
+            let budget = budget_of(a.budget_tokens)?;
+            let session = match &a.session {
+                Some(name) => s.resolve(name).await?,
+                None => s.session_ids().await?.into_iter().next().ok_or_else(|| {
+                    bad("there are no sessions yet; import one (abridge backfill, abridge watch or the hooks of abridge setup)")
+                })?,
+            };
+            // The answer's own framing takes a little of the budget.
+            let v = s
+                .context(
+                    &session,
+                    ContextAsk {
+                        pairs: 2,
+                        refresh_after: u32::MAX,
+                        query: a.query.as_deref(),
+                        ..ContextAsk::new(budget.saturating_sub(40).max(32))
+                    },
+                )
+                .await?;
+            let covers = if v.covered == 0 {
+                "no summary covers any message yet".to_string()
+            } else {
+                format!("the summary covers messages 1-{}", v.covered)
+            };
+            let mut text = format!(
+                "Session {session} (~{} tokens of history; {covers}). This context: {} of {} tokens ({}); stable until the next fold: the first {} of {} messages ({} characters).\n",
+                v.full_tokens,
+                v.tokens,
+                v.budget,
+                v.parts.describe(),
+                v.stable.messages,
+                v.messages.len(),
+                v.stable.chars
+            );
+            text.push_str(&abridge_app::hook::context_text(&v));
+            Ok(ok(text, Some(budget)))
+        }
+        .await)
     }
 
     #[tool(
@@ -347,68 +366,62 @@ impl AbridgeMcp {
         Parameters(a): Parameters<SearchArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let s = self.scoped(&ctx)?;
-        let limit = a.limit.unwrap_or(10);
-        if !(1..=50).contains(&limit) {
-            return Ok(bad(format!("limit {limit} is out of range; give 1 to 50")));
-        }
-        let session = match &a.session {
-            Some(name) => match s.resolve(name).await {
-                Ok(x) => Some(x),
-                Err(e) => return Ok(tool_error(e)),
-            },
-            None => None,
-        };
-        let sessions = match &session {
-            Some(_) => Vec::new(),
-            None => match s.search_sessions(&a.query, limit as usize).await {
-                Ok(h) => h,
-                Err(e) => return Ok(tool_error(e)),
-            },
-        };
-        let found = match s.search(&a.query, session.as_deref(), 0, limit).await {
-            Ok(v) => v,
-            Err(e) => return Ok(tool_error(e)),
-        };
-        if sessions.is_empty() && found.hits.is_empty() {
-            return Ok(ok(
-                format!("Nothing matches \"{}\". Try fewer or other words.", a.query),
-                a.budget_tokens,
-            ));
-        }
-        let mut text = String::new();
-        if !sessions.is_empty() {
-            text.push_str(&format!(
-                "{} session(s) match \"{}\":\n",
-                sessions.len(),
-                a.query
-            ));
-            for h in sessions {
-                text.push_str(&format!(
-                    "- {} ({} messages, {} summarized): {}\n",
-                    h.session, h.episodes, h.covered, h.matched
+        answered(async {
+            let s = self.scoped(&ctx)?;
+            let limit = a.limit.unwrap_or(10);
+            if !(1..=50).contains(&limit) {
+                return Err(bad(format!("limit {limit} is out of range; give 1 to 50")).into());
+            }
+            let session = match &a.session {
+                Some(name) => Some(s.resolve(name).await?),
+                None => None,
+            };
+            let sessions = match &session {
+                Some(_) => Vec::new(),
+                None => s.search_sessions(&a.query, limit as usize).await?,
+            };
+            let found = s.search(&a.query, session.as_deref(), 0, limit).await?;
+            if sessions.is_empty() && found.hits.is_empty() {
+                return Ok(ok(
+                    format!("Nothing matches \"{}\". Try fewer or other words.", a.query),
+                    a.budget_tokens,
                 ));
             }
-        }
-        if !found.hits.is_empty() {
-            text.push_str(&format!(
-                "Messages that best match \"{}\" (best first; expand with session and episode):\n",
-                a.query
-            ));
-            for h in &found.hits {
-                let who = h.speaker.clone().unwrap_or_else(|| h.role.clone());
+            let mut text = String::new();
+            if !sessions.is_empty() {
                 text.push_str(&format!(
-                    "- {} #{} {who}: {}\n",
-                    h.session, h.episode, h.excerpt
+                    "{} session(s) match \"{}\":\n",
+                    sessions.len(),
+                    a.query
                 ));
+                for h in sessions {
+                    text.push_str(&format!(
+                        "- {} ({} messages, {} summarized): {}\n",
+                        h.session, h.episodes, h.covered, h.matched
+                    ));
+                }
             }
-            if !found.complete {
-                text.push_str(
-                    "(older messages are still being indexed; search again shortly for them)\n",
-                );
+            if !found.hits.is_empty() {
+                text.push_str(&format!(
+                    "Messages that best match \"{}\" (best first; expand with session and episode):\n",
+                    a.query
+                ));
+                for h in &found.hits {
+                    let who = h.speaker.clone().unwrap_or_else(|| h.role.clone());
+                    text.push_str(&format!(
+                        "- {} #{} {who}: {}\n",
+                        h.session, h.episode, h.excerpt
+                    ));
+                }
+                if !found.complete {
+                    text.push_str(
+                        "(older messages are still being indexed; search again shortly for them)\n",
+                    );
+                }
             }
+            Ok(ok(text, a.budget_tokens))
         }
-        Ok(ok(text, a.budget_tokens))
+        .await)
     }
 
     #[tool(
@@ -420,54 +433,49 @@ impl AbridgeMcp {
         Parameters(a): Parameters<ExpandArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let s = self.scoped(&ctx)?;
-        let session = match s.resolve(&a.session).await {
-            Ok(x) => x,
-            Err(e) => return Ok(tool_error(e)),
-        };
-        let mut text = String::new();
-        match (a.row, a.episode) {
-            (Some(row), None) => {
-                let x = match s
-                    .expand(&session, row, a.identifier.as_deref(), 0, 1000)
-                    .await
-                {
-                    Ok(x) => x,
-                    Err(e) => return Ok(tool_error(e)),
-                };
-                text.push_str(&format!(
-                    "Row {} of session {session} covers messages {}-{}:\n",
-                    x.row.id, x.row.first_episode, x.row.last_episode
-                ));
-                for e in x.episodes {
-                    text.push_str(&format!("\n#{} {}: {}\n", e.id, e.role, e.content));
+        answered(async {
+            let s = self.scoped(&ctx)?;
+            let session = s.resolve(&a.session).await?;
+            let mut text = String::new();
+            match (a.row, a.episode) {
+                (Some(row), None) => {
+                    let x = s
+                        .expand(&session, row, a.identifier.as_deref(), 0, 1000)
+                        .await?;
+                    text.push_str(&format!(
+                        "Row {} of session {session} covers messages {}-{}:\n",
+                        x.row.id, x.row.first_episode, x.row.last_episode
+                    ));
+                    for e in x.episodes {
+                        text.push_str(&format!("\n#{} {}: {}\n", e.id, e.role, e.content));
+                    }
+                }
+                (None, Some(ep)) => {
+                    if ep == 0 {
+                        return Err(bad("episode numbers start at 1").into());
+                    }
+                    let page = s.messages(&session, ep.saturating_sub(2), 3).await?;
+                    if !page.messages.iter().any(|m| m.id == ep) {
+                        return Err(bad(format!(
+                            "session {session} has no message #{ep} (it has {}); give a number from a digest or ledger line",
+                            page.total
+                        ))
+                        .into());
+                    }
+                    for m in page.messages {
+                        text.push_str(&format!("\n#{} {}: {}\n", m.id, m.role, m.content));
+                    }
+                }
+                _ => {
+                    return Err(bad(
+                        "give exactly one of `row` (a summary row id) or `episode` (a message number #N)",
+                    )
+                    .into());
                 }
             }
-            (None, Some(ep)) => {
-                if ep == 0 {
-                    return Ok(bad("episode numbers start at 1"));
-                }
-                let page = match s.messages(&session, ep.saturating_sub(2), 3).await {
-                    Ok(p) => p,
-                    Err(e) => return Ok(tool_error(e)),
-                };
-                if !page.messages.iter().any(|m| m.id == ep) {
-                    return Ok(bad(format!(
-                        "session {session} has no message #{ep} (it has {}); give a number from a digest or ledger line",
-                        page.total
-                    )));
-                }
-                for m in page.messages {
-                    text.push_str(&format!("\n#{} {}: {}\n", m.id, m.role, m.content));
-                }
-            }
-            _ => {
-                return Ok(bad(
-                    "give exactly one of `row` (a summary row id) or `episode` (a message number #N)",
-                ));
-            }
+            Ok(ok(text, a.budget_tokens))
         }
-        Ok(ok(text, a.budget_tokens))
+        .await)
     }
 
     #[tool(
@@ -479,30 +487,32 @@ impl AbridgeMcp {
         Parameters(a): Parameters<RecallArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let s = self.scoped(&ctx)?;
-        let k = a.k.unwrap_or(8);
-        if !(1..=50).contains(&k) {
-            return Ok(bad(format!("k {k} is out of range; give 1 to 50")));
-        }
-        let f = abridge_app::memories::filter(
-            Some(MCP_USER.into()),
-            a.project.clone(),
-            None,
-            None,
-            None,
-        );
-        let hits = match s.recall(&a.query, &f, k).await {
-            Ok(h) => h,
-            Err(e) => return Ok(tool_error(e)),
-        };
-        if hits.is_empty() {
-            return Ok(ok("Nothing remembered matches.".into(), a.budget_tokens));
-        }
-        let mut text = String::new();
-        for h in hits {
-            text.push_str(&format!("- [{} {}] {}\n", h.kind, h.id, h.text));
-        }
-        Ok(ok(text, a.budget_tokens))
+        answered(
+            async {
+                let s = self.scoped(&ctx)?;
+                let k = a.k.unwrap_or(8);
+                if !(1..=50).contains(&k) {
+                    return Err(bad(format!("k {k} is out of range; give 1 to 50")).into());
+                }
+                let f = abridge_app::memories::filter(
+                    Some(MCP_USER.into()),
+                    a.project.clone(),
+                    None,
+                    None,
+                    None,
+                );
+                let hits = s.recall(&a.query, &f, k).await?;
+                if hits.is_empty() {
+                    return Ok(ok("Nothing remembered matches.".into(), a.budget_tokens));
+                }
+                let mut text = String::new();
+                for h in hits {
+                    text.push_str(&format!("- [{} {}] {}\n", h.kind, h.id, h.text));
+                }
+                Ok(ok(text, a.budget_tokens))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -514,40 +524,42 @@ impl AbridgeMcp {
         Parameters(a): Parameters<RememberArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let s = self.scoped(&ctx)?;
-        if a.text.trim().is_empty() {
-            return Ok(bad("text is empty; give the fact to remember"));
-        }
-        let m = MemoryInput {
-            id: None,
-            user: MCP_USER.into(),
-            project: a.project.clone().unwrap_or_default(),
-            environment: String::new(),
-            kind: a
-                .kind
-                .clone()
-                .unwrap_or_else(|| abridge_app::memories::DEFAULT_TYPE.into()),
-            key: a
-                .key
-                .clone()
-                .unwrap_or_else(|| abridge_app::memories::DEFAULT_KEY.into()),
-            text: a.text.clone(),
-            importance: None,
-        };
-        // Cluster summaries are a refinement: a failing model does not fail the write.
-        let r = match s.remember(vec![m], Summaries::Now).await {
-            Ok(w) => w.memories,
-            Err(e) => return Ok(tool_error(e)),
-        };
-        let m = &r[0];
-        Ok(ok(
-            format!(
-                "Remembered as {}{}.",
-                m.id,
-                if m.created { "" } else { " (already stored)" }
-            ),
-            None,
-        ))
+        answered(
+            async {
+                let s = self.scoped(&ctx)?;
+                if a.text.trim().is_empty() {
+                    return Err(bad("text is empty; give the fact to remember").into());
+                }
+                let m = MemoryInput {
+                    id: None,
+                    user: MCP_USER.into(),
+                    project: a.project.clone().unwrap_or_default(),
+                    environment: String::new(),
+                    kind: a
+                        .kind
+                        .clone()
+                        .unwrap_or_else(|| abridge_app::memories::DEFAULT_TYPE.into()),
+                    key: a
+                        .key
+                        .clone()
+                        .unwrap_or_else(|| abridge_app::memories::DEFAULT_KEY.into()),
+                    text: a.text.clone(),
+                    importance: None,
+                };
+                // Cluster summaries are a refinement: a failing model does not fail the write.
+                let r = s.remember(vec![m], Summaries::Now).await?.memories;
+                let m = &r[0];
+                Ok(ok(
+                    format!(
+                        "Remembered as {}{}.",
+                        m.id,
+                        if m.created { "" } else { " (already stored)" }
+                    ),
+                    None,
+                ))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -559,11 +571,14 @@ impl AbridgeMcp {
         Parameters(a): Parameters<ForgetArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let s = self.scoped(&ctx)?;
-        match s.forget(&a.id, Summaries::Now).await {
-            Ok(_) => Ok(ok(format!("Forgot {}.", a.id), None)),
-            Err(e) => Ok(tool_error(e)),
-        }
+        answered(
+            async {
+                let s = self.scoped(&ctx)?;
+                s.forget(&a.id, Summaries::Now).await?;
+                Ok(ok(format!("Forgot {}.", a.id), None))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -575,45 +590,41 @@ impl AbridgeMcp {
         Parameters(a): Parameters<PinArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let s = self.scoped(&ctx)?;
-        let session = match s.resolve(&a.session).await {
-            Ok(x) => x,
-            Err(e) => return Ok(tool_error(e)),
-        };
-        if a.scope.as_deref() == Some("project") {
-            return match s
-                .pin_to_project(&session, a.episode, !a.unpin.unwrap_or(false))
-                .await
-            {
-                Ok(project) => match s.project_pins(&project).await {
-                    Ok(pins) => Ok(ok(
-                        format!(
-                            "Project {project}: {} pinned (they open every new session there).",
-                            pins.len()
-                        ),
-                        None,
-                    )),
-                    Err(e) => Ok(tool_error(e)),
-                },
-                Err(e) => Ok(tool_error(e)),
-            };
-        }
-        if a.scope.as_deref().is_some_and(|x| x != "session") {
-            return Ok(bad("scope is `session` (the default) or `project`"));
-        }
-        match s.pin(&session, a.episode, !a.unpin.unwrap_or(false)).await {
-            Ok(pins) => Ok(ok(
-                format!(
-                    "Session {session} pins: {}.",
-                    pins.iter()
-                        .map(|p| format!("#{p}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                None,
-            )),
-            Err(e) => Ok(tool_error(e)),
-        }
+        answered(
+            async {
+                let s = self.scoped(&ctx)?;
+                let session = s.resolve(&a.session).await?;
+                let pinned = !a.unpin.unwrap_or(false);
+                match a.scope.as_deref() {
+                    Some("project") => {
+                        let project = s.pin_to_project(&session, a.episode, pinned).await?;
+                        let pins = s.project_pins(&project).await?;
+                        Ok(ok(
+                            format!(
+                                "Project {project}: {} pinned (they open every new session there).",
+                                pins.len()
+                            ),
+                            None,
+                        ))
+                    }
+                    None | Some("session") => {
+                        let pins = s.pin(&session, a.episode, pinned).await?;
+                        Ok(ok(
+                            format!(
+                                "Session {session} pins: {}.",
+                                pins.iter()
+                                    .map(|p| format!("#{p}"))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                            None,
+                        ))
+                    }
+                    Some(_) => Err(bad("scope is `session` (the default) or `project`").into()),
+                }
+            }
+            .await,
+        )
     }
 }
 

@@ -23,9 +23,9 @@ use super::{ServeOptions, Srv, auth, metrics};
 use crate::app::Tenant;
 use crate::app::tokens::{CreatedToken, TokenView};
 use crate::app::{
-    AppError, Appended, Bring, ContextView, ErrorKind, Event, ExpansionView, ImportRequest,
-    Imported, JobView, MessageIn, MessagesView, RemovedView, Scoped, SearchView, SessionView,
-    SummaryView,
+    AppError, Appended, Bring, ContextAsk, ContextView, ErrorKind, Event, ExpansionView,
+    ImportRequest, Imported, JobView, MessageIn, MessagesView, RemovedView, Scoped, SearchView,
+    SessionView, SummaryView,
 };
 use crate::sources::SessionMode;
 use crate::transcript::{Format, Input, Options};
@@ -854,11 +854,13 @@ async fn get_context(
     let v = t
         .context(
             &id,
-            q.budget.unwrap_or(2000),
-            q.pairs.unwrap_or(4),
-            q.refresh_after.unwrap_or(8),
-            q.wait.map(|s| Duration::from_secs(s.min(60))),
-            q.query.as_deref(),
+            ContextAsk {
+                budget: q.budget.unwrap_or(ContextAsk::DEFAULT_BUDGET),
+                pairs: q.pairs.unwrap_or(ContextAsk::DEFAULT_PAIRS),
+                refresh_after: q.refresh_after.unwrap_or(ContextAsk::DEFAULT_REFRESH_AFTER),
+                wait: q.wait.map(|s| Duration::from_secs(s.min(60))),
+                query: q.query.as_deref(),
+            },
         )
         .await?;
     Ok(Json(v))

@@ -237,14 +237,14 @@ impl<'a> Run<'a> {
     ) -> anyhow::Result<abridge_app::ContextView> {
         let budget = self.budget;
         let mut view = local
-            .context(session, budget, 4, 8, None, None)
+            .context(session, abridge_app::ContextAsk::new(budget))
             .await
             .map_err(|e| anyhow!("{e}"))?;
         if let Some(j) = &view.job {
             local.run_job(j.id).await.map_err(|e| anyhow!("{e}"))?;
             self.folds += 1;
             view = local
-                .context(session, budget, 4, 8, None, None)
+                .context(session, abridge_app::ContextAsk::new(budget))
                 .await
                 .map_err(|e| anyhow!("{e}"))?;
         }
@@ -350,7 +350,14 @@ async fn measure(
             let mut with = 0.0;
             for qa in &conv.qa {
                 let v = local
-                    .context(session, budget, 4, u32::MAX, None, Some(&qa.0))
+                    .context(
+                        session,
+                        abridge_app::ContextAsk {
+                            refresh_after: u32::MAX,
+                            query: Some(&qa.0),
+                            ..abridge_app::ContextAsk::new(budget)
+                        },
+                    )
                     .await
                     .map_err(|e| anyhow!("{e}"))?;
                 with += kept(&text(&v), std::slice::from_ref(qa));

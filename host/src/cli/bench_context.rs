@@ -662,7 +662,13 @@ async fn measure(
         for _ in 0..runs.max(1) {
             let started = Instant::now();
             let w = local
-                .context(session, budget, 4, u32::MAX, None, None)
+                .context(
+                    session,
+                    abridge_app::ContextAsk {
+                        refresh_after: u32::MAX,
+                        ..abridge_app::ContextAsk::new(budget)
+                    },
+                )
                 .await
                 .map_err(|e| anyhow!("{e}"))?;
             times.push(started.elapsed().as_secs_f64() * 1000.0);
@@ -679,7 +685,14 @@ async fn measure(
         for qa in &conv.qa {
             let started = Instant::now();
             let w = local
-                .context(session, budget, 4, u32::MAX, None, Some(&qa.0))
+                .context(
+                    session,
+                    abridge_app::ContextAsk {
+                        refresh_after: u32::MAX,
+                        query: Some(&qa.0),
+                        ..abridge_app::ContextAsk::new(budget)
+                    },
+                )
                 .await
                 .map_err(|e| anyhow!("{e}"))?;
             times_q.push(started.elapsed().as_secs_f64() * 1000.0);

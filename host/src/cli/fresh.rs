@@ -4,8 +4,8 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
-use abridge_app::Reason;
 use abridge_app::state_name;
+use abridge_app::{ContextAsk, Reason};
 use abridge_engine::types::{FreshState, Mode};
 
 use super::app::fail;
@@ -29,13 +29,13 @@ pub struct ContextArgs {
     #[arg(value_parser = super::session_id)]
     session: String,
     /// Most tokens (estimated) the messages may take
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = ContextAsk::DEFAULT_BUDGET)]
     budget: u32,
     /// Recent message pairs to include verbatim
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = ContextAsk::DEFAULT_PAIRS)]
     pairs: u32,
     /// Refresh the summary first when more than this many messages lie beyond it
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = ContextAsk::DEFAULT_REFRESH_AFTER)]
     refresh_after: u32,
     /// Print JSON: {"messages": [...], "tokens", "full_tokens", "saving", ...}
     #[arg(long)]
@@ -236,31 +236,22 @@ pub async fn status(s: &Settings, a: StatusArgs) -> Result<(), Failure> {
 }
 
 pub async fn context(s: &Settings, mut a: ContextArgs) -> Result<(), Failure> {
-    if a.budget < 16 {
-        return Err(Failure::new(
-            Exit::Input,
-            anyhow!(
-                "--budget {} is too small to hold a message; give at least 16 tokens",
-                a.budget
-            ),
-        ));
-    }
+    let ask = |refresh_after, query| ContextAsk {
+        budget: a.budget,
+        pairs: a.pairs,
+        refresh_after,
+        wait: None,
+        query,
+    };
+    // Refused before the model is probed.
+    ask(a.refresh_after, None).check().map_err(|e| fail(s, e))?;
     let backend = choose_backend(s).await?;
     let local = super::app::local(s, Some(&backend))?;
     a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
     if a.query.is_some() {
         super::app::index_pending(s, local.app()).await?;
     }
-    let get = |refresh_after| {
-        local.context(
-            &a.session,
-            a.budget,
-            a.pairs,
-            refresh_after,
-            None,
-            a.query.as_deref(),
-        )
-    };
+    let get = |refresh_after| local.context(&a.session, ask(refresh_after, a.query.as_deref()));
     // The app queues a refresh when one is due; the command line runs it here and waits.
     let mut w = get(a.refresh_after).await.map_err(|e| fail(s, e))?;
     let mut refreshed = false;

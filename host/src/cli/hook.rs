@@ -143,7 +143,14 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
     match ask {
         Ask::Context => {
             let v = match local
-                .context(&session, budget, 1, u32::MAX, None, None)
+                .context(
+                    &session,
+                    abridge_app::ContextAsk {
+                        pairs: 1,
+                        refresh_after: u32::MAX,
+                        ..abridge_app::ContextAsk::new(budget)
+                    },
+                )
                 .await
             {
                 Ok(v) => v,
