@@ -4,7 +4,7 @@
 // elsewhere), no cargo runs. The packed package (`npm pack`) ships dist/: installing it needs
 // no build at all.
 import { execFileSync } from 'node:child_process';
-import { cpSync, existsSync, rmSync } from 'node:fs';
+import { cpSync, existsSync, readFileSync, rmSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 
@@ -36,6 +36,10 @@ if (given) {
   if (!existsSync(wasm)) throw new Error(`cargo did not produce ${wasm}`);
 }
 
+// The package's interfaces as the component names them (`abridge:engine/llm@0.2.0`): the
+// version is the one wit/abridge.wit declares.
+const witVersion = readFileSync(join(js, '..', 'wit', 'abridge.wit'), 'utf8').match(/^package abridge:engine@([^;]+);/m)?.[1];
+if (!witVersion) throw new Error('wit/abridge.wit declares no package version');
 const P = 'abridge:engine';
 const out = join(js, 'dist', 'guest');
 rmSync(out, { recursive: true, force: true });
@@ -45,11 +49,11 @@ execFileSync(
     join(js, 'node_modules', '@bytecodealliance', 'jco', 'dist', 'jco.js'),
     'transpile', wasm, '-o', out, '--name', 'abridge', '--instantiation', 'async', '--quiet',
     '--async-mode', 'jspi',
-    '--async-imports', `${P}/llm@0.1.0#generate`, `${P}/llm@0.1.0#generate-batch`, `${P}/memory-store@0.1.0#embed`,
+    '--async-imports', `${P}/llm@${witVersion}#generate`, `${P}/llm@${witVersion}#generate-batch`, `${P}/memory-store@${witVersion}#embed`,
     // Exports that may call the model or the embedder (through the async imports).
     '--async-exports',
-    ...['after-episode-written', 'summarize-now', 'refresh', 'context'].map((f) => `${P}/summarizer@0.1.0#${f}`),
-    ...['remember', 'summarize-cluster', 'forget', 'recall'].map((f) => `${P}/memories@0.1.0#${f}`),
+    ...['after-episode-written', 'summarize-now', 'refresh', 'context'].map((f) => `${P}/summarizer@${witVersion}#${f}`),
+    ...['remember', 'summarize-cluster', 'forget', 'recall'].map((f) => `${P}/memories@${witVersion}#${f}`),
   ],
   { cwd: js, stdio: 'inherit' },
 );

@@ -27,7 +27,7 @@ import wasmtime
 import wasmtime.component as wc
 
 PKG = "abridge:engine"
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 
 
 def iface(name: str) -> str:

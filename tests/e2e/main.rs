@@ -30,3 +30,4 @@ pub(crate) mod serve;
 mod summarize;
 mod tls;
 mod watch;
+mod wit_version;

@@ -38,9 +38,7 @@ fn episodes(n: usize) -> Vec<NewEpisode> {
 fn the_guest_imports_nothing_but_its_contract_and_std_wasi_plumbing() {
     let names = runtime().import_names();
     assert!(
-        names
-            .iter()
-            .any(|n| n.starts_with("abridge:engine/llm@0.1.0")),
+        names.iter().any(|n| n.starts_with("abridge:engine/llm@")),
         "{names:?}"
     );
     for n in &names {

@@ -27,7 +27,7 @@ pub static EMBEDDED_COMPONENT: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/abridge_guest.wasm"));
 
 /// The WIT the component implements, as embedded (paths under `wit/`): the package
-/// `abridge:engine@0.1.0` — what a host implements (its imports) and calls (its exports) —
+/// `abridge:engine@0.2.0` — what a host implements (its imports) and calls (its exports) —
 /// and, in `deps/`, the few WASI 0.2.6 interfaces the component also imports (its `component`
 /// world names them all).
 pub static WIT_FILES: &[(&str, &str)] = &[
@@ -42,7 +42,7 @@ pub static WIT_FILES: &[(&str, &str)] = &[
     ),
 ];
 
-/// The component's exports, by name (`abridge:engine/summarizer@0.1.0`, …).
+/// The component's exports, by name (`abridge:engine/summarizer@0.2.0`, …).
 pub fn export_names(runtime: &Runtime) -> Vec<String> {
     runtime
         .component
@@ -165,7 +165,7 @@ impl Runtime {
         &self.engine
     }
 
-    /// Names of the component's imports (`wasi:io/streams@0.2.6`, `abridge:engine/llm@0.1.0`, …).
+    /// Names of the component's imports (`wasi:io/streams@0.2.6`, `abridge:engine/llm@0.2.0`, …).
     pub fn import_names(&self) -> Vec<String> {
         self.component
             .component_type()
