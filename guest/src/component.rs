@@ -411,6 +411,15 @@ impl engine::Host for Imports {
         Ok(eps.into_iter().map(episode_in).collect())
     }
 
+    fn episodes(
+        &mut self,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<Vec<types::Episode>, types::Error> {
+        let eps = store::episodes(session, ids).map_err(err_in)?;
+        Ok(eps.into_iter().map(episode_in).collect())
+    }
+
     fn latest_summary(&mut self, session: &str) -> Result<Option<types::SummaryRow>, types::Error> {
         Ok(store::latest_summary(session).map_err(err_in)?.map(row_in))
     }
@@ -634,6 +643,71 @@ impl summarizer::Guest for Component {
         append(session, episodes, false)
     }
 
+    fn post(
+        session: String,
+        messages: Vec<summarizer::PostedMessage>,
+        keys: Vec<String>,
+        cfg: Option<summarizer::Config>,
+    ) -> Result<summarizer::Posted, wit::Error> {
+        if keys.len() != messages.len() {
+            return Err(wit::Error::InvalidInput(format!(
+                "{} messages but {} keys: give a key for each message",
+                messages.len(),
+                keys.len()
+            )));
+        }
+        // Every message is checked before any is stored.
+        let mut episodes = Vec::with_capacity(messages.len());
+        for (i, (m, key)) in messages.into_iter().zip(keys).enumerate() {
+            let posted = transcript::Posted {
+                role: m.role,
+                content: m.content,
+                timestamp: m.timestamp,
+                id: m.id.clone(),
+                name: m.name,
+                item: m.item,
+            };
+            let Some(mut ep) = transcript::posted_episode(i as u32 + 1, &posted)
+                .map_err(wit::Error::InvalidInput)?
+            else {
+                continue;
+            };
+            if m.id.is_none() {
+                ep.source_key = key;
+            }
+            episodes.extend(transcript::in_parts(
+                ep,
+                transcript::DEFAULT_MAX_EPISODE_BYTES as usize,
+            ));
+        }
+        let keys: Vec<String> = episodes.iter().map(|e| e.source_key.clone()).collect();
+        let episodes: Vec<store::NewEpisode> = episodes
+            .into_iter()
+            .map(|e| store::NewEpisode {
+                role: role_out(e.role),
+                content: e.content,
+                timestamp_ms: e.timestamp_ms,
+                source_key: e.source_key,
+                tokens: 0,
+                speaker: e.speaker,
+                terms: String::new(),
+                item: e.item,
+            })
+            .collect();
+        let stored = append(session.clone(), episodes, true)?;
+        let verdict = match cfg {
+            Some(cfg) => Some(fresh_out(
+                engine::freshness(&mut Imports, &session, &cfg_in(cfg)).map_err(err_out)?,
+            )),
+            None => None,
+        };
+        Ok(summarizer::Posted {
+            keys,
+            stored,
+            verdict,
+        })
+    }
+
     fn after_episode_written(
         session: String,
         cfg: summarizer::Config,
@@ -662,6 +736,7 @@ impl summarizer::Guest for Component {
                 refresh_after: r.refresh_after,
                 pins: r.pins,
                 query: r.query,
+                verdict_after: None,
             },
         )
     }
@@ -720,6 +795,7 @@ impl summarizer::Guest for Component {
         req: summarizer::ContextRequest,
         cfg: summarizer::Config,
     ) -> Result<summarizer::ContextWindow, wit::Error> {
+        let req_verdict_after = req.verdict_after;
         let req = engine::ContextRequest {
             budget: req.budget,
             pairs: req.pairs,
@@ -727,7 +803,9 @@ impl summarizer::Guest for Component {
             pins: req.pins,
             query: req.query,
         };
-        let c = engine::context(&mut Imports, &session, req, &cfg_in(cfg)).map_err(err_out)?;
+        let (c, verdict) =
+            engine::context_judged(&mut Imports, &session, req, &cfg_in(cfg), req_verdict_after)
+                .map_err(err_out)?;
         Ok(summarizer::ContextWindow {
             messages: c.window.messages.into_iter().map(msg_out).collect(),
             tokens: c.window.tokens,
@@ -759,6 +837,8 @@ impl summarizer::Guest for Component {
                 chars: c.window.stable.chars,
             },
             note: c.window.note,
+            behind: verdict.as_ref().is_some_and(|v| v.1),
+            verdict: verdict.map(|v| fresh_out(v.0)),
         })
     }
 

@@ -73,6 +73,11 @@ struct Args {
     /// Measure full-text search and a context with a query only
     #[arg(long)]
     only_full_text: bool,
+    /// Measure what a request costs through `abridge serve` only: POST throughput and p99 at
+    /// 1 and 16 clients, context p50/p99 with and without a query, and the guest instances
+    /// and store calls per request (from `/metrics`)
+    #[arg(long)]
+    only_requests: bool,
     /// Internal: serve the test model in this process (the bench runs it as a child, so the
     /// answers it keeps do not count in the figures)
     #[arg(long, hide = true)]
@@ -540,6 +545,12 @@ async fn main() {
         println!("warning: a debug build; run `cargo bench --bench scale` for meaningful figures");
     }
     let dir = tempfile::tempdir().unwrap();
+    if a.only_requests {
+        requests(dir.path()).await;
+        let runtime = Arc::new(Runtime::load(&ComponentSource::Embedded, None).unwrap());
+        idle_backlog(dir.path(), runtime, &a).await;
+        return;
+    }
     if a.only_full_text {
         let runtime = Arc::new(Runtime::load(&ComponentSource::Embedded, None).unwrap());
         full_text(dir.path(), runtime, a.messages.max(1), a.calls).await;
@@ -666,85 +677,7 @@ async fn main() {
     if a.messages > 0 {
         full_text(dir.path(), runtime.clone(), a.messages, a.calls).await;
     }
-    let cfg = Config {
-        engine: Engine::Extractive,
-        mode: Mode::Idle,
-        ..Config::default()
-    };
-    let mut verdict = [0.0; 2];
-    let mut read_all = [0.0; 2];
-    for (k, n) in [a.backlog, a.backlog * 10].into_iter().enumerate() {
-        let store =
-            Arc::new(SqliteStore::open(&dir.path().join(format!("backlog-{n}.db"))).unwrap());
-        let engine = Abridge::builder()
-            .runtime(runtime.clone())
-            .store(store.clone())
-            .build()
-            .unwrap();
-        let turn = |i: usize| NewEpisode {
-            item: None,
-            terms: String::new(),
-            role: if i.is_multiple_of(2) {
-                Role::User
-            } else {
-                Role::Assistant
-            },
-            content: format!(
-                "turn {i}: the deploy of service {} moves to friday after the review",
-                i % 7
-            ),
-            timestamp_ms: Some(1_000 + i as i64),
-            source_key: format!("t{i}"),
-            tokens: 0,
-            speaker: None,
-        };
-        let first: Vec<NewEpisode> = (0..20).map(turn).collect();
-        engine.append("s", &first).await.unwrap();
-        engine.summarize_now("s", &cfg).await.unwrap();
-        let rest: Vec<NewEpisode> = (20..20 + n).map(turn).collect();
-        for chunk in rest.chunks(5_000) {
-            engine.append("s", chunk).await.unwrap();
-        }
-        let mut t = Vec::new();
-        for _ in 0..a.calls.min(500) {
-            let started = Instant::now();
-            let f = engine.freshness("s", &cfg).await.unwrap();
-            t.push(started.elapsed().as_secs_f64() * 1e6);
-            assert!(f.episodes > f.covered);
-        }
-        verdict[k] = p50(t);
-        // Before: the verdict paged through every unsummarized episode to sum its tokens.
-        let mut t = Vec::new();
-        for _ in 0..a.calls.min(50) {
-            let started = Instant::now();
-            let (mut after, mut sum) = (20u64, 0u64);
-            loop {
-                let page = store.episodes_after("s", after, 256).await.unwrap();
-                let Some(last) = page.last() else { break };
-                after = last.id;
-                sum += page.iter().map(|e| u64::from(e.tokens)).sum::<u64>();
-            }
-            t.push(started.elapsed().as_secs_f64() * 1e6);
-            assert!(sum > 0);
-        }
-        read_all[k] = p50(t);
-    }
-    row(
-        "freshness, idle backlog beyond the summary",
-        "us",
-        verdict[0],
-        verdict[1],
-        a.backlog,
-        Some(0.15),
-    );
-    row(
-        "  before (the backlog read to sum it)",
-        "us",
-        read_all[0],
-        read_all[1],
-        a.backlog,
-        None,
-    );
+    idle_backlog(dir.path(), runtime.clone(), &a).await;
 
     // The event bus's start beside 10 and 100 tenants' retained logs (1,000 events each).
     let mut start = [0.0; 2];
@@ -1569,6 +1502,267 @@ async fn posted_over_http(dir: &std::path::Path, db: &std::path::Path, r: &mut R
     let _ = server.kill();
     let _ = server.wait();
     t.iter().sum::<f64>() / t.len() as f64
+}
+
+/// Idle mode's backlog (a summary over the first 20 episodes, then N and 10N more): what the
+/// verdict and a context of it cost.
+async fn idle_backlog(dir: &std::path::Path, runtime: Arc<Runtime>, a: &Args) {
+    let cfg = Config {
+        engine: Engine::Extractive,
+        mode: Mode::Idle,
+        ..Config::default()
+    };
+    let mut verdict = [0.0; 2];
+    let mut idle_context = [0.0; 2];
+    let mut read_all = [0.0; 2];
+    for (k, n) in [a.backlog, a.backlog * 10].into_iter().enumerate() {
+        let store = Arc::new(SqliteStore::open(&dir.join(format!("backlog-{n}.db"))).unwrap());
+        let engine = Abridge::builder()
+            .runtime(runtime.clone())
+            .store(store.clone())
+            .build()
+            .unwrap();
+        let turn = |i: usize| NewEpisode {
+            item: None,
+            terms: String::new(),
+            role: if i.is_multiple_of(2) {
+                Role::User
+            } else {
+                Role::Assistant
+            },
+            content: format!(
+                "turn {i}: the deploy of service {} moves to friday after the review",
+                i % 7
+            ),
+            timestamp_ms: Some(1_000 + i as i64),
+            source_key: format!("t{i}"),
+            tokens: 0,
+            speaker: None,
+        };
+        let first: Vec<NewEpisode> = (0..20).map(turn).collect();
+        engine.append("s", &first).await.unwrap();
+        engine.summarize_now("s", &cfg).await.unwrap();
+        let rest: Vec<NewEpisode> = (20..20 + n).map(turn).collect();
+        for chunk in rest.chunks(5_000) {
+            engine.append("s", chunk).await.unwrap();
+        }
+        let mut t = Vec::new();
+        for _ in 0..a.calls.min(500) {
+            let started = Instant::now();
+            let f = engine.freshness("s", &cfg).await.unwrap();
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+            assert!(f.episodes > f.covered);
+        }
+        verdict[k] = p50(t);
+        // A context of it (what a read costs while idle mode waits to fold the backlog).
+        let mut t = Vec::new();
+        for _ in 0..a.calls.min(200) {
+            let req = abridge_engine::types::ContextRequest {
+                budget: 2_000,
+                refresh_after: u32::MAX,
+                ..Default::default()
+            };
+            let started = Instant::now();
+            let w = engine.context("s", req, &cfg).await.unwrap();
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+            assert!(w.tokens > 0);
+        }
+        idle_context[k] = p50(t);
+        // Before: the verdict paged through every unsummarized episode to sum its tokens.
+        let mut t = Vec::new();
+        for _ in 0..a.calls.min(50) {
+            let started = Instant::now();
+            let (mut after, mut sum) = (20u64, 0u64);
+            loop {
+                let page = store.episodes_after("s", after, 256).await.unwrap();
+                let Some(last) = page.last() else { break };
+                after = last.id;
+                sum += page.iter().map(|e| u64::from(e.tokens)).sum::<u64>();
+            }
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+            assert!(sum > 0);
+        }
+        read_all[k] = p50(t);
+    }
+    row(
+        "freshness, idle backlog beyond the summary",
+        "us",
+        verdict[0],
+        verdict[1],
+        a.backlog,
+        Some(0.15),
+    );
+    row(
+        "  before (the backlog read to sum it)",
+        "us",
+        read_all[0],
+        read_all[1],
+        a.backlog,
+        None,
+    );
+    row(
+        "context at 2,000 tokens, idle backlog beyond the summary",
+        "us",
+        idle_context[0],
+        idle_context[1],
+        a.backlog,
+        Some(0.15),
+    );
+}
+
+/// The guest instances and store calls `abridge serve` has made, from its `/metrics`.
+async fn work_done(client: &reqwest::Client, url: &str) -> (f64, f64) {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("/metrics has no {name}"))
+    };
+    (
+        value("abridge_guest_instances_total"),
+        value("abridge_store_calls_total"),
+    )
+}
+
+/// The `p`th percentile of `t` (sorted here).
+fn percentile(t: &mut [f64], p: f64) -> f64 {
+    t.sort_by(f64::total_cmp);
+    let at = ((t.len() as f64 - 1.0) * p / 100.0).round() as usize;
+    t[at.min(t.len() - 1)]
+}
+
+/// What one request costs through `abridge serve` (idle mode, so no job runs beside the
+/// requests): POST of one message by 1 and by 16 clients at once (throughput and p99), and a
+/// context of a 1,000-message session with and without a query (p50 and p99), each with the
+/// guest instances and store calls it made, counted by the server.
+async fn requests(dir: &std::path::Path) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let db = dir.join("requests.db");
+    let (mut server, url) = serve(dir, &db, &client, &[("ABRIDGE_MODE", "idle")]).await;
+    let mut r = Rng(0x5eed_2026);
+    let post = |client: reqwest::Client, url: String, session: String, text: String| async move {
+        let body = serde_json::json!({"messages": [{"role": "user", "content": text}]});
+        let started = Instant::now();
+        let resp = client
+            .post(format!("{url}/v1/sessions/{session}/messages"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "post: {}", resp.status());
+        resp.bytes().await.unwrap();
+        started.elapsed().as_secs_f64() * 1e6
+    };
+    // Warm: the component compiled, the connection open.
+    for _ in 0..50 {
+        post(client.clone(), url.clone(), "warm".into(), sentence(&mut r)).await;
+    }
+    println!("What a request costs through abridge serve (idle mode, extractive):");
+    for clients in [1usize, 16] {
+        let per = 1_600 / clients;
+        let texts: Vec<Vec<String>> = (0..clients)
+            .map(|_| (0..per).map(|_| sentence(&mut r)).collect())
+            .collect();
+        let before = work_done(&client, &url).await;
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for (c, texts) in texts.into_iter().enumerate() {
+            let (client, url) = (client.clone(), url.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut t = Vec::with_capacity(texts.len());
+                for text in texts {
+                    t.push(post(client.clone(), url.clone(), format!("post-{c}"), text).await);
+                }
+                t
+            }));
+        }
+        let mut t: Vec<f64> = Vec::new();
+        for task in tasks {
+            t.extend(task.await.unwrap());
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let after = work_done(&client, &url).await;
+        let n = t.len() as f64;
+        println!(
+            "  POST one message, {clients:>2} client(s): {:.0} posts/s, p50 {:.0} us, p99 {:.0} us; per post {:.2} guest instances, {:.2} store calls",
+            n / secs,
+            percentile(&mut t, 50.0),
+            percentile(&mut t, 99.0),
+            (after.0 - before.0) / n,
+            (after.1 - before.1) / n
+        );
+    }
+    // A 1,000-message session for the contexts.
+    for chunk in 0..10 {
+        let messages: Vec<serde_json::Value> = (0..100)
+            .map(|i| {
+                let role = if (chunk * 100 + i) % 2 == 0 {
+                    "user"
+                } else {
+                    "assistant"
+                };
+                serde_json::json!({"role": role, "content": sentence(&mut r)})
+            })
+            .collect();
+        let resp = client
+            .post(format!("{url}/v1/sessions/ctx/messages"))
+            .json(&serde_json::json!({ "messages": messages }))
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "post: {}", resp.status());
+    }
+    // A query of four words the session's messages use (drawn as they were).
+    let q: String = sentence(&mut r)
+        .split(' ')
+        .take(4)
+        .collect::<Vec<_>>()
+        .join(" ");
+    for query in [None, Some(q.as_str())] {
+        let path = match query {
+            None => "/v1/sessions/ctx/context?budget=2000".to_string(),
+            Some(q) => format!(
+                "/v1/sessions/ctx/context?budget=2000&query={}",
+                q.replace(' ', "%20")
+            ),
+        };
+        for _ in 0..20 {
+            client.get(format!("{url}{path}")).send().await.unwrap();
+        }
+        let before = work_done(&client, &url).await;
+        let mut t = Vec::new();
+        for _ in 0..400 {
+            let started = Instant::now();
+            let resp = client.get(format!("{url}{path}")).send().await.unwrap();
+            assert!(resp.status().is_success(), "context: {}", resp.status());
+            resp.bytes().await.unwrap();
+            t.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+        let after = work_done(&client, &url).await;
+        let n = t.len() as f64;
+        println!(
+            "  context of 1,000 messages at 2,000 tokens, {}: p50 {:.0} us, p99 {:.0} us; per context {:.2} guest instances, {:.2} store calls",
+            if query.is_some() {
+                "with a query"
+            } else {
+                "no query"
+            },
+            percentile(&mut t, 50.0),
+            percentile(&mut t, 99.0),
+            (after.0 - before.0) / n,
+            (after.1 - before.1) / n
+        );
+    }
+    let _ = server.kill();
+    let _ = server.wait();
 }
 
 /// `abridge serve` on `db` (extractive, `HOME` in `dir`, `env` besides) on a free loopback

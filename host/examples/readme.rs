@@ -32,11 +32,10 @@ async fn main() -> anyhow::Result<()> {
     engine.after_episode_written("session-1", &cfg).await?;
     let request = ContextRequest {
         budget: 2000,
-        pairs: 4,
-        refresh_after: 8,
-        pins: vec![],
         // What the next call is about: the earlier turns that match it are included too.
         query: Some("When is the meeting room booked?".into()),
+        // The rest as documented (the last 4 pairs verbatim, refresh beyond 8, no pins).
+        ..Default::default()
     };
     let window = engine.context("session-1", request, &cfg).await?;
     let (n, tokens) = (window.messages.len(), window.tokens);

@@ -182,6 +182,9 @@ export interface ContextRequest {
   /** What the next call is about (usually the user's newest message): the earlier turns that
    * best match it are included verbatim beside the summary. */
   query?: string;
+  /** When set, the window carries the refresh verdict of a context that keeps at most this
+   * many messages beyond the summary (`verdict`, `behind`), from the same call. */
+  verdictAfter?: number;
 }
 export const defaultContextRequest: Readonly<ContextRequest>;
 
@@ -218,6 +221,10 @@ export interface ContextWindow {
   /** The per-call part the newest message carries before its own text (the turns a query
    * found, a coding session's digest, what unshown newer turns say), given apart. */
   note?: string;
+  /** The refresh verdict `verdictAfter` asked for. */
+  verdict?: Freshness;
+  /** More messages lie beyond the summary than `verdictAfter` allows (due yet or not). */
+  behind: boolean;
 }
 
 /** The stable prefix of a context window. */
@@ -282,6 +289,9 @@ export interface Store {
   appendEpisodes(session: string, episodes: StoredNewEpisode[]): number;
   stats(session: string): SessionStats;
   episodesAfter(session: string, after: number, limit: number): Episode[];
+  /** The episodes with these ids, ascending (an id the session does not hold left out);
+   * optional: a store without it is read an episode at a time. */
+  episodes?(session: string, ids: number[]): Episode[];
   latestSummary(session: string): SummaryRow | undefined;
   summaries(session: string): SummaryRow[];
     writeSummary(session: string, write: SummaryWrite): SummaryRow;

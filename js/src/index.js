@@ -57,6 +57,24 @@ const itemText = (item) => (item === undefined || item === null ? undefined : ty
 const newEpisodes = (episodes) =>
   episodes.map((e) => ({ role: e.role, content: e.content, timestampMs: big(e.timestampMs), sourceKey: String(e.sourceKey), tokens: 0, speaker: e.speaker ?? undefined, terms: '', item: itemText(e.item) }));
 const num = (b) => (b === undefined || b === null ? undefined : Number(b));
+/** A WIT `freshness-report` with numbers. */
+const freshToJs = (f) => ({
+  ...f,
+  episodes: num(f.episodes),
+  covered: num(f.covered),
+  backlogTokens: num(f.backlogTokens),
+  lastActivityMs: num(f.lastActivityMs),
+  coveredUntilMs: num(f.coveredUntilMs),
+  dueAtMs: num(f.dueAtMs),
+  foldUpto: num(f.foldUpto),
+});
+/** A store's episode as the WIT `episode`. */
+const episodeToWit = (e) => {
+  if (typeof e.tokensThrough !== 'number' && typeof e.tokensThrough !== 'bigint') {
+    throw new AbridgeError('storage', "the store returned an episode without tokensThrough (the sum of tokens of the session's episodes 1..=id); a custom store must keep it as episodes arrive");
+  }
+  return { ...e, id: big(e.id), timestampMs: big(e.timestampMs), tokensThrough: big(e.tokensThrough) };
+};
 
 const rowToJs = (r) => ({
   id: num(r.id),
@@ -259,13 +277,14 @@ export class Engine {
       'abridge:engine/store': {
         appendEpisodes: (s, eps) => storeCall(() => store.appendEpisodes(s, eps.map(epToJs))),
         stats: (s) => statsToWit(storeCall(() => store.stats(s))),
-        episodesAfter: (s, after, limit) =>
-          storeCall(() => store.episodesAfter(s, num(after), limit)).map((e) => {
-            if (typeof e.tokensThrough !== 'number' && typeof e.tokensThrough !== 'bigint') {
-              throw new AbridgeError('storage', "the store's episodesAfter returned an episode without tokensThrough (the sum of tokens of the session's episodes 1..=id); a custom store must keep it as episodes arrive");
-            }
-            return { ...e, id: big(e.id), timestampMs: big(e.timestampMs), tokensThrough: big(e.tokensThrough) };
-          }),
+        episodesAfter: (s, after, limit) => storeCall(() => store.episodesAfter(s, num(after), limit)).map(episodeToWit),
+        // A custom store without `episodes` is read an episode at a time.
+        episodes: (s, ids) =>
+          storeCall(() =>
+            typeof store.episodes === 'function'
+              ? store.episodes(s, Array.from(ids, num))
+              : Array.from(ids, num).flatMap((id) => store.episodesAfter(s, id - 1, 1).filter((e) => Number(e.id) === id)),
+          ).map(episodeToWit),
         latestSummary: (s) => {
           const r = storeCall(() => store.latestSummary(s));
           return r ? rowToWit(r) : undefined;
@@ -530,17 +549,7 @@ export class Engine {
   /** The session's freshness under `config` (mode, backoff), from the clock; no model call. */
   async freshness(session, config = {}) {
     const g = await this.#guest();
-    const f = await exportCall(() => g.summarizer.freshness(session, { ...defaultConfig, ...config }));
-    return {
-      ...f,
-      episodes: num(f.episodes),
-      covered: num(f.covered),
-      backlogTokens: num(f.backlogTokens),
-      lastActivityMs: num(f.lastActivityMs),
-      coveredUntilMs: num(f.coveredUntilMs),
-      dueAtMs: num(f.dueAtMs),
-      foldUpto: num(f.foldUpto),
-    };
+    return freshToJs(await exportCall(() => g.summarizer.freshness(session, { ...defaultConfig, ...config })));
   }
 
   /** Refresh the session if it is due under `config.mode`; a failure keeps the summary and backs off. */
@@ -555,6 +564,7 @@ export class Engine {
     const req = { ...defaultContextRequest, ...request };
     req.pins = (req.pins ?? []).map((p) => BigInt(p));
     req.query = req.query == null || req.query === '' ? undefined : String(req.query);
+    req.verdictAfter = req.verdictAfter ?? undefined;
     if (req.query !== undefined) await this.indexPending();
     const c = await exportCall(() => g.summarizer.context(session, req, { ...defaultConfig, ...config }));
     return {
@@ -567,6 +577,7 @@ export class Engine {
       shown: Array.from(c.shown, num),
       stable: { messages: c.stable.messages, chars: num(c.stable.chars) },
       note: c.note ?? undefined,
+      verdict: c.verdict ? freshToJs(c.verdict) : undefined,
     };
   }
 

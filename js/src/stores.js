@@ -214,6 +214,7 @@ export class SqliteStore {
       bump: p('UPDATE sessions SET episodes = episodes + ?, total_tokens = total_tokens + ?, changed_seq = ? WHERE id = ?'),
       stats: p('SELECT episodes, total_tokens AS totalTokens FROM sessions WHERE id = ?'),
       after: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens, speaker, sealed, tokens_through AS tokensThrough FROM episodes WHERE session = ? AND id > ? ORDER BY id LIMIT ?'),
+      range: p('SELECT id, role, content, timestamp_ms AS timestampMs, tokens, speaker, sealed, tokens_through AS tokensThrough FROM episodes WHERE session = ? AND id BETWEEN ? AND ? ORDER BY id'),
       latest: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1`),
       all: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? AND compacted_into IS NULL ORDER BY first_episode`),
       history: p(`SELECT ${ROW_COLS} FROM summaries WHERE session = ? ORDER BY first_episode, level DESC, id`),
@@ -502,17 +503,35 @@ export class SqliteStore {
   }
 
   episodesAfter(session, after, limit) {
-    return this.#wrap(() =>
-      this.#st.after.all(session, after, limit).map(({ sealed, ...e }) => {
-        const name = episodeRow(session, e.id);
-        return {
-          ...e,
-          content: this.#open(session, PLACE.episode, name, e.content, sealed),
-          timestampMs: e.timestampMs ?? undefined,
-          speaker: e.speaker == null ? undefined : this.#open(session, PLACE.speaker, name, e.speaker, sealed),
-        };
-      }),
-    );
+    return this.#wrap(() => this.#st.after.all(session, after, limit).map((r) => this.#episode(session, r)));
+  }
+
+  /**
+   * The episodes `ids` of `session`, ascending (an id it does not hold is left out): what the
+   * Rust store's `episodes` answers. One range query per run of consecutive ids.
+   */
+  episodes(session, ids) {
+    return this.#wrap(() => {
+      const sorted = [...new Set(ids.map(Number))].sort((a, b) => a - b);
+      const out = [];
+      for (let i = 0; i < sorted.length; ) {
+        let j = i;
+        while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) j++;
+        for (const r of this.#st.range.all(session, sorted[i], sorted[j])) out.push(this.#episode(session, r));
+        i = j + 1;
+      }
+      return out;
+    });
+  }
+
+  #episode(session, { sealed, ...e }) {
+    const name = episodeRow(session, e.id);
+    return {
+      ...e,
+      content: this.#open(session, PLACE.episode, name, e.content, sealed),
+      timestampMs: e.timestampMs ?? undefined,
+      speaker: e.speaker == null ? undefined : this.#open(session, PLACE.speaker, name, e.speaker, sealed),
+    };
   }
 
   latestSummary(session) {

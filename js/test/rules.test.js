@@ -78,6 +78,12 @@ function run(name, s) {
         assert.deepEqual(got, expect, at);
         break;
       }
+      case 'episodes': {
+        const eps = Array.from({ length: step.count }, (_, i) => ({ role: 'user', content: `message ${i + 1}`, sourceKey: `k${i + 1}`, tokens: 10 }));
+        s.appendEpisodes(session, eps);
+        assert.deepEqual(s.episodes(session, step.ask).map((e) => [Number(e.id), e.content]), expect, at);
+        break;
+      }
       case 'chain':
         assert.deepEqual(s.summaries(session).map((r) => [r.firstEpisode, r.lastEpisode, r.level ?? 0]), expect, at);
         break;

@@ -27,7 +27,7 @@ import wasmtime
 import wasmtime.component as wc
 
 PKG = "abridge:engine"
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 
 
 def iface(name: str) -> str:
@@ -92,6 +92,10 @@ class MemoryStore:
 
     def episodes_after(self, session: str, after: int, limit: int) -> list[wc.Record]:
         return [e for e in self.episodes.get(session, []) if e.id > after][:limit]
+
+    def episodes_by_id(self, session: str, ids: list[int]) -> list[wc.Record]:
+        want = set(ids)
+        return [e for e in self.episodes.get(session, []) if e.id in want]
 
     def active(self, session: str) -> list[wc.Record]:
         rows = [r for r in self.rows.get(session, []) if get(r, "compacted_into") is None]
@@ -175,6 +179,7 @@ def store_functions(s: MemoryStore) -> dict[str, Callable[..., Any]]:
         "append-episodes": s.append_episodes,
         "stats": s.stats,
         "episodes-after": s.episodes_after,
+        "episodes": s.episodes_by_id,
         "latest-summary": s.latest_summary,
         "summaries": s.active,
         "summary-history": s.summary_history,

@@ -478,10 +478,11 @@ async fn an_upload_and_a_post_of_the_same_messages_queue_the_same_target() {
     let (_clock, app) = open(Mode::Window);
     let me = app.local();
     let lines = jsonl(400, "the index rebuild");
-    let posted = me
-        .append_jsonl("posted", lines.clone().into_bytes())
-        .await
-        .unwrap();
+    let messages: Vec<abridge_app::MessageIn> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let posted = me.post("posted", messages).await.unwrap();
     let req = ImportRequest {
         session: Some("uploaded"),
         ..ImportRequest::new(

@@ -119,6 +119,7 @@ async fn run_case(dir: &Path) -> Value {
                 pairs: 2,
                 refresh_after: u32::MAX,
                 pins: vec![],
+                ..Default::default()
             };
             let w = engine.context(session, req, &cfg).await.unwrap();
             let p = &w.parts;

@@ -250,6 +250,58 @@ pub fn unshown_upto(
     Ok(newest)
 }
 
+/// A context and, with `verdict_after`, the refresh verdict of a context that keeps at most
+/// that many messages beyond the summary ([`context_freshness`], read first, as a host that
+/// queues the refresh it names would have read it) and whether the window is behind it (more
+/// messages beyond its summary than that, due or not): one call for a host that runs
+/// refreshes as jobs.
+pub fn context_judged(
+    h: &mut impl Host,
+    session: &str,
+    req: ContextRequest,
+    cfg: &Config,
+    verdict_after: Option<u32>,
+) -> Result<(ContextWindow, Option<(Freshness, bool)>), Error> {
+    let verdict = match verdict_after {
+        Some(after) => Some((
+            context_freshness(h, session, cfg, after, req.budget)?,
+            after,
+        )),
+        None => None,
+    };
+    let c = context(h, session, req, cfg)?;
+    let verdict = verdict.map(|(f, after)| {
+        let behind = f.episodes.saturating_sub(c.window.covered) > u64::from(after);
+        (f, behind)
+    });
+    Ok((c, verdict))
+}
+
+/// How far back, in budgets, a context reads what no fold has covered yet for its identifiers,
+/// digest and on-read sentences: what lies further back than this many budgets of tokens
+/// cannot win a place beside the newer turns, and reading it would make a read's cost grow
+/// with an unfolded backlog.
+pub const UNFOLDED_READ_BUDGETS: u64 = 16;
+
+/// The episode before the oldest of the newest ones that `tokens` can hold (message costs
+/// included), by the running token totals: a binary search of O(log n) reads. 0 when the
+/// whole session fits.
+fn reach_back(h: &mut impl Host, session: &str, last: u64, tokens: u64) -> Result<u64, Error> {
+    let upto = episode_at(h, session, last)?.map_or(0, |e| e.tokens_through);
+    let (mut lo, mut hi) = (0u64, last);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        let before = episode_at(h, session, mid)?.map_or(0, |e| e.tokens_through);
+        let cost = upto.saturating_sub(before) + u64::from(plan::MESSAGE_COST) * (last - mid);
+        if cost > tokens {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Ok(lo)
+}
+
 /// The context for the next model call (see the WIT `context`).
 pub fn context(
     h: &mut impl Host,
@@ -372,22 +424,7 @@ pub fn context(
     // Read no further back than turns that fill the whole budget could reach: the first
     // episode whose successors pass the budget (running token totals, a binary search of
     // O(log n) reads).
-    let from = {
-        let upto = episode_at(h, session, stats.last_episode)?.map_or(0, |e| e.tokens_through);
-        let (mut lo, mut hi) = (0u64, stats.last_episode);
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            let before = episode_at(h, session, mid)?.map_or(0, |e| e.tokens_through);
-            let cost = upto.saturating_sub(before)
-                + u64::from(plan::MESSAGE_COST) * (stats.last_episode - mid);
-            if cost > u64::from(req.budget) {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        lo
-    };
+    let from = reach_back(h, session, stats.last_episode, u64::from(req.budget))?;
     let tail = h.episodes_after(
         session,
         from,
@@ -465,12 +502,20 @@ pub fn context(
     let fold_digest = digest.entries.clone();
     // What lies beyond the summary, walked a page at a time (its text is never held whole).
     let coding = crate::digest::is_coding(&digest.entries);
-    let mut newer = Paged::new(
-        h,
-        session,
-        rows.last().map_or(0, |r| r.last_episode),
-        u64::MAX,
-    );
+    // Only as far back as a context could ever draw on: a backlog no refresh has folded yet
+    // (idle mode's quiet window) costs a read what its newest part costs, whatever its length.
+    let chain_end = rows.last().map_or(0, |r| r.last_episode);
+    let most = u64::from(req.budget) * UNFOLDED_READ_BUDGETS;
+    let unfolded_tokens = stats
+        .total_tokens
+        .saturating_sub(episode_at(h, session, chain_end)?.map_or(0, |e| e.tokens_through))
+        + u64::from(plan::MESSAGE_COST) * stats.last_episode.saturating_sub(chain_end);
+    let walk_from = if unfolded_tokens > most {
+        reach_back(h, session, stats.last_episode, most)?
+    } else {
+        0
+    };
+    let mut newer = Paged::new(h, session, chain_end.max(walk_from), u64::MAX);
     // Beside an offline chain (or none yet), the sentences of what no fold has covered are
     // taken on read by the offline summary's own rules, so a context that cannot show those
     // messages verbatim still carries what they say.

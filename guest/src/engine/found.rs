@@ -5,6 +5,7 @@
 #[allow(unused_imports)]
 use super::*;
 use crate::search;
+use std::collections::BTreeMap;
 
 /// Most hits one search page holds.
 pub const PAGE_MAX: u32 = 100;
@@ -63,15 +64,30 @@ pub fn search(
     let m = h.search_episodes(session, &terms, search::CANDIDATES.max(want))?;
     let ranked = search::rank(&m);
     let more = ranked.len() > offset as usize + limit as usize;
-    let mut hits = Vec::new();
-    for (score, i) in ranked
+    let page: Vec<(f64, usize)> = ranked
         .into_iter()
         .skip(offset as usize)
         .take(limit as usize)
-    {
+        .collect();
+    // The page's episodes, one read per session they are in.
+    let mut read: BTreeMap<(String, u64), Episode> = BTreeMap::new();
+    let mut by_session: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (_, i) in &page {
+        let x = &m.matches[*i];
+        by_session.entry(&x.session).or_default().push(x.episode);
+    }
+    for (s, mut ids) in by_session {
+        ids.sort_unstable();
+        ids.dedup();
+        for e in h.episodes(s, &ids)? {
+            read.insert((s.to_string(), e.id), e);
+        }
+    }
+    let mut hits = Vec::new();
+    for (score, i) in page {
         let x = &m.matches[i];
         // An episode popped since the index answered is gone: it is not a hit.
-        let Some(e) = episode_at(h, &x.session, x.episode)? else {
+        let Some(e) = read.remove(&(x.session.clone(), x.episode)) else {
             continue;
         };
         hits.push(SearchHit {
@@ -117,24 +133,45 @@ pub fn found_turns(
     let floor = ranked
         .first()
         .map_or(0.0, |(best, _)| best * f64::from(FOUND_FLOOR) / 100.0);
-    for (score, i) in ranked {
-        if out.len() >= FOUND_MAX || score < floor {
-            break;
+    let ranked: Vec<usize> = ranked
+        .into_iter()
+        .take_while(|(score, _)| *score >= floor)
+        .map(|(_, i)| i)
+        .collect();
+    // The candidates still wanted are read in one call with the turn after each: one read
+    // unless some are not dialogue (then the next ones, as many as are still wanted).
+    let mut next = 0;
+    while out.len() < FOUND_MAX && next < ranked.len() {
+        let batch = &ranked[next..(next + FOUND_MAX - out.len()).min(ranked.len())];
+        next += batch.len();
+        let mut ids: Vec<u64> = batch
+            .iter()
+            .flat_map(|&i| [m.matches[i].episode, m.matches[i].episode + 1])
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let read: BTreeMap<u64, Episode> = h
+            .episodes(session, &ids)?
+            .into_iter()
+            .map(|e| (e.id, e))
+            .collect();
+        for &i in batch {
+            let Some(turn) = read.get(&m.matches[i].episode).filter(|e| dialogue(e)) else {
+                continue;
+            };
+            let reply = read
+                .get(&(turn.id + 1))
+                .filter(|r| {
+                    dialogue(r)
+                        && (r.role != turn.role || r.speaker != turn.speaker)
+                        && r.tokens <= REPLY_TOKENS
+                })
+                .cloned();
+            out.push(Found {
+                turn: turn.clone(),
+                reply,
+            });
         }
-        let x = &m.matches[i];
-        let mut two = h.episodes_after(session, x.episode.saturating_sub(1), 2)?;
-        two.retain(|e| e.id >= x.episode);
-        let mut two = two.into_iter();
-        let Some(turn) = two.next().filter(|e| e.id == x.episode && dialogue(e)) else {
-            continue;
-        };
-        let reply = two.next().filter(|r| {
-            dialogue(r)
-                && r.id == turn.id + 1
-                && (r.role != turn.role || r.speaker != turn.speaker)
-                && r.tokens <= REPLY_TOKENS
-        });
-        out.push(Found { turn, reply });
     }
     Ok(out)
 }

@@ -45,6 +45,9 @@ const PAGE: u32 = 256;
 /// batches; the host caches each answer as it arrives (the request's cache key).
 const BATCH: usize = 240;
 
+/// Most ids one [`Host::episodes`] read takes (the WIT `store.episodes`).
+pub const EPISODES_MAX: usize = 1000;
+
 /// The world outside the guest.
 pub trait Host {
     /// Session figures.
@@ -56,6 +59,24 @@ pub trait Host {
         after: u64,
         limit: u32,
     ) -> Result<Vec<Episode>, Error>;
+    /// The episodes with these ids (at most [`EPISODES_MAX`]), ascending; an id the session
+    /// does not hold is left out. One store call, whatever their number (a host without such
+    /// a read answers it an episode at a time).
+    fn episodes(&mut self, session: &str, ids: &[u64]) -> Result<Vec<Episode>, Error> {
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            if id > 0 {
+                out.extend(
+                    self.episodes_after(session, id - 1, 1)?
+                        .into_iter()
+                        .filter(|e| e.id == id),
+                );
+            }
+        }
+        out.sort_by_key(|e| e.id);
+        out.dedup_by_key(|e| e.id);
+        Ok(out)
+    }
     /// Newest summary row.
     fn latest_summary(&mut self, session: &str) -> Result<Option<SummaryRow>, Error>;
     /// Write a summary row atomically.

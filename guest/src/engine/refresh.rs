@@ -221,6 +221,9 @@ impl<H: Host> Host for Deferred<'_, H> {
     fn episodes_after(&mut self, s: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
         self.inner.episodes_after(s, after, limit)
     }
+    fn episodes(&mut self, s: &str, ids: &[u64]) -> Result<Vec<Episode>, Error> {
+        self.inner.episodes(s, ids)
+    }
     fn latest_summary(&mut self, session: &str) -> Result<Option<SummaryRow>, Error> {
         self.inner.latest_summary(session)
     }

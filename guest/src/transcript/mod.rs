@@ -120,6 +120,54 @@ pub struct ParsedEpisode {
     pub item: Option<String>,
 }
 
+/// A message as a client posts it (the WIT `posted-message`): the fields the host decoded,
+/// with `timestamp`, `id` and `item` as JSON text.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Posted {
+    /// Its role, as the client names it.
+    pub role: String,
+    /// Its text.
+    pub content: String,
+    /// When it was said (JSON text: ms since the epoch, or an RFC 3339 string).
+    pub timestamp: Option<String>,
+    /// The client's id (JSON text: a string or a number).
+    pub id: Option<String>,
+    /// The speaker's name.
+    pub name: Option<String>,
+    /// The client's own record of it (JSON text).
+    pub item: Option<String>,
+}
+
+/// Posted message `n` (from 1) checked as `abridge ingest` checks its line `n`: the same
+/// roles, times, ids, names and item bound. `Ok(None)` for a message with no text; `Err`
+/// says what is wrong with it ("message N: …").
+pub fn posted_episode(n: u32, m: &Posted) -> Result<Option<ParsedEpisode>, String> {
+    let json = |what: &str, text: &Option<String>| -> Result<Option<Value>, String> {
+        match text {
+            None => Ok(None),
+            Some(t) => serde_json::from_str(t)
+                .map(Some)
+                .map_err(|e| format!("message {n}: its {what} is not JSON ({e})")),
+        }
+    };
+    let mut v = serde_json::Map::new();
+    v.insert("role".into(), Value::String(m.role.clone()));
+    v.insert("content".into(), Value::String(m.content.clone()));
+    if let Some(name) = &m.name {
+        v.insert("name".into(), Value::String(name.clone()));
+    }
+    for (key, text) in [
+        ("timestamp", &m.timestamp),
+        ("id", &m.id),
+        ("item", &m.item),
+    ] {
+        if let Some(x) = json(key, text)? {
+            v.insert(key.into(), x);
+        }
+    }
+    jsonl::jsonl_episode(n, &Value::Object(v), true).map_err(|e| format!("message {n}: {e}"))
+}
+
 /// The largest `item` a message may carry, in bytes of compact JSON.
 pub const MAX_ITEM_BYTES: usize = 256 * 1024;
 
@@ -1175,24 +1223,32 @@ fn emit(
     if title.is_some() {
         part.title = title;
     }
-    if ep.content.len() <= max {
+    for ep in in_parts(ep, max) {
         *count += 1;
         part.episodes.push(ep);
-        return;
+    }
+}
+
+/// An episode of more than `max` bytes as consecutive parts of at most `max` (each keyed
+/// `KEY#partI/N`; the item stays with none of them); a smaller one as it is.
+pub fn in_parts(ep: ParsedEpisode, max: usize) -> Vec<ParsedEpisode> {
+    if ep.content.len() <= max {
+        return vec![ep];
     }
     let pieces = split_parts(&ep.content, max);
     let n = pieces.len();
-    for (i, piece) in pieces.into_iter().enumerate() {
-        *count += 1;
-        part.episodes.push(ParsedEpisode {
+    pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, piece)| ParsedEpisode {
             item: None,
             role: ep.role,
             content: piece.to_string(),
             timestamp_ms: ep.timestamp_ms,
             source_key: format!("{}#part{}/{n}", ep.source_key, i + 1),
             speaker: ep.speaker.clone(),
-        });
-    }
+        })
+        .collect()
 }
 
 /// Split `text` into pieces of at most `max` bytes, each ending at the coarsest boundary

@@ -166,6 +166,21 @@ pub fn one_session(name: &str, n: usize, session: Option<&str>) -> AppResult<()>
 /// The prefix of source keys given to messages without an id of their own.
 const UNKEYED: &str = "msg:";
 
+/// The source key of a message without an id of its own, from a unique id.
+pub(crate) fn unkeyed(unique: &str) -> String {
+    format!("{UNKEYED}{unique}")
+}
+
+/// The id a client is told for the message stored under `source_key`: its own id, or the
+/// unique one it was given.
+pub(crate) fn client_id(source_key: &str) -> String {
+    source_key
+        .strip_prefix("id:")
+        .or_else(|| source_key.strip_prefix(UNKEYED))
+        .unwrap_or(source_key)
+        .to_string()
+}
+
 impl Scoped {
     /// Give every message without an id of its own (its source key is not `id:…`) a key of
     /// its own, so it is a new message even if its text repeats; the caller-visible ids of all

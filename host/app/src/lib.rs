@@ -57,6 +57,16 @@ pub use worker::Workers;
 pub use abridge_store::crypto::Secret;
 pub use abridge_store::tenant::Tenant;
 
+/// The work this process has done below the app, counted: guest instances (every call into
+/// the component) and store calls (transactions and statements), for `/metrics` and the
+/// benches.
+pub fn work_done() -> (u64, u64) {
+    (
+        abridge_engine::runtime::instances(),
+        abridge_store::store_calls(),
+    )
+}
+
 use crate::backend::LlmBackend;
 use crate::clock::Clock;
 use crate::jobs::{Job, Jobs};
@@ -64,7 +74,6 @@ use crate::runtime::{Abridge, Runtime};
 use crate::sources::SessionMode;
 use crate::store::{AppStore, Store};
 use crate::tenant::{TenantStore, TenantTables};
-use crate::transcript::{Format, Options};
 
 /// Messages indexed per transaction when older sessions are brought into the full-text index.
 pub const INDEX_BATCH: u32 = 500;
@@ -1059,46 +1068,65 @@ impl Scoped {
         Ok(())
     }
 
-    /// Append messages given as JSON lines (`{"role","content","timestamp"?,"id"?,"name"?}`),
-    /// parsed in the sandbox. A message with an `id` already stored is skipped, so re-posting
-    /// is idempotent. Never calls the model: when a refresh is due it is queued as a job.
-    pub async fn append_jsonl(&self, session: &str, lines: Vec<u8>) -> AppResult<Appended> {
+    /// Append messages as a client posts them (the messages API's records), in one guest
+    /// call: each is checked as `abridge ingest` checks a line (one that is wrong fails the
+    /// request, nothing stored), a message with an `id` already stored is skipped (re-posting
+    /// is idempotent), and the session's verdict comes back with the write. Never calls the
+    /// model: when a refresh is due it is queued as a job.
+    pub async fn post(&self, session: &str, messages: Vec<MessageIn>) -> AppResult<Appended> {
         check_session(session)?;
-        let parsed = transcript::parse_bytes(
-            self.engine(),
-            "messages",
-            &lines,
-            Some(Format::Jsonl),
-            Options {
-                max_episodes: self.app.inner.cfg.limits.messages_per_request,
-                // Each posted message was sent to be kept: a tool result too (a transcript
-                // file's tool lines are the ones an import may leave out).
-                include_tools: true,
-                ..Options::default()
-            },
-        )
-        .await
-        .map_err(|e| match e {
-            // The body's own lines are messages: say "message N", not a file name; and the
-            // command line's advice (`--skip-invalid`) is no fix for a request.
-            transcript::TranscriptError::Malformed { line, message, .. } => {
-                let what = message
-                    .rsplit_once(" — ")
-                    .filter(|(_, fix)| fix.contains("--skip-invalid"))
-                    .map_or(message.as_str(), |(what, _)| what);
-                AppError::invalid(format!("message {line}: {what}"))
-            }
-            other => other.into(),
-        })?;
-        // The lines are parsed: they go before the episodes are stored.
-        drop(lines);
-        let mut episodes: Vec<NewEpisode> = parsed
-            .conversations
+        self.check_message_count(messages.len())?;
+        let cfg = self.session_config(session).await?;
+        // An active job of the session already covers the work: no verdict then.
+        let active = self
+            .app
+            .inner
+            .jobs
+            .active_for(&self.tables, session)
+            .await?;
+        let json = |v: Option<serde_json::Value>| v.map(|v| v.to_string());
+        let mut keys = Vec::with_capacity(messages.len());
+        let records: Vec<types::PostedMessage> = messages
             .into_iter()
-            .flat_map(|c| c.episodes)
+            .map(|m| {
+                keys.push(import::unkeyed(&self.app.unique_id()));
+                types::PostedMessage {
+                    role: m.role,
+                    content: m.content,
+                    timestamp: json(m.timestamp),
+                    id: json(m.id),
+                    name: m.name,
+                    item: json(m.item),
+                }
+            })
             .collect();
-        let ids = self.keyed(&mut episodes);
-        self.append(session, episodes, ids).await
+        let posted = self
+            .engine()
+            .post(session, &records, &keys, active.is_none().then_some(&*cfg))
+            .await?;
+        let received = posted.keys.len() as u32;
+        let ids = posted.keys.iter().map(|k| import::client_id(k)).collect();
+        let (job, episodes) = match (active, posted.verdict) {
+            (None, Some(f)) => {
+                let job = match f.state {
+                    FreshState::Due if !self.read_only => {
+                        Some(self.enqueue(session, f.fold_upto, &cfg).await?)
+                    }
+                    _ => None,
+                };
+                (job, f.episodes)
+            }
+            (active, _) => (active, self.store().stats(session).await?.episodes),
+        };
+        Ok(Appended {
+            session: session.to_string(),
+            ids,
+            received,
+            stored: posted.stored,
+            duplicates: received - posted.stored,
+            episodes,
+            job: job.map(|j| self.job_view(&j)),
+        })
     }
 
     /// Append episodes and, when a refresh is due, run it here and now: one user's process
@@ -1278,33 +1306,48 @@ impl Scoped {
             wait,
             query,
         } = ask;
-        self.known(session).await?;
+        let stats = self.known(session).await?;
         let cfg = self.session_config(session).await?;
-        let (mut job, episodes) = self
-            .queue_if_due(session, &cfg, Some((refresh_after, budget)))
+        // An active job of the session already covers the work: no verdict then.
+        let mut job = self
+            .app
+            .inner
+            .jobs
+            .active_for(&self.tables, session)
             .await?;
-        let mut waited = false;
-        if let (Some(limit), Some(j)) = (wait, &job) {
-            waited = true;
-            if let Some(done) = self.wait_job(j.id, limit).await? {
-                job = Some(done);
-            }
-        }
         let pins = self.tables.pins(session).await?;
-        let req = ContextRequest {
+        let mut req = ContextRequest {
             budget,
             pairs,
             // The hot path never summarizes inline: refreshes run as jobs.
             refresh_after: u32::MAX,
             pins,
             query: query.map(str::to_string),
+            // The guest's verdict comes with the window, from the same call.
+            verdict_after: job.is_none().then_some(refresh_after),
         };
-        let w = self.engine().context(session, req, &cfg).await?;
+        let mut w = self.engine().context(session, req.clone(), &cfg).await?;
+        let episodes = w.verdict.as_ref().map_or(stats.episodes, |f| f.episodes);
+        if let Some(f) = &w.verdict
+            && f.state == FreshState::Due
+            && !self.read_only
+        {
+            job = Some(self.enqueue(session, f.fold_upto, &cfg).await?);
+        }
+        let mut waited = false;
+        if let (Some(limit), Some(j)) = (wait, &job) {
+            // Asked to wait for the refresh: the context is read again once it is done.
+            waited = true;
+            if let Some(done) = self.wait_job(j.id, limit).await? {
+                job = Some(done);
+            }
+            req.verdict_after = None;
+            w = self.engine().context(session, req, &cfg).await?;
+        }
         let pending = job.as_ref().is_some_and(|j| j.state.is_active());
         // Left out and no refresh on the way (more than the caller allows, or what the engine
         // says is due): it waits for idle mode's quiet window or a failing model's backoff.
-        let behind = episodes.saturating_sub(w.covered) > u64::from(refresh_after);
-        let due = !pending && (w.refresh_due || behind);
+        let due = !pending && (w.refresh_due || w.behind);
         let job = job.map(|j| self.job_view(&j));
         let mut view = ContextView::new(session, &w, job, (pending, due), waited, episodes);
         // The items clients stored with the messages shown, handed back as given.

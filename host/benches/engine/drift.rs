@@ -160,6 +160,7 @@ async fn retention_run(
         pairs: 1,
         refresh_after: 8,
         pins: vec![],
+        ..Default::default()
     };
     let whole = e.context("r", req.clone(), cfg).await.map_err(fail)?;
     let req = ContextRequest {
@@ -282,6 +283,7 @@ pub async fn run(runtime: Arc<Runtime>) -> Result<(), Failure> {
         pairs: 4,
         refresh_after: 8,
         pins: vec![],
+        ..Default::default()
     };
     let w = e.context("c", req, &cfg).await.map_err(fail)?;
     let history = e.history("c").await.map_err(fail)?;
@@ -342,6 +344,7 @@ async fn fold_cost(
         pairs: 4,
         refresh_after: 8,
         pins: vec![],
+        ..Default::default()
     };
     // The defaults (300-token ledger in every fold prompt), with a model configured.
     let defaults = Config {

@@ -147,6 +147,7 @@ pub async fn run(runtime: Arc<Runtime>, turns: usize) -> Result<(), Failure> {
                 pairs: 4,
                 refresh_after: 8,
                 pins: vec![],
+                ..Default::default()
             },
             &eager_cfg,
         )

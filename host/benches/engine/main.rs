@@ -122,6 +122,9 @@ impl Store for TimedStore {
     async fn episodes_after(&self, s: &str, after: u64, limit: u32) -> Result<Vec<Episode>, Error> {
         timed!(self, self.inner.episodes_after(s, after, limit))
     }
+    async fn episodes(&self, s: &str, ids: &[u64]) -> Result<Vec<Episode>, Error> {
+        timed!(self, self.inner.episodes(s, ids))
+    }
     async fn bytes_through(&self, s: &str, id: u64) -> Result<Option<(u64, Option<i64>)>, Error> {
         timed!(self, self.inner.bytes_through(s, id))
     }

@@ -42,6 +42,14 @@ pub static WIT_FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Guest instances this process made: every call into the component is one (a fresh instance
+/// of the compiled component). What `/metrics` reports as `abridge_guest_instances_total`.
+pub fn instances() -> u64 {
+    INSTANCES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The component's exports, by name (`abridge:engine/summarizer@0.2.0`, …).
 pub fn export_names(runtime: &Runtime) -> Vec<String> {
     runtime
@@ -515,6 +523,7 @@ impl Abridge {
         let mut store = WasmStore::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_fuel(self.fuel).map_err(|e| self.trap(e))?;
+        INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let guest = self
             .runtime
             .pre
@@ -629,6 +638,20 @@ impl Abridge {
     /// Append episodes (the guest fills in token estimates); returns how many were new.
     pub async fn append(&self, session: &str, episodes: &[NewEpisode]) -> Result<u32, CallError> {
         summarizer!(self, None, call_append(session, episodes))
+    }
+
+    /// Messages as a client posts them, in one call: each checked (one that is wrong fails the
+    /// call, nothing stored), appended as [`append`](Self::append) does, and — given `cfg` —
+    /// the session's verdict after the write. `keys` holds a source key for each message, used
+    /// when it has no id of its own (the WIT `post`).
+    pub async fn post(
+        &self,
+        session: &str,
+        messages: &[crate::types::PostedMessage],
+        keys: &[String],
+        cfg: Option<&Config>,
+    ) -> Result<crate::types::Posted, CallError> {
+        summarizer!(self, None, call_post(session, messages, keys, cfg))
     }
 
     /// Append an imported transcript's episodes: as [`append`](Self::append), but an episode

@@ -40,6 +40,24 @@ pub trait Store: Send + Sync {
         after: u64,
         limit: u32,
     ) -> Result<Vec<Episode>, Error>;
+    /// The episodes with these ids (at most 1000), ascending; an id the session does not hold
+    /// is left out (the WIT `store.episodes`). The SQL stores read them in one statement;
+    /// this default reads them an episode at a time.
+    async fn episodes(&self, session: &str, ids: &[u64]) -> Result<Vec<Episode>, Error> {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids.into_iter().filter(|&id| id > 0) {
+            out.extend(
+                self.episodes_after(session, id - 1, 1)
+                    .await?
+                    .into_iter()
+                    .filter(|e| e.id == id),
+            );
+        }
+        Ok(out)
+    }
     /// The transcript bytes (UTF-8 content) of episodes `1..=id` and the time of episode `id`,
     /// `None` for an episode not stored: what a summary row covers is a subtraction of two of
     /// these (coverage figures). Every store keeps the running total per episode.

@@ -19,7 +19,7 @@ pub use crate::bindings::exports::abridge::engine::memories::{
 };
 pub use crate::bindings::exports::abridge::engine::summarizer::{
     Config, ContextRequest, ContextWindow, Engine, Expansion, FreshState, FreshnessReport, Mode,
-    Outcome, Rendering, SearchHit, SearchPage,
+    Outcome, Posted, PostedMessage, Rendering, SearchHit, SearchPage,
 };
 pub use crate::bindings::exports::abridge::engine::transcripts::{
     Batch as ParseBatch, ConversationPart, Format as TranscriptFormat, ParseError, ParseOptions,

@@ -111,6 +111,18 @@ pub(crate) async fn render(srv: &Srv) -> String {
             "Model requests in flight.",
             get(&m.in_flight),
         ),
+        (
+            "abridge_guest_instances_total",
+            "counter",
+            "Guest instances made (each call into the component is one).",
+            crate::app::work_done().0,
+        ),
+        (
+            "abridge_store_calls_total",
+            "counter",
+            "Store calls made (transactions and statements on the database).",
+            crate::app::work_done().1,
+        ),
     ] {
         let _ = writeln!(
             out,

@@ -324,8 +324,9 @@ async fn measure(
     for turn in &conv.turns {
         let line = conv.message(turn);
         let role = line["role"].as_str().unwrap_or("user");
+        let message: abridge_app::MessageIn = serde_json::from_value(line.clone())?;
         let posted = local
-            .append_jsonl(session, format!("{line}\n").into_bytes())
+            .post(session, vec![message])
             .await
             .map_err(|e| anyhow!("{e}"))?;
         if let Some(j) = posted.job {

@@ -44,6 +44,20 @@ mod writes;
 pub use abridge_engine::store::{ClusterRow, Popped, RecallStore, Store, Unsettled, UsageDay};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use once::Sql;
+
+/// Store calls this process made: transactions and single statements on a database (each
+/// opens a connection's turn or a pooled connection). What `/metrics` reports as
+/// `abridge_store_calls_total`, and the scale bench divides by requests.
+pub fn store_calls() -> u64 {
+    STORE_CALLS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) static STORE_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Count one store call ([`store_calls`]).
+pub(crate) fn count_call() {
+    STORE_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
 #[cfg(feature = "postgres")]
 pub use pg::{PgDb, PgStore};
 #[cfg(feature = "sqlite")]

@@ -356,6 +356,7 @@ impl SqliteDb {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, Error>,
     ) -> Result<T, Error> {
+        crate::count_call();
         // SQLite blocks: on a multi-threaded runtime the worker thread hands its other tasks
         // to the rest of the pool while this call waits for the lock and the disk.
         blocking(|| f(&mut self.conn.lock())).map_err(|e| self.explain_err(e))

@@ -104,6 +104,7 @@ impl SqliteDb {
     /// lock, and a write's `BEGIN IMMEDIATE`, are waited for as [`crate::sqlite::blocking`]
     /// waits.
     pub(crate) async fn begin_txn(&self, write: bool) -> Result<SqliteTxn<'_>, Error> {
+        crate::count_call();
         let mut t = SqliteTxn {
             store: self,
             c: crate::sqlite::blocking(|| self.conn.lock()),

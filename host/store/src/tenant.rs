@@ -177,6 +177,9 @@ impl Store for TenantStore {
             .episodes_after(&self.k(session), after, limit)
             .await
     }
+    async fn episodes(&self, session: &str, ids: &[u64]) -> Result<Vec<Episode>, Error> {
+        self.inner.episodes(&self.k(session), ids).await
+    }
     async fn bytes_through(
         &self,
         session: &str,

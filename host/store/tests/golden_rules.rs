@@ -177,6 +177,28 @@ async fn run(name: &str, s: Arc<dyn AppStore>) {
                     serde_json::from_value(expect.clone()).unwrap();
                 assert_eq!(got, want, "{at}");
             }
+            "episodes" => {
+                let n = step["count"].as_u64().unwrap();
+                let eps = (1..=n)
+                    .map(|i| NewEpisode {
+                        content: format!("message {i}"),
+                        source_key: format!("k{i}"),
+                        tokens: 10,
+                        ..Default::default()
+                    })
+                    .collect();
+                s.append_episodes(session, eps).await.unwrap();
+                let ask: Vec<u64> = serde_json::from_value(step["ask"].clone()).unwrap();
+                let got: Vec<(u64, String)> = s
+                    .episodes(session, &ask)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| (e.id, e.content))
+                    .collect();
+                let want: Vec<(u64, String)> = serde_json::from_value(expect.clone()).unwrap();
+                assert_eq!(got, want, "{at}");
+            }
             "chain" => {
                 let got: Vec<[u64; 3]> = s
                     .summaries(session)

@@ -29,6 +29,16 @@ impl Host for HostState {
         self.store.episodes_after(&session, after, limit).await
     }
 
+    async fn episodes(&mut self, session: String, ids: Vec<u64>) -> Result<Vec<Episode>, Error> {
+        if ids.len() > 1000 {
+            return Err(Error::InvalidInput(format!(
+                "{} episode ids in one read; at most 1000",
+                ids.len()
+            )));
+        }
+        self.store.episodes(&session, &ids).await
+    }
+
     async fn latest_summary(&mut self, session: String) -> Result<Option<SummaryRow>, Error> {
         self.store.latest_summary(&session).await
     }

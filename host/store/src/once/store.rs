@@ -148,14 +148,55 @@ async fn read_episodes(
     after: u64,
     limit: u32,
 ) -> Result<Vec<Episode>, Error> {
-    let rows = t
-        .rows(
-            &format!(
-                "SELECT {EPISODE_COLS} FROM episodes WHERE session = $1 AND id > $2 ORDER BY id LIMIT $3"
-            ),
-            &[session.into(), big(after), limit.into()],
-        )
-        .await?;
+    episode_rows(
+        t,
+        session,
+        &format!(
+            "SELECT {EPISODE_COLS} FROM episodes WHERE session = $1 AND id > $2 ORDER BY id LIMIT $3"
+        ),
+        &[session.into(), big(after), limit.into()],
+    )
+    .await
+}
+
+/// The episodes with `ids` of `session`, ascending, in one statement.
+async fn read_episodes_by_id(
+    t: &mut impl Tx,
+    session: &str,
+    ids: &[u64],
+) -> Result<Vec<Episode>, Error> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list = (0..ids.len())
+        .map(|i| format!("${}", i + 2))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut args: Vec<Val> = Vec::with_capacity(ids.len() + 1);
+    args.push(session.into());
+    args.extend(ids.iter().map(|&id| big(id)));
+    episode_rows(
+        t,
+        session,
+        &format!(
+            "SELECT {EPISODE_COLS} FROM episodes WHERE session = $1 AND id IN ({list}) ORDER BY id"
+        ),
+        &args,
+    )
+    .await
+}
+
+/// The episodes of `sql`'s rows ([`EPISODE_COLS`]), their text opened.
+async fn episode_rows(
+    t: &mut impl Tx,
+    session: &str,
+    sql: &str,
+    args: &[Val],
+) -> Result<Vec<Episode>, Error> {
+    let rows = t.rows(sql, args).await?;
     let tenant = place::tenant_of(session);
     let mut out = Vec::with_capacity(rows.len());
     for r in &rows {
@@ -351,6 +392,10 @@ impl<B: Backend> Store for super::Sql<B> {
         limit: u32,
     ) -> Result<Vec<Episode>, Error> {
         reading!(self, |t| read_episodes(&mut t, session, after, limit).await)
+    }
+
+    async fn episodes(&self, session: &str, ids: &[u64]) -> Result<Vec<Episode>, Error> {
+        reading!(self, |t| read_episodes_by_id(&mut t, session, ids).await)
     }
 
     async fn bytes_through(

@@ -247,6 +247,7 @@ impl PgDb {
 
     /// A pooled connection.
     pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, Error> {
+        crate::count_call();
         self.pool.get().await.map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(e) => self.err(e),
             other => Error::Storage(format!(
