@@ -139,10 +139,21 @@ pub struct Outcome {
     pub triggered: bool,
     /// Passes that wrote a row.
     pub passes: u32,
-    /// Rows written, in order.
+    /// The newest rows written, in order (at most [`WRITTEN_KEPT`]).
     pub written: Vec<SummaryRow>,
     /// Episodes not yet covered.
     pub unsummarized: u64,
+}
+
+/// Most rows an [`Outcome`] hands back: a long backlog writes thousands, which the call
+/// would otherwise hold (and copy to the host) whole; the host reads the chain for the rest.
+pub const WRITTEN_KEPT: usize = 64;
+
+/// `rows` without all but the newest [`WRITTEN_KEPT`].
+pub(crate) fn newest_kept(rows: &mut Vec<SummaryRow>) {
+    if rows.len() > WRITTEN_KEPT {
+        rows.drain(..rows.len() - WRITTEN_KEPT);
+    }
 }
 
 /// Summary text and what producing it cost.

@@ -327,7 +327,10 @@ pub(super) fn catch_up(
     }
     // The second level: keep the active chain within its budget.
     match compact_chain(&mut d, session, cfg, cfg.summary_budget_tokens) {
-        Ok(rows) => out.written.extend(rows),
+        Ok(rows) => {
+            out.written.extend(rows);
+            newest_kept(&mut out.written);
+        }
         Err(e) => d.log(
             Level::Warn,
             &format!(
@@ -418,7 +421,10 @@ pub(super) fn catch_up_now(
         // folds thousands of times into one row).
         match out.written.last_mut() {
             Some(last) if last.id == row.id => *last = row,
-            _ => out.written.push(row),
+            _ => {
+                out.written.push(row);
+                newest_kept(&mut out.written);
+            }
         }
         // Episodes that arrive while this call runs (a chat app keeps posting) are the next
         // call's work: a call covers what the session held when it started, and ends.

@@ -100,7 +100,10 @@ pub(super) fn upgrade_fallback_rows(
             ledger,
         };
         match h.write_summary(session, w) {
-            Ok(row) => written.push(row),
+            Ok(row) => {
+                written.push(row);
+                newest_kept(&mut written);
+            }
             Err(Error::Conflict(m)) => {
                 h.log(
                     Level::Info,

@@ -19,6 +19,13 @@ pub fn shown(db: &Path) -> String {
     abridge_store::shown(db)
 }
 
+/// Whether SQLite files opened from now on in this process are read through a memory map (see
+/// [`abridge_store::sqlite_memory_map`]): on for a long-lived server, off for a one-shot
+/// command.
+pub fn memory_map(on: bool) {
+    abridge_store::sqlite_memory_map(on);
+}
+
 /// Open `db` (see [`abridge_store::open_store`]).
 pub fn open(db: &Path, master: Option<&Secret>) -> Result<Arc<dyn AppStore>, Error> {
     abridge_store::open_store(db, master, false)

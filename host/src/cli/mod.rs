@@ -352,6 +352,9 @@ pub fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Failure> {
     let settings = Settings::resolve(&cli.common, &settings::ProcessEnv)
         .map_err(|e| Failure::new(Exit::Input, e))?;
+    // Only the long-lived processes read the database through a memory map; a one-shot
+    // command's resident memory then follows its work, not the file's size.
+    abridge_app::db::memory_map(matches!(cli.cmd, Cmd::Serve(_) | Cmd::Mcp(_)));
     match cli.cmd {
         Cmd::Summarize(a) => commands::summarize(&settings, a).await,
         Cmd::Ingest(a) => commands::ingest(&settings, a).await,

@@ -44,6 +44,8 @@ mod writes;
 pub use abridge_engine::store::{ClusterRow, Popped, RecallStore, Store, Unsettled, UsageDay};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use once::Sql;
+#[cfg(feature = "sqlite")]
+pub use sqlite::memory_map as sqlite_memory_map;
 
 /// Store calls this process made: transactions and single statements on a database (each
 /// opens a connection's turn or a pooled connection). What `/metrics` reports as

@@ -217,10 +217,14 @@ fn prepare(conn: &mut Connection, name: &str) -> Result<(), Init> {
     // keeps what recall and the context read again (summaries' vectors, memory rows) in
     // memory instead of copying it from the file on every call.
     conn.pragma_update(None, "cache_size", -32_000)?;
-    // And the file is read through a memory map (up to the 2 GB SQLite allows), not copied
-    // by a system call per page: a recall's rows past the first 256 MB of a large file (a
-    // saved graph takes 80 MB at 50,000 memories) were read that way.
-    conn.pragma_update(None, "mmap_size", 2_147_418_112i64)?;
+    // And a long-lived process reads the file through a memory map (up to the 2 GB SQLite
+    // allows), not copied by a system call per page: a recall's rows past the first 256 MB of
+    // a large file (a saved graph takes 80 MB at 50,000 memories) were read that way. A
+    // one-shot command does not ([`memory_map`]): every page of the file it touched would
+    // count as its resident memory, which then grows with the file, not the work.
+    if MEMORY_MAP.load(std::sync::atomic::Ordering::Relaxed) {
+        conn.pragma_update(None, "mmap_size", 2_147_418_112i64)?;
+    }
     // Two processes may open a new database at once: each migration step runs in a write
     // transaction taken before the version is read, so the second waits for the first and
     // then finds the work done.
@@ -244,6 +248,16 @@ fn prepare(conn: &mut Connection, name: &str) -> Result<(), Init> {
 
 fn db_err(e: rusqlite::Error) -> Error {
     Error::Storage(e.to_string())
+}
+
+static MEMORY_MAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether SQLite files opened from now on in this process are read through a memory map (on
+/// by default: a server reads the same pages again and again). A one-shot command that reads
+/// a large file once (an import, a summary of a long transcript) turns it off, so its resident
+/// memory stays bounded by its work rather than by the file's size.
+pub fn memory_map(on: bool) {
+    MEMORY_MAP.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 impl SqliteDb {
