@@ -863,12 +863,7 @@ impl Scoped {
         let own = self.tables.session_mode(session).await?;
         let cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
         let f = self.engine().freshness(session, &cfg).await?;
-        let active = self
-            .app
-            .inner
-            .jobs
-            .active_for(&self.tables, session)
-            .await?;
+        let active = self.active_job(session).await?;
         let history = stats.total_tokens;
         let chain: u64 = self
             .store()
@@ -1042,6 +1037,18 @@ impl Scoped {
         Ok(self.engine().plan(session, cfg).await?)
     }
 
+    /// The session's newest summary row, if any: what a command prints as the summary, read
+    /// alone (a long session's chain holds thousands of rows).
+    pub async fn latest_summary(&self, session: &str) -> AppResult<Option<SummaryView>> {
+        self.known(session).await?;
+        Ok(self
+            .store()
+            .latest_summary(session)
+            .await?
+            .as_ref()
+            .map(SummaryView::from))
+    }
+
     /// A session's summary chain, oldest first.
     pub async fn summaries(&self, session: &str) -> AppResult<Vec<SummaryView>> {
         self.known(session).await?;
@@ -1078,12 +1085,7 @@ impl Scoped {
         self.check_message_count(messages.len())?;
         let cfg = self.session_config(session).await?;
         // An active job of the session already covers the work: no verdict then.
-        let active = self
-            .app
-            .inner
-            .jobs
-            .active_for(&self.tables, session)
-            .await?;
+        let active = self.active_job(session).await?;
         let json = |v: Option<serde_json::Value>| v.map(|v| v.to_string());
         let mut keys = Vec::with_capacity(messages.len());
         let records: Vec<types::PostedMessage> = messages
@@ -1220,13 +1222,7 @@ impl Scoped {
         for_context: Option<(u32, u32)>,
     ) -> AppResult<(Option<Job>, u64)> {
         // An active job already covers the work: skip the verdict (a guest call) then.
-        if let Some(j) = self
-            .app
-            .inner
-            .jobs
-            .active_for(&self.tables, session)
-            .await?
-        {
+        if let Some(j) = self.active_job(session).await? {
             return Ok((Some(j), self.store().stats(session).await?.episodes));
         }
         // The guest decides: its verdict, as a context with this limit sees it when there is
@@ -1244,6 +1240,16 @@ impl Scoped {
             _ => None,
         };
         Ok((job, episodes))
+    }
+
+    /// The session's queued or running job, if any (it covers what the session holds).
+    async fn active_job(&self, session: &str) -> AppResult<Option<Job>> {
+        Ok(self
+            .app
+            .inner
+            .jobs
+            .active_for(&self.tables, session)
+            .await?)
     }
 
     async fn enqueue(&self, session: &str, target: u64, cfg: &SessionConfig) -> AppResult<Job> {
@@ -1309,12 +1315,7 @@ impl Scoped {
         let stats = self.known(session).await?;
         let cfg = self.session_config(session).await?;
         // An active job of the session already covers the work: no verdict then.
-        let mut job = self
-            .app
-            .inner
-            .jobs
-            .active_for(&self.tables, session)
-            .await?;
+        let mut job = self.active_job(session).await?;
         let pins = self.tables.pins(session).await?;
         let mut req = ContextRequest {
             budget,

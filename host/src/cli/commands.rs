@@ -313,8 +313,8 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                 ),
             );
         }
-        let chain = local.summaries(&session).await?;
         if a.json {
+            let chain = local.summaries(&session).await?;
             let v = json!({
                 "session": session,
                 "backend": backend.name,
@@ -333,7 +333,7 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
                     .unwrap_or_default();
                 println!("== {session}{title} ==");
             }
-            match chain.last() {
+            match local.latest_summary(&session).await? {
                 Some(r) => println!("{}", r.content),
                 None => println!("(no summary yet)"),
             }
