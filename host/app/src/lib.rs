@@ -539,9 +539,7 @@ impl ContextAsk<'_> {
             query: None,
         }
     }
-}
 
-impl ContextAsk<'_> {
     /// Whether the ask can be answered (a front end may check it before it opens anything).
     pub fn check(&self) -> AppResult<()> {
         if self.budget < MIN_CONTEXT_BUDGET {
@@ -566,15 +564,6 @@ pub enum Reason {
     /// Messages arrived (posted, ingested, watched or uploaded): the mode's trigger, and the
     /// fold point it names.
     Append,
-    /// A context of `budget` tokens that keeps at most `refresh_after` messages beyond the
-    /// summary is read: what it could not carry is due, whatever the mode (see the WIT
-    /// `context-freshness`).
-    Context {
-        /// Messages beyond the summary such a context keeps.
-        refresh_after: u32,
-        /// Its budget in tokens (0: none).
-        budget: u32,
-    },
     /// A user asked for a summary (`summarize`, `backfill`, a refresh, an upgrade): every
     /// episode beyond the chain, and offline rows the model rewrites.
     Asked,
@@ -777,14 +766,6 @@ impl Scoped {
     ) -> AppResult<(Option<u64>, u64)> {
         let f = match reason {
             Reason::Append => self.engine().freshness(session, cfg).await?,
-            Reason::Context {
-                refresh_after,
-                budget,
-            } => {
-                self.engine()
-                    .context_freshness(session, cfg, refresh_after, budget)
-                    .await?
-            }
             Reason::Asked => {
                 let stats = self.store().stats(session).await?;
                 let last = stats.last_episode;
@@ -1109,15 +1090,7 @@ impl Scoped {
         let received = posted.keys.len() as u32;
         let ids = posted.keys.iter().map(|k| import::client_id(k)).collect();
         let (job, episodes) = match (active, posted.verdict) {
-            (None, Some(f)) => {
-                let job = match f.state {
-                    FreshState::Due if !self.read_only => {
-                        Some(self.enqueue(session, f.fold_upto, &cfg).await?)
-                    }
-                    _ => None,
-                };
-                (job, f.episodes)
-            }
+            (None, Some(f)) => (self.queue_due(session, &f, &cfg).await?, f.episodes),
             (active, _) => (active, self.store().stats(session).await?.episodes),
         };
         Ok(Appended {
@@ -1198,7 +1171,7 @@ impl Scoped {
         let received = episodes.len() as u32;
         let stored = self.engine().append(session, &episodes).await?;
         let cfg = self.session_config(session).await?;
-        let (job, episodes) = self.queue_if_due(session, &cfg, None).await?;
+        let (job, episodes) = self.queue_if_due(session, &cfg).await?;
         Ok(Appended {
             session: session.to_string(),
             ids,
@@ -1210,36 +1183,35 @@ impl Scoped {
         })
     }
 
-    /// Queue a refresh of `session` when its freshness says one is due (or, with
-    /// `for_context` = (refresh-after, budget), when such a context could not carry what lies
-    /// beyond the summary: see the WIT `context-freshness`).
-    /// An active job of the session already covers the work.
-    /// Returns the job (queued now, or already active) and the session's episode count.
+    /// Queue a refresh of `session` when its freshness says one is due. An active job of the
+    /// session already covers the work. Returns the job (queued now, or already active) and
+    /// the session's episode count.
     async fn queue_if_due(
         &self,
         session: &str,
         cfg: &SessionConfig,
-        for_context: Option<(u32, u32)>,
     ) -> AppResult<(Option<Job>, u64)> {
         // An active job already covers the work: skip the verdict (a guest call) then.
         if let Some(j) = self.active_job(session).await? {
             return Ok((Some(j), self.store().stats(session).await?.episodes));
         }
-        // The guest decides: its verdict, as a context with this limit sees it when there is
-        // one.
-        let reason = match for_context {
-            Some((refresh_after, budget)) => Reason::Context {
-                refresh_after,
-                budget,
-            },
-            None => Reason::Append,
-        };
-        let (due, episodes) = self.verdict(session, cfg, reason).await?;
-        let job = match due {
-            Some(target) if !self.read_only => Some(self.enqueue(session, target, cfg).await?),
-            _ => None,
-        };
-        Ok((job, episodes))
+        let f = self.engine().freshness(session, cfg).await?;
+        Ok((self.queue_due(session, &f, cfg).await?, f.episodes))
+    }
+
+    /// Queue the refresh a guest's verdict names when it is due, unless the caller may only
+    /// read (a read-only caller never causes model spend).
+    async fn queue_due(
+        &self,
+        session: &str,
+        f: &FreshnessReport,
+        cfg: &SessionConfig,
+    ) -> AppResult<Option<Job>> {
+        if f.state == FreshState::Due && !self.read_only {
+            Ok(Some(self.enqueue(session, f.fold_upto, cfg).await?))
+        } else {
+            Ok(None)
+        }
     }
 
     /// The session's queued or running job, if any (it covers what the session holds).
@@ -1329,11 +1301,8 @@ impl Scoped {
         };
         let mut w = self.engine().context(session, req.clone(), &cfg).await?;
         let episodes = w.verdict.as_ref().map_or(stats.episodes, |f| f.episodes);
-        if let Some(f) = &w.verdict
-            && f.state == FreshState::Due
-            && !self.read_only
-        {
-            job = Some(self.enqueue(session, f.fold_upto, &cfg).await?);
+        if let Some(f) = &w.verdict {
+            job = self.queue_due(session, f, &cfg).await?;
         }
         let mut waited = false;
         if let (Some(limit), Some(j)) = (wait, &job) {
