@@ -349,8 +349,9 @@ pub struct DryRun {
 
 impl DryRun {
     /// A dry run on `engine` (its own in-memory store, no model) that passes over what
-    /// `known` (an existing database, if any) says is unchanged.
-    pub fn new(engine: Abridge, known: Option<Arc<dyn SourceStore>>) -> Self {
+    /// `known` (an existing database, if any) says is unchanged. Front ends get one from
+    /// [`crate::Pure::dry_run`] or [`Scoped::backfill_dry_run`].
+    pub(crate) fn new(engine: Abridge, known: Option<Arc<dyn SourceStore>>) -> Self {
         DryRun {
             engine,
             known: known.map(Sources::new),
@@ -442,13 +443,11 @@ impl Scoped {
     /// A dry run of backfill against this app's database: its own in-memory copy and no
     /// model, passing over what the database says is unchanged (and writing nothing to it).
     pub fn backfill_dry_run(&self) -> AppResult<DryRun> {
-        let engine = Abridge::builder()
-            .runtime(self.engine().runtime().clone())
-            .store(crate::db::in_memory()?)
-            .llm(Arc::new(abridge_engine::NoModel))
-            .build()
-            .map_err(|e| AppError::new(crate::ErrorKind::Internal, format!("{e:#}")))?;
-        Ok(DryRun::new(engine, Some(self.app.store())))
+        let pure = crate::Pure::new(
+            self.engine().runtime().clone(),
+            self.app.config().log.clone(),
+        )?;
+        Ok(DryRun::new(pure.engine, Some(self.app.store())))
     }
 
     /// Bring one file's conversations into their sessions and summarize what is new, each

@@ -27,7 +27,7 @@ pub fn memory_map(on: bool) {
 }
 
 /// Open `db` (see [`abridge_store::open_store`]).
-pub fn open(db: &Path, master: Option<&Secret>) -> Result<Arc<dyn AppStore>, Error> {
+pub(crate) fn open(db: &Path, master: Option<&Secret>) -> Result<Arc<dyn AppStore>, Error> {
     abridge_store::open_store(db, master, false)
 }
 
@@ -39,13 +39,15 @@ pub async fn rotate_master_key(db: &Path, current: Secret, new: &Secret) -> Resu
 /// A SQLite store in memory, gone with the process: for an engine that only parses or plans
 /// (a dry run stores a transcript's episodes to plan them) and keeps nothing; an engine's
 /// store or an app's.
-pub fn in_memory() -> Result<Arc<abridge_store::SqliteStore>, Error> {
+pub(crate) fn in_memory() -> Result<Arc<abridge_store::SqliteStore>, Error> {
     Ok(Arc::new(abridge_store::SqliteStore::in_memory()?))
 }
 
 /// The imported-file records of `db` when it exists (a PostgreSQL URL always does), for a dry
 /// run that must not create a database.
-pub fn sources_if_present(db: &Path) -> Result<Option<Arc<dyn abridge_store::SourceStore>>, Error> {
+pub(crate) fn sources_if_present(
+    db: &Path,
+) -> Result<Option<Arc<dyn abridge_store::SourceStore>>, Error> {
     if db.exists() || is_url(&db.to_string_lossy()) {
         let store: Arc<dyn abridge_store::SourceStore> = open(db, None)?;
         Ok(Some(store))

@@ -18,13 +18,18 @@ pub mod error;
 pub mod events;
 pub mod hook;
 mod import;
+mod job_views;
 pub mod jobs;
 pub mod limits;
 pub mod memories;
+mod messages;
 pub mod naming;
+mod pure;
 mod run;
+mod sessions;
 pub mod setup;
 pub mod sources;
+mod token_views;
 pub mod tokens;
 pub mod transcript;
 mod views;
@@ -46,6 +51,8 @@ pub use import::{
     Bring, ConversationImport, Import, ImportError, ImportRequest, SourceFile, one_session,
 };
 pub use limits::{Ceiling, Limits, ModelMetrics};
+pub use messages::{ContextAsk, InlineAppend, MIN_CONTEXT_BUDGET, Reason};
+pub use pure::Pure;
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
     Appended, ContextParts, ContextView, CoverageView, EpisodeView, ExpansionView, Imported,
@@ -53,6 +60,16 @@ pub use views::{
     SearchHitView, SearchView, SessionView, SourceMarkView, StableView, SummaryView, state_name,
 };
 pub use worker::Workers;
+
+/// The engine's types a front end names (configuration, errors, reports, the clock, progress,
+/// the compiled guest). A front end has no engine dependency of its own: it cannot build an
+/// engine or reach a store except through this layer.
+pub mod engine {
+    pub use abridge_engine::runtime::{
+        EMBEDDED_COMPONENT, EMBEDDED_SHA256, WIT_FILES, embedded_sha256, export_names,
+    };
+    pub use abridge_engine::{CallError, Clock, Progress, Runtime, SystemClock, text, types};
+}
 
 pub use abridge_store::crypto::Secret;
 pub use abridge_store::tenant::Tenant;
@@ -193,6 +210,12 @@ impl App {
         // A SQLite file, or a postgres:// URL: a database several instances share.
         let db = crate::store::open_store(&cfg.db, cfg.master_key.as_ref(), cfg.seal_vectors)?;
         Self::open_with(cfg, db)
+    }
+
+    /// The app over a database in memory that keeps nothing: a dry run imports and plans there,
+    /// by the same rules as a real run.
+    pub fn open_in_memory(cfg: AppConfig) -> AppResult<App> {
+        Self::open_with(cfg, crate::db::in_memory()?)
     }
 
     /// Get ready over a store of the caller's choosing (`cfg.db` is then only a name):
@@ -487,88 +510,6 @@ impl App {
     }
 }
 
-/// What [`Scoped::append_inline`] did.
-#[derive(Debug)]
-pub struct InlineAppend {
-    /// Episodes stored (the rest were already there).
-    pub stored: u32,
-    /// Summary rows the refresh wrote or extended (0 when none was due).
-    pub passes: u32,
-    /// Summary rows written or extended.
-    pub written: Vec<crate::types::SummaryRow>,
-    /// Why a due refresh failed.
-    pub failure: Option<AppError>,
-}
-
-/// The smallest context budget (tokens): what holds one message.
-pub const MIN_CONTEXT_BUDGET: u32 = 16;
-
-/// What a context read asks for ([`Scoped::context`]), with every front end's defaults
-/// written here once: `ContextAsk { query, ..ContextAsk::new(budget) }`.
-#[derive(Clone, Copy, Debug)]
-pub struct ContextAsk<'a> {
-    /// Tokens the context may take (at least [`MIN_CONTEXT_BUDGET`]).
-    pub budget: u32,
-    /// Recent message pairs kept verbatim.
-    pub pairs: u32,
-    /// A refresh is due when more than this many messages lie beyond the summary
-    /// (`u32::MAX`: only when the session's mode says so).
-    pub refresh_after: u32,
-    /// Wait up to this long for a due refresh first (`None`: never wait).
-    pub wait: Option<Duration>,
-    /// What the next call is about (usually the user's newest message): the earlier turns
-    /// that best match it are included verbatim.
-    pub query: Option<&'a str>,
-}
-
-impl ContextAsk<'_> {
-    /// The budget when none is given.
-    pub const DEFAULT_BUDGET: u32 = 2000;
-    /// The recent pairs kept verbatim when none are given.
-    pub const DEFAULT_PAIRS: u32 = 4;
-    /// The messages beyond the summary a context waits for before a refresh is due.
-    pub const DEFAULT_REFRESH_AFTER: u32 = 8;
-
-    /// A context of `budget` tokens with the other defaults.
-    pub fn new(budget: u32) -> Self {
-        ContextAsk {
-            budget,
-            pairs: Self::DEFAULT_PAIRS,
-            refresh_after: Self::DEFAULT_REFRESH_AFTER,
-            wait: None,
-            query: None,
-        }
-    }
-
-    /// Whether the ask can be answered (a front end may check it before it opens anything).
-    pub fn check(&self) -> AppResult<()> {
-        if self.budget < MIN_CONTEXT_BUDGET {
-            return Err(AppError::invalid(format!(
-                "budget {} is too small to hold a message; give at least {MIN_CONTEXT_BUDGET} tokens",
-                self.budget
-            )));
-        }
-        Ok(())
-    }
-}
-
-impl Default for ContextAsk<'_> {
-    fn default() -> Self {
-        ContextAsk::new(Self::DEFAULT_BUDGET)
-    }
-}
-
-/// Why the due rule ([`Scoped::due`]) is asked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    /// Messages arrived (posted, ingested, watched or uploaded): the mode's trigger, and the
-    /// fold point it names.
-    Append,
-    /// A user asked for a summary (`summarize`, `backfill`, a refresh, an upgrade): every
-    /// episode beyond the chain, and offline rows the model rewrites.
-    Asked,
-}
-
 /// One tenant's view of the app. Every operation is scoped to the tenant.
 #[derive(Clone)]
 pub struct Scoped {
@@ -599,9 +540,40 @@ impl Scoped {
         self
     }
 
-    /// The app this handle belongs to.
-    pub fn app(&self) -> &App {
+    /// The app this handle belongs to (inside the app layer only: a tenant's handle never
+    /// hands a front end the whole app).
+    pub(crate) fn app(&self) -> &App {
         &self.app
+    }
+
+    /// This tenant's events: those retained after `after`, then the live ones.
+    pub async fn subscribe(&self, after: Option<u64>) -> events::Subscription {
+        self.app.events().subscribe(&self.tenant, after).await
+    }
+
+    /// Wait until every event published so far is written and sent to subscribers.
+    pub async fn flush_events(&self) {
+        self.app.events().flush().await
+    }
+
+    /// Bring the messages stored before the full-text index existed into it (see
+    /// [`App::index_pending`]; the index is the database's, so this serves every tenant), so
+    /// that a search finds them.
+    pub async fn index_pending(
+        &self,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+    ) -> AppResult<u64> {
+        self.app.index_pending(progress).await
+    }
+
+    /// Whether text is sealed at rest (a master key is set).
+    pub fn sealed(&self) -> bool {
+        self.app.config().master_key.is_some()
+    }
+
+    /// The configuration a session without its own settings runs with.
+    pub fn default_config(&self) -> &Config {
+        &self.app.config().config
     }
 
     /// The tenant's engine (its store is the tenant's view).
@@ -630,798 +602,11 @@ impl Scoped {
         }
     }
 
-    /// The engine configuration for a session: the global one with the session's own mode
-    /// and focus.
-    pub async fn session_config(&self, session: &str) -> AppResult<SessionConfig> {
-        self.for_session(session, &self.app.inner.cfg.config).await
-    }
-
-    /// `base` (a front end's configuration: its backend, model, budgets) with the session's own
-    /// mode and focus: the only configuration a verdict or a job takes, so which session
-    /// settings a fold honours is not a front end's choice (`abridge refresh` folds with the
-    /// session's focus as `POST …/refresh` does).
-    pub async fn for_session(&self, session: &str, base: &Config) -> AppResult<SessionConfig> {
-        let own = self.tables.session_mode(session).await?;
-        let mut cfg = crate::sources::with_mode(base, own.as_ref());
-        if let Some(focus) = self.tables.session_focus(session).await? {
-            cfg.focus = focus;
-        }
-        Ok(SessionConfig(cfg))
-    }
-
-    /// Set (`Some`) or clear (`None`) a session's focus instructions (added to every fold
-    /// prompt); the session's focus now, if any.
-    pub async fn set_focus(&self, session: &str, focus: Option<&str>) -> AppResult<Option<String>> {
-        self.known(session).await?;
-        let focus = focus.map(str::trim).filter(|f| !f.is_empty());
-        if let Some(f) = focus
-            && f.chars().count() > MAX_FOCUS_CHARS
-        {
-            return Err(AppError::invalid(format!(
-                "the focus is {} characters; keep it under {MAX_FOCUS_CHARS} (it goes into every fold prompt)",
-                f.chars().count()
-            )));
-        }
-        self.tables.set_session_focus(session, focus).await?;
-        Ok(self.tables.session_focus(session).await?)
-    }
-
-    /// The session's focus instructions, if any.
-    pub async fn focus(&self, session: &str) -> AppResult<Option<String>> {
-        self.known(session).await?;
-        Ok(self.tables.session_focus(session).await?)
-    }
-
-    /// Pin (`true`) or unpin an episode: a pinned episode is in every context verbatim
-    /// (within the budget), whatever its age. Returns the session's pins.
-    pub async fn pin(&self, session: &str, episode: u64, pinned: bool) -> AppResult<Vec<u64>> {
-        let stats = self.known(session).await?;
-        if pinned && (episode == 0 || episode > stats.last_episode) {
-            return Err(AppError::not_found(format!(
-                "session '{session}' has episodes 1-{}; there is no episode {episode} to pin",
-                stats.last_episode
-            )));
-        }
-        self.tables.set_pin(session, episode, pinned).await?;
-        Ok(self.tables.pins(session).await?)
-    }
-
-    /// The session's pinned episodes.
-    pub async fn pins(&self, session: &str) -> AppResult<Vec<u64>> {
-        self.known(session).await?;
-        Ok(self.tables.pins(session).await?)
-    }
-
-    /// Every summary row of a session, compacted ones included.
-    pub async fn summary_history(&self, session: &str) -> AppResult<Vec<SummaryView>> {
-        self.known(session).await?;
-        Ok(self
-            .engine()
-            .history(session)
-            .await?
-            .iter()
-            .map(SummaryView::from)
-            .collect())
-    }
-
-    /// Provenance: summary row `row` and exactly the episodes it covers (a page of `limit`
-    /// after `after`), or with `identifier` the episode that ledger entry came from. An
-    /// unknown row is [`ErrorKind::NotFound`].
-    pub async fn expand(
-        &self,
-        session: &str,
-        row: u64,
-        identifier: Option<&str>,
-        after: u64,
-        limit: u32,
-    ) -> AppResult<views::ExpansionView> {
-        self.known(session).await?;
-        match self
-            .engine()
-            .expand(session, row, identifier, after, limit)
-            .await
-        {
-            Ok(x) => Ok(views::ExpansionView::from(&x)),
-            Err(crate::runtime::CallError::Engine(crate::types::Error::InvalidInput(m))) => {
-                Err(AppError::not_found(m))
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
     fn publish(&self, what: What, session: Option<&str>, job: Option<u64>) {
         self.app
             .inner
             .events
             .publish(&self.tenant, &what, self.app.now_ms(), session, job);
-    }
-
-    /// The last episode the session's summary chain covers (0 without a summary).
-    async fn covered(&self, session: &str) -> AppResult<u64> {
-        Ok(self
-            .store()
-            .latest_summary(session)
-            .await?
-            .map_or(0, |r| r.last_episode))
-    }
-
-    /// The one due rule: the episode a refresh of `session` under `cfg` must bring it to, or
-    /// `None` when nothing is due, for `reason`. Every decision to queue or run a refresh
-    /// asks here; the verdicts are the guest's.
-    pub async fn due(
-        &self,
-        session: &str,
-        cfg: &SessionConfig,
-        reason: Reason,
-    ) -> AppResult<Option<u64>> {
-        Ok(self.verdict(session, cfg, reason).await?.0)
-    }
-
-    /// [`Scoped::due`]'s answer, and the session's episode count the verdict saw.
-    async fn verdict(
-        &self,
-        session: &str,
-        cfg: &SessionConfig,
-        reason: Reason,
-    ) -> AppResult<(Option<u64>, u64)> {
-        let f = match reason {
-            Reason::Append => self.engine().freshness(session, cfg).await?,
-            Reason::Asked => {
-                let stats = self.store().stats(session).await?;
-                let last = stats.last_episode;
-                if last > self.covered(session).await? {
-                    return Ok((Some(last), stats.episodes));
-                }
-                // Everything is covered: rows the offline summarizer wrote that `cfg`'s model
-                // rewrites (the guest's count) are the work.
-                let f = self.engine().freshness(session, cfg).await?;
-                return Ok(((f.fallback_rows > 0).then_some(last), stats.episodes));
-            }
-        };
-        Ok((
-            (f.state == FreshState::Due).then_some(f.fold_upto),
-            f.episodes,
-        ))
-    }
-
-    /// A session's figures; an unknown session is [`ErrorKind::NotFound`].
-    async fn known(&self, session: &str) -> AppResult<crate::types::SessionStats> {
-        check_session(session)?;
-        let stats = self.store().stats(session).await?;
-        if stats.episodes == 0 {
-            return Err(AppError::not_found(format!("no session '{session}'")));
-        }
-        Ok(stats)
-    }
-
-    /// Remember that `session` held `last_episode` episodes after importing the first `bytes`
-    /// bytes of the file `source`, so a summary can say how far into its file it reaches.
-    pub async fn mark_source(
-        &self,
-        session: &str,
-        source: &str,
-        last_episode: u64,
-        bytes: u64,
-    ) -> AppResult<()> {
-        Ok(self
-            .tables
-            .record_mark(session, source, last_episode, bytes)
-            .await?)
-    }
-
-    /// How far into its file a summary ending at `last_episode` reaches (when the session
-    /// came from one).
-    pub async fn source_mark(
-        &self,
-        session: &str,
-        last_episode: u64,
-    ) -> AppResult<Option<crate::sources::Mark>> {
-        Ok(self.tables.mark_covering(session, last_episode).await?)
-    }
-
-    /// Whether a live worker (here or in another process) is running a job of `session`.
-    pub async fn session_busy(&self, session: &str) -> AppResult<bool> {
-        Ok(self
-            .app
-            .inner
-            .jobs
-            .session_busy(&self.tables, session)
-            .await?)
-    }
-
-    /// A session's standing.
-    pub async fn session(&self, session: &str) -> AppResult<SessionView> {
-        let stats = self.known(session).await?;
-        self.view(session, stats).await
-    }
-
-    /// The view of a session whose figures were just read.
-    async fn view(
-        &self,
-        session: &str,
-        stats: crate::types::SessionStats,
-    ) -> AppResult<SessionView> {
-        let own = self.tables.session_mode(session).await?;
-        let cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
-        let f = self.engine().freshness(session, &cfg).await?;
-        let active = self.active_job(session).await?;
-        let history = stats.total_tokens;
-        let chain: u64 = self
-            .store()
-            .summaries(session)
-            .await?
-            .iter()
-            .map(|r| u64::from(r.tokens))
-            .sum();
-        let mut v = SessionView::new(
-            session,
-            &f,
-            (cfg.mode, own.is_some()),
-            active.map(|j| j.id),
-            (history, chain),
-        );
-        (v.title, v.project) = self.label(session).await?;
-        Ok(v)
-    }
-
-    /// Sessions, most recently changed first, `limit` from `offset`; and the total. With
-    /// `search`, only sessions whose id, title or project folder contains it (ignoring case).
-    /// Only this tenant's part of the store is read: a page from its index; a search from its
-    /// trigram index (the sessions holding the query's rarest trigrams), each candidate checked
-    /// against its id and opened names.
-    pub async fn sessions(
-        &self,
-        offset: usize,
-        limit: usize,
-        search: Option<&str>,
-    ) -> AppResult<(Vec<SessionView>, usize)> {
-        let limit32 = u32::try_from(limit).unwrap_or(u32::MAX);
-        let (page, total) = match search.map(str::trim).filter(|q| !q.is_empty()) {
-            None => {
-                let page = self.tables.sessions_page(offset as u64, limit32).await?;
-                let total = self.tables.sessions_count().await?;
-                (page, usize::try_from(total).unwrap_or(usize::MAX))
-            }
-            Some(q) => {
-                let q = q.to_lowercase();
-                // The candidates come from the store's trigram index; each is checked here.
-                let hits: Vec<String> = self
-                    .tables
-                    .sessions_labelled(&q)
-                    .await?
-                    .into_iter()
-                    .filter(|(s, json)| {
-                        let (title, project) = naming::parse_label(json.as_deref());
-                        [Some(s.as_str()), title.as_deref(), project.as_deref()]
-                            .into_iter()
-                            .flatten()
-                            .any(|x| x.to_lowercase().contains(&q))
-                    })
-                    .map(|(s, _)| s)
-                    .collect();
-                let total = hits.len();
-                (hits.into_iter().skip(offset).take(limit).collect(), total)
-            }
-        };
-        let mut out = Vec::with_capacity(page.len());
-        for s in &page {
-            let stats = self.store().stats(s).await?;
-            out.push(self.view(s, stats).await?);
-        }
-        Ok((out, total))
-    }
-
-    /// A page of the session's messages (`limit` after episode `after`), each with the active
-    /// summary row that covers it.
-    pub async fn messages(&self, session: &str, after: u64, limit: u32) -> AppResult<MessagesView> {
-        let stats = self.known(session).await?;
-        let rows = self.store().summaries(session).await?;
-        let page = self
-            .store()
-            .episodes_after(session, after, limit.clamp(1, 1000))
-            .await?;
-        let next_after = page
-            .last()
-            .map(|e| e.id)
-            .filter(|&last| last < stats.last_episode);
-        let ids: Vec<u64> = page.iter().map(|e| e.id).collect();
-        let mut items = self.store().items(session, &ids).await?;
-        let messages = page
-            .into_iter()
-            .map(|e| {
-                // The chain is in episode order: the candidate is the last row starting at or
-                // before the message.
-                let covered_by = rows[..rows.partition_point(|r| r.first_episode <= e.id)]
-                    .last()
-                    .filter(|r| e.id <= r.last_episode)
-                    .map(|r| r.id);
-                let item = items.remove(&e.id).map(views::item_value);
-                MessageView {
-                    item,
-                    ..MessageView::of(e, covered_by)
-                }
-            })
-            .collect();
-        Ok(MessagesView {
-            session: session.to_string(),
-            messages,
-            total: stats.episodes,
-            next_after,
-        })
-    }
-
-    /// What each row covers of the transcript: its last exchange's time, the bytes and the
-    /// number of its messages (from the running byte totals the store keeps per episode).
-    pub async fn with_coverage(
-        &self,
-        session: &str,
-        mut rows: Vec<SummaryView>,
-    ) -> AppResult<Vec<SummaryView>> {
-        // Two reads per row: the running byte totals at its ends (and its last episode's
-        // time), whatever the length of the session.
-        let top = self.store().stats(session).await?.last_episode;
-        for r in &mut rows {
-            let (first, last) = (
-                r.first_episode.clamp(1, top.max(1)),
-                r.last_episode.min(top),
-            );
-            let source = self
-                .source_mark(session, r.last_episode)
-                .await?
-                .map(|m| SourceMarkView {
-                    path: m.path,
-                    bytes: m.bytes,
-                });
-            let ends = if last >= first && top > 0 {
-                let end = self.store().bytes_through(session, last).await?;
-                let start = match first {
-                    1 => Some((0, None)),
-                    _ => self.store().bytes_through(session, first - 1).await?,
-                };
-                start.zip(end)
-            } else {
-                None
-            };
-            r.coverage = Some(if let Some(((before, _), (through, at))) = ends {
-                CoverageView {
-                    last_exchange_ms: at,
-                    transcript_bytes: through.saturating_sub(before),
-                    messages: last - first + 1,
-                    source,
-                }
-            } else {
-                CoverageView {
-                    last_exchange_ms: None,
-                    transcript_bytes: 0,
-                    messages: 0,
-                    source,
-                }
-            });
-        }
-        Ok(rows)
-    }
-
-    /// Every session id of this tenant, most recently changed first (from its own part of
-    /// the store).
-    pub async fn session_ids(&self) -> AppResult<Vec<String>> {
-        Ok(self.tables.sessions_page(0, u32::MAX).await?)
-    }
-
-    /// The guest's freshness verdict for `session` under `cfg` (no model call).
-    pub async fn freshness(&self, session: &str, cfg: &Config) -> AppResult<FreshnessReport> {
-        Ok(self.engine().freshness(session, cfg).await?)
-    }
-
-    /// What summarizing `session` now under `cfg` would do and cost (no model call, nothing
-    /// written): a dry run's answer.
-    pub async fn plan(&self, session: &str, cfg: &Config) -> AppResult<types::PlanReport> {
-        Ok(self.engine().plan(session, cfg).await?)
-    }
-
-    /// The session's newest summary row, if any: what a command prints as the summary, read
-    /// alone (a long session's chain holds thousands of rows).
-    pub async fn latest_summary(&self, session: &str) -> AppResult<Option<SummaryView>> {
-        self.known(session).await?;
-        Ok(self
-            .store()
-            .latest_summary(session)
-            .await?
-            .as_ref()
-            .map(SummaryView::from))
-    }
-
-    /// A session's summary chain, oldest first.
-    pub async fn summaries(&self, session: &str) -> AppResult<Vec<SummaryView>> {
-        self.known(session).await?;
-        Ok(self
-            .store()
-            .summaries(session)
-            .await?
-            .iter()
-            .map(SummaryView::from)
-            .collect())
-    }
-
-    /// Refuse a request of more messages than one request takes (the service's limit; the
-    /// parser holds the same bound for what it is given).
-    pub fn check_message_count(&self, n: usize) -> AppResult<()> {
-        let most = self.app.inner.cfg.limits.messages_per_request;
-        if most > 0 && n as u64 > most {
-            return Err(AppError::new(
-                ErrorKind::TooLarge,
-                format!("the body holds {n} messages, more than one request takes ({most})"),
-            )
-            .hint(format!("post them in requests of at most {most} messages")));
-        }
-        Ok(())
-    }
-
-    /// Append messages as a client posts them (the messages API's records), in one guest
-    /// call: each is checked as `abridge ingest` checks a line (one that is wrong fails the
-    /// request, nothing stored), a message with an `id` already stored is skipped (re-posting
-    /// is idempotent), and the session's verdict comes back with the write. Never calls the
-    /// model: when a refresh is due it is queued as a job.
-    pub async fn post(&self, session: &str, messages: Vec<MessageIn>) -> AppResult<Appended> {
-        check_session(session)?;
-        self.check_message_count(messages.len())?;
-        let cfg = self.session_config(session).await?;
-        // An active job of the session already covers the work: no verdict then.
-        let active = self.active_job(session).await?;
-        let json = |v: Option<serde_json::Value>| v.map(|v| v.to_string());
-        let mut keys = Vec::with_capacity(messages.len());
-        let records: Vec<types::PostedMessage> = messages
-            .into_iter()
-            .map(|m| {
-                keys.push(import::unkeyed(&self.app.unique_id()));
-                types::PostedMessage {
-                    role: m.role,
-                    content: m.content,
-                    timestamp: json(m.timestamp),
-                    id: json(m.id),
-                    name: m.name,
-                    item: json(m.item),
-                }
-            })
-            .collect();
-        let posted = self
-            .engine()
-            .post(session, &records, &keys, active.is_none().then_some(&*cfg))
-            .await?;
-        let received = posted.keys.len() as u32;
-        let ids = posted.keys.iter().map(|k| import::client_id(k)).collect();
-        let (job, episodes) = match (active, posted.verdict) {
-            (None, Some(f)) => (self.queue_due(session, &f, &cfg).await?, f.episodes),
-            (active, _) => (active, self.store().stats(session).await?.episodes),
-        };
-        Ok(Appended {
-            session: session.to_string(),
-            ids,
-            received,
-            stored: posted.stored,
-            duplicates: received - posted.stored,
-            episodes,
-            job: job.map(|j| self.job_view(&j)),
-        })
-    }
-
-    /// Append episodes and, when a refresh is due, run it here and now: one user's process
-    /// (the command line's ingest), where the caller waits. The refresh is the session's job,
-    /// run here through the job service like every refresh (a job of the session that a live
-    /// worker already runs covers the work). A refresh that fails is reported in the result,
-    /// not as an error: the episodes are stored and the previous summary is kept. (The
-    /// service's [`Scoped::append`] queues the job instead; whether one is due is the guest's
-    /// verdict either way.)
-    pub async fn append_inline(
-        &self,
-        session: &str,
-        episodes: &[NewEpisode],
-        cfg: &SessionConfig,
-    ) -> AppResult<InlineAppend> {
-        check_session(session)?;
-        let stored = self.engine().append(session, episodes).await?;
-        let mut out = InlineAppend {
-            stored,
-            passes: 0,
-            written: Vec::new(),
-            failure: None,
-        };
-        if self
-            .app
-            .inner
-            .jobs
-            .session_busy(&self.tables, session)
-            .await?
-        {
-            return Ok(out);
-        }
-        let Some(target) = self.due(session, cfg, Reason::Append).await? else {
-            return Ok(out);
-        };
-        let before = self.store().summaries(session).await?;
-        match self.run_or_join(session, target, cfg).await {
-            Ok(_) => {
-                // What the job wrote: the rows that are new or reach further than before.
-                out.written = self
-                    .store()
-                    .summaries(session)
-                    .await?
-                    .into_iter()
-                    .filter(|r| {
-                        !before.iter().any(|b| {
-                            b.id == r.id && b.last_episode == r.last_episode && b.level == r.level
-                        })
-                    })
-                    .collect();
-                out.passes = out.written.len() as u32;
-            }
-            Err(e) if e.kind == ErrorKind::InvalidInput => return Err(e),
-            Err(e) => out.failure = Some(e),
-        }
-        Ok(out)
-    }
-
-    /// Append episodes and queue a refresh when one is due.
-    pub async fn append(
-        &self,
-        session: &str,
-        episodes: Vec<NewEpisode>,
-        ids: Vec<String>,
-    ) -> AppResult<Appended> {
-        check_session(session)?;
-        let received = episodes.len() as u32;
-        let stored = self.engine().append(session, &episodes).await?;
-        let cfg = self.session_config(session).await?;
-        let (job, episodes) = self.queue_if_due(session, &cfg).await?;
-        Ok(Appended {
-            session: session.to_string(),
-            ids,
-            received,
-            stored,
-            duplicates: received - stored,
-            episodes,
-            job: job.map(|j| self.job_view(&j)),
-        })
-    }
-
-    /// Queue a refresh of `session` when its freshness says one is due. An active job of the
-    /// session already covers the work. Returns the job (queued now, or already active) and
-    /// the session's episode count.
-    async fn queue_if_due(
-        &self,
-        session: &str,
-        cfg: &SessionConfig,
-    ) -> AppResult<(Option<Job>, u64)> {
-        // An active job already covers the work: skip the verdict (a guest call) then.
-        if let Some(j) = self.active_job(session).await? {
-            return Ok((Some(j), self.store().stats(session).await?.episodes));
-        }
-        let f = self.engine().freshness(session, cfg).await?;
-        Ok((self.queue_due(session, &f, cfg).await?, f.episodes))
-    }
-
-    /// Queue the refresh a guest's verdict names when it is due, unless the caller may only
-    /// read (a read-only caller never causes model spend).
-    async fn queue_due(
-        &self,
-        session: &str,
-        f: &FreshnessReport,
-        cfg: &SessionConfig,
-    ) -> AppResult<Option<Job>> {
-        if f.state == FreshState::Due && !self.read_only {
-            Ok(Some(self.enqueue(session, f.fold_upto, cfg).await?))
-        } else {
-            Ok(None)
-        }
-    }
-
-    /// The session's queued or running job, if any (it covers what the session holds).
-    async fn active_job(&self, session: &str) -> AppResult<Option<Job>> {
-        Ok(self
-            .app
-            .inner
-            .jobs
-            .active_for(&self.tables, session)
-            .await?)
-    }
-
-    async fn enqueue(&self, session: &str, target: u64, cfg: &SessionConfig) -> AppResult<Job> {
-        let jobs = &self.app.inner.jobs;
-        let (queued, mine) = jobs.queued_of(&self.tables, session).await?;
-        // Repeated refreshes of one session coalesce: its queued job, once it runs, is the
-        // refresh (what is due after it queues the next).
-        if let Some(j) = mine {
-            return Ok(j);
-        }
-        let limit = self.app.inner.cfg.limits.queued_per_tenant;
-        if limit > 0 && queued >= limit {
-            return Err(AppError::new(
-                ErrorKind::RateLimited {
-                    retry_after_secs: 30,
-                },
-                format!(
-                    "this tenant already has {queued} refreshes queued (the limit is {limit}); the messages are stored and the refresh is asked for again by the next write or context read"
-                ),
-            )
-            .hint("wait for the queue to drain (GET /v1/jobs), then retry; send large imports in smaller parts"));
-        }
-        let (job, created) = self
-            .app
-            .inner
-            .jobs
-            .enqueue(&self.tables, session, target, cfg)
-            .await?;
-        if created {
-            self.publish(What::queued(target), Some(session), Some(job.id));
-            self.app.inner.wake.notify_one();
-        }
-        Ok(job)
-    }
-
-    /// Queue a refresh now, whatever the session's mode or backoff. `None` when every episode
-    /// is already covered.
-    pub async fn refresh(&self, session: &str) -> AppResult<Option<JobView>> {
-        self.known(session).await?;
-        let cfg = self.session_config(session).await?;
-        let Some(target) = self.due(session, &cfg, Reason::Asked).await? else {
-            return Ok(None);
-        };
-        let job = self.enqueue(session, target, &cfg).await?;
-        Ok(Some(self.job_view(&job)))
-    }
-
-    /// The context for the next model call, from what is summarized now. Never waits for the
-    /// model unless `ask.wait` is given: a refresh that is due is queued and reported. With
-    /// `wait`, a due refresh is queued and waited for (up to that long) first.
-    ///
-    /// With a `query` (usually the user's newest message), the earlier turns that best match it
-    /// are included verbatim beside the summary, within their share of the budget.
-    pub async fn context(&self, session: &str, ask: ContextAsk<'_>) -> AppResult<ContextView> {
-        ask.check()?;
-        let ContextAsk {
-            budget,
-            pairs,
-            refresh_after,
-            wait,
-            query,
-        } = ask;
-        let stats = self.known(session).await?;
-        let cfg = self.session_config(session).await?;
-        // An active job of the session already covers the work: no verdict then.
-        let mut job = self.active_job(session).await?;
-        let pins = self.tables.pins(session).await?;
-        let mut req = ContextRequest {
-            budget,
-            pairs,
-            // The hot path never summarizes inline: refreshes run as jobs.
-            refresh_after: u32::MAX,
-            pins,
-            query: query.map(str::to_string),
-            // The guest's verdict comes with the window, from the same call.
-            verdict_after: job.is_none().then_some(refresh_after),
-        };
-        let mut w = self.engine().context(session, req.clone(), &cfg).await?;
-        let episodes = w.verdict.as_ref().map_or(stats.episodes, |f| f.episodes);
-        if let Some(f) = &w.verdict {
-            job = self.queue_due(session, f, &cfg).await?;
-        }
-        let mut waited = false;
-        if let (Some(limit), Some(j)) = (wait, &job) {
-            // Asked to wait for the refresh: the context is read again once it is done.
-            waited = true;
-            if let Some(done) = self.wait_job(j.id, limit).await? {
-                job = Some(done);
-            }
-            req.verdict_after = None;
-            w = self.engine().context(session, req, &cfg).await?;
-        }
-        let pending = job.as_ref().is_some_and(|j| j.state.is_active());
-        // Left out and no refresh on the way (more than the caller allows, or what the engine
-        // says is due): it waits for idle mode's quiet window or a failing model's backoff.
-        let due = !pending && (w.refresh_due || w.behind);
-        let job = job.map(|j| self.job_view(&j));
-        let mut view = ContextView::new(session, &w, job, (pending, due), waited, episodes);
-        // The items clients stored with the messages shown, handed back as given.
-        let mut items = self.store().items(session, &w.shown).await?;
-        for m in &mut view.messages {
-            if let Some(text) = m.episode.and_then(|id| items.remove(&id)) {
-                m.item = Some(views::item_value(text));
-            }
-        }
-        Ok(view)
-    }
-
-    /// Full-text search of the tenant's messages (of one session, with `session`): the
-    /// `limit` best (at most 100) after the first `offset`, ranked by BM25. A query's
-    /// punctuation and operators are words or nothing; a query of no searchable word finds
-    /// nothing.
-    pub async fn search(
-        &self,
-        query: &str,
-        session: Option<&str>,
-        offset: u32,
-        limit: u32,
-    ) -> AppResult<SearchView> {
-        if let Some(s) = session {
-            self.known(s).await?;
-        }
-        if offset > SEARCH_MAX_OFFSET {
-            return Err(AppError::invalid(format!(
-                "offset {offset} is beyond the deepest page ({SEARCH_MAX_OFFSET}); add words to the query to narrow it"
-            )));
-        }
-        if !(1..=SEARCH_MAX_LIMIT).contains(&limit) {
-            return Err(AppError::invalid(format!(
-                "limit {limit} is out of range; give 1 to {SEARCH_MAX_LIMIT}"
-            )));
-        }
-        let page = self.engine().search(session, query, offset, limit).await?;
-        Ok(SearchView {
-            query: query.to_string(),
-            session: session.map(str::to_string),
-            hits: page.hits.iter().map(SearchHitView::new).collect(),
-            next_offset: page.more.then_some(offset + limit),
-            complete: !self.app.indexing(),
-        })
-    }
-
-    /// Wait until job `id` ends or `limit` passes; the job as it then stands.
-    pub async fn wait_job(&self, id: u64, limit: Duration) -> AppResult<Option<Job>> {
-        let mut live = self
-            .app
-            .inner
-            .events
-            .subscribe(&self.tenant, None)
-            .await
-            .live;
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let j = self.app.inner.jobs.get(id).await?;
-            match &j {
-                Some(j) if j.state.is_active() => {}
-                _ => return Ok(j),
-            }
-            let step = tokio::time::sleep_until(
-                deadline.min(tokio::time::Instant::now() + Duration::from_millis(250)),
-            );
-            tokio::select! {
-                _ = live.recv() => {}
-                _ = step => {}
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return self.app.inner.jobs.get(id).await.map_err(Into::into);
-            }
-        }
-    }
-
-    /// Set (or with `None` clear) a session's own refresh mode; returns the mode in force.
-    pub async fn set_mode(
-        &self,
-        session: &str,
-        mode: Option<SessionMode>,
-    ) -> AppResult<SessionView> {
-        let stats = self.known(session).await?;
-        self.tables.set_session_mode(session, mode.as_ref()).await?;
-        self.view(session, stats).await
-    }
-
-    /// Delete a session and everything kept for it (episodes, summaries, failure marker, jobs,
-    /// mode, the files it was imported from); returns how many episodes it had.
-    pub async fn reset(&self, session: &str) -> AppResult<u64> {
-        let stats = self.known(session).await?;
-        self.reset_quietly(session).await?;
-        self.publish(What::SessionReset {}, Some(session), None);
-        Ok(stats.episodes)
-    }
-
-    async fn reset_quietly(&self, session: &str) -> AppResult<()> {
-        // Its events first: those still queued are written, then dropped with the rest.
-        self.app
-            .inner
-            .events
-            .forget_session(&self.tenant, session, None)
-            .await;
-        self.engine().reset(session).await?;
-        Ok(())
     }
 
     /// Refuse `what` to a read-only caller (the server's middleware refuses its writes before
@@ -1435,187 +620,5 @@ impl Scoped {
             .hint("use a token created without --read-only"));
         }
         Ok(())
-    }
-
-    /// Remove the session's newest message (an undo: an agent framework's `pop`). In one
-    /// store transaction the message goes with every summary row that covered it, and the rows
-    /// an earlier compaction had folded into those come back; the chain rule holds after. A
-    /// refresh then folds again what the deleted rows covered besides the message, when the
-    /// session's mode would have kept it folded. Removing a session's only message removes the
-    /// session. Its id is free again: the next message takes it.
-    pub async fn pop(&self, session: &str) -> AppResult<RemovedView> {
-        self.known(session).await?;
-        self.writing("remove messages")?;
-        let before = self.covered(session).await?;
-        // Summary events still queued are written before the store deletes them.
-        self.app
-            .inner
-            .events
-            .forget_session(&self.tenant, session, Some("summary.written"))
-            .await;
-        let popped = self
-            .store()
-            .pop_episode(session)
-            .await?
-            .ok_or_else(|| AppError::not_found(format!("no session '{session}'")))?;
-        let e = popped.episode;
-        let left = self.store().stats(session).await?.episodes;
-        let job = if left == 0 {
-            self.reset_quietly(session).await?;
-            None
-        } else if !popped.dropped.is_empty() {
-            // What the dropped rows covered, without the message.
-            let target = before.min(e.id - 1);
-            let cfg = self.session_config(session).await?;
-            if target > self.covered(session).await? {
-                Some(self.job_view(&self.enqueue(session, target, &cfg).await?))
-            } else {
-                None
-            }
-        } else {
-            None
-        };
-        self.publish(
-            What::MessageRemoved {
-                message: e.id,
-                dropped: popped.dropped.clone(),
-            },
-            Some(session),
-            None,
-        );
-        Ok(RemovedView {
-            session: session.to_string(),
-            message: MessageView {
-                item: popped.item.clone().map(views::item_value),
-                ..MessageView::of(e, None)
-            },
-            dropped_rows: popped.dropped,
-            reopened_rows: popped.reopened,
-            episodes: left,
-            job,
-        })
-    }
-
-    /// The tenant's API tokens, live and revoked, oldest first (never the tokens themselves).
-    pub async fn tokens(&self) -> AppResult<Vec<tokens::TokenView>> {
-        Ok(self
-            .tables
-            .tokens()
-            .await?
-            .into_iter()
-            .map(tokens::TokenView::from)
-            .collect())
-    }
-
-    /// Create an API token for this tenant (a read-only caller cannot); the answer is the only
-    /// place the token is ever shown.
-    pub async fn create_token(
-        &self,
-        read_only: bool,
-        label: Option<&str>,
-    ) -> AppResult<tokens::CreatedToken> {
-        self.writing("create tokens")?;
-        if let Some(l) = label {
-            tokens::check_label(l)?;
-        }
-        let now = self.app.now_ms();
-        let (token, id) = self
-            .app
-            .tokens()
-            .create(&self.tenant, read_only, label, now)
-            .await?;
-        let prefix = tokens::prefix_of(&token);
-        Ok(tokens::CreatedToken {
-            token,
-            id,
-            prefix,
-            read_only,
-            label: label.map(str::to_string),
-            created_ms: now,
-        })
-    }
-
-    /// Revoke this tenant's live token `id`; another tenant's token, or one already revoked,
-    /// is not found.
-    pub async fn revoke_token(&self, id: u64) -> AppResult<tokens::TokenView> {
-        self.writing("revoke tokens")?;
-        self.tables
-            .revoke_token(id, self.app.now_ms())
-            .await?
-            .map(tokens::TokenView::from)
-            .ok_or_else(|| {
-                AppError::not_found(format!("no live token {id}"))
-                    .hint("GET /v1/tokens lists this tenant's tokens")
-            })
-    }
-
-    /// The tenant's newest jobs (ids below `before`), newest first.
-    pub async fn list_jobs(&self, before: Option<u64>, limit: u32) -> AppResult<Vec<JobView>> {
-        Ok(self
-            .app
-            .inner
-            .jobs
-            .list_for(&self.tables, before, limit)
-            .await?
-            .iter()
-            .map(|j| self.job_view(j))
-            .collect())
-    }
-
-    /// The tenant's jobs a worker could take now, oldest first: queued ones, and running
-    /// ones whose worker is gone (after a crash or kill).
-    pub async fn runnable_jobs(&self) -> AppResult<Vec<JobView>> {
-        Ok(self
-            .app
-            .inner
-            .jobs
-            .runnable(None)
-            .await?
-            .iter()
-            .filter(|j| j.tenant == self.tenant)
-            .map(|j| self.job_view(j))
-            .collect())
-    }
-
-    /// One of the tenant's jobs (another tenant's is not found).
-    pub async fn job(&self, id: u64) -> AppResult<JobView> {
-        self.own_job(id).await.map(|j| self.job_view(&j))
-    }
-
-    async fn own_job(&self, id: u64) -> AppResult<Job> {
-        self.app
-            .inner
-            .jobs
-            .get(id)
-            .await?
-            .filter(|j| j.tenant == self.tenant)
-            .ok_or_else(|| AppError::not_found(format!("no job {id}")))
-    }
-
-    /// Cancel a job: a queued one at once, a running one within a second.
-    pub async fn cancel_job(&self, id: u64) -> AppResult<JobView> {
-        let job = self.own_job(id).await?;
-        if !job.state.is_active() {
-            return Err(AppError::new(
-                ErrorKind::Conflict,
-                format!("job {id} already {}", job.state.as_str()),
-            ));
-        }
-        let now = self
-            .app
-            .inner
-            .jobs
-            .cancel(id)
-            .await?
-            .ok_or_else(|| AppError::not_found(format!("no job {id}")))?;
-        if now.state == crate::jobs::JobState::Cancelled {
-            self.publish(What::cancelled(), Some(now.session.as_str()), Some(id));
-        }
-        Ok(self.job_view(&now))
-    }
-
-    /// A job as callers see it (the session id without the tenant).
-    pub fn job_view(&self, j: &Job) -> JobView {
-        JobView::from(j)
     }
 }

@@ -718,6 +718,13 @@ impl Scoped {
     }
 }
 
+impl Scoped {
+    /// One sweep of this tenant's clusters (see [`App::sweep`]).
+    pub async fn sweep(&self, per_scope: usize) -> AppResult<SweepReport> {
+        self.app().sweep(Some(self.tenant()), per_scope).await
+    }
+}
+
 impl App {
     /// One sweep: summarize clusters whose summary may be missing or stale (of one tenant or
     /// all), at most `per_scope` per user and project, skipping clusters another worker holds.

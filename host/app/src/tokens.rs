@@ -95,6 +95,12 @@ pub struct Tokens {
 }
 
 impl Tokens {
+    /// The tokens of the database at `db` (created or migrated if need be), for administration
+    /// outside a running app (`abridge tokens`).
+    pub fn open(db: &std::path::Path) -> crate::AppResult<Self> {
+        Ok(Self::new(crate::db::open(db, None)?))
+    }
+
     /// Tokens kept in `db`.
     pub fn new(db: Arc<dyn TokenStore>) -> Self {
         Tokens { db }

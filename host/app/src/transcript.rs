@@ -13,6 +13,7 @@
 
 use std::path::Path;
 
+use crate::Pure;
 use crate::runtime::{Abridge, TranscriptParser};
 use crate::types::{NewEpisode, ParseBatch, ParseError, ParseOptions};
 
@@ -186,7 +187,7 @@ pub const FEED_BYTES: usize = 1 << 20;
 /// past `max_bytes` whatever the source (a FIFO, an endless stdin, a growing file); imports
 /// that store what they read use [`scan`] and [`Stream`] instead and never hold the file.
 pub async fn read_file(
-    engine: &Abridge,
+    pure: &Pure,
     path: &Path,
     format: Option<Format>,
     opts: Options,
@@ -194,7 +195,7 @@ pub async fn read_file(
 ) -> Result<Parsed, TranscriptError> {
     let name = path.display().to_string();
     let mut input = Input::open(path, max_bytes)?;
-    let feeder = Feeder::new(engine, &name, format, opts).await?;
+    let feeder = Feeder::open(&pure.engine, &name, format, opts, true).await?;
     let mut stream = Stream::over(feeder, &mut input, u64::MAX, max_bytes)?;
     while stream.next().await?.is_some() {}
     Ok(stream.feeder.parsed())
@@ -334,7 +335,7 @@ pub async fn scan(
     opts: Options,
     max_bytes: u64,
 ) -> Result<Scanned, TranscriptError> {
-    let feeder = Feeder::streaming(engine, name, format, opts).await?;
+    let feeder = Feeder::open(engine, name, format, opts, false).await?;
     let mut stream = Stream::over(feeder, input, u64::MAX, max_bytes)?;
     let mut seen: Vec<Outline> = Vec::new();
     while let Some(parts) = stream.next().await? {
@@ -388,7 +389,7 @@ impl<'i, 'e> Stream<'i, 'e> {
         scanned: &Scanned,
         opts: Options,
     ) -> Result<Stream<'i, 'e>, TranscriptError> {
-        let feeder = Feeder::streaming(engine, name, Some(scanned.format), opts).await?;
+        let feeder = Feeder::open(engine, name, Some(scanned.format), opts, false).await?;
         Self::over(feeder, input, scanned.bytes, u64::MAX)
     }
 
@@ -485,13 +486,13 @@ pub async fn store(
 
 /// Parse bytes named `name` (used in messages).
 pub async fn parse_bytes(
-    engine: &Abridge,
+    pure: &Pure,
     name: &str,
     bytes: &[u8],
     format: Option<Format>,
     opts: Options,
 ) -> Result<Parsed, TranscriptError> {
-    let mut feeder = Feeder::new(engine, name, format, opts).await?;
+    let mut feeder = Feeder::open(&pure.engine, name, format, opts, true).await?;
     for chunk in bytes.chunks(FEED_BYTES) {
         feeder.feed(chunk).await?;
     }
@@ -521,26 +522,26 @@ pub struct Feeder<'a> {
 impl<'a> Feeder<'a> {
     /// A parser for the file `name` that yields whole conversations.
     pub async fn new(
-        engine: &'a Abridge,
+        pure: &'a Pure,
         name: &str,
         format: Option<Format>,
         opts: Options,
     ) -> Result<Feeder<'a>, TranscriptError> {
-        Self::open(engine, name, format, opts, true).await
+        Self::open(&pure.engine, name, format, opts, true).await
     }
 
     /// A parser for the file `name` whose episodes are taken as they complete
     /// ([`drain`](Self::drain)), for a caller that stores them as they come.
     pub async fn streaming(
-        engine: &'a Abridge,
+        pure: &'a Pure,
         name: &str,
         format: Option<Format>,
         opts: Options,
     ) -> Result<Feeder<'a>, TranscriptError> {
-        Self::open(engine, name, format, opts, false).await
+        Self::open(&pure.engine, name, format, opts, false).await
     }
 
-    async fn open(
+    pub(crate) async fn open(
         engine: &'a Abridge,
         name: &str,
         format: Option<Format>,

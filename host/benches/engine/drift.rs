@@ -197,6 +197,10 @@ async fn folds_of(e: &Abridge) -> Result<u32, Failure> {
 async fn real_transcripts(e: &Abridge) -> Vec<(String, Vec<NewEpisode>)> {
     let root = crate::from_root(std::path::Path::new("../shared/data/transcripts"));
     let mut out = Vec::new();
+    let Ok(pure) = abridge_app::Pure::new(e.runtime().clone(), std::sync::Arc::new(|_, _| {}))
+    else {
+        return out;
+    };
     for sub in [
         "claude_code/obra-episodic-memory/long-conversation.jsonl",
         "claude_code/simonw-claude-code-transcripts/sample_session.jsonl",
@@ -207,7 +211,7 @@ async fn real_transcripts(e: &Abridge) -> Vec<(String, Vec<NewEpisode>)> {
             continue;
         };
         let Ok(parsed) = abridge_app::transcript::parse_bytes(
-            e,
+            &pure,
             sub,
             &bytes,
             None,

@@ -442,9 +442,11 @@ async fn run(a: BenchArgs) -> Result<(), Failure> {
         .map_err(fail)?;
         jsonl.push(b'\n');
     }
+    let pure =
+        abridge_app::Pure::new(engine.runtime().clone(), Arc::new(|_, _| {})).map_err(fail)?;
     let t = Instant::now();
     let parsed = abridge_app::transcript::parse_bytes(
-        &engine,
+        &pure,
         "bench.jsonl",
         &jsonl,
         Some(abridge_app::transcript::Format::Jsonl),

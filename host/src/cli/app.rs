@@ -7,12 +7,12 @@ use std::time::Instant;
 
 use anyhow::anyhow;
 
+use abridge_app::engine::Progress;
+use abridge_app::engine::types::Level;
 use abridge_app::jobs::Job;
 use abridge_app::{
     App, AppConfig, AppError, ErrorKind, Event, Limits, Scoped, SessionConfig, What,
 };
-use abridge_engine::Progress;
-use abridge_engine::types::Level;
 
 use super::commands::{Backend, engine_config, runtime};
 use super::progress::{JobProgress, Mode, duration_text};
@@ -93,8 +93,7 @@ pub fn open(
 /// the same rules as a real run, and keeps nothing.
 pub fn in_memory(s: &Settings) -> Result<Scoped, Failure> {
     let cfg = app_config(s, &Backend::none(), Limits::unlimited(), stderr_log(s))?;
-    let db = abridge_app::db::in_memory().map_err(super::jobs::storage)?;
-    Ok(App::open_with(cfg, db)?.local())
+    Ok(App::open_in_memory(cfg)?.local())
 }
 
 fn app_config(
@@ -116,7 +115,7 @@ fn app_config(
         backend_name: backend.name.to_string(),
         batch_concurrency: s.concurrency,
         job_lease: s.job_lease,
-        clock: Arc::new(abridge_engine::SystemClock),
+        clock: Arc::new(abridge_app::engine::SystemClock),
         runtime: runtime()?,
         log,
         limits,
@@ -137,7 +136,7 @@ fn app_config(
 }
 
 /// Engine messages on stderr, as `-v`/`-q` ask.
-fn stderr_log(s: &Settings) -> abridge_app::LogFn {
+pub(super) fn stderr_log(s: &Settings) -> abridge_app::LogFn {
     let (verbose, quiet) = (s.verbose, s.quiet);
     Arc::new(move |level, msg| {
         let show = match level {
@@ -146,7 +145,10 @@ fn stderr_log(s: &Settings) -> abridge_app::LogFn {
             Level::Debug => verbose >= 2,
         };
         if show {
-            eprintln!("abridge: {}", abridge_engine::text::printable_lines(msg));
+            eprintln!(
+                "abridge: {}",
+                abridge_app::engine::text::printable_lines(msg)
+            );
         }
     })
 }
@@ -154,14 +156,19 @@ fn stderr_log(s: &Settings) -> abridge_app::LogFn {
 /// The local tenant's side of the app for a command: with the backend a command that may
 /// call the model chose, or with none for the ones that only read or administer.
 pub fn local(s: &Settings, backend: Option<&Backend>) -> Result<Scoped, Failure> {
+    Ok(open_local(s, backend)?.local())
+}
+
+/// The app for a command that administers the database as a whole (indexing older sessions,
+/// deleting a tenant): the process that runs it owns the database.
+pub fn open_local(s: &Settings, backend: Option<&Backend>) -> Result<App, Failure> {
     let none = Backend::none();
-    let app = open(
+    open(
         s,
         backend.unwrap_or(&none),
         Limits::unlimited(),
         stderr_log(s),
-    )?;
-    Ok(app.local())
+    )
 }
 
 /// The local tenant's side of the app for a command that only reads: a database file that
@@ -314,7 +321,7 @@ pub async fn shown<T>(
     show: Show,
     work: impl std::future::Future<Output = Result<T, AppError>>,
 ) -> Result<T, Failure> {
-    let mut live = app.app().events().subscribe(app.tenant(), None).await.live;
+    let mut live = app.subscribe(None).await.live;
     let mut display = Display {
         s,
         session,
@@ -336,7 +343,7 @@ pub async fn shown<T>(
         }
     };
     // Everything the work published is in the channel once written.
-    app.app().events().flush().await;
+    app.flush_events().await;
     while let Ok(ev) = live.try_recv() {
         display.on(&ev);
     }
@@ -359,7 +366,7 @@ pub fn run_failure(mut e: AppError) -> Failure {
 
 /// Bring the messages stored before the full-text index existed into it (once per database),
 /// saying how far it has got on stderr unless quiet.
-pub async fn index_pending(s: &Settings, app: &abridge_app::App) -> Result<(), Failure> {
+pub async fn index_pending(s: &Settings, app: &Scoped) -> Result<(), Failure> {
     let quiet = s.quiet;
     let shown = std::sync::atomic::AtomicU64::new(u64::MAX);
     let progress = |done: u64, total: u64| {

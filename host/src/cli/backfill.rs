@@ -12,12 +12,11 @@ use clap::Args;
 use serde_json::json;
 
 use abridge_app::backfill::{self as bf, ScannedFile};
-use abridge_engine::types::{Config, Engine, PlanPath};
-use abridge_engine::{NoModel, Progress};
+use abridge_app::engine::Progress;
+use abridge_app::engine::types::{Config, Engine, PlanPath};
 
 use super::app::{Show, shown};
-use super::commands::{Backend, build, choose_backend, engine_config, note};
-use super::jobs::storage;
+use super::commands::{Backend, choose_backend, engine_config, note};
 use super::progress::{Mode, bar, duration_text};
 use super::settings::BackendChoice;
 use super::{Exit, Failure, Settings};
@@ -188,8 +187,8 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
         ));
     }
     let now = {
-        use abridge_engine::Clock;
-        abridge_engine::SystemClock.now_ms()
+        use abridge_app::engine::Clock;
+        abridge_app::engine::SystemClock.now_ms()
     };
     let since = a
         .since
@@ -207,7 +206,7 @@ pub async fn backfill(s: &Settings, a: BackfillArgs) -> Result<(), Failure> {
     for line in &scan.skipped {
         note(
             s,
-            &format!("backfill: {}", abridge_engine::text::printable(line)),
+            &format!("backfill: {}", abridge_app::engine::text::printable(line)),
         );
     }
     let files = scan.files;
@@ -383,10 +382,7 @@ async fn dry_run(
     results: &mut Vec<Outcome>,
     totals: &mut Totals,
 ) -> Result<(), Failure> {
-    let known = abridge_app::db::sources_if_present(&s.db).map_err(storage)?;
-    let store = abridge_app::db::in_memory().map_err(storage)?;
-    let engine = build(s, store, Arc::new(NoModel))?;
-    let dry = bf::DryRun::new(engine, known);
+    let dry = super::commands::pure_engine(s)?.dry_run(&s.db)?;
     for f in files {
         let plan = dry.plan_file(f, opts, cfg).await?;
         for w in &plan.outcome.warnings {

@@ -127,7 +127,7 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
                 }
             }
         }
-        if e.role == abridge_engine::types::Role::User
+        if e.role == abridge_app::engine::types::Role::User
             && !e.content.starts_with("[Request interrupted")
         {
             requests.push(e.content.trim().to_string());
@@ -268,7 +268,7 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
 
 /// A session file as abridge parses it (whatever its format).
 pub(super) async fn parse(
-    engine: &abridge_engine::Abridge,
+    engine: &abridge_app::Pure,
     file: &Path,
 ) -> anyhow::Result<abridge_app::transcript::Parsed> {
     abridge_app::transcript::read_file(
@@ -285,7 +285,7 @@ pub(super) async fn parse(
 /// A session file's first user request (its text as abridge parses it) and when the session
 /// began.
 async fn first_request(
-    engine: &abridge_engine::Abridge,
+    engine: &abridge_app::Pure,
     file: &Path,
 ) -> anyhow::Result<Option<(Option<i64>, String, String)>> {
     let parsed = parse(engine, file).await?;
@@ -294,7 +294,7 @@ async fn first_request(
     };
     let began = conv.episodes.iter().find_map(|e| e.timestamp_ms);
     let first = conv.episodes.iter().find(|e| {
-        e.role == abridge_engine::types::Role::User
+        e.role == abridge_app::engine::types::Role::User
             && !e.content.starts_with("[Request interrupted")
             && !e.content.trim().is_empty()
     });

@@ -199,7 +199,7 @@ fn generated() -> Conversation {
 
 /// The three policies' meters over one conversation, fed a turn at a time.
 struct Run<'a> {
-    engine: &'a abridge_engine::Abridge,
+    engine: &'a abridge_app::Pure,
     budget: u32,
     abridge: Meter,
     full: Meter,
@@ -210,7 +210,7 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(engine: &'a abridge_engine::Abridge, budget: u32) -> Run<'a> {
+    fn new(engine: &'a abridge_app::Pure, budget: u32) -> Run<'a> {
         Run {
             engine,
             budget,
@@ -303,7 +303,7 @@ async fn bench_app(s: &Settings, dir: &Path) -> anyhow::Result<abridge_app::Scop
     ls.db = dir.join("bench.db");
     ls.quiet = true;
     ls.backend = BackendChoice::Extractive;
-    ls.config.engine = abridge_engine::types::Engine::Extractive;
+    ls.config.engine = abridge_app::engine::types::Engine::Extractive;
     let backend = super::commands::choose_backend(&ls)
         .await
         .map_err(|f| f.error)?;
@@ -314,7 +314,7 @@ async fn measure(
     s: &Settings,
     conv: &Conversation,
     budget: u32,
-    engine: &abridge_engine::Abridge,
+    engine: &abridge_app::Pure,
 ) -> anyhow::Result<Measured> {
     let tmp = tempfile::tempdir()?;
     let local = bench_app(s, tmp.path()).await?;
@@ -380,7 +380,7 @@ async fn measure_session(
     s: &Settings,
     lines: &[SessionLine],
     budget: u32,
-    engine: &abridge_engine::Abridge,
+    engine: &abridge_app::Pure,
 ) -> anyhow::Result<Measured> {
     use std::io::Write as _;
     let tmp = tempfile::tempdir()?;

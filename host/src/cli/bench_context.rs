@@ -340,10 +340,10 @@ fn code_ids(text: &str) -> Vec<String> {
 /// longest conversation when it holds several): tool calls and results are left out, as an
 /// import leaves them out by default.
 async fn session_turns(
-    engine: &abridge_engine::Abridge,
+    engine: &abridge_app::Pure,
     path: &Path,
 ) -> anyhow::Result<Vec<(String, String, Option<i64>)>> {
-    use abridge_engine::types::Role;
+    use abridge_app::engine::types::Role;
     let parsed = super::bench::parse(engine, path).await?;
     Ok(parsed
         .conversations
@@ -375,7 +375,7 @@ pub(super) const CUTS: [usize; 5] = [50, 60, 70, 80, 90];
 /// that request and the replies up to the next request name and the history already held:
 /// what the session went back to. The request is the question's text.
 async fn load_session(
-    engine: &abridge_engine::Abridge,
+    engine: &abridge_app::Pure,
     path: &Path,
     dir: &Path,
     cut: usize,

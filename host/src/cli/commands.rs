@@ -8,11 +8,9 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
+use abridge_app::engine::types::{Config, Engine, Error, SummaryRow, describe};
 use abridge_app::transcript::{self, Format, Options};
 use abridge_app::{AppError, Bring, ImportRequest};
-use abridge_backend::{LlmBackend, NoModel};
-use abridge_engine::types::{Config, Engine, Error, Level, SummaryRow, describe};
-use abridge_engine::{Abridge, Store};
 
 use super::app::{Show, shown};
 use super::progress::Mode;
@@ -131,7 +129,10 @@ pub struct SummariesArgs {
 
 pub(super) fn note(s: &Settings, msg: &str) {
     if !s.quiet {
-        eprintln!("abridge: {}", abridge_engine::text::printable_lines(msg));
+        eprintln!(
+            "abridge: {}",
+            abridge_app::engine::text::printable_lines(msg)
+        );
     }
 }
 
@@ -184,7 +185,7 @@ pub(super) async fn choose_backend(s: &Settings) -> Result<Backend, Failure> {
 /// `~/.local/state/abridge/notices/NAME`, holding the day). Without either every notice is
 /// said.
 fn said_today(name: &str) -> bool {
-    use abridge_engine::Clock;
+    use abridge_app::engine::Clock;
     let state = std::env::var_os("XDG_STATE_HOME")
         .filter(|d| !d.is_empty())
         .map(std::path::PathBuf::from)
@@ -194,7 +195,7 @@ fn said_today(name: &str) -> bool {
     let Some(dir) = state.map(|d| d.join("abridge/notices")) else {
         return false;
     };
-    let day = (abridge_engine::SystemClock.now_ms() / 86_400_000).to_string();
+    let day = (abridge_app::engine::SystemClock.now_ms() / 86_400_000).to_string();
     let file = dir.join(name);
     if std::fs::read_to_string(&file).is_ok_and(|d| d.trim() == day) {
         return true;
@@ -209,41 +210,18 @@ pub(super) fn engine_config(s: &Settings, b: &Backend) -> Config {
 }
 
 /// The compiled guest, loaded once per process and shared by every engine it builds (and by
-/// the defaults, which the component answers: see `abridge_engine::defaults`).
-pub(super) fn runtime() -> Result<Arc<abridge_engine::Runtime>, Failure> {
-    abridge_engine::Runtime::embedded()
+/// the defaults, which the component answers: see `abridge_app::engine::defaults`).
+pub(super) fn runtime() -> Result<Arc<abridge_app::engine::Runtime>, Failure> {
+    abridge_app::engine::Runtime::embedded()
         .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))
 }
 
-/// An engine for the pure calls (parsing, planning): a SQLite store in memory and no model.
-pub(super) fn pure_engine(s: &Settings) -> Result<Abridge, Failure> {
-    let store = abridge_app::db::in_memory().map_err(super::jobs::storage)?;
-    build(s, store, Arc::new(NoModel))
-}
-
-pub(super) fn build(
-    s: &Settings,
-    store: Arc<dyn Store>,
-    llm: Arc<dyn LlmBackend>,
-) -> Result<Abridge, Failure> {
-    let (verbose, quiet) = (s.verbose, s.quiet);
-    Abridge::builder()
-        .runtime(runtime()?)
-        .store(store)
-        .llm(llm)
-        .batch_concurrency(s.concurrency)
-        .log(move |level, msg| {
-            let show = match level {
-                Level::Warn => !quiet,
-                Level::Info => verbose >= 1,
-                Level::Debug => verbose >= 2,
-            };
-            if show {
-                eprintln!("abridge: {msg}");
-            }
-        })
-        .build()
-        .map_err(|e| Failure::new(Exit::Internal, e.context("loading the engine component")))
+/// An engine for the pure calls (parsing, counting, planning): no database and no model.
+pub(super) fn pure_engine(s: &Settings) -> Result<abridge_app::Pure, Failure> {
+    Ok(abridge_app::Pure::new(
+        runtime()?,
+        super::app::stderr_log(s),
+    )?)
 }
 
 /// A summary row as JSON: the same record the HTTP API answers with.
@@ -376,10 +354,10 @@ async fn dry_run(
     for session in done.conversations.into_iter().map(|c| c.session) {
         let p = scratch.plan(&session, &cfg).await?;
         let path = match p.path {
-            abridge_engine::types::PlanPath::Nothing => "nothing",
-            abridge_engine::types::PlanPath::Single => "single",
-            abridge_engine::types::PlanPath::Rolling => "rolling",
-            abridge_engine::types::PlanPath::MapReduce => "map-reduce",
+            abridge_app::engine::types::PlanPath::Nothing => "nothing",
+            abridge_app::engine::types::PlanPath::Single => "single",
+            abridge_app::engine::types::PlanPath::Rolling => "rolling",
+            abridge_app::engine::types::PlanPath::MapReduce => "map-reduce",
         };
         let cost = a.prices.cost(p.input_tokens, p.output_tokens);
         if a.json {
@@ -399,7 +377,7 @@ async fn dry_run(
                 p.episodes, p.backlog_tokens, cfg.model, cfg.context_length
             );
             match p.path {
-                abridge_engine::types::PlanPath::MapReduce => println!(
+                abridge_app::engine::types::PlanPath::MapReduce => println!(
                     "  path map-reduce: {} chunks, then about {:?} reduce calls per level, about {} calls",
                     p.chunks, p.levels, p.calls
                 ),
@@ -523,7 +501,8 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
     let f = local.freshness(&a.session, &cfg).await?;
     if matches!(
         f.state,
-        abridge_engine::types::FreshState::BackingOff | abridge_engine::types::FreshState::GaveUp
+        abridge_app::engine::types::FreshState::BackingOff
+            | abridge_app::engine::types::FreshState::GaveUp
     ) {
         note(s, &format!("session {}: {}", a.session, f.reason));
     }

@@ -7,7 +7,7 @@ use anyhow::{Context, anyhow};
 use clap::Args;
 
 use super::{Exit, Failure};
-use abridge_engine::runtime::{self, EMBEDDED_COMPONENT, WIT_FILES};
+use abridge_app::engine::{EMBEDDED_COMPONENT, WIT_FILES};
 
 #[derive(Args, Debug)]
 pub struct ComponentArgs {
@@ -39,8 +39,8 @@ pub async fn component_cmd(a: ComponentArgs) -> Result<(), Failure> {
     }
     let rt = super::commands::runtime()?;
     let imports = rt.import_names();
-    let exports = runtime::export_names(&rt);
-    let sha = runtime::embedded_sha256();
+    let exports = abridge_app::engine::export_names(&rt);
+    let sha = abridge_app::engine::embedded_sha256();
     if a.json {
         println!(
             "{}",

@@ -4,9 +4,9 @@ use anyhow::anyhow;
 use clap::Args;
 use serde_json::json;
 
+use abridge_app::engine::types::{FreshState, Mode};
 use abridge_app::state_name;
 use abridge_app::{ContextAsk, Reason};
-use abridge_engine::types::{FreshState, Mode};
 
 use super::app::fail;
 use super::commands::{choose_backend, engine_config, note};
@@ -249,7 +249,7 @@ pub async fn context(s: &Settings, mut a: ContextArgs) -> Result<(), Failure> {
     let local = super::app::local(s, Some(&backend))?;
     a.session = local.resolve(&a.session).await.map_err(|e| fail(s, e))?;
     if a.query.is_some() {
-        super::app::index_pending(s, local.app()).await?;
+        super::app::index_pending(s, &local).await?;
     }
     let get = |refresh_after| local.context(&a.session, ask(refresh_after, a.query.as_deref()));
     // The app queues a refresh when one is due; the command line runs it here and waits.
@@ -409,7 +409,7 @@ pub async fn pin(s: &Settings, mut a: PinArgs) -> Result<(), Failure> {
 /// `abridge search QUERY`.
 pub async fn search(s: &Settings, a: SearchArgs) -> Result<(), Failure> {
     let local = super::app::local_read(s)?;
-    super::app::index_pending(s, local.app()).await?;
+    super::app::index_pending(s, &local).await?;
     let session = match &a.session {
         Some(x) => Some(local.resolve(x).await.map_err(|e| fail(s, e))?),
         None => None,
@@ -613,7 +613,7 @@ pub async fn pop(s: &Settings, mut a: PopArgs) -> Result<(), Failure> {
 pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
     let backend = choose_backend(s).await?;
     let cfg = engine_config(s, &backend);
-    if a.upgrade && cfg.engine != abridge_engine::types::Engine::Llm {
+    if a.upgrade && cfg.engine != abridge_app::engine::types::Engine::Llm {
         return Err(Failure::new(
             Exit::Input,
             anyhow!(
@@ -643,7 +643,7 @@ pub async fn refresh(s: &Settings, a: RefreshArgs) -> Result<(), Failure> {
             .await?;
             upgraded += 1;
         } else if a.session.is_some() {
-            let why = if cfg.engine == abridge_engine::types::Engine::Llm {
+            let why = if cfg.engine == abridge_app::engine::types::Engine::Llm {
                 "every episode is already covered, by the model"
             } else {
                 "every episode is already covered"

@@ -6,7 +6,6 @@ use clap::{Args, Subcommand};
 use std::time::Duration;
 
 use abridge_app::{ErrorKind, JobView};
-use abridge_engine::types::describe;
 
 use super::app::{Show, shown};
 use super::progress::{Mode, duration_text, utc_text};
@@ -46,10 +45,6 @@ enum JobsCmd {
         #[arg(long)]
         json: bool,
     },
-}
-
-pub fn storage(e: abridge_engine::types::Error) -> Failure {
-    Failure::new(Exit::Storage, anyhow!(describe(&e)))
 }
 
 fn row(j: &JobView, id_width: usize) -> String {

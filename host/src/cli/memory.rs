@@ -6,11 +6,11 @@ use std::io::BufRead;
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
 
+use abridge_app::engine::types::{ClusterOutcome, MemoryConfig, MemoryFilter};
 use abridge_app::memories::{
     ClusterView, MemoryInput, MemoryView, Summaries, Written, action_name, filter,
 };
 use abridge_app::{AppError, Scoped};
-use abridge_engine::types::{ClusterOutcome, MemoryConfig, MemoryFilter};
 
 use super::app::fail;
 use super::commands::{choose_backend, note};
@@ -255,7 +255,7 @@ pub struct UsageArgs {
 
 /// Say once per process that memory text is stored unencrypted.
 fn warn_plaintext(s: &Settings, local: &Scoped) {
-    if local.app().config().master_key.is_none() {
+    if !local.sealed() {
         note(
             s,
             "warning: no master key is set, so memory text is stored unencrypted (marked as such); set ABRIDGE_MASTER_KEY_FILE to a file made with 'abridge keys new' to encrypt it",
@@ -299,7 +299,7 @@ pub fn embedder(
         .map_err(|e| {
             Failure::new(
                 Exit::Input,
-                anyhow!("{}", abridge_engine::types::describe(&e)),
+                anyhow!("{}", abridge_app::engine::types::describe(&e)),
             )
         })?
         .with_retry(s.retry);
@@ -619,11 +619,7 @@ pub async fn clusters_cmd(s: &Settings, a: ClustersArgs) -> Result<(), Failure> 
         ClustersCmd::Sweep { per_scope } => {
             let backend = choose_backend(s).await?;
             let local = super::app::local(s, Some(&backend))?;
-            let r = local
-                .app()
-                .sweep(Some(local.tenant()), per_scope)
-                .await
-                .map_err(|e| fail(s, e))?;
+            let r = local.sweep(per_scope).await.map_err(|e| fail(s, e))?;
             println!(
                 "{} clusters looked at: {} summaries written, {} deleted, {} failed, {} held by another worker, {} left for the next run ({} model calls, {} prompt tokens)",
                 r.clusters,
@@ -707,7 +703,7 @@ pub async fn keys_cmd(s: &Settings, a: KeysArgs) -> Result<(), Failure> {
             let n = rotated.map_err(|e| {
                 Failure::new(
                     Exit::Storage,
-                    anyhow!("{}", abridge_engine::types::describe(&e)),
+                    anyhow!("{}", abridge_app::engine::types::describe(&e)),
                 )
             })?;
             println!(
@@ -749,9 +745,8 @@ pub async fn tenants_cmd(s: &Settings, a: TenantsArgs) -> Result<(), Failure> {
                     anyhow!("deleting tenant '{t}' cannot be undone; pass --yes to confirm"),
                 ));
             }
-            let local = super::app::local(s, None)?;
-            let d = local
-                .app()
+            let app = super::app::open_local(s, None)?;
+            let d = app
                 .tenant(&t)
                 .delete_tenant()
                 .await

@@ -41,7 +41,7 @@ pub fn out(args: std::fmt::Arguments) {
     // Whatever a command prints may carry text from outside (transcripts, model output):
     // control characters are shown as escapes, never obeyed by the terminal.
     let text = args.to_string();
-    let safe = abridge_engine::text::printable_lines(&text);
+    let safe = abridge_app::engine::text::printable_lines(&text);
     let mut o = std::io::stdout().lock();
     if let Err(e) = o.write_all(safe.as_bytes()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -52,9 +52,9 @@ pub fn out(args: std::fmt::Arguments) {
     }
 }
 
-/// clap's parser for a session id argument (see [`abridge_engine::text::check_session_id`]).
+/// clap's parser for a session id argument (see [`abridge_app::engine::text::check_session_id`]).
 pub fn session_id(s: &str) -> Result<String, String> {
-    abridge_engine::text::check_session_id(s).map(|()| s.to_string())
+    abridge_app::engine::text::check_session_id(s).map(|()| s.to_string())
 }
 
 /// Exit statuses (documented in the README).
@@ -86,15 +86,15 @@ impl Failure {
     }
 }
 
-impl From<abridge_engine::CallError> for Failure {
-    fn from(e: abridge_engine::CallError) -> Self {
-        use abridge_engine::types::Error as E;
+impl From<abridge_app::engine::CallError> for Failure {
+    fn from(e: abridge_app::engine::CallError) -> Self {
+        use abridge_app::engine::types::Error as E;
         let exit = match &e {
-            abridge_engine::CallError::Engine(E::InvalidInput(_)) => Exit::Input,
-            abridge_engine::CallError::Engine(E::Storage(_) | E::Conflict(_)) => Exit::Storage,
-            abridge_engine::CallError::Engine(_) => Exit::Model,
-            abridge_engine::CallError::Host(_) => Exit::Internal,
-            abridge_engine::CallError::Cancelled => Exit::Model,
+            abridge_app::engine::CallError::Engine(E::InvalidInput(_)) => Exit::Input,
+            abridge_app::engine::CallError::Engine(E::Storage(_) | E::Conflict(_)) => Exit::Storage,
+            abridge_app::engine::CallError::Engine(_) => Exit::Model,
+            abridge_app::engine::CallError::Host(_) => Exit::Internal,
+            abridge_app::engine::CallError::Cancelled => Exit::Model,
         };
         Failure::new(exit, e)
     }
@@ -230,7 +230,7 @@ fn version_line() -> &'static str {
         format!(
             "{} (component sha256 {})",
             env!("CARGO_PKG_VERSION"),
-            abridge_engine::runtime::EMBEDDED_SHA256
+            abridge_app::engine::EMBEDDED_SHA256
         )
     })
 }

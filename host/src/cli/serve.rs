@@ -149,13 +149,13 @@ pub fn open_app(s: &Settings, backend: &Backend, limits: Limits) -> Result<App, 
         backend,
         limits,
         Arc::new(|level, msg| match level {
-            abridge_engine::types::Level::Warn => {
+            abridge_app::engine::types::Level::Warn => {
                 tracing::warn!(target: "abridge::engine", "{msg}")
             }
-            abridge_engine::types::Level::Info => {
+            abridge_app::engine::types::Level::Info => {
                 tracing::info!(target: "abridge::engine", "{msg}")
             }
-            abridge_engine::types::Level::Debug => {
+            abridge_app::engine::types::Level::Debug => {
                 tracing::debug!(target: "abridge::engine", "{msg}")
             }
         }),
@@ -239,11 +239,10 @@ pub async fn serve_cmd(s: &Settings, a: ServeArgs) -> Result<(), Failure> {
 }
 
 pub async fn tokens_cmd(s: &Settings, a: TokensArgs) -> Result<(), Failure> {
-    let db = abridge_app::db::open(&s.db, None).map_err(super::jobs::storage)?;
-    let tokens = abridge_app::Tokens::new(db);
+    let tokens = abridge_app::Tokens::open(&s.db)?;
     let now = || {
-        use abridge_engine::Clock;
-        abridge_engine::SystemClock.now_ms()
+        use abridge_app::engine::Clock;
+        abridge_app::engine::SystemClock.now_ms()
     };
     match a.cmd {
         TokensCmd::Create {

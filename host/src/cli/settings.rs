@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
 
-use abridge_engine::types::{Config, Engine, Mode, Rendering};
+use abridge_app::engine::types::{Config, Engine, Mode, Rendering};
 
 /// Which model backend to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -311,7 +311,7 @@ impl Settings {
         let url = url.trim_end_matches('/').to_string();
         // The backends' own rule, checked before anything runs.
         abridge_backend::check_base_url(&url, "--url/EXTRACTION_URL")
-            .map_err(|e| anyhow::anyhow!(abridge_engine::types::describe(&e)))?;
+            .map_err(|e| anyhow::anyhow!(abridge_app::engine::types::describe(&e)))?;
         let openai_base_url = pick!(
             common.openai_base_url.clone(),
             env.get("OPENAI_BASE_URL"),

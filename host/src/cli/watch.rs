@@ -51,7 +51,7 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
         if !quiet {
             eprintln!(
                 "abridge: {}",
-                abridge_engine::text::printable_lines(&format!("watch: {n}"))
+                abridge_app::engine::text::printable_lines(&format!("watch: {n}"))
             );
         }
     });
@@ -75,7 +75,7 @@ pub async fn watch(s: &Settings, a: WatchArgs) -> Result<(), Failure> {
         &format!(
             "watch: following {} ({} mode with {}; Ctrl-C stops)",
             w.dir().display(),
-            local.app().config().config.mode.as_str(),
+            local.default_config().mode.as_str(),
             backend.name
         ),
     );
