@@ -32,6 +32,8 @@ struct Fake {
     grow_per_call: usize,
     /// Rows compacted into "earlier" rows (out of the active chain, never deleted).
     compacted: Vec<SummaryRow>,
+    /// The longest chain a `summaries` read handed back.
+    widest_read: usize,
     /// A model that keeps only the last exchange: its answer restates the prompt's last
     /// conversation line and drops everything else (earlier facts included).
     forgetful: bool,
@@ -351,6 +353,7 @@ impl Host for Fake {
         self.plans.push((report.clone(), self.requests.len()));
     }
     fn summaries(&mut self, _session: &str) -> Result<Vec<SummaryRow>, Error> {
+        self.widest_read = self.widest_read.max(self.rows.len());
         Ok(self.rows.clone())
     }
     fn failure(&mut self, _session: &str) -> Result<Option<FailureMarker>, Error> {
@@ -770,6 +773,47 @@ fn extractive_engine_needs_no_model() {
         "{}",
         out.written[0].content
     );
+}
+
+#[test]
+fn a_long_catch_up_compacts_as_it_goes_and_never_reads_a_long_chain() {
+    // Each episode says something of its own, so the offline summary keeps growing rows.
+    let mut f = Fake::default();
+    for i in 0..12_000 {
+        let role = if i % 2 == 0 {
+            Role::User
+        } else {
+            Role::Assistant
+        };
+        f.push(
+            role,
+            &format!(
+                "Item {i} ships to depot{i} with code{i} on route{} today.",
+                i * 7
+            ),
+        );
+    }
+    let c = Config {
+        engine: Engine::Extractive,
+        ..cfg()
+    };
+    let out = summarize_now(&mut f, "s", &c).unwrap();
+    assert!(out.passes > 4 * COMPACT_EVERY_ROWS, "{} passes", out.passes);
+    assert!(
+        f.compacted.len() > 2 * COMPACT_EVERY_ROWS as usize,
+        "{} rows written and folded",
+        f.compacted.len()
+    );
+    // The chain is compacted every few new rows: no read holds the whole history's rows.
+    assert!(
+        f.widest_read <= 2 * COMPACT_EVERY_ROWS as usize + 2,
+        "a read of {} rows",
+        f.widest_read
+    );
+    // And it ends within its budget, covering episode 1 to the last.
+    assert!(chain_tokens(&f.rows) <= c.summary_budget_tokens);
+    assert_eq!(f.rows[0].first_episode, 1);
+    assert_eq!(f.rows.last().unwrap().last_episode, 12_000);
 }
 
 #[test]

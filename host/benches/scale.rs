@@ -66,6 +66,13 @@ struct Args {
     /// 0 skips it)
     #[arg(long, default_value_t = 25)]
     summarize_mb: u64,
+    /// Messages at 1× of a chat of short messages for `summarize`'s peak memory offline (the
+    /// rolling path: thousands of folds and compactions; 10× is ten times this; 0 skips it)
+    #[arg(long, default_value_t = 40_000)]
+    summarize_messages: u64,
+    /// Measure `summarize`'s peak memory only (both transcripts)
+    #[arg(long)]
+    only_summarize: bool,
     /// Messages of one tenant at 1× for full-text search and a context with a query (10× and
     /// 100× are ten and a hundred times this; 0 skips it)
     #[arg(long, default_value_t = 1_000)]
@@ -98,6 +105,16 @@ fn own_rss_kb() -> f64 {
 
 /// A JSON-lines transcript of about `mb` megabytes: alternating turns of ~60 words.
 fn transcript(path: &std::path::Path, mb: u64) {
+    lines(path, |size, _| size < mb << 20, |_| 60);
+}
+
+/// A JSON-lines chat of `messages` short messages (5 to 34 words), as a messaging app holds.
+fn chat(path: &std::path::Path, messages: u64) {
+    lines(path, |_, i| i < messages, |i| 5 + (i * 7) % 30);
+}
+
+/// Alternating turns while `more(bytes so far, turns so far)`, turn `i` of `words(i)` words.
+fn lines(path: &std::path::Path, more: impl Fn(u64, u64) -> bool, length: impl Fn(u64) -> u64) {
     use std::io::Write;
     let words = [
         "the",
@@ -125,9 +142,9 @@ fn transcript(path: &std::path::Path, mb: u64) {
     ];
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let (mut size, mut i, mut x) = (0u64, 0u64, 7u64);
-    while size < mb << 20 {
+    while more(size, i) {
         let mut text = format!("turn {i}:");
-        for _ in 0..60 {
+        for _ in 0..length(i) {
             // A small LCG: the same file every run.
             x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
             text.push(' ');
@@ -149,16 +166,22 @@ fn transcript(path: &std::path::Path, mb: u64) {
 /// Peak resident memory (KB) of `abridge summarize FILE` against the test model server at
 /// `url`, from the kernel's accounting of the finished child (`wait4`), and its wall time.
 fn summarize_peak(dir: &std::path::Path, file: &std::path::Path, url: &str) -> (f64, f64) {
-    peak_of("summarize", dir, file, url)
+    peak_of("summarize", dir, file, Some(url))
 }
 
 /// Peak RSS (KB) and seconds of `abridge backfill` of the folder that holds `file`.
 fn backfill_peak(dir: &std::path::Path, file: &std::path::Path, url: &str) -> (f64, f64) {
-    peak_of("backfill", dir, file.parent().unwrap(), url)
+    peak_of("backfill", dir, file.parent().unwrap(), Some(url))
 }
 
-/// Peak RSS (KB) and seconds of `abridge COMMAND PATH` against the model at `url`.
-fn peak_of(command: &str, dir: &std::path::Path, path: &std::path::Path, url: &str) -> (f64, f64) {
+/// Peak RSS (KB) and seconds of `abridge COMMAND PATH` against the model at `url`, or offline
+/// (the extractive backend) without one.
+fn peak_of(
+    command: &str,
+    dir: &std::path::Path,
+    path: &std::path::Path,
+    url: Option<&str>,
+) -> (f64, f64) {
     let db = dir.join(format!(
         "{command}-{}.db",
         path.file_stem().unwrap().to_string_lossy()
@@ -167,10 +190,15 @@ fn peak_of(command: &str, dir: &std::path::Path, path: &std::path::Path, url: &s
     // Reaped by `wait4` below, which also reports its peak memory.
     #[allow(clippy::zombie_processes)]
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
-        .args(["--db", db.to_str().unwrap(), "--backend", "ollama", "-q"])
+        .args(["--db", db.to_str().unwrap(), "-q", "--backend"])
+        .arg(if url.is_some() {
+            "ollama"
+        } else {
+            "extractive"
+        })
         .arg(command)
         .arg(path)
-        .env("EXTRACTION_URL", url)
+        .env("EXTRACTION_URL", url.unwrap_or("http://127.0.0.1:9"))
         .env("HOME", dir)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -632,6 +660,47 @@ async fn main() {
             peak[1],
             if peak[1] <= 80.0 { "ok" } else { "MISSED" }
         );
+    }
+
+    // The same offline on a chat of many short messages (the rolling path: one fold per
+    // ~60 messages, a row every two folds, the chain compacted as it grows).
+    if a.summarize_messages > 0 {
+        let warm = dir.path().join("warm-chat.jsonl");
+        chat(&warm, 100);
+        peak_of("summarize", dir.path(), &warm, None);
+        let mut peak = [0.0; 2];
+        for (k, n) in [a.summarize_messages, a.summarize_messages * 10]
+            .into_iter()
+            .enumerate()
+        {
+            let file = dir.path().join(format!("chat{n}.jsonl"));
+            chat(&file, n);
+            let mb = std::fs::metadata(&file).unwrap().len() as f64 / f64::from(1 << 20);
+            let (kb, secs) = peak_of("summarize", dir.path(), &file, None);
+            std::fs::remove_file(&file).unwrap();
+            println!(
+                "  summarize offline, {n} messages ({mb:.1} MB): peak RSS {:.1} MB in {secs:.1} s",
+                kb / 1024.0
+            );
+            peak[k] = kb / 1024.0;
+        }
+        row(
+            "summarize offline peak RSS (messages)",
+            "MB",
+            peak[0],
+            peak[1],
+            a.summarize_messages as usize,
+            Some(0.15),
+        );
+        println!(
+            "summarize offline peak RSS at {} messages: {:.1} MB (target <= 100 MB: {})",
+            a.summarize_messages * 10,
+            peak[1],
+            if peak[1] <= 100.0 { "ok" } else { "MISSED" }
+        );
+    }
+    if a.only_summarize {
+        return;
     }
 
     if a.http_memories > 0 {

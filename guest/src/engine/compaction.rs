@@ -6,6 +6,11 @@ use super::*;
 /// Most compactions one call runs (each folds at least two rows, so the chain shrinks).
 pub(super) const MAX_COMPACTIONS: usize = 32;
 
+/// New rows a long catch-up writes between compactions: the chain it builds stays short, so
+/// no compaction (and no read of the chain) ever holds more than a few dozen rows, however
+/// long the backlog (a 400,000-message import writes over 3,000 rows).
+pub(super) const COMPACT_EVERY_ROWS: u32 = 16;
+
 /// Estimated tokens the active chain takes in a context (each row's text and its label).
 pub fn chain_tokens(rows: &[SummaryRow]) -> u32 {
     rows.iter()

@@ -326,12 +326,23 @@ pub(super) fn catch_up(
         out.written = all;
     }
     // The second level: keep the active chain within its budget.
-    match compact_chain(&mut d, session, cfg, cfg.summary_budget_tokens) {
+    compact_into(&mut d, session, cfg, &mut out);
+    // Only a call that succeeded teaches the estimator (see `Deferred`).
+    for (model, e, r) in std::mem::take(&mut d.pending) {
+        d.inner.record_calibration(&model, e, r)?;
+    }
+    Ok(out)
+}
+
+/// Compact the session's chain to its budget (see [`compact_chain`]), adding the rows written
+/// to `out`; a failure is logged and leaves the rows as they are.
+fn compact_into(h: &mut impl Host, session: &str, cfg: &Config, out: &mut Outcome) {
+    match compact_chain(h, session, cfg, cfg.summary_budget_tokens) {
         Ok(rows) => {
             out.written.extend(rows);
             newest_kept(&mut out.written);
         }
-        Err(e) => d.log(
+        Err(e) => h.log(
             Level::Warn,
             &format!(
                 "session {session}: compacting the oldest summary rows failed; they stay as they are: {}",
@@ -339,11 +350,6 @@ pub(super) fn catch_up(
             ),
         ),
     }
-    // Only a call that succeeded teaches the estimator (see `Deferred`).
-    for (model, e, r) in std::mem::take(&mut d.pending) {
-        d.inner.record_calibration(&model, e, r)?;
-    }
-    Ok(out)
 }
 
 pub(super) fn catch_up_now(
@@ -363,6 +369,8 @@ pub(super) fn catch_up_now(
     let mut out = Outcome::default();
     let mut overflows = 0;
     let mut conflicts = 0;
+    // New rows since the chain was last compacted.
+    let mut grown = 0u32;
     // A window fold that must cover something, may stop once it has, and can cover it in one
     // prompt, goes pass by pass: planning the whole reach as a map-reduce would spend a call
     // (and a merge) on the few messages past one prompt that the next fold takes anyway.
@@ -424,7 +432,14 @@ pub(super) fn catch_up_now(
             _ => {
                 out.written.push(row);
                 newest_kept(&mut out.written);
+                grown += 1;
             }
+        }
+        // A long backlog is compacted as it goes, so the chain (and what a compaction reads
+        // and folds at once) stays short instead of growing with the backlog.
+        if grown >= COMPACT_EVERY_ROWS && reached < end {
+            compact_into(h, session, cfg, &mut out);
+            grown = 0;
         }
         // Episodes that arrive while this call runs (a chat app keeps posting) are the next
         // call's work: a call covers what the session held when it started, and ends.
