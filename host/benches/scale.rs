@@ -85,6 +85,10 @@ struct Args {
     /// and store calls per request (from `/metrics`)
     #[arg(long)]
     only_requests: bool,
+    /// With `--only-requests`: an earlier build's `abridge` binary to measure beside this one,
+    /// in the same run (alternating, two rounds each), with the ratios
+    #[arg(long)]
+    baseline: Option<std::path::PathBuf>,
     /// Internal: serve the test model in this process (the bench runs it as a child, so the
     /// answers it keeps do not count in the figures)
     #[arg(long, hide = true)]
@@ -574,7 +578,7 @@ async fn main() {
     }
     let dir = tempfile::tempdir().unwrap();
     if a.only_requests {
-        requests(dir.path()).await;
+        requests(dir.path(), a.baseline.as_deref()).await;
         let runtime = Arc::new(Runtime::load(&ComponentSource::Embedded, None).unwrap());
         idle_backlog(dir.path(), runtime, &a).await;
         return;
@@ -1004,7 +1008,7 @@ async fn main() {
             x.push(started.elapsed().as_secs_f64() * 1e6);
             assert_eq!((page.len(), total), (20, 20));
             let started = Instant::now();
-            let all = store.sessions().await.unwrap();
+            let all = abridge_store::SessionRows::sessions(&*store).await.unwrap();
             let own = all.iter().filter(|k| k.starts_with("mine\u{1f}")).count();
             y.push(started.elapsed().as_secs_f64() * 1e6);
             assert_eq!(own, 20);
@@ -1692,7 +1696,8 @@ async fn work_done(client: &reqwest::Client, url: &str) -> (f64, f64) {
     let value = |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("/metrics has no {name}"))
+            // An earlier build (a baseline) may not count it.
+            .unwrap_or(f64::NAN)
     };
     (
         value("abridge_guest_instances_total"),
@@ -1711,11 +1716,132 @@ fn percentile(t: &mut [f64], p: f64) -> f64 {
 /// requests): POST of one message by 1 and by 16 clients at once (throughput and p99), and a
 /// context of a 1,000-message session with and without a query (p50 and p99), each with the
 /// guest instances and store calls it made, counted by the server.
-async fn requests(dir: &std::path::Path) {
+async fn requests(dir: &std::path::Path, baseline: Option<&std::path::Path>) {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let this = std::path::Path::new(env!("CARGO_BIN_EXE_abridge"));
+    println!("What a request costs through abridge serve (idle mode, extractive):");
+    // Two rounds, alternating this build and the baseline, each on a database of its own;
+    // each figure is its best round (the most posts per second, the lowest latencies).
+    let mut best: [Option<Costs>; 2] = [None, None];
+    for round in 0..2 {
+        for (k, bin) in [Some(this), baseline].into_iter().enumerate() {
+            let Some(bin) = bin else { continue };
+            let db = dir.join(format!("requests-{k}-{round}.db"));
+            let c = request_costs(dir, bin, &db).await;
+            best[k] = Some(match best[k].take() {
+                None => c,
+                Some(b) => b.best(c),
+            });
+        }
+    }
+    let now = best[0].take().expect("this build ran");
+    now.print("this build");
+    if let Some(base) = best[1].take() {
+        base.print(&format!("baseline {}", baseline.unwrap().display()));
+        let ratio = |label: &str, n: f64, b: f64| {
+            println!("  {label}: {b:.1} -> {n:.1} (x{:.2})", n / b);
+        };
+        println!("  this build against the baseline, in the same run:");
+        for (k, clients) in [1, 16].into_iter().enumerate() {
+            ratio(
+                &format!("POST posts/s, {clients:>2} client(s)"),
+                now.posts[k].rate,
+                base.posts[k].rate,
+            );
+            ratio(
+                &format!("POST p99 us, {clients:>2} client(s)"),
+                now.posts[k].p99,
+                base.posts[k].p99,
+            );
+        }
+        for (k, what) in ["no query", "with a query"].into_iter().enumerate() {
+            ratio(
+                &format!("context p50 us, {what}"),
+                now.contexts[k].p50,
+                base.contexts[k].p50,
+            );
+            ratio(
+                &format!("context p99 us, {what}"),
+                now.contexts[k].p99,
+                base.contexts[k].p99,
+            );
+        }
+    }
+}
+
+/// One workload's figures: requests per second, p50 and p99 (µs), and per request the guest
+/// instances and store calls `/metrics` counted (NaN where a build does not count them).
+#[derive(Clone, Copy, Debug)]
+struct Cost {
+    rate: f64,
+    p50: f64,
+    p99: f64,
+    instances: f64,
+    calls: f64,
+}
+
+/// What [`request_costs`] measures: POSTs at 1 and 16 clients, contexts without and with a
+/// query.
+#[derive(Clone, Copy, Debug)]
+struct Costs {
+    posts: [Cost; 2],
+    contexts: [Cost; 2],
+}
+
+impl Cost {
+    fn best(self, o: Cost) -> Cost {
+        Cost {
+            rate: self.rate.max(o.rate),
+            p50: self.p50.min(o.p50),
+            p99: self.p99.min(o.p99),
+            ..self
+        }
+    }
+}
+
+impl Costs {
+    fn best(self, o: Costs) -> Costs {
+        Costs {
+            posts: [
+                self.posts[0].best(o.posts[0]),
+                self.posts[1].best(o.posts[1]),
+            ],
+            contexts: [
+                self.contexts[0].best(o.contexts[0]),
+                self.contexts[1].best(o.contexts[1]),
+            ],
+        }
+    }
+
+    fn print(&self, who: &str) {
+        println!("  {who}:");
+        for (k, clients) in [1, 16].into_iter().enumerate() {
+            let c = self.posts[k];
+            println!(
+                "    POST one message, {clients:>2} client(s): {:.0} posts/s, p50 {:.0} us, p99 {:.0} us; per post {:.2} guest instances, {:.2} store calls",
+                c.rate, c.p50, c.p99, c.instances, c.calls
+            );
+        }
+        for (k, what) in ["no query", "with a query"].into_iter().enumerate() {
+            let c = self.contexts[k];
+            println!(
+                "    context of 1,000 messages at 2,000 tokens, {what}: p50 {:.0} us, p99 {:.0} us; per context {:.2} guest instances, {:.2} store calls",
+                c.p50, c.p99, c.instances, c.calls
+            );
+        }
+    }
+}
+
+/// The request workload against `abridge serve` from `bin` on a new database `db`.
+async fn request_costs(
+    dir: &std::path::Path,
+    bin: &std::path::Path,
+    db: &std::path::Path,
+) -> Costs {
     let client = reqwest::Client::new();
-    let db = dir.join("requests.db");
-    let (mut server, url) = serve(dir, &db, &client, &[("ABRIDGE_MODE", "idle")]).await;
+    let (mut server, url) = serve_bin(bin, dir, db, &client, &[("ABRIDGE_MODE", "idle")]).await;
+    let mut posts = Vec::new();
+    let mut contexts = Vec::new();
     let mut r = Rng(0x5eed_2026);
     let post = |client: reqwest::Client, url: String, session: String, text: String| async move {
         let body = serde_json::json!({"messages": [{"role": "user", "content": text}]});
@@ -1734,7 +1860,6 @@ async fn requests(dir: &std::path::Path) {
     for _ in 0..50 {
         post(client.clone(), url.clone(), "warm".into(), sentence(&mut r)).await;
     }
-    println!("What a request costs through abridge serve (idle mode, extractive):");
     for clients in [1usize, 16] {
         let per = 1_600 / clients;
         let texts: Vec<Vec<String>> = (0..clients)
@@ -1760,14 +1885,13 @@ async fn requests(dir: &std::path::Path) {
         let secs = started.elapsed().as_secs_f64();
         let after = work_done(&client, &url).await;
         let n = t.len() as f64;
-        println!(
-            "  POST one message, {clients:>2} client(s): {:.0} posts/s, p50 {:.0} us, p99 {:.0} us; per post {:.2} guest instances, {:.2} store calls",
-            n / secs,
-            percentile(&mut t, 50.0),
-            percentile(&mut t, 99.0),
-            (after.0 - before.0) / n,
-            (after.1 - before.1) / n
-        );
+        posts.push(Cost {
+            rate: n / secs,
+            p50: percentile(&mut t, 50.0),
+            p99: percentile(&mut t, 99.0),
+            instances: (after.0 - before.0) / n,
+            calls: (after.1 - before.1) / n,
+        });
     }
     // A 1,000-message session for the contexts.
     for chunk in 0..10 {
@@ -1817,21 +1941,20 @@ async fn requests(dir: &std::path::Path) {
         }
         let after = work_done(&client, &url).await;
         let n = t.len() as f64;
-        println!(
-            "  context of 1,000 messages at 2,000 tokens, {}: p50 {:.0} us, p99 {:.0} us; per context {:.2} guest instances, {:.2} store calls",
-            if query.is_some() {
-                "with a query"
-            } else {
-                "no query"
-            },
-            percentile(&mut t, 50.0),
-            percentile(&mut t, 99.0),
-            (after.0 - before.0) / n,
-            (after.1 - before.1) / n
-        );
+        contexts.push(Cost {
+            rate: n / t.iter().sum::<f64>() * 1e6,
+            p50: percentile(&mut t, 50.0),
+            p99: percentile(&mut t, 99.0),
+            instances: (after.0 - before.0) / n,
+            calls: (after.1 - before.1) / n,
+        });
     }
     let _ = server.kill();
     let _ = server.wait();
+    Costs {
+        posts: [posts[0], posts[1]],
+        contexts: [contexts[0], contexts[1]],
+    }
 }
 
 /// `abridge serve` on `db` (extractive, `HOME` in `dir`, `env` besides) on a free loopback
@@ -1844,13 +1967,32 @@ async fn serve(
     client: &reqwest::Client,
     env: &[(&str, &str)],
 ) -> (std::process::Child, String) {
+    serve_bin(
+        std::path::Path::new(env!("CARGO_BIN_EXE_abridge")),
+        dir,
+        db,
+        client,
+        env,
+    )
+    .await
+}
+
+/// [`serve`] with the binary `bin` (the requests bench runs an earlier build beside this one).
+#[allow(clippy::zombie_processes)] // the child is returned, or killed and waited for
+async fn serve_bin(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    db: &std::path::Path,
+    client: &reqwest::Client,
+    env: &[(&str, &str)],
+) -> (std::process::Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let started = Instant::now();
-    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
+    let mut server = std::process::Command::new(bin)
         .args(["--db", db.to_str().unwrap(), "serve", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
         .env("ABRIDGE_BACKEND", "extractive")

@@ -439,7 +439,7 @@ impl Scoped {
         let job = job.map(|j| self.job_view(&j));
         let mut view = ContextView::new(session, &w, job, (pending, due), waited, episodes);
         // The items clients stored with the messages shown, handed back as given.
-        let mut items = self.store().items(session, &w.shown).await?;
+        let mut items = self.tables.items(session, &w.shown).await?;
         for m in &mut view.messages {
             if let Some(text) = m.episode.and_then(|id| items.remove(&id)) {
                 m.item = Some(views::item_value(text));

@@ -234,7 +234,7 @@ impl Scoped {
             .map(|e| e.id)
             .filter(|&last| last < stats.last_episode);
         let ids: Vec<u64> = page.iter().map(|e| e.id).collect();
-        let mut items = self.store().items(session, &ids).await?;
+        let mut items = self.tables.items(session, &ids).await?;
         let messages = page
             .into_iter()
             .map(|e| {
@@ -388,7 +388,7 @@ impl Scoped {
             .forget_session(&self.tenant, session, Some("summary.written"))
             .await;
         let popped = self
-            .store()
+            .tables
             .pop_episode(session)
             .await?
             .ok_or_else(|| AppError::not_found(format!("no session '{session}'")))?;

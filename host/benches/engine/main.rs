@@ -147,9 +147,6 @@ impl Store for TimedStore {
     ) -> Result<SummaryRow, Error> {
         timed!(self, self.inner.compact_summaries(s, c))
     }
-    async fn sessions(&self) -> Result<Vec<String>, Error> {
-        timed!(self, self.inner.sessions())
-    }
     async fn partial(&self, k: &str) -> Result<Option<abridge_engine::types::CachedAnswer>, Error> {
         timed!(self, self.inner.partial(k))
     }
@@ -168,16 +165,6 @@ impl Store for TimedStore {
     }
     async fn reset_session(&self, s: &str) -> Result<(), Error> {
         timed!(self, self.inner.reset_session(s))
-    }
-    async fn pop_episode(&self, s: &str) -> Result<Option<abridge_engine::Popped>, Error> {
-        timed!(self, self.inner.pop_episode(s))
-    }
-    async fn items(
-        &self,
-        s: &str,
-        ids: &[u64],
-    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
-        timed!(self, self.inner.items(s, ids))
     }
     async fn put_partial(
         &self,

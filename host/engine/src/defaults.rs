@@ -101,9 +101,6 @@ impl Store for NoStore {
     async fn compact_summaries(&self, _: &str, _: Compaction) -> Result<SummaryRow, Error> {
         none()
     }
-    async fn sessions(&self) -> Result<Vec<String>, Error> {
-        none()
-    }
     async fn failure(&self, _: &str) -> Result<Option<FailureMarker>, Error> {
         none()
     }
@@ -111,16 +108,6 @@ impl Store for NoStore {
         none()
     }
     async fn reset_session(&self, _: &str) -> Result<(), Error> {
-        none()
-    }
-    async fn pop_episode(&self, _: &str) -> Result<Option<crate::store::Popped>, Error> {
-        none()
-    }
-    async fn items(
-        &self,
-        _: &str,
-        _: &[u64],
-    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
         none()
     }
     async fn partial(&self, _: &str) -> Result<Option<CachedAnswer>, Error> {

@@ -28,4 +28,4 @@ pub use embedder::{Embedder, Vectors};
 pub use imports::RecallBinding;
 pub use llm::{LlmBackend, NoModel};
 pub use runtime::{Abridge, AbridgeBuilder, BuiltPrompt, CallError, ComponentSource, Runtime};
-pub use store::{ClusterRow, Popped, RecallStore, Store, Unsettled, UsageDay};
+pub use store::{ClusterRow, RecallStore, Store, Unsettled, UsageDay};

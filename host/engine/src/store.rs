@@ -10,19 +10,6 @@ use crate::types::{
     SessionStats, StoredMemory, SummaryRow, SummaryWrite, TermMatches,
 };
 
-/// What removing a session's newest episode did (see [`Store::pop_episode`]).
-#[derive(Clone, Debug)]
-pub struct Popped {
-    /// The episode removed.
-    pub episode: Episode,
-    /// The item its client stored with it (JSON text), if any.
-    pub item: Option<String>,
-    /// Summary rows deleted because they covered it.
-    pub dropped: Vec<u64>,
-    /// Rows those had folded, active again.
-    pub reopened: Vec<u64>,
-}
-
 /// What the engine stores. Implementations must write each call atomically and enforce the
 /// chain rule of [`SummaryWrite`]: rows of a session cover every episode exactly once, in
 /// order.
@@ -77,26 +64,12 @@ pub trait Store: Send + Sync {
     /// Fold the oldest active rows into one "earlier" row in one transaction (see
     /// [`check_compaction`]).
     async fn compact_summaries(&self, session: &str, c: Compaction) -> Result<SummaryRow, Error>;
-    /// Known sessions, most recently changed first.
-    async fn sessions(&self) -> Result<Vec<String>, Error>;
     /// The session's failure marker (see the WIT `store.failure`).
     async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error>;
     /// Record or clear the session's failure marker.
     async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error>;
     /// Delete the session's episodes, summaries and failure marker.
     async fn reset_session(&self, session: &str) -> Result<(), Error>;
-    /// Remove the session's newest episode in one transaction: the summary rows covering it
-    /// go and the rows they had folded become active again (the store rule `pop_plan`), its
-    /// pin and the session's `summary.written` events go, and a running job of the session is
-    /// asked to stop. `None` for a session without episodes.
-    async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error>;
-    /// The items clients stored with episodes `ids` of `session` (the WIT `new-episode.item`),
-    /// by episode; an episode stored without one, or not stored, is absent.
-    async fn items(
-        &self,
-        session: &str,
-        ids: &[u64],
-    ) -> Result<std::collections::BTreeMap<u64, String>, Error>;
     /// A cached partial summary by key, with what it cost (see the WIT `store.partial`).
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error>;
     /// Cache a partial summary and what it cost.

@@ -41,7 +41,7 @@ pub mod terms;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod writes;
 
-pub use abridge_engine::store::{ClusterRow, Popped, RecallStore, Store, Unsettled, UsageDay};
+pub use abridge_engine::store::{ClusterRow, RecallStore, Store, Unsettled, UsageDay};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use once::Sql;
 #[cfg(feature = "sqlite")]
@@ -65,8 +65,8 @@ pub use pg::{PgDb, PgStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteDb, SqliteStore};
 pub use tables::{
-    AppStore, EventRow, EventStore, IndexStore, JobScope, JobStore, SlotStore, SourceStore,
-    TenantCap, TokenRow, TokenStore,
+    AppStore, EventRow, EventStore, IndexStore, JobScope, JobStore, Popped, SessionRows, SlotStore,
+    SourceStore, TenantCap, TokenRow, TokenStore,
 };
 
 /// Skipped ranges as stored: JSON `[[first, last], ...]` (the same in every store).

@@ -14,7 +14,7 @@ use super::Store;
 use crate::control::Progress;
 use crate::jobs::{Beat, Claim, Job, JobState};
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
-use crate::types::Error;
+use crate::types::{Episode, Error};
 
 /// Which jobs a listing covers.
 #[derive(Clone, Copy, Debug)]
@@ -222,6 +222,39 @@ pub struct TokenRow {
     pub revoked_ms: Option<u64>,
 }
 
+/// What removing a session's newest episode did (see [`SessionRows::pop_episode`]).
+#[derive(Clone, Debug)]
+pub struct Popped {
+    /// The episode removed.
+    pub episode: Episode,
+    /// The item its client stored with it (JSON text), if any.
+    pub item: Option<String>,
+    /// Summary rows deleted because they covered it.
+    pub dropped: Vec<u64>,
+    /// Rows those had folded, active again.
+    pub reopened: Vec<u64>,
+}
+
+/// What only the app asks of a session's rows (the engine's imports never do): the list of
+/// sessions, removing the newest episode, and the items clients stored with episodes.
+#[async_trait]
+pub trait SessionRows: Send + Sync {
+    /// Known sessions, most recently changed first.
+    async fn sessions(&self) -> Result<Vec<String>, Error>;
+    /// Remove the session's newest episode in one transaction: the summary rows covering it
+    /// go and the rows they had folded become active again (the store rule `pop_plan`), its
+    /// pin and the session's `summary.written` events go, and a running job of the session is
+    /// asked to stop. `None` for a session without episodes.
+    async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error>;
+    /// The items clients stored with episodes `ids` of `session` (the WIT `new-episode.item`),
+    /// by episode; an episode stored without one, or not stored, is absent.
+    async fn items(
+        &self,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error>;
+}
+
 /// API tokens (see the app's token service).
 #[async_trait]
 pub trait TokenStore: Send + Sync {
@@ -387,6 +420,7 @@ pub trait IndexStore: Send + Sync {
 /// Everything the app keeps: the engine's store and the app's tables, in one place.
 pub trait AppStore:
     Store
+    + SessionRows
     + JobStore
     + SourceStore
     + TokenStore
@@ -399,6 +433,7 @@ pub trait AppStore:
 
 impl<
     T: Store
+        + SessionRows
         + JobStore
         + SourceStore
         + TokenStore

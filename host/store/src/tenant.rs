@@ -206,15 +206,6 @@ impl Store for TenantStore {
     ) -> Result<SummaryRow, Error> {
         self.inner.compact_summaries(&self.k(session), c).await
     }
-    async fn sessions(&self) -> Result<Vec<String>, Error> {
-        Ok(self
-            .inner
-            .sessions()
-            .await?
-            .iter()
-            .filter_map(|k| self.tenant.session_of(k).map(str::to_string))
-            .collect())
-    }
     async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
         self.inner.failure(&self.k(session)).await
     }
@@ -223,16 +214,6 @@ impl Store for TenantStore {
     }
     async fn reset_session(&self, session: &str) -> Result<(), Error> {
         self.inner.reset_session(&self.k(session)).await
-    }
-    async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
-        self.inner.pop_episode(&self.k(session)).await
-    }
-    async fn items(
-        &self,
-        session: &str,
-        ids: &[u64],
-    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
-        self.inner.items(&self.k(session), ids).await
     }
     // The partial-answer cache is per tenant: an answer is only ever reused for the tenant
     // whose transcript produced it.
@@ -311,6 +292,25 @@ impl TenantTables {
 
     fn k(&self, session: &str) -> String {
         self.tenant.key(session)
+    }
+
+    /// The tenant's sessions, most recently changed first.
+    pub async fn sessions(&self) -> Result<Vec<String>, Error> {
+        Ok(self.ids(self.db.sessions().await?))
+    }
+
+    /// Remove a session's newest episode (see [`crate::SessionRows::pop_episode`]).
+    pub async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
+        self.db.pop_episode(&self.k(session)).await
+    }
+
+    /// The items clients stored with episodes `ids` of a session, by episode.
+    pub async fn items(
+        &self,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        self.db.items(&self.k(session), ids).await
     }
 
     /// A session's own refresh mode.
@@ -645,10 +645,15 @@ mod tests {
 
     #[tokio::test]
     async fn the_same_session_id_in_two_tenants_is_two_sessions() {
-        let inner: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().unwrap());
+        let db: Arc<dyn AppStore> = Arc::new(SqliteStore::in_memory().unwrap());
+        let inner: Arc<dyn Store> = db.clone();
         let a = TenantStore::new(inner.clone(), Tenant::new("a").unwrap());
         let b = TenantStore::new(inner.clone(), Tenant::new("b").unwrap());
         let local = TenantStore::new(inner.clone(), Tenant::local());
+        let (a_rows, local_rows) = (
+            TenantTables::new(db.clone(), Tenant::new("a").unwrap()),
+            TenantTables::new(db.clone(), Tenant::local()),
+        );
         a.append_episodes("s", vec![ep("1"), ep("2")])
             .await
             .unwrap();
@@ -657,8 +662,8 @@ mod tests {
         assert_eq!(a.stats("s").await.unwrap().episodes, 2);
         assert_eq!(b.stats("s").await.unwrap().episodes, 1);
         assert_eq!(local.stats("s").await.unwrap().episodes, 1);
-        assert_eq!(a.sessions().await.unwrap(), vec!["s".to_string()]);
-        assert_eq!(local.sessions().await.unwrap(), vec!["s".to_string()]);
+        assert_eq!(a_rows.sessions().await.unwrap(), vec!["s".to_string()]);
+        assert_eq!(local_rows.sessions().await.unwrap(), vec!["s".to_string()]);
         b.reset_session("s").await.unwrap();
         assert_eq!(a.stats("s").await.unwrap().episodes, 2);
         let answer = CachedAnswer {

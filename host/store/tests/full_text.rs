@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use abridge_engine::types::{NewEpisode, Role, TermMatches};
-use abridge_store::tenant::{Tenant, TenantStore};
+use abridge_store::tenant::{Tenant, TenantStore, TenantTables};
 use abridge_store::{AppStore, PgStore, SqliteStore, Store};
 
 /// A message whose index terms are `terms` (the guest's `text.index-terms` would give them).
@@ -132,7 +132,10 @@ async fn searched(name: &str, db: Arc<dyn AppStore>) -> Vec<Shape> {
     assert_eq!(few.matches.len(), 2, "{name}");
     out.push(shape(&few));
     // A popped message leaves the index and the totals in the same transaction.
-    acme.pop_episode("alpha").await.unwrap();
+    TenantTables::new(db.clone(), Tenant::new("acme").unwrap())
+        .pop_episode("alpha")
+        .await
+        .unwrap();
     let after_pop = acme
         .search_episodes(None, None, &q(&["kubernetes"]), 10)
         .await

@@ -94,7 +94,7 @@ async fn read_all(db: Arc<dyn AppStore>) -> Result<(), String> {
         assert_eq!(eps.len(), 2);
         assert_eq!(eps[1].content, episode(2).content);
         assert_eq!(eps[0].speaker, episode(1).speaker);
-        let items = store.items("s", &[1, 2]).await.map_err(e)?;
+        let items = tables.items("s", &[1, 2]).await.map_err(e)?;
         assert_eq!(items.get(&2), episode(2).item.as_ref());
         let rows = store.summaries("s").await.map_err(e)?;
         assert_eq!(rows[0].content, format!("{CANARY} summary"));

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use abridge_engine::types::{MemoryFilter, NewEpisode, Role};
-use abridge_store::tenant::{Tenant, TenantStore};
+use abridge_store::tenant::{Tenant, TenantStore, TenantTables};
 use abridge_store::{AppStore, PgStore, SqliteStore, Store};
 
 mod common;
@@ -59,7 +59,8 @@ async fn check(name: &str, step: usize, db: &Arc<dyn AppStore>, t: usize, models
         db.clone() as Arc<dyn Store>,
         Tenant::new(TENANTS[t]).unwrap(),
     );
-    let listed: BTreeSet<String> = store.sessions().await.unwrap().into_iter().collect();
+    let rows = TenantTables::new(db.clone(), Tenant::new(TENANTS[t]).unwrap());
+    let listed: BTreeSet<String> = rows.sessions().await.unwrap().into_iter().collect();
     let written: BTreeSet<String> = own
         .sessions
         .iter()

@@ -4,11 +4,11 @@
 use async_trait::async_trait;
 
 use super::{big, sealed_val, terms_key};
-use crate::Popped;
 use crate::Store;
 use crate::keyring::{Stored, place};
 use crate::rules::Dialect;
 use crate::sql::{Backend, Row, Tx, Txn, Val};
+use crate::tables::{Popped, SessionRows};
 use crate::types::{
     CachedAnswer, Calibration, Compaction, Episode, Error, FailureMarker, LedgerEntry, NewEpisode,
     Role, SessionStats, SummaryRow, SummaryWrite, TermMatches,
@@ -552,15 +552,6 @@ impl<B: Backend> Store for super::Sql<B> {
         })
     }
 
-    async fn sessions(&self) -> Result<Vec<String>, Error> {
-        reading!(self, |t| t
-            .rows("SELECT id FROM sessions ORDER BY changed_seq DESC, id", &[])
-            .await?
-            .iter()
-            .map(|r| r.text(0))
-            .collect())
-    }
-
     async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
         reading!(self, |t| {
             match t
@@ -623,81 +614,6 @@ impl<B: Backend> Store for super::Sql<B> {
         })?;
         self.scrub().await;
         Ok(())
-    }
-
-    async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
-        let popped = writing!(self, |t| {
-            // The session's writers are waited for (and wait) on its row.
-            let last = lock_session(&mut t, session).await?.map_or(0, |(n, _)| n);
-            if last == 0 {
-                return Ok(None);
-            }
-            let episode = read_episodes(&mut t, session, last - 1, 1)
-                .await?
-                .pop()
-                .ok_or_else(|| {
-                    Error::Storage(format!(
-                        "session '{session}' counts {last} episodes but episode {last} is not stored"
-                    ))
-                })?;
-            let item = read_items(&mut t, session, &[last]).await?.remove(&last);
-            let history = summary_rows(&mut t, session, "").await?;
-            let plan = crate::rules::pop_plan(&history, last);
-            for id in &plan.drop {
-                t.exec(
-                    "DELETE FROM summaries WHERE id = $1 AND session = $2",
-                    &[big(*id), session.into()],
-                )
-                .await?;
-            }
-            for id in &plan.reopen {
-                t.exec(
-                    "UPDATE summaries SET compacted_into = NULL WHERE id = $1 AND session = $2",
-                    &[big(*id), session.into()],
-                )
-                .await?;
-            }
-            t.exec(
-                "DELETE FROM episodes WHERE session = $1 AND id = $2",
-                &[session.into(), big(last)],
-            )
-            .await?;
-            let d = t.dialect();
-            t.exec(
-                &format!(
-                    "UPDATE sessions SET episodes = episodes - 1, total_tokens = total_tokens - $2, changed_seq = {} WHERE id = $1",
-                    next_changed(d)
-                ),
-                &[session.into(), episode.tokens.into()],
-            )
-            .await?;
-            for step in crate::rules::POP_CASCADE {
-                let (sql, binds) = crate::rules::pop_sql(*step, d);
-                if binds {
-                    t.exec(&sql, &[session.into(), big(last)]).await?;
-                } else {
-                    t.exec(&sql, &[session.into()]).await?;
-                }
-            }
-            Ok(Some(Popped {
-                episode,
-                item,
-                dropped: plan.drop,
-                reopened: plan.reopen,
-            }))
-        })?;
-        if popped.is_some() {
-            self.scrub().await;
-        }
-        Ok(popped)
-    }
-
-    async fn items(
-        &self,
-        session: &str,
-        ids: &[u64],
-    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
-        reading!(self, |t| read_items(&mut t, session, ids).await)
     }
 
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
@@ -796,5 +712,92 @@ impl<B: Backend> Store for super::Sql<B> {
             &mut t, &key, &column, session, terms, limit
         )
         .await)
+    }
+}
+
+#[async_trait]
+impl<B: Backend> SessionRows for super::Sql<B> {
+    async fn sessions(&self) -> Result<Vec<String>, Error> {
+        reading!(self, |t| t
+            .rows("SELECT id FROM sessions ORDER BY changed_seq DESC, id", &[])
+            .await?
+            .iter()
+            .map(|r| r.text(0))
+            .collect())
+    }
+
+    async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
+        let popped = writing!(self, |t| {
+            // The session's writers are waited for (and wait) on its row.
+            let last = lock_session(&mut t, session).await?.map_or(0, |(n, _)| n);
+            if last == 0 {
+                return Ok(None);
+            }
+            let episode = read_episodes(&mut t, session, last - 1, 1)
+                .await?
+                .pop()
+                .ok_or_else(|| {
+                    Error::Storage(format!(
+                        "session '{session}' counts {last} episodes but episode {last} is not stored"
+                    ))
+                })?;
+            let item = read_items(&mut t, session, &[last]).await?.remove(&last);
+            let history = summary_rows(&mut t, session, "").await?;
+            let plan = crate::rules::pop_plan(&history, last);
+            for id in &plan.drop {
+                t.exec(
+                    "DELETE FROM summaries WHERE id = $1 AND session = $2",
+                    &[big(*id), session.into()],
+                )
+                .await?;
+            }
+            for id in &plan.reopen {
+                t.exec(
+                    "UPDATE summaries SET compacted_into = NULL WHERE id = $1 AND session = $2",
+                    &[big(*id), session.into()],
+                )
+                .await?;
+            }
+            t.exec(
+                "DELETE FROM episodes WHERE session = $1 AND id = $2",
+                &[session.into(), big(last)],
+            )
+            .await?;
+            let d = t.dialect();
+            t.exec(
+                &format!(
+                    "UPDATE sessions SET episodes = episodes - 1, total_tokens = total_tokens - $2, changed_seq = {} WHERE id = $1",
+                    next_changed(d)
+                ),
+                &[session.into(), episode.tokens.into()],
+            )
+            .await?;
+            for step in crate::rules::POP_CASCADE {
+                let (sql, binds) = crate::rules::pop_sql(*step, d);
+                if binds {
+                    t.exec(&sql, &[session.into(), big(last)]).await?;
+                } else {
+                    t.exec(&sql, &[session.into()]).await?;
+                }
+            }
+            Ok(Some(Popped {
+                episode,
+                item,
+                dropped: plan.drop,
+                reopened: plan.reopen,
+            }))
+        })?;
+        if popped.is_some() {
+            self.scrub().await;
+        }
+        Ok(popped)
+    }
+
+    async fn items(
+        &self,
+        session: &str,
+        ids: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        reading!(self, |t| read_items(&mut t, session, ids).await)
     }
 }
