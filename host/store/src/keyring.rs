@@ -380,3 +380,13 @@ impl VectorKeys {
         Ok(crate::recall::vector_from(&plain))
     }
 }
+
+/// What a database seals at rest: text under per-tenant data keys wrapped by the master key
+/// (none: nothing is sealed), and vectors too when `vectors` is set.
+#[derive(Default)]
+pub(crate) struct Sealing {
+    /// The master key's keyring.
+    pub keys: Option<Keyring>,
+    /// Whether vectors are sealed too.
+    pub vectors: bool,
+}

@@ -23,6 +23,26 @@ use crate::types::Mode;
 /// over them. [`crate::SqliteStore`] and [`crate::PgStore`] are this over their backends.
 pub struct Sql<B>(pub(crate) B);
 
+// The bound is the crate's own databases: these are `SqliteStore`'s and `PgStore`'s methods.
+#[allow(private_bounds)]
+impl<B: Backend> Sql<B> {
+    /// Seal memory, summary and message text at rest under per-tenant data keys wrapped by
+    /// `master` (see [`crate::crypto`]). Rows written without a key stay readable (they are
+    /// marked plaintext).
+    pub fn with_master_key(mut self, master: crate::crypto::Secret) -> Self {
+        self.0.seals_mut().keys = Some(crate::keyring::Keyring::new(master));
+        self
+    }
+
+    /// Seal stored vectors as well (memories', cluster summaries' and cluster sums'), under
+    /// the same per-tenant data keys: search then opens every vector it ranks (PostgreSQL's
+    /// pgvector index is not used). Needs a master key; without one it does nothing.
+    pub fn with_sealed_vectors(mut self) -> Self {
+        self.0.seals_mut().vectors = true;
+        self
+    }
+}
+
 impl<B> std::ops::Deref for Sql<B> {
     type Target = B;
 

@@ -869,6 +869,59 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// The tables both databases keep: a database holding a table neither this list nor its own
+/// kind's names belongs to another program, and is refused rather than migrated.
+pub(crate) const TABLES: &[&str] = &[
+    "sessions",
+    "episodes",
+    "summaries",
+    "calibration",
+    "partials",
+    "jobs",
+    "sources",
+    "failure_markers",
+    "watched_files",
+    "source_marks",
+    "session_modes",
+    "tokens",
+    "events",
+    "clusters",
+    "memories",
+    "cluster_summaries",
+    "data_keys",
+    "usage",
+    "usage_days",
+    "session_focus",
+    "session_pins",
+    "session_labels",
+    "session_grams",
+    "episode_terms",
+    "search_totals",
+];
+
+/// `Err` with the first five foreign tables (and ", …" when there are more) when `present`
+/// holds a table that is neither in [`TABLES`] nor in `own` (the database kind's own).
+pub(crate) fn refuse_foreign(
+    present: &[String],
+    own: &[&str],
+) -> Result<(), (String, &'static str)> {
+    let foreign: Vec<&str> = present
+        .iter()
+        .map(String::as_str)
+        .filter(|t| !TABLES.contains(t) && !own.contains(t))
+        .collect();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    let shown = foreign
+        .iter()
+        .take(5)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err((shown, if foreign.len() > 5 { ", …" } else { "" }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

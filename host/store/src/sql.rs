@@ -343,8 +343,16 @@ pub(crate) trait Backend: Send + Sync {
     /// meanwhile).
     fn snapshot(&self) -> impl Future<Output = Result<Self::Txn<'_>, Error>> + Send;
 
+    /// What the database seals at rest.
+    fn seals(&self) -> &crate::keyring::Sealing;
+
+    /// The same, to set (see [`crate::Sql::with_master_key`]).
+    fn seals_mut(&mut self) -> &mut crate::keyring::Sealing;
+
     /// Whether texts are sealed (a master key is set).
-    fn sealing(&self) -> bool;
+    fn sealing(&self) -> bool {
+        self.seals().keys.is_some()
+    }
 
     /// Load the saved vector indexes, so the first recalls do not wait (SQLite's graphs;
     /// PostgreSQL's index lives in the server): how many were loaded.

@@ -61,16 +61,6 @@ impl SqliteStore {
         SqliteDb::in_memory().map(crate::once::Sql)
     }
 
-    /// Seal memory and cluster summary text at rest (see [`SqliteDb::with_master_key`]).
-    pub fn with_master_key(self, master: crate::crypto::Secret) -> Self {
-        crate::once::Sql(self.0.with_master_key(master))
-    }
-
-    /// Seal stored vectors as well (see [`SqliteDb::with_sealed_vectors`]).
-    pub fn with_sealed_vectors(self) -> Self {
-        crate::once::Sql(self.0.with_sealed_vectors())
-    }
-
     /// Fold at most `rows` into a recall index within a search (see
     /// [`SqliteDb::with_ann_inline`]).
     pub fn with_ann_inline(self, rows: usize) -> Self {
@@ -88,45 +78,19 @@ pub struct SqliteDb {
     pub(crate) conn: parking_lot::Mutex<Connection>,
     /// The file's path, named in every error.
     pub(super) name: String,
-    /// The master key, when memory and summary text is sealed at rest.
-    pub(super) keys: Option<super::keyring::Keyring>,
-    /// Whether vectors are sealed too (with a master key; see `with_sealed_vectors`).
-    pub(super) seal_vectors: bool,
+    /// The master key and whether vectors are sealed too (see [`crate::Sql::with_master_key`]).
+    pub(crate) sealing: super::keyring::Sealing,
     /// Recall's vector indexes, per tenant and model, built on first need (see `ann.rs`).
     pub(super) ann: crate::ann::AnnIndexes,
     /// Most rows a search folds into an index itself (see [`crate::ann::BUILD_INLINE`]).
     pub(super) ann_inline: usize,
 }
 
-/// Tables of the abridge schema: a database holding any other table belongs to another
-/// program and is refused rather than migrated.
+/// The tables only SQLite keeps (see [`crate::rules::refuse_foreign`]): the memory marks, the
+/// saved recall graphs and FTS5's tables.
 const OWN_TABLES: &[&str] = &[
-    "sessions",
-    "episodes",
-    "summaries",
-    "calibration",
-    "partials",
-    "jobs",
-    "sources",
-    "failure_markers",
-    "watched_files",
-    "source_marks",
-    "session_modes",
-    "tokens",
-    "events",
-    "clusters",
-    "memories",
-    "cluster_summaries",
-    "data_keys",
-    "usage",
-    "usage_days",
     "memory_marks",
-    "session_focus",
-    "session_pins",
-    "session_labels",
-    "session_grams",
     "ann_graphs",
-    "episode_terms",
     "episode_fts",
     "episode_fts_data",
     "episode_fts_idx",
@@ -134,7 +98,6 @@ const OWN_TABLES: &[&str] = &[
     "episode_fts_content",
     "episode_fts_docsize",
     "episode_vocab",
-    "search_totals",
 ];
 
 /// Add the database's path and what to do to a SQLite error's message.
@@ -195,18 +158,12 @@ fn prepare(conn: &mut Connection, name: &str) -> Result<(), Init> {
     let tables: Vec<String> = conn
         .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
         .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())?;
-    let foreign: Vec<&String> = tables
-        .iter()
-        .filter(|t| !OWN_TABLES.contains(&t.as_str()))
-        .collect();
-    if !foreign.is_empty() {
-        let shown: Vec<&str> = foreign.iter().take(5).map(|t| t.as_str()).collect();
-        return Err(Init::Refused(Error::Storage(format!(
-            "{name} is not an abridge database (it holds other tables: {}{}); abridge leaves it untouched — point --db/ABRIDGE_DB at a new file",
-            shown.join(", "),
-            if foreign.len() > 5 { ", …" } else { "" }
-        ))));
-    }
+    crate::rules::refuse_foreign(&tables, OWN_TABLES)
+        .map_err(|(shown, more)| {
+            Init::Refused(Error::Storage(format!(
+                "{name} is not an abridge database (it holds other tables: {shown}{more}); abridge leaves it untouched — point --db/ABRIDGE_DB at a new file"
+            )))
+        })?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
@@ -273,22 +230,6 @@ impl SqliteDb {
         Self::init(conn, &path.display().to_string())
     }
 
-    /// Seal memory and cluster summary text at rest under per-tenant data keys wrapped by
-    /// `master` (see [`crate::crypto`]). Rows written without a key stay readable (they are
-    /// marked plaintext).
-    pub fn with_master_key(mut self, master: crate::crypto::Secret) -> Self {
-        self.keys = Some(super::keyring::Keyring::new(master));
-        self
-    }
-
-    /// Seal stored vectors as well (memories', cluster summaries' and cluster sums'), under
-    /// the same per-tenant data keys: search then opens every vector it ranks. Needs a
-    /// master key ([`with_master_key`](Self::with_master_key)); without one it does nothing.
-    pub fn with_sealed_vectors(mut self) -> Self {
-        self.seal_vectors = true;
-        self
-    }
-
     /// Fold at most `rows` into a recall index within a search; a larger build runs on a
     /// thread of its own (default [`crate::ann::BUILD_INLINE`]; tests and benchmarks set it).
     pub fn with_ann_inline(mut self, rows: usize) -> Self {
@@ -320,7 +261,7 @@ impl SqliteDb {
     /// data key version per tenant (rows are re-sealed under it when next written). Returns
     /// the tenants whose keys were rotated.
     pub fn rotate_master_key(&self, new: &crate::crypto::Secret) -> Result<usize, Error> {
-        let keys = self.keys.as_ref().ok_or_else(|| {
+        let keys = self.sealing.keys.as_ref().ok_or_else(|| {
             Error::InvalidInput(
                 "no current master key is set: set ABRIDGE_MASTER_KEY_FILE to the key the database was written with".into(),
             )
@@ -359,8 +300,7 @@ impl SqliteDb {
         Ok(SqliteDb {
             conn: parking_lot::Mutex::new(conn),
             name: name.to_string(),
-            keys: None,
-            seal_vectors: false,
+            sealing: crate::keyring::Sealing::default(),
             ann: Default::default(),
             ann_inline: crate::ann::BUILD_INLINE,
         })
@@ -514,8 +454,7 @@ mod tests {
         let store = SqliteDb {
             conn: parking_lot::Mutex::new(conn),
             name: path.display().to_string(),
-            keys: None,
-            seal_vectors: false,
+            sealing: crate::keyring::Sealing::default(),
             ann: Default::default(),
             ann_inline: crate::ann::BUILD_INLINE,
         };

@@ -29,7 +29,7 @@ impl SqliteDb {
     pub(crate) fn sealer(&self, c: &Connection, tenant: &str) -> Result<Sealer, Error> {
         Ok(Sealer::new(
             tenant,
-            match &self.keys {
+            match &self.sealing.keys {
                 Some(k) => Some(k.current(c, tenant)?),
                 None => None,
             },
@@ -45,7 +45,7 @@ impl SqliteDb {
         row: &str,
         s: Stored,
     ) -> Result<String, Error> {
-        match crate::keyring::reveal(self.keys.as_ref(), table, row, s)? {
+        match crate::keyring::reveal(self.sealing.keys.as_ref(), table, row, s)? {
             Revealed::Text(t) => Ok(t),
             Revealed::Sealed {
                 keys,

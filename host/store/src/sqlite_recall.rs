@@ -19,10 +19,10 @@ use crate::keyring::{Stored, VectorKeys};
 impl SqliteDb {
     /// The tenant's keys for its vectors in this call (see [`VectorKeys`]).
     fn vector_keys(&self, c: &Connection, tenant: &str) -> Result<VectorKeys, Error> {
-        let Some(keys) = &self.keys else {
+        let Some(keys) = &self.sealing.keys else {
             return Ok(VectorKeys::plain(tenant));
         };
-        if self.seal_vectors {
+        if self.sealing.vectors {
             // Made on first use, like a data key for text.
             keys.current(c, tenant)?;
         }
@@ -34,7 +34,7 @@ impl SqliteDb {
         for v in versions {
             all.insert(v, keys.key(c, tenant, v)?);
         }
-        Ok(VectorKeys::new(tenant, all, self.seal_vectors))
+        Ok(VectorKeys::new(tenant, all, self.sealing.vectors))
     }
 }
 
@@ -56,7 +56,7 @@ impl SqliteDb {
         c: &Connection,
         tenant: &str,
     ) -> Result<Option<Vec<u8>>, Error> {
-        let Some(keys) = &self.keys else {
+        let Some(keys) = &self.sealing.keys else {
             return Ok(None);
         };
         let first: Option<u32> = c
@@ -173,8 +173,12 @@ impl crate::sql::Backend for SqliteDb {
         self.begin_txn(false).await
     }
 
-    fn sealing(&self) -> bool {
-        self.keys.is_some()
+    fn seals(&self) -> &crate::keyring::Sealing {
+        &self.sealing
+    }
+
+    fn seals_mut(&mut self) -> &mut crate::keyring::Sealing {
+        &mut self.sealing
     }
 
     async fn warm(&self) -> Result<usize, Error> {

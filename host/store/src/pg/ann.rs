@@ -97,7 +97,7 @@ impl PgDb {
         if !self.ann {
             return Ok(false);
         }
-        if self.seal_vectors {
+        if self.sealing.vectors {
             // A sealed vector has no clear copy: one left from before sealing goes.
             c.execute(
                 "UPDATE memories SET embedding = NULL WHERE tenant = $1 AND id = $2",

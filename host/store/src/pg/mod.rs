@@ -41,37 +41,9 @@ const MIGRATIONS: &[&str] = &[
     include_str!("014-episode-items.sql"),
 ];
 
-/// Tables of the abridge schema (and the version table): a schema holding any other table
-/// belongs to another program and is refused rather than migrated.
-const OWN_TABLES: &[&str] = &[
-    "abridge_schema",
-    "sessions",
-    "episodes",
-    "summaries",
-    "calibration",
-    "partials",
-    "jobs",
-    "sources",
-    "failure_markers",
-    "watched_files",
-    "source_marks",
-    "session_modes",
-    "session_focus",
-    "session_pins",
-    "session_labels",
-    "session_grams",
-    "episode_terms",
-    "search_totals",
-    "tokens",
-    "events",
-    "clusters",
-    "memories",
-    "cluster_summaries",
-    "data_keys",
-    "usage",
-    "usage_days",
-    "model_slots",
-];
+/// The tables only PostgreSQL keeps (see [`crate::rules::refuse_foreign`]): the version table
+/// and the model slots.
+const OWN_TABLES: &[&str] = &["abridge_schema", "model_slots"];
 
 /// The advisory lock every opener takes while it migrates.
 const MIGRATION_LOCK: i64 = 0x0061_6272_6964_6765;
@@ -105,16 +77,6 @@ impl PgStore {
     pub async fn connect(url: &str) -> Result<Self, Error> {
         PgDb::connect(url).await.map(crate::once::Sql)
     }
-
-    /// Seal memory and cluster summary text at rest (see [`PgDb::with_master_key`]).
-    pub fn with_master_key(self, master: crate::crypto::Secret) -> Self {
-        crate::once::Sql(self.0.with_master_key(master))
-    }
-
-    /// Seal stored vectors as well (see [`PgDb::with_sealed_vectors`]).
-    pub fn with_sealed_vectors(self) -> Self {
-        crate::once::Sql(self.0.with_sealed_vectors())
-    }
 }
 
 /// A PostgreSQL database: its pool, keys and index state (what [`PgStore`] runs on).
@@ -123,10 +85,8 @@ pub struct PgDb {
     /// The database as named in messages: the URL without its password.
     name: String,
     config: tokio_postgres::Config,
-    /// The master key, when memory and summary text is sealed at rest.
-    pub(super) keys: Option<super::keyring::Keyring>,
-    /// Whether vectors are sealed too (see `with_sealed_vectors`).
-    pub(super) seal_vectors: bool,
+    /// The master key and whether vectors are sealed too (see [`crate::Sql::with_master_key`]).
+    pub(crate) sealing: super::keyring::Sealing,
     /// Whether recall asks pgvector's index (the server has the extension).
     ann: bool,
     /// The vector indexes made so far.
@@ -213,27 +173,13 @@ impl PgDb {
             pool,
             name,
             config,
-            keys: None,
-            seal_vectors: false,
+            sealing: crate::keyring::Sealing::default(),
             ann: false,
             ann_indexes: Default::default(),
         };
         let mut store = store;
         store.ann = store.migrate().await?;
         Ok(store)
-    }
-
-    /// Seal memory and cluster summary text at rest (see [`super::SqliteStore::with_master_key`]).
-    pub fn with_master_key(mut self, master: crate::crypto::Secret) -> Self {
-        self.keys = Some(super::keyring::Keyring::new(master));
-        self
-    }
-
-    /// Seal stored vectors as well (memories', cluster summaries' and cluster sums'): search
-    /// then scans and opens them (pgvector's index is not used). Needs a master key.
-    pub fn with_sealed_vectors(mut self) -> Self {
-        self.seal_vectors = true;
-        self
     }
 
     /// The database as named in messages (no password).
@@ -287,19 +233,12 @@ impl PgDb {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        let foreign: Vec<&String> = tables
-            .iter()
-            .filter(|t| !OWN_TABLES.contains(&t.as_str()))
-            .collect();
-        if !foreign.is_empty() {
-            let shown: Vec<&str> = foreign.iter().take(5).map(|t| t.as_str()).collect();
-            return Err(Error::Storage(format!(
-                "{} is not an abridge database (its schema holds other tables: {}{}); abridge leaves it untouched — create a database of its own (createdb abridge) and point --db/ABRIDGE_DB at it",
-                self.name,
-                shown.join(", "),
-                if foreign.len() > 5 { ", …" } else { "" }
-            )));
-        }
+        crate::rules::refuse_foreign(&tables, OWN_TABLES).map_err(|(shown, more)| {
+            Error::Storage(format!(
+                "{} is not an abridge database (its schema holds other tables: {shown}{more}); abridge leaves it untouched — create a database of its own (createdb abridge) and point --db/ABRIDGE_DB at it",
+                self.name
+            ))
+        })?;
         c.batch_execute("CREATE TABLE IF NOT EXISTS abridge_schema (version BIGINT NOT NULL)")
             .await
             .map_err(|e| self.err(e))?;
@@ -337,8 +276,9 @@ impl PgDb {
     /// Empty every table (tests: one server, a fresh store per test).
     pub async fn truncate_all(&self) -> Result<(), Error> {
         let c = self.client().await?;
-        let list: Vec<&str> = OWN_TABLES
+        let list: Vec<&str> = crate::rules::TABLES
             .iter()
+            .chain(OWN_TABLES)
             .copied()
             .filter(|t| *t != "abridge_schema")
             .collect();

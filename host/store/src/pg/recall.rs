@@ -28,7 +28,7 @@ impl PgDb {
         c: &C,
         tenant: &str,
     ) -> Result<Option<Vec<u8>>, Error> {
-        if self.keys.is_none() {
+        if self.sealing.keys.is_none() {
             return Ok(None);
         }
         let first: Option<i64> = c
@@ -57,7 +57,7 @@ impl PgDb {
         tenant: &str,
         version: u32,
     ) -> Result<Arc<Secret>, Error> {
-        let keys = self.keys.as_ref().expect("called with a keyring");
+        let keys = self.sealing.keys.as_ref().expect("called with a keyring");
         if let Some(k) = keys.cached(tenant, version) {
             return Ok(k);
         }
@@ -91,7 +91,7 @@ impl PgDb {
         c: &C,
         tenant: &str,
     ) -> Result<Sealer, Error> {
-        let Some(keys) = &self.keys else {
+        let Some(keys) = &self.sealing.keys else {
             return Ok(Sealer::new(tenant, None));
         };
         let newest: Option<i64> = c
@@ -128,7 +128,7 @@ impl PgDb {
         row: &str,
         s: Stored,
     ) -> Result<String, Error> {
-        match crate::keyring::reveal(self.keys.as_ref(), table, row, s)? {
+        match crate::keyring::reveal(self.sealing.keys.as_ref(), table, row, s)? {
             Revealed::Text(t) => Ok(t),
             Revealed::Sealed { bytes, version, .. } => {
                 let k = self.data_key(c, tenant, version).await?;
@@ -143,10 +143,10 @@ impl PgDb {
         c: &C,
         tenant: &str,
     ) -> Result<VectorKeys, Error> {
-        if self.keys.is_none() {
+        if self.sealing.keys.is_none() {
             return Ok(VectorKeys::plain(tenant));
         }
-        if self.seal_vectors {
+        if self.sealing.vectors {
             // Made on first use, like a data key for text.
             self.sealer(c, tenant).await?;
         }
@@ -162,12 +162,12 @@ impl PgDb {
             let v = g64(r, 0) as u32;
             all.insert(v, self.data_key(c, tenant, v).await?);
         }
-        Ok(VectorKeys::new(tenant, all, self.seal_vectors))
+        Ok(VectorKeys::new(tenant, all, self.sealing.vectors))
     }
 
     /// Rotate the master key (see [`crate::SqliteStore::rotate_master_key`]).
     pub async fn rotate_master_key(&self, new: &Secret) -> Result<usize, Error> {
-        let keys = self.keys.as_ref().ok_or_else(|| {
+        let keys = self.sealing.keys.as_ref().ok_or_else(|| {
             Error::InvalidInput(
                 "no current master key is set: set ABRIDGE_MASTER_KEY_FILE to the key the database was written with".into(),
             )
@@ -370,7 +370,7 @@ where
         limit: u32,
     ) -> Result<Option<Vec<Candidate>>, Error> {
         // Sealed vectors have no pgvector copy: search scans and opens them.
-        if self.store.seal_vectors {
+        if self.store.sealing.vectors {
             return Ok(None);
         }
         // The index query names the model itself: the filter's arguments without it.
@@ -543,8 +543,12 @@ impl crate::sql::Backend for PgDb {
         })
     }
 
-    fn sealing(&self) -> bool {
-        self.keys.is_some()
+    fn seals(&self) -> &crate::keyring::Sealing {
+        &self.sealing
+    }
+
+    fn seals_mut(&mut self) -> &mut crate::keyring::Sealing {
+        &mut self.sealing
     }
 
     async fn warm(&self) -> Result<usize, Error> {
