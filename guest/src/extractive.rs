@@ -13,25 +13,30 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::tokens::estimate_tokens;
 use crate::types::{Message, Role};
 
-/// Words too common to say what a conversation is about.
+/// Words too common to say what a conversation is about (sorted: [`is_stopword`]).
 const STOPWORDS: &[&str] = &[
     "about", "above", "after", "again", "all", "also", "and", "any", "are", "because", "been",
     "before", "being", "between", "both", "but", "can", "could", "did", "does", "doing", "down",
-    "each", "few", "for", "from", "further", "had", "has", "have", "having", "her", "here", "hers",
-    "him", "his", "how", "into", "its", "just", "let", "like", "more", "most", "much", "must",
-    "not", "now", "off", "once", "only", "other", "our", "ours", "out", "over", "own", "same",
-    "she", "should", "some", "such", "than", "that", "the", "their", "them", "then", "there",
-    "these", "they", "this", "those", "through", "too", "under", "until", "very", "was", "way",
-    "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will", "with",
-    "would", "yes", "yet", "you", "your", "yours", "okay", "well", "really", "know", "think",
-    "want", "get", "got", "going", "one", "see", "thing", "things", "sure", "thanks", "thank",
-    "please", "hello", "hey", "right", "good", "great", "lot", "may",
+    "each", "few", "for", "from", "further", "get", "going", "good", "got", "great", "had", "has",
+    "have", "having", "hello", "her", "here", "hers", "hey", "him", "his", "how", "into", "its",
+    "just", "know", "let", "like", "lot", "may", "more", "most", "much", "must", "not", "now",
+    "off", "okay", "once", "one", "only", "other", "our", "ours", "out", "over", "own", "please",
+    "really", "right", "same", "see", "she", "should", "some", "such", "sure", "than", "thank",
+    "thanks", "that", "the", "their", "them", "then", "there", "these", "they", "thing", "things",
+    "think", "this", "those", "through", "too", "under", "until", "very", "want", "was", "way",
+    "well", "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will",
+    "with", "would", "yes", "yet", "you", "your", "yours",
 ];
+
+/// Whether `w` (lower case) is a stop word.
+fn is_stopword(w: &str) -> bool {
+    STOPWORDS.binary_search(&w).is_ok()
+}
 
 fn content_words(text: &str) -> Vec<String> {
     text.split(|c: char| !c.is_alphanumeric() && c != '\'')
         .map(|w| w.trim_matches('\'').to_lowercase())
-        .filter(|w| w.chars().count() >= 3 && !STOPWORDS.contains(&w.as_str()))
+        .filter(|w| w.chars().count() >= 3 && !is_stopword(w))
         .collect()
 }
 
@@ -209,79 +214,78 @@ pub const KEEP_RATE: f64 = 0.3;
 const MIN_NEW_TOKENS: u32 = 80;
 
 /// Words of praise, thanks, greeting and backchannel: a sentence made only of these (and
-/// stopwords) says nothing a later question could ask about.
+/// stopwords) says nothing a later question could ask about. Sorted, for a binary search.
 const SOCIAL: &[&str] = &[
-    "wow",
-    "amazing",
-    "awesome",
-    "cool",
-    "nice",
-    "great",
-    "glad",
-    "thanks",
-    "thank",
-    "congrats",
-    "congratulations",
-    "proud",
-    "love",
-    "lovely",
-    "beautiful",
-    "gorgeous",
-    "sounds",
-    "sound",
-    "hope",
-    "hey",
-    "hello",
-    "bye",
-    "yeah",
-    "yes",
-    "totally",
     "absolutely",
-    "definitely",
-    "incredible",
-    "fantastic",
-    "wonderful",
-    "happy",
-    "super",
-    "inspiring",
-    "appreciate",
-    "cheers",
-    "sweet",
-    "agreed",
-    "agree",
-    "exactly",
-    "true",
-    "good",
-    "fun",
-    "awesome",
-    "omg",
-    "haha",
-    "lol",
-    "brilliant",
-    "stunning",
-    "impressive",
-    "excited",
-    "exciting",
-    "cute",
     "adorable",
-    "talk",
-    "soon",
+    "agree",
+    "agreed",
+    "amazing",
+    "appreciate",
+    "awesome",
+    "beautiful",
+    "bet",
+    "brilliant",
+    "bye",
     "care",
-    "luck",
-    "keep",
-    "it",
-    "wish",
-    "feel",
-    "feels",
-    "share",
-    "sharing",
+    "catch",
     "chat",
     "chatting",
-    "catch",
-    "bet",
+    "cheers",
+    "congrats",
+    "congratulations",
+    "cool",
+    "cute",
+    "definitely",
+    "exactly",
+    "excited",
+    "exciting",
+    "fantastic",
+    "feel",
+    "feels",
+    "fun",
+    "glad",
+    "good",
+    "gorgeous",
+    "great",
+    "haha",
+    "happy",
+    "hello",
+    "hey",
+    "hope",
+    "impressive",
+    "incredible",
+    "inspiring",
+    "it",
+    "keep",
+    "lol",
+    "lots",
+    "love",
+    "lovely",
+    "luck",
     "mean",
     "means",
-    "lots",
+    "nice",
+    "omg",
+    "proud",
+    "share",
+    "sharing",
+    "soon",
+    "sound",
+    "sounds",
+    "stunning",
+    "super",
+    "sweet",
+    "talk",
+    "thank",
+    "thanks",
+    "totally",
+    "true",
+    "wish",
+    "wonderful",
+    "wow",
+    "yeah",
+    "yes",
 ];
 
 /// Greetings and sign-offs whose words are common on their own ("long", "time", "see").
@@ -341,7 +345,9 @@ impl Line {
             .collect();
         let words: BTreeSet<String> = content_words(said)
             .into_iter()
-            .filter(|w| !SOCIAL.contains(&w.as_str()) && !greeting.contains(w.as_str()))
+            .filter(|w| {
+                SOCIAL.binary_search(&w.as_str()).is_err() && !greeting.contains(w.as_str())
+            })
             .collect();
         // Numbers, and capitalised words past the first (names, places, titles).
         let marks = said
@@ -352,7 +358,7 @@ impl Line {
                 w.chars().any(|c| c.is_ascii_digit())
                     || (*i > 0
                         && w.chars().next().is_some_and(char::is_uppercase)
-                        && !STOPWORDS.contains(&w.to_lowercase().as_str())
+                        && !is_stopword(&w.to_lowercase())
                         && w != "I")
             })
             .count() as u32;
@@ -755,6 +761,13 @@ pub fn summarize(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_word_lists_are_sorted_for_their_binary_searches() {
+        for list in [super::STOPWORDS, super::SOCIAL] {
+            assert!(list.windows(2).all(|w| w[0] < w[1]), "{list:?}");
+        }
+    }
+
     use super::*;
 
     fn conv() -> Vec<Message> {

@@ -23,6 +23,10 @@ use crate::types::Mode;
 /// over them. [`crate::SqliteStore`] and [`crate::PgStore`] are this over their backends.
 pub struct Sql<B>(pub(crate) B);
 
+// Written once, for the one implementation: the SQL stores (in-memory test stores implement
+// the traits they need and are not an `AppStore`).
+impl<B: Backend> crate::AppStore for Sql<B> {}
+
 // The bound is the crate's own databases: these are `SqliteStore`'s and `PgStore`'s methods.
 #[allow(private_bounds)]
 impl<B: Backend> Sql<B> {

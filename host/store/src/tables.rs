@@ -431,9 +431,6 @@ pub trait AppStore:
 {
 }
 
-// Written once, for the one implementation: the SQL stores (in-memory test stores implement
-// the traits they need and are not an `AppStore`).
-impl<B: crate::sql::Backend> AppStore for crate::once::Sql<B> {}
 
 /// A tenant's session search key and a query's trigram hashes under it (`tenant`: the
 /// sessions' `tenant` column, '' for the local tenant). The key comes from the tenant's
