@@ -431,7 +431,6 @@ pub trait AppStore:
 {
 }
 
-
 /// A tenant's session search key and a query's trigram hashes under it (`tenant`: the
 /// sessions' `tenant` column, '' for the local tenant). The key comes from the tenant's
 /// lexical key, so the SQL stores derive it the one way `RecallStore::lexical_key` does.
