@@ -282,13 +282,20 @@ fn month_of(w: &str) -> Option<u32> {
     MONTHS
         .iter()
         .position(|m| {
-            let m = m.to_lowercase();
-            m == w || (w.len() == 3 && m.starts_with(w)) || (w == "sept" && m == "september")
+            // (`w` is lower case, the months ASCII: no copy of each month is made.)
+            let (m, b) = (m.as_bytes(), w.as_bytes());
+            m.eq_ignore_ascii_case(b)
+                || (b.len() == 3 && m.len() >= 3 && m[..3].eq_ignore_ascii_case(b))
+                || (w == "sept" && m.eq_ignore_ascii_case(b"september"))
         })
         .map(|i| i as u32 + 1)
 }
 
 fn day_number(w: &str) -> Option<u32> {
+    // A number opens with a digit (or the sign `parse` accepts): most words end here.
+    if !w.starts_with(|c: char| c.is_ascii_digit() || c == '+') {
+        return None;
+    }
     let w = w.to_lowercase();
     let digits = w
         .strip_suffix("st")

@@ -35,7 +35,10 @@ fn is_stopword(w: &str) -> bool {
 
 fn content_words(text: &str) -> Vec<String> {
     text.split(|c: char| !c.is_alphanumeric() && c != '\'')
-        .map(|w| w.trim_matches('\'').to_lowercase())
+        .map(|w| w.trim_matches('\''))
+        // Under three bytes is under three characters, lower-cased or not.
+        .filter(|w| w.len() >= 3)
+        .map(str::to_lowercase)
         .filter(|w| w.chars().count() >= 3 && !is_stopword(w))
         .collect()
 }
@@ -44,18 +47,20 @@ fn content_words(text: &str) -> Vec<String> {
 pub fn sentences(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in text.lines() {
-        let mut cur = String::new();
-        let chars: Vec<char> = line.chars().collect();
-        for (i, &c) in chars.iter().enumerate() {
-            cur.push(c);
-            let ends =
-                matches!(c, '.' | '!' | '?') && chars.get(i + 1).is_none_or(|n| n.is_whitespace());
+        // Slices of the line, not copies: a context reads every unfolded message's sentences
+        // on each call.
+        let mut start = 0;
+        let mut chars = line.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            let ends = matches!(c, '.' | '!' | '?')
+                && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
             if ends {
-                push_sentence(&mut out, &cur);
-                cur.clear();
+                let end = i + c.len_utf8();
+                push_sentence(&mut out, &line[start..end]);
+                start = end;
             }
         }
-        push_sentence(&mut out, &cur);
+        push_sentence(&mut out, &line[start..]);
     }
     out
 }
@@ -88,7 +93,12 @@ fn strip_tags(s: &str) -> String {
 /// Markdown debris removed from a sentence: emphasis and code marks (their text stays),
 /// heading and list markers, link targets.
 fn demarkdown(s: &str) -> String {
-    let mut t = strip_tags(&s.replace("**", "").replace("__", "").replace('`', ""));
+    // (Most sentences hold none of these marks: nothing to replace.)
+    let mut t = if s.contains(['*', '_', '`', '<']) {
+        strip_tags(&s.replace("**", "").replace("__", "").replace('`', ""))
+    } else {
+        s.to_string()
+    };
     // [text](target) → text
     while let Some(open) = t.find("](") {
         let Some(close) = t[open..].find(')') else {

@@ -488,6 +488,11 @@ fn is_number(t: &str) -> bool {
 
 /// The kind of a single token, if it is an identifier by itself.
 fn classify(t: &str) -> Option<Kind> {
+    // A plain word (letters only) is none of the kinds below, each of which needs a digit, a
+    // symbol or a separator: most words of a chat end here, before any copy is made.
+    if t.chars().all(char::is_alphabetic) {
+        return None;
+    }
     let lower = t.to_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
         return (t.len() > 8).then_some(Kind::Url);
