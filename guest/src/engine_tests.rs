@@ -49,16 +49,19 @@ impl Fake {
     }
 
     fn with_episodes(n: usize, words: usize) -> Self {
+        Self::alternating(n, |i| format!("ep{} {}", i + 1, "word ".repeat(words)))
+    }
+
+    /// `n` episodes, the user's and the assistant's in turn, episode `i + 1` saying `text(i)`.
+    fn alternating(n: usize, text: impl Fn(usize) -> String) -> Self {
         let mut f = Fake::default();
         for i in 0..n {
-            f.push(
-                if i % 2 == 0 {
-                    Role::User
-                } else {
-                    Role::Assistant
-                },
-                &format!("ep{} {}", i + 1, "word ".repeat(words)),
-            );
+            let role = if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            };
+            f.push(role, &text(i));
         }
         f
     }
@@ -778,21 +781,12 @@ fn extractive_engine_needs_no_model() {
 #[test]
 fn a_long_catch_up_compacts_as_it_goes_and_never_reads_a_long_chain() {
     // Each episode says something of its own, so the offline summary keeps growing rows.
-    let mut f = Fake::default();
-    for i in 0..12_000 {
-        let role = if i % 2 == 0 {
-            Role::User
-        } else {
-            Role::Assistant
-        };
-        f.push(
-            role,
-            &format!(
-                "Item {i} ships to depot{i} with code{i} on route{} today.",
-                i * 7
-            ),
-        );
-    }
+    let mut f = Fake::alternating(12_000, |i| {
+        format!(
+            "Item {i} ships to depot{i} with code{i} on route{} today.",
+            i * 7
+        )
+    });
     let c = Config {
         engine: Engine::Extractive,
         ..cfg()
