@@ -863,8 +863,7 @@ mod tests {
             1
         );
         // A session reset takes its events from the store and from memory.
-        use crate::store::Store;
-        let scoped = crate::tenant::TenantStore::new(store.clone(), a.clone());
+        let scoped = crate::store::AppStore::for_tenant(&*store, &a);
         scoped.reset_session("s").await.unwrap();
         bus.forget_session(&a, "s", None).await;
         let left: Vec<u64> = bus

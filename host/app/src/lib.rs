@@ -4,7 +4,8 @@
 //! are thin shells that turn its results and [`AppError`] kinds into their own output.
 //!
 //! All data access goes through a [`Scoped`] handle for one tenant, which sees the store only
-//! through a [`TenantStore`]: a foreign session or job id is simply not found.
+//! through the store bound to it (`AppStore::for_tenant`): a foreign session or job id is
+//! simply not found.
 #![deny(missing_docs)]
 
 use abridge_backend as backend;
@@ -90,7 +91,7 @@ use crate::jobs::{Job, Jobs};
 use crate::runtime::{Abridge, Runtime};
 use crate::sources::SessionMode;
 use crate::store::{AppStore, Store};
-use crate::tenant::{TenantStore, TenantTables};
+use crate::tenant::TenantTables;
 
 /// Messages indexed per transaction when older sessions are brought into the full-text index.
 pub const INDEX_BATCH: u32 = 500;
@@ -460,8 +461,7 @@ impl App {
                     );
                 }
                 let llm: Arc<dyn LlmBackend> = Arc::new(guarded);
-                let store: Arc<dyn Store> =
-                    Arc::new(TenantStore::new(self.inner.db.clone(), t.clone()));
+                let store: Arc<dyn Store> = self.inner.db.for_tenant(t);
                 let log = c.log.clone();
                 let engine = Abridge::builder()
                     .runtime(c.runtime.clone())

@@ -3,6 +3,8 @@
 //! and how it seals, is here. SQL is in PostgreSQL's spelling of parameters (`$1`), which
 //! SQLite's transaction reads as its own.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use crate::control::Progress;
@@ -16,16 +18,72 @@ use crate::tables::{
     EventRow, EventStore, JobScope, JobStore, Liveness, SessionText, SourceStore, TenantCap,
     TokenRow, TokenStore,
 };
+use crate::tenant::Tenant;
 use crate::types::Error;
 use crate::types::Mode;
 
 /// A SQL store: a backend's transactions ([`Backend`]), with every store trait written once
 /// over them. [`crate::SqliteStore`] and [`crate::PgStore`] are this over their backends.
-pub struct Sql<B>(pub(crate) B);
+///
+/// A store opened is the database's whole view: the engine's [`crate::Store`] and the
+/// session rows take stored keys as they are. [`AppStore::for_tenant`](crate::AppStore)
+/// gives the same database bound to one [`Tenant`]: those calls then name sessions (and
+/// partial answers) by the tenant's own ids, which the handle keys into the tenant's space on
+/// the way in and back on the way out, so another tenant's rows cannot be named. (The app's
+/// tables and recall take their keys and tenants explicitly, through the app's
+/// [`crate::tenant::TenantTables`] and [`crate::tenant::TenantRecall`].)
+pub struct Sql<B> {
+    db: Arc<B>,
+    tenant: Option<Tenant>,
+}
+
+impl<B> Sql<B> {
+    /// The whole view of `db`.
+    pub(crate) fn new(db: B) -> Self {
+        Sql {
+            db: Arc::new(db),
+            tenant: None,
+        }
+    }
+
+    /// The database, to configure before it is shared (opening, sealing).
+    pub(crate) fn db_mut(&mut self) -> &mut B {
+        Arc::get_mut(&mut self.db).expect("a store is configured before it is shared")
+    }
+
+    /// A session's stored key: the id itself in the whole view, keyed into the tenant's
+    /// space in a bound one.
+    pub(crate) fn key(&self, session: &str) -> String {
+        match &self.tenant {
+            Some(t) => t.key(session),
+            None => session.to_string(),
+        }
+    }
+
+    /// A stored key back as this view names it (`None`: another tenant's).
+    pub(crate) fn id_of<'a>(&self, key: &'a str) -> Option<&'a str> {
+        match &self.tenant {
+            Some(t) => t.session_of(key),
+            None => Some(key),
+        }
+    }
+
+    /// The tenant this view is bound to, if any.
+    pub(crate) fn bound(&self) -> Option<&Tenant> {
+        self.tenant.as_ref()
+    }
+}
 
 // Written once, for the one implementation: the SQL stores (in-memory test stores implement
 // the traits they need and are not an `AppStore`).
-impl<B: Backend> crate::AppStore for Sql<B> {}
+impl<B: Backend + 'static> crate::AppStore for Sql<B> {
+    fn for_tenant(&self, tenant: &Tenant) -> Arc<dyn crate::AppStore> {
+        Arc::new(Sql {
+            db: self.db.clone(),
+            tenant: Some(tenant.clone()),
+        })
+    }
+}
 
 // The bound is the crate's own databases: these are `SqliteStore`'s and `PgStore`'s methods.
 #[allow(private_bounds)]
@@ -34,7 +92,7 @@ impl<B: Backend> Sql<B> {
     /// `master` (see [`crate::crypto`]). Rows written without a key stay readable (they are
     /// marked plaintext).
     pub fn with_master_key(mut self, master: crate::crypto::Secret) -> Self {
-        self.0.seals_mut().keys = Some(crate::keyring::Keyring::new(master));
+        self.db_mut().seals_mut().keys = Some(crate::keyring::Keyring::new(master));
         self
     }
 
@@ -42,7 +100,7 @@ impl<B: Backend> Sql<B> {
     /// the same per-tenant data keys: search then opens every vector it ranks (PostgreSQL's
     /// pgvector index is not used). Needs a master key; without one it does nothing.
     pub fn with_sealed_vectors(mut self) -> Self {
-        self.0.seals_mut().vectors = true;
+        self.db_mut().seals_mut().vectors = true;
         self
     }
 }
@@ -51,7 +109,7 @@ impl<B> std::ops::Deref for Sql<B> {
     type Target = B;
 
     fn deref(&self) -> &B {
-        &self.0
+        &self.db
     }
 }
 
@@ -1182,7 +1240,7 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
-        set_session_text(&self.0, SessionText::FOCUS, session, focus).await
+        set_session_text(&*self.db, SessionText::FOCUS, session, focus).await
     }
 
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
@@ -1191,7 +1249,7 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
-        set_session_text(&self.0, SessionText::LABEL, session, label).await
+        set_session_text(&*self.db, SessionText::LABEL, session, label).await
     }
 
     async fn sessions_count(&self, tenant: &str) -> Result<u64, Error> {
@@ -1299,7 +1357,7 @@ impl<B: Backend> SourceStore for Sql<B> {
         q: &str,
     ) -> Result<Vec<(String, Option<String>)>, Error> {
         let (key, query) = crate::tables::search_grams(self, tenant, q).await?;
-        index_sessions(&self.0, tenant, &key).await?;
+        index_sessions(&*self.db, tenant, &key).await?;
         reading!(self, |t| {
             let rows = if query.is_empty() {
                 let hint = indexed_by(t.dialect(), "sessions_tenant_change");
@@ -1561,15 +1619,17 @@ mod tests {
     async fn a_write_is_kept_only_when_committed_on_either_store() {
         let dir = tempfile::tempdir().unwrap();
         let file = crate::SqliteStore::open(&dir.path().join("a.db")).unwrap();
-        commits_and_rollbacks("sqlite file", &file.0).await.unwrap();
+        commits_and_rollbacks("sqlite file", &*file.db)
+            .await
+            .unwrap();
         let memory = crate::SqliteStore::in_memory().unwrap();
-        commits_and_rollbacks("sqlite in memory", &memory.0)
+        commits_and_rollbacks("sqlite in memory", &*memory.db)
             .await
             .unwrap();
         if let Some(pg) = abridge_test_pg::shared() {
             let url = pg.database("once_commits");
             let store = crate::PgStore::connect(&url).await.unwrap();
-            commits_and_rollbacks("postgres", &store.0).await.unwrap();
+            commits_and_rollbacks("postgres", &*store.db).await.unwrap();
         }
     }
 }

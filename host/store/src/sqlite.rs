@@ -53,18 +53,19 @@ pub type SqliteStore = crate::once::Sql<SqliteDb>;
 impl SqliteStore {
     /// Open (creating if needed) the database file at `path` and bring its schema up to date.
     pub fn open(path: &Path) -> Result<Self, Error> {
-        SqliteDb::open(path).map(crate::once::Sql)
+        SqliteDb::open(path).map(crate::once::Sql::new)
     }
 
     /// An in-memory database (for tests and benchmarks).
     pub fn in_memory() -> Result<Self, Error> {
-        SqliteDb::in_memory().map(crate::once::Sql)
+        SqliteDb::in_memory().map(crate::once::Sql::new)
     }
 
     /// Fold at most `rows` into a recall index within a search (see
     /// [`SqliteDb::with_ann_inline`]).
-    pub fn with_ann_inline(self, rows: usize) -> Self {
-        crate::once::Sql(self.0.with_ann_inline(rows))
+    pub fn with_ann_inline(mut self, rows: usize) -> Self {
+        self.db_mut().ann_inline = rows;
+        self
     }
 }
 

@@ -8,6 +8,8 @@
 //! gone is decided by the app's job service and handed in; token hashing is done by
 //! the app's token service.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use super::Store;
@@ -429,6 +431,9 @@ pub trait AppStore:
     + IndexStore
     + super::RecallStore
 {
+    /// The same database bound to `tenant`: its [`Store`] and [`SessionRows`] name sessions
+    /// by the tenant's own ids (see [`crate::Sql`]).
+    fn for_tenant(&self, tenant: &crate::tenant::Tenant) -> Arc<dyn AppStore>;
 }
 
 /// A tenant's session search key and a query's trigram hashes under it (`tenant`: the

@@ -5,20 +5,16 @@
 //! id cannot hold control characters ([`crate::text::check_session_id`]), so no id a caller
 //! sends can reach into another tenant's keys. The local tenant (the CLI, and a server on
 //! loopback with no tokens) keeps the bare session id, so databases written before tenants
-//! existed keep working. [`TenantStore`] wraps any [`Store`] with this mapping; the app layer
-//! hands only such wrapped stores to the engine, so no request handler can forget the scope.
+//! existed keep working. A SQL store bound to a tenant ([`crate::AppStore::for_tenant`]) keys its
+//! engine calls this way; the app layer hands only such bound stores to the engine, so no
+//! request handler can forget the scope.
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-
 use crate::jobs::Job;
 use crate::sources::{Mark, SessionMode};
-use crate::types::{
-    CachedAnswer, Calibration, ClusterSummary, Episode, Error, FailureMarker, Memory, MemoryFilter,
-    NewEpisode, SessionStats, SummaryRow, SummaryWrite,
-};
-use crate::{AppStore, ClusterRow, JobScope, Popped, RecallStore, Store, UsageDay};
+use crate::types::{ClusterSummary, Error, Memory, MemoryFilter};
+use crate::{AppStore, ClusterRow, JobScope, Popped, RecallStore, UsageDay};
 
 /// The separator between a tenant's name and a session id in a stored key.
 const SEP: char = '\u{1f}';
@@ -68,7 +64,7 @@ impl Tenant {
     }
 
     /// The stored key of one of this tenant's sessions. Only the store builds keys (through
-    /// [`TenantStore`], [`TenantTables`] and [`crate::EventRow::new`]): whatever sits above it
+    /// a bound [`crate::Sql`], [`TenantTables`] and [`crate::EventRow::new`]): whatever sits above it
     /// names sessions by id and its tenant by value.
     pub(crate) fn key(&self, session: &str) -> String {
         if self.is_local() {
@@ -134,132 +130,6 @@ impl JobBounds {
 impl std::fmt::Display for Tenant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// One tenant's view of a [`Store`]: session ids and partial-answer keys are mapped into the
-/// tenant's key space on the way in, and other tenants' sessions are invisible.
-pub struct TenantStore {
-    inner: Arc<dyn Store>,
-    tenant: Tenant,
-}
-
-impl TenantStore {
-    /// `tenant`'s view of `inner`.
-    pub fn new(inner: Arc<dyn Store>, tenant: Tenant) -> Self {
-        TenantStore { inner, tenant }
-    }
-
-    fn k(&self, session: &str) -> String {
-        self.tenant.key(session)
-    }
-}
-
-#[async_trait]
-impl Store for TenantStore {
-    async fn append_episodes(
-        &self,
-        session: &str,
-        episodes: Vec<NewEpisode>,
-    ) -> Result<u32, Error> {
-        self.inner.append_episodes(&self.k(session), episodes).await
-    }
-    async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
-        self.inner.stats(&self.k(session)).await
-    }
-    async fn episodes_after(
-        &self,
-        session: &str,
-        after: u64,
-        limit: u32,
-    ) -> Result<Vec<Episode>, Error> {
-        self.inner
-            .episodes_after(&self.k(session), after, limit)
-            .await
-    }
-    async fn episodes(&self, session: &str, ids: &[u64]) -> Result<Vec<Episode>, Error> {
-        self.inner.episodes(&self.k(session), ids).await
-    }
-    async fn bytes_through(
-        &self,
-        session: &str,
-        id: u64,
-    ) -> Result<Option<(u64, Option<i64>)>, Error> {
-        self.inner.bytes_through(&self.k(session), id).await
-    }
-    async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
-        self.inner.latest_summary(&self.k(session)).await
-    }
-    async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        self.inner.summaries(&self.k(session)).await
-    }
-    async fn write_summary(&self, session: &str, write: SummaryWrite) -> Result<SummaryRow, Error> {
-        self.inner.write_summary(&self.k(session), write).await
-    }
-    async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        self.inner.summary_history(&self.k(session)).await
-    }
-    async fn compact_summaries(
-        &self,
-        session: &str,
-        c: crate::types::Compaction,
-    ) -> Result<SummaryRow, Error> {
-        self.inner.compact_summaries(&self.k(session), c).await
-    }
-    async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
-        self.inner.failure(&self.k(session)).await
-    }
-    async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
-        self.inner.set_failure(&self.k(session), marker).await
-    }
-    async fn reset_session(&self, session: &str) -> Result<(), Error> {
-        self.inner.reset_session(&self.k(session)).await
-    }
-    // The partial-answer cache is per tenant: an answer is only ever reused for the tenant
-    // whose transcript produced it.
-    async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
-        self.inner.partial(&self.k(key)).await
-    }
-    async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error> {
-        self.inner.put_partial(&self.k(key), answer).await
-    }
-    // Calibration is a property of the model, not of anyone's data: shared.
-    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, Error> {
-        self.inner.calibration(model).await
-    }
-    async fn search_episodes(
-        &self,
-        _tenant: Option<&str>,
-        session: Option<&str>,
-        terms: &[String],
-        limit: u32,
-    ) -> Result<crate::types::TermMatches, Error> {
-        // This tenant's sessions only, by its name and its keys; ids back as it names them.
-        let key = session.map(|s| self.k(s));
-        let mut m = self
-            .inner
-            .search_episodes(Some(self.tenant.name()), key.as_deref(), terms, limit)
-            .await?;
-        m.matches
-            .retain_mut(|x| match self.tenant.session_of(&x.session) {
-                Some(id) => {
-                    x.session = id.to_string();
-                    true
-                }
-                None => false,
-            });
-        Ok(m)
-    }
-
-    async fn record_calibration(
-        &self,
-        model: &str,
-        estimated: u32,
-        reported: u32,
-    ) -> Result<(), Error> {
-        self.inner
-            .record_calibration(model, estimated, reported)
-            .await
     }
 }
 
@@ -492,7 +362,7 @@ impl TenantTables {
 }
 
 /// One tenant's view of the memories and their clusters ([`RecallStore`] calls with the
-/// tenant filled in): the same "a tenant value the store enforces" as [`TenantStore`] and
+/// tenant filled in): the same "a tenant value the store enforces" as a bound [`crate::Sql`] and
 /// [`TenantTables`], for the tables keyed by tenant rather than by session.
 #[derive(Clone)]
 pub struct TenantRecall {
@@ -613,7 +483,7 @@ impl TenantRecall {
 mod tests {
     use super::*;
     use crate::SqliteStore;
-    use crate::types::Role;
+    use crate::types::{CachedAnswer, NewEpisode, Role};
 
     fn ep(key: &str) -> NewEpisode {
         NewEpisode {
@@ -646,10 +516,9 @@ mod tests {
     #[tokio::test]
     async fn the_same_session_id_in_two_tenants_is_two_sessions() {
         let db: Arc<dyn AppStore> = Arc::new(SqliteStore::in_memory().unwrap());
-        let inner: Arc<dyn Store> = db.clone();
-        let a = TenantStore::new(inner.clone(), Tenant::new("a").unwrap());
-        let b = TenantStore::new(inner.clone(), Tenant::new("b").unwrap());
-        let local = TenantStore::new(inner.clone(), Tenant::local());
+        let a = db.for_tenant(&Tenant::new("a").unwrap());
+        let b = db.for_tenant(&Tenant::new("b").unwrap());
+        let local = db.for_tenant(&Tenant::local());
         let (a_rows, local_rows) = (
             TenantTables::new(db.clone(), Tenant::new("a").unwrap()),
             TenantTables::new(db.clone(), Tenant::local()),

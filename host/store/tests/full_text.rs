@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use abridge_engine::types::{NewEpisode, Role, TermMatches};
-use abridge_store::tenant::{Tenant, TenantStore, TenantTables};
-use abridge_store::{AppStore, PgStore, SqliteStore, Store};
+use abridge_store::tenant::{Tenant, TenantTables};
+use abridge_store::{AppStore, PgStore, SqliteStore};
 
 /// A message whose index terms are `terms` (the guest's `text.index-terms` would give them).
 fn said(i: usize, terms: &str) -> NewEpisode {
@@ -74,8 +74,8 @@ fn shape(m: &TermMatches) -> Shape {
 
 /// The corpus written through a tenant's view, then searched; the answers, in order.
 async fn searched(name: &str, db: Arc<dyn AppStore>) -> Vec<Shape> {
-    let acme = TenantStore::new(db.clone(), Tenant::new("acme").unwrap());
-    let other = TenantStore::new(db.clone(), Tenant::new("other").unwrap());
+    let acme = db.clone().for_tenant(&Tenant::new("acme").unwrap());
+    let other = db.clone().for_tenant(&Tenant::new("other").unwrap());
     for (s, eps) in corpus() {
         acme.append_episodes(s, eps.clone()).await.unwrap();
         // The same words in another tenant: never counted, never found.
@@ -228,7 +228,7 @@ async fn a_sealed_tenants_words_are_in_neither_the_database_nor_its_wal() {
     let path = dir.path().join("sealed.db");
     let key = abridge_store::crypto::Secret::random().unwrap();
     let db: Arc<dyn AppStore> = Arc::new(SqliteStore::open(&path).unwrap().with_master_key(key));
-    let acme = TenantStore::new(db.clone(), Tenant::new("acme").unwrap());
+    let acme = db.clone().for_tenant(&Tenant::new("acme").unwrap());
     let canary = "zanzibarcanary";
     acme.append_episodes(
         "s",

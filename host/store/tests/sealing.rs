@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use abridge_engine::types::{CachedAnswer, IdentifierKind, LedgerEntry, NewEpisode, Role};
 use abridge_store::crypto::Secret;
-use abridge_store::tenant::{Tenant, TenantStore, TenantTables};
-use abridge_store::{AppStore, EventRow, PgStore, SqliteStore, Store};
+use abridge_store::tenant::{Tenant, TenantTables};
+use abridge_store::{AppStore, EventRow, PgStore, SqliteStore};
 
 mod common;
 use common::{memory, write};
@@ -37,7 +37,7 @@ fn episode(i: u64) -> NewEpisode {
 /// Write one of everything that holds text, for the local tenant and for `acme`.
 async fn write_all(db: Arc<dyn AppStore>) {
     for tenant in [Tenant::local(), Tenant::new("acme").unwrap()] {
-        let store = TenantStore::new(db.clone() as Arc<dyn Store>, tenant.clone());
+        let store = db.clone().for_tenant(&tenant.clone());
         let tables = TenantTables::new(db.clone(), tenant.clone());
         store
             .append_episodes("s", vec![episode(1), episode(2)])
@@ -87,7 +87,7 @@ async fn write_all(db: Arc<dyn AppStore>) {
 /// Everything reads back exactly.
 async fn read_all(db: Arc<dyn AppStore>) -> Result<(), String> {
     for tenant in [Tenant::local(), Tenant::new("acme").unwrap()] {
-        let store = TenantStore::new(db.clone() as Arc<dyn Store>, tenant.clone());
+        let store = db.clone().for_tenant(&tenant.clone());
         let tables = TenantTables::new(db.clone(), tenant.clone());
         let e = |e: abridge_engine::types::Error| format!("{e:?}");
         let eps = store.episodes_after("s", 0, 10).await.map_err(e)?;
@@ -165,14 +165,14 @@ async fn sqlite_seals_every_text_column() {
     let e = db.episodes_after("s", 0, 10).await.unwrap_err();
     assert!(format!("{e:?}").contains("does not decrypt"), "{e:?}");
     // A rotated master key still opens what the old one sealed.
-    let acme = TenantStore::new(db.clone() as Arc<dyn Store>, Tenant::new("acme").unwrap());
+    let acme = db.clone().for_tenant(&Tenant::new("acme").unwrap());
     let new = Secret::random().unwrap();
     let sqlite = SqliteStore::open(&path).unwrap().with_master_key(key);
     assert_eq!(sqlite.rotate_master_key(&new).unwrap(), 2);
     drop(acme);
     let rotated: Arc<dyn AppStore> =
         Arc::new(SqliteStore::open(&path).unwrap().with_master_key(new));
-    let acme = TenantStore::new(rotated as Arc<dyn Store>, Tenant::new("acme").unwrap());
+    let acme = rotated.for_tenant(&Tenant::new("acme").unwrap());
     assert_eq!(
         acme.episodes_after("s", 0, 10).await.unwrap()[0].content,
         episode(1).content
@@ -234,7 +234,7 @@ async fn postgres_seals_every_text_column() {
     )
     .await
     .unwrap();
-    let acme = TenantStore::new(db.clone() as Arc<dyn Store>, Tenant::new("acme").unwrap());
+    let acme = db.clone().for_tenant(&Tenant::new("acme").unwrap());
     let e = acme.summaries("s").await.unwrap_err();
     assert!(format!("{e:?}").contains("does not decrypt"), "{e:?}");
     // Forgetting a tenant deletes its data keys and vacuums the tables that held its text.
@@ -243,7 +243,7 @@ async fn postgres_seals_every_text_column() {
         .await
         .unwrap();
     let fresh: Arc<dyn AppStore> = Arc::new(pgs);
-    let acme = TenantStore::new(fresh as Arc<dyn Store>, Tenant::new("acme").unwrap());
+    let acme = fresh.for_tenant(&Tenant::new("acme").unwrap());
     let e = acme.episodes_after("s", 0, 10).await.unwrap_err();
     assert!(format!("{e:?}").contains("is gone"), "{e:?}");
 }

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use abridge_engine::types::{MemoryFilter, NewEpisode, Role};
-use abridge_store::tenant::{Tenant, TenantStore, TenantTables};
-use abridge_store::{AppStore, PgStore, SqliteStore, Store};
+use abridge_store::tenant::{Tenant, TenantTables};
+use abridge_store::{AppStore, PgStore, SqliteStore};
 
 mod common;
 
@@ -55,10 +55,7 @@ async fn check(name: &str, step: usize, db: &Arc<dyn AppStore>, t: usize, models
     let at = format!("{name}, step {step}, tenant {}", TENANTS[t]);
     let own = &models[t];
     let other = &models[1 - t];
-    let store = TenantStore::new(
-        db.clone() as Arc<dyn Store>,
-        Tenant::new(TENANTS[t]).unwrap(),
-    );
+    let store = db.clone().for_tenant(&Tenant::new(TENANTS[t]).unwrap());
     let rows = TenantTables::new(db.clone(), Tenant::new(TENANTS[t]).unwrap());
     let listed: BTreeSet<String> = rows.sessions().await.unwrap().into_iter().collect();
     let written: BTreeSet<String> = own
@@ -129,7 +126,7 @@ async fn run(name: &str, db: Arc<dyn AppStore>, seed: u64, steps: usize) {
     for step in 0..steps {
         let t = rng.below(2) as usize;
         let tenant = Tenant::new(TENANTS[t]).unwrap();
-        let store = TenantStore::new(db.clone() as Arc<dyn Store>, tenant);
+        let store = db.clone().for_tenant(&tenant);
         let session = format!("s{}", rng.below(3));
         match rng.below(10) {
             0..=3 => {

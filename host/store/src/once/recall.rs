@@ -579,7 +579,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn warm(&self) -> Result<usize, Error> {
-        self.0.warm().await
+        self.db.warm().await
     }
 
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {

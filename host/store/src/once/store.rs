@@ -269,6 +269,8 @@ impl<B: Backend> Store for super::Sql<B> {
         session: &str,
         episodes: Vec<NewEpisode>,
     ) -> Result<u32, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         let column = crate::tenant::tenant_column(session);
         let key = if episodes.iter().any(|e| !e.terms.trim().is_empty()) {
             Some(terms_key(self, column).await?)
@@ -366,6 +368,8 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         reading!(self, |t| {
             let (episodes, total_tokens) = match t
                 .row(
@@ -391,10 +395,14 @@ impl<B: Backend> Store for super::Sql<B> {
         after: u64,
         limit: u32,
     ) -> Result<Vec<Episode>, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         reading!(self, |t| read_episodes(&mut t, session, after, limit).await)
     }
 
     async fn episodes(&self, session: &str, ids: &[u64]) -> Result<Vec<Episode>, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         reading!(self, |t| read_episodes_by_id(&mut t, session, ids).await)
     }
 
@@ -403,6 +411,8 @@ impl<B: Backend> Store for super::Sql<B> {
         session: &str,
         id: u64,
     ) -> Result<Option<(u64, Option<i64>)>, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         reading!(self, |t| match t
             .row(
                 "SELECT bytes_through, timestamp_ms FROM episodes WHERE session = $1 AND id = $2",
@@ -416,16 +426,22 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         reading!(self, |t| Ok(summary_rows(&mut t, session, LATEST)
             .await?
             .pop()))
     }
 
     async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         reading!(self, |t| summary_rows(&mut t, session, ACTIVE).await)
     }
 
     async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         reading!(self, |t| summary_rows(
             &mut t,
             session,
@@ -435,6 +451,8 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn write_summary(&self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         writing!(self, |t| {
             // The session's row lock makes the check and the write one step for every writer.
             let (episodes, _) = lock_session(&mut t, session).await?.ok_or_else(|| {
@@ -511,6 +529,8 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn compact_summaries(&self, session: &str, c: Compaction) -> Result<SummaryRow, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         writing!(self, |t| {
             lock_session(&mut t, session).await?;
             let active = summary_rows(&mut t, session, ACTIVE).await?;
@@ -553,6 +573,8 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         reading!(self, |t| {
             match t
             .row(
@@ -573,6 +595,8 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         writing!(self, |t| {
             match marker {
                 None => {
@@ -602,6 +626,8 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn reset_session(&self, session: &str) -> Result<(), Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         writing!(self, |t| {
             // The session's writers are waited for (and wait) on its row.
             lock_session(&mut t, session).await?;
@@ -617,6 +643,8 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
+        let key = self.key(key);
+        let key = key.as_str();
         reading!(self, |t| {
             let Some(r) = t
                 .row(
@@ -643,6 +671,8 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error> {
+        let key = self.key(key);
+        let key = key.as_str();
         writing!(self, |t| {
             let text = t
                 .seal(&place::tenant_of(key), place::PARTIAL, key, &answer.text)
@@ -706,12 +736,24 @@ impl<B: Backend> Store for super::Sql<B> {
         terms: &[String],
         limit: u32,
     ) -> Result<TermMatches, Error> {
+        // A bound view searches its tenant's sessions only, and names them by their ids.
+        let tenant = self.bound().map(|t| t.name()).or(tenant);
+        let session = session.map(|s| self.key(s));
+        let session = session.as_deref();
         let column = crate::terms::scope_column(tenant, session);
         let key = terms_key(self, &column).await?;
-        reading!(self, |t| crate::terms::search(
+        let mut m = reading!(self, |t| crate::terms::search(
             &mut t, &key, &column, session, terms, limit
         )
-        .await)
+        .await)?;
+        m.matches.retain_mut(|x| match self.id_of(&x.session) {
+            Some(id) => {
+                x.session = id.to_string();
+                true
+            }
+            None => false,
+        });
+        Ok(m)
     }
 }
 
@@ -722,11 +764,16 @@ impl<B: Backend> SessionRows for super::Sql<B> {
             .rows("SELECT id FROM sessions ORDER BY changed_seq DESC, id", &[])
             .await?
             .iter()
-            .map(|r| r.text(0))
+            .filter_map(|r| match r.text(0) {
+                Ok(key) => self.id_of(&key).map(|id| Ok(id.to_string())),
+                Err(e) => Some(Err(e)),
+            })
             .collect())
     }
 
     async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         let popped = writing!(self, |t| {
             // The session's writers are waited for (and wait) on its row.
             let last = lock_session(&mut t, session).await?.map_or(0, |(n, _)| n);
@@ -798,6 +845,8 @@ impl<B: Backend> SessionRows for super::Sql<B> {
         session: &str,
         ids: &[u64],
     ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
+        let key = self.key(session);
+        let session = key.as_str();
         reading!(self, |t| read_items(&mut t, session, ids).await)
     }
 }

@@ -75,7 +75,7 @@ pub type PgStore = crate::once::Sql<PgDb>;
 impl PgStore {
     /// Connect to the database at `url` (see [`PgDb::connect`]).
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        PgDb::connect(url).await.map(crate::once::Sql)
+        PgDb::connect(url).await.map(crate::once::Sql::new)
     }
 }
 
