@@ -23,14 +23,12 @@ pub(crate) struct Candidate {
 }
 
 /// The `limit` memories nearest `query` and the `limit` nearest summaries of their clusters
-/// (of every cluster, when the search scanned), texts opened for the hits kept only.
+/// (of every cluster, when the search scanned), texts opened for the hits kept only; the
+/// tenant's vectors of `model` are searched (the index's key), with `filter`.
 pub(crate) async fn search(
     rows: &mut impl Tx,
-    tenant: &str,
-    query: &[f32],
-    model: &str,
-    filter: &MemoryFilter,
-    limit: u32,
+    (tenant, model): (&str, &str),
+    (query, filter, limit): (&[f32], &MemoryFilter, u32),
 ) -> Result<Vec<Hit>, Error> {
     let d = rows.dialect();
     let p = |n: usize| d.param(n);

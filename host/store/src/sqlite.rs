@@ -392,16 +392,91 @@ mod tests {
 
     /// One short user message.
     fn hi() -> Vec<NewEpisode> {
-        vec![NewEpisode {
-            item: None,
-            terms: String::new(),
+        vec![message(0, "hi", 1, None)]
+    }
+
+    /// A user's message `content` keyed `k{i}`, of `tokens` tokens, at `timestamp_ms`.
+    fn message(i: usize, content: &str, tokens: u32, timestamp_ms: Option<i64>) -> NewEpisode {
+        NewEpisode {
             role: Role::User,
-            content: "hi".into(),
-            timestamp_ms: None,
-            source_key: "k".into(),
-            tokens: 1,
-            speaker: None,
-        }]
+            content: content.into(),
+            timestamp_ms,
+            source_key: if i == 0 { "k".into() } else { format!("k{i}") },
+            tokens,
+            ..Default::default()
+        }
+    }
+
+    /// A summary of `cluster` covering its members through `(seq, count)`, written against
+    /// the cluster's `version`.
+    fn summary_write(
+        cluster: u64,
+        (covered_seq, covered): (u64, u32),
+        version: u64,
+        text: &str,
+    ) -> crate::types::ClusterSummaryWrite {
+        crate::types::ClusterSummaryWrite {
+            cluster,
+            expect: None,
+            member_hash: "h".into(),
+            covered_seq,
+            covered,
+            version,
+            text: text.into(),
+            tokens: 2,
+            importance: 0.5,
+            model: "m".into(),
+            vector_model: "emb".into(),
+            vector: vec![1.0, 0.0],
+            calls: 1,
+            prompt_tokens: 1,
+            output_tokens: 1,
+            now_ms: 1,
+        }
+    }
+
+    /// A fact of one scope, with `vector` (model `emb`), joining `cluster` when given.
+    fn fact(id: &str, text: &str, vector: &[f32], cluster: Option<u64>) -> crate::types::NewMemory {
+        crate::types::NewMemory {
+            id: id.into(),
+            scope: crate::types::Scope {
+                user: "u".into(),
+                project: "p".into(),
+                environment: "e".into(),
+                kind: "fact".into(),
+                key: "k".into(),
+            },
+            text: text.into(),
+            importance: 0.5,
+            tokens: 2,
+            created_ms: 1,
+            model: "emb".into(),
+            vector: vector.to_vec(),
+            cluster,
+        }
+    }
+
+    /// Where a test keeps a plain database and a sealed one (with its key), in `dir`.
+    fn plain_and_sealed(
+        dir: &Path,
+        name: &str,
+    ) -> [(std::path::PathBuf, Option<crate::crypto::Secret>); 2] {
+        let key = crate::crypto::Secret::random().unwrap();
+        [
+            (dir.join(format!("{name}-plain.db")), None),
+            (dir.join(format!("{name}-sealed.db")), Some(key)),
+        ]
+    }
+
+    /// The database at `path`, its text sealed under `key` when given (and its vectors too
+    /// with `vectors`).
+    fn opened(path: &Path, key: Option<&crate::crypto::Secret>, vectors: bool) -> SqliteStore {
+        let s = SqliteStore::open(path).unwrap();
+        match key {
+            Some(k) if vectors => s.with_master_key(k.clone()).with_sealed_vectors(),
+            Some(k) => s.with_master_key(k.clone()),
+            None => s,
+        }
     }
 
     /// Take the database at `path` back to before the migration whose SQL holds `marker`: its
@@ -616,52 +691,18 @@ mod tests {
     #[tokio::test]
     async fn summaries_stored_before_migration_30_keep_what_they_cover() {
         use crate::recall::RecallStore;
-        use crate::types::{ClusterSummaryWrite, NewMemory, Scope};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
         let s = SqliteStore::open(&path).unwrap();
         let mut cluster = None;
         for id in ["m1", "m2", "m3", "m4"] {
-            let m = NewMemory {
-                id: id.into(),
-                scope: Scope {
-                    user: "u".into(),
-                    project: "p".into(),
-                    environment: "e".into(),
-                    kind: "fact".into(),
-                    key: "k".into(),
-                },
-                text: format!("fact {id}"),
-                importance: 0.5,
-                tokens: 2,
-                created_ms: 1,
-                model: "emb".into(),
-                vector: vec![1.0, 0.0],
-                cluster,
-            };
+            let m = fact(id, &format!("fact {id}"), &[1.0, 0.0], cluster);
             cluster = Some(s.put_memory("acme", m).await.unwrap().cluster);
         }
         let cluster = cluster.unwrap();
         let set = s.members_after("acme", cluster, 0).await.unwrap();
         let seq3 = set.members[2].seq;
-        let w = ClusterSummaryWrite {
-            cluster,
-            expect: None,
-            member_hash: "h".into(),
-            covered_seq: 1,
-            covered: 1,
-            version: set.version,
-            text: "facts".into(),
-            tokens: 1,
-            importance: 0.5,
-            model: "m".into(),
-            vector_model: "emb".into(),
-            vector: vec![1.0, 0.0],
-            calls: 1,
-            prompt_tokens: 1,
-            output_tokens: 1,
-            now_ms: 1,
-        };
+        let w = summary_write(cluster, (1, 1), set.version, "facts");
         assert!(s.write_cluster_summary("acme", w).await.unwrap());
         drop(s);
         back_before(&path, "memories_rank");
@@ -746,59 +787,19 @@ mod tests {
     #[tokio::test]
     async fn memories_stored_without_rowid_survive_migration_33() {
         use crate::recall::RecallStore;
-        use crate::types::{ClusterSummaryWrite, Memory, NewMemory, Scope};
+        use crate::types::Memory;
         let dir = tempfile::tempdir().unwrap();
-        let key = crate::crypto::Secret::random().unwrap();
-        for sealed in [false, true] {
-            let path = dir.path().join(format!("rowid-{sealed}.db"));
-            let open = || {
-                let s = SqliteStore::open(&path).unwrap();
-                if sealed {
-                    s.with_master_key(key.clone()).with_sealed_vectors()
-                } else {
-                    s
-                }
-            };
+        for (path, key) in plain_and_sealed(dir.path(), "rowid") {
+            let open = || opened(&path, key.as_ref(), true);
             let s = open();
             for (i, v) in [[1.0f32, 0.0], [0.9, 0.1], [0.0, 1.0]].iter().enumerate() {
-                let m = NewMemory {
-                    id: format!("m{i}"),
-                    scope: Scope {
-                        user: "u".into(),
-                        project: "p".into(),
-                        environment: "e".into(),
-                        kind: "fact".into(),
-                        key: "k".into(),
-                    },
-                    text: format!("fact number {i}"),
-                    importance: 0.5,
-                    tokens: 3,
-                    created_ms: i as u64,
-                    model: "emb".into(),
-                    vector: v.to_vec(),
-                    cluster: (i > 0).then_some(1),
-                };
+                let text = format!("fact number {i}");
+                let m = fact(&format!("m{i}"), &text, v, (i > 0).then_some(1));
                 s.put_memory("acme", m).await.unwrap();
             }
             let set = s.members_after("acme", 1, 0).await.unwrap();
-            let w = ClusterSummaryWrite {
-                cluster: 1,
-                expect: None,
-                member_hash: "h".into(),
-                covered_seq: set.members.last().unwrap().seq,
-                covered: set.count,
-                version: set.version,
-                text: "the facts".into(),
-                tokens: 2,
-                importance: 0.5,
-                model: "m".into(),
-                vector_model: "emb".into(),
-                vector: vec![1.0, 0.0],
-                calls: 1,
-                prompt_tokens: 1,
-                output_tokens: 1,
-                now_ms: 1,
-            };
+            let covered = (set.members.last().unwrap().seq, set.count);
+            let w = summary_write(1, covered, set.version, "the facts");
             assert!(s.write_cluster_summary("acme", w).await.unwrap());
             let (before, _) = s
                 .list_memories("acme", &Default::default(), 0, 10)
@@ -855,32 +856,15 @@ mod tests {
     #[tokio::test]
     async fn episodes_stored_before_migration_27_get_their_running_byte_totals() {
         let dir = tempfile::tempdir().unwrap();
-        let key = crate::crypto::Secret::random().unwrap();
-        for sealed in [false, true] {
-            let path = dir.path().join(format!("old-{sealed}.db"));
-            let open = || {
-                let s = SqliteStore::open(&path).unwrap();
-                if sealed {
-                    s.with_master_key(key.clone())
-                } else {
-                    s
-                }
-            };
+        for (path, key) in plain_and_sealed(dir.path(), "old") {
+            let sealed = key.is_some();
+            let open = || opened(&path, key.as_ref(), false);
             let s = open();
             let texts = ["ab", "héllo €", "😀 x"];
             let eps = texts
                 .iter()
                 .enumerate()
-                .map(|(i, t)| NewEpisode {
-                    item: None,
-                    terms: String::new(),
-                    role: Role::User,
-                    content: t.to_string(),
-                    timestamp_ms: Some(i as i64),
-                    source_key: format!("k{i}"),
-                    tokens: 1,
-                    speaker: None,
-                })
+                .map(|(i, t)| message(i + 1, t, 1, Some(i as i64)))
                 .collect();
             s.append_episodes("a", eps).await.unwrap();
             drop(s);
@@ -909,16 +893,7 @@ mod tests {
             let eps = tokens
                 .iter()
                 .enumerate()
-                .map(|(i, t)| NewEpisode {
-                    item: None,
-                    terms: String::new(),
-                    role: Role::User,
-                    content: format!("m{i}"),
-                    timestamp_ms: None,
-                    source_key: format!("k{i}"),
-                    tokens: *t,
-                    speaker: None,
-                })
+                .map(|(i, t)| message(i + 1, &format!("m{i}"), *t, None))
                 .collect();
             s.append_episodes(session, eps).await.unwrap();
         }

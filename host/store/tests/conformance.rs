@@ -174,13 +174,7 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         (1, 4, 1),
         "{name}"
     );
-    let active: Vec<u64> = s
-        .summaries("s")
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.id)
-        .collect();
+    let active = active_ids(&*s, "s").await;
     assert_eq!(active, vec![c.id, r3.id], "{name}");
     let history = s.summary_history("s").await.unwrap();
     assert_eq!(history.len(), 4, "{name}");
@@ -983,6 +977,12 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
 
 /// Removing a session's newest episode: the rows covering it go, the rows they folded come
 /// back, its pin and the session's summary events go, its source key is free again.
+/// The ids of a session's active summary rows, oldest first.
+async fn active_ids(s: &dyn AppStore, session: &str) -> Vec<u64> {
+    let rows = s.summaries(session).await.unwrap();
+    rows.iter().map(|r| r.id).collect()
+}
+
 async fn pops(name: &str, s: &Arc<dyn AppStore>) {
     assert!(s.pop_episode("p").await.unwrap().is_none(), "{name}: empty");
     let eps: Vec<NewEpisode> = (1..=6).map(|i| ep(i, &format!("p{i}"))).collect();
@@ -1030,13 +1030,7 @@ async fn pops(name: &str, s: &Arc<dyn AppStore>) {
         (5, 50, 5),
         "{name}"
     );
-    let active: Vec<u64> = s
-        .summaries("p")
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.id)
-        .collect();
+    let active = active_ids(&**s, "p").await;
     assert_eq!(active, vec![c.id], "{name}");
     assert_eq!(
         s.pins("p").await.unwrap(),
@@ -1206,6 +1200,23 @@ fn clustered(i: u64, dim: usize) -> Vec<f32> {
     (0..dim).map(|_| centre() + 0.5 * next()).collect()
 }
 
+/// Enough memories of tenant `big` for its recall to go through an index (the count).
+async fn big_memories(s: &dyn abridge_store::RecallStore) -> u64 {
+    let n = (abridge_store::ann::ANN_MIN + 1_000) as u64;
+    for i in 0..n {
+        s.put_memory("big", big_memory(i)).await.unwrap();
+    }
+    n
+}
+
+/// The memories among `hits`, by id.
+fn ids(hits: Vec<abridge_engine::types::Hit>) -> Vec<String> {
+    hits.into_iter()
+        .filter(|h| h.kind == abridge_engine::types::HitKind::Memory)
+        .map(|h| h.id)
+        .collect()
+}
+
 fn big_memory(i: u64) -> abridge_engine::types::NewMemory {
     let mut m = memory(&format!("b{i}"), &format!("fact {i}"), [0.0; 3], None);
     m.vector = clustered(i, 32);
@@ -1219,16 +1230,7 @@ fn big_memory(i: u64) -> abridge_engine::types::NewMemory {
 /// filter never cuts the results, and forgotten memories are never returned while new ones
 /// are (`other` is a second handle on the same data: another process's writes).
 async fn indexed_recall(name: &str, s: Arc<dyn AppStore>, other: Option<Arc<dyn AppStore>>) {
-    let n = (abridge_store::ann::ANN_MIN + 1_000) as u64;
-    for i in 0..n {
-        s.put_memory("big", big_memory(i)).await.unwrap();
-    }
-    let ids = |hits: Vec<abridge_engine::types::Hit>| -> Vec<String> {
-        hits.into_iter()
-            .filter(|h| h.kind == abridge_engine::types::HitKind::Memory)
-            .map(|h| h.id)
-            .collect()
-    };
+    let n = big_memories(&*s).await;
     let filters = [
         MemoryFilter::default(),
         // 90 % of the tenant: the graph walks under the predicate.
@@ -1353,16 +1355,7 @@ async fn a_large_index_is_built_on_its_own_thread_while_recall_scans_exactly() {
             s = s.with_master_key(key.clone()).with_sealed_vectors();
         }
         let s = Arc::new(s);
-        let n = (abridge_store::ann::ANN_MIN + 1_000) as u64;
-        for i in 0..n {
-            s.put_memory("big", big_memory(i)).await.unwrap();
-        }
-        let ids = |hits: Vec<abridge_engine::types::Hit>| -> Vec<String> {
-            hits.into_iter()
-                .filter(|h| h.kind == abridge_engine::types::HitKind::Memory)
-                .map(|h| h.id)
-                .collect()
-        };
+        let n = big_memories(&*s).await;
         let exact = MemoryFilter {
             exact: true,
             ..MemoryFilter::default()

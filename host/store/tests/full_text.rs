@@ -6,25 +6,18 @@
 
 use std::sync::Arc;
 
-use abridge_engine::types::{NewEpisode, Role, TermMatches};
+mod common;
+
+use abridge_engine::types::{NewEpisode, TermMatches};
 use abridge_store::tenant::{Tenant, TenantTables};
 use abridge_store::{AppStore, PgStore, SqliteStore};
 
 /// A message whose index terms are `terms` (the guest's `text.index-terms` would give them).
 fn said(i: usize, terms: &str) -> NewEpisode {
     NewEpisode {
-        item: None,
-        role: if i.is_multiple_of(2) {
-            Role::User
-        } else {
-            Role::Assistant
-        },
         content: format!("message {i}: {terms}"),
-        timestamp_ms: Some(1_000 + i as i64),
-        source_key: format!("k{i}"),
-        tokens: 10,
-        speaker: None,
         terms: terms.into(),
+        ..common::ep(i, &format!("k{i}"))
     }
 }
 

@@ -341,7 +341,9 @@ impl<B: Backend> RecallStore for Sql<B> {
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
         reading!(self, |t| crate::search::search(
-            &mut t, tenant, query, model, filter, limit
+            &mut t,
+            (tenant, model),
+            (query, filter, limit)
         )
         .await)
     }

@@ -76,7 +76,7 @@ impl PgDb {
             for r in &rows {
                 let v = crate::recall::vector_from(r.get::<_, &[u8]>(2));
                 let (tenant, id): (String, String) = (r.get(0), r.get(1));
-                if self.write_embedding(&c, &tenant, &id, &v).await? {
+                if self.write_embedding(&c, (&tenant, &id), &v).await? {
                     set += 1;
                 }
             }
@@ -107,14 +107,14 @@ impl PgDb {
             .map_err(|e| self.err(e))?;
             return Ok(false);
         }
-        self.write_embedding(c, tenant, id, v).await
+        self.write_embedding(c, (tenant, id), v).await
     }
 
+    /// Write `v` as the embedding of the memory keyed `(tenant, id)`; whether it was.
     async fn write_embedding<C: GenericClient + Sync>(
         &self,
         c: &C,
-        tenant: &str,
-        id: &str,
+        (tenant, id): (&str, &str),
         v: &[f32],
     ) -> Result<bool, Error> {
         let Some(text) = vector_text(v) else {
