@@ -1596,8 +1596,6 @@ async fn idle_backlog(dir: &std::path::Path, runtime: Arc<Runtime>, a: &Args) {
             .build()
             .unwrap();
         let turn = |i: usize| NewEpisode {
-            item: None,
-            terms: String::new(),
             role: if i.is_multiple_of(2) {
                 Role::User
             } else {
@@ -1609,8 +1607,7 @@ async fn idle_backlog(dir: &std::path::Path, runtime: Arc<Runtime>, a: &Args) {
             ),
             timestamp_ms: Some(1_000 + i as i64),
             source_key: format!("t{i}"),
-            tokens: 0,
-            speaker: None,
+            ..Default::default()
         };
         let first: Vec<NewEpisode> = (0..20).map(turn).collect();
         engine.append("s", &first).await.unwrap();

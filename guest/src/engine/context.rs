@@ -202,20 +202,24 @@ pub fn context_freshness(
     refresh_after: u32,
     budget: u32,
 ) -> Result<Freshness, Error> {
-    let f = freshness(h, session, cfg)?;
-    let at = (
-        f.covered,
-        super::refresh::coding_before(h.latest_summary(session)?.as_ref()),
-    );
+    context_verdict(h, session, cfg, refresh_after, budget).map(|(f, _)| f)
+}
+
+/// [`context_freshness`], and the session's figures and newest row it read.
+fn context_verdict(
+    h: &mut impl Host,
+    session: &str,
+    cfg: &Config,
+    refresh_after: u32,
+    budget: u32,
+) -> Result<(Freshness, super::refresh::Read), Error> {
+    let v = freshness_and_marker(h, session, cfg)?;
+    let f = v.freshness;
+    let at = (f.covered, super::refresh::coding_before(v.read.1.as_ref()));
     let overflow = overflow_cut(h, session, cfg, at, f.episodes, budget)?;
     let unshown = unshown_upto(h, session, cfg, at, f.episodes)?;
-    Ok(crate::freshness::for_context(
-        f,
-        cfg,
-        refresh_after,
-        overflow,
-        unshown,
-    ))
+    let f = crate::freshness::for_context(f, cfg, refresh_after, overflow, unshown);
+    Ok((f, v.read))
 }
 
 /// Window mode: the newest episode after `covered` (through `last`) that a context cannot
@@ -262,14 +266,15 @@ pub fn context_judged(
     cfg: &Config,
     verdict_after: Option<u32>,
 ) -> Result<(ContextWindow, Option<(Freshness, bool)>), Error> {
-    let verdict = match verdict_after {
-        Some(after) => Some((
-            context_freshness(h, session, cfg, after, req.budget)?,
-            after,
-        )),
-        None => None,
+    let (verdict, read) = match verdict_after {
+        Some(after) => {
+            let (f, read) = context_verdict(h, session, cfg, after, req.budget)?;
+            (Some((f, after)), Some(read))
+        }
+        None => (None, None),
     };
-    let c = context(h, session, req, cfg)?;
+    // The context starts from what the verdict read (nothing is written in between).
+    let c = context_read(h, session, req, cfg, read)?;
     let verdict = verdict.map(|(f, after)| {
         let behind = f.episodes.saturating_sub(c.window.covered) > u64::from(after);
         (f, behind)
@@ -309,13 +314,27 @@ pub fn context(
     req: ContextRequest,
     cfg: &Config,
 ) -> Result<ContextWindow, Error> {
+    context_read(h, session, req, cfg, None)
+}
+
+/// [`context`], from the session's figures and newest row when the caller has just read
+/// them.
+fn context_read(
+    h: &mut impl Host,
+    session: &str,
+    req: ContextRequest,
+    cfg: &Config,
+    read: Option<super::refresh::Read>,
+) -> Result<ContextWindow, Error> {
     if session.trim().is_empty() {
         return Err(Error::InvalidInput(
             "the session id is empty; pass a session id".into(),
         ));
     }
-    let stats = h.stats(session)?;
-    let latest = h.latest_summary(session)?;
+    let (stats, latest) = match read {
+        Some(r) => r,
+        None => (h.stats(session)?, h.latest_summary(session)?),
+    };
     let covered = latest.as_ref().map_or(0, |r| r.last_episode);
     let at = (covered, super::refresh::coding_before(latest.as_ref()));
     let beyond = stats.last_episode - covered;

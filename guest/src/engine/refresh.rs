@@ -15,7 +15,13 @@ pub(super) struct Verdict {
     pub(super) marker: Option<FailureMarker>,
     /// Window mode's fold size (`None` in the other modes).
     pub(super) batch: Option<u32>,
+    /// The session's figures and newest row as the verdict read them.
+    pub(super) read: Read,
 }
+
+/// A session's figures and its newest summary row, read together (a call that has them need
+/// not read them again).
+pub(super) type Read = (crate::types::Stats, Option<SummaryRow>);
 
 impl Verdict {
     /// How far a refresh of this verdict goes, the newest episode being `last`: window mode
@@ -96,6 +102,7 @@ pub(super) fn freshness_and_marker(
         freshness: f,
         marker,
         batch,
+        read: (stats, latest),
     })
 }
 
