@@ -419,13 +419,13 @@ fn claims(srv: &abridge_test_pg::Server) {
         let cfg = abridge_engine::types::Config::default();
         let lease = Duration::from_secs(60);
         let first = Jobs::new(stores[0].clone(), lease);
-        let local = abridge_store::tenant::TenantTables::new(
-            stores[0].clone(),
-            abridge_store::tenant::Tenant::local(),
+        let local = abridge_store::AppStore::for_tenant(
+            &*stores[0],
+            &abridge_store::tenant::Tenant::local(),
         );
         let mut ids = Vec::new();
         for i in 0..300 {
-            ids.push(first.enqueue(&local, &format!("c{i}"), 1, &cfg).await.unwrap().0.id);
+            ids.push(first.enqueue(&*local, &format!("c{i}"), 1, &cfg).await.unwrap().0.id);
         }
         let ids = Arc::new(ids);
         let tasks: Vec<_> = stores

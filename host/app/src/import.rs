@@ -255,7 +255,7 @@ impl Scoped {
                 .app
                 .inner
                 .jobs
-                .queued_of(&self.tables, "")
+                .queued_of(&*self.tables, "")
                 .await
                 .map_err(AppError::from)?;
             let room = limits.queued_per_tenant.saturating_sub(queued);

@@ -38,7 +38,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .list_for(&self.tables, before, limit)
+            .list_for(&*self.tables, before, limit)
             .await?
             .iter()
             .map(|j| self.job_view(j))

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, SystemClock};
 use crate::control::{CallControl, Progress};
 use crate::runtime::{Abridge, CallError};
-use crate::store::{JobStore, TenantCap};
-use crate::tenant::{Tenant, TenantTables};
+use crate::store::{AppStore, JobStore, TenantCap};
+use crate::tenant::Tenant;
 use crate::types::{Config, Error, Outcome};
 
 pub use abridge_store::jobs::{Beat, Claim, Job, JobState};
@@ -139,7 +139,7 @@ impl Jobs {
     /// most `limit`.
     pub async fn list_for(
         &self,
-        tenant: &TenantTables,
+        tenant: &dyn AppStore,
         before: Option<u64>,
         limit: u32,
     ) -> Result<Vec<Job>, Error> {
@@ -154,7 +154,7 @@ impl Jobs {
     /// The active (queued or running) job of a tenant's session, if any.
     pub async fn active_for(
         &self,
-        tenant: &TenantTables,
+        tenant: &dyn AppStore,
         session: &str,
     ) -> Result<Option<Job>, Error> {
         tenant.job_active_for(session).await
@@ -164,7 +164,7 @@ impl Jobs {
     /// none asked). Two indexed reads, whatever the size of the queue.
     pub async fn queued_of(
         &self,
-        tenant: &TenantTables,
+        tenant: &dyn AppStore,
         session: &str,
     ) -> Result<(usize, Option<Job>), Error> {
         let n = tenant.jobs_queued().await? as usize;
@@ -191,14 +191,14 @@ impl Jobs {
 
     /// The newest `limit` jobs, newest first.
     pub async fn list(&self, limit: u32) -> Result<Vec<Job>, Error> {
-        self.db.jobs_list(None, None, limit).await
+        self.db.jobs_list(None, limit).await
     }
 
     /// The job for (`session`, `target`): the active one if there is one, else a new queued
     /// job. Returns the job and whether it was created.
     pub async fn enqueue(
         &self,
-        tenant: &TenantTables,
+        tenant: &dyn AppStore,
         session: &str,
         target: u64,
         cfg: &Config,
@@ -294,7 +294,7 @@ impl Jobs {
 
     /// Whether a job of a tenant's `session` is running under a live lease (a trigger then
     /// leaves the work to it).
-    pub async fn session_busy(&self, tenant: &TenantTables, session: &str) -> Result<bool, Error> {
+    pub async fn session_busy(&self, tenant: &dyn AppStore, session: &str) -> Result<bool, Error> {
         let owners = tenant.job_lease_owners(session, self.now_ms()).await?;
         Ok(owners.iter().any(|o| !owner_is_dead(o)))
     }
@@ -435,9 +435,7 @@ mod tests {
         let (a, b) = (Tenant::new("a").unwrap(), Tenant::new("b").unwrap());
         let cfg = Config::default();
         for (t, s) in [(&a, "1"), (&a, "2"), (&a, "3"), (&b, "1")] {
-            j.enqueue(&TenantTables::new(db.clone(), t.clone()), s, 1, &cfg)
-                .await
-                .unwrap();
+            j.enqueue(&*db.for_tenant(t), s, 1, &cfg).await.unwrap();
         }
         let key = |t: &Tenant, s: &str| {
             if t.is_local() {
@@ -477,19 +475,19 @@ mod tests {
         for (name, db) in stores() {
             let clock = Arc::new(ManualClock::at(1_000));
             let j = jobs(&db, &clock, "w", 60_000).with_retention(Duration::from_secs(3600), 1_000);
-            let t = TenantTables::new(db.clone(), Tenant::local());
+            let t = db.for_tenant(&Tenant::local());
             let cfg = Config::default();
             let run = |s: &'static str| {
                 let (j, t, cfg) = (j.clone(), t.clone(), cfg.clone());
                 async move {
-                    let (job, _) = j.enqueue(&t, s, 1, &cfg).await.unwrap();
+                    let (job, _) = j.enqueue(&*t, s, 1, &cfg).await.unwrap();
                     assert!(matches!(j.claim(job.id).await.unwrap(), Claim::Taken(_)));
                     j.finish(job.id, JobState::Succeeded, None).await.unwrap();
                     job.id
                 }
             };
             let old = run("a").await;
-            let (waiting, _) = j.enqueue(&t, "q", 1, &cfg).await.unwrap();
+            let (waiting, _) = j.enqueue(&*t, "q", 1, &cfg).await.unwrap();
             // Two hours on: the first finish after ten minutes prunes what finished an hour
             // before it.
             clock.advance(2 * 3600 * 1000);
@@ -522,12 +520,12 @@ mod tests {
             );
             let cfg = Config::default();
             let mut ids = Vec::new();
-            let view = |t: &Tenant| TenantTables::new(db.clone(), t.clone());
+            let view = |t: &Tenant| db.for_tenant(t);
             for (t, s) in [(&a, "s"), (&b, "s"), (&local, "s"), (&a, "t")] {
-                ids.push(j.enqueue(&view(t), s, 1, &cfg).await.unwrap().0.id);
+                ids.push(j.enqueue(&*view(t), s, 1, &cfg).await.unwrap().0.id);
             }
             let listed = async |t: &Tenant, before| -> Vec<u64> {
-                j.list_for(&view(t), before, 10)
+                j.list_for(&*view(t), before, 10)
                     .await
                     .unwrap()
                     .iter()
@@ -552,15 +550,15 @@ mod tests {
         for (name, db) in stores() {
             let clock = Arc::new(ManualClock::at(1_000));
             let a = jobs(&db, &clock, "elsewhere:1", 60_000);
-            let here = TenantTables::new(db.clone(), Tenant::local());
+            let here = db.for_tenant(&Tenant::local());
             let cfg = Config {
                 model: "m".into(),
                 context_length: 1024,
                 ..Config::default()
             };
-            let (j, new) = a.enqueue(&here, "s", 10, &cfg).await.unwrap();
+            let (j, new) = a.enqueue(&*here, "s", 10, &cfg).await.unwrap();
             assert!(new, "{name}");
-            let (again, new) = a.enqueue(&here, "s", 10, &cfg).await.unwrap();
+            let (again, new) = a.enqueue(&*here, "s", 10, &cfg).await.unwrap();
             assert!(!new && again.id == j.id, "{name}");
             assert_eq!(
                 again.config.context_length, 1024,
@@ -569,7 +567,7 @@ mod tests {
             let j = taken(a.claim(j.id).await.unwrap());
             assert_eq!((j.state, j.attempts), (JobState::Running, 1), "{name}");
             assert_eq!(
-                a.active_for(&here, "s").await.unwrap().map(|x| x.id),
+                a.active_for(&*here, "s").await.unwrap().map(|x| x.id),
                 Some(j.id)
             );
 
@@ -580,13 +578,13 @@ mod tests {
                 matches!(b.claim(j.id).await.unwrap(), Claim::Busy(_)),
                 "{name}"
             );
-            let (k, _) = b.enqueue(&here, "s", 12, &cfg).await.unwrap();
+            let (k, _) = b.enqueue(&*here, "s", 12, &cfg).await.unwrap();
             assert!(
                 matches!(b.claim(k.id).await.unwrap(), Claim::Busy(_)),
                 "{name}"
             );
-            assert!(b.session_busy(&here, "s").await.unwrap(), "{name}");
-            assert!(!b.session_busy(&here, "t").await.unwrap(), "{name}");
+            assert!(b.session_busy(&*here, "s").await.unwrap(), "{name}");
+            assert!(!b.session_busy(&*here, "t").await.unwrap(), "{name}");
 
             // A lease that ran out passes to the next worker; the old one learns it lost it.
             let short = jobs(&db, &clock, "elsewhere:1", 1);
@@ -601,7 +599,7 @@ mod tests {
             clock.advance(5);
             assert_eq!(b.runnable(None).await.unwrap().len(), 2, "{name}");
             assert_eq!(b.runnable(Some(1)).await.unwrap().len(), 2, "{name}");
-            assert!(!b.session_busy(&here, "s").await.unwrap(), "{name}");
+            assert!(!b.session_busy(&*here, "s").await.unwrap(), "{name}");
             let j = taken(b.claim(j.id).await.unwrap());
             assert_eq!(j.attempts, 2, "{name}");
             assert_eq!(
@@ -631,7 +629,7 @@ mod tests {
             );
 
             // Cancelling: queued at once, running by request.
-            let (q, _) = b.enqueue(&here, "u", 1, &cfg).await.unwrap();
+            let (q, _) = b.enqueue(&*here, "u", 1, &cfg).await.unwrap();
             let q = b.cancel(q.id).await.unwrap().unwrap();
             assert_eq!(q.state, JobState::Cancelled, "{name}");
             let r = b.cancel(k.id).await.unwrap().unwrap();
@@ -646,7 +644,7 @@ mod tests {
                 "{name}"
             );
             // A finished key may be asked for again: a new job.
-            assert!(b.enqueue(&here, "s", 10, &cfg).await.unwrap().1, "{name}");
+            assert!(b.enqueue(&*here, "s", 10, &cfg).await.unwrap().1, "{name}");
         }
     }
 }

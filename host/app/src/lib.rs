@@ -91,7 +91,6 @@ use crate::jobs::{Job, Jobs};
 use crate::runtime::{Abridge, Runtime};
 use crate::sources::SessionMode;
 use crate::store::{AppStore, Store};
-use crate::tenant::TenantTables;
 
 /// Messages indexed per transaction when older sessions are brought into the full-text index.
 pub const INDEX_BATCH: u32 = 500;
@@ -447,8 +446,9 @@ impl App {
                     self.inner.model_global.clone(),
                     self.inner.model.clone(),
                 );
+                let bound = self.inner.db.for_tenant(t);
                 guarded = guarded.counting(
-                    self.inner.db.clone() as Arc<dyn crate::store::RecallStore>,
+                    bound.clone() as Arc<dyn crate::store::RecallStore>,
                     t.name(),
                     c.clock.clone(),
                 );
@@ -461,12 +461,12 @@ impl App {
                     );
                 }
                 let llm: Arc<dyn LlmBackend> = Arc::new(guarded);
-                let store: Arc<dyn Store> = self.inner.db.for_tenant(t);
+                let store: Arc<dyn Store> = bound.clone();
                 let log = c.log.clone();
                 let engine = Abridge::builder()
                     .runtime(c.runtime.clone())
                     .memories(
-                        self.inner.db.clone() as Arc<dyn crate::store::RecallStore>,
+                        bound as Arc<dyn crate::store::RecallStore>,
                         t.name(),
                         c.embedder.clone(),
                     )
@@ -498,7 +498,7 @@ impl App {
         Scoped {
             app: self.clone(),
             tenant: t.clone(),
-            tables: TenantTables::new(self.inner.db.clone(), t.clone()),
+            tables: self.inner.db.for_tenant(t),
             state: self.state(t),
             read_only: false,
         }
@@ -515,8 +515,8 @@ impl App {
 pub struct Scoped {
     app: App,
     tenant: Tenant,
-    /// The tenant's view of the app's tables: every session-keyed call goes through it.
-    tables: TenantTables,
+    /// The store bound to the tenant: every call of the handle goes through it.
+    tables: Arc<dyn AppStore>,
     state: Arc<TenantState>,
     /// A read-only caller's handle: reads never queue model work.
     read_only: bool,

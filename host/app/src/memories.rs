@@ -15,7 +15,6 @@ use utoipa::ToSchema;
 
 use super::{App, AppError, AppResult, ErrorKind, Scoped, What};
 use crate::store::{ClusterRow, RecallStore};
-use crate::tenant::TenantRecall;
 use crate::types::{
     ClusterAction, ClusterOutcome, ClusterSummary, HitKind, Memory, MemoryFilter, MemoryIn,
     Recalled, Remembered, Scope,
@@ -324,20 +323,12 @@ pub fn filter(
 }
 
 impl Scoped {
-    /// The tenant's view of the memory tables.
     /// The memory settings of this tenant's calls: the app's, keyed by the tenant's lexical
     /// embedding secret when the store seals (one place decides it for every memory call).
     async fn memory_config(&self) -> AppResult<crate::types::MemoryConfig> {
         let mut cfg = self.app.inner.cfg.memory.clone();
-        cfg.lexical_key = self.recall_store().lexical_key().await?;
+        cfg.lexical_key = self.tables.lexical_key(self.tenant.name()).await?;
         Ok(cfg)
-    }
-
-    fn recall_store(&self) -> TenantRecall {
-        TenantRecall::new(
-            self.app.inner.db.clone() as Arc<dyn RecallStore>,
-            self.tenant.clone(),
-        )
     }
 
     /// Store memories (ids are made for those without one), a bounded batch at a time, then
@@ -453,12 +444,12 @@ impl Scoped {
     /// The tenant's usage this month against its ceiling.
     pub async fn usage(&self) -> AppResult<UsageView> {
         let (month, resets_at_ms) = month_of(self.app.now_ms());
-        let (calls, prompt, output) = self.recall_store().usage(&month).await?;
+        let (calls, prompt, output) = self.tables.usage(self.tenant.name(), &month).await?;
         let ceiling = self.app.inner.cfg.limits.ceiling;
         let cost = |p: u64, o: u64| ceiling.map_or(0.0, |c| c.cost_of(p, o));
         let days = self
-            .recall_store()
-            .usage_days(&month)
+            .tables
+            .usage_days(self.tenant.name(), &month)
             .await?
             .into_iter()
             .map(|d| UsageDayView {
@@ -489,7 +480,7 @@ impl Scoped {
             return Ok(None);
         };
         let (month, resets_at_ms) = month_of(self.app.now_ms());
-        let (_, prompt, output) = self.recall_store().usage(&month).await?;
+        let (_, prompt, output) = self.tables.usage(self.tenant.name(), &month).await?;
         Ok(c.exhausted(prompt, output).map(|(spent, limit, unit)| {
             AppError::new(
                 ErrorKind::QuotaExhausted {
@@ -520,15 +511,15 @@ impl Scoped {
             .acquire_owned()
             .await
             .map_err(|_| AppError::new(ErrorKind::Unavailable, "shutting down"))?;
-        let store = self.recall_store();
+        let (store, t) = (&*self.tables, self.tenant.name());
         let owner = format!("{}-{}", self.app.unique_id(), std::process::id());
         let now = self.app.now_ms();
         // A claim is refused for a cluster another worker holds, and for one that does not
         // exist: only then is it worth telling the two apart.
         let claimed = store
-            .claim_cluster(cluster, &owner, now, now + CLAIM_MS)
+            .claim_cluster(t, cluster, &owner, now, now + CLAIM_MS)
             .await?;
-        let version = store.cluster_version(cluster).await?;
+        let version = store.cluster_version(t, cluster).await?;
         let Some(version) = version.filter(|_| claimed) else {
             return match version {
                 None => Err(AppError::not_found(format!("no cluster {cluster}"))),
@@ -541,10 +532,10 @@ impl Scoped {
             .summarize_cluster(cluster, &self.app.inner.cfg.config, &mcfg)
             .await;
         let settled = match &result {
-            Ok(_) => store.settle(cluster, version).await,
+            Ok(_) => store.settle(t, cluster, version).await,
             Err(_) => Ok(()),
         };
-        store.release_cluster(cluster, &owner).await?;
+        store.release_cluster(t, cluster, &owner).await?;
         settled?;
         // The model's calls were counted in the tenant's usage as they were made (see
         // `limits::Guarded::counting`), whatever became of their answers.
@@ -583,8 +574,8 @@ impl Scoped {
 
     /// One memory; a foreign or unknown id is not found.
     pub async fn memory(&self, id: &str) -> AppResult<MemoryView> {
-        self.recall_store()
-            .get_memory(id)
+        self.tables
+            .get_memory(self.tenant.name(), id)
             .await?
             .map(MemoryView::from)
             .ok_or_else(|| AppError::not_found(format!("no memory '{id}'")))
@@ -597,7 +588,10 @@ impl Scoped {
         offset: usize,
         limit: usize,
     ) -> AppResult<(Vec<MemoryView>, usize)> {
-        let (rows, total) = self.recall_store().list_memories(f, offset, limit).await?;
+        let (rows, total) = self
+            .tables
+            .list_memories(self.tenant.name(), f, offset, limit)
+            .await?;
         Ok((rows.into_iter().map(MemoryView::from).collect(), total))
     }
 
@@ -650,8 +644,8 @@ impl Scoped {
     /// Clusters under a filter.
     pub async fn clusters(&self, f: &MemoryFilter) -> AppResult<Vec<ClusterView>> {
         Ok(self
-            .recall_store()
-            .clusters(f)
+            .tables
+            .clusters(self.tenant.name(), f)
             .await?
             .into_iter()
             .map(ClusterView::from)
@@ -659,8 +653,8 @@ impl Scoped {
     }
 
     async fn summary_row(&self, id: u64) -> AppResult<ClusterSummary> {
-        self.recall_store()
-            .summary_by_id(id)
+        self.tables
+            .summary_by_id(self.tenant.name(), id)
             .await?
             .ok_or_else(|| AppError::not_found(format!("no summary {id}")))
     }
@@ -668,14 +662,21 @@ impl Scoped {
     /// A cluster summary by id, with the ids of the memories it covers.
     pub async fn cluster_summary(&self, id: u64) -> AppResult<ClusterSummaryView> {
         let s = self.summary_row(id).await?;
-        let sources = self.recall_store().summary_sources(&s).await?;
+        let sources = self
+            .tables
+            .member_ids(self.tenant.name(), s.cluster, s.covered_seq)
+            .await?;
         Ok(ClusterSummaryView::new(s, sources))
     }
 
     /// The memories a summary covers, oldest first.
     pub async fn summary_sources(&self, id: u64) -> AppResult<Vec<MemoryView>> {
         let s = self.summary_row(id).await?;
-        let members = self.recall_store().summary_members(&s).await?;
+        let mut members = self
+            .tables
+            .cluster_members(self.tenant.name(), s.cluster)
+            .await?;
+        members.retain(|m| m.seq <= s.covered_seq);
         Ok(members.into_iter().map(MemoryView::from).collect())
     }
 }
@@ -706,7 +707,7 @@ impl Scoped {
         // The events published so far are written first: one written after would seal its
         // data under a data key made anew for the tenant being deleted.
         self.app.events().flush().await;
-        self.recall_store().forget_tenant().await?;
+        self.tables.forget_tenant(self.tenant.name()).await?;
         let now = self.app.now_ms();
         for t in self.app.tokens().list().await? {
             if t.tenant == self.tenant.name() && t.revoked_ms.is_none() {

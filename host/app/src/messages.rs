@@ -242,7 +242,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .session_busy(&self.tables, session)
+            .session_busy(&*self.tables, session)
             .await?
         {
             return Ok(out);
@@ -333,7 +333,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .active_for(&self.tables, session)
+            .active_for(&*self.tables, session)
             .await?)
     }
 
@@ -344,7 +344,7 @@ impl Scoped {
         cfg: &SessionConfig,
     ) -> AppResult<Job> {
         let jobs = &self.app.inner.jobs;
-        let (queued, mine) = jobs.queued_of(&self.tables, session).await?;
+        let (queued, mine) = jobs.queued_of(&*self.tables, session).await?;
         // Repeated refreshes of one session coalesce: its queued job, once it runs, is the
         // refresh (what is due after it queues the next).
         if let Some(j) = mine {
@@ -366,7 +366,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .enqueue(&self.tables, session, target, cfg)
+            .enqueue(&*self.tables, session, target, cfg)
             .await?;
         if created {
             self.publish(What::queued(target), Some(session), Some(job.id));

@@ -65,7 +65,7 @@ impl Scoped {
         stop: Option<watch::Receiver<bool>>,
     ) -> AppResult<Option<Job>> {
         let jobs = &self.app.inner.jobs;
-        let (job, created) = jobs.enqueue(&self.tables, session, target, cfg).await?;
+        let (job, created) = jobs.enqueue(&*self.tables, session, target, cfg).await?;
         if created {
             self.publish(What::queued(target), Some(session), Some(job.id));
         } else {

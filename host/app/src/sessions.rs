@@ -134,7 +134,7 @@ impl Scoped {
             .app
             .inner
             .jobs
-            .session_busy(&self.tables, session)
+            .session_busy(&*self.tables, session)
             .await?)
     }
 

@@ -46,13 +46,16 @@ impl Scoped {
     /// is not found.
     pub async fn revoke_token(&self, id: u64) -> AppResult<tokens::TokenView> {
         self.writing("revoke tokens")?;
-        self.tables
-            .revoke_token(id, self.app.now_ms())
-            .await?
-            .map(tokens::TokenView::from)
-            .ok_or_else(|| {
-                AppError::not_found(format!("no live token {id}"))
-                    .hint("GET /v1/tokens lists this tenant's tokens")
-            })
+        let now = self.app.now_ms();
+        let missing = || {
+            AppError::not_found(format!("no live token {id}"))
+                .hint("GET /v1/tokens lists this tenant's tokens")
+        };
+        // The bound store revokes the tenant's own token only.
+        if !self.tables.revoke_token(id, now).await? {
+            return Err(missing());
+        }
+        let row = self.tables.tokens().await?.into_iter().find(|r| r.id == id);
+        row.map(tokens::TokenView::from).ok_or_else(missing)
     }
 }

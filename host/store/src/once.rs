@@ -25,13 +25,14 @@ use crate::types::Mode;
 /// A SQL store: a backend's transactions ([`Backend`]), with every store trait written once
 /// over them. [`crate::SqliteStore`] and [`crate::PgStore`] are this over their backends.
 ///
-/// A store opened is the database's whole view: the engine's [`crate::Store`] and the
-/// session rows take stored keys as they are. [`AppStore::for_tenant`](crate::AppStore)
-/// gives the same database bound to one [`Tenant`]: those calls then name sessions (and
+/// A store opened is the database's whole view: its calls take stored keys as they are, its
+/// session lists are the local tenant's, and its job and token lists are every tenant's (what
+/// the workers, the index and an administrator need). [`AppStore::for_tenant`](crate::AppStore)
+/// gives the same database bound to one [`Tenant`]: every call then names sessions (and
 /// partial answers) by the tenant's own ids, which the handle keys into the tenant's space on
-/// the way in and back on the way out, so another tenant's rows cannot be named. (The app's
-/// tables and recall take their keys and tenants explicitly, through the app's
-/// [`crate::tenant::TenantTables`] and [`crate::tenant::TenantRecall`].)
+/// the way in and back on the way out; its lists and counts hold the tenant's rows only; and
+/// a memory call naming another tenant is refused. Another tenant's rows cannot be named
+/// through it, and the app hands front ends nothing else.
 pub struct Sql<B> {
     db: Arc<B>,
     tenant: Option<Tenant>,
@@ -72,6 +73,38 @@ impl<B> Sql<B> {
     pub(crate) fn bound(&self) -> Option<&Tenant> {
         self.tenant.as_ref()
     }
+
+    /// The `tenant` column of the view's tenant: '' for the local tenant, and for the whole
+    /// view (whose session lists are the local tenant's).
+    pub(crate) fn column(&self) -> &str {
+        match &self.tenant {
+            Some(t) if !t.is_local() => t.name(),
+            _ => "",
+        }
+    }
+
+    /// A memory call's tenant, checked: a bound view serves its own tenant only (a caller
+    /// that names another is refused before any row is read).
+    pub(crate) fn own<'a>(&self, tenant: &'a str) -> Result<&'a str, Error> {
+        match &self.tenant {
+            Some(t) if t.name() != tenant => Err(Error::Storage(format!(
+                "a store bound to tenant '{t}' was asked for tenant '{}'s rows; open that tenant's view instead",
+                crate::text::printable(tenant)
+            ))),
+            _ => Ok(tenant),
+        }
+    }
+
+    /// Stored keys back to the view's ids (another tenant's never pass a bound view).
+    fn ids(&self, keys: Vec<String>) -> Vec<String> {
+        match &self.tenant {
+            None => keys,
+            Some(t) => keys
+                .iter()
+                .filter_map(|k| t.session_of(k).map(str::to_string))
+                .collect(),
+        }
+    }
 }
 
 // Written once, for the one implementation: the SQL stores (in-memory test stores implement
@@ -82,6 +115,10 @@ impl<B: Backend + 'static> crate::AppStore for Sql<B> {
             db: self.db.clone(),
             tenant: Some(tenant.clone()),
         })
+    }
+
+    fn tenant(&self) -> Option<&Tenant> {
+        self.tenant.as_ref()
     }
 }
 
@@ -183,6 +220,7 @@ impl<B: Backend> TokenStore for Sql<B> {
         label: Option<&str>,
         now_ms: u64,
     ) -> Result<u64, Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| {
             t
             .row(
@@ -196,8 +234,15 @@ impl<B: Backend> TokenStore for Sql<B> {
     }
 
     async fn tokens(&self) -> Result<Vec<TokenRow>, Error> {
+        let (filter, args): (&str, Vec<Val>) = match self.bound() {
+            Some(b) => ("WHERE tenant = $1", vec![b.name().into()]),
+            None => ("", Vec::new()),
+        };
         reading!(self, |t| t
-            .rows(&format!("SELECT {TOKEN_COLS} FROM tokens ORDER BY id"), &[])
+            .rows(
+                &format!("SELECT {TOKEN_COLS} FROM tokens {filter} ORDER BY id"),
+                &args
+            )
             .await?
             .iter()
             .map(token_from)
@@ -205,10 +250,17 @@ impl<B: Backend> TokenStore for Sql<B> {
     }
 
     async fn revoke_token(&self, id: u64, now_ms: u64) -> Result<bool, Error> {
+        let (filter, mut args): (&str, Vec<Val>) = match self.bound() {
+            Some(b) => (" AND tenant = $3", vec![b.name().into()]),
+            None => ("", Vec::new()),
+        };
+        args.splice(0..0, [id.into(), now_ms.into()]);
         writing!(self, |t| t
             .exec(
-                "UPDATE tokens SET revoked_ms = $2 WHERE id = $1 AND revoked_ms IS NULL",
-                &[id.into(), now_ms.into()],
+                &format!(
+                    "UPDATE tokens SET revoked_ms = $2 WHERE id = $1 AND revoked_ms IS NULL{filter}"
+                ),
+                &args,
             )
             .await
             .map(|n| n > 0))
@@ -452,6 +504,8 @@ impl<B: Backend> JobStore for Sql<B> {
         config: &str,
         now_ms: u64,
     ) -> Result<(Job, bool), Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         let key = format!("{session}@{target}");
         writing!(self, |t| {
             // Enqueuers of one key take turns: the active job is read and made in one step,
@@ -742,6 +796,8 @@ impl<B: Backend> JobStore for Sql<B> {
     }
 
     async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         reading!(self, |t| Ok(jobs_where(
             &mut t,
             "session = $1 AND state IN ('queued','running') ORDER BY id DESC LIMIT 1",
@@ -753,6 +809,8 @@ impl<B: Backend> JobStore for Sql<B> {
     }
 
     async fn job_lease_owners(&self, session: &str, now_ms: u64) -> Result<Vec<String>, Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         reading!(self, |t| {
             t
             .rows(
@@ -766,12 +824,9 @@ impl<B: Backend> JobStore for Sql<B> {
         })
     }
 
-    async fn jobs_list(
-        &self,
-        scope: Option<JobScope<'_>>,
-        before: Option<u64>,
-        limit: u32,
-    ) -> Result<Vec<Job>, Error> {
+    async fn jobs_list(&self, before: Option<u64>, limit: u32) -> Result<Vec<Job>, Error> {
+        let bounds = self.bound().map(Tenant::job_bounds);
+        let scope = bounds.as_ref().map(|b| b.scope());
         reading!(self, |t| {
             let mut args = vec![before.map_or(Val::Int(i64::MAX), big), limit.into()];
             let filter = match scope {
@@ -799,14 +854,19 @@ impl<B: Backend> JobStore for Sql<B> {
             .collect())
     }
 
-    async fn jobs_queued(&self, scope: JobScope<'_>) -> Result<u64, Error> {
+    async fn jobs_queued(&self) -> Result<u64, Error> {
+        let bounds = self.bound().map(Tenant::job_bounds);
+        let scope = bounds.as_ref().map(|b| b.scope());
         reading!(self, |t| {
             let d = t.dialect();
             let mut args = Vec::new();
-            let filter = scope_sql(d, scope, &mut args);
+            let filter = match scope {
+                Some(scope) => scope_sql(d, scope, &mut args),
+                None => "1 = 1".to_string(),
+            };
             // SQLite reads the tenant's part of the active set from the index on it.
             let index = match (d, scope) {
-                (Dialect::Sqlite, JobScope::Keys(..)) => " INDEXED BY jobs_active_session",
+                (Dialect::Sqlite, Some(JobScope::Keys(..))) => " INDEXED BY jobs_active_session",
                 _ => "",
             };
             match t
@@ -1164,6 +1224,8 @@ impl<B: Backend> SourceStore for Sql<B> {
         last_episode: u64,
         bytes: u64,
     ) -> Result<(), Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         writing!(self, |t| {
             t
             .exec(
@@ -1177,6 +1239,8 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn mark_covering(&self, session: &str, last_episode: u64) -> Result<Option<Mark>, Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         reading!(self, |t| {
             match t
             .row(
@@ -1196,6 +1260,8 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn session_mode(&self, session: &str) -> Result<Option<SessionMode>, Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         reading!(self, |t| match t
             .row(
                 "SELECT mode, quiescence_secs FROM session_modes WHERE session = $1",
@@ -1212,6 +1278,8 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn set_session_mode(&self, session: &str, m: Option<&SessionMode>) -> Result<(), Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         writing!(self, |t| {
             match m {
                 None => {
@@ -1235,24 +1303,33 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         reading!(self, |t| session_text(&mut t, SessionText::FOCUS, session)
             .await)
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         set_session_text(&*self.db, SessionText::FOCUS, session, focus).await
     }
 
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         reading!(self, |t| session_text(&mut t, SessionText::LABEL, session)
             .await)
     }
 
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         set_session_text(&*self.db, SessionText::LABEL, session, label).await
     }
 
-    async fn sessions_count(&self, tenant: &str) -> Result<u64, Error> {
+    async fn sessions_count(&self) -> Result<u64, Error> {
+        let tenant = self.column();
         reading!(self, |t| {
             let hint = indexed_by(t.dialect(), "sessions_tenant_change");
             match t
@@ -1268,13 +1345,9 @@ impl<B: Backend> SourceStore for Sql<B> {
         })
     }
 
-    async fn sessions_page(
-        &self,
-        tenant: &str,
-        offset: u64,
-        limit: u32,
-    ) -> Result<Vec<String>, Error> {
-        reading!(self, |t| {
+    async fn sessions_page(&self, offset: u64, limit: u32) -> Result<Vec<String>, Error> {
+        let tenant = self.column();
+        let keys = reading!(self, |t| {
             let hint = indexed_by(t.dialect(), "sessions_tenant_change");
             t.rows(
                 &format!("SELECT id FROM sessions{hint} WHERE tenant = $1 ORDER BY changed_seq DESC, id LIMIT $2 OFFSET $3"),
@@ -1284,16 +1357,19 @@ impl<B: Backend> SourceStore for Sql<B> {
             .iter()
             .map(|r| r.text(0))
             .collect()
-        })
+        })?;
+        Ok(self.ids(keys))
     }
 
     async fn sessions_prefixed(
         &self,
-        tenant: &str,
         prefix: &str,
         limit: u32,
     ) -> Result<(Vec<String>, u64), Error> {
-        reading!(self, |t| {
+        let tenant = self.column();
+        let prefix = self.key(prefix);
+        let prefix = prefix.as_str();
+        let (keys, total) = reading!(self, |t| {
             // SQLite: the key range [prefix, bound) of the primary key (`+tenant`: the
             // tenant's index, which would read every session of the tenant, is not the one to
             // use). PostgreSQL: LIKE with the prefix escaped, on an index of the ids by
@@ -1348,14 +1424,12 @@ impl<B: Backend> SourceStore for Sql<B> {
                 .map(|r| r.text(0))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok((ids, total))
-        })
+        })?;
+        Ok((self.ids(keys), total))
     }
 
-    async fn sessions_labelled(
-        &self,
-        tenant: &str,
-        q: &str,
-    ) -> Result<Vec<(String, Option<String>)>, Error> {
+    async fn sessions_labelled(&self, q: &str) -> Result<Vec<(String, Option<String>)>, Error> {
+        let tenant = self.column();
         let (key, query) = crate::tables::search_grams(self, tenant, q).await?;
         index_sessions(&*self.db, tenant, &key).await?;
         reading!(self, |t| {
@@ -1401,13 +1475,18 @@ impl<B: Backend> SourceStore for Sql<B> {
             };
             let mut out = Vec::with_capacity(rows.len());
             for r in &rows {
-                out.push(label_row(&mut t, r).await?);
+                let (key, label) = label_row(&mut t, r).await?;
+                if let Some(id) = self.id_of(&key) {
+                    out.push((id.to_string(), label));
+                }
             }
             Ok(out)
         })
     }
 
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         reading!(self, |t| t
             .rows(
                 "SELECT episode FROM session_pins WHERE session = $1 ORDER BY episode",
@@ -1420,6 +1499,8 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn set_pin(&self, session: &str, episode: u64, pinned: bool) -> Result<bool, Error> {
+        let session = self.key(session);
+        let session = session.as_str();
         writing!(self, |t| {
             let n = if pinned {
                 t.exec(

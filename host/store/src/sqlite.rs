@@ -614,7 +614,6 @@ mod tests {
     /// reads its own.
     #[tokio::test]
     async fn sessions_stored_before_migration_29_are_listed_by_tenant() {
-        use crate::tables::SourceStore;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
         let s = SqliteStore::open(&path).unwrap();
@@ -625,22 +624,19 @@ mod tests {
         back_before(&path, "sessions_tenant_change");
         let s = SqliteStore::open(&path).unwrap();
         let page = |t: &'static str| {
-            let s = &s;
+            let v = crate::AppStore::for_tenant(&s, &crate::tenant::Tenant::new(t).unwrap());
             async move {
                 (
-                    s.sessions_page(t, 0, 10).await.unwrap(),
-                    s.sessions_count(t).await.unwrap(),
+                    v.sessions_page(0, 10).await.unwrap(),
+                    v.sessions_count().await.unwrap(),
                 )
             }
         };
         assert_eq!(
             page("acme").await,
-            (
-                vec!["acme\u{1f}b".to_string(), "acme\u{1f}a".to_string()],
-                2
-            )
+            (vec!["b".to_string(), "a".to_string()], 2)
         );
-        assert_eq!(page("").await, (vec!["local-one".to_string()], 1));
+        assert_eq!(page("local").await, (vec!["local-one".to_string()], 1));
     }
 
     /// Migration 31: sessions stored before it (and their names) enter the search index at
@@ -664,15 +660,16 @@ mod tests {
         drop(s);
         back_before(&path, "sessions_ungrammed");
         let s = SqliteStore::open(&path).unwrap();
-        let mut found: Vec<String> = s
-            .sessions_labelled("acme", "weekly")
+        let acme = crate::AppStore::for_tenant(&s, &crate::tenant::Tenant::new("acme").unwrap());
+        let mut found: Vec<String> = acme
+            .sessions_labelled("weekly")
             .await
             .unwrap()
             .into_iter()
             .map(|x| x.0)
             .collect();
         found.sort();
-        assert_eq!(found, ["acme\u{1f}other", "acme\u{1f}weekly-review"]);
+        assert_eq!(found, ["other", "weekly-review"]);
         // More than one batch of sessions to add: all of them are found.
         for i in 0..1_100 {
             s.append_episodes(&format!("acme\u{1f}bulk-{i}"), hi())
@@ -680,9 +677,9 @@ mod tests {
                 .unwrap();
         }
         for q in ["bulk-0", "bulk-1099"] {
-            let found = s.sessions_labelled("acme", q).await.unwrap();
+            let found = acme.sessions_labelled(q).await.unwrap();
             assert_eq!(found.len(), 1, "{q}");
-            assert_eq!(found[0].0, format!("acme\u{1f}{q}"));
+            assert_eq!(found[0].0, q);
         }
     }
 

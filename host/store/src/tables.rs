@@ -111,17 +111,14 @@ pub trait JobStore: Send + Sync {
     async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error>;
     /// Lease owners of the session's running jobs whose lease lasts past `now_ms`.
     async fn job_lease_owners(&self, session: &str, now_ms: u64) -> Result<Vec<String>, Error>;
-    /// Jobs of `scope` with `id < before` (all when `None`), newest first, at most `limit`.
-    async fn jobs_list(
-        &self,
-        scope: Option<JobScope<'_>>,
-        before: Option<u64>,
-        limit: u32,
-    ) -> Result<Vec<Job>, Error>;
+    /// The view's jobs (a bound view's: its tenant's; the whole view's: every tenant's) with
+    /// `id < before` (all when `None`), newest first, at most `limit`.
+    async fn jobs_list(&self, before: Option<u64>, limit: u32) -> Result<Vec<Job>, Error>;
     /// Jobs by state, ordered by state name.
     async fn job_counts(&self) -> Result<Vec<(String, u64)>, Error>;
-    /// How many jobs of `scope` are queued (read from the scope's own part of the active set).
-    async fn jobs_queued(&self, scope: JobScope<'_>) -> Result<u64, Error>;
+    /// How many of the view's jobs are queued (a bound view's: read from its tenant's own part
+    /// of the active set; the whole view's: every tenant's).
+    async fn jobs_queued(&self) -> Result<u64, Error>;
     /// Retention: delete finished jobs (succeeded, failed, cancelled) that finished before
     /// `finished_before_ms`, and each tenant's finished jobs beyond its newest `keep_per_tenant`,
     /// with the events that name them; queued and running jobs are never touched. How many
@@ -168,37 +165,27 @@ pub trait SourceStore: Send + Sync {
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error>;
     /// Set (`Some`) or clear (`None`) a session's display names.
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error>;
-    /// One tenant's sessions (`tenant`: its column value, '' for the local tenant), most
-    /// recently changed first: `limit` from `offset`. Read from the tenant's part of an
-    /// index, never another tenant's sessions.
-    async fn sessions_page(
-        &self,
-        tenant: &str,
-        offset: u64,
-        limit: u32,
-    ) -> Result<Vec<String>, Error>;
-    /// How many sessions one tenant has (counted in its part of the index).
-    async fn sessions_count(&self, tenant: &str) -> Result<u64, Error>;
-    /// One tenant's sessions whose stored key starts with `prefix` (a key prefix: the
-    /// tenant's key of what a user typed), in key order: the first `limit`, and how many
-    /// there are. Read from a key range of an index, never the tenant's other sessions.
+    /// The view's tenant's sessions (the whole view's: the local tenant's), most recently
+    /// changed first: `limit` from `offset`. Read from the tenant's part of an index, never
+    /// another tenant's sessions.
+    async fn sessions_page(&self, offset: u64, limit: u32) -> Result<Vec<String>, Error>;
+    /// How many sessions the view's tenant has (counted in its part of the index).
+    async fn sessions_count(&self) -> Result<u64, Error>;
+    /// The view's tenant's sessions whose id starts with `prefix`, in id order: the first
+    /// `limit`, and how many there are. Read from a key range of an index, never the
+    /// tenant's other sessions.
     async fn sessions_prefixed(
         &self,
-        tenant: &str,
         prefix: &str,
         limit: u32,
     ) -> Result<(Vec<String>, u64), Error>;
-    /// One tenant's sessions that may match a search for `q`, with their display names as
+    /// The view's tenant's sessions that may match a search for `q`, with their display names as
     /// stored (opened), most recently changed first: every session whose id (as its tenant
     /// sees it) or a name contains `q`, ignoring case, and perhaps others (the caller checks
     /// each). The SQL stores read a trigram index (`rules::gram_hashes`) and only the sessions
     /// holding every looked-up trigram of `q`; a `q` of fewer than three characters has none,
     /// and then every session of the tenant is returned.
-    async fn sessions_labelled(
-        &self,
-        tenant: &str,
-        q: &str,
-    ) -> Result<Vec<(String, Option<String>)>, Error>;
+    async fn sessions_labelled(&self, q: &str) -> Result<Vec<(String, Option<String>)>, Error>;
     /// A session's pinned episodes, ascending.
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error>;
     /// Pin (`true`) or unpin (`false`) one episode; returns whether anything changed.
@@ -270,9 +257,11 @@ pub trait TokenStore: Send + Sync {
         label: Option<&str>,
         now_ms: u64,
     ) -> Result<u64, Error>;
-    /// Every token, oldest first.
+    /// The view's tokens (a bound view's: its tenant's; the whole view's: every token), oldest
+    /// first.
     async fn tokens(&self) -> Result<Vec<TokenRow>, Error>;
-    /// Revoke a live token; false when there is none with that id.
+    /// Revoke a live token; false when the view has none with that id (a bound view never
+    /// touches another tenant's).
     async fn revoke_token(&self, id: u64, now_ms: u64) -> Result<bool, Error>;
     /// Whether any token is live.
     async fn any_live_token(&self) -> Result<bool, Error>;
@@ -431,9 +420,12 @@ pub trait AppStore:
     + IndexStore
     + super::RecallStore
 {
-    /// The same database bound to `tenant`: its [`Store`] and [`SessionRows`] name sessions
-    /// by the tenant's own ids (see [`crate::Sql`]).
+    /// The same database bound to `tenant`: every call names sessions by the tenant's own
+    /// ids, lists and counts only the tenant's rows, and refuses a memory call for another
+    /// tenant (see [`crate::Sql`]).
     fn for_tenant(&self, tenant: &crate::tenant::Tenant) -> Arc<dyn AppStore>;
+    /// The tenant this view is bound to (`None`: the whole database).
+    fn tenant(&self) -> Option<&crate::tenant::Tenant>;
 }
 
 /// A tenant's session search key and a query's trigram hashes under it (`tenant`: the

@@ -9,7 +9,7 @@ use std::sync::Arc;
 mod common;
 
 use abridge_engine::types::{NewEpisode, TermMatches};
-use abridge_store::tenant::{Tenant, TenantTables};
+use abridge_store::tenant::Tenant;
 use abridge_store::{AppStore, PgStore, SqliteStore};
 
 /// A message whose index terms are `terms` (the guest's `text.index-terms` would give them).
@@ -125,7 +125,7 @@ async fn searched(name: &str, db: Arc<dyn AppStore>) -> Vec<Shape> {
     assert_eq!(few.matches.len(), 2, "{name}");
     out.push(shape(&few));
     // A popped message leaves the index and the totals in the same transaction.
-    TenantTables::new(db.clone(), Tenant::new("acme").unwrap())
+    db.for_tenant(&Tenant::new("acme").unwrap())
         .pop_episode("alpha")
         .await
         .unwrap();

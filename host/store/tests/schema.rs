@@ -242,7 +242,8 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
 /// poll, a tenant's session list and search, and the summary find what it held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
-    use abridge_store::tenant::{Tenant, TenantTables};
+    use abridge_store::AppStore;
+    use abridge_store::tenant::Tenant;
     use abridge_store::{JobStore, Store};
     use std::sync::Arc;
     let Some(pg) = abridge_test_pg::shared() else {
@@ -333,12 +334,12 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
     polled.sort();
     // Each tenant's oldest: acme's two jobs are one tenant's, the local one another's.
     assert_eq!(polled, ["acme/a", "local/local-one"]);
-    let acme = TenantTables::new(s.clone(), Tenant::new("acme").unwrap());
+    let acme = s.for_tenant(&Tenant::new("acme").unwrap());
     let mut listed = acme.sessions_page(0, 10).await.unwrap();
     listed.sort();
     assert_eq!(listed, ["a", "b"]);
     assert_eq!(acme.sessions_prefixed("b", 5).await.unwrap().1, 1);
-    let local = TenantTables::new(s.clone(), Tenant::local());
+    let local = s.for_tenant(&Tenant::local());
     assert_eq!(local.sessions_page(0, 10).await.unwrap(), ["local-one"]);
     // Migration 12: sessions stored before it enter the search index at the first search.
     let found = local.sessions_labelled("CAL-o").await.unwrap();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use abridge_engine::types::{CachedAnswer, IdentifierKind, LedgerEntry, NewEpisode, Role};
 use abridge_store::crypto::Secret;
-use abridge_store::tenant::{Tenant, TenantTables};
+use abridge_store::tenant::Tenant;
 use abridge_store::{AppStore, EventRow, PgStore, SqliteStore};
 
 mod common;
@@ -37,8 +37,8 @@ fn episode(i: u64) -> NewEpisode {
 /// Write one of everything that holds text, for the local tenant and for `acme`.
 async fn write_all(db: Arc<dyn AppStore>) {
     for tenant in [Tenant::local(), Tenant::new("acme").unwrap()] {
-        let store = db.clone().for_tenant(&tenant.clone());
-        let tables = TenantTables::new(db.clone(), tenant.clone());
+        let store = db.for_tenant(&tenant);
+        let tables = store.clone();
         store
             .append_episodes("s", vec![episode(1), episode(2)])
             .await
@@ -87,8 +87,8 @@ async fn write_all(db: Arc<dyn AppStore>) {
 /// Everything reads back exactly.
 async fn read_all(db: Arc<dyn AppStore>) -> Result<(), String> {
     for tenant in [Tenant::local(), Tenant::new("acme").unwrap()] {
-        let store = db.clone().for_tenant(&tenant.clone());
-        let tables = TenantTables::new(db.clone(), tenant.clone());
+        let store = db.for_tenant(&tenant);
+        let tables = store.clone();
         let e = |e: abridge_engine::types::Error| format!("{e:?}");
         let eps = store.episodes_after("s", 0, 10).await.map_err(e)?;
         assert_eq!(eps.len(), 2);

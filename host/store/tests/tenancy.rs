@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use abridge_engine::types::{MemoryFilter, NewEpisode, Role};
-use abridge_store::tenant::{Tenant, TenantTables};
+use abridge_store::tenant::Tenant;
 use abridge_store::{AppStore, PgStore, SqliteStore};
 
 mod common;
@@ -56,7 +56,7 @@ async fn check(name: &str, step: usize, db: &Arc<dyn AppStore>, t: usize, models
     let own = &models[t];
     let other = &models[1 - t];
     let store = db.clone().for_tenant(&Tenant::new(TENANTS[t]).unwrap());
-    let rows = TenantTables::new(db.clone(), Tenant::new(TENANTS[t]).unwrap());
+    let rows = store.clone();
     let listed: BTreeSet<String> = rows.sessions().await.unwrap().into_iter().collect();
     let written: BTreeSet<String> = own
         .sessions

@@ -123,6 +123,7 @@ fn filter_vals(d: Dialect, tenant: &str, f: &MemoryFilter, prefix: &str) -> (Str
 #[async_trait]
 impl<B: Backend> RecallStore for Sql<B> {
     async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| {
             let vk = t.vector_keys(tenant).await?;
             let user = t.dialect().user_column();
@@ -156,10 +157,12 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| crate::writes::put_memory(&mut t, tenant, m).await)
     }
 
     async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| {
             let cols = memory_cols(t.dialect());
             Ok(memories(
@@ -174,6 +177,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| members_raw(&mut t, tenant, cluster, 0).await)
     }
 
@@ -183,6 +187,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         cluster: u64,
         after: u64,
     ) -> Result<MemberSet, Error> {
+        let tenant = self.own(tenant)?;
         // One snapshot: the figures and the rows agree.
         let mut t = self.snapshot().await?;
         let r: Result<MemberSet, Error> = async {
@@ -212,6 +217,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         offset: u32,
         limit: u32,
     ) -> Result<Vec<Memory>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| {
             let cols = memory_cols(t.dialect());
             // The `memories_rank` index: a page costs what it returns (plus the offset).
@@ -231,6 +237,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         cluster: u64,
         upto: u64,
     ) -> Result<Vec<String>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| {
             t
             .rows(
@@ -245,6 +252,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn delete_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {
+        let tenant = self.own(tenant)?;
         let gone = writing!(self, |t| {
             let Some((m, model)) = crate::writes::delete_memory(&mut t, tenant, id).await? else {
                 return Ok(None);
@@ -266,6 +274,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         model: &str,
         vectors: Vec<(String, Vec<f32>)>,
     ) -> Result<(), Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| crate::writes::set_vectors(
             &mut t, tenant, cluster, model, &vectors
         )
@@ -277,6 +286,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         tenant: &str,
         cluster: u64,
     ) -> Result<Option<ClusterSummary>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| summary(
             &mut t,
             tenant,
@@ -287,6 +297,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn summary_by_id(&self, tenant: &str, id: u64) -> Result<Option<ClusterSummary>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| summary(
             &mut t,
             tenant,
@@ -301,6 +312,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         tenant: &str,
         w: ClusterSummaryWrite,
     ) -> Result<bool, Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| crate::writes::write_cluster_summary(
             &mut t, tenant, w
         )
@@ -308,6 +320,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn delete_cluster_summary(&self, tenant: &str, cluster: u64) -> Result<(), Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| t
             .exec(
                 "DELETE FROM cluster_summaries WHERE tenant = $1 AND cluster = $2",
@@ -323,6 +336,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         cluster: u64,
         note: Option<String>,
     ) -> Result<(), Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| t
             .exec(
                 "UPDATE clusters SET note = $3 WHERE tenant = $1 AND id = $2",
@@ -340,6 +354,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         filter: &MemoryFilter,
         limit: u32,
     ) -> Result<Vec<Hit>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| crate::search::search(
             &mut t,
             (tenant, model),
@@ -355,6 +370,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         offset: usize,
         limit: usize,
     ) -> Result<(Vec<Memory>, usize), Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| {
             let d = t.dialect();
             let (fsql, args) = filter_vals(d, tenant, filter, "");
@@ -389,6 +405,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         tenant: &str,
         filter: &MemoryFilter,
     ) -> Result<Vec<ClusterRow>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| {
             let d = t.dialect();
             let (fsql, args) = filter_vals(d, tenant, filter, "c.");
@@ -431,6 +448,10 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn unsettled(&self, tenant: Option<&str>, limit: usize) -> Result<Vec<Unsettled>, Error> {
+        let tenant = match tenant {
+            Some(t) => Some(self.own(t)?),
+            None => self.bound().map(|t| t.name()),
+        };
         reading!(self, |t| {
             let user = t.dialect().user_column();
             let (only, args): (&str, Vec<Val>) = match tenant {
@@ -460,12 +481,14 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn cluster_version(&self, tenant: &str, cluster: u64) -> Result<Option<u64>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| Ok(cluster_figures(&mut t, tenant, cluster)
             .await?
             .map(|f| f.0)))
     }
 
     async fn settle(&self, tenant: &str, cluster: u64, version: u64) -> Result<(), Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| {
             let greatest = match t.dialect() {
                 Dialect::Sqlite => "MAX",
@@ -488,6 +511,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         now_ms: u64,
         until_ms: u64,
     ) -> Result<bool, Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| {
             Ok(t
             .exec(
@@ -500,6 +524,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn release_cluster(&self, tenant: &str, cluster: u64, owner: &str) -> Result<(), Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| {
             t
             .exec(
@@ -519,6 +544,7 @@ impl<B: Backend> RecallStore for Sql<B> {
         prompt_tokens: u64,
         output_tokens: u64,
     ) -> Result<(), Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| {
             for (table, column, period) in [
                 ("usage", "month", month_of_day(day)),
@@ -538,6 +564,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn usage_days(&self, tenant: &str, month: &str) -> Result<Vec<UsageDay>, Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| {
             t
             .rows(
@@ -559,6 +586,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn usage(&self, tenant: &str, month: &str) -> Result<(u64, u64, u64), Error> {
+        let tenant = self.own(tenant)?;
         reading!(self, |t| {
             match t
             .row(
@@ -574,6 +602,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn lexical_key(&self, tenant: &str) -> Result<Option<Vec<u8>>, Error> {
+        let tenant = self.own(tenant)?;
         if !self.sealing() {
             return Ok(None);
         }
@@ -585,6 +614,7 @@ impl<B: Backend> RecallStore for Sql<B> {
     }
 
     async fn forget_tenant(&self, tenant: &str) -> Result<(), Error> {
+        let tenant = self.own(tenant)?;
         writing!(self, |t| {
             t.lock_clusters(tenant).await?;
             let kept_beside: &[&str] = match t.dialect() {
