@@ -393,14 +393,11 @@ fn app_on(store: Arc<SqliteStore>, runtime: Arc<Runtime>) -> abridge_app::App {
 
 fn ep(key: &str) -> NewEpisode {
     NewEpisode {
-        item: None,
-        terms: String::new(),
         role: Role::User,
         content: "a message of a caught-up session".into(),
-        timestamp_ms: None,
         source_key: key.into(),
         tokens: 8,
-        speaker: None,
+        ..Default::default()
     }
 }
 
@@ -450,8 +447,9 @@ async fn with_sessions(dir: &std::path::Path, n: usize) -> Arc<SqliteStore> {
     .await
     .unwrap();
     // A tenant of its own with 20 sessions, beside the n of the local tenant.
+    let mine = abridge_store::AppStore::for_tenant(&*s, &Tenant::new("mine").unwrap());
     for i in 0..20 {
-        s.append_episodes(&format!("mine\u{1f}s{i}"), vec![ep("k")])
+        mine.append_episodes(&format!("s{i}"), vec![ep("k")])
             .await
             .unwrap();
     }
@@ -523,7 +521,6 @@ fn with_jobs(dir: &std::path::Path, n: usize) -> Arc<SqliteStore> {
 /// store's finished jobs.
 async fn job_costs(s: &SqliteStore, calls: usize) -> (f64, f64, f64) {
     let tenant = Tenant::new("busy").unwrap();
-    let bounds = tenant.job_bounds();
     let (mut queue, mut enqueue, mut claim) = (Vec::new(), Vec::new(), Vec::new());
     let live = |_: &abridge_store::jobs::Job| false;
     let view = abridge_store::AppStore::for_tenant(s, &tenant);
@@ -541,7 +538,7 @@ async fn job_costs(s: &SqliteStore, calls: usize) -> (f64, f64, f64) {
             .unwrap();
         enqueue.push(started.elapsed().as_secs_f64() * 1e6);
         let cap = TenantCap {
-            scope: bounds.scope(),
+            tenant: &tenant,
             max: 2,
         };
         let now = 2_000_000 + i as u64;
@@ -817,8 +814,6 @@ async fn main() {
         let me = app.local();
         let eps: Vec<NewEpisode> = (0..n)
             .map(|i| NewEpisode {
-                item: None,
-                terms: String::new(),
                 role: if i.is_multiple_of(2) {
                     Role::User
                 } else {
@@ -828,7 +823,7 @@ async fn main() {
                 timestamp_ms: Some(1_000 + i as i64),
                 source_key: format!("t{i}"),
                 tokens: 0,
-                speaker: None,
+                ..Default::default()
             })
             .collect();
         for chunk in eps.chunks(5_000) {
@@ -1386,8 +1381,6 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
             let m = (n - written).min(1_000);
             let eps: Vec<NewEpisode> = (0..m)
                 .map(|i| NewEpisode {
-                    item: None,
-                    terms: String::new(),
                     role: if i.is_multiple_of(2) {
                         Role::User
                     } else {
@@ -1397,7 +1390,7 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
                     timestamp_ms: Some(1_767_225_600_000 + (written + i) as i64 * 60_000),
                     source_key: format!("m{i}"),
                     tokens: 0,
-                    speaker: None,
+                    ..Default::default()
                 })
                 .collect();
             me.append(&format!("s{session}"), eps, Vec::new())
@@ -1444,14 +1437,11 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
             let mut app_t = Vec::new();
             for i in 0..2_000 {
                 let e = NewEpisode {
-                    item: None,
-                    terms: String::new(),
                     role: Role::User,
                     content: sentence(&mut r),
-                    timestamp_ms: None,
                     source_key: format!("w{i}"),
                     tokens: 0,
-                    speaker: None,
+                    ..Default::default()
                 };
                 let started = Instant::now();
                 me.append("posted", vec![e], Vec::new()).await.unwrap();
@@ -1475,14 +1465,12 @@ async fn full_text(dir: &std::path::Path, runtime: Arc<Runtime>, base: usize, ca
                     ("b", String::new(), &mut without),
                 ] {
                     let e = NewEpisode {
-                        item: None,
                         terms: t,
                         role: Role::User,
                         content: content.clone(),
-                        timestamp_ms: None,
                         source_key: format!("{label}{i}"),
                         tokens: 10,
-                        speaker: None,
+                        ..Default::default()
                     };
                     let started = Instant::now();
                     store

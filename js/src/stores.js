@@ -110,11 +110,10 @@ const PLACE = { episode: 'episodes', speaker: 'episodes.speaker', item: 'episode
 const episodeRow = (key, id) => `${key}#${id}`;
 const summaryRow = (key, level, first) => `${key}#${level}:${first}`;
 const rowOut = (r) => (r ? { ...r, skipped: JSON.parse(r.skipped), compactedInto: r.compactedInto ?? undefined, ledger: ledgerParse(r.ledger) } : undefined);
-/** The tenant whose data key seals a session's rows: the part of its key before U+001F. */
-const tenantOf = (key) => (key.includes('\u001f') ? key.slice(0, key.indexOf('\u001f')) : 'local');
-
-/** The sessions' `tenant` column of a stored key: its tenant's name, '' for the local one. */
-const tenantColumn = (key) => (key.includes('\u001f') ? key.slice(0, key.indexOf('\u001f')) : '');
+/** This store keeps the local tenant's sessions (the Rust store's whole view): their rows are
+ * sealed under the local tenant's data key, and their `tenant` column is ''. */
+const LOCAL = 'local';
+const LOCAL_COLUMN = '';
 
 /** Episodes holding a term are counted up to this many (the Rust store's `terms::DF_CAP`). */
 const DF_CAP = 10000;
@@ -307,17 +306,17 @@ export class SqliteStore {
 
   /** `[value, version]` to store `text` in row `row` of `table`: the text itself without a
    * master key, sealed bytes with one (the Rust store's rule). */
-  #seal(key, table, row, text) {
-    return this.#keyring ? this.#keyring.seal(tenantOf(key), table, row, text) : [text, 0];
+  #seal(table, row, text) {
+    return this.#keyring ? this.#keyring.seal(LOCAL, table, row, text) : [text, 0];
   }
 
   /** A stored value's text back (`sealed`: its key version, 0 when plain). */
-  #open(key, table, row, value, sealed) {
+  #open(table, row, value, sealed) {
     if (!sealed) return typeof value === 'string' ? value : new TextDecoder().decode(value);
     if (!this.#keyring) {
       throw new AbridgeError('storage', `${table} row '${row}' is encrypted and no master key is set: open the store with the key it was written with (SqliteStore.open(path, { masterKey }))`);
     }
-    return this.#keyring.open(tenantOf(key), table, row, value, Number(sealed));
+    return this.#keyring.open(LOCAL, table, row, value, Number(sealed));
   }
 
   /** A summary row as stored, opened. */
@@ -325,14 +324,14 @@ export class SqliteStore {
     if (!r) return undefined;
     const name = summaryRow(session, r.level, r.firstEpisode);
     const { sealed, ...row } = r;
-    return rowOut({ ...row, content: this.#open(session, PLACE.summary, name, r.content, sealed), ledger: this.#open(session, PLACE.ledger, name, r.ledger, sealed) });
+    return rowOut({ ...row, content: this.#open(PLACE.summary, name, r.content, sealed), ledger: this.#open(PLACE.ledger, name, r.ledger, sealed) });
   }
 
   /** A summary's content and ledger as stored, and their key version. */
   #sealSummary(session, level, first, content, ledger) {
     const name = summaryRow(session, level, first);
-    const [c, v] = this.#seal(session, PLACE.summary, name, content);
-    const [l] = this.#seal(session, PLACE.ledger, name, ledgerJson(ledger));
+    const [c, v] = this.#seal(PLACE.summary, name, content);
+    const [l] = this.#seal(PLACE.ledger, name, ledgerJson(ledger));
     return [c, l, v];
   }
 
@@ -348,7 +347,7 @@ export class SqliteStore {
   appendEpisodes(session, episodes) {
     return this.#wrap(() => this.#tx(() => {
       const s = this.#st;
-      s.ensure.run(session, tenantColumn(session));
+      s.ensure.run(session, LOCAL_COLUMN);
       let { next, seq, through } = s.next.get(session);
       const docs = [];
       // The running byte total the Rust host's coverage figures subtract (migration 27).
@@ -357,10 +356,10 @@ export class SqliteStore {
       let tokens = 0;
       for (const e of episodes) {
         const name = episodeRow(session, next);
-        const [content, sealed] = this.#seal(session, PLACE.episode, name, e.content);
-        const speaker = e.speaker == null ? null : this.#seal(session, PLACE.speaker, name, e.speaker)[0];
+        const [content, sealed] = this.#seal(PLACE.episode, name, e.content);
+        const speaker = e.speaker == null ? null : this.#seal(PLACE.speaker, name, e.speaker)[0];
         // The client's own record of the message (the WIT's `new-episode.item`), kept beside it.
-        const item = e.item == null ? null : this.#seal(session, PLACE.item, name, e.item)[0];
+        const item = e.item == null ? null : this.#seal(PLACE.item, name, e.item)[0];
         const upto = bytes + Buffer.byteLength(e.content, 'utf8');
         const r = s.insert.run(session, next, e.role, content, e.timestampMs ?? null, e.sourceKey, e.tokens, speaker, sealed, through + e.tokens, upto, item);
         if (r.changes === 1) {
@@ -395,7 +394,7 @@ export class SqliteStore {
   #index(session, docs, fresh = false) {
     const s = this.#st;
     const insert = fresh ? s.termsAppend : s.termsInsert;
-    const tenant = tenantColumn(session);
+    const tenant = LOCAL_COLUMN;
     const key = this.#termsKey(tenant);
     let added = 0;
     let length = 0;
@@ -421,7 +420,7 @@ export class SqliteStore {
   searchEpisodes(session, terms, limit, tenant = undefined) {
     return this.#wrap(() => {
       const s = this.#st;
-      const column = session !== undefined ? tenantColumn(session) : tenant && tenant !== 'local' ? tenant : '';
+      const column = session !== undefined ? LOCAL_COLUMN : tenant && tenant !== LOCAL ? tenant : LOCAL_COLUMN;
       const key = this.#termsKey(column);
       const hashes = terms.map((t) => termToken(key, t));
       const totals = s.totals.get(column);
@@ -494,7 +493,7 @@ export class SqliteStore {
         let j = i;
         while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) j++;
         for (const r of this.#st.items.all(session, sorted[i], sorted[j])) {
-          out.set(r.id, this.#open(session, PLACE.item, episodeRow(session, r.id), r.item, r.sealed));
+          out.set(r.id, this.#open(PLACE.item, episodeRow(session, r.id), r.item, r.sealed));
         }
         i = j + 1;
       }
@@ -528,9 +527,9 @@ export class SqliteStore {
     const name = episodeRow(session, e.id);
     return {
       ...e,
-      content: this.#open(session, PLACE.episode, name, e.content, sealed),
+      content: this.#open(PLACE.episode, name, e.content, sealed),
       timestampMs: e.timestampMs ?? undefined,
-      speaker: e.speaker == null ? undefined : this.#open(session, PLACE.speaker, name, e.speaker, sealed),
+      speaker: e.speaker == null ? undefined : this.#open(PLACE.speaker, name, e.speaker, sealed),
     };
   }
 
@@ -617,13 +616,13 @@ export class SqliteStore {
   partial(key) {
     return this.#wrap(() => {
       const r = this.#st.partial.get(key);
-      return r ? { text: this.#open(key, PLACE.partial, key, r.text, r.sealed), promptTokens: Number(r.promptTokens), outputTokens: Number(r.outputTokens) } : undefined;
+      return r ? { text: this.#open(PLACE.partial, key, r.text, r.sealed), promptTokens: Number(r.promptTokens), outputTokens: Number(r.outputTokens) } : undefined;
     });
   }
 
   putPartial(key, answer) {
     this.#wrap(() => {
-      const [text, sealed] = this.#seal(key, PLACE.partial, key, answer.text);
+      const [text, sealed] = this.#seal(PLACE.partial, key, answer.text);
       this.#st.putPartial.run(key, text, answer.promptTokens ?? 0, answer.outputTokens ?? 0, sealed);
     });
   }

@@ -82,8 +82,6 @@ fn open_on(clock: Arc<ManualClock>, mode: Mode, store: Arc<SqliteStore>) -> App 
 fn episodes(from: u64, n: u64, at_ms: i64) -> Vec<NewEpisode> {
     (from..from + n)
         .map(|i| NewEpisode {
-            item: None,
-            terms: String::new(),
             role: if i % 2 == 1 {
                 Role::User
             } else {
@@ -93,7 +91,7 @@ fn episodes(from: u64, n: u64, at_ms: i64) -> Vec<NewEpisode> {
             timestamp_ms: Some(at_ms),
             source_key: format!("k{i}"),
             tokens: 0,
-            speaker: None,
+            ..Default::default()
         })
         .collect()
 }

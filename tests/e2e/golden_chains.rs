@@ -61,14 +61,13 @@ async fn run_case(dir: &Path) -> Value {
         .iter()
         .enumerate()
         .map(|(i, e)| NewEpisode {
-            item: None,
-            terms: String::new(),
             role: Role::parse(e["role"].as_str().unwrap()).unwrap(),
             content: e["content"].as_str().unwrap().to_string(),
             timestamp_ms: e["timestamp_ms"].as_i64(),
             source_key: i.to_string(),
             tokens: 0,
             speaker: e["speaker"].as_str().map(str::to_string),
+            ..Default::default()
         })
         .collect();
     match input["mode"].as_str() {

@@ -827,18 +827,15 @@ async fn usage_counts_session_summaries_as_well_as_cluster_summaries() {
     let me = app.local();
     let episodes: Vec<abridge_engine::types::NewEpisode> = (0..12)
         .map(|i| abridge_engine::types::NewEpisode {
-            item: None,
-            terms: String::new(),
             role: if i % 2 == 0 {
                 abridge_engine::types::Role::User
             } else {
                 abridge_engine::types::Role::Assistant
             },
             content: format!("fact {i}: the deploy of service {i} moves to friday"),
-            timestamp_ms: None,
             source_key: format!("k{i}"),
             tokens: 0,
-            speaker: None,
+            ..Default::default()
         })
         .collect();
     me.append("chat", episodes, Vec::new()).await.unwrap();

@@ -18,18 +18,15 @@ fn runtime() -> Arc<Runtime> {
 fn episodes(n: usize) -> Vec<NewEpisode> {
     (0..n)
         .map(|i| NewEpisode {
-            item: None,
-            terms: String::new(),
             role: if i % 2 == 0 {
                 Role::User
             } else {
                 Role::Assistant
             },
             content: format!("Message {i} about the quarterly budget review and the hiring plan."),
-            timestamp_ms: None,
             source_key: i.to_string(),
             tokens: 0,
-            speaker: None,
+            ..Default::default()
         })
         .collect()
 }

@@ -230,11 +230,7 @@ impl Jobs {
                 && j.lease_until_ms.is_some_and(|u| u > now)
                 && !j.lease_owner.as_deref().is_some_and(owner_is_dead)
         };
-        let bounds = cap.map(|(t, max)| (t.job_bounds(), max));
-        let cap = bounds.as_ref().map(|(b, max)| TenantCap {
-            scope: b.scope(),
-            max: *max,
-        });
+        let cap = cap.map(|(tenant, max)| TenantCap { tenant, max });
         self.db
             .job_claim(id, &self.owner, now, self.until_ms(), &live, cap)
             .await

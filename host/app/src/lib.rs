@@ -368,10 +368,12 @@ impl App {
         let engine = self.state(&Tenant::local()).engine.clone();
         let result = async {
             let mut done = 0u64;
-            while let Some(session) = db.next_unindexed().await? {
+            while let Some((tenant, session)) = db.next_unindexed().await? {
+                // Each session through its tenant's view (whose data key opens its text).
+                let view = db.for_tenant(&tenant);
                 let mut after = 0;
                 loop {
-                    let page = db.episodes_after(&session, after, INDEX_BATCH).await?;
+                    let page = view.episodes_after(&session, after, INDEX_BATCH).await?;
                     let last = page.len() < INDEX_BATCH as usize;
                     let texts: Vec<(Option<String>, String)> = page
                         .iter()
@@ -379,7 +381,7 @@ impl App {
                         .collect();
                     let terms = engine.index_terms(&texts).await?;
                     let docs: Vec<(u64, String)> = page.iter().map(|e| e.id).zip(terms).collect();
-                    db.index_episodes(&session, &docs, last).await?;
+                    view.index_episodes(&session, &docs, last).await?;
                     after = page.last().map_or(after, |e| e.id);
                     done += page.len() as u64;
                     progress(done.min(total), total);

@@ -66,14 +66,11 @@ fn engine(runtime: &Arc<Runtime>, model: &Arc<Model>) -> Result<Abridge, Failure
 
 fn episode(i: usize, role: Role, content: String) -> NewEpisode {
     NewEpisode {
-        item: None,
-        terms: String::new(),
         role,
         content,
-        timestamp_ms: None,
         source_key: format!("t{i}"),
         tokens: 0,
-        speaker: None,
+        ..Default::default()
     }
 }
 

@@ -81,8 +81,6 @@ fn turn(i: usize) -> (u64, NewEpisode) {
     (
         at,
         NewEpisode {
-            item: None,
-            terms: String::new(),
             role: if i.is_multiple_of(2) {
                 Role::User
             } else {
@@ -92,7 +90,7 @@ fn turn(i: usize) -> (u64, NewEpisode) {
             timestamp_ms: Some(at as i64),
             source_key: format!("t{i}"),
             tokens: 0,
-            speaker: None,
+            ..Default::default()
         },
     )
 }

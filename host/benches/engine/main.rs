@@ -237,8 +237,6 @@ fn main() -> std::process::ExitCode {
 fn synthetic(n: usize, words: impl Fn(usize) -> usize) -> Vec<NewEpisode> {
     (0..n)
         .map(|i| NewEpisode {
-            item: None,
-            terms: String::new(),
             role: if i % 2 == 0 {
                 Role::User
             } else {
@@ -248,7 +246,7 @@ fn synthetic(n: usize, words: impl Fn(usize) -> usize) -> Vec<NewEpisode> {
             timestamp_ms: Some(1_700_000_000_000 + i as i64),
             source_key: i.to_string(),
             tokens: 0,
-            speaker: None,
+            ..Default::default()
         })
         .collect()
 }
@@ -567,18 +565,15 @@ async fn js_comparison(
         // summarize identical sessions.
         let eps: Vec<NewEpisode> = (0..episodes)
             .map(|i| NewEpisode {
-                item: None,
-                terms: String::new(),
                 role: if i % 2 == 1 {
                     Role::Assistant
                 } else {
                     Role::User
                 },
                 content: sentence(i, 60),
-                timestamp_ms: None,
                 source_key: i.to_string(),
                 tokens: 0,
-                speaker: None,
+                ..Default::default()
             })
             .collect();
         engine.append(&session, &eps).await.map_err(fail)?;
@@ -783,14 +778,12 @@ async fn dialogsum(runtime: Arc<Runtime>, path: &std::path::Path) -> Result<(), 
             .iter()
             .enumerate()
             .map(|(k, (role, said, who))| NewEpisode {
-                item: None,
-                terms: String::new(),
                 role: *role,
                 content: said.clone(),
-                timestamp_ms: None,
                 source_key: k.to_string(),
                 tokens: 0,
                 speaker: Some(who.clone()),
+                ..Default::default()
             })
             .collect();
         let session = format!("dialogsum-{i}");

@@ -102,13 +102,6 @@ impl Job {
     }
 }
 
-/// The tenant and the session of a job row's session column.
-pub(crate) fn tenant_and_session(key: &str) -> (Tenant, String) {
-    let tenant = Tenant::of_key(key);
-    let session = tenant.session_of(key).unwrap_or(key).to_string();
-    (tenant, session)
-}
-
 /// The outcome of trying to take a job.
 #[derive(Debug)]
 pub enum Claim {

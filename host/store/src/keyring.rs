@@ -194,8 +194,8 @@ pub(super) fn open_under(
 
 /// What every sealed column is called in a row's associated data, and how its rows are named:
 /// one list for the SQLite and PostgreSQL stores (and `js/src/sealing.js`, which names them the
-/// same), so a value sealed by one store opens in the other. A session's tenant is the one its
-/// stored key names ([`crate::Tenant::of_key`]).
+/// same), so a value sealed by one store opens in the other. A session's rows are sealed under
+/// the data key of the tenant whose view wrote them.
 pub(crate) mod place {
     /// Episode text: table `episodes`, row `KEY#ID`.
     pub const EPISODE: &str = "episodes";
@@ -230,12 +230,6 @@ pub(crate) mod place {
     /// The row name of a summary of the session stored as `key`.
     pub fn summary(key: &str, level: u32, first_episode: u64) -> String {
         format!("{key}#{level}:{first_episode}")
-    }
-
-    /// The tenant whose data key seals a row of the session (or partial answer) stored as
-    /// `key`.
-    pub fn tenant_of(key: &str) -> String {
-        crate::tenant::Tenant::of_key(key).name().to_string()
     }
 }
 

@@ -65,7 +65,7 @@ pub use pg::{PgDb, PgStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteDb, SqliteStore};
 pub use tables::{
-    AppStore, EventRow, EventStore, IndexStore, JobScope, JobStore, Popped, SessionRows, SlotStore,
+    AppStore, EventRow, EventStore, IndexStore, JobStore, Popped, SessionRows, SlotStore,
     SourceStore, TenantCap, TokenRow, TokenStore,
 };
 

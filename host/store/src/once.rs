@@ -15,8 +15,8 @@ use crate::rules::Dialect;
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
 use crate::sql::{Backend, Row, Tx, Txn, Val};
 use crate::tables::{
-    EventRow, EventStore, JobScope, JobStore, Liveness, SessionText, SourceStore, TenantCap,
-    TokenRow, TokenStore,
+    EventRow, EventStore, JobStore, Liveness, SessionText, SourceStore, TenantCap, TokenRow,
+    TokenStore,
 };
 use crate::tenant::Tenant;
 use crate::types::Error;
@@ -25,9 +25,10 @@ use crate::types::Mode;
 /// A SQL store: a backend's transactions ([`Backend`]), with every store trait written once
 /// over them. [`crate::SqliteStore`] and [`crate::PgStore`] are this over their backends.
 ///
-/// A store opened is the database's whole view: its calls take stored keys as they are, its
-/// session lists are the local tenant's, and its job and token lists are every tenant's (what
-/// the workers, the index and an administrator need). [`AppStore::for_tenant`](crate::AppStore)
+/// A store opened is the database's whole view: it names the local tenant's sessions (and
+/// refuses a key of another tenant's space), and its job, token and unindexed-session lists
+/// are every tenant's (what the workers, the index and an administrator need: each row comes
+/// with its tenant, read from its `tenant` column). [`AppStore::for_tenant`](crate::AppStore)
 /// gives the same database bound to one [`Tenant`]: every call then names sessions (and
 /// partial answers) by the tenant's own ids, which the handle keys into the tenant's space on
 /// the way in and back on the way out; its lists and counts hold the tenant's rows only; and
@@ -36,6 +37,47 @@ use crate::types::Mode;
 pub struct Sql<B> {
     db: Arc<B>,
     tenant: Option<Tenant>,
+}
+
+/// A session (or a partial answer) as the store keeps it: its stored key and the tenant it
+/// belongs to, whose data key seals its rows and whose `tenant` column it is. Made only by
+/// [`Sql::name`] from the view's own tenant: no tenant is read back out of a key.
+pub(crate) struct SessionKey {
+    key: String,
+    tenant: Tenant,
+}
+
+impl SessionKey {
+    /// The stored key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The id as its tenant names it (for messages).
+    pub(crate) fn id(&self) -> &str {
+        self.tenant.session_of(&self.key).unwrap_or(&self.key)
+    }
+
+    /// The tenant's name (whose data key seals the session's rows).
+    pub(crate) fn tenant(&self) -> &str {
+        self.tenant.name()
+    }
+
+    /// The `tenant` column of the session's rows ('' for the local tenant).
+    pub(crate) fn column(&self) -> &str {
+        Self::column_of(&self.tenant)
+    }
+
+    /// The `tenant` column of a tenant's sessions ('' for the local tenant).
+    pub(crate) fn column_of(tenant: &Tenant) -> &str {
+        if tenant.is_local() { "" } else { tenant.name() }
+    }
+}
+
+impl From<&SessionKey> for Val {
+    fn from(s: &SessionKey) -> Val {
+        Val::Text(s.key.clone())
+    }
 }
 
 impl<B> Sql<B> {
@@ -52,12 +94,23 @@ impl<B> Sql<B> {
         Arc::get_mut(&mut self.db).expect("a store is configured before it is shared")
     }
 
-    /// A session's stored key: the id itself in the whole view, keyed into the tenant's
-    /// space in a bound one.
-    pub(crate) fn key(&self, session: &str) -> String {
+    /// A session (or a partial answer) as this view names it, as the store keeps it: keyed
+    /// into the tenant's space in a bound view; in the whole view, the local tenant's (an id
+    /// keyed into another tenant's space is refused: only that tenant's view names it).
+    pub(crate) fn name(&self, session: &str) -> Result<SessionKey, Error> {
         match &self.tenant {
-            Some(t) => t.key(session),
-            None => session.to_string(),
+            Some(t) => Ok(SessionKey {
+                key: t.key(session),
+                tenant: t.clone(),
+            }),
+            None if crate::tenant::is_keyed(session) => Err(Error::InvalidInput(format!(
+                "'{}' names another tenant's session, which the whole store does not: open that tenant's view (AppStore::for_tenant)",
+                crate::text::printable(session)
+            ))),
+            None => Ok(SessionKey {
+                key: session.to_string(),
+                tenant: Tenant::local(),
+            }),
         }
     }
 
@@ -77,10 +130,13 @@ impl<B> Sql<B> {
     /// The `tenant` column of the view's tenant: '' for the local tenant, and for the whole
     /// view (whose session lists are the local tenant's).
     pub(crate) fn column(&self) -> &str {
-        match &self.tenant {
-            Some(t) if !t.is_local() => t.name(),
-            _ => "",
-        }
+        self.tenant.as_ref().map_or("", SessionKey::column_of)
+    }
+
+    /// The tenant whose sessions this view names: its own, or the local tenant for the
+    /// whole view.
+    pub(crate) fn owner(&self) -> Tenant {
+        self.tenant.clone().unwrap_or_else(Tenant::local)
     }
 
     /// A memory call's tenant, checked: a bound view serves its own tenant only (a caller
@@ -434,11 +490,16 @@ impl<B: Backend> EventStore for Sql<B> {
     }
 }
 
-const JOB_COLS: &str = "id, session, target, state, config, cancel_requested, level, done, total, calls_planned, answers, attempts, error, lease_owner, lease_until_ms, created_ms, started_ms, updated_ms, finished_ms";
+const JOB_COLS: &str = "id, session, target, state, config, cancel_requested, level, done, total, calls_planned, answers, attempts, error, lease_owner, lease_until_ms, created_ms, started_ms, updated_ms, finished_ms, tenant";
 
+/// A job from a row of [`JOB_COLS`]: its tenant from the row's `tenant` column, its session
+/// as that tenant names it.
 fn job_from(r: &Row) -> Result<Job, Error> {
     let opt = |i: usize| -> Result<Option<u64>, Error> { Ok(r.opt_int(i)?.map(|v| v as u64)) };
-    let (tenant, session) = crate::jobs::tenant_and_session(&r.text(1)?);
+    let tenant = Tenant::new(crate::tenant::name_of_column(&r.text(19)?))
+        .map_err(|e| Error::Storage(format!("job {}: {e}", r.int(0).unwrap_or(0))))?;
+    let key = r.text(1)?;
+    let session = tenant.session_of(&key).unwrap_or(&key).to_string();
     Ok(Job {
         id: r.u64(0)?,
         tenant,
@@ -474,22 +535,6 @@ async fn jobs_where(t: &mut impl Tx, filter: &str, args: &[Val]) -> Result<Vec<J
         .collect()
 }
 
-/// A `WHERE` fragment selecting the sessions of `scope`, its arguments appended to `args`.
-fn scope_sql(d: Dialect, scope: JobScope<'_>, args: &mut Vec<Val>) -> String {
-    match scope {
-        JobScope::Local => format!("{} = 0", d.separator_at("session")),
-        JobScope::Keys(lo, hi) => {
-            args.push(lo.into());
-            args.push(hi.into());
-            format!(
-                "session >= ${} AND session < ${}",
-                args.len() - 1,
-                args.len()
-            )
-        }
-    }
-}
-
 /// An integer argument from a `u64` beyond SQL's range: the largest SQL holds.
 fn big(v: u64) -> Val {
     Val::Int(v.min(i64::MAX as u64) as i64)
@@ -504,9 +549,8 @@ impl<B: Backend> JobStore for Sql<B> {
         config: &str,
         now_ms: u64,
     ) -> Result<(Job, bool), Error> {
-        let session = self.key(session);
-        let session = session.as_str();
-        let key = format!("{session}@{target}");
+        let session = &self.name(session)?;
+        let key = format!("{}@{target}", session.key());
         writing!(self, |t| {
             // Enqueuers of one key take turns: the active job is read and made in one step,
             // however many instances share the store.
@@ -541,7 +585,7 @@ impl<B: Backend> JobStore for Sql<B> {
                             config.into(),
                             now_ms.into(),
                             id.into(),
-                            crate::tenant::tenant_column(session).into(),
+                            session.column().into(),
                         ],
                     )
                     .await?;
@@ -613,11 +657,8 @@ impl<B: Backend> JobStore for Sql<B> {
         .await?;
         let mut running = 0;
         if let Some(cap) = cap {
-            let turn = match cap.scope {
-                JobScope::Local => "job-tenant:".to_string(),
-                JobScope::Keys(lo, _) => format!("job-tenant:{lo}"),
-            };
-            t.take_turn(&turn).await?;
+            t.take_turn(&format!("job-tenant:{}", cap.tenant.name()))
+                .await?;
             // From the index of running jobs: every tenant's queue stays out of it.
             running = jobs_where(
                 &mut t,
@@ -796,8 +837,7 @@ impl<B: Backend> JobStore for Sql<B> {
     }
 
     async fn job_active_for(&self, session: &str) -> Result<Option<Job>, Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| Ok(jobs_where(
             &mut t,
             "session = $1 AND state IN ('queued','running') ORDER BY id DESC LIMIT 1",
@@ -809,8 +849,7 @@ impl<B: Backend> JobStore for Sql<B> {
     }
 
     async fn job_lease_owners(&self, session: &str, now_ms: u64) -> Result<Vec<String>, Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| {
             t
             .rows(
@@ -825,14 +864,15 @@ impl<B: Backend> JobStore for Sql<B> {
     }
 
     async fn jobs_list(&self, before: Option<u64>, limit: u32) -> Result<Vec<Job>, Error> {
-        let bounds = self.bound().map(Tenant::job_bounds);
-        let scope = bounds.as_ref().map(|b| b.scope());
+        let mut args = vec![before.map_or(Val::Int(i64::MAX), big), limit.into()];
+        let filter = match self.bound() {
+            None => "1 = 1",
+            Some(t) => {
+                args.push(SessionKey::column_of(t).into());
+                "tenant = $3"
+            }
+        };
         reading!(self, |t| {
-            let mut args = vec![before.map_or(Val::Int(i64::MAX), big), limit.into()];
-            let filter = match scope {
-                None => "1 = 1".to_string(),
-                Some(s) => scope_sql(t.dialect(), s, &mut args),
-            };
             jobs_where(
                 &mut t,
                 &format!("id < $1 AND {filter} ORDER BY id DESC LIMIT $2"),
@@ -855,18 +895,14 @@ impl<B: Backend> JobStore for Sql<B> {
     }
 
     async fn jobs_queued(&self) -> Result<u64, Error> {
-        let bounds = self.bound().map(Tenant::job_bounds);
-        let scope = bounds.as_ref().map(|b| b.scope());
+        let (filter, args): (&str, Vec<Val>) = match self.bound() {
+            None => ("1 = 1", Vec::new()),
+            Some(t) => ("tenant = $1", vec![SessionKey::column_of(t).into()]),
+        };
         reading!(self, |t| {
-            let d = t.dialect();
-            let mut args = Vec::new();
-            let filter = match scope {
-                Some(scope) => scope_sql(d, scope, &mut args),
-                None => "1 = 1".to_string(),
-            };
             // SQLite reads the tenant's part of the active set from the index on it.
-            let index = match (d, scope) {
-                (Dialect::Sqlite, Some(JobScope::Keys(..))) => " INDEXED BY jobs_active_session",
+            let index = match (t.dialect(), self.bound()) {
+                (Dialect::Sqlite, Some(_)) => " INDEXED BY jobs_runnable",
                 _ => "",
             };
             match t
@@ -898,20 +934,14 @@ impl<B: Backend> JobStore for Sql<B> {
             {
                 gone.push(r.int(0)?);
             }
-            // Each tenant's newest `keep_per_tenant` finished jobs stay (the tenant is the
-            // key's part before the separator; the local tenant's keys have none).
-            let sql = format!(
-                "DELETE FROM jobs WHERE id IN (
+            // Each tenant's newest `keep_per_tenant` finished jobs stay.
+            let sql = "DELETE FROM jobs WHERE id IN (
                    SELECT id FROM (
-                     SELECT id, ROW_NUMBER() OVER (
-                       PARTITION BY substr(session, 1, {})
-                       ORDER BY id DESC) AS n
+                     SELECT id, ROW_NUMBER() OVER (PARTITION BY tenant ORDER BY id DESC) AS n
                      FROM jobs WHERE state IN ('succeeded','failed','cancelled')) ranked
                    WHERE n > $1)
-                 RETURNING id",
-                t.dialect().separator_at("session")
-            );
-            for r in t.rows(&sql, &[keep_per_tenant.into()]).await? {
+                 RETURNING id";
+            for r in t.rows(sql, &[keep_per_tenant.into()]).await? {
                 gone.push(r.int(0)?);
             }
             for id in &gone {
@@ -942,7 +972,7 @@ const GRAMS_PER_INSERT: usize = 400;
 async fn session_text(
     t: &mut impl Tx,
     what: SessionText,
-    session: &str,
+    session: &SessionKey,
 ) -> Result<Option<String>, Error> {
     let Some(r) = t
         .row(
@@ -960,14 +990,18 @@ async fn session_text(
         bytes: r.bytes(0)?,
         sealed: r.int(1)? as u32,
     };
-    t.reveal(&place::tenant_of(session), what.place, session, stored)
+    t.reveal(session.tenant(), what.place, session.key(), stored)
         .await
         .map(Some)
 }
 
-/// A session and its opened name, from a row of `SELECT id, label, sealed` (the name NULL when
-/// it has none).
-async fn label_row(t: &mut impl Tx, r: &Row) -> Result<(String, Option<String>), Error> {
+/// A session of `tenant` (its stored key) and its opened name, from a row of `SELECT id,
+/// label, sealed` (the name NULL when it has none).
+async fn label_row(
+    t: &mut impl Tx,
+    tenant: &Tenant,
+    r: &Row,
+) -> Result<(String, Option<String>), Error> {
     let id = r.text(0)?;
     let label = match r.opt_int(2)? {
         None => None,
@@ -977,13 +1011,8 @@ async fn label_row(t: &mut impl Tx, r: &Row) -> Result<(String, Option<String>),
                 sealed: sealed as u32,
             };
             Some(
-                t.reveal(
-                    &place::tenant_of(&id),
-                    SessionText::LABEL.place,
-                    &id,
-                    stored,
-                )
-                .await?,
+                t.reveal(tenant.name(), SessionText::LABEL.place, &id, stored)
+                    .await?,
             )
         }
     };
@@ -996,7 +1025,8 @@ async fn label_row(t: &mut impl Tx, r: &Row) -> Result<(String, Option<String>),
 /// the pending ones. The rows are locked (PostgreSQL: in id order; SQLite's write holds the
 /// file) while they are read and indexed, so a rename (written first, then the index reset)
 /// is never lost and two searches never index one session at once.
-async fn index_sessions<B: Backend>(b: &B, tenant: &str, key: &[u8]) -> Result<(), Error> {
+async fn index_sessions<B: Backend>(b: &B, owner: &Tenant, key: &[u8]) -> Result<(), Error> {
+    let tenant = SessionKey::column_of(owner);
     loop {
         let pending = reading!(b, |t| {
             let hint = indexed_by(t.dialect(), "sessions_ungrammed");
@@ -1027,8 +1057,9 @@ async fn index_sessions<B: Backend>(b: &B, tenant: &str, key: &[u8]) -> Result<(
                 return Ok(true);
             }
             for r in &rows {
-                let (id, label) = label_row(&mut t, r).await?;
-                let texts = rules::searchable(&id, label.as_deref());
+                let (id, label) = label_row(&mut t, owner, r).await?;
+                let texts =
+                    rules::searchable(owner.session_of(&id).unwrap_or(&id), label.as_deref());
                 let grams: Vec<i64> = rules::gram_hashes(key, texts.iter().map(String::as_str))
                     .into_iter()
                     .collect();
@@ -1064,7 +1095,7 @@ async fn index_sessions<B: Backend>(b: &B, tenant: &str, key: &[u8]) -> Result<(
 async fn write_session_text<B: Backend>(
     b: &B,
     what: SessionText,
-    session: &str,
+    session: &SessionKey,
     text: Option<&str>,
 ) -> Result<(), Error> {
     writing!(b, |t| {
@@ -1078,7 +1109,7 @@ async fn write_session_text<B: Backend>(
             }
             Some(v) => {
                 let sealed = t
-                    .seal(&place::tenant_of(session), what.place, session, v)
+                    .seal(session.tenant(), what.place, session.key(), v)
                     .await?;
                 let version = sealed.1;
                 let value = sealed_val(t.dialect(), sealed);
@@ -1104,7 +1135,7 @@ async fn write_session_text<B: Backend>(
 async fn set_session_text<B: Backend>(
     b: &B,
     what: SessionText,
-    session: &str,
+    session: &SessionKey,
     text: Option<&str>,
 ) -> Result<(), Error> {
     write_session_text(b, what, session, text).await?;
@@ -1224,8 +1255,7 @@ impl<B: Backend> SourceStore for Sql<B> {
         last_episode: u64,
         bytes: u64,
     ) -> Result<(), Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         writing!(self, |t| {
             t
             .exec(
@@ -1239,8 +1269,7 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn mark_covering(&self, session: &str, last_episode: u64) -> Result<Option<Mark>, Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| {
             match t
             .row(
@@ -1260,8 +1289,7 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn session_mode(&self, session: &str) -> Result<Option<SessionMode>, Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| match t
             .row(
                 "SELECT mode, quiescence_secs FROM session_modes WHERE session = $1",
@@ -1278,8 +1306,7 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn set_session_mode(&self, session: &str, m: Option<&SessionMode>) -> Result<(), Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         writing!(self, |t| {
             match m {
                 None => {
@@ -1303,28 +1330,24 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn session_focus(&self, session: &str) -> Result<Option<String>, Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| session_text(&mut t, SessionText::FOCUS, session)
             .await)
     }
 
     async fn set_session_focus(&self, session: &str, focus: Option<&str>) -> Result<(), Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         set_session_text(&*self.db, SessionText::FOCUS, session, focus).await
     }
 
     async fn session_label(&self, session: &str) -> Result<Option<String>, Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| session_text(&mut t, SessionText::LABEL, session)
             .await)
     }
 
     async fn set_session_label(&self, session: &str, label: Option<&str>) -> Result<(), Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         set_session_text(&*self.db, SessionText::LABEL, session, label).await
     }
 
@@ -1367,8 +1390,8 @@ impl<B: Backend> SourceStore for Sql<B> {
         limit: u32,
     ) -> Result<(Vec<String>, u64), Error> {
         let tenant = self.column();
-        let prefix = self.key(prefix);
-        let prefix = prefix.as_str();
+        let prefix = self.name(prefix)?;
+        let prefix = prefix.key();
         let (keys, total) = reading!(self, |t| {
             // SQLite: the key range [prefix, bound) of the primary key (`+tenant`: the
             // tenant's index, which would read every session of the tenant, is not the one to
@@ -1430,8 +1453,9 @@ impl<B: Backend> SourceStore for Sql<B> {
 
     async fn sessions_labelled(&self, q: &str) -> Result<Vec<(String, Option<String>)>, Error> {
         let tenant = self.column();
-        let (key, query) = crate::tables::search_grams(self, tenant, q).await?;
-        index_sessions(&*self.db, tenant, &key).await?;
+        let owner = self.owner();
+        let (key, query) = crate::tables::search_grams(self, owner.name(), q).await?;
+        index_sessions(&*self.db, &owner, &key).await?;
         reading!(self, |t| {
             let rows = if query.is_empty() {
                 let hint = indexed_by(t.dialect(), "sessions_tenant_change");
@@ -1475,7 +1499,7 @@ impl<B: Backend> SourceStore for Sql<B> {
             };
             let mut out = Vec::with_capacity(rows.len());
             for r in &rows {
-                let (key, label) = label_row(&mut t, r).await?;
+                let (key, label) = label_row(&mut t, &owner, r).await?;
                 if let Some(id) = self.id_of(&key) {
                     out.push((id.to_string(), label));
                 }
@@ -1485,8 +1509,7 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn pins(&self, session: &str) -> Result<Vec<u64>, Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| t
             .rows(
                 "SELECT episode FROM session_pins WHERE session = $1 ORDER BY episode",
@@ -1499,8 +1522,7 @@ impl<B: Backend> SourceStore for Sql<B> {
     }
 
     async fn set_pin(&self, session: &str, episode: u64, pinned: bool) -> Result<bool, Error> {
-        let session = self.key(session);
-        let session = session.as_str();
+        let session = &self.name(session)?;
         writing!(self, |t| {
             let n = if pinned {
                 t.exec(
@@ -1624,17 +1646,27 @@ impl<B: Backend> crate::tables::IndexStore for Sql<B> {
         })
     }
 
-    async fn next_unindexed(&self) -> Result<Option<String>, Error> {
-        reading!(self, |t| match t
+    async fn next_unindexed(&self) -> Result<Option<(Tenant, String)>, Error> {
+        let (filter, args): (&str, Vec<Val>) = match self.bound() {
+            None => ("", Vec::new()),
+            Some(t) => (" AND tenant = $1", vec![SessionKey::column_of(t).into()]),
+        };
+        let row = reading!(self, |t| t
             .row(
-                "SELECT id FROM sessions WHERE indexed = 0 ORDER BY id LIMIT 1",
-                &[]
+                &format!(
+                    "SELECT id, tenant FROM sessions WHERE indexed = 0{filter} ORDER BY id LIMIT 1"
+                ),
+                &args
             )
-            .await?
-        {
-            Some(r) => r.text(0).map(Some),
-            None => Ok(None),
-        })
+            .await)?;
+        let Some(r) = row else {
+            return Ok(None);
+        };
+        let key = r.text(0)?;
+        let tenant = Tenant::new(crate::tenant::name_of_column(&r.text(1)?))
+            .map_err(|e| Error::Storage(format!("session row: {e}")))?;
+        let id = tenant.session_of(&key).unwrap_or(&key).to_string();
+        Ok(Some((tenant, id)))
     }
 
     async fn index_episodes(
@@ -1643,7 +1675,8 @@ impl<B: Backend> crate::tables::IndexStore for Sql<B> {
         docs: &[(u64, String)],
         done: bool,
     ) -> Result<u32, Error> {
-        let key = terms_key(self, crate::tenant::tenant_column(session)).await?;
+        let session = &self.name(session)?;
+        let key = terms_key(self, session.column()).await?;
         writing!(self, |t| {
             let added = crate::terms::index(&mut t, &key, session, docs, false).await?;
             if done {
@@ -1725,14 +1758,12 @@ mod sqlite_tests {
 
     fn said(i: usize) -> NewEpisode {
         NewEpisode {
-            item: None,
             terms: format!("word{i}"),
             role: Role::User,
             content: format!("message {i}"),
-            timestamp_ms: None,
             source_key: format!("k{i}"),
             tokens: 3,
-            speaker: None,
+            ..Default::default()
         }
     }
 

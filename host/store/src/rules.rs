@@ -5,7 +5,7 @@
 //! store, SQLite and PostgreSQL keep them alike.
 
 use crate::jobs::{Claim, Job, JobState};
-use crate::tables::{Liveness, TenantCap, in_scope};
+use crate::tables::{Liveness, TenantCap};
 use crate::types::{
     ClusterSummary, ClusterSummaryWrite, Compaction, Error, Hit, HitKind, Memory, MemoryFilter,
     NewMemory, Scope, SummaryRow, SummaryWrite,
@@ -264,7 +264,7 @@ pub fn counts_against_cap(other: &Job, id: u64, now_ms: u64, cap: TenantCap<'_>)
     other.id != id
         && other.state == JobState::Running
         && other.lease_until_ms.is_some_and(|u| u > now_ms)
-        && in_scope(cap.scope, &other.key())
+        && other.tenant == *cap.tenant
 }
 
 /// A job as a claim leaves it: running under `owner`'s lease until `until_ms`, one more
@@ -382,14 +382,6 @@ impl Dialect {
         match self {
             Dialect::Sqlite => format!("?{n}"),
             Dialect::Postgres => format!("${n}"),
-        }
-    }
-
-    /// Where the tenant separator (U+001F) first is in text column `col` (1-based; 0: none).
-    pub fn separator_at(self, col: &str) -> String {
-        match self {
-            Dialect::Sqlite => format!("instr({col}, char(31))"),
-            Dialect::Postgres => format!("strpos({col}, chr(31))"),
         }
     }
 
@@ -569,7 +561,7 @@ pub fn trigrams(text: &str) -> std::collections::BTreeSet<String> {
 
 /// What a session search matches a session on: its id as its tenant sees it, and every string
 /// in its label (JSON `{"title", "project"}`; a label that is not JSON counts as one string).
-pub fn searchable(key: &str, label: Option<&str>) -> Vec<String> {
+pub fn searchable(id: &str, label: Option<&str>) -> Vec<String> {
     fn strings(v: &serde_json::Value, out: &mut Vec<String>) {
         match v {
             serde_json::Value::String(s) => out.push(s.clone()),
@@ -578,9 +570,6 @@ pub fn searchable(key: &str, label: Option<&str>) -> Vec<String> {
             _ => {}
         }
     }
-    let id = crate::tenant::Tenant::of_key(key)
-        .session_of(key)
-        .unwrap_or(key);
     let mut out = vec![id.to_string()];
     if let Some(l) = label {
         match serde_json::from_str::<serde_json::Value>(l) {
@@ -930,7 +919,7 @@ mod tests {
     fn a_text_that_holds_a_query_holds_every_trigram_of_it() {
         let key = grams_key(Some(b"tenant key"));
         let texts = searchable(
-            "acme\u{1f}Deploy-Notes",
+            "Deploy-Notes",
             Some(r#"{"title":"Überblick: \"Q3\" plan","project":"web"}"#),
         );
         assert_eq!(texts, ["Deploy-Notes", "web", "Überblick: \"Q3\" plan"]);
@@ -952,7 +941,7 @@ mod tests {
         assert_ne!(grams_key(None), key);
         // A label that is not JSON is searched as it stands.
         assert_eq!(searchable("s", Some("plain")), ["s", "plain"]);
-        // The local tenant's keys have no tenant part.
+        // A session without a name is searched on its id.
         assert_eq!(searchable("notes", None), ["notes"]);
         // A search looks up the rarest trigrams, and none when one has no posting.
         let counted: Vec<(i64, i64)> = (0..9).map(|g| (100 - g, g)).collect();

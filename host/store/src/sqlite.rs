@@ -6,45 +6,10 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
 use crate::types::Error;
 
-/// Schema migrations, shared with the JavaScript host (its build copies these files);
-/// `PRAGMA user_version` records how many have run.
-const MIGRATIONS: &[&str] = &[
-    include_str!("migrations/001-sessions-episodes-summaries.sql"),
-    include_str!("migrations/002-summary-skipped.sql"),
-    include_str!("migrations/003-calibration.sql"),
-    include_str!("migrations/004-partials.sql"),
-    include_str!("migrations/005-jobs.sql"),
-    include_str!("migrations/006-sources.sql"),
-    include_str!("migrations/007-failure-markers.sql"),
-    include_str!("migrations/008-watched-files.sql"),
-    include_str!("migrations/009-source-marks.sql"),
-    include_str!("migrations/010-session-modes.sql"),
-    include_str!("migrations/011-watched-lines.sql"),
-    include_str!("migrations/012-partial-usage.sql"),
-    include_str!("migrations/013-episode-speakers.sql"),
-    include_str!("migrations/014-tokens.sql"),
-    include_str!("migrations/015-events.sql"),
-    include_str!("migrations/016-memories.sql"),
-    include_str!("migrations/017-data-keys.sql"),
-    include_str!("migrations/018-usage.sql"),
-    include_str!("migrations/019-summary-levels-ledger.sql"),
-    include_str!("migrations/020-usage-days.sql"),
-    include_str!("migrations/021-jobs-active.sql"),
-    include_str!("migrations/022-sealed-session-text.sql"),
-    include_str!("migrations/023-session-labels.sql"),
-    include_str!("migrations/024-scale-indexes.sql"),
-    include_str!("migrations/025-episode-running-tokens.sql"),
-    include_str!("migrations/026-memory-marks.sql"),
-    include_str!("migrations/027-episode-running-bytes.sql"),
-    include_str!("migrations/028-jobs-tenant.sql"),
-    include_str!("migrations/029-sessions-tenant.sql"),
-    include_str!("migrations/030-summary-coverage.sql"),
-    include_str!("migrations/031-session-grams.sql"),
-    include_str!("migrations/032-ann-graphs.sql"),
-    include_str!("migrations/033-rowid-memories.sql"),
-    include_str!("migrations/034-episode-terms.sql"),
-    include_str!("migrations/035-episode-items.sql"),
-];
+/// Schema migrations, the numbered files of `migrations/` in order (listed by `build.rs`),
+/// shared with the JavaScript host (its build copies these files); `PRAGMA user_version`
+/// records how many have run.
+const MIGRATIONS: &[&str] = include!(concat!(env!("OUT_DIR"), "/sqlite_migrations.rs"));
 
 /// The SQLite store: a file (or memory), every store trait written once over its
 /// transactions ([`crate::once`]).
@@ -390,6 +355,19 @@ mod tests {
         ("COLUMN item", "ALTER TABLE episodes DROP COLUMN item"),
     ];
 
+    /// The store bound to tenant `name`.
+    fn view(s: &SqliteStore, name: &str) -> std::sync::Arc<dyn crate::AppStore> {
+        crate::AppStore::for_tenant(s, &crate::tenant::Tenant::new(name).unwrap())
+    }
+
+    /// Sessions of three tenants, the local one among them.
+    const TENANTS_AND_IDS: [(&str, &str); 4] = [
+        ("acme", "a"),
+        ("acme", "b"),
+        ("local", "local-one"),
+        ("beta", "c"),
+    ];
+
     /// One short user message.
     fn hi() -> Vec<NewEpisode> {
         vec![message(0, "hi", 1, None)]
@@ -589,11 +567,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
         let s = SqliteStore::open(&path).unwrap();
-        for (i, session) in ["acme\u{1f}a", "acme\u{1f}b", "local-one", "beta\u{1f}c"]
-            .iter()
-            .enumerate()
-        {
-            s.job_enqueue(session, 1, "{}", 1_000 + i as u64)
+        for (i, (tenant, session)) in TENANTS_AND_IDS.iter().enumerate() {
+            view(&s, tenant)
+                .job_enqueue(session, 1, "{}", 1_000 + i as u64)
                 .await
                 .unwrap();
         }
@@ -617,14 +593,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
         let s = SqliteStore::open(&path).unwrap();
-        for session in ["acme\u{1f}a", "local-one", "acme\u{1f}b", "beta\u{1f}c"] {
-            s.append_episodes(session, hi()).await.unwrap();
+        for (tenant, session) in [
+            ("acme", "a"),
+            ("local", "local-one"),
+            ("acme", "b"),
+            ("beta", "c"),
+        ] {
+            view(&s, tenant)
+                .append_episodes(session, hi())
+                .await
+                .unwrap();
         }
         drop(s);
         back_before(&path, "sessions_tenant_change");
         let s = SqliteStore::open(&path).unwrap();
         let page = |t: &'static str| {
-            let v = crate::AppStore::for_tenant(&s, &crate::tenant::Tenant::new(t).unwrap());
+            let v = view(&s, t);
             async move {
                 (
                     v.sessions_page(0, 10).await.unwrap(),
@@ -643,24 +627,27 @@ mod tests {
     /// the first search.
     #[tokio::test]
     async fn sessions_stored_before_migration_31_are_found_by_search() {
-        use crate::tables::SourceStore;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
         let s = SqliteStore::open(&path).unwrap();
-        for session in [
-            "acme\u{1f}weekly-review",
-            "acme\u{1f}other",
-            "beta\u{1f}weekly-plan",
+        for (tenant, session) in [
+            ("acme", "weekly-review"),
+            ("acme", "other"),
+            ("beta", "weekly-plan"),
         ] {
-            s.append_episodes(session, hi()).await.unwrap();
+            view(&s, tenant)
+                .append_episodes(session, hi())
+                .await
+                .unwrap();
         }
-        s.set_session_label("acme\u{1f}other", Some(r#"{"title":"Weekly sync"}"#))
+        view(&s, "acme")
+            .set_session_label("other", Some(r#"{"title":"Weekly sync"}"#))
             .await
             .unwrap();
         drop(s);
         back_before(&path, "sessions_ungrammed");
         let s = SqliteStore::open(&path).unwrap();
-        let acme = crate::AppStore::for_tenant(&s, &crate::tenant::Tenant::new("acme").unwrap());
+        let acme = view(&s, "acme");
         let mut found: Vec<String> = acme
             .sessions_labelled("weekly")
             .await
@@ -672,7 +659,7 @@ mod tests {
         assert_eq!(found, ["other", "weekly-review"]);
         // More than one batch of sessions to add: all of them are found.
         for i in 0..1_100 {
-            s.append_episodes(&format!("acme\u{1f}bulk-{i}"), hi())
+            acme.append_episodes(&format!("bulk-{i}"), hi())
                 .await
                 .unwrap();
         }
@@ -737,7 +724,8 @@ mod tests {
             s.append_episodes("a", vec![said(1, "deploy key"), said(2, "garden")])
                 .await
                 .unwrap();
-            s.append_episodes("acme\u{1f}b", vec![said(1, "deploy")])
+            view(&s, "acme")
+                .append_episodes("b", vec![said(1, "deploy")])
                 .await
                 .unwrap();
         }
@@ -751,8 +739,9 @@ mod tests {
         s.append_episodes("a", vec![said(3, "deploy again")])
             .await
             .unwrap();
-        while let Some(session) = s.next_unindexed().await.unwrap() {
-            let eps = s.episodes_after(&session, 0, 100).await.unwrap();
+        while let Some((tenant, session)) = s.next_unindexed().await.unwrap() {
+            let view = crate::AppStore::for_tenant(&s, &tenant);
+            let eps = view.episodes_after(&session, 0, 100).await.unwrap();
             // The terms the guest would give for each message (here: the first words above).
             let docs: Vec<(u64, String)> = eps
                 .iter()
@@ -766,7 +755,7 @@ mod tests {
                     (e.id, t.to_string())
                 })
                 .collect();
-            s.index_episodes(&session, &docs, true).await.unwrap();
+            view.index_episodes(&session, &docs, true).await.unwrap();
         }
         assert_eq!(s.unindexed().await.unwrap(), (0, 0));
         let m = s.search_episodes(None, None, &deploy, 10).await.unwrap();

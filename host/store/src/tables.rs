@@ -18,31 +18,14 @@ use crate::jobs::{Beat, Claim, Job, JobState};
 use crate::sources::{Mark, SessionMode, Source, WatchedFile};
 use crate::types::{Episode, Error};
 
-/// Which jobs a listing covers.
-#[derive(Clone, Copy, Debug)]
-pub enum JobScope<'a> {
-    /// Jobs whose session key holds no tenant separator (the local tenant's).
-    Local,
-    /// Jobs whose session key lies in `[from, to)` (one tenant's).
-    Keys(&'a str, &'a str),
-}
-
 /// A tenant's cap on running jobs, checked by a claim (across every process sharing the
-/// store): the claim is busy while `max` jobs of `scope` run under leases lasting past now.
+/// store): the claim is busy while `max` jobs of `tenant` run under leases lasting past now.
 #[derive(Clone, Copy, Debug)]
 pub struct TenantCap<'a> {
-    /// The tenant's jobs.
-    pub scope: JobScope<'a>,
+    /// The tenant.
+    pub tenant: &'a crate::tenant::Tenant,
     /// How many may run at once.
     pub max: usize,
-}
-
-/// Whether a job's session key lies in `scope`.
-pub fn in_scope(scope: JobScope<'_>, session: &str) -> bool {
-    match scope {
-        JobScope::Local => !session.contains('\u{1f}'),
-        JobScope::Keys(lo, hi) => session >= lo && session < hi,
-    }
 }
 
 /// Decides whether a running job's lease is held by a live worker other than the caller.
@@ -395,8 +378,9 @@ pub trait SlotStore: Send + Sync {
 pub trait IndexStore: Send + Sync {
     /// Sessions not yet indexed, and their episodes.
     async fn unindexed(&self) -> Result<(u64, u64), Error>;
-    /// The next session not yet indexed (a stored key), if any.
-    async fn next_unindexed(&self) -> Result<Option<String>, Error>;
+    /// The next session not yet indexed, if any: its tenant (from the row's `tenant` column)
+    /// and its id as that tenant names it (index it through the tenant's view).
+    async fn next_unindexed(&self) -> Result<Option<(crate::tenant::Tenant, String)>, Error>;
     /// Index episodes of `session` (`(episode, terms)`, the guest's terms: the store keeps
     /// their keyed hashes), skipping those indexed already or no longer stored, in one
     /// transaction; with `done`, the session is indexed from then on. Returns those added.
@@ -429,15 +413,14 @@ pub trait AppStore:
 }
 
 /// A tenant's session search key and a query's trigram hashes under it (`tenant`: the
-/// sessions' `tenant` column, '' for the local tenant). The key comes from the tenant's
-/// lexical key, so the SQL stores derive it the one way `RecallStore::lexical_key` does.
+/// tenant's name). The key comes from the tenant's lexical key, so the SQL stores derive it
+/// the one way `RecallStore::lexical_key` does.
 pub(crate) async fn search_grams<S: crate::RecallStore + ?Sized>(
     s: &S,
     tenant: &str,
     q: &str,
 ) -> Result<(Vec<u8>, Vec<i64>), Error> {
-    let name = crate::tenant::name_of_column(tenant);
-    let lexical = s.lexical_key(name).await?;
+    let lexical = s.lexical_key(tenant).await?;
     let key = crate::rules::grams_key(lexical.as_deref());
     let query = crate::rules::gram_hashes(&key, [q]).into_iter().collect();
     Ok((key, query))

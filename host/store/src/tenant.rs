@@ -9,8 +9,6 @@
 //! engine calls this way; the app layer hands only such bound stores to the engine, so no
 //! request handler can forget the scope.
 
-use crate::JobScope;
-
 /// The separator between a tenant's name and a session id in a stored key.
 const SEP: char = '\u{1f}';
 
@@ -77,19 +75,12 @@ impl Tenant {
             key.strip_prefix(self.0.as_str())?.strip_prefix(SEP)
         }
     }
+}
 
-    /// The key range of this tenant's jobs (see [`JobBounds::scope`]).
-    pub fn job_bounds(&self) -> JobBounds {
-        JobBounds((!self.is_local()).then(|| (self.key(""), format!("{}\u{20}", self.0))))
-    }
-
-    /// The tenant a stored key belongs to.
-    pub fn of_key(key: &str) -> Tenant {
-        match key.split_once(SEP) {
-            Some((t, _)) => Tenant(t.to_string()),
-            None => Tenant::local(),
-        }
-    }
+/// Whether a stored key is keyed into a tenant's space (the local tenant's keys are the bare
+/// ids, which cannot hold the separator).
+pub(crate) fn is_keyed(key: &str) -> bool {
+    key.contains(SEP)
 }
 
 /// The tenant's name of a `tenant` column ('' is the local tenant's).
@@ -98,27 +89,6 @@ pub(crate) fn name_of_column(column: &str) -> &str {
         Tenant::LOCAL
     } else {
         column
-    }
-}
-
-/// The `tenant` column of a session or a job whose session is the stored key `key`: the
-/// tenant's name, '' for the local tenant (keys without a separator).
-pub(crate) fn tenant_column(key: &str) -> &str {
-    key.split_once(SEP).map_or("", |(t, _)| t)
-}
-
-/// The stored keys of one tenant's jobs: `[T\x1f, T\x20)` for tenant T, the keys without a
-/// separator for the local tenant.
-#[derive(Clone, Debug)]
-pub struct JobBounds(Option<(String, String)>);
-
-impl JobBounds {
-    /// The job scope these bounds make.
-    pub fn scope(&self) -> JobScope<'_> {
-        match &self.0 {
-            None => JobScope::Local,
-            Some((lo, hi)) => JobScope::Keys(lo, hi),
-        }
     }
 }
 
@@ -137,14 +107,11 @@ mod tests {
 
     fn ep(key: &str) -> NewEpisode {
         NewEpisode {
-            item: None,
-            terms: String::new(),
             role: Role::User,
             content: format!("message {key}"),
-            timestamp_ms: None,
             source_key: key.into(),
             tokens: 3,
-            speaker: None,
+            ..Default::default()
         }
     }
 
@@ -159,8 +126,6 @@ mod tests {
         assert_eq!(Tenant::local().session_of(&t.key("s")), None);
         assert_eq!(t.session_of("s"), None);
         assert_eq!(Tenant::new("acm").unwrap().session_of(&t.key("s")), None);
-        assert_eq!(Tenant::of_key(&t.key("s")), t);
-        assert_eq!(Tenant::of_key("s"), Tenant::local());
     }
 
     #[tokio::test]
@@ -189,6 +154,27 @@ mod tests {
         a.put_partial("k", &answer).await.unwrap();
         assert!(a.partial("k").await.unwrap().is_some());
         assert!(b.partial("k").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn the_whole_view_names_the_local_tenants_sessions_only() {
+        let db: Arc<dyn AppStore> = Arc::new(SqliteStore::in_memory().unwrap());
+        let acme = db.for_tenant(&Tenant::new("acme").unwrap());
+        acme.append_episodes("s", vec![ep("1")]).await.unwrap();
+        let key = Tenant::new("acme").unwrap().key("s");
+        let e = db.stats(&key).await.unwrap_err();
+        assert!(e.to_string().contains("open that tenant's view"), "{e}");
+        assert!(db.append_episodes(&key, vec![ep("2")]).await.is_err());
+        assert!(db.session_focus(&key).await.is_err());
+        assert_eq!(
+            acme.stats("s").await.unwrap().episodes,
+            1,
+            "nothing was written"
+        );
+        // The local tenant's view and the whole view name the same sessions.
+        db.append_episodes("mine", vec![ep("1")]).await.unwrap();
+        let local = db.for_tenant(&Tenant::local());
+        assert_eq!(local.stats("mine").await.unwrap().episodes, 1);
     }
 
     #[tokio::test]

@@ -31,12 +31,11 @@ pub fn terms_key(tenant: &str, lexical: Option<&[u8]>) -> Vec<u8> {
         .to_vec()
 }
 
-/// The sessions' `tenant` column a search looks in: its session's, else the tenant's (''
-/// for the local tenant, and for a store that is no tenant's view).
-pub fn scope_column(tenant: Option<&str>, session: Option<&str>) -> String {
-    match (session, tenant) {
-        (Some(s), _) => crate::tenant::tenant_column(s).to_string(),
-        (None, Some(t)) if t != crate::tenant::Tenant::LOCAL => t.to_string(),
+/// The sessions' `tenant` column of a tenant's name ('' for the local tenant, and for a
+/// search of a store that is no tenant's view).
+pub fn column_of(tenant: Option<&str>) -> String {
+    match tenant {
+        Some(t) if t != crate::tenant::Tenant::LOCAL => t.to_string(),
         _ => String::new(),
     }
 }
@@ -156,23 +155,23 @@ pub fn totals_sql(d: Dialect) -> String {
 pub(crate) async fn index(
     rows: &mut impl Tx,
     key: &[u8],
-    session: &str,
+    session: &crate::once::SessionKey,
     docs: &[(u64, String)],
     fresh: bool,
 ) -> Result<u32, Error> {
     let d = rows.dialect();
-    let tenant = crate::tenant::tenant_column(session).to_string();
+    let tenant = session.column();
     let sql = if fresh { append_sql(d) } else { insert_sql(d) };
     let hasher = Hasher::new(key);
     let (mut added, mut length) = (0u32, 0u64);
     for (episode, terms) in docs {
-        let Some((text, n)) = doc_with(&hasher, session, terms) else {
+        let Some((text, n)) = doc_with(&hasher, session.key(), terms) else {
             continue;
         };
         let args: [Val; 5] = [
             session.into(),
             (*episode).into(),
-            tenant.as_str().into(),
+            tenant.into(),
             text.into(),
             n.into(),
         ];

@@ -12,7 +12,7 @@ use abridge_engine::types::{
 use abridge_store::jobs::{Claim, Job, JobState};
 use abridge_store::sources::{SessionMode, Source, WatchedFile};
 use abridge_store::tenant::Tenant;
-use abridge_store::{AppStore, EventRow, JobScope, PgStore, SqliteStore, TenantCap};
+use abridge_store::{AppStore, EventRow, PgStore, SqliteStore, TenantCap};
 
 mod common;
 use common::{compaction, ep, memory, scope, write};
@@ -289,10 +289,9 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         move |j: &Job| j.state == JobState::Running && j.lease_until_ms.is_some_and(|u| u > now)
     };
     let acme = Tenant::new("acme").unwrap();
-    let bounds = acme.job_bounds();
     let acme_cap = || {
         Some(TenantCap {
-            scope: bounds.scope(),
+            tenant: &acme,
             max: 1,
         })
     };
@@ -333,8 +332,9 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
         matches!(claim(j2.id, "h2:1", acme_cap()).await, Claim::Busy(_)),
         "{name}"
     );
+    let local = Tenant::local();
     let local_cap = Some(TenantCap {
-        scope: JobScope::Local,
+        tenant: &local,
         max: 1,
     });
     assert!(
@@ -392,14 +392,18 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     // A worker's candidates: every running job, and each tenant's oldest queued few —
     // however long one tenant's queue is.
     let mut flood = Vec::new();
+    let view = |t: &str| s.for_tenant(&Tenant::new(t).unwrap());
     for i in 0..12 {
-        let (j, _) = s
-            .job_enqueue(&format!("flood\u{1f}s{i}"), 1, "{}", 50_000 + i)
+        let (j, _) = view("flood")
+            .job_enqueue(&format!("s{i}"), 1, "{}", 50_000 + i)
             .await
             .unwrap();
         flood.push(j.id);
     }
-    let (calm, _) = s.job_enqueue("calm\u{1f}s", 1, "{}", 60_000).await.unwrap();
+    let (calm, _) = view("calm")
+        .job_enqueue("s", 1, "{}", 60_000)
+        .await
+        .unwrap();
     let (own, _) = s.job_enqueue("local-s", 1, "{}", 60_001).await.unwrap();
     let active = s.jobs_active().await.unwrap();
     let running: Vec<u64> = active
@@ -751,17 +755,18 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     // Retention: finished jobs past the age, or past their tenant's count, go with their
     // events; queued jobs and other tenants' newest stay.
     let mut ids = Vec::new();
-    for (k, session) in [
-        "ret\u{1f}a",
-        "ret\u{1f}b",
-        "ret\u{1f}c",
-        "oth\u{1f}a",
-        "ret\u{1f}d",
+    for (k, (tenant, session)) in [
+        ("ret", "a"),
+        ("ret", "b"),
+        ("ret", "c"),
+        ("oth", "a"),
+        ("ret", "d"),
     ]
     .iter()
     .enumerate()
     {
         let (j, _) = s
+            .for_tenant(&Tenant::new(tenant).unwrap())
             .job_enqueue(session, 1, "{}", 10_000 + k as u64)
             .await
             .unwrap();
@@ -837,12 +842,14 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     ];
     for (t, n) in lists.iter().zip([5u64, 2]) {
         for i in 0..n {
-            let key = format!("{}\u{1f}s{i}", t.tenant().unwrap().name());
-            s.append_episodes(&key, vec![ep(1, "k1")]).await.unwrap();
+            t.append_episodes(&format!("s{i}"), vec![ep(1, "k1")])
+                .await
+                .unwrap();
         }
     }
     // s1 changes last: first in the list.
-    s.append_episodes("lista\u{1f}s1", vec![ep(2, "k2")])
+    lists[0]
+        .append_episodes("s1", vec![ep(2, "k2")])
         .await
         .unwrap();
     lists[0]
@@ -888,10 +895,12 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     let hit = search(0, "üBERb").await;
     assert_eq!(hit, ["s3"], "{name}");
     assert!(search(0, "nowhere-at-all").await.is_empty(), "{name}");
-    s.append_episodes("lista\u{1f}deploy-notes", vec![ep(1, "k1")])
+    lists[0]
+        .append_episodes("deploy-notes", vec![ep(1, "k1")])
         .await
         .unwrap();
-    s.append_episodes("listb\u{1f}deploy-plans", vec![ep(1, "k1")])
+    lists[1]
+        .append_episodes("deploy-plans", vec![ep(1, "k1")])
         .await
         .unwrap();
     let hit = search(0, "LOY-n").await;
@@ -915,7 +924,7 @@ async fn conformance(name: &str, s: Arc<dyn AppStore>) {
     );
     assert!(search(0, "überb").await.is_empty(), "{name}");
     // Gone with its session.
-    s.reset_session("lista\u{1f}deploy-notes").await.unwrap();
+    lists[0].reset_session("deploy-notes").await.unwrap();
     assert!(
         !search(0, "loy-n")
             .await

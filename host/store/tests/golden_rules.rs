@@ -90,14 +90,11 @@ async fn run(name: &str, s: Arc<dyn AppStore>) {
             "append" => {
                 let eps = (1..=u(&step["episodes"]))
                     .map(|i| NewEpisode {
-                        item: None,
-                        terms: String::new(),
                         role: Role::User,
                         content: format!("message {i}"),
-                        timestamp_ms: None,
                         source_key: format!("k{i}"),
                         tokens: 10,
-                        speaker: None,
+                        ..Default::default()
                     })
                     .collect();
                 s.append_episodes(session, eps).await.unwrap();

@@ -243,27 +243,29 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
     use abridge_store::AppStore;
+    use abridge_store::JobStore;
     use abridge_store::tenant::Tenant;
-    use abridge_store::{JobStore, Store};
     use std::sync::Arc;
     let Some(pg) = abridge_test_pg::shared() else {
         return;
     };
     let url = pg.database("tenant_columns");
     let s = PgStore::connect(&url).await.expect("connect");
-    for (key, episodes) in [("acme\u{1f}a", 1), ("local-one", 1), ("acme\u{1f}b", 1)] {
+    for (tenant, key, episodes) in [
+        ("acme", "a", 1),
+        ("local", "local-one", 1),
+        ("acme", "b", 1),
+    ] {
+        let view = s.for_tenant(&Tenant::new(tenant).unwrap());
         let ep = abridge_engine::types::NewEpisode {
-            item: None,
-            terms: String::new(),
             role: abridge_engine::types::Role::User,
             content: "hi".into(),
-            timestamp_ms: None,
             source_key: format!("k{episodes}"),
             tokens: 1,
-            speaker: None,
+            ..Default::default()
         };
-        s.append_episodes(key, vec![ep]).await.unwrap();
-        s.job_enqueue(key, 1, "{}", 1_000).await.unwrap();
+        view.append_episodes(key, vec![ep]).await.unwrap();
+        view.job_enqueue(key, 1, "{}", 1_000).await.unwrap();
     }
     use abridge_store::recall::RecallStore;
     let mut cluster = None;

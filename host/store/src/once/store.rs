@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use super::{big, sealed_val, terms_key};
+use super::{SessionKey, big, sealed_val, terms_key};
 use crate::Store;
 use crate::keyring::{Stored, place};
 use crate::rules::Dialect;
@@ -30,7 +30,7 @@ fn next_changed(d: Dialect) -> &'static str {
 /// The session's episode count and token total, its row locked for the rest of the
 /// transaction (PostgreSQL: writers of one session, on any instance, take turns; SQLite's
 /// write holds the file); `None` when there is no session.
-async fn lock_session(t: &mut impl Tx, session: &str) -> Result<Option<(u64, u64)>, Error> {
+async fn lock_session(t: &mut impl Tx, session: &SessionKey) -> Result<Option<(u64, u64)>, Error> {
     let lock = match t.dialect() {
         Dialect::Postgres => " FOR UPDATE",
         Dialect::Sqlite => "",
@@ -48,12 +48,12 @@ async fn lock_session(t: &mut impl Tx, session: &str) -> Result<Option<(u64, u64
 }
 
 /// A summary row of [`ROW_COLS`], its prose and ledger opened.
-async fn summary_from(t: &mut impl Tx, session: &str, r: &Row) -> Result<SummaryRow, Error> {
+async fn summary_from(t: &mut impl Tx, session: &SessionKey, r: &Row) -> Result<SummaryRow, Error> {
     let level = r.int(11)? as u32;
     let first = r.u64(1)?;
     let sealed = r.int(15)? as u32;
-    let tenant = place::tenant_of(session);
-    let name = place::summary(session, level, first);
+    let tenant = session.tenant();
+    let name = place::summary(session.key(), level, first);
     let content = Stored {
         bytes: r.bytes(3)?,
         sealed,
@@ -62,8 +62,8 @@ async fn summary_from(t: &mut impl Tx, session: &str, r: &Row) -> Result<Summary
         bytes: r.bytes(13)?,
         sealed,
     };
-    let content = t.reveal(&tenant, place::SUMMARY, &name, content).await?;
-    let ledger = t.reveal(&tenant, place::LEDGER, &name, ledger).await?;
+    let content = t.reveal(tenant, place::SUMMARY, &name, content).await?;
+    let ledger = t.reveal(tenant, place::LEDGER, &name, ledger).await?;
     Ok(SummaryRow {
         id: r.u64(0)?,
         first_episode: first,
@@ -86,7 +86,7 @@ async fn summary_from(t: &mut impl Tx, session: &str, r: &Row) -> Result<Summary
 /// The session's summary rows `filter` (after `session = $1`) selects, opened.
 async fn summary_rows(
     t: &mut impl Tx,
-    session: &str,
+    session: &SessionKey,
     filter: &str,
 ) -> Result<Vec<SummaryRow>, Error> {
     let rows = t
@@ -106,7 +106,11 @@ const ACTIVE: &str = " AND compacted_into IS NULL ORDER BY first_episode";
 const LATEST: &str = " AND compacted_into IS NULL ORDER BY last_episode DESC, id DESC LIMIT 1";
 
 /// Summary row `id`, opened.
-async fn summary_by_id(t: &mut impl Tx, session: &str, id: u64) -> Result<SummaryRow, Error> {
+async fn summary_by_id(
+    t: &mut impl Tx,
+    session: &SessionKey,
+    id: u64,
+) -> Result<SummaryRow, Error> {
     let r = t
         .row(
             &format!("SELECT {ROW_COLS} FROM summaries WHERE id = $1"),
@@ -120,23 +124,18 @@ async fn summary_by_id(t: &mut impl Tx, session: &str, id: u64) -> Result<Summar
 /// A summary's prose and ledger as stored, and their key version.
 async fn sealed_summary(
     t: &mut impl Tx,
-    session: &str,
+    session: &SessionKey,
     (level, first): (u32, u64),
     content: &str,
     ledger: &[LedgerEntry],
 ) -> Result<(Val, Val, u32), Error> {
     let d = t.dialect();
-    let tenant = place::tenant_of(session);
-    let name = place::summary(session, level, first);
-    let content = t.seal(&tenant, place::SUMMARY, &name, content).await?;
+    let tenant = session.tenant();
+    let name = place::summary(session.key(), level, first);
+    let content = t.seal(tenant, place::SUMMARY, &name, content).await?;
     let version = content.1;
     let ledger = t
-        .seal(
-            &tenant,
-            place::LEDGER,
-            &name,
-            &crate::ledger_to_json(ledger),
-        )
+        .seal(tenant, place::LEDGER, &name, &crate::ledger_to_json(ledger))
         .await?;
     Ok((sealed_val(d, content), sealed_val(d, ledger), version))
 }
@@ -144,7 +143,7 @@ async fn sealed_summary(
 /// Episodes with `id > after`, ascending, at most `limit`, opened.
 async fn read_episodes(
     t: &mut impl Tx,
-    session: &str,
+    session: &SessionKey,
     after: u64,
     limit: u32,
 ) -> Result<Vec<Episode>, Error> {
@@ -162,7 +161,7 @@ async fn read_episodes(
 /// The episodes with `ids` of `session`, ascending, in one statement.
 async fn read_episodes_by_id(
     t: &mut impl Tx,
-    session: &str,
+    session: &SessionKey,
     ids: &[u64],
 ) -> Result<Vec<Episode>, Error> {
     let mut ids = ids.to_vec();
@@ -192,25 +191,25 @@ async fn read_episodes_by_id(
 /// The episodes of `sql`'s rows ([`EPISODE_COLS`]), their text opened.
 async fn episode_rows(
     t: &mut impl Tx,
-    session: &str,
+    session: &SessionKey,
     sql: &str,
     args: &[Val],
 ) -> Result<Vec<Episode>, Error> {
     let rows = t.rows(sql, args).await?;
-    let tenant = place::tenant_of(session);
+    let tenant = session.tenant();
     let mut out = Vec::with_capacity(rows.len());
     for r in &rows {
         let id = r.u64(0)?;
         let sealed = r.int(6)? as u32;
-        let name = place::episode(session, id);
+        let name = place::episode(session.key(), id);
         let content = Stored {
             bytes: r.bytes(2)?,
             sealed,
         };
-        let content = t.reveal(&tenant, place::EPISODE, &name, content).await?;
+        let content = t.reveal(tenant, place::EPISODE, &name, content).await?;
         let speaker = match r.opt_bytes(5)? {
             Some(bytes) => Some(
-                t.reveal(&tenant, place::SPEAKER, &name, Stored { bytes, sealed })
+                t.reveal(tenant, place::SPEAKER, &name, Stored { bytes, sealed })
                     .await?,
             ),
             None => None,
@@ -233,13 +232,13 @@ async fn episode_rows(
 /// context's shown episodes its pins and its recent tail.
 async fn read_items(
     t: &mut impl Tx,
-    session: &str,
+    session: &SessionKey,
     ids: &[u64],
 ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
     let mut sorted = ids.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
-    let tenant = place::tenant_of(session);
+    let tenant = session.tenant();
     let mut out = std::collections::BTreeMap::new();
     for run in sorted.chunk_by(|a, b| b == &(a + 1)) {
         let (first, last) = (run[0], run[run.len() - 1]);
@@ -255,8 +254,8 @@ async fn read_items(
                 bytes: r.bytes(1)?,
                 sealed: r.int(2)? as u32,
             };
-            let name = place::episode(session, id);
-            out.insert(id, t.reveal(&tenant, place::ITEM, &name, stored).await?);
+            let name = place::episode(session.key(), id);
+            out.insert(id, t.reveal(tenant, place::ITEM, &name, stored).await?);
         }
     }
     Ok(out)
@@ -269,9 +268,8 @@ impl<B: Backend> Store for super::Sql<B> {
         session: &str,
         episodes: Vec<NewEpisode>,
     ) -> Result<u32, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
-        let column = crate::tenant::tenant_column(session);
+        let session = &self.name(session)?;
+        let column = session.column();
         let key = if episodes.iter().any(|e| !e.terms.trim().is_empty()) {
             Some(terms_key(self, column).await?)
         } else {
@@ -287,7 +285,7 @@ impl<B: Backend> Store for super::Sql<B> {
             .await?;
             let (count, mut through) = lock_session(&mut t, session)
                 .await?
-                .ok_or_else(|| Error::Storage(format!("session '{session}' vanished")))?;
+                .ok_or_else(|| Error::Storage(format!("session '{}' vanished", session.id())))?;
             let mut next = count + 1;
             // The running byte total the new episodes continue.
             let mut bytes = match t
@@ -300,19 +298,19 @@ impl<B: Backend> Store for super::Sql<B> {
                 Some(r) => r.u64(0)?,
                 None => 0,
             };
-            let tenant = place::tenant_of(session);
+            let tenant = session.tenant();
             let (mut added, mut tokens) = (0u32, 0u64);
             let mut docs: Vec<(u64, String)> = Vec::new();
             for e in &episodes {
-                let name = place::episode(session, next);
-                let content = t.seal(&tenant, place::EPISODE, &name, &e.content).await?;
+                let name = place::episode(session.key(), next);
+                let content = t.seal(tenant, place::EPISODE, &name, &e.content).await?;
                 let sealed = content.1;
                 let speaker = match &e.speaker {
-                    Some(sp) => sealed_val(d, t.seal(&tenant, place::SPEAKER, &name, sp).await?),
+                    Some(sp) => sealed_val(d, t.seal(tenant, place::SPEAKER, &name, sp).await?),
                     None => Val::Null,
                 };
                 let item = match &e.item {
-                    Some(it) => sealed_val(d, t.seal(&tenant, place::ITEM, &name, it).await?),
+                    Some(it) => sealed_val(d, t.seal(tenant, place::ITEM, &name, it).await?),
                     None => Val::Null,
                 };
                 let upto = through + u64::from(e.tokens);
@@ -368,8 +366,7 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn stats(&self, session: &str) -> Result<SessionStats, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| {
             let (episodes, total_tokens) = match t
                 .row(
@@ -395,14 +392,12 @@ impl<B: Backend> Store for super::Sql<B> {
         after: u64,
         limit: u32,
     ) -> Result<Vec<Episode>, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| read_episodes(&mut t, session, after, limit).await)
     }
 
     async fn episodes(&self, session: &str, ids: &[u64]) -> Result<Vec<Episode>, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| read_episodes_by_id(&mut t, session, ids).await)
     }
 
@@ -411,8 +406,7 @@ impl<B: Backend> Store for super::Sql<B> {
         session: &str,
         id: u64,
     ) -> Result<Option<(u64, Option<i64>)>, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| match t
             .row(
                 "SELECT bytes_through, timestamp_ms FROM episodes WHERE session = $1 AND id = $2",
@@ -426,22 +420,19 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn latest_summary(&self, session: &str) -> Result<Option<SummaryRow>, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| Ok(summary_rows(&mut t, session, LATEST)
             .await?
             .pop()))
     }
 
     async fn summaries(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| summary_rows(&mut t, session, ACTIVE).await)
     }
 
     async fn summary_history(&self, session: &str) -> Result<Vec<SummaryRow>, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| summary_rows(
             &mut t,
             session,
@@ -451,12 +442,11 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn write_summary(&self, session: &str, w: SummaryWrite) -> Result<SummaryRow, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         writing!(self, |t| {
             // The session's row lock makes the check and the write one step for every writer.
             let (episodes, _) = lock_session(&mut t, session).await?.ok_or_else(|| {
-                Error::InvalidInput(format!("no session '{session}' in the store"))
+                Error::InvalidInput(format!("no session '{}' in the store", session.id()))
             })?;
             let prev = summary_rows(&mut t, session, LATEST).await?.pop();
             let target = match w.replaces {
@@ -473,7 +463,7 @@ impl<B: Backend> Store for super::Sql<B> {
                 None => None,
             };
             crate::rules::check_chain(
-                session,
+                session.key(),
                 episodes,
                 prev.as_ref(),
                 target.map(|(a, b, _)| (a, b)),
@@ -529,12 +519,11 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn compact_summaries(&self, session: &str, c: Compaction) -> Result<SummaryRow, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         writing!(self, |t| {
             lock_session(&mut t, session).await?;
             let active = summary_rows(&mut t, session, ACTIVE).await?;
-            let (first, last, level) = crate::rules::check_compaction(session, &active, &c)?;
+            let (first, last, level) = crate::rules::check_compaction(session.key(), &active, &c)?;
             let (content, ledger, sealed) =
                 sealed_summary(&mut t, session, (level, first), &c.content, &c.ledger).await?;
             let id = t
@@ -573,8 +562,7 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn failure(&self, session: &str) -> Result<Option<FailureMarker>, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| {
             match t
             .row(
@@ -595,8 +583,7 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn set_failure(&self, session: &str, marker: Option<FailureMarker>) -> Result<(), Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         writing!(self, |t| {
             match marker {
                 None => {
@@ -626,8 +613,7 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn reset_session(&self, session: &str) -> Result<(), Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         writing!(self, |t| {
             // The session's writers are waited for (and wait) on its row.
             lock_session(&mut t, session).await?;
@@ -643,8 +629,7 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn partial(&self, key: &str) -> Result<Option<CachedAnswer>, Error> {
-        let key = self.key(key);
-        let key = key.as_str();
+        let key = &self.name(key)?;
         reading!(self, |t| {
             let Some(r) = t
                 .row(
@@ -660,7 +645,7 @@ impl<B: Backend> Store for super::Sql<B> {
                 sealed: r.int(3)? as u32,
             };
             let text = t
-                .reveal(&place::tenant_of(key), place::PARTIAL, key, stored)
+                .reveal(key.tenant(), place::PARTIAL, key.key(), stored)
                 .await?;
             Ok(Some(CachedAnswer {
                 text,
@@ -671,11 +656,10 @@ impl<B: Backend> Store for super::Sql<B> {
     }
 
     async fn put_partial(&self, key: &str, answer: &CachedAnswer) -> Result<(), Error> {
-        let key = self.key(key);
-        let key = key.as_str();
+        let key = &self.name(key)?;
         writing!(self, |t| {
             let text = t
-                .seal(&place::tenant_of(key), place::PARTIAL, key, &answer.text)
+                .seal(key.tenant(), place::PARTIAL, key.key(), &answer.text)
                 .await?;
             let sealed = text.1;
             let text = sealed_val(t.dialect(), text);
@@ -737,11 +721,13 @@ impl<B: Backend> Store for super::Sql<B> {
         limit: u32,
     ) -> Result<TermMatches, Error> {
         // A bound view searches its tenant's sessions only, and names them by their ids.
-        let tenant = self.bound().map(|t| t.name()).or(tenant);
-        let session = session.map(|s| self.key(s));
-        let session = session.as_deref();
-        let column = crate::terms::scope_column(tenant, session);
+        let session = session.map(|s| self.name(s)).transpose()?;
+        let column = match &session {
+            Some(s) => s.column().to_string(),
+            None => crate::terms::column_of(self.bound().map(|t| t.name()).or(tenant)),
+        };
         let key = terms_key(self, &column).await?;
+        let session = session.as_ref().map(SessionKey::key);
         let mut m = reading!(self, |t| crate::terms::search(
             &mut t, &key, &column, session, terms, limit
         )
@@ -772,8 +758,7 @@ impl<B: Backend> SessionRows for super::Sql<B> {
     }
 
     async fn pop_episode(&self, session: &str) -> Result<Option<Popped>, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         let popped = writing!(self, |t| {
             // The session's writers are waited for (and wait) on its row.
             let last = lock_session(&mut t, session).await?.map_or(0, |(n, _)| n);
@@ -785,7 +770,8 @@ impl<B: Backend> SessionRows for super::Sql<B> {
                 .pop()
                 .ok_or_else(|| {
                     Error::Storage(format!(
-                        "session '{session}' counts {last} episodes but episode {last} is not stored"
+                        "session '{}' counts {last} episodes but episode {last} is not stored",
+                        session.id()
                     ))
                 })?;
             let item = read_items(&mut t, session, &[last]).await?.remove(&last);
@@ -845,8 +831,7 @@ impl<B: Backend> SessionRows for super::Sql<B> {
         session: &str,
         ids: &[u64],
     ) -> Result<std::collections::BTreeMap<u64, String>, Error> {
-        let key = self.key(session);
-        let session = key.as_str();
+        let session = &self.name(session)?;
         reading!(self, |t| read_items(&mut t, session, ids).await)
     }
 }

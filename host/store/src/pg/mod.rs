@@ -23,23 +23,9 @@ mod ann;
 mod recall;
 mod tables;
 
-/// Schema versions, in order; `abridge_schema.version` records how many have run.
-const MIGRATIONS: &[&str] = &[
-    include_str!("001-schema.sql"),
-    include_str!("002-usage-days.sql"),
-    include_str!("003-summaries-session.sql"),
-    include_str!("004-sealed-session-text.sql"),
-    include_str!("005-session-labels.sql"),
-    include_str!("006-scale-indexes.sql"),
-    include_str!("007-episode-running-tokens.sql"),
-    include_str!("008-episode-running-bytes.sql"),
-    include_str!("009-jobs-tenant.sql"),
-    include_str!("010-sessions-tenant.sql"),
-    include_str!("011-summary-coverage.sql"),
-    include_str!("012-session-grams.sql"),
-    include_str!("013-episode-terms.sql"),
-    include_str!("014-episode-items.sql"),
-];
+/// Schema versions, the numbered `.sql` files of this folder in order (listed by `build.rs`);
+/// `abridge_schema.version` records how many have run.
+const MIGRATIONS: &[&str] = include!(concat!(env!("OUT_DIR"), "/pg_migrations.rs"));
 
 /// The tables only PostgreSQL keeps (see [`crate::rules::refuse_foreign`]): the version table
 /// and the model slots.

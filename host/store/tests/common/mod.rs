@@ -7,8 +7,6 @@ use abridge_engine::types::{Compaction, NewEpisode, NewMemory, Role, Scope, Summ
 
 pub fn ep(i: usize, key: &str) -> NewEpisode {
     NewEpisode {
-        item: None,
-        terms: String::new(),
         role: if i.is_multiple_of(2) {
             Role::User
         } else {
@@ -18,7 +16,7 @@ pub fn ep(i: usize, key: &str) -> NewEpisode {
         timestamp_ms: Some(1_000 + i as i64),
         source_key: key.to_string(),
         tokens: 10,
-        speaker: None,
+        ..Default::default()
     }
 }
 
