@@ -6,15 +6,25 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use abridge_engine::types::{
-    Error, MemoryFilter, NewEpisode, NewMemory, Role, Scope, SummaryWrite,
-};
+use abridge_engine::types::{Error, MemoryFilter, NewEpisode, NewMemory, Scope, SummaryWrite};
 use abridge_store::{AppStore, SqliteStore};
 
 mod common;
 use serde_json::Value;
 
 const TENANT: &str = "t";
+
+/// `n` user messages, "message 1" to "message n", 10 tokens each.
+fn messages(n: u64) -> Vec<NewEpisode> {
+    (1..=n)
+        .map(|i| NewEpisode {
+            content: format!("message {i}"),
+            source_key: format!("k{i}"),
+            tokens: 10,
+            ..Default::default()
+        })
+        .collect()
+}
 
 fn steps() -> Vec<Value> {
     let path = concat!(
@@ -88,16 +98,9 @@ async fn run(name: &str, s: Arc<dyn AppStore>) {
         let session = step["session"].as_str().unwrap_or("");
         match step["op"].as_str().unwrap() {
             "append" => {
-                let eps = (1..=u(&step["episodes"]))
-                    .map(|i| NewEpisode {
-                        role: Role::User,
-                        content: format!("message {i}"),
-                        source_key: format!("k{i}"),
-                        tokens: 10,
-                        ..Default::default()
-                    })
-                    .collect();
-                s.append_episodes(session, eps).await.unwrap();
+                s.append_episodes(session, messages(u(&step["episodes"])))
+                    .await
+                    .unwrap();
             }
             "write" => {
                 let w = SummaryWrite {
@@ -176,15 +179,7 @@ async fn run(name: &str, s: Arc<dyn AppStore>) {
             }
             "episodes" => {
                 let n = step["count"].as_u64().unwrap();
-                let eps = (1..=n)
-                    .map(|i| NewEpisode {
-                        content: format!("message {i}"),
-                        source_key: format!("k{i}"),
-                        tokens: 10,
-                        ..Default::default()
-                    })
-                    .collect();
-                s.append_episodes(session, eps).await.unwrap();
+                s.append_episodes(session, messages(n)).await.unwrap();
                 let ask: Vec<u64> = serde_json::from_value(step["ask"].clone()).unwrap();
                 let got: Vec<(u64, String)> = s
                     .episodes(session, &ask)
