@@ -653,15 +653,15 @@ impl<'a> Feeder<'a> {
         }
         self.warnings.extend(b.warnings);
         for part in b.conversations {
+            // The fields a transcript gives; the rest (tokens, terms) the guest fills in.
             let episodes = part.episodes.into_iter().map(|e| NewEpisode {
                 item: e.item,
-                terms: String::new(),
                 role: e.role,
                 content: e.content,
                 timestamp_ms: e.timestamp_ms,
                 source_key: e.source_key,
-                tokens: 0,
                 speaker: e.speaker,
+                ..Default::default()
             });
             if self.streaming {
                 self.parts.push(Part {

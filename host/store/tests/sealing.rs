@@ -24,13 +24,12 @@ fn episode(i: u64) -> NewEpisode {
         item: Some(format!(
             r#"{{"type":"message","text":"{CANARY} item {i}"}}"#
         )),
-        terms: String::new(),
         role: Role::User,
         content: format!("{CANARY} episode {i}: my password is hunter{i}"),
-        timestamp_ms: None,
         source_key: format!("k{i}"),
         tokens: 10,
         speaker: Some(format!("{CANARY} speaker")),
+        ..Default::default()
     }
 }
 
