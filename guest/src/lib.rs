@@ -13,6 +13,7 @@ pub mod digest;
 pub mod embed;
 pub mod engine;
 pub mod extractive;
+pub mod facts;
 pub mod freshness;
 pub mod ledger;
 pub mod memory;

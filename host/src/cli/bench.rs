@@ -21,17 +21,28 @@ use super::{Exit, Failure, Settings};
 pub struct BenchArgs {
     /// What to measure: `agents` (coding-agent sessions), `context` (what a context keeps of
     /// a long chat, on LoCoMo, REALTALK or BEAM conversations and coding sessions' `.jsonl`
-    /// transcripts) or `cache` (what a context sent on every turn costs with prompt caching,
+    /// transcripts), `cache` (what a context sent on every turn costs with prompt caching,
     /// on such conversations, coding sessions written a line at a time, and a generated chat)
+    /// or `facts` (whether a context shows facts as they are now, on generated dated chats in
+    /// which facts change and end)
     what: String,
     /// Session files, or folders searched for `.jsonl` files (`agents`); conversation files,
     /// or a BEAM chat's folder (`context`, `cache`), or a coding session's `.jsonl` (`context`,
-    /// `cache`)
-    #[arg(required = true)]
+    /// `cache`); for `facts`, an optional templates file (the chats' wording: see
+    /// `--print-templates`)
     paths: Vec<PathBuf>,
     /// SessionStart runs per session (for the latency percentiles)
     #[arg(long, default_value_t = 20)]
     runs: usize,
+    /// `facts`: chats of each kind (a person with an assistant, a group of three)
+    #[arg(long, default_value_t = 2)]
+    chats: usize,
+    /// `facts`: the first chat's seed (the next ones count up)
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// `facts`: print the built-in templates as JSON (a file to edit and pass back) and stop
+    #[arg(long)]
+    print_templates: bool,
 }
 
 /// One session's figures.
@@ -199,6 +210,33 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
 }
 
 pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
+    if a.what == "facts" {
+        if a.print_templates {
+            let t = super::bench_facts::built_in();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&t).expect("templates serialize")
+            );
+            return Ok(());
+        }
+        if a.paths.len() > 1 {
+            return Err(Failure::new(
+                Exit::Input,
+                anyhow!("abridge bench facts takes at most one templates file"),
+            ));
+        }
+        return super::bench_facts::run(s, a.paths.first(), a.chats, a.seed).await;
+    }
+    if a.paths.is_empty() {
+        return Err(Failure::new(
+            Exit::Input,
+            anyhow!(
+                "abridge bench {} needs files to measure: abridge bench {} FILE…",
+                a.what,
+                a.what
+            ),
+        ));
+    }
     if a.what == "context" {
         return super::bench_context::run(s, &a.paths, a.runs).await;
     }
@@ -209,7 +247,7 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
         return Err(Failure::new(
             Exit::Input,
             anyhow!(
-                "unknown benchmark '{}'; abridge bench agents FILE|DIR…, abridge bench context FILE… or abridge bench cache FILE… (cargo bench runs the others)",
+                "unknown benchmark '{}'; abridge bench agents FILE|DIR…, abridge bench context FILE…, abridge bench cache FILE… or abridge bench facts [TEMPLATES.json] (cargo bench runs the others)",
                 a.what
             ),
         ));

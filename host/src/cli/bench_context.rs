@@ -442,7 +442,11 @@ async fn load_session(
 }
 
 /// The turns `order` names, taken while they fit `budget`, joined in conversation order.
-fn cut(turns: &[(String, u32)], order: impl Iterator<Item = usize>, budget: u32) -> String {
+pub(super) fn cut(
+    turns: &[(String, u32)],
+    order: impl Iterator<Item = usize>,
+    budget: u32,
+) -> String {
     let mut used = 0;
     let mut taken = Vec::new();
     for i in order {
@@ -488,14 +492,14 @@ fn even(turns: &[(String, u32)], budget: u32) -> String {
 
 /// The turns as BM25 sees them (k1 1.2, b 0.75): each turn's term counts and length, and
 /// each term's document frequency, counted once per conversation.
-struct Bm25 {
+pub(super) struct Bm25 {
     docs: Vec<(BTreeMap<String, f64>, f64)>,
     df: BTreeMap<String, f64>,
     avg: f64,
 }
 
 impl Bm25 {
-    fn new(turns: &[(String, u32)]) -> Bm25 {
+    pub(super) fn new(turns: &[(String, u32)]) -> Bm25 {
         let mut df: BTreeMap<String, f64> = BTreeMap::new();
         let docs: Vec<(BTreeMap<String, f64>, f64)> = turns
             .iter()
@@ -516,7 +520,7 @@ impl Bm25 {
     }
 
     /// Turn indices by score against `query`, best first (ties: the earlier turn).
-    fn rank(&self, query: &str) -> Vec<usize> {
+    pub(super) fn rank(&self, query: &str) -> Vec<usize> {
         let n = self.docs.len() as f64;
         let q: BTreeSet<String> = answer_words(query).into_iter().collect();
         let mut scored: Vec<(f64, usize)> = self
@@ -587,22 +591,19 @@ pub(super) fn is_session(file: &Path) -> bool {
     file.extension().is_some_and(|x| x == "jsonl")
 }
 
-/// One conversation's figures: `file`'s, or a coding session's cut at `cut` % of its lines.
-async fn measure(
+/// The session a benchmark imports a conversation as.
+const SESSION: &str = "bench-context";
+
+/// `conv` imported into a fresh database in `dir` as a user would (`abridge summarize` of its
+/// transcript, then a context at each budget, which runs the refresh it needs first), and the
+/// local app's handle on that database.
+pub(super) fn import(
     s: &Settings,
     exe: &Path,
-    file: &Path,
-    at: Option<usize>,
-    runs: usize,
-) -> anyhow::Result<Measured> {
-    let engine = super::commands::pure_engine(s).map_err(|f| f.error)?;
-    let tmp = tempfile::tempdir()?;
-    let conv = match at {
-        Some(at) => load_session(&engine, file, tmp.path(), at).await?,
-        None => load(file)?,
-    };
-    let db = tmp.path().join("bench.db");
-    let session = "bench-context";
+    conv: &Conversation,
+    dir: &Path,
+) -> anyhow::Result<abridge_app::Scoped> {
+    let db = dir.join("bench.db");
     let run = |args: &[&str]| -> anyhow::Result<()> {
         let out = Command::new(exe)
             .arg("--db")
@@ -624,7 +625,7 @@ async fn measure(
     let (path, format): (String, &[&str]) = match &conv.source {
         Some(p) => (p.display().to_string(), &[]),
         None => {
-            let jsonl = tmp.path().join("conversation.jsonl");
+            let jsonl = dir.join("conversation.jsonl");
             let mut lines = String::new();
             for turn in &conv.turns {
                 lines.push_str(&conv.message(turn).to_string());
@@ -634,15 +635,58 @@ async fn measure(
             (jsonl.display().to_string(), &["--format", "jsonl"])
         }
     };
-    run(&[&["summarize", &path][..], format, &["--session", session]].concat())?;
-    // As a user asks: the command line's context runs the refresh it needs first.
+    run(&[&["summarize", &path][..], format, &["--session", SESSION]].concat())?;
     for b in BUDGETS {
-        run(&["context", session, "--budget", &b.to_string(), "--json"])?;
+        run(&["context", SESSION, "--budget", &b.to_string(), "--json"])?;
     }
     let mut local_settings = s.clone();
-    local_settings.db = db.clone();
+    local_settings.db = db;
     local_settings.quiet = true;
-    let local = super::app::local(&local_settings, None).map_err(|f| f.error)?;
+    super::app::local(&local_settings, None).map_err(|f| f.error)
+}
+
+/// The text of the imported session's context at `budget` (with `query`, if any), read
+/// without a refresh, and the tokens it counts.
+pub(super) async fn context_text(
+    local: &abridge_app::Scoped,
+    budget: u32,
+    query: Option<&str>,
+) -> anyhow::Result<(String, u32)> {
+    let w = local
+        .context(
+            SESSION,
+            abridge_app::ContextAsk {
+                refresh_after: u32::MAX,
+                query,
+                ..abridge_app::ContextAsk::new(budget)
+            },
+        )
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let text = w
+        .messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    Ok((text, w.tokens))
+}
+
+/// One conversation's figures: `file`'s, or a coding session's cut at `cut` % of its lines.
+async fn measure(
+    s: &Settings,
+    exe: &Path,
+    file: &Path,
+    at: Option<usize>,
+    runs: usize,
+) -> anyhow::Result<Measured> {
+    let engine = super::commands::pure_engine(s).map_err(|f| f.error)?;
+    let tmp = tempfile::tempdir()?;
+    let conv = match at {
+        Some(at) => load_session(&engine, file, tmp.path(), at).await?,
+        None => load(file)?,
+    };
+    let local = import(s, exe, &conv, tmp.path())?;
     let mut turns: Vec<(String, u32)> = Vec::with_capacity(conv.turns.len());
     let mut full = 0u64;
     for (_, text, _) in &conv.turns {
@@ -661,47 +705,15 @@ async fn measure(
         let mut used = 0;
         for _ in 0..runs.max(1) {
             let started = Instant::now();
-            let w = local
-                .context(
-                    session,
-                    abridge_app::ContextAsk {
-                        refresh_after: u32::MAX,
-                        ..abridge_app::ContextAsk::new(budget)
-                    },
-                )
-                .await
-                .map_err(|e| anyhow!("{e}"))?;
+            (text, used) = context_text(&local, budget, None).await?;
             times.push(started.elapsed().as_secs_f64() * 1000.0);
-            used = w.tokens;
-            text = w
-                .messages
-                .iter()
-                .map(|m| m.content.as_str())
-                .collect::<Vec<_>>()
-                .join("\n");
         }
         // With each question as the query, that question's answer words.
         let mut with_q = 0.0;
         for qa in &conv.qa {
             let started = Instant::now();
-            let w = local
-                .context(
-                    session,
-                    abridge_app::ContextAsk {
-                        refresh_after: u32::MAX,
-                        query: Some(&qa.0),
-                        ..abridge_app::ContextAsk::new(budget)
-                    },
-                )
-                .await
-                .map_err(|e| anyhow!("{e}"))?;
+            let (text, _) = context_text(&local, budget, Some(&qa.0)).await?;
             times_q.push(started.elapsed().as_secs_f64() * 1000.0);
-            let text = w
-                .messages
-                .iter()
-                .map(|m| m.content.as_str())
-                .collect::<Vec<_>>()
-                .join("\n");
             with_q += kept_of(&conv, &text, std::slice::from_ref(qa));
         }
         let with_q = with_q / conv.qa.len().max(1) as f64;

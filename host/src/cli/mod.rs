@@ -15,6 +15,7 @@ mod backfill;
 mod bench;
 mod bench_cache;
 mod bench_context;
+mod bench_facts;
 mod commands;
 mod component;
 mod fresh;
