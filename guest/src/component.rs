@@ -83,6 +83,7 @@ fn kind_in(k: store::IdentifierKind) -> ledger::Kind {
         K::Ran => ledger::Kind::Ran,
         K::Failed => ledger::Kind::Failed,
         K::Todo => ledger::Kind::Todo,
+        K::Fact => ledger::Kind::Fact,
         K::Name => ledger::Kind::Name,
     }
 }
@@ -106,6 +107,7 @@ fn kind_out(k: ledger::Kind) -> store::IdentifierKind {
         ledger::Kind::Ran => K::Ran,
         ledger::Kind::Failed => K::Failed,
         ledger::Kind::Todo => K::Todo,
+        ledger::Kind::Fact => K::Fact,
         ledger::Kind::Name => K::Name,
     }
 }

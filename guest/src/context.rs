@@ -291,7 +291,11 @@ fn found_line(e: &Episode, text: &str) -> String {
 
 /// The found turns' lines in the order they were said, each day's turns under its mark, each
 /// turn as `shown` gives it.
-fn found_lines(found: &[&Episode], shown: &BTreeMap<u64, String>) -> Vec<String> {
+fn found_lines(
+    found: &[&Episode],
+    shown: &BTreeMap<u64, String>,
+    facts: &[crate::facts::Fact],
+) -> Vec<String> {
     let mut lines = Vec::new();
     let mut day: Option<String> = None;
     for e in found {
@@ -301,9 +305,19 @@ fn found_lines(found: &[&Episode], shown: &BTreeMap<u64, String>) -> Vec<String>
         }
         day = d;
         let text = shown.get(&e.id).map_or(e.content.as_str(), String::as_str);
-        lines.push(found_line(e, text));
+        lines.push(found_line(e, &format!("{text}{}", stale_mark(e, facts))));
     }
     lines
+}
+
+/// What a found turn says of a fact that no longer holds as it says (see
+/// [`crate::facts::stale`]).
+fn stale_mark(e: &Episode, facts: &[crate::facts::Fact]) -> String {
+    if facts.is_empty() {
+        return String::new();
+    }
+    let who = crate::facts::who_of(e.speaker.as_deref(), e.role);
+    crate::facts::stale(&who, &e.content, facts)
 }
 
 /// What marks the gap between two sentences of a turn's excerpt.
@@ -525,8 +539,34 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
         },
         None => all,
     };
+    // The facts as the rows hold them, within their share of the room: the same on every
+    // call until the next fold.
+    // (A coding session's statements are about its work, not about people: none are shown.)
+    // (Read from the rows whatever the ledger's budget: the facts have their own share.)
+    let folded_facts = if crate::digest::is_coding(p.fold_digest) {
+        Vec::new()
+    } else {
+        crate::facts::timeline(&crate::facts::of_entries(
+            p.rows.iter().flat_map(|r| r.ledger.entries.iter()),
+        ))
+    };
+    let facts_text = crate::facts::block(
+        crate::facts::HEADING,
+        crate::facts::newest_first(&folded_facts),
+        share_of(room, FACTS_SHARE),
+    );
+    // A value no longer current is not listed as a bare identifier (it would read as current).
+    let obsolete = crate::facts::obsolete_values(&folded_facts);
+    let all = crate::ledger::Ledger {
+        entries: all
+            .entries
+            .into_iter()
+            .filter(|e| !obsolete.contains(&e.text.to_lowercase()))
+            .collect(),
+        dropped: all.dropped,
+    };
     let ledger = crate::ledger::budgeted(&all, p.ledger_budget);
-    let ledger_text = crate::ledger::render(&ledger);
+    let ledger_text = with_facts(&facts_text, &crate::ledger::render(&ledger));
     let fits = |text: &str| cost(text) <= room;
     // An offline chain is made of dated sentences: as many as the room beside a ledger slice
     // of fixed room holds, every stretch of time in proportion (see `extractive::pick_for`).
@@ -546,15 +586,23 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
             }
             want = want * 4 / 5;
         }
+        let facts_room = if facts_text.is_empty() {
+            0
+        } else {
+            estimate_tokens(&facts_text) + 2
+        };
+        let slice_text = with_facts(&facts_text, &slice_text);
         let lines_room = room
             .saturating_sub(cost(SUMMARY_HEADER))
-            .saturating_sub(slice_room);
+            .saturating_sub(slice_room)
+            .saturating_sub(facts_room);
+        // The summary's lines say which of their facts no longer hold as they say.
         let render = |body: &str| {
-            let body = crate::prompt::neutralize(body);
-            if slice_text.is_empty() {
-                format!("{SUMMARY_HEADER}\n{body}")
-            } else {
-                format!("{SUMMARY_HEADER}\n{body}\n\n{slice_text}")
+            let body = crate::prompt::neutralize(&crate::facts::mark_lines(body, &folded_facts));
+            match (body.trim().is_empty(), slice_text.is_empty()) {
+                (_, true) => format!("{SUMMARY_HEADER}\n{body}"),
+                (true, false) => format!("{SUMMARY_HEADER}\n{slice_text}"),
+                (false, false) => format!("{SUMMARY_HEADER}\n{body}\n\n{slice_text}"),
             }
         };
         let mut body = offline_body(p.rows, lines_room, pins);
@@ -649,7 +697,11 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
                 if crate::ledger::identifiers(&l).next().is_none() {
                     break;
                 }
-                let candidate = summary_text(&p.rows[from..], &crate::ledger::render(&l), digest);
+                let candidate = summary_text(
+                    &p.rows[from..],
+                    &with_facts(&facts_text, &crate::ledger::render(&l)),
+                    digest,
+                );
                 if fits(&candidate) {
                     h.text = candidate;
                     h.ledger = l;
@@ -679,6 +731,19 @@ fn head(p: &Parts, room: u32, pins: &[&Episode]) -> Option<Head> {
         }
     }
     None
+}
+
+/// The most of the head's room, in percent, the facts block may take (the facts changed
+/// most recently are kept when they do not all fit).
+pub const FACTS_SHARE: u32 = 50;
+
+/// The facts block and the identifiers' block as one ledger text (either may be empty).
+fn with_facts(facts: &str, ids: &str) -> String {
+    match (facts.is_empty(), ids.is_empty()) {
+        (true, _) => ids.to_string(),
+        (false, true) => facts.to_string(),
+        (false, false) => format!("{facts}\n\n{ids}"),
+    }
 }
 
 /// Whether `text` names `id`: whole, or a path by its part under a folder (`src/a.rs` for
@@ -982,6 +1047,37 @@ pub fn assemble(p: &Parts) -> Window {
     // The turns a query found, best first, each with its short reply; shown in order.
     let mut found: Vec<&Episode> = Vec::new();
     let mut excerpts: BTreeMap<u64, String> = BTreeMap::new();
+    // The facts as they stand (the rows' events and the unfolded ones): a found turn that
+    // states a value no longer current says so.
+    let facts_now = if crate::digest::is_coding(p.digest) {
+        Vec::new()
+    } else {
+        crate::facts::timeline(&crate::facts::of_entries(
+            p.rows
+                .iter()
+                .flat_map(|r| r.ledger.entries.iter())
+                .chain(p.unfolded.iter()),
+        ))
+    };
+    // With a query, the facts it asks about as they stand now (those the head does not show
+    // as they stand), first in the note, within a share of what is left.
+    let mut asked_facts = String::new();
+    if !p.query.is_empty() && !facts_now.is_empty() {
+        let head_text = head.as_ref().map_or("", |h| h.text.as_str());
+        let about: Vec<&crate::facts::Fact> = crate::facts::about(&facts_now, p.query)
+            .into_iter()
+            .filter(|f| !head_text.contains(&crate::facts::line(f)))
+            .collect();
+        let text = crate::facts::block(
+            crate::facts::ASKED_HEADING,
+            about,
+            share_of(left, FACTS_SHARE),
+        );
+        if !text.is_empty() {
+            left = left.saturating_sub(estimate_tokens(&text) + 2);
+            asked_facts = text;
+        }
+    }
     let mut found_used = 0u32;
     // A coding session's digest comes first: its essential sections, then the rest.
     // Beside a head that shows the chain's digest, what the episodes after it added or touched.
@@ -1044,7 +1140,8 @@ pub fn assemble(p: &Parts) -> Window {
                 let text = excerpts
                     .get(&e.id)
                     .map_or(e.content.as_str(), String::as_str);
-                estimate_tokens(&found_line(e, text)) + 1 + mark
+                let stale = stale_mark(e, &facts_now);
+                estimate_tokens(&found_line(e, &format!("{text}{stale}"))) + 1 + mark
             };
             let mut c: u32 = line(add[0], None) + add.get(1).map_or(0, |r| line(r, Some(add[0])));
             if spent + c > room && add.len() > 1 {
@@ -1065,7 +1162,7 @@ pub fn assemble(p: &Parts) -> Window {
     }
     found.sort_by_key(|e| e.id);
     let found_text = (!found.is_empty()).then(|| {
-        let lines = found_lines(&found, &excerpts);
+        let lines = found_lines(&found, &excerpts, &facts_now);
         crate::prompt::neutralize(&format!("{FOUND_HEADER}\n{}", lines.join("\n")))
     });
     // Beside an offline chain, its lines that hold the query's words and the head does not
@@ -1081,6 +1178,7 @@ pub fn assemble(p: &Parts) -> Window {
         let picked =
             crate::extractive::pick_for(&rest, room, None, crate::extractive::Aim::Recall, p.query);
         if !picked.is_empty() {
+            let picked = crate::facts::mark_lines(&picked, &facts_now);
             let text = format!("{MATCHING_HEADER}\n{}", crate::prompt::neutralize(&picked));
             let c = estimate_tokens(&text) + 2;
             if c <= left {
@@ -1111,6 +1209,7 @@ pub fn assemble(p: &Parts) -> Window {
         let picked =
             crate::extractive::pick_for(&pending, room, None, crate::extractive::Aim::Recall, &[]);
         if !picked.is_empty() {
+            let picked = crate::facts::mark_lines(&picked, &facts_now);
             let text = format!("{UNFOLDED_HEADER}\n{}", crate::prompt::neutralize(&picked));
             let c = estimate_tokens(&text) + 2;
             if c <= left {
@@ -1119,8 +1218,39 @@ pub fn assemble(p: &Parts) -> Window {
             }
         }
     }
+    // The facts the unfolded turns the window cannot show changed: their whole time lines
+    // (the rows' events and every unfolded one), those whose latest change is unshown.
+    let mut facts_text = String::new();
+    if !facts_now.is_empty()
+        && p.unfolded
+            .iter()
+            .any(|e| e.kind.is_fact() && unshown(e.episode))
+    {
+        let events = crate::facts::of_entries(
+            p.rows
+                .iter()
+                .flat_map(|r| r.ledger.entries.iter())
+                .chain(p.unfolded.iter()),
+        );
+        let changed: Vec<crate::facts::Fact> = crate::facts::timeline(&events)
+            .into_iter()
+            .filter(|f| unshown(crate::facts::latest(f)))
+            .collect();
+        let text = crate::facts::block(
+            crate::facts::CHANGED_HEADING,
+            crate::facts::newest_first(&changed),
+            left / 2,
+        );
+        if !text.is_empty() {
+            left = left.saturating_sub(estimate_tokens(&text) + 2);
+            facts_text = text;
+        }
+    }
     let mut ids = crate::ledger::Ledger::default();
-    for e in p.unfolded.iter().filter(|e| unshown(e.episode)) {
+    let obsolete = crate::facts::obsolete_values(&facts_now);
+    for e in p.unfolded.iter().filter(|e| {
+        unshown(e.episode) && !e.kind.is_fact() && !obsolete.contains(&e.text.to_lowercase())
+    }) {
         crate::ledger::add(&mut ids.entries, e.kind, e.text.clone(), e.episode, e.count);
     }
     let mut ids_text = String::new();
@@ -1142,6 +1272,8 @@ pub fn assemble(p: &Parts) -> Window {
         }
     }
     let note: Vec<&str> = [
+        (!asked_facts.is_empty()).then_some(asked_facts.as_str()),
+        (!facts_text.is_empty()).then_some(facts_text.as_str()),
         found_text.as_deref(),
         (!matching_text.is_empty()).then_some(matching_text.as_str()),
         (!digest.is_empty()).then_some(digest.as_str()),

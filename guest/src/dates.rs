@@ -100,6 +100,12 @@ impl Day {
         )
     }
 
+    /// "8 May 2023", "14 Apr 2025": the month's first three letters.
+    pub fn render_short(self) -> String {
+        let m = MONTHS[(self.month - 1) as usize];
+        format!("{} {} {}", self.day, &m[..3], self.year)
+    }
+
     /// "May 2023" for the month `delta` months away.
     fn month_name(self, delta: i64) -> String {
         let m = self.year * 12 + i64::from(self.month) - 1 + delta;

@@ -63,6 +63,15 @@ pub struct Span {
     pub episode: u64,
 }
 
+/// The latest episode a fact's time line took in (its last value or its end).
+pub fn latest(f: &Fact) -> u64 {
+    f.ended
+        .as_ref()
+        .map(|(_, e, _)| *e)
+        .or(f.values.last().map(|s| s.episode))
+        .unwrap_or(0)
+}
+
 /// A fact's time line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fact {
@@ -113,7 +122,10 @@ enum Shape {
 const KINDS: &[Kind] = &[
     Kind {
         key: "phone number",
-        cues: &["number", "phone", "reach me", "call me", "mobile", "cell"],
+        cues: &[
+            "number", "phone", "reach me", "call me", "text me", "ring me", "mobile", "cell",
+            "whatsapp",
+        ],
         shape: Shape::Phone,
         before: &[],
     },
@@ -132,15 +144,18 @@ const KINDS: &[Kind] = &[
             "settled in",
             "home is",
             "home for",
+            "is home",
+            "home town",
+            "hometown",
             "new place",
+            "place in",
+            "flat in",
+            "apartment in",
+            "house in",
             "new flat",
             "new apartment",
             "new house",
-            "we're in",
-            "we are in",
-            "i'm in",
-            "i am in",
-            "back in",
+            "rent",
         ],
         shape: Shape::Proper,
         before: &[
@@ -172,8 +187,15 @@ const KINDS: &[Kind] = &[
             "started at",
             "hired",
             "employer",
-            " at ",
+            "employers",
+            "employed",
+            "offer from",
             "position at",
+            "resigned",
+            "laid me off",
+            "laid off",
+            "job",
+            "jobs",
         ],
         shape: Shape::Proper,
         before: &[
@@ -187,19 +209,28 @@ const KINDS: &[Kind] = &[
             "started at",
             "position at",
             "hired by",
+            "employed by",
+            "offer from",
+            "hello",
+            "resigned from",
             "at",
-            "for",
         ],
     },
     Kind {
         key: "manager",
         cues: &[
-            "manager",
-            "boss",
+            "my manager",
+            "my boss",
+            "my supervisor",
+            "my new manager",
+            "my new boss",
+            "my new supervisor",
             "report to",
             "reporting to",
-            "supervisor",
-            "team lead",
+            "manager is",
+            "boss is",
+            "supervisor is",
+            "my team lead",
         ],
         shape: Shape::Name,
         before: &[
@@ -223,11 +254,17 @@ const KINDS: &[Kind] = &[
             "fiance",
             "seeing",
             "dating",
-            "together",
+            "been together",
+            "are together",
+            "together now",
+            "got together",
             "married",
             "broke up",
             "split up",
             "divorced",
+            "separate ways",
+            "i'm with",
+            "i am with",
         ],
         shape: Shape::Name,
         before: &["partner", "seeing", "dating", "with", "married"],
@@ -236,10 +273,10 @@ const KINDS: &[Kind] = &[
         key: "pet",
         cues: &[
             "dog", "cat", "puppy", "kitten", "pet", "rabbit", "hamster", "parrot", "rescue",
-            "adopted",
+            "adopted", "rehome",
         ],
         shape: Shape::Name,
-        before: &["named", "called", "cat", "dog", "puppy", "kitten"],
+        before: &["named", "called", "cat", "dog", "puppy", "kitten", "rehome"],
     },
     Kind {
         key: "car",
@@ -251,6 +288,12 @@ const KINDS: &[Kind] = &[
             "bought a",
             "traded",
             "vehicle",
+            "own a",
+            "get around in",
+            "picked up a",
+            "dealer",
+            "leased",
+            "lease",
         ],
         shape: Shape::Car,
         before: &[
@@ -259,6 +302,9 @@ const KINDS: &[Kind] = &[
             "drive an",
             "driving a",
             "bought a",
+            "own a",
+            "in a",
+            "up a",
             "a",
             "an",
             "the",
@@ -268,6 +314,13 @@ const KINDS: &[Kind] = &[
 
 /// Activities that make a weekday a regular day.
 const ACTIVITIES: &[&str] = &[
+    "climb",
+    "swim",
+    "run",
+    "dance",
+    "rehearsal",
+    "match",
+    "league",
     "climbing",
     "yoga",
     "gym",
@@ -301,8 +354,25 @@ const WEEKDAYS: [&str; 7] = [
     "sunday",
 ];
 
+/// An activity's name as a fact's key uses it ("climb" and "climbing" are one).
+fn activity_name(word: &str) -> &str {
+    match word.trim() {
+        "climb" => "climbing",
+        "swim" => "swimming",
+        "run" => "running",
+        "dance" | "dancing" => "dancing",
+        w => w,
+    }
+}
+
 /// Words that end a fact.
 const ENDINGS: &[&str] = &[
+    "rehome",
+    "laid me off",
+    "separate ways",
+    "got rid",
+    "no more",
+    "stopped",
     "sold",
     "no longer",
     "anymore",
@@ -380,6 +450,12 @@ const NOT_VALUES: &[&str] = &[
     "Yesterday",
 ];
 
+/// Words after a name that make it a sentence's subject.
+const SUBJECT_FOLLOWERS: &[&str] = &[
+    "is", "was", "and", "died", "passed", "has", "had", "became", "moved", "left", "joined",
+    "laid", "will", "got", "sold", "gave", "went", "'s", "says", "said",
+];
+
 /// The sentences of `text`.
 fn sentences(text: &str) -> impl Iterator<Item = &str> {
     text.split(['.', '!', '?', ';', '\n'])
@@ -413,6 +489,15 @@ fn capitalised(w: &str) -> bool {
 /// join two), as one value.
 fn proper_at(ws: &[(usize, &str)], i: usize, max: usize) -> Option<String> {
     if !capitalised(ws.get(i)?.1) {
+        return None;
+    }
+    // A sentence's first word is capitalised whatever it is: a value when a subject's verb or
+    // "and" follows it ("Pepper died", "Rafael and I"), not an opener ("Sad news", "Got rid").
+    if i == 0
+        && !ws.get(1).is_some_and(|n| {
+            capitalised(n.1) || SUBJECT_FOLLOWERS.contains(&n.1.to_lowercase().as_str())
+        })
+    {
         return None;
     }
     let mut run = vec![ws[i].1];
@@ -486,136 +571,173 @@ fn car_at(ws: &[(usize, &str)], i: usize) -> Option<String> {
     None
 }
 
-/// The first value of `kind`'s shape in sentence `s` after one of its `before` words (or
-/// anywhere, when none is followed by one), not the speaker's own name.
-fn value_of(kind: &Kind, s: &str, who: &str) -> Option<String> {
-    let ws = words(s);
-    let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
+/// The positions where `phrase` (lower case, words separated by spaces) starts in `lower`
+/// (a sentence's words in lower case): whole words only ("car" is not in "Caribbean").
+fn phrase_at(lower: &[String], phrase: &str) -> Vec<usize> {
+    let pw: Vec<&str> = phrase.split(' ').filter(|w| !w.is_empty()).collect();
+    if pw.is_empty() || pw.len() > lower.len() {
+        return Vec::new();
+    }
+    (0..=lower.len() - pw.len())
+        .filter(|&i| pw.iter().zip(&lower[i..]).all(|(p, w)| p == w))
+        .collect()
+}
+
+/// Whether any of `phrases` is in the clause (its words `ws`, in lower case `lower`), and
+/// where the first found is. A capitalised word inside the clause is part of a name, not one
+/// of the phrases ("Jack's Wife Freda" says nothing of a wife).
+fn any_at(ws: &[(usize, &str)], lower: &[String], phrases: &[&str]) -> Option<usize> {
+    phrases
+        .iter()
+        .flat_map(|p| phrase_at(lower, p))
+        .filter(|&i| {
+            i == 0
+                || !ws[i].1.chars().next().is_some_and(char::is_uppercase)
+                || ws[i].1 == "I"
+                || ws[i].1.starts_with("I'")
+        })
+        .min()
+}
+
+/// How far from a cue (in words) a name may be when no value word precedes it.
+const NEAR: usize = 5;
+
+/// The first value of `kind`'s shape in a clause (its words `ws`, in lower case `lower`)
+/// right after one of its `before` words, or (a person's or an animal's name) within
+/// [`NEAR`] words of the cue at `cue`; never the speaker's own name.
+fn value_of(
+    kind: &Kind,
+    clause: &str,
+    ws: &[(usize, &str)],
+    lower: &[String],
+    cue: usize,
+    who: &str,
+) -> Option<String> {
     let not_who = |v: &String| !v.eq_ignore_ascii_case(who);
     match kind.shape {
-        Shape::Phone => phone(s),
-        Shape::Car => {
-            for b in kind.before {
-                let bw: Vec<String> = b.split(' ').map(str::to_string).collect();
-                for i in 0..lower.len() {
-                    if lower[i..].starts_with(&bw)
-                        && let Some(v) = car_at(&ws, i + bw.len())
-                    {
-                        return Some(v);
-                    }
-                }
-            }
-            None
-        }
+        Shape::Phone => phone(clause),
+        Shape::Car => kind.before.iter().find_map(|b| {
+            let n = b.split(' ').count();
+            phrase_at(lower, b)
+                .into_iter()
+                .find_map(|i| car_at(ws, i + n))
+        }),
         Shape::Proper | Shape::Name => {
             let max = if kind.shape == Shape::Name { 2 } else { 4 };
-            for b in kind.before {
-                let bw: Vec<String> = b.split(' ').map(str::to_string).collect();
-                for i in 0..lower.len() {
-                    if lower[i..].starts_with(&bw)
-                        && let Some(v) = proper_at(&ws, i + bw.len(), max).filter(not_who)
-                    {
-                        return Some(v);
-                    }
-                }
+            let after = kind.before.iter().find_map(|b| {
+                let n = b.split(' ').count();
+                phrase_at(lower, b)
+                    .into_iter()
+                    .find_map(|i| proper_at(ws, i + n, max).filter(not_who))
+            });
+            if after.is_some() || kind.shape != Shape::Name {
+                return after;
             }
-            // A name anywhere (but the sentence's first word when it is a plain opener).
-            (0..ws.len()).find_map(|i| proper_at(&ws, i, max).filter(not_who))
+            // A name near the cue ("Ana Ruiz is my manager now", "Rafael and I broke up").
+            let from = cue.saturating_sub(NEAR);
+            let to = (cue + NEAR).min(ws.len());
+            (from..to).find_map(|i| proper_at(ws, i, max).filter(not_who))
         }
     }
 }
 
-/// Whether sentence `l` (lower case) is in the first person.
-fn first_person(l: &str) -> bool {
-    l.split(|c: char| !c.is_alphanumeric() && c != '\'')
-        .any(|w| FIRST_PERSON.contains(&w))
+/// Whether a clause (its words in lower case) is in the first person.
+fn first_person(lower: &[String]) -> bool {
+    lower.iter().any(|w| FIRST_PERSON.contains(&w.as_str()))
+}
+
+/// The clauses facts are looked for in: a sentence, or a long one's parts (split at commas
+/// and "but"), so a cue and a value must be said together.
+fn clauses(sentence: &str) -> Vec<&str> {
+    if sentence.split_whitespace().count() <= 24 {
+        return vec![sentence];
+    }
+    sentence
+        .split([',', ':'])
+        .flat_map(|c| c.split(" but "))
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect()
 }
 
 /// The statements of facts in what `who` said.
 pub fn said(who: &str, text: &str) -> Vec<Said> {
     let mut out = Vec::new();
-    for s in sentences(text) {
-        let l = s.to_lowercase();
-        let ends = ENDINGS.iter().any(|e| l.contains(e));
-        let mine = first_person(&l);
-        // A regular day: a weekday beside an activity.
-        // A regular day: a weekday beside an activity, said of oneself or of the activity
-        // ("Climbing moved to Thursday").
-        if let Some(day) = WEEKDAYS.iter().find(|d| l.contains(*d))
-            && let Some(what) = ACTIVITIES.iter().find(|a| l.contains(*a))
-            && (mine || l.starts_with(what))
-        {
-            let key = format!("{what} day");
-            let value = format!("{}{}", day[..1].to_uppercase(), &day[1..]);
-            out.push(Said {
-                key,
-                value,
-                act: if ends { Act::Ends } else { Act::Holds },
-                sentence: s.to_string(),
-            });
-            continue;
-        }
-        let mut found = false;
-        for kind in KINDS {
-            if !kind.cues.iter().any(|c| l.contains(c)) {
-                continue;
-            }
-            // Working "at" a place needs a job word, or the first person at a capitalised
-            // organisation with "now" ("I'm at Globex now").
-            if kind.key == "works at"
-                && l.contains(" at ")
-                && !kind
-                    .cues
-                    .iter()
-                    .filter(|c| **c != " at ")
-                    .any(|c| l.contains(c))
-                && !(l.contains(" now")
-                    || l.contains("job")
-                    || l.contains("analyst")
-                    || l.contains("engineer"))
-            {
-                continue;
-            }
-            let value = value_of(kind, s, who);
-            if ends && (mine || value.is_some()) {
-                out.push(Said {
-                    key: kind.key.to_string(),
-                    value: value.unwrap_or_default(),
-                    act: Act::Ends,
-                    sentence: s.to_string(),
-                });
-                found = true;
-                break;
-            }
-            // A number is the speaker's when they give it ("New number: …").
-            if !mine && kind.shape != Shape::Phone {
-                continue;
-            }
-            if let Some(value) = value {
-                out.push(Said {
-                    key: kind.key.to_string(),
-                    value,
-                    act: Act::Holds,
-                    sentence: s.to_string(),
-                });
-                found = true;
-                break;
-            }
-        }
-        // An ending that names only a value: "Biscuit passed away".
-        if !found && ends {
-            let ws = words(s);
-            if let Some(v) = (0..ws.len()).find_map(|i| proper_at(&ws, i, 2)) {
-                out.push(Said {
-                    key: String::new(),
-                    value: v,
-                    act: Act::Ends,
-                    sentence: s.to_string(),
-                });
-            }
+    let text = text.replace('\u{2019}', "'");
+    for sentence in sentences(&text) {
+        for c in clauses(sentence) {
+            statement(who, c, sentence, &mut out);
         }
     }
     out
+}
+
+/// The statement of clause `c` (of `sentence`), if it holds one.
+fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
+    let ws = words(c);
+    let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
+    let ends = any_at(&ws, &lower, ENDINGS).is_some();
+    let mine = first_person(&lower);
+    // A regular day: a weekday beside an activity, said of oneself or of the activity
+    // ("Climbing moved to Thursday").
+    let day = lower.iter().find_map(|w| {
+        let w = w
+            .strip_suffix('s')
+            .filter(|d| WEEKDAYS.contains(d))
+            .unwrap_or(w);
+        WEEKDAYS.iter().find(|d| **d == w)
+    });
+    if let Some(day) = day
+        && let Some(what) = ACTIVITIES
+            .iter()
+            .find(|a| !phrase_at(&lower, a.trim()).is_empty())
+        && (mine || lower.first().is_some_and(|w| w == what.trim()))
+    {
+        out.push(Said {
+            key: format!("{} day", activity_name(what)),
+            value: format!("{}{}", day[..1].to_uppercase(), &day[1..]),
+            act: if ends { Act::Ends } else { Act::Holds },
+            sentence: sentence.to_string(),
+        });
+        return;
+    }
+    for kind in KINDS {
+        let Some(cue) = any_at(&ws, &lower, kind.cues) else {
+            continue;
+        };
+        let value = value_of(kind, c, &ws, &lower, cue, who);
+        if ends && (mine || value.is_some()) {
+            out.push(Said {
+                key: kind.key.to_string(),
+                value: value.unwrap_or_default(),
+                act: Act::Ends,
+                sentence: sentence.to_string(),
+            });
+            return;
+        }
+        // A number is the speaker's when they give it ("New number: …").
+        if !mine && kind.shape != Shape::Phone {
+            continue;
+        }
+        if let Some(value) = value {
+            out.push(Said {
+                key: kind.key.to_string(),
+                value,
+                act: Act::Holds,
+                sentence: sentence.to_string(),
+            });
+            return;
+        }
+    }
+    // An ending that names only a value: "Biscuit passed away".
+    if ends && let Some(v) = (0..ws.len()).find_map(|i| proper_at(&ws, i, 2)) {
+        out.push(Said {
+            key: String::new(),
+            value: v,
+            act: Act::Ends,
+            sentence: sentence.to_string(),
+        });
+    }
 }
 
 /// Whether `named` names `value`: every word of it is one of the value's (any case).
@@ -689,9 +811,266 @@ pub fn timeline(events: &[Event]) -> Vec<Fact> {
         .collect()
 }
 
+/// The separator of an event's fields in a ledger entry's text (a control character no field
+/// keeps: [`clean`] takes them out).
+const FIELD: char = '\u{1e}';
+
+/// A field without control characters (and within bounds: a sentence of 240 characters).
+fn clean(s: &str, max: usize) -> String {
+    let t: String = s.chars().filter(|c| !c.is_control()).take(max).collect();
+    t.trim().to_string()
+}
+
+/// Who said an episode, as its facts name them: the speaker's name, else `the user` or `the
+/// assistant`.
+pub fn who_of(speaker: Option<&str>, role: crate::types::Role) -> String {
+    match speaker.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(s) => clean(s, 60),
+        None => match role {
+            crate::types::Role::Assistant => "the assistant".into(),
+            _ => "the user".into(),
+        },
+    }
+}
+
+/// An event as a ledger entry's text: `who␞key␞+|-␞value␞ms␞sentence` (the episode is the
+/// entry's own).
+pub fn encode(e: &Event) -> String {
+    let act = match e.said.act {
+        Act::Holds => "+",
+        Act::Ends => "-",
+    };
+    let ms = e.at_ms.map(|m| m.to_string()).unwrap_or_default();
+    [
+        clean(&e.who, 60),
+        clean(&e.said.key, 40),
+        act.to_string(),
+        clean(&e.said.value, 80),
+        ms,
+        clean(&e.said.sentence, 240),
+    ]
+    .join(&FIELD.to_string())
+}
+
+/// An event back from a ledger entry's text and episode (`None`: not an event's text).
+pub fn decode(text: &str, episode: u64) -> Option<Event> {
+    let f: Vec<&str> = text.split(FIELD).collect();
+    let [who, key, act, value, ms, sentence] = f[..] else {
+        return None;
+    };
+    Some(Event {
+        who: who.to_string(),
+        said: Said {
+            key: key.to_string(),
+            value: value.to_string(),
+            act: match act {
+                "+" => Act::Holds,
+                "-" => Act::Ends,
+                _ => return None,
+            },
+            sentence: sentence.to_string(),
+        },
+        episode,
+        at_ms: ms.parse().ok(),
+    })
+}
+
+/// The events of one episode: what `who` said in `text` at `at_ms`.
+pub fn events(who: &str, text: &str, episode: u64, at_ms: Option<i64>) -> Vec<Event> {
+    said(who, text)
+        .into_iter()
+        .map(|said| Event {
+            who: who.to_string(),
+            said,
+            episode,
+            at_ms,
+        })
+        .collect()
+}
+
+/// The events a ledger's fact entries hold, in the order they were said (by episode).
+pub fn of_entries<'a>(entries: impl IntoIterator<Item = &'a crate::ledger::Entry>) -> Vec<Event> {
+    let mut out: Vec<Event> = entries
+        .into_iter()
+        .filter(|e| e.kind == crate::ledger::Kind::Fact)
+        .filter_map(|e| decode(&e.text, e.episode))
+        .collect();
+    out.sort_by_key(|e| e.episode);
+    out
+}
+
+/// The heading of the facts block of a context's summary: the facts as the summary's rows
+/// hold them.
+pub const HEADING: &str =
+    "Facts as of the summary (the current value first, then what it replaced):";
+
+/// The heading of the facts a query asks about, as they stand now.
+pub const ASKED_HEADING: &str = "Facts the question is about, as they stand now (the current value first, then what it replaced):";
+
+/// The heading of the facts the turns after the summary changed, when the context cannot show
+/// those turns.
+pub const CHANGED_HEADING: &str =
+    "Facts changed since the summary (the current value first, then what it replaced):";
+
+/// The facts block under `heading` (empty when there are none) within `room` tokens: the
+/// facts in the order given (the most important first), as many as fit, each line as [`line`]
+/// writes it.
+pub fn block<'a>(heading: &str, facts: impl IntoIterator<Item = &'a Fact>, room: u32) -> String {
+    let mut used = crate::tokens::estimate_tokens(heading) + 1;
+    let mut body = Vec::new();
+    for f in facts {
+        let l = line(f);
+        if l.is_empty() {
+            continue;
+        }
+        let l = format!("- {}", crate::prompt::neutralize(&l));
+        let c = crate::tokens::estimate_tokens(&l) + 1;
+        if used + c <= room {
+            used += c;
+            body.push(l);
+        }
+    }
+    if body.is_empty() {
+        return String::new();
+    }
+    format!("{heading}\n{}", body.join("\n"))
+}
+
+/// `facts` by their latest change, newest first (what a block keeps first).
+pub fn newest_first(facts: &[Fact]) -> Vec<&Fact> {
+    let mut v: Vec<&Fact> = facts.iter().collect();
+    v.sort_by_key(|f| std::cmp::Reverse(latest(f)));
+    v
+}
+
+/// The facts a query's terms (the full-text index's, [`crate::search::query`]) name: those
+/// sharing the most terms with their person, what they are and their values first, then the
+/// newest; a fact sharing none is left out.
+pub fn about<'a>(facts: &'a [Fact], query: &[String]) -> Vec<&'a Fact> {
+    let mut v: Vec<(usize, u64, &Fact)> = facts
+        .iter()
+        .filter_map(|f| {
+            let values: Vec<&str> = f.values.iter().map(|s| s.value.as_str()).collect();
+            let terms = crate::search::terms(&format!("{} {} {}", f.who, f.key, values.join(" ")));
+            let shared = query.iter().filter(|q| terms.contains(q)).count();
+            (shared > 0).then_some((shared, latest(f), f))
+        })
+        .collect();
+    v.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+    v.into_iter().map(|(_, _, f)| f).collect()
+}
+
+/// The values of `facts` that no longer hold (none of them is a fact's current value): an
+/// identifier list leaves them out, since a bare value reads as current.
+pub fn obsolete_values(facts: &[Fact]) -> std::collections::BTreeSet<String> {
+    let current: std::collections::BTreeSet<String> = facts
+        .iter()
+        .filter_map(|f| f.current().map(|c| c.value.to_lowercase()))
+        .collect();
+    facts
+        .iter()
+        .flat_map(|f| {
+            let upto = if f.ended.is_some() {
+                f.values.len()
+            } else {
+                f.values.len().saturating_sub(1)
+            };
+            f.values[..upto].iter().map(|s| s.value.to_lowercase())
+        })
+        .filter(|v| !current.contains(v))
+        .collect()
+}
+
+/// Lines `- Speaker: text` (an offline summary's, as `extractive` renders them) with a mark
+/// after each that states a fact's value no longer current (see [`stale`]); other lines as
+/// they are.
+pub fn mark_lines(text: &str, facts: &[Fact]) -> String {
+    if facts.is_empty() {
+        return text.to_string();
+    }
+    text.lines()
+        .map(
+            |l| match l.strip_prefix("- ").and_then(|r| r.split_once(": ")) {
+                Some((who, said)) => format!("{l}{}", stale(who, said, facts)),
+                None => l.to_string(),
+            },
+        )
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What `text`, said by `who`, states of a fact that no longer holds as it says, as a mark
+/// after it: ` (earlier; now: Lyon)`, ` (earlier; no longer so)`; empty when it states none.
+pub fn stale(who: &str, text: &str, facts: &[Fact]) -> String {
+    let mut marks = Vec::new();
+    for s in said(who, text) {
+        if s.act != Act::Holds {
+            continue;
+        }
+        let Some(f) = facts.iter().find(|f| f.who == who && f.key == s.key) else {
+            continue;
+        };
+        match f.current() {
+            Some(now) if names(&now.value, &s.value) => {}
+            Some(now) => marks.push(format!("now: {}", now.value)),
+            None => marks.push("no longer so".to_string()),
+        }
+    }
+    if marks.is_empty() {
+        String::new()
+    } else {
+        format!(" (earlier; {})", marks.join("; "))
+    }
+}
+
 /// A time as a day (`14 Apr 2025`).
 fn day(ms: Option<i64>) -> Option<String> {
-    crate::dates::known(ms).map(|t| crate::dates::Day::of_ms(t).render())
+    crate::dates::known(ms).map(|t| crate::dates::Day::of_ms(t).render_short())
+}
+
+/// The part of an ending's sentence that says it ended, and the value it ended when it
+/// names it: the clauses from the one holding the ending's word to the one naming the value
+/// (either first), at most sixteen words ("I don't have a car anymore, the green Mini is
+/// gone"; not what follows). A sentence that does not name the value is preceded by it ("was
+/// Pepper: …").
+fn ending_clause(sentence: &str, value: &str) -> String {
+    let clauses: Vec<&str> = sentence.split(", ").collect();
+    let named = |c: &str| names_in(c, value);
+    let end = clauses
+        .iter()
+        .position(|c| {
+            let l = c.to_lowercase();
+            ENDINGS.iter().any(|e| l.contains(e))
+        })
+        .unwrap_or(0);
+    let text = match clauses.iter().position(|c| named(c)) {
+        Some(v) => clauses[end.min(v)..=end.max(v)].join(", "),
+        None if value.is_empty() => clauses[end].to_string(),
+        None => format!("was {value}: {}", clauses[end]),
+    };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    if words.len() > 16 {
+        format!("{} …", words[..16].join(" "))
+    } else {
+        words.join(" ")
+    }
+}
+
+/// Whether `text` holds `value` as whole words (any case).
+fn names_in(text: &str, value: &str) -> bool {
+    let t = text.to_lowercase();
+    let v = value.to_lowercase();
+    !v.is_empty()
+        && t.match_indices(&v).any(|(at, _)| {
+            !t[..at]
+                .chars()
+                .next_back()
+                .is_some_and(char::is_alphanumeric)
+                && !t[at + v.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(char::is_alphanumeric)
+        })
 }
 
 /// One fact as a line: the current value first, then what it replaced, dated: `Robin lives
@@ -704,12 +1083,18 @@ pub fn line(f: &Fact) -> String {
             .rev()
             .map(|s| s.value.as_str())
             .collect::<Vec<_>>()
-            .join(", then before: ")
+            .join(", ")
     };
     match (&f.ended, f.values.last()) {
         (Some((at, _, sentence)), _) => {
             let since = day(*at).map(|d| format!(" since {d}")).unwrap_or_default();
-            format!("{} {}: none{since} ({})", f.who, f.key, sentence.trim())
+            let last = f.values.last().map_or("", |s| s.value.as_str());
+            format!(
+                "{} {}: none{since} ({})",
+                f.who,
+                f.key,
+                ending_clause(sentence, last)
+            )
         }
         (None, Some(now)) => {
             let mut notes = Vec::new();
@@ -789,6 +1174,10 @@ mod tests {
             ),
             ("I report to Tom Becker.", holds("manager", "Tom Becker")),
             ("My partner Jonas is a nurse.", holds("partner", "Jonas")),
+            (
+                "I'm with Marcus now, we met at a friend's party.",
+                holds("partner", "Marcus"),
+            ),
             ("I have a dog named Biscuit.", holds("pet", "Biscuit")),
             ("We adopted a puppy called Milo.", holds("pet", "Milo")),
             ("I drive a blue Skoda.", holds("car", "blue Skoda")),
@@ -850,6 +1239,45 @@ mod tests {
     }
 
     #[test]
+    fn an_event_reads_back_from_its_ledger_text_and_the_block_keeps_the_newest_changes() {
+        let e = &ev(4, "We moved to Lyon last weekend!")[0];
+        let text = encode(e);
+        assert_eq!(decode(&text, 4).as_ref(), Some(e));
+        assert_eq!(decode("src/main.rs", 1), None);
+        let dirty = Event {
+            who: "Ro\u{1e}bin".into(),
+            ..e.clone()
+        };
+        assert_eq!(decode(&encode(&dirty), 4).unwrap().who, "Robin");
+        let mut events = ev(1, "I live in Porto.");
+        events.extend(ev(2, "I drive a blue Skoda."));
+        events.extend(ev(3, "We moved to Lyon!"));
+        let facts = timeline(&events);
+        let all = block(HEADING, newest_first(&facts), 200);
+        assert!(all.starts_with(HEADING), "{all}");
+        assert!(all.contains("- Robin lives in: Lyon") && all.contains("- Robin car: blue Skoda"));
+        let lyon = all.lines().find(|l| l.contains("Lyon")).unwrap();
+        let room =
+            crate::tokens::estimate_tokens(HEADING) + crate::tokens::estimate_tokens(lyon) + 2;
+        let one = block(HEADING, newest_first(&facts), room);
+        assert!(
+            one.contains("Lyon") && !one.contains("Skoda"),
+            "the newest change first: {one}"
+        );
+        assert_eq!(block(HEADING, newest_first(&facts), 5), "");
+        assert_eq!(
+            obsolete_values(&facts).into_iter().collect::<Vec<_>>(),
+            ["porto"]
+        );
+        assert_eq!(
+            mark_lines("- Robin: I live in Porto.\n- Robin: hello", &facts),
+            "- Robin: I live in Porto. (earlier; now: Lyon)\n- Robin: hello"
+        );
+        let q = crate::search::query("Where does Robin live now?");
+        assert_eq!(about(&facts, &q)[0].key, "lives in");
+    }
+
+    #[test]
     fn a_later_value_supersedes_and_an_ending_ends() {
         let mut events = Vec::new();
         for (i, t) in [
@@ -876,13 +1304,31 @@ mod tests {
         assert_eq!(lives.current().unwrap().value, "Lyon");
         assert_eq!(
             line(lives),
-            "Robin lives in: Lyon (since 5 January 2025; before: Porto)"
+            "Robin lives in: Lyon (since 5 Jan 2025; before: Porto)"
         );
         let car = facts.iter().find(|f| f.key == "car").unwrap();
         assert!(car.current().is_none());
         assert_eq!(
             line(car),
-            "Robin car: none since 7 January 2025 (I sold the blue Skoda)"
+            "Robin car: none since 7 Jan 2025 (I sold the blue Skoda)"
+        );
+        assert_eq!(
+            ending_clause(
+                "I don't have a car anymore, the green Mini is gone, sadly",
+                "green Mini"
+            ),
+            "I don't have a car anymore, the green Mini is gone"
+        );
+        assert_eq!(
+            ending_clause(
+                "I cancelled my membership, no more Tuesday sessions",
+                "Tuesday"
+            ),
+            "I cancelled my membership, no more Tuesday sessions"
+        );
+        assert_eq!(
+            ending_clause("I sold my car", "red Fiat"),
+            "was red Fiat: I sold my car"
         );
         let pet = facts.iter().find(|f| f.key == "pet").unwrap();
         assert!(pet.ended.is_some(), "ended by naming its value");

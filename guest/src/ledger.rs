@@ -79,6 +79,9 @@ pub enum Kind {
     Failed,
     /// Digest: a to-do item.
     Todo,
+    /// A person's fact as they said it, on its time line (see [`crate::facts`]): the text is
+    /// the event's fields ([`crate::facts::encode`]).
+    Fact,
 }
 
 impl Kind {
@@ -102,6 +105,7 @@ impl Kind {
             Kind::Ran => "ran",
             Kind::Failed => "failed",
             Kind::Todo => "todo",
+            Kind::Fact => "fact",
         }
     }
 
@@ -119,6 +123,11 @@ impl Kind {
         )
     }
 
+    /// Whether the kind is a fact's event (neither an identifier nor the digest's).
+    pub fn is_fact(self) -> bool {
+        self == Kind::Fact
+    }
+
     /// The group an entry is keyed in with its text: identifiers share one; a file's three
     /// kinds share one (a file read, then edited, is one entry); every other digest kind is
     /// its own.
@@ -129,6 +138,7 @@ impl Kind {
             Kind::Ran => 3,
             Kind::Failed => 4,
             Kind::Todo => 5,
+            Kind::Fact => 6,
             _ => 0,
         }
     }
@@ -702,8 +712,36 @@ pub const STORED_TOKENS: u32 = 16_000;
 /// entries have their own bound, [`crate::digest::bounded`]).
 pub fn stored(l: Ledger) -> Ledger {
     let mut out = within(&l, STORED_TOKENS, false);
-    out.entries = crate::digest::bounded(out.entries);
+    out.entries = bounded_facts(crate::digest::bounded(out.entries));
     out
+}
+
+/// The most facts' events a row keeps (the newest): a bound against a babbling transcript; a
+/// real session states far fewer.
+pub const MAX_FACT_EVENTS: usize = 600;
+
+/// `entries` with at most [`MAX_FACT_EVENTS`] facts' events (the newest kept), order kept.
+fn bounded_facts(entries: Vec<Entry>) -> Vec<Entry> {
+    let mut facts: Vec<(u64, usize)> = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind.is_fact())
+        .map(|(i, e)| (e.episode, i))
+        .collect();
+    if facts.len() <= MAX_FACT_EVENTS {
+        return entries;
+    }
+    facts.sort();
+    let drop: BTreeSet<usize> = facts[..facts.len() - MAX_FACT_EVENTS]
+        .iter()
+        .map(|(_, i)| *i)
+        .collect();
+    entries
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !drop.contains(i))
+        .map(|(_, e)| e)
+        .collect()
 }
 
 /// The ledger as a prompt shows it: within the configured slice (`0`: none).
@@ -762,7 +800,11 @@ fn within(l: &Ledger, budget: u32, labels: bool) -> Ledger {
     if total <= budget {
         return l.clone();
     }
-    let mut keep: Vec<bool> = l.entries.iter().map(|e| e.kind.is_digest()).collect();
+    let mut keep: Vec<bool> = l
+        .entries
+        .iter()
+        .map(|e| e.kind.is_digest() || e.kind.is_fact())
+        .collect();
     let mut used = 0u32;
     let mut labelled: BTreeSet<u64> = BTreeSet::new();
     // An entry's cost beside those kept so far: its text, and its episode's label when it is
@@ -819,9 +861,11 @@ fn within(l: &Ledger, budget: u32, labels: bool) -> Ledger {
 /// The heading of the ledger block in prompts and contexts.
 pub const HEADING: &str = "Identifiers mentioned (verbatim; episode last seen):";
 
-/// The identifiers of a ledger (not the digest's entries).
+/// The identifiers of a ledger (not the digest's entries, nor the facts' events).
 pub fn identifiers(l: &Ledger) -> impl Iterator<Item = &Entry> {
-    l.entries.iter().filter(|e| !e.kind.is_digest())
+    l.entries
+        .iter()
+        .filter(|e| !e.kind.is_digest() && !e.kind.is_fact())
 }
 
 /// The ledger's identifiers as one block of text (empty when there are none): grouped by the

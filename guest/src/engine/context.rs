@@ -550,6 +550,7 @@ fn context_read(
                 for (kind, t) in ledger::extract(&text) {
                     ledger::add(&mut unfolded.entries, kind, t, e.id, 1);
                 }
+                super::refresh::add_facts(&mut unfolded, &e);
             }
             if on_read {
                 let m = Message::new(e.role, e.content.clone())

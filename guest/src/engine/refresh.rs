@@ -484,14 +484,37 @@ pub(super) fn row_ledger<'a>(
     cfg: &Config,
     base: Option<&Ledger>,
     coding: bool,
-    episodes: impl IntoIterator<Item = (u64, crate::types::Role, &'a str)>,
+    episodes: impl IntoIterator<Item = &'a Episode>,
 ) -> Ledger {
-    let eps: Vec<(u64, crate::types::Role, &str)> = episodes.into_iter().collect();
-    let ids = (cfg.ledger_tokens > 0)
-        .then(|| ledger::of_episodes(eps.iter().map(|(id, _, t)| (*id, *t))));
+    let eps: Vec<&Episode> = episodes.into_iter().collect();
+    let ids = (cfg.ledger_tokens > 0).then(|| {
+        let mut l = ledger::of_episodes(eps.iter().map(|e| (e.id, e.content.as_str())));
+        for e in &eps {
+            add_facts(&mut l, e);
+        }
+        l
+    });
     let coding = coding || base.is_some_and(|b| crate::digest::is_coding(&b.entries));
-    let digest = crate::digest::entries(eps.iter().copied(), coding);
+    let digest = crate::digest::entries(
+        eps.iter().map(|e| (e.id, e.role, e.content.as_str())),
+        coding,
+    );
     ledger_of(base, ids, digest)
+}
+
+/// The facts' events `e` states, added to `l` (see [`crate::facts`]).
+pub(super) fn add_facts(l: &mut Ledger, e: &Episode) {
+    let who = crate::facts::who_of(e.speaker.as_deref(), e.role);
+    let at = crate::dates::known(e.timestamp_ms);
+    for ev in crate::facts::events(&who, &e.content, e.id, at) {
+        ledger::add(
+            &mut l.entries,
+            ledger::Kind::Fact,
+            crate::facts::encode(&ev),
+            e.id,
+            1,
+        );
+    }
 }
 
 /// [`row_ledger`] of episodes `after+1..=upto` of the session, read from the store a page at
@@ -506,9 +529,13 @@ pub(super) fn row_ledger_paged(
     // The first walk: identifiers, and whether the range holds an action (a chat's requests
     // are then never gathered).
     let mut acts = false;
+    let mut facts = Ledger::default();
     let mut it = Paged::new(h, session, after, upto);
-    let l = ledger::of_episodes((&mut it).map(|e| {
+    let mut l = ledger::of_episodes((&mut it).map(|e| {
         acts = acts || crate::digest::is_action(e.role, &e.content);
+        if cfg.ledger_tokens > 0 {
+            add_facts(&mut facts, &e);
+        }
         // Relative dates are resolved against the message's time, so the ledger holds the
         // day ("yesterday (= 7 May 2023)" gives 7 May 2023).
         let text = if cfg.ledger_tokens > 0 {
@@ -519,6 +546,7 @@ pub(super) fn row_ledger_paged(
         (e.id, text)
     }));
     it.check()?;
+    l.entries.extend(facts.entries);
     let ids = (cfg.ledger_tokens > 0).then_some(l);
     let coding = coding || base.is_some_and(|b| crate::digest::is_coding(&b.entries));
     let mut it = Paged::new(h, session, after, upto);
@@ -631,12 +659,7 @@ pub(super) fn pass(
         Strategy::Update(r) => Some(&r.ledger),
         _ => None,
     };
-    let ledger = row_ledger(
-        cfg,
-        base,
-        coding_before(latest.as_ref()),
-        selected.iter().map(|e| (e.id, e.role, e.content.as_str())),
-    );
+    let ledger = row_ledger(cfg, base, coding_before(latest.as_ref()), &selected);
     let conversation: Vec<Message> = selected
         .into_iter()
         .map(|e| {
@@ -722,7 +745,7 @@ pub(super) fn oversized(
         _ => None,
     };
     let coding = base.is_some_and(|b| crate::digest::is_coding(&b.entries));
-    let ledger = row_ledger(cfg, base, coding, [(ep.id, ep.role, ep.content.as_str())]);
+    let ledger = row_ledger(cfg, base, coding, [&ep]);
     write(h, session, cfg, strategy, covered, ep.id, spent, ledger)
 }
 

@@ -79,12 +79,7 @@ pub(super) fn upgrade_fallback_rows(
         }
         let sizes = Sizes::of(eps.iter().map(|e| (e.id, e.tokens)));
         let g = map_reduce(h, session, &strict, f, &sizes, budget)?;
-        let ledger = row_ledger(
-            cfg,
-            None,
-            crate::digest::is_coding(&r.ledger.entries),
-            eps.iter().map(|e| (e.id, e.role, e.content.as_str())),
-        );
+        let ledger = row_ledger(cfg, None, crate::digest::is_coding(&r.ledger.entries), &eps);
         let now_ms = h.now_ms();
         let w = SummaryWrite {
             replaces: Some(r.id),

@@ -245,6 +245,7 @@ impl IdentifierKind {
             IdentifierKind::Ran => "ran",
             IdentifierKind::Failed => "failed",
             IdentifierKind::Todo => "todo",
+            IdentifierKind::Fact => "fact",
         }
     }
 }

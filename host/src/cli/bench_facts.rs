@@ -101,6 +101,7 @@ pub fn built_in() -> Templates {
                 "Where does {who} live now?",
                 &[
                     "Porto", "Lyon", "Ghent", "Tallinn", "Bergen", "Krakow", "Valencia", "Leeds",
+                    "Graz", "Turku", "Split", "Utrecht", "Aarhus", "Bilbao",
                 ],
                 &[
                     "I live in {v}.",
@@ -124,6 +125,12 @@ pub fn built_in() -> Templates {
                     "Umbrella Labs",
                     "Acme Freight",
                     "Blue Harbor",
+                    "Vandelay Imports",
+                    "Stark Logistics",
+                    "Pied Piper",
+                    "Hooli",
+                    "Wayne Health",
+                    "Soylent Foods",
                 ],
                 &[
                     "I work at {v}.",
@@ -149,6 +156,13 @@ pub fn built_in() -> Templates {
                     "0655 555 390",
                     "0730 555 842",
                     "0687 555 163",
+                    "0641 555 702",
+                    "0719 555 338",
+                    "0663 555 921",
+                    "0752 555 406",
+                    "0690 555 617",
+                    "0621 555 259",
+                    "0774 555 083",
                 ],
                 &["My number is {v}.", "You can reach me on {v}."],
                 &[
@@ -167,6 +181,13 @@ pub fn built_in() -> Templates {
                     "Ana Ruiz",
                     "Oliver Grant",
                     "Mei Chen",
+                    "Sven Larsen",
+                    "Fatima Khan",
+                    "Diego Morales",
+                    "Claire Dubois",
+                    "Kenji Sato",
+                    "Aisha Bello",
+                    "Paul Novak",
                 ],
                 &["My manager is {v}.", "I report to {v}."],
                 &[
@@ -179,7 +200,10 @@ pub fn built_in() -> Templates {
             fact(
                 "partner",
                 "Who is {who}'s partner now?",
-                &["Jonas", "Camille", "Rafael", "Ingrid", "Theo"],
+                &[
+                    "Jonas", "Camille", "Rafael", "Ingrid", "Theo", "Lucia", "Marcus", "Yara",
+                    "Felix", "Nadia", "Oscar", "Elena",
+                ],
                 &[
                     "My partner {v} is a nurse.",
                     "I've been seeing {v} for two years.",
@@ -196,7 +220,10 @@ pub fn built_in() -> Templates {
             fact(
                 "pet",
                 "What pet does {who} have now?",
-                &["Biscuit", "Luna", "Pepper", "Milo", "Nala"],
+                &[
+                    "Biscuit", "Luna", "Pepper", "Milo", "Nala", "Ziggy", "Mochi", "Rusty",
+                    "Hazel", "Bruno", "Olive", "Pickles",
+                ],
                 &[
                     "I have a dog named {v}.",
                     "My cat {v} sleeps on my keyboard.",
@@ -219,6 +246,13 @@ pub fn built_in() -> Templates {
                     "grey Volvo",
                     "white Toyota",
                     "green Mini",
+                    "black Renault",
+                    "silver Honda",
+                    "yellow Kia",
+                    "orange Peugeot",
+                    "brown Mazda",
+                    "white Tesla",
+                    "red Seat",
                 ],
                 &["I drive a {v}.", "My car is a {v}."],
                 &[
@@ -233,7 +267,15 @@ pub fn built_in() -> Templates {
             fact(
                 "climbing day",
                 "On which day does {who} go climbing now?",
-                &["Monday", "Tuesday", "Wednesday", "Thursday", "Saturday"],
+                &[
+                    "Monday",
+                    "Tuesday",
+                    "Wednesday",
+                    "Thursday",
+                    "Friday",
+                    "Saturday",
+                    "Sunday",
+                ],
                 &["I go climbing every {v}.", "{v} is my climbing day."],
                 &[
                     "Climbing moved to {v} from now on.",
@@ -346,16 +388,18 @@ pub fn generate(t: &Templates, seed: u64, people: usize) -> Chat {
         }
         at
     };
+    // Each kind's values not drawn yet in this chat: no two people share a value, so a value
+    // in a context is one person's.
+    let mut pools: Vec<Vec<String>> = t.facts.iter().map(|f| f.values.clone()).collect();
     for (who_i, who) in speakers.iter().enumerate() {
-        for ft in &t.facts {
-            if ft.values.len() < 2 || ft.state.is_empty() || ft.change.is_empty() {
+        for (ft, pool) in t.facts.iter().zip(pools.iter_mut()) {
+            if pool.len() < 2 || ft.state.is_empty() || ft.change.is_empty() {
                 continue;
             }
             // A fact stated in the first fifth, changed 0 to 3 times later, withdrawn last
             // now and then.
-            let changes = r.pick(4).min(ft.values.len() - 1);
+            let changes = r.pick(4).min(pool.len() - 1);
             let withdrawn = !ft.withdraw.is_empty() && r.pick(10) < 3;
-            let mut pool: Vec<String> = ft.values.clone();
             let mut values = Vec::new();
             for _ in 0..=changes {
                 values.push(pool.remove(r.pick(pool.len())));

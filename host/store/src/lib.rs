@@ -102,6 +102,7 @@ pub fn kind_of(name: &str) -> IdentifierKind {
         "ran" => IdentifierKind::Ran,
         "failed" => IdentifierKind::Failed,
         "todo" => IdentifierKind::Todo,
+        "fact" => IdentifierKind::Fact,
         "name" => IdentifierKind::Name,
         _ => IdentifierKind::Code,
     }
