@@ -31,7 +31,7 @@ pub const MONTHS: [&str; 12] = [
 ];
 
 /// Weekday names, Sunday first.
-const WEEKDAYS: [&str; 7] = [
+pub(crate) const WEEKDAYS: [&str; 7] = [
     "sunday",
     "monday",
     "tuesday",

@@ -344,15 +344,8 @@ const ACTIVITIES: &[&str] = &[
     "lessons",
 ];
 
-const WEEKDAYS: [&str; 7] = [
-    "monday",
-    "tuesday",
-    "wednesday",
-    "thursday",
-    "friday",
-    "saturday",
-    "sunday",
-];
+// Weekday names (the dates module's).
+use crate::dates::WEEKDAYS;
 
 /// An activity's name as a fact's key uses it ("climb" and "climbing" are one).
 fn activity_name(word: &str) -> &str {
