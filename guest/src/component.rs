@@ -875,6 +875,35 @@ impl summarizer::Guest for Component {
         store::summary_history(&session)
     }
 
+    fn facts(session: String) -> Result<Vec<summarizer::Fact>, wit::Error> {
+        let facts = engine::facts(&mut Imports, &session).map_err(err_out)?;
+        Ok(facts
+            .iter()
+            .map(|f| summarizer::Fact {
+                who: f.who.clone(),
+                key: f.key.clone(),
+                values: f
+                    .values
+                    .iter()
+                    .map(|v| summarizer::FactValue {
+                        value: v.value.clone(),
+                        from_ms: v.from_ms,
+                        episode: v.episode,
+                    })
+                    .collect(),
+                ended: f
+                    .ended
+                    .as_ref()
+                    .map(|(at_ms, episode, sentence)| summarizer::FactEnd {
+                        at_ms: *at_ms,
+                        episode: *episode,
+                        sentence: sentence.clone(),
+                    }),
+                line: crate::facts::line(f),
+            })
+            .collect())
+    }
+
     fn expand(
         session: String,
         row: u64,

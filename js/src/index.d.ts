@@ -87,9 +87,21 @@ export interface SummaryRow {
 
 export interface LedgerEntry {
   text: string;
-  kind: 'path' | 'url' | 'command' | 'code' | 'number' | 'version' | 'date' | 'email' | 'ticket' | 'name';
+  kind: 'path' | 'url' | 'command' | 'code' | 'number' | 'version' | 'date' | 'email' | 'ticket' | 'name' | 'request' | 'created' | 'edited' | 'read' | 'ran' | 'failed' | 'todo' | 'fact';
   episode: number;
   count: number;
+}
+
+/** A person's fact on its time line: every value it had and how it ended, if it did. */
+export interface Fact {
+  who: string;
+  key: string;
+  /** The value that holds now; undefined when the fact ended. */
+  current?: string;
+  values: Array<{ value: string; fromMs?: number; episode: number }>;
+  ended?: { atMs?: number; episode: number; sentence: string };
+  /** The fact as a context shows it. */
+  line: string;
 }
 
 export interface Expansion {
@@ -434,6 +446,8 @@ export class Engine {
   history(session: string): Promise<SummaryRow[]>;
   /** Provenance: a row and exactly the episodes it covers, or a ledger entry's episode. */
   expand(session: string, row: number, options?: { identifier?: string; after?: number; limit?: number }): Promise<Expansion>;
+  /** The session's facts as they stand, the facts changed most recently first. */
+  facts(session: string): Promise<Fact[]>;
   /** The identifiers the facts ledger takes from a text. */
   identifiers(text: string): Promise<Array<{ text: string; kind: LedgerEntry['kind'] }>>;
   /** What summarizeNow would do, without calling the model or writing. */

@@ -657,6 +657,23 @@ export class Engine {
     };
   }
 
+  /**
+   * The session's facts as they stand (where its people live, work, their number, manager,
+   * partner, pet, car, a regular day), the facts changed most recently first:
+   * `[{who, key, current, values: [{value, fromMs, episode}], ended: {atMs, episode, sentence} | undefined, line}]`.
+   */
+  async facts(session) {
+    const g = await this.#guest();
+    return (await exportCall(() => g.summarizer.facts(session))).map((f) => ({
+      who: f.who,
+      key: f.key,
+      current: f.ended ? undefined : f.values[f.values.length - 1]?.value,
+      values: f.values.map((v) => ({ value: v.value, fromMs: num(v.fromMs), episode: num(v.episode) })),
+      ended: f.ended ? { atMs: num(f.ended.atMs), episode: num(f.ended.episode), sentence: f.ended.sentence } : undefined,
+      line: f.line,
+    }));
+  }
+
   /** The identifiers the facts ledger takes from a text: `[{text, kind}]`, in order. */
   async identifiers(text) {
     const g = await this.#guest();

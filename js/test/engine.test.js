@@ -393,3 +393,26 @@ test('search: every message, hostile queries as words, the same hits as the Rust
   assert.deepEqual(out.hits.map((h) => [h.session, h.episode, h.excerpt]), js.hits.map((h) => [h.session, h.episode, h.excerpt]));
   assert.deepEqual(out.hits.map((h) => Math.round(h.score * 1000) / 1000), js.hits.map((h) => Math.round(h.score * 1000) / 1000));
 });
+
+test('facts: what holds now, what it replaced and where it was said, the same as the Rust host reads them', async () => {
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:') });
+  const said = ['I live in Porto, close to the river.', 'I drive a blue Skoda to work every day.', 'Big news: we moved to Lyon last weekend!', 'I sold the blue Skoda, I take the bus now.'];
+  const day = 86_400_000;
+  const t0 = Date.UTC(2025, 2, 1, 10);
+  const episodes = said.flatMap((text, i) => [
+    { role: 'user', speaker: 'Robin', content: text, sourceKey: `u${i}`, timestampMs: t0 + i * 2 * day },
+    { role: 'assistant', content: 'Thanks for telling me.', sourceKey: `a${i}`, timestampMs: t0 + i * 2 * day + 60_000 },
+  ]);
+  await engine.append('robin', episodes);
+  await engine.summarizeNow('robin', { engine: 'extractive' });
+  const facts = await engine.facts('robin');
+  const lives = facts.find((f) => f.key === 'lives in');
+  assert.equal(lives.current, 'Lyon');
+  assert.deepEqual(lives.values.map((v) => [v.value, v.episode]), [['Porto', 1], ['Lyon', 5]]);
+  assert.equal(lives.line, 'Robin lives in: Lyon (since 5 Mar 2025; before: Porto)');
+  const car = facts.find((f) => f.key === 'car');
+  assert.equal(car.current, undefined);
+  assert.equal(car.ended.episode, 7);
+  assert.equal(facts[0].key, 'car', 'the newest change first');
+  // (A context's facts block is in the golden chain facts-change, run by both hosts.)
+});

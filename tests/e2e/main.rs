@@ -9,6 +9,7 @@ mod console;
 mod drift;
 mod embed;
 mod engine_api;
+mod facts;
 mod golden_chains;
 mod golden_transcripts;
 mod harness;

@@ -70,3 +70,31 @@ pub fn expand(
         next_after,
     })
 }
+
+/// The session's facts as they stand (see [`crate::facts`]): the events its summary rows
+/// carry and those its episodes after the chain state (read a page at a time), the facts
+/// changed most recently first; none for a coding session.
+pub fn facts(h: &mut impl Host, session: &str) -> Result<Vec<crate::facts::Fact>, Error> {
+    let rows = h.summaries(session)?;
+    if rows
+        .iter()
+        .any(|r| crate::digest::is_coding(&r.ledger.entries))
+    {
+        return Ok(Vec::new());
+    }
+    let chain_end = rows.iter().map(|r| r.last_episode).max().unwrap_or(0);
+    let mut unfolded = Ledger::default();
+    let mut it = Paged::new(h, session, chain_end, u64::MAX);
+    for e in &mut it {
+        add_facts(&mut unfolded, &e);
+    }
+    it.check()?;
+    let events = crate::facts::of_entries(
+        rows.iter()
+            .flat_map(|r| r.ledger.entries.iter())
+            .chain(unfolded.entries.iter()),
+    );
+    let mut facts = crate::facts::timeline(&events);
+    facts.sort_by_key(|f| std::cmp::Reverse(crate::facts::latest(f)));
+    Ok(facts)
+}

@@ -56,9 +56,10 @@ pub use messages::{ContextAsk, InlineAppend, MIN_CONTEXT_BUDGET, Reason};
 pub use pure::Pure;
 pub use tokens::{Grant, TokenInfo, Tokens};
 pub use views::{
-    Appended, ContextParts, ContextView, CoverageView, EpisodeView, ExpansionView, Imported,
-    JobView, LeaseView, LedgerView, MessageIn, MessageView, MessagesView, RemovedView,
-    SearchHitView, SearchView, SessionView, SourceMarkView, StableView, SummaryView, state_name,
+    Appended, ContextParts, ContextView, CoverageView, EpisodeView, ExpansionView, FactEndView,
+    FactValueView, FactView, Imported, JobView, LeaseView, LedgerView, MessageIn, MessageView,
+    MessagesView, RemovedView, SearchHitView, SearchView, SessionView, SourceMarkView, StableView,
+    SummaryView, state_name,
 };
 pub use worker::Workers;
 

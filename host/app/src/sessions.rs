@@ -103,6 +103,19 @@ impl Scoped {
         }
     }
 
+    /// The session's facts as they stand (current value, what it replaced, how it ended, and
+    /// the episode of each), the facts changed most recently first.
+    pub async fn facts(&self, session: &str) -> AppResult<Vec<views::FactView>> {
+        self.known(session).await?;
+        Ok(self
+            .engine()
+            .facts(session)
+            .await?
+            .iter()
+            .map(views::FactView::from)
+            .collect())
+    }
+
     /// Remember that `session` held `last_episode` episodes after importing the first `bytes`
     /// bytes of the file `source`, so a summary can say how far into its file it reaches.
     pub async fn mark_source(

@@ -434,6 +434,73 @@ pub struct ExpansionView {
     pub next_after: Option<u64>,
 }
 
+/// A person's fact as it stands, with what it replaced (see the WIT `summarizer.fact`).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct FactView {
+    /// Whose (a speaker's name, or `the user` / `the assistant`).
+    pub who: String,
+    /// What (`lives in`, `works at`, `phone number`, …).
+    pub key: String,
+    /// The value that holds now; `null` when the fact ended.
+    pub current: Option<String>,
+    /// Every value it had, oldest first.
+    pub values: Vec<FactValueView>,
+    /// How it ended, if it did.
+    pub ended: Option<FactEndView>,
+    /// The fact as a context shows it.
+    pub line: String,
+}
+
+/// One value a fact had, and the episode that said it (expand it with the session's messages).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct FactValueView {
+    /// The value.
+    pub value: String,
+    /// When it was first said, ms since the epoch, if known.
+    pub from_ms: Option<i64>,
+    /// The episode that said it.
+    pub episode: u64,
+}
+
+/// How a fact ended.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct FactEndView {
+    /// When, ms since the epoch, if known.
+    pub at_ms: Option<i64>,
+    /// The episode that said it.
+    pub episode: u64,
+    /// The sentence that said it.
+    pub sentence: String,
+}
+
+impl From<&crate::types::Fact> for FactView {
+    fn from(f: &crate::types::Fact) -> Self {
+        FactView {
+            who: f.who.clone(),
+            key: f.key.clone(),
+            current: match f.ended {
+                Some(_) => None,
+                None => f.values.last().map(|v| v.value.clone()),
+            },
+            values: f
+                .values
+                .iter()
+                .map(|v| FactValueView {
+                    value: v.value.clone(),
+                    from_ms: v.from_ms,
+                    episode: v.episode,
+                })
+                .collect(),
+            ended: f.ended.as_ref().map(|e| FactEndView {
+                at_ms: e.at_ms,
+                episode: e.episode,
+                sentence: e.sentence.clone(),
+            }),
+            line: f.line.clone(),
+        }
+    }
+}
+
 /// One stored episode.
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct EpisodeView {

@@ -799,6 +799,12 @@ impl Abridge {
         summarizer!(self, None, call_chain(session))
     }
 
+    /// The session's facts as they stand, the facts changed most recently first (the WIT
+    /// `summarizer.facts`).
+    pub async fn facts(&self, session: &str) -> Result<Vec<crate::types::Fact>, CallError> {
+        summarizer!(self, None, call_facts(session))
+    }
+
     /// Every summary row of a session, compacted ones included.
     pub async fn history(&self, session: &str) -> Result<Vec<SummaryRow>, CallError> {
         summarizer!(self, None, call_history(session))

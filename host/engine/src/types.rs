@@ -18,8 +18,8 @@ pub use crate::bindings::exports::abridge::engine::memories::{
     ClusterAction, ClusterOutcome, Forgotten, MemoryConfig, MemoryIn, Recalled, Remembered,
 };
 pub use crate::bindings::exports::abridge::engine::summarizer::{
-    Config, ContextRequest, ContextWindow, Engine, Expansion, FreshState, FreshnessReport, Mode,
-    Outcome, Posted, PostedMessage, Rendering, SearchHit, SearchPage,
+    Config, ContextRequest, ContextWindow, Engine, Expansion, Fact, FactEnd, FactValue, FreshState,
+    FreshnessReport, Mode, Outcome, Posted, PostedMessage, Rendering, SearchHit, SearchPage,
 };
 pub use crate::bindings::exports::abridge::engine::transcripts::{
     Batch as ParseBatch, ConversationPart, Format as TranscriptFormat, ParseError, ParseOptions,

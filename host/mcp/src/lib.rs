@@ -352,6 +352,27 @@ impl AbridgeMcp {
                 v.stable.chars
             );
             text.push_str(&abridge_app::hook::context_text(&v));
+            // Where the facts the context shows come from: each fact's episodes (`expand`
+            // with `episode` reads one).
+            let facts = s.facts(&session).await?;
+            if !facts.is_empty() {
+                let sources: Vec<String> = facts
+                    .iter()
+                    .map(|f| {
+                        let eps: Vec<String> = f
+                            .values
+                            .iter()
+                            .map(|x| format!("#{}", x.episode))
+                            .chain(f.ended.as_ref().map(|e| format!("#{}", e.episode)))
+                            .collect();
+                        format!("{} {} {}", f.who, f.key, eps.join(" "))
+                    })
+                    .collect();
+                text.push_str(&format!(
+                    "\nWhere the facts come from (call expand with episode to read one): {}\n",
+                    sources.join(" · ")
+                ));
+            }
             Ok(ok(text, Some(budget)))
         }
         .await)

@@ -647,6 +647,30 @@ pub struct SummariesBody {
     summaries: Vec<SummaryView>,
 }
 
+/// A session's facts as they stand.
+#[derive(Serialize, ToSchema)]
+pub struct FactsBody {
+    session: String,
+    /// The facts changed most recently first: each with its current value (none when it
+    /// ended), every value it had and the episode that said each (read them with
+    /// `GET …/messages?after=EPISODE-1&limit=1`).
+    facts: Vec<crate::app::FactView>,
+}
+
+/// The session's facts as its people stated them: where they live, where they work, their
+/// number, their manager, a partner, a pet, a car, a regular day — each with what it replaced.
+#[utoipa::path(get, path = "/v1/sessions/{id}/facts", tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = FactsBody), (status = 404, body = ErrorBody)))]
+async fn get_facts(
+    Extension(t): Extension<Scoped>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<FactsBody>> {
+    let id = t.resolve(&id).await?;
+    let facts = t.facts(&id).await?;
+    Ok(Json(FactsBody { session: id, facts }))
+}
+
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 struct SummariesQuery {
@@ -1364,7 +1388,7 @@ impl utoipa::Modify for BearerAuth {
 #[openapi(
     info(title = "abridge", description = "Summaries of conversation memory, per tenant."),
     paths(post_messages, get_messages, delete_last_message, post_transcript, list_sessions, get_session, delete_session,
-        get_summaries, get_expand, put_focus, get_pins, put_pin, delete_pin,
+        get_summaries, get_expand, get_facts, put_focus, get_pins, put_pin, delete_pin,
         get_context, get_search, post_refresh, put_mode, list_jobs, get_job, cancel_job,
         job_events, all_events, healthz, readyz, metrics_text, openapi,
         mem::post_memories, mem::list_memories, mem::get_memory, mem::delete_memory,
@@ -1373,7 +1397,8 @@ impl utoipa::Modify for BearerAuth {
     components(schemas(ErrorBody, ErrorDetail, MessagesBody, MessageIn, AppendedBody, Appended,
         RemovedBody, RemovedView,
         ImportedBody, Imported, SessionsBody, SessionView, SummariesBody, SummaryView,
-        ExpansionView, crate::app::EpisodeView, MessagesView, crate::app::MessageView,
+        ExpansionView, FactsBody, crate::app::FactView, crate::app::FactValueView,
+        crate::app::FactEndView, crate::app::EpisodeView, MessagesView, crate::app::MessageView,
         crate::app::CoverageView, crate::app::SourceMarkView, crate::app::memories::UsageDayView, crate::app::LedgerView, FocusBody, PinsBody,
         ContextView, crate::app::ContextParts, crate::app::StableView, crate::app::SearchView, crate::app::SearchHitView, ModeBody, JobsBody, JobView, Event, crate::app::memories::MemoryInput, mem::MemoriesBody,
         mem::WrittenBody, mem::MemoriesPage, crate::app::memories::MemoryView, mem::RecallBody,
@@ -1401,6 +1426,7 @@ pub(crate) fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<Srv
         ("get", "/v1/sessions/{id}", get(get_session)),
         ("delete", "/v1/sessions/{id}", delete(delete_session)),
         ("get", "/v1/sessions/{id}/summaries", get(get_summaries)),
+        ("get", "/v1/sessions/{id}/facts", get(get_facts)),
         (
             "get",
             "/v1/sessions/{id}/summaries/{row}/expand",

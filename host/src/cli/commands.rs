@@ -127,6 +127,74 @@ pub struct SummariesArgs {
     json: bool,
 }
 
+#[derive(Args, Debug)]
+pub struct FactsArgs {
+    /// Session id
+    #[arg(value_parser = super::session_id)]
+    session: String,
+    /// Print JSON (every value with the episode that said it)
+    #[arg(long)]
+    json: bool,
+    /// Under each fact, the messages that said its values and its end
+    #[arg(long)]
+    messages: bool,
+}
+
+/// `abridge facts SESSION`: the facts the session's people stated, as they stand, each with
+/// what it replaced and the episodes that said it (with `--messages`, those messages).
+pub async fn facts(s: &Settings, mut a: FactsArgs) -> Result<(), Failure> {
+    let local = super::app::local_read(s)?;
+    a.session = local.resolve(&a.session).await?;
+    let facts = local.facts(&a.session).await?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "session": a.session, "facts": facts }))
+                .expect("facts serialize")
+        );
+        return Ok(());
+    }
+    if facts.is_empty() {
+        eprintln!(
+            "abridge: session '{}' states no facts the rules read (where someone lives, works, their number, manager, partner, pet, car or a regular day)",
+            a.session
+        );
+        return Ok(());
+    }
+    for f in &facts {
+        let episodes: Vec<String> = f
+            .values
+            .iter()
+            .map(|v| format!("#{}", v.episode))
+            .chain(f.ended.as_ref().map(|e| format!("#{}", e.episode)))
+            .collect();
+        println!(
+            "{}  [{}]",
+            abridge_app::engine::text::printable(&f.line),
+            episodes.join(", ")
+        );
+        if a.messages {
+            let ids = f
+                .values
+                .iter()
+                .map(|v| v.episode)
+                .chain(f.ended.as_ref().map(|e| e.episode));
+            for id in ids {
+                let page = local.messages(&a.session, id.saturating_sub(1), 1).await?;
+                for m in page.messages.iter().filter(|m| m.id == id) {
+                    println!(
+                        "    #{} {}: {}",
+                        m.id,
+                        m.speaker.as_deref().unwrap_or(&m.role),
+                        abridge_app::engine::text::printable(&m.content)
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn note(s: &Settings, msg: &str) {
     if !s.quiet {
         eprintln!(

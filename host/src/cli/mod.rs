@@ -132,6 +132,9 @@ enum Cmd {
     Ingest(commands::IngestArgs),
     /// Print a session's summary chain with the episode range each row covers.
     Summaries(commands::SummariesArgs),
+    /// Print the facts a session's people stated, as they stand: each current value first,
+    /// what it replaced, how it ended, and the episodes that said so.
+    Facts(commands::FactsArgs),
     /// Import and summarize every transcript under a directory (Claude Code projects layout),
     /// passing over files unchanged since the last run.
     Backfill(backfill::BackfillArgs),
@@ -360,6 +363,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Summarize(a) => commands::summarize(&settings, a).await,
         Cmd::Ingest(a) => commands::ingest(&settings, a).await,
         Cmd::Summaries(a) => commands::summaries(&settings, a).await,
+        Cmd::Facts(a) => commands::facts(&settings, a).await,
         Cmd::Backfill(a) => backfill::backfill(&settings, a).await,
         Cmd::Status(a) => fresh::status(&settings, a).await,
         Cmd::Context(a) => fresh::context(&settings, a).await,
