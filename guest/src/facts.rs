@@ -132,6 +132,9 @@ const KINDS: &[Kind] = &[
     Kind {
         key: "lives in",
         cues: &[
+            "now call",
+            "lived in",
+            "address",
             "live in",
             "living in",
             "lives in",
@@ -159,6 +162,8 @@ const KINDS: &[Kind] = &[
         ],
         shape: Shape::Proper,
         before: &[
+            "call",
+            "lived in",
             "live in",
             "living in",
             "moved to",
@@ -177,6 +182,12 @@ const KINDS: &[Kind] = &[
     Kind {
         key: "works at",
         cues: &[
+            "worked at",
+            "worked for",
+            "first day at",
+            "my company",
+            "company is",
+            "new position",
             "work at",
             "work for",
             "working at",
@@ -199,6 +210,10 @@ const KINDS: &[Kind] = &[
         ],
         shape: Shape::Proper,
         before: &[
+            "worked at",
+            "worked for",
+            "first day at",
+            "company is",
             "work at",
             "work for",
             "working at",
@@ -219,6 +234,11 @@ const KINDS: &[Kind] = &[
     Kind {
         key: "manager",
         cues: &[
+            "report directly to",
+            "reports to",
+            "manages our team",
+            "manages my team",
+            "manages me",
             "my manager",
             "my boss",
             "my supervisor",
@@ -234,6 +254,7 @@ const KINDS: &[Kind] = &[
         ],
         shape: Shape::Name,
         before: &[
+            "report directly to",
             "report to",
             "reporting to",
             "manager is",
@@ -245,6 +266,7 @@ const KINDS: &[Kind] = &[
     Kind {
         key: "partner",
         cues: &[
+            "going out with",
             "partner",
             "boyfriend",
             "girlfriend",
@@ -360,6 +382,12 @@ fn activity_name(word: &str) -> &str {
 
 /// Words that end a fact.
 const ENDINGS: &[&str] = &[
+    "ended",
+    "is over",
+    "no car",
+    "written off",
+    "totaled",
+    "totalled",
     "rehome",
     "laid me off",
     "separate ways",
@@ -398,6 +426,23 @@ const FIRST_PERSON: &[&str] = &[
 
 /// Capitalised words that are not values.
 const NOT_VALUES: &[&str] = &[
+    "Meet",
+    "Say",
+    "Welcome",
+    "Guess",
+    "Sad",
+    "Got",
+    "Goodbye",
+    "Hello",
+    "Hi",
+    "Hey",
+    "Update",
+    "Heads",
+    "Sadly",
+    "Sorry",
+    "Congrats",
+    "Congratulations",
+    "Happy",
     "I",
     "I'm",
     "I've",
@@ -669,7 +714,14 @@ pub fn said(who: &str, text: &str) -> Vec<Said> {
 fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
     let ws = words(c);
     let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
-    let ends = any_at(&ws, &lower, ENDINGS).is_some();
+    // An ending's words, or giving someone (a pet) to others: "we gave Luna to a family".
+    let gave_to = phrase_at(&lower, "gave").into_iter().any(|g| {
+        lower[g + 1..]
+            .iter()
+            .take(4)
+            .any(|w| w == "to" || w == "away")
+    });
+    let ends = gave_to || any_at(&ws, &lower, ENDINGS).is_some();
     let mine = first_person(&lower);
     // A regular day: a weekday beside an activity, said of oneself or of the activity
     // ("Climbing moved to Thursday").
@@ -1202,6 +1254,23 @@ mod tests {
             (
                 "Biscuit passed away last week, I miss him.",
                 ends("", "Biscuit"),
+            ),
+            ("Meet Bruno, our new kitten.", holds("pet", "Bruno")),
+            (
+                "So long Lyon, I now call Bergen home.",
+                holds("lives in", "Bergen"),
+            ),
+            (
+                "We gave Luna to a family with a big garden.",
+                ends("", "Luna"),
+            ),
+            (
+                "I report directly to Paul Novak.",
+                holds("manager", "Paul Novak"),
+            ),
+            (
+                "We've lived in Bergen since last spring.",
+                holds("lives in", "Bergen"),
             ),
         ];
         let wrong: Vec<String> = cases
