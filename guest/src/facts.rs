@@ -298,7 +298,19 @@ const KINDS: &[Kind] = &[
             "adopted", "rehome",
         ],
         shape: Shape::Name,
-        before: &["named", "called", "cat", "dog", "puppy", "kitten", "rehome"],
+        before: &[
+            "called him",
+            "called her",
+            "named him",
+            "named her",
+            "named",
+            "called",
+            "cat",
+            "dog",
+            "puppy",
+            "kitten",
+            "rehome",
+        ],
     },
     Kind {
         key: "car",
@@ -382,6 +394,10 @@ fn activity_name(word: &str) -> &str {
 
 /// Words that end a fact.
 const ENDINGS: &[&str] = &[
+    "job hunting",
+    "between jobs",
+    "unemployed",
+    "looking for a job",
     "ended",
     "is over",
     "no car",
@@ -1259,6 +1275,14 @@ mod tests {
             (
                 "So long Lyon, I now call Bergen home.",
                 holds("lives in", "Bergen"),
+            ),
+            (
+                "We adopted a dog and called him Milo.",
+                holds("pet", "Milo"),
+            ),
+            (
+                "I left Initech last Friday and I'm job hunting now.",
+                ends("works at", ""),
             ),
             (
                 "We gave Luna to a family with a big garden.",
