@@ -1218,29 +1218,17 @@ pub fn assemble(p: &Parts) -> Window {
             }
         }
     }
-    // The facts the unfolded turns the window cannot show changed: their whole time lines
-    // (the rows' events and every unfolded one), those whose latest change is unshown.
+    // The facts the unfolded turns the window cannot show changed: of the time lines as they
+    // stand (`facts_now`), those whose latest change is unshown.
     let mut facts_text = String::new();
-    if !facts_now.is_empty()
-        && p.unfolded
-            .iter()
-            .any(|e| e.kind.is_fact() && unshown(e.episode))
+    if p.unfolded
+        .iter()
+        .any(|e| e.kind.is_fact() && unshown(e.episode))
     {
-        let events = crate::facts::of_entries(
-            p.rows
-                .iter()
-                .flat_map(|r| r.ledger.entries.iter())
-                .chain(p.unfolded.iter()),
-        );
-        let changed: Vec<crate::facts::Fact> = crate::facts::timeline(&events)
+        let changed = crate::facts::newest_first(&facts_now)
             .into_iter()
-            .filter(|f| unshown(crate::facts::latest(f)))
-            .collect();
-        let text = crate::facts::block(
-            crate::facts::CHANGED_HEADING,
-            crate::facts::newest_first(&changed),
-            left / 2,
-        );
+            .filter(|f| unshown(crate::facts::latest(f)));
+        let text = crate::facts::block(crate::facts::CHANGED_HEADING, changed, left / 2);
         if !text.is_empty() {
             left = left.saturating_sub(estimate_tokens(&text) + 2);
             facts_text = text;
