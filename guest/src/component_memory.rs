@@ -59,6 +59,9 @@ fn memory_in(m: ms::Memory) -> memory::Memory {
         created_ms: m.created_ms,
         cluster: m.cluster,
         seq: m.seq,
+        supersedes: m.supersedes,
+        superseded_by: m.superseded_by,
+        superseded_ms: m.superseded_ms,
     }
 }
 
@@ -175,13 +178,30 @@ impl MemoryHost for Imports {
             model: m.model,
             vector: m.vector,
             cluster: m.cluster,
+            fact_key: m.fact_key,
+            replaces: m.replaces,
         })
         .map_err(err_in)?;
         Ok(memory::Stored {
             cluster: s.cluster,
             created: s.created,
             members: s.members,
+            superseded: s.superseded,
         })
+    }
+
+    fn current_memory(
+        &mut self,
+        scope: &memory::Scope,
+        fact_key: &str,
+    ) -> Result<Option<memory::Memory>, types::Error> {
+        Ok(ms::current_memory(&scope_out(scope), fact_key)
+            .map_err(err_in)?
+            .map(memory_in))
+    }
+
+    fn get_memory(&mut self, id: &str) -> Result<Option<memory::Memory>, types::Error> {
+        Ok(ms::get_memory(id).map_err(err_in)?.map(memory_in))
     }
 
     fn members_after(
@@ -278,6 +298,8 @@ impl MemoryHost for Imports {
                 cluster: h.cluster,
                 covered_seq: h.covered_seq,
                 covered: h.covered,
+                superseded_by: h.superseded_by,
+                superseded_ms: h.superseded_ms,
             })
             .collect())
     }
@@ -318,6 +340,7 @@ impl mx::Guest for Component {
                 scope: scope_in(m.scope),
                 text: m.text,
                 importance: m.importance.unwrap_or(memory::DEFAULT_IMPORTANCE),
+                replaces: m.replaces,
             })
             .collect();
         memory::remember(&mut Imports, &items, &mcfg_in(cfg))
@@ -329,6 +352,7 @@ impl mx::Guest for Component {
                         created: r.created,
                         members: r.members,
                         due: r.due,
+                        supersedes: r.supersedes,
                     })
                     .collect()
             })
@@ -397,6 +421,8 @@ impl mx::Guest for Component {
                 importance: x.importance,
                 cluster: x.cluster,
                 sources: x.sources,
+                superseded_by: x.superseded_by,
+                superseded_ms: x.superseded_ms,
             })
             .collect())
     }

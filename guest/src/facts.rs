@@ -802,7 +802,7 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
 }
 
 /// Whether `named` names `value`: every word of it is one of the value's (any case).
-fn names(value: &str, named: &str) -> bool {
+pub(crate) fn names(value: &str, named: &str) -> bool {
     let v: Vec<String> = value.split_whitespace().map(str::to_lowercase).collect();
     let n: Vec<String> = named.split_whitespace().map(str::to_lowercase).collect();
     !n.is_empty() && n.iter().all(|w| v.contains(w))
@@ -1418,5 +1418,153 @@ mod tests {
         );
         let pet = facts.iter().find(|f| f.key == "pet").unwrap();
         assert!(pet.ended.is_some(), "ended by naming its value");
+    }
+}
+
+/// A sentence about `names` (a memory's user or key, "the user", "he", "she") rewritten in the
+/// first person, so the rules read "Alice moved to Lyon" as "I moved to Lyon": its subject
+/// becomes "I" (and its verb "move"s form of "I"), and the person's possessives "my". A
+/// sentence not about them is left as it is.
+fn in_first_person(sentence: &str, names: &[&str]) -> String {
+    let lower = sentence.to_lowercase();
+    let subjects = names
+        .iter()
+        .map(|n| n.trim().to_lowercase())
+        .filter(|n| !n.is_empty())
+        .chain(["the user", "user", "he", "she", "they"].map(String::from));
+    let mut best: Option<usize> = None;
+    for s in subjects {
+        if lower.starts_with(&s)
+            && lower[s.len()..].starts_with(' ')
+            && best.is_none_or(|b| s.len() > b)
+        {
+            best = Some(s.len());
+        }
+    }
+    let Some(cut) = best else {
+        // A possessive opening: "Alice's manager is …", "Her number is …".
+        let first = lower.split(' ').next().unwrap_or("");
+        let owns = ["her", "his", "their", "user's"].contains(&first)
+            || names
+                .iter()
+                .any(|n| !n.trim().is_empty() && first == format!("{}'s", n.trim().to_lowercase()))
+            || lower.starts_with("the user's ");
+        if owns {
+            let skip = if lower.starts_with("the user's ") {
+                2
+            } else {
+                1
+            };
+            let rest: Vec<&str> = sentence.split_whitespace().skip(skip).collect();
+            return format!("My {}", rest.join(" "));
+        }
+        return sentence.to_string();
+    };
+    let mut rest: Vec<String> = sentence[cut..]
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    // The verb after the subject (past adverbs such as "no longer"), in the first person.
+    let verb = rest.iter().position(|w| {
+        ![
+            "no", "longer", "now", "still", "also", "just", "recently", "finally", "never", "only",
+        ]
+        .contains(&w.to_lowercase().as_str())
+    });
+    if let Some(v) = verb.and_then(|i| rest.get_mut(i)) {
+        let w = v.to_lowercase();
+        *v = match w.as_str() {
+            "is" => "am".into(),
+            "was" => "was".into(),
+            "has" => "have".into(),
+            "does" => "do".into(),
+            "doesn't" => "don't".into(),
+            "isn't" => "am not".into(),
+            "hasn't" => "haven't".into(),
+            _ if w.ends_with("ies") && w.len() > 4 => format!("{}y", &w[..w.len() - 3]),
+            _ if ["shes", "ches", "xes", "sses"]
+                .iter()
+                .any(|e| w.ends_with(e)) =>
+            {
+                w[..w.len() - 2].to_string()
+            }
+            _ if w.ends_with('s') && !w.ends_with("ss") && w.len() > 2 => {
+                w[..w.len() - 1].to_string()
+            }
+            _ => v.clone(),
+        };
+    }
+    let owner: Vec<String> = names
+        .iter()
+        .map(|n| format!("{}'s", n.trim().to_lowercase()))
+        .chain(["user's".to_string()])
+        .collect();
+    for w in rest.iter_mut().skip(1) {
+        let l = w.to_lowercase();
+        let bare = l.trim_end_matches(|c: char| !c.is_alphanumeric() && c != '\'');
+        if ["her", "his", "their"].contains(&bare) || owner.iter().any(|o| o == bare) {
+            let tail = &w[bare.len().min(w.len())..];
+            *w = format!("my{tail}");
+        }
+    }
+    format!("I {}", rest.join(" "))
+}
+
+/// The statements of facts in a memory's text, which may speak of its user (or its key) in
+/// the first or the third person ("I moved to Lyon", "Alice moved to Lyon", "The user sold
+/// her car").
+pub fn said_of(names: &[&str], text: &str) -> Vec<Said> {
+    let text = text.replace('\u{2019}', "'");
+    let owner = names.first().copied().unwrap_or("");
+    let mut out = Vec::new();
+    for sentence in sentences(&text) {
+        let s = in_first_person(sentence, names);
+        out.extend(said(owner, &s));
+    }
+    out
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::*;
+
+    fn one(text: &str) -> Option<(String, String, Act)> {
+        said_of(&["alice", "home"], text)
+            .into_iter()
+            .next()
+            .map(|s| (s.key, s.value, s.act))
+    }
+
+    #[test]
+    fn a_memory_in_the_third_person_states_its_users_facts() {
+        let holds = |k: &str, v: &str| Some((k.to_string(), v.to_string(), Act::Holds));
+        let ends = |k: &str, v: &str| Some((k.to_string(), v.to_string(), Act::Ends));
+        assert_eq!(one("I live in Porto"), holds("lives in", "Porto"));
+        assert_eq!(one("Alice lives in Porto"), holds("lives in", "Porto"));
+        assert_eq!(one("The user moved to Lyon"), holds("lives in", "Lyon"));
+        assert_eq!(one("alice works at Acme"), holds("works at", "Acme"));
+        assert_eq!(
+            one("Alice's manager is Bob Stone"),
+            holds("manager", "Bob Stone")
+        );
+        assert_eq!(
+            one("Her number is 555-123-4567"),
+            holds("phone number", "555-123-4567")
+        );
+        assert_eq!(one("She has a dog named Rex"), holds("pet", "Rex"));
+        assert_eq!(one("Alice drives a red Audi"), holds("car", "red Audi"));
+        assert_eq!(
+            one("Alice reports to Dana Whitfield now"),
+            holds("manager", "Dana Whitfield")
+        );
+        assert_eq!(one("Alice sold her car"), ends("car", ""));
+        assert_eq!(
+            one("Alice no longer works at Acme"),
+            ends("works at", "Acme")
+        );
+        assert_eq!(one("Biscuit passed away"), ends("", "Biscuit"));
+        // About someone else, or no fact: nothing.
+        assert_eq!(one("Bob lives in Rome"), None);
+        assert_eq!(one("Alice prefers the dark theme"), None);
     }
 }

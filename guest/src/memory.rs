@@ -17,7 +17,7 @@
 //! - A summary's importance is the largest of its members' (a summary is as important as the
 //!   most important fact it states); recall scores are `similarity × (0.5 + importance / 2)`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 
@@ -115,10 +115,15 @@ pub struct NewMemory {
     pub vector: Vec<f32>,
     /// Cluster to join, `None` for a new one.
     pub cluster: Option<u64>,
+    /// The fact it states ([`fact_key`]), empty for none: the store supersedes the scope's
+    /// current memory of it.
+    pub fact_key: String,
+    /// The memory it replaces, named by the client (then the fact key picks nothing).
+    pub replaces: Option<String>,
 }
 
 /// What storing did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stored {
     /// Its cluster.
     pub cluster: u64,
@@ -126,6 +131,8 @@ pub struct Stored {
     pub created: bool,
     /// Active members of the cluster.
     pub members: u32,
+    /// The memory it superseded.
+    pub superseded: Option<String>,
 }
 
 /// A stored memory.
@@ -147,6 +154,12 @@ pub struct Memory {
     pub cluster: u64,
     /// Place in the tenant's write order.
     pub seq: u64,
+    /// The memory it superseded when written.
+    pub supersedes: Option<String>,
+    /// The memory that superseded it (`None`: current).
+    pub superseded_by: Option<String>,
+    /// When it was superseded (0 while current).
+    pub superseded_ms: u64,
 }
 
 /// Some of a cluster's members and the cluster's figures (the `member-set` record).
@@ -258,6 +271,10 @@ pub struct Hit {
     pub covered_seq: u64,
     /// Members a summary covers (0 for a memory).
     pub covered: u32,
+    /// The memory that superseded it (`None`: current, or a summary).
+    pub superseded_by: Option<String>,
+    /// When it was superseded (0 while current).
+    pub superseded_ms: u64,
 }
 
 /// The I/O memory calls need (the `memory-store` import, plus the model, clock and log).
@@ -266,8 +283,12 @@ pub trait MemoryHost {
     fn embed(&mut self, texts: &[String]) -> Result<Embedding, Error>;
     /// Clusters of a scope.
     fn centroids(&mut self, scope: &Scope) -> Result<Vec<Centroid>, Error>;
-    /// Store a memory.
+    /// Store a memory (superseding the scope's current memory of its fact key).
     fn put_memory(&mut self, m: NewMemory) -> Result<Stored, Error>;
+    /// The scope's current memory of a fact key, if any.
+    fn current_memory(&mut self, scope: &Scope, fact_key: &str) -> Result<Option<Memory>, Error>;
+    /// One memory by id.
+    fn get_memory(&mut self, id: &str) -> Result<Option<Memory>, Error>;
     /// A cluster's active members after `after_seq` (0: all), oldest first, with its
     /// membership version and member count.
     fn members_after(&mut self, cluster: u64, after_seq: u64) -> Result<MemberSet, Error>;
@@ -362,6 +383,8 @@ pub struct MemoryIn {
     pub text: String,
     /// Importance.
     pub importance: f32,
+    /// The memory it replaces, named by the client.
+    pub replaces: Option<String>,
 }
 
 /// What a write did with one memory.
@@ -377,6 +400,8 @@ pub struct Remembered {
     pub members: u32,
     /// The cluster should be summarized.
     pub due: bool,
+    /// The memory it superseded.
+    pub supersedes: Option<String>,
 }
 
 /// What summarizing a cluster did.
@@ -441,6 +466,10 @@ pub struct Recalled {
     pub cluster: u64,
     /// Sources.
     pub sources: Vec<String>,
+    /// The memory that superseded it (`None`: current).
+    pub superseded_by: Option<String>,
+    /// When it was superseded (0 while current).
+    pub superseded_ms: u64,
 }
 
 fn invalid(m: impl Into<String>) -> Error {
@@ -684,8 +713,104 @@ fn current_centroids(
     h.centroids(scope)
 }
 
+/// What a memory states, for superseding: a fact (its key), an ending that names only a value
+/// ("Biscuit passed away": the fact is whichever has that value), or nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stated {
+    /// The fact key ([`fact_key`]).
+    Fact(String),
+    /// The value an ending names.
+    EndsValue(String),
+    /// No fact.
+    Nothing,
+}
+
+/// The fact key of a statement of what (`lives in`, `car`, …).
+pub fn fact_key(what: &str) -> String {
+    format!("fact:{what}")
+}
+
+/// What a memory states: the first fact found in its text (said of its user or its key, in
+/// the first or the third person), else an ending naming a value. A scope's key is a subject
+/// with many facts (they cluster under it), so the key alone names no fact: a client that
+/// knows a memory replaces another says so (`replaces`).
+pub fn stated(scope: &Scope, text: &str) -> Stated {
+    let said = crate::facts::said_of(&[scope.user.as_str(), scope.key.as_str()], text);
+    if let Some(s) = said.iter().find(|s| !s.key.is_empty()) {
+        return Stated::Fact(fact_key(&s.key));
+    }
+    match said.into_iter().find(|s| s.act == crate::facts::Act::Ends) {
+        Some(s) => Stated::EndsValue(s.value),
+        None => Stated::Nothing,
+    }
+}
+
+/// How many of a scope's nearest memories an ending that names only a value is matched
+/// against.
+const ENDED_CANDIDATES: u32 = 20;
+
+/// The fact key of the scope's current memory whose value an ending names ("Biscuit passed
+/// away" ends the memory "I have a dog named Biscuit"), empty when none of the nearest does.
+fn ended_fact(
+    h: &mut impl MemoryHost,
+    scope: &Scope,
+    model: &str,
+    vector: &[f32],
+    value: &str,
+) -> Result<String, Error> {
+    let filter = Filter {
+        user: Some(scope.user.clone()),
+        project: Some(scope.project.clone()),
+        environment: Some(scope.environment.clone()),
+        kind: Some(scope.kind.clone()),
+        key: Some(scope.key.clone()),
+        exact: false,
+    };
+    let names = [scope.user.as_str(), scope.key.as_str()];
+    for hit in h.search(vector, model, &filter, ENDED_CANDIDATES)? {
+        if hit.kind != HitKind::Memory || hit.superseded_by.is_some() {
+            continue;
+        }
+        if let Some(s) = crate::facts::said_of(&names, &hit.text)
+            .into_iter()
+            .find(|s| s.act == crate::facts::Act::Holds && crate::facts::names(&s.value, value))
+        {
+            return Ok(fact_key(&s.key));
+        }
+    }
+    Ok(String::new())
+}
+
+/// The memory that `m` replaces when its client names `id`: that one, or the memory now
+/// current in its place, of the same scope.
+fn replaced(h: &mut impl MemoryHost, m: &MemoryIn, id: &str) -> Result<Memory, Error> {
+    if id == m.id {
+        return Err(invalid(format!(
+            "memory {id} cannot replace itself; name the memory it replaces"
+        )));
+    }
+    let Some(current) = current_of(h, id)? else {
+        return Err(invalid(format!(
+            "memory {id}, named in `replaces`, does not exist; name a stored memory's id, or leave `replaces` out"
+        )));
+    };
+    if current.scope != m.scope {
+        return Err(invalid(format!(
+            "memory {id}, named in `replaces`, belongs to another scope (user, project, environment, type or key); a memory replaces one of its own scope"
+        )));
+    }
+    if current.id == m.id {
+        return Err(invalid(format!(
+            "memory {} already replaced memory {id}",
+            m.id
+        )));
+    }
+    Ok(current)
+}
+
 /// Store memories, each in its cluster; clusters that reach the minimum (or grow past it)
-/// come back `due`.
+/// come back `due`. A memory that states the same fact as the scope's current memory of it
+/// supersedes that one (the store marks it in the same write) and joins its cluster.
 pub fn remember(
     h: &mut impl MemoryHost,
     items: &[MemoryIn],
@@ -710,7 +835,29 @@ pub fn remember(
                 known.len() - 1
             }
         };
-        let cluster = nearest(&known[slot].1, &e.model, &vector, cfg.min_similarity);
+        let fact_key = match stated(&m.scope, &m.text) {
+            Stated::Fact(k) => k,
+            Stated::EndsValue(v) => ended_fact(h, &m.scope, &e.model, &vector, &v)?,
+            Stated::Nothing => String::new(),
+        };
+        let replaces = match &m.replaces {
+            Some(id) => Some(replaced(h, m, id)?),
+            None => None,
+        };
+        let mut cluster = nearest(&known[slot].1, &e.model, &vector, cfg.min_similarity);
+        // A change of a fact joins the cluster of what it changes, so that cluster's summary
+        // is written again with the change in it.
+        let old = match &replaces {
+            Some(old) => Some(old.clone()),
+            None if !fact_key.is_empty() => h.current_memory(&m.scope, &fact_key)?,
+            None => None,
+        };
+        if let Some(old) = old
+            && old.id != m.id
+            && known[slot].1.iter().any(|c| c.cluster == old.cluster)
+        {
+            cluster = Some(old.cluster);
+        }
         let stored = h.put_memory(NewMemory {
             id: m.id.clone(),
             scope: m.scope.clone(),
@@ -721,6 +868,8 @@ pub fn remember(
             model: e.model.clone(),
             vector: vector.clone(),
             cluster,
+            fact_key,
+            replaces: replaces.map(|r| r.id),
         })?;
         if stored.created {
             let cs = &mut known[slot].1;
@@ -747,6 +896,7 @@ pub fn remember(
             created: stored.created,
             members: stored.members,
             due: stored.created && stored.members >= cfg.min_cluster_items,
+            supersedes: stored.superseded,
         });
     }
     Ok(out)
@@ -779,15 +929,19 @@ pub fn forget(
 pub const FACTS_SYSTEM: &str = "You condense related facts from a memory system into one \
 summary. The facts below are about one subject, one per line. Write one paragraph of at most \
 5 sentences that states every fact, merges duplicates and says so when facts conflict. Keep \
-names, numbers, dates and identifiers exactly as written. Do not add anything the facts do not \
-say, do not greet and do not comment on the task. Output only the summary text.";
+names, numbers, dates and identifiers exactly as written. A fact marked as no longer true was \
+replaced by a later one: state the later one as what is true now, and the earlier one only as \
+what it replaced. Do not add anything the facts do not say, do not greet and do not comment on \
+the task. Output only the summary text.";
 
 /// Instructions for folding new facts into a summary.
 pub const FACTS_UPDATE_SYSTEM: &str = "You maintain the summary of related facts in a memory \
 system. You are given the current summary and new facts about the same subject. Write one \
 updated paragraph of at most 5 sentences that states everything in the current summary and \
 every new fact, merges duplicates and says so when facts conflict. Keep names, numbers, dates \
-and identifiers exactly as written. Do not add anything else. Output only the summary text.";
+and identifiers exactly as written. A new fact that replaces one in the summary is what is true \
+now: say so, and keep the earlier one only as what it replaced. Do not add anything else. \
+Output only the summary text.";
 
 /// Instructions for merging summaries of parts of one cluster.
 pub const FACTS_REDUCE_SYSTEM: &str = "You merge partial summaries of groups of related facts \
@@ -809,6 +963,24 @@ fn fact_line(text: &str) -> String {
     // One line per fact: newlines inside a fact would read as further facts.
     let flat: Vec<&str> = text.split_whitespace().collect();
     format!("- {}", prompt::neutralize(&flat.join(" ")))
+}
+
+/// A day, as summaries write it (`14 Apr 2025`).
+fn day_of(ms: u64) -> String {
+    crate::dates::Day::of_ms(ms.min(i64::MAX as u64) as i64).render_short()
+}
+
+/// A member as a summary prompt gives it: a superseded one marked, so the summary tells what
+/// is true now from what it replaced.
+pub fn fact_text(m: &Memory) -> String {
+    match m.superseded_by {
+        Some(_) => format!(
+            "(no longer true since {}; a later fact replaced it) {}",
+            day_of(m.superseded_ms),
+            m.text
+        ),
+        None => m.text.clone(),
+    }
 }
 
 /// The prompt for `facts`, folded into `previous` when given.
@@ -988,14 +1160,40 @@ pub fn extractive_summary(ranked: &[Memory], total: u32, max_tokens: u32) -> Str
     let mut lines: Vec<String> = Vec::new();
     let mut used = 0u32;
     let mut left = (total as usize).saturating_sub(ranked.len());
+    let by_id: BTreeMap<&str, &Memory> = ranked.iter().map(|m| (m.id.as_str(), m)).collect();
     for m in ranked {
-        let flat: Vec<&str> = m.text.split_whitespace().collect();
-        let mut s = flat.join(" ");
+        let flat = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+        let mut s = flat(&m.text);
+        if let Some(next) = &m.superseded_by {
+            // History: told under the memory that replaced it, or marked when that one is
+            // not among those shown.
+            if by_id.contains_key(next.as_str()) {
+                continue;
+            }
+            s = format!("No longer true since {}: {s}", day_of(m.superseded_ms));
+        }
         if !seen.insert(s.to_lowercase()) {
             continue;
         }
         if !s.ends_with(['.', '!', '?']) {
             s.push('.');
+        }
+        // What it replaced, newest first.
+        let mut replaced: Vec<String> = Vec::new();
+        let mut prev = m.supersedes.as_deref();
+        while let Some(p) = prev.and_then(|p| by_id.get(p))
+            && replaced.len() < MAX_SUCCESSION
+        {
+            let t = flat(&p.text);
+            replaced.push(format!(
+                "on {}: {}",
+                day_of(p.superseded_ms),
+                t.trim_end_matches(['.', '!', '?'])
+            ));
+            prev = p.supersedes.as_deref();
+        }
+        if !replaced.is_empty() {
+            s.push_str(&format!(" (It replaced, {}.)", replaced.join("; ")));
         }
         let t = estimate_tokens(&s) + 1;
         if used + t > max_tokens && !lines.is_empty() {
@@ -1085,9 +1283,13 @@ pub fn summarize_cluster(
     }
     // Fold only the new members in when every covered member is still here (a delete of one
     // deletes the summary, so the count adds up); otherwise start over from every member.
-    let incremental = current
-        .as_ref()
-        .filter(|s| u64::from(s.covered) + set.members.len() as u64 == u64::from(set.count));
+    // A new member that supersedes a covered one changes what the summary says is true: the
+    // whole cluster is summarized again, the superseded one marked.
+    let supersedes_covered = set.members.iter().any(|m| m.supersedes.is_some());
+    let incremental = current.as_ref().filter(|s| {
+        u64::from(s.covered) + set.members.len() as u64 == u64::from(set.count)
+            && !supersedes_covered
+    });
     if let Some(s) = incremental
         && set.members.is_empty()
     {
@@ -1123,7 +1325,8 @@ pub fn summarize_cluster(
             )
         }
         Engine::Llm => {
-            let facts: Vec<&str> = new.iter().map(|m| m.text.as_str()).collect();
+            let texts: Vec<String> = new.iter().map(fact_text).collect();
+            let facts: Vec<&str> = texts.iter().map(String::as_str).collect();
             let previous = incremental.map(|s| s.text.as_str());
             let b = budget(cfg, mcfg);
             let text = model_summary(h, cfg, b, &facts, previous, &mut spent).inspect_err(|e| {
@@ -1238,6 +1441,8 @@ pub fn recall(
                 importance: x.importance,
                 cluster: x.cluster,
                 sources: Vec::new(),
+                superseded_by: x.superseded_by,
+                superseded_ms: x.superseded_ms,
             };
             (r, x.covered_seq)
         })
@@ -1257,7 +1462,74 @@ pub fn recall(
         }
         out.push(r);
     }
+    current_first(h, &mut out)?;
+    out.truncate(k as usize);
     Ok(out)
+}
+
+/// How many successors a superseded memory's chain is followed through.
+const MAX_SUCCESSION: usize = 64;
+
+/// The memory current in `next`'s place: `next`, or the one that superseded it, and so on.
+fn current_of(h: &mut impl MemoryHost, next: &str) -> Result<Option<Memory>, Error> {
+    let mut id = next.to_string();
+    for _ in 0..MAX_SUCCESSION {
+        let Some(m) = h.get_memory(&id)? else {
+            return Ok(None);
+        };
+        match &m.superseded_by {
+            Some(n) => id = n.clone(),
+            None => return Ok(Some(m)),
+        }
+    }
+    Ok(None)
+}
+
+/// Put the memory current in a superseded memory's place before it: moved up when the query
+/// reached it further down, added (with the superseded one's score) when it did not.
+fn current_first(h: &mut impl MemoryHost, out: &mut Vec<Recalled>) -> Result<(), Error> {
+    let mut i = 0;
+    while i < out.len() {
+        let next = match (&out[i].kind, &out[i].superseded_by) {
+            (HitKind::Memory, Some(n)) => n.clone(),
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        if let Some(c) = current_of(h, &next)? {
+            match out
+                .iter()
+                .position(|r| r.kind == HitKind::Memory && r.id == c.id)
+            {
+                Some(j) if j < i => {}
+                Some(j) => {
+                    let r = out.remove(j);
+                    out.insert(i, r);
+                    i += 1;
+                }
+                None => {
+                    let r = &out[i];
+                    let added = Recalled {
+                        kind: HitKind::Memory,
+                        id: c.id,
+                        text: c.text,
+                        score: r.score,
+                        similarity: r.similarity,
+                        importance: c.importance,
+                        cluster: c.cluster,
+                        sources: Vec::new(),
+                        superseded_by: None,
+                        superseded_ms: 0,
+                    };
+                    out.insert(i, added);
+                    i += 1;
+                }
+            }
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 /// A finished answer as the host would give it (tests).

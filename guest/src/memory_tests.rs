@@ -9,6 +9,7 @@ struct Row {
     m: Memory,
     vector: Vec<f32>,
     model: String,
+    fact_key: String,
 }
 
 #[derive(Default)]
@@ -156,6 +157,7 @@ impl MemoryHost for Fake {
                 cluster: c,
                 created: false,
                 members: n,
+                superseded: None,
             });
         }
         let cluster = m.cluster.unwrap_or_else(|| {
@@ -163,6 +165,24 @@ impl MemoryHost for Fake {
             self.clusters.insert(self.next_cluster, m.scope.clone());
             self.next_cluster
         });
+        let (fk, named) = (m.fact_key.as_str(), m.replaces.as_deref());
+        let superseded = match (fk, named) {
+            ("", None) => None,
+            _ => self
+                .rows
+                .iter_mut()
+                .rev()
+                .find(|r| {
+                    r.m.scope == m.scope
+                        && r.m.superseded_by.is_none()
+                        && named.map_or(r.fact_key == fk, |n| r.m.id == n)
+                })
+                .map(|r| {
+                    r.m.superseded_by = Some(m.id.clone());
+                    r.m.superseded_ms = m.created_ms;
+                    r.m.id.clone()
+                }),
+        };
         self.rows.push(Row {
             m: Memory {
                 id: m.id,
@@ -176,9 +196,13 @@ impl MemoryHost for Fake {
                     self.seq += 1;
                     self.seq
                 },
+                supersedes: superseded.clone(),
+                superseded_by: None,
+                superseded_ms: 0,
             },
             vector: m.vector,
             model: m.model,
+            fact_key: m.fact_key,
         });
         self.bump(cluster);
         let n = self.rows.iter().filter(|r| r.m.cluster == cluster).count() as u32;
@@ -186,7 +210,19 @@ impl MemoryHost for Fake {
             cluster,
             created: true,
             members: n,
+            superseded,
         })
+    }
+    fn current_memory(&mut self, scope: &Scope, fact_key: &str) -> Result<Option<Memory>, Error> {
+        Ok(self
+            .rows
+            .iter()
+            .rev()
+            .find(|r| &r.m.scope == scope && r.fact_key == fact_key && r.m.superseded_by.is_none())
+            .map(|r| r.m.clone()))
+    }
+    fn get_memory(&mut self, id: &str) -> Result<Option<Memory>, Error> {
+        Ok(self.rows.iter().find(|r| r.m.id == id).map(|r| r.m.clone()))
     }
     fn members_after(&mut self, cluster: u64, after_seq: u64) -> Result<MemberSet, Error> {
         let members: Vec<Memory> = self
@@ -224,6 +260,12 @@ impl MemoryHost for Fake {
         let gone = i.map(|i| self.rows.remove(i).m);
         if let Some(m) = &gone {
             self.bump(m.cluster);
+            for r in &mut self.rows {
+                if r.m.superseded_by.as_deref() == Some(id) {
+                    r.m.superseded_by = None;
+                    r.m.superseded_ms = 0;
+                }
+            }
         }
         Ok(gone)
     }
@@ -346,6 +388,8 @@ impl MemoryHost for Fake {
                 cluster: r.m.cluster,
                 covered_seq: 0,
                 covered: 0,
+                superseded_by: r.m.superseded_by.clone(),
+                superseded_ms: r.m.superseded_ms,
             })
             .collect();
         for (s, v) in self.summaries.values() {
@@ -359,6 +403,8 @@ impl MemoryHost for Fake {
                     cluster: s.cluster,
                     covered_seq: s.covered_seq,
                     covered: s.covered,
+                    superseded_by: None,
+                    superseded_ms: 0,
                 });
             }
         }
@@ -401,6 +447,7 @@ fn mem(id: &str, key: &str, text: &str) -> MemoryIn {
         scope: scope(key),
         text: text.into(),
         importance: 0.5,
+        replaces: None,
     }
 }
 
@@ -919,4 +966,203 @@ fn a_summary_of_a_set_that_changed_meanwhile_is_not_written() {
     assert!(h.summaries.is_empty());
     let o = summarize_cluster(&mut h, c, &llm(), &cfg).unwrap();
     assert_eq!(o.action, Action::Created);
+}
+
+/// 14 Apr 2025, 09:00 UTC.
+const APR_14: u64 = 1_744_621_200_000;
+const DAY: u64 = 86_400_000;
+
+fn fact(id: &str, text: &str) -> MemoryIn {
+    mem(id, "alice", text)
+}
+
+#[test]
+fn a_changed_fact_supersedes_the_earlier_memory_and_joins_its_cluster() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    h.now = APR_14;
+    let a = remember(&mut h, &[fact("porto", "I live in Porto")], &cfg).unwrap();
+    let b = remember(&mut h, &[fact("tea", "Alice likes green tea")], &cfg).unwrap();
+    h.now = APR_14 + 30 * DAY;
+    // Third person, another cluster by its words: still the same fact, and its cluster.
+    let c = remember(
+        &mut h,
+        &[fact("lyon", "Alice moved to Lyon last week")],
+        &cfg,
+    )
+    .unwrap();
+    assert_eq!(a[0].supersedes, None);
+    assert_eq!(
+        b[0].supersedes, None,
+        "a preference is no fact of those kinds"
+    );
+    assert_eq!(c[0].supersedes.as_deref(), Some("porto"));
+    assert_eq!(c[0].cluster, a[0].cluster);
+    let porto = h.get_memory("porto").unwrap().unwrap();
+    assert_eq!(porto.superseded_by.as_deref(), Some("lyon"));
+    let lyon = h.get_memory("lyon").unwrap().unwrap();
+    assert_eq!(porto.superseded_ms, lyon.created_ms);
+    assert_eq!(
+        h.get_memory("lyon").unwrap().unwrap().supersedes.as_deref(),
+        Some("porto")
+    );
+    // Kept, never deleted.
+    assert_eq!(h.rows.len(), 3);
+    // A third value supersedes the second, and only it.
+    let d = remember(&mut h, &[fact("oslo", "The user relocated to Oslo")], &cfg).unwrap();
+    assert_eq!(d[0].supersedes.as_deref(), Some("lyon"));
+    assert_eq!(
+        h.get_memory("porto")
+            .unwrap()
+            .unwrap()
+            .superseded_by
+            .as_deref(),
+        Some("lyon")
+    );
+    // An unrelated fact supersedes nothing.
+    let e = remember(&mut h, &[fact("job", "Alice works at Globex")], &cfg).unwrap();
+    assert_eq!(e[0].supersedes, None);
+}
+
+#[test]
+fn endings_supersede_the_fact_they_end_even_by_its_value_alone() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    h.now = APR_14;
+    remember(
+        &mut h,
+        &[
+            fact("car", "I drive a blue Skoda"),
+            fact("dog", "We have a dog named Biscuit"),
+        ],
+        &cfg,
+    )
+    .unwrap();
+    h.now += DAY;
+    let r = remember(
+        &mut h,
+        &[
+            fact("sold", "Alice sold her car"),
+            fact("rip", "Sad news: Biscuit passed away"),
+        ],
+        &cfg,
+    )
+    .unwrap();
+    assert_eq!(r[0].supersedes.as_deref(), Some("car"));
+    assert_eq!(r[1].supersedes.as_deref(), Some("dog"));
+}
+
+#[test]
+fn a_client_names_what_a_memory_replaces_and_bad_names_are_refused() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    remember(&mut h, &[mem("m1", "editor", EDITOR[0])], &cfg).unwrap();
+    let named = |id: &str, text: &str, replaces: &str| MemoryIn {
+        replaces: Some(replaces.into()),
+        ..mem(id, "editor", text)
+    };
+    let r = remember(&mut h, &[named("m2", EDITOR[4], "m1")], &cfg).unwrap();
+    assert_eq!(r[0].supersedes.as_deref(), Some("m1"));
+    // Naming the replaced one again replaces what is current in its place.
+    let r = remember(&mut h, &[named("m3", EDITOR[3], "m1")], &cfg).unwrap();
+    assert_eq!(r[0].supersedes.as_deref(), Some("m2"));
+    for (m, want) in [
+        (named("m4", "x", "nope"), "does not exist"),
+        (named("m4", "x", "m4"), "cannot replace itself"),
+        (
+            MemoryIn {
+                replaces: Some("m3".into()),
+                ..mem("m4", "billing", "x")
+            },
+            "another scope",
+        ),
+    ] {
+        let e = remember(&mut h, &[m], &cfg).unwrap_err();
+        assert!(format!("{e:?}").contains(want), "{e:?}");
+    }
+}
+
+#[test]
+fn recall_puts_the_current_memory_before_a_superseded_one_and_marks_it() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    h.now = APR_14;
+    remember(
+        &mut h,
+        &[fact("porto", "I live in Porto, by the river Douro")],
+        &cfg,
+    )
+    .unwrap();
+    h.now += 30 * DAY;
+    remember(&mut h, &[fact("lyon", "I moved to Lyon")], &cfg).unwrap();
+    let f = Filter {
+        user: Some("alice".into()),
+        ..Filter::default()
+    };
+    // The query's words are the old memory's: it ranks first by similarity, yet the current
+    // one comes before it.
+    let r = recall(&mut h, "Porto river Douro", &f, 5, true, &cfg).unwrap();
+    let ids: Vec<&str> = r.iter().map(|x| x.id.as_str()).collect();
+    assert_eq!(ids[..2], ["lyon", "porto"], "{r:?}");
+    assert_eq!(r[1].superseded_by.as_deref(), Some("lyon"));
+    let lyon = h.get_memory("lyon").unwrap().unwrap();
+    assert_eq!(r[1].superseded_ms, lyon.created_ms);
+    assert_eq!(r[0].superseded_by, None);
+    // With room for one, the current one is what is returned.
+    let r = recall(&mut h, "Porto river Douro", &f, 1, true, &cfg).unwrap();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].id, "lyon");
+    // Deleting the successor makes the earlier memory current again.
+    forget(&mut h, "lyon", &cfg).unwrap();
+    let r = recall(&mut h, "Porto river Douro", &f, 5, true, &cfg).unwrap();
+    assert_eq!(
+        (r[0].id.as_str(), r[0].superseded_by.as_deref()),
+        ("porto", None)
+    );
+}
+
+#[test]
+fn a_cluster_summary_states_current_values_and_what_they_replaced() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    h.now = APR_14;
+    let items = [
+        fact("porto", "Alice lives in Porto"),
+        fact("job", "Alice works at Globex in Porto"),
+    ];
+    remember(&mut h, &items, &cfg).unwrap();
+    h.now += 30 * DAY;
+    let r = remember(&mut h, &[fact("lyon", "Alice moved to Lyon")], &cfg).unwrap();
+    let c = r[0].cluster;
+    let ex = Config {
+        engine: Engine::Extractive,
+        ..Config::default()
+    };
+    let o = summarize_cluster(&mut h, c, &ex, &cfg).unwrap();
+    let text = o.summary.unwrap().text;
+    assert!(
+        text.contains("Alice moved to Lyon. (It replaced, on 14 May 2025: Alice lives in Porto.)"),
+        "{text}"
+    );
+    assert_eq!(text.matches("Alice lives in Porto").count(), 1, "{text}");
+    // A model is told which fact is no longer true, and writes the whole cluster again when a
+    // change arrives after its summary.
+    let mut h2 = Fake {
+        now: APR_14,
+        ..Fake::default()
+    };
+    remember(&mut h2, &items, &cfg).unwrap();
+    remember(
+        &mut h2,
+        &[fact("tz", "Alice lives in Porto and likes it there")],
+        &cfg,
+    )
+    .unwrap();
+    let c = h2.rows[0].m.cluster;
+    summarize_cluster(&mut h2, c, &llm(), &cfg).unwrap();
+    h2.now += 30 * DAY;
+    remember(&mut h2, &[fact("lyon", "Alice moved to Lyon")], &cfg).unwrap();
+    let o = summarize_cluster(&mut h2, c, &llm(), &cfg).unwrap();
+    assert_eq!(o.action, Action::Refreshed);
+    let last = h2.prompts.last().unwrap();
+    assert!(!last.contains("Current summary:"), "{last}");
+    assert!(
+        last.contains("- (no longer true since 14 May 2025; a later fact replaced it) Alice lives in Porto and likes it there"),
+        "{last}"
+    );
 }

@@ -156,6 +156,7 @@ fn memory(i: usize) -> MemoryIn {
         scope: scope(&user, "web", "prod", "fact", &key),
         text: format!("For {user}, {subject} {detail} (note {i})"),
         importance: Some(((i % 10) as f32) / 10.0),
+        replaces: None,
     }
 }
 
@@ -330,6 +331,7 @@ async fn refreshes(runtime: &Arc<Runtime>, scratch: bool, max: usize) -> (u64, u
                     scope: scope("alice", "web", "prod", "preference", "editor"),
                     text: format!("{} (setting {i})", EDITOR_FACTS[i % EDITOR_FACTS.len()]),
                     importance: Some(0.5),
+                    replaces: None,
                 }],
                 Summaries::Leave,
             )

@@ -921,6 +921,7 @@ async fn main() {
             },
             text: format!("Alice keeps the dark editor theme, with font setting {i}"),
             importance: None,
+            replaces: None,
         };
         let mut cluster = None;
         for start in (0..n).step_by(100) {
@@ -1114,6 +1115,8 @@ async fn main() {
                 created_ms: i as u64,
                 model: "abridge-lexical-v1".into(),
                 cluster: None,
+                fact_key: String::new(),
+                replaces: None,
             };
             store.put_memory("acme", m).await.unwrap();
         }

@@ -38,6 +38,8 @@ fn memory(i: usize) -> NewMemory {
         created_ms: i as u64,
         model: "abridge-lexical-v1+keyed".into(),
         cluster: None,
+        fact_key: String::new(),
+        replaces: None,
     }
 }
 

@@ -398,10 +398,16 @@ export interface ParsedTranscript {
 
 /** Where a memory belongs: it clusters only with memories of the same five fields. */
 export interface MemoryScope { user: string; project?: string; environment?: string; kind: string; key: string }
-export interface MemoryInput { id?: string; scope: MemoryScope; text: string; importance?: number }
+/** A memory to write. `replaces` names a memory of the same scope it replaces; without it, a
+ * fact that changes ("I moved to Lyon" after "I live in Porto") replaces the earlier one. */
+export interface MemoryInput { id?: string; scope: MemoryScope; text: string; importance?: number; replaces?: string }
 export interface MemoryConfig { embedder: string; minSimilarity: number; minClusterItems: number; summaryMinSimilarity: number; promptBudget: number }
 export const defaultMemoryConfig: Readonly<MemoryConfig>;
-export interface Remembered { id: string; cluster: number; created: boolean; members: number; due: boolean }
+/** A stored memory: `supersedes` the memory it replaced, `supersededBy` the one that replaced
+ * it (no longer current) and `supersededMs` when (0 while current). */
+export interface StoredMemory { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number; seq: number; supersedes?: string; supersededBy?: string; supersededMs: number }
+/** `supersedes`: the memory it replaced (kept, marked with this one). */
+export interface Remembered { id: string; cluster: number; created: boolean; members: number; due: boolean; supersedes?: string }
 export interface ClusterSummary {
   /** It covers the cluster's members with `seq <= coveredSeq`, `covered` of them (`summarySources` lists them). */
   id: number; cluster: number; text: string; memberHash: string; coveredSeq: number; covered: number; importance: number; tokens: number;
@@ -412,7 +418,9 @@ export interface ClusterOutcome {
   summary?: ClusterSummary; calls: number; promptTokens: number; outputTokens: number;
 }
 export interface MemoryFilter { user?: string; project?: string; environment?: string; kind?: string; key?: string; /** Exact scan instead of an index (the JS stores always scan exactly). */ exact?: boolean }
-export interface Recalled { kind: 'memory' | 'summary'; id: string; text: string; score: number; similarity: number; importance: number; cluster: number; sources: string[] }
+/** `supersededBy`: the memory that replaced it (it is no longer current, and the current one
+ * comes before it); `supersededMs`: when (0 while current). */
+export interface Recalled { kind: 'memory' | 'summary'; id: string; text: string; score: number; similarity: number; importance: number; cluster: number; sources: string[]; supersededBy?: string; supersededMs: number }
 export interface Embedder { embed(texts: string[]): Promise<{ model: string; dim: number; vectors: number[][]; tokens?: number }> }
 
 export class Engine {
@@ -422,8 +430,8 @@ export class Engine {
   summarizeCluster(cluster: number, config?: Partial<Config>, memoryConfig?: Partial<MemoryConfig>): Promise<ClusterOutcome>;
   forget(id: string, memoryConfig?: Partial<MemoryConfig>): Promise<{ cluster: number; summaryDeleted: boolean; due: boolean } | undefined>;
   recall(query: string, filter?: MemoryFilter, k?: number, memoryConfig?: Partial<MemoryConfig>): Promise<Recalled[]>;
-  memory(id: string): { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number; seq: number } | undefined;
-  memories(filter?: MemoryFilter, page?: { offset?: number; limit?: number }): { id: string; scope: MemoryScope; text: string; importance: number; tokens: number; createdMs: number; cluster: number }[];
+  memory(id: string): StoredMemory | undefined;
+  memories(filter?: MemoryFilter, page?: { offset?: number; limit?: number }): StoredMemory[];
   /** The ids of the memories a cluster summary covers, oldest first. */
   summarySources(summary: ClusterSummary): string[];
   clusters(): { id: number; scope: MemoryScope; members: string[]; summary?: number; note?: string }[];

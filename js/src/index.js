@@ -139,8 +139,8 @@ function slots(n) {
   };
 }
 
-const memToWit = (m) => (m ? { ...m, createdMs: big(m.createdMs), cluster: big(m.cluster), seq: big(m.seq) } : undefined);
-const memToJs = (m) => ({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster), seq: num(m.seq) });
+const memToWit = (m) => (m ? { ...m, createdMs: big(m.createdMs), cluster: big(m.cluster), seq: big(m.seq), supersedes: m.supersedes ?? undefined, supersededBy: m.supersededBy ?? undefined, supersededMs: big(m.supersededMs ?? 0) } : undefined);
+const memToJs = (m) => ({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster), seq: num(m.seq), supersededMs: num(m.supersededMs) });
 const sumToWit = (s) => (s ? { ...s, id: big(s.id), cluster: big(s.cluster), coveredSeq: big(s.coveredSeq), createdMs: big(s.createdMs), updatedMs: big(s.updatedMs) } : undefined);
 const sumToJs = (s) => (s ? { ...s, id: num(s.id), cluster: num(s.cluster), coveredSeq: num(s.coveredSeq), createdMs: num(s.createdMs), updatedMs: num(s.updatedMs) } : undefined);
 
@@ -345,8 +345,10 @@ export class Engine {
         centroids: (scope) => storeCall(() => store.recall.centroids(scope)).map((c) => ({ ...c, cluster: big(c.cluster) })),
         putMemory: (m) => {
           const r = storeCall(() => store.recall.putMemory({ ...m, createdMs: num(m.createdMs), cluster: num(m.cluster) }));
-          return { ...r, cluster: big(r.cluster) };
+          return { ...r, cluster: big(r.cluster), superseded: r.superseded ?? undefined };
         },
+        currentMemory: (scope, factKey) => memToWit(storeCall(() => store.recall.currentMemory(scope, factKey))),
+        getMemory: (id) => memToWit(storeCall(() => store.recall.getMemory(id))),
         membersAfter: (cluster, after) => {
           const s = storeCall(() => store.recall.membersAfter(num(cluster), after));
           return { version: big(s.version), count: s.count, members: s.members.map(memToWit) };
@@ -360,7 +362,7 @@ export class Engine {
         deleteSummary: (cluster) => storeCall(() => store.recall.deleteSummary(num(cluster))),
         setClusterNote: (cluster, note) => storeCall(() => store.recall.setClusterNote(num(cluster), note)),
         search: (query, model, filter, limit) =>
-          storeCall(() => store.recall.search(query, model, filter, limit)).map((h) => ({ ...h, cluster: big(h.cluster), coveredSeq: big(h.coveredSeq) })),
+          storeCall(() => store.recall.search(query, model, filter, limit)).map((h) => ({ ...h, cluster: big(h.cluster), coveredSeq: big(h.coveredSeq), supersededBy: h.supersededBy ?? undefined, supersededMs: big(h.supersededMs ?? 0) })),
       },
       ...wasiImports,
     };
@@ -394,6 +396,8 @@ export class Engine {
       text: m.text,
       // Without one the guest gives its default.
       importance: m.importance ?? undefined,
+      // The memory it replaces; without it the fact found in the text decides.
+      replaces: m.replaces ?? undefined,
       };
     });
     const g = await this.#guest();
@@ -467,7 +471,7 @@ export class Engine {
     // Over the ceiling, recall falls back to the raw memories.
     const summaries = !this.usage().exhausted;
     const r = await exportCall(() => g.memories.recall(query, { ...filter, exact: !!filter.exact }, k, summaries, this.#memoryConfig(memoryConfig)));
-    return r.map((x) => ({ ...x, cluster: num(x.cluster) }));
+    return r.map((x) => ({ ...x, cluster: num(x.cluster), supersededMs: num(x.supersededMs) }));
   }
 
   /** A memory by id. */

@@ -3,6 +3,7 @@
 // SqliteStore shares its database file (or a database in memory: `SqliteStore.open(':memory:')`).
 // Every call is the local tenant's (the JavaScript host has no tenants).
 import { AbridgeError } from './errors.js';
+import { termsKey, termToken } from './stores.js';
 
 const TENANT = 'local';
 
@@ -67,6 +68,9 @@ const memFrom = (r, body) => ({
   createdMs: r.created_ms,
   cluster: r.cluster,
   seq: r.seq,
+  supersedes: r.supersedes ?? undefined,
+  supersededBy: r.superseded_by ?? undefined,
+  supersededMs: r.superseded_ms ?? 0,
 });
 
 const sumFrom = (r, body) => ({
@@ -229,16 +233,44 @@ export class RecallTables {
       for (let i = 0; i < sum.length; i++) sum[i] += m.vector[i];
       const seq = this.#get('SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM memories WHERE tenant = ?', TENANT).seq;
       const [body, sealed] = this.#seal('memories', m.id, m.text);
-      this.#run('INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, m.id, s.user, s.project, s.environment, s.kind, s.key, body, sealed, m.importance, m.tokens, m.createdMs, cluster, m.model, this.#vin(VECTOR, m.id, m.vector), seq);
+      const factKey = this.#factToken(m.factKey);
+      // The memory it supersedes: the one named, if still current, else the newest current
+      // one of its scope with its fact key (as the Rust store's writes::superseded).
+      const [cond, arg] = m.replaces != null ? ['id', m.replaces] : ['fact_key', factKey];
+      const old = m.replaces != null || factKey !== ''
+        ? this.#get(`SELECT id, cluster FROM memories WHERE tenant = ? AND ${cond} = ? AND user = ? AND project = ? AND environment = ? AND kind = ? AND key = ? AND id <> ? AND superseded_by IS NULL ORDER BY seq DESC LIMIT 1`, TENANT, arg, s.user, s.project, s.environment, s.kind, s.key, m.id)
+        : undefined;
+      this.#run('INSERT INTO memories (tenant, id, user, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq, fact_key, supersedes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', TENANT, m.id, s.user, s.project, s.environment, s.kind, s.key, body, sealed, m.importance, m.tokens, m.createdMs, cluster, m.model, this.#vin(VECTOR, m.id, m.vector), seq, factKey, old?.id ?? null);
+      if (old) {
+        this.#run('UPDATE memories SET superseded_by = ?, superseded_ms = ? WHERE tenant = ? AND id = ?', m.id, m.createdMs, TENANT, old.id);
+        if (old.cluster !== cluster) this.#bump(old.cluster);
+      }
       this.#run('UPDATE clusters SET sum = ?, members = members + 1 WHERE tenant = ? AND id = ?', this.#vin(SUM, cluster, sum), TENANT, cluster);
       this.#bump(cluster);
       const members = this.#get('SELECT members FROM clusters WHERE tenant = ? AND id = ?', TENANT, cluster).members;
-      return { cluster, created: true, members };
+      return { cluster, created: true, members, superseded: old?.id };
     });
   }
 
   getMemory(id) {
     const r = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
+    return r ? this.#mem(r) : undefined;
+  }
+
+  /** A fact key as the store keeps it: a keyed hash under the tenant's full-text key (the
+   * Rust store's `fact_token`), '' for none. */
+  #factToken(factKey) {
+    if (!factKey) return '';
+    this.#factKey ??= termsKey(TENANT, this.#keys ? this.#keys.lexicalKey(TENANT) : undefined);
+    return termToken(this.#factKey, `\0fact\0${factKey}`);
+  }
+
+  #factKey;
+
+  /** The newest current (not superseded) memory of `scope` with `factKey`, if any. */
+  currentMemory(scope, factKey) {
+    if (!factKey) return undefined;
+    const r = this.#get('SELECT * FROM memories WHERE tenant = ? AND fact_key = ? AND user = ? AND project = ? AND environment = ? AND kind = ? AND key = ? AND superseded_by IS NULL ORDER BY seq DESC LIMIT 1', TENANT, this.#factToken(factKey), scope.user, scope.project, scope.environment, scope.kind, scope.key);
     return r ? this.#mem(r) : undefined;
   }
 
@@ -272,6 +304,11 @@ export class RecallTables {
       const r = this.#get('SELECT * FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
       if (!r) return undefined;
       this.#run('DELETE FROM memories WHERE tenant = ? AND id = ?', TENANT, id);
+      // What it superseded is current again, and nothing names it any more.
+      const restored = this.#all('SELECT DISTINCT cluster FROM memories WHERE tenant = ? AND superseded_by = ?', TENANT, id).map((x) => x.cluster);
+      this.#run('UPDATE memories SET superseded_by = NULL, superseded_ms = 0 WHERE tenant = ? AND superseded_by = ?', TENANT, id);
+      this.#run('UPDATE memories SET supersedes = NULL WHERE tenant = ? AND supersedes = ?', TENANT, id);
+      for (const c of restored) if (c !== r.cluster) this.#bump(c);
       this.#markDelete();
       const c = this.#get('SELECT model, sum, members FROM clusters WHERE tenant = ? AND id = ?', TENANT, r.cluster);
       const sum = Float32Array.from(this.#vout(SUM, r.cluster, c.sum));
@@ -352,8 +389,8 @@ export class RecallTables {
   search(query, model, filter, limit) {
     const f = filterSql(filter, '');
     const mems = topK(limit);
-    for (const r of this.#all(`SELECT id, vector, importance, cluster, text, sealed FROM memories WHERE tenant = ?${f.sql} AND model = ?`, TENANT, ...f.args, model)) {
-      mems.offer(cosine(query, this.#vout(VECTOR, r.id, r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: this.#open('memories', r.id, r), similarity, importance: r.importance, cluster: r.cluster, coveredSeq: 0, covered: 0 }));
+    for (const r of this.#all(`SELECT id, vector, importance, cluster, text, sealed, superseded_by, superseded_ms FROM memories WHERE tenant = ?${f.sql} AND model = ?`, TENANT, ...f.args, model)) {
+      mems.offer(cosine(query, this.#vout(VECTOR, r.id, r.vector)), (similarity) => ({ kind: 'memory', id: r.id, text: this.#open('memories', r.id, r), similarity, importance: r.importance, cluster: r.cluster, coveredSeq: 0, covered: 0, supersededBy: r.superseded_by ?? undefined, supersededMs: r.superseded_ms ?? 0 }));
     }
     const g = filterSql(filter, 'c.');
     const sums = topK(limit);

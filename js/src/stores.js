@@ -119,7 +119,7 @@ const LOCAL_COLUMN = '';
 const DF_CAP = 10000;
 
 /** The key of a tenant's full-text terms (the Rust store's `terms::terms_key`). */
-function termsKey(tenant, lexical) {
+export function termsKey(tenant, lexical) {
   return createHash('sha256')
     .update(Buffer.from('abridge episode terms v1\0'))
     .update(lexical ? Buffer.from(lexical) : Buffer.alloc(0))
@@ -130,7 +130,7 @@ function termsKey(tenant, lexical) {
 
 /** One term as the index keeps it: the first 8 bytes of HMAC-SHA-256, as 13 letters a–z (the
  * Rust store's `terms::token`). */
-function termToken(key, term) {
+export function termToken(key, term) {
   const d = createHmac('sha256', key).update(Buffer.from(term, 'utf8')).digest();
   let v = d.readBigUInt64LE(0);
   const out = new Array(13);

@@ -122,12 +122,25 @@ test('sealed at rest with the Rust host\'s scheme: no canary on disk, and the bi
   const e2 = await createEngine({ store: back });
   const hits = await e2.recall('Bob sealed this from Rust', { user: 'bob' }, 3);
   assert.ok(hits.some((h) => h.text === 'Bob sealed this from Rust'), JSON.stringify(hits));
+  // A fact the binary stored is superseded by its change written here: both hosts key a fact
+  // the same way (a keyed hash: no fact in the clear).
+  execFileSync(bin, ['memory', 'add', 'Bob lives in Porto', '--user', 'bob', '--type', 'fact', '--key', 'k', '--id', 'r2'], {
+    env: { ...process.env, ABRIDGE_DB: path, ABRIDGE_MASTER_KEY: key, ABRIDGE_BACKEND: 'extractive' },
+    stdio: 'ignore',
+  });
+  const [moved] = await e2.remember([{ id: 'j2', scope: { user: 'bob', project: '', environment: '', kind: 'fact', key: 'k' }, text: 'Bob moved to Lyon' }]);
+  assert.equal(moved.supersedes, 'r2');
+  assert.equal(back.recall.getMemory('r2').supersededBy, 'j2');
   back.close();
   const { DatabaseSync } = await import('node:sqlite');
   const raw = new DatabaseSync(path);
   const models = raw.prepare('SELECT DISTINCT model FROM memories').all().map((r) => r.model);
+  const factKeys = raw.prepare("SELECT fact_key FROM memories WHERE fact_key <> ''").all().map((r) => r.fact_key);
   raw.close();
   assert.deepEqual(models, ['abridge-lexical-v1+keyed']);
+  assert.equal(factKeys.length, 2);
+  for (const k of factKeys) assert.match(k, /^[a-z]{13}$/);
+  assert.equal(factKeys[0], factKeys[1]);
 });
 
 /** A model that restates the facts it is shown after a pause, counting calls in flight. */
@@ -276,4 +289,28 @@ test('vectors sealed when asked: none on disk in clear, recall works, the binary
   const out = execFileSync(bin, ['recall', EDITOR[0], '--user', scope.user, '--json'], { env: { ...process.env, ABRIDGE_DB: path, ABRIDGE_MASTER_KEY: key }, encoding: 'utf8' });
   assert.ok(out.includes('v0'), out);
   void read;
+});
+
+test('facts that change: the later memory supersedes the earlier, recall puts it first and marks the old one', async () => {
+  const engine = await createEngine({ store: await SqliteStore.open(':memory:') });
+  const [porto] = await engine.remember([{ id: 'porto', user: 'alice', text: 'I live in Porto, by the river Douro' }]);
+  assert.equal(porto.supersedes, undefined);
+  const [lyon] = await engine.remember([{ id: 'lyon', user: 'alice', text: 'Alice moved to Lyon' }]);
+  assert.equal(lyon.supersedes, 'porto');
+  assert.equal(lyon.cluster, porto.cluster);
+  const old = engine.memory('porto');
+  assert.equal(old.supersededBy, 'lyon');
+  assert.ok(old.supersededMs > 0);
+  assert.equal(engine.memory('lyon').supersedes, 'porto');
+  const hits = await engine.recall('Porto river Douro', { user: 'alice' }, 5);
+  assert.deepEqual(hits.slice(0, 2).map((h) => h.id), ['lyon', 'porto'], JSON.stringify(hits));
+  assert.equal(hits[1].supersededBy, 'lyon');
+  assert.equal(hits[0].supersededBy, undefined);
+  // Named explicitly, and refused when it names nothing.
+  const [named] = await engine.remember([{ id: 'tea', user: 'alice', text: 'Alice drinks tea now', replaces: 'lyon' }]);
+  assert.equal(named.supersedes, 'lyon');
+  await assert.rejects(engine.remember([{ id: 'x', user: 'alice', text: 't', replaces: 'nope' }]), /does not exist/);
+  // Deleting the successor makes the earlier memory current again.
+  await engine.forget('tea');
+  assert.equal(engine.memory('lyon').supersededBy, undefined);
 });

@@ -125,6 +125,24 @@ def test_memories_remember_recall_and_forget(server: Server) -> None:
         assert c.usage().month
 
 
+def test_a_changed_fact_replaces_the_earlier_memory_and_recall_marks_it(server: Server) -> None:
+    with ab.Client(server.url) as c:
+        porto = c.remember("I live in Porto, by the river Douro.", user="carol")
+        lyon = c.remember("Carol moved to Lyon.", user="carol")
+        assert porto.supersedes is None and lyon.supersedes == porto.id
+        old = c.memory(porto.id)
+        assert old.superseded_by == lyon.id and old.superseded_ms
+        assert c.memory(lyon.id).supersedes == porto.id
+        hits = c.recall("Porto river Douro", user="carol")
+        ids = [h.id for h in hits if h.kind == "memory"]
+        assert ids.index(lyon.id) < ids.index(porto.id), hits
+        assert next(h for h in hits if h.id == porto.id).superseded_by == lyon.id
+        tea = c.remember("Carol drinks tea.", user="carol", replaces=lyon.id)
+        assert tea.supersedes == lyon.id
+        with pytest.raises(ab.AbridgeError, match="does not exist"):
+            c.remember("x", user="carol", replaces="no-such-memory")
+
+
 def test_errors_are_typed_and_keep_the_servers_hint(server: Server) -> None:
     with ab.Client(server.url) as c:
         with pytest.raises(ab.NotFound) as e:

@@ -27,7 +27,7 @@ import wasmtime
 import wasmtime.component as wc
 
 PKG = "abridge:engine"
-VERSION = "0.4.0"
+VERSION = "0.5.0"
 
 
 def iface(name: str) -> str:

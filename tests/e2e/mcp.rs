@@ -410,3 +410,43 @@ fn a_line_that_is_not_json_gets_a_parse_error_and_the_session_goes_on() {
     drop(stdin);
     let _ = child.wait();
 }
+
+/// A fact remembered over MCP that changes replaces the earlier memory: `remember` says so, and
+/// `recall` gives the current one first and marks the old one as no longer current.
+#[test]
+fn a_changed_fact_remembered_over_mcp_is_recalled_current_first() {
+    let Some(py) = python() else { return };
+    let env = extractive();
+    let plan = json!([
+        call(
+            "remember",
+            json!({"text": "The user lives in Porto, by the river Douro."})
+        ),
+        call("remember", json!({"text": "The user moved to Lyon."})),
+        call("recall", json!({"query": "Porto river Douro"})),
+        call(
+            "remember",
+            json!({"text": "x", "replaces": "no-such-memory"})
+        ),
+    ]);
+    let exe = env!("CARGO_BIN_EXE_abridge");
+    let v = drive(&env, &py, &plan, &["stdio", "--", exe, "mcp"]);
+    let calls = v["calls"].as_array().unwrap();
+    let text = |i: usize| calls[i]["text"].as_str().unwrap().to_string();
+    assert!(!text(0).contains("replaces"), "{v}");
+    assert!(text(1).contains("It replaces "), "{v}");
+    let recall = text(2);
+    let lyon = recall
+        .find("moved to Lyon")
+        .unwrap_or_else(|| panic!("{recall}"));
+    let porto = recall
+        .find("lives in Porto")
+        .unwrap_or_else(|| panic!("{recall}"));
+    assert!(lyon < porto, "{recall}");
+    assert!(
+        recall.contains("(no longer current: replaced by "),
+        "{recall}"
+    );
+    assert_eq!(calls[3]["is_error"], true, "{v}");
+    assert!(text(3).contains("does not exist"), "{v}");
+}

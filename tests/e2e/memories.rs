@@ -115,6 +115,7 @@ fn fact(id: &str, text: &str) -> MemoryIn {
         scope: scope("alice", "web", "prod", "preference", "editor"),
         text: text.into(),
         importance: None,
+        replaces: None,
     }
 }
 
@@ -335,6 +336,7 @@ async fn the_sweeper_caps_each_scope_per_run_and_settles_what_it_did() {
                 scope: scope("alice", "web", "prod", "preference", &format!("topic{k}")),
                 text: EDITOR[i].into(),
                 importance: Some(0.5),
+                replaces: None,
             })
             .collect();
         me.remember(items, Summaries::Leave).await.unwrap();
@@ -372,6 +374,7 @@ async fn decisions(app: &App) -> Value {
                     ),
                     text: s("text"),
                     importance: Some(0.5),
+                    replaces: None,
                 }],
                 Summaries::Leave,
             )
@@ -603,6 +606,7 @@ fn cluster_of(key: &str, n: usize) -> Vec<MemoryIn> {
             scope: scope("alice", "web", "prod", "preference", key),
             text: EDITOR[i].into(),
             importance: Some(0.5),
+            replaces: None,
         })
         .collect()
 }

@@ -707,6 +707,8 @@ async fn pgvector_recall_agrees_with_the_exact_scan() {
             model: "emb".into(),
             vector: v,
             cluster: None,
+            fact_key: String::new(),
+            replaces: None,
         };
         pg.put_memory(tenant, m.clone()).await.unwrap();
         exact.put_memory(tenant, m).await.unwrap();

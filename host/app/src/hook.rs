@@ -242,6 +242,7 @@ impl Scoped {
             key: "pinned".into(),
             text: cut_chars(&e.content, crate::memories::PIN_CHARS),
             importance: Some(1.0),
+            replaces: None,
         };
         self.remember(vec![m], crate::memories::Summaries::Leave)
             .await?;

@@ -47,6 +47,12 @@ pub struct MemoryView {
     pub created_ms: u64,
     /// Its cluster.
     pub cluster: u64,
+    /// The memory it superseded when it was written (the same fact, or the one named).
+    pub supersedes: Option<String>,
+    /// The memory that superseded it: it is no longer current (kept, as history).
+    pub superseded_by: Option<String>,
+    /// When it was superseded, ms since the epoch.
+    pub superseded_ms: Option<u64>,
 }
 
 impl From<Memory> for MemoryView {
@@ -62,6 +68,9 @@ impl From<Memory> for MemoryView {
             importance: m.importance,
             created_ms: m.created_ms,
             cluster: m.cluster,
+            supersedes: m.supersedes,
+            superseded_ms: m.superseded_by.as_ref().map(|_| m.superseded_ms),
+            superseded_by: m.superseded_by,
         }
     }
 }
@@ -170,6 +179,11 @@ pub struct RecallView {
     pub importance: f32,
     /// The memories a summary covers (empty for a memory).
     pub sources: Vec<String>,
+    /// The memory that superseded this one: it is no longer current, and the current one
+    /// comes before it.
+    pub superseded_by: Option<String>,
+    /// When it was superseded, ms since the epoch.
+    pub superseded_ms: Option<u64>,
 }
 
 impl From<Recalled> for RecallView {
@@ -184,6 +198,8 @@ impl From<Recalled> for RecallView {
             score: r.score,
             importance: r.importance,
             sources: r.sources,
+            superseded_ms: r.superseded_by.as_ref().map(|_| r.superseded_ms),
+            superseded_by: r.superseded_by,
         }
     }
 }
@@ -892,6 +908,10 @@ pub struct MemoryInput {
     /// 0 to 1 (default 0.5).
     #[serde(default)]
     pub importance: Option<f32>,
+    /// The id of a memory of the same scope this one replaces (default: the fact found in the
+    /// text decides: "I moved to Lyon" replaces "I live in Porto").
+    #[serde(default)]
+    pub replaces: Option<String>,
 }
 
 impl From<MemoryInput> for MemoryIn {
@@ -901,6 +921,7 @@ impl From<MemoryInput> for MemoryIn {
             scope: scope(&m.user, &m.project, &m.environment, &m.kind, &m.key),
             text: m.text,
             importance: m.importance,
+            replaces: m.replaces,
         }
     }
 }

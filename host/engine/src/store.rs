@@ -161,6 +161,14 @@ pub trait RecallStore: Send + Sync {
     async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error>;
     /// One memory.
     async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error>;
+    /// The newest current (not superseded) memory of `scope` with fact key `fact_key` (as the
+    /// guest gives it: the store hashes it as it does when writing).
+    async fn current_memory(
+        &self,
+        tenant: &str,
+        scope: &Scope,
+        fact_key: &str,
+    ) -> Result<Option<Memory>, Error>;
     /// A cluster's members, oldest first.
     async fn cluster_members(&self, tenant: &str, cluster: u64) -> Result<Vec<Memory>, Error>;
     /// A cluster's members with `seq > after` (oldest first), its member count and membership

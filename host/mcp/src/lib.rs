@@ -273,6 +273,12 @@ pub struct RememberArgs {
     #[serde(default)]
     #[schemars(with = "String")]
     pub key: Option<String>,
+    /// The id of a memory this one replaces (from `recall`), kept as history. Without it, a
+    /// fact that changes ("the user moved to Lyon" after "the user lives in Porto") replaces
+    /// the earlier one by itself.
+    #[serde(default)]
+    #[schemars(with = "String")]
+    pub replaces: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -528,7 +534,14 @@ impl AbridgeMcp {
                 }
                 let mut text = String::new();
                 for h in hits {
-                    text.push_str(&format!("- [{} {}] {}\n", h.kind, h.id, h.text));
+                    let mark = match (&h.superseded_by, h.superseded_ms) {
+                        (Some(by), Some(ms)) => format!(
+                            " (no longer current: replaced by {by} on {})",
+                            abridge_app::memories::day_of(ms)
+                        ),
+                        _ => String::new(),
+                    };
+                    text.push_str(&format!("- [{} {}] {}{mark}\n", h.kind, h.id, h.text));
                 }
                 Ok(ok(text, a.budget_tokens))
             }
@@ -566,13 +579,20 @@ impl AbridgeMcp {
                         .unwrap_or_else(|| abridge_app::memories::DEFAULT_KEY.into()),
                     text: a.text.clone(),
                     importance: None,
+                    replaces: a.replaces.clone(),
                 };
                 // Cluster summaries are a refinement: a failing model does not fail the write.
                 let r = s.remember(vec![m], Summaries::Now).await?.memories;
                 let m = &r[0];
+                let replaced = match &m.supersedes {
+                    Some(old) => format!(
+                        " It replaces {old}, which is kept as history and recalled marked as no longer current."
+                    ),
+                    None => String::new(),
+                };
                 Ok(ok(
                     format!(
-                        "Remembered as {}{}.",
+                        "Remembered as {}{}.{replaced}",
                         m.id,
                         if m.created { "" } else { " (already stored)" }
                     ),

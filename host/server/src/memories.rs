@@ -44,6 +44,10 @@ pub struct WrittenMemory {
     members: u32,
     /// The cluster's summary is being made or refreshed (in the background).
     summarizing: bool,
+    /// The memory this one replaced (named in `replaces`, or the same fact found in the text:
+    /// "I moved to Lyon" after "I live in Porto"). It is kept, marked `superseded_by` this
+    /// one, and recalled after it.
+    supersedes: Option<String>,
 }
 
 /// The `202` answer to a memory write.
@@ -75,7 +79,7 @@ pub(crate) async fn post_memories(
             key: "memories",
             needs: "a memory needs \"user\" and \"text\" (strings)",
             example: crate::app::memories::EXAMPLE,
-            optional: "type, key, project, environment, importance, id",
+            optional: "type, key, project, environment, importance, id, replaces",
             renamed: &[("content", "text")],
         },
     )?;
@@ -90,6 +94,7 @@ pub(crate) async fn post_memories(
             cluster: m.cluster,
             created: m.created,
             members: m.members,
+            supersedes: m.supersedes,
         })
         .collect();
     let refused = w.refused;

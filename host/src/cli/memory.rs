@@ -76,9 +76,13 @@ enum MemoryCmd {
         /// A client id: writing it again is a no-op
         #[arg(long)]
         id: Option<String>,
+        /// The id of a memory this one replaces (kept, marked); without it a fact that
+        /// changes ("I moved to Lyon" after "I live in Porto") replaces the earlier one itself
+        #[arg(long)]
+        replaces: Option<String>,
     },
     /// Store many memories from JSON lines ({"user", "text", "type"?, "key"?, "project"?,
-    /// "environment"?, "importance"?, "id"?}) in FILE, or stdin with '-'.
+    /// "environment"?, "importance"?, "id"?, "replaces"?}) in FILE, or stdin with '-'.
     Import {
         /// The file
         file: String,
@@ -345,7 +349,26 @@ fn show_memory(m: &MemoryView) -> String {
         m.importance,
         m.cluster,
         m.text
+    ) + &succession(
+        m.supersedes.as_deref(),
+        m.superseded_by.as_deref(),
+        m.superseded_ms,
     )
+}
+
+/// A memory's place in its fact's history, as a line more (empty when it has none).
+fn succession(supersedes: Option<&str>, by: Option<&str>, ms: Option<u64>) -> String {
+    let mut out = String::new();
+    if let Some(by) = by {
+        out.push_str(&format!(
+            "\n  no longer current: replaced by {by} on {}",
+            abridge_app::memories::day_of(ms.unwrap_or(0))
+        ));
+    }
+    if let Some(old) = supersedes {
+        out.push_str(&format!("\n  replaced {old}"));
+    }
+    out
 }
 
 /// Say how the clusters a write or delete left due were summarized here.
@@ -393,7 +416,7 @@ fn refused(s: &Settings, w: &Written) {
 fn parse_line(line: &str, n: usize) -> Result<MemoryInput, String> {
     serde_json::from_str(line).map_err(|e| {
         format!(
-            "line {n}: {e} (one JSON object a line: user, type, key and text, with project, environment, id and importance optional)"
+            "line {n}: {e} (one JSON object a line: user, type, key and text, with project, environment, id, importance and replaces optional)"
         )
     })
 }
@@ -409,6 +432,7 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
             key,
             importance,
             id,
+            replaces,
         } => {
             let backend = choose_backend(s).await?;
             let local = super::app::local(s, Some(&backend))?;
@@ -424,6 +448,7 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
                         key,
                         text,
                         importance,
+                        replaces,
                     }],
                     Summaries::Now,
                 )
@@ -431,11 +456,14 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
                 .map_err(|e| fail(s, e))?;
             for m in &w.memories {
                 println!(
-                    "{}  cluster {} ({} memories){}",
+                    "{}  cluster {} ({} memories){}{}",
                     m.id,
                     m.cluster,
                     m.members,
-                    if m.created { "" } else { "  already stored" }
+                    if m.created { "" } else { "  already stored" },
+                    m.supersedes.as_ref().map_or(String::new(), |o| format!(
+                        "  replaces {o} (kept, marked as no longer current)"
+                    ))
                 );
             }
             refused(s, &w);
@@ -485,8 +513,9 @@ pub async fn memory_cmd(s: &Settings, a: MemoryArgs) -> Result<(), Failure> {
                 .await
                 .map_err(|e| fail(s, e))?;
             let stored = w.memories.iter().filter(|m| m.created).count();
+            let replaced = w.memories.iter().filter(|m| m.supersedes.is_some()).count();
             println!(
-                "{stored} of {total} memories stored ({} already were)",
+                "{stored} of {total} memories stored ({} already were; {replaced} replaced an earlier memory, kept and marked)",
                 total - stored
             );
             refused(s, &w);
@@ -569,7 +598,14 @@ pub async fn recall_cmd(s: &Settings, a: RecallArgs) -> Result<(), Failure> {
         } else {
             format!("  sources: {}", x.sources.join(", "))
         };
-        println!("{:.3}  {} {}{sources}\n  {}", x.score, x.kind, x.id, x.text);
+        println!(
+            "{:.3}  {} {}{sources}\n  {}{}",
+            x.score,
+            x.kind,
+            x.id,
+            x.text,
+            succession(None, x.superseded_by.as_deref(), x.superseded_ms)
+        );
     }
     Ok(())
 }

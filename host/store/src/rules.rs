@@ -775,6 +775,8 @@ impl Ranking {
                 cluster,
                 covered_seq: 0,
                 covered: 0,
+                superseded_by: None,
+                superseded_ms: 0,
             }
         });
     }
@@ -792,6 +794,8 @@ impl Ranking {
                 cluster: h.cluster,
                 covered_seq: h.covered_seq,
                 covered: h.covered,
+                superseded_by: None,
+                superseded_ms: 0,
             }
         });
     }
@@ -985,6 +989,8 @@ mod tests {
             model: "emb".into(),
             vector: v,
             cluster: None,
+            fact_key: String::new(),
+            replaces: None,
         }
     }
 

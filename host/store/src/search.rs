@@ -140,9 +140,23 @@ pub(crate) async fn search(
             id
         )
     };
-    let memory_sql = text_of("memories", &p(2));
+    // A memory's text, and its successor when it was superseded.
+    let memory_sql = format!(
+        "SELECT text, sealed, superseded_by, superseded_ms FROM memories WHERE tenant = {} AND id = {}",
+        p(1),
+        p(2)
+    );
     for h in &mut hits {
-        let st = stored(rows, &memory_sql, &[tenant.into(), h.id.as_str().into()]).await?;
+        let r = rows
+            .row(&memory_sql, &[tenant.into(), h.id.as_str().into()])
+            .await?
+            .ok_or_else(|| Error::Storage("a hit's row vanished during the search".into()))?;
+        let st = Stored {
+            bytes: r.bytes(0)?,
+            sealed: r.int(1)? as u32,
+        };
+        h.superseded_by = r.opt_text(2)?;
+        h.superseded_ms = r.u64(3)?;
         h.text = rows.reveal(tenant, "memories", &h.id, st).await?;
     }
     // A summary's id is a number (PostgreSQL takes the parameter as text and converts it).

@@ -399,7 +399,7 @@ pub(crate) fn sqlite_params(sql: &str) -> std::borrow::Cow<'_, str> {
 /// The memory columns a [`memory_from`] row holds, in the dialect's spelling.
 pub(crate) fn memory_cols(d: Dialect) -> String {
     format!(
-        "id, {}, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed, seq",
+        "id, {}, project, environment, kind, key, text, importance, tokens, created_ms, cluster, sealed, seq, supersedes, superseded_by, superseded_ms",
         d.user_column()
     )
 }
@@ -416,6 +416,9 @@ pub(crate) fn memory_from(r: &Row) -> Result<(Memory, Stored), Error> {
             created_ms: r.u64(9)?,
             cluster: r.u64(10)?,
             seq: r.u64(12)?,
+            supersedes: r.opt_text(13)?,
+            superseded_by: r.opt_text(14)?,
+            superseded_ms: r.u64(15)?,
         },
         Stored {
             bytes: r.bytes(6)?,

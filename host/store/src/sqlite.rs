@@ -353,6 +353,10 @@ mod tests {
             "DROP INDEX sessions_unindexed; ALTER TABLE sessions DROP COLUMN indexed; DROP TABLE search_totals; DROP TRIGGER episode_terms_indexed; DROP TRIGGER episode_terms_removed; DROP TABLE episode_vocab; DROP TABLE episode_fts; DROP TABLE episode_terms",
         ),
         ("COLUMN item", "ALTER TABLE episodes DROP COLUMN item"),
+        (
+            "memories_successor",
+            "DROP INDEX memories_predecessor; DROP INDEX memories_successor; DROP INDEX memories_fact; ALTER TABLE memories DROP COLUMN superseded_ms; ALTER TABLE memories DROP COLUMN superseded_by; ALTER TABLE memories DROP COLUMN supersedes; ALTER TABLE memories DROP COLUMN fact_key",
+        ),
     ];
 
     /// The store bound to tenant `name`.
@@ -431,6 +435,8 @@ mod tests {
             model: "emb".into(),
             vector: vector.to_vec(),
             cluster,
+            fact_key: String::new(),
+            replaces: None,
         }
     }
 
@@ -770,7 +776,42 @@ mod tests {
         assert_eq!((t.docs, t.matches.len()), (1, 1));
     }
 
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn memories_stored_before_migration_36_are_current_and_stay_so() {
+        use crate::recall::RecallStore;
+        let dir = tempfile::tempdir().unwrap();
+        for (path, key) in plain_and_sealed(dir.path(), "succession") {
+            let open = || opened(&path, key.as_ref(), true);
+            let s = open();
+            s.put_memory("acme", fact("m0", "I live in Porto", &[1.0, 0.0], None))
+                .await
+                .unwrap();
+            drop(s);
+            back_before(&path, "memories_successor");
+            let s = open();
+            let m = s.get_memory("acme", "m0").await.unwrap().unwrap();
+            assert_eq!(
+                (m.supersedes, m.superseded_by, m.superseded_ms),
+                (None, None, 0)
+            );
+            // It stated no fact key when it was written: a later fact does not find it.
+            let later = crate::types::NewMemory {
+                fact_key: "fact:lives in".into(),
+                ..fact("m1", "I moved to Lyon", &[1.0, 0.0], Some(1))
+            };
+            let w = s.put_memory("acme", later).await.unwrap();
+            assert_eq!(w.superseded, None);
+            // Named, it is replaced.
+            let named = crate::types::NewMemory {
+                replaces: Some("m0".into()),
+                ..fact("m2", "I moved to Oslo", &[1.0, 0.0], Some(1))
+            };
+            let w = s.put_memory("acme", named).await.unwrap();
+            assert_eq!(w.superseded.as_deref(), Some("m0"));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn memories_stored_without_rowid_survive_migration_33() {
         use crate::recall::RecallStore;
         use crate::types::Memory;

@@ -42,9 +42,53 @@ pub(crate) async fn members(tx: &mut impl Tx, tenant: &str, cluster: u64) -> Res
     }
 }
 
+/// The memory `m` supersedes and its cluster: the one its client named, if it is still
+/// current, else the newest current memory of its scope with its fact key (a keyed hash).
+async fn superseded(
+    tx: &mut impl Tx,
+    tenant: &str,
+    m: &NewMemory,
+) -> Result<Option<(String, u64)>, Error> {
+    let d = tx.dialect();
+    let p = |n: usize| d.param(n);
+    let (cond, arg): (&str, Val) = match (&m.replaces, m.fact_key.as_str()) {
+        (Some(id), _) => ("id", id.as_str().into()),
+        (None, "") => return Ok(None),
+        (None, k) => ("fact_key", k.into()),
+    };
+    let s = &m.scope;
+    let sql = format!(
+        "SELECT id, cluster FROM memories WHERE tenant = {} AND {cond} = {} AND {} = {} AND project = {} AND environment = {} AND kind = {} AND key = {} AND id <> {} AND superseded_by IS NULL ORDER BY seq DESC LIMIT 1",
+        p(1),
+        p(2),
+        d.user_column(),
+        p(3),
+        p(4),
+        p(5),
+        p(6),
+        p(7),
+        p(8)
+    );
+    let args = [
+        tenant.into(),
+        arg,
+        s.user.as_str().into(),
+        s.project.as_str().into(),
+        s.environment.as_str().into(),
+        s.kind.as_str().into(),
+        s.key.as_str().into(),
+        m.id.as_str().into(),
+    ];
+    match tx.row(&sql, &args).await? {
+        Some(r) => Ok(Some((r.text(0)?, r.u64(1)?))),
+        None => Ok(None),
+    }
+}
+
 /// Store a memory into its cluster (the one named, or a new one), keeping the cluster's
 /// vector sum and count; a memory already stored under its id is checked to be the same
-/// one and left as it is.
+/// one and left as it is. The memory it supersedes (see [`superseded`]) is marked with it
+/// in the same transaction, kept as it was otherwise.
 pub(crate) async fn put_memory(
     tx: &mut impl Tx,
     tenant: &str,
@@ -76,6 +120,7 @@ pub(crate) async fn put_memory(
             cluster: e.cluster,
             created: false,
             members,
+            superseded: None,
         });
     }
     let s = &m.scope;
@@ -148,10 +193,11 @@ pub(crate) async fn put_memory(
     let (text, sealed) = tx
         .seal(tenant, crate::keyring::place::MEMORY, &m.id, &m.text)
         .await?;
+    let old = superseded(tx, tenant, &m).await?;
     let sql = format!(
-        "INSERT INTO memories (tenant, id, {}, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq) VALUES ({})",
+        "INSERT INTO memories (tenant, id, {}, project, environment, kind, key, text, sealed, importance, tokens, created_ms, cluster, model, vector, seq, fact_key, supersedes) VALUES ({})",
         d.user_column(),
-        (1..=16).map(p).collect::<Vec<_>>().join(", ")
+        (1..=18).map(p).collect::<Vec<_>>().join(", ")
     );
     tx.exec(
         &sql,
@@ -172,9 +218,34 @@ pub(crate) async fn put_memory(
             m.model.as_str().into(),
             vk.seal(VECTOR, &m.id, &m.vector)?.into(),
             seq.into(),
+            m.fact_key.as_str().into(),
+            old.as_ref().map(|(id, _)| id.clone()).into(),
         ],
     )
     .await?;
+    if let Some((old_id, old_cluster)) = &old {
+        let sql = format!(
+            "UPDATE memories SET superseded_by = {}, superseded_ms = {} WHERE tenant = {} AND id = {}",
+            p(3),
+            p(4),
+            p(1),
+            p(2)
+        );
+        tx.exec(
+            &sql,
+            &[
+                tenant.into(),
+                old_id.as_str().into(),
+                m.id.as_str().into(),
+                m.created_ms.into(),
+            ],
+        )
+        .await?;
+        // Its cluster's summary told it as current.
+        if *old_cluster != cluster {
+            bump(tx, tenant, *old_cluster).await?;
+        }
+    }
     tx.memory_written(tenant, &m.id, &m.vector).await?;
     let sql = format!(
         "UPDATE clusters SET sum = {}, members = members + 1 WHERE tenant = {} AND id = {}",
@@ -191,6 +262,7 @@ pub(crate) async fn put_memory(
         cluster,
         created: true,
         members,
+        superseded: old.map(|(id, _)| id),
     })
 }
 
@@ -215,7 +287,7 @@ pub(crate) async fn delete_memory(
         return Ok(None);
     };
     let (raw, stored) = memory_from(&row)?;
-    let (model, vector) = (row.text(13)?, row.bytes(14)?);
+    let (model, vector) = (row.text(16)?, row.bytes(17)?);
     let m = match tx
         .reveal(tenant, crate::keyring::place::MEMORY, &raw.id, stored)
         .await
@@ -229,6 +301,33 @@ pub(crate) async fn delete_memory(
         p(2)
     );
     tx.exec(&sql, &[tenant.into(), id.into()]).await?;
+    // What it superseded is current again (its cluster's summary told it as history), and
+    // nothing names it any more.
+    let sql = format!(
+        "SELECT DISTINCT cluster FROM memories WHERE tenant = {} AND superseded_by = {}",
+        p(1),
+        p(2)
+    );
+    let restored: Vec<u64> = tx
+        .rows(&sql, &[tenant.into(), id.into()])
+        .await?
+        .iter()
+        .map(|r| r.u64(0))
+        .collect::<Result<_, _>>()?;
+    for (set, col) in [
+        ("superseded_by = NULL, superseded_ms = 0", "superseded_by"),
+        ("supersedes = NULL", "supersedes"),
+    ] {
+        let sql = format!(
+            "UPDATE memories SET {set} WHERE tenant = {} AND {col} = {}",
+            p(1),
+            p(2)
+        );
+        tx.exec(&sql, &[tenant.into(), id.into()]).await?;
+    }
+    for c in restored.into_iter().filter(|c| *c != m.cluster) {
+        bump(tx, tenant, c).await?;
+    }
     let sql = format!(
         "SELECT model, sum, members FROM clusters WHERE tenant = {} AND id = {}",
         p(1),

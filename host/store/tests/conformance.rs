@@ -1095,6 +1095,123 @@ async fn pops(name: &str, s: &Arc<dyn AppStore>) {
         .unwrap();
     s.reset_session("p").await.unwrap();
     items(name, s).await;
+    succession(name, s).await;
+}
+
+/// Facts that change: a memory with a fact key supersedes the scope's current memory of it
+/// (or the one named), in the same write; the earlier row is kept and marked; a delete of the
+/// successor makes it current again; the key is kept as a keyed hash, never in the clear.
+async fn succession(name: &str, s: &Arc<dyn AppStore>) {
+    let t = "initrode";
+    let fact = |id: &str, text: &str, key: &str, at: u64| NewMemory {
+        created_ms: at,
+        fact_key: key.into(),
+        ..memory(id, text, [0.0, 1.0, 0.0], None)
+    };
+    let a = s
+        .put_memory(t, fact("porto", "I live in Porto", "fact:lives in", 100))
+        .await
+        .unwrap();
+    assert_eq!(a.superseded, None, "{name}");
+    // Another fact, and the same fact in another scope, are left alone.
+    s.put_memory(t, fact("job", "I work at Acme", "fact:works at", 110))
+        .await
+        .unwrap();
+    let mut elsewhere = fact("bob", "Bob lives in Rome", "fact:lives in", 120);
+    elsewhere.scope = scope("other");
+    s.put_memory(t, elsewhere).await.unwrap();
+    let current = s
+        .current_memory(t, &scope("k"), "fact:lives in")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(current.id, "porto", "{name}");
+    let b = s
+        .put_memory(
+            t,
+            NewMemory {
+                cluster: Some(a.cluster),
+                ..fact("lyon", "I moved to Lyon", "fact:lives in", 200)
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(b.superseded.as_deref(), Some("porto"), "{name}");
+    let porto = s.get_memory(t, "porto").await.unwrap().unwrap();
+    assert_eq!(
+        (porto.superseded_by.as_deref(), porto.superseded_ms),
+        (Some("lyon"), 200),
+        "{name}"
+    );
+    assert_eq!(porto.text, "I live in Porto", "{name}: kept as it was");
+    let lyon = s.get_memory(t, "lyon").await.unwrap().unwrap();
+    assert_eq!(lyon.supersedes.as_deref(), Some("porto"), "{name}");
+    assert_eq!(lyon.superseded_by, None, "{name}");
+    let current = s
+        .current_memory(t, &scope("k"), "fact:lives in")
+        .await
+        .unwrap();
+    assert_eq!(current.map(|m| m.id).as_deref(), Some("lyon"), "{name}");
+    assert!(
+        s.current_memory(t, &scope("other"), "fact:lives in")
+            .await
+            .unwrap()
+            .is_some_and(|m| m.id == "bob"),
+        "{name}: another scope's fact is its own"
+    );
+    let job = s.get_memory(t, "job").await.unwrap().unwrap();
+    assert_eq!(job.superseded_by, None, "{name}");
+    // A search marks the superseded hit.
+    let f = MemoryFilter {
+        exact: true,
+        ..MemoryFilter::default()
+    };
+    let hits = s.search(t, &[0.0, 1.0, 0.0], "emb", &f, 10).await.unwrap();
+    let hit = |id: &str| hits.iter().find(|h| h.id == id).unwrap();
+    assert_eq!(
+        hit("porto").superseded_by.as_deref(),
+        Some("lyon"),
+        "{name}"
+    );
+    assert_eq!(hit("porto").superseded_ms, 200, "{name}");
+    assert_eq!(hit("lyon").superseded_by, None, "{name}");
+    // Named: the one named is superseded, whatever its fact key.
+    let c = s
+        .put_memory(
+            t,
+            NewMemory {
+                replaces: Some("job".into()),
+                ..fact("job2", "Acme let me go", "", 300)
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(c.superseded.as_deref(), Some("job"), "{name}");
+    // Writing the same id again supersedes nothing more.
+    let again = s
+        .put_memory(t, fact("lyon", "I moved to Lyon", "fact:lives in", 200))
+        .await
+        .unwrap();
+    assert!(!again.created && again.superseded.is_none(), "{name}");
+    // The successor deleted: the earlier one is current again, and nothing names the gone one.
+    s.delete_memory(t, "lyon").await.unwrap().unwrap();
+    let porto = s.get_memory(t, "porto").await.unwrap().unwrap();
+    assert_eq!(
+        (porto.superseded_by, porto.superseded_ms),
+        (None, 0),
+        "{name}"
+    );
+    let current = s
+        .current_memory(t, &scope("k"), "fact:lives in")
+        .await
+        .unwrap();
+    assert_eq!(current.map(|m| m.id).as_deref(), Some("porto"), "{name}");
+    s.delete_memory(t, "job").await.unwrap().unwrap();
+    let job2 = s.get_memory(t, "job2").await.unwrap().unwrap();
+    assert_eq!(job2.supersedes, None, "{name}");
+    for id in ["porto", "bob", "job2"] {
+        s.delete_memory(t, id).await.unwrap();
+    }
 }
 
 /// The item a client stores with a message comes back as given (by id, for those stored with

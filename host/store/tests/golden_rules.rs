@@ -219,6 +219,8 @@ async fn run(name: &str, s: Arc<dyn AppStore>) {
                     model: step["model"].as_str().unwrap_or("emb").into(),
                     vector: floats(&step["vector"]),
                     cluster,
+                    fact_key: String::new(),
+                    replaces: None,
                 };
                 let got = s.put_memory(TENANT, m).await;
                 match refusal(expect, &names) {

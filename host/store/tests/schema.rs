@@ -286,6 +286,8 @@ async fn postgres_migrations_name_the_tenant_of_older_jobs_and_sessions() {
             model: "emb".into(),
             vector: vec![1.0, 0.0],
             cluster,
+            fact_key: String::new(),
+            replaces: None,
         };
         cluster = Some(s.put_memory("acme", m).await.unwrap().cluster);
     }

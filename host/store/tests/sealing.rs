@@ -15,7 +15,7 @@ use abridge_store::tenant::Tenant;
 use abridge_store::{AppStore, EventRow, PgStore, SqliteStore};
 
 mod common;
-use common::{memory, write};
+use common::{memory, scope, write};
 
 const CANARY: &str = "CANARY-7f3a";
 
@@ -80,6 +80,12 @@ async fn write_all(db: Arc<dyn AppStore>) {
         db.append_events(tenant.name(), 0, &[ev], 100)
             .await
             .unwrap();
+        // A memory whose fact key holds the canary: kept as a keyed hash only.
+        let m = abridge_engine::types::NewMemory {
+            fact_key: format!("fact:{CANARY}"),
+            ..memory("f1", &format!("{CANARY} memory"), [1.0, 0.0, 0.0], None)
+        };
+        db.put_memory(tenant.name(), m).await.unwrap();
     }
 }
 
@@ -106,6 +112,11 @@ async fn read_all(db: Arc<dyn AppStore>) -> Result<(), String> {
         assert!(l.unwrap().contains(&format!("{CANARY} title")));
         let evs = db.events_after(tenant.name(), 0, 10).await.map_err(e)?;
         assert!(evs[0].data.contains(&format!("{CANARY} event")));
+        let current = db
+            .current_memory(tenant.name(), &scope("k"), &format!("fact:{CANARY}"))
+            .await
+            .map_err(e)?;
+        assert_eq!(current.map(|m| m.text), Some(format!("{CANARY} memory")));
     }
     Ok(())
 }

@@ -177,9 +177,12 @@ class Client(_Base):
         self, text: str, *, user: Optional[str] = None, type: str = "fact", key: Optional[str] = None,
         project: Optional[str] = None, environment: Optional[str] = None,
         importance: Optional[float] = None, id: Optional[str] = None,
+        replaces: Optional[str] = None,
     ) -> m.Written:
-        """Store a memory for ``user`` (``remember("likes tea", user="alice")``)."""
-        body = c.memory_body(text, user, type, key, project, environment, importance, id)
+        """Store a memory for ``user`` (``remember("likes tea", user="alice")``). A fact that
+        changes ("moved to Lyon" after "lives in Porto") replaces the earlier memory, which is
+        kept and recalled marked; ``replaces`` names the memory it replaces explicitly."""
+        body = c.memory_body(text, user, type, key, project, environment, importance, id, replaces)
         return self._run(c.remember(body))
 
     def recall(
@@ -418,8 +421,9 @@ class AsyncClient(_Base):
         self, text: str, *, user: Optional[str] = None, type: str = "fact", key: Optional[str] = None,
         project: Optional[str] = None, environment: Optional[str] = None,
         importance: Optional[float] = None, id: Optional[str] = None,
+        replaces: Optional[str] = None,
     ) -> m.Written:
-        body = c.memory_body(text, user, type, key, project, environment, importance, id)
+        body = c.memory_body(text, user, type, key, project, environment, importance, id, replaces)
         return await self._run(c.remember(body))
 
     async def recall(

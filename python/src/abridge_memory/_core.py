@@ -439,6 +439,7 @@ def memory_body(
     environment: Optional[str],
     importance: Optional[float],
     id: Optional[str],
+    replaces: Optional[str] = None,
 ) -> dict[str, Any]:
     if not user:
         raise ValueError("remember needs the user the memory belongs to, e.g. user='alice'")
@@ -446,7 +447,7 @@ def memory_body(
     # Without a key the server's default (`general`) keys it: the user's related facts then
     # cluster by meaning, and their clusters get summaries.
     for name, value in (("key", key), ("project", project), ("environment", environment),
-                        ("importance", importance), ("id", id)):
+                        ("importance", importance), ("id", id), ("replaces", replaces)):
         if value is not None:
             body[name] = value
     return body

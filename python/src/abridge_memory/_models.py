@@ -427,6 +427,11 @@ class Memory:
     importance: float
     created_ms: int
     cluster: int
+    # Its place in its fact's history: the memory it replaced, and the one that replaced it
+    # (it is then no longer current, kept as history) and when.
+    supersedes: Optional[str] = None
+    superseded_by: Optional[str] = None
+    superseded_ms: Optional[int] = None
 
 
 @dataclass
@@ -439,6 +444,8 @@ class Written:
     created: bool
     members: int
     summarizing: bool
+    # The memory it replaced (named in ``replaces``, or the same fact found in its text).
+    supersedes: Optional[str] = None
 
 
 @dataclass
@@ -452,6 +459,9 @@ class Hit:
     score: float
     importance: float
     sources: list[str]
+    # Set when it is no longer current: the memory that replaced it comes before it.
+    superseded_by: Optional[str] = None
+    superseded_ms: Optional[int] = None
 
 
 @dataclass

@@ -60,6 +60,20 @@ impl Host for HostState {
         b.store.put_memory(&b.tenant, m).await
     }
 
+    async fn current_memory(
+        &mut self,
+        scope: Scope,
+        fact_key: String,
+    ) -> Result<Option<Memory>, Error> {
+        let b = self.recall()?;
+        b.store.current_memory(&b.tenant, &scope, &fact_key).await
+    }
+
+    async fn get_memory(&mut self, id: String) -> Result<Option<Memory>, Error> {
+        let b = self.recall()?;
+        b.store.get_memory(&b.tenant, &id).await
+    }
+
     async fn members_after(&mut self, cluster: u64, after_seq: u64) -> Result<MemberSet, Error> {
         let b = self.recall()?;
         b.store.members_after(&b.tenant, cluster, after_seq).await

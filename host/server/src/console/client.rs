@@ -294,6 +294,9 @@ pub(crate) struct Memory {
     pub key: String,
     #[serde(default)]
     pub cluster: u64,
+    /// The memory that replaced it (it is no longer current).
+    #[serde(default)]
+    pub superseded_by: Option<String>,
 }
 
 /// `GET /v1/memories`.
@@ -318,6 +321,9 @@ pub(crate) struct Recalled {
     pub score: f32,
     pub importance: f32,
     pub sources: Vec<String>,
+    /// The memory that replaced it (it is no longer current).
+    #[serde(default)]
+    pub superseded_by: Option<String>,
 }
 
 /// `GET /v1/usage`.

@@ -839,6 +839,7 @@ async fn memories_page(
                                 score: format!("{:.3}", x.score),
                                 importance: format!("{:.2}", x.importance),
                                 sources: x.sources,
+                                superseded_by: x.superseded_by,
                             })
                             .collect(),
                     ),

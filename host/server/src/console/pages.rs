@@ -369,6 +369,8 @@ pub(crate) struct MemoryLine {
     pub text: String,
     pub importance: String,
     pub created: String,
+    /// The memory that replaced it.
+    pub replaced_by: Option<String>,
 }
 
 impl MemoryLine {
@@ -378,6 +380,7 @@ impl MemoryLine {
             text: m.text.clone(),
             importance: format!("{:.2}", m.importance),
             created: when(Some(m.created_ms as i64), now),
+            replaced_by: m.superseded_by.clone(),
         }
     }
 }
@@ -393,6 +396,8 @@ pub(crate) struct FlatMemory {
     pub created: String,
     /// The delete form's action.
     pub delete: String,
+    /// The memory that replaced it.
+    pub replaced_by: Option<String>,
 }
 
 impl FlatMemory {
@@ -406,6 +411,7 @@ impl FlatMemory {
             key: m.key.clone(),
             cluster: m.cluster,
             created: when(Some(m.created_ms as i64), now),
+            replaced_by: m.superseded_by.clone(),
         }
     }
 }
@@ -438,6 +444,8 @@ pub(crate) struct RecallLine {
     pub score: String,
     pub importance: String,
     pub sources: Vec<String>,
+    /// The memory that replaced it.
+    pub superseded_by: Option<String>,
 }
 
 /// Memories and clusters.

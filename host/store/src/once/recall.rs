@@ -120,6 +120,17 @@ fn filter_vals(d: Dialect, tenant: &str, f: &MemoryFilter, prefix: &str) -> (Str
     (fsql, args.into_iter().map(Val::from).collect())
 }
 
+/// A memory's fact key as the store keeps it: a keyed hash under the tenant's full-text key
+/// (its lexical key with a master key), so a sealed tenant's facts are not in the clear; empty
+/// for none. `js/src/stores.js` derives the same.
+async fn fact_token<B: Backend>(s: &Sql<B>, tenant: &str, fact_key: &str) -> Result<String, Error> {
+    if fact_key.is_empty() {
+        return Ok(String::new());
+    }
+    let key = crate::terms::terms_key(tenant, s.lexical_key(tenant).await?.as_deref());
+    Ok(crate::terms::token(&key, &format!("\0fact\0{fact_key}")))
+}
+
 #[async_trait]
 impl<B: Backend> RecallStore for Sql<B> {
     async fn centroids(&self, tenant: &str, scope: &Scope) -> Result<Vec<Centroid>, Error> {
@@ -156,9 +167,46 @@ impl<B: Backend> RecallStore for Sql<B> {
         })
     }
 
-    async fn put_memory(&self, tenant: &str, m: NewMemory) -> Result<StoredMemory, Error> {
+    async fn put_memory(&self, tenant: &str, mut m: NewMemory) -> Result<StoredMemory, Error> {
         let tenant = self.own(tenant)?;
+        m.fact_key = fact_token(self, tenant, &m.fact_key).await?;
         writing!(self, |t| crate::writes::put_memory(&mut t, tenant, m).await)
+    }
+
+    async fn current_memory(
+        &self,
+        tenant: &str,
+        scope: &Scope,
+        fact_key: &str,
+    ) -> Result<Option<Memory>, Error> {
+        let tenant = self.own(tenant)?;
+        if fact_key.is_empty() {
+            return Ok(None);
+        }
+        let token = fact_token(self, tenant, fact_key).await?;
+        reading!(self, |t| {
+            let d = t.dialect();
+            let cols = memory_cols(d);
+            Ok(memories(
+                &mut t,
+                tenant,
+                &format!(
+                    "SELECT {cols} FROM memories WHERE tenant = $1 AND fact_key = $2 AND {} = $3 AND project = $4 AND environment = $5 AND kind = $6 AND key = $7 AND superseded_by IS NULL ORDER BY seq DESC LIMIT 1",
+                    d.user_column()
+                ),
+                &[
+                    tenant.into(),
+                    token.as_str().into(),
+                    scope.user.as_str().into(),
+                    scope.project.as_str().into(),
+                    scope.environment.as_str().into(),
+                    scope.kind.as_str().into(),
+                    scope.key.as_str().into(),
+                ],
+            )
+            .await?
+            .pop())
+        })
     }
 
     async fn get_memory(&self, tenant: &str, id: &str) -> Result<Option<Memory>, Error> {

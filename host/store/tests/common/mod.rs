@@ -58,6 +58,8 @@ pub fn memory(id: &str, text: &str, v: [f32; 3], cluster: Option<u64>) -> NewMem
         model: "emb".into(),
         vector: v.to_vec(),
         cluster,
+        fact_key: String::new(),
+        replaces: None,
     }
 }
 
