@@ -146,10 +146,21 @@ const KINDS: &[Kind] = &[
             "based in",
             "settled in",
             "home is",
-            "home for",
+            "home for me",
+            "home for us",
+            "home in",
+            "settling into",
+            "settling in",
+            "made the jump to",
             "is home",
             "home town",
             "hometown",
+            "life in",
+            "my base",
+            "our base",
+            "street in",
+            "neighbourhood in",
+            "neighborhood in",
             "new place",
             "place in",
             "flat in",
@@ -169,6 +180,9 @@ const KINDS: &[Kind] = &[
             "moved to",
             "move to",
             "moving to",
+            "settling into",
+            "made the jump to",
+            "home in",
             "relocated to",
             "relocating to",
             "based in",
@@ -202,6 +216,16 @@ const KINDS: &[Kind] = &[
             "employed",
             "offer from",
             "position at",
+            "contract with",
+            "joining",
+            "start at",
+            "starting at",
+            "first week at",
+            "at work",
+            "team at",
+            "i'm a",
+            "i'm an",
+            "i am a",
             "resigned",
             "laid me off",
             "laid off",
@@ -226,6 +250,14 @@ const KINDS: &[Kind] = &[
             "hired by",
             "employed by",
             "offer from",
+            "contract with",
+            "joining",
+            "start at",
+            "starting at",
+            "first week at",
+            "quit",
+            "employer",
+            "employer is",
             "hello",
             "resigned from",
             "at",
@@ -251,9 +283,22 @@ const KINDS: &[Kind] = &[
             "boss is",
             "supervisor is",
             "my team lead",
+            "line manager",
+            "new manager",
+            "manager",
+            "work under",
+            "runs my team",
+            "runs our team",
+            "leads my team",
+            "leads our team",
+            "head of my team",
+            "head of our team",
+            "taking over our team",
+            "took over our team",
         ],
         shape: Shape::Name,
         before: &[
+            "work under",
             "report directly to",
             "report to",
             "reporting to",
@@ -287,9 +332,21 @@ const KINDS: &[Kind] = &[
             "separate ways",
             "i'm with",
             "i am with",
+            "a couple",
+            "couple",
+            "anniversary",
+            "engaged",
+            "asked me out",
         ],
         shape: Shape::Name,
-        before: &["partner", "seeing", "dating", "with", "married"],
+        before: &[
+            "partner",
+            "seeing",
+            "dating",
+            "engaged to",
+            "with",
+            "married",
+        ],
     },
     Kind {
         key: "pet",
@@ -346,6 +403,111 @@ const KINDS: &[Kind] = &[
     },
 ];
 
+/// Car makes: a colour (or nothing) and one of these is a car whatever the words around it
+/// ("my white Fiat is due for a service", "I commute in my grey Audi").
+const MAKES: &[&str] = &[
+    "Acura",
+    "Alfa",
+    "Aston",
+    "Audi",
+    "Bentley",
+    "BMW",
+    "Buick",
+    "BYD",
+    "Cadillac",
+    "Chevrolet",
+    "Chevy",
+    "Chrysler",
+    "Citroen",
+    "Citroën",
+    "Cupra",
+    "Dacia",
+    "Dodge",
+    "Ferrari",
+    "Fiat",
+    "Ford",
+    "Genesis",
+    "GMC",
+    "Honda",
+    "Hyundai",
+    "Infiniti",
+    "Jaguar",
+    "Jeep",
+    "Kia",
+    "Lada",
+    "Lamborghini",
+    "Lancia",
+    "Land",
+    "Lexus",
+    "Lincoln",
+    "Lotus",
+    "Lucid",
+    "Maserati",
+    "Mazda",
+    "Mercedes",
+    "MG",
+    "Mini",
+    "Mitsubishi",
+    "Nissan",
+    "Opel",
+    "Peugeot",
+    "Polestar",
+    "Porsche",
+    "Renault",
+    "Rivian",
+    "Saab",
+    "Seat",
+    "Skoda",
+    "Škoda",
+    "Smart",
+    "Subaru",
+    "Suzuki",
+    "Tesla",
+    "Toyota",
+    "Vauxhall",
+    "Volkswagen",
+    "Volvo",
+    "VW",
+];
+
+/// Colours (and the words of a car's state) that may come before a make.
+const COLOURS: &[&str] = &[
+    "white", "black", "grey", "gray", "silver", "red", "blue", "green", "yellow", "orange",
+    "brown", "beige", "dark", "light", "navy", "purple", "pink", "gold", "bronze", "maroon",
+    "cream", "teal", "old", "new", "used", "little", "tiny", "electric", "hybrid", "vintage",
+];
+
+/// A car named by its make in a clause: up to two colour words and a make (and a capitalised
+/// model after it); the last one named ("I traded in the blue Skoda for a red Fiat"), or with
+/// `first` the first.
+fn car_by_make(ws: &[(usize, &str)], first: bool) -> Option<String> {
+    let is_make = |w: &&(usize, &str)| MAKES.contains(&w.1);
+    let i = if first {
+        ws.iter().position(|w| is_make(&w))?
+    } else {
+        ws.iter().rposition(|w| is_make(&w))?
+    };
+    let mut start = i;
+    while start > 0 && i - start < 2 && COLOURS.contains(&ws[start - 1].1.to_lowercase().as_str()) {
+        start -= 1;
+    }
+    // "old" and "new" say which car, not what it is.
+    while start < i && ["old", "new", "used"].contains(&ws[start].1.to_lowercase().as_str()) {
+        start += 1;
+    }
+    let mut end = i + 1;
+    if ws.get(end).is_some_and(|w| capitalised(w.1)) {
+        end += 1;
+    }
+    Some(
+        ws[start..end]
+            .iter()
+            .map(|w| w.1)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
 /// Activities that make a weekday a regular day.
 const ACTIVITIES: &[&str] = &[
     "climb",
@@ -394,6 +556,40 @@ fn activity_name(word: &str) -> &str {
 
 /// Words that end a fact.
 const ENDINGS: &[&str] = &[
+    "new home for",
+    "found a home for",
+    "went bust",
+    "stolen",
+    "car-free",
+    "single again",
+    "i'm single",
+    "are done",
+    "left the",
+    "are free",
+    "made redundant",
+    "redundant",
+    "last day at",
+    "my last day",
+    "broke it off",
+    "called it off",
+    "ended things",
+    "write-off",
+    "crashed",
+    "gave up my",
+    "gave up the",
+    "is gone",
+    "are gone",
+    "it's over",
+    "over between",
+    "went to live with",
+    "break from work",
+    "lost my job",
+    "losing my job",
+    "lost our jobs",
+    "got fired",
+    "was fired",
+    "fired me",
+    "let me go",
     "job hunting",
     "between jobs",
     "unemployed",
@@ -442,6 +638,8 @@ const FIRST_PERSON: &[&str] = &[
 
 /// Capitalised words that are not values.
 const NOT_VALUES: &[&str] = &[
+    "Introducing",
+    "Presenting",
     "Meet",
     "Say",
     "Welcome",
@@ -507,7 +705,8 @@ const NOT_VALUES: &[&str] = &[
 /// Words after a name that make it a sentence's subject.
 const SUBJECT_FOLLOWERS: &[&str] = &[
     "is", "was", "and", "died", "passed", "has", "had", "became", "moved", "left", "joined",
-    "laid", "will", "got", "sold", "gave", "went", "'s", "says", "said",
+    "laid", "will", "got", "sold", "gave", "went", "'s", "says", "said", "let", "fired", "dumped",
+    "sacked", "ran", "runs", "leads", "replaced", "asked",
 ];
 
 /// The sentences of `text`.
@@ -551,6 +750,8 @@ fn proper_at(ws: &[(usize, &str)], i: usize, max: usize) -> Option<String> {
         && !ws.get(1).is_some_and(|n| {
             capitalised(n.1) || SUBJECT_FOLLOWERS.contains(&n.1.to_lowercase().as_str())
         })
+        // An appositive ("Mochi, my cat, …"): more than a space before the next word.
+        && ws.get(1).is_none_or(|n| n.0 <= ws[0].0 + ws[0].1.len() + 1)
     {
         return None;
     }
@@ -653,12 +854,52 @@ fn any_at(ws: &[(usize, &str)], lower: &[String], phrases: &[&str]) -> Option<us
         .min()
 }
 
+/// Where "is home" (not "is home to") is said in a clause's lower-case words.
+fn home_at(lower: &[String]) -> Vec<usize> {
+    [
+        "is home",
+        "is my home",
+        "is our home",
+        "is my base",
+        "is our base",
+        "has been my base",
+        "has been our base",
+        "has been home",
+    ]
+    .iter()
+    .flat_map(|p| {
+        let n = p.split(' ').count();
+        phrase_at(lower, p)
+            .into_iter()
+            .filter(move |&i| lower.get(i + n).is_none_or(|w| w != "to"))
+    })
+    .collect()
+}
+
+/// The run of capitalised words that ends right before word `end` ("Utrecht" in "Utrecht is
+/// home"), up to `max` words.
+fn proper_before(ws: &[(usize, &str)], end: usize, max: usize) -> Option<String> {
+    let mut start = end;
+    while start > 0 && end - start < max && capitalised(ws[start - 1].1) {
+        start -= 1;
+    }
+    if start == end {
+        return None;
+    }
+    let v = ws[start..end]
+        .iter()
+        .map(|w| w.1)
+        .collect::<Vec<_>>()
+        .join(" ");
+    Some(v.trim_end_matches("'s").to_string())
+}
+
 /// How far from a cue (in words) a name may be when no value word precedes it.
 const NEAR: usize = 5;
 
 /// The first value of `kind`'s shape in a clause (its words `ws`, in lower case `lower`)
-/// right after one of its `before` words, or (a person's or an animal's name) within
-/// [`NEAR`] words of the cue at `cue`; never the speaker's own name.
+/// right after one of its `before` words, or within [`NEAR`] words of its cues; never the
+/// speaker's own name.
 fn value_of(
     kind: &Kind,
     clause: &str,
@@ -666,15 +907,18 @@ fn value_of(
     lower: &[String],
     cue: usize,
     who: &str,
+    ends: bool,
 ) -> Option<String> {
     let not_who = |v: &String| !v.eq_ignore_ascii_case(who);
     match kind.shape {
         Shape::Phone => phone(clause),
-        Shape::Car => kind.before.iter().find_map(|b| {
-            let n = b.split(' ').count();
-            phrase_at(lower, b)
-                .into_iter()
-                .find_map(|i| car_at(ws, i + n))
+        Shape::Car => car_by_make(ws, ends).or_else(|| {
+            kind.before.iter().find_map(|b| {
+                let n = b.split(' ').count();
+                phrase_at(lower, b)
+                    .into_iter()
+                    .find_map(|i| car_at(ws, i + n))
+            })
         }),
         Shape::Proper | Shape::Name => {
             let max = if kind.shape == Shape::Name { 2 } else { 4 };
@@ -684,15 +928,75 @@ fn value_of(
                     .into_iter()
                     .find_map(|i| proper_at(ws, i + n, max).filter(not_who))
             });
-            if after.is_some() || kind.shape != Shape::Name {
+            // A place before "is home".
+            if after.is_none()
+                && kind.key == "lives in"
+                && let Some(v) = home_at(lower)
+                    .into_iter()
+                    .find_map(|i| proper_before(ws, i, max).filter(not_who))
+            {
+                return Some(v);
+            }
+            if after.is_some() {
                 return after;
             }
             // A name near the cue ("Ana Ruiz is my manager now", "Rafael and I broke up").
-            let from = cue.saturating_sub(NEAR);
-            let to = (cue + NEAR).min(ws.len());
+            let mut from = cue.saturating_sub(NEAR);
+            // A name the window cuts into starts where its first word does.
+            while from > 0 && capitalised(ws[from].1) && capitalised(ws[from - 1].1) {
+                from -= 1;
+            }
+            // Up to a few words past the last of the kind's cues ("We adopted a kitten from
+            // the shelter: Juno").
+            let last = kind
+                .cues
+                .iter()
+                .flat_map(|p| phrase_at(lower, p))
+                .max()
+                .unwrap_or(cue)
+                .max(cue);
+            let to = (last + NEAR).min(ws.len());
             (from..to).find_map(|i| proper_at(ws, i, max).filter(not_who))
         }
     }
+}
+
+/// Verbs (and the adverbs before them) a speaker opens a sentence with when they leave out
+/// "I": "Just picked up a blue Skoda", "Got rid of the car", "Moved to Lyon last week", "Work
+/// at Acme is busy".
+const IMPLIED_SUBJECT: &[&str] = &[
+    "just",
+    "finally",
+    "got",
+    "picked",
+    "bought",
+    "moved",
+    "started",
+    "work",
+    "working",
+    "sold",
+    "left",
+    "switched",
+    "traded",
+    "quit",
+    "resigned",
+    "joined",
+    "adopted",
+    "living",
+    "settled",
+    "relocated",
+    "leased",
+    "drove",
+    "driving",
+    "married",
+];
+
+/// Whether a clause (its words in lower case) leaves its subject out: it opens with one of the
+/// [`IMPLIED_SUBJECT`] words, so the speaker is the subject.
+fn implied_subject(lower: &[String]) -> bool {
+    lower
+        .first()
+        .is_some_and(|w| IMPLIED_SUBJECT.contains(&w.as_str()))
 }
 
 /// Whether a clause (its words in lower case) is in the first person.
@@ -703,6 +1007,23 @@ fn first_person(lower: &[String]) -> bool {
 /// The clauses facts are looked for in: a sentence, or a long one's parts (split at commas
 /// and "but"), so a cue and a value must be said together.
 fn clauses(sentence: &str) -> Vec<&str> {
+    // Two statements joined: "I handed in my notice and I'm joining Keller Systems" (not
+    // "Alex and I split up": the first part holds a statement of its own, three words or more).
+    for join in [
+        " and I'm ",
+        " and I ",
+        " and we're ",
+        " and we ",
+        " and now I ",
+        " and now we ",
+    ] {
+        if let Some(at) = sentence.find(join)
+            && sentence[..at].split_whitespace().count() >= 3
+        {
+            let (a, b) = (&sentence[..at], &sentence[at + 5..]);
+            return clauses(a).into_iter().chain(clauses(b)).collect();
+        }
+    }
     if sentence.split_whitespace().count() <= 24 {
         return vec![sentence];
     }
@@ -718,18 +1039,126 @@ fn clauses(sentence: &str) -> Vec<&str> {
 pub fn said(who: &str, text: &str) -> Vec<Said> {
     let mut out = Vec::new();
     let text = text.replace('\u{2019}', "'");
+    // A short sentence that names a fact without its value ("New job!") gives the next one's
+    // value its fact ("I'm with Keller Systems now").
+    let mut pending: Option<&Kind> = None;
     for sentence in sentences(&text) {
+        let before = out.len();
+        if let Some(kind) = pending.take()
+            && let Some(value) = value_after_preposition(sentence, who)
+        {
+            out.push(Said {
+                key: kind.key.to_string(),
+                value,
+                act: Act::Holds,
+                sentence: sentence.to_string(),
+            });
+            continue;
+        }
         for c in clauses(sentence) {
             statement(who, c, sentence, &mut out);
         }
+        if out.len() == before {
+            pending = headline(sentence);
+        }
     }
     out
+}
+
+/// The fact a short sentence of a few words names without a value ("New job!", "Big news, new
+/// flat!"), a place's, an organisation's or a person's.
+fn headline(sentence: &str) -> Option<&'static Kind> {
+    let ws = words(sentence);
+    if ws.len() > 4 {
+        return None;
+    }
+    let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
+    KINDS
+        .iter()
+        .filter(|k| matches!(k.shape, Shape::Proper | Shape::Name))
+        .find(|k| any_at(&ws, &lower, k.cues).is_some())
+}
+
+/// The value a sentence in the first person gives after a preposition ("I'm with Keller
+/// Systems now", "we're in Ghent"), never the speaker's own name.
+fn value_after_preposition(sentence: &str, who: &str) -> Option<String> {
+    let ws = words(sentence);
+    let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
+    if !first_person(&lower) {
+        return None;
+    }
+    (0..ws.len())
+        .filter(|&i| ["with", "at", "for", "in", "to", "joined", "is"].contains(&lower[i].as_str()))
+        .find_map(|i| proper_at(&ws, i + 1, 4).filter(|v| !v.eq_ignore_ascii_case(who)))
+}
+
+/// The words one of which a clause needs for any rule to read it: the longest word of every
+/// cue, ending and pattern, the makes and the weekdays. Most sentences hold none, and are
+/// passed over at the cost of a look-up a word (a 50 MB message is read within the guest's
+/// CPU budget).
+fn markers() -> &'static std::collections::BTreeSet<String> {
+    static SET: std::sync::OnceLock<std::collections::BTreeSet<String>> =
+        std::sync::OnceLock::new();
+    SET.get_or_init(|| {
+        let longest = |p: &str| {
+            p.split(' ')
+                .max_by_key(|w| w.chars().count())
+                .unwrap_or("")
+                .to_string()
+        };
+        let mut set: std::collections::BTreeSet<String> = KINDS
+            .iter()
+            .flat_map(|k| k.cues.iter())
+            .chain(ENDINGS)
+            .chain(ACTIVITIES)
+            .map(|p| longest(p.trim()))
+            .collect();
+        set.extend(MAKES.iter().map(|m| m.to_lowercase()));
+        set.extend(WEEKDAYS.iter().map(|d| d.to_string()));
+        for w in [
+            "gave",
+            "put",
+            "left",
+            "moved",
+            "switched",
+            "changed",
+            "transferred",
+            "went",
+            "relocated",
+            "jumped",
+            "swapped",
+            "traded",
+            "exchanged",
+            "replaced",
+            "succeeded",
+            "took",
+            "home",
+            "base",
+        ] {
+            set.insert(w.to_string());
+        }
+        set
+    })
+}
+
+/// Whether a clause (its lower-case words) holds one of the [`markers`] or a digit (a phone
+/// number).
+fn worth_reading(lower: &[String]) -> bool {
+    let set = markers();
+    lower.iter().any(|w| {
+        set.contains(w.as_str())
+            || w.strip_suffix('s').is_some_and(|d| set.contains(d))
+            || w.bytes().any(|b| b.is_ascii_digit())
+    })
 }
 
 /// The statement of clause `c` (of `sentence`), if it holds one.
 fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
     let ws = words(c);
     let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
+    if !worth_reading(&lower) {
+        return;
+    }
     // An ending's words, or giving someone (a pet) to others: "we gave Luna to a family".
     let gave_to = phrase_at(&lower, "gave").into_iter().any(|g| {
         lower[g + 1..]
@@ -737,8 +1166,12 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
             .take(4)
             .any(|w| w == "to" || w == "away")
     });
-    let ends = gave_to || any_at(&ws, &lower, ENDINGS).is_some();
-    let mine = first_person(&lower);
+    // Putting a pet down: "we had to put Pepper down".
+    let put_down = phrase_at(&lower, "put")
+        .into_iter()
+        .any(|g| lower[g + 1..].iter().take(3).any(|w| w == "down"));
+    let ends = gave_to || put_down || any_at(&ws, &lower, ENDINGS).is_some();
+    let mine = first_person(&lower) || implied_subject(&lower);
     // A regular day: a weekday beside an activity, said of oneself or of the activity
     // ("Climbing moved to Thursday").
     let day = lower.iter().find_map(|w| {
@@ -752,7 +1185,13 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         && let Some(what) = ACTIVITIES
             .iter()
             .find(|a| !phrase_at(&lower, a.trim()).is_empty())
-        && (mine || lower.first().is_some_and(|w| w == what.trim()))
+        && (mine
+            || lower.first().is_some_and(|w| w == what.trim())
+            || phrase_at(&lower, what.trim()).into_iter().any(|i| {
+                lower.get(i + 1).is_some_and(|n| {
+                    ["is", "moved", "changed", "switched", "starts"].contains(&n.as_str())
+                })
+            }))
     {
         out.push(Said {
             key: format!("{} day", activity_name(what)),
@@ -763,11 +1202,37 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         return;
     }
     for kind in KINDS {
-        let Some(cue) = any_at(&ws, &lower, kind.cues) else {
+        // A phone number, or a car by its make, is its own cue in what a speaker says of
+        // themselves.
+        let by_shape = mine
+            && match kind.shape {
+                Shape::Phone => phone(c).is_some(),
+                Shape::Car => car_by_make(&ws, true).is_some(),
+                _ => false,
+            };
+        let Some(cue) = any_at(&ws, &lower, kind.cues).or(by_shape.then_some(0)) else {
             continue;
         };
-        let value = value_of(kind, c, &ws, &lower, cue, who);
-        if ends && (mine || value.is_some()) {
+        let value = value_of(kind, c, &ws, &lower, cue, who, ends);
+        // "I no longer live in a place where …" speaks of some place, not of where one lives.
+        let indefinite = value.is_none()
+            && kind.shape == Shape::Proper
+            && kind.cues.iter().any(|p| {
+                let n = p.split(' ').count();
+                phrase_at(&lower, p).into_iter().any(|i| {
+                    lower.get(i + n).is_some_and(|w| {
+                        ["a", "an", "somewhere", "anywhere", "any"].contains(&w.as_str())
+                    })
+                })
+            });
+        if indefinite {
+            continue;
+        }
+        // "My old phone died, new number is …": the ending is the old thing's, the value new.
+        let renewed = value.is_some()
+            && any_at(&ws, &lower, ENDINGS)
+                .is_some_and(|e| phrase_at(&lower, "new").into_iter().any(|i| i > e));
+        if ends && !renewed && (mine || value.is_some()) {
             out.push(Said {
                 key: kind.key.to_string(),
                 value: value.unwrap_or_default(),
@@ -776,8 +1241,10 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
             });
             return;
         }
-        // A number is the speaker's when they give it ("New number: …").
-        if !mine && kind.shape != Shape::Phone {
+        // A number is the speaker's when they give it ("New number: …"), and a place that
+        // "is home now" is theirs ("The move is done: Utrecht is home now").
+        let home = !home_at(&lower).is_empty();
+        if !mine && kind.shape != Shape::Phone && !(kind.key == "lives in" && home) {
             continue;
         }
         if let Some(value) = value {
@@ -790,6 +1257,34 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
             return;
         }
     }
+    // A change that names the value it replaces rather than the fact: "I moved from Blue
+    // Harbor to Wayne Health", "We finally left Valencia, we're in Split now".
+    if mine
+        && !ends
+        && let Some((old, new)) = change_of_value(&ws, &lower)
+    {
+        out.push(Said {
+            key: format!("{FROM_VALUE}{old}"),
+            value: new,
+            act: Act::Holds,
+            sentence: sentence.to_string(),
+        });
+        return;
+    }
+    // Leaving names the value that ends: "I left Keller Systems".
+    if mine
+        && let Some(v) = phrase_at(&lower, "left")
+            .into_iter()
+            .find_map(|i| proper_at(&ws, i + 1, 4))
+    {
+        out.push(Said {
+            key: String::new(),
+            value: v,
+            act: Act::Ends,
+            sentence: sentence.to_string(),
+        });
+        return;
+    }
     // An ending that names only a value: "Biscuit passed away".
     if ends && let Some(v) = (0..ws.len()).find_map(|i| proper_at(&ws, i, 2)) {
         out.push(Said {
@@ -799,6 +1294,58 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
             sentence: sentence.to_string(),
         });
     }
+}
+
+/// The mark before a value in a statement's key that names the value it replaces, not the fact
+/// ("=Blue Harbor": whichever of the speaker's facts holds Blue Harbor now).
+pub const FROM_VALUE: char = '=';
+
+/// A change from one value to another in a clause (its words `ws`, in lower case `lower`):
+/// "from X to Y", or "left X" and then "in", "at", "to" or "for" Y; both capitalised.
+fn change_of_value(ws: &[(usize, &str)], lower: &[String]) -> Option<(String, String)> {
+    let run = |i: usize| proper_at(ws, i, 4).map(|v| (v.split(' ').count(), v));
+    // "Viktor Sousa replaced Helen Park", "Ana took over from Tom": the new one first.
+    for verb in ["replaced", "succeeded", "took over from"] {
+        let n = verb.split(' ').count();
+        for i in phrase_at(lower, verb) {
+            if let Some(new) = proper_before(ws, i, 4)
+                && let Some((_, old)) = run(i + n)
+                && !new.eq_ignore_ascii_case(&old)
+            {
+                return Some((old, new));
+            }
+        }
+    }
+    for (opener, joins) in [
+        ("moved from", &["to"][..]),
+        ("jumped ship from", &["to"][..]),
+        ("switched from", &["to"][..]),
+        ("changed from", &["to"][..]),
+        ("transferred from", &["to"][..]),
+        ("went from", &["to"][..]),
+        ("relocated from", &["to"][..]),
+        ("left", &["in", "at", "to", "for"][..]),
+        ("swapped", &["for"][..]),
+        ("traded", &["for"][..]),
+        ("exchanged", &["for"][..]),
+        ("replaced", &["with"][..]),
+    ] {
+        let m = opener.split(' ').count();
+        for i in phrase_at(lower, opener) {
+            let Some((n, old)) = run(i + m) else {
+                continue;
+            };
+            let after = i + m + n;
+            if let Some(new) = (after..lower.len())
+                .filter(|&k| joins.contains(&lower[k].as_str()))
+                .find_map(|k| run(k + 1).map(|(_, v)| v))
+                .filter(|v| !v.eq_ignore_ascii_case(&old))
+            {
+                return Some((old, new));
+            }
+        }
+    }
+    None
 }
 
 /// Whether `named` names `value`: every word of it is one of the value's (any case).
@@ -813,12 +1360,14 @@ pub fn timeline(events: &[Event]) -> Vec<Fact> {
     let mut facts: BTreeMap<(String, String), Fact> = BTreeMap::new();
     for e in events {
         let mut key = e.said.key.clone();
-        if key.is_empty() {
+        if key.is_empty() || key.starts_with(FROM_VALUE) {
             // The speaker's fact whose current value this names ("the Skoda" names "blue
-            // Skoda").
-            match facts.values().find(|f| {
-                f.who == e.who && f.current().is_some_and(|c| names(&c.value, &e.said.value))
-            }) {
+            // Skoda"; a change names the value it replaces).
+            let named = key.strip_prefix(FROM_VALUE).unwrap_or(&e.said.value);
+            match facts
+                .values()
+                .find(|f| f.who == e.who && f.current().is_some_and(|c| names(&c.value, named)))
+            {
                 Some(f) => key = f.key.clone(),
                 None => continue,
             }
@@ -860,7 +1409,9 @@ pub fn timeline(events: &[Event]) -> Vec<Fact> {
                         episode: e.episode,
                     });
                 }
-                if !f.values.is_empty() {
+                // Ended already, it stays ended since the first time it was said ("I lost my
+                // job" told again months later).
+                if !f.values.is_empty() && f.ended.is_none() {
                     f.ended = Some((e.at_ms, e.episode, e.said.sentence.clone()));
                 }
             }
@@ -1256,7 +1807,7 @@ mod tests {
             ),
             (
                 "I sold the grey Volvo, I take the bus now.",
-                ends("", "Volvo"),
+                ends("car", "grey Volvo"),
             ),
             (
                 "I don't have a car anymore, the green Mini is gone.",
@@ -1282,7 +1833,7 @@ mod tests {
             ),
             (
                 "I left Initech last Friday and I'm job hunting now.",
-                ends("works at", ""),
+                ends("", "Initech"),
             ),
             (
                 "We gave Luna to a family with a big garden.",
@@ -1563,6 +2114,49 @@ mod memory_tests {
             ends("works at", "Acme")
         );
         assert_eq!(one("Biscuit passed away"), ends("", "Biscuit"));
+        assert_eq!(
+            one("I also lost my job at Door Dash this month"),
+            ends("works at", "Door Dash")
+        );
+        // Travel is no move, and some place is not where one lives.
+        assert_eq!(one("I flew from Miami to Los Angeles for the week"), None);
+        assert_eq!(
+            one("I no longer live in a place where that's possible"),
+            None
+        );
+        assert_eq!(one("Brightline let me go today"), ends("", "Brightline"));
+        assert_eq!(
+            one("My old phone died, new number is 0612 555 014"),
+            holds("phone number", "0612 555 014")
+        );
+        assert_eq!(one("We found a new home for Bean"), ends("", "Bean"));
+        assert_eq!(
+            one("I left the choir, so Tuesdays are free"),
+            ends("choir day", "Tuesday")
+        );
+        // Without "I": diary style, and a place that is home now.
+        assert_eq!(
+            one("Just picked up a blue Skoda from the dealer"),
+            holds("car", "blue Skoda")
+        );
+        assert_eq!(
+            one("Work at Acme Freight is busy as always"),
+            holds("works at", "Acme Freight")
+        );
+        assert_eq!(
+            one("The move is done: Utrecht is home now"),
+            holds("lives in", "Utrecht")
+        );
+        assert_eq!(one("Paris is home to the Louvre"), None);
+        // A change that names the value it replaces.
+        assert_eq!(
+            one("I moved from Blue Harbor to Wayne Health"),
+            holds("=Blue Harbor", "Wayne Health")
+        );
+        assert_eq!(
+            one("We finally left Valencia, we're in Split now"),
+            holds("=Valencia", "Split")
+        );
         // About someone else, or no fact: nothing.
         assert_eq!(one("Bob lives in Rome"), None);
         assert_eq!(one("Alice prefers the dark theme"), None);

@@ -713,14 +713,15 @@ fn current_centroids(
     h.centroids(scope)
 }
 
-/// What a memory states, for superseding: a fact (its key), an ending that names only a value
-/// ("Biscuit passed away": the fact is whichever has that value), or nothing.
+/// What a memory states, for superseding: a fact (its key), an ending or a change that names
+/// only a value ("Biscuit passed away", "I moved from Blue Harbor to Wayne Health": the fact
+/// is whichever has that value now), or nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stated {
     /// The fact key ([`fact_key`]).
     Fact(String),
-    /// The value an ending names.
-    EndsValue(String),
+    /// The value an ending or a change names.
+    OfValue(String),
     /// No fact.
     Nothing,
 }
@@ -736,11 +737,19 @@ pub fn fact_key(what: &str) -> String {
 /// knows a memory replaces another says so (`replaces`).
 pub fn stated(scope: &Scope, text: &str) -> Stated {
     let said = crate::facts::said_of(&[scope.user.as_str(), scope.key.as_str()], text);
-    if let Some(s) = said.iter().find(|s| !s.key.is_empty()) {
+    let from = |s: &crate::facts::Said| {
+        s.key
+            .strip_prefix(crate::facts::FROM_VALUE)
+            .map(String::from)
+    };
+    if let Some(s) = said.iter().find(|s| !s.key.is_empty() && from(s).is_none()) {
         return Stated::Fact(fact_key(&s.key));
     }
+    if let Some(old) = said.iter().find_map(from) {
+        return Stated::OfValue(old);
+    }
     match said.into_iter().find(|s| s.act == crate::facts::Act::Ends) {
-        Some(s) => Stated::EndsValue(s.value),
+        Some(s) => Stated::OfValue(s.value),
         None => Stated::Nothing,
     }
 }
@@ -749,9 +758,10 @@ pub fn stated(scope: &Scope, text: &str) -> Stated {
 /// against.
 const ENDED_CANDIDATES: u32 = 20;
 
-/// The fact key of the scope's current memory whose value an ending names ("Biscuit passed
-/// away" ends the memory "I have a dog named Biscuit"), empty when none of the nearest does.
-fn ended_fact(
+/// The fact key of the scope's current memory whose value an ending or a change names
+/// ("Biscuit passed away" ends the memory "I have a dog named Biscuit"), empty when none of
+/// the nearest does.
+fn fact_of_value(
     h: &mut impl MemoryHost,
     scope: &Scope,
     model: &str,
@@ -767,15 +777,34 @@ fn ended_fact(
         exact: false,
     };
     let names = [scope.user.as_str(), scope.key.as_str()];
-    for hit in h.search(vector, model, &filter, ENDED_CANDIDATES)? {
-        if hit.kind != HitKind::Memory || hit.superseded_by.is_some() {
-            continue;
-        }
-        if let Some(s) = crate::facts::said_of(&names, &hit.text)
-            .into_iter()
-            .find(|s| s.act == crate::facts::Act::Holds && crate::facts::names(&s.value, value))
-        {
-            return Ok(fact_key(&s.key));
+    let hits: Vec<Hit> = h
+        .search(vector, model, &filter, ENDED_CANDIDATES)?
+        .into_iter()
+        .filter(|x| x.kind == HitKind::Memory)
+        .collect();
+    // The memory holding the value may itself be a change named by the value before it
+    // ("from Acme to Blue Harbor"): followed back a few steps, through the memories it
+    // superseded (the one holding the value now is current).
+    let mut value = value.to_string();
+    for step in 0..4 {
+        let holding = hits
+            .iter()
+            .filter(|x| step > 0 || x.superseded_by.is_none())
+            .find_map(|x| {
+                crate::facts::said_of(&names, &x.text)
+                    .into_iter()
+                    .find(|s| {
+                        s.act == crate::facts::Act::Holds
+                            && !s.key.is_empty()
+                            && crate::facts::names(&s.value, &value)
+                    })
+            });
+        match holding {
+            None => break,
+            Some(s) => match s.key.strip_prefix(crate::facts::FROM_VALUE) {
+                Some(before) => value = before.to_string(),
+                None => return Ok(fact_key(&s.key)),
+            },
         }
     }
     Ok(String::new())
@@ -837,7 +866,7 @@ pub fn remember(
         };
         let fact_key = match stated(&m.scope, &m.text) {
             Stated::Fact(k) => k,
-            Stated::EndsValue(v) => ended_fact(h, &m.scope, &e.model, &vector, &v)?,
+            Stated::OfValue(v) => fact_of_value(h, &m.scope, &e.model, &vector, &v)?,
             Stated::Nothing => String::new(),
         };
         let replaces = match &m.replaces {

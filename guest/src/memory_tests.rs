@@ -1166,3 +1166,30 @@ fn a_cluster_summary_states_current_values_and_what_they_replaced() {
         "{last}"
     );
 }
+
+#[test]
+fn a_change_that_names_the_value_it_replaces_supersedes_that_memory() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    remember(&mut h, &[fact("job", "My company is Blue Harbor")], &cfg).unwrap();
+    let r = remember(
+        &mut h,
+        &[fact(
+            "moved",
+            "I moved from Blue Harbor to Wayne Health, new team and all",
+        )],
+        &cfg,
+    )
+    .unwrap();
+    assert_eq!(r[0].supersedes.as_deref(), Some("job"));
+    // And the change after it, named by the value the first change gave.
+    let r = remember(
+        &mut h,
+        &[fact(
+            "again",
+            "Finally left Wayne Health, I'm at Initech now",
+        )],
+        &cfg,
+    )
+    .unwrap();
+    assert_eq!(r[0].supersedes.as_deref(), Some("moved"));
+}

@@ -1060,7 +1060,9 @@ struct EventFeed {
     tenant: Tenant,
     job: Option<u64>,
     shutdown: tokio::sync::watch::Receiver<bool>,
-    /// End once the backlog is sent (the job had already ended).
+    /// End once the backlog is sent (the job had already ended): at its ending event, or, when
+    /// the backlog lacks it (it was published between the subscription and the job's read),
+    /// once it arrives live or at [`ENDING_GRACE`].
     end_after_missed: bool,
     done: bool,
     /// The token the stream was opened with, checked every [`REVOCATION_CHECK`]: a revoked
@@ -1071,6 +1073,9 @@ struct EventFeed {
 /// How often an open event stream checks that its token still stands.
 const REVOCATION_CHECK: Duration = Duration::from_millis(400);
 
+/// How long an ended job's stream waits for its ending event after its backlog.
+const ENDING_GRACE: Duration = Duration::from_secs(3);
+
 fn event_stream(s: EventFeed) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     futures::stream::unfold(s, |mut st| async move {
         if st.done {
@@ -1079,16 +1084,21 @@ fn event_stream(s: EventFeed) -> impl Stream<Item = Result<SseEvent, Infallible>
         if let Some(e) = st.first.pop_front() {
             return Some((Ok(e), st));
         }
+        let end_by = tokio::time::Instant::now() + ENDING_GRACE;
         loop {
             let ev = match st.missed.pop_front() {
                 Some(e) => e,
-                None if st.end_after_missed => return None,
+                None if st.end_after_missed && tokio::time::Instant::now() >= end_by => {
+                    return None;
+                }
                 None => {
                     let mut shutdown = st.shutdown.clone();
                     let checking = st.token.is_some();
+                    let ending = st.end_after_missed;
                     // What woke the stream (decided first; the token is checked after the
                     // select, holding none of its futures).
                     let woke = tokio::select! {
+                        _ = tokio::time::sleep_until(end_by), if ending => return None,
                         _ = tokio::time::sleep(REVOCATION_CHECK), if checking => None,
                         r = st.live.recv() => Some(r),
                         _ = shutdown.wait_for(|s| *s) => return None,

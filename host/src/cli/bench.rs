@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// `facts`: print the built-in templates as JSON (a file to edit and pass back) and stop
     #[arg(long)]
     print_templates: bool,
+    /// `facts`: the paths are real conversations (as `context` reads them): list the facts
+    /// that change in each and what a context shows of them
+    #[arg(long)]
+    real: bool,
 }
 
 /// One session's figures.
@@ -219,10 +223,23 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
             );
             return Ok(());
         }
+        if a.real {
+            if a.paths.is_empty() {
+                return Err(Failure::new(
+                    Exit::Input,
+                    anyhow!(
+                        "abridge bench facts --real needs conversation files: abridge bench facts --real FILE…"
+                    ),
+                ));
+            }
+            return super::bench_facts::run_real(s, &a.paths).await;
+        }
         if a.paths.len() > 1 {
             return Err(Failure::new(
                 Exit::Input,
-                anyhow!("abridge bench facts takes at most one templates file"),
+                anyhow!(
+                    "abridge bench facts takes at most one templates file (conversations: --real FILE…)"
+                ),
             ));
         }
         return super::bench_facts::run(s, a.paths.first(), a.chats, a.seed).await;

@@ -592,7 +592,7 @@ pub(super) fn is_session(file: &Path) -> bool {
 }
 
 /// The session a benchmark imports a conversation as.
-const SESSION: &str = "bench-context";
+pub(super) const SESSION: &str = "bench-context";
 
 /// `conv` imported into a fresh database in `dir` as a user would (`abridge summarize` of its
 /// transcript, then a context at each budget, which runs the refresh it needs first), and the

@@ -351,6 +351,8 @@ pub struct Fact {
     pub values: Vec<String>,
     /// It ended (the last value no longer holds).
     pub withdrawn: bool,
+    /// What its owner said of it, in order: each value's statement, then the withdrawal.
+    pub statements: Vec<String>,
 }
 
 /// A generated chat and what its facts are at the end.
@@ -407,6 +409,7 @@ pub fn generate(t: &Templates, seed: u64, people: usize) -> Chat {
             let steps = values.len() + usize::from(withdrawn);
             let span = TURNS * 4 / 5 / steps;
             let mut at = r.pick(TURNS / 5);
+            let mut statements = Vec::new();
             for (k, v) in values.iter().enumerate() {
                 let text = if k == 0 {
                     r.of(&ft.state).replace("{v}", v)
@@ -416,6 +419,7 @@ pub fn generate(t: &Templates, seed: u64, people: usize) -> Chat {
                         .replace("{old}", &values[k - 1])
                 };
                 let slot = free(&events, at.min(TURNS - 2));
+                statements.push(text.clone());
                 events.insert(slot, (who_i, text));
                 // The next step within the span after this one: the last stays in the chat.
                 at = slot + span / 2 + r.pick((span / 2).max(1));
@@ -424,6 +428,7 @@ pub fn generate(t: &Templates, seed: u64, people: usize) -> Chat {
                 let last = values.last().expect("a value");
                 let text = r.of(&ft.withdraw).replace("{v}", last);
                 let slot = free(&events, at.min(TURNS - 2));
+                statements.push(text.clone());
                 events.insert(slot, (who_i, text));
             }
             facts.push(Fact {
@@ -432,6 +437,7 @@ pub fn generate(t: &Templates, seed: u64, people: usize) -> Chat {
                 question: ft.question.replace("{who}", who),
                 values,
                 withdrawn,
+                statements,
             });
         }
     }
@@ -686,6 +692,285 @@ async fn measure(
     Ok(m)
 }
 
+/// The facts view (`abridge facts`) of a chat's session against what the chat says: of its
+/// facts, how many the view gives right (the current value, or none for a withdrawn one). A
+/// fact is found by its owner and its first value (the templates name kinds their own way).
+async fn view_right(chat: &Chat, local: &abridge_app::Scoped) -> anyhow::Result<usize> {
+    let view = local
+        .facts(super::bench_context::SESSION)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let same = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+    let mut right = 0;
+    for f in &chat.facts {
+        let found = view.iter().find(|v| {
+            same(&v.who, &f.who)
+                && v.values
+                    .iter()
+                    .any(|x| f.values.iter().any(|y| same(&x.value, y)))
+        });
+        let ok = found.is_some_and(|v| match (f.withdrawn, &v.current) {
+            (true, current) => current.is_none(),
+            (false, Some(c)) => f.values.last().is_some_and(|l| same(c, l)),
+            (false, None) => false,
+        });
+        right += usize::from(ok);
+    }
+    Ok(right)
+}
+
+/// How recall reads a chat's facts once every turn of each person is one of their memories.
+#[derive(Clone, Copy, Debug, Default)]
+struct Recalls {
+    /// Facts asked about.
+    facts: usize,
+    /// Facts whose first recalled statement is the newest, and not marked superseded.
+    current_first: usize,
+    /// Facts for which an earlier statement was recalled without a mark.
+    unmarked: usize,
+    /// Facts for which any statement was recalled.
+    found: usize,
+    /// Earlier statements recalled, and how many of them were marked superseded.
+    earlier: usize,
+    marked: usize,
+}
+
+impl Recalls {
+    fn merge(&mut self, o: &Recalls) {
+        self.facts += o.facts;
+        self.current_first += o.current_first;
+        self.unmarked += o.unmarked;
+        self.found += o.found;
+        self.earlier += o.earlier;
+        self.marked += o.marked;
+    }
+
+    fn row(&self) -> String {
+        let share = |n: usize, of: usize| {
+            if of == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.3}", n as f64 / of as f64)
+            }
+        };
+        format!(
+            "{:>8} {:>9} {:>8} {:>9}",
+            share(self.found, self.facts),
+            share(self.current_first, self.facts),
+            share(self.unmarked, self.facts),
+            share(self.marked, self.earlier),
+        )
+    }
+}
+
+/// Memories recalled for a chat's facts: every turn a person said is remembered as their
+/// `{user, text}` memory, in order; each fact's question is recalled (k = 5) among its
+/// owner's memories.
+async fn recall_facts(chat: &Chat, local: &abridge_app::Scoped) -> anyhow::Result<Recalls> {
+    use abridge_app::memories::{MemoryInput, Summaries, filter};
+    let owners: std::collections::BTreeSet<&str> =
+        chat.facts.iter().map(|f| f.who.as_str()).collect();
+    let items: Vec<MemoryInput> = chat
+        .conversation
+        .turns
+        .iter()
+        .filter(|(who, _, _)| owners.contains(who.as_str()))
+        .map(|(who, text, _)| MemoryInput {
+            id: None,
+            user: who.clone(),
+            project: String::new(),
+            environment: String::new(),
+            kind: abridge_app::memories::DEFAULT_TYPE.into(),
+            key: abridge_app::memories::DEFAULT_KEY.into(),
+            text: text.clone(),
+            importance: None,
+            replaces: None,
+        })
+        .collect();
+    // In order, a handful at a time: each write sees the ones before it.
+    for chunk in items.chunks(50) {
+        local
+            .remember(chunk.to_vec(), Summaries::Leave)
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    let mut r = Recalls::default();
+    for f in &chat.facts {
+        let hits = local
+            .recall(
+                &f.question,
+                &filter(Some(f.who.clone()), None, None, None, None),
+                5,
+            )
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        let said: Vec<(usize, bool)> = hits
+            .iter()
+            .filter(|h| h.kind == "memory")
+            .filter_map(|h| {
+                f.statements
+                    .iter()
+                    .position(|s| *s == h.text)
+                    .map(|i| (i, h.superseded_by.is_some()))
+            })
+            .collect();
+        let newest = f.statements.len().saturating_sub(1);
+        r.facts += 1;
+        r.found += usize::from(!said.is_empty());
+        r.current_first += usize::from(said.first() == Some(&(newest, false)));
+        let earlier: Vec<bool> = said
+            .iter()
+            .filter(|(i, _)| *i < newest)
+            .map(|(_, marked)| *marked)
+            .collect();
+        r.unmarked += usize::from(earlier.iter().any(|m| !m));
+        r.earlier += earlier.len();
+        r.marked += earlier.iter().filter(|m| **m).count();
+    }
+    Ok(r)
+}
+
+/// The question about a fact now, from what it is (`lives in` → "Where does Robin live now?").
+fn question_of(who: &str, key: &str) -> String {
+    match key {
+        "lives in" => format!("Where does {who} live now?"),
+        "works at" => format!("Where does {who} work now?"),
+        "phone number" => format!("What is {who}'s phone number now?"),
+        "manager" => format!("Who is {who}'s manager now?"),
+        "partner" => format!("Who is {who}'s partner now?"),
+        "pet" => format!("What pet does {who} have now?"),
+        "car" => format!("What car does {who} drive now?"),
+        k => match k.strip_suffix(" day") {
+            Some(what) => format!("On which day does {who} go {what} now?"),
+            None => format!("What is {who}'s {k} now?"),
+        },
+    }
+}
+
+/// `abridge bench facts --real FILE…`: real conversations have no record of their facts, so
+/// each is read for the facts abridge finds that change (a value replaced, or ended), listed
+/// with the sentences that said them (to check by reading), and the context is judged against
+/// that time line as the generated chats are: the current value in it, an earlier one only, an
+/// earlier one last without a mark, the ending kept.
+pub async fn run_real(s: &Settings, paths: &[PathBuf]) -> Result<(), Failure> {
+    let exe = std::env::current_exe().map_err(|e| Failure::new(Exit::Internal, e))?;
+    let pure = super::commands::pure_engine(s)?;
+    let fail = |e: anyhow::Error| Failure::new(Exit::Internal, e);
+    let mut totals: BTreeMap<(u32, &'static str, bool), Shares> = BTreeMap::new();
+    let mut all_facts = 0;
+    for path in paths {
+        let conv = super::bench_context::load(path).map_err(|e| Failure::new(Exit::Input, e))?;
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        );
+        let tmp = tempfile::tempdir().map_err(|e| Failure::new(Exit::Internal, e))?;
+        let local = super::bench_context::import(s, &exe, &conv, tmp.path()).map_err(fail)?;
+        let view = local
+            .facts(super::bench_context::SESSION)
+            .await
+            .map_err(|e| fail(anyhow!("{e}")))?;
+        // The messages that said each value or ending, to read.
+        let mut said: BTreeMap<u64, String> = BTreeMap::new();
+        for f in view
+            .iter()
+            .filter(|f| f.values.len() > 1 || f.ended.is_some())
+        {
+            let eps = f
+                .values
+                .iter()
+                .map(|v| v.episode)
+                .chain(f.ended.as_ref().map(|e| e.episode));
+            for ep in eps {
+                let page = local
+                    .messages(super::bench_context::SESSION, ep.saturating_sub(1), 1)
+                    .await
+                    .map_err(|e| fail(anyhow!("{e}")))?;
+                if let Some(m) = page.messages.first() {
+                    said.insert(ep, m.content.chars().take(160).collect());
+                }
+            }
+        }
+        let said = |ep: u64| said.get(&ep).cloned().unwrap_or_default();
+        println!(
+            "{name}: {} facts found, {} of them changed or ended",
+            view.len(),
+            view.iter()
+                .filter(|f| f.values.len() > 1 || f.ended.is_some())
+                .count()
+        );
+        let mut facts = Vec::new();
+        for f in view
+            .iter()
+            .filter(|f| f.values.len() > 1 || f.ended.is_some())
+        {
+            println!("  {}", f.line);
+            for v in &f.values {
+                println!("    #{} {}: {}", v.episode, v.value, said(v.episode));
+            }
+            if let Some(e) = &f.ended {
+                println!("    #{} ended: {}", e.episode, said(e.episode));
+            }
+            facts.push(Fact {
+                who: f.who.clone(),
+                key: f.key.clone(),
+                question: question_of(&f.who, &f.key),
+                values: f.values.iter().map(|v| v.value.clone()).collect(),
+                withdrawn: f.ended.is_some(),
+                statements: Vec::new(),
+            });
+        }
+        all_facts += facts.len();
+        if facts.is_empty() {
+            continue;
+        }
+        let mut turns: Vec<(String, u32)> = Vec::with_capacity(conv.turns.len());
+        for (speaker, text, _) in &conv.turns {
+            let line = format!("{speaker}: {text}");
+            let t = pure
+                .estimate_tokens(&line)
+                .await
+                .map_err(|e| Failure::new(Exit::Internal, e))?;
+            turns.push((line, t));
+        }
+        let index = Bm25::new(&turns);
+        let chat = Chat {
+            conversation: conv,
+            facts,
+        };
+        for budget in BUDGETS {
+            let m = measure(&chat, &turns, &index, budget, &local)
+                .await
+                .map_err(fail)?;
+            for ((reader, q), sh) in &m.shares {
+                let label = if *q {
+                    format!("{reader}(q)")
+                } else {
+                    reader.to_string()
+                };
+                println!("{name:<24} {budget:>6} {label:<13} {}", sh.row());
+                totals.entry((budget, reader, *q)).or_default().merge(sh);
+            }
+        }
+    }
+    println!(
+        "{:<24} {:>6} {:<13} {:>8} {:>9} {:>9} {:>9}",
+        "all", "budget", "reader", "current", "obs.only", "obs.last", "withdrawn"
+    );
+    for ((budget, reader, q), sh) in &totals {
+        let label = if *q {
+            format!("{reader}(q)")
+        } else {
+            reader.to_string()
+        };
+        println!("{:<24} {budget:>6} {label:<13} {}", "all", sh.row());
+    }
+    println!(
+        "{all_facts} facts that changed or ended, as abridge itself reads them (no file records its facts: the lines above are to check by reading); the columns as for generated chats"
+    );
+    Ok(())
+}
+
 /// `abridge bench facts [TEMPLATES.json]`: `chats` chats of each kind (one person with an
 /// assistant, a group of three), from `seed` on.
 pub async fn run(
@@ -731,6 +1016,8 @@ pub async fn run(
     );
     let mut totals: BTreeMap<(u32, &'static str, bool), Shares> = BTreeMap::new();
     let mut facts = 0;
+    let mut views: Vec<(String, usize, usize)> = Vec::new();
+    let mut recalls: Vec<(String, Recalls)> = Vec::new();
     for k in 0..chats.max(1) {
         for people in [1usize, 3] {
             let chat = generate(&t, seed + k as u64, people);
@@ -767,6 +1054,14 @@ pub async fn run(
                     totals.entry((budget, reader, *q)).or_default().merge(sh);
                 }
             }
+            let right = view_right(&chat, &local)
+                .await
+                .map_err(|e| Failure::new(Exit::Internal, e))?;
+            views.push((name.clone(), right, chat.facts.len()));
+            let rc = recall_facts(&chat, &local)
+                .await
+                .map_err(|e| Failure::new(Exit::Internal, e))?;
+            recalls.push((name, rc));
         }
     }
     for ((budget, reader, q), sh) in &totals {
@@ -777,6 +1072,32 @@ pub async fn run(
         };
         println!("{:<12} {budget:>6} {label:<13} {}", "all", sh.row());
     }
+    println!();
+    println!(
+        "{:<12} {:>8} {:>9} {:>8} {:>9} {:>9}",
+        "chat", "found", "cur.first", "unmarked", "marked", "view"
+    );
+    let mut all = Recalls::default();
+    let (mut right, mut of) = (0, 0);
+    for ((name, rc), (_, r, n)) in recalls.iter().zip(&views) {
+        println!(
+            "{name:<12} {} {:>9.3}",
+            rc.row(),
+            *r as f64 / (*n).max(1) as f64
+        );
+        all.merge(rc);
+        right += r;
+        of += n;
+    }
+    println!(
+        "{:<12} {} {:>9.3}",
+        "all",
+        all.row(),
+        right as f64 / of.max(1) as f64
+    );
+    println!(
+        "memories: every turn a person said remembered as their {{user, text}} memory, each fact's question recalled (k = 5) among its owner's; found: a statement of the fact recalled; cur.first: the first one recalled is the newest, unmarked; unmarked: an earlier statement recalled without its superseded mark (the done-when: never); marked: the share of earlier statements recalled that carry the mark; view: the facts view (abridge facts) gives the fact's current value, or none for a withdrawn one"
+    );
     println!(
         "{facts} facts; current: share of facts that hold whose current value is in the context; obs.only: share of facts where an earlier value is there and the current one (or the withdrawal) is not; obs.last: share of facts that hold where an earlier value comes after the current one on a line that does not mark it as earlier; withdrawn: share of withdrawn facts whose withdrawal is there. (q): with the fact's question as the query; bm25(q): the turns that best match the question (a reference that knows it); recent: the newest turns"
     );
@@ -825,6 +1146,7 @@ mod tests {
             question: String::new(),
             values: vec!["Porto".into(), "Lyon".into()],
             withdrawn: false,
+            statements: Vec::new(),
         };
         let both = judge(&f, "Robin lives in Lyon.\nEarlier: Robin lives in Porto");
         assert!(both.current && !both.obsolete_only && !both.obsolete_last);
