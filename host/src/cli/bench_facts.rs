@@ -597,6 +597,31 @@ pub fn judge(f: &Fact, context: &str) -> Outcome {
     }
 }
 
+/// `a.f += b.f` for each field `f` named: counts of two runs added.
+macro_rules! add_fields {
+    ($a:ident, $b:ident, $($f:ident),+) => {
+        $( $a.$f += $b.$f; )+
+    };
+}
+
+/// `n` of `of` as a share with three decimals, `-` of none.
+fn share(n: usize, of: usize) -> String {
+    if of == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.3}", n as f64 / of as f64)
+    }
+}
+
+/// A reader's label: `abridge`, or `abridge(q)` with the question as the query.
+fn label(reader: &str, q: bool) -> String {
+    if q {
+        format!("{reader}(q)")
+    } else {
+        reader.to_string()
+    }
+}
+
 /// The shares of a set of outcomes: current (of facts that hold), obsolete only and obsolete
 /// last (of all facts; obsolete last of those that hold), withdrawn kept (of those withdrawn).
 #[derive(Clone, Copy, Debug, Default)]
@@ -623,22 +648,19 @@ impl Shares {
     }
 
     fn merge(&mut self, o: &Shares) {
-        self.holding += o.holding;
-        self.withdrawn += o.withdrawn;
-        self.current += o.current;
-        self.obsolete_only += o.obsolete_only;
-        self.obsolete_last += o.obsolete_last;
-        self.withdrawn_kept += o.withdrawn_kept;
+        add_fields!(
+            self,
+            o,
+            holding,
+            withdrawn,
+            current,
+            obsolete_only,
+            obsolete_last,
+            withdrawn_kept
+        );
     }
 
     fn row(&self) -> String {
-        let share = |n: usize, of: usize| {
-            if of == 0 {
-                "-".to_string()
-            } else {
-                format!("{:.3}", n as f64 / of as f64)
-            }
-        };
         format!(
             "{:>8} {:>9} {:>9} {:>9}",
             share(self.current, self.holding),
@@ -737,22 +759,19 @@ struct Recalls {
 
 impl Recalls {
     fn merge(&mut self, o: &Recalls) {
-        self.facts += o.facts;
-        self.current_first += o.current_first;
-        self.unmarked += o.unmarked;
-        self.found += o.found;
-        self.earlier += o.earlier;
-        self.marked += o.marked;
+        add_fields!(
+            self,
+            o,
+            facts,
+            current_first,
+            unmarked,
+            found,
+            earlier,
+            marked
+        );
     }
 
     fn row(&self) -> String {
-        let share = |n: usize, of: usize| {
-            if of == 0 {
-                "-".to_string()
-            } else {
-                format!("{:.3}", n as f64 / of as f64)
-            }
-        };
         format!(
             "{:>8} {:>9} {:>8} {:>9}",
             share(self.found, self.facts),
@@ -943,11 +962,7 @@ pub async fn run_real(s: &Settings, paths: &[PathBuf]) -> Result<(), Failure> {
                 .await
                 .map_err(fail)?;
             for ((reader, q), sh) in &m.shares {
-                let label = if *q {
-                    format!("{reader}(q)")
-                } else {
-                    reader.to_string()
-                };
+                let label = label(reader, *q);
                 println!("{name:<24} {budget:>6} {label:<13} {}", sh.row());
                 totals.entry((budget, reader, *q)).or_default().merge(sh);
             }
@@ -958,11 +973,7 @@ pub async fn run_real(s: &Settings, paths: &[PathBuf]) -> Result<(), Failure> {
         "all", "budget", "reader", "current", "obs.only", "obs.last", "withdrawn"
     );
     for ((budget, reader, q), sh) in &totals {
-        let label = if *q {
-            format!("{reader}(q)")
-        } else {
-            reader.to_string()
-        };
+        let label = label(reader, *q);
         println!("{:<24} {budget:>6} {label:<13} {}", "all", sh.row());
     }
     println!(
@@ -1065,11 +1076,7 @@ pub async fn run(
         }
     }
     for ((budget, reader, q), sh) in &totals {
-        let label = if *q {
-            format!("{reader}(q)")
-        } else {
-            reader.to_string()
-        };
+        let label = label(reader, *q);
         println!("{:<12} {budget:>6} {label:<13} {}", "all", sh.row());
     }
     println!();

@@ -248,7 +248,7 @@ macro_rules! writing {
     }};
 }
 
-mod recall;
+pub(crate) mod recall;
 mod store;
 
 const TOKEN_COLS: &str = "id, tenant, prefix, read_only, label, created_ms, revoked_ms";

@@ -70,15 +70,11 @@ async fn superseded(
         p(8)
     );
     let args = [
-        tenant.into(),
-        arg,
-        s.user.as_str().into(),
-        s.project.as_str().into(),
-        s.environment.as_str().into(),
-        s.kind.as_str().into(),
-        s.key.as_str().into(),
-        m.id.as_str().into(),
-    ];
+        &[tenant.into(), arg][..],
+        &crate::once::recall::scope_vals(s),
+        &[m.id.as_str().into()],
+    ]
+    .concat();
     match tx.row(&sql, &args).await? {
         Some(r) => Ok(Some((r.text(0)?, r.u64(1)?))),
         None => Ok(None),

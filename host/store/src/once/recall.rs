@@ -120,6 +120,18 @@ fn filter_vals(d: Dialect, tenant: &str, f: &MemoryFilter, prefix: &str) -> (Str
     (fsql, args.into_iter().map(Val::from).collect())
 }
 
+/// A scope's five fields as SQL values, in the order the `memories` and `clusters` columns
+/// name them (user, project, environment, kind, key).
+pub(crate) fn scope_vals(s: &Scope) -> [Val; 5] {
+    [
+        s.user.as_str().into(),
+        s.project.as_str().into(),
+        s.environment.as_str().into(),
+        s.kind.as_str().into(),
+        s.key.as_str().into(),
+    ]
+}
+
 /// A memory's fact key as the store keeps it: a keyed hash under the tenant's full-text key
 /// (its lexical key with a master key), so a sealed tenant's facts are not in the clear; empty
 /// for none. `js/src/stores.js` derives the same.
@@ -142,14 +154,7 @@ impl<B: Backend> RecallStore for Sql<B> {
             for r in t
                 .rows(
                     &format!("SELECT id, model, sum, members FROM clusters WHERE tenant = $1 AND {user} = $2 AND project = $3 AND environment = $4 AND kind = $5 AND key = $6 AND members > 0 ORDER BY id"),
-                    &[
-                        tenant.into(),
-                        scope.user.as_str().into(),
-                        scope.project.as_str().into(),
-                        scope.environment.as_str().into(),
-                        scope.kind.as_str().into(),
-                        scope.key.as_str().into(),
-                    ],
+                    &[&[tenant.into()][..], &scope_vals(scope)].concat(),
                 )
                 .await?
             {
@@ -194,15 +199,7 @@ impl<B: Backend> RecallStore for Sql<B> {
                     "SELECT {cols} FROM memories WHERE tenant = $1 AND fact_key = $2 AND {} = $3 AND project = $4 AND environment = $5 AND kind = $6 AND key = $7 AND superseded_by IS NULL ORDER BY seq DESC LIMIT 1",
                     d.user_column()
                 ),
-                &[
-                    tenant.into(),
-                    token.as_str().into(),
-                    scope.user.as_str().into(),
-                    scope.project.as_str().into(),
-                    scope.environment.as_str().into(),
-                    scope.kind.as_str().into(),
-                    scope.key.as_str().into(),
-                ],
+                &[&[tenant.into(), token.as_str().into()][..], &scope_vals(scope)].concat(),
             )
             .await?
             .pop())
