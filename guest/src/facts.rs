@@ -631,6 +631,32 @@ const ENDINGS: &[&str] = &[
     "away to",
 ];
 
+/// Words that end something, too loose to end a fact by themselves ("finished", "ran away",
+/// "closed down"): they end only the fact whose value now they name, which the time line
+/// checks ("Things with Rosie are finished" ends Rosie's being the partner only while she is).
+const WEAK_ENDINGS: &[&str] = &[
+    "finished",
+    "ran away",
+    "run away",
+    "scrapped",
+    "goodbye to",
+    "moved out",
+    "closed down",
+    "shut down",
+    "went under",
+    "bankrupt",
+    "out of business",
+    "out of work",
+    "retired from",
+    "no longer together",
+    "left me",
+    "we lost",
+    "i lost",
+    "put to sleep",
+    "farewell",
+    "split",
+];
+
 /// Words of the first person: the sentence is about the speaker.
 const FIRST_PERSON: &[&str] = &[
     "i", "i'm", "i've", "i'd", "i'll", "we", "we're", "we've", "my", "our", "me", "us",
@@ -1110,6 +1136,7 @@ fn markers() -> &'static std::collections::BTreeSet<String> {
             .iter()
             .flat_map(|k| k.cues.iter())
             .chain(ENDINGS)
+            .chain(WEAK_ENDINGS)
             .chain(ACTIVITIES)
             .map(|p| longest(p.trim()))
             .collect();
@@ -1171,6 +1198,7 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         .into_iter()
         .any(|g| lower[g + 1..].iter().take(3).any(|w| w == "down"));
     let ends = gave_to || put_down || any_at(&ws, &lower, ENDINGS).is_some();
+    let weak = !ends && any_at(&ws, &lower, WEAK_ENDINGS).is_some();
     let mine = first_person(&lower) || implied_subject(&lower);
     // A regular day: a weekday beside an activity, said of oneself or of the activity
     // ("Climbing moved to Thursday").
@@ -1248,10 +1276,24 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
             continue;
         }
         if let Some(value) = value {
+            // A loose ending beside the value ends it if it is the value now, when the clause
+            // names no other ("We said goodbye to Porto and settled in Lyon" ends nothing).
+            let others = (0..ws.len())
+                .filter_map(|i| proper_at(&ws, i, 4))
+                .any(|p| !names(&value, &p) && !names(&p, &value));
+            let act = if weak && !renewed && !others {
+                Act::Ends
+            } else {
+                Act::Holds
+            };
             out.push(Said {
-                key: kind.key.to_string(),
+                key: if act == Act::Ends {
+                    String::new()
+                } else {
+                    kind.key.to_string()
+                },
                 value,
-                act: Act::Holds,
+                act,
                 sentence: sentence.to_string(),
             });
             return;
@@ -1285,8 +1327,12 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         });
         return;
     }
-    // An ending that names only a value: "Biscuit passed away".
-    if ends && let Some(v) = (0..ws.len()).find_map(|i| proper_at(&ws, i, 2)) {
+    // An ending that names only a value: "Biscuit passed away" (or a car by its make).
+    if (ends || weak)
+        && let Some(v) = (0..ws.len())
+            .find_map(|i| proper_at(&ws, i, 2))
+            .or_else(|| car_by_make(&ws, true))
+    {
         out.push(Said {
             key: String::new(),
             value: v,
@@ -2160,5 +2206,41 @@ mod memory_tests {
         // About someone else, or no fact: nothing.
         assert_eq!(one("Bob lives in Rome"), None);
         assert_eq!(one("Alice prefers the dark theme"), None);
+    }
+}
+
+#[cfg(test)]
+mod weak_ending_tests {
+    use super::*;
+
+    fn lines(said: &[&str]) -> Vec<Fact> {
+        let evs: Vec<Event> = said
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| events("Robin", t, i as u64 + 1, None))
+            .collect();
+        timeline(&evs)
+    }
+
+    #[test]
+    fn a_loose_ending_ends_only_the_value_it_names_while_it_holds() {
+        let f = lines(&[
+            "My girlfriend Rosie says hi.",
+            "Things with Rosie are finished.",
+        ]);
+        assert!(f[0].ended.is_some(), "{f:?}");
+        // Another name, or a value the fact no longer has, ends nothing.
+        let f = lines(&[
+            "My girlfriend Rosie says hi.",
+            "Things with Anna are finished.",
+        ]);
+        assert!(f[0].ended.is_none(), "{f:?}");
+        let f = lines(&[
+            "I drive a blue Skoda.",
+            "My old blue Skoda got scrapped, no regrets.",
+        ]);
+        assert!(f[0].ended.is_some(), "{f:?}");
+        let f = lines(&["We have a dog named Max.", "We lost Max to old age."]);
+        assert!(f[0].ended.is_some(), "{f:?}");
     }
 }
