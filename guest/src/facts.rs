@@ -1061,10 +1061,23 @@ fn clauses(sentence: &str) -> Vec<&str> {
         .collect()
 }
 
+/// How much of one message is read for facts (characters).
+pub const READ_CHARS: usize = 4_000;
+
+/// The first [`READ_CHARS`] characters of `text`.
+fn first_page(text: &str) -> &str {
+    match text.char_indices().nth(READ_CHARS) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
 /// The statements of facts in what `who` said.
 pub fn said(who: &str, text: &str) -> Vec<Said> {
     let mut out = Vec::new();
-    let text = text.replace('\u{2019}', "'");
+    // A person says their facts in a message, not in the middle of a pasted document: only the
+    // first [`READ_CHARS`] characters are read, so a 50 MB paste costs what a page does.
+    let text = first_page(text).replace('\u{2019}', "'");
     // A short sentence that names a fact without its value ("New job!") gives the next one's
     // value its fact ("I'm with Keller Systems now").
     let mut pending: Option<&Kind> = None;
@@ -2111,7 +2124,7 @@ fn in_first_person(sentence: &str, names: &[&str]) -> String {
 /// the first or the third person ("I moved to Lyon", "Alice moved to Lyon", "The user sold
 /// her car").
 pub fn said_of(names: &[&str], text: &str) -> Vec<Said> {
-    let text = text.replace('\u{2019}', "'");
+    let text = first_page(text).replace('\u{2019}', "'");
     let owner = names.first().copied().unwrap_or("");
     let mut out = Vec::new();
     for sentence in sentences(&text) {
@@ -2171,6 +2184,11 @@ mod memory_tests {
             None
         );
         assert_eq!(one("Brightline let me go today"), ends("", "Brightline"));
+        // A long paste is read for its first page only.
+        let long = format!("{} I live in Porto.", "Logs. ".repeat(READ_CHARS));
+        assert_eq!(one(&long), None);
+        let short = format!("I live in Porto. {}", "Logs. ".repeat(READ_CHARS));
+        assert_eq!(one(&short), holds("lives in", "Porto"));
         assert_eq!(
             one("My old phone died, new number is 0612 555 014"),
             holds("phone number", "0612 555 014")

@@ -231,7 +231,9 @@ fn a_fifty_megabyte_message_is_stored_in_parts_and_summarized() {
     // it crosses into the guest, and the parts are map-reduced like any long session.
     let server = TestServer::start();
     let env = ollama_env(&server);
-    let para = "The migration copies the orders table in batches of ten thousand rows and checks each batch. ";
+    // Full of what the facts rules read, so reading it costs the most it can: a person's facts
+    // are read in a message's first page only.
+    let para = "I'm with Keller Systems now and my car is a blue Skoda, we moved from Porto to Lyon. The migration copies the orders table in batches of ten thousand rows and checks each batch. ";
     let mut body = String::with_capacity(50_100_000);
     while body.len() < 50_000_000 {
         body.push_str(&para.repeat(20));
