@@ -1061,6 +1061,62 @@ fn clauses(sentence: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The words a question about each kind of fact is asked with.
+const ASKED_WITH: &[(&str, &[&str])] = &[
+    (
+        "lives in",
+        &[
+            "live", "lives", "living", "home", "city", "town", "based", "reside",
+        ],
+    ),
+    (
+        "works at",
+        &[
+            "work", "works", "working", "job", "employer", "company", "employed",
+        ],
+    ),
+    ("phone number", &["number", "phone", "mobile", "reach"]),
+    (
+        "manager",
+        &["manager", "boss", "supervisor", "manages", "report"],
+    ),
+    (
+        "partner",
+        &[
+            "partner",
+            "dating",
+            "together",
+            "relationship",
+            "boyfriend",
+            "girlfriend",
+            "husband",
+            "wife",
+        ],
+    ),
+    ("pet", &["pet", "dog", "cat", "puppy", "kitten"]),
+    ("car", &["car", "drive", "drives", "driving", "vehicle"]),
+];
+
+/// `query` with the words its kinds of fact are told with added (their cues), when it asks
+/// about one: an offline embedding of "Where does Robin live now?" then lies near "we moved
+/// to Lyon". Any other query is given back as it is.
+pub fn with_fact_words(query: &str) -> String {
+    let lower: Vec<String> = words(query).iter().map(|(_, w)| w.to_lowercase()).collect();
+    let mut out = query.to_string();
+    for (key, asked) in ASKED_WITH {
+        if !lower.iter().any(|w| asked.contains(&w.as_str())) {
+            continue;
+        }
+        if let Some(kind) = KINDS.iter().find(|k| k.key == *key) {
+            for cue in kind.cues {
+                out.push(' ');
+                out.push_str(cue);
+            }
+        }
+    }
+    out
+}
+
 /// How much of one message is read for facts (characters).
 pub const READ_CHARS: usize = 4_000;
 
@@ -2184,6 +2240,12 @@ mod memory_tests {
             None
         );
         assert_eq!(one("Brightline let me go today"), ends("", "Brightline"));
+        // A question about a fact takes the fact's words; any other is left alone.
+        assert!(with_fact_words("Where does Robin live now?").contains("moved to"));
+        assert_eq!(
+            with_fact_words("the dark editor theme"),
+            "the dark editor theme"
+        );
         // A long paste is read for its first page only.
         let long = format!("{} I live in Porto.", "Logs. ".repeat(READ_CHARS));
         assert_eq!(one(&long), None);

@@ -1450,7 +1450,9 @@ pub fn recall(
         )));
     }
     let k = k.clamp(1, 100);
-    let e = embed_texts(h, cfg, &[query.to_string()])?;
+    // A question about a fact is asked in other words than the fact is told ("Where does
+    // Robin live now?" / "We moved to Lyon"): the fact's own words go with it.
+    let e = embed_texts(h, cfg, &[crate::facts::with_fact_words(query)])?;
     let q = e.vectors.into_iter().next().unwrap_or_default();
     // More candidates than asked for: importance can lift one from further down.
     let hits = h.search(&q, &e.model, filter, k.saturating_mul(4).max(20))?;
