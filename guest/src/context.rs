@@ -290,11 +290,11 @@ fn found_line(e: &Episode, text: &str) -> String {
 }
 
 /// The found turns' lines in the order they were said, each day's turns under its mark, each
-/// turn as `shown` gives it.
+/// turn as `shown` gives it, with its mark of `marks` (see [`stale_mark`]).
 fn found_lines(
     found: &[&Episode],
     shown: &BTreeMap<u64, String>,
-    facts: &[crate::facts::Fact],
+    marks: &BTreeMap<u64, String>,
 ) -> Vec<String> {
     let mut lines = Vec::new();
     let mut day: Option<String> = None;
@@ -305,7 +305,8 @@ fn found_lines(
         }
         day = d;
         let text = shown.get(&e.id).map_or(e.content.as_str(), String::as_str);
-        lines.push(found_line(e, &format!("{text}{}", stale_mark(e, facts))));
+        let mark = marks.get(&e.id).map_or("", String::as_str);
+        lines.push(found_line(e, &format!("{text}{mark}")));
     }
     lines
 }
@@ -1047,6 +1048,8 @@ pub fn assemble(p: &Parts) -> Window {
     // The turns a query found, best first, each with its short reply; shown in order.
     let mut found: Vec<&Episode> = Vec::new();
     let mut excerpts: BTreeMap<u64, String> = BTreeMap::new();
+    // Each candidate turn's stale-fact mark, read once.
+    let mut marks: BTreeMap<u64, String> = BTreeMap::new();
     // The facts as they stand (the rows' events and the unfolded ones): a found turn that
     // states a value no longer current says so.
     let facts_now = if crate::digest::is_coding(p.digest) {
@@ -1132,6 +1135,9 @@ pub fn assemble(p: &Parts) -> Window {
                 if let Some(x) = found_excerpt(&e.content, p.query, cap) {
                     excerpts.insert(e.id, x);
                 }
+                marks
+                    .entry(e.id)
+                    .or_insert_with(|| stale_mark(e, &facts_now));
             }
             let line = |e: &Episode, beside: Option<&Episode>| {
                 let mark = found_day(e)
@@ -1140,7 +1146,7 @@ pub fn assemble(p: &Parts) -> Window {
                 let text = excerpts
                     .get(&e.id)
                     .map_or(e.content.as_str(), String::as_str);
-                let stale = stale_mark(e, &facts_now);
+                let stale = marks.get(&e.id).map_or("", String::as_str);
                 estimate_tokens(&found_line(e, &format!("{text}{stale}"))) + 1 + mark
             };
             let mut c: u32 = line(add[0], None) + add.get(1).map_or(0, |r| line(r, Some(add[0])));
@@ -1162,7 +1168,7 @@ pub fn assemble(p: &Parts) -> Window {
     }
     found.sort_by_key(|e| e.id);
     let found_text = (!found.is_empty()).then(|| {
-        let lines = found_lines(&found, &excerpts, &facts_now);
+        let lines = found_lines(&found, &excerpts, &marks);
         crate::prompt::neutralize(&format!("{FOUND_HEADER}\n{}", lines.join("\n")))
     });
     // Beside an offline chain, its lines that hold the query's words and the head does not

@@ -105,6 +105,8 @@ struct Kind {
     shape: Shape,
     /// Words after which the value comes (the first value after one is taken first).
     before: &'static [&'static str],
+    /// The words a question about it is asked with ("Where does Robin *live* now?").
+    asked: &'static [&'static str],
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -128,9 +130,13 @@ const KINDS: &[Kind] = &[
         ],
         shape: Shape::Phone,
         before: &[],
+        asked: &["number", "phone", "mobile", "reach"],
     },
     Kind {
         key: "lives in",
+        asked: &[
+            "live", "lives", "living", "home", "city", "town", "based", "reside",
+        ],
         cues: &[
             "now call",
             "lived in",
@@ -195,6 +201,9 @@ const KINDS: &[Kind] = &[
     },
     Kind {
         key: "works at",
+        asked: &[
+            "work", "works", "working", "job", "employer", "company", "employed",
+        ],
         cues: &[
             "worked at",
             "worked for",
@@ -265,6 +274,7 @@ const KINDS: &[Kind] = &[
     },
     Kind {
         key: "manager",
+        asked: &["manager", "boss", "supervisor", "manages", "report"],
         cues: &[
             "report directly to",
             "reports to",
@@ -310,6 +320,16 @@ const KINDS: &[Kind] = &[
     },
     Kind {
         key: "partner",
+        asked: &[
+            "partner",
+            "dating",
+            "together",
+            "relationship",
+            "boyfriend",
+            "girlfriend",
+            "husband",
+            "wife",
+        ],
         cues: &[
             "going out with",
             "partner",
@@ -368,6 +388,7 @@ const KINDS: &[Kind] = &[
             "kitten",
             "rehome",
         ],
+        asked: &["pet", "dog", "cat", "puppy", "kitten"],
     },
     Kind {
         key: "car",
@@ -400,6 +421,7 @@ const KINDS: &[Kind] = &[
             "an",
             "the",
         ],
+        asked: &["car", "drive", "drives", "driving", "vehicle"],
     },
 ];
 
@@ -1061,53 +1083,14 @@ fn clauses(sentence: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The words a question about each kind of fact is asked with.
-const ASKED_WITH: &[(&str, &[&str])] = &[
-    (
-        "lives in",
-        &[
-            "live", "lives", "living", "home", "city", "town", "based", "reside",
-        ],
-    ),
-    (
-        "works at",
-        &[
-            "work", "works", "working", "job", "employer", "company", "employed",
-        ],
-    ),
-    ("phone number", &["number", "phone", "mobile", "reach"]),
-    (
-        "manager",
-        &["manager", "boss", "supervisor", "manages", "report"],
-    ),
-    (
-        "partner",
-        &[
-            "partner",
-            "dating",
-            "together",
-            "relationship",
-            "boyfriend",
-            "girlfriend",
-            "husband",
-            "wife",
-        ],
-    ),
-    ("pet", &["pet", "dog", "cat", "puppy", "kitten"]),
-    ("car", &["car", "drive", "drives", "driving", "vehicle"]),
-];
-
 /// `query` with the words its kinds of fact are told with added (their cues), when it asks
 /// about one: an offline embedding of "Where does Robin live now?" then lies near "we moved
 /// to Lyon". Any other query is given back as it is.
 pub fn with_fact_words(query: &str) -> String {
     let lower: Vec<String> = words(query).iter().map(|(_, w)| w.to_lowercase()).collect();
     let mut out = query.to_string();
-    for (key, asked) in ASKED_WITH {
-        if !lower.iter().any(|w| asked.contains(&w.as_str())) {
-            continue;
-        }
-        if let Some(kind) = KINDS.iter().find(|k| k.key == *key) {
+    for kind in KINDS {
+        if lower.iter().any(|w| kind.asked.contains(&w.as_str())) {
             for cue in kind.cues {
                 out.push(' ');
                 out.push_str(cue);
@@ -1843,6 +1826,109 @@ pub fn line(f: &Fact) -> String {
     }
 }
 
+/// A sentence about `names` (a memory's user or key, "the user", "he", "she") rewritten in the
+/// first person, so the rules read "Alice moved to Lyon" as "I moved to Lyon": its subject
+/// becomes "I" (and its verb "move"s form of "I"), and the person's possessives "my". A
+/// sentence not about them is left as it is.
+fn in_first_person(sentence: &str, names: &[&str]) -> String {
+    let lower = sentence.to_lowercase();
+    let subjects = names
+        .iter()
+        .map(|n| n.trim().to_lowercase())
+        .filter(|n| !n.is_empty())
+        .chain(["the user", "user", "he", "she", "they"].map(String::from));
+    let mut best: Option<usize> = None;
+    for s in subjects {
+        if lower.starts_with(&s)
+            && lower[s.len()..].starts_with(' ')
+            && best.is_none_or(|b| s.len() > b)
+        {
+            best = Some(s.len());
+        }
+    }
+    let Some(cut) = best else {
+        // A possessive opening: "Alice's manager is …", "Her number is …".
+        let first = lower.split(' ').next().unwrap_or("");
+        let owns = ["her", "his", "their", "user's"].contains(&first)
+            || names
+                .iter()
+                .any(|n| !n.trim().is_empty() && first == format!("{}'s", n.trim().to_lowercase()))
+            || lower.starts_with("the user's ");
+        if owns {
+            let skip = if lower.starts_with("the user's ") {
+                2
+            } else {
+                1
+            };
+            let rest: Vec<&str> = sentence.split_whitespace().skip(skip).collect();
+            return format!("My {}", rest.join(" "));
+        }
+        return sentence.to_string();
+    };
+    let mut rest: Vec<String> = sentence[cut..]
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    // The verb after the subject (past adverbs such as "no longer"), in the first person.
+    let verb = rest.iter().position(|w| {
+        ![
+            "no", "longer", "now", "still", "also", "just", "recently", "finally", "never", "only",
+        ]
+        .contains(&w.to_lowercase().as_str())
+    });
+    if let Some(v) = verb.and_then(|i| rest.get_mut(i)) {
+        let w = v.to_lowercase();
+        *v = match w.as_str() {
+            "is" => "am".into(),
+            "was" => "was".into(),
+            "has" => "have".into(),
+            "does" => "do".into(),
+            "doesn't" => "don't".into(),
+            "isn't" => "am not".into(),
+            "hasn't" => "haven't".into(),
+            _ if w.ends_with("ies") && w.len() > 4 => format!("{}y", &w[..w.len() - 3]),
+            _ if ["shes", "ches", "xes", "sses"]
+                .iter()
+                .any(|e| w.ends_with(e)) =>
+            {
+                w[..w.len() - 2].to_string()
+            }
+            _ if w.ends_with('s') && !w.ends_with("ss") && w.len() > 2 => {
+                w[..w.len() - 1].to_string()
+            }
+            _ => v.clone(),
+        };
+    }
+    let owner: Vec<String> = names
+        .iter()
+        .map(|n| format!("{}'s", n.trim().to_lowercase()))
+        .chain(["user's".to_string()])
+        .collect();
+    for w in rest.iter_mut().skip(1) {
+        let l = w.to_lowercase();
+        let bare = l.trim_end_matches(|c: char| !c.is_alphanumeric() && c != '\'');
+        if ["her", "his", "their"].contains(&bare) || owner.iter().any(|o| o == bare) {
+            let tail = &w[bare.len().min(w.len())..];
+            *w = format!("my{tail}");
+        }
+    }
+    format!("I {}", rest.join(" "))
+}
+
+/// The statements of facts in a memory's text, which may speak of its user (or its key) in
+/// the first or the third person ("I moved to Lyon", "Alice moved to Lyon", "The user sold
+/// her car").
+pub fn said_of(names: &[&str], text: &str) -> Vec<Said> {
+    let text = first_page(text).replace('\u{2019}', "'");
+    let owner = names.first().copied().unwrap_or("");
+    let mut out = Vec::new();
+    for sentence in sentences(&text) {
+        let s = in_first_person(sentence, names);
+        out.extend(said(owner, &s));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2085,109 +2171,6 @@ mod tests {
         let pet = facts.iter().find(|f| f.key == "pet").unwrap();
         assert!(pet.ended.is_some(), "ended by naming its value");
     }
-}
-
-/// A sentence about `names` (a memory's user or key, "the user", "he", "she") rewritten in the
-/// first person, so the rules read "Alice moved to Lyon" as "I moved to Lyon": its subject
-/// becomes "I" (and its verb "move"s form of "I"), and the person's possessives "my". A
-/// sentence not about them is left as it is.
-fn in_first_person(sentence: &str, names: &[&str]) -> String {
-    let lower = sentence.to_lowercase();
-    let subjects = names
-        .iter()
-        .map(|n| n.trim().to_lowercase())
-        .filter(|n| !n.is_empty())
-        .chain(["the user", "user", "he", "she", "they"].map(String::from));
-    let mut best: Option<usize> = None;
-    for s in subjects {
-        if lower.starts_with(&s)
-            && lower[s.len()..].starts_with(' ')
-            && best.is_none_or(|b| s.len() > b)
-        {
-            best = Some(s.len());
-        }
-    }
-    let Some(cut) = best else {
-        // A possessive opening: "Alice's manager is …", "Her number is …".
-        let first = lower.split(' ').next().unwrap_or("");
-        let owns = ["her", "his", "their", "user's"].contains(&first)
-            || names
-                .iter()
-                .any(|n| !n.trim().is_empty() && first == format!("{}'s", n.trim().to_lowercase()))
-            || lower.starts_with("the user's ");
-        if owns {
-            let skip = if lower.starts_with("the user's ") {
-                2
-            } else {
-                1
-            };
-            let rest: Vec<&str> = sentence.split_whitespace().skip(skip).collect();
-            return format!("My {}", rest.join(" "));
-        }
-        return sentence.to_string();
-    };
-    let mut rest: Vec<String> = sentence[cut..]
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    // The verb after the subject (past adverbs such as "no longer"), in the first person.
-    let verb = rest.iter().position(|w| {
-        ![
-            "no", "longer", "now", "still", "also", "just", "recently", "finally", "never", "only",
-        ]
-        .contains(&w.to_lowercase().as_str())
-    });
-    if let Some(v) = verb.and_then(|i| rest.get_mut(i)) {
-        let w = v.to_lowercase();
-        *v = match w.as_str() {
-            "is" => "am".into(),
-            "was" => "was".into(),
-            "has" => "have".into(),
-            "does" => "do".into(),
-            "doesn't" => "don't".into(),
-            "isn't" => "am not".into(),
-            "hasn't" => "haven't".into(),
-            _ if w.ends_with("ies") && w.len() > 4 => format!("{}y", &w[..w.len() - 3]),
-            _ if ["shes", "ches", "xes", "sses"]
-                .iter()
-                .any(|e| w.ends_with(e)) =>
-            {
-                w[..w.len() - 2].to_string()
-            }
-            _ if w.ends_with('s') && !w.ends_with("ss") && w.len() > 2 => {
-                w[..w.len() - 1].to_string()
-            }
-            _ => v.clone(),
-        };
-    }
-    let owner: Vec<String> = names
-        .iter()
-        .map(|n| format!("{}'s", n.trim().to_lowercase()))
-        .chain(["user's".to_string()])
-        .collect();
-    for w in rest.iter_mut().skip(1) {
-        let l = w.to_lowercase();
-        let bare = l.trim_end_matches(|c: char| !c.is_alphanumeric() && c != '\'');
-        if ["her", "his", "their"].contains(&bare) || owner.iter().any(|o| o == bare) {
-            let tail = &w[bare.len().min(w.len())..];
-            *w = format!("my{tail}");
-        }
-    }
-    format!("I {}", rest.join(" "))
-}
-
-/// The statements of facts in a memory's text, which may speak of its user (or its key) in
-/// the first or the third person ("I moved to Lyon", "Alice moved to Lyon", "The user sold
-/// her car").
-pub fn said_of(names: &[&str], text: &str) -> Vec<Said> {
-    let text = first_page(text).replace('\u{2019}', "'");
-    let owner = names.first().copied().unwrap_or("");
-    let mut out = Vec::new();
-    for sentence in sentences(&text) {
-        let s = in_first_person(sentence, names);
-        out.extend(said(owner, &s));
-    }
-    out
 }
 
 #[cfg(test)]
