@@ -13,6 +13,12 @@
 //! speaker whose value it names ("Biscuit passed away"). The words of change themselves
 //! (`moved to`, `new job at`, `new number`, `switched to`, `now`, `instead`, `from now on`,
 //! `reassigned`) need no special case: a later value is a change.
+//!
+//! Cues match any regular form of their words ("partners", "moved"); an organisation's name
+//! ("Birchwood Bank") is an employer by its shape; a sentence that speaks of no one else is the
+//! speaker's ("Another day at Ironclad Security"). A sentence with a fact's cue and a name that
+//! no rule reads is kept as what was said later of the fact ([`Act::Mentions`]), so the context
+//! still shows a change the rules could not read.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +29,10 @@ pub enum Act {
     Holds,
     /// The fact ends (its value no longer holds).
     Ends,
+    /// The speaker said something of the fact in words the rules do not read: a new value of
+    /// its kind, or its value now beside an ending's word. Nothing changes; the fact shows
+    /// what was said later, so a change read by no rule is still in the context.
+    Mentions,
 }
 
 /// One statement found in a sentence.
@@ -70,6 +80,7 @@ pub fn latest(f: &Fact) -> u64 {
         .map(|(_, e, _)| *e)
         .or(f.values.last().map(|s| s.episode))
         .unwrap_or(0)
+        .max(f.later.as_ref().map_or(0, |(_, e, _)| *e))
 }
 
 /// A fact's time line.
@@ -83,6 +94,9 @@ pub struct Fact {
     pub values: Vec<Span>,
     /// It ended: when (ms, if known), in which episode, and the sentence that said so.
     pub ended: Option<(Option<i64>, u64, String)>,
+    /// What its owner said of it after its last statement, in words no rule reads ("Update:
+    /// new place in Tampa!"): when, in which episode, the sentence.
+    pub later: Option<(Option<i64>, u64, String)>,
 }
 
 impl Fact {
@@ -133,6 +147,65 @@ const KINDS: &[Kind] = &[
         asked: &["number", "phone", "mobile", "reach"],
     },
     Kind {
+        key: "pet",
+        cues: &[
+            "dog",
+            "cat",
+            "puppy",
+            "kitten",
+            "pet",
+            "rabbit",
+            "hamster",
+            "parrot",
+            "rescue",
+            "adopted",
+            "rehome",
+            "pup",
+            "tortoise",
+            "turtle",
+            "guinea pig",
+            "ferret",
+            "budgie",
+            "gecko",
+            "lizard",
+            "snake",
+            "goldfish",
+            "pony",
+            "horse",
+            "beagle",
+            "labrador",
+            "spaniel",
+            "terrier",
+            "poodle",
+            "collie",
+            "greyhound",
+            "tabby",
+            "bunny",
+            "kitty",
+            "doggo",
+        ],
+        shape: Shape::Name,
+        before: &[
+            "name is",
+            "call him",
+            "call her",
+            "named him",
+            "named her",
+            "named",
+            "called",
+            "cat",
+            "dog",
+            "puppy",
+            "kitten",
+            "rehome",
+            "tortoise",
+            "rabbit",
+            "hamster",
+            "parrot",
+        ],
+        asked: &["pet", "dog", "cat", "puppy", "kitten", "animal"],
+    },
+    Kind {
         key: "lives in",
         asked: &[
             "live", "lives", "living", "home", "city", "town", "based", "reside",
@@ -140,7 +213,9 @@ const KINDS: &[Kind] = &[
         cues: &[
             "now call",
             "lived in",
-            "address",
+            "my address",
+            "our address",
+            "address is",
             "live in",
             "living in",
             "lives in",
@@ -149,6 +224,18 @@ const KINDS: &[Kind] = &[
             "moving to",
             "relocated",
             "relocating",
+            "relocation",
+            "new city",
+            "new town",
+            "new address",
+            "settled down in",
+            "moving day",
+            "moved house to",
+            "move house",
+            "put down roots",
+            "roots in",
+            "changed cities",
+            "moved cities",
             "based in",
             "settled in",
             "home is",
@@ -176,6 +263,18 @@ const KINDS: &[Kind] = &[
             "new apartment",
             "new house",
             "rent",
+            "resident of",
+            "townhouse",
+            "cottage",
+            "condo",
+            "boxes",
+            "unpacking",
+            "removal",
+            "neighbours",
+            "neighbors",
+            "raised in",
+            "grew up in",
+            "born in",
         ],
         shape: Shape::Proper,
         before: &[
@@ -188,9 +287,19 @@ const KINDS: &[Kind] = &[
             "moving to",
             "settling into",
             "made the jump to",
+            "moved house to",
+            "roots in",
             "home in",
             "relocated to",
             "relocating to",
+            "settled down in",
+            "new city",
+            "new town",
+            "new address",
+            "resident of",
+            "raised in",
+            "grew up in",
+            "born in",
             "based in",
             "settled in",
             "into",
@@ -240,6 +349,20 @@ const KINDS: &[Kind] = &[
             "laid off",
             "job",
             "jobs",
+            "employee",
+            "payroll",
+            "colleagues",
+            "coworkers",
+            "co-workers",
+            "career",
+            "new role",
+            "new hire",
+            "hire at",
+            "role at",
+            "signed with",
+            "office",
+            "gig",
+            "new work",
         ],
         shape: Shape::Proper,
         before: &[
@@ -284,6 +407,10 @@ const KINDS: &[Kind] = &[
             "my manager",
             "my boss",
             "my supervisor",
+            "boss",
+            "supervisor",
+            "new chief",
+            "my chief",
             "my new manager",
             "my new boss",
             "my new supervisor",
@@ -305,9 +432,27 @@ const KINDS: &[Kind] = &[
             "head of our team",
             "taking over our team",
             "took over our team",
+            "running our team",
+            "running my team",
+            "moved under",
+            "put under",
+            "placed under",
+            "now under",
+            "reassigned to",
+            "answer to",
+            "in charge of the team",
+            "in charge of my team",
+            "in charge of our team",
+            "team leader",
+            "team lead",
+            "new boss",
+            "new lead",
         ],
         shape: Shape::Name,
         before: &[
+            "answer to",
+            "under",
+            "reassigned to",
             "work under",
             "report directly to",
             "report to",
@@ -339,7 +484,18 @@ const KINDS: &[Kind] = &[
             "wife",
             "fiancé",
             "fiance",
-            "seeing",
+            "fiancée",
+            "fiancee",
+            "spouse",
+            "other half",
+            "live together",
+            "living together",
+            "moved in together",
+            "i'm seeing",
+            "am seeing",
+            "been seeing",
+            "started seeing",
+            "now seeing",
             "dating",
             "been together",
             "are together",
@@ -357,6 +513,16 @@ const KINDS: &[Kind] = &[
             "anniversary",
             "engaged",
             "asked me out",
+            "relationship",
+            "made it official",
+            "are a thing",
+            "are an item",
+            "relation with",
+            "dates with",
+            "on dates",
+            "seeing someone",
+            "in love with",
+            "my ex",
         ],
         shape: Shape::Name,
         before: &[
@@ -364,31 +530,11 @@ const KINDS: &[Kind] = &[
             "seeing",
             "dating",
             "engaged to",
+            "relationship with",
+            "relation with",
             "with",
             "married",
         ],
-    },
-    Kind {
-        key: "pet",
-        cues: &[
-            "dog", "cat", "puppy", "kitten", "pet", "rabbit", "hamster", "parrot", "rescue",
-            "adopted", "rehome",
-        ],
-        shape: Shape::Name,
-        before: &[
-            "called him",
-            "called her",
-            "named him",
-            "named her",
-            "named",
-            "called",
-            "cat",
-            "dog",
-            "puppy",
-            "kitten",
-            "rehome",
-        ],
-        asked: &["pet", "dog", "cat", "puppy", "kitten"],
     },
     Kind {
         key: "car",
@@ -530,6 +676,151 @@ fn car_by_make(ws: &[(usize, &str)], first: bool) -> Option<String> {
     )
 }
 
+/// The last words of an organisation's name ("Birchwood Bank", "Helix Biotech", "Kite
+/// Insurance"): a capitalised run ending in one is an employer, never a place, whatever the
+/// words around it ("I moved over to Birchwood Bank").
+const ORG_WORDS: &[&str] = &[
+    "agency",
+    "apparel",
+    "furniture",
+    "textiles",
+    "pharmacy",
+    "airlines",
+    "airways",
+    "analytics",
+    "associates",
+    "aviation",
+    "bank",
+    "bakery",
+    "biotech",
+    "books",
+    "brewery",
+    "builders",
+    "capital",
+    "clinic",
+    "co",
+    "college",
+    "consulting",
+    "construction",
+    "corp",
+    "corporation",
+    "council",
+    "design",
+    "dynamics",
+    "electric",
+    "electronics",
+    "energy",
+    "engineering",
+    "films",
+    "finance",
+    "foods",
+    "foundation",
+    "freight",
+    "games",
+    "gmbh",
+    "group",
+    "health",
+    "healthcare",
+    "holdings",
+    "hospital",
+    "hotel",
+    "hotels",
+    "inc",
+    "industries",
+    "institute",
+    "insurance",
+    "labs",
+    "law",
+    "llc",
+    "logistics",
+    "ltd",
+    "marine",
+    "media",
+    "medical",
+    "mining",
+    "motors",
+    "networks",
+    "partners",
+    "pharma",
+    "pharmaceuticals",
+    "press",
+    "publishing",
+    "rail",
+    "realty",
+    "records",
+    "retail",
+    "robotics",
+    "school",
+    "schools",
+    "security",
+    "shipping",
+    "software",
+    "solutions",
+    "studio",
+    "studios",
+    "systems",
+    "tech",
+    "technologies",
+    "telecom",
+    "transport",
+    "university",
+    "ventures",
+    "works",
+];
+
+/// A clause's first word as a name when it is no opener ("Bandit crossed the rainbow
+/// bridge"): the time line keeps an ending by it only if it is a value the speaker has now.
+fn opening_name(ws: &[(usize, &str)], who: &str) -> Option<String> {
+    ws.first()
+        .map(|w| w.1)
+        .filter(|w| {
+            capitalised(w) && !implied_subject(&[w.to_lowercase()]) && !w.eq_ignore_ascii_case(who)
+        })
+        .map(str::to_string)
+}
+
+/// Whether a clause opens with a name as its subject: a value there ("Rafael and I"), or a
+/// capitalised word and a verb in the third person ("Bob lives in Rome").
+fn named_subject(ws: &[(usize, &str)]) -> bool {
+    proper_at(ws, 0, 4).is_some()
+        || (ws.first().is_some_and(|w| capitalised(w.1))
+            && ws.get(1).is_some_and(|n| {
+                n.0 == ws[0].0 + ws[0].1.len() + 1
+                    && n.1.len() > 3
+                    && n.1.ends_with('s')
+                    && n.1.chars().all(char::is_lowercase)
+            }))
+}
+
+/// Whether a clause opens with a car as its subject ("The blue Volkswagen is parked outside").
+fn car_at_start(ws: &[(usize, &str)]) -> bool {
+    ws.iter().take(3).any(|w| MAKES.contains(&w.1))
+}
+
+/// An organisation's name in a clause (see [`ORG_WORDS`]).
+fn org_in(ws: &[(usize, &str)]) -> Option<String> {
+    (0..ws.len()).find_map(|i| {
+        proper_at(ws, i, 4).filter(|v| {
+            v.contains(' ')
+                && v.rsplit(' ')
+                    .next()
+                    .is_some_and(|w| ORG_WORDS.contains(&w.to_lowercase().as_str()))
+        })
+    })
+}
+
+/// Whether a one-word value is an acronym ("LGBTQ", "IP").
+fn no_value(v: &str) -> bool {
+    !v.contains(' ')
+        && v.chars().filter(|c| c.is_alphabetic()).count() > 1
+        && v.chars().all(|c| c.is_uppercase() || !c.is_alphabetic())
+}
+
+/// Whether a value is an organisation's name.
+fn is_org(v: &str) -> bool {
+    org_in(&words(v)).is_some_and(|o| o == v)
+}
+
 /// Activities that make a weekday a regular day.
 const ACTIVITIES: &[&str] = &[
     "climb",
@@ -560,10 +851,69 @@ const ACTIVITIES: &[&str] = &[
     "training",
     "lesson",
     "lessons",
+    "bowling",
+    "cycling",
+    "hiking",
+    "golf",
+    "badminton",
+    "volleyball",
+    "basketball",
+    "hockey",
+    "rugby",
+    "karate",
+    "judo",
+    "boxing",
+    "pilates",
+    "zumba",
+    "spin",
+    "crossfit",
+    "knitting",
+    "painting",
+    "drawing",
+    "singing",
+    "band",
+    "orchestra",
+    "violin",
+    "drums",
+    "cello",
+    "skating",
+    "rowing",
+    "sailing",
+    "fencing",
+    "archery",
+    "squash",
+    "darts",
+    "poker",
+    "quiz",
+    "trivia",
+    "volunteering",
+    "scouts",
 ];
 
 // Weekday names (the dates module's).
 use crate::dates::WEEKDAYS;
+
+/// Activities that are a setting for another one (a bowling league, a yoga class).
+const GENERAL_ACTIVITIES: &[&str] = &[
+    "league",
+    "class",
+    "practice",
+    "training",
+    "lesson",
+    "lessons",
+    "rehearsal",
+    "match",
+];
+
+/// The activity a clause (its lower-case words) names first ("Choir rehearsals moved to
+/// Sunday" is about choir).
+fn activity_in(lower: &[String]) -> Option<&'static &'static str> {
+    ACTIVITIES
+        .iter()
+        .filter_map(|a| phrase_at(lower, a.trim()).first().map(|&i| (i, a)))
+        .min_by_key(|(i, _)| *i)
+        .map(|(_, a)| a)
+}
 
 /// An activity's name as a fact's key uses it ("climb" and "climbing" are one).
 fn activity_name(word: &str) -> &str {
@@ -597,8 +947,6 @@ const ENDINGS: &[&str] = &[
     "ended things",
     "write-off",
     "crashed",
-    "gave up my",
-    "gave up the",
     "is gone",
     "are gone",
     "it's over",
@@ -651,6 +999,26 @@ const ENDINGS: &[&str] = &[
     "laid off",
     "stopped going",
     "away to",
+    "walked away from",
+    "let go",
+    "not renewed",
+    "wasn't renewed",
+    "stole my",
+    "never came back",
+    "went missing",
+    "dumped me",
+    "called it quits",
+    "call it quits",
+    "separated",
+    "disposed of",
+    "eliminated",
+    "my notice",
+    "gave notice",
+    "over with",
+    "ended it",
+    "gave up",
+    "given up",
+    "my ex",
 ];
 
 /// Words that end something, too loose to end a fact by themselves ("finished", "ran away",
@@ -677,6 +1045,63 @@ const WEAK_ENDINGS: &[&str] = &[
     "put to sleep",
     "farewell",
     "split",
+    "to a farm",
+    "new family",
+    "new owners",
+    "got out",
+    "done with",
+    "ran out",
+    "expired",
+    "a new home",
+    "is lost",
+    "got lost",
+    "rip",
+    "rest in peace",
+    "rainbow bridge",
+];
+
+/// Words after an ending that say a new value follows: "sold the house in Uppsala and bought
+/// one in Rennes".
+const RENEWALS: &[&str] = &[
+    "new",
+    "bought",
+    "found",
+    "hello",
+    "moved into",
+    "moved to",
+    "now",
+    "got",
+    "have",
+];
+
+/// Words that say something changed ("now", "new", "moved", "instead", …).
+const CHANGE_WORDS: &[&str] = &[
+    "now",
+    "new",
+    "moved",
+    "moving",
+    "changed",
+    "switched",
+    "instead",
+    "anymore",
+    "longer",
+    "started",
+    "starting",
+    "joined",
+    "joining",
+    "left",
+    "leaving",
+    "replaced",
+    "took",
+    "taking",
+    "update",
+    "officially",
+    "finally",
+];
+
+/// Words of the third person: a sentence with one speaks of someone else.
+const THIRD_PERSON: &[&str] = &[
+    "he", "she", "they", "his", "her", "their", "him", "them", "he's", "she's", "they're",
 ];
 
 /// Words of the first person: the sentence is about the speaker.
@@ -748,6 +1173,62 @@ const NOT_VALUES: &[&str] = &[
     "Today",
     "Tomorrow",
     "Yesterday",
+    "At",
+    "In",
+    "On",
+    "For",
+    "With",
+    "Over",
+    "To",
+    "By",
+    "After",
+    "Since",
+    "Things",
+    "Me",
+    "RIP",
+    "That",
+    "That's",
+    "There",
+    "There's",
+    "Here",
+    "Here's",
+    "What",
+    "What's",
+    "Let's",
+    "You",
+    "You're",
+    "You've",
+    "You'll",
+    "Your",
+    "We've",
+    "We'll",
+    "We'd",
+    "They're",
+    "They've",
+    "He's",
+    "She's",
+    "Yeah",
+    "Well",
+    "Wow",
+    "Thank",
+    "Okay",
+    "OK",
+    "Sure",
+    "Haha",
+    "Cool",
+    "Nice",
+    "Great",
+    "Awesome",
+    "Really",
+    "Anyway",
+    "Actually",
+    "Honestly",
+    "Maybe",
+    "Wait",
+    "If",
+    "When",
+    "Whenever",
+    "While",
 ];
 
 /// Words after a name that make it a sentence's subject.
@@ -792,21 +1273,37 @@ fn proper_at(ws: &[(usize, &str)], i: usize, max: usize) -> Option<String> {
     if !capitalised(ws.get(i)?.1) {
         return None;
     }
+    // A verb a sentence opens with when it leaves out "I" ("Met Jonas at a wedding").
+    if i == 0 && implied_subject(&[ws[0].1.to_lowercase()]) {
+        return None;
+    }
     // A sentence's first word is capitalised whatever it is: a value when a subject's verb or
     // "and" follows it ("Pepper died", "Rafael and I"), not an opener ("Sad news", "Got rid").
-    if i == 0
-        && !ws.get(1).is_some_and(|n| {
-            capitalised(n.1) || SUBJECT_FOLLOWERS.contains(&n.1.to_lowercase().as_str())
-        })
-        // An appositive ("Mochi, my cat, …"): more than a space before the next word.
-        && ws.get(1).is_none_or(|n| n.0 <= ws[0].0 + ws[0].1.len() + 1)
-    {
-        return None;
+    if i == 0 {
+        // More than a space before the next word: an appositive ("Mochi, my cat, …") or a
+        // heading ("Official: Jake is my boyfriend").
+        let gap = ws.get(1).is_some_and(|n| n.0 > ws[0].0 + ws[0].1.len() + 1);
+        let next_capitalised = ws.get(1).is_some_and(|n| capitalised(n.1));
+        let follows = ws
+            .get(1)
+            .is_some_and(|n| SUBJECT_FOLLOWERS.contains(&n.1.to_lowercase().as_str()));
+        let value = if gap {
+            !next_capitalised
+        } else {
+            next_capitalised || follows
+        };
+        if !value {
+            return None;
+        }
     }
     let mut run = vec![ws[i].1];
     let mut j = i + 1;
     while j < ws.len() && run.len() < max {
         let w = ws[j].1;
+        // A name does not run on past punctuation ("Official: Jake", "Boss: Gary Hughes").
+        if ws[j].0 > ws[j - 1].0 + ws[j - 1].1.len() + 1 {
+            break;
+        }
         let joins = ["of", "de", "van", "von", "la", "le"].contains(&w)
             && ws.get(j + 1).is_some_and(|n| capitalised(n.1));
         if !capitalised(w) && !joins {
@@ -817,6 +1314,27 @@ fn proper_at(ws: &[(usize, &str)], i: usize, max: usize) -> Option<String> {
     }
     let v = run.join(" ");
     Some(v.trim_end_matches("'s").to_string())
+}
+
+/// Whether a run of digits is a date ("2024-03-15", "2022/01/01"), not a number to call.
+fn is_date(run: &str) -> bool {
+    let groups: Vec<&str> = run.split(['-', '/']).map(str::trim).collect();
+    groups.len() == 3
+        && groups[0].len() == 4
+        && groups[1].len() <= 2
+        && groups[2]
+            .get(..2)
+            .is_some_and(|d| d.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A phone number as a speaker gives one without saying so: a leading "+" or "0", or three
+/// groups of digits or more ("555 201 3344"), not a lone count ("31536000 seconds").
+fn phone_by_shape(s: &str) -> bool {
+    phone(s).is_some_and(|p| {
+        p.starts_with('+')
+            || p.starts_with('0')
+            || p.split([' ', '-']).filter(|g| !g.is_empty()).count() >= 3
+    })
 }
 
 /// A phone number in `s`: a run of digits, spaces, `+`, `-`, `(`, `)` holding seven digits or
@@ -832,8 +1350,9 @@ fn phone(s: &str) -> Option<String> {
                 digits += usize::from(b[j].is_ascii_digit());
                 j += 1;
             }
-            if digits >= 7 {
-                return Some(b[i..j].iter().collect::<String>().trim().to_string());
+            let run = b[i..j].iter().collect::<String>().trim().to_string();
+            if digits >= 7 && !is_date(&run) {
+                return Some(run);
             }
             i = j.max(i + 1);
         } else {
@@ -882,8 +1401,35 @@ fn phrase_at(lower: &[String], phrase: &str) -> Vec<usize> {
         return Vec::new();
     }
     (0..=lower.len() - pw.len())
-        .filter(|&i| pw.iter().zip(&lower[i..]).all(|(p, w)| p == w))
+        .filter(|&i| {
+            pw.iter()
+                .zip(&lower[i..])
+                .all(|(p, w)| inflected(p, w, pw.len() == 1))
+        })
         .collect()
+}
+
+/// Whether `w` is `p` or, for a word of four letters or more, one of its regular forms
+/// ("partners", "moved", "moving", "works"): a phrase is matched in any of them.
+fn inflects(p: &str, w: &str) -> bool {
+    inflected(p, w, true)
+}
+
+/// [`inflects`], with a plural's "-s" only if `plural` (a phrase of one word: "partners", but
+/// "places in" is not "place in").
+fn inflected(p: &str, w: &str, plural: bool) -> bool {
+    if p == w {
+        return true;
+    }
+    if p.len() < 4 || !p.bytes().all(|b| b.is_ascii_lowercase()) {
+        return false;
+    }
+    let stem = p.strip_suffix('e').unwrap_or(p);
+    w.strip_prefix(p).is_some_and(|rest| {
+        ["d", "ed", "ing"].contains(&rest) || (plural && ["s", "es"].contains(&rest))
+    }) || w
+        .strip_prefix(stem)
+        .is_some_and(|rest| ["ing", "ed"].contains(&rest))
 }
 
 /// Whether any of `phrases` is in the clause (its words `ws`, in lower case `lower`), and
@@ -988,6 +1534,51 @@ fn value_of(
             if after.is_some() {
                 return after;
             }
+            // A name right before "my cat" ("Suki my cat knocked a glass off the table").
+            if kind.shape == Shape::Name
+                && let Some(v) = (1..ws.len().saturating_sub(1))
+                    .filter(|&i| {
+                        (lower[i] == "my" || lower[i] == "our")
+                            && kind.cues.iter().any(|c| inflects(c, &lower[i + 1]))
+                    })
+                    .find_map(|i| proper_before(ws, i, max))
+                    .filter(not_who)
+            {
+                return Some(v);
+            }
+            // Introduced by name: "Meet Coco, the newest member of our family, a kitten".
+            if kind.shape == Shape::Name
+                && let Some(v) = [
+                    "meet",
+                    "introducing",
+                    "presenting",
+                    "welcome",
+                    "say hi to",
+                    "say hello to",
+                ]
+                .iter()
+                .find_map(|o| {
+                    let n = o.split(' ').count();
+                    phrase_at(lower, o)
+                        .into_iter()
+                        .find(|&i| i == 0)
+                        .and_then(|_| proper_at(ws, n, max))
+                })
+                .filter(not_who)
+            {
+                return Some(v);
+            }
+            // "Hazel the dog loves the beach", "welcome to the family, Rusty the hamster": a
+            // name, "the" and a cue.
+            if kind.shape == Shape::Name
+                && let Some(i) = (0..ws.len().saturating_sub(2)).find(|&i| {
+                    capitalised(ws[i].1)
+                        && lower[i + 1] == "the"
+                        && kind.cues.iter().any(|c| inflects(c, &lower[i + 2]))
+                })
+            {
+                return Some(ws[i].1.to_string()).filter(not_who);
+            }
             // A name near the cue ("Ana Ruiz is my manager now", "Rafael and I broke up").
             let mut from = cue.saturating_sub(NEAR);
             // A name the window cuts into starts where its first word does.
@@ -1037,14 +1628,45 @@ const IMPLIED_SUBJECT: &[&str] = &[
     "drove",
     "driving",
     "married",
+    "been",
+    "born",
+    "raised",
+    "signed",
+    "still",
+    "officially",
+    "currently",
+    "goodbye",
+    "farewell",
+    "bye",
+    "met",
+    "welcome",
+    "meet",
+    "say",
+    "brought",
+    "took",
+    "made",
+    "found",
+    "went",
+    "came",
+    "had",
+    "gave",
+    "began",
 ];
 
 /// Whether a clause (its words in lower case) leaves its subject out: it opens with one of the
 /// [`IMPLIED_SUBJECT`] words, so the speaker is the subject.
 fn implied_subject(lower: &[String]) -> bool {
-    lower
-        .first()
-        .is_some_and(|w| IMPLIED_SUBJECT.contains(&w.as_str()))
+    let Some(first) = lower.first() else {
+        return false;
+    };
+    // Or with a verb's "-ing" or "-ed" form ("Settling into Metz", "Unpacking the last boxes in
+    // Kilkenny"), not as a subject ("Living in Paris is expensive").
+    IMPLIED_SUBJECT.contains(&first.as_str())
+        || (first.len() >= 5
+            && (first.ends_with("ing") || first.ends_with("ed"))
+            && lower
+                .get(1)
+                .is_none_or(|n| !["is", "was", "are", "has", "can"].contains(&n.as_str())))
 }
 
 /// Whether a clause (its words in lower case) is in the first person.
@@ -1123,7 +1745,8 @@ pub fn said(who: &str, text: &str) -> Vec<Said> {
     for sentence in sentences(&text) {
         let before = out.len();
         if let Some(kind) = pending.take()
-            && let Some(value) = value_after_preposition(sentence, who)
+            && let Some(value) =
+                value_after_preposition(sentence, who).or_else(|| bare_name(sentence, who))
         {
             out.push(Said {
                 key: kind.key.to_string(),
@@ -1133,8 +1756,13 @@ pub fn said(who: &str, text: &str) -> Vec<Said> {
             });
             continue;
         }
-        for c in clauses(sentence) {
+        let parts = clauses(sentence);
+        for c in &parts {
             statement(who, c, sentence, &mut out);
+        }
+        // A statement split over two parts: "Met Jonas at a wedding and we're together now".
+        if out.len() == before && parts.len() > 1 {
+            sole_name(who, sentence, &mut out);
         }
         if out.len() == before {
             pending = headline(sentence);
@@ -1143,14 +1771,62 @@ pub fn said(who: &str, text: &str) -> Vec<Said> {
     out
 }
 
+/// A person's fact whose cue a first-person sentence names, with the one name it holds as its
+/// value ("Met Jonas at a friend's wedding and we're together now").
+fn sole_name(who: &str, sentence: &str, out: &mut Vec<Said>) {
+    let ws = words(sentence);
+    let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
+    if !(first_person(&lower) || implied_subject(&lower)) || any_at(&ws, &lower, ENDINGS).is_some()
+    {
+        return;
+    }
+    let mut names_said: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ws.len() {
+        match proper_at(&ws, i, 2) {
+            Some(v) => {
+                i += v.split(' ').count();
+                if !v.eq_ignore_ascii_case(who) && !names_said.contains(&v) {
+                    names_said.push(v);
+                }
+            }
+            None => i += 1,
+        }
+    }
+    let [name] = names_said.as_slice() else {
+        return;
+    };
+    if let Some(kind) = KINDS
+        .iter()
+        .filter(|k| k.shape == Shape::Name)
+        .find(|k| any_at(&ws, &lower, k.cues).is_some())
+    {
+        out.push(Said {
+            key: kind.key.to_string(),
+            value: name.clone(),
+            act: Act::Holds,
+            sentence: sentence.to_string(),
+        });
+    }
+}
+
+/// A sentence that is only a name ("We have a new kitten! Rusty!"), never the speaker's.
+fn bare_name(sentence: &str, who: &str) -> Option<String> {
+    let ws = words(sentence);
+    (!ws.is_empty() && ws.len() <= 3 && ws.iter().all(|w| capitalised(w.1)))
+        .then(|| ws.iter().map(|w| w.1).collect::<Vec<_>>().join(" "))
+        .filter(|v| !v.eq_ignore_ascii_case(who))
+}
+
 /// The fact a short sentence of a few words names without a value ("New job!", "Big news, new
 /// flat!"), a place's, an organisation's or a person's.
 fn headline(sentence: &str) -> Option<&'static Kind> {
     let ws = words(sentence);
-    if ws.len() > 4 {
+    let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
+    // A few words, or a few more that announce something new ("We have a new kitten!").
+    if ws.len() > 6 || (ws.len() > 4 && !lower.iter().any(|w| w == "new")) {
         return None;
     }
-    let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
     KINDS
         .iter()
         .filter(|k| matches!(k.shape, Shape::Proper | Shape::Name))
@@ -1162,7 +1838,7 @@ fn headline(sentence: &str) -> Option<&'static Kind> {
 fn value_after_preposition(sentence: &str, who: &str) -> Option<String> {
     let ws = words(sentence);
     let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
-    if !first_person(&lower) {
+    if !first_person(&lower) && !implied_subject(&lower) {
         return None;
     }
     (0..ws.len())
@@ -1213,9 +1889,14 @@ fn markers() -> &'static std::collections::BTreeSet<String> {
             "took",
             "home",
             "base",
+            "goodbye",
+            "hello",
+            "give",
+            "given",
         ] {
             set.insert(w.to_string());
         }
+        set.extend(ORG_WORDS.iter().map(|w| w.to_string()));
         set
     })
 }
@@ -1231,27 +1912,55 @@ fn worth_reading(lower: &[String]) -> bool {
     })
 }
 
+/// Whether a clause is code or markup ("`TemplateNotFound`", "**Worker Processes**"):
+/// what a person says of themselves is plain words.
+fn markup(c: &str) -> bool {
+    c.contains(['`', '*', '#', '|', '{', '}', '<', '>', '_', '\\', '[', ']'])
+}
+
 /// The statement of clause `c` (of `sentence`), if it holds one.
 fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
+    if markup(c) {
+        return;
+    }
     let ws = words(c);
-    let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
+    let mut lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
     if !worth_reading(&lower) {
         return;
     }
-    // An ending's words, or giving someone (a pet) to others: "we gave Luna to a family".
-    let gave_to = phrase_at(&lower, "gave").into_iter().any(|g| {
+    // "A couple of days" is a number, not two people.
+    for i in 1..lower.len() {
+        if lower[i] == "of" && lower[i - 1] == "couple" {
+            lower[i - 1] = "few".to_string();
+        }
+    }
+    // An ending's words, or giving someone (a pet) to others or up: "we gave Luna to a
+    // family", "we had to give Pip up".
+    let gave_to = ["gave", "give", "given"]
+        .iter()
+        .flat_map(|g| phrase_at(&lower, g))
+        .any(|g| {
+            lower[g + 1..]
+                .iter()
+                .take(4)
+                .any(|w| w == "to" || w == "away" || w == "up")
+        });
+    // Putting a pet down: "we had to put Pepper down".
+    let put_down = phrase_at(&lower, "put").into_iter().any(|g| {
         lower[g + 1..]
             .iter()
-            .take(4)
-            .any(|w| w == "to" || w == "away")
+            .take(3)
+            .enumerate()
+            .any(|(k, w)| w == "down" && lower.get(g + k + 2).is_none_or(|n| n != "roots"))
     });
-    // Putting a pet down: "we had to put Pepper down".
-    let put_down = phrase_at(&lower, "put")
-        .into_iter()
-        .any(|g| lower[g + 1..].iter().take(3).any(|w| w == "down"));
     let ends = gave_to || put_down || any_at(&ws, &lower, ENDINGS).is_some();
     let weak = !ends && any_at(&ws, &lower, WEAK_ENDINGS).is_some();
-    let mine = first_person(&lower) || implied_subject(&lower);
+    // The speaker's own: said in the first person, with "I" left out, or of no one else (no
+    // third person, no name as its subject): "Another day at Ironclad Security".
+    let third = lower.iter().any(|w| THIRD_PERSON.contains(&w.as_str()));
+    let mine = first_person(&lower)
+        || implied_subject(&lower)
+        || (!third && !named_subject(&ws) && !car_at_start(&ws));
     // A regular day: a weekday beside an activity, said of oneself or of the activity
     // ("Climbing moved to Thursday").
     let day = lower.iter().find_map(|w| {
@@ -1262,14 +1971,23 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         WEEKDAYS.iter().find(|d| **d == w)
     });
     if let Some(day) = day
-        && let Some(what) = ACTIVITIES
-            .iter()
-            .find(|a| !phrase_at(&lower, a.trim()).is_empty())
+        && let Some(what) = activity_in(&lower)
         && (mine
             || lower.first().is_some_and(|w| w == what.trim())
             || phrase_at(&lower, what.trim()).into_iter().any(|i| {
                 lower.get(i + 1).is_some_and(|n| {
                     ["is", "moved", "changed", "switched", "starts"].contains(&n.as_str())
+                }) || lower[..i].iter().any(|w| {
+                    // "They moved choir practice to Saturday".
+                    [
+                        "moved",
+                        "changed",
+                        "switched",
+                        "shifted",
+                        "rescheduled",
+                        "pushed",
+                    ]
+                    .contains(&w.as_str())
                 })
             }))
     {
@@ -1281,19 +1999,83 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         });
         return;
     }
+    // Giving up an activity ends its day: "I stopped playing tennis", "I left the choir".
+    if day.is_none()
+        && (ends || weak)
+        && mine
+        && let Some(what) = activity_in(&lower)
+    {
+        out.push(Said {
+            key: format!("{} day", activity_name(what)),
+            value: String::new(),
+            act: Act::Ends,
+            sentence: sentence.to_string(),
+        });
+        return;
+    }
+    // "We're Avignon-based now".
+    if mine
+        && let Some(v) = ws.iter().find_map(|(_, w)| {
+            w.strip_suffix("-based")
+                .filter(|p| capitalised(p) && !p.contains('-'))
+        })
+    {
+        out.push(Said {
+            key: "lives in".to_string(),
+            value: v.to_string(),
+            act: if ends { Act::Ends } else { Act::Holds },
+            sentence: sentence.to_string(),
+        });
+        return;
+    }
+    let org = org_in(&ws);
+    // A change that names the value it replaces: the new value is the fact's whatever cue
+    // comes near the old one ("Carla Mendes replaced Jonah Wright as our manager").
+    let change = if ends {
+        None
+    } else {
+        change_of_value(&ws, &lower)
+    };
     for kind in KINDS {
         // A phone number, or a car by its make, is its own cue in what a speaker says of
         // themselves.
-        let by_shape = mine
-            && match kind.shape {
-                Shape::Phone => phone(c).is_some(),
-                Shape::Car => car_by_make(&ws, true).is_some(),
-                _ => false,
-            };
+        let by_shape = match kind.shape {
+            // A number given in a message that speaks of no one else is the speaker's.
+            Shape::Phone => (mine || !third) && phone_by_shape(c),
+            Shape::Car => mine && car_by_make(&ws, true).is_some(),
+            _ => false,
+        };
         let Some(cue) = any_at(&ws, &lower, kind.cues).or(by_shape.then_some(0)) else {
             continue;
         };
-        let value = value_of(kind, c, &ws, &lower, cue, who, ends);
+        let mut value = value_of(kind, c, &ws, &lower, cue, who, ends);
+        // A person or an animal is not an organisation ("I'm with Silverline Media now"); an
+        // acronym is no value ("LGBTQ"); being a fan of something is no job ("I'm a big fan of
+        // Juventus").
+        if (kind.shape == Shape::Name && value.as_deref().is_some_and(is_org))
+            || value.as_deref().is_some_and(no_value)
+            || (kind.key == "works at" && lower.iter().any(|w| w == "fan" || w == "fans"))
+        {
+            continue;
+        }
+        if let Some((old, new)) = &change
+            && value
+                .as_deref()
+                .is_some_and(|v| names(old, v) || names(v, old))
+        {
+            value = Some(new.clone());
+        }
+        // An organisation is where one works, not where one lives; a car is no place,
+        // employer or person ("I drive a white Toyota to the office").
+        let a_car = car_by_make(&ws, true).filter(|c| c.contains(' '));
+        if (kind.key == "lives in" && value.as_deref().is_some_and(is_org))
+            || (kind.shape != Shape::Car
+                && value
+                    .as_deref()
+                    .is_some_and(|v| a_car.as_deref().is_some_and(|c| names(c, v))))
+        {
+            continue;
+        }
         // "I no longer live in a place where …" speaks of some place, not of where one lives.
         let indefinite = value.is_none()
             && kind.shape == Shape::Proper
@@ -1308,10 +2090,31 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         if indefinite {
             continue;
         }
-        // "My old phone died, new number is …": the ending is the old thing's, the value new.
+        // "My old phone died, new number is …", "we sold the house in Uppsala and bought one in
+        // Rennes", "the old one is cancelled": the ending is the old thing's, the value new.
+        let renewal = any_at(&ws, &lower, ENDINGS)
+            .or_else(|| any_at(&ws, &lower, WEAK_ENDINGS))
+            .and_then(|e| {
+                RENEWALS
+                    .iter()
+                    .flat_map(|r| phrase_at(&lower, r))
+                    .filter(|&i| i > e)
+                    .min()
+            });
+        // The new value is one said after the renewal's word ("… I take the bus now" names
+        // none).
+        let renewed_value = renewal.and_then(|r| match kind.shape {
+            Shape::Proper | Shape::Name => (r..ws.len()).find_map(|i| proper_at(&ws, i, 4)),
+            Shape::Phone => phone(&c[ws[r].0..]),
+            Shape::Car => car_by_make(&ws[r..], true),
+        });
         let renewed = value.is_some()
-            && any_at(&ws, &lower, ENDINGS)
-                .is_some_and(|e| phrase_at(&lower, "new").into_iter().any(|i| i > e));
+            && (renewed_value.is_some()
+                || !phrase_at(&lower, "old one").is_empty()
+                || !phrase_at(&lower, "old number").is_empty());
+        if let Some(v) = renewed_value {
+            value = Some(v);
+        }
         if ends && !renewed && (mine || value.is_some()) {
             out.push(Said {
                 key: kind.key.to_string(),
@@ -1324,7 +2127,18 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         // A number is the speaker's when they give it ("New number: …"), and a place that
         // "is home now" is theirs ("The move is done: Utrecht is home now").
         let home = !home_at(&lower).is_empty();
-        if !mine && kind.shape != Shape::Phone && !(kind.key == "lives in" && home) {
+        // An announcement is the speaker's own when it speaks of no one else: "First day at
+        // Meridian Bank went well", "Relocation done, new city: Aachen".
+        let announced = kind.cues.iter().any(|p| {
+            (p.starts_with("new ") || p.starts_with("first ")) && !phrase_at(&lower, p).is_empty()
+        }) && !lower.iter().any(|w| THIRD_PERSON.contains(&w.as_str()))
+            && (0..ws.len()).filter_map(|i| proper_at(&ws, i, 4)).all(|p| {
+                value
+                    .as_deref()
+                    .is_some_and(|v| names(v, &p) || names(&p, v))
+            });
+        let theirs = mine || announced || kind.shape == Shape::Phone;
+        if !(theirs || (kind.key == "lives in" && home)) {
             continue;
         }
         if let Some(value) = value {
@@ -1353,10 +2167,7 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
     }
     // A change that names the value it replaces rather than the fact: "I moved from Blue
     // Harbor to Wayne Health", "We finally left Valencia, we're in Split now".
-    if mine
-        && !ends
-        && let Some((old, new)) = change_of_value(&ws, &lower)
-    {
+    if mine && let Some((old, new)) = change {
         out.push(Said {
             key: format!("{FROM_VALUE}{old}"),
             value: new,
@@ -1379,11 +2190,28 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         });
         return;
     }
+    // An organisation named by a speaker of themselves is their employer: "I do accounting for
+    // Horizon Retail", "Today I signed with Crescent Studios".
+    if mine && let Some(v) = org {
+        let weak_only = weak && !ends;
+        out.push(Said {
+            key: if weak_only {
+                String::new()
+            } else {
+                "works at".to_string()
+            },
+            value: v,
+            act: if ends || weak { Act::Ends } else { Act::Holds },
+            sentence: sentence.to_string(),
+        });
+        return;
+    }
     // An ending that names only a value: "Biscuit passed away" (or a car by its make).
     if (ends || weak)
         && let Some(v) = (0..ws.len())
             .find_map(|i| proper_at(&ws, i, 2))
             .or_else(|| car_by_make(&ws, true))
+            .or_else(|| opening_name(&ws, who))
     {
         out.push(Said {
             key: String::new(),
@@ -1403,10 +2231,22 @@ pub const FROM_VALUE: char = '=';
 fn change_of_value(ws: &[(usize, &str)], lower: &[String]) -> Option<(String, String)> {
     let run = |i: usize| proper_at(ws, i, 4).map(|v| (v.split(' ').count(), v));
     // "Viktor Sousa replaced Helen Park", "Ana took over from Tom": the new one first.
-    for verb in ["replaced", "succeeded", "took over from"] {
+    for verb in [
+        "replaced",
+        "succeeded",
+        "took over from",
+        "taken over from",
+        "take over from",
+    ] {
         let n = verb.split(' ').count();
         for i in phrase_at(lower, verb) {
-            if let Some(new) = proper_before(ws, i, 4)
+            // "Peter Lang has taken over from …".
+            let at = if i > 0 && ["has", "have", "had", "just"].contains(&lower[i - 1].as_str()) {
+                i - 1
+            } else {
+                i
+            };
+            if let Some(new) = proper_before(ws, at, 4)
                 && let Some((_, old)) = run(i + n)
                 && !new.eq_ignore_ascii_case(&old)
             {
@@ -1415,7 +2255,7 @@ fn change_of_value(ws: &[(usize, &str)], lower: &[String]) -> Option<(String, St
         }
     }
     for (opener, joins) in [
-        ("moved from", &["to"][..]),
+        ("move from", &["to"][..]),
         ("jumped ship from", &["to"][..]),
         ("switched from", &["to"][..]),
         ("changed from", &["to"][..]),
@@ -1427,6 +2267,11 @@ fn change_of_value(ws: &[(usize, &str)], lower: &[String]) -> Option<(String, St
         ("traded", &["for"][..]),
         ("exchanged", &["for"][..]),
         ("replaced", &["with"][..]),
+        ("goodbye to", &["hello", "to", "in"][..]),
+        ("goodbyes to", &["hello", "to", "in"][..]),
+        ("goodbye", &["hello"][..]),
+        ("farewell", &["hello"][..]),
+        ("bye", &["hello"][..]),
     ] {
         let m = opener.split(' ').count();
         for i in phrase_at(lower, opener) {
@@ -1456,8 +2301,36 @@ pub(crate) fn names(value: &str, named: &str) -> bool {
 /// The facts' time lines from `events` (in the order they were said).
 pub fn timeline(events: &[Event]) -> Vec<Fact> {
     let mut facts: BTreeMap<(String, String), Fact> = BTreeMap::new();
+    // A speaker's name is a partner or a manager, never a place, an employer or a pet.
+    let speakers: std::collections::BTreeSet<String> =
+        events.iter().map(|e| e.who.to_lowercase()).collect();
     for e in events {
+        if e.said.act == Act::Holds
+            && !["partner", "manager"].contains(&e.said.key.as_str())
+            && speakers.contains(&e.said.value.to_lowercase())
+        {
+            continue;
+        }
+        if e.said.act == Act::Mentions {
+            mention(&mut facts, e);
+            continue;
+        }
         let mut key = e.said.key.clone();
+        // "League night is Friday now" is the day of the one activity the speaker has one of
+        // ("Bowling league on Mondays").
+        if let Some(general) = key.strip_suffix(" day")
+            && GENERAL_ACTIVITIES.contains(&general)
+        {
+            let mut theirs = facts.values().filter(|f| {
+                f.who == e.who
+                    && f.key
+                        .strip_suffix(" day")
+                        .is_some_and(|a| !GENERAL_ACTIVITIES.contains(&a))
+            });
+            if let (Some(one), None) = (theirs.next(), theirs.next()) {
+                key = one.key.clone();
+            }
+        }
         if key.is_empty() || key.starts_with(FROM_VALUE) {
             // The speaker's fact whose current value this names ("the Skoda" names "blue
             // Skoda"; a change names the value it replaces).
@@ -1477,8 +2350,11 @@ pub fn timeline(events: &[Event]) -> Vec<Fact> {
                 key: key.clone(),
                 values: Vec::new(),
                 ended: None,
+                later: None,
             });
+        f.later = None;
         match e.said.act {
+            Act::Mentions => {}
             Act::Holds => {
                 let same = f
                     .current()
@@ -1521,6 +2397,75 @@ pub fn timeline(events: &[Event]) -> Vec<Fact> {
         .collect()
 }
 
+/// A mention laid on the time line: it is kept as what was said later of the speaker's fact of
+/// its kind when it names a value that fact never had, or (with no kind) of the fact whose
+/// value now it names.
+fn mention(facts: &mut BTreeMap<(String, String), Fact>, e: &Event) {
+    let v = &e.said.value;
+    let f = if e.said.key.is_empty() {
+        facts
+            .values_mut()
+            .find(|f| f.who == e.who && f.current().is_some_and(|c| names(&c.value, v)))
+    } else {
+        facts
+            .get_mut(&(e.who.clone(), e.said.key.clone()))
+            .filter(|f| {
+                !f.values
+                    .iter()
+                    .any(|s| names(&s.value, v) || names(v, &s.value))
+            })
+    };
+    if let Some(f) = f {
+        f.later = Some((e.at_ms, e.episode, e.said.sentence.clone()));
+    }
+}
+
+/// What a sentence the rules read no statement in says of a fact (see [`Act::Mentions`]): a
+/// value of a kind's shape beside its cue, or a name beside an ending's word, in a sentence
+/// that speaks of no one else.
+fn mentioned(who: &str, sentence: &str) -> Option<Said> {
+    if markup(sentence) {
+        return None;
+    }
+    let ws = words(sentence);
+    let lower: Vec<String> = ws.iter().map(|(_, w)| w.to_lowercase()).collect();
+    if !worth_reading(&lower) || lower.iter().any(|w| THIRD_PERSON.contains(&w.as_str())) {
+        return None;
+    }
+    let cue = KINDS
+        .iter()
+        .filter_map(|k| any_at(&ws, &lower, k.cues).map(|at| (at, k)))
+        .min_by_key(|(at, _)| *at)
+        .map(|(_, k)| k);
+    let ending =
+        any_at(&ws, &lower, ENDINGS).is_some() || any_at(&ws, &lower, WEAK_ENDINGS).is_some();
+    // Only what sounds like news: an ending's word, or a cue beside a word of change.
+    let change = lower.iter().any(|w| CHANGE_WORDS.contains(&w.as_str()));
+    if !(ending || (cue.is_some() && change)) {
+        return None;
+    }
+    let value = match cue.map(|k| k.shape) {
+        Some(Shape::Phone) => phone(sentence),
+        Some(Shape::Car) => car_by_make(&ws, true),
+        _ => None,
+    }
+    // The last name said: a new value comes after the one it replaces ("Tina Marsh is out,
+    // Gary Hughes is in charge of the team now").
+    .or_else(|| (0..ws.len()).rev().find_map(|i| proper_at(&ws, i, 4)))
+    .or_else(|| opening_name(&ws, who).filter(|_| ending))
+    .filter(|v| !v.eq_ignore_ascii_case(who))?;
+    let key = match cue {
+        Some(k) if !ending => k.key.to_string(),
+        _ => String::new(),
+    };
+    Some(Said {
+        key,
+        value,
+        act: Act::Mentions,
+        sentence: sentence.to_string(),
+    })
+}
+
 /// The separator of an event's fields in a ledger entry's text (a control character no field
 /// keeps: [`clean`] takes them out).
 const FIELD: char = '\u{1e}';
@@ -1549,6 +2494,7 @@ pub fn encode(e: &Event) -> String {
     let act = match e.said.act {
         Act::Holds => "+",
         Act::Ends => "-",
+        Act::Mentions => "~",
     };
     let ms = e.at_ms.map(|m| m.to_string()).unwrap_or_default();
     [
@@ -1576,6 +2522,7 @@ pub fn decode(text: &str, episode: u64) -> Option<Event> {
             act: match act {
                 "+" => Act::Holds,
                 "-" => Act::Ends,
+                "~" => Act::Mentions,
                 _ => return None,
             },
             sentence: sentence.to_string(),
@@ -1587,8 +2534,14 @@ pub fn decode(text: &str, episode: u64) -> Option<Event> {
 
 /// The events of one episode: what `who` said in `text` at `at_ms`.
 pub fn events(who: &str, text: &str, episode: u64, at_ms: Option<i64>) -> Vec<Event> {
-    said(who, text)
-        .into_iter()
+    let read = said(who, text);
+    let text = first_page(text).replace('\u{2019}', "'");
+    let unread: Vec<Said> = sentences(&text)
+        .filter(|s| !read.iter().any(|r| r.sentence == *s))
+        .filter_map(|s| mentioned(who, s))
+        .collect();
+    read.into_iter()
+        .chain(unread)
         .map(|said| Event {
             who: who.to_string(),
             said,
@@ -1713,6 +2666,7 @@ pub fn mark_lines(text: &str, facts: &[Fact]) -> String {
 /// after it: ` (earlier; now: Lyon)`, ` (earlier; no longer so)`; empty when it states none.
 pub fn stale(who: &str, text: &str, facts: &[Fact]) -> String {
     let mut marks = Vec::new();
+    let mut read = Vec::new();
     for s in said(who, text) {
         if s.act != Act::Holds {
             continue;
@@ -1720,11 +2674,30 @@ pub fn stale(who: &str, text: &str, facts: &[Fact]) -> String {
         let Some(f) = facts.iter().find(|f| f.who == who && f.key == s.key) else {
             continue;
         };
+        read.push(f.key.as_str());
         match f.current() {
             Some(now) if names(&now.value, &s.value) => {}
             Some(now) => marks.push(format!("now: {}", now.value)),
             None => marks.push("no longer so".to_string()),
         }
+    }
+    // A value the speaker's fact no longer has, named in words the rules do not read ("The
+    // blue Volkswagen is parked outside"), unless the message names the value now too.
+    for f in facts
+        .iter()
+        .filter(|f| f.who == who && !read.contains(&f.key.as_str()))
+    {
+        let now = f.current();
+        let earlier = &f.values[..f.values.len() - usize::from(now.is_some())];
+        if now.is_some_and(|n| names_in(text, &n.value))
+            || !earlier.iter().any(|v| names_in(text, &v.value))
+        {
+            continue;
+        }
+        marks.push(match now {
+            Some(n) => format!("now: {}", n.value),
+            None => "no longer so".to_string(),
+        });
     }
     if marks.is_empty() {
         String::new()
@@ -1787,6 +2760,18 @@ fn names_in(text: &str, value: &str) -> bool {
 /// in: Lyon (since 14 Apr 2025; before: Porto)`, `Robin's car: none since 3 May 2025 (sold
 /// the blue Skoda)`.
 pub fn line(f: &Fact) -> String {
+    let base = value_line(f);
+    match &f.later {
+        Some((at, _, sentence)) if !base.is_empty() => {
+            let when = day(*at).map(|d| format!(" ({d})")).unwrap_or_default();
+            format!("{base}; said later{when}: \"{}\"", clean(sentence, 160))
+        }
+        _ => base,
+    }
+}
+
+/// A fact's values as a line (see [`line`]), without what was said later.
+fn value_line(f: &Fact) -> String {
     let earlier = |upto: usize| -> String {
         f.values[..upto]
             .iter()
@@ -2305,5 +3290,237 @@ mod weak_ending_tests {
         assert!(f[0].ended.is_some(), "{f:?}");
         let f = lines(&["We have a dog named Max.", "We lost Max to old age."]);
         assert!(f[0].ended.is_some(), "{f:?}");
+    }
+}
+
+#[cfg(test)]
+mod reading_tests {
+    use super::*;
+
+    /// Robin's facts after `said`, one message a day: (key, values, ended).
+    fn after(said: &[&str]) -> Vec<(String, Vec<String>, bool)> {
+        let evs: Vec<Event> = said
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| events("Robin", t, i as u64 + 1, Some(i as i64 * 86_400_000)))
+            .collect();
+        timeline(&evs)
+            .into_iter()
+            .map(|f| {
+                let ended = f.ended.is_some();
+                (
+                    f.key,
+                    f.values.into_iter().map(|s| s.value).collect(),
+                    ended,
+                )
+            })
+            .collect()
+    }
+
+    fn fact(key: &str, values: &[&str], ended: bool) -> (String, Vec<String>, bool) {
+        (
+            key.to_string(),
+            values.iter().map(|v| v.to_string()).collect(),
+            ended,
+        )
+    }
+
+    #[test]
+    fn a_phrase_is_read_in_any_of_its_regular_forms() {
+        assert!(inflects("partner", "partners"));
+        assert!(inflects("move", "moved"));
+        assert!(inflects("move", "moving"));
+        assert!(inflects("work", "works"));
+        assert!(!inflects("car", "card"), "short words only as they are");
+        assert!(!inflects("new", "news"));
+        assert_eq!(
+            after(&["Marie and I have become partners."]),
+            vec![fact("partner", &["Marie"], false)]
+        );
+    }
+
+    #[test]
+    fn an_organisation_is_an_employer_whatever_the_words_around_it() {
+        assert_eq!(
+            after(&[
+                "I do accounting for Horizon Retail.",
+                "I moved over to Birchwood Bank this month.",
+                "Another day at Ironclad Security.",
+            ]),
+            vec![fact(
+                "works at",
+                &["Horizon Retail", "Birchwood Bank", "Ironclad Security"],
+                false
+            )]
+        );
+        // Never a place, a partner or a pet.
+        assert_eq!(
+            after(&["I'm with Silverline Media from today, wish me luck."]),
+            vec![fact("works at", &["Silverline Media"], false)]
+        );
+        // A car is no employer ("to the office").
+        assert_eq!(
+            after(&["I drive a white Toyota to the office."]),
+            vec![fact("car", &["white Toyota"], false)]
+        );
+    }
+
+    #[test]
+    fn a_statement_of_no_one_else_is_the_speakers() {
+        assert_eq!(
+            after(&["First day at Meridian Bank went well, everyone's friendly."]),
+            vec![fact("works at", &["Meridian Bank"], false)]
+        );
+        assert_eq!(
+            after(&["Update: new place in Tampa!"]),
+            vec![fact("lives in", &["Tampa"], false)]
+        );
+        assert_eq!(
+            after(&["Texts to 555 201 3344 please."]),
+            vec![fact("phone number", &["555 201 3344"], false)]
+        );
+        assert_eq!(
+            after(&["We're Avignon-based now, the move is done."]),
+            vec![fact("lives in", &["Avignon"], false)]
+        );
+        // Said of someone else: by a name as its subject, or in the third person.
+        assert_eq!(after(&["Bob lives in Rome."]), vec![]);
+        assert_eq!(after(&["She moved to Lyon last week."]), vec![]);
+        // A heading is not a name: "Official: Jake …".
+        assert_eq!(
+            after(&["Official: Jake is my boyfriend."]),
+            vec![fact("partner", &["Jake"], false)]
+        );
+    }
+
+    #[test]
+    fn a_change_and_an_ending_in_the_words_people_use() {
+        assert_eq!(
+            after(&[
+                "I have been married to Anton for nine years.",
+                "Met Jonas at a friend's wedding and we're together now.",
+            ]),
+            vec![fact("partner", &["Anton", "Jonas"], false)]
+        );
+        assert_eq!(
+            after(&[
+                "My line manager, Eleanor Voss, is very supportive.",
+                "Peter Lang has taken over from Eleanor Voss as head of my team.",
+            ]),
+            vec![fact("manager", &["Eleanor Voss", "Peter Lang"], false)]
+        );
+        assert_eq!(
+            after(&[
+                "I rent a flat in Bergen.",
+                "The lease in Bergen ran out, so we found a place in Odense.",
+            ]),
+            vec![fact("lives in", &["Bergen", "Odense"], false)]
+        );
+        assert_eq!(
+            after(&[
+                "Reach me at 0644 551 200 any evening.",
+                "Call 0152 987 6543 from now on, the old one is cancelled.",
+            ]),
+            vec![fact(
+                "phone number",
+                &["0644 551 200", "0152 987 6543"],
+                false
+            )]
+        );
+        // The new value is the one after the renewal's word; with none, the ending stands.
+        assert_eq!(
+            after(&[
+                "I drive a red Fiat.",
+                "I sold the red Fiat, I take the bus now."
+            ]),
+            vec![fact("car", &["red Fiat"], true)]
+        );
+        assert_eq!(
+            after(&[
+                "Our bunny Rusty chewed the charger.",
+                "We have a new kitten! Pixel!",
+                "Welcome to the family, Gizmo the hamster.",
+                "Gizmo crossed the rainbow bridge.",
+            ]),
+            vec![fact("pet", &["Rusty", "Pixel", "Gizmo"], true)]
+        );
+        // "Put down roots" puts no pet down; "a couple of days" is no couple.
+        assert_eq!(
+            after(&["We put down roots in Szeged when the children were born."]),
+            vec![fact("lives in", &["Szeged"], false)]
+        );
+        assert_eq!(
+            after(&["I flew from Miami to Turks and Caicos for a couple of days."]),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn an_activity_keeps_its_day_whatever_it_is_set_in() {
+        assert_eq!(
+            after(&[
+                "Bowling league on Mondays.",
+                "League night is Wednesday now.",
+                "They moved choir practice to Saturday.",
+                "Done with bowling.",
+            ]),
+            vec![
+                fact("bowling day", &["Monday", "Wednesday"], true),
+                fact("choir day", &["Saturday"], false),
+            ]
+        );
+    }
+
+    #[test]
+    fn what_no_rule_reads_is_shown_as_said_later() {
+        let evs: Vec<Event> = [
+            "My manager is Tina Marsh.",
+            "Tina Marsh is out, Gary Hughes is in charge of the team now.",
+        ]
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| events("Robin", t, i as u64 + 1, Some(1_735_689_600_000)))
+        .collect();
+        let facts = timeline(&evs);
+        assert_eq!(facts.len(), 1, "{facts:?}");
+        let l = line(&facts[0]);
+        assert_eq!(
+            l,
+            "Robin manager: Tina Marsh; said later (1 Jan 2025): \"Tina Marsh is out, Gary \
+             Hughes is in charge of the team now\""
+        );
+        // A later statement the rules read replaces it.
+        let mut evs = evs;
+        evs.extend(events("Robin", "My manager is Gary Hughes.", 3, None));
+        let facts = timeline(&evs);
+        assert!(facts[0].later.is_none(), "{facts:?}");
+        // It survives the ledger.
+        let back: Vec<Event> = evs
+            .iter()
+            .filter_map(|e| decode(&encode(e), e.episode))
+            .collect();
+        assert_eq!(back, evs);
+    }
+
+    #[test]
+    fn a_quoted_earlier_value_is_marked_even_in_words_no_rule_reads() {
+        let facts = timeline(
+            &[
+                "I drive a blue Volkswagen.",
+                "Bought a green Renault last weekend.",
+            ]
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| events("Robin", t, i as u64 + 1, None))
+            .collect::<Vec<_>>(),
+        );
+        assert_eq!(
+            stale("Robin", "The blue Volkswagen is parked outside.", &facts),
+            " (earlier; now: green Renault)"
+        );
+        assert_eq!(
+            stale("Robin", "The green Renault is parked outside.", &facts),
+            ""
+        );
     }
 }

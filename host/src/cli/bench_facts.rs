@@ -918,6 +918,13 @@ pub async fn run_real(s: &Settings, paths: &[PathBuf]) -> Result<(), Failure> {
                 .filter(|f| f.values.len() > 1 || f.ended.is_some())
                 .count()
         );
+        // The facts that hold as first said, one line each (to read for precision).
+        for f in view
+            .iter()
+            .filter(|f| f.values.len() == 1 && f.ended.is_none())
+        {
+            println!("  {}", f.line);
+        }
         let mut facts = Vec::new();
         for f in view
             .iter()
