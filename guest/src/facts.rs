@@ -2666,15 +2666,31 @@ pub fn mark_lines(text: &str, facts: &[Fact]) -> String {
 /// after it: ` (earlier; now: Lyon)`, ` (earlier; no longer so)`; empty when it states none.
 pub fn stale(who: &str, text: &str, facts: &[Fact]) -> String {
     let mut marks = Vec::new();
-    let mut read = Vec::new();
-    for s in said(who, text) {
+    let said = said(who, text);
+    // The facts the message states something of: by their key, or by a value they have had
+    // (an ending or a change that names only a value).
+    let read: Vec<&str> = said
+        .iter()
+        .filter_map(|s| {
+            let named = s.key.strip_prefix(FROM_VALUE).unwrap_or(&s.value);
+            facts
+                .iter()
+                .find(|f| {
+                    f.who == who
+                        && (f.key == s.key
+                            || ((s.key.is_empty() || s.key.starts_with(FROM_VALUE))
+                                && f.values.iter().any(|v| names(&v.value, named))))
+                })
+                .map(|f| f.key.as_str())
+        })
+        .collect();
+    for s in said {
         if s.act != Act::Holds {
             continue;
         }
         let Some(f) = facts.iter().find(|f| f.who == who && f.key == s.key) else {
             continue;
         };
-        read.push(f.key.as_str());
         match f.current() {
             Some(now) if names(&now.value, &s.value) => {}
             Some(now) => marks.push(format!("now: {}", now.value)),
@@ -3522,5 +3538,16 @@ mod reading_tests {
             stale("Robin", "The green Renault is parked outside.", &facts),
             ""
         );
+        // A statement of the change or of an ending is no earlier value.
+        assert_eq!(
+            stale(
+                "Robin",
+                "I swapped the blue Volkswagen for a green Renault.",
+                &facts
+            ),
+            ""
+        );
+        let ended = timeline(&events("Robin", "I sold the green Renault.", 1, None));
+        assert_eq!(stale("Robin", "I sold the green Renault.", &ended), "");
     }
 }
