@@ -1735,7 +1735,14 @@ fn first_page(text: &str) -> &str {
 
 /// The statements of facts in what `who` said.
 pub fn said(who: &str, text: &str) -> Vec<Said> {
+    read(who, text, false)
+}
+
+/// [`said`], and with `mentions` what the sentences no rule reads say of a fact (after the
+/// statements: see [`Act::Mentions`]).
+fn read(who: &str, text: &str, mentions: bool) -> Vec<Said> {
     let mut out = Vec::new();
+    let mut unread = Vec::new();
     // A person says their facts in a message, not in the middle of a pasted document: only the
     // first [`READ_CHARS`] characters are read, so a 50 MB paste costs what a page does.
     let text = first_page(text).replace('\u{2019}', "'");
@@ -1766,8 +1773,12 @@ pub fn said(who: &str, text: &str) -> Vec<Said> {
         }
         if out.len() == before {
             pending = headline(sentence);
+            if mentions {
+                unread.extend(mentioned(who, sentence));
+            }
         }
     }
+    out.extend(unread);
     out
 }
 
@@ -1953,8 +1964,10 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
             .enumerate()
             .any(|(k, w)| w == "down" && lower.get(g + k + 2).is_none_or(|n| n != "roots"))
     });
-    let ends = gave_to || put_down || any_at(&ws, &lower, ENDINGS).is_some();
-    let weak = !ends && any_at(&ws, &lower, WEAK_ENDINGS).is_some();
+    let ending_at = any_at(&ws, &lower, ENDINGS);
+    let weak_at = any_at(&ws, &lower, WEAK_ENDINGS);
+    let ends = gave_to || put_down || ending_at.is_some();
+    let weak = !ends && weak_at.is_some();
     // The speaker's own: said in the first person, with "I" left out, or of no one else (no
     // third person, no name as its subject): "Another day at Ironclad Security".
     let third = lower.iter().any(|w| THIRD_PERSON.contains(&w.as_str()));
@@ -2036,6 +2049,21 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
     } else {
         change_of_value(&ws, &lower)
     };
+    // What the kinds below weigh their value against: the clause's names, a car in it, a
+    // renewal's word after an ending ("My old phone died, new number is …", "we sold the house
+    // in Uppsala and bought one in Rennes"), a place that "is home".
+    let named: Vec<String> = (0..ws.len()).filter_map(|i| proper_at(&ws, i, 4)).collect();
+    let a_car = car_by_make(&ws, true).filter(|c| c.contains(' '));
+    let renewal = ending_at.or(weak_at).and_then(|e| {
+        RENEWALS
+            .iter()
+            .flat_map(|r| phrase_at(&lower, r))
+            .filter(|&i| i > e)
+            .min()
+    });
+    let old_one =
+        !phrase_at(&lower, "old one").is_empty() || !phrase_at(&lower, "old number").is_empty();
+    let home = !home_at(&lower).is_empty();
     for kind in KINDS {
         // A phone number, or a car by its make, is its own cue in what a speaker says of
         // themselves.
@@ -2067,7 +2095,6 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         }
         // An organisation is where one works, not where one lives; a car is no place,
         // employer or person ("I drive a white Toyota to the office").
-        let a_car = car_by_make(&ws, true).filter(|c| c.contains(' '));
         if (kind.key == "lives in" && value.as_deref().is_some_and(is_org))
             || (kind.shape != Shape::Car
                 && value
@@ -2090,28 +2117,14 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         if indefinite {
             continue;
         }
-        // "My old phone died, new number is …", "we sold the house in Uppsala and bought one in
-        // Rennes", "the old one is cancelled": the ending is the old thing's, the value new.
-        let renewal = any_at(&ws, &lower, ENDINGS)
-            .or_else(|| any_at(&ws, &lower, WEAK_ENDINGS))
-            .and_then(|e| {
-                RENEWALS
-                    .iter()
-                    .flat_map(|r| phrase_at(&lower, r))
-                    .filter(|&i| i > e)
-                    .min()
-            });
-        // The new value is one said after the renewal's word ("… I take the bus now" names
-        // none).
+        // After a renewal's word (or beside "the old one"), the ending is the old thing's and
+        // the value new: the one said after that word ("… I take the bus now" names none).
         let renewed_value = renewal.and_then(|r| match kind.shape {
             Shape::Proper | Shape::Name => (r..ws.len()).find_map(|i| proper_at(&ws, i, 4)),
             Shape::Phone => phone(&c[ws[r].0..]),
             Shape::Car => car_by_make(&ws[r..], true),
         });
-        let renewed = value.is_some()
-            && (renewed_value.is_some()
-                || !phrase_at(&lower, "old one").is_empty()
-                || !phrase_at(&lower, "old number").is_empty());
+        let renewed = value.is_some() && (renewed_value.is_some() || old_one);
         if let Some(v) = renewed_value {
             value = Some(v);
         }
@@ -2124,19 +2137,16 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
             });
             return;
         }
-        // A number is the speaker's when they give it ("New number: …"), and a place that
-        // "is home now" is theirs ("The move is done: Utrecht is home now").
-        let home = !home_at(&lower).is_empty();
-        // An announcement is the speaker's own when it speaks of no one else: "First day at
-        // Meridian Bank went well", "Relocation done, new city: Aachen".
+        // A number is the speaker's when they give it ("New number: …"), a place that "is home
+        // now" is theirs ("The move is done: Utrecht is home now"), and an announcement is the
+        // speaker's own when it speaks of no one else ("First day at Meridian Bank went well",
+        // "Relocation done, new city: Aachen").
         let announced = kind.cues.iter().any(|p| {
             (p.starts_with("new ") || p.starts_with("first ")) && !phrase_at(&lower, p).is_empty()
-        }) && !lower.iter().any(|w| THIRD_PERSON.contains(&w.as_str()))
-            && (0..ws.len()).filter_map(|i| proper_at(&ws, i, 4)).all(|p| {
-                value
-                    .as_deref()
-                    .is_some_and(|v| names(v, &p) || names(&p, v))
-            });
+        }) && !third
+            && named
+                .iter()
+                .all(|p| value.as_deref().is_some_and(|v| names(v, p) || names(p, v)));
         let theirs = mine || announced || kind.shape == Shape::Phone;
         if !(theirs || (kind.key == "lives in" && home)) {
             continue;
@@ -2144,9 +2154,7 @@ fn statement(who: &str, c: &str, sentence: &str, out: &mut Vec<Said>) {
         if let Some(value) = value {
             // A loose ending beside the value ends it if it is the value now, when the clause
             // names no other ("We said goodbye to Porto and settled in Lyon" ends nothing).
-            let others = (0..ws.len())
-                .filter_map(|i| proper_at(&ws, i, 4))
-                .any(|p| !names(&value, &p) && !names(&p, &value));
+            let others = named.iter().any(|p| !names(&value, p) && !names(p, &value));
             let act = if weak && !renewed && !others {
                 Act::Ends
             } else {
@@ -2534,14 +2542,8 @@ pub fn decode(text: &str, episode: u64) -> Option<Event> {
 
 /// The events of one episode: what `who` said in `text` at `at_ms`.
 pub fn events(who: &str, text: &str, episode: u64, at_ms: Option<i64>) -> Vec<Event> {
-    let read = said(who, text);
-    let text = first_page(text).replace('\u{2019}', "'");
-    let unread: Vec<Said> = sentences(&text)
-        .filter(|s| !read.iter().any(|r| r.sentence == *s))
-        .filter_map(|s| mentioned(who, s))
-        .collect();
-    read.into_iter()
-        .chain(unread)
+    read(who, text, true)
+        .into_iter()
         .map(|said| Event {
             who: who.to_string(),
             said,

@@ -451,6 +451,16 @@ pub struct FactView {
     pub line: String,
 }
 
+impl FactView {
+    /// The episodes that said it: each value's, oldest first, then its ending's.
+    pub fn episodes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.values
+            .iter()
+            .map(|v| v.episode)
+            .chain(self.ended.as_ref().map(|e| e.episode))
+    }
+}
+
 /// One value a fact had, and the episode that said it (expand it with the session's messages).
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct FactValueView {

@@ -895,12 +895,7 @@ pub async fn run_real(s: &Settings, paths: &[PathBuf]) -> Result<(), Failure> {
             .iter()
             .filter(|f| f.values.len() > 1 || f.ended.is_some())
         {
-            let eps = f
-                .values
-                .iter()
-                .map(|v| v.episode)
-                .chain(f.ended.as_ref().map(|e| e.episode));
-            for ep in eps {
+            for ep in f.episodes() {
                 let page = local
                     .messages(super::bench_context::SESSION, ep.saturating_sub(1), 1)
                     .await

@@ -162,24 +162,14 @@ pub async fn facts(s: &Settings, mut a: FactsArgs) -> Result<(), Failure> {
         return Ok(());
     }
     for f in &facts {
-        let episodes: Vec<String> = f
-            .values
-            .iter()
-            .map(|v| format!("#{}", v.episode))
-            .chain(f.ended.as_ref().map(|e| format!("#{}", e.episode)))
-            .collect();
+        let episodes: Vec<String> = f.episodes().map(|e| format!("#{e}")).collect();
         println!(
             "{}  [{}]",
             abridge_app::engine::text::printable(&f.line),
             episodes.join(", ")
         );
         if a.messages {
-            let ids = f
-                .values
-                .iter()
-                .map(|v| v.episode)
-                .chain(f.ended.as_ref().map(|e| e.episode));
-            for id in ids {
+            for id in f.episodes() {
                 let page = local.messages(&a.session, id.saturating_sub(1), 1).await?;
                 for m in page.messages.iter().filter(|m| m.id == id) {
                     println!(
