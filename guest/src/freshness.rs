@@ -4,6 +4,15 @@
 use crate::policy::{Config, Mode};
 use crate::types::{FailureMarker, Stats};
 
+/// "1 new episode", "3 new episodes".
+fn new_episodes(n: u64) -> String {
+    if n == 1 {
+        "1 new episode".into()
+    } else {
+        format!("{n} new episodes")
+    }
+}
+
 /// The verdict (mirrors the WIT `fresh-state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -254,15 +263,21 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
     match cfg.mode {
         Mode::Eager => {
             if new >= u64::from(cfg.min_episodes_since) {
-                set(&mut f, State::Due, format!("{new} new episodes"));
+                set(&mut f, State::Due, new_episodes(new));
             } else if crate::policy::backlog_over(inp.backlog_tokens, cfg) {
                 let why = format!(
-                    "{new} new episodes of {} tokens, at or over the {}-token backlog limit",
-                    inp.backlog_tokens, cfg.max_backlog_tokens
+                    "{} of {} tokens, at or over the {}-token backlog limit",
+                    new_episodes(new),
+                    inp.backlog_tokens,
+                    cfg.max_backlog_tokens
                 );
                 set(&mut f, State::Due, why);
             } else {
-                let why = format!("{new} new episodes, waiting for {}", cfg.min_episodes_since);
+                let why = format!(
+                    "{}, waiting for {}",
+                    new_episodes(new),
+                    cfg.min_episodes_since
+                );
                 set(&mut f, State::Waiting, why);
             }
         }
@@ -270,13 +285,13 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
             let (left, batch) = inp.window.unwrap_or((0, 1));
             if left >= batch {
                 let why = format!(
-                    "{left} tokens have left the recent window of {} messages (folding from {batch})",
+                    "{left} tokens have left the recent window of the last {} messages: at least {batch}, so they are summarized now",
                     cfg.window_messages
                 );
                 set(&mut f, State::Due, why);
             } else {
                 let why = format!(
-                    "{left} tokens have left the recent window of {} messages; folding from {batch}",
+                    "{left} tokens have left the recent window of the last {} messages; they are summarized once {batch} have",
                     cfg.window_messages
                 );
                 set(&mut f, State::Waiting, why);
@@ -288,14 +303,15 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
                 set(
                     &mut f,
                     State::Due,
-                    format!("{new} new episodes without timestamps (taken as idle)"),
+                    format!("{} without timestamps (taken as idle)", new_episodes(new)),
                 );
                 return f;
             };
             let until = (last.max(0) as u64).saturating_add(quiet_ms);
             if inp.now_ms >= until {
                 let why = format!(
-                    "{new} new episodes, quiet for {}",
+                    "{}, quiet for {}",
+                    new_episodes(new),
                     minutes(inp.now_ms - last.max(0) as u64)
                 );
                 set(&mut f, State::Due, why);
@@ -310,7 +326,8 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
             } else {
                 f.due_at_ms = Some(until);
                 let why = format!(
-                    "{new} new episodes; active {} ago, idle after {}",
+                    "{}; active {} ago, idle after {}",
+                    new_episodes(new),
                     minutes(inp.now_ms.saturating_sub(last.max(0) as u64)),
                     minutes(quiet_ms)
                 );

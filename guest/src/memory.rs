@@ -1458,6 +1458,9 @@ pub fn recall(
     let hits = h.search(&q, &e.model, filter, k.saturating_mul(4).max(20))?;
     let mut ranked: Vec<(Recalled, u64)> = hits
         .into_iter()
+        // A memory that shares nothing with the query (a score of 0 or below) is no hit,
+        // however few the others are.
+        .filter(|x| score(x.similarity, x.importance) > 0.0)
         .filter(|x| match x.kind {
             HitKind::Memory => true,
             HitKind::Summary => summaries && x.covered >= cfg.min_cluster_items,

@@ -752,7 +752,9 @@ fn recall_weighs_importance_and_adds_summaries_beside_their_sources() {
     .unwrap();
     let kinds: Vec<HitKind> = r.iter().map(|x| x.kind).collect();
     assert!(kinds.contains(&HitKind::Summary));
-    assert_eq!(kinds.iter().filter(|k| **k == HitKind::Memory).count(), 4);
+    // The deploy fact shares nothing with the query: however important, it is no hit.
+    assert_eq!(kinds.iter().filter(|k| **k == HitKind::Memory).count(), 3);
+    assert!(!r.iter().any(|x| x.id == "d1"));
     let s = r.iter().find(|x| x.kind == HitKind::Summary).unwrap();
     assert_eq!(s.sources, ["m1", "m2", "m3"]);
     assert!((s.importance - 0.5).abs() < 1e-6);

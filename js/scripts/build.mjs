@@ -25,7 +25,7 @@ if (given) {
   } catch (e) {
     if (e.code === 'ENOENT') {
       console.error(
-        'npm run build compiles the guest with cargo, which is not on the PATH. Without Rust: install the packed ' +
+        'Building dist/ (npm run build, and npm pack before it packs) compiles the guest with cargo, which is not on the PATH. Without Rust: install the packed ' +
           'package (npm pack in a clone with Rust, or a release tarball), which ships dist/ built; or set ' +
           'ABRIDGE_GUEST_WASM to the component `abridge component --out DIR` writes (DIR/abridge_guest.wasm).',
       );

@@ -281,6 +281,72 @@ fn a_hook_never_fails_the_agents_turn_and_keeps_to_its_budget() {
     // Errors went to the log, not to the agent.
     let log = std::fs::read_to_string(env.dir.path().join("hook.log")).unwrap_or_default();
     assert!(log.contains("not the JSON object"), "{log}");
+    // A Stop whose transcript is missing says so in the log (a start may come first).
+    assert!(
+        log.contains(&format!(
+            "Stop: the transcript {} does not exist",
+            missing.display()
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("SessionStart: the transcript"), "{log}");
+}
+
+/// A last session too short to have a summary opens the next one with what it said, and a
+/// session without a title is named by its id once.
+#[test]
+fn a_short_last_session_opens_the_next_with_what_it_said() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let cwd = "/work/short-project";
+    let file = env.dir.path().join("short-1.jsonl");
+    let turns = [
+        (
+            "user",
+            "Rename the --fast flag to --quick in src/cli.rs and keep --fast as an alias.",
+        ),
+        (
+            "assistant",
+            "Renamed it: --quick is the flag now, and --fast still works as an alias.",
+        ),
+        (
+            "user",
+            "Good. Also note in CHANGELOG.md that --fast is deprecated.",
+        ),
+        (
+            "assistant",
+            "Added a line to CHANGELOG.md saying --fast is deprecated in favour of --quick.",
+        ),
+    ];
+    let mut text = String::new();
+    for (i, (role, content)) in turns.iter().enumerate() {
+        text.push_str(
+            &json!({"type": role, "uuid": format!("u{i}"), "sessionId": "short-1",
+                "message": {"role": role, "content": content}})
+            .to_string(),
+        );
+        text.push('\n');
+    }
+    std::fs::write(&file, &text).unwrap();
+    let mut p = payload("Stop", "short-1", &file, json!({}));
+    p["cwd"] = json!(cwd);
+    hook(&env, &[], &p).0.assert_ok();
+    let start = json!({"session_id": "5f0c2a8e-1111-4222-8333-444455556666", "cwd": cwd,
+        "hook_event_name": "SessionStart", "source": "startup"});
+    let (r, _) = hook(&env, &[], &start);
+    r.assert_ok();
+    let out: Value = serde_json::from_str(r.stdout.trim()).expect("JSON on stdout");
+    let ctx = out["hookSpecificOutput"]["additionalContext"]
+        .as_str()
+        .unwrap();
+    assert!(
+        ctx.contains("The last session here (session short-1, "),
+        "{ctx}"
+    );
+    assert_eq!(ctx.matches("short-1").count(), 1, "{ctx}");
+    assert!(ctx.contains("no summary yet; what they said:"), "{ctx}");
+    for (_, said) in turns {
+        assert!(ctx.contains(said), "{said:?} in {ctx}");
+    }
 }
 
 #[test]
@@ -646,4 +712,195 @@ fn a_fresh_session_in_a_known_project_starts_with_what_the_project_knows() {
     let (r, _) = hook(&env, &[], &other);
     r.assert_ok();
     assert!(r.stdout.trim().is_empty(), "{}", r.stdout);
+}
+
+/// The Claude Code plugin's folder (`host/claude-plugin`) and the repository's root (its
+/// marketplace).
+fn plugin_dir() -> (PathBuf, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    (root.join("host/claude-plugin"), root)
+}
+
+/// Run a plugin hook's command line as Claude Code runs it (`sh -c`, the plugin's root in
+/// CLAUDE_PLUGIN_ROOT), with `path` as the PATH and `payload` on stdin.
+fn plugin_hook(env: &Env, root: &Path, command: &str, path: &str, payload: &Value) -> Run {
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", command])
+        .env("CLAUDE_PLUGIN_ROOT", root)
+        .env("PATH", path)
+        .env("HOME", env.dir.path())
+        .env("ABRIDGE_DB", env.db())
+        .env("ABRIDGE_BACKEND", "extractive")
+        .env("ABRIDGE_CACHE_DIR", cache_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(payload.to_string().as_bytes())
+        .unwrap();
+    Run::from(child.wait_with_output().unwrap())
+}
+
+/// The plugin's hooks are the ones `abridge setup claude-code` writes (the same events and
+/// matchers), its manifests name this version, and its hook command runs the abridge on the
+/// PATH — imports a transcript, hands the context back after a compaction — or says how to
+/// install abridge when there is none.
+fn check_plugin_runs(env: &Env, root: &Path) {
+    let hooks: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("hooks/hooks.json")).unwrap())
+            .unwrap();
+    let events: Vec<(String, Option<String>)> = hooks["hooks"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v[0]["matcher"].as_str().map(String::from)))
+        .collect();
+    let want: Vec<(String, Option<String>)> = abridge_app::setup::CLAUDE_EVENTS
+        .iter()
+        .map(|(e, m)| (e.to_string(), m.map(String::from)))
+        .collect();
+    let mut sorted = events.clone();
+    sorted.sort();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    assert_eq!(sorted, want_sorted);
+    let command = hooks["hooks"]["Stop"][0]["hooks"][0]["command"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mcp: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join(".mcp.json")).unwrap()).unwrap();
+    assert_eq!(
+        mcp["mcpServers"]["abridge"]["command"],
+        "${CLAUDE_PLUGIN_ROOT}/bin/abridge-run"
+    );
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join(".claude-plugin/plugin.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["version"], env!("CARGO_PKG_VERSION"));
+    // The abridge on the PATH (this build's folder) runs the hooks.
+    let bin = Path::new(env!("CARGO_BIN_EXE_abridge")).parent().unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let transcript = fixture("claude-code.jsonl");
+    let session = "0a1b2c3d-0000-4000-8000-000000000001";
+    let stop = payload("Stop", session, Path::new(&transcript), json!({}));
+    plugin_hook(env, root, &command, &path, &stop).assert_ok();
+    let start = payload(
+        "SessionStart",
+        session,
+        Path::new(&transcript),
+        json!({"source": "compact"}),
+    );
+    let r = plugin_hook(env, root, &command, &path, &start);
+    r.assert_ok();
+    let out: Value = serde_json::from_str(r.stdout.trim()).expect("JSON on stdout");
+    assert!(
+        out["hookSpecificOutput"]["additionalContext"]
+            .as_str()
+            .unwrap()
+            .contains("what this session has done so far"),
+        "{out}"
+    );
+    // No abridge anywhere: exit 1 (a hook error Claude Code shows and goes past) saying how
+    // to install it.
+    let r = plugin_hook(env, root, &command, "/usr/bin:/bin", &stop);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("cargo install --path host"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn the_claude_code_plugin_runs_the_hooks_setup_would_write() {
+    let env = Env::new();
+    let (plugin, _) = plugin_dir();
+    check_plugin_runs(&env, &plugin);
+}
+
+/// Claude Code's own `claude` (npm `@anthropic-ai/claude-code`, pinned in `.ci/run`), or
+/// `None` with a note (a failure when ABRIDGE_REQUIRE_CLAUDE is set).
+fn claude() -> Option<PathBuf> {
+    let candidates: Vec<PathBuf> = std::env::var_os("ABRIDGE_CLAUDE")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(
+            std::env::var_os("HOME")
+                .map(|h| Path::new(&h).join(".cache/abridge/claude-code/node_modules/.bin/claude")),
+        )
+        .collect();
+    if let Some(c) = candidates.into_iter().find(|c| c.is_file()) {
+        return Some(c);
+    }
+    assert!(
+        std::env::var_os("ABRIDGE_REQUIRE_CLAUDE").is_none(),
+        "ABRIDGE_REQUIRE_CLAUDE is set but Claude Code was not found (npm install --prefix ~/.cache/abridge/claude-code @anthropic-ai/claude-code, or set ABRIDGE_CLAUDE)"
+    );
+    eprintln!(
+        "SKIPPED: the Claude Code plugin check needs Claude Code (npm install --prefix ~/.cache/abridge/claude-code @anthropic-ai/claude-code, or set ABRIDGE_CLAUDE)"
+    );
+    None
+}
+
+/// Claude Code's own validation passes the plugin and the marketplace with `--strict`;
+/// adding the marketplace and installing the plugin (offline, no login) enables it, and the
+/// installed copy's hooks run.
+#[test]
+fn claude_code_validates_and_installs_the_plugin_from_the_marketplace() {
+    let Some(claude) = claude() else { return };
+    let env = Env::new();
+    let (plugin, root) = plugin_dir();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&claude)
+            .args(args)
+            .current_dir(env.dir.path())
+            .env("HOME", env.dir.path())
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env_remove("ANTHROPIC_API_KEY")
+            .output()
+            .expect("running claude");
+        let r = Run::from(out);
+        assert_eq!(r.code, 0, "claude {args:?}: {}\n{}", r.stdout, r.stderr);
+        r
+    };
+    let r = run(&[
+        "plugin",
+        "validate",
+        "--strict",
+        &plugin.display().to_string(),
+    ]);
+    assert!(r.stdout.contains("Validation passed"), "{}", r.stdout);
+    assert!(r.stdout.contains("hooks: SessionStart"), "{}", r.stdout);
+    assert!(r.stdout.contains("mcpServers: abridge"), "{}", r.stdout);
+    let r = run(&[
+        "plugin",
+        "validate",
+        "--strict",
+        &root.display().to_string(),
+    ]);
+    assert!(r.stdout.contains("marketplace"), "{}", r.stdout);
+    run(&["plugin", "marketplace", "add", &root.display().to_string()]);
+    run(&["plugin", "install", "abridge@abridge"]);
+    let settings: Value = serde_json::from_str(
+        &std::fs::read_to_string(env.dir.path().join(".claude/settings.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        settings["enabledPlugins"]["abridge@abridge"], true,
+        "{settings}"
+    );
+    let installed = env
+        .dir
+        .path()
+        .join(".claude/plugins/cache/abridge/abridge")
+        .join(env!("CARGO_PKG_VERSION"));
+    check_plugin_runs(&env, &installed);
 }

@@ -327,9 +327,9 @@ fn two_huge_messages_are_summarized_and_the_context_says_what_it_covers() {
     assert_covers(&env.chain("h").unwrap(), 2);
     let r = env.run(&["context", "h", "--budget", "2000"]);
     assert!(
-        r.assert_ok().stdout.contains("covers episodes 1-2"),
+        r.assert_ok().stderr.contains("covers episodes 1-2"),
         "{}",
-        r.stdout
+        r.stderr
     );
 }
 

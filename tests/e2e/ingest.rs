@@ -71,7 +71,7 @@ fn the_trigger_fires_on_threshold_and_episode_count_then_updates() {
     text.assert_ok();
     assert!(
         text.stdout
-            .starts_with("session s1: 10 episodes, 1 summary rows, 0 unsummarized"),
+            .starts_with("session s1: 10 episodes, 1 summary row, 0 unsummarized"),
         "{}",
         text.stdout
     );

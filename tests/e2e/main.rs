@@ -20,6 +20,7 @@ mod jobs;
 mod mcp;
 mod memories;
 mod model_output;
+mod newcomer;
 mod plugin;
 mod postgres;
 mod python;

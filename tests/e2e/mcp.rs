@@ -50,8 +50,16 @@ fn client_script() -> String {
 
 /// Run the SDK client with `plan` (tool calls); its report.
 fn drive(env: &Env, py: &Path, plan: &Value, transport: &[&str]) -> Value {
+    drive_in(env, py, plan, transport, None)
+}
+
+/// [`drive`] with the client (and so a stdio server) started in the folder `cwd`.
+fn drive_in(env: &Env, py: &Path, plan: &Value, transport: &[&str], cwd: Option<&Path>) -> Value {
     let plan_file = env.write("plan.json", plan.to_string());
     let mut cmd = std::process::Command::new(py);
+    if let Some(c) = cwd {
+        cmd.current_dir(c);
+    }
     cmd.arg(client_script())
         .arg(transport[0])
         .arg(&plan_file)
@@ -186,11 +194,16 @@ fn over_stdio_every_tool_answers_and_a_bad_argument_is_a_tool_error_that_says_ho
         "{}",
         text(4)
     );
+    // "Remembered as ID for project KEY." (the folder the client started the server in).
     let id = text(5)
         .strip_prefix("Remembered as ")
         .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
         .trim_end_matches('.')
         .to_string();
+    assert!(text(5).contains(" for project "), "{}", text(5));
     assert!(
         text(6).contains(&id) && text(6).contains("release branches"),
         "{}",
@@ -449,4 +462,83 @@ fn a_changed_fact_remembered_over_mcp_is_recalled_current_first() {
     );
     assert_eq!(calls[3]["is_error"], true, "{v}");
     assert!(text(3).contains("does not exist"), "{v}");
+}
+
+/// A memory the agent remembers over MCP belongs, unless it says otherwise, to the folder the
+/// agent started the server in, as the hooks name it: the next session's start there shows
+/// it. A project given as a path is named the same way.
+#[test]
+fn a_memory_the_agent_remembers_is_in_the_next_sessions_start_in_that_folder() {
+    let Some(py) = python() else { return };
+    let env = extractive();
+    let project = env.dir.path().join("work/my_shop.v2");
+    std::fs::create_dir_all(&project).unwrap();
+    let exe = env!("CARGO_BIN_EXE_abridge");
+    let plan = json!([
+        call(
+            "remember",
+            json!({"text": "The staging database is reset every Monday.", "kind": "convention"})
+        ),
+        call(
+            "remember",
+            json!({"text": "The billing service deploys on Fridays.", "project": "/srv/billing/"})
+        ),
+        call(
+            "recall",
+            json!({"query": "billing deploys", "project": "/srv/billing"})
+        ),
+        call(
+            "recall",
+            json!({"query": "staging database", "project": "/srv/billing"})
+        ),
+    ]);
+    let v = drive_in(
+        &env,
+        &py,
+        &plan,
+        &["stdio", "--", exe, "mcp"],
+        Some(&project),
+    );
+    let calls = v["calls"].as_array().unwrap();
+    let key = abridge_app::hook::project_key(&project.display().to_string());
+    let text = |i: usize| calls[i]["text"].as_str().unwrap().to_string();
+    assert!(
+        text(0).contains(&format!("for project {key}")),
+        "{}",
+        text(0)
+    );
+    assert!(text(1).contains("for project -srv-billing"), "{}", text(1));
+    assert!(text(2).contains("billing service deploys"), "{}", text(2));
+    assert!(!text(3).contains("staging database"), "{}", text(3));
+    // The next session in that folder starts with it.
+    let mut child = env
+        .command(&["hook"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(
+            json!({"session_id": "5f0c2a8e-1111-4222-8333-444455556666",
+                "cwd": project, "hook_event_name": "SessionStart", "source": "startup"})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+    let r = Run::from(child.wait_with_output().unwrap());
+    r.assert_ok();
+    let out: Value = serde_json::from_str(r.stdout.trim()).expect("JSON on stdout");
+    let ctx = out["hookSpecificOutput"]["additionalContext"]
+        .as_str()
+        .unwrap();
+    assert!(
+        ctx.contains("The staging database is reset every Monday."),
+        "{ctx}"
+    );
+    assert!(!ctx.contains("billing"), "{ctx}");
 }

@@ -149,6 +149,18 @@ pub fn project_key(cwd: &str) -> String {
         .collect()
 }
 
+/// The project a name or a folder's path names: a path (`/home/me/shop`,
+/// `C:\\work\\shop`) as [`project_key`] names its folder, a name as it is (a key the hooks
+/// made, `-home-me-shop`, stays the same).
+pub fn project_of(given: &str) -> String {
+    let g = given.trim();
+    if g.contains(['/', '\\']) {
+        project_key(g.trim_end_matches(['/', '\\']))
+    } else {
+        g.to_string()
+    }
+}
+
 /// The id of the memory that pins `episode` of `session` to its project.
 pub fn project_pin_id(session: &str, episode: u64) -> String {
     format!("pin:{session}:{episode}")
@@ -342,14 +354,25 @@ impl Scoped {
                     .map(|m| m.content.trim())
                     .chain(v.note.as_deref().map(str::trim))
                     .collect();
-                let name = last.title.clone().unwrap_or_else(|| last.id.clone());
+                let name = match &last.title {
+                    Some(title) => format!("{title}, session {}", last.id),
+                    None => format!("session {}", last.id),
+                };
                 let mut t = format!(
-                    "\nThe last session here ({name}, session {}, {}):",
-                    last.id,
+                    "\nThe last session here ({name}, {}):",
                     day_of(last.last_activity_ms)
                 );
                 if system.is_empty() {
-                    t.push_str(&format!(" {} messages, no summary yet.", last.episodes));
+                    // No summary yet: the session is short enough that its context is all
+                    // of it, so its digest is its own messages (a tool's output left out).
+                    t.push_str(&format!(
+                        " {} messages, no summary yet; what they said:",
+                        last.episodes
+                    ));
+                    for line in short_digest(&v.messages) {
+                        t.push('\n');
+                        t.push_str(&line);
+                    }
                 } else {
                     t.push('\n');
                     t.push_str(&system.join("\n"));
@@ -360,11 +383,14 @@ impl Scoped {
         if earlier.len() > 1 {
             let mut t = String::from("\nEarlier sessions here:");
             for v in earlier.iter().skip(1).take(EARLIER_SESSIONS) {
-                let name = v.title.clone().unwrap_or_else(|| v.id.clone());
+                let title = v
+                    .title
+                    .as_deref()
+                    .map(|t| format!(" {}", cut_chars(t, 80)))
+                    .unwrap_or_default();
                 t.push_str(&format!(
-                    "\n- {} {} (session {}, {} messages)",
+                    "\n- {}{title} (session {}, {} messages)",
                     day_of(v.last_activity_ms),
-                    cut_chars(&name, 80),
                     v.id,
                     v.episodes
                 ));
@@ -391,6 +417,28 @@ impl Scoped {
         }
         Ok(Some(parts.join("\n")))
     }
+}
+
+/// Characters of one message a short session's digest shows.
+const DIGEST_LINE_CHARS: usize = 300;
+
+/// A short session's digest from its messages (a context that holds all of them): each
+/// request and answer on a line, cut to [`DIGEST_LINE_CHARS`]; of a tool's messages only
+/// its actions (`[action] Edit src/a.rs`), not its output.
+pub fn short_digest(messages: &[crate::views::ContextMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .filter(|m| m.role != "system")
+        .filter(|m| m.role != "tool" || m.content.starts_with("[action] "))
+        .map(|m| {
+            let label = match m.role.as_str() {
+                "user" => "User",
+                "assistant" => "Assistant",
+                _ => "Tool",
+            };
+            format!("- {label}: {}", cut_chars(&m.content, DIGEST_LINE_CHARS))
+        })
+        .collect()
 }
 
 /// A context as the text a hook hands the model: the summary, digest and ledger message, then

@@ -42,13 +42,18 @@ enum Tenancy {
 #[derive(Clone)]
 pub struct AbridgeMcp {
     tenancy: Arc<Tenancy>,
+    /// The project a memory belongs to when `remember` names none: the folder the agent
+    /// started the server in (stdio), as the hooks name it, so the next session's start
+    /// there shows it. None over HTTP (a shared server has no folder of the agent's).
+    project: Option<String>,
 }
 
 impl AbridgeMcp {
-    /// A server whose every call acts for `scoped` (stdio).
-    pub fn fixed(scoped: Scoped) -> Self {
+    /// A server whose every call acts for `scoped` (stdio), in the agent's folder `cwd`.
+    pub fn fixed(scoped: Scoped, cwd: Option<&std::path::Path>) -> Self {
         AbridgeMcp {
             tenancy: Arc::new(Tenancy::Fixed(scoped)),
+            project: cwd.map(|c| abridge_app::hook::project_key(&c.to_string_lossy())),
         }
     }
 
@@ -56,6 +61,16 @@ impl AbridgeMcp {
     pub fn per_request() -> Self {
         AbridgeMcp {
             tenancy: Arc::new(Tenancy::PerRequest),
+            project: None,
+        }
+    }
+
+    /// The project a tool's `project` argument names: a folder's path (`/home/me/shop`)
+    /// as the hooks name it, a name as given; none given, the server's own.
+    fn project(&self, given: Option<&str>) -> Option<String> {
+        match given.map(str::trim).filter(|p| !p.is_empty()) {
+            Some(p) => Some(abridge_app::hook::project_of(p)),
+            None => self.project.clone(),
         }
     }
 
@@ -242,7 +257,7 @@ pub struct ExpandArgs {
 pub struct RecallArgs {
     /// What you want to know ("how do we deploy", "the user's test conventions").
     pub query: String,
-    /// Only memories of this project.
+    /// Only memories of this project: its folder's path or a name (default: every project).
     #[serde(default)]
     #[schemars(with = "String")]
     pub project: Option<String>,
@@ -261,7 +276,8 @@ pub struct RecallArgs {
 pub struct RememberArgs {
     /// The fact, in one or two sentences ("Releases are cut from the release/* branches").
     pub text: String,
-    /// The project it belongs to (default: none).
+    /// The project it belongs to: its folder's path (`/home/me/shop`) or a name (default:
+    /// the folder the agent runs in, so the next session there starts with it).
     #[serde(default)]
     #[schemars(with = "String")]
     pub project: Option<String>,
@@ -523,7 +539,10 @@ impl AbridgeMcp {
                 }
                 let f = abridge_app::memories::filter(
                     Some(MCP_USER.into()),
-                    a.project.clone(),
+                    a.project
+                        .as_deref()
+                        .filter(|p| !p.trim().is_empty())
+                        .map(abridge_app::hook::project_of),
                     None,
                     None,
                     None,
@@ -564,10 +583,11 @@ impl AbridgeMcp {
                 if a.text.trim().is_empty() {
                     return Err(bad("text is empty; give the fact to remember").into());
                 }
+                let project = self.project(a.project.as_deref()).unwrap_or_default();
                 let m = MemoryInput {
                     id: None,
                     user: MCP_USER.into(),
-                    project: a.project.clone().unwrap_or_default(),
+                    project: project.clone(),
                     environment: String::new(),
                     kind: a
                         .kind
@@ -590,9 +610,14 @@ impl AbridgeMcp {
                     ),
                     None => String::new(),
                 };
+                let project = if project.is_empty() {
+                    String::new()
+                } else {
+                    format!(" for project {project}")
+                };
                 Ok(ok(
                     format!(
-                        "Remembered as {}{}.{replaced}",
+                        "Remembered as {}{}{project}.{replaced}",
                         m.id,
                         if m.created { "" } else { " (already stored)" }
                     ),
@@ -691,7 +716,7 @@ pub fn parse_error(e: &serde_json::Error) -> serde_json::Value {
 /// Serve `scoped` over standard input and output until the client goes (`abridge mcp`).
 /// Nothing but protocol messages is written to stdout; a line that is not JSON gets a
 /// JSON-RPC parse error (-32700, id null), as the specification asks, and the session goes on.
-pub async fn serve_stdio(scoped: Scoped) -> anyhow::Result<()> {
+pub async fn serve_stdio(scoped: Scoped, cwd: Option<&std::path::Path>) -> anyhow::Result<()> {
     use rmcp::ServiceExt;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     // Lines go through here: JSON ones on to the protocol, the rest answered here; the
@@ -746,7 +771,7 @@ pub async fn serve_stdio(scoped: Scoped) -> anyhow::Result<()> {
             }
         })
     };
-    let running = AbridgeMcp::fixed(scoped)
+    let running = AbridgeMcp::fixed(scoped, cwd)
         .serve((server_in, server_out))
         .await
         .map_err(|e| anyhow::anyhow!("the MCP client did not initialize: {e}"))?;

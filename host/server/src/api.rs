@@ -886,9 +886,9 @@ async fn get_context(
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 struct SearchQuery {
-    /// The words to look for. Quotes, operators and punctuation are not a query language:
-    /// they separate words.
-    q: String,
+    /// The words to look for (required). Quotes, operators and punctuation are not a query
+    /// language: they separate words.
+    q: Option<String>,
     /// Only this session's messages.
     session: Option<String>,
     /// Hits per page (1 to 100; default 20).
@@ -912,9 +912,14 @@ async fn get_search(
         Some(s) => Some(t.resolve(s).await?),
         None => None,
     };
+    let Some(words) = q.q.as_deref() else {
+        return Err(ApiError(AppError::invalid(
+            "GET /v1/search needs the words to look for in q: /v1/search?q=health+check (and &session=ID for one session's messages)",
+        )));
+    };
     let limit = q.limit.unwrap_or(20);
     Ok(Json(
-        t.search(&q.q, session.as_deref(), q.offset.unwrap_or(0), limit)
+        t.search(words, session.as_deref(), q.offset.unwrap_or(0), limit)
             .await?,
     ))
 }

@@ -60,6 +60,8 @@ struct Row {
     import_ms: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// The identifiers the start shows that are noise (with why), and how many it shows.
+    noise: (Vec<(String, &'static str)>, usize),
 }
 
 /// The session files named: files as given, folders walked (the walk `backfill` uses).
@@ -176,6 +178,12 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
     times.sort_by(f64::total_cmp);
     let context_tokens = u64::from(engine.estimate_tokens(&ctx).await?);
     let _ = std::fs::remove_dir_all(&tmp);
+    let vocabulary = super::bench_noise::Vocabulary::of(
+        conv.episodes
+            .iter()
+            .map(|e| (is_tool(e.role), e.content.as_str())),
+    );
+    let noise = super::bench_noise::noise(&ctx, &vocabulary);
     Ok(Row {
         name: file
             .file_name()
@@ -210,6 +218,7 @@ async fn measure(s: &Settings, exe: &Path, file: &Path, runs: usize) -> anyhow::
         import_ms: import.as_secs_f64() * 1000.0,
         p50_ms: percentile(&times, 0.5),
         p99_ms: percentile(&times, 0.99),
+        noise,
     })
 }
 
@@ -278,7 +287,7 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
         ));
     }
     println!(
-        "{:<36} {:>8} {:>11} {:>9} {:>7} {:>9} {:>9} {:>10} {:>8} {:>8}",
+        "{:<36} {:>8} {:>11} {:>9} {:>7} {:>9} {:>9} {:>8} {:>10} {:>8} {:>8}",
         "session file",
         "episodes",
         "transcript",
@@ -286,16 +295,19 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
         "ratio",
         "edited",
         "requests",
+        "noise",
         "import ms",
         "p50 ms",
         "p99 ms"
     );
+    let mut noisy: Vec<(String, Vec<(String, &'static str)>)> = Vec::new();
+    let mut noise = (0usize, 0usize);
     for f in &files {
         match measure(s, &exe, f, a.runs).await {
             Ok(r) => {
                 let name: String = r.name.chars().take(36).collect();
                 println!(
-                    "{:<36} {:>8} {:>11} {:>9} {:>7.3} {:>9} {:>9} {:>10.0} {:>8.0} {:>8.0}",
+                    "{:<36} {:>8} {:>11} {:>9} {:>7.3} {:>9} {:>9} {:>8} {:>10.0} {:>8.0} {:>8.0}",
                     name,
                     r.episodes,
                     r.transcript_tokens,
@@ -303,22 +315,43 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
                     r.context_tokens as f64 / r.transcript_tokens.max(1) as f64,
                     format!("{}/{}", r.edited.0, r.edited.1),
                     format!("{}/{}", r.requests.0, r.requests.1),
+                    format!("{}/{}", r.noise.0.len(), r.noise.1),
                     r.import_ms,
                     r.p50_ms,
                     r.p99_ms
                 );
+                noise.0 += r.noise.0.len();
+                noise.1 += r.noise.1;
+                noisy.push((r.name, r.noise.0));
             }
             Err(e) => println!("{}: not measured ({e:#})", f.display()),
         }
     }
     println!(
-        "transcript/context: estimated tokens; edited, requests: present in the SessionStart context after a compaction ÷ in the session; latency: abridge hook as a new process, {} runs",
+        "transcript/context: estimated tokens; edited, requests: present in the SessionStart context after a compaction ÷ in the session; noise: identifiers shown there that are a tool's name, a timing, ordinary words in capitals or shown twice ÷ identifiers shown; latency: abridge hook as a new process, {} runs",
         a.runs
     );
-    next_sessions(s, &exe, &files)
+    let started = next_sessions(s, &exe, &files)
         .await
         .map_err(|e| Failure::new(Exit::Internal, e))?;
+    noise.0 += started.iter().map(|(_, n, _)| n.len()).sum::<usize>();
+    noise.1 += started.iter().map(|(_, _, all)| all).sum::<usize>();
+    noisy.extend(started.into_iter().map(|(name, n, _)| (name, n)));
+    for (name, n) in noisy.iter().filter(|(_, n)| !n.is_empty()) {
+        let list: Vec<String> = n.iter().map(|(e, why)| format!("{e} ({why})")).collect();
+        println!("noise in {name}: {}", list.join(" · "));
+    }
+    println!(
+        "noise: {}/{} = {:.3} of the identifiers shown at a start (after a compaction, and a next session's) are noise",
+        noise.0,
+        noise.1,
+        noise.0 as f64 / noise.1.max(1) as f64
+    );
     Ok(())
+}
+
+fn is_tool(role: abridge_app::engine::types::Role) -> bool {
+    role == abridge_app::engine::types::Role::Tool
 }
 
 /// A session file as abridge parses it (whatever its format).
@@ -370,7 +403,15 @@ type Started = (Option<i64>, String, String, PathBuf);
 /// the project's cwd) into a fresh database, a new session starts there (SessionStart,
 /// `startup`), and the next session's first request is looked up in what the start
 /// injected: the share of its files and identifiers (the ledger's rules) found there.
-async fn next_sessions(s: &Settings, exe: &Path, files: &[PathBuf]) -> anyhow::Result<()> {
+/// Returns each start's noise (see [`super::bench_noise`]): its name, noisy entries and the
+/// identifiers it shows.
+#[allow(clippy::type_complexity)]
+async fn next_sessions(
+    s: &Settings,
+    exe: &Path,
+    files: &[PathBuf],
+) -> anyhow::Result<Vec<(String, Vec<(String, &'static str)>, usize)>> {
+    let mut noise = Vec::new();
     let engine = super::commands::pure_engine(s).map_err(|f| f.error)?;
     let mut projects: std::collections::BTreeMap<PathBuf, Vec<Started>> = Default::default();
     for f in files {
@@ -463,6 +504,16 @@ async fn next_sessions(s: &Settings, exe: &Path, files: &[PathBuf]) -> anyhow::R
                 engine.estimate_tokens(&injected).await?,
                 percentile(&times, 0.5)
             );
+            let mut texts = Vec::new();
+            for (_, _, _, f) in &sessions[..k] {
+                if let Some(c) = parse(&engine, f).await?.conversations.into_iter().next() {
+                    texts.extend(c.episodes.into_iter().map(|e| (is_tool(e.role), e.content)));
+                }
+            }
+            let vocabulary =
+                super::bench_noise::Vocabulary::of(texts.iter().map(|(t, s)| (*t, s.as_str())));
+            let (n, all) = super::bench_noise::noise(&injected, &vocabulary);
+            noise.push((format!("the start of {name}"), n, all));
             let _ = std::fs::remove_dir_all(&tmp);
         }
     }
@@ -476,5 +527,5 @@ async fn next_sessions(s: &Settings, exe: &Path, files: &[PathBuf]) -> anyhow::R
             "next session: no folder holds two sessions with a first request (one project's sessions share a folder)"
         );
     }
-    Ok(())
+    Ok(noise)
 }

@@ -326,8 +326,9 @@ pub async fn summarize(s: &Settings, a: SummarizeArgs) -> Result<(), Failure> {
         note(
             s,
             &format!(
-                "session {session}: {} episodes read ({}), {added} new",
-                conv.read, done.format
+                "session {session}: {} read ({}), {added} new",
+                super::count(conv.read, "episode", "episodes"),
+                done.format
             ),
         );
         if let Some(e) = conv.failure {
@@ -551,8 +552,10 @@ pub async fn ingest(s: &Settings, a: IngestArgs) -> Result<(), Failure> {
     note(
         s,
         &format!(
-            "session {}: {appended} episodes appended, {passes} summary pass(es)",
-            a.session
+            "session {}: {} appended, {}",
+            a.session,
+            super::count(appended, "episode", "episodes"),
+            super::count(passes as u64, "summary pass", "summary passes")
         ),
     );
     // Say why nothing was summarized when a failure holds refreshes back.
@@ -632,10 +635,10 @@ pub async fn summaries(s: &Settings, mut a: SummariesArgs) -> Result<(), Failure
         .max()
         .unwrap_or(0);
     println!(
-        "session {}: {} episodes, {} summary rows{}, {} unsummarized",
+        "session {}: {}, {}{}, {} unsummarized",
         a.session,
-        episodes,
-        rows.len(),
+        super::count(episodes, "episode", "episodes"),
+        super::count(rows.len() as u64, "summary row", "summary rows"),
         if a.all {
             " (compacted ones included)"
         } else {

@@ -281,48 +281,53 @@ pub async fn context(s: &Settings, mut a: ContextArgs) -> Result<(), Failure> {
         for m in &w.messages {
             println!("[{}]\n{}\n", m.role, m.content);
         }
-        println!(
-            "{} messages, ~{} tokens, against ~{} for the full history of {} episodes: {:.1} % saved",
-            w.messages.len(),
-            w.tokens,
-            w.full_tokens,
-            episodes,
-            w.saving_percent
-        );
-        println!(
-            "budget {} tokens, {:.1} % used: {}",
-            w.budget,
-            w.budget_used_percent,
-            w.parts.describe()
-        );
-        println!(
-            "stable until the next fold: the first {} of {} messages ({} characters), what a prompt cache keeps",
-            w.stable.messages,
-            w.messages.len(),
-            w.stable.chars
-        );
-        let ranges: Vec<String> = w
-            .omitted_ranges
-            .iter()
-            .map(|[a, b]| {
-                if a == b {
-                    format!("{a}")
-                } else {
-                    format!("{a}-{b}")
-                }
-            })
-            .collect();
-        if ranges.is_empty() {
-            println!(
-                "covers episodes 1-{episodes} (summary level {}, {} identifiers, {} pinned)",
-                w.level, w.identifiers, w.pinned
+        // The messages on stdout (`> prompt.txt` takes them alone); what they cost and cover
+        // on stderr.
+        // (`-q`: none.)
+        if !s.quiet {
+            eprintln!(
+                "{} messages, ~{} tokens, against ~{} for the full history of {} episodes: {:.1} % saved",
+                w.messages.len(),
+                w.tokens,
+                w.full_tokens,
+                episodes,
+                w.saving_percent
             );
-        } else {
-            println!(
-                "INCOMPLETE: episodes {} are not in this context (summary level {}); raise --budget or lower SUMMARY_BUDGET_TOKENS",
-                ranges.join(", "),
-                w.level
+            eprintln!(
+                "budget {} tokens, {:.1} % used: {}",
+                w.budget,
+                w.budget_used_percent,
+                w.parts.describe()
             );
+            eprintln!(
+                "stable until the next fold: the first {} of {} messages ({} characters), what a prompt cache keeps",
+                w.stable.messages,
+                w.messages.len(),
+                w.stable.chars
+            );
+            let ranges: Vec<String> = w
+                .omitted_ranges
+                .iter()
+                .map(|[a, b]| {
+                    if a == b {
+                        format!("{a}")
+                    } else {
+                        format!("{a}-{b}")
+                    }
+                })
+                .collect();
+            if ranges.is_empty() {
+                eprintln!(
+                    "covers episodes 1-{episodes} (summary level {}, {} identifiers, {} pinned)",
+                    w.level, w.identifiers, w.pinned
+                );
+            } else {
+                eprintln!(
+                    "INCOMPLETE: episodes {} are not in this context (summary level {}); raise --budget or lower SUMMARY_BUDGET_TOKENS",
+                    ranges.join(", "),
+                    w.level
+                );
+            }
         }
     }
     if refreshed {

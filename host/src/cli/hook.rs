@@ -104,10 +104,18 @@ async fn run(s: &Settings, a: &HookArgs, p: Payload, deadline: Instant) -> anyho
     let local = super::app::local(s, Some(&backend)).map_err(|f| f.error)?;
     // Every event first takes in what the transcript gained (the same rules as `watch`).
     let mut imported = Vec::new();
-    if let Some(t) = &p.transcript_path
-        && let Some(f) = local.hook_import(t).await?
-    {
-        imported = f.sessions;
+    if let Some(t) = &p.transcript_path {
+        match local.hook_import(t).await? {
+            Some(f) => imported = f.sessions,
+            // A start may come before the agent wrote its transcript; an import may not.
+            None if ask == Ask::Import => {
+                return Err(anyhow::anyhow!(
+                    "the transcript {} does not exist (or is not a file), so nothing was imported; check that the agent still writes its transcripts there",
+                    t.display()
+                ));
+            }
+            None => {}
+        }
     }
     let session = imported.first().cloned().or_else(|| p.session());
     // The project the agent works in (its `cwd`), as abridge names it: recorded on the

@@ -13,7 +13,9 @@ pub struct McpArgs {}
 pub async fn mcp_cmd(s: &Settings, _a: McpArgs) -> Result<(), Failure> {
     let backend = choose_backend(s).await?;
     let local = super::app::local(s, Some(&backend))?;
-    abridge_mcp::serve_stdio(local)
+    // Memories the agent remembers belong to the folder it started the server in.
+    let cwd = std::env::current_dir().ok();
+    abridge_mcp::serve_stdio(local, cwd.as_deref())
         .await
         .map_err(|e| Failure::new(Exit::Internal, e))
 }

@@ -257,14 +257,27 @@ pub struct UsageArgs {
     json: bool,
 }
 
-/// Say once per process that memory text is stored unencrypted.
+/// Say once per database that memory text is stored unencrypted: the first write without a
+/// master key says it and leaves a mark beside the database (`abridge.db.plaintext-noted`),
+/// so later calls stay quiet.
 fn warn_plaintext(s: &Settings, local: &Scoped) {
-    if !local.sealed() {
-        note(
-            s,
-            "warning: no master key is set, so memory text is stored unencrypted (marked as such); set ABRIDGE_MASTER_KEY_FILE to a file made with 'abridge keys new' to encrypt it",
-        );
+    if local.sealed() {
+        return;
     }
+    let mut mark = s.db.clone().into_os_string();
+    mark.push(".plaintext-noted");
+    let mark = std::path::PathBuf::from(mark);
+    if mark.exists() {
+        return;
+    }
+    note(
+        s,
+        "warning: no master key is set, so memory text is stored unencrypted (marked as such); set ABRIDGE_MASTER_KEY_FILE to a file made with 'abridge keys new' to encrypt it (said once for this database)",
+    );
+    let _ = std::fs::write(
+        &mark,
+        "abridge said once that this database's memories are stored unencrypted (no master key was set)\n",
+    );
 }
 
 /// The embedding backend for memories: `ABRIDGE_EMBED_MODEL` names a model on the Ollama

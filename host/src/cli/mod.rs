@@ -16,6 +16,7 @@ mod bench;
 mod bench_cache;
 mod bench_context;
 mod bench_facts;
+mod bench_noise;
 mod commands;
 mod component;
 mod fresh;
@@ -54,6 +55,16 @@ pub fn out(args: std::fmt::Arguments) {
 }
 
 /// clap's parser for a session id argument (see [`abridge_app::engine::text::check_session_id`]).
+/// `n` and a noun in the number it takes: "1 episode", "3 episodes", "1 summary pass".
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
 pub fn session_id(s: &str) -> Result<String, String> {
     abridge_app::engine::text::check_session_id(s).map(|()| s.to_string())
 }

@@ -80,6 +80,13 @@ fn files(a: &SetupArgs) -> Result<Vec<(PathBuf, Merge)>, Failure> {
     })
 }
 
+/// The first executable named `name` on the PATH.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
 /// Write `text` to `path` through a temporary file in the same folder (never half a file).
 fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -95,7 +102,7 @@ fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
 
 pub async fn setup_cmd(s: &Settings, a: SetupArgs) -> Result<(), Failure> {
     let _ = a.user; // the default
-    let program = std::env::current_exe()
+    let exe = std::env::current_exe()
         .and_then(std::fs::canonicalize)
         .map_err(|e| {
             Failure::new(
@@ -103,9 +110,29 @@ pub async fn setup_cmd(s: &Settings, a: SetupArgs) -> Result<(), Failure> {
                 anyhow!("cannot find the abridge executable: {e}"),
             )
         })?;
+    // The `abridge` on the PATH when it is this one (an install survives a rebuild); else
+    // this executable's path, with a note when that is a build folder `cargo clean` empties.
+    let program = match on_path("abridge") {
+        Some(p) if std::fs::canonicalize(&p).is_ok_and(|c| c == exe) => "abridge".to_string(),
+        _ => {
+            if exe.components().any(|c| c.as_os_str() == "target") {
+                eprintln!(
+                    "note: the hooks will run {}, a build folder that `cargo clean` empties; `cargo install --path host` puts abridge on the PATH (then run setup again from there){}",
+                    exe.display(),
+                    match a.agent {
+                        Agent::ClaudeCode => {
+                            ", or install the Claude Code plugin instead (host/claude-plugin/README.md)"
+                        }
+                        Agent::Codex => "",
+                    }
+                );
+            }
+            exe.display().to_string()
+        }
+    };
     let db = std::path::absolute(&s.db).unwrap_or_else(|_| s.db.clone());
     let how = Invocation {
-        program: program.display().to_string(),
+        program,
         global: vec!["--db".into(), db.display().to_string()],
     };
     let mut changed = 0;
