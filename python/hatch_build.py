@@ -34,7 +34,7 @@ class BinaryWheel(BuildHookInterface):
                 "build it with `cargo build --release` and give its absolute path, "
                 "e.g. ABRIDGE_WHEEL_BINARY=$PWD/target/release/abridge from the repository's root"
             )
-        platform = os.environ.get("ABRIDGE_WHEEL_PLATFORM") or self._platform()
+        platform = os.environ.get("ABRIDGE_WHEEL_PLATFORM") or self._platform(path)
         name = "abridge.exe" if platform.startswith("win") else "abridge"
         build_data["pure_python"] = False
         build_data["tag"] = f"py3-none-{platform}"
@@ -44,14 +44,18 @@ class BinaryWheel(BuildHookInterface):
             raise RuntimeError(f"{path} is not executable by everyone (mode {oct(mode)})")
 
     @staticmethod
-    def _platform() -> str:
-        # On Linux: manylinux with this machine's glibc (the binary links against it), which
-        # pip accepts on any Linux with that glibc or a newer one. Elsewhere: the most
-        # specific tag this machine matches.
+    def _platform(binary: Path) -> str:
+        # On Linux: manylinux with the newest glibc the binary asks for (its versioned symbols,
+        # GLIBC_2.34 say), which pip accepts on any Linux with that glibc or a newer one — not
+        # the build machine's own, which may be newer than the binary needs. Elsewhere: the
+        # most specific tag this machine matches.
         import platform
         import sys
 
         if sys.platform.startswith("linux"):
+            needed = glibc_needed(binary.read_bytes())
+            if needed is not None:
+                return f"manylinux_{needed[0]}_{needed[1]}_{platform.machine()}"
             libc, ver = platform.libc_ver()
             if libc == "glibc" and ver:
                 major, minor = ver.split(".")[:2]
@@ -59,3 +63,14 @@ class BinaryWheel(BuildHookInterface):
         from packaging.tags import platform_tags
 
         return next(iter(platform_tags()))
+
+
+def glibc_needed(elf: bytes) -> "tuple[int, int] | None":
+    """The newest glibc version an ELF binary's symbol versions name (``GLIBC_2.34``), or
+    ``None`` when it names none (a static binary, or not an ELF one)."""
+    import re
+
+    if not elf.startswith(b"\x7fELF"):
+        return None
+    found = [(int(a), int(b)) for a, b in re.findall(rb"GLIBC_(\d+)\.(\d+)", elf)]
+    return max(found) if found else None

@@ -755,6 +755,21 @@ fn names(text: &str, id: &str) -> bool {
             .match_indices('/')
             .map(|(at, _)| &id[at + 1..])
             .any(|rest| rest.contains('/') && text.contains(rest))
+        || under_folder(text, id)
+}
+
+/// Whether a digest `text` lists the path `id` under a folder it names once
+/// (`Files edited (under /home/me/shop/): README.md (#6)`).
+fn under_folder(text: &str, id: &str) -> bool {
+    text.match_indices("(under ").any(|(i, _)| {
+        let rest = &text[i + "(under ".len()..];
+        rest.find("):").is_some_and(|end| {
+            id.strip_prefix(&rest[..end]).is_some_and(|rel| {
+                let after = &rest[end..];
+                after.contains(&format!(" {rel} (#")) || after.contains(&format!(": {rel} (#"))
+            })
+        })
+    })
 }
 
 /// What an offline summary's line says, without its speaker.
@@ -1242,8 +1257,16 @@ pub fn assemble(p: &Parts) -> Window {
     }
     let mut ids = crate::ledger::Ledger::default();
     let obsolete = crate::facts::obsolete_values(&facts_now);
+    // (What the digest shown beside them names is not listed again.)
     for e in p.unfolded.iter().filter(|e| {
-        unshown(e.episode) && !e.kind.is_fact() && !obsolete.contains(&e.text.to_lowercase())
+        unshown(e.episode)
+            && !e.kind.is_fact()
+            && !obsolete.contains(&e.text.to_lowercase())
+            && !(e.kind == crate::ledger::Kind::Path
+                && (names(&digest, &e.text)
+                    || head
+                        .as_ref()
+                        .is_some_and(|h| h.digest.0 && names(&h.text, &e.text))))
     }) {
         crate::ledger::add(&mut ids.entries, e.kind, e.text.clone(), e.episode, e.count);
     }

@@ -242,6 +242,48 @@ const UNITS: &[&str] = &[
     "percent", "dollars", "euros",
 ];
 
+/// The tools coding agents call, as their transcripts name them (Claude Code's and Codex's):
+/// a tool's name in a transcript is the call's label, not a name the session is about.
+const TOOL_NAMES: &[&str] = &[
+    "Agent",
+    "Bash",
+    "BashOutput",
+    "Edit",
+    "ExitPlanMode",
+    "Glob",
+    "Grep",
+    "KillShell",
+    "LS",
+    "MultiEdit",
+    "NotebookEdit",
+    "NotebookRead",
+    "Read",
+    "Skill",
+    "SlashCommand",
+    "Task",
+    "TodoRead",
+    "TodoWrite",
+    "WebFetch",
+    "WebSearch",
+    "Write",
+    "apply_patch",
+    "shell",
+    "update_plan",
+    "view_image",
+];
+
+/// Units of time: a duration with decimals (`1.3s`, `151.9 s`) is a measurement a tool
+/// printed (a build step, a test run), not an identifier of the work.
+const TIME_UNITS: &[&str] = &[
+    "ms", "s", "sec", "secs", "second", "seconds", "min", "mins", "minute", "minutes", "h", "hr",
+    "hrs", "hour", "hours",
+];
+
+/// A number with decimals and a unit of time, glued or as two tokens.
+fn is_timing(n: &str, unit: &str) -> bool {
+    n.contains('.') && is_number(n) && TIME_UNITS.contains(&unit.to_lowercase().as_str())
+}
+
 /// Characters that end a token (besides whitespace).
 fn trim_token(t: &str) -> &str {
     t.trim_start_matches(['(', '[', '{', '<', '"', '\'', '“', '‘', '*'])
@@ -308,7 +350,21 @@ pub fn extract(text: &str) -> Vec<(Kind, String)> {
     for d in crate::dates::written(&plain) {
         push(&mut out, Kind::Date, &d);
     }
-    capitalised_names(&plain, &mut out);
+    // Names: a plain one found only inside a bold label is left out (`**Bug Fixed**`); a
+    // code-like one there stays (`**TypeScript**`).
+    // (Each list starts from what is taken already, so a part of a quoted name is not
+    // taken again; the names are what each adds.)
+    let lower = lower_words(&plain);
+    let mut named = out.clone();
+    capitalised_names(&plain, &lower, &mut named);
+    let mut outside = out.clone();
+    capitalised_names(&without_bold(&plain), &lower, &mut outside);
+    let (named, outside) = (named.split_off(out.len()), outside.split_off(out.len()));
+    for (k, n) in named {
+        if !is_plain(&n) || outside.iter().any(|(_, o)| *o == n) {
+            push(&mut out, k, &n);
+        }
+    }
     let words: Vec<&str> = plain.split_whitespace().collect();
     for (i, raw) in words.iter().enumerate() {
         let t = trim_token(raw);
@@ -324,7 +380,7 @@ pub fn extract(text: &str) -> Vec<(Kind, String)> {
             && let Some(next) = words.get(i + 1)
         {
             let unit = trim_token(next);
-            if UNITS.contains(&unit.to_lowercase().as_str()) {
+            if UNITS.contains(&unit.to_lowercase().as_str()) && !is_timing(t, unit) {
                 push(&mut out, Kind::Number, &format!("{t} {unit}"));
             }
         }
@@ -378,10 +434,68 @@ fn name_word(raw: &str) -> Option<&str> {
     ok.then_some(t)
 }
 
+/// `text` with the insides of bold spans (`**Build Fixed**`, `__Note__`) blanked: in chat and
+/// agent text a bold span is a heading or a label, whose capitals say nothing of a name.
+fn without_bold(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let mut rest = line;
+        while let Some(at) = rest.find("**").or_else(|| rest.find("__")) {
+            let mark = &rest[at..at + 2];
+            let Some(end) = rest[at + 2..].find(mark) else {
+                break;
+            };
+            out.push_str(&rest[..at]);
+            // A full stop ends the sentence the span was in, so words after it open one.
+            out.push_str(" . ");
+            rest = &rest[at + 2 + end + 2..];
+        }
+        out.push_str(rest);
+        out.push('\n');
+    }
+    out
+}
+
+/// The words `text` writes in lower case (letters only), each once.
+fn lower_words(text: &str) -> BTreeSet<&str> {
+    text.split(|c: char| !c.is_alphabetic())
+        .filter(|w| w.len() >= 2 && w.chars().all(|c| c.is_lowercase()))
+        .collect()
+}
+
+/// Whether every word of a run is a plain capitalised word (`Bug Fixed`; not `TypeScript`,
+/// `GPT-4`, `iOS`): what a label, a heading or a log line capitalises.
+fn is_plain(run: &str) -> bool {
+    run.split(' ')
+        .filter(|w| !NAME_JOINERS.contains(w))
+        .all(|w| {
+            let mut cs = w.chars();
+            cs.next().is_some_and(char::is_uppercase) && cs.all(char::is_lowercase)
+        })
+}
+
+/// Whether a capitalised run is no name: an agent's tool (`TodoWrite`), or ordinary words
+/// the same text also writes in lower case (`Exit` beside "exit", `Bug Fixed` beside "bug"
+/// and "fixed"): a label or a sentence's first word, not a name.
+fn not_a_name(run: &str, lower: &BTreeSet<&str>) -> bool {
+    run.split(' ')
+        .filter(|w| !NAME_JOINERS.contains(w))
+        .all(|w| {
+            // Only a plain capitalised word can be an ordinary one (`TypeScript` cannot).
+            let mut cs = w.chars();
+            TOOL_NAMES.contains(&w)
+                || (cs.next().is_some_and(char::is_uppercase)
+                    && cs.all(char::is_lowercase)
+                    && lower.contains(w.to_lowercase().as_str()))
+        })
+}
+
 /// People, places, organisations and titles: runs of one to five capitalised words (lower-case
 /// joiners inside) that do not open a sentence, line, list item or heading. A word that opens
-/// a sentence counts where the same text also uses it inside one (a name that recurs).
-fn capitalised_names(text: &str, out: &mut Vec<(Kind, String)>) {
+/// a sentence counts where the same text also uses it inside one (a name that recurs). A run
+/// of words the text also writes in lower case, or an agent's tool, is not a name
+/// ([`not_a_name`]).
+fn capitalised_names(text: &str, lower: &BTreeSet<&str>, out: &mut Vec<(Kind, String)>) {
     let mut found: Vec<String> = Vec::new();
     let mut openers: Vec<String> = Vec::new();
     for line in text.lines() {
@@ -471,6 +585,9 @@ fn capitalised_names(text: &str, out: &mut Vec<(Kind, String)>) {
         }
     }
     for n in found {
+        if not_a_name(&n, lower) {
+            continue;
+        }
         // Part of a quoted name already taken ("Harbor" of "Blue Harbor").
         let quoted = out
             .iter()
@@ -556,7 +673,8 @@ fn classify(t: &str) -> Option<Kind> {
             .unwrap_or(t.len());
         let (n, unit) = t.split_at(split);
         if !unit.is_empty() && is_number(n) && UNITS.contains(&unit.to_lowercase().as_str()) {
-            return Some(Kind::Number);
+            // A measured duration (`1.3s`) is no identifier at all.
+            return (!is_timing(n, unit)).then_some(Kind::Number);
         }
     }
     if is_path(t) {
@@ -613,13 +731,38 @@ fn is_path(t: &str) -> bool {
 
 /// The ledger of `episodes` (`(id, text)`, in order), unbudgeted.
 pub fn of_episodes<S: AsRef<str>>(episodes: impl IntoIterator<Item = (u64, S)>) -> Ledger {
+    of_messages(
+        episodes
+            .into_iter()
+            .map(|(id, text)| (id, crate::types::Role::User, text)),
+    )
+}
+
+/// The ledger of `episodes` (`(id, role, text)`, in order), unbudgeted; a tool's output is
+/// read by [`extract_for`].
+pub fn of_messages<S: AsRef<str>>(
+    episodes: impl IntoIterator<Item = (u64, crate::types::Role, S)>,
+) -> Ledger {
     let mut l = Ledger::default();
-    for (id, text) in episodes {
-        for (kind, t) in extract(text.as_ref()) {
+    for (id, role, text) in episodes {
+        for (kind, t) in extract_for(role, text.as_ref()) {
             add(&mut l.entries, kind, t, id, 1);
         }
     }
     l
+}
+
+/// The identifiers of a message from `role`: a tool's output (a build log, a file read, a
+/// listing) gives its paths, URLs, versions, tickets and code-like names (`ReadableStream`),
+/// but no plain capitalised words — there they are log levels, labels and sentence openers
+/// (`Response`, `Exit handler`), not the people, places and products the conversation is
+/// about.
+pub fn extract_for(role: crate::types::Role, text: &str) -> Vec<(Kind, String)> {
+    let mut out = extract(text);
+    if role == crate::types::Role::Tool {
+        out.retain(|(k, t)| *k != Kind::Name || !is_plain(t));
+    }
+    out
 }
 
 /// A file's kinds by precedence: a file the session created stays "created" when it is
@@ -1087,5 +1230,81 @@ mod names_tests {
         );
         let said = crate::dates::resolve("I went there yesterday.", Some(1_683_554_160_000));
         assert_eq!(dates(&said), ["7 May 2023"]);
+    }
+}
+
+#[cfg(test)]
+mod noise_tests {
+    use super::*;
+
+    fn shown(text: &str) -> Vec<String> {
+        extract(text).into_iter().map(|(_, t)| t).collect()
+    }
+
+    #[test]
+    fn an_agents_tools_are_not_names() {
+        let t = "I ran the tests with Bash and then TodoWrite, WebFetch and Write updated it; Caroline reviewed.";
+        let got = shown(t);
+        for tool in ["Bash", "TodoWrite", "WebFetch", "Write"] {
+            assert!(!got.iter().any(|g| g.contains(tool)), "{tool} in {got:?}");
+        }
+        assert!(got.contains(&"Caroline".to_string()), "{got:?}");
+    }
+
+    #[test]
+    fn ordinary_words_in_capitals_are_not_names() {
+        // "Exit" and "Update" are words the same text writes in lower case.
+        let t = "npm ERR! Exit handler never called. Please update npm; the exit code was 1. Run Update later with Kaner.";
+        let got = shown(t);
+        assert!(!got.iter().any(|g| g == "Update" || g == "Exit"), "{got:?}");
+        assert!(got.contains(&"Kaner".to_string()), "{got:?}");
+        // A product written in camel case stays, whatever the text writes in lower case.
+        let got = shown("We use TypeScript here, and typescript is in package.json.");
+        assert!(got.contains(&"TypeScript".to_string()), "{got:?}");
+    }
+
+    #[test]
+    fn bold_labels_are_not_names() {
+        let t = "**1. Authentication Bug Fixed** - Added back the call.\n**CORS Headers Present** in both. Deployed by Priya Nair.";
+        let got = shown(t);
+        assert!(
+            !got.iter()
+                .any(|g| g.contains("Fixed") || g.contains("Present")),
+            "{got:?}"
+        );
+        assert!(got.contains(&"Priya Nair".to_string()), "{got:?}");
+    }
+
+    #[test]
+    fn a_code_like_name_stays_in_a_bold_label_and_in_a_tools_output() {
+        let got = shown("The build is now **TypeScript clean** and **Build Fixed** shows it.");
+        assert!(got.contains(&"TypeScript".to_string()), "{got:?}");
+        assert!(!got.iter().any(|g| g.contains("Fixed")), "{got:?}");
+        let got: Vec<String> = extract_for(
+            crate::types::Role::Tool,
+            "Error: the ReadableStream was closed. Response status 500 from Router in app/routes/plan.tsx",
+        )
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+        assert!(got.contains(&"ReadableStream".to_string()), "{got:?}");
+        assert!(got.contains(&"app/routes/plan.tsx".to_string()), "{got:?}");
+        assert!(
+            !got.iter().any(|g| g == "Response" || g == "Router"),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn measured_durations_are_not_identifiers() {
+        let got =
+            shown("[+] Building 1.3s (1/2) and 151.9 s later; the timeout is 250 ms and 30s.");
+        assert!(
+            !got.iter()
+                .any(|g| g.contains("1.3s") || g.contains("151.9")),
+            "{got:?}"
+        );
+        assert!(got.contains(&"250 ms".to_string()), "{got:?}");
+        assert!(got.contains(&"30s".to_string()), "{got:?}");
     }
 }

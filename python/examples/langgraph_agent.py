@@ -42,6 +42,12 @@ def main() -> int:
     p.add_argument("--model-url", default=os.environ.get("EXTRACTION_URL", "http://127.0.0.1:11434"))
     p.add_argument("--model", default="qwen2.5:3b")
     a = p.parse_args()
+    # No model server: say how to get one (or run without one) instead of a traceback.
+    try:
+        ab.require_model_server(a.model_url)
+    except ab.ServerUnreachable as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 2
 
     with contextlib.ExitStack() as stack:
         if a.url:

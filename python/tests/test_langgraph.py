@@ -97,6 +97,52 @@ def test_ttl_is_refused_clearly(server: Server) -> None:
         s.put(("m", "u"), "k", {"v": 1}, ttl=5)
 
 
+async def test_an_async_operation_carrying_a_list_is_answered(server: Server) -> None:
+    """A namespace condition given as a list made the batch task die (its key was not
+    hashable) and left every waiting caller hanging: it is answered, and so are the calls
+    batched with it."""
+    import asyncio
+
+    s = AbridgeStore(url=server.url)
+    await s.aput(("uid", "users", "alice"), "k", {"v": 1})
+    await s.aput(("uid", "users", "malice"), "k", {"v": 1})
+    found, item = await asyncio.wait_for(
+        asyncio.gather(
+            s.alist_namespaces(suffix=["alice"], limit=100),
+            s.aget(("uid", "users", "alice"), "k"),
+        ),
+        timeout=30,
+    )
+    assert found == [("uid", "users", "alice")]
+    assert item is not None and item.value == {"v": 1}
+
+
+async def test_a_batch_that_fails_answers_every_waiting_call(server: Server) -> None:
+    """Whatever stops a batch — here the merge of its operations — reaches each call in it
+    as an error, and the next batch runs."""
+    import asyncio
+
+    import abridge_memory.langgraph as lg
+
+    s = AbridgeStore(url=server.url)
+    real = lg.dedupe_ops
+
+    def broken(ops):  # type: ignore[no-untyped-def]
+        raise TypeError("unhashable type: 'list'")
+
+    lg.dedupe_ops = broken
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(s.aget(("m",), "a"), s.aget(("m",), "b"), return_exceptions=True),
+            timeout=30,
+        )
+    finally:
+        lg.dedupe_ops = real
+    assert all(isinstance(r, TypeError) for r in results), results
+    await asyncio.wait_for(s.aput(("m",), "a", {"v": 3}), timeout=30)
+    assert (await asyncio.wait_for(s.aget(("m",), "a"), timeout=30)).value == {"v": 3}
+
+
 async def test_the_async_operations(server: Server) -> None:
     s = AbridgeStore(url=server.url)
     await s.aput(("m", "u"), "k", {"v": 2})

@@ -43,6 +43,8 @@ SQLITE_INTERNAL = "checks SQLiteSession's own SQLite file, connections or locks"
 CORRUPT_ROWS = "writes corrupt rows straight into SQLiteSession's SQLite file"
 POOL = "checks the PostgreSQL store's connection pool"
 SYNC_IN_LOOP = "expects the PostgreSQL store's sync methods to refuse the event loop thread (AbridgeStore's sync methods work anywhere)"
+SYNC_IN_LOOP_SQLITE = "expects the SQLite store's sync methods to refuse the event loop thread (AbridgeStore's sync methods work anywhere)"
+OWN_VECTOR_STORE = "builds SQLite's own vector store with its embedding function (create_vector_store) and never uses the store under test"
 
 SUITES = [
     Suite(
@@ -92,6 +94,27 @@ SUITES = [
             "test_vector_search_edge_cases": EMBED,
             "test_embed_with_path": EMBED,
             "test_search_sorting": EMBED,
+        },
+    ),
+    Suite(
+        name="langgraph-sqlite-store",
+        sdist="langgraph-checkpoint-sqlite==3.1.2",
+        take=("tests/__init__.py", "tests/test_store.py", "tests/test_async_store.py"),
+        run=("tests/test_async_store.py",),
+        swap=(("tests/test_async_store.py", "store"),),
+        needs=("langgraph-checkpoint-sqlite==3.1.2", "aiosqlite==0.22.1"),
+        not_applicable={
+            "test_no_running_loop": SYNC_IN_LOOP_SQLITE,
+            "test_basic_store_ops": OWN_VECTOR_STORE,
+            "test_list_namespaces": OWN_VECTOR_STORE,
+            "test_search_items": OWN_VECTOR_STORE,
+            "test_vector_store_initialization": EMBED,
+            "test_vector_insert_with_auto_embedding": EMBED,
+            "test_vector_update_with_embedding": EMBED,
+            "test_vector_search_with_filters": EMBED,
+            "test_vector_search_pagination": EMBED,
+            "test_vector_search_edge_cases": EMBED,
+            "test_embed_with_path": EMBED,
         },
     ),
     Suite(

@@ -714,6 +714,29 @@ fn a_fresh_session_in_a_known_project_starts_with_what_the_project_knows() {
     assert!(r.stdout.trim().is_empty(), "{}", r.stdout);
 }
 
+/// Issue #54: of the identifiers shown at a start (after a compaction, and a next session's),
+/// under 5 % are noise — an agent's tool names, timings, ordinary words in capitals, a path
+/// shown twice — on every real transcript (`abridge bench agents`, whose definition it is).
+#[test]
+fn the_identifiers_a_start_shows_are_under_five_percent_noise() {
+    let Some(dir) = shared("claude_code") else {
+        return;
+    };
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let r = env.run(&["bench", "agents", &dir, "--runs", "1"]);
+    r.assert_ok();
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("noise: "))
+        .unwrap_or_else(|| panic!("no noise line in {}", r.stdout));
+    let (counts, _) = line["noise: ".len()..].split_once(" = ").unwrap();
+    let (noisy, shown) = counts.split_once('/').unwrap();
+    let (noisy, shown): (f64, f64) = (noisy.parse().unwrap(), shown.parse().unwrap());
+    assert!(shown >= 100.0, "{}", r.stdout);
+    assert!(noisy / shown < 0.05, "{}", r.stdout);
+}
+
 /// The Claude Code plugin's folder (`host/claude-plugin`) and the repository's root (its
 /// marketplace).
 fn plugin_dir() -> (PathBuf, PathBuf) {

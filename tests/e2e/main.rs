@@ -15,6 +15,7 @@ mod golden_transcripts;
 mod harness;
 mod hostile;
 mod hostile_web;
+mod hosts;
 mod ingest;
 mod jobs;
 mod mcp;

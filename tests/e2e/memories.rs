@@ -542,7 +542,12 @@ fn a_canary_is_in_neither_the_database_nor_its_wal_and_keys_rotate() {
     for i in 0..3 {
         let r = add(&plain, i);
         r.assert_ok();
-        assert_eq!(r.stderr.contains("stored unencrypted"), i == 0, "{}", r.stderr);
+        assert_eq!(
+            r.stderr.contains("stored unencrypted"),
+            i == 0,
+            "{}",
+            r.stderr
+        );
     }
     assert!(on_disk(&plain.db(), CANARY.as_bytes()));
 

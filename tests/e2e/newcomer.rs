@@ -117,3 +117,54 @@ fn the_container_build_context_leaves_out_build_output() {
         Path::new(".containerignore")
     );
 }
+
+/// `--backend openai` with its server down: one error, said once, and no log line of the
+/// app's between the command's messages.
+#[test]
+fn an_openai_server_that_is_down_is_said_once() {
+    let env = Env::new()
+        .with("OPENAI_BASE_URL", &format!("{}/v1", closed_port_url()))
+        .with("OPENAI_API_KEY", "x");
+    let r = env.run(&[
+        "--backend",
+        "openai",
+        "summarize",
+        &fixture("claude-code.jsonl"),
+    ]);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stderr.matches("is not reachable").count(),
+        1,
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains(" WARN "), "{}", r.stderr);
+    assert!(!r.stderr.contains("in a row"), "{}", r.stderr);
+    assert!(r.stderr.contains("check OPENAI_BASE_URL"), "{}", r.stderr);
+}
+
+/// A session's history and its context's "whole history" are one size, in every view.
+#[test]
+fn a_sessions_history_is_one_size() {
+    let env = Env::new().with("ABRIDGE_BACKEND", "extractive");
+    let mut input = String::new();
+    for i in 0..6 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        input.push_str(&line(
+            role,
+            &format!("Message {i} about the release plan and its risks."),
+        ));
+    }
+    env.run_stdin(&["ingest", "--session", "size"], input.as_bytes())
+        .assert_ok();
+    let status: serde_json::Value = env.run(&["status", "--json"]).assert_ok().json();
+    let sessions = status
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| status["sessions"].as_array().cloned().unwrap_or_default());
+    let history = sessions.iter().find(|s| s["id"] == "size").unwrap()["history_tokens"]
+        .as_u64()
+        .unwrap();
+    let ctx = env.run(&["context", "size", "--json"]).assert_ok().json();
+    assert_eq!(ctx["full_tokens"].as_u64().unwrap(), history, "{ctx}");
+}

@@ -547,7 +547,7 @@ fn context_read(
         (&mut newer).map(|e| {
             if cfg.ledger_tokens > 0 {
                 let text = crate::dates::resolve(&e.content, crate::dates::known(e.timestamp_ms));
-                for (kind, t) in ledger::extract(&text) {
+                for (kind, t) in ledger::extract_for(e.role, &text) {
                     ledger::add(&mut unfolded.entries, kind, t, e.id, 1);
                 }
                 super::refresh::add_facts(&mut unfolded, &e);

@@ -242,8 +242,10 @@ fn guarded(
                     retry_after_ms: crate::freshness::retry_after(now, failures, cfg),
                     failed_ms: now,
                 };
+                // Info, not a warning: the error itself goes back to the caller, which says
+                // it (a command's message, a job's failed event); this only counts it.
                 h.log(
-                    Level::Warn,
+                    Level::Info,
                     &format!(
                         "session {session}: refresh failed ({failures} in a row); the previous summary is kept"
                     ),

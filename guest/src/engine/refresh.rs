@@ -488,7 +488,7 @@ pub(super) fn row_ledger<'a>(
 ) -> Ledger {
     let eps: Vec<&Episode> = episodes.into_iter().collect();
     let ids = (cfg.ledger_tokens > 0).then(|| {
-        let mut l = ledger::of_episodes(eps.iter().map(|e| (e.id, e.content.as_str())));
+        let mut l = ledger::of_messages(eps.iter().map(|e| (e.id, e.role, e.content.as_str())));
         for e in &eps {
             add_facts(&mut l, e);
         }
@@ -531,7 +531,7 @@ pub(super) fn row_ledger_paged(
     let mut acts = false;
     let mut facts = Ledger::default();
     let mut it = Paged::new(h, session, after, upto);
-    let mut l = ledger::of_episodes((&mut it).map(|e| {
+    let mut l = ledger::of_messages((&mut it).map(|e| {
         acts = acts || crate::digest::is_action(e.role, &e.content);
         if cfg.ledger_tokens > 0 {
             add_facts(&mut facts, &e);
@@ -543,7 +543,7 @@ pub(super) fn row_ledger_paged(
         } else {
             String::new()
         };
-        (e.id, text)
+        (e.id, e.role, text)
     }));
     it.check()?;
     l.entries.extend(facts.entries);

@@ -167,7 +167,9 @@ impl Scoped {
         let cfg = crate::sources::with_mode(&self.app.inner.cfg.config, own.as_ref());
         let f = self.engine().freshness(session, &cfg).await?;
         let active = self.active_job(session).await?;
-        let history = stats.total_tokens;
+        // The whole history as a model call would carry it (each message's framing counted,
+        // as a context's `full_tokens` counts it): one size on every page.
+        let history = stats.total_tokens + abridge_engine::MESSAGE_COST * stats.episodes;
         let chain: u64 = self
             .store()
             .summaries(session)

@@ -228,7 +228,8 @@ pub struct SessionView {
     pub last_error: Option<String>,
     /// The queued or running job, if any.
     pub active_job: Option<u64>,
-    /// Estimated tokens of the whole history.
+    /// Estimated tokens of the whole history as a model call carries it (each message's
+    /// framing counted): the context's `full_tokens`.
     pub history_tokens: u64,
     /// Estimated tokens of the active summary chain.
     pub summary_tokens: u64,

@@ -223,10 +223,12 @@ enum Cmd {
 /// otherwise); `--log-format json` writes one JSON object per line for log collectors.
 fn init_logs(cli: &Cli) {
     use tracing_subscriber::EnvFilter;
+    // A command says a job's failure in its own message, once: the app's log line for it
+    // (a server's record of a background job) is left to `serve`.
     let default = if matches!(cli.cmd, Cmd::Serve(_)) {
         "info"
     } else {
-        "warn"
+        "warn,abridge_app::run=error"
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let b = tracing_subscriber::fmt()

@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 from ._client import AsyncClient, Client
 from ._local import local
+from ._model import require_model_server
 from ._errors import (
     AbridgeError,
     Conflict,
@@ -54,6 +55,7 @@ from ._models import (
 )
 
 __all__ = [
+    "require_model_server",
     "AbridgeError", "Appended", "Cluster", "ClusterSummary", "AsyncClient", "Client", "Conflict",
     "Context", "ContextParts", "CreatedToken", "Episode", "Removed", "SearchHit", "SearchResults",
     "StoredMessage", "Token",

@@ -150,7 +150,13 @@ def _op_key(op: Op) -> Any:
     if isinstance(op, SearchOp):
         return ("search", tuple(op.namespace_prefix), json.dumps(op.filter, sort_keys=True, default=str),
                 op.limit, op.offset, op.query)
-    return (type(op).__name__, op)
+    try:
+        hash(op)
+        return (type(op).__name__, op)
+    except TypeError:
+        # An operation holding a list (a match condition's path given as a list) is not
+        # hashable: its text stands for it.
+        return (type(op).__name__, repr(op))
 
 
 def dedupe_ops(ops: list[Op]) -> tuple[list[int], list[Op]]:
@@ -172,7 +178,8 @@ def dedupe_ops(ops: list[Op]) -> tuple[list[int], list[Op]]:
 
 
 async def _run_batches(queue: "asyncio.Queue[Any]", store_ref: "weakref.ref[AbridgeStore]") -> None:
-    loop = asyncio.get_running_loop()
+    """The loop's batcher: whatever goes wrong with a batch (its operations, merging them,
+    handing out the results) reaches every call waiting on it, and the next batch runs."""
     while True:
         first = await queue.get()
         calls = [first]
@@ -184,30 +191,34 @@ async def _run_batches(queue: "asyncio.Queue[Any]", store_ref: "weakref.ref[Abri
             for f, _ in calls:
                 f.set_exception(RuntimeError("the store was dropped"))
             return
-        ops = [op for _, call_ops in calls for op in call_ops]
-        listen, unique = dedupe_ops(ops)
         try:
-            done = await loop.run_in_executor(None, store._run_each, unique)
+            await _run_batch(store, calls)
         except BaseException as e:  # noqa: BLE001 - every waiting call hears of it
             for f, _ in calls:
                 if not f.done():
                     f.set_exception(e)
             if isinstance(e, asyncio.CancelledError):
                 raise
-            continue
         finally:
             del store
-        at = 0
-        for f, call_ops in calls:
-            mine = [done[listen[at + j]] for j in range(len(call_ops))]
-            at += len(call_ops)
-            if f.done():
-                continue
-            error = next((v for ok, v in mine if not ok), None)
-            if error is not None:
-                f.set_exception(error)
-            else:
-                f.set_result([v for _, v in mine])
+
+
+async def _run_batch(store: "AbridgeStore", calls: list[Any]) -> None:
+    """One batch: the calls' operations merged, run off the loop, each call answered."""
+    ops = [op for _, call_ops in calls for op in call_ops]
+    listen, unique = dedupe_ops(ops)
+    done = await asyncio.get_running_loop().run_in_executor(None, store._run_each, unique)
+    at = 0
+    for f, call_ops in calls:
+        mine = [done[listen[at + j]] for j in range(len(call_ops))]
+        at += len(call_ops)
+        if f.done():
+            continue
+        error = next((v for ok, v in mine if not ok), None)
+        if error is not None:
+            f.set_exception(error)
+        else:
+            f.set_result([v for _, v in mine])
 
 
 class AbridgeStore(BaseStore):

@@ -647,6 +647,20 @@ fn handle(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     }
     let eval_count = count_tokens(&text);
     let prompt_eval_count = prompt_tokens.min(num_ctx);
+    if openai && body.get("stream").and_then(Value::as_bool) == Some(true) {
+        let usage = body
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            == Some(true);
+        return stream_sse(
+            &conn,
+            &model,
+            &text,
+            &reason,
+            (prompt_eval_count, eval_count),
+            usage,
+        );
+    }
     let streaming = !openai && body.get("stream").and_then(Value::as_bool).unwrap_or(true);
     if streaming {
         return stream_ndjson(
@@ -721,7 +735,47 @@ fn stream_ndjson(
     conn.flush()
 }
 
-/// The prompt as one text (chat messages joined by newlines).
+/// OpenAI's streaming answer (`"stream": true` on `/v1/chat/completions`): server-sent
+/// events, a chunk per word, a last chunk with the finish reason, the usage when
+/// `stream_options.include_usage` asks for it, then `[DONE]`.
+fn stream_sse(
+    mut conn: &TcpStream,
+    model: &str,
+    text: &str,
+    reason: &str,
+    (prompt_tokens, completion_tokens): (u32, u32),
+    usage: bool,
+) -> std::io::Result<()> {
+    let chunk = |delta: Value, finish: Value| {
+        let v = json!({"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0,
+            "model": model, "system_fingerprint": "fp_ollama",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {v}\n\n")
+    };
+    let mut body = chunk(json!({"role": "assistant", "content": ""}), Value::Null);
+    for (i, w) in text.split(' ').enumerate() {
+        let piece = if i == 0 {
+            w.to_string()
+        } else {
+            format!(" {w}")
+        };
+        body.push_str(&chunk(json!({"content": piece}), Value::Null));
+    }
+    body.push_str(&chunk(json!({}), json!(reason)));
+    if usage {
+        let v = json!({"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0,
+            "model": model, "choices": [],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}});
+        body.push_str(&format!("data: {v}\n\n"));
+    }
+    body.push_str("data: [DONE]\n\n");
+    respond(conn, 200, "text/event-stream", &body)?;
+    conn.flush()
+}
+
+/// The prompt as one text (chat messages joined by newlines; a message whose content is a
+/// list of parts gives its text parts).
 fn prompt_text(path: &str, body: &Value) -> String {
     if path == "/api/generate" {
         return body
@@ -734,7 +788,17 @@ fn prompt_text(path: &str, body: &Value) -> String {
         .and_then(Value::as_array)
         .map(|ms| {
             ms.iter()
-                .filter_map(|m| m.get("content").and_then(Value::as_str))
+                .filter_map(|m| match m.get("content") {
+                    Some(Value::String(t)) => Some(t.clone()),
+                    Some(Value::Array(parts)) => Some(
+                        parts
+                            .iter()
+                            .filter_map(|p| p.get("text").and_then(Value::as_str))
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                    ),
+                    _ => None,
+                })
                 .collect::<Vec<_>>()
                 .join("\n")
         })

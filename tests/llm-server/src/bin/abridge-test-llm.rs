@@ -1,7 +1,7 @@
 //! `abridge-test-llm`: run the deterministic test LLM server from the command line.
 //!
 //! ```text
-//! abridge-test-llm [--port N] [--delay-ms N] [--models a,b] [--token-ratio R]
+//! abridge-test-llm [--port N] [--delay-ms N] [--models a,b] [--token-ratio R] [--num-ctx N]
 //! ```
 //! Prints `listening on http://127.0.0.1:PORT` and serves until killed. Loopback only.
 
@@ -32,6 +32,13 @@ fn main() {
                 )
             }
             "--models" => opts.models = value().split(',').map(str::to_string).collect(),
+            // The context length when a request names none (an agent host's long system
+            // prompt needs more than the default).
+            "--num-ctx" => {
+                opts.default_num_ctx = value()
+                    .parse()
+                    .unwrap_or_else(|_| fail("--num-ctx takes a number"))
+            }
             "--token-ratio" => {
                 opts.token_ratio = value()
                     .parse()
@@ -39,7 +46,7 @@ fn main() {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: abridge-test-llm [--port N] [--delay-ms N] [--models a,b] [--token-ratio R]"
+                    "usage: abridge-test-llm [--port N] [--delay-ms N] [--models a,b] [--token-ratio R] [--num-ctx N]"
                 );
                 return;
             }
