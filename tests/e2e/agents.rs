@@ -21,21 +21,8 @@ fn hook(env: &Env, args: &[&str], payload: &Value) -> (Run, Duration) {
     let mut all = vec!["hook"];
     all.extend_from_slice(args);
     let started = Instant::now();
-    let mut child = env
-        .command(&all)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(payload.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (Run::from(out), started.elapsed())
+    let r = with_stdin(env.command(&all), payload.to_string().as_bytes());
+    (r, started.elapsed())
 }
 
 fn payload(event: &str, session: &str, transcript: &Path, extra: Value) -> Value {
@@ -747,26 +734,15 @@ fn plugin_dir() -> (PathBuf, PathBuf) {
 /// Run a plugin hook's command line as Claude Code runs it (`sh -c`, the plugin's root in
 /// CLAUDE_PLUGIN_ROOT), with `path` as the PATH and `payload` on stdin.
 fn plugin_hook(env: &Env, root: &Path, command: &str, path: &str, payload: &Value) -> Run {
-    let mut child = std::process::Command::new("sh")
-        .args(["-c", command])
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", command])
         .env("CLAUDE_PLUGIN_ROOT", root)
         .env("PATH", path)
         .env("HOME", env.dir.path())
         .env("ABRIDGE_DB", env.db())
         .env("ABRIDGE_BACKEND", "extractive")
-        .env("ABRIDGE_CACHE_DIR", cache_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(payload.to_string().as_bytes())
-        .unwrap();
-    Run::from(child.wait_with_output().unwrap())
+        .env("ABRIDGE_CACHE_DIR", cache_dir());
+    with_stdin(cmd, payload.to_string().as_bytes())
 }
 
 /// The plugin's hooks are the ones `abridge setup claude-code` writes (the same events and

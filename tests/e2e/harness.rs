@@ -151,6 +151,24 @@ impl From<Output> for Run {
     }
 }
 
+/// Run `cmd` with `input` on its stdin (stdout and stderr captured).
+pub fn with_stdin(mut cmd: Command, input: &[u8]) -> Run {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(input)
+        .expect("write stdin");
+    Run::from(child.wait_with_output().expect("wait"))
+}
+
 impl Run {
     pub fn ok(&self) -> bool {
         self.code == 0

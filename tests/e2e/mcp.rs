@@ -511,26 +511,13 @@ fn a_memory_the_agent_remembers_is_in_the_next_sessions_start_in_that_folder() {
     assert!(text(2).contains("billing service deploys"), "{}", text(2));
     assert!(!text(3).contains("staging database"), "{}", text(3));
     // The next session in that folder starts with it.
-    let mut child = env
-        .command(&["hook"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(
-            json!({"session_id": "5f0c2a8e-1111-4222-8333-444455556666",
-                "cwd": project, "hook_event_name": "SessionStart", "source": "startup"})
-            .to_string()
-            .as_bytes(),
-        )
-        .unwrap();
-    let r = Run::from(child.wait_with_output().unwrap());
+    let r = with_stdin(
+        env.command(&["hook"]),
+        json!({"session_id": "5f0c2a8e-1111-4222-8333-444455556666",
+            "cwd": project, "hook_event_name": "SessionStart", "source": "startup"})
+        .to_string()
+        .as_bytes(),
+    );
     r.assert_ok();
     let out: Value = serde_json::from_str(r.stdout.trim()).expect("JSON on stdout");
     let ctx = out["hookSpecificOutput"]["additionalContext"]
