@@ -827,25 +827,14 @@ fn the_claude_code_plugin_runs_the_hooks_setup_would_write() {
 /// Claude Code's own `claude` (npm `@anthropic-ai/claude-code`, pinned in `.ci/run`), or
 /// `None` with a note (a failure when ABRIDGE_REQUIRE_CLAUDE is set).
 fn claude() -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = std::env::var_os("ABRIDGE_CLAUDE")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(
-            std::env::var_os("HOME")
-                .map(|h| Path::new(&h).join(".cache/abridge/claude-code/node_modules/.bin/claude")),
-        )
-        .collect();
-    if let Some(c) = candidates.into_iter().find(|c| c.is_file()) {
-        return Some(c);
-    }
-    assert!(
-        std::env::var_os("ABRIDGE_REQUIRE_CLAUDE").is_none(),
-        "ABRIDGE_REQUIRE_CLAUDE is set but Claude Code was not found (npm install --prefix ~/.cache/abridge/claude-code @anthropic-ai/claude-code, or set ABRIDGE_CLAUDE)"
-    );
-    eprintln!(
-        "SKIPPED: the Claude Code plugin check needs Claude Code (npm install --prefix ~/.cache/abridge/claude-code @anthropic-ai/claude-code, or set ABRIDGE_CLAUDE)"
-    );
-    None
+    locate(
+        "ABRIDGE_CLAUDE",
+        ".cache/abridge/claude-code/node_modules/.bin/claude",
+        "ABRIDGE_REQUIRE_CLAUDE",
+        "Claude Code, for the plugin check",
+        "npm install --prefix ~/.cache/abridge/claude-code @anthropic-ai/claude-code",
+        |p| p.is_file(),
+    )
 }
 
 /// Claude Code's own validation passes the plugin and the marketplace with `--strict`;

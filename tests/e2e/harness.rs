@@ -299,3 +299,37 @@ pub fn expanded_ids(x: &Value) -> Vec<u64> {
         .map(|e| e["id"].as_u64().unwrap())
         .collect()
 }
+
+/// A tool a test needs from outside the build (a host, an SDK's Python): `$env_var`, else
+/// `~/<cached>`, whichever `works`; or `None` with a SKIPPED note saying `how` to get it — a
+/// failure instead when `$require_var` is set (CI sets it where the tool must be there).
+pub fn locate(
+    env_var: &str,
+    cached: &str,
+    require_var: &str,
+    what: &str,
+    how: &str,
+    works: impl Fn(&Path) -> bool,
+) -> Option<PathBuf> {
+    let found = std::env::var_os(env_var)
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(std::env::var_os("HOME").map(|h| Path::new(&h).join(cached)))
+        .find(|p| works(p));
+    if found.is_none() {
+        assert!(
+            std::env::var_os(require_var).is_none(),
+            "{require_var} is set but {what} was not found ({how}, or set {env_var})"
+        );
+        eprintln!("SKIPPED: {what} is not installed ({how}, or set {env_var})");
+    }
+    found
+}
+
+/// Whether `python` imports `modules` (a comma-separated list).
+pub fn imports(python: &Path, modules: &str) -> bool {
+    Command::new(python)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}

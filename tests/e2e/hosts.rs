@@ -3,7 +3,7 @@
 //! against the project's test model server (OpenAI-compatible, on loopback). Skipped with a
 //! note where the host is not installed, unless ABRIDGE_REQUIRE_HERMES is set.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
@@ -13,31 +13,19 @@ use crate::harness::*;
 /// Hermes' `hermes` command, in a virtualenv that also has abridge-memory, or `None` (and a
 /// note, or a failure when required).
 fn hermes() -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = std::env::var_os("ABRIDGE_HERMES")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(
-            std::env::var_os("HOME")
-                .map(|h| Path::new(&h).join(".cache/abridge/hermes-venv/bin/hermes")),
-        )
-        .collect();
-    let how = "python3 -m venv ~/.cache/abridge/hermes-venv && ~/.cache/abridge/hermes-venv/bin/pip install hermes-agent==0.19.0 -e python (or set ABRIDGE_HERMES to a hermes beside a python with abridge-memory)";
-    for h in candidates {
-        let python = h.with_file_name("python");
-        let ok = Command::new(&python)
-            .args(["-c", "import abridge_memory.hermes, agent.memory_provider"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(h);
-        }
-    }
-    assert!(
-        std::env::var_os("ABRIDGE_REQUIRE_HERMES").is_none(),
-        "ABRIDGE_REQUIRE_HERMES is set but no hermes with abridge-memory beside it was found ({how})"
-    );
-    eprintln!("SKIPPED: the Hermes Agent check needs Hermes ({how})");
-    None
+    locate(
+        "ABRIDGE_HERMES",
+        ".cache/abridge/hermes-venv/bin/hermes",
+        "ABRIDGE_REQUIRE_HERMES",
+        "Hermes Agent with abridge-memory beside it",
+        "python3 -m venv ~/.cache/abridge/hermes-venv && ~/.cache/abridge/hermes-venv/bin/pip install hermes-agent==0.19.0 -e python",
+        |h| {
+            imports(
+                &h.with_file_name("python"),
+                "abridge_memory.hermes, agent.memory_provider",
+            )
+        },
+    )
 }
 
 /// The chat requests the model server received, in order.
