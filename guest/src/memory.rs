@@ -1498,7 +1498,40 @@ pub fn recall(
     }
     current_first(h, &mut out)?;
     out.truncate(k as usize);
+    for r in out.iter_mut().filter(|r| r.kind == HitKind::Memory) {
+        if let Some(t) = readable_item(&r.text) {
+            r.text = t;
+        }
+    }
     Ok(out)
+}
+
+/// A memory that holds a LangGraph store item (`{"namespace": [...], "key": ..., "value":
+/// ...}`, the JSON envelope the Python adapter's store writes and reads back exactly) as a
+/// recall shows it, to a person or a model: `key (namespace): field: value; …`. `None` for
+/// any other text.
+pub fn readable_item(text: &str) -> Option<String> {
+    if !text.starts_with('{') {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let namespace = v.get("namespace")?.as_array()?;
+    let key = v.get("key")?.as_str()?;
+    let value = v.get("value")?;
+    fn plain(v: &serde_json::Value) -> String {
+        match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Object(m) => m
+                .iter()
+                .map(|(k, x)| format!("{k}: {}", plain(x)))
+                .collect::<Vec<_>>()
+                .join("; "),
+            serde_json::Value::Array(a) => a.iter().map(plain).collect::<Vec<_>>().join(", "),
+            other => other.to_string(),
+        }
+    }
+    let at: Vec<String> = namespace.iter().map(plain).collect();
+    Some(format!("{key} ({}): {}", at.join("/"), plain(value)))
 }
 
 /// How many successors a superseded memory's chain is followed through.

@@ -1195,3 +1195,27 @@ fn a_change_that_names_the_value_it_replaces_supersedes_that_memory() {
     .unwrap();
     assert_eq!(r[0].supersedes.as_deref(), Some("moved"));
 }
+
+#[test]
+fn a_langgraph_item_is_recalled_as_its_fields() {
+    let (mut h, cfg) = (Fake::default(), MemoryConfig::default());
+    let text = r#"{"key": "food", "namespace": ["users", "alice"], "value": {"allergies": ["peanuts"], "likes": "pizza with olives"}}"#;
+    remember(&mut h, &[mem("lg-1", "food", text)], &cfg).unwrap();
+    let r = recall(
+        &mut h,
+        "pizza with olives",
+        &Filter::default(),
+        3,
+        false,
+        &cfg,
+    )
+    .unwrap();
+    let hit = r.iter().find(|x| x.id == "lg-1").expect("recalled");
+    assert_eq!(
+        hit.text,
+        "food (users/alice): allergies: peanuts; likes: pizza with olives"
+    );
+    // Other text is as it was stored, JSON that is no item included.
+    assert_eq!(crate::memory::readable_item(r#"{"a": 1}"#), None);
+    assert_eq!(crate::memory::readable_item("Alice likes tea"), None);
+}

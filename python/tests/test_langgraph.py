@@ -212,3 +212,18 @@ def test_the_hook_asks_the_context_for_the_turns_that_answer_the_new_message(ser
     assert "Earlier turns that match the question" in turn.content and "7741" in turn.content
     assert not any("Earlier turns that match" in m.content for m in seen[True][:-1])
     assert not any("Earlier turns that match" in m.content for m in seen[False])
+
+
+def test_a_recalled_item_reads_as_its_fields_not_its_json(server: Server) -> None:
+    """A LangGraph item recalled through the retriever (or any client of recall) is readable
+    text; the store still reads it back exactly."""
+    from abridge_memory.langchain import AbridgeRetriever
+
+    s = AbridgeStore(url=server.url)
+    s.put(("users", "alice"), "food", {"likes": "pizza with olives", "allergies": ["peanuts"]})
+    assert s.get(("users", "alice"), "food").value == {"likes": "pizza with olives", "allergies": ["peanuts"]}
+    docs = AbridgeRetriever(url=server.url, type="langgraph", k=3).invoke("pizza olives")
+    assert docs, "the item was not recalled"
+    text = docs[0].page_content
+    # (The envelope keeps its fields in sorted order.)
+    assert text == "food (users/alice): allergies: peanuts; likes: pizza with olives", text

@@ -116,6 +116,12 @@ fn the_container_build_context_leaves_out_build_output() {
         std::fs::read_link(root.join(".dockerignore")).unwrap(),
         Path::new(".containerignore")
     );
+    // The model on the host: Podman's name is the image's default; the docs say Docker's.
+    let serve = std::fs::read_to_string(root.join("docs/serve.md")).unwrap();
+    assert!(
+        serve.contains("--add-host=host.docker.internal:host-gateway -e EXTRACTION_URL=http://host.docker.internal:11434"),
+        "docs/serve.md does not say how to reach the host's model under Docker"
+    );
 }
 
 /// `--backend openai` with its server down: one error, said once, and no log line of the

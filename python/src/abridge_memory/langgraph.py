@@ -42,6 +42,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "the LangGraph adapters need langgraph: pip install 'abridge-memory[langgraph]'"
     ) from e
 
+from ._items import item_of
 from ._client import Client
 from ._errors import NotFound
 from .langchain import context_to_langchain, message_text, role_of
@@ -77,12 +78,7 @@ def _time(ms: int) -> datetime:
 
 
 def _envelope(text: str) -> Optional[dict[str, Any]]:
-    try:
-        e = json.loads(text)
-    except ValueError:
-        return None
-    ok = isinstance(e, dict) and isinstance(e.get("namespace"), list) and "value" in e
-    return e if ok else None
+    return item_of(text)
 
 
 def _matches(ns: tuple[str, ...], cond: Any) -> bool:
