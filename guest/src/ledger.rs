@@ -350,20 +350,23 @@ pub fn extract(text: &str) -> Vec<(Kind, String)> {
     for d in crate::dates::written(&plain) {
         push(&mut out, Kind::Date, &d);
     }
-    // Names: a plain one found only inside a bold label is left out (`**Bug Fixed**`); a
-    // code-like one there stays (`**TypeScript**`).
-    // (Each list starts from what is taken already, so a part of a quoted name is not
-    // taken again; the names are what each adds.)
     let lower = lower_words(&plain);
-    let mut named = out.clone();
-    capitalised_names(&plain, &lower, &mut named);
-    let mut outside = out.clone();
-    capitalised_names(&without_bold(&plain), &lower, &mut outside);
-    let (named, outside) = (named.split_off(out.len()), outside.split_off(out.len()));
-    for (k, n) in named {
-        if !is_plain(&n) || outside.iter().any(|(_, o)| *o == n) {
-            push(&mut out, k, &n);
-        }
+    if plain.contains("**") || plain.contains("__") {
+        // Names: a plain one found only inside a bold label is left out (`**Bug Fixed**`);
+        // a code-like one there stays (`**TypeScript**`). (The text outside bold starts from
+        // what is taken already, as the whole text does, so both read quoted names alike.)
+        let taken = out.len();
+        let mut outside = out.clone();
+        capitalised_names(&without_bold(&plain), &lower, &mut outside);
+        capitalised_names(&plain, &lower, &mut out);
+        let added = out.split_off(taken);
+        out.extend(
+            added
+                .into_iter()
+                .filter(|(_, n)| !is_plain(n) || outside[taken..].iter().any(|(_, o)| o == n)),
+        );
+    } else {
+        capitalised_names(&plain, &lower, &mut out);
     }
     let words: Vec<&str> = plain.split_whitespace().collect();
     for (i, raw) in words.iter().enumerate() {
@@ -463,31 +466,31 @@ fn lower_words(text: &str) -> BTreeSet<&str> {
         .collect()
 }
 
-/// Whether every word of a run is a plain capitalised word (`Bug Fixed`; not `TypeScript`,
-/// `GPT-4`, `iOS`): what a label, a heading or a log line capitalises.
+/// A plain capitalised word (`Fixed`; not `TypeScript`, `GPT-4`, `iOS`).
+fn plain_word(w: &str) -> bool {
+    let mut cs = w.chars();
+    cs.next().is_some_and(char::is_uppercase) && cs.all(char::is_lowercase)
+}
+
+/// The words of a run, without the joiners inside it.
+fn run_words(run: &str) -> impl Iterator<Item = &str> {
+    run.split(' ').filter(|w| !NAME_JOINERS.contains(w))
+}
+
+/// Whether every word of a run is a plain capitalised word (`Bug Fixed`): what a label, a
+/// heading or a log line capitalises.
 fn is_plain(run: &str) -> bool {
-    run.split(' ')
-        .filter(|w| !NAME_JOINERS.contains(w))
-        .all(|w| {
-            let mut cs = w.chars();
-            cs.next().is_some_and(char::is_uppercase) && cs.all(char::is_lowercase)
-        })
+    run_words(run).all(plain_word)
 }
 
 /// Whether a capitalised run is no name: an agent's tool (`TodoWrite`), or ordinary words
 /// the same text also writes in lower case (`Exit` beside "exit", `Bug Fixed` beside "bug"
-/// and "fixed"): a label or a sentence's first word, not a name.
+/// and "fixed"): a label or a sentence's first word, not a name. Only a plain capitalised
+/// word can be an ordinary one (`TypeScript` cannot).
 fn not_a_name(run: &str, lower: &BTreeSet<&str>) -> bool {
-    run.split(' ')
-        .filter(|w| !NAME_JOINERS.contains(w))
-        .all(|w| {
-            // Only a plain capitalised word can be an ordinary one (`TypeScript` cannot).
-            let mut cs = w.chars();
-            TOOL_NAMES.contains(&w)
-                || (cs.next().is_some_and(char::is_uppercase)
-                    && cs.all(char::is_lowercase)
-                    && lower.contains(w.to_lowercase().as_str()))
-        })
+    run_words(run).all(|w| {
+        TOOL_NAMES.contains(&w) || (plain_word(w) && lower.contains(w.to_lowercase().as_str()))
+    })
 }
 
 /// People, places, organisations and titles: runs of one to five capitalised words (lower-case
@@ -729,7 +732,8 @@ fn is_path(t: &str) -> bool {
     false
 }
 
-/// The ledger of `episodes` (`(id, text)`, in order), unbudgeted.
+/// The ledger of `episodes` (`(id, text)`, in order, each read as a user's), unbudgeted.
+#[cfg(test)]
 pub fn of_episodes<S: AsRef<str>>(episodes: impl IntoIterator<Item = (u64, S)>) -> Ledger {
     of_messages(
         episodes

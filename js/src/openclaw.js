@@ -16,6 +16,7 @@
 // With `serveUrl` (and `token`) it uses an `abridge serve` instead of the component in process:
 // the same calls over HTTP, the server's workers folding in the background.
 
+import { createHash } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -27,14 +28,20 @@ export const ENGINE_ID = 'abridge';
 /** A context request's `refreshAfter` that leaves every fold to the caller. */
 const NEVER = 4294967295;
 
+/** A short, stable digest of `text` (for names and keys, not for security). */
+function digest(text) {
+  return createHash('sha256').update(text).digest('hex').slice(0, 24);
+}
+
 /** The abridge session of an OpenClaw session id. */
 export function sessionOf(sessionId) {
   const s = String(sessionId ?? '').trim();
   if (/^[A-Za-z0-9][A-Za-z0-9._:-]{0,120}$/.test(s)) return `openclaw-${s}`;
-  let h = 0;
-  for (const ch of s) h = (Math.imul(h, 31) + ch.codePointAt(0)) >>> 0;
-  return `openclaw-${h.toString(16)}-${s.length}`;
+  return `openclaw-${digest(s)}`;
 }
+
+/** An ingested message's key: when, who and what it said (a message given twice is stored once). */
+const ingestKey = (m) => `ingest:${m.timestamp ?? ''}:${m.role}:${digest(textOf(m))}`;
 
 /** A message's text: a string, or its text parts. */
 export function textOf(m) {
@@ -237,15 +244,13 @@ export function createContextEngine(config = {}, ctx = {}) {
 
     async ingest({ sessionId, message }) {
       const b = await open();
-      const key = (m) => `ingest:${m.timestamp ?? ''}:${m.role}:${textOf(m).length}`;
-      const added = await b.append(sessionOf(sessionId), episodes([message], key));
+      const added = await b.append(sessionOf(sessionId), episodes([message], ingestKey));
       return { ingested: added > 0 };
     },
 
     async ingestBatch({ sessionId, messages }) {
       const b = await open();
-      const key = (m, i) => `ingest:${m.timestamp ?? ''}:${m.role}:${i}:${textOf(m).length}`;
-      return { ingestedCount: await b.append(sessionOf(sessionId), episodes(messages, key)) };
+      return { ingestedCount: await b.append(sessionOf(sessionId), episodes(messages, ingestKey)) };
     },
 
     async commitTurn({ advancementKey, sessionId, messages }) {

@@ -10,7 +10,7 @@ import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 
-import { ROOT, startServer } from './helpers.js';
+import { closedPortUrl, ROOT, startServer } from './helpers.js';
 
 function openclaw() {
   const given = process.env.ABRIDGE_OPENCLAW;
@@ -118,7 +118,7 @@ test('OpenClaw runs its turns with abridge as its context engine: within the bud
     assert.ok(existsSync(db), `abridge's database is not at ${db}`);
     run(['agent', '--local', '--agent', 'main', '--json', '--message', `Turn ${turns + 1}: one more. ${pad(turns + 1)}`]);
     const before = await rowsOf(db);
-    const port = await freePort();
+    const port = new URL(await closedPortUrl()).port;
     const gateway = spawn(process.execPath, [oc, 'gateway', '--allow-unconfigured', '--auth', 'token', '--token', 'test-token', '--port', String(port), '--bind', 'loopback'], { cwd: dir, env, stdio: ['ignore', 'pipe', 'pipe'] });
     try {
       await new Promise((resolve, reject) => {
@@ -150,15 +150,6 @@ test('OpenClaw runs its turns with abridge as its context engine: within the bud
     rmSync(dir, { recursive: true, force: true });
   }
 });
-
-async function freePort() {
-  const net = await import('node:net');
-  const srv = net.createServer();
-  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
-  const { port } = srv.address();
-  await new Promise((r) => srv.close(r));
-  return port;
-}
 
 /** What abridge's chain of the one OpenClaw session covers (read with the engine itself). */
 async function rowsOf(db) {

@@ -321,10 +321,8 @@ fn a_short_last_session_opens_the_next_with_what_it_said() {
         "hook_event_name": "SessionStart", "source": "startup"});
     let (r, _) = hook(&env, &[], &start);
     r.assert_ok();
-    let out: Value = serde_json::from_str(r.stdout.trim()).expect("JSON on stdout");
-    let ctx = out["hookSpecificOutput"]["additionalContext"]
-        .as_str()
-        .unwrap();
+    let ctx = start_context(&r);
+    let ctx = ctx.as_str();
     assert!(
         ctx.contains("The last session here (session short-1, "),
         "{ctx}"
@@ -595,11 +593,8 @@ fn codex_hooks_import_the_rollout_and_restore_the_session_after_a_compaction() {
         "SessionStart",
         &codex_payload("SessionStart", json!(file), json!({"source": "compact"})),
     );
-    let out: Value = serde_json::from_str(r.stdout.trim()).unwrap();
-    assert_eq!(out["hookSpecificOutput"]["hookEventName"], "SessionStart");
-    let ctx = out["hookSpecificOutput"]["additionalContext"]
-        .as_str()
-        .unwrap();
+    let ctx = start_context(&r);
+    let ctx = ctx.as_str();
     assert!(
         ctx.contains("Keep the old behaviour for gift cards."),
         "{ctx}"
@@ -663,10 +658,8 @@ fn a_fresh_session_in_a_known_project_starts_with_what_the_project_knows() {
         "cwd": cwd, "hook_event_name": "SessionStart", "source": "startup"});
     let (r, _) = hook(&env, &[], &start);
     r.assert_ok();
-    let out: Value = serde_json::from_str(r.stdout.trim()).expect("JSON on stdout");
-    let ctx = out["hookSpecificOutput"]["additionalContext"]
-        .as_str()
-        .unwrap();
+    let ctx = start_context(&r);
+    let ctx = ctx.as_str();
     assert!(ctx.chars().count() <= 10_000);
     assert!(ctx.contains("Pinned for this project:"), "{ctx}");
     let head: String = rule
@@ -798,14 +791,8 @@ fn check_plugin_runs(env: &Env, root: &Path) {
     );
     let r = plugin_hook(env, root, &command, &path, &start);
     r.assert_ok();
-    let out: Value = serde_json::from_str(r.stdout.trim()).expect("JSON on stdout");
-    assert!(
-        out["hookSpecificOutput"]["additionalContext"]
-            .as_str()
-            .unwrap()
-            .contains("what this session has done so far"),
-        "{out}"
-    );
+    let ctx = start_context(&r);
+    assert!(ctx.contains("what this session has done so far"), "{ctx}");
     // No abridge anywhere: exit 1 (a hook error Claude Code shows and goes past) saying how
     // to install it.
     let r = plugin_hook(env, root, &command, "/usr/bin:/bin", &stop);

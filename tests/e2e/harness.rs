@@ -333,3 +333,18 @@ pub fn imports(python: &Path, modules: &str) -> bool {
         .output()
         .is_ok_and(|o| o.status.success())
 }
+
+/// What a SessionStart hook hands the model: its stdout's
+/// `hookSpecificOutput.additionalContext` (the hook event checked too).
+pub fn start_context(r: &Run) -> String {
+    let out: Value = serde_json::from_str(r.stdout.trim())
+        .unwrap_or_else(|e| panic!("{e}: not the JSON a hook prints: {}", r.stdout));
+    assert_eq!(
+        out["hookSpecificOutput"]["hookEventName"], "SessionStart",
+        "{out}"
+    );
+    out["hookSpecificOutput"]["additionalContext"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no additionalContext in {out}"))
+        .to_string()
+}

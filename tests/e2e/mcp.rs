@@ -519,10 +519,8 @@ fn a_memory_the_agent_remembers_is_in_the_next_sessions_start_in_that_folder() {
         .as_bytes(),
     );
     r.assert_ok();
-    let out: Value = serde_json::from_str(r.stdout.trim()).expect("JSON on stdout");
-    let ctx = out["hookSpecificOutput"]["additionalContext"]
-        .as_str()
-        .unwrap();
+    let ctx = start_context(&r);
+    let ctx = ctx.as_str();
     assert!(
         ctx.contains("The staging database is reset every Monday."),
         "{ctx}"

@@ -149,15 +149,17 @@ pub fn project_key(cwd: &str) -> String {
         .collect()
 }
 
-/// The project a name or a folder's path names: a path (`/home/me/shop`,
-/// `C:\\work\\shop`) as [`project_key`] names its folder, a name as it is (a key the hooks
-/// made, `-home-me-shop`, stays the same).
-pub fn project_of(given: &str) -> String {
+/// The project a tool's argument names: a folder's path (`/home/me/shop`, `C:\\work\\shop`)
+/// as [`project_key`] names its folder, a name as it is (a key the hooks made,
+/// `-home-me-shop`, stays the same); `None` for a blank one.
+pub fn project_named(given: &str) -> Option<String> {
     let g = given.trim();
-    if g.contains(['/', '\\']) {
-        project_key(g.trim_end_matches(['/', '\\']))
+    if g.is_empty() {
+        None
+    } else if g.contains(['/', '\\']) {
+        Some(project_key(g.trim_end_matches(['/', '\\'])))
     } else {
-        g.to_string()
+        Some(g.to_string())
     }
 }
 

@@ -65,13 +65,12 @@ impl AbridgeMcp {
         }
     }
 
-    /// The project a tool's `project` argument names: a folder's path (`/home/me/shop`)
-    /// as the hooks name it, a name as given; none given, the server's own.
+    /// The project a tool's `project` argument names (see `hook::project_named`); none
+    /// given, the server's own.
     fn project(&self, given: Option<&str>) -> Option<String> {
-        match given.map(str::trim).filter(|p| !p.is_empty()) {
-            Some(p) => Some(abridge_app::hook::project_of(p)),
-            None => self.project.clone(),
-        }
+        given
+            .and_then(abridge_app::hook::project_named)
+            .or_else(|| self.project.clone())
     }
 
     fn scoped(&self, ctx: &RequestContext<RoleServer>) -> Result<Scoped, ErrorData> {
@@ -541,8 +540,7 @@ impl AbridgeMcp {
                     Some(MCP_USER.into()),
                     a.project
                         .as_deref()
-                        .filter(|p| !p.trim().is_empty())
-                        .map(abridge_app::hook::project_of),
+                        .and_then(abridge_app::hook::project_named),
                     None,
                     None,
                     None,

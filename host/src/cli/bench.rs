@@ -60,8 +60,8 @@ struct Row {
     import_ms: f64,
     p50_ms: f64,
     p99_ms: f64,
-    /// The identifiers the start shows that are noise (with why), and how many it shows.
-    noise: (Vec<(String, &'static str)>, usize),
+    /// The noise among the identifiers the start shows.
+    noise: super::bench_noise::Noise,
 }
 
 /// The session files named: files as given, folders walked (the walk `backfill` uses).
@@ -300,8 +300,8 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
         "p50 ms",
         "p99 ms"
     );
-    let mut noisy: Vec<(String, Vec<(String, &'static str)>)> = Vec::new();
-    let mut noise = (0usize, 0usize);
+    // Each start's noise, by name, and all of it.
+    let mut starts: Vec<(String, super::bench_noise::Noise)> = Vec::new();
     for f in &files {
         match measure(s, &exe, f, a.runs).await {
             Ok(r) => {
@@ -315,14 +315,12 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
                     r.context_tokens as f64 / r.transcript_tokens.max(1) as f64,
                     format!("{}/{}", r.edited.0, r.edited.1),
                     format!("{}/{}", r.requests.0, r.requests.1),
-                    format!("{}/{}", r.noise.0.len(), r.noise.1),
+                    format!("{}/{}", r.noise.noisy.len(), r.noise.shown),
                     r.import_ms,
                     r.p50_ms,
                     r.p99_ms
                 );
-                noise.0 += r.noise.0.len();
-                noise.1 += r.noise.1;
-                noisy.push((r.name, r.noise.0));
+                starts.push((r.name, r.noise));
             }
             Err(e) => println!("{}: not measured ({e:#})", f.display()),
         }
@@ -331,21 +329,28 @@ pub async fn bench_cmd(s: &Settings, a: BenchArgs) -> Result<(), Failure> {
         "transcript/context: estimated tokens; edited, requests: present in the SessionStart context after a compaction ÷ in the session; noise: identifiers shown there that are a tool's name, a timing, ordinary words in capitals or shown twice ÷ identifiers shown; latency: abridge hook as a new process, {} runs",
         a.runs
     );
-    let started = next_sessions(s, &exe, &files)
-        .await
-        .map_err(|e| Failure::new(Exit::Internal, e))?;
-    noise.0 += started.iter().map(|(_, n, _)| n.len()).sum::<usize>();
-    noise.1 += started.iter().map(|(_, _, all)| all).sum::<usize>();
-    noisy.extend(started.into_iter().map(|(name, n, _)| (name, n)));
-    for (name, n) in noisy.iter().filter(|(_, n)| !n.is_empty()) {
-        let list: Vec<String> = n.iter().map(|(e, why)| format!("{e} ({why})")).collect();
-        println!("noise in {name}: {}", list.join(" · "));
+    starts.extend(
+        next_sessions(s, &exe, &files)
+            .await
+            .map_err(|e| Failure::new(Exit::Internal, e))?,
+    );
+    let mut all = super::bench_noise::Noise::default();
+    for (name, n) in &starts {
+        all.add(n);
+        if !n.noisy.is_empty() {
+            let list: Vec<String> = n
+                .noisy
+                .iter()
+                .map(|(e, why)| format!("{e} ({why})"))
+                .collect();
+            println!("noise in {name}: {}", list.join(" · "));
+        }
     }
     println!(
         "noise: {}/{} = {:.3} of the identifiers shown at a start (after a compaction, and a next session's) are noise",
-        noise.0,
-        noise.1,
-        noise.0 as f64 / noise.1.max(1) as f64
+        all.noisy.len(),
+        all.shown,
+        all.noisy.len() as f64 / all.shown.max(1) as f64
     );
     Ok(())
 }
@@ -403,15 +408,15 @@ type Started = (Option<i64>, String, String, PathBuf);
 /// the project's cwd) into a fresh database, a new session starts there (SessionStart,
 /// `startup`), and the next session's first request is looked up in what the start
 /// injected: the share of its files and identifiers (the ledger's rules) found there.
-/// Returns each start's noise (see [`super::bench_noise`]): its name, noisy entries and the
-/// identifiers it shows.
-#[allow(clippy::type_complexity)]
+/// Returns each start's noise (see [`super::bench_noise`]), by name.
 async fn next_sessions(
     s: &Settings,
     exe: &Path,
     files: &[PathBuf],
-) -> anyhow::Result<Vec<(String, Vec<(String, &'static str)>, usize)>> {
+) -> anyhow::Result<Vec<(String, super::bench_noise::Noise)>> {
     let mut noise = Vec::new();
+    // Each file's episodes as `(is a tool's, text)`, read once for every start it precedes.
+    let mut read: std::collections::BTreeMap<PathBuf, Vec<(bool, String)>> = Default::default();
     let engine = super::commands::pure_engine(s).map_err(|f| f.error)?;
     let mut projects: std::collections::BTreeMap<PathBuf, Vec<Started>> = Default::default();
     for f in files {
@@ -504,16 +509,26 @@ async fn next_sessions(
                 engine.estimate_tokens(&injected).await?,
                 percentile(&times, 0.5)
             );
-            let mut texts = Vec::new();
             for (_, _, _, f) in &sessions[..k] {
-                if let Some(c) = parse(&engine, f).await?.conversations.into_iter().next() {
-                    texts.extend(c.episodes.into_iter().map(|e| (is_tool(e.role), e.content)));
+                if !read.contains_key(f) {
+                    let c = parse(&engine, f).await?.conversations.into_iter().next();
+                    let texts = c.map_or_else(Vec::new, |c| {
+                        c.episodes
+                            .into_iter()
+                            .map(|e| (is_tool(e.role), e.content))
+                            .collect()
+                    });
+                    read.insert(f.clone(), texts);
                 }
             }
-            let vocabulary =
-                super::bench_noise::Vocabulary::of(texts.iter().map(|(t, s)| (*t, s.as_str())));
-            let (n, all) = super::bench_noise::noise(&injected, &vocabulary);
-            noise.push((format!("the start of {name}"), n, all));
+            let vocabulary = super::bench_noise::Vocabulary::of(
+                sessions[..k]
+                    .iter()
+                    .flat_map(|(_, _, _, f)| &read[f])
+                    .map(|(t, s)| (*t, s.as_str())),
+            );
+            let n = super::bench_noise::noise(&injected, &vocabulary);
+            noise.push((format!("the start of {name}"), n));
             let _ = std::fs::remove_dir_all(&tmp);
         }
     }

@@ -137,9 +137,25 @@ fn ordinary(e: &str, v: &Vocabulary) -> bool {
     })
 }
 
-/// The noise among the identifiers `ctx` shows: each noisy entry with why, and how many
-/// entries it shows in all.
-pub fn noise(ctx: &str, v: &Vocabulary) -> (Vec<(String, &'static str)>, usize) {
+/// The noise among the identifiers a start shows.
+#[derive(Debug, Default)]
+pub struct Noise {
+    /// Each noisy entry, with why.
+    pub noisy: Vec<(String, &'static str)>,
+    /// How many entries it shows in all.
+    pub shown: usize,
+}
+
+impl Noise {
+    /// Another start's noise added to this one's.
+    pub fn add(&mut self, other: &Noise) {
+        self.noisy.extend(other.noisy.iter().cloned());
+        self.shown += other.shown;
+    }
+}
+
+/// The noise among the identifiers `ctx` shows.
+pub fn noise(ctx: &str, v: &Vocabulary) -> Noise {
     let entries = shown(ctx);
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
@@ -161,7 +177,10 @@ pub fn noise(ctx: &str, v: &Vocabulary) -> (Vec<(String, &'static str)>, usize) 
             out.push((e.clone(), why));
         }
     }
-    (out, entries.len())
+    Noise {
+        noisy: out,
+        shown: entries.len(),
+    }
 }
 
 /// `ctx` with the ledger's mention of `e` taken out (to ask whether the rest names it).
@@ -202,9 +221,9 @@ mod tests {
                 "Priya Nair"
             ]
         );
-        let (noisy, all) = noise(ctx, &v);
-        assert_eq!(all, 9);
-        let got: Vec<(&str, &str)> = noisy.iter().map(|(e, w)| (e.as_str(), *w)).collect();
+        let n = noise(ctx, &v);
+        assert_eq!(n.shown, 9);
+        let got: Vec<(&str, &str)> = n.noisy.iter().map(|(e, w)| (e.as_str(), *w)).collect();
         assert_eq!(
             got,
             [

@@ -264,16 +264,19 @@ fn warn_plaintext(s: &Settings, local: &Scoped) {
     if local.sealed() {
         return;
     }
+    let warning = "warning: no master key is set, so memory text is stored unencrypted (marked as such); set ABRIDGE_MASTER_KEY_FILE to a file made with 'abridge keys new' to encrypt it";
+    // (A PostgreSQL database has no folder beside it: there it is said on every write.)
+    if s.db.to_string_lossy().contains("://") {
+        note(s, warning);
+        return;
+    }
     let mut mark = s.db.clone().into_os_string();
     mark.push(".plaintext-noted");
     let mark = std::path::PathBuf::from(mark);
     if mark.exists() {
         return;
     }
-    note(
-        s,
-        "warning: no master key is set, so memory text is stored unencrypted (marked as such); set ABRIDGE_MASTER_KEY_FILE to a file made with 'abridge keys new' to encrypt it (said once for this database)",
-    );
+    note(s, &format!("{warning} (said once for this database)"));
     let _ = std::fs::write(
         &mark,
         "abridge said once that this database's memories are stored unencrypted (no master key was set)\n",

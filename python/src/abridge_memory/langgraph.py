@@ -77,10 +77,6 @@ def _time(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
 
-def _envelope(text: str) -> Optional[dict[str, Any]]:
-    return item_of(text)
-
-
 def _matches(ns: tuple[str, ...], cond: Any) -> bool:
     path = tuple(cond.path)
     seg = ns[: len(path)] if cond.match_type == "prefix" else ns[-len(path):] if path else ()
@@ -280,7 +276,7 @@ class AbridgeStore(BaseStore):
         raise ValueError(f"unknown store operation {type(op).__name__}")
 
     def _item(self, mem: Any, score: Optional[float] = None) -> Optional[Any]:
-        e = _envelope(mem.text)
+        e = item_of(mem.text)
         if e is None:
             return None
         ns, key = tuple(e["namespace"]), str(e["key"])
@@ -369,7 +365,7 @@ class AbridgeStore(BaseStore):
         # The items are read a page at a time; what is kept is one entry per namespace.
         seen: set[tuple[str, ...]] = set()
         for mem in self._pages(None, None):
-            e = _envelope(mem.text)
+            e = item_of(mem.text)
             if e is None:
                 continue
             ns = tuple(e["namespace"])
