@@ -231,7 +231,7 @@ const EXTENSIONS: &[&str] = &[
     "sqlite",
 ];
 
-/// Units that make a number an identifier.
+/// Units that make a number an identifier. The units of time come first ([`TIME_UNITS`]).
 const UNITS: &[&str] = &[
     "ms", "s", "sec", "secs", "second", "seconds", "min", "mins", "minute", "minutes", "h", "hr",
     "hrs", "hour", "hours", "day", "days", "week", "weeks", "month", "months", "year", "years",
@@ -272,12 +272,10 @@ const TOOL_NAMES: &[&str] = &[
     "view_image",
 ];
 
-/// Units of time: a duration with decimals (`1.3s`, `151.9 s`) is a measurement a tool
-/// printed (a build step, a test run), not an identifier of the work.
-const TIME_UNITS: &[&str] = &[
-    "ms", "s", "sec", "secs", "second", "seconds", "min", "mins", "minute", "minutes", "h", "hr",
-    "hrs", "hour", "hours",
-];
+/// Units of time (the first of [`UNITS`], up to hours): a duration with decimals (`1.3s`,
+/// `151.9 s`) is a measurement a tool printed (a build step, a test run), not an identifier
+/// of the work.
+const TIME_UNITS: &[&str] = UNITS.split_at(15).0;
 
 /// A number with decimals and a unit of time, glued or as two tokens.
 fn is_timing(n: &str, unit: &str) -> bool {
@@ -1297,6 +1295,13 @@ mod noise_tests {
             !got.iter().any(|g| g == "Response" || g == "Router"),
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn the_units_of_time_are_the_first_units_up_to_hours() {
+        assert_eq!(TIME_UNITS.first(), Some(&"ms"));
+        assert_eq!(TIME_UNITS.last(), Some(&"hours"));
+        assert_eq!(UNITS[TIME_UNITS.len()], "day");
     }
 
     #[test]

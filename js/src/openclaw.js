@@ -135,7 +135,7 @@ export function serveBackend(serveUrl, token) {
       return v.stored;
     },
     async context(session, { budget, query }) {
-      const q = new URLSearchParams({ budget: String(budget), refresh_after: '4294967295' });
+      const q = new URLSearchParams({ budget: String(budget), refresh_after: String(NEVER) });
       if (query) q.set('query', query);
       try {
         const v = await call('GET', `${at(session)}/context?${q}`);
@@ -173,7 +173,6 @@ export function serveBackend(serveUrl, token) {
   };
 }
 
-/** The context engine OpenClaw's factory returns (`config`: the plugin's config entry). */
 /** The component in process as the engine's backend (`foldConfig`: abridge's config). */
 export function localBackend({ engine, store }, foldConfig, log = true) {
   const folds = new Map();

@@ -22,18 +22,23 @@ function serverBinary() {
   return bin;
 }
 
-/** Start the test server; resolves to { url, requests(), generations(), faults(list), delay(ms), reset(), close() }. */
-export async function startServer(args = []) {
-  const child = spawn(serverBinary(), ['--port', '0', ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
-  const url = await new Promise((resolve, reject) => {
+/** The loopback URL a started `child` says it is `listening on` (the test server and `abridge serve` both say it on stdout); `what` names it if it exits first. */
+export function listeningUrl(child, what) {
+  return new Promise((resolve, reject) => {
     let buf = '';
     child.stdout.on('data', (d) => {
       buf += d;
       const m = buf.match(/listening on (http:\/\/127\.0\.0\.1:\d+)/);
       if (m) resolve(m[1]);
     });
-    child.on('exit', (code) => reject(new Error(`test server exited with ${code}`)));
+    child.on('exit', (code) => reject(new Error(`${what} exited with ${code}`)));
   });
+}
+
+/** Start the test server; resolves to { url, requests(), generations(), faults(list), delay(ms), reset(), close() }. */
+export async function startServer(args = []) {
+  const child = spawn(serverBinary(), ['--port', '0', ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const url = await listeningUrl(child, 'test server');
   const control = async (path, body) => {
     const r = await fetch(`${url}/_control/${path}`, body === undefined ? {} : { method: 'POST', body: JSON.stringify(body) });
     return r.json();

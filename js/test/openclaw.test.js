@@ -10,7 +10,7 @@ import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 
-import { closedPortUrl, ROOT, startServer } from './helpers.js';
+import { closedPortUrl, listeningUrl, ROOT, startServer } from './helpers.js';
 
 function openclaw() {
   const given = process.env.ABRIDGE_OPENCLAW;
@@ -219,15 +219,7 @@ test('the OpenClaw engine over an abridge serve: turns stored there, /compact fo
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   try {
-    const url = await new Promise((resolve, reject) => {
-      let out = '';
-      serve.stdout.on('data', (d) => {
-        out += d;
-        const m = out.match(/listening on (http:\/\/127\.0\.0\.1:\d+)/);
-        if (m) resolve(m[1]);
-      });
-      serve.on('exit', (code) => reject(new Error(`abridge serve exited with ${code}`)));
-    });
+    const url = await listeningUrl(serve, 'abridge serve');
     const engine = createContextEngine({ serveUrl: url });
     const given = [];
     for (let i = 1; i <= 12; i++) {

@@ -19,12 +19,6 @@ pub mod runtime;
 pub mod sandbox;
 pub mod store;
 pub mod text;
-
-/// Tokens a message costs beyond its content when a conversation is sent (its role and
-/// framing): the guest's `plan::MESSAGE_COST`, which a context's `full_tokens` counts. A
-/// session's size as the app reports it counts it too, so both say one size (an e2e test,
-/// `newcomer::a_sessions_history_is_one_size`, holds them equal).
-pub const MESSAGE_COST: u64 = 3;
 pub mod types;
 
 pub use adaptive::Adaptive;
@@ -35,3 +29,9 @@ pub use imports::RecallBinding;
 pub use llm::{LlmBackend, NoModel};
 pub use runtime::{Abridge, AbridgeBuilder, BuiltPrompt, CallError, ComponentSource, Runtime};
 pub use store::{ClusterRow, RecallStore, Store, Unsettled, UsageDay};
+
+/// Tokens a message costs beyond its content when a conversation is sent (its role and
+/// framing): the guest's `plan::MESSAGE_COST`, which a context's `full_tokens` counts. A
+/// session's size as the app reports it counts it too, so both say one size (an e2e test,
+/// `newcomer::a_sessions_history_is_one_size`, holds them equal).
+pub const MESSAGE_COST: u64 = 3;

@@ -266,7 +266,7 @@ fn warn_plaintext(s: &Settings, local: &Scoped) {
     }
     let warning = "warning: no master key is set, so memory text is stored unencrypted (marked as such); set ABRIDGE_MASTER_KEY_FILE to a file made with 'abridge keys new' to encrypt it";
     // (A PostgreSQL database has no folder beside it: there it is said on every write.)
-    if s.db.to_string_lossy().contains("://") {
+    if abridge_app::db::is_url(&s.db.to_string_lossy()) {
         note(s, warning);
         return;
     }

@@ -54,7 +54,6 @@ pub fn out(args: std::fmt::Arguments) {
     }
 }
 
-/// clap's parser for a session id argument (see [`abridge_app::engine::text::check_session_id`]).
 /// `n` and a noun in the number it takes: "1 episode", "3 episodes", "1 summary pass".
 pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
     let n = n.into();
@@ -65,6 +64,7 @@ pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
     }
 }
 
+/// clap's parser for a session id argument (see [`abridge_app::engine::text::check_session_id`]).
 pub fn session_id(s: &str) -> Result<String, String> {
     abridge_app::engine::text::check_session_id(s).map(|()| s.to_string())
 }

@@ -33,7 +33,6 @@ import json
 import os
 import re
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -77,15 +76,19 @@ pip_dependencies:
 """
 
 
-def load_config(hermes_home: Optional[str] = None) -> Dict[str, Any]:
+def hermes_home(given: Optional[str] = None) -> Path:
+    """Hermes' home: ``given``, else ``$HERMES_HOME``, else ``~/.hermes``."""
+    return Path(given or os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
+
+
+def load_config(home: Optional[str] = None) -> Dict[str, Any]:
     """The provider's settings: defaults, then ``ABRIDGE_HERMES_*``, then abridge.json."""
     cfg = dict(DEFAULTS)
     for key in DEFAULTS:
         v = os.environ.get(f"ABRIDGE_HERMES_{key.upper()}")
         if v:
             cfg[key] = v
-    home = Path(hermes_home or os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
-    path = home / CONFIG_FILE
+    path = hermes_home(home) / CONFIG_FILE
     if path.is_file():
         try:
             cfg.update({k: v for k, v in json.loads(path.read_text()).items() if k in DEFAULTS})
@@ -123,7 +126,6 @@ class AbridgeMemoryProvider(_Base):  # type: ignore[misc,valid-type]
         self._session = ""
         self._cfg: Dict[str, Any] = dict(DEFAULTS)
         self._writes = True
-        self._lock = threading.Lock()
 
     # -- identity and availability ------------------------------------------------------
     @property
@@ -144,8 +146,8 @@ class AbridgeMemoryProvider(_Base):  # type: ignore[misc,valid-type]
 
     # -- lifecycle -------------------------------------------------------------------------
     def initialize(self, session_id: str, **kwargs: Any) -> None:
-        home = kwargs.get("hermes_home") or os.environ.get("HERMES_HOME") or str(Path.home() / ".hermes")
-        self._cfg = load_config(home)
+        home = hermes_home(kwargs.get("hermes_home"))
+        self._cfg = load_config(str(home))
         # A cron job's or a subagent's prompts are not the user's conversation.
         self._writes = kwargs.get("agent_context", "primary") == "primary"
         if kwargs.get("user_id") and self._cfg["user"] == DEFAULTS["user"]:
@@ -156,7 +158,7 @@ class AbridgeMemoryProvider(_Base):  # type: ignore[misc,valid-type]
                 Client(self._cfg["url"], token=self._cfg["token"] or None)
             )
             return
-        data = Path(home) / "abridge"
+        data = home / "abridge"
         data.mkdir(parents=True, exist_ok=True)
         env = {}
         if self._cfg["model_url"]:
@@ -169,9 +171,8 @@ class AbridgeMemoryProvider(_Base):  # type: ignore[misc,valid-type]
         self._session = session_of(new_session_id)
 
     def shutdown(self) -> None:
-        with self._lock:
-            self._stack.close()
-            self._client = None
+        self._stack.close()
+        self._client = None
 
     # -- what goes into a turn ---------------------------------------------------------------
     def system_prompt_block(self) -> str:
@@ -314,12 +315,11 @@ class AbridgeMemoryProvider(_Base):  # type: ignore[misc,valid-type]
         path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
 
 
-def install(hermes_home: Optional[str] = None) -> Path:
+def install(home: Optional[str] = None) -> Path:
     """Write the plugin folder Hermes discovers (``$HERMES_HOME/plugins/abridge/``)."""
     from . import __version__
 
-    home = Path(hermes_home or os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
-    folder = home / "plugins" / NAME
+    folder = hermes_home(home) / "plugins" / NAME
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "__init__.py").write_text(PLUGIN_INIT)
     (folder / "plugin.yaml").write_text(PLUGIN_YAML.format(version=__version__))

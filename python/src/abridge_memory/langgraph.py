@@ -42,7 +42,6 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "the LangGraph adapters need langgraph: pip install 'abridge-memory[langgraph]'"
     ) from e
 
-from ._items import item_of
 from ._client import Client
 from ._errors import NotFound
 from .langchain import context_to_langchain, message_text, role_of
@@ -75,6 +74,21 @@ def _scope(namespace: tuple[str, ...]) -> tuple[str, str]:
 
 def _time(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def item_of(text: str) -> Optional[dict[str, Any]]:
+    """The item a memory's text holds: the JSON envelope (``{"namespace", "key", "value"}``)
+    the store writes and reads back exactly, or None for any other memory. (Recall shows it
+    as its fields, ``key (namespace): field: value``, as the engine renders it for every
+    client.)"""
+    if not text.startswith("{"):
+        return None
+    try:
+        e = json.loads(text)
+    except ValueError:
+        return None
+    ok = isinstance(e, dict) and isinstance(e.get("namespace"), list) and "key" in e and "value" in e
+    return e if ok else None
 
 
 def _matches(ns: tuple[str, ...], cond: Any) -> bool:
