@@ -4,13 +4,17 @@
 use crate::policy::{Config, Mode};
 use crate::types::{FailureMarker, Stats};
 
-/// "1 new episode", "3 new episodes".
-fn new_episodes(n: u64) -> String {
+/// `n` and a noun in the number it takes: "1 new episode", "3 new episodes".
+pub fn count(n: u64, one: &str, many: &str) -> String {
     if n == 1 {
-        "1 new episode".into()
+        format!("1 {one}")
     } else {
-        format!("{n} new episodes")
+        format!("{n} {many}")
     }
+}
+
+fn new_episodes(n: u64) -> String {
+    count(n, "new episode", "new episodes")
 }
 
 /// The verdict (mirrors the WIT `fresh-state`).
@@ -220,7 +224,11 @@ pub fn verdict(inp: Inputs, cfg: &Config) -> Freshness {
         set(
             &mut f,
             State::Fresh,
-            format!("the summary covers all {} episodes", inp.covered),
+            if inp.covered == 1 {
+                "the summary covers the 1 episode".into()
+            } else {
+                format!("the summary covers all {} episodes", inp.covered)
+            },
         );
         return f;
     }
@@ -462,6 +470,21 @@ mod tests {
             mode: Mode::Idle,
             ..eager()
         }
+    }
+
+    #[test]
+    fn one_episode_is_said_as_one() {
+        let c = eager();
+        assert_eq!(
+            verdict(inputs(1, 1, None, 0), &c).reason,
+            "the summary covers the 1 episode"
+        );
+        assert_eq!(
+            verdict(inputs(10, 10, None, 0), &c).reason,
+            "the summary covers all 10 episodes"
+        );
+        let r = verdict(inputs(10, 9, None, 0), &c).reason;
+        assert!(r.starts_with("1 new episode,"), "{r}");
     }
 
     #[test]

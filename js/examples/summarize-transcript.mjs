@@ -7,6 +7,9 @@ import { createReadStream } from 'node:fs';
 import { basename } from 'node:path';
 import { createEngine, ollama } from '../src/index.js';
 
+/** `n` and a noun in the number it takes: "1 episode", "3 episodes". */
+const count = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+
 const [file, flag, url] = process.argv.slice(2);
 if (!file) throw new Error('usage: node examples/summarize-transcript.mjs FILE [--url URL]');
 const engine = await createEngine({ llm: flag === '--url' ? ollama({ url }) : undefined });
@@ -16,5 +19,5 @@ for (const conv of parsed.conversations) {
   const session = conv.id ?? basename(file);
   await engine.appendImported(session, conv.episodes);
   const out = await engine.summarizeNow(session, { engine: flag === '--url' ? 'llm' : 'extractive' });
-  console.log(`${session} (${parsed.format}): ${conv.episodes.length} episodes, ${out.passes} pass(es)\n${out.written.at(-1).content}`);
+  console.log(`${session} (${parsed.format}): ${count(conv.episodes.length, 'episode')}, ${count(out.passes, 'summary pass', 'summary passes')}\n${out.written.at(-1).content}`);
 }

@@ -28,6 +28,9 @@ export const ENGINE_ID = 'abridge';
 /** A context request's `refreshAfter` that leaves every fold to the caller. */
 const NEVER = 4294967295;
 
+/** How long `compact` over an `abridge serve` waits for the fold it asked for. */
+const COMPACT_WAIT_MS = 10 * 60_000;
+
 /** A short, stable digest of `text` (for names and keys, not for security). */
 function digest(text) {
   return createHash('sha256').update(text).digest('hex').slice(0, 24);
@@ -157,13 +160,20 @@ export function serveBackend(serveUrl, token) {
       }
       const job = v.id ?? v.job?.id;
       if (job != null) {
-        for (let i = 0; i < 600; i++) {
+        // Until the fold ends (a model may take minutes), and no longer than COMPACT_WAIT_MS.
+        const until = Date.now() + COMPACT_WAIT_MS;
+        for (;;) {
           const j = await call('GET', `/v1/jobs/${job}`);
           if (['succeeded', 'failed', 'cancelled'].includes(j.state)) {
             if (j.state !== 'succeeded') throw new Error(`abridge serve's fold of ${session} ${j.state}${j.error ? `: ${j.error}` : ''}`);
             break;
           }
-          await new Promise((r) => setTimeout(r, 100));
+          if (Date.now() >= until) {
+            throw new Error(
+              `abridge serve's fold of ${session} (job ${job}) has not ended after ${COMPACT_WAIT_MS / 60000} minutes; it goes on there (GET ${base}/v1/jobs/${job}), and the next turn uses it once it ends`,
+            );
+          }
+          await new Promise((r) => setTimeout(r, 200));
         }
       }
       const rows = (await call('GET', `${at(session)}/summaries`)).summaries ?? [];

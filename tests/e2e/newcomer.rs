@@ -46,6 +46,13 @@ fn context_prints_the_messages_on_stdout_and_its_figures_on_stderr() {
             r.stderr
         );
     }
+    // One episode is one, in every figure (`abridge status` and `summaries` below too).
+    assert!(
+        r.stderr.contains("for the full history of 1 episode:"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("1 episodes"), "{}", r.stderr);
     let r = env.run(&["-q", "context", "room"]);
     r.assert_ok();
     assert!(!r.stderr.contains("% saved"), "{}", r.stderr);

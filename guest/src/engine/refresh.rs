@@ -650,8 +650,8 @@ pub(super) fn pass(
     h.log(
         Level::Info,
         &format!(
-            "session {session}: {} episodes {first}-{last} (~{used} tokens) as {}",
-            selected.len(),
+            "session {session}: {} {first}-{last} (~{used} tokens) as {}",
+            crate::freshness::count(selected.len() as u64, "episode", "episodes"),
             describe(&strategy)
         ),
     );

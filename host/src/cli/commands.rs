@@ -432,8 +432,11 @@ async fn dry_run(
                 "dry run for session {session} (from scratch; no model is called and nothing is stored)"
             );
             println!(
-                "  {} episodes, ~{} tokens; model {} with a {}-token context",
-                p.episodes, p.backlog_tokens, cfg.model, cfg.context_length
+                "  {}, ~{} tokens; model {} with a {}-token context",
+                super::count(p.episodes, "episode", "episodes"),
+                p.backlog_tokens,
+                cfg.model,
+                cfg.context_length
             );
             match p.path {
                 abridge_app::engine::types::PlanPath::MapReduce => println!(

@@ -282,15 +282,14 @@ pub async fn context(s: &Settings, mut a: ContextArgs) -> Result<(), Failure> {
             println!("[{}]\n{}\n", m.role, m.content);
         }
         // The messages on stdout (`> prompt.txt` takes them alone); what they cost and cover
-        // on stderr.
-        // (`-q`: none.)
+        // on stderr (with `-q`, nothing).
         if !s.quiet {
             eprintln!(
-                "{} messages, ~{} tokens, against ~{} for the full history of {} episodes: {:.1} % saved",
-                w.messages.len(),
+                "{}, ~{} tokens, against ~{} for the full history of {}: {:.1} % saved",
+                super::count(w.messages.len() as u64, "message", "messages"),
                 w.tokens,
                 w.full_tokens,
-                episodes,
+                super::count(episodes, "episode", "episodes"),
                 w.saving_percent
             );
             eprintln!(
