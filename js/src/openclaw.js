@@ -305,16 +305,35 @@ export function createContextEngine(config = {}, ctx = {}) {
       return { messages: out, estimatedTokens: c.tokens, systemPromptAddition: addition };
     },
 
-    async compact({ sessionId, force }) {
+    async compact({ sessionId, force, tokenBudget, runtimeContext }) {
       const b = await open();
       const session = sessionOf(sessionId);
+      // Before a turn OpenClaw asks for a fold when its own transcript has outgrown the
+      // window (`preflight_required`). The model receives what `assemble` gives, so a fold is
+      // due only when that does not fit: abridge's context once it has folded, else the
+      // history as it is.
+      if (runtimeContext?.forceReason === 'preflight_required' && tokenBudget > 0) {
+        const c = await b.context(session, { budget: Math.floor(tokenBudget) });
+        const sent = c.covered ? c.tokens : c.fullTokens;
+        if (sent <= tokenBudget) {
+          return { ok: true, compacted: false, reason: `already under target: what abridge assembles is ${sent} of ${Math.floor(tokenBudget)} tokens` };
+        }
+      }
       const before = await b.context(session, { budget: 1 << 20 });
       const r = await b.compact(session, force);
+      if (!r.folded) {
+        // Said as OpenClaw reads a no-op (not a failure that stops the turn).
+        const reason = !r.summary
+          ? 'nothing to compact yet: abridge holds no messages of this session'
+          : force === false
+            ? 'below threshold: no fold is due'
+            : "already compacted: abridge's summary covers every message it holds";
+        return { ok: true, compacted: false, reason };
+      }
       return {
         ok: true,
-        compacted: r.folded,
-        reason: r.summary ? undefined : 'nothing to fold yet',
-        result: { summary: r.summary || undefined, tokensBefore: before.fullTokens, tokensAfter: r.tokensAfter },
+        compacted: true,
+        result: { summary: r.summary, tokensBefore: before.fullTokens, tokensAfter: r.tokensAfter },
       };
     },
 

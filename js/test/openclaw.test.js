@@ -79,16 +79,22 @@ test('OpenClaw runs its turns with abridge as its context engine: within the bud
     writeFileSync(config, JSON.stringify(cfg));
 
     // Turns long enough that the history outgrows OpenClaw's budget.
-    const pad = (i) => Array.from({ length: 120 }, (_, k) => `step ${k} of release ${i}: check the build and the changelog,`).join(' ');
+    const pad = (i) => Array.from({ length: 240 }, (_, k) => `step ${k} of release ${i}: check the build and the changelog,`).join(' ');
     const turns = 10;
+    const say = (i) => `Turn ${i}: the code word of release ${i} is zephyr-${i}. ${pad(i)}`;
     const db = join(state, 'agents', 'main', 'agent', 'abridge', 'abridge.db');
     const chains = [];
     for (let i = 1; i <= turns; i++) {
-      const r = run(['agent', '--local', '--agent', 'main', '--json', '--message', `Turn ${i}: the code word of release ${i} is zephyr-${i}. ${pad(i)}`]);
+      const r = run(['agent', '--local', '--agent', 'main', '--json', '--message', say(i)]);
       assert.doesNotMatch(r.stderr, /degraded to "legacy"/, r.stderr);
       chains.push(JSON.stringify(await rowsOf(db)));
     }
-    const sent = (await server.generations()).filter((g) => g.path === '/v1/chat/completions').map((g) => g.body.messages);
+    // The turns' requests (OpenClaw's own pre-compaction memory flush, a turn of its own when
+    // its transcript nears the window, is not one of them).
+    const sent = (await server.generations())
+      .filter((g) => g.path === '/v1/chat/completions')
+      .map((g) => g.body.messages)
+      .filter((m) => !m.some((x) => x.role === 'user' && text(x).startsWith('Pre-compaction memory flush.')));
     assert.equal(sent.length, turns);
     // abridge's part of the system prompt (its fenced addition), or null.
     const addition = (msgs) => text(msgs[0]).match(/<abridge-context>\n[\s\S]*?\n<\/abridge-context>/)?.[0] ?? null;
@@ -97,6 +103,17 @@ test('OpenClaw runs its turns with abridge as its context engine: within the bud
     // What the model receives is abridge's context, within the budget: the summary and the
     // newest turns, not the whole history.
     const last = sent[sent.length - 1];
+    // OpenClaw gives the model's context window (32,768 tokens here) as the budget, besides
+    // its own system prompt. The whole history outgrows it, counting a token per 3 characters
+    // (more than a tokenizer makes of them); abridge's part of every request (its addition
+    // and the messages) stays within it.
+    const tokens = (chars) => Math.ceil(chars / 3);
+    const history = Array.from({ length: turns }, (_, k) => say(k + 1).length).reduce((a, b) => a + b, 0);
+    assert.ok(tokens(history) > 32768, `the history (${history} characters) fits the budget: the check below would prove nothing`);
+    for (const [i, m] of sent.entries()) {
+      const chars = (addition(m) ?? '').length + m.slice(1).reduce((n, x) => n + text(x).length, 0);
+      assert.ok(tokens(chars) <= 32768, `turn ${i + 1}: abridge's part is ${chars} characters, over the budget`);
+    }
     const userTurns = last.filter((m) => m.role === 'user' && /\] Turn \d+:/.test(text(m)));
     assert.ok(userTurns.length < turns - 1, `the last request carried ${userTurns.length} of ${turns} turns verbatim`);
     assert.match(addition(last), /\[abridge\] Summary of the earlier conversation/);
@@ -199,6 +216,39 @@ test('the OpenClaw engine stores a turn once, and assembles the history as it is
     const a = await engine.assemble({ sessionId: 's1', messages: turn, tokenBudget: 2000 });
     assert.equal(a.messages, turn);
     assert.equal(a.systemPromptAddition, undefined);
+    await engine.dispose();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('the OpenClaw engine answers a compaction it need not make as OpenClaw reads a no-op, and folds when asked', async () => {
+  const { createContextEngine } = await import('../src/openclaw.js');
+  const dir = mkdtempSync(join(tmpdir(), 'abridge-openclaw-compact-'));
+  try {
+    const engine = createContextEngine({ dbPath: join(dir, 'a.db') });
+    const preflight = { forceReason: 'preflight_required' };
+    // Nothing stored: nothing to compact (OpenClaw's "no compactable entries").
+    let r = await engine.compact({ sessionId: 's1', force: true });
+    assert.deepEqual([r.ok, r.compacted], [true, false]);
+    assert.match(r.reason, /^nothing to compact/);
+    const turns = Array.from({ length: 6 }, (_, i) => [
+      { role: 'user', content: `Question ${i}: where does release ${i} ship from?` },
+      { role: 'assistant', content: `Release ${i} ships from the ${i}th branch.` },
+    ]);
+    for (const [i, t] of turns.entries()) await engine.commitTurn({ advancementKey: `k${i}`, sessionId: 's1', messages: t });
+    // OpenClaw's transcript check before a turn: what abridge assembles fits, so no fold.
+    r = await engine.compact({ sessionId: 's1', force: true, tokenBudget: 8000, runtimeContext: preflight });
+    assert.deepEqual([r.ok, r.compacted], [true, false]);
+    assert.match(r.reason, /^already under target: what abridge assembles is \d+ of 8000 tokens/);
+    // It does not fit 20 tokens: the fold runs.
+    r = await engine.compact({ sessionId: 's1', force: true, tokenBudget: 20, runtimeContext: preflight });
+    assert.deepEqual([r.ok, r.compacted], [true, true]);
+    assert.ok(r.result.summary);
+    // Everything folded: asked again (`/compact`), it says so.
+    r = await engine.compact({ sessionId: 's1', force: true, runtimeContext: { forceReason: 'manual' } });
+    assert.deepEqual([r.ok, r.compacted], [true, false]);
+    assert.match(r.reason, /^already compacted/);
     await engine.dispose();
   } finally {
     rmSync(dir, { recursive: true, force: true });
