@@ -54,7 +54,8 @@ fn text_of(m: &Value) -> String {
 /// Installed with the package's own command and selected in Hermes' config, abridge is
 /// Hermes' memory provider: before a turn the memory abridge recalls for the user's message
 /// reaches the model in Hermes' `<memory-context>` fence, the system prompt says what the
-/// provider offers, and after the turn the exchange is stored in abridge's session of it.
+/// provider offers, and after the turn the exchange is stored in abridge's session of it; over
+/// the turns of one conversation, abridge's summary of the earlier ones reaches the model.
 #[test]
 fn hermes_agent_runs_its_turns_with_abridge_as_its_memory_provider() {
     let Some(hermes) = hermes() else { return };
@@ -146,22 +147,68 @@ fn hermes_agent_runs_its_turns_with_abridge_as_its_memory_provider() {
         "{system}"
     );
     // The exchange is in abridge's session of this Hermes session.
-    let r = Command::new(exe)
-        .arg("--db")
-        .arg(&db)
-        .args(["status", "--json"])
-        .env("ABRIDGE_BACKEND", "extractive")
-        .env("ABRIDGE_CACHE_DIR", cache_dir())
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&r.stdout).expect("status --json");
-    let sessions = v
-        .as_array()
-        .cloned()
-        .unwrap_or_else(|| v["sessions"].as_array().cloned().unwrap_or_default());
-    let hermes_session = sessions
+    let sessions = || -> Vec<Value> {
+        let r = Command::new(exe)
+            .arg("--db")
+            .arg(&db)
+            .args(["status", "--json"])
+            .env("ABRIDGE_BACKEND", "extractive")
+            .env("ABRIDGE_CACHE_DIR", cache_dir())
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&r.stdout).expect("status --json");
+        v.as_array()
+            .cloned()
+            .unwrap_or_else(|| v["sessions"].as_array().cloned().unwrap_or_default())
+    };
+    let sessions_now = sessions();
+    let hermes_session = sessions_now
         .iter()
         .find(|s| s["id"].as_str().is_some_and(|i| i.starts_with("hermes-")))
-        .unwrap_or_else(|| panic!("no hermes session in {v}"));
+        .unwrap_or_else(|| panic!("no hermes session in {sessions_now:?}"));
     assert_eq!(hermes_session["episodes"], 2, "{hermes_session}");
+
+    // Turns of one conversation through Hermes' chat loop (`chat -q`, then `--resume`): each
+    // exchange is stored, abridge folds what leaves its recent window, and its summary of
+    // the earlier turns reaches the model in the fence before a later turn.
+    let turn = |i: usize| {
+        let steps: Vec<String> = (0..60)
+            .map(|k| format!("step {k} of release {i}: check the build and the changelog,"))
+            .collect();
+        format!(
+            "Turn {i}: the code word of release {i} is zephyr-{i}. {}",
+            steps.join(" ")
+        )
+    };
+    let first = run(&["chat", "-Q", "-q", &turn(1)]);
+    // (Hermes says the session's id as it ends, on stdout or stderr.)
+    let said = format!("{}\n{}", first.stdout, first.stderr);
+    let id = said
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("session_id: "))
+        .unwrap_or_else(|| panic!("hermes chat said no session_id: {said}"))
+        .trim()
+        .to_string();
+    let turns = 7;
+    for i in 2..=turns {
+        run(&["chat", "-Q", "--resume", &id, "-q", &turn(i)]);
+    }
+    let later: Vec<String> = chats(&server)
+        .iter()
+        .filter_map(|c| c["messages"].as_array().and_then(|m| m.last()).map(text_of))
+        .filter(|u| u.starts_with("Turn "))
+        .collect();
+    assert_eq!(later.len(), turns, "one model call per turn");
+    assert!(
+        later.iter().any(|u| u.contains("<memory-context>")
+            && u.contains("[abridge] Summary of the earlier conversation")),
+        "abridge's summary reached the model in none of {turns} turns"
+    );
+    let sessions_now = sessions();
+    let chat = sessions_now
+        .iter()
+        .find(|s| s["id"] == format!("hermes-{id}").as_str())
+        .unwrap_or_else(|| panic!("no abridge session for Hermes' {id} in {sessions_now:?}"));
+    assert_eq!(chat["episodes"], 2 * turns as u64, "{chat}");
+    assert!(chat["covered"].as_u64().unwrap_or(0) > 0, "{chat}");
 }
