@@ -53,7 +53,7 @@ test('OpenClaw runs its turns with abridge as its context engine: within the bud
             baseUrl: `${server.url}/v1`,
             apiKey: 'local',
             api: 'openai-completions',
-            models: [{ id: 'qwen2.5:3b', name: 'test model', reasoning: false, input: ['text'], cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: 32768, maxTokens: 1024 }],
+            models: [{ id: 'qwen2.5:3b', name: 'test model', reasoning: false, input: ['text'], cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: 16384, maxTokens: 1024 }],
           },
         },
       },
@@ -79,7 +79,7 @@ test('OpenClaw runs its turns with abridge as its context engine: within the bud
     writeFileSync(config, JSON.stringify(cfg));
 
     // Turns long enough that the history outgrows OpenClaw's budget.
-    const pad = (i) => Array.from({ length: 240 }, (_, k) => `step ${k} of release ${i}: check the build and the changelog,`).join(' ');
+    const pad = (i) => Array.from({ length: 120 }, (_, k) => `step ${k} of release ${i}: check the build and the changelog,`).join(' ');
     const turns = 10;
     const say = (i) => `Turn ${i}: the code word of release ${i} is zephyr-${i}. ${pad(i)}`;
     const db = join(state, 'agents', 'main', 'agent', 'abridge', 'abridge.db');
@@ -103,16 +103,16 @@ test('OpenClaw runs its turns with abridge as its context engine: within the bud
     // What the model receives is abridge's context, within the budget: the summary and the
     // newest turns, not the whole history.
     const last = sent[sent.length - 1];
-    // OpenClaw gives the model's context window (32,768 tokens here) as the budget, besides
-    // its own system prompt. The whole history outgrows it, counting a token per 3 characters
-    // (more than a tokenizer makes of them); abridge's part of every request (its addition
-    // and the messages) stays within it.
+    // OpenClaw gives the model's context window (16,384 tokens here, the least it takes) as
+    // the budget, besides its own system prompt. The whole history outgrows it, counting a
+    // token per 3 characters (more than a tokenizer makes of them); abridge's part of every
+    // request (its addition and the messages) stays within it.
     const tokens = (chars) => Math.ceil(chars / 3);
     const history = Array.from({ length: turns }, (_, k) => say(k + 1).length).reduce((a, b) => a + b, 0);
-    assert.ok(tokens(history) > 32768, `the history (${history} characters) fits the budget: the check below would prove nothing`);
+    assert.ok(tokens(history) > 16384, `the history (${history} characters) fits the budget: the check below would prove nothing`);
     for (const [i, m] of sent.entries()) {
       const chars = (addition(m) ?? '').length + m.slice(1).reduce((n, x) => n + text(x).length, 0);
-      assert.ok(tokens(chars) <= 32768, `turn ${i + 1}: abridge's part is ${chars} characters, over the budget`);
+      assert.ok(tokens(chars) <= 16384, `turn ${i + 1}: abridge's part is ${chars} characters, over the budget`);
     }
     const userTurns = last.filter((m) => m.role === 'user' && /\] Turn \d+:/.test(text(m)));
     assert.ok(userTurns.length < turns - 1, `the last request carried ${userTurns.length} of ${turns} turns verbatim`);
